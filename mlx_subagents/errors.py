@@ -1,0 +1,53 @@
+"""One exception hierarchy for the whole package.
+
+Every `SubagentError` carries a one-line message a user can act on; the CLI's
+single error boundary prints it without a traceback.
+"""
+
+
+class SubagentError(Exception):
+    """Base class: bad input or an environment problem, explained in one line."""
+
+
+class ModelNotFoundError(SubagentError):
+    """The model path or hub id cannot be resolved (missing folder, offline, no weights)."""
+
+
+class ModelLoadError(SubagentError):
+    """The model files exist but mlx-lm could not load them."""
+
+
+class PromptTooLongError(SubagentError):
+    """A prompt does not fit the context window or an input cap."""
+
+
+class AgentFileError(SubagentError):
+    """An agent markdown file is malformed (bad frontmatter, missing field, unknown tool)."""
+
+
+class AgentNotFoundError(SubagentError):
+    """No discovered agent has the requested name."""
+
+
+class ConfirmationRequired(SubagentError):
+    """A project-local agent needs the user's consent before it runs."""
+
+
+class ScriptError(SubagentError):
+    """A scripted-model file is malformed or a session ran out of replies."""
+
+
+class ToolError(SubagentError):
+    """A tool call failed; its message goes back to the model as the tool result."""
+
+
+class WorkspaceEscapeError(ToolError):
+    """A path resolves outside the workspace (`..`, absolute path or symlink)."""
+
+
+class InputTooLargeError(SubagentError):
+    """A task, system prompt or whole request is over its size cap."""
+
+
+class WorkflowError(SubagentError):
+    """A workflow file is invalid (unknown agent or need, duplicate id, cycle)."""

@@ -1,0 +1,129 @@
+"""The seam between sessions and model hosts: result types and the host protocol.
+
+The host knows tokens and caches, not agents; sessions see only these types.
+Messages are OpenAI-style chat dicts (`role`, `content`, `tool_calls`,
+`tool_call_id`), which is what Hugging Face chat templates render.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Literal, Protocol, runtime_checkable
+
+Message = dict[str, Any]
+ToolSchema = dict[str, Any]
+TextCallback = Callable[[str], None]
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call parsed from the model's output."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+    def to_message_part(self) -> dict[str, Any]:
+        """The `tool_calls` entry of an assistant message, as chat templates expect."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class MalformedToolCall:
+    """Tool-call markup the parser could not read; goes back to the model as an error."""
+
+    raw: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token accounting for one generation.
+
+    `prompt_tokens = cached_tokens + prefilled_tokens`: cached tokens were reused
+    from the session's KV cache, prefilled tokens were computed this turn.
+    """
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generation_seconds: float = 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One model reply: visible text, structured tool calls and accounting."""
+
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    malformed_tool_calls: list[MalformedToolCall] = field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    usage: Usage = field(default_factory=Usage)
+    raw_text: str = ""
+    token_ids: tuple[int, ...] = ()
+
+    def to_message(self) -> Message:
+        """The assistant message to append to the conversation."""
+        message: Message = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = [c.to_message_part() for c in self.tool_calls]
+        return message
+
+
+@runtime_checkable
+class HostSession(Protocol):
+    """One conversation's handle on the host: its own KV cache, reused across turns."""
+
+    name: str
+
+    async def generate(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[ToolSchema] | None = None,
+        max_tokens: int = 1024,
+        temperature: float = 0.0,
+        on_text: TextCallback | None = None,
+    ) -> Generation: ...
+
+    @property
+    def kv_bytes(self) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ModelHost(Protocol):
+    """A resident model serving any number of sessions, one model call at a time."""
+
+    model_id: str
+
+    @property
+    def context_window(self) -> int: ...
+
+    def session(self, name: str, *, agent: str | None = None) -> HostSession: ...
+
+    async def count_tokens(
+        self, messages: list[Message], tools: list[ToolSchema] | None = None
+    ) -> int: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+# A factory the host calls once per request to get fresh logits processors
+# (used by tests to force a script through the real inference path).
+ProcessorFactory = Callable[[str, list[int]], list[Callable[..., Any]]]
+AsyncFn = Callable[[], Awaitable[None]]
