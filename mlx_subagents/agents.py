@@ -1,0 +1,452 @@
+"""Agents as markdown files with YAML frontmatter, and where to find them.
+
+An agent file is a `---` fenced YAML header (name, description, tools, model, ...) followed by
+the system prompt. Layers, a later one winning on a name clash:
+
+    builtin   builtin_agents/*.md (inside the wheel, or at the repo top level in a dev install)
+    user      $MLX_SUBAGENTS_HOME/agents/*.md (default ~/.mlx-subagents/agents)
+    project   .claude/agents/*.md, then .mlx-subagents/agents/*.md, found walking up from cwd
+
+Claude Code files (`.claude/agents`) load too: their tool names are mapped to ours, tools and
+model aliases we cannot honour are dropped with a warning, extra fields are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+import mlx_subagents
+from mlx_subagents.errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
+from mlx_subagents.tools import TOOL_NAMES
+
+Source = Literal["builtin", "user", "project"]
+Scope = Literal["user", "project", "both"]
+
+# `subagent` (delegation) is never granted by default: only a file that names it gets it.
+KNOWN_TOOLS = TOOL_NAMES + ("subagent",)
+WRITE_TOOLS = ("edit", "write")
+NAME_PATTERN = r"[a-z0-9][a-z0-9_-]*"
+MAX_TEMPERATURE = 2.0
+DEFAULT_HOME = "~/.mlx-subagents"
+PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
+CLAUDE_AGENTS_DIR = ".claude/agents"
+EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
+
+FIELDS = ("name", "description", "tools", "model", "max_turns", "temperature", "output_schema")
+
+# A model named `<provider>/...` or `<provider>:...` with one of these runs remotely: refused,
+# never swapped for a local model. `mlx/<id>` bypasses the check (e.g. `mlx/google/gemma-3-1b-it`).
+REMOTE_PROVIDERS = frozenset(
+    {
+        "openai", "anthropic", "claude", "google", "gemini", "vertex", "vertex_ai", "ollama",
+        "bedrock", "azure", "azure_ai", "groq", "mistral", "openrouter", "together",
+        "together_ai", "fireworks", "fireworks_ai", "deepseek", "xai", "cohere", "perplexity",
+        "cerebras", "sambanova", "replicate", "deepinfra", "lmstudio", "github-copilot",
+    }
+)  # fmt: skip
+CLAUDE_MODEL_ALIASES = ("sonnet", "opus", "haiku")
+CLAUDE_TOOL_MAP = {
+    "Read": "read",
+    "Grep": "grep",
+    "Glob": "find",
+    "LS": "ls",
+    "Bash": "bash",
+    "Edit": "edit",
+    "MultiEdit": "edit",
+    "Write": "write",
+}
+CLAUDE_ONLY_TOOLS = frozenset(
+    {
+        "WebFetch", "WebSearch", "TodoWrite", "NotebookEdit", "NotebookRead", "Task", "Agent",
+        "BashOutput", "KillShell", "KillBash", "SlashCommand", "Skill", "ExitPlanMode",
+        "AskUserQuestion",
+    }
+)  # fmt: skip
+
+
+class AgentSpec(BaseModel):
+    """One agent, parsed from its markdown file.
+
+    `tools` omitted in the frontmatter means every tool in `TOOL_NAMES` (Claude Code's rule:
+    an omitted allowlist inherits all tools); `subagent` is granted only when named. An empty
+    string or list means no tools. `model` None means the session's default local model.
+    `warnings` holds what was ignored while loading (dropped Claude tools, Claude model aliases,
+    unknown fields).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(pattern=f"^{NAME_PATTERN}$")
+    description: str = Field(min_length=1)
+    tools: tuple[str, ...]
+    model: str | None = None
+    max_turns: int | None = Field(default=None, gt=0)
+    temperature: float | None = Field(default=None, ge=0, le=MAX_TEMPERATURE)
+    output_schema: dict[str, Any] | None = None
+    system_prompt: str = Field(min_length=1)
+    source: Source
+    path: Path
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def read_only(self) -> bool:
+        """True when the agent cannot change files through `edit` or `write`."""
+        return not any(tool in WRITE_TOOLS for tool in self.tools)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+
+def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) -> AgentSpec:
+    """Read one agent file; raise `AgentFileError` (one line: file, field, fix) if it is bad.
+
+    Args:
+        claude: read it as a Claude Code file; default: when it sits in a `.claude/agents` folder.
+    """
+    if claude is None:
+        claude = path.parent.name == "agents" and path.parent.parent.name == ".claude"
+    meta, body = _split_frontmatter(path, _read_text(path))
+    warnings: list[str] = []
+    name = _required_text(path, meta, "name", "my-agent").lower()
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise _fail(
+            path,
+            f"field 'name': {name!r} is not a valid agent name",
+            "use lowercase letters, digits, '-' and '_', starting with a letter or digit",
+        )
+    description = _required_text(path, meta, "description", "what this agent does")
+    turns_key = "maxTurns" if claude and "maxTurns" in meta else "max_turns"
+    system_prompt = body.strip()
+    if not system_prompt:
+        raise _fail(path, "the body is empty", "write the system prompt below the closing '---'")
+    if not claude and (unknown := sorted(str(k) for k in meta if k not in FIELDS)):
+        warnings.append(f"{path}: unknown field(s) {', '.join(unknown)} ignored")
+    return AgentSpec(
+        name=name,
+        description=description,
+        tools=_parse_tools(path, meta, claude, warnings),
+        model=_parse_model(path, meta.get("model"), claude, warnings),
+        max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
+        temperature=_parse_temperature(path, meta.get("temperature")),
+        output_schema=_parse_output_schema(path, meta.get("output_schema")),
+        system_prompt=system_prompt,
+        source=source,
+        path=path,
+        warnings=tuple(warnings),
+    )
+
+
+def _fail(path: Path, problem: str, fix: str) -> AgentFileError:
+    return AgentFileError(f"{path}: {problem}; {fix}")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise _fail(path, "the file is not UTF-8 text", "save it as UTF-8") from None
+    except OSError as exc:
+        problem = f"cannot read the file ({exc.strerror})"
+        raise _fail(path, problem, "check that it exists and is readable") from None
+
+
+def _split_frontmatter(path: Path, text: str) -> tuple[dict[str, Any], str]:
+    """The frontmatter mapping and the body."""
+    lines = text.removeprefix("\ufeff").splitlines(keepends=True)
+    if not lines or lines[0].rstrip() != "---":
+        fix = (
+            "start the file with a '---' line, then name: and description:, "
+            "then a closing '---' line"
+        )
+        raise _fail(path, "no frontmatter", fix)
+    end = next((i for i, line in enumerate(lines) if i and line.rstrip() == "---"), None)
+    if end is None:
+        fix = "add a '---' line after the last field"
+        raise _fail(path, "the frontmatter has no closing '---' line", fix)
+    try:
+        meta = yaml.safe_load("".join(lines[1:end]))
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: a bad date
+        mark = getattr(exc, "problem_mark", None)
+        # The YAML text starts on the file's second line; marks are 0-based.
+        where = f" at line {mark.line + 2}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = f"invalid YAML in the frontmatter{where}: {problem}"
+        raise _fail(path, problem, "fix the YAML, or quote the value") from None
+    if not isinstance(meta, dict):
+        kind = "empty" if meta is None else f"a YAML {type(meta).__name__}"
+        fix = "write one 'key: value' per line, e.g. name: scout"
+        raise _fail(path, f"the frontmatter is {kind}, not a mapping", fix)
+    return meta, "".join(lines[end + 1 :])
+
+
+def _required_text(path: Path, meta: dict[str, Any], key: str, example: str) -> str:
+    value = meta.get(key)
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    if value is None or isinstance(value, str):
+        fix = f"add '{key}: {example}' to the frontmatter"
+        raise _fail(path, f"field '{key}' is missing or empty", fix)
+    problem = f"field '{key}' must be text, not a {type(value).__name__}"
+    raise _fail(path, problem, f"write '{key}: {example}'")
+
+
+def _parse_tools(
+    path: Path, meta: dict[str, Any], claude: bool, warnings: list[str]
+) -> tuple[str, ...]:
+    value = meta.get("tools")
+    tools = TOOL_NAMES if value is None else _tool_list(path, "tools", value, claude, warnings)
+    if claude and meta.get("disallowedTools") is not None:
+        # A Claude denylist must not be lost: dropping it would grant more than the author meant.
+        denied = _tool_list(path, "disallowedTools", meta["disallowedTools"], claude, [])
+        tools = tuple(tool for tool in tools if tool not in denied)
+    return tools
+
+
+def _tool_list(
+    path: Path, key: str, value: Any, claude: bool, warnings: list[str]
+) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        items = value
+    else:
+        problem = f"field '{key}' must be a comma-separated string or a list of tool names"
+        raise _fail(path, problem, f"e.g. {key}: read, grep, find")
+    tools: list[str] = []
+    for item in filter(None, (item.strip() for item in items)):
+        tool = _map_tool(path, key, item, claude, warnings)
+        if tool is not None and tool not in tools:
+            tools.append(tool)
+    return tuple(tools)
+
+
+def _map_tool(
+    path: Path, key: str, item: str, claude: bool, warnings: list[str]
+) -> str | None:
+    if claude and item in CLAUDE_TOOL_MAP:
+        return CLAUDE_TOOL_MAP[item]
+    # `Bash(git:*)`-style patterns restrict a tool in Claude Code; we cannot, so drop, never widen.
+    if claude and (item in CLAUDE_ONLY_TOOLS or item.startswith("mcp__") or "(" in item):
+        warnings.append(f"{path}: Claude Code tool '{item}' is not available here; dropped")
+        return None
+    if item.lower() in KNOWN_TOOLS:
+        return item.lower()
+    fix = f"use tools from: {', '.join(KNOWN_TOOLS)}"
+    raise _fail(path, f"field '{key}': unknown tool '{item}'", fix)
+
+
+def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> str | None:
+    fix = f"use a local path, an MLX hub id like {EXAMPLE_MODEL}, or inherit"
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(path, "field 'model' must be non-empty text", fix)
+    model = value.strip()
+    if model.lower() == "inherit":
+        return None
+    if model.startswith("mlx/"):
+        if not model[4:].strip():
+            raise _fail(path, "field 'model': 'mlx/' names no model", fix)
+        return model[4:].strip()
+    if model in CLAUDE_MODEL_ALIASES or model.startswith("claude-"):
+        if not claude:
+            raise _fail(path, f"field 'model': '{model}' is a Claude model, not a local one", fix)
+        note = f"model '{model}' is a remote Claude model; using the default local model"
+        warnings.append(f"{path}: {note}")
+        return None
+    provider = re.split(r"[/:]", model, maxsplit=1)[0].lower()
+    if provider != model.lower() and provider in REMOTE_PROVIDERS:
+        raise _fail(
+            path,
+            f"field 'model': '{model}' is a remote '{provider}' model; "
+            "only local MLX models run here",
+            f"{fix} (write mlx/{model} if it is a Hugging Face repo)",
+        )
+    return model
+
+
+def _parse_max_turns(path: Path, key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problem = f"field '{key}' must be a positive whole number, got {value!r}"
+        raise _fail(path, problem, f"e.g. {key}: 20")
+    return value
+
+
+def _parse_temperature(path: Path, value: Any) -> float | None:
+    if value is None:
+        return None
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not is_number or not 0 <= value <= MAX_TEMPERATURE:
+        problem = f"field 'temperature' must be a number from 0 to 2, got {value!r}"
+        raise _fail(path, problem, "e.g. temperature: 0.2")
+    return float(value)
+
+
+def _parse_output_schema(path: Path, value: Any) -> dict[str, Any] | None:
+    if value is None or isinstance(value, dict):
+        return value
+    kind = type(value).__name__
+    problem = f"field 'output_schema' must be a mapping (a JSON schema), not a {kind}"
+    raise _fail(path, problem, "e.g. output_schema: {type: object}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+
+
+@dataclass
+class AgentCatalog:
+    """The agents found for one working folder; `warnings` has one line per skipped file."""
+
+    agents: dict[str, AgentSpec] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    project_root: Path | None = None
+
+    def names(self) -> list[str]:
+        return sorted(self.agents)
+
+    def get(self, name: str) -> AgentSpec:
+        """The agent called `name`; `AgentNotFoundError` lists the available ones."""
+        try:
+            return self.agents[name.strip().lower()]
+        except KeyError:
+            available = ", ".join(self.names()) or "(none)"
+            raise AgentNotFoundError(f"unknown agent '{name}'; available: {available}") from None
+
+    def load_folder(self, folder: Path, source: Source, *, claude: bool = False) -> None:
+        """Add every `*.md` agent in `folder` (not recursive), overriding same-named agents."""
+        if not folder.is_dir():
+            return
+        layer: dict[str, AgentSpec] = {}
+        for path in sorted(folder.glob("*.md")):
+            if path.name.startswith("."):  # editor lock and backup files
+                continue
+            try:
+                spec = parse_agent_file(path, source, claude=claude)
+            except AgentFileError as exc:
+                self.warnings.append(f"skipped {exc}")
+                continue
+            if spec.name in layer:
+                other = layer[spec.name].path
+                clash = f"agent '{spec.name}' is already defined in {other}; rename one of them"
+                self.warnings.append(f"skipped {path}: {clash}")
+                continue
+            layer[spec.name] = spec
+        self.agents.update(layer)
+
+
+def builtin_agents_dir() -> Path:
+    """`builtin_agents/`: inside the package in a wheel, next to it in an editable install."""
+    package_dir = Path(mlx_subagents.__file__).parent
+    bundled = package_dir / "builtin_agents"
+    return bundled if bundled.is_dir() else package_dir.parent / "builtin_agents"
+
+
+def user_agents_dir() -> Path:
+    """`$MLX_SUBAGENTS_HOME/agents`, default `~/.mlx-subagents/agents`."""
+    return Path(os.environ.get("MLX_SUBAGENTS_HOME") or DEFAULT_HOME).expanduser() / "agents"
+
+
+def find_project_agent_dirs(cwd: Path) -> tuple[Path | None, Path | None, Path | None]:
+    """`(project_root, mlx_agents_dir, claude_agents_dir)` for `cwd`, each None if absent.
+
+    The root is the nearest folder at or above `cwd` with `.mlx-subagents/agents`; its
+    `.claude/agents` comes with it, else the nearest `.claude/agents` (which is then the root if
+    there is no `.mlx-subagents`). User-level folders (`~/.claude/agents`, the user agents dir)
+    are never project folders, even when the project lives under the home folder.
+    """
+    cwd = cwd.expanduser().resolve()
+    mlx_root = _nearest(cwd, PROJECT_AGENTS_DIR)
+    if mlx_root is not None and (mlx_root / CLAUDE_AGENTS_DIR).is_dir():
+        claude_root: Path | None = mlx_root
+    else:
+        claude_root = _nearest(cwd, CLAUDE_AGENTS_DIR)
+    return (
+        mlx_root or claude_root,
+        mlx_root / PROJECT_AGENTS_DIR if mlx_root else None,
+        claude_root / CLAUDE_AGENTS_DIR if claude_root else None,
+    )
+
+
+def _nearest(cwd: Path, relative: str) -> Path | None:
+    home = Path.home()
+    user_level = {
+        user_agents_dir().resolve(),
+        (home / CLAUDE_AGENTS_DIR).resolve(),
+        (home / PROJECT_AGENTS_DIR).resolve(),
+    }
+    for folder in (cwd, *cwd.parents):
+        candidate = folder / relative
+        if candidate.is_dir() and candidate.resolve() not in user_level:
+            return folder
+    return None
+
+
+def discover_agents(cwd: Path, scope: Scope = "both") -> AgentCatalog:
+    """All agents visible from `cwd`: builtin < user < project, a later layer winning a clash.
+
+    Args:
+        scope: "user" = builtin + user, "project" = builtin + project, "both" = all three.
+            Built-ins are always included. Never raises for a bad file: it is skipped and
+            named in `catalog.warnings`.
+    """
+    catalog = AgentCatalog()
+    builtin = builtin_agents_dir()
+    if not builtin.is_dir():
+        missing = f"built-in agents folder not found: {builtin}; reinstall mlx-subagents"
+        catalog.warnings.append(missing)
+    catalog.load_folder(builtin, "builtin")
+    if scope in ("user", "both"):
+        catalog.load_folder(user_agents_dir(), "user")
+    if scope in ("project", "both"):
+        root, mlx_dir, claude_dir = find_project_agent_dirs(cwd)
+        catalog.project_root = root
+        if claude_dir is not None:
+            catalog.load_folder(claude_dir, "project", claude=True)
+        if mlx_dir is not None:
+            catalog.load_folder(mlx_dir, "project")
+    return catalog
+
+
+# ---------------------------------------------------------------------------------------------
+# Trust
+
+
+def require_trust(
+    spec: AgentSpec,
+    *,
+    assume_yes: bool,
+    interactive: bool,
+    confirm: Callable[[str], bool] | None = None,
+) -> None:
+    """Raise `ConfirmationRequired` unless a project agent is allowed to run.
+
+    Project files come with the workspace, not from the user, and can run commands in it.
+    Builtin and user agents always pass.
+
+    Args:
+        assume_yes: the user passed --yes.
+        interactive: a person can answer `confirm` (stdin is a terminal).
+        confirm: asks a yes/no question, e.g. `typer.confirm`.
+    """
+    if spec.source != "project" or assume_yes:
+        return
+    origin = (
+        f"agent '{spec.name}' comes from the project file {spec.path}; "
+        "it can run commands in this workspace."
+    )
+    if not interactive or confirm is None:
+        raise ConfirmationRequired(f"{origin} Re-run with --yes to allow it.")
+    if not confirm(f"{origin} Allow it?"):
+        declined = f"agent '{spec.name}' was not allowed to run (declined)."
+        raise ConfirmationRequired(f"{declined} Re-run with --yes to allow it.")

@@ -1,0 +1,60 @@
+"""`subagent doctor`: what mlx sees, and whether a model loads and answers."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Callable
+
+from .errors import SubagentError
+from .host import MlxModelHost
+
+Print = Callable[[str], None]
+PROBE = [{"role": "user", "content": "Reply with one short sentence: are you ready?"}]
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def environment_lines() -> list[str]:
+    import mlx.core as mx
+    from mlx_lm import __version__ as mlx_lm_version
+
+    return [
+        f"python    {platform.python_version()} on {platform.system()} {platform.machine()}",
+        f"mlx       {mx.__version__}  (mlx-lm {mlx_lm_version})",
+        f"device    {mx.default_device()}",
+        f"memory    {_gib(_total_memory())} RAM",
+    ]
+
+
+async def run_doctor(model: str, context_window: int | None, say: Print) -> bool:
+    """Print the checks; True when the model loaded and answered."""
+    for line in environment_lines():
+        say(line)
+    say(f"model     {model}")
+    host = MlxModelHost(model, context_window=context_window)
+    tic = time.perf_counter()
+    try:
+        async with host:
+            say(f"loaded    {host.model_path} in {time.perf_counter() - tic:.1f}s; context window {host.context_window} tokens")
+            reply = await host.session("doctor").generate(PROBE, max_tokens=32)
+            stats = await host.memory_stats()
+    except SubagentError as exc:
+        say(f"FAILED    {exc}")
+        return False
+    u = reply.usage
+    say(f"reply     {reply.text.strip()[:120]!r}")
+    say(f"speed     prompt {u.prompt_tokens} tokens in {u.prompt_seconds:.2f}s; {u.generated_tokens} tokens at {u.generation_tps:.1f} tok/s")
+    say(f"memory    KV {stats.kv_bytes_total / 2**20:.1f} MiB; mlx active {_gib(stats.active_memory)}, peak {_gib(stats.peak_memory)}")
+    say("ok")
+    return True

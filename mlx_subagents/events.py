@@ -1,0 +1,29 @@
+"""Typed events a running session reports, for live progress and `--events`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Literal
+
+EventKind = Literal["task_start", "turn_start", "tool_call", "tool_result", "message", "usage", "compaction", "task_end"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened in one task; `data` depends on `kind`."""
+
+    kind: EventKind
+    label: str
+    agent: str
+    turn: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+EventSink = Callable[[Event], None]
+
+
+def ignore_event(_event: Event) -> None:
+    """The default sink."""

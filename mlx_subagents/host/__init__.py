@@ -1,0 +1,27 @@
+"""Model hosts: the real `MlxModelHost` and the `ScriptedHost` replay backend."""
+
+from .mlx_host import MlxModelHost, MlxSession
+from .protocol import Generation, HostSession, MalformedToolCall, ModelHost, ToolCall, Usage
+
+__all__ = [
+    "Generation",
+    "HostSession",
+    "MalformedToolCall",
+    "MlxModelHost",
+    "MlxSession",
+    "ModelHost",
+    "ToolCall",
+    "Usage",
+    "make_host",
+]
+
+
+def make_host(model: str, **kwargs: object) -> ModelHost:
+    """`scripted:FILE` gives the replay host; anything else the real mlx host."""
+    if model.startswith("scripted:"):
+        from pathlib import Path
+
+        from .scripted import ScriptedHost
+
+        return ScriptedHost(Path(model[len("scripted:") :]), context_window=kwargs.get("context_window"))  # type: ignore[arg-type]
+    return MlxModelHost(model, **kwargs)  # type: ignore[arg-type]

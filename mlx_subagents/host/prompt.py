@@ -1,0 +1,109 @@
+"""Messages to prompt token ids, reusing the exact ids a session's cache holds.
+
+Re-rendering an assistant reply through the chat template can tokenize
+differently from what the model generated (a tool call re-serialized, other
+token boundaries), and every token after the first difference must be
+prefilled again. So when the new conversation extends the previous one by
+that reply, the next prompt is built as: the ids the cache holds (prompt +
+generated, including the end-of-turn token) + the tokens of the newly
+rendered text after the reply. Otherwise the full rendering is tokenized and
+the longest common prefix with the held ids is reused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .protocol import Message, ToolSchema
+
+
+@dataclass(frozen=True)
+class RenderState:
+    """What the previous turn rendered, to recognise an extension of it."""
+
+    messages_json: str
+    tools_json: str
+    n_messages: int
+    prompt_text: str
+    ended_with_eos: bool
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def render(tokenizer: Any, messages: list[Message], tools: list[ToolSchema] | None, *, generation_prompt: bool) -> str:
+    """The chat template's text for a conversation."""
+    return tokenizer.apply_chat_template(
+        messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+    )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Chat templates write their own special tokens: never add them again."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _spliced(
+    tokenizer: Any, messages: list[Message], tools: list[ToolSchema] | None, text: str, state: RenderState, held: list[int]
+) -> list[int] | None:
+    """Held ids + the tokens after the previous reply, or None when not an extension."""
+    k = state.n_messages
+    if len(messages) <= k or messages[k].get("role") != "assistant":
+        return None
+    if _dump(tools) != state.tools_json or _dump(messages[:k]) != state.messages_json:
+        return None
+    with_reply = render(tokenizer, messages[: k + 1], tools, generation_prompt=False)
+    if not with_reply.startswith(state.prompt_text) or not text.startswith(with_reply):
+        return None
+    reply = with_reply[len(state.prompt_text) :]
+    end = reply.rfind(tokenizer.eos_token or "\x00")
+    if end < 0:
+        return None
+    # After an EOS the cache already holds the end-of-turn token; after a cut
+    # (length or cancel) the template's end-of-turn must still be fed.
+    tail = reply[end + len(tokenizer.eos_token) :] if state.ended_with_eos else reply[end:]
+    return held + encode(tokenizer, tail + text[len(with_reply) :])
+
+
+def build_prompt(
+    tokenizer: Any,
+    messages: list[Message],
+    tools: list[ToolSchema] | None,
+    state: RenderState | None,
+    held: list[int],
+) -> tuple[list[int], str]:
+    """Prompt ids for this turn and the rendered text (kept for the next turn)."""
+    text = render(tokenizer, messages, tools, generation_prompt=True)
+    if state is not None and held:
+        ids = _spliced(tokenizer, messages, tools, text, state, held)
+        if ids is not None:
+            return ids, text
+    return encode(tokenizer, text), text
+
+
+def make_render_state(messages: list[Message], tools: list[ToolSchema] | None, text: str, ended_with_eos: bool) -> RenderState:
+    return RenderState(_dump(messages), _dump(tools), len(messages), text, ended_with_eos)
+
+
+def generation_prompt_length(tokenizer: Any, messages: list[Message], tools: list[ToolSchema] | None) -> int:
+    """Tokens the template appends to open the reply (`<|im_start|>assistant\n`).
+
+    A hybrid cache is snapshotted just before them: a retry or a new user
+    message diverges exactly there.
+    """
+    with_prompt = render(tokenizer, messages, tools, generation_prompt=True)
+    without = render(tokenizer, messages, tools, generation_prompt=False)
+    if not with_prompt.startswith(without) or len(with_prompt) == len(without):
+        return 1
+    return max(1, len(encode(tokenizer, with_prompt[len(without) :])))

@@ -1,0 +1,357 @@
+"""A replay host: scripted replies instead of a model (model id `scripted:PATH`).
+
+It serves fast, deterministic tests of the tool loop and lets a user replay a
+session without weights, behind the same `ModelHost`/`HostSession` protocols as
+the MLX host. The script is a JSON or YAML file:
+
+    context_window: 32768          # optional
+    replies:                       # fallback for every agent
+      - tool_calls: [{name: ls, arguments: {path: .}}]
+      - content: done
+    agents:                        # optional, per agent; wins over `replies`
+      scout:
+        replies:
+          - raw: "<tool_call>not json</tool_call>"   # a malformed tool call
+          - {content: found it, delay: 0.5}          # sleeps 0.5 s first
+
+A bare list at the top level is shorthand for `{"replies": [...]}`, and a bare
+string reply is shorthand for `{"content": "..."}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mlx_subagents.errors import PromptTooLongError, ScriptError
+from mlx_subagents.host.protocol import (
+    Generation,
+    MalformedToolCall,
+    Message,
+    TextCallback,
+    ToolCall,
+    ToolSchema,
+    Usage,
+)
+
+SCRIPTED_PREFIX = "scripted:"
+DEFAULT_CONTEXT_WINDOW = 32768
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+
+
+def approx_tokens(messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
+    """Approximate token count: `len(text) // 4 + 1` per rendered message (and for the tools).
+
+    A message is rendered as compact, key-sorted JSON, so equal messages always
+    count the same. Roughly four characters per token is what BPE tokenizers give
+    on English and code; the `+ 1` stands for the per-message template overhead.
+    """
+    total = sum(len(_render(m)) // 4 + 1 for m in messages)
+    if tools:
+        total += len(_render(tools)) // 4 + 1
+    return total
+
+
+def _render(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+# --- the script file ---------------------------------------------------------------------------
+
+
+class ScriptedToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _json_arguments(cls, value: Any) -> Any:
+        # OpenAI-style transcripts carry arguments as a JSON string.
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"arguments is not valid JSON: {exc.msg}") from None
+        return value
+
+
+class ScriptedReply(BaseModel):
+    """One model reply: text and/or tool calls, or `raw` malformed tool-call markup."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str = ""
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+    raw: str | None = None
+    delay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    finish_reason: Literal["stop", "length"] = "stop"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _string_shorthand(cls, value: Any) -> Any:
+        return {"content": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _raw_alone(self) -> ScriptedReply:
+        if self.raw is not None and (self.content or self.tool_calls):
+            raise ValueError("'raw' cannot be combined with 'content' or 'tool_calls'")
+        return self
+
+
+class AgentScript(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    replies: list[ScriptedReply]
+
+
+class Script(BaseModel):
+    """The whole file: fallback replies, per-agent replies and the context window."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replies: list[ScriptedReply] = Field(default_factory=list)
+    agents: dict[str, AgentScript] = Field(default_factory=dict)
+    context_window: int = Field(default=DEFAULT_CONTEXT_WINDOW, gt=0, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_shorthand(cls, value: Any) -> Any:
+        return {"replies": value} if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _has_replies(self) -> Script:
+        if not self.replies and not any(a.replies for a in self.agents.values()):
+            raise ValueError("the script has no replies: add 'replies' or 'agents.<name>.replies'")
+        return self
+
+    def replies_for(self, agent: str | None) -> list[ScriptedReply]:
+        """The agent's own replies if it has a script, else the top-level ones."""
+        if agent is not None and agent in self.agents:
+            return self.agents[agent].replies
+        return self.replies
+
+
+def load_script(path: Path) -> Script:
+    """Read and validate a script file; any problem is one `ScriptError` line naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ScriptError(f"{path}: cannot read the scripted model file: {reason}") from None
+    data = _parse(path, text)
+    try:
+        return Script.model_validate(data)
+    except ValidationError as exc:
+        raise ScriptError(f"{path}: {_first_error(exc)}") from None
+
+
+def _parse(path: Path, text: str) -> Any:
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ScriptError(f"{path}: invalid YAML{where}: {_one_line(problem)}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScriptError(
+            f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+    msg = first["msg"].removeprefix("Value error, ")
+    if not loc and first["type"] == "model_type":
+        msg = "expected a mapping with 'replies' and/or 'agents' (or a list of replies)"
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return _one_line(f"{loc}: {msg}{more}" if loc else f"{msg}{more}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _parse_error(raw: str) -> str:
+    """Why `raw` is not a readable tool call, phrased like a parser would."""
+    body = raw.strip()
+    if body.startswith(TOOL_CALL_START):
+        body = body[len(TOOL_CALL_START) :]
+    if body.endswith(TOOL_CALL_END):
+        body = body[: -len(TOOL_CALL_END)]
+    try:
+        parsed = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return f"tool call is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})"
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+        return "tool call JSON has no string 'name'"
+    return "tool call could not be parsed"
+
+
+# --- host and sessions ---------------------------------------------------------------------------
+
+
+class ScriptedHost:
+    """A `ModelHost` that replays a script file; no weights, no threads."""
+
+    def __init__(self, path: Path, *, context_window: int | None = None) -> None:
+        self.path = Path(path)
+        self.script = load_script(self.path)
+        self.model_id = f"{SCRIPTED_PREFIX}{path}"
+        valid = isinstance(context_window, int) and not isinstance(context_window, bool)
+        if context_window is not None and not (valid and context_window > 0):
+            raise ValueError(f"context_window must be a positive int, got {context_window!r}")
+        self._context_window = context_window or self.script.context_window
+
+    @classmethod
+    def from_model_id(cls, model_id: str, *, context_window: int | None = None) -> ScriptedHost:
+        """Build from `scripted:PATH`."""
+        if not model_id.startswith(SCRIPTED_PREFIX):
+            raise ValueError(f"not a scripted model id: {model_id!r}")
+        return cls(Path(model_id[len(SCRIPTED_PREFIX) :]), context_window=context_window)
+
+    @property
+    def context_window(self) -> int:
+        return self._context_window
+
+    def session(self, name: str, *, agent: str | None = None) -> ScriptedSession:
+        """A new session replaying its agent's replies from the first one."""
+        return ScriptedSession(self, name, agent)
+
+    async def count_tokens(
+        self, messages: list[Message], tools: list[ToolSchema] | None = None
+    ) -> int:
+        return approx_tokens(messages, tools)
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+class ScriptedSession:
+    """One conversation: its own cursor into the agent's replies.
+
+    Usage mimics a KV cache: the previous turn's prompt + reply messages that
+    start the new prompt count as cached (only if the tools are unchanged, as
+    real templates render them first); the rest counts as prefilled.
+    """
+
+    def __init__(self, host: ScriptedHost, name: str, agent: str | None) -> None:
+        self.name = name
+        self.agent = agent
+        self._host = host
+        self._replies = host.script.replies_for(agent)
+        self._cursor = 0
+        self._n_calls = 0
+        self._busy = False
+        self._closed = False
+        self._previous: list[Message] = []
+        self._previous_tools: list[ToolSchema] | None = None
+
+    @property
+    def kv_bytes(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        self._closed = True
+
+    async def generate(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[ToolSchema] | None = None,
+        max_tokens: int = 1024,
+        temperature: float = 0.0,
+        on_text: TextCallback | None = None,
+    ) -> Generation:
+        """Return the next scripted reply; `max_tokens` and `temperature` are ignored."""
+        if self._closed:
+            raise RuntimeError(f"scripted session '{self.name}' is closed")
+        if self._busy:
+            raise RuntimeError(f"scripted session '{self.name}' is already generating")
+        if self._cursor >= len(self._replies):
+            raise ScriptError(
+                f"scripted model: session '{self.name}' (agent '{self.agent}') has no reply left "
+                f"after {self._cursor} replies in {self._host.path}"
+            )
+        prompt_tokens = approx_tokens(messages, tools)
+        if prompt_tokens >= self._host.context_window:
+            raise PromptTooLongError(
+                f"scripted model: prompt of ~{prompt_tokens} tokens does not fit the context "
+                f"window of {self._host.context_window} tokens ({self._host.path})"
+            )
+        reply = self._replies[self._cursor]
+        self._busy = True
+        try:
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
+        finally:
+            self._busy = False
+        # Only a delivered reply is consumed: a cancelled call leaves the cursor in place.
+        self._cursor += 1
+        generation = self._make_generation(reply, messages, tools, prompt_tokens)
+        if on_text is not None and generation.text:
+            on_text(generation.text)
+        return generation
+
+    def _make_generation(
+        self,
+        reply: ScriptedReply,
+        messages: list[Message],
+        tools: list[ToolSchema] | None,
+        prompt_tokens: int,
+    ) -> Generation:
+        calls = [self._tool_call(c) for c in reply.tool_calls]
+        raw = reply.raw
+        malformed = [MalformedToolCall(raw, _parse_error(raw))] if raw is not None else []
+        reply_message = Generation(text=reply.content, tool_calls=calls).to_message()
+        cached = self._cached_tokens(messages, tools)
+        self._previous = [*messages, reply_message]
+        self._previous_tools = tools
+        return Generation(
+            text=reply.content,
+            tool_calls=calls,
+            malformed_tool_calls=malformed,
+            finish_reason=reply.finish_reason,
+            usage=Usage(
+                prompt_tokens=prompt_tokens,
+                cached_tokens=cached,
+                prefilled_tokens=prompt_tokens - cached,
+                generated_tokens=approx_tokens([reply_message]),
+            ),
+            raw_text=raw if raw is not None else reply.content + "".join(map(_markup, calls)),
+        )
+
+    def _tool_call(self, call: ScriptedToolCall) -> ToolCall:
+        self._n_calls += 1
+        return ToolCall(name=call.name, arguments=dict(call.arguments), id=f"call_{self._n_calls}")
+
+    def _cached_tokens(self, messages: list[Message], tools: list[ToolSchema] | None) -> int:
+        if not self._previous or tools != self._previous_tools:
+            return 0
+        n_common = 0
+        for old, new in zip(self._previous, messages):
+            if old != new:
+                break
+            n_common += 1
+        return approx_tokens(messages[:n_common], tools) if n_common else 0
+
+
+def _markup(call: ToolCall) -> str:
+    body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    return f"{TOOL_CALL_START}{body}{TOOL_CALL_END}"

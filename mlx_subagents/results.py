@@ -1,0 +1,54 @@
+"""Run results: the pydantic objects `subagent run --json` prints and the Python API returns."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Status = Literal["completed", "failed", "aborted"]
+StopReason = Literal[
+    "completed", "max_turns", "max_tokens", "timeout", "cancelled", "error", "format_errors", "schema"
+]
+
+
+class RunUsage(BaseModel):
+    """Token accounting summed over a task's turns."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    context_tokens: int = 0
+    turns: int = 0
+    compactions: int = 0
+    kv_bytes: int = 0
+
+    def add(self, other: "RunUsage") -> "RunUsage":
+        fields = ("input_tokens", "output_tokens", "cached_tokens", "turns", "compactions")
+        data = {f: getattr(self, f) + getattr(other, f) for f in fields}
+        data["context_tokens"] = max(self.context_tokens, other.context_tokens)
+        data["kv_bytes"] = self.kv_bytes + other.kv_bytes
+        return RunUsage(**data)
+
+
+class RunResult(BaseModel):
+    """One task's outcome."""
+
+    agent: str
+    task: str
+    status: Status
+    output: str = ""
+    error: str | None = None
+    usage: RunUsage = Field(default_factory=RunUsage)
+    model: str = ""
+    stop_reason: StopReason = "completed"
+    duration_s: float = 0.0
+    label: str = ""
+    step_id: str | None = None
+    run_id: str | None = None
+    transcript: str | None = None
+    parsed: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"

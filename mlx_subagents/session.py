@@ -1,0 +1,233 @@
+"""One agent's tool loop: generate, run the tool calls, feed the results back.
+
+Messages are the only memory. Tool failures, unknown tools, bad arguments and
+malformed calls become error results the model sees; the loop ends with a
+reply that calls no tool, or a limit. The system prompt and tool list never
+change during a run, so the host's cached prefix survives every turn and
+every compaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .agents import AgentSpec
+from .compaction import CompactionSettings, compact, scale_compaction, should_compact
+from .events import Event, EventSink, ignore_event
+from .host.protocol import Generation, HostSession, MalformedToolCall, Message, ModelHost, ToolCall
+from .results import RunResult, RunUsage, StopReason
+from .tools import Tool, ToolResult, Workspace, make_tools
+
+DEFAULT_MAX_TURNS = 30
+DEFAULT_MAX_REPLY_TOKENS = 2048
+# Consecutive replies whose tool calls could not be parsed before the run fails.
+MAX_FORMAT_ERRORS = 3
+TOOL_CALL_FORMAT = '<tool_call>\n{"name": "<tool name>", "arguments": {...}}\n</tool_call>'
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What ends a run besides a final answer."""
+
+    max_turns: int = DEFAULT_MAX_TURNS
+    max_output_tokens: int | None = None
+    max_reply_tokens: int = DEFAULT_MAX_REPLY_TOKENS
+
+
+class LimitReached(Exception):
+    """A limit ended the loop; carries which one."""
+
+    def __init__(self, stop_reason: StopReason, message: str) -> None:
+        super().__init__(message)
+        self.stop_reason = stop_reason
+
+
+def system_prompt(spec: AgentSpec, workspace: Workspace) -> str:
+    """Agent body + workspace facts; byte-identical for every session of this agent and workspace."""
+    return (
+        f"{spec.system_prompt.strip()}\n\n"
+        f"Workspace: {workspace.root}\n"
+        "All paths are relative to the workspace; you cannot read or write outside it.\n"
+        f"Call one tool at a time with {TOOL_CALL_FORMAT}. Reply without a tool call when you are done."
+    )
+
+
+@dataclass
+class AgentSession:
+    """A single agent run on a host session. Create one per task."""
+
+    spec: AgentSpec
+    host: ModelHost
+    workspace: Workspace
+    label: str = ""
+    limits: Limits = field(default_factory=Limits)
+    compaction: CompactionSettings = field(default_factory=CompactionSettings)
+    on_event: EventSink = ignore_event
+    extra_tools: dict[str, Tool] = field(default_factory=dict)
+    messages: list[Message] = field(default_factory=list)
+    usage: RunUsage = field(default_factory=RunUsage)
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.spec.name
+        granted = [t for t in self.spec.tools if t not in self.extra_tools]
+        self.tools: dict[str, Tool] = {**make_tools(granted, self.workspace), **self.extra_tools}
+        self.tools = {n: t for n, t in self.tools.items() if n in self.spec.tools}
+        self.schemas = [tool.schema() for tool in self.tools.values()]
+        self.compaction = scale_compaction(self.host.context_window, self.compaction)
+        self._host_session: HostSession = self.host.session(self.label, agent=self.spec.name)
+        self._format_errors = 0
+        self._started = 0.0
+
+    # -- public ---------------------------------------------------------------
+
+    async def run(self, task: str) -> RunResult:
+        """Run the task to a final answer or a limit. Cancellation propagates (see `partial_result`)."""
+        self.messages = [
+            {"role": "system", "content": system_prompt(self.spec, self.workspace)},
+            {"role": "user", "content": f"Task: {task}"},
+        ]
+        return await self._loop(task)
+
+    async def follow_up(self, task: str, message: str) -> RunResult:
+        """Continue a finished conversation (its messages restored) with a new user message."""
+        self.messages.append({"role": "user", "content": message})
+        return await self._loop(task)
+
+    def partial_result(self, task: str, stop_reason: StopReason, error: str) -> RunResult:
+        """What was done so far, for a run that was cancelled or timed out."""
+        return self._result(task, "aborted", self._last_text(), stop_reason, error)
+
+    # -- the loop -----------------------------------------------------------------
+
+    async def _loop(self, task: str) -> RunResult:
+        self._started = time.perf_counter()
+        self._emit("task_start", task=task)
+        try:
+            for _ in range(self.limits.max_turns):
+                await self._maybe_compact()
+                generation = await self._step()
+                if not generation.tool_calls and not generation.malformed_tool_calls:
+                    return self._finish(task, self._result(task, "completed", generation.text, "completed"))
+                await self._act(generation)
+            raise LimitReached("max_turns", f"reached the limit of {self.limits.max_turns} turns without a final answer")
+        except LimitReached as limit:
+            return self._finish(task, self._result(task, "failed", self._last_text(), limit.stop_reason, str(limit)))
+
+    async def _step(self) -> Generation:
+        self.usage.turns += 1
+        self._emit("turn_start")
+        max_tokens = self.limits.max_reply_tokens
+        if self.limits.max_output_tokens is not None:
+            left = self.limits.max_output_tokens - self.usage.output_tokens
+            if left <= 0:
+                raise LimitReached("max_tokens", f"reached the limit of {self.limits.max_output_tokens} generated tokens")
+            max_tokens = min(max_tokens, left)
+        generation = await self._host_session.generate(
+            self.messages, tools=self.schemas, max_tokens=max_tokens, temperature=self.spec.temperature or 0.0
+        )
+        self._count(generation)
+        self.messages.append(generation.to_message())
+        if generation.text:
+            self._emit("message", text=generation.text)
+        return generation
+
+    async def _act(self, generation: Generation) -> None:
+        """Run each tool call (in order) and feed its result back; malformed calls get an error."""
+        for bad in generation.malformed_tool_calls:
+            self.messages.append(self._malformed_result(bad))
+        if generation.malformed_tool_calls and not generation.tool_calls:
+            self._format_errors += 1
+            if self._format_errors >= MAX_FORMAT_ERRORS:
+                raise LimitReached("format_errors", f"{MAX_FORMAT_ERRORS} malformed tool calls in a row")
+            return
+        self._format_errors = 0
+        for call in generation.tool_calls:
+            result = await self._call_tool(call)
+            self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.output})
+
+    async def _call_tool(self, call: ToolCall) -> ToolResult:
+        tool = self.tools.get(call.name)
+        label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
+        self._emit("tool_call", name=call.name, arguments=call.arguments, description=label)
+        if tool is None:
+            available = ", ".join(self.tools) or "none"
+            result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)
+        else:
+            result = await tool.call(call.arguments)
+        self._emit("tool_result", name=call.name, is_error=result.is_error, output=result.output[:2000])
+        return result
+
+    def _malformed_result(self, bad: MalformedToolCall) -> Message:
+        self._emit("tool_result", name="?", is_error=True, output=bad.error)
+        return {
+            "role": "tool",
+            "content": f"Error: your tool call could not be parsed ({bad.error}). Write it exactly as {TOOL_CALL_FORMAT}",
+        }
+
+    async def _maybe_compact(self) -> None:
+        window = self.host.context_window
+        tokens = await self.host.count_tokens(self.messages, self.schemas)
+        self.usage.context_tokens = tokens
+        if not should_compact(tokens, window, self.compaction):
+            return
+        result = await compact(
+            self.messages, self._host_session, lambda ms: self.host.count_tokens(ms, self.schemas),
+            self.compaction, tools=self.schemas,
+        )
+        if result.n_summarized:
+            self.messages = result.messages
+            self.usage.compactions += 1
+            self.usage.input_tokens += result.usage.prompt_tokens
+            self.usage.output_tokens += result.usage.generated_tokens
+            self.usage.cached_tokens += result.usage.cached_tokens
+            self.usage.context_tokens = result.tokens_after
+            self._emit("compaction", tokens_before=result.tokens_before, tokens_after=result.tokens_after,
+                       n_summarized=result.n_summarized)
+
+    # -- bookkeeping --------------------------------------------------------------
+
+    def _count(self, generation: Generation) -> None:
+        u = generation.usage
+        self.usage.input_tokens += u.prompt_tokens
+        self.usage.output_tokens += u.generated_tokens
+        self.usage.cached_tokens += u.cached_tokens
+        self.usage.context_tokens = u.prompt_tokens + u.generated_tokens
+        self.usage.kv_bytes = self._host_session.kv_bytes
+        self._emit("usage", **self.usage.model_dump(), tps=round(u.generation_tps, 1))
+
+    def _last_text(self) -> str:
+        for message in reversed(self.messages):
+            if message.get("role") == "assistant" and message.get("content"):
+                return str(message["content"])
+        return ""
+
+    def _result(self, task: str, status: Any, output: str, stop_reason: StopReason, error: str | None = None) -> RunResult:
+        return RunResult(
+            agent=self.spec.name, task=task, status=status, output=output, error=error,
+            usage=self.usage.model_copy(), model=self.host.model_id, stop_reason=stop_reason,
+            duration_s=round(time.perf_counter() - self._started, 3), label=self.label,
+        )
+
+    def _finish(self, task: str, result: RunResult) -> RunResult:
+        self._emit("task_end", status=result.status, stop_reason=result.stop_reason, error=result.error)
+        return result
+
+    def _emit(self, kind: Any, **data: Any) -> None:
+        self.on_event(Event(kind=kind, label=self.label, agent=self.spec.name, turn=self.usage.turns, data=data))
+
+
+async def cancel_safely(task: asyncio.Task[Any]) -> None:
+    """Cancel a task and wait for it to unwind (its tools kill their processes)."""
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - we only wait for it to end
+        pass
+
+
+def workspace_for(cwd: Path | str) -> Workspace:
+    return Workspace(Path(cwd).resolve())

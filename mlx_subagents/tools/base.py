@@ -1,0 +1,169 @@
+"""The tool contract: a pydantic parameter model, a JSON schema, and one `call` that never raises.
+
+Tool failures are observations for the model, not exceptions: `call` turns bad arguments,
+`ToolError` and `OSError` into an error `ToolResult` whose first line says what to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterable
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ToolError
+from .workspace import Workspace
+
+MAX_OUTPUT_BYTES = 50 * 1024
+MAX_LINE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What goes back to the model; error outputs start with `Error: `."""
+
+    output: str
+    is_error: bool = False
+
+
+def error_result(message: str) -> ToolResult:
+    """An error result whose first line is `Error: <message>`."""
+    return ToolResult(f"Error: {message}", is_error=True)
+
+
+def clip_line(line: str, max_chars: int = MAX_LINE_CHARS) -> str:
+    """Cut one line so a minified file cannot fill the context on its own."""
+    if len(line) <= max_chars:
+        return line
+    return f"{line[:max_chars]}... [line truncated: {len(line)} chars]"
+
+
+def one_line(text: str, max_chars: int = 100) -> str:
+    """The first line of `text`, shortened, for one-line labels."""
+    first, *rest = text.strip().splitlines() or [""]
+    if rest or len(first) > max_chars:
+        return first[:max_chars] + " ..."
+    return first
+
+
+def take_capped(
+    lines: Iterable[str], max_lines: int, max_bytes: int = MAX_OUTPUT_BYTES
+) -> tuple[list[str], int]:
+    """The leading lines that fit both caps, and how many lines there were in all.
+
+    Consumes the whole iterable, keeping only what fits, so the count is exact while memory stays
+    bounded by the caps.
+    """
+    kept: list[str] = []
+    n_bytes = 0
+    n_total = 0
+    full = False
+    for line in lines:
+        n_total += 1
+        size = len(line.encode()) + 1
+        full = full or len(kept) >= max_lines or n_bytes + size > max_bytes
+        if not full:
+            kept.append(line)
+            n_bytes += size
+    return kept, n_total
+
+
+def cap_lines(lines: Iterable[str], max_lines: int, what: str, hint: str) -> str:
+    """Join lines under the caps; when some are dropped, end with a note saying how to narrow."""
+    kept, n_total = take_capped(lines, max_lines)
+    if len(kept) < n_total:
+        kept.append(f"[... truncated: showing {len(kept)} of {n_total} {what}; {hint}]")
+    return "\n".join(kept)
+
+
+def _strip_titles(schema: Any) -> Any:
+    """Drop pydantic's `title` keys, which only cost the model tokens; keep field names."""
+    if isinstance(schema, list):
+        return [_strip_titles(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {
+        key: (
+            {name: _strip_titles(sub) for name, sub in value.items()}
+            if key in ("properties", "$defs")
+            else _strip_titles(value)
+        )
+        for key, value in schema.items()
+        if key != "title"
+    }
+
+
+def _type_name(prop: dict[str, Any]) -> str:
+    """The JSON type a schema property expects, e.g. `integer` or `string or null`."""
+    if "type" in prop:
+        return str(prop["type"])
+    return " or ".join(str(alt["type"]) for alt in prop.get("anyOf", []) if "type" in alt) or "any"
+
+
+class Tool:
+    """A workspace-confined tool; subclasses set the class attributes and `execute` (or `run`)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    read_only: ClassVar[bool]
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.workspace = workspace
+
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """The OpenAI function-tool schema the chat template shows the model."""
+        return {
+            "type": "function",
+            "function": {
+                "name": cls.name,
+                "description": cls.description,
+                "parameters": _strip_titles(cls.Params.model_json_schema()),
+            },
+        }
+
+    async def call(self, arguments: dict[str, Any]) -> ToolResult:
+        """Validate `arguments` and run the tool; every expected failure becomes an error result."""
+        try:
+            params = self.Params.model_validate(arguments)
+        except ValidationError as exc:
+            return error_result(self._invalid_arguments(exc))
+        try:
+            return await self.run(params)
+        except ToolError as exc:
+            return error_result(str(exc))
+        except OSError as exc:
+            return error_result(self._os_failure(exc))
+
+    async def run(self, params: Any) -> ToolResult:
+        """Run `execute` in a worker thread so a slow tool does not stall the other sessions."""
+        return ToolResult(await asyncio.to_thread(self.execute, params))
+
+    def execute(self, params: Any) -> str:
+        """The tool's blocking work; raise `ToolError` with a one-line fix on bad input."""
+        raise NotImplementedError
+
+    def describe(self, arguments: dict[str, Any]) -> str:
+        """A one-line label for progress display, e.g. `ls src`."""
+        return f"{self.name} {arguments.get('path', '.')}"
+
+    def _invalid_arguments(self, exc: ValidationError) -> str:
+        props = self.schema()["function"]["parameters"].get("properties", {})
+        problems = []
+        for err in exc.errors():
+            loc = err["loc"]
+            field = ".".join(str(part) for part in loc) or "arguments"
+            expected = _type_name(props.get(str(loc[0]), {})) if loc else "object"
+            got = "" if err["type"] == "missing" else f", got {one_line(repr(err['input']), 60)}"
+            problems.append(f"'{field}' ({expected}): {err['msg']}{got}")
+        return (
+            f"invalid arguments for {self.name}: {'; '.join(problems)}; "
+            f"call {self.name} again with corrected arguments"
+        )
+
+    def _os_failure(self, exc: OSError) -> str:
+        where = f" ({self.workspace.relative(Path(exc.filename))})" if exc.filename else ""
+        return f"{self.name} failed: {exc.strerror or exc}{where}; check the path and permissions"

@@ -1,0 +1,30 @@
+"""`ls`: the entries of one workspace directory."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, Field
+
+from .base import Tool, cap_lines
+
+MAX_LS_ENTRIES = 500
+
+
+class LsTool(Tool):
+    name = "ls"
+    description = (
+        "List a directory in the workspace, hidden entries included. "
+        "Directories end with '/'."
+    )
+    read_only = True
+
+    class Params(BaseModel):
+        path: str = Field(default=".", description="Directory to list.")
+
+    def execute(self, params: Params) -> str:
+        directory = self.workspace.existing(params.path, "directory")
+        with os.scandir(directory) as scan:
+            names = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in scan)
+        hint = "list a subdirectory or use find with a pattern"
+        return cap_lines(names, MAX_LS_ENTRIES, "entries", hint) or f"({params.path} is empty)"

@@ -1,0 +1,144 @@
+"""Path confinement: every path a tool touches resolves inside one workspace root.
+
+Paths are checked after resolving symlinks (for a file that does not exist yet, its existing
+parents are resolved), so `..`, absolute paths and symlinks cannot reach outside the root.
+Also the walking and glob matching shared by `grep` and `find`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal
+
+from ..errors import ToolError, WorkspaceEscapeError
+
+BINARY_SNIFF_BYTES = 8192
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The folder a session's tools may read and write; `root` is stored resolved."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root).expanduser().resolve())
+
+    def resolve(self, path: str) -> Path:
+        """The real absolute path for `path` (relative to root); raises if it leaves the root."""
+        try:
+            requested = self.root / Path(path).expanduser()
+            real = requested.resolve()  # `..` after a symlink climbs from its target, like the OS
+        except (ValueError, RuntimeError) as exc:  # NUL byte, symlink loop, unknown ~user
+            raise ToolError(f"invalid path {path!r}: {exc}; use a plain path inside {self.root}")
+        if real.is_relative_to(self.root):
+            return real
+        lexical = Path(os.path.normpath(requested))
+        via = f" (it is a symlink to {real})" if lexical.is_relative_to(self.root) else ""
+        raise WorkspaceEscapeError(
+            f"path {path!r} is outside the workspace {self.root}{via}; use a path inside it"
+        )
+
+    def existing(self, path: str, kind: Literal["file", "directory"] | None = None) -> Path:
+        """Resolve `path` and check that it exists (as a file or directory when `kind` says so)."""
+        real = self.resolve(path)
+        if not real.exists():
+            raise ToolError(
+                f"path {path!r} does not exist in the workspace; use ls or find to see what is there"
+            )
+        if kind == "file" and real.is_dir():
+            raise ToolError(f"{path!r} is a directory, not a file; use ls to list it")
+        if kind == "file" and not real.is_file():
+            raise ToolError(f"{path!r} is not a regular file")
+        if kind == "directory" and not real.is_dir():
+            raise ToolError(f"{path!r} is a file, not a directory; use read to read it")
+        return real
+
+    def relative(self, path: Path | str) -> str:
+        """`path` as shown to the model: relative to root with `/`, `.` for the root itself."""
+        path = Path(path)
+        if not path.is_absolute() or not path.is_relative_to(self.root):
+            return str(path)
+        return path.relative_to(self.root).as_posix() or "."
+
+
+def walk_files(directory: Path, *, skip_hidden: bool) -> Iterator[Path]:
+    """Files under `directory` in name order per folder (like `rg --sort path`).
+
+    Never enters `.git` and never follows or yields symlinks, so a link cannot lead the walk
+    outside the workspace; unreadable folders are skipped.
+    """
+    try:
+        with os.scandir(directory) as scan:
+            entries = sorted(scan, key=lambda entry: entry.name)
+    except OSError:
+        return
+    for entry in entries:
+        hidden = entry.name.startswith(".")
+        if entry.name == ".git" or (skip_hidden and hidden) or entry.is_symlink():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            yield from walk_files(Path(entry.path), skip_hidden=skip_hidden)
+        elif entry.is_file(follow_symlinks=False):
+            yield Path(entry.path)
+
+
+def is_binary(path: Path) -> bool:
+    """Whether the file looks binary: a NUL byte near the start, the test git and rg use."""
+    with path.open("rb") as file:
+        return b"\0" in file.read(BINARY_SNIFF_BYTES)
+
+
+def glob_match(path: str, pattern: str) -> bool:
+    """Match a `/`-separated relative path against a glob, the way `rg --glob` does.
+
+    A pattern without `/` matches the file name at any depth (`*.py`); otherwise it matches the
+    whole path, where `**` spans folders (`src/**/*.py`), `*` and `?` stay within one, and
+    `[abc]` and `{py,md}` work as in the shell.
+    """
+    pattern = pattern.removeprefix("./").lstrip("/")
+    if "/" not in pattern:
+        path = path.rsplit("/", 1)[-1]
+    return _glob_regex(pattern).fullmatch(path) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(_glob_source(pattern))
+
+
+def _glob_source(pattern: str) -> str:
+    parts: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            parts.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            parts.append(".*")
+            i += 2
+        else:
+            part, i = _glob_token(pattern, i)
+            parts.append(part)
+    return "".join(parts)
+
+
+def _glob_token(pattern: str, i: int) -> tuple[str, int]:
+    """The regex for the glob token at `i` (not `**`), and the index after it."""
+    char = pattern[i]
+    if char == "*":
+        return "[^/]*", i + 1
+    if char == "?":
+        return "[^/]", i + 1
+    if char == "[" and (close := pattern.find("]", i + 2)) != -1:
+        members = pattern[i + 1 : close].replace("\\", "\\\\")
+        negated = members.startswith("!")
+        return ("[^" + members[1:] if negated else "[" + members) + "]", close + 1
+    if char == "{" and (close := pattern.find("}", i + 1)) != -1:
+        alternatives = pattern[i + 1 : close].split(",")
+        return "(?:" + "|".join(_glob_source(alt) for alt in alternatives) + ")", close + 1
+    return re.escape(char), i + 1

@@ -1,0 +1,30 @@
+"""`write`: create or overwrite a file, making its parent folders."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from ..errors import ToolError
+from .base import Tool
+
+
+class WriteTool(Tool):
+    name = "write"
+    description = (
+        "Create or overwrite a file in the workspace with the given content; "
+        "missing parent directories are created."
+    )
+    read_only = False
+
+    class Params(BaseModel):
+        path: str = Field(description="File to write, relative to the workspace root.")
+        content: str = Field(description="The complete new content of the file.")
+
+    def execute(self, params: Params) -> str:
+        path = self.workspace.resolve(params.path)
+        if path.is_dir():
+            raise ToolError(f"{params.path!r} is a directory; give a file path to write")
+        data = params.content.encode("utf-8")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return f"Wrote {len(data)} bytes to {self.workspace.relative(path)}"

@@ -1,0 +1,62 @@
+"""Shared fixtures: an isolated home per test and tiny random models built once per run."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# huggingface_hub reads these once, at import: set them before anything imports it, so no test
+# can reach the network or a developer's real model cache.
+_SESSION_HF_HOME = tempfile.mkdtemp(prefix="mlx-subagents-hf-")
+atexit.register(shutil.rmtree, _SESSION_HF_HOME, ignore_errors=True)
+os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=_SESSION_HF_HOME)
+
+from mlx_subagents.testing import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Keep every test away from the real ~/.mlx-subagents, user agents and the HF cache."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("MLX_SUBAGENTS_HOME", str(home / ".mlx-subagents"))
+    monkeypatch.setenv("HF_HOME", str(home / ".cache" / "huggingface"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny dense qwen3 folder (trimmable KV cache)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny hybrid qwen3_5 folder (gated-delta layers: cache not trimmable)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen3_5"), "qwen3_5")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_qwen3_path: Path) -> tuple[Any, Any]:
+    """`(model, tokenizer)` from the real `mlx_lm.load`, on the main thread."""
+    import mlx_lm
+
+    return mlx_lm.load(str(tiny_qwen3_path))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35(tiny_qwen35_path: Path) -> tuple[Any, Any]:
+    """`(model, tokenizer)` for the hybrid model, on the main thread."""
+    import mlx_lm
+
+    return mlx_lm.load(str(tiny_qwen35_path))

@@ -1,0 +1,540 @@
+"""Agent files: parsing, Claude Code files, discovery layers, trust."""
+
+from pathlib import Path
+
+import pytest
+
+from mlx_subagents.agents import (
+    AgentCatalog,
+    builtin_agents_dir,
+    discover_agents,
+    parse_agent_file,
+    require_trust,
+    user_agents_dir,
+)
+from mlx_subagents.errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
+from mlx_subagents.tools import TOOL_NAMES
+
+BODY = "You are a test agent.\n"
+QWEN = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
+MODEL_FIX = f"use a local path, an MLX hub id like {QWEN}, or inherit"
+TRUST_ORIGIN = "comes from the project file {}; it can run commands in this workspace."
+
+
+def agent_text(name: str = "helper", extra: str = "", body: str = BODY) -> str:
+    return f"---\nname: {name}\ndescription: Helps with tests.\n{extra}---\n\n{body}"
+
+
+def write(folder: Path, filename: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / filename
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def user_dir() -> Path:
+    """The user agents folder (under the temporary home from conftest)."""
+    return user_agents_dir()
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    root = tmp_path / "project"
+    root.mkdir()
+    return root
+
+
+# --- built-ins ------------------------------------------------------------------------------
+
+
+def test_builtins_load_with_their_tools(user_dir, project):
+    catalog = discover_agents(project)
+
+    assert catalog.warnings == []
+    assert catalog.names() == ["planner", "reviewer", "scout", "worker"]
+    assert {name: spec.tools for name, spec in catalog.agents.items()} == {
+        "scout": ("read", "grep", "find", "ls", "bash"),
+        "planner": ("read", "grep", "find", "ls"),
+        "reviewer": ("read", "grep", "find", "ls", "bash"),
+        "worker": ("read", "grep", "find", "ls", "bash", "edit", "write"),
+    }
+    assert [catalog.get(n).read_only for n in catalog.names()] == [True, True, True, False]
+    assert catalog.get("scout").max_turns == 20
+    assert catalog.get("worker").max_turns == 40
+    assert all(spec.source == "builtin" and spec.warnings == () for spec in catalog.agents.values())
+    assert catalog.get("scout").path == builtin_agents_dir() / "scout.md"
+    assert "Verdict: approve" in catalog.get("reviewer").system_prompt
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def test_tools_as_comma_string_or_yaml_list(tmp_path):
+    comma = write(tmp_path, "a.md", agent_text(extra="tools: read, grep ,find\n"))
+    listed = write(tmp_path, "b.md", agent_text(extra="tools:\n  - read\n  - grep\n  - find\n"))
+
+    assert parse_agent_file(comma, "user").tools == ("read", "grep", "find")
+    assert parse_agent_file(listed, "user").tools == ("read", "grep", "find")
+
+
+def test_omitted_tools_mean_all_tools_but_subagent_only_when_named(tmp_path):
+    omitted = parse_agent_file(write(tmp_path, "a.md", agent_text()), "user")
+    named_path = write(tmp_path, "b.md", agent_text(extra="tools: read, subagent\n"))
+    named = parse_agent_file(named_path, "user")
+    empty = parse_agent_file(write(tmp_path, "c.md", agent_text(extra="tools: []\n")), "user")
+
+    assert omitted.tools == TOOL_NAMES
+    assert omitted.read_only is False
+    assert named.tools == ("read", "subagent")
+    assert named.read_only is True
+    assert empty.tools == ()
+
+
+def test_full_spec_fields(tmp_path):
+    path = write(
+        tmp_path,
+        "a.md",
+        f"---\nname: My-Agent\ndescription: '  Does things. '\nmodel: mlx/{QWEN}\n"
+        "max_turns: 7\ntemperature: 1\noutput_schema:\n  type: object\n---\n\n  Body text.  \n\n",
+    )
+
+    spec = parse_agent_file(path, "project")
+
+    assert spec.model_dump() == {
+        "name": "my-agent",
+        "description": "Does things.",
+        "tools": TOOL_NAMES,
+        "model": QWEN,
+        "max_turns": 7,
+        "temperature": 1.0,
+        "output_schema": {"type": "object"},
+        "system_prompt": "Body text.",
+        "source": "project",
+        "path": path,
+        "warnings": (),
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("inherit", None),
+        (f"mlx/{QWEN}", QWEN),
+        (QWEN, QWEN),
+        ("/models/qwen3-4b", "/models/qwen3-4b"),
+        ("./models/tiny", "./models/tiny"),
+        ("mlx/google/gemma-3-1b-it", "google/gemma-3-1b-it"),
+    ],
+)
+def test_model_forms(tmp_path, model, expected):
+    path = write(tmp_path, "a.md", agent_text(extra=f"model: {model}\n"))
+
+    assert parse_agent_file(path, "user").model == expected
+
+
+@pytest.mark.parametrize(
+    ("model", "provider"),
+    [
+        ("openai/gpt-4o", "openai"),
+        ("anthropic/claude-sonnet-4", "anthropic"),
+        ("Gemini/gemini-2.5-pro", "gemini"),
+        ("ollama:llama3", "ollama"),
+        ("bedrock/x", "bedrock"),
+        ("groq/llama-3.1-8b", "groq"),
+    ],
+)
+def test_remote_provider_model_is_refused(tmp_path, model, provider):
+    path = write(tmp_path, "a.md", agent_text(extra=f"model: {model}\n"))
+
+    with pytest.raises(AgentFileError) as info:
+        parse_agent_file(path, "user")
+
+    assert str(info.value) == (
+        f"{path}: field 'model': '{model}' is a remote '{provider}' model; "
+        f"only local MLX models run here; {MODEL_FIX} "
+        f"(write mlx/{model} if it is a Hugging Face repo)"
+    )
+
+
+def test_claude_alias_is_an_error_in_our_own_files(tmp_path):
+    path = write(tmp_path, "a.md", agent_text(extra="model: sonnet\n"))
+
+    with pytest.raises(AgentFileError) as info:
+        parse_agent_file(path, "user")
+
+    assert str(info.value) == (
+        f"{path}: field 'model': 'sonnet' is a Claude model, not a local one; {MODEL_FIX}"
+    )
+
+
+def test_unknown_fields_are_ignored_with_a_warning(tmp_path):
+    path = write(tmp_path, "a.md", agent_text(extra="max_turn: 5\ncolor: red\n"))
+
+    spec = parse_agent_file(path, "user")
+
+    assert spec.max_turns is None
+    assert spec.warnings == (f"{path}: unknown field(s) color, max_turn ignored",)
+
+
+def test_invalid_yaml_error_names_the_file_line(tmp_path):
+    path = write(tmp_path, "a.md", "---\nname: a\ndescription: A.\ntools: [read\n---\nBody\n")
+
+    with pytest.raises(AgentFileError) as info:
+        parse_agent_file(path, "user")
+
+    assert str(info.value) == (
+        f"{path}: invalid YAML in the frontmatter at line 5: "
+        "expected ',' or ']', but got '<stream end>'; fix the YAML, or quote the value"
+    )
+
+
+NAME_FIX = "use lowercase letters, digits, '-' and '_', starting with a letter or digit"
+TURNS_FIX = "e.g. max_turns: 20"
+TEMPERATURE_FIX = "e.g. temperature: 0.2"
+MAPPING_FIX = "write one 'key: value' per line, e.g. name: scout"
+BAD_FILES = [
+    (
+        "No frontmatter.\n",
+        "no frontmatter; start the file with a '---' line, then name: and description:, "
+        "then a closing '---' line",
+    ),
+    (
+        "---\nname: x\n",
+        "the frontmatter has no closing '---' line; add a '---' line after the last field",
+    ),
+    (
+        "---\nname: x\ndescription: bad: colon\n---\nBody\n",
+        "invalid YAML in the frontmatter at line 3: mapping values are not allowed here; "
+        "fix the YAML, or quote the value",
+    ),
+    (
+        "---\nname: x\ndescription: x\ncreated: 2024-13-45\n---\nBody\n",
+        "invalid YAML in the frontmatter: month must be in 1..12; fix the YAML, or quote the value",
+    ),
+    ("---\n- name\n---\nBody\n", f"the frontmatter is a YAML list, not a mapping; {MAPPING_FIX}"),
+    ("---\n---\nBody\n", f"the frontmatter is empty, not a mapping; {MAPPING_FIX}"),
+    (
+        "---\ndescription: Helps.\n---\nBody\n",
+        "field 'name' is missing or empty; add 'name: my-agent' to the frontmatter",
+    ),
+    (
+        "---\nname: ''\ndescription: Helps.\n---\nBody\n",
+        "field 'name' is missing or empty; add 'name: my-agent' to the frontmatter",
+    ),
+    (
+        "---\nname: helper\n---\nBody\n",
+        "field 'description' is missing or empty; "
+        "add 'description: what this agent does' to the frontmatter",
+    ),
+    (
+        "---\nname: [a]\ndescription: Helps.\n---\nBody\n",
+        "field 'name' must be text, not a list; write 'name: my-agent'",
+    ),
+    (
+        agent_text(name="my agent"),
+        f"field 'name': 'my agent' is not a valid agent name; {NAME_FIX}",
+    ),
+    (agent_text(name="-x"), f"field 'name': '-x' is not a valid agent name; {NAME_FIX}"),
+    (
+        agent_text(extra="tools: read, glob\n"),
+        "field 'tools': unknown tool 'glob'; "
+        "use tools from: read, grep, find, ls, bash, edit, write, subagent",
+    ),
+    (
+        agent_text(extra="tools: {read: true}\n"),
+        "field 'tools' must be a comma-separated string or a list of tool names; "
+        "e.g. tools: read, grep, find",
+    ),
+    (
+        agent_text(extra="max_turns: 0\n"),
+        f"field 'max_turns' must be a positive whole number, got 0; {TURNS_FIX}",
+    ),
+    (
+        agent_text(extra="max_turns: '5'\n"),
+        f"field 'max_turns' must be a positive whole number, got '5'; {TURNS_FIX}",
+    ),
+    (
+        agent_text(extra="max_turns: true\n"),
+        f"field 'max_turns' must be a positive whole number, got True; {TURNS_FIX}",
+    ),
+    (
+        agent_text(extra="temperature: 2.5\n"),
+        f"field 'temperature' must be a number from 0 to 2, got 2.5; {TEMPERATURE_FIX}",
+    ),
+    (
+        agent_text(extra="temperature: -0.1\n"),
+        f"field 'temperature' must be a number from 0 to 2, got -0.1; {TEMPERATURE_FIX}",
+    ),
+    (
+        agent_text(extra="output_schema: [1]\n"),
+        "field 'output_schema' must be a mapping (a JSON schema), not a list; "
+        "e.g. output_schema: {type: object}",
+    ),
+    (
+        agent_text(body="  \n\n"),
+        "the body is empty; write the system prompt below the closing '---'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "reason"), BAD_FILES)
+def test_bad_file_is_skipped_with_a_warning(user_dir, project, text, reason):
+    bad = write(user_dir, "bad.md", text)
+    write(user_dir, "good.md", agent_text(name="good"))
+
+    catalog = discover_agents(project)
+
+    assert catalog.warnings == [f"skipped {bad}: {reason}"]
+    assert catalog.names() == ["good", "planner", "reviewer", "scout", "worker"]
+    with pytest.raises(AgentFileError) as info:
+        parse_agent_file(bad, "user")
+    assert str(info.value) == f"{bad}: {reason}"
+
+
+def test_same_name_twice_in_one_folder_keeps_the_first(user_dir, project):
+    first = write(user_dir, "a.md", agent_text(name="helper", body="First.\n"))
+    second = write(user_dir, "b.md", agent_text(name="helper", body="Second.\n"))
+
+    catalog = discover_agents(project)
+
+    assert catalog.get("helper").path == first
+    assert catalog.warnings == [
+        f"skipped {second}: agent 'helper' is already defined in {first}; rename one of them"
+    ]
+
+
+def test_non_markdown_and_hidden_files_are_ignored(user_dir, project):
+    write(user_dir, "notes.txt", "not an agent")
+    write(user_dir, ".#helper.md", "editor lock file")
+
+    catalog = discover_agents(project)
+
+    assert catalog.warnings == []
+    assert catalog.names() == ["planner", "reviewer", "scout", "worker"]
+
+
+# --- Claude Code files ---------------------------------------------------------------------------
+
+
+def test_claude_file_tools_are_mapped_and_unavailable_ones_dropped(user_dir, project):
+    path = write(
+        project / ".claude" / "agents",
+        "explorer.md",
+        "---\nname: explorer\ndescription: Explores.\n"
+        "tools: Read, Grep, Glob, LS, Bash, Edit, MultiEdit, Write, WebFetch, WebSearch, "
+        "TodoWrite, NotebookEdit, Task, mcp__github__search, Bash(git:*)\n"
+        "model: sonnet\ncolor: cyan\npermissionMode: plan\nmaxTurns: 12\n---\nExplore.\n",
+    )
+
+    spec = discover_agents(project).get("explorer")
+
+    assert spec.tools == ("read", "grep", "find", "ls", "bash", "edit", "write")
+    assert spec.model is None
+    assert spec.max_turns == 12
+    assert spec.source == "project"
+    dropped = "WebFetch WebSearch TodoWrite NotebookEdit Task mcp__github__search Bash(git:*)"
+    note = "Claude Code tool '{}' is not available here; dropped"
+    assert spec.warnings == (
+        *(f"{path}: {note.format(tool)}" for tool in dropped.split()),
+        f"{path}: model 'sonnet' is a remote Claude model; using the default local model",
+    )
+
+
+def test_claude_file_without_tools_gets_all_tools_minus_disallowed(tmp_path):
+    path = write(
+        tmp_path / ".claude" / "agents",
+        "a.md",
+        "---\nname: a\ndescription: A.\ndisallowedTools: Write, Edit, WebFetch\n"
+        "model: inherit\n---\nA.\n",
+    )
+
+    spec = parse_agent_file(path, "project")
+
+    assert spec.tools == ("read", "grep", "find", "ls", "bash")
+    assert spec.read_only is True
+    assert spec.warnings == ()
+
+
+def test_claude_file_unknown_tool_and_remote_model_are_errors(tmp_path):
+    folder = tmp_path / ".claude" / "agents"
+    unknown = write(folder, "a.md", agent_text(name="a", extra="tools: Read, Frobnicate\n"))
+    remote = write(folder, "b.md", agent_text(name="b", extra="model: openai/gpt-4o\n"))
+
+    with pytest.raises(AgentFileError) as unknown_info:
+        parse_agent_file(unknown, "project")
+    with pytest.raises(AgentFileError) as remote_info:
+        parse_agent_file(remote, "project")
+
+    assert str(unknown_info.value) == (
+        f"{unknown}: field 'tools': unknown tool 'Frobnicate'; "
+        "use tools from: read, grep, find, ls, bash, edit, write, subagent"
+    )
+    assert str(remote_info.value).startswith(
+        f"{remote}: field 'model': 'openai/gpt-4o' is a remote 'openai' model;"
+    )
+
+
+# --- discovery layers ------------------------------------------------------------------------
+
+
+def test_layers_builtin_then_user_then_project(user_dir, project):
+    write(user_dir, "scout.md", agent_text(name="scout", body="User scout.\n"))
+    write(user_dir, "planner.md", agent_text(name="planner", body="User planner.\n"))
+    project_dir = project / ".mlx-subagents" / "agents"
+    write(project_dir, "scout.md", agent_text(name="scout", body="Project scout.\n"))
+
+    catalog = discover_agents(project)
+
+    assert catalog.get("scout").system_prompt == "Project scout."
+    assert catalog.get("scout").source == "project"
+    assert catalog.get("planner").system_prompt == "User planner."
+    assert catalog.get("planner").source == "user"
+    assert catalog.get("worker").source == "builtin"
+    assert catalog.project_root == project.resolve()
+
+
+def test_mlx_subagents_folder_wins_over_claude_folder(user_dir, project):
+    write(project / ".claude" / "agents", "x.md", agent_text(name="helper", body="Claude.\n"))
+    write(project / ".claude" / "agents", "y.md", agent_text(name="other", body="Claude other.\n"))
+    write(project / ".mlx-subagents" / "agents", "x.md", agent_text(name="helper", body="Ours.\n"))
+
+    catalog = discover_agents(project)
+
+    assert catalog.get("helper").system_prompt == "Ours."
+    assert catalog.get("other").system_prompt == "Claude other."
+    assert catalog.warnings == []
+
+
+@pytest.mark.parametrize(
+    ("scope", "expected"),
+    [
+        ("user", ["from-user", "planner", "reviewer", "scout", "worker"]),
+        ("project", ["from-project", "planner", "reviewer", "scout", "worker"]),
+        ("both", ["from-project", "from-user", "planner", "reviewer", "scout", "worker"]),
+    ],
+)
+def test_scope_filters_layers(user_dir, project, scope, expected):
+    write(user_dir, "u.md", agent_text(name="from-user"))
+    write(project / ".mlx-subagents" / "agents", "p.md", agent_text(name="from-project"))
+
+    catalog = discover_agents(project, scope)
+
+    assert catalog.names() == expected
+    assert catalog.project_root == (None if scope == "user" else project.resolve())
+
+
+def test_project_root_is_found_walking_up_from_a_nested_cwd(user_dir, project):
+    write(project / ".mlx-subagents" / "agents", "p.md", agent_text(name="from-project"))
+    write(project / ".claude" / "agents", "c.md", agent_text(name="from-claude"))
+    nested = project / "src" / "pkg" / "deep"
+    nested.mkdir(parents=True)
+
+    catalog = discover_agents(nested)
+
+    assert catalog.project_root == project.resolve()
+    assert catalog.get("from-project").source == "project"
+    assert catalog.get("from-claude").source == "project"
+
+
+def test_claude_only_project_is_found_too(user_dir, project):
+    write(project / ".claude" / "agents", "c.md", agent_text(name="from-claude"))
+    nested = project / "src"
+    nested.mkdir()
+
+    catalog = discover_agents(nested)
+
+    assert catalog.project_root == project.resolve()
+    assert "from-claude" in catalog.names()
+
+
+def test_no_project_folder_means_no_project_root(user_dir, project):
+    catalog = discover_agents(project)
+
+    assert catalog.project_root is None
+    assert catalog.names() == ["planner", "reviewer", "scout", "worker"]
+
+
+def test_home_level_folders_are_not_project_agents(monkeypatch):
+    home = Path.home()
+    monkeypatch.delenv("MLX_SUBAGENTS_HOME")
+    write(home / ".mlx-subagents" / "agents", "u.md", agent_text(name="from-user"))
+    write(home / ".claude" / "agents", "c.md", agent_text(name="claude-user"))
+    cwd = home / "code" / "repo"
+    cwd.mkdir(parents=True)
+
+    catalog = discover_agents(cwd)
+
+    assert catalog.project_root is None
+    assert catalog.get("from-user").source == "user"
+    assert "claude-user" not in catalog.names()
+
+
+# --- catalog and trust -----------------------------------------------------------------------
+
+
+def test_unknown_agent_lists_the_available_ones(user_dir, project):
+    catalog = discover_agents(project)
+
+    with pytest.raises(AgentNotFoundError) as info:
+        catalog.get("x")
+
+    assert str(info.value) == "unknown agent 'x'; available: planner, reviewer, scout, worker"
+    assert catalog.get("Scout").name == "scout"
+
+
+def test_empty_catalog_says_none_available():
+    with pytest.raises(AgentNotFoundError) as info:
+        AgentCatalog().get("x")
+
+    assert str(info.value) == "unknown agent 'x'; available: (none)"
+
+
+@pytest.fixture
+def project_spec(project):
+    path = write(project / ".mlx-subagents" / "agents", "x.md", agent_text(name="x"))
+    return parse_agent_file(path, "project")
+
+
+def test_builtin_and_user_agents_need_no_trust(user_dir, project):
+    write(user_dir, "u.md", agent_text(name="mine"))
+    catalog = discover_agents(project)
+
+    def never(question: str) -> bool:
+        raise AssertionError("must not ask")
+
+    require_trust(catalog.get("scout"), assume_yes=False, interactive=False, confirm=never)
+    require_trust(catalog.get("mine"), assume_yes=False, interactive=True, confirm=never)
+
+
+def test_project_agent_passes_with_yes(project_spec):
+    require_trust(project_spec, assume_yes=True, interactive=False, confirm=None)
+
+
+def test_project_agent_without_yes_non_interactive_is_refused(project_spec):
+    with pytest.raises(ConfirmationRequired) as info:
+        require_trust(project_spec, assume_yes=False, interactive=False, confirm=lambda q: True)
+
+    origin = TRUST_ORIGIN.format(project_spec.path)
+    assert str(info.value) == f"agent 'x' {origin} Re-run with --yes to allow it."
+
+
+def test_project_agent_interactive_asks_once(project_spec):
+    questions: list[str] = []
+
+    def accept(question: str) -> bool:
+        questions.append(question)
+        return True
+
+    require_trust(project_spec, assume_yes=False, interactive=True, confirm=accept)
+
+    assert questions == [f"agent 'x' {TRUST_ORIGIN.format(project_spec.path)} Allow it?"]
+
+
+def test_project_agent_declined_is_refused(project_spec):
+    with pytest.raises(ConfirmationRequired) as info:
+        require_trust(project_spec, assume_yes=False, interactive=True, confirm=lambda q: False)
+
+    assert str(info.value) == (
+        "agent 'x' was not allowed to run (declined). Re-run with --yes to allow it."
+    )
