@@ -360,6 +360,18 @@ def test_grep_output(grep: GrepTool) -> None:
     )
 
 
+def test_grep_glob_matches_paths_from_the_root_like_rg(grep: GrepTool) -> None:
+    assert run(grep, pattern="return", path="src", glob="src/u*.py") == ok(
+        "src/util.py:5:    return os.getcwd()"
+    )
+    assert run(grep, pattern="return", path="src", glob="u*.py") == ok(
+        "src/util.py:5:    return os.getcwd()"
+    )
+    assert run(grep, pattern="hello", path="src/app.py", glob="*.md") == ok(
+        "src/app.py:2:    print('hello')"
+    )
+
+
 def test_grep_no_match_and_bad_regex(grep: GrepTool) -> None:
     assert run(grep, pattern="nothing_here", path="src", glob="*.py") == ok(
         "No matches for 'nothing_here' in src (glob '*.py')"
@@ -391,6 +403,7 @@ def test_find_output(tools: dict[str, Tool]) -> None:
     assert run(find, pattern="**/*.py") == ok(".hidden/notes.py\nsrc/app.py\nsrc/util.py")
     assert run(find, pattern="*.md") == ok("README.md\ndocs/guide.md")
     assert run(find, pattern="*.py", path="src") == ok("src/app.py\nsrc/util.py")
+    assert run(find, pattern="src/*.py", path="src") == ok("src/app.py\nsrc/util.py")
     assert run(find, pattern="src/*.{md,bin}") == ok("src/logo.bin")
     assert run(find, pattern="*.rs") == ok("No files match '*.rs' in .")
     assert run(find, pattern="*", path="README.md") == err(
@@ -431,7 +444,8 @@ def test_edit_replaces_unique_text(tools: dict[str, Tool], ws: Workspace) -> Non
         "Edited src/app.py: replaced text at line 2"
     )
     assert app.read_text() == "def main():\n    print('bye')\n    return 0\n"
-    result = run(tools["edit"], path="src/app.py", old_text="    return 0", new_text="    x = 1\n    return x")
+    two_lines = "    x = 1\n    return x"
+    result = run(tools["edit"], path="src/app.py", old_text="    return 0", new_text=two_lines)
     assert result == ok("Edited src/app.py: replaced text at lines 3-4")
     assert app.read_text() == "def main():\n    print('bye')\n    x = 1\n    return x\n"
 

@@ -112,9 +112,8 @@ class BashTool(Tool):
         returncode = await self._run_command(params.command, params.timeout, output)
         text = output.text().rstrip("\n")
         if returncode is None:
-            return error_result(
-                f"command timed out after {params.timeout}s; its process group was killed\n{text}"
-            )
+            killed = f"command timed out after {params.timeout}s; its process group was killed"
+            return error_result("\n".join(filter(None, [killed, text])))
         text = text or "(no output)"
         return ToolResult(text if returncode == 0 else f"{text}\n[exit code {returncode}]")
 
@@ -141,8 +140,10 @@ class BashTool(Tool):
             # output still in the pipe arrive and bash be reaped, then return or re-raise.
             _kill_group(pgid)
             _live_groups.discard(pgid)
-            await asyncio.wait({protocol.closed}, timeout=DRAIN_GRACE_SECONDS)
-            transport.close()
+            try:
+                await asyncio.wait({protocol.closed}, timeout=DRAIN_GRACE_SECONDS)
+            finally:
+                transport.close()
 
     def describe(self, arguments: dict[str, Any]) -> str:
         return f"$ {one_line(str(arguments.get('command', '')))}"

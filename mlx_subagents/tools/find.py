@@ -7,7 +7,6 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .base import Tool, cap_lines
-from .workspace import glob_match, walk_files
 
 MAX_FIND_RESULTS = 500
 
@@ -24,19 +23,16 @@ class FindTool(Tool):
         pattern: str = Field(
             min_length=1,
             description=(
-                "Glob such as '**/*.py' or 'src/**/test_*.py'; a pattern without '/' "
-                "matches file names at any depth."
+                "Glob matched against paths from the workspace root, such as '**/*.py' or "
+                "'src/**/test_*.py'; a pattern without '/' matches file names at any depth."
             ),
         )
         path: str = Field(default=".", description="Directory to search in.")
 
     def execute(self, params: Params) -> str:
         directory = self.workspace.existing(params.path, "directory")
-        found = (
-            self.workspace.relative(file)
-            for file in walk_files(directory, skip_hidden=False)
-            if glob_match(file.relative_to(directory).as_posix(), params.pattern)
-        )
+        files = self.workspace.walk(directory, params.pattern, skip_hidden=False)
+        found = map(self.workspace.relative, files)
         hint = "use a narrower pattern or path"
         return cap_lines(found, MAX_FIND_RESULTS, "files", hint) or (
             f"No files match {params.pattern!r} in {params.path}"

@@ -10,13 +10,13 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from pydantic import BaseModel, Field
 
 from ..errors import ToolError
 from .base import Tool, cap_lines, clip_line
-from .workspace import Workspace, glob_match, is_binary, walk_files
+from .workspace import Workspace, is_binary
 
 MAX_GREP_MATCHES = 200
 
@@ -33,7 +33,8 @@ class GrepTool(Tool):
         pattern: str = Field(min_length=1, description="Regular expression to search for.")
         path: str = Field(default=".", description="File or directory to search in.")
         glob: str | None = Field(
-            default=None, description="Only search files matching this glob, e.g. '*.py'."
+            default=None,
+            description="Only search files whose path matches this glob: '*.py', 'src/**/*.ts'.",
         )
         ignore_case: bool = Field(default=False, description="Match case-insensitively.")
 
@@ -64,14 +65,10 @@ class GrepTool(Tool):
         return f"No matches for {params.pattern!r} in {params.path}{where}"
 
     def _python(self, regex: re.Pattern[str], params: Params, target: Path) -> Iterator[str]:
-        if target.is_file():
-            files: Iterator[Path] = iter([target])
+        if target.is_file():  # like rg: the glob filters only what the walk finds
+            files: Iterable[Path] = [target]
         else:
-            files = (
-                file
-                for file in walk_files(target, skip_hidden=True)
-                if not params.glob or glob_match(file.relative_to(target).as_posix(), params.glob)
-            )
+            files = self.workspace.walk(target, params.glob, skip_hidden=True)
         for file in files:
             yield from self._search_file(regex, file)
 

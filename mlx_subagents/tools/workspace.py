@@ -48,7 +48,8 @@ class Workspace:
         real = self.resolve(path)
         if not real.exists():
             raise ToolError(
-                f"path {path!r} does not exist in the workspace; use ls or find to see what is there"
+                f"path {path!r} does not exist in the workspace; "
+                "use ls or find to see what is there"
             )
         if kind == "file" and real.is_dir():
             raise ToolError(f"{path!r} is a directory, not a file; use ls to list it")
@@ -57,6 +58,12 @@ class Workspace:
         if kind == "directory" and not real.is_dir():
             raise ToolError(f"{path!r} is a file, not a directory; use read to read it")
         return real
+
+    def walk(self, directory: Path, glob: str | None, *, skip_hidden: bool) -> Iterator[Path]:
+        """Files under `directory` whose path from the root (as shown) matches `glob`, like rg."""
+        for file in walk_files(directory, skip_hidden=skip_hidden):
+            if glob is None or glob_match(self.relative(file), glob):
+                yield file
 
     def relative(self, path: Path | str) -> str:
         """`path` as shown to the model: relative to root with `/`, `.` for the root itself."""
