@@ -1,0 +1,383 @@
+"""Prefix reuse: how much prefill a session's own KV cache saves over an agent-like conversation.
+
+One session plays N agent turns (default 8) twice, side by side in one process run:
+
+- with reuse (`MlxModelHost(path)`): each turn prefills only what is new since the last one;
+- without reuse (`MlxModelHost(path, reuse=False)`): the same prompts, the cache dropped each turn.
+
+Each turn the model replies with a tool call (`grep` / `read`; the last reply is a final answer)
+and the conversation then gets a tool result of a few hundred tokens: generated, numbered code
+lines in the `read` / `grep` output layout, different per turn and deterministic. The system
+prompt is the built-in scout agent's, as a real session renders it, and the tools are the real
+schemas from `mlx_subagents.tools`. On the tiny model the replies are forced through the real
+inference path (`ForcedScripts`), so both modes see exactly the same prompts; the script also
+checks that every turn's generated token ids are identical between the two modes.
+
+It reports prefilled / cached / prompt tokens per turn and in total, and each mode's wall time
+(`time.perf_counter` around the whole conversation, after one untimed warm-up generate per
+host). Target: with reuse, prefill at most 35% of the tokens prefilled without it
+(`prefill_ratio <= 0.35`) with identical outputs. Missing the target still exits 0 (this is a
+measurement); errors exit nonzero.
+
+Run (from the repository root):
+
+    python benchmarks/prefix_reuse.py                      # tiny random qwen3, 8 turns, a table
+    python benchmarks/prefix_reuse.py --arch qwen3_5       # hybrid model (non-trimmable cache)
+    python benchmarks/prefix_reuse.py --json               # the last line is one JSON object
+    python benchmarks/prefix_reuse.py --model ~/models/Qwen3-4B-Instruct-2507-4bit
+
+On a Mac (Metal) `pip install -e .` (or `PYTHONPATH=.`) is all it needs; use `--model` with a
+local mlx-lm folder to measure a real model (the two modes run one after the other, so only one
+copy of the weights is resident). With a real model the replies are forced too when its
+tokenizer uses the Qwen/Hermes `<tool_call>` format; otherwise (or with `--free`) it generates
+greedily, up to 64 tokens a turn.
+
+On Linux the `mlx[cpu]` wheel runs fp32 matmul through a slow reference BLAS. Optionally
+preload Debian's OpenBLAS (`apt-get install libopenblas0-pthread`) for much faster fp32 prefill:
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        python benchmarks/prefix_reuse.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
+from mlx_subagents.errors import SubagentError
+from mlx_subagents.host import Generation, MlxModelHost
+from mlx_subagents.host.loading import read_config
+from mlx_subagents.host.protocol import Message, ToolSchema
+from mlx_subagents.session import system_prompt
+from mlx_subagents.testing import ForcedScripts, LogitsProcessor, make_tiny_model, tool_call_text
+from mlx_subagents.tools import TOOL_NAMES, Workspace, make_tools
+
+TARGET_PREFILL_RATIO = 0.35
+SESSION = "scout"
+FORCED_MAX_TOKENS = 256  # room for the longest forced script (the final answer)
+FREE_MAX_TOKENS = 64
+TINY_CONTEXT_WINDOW = 32768
+TASK = "Task: where is the configuration loaded and validated, and which settings does it read?"
+# A fixed (not necessarily existing) root: the system prompt names it, so token counts are stable.
+WORKSPACE = Workspace(Path(tempfile.gettempdir()) / "prefix-reuse-project")
+
+_VERBS = ("load", "parse", "read", "build", "check", "resolve", "merge", "save", "apply", "validate")
+_NOUNS = ("config", "settings", "profile", "session", "cache", "token", "model", "path", "limits", "env")
+_TYPES = ("str", "int", "Path", "dict[str, Any]", "list[str]", "bool", "Settings", "Config")
+_FILES = (
+    "mlx_subagents/config.py", "mlx_subagents/settings.py", "mlx_subagents/cli.py",
+    "mlx_subagents/runner.py", "mlx_subagents/profiles.py", "mlx_subagents/env.py",
+    "tests/test_config.py", "tests/test_settings.py",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One scripted tool call and the result the conversation gets for it."""
+
+    name: str
+    arguments: dict[str, Any]
+    result: str
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """Everything both modes replay: opening messages, tools, calls and the final answer."""
+
+    opening: list[Message]
+    tools: list[ToolSchema]
+    calls: list[PlannedCall]
+    final_answer: str
+
+    @property
+    def scripts(self) -> list[str]:
+        """The reply forced at each turn: every call's text, then the final answer."""
+        return [tool_call_text(c.name, c.arguments) for c in self.calls] + [self.final_answer]
+
+
+@dataclass(frozen=True)
+class ModeRun:
+    """One mode's conversation: its generations and timings."""
+
+    generations: list[Generation]
+    turn_seconds: list[float]
+    seconds: float
+
+
+# -- the conversation ------------------------------------------------------------------------
+
+
+def code_line(rng: random.Random) -> str:
+    """One plausible line of Python."""
+    verb, noun, other = rng.choice(_VERBS), rng.choice(_NOUNS), rng.choice(_NOUNS)
+    templates = (
+        f"def {verb}_{noun}({other}: {rng.choice(_TYPES)}) -> {rng.choice(_TYPES)}:",
+        f"    {noun} = {other}.{verb}({rng.choice(_NOUNS)}_{rng.randint(1, 9)})",
+        f"    if {noun} is None:",
+        f'        raise ValueError(f"missing {noun}: {{{other}!r}}")',
+        f"    return {verb}_{noun}({other}, strict={rng.choice(('True', 'False'))})",
+        f"class {noun.capitalize()}{rng.choice(('Loader', 'Error', 'Spec', 'Store'))}:",
+        f"    # {verb} the {noun} before the {other} is used",
+        f"    {noun}_{other} = {rng.randint(0, 4096)}",
+        f"from .{other} import {verb}_{noun}",
+    )
+    return rng.choice(templates)
+
+
+def read_result(rng: random.Random, path: str, offset: int, n_lines: int) -> str:
+    """A `read` result: numbered lines in `cat -n` layout, then the truncation note."""
+    lines = [f"{n:>6}\t{code_line(rng)}" for n in range(offset, offset + n_lines)]
+    total = offset + n_lines + rng.randint(20, 200)
+    last = offset + n_lines - 1
+    lines.append(f"[... truncated: showing lines {offset}-{last} of {total}; use offset={last + 1} to read more]")
+    return "\n".join(lines)
+
+
+def grep_result(rng: random.Random, pattern: str, n_hits: int) -> str:
+    """A `grep` result: `path:line:text` hits that contain the pattern."""
+    hits = []
+    for _ in range(n_hits):
+        line = code_line(rng)
+        hits.append(f"{rng.choice(_FILES)}:{rng.randint(1, 400)}:{line} {pattern}()")
+    return "\n".join(sorted(hits))
+
+
+def plan_calls(n_calls: int, result_lines: int, seed: int = 0) -> list[PlannedCall]:
+    """Alternating grep / read calls, each with its own deterministic result."""
+    calls = []
+    for i in range(n_calls):
+        rng = random.Random(seed * 1000 + i)
+        if i % 2 == 0:
+            pattern = f"{_VERBS[i % len(_VERBS)]}_{_NOUNS[i % len(_NOUNS)]}"
+            args: dict[str, Any] = {"pattern": pattern, "path": "mlx_subagents"}
+            calls.append(PlannedCall("grep", args, grep_result(rng, pattern, result_lines)))
+        else:
+            offset = 1 + result_lines * (i // 2)
+            args = {"path": _FILES[i % len(_FILES)], "offset": offset, "limit": result_lines}
+            calls.append(PlannedCall("read", args, read_result(rng, args["path"], offset, result_lines)))
+    return calls
+
+
+def final_answer(calls: Sequence[PlannedCall]) -> str:
+    """A scout-format answer naming the files that were read."""
+    read = [c.arguments for c in calls if c.name == "read"] or [{"path": _FILES[0], "offset": 1, "limit": 40}]
+    findings = [f"- {a['path']}:{a['offset']}-{a['offset'] + a['limit'] - 1} — where the settings are read" for a in read[:3]]
+    summary = "Summary: the configuration is loaded by load_config and validated by validate_settings."
+    return "Findings:\n" + "\n".join(findings) + "\n\n" + summary
+
+
+def build_conversation(turns: int, result_lines: int) -> Conversation:
+    """The scout agent's real system prompt and tool schemas, `turns - 1` calls, then an answer."""
+    spec = parse_agent_file(builtin_agents_dir() / "scout.md", "builtin")
+    tools = [tool.schema() for tool in make_tools(TOOL_NAMES, WORKSPACE).values()]
+    opening = [
+        {"role": "system", "content": system_prompt(spec, WORKSPACE)},
+        {"role": "user", "content": TASK},
+    ]
+    calls = plan_calls(turns - 1, result_lines)
+    return Conversation(opening, tools, calls, final_answer(calls))
+
+
+# -- running one mode ------------------------------------------------------------------------
+
+
+class ScriptedReplies:
+    """Processor factory that forces the conversation's replies once bound to a tokenizer.
+
+    The host loads its tokenizer in `start`, after the factory is handed over: `bind` then
+    decides whether this tokenizer can say the scripts (Qwen/Hermes `<tool_call>` format).
+    """
+
+    def __init__(self, scripts: list[str], allow: bool) -> None:
+        self._scripts = scripts
+        self._allow = allow
+        self._forced: ForcedScripts | None = None
+
+    def bind(self, tokenizer: Any) -> bool:
+        """Whether the replies will be forced with this tokenizer."""
+        ok = self._allow and getattr(tokenizer, "tool_call_start", None) == "<tool_call>"
+        self._forced = ForcedScripts(tokenizer, {SESSION: self._scripts}) if ok else None
+        return ok
+
+    def __call__(self, session: str, prompt_ids: list[int]) -> list[LogitsProcessor]:
+        return self._forced(session, prompt_ids) if self._forced else []
+
+
+async def warm_up(host: MlxModelHost, tools: list[ToolSchema]) -> None:
+    """One untimed generate on a throwaway session (loads kernels, allocates buffers)."""
+    session = host.session("warm-up")
+    await session.generate([{"role": "user", "content": "Say hello."}], tools=tools, max_tokens=8)
+    await session.close()
+
+
+async def run_mode(model: Path, reuse: bool, conv: Conversation, force: bool) -> tuple[ModeRun, bool]:
+    """Play the conversation on a fresh host; returns the run and whether replies were forced."""
+    replies = ScriptedReplies(conv.scripts, allow=force)
+    async with MlxModelHost(str(model), reuse=reuse, processor_factory=replies) as host:
+        forced = replies.bind(host.tokenizer)
+        max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
+        await warm_up(host, conv.tools)
+        session = host.session(SESSION)
+        messages = list(conv.opening)
+        generations, turn_seconds = [], []
+        start = time.perf_counter()
+        for turn in range(len(conv.calls) + 1):
+            tic = time.perf_counter()
+            generation = await session.generate(messages, tools=conv.tools, max_tokens=max_tokens)
+            turn_seconds.append(time.perf_counter() - tic)
+            generations.append(generation)
+            if turn < len(conv.calls):
+                messages += [generation.to_message(), tool_message(generation, conv.calls[turn])]
+        seconds = time.perf_counter() - start
+    return ModeRun(generations, turn_seconds, seconds), forced
+
+
+def tool_message(generation: Generation, call: PlannedCall) -> Message:
+    """The planned call's result, answering the model's call id when it made one."""
+    call_id = generation.tool_calls[0].id if generation.tool_calls else "call_0"
+    return {"role": "tool", "tool_call_id": call_id, "name": call.name, "content": call.result}
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def reply_kind(generation: Generation) -> str:
+    """`grep` / `read` for a tool call, `answer` for plain text, `malformed`, `length`."""
+    if generation.tool_calls:
+        return ",".join(c.name for c in generation.tool_calls)
+    if generation.malformed_tool_calls:
+        return "malformed"
+    return "answer" if generation.finish_reason == "stop" else generation.finish_reason
+
+
+def summarize(arch: str, model: str, forced: bool, with_reuse: ModeRun, without: ModeRun) -> dict[str, Any]:
+    """The JSON report: totals, ratios, target and per-turn lists."""
+    on, off = with_reuse.generations, without.generations
+    prefill_on = sum(g.usage.prefilled_tokens for g in on)
+    prefill_off = sum(g.usage.prefilled_tokens for g in off)
+    identical = len(on) == len(off) and all(a.token_ids == b.token_ids for a, b in zip(on, off))
+    ratio = prefill_on / prefill_off if prefill_off else 0.0
+    return {
+        "arch": arch,
+        "model": model,
+        "turns": len(on),
+        "forced": forced,
+        "prompt_tokens_total": sum(g.usage.prompt_tokens for g in on),
+        "prefill_tokens_with_reuse": prefill_on,
+        "prefill_tokens_without_reuse": prefill_off,
+        "cached_tokens_with_reuse": sum(g.usage.cached_tokens for g in on),
+        "generated_tokens_total": sum(g.usage.generated_tokens for g in on),
+        "prefill_ratio": round(ratio, 4),
+        "seconds_with_reuse": round(with_reuse.seconds, 4),
+        "seconds_without_reuse": round(without.seconds, 4),
+        "speedup": round(without.seconds / with_reuse.seconds, 3) if with_reuse.seconds else 0.0,
+        "identical_outputs": identical,
+        "target_prefill_ratio": TARGET_PREFILL_RATIO,
+        "target_met": identical and ratio <= TARGET_PREFILL_RATIO,
+        "per_turn": {
+            "reply": [reply_kind(g) for g in on],
+            "prompt_tokens": [g.usage.prompt_tokens for g in on],
+            "prompt_tokens_without_reuse": [g.usage.prompt_tokens for g in off],
+            "cached_tokens_with_reuse": [g.usage.cached_tokens for g in on],
+            "prefill_tokens_with_reuse": [g.usage.prefilled_tokens for g in on],
+            "prefill_tokens_without_reuse": [g.usage.prefilled_tokens for g in off],
+            "generated_tokens": [g.usage.generated_tokens for g in on],
+            "seconds_with_reuse": [round(s, 4) for s in with_reuse.turn_seconds],
+            "seconds_without_reuse": [round(s, 4) for s in without.turn_seconds],
+            "identical_output": [a.token_ids == b.token_ids for a, b in zip(on, off)],
+        },
+    }
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """A side-by-side table per turn, a totals line, and the PASS/FAIL verdict."""
+    t = report["per_turn"]
+    print(f"prefix reuse: {report['model']} ({report['arch']}), {report['turns']} turns, "
+          f"replies {'forced' if report['forced'] else 'free (greedy)'}")
+    print()
+    print(f"{'':>4} {'':<8} {'':>7} | {'with reuse':^27} | {'without reuse':^19} |")
+    print(f"{'turn':>4} {'reply':<8} {'prompt':>7} | {'cached':>7} {'prefill':>8} {'seconds':>9} | "
+          f"{'prefill':>8} {'seconds':>9} | {'same':>4}")
+    for i in range(report["turns"]):
+        print(f"{i + 1:>4} {t['reply'][i]:<8} {t['prompt_tokens'][i]:>7} | "
+              f"{t['cached_tokens_with_reuse'][i]:>7} {t['prefill_tokens_with_reuse'][i]:>8} "
+              f"{t['seconds_with_reuse'][i]:>9.3f} | {t['prefill_tokens_without_reuse'][i]:>8} "
+              f"{t['seconds_without_reuse'][i]:>9.3f} | {'yes' if t['identical_output'][i] else 'NO':>4}")
+    print(f"{'all':>4} {'':<8} {report['prompt_tokens_total']:>7} | "
+          f"{report['cached_tokens_with_reuse']:>7} {report['prefill_tokens_with_reuse']:>8} "
+          f"{report['seconds_with_reuse']:>9.3f} | {report['prefill_tokens_without_reuse']:>8} "
+          f"{report['seconds_without_reuse']:>9.3f} |")
+    print()
+    print(f"prefill ratio (with / without reuse): {report['prefill_ratio']:.3f}")
+    print(f"speedup (seconds without / with reuse): {report['speedup']:.2f}x")
+    print(f"identical outputs: {report['identical_outputs']}")
+    verdict = "PASS" if report["target_met"] else "FAIL"
+    print(f"{verdict}: target prefill_ratio <= {TARGET_PREFILL_RATIO} and identical outputs "
+          f"(ratio {report['prefill_ratio']:.3f}, identical {report['identical_outputs']})")
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", choices=("qwen3", "qwen3_5"), default="qwen3",
+                        help="tiny model architecture (ignored with --model)")
+    parser.add_argument("--turns", type=int, default=8, help="model replies; the last one is the answer")
+    parser.add_argument("--result-lines", type=int, default=40,
+                        help="lines per tool result (a few hundred tokens at 40)")
+    parser.add_argument("--model", type=Path, help="an existing mlx-lm model folder instead of a tiny one")
+    parser.add_argument("--free", action="store_true", help="never force replies; generate greedily")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = parser.parse_args(argv)
+    if args.turns < 1 or args.result_lines < 1:
+        parser.error("--turns and --result-lines must be at least 1")
+    return args
+
+
+def model_arch(model: Path) -> str:
+    config = read_config(model)
+    return str(config.get("model_type") or (config.get("text_config") or {}).get("model_type", "?"))
+
+
+async def run(args: argparse.Namespace, model: Path, label: str) -> dict[str, Any]:
+    conv = build_conversation(args.turns, args.result_lines)
+    force = not args.free
+    with_reuse, forced = await run_mode(model, True, conv, force)
+    without, _ = await run_mode(model, False, conv, force)
+    return summarize(model_arch(model), label, forced, with_reuse, without)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        with tempfile.TemporaryDirectory(prefix="prefix-reuse-") as tmp:
+            if args.model is None:
+                model = make_tiny_model(Path(tmp) / "model", args.arch, context_window=TINY_CONTEXT_WINDOW)
+                label = f"tiny-{args.arch}"
+            else:
+                model, label = args.model.expanduser(), str(args.model)
+                if not (model / "config.json").is_file():
+                    raise SubagentError(f"{model} has no config.json; pass a local mlx-lm model folder to --model")
+            report = asyncio.run(run(args, model, label))
+    except SubagentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_table(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
