@@ -333,8 +333,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--arch", choices=("qwen3", "qwen3_5"), default="qwen3",
                         help="tiny model architecture (ignored with --model)")
     parser.add_argument("--turns", type=int, default=8, help="model replies; the last one is the answer")
-    parser.add_argument("--result-lines", type=int, default=40,
-                        help="lines per tool result (a few hundred tokens at 40)")
+    parser.add_argument("--result-lines", type=int, default=24,
+                        help="lines per tool result (default 24: a few hundred tokens)")
     parser.add_argument("--model", type=Path, help="an existing mlx-lm model folder instead of a tiny one")
     parser.add_argument("--free", action="store_true", help="never force replies; generate greedily")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")

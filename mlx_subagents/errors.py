@@ -51,3 +51,15 @@ class InputTooLargeError(SubagentError):
 
 class WorkflowError(SubagentError):
     """A workflow file is invalid (unknown agent or need, duplicate id, cycle)."""
+
+
+class RequestError(SubagentError):
+    """A run request is invalid: too many tasks, a duplicate label, a bad placeholder or tasks file."""
+
+
+class SchemaFileError(SubagentError):
+    """An output schema (`--schema FILE.json` or `output_schema`) is not a valid JSON schema."""
+
+
+class RunNotFoundError(SubagentError):
+    """No saved run (or task in it) matches the id given to `show` or `resume`."""

@@ -8,8 +8,10 @@ from pydantic import BaseModel, Field
 
 Status = Literal["completed", "failed", "aborted"]
 StopReason = Literal[
-    "completed", "max_turns", "max_tokens", "timeout", "cancelled", "error", "format_errors", "schema"
+    "completed", "max_turns", "max_tokens", "timeout", "cancelled", "error", "format_errors", "schema",
+    "skipped",
 ]
+Mode = Literal["single", "parallel", "chain", "workflow"]
 
 
 class RunUsage(BaseModel):
@@ -52,3 +54,27 @@ class RunResult(BaseModel):
     @property
     def ok(self) -> bool:
         return self.status == "completed"
+
+
+class MultiRunResult(BaseModel):
+    """A parallel, chain or workflow run: every task's result in input (or step) order.
+
+    `error` says why a chain stopped ("Chain stopped at step N: ..."); `interrupted` is True when
+    the run was cancelled (Ctrl-C) and some tasks were aborted.
+    """
+
+    mode: Mode
+    succeeded: int
+    total: int
+    results: list[RunResult]
+    run_id: str | None = None
+    interrupted: bool = False
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.succeeded == self.total
+
+    @property
+    def aborted(self) -> list[RunResult]:
+        return [r for r in self.results if r.status == "aborted"]

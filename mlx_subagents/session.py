@@ -17,10 +17,11 @@ from typing import Any
 
 from .agents import AgentSpec
 from .compaction import CompactionSettings, compact, scale_compaction, should_compact
+from .errors import SubagentError
 from .events import Event, EventSink, ignore_event
 from .host.protocol import Generation, HostSession, MalformedToolCall, Message, ModelHost, ToolCall
 from .results import RunResult, RunUsage, StopReason
-from .tools import Tool, ToolResult, Workspace, make_tools
+from .tools import TOOL_CLASSES, Tool, ToolResult, Workspace, make_tools
 
 DEFAULT_MAX_TURNS = 30
 DEFAULT_MAX_REPLY_TOKENS = 2048
@@ -73,7 +74,9 @@ class AgentSession:
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
-        granted = [t for t in self.spec.tools if t not in self.extra_tools]
+        # A granted tool with no implementation here (`subagent`, unless the caller passes one in
+        # `extra_tools`) is not offered rather than crashing the session.
+        granted = [t for t in self.spec.tools if t in TOOL_CLASSES and t not in self.extra_tools]
         self.tools: dict[str, Tool] = {**make_tools(granted, self.workspace), **self.extra_tools}
         self.tools = {n: t for n, t in self.tools.items() if n in self.spec.tools}
         self.schemas = [tool.schema() for tool in self.tools.values()]
@@ -116,16 +119,18 @@ class AgentSession:
             raise LimitReached("max_turns", f"reached the limit of {self.limits.max_turns} turns without a final answer")
         except LimitReached as limit:
             return self._finish(task, self._result(task, "failed", self._last_text(), limit.stop_reason, str(limit)))
+        except SubagentError as exc:  # the host refused a turn (prompt too long, script ran out)
+            return self._finish(task, self._result(task, "failed", self._last_text(), "error", str(exc)))
 
     async def _step(self) -> Generation:
-        self.usage.turns += 1
-        self._emit("turn_start")
         max_tokens = self.limits.max_reply_tokens
         if self.limits.max_output_tokens is not None:
             left = self.limits.max_output_tokens - self.usage.output_tokens
             if left <= 0:
-                raise LimitReached("max_tokens", f"reached the limit of {self.limits.max_output_tokens} generated tokens")
+                raise self._out_of_tokens()
             max_tokens = min(max_tokens, left)
+        self.usage.turns += 1  # only a turn that reaches the model counts
+        self._emit("turn_start")
         generation = await self._host_session.generate(
             self.messages, tools=self.schemas, max_tokens=max_tokens, temperature=self.spec.temperature or 0.0
         )
@@ -133,7 +138,16 @@ class AgentSession:
         self.messages.append(generation.to_message())
         if generation.text:
             self._emit("message", text=generation.text)
+        if generation.finish_reason == "length" and self._over_token_budget():
+            raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
         return generation
+
+    def _over_token_budget(self) -> bool:
+        cap = self.limits.max_output_tokens
+        return cap is not None and self.usage.output_tokens >= cap
+
+    def _out_of_tokens(self) -> LimitReached:
+        return LimitReached("max_tokens", f"reached the limit of {self.limits.max_output_tokens} generated tokens")
 
     async def _act(self, generation: Generation) -> None:
         """Run each tool call (in order) and feed its result back; malformed calls get an error."""

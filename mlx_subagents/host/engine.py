@@ -1,10 +1,11 @@
 """The engine thread: the one place where mlx runs.
 
 mlx streams are per thread (an array or cache made on one thread fails on
-another), so every mlx call is a job on this thread. Async callers submit a
-job and await its result; jobs run one at a time, in order, which is what
-serializes model calls. A failing job hands its exception to its own caller
-and the engine keeps going.
+another), so every mlx call happens on this thread. Async callers submit a job
+and await its result; jobs run one at a time, in order. Between jobs the
+engine advances its `Stepper` (the scheduler's batched prefill and decode), so
+generations from many sessions progress together. A failing job hands its
+exception to its own caller and the engine keeps going.
 """
 
 from __future__ import annotations
@@ -13,24 +14,32 @@ import asyncio
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 T = TypeVar("T")
+Deliver = Callable[[bool, Any], None]
+
+
+class Stepper(Protocol):
+    def has_work(self) -> bool: ...
+
+    def step(self) -> None: ...
 
 
 @dataclass
 class _Job:
-    fn: Callable[[], Any]
-    deliver: Callable[[bool, Any], None]
+    fn: Callable[[Deliver], None]
+    deliver: Deliver
 
 
 class Engine:
-    """A single worker thread running submitted callables in FIFO order."""
+    """A single worker thread: runs submitted jobs in FIFO order, steps the scheduler between them."""
 
     def __init__(self, name: str = "mlx-engine") -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._started = False
+        self.stepper: Stepper | None = None
 
     def start(self) -> None:
         if not self._started:
@@ -43,24 +52,24 @@ class Engine:
             self._jobs.put(None)
             self._thread.join()
 
-    @property
-    def thread(self) -> threading.Thread:
-        return self._thread
-
     async def run(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the engine thread and await its result (or exception)."""
+
+        def job(deliver: Deliver) -> None:
+            deliver(True, fn())
+
+        return await self.run_deferred(job)
+
+    async def run_deferred(self, fn: Callable[[Deliver], None]) -> Any:
+        """Run `fn(deliver)` on the engine thread; the result is whatever it (later) delivers."""
         if not self._started:
             raise RuntimeError("the model host is not started; use `async with host:`")
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
 
         def settle(ok: bool, value: Any) -> None:
-            if future.done():
-                return
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
+            if not future.done():
+                future.set_result(value) if ok else future.set_exception(value)
 
         def deliver(ok: bool, value: Any) -> None:
             try:
@@ -71,11 +80,23 @@ class Engine:
         self._jobs.put(_Job(fn, deliver))
         return await future
 
+    def _busy(self) -> bool:
+        return self.stepper is not None and self.stepper.has_work()
+
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
             try:
-                result = job.fn()
+                job = self._jobs.get(block=not self._busy())
+            except queue.Empty:
+                self._step()
+                continue
+            if job is None:
+                return
+            try:
+                job.fn(job.deliver)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 job.deliver(False, exc)
-            else:
-                job.deliver(True, result)
+
+    def _step(self) -> None:
+        assert self.stepper is not None
+        self.stepper.step()

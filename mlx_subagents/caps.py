@@ -1,0 +1,87 @@
+"""Size caps on what goes into a run and what comes out of it.
+
+Inputs are checked before anything starts, so a request that cannot run is refused whole with the
+numbers that broke it. Answers are capped in what is printed and returned; the transcript keeps the
+full text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .agents import AgentSpec
+from .errors import InputTooLargeError, RequestError
+
+MAX_TASKS = 8
+MAX_CONCURRENCY = 4
+DEFAULT_CONCURRENCY = 4
+MAX_TASK_CHARS = 20_000
+MAX_SYSTEM_PROMPT_CHARS = 8_000
+MAX_REQUEST_CHARS = 60_000
+MAX_ANSWER_BYTES = 50 * 1024
+
+
+@dataclass(frozen=True)
+class CapItem:
+    """One task as the caps see it: its label, the text it receives and its agent."""
+
+    label: str
+    text: str
+    spec: AgentSpec
+
+
+def check_task_count(n_tasks: int) -> None:
+    if n_tasks == 0:
+        raise RequestError("no tasks given: add at least one task")
+    if n_tasks > MAX_TASKS:
+        raise RequestError(f"{n_tasks} tasks is more than the limit of {MAX_TASKS} per run; split the work into several runs")
+
+
+def check_concurrency(concurrency: int) -> None:
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise RequestError(f"concurrency must be from 1 to {MAX_CONCURRENCY}, got {concurrency}")
+
+
+def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:
+    """Refuse a request over a cap, naming the task or agent and the numbers.
+
+    Args:
+        shared_input: text every task receives besides its own (a workflow's `--input`); it counts
+            in each task's size and once in the whole request.
+    """
+    check_task_count(len(items))
+    for item in items:
+        n_chars = len(item.text) + len(shared_input)
+        if n_chars > MAX_TASK_CHARS:
+            raise InputTooLargeError(
+                f"task '{item.label}' is {n_chars:,} characters, over the limit of {MAX_TASK_CHARS:,}; "
+                "shorten it, or put the details in a file the agent can read"
+            )
+        n_prompt = len(item.spec.system_prompt)
+        if n_prompt > MAX_SYSTEM_PROMPT_CHARS:
+            raise InputTooLargeError(
+                f"agent '{item.spec.name}' has a system prompt of {n_prompt:,} characters, over the limit of "
+                f"{MAX_SYSTEM_PROMPT_CHARS:,}; shorten the body of {item.spec.path}"
+            )
+    # Each distinct agent's system prompt counts once: tasks of one agent share it.
+    prompts = {item.spec.name: len(item.spec.system_prompt) for item in items}
+    total = len(shared_input) + sum(len(item.text) for item in items) + sum(prompts.values())
+    if total > MAX_REQUEST_CHARS:
+        raise InputTooLargeError(
+            f"the whole request is {total:,} characters (tasks, input and system prompts), over the limit of "
+            f"{MAX_REQUEST_CHARS:,}; split it into several runs or shorten the tasks"
+        )
+
+
+def cap_answer(text: str, transcript: str | None) -> str:
+    """The answer, cut to `MAX_ANSWER_BYTES` of UTF-8 with a note saying where the full text is."""
+    data = text.encode("utf-8")
+    if len(data) <= MAX_ANSWER_BYTES:
+        return text
+    head = data[:MAX_ANSWER_BYTES].decode("utf-8", errors="ignore")
+    where = f"in the transcript {transcript}" if transcript else "not saved (transcripts are off)"
+    return (
+        f"{head}\n\n[answer truncated: {len(data):,} bytes, showing the first {MAX_ANSWER_BYTES:,}; "
+        f"the full text is {where}]"
+    )

@@ -1,0 +1,158 @@
+"""The bounded KV pool: every session's cache bytes, accounted against one budget.
+
+Under pressure, idle sessions' caches are evicted least-recently-used first:
+spilled to disk as safetensors and restored on their next turn, or dropped
+(and re-prefilled) when they are small enough that recomputing is cheaper
+than the disk round trip. New work that would overflow the budget waits
+(admission control) instead of overflowing it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Below this many held tokens a cache is dropped rather than spilled.
+DEFAULT_DROP_BELOW_TOKENS = 256
+KV_STEP = 256  # mlx-lm's KVCache grows its buffers in steps of this many tokens
+
+
+@dataclass
+class CacheState:
+    """A session's cache and the ids it holds; touched only on the engine thread."""
+
+    prompt_cache: list[Any] | None = None
+    token_ids: list[int] = field(default_factory=list)
+    render: Any = None
+    # Non-trimmable (hybrid) caches: a copy taken where the reply opens.
+    snapshot: tuple[int, list[Any]] | None = None
+    spill_path: Path | None = None
+    dropped: bool = False
+    kv_bytes: int = 0
+
+    def reset(self) -> None:
+        if self.spill_path is not None:
+            self.spill_path.unlink(missing_ok=True)
+        self.__dict__.update(CacheState().__dict__)
+
+    def measure(self) -> int:
+        self.kv_bytes = cache_nbytes(self.prompt_cache) + (cache_nbytes(self.snapshot[1]) if self.snapshot else 0)
+        return self.kv_bytes
+
+
+@dataclass
+class PoolCounters:
+    evictions: int = 0
+    spills: int = 0
+    restores: int = 0
+    drops: int = 0
+    reprefilled_tokens: int = 0
+    admission_waits: int = 0
+    peak_bytes: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def cache_nbytes(cache: list[Any] | None) -> int:
+    return sum(c.nbytes for c in cache) if cache else 0
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """Bytes a cache costs: a fixed part (recurrent state) plus a per-token part."""
+
+    fixed: int
+    per_token: int
+
+    def bytes_for(self, n_tokens: int) -> int:
+        steps = -(-max(n_tokens, 1) // KV_STEP)
+        return self.fixed + self.per_token * steps * KV_STEP
+
+
+class KVPool:
+    """LRU accounting of idle session caches against a byte budget (None = unbounded)."""
+
+    def __init__(self, budget: int | None, *, spill_dir: Path | None = None,
+                 drop_below_tokens: int = DEFAULT_DROP_BELOW_TOKENS) -> None:
+        self.budget = budget
+        self.drop_below_tokens = drop_below_tokens
+        self._spill_dir = spill_dir
+        self._idle: OrderedDict[str, CacheState] = OrderedDict()
+        self.counters = PoolCounters()
+
+    # -- accounting -------------------------------------------------------------
+
+    def idle_bytes(self) -> int:
+        return sum(s.kv_bytes for s in self._idle.values())
+
+    def park(self, name: str, state: CacheState) -> None:
+        """A session's turn ended: its cache is idle (and most recently used)."""
+        state.measure()
+        self._idle[name] = state
+        self._idle.move_to_end(name)
+
+    def claim(self, name: str) -> None:
+        """A session's turn starts: its cache is in use, not evictable."""
+        self._idle.pop(name, None)
+
+    def forget(self, name: str) -> None:
+        state = self._idle.pop(name, None)
+        if state is not None and state.spill_path is not None:
+            state.spill_path.unlink(missing_ok=True)
+
+    def observe(self, total_bytes: int) -> None:
+        self.counters.peak_bytes = max(self.counters.peak_bytes, total_bytes)
+
+    def fits(self, needed: int, other_bytes: int = 0) -> bool:
+        return self.budget is None or self.idle_bytes() + other_bytes + needed <= self.budget
+
+    def make_room(self, needed: int, other_bytes: int = 0) -> bool:
+        """Evict idle caches (LRU first) until `needed` more bytes fit; False if they cannot."""
+        while not self.fits(needed, other_bytes):
+            victim = next((n for n, s in self._idle.items() if s.kv_bytes > 0), None)
+            if victim is None:
+                return False
+            self.evict(self._idle[victim])
+        return True
+
+    # -- eviction and restore ---------------------------------------------------
+
+    def evict(self, state: CacheState) -> None:
+        """Spill a cache to disk, or drop it when re-prefilling is cheaper."""
+        from mlx_lm.models.cache import save_prompt_cache
+
+        self.counters.evictions += 1
+        state.snapshot = None
+        if state.prompt_cache is not None and len(state.token_ids) >= self.drop_below_tokens:
+            fd, name = tempfile.mkstemp(suffix=".safetensors", dir=self._spill_root())
+            os.close(fd)
+            save_prompt_cache(name, state.prompt_cache)
+            state.spill_path = Path(name)
+            self.counters.spills += 1
+        else:
+            state.dropped = True
+            self.counters.drops += 1
+        state.prompt_cache = None
+        state.kv_bytes = 0
+
+    def restore(self, state: CacheState) -> None:
+        """Bring a spilled cache back before its session's next turn."""
+        from mlx_lm.models.cache import load_prompt_cache
+
+        if state.spill_path is None:
+            return
+        state.prompt_cache = load_prompt_cache(str(state.spill_path))
+        state.spill_path.unlink(missing_ok=True)
+        state.spill_path = None
+        self.counters.restores += 1
+
+    def _spill_root(self) -> str:
+        if self._spill_dir is None:
+            self._spill_dir = Path(tempfile.mkdtemp(prefix="mlx-subagents-kv-"))
+        self._spill_dir.mkdir(parents=True, exist_ok=True)
+        return str(self._spill_dir)

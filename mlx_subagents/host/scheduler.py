@@ -1,0 +1,398 @@
+"""The engine thread's scheduler: admission, chunked prefill, batched or serialized decode.
+
+Every turn moves through the same stages: waiting (admission control against
+the KV budget) -> prefilling (in chunks, reusing the session's cache, a shared
+system-prompt prefix, or a hybrid model's snapshot) -> decoding -> finished
+(its cache parked in the pool for the next turn). In batched mode every
+decoding session advances one token per step in one mlx-lm `BatchGenerator`
+batch, and a long prefill is cut into chunks between decode steps so it does
+not stall the others. In serialized mode a turn runs from start to finish on
+its own, which is the reference the batched mode must match token for token.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import PromptTooLongError
+from .kv_pool import CacheState, KVPool, KVShape, cache_nbytes
+from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
+from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
+from .toolcalls import parse_reply
+
+Deliver = Callable[[bool, Any], None]
+MAX_SHARED_PREFIXES = 8
+
+
+@dataclass(frozen=True)
+class Request:
+    messages: list[Message]
+    tools: list[ToolSchema] | None
+    max_tokens: int
+    temperature: float
+
+
+@dataclass
+class Turn:
+    """One generation request on its way through the scheduler."""
+
+    name: str
+    state: CacheState
+    request: Request
+    cancel: threading.Event
+    emit: TextCallback
+    deliver: Deliver
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    max_tokens: int = 0
+    cache: list[Any] | None = None
+    n_cached: int = 0
+    pos: int = 0
+    stops: list[tuple[int, str]] = field(default_factory=list)  # (position, "prefix" | "snapshot")
+    generated: list[int] = field(default_factory=list)
+    detokenizer: Any = None
+    uid: int | None = None
+    started: float = 0.0
+    prompt_s: float = 0.0
+    waited: bool = False
+
+    @property
+    def final_length(self) -> int:
+        return len(self.ids) + self.max_tokens
+
+
+@dataclass
+class SchedulerConfig:
+    reuse: bool = True
+    batching: bool = True
+    prefill_step_size: int = 512
+    share_prefix: bool = True
+    context_window: int = 4096
+
+
+class Scheduler:
+    """Runs turns on the engine thread; see the module docstring."""
+
+    def __init__(self, model: Any, tokenizer: Any, config: SchedulerConfig, pool: KVPool, shape: KVShape,
+                 processor_factory: ProcessorFactory | None = None) -> None:
+        self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
+        self._processor_factory = processor_factory
+        self.waiting: deque[Turn] = deque()
+        self.prefilling: deque[Turn] = deque()
+        self.decoding: dict[int, Turn] = {}
+        self.prefixes: OrderedDict[tuple[int, ...], list[Any]] = OrderedDict()
+        self.prefix_hits = 0
+        self._batch: Any = None
+        self._trimmable = self._probe_trimmable()
+
+    # -- entry points (engine thread) -----------------------------------------
+
+    def submit(self, turn: Turn) -> None:
+        """Tokenize and queue a turn; serialized mode runs it to completion here."""
+        try:
+            turn.ids, turn.text = build_prompt(
+                self.tokenizer, turn.request.messages, turn.request.tools, turn.state.render, turn.state.token_ids
+            )
+            turn.max_tokens = self._fit(len(turn.ids), turn.request.max_tokens)
+        except Exception as exc:  # noqa: BLE001 - the caller gets it
+            turn.deliver(False, exc)
+            return
+        self.waiting.append(turn)
+        if not self.config.batching:
+            while self.has_work():
+                self.step()
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    def step(self) -> None:
+        """One unit of progress: admissions, one decode step for the batch, one prefill chunk."""
+        try:
+            self._drop_cancelled()
+            self._admit()
+            if self.decoding:
+                self._decode_step()
+            if self.prefilling:
+                self._prefill_chunk(self.prefilling[0])
+            self.pool.observe(self.resident_bytes())
+        except Exception as exc:  # noqa: BLE001 - a bad step fails its turns, not the engine
+            self._fail_all(exc)
+
+    def resident_bytes(self) -> int:
+        """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
+        batch = self._batch.prompt_cache_nbytes if self._batch is not None and self.decoding else 0
+        active = batch + sum(cache_nbytes(t.cache) for t in self.prefilling)
+        snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
+        return self.pool.idle_bytes() + self.prefix_bytes() + active + snapshots
+
+    def prefix_bytes(self) -> int:
+        return sum(cache_nbytes(c) for c in self.prefixes.values())
+
+    # -- admission ------------------------------------------------------------
+
+    def _active(self) -> list[Turn]:
+        return [*self.prefilling, *self.decoding.values()]
+
+    def _estimate(self, turns: list[Turn]) -> int:
+        """Worst-case bytes of these turns together (a batch pads to its longest member)."""
+        if not turns:
+            return 0
+        longest = max(t.final_length for t in turns)
+        per_turn = self.shape.bytes_for(longest) if self.config.batching else 0
+        total = len(turns) * per_turn if self.config.batching else sum(self.shape.bytes_for(t.final_length) for t in turns)
+        if not self._trimmable:  # each hybrid session also holds a snapshot
+            total += sum(self.shape.bytes_for(len(t.ids)) for t in turns)
+        return total
+
+    def _admit(self) -> None:
+        while self.waiting:
+            turn = self.waiting[0]
+            active = self._active()
+            needed = self._estimate([*active, turn]) + self.prefix_bytes()
+            if self.pool.make_room(needed) or self.pool.budget is None:
+                self.waiting.popleft()
+                self._start(turn)
+                continue
+            if not active:
+                self.waiting.popleft()
+                turn.deliver(False, PromptTooLongError(
+                    f"this turn needs about {needed / 2**20:.1f} MiB of KV cache ({turn.final_length} tokens) but the "
+                    f"KV budget is {self.pool.budget / 2**20:.1f} MiB; raise --kv-budget or lower max_tokens"
+                ))
+                continue
+            if not turn.waited:
+                turn.waited = True
+                self.pool.counters.admission_waits += 1
+            return
+
+    # -- prefill ----------------------------------------------------------------
+
+    def _start(self, turn: Turn) -> None:
+        """Claim the session's cache (restoring or reusing it) and plan the prefill."""
+        state = turn.state
+        self.pool.claim(turn.name)
+        self.pool.restore(state)
+        turn.started = time.perf_counter()
+        turn.cache, turn.n_cached = self._prepare_cache(state, turn.ids)
+        turn.pos = turn.n_cached
+        state.prompt_cache, state.token_ids, state.render = turn.cache, turn.ids[: turn.pos], None
+        turn.stops = self._plan_stops(turn)
+        self.prefilling.append(turn)
+
+    def _prepare_cache(self, state: CacheState, ids: list[int]) -> tuple[list[Any], int]:
+        """The cache to continue from and how many prompt ids it already holds."""
+        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+        held, cache = state.token_ids, state.prompt_cache
+        if state.dropped:  # evicted without a spill: what it held is prefilled again
+            self.pool.counters.reprefilled_tokens += min(common_prefix(held, ids), len(ids) - 1)
+            state.dropped = False
+        if self.config.reuse and cache is not None and held:
+            n = min(common_prefix(held, ids), len(ids) - 1)
+            if n == len(held):
+                return cache, n
+            if self._trimmable:
+                trim_prompt_cache(cache, len(held) - n)
+                return cache, n
+            if state.snapshot is not None and 0 < state.snapshot[0] <= n:
+                return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
+        state.snapshot = None
+        shared = self._shared_prefix(ids)
+        if shared is not None:
+            self.prefix_hits += 1
+            return copy.deepcopy(self.prefixes[shared]), len(shared)
+        return make_prompt_cache(self.model), 0
+
+    def _prefix_ids(self, turn: Turn) -> list[int] | None:
+        """The tokens of the system prompt and tools, when the prompt starts with them."""
+        messages = turn.request.messages
+        if not (self.config.reuse and self.config.share_prefix and messages and messages[0].get("role") == "system"):
+            return None
+        prefix = encode(self.tokenizer, render(self.tokenizer, messages[:1], turn.request.tools, generation_prompt=False))
+        ok = 0 < len(prefix) < len(turn.ids) - 1 and turn.ids[: len(prefix)] == prefix
+        return prefix if ok else None
+
+    def _shared_prefix(self, ids: list[int]) -> tuple[int, ...] | None:
+        for key in self.prefixes:
+            if len(key) < len(ids) and tuple(ids[: len(key)]) == key:
+                self.prefixes.move_to_end(key)
+                return key
+        return None
+
+    def _plan_stops(self, turn: Turn) -> list[tuple[int, str]]:
+        stops: list[tuple[int, str]] = []
+        prefix = self._prefix_ids(turn)
+        if prefix is not None and turn.pos <= len(prefix) and tuple(prefix) not in self.prefixes:
+            stops.append((len(prefix), "prefix"))
+        if self.config.reuse and not self._trimmable:
+            req = turn.request
+            snap = len(turn.ids) - generation_prompt_length(self.tokenizer, req.messages, req.tools)
+            if 0 < snap and turn.pos <= snap:
+                stops.append((snap, "snapshot"))
+        stops.append((len(turn.ids) - 1, "end"))
+        return sorted(stops)
+
+    def _prefill_chunk(self, turn: Turn) -> None:
+        """Feed one chunk (up to the next stop); at a stop, save what it asks for."""
+        import mlx.core as mx
+
+        stop, action = turn.stops[0]
+        end = min(turn.pos + self.config.prefill_step_size, stop)
+        if end > turn.pos:
+            self.model(mx.array(turn.ids[turn.pos : end])[None], cache=turn.cache)
+            mx.eval([c.state for c in turn.cache])
+            turn.pos = end
+            turn.state.token_ids = turn.ids[:end]
+        if turn.pos < stop:
+            return
+        turn.stops.pop(0)
+        if action == "prefix":
+            self.prefixes[tuple(turn.ids[:stop])] = copy.deepcopy(turn.cache)
+            while len(self.prefixes) > MAX_SHARED_PREFIXES:
+                self.prefixes.popitem(last=False)
+        elif action == "snapshot":
+            turn.state.snapshot = (stop, copy.deepcopy(turn.cache))
+        elif action == "end":
+            self.prefilling.popleft()
+            self._begin_decode(turn)
+
+    # -- decode -----------------------------------------------------------------
+
+    def _begin_decode(self, turn: Turn) -> None:
+        from mlx_lm.sample_utils import make_sampler
+
+        processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
+        sampler = make_sampler(temp=turn.request.temperature)
+        turn.detokenizer = self.tokenizer.detokenizer
+        if self.config.batching and self._batchable(turn.cache):
+            batch = self._ensure_batch()
+            turn.uid = batch.insert(
+                [[turn.ids[-1]]], max_tokens=[turn.max_tokens], caches=[turn.cache],
+                all_tokens=[turn.ids[:-1]], samplers=[sampler], logits_processors=[processors],
+            )[0]
+            turn.state.prompt_cache = turn.cache = None  # the batch owns it now
+            self.decoding[turn.uid] = turn
+        else:
+            self._decode_alone(turn, sampler, processors)
+
+    def _decode_alone(self, turn: Turn, sampler: Any, processors: list[Any]) -> None:
+        """Serialized decode with `generate_step`; the cache ends holding every yielded id."""
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+
+        finish: FinishReason = "length"
+        steps = generate_step(
+            mx.array(turn.ids[-1:]), self.model, max_tokens=turn.max_tokens, sampler=sampler,
+            logits_processors=processors or None, prompt_cache=turn.cache,
+        )
+        for token, _ in steps:
+            done = self._on_token(turn, token)
+            if done is not None:
+                finish = done
+                break
+            if turn.cancel.is_set():
+                finish = "cancelled"
+                break
+        steps.close()
+        self._finish(turn, finish, turn.cache)
+
+    def _decode_step(self) -> None:
+        _, responses = self._batch.next()
+        for response in responses:
+            turn = self.decoding.get(response.uid)
+            if turn is None:
+                continue
+            done = self._on_token(turn, response.token)
+            if response.finish_reason is not None:
+                del self.decoding[response.uid]
+                self._finish(turn, done or "length", response.prompt_cache)
+
+    def _on_token(self, turn: Turn, token: int) -> FinishReason | None:
+        """Record and stream a token; "stop" at an end-of-turn token."""
+        if not turn.generated:
+            turn.prompt_s = time.perf_counter() - turn.started
+        turn.generated.append(token)
+        if token in self.tokenizer.eos_token_ids:
+            return "stop"
+        turn.detokenizer.add_token(token)
+        turn.emit(turn.detokenizer.last_segment)
+        return None
+
+    def _drop_cancelled(self) -> None:
+        for turn in [t for t in self.waiting if t.cancel.is_set()]:
+            self.waiting.remove(turn)
+            turn.deliver(True, self._generation(turn, "cancelled"))
+        for turn in [t for t in self.prefilling if t.cancel.is_set()]:
+            self.prefilling.remove(turn)
+            self.pool.park(turn.name, turn.state)
+            turn.deliver(True, self._generation(turn, "cancelled"))
+        for uid, turn in [(u, t) for u, t in self.decoding.items() if t.cancel.is_set()]:
+            del self.decoding[uid]
+            cache, _ = self._batch.remove([uid], return_prompt_caches=True)[uid]
+            self._finish(turn, "cancelled", cache)
+
+    def _finish(self, turn: Turn, finish: FinishReason, cache: list[Any] | None) -> None:
+        state, req = turn.state, turn.request
+        state.prompt_cache, state.token_ids = cache, turn.ids + turn.generated
+        state.render = make_render_state(req.messages, req.tools, turn.text, finish == "stop")
+        if not self.config.reuse:  # keep the ids (same prompts as with reuse), drop the cache
+            state.prompt_cache, state.snapshot = None, None
+        self.pool.park(turn.name, state)
+        turn.deliver(True, self._generation(turn, finish))
+
+    def _generation(self, turn: Turn, finish: FinishReason) -> Generation:
+        body = turn.generated[:-1] if finish == "stop" else turn.generated
+        raw = self.tokenizer.decode(body) if body else ""
+        text, calls, malformed = parse_reply(self.tokenizer, raw, turn.request.tools)
+        total = time.perf_counter() - turn.started if turn.started else 0.0
+        usage = Usage(
+            prompt_tokens=len(turn.ids), cached_tokens=turn.n_cached, prefilled_tokens=len(turn.ids) - turn.n_cached,
+            generated_tokens=len(turn.generated), prompt_seconds=turn.prompt_s,
+            generation_seconds=max(0.0, total - turn.prompt_s),
+        )
+        return Generation(text, calls, malformed, finish, usage, raw, tuple(turn.generated))
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _fit(self, n_prompt: int, max_tokens: int) -> int:
+        room = self.config.context_window - n_prompt
+        if room <= 0:
+            raise PromptTooLongError(
+                f"the prompt is {n_prompt} tokens but the context window is {self.config.context_window}; "
+                "shorten the task or the conversation (compaction), or raise --context-window"
+            )
+        return max(1, min(max_tokens, room))
+
+    def _probe_trimmable(self) -> bool:
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        return can_trim_prompt_cache(make_prompt_cache(self.model))
+
+    @staticmethod
+    def _batchable(cache: list[Any] | None) -> bool:
+        return bool(cache) and all(hasattr(c, "merge") for c in cache)  # type: ignore[union-attr]
+
+    def _ensure_batch(self) -> Any:
+        if self._batch is None:
+            from mlx_lm.generate import BatchGenerator
+
+            self._batch = BatchGenerator(
+                self.model, stop_tokens=[[t] for t in self.tokenizer.eos_token_ids],
+                prefill_step_size=self.config.prefill_step_size, completion_batch_size=8, prefill_batch_size=8,
+            )
+        return self._batch
+
+    def _fail_all(self, exc: BaseException) -> None:
+        turns = [*self.waiting, *self.prefilling, *self.decoding.values()]
+        self.waiting.clear()
+        self.prefilling.clear()
+        self.decoding.clear()
+        self._batch = None
+        for turn in turns:
+            turn.state.reset()  # a clean slate: the next turn prefills
+            turn.deliver(False, exc)
