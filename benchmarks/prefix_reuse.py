@@ -212,10 +212,12 @@ class ScriptedReplies:
         return self._forced(session, prompt_ids) if self._forced else []
 
 
-async def warm_up(host: MlxModelHost, tools: list[ToolSchema]) -> None:
-    """One untimed generate on a throwaway session (loads kernels, allocates buffers)."""
+async def warm_up(host: MlxModelHost, conv: Conversation) -> None:
+    """One untimed generate of a first-turn-sized prompt on a throwaway session (loads kernels,
+    allocates buffers). It has no system message, so the host stores no shared system-prompt
+    prefix from it: the timed session starts cold and measures its own reuse only."""
     session = host.session("warm-up")
-    await session.generate([{"role": "user", "content": "Say hello."}], tools=tools, max_tokens=8)
+    await session.generate(conv.opening[1:], tools=conv.tools, max_tokens=8)
     await session.close()
 
 
@@ -225,7 +227,7 @@ async def run_mode(model: Path, reuse: bool, conv: Conversation, force: bool) ->
     async with MlxModelHost(str(model), reuse=reuse, processor_factory=replies) as host:
         forced = replies.bind(host.tokenizer)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
-        await warm_up(host, conv.tools)
+        await warm_up(host, conv)
         session = host.session(SESSION)
         messages = list(conv.opening)
         generations, turn_seconds = [], []

@@ -159,10 +159,10 @@ class TaskTranscript:
     generation: int = 1
     _file: IO[str] | None = field(default=None, repr=False)
 
-    def write(self, kind: str, **data: Any) -> None:
+    def write(self, record_type: str, /, **data: Any) -> None:
         if self._file is None:
             self._file = self.path.open("a", encoding="utf-8")
-        self._file.write(_dumps({"type": kind, "generation": self.generation, "time": _now(), **data}) + "\n")
+        self._file.write(_dumps({"type": record_type, "generation": self.generation, "time": _now(), **data}) + "\n")
         self._file.flush()
 
     def start(self, **meta: Any) -> None:

@@ -319,7 +319,7 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(tmp_path: Pat
     assert session.messages[4]["content"].startswith("    41\tline 040:")
     # The turn after each compaction reuses the head the summary request left in the cache.
     head_tokens = approx_tokens(head, session.schemas)
-    assert [prompts[i] and host.requests[i][1].usage.cached_tokens for i in (3, 5)] == [head_tokens] * 2
+    assert [host.requests[i][1].usage.cached_tokens for i in (3, 5)] == [head_tokens] * 2
 
 
 # -- confinement ------------------------------------------------------------------------------

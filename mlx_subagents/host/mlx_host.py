@@ -221,12 +221,13 @@ class MlxModelHost:
         from .kv_pool import KV_STEP, cache_nbytes
 
         cache = make_prompt_cache(self._model)
-        self._model(mx.array([[0]]), cache=cache)
-        mx.eval([c.state for c in cache])
-        one = cache_nbytes(cache)
-        self._model(mx.array([[0] * KV_STEP]), cache=cache)
-        mx.eval([c.state for c in cache])
-        per_token = (cache_nbytes(cache) - one) // KV_STEP
+        sizes = []
+        for _ in range(2):  # whole steps, so the buffers hold exactly 256 then 512 tokens
+            self._model(mx.array([[0] * KV_STEP]), cache=cache)
+            mx.eval([c.state for c in cache])
+            sizes.append(cache_nbytes(cache))
+        per_token = (sizes[1] - sizes[0]) // KV_STEP
+        one = sizes[0]
         weights = sum(v.nbytes for _, v in tree_flatten(self._model.parameters()))
         return KVShape(fixed=max(0, one - per_token * KV_STEP), per_token=per_token), weights
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import PromptTooLongError
-from .kv_pool import CacheState, KVPool, KVShape, cache_nbytes
+from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
 from .toolcalls import parse_reply
@@ -142,9 +142,12 @@ class Scheduler:
         """Worst-case bytes of these turns together (a batch pads to its longest member)."""
         if not turns:
             return 0
-        longest = max(t.final_length for t in turns)
-        per_turn = self.shape.bytes_for(longest) if self.config.batching else 0
-        total = len(turns) * per_turn if self.config.batching else sum(self.shape.bytes_for(t.final_length) for t in turns)
+        # A cache grows by whole KV steps past what it holds: allow one step of slack.
+        longest = max(t.final_length for t in turns) + KV_STEP
+        if self.config.batching:
+            total = len(turns) * self.shape.bytes_for(longest)
+        else:
+            total = sum(self.shape.bytes_for(t.final_length + KV_STEP) for t in turns)
         if not self._trimmable:  # each hybrid session also holds a snapshot
             total += sum(self.shape.bytes_for(len(t.ids)) for t in turns)
         return total
@@ -173,16 +176,23 @@ class Scheduler:
     # -- prefill ----------------------------------------------------------------
 
     def _start(self, turn: Turn) -> None:
-        """Claim the session's cache (restoring or reusing it) and plan the prefill."""
-        state = turn.state
+        """Claim the session's cache (restoring a spilled one) and queue the prefill."""
         self.pool.claim(turn.name)
-        self.pool.restore(state)
+        self.pool.restore(turn.state)
         turn.started = time.perf_counter()
+        self.prefilling.append(turn)
+
+    def _open(self, turn: Turn) -> None:
+        """Pick the cache to continue from and plan the stops, when the prefill begins.
+
+        Deferred until then so that a shared prefix computed by the turn before
+        (prefills run one after another) is already there.
+        """
+        state = turn.state
         turn.cache, turn.n_cached = self._prepare_cache(state, turn.ids)
         turn.pos = turn.n_cached
         state.prompt_cache, state.token_ids, state.render = turn.cache, turn.ids[: turn.pos], None
         turn.stops = self._plan_stops(turn)
-        self.prefilling.append(turn)
 
     def _prepare_cache(self, state: CacheState, ids: list[int]) -> tuple[list[Any], int]:
         """The cache to continue from and how many prompt ids it already holds."""
@@ -241,6 +251,8 @@ class Scheduler:
         """Feed one chunk (up to the next stop); at a stop, save what it asks for."""
         import mlx.core as mx
 
+        if turn.cache is None:
+            self._open(turn)
         stop, action = turn.stops[0]
         end = min(turn.pos + self.config.prefill_step_size, stop)
         if end > turn.pos:

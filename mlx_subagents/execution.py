@@ -1,0 +1,257 @@
+"""Running a plan of tasks: dependency order, the concurrency limit, timeouts, cancellation.
+
+A plan is a list of `PlannedTask`s whose `needs` point at earlier or later tasks by index. Every task
+waits for its needs, then for one of `concurrency` slots, then runs its agent session. A task whose
+need did not complete is skipped. `Execution.cancel()` (Ctrl-C) aborts the running sessions at their
+next await (a bash tool kills its process group as it unwinds) and every task not started yet; each
+aborted task keeps what it had done, in its result and its transcript. Results come back in plan
+order whatever the finishing order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .agents import AgentSpec
+from .caps import cap_answer
+from .compaction import CompactionSettings
+from .errors import SubagentError
+from .events import Event, EventKind, EventSink, ignore_event
+from .host.protocol import Message, ModelHost
+from .results import Mode, RunResult, Status, StopReason
+from .schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
+from .session import AgentSession, Limits
+from .tools import Workspace
+from .transcripts import TaskTranscript
+
+INTERRUPTED = "aborted by the user (Ctrl-C)"
+INTERRUPTED_BEFORE_START = "aborted by the user (Ctrl-C) before it started"
+
+
+@dataclass
+class PlannedTask:
+    """One task ready to run: agent, host and limits resolved.
+
+    Args:
+        prompt: the task text, or for a task with `render`, what the transcript shows until it runs.
+        render: builds the task text from the finished results (chain `{previous}`, workflow needs).
+        history: a saved conversation to continue (`resume`); `prompt` is then the follow-up message.
+    """
+
+    index: int
+    label: str
+    spec: AgentSpec
+    host: ModelHost
+    workspace: Workspace
+    prompt: str
+    limits: Limits
+    step_id: str | None = None
+    timeout: float | None = None
+    schema: dict[str, Any] | None = None
+    needs: tuple[int, ...] = ()
+    render: Callable[[Sequence[RunResult]], str] | None = None
+    history: list[Message] | None = None
+
+
+OpenTranscript = Callable[[int], "TaskTranscript | None"]
+
+
+@dataclass(eq=False)
+class Execution:
+    """One run of a plan. Create, `await run()`, and `cancel()` from a signal handler if needed.
+
+    Args:
+        raise_errors: re-raise an unexpected exception of a task (after saving its transcript)
+            instead of turning it into a failed result; single runs keep their old contract.
+    """
+
+    mode: Mode
+    plan: list[PlannedTask]
+    concurrency: int = 4
+    compaction: CompactionSettings = field(default_factory=CompactionSettings)
+    on_event: EventSink = ignore_event
+    open_transcript: OpenTranscript = lambda _index: None
+    run_id: str | None = None
+    raise_errors: bool = False
+
+    def __post_init__(self) -> None:
+        self.results: list[RunResult | None] = [None] * len(self.plan)
+        self.cancelled = False
+        self._done = [asyncio.Event() for _ in self.plan]
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def run(self) -> list[RunResult]:
+        """Run every task; the results in plan order."""
+        self._tasks = [asyncio.create_task(self._run_node(item), name=f"task-{item.label}") for item in self.plan]
+        try:
+            await asyncio.gather(*self._tasks)
+        except BaseException:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            raise
+        return [r for r in self.results if r is not None]
+
+    def cancel(self) -> None:
+        """Abort every running and queued task; safe to call more than once, from the loop's thread."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        for task in self._tasks:
+            task.cancel()
+
+    # -- one node of the graph ---------------------------------------------------------------------
+
+    async def _run_node(self, item: PlannedTask) -> None:
+        try:
+            for need in item.needs:
+                await self._done[need].wait()
+            failed = [self.results[n] for n in item.needs if not self._ok(n)]
+            if failed:
+                result = self._not_run(item, "failed", "skipped", f"not run: {self._describe(failed[0])} did not complete")
+            else:
+                async with self._slots:
+                    if self.cancelled:
+                        result = self._not_run(item, "aborted", "cancelled", INTERRUPTED_BEFORE_START)
+                    else:
+                        result = await self._run_task(item)
+        except asyncio.CancelledError:
+            if not self.cancelled:
+                raise
+            _uncancel()
+            result = self._not_run(item, "aborted", "cancelled", INTERRUPTED_BEFORE_START)
+        self.results[item.index] = result
+        self._done[item.index].set()
+
+    def _ok(self, index: int) -> bool:
+        result = self.results[index]
+        return result is not None and result.ok
+
+    @staticmethod
+    def _describe(result: RunResult | None) -> str:
+        if result is None:
+            return "a step it needs"
+        return f"step '{result.step_id}'" if result.step_id else f"task '{result.label}'"
+
+    async def _run_task(self, item: PlannedTask) -> RunResult:
+        prompt = item.render(self.results) if item.render else item.prompt  # type: ignore[arg-type]
+        transcript = self.open_transcript(item.index)
+        started = time.perf_counter()
+        session = AgentSession(
+            spec=item.spec, host=item.host, workspace=item.workspace, label=item.label, limits=item.limits,
+            compaction=self.compaction, on_event=self._session_sink(transcript),
+        )
+        if transcript is not None:
+            if item.history is None:
+                transcript.start(
+                    run_id=self.run_id, label=item.label, step_id=item.step_id, agent=item.spec.name,
+                    model=item.host.model_id, cwd=str(item.workspace.root), task=prompt, schema=item.schema,
+                )
+            else:
+                transcript.follow_up(prompt)
+        self._report(item, transcript, "task_start", task=prompt, model=item.host.model_id, step_id=item.step_id)
+        failure: BaseException | None = None
+        try:
+            result = await _within(self._drive(session, item, prompt), item.timeout)
+        except asyncio.TimeoutError:
+            result = _stopped(session, prompt, "failed", "timeout", f"stopped by the timeout of {item.timeout:g}s")
+        except asyncio.CancelledError:
+            result = _stopped(session, prompt, "aborted", "cancelled", INTERRUPTED)
+            if not self.cancelled:  # cancelled from outside the runner: save, then propagate
+                self._finish(item, transcript, session, result, prompt, started)
+                raise
+            _uncancel()
+        except Exception as exc:  # noqa: BLE001 - one task failing never discards the others
+            failure = exc
+            message = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
+            result = _stopped(session, prompt, "failed", "error", message)
+        result = self._finish(item, transcript, session, result, prompt, started)
+        if failure is not None and self.raise_errors:
+            raise failure
+        return result
+
+    async def _drive(self, session: AgentSession, item: PlannedTask, prompt: str) -> RunResult:
+        """The session to its answer; with a schema, one retry on an invalid answer."""
+        text = prompt + schema_instruction(item.schema) if item.schema else prompt
+        if item.history is None:
+            result = await session.run(text)
+        else:
+            session.messages = list(item.history)
+            result = await session.follow_up(prompt, text)
+        if item.schema is None or not result.ok:
+            return result
+        try:
+            return result.model_copy(update={"parsed": parse_answer(result.output, item.schema)})
+        except AnswerMismatch as first:
+            result = await session.follow_up(prompt, retry_message(str(first)))
+        if not result.ok:
+            return result
+        try:
+            return result.model_copy(update={"parsed": parse_answer(result.output, item.schema)})
+        except AnswerMismatch as second:
+            error = f"the final answer is not valid against the output schema after one retry: {second}"
+            return result.model_copy(update={"status": "failed", "stop_reason": "schema", "error": error})
+
+    def _finish(self, item: PlannedTask, transcript: TaskTranscript | None, session: AgentSession,
+                result: RunResult, prompt: str, started: float) -> RunResult:
+        """Save the full result, report the end, return the result with its answer capped."""
+        path = str(transcript.path) if transcript is not None else None
+        full = result.model_copy(update={
+            "task": prompt, "label": item.label, "step_id": item.step_id, "run_id": self.run_id,
+            "transcript": path, "duration_s": round(time.perf_counter() - started, 3),
+        })
+        self._report(item, transcript, "task_end", status=full.status, stop_reason=full.stop_reason,
+                     error=full.error, usage=full.usage.model_dump(), duration_s=full.duration_s)
+        if transcript is not None:
+            transcript.finish(session.messages, full)
+        return full.model_copy(update={"output": cap_answer(full.output, path)})
+
+    def _not_run(self, item: PlannedTask, status: Status, stop_reason: StopReason, error: str) -> RunResult:
+        result = RunResult(
+            agent=item.spec.name, task=item.prompt, status=status, error=error, model=item.host.model_id,
+            stop_reason=stop_reason, label=item.label, step_id=item.step_id, run_id=self.run_id,
+        )
+        self._report(item, None, "task_end", status=status, stop_reason=stop_reason, error=error)
+        return result
+
+    # -- events ---------------------------------------------------------------------------------------
+
+    def _session_sink(self, transcript: TaskTranscript | None) -> EventSink:
+        """Session events to the transcript and the caller; start and end are reported once, here."""
+
+        def sink(event: Event) -> None:
+            if event.kind in ("task_start", "task_end"):
+                return
+            if transcript is not None:
+                transcript.event(event)
+            self.on_event(event)
+
+        return sink
+
+    def _report(self, item: PlannedTask, transcript: TaskTranscript | None, kind: EventKind, **data: Any) -> None:
+        event = Event(kind=kind, label=item.label, agent=item.spec.name, data=data)
+        if transcript is not None:
+            transcript.event(event)
+        self.on_event(event)
+
+
+async def _within(coro: Any, timeout: float | None) -> RunResult:
+    if timeout is None:
+        return await coro
+    return await asyncio.wait_for(coro, timeout)
+
+
+def _stopped(session: AgentSession, prompt: str, status: Status, stop_reason: StopReason, error: str) -> RunResult:
+    """What the session had done when a limit or an interruption stopped it."""
+    return session.partial_result(prompt, stop_reason, error).model_copy(update={"status": status})
+
+
+def _uncancel() -> None:
+    """Take back a cancellation we handled, so later awaits (and timeouts) in this task behave."""
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):
+        task.uncancel()

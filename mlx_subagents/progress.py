@@ -1,0 +1,155 @@
+"""Progress for many tasks: a live table on a terminal, one line per notable event elsewhere.
+
+Both are fed the runner's events. The table has one row per task: label, agent, status (queued,
+running, done, failed, skipped, aborted), turn, tokens in/out, cached tokens, tokens/s of the last
+reply and the tool call in progress. `usage_table` is the summary printed at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .events import Event
+from .results import RunResult, RunUsage
+
+STATUS_STYLES = {
+    "queued": "dim", "running": "cyan", "done": "green", "failed": "red", "skipped": "dim", "aborted": "yellow",
+}
+MAX_TOOL_CHARS = 60
+
+
+@dataclass
+class _Row:
+    label: str
+    agent: str
+    status: str = "queued"
+    turn: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    tps: float = 0.0
+    tool: str = ""
+
+
+def _end_status(data: dict) -> str:
+    if data.get("stop_reason") == "skipped":
+        return "skipped"
+    return {"completed": "done", "aborted": "aborted"}.get(data.get("status", ""), "failed")
+
+
+class ProgressView:
+    """Use as a context manager around the run and pass `handle` as the event sink.
+
+    Args:
+        tasks: `(label, agent)` per task, in input order.
+        live: a live table (default: when the console is a terminal); otherwise plain lines.
+    """
+
+    def __init__(self, console: Console, tasks: Sequence[tuple[str, str]], *, live: bool | None = None) -> None:
+        self.console = console
+        self.rows = {label: _Row(label, agent) for label, agent in tasks}
+        self.live = console.is_terminal if live is None else live
+        self._live: Live | None = None
+
+    def __enter__(self) -> ProgressView:
+        if self.live:
+            self._live = Live(self, console=self.console, refresh_per_second=8, transient=False)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def handle(self, event: Event) -> None:
+        row = self.rows.get(event.label)
+        if row is None:
+            row = self.rows[event.label] = _Row(event.label, event.agent)
+        self._update(row, event)
+        if not self.live:
+            self._print_line(row, event)
+
+    def _update(self, row: _Row, event: Event) -> None:
+        data = event.data
+        if event.kind == "task_start":
+            row.status = "running"
+        elif event.kind == "turn_start":
+            row.turn = event.turn
+        elif event.kind == "usage":
+            row.input_tokens = data.get("input_tokens", 0)
+            row.output_tokens = data.get("output_tokens", 0)
+            row.cached_tokens = data.get("cached_tokens", 0)
+            row.tps = data.get("tps", 0.0)
+        elif event.kind == "tool_call":
+            row.tool = str(data.get("description", ""))
+        elif event.kind == "tool_result":
+            row.tool = ""
+        elif event.kind == "task_end":
+            row.status = _end_status(data)
+            row.tool = ""
+
+    def _print_line(self, row: _Row, event: Event) -> None:
+        prefix = f"[dim]\\[{row.label}][/]"
+        if event.kind == "task_start":
+            self.console.print(f"{prefix} started ({row.agent})")
+        elif event.kind == "tool_call":
+            self.console.print(f"{prefix} [cyan]{_escape(_clip(row.tool))}[/]")
+        elif event.kind == "task_end":
+            reason = event.data.get("error") or event.data.get("stop_reason", "")
+            detail = "" if row.status == "done" else f": {reason}"
+            style = STATUS_STYLES.get(row.status, "")
+            self.console.print(f"{prefix} [{style}]{row.status}[/]{_escape(detail)}")
+
+    def __rich__(self) -> Table:
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for name, justify in (("task", "left"), ("agent", "left"), ("status", "left"), ("turn", "right"),
+                              ("in", "right"), ("out", "right"), ("cached", "right"), ("tok/s", "right"),
+                              ("tool", "left")):
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for row in self.rows.values():
+            style = STATUS_STYLES.get(row.status, "")
+            table.add_row(
+                row.label, row.agent, f"[{style}]{row.status}[/]", str(row.turn or ""), _n(row.input_tokens),
+                _n(row.output_tokens), _n(row.cached_tokens), f"{row.tps:.1f}" if row.tps else "",
+                _escape(_clip(row.tool)),
+            )
+        return table
+
+
+def usage_table(results: Sequence[RunResult]) -> Table:
+    """One row per task and a total: status, stop reason, turns, tokens and time."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name, justify in (("task", "left"), ("agent", "left"), ("status", "left"), ("stop", "left"),
+                          ("turns", "right"), ("in", "right"), ("cached", "right"), ("out", "right"),
+                          ("time", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    total = RunUsage()
+    for r in results:
+        u = r.usage
+        total = total.add(u)
+        style = "green" if r.ok else ("yellow" if r.status == "aborted" else "red")
+        table.add_row(r.label, r.agent, f"[{style}]{r.status}[/]", r.stop_reason, str(u.turns), _n(u.input_tokens),
+                      _n(u.cached_tokens), _n(u.output_tokens), f"{r.duration_s:.1f}s")
+    table.add_row("[bold]total[/]", "", "", "", str(total.turns), _n(total.input_tokens), _n(total.cached_tokens),
+                  _n(total.output_tokens), "")
+    return table
+
+
+def _n(value: int) -> str:
+    return f"{value:,}" if value else ""
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_TOOL_CHARS else text[: MAX_TOOL_CHARS - 3] + "..."
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

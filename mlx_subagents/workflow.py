@@ -1,0 +1,254 @@
+"""Workflows: a TOML file of steps that depend on each other.
+
+    name = "fix-bug"                      # optional
+    description = "Find, plan, review"    # optional
+
+    [[steps]]
+    id = "find"
+    agent = "scout"
+    prompt = "Find the code behind: {input}"
+
+    [[steps]]
+    id = "plan"
+    agent = "planner"
+    prompt = "Plan a fix."
+    needs = ["find"]                      # optional: ids of steps whose answers this one gets
+    model = "mlx-community/..."           # optional; also max_turns, max_tokens, timeout, schema
+
+Every step receives the workflow input and the answers of the steps it needs: `{input}` and
+`{<step id>}` in its prompt are replaced by them, and whatever the prompt does not place itself is
+appended after it. A step starts as soon as its needs are done. Unknown agents, unknown or circular
+needs and duplicate ids are rejected before anything runs. Named workflows live in
+`.mlx-subagents/workflows/NAME.toml` (walking up from the working folder), then
+`$MLX_SUBAGENTS_HOME/workflows/NAME.toml`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .agents import AgentCatalog
+from .caps import MAX_TASKS
+from .errors import AgentNotFoundError, WorkflowError
+from .transcripts import state_home
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+PROJECT_WORKFLOWS_DIR = ".mlx-subagents/workflows"
+STEP_ID_PATTERN = r"[A-Za-z_][A-Za-z0-9_-]*"
+INPUT_KEY = "input"
+PLACEHOLDER = re.compile(r"\{(" + STEP_ID_PATTERN + r")\}")
+
+
+class WorkflowStep(BaseModel):
+    """One step: an agent, its prompt template and the steps it needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    id: str = Field(pattern=f"^{STEP_ID_PATTERN}$")
+    agent: str = Field(min_length=1)
+    prompt: str = Field(min_length=1)
+    needs: tuple[str, ...] = ()
+    model: str | None = None
+    max_turns: int | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0)
+    schema_file: str | None = Field(default=None, alias="schema")
+
+
+class Workflow(BaseModel):
+    """A validated workflow; `path` is the file it came from, if any."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = ""
+    description: str = ""
+    steps: tuple[WorkflowStep, ...] = Field(min_length=1)
+    path: Path | None = None
+
+    def step(self, step_id: str) -> WorkflowStep:
+        return next(s for s in self.steps if s.id == step_id)
+
+    def schema_path(self, step: WorkflowStep) -> Path | None:
+        """The step's schema file, relative to the workflow file."""
+        if step.schema_file is None:
+            return None
+        base = self.path.parent if self.path else Path.cwd()
+        return (base / step.schema_file).expanduser()
+
+
+# --- loading and checking ---------------------------------------------------------------------------
+
+
+def load_workflow(path: Path) -> Workflow:
+    """Read a TOML workflow and check its graph; every problem is one `WorkflowError` naming the file."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise WorkflowError(f"{path}: cannot read the workflow file: {reason}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise WorkflowError(f"{path}: invalid TOML: {exc}") from None
+    return parse_workflow(data, path)
+
+
+def parse_workflow(data: dict[str, Any], path: Path | None = None) -> Workflow:
+    """Validate a workflow mapping (as read from TOML) and its graph."""
+    where = str(path) if path else "workflow"
+    try:
+        workflow = Workflow.model_validate({**data, "path": path})
+    except ValidationError as exc:
+        raise WorkflowError(f"{where}: {_first_error(exc, data)}") from None
+    check_graph(workflow, where)
+    return workflow
+
+
+def check_graph(workflow: Workflow, where: str = "workflow") -> None:
+    """Duplicate ids, unknown or self needs, placeholders of steps not needed, cycles, too many steps."""
+    if len(workflow.steps) > MAX_TASKS:
+        raise WorkflowError(f"{where}: {len(workflow.steps)} steps is more than the limit of {MAX_TASKS}; split the workflow")
+    ids: list[str] = []
+    for step in workflow.steps:
+        if step.id == INPUT_KEY:
+            raise WorkflowError(f"{where}: step id '{INPUT_KEY}' is reserved for the workflow input; rename the step")
+        if step.id in ids:
+            raise WorkflowError(f"{where}: duplicate step id '{step.id}'; give every step its own id")
+        ids.append(step.id)
+    for step in workflow.steps:
+        for need in step.needs:
+            if need == step.id:
+                raise WorkflowError(f"{where}: step '{step.id}' needs itself; remove '{need}' from its needs")
+            if need not in ids:
+                raise WorkflowError(
+                    f"{where}: step '{step.id}' needs unknown step '{need}'; known steps: {', '.join(ids)}"
+                )
+        for name in PLACEHOLDER.findall(step.prompt):
+            if name in ids and name not in step.needs:
+                raise WorkflowError(
+                    f"{where}: step '{step.id}' uses {{{name}}} in its prompt but does not need '{name}'; "
+                    f"add it to needs"
+                )
+    cycle = find_cycle({s.id: s.needs for s in workflow.steps})
+    if cycle:
+        raise WorkflowError(f"{where}: the needs form a cycle: {' -> '.join(cycle)}; remove one of these needs")
+
+
+def find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str] | None:
+    """One cycle as a path that ends where it starts (`a -> b -> a`), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for need in graph.get(node, ()):
+            if state.get(need) == 1:
+                return path[path.index(need):] + [need]
+            if need not in state and (found := visit(need)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in graph:
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def check_agents(workflow: Workflow, catalog: AgentCatalog) -> None:
+    """Every step's agent exists."""
+    where = str(workflow.path) if workflow.path else "workflow"
+    for step in workflow.steps:
+        try:
+            catalog.get(step.agent)
+        except AgentNotFoundError:
+            available = ", ".join(catalog.names()) or "(none)"
+            raise WorkflowError(
+                f"{where}: step '{step.id}' uses unknown agent '{step.agent}'; available: {available}"
+            ) from None
+
+
+def _first_error(exc: ValidationError, data: dict[str, Any]) -> str:
+    err = exc.errors()[0]
+    loc = list(err["loc"])
+    where = ""
+    if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
+        steps = data.get("steps") or []
+        step = steps[loc[1]] if loc[1] < len(steps) and isinstance(steps[loc[1]], dict) else {}
+        name = f"'{step['id']}'" if isinstance(step.get("id"), str) else f"{loc[1] + 1}"
+        where = f"step {name}: "
+        loc = loc[2:]
+    field = ".".join(str(p) for p in loc)
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return f"{where}missing field '{field}'; add it"
+    if err["type"] == "extra_forbidden":
+        return f"{where}unknown field '{field}'; allowed: id, agent, prompt, needs, model, max_turns, max_tokens, timeout, schema" if where else f"unknown field '{field}'; allowed: name, description, steps"
+    if field == "steps" and err["type"] == "too_short":
+        return "no steps: add at least one [[steps]] table"
+    if field == "id" and err["type"] == "string_pattern_mismatch":
+        return f"{where}field 'id' {err['input']!r} is not a valid id; use letters, digits, '_' and '-', starting with a letter"
+    return f"{where}field '{field}': {msg}" if field else f"{where}{msg}"
+
+
+# --- discovery -----------------------------------------------------------------------------------------
+
+
+def workflow_dirs(cwd: Path) -> list[Path]:
+    """Where named workflows are looked up, first match wins: project folders upwards, then the user's."""
+    cwd = Path(cwd).expanduser().resolve()
+    found = [folder / PROJECT_WORKFLOWS_DIR for folder in (cwd, *cwd.parents)]
+    found.append(state_home() / "workflows")
+    return [d for d in found if d.is_dir()]
+
+
+def discover_workflows(cwd: Path) -> dict[str, Path]:
+    """Workflow name -> file, the nearest folder winning a clash."""
+    found: dict[str, Path] = {}
+    for folder in workflow_dirs(cwd):
+        for path in sorted(folder.glob("*.toml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def find_workflow(name_or_path: str, cwd: Path) -> Path:
+    """A workflow file path as given (relative to `cwd`), or a named workflow."""
+    candidate = Path(name_or_path).expanduser()
+    if not candidate.is_absolute():
+        candidate = Path(cwd) / candidate
+    if candidate.is_file():
+        return candidate
+    if name_or_path.endswith(".toml") or "/" in name_or_path:
+        raise WorkflowError(f"workflow file not found: {candidate}")
+    named = discover_workflows(cwd)
+    if name_or_path in named:
+        return named[name_or_path]
+    available = ", ".join(sorted(named)) or f"none (put NAME.toml in {PROJECT_WORKFLOWS_DIR}/)"
+    raise WorkflowError(f"unknown workflow '{name_or_path}'; available: {available}")
+
+
+# --- prompts ---------------------------------------------------------------------------------------------
+
+
+def render_prompt(step: WorkflowStep, workflow_input: str, outputs: dict[str, str]) -> str:
+    """The step's task: placeholders filled; the input and needed answers it does not place, appended."""
+    values = {INPUT_KEY: workflow_input, **{need: outputs[need] for need in step.needs}}
+    placed = set(PLACEHOLDER.findall(step.prompt))
+    text = PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), step.prompt)
+    sections = [text]
+    if workflow_input and INPUT_KEY not in placed:
+        sections.append(f"Workflow input:\n{workflow_input}")
+    for need in step.needs:
+        if need not in placed:
+            sections.append(f"Answer of step '{need}':\n{outputs[need]}")
+    return "\n\n".join(sections)

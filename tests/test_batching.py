@@ -1,0 +1,152 @@
+"""Continuous batching, the shared prefix and the bounded KV pool, on tiny real models."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlx_subagents.host import MlxModelHost
+from mlx_subagents.testing import ForcedScripts
+
+SYSTEM = {"role": "system", "content": "You are a scout. Report exact paths and line ranges for what you find."}
+
+
+def task(i: int) -> list[dict[str, Any]]:
+    return [SYSTEM, {"role": "user", "content": f"Task {i}: where is module {i * 7} configured?"}]
+
+
+def result(i: int, turn: int) -> dict[str, Any]:
+    body = "\n".join(f"{n:>4}  def handler_{i}_{turn}_{n}(request): return route(request, {n})" for n in range(12))
+    return {"role": "user", "content": f"Tool output:\n{body}"}
+
+
+async def conversation(host: MlxModelHost, i: int, turns: int = 2, max_tokens: int = 16) -> list[tuple[int, ...]]:
+    session = host.session(f"s{i}")
+    messages = task(i)
+    out = []
+    for turn in range(turns):
+        reply = await session.generate(messages, max_tokens=max_tokens)
+        out.append(reply.token_ids)
+        messages = messages + [reply.to_message(), result(i, turn)]
+    return out
+
+
+async def everyone(path: Path, n: int = 4, **options: Any) -> list[list[tuple[int, ...]]]:
+    async with MlxModelHost(str(path), **options) as host:
+        return list(await asyncio.gather(*(conversation(host, i) for i in range(n))))
+
+
+async def each_alone(path: Path, n: int = 4) -> list[list[tuple[int, ...]]]:
+    out = []
+    for i in range(n):
+        async with MlxModelHost(str(path), batching=False, share_prefix=False) as host:
+            out.append(await conversation(host, i))
+    return out
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
+def test_batched_serialized_and_alone_are_token_identical(arch_fixture: str, request: pytest.FixtureRequest) -> None:
+    path: Path = request.getfixturevalue(arch_fixture)
+    batched = asyncio.run(everyone(path, batching=True))
+    serialized = asyncio.run(everyone(path, batching=False))
+    alone = asyncio.run(each_alone(path))
+    assert batched == serialized == alone
+    assert len({turns[0] for turns in alone}) > 1  # the sessions really differ
+
+
+def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
+    long_text = " ".join(f"step{i}" for i in range(120))
+    order: list[str] = []
+
+    async def go(batching: bool) -> tuple[Any, Any]:
+        scripts = ForcedScripts(tiny_qwen3[1], {"s0": [long_text]})
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts, batching=batching) as host:
+            started = asyncio.Event()
+
+            def on_a(text: str) -> None:
+                order.append("a")
+                started.set()
+
+            a = asyncio.create_task(host.session("s0").generate(task(0), max_tokens=400, on_text=on_a))
+            await started.wait()
+            b = await host.session("s1").generate(task(1), max_tokens=12, on_text=lambda t: order.append("b"))
+            return await a, b
+
+    a_batched, b_batched = asyncio.run(go(True))
+    assert "a" in order[order.index("b") :]  # b streamed while a was still decoding
+    order.clear()
+    a_serial, b_serial = asyncio.run(go(False))
+    assert order.index("b") > len(order) - 13  # serialized: b waits for a to finish
+    assert a_batched.text == long_text == a_serial.text
+    assert b_batched.token_ids == b_serial.token_ids
+
+
+def test_shared_prefix_is_prefilled_once(tiny_qwen3_path: Path) -> None:
+    async def go(share: bool) -> tuple[list[Any], int]:
+        async with MlxModelHost(str(tiny_qwen3_path), share_prefix=share) as host:
+            replies = await asyncio.gather(*(host.session(f"s{i}").generate(task(i), max_tokens=4) for i in range(4)))
+            system_text = host.tokenizer.apply_chat_template([SYSTEM], tokenize=False, add_generation_prompt=False)
+            prefix = len(host.tokenizer.encode(system_text, add_special_tokens=False))
+            return list(replies), prefix if share else 0
+
+    shared, n_prefix = asyncio.run(go(True))
+    private, _ = asyncio.run(go(False))
+    assert [r.usage.cached_tokens for r in shared] == [0, n_prefix, n_prefix, n_prefix]
+    assert [r.usage.cached_tokens for r in private] == [0, 0, 0, 0]
+    assert sum(r.usage.prefilled_tokens for r in shared) == sum(r.usage.prefilled_tokens for r in private) - 3 * n_prefix
+    assert [r.token_ids for r in shared] == [r.token_ids for r in private]
+
+
+def test_small_budget_spills_restores_and_never_overflows(tiny_qwen3_path: Path) -> None:
+    async def go(budget: int | None) -> tuple[list[Any], Any, int | None]:
+        async with MlxModelHost(str(tiny_qwen3_path), kv_budget=budget, max_sessions=1, share_prefix=False) as host:
+            out = list(await asyncio.gather(*(conversation(host, i, turns=3, max_tokens=8) for i in range(3))))
+            stats = await host.memory_stats()
+            return out, stats, host.kv_budget
+
+    unbounded, free_stats, free_budget = asyncio.run(go(0))
+    bounded, stats, budget = asyncio.run(go(1024 * 1024))
+    assert free_budget is None and free_stats.pool["evictions"] == 0
+    assert bounded == unbounded
+    assert budget == 1024 * 1024
+    assert stats.pool["peak_bytes"] <= budget
+    assert stats.pool["evictions"] > 0 and stats.pool["spills"] > 0 and stats.pool["restores"] > 0
+
+
+def test_budget_too_small_for_the_window_is_a_clear_error(tiny_qwen3_path: Path) -> None:
+    from mlx_subagents.errors import SubagentError
+
+    async def go() -> None:
+        async with MlxModelHost(str(tiny_qwen3_path), kv_budget="1MiB", context_window=4096):
+            pass
+
+    with pytest.raises(SubagentError, match=r"^a context window of 4096 tokens for 5 sessions needs .* lower --context-window or raise --kv-budget$"):
+        asyncio.run(go())
+
+
+def test_cancelling_one_batched_session_leaves_the_others(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
+    long_text = " ".join(f"item{i}" for i in range(300))
+
+    async def go() -> list[tuple[int, ...]]:
+        scripts = ForcedScripts(tiny_qwen3[1], {"s9": [long_text]})
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
+            first = asyncio.Event()
+            doomed = asyncio.create_task(host.session("s9").generate(task(9), max_tokens=600, on_text=lambda _: first.set()))
+            others = [asyncio.create_task(host.session(f"s{i}").generate(task(i), max_tokens=20)) for i in range(3)]
+            await first.wait()
+            doomed.cancel()
+            replies = await asyncio.gather(*others)
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            again = await host.session("s9").generate(task(9), max_tokens=5)
+            assert again.usage.cached_tokens > 0
+            return [r.token_ids for r in replies]
+
+    async def alone() -> list[tuple[int, ...]]:
+        async with MlxModelHost(str(tiny_qwen3_path), batching=False) as host:
+            return [(await host.session(f"s{i}").generate(task(i), max_tokens=20)).token_ids for i in range(3)]
+
+    assert asyncio.run(go()) == asyncio.run(alone())

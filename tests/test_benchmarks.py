@@ -1,0 +1,47 @@
+"""Smoke test: the prefix-reuse benchmark runs end to end on a tiny model and reports sanely."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+REPORT_KEYS = {
+    "arch", "model", "turns", "forced",
+    "prompt_tokens_total", "prefill_tokens_with_reuse", "prefill_tokens_without_reuse",
+    "cached_tokens_with_reuse", "generated_tokens_total", "prefill_ratio",
+    "seconds_with_reuse", "seconds_without_reuse", "speedup",
+    "identical_outputs", "target_prefill_ratio", "target_met", "per_turn",
+}  # fmt: skip
+PER_TURN_KEYS = {
+    "reply", "prompt_tokens", "prompt_tokens_without_reuse", "cached_tokens_with_reuse",
+    "prefill_tokens_with_reuse", "prefill_tokens_without_reuse", "generated_tokens",
+    "seconds_with_reuse", "seconds_without_reuse", "identical_output",
+}  # fmt: skip
+
+
+def test_prefix_reuse_benchmark_json() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/prefix_reuse.py", "--json", "--turns", "3"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert REPORT_KEYS <= report.keys()
+    assert PER_TURN_KEYS <= report["per_turn"].keys()
+    turns = report["per_turn"]
+    assert report["turns"] == 3 and all(len(values) == 3 for values in turns.values())
+    assert report["arch"] == "qwen3" and report["forced"] is True
+    assert turns["reply"] == ["grep", "read", "answer"]
+
+    assert report["identical_outputs"] is True
+    assert report["prefill_tokens_with_reuse"] < report["prefill_tokens_without_reuse"]
+    assert report["prompt_tokens_total"] == sum(turns["prompt_tokens"])
+    assert report["prefill_tokens_without_reuse"] == report["prompt_tokens_total"]
+    assert report["prefill_tokens_with_reuse"] + report["cached_tokens_with_reuse"] == report["prompt_tokens_total"]
+    assert turns["cached_tokens_with_reuse"][0] == 0  # the warm-up lends the timed session nothing
