@@ -35,7 +35,7 @@ greedily, up to 64 tokens a turn.
 On Linux the `mlx[cpu]` wheel runs fp32 matmul through a slow reference BLAS. Optionally
 preload Debian's OpenBLAS (`apt-get install libopenblas0-pthread`) for much faster fp32 prefill:
 
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
         python benchmarks/prefix_reuse.py
 """
 
@@ -170,7 +170,10 @@ def plan_calls(n_calls: int, result_lines: int, seed: int = 0) -> list[PlannedCa
 def final_answer(calls: Sequence[PlannedCall]) -> str:
     """A scout-format answer naming the files that were read."""
     read = [c.arguments for c in calls if c.name == "read"] or [{"path": _FILES[0], "offset": 1, "limit": 40}]
-    findings = [f"- {a['path']}:{a['offset']}-{a['offset'] + a['limit'] - 1} — where the settings are read" for a in read[:3]]
+    findings = [
+        f"- {a['path']}:{a['offset']}-{a['offset'] + a['limit'] - 1} — where the settings are read"
+        for a in read[:3]
+    ]
     summary = "Summary: the configuration is loaded by load_config and validated by validate_settings."
     return "Findings:\n" + "\n".join(findings) + "\n\n" + summary
 

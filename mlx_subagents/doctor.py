@@ -37,12 +37,12 @@ def environment_lines() -> list[str]:
     ]
 
 
-async def run_doctor(model: str, context_window: int | None, say: Print) -> bool:
+async def run_doctor(model: str, context_window: int | None, say: Print, kv_budget: str | None = None) -> bool:
     """Print the checks; True when the model loaded and answered."""
     for line in environment_lines():
         say(line)
     say(f"model     {model}")
-    host = MlxModelHost(model, context_window=context_window)
+    host = MlxModelHost(model, context_window=context_window, kv_budget=kv_budget)
     tic = time.perf_counter()
     try:
         async with host:
@@ -55,6 +55,10 @@ async def run_doctor(model: str, context_window: int | None, say: Print) -> bool
     u = reply.usage
     say(f"reply     {reply.text.strip()[:120]!r}")
     say(f"speed     prompt {u.prompt_tokens} tokens in {u.prompt_seconds:.2f}s; {u.generated_tokens} tokens at {u.generation_tps:.1f} tok/s")
-    say(f"memory    KV {stats.kv_bytes_total / 2**20:.1f} MiB; mlx active {_gib(stats.active_memory)}, peak {_gib(stats.peak_memory)}")
+    budget = "unbounded" if stats.kv_budget is None else _gib(stats.kv_budget)
+    shape = host.kv_shape
+    say(f"kv cache  {shape.per_token} bytes/token (+{shape.fixed} fixed) per session; budget {budget} "
+        f"for {host.max_sessions} sessions; held now {stats.kv_bytes_total / 2**20:.2f} MiB")
+    say(f"memory    mlx active {_gib(stats.active_memory)}, peak {_gib(stats.peak_memory)}")
     say("ok")
     return True

@@ -58,10 +58,13 @@ def parse_bytes(text: str | int | None) -> int | None:
         return text
     s = text.strip().lower().replace(" ", "")
     units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "k": 2**10, "m": 2**20, "g": 2**30, "b": 1}
-    for unit, factor in units.items():
-        if s.endswith(unit):
-            return int(float(s[: -len(unit)]) * factor)
-    value = float(s)
+    try:
+        for unit, factor in units.items():
+            if s.endswith(unit):
+                return int(float(s[: -len(unit)]) * factor)
+        value = float(s)
+    except ValueError:
+        raise SubagentError(f"KV budget {text!r} is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)") from None
     if 0 < value < 1:
         return int(value * total_memory())
     return int(value)
