@@ -140,7 +140,7 @@ def split_for_compaction(
         raise ValueError(
             f"{len(token_counts)} token counts for {len(messages)} messages: need one per message"
         )
-    n_head = _head_length(messages)
+    n_head = head_length(messages)
     head, rest, counts = messages[:n_head], messages[n_head:], token_counts[n_head:]
     if not rest:
         return list(head), [], []
@@ -153,7 +153,24 @@ def split_for_compaction(
     return list(head), rest[:cut], rest[cut:]
 
 
-def _head_length(messages: list[Message]) -> int:
+def summary_max_tokens(settings: CompactionSettings) -> int:
+    """The summary's length cap: half the reserve, within [MIN, DEFAULT]_SUMMARY_MAX_TOKENS."""
+    return min(DEFAULT_SUMMARY_MAX_TOKENS, max(MIN_SUMMARY_MAX_TOKENS, settings.reserve_tokens // 2))
+
+
+def fit_keep_recent(settings: CompactionSettings, context_window: int, head_tokens: int) -> CompactionSettings:
+    """Cap the kept history so head + summary + kept history lands below the trigger.
+
+    Without this, a head (system prompt + tools + task) that is a large part of
+    a small window leaves the compacted context above the trigger, and
+    compaction would run again every turn.
+    """
+    room = context_window - settings.reserve_tokens - head_tokens - summary_max_tokens(settings)
+    return replace(settings, keep_recent_tokens=max(0, min(settings.keep_recent_tokens, room)))
+
+
+def head_length(messages: list[Message]) -> int:
+    """The leading system message(s) plus the first user message (the task)."""
     n = 0
     while n < len(messages) and messages[n].get("role") == "system":
         n += 1
@@ -234,9 +251,7 @@ async def compact(
     if not to_summarize:
         return CompactionResult(list(messages), "", 0, tokens_before, tokens_before)
     if max_tokens is None:
-        max_tokens = min(
-            DEFAULT_SUMMARY_MAX_TOKENS, max(MIN_SUMMARY_MAX_TOKENS, settings.reserve_tokens // 2)
-        )
+        max_tokens = summary_max_tokens(settings)
     request = [*head, {"role": "user", "content": _summary_request(to_summarize)}]
     generation = await session.generate(request, tools=tools, max_tokens=max_tokens)
     # A model that answers with a tool call instead of text still must not lose the history.
@@ -267,7 +282,7 @@ async def recent_token_counts(
     Args:
         total: `count_tokens(messages)` if the caller already has it.
     """
-    n_head = _head_length(messages)
+    n_head = head_length(messages)
     counts = [0] * n_head + [budget + 1] * (len(messages) - n_head)
     upper = await count_tokens(messages) if total is None else total
     spent = 0

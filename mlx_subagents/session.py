@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .agents import AgentSpec
-from .compaction import CompactionSettings, compact, scale_compaction, should_compact
+from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .errors import SubagentError
 from .events import Event, EventSink, ignore_event
 from .host.protocol import Generation, HostSession, MalformedToolCall, Message, ModelHost, ToolCall
@@ -188,10 +188,10 @@ class AgentSession:
         self.usage.context_tokens = tokens
         if not should_compact(tokens, window, self.compaction):
             return
-        result = await compact(
-            self.messages, self._host_session, lambda ms: self.host.count_tokens(ms, self.schemas),
-            self.compaction, tools=self.schemas,
-        )
+        count = lambda ms: self.host.count_tokens(ms, self.schemas)  # noqa: E731
+        head_tokens = await count(self.messages[: head_length(self.messages)])
+        settings = fit_keep_recent(self.compaction, window, head_tokens)
+        result = await compact(self.messages, self._host_session, count, settings, tools=self.schemas)
         if result.n_summarized:
             self.messages = result.messages
             self.usage.compactions += 1

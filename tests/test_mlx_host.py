@@ -79,7 +79,7 @@ def test_forced_tool_calls_splice_to_the_fresh_rendering(tiny_qwen3_path: Path, 
             return replies, await host.count_tokens(messages, [LS_SCHEMA])
 
     replies, fresh_count = run(go())
-    assert [r.tool_calls for r in replies[:2]] == [[ToolCall("ls", {"path": "."}, "call_0")]] * 2
+    assert [r.tool_calls for r in replies[:2]] == [[ToolCall("ls", {"path": "."}, "call_0")], [ToolCall("ls", {"path": "."}, "call_1")]]
     assert replies[2].text == "The config is parsed in src/config.py:12-40."
     assert replies[2].tool_calls == [] and replies[2].finish_reason == "stop"
     assert replies[2].usage.prompt_tokens == fresh_count  # spliced ids == a fresh rendering

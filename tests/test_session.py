@@ -113,8 +113,8 @@ def test_scout_end_to_end_on_the_tiny_model(ws: Path, tiny_qwen3_path: Path, tin
     assert after_head(session) == [
         assistant_call("ls", {"path": "."}, "call_0"),
         tool("ls", "call_0", "README.md\nsrc/"),
-        assistant_call("read", {"path": "src/app.py"}, "call_0"),
-        tool("read", "call_0", "     1\timport json\n     2\t\n     3\tdef load_config(path):\n"
+        assistant_call("read", {"path": "src/app.py"}, "call_1"),
+        tool("read", "call_1", "     1\timport json\n     2\t\n     3\tdef load_config(path):\n"
                                "     4\t    return json.load(open(path))"),
         {"role": "assistant", "content": answer},
     ]
@@ -159,7 +159,7 @@ def test_tool_errors_go_back_to_the_model_and_the_loop_goes_on(tmp_path: Path, w
         assistant_call("read", {"path": 123}, "call_2"),
         tool("read", "call_2", "Error: invalid arguments for read: 'path' (string): Input should be a "
                                "valid string, got 123; call read again with corrected arguments"),
-        {"role": "assistant", "content": ""},
+        {"role": "assistant", "content": '<tool_call>{"name": "ls", "arguments": </tool_call>'},
         {"role": "tool", "content": malformed},
         assistant_call("read", {"path": "missing.py"}, "call_3"),
         tool("read", "call_3", "Error: path 'missing.py' does not exist in the workspace; "

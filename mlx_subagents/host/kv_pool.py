@@ -33,6 +33,7 @@ class CacheState:
     spill_path: Path | None = None
     dropped: bool = False
     kv_bytes: int = 0
+    n_tool_calls: int = 0  # numbers this session's tool-call ids (call_0, call_1, ...)
 
     def reset(self) -> None:
         if self.spill_path is not None:

@@ -75,7 +75,9 @@ class Generation:
 
     def to_message(self) -> Message:
         """The assistant message to append to the conversation."""
-        message: Message = {"role": "assistant", "content": self.text}
+        # A malformed call stays visible, so the error the model gets refers to its own words.
+        content = "\n".join([self.text, *(bad.raw for bad in self.malformed_tool_calls)]).strip()
+        message: Message = {"role": "assistant", "content": content}
         if self.tool_calls:
             message["tool_calls"] = [c.to_message_part() for c in self.tool_calls]
         return message

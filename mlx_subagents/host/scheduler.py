@@ -360,7 +360,8 @@ class Scheduler:
     def _generation(self, turn: Turn, finish: FinishReason) -> Generation:
         body = turn.generated[:-1] if finish == "stop" else turn.generated
         raw = self.tokenizer.decode(body) if body else ""
-        text, calls, malformed = parse_reply(self.tokenizer, raw, turn.request.tools)
+        text, calls, malformed = parse_reply(self.tokenizer, raw, turn.request.tools, turn.state.n_tool_calls)
+        turn.state.n_tool_calls += len(calls)
         total = time.perf_counter() - turn.started if turn.started else 0.0
         usage = Usage(
             prompt_tokens=len(turn.ids), cached_tokens=turn.n_cached, prefilled_tokens=len(turn.ids) - turn.n_cached,
