@@ -1,54 +1,147 @@
-"""`subagent`: the command line. Thin commands over the runner; one error boundary in `main()`."""
+"""`subagent`: the command line. Thin commands over the runner; one error boundary in `main()`.
+
+Results go to stdout, progress and errors to stderr. Exit codes: 0 every task completed, 1 a task
+failed, 2 bad usage or input (nothing ran), 130 interrupted (Ctrl-C).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
+import time
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Awaitable, Callable, Optional, TypeVar
 
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.rule import Rule
 
+from .caps import MAX_CONCURRENCY
 from .doctor import run_doctor
-from .errors import SubagentError
-from .events import Event
-from .results import RunResult
-from .runner import Runner, TaskSpec, default_model
+from .errors import RequestError, SubagentError
+from .events import Event, EventSink
+from .progress import ProgressView, usage_table
+from .results import MultiRunResult, RunResult
+from .runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_file
+from .schema_output import load_schema
+from .tools import kill_all_processes
+
+T = TypeVar("T")
+EXIT_INTERRUPTED = 130
 
 app = typer.Typer(
     name="subagent", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Coding sub-agents on a local MLX model, in one process.",
 )
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Local folder, hub id or scripted:FILE (default: $MLX_SUBAGENTS_MODEL or a Qwen3 4B).")]
-CwdOpt = Annotated[Path, typer.Option("--cwd", "-C", help="Workspace folder the agent works in.", file_okay=False)]
+
 class Scope(str, Enum):
     user = "user"
     project = "project"
     both = "both"
 
 
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Local folder, hub id or scripted:FILE (default: $MLX_SUBAGENTS_MODEL or a Qwen3 4B).")]
+CwdOpt = Annotated[Path, typer.Option("--cwd", "-C", help="Workspace folder the agent works in.", exists=True, file_okay=False)]
 ScopeOpt = Annotated[Scope, typer.Option("--scope", help="Agent layers besides the built-ins.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents without asking.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 WindowOpt = Annotated[Optional[int], typer.Option("--context-window", help="Override the model's context window (tokens).", min=256)]
+MaxTurnsOpt = Annotated[Optional[int], typer.Option("--max-turns", min=1, help="Stop a task after this many model turns.")]
+MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", min=1, help="Stop a task after this many generated tokens.")]
+TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Stop a task after this many seconds (wall clock).")]
+SchemaOpt = Annotated[Optional[Path], typer.Option("--schema", help="JSON schema file the final answer must satisfy.", dir_okay=False)]
+EventsOpt = Annotated[bool, typer.Option("--events", help="Print one JSON object per event on stdout, as things happen.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
+ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", "-j", min=1, max=MAX_CONCURRENCY, help="Tasks running at once.")]
+TaskKeyOpt = Annotated[Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")]
+
+_JSON_FIELDS = {
+    "agent", "task", "status", "output", "error", "usage", "model", "stop_reason", "duration_s",
+    "label", "step_id", "run_id", "transcript", "parsed",
+}
+
+
+# --- running -----------------------------------------------------------------------------------------
+
+
+def _make_runner(model: str | None, cwd: Path, scope: Scope, yes: bool, max_turns: int | None,
+                 max_tokens: int | None, timeout: float | None, context_window: int | None,
+                 on_event: EventSink) -> Runner:
+    return Runner(
+        cwd=cwd, model=model, scope=scope.value, assume_yes=yes, interactive=sys.stdin.isatty(),
+        confirm=lambda q: typer.confirm(q, default=False, err=True), max_turns=max_turns,
+        max_output_tokens=max_tokens, timeout=timeout,
+        host_options={"context_window": context_window} if context_window else {}, on_event=on_event,
+    )
+
+
+def _run_async(runner: Runner, work: Callable[[], Awaitable[T]]) -> T:
+    """Run `work` with Ctrl-C wired to the runner: the first press aborts every task, the second quits."""
+
+    async def main() -> T:
+        loop = asyncio.get_running_loop()
+        main_task = asyncio.current_task()
+        presses = 0
+
+        def on_sigint() -> None:
+            nonlocal presses
+            presses += 1
+            kill_all_processes()
+            if presses > 1:
+                os._exit(EXIT_INTERRUPTED)
+            err.print("[yellow]interrupted: stopping every task (Ctrl-C again to quit at once)[/]")
+            if not runner.cancel() and main_task is not None:
+                main_task.cancel()  # nothing started yet: stop loading
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            async with runner:
+                return await work()
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    return asyncio.run(main())
+
+
+class _Sinks:
+    """Fans events out to the progress display and, with `--events`, JSON lines on stdout."""
+
+    def __init__(self, events: bool) -> None:
+        self.events = events
+        self.targets: list[EventSink] = []
+
+    def __call__(self, event: Event) -> None:
+        if self.events:
+            sys.stdout.write(json.dumps({"time": round(time.time(), 3), **event.to_json()}, default=str) + "\n")
+            sys.stdout.flush()
+        for target in self.targets:
+            target(event)
 
 
 def _show_event(event: Event) -> None:
-    """Tool calls and compactions as they happen, on stderr."""
-    prefix = f"[dim]\\[{event.label}][/] " if event.label != event.agent else ""
+    """Tool calls and compactions as they happen, on stderr (single runs)."""
+    prefix = f"[dim]\\[{escape(event.label)}][/] " if event.label != event.agent else ""
     if event.kind == "tool_call":
-        err.print(f"{prefix}[cyan]{event.data['description']}[/]", markup=True)
+        err.print(f"{prefix}[cyan]{escape(event.data['description'])}[/]")
     elif event.kind == "tool_result" and event.data.get("is_error"):
-        err.print(f"{prefix}[red]{event.data['output'].splitlines()[0][:200] if event.data['output'] else ''}[/]")
+        first = event.data["output"].splitlines()[0][:200] if event.data["output"] else ""
+        err.print(f"{prefix}[red]{escape(first)}[/]")
     elif event.kind == "compaction":
         err.print(f"{prefix}[yellow]compacted {event.data['tokens_before']} -> {event.data['tokens_after']} tokens[/]")
+
+
+def _result_json(result: RunResult) -> dict[str, Any]:
+    return result.model_dump(mode="json", include=_JSON_FIELDS)
 
 
 def _usage_line(result: RunResult) -> str:
@@ -59,6 +152,80 @@ def _usage_line(result: RunResult) -> str:
     )
 
 
+def _finish_single(result: RunResult, as_json: bool, events: bool) -> None:
+    """Print one task's result like `subagent run` always has, and exit with its code."""
+    if as_json:
+        text = json.dumps(_result_json(result))
+        sys.stdout.write(text + "\n") if events else out.print_json(text)
+    else:
+        if result.output:
+            (err if events else out).print(result.output, markup=False)
+        if result.error:
+            err.print(f"[red]error:[/] {escape(result.error)}")
+        err.print(f"[dim]{escape(_usage_line(result))}[/]")
+        if result.run_id:
+            err.print(f"[dim]saved as run {result.run_id}; continue with: subagent resume {result.run_id} \"...\"[/]")
+    if result.status == "aborted":
+        err.print(f"[yellow]aborted: {escape(result.label)}[/]")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def _finish_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
+    """Answers, then the usage table and the summary; exit 0, 1 (a task failed) or 130 (interrupted)."""
+    if as_json:
+        data = outcome.model_dump(mode="json", include={"mode", "succeeded", "total", "run_id", "interrupted", "error"})
+        data["results"] = [_result_json(r) for r in outcome.results]
+        text = json.dumps(data)
+        sys.stdout.write(text + "\n") if events else out.print_json(text)
+    else:
+        answers = err if events else out
+        for r in outcome.results:
+            step = f"step {r.step_id}: " if outcome.mode == "chain" else ""
+            answers.print(Rule(f"{step}{escape(r.label)} ({r.agent}) · {r.status}", align="left", style="dim"))
+            if r.output:
+                answers.print(r.output, markup=False)
+            if r.error:
+                answers.print(f"[red]error:[/] {escape(r.error)}")
+        err.print(usage_table(outcome.results))
+    style = "green" if outcome.ok else "red"
+    err.print(f"[{style}]{outcome.succeeded}/{outcome.total} succeeded[/]")
+    if outcome.error:
+        err.print(f"[red]{escape(outcome.error)}[/]")
+    if outcome.run_id:
+        err.print(f"[dim]saved as run {outcome.run_id} (subagent show {outcome.run_id})[/]")
+    if outcome.interrupted:
+        err.print(f"[yellow]aborted: {escape(', '.join(r.label for r in outcome.aborted) or 'none')}[/]")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    raise typer.Exit(0 if outcome.ok else 1)
+
+
+def _run_multi(runner: Runner, sinks: _Sinks, tasks: list[tuple[str, str]], quiet: bool,
+               work: Callable[[], Awaitable[MultiRunResult]]) -> MultiRunResult:
+    if quiet:
+        return _run_async(runner, work)
+    with ProgressView(err, tasks) as view:
+        sinks.targets.append(view.handle)
+        return _run_async(runner, work)
+
+
+def _pair(agents: list[str] | None, texts: list[str] | None, flag: str) -> list[TaskSpec]:
+    agents, texts = agents or [], texts or []
+    if len(agents) != len(texts):
+        raise RequestError(
+            f"each {flag} AGENT needs its task text right after it (got {len(agents)} agents and {len(texts)} texts); "
+            f"quote a task that has spaces: {flag} scout \"map the auth code\""
+        )
+    return [TaskSpec(agent=a, task=t) for a, t in zip(agents, texts)]
+
+
+def _schema(path: Path | None) -> dict[str, Any] | None:
+    return load_schema(path) if path else None
+
+
+# --- commands -------------------------------------------------------------------------------------------
+
+
 @app.command()
 def run(
     agent: Annotated[str, typer.Argument(help="Agent name (see `subagent agents`).")],
@@ -67,37 +234,213 @@ def run(
     cwd: CwdOpt = Path("."),
     scope: ScopeOpt = Scope.both,
     yes: YesOpt = False,
-    max_turns: Annotated[Optional[int], typer.Option("--max-turns", min=1, help="Stop after this many model turns.")] = None,
+    max_turns: MaxTurnsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    timeout: TimeoutOpt = None,
+    schema: SchemaOpt = None,
     context_window: WindowOpt = None,
     as_json: JsonOpt = False,
+    events: EventsOpt = False,
 ) -> None:
     """Run one agent on a task in a workspace.
 
     Example: subagent run scout "where is auth handled?"
     """
-    runner = Runner(
-        cwd=cwd, model=model, scope=scope.value, assume_yes=yes, interactive=sys.stdin.isatty(),
-        confirm=lambda q: typer.confirm(q, default=False, err=True), max_turns=max_turns,
-        host_options={"context_window": context_window} if context_window else {}, on_event=_show_event,
-    )
+    sinks = _Sinks(events)
+    sinks.targets.append(_show_event)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
+    result = _run_async(runner, lambda: runner.run(spec))
+    _finish_single(result, as_json, events)
 
-    async def go() -> RunResult:
-        async with runner:
-            return await runner.run(TaskSpec(agent=agent, task=task))
 
-    result = asyncio.run(go())
+@app.command()
+def parallel(
+    texts: Annotated[Optional[list[str]], typer.Argument(metavar="TEXT", help="The task text after each -t AGENT.", show_default=False)] = None,
+    agent: Annotated[Optional[list[str]], typer.Option("--task", "-t", metavar="AGENT", help="An agent, then its task text: -t scout \"map the auth code\". Repeat (8 at most).")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", dir_okay=False, help="YAML/JSON list of tasks: {agent, task, label?, model?, max_turns?, max_tokens?, timeout?}.")] = None,
+    concurrency: ConcurrencyOpt = MAX_CONCURRENCY,
+    model: ModelOpt = None,
+    cwd: CwdOpt = Path("."),
+    scope: ScopeOpt = Scope.both,
+    yes: YesOpt = False,
+    max_turns: MaxTurnsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    timeout: TimeoutOpt = None,
+    schema: SchemaOpt = None,
+    context_window: WindowOpt = None,
+    as_json: JsonOpt = False,
+    events: EventsOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run several independent tasks at once; results in input order.
+
+    Example: subagent parallel -t scout "map the auth code" -t reviewer "review src/db.py"
+    """
+    tasks = (load_tasks_file(file) if file else []) + _pair(agent, texts, "-t")
+    answer_schema = _schema(schema)
+    tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
+    sinks = _Sinks(events)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    rows = [(t.label, t.agent) for t in tasks]
+    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=concurrency))
+    _finish_multi(outcome, as_json, events)
+
+
+@app.command()
+def chain(
+    texts: Annotated[Optional[list[str]], typer.Argument(metavar="TEXT", help="The task text after each -s AGENT.", show_default=False)] = None,
+    agent: Annotated[Optional[list[str]], typer.Option("--step", "-s", metavar="AGENT", help="An agent, then its task text; {previous} is the previous step's answer. Repeat (8 at most).")] = None,
+    model: ModelOpt = None,
+    cwd: CwdOpt = Path("."),
+    scope: ScopeOpt = Scope.both,
+    yes: YesOpt = False,
+    max_turns: MaxTurnsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    timeout: TimeoutOpt = None,
+    schema: Annotated[Optional[Path], typer.Option("--schema", dir_okay=False, help="JSON schema file the last step's answer must satisfy.")] = None,
+    context_window: WindowOpt = None,
+    as_json: JsonOpt = False,
+    events: EventsOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run steps one after another, each getting the previous answer as {previous}.
+
+    Example: subagent chain -s scout "find the parser" -s planner "plan a fix for: {previous}"
+    """
+    steps = _pair(agent, texts, "-s")
+    if steps and schema:
+        steps[-1] = replace(steps[-1], schema=_schema(schema))
+    steps = label_tasks(steps)
+    sinks = _Sinks(events)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    rows = [(t.label, t.agent) for t in steps]
+    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
+    _finish_multi(outcome, as_json, events)
+
+
+@app.command()
+def workflow(
+    name: Annotated[str, typer.Argument(help="A workflow name (.mlx-subagents/workflows/NAME.toml) or a TOML file.")],
+    input: Annotated[str, typer.Option("--input", "-i", help="The workflow input every step receives ({input}).")] = "",
+    concurrency: ConcurrencyOpt = MAX_CONCURRENCY,
+    model: ModelOpt = None,
+    cwd: CwdOpt = Path("."),
+    scope: ScopeOpt = Scope.both,
+    yes: YesOpt = False,
+    max_turns: MaxTurnsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    timeout: TimeoutOpt = None,
+    context_window: WindowOpt = None,
+    as_json: JsonOpt = False,
+    events: EventsOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run a workflow: steps start as soon as the steps they need are done.
+
+    Example: subagent workflow fix-bug --input "dates lose their time zone"
+    """
+    from .workflow import find_workflow, load_workflow
+
+    flow = load_workflow(find_workflow(name, Path(cwd).resolve()))
+    sinks = _Sinks(events)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    rows = [(s.id, s.agent) for s in flow.steps]
+    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=concurrency))
+    _finish_multi(outcome, as_json, events)
+
+
+@app.command()
+def workflows(cwd: CwdOpt = Path("."), as_json: JsonOpt = False) -> None:
+    """List the named workflows visible from the workspace.
+
+    Example: subagent workflows
+    """
+    from .workflow import discover_workflows
+
+    found = discover_workflows(Path(cwd).resolve())
     if as_json:
-        out.print_json(json.dumps(result.model_dump(include=_JSON_FIELDS)))
-    else:
-        if result.output:
-            out.print(result.output, markup=False)
-        if result.error:
-            err.print(f"[red]error:[/] {result.error}")
-        err.print(f"[dim]{_usage_line(result)}[/]")
-    raise typer.Exit(0 if result.ok else 1)
+        out.print_json(json.dumps({name: str(path) for name, path in found.items()}))
+        return
+    for name, path in sorted(found.items()):
+        out.print(f"{name:<20} [dim]{path}[/]")
+    if not found:
+        err.print("no workflows found; put NAME.toml files in .mlx-subagents/workflows/")
 
 
-_JSON_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "stop_reason", "duration_s"}
+@app.command()
+def runs(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs to list.")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """List recent runs, newest first.
+
+    Example: subagent runs -n 5
+    """
+    from .transcripts import list_runs, runs_dir
+
+    records = list_runs(limit)
+    if as_json:
+        out.print_json(json.dumps([r.model_dump(mode="json", exclude={"folder"}) for r in records]))
+        return
+    if not records:
+        err.print(f"no saved runs in {runs_dir()}")
+    for r in records:
+        score = f"{r.succeeded}/{r.total}" if r.succeeded is not None else f"?/{r.total}"
+        labels = ", ".join(t.label for t in r.tasks)
+        out.print(f"{r.run_id}  {r.mode:<8} {r.status:<11} {score:>5}  {escape(labels)}  [dim]{escape(r.cwd)}[/]")
+
+
+@app.command()
+def show(
+    run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix, or `last`).")],
+    task: TaskKeyOpt = None,
+    full: Annotated[bool, typer.Option("--full", help="Show tool results and the system prompt in full.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a saved run: each task's conversation, tool calls, results and usage.
+
+    Example: subagent show last
+    """
+    from .show import run_json, show_run
+    from .transcripts import load_run
+
+    record = load_run(run_id)
+    if as_json:
+        out.print_json(json.dumps(run_json(record, task), default=str))
+        return
+    show_run(out, record, task, full=full)
+
+
+@app.command()
+def resume(
+    run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix, or `last`).")],
+    message: Annotated[str, typer.Argument(help="The follow-up message.")],
+    task: TaskKeyOpt = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")] = None,
+    scope: ScopeOpt = Scope.both,
+    yes: YesOpt = False,
+    max_turns: MaxTurnsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    timeout: TimeoutOpt = None,
+    schema: SchemaOpt = None,
+    context_window: WindowOpt = None,
+    as_json: JsonOpt = False,
+    events: EventsOpt = False,
+) -> None:
+    """Continue a saved task's conversation with a new message (its transcript is extended).
+
+    Example: subagent resume last "now list the tests that cover it"
+    """
+    from .transcripts import load_run
+
+    record = load_run(run_id)
+    sinks = _Sinks(events)
+    sinks.targets.append(_show_event)
+    runner = _make_runner(model, Path(record.cwd), scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    answer_schema = _schema(schema)
+    result = _run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema))
+    _finish_single(result, as_json, events)
 
 
 @app.command()
@@ -136,21 +479,30 @@ def doctor(model: ModelOpt = None, context_window: WindowOpt = None) -> None:
     raise typer.Exit(0 if ok else 1)
 
 
+# typer >= 0.22 vendors click: its exceptions are not click's. Catch both families.
+_EXIT = tuple({typer.Exit, click.exceptions.Exit})
+_USAGE = tuple({click.ClickException, *(c for c in (getattr(typer, "TyperException", None),) if c)})
+_ABORT = tuple({typer.Abort, click.exceptions.Abort, KeyboardInterrupt, asyncio.CancelledError})
+
+
 def main() -> None:
     """Entry point: maps library errors to one line and an exit code, never a traceback."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode, typer returns the code of a `typer.Exit` instead of raising it.
+        code = app(standalone_mode=False)
     except SubagentError as exc:
-        err.print(f"[red]error:[/] {exc}", markup=True)
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(2)
-    except click.exceptions.Exit as exc:
+    except _EXIT as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except _USAGE as exc:
+        show = getattr(exc, "show", None)
+        show() if show else err.print(f"Error: {escape(str(exc))}")
+        sys.exit(getattr(exc, "exit_code", 2))
+    except _ABORT:
         err.print("[yellow]interrupted[/]")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,10 @@ class Execution:
                 raise
             _uncancel()
             result = self._not_run(item, "aborted", "cancelled", INTERRUPTED_BEFORE_START)
+        except Exception as exc:  # a task that could not even be set up fails alone
+            if self.raise_errors:
+                raise
+            result = self._not_run(item, "failed", "error", f"{type(exc).__name__}: {exc}")
         self.results[item.index] = result
         self._done[item.index].set()
 

@@ -50,8 +50,10 @@ def runs_dir(home: Path | None = None) -> Path:
 
 
 def new_run_id() -> str:
-    """Sortable by time: `20260131-142501-3fa9c2`."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    """Sortable by time to the millisecond: `20260131-142501-042-3fa9` (date, time, ms, random)."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{stamp}-{int(now * 1000) % 1000:03d}-{secrets.token_hex(2)}"
 
 
 def _now() -> str:

@@ -132,6 +132,8 @@ def check_graph(workflow: Workflow, where: str = "workflow") -> None:
                     f"{where}: step '{step.id}' needs unknown step '{need}'; known steps: {', '.join(ids)}"
                 )
         for name in PLACEHOLDER.findall(step.prompt):
+            if name == step.id:
+                raise WorkflowError(f"{where}: step '{step.id}' uses {{{name}}}, its own answer, in its prompt; remove it")
             if name in ids and name not in step.needs:
                 raise WorkflowError(
                     f"{where}: step '{step.id}' uses {{{name}}} in its prompt but does not need '{name}'; "
@@ -190,12 +192,12 @@ def _first_error(exc: ValidationError, data: dict[str, Any]) -> str:
         loc = loc[2:]
     field = ".".join(str(p) for p in loc)
     msg = err["msg"].removeprefix("Value error, ")
+    if field == "steps" and err["type"] in ("missing", "too_short"):
+        return "no steps: add at least one [[steps]] table with id, agent and prompt"
     if err["type"] == "missing":
         return f"{where}missing field '{field}'; add it"
     if err["type"] == "extra_forbidden":
         return f"{where}unknown field '{field}'; allowed: id, agent, prompt, needs, model, max_turns, max_tokens, timeout, schema" if where else f"unknown field '{field}'; allowed: name, description, steps"
-    if field == "steps" and err["type"] == "too_short":
-        return "no steps: add at least one [[steps]] table"
     if field == "id" and err["type"] == "string_pattern_mismatch":
         return f"{where}field 'id' {err['input']!r} is not a valid id; use letters, digits, '_' and '-', starting with a letter"
     return f"{where}field '{field}': {msg}" if field else f"{where}{msg}"
@@ -222,17 +224,16 @@ def discover_workflows(cwd: Path) -> dict[str, Path]:
 
 
 def find_workflow(name_or_path: str, cwd: Path) -> Path:
-    """A workflow file path as given (relative to `cwd`), or a named workflow."""
-    candidate = Path(name_or_path).expanduser()
-    if not candidate.is_absolute():
-        candidate = Path(cwd) / candidate
-    if candidate.is_file():
-        return candidate
+    """A workflow file (as given, else relative to `cwd`), or a named workflow."""
+    given = Path(name_or_path).expanduser()
+    for candidate in (given, Path(cwd) / given):
+        if candidate.is_file():
+            return candidate.resolve()
     if name_or_path.endswith(".toml") or "/" in name_or_path:
-        raise WorkflowError(f"workflow file not found: {candidate}")
+        raise WorkflowError(f"workflow file not found: {given}")
     named = discover_workflows(cwd)
     if name_or_path in named:
-        return named[name_or_path]
+        return named[name_or_path].resolve()
     available = ", ".join(sorted(named)) or f"none (put NAME.toml in {PROJECT_WORKFLOWS_DIR}/)"
     raise WorkflowError(f"unknown workflow '{name_or_path}'; available: {available}")
 

@@ -60,3 +60,35 @@ def tiny_qwen35(tiny_qwen35_path: Path) -> tuple[Any, Any]:
     import mlx_lm
 
     return mlx_lm.load(str(tiny_qwen35_path))
+
+
+# --- multi-agent runs: scripted models and the CLI in-process ----------------------------------------
+
+
+@pytest.fixture
+def write_script(tmp_path: Path) -> Any:
+    """`write_script(data, name="script.json") -> "scripted:PATH"`: a scripted model id for `data`."""
+    import json
+
+    def write(data: Any, name: str = "script.json") -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps(data), encoding="utf-8")
+        return f"scripted:{path}"
+
+    return write
+
+
+@pytest.fixture
+def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    """`run_cli(*args) -> (exit_code, stdout, stderr)`: `subagent` in this process, through `main()`."""
+    from mlx_subagents import cli
+
+    def invoke(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        monkeypatch.setattr("sys.argv", ["subagent", *args])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        captured = capsys.readouterr()
+        return int(exit_info.value.code or 0), captured.out, captured.err
+
+    return invoke

@@ -1,0 +1,89 @@
+"""`subagent show`: a saved run, rendered for a person or as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.rule import Rule
+
+from .host.protocol import Message
+from .transcripts import RunRecord, TaskEntry, read_transcript
+
+PREVIEW_LINES = 12
+
+
+def _entries(record: RunRecord, task: str | None) -> list[TaskEntry]:
+    return [record.task(task)] if task is not None else record.tasks
+
+
+def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
+    """The run record with each task's meta, latest conversation and results per generation."""
+    data = record.model_dump(mode="json", exclude={"folder"})
+    data["transcripts"] = []
+    for entry in _entries(record, task):
+        item: dict[str, Any] = {"label": entry.label, "file": None, "meta": None, "messages": None, "results": []}
+        if entry.file is not None:
+            log = read_transcript(record.transcript_path(entry))
+            item.update(file=str(log.path), meta=log.meta, messages=log.messages,
+                        results=[r.model_dump(mode="json") for r in log.results])
+        data["transcripts"].append(item)
+    return data
+
+
+def show_run(console: Console, record: RunRecord, task: str | None = None, *, full: bool = False) -> None:
+    score = f"{record.succeeded}/{record.total} succeeded" if record.succeeded is not None else "not finished"
+    console.print(f"[bold]run {record.run_id}[/]  {record.mode}  {record.status}  {score}")
+    console.print(f"[dim]{record.created}  {escape(record.cwd)}[/]")
+    if record.error:
+        console.print(f"[red]{escape(record.error)}[/]")
+    for entry in _entries(record, task):
+        console.print(Rule(f"{escape(entry.label)} ({entry.agent}) · {entry.status or '?'}", align="left", style="dim"))
+        if entry.file is None:
+            console.print("[dim](never started)[/]")
+            continue
+        log = read_transcript(record.transcript_path(entry))
+        console.print(f"[dim]model {escape(str(log.meta.get('model')))} · {log.generations} generation(s) · {log.path}[/]")
+        if log.messages is None:
+            console.print("[yellow]no saved conversation (the process ended before the task did); tool calls:[/]")
+            for r in log.records:
+                if r.get("type") == "event" and r.get("kind") == "tool_call":
+                    console.print(f"  [cyan]{escape(str(r['data'].get('description', '')))}[/]")
+            continue
+        for message in log.messages:
+            _print_message(console, message, full)
+        for i, result in enumerate(log.results, 1):
+            u = result.usage
+            line = (f"generation {i}: {result.status} ({result.stop_reason}) in {result.duration_s:.1f}s, "
+                    f"{u.turns} turns, {u.input_tokens} in ({u.cached_tokens} cached), {u.output_tokens} out")
+            console.print(f"[dim]{escape(line)}[/]")
+            if result.error:
+                console.print(f"  [red]{escape(result.error)}[/]")
+
+
+def _print_message(console: Console, message: Message, full: bool) -> None:
+    role = message.get("role", "?")
+    content = str(message.get("content") or "")
+    if role == "system":
+        text = content if full else f"({len(content):,} characters; --full shows it)"
+        console.print(f"[magenta]system:[/] {escape(text)}")
+    elif role == "user":
+        console.print(f"[bold]user:[/] {escape(content)}")
+    elif role == "assistant":
+        if content:
+            console.print(f"[green]assistant:[/] {escape(content)}")
+        for call in message.get("tool_calls") or []:
+            fn = call.get("function", {})
+            args = json.dumps(fn.get("arguments", {}), ensure_ascii=False)
+            console.print(f"[cyan]-> {escape(str(fn.get('name')))} {escape(args)}[/]")
+    elif role == "tool":
+        console.print(f"[dim]<- {escape(str(message.get('name', 'tool')))}:[/] {escape(_preview(content, full))}")
+
+
+def _preview(text: str, full: bool) -> str:
+    lines = text.splitlines()
+    if full or len(lines) <= PREVIEW_LINES:
+        return text
+    return "\n".join(lines[:PREVIEW_LINES]) + f"\n[... {len(lines) - PREVIEW_LINES} more lines; --full shows them]"
