@@ -27,6 +27,7 @@ from .caps import MAX_CONCURRENCY
 from .doctor import run_doctor
 from .errors import RequestError, SubagentError
 from .events import Event, EventSink
+from .host import parse_bytes
 from .progress import ProgressView, usage_table
 from .results import MultiRunResult, RunResult
 from .runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_file
@@ -56,6 +57,15 @@ ScopeOpt = Annotated[Scope, typer.Option("--scope", help="Agent layers besides t
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents without asking.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 WindowOpt = Annotated[Optional[int], typer.Option("--context-window", help="Override the model's context window (tokens).", min=256)]
+
+
+class Batching(str, Enum):
+    on = "on"
+    off = "off"
+
+
+BatchingOpt = Annotated[Batching, typer.Option("--batching", help="Decode concurrent sessions in one batch (off: one turn at a time).")]
+KvBudgetOpt = Annotated[Optional[str], typer.Option("--kv-budget", help="KV cache budget for all sessions: 4GB, 512MiB, 0.25 (of RAM) or 0 (unbounded). Default: half of RAM minus the weights.")]
 MaxTurnsOpt = Annotated[Optional[int], typer.Option("--max-turns", min=1, help="Stop a task after this many model turns.")]
 MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", min=1, help="Stop a task after this many generated tokens.")]
 TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Stop a task after this many seconds (wall clock).")]
@@ -74,14 +84,24 @@ _JSON_FIELDS = {
 # --- running -----------------------------------------------------------------------------------------
 
 
+def _host_options(context_window: int | None, batching: Batching, kv_budget: str | None) -> dict[str, Any]:
+    """What every host of the run is built with (the scripted host ignores all but the window)."""
+    options: dict[str, Any] = {"batching": batching == Batching.on}
+    if context_window:
+        options["context_window"] = context_window
+    if kv_budget is not None:
+        options["kv_budget"] = parse_bytes(kv_budget)
+    return options
+
+
 def _make_runner(model: str | None, cwd: Path, scope: Scope, yes: bool, max_turns: int | None,
-                 max_tokens: int | None, timeout: float | None, context_window: int | None,
+                 max_tokens: int | None, timeout: float | None, host_options: dict[str, Any],
                  on_event: EventSink) -> Runner:
     return Runner(
         cwd=cwd, model=model, scope=scope.value, assume_yes=yes, interactive=sys.stdin.isatty(),
         confirm=lambda q: typer.confirm(q, default=False, err=True), max_turns=max_turns,
         max_output_tokens=max_tokens, timeout=timeout,
-        host_options={"context_window": context_window} if context_window else {}, on_event=on_event,
+        host_options=host_options, on_event=on_event,
     )
 
 
@@ -239,6 +259,8 @@ def run(
     timeout: TimeoutOpt = None,
     schema: SchemaOpt = None,
     context_window: WindowOpt = None,
+    batching: BatchingOpt = Batching.on,
+    kv_budget: KvBudgetOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
 ) -> None:
@@ -248,7 +270,7 @@ def run(
     """
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
     result = _run_async(runner, lambda: runner.run(spec))
     _finish_single(result, as_json, events)
@@ -269,6 +291,8 @@ def parallel(
     timeout: TimeoutOpt = None,
     schema: SchemaOpt = None,
     context_window: WindowOpt = None,
+    batching: BatchingOpt = Batching.on,
+    kv_budget: KvBudgetOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
@@ -281,7 +305,7 @@ def parallel(
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
     sinks = _Sinks(events)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
     rows = [(t.label, t.agent) for t in tasks]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=concurrency))
     _finish_multi(outcome, as_json, events)
@@ -300,6 +324,8 @@ def chain(
     timeout: TimeoutOpt = None,
     schema: Annotated[Optional[Path], typer.Option("--schema", dir_okay=False, help="JSON schema file the last step's answer must satisfy.")] = None,
     context_window: WindowOpt = None,
+    batching: BatchingOpt = Batching.on,
+    kv_budget: KvBudgetOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
@@ -313,7 +339,7 @@ def chain(
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
     sinks = _Sinks(events)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
     rows = [(t.label, t.agent) for t in steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
     _finish_multi(outcome, as_json, events)
@@ -332,6 +358,8 @@ def workflow(
     max_tokens: MaxTokensOpt = None,
     timeout: TimeoutOpt = None,
     context_window: WindowOpt = None,
+    batching: BatchingOpt = Batching.on,
+    kv_budget: KvBudgetOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
@@ -344,7 +372,7 @@ def workflow(
 
     flow = load_workflow(find_workflow(name, Path(cwd).resolve()))
     sinks = _Sinks(events)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
     rows = [(s.id, s.agent) for s in flow.steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=concurrency))
     _finish_multi(outcome, as_json, events)
@@ -425,6 +453,8 @@ def resume(
     timeout: TimeoutOpt = None,
     schema: SchemaOpt = None,
     context_window: WindowOpt = None,
+    batching: BatchingOpt = Batching.on,
+    kv_budget: KvBudgetOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
 ) -> None:
@@ -437,7 +467,7 @@ def resume(
     record = load_run(run_id)
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
-    runner = _make_runner(model, Path(record.cwd), scope, yes, max_turns, max_tokens, timeout, context_window, sinks)
+    runner = _make_runner(model, Path(record.cwd), scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
     answer_schema = _schema(schema)
     result = _run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema))
     _finish_single(result, as_json, events)
@@ -470,12 +500,12 @@ def agents(
 
 
 @app.command()
-def doctor(model: ModelOpt = None, context_window: WindowOpt = None) -> None:
+def doctor(model: ModelOpt = None, context_window: WindowOpt = None, kv_budget: KvBudgetOpt = None) -> None:
     """Check mlx, the device and memory, and that the model loads and answers.
 
     Example: subagent doctor --model mlx-community/Qwen3-4B-Instruct-2507-4bit
     """
-    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print))
+    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget))
     raise typer.Exit(0 if ok else 1)
 
 

@@ -1,6 +1,6 @@
 """Model hosts: the real `MlxModelHost` and the `ScriptedHost` replay backend."""
 
-from .mlx_host import MlxModelHost, MlxSession
+from .mlx_host import MlxModelHost, MlxSession, parse_bytes
 from .protocol import Generation, HostSession, MalformedToolCall, ModelHost, ToolCall, Usage
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "ToolCall",
     "Usage",
     "make_host",
+    "parse_bytes",
 ]
 
 

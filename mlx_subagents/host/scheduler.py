@@ -57,6 +57,7 @@ class Turn:
     generated: list[int] = field(default_factory=list)
     detokenizer: Any = None
     uid: int | None = None
+    prefix: list[int] = field(default_factory=list)  # system prompt + tools, shareable
     started: float = 0.0
     prompt_s: float = 0.0
     waited: bool = False
@@ -99,6 +100,7 @@ class Scheduler:
                 self.tokenizer, turn.request.messages, turn.request.tools, turn.state.render, turn.state.token_ids
             )
             turn.max_tokens = self._fit(len(turn.ids), turn.request.max_tokens)
+            turn.prefix = self._prefix_ids(turn) or []
         except Exception as exc:  # noqa: BLE001 - the caller gets it
             turn.deliver(False, exc)
             return
@@ -150,14 +152,15 @@ class Scheduler:
             total = sum(self.shape.bytes_for(t.final_length + KV_STEP) for t in turns)
         if not self._trimmable:  # each hybrid session also holds a snapshot
             total += sum(self.shape.bytes_for(len(t.ids)) for t in turns)
-        return total
+        new_prefixes = {tuple(t.prefix) for t in turns if t.prefix and tuple(t.prefix) not in self.prefixes}
+        return total + sum(self.shape.bytes_for(len(p)) for p in new_prefixes)
 
     def _admit(self) -> None:
         while self.waiting:
             turn = self.waiting[0]
             active = self._active()
             needed = self._estimate([*active, turn]) + self.prefix_bytes()
-            if self.pool.make_room(needed) or self.pool.budget is None:
+            if self.pool.budget is None or self.pool.make_room(needed) or self._drop_prefixes(needed):
                 self.waiting.popleft()
                 self._start(turn)
                 continue
@@ -172,6 +175,15 @@ class Scheduler:
                 turn.waited = True
                 self.pool.counters.admission_waits += 1
             return
+
+    def _drop_prefixes(self, needed: int) -> bool:
+        """Last resort under pressure: forget shared prefixes (copies, safe to drop), oldest first."""
+        while self.prefixes:
+            _, cache = self.prefixes.popitem(last=False)
+            needed -= cache_nbytes(cache)
+            if self.pool.make_room(needed):
+                return True
+        return False
 
     # -- prefill ----------------------------------------------------------------
 
@@ -236,8 +248,8 @@ class Scheduler:
 
     def _plan_stops(self, turn: Turn) -> list[tuple[int, str]]:
         stops: list[tuple[int, str]] = []
-        prefix = self._prefix_ids(turn)
-        if prefix is not None and turn.pos <= len(prefix) and tuple(prefix) not in self.prefixes:
+        prefix = turn.prefix
+        if prefix and turn.pos <= len(prefix) and tuple(prefix) not in self.prefixes:
             stops.append((len(prefix), "prefix"))
         if self.config.reuse and not self._trimmable:
             req = turn.request
