@@ -150,3 +150,20 @@ def test_cancelling_one_batched_session_leaves_the_others(tiny_qwen3_path: Path,
             return [(await host.session(f"s{i}").generate(task(i), max_tokens=20)).token_ids for i in range(3)]
 
     assert asyncio.run(go()) == asyncio.run(alone())
+
+
+def test_unbatchable_caches_fall_back_to_serialized_turns(tiny_qwen3_path: Path) -> None:
+    """A cache type without `merge` (here mlx-lm's ConcatenateKVCache) cannot join a batch."""
+    from mlx_lm.models.cache import ConcatenateKVCache
+
+    async def go(unbatchable: bool) -> list[list[tuple[int, ...]]]:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            if unbatchable:
+                model = host._model
+                model.make_cache = lambda: [ConcatenateKVCache() for _ in model.layers]
+            out = list(await asyncio.gather(*(conversation(host, i) for i in range(3))))
+            if unbatchable:
+                assert host._scheduler._batch is None  # nothing ever went through the batch
+            return out
+
+    assert asyncio.run(go(True)) == asyncio.run(go(False))
