@@ -164,6 +164,9 @@ class Scheduler:
                 self.waiting.popleft()
                 self._start(turn)
                 continue
+            if turn.prefix and tuple(turn.prefix) not in self.prefixes:
+                turn.prefix = []  # no room to keep a shared copy: prefill this one privately
+                continue
             if not active:
                 self.waiting.popleft()
                 turn.deliver(False, PromptTooLongError(
