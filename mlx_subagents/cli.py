@@ -30,7 +30,7 @@ from .events import Event, EventSink
 from .host import parse_bytes
 from .progress import ProgressView, usage_table
 from .results import MultiRunResult, RunResult
-from .runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_file
+from .runner import DEFAULT_MAX_DEPTH, Runner, TaskSpec, default_model, label_tasks, load_tasks_file
 from .schema_output import load_schema
 from .tools import kill_all_processes
 
@@ -74,6 +74,7 @@ EventsOpt = Annotated[bool, typer.Option("--events", help="Print one JSON object
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
 ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", "-j", min=1, max=MAX_CONCURRENCY, help="Tasks running at once.")]
 TaskKeyOpt = Annotated[Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")]
+MaxDepthOpt = Annotated[int, typer.Option("--max-depth", min=0, help="Levels of sub-agents an agent with the subagent tool may start (0: no delegation).")]
 
 _JSON_FIELDS = {
     "agent", "task", "status", "output", "error", "usage", "model", "stop_reason", "duration_s",
@@ -96,12 +97,12 @@ def _host_options(context_window: int | None, batching: Batching, kv_budget: str
 
 def _make_runner(model: str | None, cwd: Path, scope: Scope, yes: bool, max_turns: int | None,
                  max_tokens: int | None, timeout: float | None, host_options: dict[str, Any],
-                 on_event: EventSink) -> Runner:
+                 on_event: EventSink, max_depth: int = DEFAULT_MAX_DEPTH) -> Runner:
     return Runner(
         cwd=cwd, model=model, scope=scope.value, assume_yes=yes, interactive=sys.stdin.isatty(),
         confirm=lambda q: typer.confirm(q, default=False, err=True), max_turns=max_turns,
         max_output_tokens=max_tokens, timeout=timeout,
-        host_options=host_options, on_event=on_event,
+        host_options=host_options, on_event=on_event, max_depth=max_depth,
     )
 
 
@@ -149,9 +150,14 @@ class _Sinks:
 
 
 def _show_event(event: Event) -> None:
-    """Tool calls and compactions as they happen, on stderr (single runs)."""
+    """Tool calls and compactions as they happen, on stderr (single runs); sub-agents indented."""
     prefix = f"[dim]\\[{escape(event.label)}][/] " if event.label != event.agent else ""
-    if event.kind == "tool_call":
+    prefix = "  " * event.label.count(" > ") + prefix
+    if event.kind == "task_end" and " > " in event.label:  # a sub-agent's end, under its parent's tool call
+        reason = f": {escape(str(event.data['error']))}" if event.data.get("error") else ""
+        style = "green" if event.data.get("status") == "completed" else "red"
+        err.print(f"{prefix}[{style}]{event.data.get('status')}{reason}[/]")
+    elif event.kind == "tool_call":
         err.print(f"{prefix}[cyan]{escape(event.data['description'])}[/]")
     elif event.kind == "tool_result" and event.data.get("is_error"):
         first = event.data["output"].splitlines()[0][:200] if event.data["output"] else ""
@@ -261,6 +267,7 @@ def run(
     context_window: WindowOpt = None,
     batching: BatchingOpt = Batching.on,
     kv_budget: KvBudgetOpt = None,
+    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
 ) -> None:
@@ -270,7 +277,7 @@ def run(
     """
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
     result = _run_async(runner, lambda: runner.run(spec))
     _finish_single(result, as_json, events)
@@ -293,6 +300,7 @@ def parallel(
     context_window: WindowOpt = None,
     batching: BatchingOpt = Batching.on,
     kv_budget: KvBudgetOpt = None,
+    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
@@ -305,7 +313,7 @@ def parallel(
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
     sinks = _Sinks(events)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
     rows = [(t.label, t.agent) for t in tasks]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=concurrency))
     _finish_multi(outcome, as_json, events)
@@ -326,6 +334,7 @@ def chain(
     context_window: WindowOpt = None,
     batching: BatchingOpt = Batching.on,
     kv_budget: KvBudgetOpt = None,
+    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
@@ -339,7 +348,7 @@ def chain(
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
     sinks = _Sinks(events)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
     rows = [(t.label, t.agent) for t in steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
     _finish_multi(outcome, as_json, events)
@@ -360,6 +369,7 @@ def workflow(
     context_window: WindowOpt = None,
     batching: BatchingOpt = Batching.on,
     kv_budget: KvBudgetOpt = None,
+    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
@@ -372,7 +382,7 @@ def workflow(
 
     flow = load_workflow(find_workflow(name, Path(cwd).resolve()))
     sinks = _Sinks(events)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
     rows = [(s.id, s.agent) for s in flow.steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=concurrency))
     _finish_multi(outcome, as_json, events)
@@ -455,6 +465,7 @@ def resume(
     context_window: WindowOpt = None,
     batching: BatchingOpt = Batching.on,
     kv_budget: KvBudgetOpt = None,
+    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
 ) -> None:
@@ -467,10 +478,41 @@ def resume(
     record = load_run(run_id)
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
-    runner = _make_runner(model, Path(record.cwd), scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks)
+    runner = _make_runner(model, Path(record.cwd), scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
     answer_schema = _schema(schema)
     result = _run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema))
     _finish_single(result, as_json, events)
+
+
+@app.command()
+def chat(
+    agent: Annotated[str, typer.Option("--agent", "-a", help="The parent agent; it delegates if its file grants `subagent`.")] = "orchestrator",
+    once: Annotated[Optional[str], typer.Option("--once", help="Send this one message, print the answer and exit (no terminal needed).")] = None,
+    resume: Annotated[Optional[str], typer.Option("--resume", "-r", help="Continue a saved chat: a run id, a prefix of one, or `last`.")] = None,
+    model: ModelOpt = None,
+    cwd: CwdOpt = Path("."),
+    scope: ScopeOpt = Scope.both,
+    yes: YesOpt = False,
+    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
+    max_turns: MaxTurnsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Stop a sub-agent after this many seconds (wall clock).")] = None,
+    context_window: WindowOpt = None,
+    batching: BatchingOpt = Batching.on,
+    kv_budget: KvBudgetOpt = None,
+) -> None:
+    """Talk with a parent agent that hands jobs to sub-agents; /help inside lists the commands.
+
+    Example: subagent chat   (or: subagent chat --once "where is auth handled, and is it tested?")
+    """
+    from .chat import run_chat
+    from .transcripts import load_run
+
+    if resume is not None:
+        cwd = Path(load_run(resume).cwd)
+    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout,
+                          _host_options(context_window, batching, kv_budget), lambda _event: None, max_depth)
+    raise typer.Exit(run_chat(runner, agent=agent, once=once, resume=resume, out=out, err=err))
 
 
 @app.command()

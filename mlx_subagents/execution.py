@@ -24,7 +24,7 @@ from .host.protocol import Message, ModelHost
 from .results import Mode, RunResult, Status, StopReason
 from .schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
 from .session import AgentSession, Limits
-from .tools import Workspace
+from .tools import Tool, Workspace
 from .transcripts import TaskTranscript
 
 INTERRUPTED = "aborted by the user (Ctrl-C)"
@@ -39,6 +39,7 @@ class PlannedTask:
         prompt: the task text, or for a task with `render`, what the transcript shows until it runs.
         render: builds the task text from the finished results (chain `{previous}`, workflow needs).
         history: a saved conversation to continue (`resume`); `prompt` is then the follow-up message.
+        extra_tools: tools the runner adds by name (`subagent`); offered only if the agent grants them.
     """
 
     index: int
@@ -54,6 +55,7 @@ class PlannedTask:
     needs: tuple[int, ...] = ()
     render: Callable[[Sequence[RunResult]], str] | None = None
     history: list[Message] | None = None
+    extra_tools: dict[str, Tool] = field(default_factory=dict)
 
 
 OpenTranscript = Callable[[int], "TaskTranscript | None"]
@@ -147,7 +149,7 @@ class Execution:
         started = time.perf_counter()
         session = AgentSession(
             spec=item.spec, host=item.host, workspace=item.workspace, label=item.label, limits=item.limits,
-            compaction=self.compaction, on_event=self._session_sink(transcript),
+            compaction=self.compaction, on_event=self._session_sink(transcript), extra_tools=item.extra_tools,
         )
         if transcript is not None:
             if item.history is None:

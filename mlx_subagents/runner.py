@@ -9,9 +9,15 @@ model. The CLI and Python callers both come through here:
         chain = await runner.chain([TaskSpec("scout", "find the parser"), TaskSpec("planner", "plan: {previous}")])
         flow = await runner.workflow("fix-bug", input="the date parser drops time zones")
         more = await runner.resume(one.run_id, "and where is it tested?")
+        parent = await runner.open_session("orchestrator")   # a multi-turn parent (`subagent chat`)
 
 Every request is checked whole (agents, trust, size caps, workflow graph, models loaded) before any
 task starts. Every task is saved as a transcript unless `save_transcripts` is off.
+
+Delegation: an agent whose file grants `subagent` gets the `subagent` tool, whose children run
+through this same runner (same hosts, caps and concurrency limit) as `parent > child` labels, one
+level deeper; a session at `max_depth` is refused. A child's run is saved inside its parent's run
+folder (`runs/<parent-id>/runs/<child-id>/`), so `last` stays the run a person started.
 """
 
 from __future__ import annotations
@@ -33,17 +39,20 @@ from .errors import RequestError, RunNotFoundError
 from .events import EventSink, ignore_event
 from .execution import Execution, PlannedTask
 from .host import make_host
-from .host.protocol import Message, ModelHost
+from .host.protocol import Message, ModelHost, TextCallback
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
-from .session import DEFAULT_MAX_TURNS, Limits
-from .tools import Workspace
+from .session import DEFAULT_MAX_TURNS, AgentSession, Limits
+from .tools import Tool, Workspace
+from .tools.subagent import Delegation, SubagentTool
 from .transcripts import RunRecorder, TaskEntry, TaskTranscript, load_run, read_transcript
 from .workflow import Workflow, check_agents, find_workflow, load_workflow, render_prompt
 
 DEFAULT_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 MODEL_ENV = "MLX_SUBAGENTS_MODEL"
 PREVIOUS = "{previous}"
+# Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
+DEFAULT_MAX_DEPTH = 2
 INTERRUPTED_TOOL_RESULT = "Error: this tool call was interrupted before it finished."
 
 
@@ -137,6 +146,7 @@ class Runner:
         max_turns, max_output_tokens, timeout: defaults for tasks that set none.
         host_options: passed to each host (`context_window`, `processor_factory`, ...).
         save_transcripts: write every task under `$MLX_SUBAGENTS_HOME/runs/` (or `home`/runs).
+        max_depth: how many levels of sub-agents the `subagent` tool may start (0: none).
     """
 
     cwd: Path
@@ -154,8 +164,11 @@ class Runner:
     on_event: EventSink = ignore_event
     save_transcripts: bool = True
     home: Path | None = None
+    max_depth: int = DEFAULT_MAX_DEPTH
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
+            raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
         self.cwd = Path(self.cwd).resolve()
         self.workspace = Workspace(self.cwd)
         if self.catalog is None:
@@ -216,15 +229,7 @@ class Runner:
 
         The chain stops at the first step that does not complete; `error` says where and why.
         """
-        if steps and PREVIOUS in steps[0].task:
-            raise RequestError("step 1 uses {previous}, but there is no previous step; remove it from the first task")
-        tasks = [replace(t, step_id=t.step_id or str(i + 1)) for i, t in enumerate(label_tasks(steps))]
-
-        def render(i: int) -> Callable[[Sequence[RunResult]], str]:
-            return lambda results: tasks[i].task.replace(PREVIOUS, results[i - 1].output)
-
-        needs = [(i - 1,) if i else () for i in range(len(tasks))]
-        renders = [render(i) if i else None for i in range(len(tasks))]
+        tasks, needs, renders = _plan_chain(label_tasks(steps))
         return await self._execute("chain", tasks, concurrency=1, needs=needs, renders=renders)
 
     async def workflow(self, workflow: Workflow | str | Path, input: str = "", *,
@@ -276,16 +281,77 @@ class Runner:
             check_schema(schema, "schema")
         check_request([CapItem(entry.label, message, spec)])
         host = await self.host_for(self.model or log.meta["model"])
+        workspace = Workspace(Path(log.meta["cwd"]))
         item = PlannedTask(
-            index=0, label=entry.label, spec=spec, host=host, workspace=Workspace(Path(log.meta["cwd"])),
+            index=0, label=entry.label, spec=spec, host=host, workspace=workspace,
             prompt=message, limits=self._limits(TaskSpec(spec.name, message), spec), step_id=entry.step_id,
             timeout=self.timeout, schema=schema, history=close_open_tool_calls(log.messages),
+            extra_tools=self.delegation_tools(spec, entry.label, depth=0, workspace=workspace, home=record.folder),
         )
         transcript = TaskTranscript(path, generation=log.generations + 1)
         execution = Execution("single", [item], concurrency=1, compaction=self.compaction, on_event=self.on_event,
                               open_transcript=lambda _i: transcript, run_id=record.run_id, raise_errors=True)
         results = await self._track(execution)
         return results[0]
+
+    # -- delegation ---------------------------------------------------------------------------------
+
+    async def delegate(self, call: Delegation, *, parent: str, depth: int, home: Path | None = None) -> MultiRunResult:
+        """Run a `subagent` tool call's children, labelled `parent > label`, at `depth`.
+
+        Children fail alone (a failed result, never an exception); a request over a cap or with an
+        unknown agent raises before anything starts, like any request.
+
+        Args:
+            parent: the calling session's label.
+            depth: the children's depth (the caller's + 1).
+            home: where the children's runs are saved (`home/runs/`): the parent's run folder.
+        """
+        tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
+        tasks = [replace(t, label=f"{parent} > {t.label}") for t in tasks]
+        options: dict[str, Any] = {"depth": depth, "workspace": call.workspace, "home": home}
+        if call.mode == "chain":
+            tasks, needs, renders = _plan_chain(tasks)
+            return await self._execute("chain", tasks, concurrency=1, needs=needs, renders=renders, **options)
+        concurrency = 1 if call.mode == "single" else DEFAULT_CONCURRENCY
+        return await self._execute(call.mode, tasks, concurrency=concurrency, **options)
+
+    def delegation_tools(self, spec: AgentSpec, label: str, *, depth: int, workspace: Workspace,
+                         home: Path | None) -> dict[str, Tool]:
+        """`{"subagent": tool}` for an agent whose file grants it, else nothing (the recursion cut)."""
+        if "subagent" not in spec.tools:
+            return {}
+        assert self.catalog is not None
+
+        async def delegate(call: Delegation) -> MultiRunResult:
+            return await self.delegate(call, parent=label, depth=depth + 1, home=home)
+
+        agents = {name: a.description for name, a in self.catalog.agents.items()}
+        tool = SubagentTool(workspace, delegate=delegate, agents=agents, caller=spec.name, depth=depth,
+                            max_depth=self.max_depth)
+        return {"subagent": tool}
+
+    async def open_session(self, agent: str, *, label: str | None = None, model: str | None = None,
+                           children_home: Path | None = None, on_event: EventSink | None = None,
+                           on_text: TextCallback | None = None) -> AgentSession:
+        """A top-level session of `agent` to drive turn by turn (`run`, then `follow_up`), e.g. a chat.
+
+        Its host session and KV cache live as long as it does; its sub-agents run through this
+        runner and are saved under `children_home`.
+
+        Args:
+            model: the model when the runner forces none (a resumed chat's own model).
+        """
+        spec = self.agent(agent)
+        check_request([CapItem(spec.name, "", spec)])
+        host = await self.host_for(self.model or model or self.model_for(spec))
+        label = label or spec.name
+        return AgentSession(
+            spec=spec, host=host, workspace=self.workspace, label=label,
+            limits=self._limits(TaskSpec(spec.name, ""), spec), compaction=self.compaction,
+            on_event=on_event or self.on_event, on_text=on_text,
+            extra_tools=self.delegation_tools(spec, label, depth=0, workspace=self.workspace, home=children_home),
+        )
 
     def cancel(self) -> bool:
         """Abort every run in progress (Ctrl-C); False when nothing was running yet."""
@@ -298,8 +364,15 @@ class Runner:
     async def _execute(self, mode: Mode, tasks: list[TaskSpec], *, concurrency: int,
                        needs: list[tuple[int, ...]] | None = None,
                        renders: list[Callable[[Sequence[RunResult]], str] | None] | None = None,
-                       shared_input: str = "", raise_errors: bool = False) -> MultiRunResult:
-        """Check the whole request, load its models, then run it; nothing starts if a check fails."""
+                       shared_input: str = "", raise_errors: bool = False, depth: int = 0,
+                       workspace: Workspace | None = None, home: Path | None = None) -> MultiRunResult:
+        """Check the whole request, load its models, then run it; nothing starts if a check fails.
+
+        Args:
+            depth, workspace, home: for a delegated request, the children's depth, their workspace,
+                and where their run is saved (default: top level, the runner's workspace and home).
+        """
+        workspace = workspace or self.workspace
         specs = [self.agent(t.agent) for t in tasks]
         check_request([CapItem(t.label, t.task, s) for t, s in zip(tasks, specs)], shared_input)
         schemas = [t.schema if t.schema is not None else s.output_schema for t, s in zip(tasks, specs)]
@@ -307,18 +380,20 @@ class Runner:
             if schema is not None:
                 check_schema(schema, f"output schema of task '{t.label}'")
         hosts = [await self.host_for(self.model_for(s, t.model)) for t, s in zip(tasks, specs)]
-        plan = [
-            PlannedTask(
-                index=i, label=t.label, spec=s, host=h, workspace=self.workspace, prompt=t.task,
-                limits=self._limits(t, s), step_id=t.step_id, timeout=t.timeout or self.timeout, schema=schema,
-                needs=needs[i] if needs else (), render=renders[i] if renders else None,
-            )
-            for i, (t, s, h, schema) in enumerate(zip(tasks, specs, hosts, schemas))
-        ]
         recorder = None
         if self.save_transcripts:
             entries = [TaskEntry(index=i, label=t.label, agent=s.name, step_id=t.step_id) for i, (t, s) in enumerate(zip(tasks, specs))]
-            recorder = RunRecorder(mode, self.cwd, entries, self.home)
+            recorder = RunRecorder(mode, workspace.root, entries, home or self.home)
+        children_home = recorder.folder if recorder else None
+        plan = [
+            PlannedTask(
+                index=i, label=t.label, spec=s, host=h, workspace=workspace, prompt=t.task,
+                limits=self._limits(t, s), step_id=t.step_id, timeout=t.timeout or self.timeout, schema=schema,
+                needs=needs[i] if needs else (), render=renders[i] if renders else None,
+                extra_tools=self.delegation_tools(s, t.label, depth=depth, workspace=workspace, home=children_home),
+            )
+            for i, (t, s, h, schema) in enumerate(zip(tasks, specs, hosts, schemas))
+        ]
         execution = Execution(
             mode, plan, concurrency=concurrency, compaction=self.compaction, on_event=self.on_event,
             open_transcript=recorder.transcript if recorder else (lambda _i: None),
@@ -349,6 +424,21 @@ class Runner:
             max_turns=task.max_turns or self.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
             max_output_tokens=task.max_tokens or self.max_output_tokens,
         )
+
+
+def _plan_chain(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[tuple[int, ...]],
+                                                 list[Callable[[Sequence[RunResult]], str] | None]]:
+    """Step ids, needs and `{previous}` renders for labelled chain steps."""
+    if tasks and PREVIOUS in tasks[0].task:
+        raise RequestError("step 1 uses {previous}, but there is no previous step; remove it from the first task")
+    tasks = [replace(t, step_id=t.step_id or str(i + 1)) for i, t in enumerate(tasks)]
+
+    def render(i: int) -> Callable[[Sequence[RunResult]], str]:
+        return lambda results: tasks[i].task.replace(PREVIOUS, results[i - 1].output)
+
+    needs = [(i - 1,) if i else () for i in range(len(tasks))]
+    renders = [render(i) if i else None for i in range(len(tasks))]
+    return tasks, needs, renders
 
 
 def chain_stop(results: Sequence[RunResult]) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from .agents import AgentSpec
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .errors import SubagentError
 from .events import Event, EventSink, ignore_event
-from .host.protocol import Generation, HostSession, MalformedToolCall, Message, ModelHost, ToolCall
+from .host.protocol import Generation, HostSession, MalformedToolCall, Message, ModelHost, TextCallback, ToolCall
 from .results import RunResult, RunUsage, StopReason
 from .tools import TOOL_CLASSES, Tool, ToolResult, Workspace, make_tools
 
@@ -71,6 +71,8 @@ class AgentSession:
     extra_tools: dict[str, Tool] = field(default_factory=dict)
     messages: list[Message] = field(default_factory=list)
     usage: RunUsage = field(default_factory=RunUsage)
+    # Receives reply text as it is generated (tool-call markup included), for a live display.
+    on_text: TextCallback | None = None
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -132,7 +134,8 @@ class AgentSession:
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start")
         generation = await self._host_session.generate(
-            self.messages, tools=self.schemas, max_tokens=max_tokens, temperature=self.spec.temperature or 0.0
+            self.messages, tools=self.schemas, max_tokens=max_tokens, temperature=self.spec.temperature or 0.0,
+            on_text=self.on_text,
         )
         self._count(generation)
         self.messages.append(generation.to_message())
@@ -183,14 +186,25 @@ class AgentSession:
         }
 
     async def _maybe_compact(self) -> None:
-        window = self.host.context_window
         tokens = await self.host.count_tokens(self.messages, self.schemas)
         self.usage.context_tokens = tokens
-        if not should_compact(tokens, window, self.compaction):
-            return
+        if should_compact(tokens, self.host.context_window, self.compaction):
+            await self.compact()
+
+    async def compact(self, keep_recent_tokens: int | None = None) -> int:
+        """Summarise the older turns now (the loop does this near the window); returns how many
+        messages were summarised, 0 when there was nothing old enough.
+
+        Args:
+            keep_recent_tokens: keep at most this much recent history verbatim (e.g. 0 for
+                `/compact`: only the last reply stays); default: the scaled setting.
+        """
+        window = self.host.context_window
         count = lambda ms: self.host.count_tokens(ms, self.schemas)  # noqa: E731
         head_tokens = await count(self.messages[: head_length(self.messages)])
         settings = fit_keep_recent(self.compaction, window, head_tokens)
+        if keep_recent_tokens is not None:
+            settings = replace(settings, keep_recent_tokens=min(settings.keep_recent_tokens, keep_recent_tokens))
         result = await compact(self.messages, self._host_session, count, settings, tools=self.schemas)
         if result.n_summarized:
             self.messages = result.messages
@@ -201,6 +215,7 @@ class AgentSession:
             self.usage.context_tokens = result.tokens_after
             self._emit("compaction", tokens_before=result.tokens_before, tokens_after=result.tokens_after,
                        n_summarized=result.n_summarized)
+        return result.n_summarized
 
     # -- bookkeeping --------------------------------------------------------------
 

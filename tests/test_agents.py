@@ -52,14 +52,15 @@ def test_builtins_load_with_their_tools(user_dir, project):
     catalog = discover_agents(project)
 
     assert catalog.warnings == []
-    assert catalog.names() == ["planner", "reviewer", "scout", "worker"]
+    assert catalog.names() == ["orchestrator", "planner", "reviewer", "scout", "worker"]
     assert {name: spec.tools for name, spec in catalog.agents.items()} == {
+        "orchestrator": ("read", "grep", "find", "ls", "subagent"),
         "scout": ("read", "grep", "find", "ls", "bash"),
         "planner": ("read", "grep", "find", "ls"),
         "reviewer": ("read", "grep", "find", "ls", "bash"),
         "worker": ("read", "grep", "find", "ls", "bash", "edit", "write"),
     }
-    assert [catalog.get(n).read_only for n in catalog.names()] == [True, True, True, False]
+    assert [catalog.get(n).read_only for n in catalog.names()] == [True, True, True, True, False]
     assert catalog.get("scout").max_turns == 20
     assert catalog.get("worker").max_turns == 40
     assert all(spec.source == "builtin" and spec.warnings == () for spec in catalog.agents.values())
@@ -286,7 +287,7 @@ def test_bad_file_is_skipped_with_a_warning(user_dir, project, text, reason):
     catalog = discover_agents(project)
 
     assert catalog.warnings == [f"skipped {bad}: {reason}"]
-    assert catalog.names() == ["good", "planner", "reviewer", "scout", "worker"]
+    assert catalog.names() == ["good", "orchestrator", "planner", "reviewer", "scout", "worker"]
     with pytest.raises(AgentFileError) as info:
         parse_agent_file(bad, "user")
     assert str(info.value) == f"{bad}: {reason}"
@@ -311,7 +312,7 @@ def test_non_markdown_and_hidden_files_are_ignored(user_dir, project):
     catalog = discover_agents(project)
 
     assert catalog.warnings == []
-    assert catalog.names() == ["planner", "reviewer", "scout", "worker"]
+    assert catalog.names() == ["orchestrator", "planner", "reviewer", "scout", "worker"]
 
 
 # --- Claude Code files ---------------------------------------------------------------------------
@@ -409,9 +410,9 @@ def test_mlx_subagents_folder_wins_over_claude_folder(user_dir, project):
 @pytest.mark.parametrize(
     ("scope", "expected"),
     [
-        ("user", ["from-user", "planner", "reviewer", "scout", "worker"]),
-        ("project", ["from-project", "planner", "reviewer", "scout", "worker"]),
-        ("both", ["from-project", "from-user", "planner", "reviewer", "scout", "worker"]),
+        ("user", ["from-user", "orchestrator", "planner", "reviewer", "scout", "worker"]),
+        ("project", ["from-project", "orchestrator", "planner", "reviewer", "scout", "worker"]),
+        ("both", ["from-project", "from-user", "orchestrator", "planner", "reviewer", "scout", "worker"]),
     ],
 )
 def test_scope_filters_layers(user_dir, project, scope, expected):
@@ -452,7 +453,7 @@ def test_no_project_folder_means_no_project_root(user_dir, project):
     catalog = discover_agents(project)
 
     assert catalog.project_root is None
-    assert catalog.names() == ["planner", "reviewer", "scout", "worker"]
+    assert catalog.names() == ["orchestrator", "planner", "reviewer", "scout", "worker"]
 
 
 def test_home_level_folders_are_not_project_agents(monkeypatch):
@@ -479,7 +480,7 @@ def test_unknown_agent_lists_the_available_ones(user_dir, project):
     with pytest.raises(AgentNotFoundError) as info:
         catalog.get("x")
 
-    assert str(info.value) == "unknown agent 'x'; available: planner, reviewer, scout, worker"
+    assert str(info.value) == "unknown agent 'x'; available: orchestrator, planner, reviewer, scout, worker"
     assert catalog.get("Scout").name == "scout"
 
 

@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
-BUILTINS = ["planner", "reviewer", "scout", "worker"]
+BUILTINS = ["orchestrator", "planner", "reviewer", "scout", "worker"]
 JSON_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "stop_reason", "duration_s"}
 USAGE_FIELDS = {"input_tokens", "output_tokens", "cached_tokens", "context_tokens", "turns"}
 
@@ -302,7 +302,7 @@ def test_unknown_agent_lists_the_available_ones(tmp_path: Path, ws: Path) -> Non
 
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert proc.stderr == "error: unknown agent 'nope'; available: planner, reviewer, scout, worker\n"
+    assert proc.stderr == "error: unknown agent 'nope'; available: orchestrator, planner, reviewer, scout, worker\n"
 
 
 # -- bad usage and missing models -----------------------------------------------------------------

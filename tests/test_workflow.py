@@ -137,7 +137,7 @@ def steps(*specs: tuple[str, str, list[str]], prompt: str = "do it") -> str:
 
 @pytest.mark.parametrize(("text", "message"), [
     (steps(("a", "scout", []), ("b", "nobody", ["a"])),
-     "step 'b' uses unknown agent 'nobody'; available: planner, reviewer, scout, worker"),
+     "step 'b' uses unknown agent 'nobody'; available: orchestrator, planner, reviewer, scout, worker"),
     (steps(("a", "scout", []), ("b", "planner", ["c"])), "step 'b' needs unknown step 'c'; known steps: a, b"),
     (steps(("a", "scout", []), ("a", "planner", [])), "duplicate step id 'a'; give every step its own id"),
     (steps(("a", "scout", ["c"]), ("b", "planner", ["a"]), ("c", "planner", ["b"])),

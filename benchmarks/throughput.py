@@ -1,0 +1,516 @@
+"""Throughput: aggregate decode rate of 1, 2 and 4 concurrent sessions, serialized vs batched.
+
+Three configurations run side by side in one process, on the same prompts, decoding the same
+number of tokens per session:
+
+- serialized (`MlxModelHost(path, batching=False)`): one turn at a time, the reference;
+- batched (`MlxModelHost(path, batching=True)`): every decoding session advances in one batch;
+- raw: mlx-lm's own `BatchGenerator` driven directly (`insert` then `next_generated` until done)
+  at the same batch size, the same prompts and the same logits processors: what the library can
+  do without the host around it.
+
+Each session gets its own prompt of about 100-200 tokens (a shared system prompt, as agents of
+one kind have, and its own task) and decodes `--tokens` tokens (default 128). On the tiny random
+model the replies are forced (`mlx_subagents.testing.make_forced_processor`) with a script longer
+than `--tokens`, so no session stops early at a sampled EOS and every configuration does exactly
+the same work; the script checks that all three produce the same token ids. With `--model` the
+model generates greedily up to `--tokens` tokens instead (no forcing).
+
+Figures per configuration and session count:
+
+- aggregate decode tokens/s: the generated tokens of all sessions / the wall time of the decode
+  phase (from the first streamed token of any session to the end of the last generation);
+- end-to-end tokens/s: the same tokens / the wall time of the whole concurrent run;
+- time to first token (TTFT) per session: from the start of the concurrent run to the session's
+  first `on_text` callback (raw: its first token out of `next_generated`); p50 and p95 are taken
+  over every session of every repeat.
+
+Each configuration runs `--repeats` times (default 3), interleaved with the others (in rotating
+order) so that load from other processes hits them alike; the best run counts (the median is
+reported too). The "steady" column is the rate once every session has streamed its first token
+(tokens generated after that / time from then to the end): it leaves out the ramp-up, where the host
+prefills the sessions one after another while the first ones already decode. "CPU ms/tok" is
+the process CPU time (all threads: the engine, mlx's worker, the event loop) per generated token,
+the lowest of the repeats: a measure of work that load from other processes disturbs less than
+wall time. Every
+host is warmed up (one untimed concurrent round) before timing. The hosts run with an unbounded
+KV budget, so only batching is measured here (see `kv_pressure.py` for the pool).
+
+Targets on the tiny fp32 model on a 2-core Linux CPU: batched / serialized at 4 sessions at
+least 1.8x (`ratio_batched_vs_serialized_at_4`), and the host within 15% of the raw batch
+(`ratio_host_vs_raw_batch_at_4 >= 0.85`). Missing a target still exits 0 (this is a
+measurement); errors exit nonzero.
+
+Run (from the repository root):
+
+    python benchmarks/throughput.py                       # tiny random qwen3, a table
+    python benchmarks/throughput.py --arch qwen3_5        # hybrid model (gated-delta layers)
+    python benchmarks/throughput.py --hidden 256 --layers 4   # a less tiny random model
+    python benchmarks/throughput.py --json                # the last line is one JSON object
+    python benchmarks/throughput.py --model ~/models/Qwen3-4B-Instruct-2507-4bit --tokens 256
+
+On a Mac (Metal) `pip install -e .` (or `PYTHONPATH=.`) is all it needs. With `--model` the
+weights are loaded three times (two hosts and the raw reference), all resident at once.
+
+On Linux the `mlx[cpu]` wheel runs fp32 matmul through a slow reference BLAS; preloading
+Debian's OpenBLAS (`apt-get install libopenblas0-pthread`) speeds fp32 up a lot:
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        python benchmarks/throughput.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from mlx_subagents.errors import SubagentError
+from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host.loading import read_config
+from mlx_subagents.host.prompt import encode, render
+from mlx_subagents.host.protocol import Message
+from mlx_subagents.testing import LogitsProcessor, make_forced_processor, make_tiny_model
+
+SESSION_COUNTS = (1, 2, 4)
+MODES = ("serialized", "batched", "raw")
+TARGET_BATCHED_VS_SERIALIZED = 1.8
+TARGET_HOST_VS_RAW = 0.85
+PREFILL_STEP = 512  # the host's default chunk, also given to the raw BatchGenerator
+WARM_UP_TOKENS = 16
+
+SYSTEM = (
+    "You are a scout sub-agent working inside a software repository. Find where things are, "
+    "read only what you need, and answer with exact paths and line ranges. Use the tools one at "
+    "a time and stop as soon as you can answer the question."
+)
+_TOPICS = ("authentication", "configuration", "caching", "logging", "retries", "the CLI", "plugins", "tests")
+_WORDS = (
+    "the session cache holds every token the model has seen so that the next turn only prefills "
+    "what is new while other sessions keep decoding in the same batch on the engine thread and "
+    "the scheduler admits work as long as the pool has room for it"
+).split()
+
+
+# -- workload ------------------------------------------------------------------------------------
+
+
+def task_messages(i: int) -> list[Message]:
+    """Session i's prompt: the shared system prompt and its own task (~100-200 tokens in all)."""
+    rng = random.Random(i)
+    topic = _TOPICS[i % len(_TOPICS)]
+    files = " and ".join(f"src/{rng.choice(('core', 'app', 'lib'))}/{topic.split()[-1]}_{n}.py" for n in range(2))
+    task = (
+        f"Task {i}: find where {topic} is handled in this project and how a request flows through it. "
+        f"Start with {files}. Report the entry point and the functions involved."
+    )
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+
+
+def script_ids(tokenizer: Any, i: int, n_tokens: int) -> list[int]:
+    """At least `n_tokens` + 8 token ids of plain words (no EOS) for session i to say."""
+    rng = random.Random(1000 + i)
+    ids: list[int] = []
+    while len(ids) < n_tokens + 8:
+        text = " ".join(rng.choice(_WORDS) for _ in range(4 * n_tokens + 32))
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+    eos = set(tokenizer.eos_token_ids)
+    if eos & set(ids):
+        raise SubagentError("the forced script contains an end-of-sequence token; this is a bug in the benchmark")
+    return ids[: n_tokens + 8]
+
+
+class Scripts:
+    """Processor factory for the hosts (and the raw batch): session `<tag>-<i>` says script i."""
+
+    def __init__(self) -> None:
+        self.by_index: dict[int, list[int]] = {}
+        self._tokenizer: Any = None
+
+    def bind(self, tokenizer: Any, sessions: int, n_tokens: int) -> None:
+        self.by_index = {i: script_ids(tokenizer, i, n_tokens) for i in range(sessions)}
+        self._tokenizer = tokenizer
+
+    def processors(self, i: int) -> list[LogitsProcessor]:
+        return [make_forced_processor(self._tokenizer, self.by_index[i])] if self.by_index else []
+
+    def __call__(self, session: str, prompt_ids: list[int]) -> list[LogitsProcessor]:
+        return self.processors(int(session.rsplit("-", 1)[1]))
+
+
+# -- measuring one run ---------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One concurrent run of `sessions` sessions in one configuration."""
+
+    sessions: int
+    wall_s: float  # the whole concurrent run
+    decode_s: float  # first streamed token of any session -> last generation done
+    ttft_s: list[float]
+    generated: list[int]
+    token_ids: list[tuple[int, ...]]
+    cached_tokens: list[int] = field(default_factory=list)
+    steady_tokens: int = 0  # streamed after every session had its first token
+    steady_s: float = 0.0  # last session's first token -> last generation done
+    cpu_s: float = 0.0  # process CPU time (every thread) over the whole run
+
+    @property
+    def generated_total(self) -> int:
+        return sum(self.generated)
+
+    @property
+    def decode_tps(self) -> float:
+        return self.generated_total / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def e2e_tps(self) -> float:
+        return self.generated_total / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def cpu_ms_per_token(self) -> float:
+        return 1000 * self.cpu_s / self.generated_total if self.generated_total else 0.0
+
+    @property
+    def steady_tps(self) -> float:
+        return self.steady_tokens / self.steady_s if self.steady_s > 0 else 0.0
+
+
+def make_run(start: float, end: float, cpu_s: float, stamps: list[list[float]], generations: list[tuple[int, ...]],
+             generated: list[int], cached: list[int]) -> Run:
+    """Figures from each session's token (host: streamed text chunk) timestamps.
+
+    The host streams a chunk per token except where the detokenizer holds one back (a lone space,
+    an incomplete UTF-8 sequence), so the steady tokens are each session's generated tokens minus
+    the chunks it streamed before every session had begun: exact for the raw batch, within a token
+    or two for the host.
+    """
+    firsts = [t[0] if t else end for t in stamps]
+    everyone = max(firsts)
+    before = [sum(1 for t in ts if t <= everyone) for ts in stamps]
+    return Run(
+        sessions=len(stamps), wall_s=end - start, decode_s=end - min(firsts), ttft_s=[f - start for f in firsts],
+        generated=generated, token_ids=generations, cached_tokens=cached,
+        steady_tokens=sum(max(0, g - b) for g, b in zip(generated, before)), steady_s=end - everyone, cpu_s=cpu_s,
+    )
+
+
+async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: int, tag: str) -> Run:
+    """All sessions start at once; each streams its reply; the sessions are closed afterwards."""
+    n = len(prompts)
+    stamps: list[list[float]] = [[] for _ in range(n)]
+    sessions = [host.session(f"{tag}-{i}") for i in range(n)]
+    cpu = time.process_time()
+    start = time.perf_counter()
+    generations = await asyncio.gather(*(
+        s.generate(prompts[i], max_tokens=n_tokens, on_text=lambda _t, ts=stamps[i]: ts.append(time.perf_counter()))
+        for i, s in enumerate(sessions)
+    ))
+    end = time.perf_counter()
+    cpu = time.process_time() - cpu
+    for s in sessions:
+        await s.close()
+    return make_run(start, end, cpu, stamps, [tuple(g.token_ids) for g in generations],
+                    [g.usage.generated_tokens for g in generations], [g.usage.cached_tokens for g in generations])
+
+
+def raw_run(model: Any, tokenizer: Any, prompt_ids: list[list[int]], n_tokens: int, scripts: Scripts) -> Run:
+    """mlx-lm's BatchGenerator on its own: insert every prompt, call `next_generated` until done."""
+    import mlx.core as mx
+    from mlx_lm.generate import BatchGenerator
+
+    n = len(prompt_ids)
+    batch = BatchGenerator(
+        model, stop_tokens=[[t] for t in tokenizer.eos_token_ids], prefill_step_size=PREFILL_STEP,
+        completion_batch_size=8, prefill_batch_size=8,
+    )
+    try:
+        cpu = time.process_time()
+        start = time.perf_counter()
+        uids = batch.insert(
+            [list(p) for p in prompt_ids], max_tokens=[n_tokens] * n,
+            logits_processors=[scripts.processors(i) for i in range(n)],
+        )
+        index = {uid: i for i, uid in enumerate(uids)}
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        stamps: list[list[float]] = [[] for _ in range(n)]
+        while True:
+            responses = batch.next_generated()
+            if not responses:
+                break
+            now = time.perf_counter()
+            for r in responses:
+                tokens[index[r.uid]].append(int(r.token))
+                stamps[index[r.uid]].append(now)
+        end = time.perf_counter()
+        cpu = time.process_time() - cpu
+    finally:
+        batch.close()
+        mx.clear_cache()
+    return make_run(start, end, cpu, stamps, [tuple(t) for t in tokens], [len(t) for t in tokens], [0] * n)
+
+
+# -- the whole benchmark -------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+Runs = dict[str, dict[int, list[Run]]]  # mode -> session count -> one Run per repeat
+
+
+async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tuple[Runs, dict[str, Any]]:
+    import mlx_lm
+
+    prompts = [task_messages(i) for i in range(max(SESSION_COUNTS))]
+    runs: Runs = {m: {n: [] for n in SESSION_COUNTS} for m in MODES}
+    scripts = Scripts()
+    raw_model, raw_tokenizer = mlx_lm.load(str(model))  # the raw reference runs on this (main) thread
+    if force:
+        scripts.bind(raw_tokenizer, max(SESSION_COUNTS), max(n_tokens, WARM_UP_TOKENS))
+    prompt_ids = [encode(raw_tokenizer, render(raw_tokenizer, p, None, generation_prompt=True)) for p in prompts]
+
+    common = dict(processor_factory=scripts, kv_budget=0, prefill_step_size=PREFILL_STEP)
+    async with MlxModelHost(str(model), batching=False, **common) as serialized, \
+            MlxModelHost(str(model), batching=True, **common) as batched:  # fmt: skip
+        hosts = {"serialized": serialized, "batched": batched}
+        for name, host in hosts.items():  # warm up: kernels, buffers, the batch, the shared prefix
+            await host_run(host, prompts, WARM_UP_TOKENS, f"warm-{name}")
+        raw_run(raw_model, raw_tokenizer, prompt_ids, WARM_UP_TOKENS, scripts)
+        for rep in range(repeats):
+            for n in SESSION_COUNTS:
+                order = MODES[rep % len(MODES):] + MODES[: rep % len(MODES)]  # no mode always runs first
+                for mode in order:
+                    if mode == "raw":
+                        run = raw_run(raw_model, raw_tokenizer, prompt_ids[:n], n_tokens, scripts)
+                    else:
+                        run = await host_run(hosts[mode], prompts[:n], n_tokens, f"{mode}-r{rep}-n{n}")
+                    runs[mode][n].append(run)
+                    gc.collect()
+        stats = await batched.memory_stats()
+        info = {
+            "prompt_tokens": [len(p) for p in prompt_ids],
+            "context_window": batched.context_window,
+            "shared_prefix_hits": stats.shared_prefix_hits,
+        }
+    return runs, info
+
+
+def summarize(runs: Runs, info: dict[str, Any], *, arch: str, model: str,
+              n_tokens: int, repeats: int, forced: bool) -> dict[str, Any]:
+    results: dict[str, dict[str, Any]] = {}
+    for mode in MODES:
+        results[mode] = {}
+        for n in SESSION_COUNTS:
+            rs = runs[mode][n]
+            best = max(rs, key=lambda r: r.decode_tps)
+            ttfts = [t for r in rs for t in r.ttft_s]
+            results[mode][str(n)] = {
+                "sessions": n,
+                "generated_tokens": best.generated_total,
+                "decode_tok_s": round(best.decode_tps, 1),
+                "decode_tok_s_median": round(statistics.median(r.decode_tps for r in rs), 1),
+                "e2e_tok_s": round(max(r.e2e_tps for r in rs), 1),
+                "steady_tok_s": round(max(r.steady_tps for r in rs), 1),
+                "cpu_ms_per_token": round(min(r.cpu_ms_per_token for r in rs), 3),
+                "decode_s": round(best.decode_s, 4),
+                "wall_s": round(best.wall_s, 4),
+                "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
+                "ttft_p95_s": round(percentile(ttfts, 0.95), 4),
+                "cached_tokens": best.cached_tokens,
+            }
+
+    def rate(mode: str, n: int) -> float:
+        return float(results[mode][str(n)]["decode_tok_s"])
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 3) if b else 0.0
+
+    identical = all(
+        runs["serialized"][n][i].token_ids == runs["batched"][n][i].token_ids == runs["raw"][n][i].token_ids
+        for n in SESSION_COUNTS for i in range(repeats)
+    )
+    exact = all(g == n_tokens for mode in MODES for n in SESSION_COUNTS for r in runs[mode][n] for g in r.generated)
+    at4_bs = ratio(rate("batched", 4), rate("serialized", 4))
+    at4_hr = ratio(rate("batched", 4), rate("raw", 4))
+    targets = {
+        "batched_vs_serialized_at_4": {"value": at4_bs, "target": TARGET_BATCHED_VS_SERIALIZED,
+                                       "met": at4_bs >= TARGET_BATCHED_VS_SERIALIZED},
+        "host_vs_raw_batch_at_4": {"value": at4_hr, "target": TARGET_HOST_VS_RAW, "met": at4_hr >= TARGET_HOST_VS_RAW},
+        "identical_outputs": {"value": identical, "target": True, "met": identical},
+    }
+    return {
+        "benchmark": "throughput",
+        "arch": arch,
+        "model": model,
+        "forced": forced,
+        "tokens_per_session": n_tokens,
+        "repeats": repeats,
+        "selection": "best decode_tok_s of the repeats; TTFT percentiles over every session of every repeat",
+        "session_counts": list(SESSION_COUNTS),
+        "prompt_tokens": info["prompt_tokens"],
+        "context_window": info["context_window"],
+        "results": results,
+        "ratio_batched_vs_serialized": {str(n): ratio(rate("batched", n), rate("serialized", n)) for n in SESSION_COUNTS},
+        "ratio_host_vs_raw_batch": {str(n): ratio(rate("batched", n), rate("raw", n)) for n in SESSION_COUNTS},
+        "ratio_host_vs_raw_batch_cpu": {  # raw CPU per token / host CPU per token: work, not wall time
+            str(n): ratio(results["raw"][str(n)]["cpu_ms_per_token"], results["batched"][str(n)]["cpu_ms_per_token"])
+            for n in SESSION_COUNTS
+        },
+        "ratio_host_vs_raw_batch_steady": {
+            str(n): ratio(results["batched"][str(n)]["steady_tok_s"], results["raw"][str(n)]["steady_tok_s"])
+            for n in SESSION_COUNTS
+        },
+        "batched_scaling_vs_1": {str(n): ratio(rate("batched", n), rate("batched", 1)) for n in SESSION_COUNTS},
+        "ratio_batched_vs_serialized_at_4": at4_bs,
+        "ratio_host_vs_raw_batch_at_4": at4_hr,
+        "identical_outputs": identical,
+        "exact_token_counts": exact,
+        "targets": targets,
+        "targets_met": all(t["met"] for t in targets.values()),
+    }
+
+
+# -- reporting -----------------------------------------------------------------------------------
+
+
+def print_table(report: dict[str, Any]) -> None:
+    res = report["results"]
+    print(f"throughput: {report['model']} ({report['arch']}), {report['tokens_per_session']} tokens per session, "
+          f"best of {report['repeats']}, replies {'forced' if report['forced'] else 'free (greedy)'}")
+    cached = res["batched"][str(max(report["session_counts"]))]["cached_tokens"]
+    print(f"prompt tokens per session: {report['prompt_tokens']} (the hosts start from the shared system-prompt "
+          f"prefix: {cached} cached; the raw batch prefills whole prompts)")
+    print()
+    header = (f"{'sessions':>8}  {'mode':<10} {'decode tok/s':>12} {'(median)':>9} {'e2e tok/s':>10} {'steady':>7} "
+              f"{'CPU ms/tok':>10} {'TTFT p50 ms':>11} {'TTFT p95 ms':>11}  {'vs serial':>9} {'vs raw':>7}")
+    print(header)
+    print("-" * len(header))
+    for n in report["session_counts"]:
+        for mode in MODES:
+            r = res[mode][str(n)]
+            vs_serial = r["decode_tok_s"] / res["serialized"][str(n)]["decode_tok_s"]
+            vs_raw = r["decode_tok_s"] / res["raw"][str(n)]["decode_tok_s"]
+            label = "raw batch" if mode == "raw" else mode
+            print(f"{n:>8}  {label:<10} {r['decode_tok_s']:>12.1f} {r['decode_tok_s_median']:>9.1f} "
+                  f"{r['e2e_tok_s']:>10.1f} {r['steady_tok_s']:>7.0f} {r['cpu_ms_per_token']:>10.3f} "
+                  f"{1000 * r['ttft_p50_s']:>11.1f} {1000 * r['ttft_p95_s']:>11.1f}  {vs_serial:>8.2f}x {vs_raw:>6.2f}x")
+    print()
+    scaling = ", ".join(f"{n}: {v:.2f}x" for n, v in report["batched_scaling_vs_1"].items())
+    print(f"batched aggregate rate vs one session: {scaling}")
+    steady = ", ".join(f"{n}: {v:.2f}x" for n, v in report["ratio_host_vs_raw_batch_steady"].items())
+    print(f"host / raw batch once every session decodes (steady): {steady}")
+    cpu = ", ".join(f"{n}: {v:.2f}x" for n, v in report["ratio_host_vs_raw_batch_cpu"].items())
+    print(f"host / raw batch in CPU time per token (less noisy on a shared machine): {cpu}")
+    print(f"identical token ids (serialized = batched = raw): {report['identical_outputs']}")
+    for name, t in report["targets"].items():
+        verdict = "PASS" if t["met"] else "FAIL"
+        if name == "identical_outputs":
+            print(f"{verdict}: identical outputs across the three configurations")
+        else:
+            print(f"{verdict}: {name} = {t['value']:.3f} (target >= {t['target']})")
+
+
+# -- model folder --------------------------------------------------------------------------------
+
+
+def build_tiny(out: Path, arch: str, context_window: int, hidden: int | None, layers: int | None) -> Path:
+    """The test kit's tiny model; with --hidden/--layers its config is scaled and re-initialised.
+
+    `make_tiny_model` has no size options, so the folder it writes (tokenizer, chat template)
+    is kept and only `config.json` and the random weights are replaced.
+    """
+    path = make_tiny_model(out, arch, context_window=context_window)  # type: ignore[arg-type]
+    if hidden is None and layers is None:
+        return path
+    from mlx_subagents.testing.tiny_model import _write_weights
+
+    config = json.loads((path / "config.json").read_text())
+    text = config.get("text_config", config)
+    if hidden is not None:
+        head_dim = 16 if hidden < 256 else 64
+        if hidden % head_dim:
+            raise SubagentError(f"--hidden {hidden} must be a multiple of {head_dim}")
+        heads = hidden // head_dim
+        text.update(hidden_size=hidden, intermediate_size=3 * hidden, head_dim=head_dim,
+                    num_attention_heads=heads, num_key_value_heads=max(1, heads // 2))
+    if layers is not None:
+        if "text_config" in config:
+            if layers % 2:
+                raise SubagentError("--layers must be even for qwen3_5 (linear / full attention pairs)")
+            text["layer_types"] = ["linear_attention", "full_attention"] * (layers // 2)
+        text["num_hidden_layers"] = layers
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    _write_weights(config, path / "model.safetensors", seed=0)
+    return path
+
+
+def model_arch(model: Path) -> str:
+    config = read_config(model)
+    return str(config.get("model_type") or (config.get("text_config") or {}).get("model_type", "?"))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", choices=("qwen3", "qwen3_5"), default="qwen3",
+                        help="tiny model architecture (ignored with --model)")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens each session decodes (default 128)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the best counts (default 3)")
+    parser.add_argument("--hidden", type=int, help="hidden size of the tiny model (default: the test kit's 64)")
+    parser.add_argument("--layers", type=int, help="layers of the tiny model (default: the test kit's)")
+    parser.add_argument("--model", type=Path, help="an existing mlx-lm model folder instead of a tiny one")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = parser.parse_args(argv)
+    if args.tokens < 1 or args.repeats < 1:
+        parser.error("--tokens and --repeats must be at least 1")
+    if args.model is not None and (args.hidden or args.layers):
+        parser.error("--hidden/--layers shape the tiny model; they do not apply with --model")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
+            if args.model is None:
+                window = max(4096, 2 * (args.tokens + 512))
+                model = build_tiny(Path(tmp) / "model", args.arch, window, args.hidden, args.layers)
+                label = f"tiny-{args.arch}" + (f"-h{args.hidden}" if args.hidden else "") + (
+                    f"-l{args.layers}" if args.layers else "")
+            else:
+                model, label = args.model.expanduser(), str(args.model)
+                if not (model / "config.json").is_file():
+                    raise SubagentError(f"{model} has no config.json; pass a local mlx-lm model folder to --model")
+            force = args.model is None
+            runs, info = asyncio.run(measure(model, args.tokens, args.repeats, force))
+            report = summarize(runs, info, arch=model_arch(model), model=label, n_tokens=args.tokens,
+                               repeats=args.repeats, forced=force)
+    except SubagentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_table(report)
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

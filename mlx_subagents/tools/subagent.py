@@ -1,0 +1,300 @@
+"""`subagent`: the tool a parent agent delegates with (one task, parallel tasks or a chain).
+
+The tool validates the call and formats the children's answers; running them is the caller's
+`delegate` function (the runner's), so this module never reaches up a layer. Every problem - no
+mode, two modes, an empty task, an unknown agent, a cap, the depth limit - comes back to the model
+as an error result naming the forms and the agents, and the parent carries on.
+
+The recursion cut lives in two places: a session gets this tool only when its agent file names
+`subagent`, and a session at `max_depth` gets an error result instead of children.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS
+from ..errors import SubagentError, ToolError
+from ..results import MultiRunResult, RunResult
+from .base import Tool, ToolResult, _strip_titles, error_result, one_line
+from .workspace import Workspace
+
+DelegationMode = Literal["single", "parallel", "chain"]
+NO_ANSWER = "(no answer)"
+
+FORMS = (
+    "use exactly one of these forms: "
+    '{"agent": "NAME", "task": "TEXT"} for one task; '
+    f'{{"tasks": [{{"agent": "NAME", "task": "TEXT"}}, ...]}} for up to {MAX_TASKS} independent tasks in parallel; '
+    '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
+    "the previous step's answer"
+)
+
+
+# No docstrings on the parameter models: pydantic would put them in the schema the model reads.
+class ChildTask(BaseModel):  # one task of a parallel call (also a single call or a chain step)
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = Field(description="The agent's name.")
+    task: str = Field(description="What the agent should do, with every path and detail it needs.")
+    label: str = Field(default="", description="A short name for this task in the result.")
+
+
+class ChainStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = Field(description="The agent's name.")
+    task: str = Field(description="What this step should do; {previous} is replaced by the previous step's answer.")
+
+
+class SubagentParams(BaseModel):  # flat: a small model fills in optional fields more reliably than a union
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = Field(default="", description="One task: the agent to run.")
+    task: str = Field(default="", description="One task: what it should do, with every detail it needs.")
+    tasks: list[ChildTask] = Field(default_factory=list, description=f"Parallel: up to {MAX_TASKS} independent tasks.")
+    chain: list[ChainStep] = Field(default_factory=list, description="Chain: steps run in order.")
+    cwd: str = Field(default="", description="A folder inside the workspace for the sub-agents (default: the workspace).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, value: Any) -> Any:
+        # Models often write `"tasks": null` for a mode they do not use.
+        return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """One valid call, for the runner: the mode, its tasks in order and the children's workspace."""
+
+    mode: DelegationMode
+    tasks: tuple[ChildTask, ...]
+    workspace: Workspace
+
+
+Delegate = Callable[[Delegation], Awaitable[MultiRunResult]]
+
+
+class SubagentTool(Tool):
+    """Runs other agents as children of this session.
+
+    Args:
+        delegate: runs a `Delegation` (the runner binds the caller's label and depth).
+        agents: every agent the runner knows, name -> description.
+        caller: the calling agent's name; left out of the list the model sees.
+        depth: how many parents the calling session has (0: started by a person).
+        max_depth: children may run at depth `max_depth` at most; a call from there is refused.
+    """
+
+    name = "subagent"
+    description = "Delegate a task to a sub-agent."
+    Params = SubagentParams
+    read_only = False
+
+    def __init__(self, workspace: Workspace, *, delegate: Delegate, agents: Mapping[str, str], caller: str = "",
+                 depth: int = 0, max_depth: int = 2) -> None:
+        super().__init__(workspace)
+        self.delegate = delegate
+        self.agents = dict(sorted(agents.items()))
+        self.caller = caller
+        self.depth = depth
+        self.max_depth = max_depth
+        self.description = describe_delegation({n: d for n, d in self.agents.items() if n != caller})  # type: ignore[misc]
+
+    def schema(self) -> dict[str, Any]:  # type: ignore[override]
+        """Per instance: the description lists this runner's agents."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name, "description": self.description,
+                "parameters": _inline_refs(_strip_titles(self.Params.model_json_schema())),
+            },
+        }
+
+    async def call(self, arguments: dict[str, Any]) -> ToolResult:
+        try:
+            params = SubagentParams.model_validate(arguments)
+        except ValidationError as exc:
+            return self._usage_error(_validation_problem(exc))
+        if self.depth >= self.max_depth:
+            return error_result(
+                f"delegation refused: this agent already runs at depth {self.depth} and the limit is "
+                f"{self.max_depth} (max_depth); do the task yourself with your other tools"
+            )
+        try:
+            mode, items = self._mode(params)
+        except ToolError as exc:
+            return self._usage_error(str(exc))
+        try:
+            workspace = self.workspace.existing(params.cwd, "directory") if params.cwd.strip() else self.workspace.root
+        except ToolError as exc:
+            return error_result(f"cwd: {exc}")
+        delegation = Delegation(mode, tuple(items), Workspace(workspace))
+        try:
+            outcome = await self.delegate(delegation)
+        except SubagentError as exc:  # a cap, a label clash, a project agent not allowed
+            return error_result(f"subagent call refused: {exc}")
+        return format_outcome(delegation, outcome)
+
+    def describe(self, arguments: dict[str, Any]) -> str:
+        """`subagent scout: <task>`, `subagent parallel: scout, reviewer`, `subagent chain: scout -> planner`."""
+        def names(items: Any) -> list[str]:
+            return [str(i.get("agent", "?")) for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+        if arguments.get("tasks"):
+            return f"subagent parallel: {', '.join(names(arguments['tasks']))}"
+        if arguments.get("chain"):
+            return f"subagent chain: {' -> '.join(names(arguments['chain']))}"
+        if arguments.get("agent"):
+            return f"subagent {arguments['agent']}: {one_line(str(arguments.get('task', '')), 80)}"
+        return "subagent (no task)"
+
+    # -- validation ----------------------------------------------------------------------------------
+
+    def _mode(self, params: SubagentParams) -> tuple[DelegationMode, list[ChildTask]]:
+        single = bool(params.agent.strip() or params.task.strip())
+        given = [mode for mode, present in (("single", single), ("parallel", bool(params.tasks)),
+                                             ("chain", bool(params.chain))) if present]
+        if not given:
+            raise ToolError("no task given")
+        if len(given) > 1:
+            fields = {"single": "agent/task", "parallel": "tasks", "chain": "chain"}
+            raise ToolError(f"{' and '.join(fields[m] for m in given)} given together")
+        mode: DelegationMode = given[0]  # type: ignore[assignment]
+        if mode == "single":
+            items = [ChildTask(agent=params.agent, task=params.task)]
+        elif mode == "parallel":
+            items = list(params.tasks)
+        else:
+            items = [ChildTask(agent=s.agent, task=s.task) for s in params.chain]
+        for i, item in enumerate(items):
+            where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
+            if not item.agent.strip():
+                raise ToolError(f"'{where}agent' is empty")
+            if item.agent.strip().lower() not in self.agents:
+                raise ToolError(f"unknown agent '{item.agent}'")
+            if not item.task.strip():
+                raise ToolError(f"'{where}task' is empty: say what {item.agent} should do")
+        return mode, items
+
+    def _usage_error(self, problem: str) -> ToolResult:
+        return error_result(
+            f"invalid subagent call: {problem}; {FORMS}. Available agents: {', '.join(self.agents) or 'none'}"
+        )
+
+
+def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """Replace `{"$ref": "#/$defs/X"}` by X itself: one self-contained object is easier to read."""
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return inline(defs[node["$ref"].rsplit("/", 1)[-1]])
+        return {key: inline(value) for key, value in node.items()}
+
+    return inline(schema)
+
+
+def _validation_problem(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "arguments"
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown field '{field}'")
+        else:
+            problems.append(f"'{field}': {err['msg']}")
+    return "; ".join(problems)
+
+
+def describe_delegation(agents: Mapping[str, str]) -> str:
+    """What the model reads about the tool: when to use it, the three forms, and the agents."""
+    listing = "\n".join(f"- {name}: {description}" for name, description in agents.items()) or "- (none)"
+    return (
+        "Delegate work to a sub-agent. It starts with a fresh, empty context, works with its own tools, "
+        "and returns only its final answer to you.\n"
+        "Delegate when a job is bounded and self-contained (find where something is, review a file, plan a "
+        "change, make one change), when doing it yourself would fill your context with file contents, or to "
+        "run independent jobs in parallel. Do not delegate a step one tool call can do, and do not delegate "
+        "what needs the conversation: the sub-agent sees only its task text, so put every path, name and goal "
+        "in it.\n"
+        "Use exactly one form:\n"
+        '- {"agent": NAME, "task": TEXT}: one task.\n'
+        f'- {{"tasks": [{{"agent": NAME, "task": TEXT}}, ...]}}: up to {MAX_TASKS} independent tasks, '
+        f"{MAX_CONCURRENCY} at a time.\n"
+        '- {"chain": [{"agent": NAME, "task": TEXT}, ...]}: steps in order; {previous} in a task is the '
+        "previous step's answer.\n"
+        f"Agents:\n{listing}"
+    )
+
+
+# -- the result the parent reads ---------------------------------------------------------------------
+
+
+def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResult:
+    """The child's answer; or one section per task; failed children marked, never hidden."""
+    results = outcome.results
+    if delegation.mode == "single":
+        result = results[0]
+        if result.ok:
+            return ToolResult(result.output or NO_ANSWER)
+        head = f"Error: agent '{result.agent}' {_status(result)}"
+        return ToolResult(f"{head}\n\n{result.output}" if result.output else head, is_error=True)
+    if delegation.mode == "parallel":
+        labels = [r.label.rsplit(" > ", 1)[-1] for r in results]
+        title = f"Parallel: {outcome.succeeded}/{outcome.total} tasks completed"
+    elif outcome.ok:
+        return ToolResult(results[-1].output or NO_ANSWER)
+    else:
+        labels = [f"{i + 1}: {r.agent}" for i, r in enumerate(results)]
+        title = f"Error: {outcome.error or 'the chain did not complete'}"
+    heads = [f"### [{label}] {_status(r)}" for label, r in zip(labels, results)]
+    bodies = [r.output or NO_ANSWER for r in results]
+    bodies = _fit(bodies, [r.transcript for r in results], title, heads)
+    sections = [f"{head}\n{body}" for head, body in zip(heads, bodies)]
+    return ToolResult("\n\n".join([title, *sections]), is_error=not outcome.ok)
+
+
+def _status(result: RunResult) -> str:
+    if result.ok:
+        return "completed"
+    return f"{result.status} ({result.stop_reason}): {result.error or 'no reason given'}"
+
+
+def _fit(bodies: list[str], transcripts: list[str | None], title: str, heads: list[str]) -> list[str]:
+    """Cut the longest bodies so the whole result stays under `MAX_ANSWER_BYTES`.
+
+    Short bodies are kept whole; the room left is shared equally by the long ones (water-filling).
+    """
+    sizes = [len(b.encode("utf-8")) for b in bodies]
+    fixed = len(title.encode("utf-8")) + sum(len(h.encode("utf-8")) + 3 for h in heads)
+    if fixed + sum(sizes) <= MAX_ANSWER_BYTES:
+        return bodies
+    room = MAX_ANSWER_BYTES - fixed
+    order = sorted(range(len(bodies)), key=sizes.__getitem__)
+    limits: dict[int, int] = {}
+    for k, i in enumerate(order):
+        share = room // (len(order) - k)
+        if sizes[i] <= share:
+            room -= sizes[i]
+            continue
+        for j in order[k:]:
+            limits[j] = share
+        break
+    return [_clip(b, limits[i], transcripts[i]) if i in limits else b for i, b in enumerate(bodies)]
+
+
+def _clip(text: str, room: int, transcript: str | None) -> str:
+    """`text` cut so that it and the note saying so fit in `room` bytes."""
+    data = text.encode("utf-8")
+    where = f"in the transcript {transcript}" if transcript else "not saved (transcripts are off)"
+    note = f"\n[answer truncated: {len(data):,} bytes, showing the first {{:,}}; the full text is {where}]"
+    limit = max(0, room - len(note.format(len(data)).encode("utf-8")))
+    head = data[:limit].decode("utf-8", errors="ignore")
+    return head + note.format(len(head.encode("utf-8")))

@@ -1,0 +1,94 @@
+"""Smoke tests: the throughput and KV-pressure benchmarks run end to end on tiny models.
+
+They check the report's shape and its correctness flags, never speed ratios (machines are noisy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+THROUGHPUT_KEYS = {
+    "benchmark", "arch", "model", "forced", "tokens_per_session", "repeats", "session_counts",
+    "prompt_tokens", "results", "ratio_batched_vs_serialized", "ratio_host_vs_raw_batch",
+    "ratio_host_vs_raw_batch_steady", "ratio_host_vs_raw_batch_cpu", "batched_scaling_vs_1", "ratio_batched_vs_serialized_at_4",
+    "ratio_host_vs_raw_batch_at_4", "identical_outputs", "exact_token_counts", "targets", "targets_met",
+}  # fmt: skip
+THROUGHPUT_ROW_KEYS = {
+    "sessions", "generated_tokens", "decode_tok_s", "decode_tok_s_median", "e2e_tok_s", "steady_tok_s", "cpu_ms_per_token",
+    "decode_s", "wall_s", "ttft_p50_s", "ttft_p95_s",
+}  # fmt: skip
+KV_KEYS = {
+    "benchmark", "arch", "model", "forced", "share_prefix", "sessions", "turns", "kv_fixed_bytes",
+    "kv_per_token_bytes", "working_set_bytes", "final_prompt_tokens", "identical_outputs",
+    "all_within_budget", "budgets", "targets", "targets_met",
+}  # fmt: skip
+KV_ROW_KEYS = {
+    "label", "budget_bytes", "max_sessions", "window_tokens", "completed", "errors", "peak_kv_bytes",
+    "peak_sampled_kv_bytes", "within_budget", "evictions", "spills", "restores", "drops",
+    "reprefilled_tokens", "admission_waits", "seconds", "wall_vs_unbounded", "prefix_hit_rate",
+    "held_reuse_rate", "identical_outputs",
+}  # fmt: skip
+
+
+def run_benchmark(script: str, *args: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--json", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_throughput_benchmark_json() -> None:
+    report = run_benchmark("throughput.py", "--tokens", "16", "--repeats", "1")
+
+    assert THROUGHPUT_KEYS <= report.keys()
+    assert report["benchmark"] == "throughput" and report["arch"] == "qwen3" and report["forced"] is True
+    assert report["session_counts"] == [1, 2, 4]
+    assert set(report["results"]) == {"serialized", "batched", "raw"}
+    for mode in report["results"].values():
+        assert set(mode) == {"1", "2", "4"}
+        for n, row in mode.items():
+            assert THROUGHPUT_ROW_KEYS <= row.keys()
+            assert row["generated_tokens"] == 16 * int(n)
+            assert row["decode_tok_s"] > 0 and row["ttft_p50_s"] <= row["ttft_p95_s"]
+    assert all(100 <= n <= 300 for n in report["prompt_tokens"])
+    assert isinstance(report["ratio_batched_vs_serialized_at_4"], float)
+    assert isinstance(report["ratio_host_vs_raw_batch_at_4"], float)
+    assert report["identical_outputs"] is True
+    assert report["exact_token_counts"] is True
+    assert set(report["targets"]) == {"batched_vs_serialized_at_4", "host_vs_raw_batch_at_4", "identical_outputs"}
+    assert report["targets_met"] == all(t["met"] for t in report["targets"].values())
+
+
+def test_kv_pressure_benchmark_json() -> None:
+    report = run_benchmark("kv_pressure.py", "--sessions", "3", "--turns", "2")
+
+    assert KV_KEYS <= report.keys()
+    assert report["benchmark"] == "kv_pressure" and report["forced"] is True and report["share_prefix"] is True
+    assert report["sessions"] == 3 and report["turns"] == 2
+    rows = report["budgets"]
+    assert [r["label"] for r in rows] == ["unbounded", "50%", "25%"]
+    for row in rows:
+        assert KV_ROW_KEYS <= row.keys()
+    unbounded, half, quarter = rows
+    assert unbounded["budget_bytes"] is None and unbounded["completed"] is True
+    assert unbounded["evictions"] == 0 and unbounded["spills"] == 0
+    assert unbounded["peak_kv_bytes"] == report["working_set_bytes"] > 0
+    assert unbounded["held_reuse_rate"] == 1.0  # every later turn reuses all the session held
+    assert half["budget_bytes"] == report["working_set_bytes"] // 2
+    assert quarter["budget_bytes"] == report["working_set_bytes"] // 4
+    assert half["completed"] is True and half["evictions"] > 0
+    assert report["all_within_budget"] is True
+    assert all(r["within_budget"] and r["peak_kv_bytes"] <= r["budget_bytes"] for r in (half, quarter))
+    # 25% of a few equal sessions' peak is about one session's final cache: the host may refuse a
+    # turn there (a clear PromptTooLongError). Whatever completes must match the unbounded run.
+    assert all(r["identical_outputs"] is True for r in rows if r["completed"])

@@ -1,0 +1,331 @@
+"""`subagent chat`: one turn with --once, the slash commands, resuming a chat, and Ctrl-C in a real
+pseudo-terminal stopping a turn and its sub-agents while the chat goes on."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mlx_subagents.transcripts import load_run, read_transcript
+
+REPO = Path(__file__).resolve().parents[1]
+SLOW = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child of an exited parent may linger as a zombie until init reaps it.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for_pids(folder: Path, deadline: float) -> list[int]:
+    while not ((folder / "sleep.pid").is_file() and (folder / "sleep.pid").read_text().strip()):
+        assert time.monotonic() < deadline, "the bash command never started"
+        time.sleep(0.05)
+    # bash can write its files before the tool has registered its process group (the event loop is
+    # still inside `subprocess_exec`); a Ctrl-C in that window leaves `sleep` running. That race is
+    # the bash tool's, not the chat's: give the registration time to happen.
+    time.sleep(0.3)
+    return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
+
+
+def all_dead(pids: list[int], within: float = 3.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+
+
+# -- --once -------------------------------------------------------------------------------------------
+
+
+def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = write_script({"agents": {
+        "orchestrator": {"replies": [call("subagent", agent="scout", task="find the app"), "The app is app.py."]},
+        "scout": {"replies": ["app.py:1"]},
+    }})
+    code, out, err = run_cli("chat", "--once", "where is the app?", "-m", model, "-C", str(tmp_path))
+
+    assert (code, out) == (0, "The app is app.py.\n")
+    record = load_run("last")
+    assert err.splitlines() == [
+        "▸ subagent scout: find the app",
+        "  ↳ scout (scout) started",
+        "  ✓ scout completed (1 turns)",
+        err.splitlines()[3],  # the usage line
+        f"saved as run {record.run_id}; continue with: subagent chat --resume {record.run_id}",
+    ]
+    assert err.splitlines()[3].startswith("orchestrator: 2 turns, ")
+    assert (record.mode, record.status, record.tasks[0].status) == ("single", "finished", "completed")
+    log = read_transcript(record.transcript_path(record.tasks[0]))
+    assert [m["role"] for m in log.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert log.messages[1]["content"] == "where is the app?"
+    assert log.messages[3]["content"] == "app.py:1"
+
+
+def test_a_chat_continues_with_resume_and_chat_resume(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    # Each command is a new process: a new scripted session, replaying its script from the start.
+    assert run_cli("chat", "--once", "first", "-m", write_script(["one"], "1.json"), "-C", str(tmp_path))[:2] == (0, "one\n")
+    run_id = load_run("last").run_id
+
+    code, out, _ = run_cli("resume", run_id, "second", "-m", write_script(["two"], "2.json"))
+    assert (code, out) == (0, "two\n")
+    code, out, _ = run_cli("chat", "--resume", "last", "--once", "third", "-m", write_script(["three"], "3.json"))
+    assert (code, out) == (0, "three\n")
+
+    record = load_run("last")
+    assert record.run_id == run_id
+    log = read_transcript(record.transcript_path(record.tasks[0]))
+    assert [m["content"] for m in log.messages if m["role"] in ("user", "assistant")] == [
+        "first", "one", "second", "two", "third", "three",
+    ]
+    assert log.generations == 3 and [r.status for r in log.results] == ["completed"] * 3
+
+
+def test_chat_errors_before_it_starts_are_one_line(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = write_script(["x"])
+    code, out, err = run_cli("chat", "--agent", "nobody", "--once", "hi", "-m", model, "-C", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err == "error: unknown agent 'nobody'; available: orchestrator, planner, reviewer, scout, worker\n"
+    code, _, err = run_cli("chat", "--once", " ", "-m", model, "-C", str(tmp_path))
+    assert (code, err) == (2, "error: the message is empty; type what the agent should do\n")
+
+
+# -- the prompt line, driven through stdin ------------------------------------------------------------
+
+
+def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeypatch: Any) -> None:
+    model = write_script({"agents": {"orchestrator": {"replies": [
+        "first answer", "second answer", "## Goal\nthe summary",
+    ]}}})
+    lines = ["/compact", "hello", "/agents", "again", "/compact", "/usage", "/bogus", "/help", "/exit", "never sent"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
+    code, out, err = run_cli("chat", "-m", model, "-C", str(tmp_path))
+
+    assert code == 0
+    record = load_run("last")
+    usage = next(line for line in out.splitlines() if line.startswith("> orchestrator: ") or line.startswith("orchestrator: "))
+    assert out.split("\n") == [
+        "> nothing to compact yet",
+        "> first answer",
+        "> orchestrator (this chat) [builtin]: Talks with you about the codebase and hands bounded jobs to other "
+        "agents (scout, planner, reviewer, worker), alone or in parallel. Never edits files itself.",
+        "planner [builtin]: Turns a task into a short, concrete plan (steps, files to touch, risks). Never edits files.",
+        "reviewer [builtin]: Reviews a change or some code for bugs and reports each problem with its fix and a "
+        "verdict. Never edits files.",
+        "scout [builtin]: Finds where things are in the codebase and reports exact file locations. Never edits files.",
+        "worker [builtin]: Makes the code change a task asks for, runs the tests, and reports what changed.",
+        "> second answer",
+        out.split("\n")[8],
+        usage,
+        "sub-agents: 0 runs, 0 turns, 0 in (0 cached), 0 out",
+        f"saved as run {record.run_id}",
+        "> > /agents    list the agents the parent can delegate to",
+        "/usage     tokens, context and KV cache of this chat and its sub-agents",
+        "/compact   summarise the conversation so far, to free context",
+        "/help      this list",
+        "/exit      leave the chat (also Ctrl-D)",
+        "> ",
+    ]
+    assert re.fullmatch(r"> compacted: [\d,]+ -> [\d,]+ tokens", out.split("\n")[8])
+    assert re.fullmatch(r"> orchestrator: 2 turns, .* 1 compactions", usage)
+    assert "unknown command /bogus; commands: /agents, /usage, /compact, /help, /exit" in err
+    log = read_transcript(record.transcript_path(record.tasks[0]))
+    assert [m["content"] for m in log.messages[1:]] == [
+        "hello", "[Summary of earlier work]\n## Goal\nthe summary", "second answer",
+    ]
+
+
+# -- Ctrl-C -------------------------------------------------------------------------------------------
+
+
+class Terminal:
+    """`subagent chat` on a pseudo-terminal: Ctrl-C is a byte the terminal turns into SIGINT."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: only exec
+            os.execve(sys.executable, [sys.executable, "-m", "mlx_subagents.cli", *args], cli_env())
+        self.seen = ""
+
+    def send(self, data: str) -> None:
+        os.write(self.fd, data.encode())
+
+    def expect(self, text: str, timeout: float = 10) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"{text!r} never appeared; the terminal shows:\n{self.seen}"
+            try:
+                chunk = os.read(self.fd, 4096).decode(errors="replace")
+            except OSError:  # the child closed the terminal
+                chunk = ""
+            assert chunk, f"the chat ended before {text!r}; the terminal shows:\n{self.seen}"
+            self.seen += ANSI.sub("", chunk).replace("\r\n", "\n")
+        before, _, self.seen = self.seen.partition(text)
+        return before + text
+
+    def wait(self, timeout: float = 10) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            try:  # keep draining, so the child never blocks on a full terminal
+                if select.select([self.fd], [], [], 0.05)[0]:
+                    os.read(self.fd, 4096)
+            except OSError:
+                pass
+        raise AssertionError("the chat did not exit")
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(self.fd)
+
+
+def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: Path, write_script: Any) -> None:
+    model = write_script({"agents": {
+        "orchestrator": {"replies": [call("subagent", agent="worker", task="run the slow check"), "still here"]},
+        "worker": {"replies": [call("bash", command=SLOW), "never"]},
+    }})
+    term = Terminal(["chat", "-m", model, "-C", str(tmp_path)])
+    try:
+        term.expect("/exit leaves\n> ")
+        term.send("run the slow check\n")
+        pids = wait_for_pids(tmp_path, time.monotonic() + 15)
+        assert all(alive(p) for p in pids)
+        term.expect("$ echo $$ > bash.pid")  # the child's tool call, shown under the parent's
+        term.send("\x03")
+        shown = term.expect("the chat goes on (/exit leaves)\n> ")
+        assert all_dead(pids), "a child's process survived Ctrl-C"
+        assert "✗ worker aborted: aborted by the user (Ctrl-C)" in shown
+        term.send("/usage\n")
+        assert "sub-agents: 1 runs, 1 turns" in term.expect("saved as run ")
+        term.send("are you there?\n")
+        term.expect("still here\n> ")
+        term.send("/exit\n")
+        assert term.wait() == 0
+    finally:
+        term.close()
+
+    record = load_run("last")
+    assert (record.status, record.tasks[0].status) == ("finished", "completed")
+    log = read_transcript(record.transcript_path(record.tasks[0]))
+    assert [(r.status, r.stop_reason) for r in log.results] == [("aborted", "cancelled"), ("completed", "completed")]
+    tool = next(m for m in log.messages if m["role"] == "tool")
+    assert tool["content"] == "Error: this tool call was interrupted before it finished."
+    child = load_run("last", home=record.folder)
+    assert (child.status, child.tasks[0].status) == ("interrupted", "aborted")
+
+
+def test_sigint_during_once_stops_the_children_and_exits_130(tmp_path: Path, write_script: Any) -> None:
+    model = write_script({"agents": {
+        "orchestrator": {"replies": [call("subagent", tasks=[{"agent": "worker", "task": "slow"},
+                                                            {"agent": "scout", "task": "quick"}]), "never"]},
+        "worker": {"replies": [call("bash", command=SLOW), "never"]},
+        "scout": {"replies": ["quick answer"]},
+    }})
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_subagents.cli", "chat", "--once", "go", "-m", model,
+                             "-C", str(tmp_path)], env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        pids = wait_for_pids(tmp_path, time.monotonic() + 15)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()
+
+    assert proc.returncode == 130, err
+    assert out == ""
+    assert all_dead(pids)
+    assert "turn interrupted: what was done is kept" in err and "Traceback" not in err
+    assert load_run("last").status == "interrupted"
+
+
+def test_the_streamed_reply_hides_tool_call_markup() -> None:
+    from mlx_subagents.chat import ReplyStream
+
+    file = io.StringIO()
+    stream = ReplyStream(file)
+    for chunk in ["\n Let me", " look.\n<", "tool_", "call>\n{\"name\": \"ls\"}", "</tool_call>"]:
+        stream(chunk)
+    stream.flush()
+    stream.end_line()
+    stream.reset()
+    for chunk in ["a < b", " <tool"]:  # a '<' that is not markup is shown once the reply ends
+        stream(chunk)
+    stream.flush()
+    stream.end_line()
+    assert file.getvalue() == "Let me look.\na < b <tool\n"
+
+
+def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(tmp_path: Path, tiny_qwen3_path: Path,
+                                                                    tiny_qwen3: Any) -> None:
+    import asyncio
+
+    from mlx_subagents.chat import Chat, ChatView, ReplyStream
+    from mlx_subagents.runner import Runner
+    from mlx_subagents.testing import ForcedScripts, tool_call_text
+    from rich.console import Console
+
+    (tmp_path / "app.py").write_text("print('hi')\n")
+    scripts = ForcedScripts(tiny_qwen3[1], {
+        "orchestrator": ["Let me ask. " + tool_call_text("subagent", {"agent": "scout", "task": "list the files"}),
+                         "The scout found app.py.", "Nothing else."],
+        "orchestrator > scout": ["app.py is the only file"],
+    })
+    screen = io.StringIO()
+    stream = ReplyStream(screen)
+    view = ChatView(Console(file=screen, width=200), stream)
+    runner = Runner(cwd=tmp_path, model=str(tiny_qwen3_path), host_options={"processor_factory": scripts},
+                    on_event=view.handle)
+
+    async def main() -> tuple[Any, Any, Chat]:
+        async with runner:
+            chat = await Chat.start(runner, on_text=stream)
+            view.parent = chat.label
+            first = await chat.turn("what files are there?")
+            stream.end_line()
+            second = await chat.turn("anything else?")
+            stream.end_line()
+            return first, second, chat
+
+    first, second, chat = asyncio.run(main())
+    assert (first.output, second.output) == ("The scout found app.py.", "Nothing else.")
+    assert screen.getvalue() == (
+        "Let me ask. \n▸ subagent scout: list the files\n  ↳ scout (scout) started\n"
+        "  ✓ scout completed (1 turns)\nThe scout found app.py.\nNothing else.\n"
+    )
+    assert second.usage.turns == 3 and second.usage.cached_tokens > first.usage.cached_tokens > 0
+    assert chat.n_children == 1 and chat.children_usage.turns == 1
