@@ -119,7 +119,7 @@ class BashTool(Tool):
 
     async def _run_command(self, command: str, timeout: int, output: OutputBuffer) -> int | None:
         """The exit code, or None on timeout; the group is dead when this returns or raises."""
-        transport, protocol = await asyncio.get_running_loop().subprocess_exec(
+        spawn = asyncio.ensure_future(asyncio.get_running_loop().subprocess_exec(
             lambda: _CommandProtocol(output),
             "bash",
             "-c",
@@ -129,7 +129,15 @@ class BashTool(Tool):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )
+        ))
+        try:
+            transport, protocol = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            # Cancelled while bash was starting: it may already run; wait for it, kill its group.
+            transport, _ = await spawn
+            _kill_group(transport.get_pid())
+            transport.close()
+            raise
         pgid = transport.get_pid()
         _live_groups.add(pgid)
         try:
