@@ -1,6 +1,6 @@
 """KV pressure: N agent sessions growing their caches under a bounded KV pool.
 
-N sessions (default 4) run at once on one host, each for T turns (default 6) of agent-like
+N sessions (default 4) run at once on one host, each for T turns (default 8, like benchmarks/prefix_reuse.py) of agent-like
 growth: every turn the model replies with a tool call (`grep` or `read`, forced through the real
 inference path on the tiny model) and the conversation then gets a tool result of a few hundred
 tokens (generated, numbered code lines; different per session and turn, deterministic). The
@@ -453,7 +453,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--arch", choices=("qwen3", "qwen3_5"), default="qwen3",
                         help="tiny model architecture (ignored with --model)")
     parser.add_argument("--sessions", type=int, default=4, help="concurrent sessions (default 4)")
-    parser.add_argument("--turns", type=int, default=6, help="tool-call turns per session (default 6)")
+    parser.add_argument("--turns", type=int, default=8, help="tool-call turns per session (default 8)")
     parser.add_argument("--result-lines", type=int, default=10,
                         help="lines per tool result (default 10: 200-300 tokens on the tiny tokenizer)")
     parser.add_argument("--no-share-prefix", action="store_true",

@@ -22,7 +22,7 @@ from .kv_pool import CacheState, KVPool, KVShape, PoolCounters
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .prompt import encode, render
 from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolSchema
-from .scheduler import Request, Scheduler, SchedulerConfig, Turn
+from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
 
 DEFAULT_PREFILL_STEP = 512
 # Models advertise windows of 128k-256k tokens; a 16 GB Mac cannot hold that
@@ -100,10 +100,10 @@ class MlxSession:
         """One reply. Cancelling the awaiting task stops generation at the next token."""
         request = Request(list(messages), tools, max_tokens, temperature)
         cancel = threading.Event()
-        emit = _emitter(on_text)
+        sink = TextSink(asyncio.get_running_loop(), on_text) if on_text is not None else None
 
         def submit(deliver: Deliver) -> None:
-            self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, emit, deliver))
+            self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         try:
             return await self._host._engine.run_deferred(submit)
@@ -123,13 +123,6 @@ class MlxSession:
     async def close(self) -> None:
         await self.reset()
         self._host._sessions.pop(self.name, None)
-
-
-def _emitter(on_text: TextCallback | None) -> TextCallback:
-    if on_text is None:
-        return lambda _text: None
-    loop = asyncio.get_running_loop()
-    return lambda text: loop.call_soon_threadsafe(on_text, text) if text else None
 
 
 class MlxModelHost:
@@ -175,6 +168,7 @@ class MlxModelHost:
         self.tokenizer: Any = None
         self.model_path: Path | None = None
         self.kv_shape = KVShape(0, 0)
+        self._trimmable = True
         self._pool = KVPool(None)
         self._scheduler: Scheduler
 
@@ -195,7 +189,7 @@ class MlxModelHost:
         config = read_config(self.model_path)
         self._engine.start()
         self._model, self.tokenizer = await self._engine.run(lambda: load_model(self.model_path))
-        self.kv_shape, weights = await self._engine.run(self._measure)
+        self.kv_shape, weights, self._trimmable = await self._engine.run(self._measure)
         budget = self._budget(weights)
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
         self._config.context_window = self._window(config_context_window(config), budget)
@@ -215,11 +209,11 @@ class MlxModelHost:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _measure(self) -> tuple[KVShape, int]:
-        """KV bytes per token (and fixed recurrent state), and the weights' bytes."""
+    def _measure(self) -> tuple[KVShape, int, bool]:
+        """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability."""
         import mlx.core as mx
         from mlx.utils import tree_flatten
-        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
         from .kv_pool import KV_STEP, cache_nbytes
 
@@ -232,7 +226,8 @@ class MlxModelHost:
         per_token = (sizes[1] - sizes[0]) // KV_STEP
         one = sizes[0]
         weights = sum(v.nbytes for _, v in tree_flatten(self._model.parameters()))
-        return KVShape(fixed=max(0, one - per_token * KV_STEP), per_token=per_token), weights
+        shape = KVShape(fixed=max(0, one - per_token * KV_STEP), per_token=per_token)
+        return shape, weights, can_trim_prompt_cache(cache)
 
     def _budget(self, weights: int) -> int | None:
         if self._budget_request == 0:
@@ -242,12 +237,25 @@ class MlxModelHost:
         ram = total_memory()
         return max(256 * 2**20, int((ram - weights) * DEFAULT_BUDGET_FRACTION)) if ram else None
 
+    def _tokens_that_fit(self, per_session: int) -> int:
+        """Window that one session's admission estimate keeps within `per_session` bytes.
+
+        Mirrors `Scheduler._estimate`: buffers grow in whole KV steps with one step of
+        slack, and a hybrid session also holds a snapshot of its cache.
+        """
+        from .kv_pool import KV_STEP
+
+        if not self._trimmable:
+            per_session //= 2
+        steps = (per_session - self.kv_shape.fixed) // (self.kv_shape.per_token * KV_STEP)
+        return int(steps - 1) * KV_STEP
+
     def _window(self, trained: int | None, budget: int | None) -> int:
         """The per-session window: the model's, capped, and what the budget holds for max_sessions."""
         window = min(trained or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
         fits = None
         if budget is not None and self.kv_shape.per_token:
-            fits = (budget // self.max_sessions - self.kv_shape.fixed) // self.kv_shape.per_token
+            fits = self._tokens_that_fit(budget // self.max_sessions)
         if self._window_override is not None:
             if fits is not None and self._window_override > fits:
                 raise SubagentError(

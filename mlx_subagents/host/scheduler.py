@@ -12,6 +12,7 @@ its own, which is the reference the batched mode must match token for token.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import threading
 import time
@@ -30,6 +31,19 @@ MAX_SHARED_PREFIXES = 8
 
 
 @dataclass(frozen=True)
+class TextSink:
+    """Where a turn's streamed text goes: a callback on the caller's event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    on_text: TextCallback
+
+
+def _deliver_texts(items: list[tuple[TextCallback, str]]) -> None:
+    for on_text, text in items:
+        on_text(text)
+
+
+@dataclass(frozen=True)
 class Request:
     messages: list[Message]
     tools: list[ToolSchema] | None
@@ -45,7 +59,7 @@ class Turn:
     state: CacheState
     request: Request
     cancel: threading.Event
-    emit: TextCallback
+    sink: TextSink | None
     deliver: Deliver
     ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -89,6 +103,7 @@ class Scheduler:
         self.prefixes: OrderedDict[tuple[int, ...], list[Any]] = OrderedDict()
         self.prefix_hits = 0
         self._batch: Any = None
+        self._outbox: list[tuple[TextSink, str]] = []
         self._trimmable = self._probe_trimmable()
 
     # -- entry points (engine thread) -----------------------------------------
@@ -124,6 +139,21 @@ class Scheduler:
             self.pool.observe(self.resident_bytes())
         except Exception as exc:  # noqa: BLE001 - a bad step fails its turns, not the engine
             self._fail_all(exc)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Hand the streamed text of this step to each caller's loop in one wake-up."""
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TextCallback, str]]] = {}
+        for sink, text in self._outbox:
+            by_loop.setdefault(sink.loop, []).append((sink.on_text, text))
+        self._outbox.clear()
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver_texts, items)
+            except RuntimeError:  # that caller's loop is closed
+                pass
 
     def resident_bytes(self) -> int:
         """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
@@ -160,12 +190,14 @@ class Scheduler:
             turn = self.waiting[0]
             active = self._active()
             needed = self._estimate([*active, turn]) + self.prefix_bytes()
-            if self.pool.budget is None or self.pool.make_room(needed) or self._drop_prefixes(needed):
+            if self.pool.budget is None or self.pool.make_room(needed):
                 self.waiting.popleft()
                 self._start(turn)
                 continue
             if turn.prefix and tuple(turn.prefix) not in self.prefixes:
                 turn.prefix = []  # no room to keep a shared copy: prefill this one privately
+                continue
+            if not active and self._drop_prefixes(needed):
                 continue
             if not active:
                 self.waiting.popleft()
@@ -268,6 +300,12 @@ class Scheduler:
 
         if turn.cache is None:
             self._open(turn)
+        if turn.stops[0][1] == "end" and self.config.batching and self._batchable(turn.cache):
+            # Nothing left to save on the way: mlx-lm's batch prefills the rest, batched with
+            # other arrivals and interleaved with decoding.
+            self.prefilling.popleft()
+            self._begin_decode(turn)
+            return
         stop, action = turn.stops[0]
         end = min(turn.pos + self.config.prefill_step_size, stop)
         if end > turn.pos:
@@ -295,12 +333,12 @@ class Scheduler:
 
         processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
         sampler = make_sampler(temp=turn.request.temperature)
-        turn.detokenizer = self.tokenizer.detokenizer
+        turn.detokenizer = self.tokenizer.detokenizer if turn.sink else None
         if self.config.batching and self._batchable(turn.cache):
             batch = self._ensure_batch()
             turn.uid = batch.insert(
-                [[turn.ids[-1]]], max_tokens=[turn.max_tokens], caches=[turn.cache],
-                all_tokens=[turn.ids[:-1]], samplers=[sampler], logits_processors=[processors],
+                [turn.ids[turn.pos :]], max_tokens=[turn.max_tokens], caches=[turn.cache],
+                all_tokens=[turn.ids[: turn.pos]], samplers=[sampler], logits_processors=[processors],
             )[0]
             turn.state.prompt_cache = turn.cache = None  # the batch owns it now
             self.decoding[turn.uid] = turn
@@ -319,6 +357,7 @@ class Scheduler:
         )
         for token, _ in steps:
             done = self._on_token(turn, token)
+            self._flush()
             if done is not None:
                 finish = done
                 break
@@ -346,8 +385,10 @@ class Scheduler:
         turn.generated.append(token)
         if token in self.tokenizer.eos_token_ids:
             return "stop"
-        turn.detokenizer.add_token(token)
-        turn.emit(turn.detokenizer.last_segment)
+        if turn.sink is not None:
+            turn.detokenizer.add_token(token)
+            if segment := turn.detokenizer.last_segment:
+                self._outbox.append((turn.sink, segment))
         return None
 
     def _drop_cancelled(self) -> None:
@@ -360,12 +401,13 @@ class Scheduler:
             turn.deliver(True, self._generation(turn, "cancelled"))
         for uid, turn in [(u, t) for u, t in self.decoding.items() if t.cancel.is_set()]:
             del self.decoding[uid]
-            cache, _ = self._batch.remove([uid], return_prompt_caches=True)[uid]
-            self._finish(turn, "cancelled", cache)
+            cache, held = self._batch.remove([uid], return_prompt_caches=True)[uid]
+            self._finish(turn, "cancelled", cache, held=list(held))
 
-    def _finish(self, turn: Turn, finish: FinishReason, cache: list[Any] | None) -> None:
+    def _finish(self, turn: Turn, finish: FinishReason, cache: list[Any] | None, held: list[int] | None = None) -> None:
+        """Park the cache with the ids it holds (`held` when cut short inside the batch)."""
         state, req = turn.state, turn.request
-        state.prompt_cache, state.token_ids = cache, turn.ids + turn.generated
+        state.prompt_cache, state.token_ids = cache, held if held is not None else turn.ids + turn.generated
         state.render = make_render_state(req.messages, req.tools, turn.text, finish == "stop")
         if not self.config.reuse:  # keep the ids (same prompts as with reuse), drop the cache
             state.prompt_cache, state.snapshot = None, None
