@@ -13,7 +13,7 @@ The same workload runs under three KV budgets, side by side in one process run:
 - 50% and 25% of that working set (passed to the host as bytes).
 
 A bounded host must still give every session a window that holds its whole conversation: the
-per-session window is `(budget // max_sessions - fixed) // per_token`, so for each budget the
+per-session window is the host's `tokens_that_fit(shape, budget // max_sessions)`, so for each budget the
 script picks the largest `max_sessions` (at most N + 1: the children and their parent) whose
 window holds the longest final prompt plus the reply's `max_tokens`, and reports it. Small
 budgets end at `max_sessions=1`: the budget then holds one full conversation at a time, the
@@ -63,6 +63,7 @@ from typing import Any, Sequence
 from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import Generation, MlxModelHost
+from mlx_subagents.host.kv_pool import KVShape, tokens_that_fit
 from mlx_subagents.host.loading import read_config
 from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.session import system_prompt
@@ -191,6 +192,7 @@ class BudgetRun:
     samples: list[tuple[float, int, dict[str, int]]] = field(default_factory=list)  # (t, total, by session)
     forced: bool = False
     kv_shape: tuple[int, int] = (0, 0)
+    trimmable: bool = True
 
     @property
     def completed(self) -> bool:
@@ -249,13 +251,14 @@ async def run_budget(model: Path, workload: Workload, label: str, budget: int | 
         generations = [r if isinstance(r, list) else [] for r in results]
         errors = [f"s{i}: {type(r).__name__}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
         return BudgetRun(label, host.kv_budget, max_sessions, host.context_window, seconds, generations, errors,
-                         stats, samples, forced, (host.kv_shape.fixed, host.kv_shape.per_token))
+                         stats, samples, forced, (host.kv_shape.fixed, host.kv_shape.per_token),
+                         host.kv_trimmable)
 
 
-def pick_max_sessions(budget: int, fixed: int, per_token: int, needed_tokens: int, most: int) -> int:
+def pick_max_sessions(budget: int, shape: KVShape, trimmable: bool, needed_tokens: int, most: int) -> int:
     """The most sessions (<= `most`) whose per-session window still holds `needed_tokens`; at least 1."""
     for m in range(most, 0, -1):
-        if (budget // m - fixed) // per_token >= needed_tokens:
+        if tokens_that_fit(shape, budget // m, trimmable) >= needed_tokens:
             return m
     return 1
 
@@ -267,14 +270,14 @@ async def run_all(model: Path, workload: Workload, force: bool, share_prefix: bo
     if not unbounded.completed:
         raise SubagentError("the unbounded run failed: " + "; ".join(unbounded.errors))
     working_set = unbounded.stats.pool["peak_bytes"]
-    fixed, per_token = unbounded.kv_shape
+    shape = KVShape(*unbounded.kv_shape)
     max_tokens = FORCED_MAX_TOKENS if unbounded.forced else FREE_MAX_TOKENS
     needed = max(g[-1].usage.prompt_tokens for g in unbounded.generations) + max_tokens
     runs = [unbounded]
     for fraction in BUDGET_FRACTIONS[1:]:
         assert fraction is not None
         budget = int(working_set * fraction)
-        m = pick_max_sessions(budget, fixed, per_token, needed, default_sessions)
+        m = pick_max_sessions(budget, shape, unbounded.trimmable, needed, default_sessions)
         try:
             runs.append(await run_budget(model, workload, f"{fraction:.0%}", budget, m, force, share_prefix))
         except SubagentError as exc:  # the host refused the budget (window too small): report it

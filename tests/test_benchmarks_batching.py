@@ -70,11 +70,11 @@ def test_throughput_benchmark_json() -> None:
 
 
 def test_kv_pressure_benchmark_json() -> None:
-    report = run_benchmark("kv_pressure.py", "--sessions", "3", "--turns", "2")
+    report = run_benchmark("kv_pressure.py", "--sessions", "4", "--turns", "2")
 
     assert KV_KEYS <= report.keys()
     assert report["benchmark"] == "kv_pressure" and report["forced"] is True and report["share_prefix"] is True
-    assert report["sessions"] == 3 and report["turns"] == 2
+    assert report["sessions"] == 4 and report["turns"] == 2
     rows = report["budgets"]
     assert [r["label"] for r in rows] == ["unbounded", "50%", "25%"]
     for row in rows:
@@ -87,8 +87,7 @@ def test_kv_pressure_benchmark_json() -> None:
     assert half["budget_bytes"] == report["working_set_bytes"] // 2
     assert quarter["budget_bytes"] == report["working_set_bytes"] // 4
     assert half["completed"] is True and half["evictions"] > 0
+    assert quarter["completed"] is True and quarter["spills"] > 0 and quarter["restores"] > 0
     assert report["all_within_budget"] is True
     assert all(r["within_budget"] and r["peak_kv_bytes"] <= r["budget_bytes"] for r in (half, quarter))
-    # 25% of a few equal sessions' peak is about one session's final cache: the host may refuse a
-    # turn there (a clear PromptTooLongError). Whatever completes must match the unbounded run.
-    assert all(r["identical_outputs"] is True for r in rows if r["completed"])
+    assert all(r["identical_outputs"] is True for r in rows)

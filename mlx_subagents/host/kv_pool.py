@@ -75,6 +75,20 @@ class KVShape:
         return self.fixed + self.per_token * steps * KV_STEP
 
 
+def tokens_that_fit(shape: KVShape, per_session_bytes: int, trimmable: bool = True) -> int:
+    """The context window one session's admission estimate keeps within `per_session_bytes`.
+
+    Mirrors `Scheduler._estimate`: buffers grow in whole KV steps with one step of
+    slack, and a hybrid (non-trimmable) session also holds a snapshot of its cache.
+    """
+    if not trimmable:
+        per_session_bytes //= 2
+    if shape.per_token <= 0:
+        return 0
+    steps = (per_session_bytes - shape.fixed) // (shape.per_token * KV_STEP)
+    return max(0, int(steps) - 1) * KV_STEP
+
+
 class KVPool:
     """LRU accounting of idle session caches against a byte budget (None = unbounded)."""
 

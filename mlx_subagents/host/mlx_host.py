@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import SubagentError
 from .engine import Deliver, Engine
-from .kv_pool import CacheState, KVPool, KVShape, PoolCounters
+from .kv_pool import CacheState, KVPool, KVShape, PoolCounters, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .prompt import encode, render
 from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolSchema
@@ -237,25 +237,12 @@ class MlxModelHost:
         ram = total_memory()
         return max(256 * 2**20, int((ram - weights) * DEFAULT_BUDGET_FRACTION)) if ram else None
 
-    def _tokens_that_fit(self, per_session: int) -> int:
-        """Window that one session's admission estimate keeps within `per_session` bytes.
-
-        Mirrors `Scheduler._estimate`: buffers grow in whole KV steps with one step of
-        slack, and a hybrid session also holds a snapshot of its cache.
-        """
-        from .kv_pool import KV_STEP
-
-        if not self._trimmable:
-            per_session //= 2
-        steps = (per_session - self.kv_shape.fixed) // (self.kv_shape.per_token * KV_STEP)
-        return int(steps - 1) * KV_STEP
-
     def _window(self, trained: int | None, budget: int | None) -> int:
         """The per-session window: the model's, capped, and what the budget holds for max_sessions."""
         window = min(trained or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
         fits = None
         if budget is not None and self.kv_shape.per_token:
-            fits = self._tokens_that_fit(budget // self.max_sessions)
+            fits = tokens_that_fit(self.kv_shape, budget // self.max_sessions, self._trimmable)
         if self._window_override is not None:
             if fits is not None and self._window_override > fits:
                 raise SubagentError(
@@ -276,6 +263,11 @@ class MlxModelHost:
     @property
     def context_window(self) -> int:
         return self._config.context_window
+
+    @property
+    def kv_trimmable(self) -> bool:
+        """False for hybrid models, whose sessions also hold a cache snapshot."""
+        return self._trimmable
 
     @property
     def kv_budget(self) -> int | None:
