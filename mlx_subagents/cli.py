@@ -175,6 +175,7 @@ def _usage_line(result: RunResult) -> str:
     return (
         f"{result.agent}: {result.status} ({result.stop_reason}) in {result.duration_s:.1f}s, {u.turns} turns, "
         f"{u.input_tokens} in ({u.cached_tokens} cached), {u.output_tokens} out, context {u.context_tokens}"
+        + (f", KV {u.kv_bytes / 2**20:.1f} MiB" if u.kv_bytes else "")
     )
 
 

@@ -123,11 +123,11 @@ class ProgressView:
 
 
 def usage_table(results: Sequence[RunResult]) -> Table:
-    """One row per task and a total: status, stop reason, turns, tokens and time."""
+    """One row per task and a total: status, stop reason, turns, tokens, KV cache held and time."""
     table = Table(box=None, pad_edge=False, header_style="bold")
     for name, justify in (("task", "left"), ("agent", "left"), ("status", "left"), ("stop", "left"),
                           ("turns", "right"), ("in", "right"), ("cached", "right"), ("out", "right"),
-                          ("time", "right")):
+                          ("kv", "right"), ("time", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     total = RunUsage()
     for r in results:
@@ -135,10 +135,15 @@ def usage_table(results: Sequence[RunResult]) -> Table:
         total = total.add(u)
         style = "green" if r.ok else ("yellow" if r.status == "aborted" else "red")
         table.add_row(r.label, r.agent, f"[{style}]{r.status}[/]", r.stop_reason, str(u.turns), _n(u.input_tokens),
-                      _n(u.cached_tokens), _n(u.output_tokens), f"{r.duration_s:.1f}s")
+                      _n(u.cached_tokens), _n(u.output_tokens), _mib(u.kv_bytes), f"{r.duration_s:.1f}s")
     table.add_row("[bold]total[/]", "", "", "", str(total.turns), _n(total.input_tokens), _n(total.cached_tokens),
-                  _n(total.output_tokens), "")
+                  _n(total.output_tokens), _mib(total.kv_bytes), "")
     return table
+
+
+def _mib(n_bytes: int) -> str:
+    """KV bytes a task's session holds (0 for the scripted model, which has no cache)."""
+    return f"{n_bytes / 2**20:.1f} MiB" if n_bytes else ""
 
 
 def _n(value: int) -> str:
