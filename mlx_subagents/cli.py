@@ -95,7 +95,7 @@ def _host_options(context_window: int | None, batching: Batching, kv_budget: str
     return options
 
 
-def _make_runner(model: str | None, cwd: Path, scope: Scope, yes: bool, max_turns: int | None,
+def _make_runner(model: str | None, cwd: Path, scope: Scope, yes: bool, *, max_turns: int | None,
                  max_tokens: int | None, timeout: float | None, host_options: dict[str, Any],
                  on_event: EventSink, max_depth: int = DEFAULT_MAX_DEPTH) -> Runner:
     return Runner(
@@ -278,7 +278,10 @@ def run(
     """
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
+    runner = _make_runner(
+        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+    )
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
     result = _run_async(runner, lambda: runner.run(spec))
     _finish_single(result, as_json, events)
@@ -314,7 +317,10 @@ def parallel(
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
     sinks = _Sinks(events)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
+    runner = _make_runner(
+        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+    )
     rows = [(t.label, t.agent) for t in tasks]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=concurrency))
     _finish_multi(outcome, as_json, events)
@@ -349,7 +355,10 @@ def chain(
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
     sinks = _Sinks(events)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
+    runner = _make_runner(
+        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+    )
     rows = [(t.label, t.agent) for t in steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
     _finish_multi(outcome, as_json, events)
@@ -383,7 +392,10 @@ def workflow(
 
     flow = load_workflow(find_workflow(name, Path(cwd).resolve()))
     sinks = _Sinks(events)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
+    runner = _make_runner(
+        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+    )
     rows = [(s.id, s.agent) for s in flow.steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=concurrency))
     _finish_multi(outcome, as_json, events)
@@ -479,7 +491,10 @@ def resume(
     record = load_run(run_id)
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
-    runner = _make_runner(model, Path(record.cwd), scope, yes, max_turns, max_tokens, timeout, _host_options(context_window, batching, kv_budget), sinks, max_depth)
+    runner = _make_runner(
+        model, Path(record.cwd), scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+    )
     answer_schema = _schema(schema)
     result = _run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema))
     _finish_single(result, as_json, events)
@@ -511,8 +526,11 @@ def chat(
 
     if resume is not None:
         cwd = Path(load_run(resume).cwd)
-    runner = _make_runner(model, cwd, scope, yes, max_turns, max_tokens, timeout,
-                          _host_options(context_window, batching, kv_budget), lambda _event: None, max_depth)
+    runner = _make_runner(
+        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget), on_event=lambda _event: None,
+        max_depth=max_depth,
+    )
     raise typer.Exit(run_chat(runner, agent=agent, once=once, resume=resume, out=out, err=err))
 
 
