@@ -358,4 +358,4 @@ def test_cancel_stops_a_tiny_real_model_generation_at_the_next_token(tmp_path: P
 
     result, elapsed = asyncio.run(main())
     assert (result.status, result.stop_reason, result.error) == ("aborted", "cancelled", "aborted by the user (Ctrl-C)")
-    assert elapsed < 1.0
+    assert elapsed < 2.0  # "within about a second": the next token comes in milliseconds; slack for a loaded CI

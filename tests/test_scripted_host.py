@@ -285,7 +285,7 @@ def test_delays_run_concurrently_across_sessions(tmp_path: Path) -> None:
         assert [r.text for r in results] == ["x"] * 4
         return loop.time() - started
 
-    assert asyncio.run(scenario()) < 0.6
+    assert asyncio.run(scenario()) < 0.75  # one after another would take at least 0.8 s
 
 
 def test_one_generation_at_a_time_per_session(tmp_path: Path) -> None:
