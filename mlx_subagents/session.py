@@ -116,6 +116,11 @@ class AgentSession:
                 await self._maybe_compact()
                 generation = await self._step()
                 if not generation.tool_calls and not generation.malformed_tool_calls:
+                    if generation.finish_reason == "length":  # a truncated answer is not an answer
+                        raise LimitReached("max_tokens", (
+                            f"the final answer was cut at the per-reply limit of {self.limits.max_reply_tokens} "
+                            "tokens; the output holds the partial text"
+                        ))
                     return self._finish(task, self._result(task, "completed", generation.text, "completed"))
                 await self._act(generation)
             raise LimitReached("max_turns", f"reached the limit of {self.limits.max_turns} turns without a final answer")

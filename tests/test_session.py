@@ -251,6 +251,18 @@ def test_a_reply_cut_by_the_token_budget_is_not_a_final_answer(tmp_path: Path, w
     assert result.usage.turns == 1
 
 
+def test_an_answer_cut_by_the_per_reply_limit_fails_with_the_partial_text(tmp_path: Path, ws: Path) -> None:
+    cut = "Config is parsed in src/app.py, in the function"
+    host = scripted(tmp_path, [{"content": cut, "finish_reason": "length"}])
+    session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws), limits=Limits(max_reply_tokens=64))
+    result = run_session(session)
+
+    assert (result.status, result.stop_reason, result.output) == ("failed", "max_tokens", cut)
+    assert result.error == (
+        "the final answer was cut at the per-reply limit of 64 tokens; the output holds the partial text"
+    )
+
+
 def test_running_out_of_script_fails_the_session_not_the_process(tmp_path: Path, ws: Path) -> None:
     host = scripted(tmp_path, [call("ls", path=".")])
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws))
