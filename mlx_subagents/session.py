@@ -9,7 +9,6 @@ every compaction.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -252,15 +251,6 @@ class AgentSession:
 
     def _emit(self, kind: Any, **data: Any) -> None:
         self.on_event(Event(kind=kind, label=self.label, agent=self.spec.name, turn=self.usage.turns, data=data))
-
-
-async def cancel_safely(task: asyncio.Task[Any]) -> None:
-    """Cancel a task and wait for it to unwind (its tools kill their processes)."""
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - we only wait for it to end
-        pass
 
 
 def workspace_for(cwd: Path | str) -> Workspace:

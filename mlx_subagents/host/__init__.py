@@ -20,9 +20,7 @@ __all__ = [
 def make_host(model: str, **kwargs: object) -> ModelHost:
     """`scripted:FILE` gives the replay host; anything else the real mlx host."""
     if model.startswith("scripted:"):
-        from pathlib import Path
-
         from .scripted import ScriptedHost
 
-        return ScriptedHost(Path(model[len("scripted:") :]), context_window=kwargs.get("context_window"))  # type: ignore[arg-type]
+        return ScriptedHost.from_model_id(model, context_window=kwargs.get("context_window"))  # type: ignore[arg-type]
     return MlxModelHost(model, **kwargs)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import SubagentError
 from .engine import Deliver, Engine
-from .kv_pool import CacheState, KVPool, KVShape, PoolCounters, tokens_that_fit
+from .kv_pool import CacheState, KVPool, KVShape, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .prompt import encode, render
 from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolSchema
@@ -272,10 +272,6 @@ class MlxModelHost:
     @property
     def kv_budget(self) -> int | None:
         return self._pool.budget
-
-    @property
-    def pool_counters(self) -> PoolCounters:
-        return self._pool.counters
 
     def session(self, name: str, *, agent: str | None = None) -> MlxSession:
         """A new session; an existing name returns that session (its cache kept)."""

@@ -8,7 +8,7 @@ Messages are OpenAI-style chat dicts (`role`, `content`, `tool_calls`,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Protocol, runtime_checkable
+from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
 Message = dict[str, Any]
 ToolSchema = dict[str, Any]
@@ -128,4 +128,3 @@ class ModelHost(Protocol):
 # A factory the host calls once per request to get fresh logits processors
 # (used by tests to force a script through the real inference path).
 ProcessorFactory = Callable[[str, list[int]], list[Callable[..., Any]]]
-AsyncFn = Callable[[], Awaitable[None]]
