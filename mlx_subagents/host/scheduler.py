@@ -413,6 +413,10 @@ class Scheduler:
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)
         turn.deliver(True, self._generation(turn, finish))
+        if not self.decoding and not self.prefilling:
+            import mlx.core as mx
+
+            mx.clear_cache()  # idle: give freed buffers back rather than keep them cached
 
     def _generation(self, turn: Turn, finish: FinishReason) -> Generation:
         body = turn.generated[:-1] if finish == "stop" else turn.generated
