@@ -11,8 +11,6 @@ the slash commands.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from typing import Awaitable, TextIO, TypeVar
 
 from rich.console import Console
@@ -23,15 +21,14 @@ from .errors import RequestError, RunNotFoundError, SubagentError
 from .events import Event, EventSink
 from .execution import INTERRUPTED
 from .host.protocol import TextCallback
+from .interrupts import EXIT_INTERRUPTED, two_press_sigint
 from .results import RunResult, RunUsage
 from .runner import Runner, close_open_tool_calls
 from .session import AgentSession, system_prompt
-from .tools import kill_all_processes
 from .transcripts import RunRecord, RunRecorder, TaskEntry, TaskTranscript, load_run, read_transcript
 
 T = TypeVar("T")
 DEFAULT_CHAT_AGENT = "orchestrator"
-EXIT_INTERRUPTED = 130
 PROMPT = "> "
 COMMANDS = {
     "/agents": "list the agents the parent can delegate to",
@@ -434,23 +431,14 @@ def _command(loop: asyncio.AbstractEventLoop, chat: Chat, command: str, out: Con
 def _interruptible(loop: asyncio.AbstractEventLoop, work: Awaitable[T], chat: Chat | None, err: Console) -> T:
     """Run `work` with Ctrl-C wired: the first press stops the turn (or `work`), the second quits."""
     task = loop.create_task(_await(work))
-    presses = 0
 
-    def on_sigint() -> None:
-        nonlocal presses
-        presses += 1
-        kill_all_processes()
-        if presses > 1:
-            os._exit(EXIT_INTERRUPTED)
-        err.print("\n[yellow]interrupted: stopping this turn and its sub-agents (Ctrl-C again to quit at once)[/]")
+    def stop() -> None:
         if chat is None or not chat.interrupt():
             task.cancel()
 
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
-    try:
+    message = "\ninterrupted: stopping this turn and its sub-agents (Ctrl-C again to quit at once)"
+    with two_press_sigint(loop, err, message, stop):
         return loop.run_until_complete(task)
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
 
 
 async def _await(work: Awaitable[T]) -> T:

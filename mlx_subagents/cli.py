@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 import time
 from dataclasses import replace
@@ -28,14 +26,13 @@ from .doctor import run_doctor
 from .errors import RequestError, SubagentError
 from .events import Event, EventSink
 from .host import parse_bytes
+from .interrupts import EXIT_INTERRUPTED, two_press_sigint
 from .progress import ProgressView, usage_table
 from .results import MultiRunResult, RunResult
 from .runner import DEFAULT_MAX_DEPTH, Runner, TaskSpec, default_model, label_tasks, load_tasks_file
 from .schema_output import load_schema
-from .tools import kill_all_processes
 
 T = TypeVar("T")
-EXIT_INTERRUPTED = 130
 
 app = typer.Typer(
     name="subagent", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -110,26 +107,16 @@ def _run_async(runner: Runner, work: Callable[[], Awaitable[T]]) -> T:
     """Run `work` with Ctrl-C wired to the runner: the first press aborts every task, the second quits."""
 
     async def main() -> T:
-        loop = asyncio.get_running_loop()
         main_task = asyncio.current_task()
-        presses = 0
 
-        def on_sigint() -> None:
-            nonlocal presses
-            presses += 1
-            kill_all_processes()
-            if presses > 1:
-                os._exit(EXIT_INTERRUPTED)
-            err.print("[yellow]interrupted: stopping every task (Ctrl-C again to quit at once)[/]")
+        def stop() -> None:
             if not runner.cancel() and main_task is not None:
                 main_task.cancel()  # nothing started yet: stop loading
 
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-        try:
+        message = "interrupted: stopping every task (Ctrl-C again to quit at once)"
+        with two_press_sigint(asyncio.get_running_loop(), err, message, stop):
             async with runner:
                 return await work()
-        finally:
-            loop.remove_signal_handler(signal.SIGINT)
 
     return asyncio.run(main())
 
