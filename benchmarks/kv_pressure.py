@@ -64,11 +64,12 @@ from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import Generation, MlxModelHost
 from mlx_subagents.host.kv_pool import KVShape, tokens_that_fit
-from mlx_subagents.host.loading import read_config
 from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.session import system_prompt
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor, make_tiny_model, tool_call_text
 from mlx_subagents.tools import Workspace, make_tools
+
+from workload import NOUNS, TYPES, VERBS, model_arch, tool_message
 
 BUDGET_FRACTIONS = (None, 0.5, 0.25)  # None: unbounded
 TARGET_PREFIX_HIT_RATE = 0.90
@@ -78,9 +79,6 @@ POLL_SECONDS = 0.02
 TINY_CONTEXT_WINDOW = 32768
 WORKSPACE = Workspace(Path(tempfile.gettempdir()) / "kv-pressure-project")
 
-_VERBS = ("load", "parse", "read", "build", "check", "resolve", "merge", "save", "apply", "validate")
-_NOUNS = ("config", "settings", "profile", "session", "cache", "token", "model", "path", "limits", "env")
-_TYPES = ("str", "int", "Path", "dict[str, Any]", "list[str]", "bool", "Settings", "Config")
 _FILES = (
     "src/config.py", "src/settings.py", "src/cli.py", "src/runner.py", "src/profiles.py", "src/env.py",
     "src/cache.py", "src/session.py", "tests/test_config.py", "tests/test_cache.py",
@@ -112,10 +110,10 @@ class Workload:
 
 
 def code_line(rng: random.Random) -> str:
-    verb, noun, other = rng.choice(_VERBS), rng.choice(_NOUNS), rng.choice(_NOUNS)
+    verb, noun, other = rng.choice(VERBS), rng.choice(NOUNS), rng.choice(NOUNS)
     return rng.choice((
-        f"def {verb}_{noun}({other}: {rng.choice(_TYPES)}) -> {rng.choice(_TYPES)}:",
-        f"    {noun} = {other}.{verb}({rng.choice(_NOUNS)}_{rng.randint(1, 9)})",
+        f"def {verb}_{noun}({other}: {rng.choice(TYPES)}) -> {rng.choice(TYPES)}:",
+        f"    {noun} = {other}.{verb}({rng.choice(NOUNS)}_{rng.randint(1, 9)})",
         f"    if {noun} is None:",
         f'        raise ValueError(f"missing {noun}: {{{other}!r}}")',
         f"    return {verb}_{noun}({other}, strict={rng.choice(('True', 'False'))})",
@@ -129,7 +127,7 @@ def plan_call(session: int, turn: int, lines: int) -> Call:
     """Turn `turn` of session `session`: grep on even turns, read on odd ones, with its result."""
     rng = random.Random(session * 1000 + turn)
     if turn % 2 == 0:
-        pattern = f"{_VERBS[(session + turn) % len(_VERBS)]}_{_NOUNS[(3 * session + turn) % len(_NOUNS)]}"
+        pattern = f"{VERBS[(session + turn) % len(VERBS)]}_{NOUNS[(3 * session + turn) % len(NOUNS)]}"
         hits = sorted(f"{rng.choice(_FILES)}:{rng.randint(1, 400)}:{code_line(rng)}  # {pattern}" for _ in range(lines))
         return Call("grep", {"pattern": pattern, "path": "src"}, "\n".join(hits))
     path = _FILES[(session + turn) % len(_FILES)]
@@ -203,11 +201,6 @@ class BudgetRun:
         return max((total for _, total, _ in self.samples), default=0)
 
 
-def tool_message(generation: Generation, call: Call) -> Message:
-    call_id = generation.tool_calls[0].id if generation.tool_calls else "call_0"
-    return {"role": "tool", "tool_call_id": call_id, "name": call.name, "content": call.result}
-
-
 async def conversation(host: MlxModelHost, workload: Workload, i: int, max_tokens: int) -> list[Generation]:
     session = host.session(f"s{i}", agent="scout")
     messages = list(workload.openings[i])
@@ -215,7 +208,7 @@ async def conversation(host: MlxModelHost, workload: Workload, i: int, max_token
     for call in workload.calls[i]:
         generation = await session.generate(messages, tools=workload.tools, max_tokens=max_tokens)
         out.append(generation)
-        messages += [generation.to_message(), tool_message(generation, call)]
+        messages += [generation.to_message(), tool_message(generation, call.name, call.result)]
     return out
 
 
@@ -445,10 +438,6 @@ def plot(runs: list[BudgetRun], path: Path) -> None:
 
 # -- entry point ---------------------------------------------------------------------------------
 
-
-def model_arch(model: Path) -> str:
-    config = read_config(model)
-    return str(config.get("model_type") or (config.get("text_config") or {}).get("model_type", "?"))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

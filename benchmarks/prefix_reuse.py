@@ -55,11 +55,12 @@ from typing import Any, Sequence
 from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import Generation, MlxModelHost
-from mlx_subagents.host.loading import read_config
 from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.session import system_prompt
 from mlx_subagents.testing import ForcedScripts, LogitsProcessor, make_tiny_model, tool_call_text
 from mlx_subagents.tools import TOOL_NAMES, Workspace, make_tools
+
+from workload import NOUNS, TYPES, VERBS, model_arch, tool_message
 
 TARGET_PREFILL_RATIO = 0.35
 SESSION = "scout"
@@ -70,9 +71,6 @@ TASK = "Task: where is the configuration loaded and validated, and which setting
 # A fixed (not necessarily existing) root: the system prompt names it, so token counts are stable.
 WORKSPACE = Workspace(Path(tempfile.gettempdir()) / "prefix-reuse-project")
 
-_VERBS = ("load", "parse", "read", "build", "check", "resolve", "merge", "save", "apply", "validate")
-_NOUNS = ("config", "settings", "profile", "session", "cache", "token", "model", "path", "limits", "env")
-_TYPES = ("str", "int", "Path", "dict[str, Any]", "list[str]", "bool", "Settings", "Config")
 _FILES = (
     "mlx_subagents/config.py", "mlx_subagents/settings.py", "mlx_subagents/cli.py",
     "mlx_subagents/runner.py", "mlx_subagents/profiles.py", "mlx_subagents/env.py",
@@ -118,10 +116,10 @@ class ModeRun:
 
 def code_line(rng: random.Random) -> str:
     """One plausible line of Python."""
-    verb, noun, other = rng.choice(_VERBS), rng.choice(_NOUNS), rng.choice(_NOUNS)
+    verb, noun, other = rng.choice(VERBS), rng.choice(NOUNS), rng.choice(NOUNS)
     templates = (
-        f"def {verb}_{noun}({other}: {rng.choice(_TYPES)}) -> {rng.choice(_TYPES)}:",
-        f"    {noun} = {other}.{verb}({rng.choice(_NOUNS)}_{rng.randint(1, 9)})",
+        f"def {verb}_{noun}({other}: {rng.choice(TYPES)}) -> {rng.choice(TYPES)}:",
+        f"    {noun} = {other}.{verb}({rng.choice(NOUNS)}_{rng.randint(1, 9)})",
         f"    if {noun} is None:",
         f'        raise ValueError(f"missing {noun}: {{{other}!r}}")',
         f"    return {verb}_{noun}({other}, strict={rng.choice(('True', 'False'))})",
@@ -157,7 +155,7 @@ def plan_calls(n_calls: int, result_lines: int, seed: int = 0) -> list[PlannedCa
     for i in range(n_calls):
         rng = random.Random(seed * 1000 + i)
         if i % 2 == 0:
-            pattern = f"{_VERBS[i % len(_VERBS)]}_{_NOUNS[i % len(_NOUNS)]}"
+            pattern = f"{VERBS[i % len(VERBS)]}_{NOUNS[i % len(NOUNS)]}"
             args: dict[str, Any] = {"pattern": pattern, "path": "mlx_subagents"}
             calls.append(PlannedCall("grep", args, grep_result(rng, pattern, result_lines)))
         else:
@@ -241,15 +239,9 @@ async def run_mode(model: Path, reuse: bool, conv: Conversation, force: bool) ->
             turn_seconds.append(time.perf_counter() - tic)
             generations.append(generation)
             if turn < len(conv.calls):
-                messages += [generation.to_message(), tool_message(generation, conv.calls[turn])]
+                messages += [generation.to_message(), tool_message(generation, conv.calls[turn].name, conv.calls[turn].result)]
         seconds = time.perf_counter() - start
     return ModeRun(generations, turn_seconds, seconds), forced
-
-
-def tool_message(generation: Generation, call: PlannedCall) -> Message:
-    """The planned call's result, answering the model's call id when it made one."""
-    call_id = generation.tool_calls[0].id if generation.tool_calls else "call_0"
-    return {"role": "tool", "tool_call_id": call_id, "name": call.name, "content": call.result}
 
 
 # -- reporting -------------------------------------------------------------------------------
@@ -348,10 +340,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--turns and --result-lines must be at least 1")
     return args
 
-
-def model_arch(model: Path) -> str:
-    config = read_config(model)
-    return str(config.get("model_type") or (config.get("text_config") or {}).get("model_type", "?"))
 
 
 async def run(args: argparse.Namespace, model: Path, label: str) -> dict[str, Any]:

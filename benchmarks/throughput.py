@@ -76,10 +76,11 @@ from typing import Any, Sequence
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import MlxModelHost
-from mlx_subagents.host.loading import read_config
 from mlx_subagents.host.prompt import encode, render
 from mlx_subagents.host.protocol import Message
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor, make_tiny_model
+
+from workload import model_arch
 
 SESSION_COUNTS = (1, 2, 4)
 MODES = ("serialized", "batched", "raw")
@@ -462,10 +463,6 @@ def build_tiny(out: Path, arch: str, context_window: int, hidden: int | None, la
     _write_weights(config, path / "model.safetensors", seed=0)
     return path
 
-
-def model_arch(model: Path) -> str:
-    config = read_config(model)
-    return str(config.get("model_type") or (config.get("text_config") or {}).get("model_type", "?"))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
