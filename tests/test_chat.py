@@ -17,25 +17,11 @@ from typing import Any
 
 from mlx_subagents.transcripts import load_run, read_transcript
 
+from helpers import alive, call
+
 REPO = Path(__file__).resolve().parents[1]
 SLOW = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A killed child of an exited parent may linger as a zombie until init reaps it.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def wait_for_pids(folder: Path, deadline: float) -> list[int]:

@@ -15,23 +15,11 @@ import pytest
 
 from mlx_subagents.transcripts import load_run, read_transcript, runs_dir
 
+from helpers import alive, call
+
 REPO = Path(__file__).resolve().parents[1]
 RESULT_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "stop_reason", "duration_s",
                  "label", "step_id", "run_id", "transcript", "parsed"}
-
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
-
-
-def alive(pid: int) -> bool:
-    """True for a running process; a zombie (killed, not yet reaped) counts as dead."""
-    try:
-        os.kill(pid, 0)
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (ProcessLookupError, OSError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from helpers import alive, call
+
 REPO = Path(__file__).resolve().parents[1]
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
@@ -43,10 +45,6 @@ def write_script(path: Path, agent: str, replies: list[Any], **extra: Any) -> Pa
     return path
 
 
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
-
-
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     """A small project, and a sibling `outside/` holding a secret."""
@@ -57,19 +55,6 @@ def ws(tmp_path: Path) -> Path:
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "secret.txt").write_text(f"password={SECRET}\n")
     return root
-
-
-def alive(pid: int) -> bool:
-    """True for a running process; a zombie (killed, not yet reaped) counts as dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # -- subagent run ------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import SubagentTool
 from mlx_subagents.transcripts import load_run, read_transcript, runs_dir
 
+from helpers import call
+
 FORMS = (
     'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '
     '{"tasks": [{"agent": "NAME", "task": "TEXT"}, ...]} for up to 8 independent tasks in parallel; '
@@ -25,10 +27,6 @@ FORMS = (
     "the previous step's answer"
 )
 AGENTS = "Available agents: orchestrator, planner, reviewer, scout, worker"
-
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def delegate(**arguments: Any) -> dict[str, Any]:

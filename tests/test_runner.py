@@ -17,9 +17,7 @@ from mlx_subagents.events import Event
 from mlx_subagents.runner import Runner, TaskSpec, label_tasks, load_tasks_file
 from mlx_subagents.transcripts import read_transcript, runs_dir
 
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+from helpers import call
 
 
 def make_runner(tmp_path: Path, model: str, events: list[Event] | None = None, **options: Any) -> Runner:

@@ -21,6 +21,8 @@ from mlx_subagents.results import RunResult
 from mlx_subagents.session import AgentSession, Limits, system_prompt, workspace_for
 from mlx_subagents.testing import ForcedScripts, tool_call_text
 
+from helpers import call
+
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
 SCOUT_TOOLS = "read, grep, find, ls, bash"
@@ -67,10 +69,6 @@ def scripted(tmp_path: Path, replies: list[Any], *, context_window: int | None =
     path = tmp_path / "script.json"
     path.write_text(json.dumps({"replies": replies}))
     return RecordingHost(path, context_window=context_window)
-
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
 def run_session(session: AgentSession, task: str = "where is the config parsed?") -> RunResult:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ from mlx_subagents.tools import (
     make_tools,
 )
 from mlx_subagents.tools.grep import GrepTool
+
+from helpers import alive
 
 SECRET = "TOP-SECRET"
 
@@ -491,24 +492,11 @@ def test_write_creates_nested_dirs_and_overwrites(tools: dict[str, Tool], ws: Wo
 # --- bash ----------------------------------------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    """Whether `pid` still runs; a zombie counts as dead (killed orphans may wait for a reaper)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return not Path("/proc/self").exists()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _assert_all_dead(pids: list[int]) -> None:
     deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [pid for pid in pids if alive(pid)] == []
 
 
 def _pids(path: Path, count: int = 3) -> list[int]:

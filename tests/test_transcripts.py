@@ -13,9 +13,7 @@ from mlx_subagents.errors import RunNotFoundError
 from mlx_subagents.runner import Runner, TaskSpec, close_open_tool_calls
 from mlx_subagents.transcripts import list_runs, load_run, read_transcript, runs_dir
 
-
-def call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"tool_calls": [{"name": name, "arguments": arguments}]}
+from helpers import call
 
 
 def go(runner: Runner, method: str, *args: Any, **kwargs: Any) -> Any:
