@@ -115,7 +115,8 @@ class Scheduler:
                 self.tokenizer, turn.request.messages, turn.request.tools, turn.state.render, turn.state.token_ids
             )
             turn.max_tokens = self._fit(len(turn.ids), turn.request.max_tokens)
-            turn.prefix = self._prefix_ids(turn) or []
+            if turn.state.prompt_cache is None and turn.state.spill_path is None:  # nothing of its own to reuse
+                turn.prefix = self._prefix_ids(turn) or []
         except Exception as exc:  # noqa: BLE001 - the caller gets it
             turn.deliver(False, exc)
             return
