@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 from typing import Callable
 
 from .errors import SubagentError
 from .host import MlxModelHost
+from .host.mlx_host import total_memory
 
 Print = Callable[[str], None]
 PROBE = [{"role": "user", "content": "Reply with one short sentence: are you ready?"}]
-
-
-def _total_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def _gib(n: int) -> str:
@@ -33,7 +26,7 @@ def environment_lines() -> list[str]:
         f"python    {platform.python_version()} on {platform.system()} {platform.machine()}",
         f"mlx       {mx.__version__}  (mlx-lm {mlx_lm_version})",
         f"device    {mx.default_device()}",
-        f"memory    {_gib(_total_memory())} RAM",
+        f"memory    {_gib(total_memory())} RAM",
     ]
 
 
