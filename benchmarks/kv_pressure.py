@@ -56,9 +56,12 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+from workload import NOUNS, TYPES, VERBS, model_arch, tool_message
 
 from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
 from mlx_subagents.errors import SubagentError
@@ -68,8 +71,6 @@ from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.session import system_prompt
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor, make_tiny_model, tool_call_text
 from mlx_subagents.tools import Workspace, make_tools
-
-from workload import NOUNS, TYPES, VERBS, model_arch, tool_message
 
 BUDGET_FRACTIONS = (None, 0.5, 0.25)  # None: unbounded
 TARGET_PREFIX_HIT_RATE = 0.90
@@ -133,7 +134,9 @@ def plan_call(session: int, turn: int, lines: int) -> Call:
     path = _FILES[(session + turn) % len(_FILES)]
     offset = 1 + lines * (turn // 2)
     body = [f"{n:>6}\t{code_line(rng)}" for n in range(offset, offset + lines)]
-    body.append(f"[... truncated: showing lines {offset}-{offset + lines - 1}; use offset={offset + lines} to read more]")
+    body.append(
+        f"[... truncated: showing lines {offset}-{offset + lines - 1}; use offset={offset + lines} to read more]"
+    )
     return Call("read", {"path": path, "offset": offset, "limit": lines}, "\n".join(body))
 
 
@@ -142,8 +145,14 @@ def build_workload(sessions: int, turns: int, lines: int) -> Workload:
     tools = [tool.schema() for tool in make_tools(spec.tools, WORKSPACE).values()]
     system = {"role": "system", "content": system_prompt(spec, WORKSPACE)}
     openings = [
-        [system, {"role": "user", "content": f"Task {i}: where is {_TOPICS[i % len(_TOPICS)]} handled in this "
-                                             "project, and which files and functions take part? Cite line ranges."}]
+        [
+            system,
+            {
+                "role": "user",
+                "content": f"Task {i}: where is {_TOPICS[i % len(_TOPICS)]} handled in this "
+                "project, and which files and functions take part? Cite line ranges.",
+            },
+        ]
         for i in range(sessions)
     ]
     calls = [[plan_call(i, t, lines) for t in range(turns)] for i in range(sessions)]
@@ -219,11 +228,17 @@ async def poll(host: MlxModelHost, start: float, samples: list[tuple[float, int,
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def run_budget(model: Path, workload: Workload, label: str, budget: int | None, max_sessions: int,
-                     force: bool, share_prefix: bool) -> BudgetRun:
+async def run_budget(
+    model: Path, workload: Workload, label: str, budget: int | None, max_sessions: int, force: bool, share_prefix: bool
+) -> BudgetRun:
     replies = ScriptedReplies(workload, force)
-    async with MlxModelHost(str(model), kv_budget=budget if budget is not None else 0, max_sessions=max_sessions,
-                            processor_factory=replies, share_prefix=share_prefix) as host:
+    async with MlxModelHost(
+        str(model),
+        kv_budget=budget if budget is not None else 0,
+        max_sessions=max_sessions,
+        processor_factory=replies,
+        share_prefix=share_prefix,
+    ) as host:
         forced = replies.bind(host.tokenizer)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
         samples: list[tuple[float, int, dict[str, int]]] = []
@@ -243,9 +258,20 @@ async def run_budget(model: Path, workload: Workload, label: str, budget: int | 
         samples.append((time.perf_counter() - start, stats.kv_bytes_total, dict(stats.kv_bytes_by_session)))
         generations = [r if isinstance(r, list) else [] for r in results]
         errors = [f"s{i}: {type(r).__name__}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
-        return BudgetRun(label, host.kv_budget, max_sessions, host.context_window, seconds, generations, errors,
-                         stats, samples, forced, (host.kv_shape.fixed, host.kv_shape.per_token),
-                         host.kv_trimmable)
+        return BudgetRun(
+            label,
+            host.kv_budget,
+            max_sessions,
+            host.context_window,
+            seconds,
+            generations,
+            errors,
+            stats,
+            samples,
+            forced,
+            (host.kv_shape.fixed, host.kv_shape.per_token),
+            host.kv_trimmable,
+        )
 
 
 def pick_max_sessions(budget: int, shape: KVShape, trimmable: bool, needed_tokens: int, most: int) -> int:
@@ -288,8 +314,9 @@ def held_reuse(generations: list[Generation]) -> tuple[int, int]:
     return cached, held
 
 
-def summarize(runs: list[BudgetRun], *, arch: str, model: str, workload: Workload,
-              share_prefix: bool = True) -> dict[str, Any]:
+def summarize(
+    runs: list[BudgetRun], *, arch: str, model: str, workload: Workload, share_prefix: bool = True
+) -> dict[str, Any]:
     base = runs[0]
     base_ids = [[g.token_ids for g in gens] for gens in base.generations]
     fixed, per_token = base.kv_shape
@@ -302,31 +329,34 @@ def summarize(runs: list[BudgetRun], *, arch: str, model: str, workload: Workloa
         peak = int(pool.get("peak_bytes", 0))
         reuse = [held_reuse(gens) for gens in run.generations]
         held = sum(h for _, h in reuse)
-        rows.append({
-            "label": run.label,
-            "budget_bytes": run.budget,
-            "max_sessions": run.max_sessions,
-            "window_tokens": run.window,
-            "completed": run.completed,
-            "errors": run.errors,
-            "peak_kv_bytes": peak,
-            "peak_sampled_kv_bytes": run.peak_sampled,
-            "within_budget": run.budget is None or peak <= run.budget,
-            "evictions": pool.get("evictions", 0),
-            "spills": pool.get("spills", 0),
-            "restores": pool.get("restores", 0),
-            "drops": pool.get("drops", 0),
-            "reprefilled_tokens": pool.get("reprefilled_tokens", 0),
-            "admission_waits": pool.get("admission_waits", 0),
-            "seconds": round(run.seconds, 4),
-            "wall_vs_unbounded": round(run.seconds / base.seconds, 3) if base.seconds and run.completed else None,
-            "prompt_tokens_turn2_on": prompt,
-            "cached_tokens_turn2_on": cached,
-            "prefix_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
-            "held_reuse_rate": round(sum(c for c, _ in reuse) / held, 4) if held else 0.0,
-            "prefilled_tokens": sum(g.usage.prefilled_tokens for gens in run.generations for g in gens),
-            "identical_outputs": run.completed and [[g.token_ids for g in gens] for gens in run.generations] == base_ids,
-        })
+        rows.append(
+            {
+                "label": run.label,
+                "budget_bytes": run.budget,
+                "max_sessions": run.max_sessions,
+                "window_tokens": run.window,
+                "completed": run.completed,
+                "errors": run.errors,
+                "peak_kv_bytes": peak,
+                "peak_sampled_kv_bytes": run.peak_sampled,
+                "within_budget": run.budget is None or peak <= run.budget,
+                "evictions": pool.get("evictions", 0),
+                "spills": pool.get("spills", 0),
+                "restores": pool.get("restores", 0),
+                "drops": pool.get("drops", 0),
+                "reprefilled_tokens": pool.get("reprefilled_tokens", 0),
+                "admission_waits": pool.get("admission_waits", 0),
+                "seconds": round(run.seconds, 4),
+                "wall_vs_unbounded": round(run.seconds / base.seconds, 3) if base.seconds and run.completed else None,
+                "prompt_tokens_turn2_on": prompt,
+                "cached_tokens_turn2_on": cached,
+                "prefix_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
+                "held_reuse_rate": round(sum(c for c, _ in reuse) / held, 4) if held else 0.0,
+                "prefilled_tokens": sum(g.usage.prefilled_tokens for gens in run.generations for g in gens),
+                "identical_outputs": run.completed
+                and [[g.token_ids for g in gens] for gens in run.generations] == base_ids,
+            }
+        )
     unbounded, bounded = rows[0], rows[1:]
     all_within = all(r["within_budget"] for r in bounded)
     targets = {
@@ -363,43 +393,61 @@ def mib(n: int | None) -> str:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"kv pressure: {report['model']} ({report['arch']}), {report['sessions']} sessions x {report['turns']} turns, "
-          f"replies {'forced' if report['forced'] else 'free (greedy)'}, tool results of {report['result_lines']} lines, "
-          f"shared prefix {'on' if report['share_prefix'] else 'off'}")
-    print(f"KV: {report['kv_per_token_bytes']} B/token + {report['kv_fixed_bytes']} B fixed; final prompts "
-          f"{report['final_prompt_tokens']} tokens; working set (unbounded peak) {mib(report['working_set_bytes'])} MiB")
+    print(
+        f"kv pressure: {report['model']} ({report['arch']}), {report['sessions']} sessions x {report['turns']} turns, "
+        f"replies {'forced' if report['forced'] else 'free (greedy)'}, tool results of {report['result_lines']} lines, "
+        f"shared prefix {'on' if report['share_prefix'] else 'off'}"
+    )
+    print(
+        f"KV: {report['kv_per_token_bytes']} B/token + {report['kv_fixed_bytes']} B fixed; final prompts "
+        f"{report['final_prompt_tokens']} tokens; working set (unbounded peak) {mib(report['working_set_bytes'])} MiB"
+    )
     print()
-    header = (f"{'budget':<9} {'MiB':>6} {'peak MiB':>8} {'sess':>4} {'window':>6} {'evict':>5} {'spill':>5} "
-              f"{'restore':>7} {'drop':>4} {'reprefill':>9} {'waits':>5} {'wall':>6} {'hit rate':>8} {'reuse':>6} "
-              f"{'same':>4} {'ok':>3}")
+    header = (
+        f"{'budget':<9} {'MiB':>6} {'peak MiB':>8} {'sess':>4} {'window':>6} {'evict':>5} {'spill':>5} "
+        f"{'restore':>7} {'drop':>4} {'reprefill':>9} {'waits':>5} {'wall':>6} {'hit rate':>8} {'reuse':>6} "
+        f"{'same':>4} {'ok':>3}"
+    )
     print(header)
     print("-" * len(header))
     for r in report["budgets"]:
         wall = "-" if r["wall_vs_unbounded"] is None else f"{r['wall_vs_unbounded']:.2f}x"
-        print(f"{r['label']:<9} {mib(r['budget_bytes']):>6} {mib(r['peak_kv_bytes']):>8} {r['max_sessions']:>4} "
-              f"{r['window_tokens']:>6} {r['evictions']:>5} {r['spills']:>5} {r['restores']:>7} {r['drops']:>4} "
-              f"{r['reprefilled_tokens']:>9} {r['admission_waits']:>5} {wall:>6} {r['prefix_hit_rate']:>8.1%} "
-              f"{r['held_reuse_rate']:>6.1%} "
-              f"{'yes' if r['identical_outputs'] else 'NO':>4} {'yes' if r['completed'] else 'NO':>3}")
+        print(
+            f"{r['label']:<9} {mib(r['budget_bytes']):>6} {mib(r['peak_kv_bytes']):>8} {r['max_sessions']:>4} "
+            f"{r['window_tokens']:>6} {r['evictions']:>5} {r['spills']:>5} {r['restores']:>7} {r['drops']:>4} "
+            f"{r['reprefilled_tokens']:>9} {r['admission_waits']:>5} {wall:>6} {r['prefix_hit_rate']:>8.1%} "
+            f"{r['held_reuse_rate']:>6.1%} "
+            f"{'yes' if r['identical_outputs'] else 'NO':>4} {'yes' if r['completed'] else 'NO':>3}"
+        )
     for r in report["budgets"]:
         for error in r["errors"]:
             print(f"  {r['label']}: {error}")
-    bounded = [r for r in report["budgets"] if r["budget_bytes"] is not None and r["max_sessions"] < report["sessions"] + 1]
+    bounded = [
+        r for r in report["budgets"] if r["budget_bytes"] is not None and r["max_sessions"] < report["sessions"] + 1
+    ]
     for r in bounded:
-        print(f"  {r['label']}: max_sessions={r['max_sessions']} so that the per-session window ({r['window_tokens']} "
-              f"tokens) still holds the longest conversation ({max(report['final_prompt_tokens'])} + reply)")
+        print(
+            f"  {r['label']}: max_sessions={r['max_sessions']} so that the per-session window ({r['window_tokens']} "
+            f"tokens) still holds the longest conversation ({max(report['final_prompt_tokens'])} + reply)"
+        )
     print()
     t = report["targets"]
     print(f"{'PASS' if t['every_run_completes'] else 'FAIL'}: every run completes")
-    print(f"{'PASS' if t['peak_within_budget'] else 'FAIL'}: peak KV bytes never above the budget "
-          f"(all_within_budget {report['all_within_budget']})")
+    print(
+        f"{'PASS' if t['peak_within_budget'] else 'FAIL'}: peak KV bytes never above the budget "
+        f"(all_within_budget {report['all_within_budget']})"
+    )
     print(f"{'PASS' if t['zero_evictions_unbounded'] else 'FAIL'}: zero evictions when unbounded")
     hit = report["budgets"][0]["prefix_hit_rate"]
-    print(f"{'PASS' if t['prefix_hit_rate_unbounded'] else 'FAIL'}: prefix hit rate when unbounded {hit:.1%} "
-          f"(target >= {report['target_prefix_hit_rate']:.0%})")
+    print(
+        f"{'PASS' if t['prefix_hit_rate_unbounded'] else 'FAIL'}: prefix hit rate when unbounded {hit:.1%} "
+        f"(target >= {report['target_prefix_hit_rate']:.0%})"
+    )
     print(f"identical outputs in every run: {report['identical_outputs']}")
-    print("(hit rate: cached / prompt tokens over turns 2..T, bounded by the new tool result in every turn; "
-          "reuse: cached / tokens the session held after its previous turn)")
+    print(
+        "(hit rate: cached / prompt tokens over turns 2..T, bounded by the new tool result in every turn; "
+        "reuse: cached / tokens the session held after its previous turn)"
+    )
 
 
 def plot(runs: list[BudgetRun], path: Path) -> None:
@@ -423,8 +471,14 @@ def plot(runs: list[BudgetRun], path: Path) -> None:
         names = sorted({n for _, _, by in run.samples for n in by}, key=lambda n: (len(n), n))
         for n in names:
             ax.step(times, [by.get(n, 0) / 2**20 for _, _, by in run.samples], where="post", lw=1.0, label=n)
-        ax.step(times, [total / 2**20 for _, total, _ in run.samples], where="post", color="black", lw=1.4,
-                label="resident total")
+        ax.step(
+            times,
+            [total / 2**20 for _, total, _ in run.samples],
+            where="post",
+            color="black",
+            lw=1.4,
+            label="resident total",
+        )
         if run.budget is not None:
             ax.axhline(run.budget / 2**20, color="red", ls="--", lw=1.2, label="budget")
         ax.set_title(f"{run.label}: budget {mib(run.budget)} MiB, max_sessions {run.max_sessions}")
@@ -439,17 +493,24 @@ def plot(runs: list[BudgetRun], path: Path) -> None:
 # -- entry point ---------------------------------------------------------------------------------
 
 
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", choices=("qwen3", "qwen3_5"), default="qwen3",
-                        help="tiny model architecture (ignored with --model)")
+    parser.add_argument(
+        "--arch", choices=("qwen3", "qwen3_5"), default="qwen3", help="tiny model architecture (ignored with --model)"
+    )
     parser.add_argument("--sessions", type=int, default=4, help="concurrent sessions (default 4)")
     parser.add_argument("--turns", type=int, default=8, help="tool-call turns per session (default 8)")
-    parser.add_argument("--result-lines", type=int, default=10,
-                        help="lines per tool result (default 10: 200-300 tokens on the tiny tokenizer)")
-    parser.add_argument("--no-share-prefix", action="store_true",
-                        help="hosts without the shared system-prompt prefix (share_prefix=False)")
+    parser.add_argument(
+        "--result-lines",
+        type=int,
+        default=10,
+        help="lines per tool result (default 10: 200-300 tokens on the tiny tokenizer)",
+    )
+    parser.add_argument(
+        "--no-share-prefix",
+        action="store_true",
+        help="hosts without the shared system-prompt prefix (share_prefix=False)",
+    )
     parser.add_argument("--model", type=Path, help="an existing mlx-lm model folder instead of a tiny one")
     parser.add_argument("--free", action="store_true", help="never force replies; generate greedily")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="draw KV bytes per session over time")

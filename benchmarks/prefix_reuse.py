@@ -48,9 +48,12 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+from workload import NOUNS, TYPES, VERBS, model_arch, tool_message
 
 from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
 from mlx_subagents.errors import SubagentError
@@ -59,8 +62,6 @@ from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.session import system_prompt
 from mlx_subagents.testing import ForcedScripts, LogitsProcessor, make_tiny_model, tool_call_text
 from mlx_subagents.tools import TOOL_NAMES, Workspace, make_tools
-
-from workload import NOUNS, TYPES, VERBS, model_arch, tool_message
 
 TARGET_PREFILL_RATIO = 0.35
 SESSION = "scout"
@@ -169,8 +170,7 @@ def final_answer(calls: Sequence[PlannedCall]) -> str:
     """A scout-format answer naming the files that were read."""
     read = [c.arguments for c in calls if c.name == "read"] or [{"path": _FILES[0], "offset": 1, "limit": 40}]
     findings = [
-        f"- {a['path']}:{a['offset']}-{a['offset'] + a['limit'] - 1} — where the settings are read"
-        for a in read[:3]
+        f"- {a['path']}:{a['offset']}-{a['offset'] + a['limit'] - 1} — where the settings are read" for a in read[:3]
     ]
     summary = "Summary: the configuration is loaded by load_config and validated by validate_settings."
     return "Findings:\n" + "\n".join(findings) + "\n\n" + summary
@@ -239,7 +239,10 @@ async def run_mode(model: Path, reuse: bool, conv: Conversation, force: bool) ->
             turn_seconds.append(time.perf_counter() - tic)
             generations.append(generation)
             if turn < len(conv.calls):
-                messages += [generation.to_message(), tool_message(generation, conv.calls[turn].name, conv.calls[turn].result)]
+                messages += [
+                    generation.to_message(),
+                    tool_message(generation, conv.calls[turn].name, conv.calls[turn].result),
+                ]
         seconds = time.perf_counter() - start
     return ModeRun(generations, turn_seconds, seconds), forced
 
@@ -298,28 +301,38 @@ def summarize(arch: str, model: str, forced: bool, with_reuse: ModeRun, without:
 def print_table(report: dict[str, Any]) -> None:
     """A side-by-side table per turn, a totals line, and the PASS/FAIL verdict."""
     t = report["per_turn"]
-    print(f"prefix reuse: {report['model']} ({report['arch']}), {report['turns']} turns, "
-          f"replies {'forced' if report['forced'] else 'free (greedy)'}")
+    print(
+        f"prefix reuse: {report['model']} ({report['arch']}), {report['turns']} turns, "
+        f"replies {'forced' if report['forced'] else 'free (greedy)'}"
+    )
     print()
     print(f"{'':>4} {'':<8} {'':>7} | {'with reuse':^27} | {'without reuse':^19} |")
-    print(f"{'turn':>4} {'reply':<8} {'prompt':>7} | {'cached':>7} {'prefill':>8} {'seconds':>9} | "
-          f"{'prefill':>8} {'seconds':>9} | {'same':>4}")
+    print(
+        f"{'turn':>4} {'reply':<8} {'prompt':>7} | {'cached':>7} {'prefill':>8} {'seconds':>9} | "
+        f"{'prefill':>8} {'seconds':>9} | {'same':>4}"
+    )
     for i in range(report["turns"]):
-        print(f"{i + 1:>4} {t['reply'][i]:<8} {t['prompt_tokens'][i]:>7} | "
-              f"{t['cached_tokens_with_reuse'][i]:>7} {t['prefill_tokens_with_reuse'][i]:>8} "
-              f"{t['seconds_with_reuse'][i]:>9.3f} | {t['prefill_tokens_without_reuse'][i]:>8} "
-              f"{t['seconds_without_reuse'][i]:>9.3f} | {'yes' if t['identical_output'][i] else 'NO':>4}")
-    print(f"{'all':>4} {'':<8} {report['prompt_tokens_total']:>7} | "
-          f"{report['cached_tokens_with_reuse']:>7} {report['prefill_tokens_with_reuse']:>8} "
-          f"{report['seconds_with_reuse']:>9.3f} | {report['prefill_tokens_without_reuse']:>8} "
-          f"{report['seconds_without_reuse']:>9.3f} |")
+        print(
+            f"{i + 1:>4} {t['reply'][i]:<8} {t['prompt_tokens'][i]:>7} | "
+            f"{t['cached_tokens_with_reuse'][i]:>7} {t['prefill_tokens_with_reuse'][i]:>8} "
+            f"{t['seconds_with_reuse'][i]:>9.3f} | {t['prefill_tokens_without_reuse'][i]:>8} "
+            f"{t['seconds_without_reuse'][i]:>9.3f} | {'yes' if t['identical_output'][i] else 'NO':>4}"
+        )
+    print(
+        f"{'all':>4} {'':<8} {report['prompt_tokens_total']:>7} | "
+        f"{report['cached_tokens_with_reuse']:>7} {report['prefill_tokens_with_reuse']:>8} "
+        f"{report['seconds_with_reuse']:>9.3f} | {report['prefill_tokens_without_reuse']:>8} "
+        f"{report['seconds_without_reuse']:>9.3f} |"
+    )
     print()
     print(f"prefill ratio (with / without reuse): {report['prefill_ratio']:.3f}")
     print(f"speedup (seconds without / with reuse): {report['speedup']:.2f}x")
     print(f"identical outputs: {report['identical_outputs']}")
     verdict = "PASS" if report["target_met"] else "FAIL"
-    print(f"{verdict}: target prefill_ratio <= {TARGET_PREFILL_RATIO} and identical outputs "
-          f"(ratio {report['prefill_ratio']:.3f}, identical {report['identical_outputs']})")
+    print(
+        f"{verdict}: target prefill_ratio <= {TARGET_PREFILL_RATIO} and identical outputs "
+        f"(ratio {report['prefill_ratio']:.3f}, identical {report['identical_outputs']})"
+    )
 
 
 # -- entry point -----------------------------------------------------------------------------
@@ -327,11 +340,13 @@ def print_table(report: dict[str, Any]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", choices=("qwen3", "qwen3_5"), default="qwen3",
-                        help="tiny model architecture (ignored with --model)")
+    parser.add_argument(
+        "--arch", choices=("qwen3", "qwen3_5"), default="qwen3", help="tiny model architecture (ignored with --model)"
+    )
     parser.add_argument("--turns", type=int, default=8, help="model replies; the last one is the answer")
-    parser.add_argument("--result-lines", type=int, default=24,
-                        help="lines per tool result (default 24: a few hundred tokens)")
+    parser.add_argument(
+        "--result-lines", type=int, default=24, help="lines per tool result (default 24: a few hundred tokens)"
+    )
     parser.add_argument("--model", type=Path, help="an existing mlx-lm model folder instead of a tiny one")
     parser.add_argument("--free", action="store_true", help="never force replies; generate greedily")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -339,7 +354,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.turns < 1 or args.result_lines < 1:
         parser.error("--turns and --result-lines must be at least 1")
     return args
-
 
 
 async def run(args: argparse.Namespace, model: Path, label: str) -> dict[str, Any]:

@@ -70,17 +70,18 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+from workload import model_arch
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host.prompt import encode, render
 from mlx_subagents.host.protocol import Message
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor, make_tiny_model
-
-from workload import model_arch
 
 SESSION_COUNTS = (1, 2, 4)
 MODES = ("serialized", "batched", "raw")
@@ -187,8 +188,15 @@ class Run:
         return self.steady_tokens / self.steady_s if self.steady_s > 0 else 0.0
 
 
-def make_run(start: float, end: float, cpu_s: float, stamps: list[list[float]], generations: list[tuple[int, ...]],
-             generated: list[int], cached: list[int]) -> Run:
+def make_run(
+    start: float,
+    end: float,
+    cpu_s: float,
+    stamps: list[list[float]],
+    generations: list[tuple[int, ...]],
+    generated: list[int],
+    cached: list[int],
+) -> Run:
     """Figures from each session's token (host: streamed text chunk) timestamps.
 
     The host streams a chunk per token except where the detokenizer holds one back (a lone space,
@@ -200,9 +208,16 @@ def make_run(start: float, end: float, cpu_s: float, stamps: list[list[float]], 
     everyone = max(firsts)
     before = [sum(1 for t in ts if t <= everyone) for ts in stamps]
     return Run(
-        sessions=len(stamps), wall_s=end - start, decode_s=end - min(firsts), ttft_s=[f - start for f in firsts],
-        generated=generated, token_ids=generations, cached_tokens=cached,
-        steady_tokens=sum(max(0, g - b) for g, b in zip(generated, before)), steady_s=end - everyone, cpu_s=cpu_s,
+        sessions=len(stamps),
+        wall_s=end - start,
+        decode_s=end - min(firsts),
+        ttft_s=[f - start for f in firsts],
+        generated=generated,
+        token_ids=generations,
+        cached_tokens=cached,
+        steady_tokens=sum(max(0, g - b) for g, b in zip(generated, before)),
+        steady_s=end - everyone,
+        cpu_s=cpu_s,
     )
 
 
@@ -213,16 +228,25 @@ async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: i
     sessions = [host.session(f"{tag}-{i}") for i in range(n)]
     cpu = time.process_time()
     start = time.perf_counter()
-    generations = await asyncio.gather(*(
-        s.generate(prompts[i], max_tokens=n_tokens, on_text=lambda _t, ts=stamps[i]: ts.append(time.perf_counter()))
-        for i, s in enumerate(sessions)
-    ))
+    generations = await asyncio.gather(
+        *(
+            s.generate(prompts[i], max_tokens=n_tokens, on_text=lambda _t, ts=stamps[i]: ts.append(time.perf_counter()))
+            for i, s in enumerate(sessions)
+        )
+    )
     end = time.perf_counter()
     cpu = time.process_time() - cpu
     for s in sessions:
         await s.close()
-    return make_run(start, end, cpu, stamps, [tuple(g.token_ids) for g in generations],
-                    [g.usage.generated_tokens for g in generations], [g.usage.cached_tokens for g in generations])
+    return make_run(
+        start,
+        end,
+        cpu,
+        stamps,
+        [tuple(g.token_ids) for g in generations],
+        [g.usage.generated_tokens for g in generations],
+        [g.usage.cached_tokens for g in generations],
+    )
 
 
 def raw_run(model: Any, tokenizer: Any, prompt_ids: list[list[int]], n_tokens: int, scripts: Scripts) -> Run:
@@ -232,14 +256,18 @@ def raw_run(model: Any, tokenizer: Any, prompt_ids: list[list[int]], n_tokens: i
 
     n = len(prompt_ids)
     batch = BatchGenerator(
-        model, stop_tokens=[[t] for t in tokenizer.eos_token_ids], prefill_step_size=PREFILL_STEP,
-        completion_batch_size=8, prefill_batch_size=8,
+        model,
+        stop_tokens=[[t] for t in tokenizer.eos_token_ids],
+        prefill_step_size=PREFILL_STEP,
+        completion_batch_size=8,
+        prefill_batch_size=8,
     )
     try:
         cpu = time.process_time()
         start = time.perf_counter()
         uids = batch.insert(
-            [list(p) for p in prompt_ids], max_tokens=[n_tokens] * n,
+            [list(p) for p in prompt_ids],
+            max_tokens=[n_tokens] * n,
             logits_processors=[scripts.processors(i) for i in range(n)],
         )
         index = {uid: i for i, uid in enumerate(uids)}
@@ -298,7 +326,7 @@ async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tupl
         raw_run(raw_model, raw_tokenizer, prompt_ids, WARM_UP_TOKENS, scripts)
         for rep in range(repeats):
             for n in SESSION_COUNTS:
-                order = MODES[rep % len(MODES):] + MODES[: rep % len(MODES)]  # no mode always runs first
+                order = MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]  # no mode always runs first
                 for mode in order:
                     if mode == "raw":
                         run = raw_run(raw_model, raw_tokenizer, prompt_ids[:n], n_tokens, scripts)
@@ -315,8 +343,9 @@ async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tupl
     return runs, info
 
 
-def summarize(runs: Runs, info: dict[str, Any], *, arch: str, model: str,
-              n_tokens: int, repeats: int, forced: bool) -> dict[str, Any]:
+def summarize(
+    runs: Runs, info: dict[str, Any], *, arch: str, model: str, n_tokens: int, repeats: int, forced: bool
+) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
     for mode in MODES:
         results[mode] = {}
@@ -347,14 +376,18 @@ def summarize(runs: Runs, info: dict[str, Any], *, arch: str, model: str,
 
     identical = all(
         runs["serialized"][n][i].token_ids == runs["batched"][n][i].token_ids == runs["raw"][n][i].token_ids
-        for n in SESSION_COUNTS for i in range(repeats)
+        for n in SESSION_COUNTS
+        for i in range(repeats)
     )
     exact = all(g == n_tokens for mode in MODES for n in SESSION_COUNTS for r in runs[mode][n] for g in r.generated)
     at4_bs = ratio(rate("batched", 4), rate("serialized", 4))
     at4_hr = ratio(rate("batched", 4), rate("raw", 4))
     targets = {
-        "batched_vs_serialized_at_4": {"value": at4_bs, "target": TARGET_BATCHED_VS_SERIALIZED,
-                                       "met": at4_bs >= TARGET_BATCHED_VS_SERIALIZED},
+        "batched_vs_serialized_at_4": {
+            "value": at4_bs,
+            "target": TARGET_BATCHED_VS_SERIALIZED,
+            "met": at4_bs >= TARGET_BATCHED_VS_SERIALIZED,
+        },
         "host_vs_raw_batch_at_4": {"value": at4_hr, "target": TARGET_HOST_VS_RAW, "met": at4_hr >= TARGET_HOST_VS_RAW},
         "identical_outputs": {"value": identical, "target": True, "met": identical},
     }
@@ -370,7 +403,9 @@ def summarize(runs: Runs, info: dict[str, Any], *, arch: str, model: str,
         "prompt_tokens": info["prompt_tokens"],
         "context_window": info["context_window"],
         "results": results,
-        "ratio_batched_vs_serialized": {str(n): ratio(rate("batched", n), rate("serialized", n)) for n in SESSION_COUNTS},
+        "ratio_batched_vs_serialized": {
+            str(n): ratio(rate("batched", n), rate("serialized", n)) for n in SESSION_COUNTS
+        },
         "ratio_host_vs_raw_batch": {str(n): ratio(rate("batched", n), rate("raw", n)) for n in SESSION_COUNTS},
         "ratio_host_vs_raw_batch_cpu": {  # raw CPU per token / host CPU per token: work, not wall time
             str(n): ratio(results["raw"][str(n)]["cpu_ms_per_token"], results["batched"][str(n)]["cpu_ms_per_token"])
@@ -395,14 +430,20 @@ def summarize(runs: Runs, info: dict[str, Any], *, arch: str, model: str,
 
 def print_table(report: dict[str, Any]) -> None:
     res = report["results"]
-    print(f"throughput: {report['model']} ({report['arch']}), {report['tokens_per_session']} tokens per session, "
-          f"best of {report['repeats']}, replies {'forced' if report['forced'] else 'free (greedy)'}")
+    print(
+        f"throughput: {report['model']} ({report['arch']}), {report['tokens_per_session']} tokens per session, "
+        f"best of {report['repeats']}, replies {'forced' if report['forced'] else 'free (greedy)'}"
+    )
     cached = res["batched"][str(max(report["session_counts"]))]["cached_tokens"]
-    print(f"prompt tokens per session: {report['prompt_tokens']} (the hosts start from the shared system-prompt "
-          f"prefix: {cached} cached; the raw batch prefills whole prompts)")
+    print(
+        f"prompt tokens per session: {report['prompt_tokens']} (the hosts start from the shared system-prompt "
+        f"prefix: {cached} cached; the raw batch prefills whole prompts)"
+    )
     print()
-    header = (f"{'sessions':>8}  {'mode':<10} {'decode tok/s':>12} {'(median)':>9} {'e2e tok/s':>10} {'steady':>7} "
-              f"{'CPU ms/tok':>10} {'TTFT p50 ms':>11} {'TTFT p95 ms':>11}  {'vs serial':>9} {'vs raw':>7}")
+    header = (
+        f"{'sessions':>8}  {'mode':<10} {'decode tok/s':>12} {'(median)':>9} {'e2e tok/s':>10} {'steady':>7} "
+        f"{'CPU ms/tok':>10} {'TTFT p50 ms':>11} {'TTFT p95 ms':>11}  {'vs serial':>9} {'vs raw':>7}"
+    )
     print(header)
     print("-" * len(header))
     for n in report["session_counts"]:
@@ -411,9 +452,11 @@ def print_table(report: dict[str, Any]) -> None:
             vs_serial = r["decode_tok_s"] / res["serialized"][str(n)]["decode_tok_s"]
             vs_raw = r["decode_tok_s"] / res["raw"][str(n)]["decode_tok_s"]
             label = "raw batch" if mode == "raw" else mode
-            print(f"{n:>8}  {label:<10} {r['decode_tok_s']:>12.1f} {r['decode_tok_s_median']:>9.1f} "
-                  f"{r['e2e_tok_s']:>10.1f} {r['steady_tok_s']:>7.0f} {r['cpu_ms_per_token']:>10.3f} "
-                  f"{1000 * r['ttft_p50_s']:>11.1f} {1000 * r['ttft_p95_s']:>11.1f}  {vs_serial:>8.2f}x {vs_raw:>6.2f}x")
+            print(
+                f"{n:>8}  {label:<10} {r['decode_tok_s']:>12.1f} {r['decode_tok_s_median']:>9.1f} "
+                f"{r['e2e_tok_s']:>10.1f} {r['steady_tok_s']:>7.0f} {r['cpu_ms_per_token']:>10.3f} "
+                f"{1000 * r['ttft_p50_s']:>11.1f} {1000 * r['ttft_p95_s']:>11.1f}  {vs_serial:>8.2f}x {vs_raw:>6.2f}x"
+            )
     print()
     scaling = ", ".join(f"{n}: {v:.2f}x" for n, v in report["batched_scaling_vs_1"].items())
     print(f"batched aggregate rate vs one session: {scaling}")
@@ -451,8 +494,13 @@ def build_tiny(out: Path, arch: str, context_window: int, hidden: int | None, la
         if hidden % head_dim:
             raise SubagentError(f"--hidden {hidden} must be a multiple of {head_dim}")
         heads = hidden // head_dim
-        text.update(hidden_size=hidden, intermediate_size=3 * hidden, head_dim=head_dim,
-                    num_attention_heads=heads, num_key_value_heads=max(1, heads // 2))
+        text.update(
+            hidden_size=hidden,
+            intermediate_size=3 * hidden,
+            head_dim=head_dim,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2),
+        )
     if layers is not None:
         if "text_config" in config:
             if layers % 2:
@@ -464,11 +512,11 @@ def build_tiny(out: Path, arch: str, context_window: int, hidden: int | None, la
     return path
 
 
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", choices=("qwen3", "qwen3_5"), default="qwen3",
-                        help="tiny model architecture (ignored with --model)")
+    parser.add_argument(
+        "--arch", choices=("qwen3", "qwen3_5"), default="qwen3", help="tiny model architecture (ignored with --model)"
+    )
     parser.add_argument("--tokens", type=int, default=128, help="tokens each session decodes (default 128)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the best counts (default 3)")
     parser.add_argument("--hidden", type=int, help="hidden size of the tiny model (default: the test kit's 64)")
@@ -490,16 +538,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.model is None:
                 window = max(4096, 2 * (args.tokens + 512))
                 model = build_tiny(Path(tmp) / "model", args.arch, window, args.hidden, args.layers)
-                label = f"tiny-{args.arch}" + (f"-h{args.hidden}" if args.hidden else "") + (
-                    f"-l{args.layers}" if args.layers else "")
+                label = (
+                    f"tiny-{args.arch}"
+                    + (f"-h{args.hidden}" if args.hidden else "")
+                    + (f"-l{args.layers}" if args.layers else "")
+                )
             else:
                 model, label = args.model.expanduser(), str(args.model)
                 if not (model / "config.json").is_file():
                     raise SubagentError(f"{model} has no config.json; pass a local mlx-lm model folder to --model")
             force = args.model is None
             runs, info = asyncio.run(measure(model, args.tokens, args.repeats, force))
-            report = summarize(runs, info, arch=model_arch(model), model=label, n_tokens=args.tokens,
-                               repeats=args.repeats, forced=force)
+            report = summarize(
+                runs,
+                info,
+                arch=model_arch(model),
+                model=label,
+                n_tokens=args.tokens,
+                repeats=args.repeats,
+                forced=force,
+            )
     except SubagentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -162,10 +163,7 @@ def _split_frontmatter(path: Path, text: str) -> tuple[dict[str, Any], str]:
     """The frontmatter mapping and the body."""
     lines = text.removeprefix("\ufeff").splitlines(keepends=True)
     if not lines or lines[0].rstrip() != "---":
-        fix = (
-            "start the file with a '---' line, then name: and description:, "
-            "then a closing '---' line"
-        )
+        fix = "start the file with a '---' line, then name: and description:, then a closing '---' line"
         raise _fail(path, "no frontmatter", fix)
     end = next((i for i, line in enumerate(lines) if i and line.rstrip() == "---"), None)
     if end is None:
@@ -198,9 +196,7 @@ def _required_text(path: Path, meta: dict[str, Any], key: str, example: str) -> 
     raise _fail(path, problem, f"write '{key}: {example}'")
 
 
-def _parse_tools(
-    path: Path, meta: dict[str, Any], claude: bool, warnings: list[str]
-) -> tuple[str, ...]:
+def _parse_tools(path: Path, meta: dict[str, Any], claude: bool, warnings: list[str]) -> tuple[str, ...]:
     value = meta.get("tools")
     tools = TOOL_NAMES if value is None else _tool_list(path, "tools", value, claude, warnings)
     if claude and meta.get("disallowedTools") is not None:
@@ -210,9 +206,7 @@ def _parse_tools(
     return tools
 
 
-def _tool_list(
-    path: Path, key: str, value: Any, claude: bool, warnings: list[str]
-) -> tuple[str, ...]:
+def _tool_list(path: Path, key: str, value: Any, claude: bool, warnings: list[str]) -> tuple[str, ...]:
     if isinstance(value, str):
         items = value.split(",")
     elif isinstance(value, list) and all(isinstance(item, str) for item in value):
@@ -228,9 +222,7 @@ def _tool_list(
     return tuple(tools)
 
 
-def _map_tool(
-    path: Path, key: str, item: str, claude: bool, warnings: list[str]
-) -> str | None:
+def _map_tool(path: Path, key: str, item: str, claude: bool, warnings: list[str]) -> str | None:
     if claude and item in CLAUDE_TOOL_MAP:
         return CLAUDE_TOOL_MAP[item]
     # `Bash(git:*)`-style patterns restrict a tool in Claude Code; we cannot, so drop, never widen.
@@ -266,8 +258,7 @@ def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> s
     if provider != model.lower() and provider in REMOTE_PROVIDERS:
         raise _fail(
             path,
-            f"field 'model': '{model}' is a remote '{provider}' model; "
-            "only local MLX models run here",
+            f"field 'model': '{model}' is a remote '{provider}' model; only local MLX models run here",
             f"{fix} (write mlx/{model} if it is a Hugging Face repo)",
         )
     return model
@@ -441,10 +432,7 @@ def require_trust(
     """
     if spec.source != "project" or assume_yes:
         return
-    origin = (
-        f"agent '{spec.name}' comes from the project file {spec.path}; "
-        "it can run commands in this workspace."
-    )
+    origin = f"agent '{spec.name}' comes from the project file {spec.path}; it can run commands in this workspace."
     if not interactive or confirm is None:
         raise ConfirmationRequired(f"{origin} Re-run with --yes to allow it.")
     if not confirm(f"{origin} Allow it?"):

@@ -7,8 +7,8 @@ full text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .agents import AgentSpec
 from .errors import InputTooLargeError, RequestError
@@ -35,7 +35,9 @@ def check_task_count(n_tasks: int) -> None:
     if n_tasks == 0:
         raise RequestError("no tasks given: add at least one task")
     if n_tasks > MAX_TASKS:
-        raise RequestError(f"{n_tasks} tasks is more than the limit of {MAX_TASKS} per run; split the work into several runs")
+        raise RequestError(
+            f"{n_tasks} tasks is more than the limit of {MAX_TASKS} per run; split the work into several runs"
+        )
 
 
 def check_concurrency(concurrency: int) -> None:

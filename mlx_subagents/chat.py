@@ -11,7 +11,8 @@ the slash commands.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, TextIO, TypeVar
+from collections.abc import Awaitable
+from typing import TextIO, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -46,8 +47,15 @@ class Chat:
     Create with `await Chat.start(runner, agent)`; then `await chat.turn(message)` per message.
     """
 
-    def __init__(self, runner: Runner, agent: str, *, label: str | None = None, model: str | None = None,
-                 on_text: TextCallback | None = None) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        agent: str,
+        *,
+        label: str | None = None,
+        model: str | None = None,
+        on_text: TextCallback | None = None,
+    ) -> None:
         self.runner = runner
         self.spec = runner.agent(agent)
         self.label = label or self.spec.name
@@ -64,8 +72,14 @@ class Chat:
         self._interrupted = False
 
     @classmethod
-    async def start(cls, runner: Runner, agent: str = DEFAULT_CHAT_AGENT, *, resume: str | None = None,
-                    on_text: TextCallback | None = None) -> Chat:
+    async def start(
+        cls,
+        runner: Runner,
+        agent: str = DEFAULT_CHAT_AGENT,
+        *,
+        resume: str | None = None,
+        on_text: TextCallback | None = None,
+    ) -> Chat:
         """A new chat with `agent` (its model loaded now), or a saved one continued (`resume`: a run id)."""
         if resume is None:
             chat = cls(runner, agent, on_text=on_text)
@@ -107,7 +121,7 @@ class Chat:
                 self._save(session.partial_result(message, "cancelled", INTERRUPTED))
                 raise
             result = session.partial_result(message, "cancelled", INTERRUPTED)
-        except Exception as exc:  # noqa: BLE001 - one broken turn does not end the chat
+        except Exception as exc:
             error = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
             result = session.partial_result(message, "error", error).model_copy(update={"status": "failed"})
         finally:
@@ -162,16 +176,21 @@ class Chat:
             mark = " (this chat)" if name == self.spec.name else ""
             lines.append(f"{name}{mark} [{spec.source}]: {spec.description}")
         if "subagent" not in self.spec.tools:
-            lines.append(f"note: {self.spec.name} has no subagent tool, so it cannot delegate; chat with --agent orchestrator")
+            lines.append(
+                f"note: {self.spec.name} has no subagent tool, so it cannot delegate; chat with --agent orchestrator"
+            )
         return lines
 
     # -- internals --------------------------------------------------------------------------------------
 
     async def _open_session(self) -> AgentSession:
         return await self.runner.open_session(
-            self.spec.name, label=self.label, model=self.model,
+            self.spec.name,
+            label=self.label,
+            model=self.model,
             children_home=self.record.folder if self.record else None,
-            on_event=self._parent_event, on_text=self.on_text,
+            on_event=self._parent_event,
+            on_text=self.on_text,
         )
 
     async def _begin(self, message: str) -> AgentSession:
@@ -190,8 +209,13 @@ class Chat:
         session.messages = [{"role": "system", "content": system_prompt(self.spec, session.workspace)}]
         if self.transcript is not None:
             self.transcript.start(
-                run_id=self.run_id, label=self.label, step_id=None, agent=self.spec.name,
-                model=session.host.model_id, cwd=str(session.workspace.root), task=message,
+                run_id=self.run_id,
+                label=self.label,
+                step_id=None,
+                agent=self.spec.name,
+                model=session.host.model_id,
+                cwd=str(session.workspace.root),
+                task=message,
             )
         return session
 
@@ -243,10 +267,12 @@ class ReplyStream:
             self._write(text[:at])
             self.hidden, self.pending = True, ""
             return
-        keep = next((n for n in range(min(len(text), len(TOOL_CALL_MARK) - 1), 0, -1)
-                     if TOOL_CALL_MARK.startswith(text[-n:])), 0)
+        keep = next(
+            (n for n in range(min(len(text), len(TOOL_CALL_MARK) - 1), 0, -1) if TOOL_CALL_MARK.startswith(text[-n:])),
+            0,
+        )
         self._write(text[: len(text) - keep])
-        self.pending = text[len(text) - keep:]
+        self.pending = text[len(text) - keep :]
 
     def flush(self) -> None:
         """The generation ended: what was held back was not markup after all."""
@@ -300,7 +326,7 @@ class ChatView:
             self._line(f"[yellow]compacted {event.data['tokens_before']:,} -> {event.data['tokens_after']:,} tokens[/]")
 
     def _child(self, event: Event) -> None:
-        path = event.label[len(self.parent) + 3:]
+        path = event.label[len(self.parent) + 3 :]
         indent = "  " * (path.count(" > ") + 1)
         if event.kind == "task_start":
             self._line(f"{indent}[dim]↳ {escape(path)} ({event.agent}) started[/]")
@@ -326,8 +352,15 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0][:200] if text else ""
 
 
-def run_chat(runner: Runner, *, agent: str = DEFAULT_CHAT_AGENT, once: str | None = None, resume: str | None = None,
-             out: Console, err: Console) -> int:
+def run_chat(
+    runner: Runner,
+    *,
+    agent: str = DEFAULT_CHAT_AGENT,
+    once: str | None = None,
+    resume: str | None = None,
+    out: Console,
+    err: Console,
+) -> int:
     """Run the chat on this terminal (or one turn with `once`); returns the exit code.
 
     Errors that stop the chat before it starts (unknown agent, bad run id) are raised.
@@ -369,8 +402,10 @@ def _repl(loop: asyncio.AbstractEventLoop, chat: Chat, view: ChatView, out: Cons
         import readline  # noqa: F401 - line editing and history for input()
     except ImportError:
         pass
-    err.print(f"[dim]chat with {escape(chat.label)} in {escape(str(chat.runner.workspace.root))}; "
-              "/help for commands, Ctrl-C stops a turn, /exit leaves[/]")
+    err.print(
+        f"[dim]chat with {escape(chat.label)} in {escape(str(chat.runner.workspace.root))}; "
+        "/help for commands, Ctrl-C stops a turn, /exit leaves[/]"
+    )
     while True:
         try:
             line = input(PROMPT)
@@ -423,8 +458,10 @@ def _command(loop: asyncio.AbstractEventLoop, chat: Chat, command: str, out: Con
         for name, text in COMMANDS.items():
             out.print(f"{name:<10} {text}")
     else:
-        err.print(f"[red]unknown command {escape(command)}[/]; commands: {', '.join(COMMANDS)} "
-                  "(start a message with a space to send a leading '/')")
+        err.print(
+            f"[red]unknown command {escape(command)}[/]; commands: {', '.join(COMMANDS)} "
+            "(start a message with a space to send a leading '/')"
+        )
     return True
 
 

@@ -10,10 +10,11 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Awaitable, Callable, Optional, TypeVar
+from typing import Annotated, Any, Optional, TypeVar
 
 import click
 import typer
@@ -35,7 +36,10 @@ from .schema_output import load_schema
 T = TypeVar("T")
 
 app = typer.Typer(
-    name="subagent", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="subagent",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
     help="Coding sub-agents on a local MLX model, in one process.",
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -48,12 +52,21 @@ class Scope(str, Enum):
     both = "both"
 
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Local folder, hub id or scripted:FILE (default: $MLX_SUBAGENTS_MODEL or a Qwen3 4B).")]
-CwdOpt = Annotated[Path, typer.Option("--cwd", "-C", help="Workspace folder the agent works in.", exists=True, file_okay=False)]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model", "-m", help="Local folder, hub id or scripted:FILE (default: $MLX_SUBAGENTS_MODEL or a Qwen3 4B)."
+    ),
+]
+CwdOpt = Annotated[
+    Path, typer.Option("--cwd", "-C", help="Workspace folder the agent works in.", exists=True, file_okay=False)
+]
 ScopeOpt = Annotated[Scope, typer.Option("--scope", help="Agent layers besides the built-ins.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents without asking.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
-WindowOpt = Annotated[Optional[int], typer.Option("--context-window", help="Override the model's context window (tokens).", min=256)]
+WindowOpt = Annotated[
+    Optional[int], typer.Option("--context-window", help="Override the model's context window (tokens).", min=256)
+]
 
 
 class Batching(str, Enum):
@@ -61,21 +74,60 @@ class Batching(str, Enum):
     off = "off"
 
 
-BatchingOpt = Annotated[Batching, typer.Option("--batching", help="Decode concurrent sessions in one batch (off: one turn at a time).")]
-KvBudgetOpt = Annotated[Optional[str], typer.Option("--kv-budget", help="KV cache budget for all sessions: 4GB, 512MiB, 0.25 (of RAM) or 0 (unbounded). Default: half of RAM minus the weights.")]
-MaxTurnsOpt = Annotated[Optional[int], typer.Option("--max-turns", min=1, help="Stop a task after this many model turns.")]
-MaxTokensOpt = Annotated[Optional[int], typer.Option("--max-tokens", min=1, help="Stop a task after this many generated tokens.")]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Stop a task after this many seconds (wall clock).")]
-SchemaOpt = Annotated[Optional[Path], typer.Option("--schema", help="JSON schema file the final answer must satisfy.", dir_okay=False)]
-EventsOpt = Annotated[bool, typer.Option("--events", help="Print one JSON object per event on stdout, as things happen.")]
+BatchingOpt = Annotated[
+    Batching, typer.Option("--batching", help="Decode concurrent sessions in one batch (off: one turn at a time).")
+]
+KvBudgetOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--kv-budget",
+        help="KV cache budget for all sessions: 4GB, 512MiB, 0.25 (of RAM) or 0 (unbounded). Default: half of RAM minus the weights.",
+    ),
+]
+MaxTurnsOpt = Annotated[
+    Optional[int], typer.Option("--max-turns", min=1, help="Stop a task after this many model turns.")
+]
+MaxTokensOpt = Annotated[
+    Optional[int], typer.Option("--max-tokens", min=1, help="Stop a task after this many generated tokens.")
+]
+TimeoutOpt = Annotated[
+    Optional[float], typer.Option("--timeout", min=0.001, help="Stop a task after this many seconds (wall clock).")
+]
+SchemaOpt = Annotated[
+    Optional[Path], typer.Option("--schema", help="JSON schema file the final answer must satisfy.", dir_okay=False)
+]
+EventsOpt = Annotated[
+    bool, typer.Option("--events", help="Print one JSON object per event on stdout, as things happen.")
+]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
-ConcurrencyOpt = Annotated[int, typer.Option("--concurrency", "-j", min=1, max=MAX_CONCURRENCY, help="Tasks running at once.")]
-TaskKeyOpt = Annotated[Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")]
-MaxDepthOpt = Annotated[int, typer.Option("--max-depth", min=0, help="Levels of sub-agents an agent with the subagent tool may start (0: no delegation).")]
+ConcurrencyOpt = Annotated[
+    int, typer.Option("--concurrency", "-j", min=1, max=MAX_CONCURRENCY, help="Tasks running at once.")
+]
+TaskKeyOpt = Annotated[
+    Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")
+]
+MaxDepthOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-depth", min=0, help="Levels of sub-agents an agent with the subagent tool may start (0: no delegation)."
+    ),
+]
 
 _JSON_FIELDS = {
-    "agent", "task", "status", "output", "error", "usage", "model", "stop_reason", "duration_s",
-    "label", "step_id", "run_id", "transcript", "parsed",
+    "agent",
+    "task",
+    "status",
+    "output",
+    "error",
+    "usage",
+    "model",
+    "stop_reason",
+    "duration_s",
+    "label",
+    "step_id",
+    "run_id",
+    "transcript",
+    "parsed",
 }
 
 
@@ -92,14 +144,32 @@ def _host_options(context_window: int | None, batching: Batching, kv_budget: str
     return options
 
 
-def _make_runner(model: str | None, cwd: Path, scope: Scope, yes: bool, *, max_turns: int | None,
-                 max_tokens: int | None, timeout: float | None, host_options: dict[str, Any],
-                 on_event: EventSink, max_depth: int = DEFAULT_MAX_DEPTH) -> Runner:
+def _make_runner(
+    model: str | None,
+    cwd: Path,
+    scope: Scope,
+    yes: bool,
+    *,
+    max_turns: int | None,
+    max_tokens: int | None,
+    timeout: float | None,
+    host_options: dict[str, Any],
+    on_event: EventSink,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> Runner:
     return Runner(
-        cwd=cwd, model=model, scope=scope.value, assume_yes=yes, interactive=sys.stdin.isatty(),
-        confirm=lambda q: typer.confirm(q, default=False, err=True), max_turns=max_turns,
-        max_output_tokens=max_tokens, timeout=timeout,
-        host_options=host_options, on_event=on_event, max_depth=max_depth,
+        cwd=cwd,
+        model=model,
+        scope=scope.value,
+        assume_yes=yes,
+        interactive=sys.stdin.isatty(),
+        confirm=lambda q: typer.confirm(q, default=False, err=True),
+        max_turns=max_turns,
+        max_output_tokens=max_tokens,
+        timeout=timeout,
+        host_options=host_options,
+        on_event=on_event,
+        max_depth=max_depth,
     )
 
 
@@ -178,7 +248,7 @@ def _finish_single(result: RunResult, as_json: bool, events: bool) -> None:
             err.print(f"[red]error:[/] {escape(result.error)}")
         err.print(f"[dim]{escape(_usage_line(result))}[/]")
         if result.run_id:
-            err.print(f"[dim]saved as run {result.run_id}; continue with: subagent resume {result.run_id} \"...\"[/]")
+            err.print(f'[dim]saved as run {result.run_id}; continue with: subagent resume {result.run_id} "..."[/]')
     if result.status == "aborted":
         err.print(f"[yellow]aborted: {escape(result.label)}[/]")
         raise typer.Exit(EXIT_INTERRUPTED)
@@ -214,8 +284,13 @@ def _finish_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
     raise typer.Exit(0 if outcome.ok else 1)
 
 
-def _run_multi(runner: Runner, sinks: _Sinks, tasks: list[tuple[str, str]], quiet: bool,
-               work: Callable[[], Awaitable[MultiRunResult]]) -> MultiRunResult:
+def _run_multi(
+    runner: Runner,
+    sinks: _Sinks,
+    tasks: list[tuple[str, str]],
+    quiet: bool,
+    work: Callable[[], Awaitable[MultiRunResult]],
+) -> MultiRunResult:
     if quiet:
         return _run_async(runner, work)
     with ProgressView(err, tasks) as view:
@@ -228,7 +303,7 @@ def _pair(agents: list[str] | None, texts: list[str] | None, flag: str) -> list[
     if len(agents) != len(texts):
         raise RequestError(
             f"each {flag} AGENT needs its task text right after it (got {len(agents)} agents and {len(texts)} texts); "
-            f"quote a task that has spaces: {flag} scout \"map the auth code\""
+            f'quote a task that has spaces: {flag} scout "map the auth code"'
         )
     return [TaskSpec(agent=a, task=t) for a, t in zip(agents, texts)]
 
@@ -266,8 +341,16 @@ def run(
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
     runner = _make_runner(
-        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+        model,
+        cwd,
+        scope,
+        yes,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget),
+        on_event=sinks,
+        max_depth=max_depth,
     )
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
     result = _run_async(runner, lambda: runner.run(spec))
@@ -276,9 +359,28 @@ def run(
 
 @app.command()
 def parallel(
-    texts: Annotated[Optional[list[str]], typer.Argument(metavar="TEXT", help="The task text after each -t AGENT.", show_default=False)] = None,
-    agent: Annotated[Optional[list[str]], typer.Option("--task", "-t", metavar="AGENT", help="An agent, then its task text: -t scout \"map the auth code\". Repeat (8 at most).")] = None,
-    file: Annotated[Optional[Path], typer.Option("--file", "-f", dir_okay=False, help="YAML/JSON list of tasks: {agent, task, label?, model?, max_turns?, max_tokens?, timeout?}.")] = None,
+    texts: Annotated[
+        Optional[list[str]],
+        typer.Argument(metavar="TEXT", help="The task text after each -t AGENT.", show_default=False),
+    ] = None,
+    agent: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--task",
+            "-t",
+            metavar="AGENT",
+            help='An agent, then its task text: -t scout "map the auth code". Repeat (8 at most).',
+        ),
+    ] = None,
+    file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--file",
+            "-f",
+            dir_okay=False,
+            help="YAML/JSON list of tasks: {agent, task, label?, model?, max_turns?, max_tokens?, timeout?}.",
+        ),
+    ] = None,
     concurrency: ConcurrencyOpt = MAX_CONCURRENCY,
     model: ModelOpt = None,
     cwd: CwdOpt = Path("."),
@@ -305,8 +407,16 @@ def parallel(
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
     sinks = _Sinks(events)
     runner = _make_runner(
-        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+        model,
+        cwd,
+        scope,
+        yes,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget),
+        on_event=sinks,
+        max_depth=max_depth,
     )
     rows = [(t.label, t.agent) for t in tasks]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=concurrency))
@@ -315,8 +425,19 @@ def parallel(
 
 @app.command()
 def chain(
-    texts: Annotated[Optional[list[str]], typer.Argument(metavar="TEXT", help="The task text after each -s AGENT.", show_default=False)] = None,
-    agent: Annotated[Optional[list[str]], typer.Option("--step", "-s", metavar="AGENT", help="An agent, then its task text; {previous} is the previous step's answer. Repeat (8 at most).")] = None,
+    texts: Annotated[
+        Optional[list[str]],
+        typer.Argument(metavar="TEXT", help="The task text after each -s AGENT.", show_default=False),
+    ] = None,
+    agent: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--step",
+            "-s",
+            metavar="AGENT",
+            help="An agent, then its task text; {previous} is the previous step's answer. Repeat (8 at most).",
+        ),
+    ] = None,
     model: ModelOpt = None,
     cwd: CwdOpt = Path("."),
     scope: ScopeOpt = Scope.both,
@@ -324,7 +445,10 @@ def chain(
     max_turns: MaxTurnsOpt = None,
     max_tokens: MaxTokensOpt = None,
     timeout: TimeoutOpt = None,
-    schema: Annotated[Optional[Path], typer.Option("--schema", dir_okay=False, help="JSON schema file the last step's answer must satisfy.")] = None,
+    schema: Annotated[
+        Optional[Path],
+        typer.Option("--schema", dir_okay=False, help="JSON schema file the last step's answer must satisfy."),
+    ] = None,
     context_window: WindowOpt = None,
     batching: BatchingOpt = Batching.on,
     kv_budget: KvBudgetOpt = None,
@@ -343,8 +467,16 @@ def chain(
     steps = label_tasks(steps)
     sinks = _Sinks(events)
     runner = _make_runner(
-        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+        model,
+        cwd,
+        scope,
+        yes,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget),
+        on_event=sinks,
+        max_depth=max_depth,
     )
     rows = [(t.label, t.agent) for t in steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
@@ -380,8 +512,16 @@ def workflow(
     flow = load_workflow(find_workflow(name, Path(cwd).resolve()))
     sinks = _Sinks(events)
     runner = _make_runner(
-        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+        model,
+        cwd,
+        scope,
+        yes,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget),
+        on_event=sinks,
+        max_depth=max_depth,
     )
     rows = [(s.id, s.agent) for s in flow.steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=concurrency))
@@ -455,7 +595,9 @@ def resume(
     run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix, or `last`).")],
     message: Annotated[str, typer.Argument(help="The follow-up message.")],
     task: TaskKeyOpt = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")] = None,
+    model: Annotated[
+        Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")
+    ] = None,
     scope: ScopeOpt = Scope.both,
     yes: YesOpt = False,
     max_turns: MaxTurnsOpt = None,
@@ -479,8 +621,16 @@ def resume(
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
     runner = _make_runner(
-        model, Path(record.cwd), scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget), on_event=sinks, max_depth=max_depth,
+        model,
+        Path(record.cwd),
+        scope,
+        yes,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget),
+        on_event=sinks,
+        max_depth=max_depth,
     )
     answer_schema = _schema(schema)
     result = _run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema))
@@ -489,9 +639,17 @@ def resume(
 
 @app.command()
 def chat(
-    agent: Annotated[str, typer.Option("--agent", "-a", help="The parent agent; it delegates if its file grants `subagent`.")] = "orchestrator",
-    once: Annotated[Optional[str], typer.Option("--once", help="Send this one message, print the answer and exit (no terminal needed).")] = None,
-    resume: Annotated[Optional[str], typer.Option("--resume", "-r", help="Continue a saved chat: a run id, a prefix of one, or `last`.")] = None,
+    agent: Annotated[
+        str, typer.Option("--agent", "-a", help="The parent agent; it delegates if its file grants `subagent`.")
+    ] = "orchestrator",
+    once: Annotated[
+        Optional[str],
+        typer.Option("--once", help="Send this one message, print the answer and exit (no terminal needed)."),
+    ] = None,
+    resume: Annotated[
+        Optional[str],
+        typer.Option("--resume", "-r", help="Continue a saved chat: a run id, a prefix of one, or `last`."),
+    ] = None,
     model: ModelOpt = None,
     cwd: CwdOpt = Path("."),
     scope: ScopeOpt = Scope.both,
@@ -499,7 +657,10 @@ def chat(
     max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     max_turns: MaxTurnsOpt = None,
     max_tokens: MaxTokensOpt = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Stop a sub-agent after this many seconds (wall clock).")] = None,
+    timeout: Annotated[
+        Optional[float],
+        typer.Option("--timeout", min=0.001, help="Stop a sub-agent after this many seconds (wall clock)."),
+    ] = None,
     context_window: WindowOpt = None,
     batching: BatchingOpt = Batching.on,
     kv_budget: KvBudgetOpt = None,
@@ -514,8 +675,15 @@ def chat(
     if resume is not None:
         cwd = Path(load_run(resume).cwd)
     runner = _make_runner(
-        model, cwd, scope, yes, max_turns=max_turns, max_tokens=max_tokens, timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget), on_event=lambda _event: None,
+        model,
+        cwd,
+        scope,
+        yes,
+        max_turns=max_turns,
+        max_tokens=max_tokens,
+        timeout=timeout,
+        host_options=_host_options(context_window, batching, kv_budget),
+        on_event=lambda _event: None,
         max_depth=max_depth,
     )
     raise typer.Exit(run_chat(runner, agent=agent, once=once, resume=resume, out=out, err=err))
@@ -544,7 +712,9 @@ def agents(
         out.print_json(json.dumps(rows))
         return
     for row in rows:
-        out.print(f"{row['name']:<12} {row['source']:<8} {', '.join(row['tools'])}\n  {row['description']}\n  [dim]{row['file']}[/]")
+        out.print(
+            f"{row['name']:<12} {row['source']:<8} {', '.join(row['tools'])}\n  {row['description']}\n  [dim]{row['file']}[/]"
+        )
 
 
 @app.command()

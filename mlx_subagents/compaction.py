@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from mlx_subagents.host.protocol import HostSession, Message, ToolSchema, Usage
 
@@ -82,9 +83,7 @@ class CompactionResult:
     usage: Usage = field(default_factory=Usage)
 
 
-def scale_compaction(
-    context_window: int, settings: CompactionSettings = CompactionSettings()
-) -> CompactionSettings:
+def scale_compaction(context_window: int, settings: CompactionSettings = CompactionSettings()) -> CompactionSettings:
     """Fit the budgets to a window: reserve <= 25%, keep_recent <= 50% (so <= 75% together).
 
     Configured values already below their cap are kept; nothing is scaled up.
@@ -100,23 +99,15 @@ def scale_compaction(
 
 def _check_window(context_window: Any) -> int:
     if isinstance(context_window, bool) or not isinstance(context_window, (int, float)):
-        raise ValueError(
-            f"context window must be a positive whole number of tokens, got {context_window!r}"
-        )
-    if isinstance(context_window, float) and not (
-        math.isfinite(context_window) and context_window.is_integer()
-    ):
-        raise ValueError(
-            f"context window must be a whole number of tokens, got {context_window!r}"
-        )
+        raise ValueError(f"context window must be a positive whole number of tokens, got {context_window!r}")
+    if isinstance(context_window, float) and not (math.isfinite(context_window) and context_window.is_integer()):
+        raise ValueError(f"context window must be a whole number of tokens, got {context_window!r}")
     if context_window <= 0:
         raise ValueError(f"context window must be positive, got {context_window!r}")
     return int(context_window)
 
 
-def should_compact(
-    context_tokens: int, context_window: int, settings: CompactionSettings
-) -> bool:
+def should_compact(context_tokens: int, context_window: int, settings: CompactionSettings) -> bool:
     """True when the context leaves less than `reserve_tokens` free (pass scaled settings)."""
     return settings.enabled and context_tokens > context_window - settings.reserve_tokens
 
@@ -137,9 +128,7 @@ def split_for_compaction(
         token_counts: token count of each message, `token_counts[i]` for `messages[i]`.
     """
     if len(token_counts) != len(messages):
-        raise ValueError(
-            f"{len(token_counts)} token counts for {len(messages)} messages: need one per message"
-        )
+        raise ValueError(f"{len(token_counts)} token counts for {len(messages)} messages: need one per message")
     n_head = head_length(messages)
     head, rest, counts = messages[:n_head], messages[n_head:], token_counts[n_head:]
     if not rest:
@@ -242,12 +231,8 @@ async def compact(
             [MIN_SUMMARY_MAX_TOKENS, DEFAULT_SUMMARY_MAX_TOKENS].
     """
     tokens_before = await count_tokens(messages)
-    token_counts = await recent_token_counts(
-        messages, count_tokens, settings.keep_recent_tokens, total=tokens_before
-    )
-    head, to_summarize, kept = split_for_compaction(
-        messages, token_counts, settings.keep_recent_tokens
-    )
+    token_counts = await recent_token_counts(messages, count_tokens, settings.keep_recent_tokens, total=tokens_before)
+    head, to_summarize, kept = split_for_compaction(messages, token_counts, settings.keep_recent_tokens)
     if not to_summarize:
         return CompactionResult(list(messages), "", 0, tokens_before, tokens_before)
     if max_tokens is None:
@@ -306,9 +291,7 @@ def _summary_request(to_summarize: list[Message]) -> str:
     )
 
 
-def render_transcript(
-    messages: list[Message], max_chars: int = DEFAULT_TRANSCRIPT_CHARS
-) -> str:
+def render_transcript(messages: list[Message], max_chars: int = DEFAULT_TRANSCRIPT_CHARS) -> str:
     """Plain-text transcript for the summary request; each message text clipped to `max_chars`."""
     blocks = []
     for message in messages:
@@ -327,10 +310,7 @@ def fallback_summary(messages: list[Message], max_chars: int = 200) -> str:
     """A mechanical summary (the tool calls made), used when the model gives no text."""
     calls = [_clip(c, max_chars) for m in messages for c in _call_strings(m)]
     body = "\n".join(f"- {c}" for c in calls) or "- (none)"
-    return (
-        f"The model gave no summary; {len(messages)} earlier messages were dropped.\n"
-        f"## Tool calls made\n{body}"
-    )
+    return f"The model gave no summary; {len(messages)} earlier messages were dropped.\n## Tool calls made\n{body}"
 
 
 def _call_strings(message: Message) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import SubagentError
 from .host import MlxModelHost
@@ -39,7 +39,9 @@ async def run_doctor(model: str, context_window: int | None, say: Print, kv_budg
     tic = time.perf_counter()
     try:
         async with host:
-            say(f"loaded    {host.model_path} in {time.perf_counter() - tic:.1f}s; context window {host.context_window} tokens")
+            say(
+                f"loaded    {host.model_path} in {time.perf_counter() - tic:.1f}s; context window {host.context_window} tokens"
+            )
             reply = await host.session("doctor").generate(PROBE, max_tokens=32)
             stats = await host.memory_stats()
     except SubagentError as exc:
@@ -47,11 +49,15 @@ async def run_doctor(model: str, context_window: int | None, say: Print, kv_budg
         return False
     u = reply.usage
     say(f"reply     {reply.text.strip()[:120]!r}")
-    say(f"speed     prompt {u.prompt_tokens} tokens in {u.prompt_seconds:.2f}s; {u.generated_tokens} tokens at {u.generation_tps:.1f} tok/s")
+    say(
+        f"speed     prompt {u.prompt_tokens} tokens in {u.prompt_seconds:.2f}s; {u.generated_tokens} tokens at {u.generation_tps:.1f} tok/s"
+    )
     budget = "unbounded" if stats.kv_budget is None else _gib(stats.kv_budget)
     shape = host.kv_shape
-    say(f"kv cache  {shape.per_token} bytes/token (+{shape.fixed} fixed) per session; budget {budget} "
-        f"for {host.max_sessions} sessions; held now {stats.kv_bytes_total / 2**20:.2f} MiB")
+    say(
+        f"kv cache  {shape.per_token} bytes/token (+{shape.fixed} fixed) per session; budget {budget} "
+        f"for {host.max_sessions} sessions; held now {stats.kv_bytes_total / 2**20:.2f} MiB"
+    )
     say(f"memory    mlx active {_gib(stats.active_memory)}, peak {_gib(stats.peak_memory)}")
     say("ok")
     return True

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
-EventKind = Literal["task_start", "turn_start", "tool_call", "tool_result", "message", "usage", "compaction", "task_end"]
+EventKind = Literal[
+    "task_start", "turn_start", "tool_call", "tool_result", "message", "usage", "compaction", "task_end"
+]
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .agents import AgentSpec
 from .caps import cap_answer
@@ -114,7 +115,9 @@ class Execution:
                 await self._done[need].wait()
             failed = [self.results[n] for n in item.needs if not self._ok(n)]
             if failed:
-                result = self._not_run(item, "failed", "skipped", f"not run: {self._describe(failed[0])} did not complete")
+                result = self._not_run(
+                    item, "failed", "skipped", f"not run: {self._describe(failed[0])} did not complete"
+                )
             else:
                 async with self._slots:
                     if self.cancelled:
@@ -148,14 +151,26 @@ class Execution:
         transcript = self.open_transcript(item.index)
         started = time.perf_counter()
         session = AgentSession(
-            spec=item.spec, host=item.host, workspace=item.workspace, label=item.label, limits=item.limits,
-            compaction=self.compaction, on_event=self._session_sink(transcript), extra_tools=item.extra_tools,
+            spec=item.spec,
+            host=item.host,
+            workspace=item.workspace,
+            label=item.label,
+            limits=item.limits,
+            compaction=self.compaction,
+            on_event=self._session_sink(transcript),
+            extra_tools=item.extra_tools,
         )
         if transcript is not None:
             if item.history is None:
                 transcript.start(
-                    run_id=self.run_id, label=item.label, step_id=item.step_id, agent=item.spec.name,
-                    model=item.host.model_id, cwd=str(item.workspace.root), task=prompt, schema=item.schema,
+                    run_id=self.run_id,
+                    label=item.label,
+                    step_id=item.step_id,
+                    agent=item.spec.name,
+                    model=item.host.model_id,
+                    cwd=str(item.workspace.root),
+                    task=prompt,
+                    schema=item.schema,
                 )
             else:
                 transcript.follow_up(prompt)
@@ -171,7 +186,7 @@ class Execution:
                 self._finish(item, transcript, session, result, prompt, started)
                 raise
             _uncancel()
-        except Exception as exc:  # noqa: BLE001 - one task failing never discards the others
+        except Exception as exc:
             failure = exc
             message = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
             result = _stopped(session, prompt, "failed", "error", message)
@@ -202,24 +217,52 @@ class Execution:
             error = f"the final answer is not valid against the output schema after one retry: {second}"
             return result.model_copy(update={"status": "failed", "stop_reason": "schema", "error": error})
 
-    def _finish(self, item: PlannedTask, transcript: TaskTranscript | None, session: AgentSession,
-                result: RunResult, prompt: str, started: float) -> RunResult:
+    def _finish(
+        self,
+        item: PlannedTask,
+        transcript: TaskTranscript | None,
+        session: AgentSession,
+        result: RunResult,
+        prompt: str,
+        started: float,
+    ) -> RunResult:
         """Save the full result, report the end, return the result with its answer capped."""
         path = str(transcript.path) if transcript is not None else None
-        full = result.model_copy(update={
-            "task": prompt, "label": item.label, "step_id": item.step_id, "run_id": self.run_id,
-            "transcript": path, "duration_s": round(time.perf_counter() - started, 3),
-        })
-        self._report(item, transcript, "task_end", status=full.status, stop_reason=full.stop_reason,
-                     error=full.error, usage=full.usage.model_dump(), duration_s=full.duration_s)
+        full = result.model_copy(
+            update={
+                "task": prompt,
+                "label": item.label,
+                "step_id": item.step_id,
+                "run_id": self.run_id,
+                "transcript": path,
+                "duration_s": round(time.perf_counter() - started, 3),
+            }
+        )
+        self._report(
+            item,
+            transcript,
+            "task_end",
+            status=full.status,
+            stop_reason=full.stop_reason,
+            error=full.error,
+            usage=full.usage.model_dump(),
+            duration_s=full.duration_s,
+        )
         if transcript is not None:
             transcript.finish(session.messages, full)
         return full.model_copy(update={"output": cap_answer(full.output, path)})
 
     def _not_run(self, item: PlannedTask, status: Status, stop_reason: StopReason, error: str) -> RunResult:
         result = RunResult(
-            agent=item.spec.name, task=item.prompt, status=status, error=error, model=item.host.model_id,
-            stop_reason=stop_reason, label=item.label, step_id=item.step_id, run_id=self.run_id,
+            agent=item.spec.name,
+            task=item.prompt,
+            status=status,
+            error=error,
+            model=item.host.model_id,
+            stop_reason=stop_reason,
+            label=item.label,
+            step_id=item.step_id,
+            run_id=self.run_id,
         )
         self._report(item, None, "task_end", status=status, stop_reason=stop_reason, error=error)
         return result

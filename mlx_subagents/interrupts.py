@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from rich.console import Console
 
@@ -16,8 +16,9 @@ EXIT_INTERRUPTED = 130
 
 
 @contextmanager
-def two_press_sigint(loop: asyncio.AbstractEventLoop, err: Console, message: str,
-                     stop: Callable[[], None]) -> Iterator[None]:
+def two_press_sigint(
+    loop: asyncio.AbstractEventLoop, err: Console, message: str, stop: Callable[[], None]
+) -> Iterator[None]:
     """While the block runs, Ctrl-C kills every bash process group, prints `message` and calls
     `stop`; a second Ctrl-C exits with 130 without waiting for anything."""
     presses = 0

@@ -7,8 +7,8 @@ reply and the tool call in progress. `usage_table` is the summary printed at the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from rich.console import Console
 from rich.live import Live
@@ -18,7 +18,12 @@ from .events import Event
 from .results import RunResult, RunUsage
 
 STATUS_STYLES = {
-    "queued": "dim", "running": "cyan", "done": "green", "failed": "red", "skipped": "dim", "aborted": "yellow",
+    "queued": "dim",
+    "running": "cyan",
+    "done": "green",
+    "failed": "red",
+    "skipped": "dim",
+    "aborted": "yellow",
 }
 MAX_TOOL_CHARS = 60
 
@@ -108,15 +113,29 @@ class ProgressView:
 
     def __rich__(self) -> Table:
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for name, justify in (("task", "left"), ("agent", "left"), ("status", "left"), ("turn", "right"),
-                              ("in", "right"), ("out", "right"), ("cached", "right"), ("tok/s", "right"),
-                              ("tool", "left")):
+        for name, justify in (
+            ("task", "left"),
+            ("agent", "left"),
+            ("status", "left"),
+            ("turn", "right"),
+            ("in", "right"),
+            ("out", "right"),
+            ("cached", "right"),
+            ("tok/s", "right"),
+            ("tool", "left"),
+        ):
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for row in self.rows.values():
             style = STATUS_STYLES.get(row.status, "")
             table.add_row(
-                row.label, row.agent, f"[{style}]{row.status}[/]", str(row.turn or ""), _n(row.input_tokens),
-                _n(row.output_tokens), _n(row.cached_tokens), f"{row.tps:.1f}" if row.tps else "",
+                row.label,
+                row.agent,
+                f"[{style}]{row.status}[/]",
+                str(row.turn or ""),
+                _n(row.input_tokens),
+                _n(row.output_tokens),
+                _n(row.cached_tokens),
+                f"{row.tps:.1f}" if row.tps else "",
                 _escape(_clip(row.tool)),
             )
         return table
@@ -125,19 +144,48 @@ class ProgressView:
 def usage_table(results: Sequence[RunResult]) -> Table:
     """One row per task and a total: status, stop reason, turns, tokens, KV cache held and time."""
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for name, justify in (("task", "left"), ("agent", "left"), ("status", "left"), ("stop", "left"),
-                          ("turns", "right"), ("in", "right"), ("cached", "right"), ("out", "right"),
-                          ("kv", "right"), ("time", "right")):
+    for name, justify in (
+        ("task", "left"),
+        ("agent", "left"),
+        ("status", "left"),
+        ("stop", "left"),
+        ("turns", "right"),
+        ("in", "right"),
+        ("cached", "right"),
+        ("out", "right"),
+        ("kv", "right"),
+        ("time", "right"),
+    ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     total = RunUsage()
     for r in results:
         u = r.usage
         total = total.add(u)
         style = "green" if r.ok else ("yellow" if r.status == "aborted" else "red")
-        table.add_row(r.label, r.agent, f"[{style}]{r.status}[/]", r.stop_reason, str(u.turns), _n(u.input_tokens),
-                      _n(u.cached_tokens), _n(u.output_tokens), _mib(u.kv_bytes), f"{r.duration_s:.1f}s")
-    table.add_row("[bold]total[/]", "", "", "", str(total.turns), _n(total.input_tokens), _n(total.cached_tokens),
-                  _n(total.output_tokens), _mib(total.kv_bytes), "")
+        table.add_row(
+            r.label,
+            r.agent,
+            f"[{style}]{r.status}[/]",
+            r.stop_reason,
+            str(u.turns),
+            _n(u.input_tokens),
+            _n(u.cached_tokens),
+            _n(u.output_tokens),
+            _mib(u.kv_bytes),
+            f"{r.duration_s:.1f}s",
+        )
+    table.add_row(
+        "[bold]total[/]",
+        "",
+        "",
+        "",
+        str(total.turns),
+        _n(total.input_tokens),
+        _n(total.cached_tokens),
+        _n(total.output_tokens),
+        _mib(total.kv_bytes),
+        "",
+    )
     return table
 
 

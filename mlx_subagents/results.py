@@ -8,7 +8,14 @@ from pydantic import BaseModel, Field
 
 Status = Literal["completed", "failed", "aborted"]
 StopReason = Literal[
-    "completed", "max_turns", "max_tokens", "timeout", "cancelled", "error", "format_errors", "schema",
+    "completed",
+    "max_turns",
+    "max_tokens",
+    "timeout",
+    "cancelled",
+    "error",
+    "format_errors",
+    "schema",
     "skipped",
 ]
 Mode = Literal["single", "parallel", "chain", "workflow"]
@@ -25,7 +32,7 @@ class RunUsage(BaseModel):
     compactions: int = 0
     kv_bytes: int = 0
 
-    def add(self, other: "RunUsage") -> "RunUsage":
+    def add(self, other: RunUsage) -> RunUsage:
         fields = ("input_tokens", "output_tokens", "cached_tokens", "turns", "compactions")
         data = {f: getattr(self, f) + getattr(other, f) for f in fields}
         data["context_tokens"] = max(self.context_tokens, other.context_tokens)

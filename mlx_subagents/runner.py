@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -106,7 +107,9 @@ def load_tasks_file(path: Path) -> list[TaskSpec]:
     if isinstance(data, dict) and set(data) == {"tasks"}:
         data = data["tasks"]
     if not isinstance(data, list):
-        raise RequestError(f"{path}: expected a list of tasks (each with 'agent' and 'task'), or 'tasks:' with that list")
+        raise RequestError(
+            f"{path}: expected a list of tasks (each with 'agent' and 'task'), or 'tasks:' with that list"
+        )
     tasks = []
     for i, item in enumerate(data):
         try:
@@ -232,8 +235,9 @@ class Runner:
         tasks, needs, renders = _plan_chain(label_tasks(steps))
         return await self._execute("chain", tasks, concurrency=1, needs=needs, renders=renders)
 
-    async def workflow(self, workflow: Workflow | str | Path, input: str = "", *,
-                       concurrency: int = DEFAULT_CONCURRENCY) -> MultiRunResult:
+    async def workflow(
+        self, workflow: Workflow | str | Path, input: str = "", *, concurrency: int = DEFAULT_CONCURRENCY
+    ) -> MultiRunResult:
         """Run a workflow (a `Workflow`, a TOML file or a named workflow) on an input.
 
         A step starts as soon as its needs are done; results come back in step order.
@@ -247,9 +251,17 @@ class Runner:
 
         ids = {step.id: i for i, step in enumerate(workflow.steps)}
         tasks = [
-            TaskSpec(agent=s.agent, task=s.prompt, label=s.id, model=s.model, max_turns=s.max_turns,
-                     max_tokens=s.max_tokens, timeout=s.timeout, step_id=s.id,
-                     schema=load_schema(path) if (path := workflow.schema_path(s)) else None)
+            TaskSpec(
+                agent=s.agent,
+                task=s.prompt,
+                label=s.id,
+                model=s.model,
+                max_turns=s.max_turns,
+                max_tokens=s.max_tokens,
+                timeout=s.timeout,
+                step_id=s.id,
+                schema=load_schema(path) if (path := workflow.schema_path(s)) else None,
+            )
             for s in workflow.steps
         ]
 
@@ -259,11 +271,13 @@ class Runner:
 
         needs = [tuple(ids[n] for n in s.needs) for s in workflow.steps]
         renders = [render(i) for i in range(len(tasks))]
-        return await self._execute("workflow", label_tasks(tasks), concurrency=concurrency, needs=needs,
-                                   renders=renders, shared_input=input)
+        return await self._execute(
+            "workflow", label_tasks(tasks), concurrency=concurrency, needs=needs, renders=renders, shared_input=input
+        )
 
-    async def resume(self, run_id: str, message: str, *, task: str | None = None,
-                     schema: dict[str, Any] | None = None) -> RunResult:
+    async def resume(
+        self, run_id: str, message: str, *, task: str | None = None, schema: dict[str, Any] | None = None
+    ) -> RunResult:
         """Continue a saved task's conversation with a new message: a new generation of that task.
 
         Args:
@@ -283,14 +297,30 @@ class Runner:
         host = await self.host_for(self.model or log.meta["model"])
         workspace = Workspace(Path(log.meta["cwd"]))
         item = PlannedTask(
-            index=0, label=entry.label, spec=spec, host=host, workspace=workspace,
-            prompt=message, limits=self._limits(TaskSpec(spec.name, message), spec), step_id=entry.step_id,
-            timeout=self.timeout, schema=schema, history=close_open_tool_calls(log.messages),
+            index=0,
+            label=entry.label,
+            spec=spec,
+            host=host,
+            workspace=workspace,
+            prompt=message,
+            limits=self._limits(TaskSpec(spec.name, message), spec),
+            step_id=entry.step_id,
+            timeout=self.timeout,
+            schema=schema,
+            history=close_open_tool_calls(log.messages),
             extra_tools=self.delegation_tools(spec, entry.label, depth=0, workspace=workspace, home=record.folder),
         )
         transcript = TaskTranscript(path, generation=log.generations + 1)
-        execution = Execution("single", [item], concurrency=1, compaction=self.compaction, on_event=self.on_event,
-                              open_transcript=lambda _i: transcript, run_id=record.run_id, raise_errors=True)
+        execution = Execution(
+            "single",
+            [item],
+            concurrency=1,
+            compaction=self.compaction,
+            on_event=self.on_event,
+            open_transcript=lambda _i: transcript,
+            run_id=record.run_id,
+            raise_errors=True,
+        )
         results = await self._track(execution)
         return results[0]
 
@@ -316,8 +346,9 @@ class Runner:
         concurrency = 1 if call.mode == "single" else DEFAULT_CONCURRENCY
         return await self._execute(call.mode, tasks, concurrency=concurrency, **options)
 
-    def delegation_tools(self, spec: AgentSpec, label: str, *, depth: int, workspace: Workspace,
-                         home: Path | None) -> dict[str, Tool]:
+    def delegation_tools(
+        self, spec: AgentSpec, label: str, *, depth: int, workspace: Workspace, home: Path | None
+    ) -> dict[str, Tool]:
         """`{"subagent": tool}` for an agent whose file grants it, else nothing (the recursion cut)."""
         if "subagent" not in spec.tools:
             return {}
@@ -327,13 +358,21 @@ class Runner:
             return await self.delegate(call, parent=label, depth=depth + 1, home=home)
 
         agents = {name: a.description for name, a in self.catalog.agents.items()}
-        tool = SubagentTool(workspace, delegate=delegate, agents=agents, caller=spec.name, depth=depth,
-                            max_depth=self.max_depth)
+        tool = SubagentTool(
+            workspace, delegate=delegate, agents=agents, caller=spec.name, depth=depth, max_depth=self.max_depth
+        )
         return {"subagent": tool}
 
-    async def open_session(self, agent: str, *, label: str | None = None, model: str | None = None,
-                           children_home: Path | None = None, on_event: EventSink | None = None,
-                           on_text: TextCallback | None = None) -> AgentSession:
+    async def open_session(
+        self,
+        agent: str,
+        *,
+        label: str | None = None,
+        model: str | None = None,
+        children_home: Path | None = None,
+        on_event: EventSink | None = None,
+        on_text: TextCallback | None = None,
+    ) -> AgentSession:
         """A top-level session of `agent` to drive turn by turn (`run`, then `follow_up`), e.g. a chat.
 
         Its host session and KV cache live as long as it does; its sub-agents run through this
@@ -347,9 +386,14 @@ class Runner:
         host = await self.host_for(self.model or model or self.model_for(spec))
         label = label or spec.name
         return AgentSession(
-            spec=spec, host=host, workspace=self.workspace, label=label,
-            limits=self._limits(TaskSpec(spec.name, ""), spec), compaction=self.compaction,
-            on_event=on_event or self.on_event, on_text=on_text,
+            spec=spec,
+            host=host,
+            workspace=self.workspace,
+            label=label,
+            limits=self._limits(TaskSpec(spec.name, ""), spec),
+            compaction=self.compaction,
+            on_event=on_event or self.on_event,
+            on_text=on_text,
             extra_tools=self.delegation_tools(spec, label, depth=0, workspace=self.workspace, home=children_home),
         )
 
@@ -361,11 +405,20 @@ class Runner:
 
     # -- internals --------------------------------------------------------------------------------------
 
-    async def _execute(self, mode: Mode, tasks: list[TaskSpec], *, concurrency: int,
-                       needs: list[tuple[int, ...]] | None = None,
-                       renders: list[Callable[[Sequence[RunResult]], str] | None] | None = None,
-                       shared_input: str = "", raise_errors: bool = False, depth: int = 0,
-                       workspace: Workspace | None = None, home: Path | None = None) -> MultiRunResult:
+    async def _execute(
+        self,
+        mode: Mode,
+        tasks: list[TaskSpec],
+        *,
+        concurrency: int,
+        needs: list[tuple[int, ...]] | None = None,
+        renders: list[Callable[[Sequence[RunResult]], str] | None] | None = None,
+        shared_input: str = "",
+        raise_errors: bool = False,
+        depth: int = 0,
+        workspace: Workspace | None = None,
+        home: Path | None = None,
+    ) -> MultiRunResult:
         """Check the whole request, load its models, then run it; nothing starts if a check fails.
 
         Args:
@@ -382,22 +435,39 @@ class Runner:
         hosts = [await self.host_for(self.model_for(s, t.model)) for t, s in zip(tasks, specs)]
         recorder = None
         if self.save_transcripts:
-            entries = [TaskEntry(index=i, label=t.label, agent=s.name, step_id=t.step_id) for i, (t, s) in enumerate(zip(tasks, specs))]
+            entries = [
+                TaskEntry(index=i, label=t.label, agent=s.name, step_id=t.step_id)
+                for i, (t, s) in enumerate(zip(tasks, specs))
+            ]
             recorder = RunRecorder(mode, workspace.root, entries, home or self.home)
         children_home = recorder.folder if recorder else None
         plan = [
             PlannedTask(
-                index=i, label=t.label, spec=s, host=h, workspace=workspace, prompt=t.task,
-                limits=self._limits(t, s), step_id=t.step_id, timeout=t.timeout or self.timeout, schema=schema,
-                needs=needs[i] if needs else (), render=renders[i] if renders else None,
+                index=i,
+                label=t.label,
+                spec=s,
+                host=h,
+                workspace=workspace,
+                prompt=t.task,
+                limits=self._limits(t, s),
+                step_id=t.step_id,
+                timeout=t.timeout or self.timeout,
+                schema=schema,
+                needs=needs[i] if needs else (),
+                render=renders[i] if renders else None,
                 extra_tools=self.delegation_tools(s, t.label, depth=depth, workspace=workspace, home=children_home),
             )
             for i, (t, s, h, schema) in enumerate(zip(tasks, specs, hosts, schemas))
         ]
         execution = Execution(
-            mode, plan, concurrency=concurrency, compaction=self.compaction, on_event=self.on_event,
+            mode,
+            plan,
+            concurrency=concurrency,
+            compaction=self.compaction,
+            on_event=self.on_event,
             open_transcript=recorder.transcript if recorder else (lambda _i: None),
-            run_id=recorder.run_id if recorder else None, raise_errors=raise_errors,
+            run_id=recorder.run_id if recorder else None,
+            raise_errors=raise_errors,
         )
         results: list[RunResult] = []
         try:
@@ -405,10 +475,16 @@ class Runner:
         finally:
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
-                recorder.finish(done, interrupted=execution.cancelled, error=chain_stop(done) if mode == "chain" else None)
+                recorder.finish(
+                    done, interrupted=execution.cancelled, error=chain_stop(done) if mode == "chain" else None
+                )
         return MultiRunResult(
-            mode=mode, succeeded=sum(r.ok for r in results), total=len(results), results=results,
-            run_id=recorder.run_id if recorder else None, interrupted=execution.cancelled,
+            mode=mode,
+            succeeded=sum(r.ok for r in results),
+            total=len(results),
+            results=results,
+            run_id=recorder.run_id if recorder else None,
+            interrupted=execution.cancelled,
             error=chain_stop(results) if mode == "chain" else None,
         )
 
@@ -426,8 +502,9 @@ class Runner:
         )
 
 
-def _plan_chain(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[tuple[int, ...]],
-                                                 list[Callable[[Sequence[RunResult]], str] | None]]:
+def _plan_chain(
+    tasks: list[TaskSpec],
+) -> tuple[list[TaskSpec], list[tuple[int, ...]], list[Callable[[Sequence[RunResult]], str] | None]]:
     """Step ids, needs and `{previous}` renders for labelled chain steps."""
     if tasks and PREVIOUS in tasks[0].task:
         raise RequestError("step 1 uses {previous}, but there is no previous step; remove it from the first task")
@@ -458,9 +535,11 @@ def close_open_tool_calls(messages: list[Message]) -> list[Message]:
     last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
     if last is None or not messages[last].get("tool_calls"):
         return messages
-    answered = {m.get("tool_call_id") for m in messages[last + 1:] if m.get("role") == "tool"}
+    answered = {m.get("tool_call_id") for m in messages[last + 1 :] if m.get("role") == "tool"}
     for call in messages[last]["tool_calls"]:
         if call.get("id") not in answered:
             name = call.get("function", {}).get("name", "")
-            messages.append({"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": INTERRUPTED_TOOL_RESULT})
+            messages.append(
+                {"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": INTERRUPTED_TOOL_RESULT}
+            )
     return messages

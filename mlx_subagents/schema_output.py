@@ -79,7 +79,7 @@ def parse_answer(text: str, schema: dict[str, Any]) -> Any:
 def _load_json(text: str) -> Any:
     body = text.strip()
     if body.startswith(FENCE):
-        body = body[len(FENCE):]
+        body = body[len(FENCE) :]
         body = body.split("\n", 1)[1] if "\n" in body else ""  # drop the language tag line
         body = body.rsplit(FENCE, 1)[0].strip()
     if not body:
@@ -87,7 +87,9 @@ def _load_json(text: str) -> Any:
     try:
         return json.loads(body)
     except json.JSONDecodeError as exc:
-        raise AnswerMismatch(f"the answer is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise AnswerMismatch(
+            f"the answer is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
 
 
 def _describe(error: Any) -> str:

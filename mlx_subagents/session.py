@@ -116,13 +116,18 @@ class AgentSession:
                 generation = await self._step()
                 if not generation.tool_calls and not generation.malformed_tool_calls:
                     if generation.finish_reason == "length":  # a truncated answer is not an answer
-                        raise LimitReached("max_tokens", (
-                            f"the final answer was cut at the per-reply limit of {self.limits.max_reply_tokens} "
-                            "tokens; the output holds the partial text"
-                        ))
+                        raise LimitReached(
+                            "max_tokens",
+                            (
+                                f"the final answer was cut at the per-reply limit of {self.limits.max_reply_tokens} "
+                                "tokens; the output holds the partial text"
+                            ),
+                        )
                     return self._finish(task, self._result(task, "completed", generation.text, "completed"))
                 await self._act(generation)
-            raise LimitReached("max_turns", f"reached the limit of {self.limits.max_turns} turns without a final answer")
+            raise LimitReached(
+                "max_turns", f"reached the limit of {self.limits.max_turns} turns without a final answer"
+            )
         except LimitReached as limit:
             return self._finish(task, self._result(task, "failed", self._last_text(), limit.stop_reason, str(limit)))
         except SubagentError as exc:  # the host refused a turn (prompt too long, script ran out)
@@ -138,7 +143,10 @@ class AgentSession:
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start")
         generation = await self._host_session.generate(
-            self.messages, tools=self.schemas, max_tokens=max_tokens, temperature=self.spec.temperature or 0.0,
+            self.messages,
+            tools=self.schemas,
+            max_tokens=max_tokens,
+            temperature=self.spec.temperature or 0.0,
             on_text=self.on_text,
         )
         self._count(generation)
@@ -217,8 +225,12 @@ class AgentSession:
             self.usage.output_tokens += result.usage.generated_tokens
             self.usage.cached_tokens += result.usage.cached_tokens
             self.usage.context_tokens = result.tokens_after
-            self._emit("compaction", tokens_before=result.tokens_before, tokens_after=result.tokens_after,
-                       n_summarized=result.n_summarized)
+            self._emit(
+                "compaction",
+                tokens_before=result.tokens_before,
+                tokens_after=result.tokens_after,
+                n_summarized=result.n_summarized,
+            )
         return result.n_summarized
 
     # -- bookkeeping --------------------------------------------------------------
@@ -238,11 +250,20 @@ class AgentSession:
                 return str(message["content"])
         return ""
 
-    def _result(self, task: str, status: Any, output: str, stop_reason: StopReason, error: str | None = None) -> RunResult:
+    def _result(
+        self, task: str, status: Any, output: str, stop_reason: StopReason, error: str | None = None
+    ) -> RunResult:
         return RunResult(
-            agent=self.spec.name, task=task, status=status, output=output, error=error,
-            usage=self.usage.model_copy(), model=self.host.model_id, stop_reason=stop_reason,
-            duration_s=round(time.perf_counter() - self._started, 3), label=self.label,
+            agent=self.spec.name,
+            task=task,
+            status=status,
+            output=output,
+            error=error,
+            usage=self.usage.model_copy(),
+            model=self.host.model_id,
+            stop_reason=stop_reason,
+            duration_s=round(time.perf_counter() - self._started, 3),
+            label=self.label,
         )
 
     def _finish(self, task: str, result: RunResult) -> RunResult:

@@ -27,8 +27,12 @@ def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
         item: dict[str, Any] = {"label": entry.label, "file": None, "meta": None, "messages": None, "results": []}
         if entry.file is not None:
             log = read_transcript(record.transcript_path(entry))
-            item.update(file=str(log.path), meta=log.meta, messages=log.messages,
-                        results=[r.model_dump(mode="json") for r in log.results])
+            item.update(
+                file=str(log.path),
+                meta=log.meta,
+                messages=log.messages,
+                results=[r.model_dump(mode="json") for r in log.results],
+            )
         data["transcripts"].append(item)
     return data
 
@@ -45,7 +49,9 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
             console.print("[dim](never started)[/]")
             continue
         log = read_transcript(record.transcript_path(entry))
-        console.print(f"[dim]model {escape(str(log.meta.get('model')))} · {log.generations} generation(s) · {log.path}[/]")
+        console.print(
+            f"[dim]model {escape(str(log.meta.get('model')))} · {log.generations} generation(s) · {log.path}[/]"
+        )
         if log.messages is None:
             console.print("[yellow]no saved conversation (the process ended before the task did); tool calls:[/]")
             for r in log.records:
@@ -56,8 +62,10 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
             _print_message(console, message, full)
         for i, result in enumerate(log.results, 1):
             u = result.usage
-            line = (f"generation {i}: {result.status} ({result.stop_reason}) in {result.duration_s:.1f}s, "
-                    f"{u.turns} turns, {u.input_tokens} in ({u.cached_tokens} cached), {u.output_tokens} out")
+            line = (
+                f"generation {i}: {result.status} ({result.stop_reason}) in {result.duration_s:.1f}s, "
+                f"{u.turns} turns, {u.input_tokens} in ({u.cached_tokens} cached), {u.output_tokens} out"
+            )
             console.print(f"[dim]{escape(line)}[/]")
             if result.error:
                 console.print(f"  [red]{escape(result.error)}[/]")

@@ -109,7 +109,9 @@ class RunRecord(BaseModel):
             if len(self.tasks) == 1:
                 return self.tasks[0]
             labels = ", ".join(t.label for t in self.tasks)
-            raise RunNotFoundError(f"run {self.run_id} has {len(self.tasks)} tasks ({labels}); pick one with --task LABEL")
+            raise RunNotFoundError(
+                f"run {self.run_id} has {len(self.tasks)} tasks ({labels}); pick one with --task LABEL"
+            )
         for entry in self.tasks:
             if key in (entry.label, entry.step_id, str(entry.index + 1)):
                 return entry
@@ -129,8 +131,15 @@ class RunRecorder:
         self.run_id = new_run_id()
         folder = runs_dir(home) / self.run_id
         folder.mkdir(parents=True, exist_ok=False)
-        self.record = RunRecord(run_id=self.run_id, mode=mode, created=_now(), cwd=str(cwd), tasks=entries,
-                                total=len(entries), folder=folder)
+        self.record = RunRecord(
+            run_id=self.run_id,
+            mode=mode,
+            created=_now(),
+            cwd=str(cwd),
+            tasks=entries,
+            total=len(entries),
+            folder=folder,
+        )
         self.record.write()
 
     @property

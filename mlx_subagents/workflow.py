@@ -115,7 +115,9 @@ def parse_workflow(data: dict[str, Any], path: Path | None = None) -> Workflow:
 def check_graph(workflow: Workflow, where: str = "workflow") -> None:
     """Duplicate ids, unknown or self needs, placeholders of steps not needed, cycles, too many steps."""
     if len(workflow.steps) > MAX_TASKS:
-        raise WorkflowError(f"{where}: {len(workflow.steps)} steps is more than the limit of {MAX_TASKS}; split the workflow")
+        raise WorkflowError(
+            f"{where}: {len(workflow.steps)} steps is more than the limit of {MAX_TASKS}; split the workflow"
+        )
     ids: list[str] = []
     for step in workflow.steps:
         if step.id == INPUT_KEY:
@@ -133,7 +135,9 @@ def check_graph(workflow: Workflow, where: str = "workflow") -> None:
                 )
         for name in PLACEHOLDER.findall(step.prompt):
             if name == step.id:
-                raise WorkflowError(f"{where}: step '{step.id}' uses {{{name}}}, its own answer, in its prompt; remove it")
+                raise WorkflowError(
+                    f"{where}: step '{step.id}' uses {{{name}}}, its own answer, in its prompt; remove it"
+                )
             if name in ids and name not in step.needs:
                 raise WorkflowError(
                     f"{where}: step '{step.id}' uses {{{name}}} in its prompt but does not need '{name}'; "
@@ -154,7 +158,7 @@ def find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str] | None:
         path.append(node)
         for need in graph.get(node, ()):
             if state.get(need) == 1:
-                return path[path.index(need):] + [need]
+                return path[path.index(need) :] + [need]
             if need not in state and (found := visit(need)):
                 return found
         path.pop()
@@ -197,7 +201,11 @@ def _first_error(exc: ValidationError, data: dict[str, Any]) -> str:
     if err["type"] == "missing":
         return f"{where}missing field '{field}'; add it"
     if err["type"] == "extra_forbidden":
-        return f"{where}unknown field '{field}'; allowed: id, agent, prompt, needs, model, max_turns, max_tokens, timeout, schema" if where else f"unknown field '{field}'; allowed: name, description, steps"
+        return (
+            f"{where}unknown field '{field}'; allowed: id, agent, prompt, needs, model, max_turns, max_tokens, timeout, schema"
+            if where
+            else f"unknown field '{field}'; allowed: name, description, steps"
+        )
     if field == "id" and err["type"] == "string_pattern_mismatch":
         return f"{where}field 'id' {err['input']!r} is not a valid id; use letters, digits, '_' and '-', starting with a letter"
     return f"{where}field '{field}': {msg}" if field else f"{where}{msg}"

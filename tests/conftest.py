@@ -21,9 +21,7 @@ from mlx_subagents.testing import make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> Path:
+def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Keep every test away from the real ~/.mlx-subagents, user agents and the HF cache."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))

@@ -164,9 +164,7 @@ def test_claude_alias_is_an_error_in_our_own_files(tmp_path):
     with pytest.raises(AgentFileError) as info:
         parse_agent_file(path, "user")
 
-    assert str(info.value) == (
-        f"{path}: field 'model': 'sonnet' is a Claude model, not a local one; {MODEL_FIX}"
-    )
+    assert str(info.value) == (f"{path}: field 'model': 'sonnet' is a Claude model, not a local one; {MODEL_FIX}")
 
 
 def test_unknown_fields_are_ignored_with_a_warning(tmp_path):
@@ -197,8 +195,7 @@ MAPPING_FIX = "write one 'key: value' per line, e.g. name: scout"
 BAD_FILES = [
     (
         "No frontmatter.\n",
-        "no frontmatter; start the file with a '---' line, then name: and description:, "
-        "then a closing '---' line",
+        "no frontmatter; start the file with a '---' line, then name: and description:, then a closing '---' line",
     ),
     (
         "---\nname: x\n",
@@ -225,8 +222,7 @@ BAD_FILES = [
     ),
     (
         "---\nname: helper\n---\nBody\n",
-        "field 'description' is missing or empty; "
-        "add 'description: what this agent does' to the frontmatter",
+        "field 'description' is missing or empty; add 'description: what this agent does' to the frontmatter",
     ),
     (
         "---\nname: [a]\ndescription: Helps.\n---\nBody\n",
@@ -239,13 +235,11 @@ BAD_FILES = [
     (agent_text(name="-x"), f"field 'name': '-x' is not a valid agent name; {NAME_FIX}"),
     (
         agent_text(extra="tools: read, glob\n"),
-        "field 'tools': unknown tool 'glob'; "
-        "use tools from: read, grep, find, ls, bash, edit, write, subagent",
+        "field 'tools': unknown tool 'glob'; use tools from: read, grep, find, ls, bash, edit, write, subagent",
     ),
     (
         agent_text(extra="tools: {read: true}\n"),
-        "field 'tools' must be a comma-separated string or a list of tool names; "
-        "e.g. tools: read, grep, find",
+        "field 'tools' must be a comma-separated string or a list of tool names; e.g. tools: read, grep, find",
     ),
     (
         agent_text(extra="max_turns: 0\n"),
@@ -269,8 +263,7 @@ BAD_FILES = [
     ),
     (
         agent_text(extra="output_schema: [1]\n"),
-        "field 'output_schema' must be a mapping (a JSON schema), not a list; "
-        "e.g. output_schema: {type: object}",
+        "field 'output_schema' must be a mapping (a JSON schema), not a list; e.g. output_schema: {type: object}",
     ),
     (
         agent_text(body="  \n\n"),
@@ -300,9 +293,7 @@ def test_same_name_twice_in_one_folder_keeps_the_first(user_dir, project):
     catalog = discover_agents(project)
 
     assert catalog.get("helper").path == first
-    assert catalog.warnings == [
-        f"skipped {second}: agent 'helper' is already defined in {first}; rename one of them"
-    ]
+    assert catalog.warnings == [f"skipped {second}: agent 'helper' is already defined in {first}; rename one of them"]
 
 
 def test_non_markdown_and_hidden_files_are_ignored(user_dir, project):
@@ -346,8 +337,7 @@ def test_claude_file_without_tools_gets_all_tools_minus_disallowed(tmp_path):
     path = write(
         tmp_path / ".claude" / "agents",
         "a.md",
-        "---\nname: a\ndescription: A.\ndisallowedTools: Write, Edit, WebFetch\n"
-        "model: inherit\n---\nA.\n",
+        "---\nname: a\ndescription: A.\ndisallowedTools: Write, Edit, WebFetch\nmodel: inherit\n---\nA.\n",
     )
 
     spec = parse_agent_file(path, "project")
@@ -371,9 +361,7 @@ def test_claude_file_unknown_tool_and_remote_model_are_errors(tmp_path):
         f"{unknown}: field 'tools': unknown tool 'Frobnicate'; "
         "use tools from: read, grep, find, ls, bash, edit, write, subagent"
     )
-    assert str(remote_info.value).startswith(
-        f"{remote}: field 'model': 'openai/gpt-4o' is a remote 'openai' model;"
-    )
+    assert str(remote_info.value).startswith(f"{remote}: field 'model': 'openai/gpt-4o' is a remote 'openai' model;")
 
 
 # --- discovery layers ------------------------------------------------------------------------
@@ -536,6 +524,4 @@ def test_project_agent_declined_is_refused(project_spec):
     with pytest.raises(ConfirmationRequired) as info:
         require_trust(project_spec, assume_yes=False, interactive=True, confirm=lambda q: False)
 
-    assert str(info.value) == (
-        "agent 'x' was not allowed to run (declined). Re-run with --yes to allow it."
-    )
+    assert str(info.value) == ("agent 'x' was not allowed to run (declined). Re-run with --yes to allow it.")

@@ -96,7 +96,9 @@ def test_shared_prefix_is_prefilled_once(tiny_qwen3_path: Path) -> None:
     private, _ = asyncio.run(go(False))
     assert [r.usage.cached_tokens for r in shared] == [0, n_prefix, n_prefix, n_prefix]
     assert [r.usage.cached_tokens for r in private] == [0, 0, 0, 0]
-    assert sum(r.usage.prefilled_tokens for r in shared) == sum(r.usage.prefilled_tokens for r in private) - 3 * n_prefix
+    assert (
+        sum(r.usage.prefilled_tokens for r in shared) == sum(r.usage.prefilled_tokens for r in private) - 3 * n_prefix
+    )
     assert [r.token_ids for r in shared] == [r.token_ids for r in private]
 
 
@@ -123,7 +125,10 @@ def test_budget_too_small_for_the_window_is_a_clear_error(tiny_qwen3_path: Path)
         async with MlxModelHost(str(tiny_qwen3_path), kv_budget="1MiB", context_window=4096):
             pass
 
-    with pytest.raises(SubagentError, match=r"^a context window of 4096 tokens for 5 sessions needs .* lower --context-window or raise --kv-budget$"):
+    with pytest.raises(
+        SubagentError,
+        match=r"^a context window of 4096 tokens for 5 sessions needs .* lower --context-window or raise --kv-budget$",
+    ):
         asyncio.run(go())
 
 
@@ -134,7 +139,9 @@ def test_cancelling_one_batched_session_leaves_the_others(tiny_qwen3_path: Path,
         scripts = ForcedScripts(tiny_qwen3[1], {"s9": [long_text]})
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
             first = asyncio.Event()
-            doomed = asyncio.create_task(host.session("s9").generate(task(9), max_tokens=600, on_text=lambda _: first.set()))
+            doomed = asyncio.create_task(
+                host.session("s9").generate(task(9), max_tokens=600, on_text=lambda _: first.set())
+            )
             others = [asyncio.create_task(host.session(f"s{i}").generate(task(i), max_tokens=20)) for i in range(3)]
             await first.wait()
             doomed.cancel()

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlx_subagents.transcripts import load_run, read_transcript
-
 from helpers import alive, call
+
+from mlx_subagents.transcripts import load_run, read_transcript
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"
@@ -52,10 +52,16 @@ def cli_env() -> dict[str, str]:
 
 
 def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [call("subagent", agent="scout", task="find the app"), "The app is app.py."]},
-        "scout": {"replies": ["app.py:1"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [call("subagent", agent="scout", task="find the app"), "The app is app.py."]
+                },
+                "scout": {"replies": ["app.py:1"]},
+            }
+        }
+    )
     code, out, err = run_cli("chat", "--once", "where is the app?", "-m", model, "-C", str(tmp_path))
 
     assert (code, out) == (0, "The app is app.py.\n")
@@ -77,7 +83,10 @@ def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli
 
 def test_a_chat_continues_with_resume_and_chat_resume(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     # Each command is a new process: a new scripted session, replaying its script from the start.
-    assert run_cli("chat", "--once", "first", "-m", write_script(["one"], "1.json"), "-C", str(tmp_path))[:2] == (0, "one\n")
+    assert run_cli("chat", "--once", "first", "-m", write_script(["one"], "1.json"), "-C", str(tmp_path))[:2] == (
+        0,
+        "one\n",
+    )
     run_id = load_run("last").run_id
 
     code, out, _ = run_cli("resume", run_id, "second", "-m", write_script(["two"], "2.json"))
@@ -89,7 +98,12 @@ def test_a_chat_continues_with_resume_and_chat_resume(tmp_path: Path, write_scri
     assert record.run_id == run_id
     log = read_transcript(record.transcript_path(record.tasks[0]))
     assert [m["content"] for m in log.messages if m["role"] in ("user", "assistant")] == [
-        "first", "one", "second", "two", "third", "three",
+        "first",
+        "one",
+        "second",
+        "two",
+        "third",
+        "three",
     ]
     assert log.generations == 3 and [r.status for r in log.results] == ["completed"] * 3
 
@@ -107,16 +121,28 @@ def test_chat_errors_before_it_starts_are_one_line(tmp_path: Path, write_script:
 
 
 def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeypatch: Any) -> None:
-    model = write_script({"agents": {"orchestrator": {"replies": [
-        "first answer", "second answer", "## Goal\nthe summary",
-    ]}}})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        "first answer",
+                        "second answer",
+                        "## Goal\nthe summary",
+                    ]
+                }
+            }
+        }
+    )
     lines = ["/compact", "hello", "/agents", "again", "/compact", "/usage", "/bogus", "/help", "/exit", "never sent"]
     monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
     code, out, err = run_cli("chat", "-m", model, "-C", str(tmp_path))
 
     assert code == 0
     record = load_run("last")
-    usage = next(line for line in out.splitlines() if line.startswith("> orchestrator: ") or line.startswith("orchestrator: "))
+    usage = next(
+        line for line in out.splitlines() if line.startswith("> orchestrator: ") or line.startswith("orchestrator: ")
+    )
     assert out.split("\n") == [
         "> nothing to compact yet",
         "> first answer",
@@ -144,7 +170,9 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
     assert "unknown command /bogus; commands: /agents, /usage, /compact, /help, /exit" in err
     log = read_transcript(record.transcript_path(record.tasks[0]))
     assert [m["content"] for m in log.messages[1:]] == [
-        "hello", "[Summary of earlier work]\n## Goal\nthe summary", "second answer",
+        "hello",
+        "[Summary of earlier work]\n## Goal\nthe summary",
+        "second answer",
     ]
 
 
@@ -200,10 +228,16 @@ class Terminal:
 
 
 def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [call("subagent", agent="worker", task="run the slow check"), "still here"]},
-        "worker": {"replies": [call("bash", command=SLOW), "never"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [call("subagent", agent="worker", task="run the slow check"), "still here"]
+                },
+                "worker": {"replies": [call("bash", command=SLOW), "never"]},
+            }
+        }
+    )
     term = Terminal(["chat", "-m", model, "-C", str(tmp_path)])
     try:
         term.expect("/exit leaves\n> ")
@@ -235,15 +269,30 @@ def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: P
 
 
 def test_sigint_during_once_stops_the_children_and_exits_130(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [call("subagent", tasks=[{"agent": "worker", "task": "slow"},
-                                                            {"agent": "scout", "task": "quick"}]), "never"]},
-        "worker": {"replies": [call("bash", command=SLOW), "never"]},
-        "scout": {"replies": ["quick answer"]},
-    }})
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_subagents.cli", "chat", "--once", "go", "-m", model,
-                             "-C", str(tmp_path)], env=cli_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        call(
+                            "subagent", tasks=[{"agent": "worker", "task": "slow"}, {"agent": "scout", "task": "quick"}]
+                        ),
+                        "never",
+                    ]
+                },
+                "worker": {"replies": [call("bash", command=SLOW), "never"]},
+                "scout": {"replies": ["quick answer"]},
+            }
+        }
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_subagents.cli", "chat", "--once", "go", "-m", model, "-C", str(tmp_path)],
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         pids = wait_for_pids(tmp_path, time.monotonic() + 15)
         proc.send_signal(signal.SIGINT)
@@ -264,7 +313,7 @@ def test_the_streamed_reply_hides_tool_call_markup() -> None:
 
     file = io.StringIO()
     stream = ReplyStream(file)
-    for chunk in ["\n Let me", " look.\n<", "tool_", "call>\n{\"name\": \"ls\"}", "</tool_call>"]:
+    for chunk in ["\n Let me", " look.\n<", "tool_", 'call>\n{"name": "ls"}', "</tool_call>"]:
         stream(chunk)
     stream.flush()
     stream.end_line()
@@ -276,26 +325,35 @@ def test_the_streamed_reply_hides_tool_call_markup() -> None:
     assert file.getvalue() == "Let me look.\na < b <tool\n"
 
 
-def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(tmp_path: Path, tiny_qwen3_path: Path,
-                                                                    tiny_qwen3: Any) -> None:
+def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(
+    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
     import asyncio
+
+    from rich.console import Console
 
     from mlx_subagents.chat import Chat, ChatView, ReplyStream
     from mlx_subagents.runner import Runner
     from mlx_subagents.testing import ForcedScripts, tool_call_text
-    from rich.console import Console
 
     (tmp_path / "app.py").write_text("print('hi')\n")
-    scripts = ForcedScripts(tiny_qwen3[1], {
-        "orchestrator": ["Let me ask. " + tool_call_text("subagent", {"agent": "scout", "task": "list the files"}),
-                         "The scout found app.py.", "Nothing else."],
-        "orchestrator > scout": ["app.py is the only file"],
-    })
+    scripts = ForcedScripts(
+        tiny_qwen3[1],
+        {
+            "orchestrator": [
+                "Let me ask. " + tool_call_text("subagent", {"agent": "scout", "task": "list the files"}),
+                "The scout found app.py.",
+                "Nothing else.",
+            ],
+            "orchestrator > scout": ["app.py is the only file"],
+        },
+    )
     screen = io.StringIO()
     stream = ReplyStream(screen)
     view = ChatView(Console(file=screen, width=200), stream)
-    runner = Runner(cwd=tmp_path, model=str(tiny_qwen3_path), host_options={"processor_factory": scripts},
-                    on_event=view.handle)
+    runner = Runner(
+        cwd=tmp_path, model=str(tiny_qwen3_path), host_options={"processor_factory": scripts}, on_event=view.handle
+    )
 
     async def main() -> tuple[Any, Any, Chat]:
         async with runner:

@@ -13,7 +13,6 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-
 from helpers import alive, call
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +35,12 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 6
         full_env.pop(name, None)
     return subprocess.run(
         [sys.executable, "-m", "mlx_subagents.cli", *map(str, args)],
-        cwd=REPO, env=full_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -62,22 +66,31 @@ def ws(tmp_path: Path) -> Path:
 
 def test_run_json_prints_the_documented_object_and_shows_tool_calls(tmp_path: Path, ws: Path) -> None:
     answer = "Findings:\n- src/app.py:3-4 — load_config parses the config\n\nSummary: src/app.py."
-    script = write_script(tmp_path / "s.json", "scout", [
-        call("bash", command="ls src"),
-        call("ls", path="."),
-        call("grep", pattern="load_config"),
-        call("find", pattern="*.py"),
-        call("read", path="src/app.py", offset=3, limit=2),
-        call("read", path="src/app.py"),
-        answer,
-    ])
+    script = write_script(
+        tmp_path / "s.json",
+        "scout",
+        [
+            call("bash", command="ls src"),
+            call("ls", path="."),
+            call("grep", pattern="load_config"),
+            call("find", pattern="*.py"),
+            call("read", path="src/app.py", offset=3, limit=2),
+            call("read", path="src/app.py"),
+            answer,
+        ],
+    )
     proc = cli("run", "scout", "where is the config parsed?", "--model", f"scripted:{script}", "--cwd", ws, "--json")
 
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert {k: data[k] for k in ("agent", "task", "status", "output", "error", "model", "stop_reason")} == {
-        "agent": "scout", "task": "where is the config parsed?", "status": "completed", "output": answer,
-        "error": None, "model": f"scripted:{script}", "stop_reason": "completed",
+        "agent": "scout",
+        "task": "where is the config parsed?",
+        "status": "completed",
+        "output": answer,
+        "error": None,
+        "model": f"scripted:{script}",
+        "stop_reason": "completed",
     }
     assert data["usage"]["turns"] == 7
     assert data["usage"]["input_tokens"] > data["usage"]["cached_tokens"] > 0
@@ -86,7 +99,12 @@ def test_run_json_prints_the_documented_object_and_shows_tool_calls(tmp_path: Pa
     assert JSON_FIELDS <= set(data) and USAGE_FIELDS <= set(data["usage"])
     # Progress goes to stderr, one label per tool call, in order; stdout holds only the JSON.
     assert proc.stderr.splitlines() == [
-        "$ ls src", "ls .", 'grep "load_config" .', "find *.py", "read src/app.py:3-4", "read src/app.py",
+        "$ ls src",
+        "ls .",
+        'grep "load_config" .',
+        "find *.py",
+        "read src/app.py:3-4",
+        "read src/app.py",
     ]
     assert set(data) == JSON_FIELDS | EXTRA_FIELDS and set(data["usage"]) == USAGE_FIELDS | EXTRA_USAGE
 
@@ -94,13 +112,17 @@ def test_run_json_prints_the_documented_object_and_shows_tool_calls(tmp_path: Pa
 def test_run_refuses_paths_outside_the_workspace_and_leaks_nothing(tmp_path: Path, ws: Path) -> None:
     secret = tmp_path / "outside" / "secret.txt"
     (ws / "link.txt").symlink_to(secret)
-    script = write_script(tmp_path / "s.json", "scout", [
-        call("read", path="../outside/secret.txt"),
-        call("read", path=str(secret)),
-        call("read", path="link.txt"),
-        call("grep", pattern="password", path=".."),
-        "Findings: none\n\nSummary: nothing outside the workspace.",
-    ])
+    script = write_script(
+        tmp_path / "s.json",
+        "scout",
+        [
+            call("read", path="../outside/secret.txt"),
+            call("read", path=str(secret)),
+            call("read", path="link.txt"),
+            call("grep", pattern="password", path=".."),
+            "Findings: none\n\nSummary: nothing outside the workspace.",
+        ],
+    )
     proc = cli("run", "scout", "find the password", "--model", f"scripted:{script}", "--cwd", ws)
 
     assert proc.returncode == 0, proc.stderr
@@ -108,28 +130,35 @@ def test_run_refuses_paths_outside_the_workspace_and_leaks_nothing(tmp_path: Pat
     assert SECRET not in proc.stdout + proc.stderr
     root = ws.resolve()
     lines = proc.stderr.splitlines()
-    assert lines[:8] == [line[:200] for line in [  # the display cuts a tool's error at 200 characters
-        "read ../outside/secret.txt",
-        f"Error: path '../outside/secret.txt' is outside the workspace {root}; use a path inside it",
-        f"read {secret}",
-        f"Error: path '{secret}' is outside the workspace {root}; use a path inside it",
-        "read link.txt",
-        f"Error: path 'link.txt' is outside the workspace {root} (it is a symlink to {secret.resolve()}); "
-        "use a path inside it",
-        'grep "password" ..',
-        f"Error: path '..' is outside the workspace {root}; use a path inside it",
-    ]]
+    assert lines[:8] == [
+        line[:200]
+        for line in [  # the display cuts a tool's error at 200 characters
+            "read ../outside/secret.txt",
+            f"Error: path '../outside/secret.txt' is outside the workspace {root}; use a path inside it",
+            f"read {secret}",
+            f"Error: path '{secret}' is outside the workspace {root}; use a path inside it",
+            "read link.txt",
+            f"Error: path 'link.txt' is outside the workspace {root} (it is a symlink to {secret.resolve()}); "
+            "use a path inside it",
+            'grep "password" ..',
+            f"Error: path '..' is outside the workspace {root}; use a path inside it",
+        ]
+    ]
     usage = [line for line in lines[8:] if line.startswith("scout: completed (completed) in ")]
     assert len(usage) == 1 and ", 5 turns, " in usage[0]
 
 
 def test_bash_timeout_kills_the_whole_process_tree(tmp_path: Path, ws: Path) -> None:
     command = "sleep 30 & echo $! > pids.txt; echo $$ >> pids.txt; sleep 30"
-    script = write_script(tmp_path / "s.json", "worker", [
-        call("bash", command=command, timeout=1),
-        call("bash", command="cat pids.txt | wc -l"),
-        "The command timed out.",
-    ])
+    script = write_script(
+        tmp_path / "s.json",
+        "worker",
+        [
+            call("bash", command=command, timeout=1),
+            call("bash", command="cat pids.txt | wc -l"),
+            "The command timed out.",
+        ],
+    )
     tic = time.monotonic()
     proc = cli("run", "worker", "run the slow command", "--model", f"scripted:{script}", "--cwd", ws, timeout=30)
     elapsed = time.monotonic() - tic
@@ -148,17 +177,23 @@ def test_bash_timeout_kills_the_whole_process_tree(tmp_path: Path, ws: Path) -> 
 def test_ambiguous_edit_leaves_the_file_alone_and_the_run_goes_on(tmp_path: Path, ws: Path) -> None:
     original = "def a():\n    return 1\n\ndef b():\n    return 1\n"
     (ws / "src" / "twice.py").write_bytes(original.encode())
-    script = write_script(tmp_path / "s.json", "worker", [
-        call("edit", path="src/twice.py", old_text="    return 1\n", new_text="    return 2\n"),
-        call("edit", path="src/twice.py", old_text="def b():\n    return 1\n", new_text="def b():\n    return 2\n"),
-        "Changed b() in src/twice.py to return 2.",
-    ])
+    script = write_script(
+        tmp_path / "s.json",
+        "worker",
+        [
+            call("edit", path="src/twice.py", old_text="    return 1\n", new_text="    return 2\n"),
+            call("edit", path="src/twice.py", old_text="def b():\n    return 1\n", new_text="def b():\n    return 2\n"),
+            "Changed b() in src/twice.py to return 2.",
+        ],
+    )
     proc = cli("run", "worker", "make b return 2", "--model", f"scripted:{script}", "--cwd", ws, "--json")
 
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert (data["status"], data["output"], data["usage"]["turns"]) == (
-        "completed", "Changed b() in src/twice.py to return 2.", 3,
+        "completed",
+        "Changed b() in src/twice.py to return 2.",
+        3,
     )
     assert proc.stderr.splitlines() == [
         "edit src/twice.py",
@@ -166,16 +201,22 @@ def test_ambiguous_edit_leaves_the_file_alone_and_the_run_goes_on(tmp_path: Path
         "edit src/twice.py",
     ]
     # The ambiguous edit changed nothing; only the unique one did.
-    assert (ws / "src" / "twice.py").read_bytes() == original.replace("b():\n    return 1", "b():\n    return 2").encode()
+    assert (ws / "src" / "twice.py").read_bytes() == original.replace(
+        "b():\n    return 1", "b():\n    return 2"
+    ).encode()
 
 
 def test_ambiguous_edit_alone_leaves_the_file_byte_identical(tmp_path: Path, ws: Path) -> None:
     original = b"x = 1\r\nx = 1\r\n"
     (ws / "dup.txt").write_bytes(original)
-    script = write_script(tmp_path / "s.json", "worker", [
-        call("edit", path="dup.txt", old_text="x = 1", new_text="x = 2"),
-        "Could not edit: the text occurs twice.",
-    ])
+    script = write_script(
+        tmp_path / "s.json",
+        "worker",
+        [
+            call("edit", path="dup.txt", old_text="x = 1", new_text="x = 2"),
+            "Could not edit: the text occurs twice.",
+        ],
+    )
     proc = cli("run", "worker", "set x to 2", "--model", f"scripted:{script}", "--cwd", ws)
 
     assert proc.returncode == 0, proc.stderr
@@ -222,11 +263,15 @@ def test_compaction_on_a_small_window_through_the_cli(tmp_path: Path, ws: Path) 
 
 
 def test_tool_labels_are_shown_literally(tmp_path: Path, ws: Path) -> None:
-    script = write_script(tmp_path / "s.json", "scout", [
-        call("read", path="src/[id]/page.tsx"),
-        call("bash", command="echo '[/]' '[/]'"),
-        "done",
-    ])
+    script = write_script(
+        tmp_path / "s.json",
+        "scout",
+        [
+            call("read", path="src/[id]/page.tsx"),
+            call("bash", command="echo '[/]' '[/]'"),
+            "done",
+        ],
+    )
     proc = cli("run", "scout", "look", "--model", f"scripted:{script}", "--cwd", ws)
 
     assert proc.returncode == 0, proc.stderr
@@ -255,7 +300,8 @@ def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Pa
     assert listing.returncode == 0, listing.stderr
     rows = json.loads(listing.stdout)
     assert [(r["name"], r["source"]) for r in rows] == [
-        ("helper", "project"), *((name, "builtin") for name in BUILTINS),
+        ("helper", "project"),
+        *((name, "builtin") for name in BUILTINS),
     ]
     assert rows[0]["tools"] == ["ls"] and rows[0]["file"] == str((agents_dir / "helper.md").resolve())
     warnings = listing.stderr.splitlines()

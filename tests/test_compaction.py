@@ -108,9 +108,7 @@ def call(*ids: str) -> dict:
     return {
         "role": "assistant",
         "content": "",
-        "tool_calls": [
-            {"id": i, "type": "function", "function": {"name": "ls", "arguments": {}}} for i in ids
-        ],
+        "tool_calls": [{"id": i, "type": "function", "function": {"name": "ls", "arguments": {}}} for i in ids],
     }
 
 
@@ -243,9 +241,7 @@ def test_split_property_random_conversations() -> None:
 def is_safe_cut(rest: list[dict], cut: int) -> bool:
     after = rest[cut:]
     ids = {c["id"] for m in after for c in m.get("tool_calls", [])}
-    return after[0]["role"] != "tool" and all(
-        m["tool_call_id"] in ids for m in after if "tool_call_id" in m
-    )
+    return after[0]["role"] != "tool" and all(m["tool_call_id"] in ids for m in after if "tool_call_id" in m)
 
 
 # --- compact ------------------------------------------------------------------------------------
@@ -309,7 +305,7 @@ def test_compact_request_shape(tmp_path: Path) -> None:
         def __init__(self) -> None:
             self.inner = host.session("spy")
 
-        async def generate(self, messages, **kwargs):  # noqa: ANN001, ANN003
+        async def generate(self, messages, **kwargs):
             seen["messages"], seen["kwargs"] = messages, kwargs
             return await self.inner.generate(messages, **kwargs)
 
@@ -326,7 +322,7 @@ def test_compact_request_shape(tmp_path: Path) -> None:
     assert content.endswith(SUMMARY_PROMPT)
     assert "[user]\nGo on." not in content  # kept messages are not summarised
     assert "[assistant]\nI see the bug." in content
-    assert 'tool call: ls({})' in content
+    assert "tool call: ls({})" in content
     assert "[tool ls]" in content
     assert seen["kwargs"]["tools"] is tools
     assert seen["kwargs"]["max_tokens"] == 500
@@ -383,9 +379,7 @@ def test_recent_token_counts_are_prefix_differences(tmp_path: Path) -> None:
     # Tool overhead cancels out; counting stops once the recent messages pass the budget.
     assert counts == [0, 0, 51, 51, 51, 51, 51, 9, 30, 17]
     assert calls == [messages, messages[:9], messages[:8], messages[:7]]
-    assert asyncio.run(recent_token_counts(messages, count, 10**6)) == [
-        0, 0, 30, 186, 30, 186, 12, 9, 30, 17
-    ]
+    assert asyncio.run(recent_token_counts(messages, count, 10**6)) == [0, 0, 30, 186, 30, 186, 12, 9, 30, 17]
 
 
 def test_compact_with_tools_bound_into_the_counter(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import call
 
 from mlx_subagents.caps import MAX_ANSWER_BYTES
 from mlx_subagents.errors import RequestError
@@ -17,8 +18,6 @@ from mlx_subagents.session import AgentSession
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import SubagentTool
 from mlx_subagents.transcripts import load_run, read_transcript, runs_dir
-
-from helpers import call
 
 FORMS = (
     'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '
@@ -33,10 +32,17 @@ def delegate(**arguments: Any) -> dict[str, Any]:
     return call("subagent", **arguments)
 
 
-def run_parent(tmp_path: Path, model: str, task: str = "help me", agent: str = "orchestrator",
-               events: list[Event] | None = None, **options: Any) -> Any:
-    runner = Runner(cwd=tmp_path, model=model, on_event=(events.append if events is not None else lambda _e: None),
-                    **options)
+def run_parent(
+    tmp_path: Path,
+    model: str,
+    task: str = "help me",
+    agent: str = "orchestrator",
+    events: list[Event] | None = None,
+    **options: Any,
+) -> Any:
+    runner = Runner(
+        cwd=tmp_path, model=model, on_event=(events.append if events is not None else lambda _e: None), **options
+    )
 
     async def main() -> Any:
         async with runner:
@@ -62,17 +68,24 @@ def write_agent(root: Path, name: str, tools: str, body: str = "Do the task.") -
 
 def test_single_delegation_returns_the_childs_answer(tmp_path: Path, write_script: Any) -> None:
     (tmp_path / "app.py").write_text("print('hi')\n")
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [delegate(agent="scout", task="where is the app?"), "It is app.py."]},
-        "scout": {"replies": [call("ls", path="."), "Findings:\n- app.py:1 — the app"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [delegate(agent="scout", task="where is the app?"), "It is app.py."]},
+                "scout": {"replies": [call("ls", path="."), "Findings:\n- app.py:1 — the app"]},
+            }
+        }
+    )
     events: list[Event] = []
     result = run_parent(tmp_path, model, events=events)
 
     assert (result.status, result.output) == ("completed", "It is app.py.")
     assert tool_results(result) == ["Findings:\n- app.py:1 — the app"]
-    child_events = [(e.kind, e.data.get("description")) for e in events if e.label == "orchestrator > scout"
-                    and e.kind in ("task_start", "tool_call", "task_end")]
+    child_events = [
+        (e.kind, e.data.get("description"))
+        for e in events
+        if e.label == "orchestrator > scout" and e.kind in ("task_start", "tool_call", "task_end")
+    ]
     assert child_events == [("task_start", None), ("tool_call", "ls ."), ("task_end", None)]
     parent_call = next(e for e in events if e.label == "orchestrator" and e.kind == "tool_call")
     assert parent_call.data["description"] == "subagent scout: where is the app?"
@@ -86,17 +99,27 @@ def test_single_delegation_returns_the_childs_answer(tmp_path: Path, write_scrip
 
 def test_parallel_delegation_has_one_section_per_task_and_marks_failures(tmp_path: Path, write_script: Any) -> None:
     bad = {"raw": "<tool_call>{not json</tool_call>"}
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [
-            delegate(tasks=[{"agent": "scout", "task": "map auth", "label": "auth"},
-                            {"agent": "reviewer", "task": "review db.py"},
-                            {"agent": "planner", "task": "plan it"}]),
-            "Summary.",
-        ]},
-        "scout": {"replies": [{"content": "auth is in auth.py", "delay": 0.1}]},
-        "reviewer": {"replies": ["Verdict: approve"]},
-        "planner": {"replies": [bad, bad, bad]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        delegate(
+                            tasks=[
+                                {"agent": "scout", "task": "map auth", "label": "auth"},
+                                {"agent": "reviewer", "task": "review db.py"},
+                                {"agent": "planner", "task": "plan it"},
+                            ]
+                        ),
+                        "Summary.",
+                    ]
+                },
+                "scout": {"replies": [{"content": "auth is in auth.py", "delay": 0.1}]},
+                "reviewer": {"replies": ["Verdict: approve"]},
+                "planner": {"replies": [bad, bad, bad]},
+            }
+        }
+    )
     result = run_parent(tmp_path, model)
 
     assert result.output == "Summary."
@@ -109,19 +132,34 @@ def test_parallel_delegation_has_one_section_per_task_and_marks_failures(tmp_pat
 
 
 def test_chain_delegation_passes_previous_and_returns_the_last_answer(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [
-            delegate(chain=[{"agent": "scout", "task": "find the parser"},
-                            {"agent": "planner", "task": "plan a fix for: {previous}"}]),
-            delegate(chain=[{"agent": "scout", "task": "again"}, {"agent": "worker", "task": "fix {previous}"},
-                            {"agent": "reviewer", "task": "review {previous}"}]),
-            "ok",
-        ]},
-        "scout": {"replies": ["parser in parse.py"]},
-        "planner": {"replies": ["1. edit parse.py"]},
-        "worker": {"replies": [call("ls", path=".")]},  # runs out of replies: the step fails
-        "reviewer": {"replies": ["never"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        delegate(
+                            chain=[
+                                {"agent": "scout", "task": "find the parser"},
+                                {"agent": "planner", "task": "plan a fix for: {previous}"},
+                            ]
+                        ),
+                        delegate(
+                            chain=[
+                                {"agent": "scout", "task": "again"},
+                                {"agent": "worker", "task": "fix {previous}"},
+                                {"agent": "reviewer", "task": "review {previous}"},
+                            ]
+                        ),
+                        "ok",
+                    ]
+                },
+                "scout": {"replies": ["parser in parse.py"]},
+                "planner": {"replies": ["1. edit parse.py"]},
+                "worker": {"replies": [call("ls", path=".")]},  # runs out of replies: the step fails
+                "reviewer": {"replies": ["never"]},
+            }
+        }
+    )
     events: list[Event] = []
     result = run_parent(tmp_path, model, events=events)
 
@@ -129,8 +167,10 @@ def test_chain_delegation_passes_previous_and_returns_the_last_answer(tmp_path: 
     assert first == "1. edit parse.py"
     planner_start = next(e for e in events if e.label == "orchestrator > planner" and e.kind == "task_start")
     assert planner_start.data["task"] == "plan a fix for: parser in parse.py"
-    error = ("scripted model: session 'orchestrator > worker' (agent 'worker') has no reply left after 1 replies in "
-             f"{model.removeprefix('scripted:')}")
+    error = (
+        "scripted model: session 'orchestrator > worker' (agent 'worker') has no reply left after 1 replies in "
+        f"{model.removeprefix('scripted:')}"
+    )
     assert second == (
         f"Error: Chain stopped at step 2: {error}\n\n"
         "### [1: scout] completed\nparser in parse.py\n\n"
@@ -140,10 +180,14 @@ def test_chain_delegation_passes_previous_and_returns_the_last_answer(tmp_path: 
 
 
 def test_a_failed_single_child_is_an_error_result_with_its_partial_answer(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [delegate(agent="scout", task="look"), "sorry"]},
-        "scout": {"replies": [{"content": "halfway", "tool_calls": [{"name": "ls", "arguments": {}}]}] * 20},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [delegate(agent="scout", task="look"), "sorry"]},
+                "scout": {"replies": [{"content": "halfway", "tool_calls": [{"name": "ls", "arguments": {}}]}] * 20},
+            }
+        }
+    )
     result = run_parent(tmp_path, model)
     assert tool_results(result) == [
         "Error: agent 'scout' failed (max_turns): reached the limit of 20 turns without a final answer\n\nhalfway"
@@ -153,20 +197,29 @@ def test_a_failed_single_child_is_an_error_result_with_its_partial_answer(tmp_pa
 # -- malformed calls ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("arguments", "problem"), [
-    ({}, "no task given"),
-    ({"agent": "scout", "task": "a", "tasks": [{"agent": "scout", "task": "b"}]}, "agent/task and tasks given together"),
-    ({"agent": "scout", "task": "  "}, "'task' is empty: say what scout should do"),
-    ({"agent": "nobody", "task": "a"}, "unknown agent 'nobody'"),
-    ({"tasks": [{"agent": "scout", "task": "a"}, {"agent": "planner", "task": ""}]},
-     "'tasks[1].task' is empty: say what planner should do"),
-    ({"chain": [{"agent": "", "task": "a"}]}, "'chain[0].agent' is empty"),
-    ({"agent": "scout", "query": "a"}, "unknown field 'query'"),
-    ({"tasks": "scout"}, "'tasks': Input should be a valid list"),
-    ({"tasks": [{"agent": "scout"}]}, "'tasks.0.task': Field required"),
-])
-def test_malformed_calls_are_error_results_and_the_parent_goes_on(tmp_path: Path, write_script: Any,
-                                                                   arguments: dict[str, Any], problem: str) -> None:
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [
+        ({}, "no task given"),
+        (
+            {"agent": "scout", "task": "a", "tasks": [{"agent": "scout", "task": "b"}]},
+            "agent/task and tasks given together",
+        ),
+        ({"agent": "scout", "task": "  "}, "'task' is empty: say what scout should do"),
+        ({"agent": "nobody", "task": "a"}, "unknown agent 'nobody'"),
+        (
+            {"tasks": [{"agent": "scout", "task": "a"}, {"agent": "planner", "task": ""}]},
+            "'tasks[1].task' is empty: say what planner should do",
+        ),
+        ({"chain": [{"agent": "", "task": "a"}]}, "'chain[0].agent' is empty"),
+        ({"agent": "scout", "query": "a"}, "unknown field 'query'"),
+        ({"tasks": "scout"}, "'tasks': Input should be a valid list"),
+        ({"tasks": [{"agent": "scout"}]}, "'tasks.0.task': Field required"),
+    ],
+)
+def test_malformed_calls_are_error_results_and_the_parent_goes_on(
+    tmp_path: Path, write_script: Any, arguments: dict[str, Any], problem: str
+) -> None:
     model = write_script({"agents": {"orchestrator": {"replies": [delegate(**arguments), "I will do it myself."]}}})
     result = run_parent(tmp_path, model)
 
@@ -176,33 +229,55 @@ def test_malformed_calls_are_error_results_and_the_parent_goes_on(tmp_path: Path
 
 
 def test_nulls_for_unused_modes_are_accepted(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [delegate(agent="scout", task="a", tasks=None, chain=None, cwd=None), "done"]},
-        "scout": {"replies": ["found"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [delegate(agent="scout", task="a", tasks=None, chain=None, cwd=None), "done"]
+                },
+                "scout": {"replies": ["found"]},
+            }
+        }
+    )
     assert tool_results(run_parent(tmp_path, model)) == ["found"]
 
 
 def test_caps_and_cwd_problems_are_error_results(tmp_path: Path, write_script: Any) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "inner.txt").write_text("x")
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [
-            delegate(tasks=[{"agent": "scout", "task": f"t{i}"} for i in range(9)]),
-            delegate(agent="scout", task="x" * 20_001),
-            delegate(tasks=[{"agent": "scout", "task": "a", "label": "same"}, {"agent": "planner", "task": "b", "label": "same"}]),
-            delegate(agent="scout", task="look", cwd="../elsewhere"),
-            delegate(agent="scout", task="look", cwd="sub"),
-            "done",
-        ]},
-        "scout": {"replies": [call("ls", path="."), "listed"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        delegate(tasks=[{"agent": "scout", "task": f"t{i}"} for i in range(9)]),
+                        delegate(agent="scout", task="x" * 20_001),
+                        delegate(
+                            tasks=[
+                                {"agent": "scout", "task": "a", "label": "same"},
+                                {"agent": "planner", "task": "b", "label": "same"},
+                            ]
+                        ),
+                        delegate(agent="scout", task="look", cwd="../elsewhere"),
+                        delegate(agent="scout", task="look", cwd="sub"),
+                        "done",
+                    ]
+                },
+                "scout": {"replies": [call("ls", path="."), "listed"]},
+            }
+        }
+    )
     result = run_parent(tmp_path, model)
 
     refused, too_long, clash, escape, inside = tool_results(result)
-    assert refused == "Error: subagent call refused: 9 tasks is more than the limit of 8 per run; split the work into several runs"
-    assert too_long == ("Error: subagent call refused: task 'orchestrator > scout' is 20,001 characters, over the limit "
-                        "of 20,000; shorten it, or put the details in a file the agent can read")
+    assert (
+        refused
+        == "Error: subagent call refused: 9 tasks is more than the limit of 8 per run; split the work into several runs"
+    )
+    assert too_long == (
+        "Error: subagent call refused: task 'orchestrator > scout' is 20,001 characters, over the limit "
+        "of 20,000; shorten it, or put the details in a file the agent can read"
+    )
     assert clash == "Error: subagent call refused: duplicate task label(s): same; give each task its own label"
     assert escape.startswith("Error: cwd: path '../elsewhere' is outside the workspace")
     assert inside == "listed"
@@ -214,13 +289,27 @@ def test_caps_and_cwd_problems_are_error_results(tmp_path: Path, write_script: A
 
 
 def test_parallel_answers_together_stay_under_the_cap(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [delegate(tasks=[{"agent": "scout", "task": "a"}, {"agent": "planner", "task": "b"},
-                                                     {"agent": "reviewer", "task": "c"}]), "done"]},
-        "scout": {"replies": ["short answer"]},
-        "planner": {"replies": ["p" * 30_000]},
-        "reviewer": {"replies": ["r" * 40_000]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        delegate(
+                            tasks=[
+                                {"agent": "scout", "task": "a"},
+                                {"agent": "planner", "task": "b"},
+                                {"agent": "reviewer", "task": "c"},
+                            ]
+                        ),
+                        "done",
+                    ]
+                },
+                "scout": {"replies": ["short answer"]},
+                "planner": {"replies": ["p" * 30_000]},
+                "reviewer": {"replies": ["r" * 40_000]},
+            }
+        }
+    )
     text = tool_results(run_parent(tmp_path, model))[0]
 
     assert len(text.encode()) <= MAX_ANSWER_BYTES
@@ -231,10 +320,16 @@ def test_parallel_answers_together_stay_under_the_cap(tmp_path: Path, write_scri
 
 
 def test_children_run_four_at_a_time(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [delegate(tasks=[{"agent": "scout", "task": str(i)} for i in range(8)]), "done"]},
-        "scout": {"replies": [{"content": "ok", "delay": 0.05}]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [delegate(tasks=[{"agent": "scout", "task": str(i)} for i in range(8)]), "done"]
+                },
+                "scout": {"replies": [{"content": "ok", "delay": 0.05}]},
+            }
+        }
+    )
     events: list[Event] = []
     text = tool_results(run_parent(tmp_path, model, events=events))[0]
 
@@ -253,10 +348,14 @@ def test_children_run_four_at_a_time(tmp_path: Path, write_script: Any) -> None:
 
 
 def test_a_child_without_the_grant_cannot_delegate(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [delegate(agent="scout", task="look"), "done"]},
-        "scout": {"replies": [delegate(agent="worker", task="change everything"), "I cannot delegate"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [delegate(agent="scout", task="look"), "done"]},
+                "scout": {"replies": [delegate(agent="worker", task="change everything"), "I cannot delegate"]},
+            }
+        }
+    )
     result = run_parent(tmp_path, model)
     assert tool_results(result) == ["I cannot delegate"]
     child = load_run("last", home=load_run("last").folder)
@@ -278,8 +377,10 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_
     async def sessions() -> tuple[AgentSession, AgentSession]:
         host = await runner.host_for(write_script(["x"]))
         tool = SubagentTool(workspace, delegate=None, agents={}, depth=0)  # type: ignore[arg-type]
-        given = [AgentSession(spec=s, host=host, workspace=workspace, extra_tools={"subagent": tool})
-                 for s in (scout, orchestrator)]
+        given = [
+            AgentSession(spec=s, host=host, workspace=workspace, extra_tools={"subagent": tool})
+            for s in (scout, orchestrator)
+        ]
         return given[0], given[1]
 
     scout_session, parent_session = asyncio.run(sessions())
@@ -290,8 +391,9 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_
 def test_the_description_lists_the_other_agents(tmp_path: Path, write_script: Any) -> None:
     runner = Runner(cwd=tmp_path, model=write_script(["x"]))
     assert runner.catalog is not None
-    tool = runner.delegation_tools(runner.catalog.get("orchestrator"), "o", depth=0, workspace=Workspace(tmp_path),
-                                   home=None)["subagent"]
+    tool = runner.delegation_tools(
+        runner.catalog.get("orchestrator"), "o", depth=0, workspace=Workspace(tmp_path), home=None
+    )["subagent"]
     description = tool.schema()["function"]["description"]
     assert description.endswith(
         "Agents:\n"
@@ -311,16 +413,19 @@ def test_depth_beyond_the_limit_is_refused(tmp_path: Path, write_script: Any, ma
     model = write_script({"agents": {"relay": {"replies": [delegate(agent="relay", task="pass it on"), "done"]}}})
     result = run_parent(tmp_path, model, agent="relay", assume_yes=True, max_depth=max_depth)
 
-    refusal = (f"Error: delegation refused: this agent already runs at depth {max_depth} and the limit is {max_depth} "
-               "(max_depth); do the task yourself with your other tools")
+    refusal = (
+        f"Error: delegation refused: this agent already runs at depth {max_depth} and the limit is {max_depth} "
+        "(max_depth); do the task yourself with your other tools"
+    )
     folder = load_run("last").folder
     assert tool_results(result) == ["done"]
     for depth in range(1, max_depth + 1):  # each level's child answered its parent
         child = load_run("last", home=folder)
         assert child.tasks[0].label == " > ".join(["relay"] * (depth + 1))
         folder = child.folder
-        results = [m["content"] for m in read_transcript(child.transcript_path(child.tasks[0])).messages
-                   if m["role"] == "tool"]
+        results = [
+            m["content"] for m in read_transcript(child.transcript_path(child.tasks[0])).messages if m["role"] == "tool"
+        ]
         assert results == ([refusal] if depth == max_depth else ["done"])
     assert not (folder / "runs").exists()
 
@@ -340,10 +445,14 @@ def test_max_depth_zero_turns_delegation_off_and_a_bad_value_is_refused(tmp_path
 
 
 def test_run_shows_children_under_the_parents_tool_call(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
-    model = write_script({"agents": {
-        "orchestrator": {"replies": [delegate(agent="scout", task="look"), "all good"]},
-        "scout": {"replies": [call("ls", path="."), "nothing here"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [delegate(agent="scout", task="look"), "all good"]},
+                "scout": {"replies": [call("ls", path="."), "nothing here"]},
+            }
+        }
+    )
     code, out, err = run_cli("run", "orchestrator", "check", "-m", model, "-C", str(tmp_path))
 
     assert (code, out.strip()) == (0, "all good")
@@ -356,14 +465,22 @@ def test_run_shows_children_under_the_parents_tool_call(tmp_path: Path, write_sc
 # -- the tiny real model --------------------------------------------------------------------------------
 
 
-def test_a_forced_parent_delegates_on_the_tiny_real_model(tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
+def test_a_forced_parent_delegates_on_the_tiny_real_model(
+    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
     from mlx_subagents.testing import ForcedScripts, tool_call_text
 
     (tmp_path / "app.py").write_text("print('hi')\n")
-    scripts = ForcedScripts(tiny_qwen3[1], {
-        "orchestrator": [tool_call_text("subagent", {"agent": "scout", "task": "list the files"}), "The scout found app.py."],
-        "orchestrator > scout": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
-    })
+    scripts = ForcedScripts(
+        tiny_qwen3[1],
+        {
+            "orchestrator": [
+                tool_call_text("subagent", {"agent": "scout", "task": "list the files"}),
+                "The scout found app.py.",
+            ],
+            "orchestrator > scout": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
+        },
+    )
     result = run_parent(tmp_path, str(tiny_qwen3_path), host_options={"processor_factory": scripts})
 
     assert (result.status, result.output) == ("completed", "The scout found app.py.")

@@ -28,7 +28,9 @@ def test_folder_without_weights(tmp_path: Path, tiny_qwen3_path: Path) -> None:
     folder = tmp_path / "model"
     shutil.copytree(tiny_qwen3_path, folder)
     (folder / "model.safetensors").unlink()
-    with pytest.raises(ModelNotFoundError, match=r"has no \*\.safetensors weights; download or convert the model into it$"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"has no \*\.safetensors weights; download or convert the model into it$"
+    ):
         resolve_model_path(str(folder))
     (folder / "config.json").unlink()
     with pytest.raises(ModelNotFoundError, match="has no config.json"):
@@ -39,7 +41,9 @@ def test_hub_id_not_cached_while_offline() -> None:
     with pytest.raises(ModelNotFoundError) as info:
         resolve_model_path("mlx-community/Qwen3-4B-Instruct-2507-4bit")
     message = str(info.value)
-    assert message.startswith("model 'mlx-community/Qwen3-4B-Instruct-2507-4bit' is not in the local Hugging Face cache")
+    assert message.startswith(
+        "model 'mlx-community/Qwen3-4B-Instruct-2507-4bit' is not in the local Hugging Face cache"
+    )
     assert "hf download mlx-community/Qwen3-4B-Instruct-2507-4bit" in message
     assert "\n" not in message
 

@@ -79,7 +79,10 @@ def test_forced_tool_calls_splice_to_the_fresh_rendering(tiny_qwen3_path: Path, 
             return replies, await host.count_tokens(messages, [LS_SCHEMA])
 
     replies, fresh_count = run(go())
-    assert [r.tool_calls for r in replies[:2]] == [[ToolCall("ls", {"path": "."}, "call_0")], [ToolCall("ls", {"path": "."}, "call_1")]]
+    assert [r.tool_calls for r in replies[:2]] == [
+        [ToolCall("ls", {"path": "."}, "call_0")],
+        [ToolCall("ls", {"path": "."}, "call_1")],
+    ]
     assert replies[2].text == "The config is parsed in src/config.py:12-40."
     assert replies[2].tool_calls == [] and replies[2].finish_reason == "stop"
     assert replies[2].usage.prompt_tokens == fresh_count  # spliced ids == a fresh rendering
@@ -128,7 +131,9 @@ def test_four_concurrent_sessions_match_their_solo_outputs(tiny_qwen3_path: Path
 
 
 @pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
-def test_cancel_mid_generation_then_next_turn_is_correct(arch_fixture: str, request: pytest.FixtureRequest, tiny_qwen3: Any) -> None:
+def test_cancel_mid_generation_then_next_turn_is_correct(
+    arch_fixture: str, request: pytest.FixtureRequest, tiny_qwen3: Any
+) -> None:
     path: Path = request.getfixturevalue(arch_fixture)
     long_text = " ".join(f"word{i}" for i in range(400))
     scripts = ForcedScripts(tiny_qwen3[1], {"a": [long_text]})
@@ -202,12 +207,23 @@ def test_dense_divergent_history_trims_cache(tiny_qwen3_path: Path) -> None:
 
 def test_accounting_window_tokens_and_kv_bytes(tiny_qwen3_path: Path) -> None:
     async def go() -> tuple[Any, ...]:
-        async with MlxModelHost(str(tiny_qwen3_path)) as host, MlxModelHost(str(tiny_qwen3_path), context_window=1000) as small:
+        async with (
+            MlxModelHost(str(tiny_qwen3_path)) as host,
+            MlxModelHost(str(tiny_qwen3_path), context_window=1000) as small,
+        ):
             session = host.session("a")
             counted = await host.count_tokens(TASK)
             reply = await session.generate(TASK, max_tokens=5)
             stats = await host.memory_stats()
-            return host.context_window, small.context_window, counted, reply, session.kv_bytes, stats, host.kv_bytes_total
+            return (
+                host.context_window,
+                small.context_window,
+                counted,
+                reply,
+                session.kv_bytes,
+                stats,
+                host.kv_bytes_total,
+            )
 
     window, small_window, counted, reply, kv, stats, total = run(go())
     assert (window, small_window) == (4096, 1000)

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import call
 
 from mlx_subagents.caps import MAX_ANSWER_BYTES
 from mlx_subagents.errors import AgentNotFoundError, InputTooLargeError, RequestError, SchemaFileError
 from mlx_subagents.events import Event
 from mlx_subagents.runner import Runner, TaskSpec, label_tasks, load_tasks_file
 from mlx_subagents.transcripts import read_transcript, runs_dir
-
-from helpers import call
 
 
 def make_runner(tmp_path: Path, model: str, events: list[Event] | None = None, **options: Any) -> Runner:
@@ -49,11 +48,15 @@ def max_running(events: list[Event]) -> int:
 
 
 def test_parallel_results_come_back_in_input_order(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "scout": {"replies": [{"content": "slow scout", "delay": 0.3}]},
-        "planner": {"replies": [{"content": "quick plan", "delay": 0.0}]},
-        "reviewer": {"replies": [{"content": "mid review", "delay": 0.1}]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": [{"content": "slow scout", "delay": 0.3}]},
+                "planner": {"replies": [{"content": "quick plan", "delay": 0.0}]},
+                "reviewer": {"replies": [{"content": "mid review", "delay": 0.1}]},
+            }
+        }
+    )
     events: list[Event] = []
     tasks = [TaskSpec("scout", "a"), TaskSpec("planner", "b"), TaskSpec("reviewer", "c")]
     outcome = go(make_runner(tmp_path, model, events), "parallel", tasks)
@@ -66,16 +69,24 @@ def test_parallel_results_come_back_in_input_order(tmp_path: Path, write_script:
 
 def test_a_failing_task_never_discards_the_others(tmp_path: Path, write_script: Any) -> None:
     bad = {"raw": "<tool_call>{not json</tool_call>"}
-    model = write_script({"agents": {
-        "scout": {"replies": [call("ls", path="."), "found it"]},
-        "planner": {"replies": [bad, bad, bad]},
-        "reviewer": {"replies": []},  # runs out of replies at once: a host error
-    }, "replies": ["fallback"]})
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": [call("ls", path="."), "found it"]},
+                "planner": {"replies": [bad, bad, bad]},
+                "reviewer": {"replies": []},  # runs out of replies at once: a host error
+            },
+            "replies": ["fallback"],
+        }
+    )
     tasks = [TaskSpec("scout", "a"), TaskSpec("planner", "b"), TaskSpec("reviewer", "c"), TaskSpec("worker", "d")]
     outcome = go(make_runner(tmp_path, model), "parallel", tasks)
 
     assert [(r.status, r.stop_reason) for r in outcome.results] == [
-        ("completed", "completed"), ("failed", "format_errors"), ("failed", "error"), ("completed", "completed"),
+        ("completed", "completed"),
+        ("failed", "format_errors"),
+        ("failed", "error"),
+        ("completed", "completed"),
     ]
     assert [r.output for r in outcome.results][::3] == ["found it", "fallback"]
     assert "no reply left" in outcome.results[2].error
@@ -106,10 +117,19 @@ def test_more_than_eight_tasks_or_a_bad_concurrency_is_refused(tmp_path: Path, w
 
 
 def test_labels_number_shared_agents_and_refuse_duplicates() -> None:
-    tasks = label_tasks([TaskSpec("scout", "a"), TaskSpec("Scout", "b"), TaskSpec("planner", "c"),
-                         TaskSpec("planner", "d", label="mine")])
+    tasks = label_tasks(
+        [
+            TaskSpec("scout", "a"),
+            TaskSpec("Scout", "b"),
+            TaskSpec("planner", "c"),
+            TaskSpec("planner", "d", label="mine"),
+        ]
+    )
     assert [(t.agent, t.label) for t in tasks] == [
-        ("scout", "scout-1"), ("scout", "scout-2"), ("planner", "planner"), ("planner", "mine"),
+        ("scout", "scout-1"),
+        ("scout", "scout-2"),
+        ("planner", "planner"),
+        ("planner", "mine"),
     ]
     with pytest.raises(RequestError, match="duplicate task label"):
         label_tasks([TaskSpec("scout", "a", label="x"), TaskSpec("planner", "b", label="x")])
@@ -126,9 +146,12 @@ def test_an_unknown_agent_is_refused_before_anything_runs(tmp_path: Path, write_
 
 def test_tasks_file(tmp_path: Path) -> None:
     path = tmp_path / "tasks.yaml"
-    path.write_text("tasks:\n  - {agent: scout, task: map auth, label: auth}\n  - {agent: reviewer, task: review, timeout: 5}\n")
+    path.write_text(
+        "tasks:\n  - {agent: scout, task: map auth, label: auth}\n  - {agent: reviewer, task: review, timeout: 5}\n"
+    )
     assert load_tasks_file(path) == [
-        TaskSpec("scout", "map auth", label="auth"), TaskSpec("reviewer", "review", timeout=5.0),
+        TaskSpec("scout", "map auth", label="auth"),
+        TaskSpec("reviewer", "review", timeout=5.0),
     ]
     path.write_text("- {agent: scout}\n")
     with pytest.raises(RequestError, match=r"tasks.yaml: tasks\[0\].task: Field required"):
@@ -139,18 +162,27 @@ def test_tasks_file(tmp_path: Path) -> None:
 
 
 def test_chain_passes_the_previous_answer(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "scout": {"replies": [call("ls", path="."), "the parser is in src/parse.py"]},
-        "planner": {"replies": ["1. fix src/parse.py"]},
-        "reviewer": {"replies": ["looks right"]},
-    }})
-    steps = [TaskSpec("scout", "find the parser"), TaskSpec("planner", "plan a fix for: {previous}"),
-             TaskSpec("reviewer", "check this plan:\n{previous}")]
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": [call("ls", path="."), "the parser is in src/parse.py"]},
+                "planner": {"replies": ["1. fix src/parse.py"]},
+                "reviewer": {"replies": ["looks right"]},
+            }
+        }
+    )
+    steps = [
+        TaskSpec("scout", "find the parser"),
+        TaskSpec("planner", "plan a fix for: {previous}"),
+        TaskSpec("reviewer", "check this plan:\n{previous}"),
+    ]
     outcome = go(make_runner(tmp_path, model), "chain", steps)
 
     assert outcome.ok and outcome.error is None and outcome.mode == "chain"
     assert [r.task for r in outcome.results] == [
-        "find the parser", "plan a fix for: the parser is in src/parse.py", "check this plan:\n1. fix src/parse.py",
+        "find the parser",
+        "plan a fix for: the parser is in src/parse.py",
+        "check this plan:\n1. fix src/parse.py",
     ]
     assert [r.step_id for r in outcome.results] == ["1", "2", "3"]
     messages = read_transcript(Path(outcome.results[1].transcript)).messages
@@ -158,16 +190,26 @@ def test_chain_passes_the_previous_answer(tmp_path: Path, write_script: Any) -> 
 
 
 def test_chain_stops_at_the_first_failed_step(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "scout": {"replies": ["found"]},
-        "planner": {"replies": [call("ls", path="."), call("ls", path=".")]},
-        "reviewer": {"replies": ["never"]},
-    }})
-    steps = [TaskSpec("scout", "a"), TaskSpec("planner", "b {previous}", max_turns=1), TaskSpec("reviewer", "c {previous}")]
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": ["found"]},
+                "planner": {"replies": [call("ls", path="."), call("ls", path=".")]},
+                "reviewer": {"replies": ["never"]},
+            }
+        }
+    )
+    steps = [
+        TaskSpec("scout", "a"),
+        TaskSpec("planner", "b {previous}", max_turns=1),
+        TaskSpec("reviewer", "c {previous}"),
+    ]
     outcome = go(make_runner(tmp_path, model), "chain", steps)
 
     assert [(r.status, r.stop_reason) for r in outcome.results] == [
-        ("completed", "completed"), ("failed", "max_turns"), ("failed", "skipped"),
+        ("completed", "completed"),
+        ("failed", "max_turns"),
+        ("failed", "skipped"),
     ]
     assert outcome.error == "Chain stopped at step 2: reached the limit of 1 turns without a final answer"
     assert outcome.results[2].error == "not run: step '2' did not complete"
@@ -196,17 +238,29 @@ def test_max_turns_max_tokens_and_timeout_each_name_their_limit(tmp_path: Path, 
     assert time.perf_counter() - started < 3
     turns, tokens, timeout = outcome.results
     assert (turns.status, turns.stop_reason, turns.error) == (
-        "failed", "max_turns", "reached the limit of 2 turns without a final answer")
+        "failed",
+        "max_turns",
+        "reached the limit of 2 turns without a final answer",
+    )
     assert (tokens.status, tokens.stop_reason, tokens.error) == (
-        "failed", "max_tokens", "reached the limit of 5 generated tokens")
-    assert (timeout.status, timeout.stop_reason, timeout.error) == ("failed", "timeout", "stopped by the timeout of 0.3s")
+        "failed",
+        "max_tokens",
+        "reached the limit of 5 generated tokens",
+    )
+    assert (timeout.status, timeout.stop_reason, timeout.error) == (
+        "failed",
+        "timeout",
+        "stopped by the timeout of 0.3s",
+    )
     assert timeout.usage.turns == 3  # what was done before the timeout is kept
     assert outcome.succeeded == 0
 
 
 def test_runner_wide_limits_apply_to_every_task(tmp_path: Path, write_script: Any) -> None:
     model = write_script({"replies": [{"content": "late", "delay": 5}]})
-    outcome = go(make_runner(tmp_path, model, timeout=0.2), "parallel", [TaskSpec("scout", "a"), TaskSpec("planner", "b")])
+    outcome = go(
+        make_runner(tmp_path, model, timeout=0.2), "parallel", [TaskSpec("scout", "a"), TaskSpec("planner", "b")]
+    )
     assert [r.stop_reason for r in outcome.results] == ["timeout", "timeout"]
 
 
@@ -215,13 +269,17 @@ def test_input_caps_are_checked_before_anything_starts(tmp_path: Path, write_scr
     with pytest.raises(InputTooLargeError, match="task 'scout' is 20,001 characters, over the limit of 20,000"):
         go(runner, "run", TaskSpec("scout", "x" * 20_001))
     tasks = [TaskSpec("scout", "y" * 19_000) for _ in range(4)]
-    with pytest.raises(InputTooLargeError, match=r"the whole request is 7\d,\d{3} characters .* over the limit of 60,000"):
+    with pytest.raises(
+        InputTooLargeError, match=r"the whole request is 7\d,\d{3} characters .* over the limit of 60,000"
+    ):
         go(runner, "parallel", tasks)
     agents = tmp_path / ".mlx-subagents" / "agents"
     agents.mkdir(parents=True)
     (agents / "verbose.md").write_text("---\nname: verbose\ndescription: talks\n---\n" + "z" * 8_001)
     runner = Runner(cwd=tmp_path, model=write_script(["done"]), assume_yes=True)
-    with pytest.raises(InputTooLargeError, match="agent 'verbose' has a system prompt of 8,001 characters, over the limit of 8,000"):
+    with pytest.raises(
+        InputTooLargeError, match="agent 'verbose' has a system prompt of 8,001 characters, over the limit of 8,000"
+    ):
         go(runner, "run", TaskSpec("verbose", "hi"))
     assert not runs_dir().exists()
 
@@ -257,7 +315,8 @@ def test_cancel_aborts_running_and_queued_tasks_and_keeps_what_was_done(tmp_path
     assert outcome.interrupted and outcome.succeeded == 0
     assert [(r.status, r.stop_reason) for r in outcome.results] == [("aborted", "cancelled")] * 3
     assert [r.error for r in outcome.results] == [
-        "aborted by the user (Ctrl-C)", "aborted by the user (Ctrl-C)",
+        "aborted by the user (Ctrl-C)",
+        "aborted by the user (Ctrl-C)",
         "aborted by the user (Ctrl-C) before it started",
     ]
     assert outcome.results[0].usage.turns == 2
@@ -269,8 +328,11 @@ def test_cancel_aborts_running_and_queued_tasks_and_keeps_what_was_done(tmp_path
 
 # -- structured output -------------------------------------------------------------------------------
 
-SCHEMA = {"type": "object", "properties": {"files": {"type": "array", "items": {"type": "string"}}},
-          "required": ["files"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"files": {"type": "array", "items": {"type": "string"}}},
+    "required": ["files"],
+}
 
 
 def test_schema_retry_then_parsed(tmp_path: Path, write_script: Any) -> None:
@@ -282,7 +344,8 @@ def test_schema_retry_then_parsed(tmp_path: Path, write_script: Any) -> None:
     assert messages[1]["content"].startswith("Task: list files\n\nYour final answer")
     assert json.dumps(SCHEMA) in messages[1]["content"]
     assert messages[3]["content"].startswith(
-        "Your final answer does not match the required JSON schema: the answer is not valid JSON: Expecting value")
+        "Your final answer does not match the required JSON schema: the answer is not valid JSON: Expecting value"
+    )
 
 
 def test_schema_fails_clearly_after_one_retry(tmp_path: Path, write_script: Any) -> None:
@@ -291,7 +354,8 @@ def test_schema_fails_clearly_after_one_retry(tmp_path: Path, write_script: Any)
 
     assert (result.status, result.stop_reason, result.parsed) == ("failed", "schema", None)
     assert result.error == (
-        "the final answer is not valid against the output schema after one retry: at $.files[0]: 1 is not of type 'string'")
+        "the final answer is not valid against the output schema after one retry: at $.files[0]: 1 is not of type 'string'"
+    )
     assert result.usage.turns == 2
 
 
@@ -299,11 +363,13 @@ def test_an_agents_output_schema_applies(tmp_path: Path, write_script: Any) -> N
     agents = tmp_path / ".mlx-subagents" / "agents"
     agents.mkdir(parents=True)
     (agents / "counter.md").write_text(
-        "---\nname: counter\ndescription: counts\ntools: ls\noutput_schema: {type: integer}\n---\nCount things.\n")
+        "---\nname: counter\ndescription: counts\ntools: ls\noutput_schema: {type: integer}\n---\nCount things.\n"
+    )
     runner = Runner(cwd=tmp_path, model=write_script(["42"]), assume_yes=True)
     assert go(runner, "run", TaskSpec("counter", "count")).parsed == 42
     (agents / "counter.md").write_text(
-        "---\nname: counter\ndescription: counts\noutput_schema: {type: 12}\n---\nCount things.\n")
+        "---\nname: counter\ndescription: counts\noutput_schema: {type: 12}\n---\nCount things.\n"
+    )
     runner = Runner(cwd=tmp_path, model=write_script(["42"]), assume_yes=True)
     with pytest.raises(SchemaFileError, match="output schema of task 'counter': not a valid JSON schema"):
         go(runner, "run", TaskSpec("counter", "count"))
@@ -316,26 +382,33 @@ def test_parallel_on_the_tiny_real_model(tmp_path: Path, tiny_qwen3_path: Path, 
     from mlx_subagents.testing.forced import ForcedScripts, tool_call_text
 
     (tmp_path / "app.py").write_text("print('hi')\n")
-    scripts = ForcedScripts(tiny_qwen3[1], {
-        "scout-1": [tool_call_text("ls", {"path": "."}), "app.py is the app"],
-        "scout-2": ["nothing else"],
-        "planner": ["1. edit app.py"],
-    })
+    scripts = ForcedScripts(
+        tiny_qwen3[1],
+        {
+            "scout-1": [tool_call_text("ls", {"path": "."}), "app.py is the app"],
+            "scout-2": ["nothing else"],
+            "planner": ["1. edit app.py"],
+        },
+    )
     events: list[Event] = []
-    runner = Runner(cwd=tmp_path, model=str(tiny_qwen3_path), host_options={"processor_factory": scripts},
-                    on_event=events.append)
+    runner = Runner(
+        cwd=tmp_path, model=str(tiny_qwen3_path), host_options={"processor_factory": scripts}, on_event=events.append
+    )
     tasks = [TaskSpec("scout", "map"), TaskSpec("scout", "more"), TaskSpec("planner", "plan")]
     outcome = go(runner, "parallel", tasks, concurrency=2)
 
     assert [(r.label, r.status, r.output) for r in outcome.results] == [
-        ("scout-1", "completed", "app.py is the app"), ("scout-2", "completed", "nothing else"),
+        ("scout-1", "completed", "app.py is the app"),
+        ("scout-2", "completed", "nothing else"),
         ("planner", "completed", "1. edit app.py"),
     ]
     assert outcome.results[0].usage.turns == 2 and outcome.results[0].usage.cached_tokens > 0
     assert max_running(events) == 2
 
 
-def test_cancel_stops_a_tiny_real_model_generation_at_the_next_token(tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
+def test_cancel_stops_a_tiny_real_model_generation_at_the_next_token(
+    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
     from mlx_subagents.testing.forced import ForcedScripts
 
     scripts = ForcedScripts(tiny_qwen3[1], {"scout": ["word " * 2000]})

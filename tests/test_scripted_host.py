@@ -56,10 +56,13 @@ def test_replies_in_order_and_tool_calls(tmp_path: Path) -> None:
         {
             "replies": [
                 {"tool_calls": [{"name": "ls", "arguments": {"path": "."}}]},
-                {"content": "two calls", "tool_calls": [
-                    {"name": "read", "arguments": {"path": "a.py"}},
-                    {"name": "grep", "arguments": '{"pattern": "auth"}'},
-                ]},
+                {
+                    "content": "two calls",
+                    "tool_calls": [
+                        {"name": "read", "arguments": {"path": "a.py"}},
+                        {"name": "grep", "arguments": '{"pattern": "auth"}'},
+                    ],
+                },
                 {"content": "done"},
             ]
         },
@@ -120,9 +123,7 @@ def test_raw_reply_is_a_malformed_tool_call(tmp_path: Path) -> None:
     assert result.tool_calls == []
     assert result.raw_text == raw
     assert result.malformed_tool_calls == [
-        MalformedToolCall(
-            raw, "tool call is not valid JSON: Expecting value (line 1 column 1)"
-        )
+        MalformedToolCall(raw, "tool call is not valid JSON: Expecting value (line 1 column 1)")
     ]
 
 
@@ -182,9 +183,7 @@ def test_yaml_and_json_give_the_same_replies(tmp_path: Path) -> None:
         ("window.json", '{"replies": ["x"], "context_window": 0}', "context_window: Input"),
     ],
 )
-def test_malformed_file_names_the_file(
-    tmp_path: Path, name: str, text: str, problem: str
-) -> None:
+def test_malformed_file_names_the_file(tmp_path: Path, name: str, text: str, problem: str) -> None:
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ScriptError) as info:
@@ -210,9 +209,7 @@ def test_on_text_receives_the_content(tmp_path: Path) -> None:
 
 
 def test_usage_counts_cached_prefix(tmp_path: Path) -> None:
-    path = write_json(
-        tmp_path / "s.json", [{"tool_calls": [{"name": "ls", "arguments": {}}]}, "done"]
-    )
+    path = write_json(tmp_path / "s.json", [{"tool_calls": [{"name": "ls", "arguments": {}}]}, "done"])
     session = ScriptedHost(path).session("u")
     tools = [{"type": "function", "function": {"name": "ls"}}]
     first = gen(session, TASK, tools=tools)
@@ -226,9 +223,7 @@ def test_usage_counts_cached_prefix(tmp_path: Path) -> None:
     second = gen(session, messages, tools=tools)
     assert second.usage.prompt_tokens == approx_tokens(messages, tools)
     assert second.usage.cached_tokens == approx_tokens(messages[:3], tools)
-    assert second.usage.prefilled_tokens == approx_tokens(messages, tools) - approx_tokens(
-        messages[:3], tools
-    )
+    assert second.usage.prefilled_tokens == approx_tokens(messages, tools) - approx_tokens(messages[:3], tools)
 
 
 def test_usage_changed_tools_or_history_is_not_cached(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import call
 
 from mlx_subagents.agents import AgentSpec, discover_agents
 from mlx_subagents.compaction import SUMMARY_HEADER, CompactionSettings
@@ -20,8 +21,6 @@ from mlx_subagents.host.scripted import ScriptedHost, ScriptedSession, approx_to
 from mlx_subagents.results import RunResult
 from mlx_subagents.session import AgentSession, Limits, system_prompt, workspace_for
 from mlx_subagents.testing import ForcedScripts, tool_call_text
-
-from helpers import call
 
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
@@ -93,9 +92,16 @@ def tool(name: str, call_id: str, content: str) -> Message:
 
 def test_scout_end_to_end_on_the_tiny_model(ws: Path, tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
     answer = "Config is parsed in src/app.py:1-3."
-    scripts = ForcedScripts(tiny_qwen3[1], {"scout": [
-        tool_call_text("ls", {"path": "."}), tool_call_text("read", {"path": "src/app.py"}), answer,
-    ]})
+    scripts = ForcedScripts(
+        tiny_qwen3[1],
+        {
+            "scout": [
+                tool_call_text("ls", {"path": "."}),
+                tool_call_text("read", {"path": "src/app.py"}),
+                answer,
+            ]
+        },
+    )
     events: list[Event] = []
 
     async def go() -> tuple[AgentSession, RunResult]:
@@ -112,12 +118,16 @@ def test_scout_end_to_end_on_the_tiny_model(ws: Path, tiny_qwen3_path: Path, tin
         assistant_call("ls", {"path": "."}, "call_0"),
         tool("ls", "call_0", "README.md\nsrc/"),
         assistant_call("read", {"path": "src/app.py"}, "call_1"),
-        tool("read", "call_1", "     1\timport json\n     2\t\n     3\tdef load_config(path):\n"
-                               "     4\t    return json.load(open(path))"),
+        tool(
+            "read",
+            "call_1",
+            "     1\timport json\n     2\t\n     3\tdef load_config(path):\n     4\t    return json.load(open(path))",
+        ),
         {"role": "assistant", "content": answer},
     ]
     assert [(e.data["name"], e.data["description"]) for e in events if e.kind == "tool_call"] == [
-        ("ls", "ls ."), ("read", "read src/app.py"),
+        ("ls", "ls ."),
+        ("read", "read src/app.py"),
     ]
     # Usage events are cumulative: each later turn reuses everything the cache held (the
     # previous prompt and reply), so only the tool result and the new turn are prefilled.
@@ -134,13 +144,16 @@ def test_scout_end_to_end_on_the_tiny_model(ws: Path, tiny_qwen3_path: Path, tin
 
 
 def test_tool_errors_go_back_to_the_model_and_the_loop_goes_on(tmp_path: Path, ws: Path) -> None:
-    host = scripted(tmp_path, [
-        call("delete", path="src/app.py"),
-        call("read", path=123),
-        {"raw": '<tool_call>{"name": "ls", "arguments": </tool_call>'},
-        call("read", path="missing.py"),
-        "Config is parsed in src/app.py:3-4.",
-    ])
+    host = scripted(
+        tmp_path,
+        [
+            call("delete", path="src/app.py"),
+            call("read", path=123),
+            {"raw": '<tool_call>{"name": "ls", "arguments": </tool_call>'},
+            call("read", path="missing.py"),
+            "Config is parsed in src/app.py:3-4.",
+        ],
+    )
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws))
     result = run_session(session)
 
@@ -155,13 +168,20 @@ def test_tool_errors_go_back_to_the_model_and_the_loop_goes_on(tmp_path: Path, w
         assistant_call("delete", {"path": "src/app.py"}, "call_1"),
         tool("delete", "call_1", f"Error: unknown tool 'delete'; available tools: {SCOUT_TOOLS}"),
         assistant_call("read", {"path": 123}, "call_2"),
-        tool("read", "call_2", "Error: invalid arguments for read: 'path' (string): Input should be a "
-                               "valid string, got 123; call read again with corrected arguments"),
+        tool(
+            "read",
+            "call_2",
+            "Error: invalid arguments for read: 'path' (string): Input should be a "
+            "valid string, got 123; call read again with corrected arguments",
+        ),
         {"role": "assistant", "content": '<tool_call>{"name": "ls", "arguments": </tool_call>'},
         {"role": "tool", "content": malformed},
         assistant_call("read", {"path": "missing.py"}, "call_3"),
-        tool("read", "call_3", "Error: path 'missing.py' does not exist in the workspace; "
-                               "use ls or find to see what is there"),
+        tool(
+            "read",
+            "call_3",
+            "Error: path 'missing.py' does not exist in the workspace; use ls or find to see what is there",
+        ),
         {"role": "assistant", "content": "Config is parsed in src/app.py:3-4."},
     ]
     # Each error is in the very next prompt the model sees.
@@ -189,11 +209,14 @@ def test_three_malformed_calls_in_a_row_fail_the_run(tmp_path: Path, ws: Path) -
 
 
 def test_a_tool_the_agent_was_not_granted_is_refused(tmp_path: Path, ws: Path) -> None:
-    host = scripted(tmp_path, [
-        call("write", path="pwned.txt", content="x"),
-        call("edit", path="src/app.py", old_text="json", new_text="yaml"),
-        "I cannot write files.",
-    ])
+    host = scripted(
+        tmp_path,
+        [
+            call("write", path="pwned.txt", content="x"),
+            call("edit", path="src/app.py", old_text="json", new_text="yaml"),
+            "I cannot write files.",
+        ],
+    )
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws))
     result = run_session(session)
 
@@ -210,11 +233,14 @@ def test_a_tool_the_agent_was_not_granted_is_refused(tmp_path: Path, ws: Path) -
 
 
 def test_max_turns_fails_with_the_last_text(tmp_path: Path, ws: Path) -> None:
-    host = scripted(tmp_path, [
-        {"content": "Looking around.", **call("ls", path=".")},
-        call("ls", path="src"),
-        "never reached",
-    ])
+    host = scripted(
+        tmp_path,
+        [
+            {"content": "Looking around.", **call("ls", path=".")},
+            call("ls", path="src"),
+            "never reached",
+        ],
+    )
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws), limits=Limits(max_turns=2))
     result = run_session(session)
 
@@ -287,8 +313,9 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(tmp_path: Pat
     (ws / "big.txt").write_text(big)
     reads = [call("read", path="big.txt", offset=1 + 20 * i, limit=20) for i in range(3)]
     summary = "## Goal\nFind the config parser.\n## Progress\nRead big.txt lines 1-40."
-    host = scripted(tmp_path, [reads[0], reads[1], summary, reads[2], summary, "Done: big.txt:1-60."],
-                    context_window=2000)
+    host = scripted(
+        tmp_path, [reads[0], reads[1], summary, reads[2], summary, "Done: big.txt:1-60."], context_window=2000
+    )
     events: list[Event] = []
     heads: list[str] = []
     session: AgentSession
@@ -299,7 +326,10 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(tmp_path: Pat
             heads.append(json.dumps(session.messages[:2]))
 
     session = AgentSession(
-        spec=scout(ws), host=host, workspace=workspace_for(ws), on_event=on_event,
+        spec=scout(ws),
+        host=host,
+        workspace=workspace_for(ws),
+        on_event=on_event,
         compaction=CompactionSettings(keep_recent_tokens=400),
     )
     assert (session.compaction.reserve_tokens, session.compaction.keep_recent_tokens) == (500, 400)

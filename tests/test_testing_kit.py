@@ -13,13 +13,13 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, generate_step
-from mlx_lm.sample_utils import make_sampler
 from mlx_lm.models.cache import (
     ArraysCache,
     KVCache,
     can_trim_prompt_cache,
     make_prompt_cache,
 )
+from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tool_parsers import json_tools
 
@@ -70,16 +70,12 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]] = USER) -> list[in
     return tokenizer.apply_chat_template(messages, tools=[LS_TOOL], add_generation_prompt=True)
 
 
-def forced_generate(
-    model: Any, tokenizer: Any, prompt: list[int], script: Script, **kwargs: Any
-) -> list[int]:
+def forced_generate(model: Any, tokenizer: Any, prompt: list[int], script: Script, **kwargs: Any) -> list[int]:
     """`generate_step` (greedy unless a sampler is given) with a forced script; returns the
     tokens up to and including EOS."""
     processor = make_forced_processor(tokenizer, script)
     out: list[int] = []
-    steps = generate_step(
-        mx.array(prompt), model, logits_processors=[processor], max_tokens=200, **kwargs
-    )
+    steps = generate_step(mx.array(prompt), model, logits_processors=[processor], max_tokens=200, **kwargs)
     for token, _ in steps:
         out.append(int(token))
         if token in tokenizer.eos_token_ids:
@@ -149,7 +145,7 @@ def test_context_window_and_arch_validation(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "def main(args):\n    return {\"path\": \"src/app.py\", \"n\": 42}\n",
+        'def main(args):\n    return {"path": "src/app.py", "n": 42}\n',
         "  leading and trailing  \n\n\t",
         "café, naïve, 日本語, emoji 🙂 and a\u00a0nbsp",
         '<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>',
@@ -157,9 +153,7 @@ def test_context_window_and_arch_validation(tmp_path: Path) -> None:
         "",
     ],
 )
-def test_tokenizer_round_trips(
-    tiny_qwen3: tuple[Any, Any], tiny_qwen35: tuple[Any, Any], text: str
-) -> None:
+def test_tokenizer_round_trips(tiny_qwen3: tuple[Any, Any], tiny_qwen35: tuple[Any, Any], text: str) -> None:
     """Byte-level BPE round-trips any NFC text; both archs tokenize alike."""
     ids = tiny_qwen3[1].encode(text, add_special_tokens=False)
     assert tiny_qwen3[1].decode(ids) == text
@@ -190,16 +184,12 @@ def test_chat_template_renders_tools_and_calls(tiny: tuple[Any, Any]) -> None:
         {
             "role": "assistant",
             "content": "",
-            "tool_calls": [
-                {"type": "function", "function": {"name": "ls", "arguments": {"path": "."}}}
-            ],
+            "tool_calls": [{"type": "function", "function": {"name": "ls", "arguments": {"path": "."}}}],
         },
         {"role": "tool", "content": "a.py\nb.py"},
         {"role": "assistant", "content": "Two files."},
     ]
-    text = tokenizer.apply_chat_template(
-        messages, tools=[LS_TOOL], add_generation_prompt=True, tokenize=False
-    )
+    text = tokenizer.apply_chat_template(messages, tools=[LS_TOOL], add_generation_prompt=True, tokenize=False)
     assert text == (
         "<|im_start|>system\nYou are a scout.\n\n# Tools\n\nYou may call one or more functions to "
         "assist with the user query.\n\nYou are provided with function signatures within "
@@ -223,8 +213,7 @@ def test_chat_template_without_tools(tiny_qwen3: tuple[Any, Any]) -> None:
     messages = [{"role": "system", "content": "Be brief."}, *USER]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n"
-        "<|im_start|>user\nList the files.<|im_end|>\n<|im_start|>assistant\n"
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nList the files.<|im_end|>\n<|im_start|>assistant\n"
     )
     only_user = tokenizer.apply_chat_template(USER, tokenize=False)
     assert only_user == "<|im_start|>user\nList the files.<|im_end|>\n"
@@ -300,9 +289,7 @@ def test_batch_generator_matches_generate_step(tiny: tuple[Any, Any]) -> None:
     ]
     expected = forced_generate(model, tokenizer, prompts[0], REPLY)
     generator = BatchGenerator(model, max_tokens=100, stop_tokens=[[IM_END]])
-    uids = generator.insert(
-        prompts, logits_processors=[[make_forced_processor(tokenizer, REPLY)] for _ in prompts]
-    )
+    uids = generator.insert(prompts, logits_processors=[[make_forced_processor(tokenizer, REPLY)] for _ in prompts])
     outputs: dict[int, list[int]] = {uid: [] for uid in uids}
     finished: dict[int, str] = {}
     for _ in range(200):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import alive
 
 from mlx_subagents.errors import WorkspaceEscapeError
 from mlx_subagents.tools import (
@@ -22,8 +23,6 @@ from mlx_subagents.tools import (
     make_tools,
 )
 from mlx_subagents.tools.grep import GrepTool
-
-from helpers import alive
 
 SECRET = "TOP-SECRET"
 
@@ -99,9 +98,7 @@ def test_registry_names_and_read_only_set(tmp_path: Path) -> None:
 def test_make_tools_rejects_unknown_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as info:
         make_tools(["read", "rm"], tmp_path)
-    assert str(info.value) == (
-        "unknown tool 'rm'; available: read, grep, find, ls, bash, edit, write"
-    )
+    assert str(info.value) == ("unknown tool 'rm'; available: read, grep, find, ls, bash, edit, write")
 
 
 EXPECTED_PARAMS = {
@@ -153,13 +150,9 @@ def test_schema_details_the_model_relies_on() -> None:
 def test_describe_labels(tools: dict[str, Tool]) -> None:
     assert tools["bash"].describe({"command": "ls src"}) == "$ ls src"
     assert tools["bash"].describe({"command": "make\nmake test"}) == "$ make ..."
-    assert tools["read"].describe({"path": "src/app.py", "offset": 1, "limit": 40}) == (
-        "read src/app.py:1-40"
-    )
+    assert tools["read"].describe({"path": "src/app.py", "offset": 1, "limit": 40}) == ("read src/app.py:1-40")
     assert tools["read"].describe({"path": "src/app.py"}) == "read src/app.py"
-    assert tools["grep"].describe({"pattern": "def main", "path": "src"}) == (
-        'grep "def main" src'
-    )
+    assert tools["grep"].describe({"pattern": "def main", "path": "src"}) == ('grep "def main" src')
     assert tools["grep"].describe({"pattern": "x", "glob": "*.py", "ignore_case": True}) == (
         'grep "x" . --glob *.py -i'
     )
@@ -187,8 +180,7 @@ def test_bad_argument_type_is_an_error_result_naming_the_field(tools: dict[str, 
 
 def test_missing_and_out_of_range_arguments(tools: dict[str, Tool]) -> None:
     assert run(tools["edit"], path="a.py", old_text="x") == err(
-        "invalid arguments for edit: 'new_text' (string): Field required; "
-        "call edit again with corrected arguments"
+        "invalid arguments for edit: 'new_text' (string): Field required; call edit again with corrected arguments"
     )
     assert run(tools["bash"], command="true", timeout=601) == err(
         "invalid arguments for bash: 'timeout' (integer): Input should be less than or equal "
@@ -268,24 +260,18 @@ def test_paths_outside_the_workspace_are_refused(
     arguments = {key: value.format(outside=outside) for key, value in arguments.items()}
     result = run(tools[name], **arguments)
     assert result.is_error
-    assert result.output.startswith(
-        f"Error: path {arguments['path']!r} is outside the workspace {ws.root}"
-    )
+    assert result.output.startswith(f"Error: path {arguments['path']!r} is outside the workspace {ws.root}")
     assert result.output.endswith("; use a path inside it")
     assert SECRET not in result.output
     assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
     assert (outside / "secret.txt").read_text() == SECRET + "\n"
 
 
-def test_whole_tree_tools_do_not_follow_links_outside(
-    tools: dict[str, Tool], ws: Workspace, grep: GrepTool
-) -> None:
+def test_whole_tree_tools_do_not_follow_links_outside(tools: dict[str, Tool], ws: Workspace, grep: GrepTool) -> None:
     add_escape_links(ws)
     assert run(grep, pattern="TOP") == ok("No matches for 'TOP' in .")
     assert run(tools["find"], pattern="**/secret*") == ok("No files match '**/secret*' in .")
-    assert run(tools["ls"]) == ok(
-        ".git/\n.hidden/\nREADME.md\ndangling\ndocs/\nlink.txt\nlinkdir/\nsrc/"
-    )
+    assert run(tools["ls"]) == ok(".git/\n.hidden/\nREADME.md\ndangling\ndocs/\nlink.txt\nlinkdir/\nsrc/")
 
 
 # --- read ----------------------------------------------------------------------------------
@@ -300,8 +286,7 @@ def test_read_numbers_lines(tools: dict[str, Tool]) -> None:
 def test_read_window_and_note(tools: dict[str, Tool], ws: Workspace) -> None:
     (ws.root / "ten.txt").write_text("".join(f"line {n}\n" for n in range(1, 11)))
     assert run(tools["read"], path="ten.txt", offset=3, limit=2) == ok(
-        "     3\tline 3\n     4\tline 4\n"
-        "[... truncated: showing lines 3-4 of 10; use offset=5 to read more]"
+        "     3\tline 3\n     4\tline 4\n[... truncated: showing lines 3-4 of 10; use offset=5 to read more]"
     )
     assert run(tools["read"], path="ten.txt", offset=9) == ok("     9\tline 9\n    10\tline 10")
     assert run(tools["read"], path="ten.txt", offset=11) == err(
@@ -311,9 +296,7 @@ def test_read_window_and_note(tools: dict[str, Tool], ws: Workspace) -> None:
 
 def test_read_caps_long_lines_and_total_bytes(tools: dict[str, Tool], ws: Workspace) -> None:
     (ws.root / "wide.txt").write_text("x" * 2500 + "\n")
-    assert run(tools["read"], path="wide.txt") == ok(
-        "     1\t" + "x" * 2000 + "... [line truncated: 2500 chars]"
-    )
+    assert run(tools["read"], path="wide.txt") == ok("     1\t" + "x" * 2000 + "... [line truncated: 2500 chars]")
     # 1000 lines of 108 bytes each (with number, tab and newline): 474 fit in 50 KB.
     (ws.root / "big.txt").write_text(("y" * 100 + "\n") * 1000)
     lines = run(tools["read"], path="big.txt", limit=1000).output.split("\n")
@@ -322,12 +305,8 @@ def test_read_caps_long_lines_and_total_bytes(tools: dict[str, Tool], ws: Worksp
     assert lines[474] == "[... truncated: showing lines 1-474 of 1000; use offset=475 to read more]"
 
 
-def test_read_refuses_directories_binaries_and_missing_files(
-    tools: dict[str, Tool], ws: Workspace
-) -> None:
-    assert run(tools["read"], path="src") == err(
-        "'src' is a directory, not a file; use ls to list it"
-    )
+def test_read_refuses_directories_binaries_and_missing_files(tools: dict[str, Tool], ws: Workspace) -> None:
+    assert run(tools["read"], path="src") == err("'src' is a directory, not a file; use ls to list it")
     assert run(tools["read"], path="src/logo.bin") == err(
         "'src/logo.bin' is a binary file (7 bytes); read only shows text files"
     )
@@ -356,21 +335,13 @@ def test_grep_output(grep: GrepTool) -> None:
     assert run(grep, pattern="return", path="src") == ok(
         "src/app.py:3:    return 0\nsrc/util.py:5:    return os.getcwd()"
     )
-    assert run(grep, pattern="-?hello", path="src/app.py") == ok(
-        "src/app.py:2:    print('hello')"
-    )
+    assert run(grep, pattern="-?hello", path="src/app.py") == ok("src/app.py:2:    print('hello')")
 
 
 def test_grep_glob_matches_paths_from_the_root_like_rg(grep: GrepTool) -> None:
-    assert run(grep, pattern="return", path="src", glob="src/u*.py") == ok(
-        "src/util.py:5:    return os.getcwd()"
-    )
-    assert run(grep, pattern="return", path="src", glob="u*.py") == ok(
-        "src/util.py:5:    return os.getcwd()"
-    )
-    assert run(grep, pattern="hello", path="src/app.py", glob="*.md") == ok(
-        "src/app.py:2:    print('hello')"
-    )
+    assert run(grep, pattern="return", path="src", glob="src/u*.py") == ok("src/util.py:5:    return os.getcwd()")
+    assert run(grep, pattern="return", path="src", glob="u*.py") == ok("src/util.py:5:    return os.getcwd()")
+    assert run(grep, pattern="hello", path="src/app.py", glob="*.md") == ok("src/app.py:2:    print('hello')")
 
 
 def test_grep_no_match_and_bad_regex(grep: GrepTool) -> None:
@@ -391,9 +362,7 @@ def test_grep_caps_matches(grep: GrepTool, ws: Workspace) -> None:
     lines = run(grep, pattern="match", path="many.txt").output.split("\n")
     assert len(lines) == 201
     assert lines[199] == "many.txt:200:match 200"
-    assert lines[200] == (
-        "[... truncated: showing 200 of 250 matches; narrow the pattern, path or glob]"
-    )
+    assert lines[200] == ("[... truncated: showing 200 of 250 matches; narrow the pattern, path or glob]")
 
 
 # --- find and ls ---------------------------------------------------------------------------
@@ -431,8 +400,7 @@ def test_find_and_ls_cap_their_listings(tools: dict[str, Tool], ws: Workspace) -
     listed = run(tools["ls"], path="many").output.split("\n")
     assert listed[-2:] == [
         "f499.txt",
-        "[... truncated: showing 500 of 510 entries; list a subdirectory or use find with a "
-        "pattern]",
+        "[... truncated: showing 500 of 510 entries; list a subdirectory or use find with a pattern]",
     ]
 
 
@@ -459,34 +427,24 @@ def test_edit_keeps_crlf_line_endings(tools: dict[str, Tool], ws: Workspace) -> 
     assert (ws.root / "win.txt").read_bytes() == b"a\r\nB\r\n"
 
 
-def test_edit_missing_or_ambiguous_text_leaves_file_unchanged(
-    tools: dict[str, Tool], ws: Workspace
-) -> None:
+def test_edit_missing_or_ambiguous_text_leaves_file_unchanged(tools: dict[str, Tool], ws: Workspace) -> None:
     dup = ws.root / "dup.txt"
     dup.write_bytes(b"x = 1\nx = 1\n")
     assert run(tools["edit"], path="dup.txt", old_text="x = 1", new_text="x = 2") == err(
-        "old_text occurs 2 times in dup.txt; include more surrounding lines so it matches "
-        "exactly once"
+        "old_text occurs 2 times in dup.txt; include more surrounding lines so it matches exactly once"
     )
     assert run(tools["edit"], path="dup.txt", old_text="y = 1", new_text="x = 2") == err(
-        "old_text not found in dup.txt; read the file and copy the text exactly, including "
-        "whitespace and indentation"
+        "old_text not found in dup.txt; read the file and copy the text exactly, including whitespace and indentation"
     )
     assert dup.read_bytes() == b"x = 1\nx = 1\n"
 
 
 def test_write_creates_nested_dirs_and_overwrites(tools: dict[str, Tool], ws: Workspace) -> None:
-    assert run(tools["write"], path="new/deep/file.txt", content="héllo\n") == ok(
-        "Wrote 7 bytes to new/deep/file.txt"
-    )
+    assert run(tools["write"], path="new/deep/file.txt", content="héllo\n") == ok("Wrote 7 bytes to new/deep/file.txt")
     assert (ws.root / "new/deep/file.txt").read_text(encoding="utf-8") == "héllo\n"
-    assert run(tools["write"], path="README.md", content="# New\n") == ok(
-        "Wrote 6 bytes to README.md"
-    )
+    assert run(tools["write"], path="README.md", content="# New\n") == ok("Wrote 6 bytes to README.md")
     assert (ws.root / "README.md").read_text() == "# New\n"
-    assert run(tools["write"], path="src", content="x") == err(
-        "'src' is a directory; give a file path to write"
-    )
+    assert run(tools["write"], path="src", content="x") == err("'src' is a directory; give a file path to write")
 
 
 # --- bash ----------------------------------------------------------------------------------
@@ -573,9 +531,7 @@ def test_kill_all_processes_stops_running_commands(tools: dict[str, Tool], tmp_p
     _assert_all_dead(pids)
 
 
-def test_bash_kills_leftover_background_jobs_on_return(
-    tools: dict[str, Tool], tmp_path: Path
-) -> None:
+def test_bash_kills_leftover_background_jobs_on_return(tools: dict[str, Tool], tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
     started = time.monotonic()
     result = run(tools["bash"], command=f"sleep 30 & echo $! > {pid_file}; echo done")

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import call
 
 from mlx_subagents.errors import RunNotFoundError
 from mlx_subagents.runner import Runner, TaskSpec, close_open_tool_calls
 from mlx_subagents.transcripts import list_runs, load_run, read_transcript, runs_dir
-
-from helpers import call
 
 
 def go(runner: Runner, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -26,28 +25,52 @@ def go(runner: Runner, method: str, *args: Any, **kwargs: Any) -> Any:
 
 def test_a_run_saves_its_record_and_every_task(tmp_path: Path, write_script: Any, isolated_home: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello\n")
-    model = write_script({"agents": {"scout": {"replies": [call("read", path="notes.txt"), "it says hello"]}},
-                          "replies": ["planned"]})
-    outcome = go(Runner(cwd=tmp_path, model=model), "parallel", [TaskSpec("scout", "read it"), TaskSpec("planner", "plan")])
+    model = write_script(
+        {"agents": {"scout": {"replies": [call("read", path="notes.txt"), "it says hello"]}}, "replies": ["planned"]}
+    )
+    outcome = go(
+        Runner(cwd=tmp_path, model=model), "parallel", [TaskSpec("scout", "read it"), TaskSpec("planner", "plan")]
+    )
 
     folder = isolated_home / ".mlx-subagents" / "runs" / outcome.run_id
     assert sorted(p.name for p in folder.iterdir()) == ["01-scout.jsonl", "02-planner.jsonl", "run.json"]
     record = json.loads((folder / "run.json").read_text())
     assert {k: record[k] for k in ("run_id", "mode", "cwd", "status", "succeeded", "total")} == {
-        "run_id": outcome.run_id, "mode": "parallel", "cwd": str(tmp_path.resolve()), "status": "finished",
-        "succeeded": 2, "total": 2,
+        "run_id": outcome.run_id,
+        "mode": "parallel",
+        "cwd": str(tmp_path.resolve()),
+        "status": "finished",
+        "succeeded": 2,
+        "total": 2,
     }
     assert [(t["label"], t["agent"], t["file"], t["status"]) for t in record["tasks"]] == [
-        ("scout", "scout", "01-scout.jsonl", "completed"), ("planner", "planner", "02-planner.jsonl", "completed"),
+        ("scout", "scout", "01-scout.jsonl", "completed"),
+        ("planner", "planner", "02-planner.jsonl", "completed"),
     ]
     log = read_transcript(folder / "01-scout.jsonl")
     assert {k: log.meta[k] for k in ("agent", "model", "cwd", "task", "label", "generation")} == {
-        "agent": "scout", "model": model, "cwd": str(tmp_path.resolve()), "task": "read it", "label": "scout",
+        "agent": "scout",
+        "model": model,
+        "cwd": str(tmp_path.resolve()),
+        "task": "read it",
+        "label": "scout",
         "generation": 1,
     }
     kinds = [r.get("kind", r["type"]) for r in log.records]
-    assert kinds == ["task", "task_start", "turn_start", "usage", "tool_call", "tool_result", "turn_start", "usage",
-                     "message", "task_end", "messages", "result"]
+    assert kinds == [
+        "task",
+        "task_start",
+        "turn_start",
+        "usage",
+        "tool_call",
+        "tool_result",
+        "turn_start",
+        "usage",
+        "message",
+        "task_end",
+        "messages",
+        "result",
+    ]
     assert log.messages[-2:] == [
         {"role": "tool", "tool_call_id": "call_1", "name": "read", "content": "     1\thello"},
         {"role": "assistant", "content": "it says hello"},
@@ -64,12 +87,27 @@ def test_resume_continues_the_conversation_and_extends_the_transcript(tmp_path: 
     resumed = go(Runner(cwd=tmp_path, model=second), "resume", result.run_id[:12], "and then?")
 
     assert (resumed.status, resumed.output, resumed.task, resumed.run_id) == (
-        "completed", "second answer", "and then?", result.run_id)
+        "completed",
+        "second answer",
+        "and then?",
+        result.run_id,
+    )
     assert resumed.usage.turns == 1 and resumed.model == second
     log = read_transcript(Path(result.transcript))
     assert log.generations == 2
-    assert [m["role"] for m in log.messages] == ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]
-    assert log.messages[-2:] == [{"role": "user", "content": "and then?"}, {"role": "assistant", "content": "second answer"}]
+    assert [m["role"] for m in log.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert log.messages[-2:] == [
+        {"role": "user", "content": "and then?"},
+        {"role": "assistant", "content": "second answer"},
+    ]
     assert [r.output for r in log.results] == ["first answer", "second answer"]
     assert [r["message"] for r in log.records if r["type"] == "follow_up"] == ["and then?"]
 
@@ -118,12 +156,19 @@ def test_save_transcripts_off_writes_nothing(tmp_path: Path, write_script: Any) 
 def test_open_tool_calls_get_an_error_result_before_a_follow_up() -> None:
     call_part = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": {"command": "sleep 9"}}}
     other = {"id": "c2", "type": "function", "function": {"name": "ls", "arguments": {}}}
-    messages = [{"role": "user", "content": "Task: x"}, {"role": "assistant", "content": "", "tool_calls": [other, call_part]},
-                {"role": "tool", "tool_call_id": "c2", "name": "ls", "content": "a.py"}]
-    assert close_open_tool_calls(messages)[3:] == [{
-        "role": "tool", "tool_call_id": "c1", "name": "bash",
-        "content": "Error: this tool call was interrupted before it finished.",
-    }]
+    messages = [
+        {"role": "user", "content": "Task: x"},
+        {"role": "assistant", "content": "", "tool_calls": [other, call_part]},
+        {"role": "tool", "tool_call_id": "c2", "name": "ls", "content": "a.py"},
+    ]
+    assert close_open_tool_calls(messages)[3:] == [
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "name": "bash",
+            "content": "Error: this tool call was interrupted before it finished.",
+        }
+    ]
     done = [*messages[:1], {"role": "assistant", "content": "done"}]
     assert close_open_tool_calls(done) == done
 
@@ -136,7 +181,7 @@ def test_cli_runs_show_and_resume(tmp_path: Path, write_script: Any, run_cli: An
     code, out, err = run_cli("run", "scout", "where?", "-m", model, "-C", str(tmp_path))
     assert (code, out) == (0, "found [it]\n")
     run_id = load_run("last").run_id
-    assert f"saved as run {run_id}; continue with: subagent resume {run_id} \"...\"" in err
+    assert f'saved as run {run_id}; continue with: subagent resume {run_id} "..."' in err
 
     code, out, _ = run_cli("runs")
     assert code == 0 and out.startswith(f"{run_id}  single   finished      1/1  scout  ")
@@ -144,8 +189,13 @@ def test_cli_runs_show_and_resume(tmp_path: Path, write_script: Any, run_cli: An
     code, out, _ = run_cli("show", run_id)
     lines = out.splitlines()
     assert code == 0 and lines[0] == f"run {run_id}  single  finished  1/1 succeeded"
-    assert lines[4:9] == ["system: (" + lines[4].split("(", 1)[1], "user: Task: where?", '-> ls {"path": "."}',
-                          "<- ls: script.json", "assistant: found [it]"]
+    assert lines[4:9] == [
+        "system: (" + lines[4].split("(", 1)[1],
+        "user: Task: where?",
+        '-> ls {"path": "."}',
+        "<- ls: script.json",
+        "assistant: found [it]",
+    ]
 
     code, out, _ = run_cli("show", "last", "--json")
     data = json.loads(out)

@@ -48,8 +48,9 @@ def write(tmp_path: Path, text: str, name: str = "flow.toml") -> Path:
     return path
 
 
-def run_workflow(tmp_path: Path, model: str, flow: Any, text: str = "", events: list[Event] | None = None,
-                 **kwargs: Any) -> Any:
+def run_workflow(
+    tmp_path: Path, model: str, flow: Any, text: str = "", events: list[Event] | None = None, **kwargs: Any
+) -> Any:
     runner = Runner(cwd=tmp_path, model=model, on_event=(events.append if events is not None else lambda _e: None))
 
     async def main() -> Any:
@@ -60,17 +61,23 @@ def run_workflow(tmp_path: Path, model: str, flow: Any, text: str = "", events: 
 
 
 def test_steps_get_the_input_and_the_answers_they_need(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "scout": {"replies": [{"content": "src/dates.py:10", "delay": 0.1}]},
-        "reviewer": {"replies": [{"content": "changed last week", "delay": 0.2}]},
-        "planner": {"replies": ["1. fix it"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": [{"content": "src/dates.py:10", "delay": 0.1}]},
+                "reviewer": {"replies": [{"content": "changed last week", "delay": 0.2}]},
+                "planner": {"replies": ["1. fix it"]},
+            }
+        }
+    )
     events: list[Event] = []
     outcome = run_workflow(tmp_path, model, write(tmp_path, FLOW), "dates lose their zone", events)
 
     assert (outcome.mode, outcome.succeeded, outcome.total) == ("workflow", 3, 3)
     assert [(r.step_id, r.label, r.output) for r in outcome.results] == [
-        ("find", "find", "src/dates.py:10"), ("history", "history", "changed last week"), ("plan", "plan", "1. fix it"),
+        ("find", "find", "src/dates.py:10"),
+        ("history", "history", "changed last week"),
+        ("plan", "plan", "1. fix it"),
     ]
     assert [r.task for r in outcome.results] == [
         "Find the code behind: dates lose their zone",
@@ -79,11 +86,15 @@ def test_steps_get_the_input_and_the_answers_they_need(tmp_path: Path, write_scr
         "Answer of step 'history':\nchanged last week",
     ]
     order = [(e.kind, e.label) for e in events if e.kind in ("task_start", "task_end")]
-    assert order.index(("task_start", "plan")) > max(order.index(("task_end", "find")), order.index(("task_end", "history")))
+    assert order.index(("task_start", "plan")) > max(
+        order.index(("task_end", "find")), order.index(("task_end", "history"))
+    )
 
 
 def test_a_step_starts_as_soon_as_its_own_needs_are_done(tmp_path: Path, write_script: Any) -> None:
-    flow = write(tmp_path, """
+    flow = write(
+        tmp_path,
+        """
 [[steps]]
 id = "slow"
 agent = "reviewer"
@@ -99,12 +110,17 @@ id = "next"
 agent = "planner"
 prompt = "go on from {quick}"
 needs = ["quick"]
-""")
-    model = write_script({"agents": {
-        "reviewer": {"replies": [{"content": "slow done", "delay": 0.5}]},
-        "scout": {"replies": ["quick done"]},
-        "planner": {"replies": ["next done"]},
-    }})
+""",
+    )
+    model = write_script(
+        {
+            "agents": {
+                "reviewer": {"replies": [{"content": "slow done", "delay": 0.5}]},
+                "scout": {"replies": ["quick done"]},
+                "planner": {"replies": ["next done"]},
+            }
+        }
+    )
     events: list[Event] = []
     outcome = run_workflow(tmp_path, model, flow, events=events)
 
@@ -114,15 +130,21 @@ needs = ["quick"]
 
 
 def test_a_step_whose_need_failed_is_skipped(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {
-        "scout": {"replies": [{"raw": "<tool_call>x</tool_call>"}] * 3},
-        "reviewer": {"replies": ["fine"]},
-        "planner": {"replies": ["never"]},
-    }})
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": [{"raw": "<tool_call>x</tool_call>"}] * 3},
+                "reviewer": {"replies": ["fine"]},
+                "planner": {"replies": ["never"]},
+            }
+        }
+    )
     outcome = run_workflow(tmp_path, model, write(tmp_path, FLOW), "x")
 
     assert [(r.status, r.stop_reason) for r in outcome.results] == [
-        ("failed", "format_errors"), ("completed", "completed"), ("failed", "skipped"),
+        ("failed", "format_errors"),
+        ("completed", "completed"),
+        ("failed", "skipped"),
     ]
     assert outcome.results[2].error == "not run: step 'find' did not complete"
     assert (outcome.succeeded, outcome.total) == (1, 3)
@@ -135,24 +157,33 @@ def steps(*specs: tuple[str, str, list[str]], prompt: str = "do it") -> str:
     return "\n".join(STEP.format(id=i, agent=a, prompt=prompt, needs=str(n).replace("'", '"')) for i, a, n in specs)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    (steps(("a", "scout", []), ("b", "nobody", ["a"])),
-     "step 'b' uses unknown agent 'nobody'; available: orchestrator, planner, reviewer, scout, worker"),
-    (steps(("a", "scout", []), ("b", "planner", ["c"])), "step 'b' needs unknown step 'c'; known steps: a, b"),
-    (steps(("a", "scout", []), ("a", "planner", [])), "duplicate step id 'a'; give every step its own id"),
-    (steps(("a", "scout", ["c"]), ("b", "planner", ["a"]), ("c", "planner", ["b"])),
-     "the needs form a cycle: a -> c -> b -> a; remove one of these needs"),
-    (steps(("a", "scout", ["a"])), "step 'a' needs itself; remove 'a' from its needs"),
-    (steps(("a", "scout", [])) + '[[steps]]\nid = "b"\nagent = "planner"\nprompt = "use {a}"\n',
-     "step 'b' uses {a} in its prompt but does not need 'a'; add it to needs"),
-    (steps(("a", "scout", []), prompt="use {a}"), "step 'a' uses {a}, its own answer, in its prompt; remove it"),
-    (steps(*[(f"s{i}", "scout", []) for i in range(9)]), "9 steps is more than the limit of 8; split the workflow"),
-    ('[[steps]]\nid = "a"\nagent = "scout"\n', "step 'a': missing field 'prompt'; add it"),
-    ('[[steps]]\nid = "a"\nagent = "scout"\nprompt = "p"\ncolour = "red"\n', "step 'a': unknown field 'colour'"),
-    ('[[steps]]\nid = "1a"\nagent = "scout"\nprompt = "p"\n', "step '1a': field 'id' '1a' is not a valid id"),
-    ('name = "x"\n', "no steps: add at least one [[steps]] table"),
-    ('[[steps]\n', "invalid TOML: "),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            steps(("a", "scout", []), ("b", "nobody", ["a"])),
+            "step 'b' uses unknown agent 'nobody'; available: orchestrator, planner, reviewer, scout, worker",
+        ),
+        (steps(("a", "scout", []), ("b", "planner", ["c"])), "step 'b' needs unknown step 'c'; known steps: a, b"),
+        (steps(("a", "scout", []), ("a", "planner", [])), "duplicate step id 'a'; give every step its own id"),
+        (
+            steps(("a", "scout", ["c"]), ("b", "planner", ["a"]), ("c", "planner", ["b"])),
+            "the needs form a cycle: a -> c -> b -> a; remove one of these needs",
+        ),
+        (steps(("a", "scout", ["a"])), "step 'a' needs itself; remove 'a' from its needs"),
+        (
+            steps(("a", "scout", [])) + '[[steps]]\nid = "b"\nagent = "planner"\nprompt = "use {a}"\n',
+            "step 'b' uses {a} in its prompt but does not need 'a'; add it to needs",
+        ),
+        (steps(("a", "scout", []), prompt="use {a}"), "step 'a' uses {a}, its own answer, in its prompt; remove it"),
+        (steps(*[(f"s{i}", "scout", []) for i in range(9)]), "9 steps is more than the limit of 8; split the workflow"),
+        ('[[steps]]\nid = "a"\nagent = "scout"\n', "step 'a': missing field 'prompt'; add it"),
+        ('[[steps]]\nid = "a"\nagent = "scout"\nprompt = "p"\ncolour = "red"\n', "step 'a': unknown field 'colour'"),
+        ('[[steps]]\nid = "1a"\nagent = "scout"\nprompt = "p"\n', "step '1a': field 'id' '1a' is not a valid id"),
+        ('name = "x"\n', "no steps: add at least one [[steps]] table"),
+        ("[[steps]\n", "invalid TOML: "),
+    ],
+)
 def test_a_bad_workflow_is_rejected_before_anything_runs(
     tmp_path: Path, write_script: Any, text: str, message: str
 ) -> None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 Deliver = Callable[[bool, Any], None]
@@ -94,7 +95,7 @@ class Engine:
                 return
             try:
                 job.fn(job.deliver)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            except BaseException as exc:
                 job.deliver(False, exc)
 
     def _step(self) -> None:

@@ -92,8 +92,9 @@ def tokens_that_fit(shape: KVShape, per_session_bytes: int, trimmable: bool = Tr
 class KVPool:
     """LRU accounting of idle session caches against a byte budget (None = unbounded)."""
 
-    def __init__(self, budget: int | None, *, spill_dir: Path | None = None,
-                 drop_below_tokens: int = DEFAULT_DROP_BELOW_TOKENS) -> None:
+    def __init__(
+        self, budget: int | None, *, spill_dir: Path | None = None, drop_below_tokens: int = DEFAULT_DROP_BELOW_TOKENS
+    ) -> None:
         self.budget = budget
         self.drop_below_tokens = drop_below_tokens
         self._spill_dir = spill_dir

@@ -14,7 +14,16 @@ from typing import Any
 from ..errors import ModelLoadError, ModelNotFoundError
 
 # Files mlx-lm needs from a hub snapshot (the same set its own loader fetches).
-ALLOW_PATTERNS = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jsonl", "*.jinja"]
+ALLOW_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
 
 
 def strip_provider(model: str) -> str:
@@ -30,9 +39,13 @@ def _check_folder(path: Path) -> Path:
     if not path.is_dir():
         raise ModelNotFoundError(f"model path {path} is not a folder; pass a folder with config.json and *.safetensors")
     if not (path / "config.json").is_file():
-        raise ModelNotFoundError(f"model folder {path} has no config.json; pass an mlx-lm model folder (see `mlx_lm.convert`)")
+        raise ModelNotFoundError(
+            f"model folder {path} has no config.json; pass an mlx-lm model folder (see `mlx_lm.convert`)"
+        )
     if not any(path.glob("*.safetensors")):
-        raise ModelNotFoundError(f"model folder {path} has no *.safetensors weights; download or convert the model into it")
+        raise ModelNotFoundError(
+            f"model folder {path} has no *.safetensors weights; download or convert the model into it"
+        )
     return path
 
 
@@ -51,14 +64,20 @@ def _download(repo_id: str) -> Path:
         pass
     how = f"download it once while online (`hf download {repo_id}`) or pass a local folder"
     if _hub_offline():
-        raise ModelNotFoundError(f"model '{repo_id}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {how}")
+        raise ModelNotFoundError(
+            f"model '{repo_id}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {how}"
+        )
     try:
         return Path(snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS))
     except RepositoryNotFoundError:
-        raise ModelNotFoundError(f"model '{repo_id}' does not exist on the Hugging Face hub (or is private); check the id") from None
+        raise ModelNotFoundError(
+            f"model '{repo_id}' does not exist on the Hugging Face hub (or is private); check the id"
+        ) from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelNotFoundError(f"model '{repo_id}' is not in the local cache and could not be downloaded ({first[:120]}); {how}") from None
+        raise ModelNotFoundError(
+            f"model '{repo_id}' is not in the local cache and could not be downloaded ({first[:120]}); {how}"
+        ) from None
 
 
 def resolve_model_path(model: str) -> Path:

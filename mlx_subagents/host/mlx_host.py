@@ -57,14 +57,27 @@ def parse_bytes(text: str | int | None) -> int | None:
     if text is None or isinstance(text, int):
         return text
     s = text.strip().lower().replace(" ", "")
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "k": 2**10, "m": 2**20, "g": 2**30, "b": 1}
+    units = {
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "k": 2**10,
+        "m": 2**20,
+        "g": 2**30,
+        "b": 1,
+    }
     try:
         for unit, factor in units.items():
             if s.endswith(unit):
                 return int(float(s[: -len(unit)]) * factor)
         value = float(s)
     except ValueError:
-        raise SubagentError(f"KV budget {text!r} is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)") from None
+        raise SubagentError(
+            f"KV budget {text!r} is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)"
+        ) from None
     if 0 < value < 1:
         return int(value * total_memory())
     return int(value)
@@ -194,7 +207,9 @@ class MlxModelHost:
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
         self._config.context_window = self._window(config_context_window(config), budget)
         self._scheduler = await self._engine.run(
-            lambda: Scheduler(self._model, self.tokenizer, self._config, self._pool, self.kv_shape, self._processor_factory)
+            lambda: Scheduler(
+                self._model, self.tokenizer, self._config, self._pool, self.kv_shape, self._processor_factory
+            )
         )
         self._engine.stepper = self._scheduler
 
@@ -293,9 +308,13 @@ class MlxModelHost:
         def read() -> MemoryStats:
             by_session = {name: s.kv_bytes for name, s in self._sessions.items()}
             return MemoryStats(
-                kv_bytes_total=self._scheduler.resident_bytes(), kv_bytes_by_session=by_session,
-                kv_budget=self._pool.budget, active_memory=mx.get_active_memory(), peak_memory=mx.get_peak_memory(),
-                pool=self._pool.counters.to_dict(), shared_prefix_hits=self._scheduler.prefix_hits,
+                kv_bytes_total=self._scheduler.resident_bytes(),
+                kv_bytes_by_session=by_session,
+                kv_budget=self._pool.budget,
+                active_memory=mx.get_active_memory(),
+                peak_memory=mx.get_peak_memory(),
+                pool=self._pool.counters.to_dict(),
+                shared_prefix_hits=self._scheduler.prefix_hits,
             )
 
         return await self._engine.run(read)

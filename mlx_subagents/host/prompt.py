@@ -55,7 +55,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def _spliced(
-    tokenizer: Any, messages: list[Message], tools: list[ToolSchema] | None, text: str, state: RenderState, held: list[int]
+    tokenizer: Any,
+    messages: list[Message],
+    tools: list[ToolSchema] | None,
+    text: str,
+    state: RenderState,
+    held: list[int],
 ) -> list[int] | None:
     """Held ids + the tokens after the previous reply, or None when not an extension."""
     k = state.n_messages
@@ -92,7 +97,9 @@ def build_prompt(
     return encode(tokenizer, text), text
 
 
-def make_render_state(messages: list[Message], tools: list[ToolSchema] | None, text: str, ended_with_eos: bool) -> RenderState:
+def make_render_state(
+    messages: list[Message], tools: list[ToolSchema] | None, text: str, ended_with_eos: bool
+) -> RenderState:
     return RenderState(_dump(messages), _dump(tools), len(messages), text, ended_with_eos)
 
 

@@ -7,8 +7,9 @@ Messages are OpenAI-style chat dicts (`role`, `content`, `tool_calls`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Message = dict[str, Any]
 ToolSchema = dict[str, Any]
@@ -116,9 +117,7 @@ class ModelHost(Protocol):
 
     def session(self, name: str, *, agent: str | None = None) -> HostSession: ...
 
-    async def count_tokens(
-        self, messages: list[Message], tools: list[ToolSchema] | None = None
-    ) -> int: ...
+    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int: ...
 
     async def start(self) -> None: ...
 

@@ -17,8 +17,9 @@ import copy
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import PromptTooLongError
 from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes
@@ -93,8 +94,15 @@ class SchedulerConfig:
 class Scheduler:
     """Runs turns on the engine thread; see the module docstring."""
 
-    def __init__(self, model: Any, tokenizer: Any, config: SchedulerConfig, pool: KVPool, shape: KVShape,
-                 processor_factory: ProcessorFactory | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: SchedulerConfig,
+        pool: KVPool,
+        shape: KVShape,
+        processor_factory: ProcessorFactory | None = None,
+    ) -> None:
         self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
         self._processor_factory = processor_factory
         self.waiting: deque[Turn] = deque()
@@ -117,7 +125,7 @@ class Scheduler:
             turn.max_tokens = self._fit(len(turn.ids), turn.request.max_tokens)
             if turn.state.prompt_cache is None and turn.state.spill_path is None:  # nothing of its own to reuse
                 turn.prefix = self._prefix_ids(turn) or []
-        except Exception as exc:  # noqa: BLE001 - the caller gets it
+        except Exception as exc:
             turn.deliver(False, exc)
             return
         self.waiting.append(turn)
@@ -138,7 +146,7 @@ class Scheduler:
             if self.prefilling:
                 self._prefill_chunk(self.prefilling[0])
             self.pool.observe(self.resident_bytes())
-        except Exception as exc:  # noqa: BLE001 - a bad step fails its turns, not the engine
+        except Exception as exc:
             self._fail_all(exc)
         self._flush()
 
@@ -202,10 +210,13 @@ class Scheduler:
                 continue
             if not active:
                 self.waiting.popleft()
-                turn.deliver(False, PromptTooLongError(
-                    f"this turn needs about {needed / 2**20:.1f} MiB of KV cache ({turn.final_length} tokens) but the "
-                    f"KV budget is {self.pool.budget / 2**20:.1f} MiB; raise --kv-budget or lower max_tokens"
-                ))
+                turn.deliver(
+                    False,
+                    PromptTooLongError(
+                        f"this turn needs about {needed / 2**20:.1f} MiB of KV cache ({turn.final_length} tokens) but the "
+                        f"KV budget is {self.pool.budget / 2**20:.1f} MiB; raise --kv-budget or lower max_tokens"
+                    ),
+                )
                 continue
             if not turn.waited:
                 turn.waited = True
@@ -271,7 +282,9 @@ class Scheduler:
         messages = turn.request.messages
         if not (self.config.reuse and self.config.share_prefix and messages and messages[0].get("role") == "system"):
             return None
-        prefix = encode(self.tokenizer, render(self.tokenizer, messages[:1], turn.request.tools, generation_prompt=False))
+        prefix = encode(
+            self.tokenizer, render(self.tokenizer, messages[:1], turn.request.tools, generation_prompt=False)
+        )
         ok = 0 < len(prefix) < len(turn.ids) - 1 and turn.ids[: len(prefix)] == prefix
         return prefix if ok else None
 
@@ -338,8 +351,12 @@ class Scheduler:
         if self.config.batching and self._batchable(turn.cache):
             batch = self._ensure_batch()
             turn.uid = batch.insert(
-                [turn.ids[turn.pos :]], max_tokens=[turn.max_tokens], caches=[turn.cache],
-                all_tokens=[turn.ids[: turn.pos]], samplers=[sampler], logits_processors=[processors],
+                [turn.ids[turn.pos :]],
+                max_tokens=[turn.max_tokens],
+                caches=[turn.cache],
+                all_tokens=[turn.ids[: turn.pos]],
+                samplers=[sampler],
+                logits_processors=[processors],
             )[0]
             turn.state.prompt_cache = turn.cache = None  # the batch owns it now
             self.decoding[turn.uid] = turn
@@ -353,8 +370,12 @@ class Scheduler:
 
         finish: FinishReason = "length"
         steps = generate_step(
-            mx.array(turn.ids[-1:]), self.model, max_tokens=turn.max_tokens, sampler=sampler,
-            logits_processors=processors or None, prompt_cache=turn.cache,
+            mx.array(turn.ids[-1:]),
+            self.model,
+            max_tokens=turn.max_tokens,
+            sampler=sampler,
+            logits_processors=processors or None,
+            prompt_cache=turn.cache,
         )
         for token, _ in steps:
             done = self._on_token(turn, token)
@@ -426,8 +447,11 @@ class Scheduler:
         turn.state.n_tool_calls += len(calls)
         total = time.perf_counter() - turn.started if turn.started else 0.0
         usage = Usage(
-            prompt_tokens=len(turn.ids), cached_tokens=turn.n_cached, prefilled_tokens=len(turn.ids) - turn.n_cached,
-            generated_tokens=len(turn.generated), prompt_seconds=turn.prompt_s,
+            prompt_tokens=len(turn.ids),
+            cached_tokens=turn.n_cached,
+            prefilled_tokens=len(turn.ids) - turn.n_cached,
+            generated_tokens=len(turn.generated),
+            prompt_seconds=turn.prompt_s,
             generation_seconds=max(0.0, total - turn.prompt_s),
         )
         return Generation(text, calls, malformed, finish, usage, raw, tuple(turn.generated))
@@ -457,8 +481,11 @@ class Scheduler:
             from mlx_lm.generate import BatchGenerator
 
             self._batch = BatchGenerator(
-                self.model, stop_tokens=[[t] for t in self.tokenizer.eos_token_ids],
-                prefill_step_size=self.config.prefill_step_size, completion_batch_size=8, prefill_batch_size=8,
+                self.model,
+                stop_tokens=[[t] for t in self.tokenizer.eos_token_ids],
+                prefill_step_size=self.config.prefill_step_size,
+                completion_batch_size=8,
+                prefill_batch_size=8,
             )
         return self._batch
 

@@ -165,9 +165,7 @@ def _parse(path: Path, text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ScriptError(
-            f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
+        raise ScriptError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -231,9 +229,7 @@ class ScriptedHost:
         """A new session replaying its agent's replies from the first one."""
         return ScriptedSession(self, name, agent)
 
-    async def count_tokens(
-        self, messages: list[Message], tools: list[ToolSchema] | None = None
-    ) -> int:
+    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
         return approx_tokens(messages, tools)
 
     async def start(self) -> None:

@@ -54,7 +54,7 @@ def parse_reply(
                 continue
         try:
             calls.extend(_parse_one(tokenizer, raw, tools, first_index + len(calls)))
-        except Exception as exc:  # noqa: BLE001 - parsers raise anything; the model sees it
+        except Exception as exc:
             malformed.append(MalformedToolCall(raw=start + raw + (end or ""), error=f"{type(exc).__name__}: {exc}"))
     visible.append(rest)
     return "".join(visible).strip(), calls, malformed

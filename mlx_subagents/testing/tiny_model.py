@@ -81,9 +81,7 @@ def make_tiny_model(
     return out_dir
 
 
-def model_config(
-    arch: Arch, vocab_size: int, context_window: int, eos_id: int, pad_id: int
-) -> dict[str, Any]:
+def model_config(arch: Arch, vocab_size: int, context_window: int, eos_id: int, pad_id: int) -> dict[str, Any]:
     """The HF-style `config.json`; qwen3_5 nests its text model under `text_config` like Qwen3.5."""
     ids = {"bos_token_id": pad_id, "eos_token_id": eos_id, "pad_token_id": pad_id}
     text = {
@@ -182,8 +180,7 @@ def _random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, 
 @functools.lru_cache(maxsize=1)
 def _trained_tokenizer_json() -> str:
     """Train the byte-level BPE once per process; it does not depend on arch or seed."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
@@ -200,9 +197,7 @@ def _trained_tokenizer_json() -> str:
         show_progress=False,
     )
     tokenizer.train_from_iterator(_corpus(random.Random(0)), trainer=trainer)
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
-    )
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     return tokenizer.to_str()
 
@@ -262,10 +257,9 @@ def _code(rng: random.Random) -> str:
         (
             f"def {fn}({arg}: str, {other}: int = {rng.randint(0, 99)}) -> dict:\n"
             f'    """{_sentence(rng)}"""\n    return {{"{arg}": {other}}}\n',
-            f"class {fn.title()}{other.title()}:\n    def __init__(self, {arg}):\n"
-            f"        self.{arg} = {arg}\n",
+            f"class {fn.title()}{other.title()}:\n    def __init__(self, {arg}):\n        self.{arg} = {arg}\n",
             f"from {rng.choice(_DIRS)}.{fn} import {other}\nimport {arg}\n",
-            f"    if {arg} is None:\n        raise ValueError(f\"{{{arg}}} not found\")\n",
+            f'    if {arg} is None:\n        raise ValueError(f"{{{arg}}} not found")\n',
             f"for i, {arg} in enumerate({other}s):\n    print(i, {arg}[{rng.randint(0, 9)}])\n",
         )
     )
@@ -316,9 +310,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--context-window", type=int, default=4096)
     args = parser.parse_args(argv)
-    path = make_tiny_model(
-        args.out, args.arch, seed=args.seed, context_window=args.context_window
-    )
+    path = make_tiny_model(args.out, args.arch, seed=args.seed, context_window=args.context_window)
     print(path)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .base import Tool, ToolResult
 from .bash import BashTool, kill_all_processes
@@ -19,9 +19,7 @@ TOOL_NAMES: tuple[str, ...] = ("read", "grep", "find", "ls", "bash", "edit", "wr
 TOOL_CLASSES: dict[str, type[Tool]] = {
     cls.name: cls for cls in (ReadTool, GrepTool, FindTool, LsTool, BashTool, EditTool, WriteTool)
 }
-READ_ONLY_TOOLS: frozenset[str] = frozenset(
-    name for name, cls in TOOL_CLASSES.items() if cls.read_only
-)
+READ_ONLY_TOOLS: frozenset[str] = frozenset(name for name, cls in TOOL_CLASSES.items() if cls.read_only)
 
 
 def make_tools(names: Iterable[str], workspace: Workspace | Path) -> dict[str, Tool]:

@@ -7,9 +7,10 @@ Tool failures are observations for the model, not exceptions: `call` turns bad a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -48,9 +49,7 @@ def one_line(text: str, max_chars: int = 100) -> str:
     return first
 
 
-def take_capped(
-    lines: Iterable[str], max_lines: int, max_bytes: int = MAX_OUTPUT_BYTES
-) -> tuple[list[str], int]:
+def take_capped(lines: Iterable[str], max_lines: int, max_bytes: int = MAX_OUTPUT_BYTES) -> tuple[list[str], int]:
     """The leading lines that fit both caps, and how many lines there were in all.
 
     Consumes the whole iterable, keeping only what fits, so the count is exact while memory stays
@@ -160,8 +159,7 @@ class Tool:
             got = "" if err["type"] == "missing" else f", got {one_line(repr(err['input']), 60)}"
             problems.append(f"'{field}' ({expected}): {err['msg']}{got}")
         return (
-            f"invalid arguments for {self.name}: {'; '.join(problems)}; "
-            f"call {self.name} again with corrected arguments"
+            f"invalid arguments for {self.name}: {'; '.join(problems)}; call {self.name} again with corrected arguments"
         )
 
     def _os_failure(self, exc: OSError) -> str:

@@ -60,10 +60,7 @@ class OutputBuffer:
         tail = self.tail.decode(errors="replace")
         if self.n_bytes <= len(self.head) + len(self.tail):
             return head + tail
-        note = (
-            f"[output truncated: {self.n_bytes} bytes total; "
-            f"showing the first and last {self.half} bytes]"
-        )
+        note = f"[output truncated: {self.n_bytes} bytes total; showing the first and last {self.half} bytes]"
         return f"{head}\n{note}\n{tail}"
 
 
@@ -119,17 +116,19 @@ class BashTool(Tool):
 
     async def _run_command(self, command: str, timeout: int, output: OutputBuffer) -> int | None:
         """The exit code, or None on timeout; the group is dead when this returns or raises."""
-        spawn = asyncio.ensure_future(asyncio.get_running_loop().subprocess_exec(
-            lambda: _CommandProtocol(output),
-            "bash",
-            "-c",
-            command,
-            cwd=self.workspace.root,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        ))
+        spawn = asyncio.ensure_future(
+            asyncio.get_running_loop().subprocess_exec(
+                lambda: _CommandProtocol(output),
+                "bash",
+                "-c",
+                command,
+                cwd=self.workspace.root,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         try:
             transport, protocol = await asyncio.shield(spawn)
         except asyncio.CancelledError:

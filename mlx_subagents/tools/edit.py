@@ -28,7 +28,7 @@ class EditTool(Tool):
             with path.open(encoding="utf-8", newline="") as file:
                 text = file.read()
         except UnicodeDecodeError:
-            raise ToolError(f"{params.path!r} is not UTF-8 text; edit only changes text files")
+            raise ToolError(f"{params.path!r} is not UTF-8 text; edit only changes text files") from None
         start = self._find_once(text, params)
         with path.open("w", encoding="utf-8", newline="") as file:
             file.write(text[:start] + params.new_text + text[start + len(params.old_text) :])

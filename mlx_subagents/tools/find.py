@@ -13,10 +13,7 @@ MAX_FIND_RESULTS = 500
 
 class FindTool(Tool):
     name = "find"
-    description = (
-        "Find files in the workspace by glob pattern. Returns sorted paths relative to the "
-        "workspace root."
-    )
+    description = "Find files in the workspace by glob pattern. Returns sorted paths relative to the workspace root."
     read_only = True
 
     class Params(BaseModel):

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -24,8 +25,7 @@ MAX_GREP_MATCHES = 200
 class GrepTool(Tool):
     name = "grep"
     description = (
-        "Search file contents in the workspace with a regular expression. "
-        "Returns matching lines as path:line:text."
+        "Search file contents in the workspace with a regular expression. Returns matching lines as path:line:text."
     )
     read_only = True
 
@@ -49,9 +49,8 @@ class GrepTool(Tool):
             regex = re.compile(params.pattern, flags)
         except re.error as exc:
             raise ToolError(
-                f"invalid regex {params.pattern!r}: {exc}; "
-                "escape regex special characters with a backslash"
-            )
+                f"invalid regex {params.pattern!r}: {exc}; escape regex special characters with a backslash"
+            ) from None
         target = self.workspace.existing(params.path)
         if self.rg:
             matches = self._rg(self.rg, params, target)

@@ -13,10 +13,7 @@ MAX_LS_ENTRIES = 500
 
 class LsTool(Tool):
     name = "ls"
-    description = (
-        "List a directory in the workspace, hidden entries included. "
-        "Directories end with '/'."
-    )
+    description = "List a directory in the workspace, hidden entries included. Directories end with '/'."
     read_only = True
 
     class Params(BaseModel):

@@ -30,16 +30,13 @@ class ReadTool(Tool):
     class Params(BaseModel):
         path: str = Field(description="File path, relative to the workspace root.")
         offset: int = Field(default=1, ge=1, description="1-based line number to start from.")
-        limit: int = Field(
-            default=DEFAULT_READ_LIMIT, ge=1, description="Maximum number of lines to return."
-        )
+        limit: int = Field(default=DEFAULT_READ_LIMIT, ge=1, description="Maximum number of lines to return.")
 
     def execute(self, params: Params) -> str:
         path = self.workspace.existing(params.path, "file")
         if is_binary(path):
             raise ToolError(
-                f"{params.path!r} is a binary file ({path.stat().st_size} bytes); "
-                "read only shows text files"
+                f"{params.path!r} is a binary file ({path.stat().st_size} bytes); read only shows text files"
             )
         with path.open(encoding="utf-8", errors="replace") as file:
             n_skipped = sum(1 for _ in islice(file, params.offset - 1))

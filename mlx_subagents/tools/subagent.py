@@ -11,8 +11,9 @@ The recursion cut lives in two places: a session gets this tool only when its ag
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -57,7 +58,9 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
     task: str = Field(default="", description="One task: what it should do, with every detail it needs.")
     tasks: list[ChildTask] = Field(default_factory=list, description=f"Parallel: up to {MAX_TASKS} independent tasks.")
     chain: list[ChainStep] = Field(default_factory=list, description="Chain: steps run in order.")
-    cwd: str = Field(default="", description="A folder inside the workspace for the sub-agents (default: the workspace).")
+    cwd: str = Field(
+        default="", description="A folder inside the workspace for the sub-agents (default: the workspace)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -94,8 +97,16 @@ class SubagentTool(Tool):
     Params = SubagentParams
     read_only = False
 
-    def __init__(self, workspace: Workspace, *, delegate: Delegate, agents: Mapping[str, str], caller: str = "",
-                 depth: int = 0, max_depth: int = 2) -> None:
+    def __init__(
+        self,
+        workspace: Workspace,
+        *,
+        delegate: Delegate,
+        agents: Mapping[str, str],
+        caller: str = "",
+        depth: int = 0,
+        max_depth: int = 2,
+    ) -> None:
         super().__init__(workspace)
         self.delegate = delegate
         self.agents = dict(sorted(agents.items()))
@@ -109,7 +120,8 @@ class SubagentTool(Tool):
         return {
             "type": "function",
             "function": {
-                "name": self.name, "description": self.description,
+                "name": self.name,
+                "description": self.description,
                 "parameters": _inline_refs(_strip_titles(self.Params.model_json_schema())),
             },
         }
@@ -141,6 +153,7 @@ class SubagentTool(Tool):
 
     def describe(self, arguments: dict[str, Any]) -> str:
         """`subagent scout: <task>`, `subagent parallel: scout, reviewer`, `subagent chain: scout -> planner`."""
+
         def names(items: Any) -> list[str]:
             return [str(i.get("agent", "?")) for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
@@ -156,8 +169,11 @@ class SubagentTool(Tool):
 
     def _mode(self, params: SubagentParams) -> tuple[DelegationMode, list[ChildTask]]:
         single = bool(params.agent.strip() or params.task.strip())
-        given = [mode for mode, present in (("single", single), ("parallel", bool(params.tasks)),
-                                             ("chain", bool(params.chain))) if present]
+        given = [
+            mode
+            for mode, present in (("single", single), ("parallel", bool(params.tasks)), ("chain", bool(params.chain)))
+            if present
+        ]
         if not given:
             raise ToolError("no task given")
         if len(given) > 1:

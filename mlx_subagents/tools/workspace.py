@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 from ..errors import ToolError, WorkspaceEscapeError
 
@@ -34,23 +35,18 @@ class Workspace:
             requested = self.root / Path(path).expanduser()
             real = requested.resolve()  # `..` after a symlink climbs from its target, like the OS
         except (ValueError, RuntimeError) as exc:  # NUL byte, symlink loop, unknown ~user
-            raise ToolError(f"invalid path {path!r}: {exc}; use a plain path inside {self.root}")
+            raise ToolError(f"invalid path {path!r}: {exc}; use a plain path inside {self.root}") from None
         if real.is_relative_to(self.root):
             return real
         lexical = Path(os.path.normpath(requested))
         via = f" (it is a symlink to {real})" if lexical.is_relative_to(self.root) else ""
-        raise WorkspaceEscapeError(
-            f"path {path!r} is outside the workspace {self.root}{via}; use a path inside it"
-        )
+        raise WorkspaceEscapeError(f"path {path!r} is outside the workspace {self.root}{via}; use a path inside it")
 
     def existing(self, path: str, kind: Literal["file", "directory"] | None = None) -> Path:
         """Resolve `path` and check that it exists (as a file or directory when `kind` says so)."""
         real = self.resolve(path)
         if not real.exists():
-            raise ToolError(
-                f"path {path!r} does not exist in the workspace; "
-                "use ls or find to see what is there"
-            )
+            raise ToolError(f"path {path!r} does not exist in the workspace; use ls or find to see what is there")
         if kind == "file" and real.is_dir():
             raise ToolError(f"{path!r} is a directory, not a file; use ls to list it")
         if kind == "file" and not real.is_file():

@@ -11,8 +11,7 @@ from .base import Tool
 class WriteTool(Tool):
     name = "write"
     description = (
-        "Create or overwrite a file in the workspace with the given content; "
-        "missing parent directories are created."
+        "Create or overwrite a file in the workspace with the given content; missing parent directories are created."
     )
     read_only = False
 
