@@ -13,7 +13,6 @@ model aliases we cannot honour are dropped with a warning, extra fields are igno
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import mlx_subagents
 from mlx_subagents.errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
+from mlx_subagents.home import state_home
 from mlx_subagents.tools import TOOL_NAMES
+from mlx_subagents.userfiles import read_text, yaml_problem
 
 Source = Literal["builtin", "user", "project"]
 Scope = Literal["user", "project", "both"]
@@ -35,10 +36,10 @@ KNOWN_TOOLS = TOOL_NAMES + ("subagent",)
 WRITE_TOOLS = ("edit", "write")
 NAME_PATTERN = r"[a-z0-9][a-z0-9_-]*"
 MAX_TEMPERATURE = 2.0
-DEFAULT_HOME = "~/.mlx-subagents"
 PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
 CLAUDE_AGENTS_DIR = ".claude/agents"
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
+YAML_FIX = "fix the YAML, or quote the value"
 
 FIELDS = ("name", "description", "tools", "model", "max_turns", "temperature", "output_schema")
 
@@ -114,7 +115,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
     """
     if claude is None:
         claude = path.parent.name == "agents" and path.parent.parent.name == ".claude"
-    meta, body = _split_frontmatter(path, _read_text(path))
+    meta, body = _split_frontmatter(path, read_text(path, "agent file", AgentFileError))
     warnings: list[str] = []
     name = _required_text(path, meta, "name", "my-agent").lower()
     if not re.fullmatch(NAME_PATTERN, name):
@@ -149,16 +150,6 @@ def _fail(path: Path, problem: str, fix: str) -> AgentFileError:
     return AgentFileError(f"{path}: {problem}; {fix}")
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise _fail(path, "the file is not UTF-8 text", "save it as UTF-8") from None
-    except OSError as exc:
-        problem = f"cannot read the file ({exc.strerror})"
-        raise _fail(path, problem, "check that it exists and is readable") from None
-
-
 def _split_frontmatter(path: Path, text: str) -> tuple[dict[str, Any], str]:
     """The frontmatter mapping and the body."""
     lines = text.removeprefix("\ufeff").splitlines(keepends=True)
@@ -171,13 +162,13 @@ def _split_frontmatter(path: Path, text: str) -> tuple[dict[str, Any], str]:
         raise _fail(path, "the frontmatter has no closing '---' line", fix)
     try:
         meta = yaml.safe_load("".join(lines[1:end]))
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: a bad date
-        mark = getattr(exc, "problem_mark", None)
-        # The YAML text starts on the file's second line; marks are 0-based.
-        where = f" at line {mark.line + 2}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        problem = f"invalid YAML in the frontmatter{where}: {problem}"
-        raise _fail(path, problem, "fix the YAML, or quote the value") from None
+    except RecursionError:
+        raise _fail(path, "the frontmatter is nested too deeply", "flatten it") from None
+    except yaml.YAMLError as exc:
+        # The YAML text starts on the file's second line.
+        raise _fail(path, f"invalid YAML in the frontmatter{yaml_problem(exc, 2)}", YAML_FIX) from None
+    except ValueError as exc:  # a bad date, e.g. 2024-13-01
+        raise _fail(path, f"invalid YAML in the frontmatter: {exc}", YAML_FIX) from None
     if not isinstance(meta, dict):
         kind = "empty" if meta is None else f"a YAML {type(meta).__name__}"
         fix = "write one 'key: value' per line, e.g. name: scout"
@@ -345,7 +336,7 @@ def builtin_agents_dir() -> Path:
 
 def user_agents_dir() -> Path:
     """`$MLX_SUBAGENTS_HOME/agents`, default `~/.mlx-subagents/agents`."""
-    return Path(os.environ.get("MLX_SUBAGENTS_HOME") or DEFAULT_HOME).expanduser() / "agents"
+    return state_home() / "agents"
 
 
 def find_project_agent_dirs(cwd: Path) -> tuple[Path | None, Path | None, Path | None]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SchemaFileError
+from .userfiles import load_file
 
 # A model often wraps JSON in a fenced block; that is accepted, prose around it is not.
 FENCE = "```"
@@ -23,15 +24,7 @@ class AnswerMismatch(ValueError):
 
 def load_schema(path: Path) -> dict[str, Any]:
     """Read and check a schema file; every problem is one `SchemaFileError` line naming the file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise SchemaFileError(f"{path}: cannot read the schema file: {reason}") from None
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SchemaFileError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    schema = load_file(path, "json", "schema file", SchemaFileError)
     check_schema(schema, str(path))
     return schema
 

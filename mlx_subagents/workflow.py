@@ -26,7 +26,6 @@ needs and duplicate ids are rejected before anything runs. Named workflows live 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .agents import AgentCatalog
 from .caps import MAX_TASKS
 from .errors import AgentNotFoundError, WorkflowError
-from .transcripts import state_home
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from .home import state_home
+from .userfiles import error_message, error_path, load_file
 
 PROJECT_WORKFLOWS_DIR = ".mlx-subagents/workflows"
 STEP_ID_PATTERN = r"[A-Za-z_][A-Za-z0-9_-]*"
@@ -91,13 +86,7 @@ class Workflow(BaseModel):
 def load_workflow(path: Path) -> Workflow:
     """Read a TOML workflow and check its graph; every problem is one `WorkflowError` naming the file."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise WorkflowError(f"{path}: cannot read the workflow file: {reason}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise WorkflowError(f"{path}: invalid TOML: {exc}") from None
+    data = load_file(path, "toml", "workflow file", WorkflowError)
     return parse_workflow(data, path)
 
 
@@ -194,8 +183,8 @@ def _first_error(exc: ValidationError, data: dict[str, Any]) -> str:
         name = f"'{step['id']}'" if isinstance(step.get("id"), str) else f"{loc[1] + 1}"
         where = f"step {name}: "
         loc = loc[2:]
-    field = ".".join(str(p) for p in loc)
-    msg = err["msg"].removeprefix("Value error, ")
+    field = error_path(loc)
+    msg = error_message(err)
     if field == "steps" and err["type"] in ("missing", "too_short"):
         return "no steps: add at least one [[steps]] table with id, agent and prompt"
     if err["type"] == "missing":

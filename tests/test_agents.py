@@ -183,7 +183,7 @@ def test_invalid_yaml_error_names_the_file_line(tmp_path):
         parse_agent_file(path, "user")
 
     assert str(info.value) == (
-        f"{path}: invalid YAML in the frontmatter at line 5: "
+        f"{path}: invalid YAML in the frontmatter at line 5 column 1: "
         "expected ',' or ']', but got '<stream end>'; fix the YAML, or quote the value"
     )
 
@@ -203,7 +203,7 @@ BAD_FILES = [
     ),
     (
         "---\nname: x\ndescription: bad: colon\n---\nBody\n",
-        "invalid YAML in the frontmatter at line 3: mapping values are not allowed here; "
+        "invalid YAML in the frontmatter at line 3 column 17: mapping values are not allowed here; "
         "fix the YAML, or quote the value",
     ),
     (
