@@ -25,6 +25,7 @@ needs and duplicate ids are rejected before anything runs. Named workflows live 
 
 from __future__ import annotations
 
+import graphlib
 import re
 from pathlib import Path
 from typing import Any
@@ -138,25 +139,12 @@ def check_graph(workflow: Workflow, where: str = "workflow") -> None:
 
 
 def find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str] | None:
-    """One cycle as a path that ends where it starts (`a -> b -> a`), or None."""
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for need in graph.get(node, ()):
-            if state.get(need) == 1:
-                return path[path.index(need) :] + [need]
-            if need not in state and (found := visit(need)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in graph:
-        if node not in state and (found := visit(node)):
-            return found
+    """One cycle as a path of needs that ends where it starts (`a -> b -> a`: a needs b needs a), or None."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        # graphlib lists the cycle from each node to the one that needs it: reverse it.
+        return list(reversed(exc.args[1]))
     return None
 
 
