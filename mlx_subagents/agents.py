@@ -26,7 +26,7 @@ import mlx_subagents
 from mlx_subagents.errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
 from mlx_subagents.home import state_home
 from mlx_subagents.tools import TOOL_NAMES
-from mlx_subagents.userfiles import read_text, yaml_problem
+from mlx_subagents.userfiles import MAX_NESTING, nesting, read_text, yaml_problem
 
 Source = Literal["builtin", "user", "project"]
 Scope = Literal["user", "project", "both"]
@@ -160,15 +160,18 @@ def _split_frontmatter(path: Path, text: str) -> tuple[dict[str, Any], str]:
     if end is None:
         fix = "add a '---' line after the last field"
         raise _fail(path, "the frontmatter has no closing '---' line", fix)
+    too_deep = _fail(path, f"the frontmatter is nested more than {MAX_NESTING} levels deep", "flatten it")
     try:
         meta = yaml.safe_load("".join(lines[1:end]))
     except RecursionError:
-        raise _fail(path, "the frontmatter is nested too deeply", "flatten it") from None
+        raise too_deep from None
     except yaml.YAMLError as exc:
         # The YAML text starts on the file's second line.
         raise _fail(path, f"invalid YAML in the frontmatter{yaml_problem(exc, 2)}", YAML_FIX) from None
     except ValueError as exc:  # a bad date, e.g. 2024-13-01
         raise _fail(path, f"invalid YAML in the frontmatter: {exc}", YAML_FIX) from None
+    if nesting(meta) > MAX_NESTING:
+        raise too_deep
     if not isinstance(meta, dict):
         kind = "empty" if meta is None else f"a YAML {type(meta).__name__}"
         fix = "write one 'key: value' per line, e.g. name: scout"

@@ -26,8 +26,10 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 Format = Literal["json", "yaml", "toml"]
-# A RecursionError can come from any parser or validator that walks nested data.
-TOO_DEEP = "the data is nested too deeply to read; flatten it"
+# Deeper data is refused when it is read, so that no later step that walks it (validation, events,
+# transcripts) can hit Python's recursion limit; serde_json stops at the same depth.
+MAX_NESTING = 128
+TOO_DEEP = f"the data is nested more than {MAX_NESTING} levels deep; flatten it"
 
 
 def os_reason(exc: OSError) -> str:
@@ -57,10 +59,11 @@ def parse_text(text: str, fmt: Format, where: str, error: type[SubagentError]) -
     """
     try:
         if fmt == "json":
-            return json.loads(text)
-        if fmt == "yaml":
-            return yaml.safe_load(text)
-        return tomllib.loads(text)
+            data = json.loads(text)
+        elif fmt == "yaml":
+            data = yaml.safe_load(text)
+        else:
+            data = tomllib.loads(text)
     except RecursionError:
         raise error(f"{where}: {TOO_DEEP}") from None
     except json.JSONDecodeError as exc:
@@ -69,6 +72,23 @@ def parse_text(text: str, fmt: Format, where: str, error: type[SubagentError]) -
         raise error(f"{where}: invalid YAML{yaml_problem(exc)}") from None
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{where}: invalid TOML: {exc}") from None
+    if nesting(data) > MAX_NESTING:
+        raise error(f"{where}: {TOO_DEEP}")
+    return data
+
+
+def nesting(data: Any) -> int:
+    """How many lists and mappings deep `data` goes (0 for a scalar); a loop, so any depth is safe."""
+    deepest = 0
+    pending = [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            pending.extend((item, depth + 1) for item in value)
+    return deepest
 
 
 def load_file(path: Path, fmt: Format, what: str, error: type[SubagentError]) -> Any:

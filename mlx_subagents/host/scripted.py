@@ -37,7 +37,7 @@ from mlx_subagents.host.protocol import (
     ToolSchema,
     Usage,
 )
-from mlx_subagents.userfiles import TOO_DEEP, first_error, load_file
+from mlx_subagents.userfiles import first_error, load_file
 
 SCRIPTED_PREFIX = "scripted:"
 DEFAULT_CONTEXT_WINDOW = 32768
@@ -147,8 +147,6 @@ def load_script(path: Path) -> Script:
         return Script.model_validate(data)
     except ValidationError as exc:
         raise ScriptError(f"{path}: {_describe(exc)}") from None
-    except RecursionError:
-        raise ScriptError(f"{path}: {TOO_DEEP}") from None
 
 
 def _describe(exc: ValidationError) -> str:
