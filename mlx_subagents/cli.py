@@ -7,11 +7,13 @@ failed, 2 bad usage or input (nothing ran), 130 interrupted (Ctrl-C).
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
@@ -28,9 +30,10 @@ from .errors import RequestError, SubagentError
 from .events import Event, EventSink
 from .host import parse_bytes
 from .interrupts import EXIT_INTERRUPTED, two_press_sigint
+from .options import DEFAULT_MAX_DEPTH, RunOptions
 from .progress import ProgressView, usage_table
 from .results import MultiRunResult, RunResult
-from .runner import DEFAULT_MAX_DEPTH, Runner, TaskSpec, default_model, label_tasks, load_tasks_file
+from .runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_file
 from .schema_output import load_schema
 
 T = TypeVar("T")
@@ -134,43 +137,91 @@ _JSON_FIELDS = {
 # --- running -----------------------------------------------------------------------------------------
 
 
-def _host_options(context_window: int | None, batching: Batching, kv_budget: str | None) -> dict[str, Any]:
-    """What every host of the run is built with (the scripted host ignores all but the window)."""
-    options: dict[str, Any] = {"batching": batching == Batching.on}
-    if context_window:
-        options["context_window"] = context_window
-    if kv_budget is not None:
-        options["kv_budget"] = parse_bytes(kv_budget)
-    return options
+# The flags every running command shares: name -> (its `Annotated` alias, its default).
+_SHARED: dict[str, tuple[Any, Any]] = {
+    "model": (ModelOpt, None),
+    "cwd": (CwdOpt, Path(".")),
+    "scope": (ScopeOpt, Scope.both),
+    "yes": (YesOpt, False),
+    "max_turns": (MaxTurnsOpt, None),
+    "max_tokens": (MaxTokensOpt, None),
+    "timeout": (TimeoutOpt, None),
+    "context_window": (WindowOpt, None),
+    "batching": (BatchingOpt, Batching.on),
+    "kv_budget": (KvBudgetOpt, None),
+    "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
+}
 
 
-def _make_runner(
-    model: str | None,
-    cwd: Path,
-    scope: Scope,
-    yes: bool,
-    *,
-    max_turns: int | None,
-    max_tokens: int | None,
-    timeout: float | None,
-    host_options: dict[str, Any],
-    on_event: EventSink,
-    max_depth: int = DEFAULT_MAX_DEPTH,
-) -> Runner:
-    return Runner(
-        cwd=cwd,
-        model=model,
-        scope=scope.value,
-        assume_yes=yes,
-        interactive=sys.stdin.isatty(),
-        confirm=lambda q: typer.confirm(q, default=False, err=True),
-        max_turns=max_turns,
-        max_output_tokens=max_tokens,
-        timeout=timeout,
-        host_options=host_options,
-        on_event=on_event,
-        max_depth=max_depth,
-    )
+@dataclass(frozen=True)
+class Shared:
+    """The shared flags of one command, as typed; `options()` is what the core sees."""
+
+    model: str | None
+    cwd: Path
+    scope: Scope
+    yes: bool
+    max_turns: int | None
+    max_tokens: int | None
+    timeout: float | None
+    context_window: int | None
+    batching: Batching
+    kv_budget: str | None
+    max_depth: int
+
+    def options(self) -> RunOptions:
+        return RunOptions(
+            model=self.model,
+            scope=self.scope.value,
+            assume_yes=self.yes,
+            max_turns=self.max_turns,
+            max_output_tokens=self.max_tokens,
+            timeout=self.timeout,
+            max_depth=self.max_depth,
+            batching=self.batching == Batching.on,
+            kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
+            context_window=self.context_window,
+        )
+
+    def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
+        """The command's runner, asking on the terminal before a project agent runs."""
+        return Runner(
+            cwd=cwd or self.cwd,
+            options=self.options(),
+            interactive=sys.stdin.isatty(),
+            confirm=lambda q: typer.confirm(q, default=False, err=True),
+            on_event=on_event,
+        )
+
+
+def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the shared flags; it receives them as one keyword argument, `shared: Shared`.
+
+    Args:
+        overrides: a flag's own `Annotated` alias for this command (other help), or None to leave
+            the flag out (its default is used).
+    """
+
+    def wrap(command: Callable[..., None]) -> Callable[..., None]:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "shared"]
+        flags = {name: overrides.get(name, alias) for name, (alias, _default) in _SHARED.items()}
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_SHARED[name][1], annotation=alias)
+            for name, alias in flags.items()
+            if alias is not None
+        ]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> None:
+            values = {name: kwargs.pop(name, default) for name, (_alias, default) in _SHARED.items()}
+            command(**kwargs, shared=Shared(**values))
+
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return wrap
 
 
 def _run_async(runner: Runner, work: Callable[[], Awaitable[T]]) -> T:
@@ -316,23 +367,15 @@ def _schema(path: Path | None) -> dict[str, Any] | None:
 
 
 @app.command()
+@shared_options()
 def run(
     agent: Annotated[str, typer.Argument(help="Agent name (see `subagent agents`).")],
     task: Annotated[str, typer.Argument(help="What the agent should do.")],
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
     schema: SchemaOpt = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Run one agent on a task in a workspace.
 
@@ -340,24 +383,14 @@ def run(
     """
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    runner = shared.runner(sinks)
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
     result = _run_async(runner, lambda: runner.run(spec))
     _finish_single(result, as_json, events)
 
 
 @app.command()
+@shared_options()
 def parallel(
     texts: Annotated[
         Optional[list[str]],
@@ -382,21 +415,12 @@ def parallel(
         ),
     ] = None,
     concurrency: ConcurrencyOpt = MAX_CONCURRENCY,
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
     schema: SchemaOpt = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Run several independent tasks at once; results in input order.
 
@@ -406,24 +430,14 @@ def parallel(
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
     sinks = _Sinks(events)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in tasks]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=concurrency))
     _finish_multi(outcome, as_json, events)
 
 
 @app.command()
+@shared_options()
 def chain(
     texts: Annotated[
         Optional[list[str]],
@@ -438,24 +452,15 @@ def chain(
             help="An agent, then its task text; {previous} is the previous step's answer. Repeat (8 at most).",
         ),
     ] = None,
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
     schema: Annotated[
         Optional[Path],
         typer.Option("--schema", dir_okay=False, help="JSON schema file the last step's answer must satisfy."),
     ] = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Run steps one after another, each getting the previous answer as {previous}.
 
@@ -466,42 +471,23 @@ def chain(
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
     sinks = _Sinks(events)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
     _finish_multi(outcome, as_json, events)
 
 
 @app.command()
+@shared_options()
 def workflow(
     name: Annotated[str, typer.Argument(help="A workflow name (.mlx-subagents/workflows/NAME.toml) or a TOML file.")],
     input: Annotated[str, typer.Option("--input", "-i", help="The workflow input every step receives ({input}).")] = "",
     concurrency: ConcurrencyOpt = MAX_CONCURRENCY,
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Run a workflow: steps start as soon as the steps they need are done.
 
@@ -509,20 +495,9 @@ def workflow(
     """
     from .workflow import find_workflow, load_workflow
 
-    flow = load_workflow(find_workflow(name, Path(cwd).resolve()))
+    flow = load_workflow(find_workflow(name, Path(shared.cwd).resolve()))
     sinks = _Sinks(events)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    runner = shared.runner(sinks)
     rows = [(s.id, s.agent) for s in flow.steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=concurrency))
     _finish_multi(outcome, as_json, events)
@@ -591,25 +566,21 @@ def show(
 
 
 @app.command()
+@shared_options(
+    cwd=None,  # the task's own workspace
+    model=Annotated[
+        Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")
+    ],
+)
 def resume(
     run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix, or `last`).")],
     message: Annotated[str, typer.Argument(help="The follow-up message.")],
     task: TaskKeyOpt = None,
-    model: Annotated[
-        Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")
-    ] = None,
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
     schema: SchemaOpt = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Continue a saved task's conversation with a new message (its transcript is extended).
 
@@ -620,24 +591,19 @@ def resume(
     record = load_run(run_id)
     sinks = _Sinks(events)
     sinks.targets.append(_show_event)
-    runner = _make_runner(
-        model,
-        Path(record.cwd),
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    runner = shared.runner(sinks, cwd=Path(record.cwd))
     answer_schema = _schema(schema)
     result = _run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema))
     _finish_single(result, as_json, events)
 
 
 @app.command()
+@shared_options(
+    timeout=Annotated[
+        Optional[float],
+        typer.Option("--timeout", min=0.001, help="Stop a sub-agent after this many seconds (wall clock)."),
+    ]
+)
 def chat(
     agent: Annotated[
         str, typer.Option("--agent", "-a", help="The parent agent; it delegates if its file grants `subagent`.")
@@ -650,20 +616,8 @@ def chat(
         Optional[str],
         typer.Option("--resume", "-r", help="Continue a saved chat: a run id, a prefix of one, or `last`."),
     ] = None,
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: Annotated[
-        Optional[float],
-        typer.Option("--timeout", min=0.001, help="Stop a sub-agent after this many seconds (wall clock)."),
-    ] = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
+    *,
+    shared: Shared,
 ) -> None:
     """Talk with a parent agent that hands jobs to sub-agents; /help inside lists the commands.
 
@@ -672,20 +626,8 @@ def chat(
     from .chat import run_chat
     from .transcripts import load_run
 
-    if resume is not None:
-        cwd = Path(load_run(resume).cwd)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=lambda _event: None,
-        max_depth=max_depth,
-    )
+    cwd = Path(load_run(resume).cwd) if resume is not None else None
+    runner = shared.runner(lambda _event: None, cwd=cwd)
     raise typer.Exit(run_chat(runner, agent=agent, once=once, resume=resume, out=out, err=err))
 
 

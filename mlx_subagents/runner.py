@@ -28,10 +28,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
 from .caps import DEFAULT_CONCURRENCY, CapItem, check_concurrency, check_request
@@ -40,7 +40,8 @@ from .errors import RequestError, RunNotFoundError
 from .events import EventSink, ignore_event
 from .execution import Execution, PlannedTask
 from .host import make_host
-from .host.protocol import Message, ModelHost, TextCallback
+from .host.protocol import Message, ModelHost, ProcessorFactory, TextCallback
+from .options import RunOptions
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
 from .session import DEFAULT_MAX_TURNS, AgentSession, Limits
@@ -52,8 +53,6 @@ from .workflow import Workflow, check_agents, find_workflow, load_workflow, rend
 DEFAULT_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 MODEL_ENV = "MLX_SUBAGENTS_MODEL"
 PREVIOUS = "{previous}"
-# Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
-DEFAULT_MAX_DEPTH = 2
 INTERRUPTED_TOOL_RESULT = "Error: this tool call was interrupted before it finished."
 
 
@@ -61,37 +60,38 @@ def default_model() -> str:
     return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
+PositiveInt = Annotated[Optional[int], Field(gt=0)]
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """One task to run: which agent, what to do, and optional per-task overrides.
 
+    Built directly by callers; a tasks file is validated into the same class (`load_tasks_file`),
+    where `max_tokens` is accepted for `max_output_tokens`, as on the command line.
+
     Args:
-        max_tokens: generated tokens over the whole task.
+        max_output_tokens: generated tokens over the whole task.
         timeout: wall-clock seconds for the whole task.
         schema: a JSON schema the final answer must satisfy (else the agent's `output_schema`).
     """
 
-    agent: str
-    task: str
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    agent: Annotated[str, Field(min_length=1)]
+    task: Annotated[str, Field(min_length=1)]
     label: str = ""
-    model: str | None = None
-    max_turns: int | None = None
-    max_tokens: int | None = None
-    timeout: float | None = None
-    schema: dict[str, Any] | None = None
-    step_id: str | None = None
+    model: Optional[str] = None
+    max_turns: PositiveInt = None
+    max_output_tokens: Annotated[
+        Optional[int], Field(gt=0, validation_alias=AliasChoices("max_output_tokens", "max_tokens"))
+    ] = None
+    timeout: Annotated[Optional[float], Field(gt=0)] = None
+    schema: Optional[dict[str, Any]] = None
+    step_id: Optional[str] = None
 
 
-class _TaskFileItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    agent: str = Field(min_length=1)
-    task: str = Field(min_length=1)
-    label: str = ""
-    model: str | None = None
-    max_turns: int | None = Field(default=None, gt=0)
-    max_tokens: int | None = Field(default=None, gt=0)
-    timeout: float | None = Field(default=None, gt=0)
+_TASK = TypeAdapter(TaskSpec)
 
 
 def load_tasks_file(path: Path) -> list[TaskSpec]:
@@ -113,7 +113,7 @@ def load_tasks_file(path: Path) -> list[TaskSpec]:
     tasks = []
     for i, item in enumerate(data):
         try:
-            tasks.append(TaskSpec(**_TaskFileItem.model_validate(item).model_dump()))
+            tasks.append(_TASK.validate_python(item))
         except ValidationError as exc:
             err = exc.errors()[0]
             field_name = ".".join(str(p) for p in err["loc"])
@@ -144,38 +144,27 @@ class Runner:
     """Resolves agents, starts hosts once per model, runs tasks.
 
     Args:
-        model: forces one model for every task (`--model`); otherwise a task's own model, the
-            agent's `model`, then `$MLX_SUBAGENTS_MODEL`, then `DEFAULT_MODEL`.
-        max_turns, max_output_tokens, timeout: defaults for tasks that set none.
-        host_options: passed to each host (`context_window`, `processor_factory`, ...).
+        options: the run's shared options (model, limits, scope, depth, host settings).
         save_transcripts: write every task under `$MLX_SUBAGENTS_HOME/runs/` (or `home`/runs).
-        max_depth: how many levels of sub-agents the `subagent` tool may start (0: none).
+        processor_factory: logits processors for every real host (the test kit's forced scripts).
     """
 
     cwd: Path
+    options: RunOptions = field(default_factory=RunOptions)
     catalog: AgentCatalog | None = None
-    model: str | None = None
-    scope: str = "both"
-    assume_yes: bool = False
     interactive: bool = False
     confirm: Callable[[str], bool] | None = None
-    max_turns: int | None = None
-    max_output_tokens: int | None = None
-    timeout: float | None = None
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
-    host_options: dict[str, Any] = field(default_factory=dict)
     on_event: EventSink = ignore_event
     save_transcripts: bool = True
     home: Path | None = None
-    max_depth: int = DEFAULT_MAX_DEPTH
+    processor_factory: ProcessorFactory | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
-            raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
         self.cwd = Path(self.cwd).resolve()
         self.workspace = Workspace(self.cwd)
         if self.catalog is None:
-            self.catalog = discover_agents(self.cwd, scope=self.scope)  # type: ignore[arg-type]
+            self.catalog = discover_agents(self.cwd, scope=self.options.scope)
         self._hosts: dict[str, ModelHost] = {}
         self._host_lock = asyncio.Lock()
         self._executions: set[Execution] = set()
@@ -199,18 +188,21 @@ class Runner:
         assert self.catalog is not None
         spec = self.catalog.get(name)
         if spec.name not in self._trusted:  # ask once per agent, not once per task
-            require_trust(spec, assume_yes=self.assume_yes, interactive=self.interactive, confirm=self.confirm)
+            require_trust(spec, assume_yes=self.options.assume_yes, interactive=self.interactive, confirm=self.confirm)
             self._trusted.add(spec.name)
         return spec
 
     def model_for(self, spec: AgentSpec, override: str | None = None) -> str:
-        return override or self.model or spec.model or default_model()
+        return override or self.options.model or spec.model or default_model()
 
     async def host_for(self, model: str) -> ModelHost:
         """The resident host for a model, loaded on first use."""
         async with self._host_lock:
             if model not in self._hosts:
-                host = make_host(model, **self.host_options)
+                kwargs = self.options.host_kwargs()
+                if self.processor_factory is not None and not model.startswith("scripted:"):
+                    kwargs["processor_factory"] = self.processor_factory
+                host = make_host(model, **kwargs)
                 await host.start()
                 self._hosts[model] = host
             return self._hosts[model]
@@ -257,7 +249,7 @@ class Runner:
                 label=s.id,
                 model=s.model,
                 max_turns=s.max_turns,
-                max_tokens=s.max_tokens,
+                max_output_tokens=s.max_tokens,
                 timeout=s.timeout,
                 step_id=s.id,
                 schema=load_schema(path) if (path := workflow.schema_path(s)) else None,
@@ -294,7 +286,7 @@ class Runner:
         if schema is not None:
             check_schema(schema, "schema")
         check_request([CapItem(entry.label, message, spec)])
-        host = await self.host_for(self.model or log.meta["model"])
+        host = await self.host_for(self.options.model or log.meta["model"])
         workspace = Workspace(Path(log.meta["cwd"]))
         item = PlannedTask(
             index=0,
@@ -303,9 +295,9 @@ class Runner:
             host=host,
             workspace=workspace,
             prompt=message,
-            limits=self._limits(TaskSpec(spec.name, message), spec),
+            limits=self.limits(spec),
             step_id=entry.step_id,
-            timeout=self.timeout,
+            timeout=self.options.timeout,
             schema=schema,
             history=close_open_tool_calls(log.messages),
             extra_tools=self.delegation_tools(spec, entry.label, depth=0, workspace=workspace, home=record.folder),
@@ -359,7 +351,7 @@ class Runner:
 
         agents = {name: a.description for name, a in self.catalog.agents.items()}
         tool = SubagentTool(
-            workspace, delegate=delegate, agents=agents, caller=spec.name, depth=depth, max_depth=self.max_depth
+            workspace, delegate=delegate, agents=agents, caller=spec.name, depth=depth, max_depth=self.options.max_depth
         )
         return {"subagent": tool}
 
@@ -383,14 +375,14 @@ class Runner:
         """
         spec = self.agent(agent)
         check_request([CapItem(spec.name, "", spec)])
-        host = await self.host_for(self.model or model or self.model_for(spec))
+        host = await self.host_for(self.options.model or model or self.model_for(spec))
         label = label or spec.name
         return AgentSession(
             spec=spec,
             host=host,
             workspace=self.workspace,
             label=label,
-            limits=self._limits(TaskSpec(spec.name, ""), spec),
+            limits=self.limits(spec),
             compaction=self.compaction,
             on_event=on_event or self.on_event,
             on_text=on_text,
@@ -449,9 +441,9 @@ class Runner:
                 host=h,
                 workspace=workspace,
                 prompt=t.task,
-                limits=self._limits(t, s),
+                limits=self.limits(s, t),
                 step_id=t.step_id,
-                timeout=t.timeout or self.timeout,
+                timeout=t.timeout or self.options.timeout,
                 schema=schema,
                 needs=needs[i] if needs else (),
                 render=renders[i] if renders else None,
@@ -495,10 +487,11 @@ class Runner:
         finally:
             self._executions.discard(execution)
 
-    def _limits(self, task: TaskSpec, spec: AgentSpec) -> Limits:
+    def limits(self, spec: AgentSpec, task: TaskSpec | None = None) -> Limits:
+        """A task's limits: its own, else the run's, else the agent's, else the defaults."""
         return Limits(
-            max_turns=task.max_turns or self.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
-            max_output_tokens=task.max_tokens or self.max_output_tokens,
+            max_turns=(task and task.max_turns) or self.options.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
+            max_output_tokens=(task and task.max_output_tokens) or self.options.max_output_tokens,
         )
 
 

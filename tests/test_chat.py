@@ -333,6 +333,7 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(
     from rich.console import Console
 
     from mlx_subagents.chat import Chat, ChatView, ReplyStream
+    from mlx_subagents.options import RunOptions
     from mlx_subagents.runner import Runner
     from mlx_subagents.testing import ForcedScripts, tool_call_text
 
@@ -352,7 +353,10 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(
     stream = ReplyStream(screen)
     view = ChatView(Console(file=screen, width=200), stream)
     runner = Runner(
-        cwd=tmp_path, model=str(tiny_qwen3_path), host_options={"processor_factory": scripts}, on_event=view.handle
+        cwd=tmp_path,
+        options=RunOptions(model=str(tiny_qwen3_path)),
+        processor_factory=scripts,
+        on_event=view.handle,
     )
 
     async def main() -> tuple[Any, Any, Chat]:

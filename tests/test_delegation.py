@@ -13,6 +13,7 @@ from helpers import call
 from mlx_subagents.caps import MAX_ANSWER_BYTES
 from mlx_subagents.errors import RequestError
 from mlx_subagents.events import Event
+from mlx_subagents.options import RunOptions
 from mlx_subagents.runner import Runner, TaskSpec
 from mlx_subagents.session import AgentSession
 from mlx_subagents.tools import Workspace
@@ -38,10 +39,14 @@ def run_parent(
     task: str = "help me",
     agent: str = "orchestrator",
     events: list[Event] | None = None,
+    processor_factory: Any = None,
     **options: Any,
 ) -> Any:
     runner = Runner(
-        cwd=tmp_path, model=model, on_event=(events.append if events is not None else lambda _e: None), **options
+        cwd=tmp_path,
+        options=RunOptions(model=model, **options),
+        on_event=(events.append if events is not None else lambda _e: None),
+        processor_factory=processor_factory,
     )
 
     async def main() -> Any:
@@ -367,7 +372,7 @@ def test_a_child_without_the_grant_cannot_delegate(tmp_path: Path, write_script:
 
 
 def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_script: Any) -> None:
-    runner = Runner(cwd=tmp_path, model=write_script(["x"]))
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])))
     assert runner.catalog is not None
     orchestrator, scout = runner.catalog.get("orchestrator"), runner.catalog.get("scout")
     workspace = Workspace(tmp_path)
@@ -389,7 +394,7 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_
 
 
 def test_the_description_lists_the_other_agents(tmp_path: Path, write_script: Any) -> None:
-    runner = Runner(cwd=tmp_path, model=write_script(["x"]))
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])))
     assert runner.catalog is not None
     tool = runner.delegation_tools(
         runner.catalog.get("orchestrator"), "o", depth=0, workspace=Workspace(tmp_path), home=None
@@ -438,7 +443,7 @@ def test_max_depth_zero_turns_delegation_off_and_a_bad_value_is_refused(tmp_path
         "do the task yourself with your other tools"
     ]
     with pytest.raises(RequestError, match="max_depth must be a whole number >= 0, got -1"):
-        Runner(cwd=tmp_path, model=model, max_depth=-1)
+        RunOptions(model=model, max_depth=-1)
 
 
 # -- the CLI ------------------------------------------------------------------------------------------
@@ -481,7 +486,7 @@ def test_a_forced_parent_delegates_on_the_tiny_real_model(
             "orchestrator > scout": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
         },
     )
-    result = run_parent(tmp_path, str(tiny_qwen3_path), host_options={"processor_factory": scripts})
+    result = run_parent(tmp_path, str(tiny_qwen3_path), processor_factory=scripts)
 
     assert (result.status, result.output) == ("completed", "The scout found app.py.")
     assert tool_results(result) == ["app.py is the only file"]
