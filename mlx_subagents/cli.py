@@ -27,11 +27,12 @@ from rich.rule import Rule
 from .caps import MAX_CONCURRENCY
 from .doctor import run_doctor
 from .errors import RequestError, SubagentError
-from .events import Event, EventSink
+from .events import Event, EventSink, Fanout
 from .host import parse_bytes
 from .interrupts import EXIT_INTERRUPTED, two_press_sigint
 from .options import DEFAULT_MAX_DEPTH, RunOptions
 from .progress import ProgressView, usage_table
+from .render import EventLines
 from .results import MultiRunResult, RunResult
 from .runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_file
 from .schema_output import load_schema
@@ -242,36 +243,14 @@ def _run_async(runner: Runner, work: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
-class _Sinks:
-    """Fans events out to the progress display and, with `--events`, JSON lines on stdout."""
-
-    def __init__(self, events: bool) -> None:
-        self.events = events
-        self.targets: list[EventSink] = []
-
-    def __call__(self, event: Event) -> None:
-        if self.events:
-            sys.stdout.write(json.dumps({"time": round(time.time(), 3), **event.to_json()}, default=str) + "\n")
-            sys.stdout.flush()
-        for target in self.targets:
-            target(event)
+def _sinks(events: bool) -> Fanout:
+    """The command's event sink: with `--events`, first one JSON object per event on stdout."""
+    return Fanout([_json_line] if events else [])
 
 
-def _show_event(event: Event) -> None:
-    """Tool calls and compactions as they happen, on stderr (single runs); sub-agents indented."""
-    prefix = f"[dim]\\[{escape(event.label)}][/] " if event.label != event.agent else ""
-    prefix = "  " * event.label.count(" > ") + prefix
-    if event.kind == "task_end" and " > " in event.label:  # a sub-agent's end, under its parent's tool call
-        reason = f": {escape(str(event.data['error']))}" if event.data.get("error") else ""
-        style = "green" if event.data.get("status") == "completed" else "red"
-        err.print(f"{prefix}[{style}]{event.data.get('status')}{reason}[/]")
-    elif event.kind == "tool_call":
-        err.print(f"{prefix}[cyan]{escape(event.data['description'])}[/]")
-    elif event.kind == "tool_result" and event.data.get("is_error"):
-        first = event.data["output"].splitlines()[0][:200] if event.data["output"] else ""
-        err.print(f"{prefix}[red]{escape(first)}[/]")
-    elif event.kind == "compaction":
-        err.print(f"{prefix}[yellow]compacted {event.data['tokens_before']} -> {event.data['tokens_after']} tokens[/]")
+def _json_line(event: Event) -> None:
+    sys.stdout.write(json.dumps({"time": round(time.time(), 3), **event.to_json()}, default=str) + "\n")
+    sys.stdout.flush()
 
 
 def _result_json(result: RunResult) -> dict[str, Any]:
@@ -337,7 +316,7 @@ def _finish_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
 
 def _run_multi(
     runner: Runner,
-    sinks: _Sinks,
+    sinks: Fanout,
     tasks: list[tuple[str, str]],
     quiet: bool,
     work: Callable[[], Awaitable[MultiRunResult]],
@@ -381,8 +360,8 @@ def run(
 
     Example: subagent run scout "where is auth handled?"
     """
-    sinks = _Sinks(events)
-    sinks.targets.append(_show_event)
+    sinks = _sinks(events)
+    sinks.targets.append(EventLines(err, "task").handle)
     runner = shared.runner(sinks)
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
     result = _run_async(runner, lambda: runner.run(spec))
@@ -429,7 +408,7 @@ def parallel(
     tasks = (load_tasks_file(file) if file else []) + _pair(agent, texts, "-t")
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
-    sinks = _Sinks(events)
+    sinks = _sinks(events)
     runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in tasks]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=concurrency))
@@ -470,7 +449,7 @@ def chain(
     if steps and schema:
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
-    sinks = _Sinks(events)
+    sinks = _sinks(events)
     runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
@@ -496,7 +475,7 @@ def workflow(
     from .workflow import find_workflow, load_workflow
 
     flow = load_workflow(find_workflow(name, Path(shared.cwd).resolve()))
-    sinks = _Sinks(events)
+    sinks = _sinks(events)
     runner = shared.runner(sinks)
     rows = [(s.id, s.agent) for s in flow.steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=concurrency))
@@ -589,8 +568,8 @@ def resume(
     from .transcripts import load_run
 
     record = load_run(run_id)
-    sinks = _Sinks(events)
-    sinks.targets.append(_show_event)
+    sinks = _sinks(events)
+    sinks.targets.append(EventLines(err, "task").handle)
     runner = shared.runner(sinks, cwd=Path(record.cwd))
     answer_schema = _schema(schema)
     result = _run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema))
@@ -623,12 +602,12 @@ def chat(
 
     Example: subagent chat   (or: subagent chat --once "where is auth handled, and is it tested?")
     """
-    from .chat import run_chat
+    from .terminal import run_chat
     from .transcripts import load_run
 
     cwd = Path(load_run(resume).cwd) if resume is not None else None
-    runner = shared.runner(lambda _event: None, cwd=cwd)
-    raise typer.Exit(run_chat(runner, agent=agent, once=once, resume=resume, out=out, err=err))
+    code = run_chat(lambda sink: shared.runner(sink, cwd=cwd), agent=agent, once=once, resume=resume, out=out, err=err)
+    raise typer.Exit(code)
 
 
 @app.command()

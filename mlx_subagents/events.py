@@ -28,5 +28,16 @@ class Event:
 EventSink = Callable[[Event], None]
 
 
+@dataclass
+class Fanout:
+    """One sink that passes each event to several; a front end adds its views as it builds them."""
+
+    targets: list[EventSink] = field(default_factory=list)
+
+    def __call__(self, event: Event) -> None:
+        for target in self.targets:
+            target(event)
+
+
 def ignore_event(_event: Event) -> None:
     """The default sink."""

@@ -21,7 +21,7 @@ from .caps import cap_answer
 from .compaction import CompactionSettings
 from .errors import SubagentError
 from .events import Event, EventKind, EventSink, ignore_event
-from .host.protocol import Message, ModelHost
+from .host.protocol import ModelHost
 from .results import Mode, RunResult, Status, StopReason
 from .schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
 from .session import AgentSession, Limits
@@ -39,7 +39,7 @@ class PlannedTask:
     Args:
         prompt: the task text, or for a task with `render`, what the transcript shows until it runs.
         render: builds the task text from the finished results (chain `{previous}`, workflow needs).
-        history: a saved conversation to continue (`resume`); `prompt` is then the follow-up message.
+        session: a conversation to continue (a multi-turn task); `prompt` is then its next message.
         extra_tools: tools the runner adds by name (`subagent`); offered only if the agent grants them.
     """
 
@@ -55,7 +55,7 @@ class PlannedTask:
     schema: dict[str, Any] | None = None
     needs: tuple[int, ...] = ()
     render: Callable[[Sequence[RunResult]], str] | None = None
-    history: list[Message] | None = None
+    session: AgentSession | None = None
     extra_tools: dict[str, Tool] = field(default_factory=dict)
 
 
@@ -150,18 +150,18 @@ class Execution:
         prompt = item.render(self.results) if item.render else item.prompt  # type: ignore[arg-type]
         transcript = self.open_transcript(item.index)
         started = time.perf_counter()
-        session = AgentSession(
+        session = item.session or AgentSession(
             spec=item.spec,
             host=item.host,
             workspace=item.workspace,
             label=item.label,
             limits=item.limits,
             compaction=self.compaction,
-            on_event=self._session_sink(transcript),
             extra_tools=item.extra_tools,
         )
+        session.on_event = self._session_sink(transcript)  # this generation's transcript
         if transcript is not None:
-            if item.history is None:
+            if not transcript.started:
                 transcript.start(
                     run_id=self.run_id,
                     label=item.label,
@@ -198,10 +198,9 @@ class Execution:
     async def _drive(self, session: AgentSession, item: PlannedTask, prompt: str) -> RunResult:
         """The session to its answer; with a schema, one retry on an invalid answer."""
         text = prompt + schema_instruction(item.schema) if item.schema else prompt
-        if item.history is None:
+        if item.session is None:
             result = await session.run(text)
         else:
-            session.messages = list(item.history)
             result = await session.follow_up(prompt, text)
         if item.schema is None or not result.ok:
             return result

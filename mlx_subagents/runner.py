@@ -9,7 +9,8 @@ model. The CLI and Python callers both come through here:
         chain = await runner.chain([TaskSpec("scout", "find the parser"), TaskSpec("planner", "plan: {previous}")])
         flow = await runner.workflow("fix-bug", input="the date parser drops time zones")
         more = await runner.resume(one.run_id, "and where is it tested?")
-        parent = await runner.open_session("orchestrator")   # a multi-turn parent (`subagent chat`)
+        chat = await runner.open_task("orchestrator")          # a multi-turn task (`subagent chat`)
+        first = await chat.send("where is auth handled?")
 
 Every request is checked whole (agents, trust, size caps, workflow graph, models loaded) before any
 task starts. Every task is saved as a transcript unless `save_transcripts` is off.
@@ -39,21 +40,21 @@ from .compaction import CompactionSettings
 from .errors import RequestError, RunNotFoundError
 from .events import EventSink, ignore_event
 from .execution import Execution, PlannedTask
+from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
-from .host.protocol import Message, ModelHost, ProcessorFactory, TextCallback
+from .host.protocol import ModelHost, ProcessorFactory, TextCallback
 from .options import RunOptions
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
-from .session import DEFAULT_MAX_TURNS, AgentSession, Limits
+from .session import DEFAULT_MAX_TURNS, Limits
 from .tools import Tool, Workspace
 from .tools.subagent import Delegation, SubagentTool
-from .transcripts import RunRecorder, TaskEntry, TaskTranscript, load_run, read_transcript
+from .transcripts import RunRecorder, TaskEntry, load_run, read_transcript
 from .workflow import Workflow, check_agents, find_workflow, load_workflow, render_prompt
 
 DEFAULT_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 MODEL_ENV = "MLX_SUBAGENTS_MODEL"
 PREVIOUS = "{previous}"
-INTERRUPTED_TOOL_RESULT = "Error: this tool call was interrupted before it finished."
 
 
 def default_model() -> str:
@@ -276,45 +277,52 @@ class Runner:
             run_id: a run id, a unique prefix of one, or `last`.
             task: the task's label, step id or 1-based position, when the run has several.
         """
+        if schema is not None:
+            check_schema(schema, "schema")
+        handle = await self.reopen(run_id, task=task)
+        return await handle.send(message, schema=schema, timeout=self.options.timeout, raise_errors=True)
+
+    # -- multi-turn tasks -------------------------------------------------------------------------------
+
+    async def open_task(self, agent: str, *, on_text: TextCallback | None = None) -> TaskHandle:
+        """A new top-level task to drive message by message (`subagent chat`); its model is loaded now,
+        its run is created at its first message.
+
+        Args:
+            on_text: receives the agent's reply text as it is generated.
+        """
+        spec = self.agent(agent)
+        check_request([CapItem(spec.name, "", spec)])
+        host = await self.host_for(self.model_for(spec))
+        return TaskHandle(self, spec, host, self.workspace, label=spec.name, on_text=on_text)
+
+    async def reopen(self, run_id: str, *, task: str | None = None, on_text: TextCallback | None = None) -> TaskHandle:
+        """A saved task, ready to take more messages (`resume`, `chat --resume`); its model is loaded now.
+
+        Args:
+            run_id: a run id, a unique prefix of one, or `last`.
+            task: the task's label, step id or 1-based position, when the run has several.
+        """
         record = load_run(run_id, self.home)
         entry = record.task(task)
-        path = record.transcript_path(entry)
-        log = read_transcript(path)
+        log = read_transcript(record.transcript_path(entry))
         if log.messages is None:
             raise RunNotFoundError(f"task '{entry.label}' of run {record.run_id} has no saved conversation to continue")
         spec = self.agent(log.meta["agent"])
-        if schema is not None:
-            check_schema(schema, "schema")
-        check_request([CapItem(entry.label, message, spec)])
+        check_request([CapItem(entry.label, "", spec)])
         host = await self.host_for(self.options.model or log.meta["model"])
-        workspace = Workspace(Path(log.meta["cwd"]))
-        item = PlannedTask(
-            index=0,
+        return TaskHandle(
+            self,
+            spec,
+            host,
+            Workspace(Path(log.meta["cwd"])),
             label=entry.label,
-            spec=spec,
-            host=host,
-            workspace=workspace,
-            prompt=message,
-            limits=self.limits(spec),
-            step_id=entry.step_id,
-            timeout=self.options.timeout,
-            schema=schema,
-            history=close_open_tool_calls(log.messages),
-            extra_tools=self.delegation_tools(spec, entry.label, depth=0, workspace=workspace, home=record.folder),
+            record=record,
+            entry=entry,
+            messages=close_open_tool_calls(log.messages),
+            generations=log.generations,
+            on_text=on_text,
         )
-        transcript = TaskTranscript(path, generation=log.generations + 1)
-        execution = Execution(
-            "single",
-            [item],
-            concurrency=1,
-            compaction=self.compaction,
-            on_event=self.on_event,
-            open_transcript=lambda _i: transcript,
-            run_id=record.run_id,
-            raise_errors=True,
-        )
-        results = await self._track(execution)
-        return results[0]
 
     # -- delegation ---------------------------------------------------------------------------------
 
@@ -354,40 +362,6 @@ class Runner:
             workspace, delegate=delegate, agents=agents, caller=spec.name, depth=depth, max_depth=self.options.max_depth
         )
         return {"subagent": tool}
-
-    async def open_session(
-        self,
-        agent: str,
-        *,
-        label: str | None = None,
-        model: str | None = None,
-        children_home: Path | None = None,
-        on_event: EventSink | None = None,
-        on_text: TextCallback | None = None,
-    ) -> AgentSession:
-        """A top-level session of `agent` to drive turn by turn (`run`, then `follow_up`), e.g. a chat.
-
-        Its host session and KV cache live as long as it does; its sub-agents run through this
-        runner and are saved under `children_home`.
-
-        Args:
-            model: the model when the runner forces none (a resumed chat's own model).
-        """
-        spec = self.agent(agent)
-        check_request([CapItem(spec.name, "", spec)])
-        host = await self.host_for(self.options.model or model or self.model_for(spec))
-        label = label or spec.name
-        return AgentSession(
-            spec=spec,
-            host=host,
-            workspace=self.workspace,
-            label=label,
-            limits=self.limits(spec),
-            compaction=self.compaction,
-            on_event=on_event or self.on_event,
-            on_text=on_text,
-            extra_tools=self.delegation_tools(spec, label, depth=0, workspace=self.workspace, home=children_home),
-        )
 
     def cancel(self) -> bool:
         """Abort every run in progress (Ctrl-C); False when nothing was running yet."""
@@ -463,7 +437,7 @@ class Runner:
         )
         results: list[RunResult] = []
         try:
-            results = await self._track(execution)
+            results = await self.track(execution)
         finally:
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
@@ -480,7 +454,8 @@ class Runner:
             error=chain_stop(results) if mode == "chain" else None,
         )
 
-    async def _track(self, execution: Execution) -> list[RunResult]:
+    async def track(self, execution: Execution) -> list[RunResult]:
+        """Run an execution as one of this runner's, so that `cancel()` reaches it."""
         self._executions.add(execution)
         try:
             return await execution.run()
@@ -517,22 +492,3 @@ def chain_stop(results: Sequence[RunResult]) -> str | None:
         if not result.ok:
             return f"Chain stopped at step {i + 1}: {result.error or result.stop_reason}"
     return None
-
-
-def close_open_tool_calls(messages: list[Message]) -> list[Message]:
-    """Add an error result for each tool call at the end that never got one (an aborted task).
-
-    Chat templates expect every tool call to be answered before the next user message.
-    """
-    messages = list(messages)
-    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
-    if last is None or not messages[last].get("tool_calls"):
-        return messages
-    answered = {m.get("tool_call_id") for m in messages[last + 1 :] if m.get("role") == "tool"}
-    for call in messages[last]["tool_calls"]:
-        if call.get("id") not in answered:
-            name = call.get("function", {}).get("name", "")
-            messages.append(
-                {"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": INTERRUPTED_TOOL_RESULT}
-            )
-    return messages

@@ -170,6 +170,11 @@ class TaskTranscript:
     generation: int = 1
     _file: IO[str] | None = field(default=None, repr=False)
 
+    @property
+    def started(self) -> bool:
+        """Whether the task record is written (a continued task's file already has it)."""
+        return self._file is not None or (self.path.is_file() and self.path.stat().st_size > 0)
+
     def write(self, record_type: str, /, **data: Any) -> None:
         if self._file is None:
             self._file = self.path.open("a", encoding="utf-8")
