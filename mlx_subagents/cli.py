@@ -105,7 +105,14 @@ EventsOpt = Annotated[
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
 ConcurrencyOpt = Annotated[
-    int, typer.Option("--concurrency", "-j", min=1, max=MAX_CONCURRENCY, help="Tasks running at once.")
+    int,
+    typer.Option(
+        "--concurrency",
+        "-j",
+        min=1,
+        max=MAX_CONCURRENCY,
+        help="Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not count).",
+    ),
 ]
 TaskKeyOpt = Annotated[
     Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")
@@ -151,6 +158,7 @@ _SHARED: dict[str, tuple[Any, Any]] = {
     "batching": (BatchingOpt, Batching.on),
     "kv_budget": (KvBudgetOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
+    "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
 }
 
 
@@ -169,6 +177,7 @@ class Shared:
     batching: Batching
     kv_budget: str | None
     max_depth: int
+    concurrency: int
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -182,6 +191,7 @@ class Shared:
             batching=self.batching == Batching.on,
             kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
             context_window=self.context_window,
+            concurrency=self.concurrency,
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
@@ -393,7 +403,6 @@ def parallel(
             help="YAML/JSON list of tasks: {agent, task, label?, model?, max_turns?, max_tokens?, timeout?}.",
         ),
     ] = None,
-    concurrency: ConcurrencyOpt = MAX_CONCURRENCY,
     schema: SchemaOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
@@ -411,7 +420,7 @@ def parallel(
     sinks = _sinks(events)
     runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in tasks]
-    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=concurrency))
+    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=shared.concurrency))
     _finish_multi(outcome, as_json, events)
 
 
@@ -461,7 +470,6 @@ def chain(
 def workflow(
     name: Annotated[str, typer.Argument(help="A workflow name (.mlx-subagents/workflows/NAME.toml) or a TOML file.")],
     input: Annotated[str, typer.Option("--input", "-i", help="The workflow input every step receives ({input}).")] = "",
-    concurrency: ConcurrencyOpt = MAX_CONCURRENCY,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
@@ -478,7 +486,9 @@ def workflow(
     sinks = _sinks(events)
     runner = shared.runner(sinks)
     rows = [(s.id, s.agent) for s in flow.steps]
-    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=concurrency))
+    outcome = _run_multi(
+        runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=shared.concurrency)
+    )
     _finish_multi(outcome, as_json, events)
 
 

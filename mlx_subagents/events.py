@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 EventKind = Literal[
-    "task_start", "turn_start", "tool_call", "tool_result", "message", "usage", "compaction", "task_end"
+    "waiting", "task_start", "turn_start", "tool_call", "tool_result", "message", "usage", "compaction", "task_end"
 ]
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .agents import AgentSpec
@@ -25,11 +27,29 @@ from .host.protocol import ModelHost
 from .results import Mode, RunResult, Status, StopReason
 from .schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
 from .session import AgentSession, Limits
+from .slots import Slots
 from .tools import Tool, Workspace
 from .transcripts import TaskTranscript
 
 INTERRUPTED = "aborted by the user (Ctrl-C)"
 INTERRUPTED_BEFORE_START = "aborted by the user (Ctrl-C) before it started"
+WAITING_FOR_WRITER = "another agent that edits files is working in this workspace; writers take turns"
+
+
+@dataclass(frozen=True)
+class Parent:
+    """A session that may start sub-agents: who it is, its depth and model, where its children are saved.
+
+    Args:
+        depth: how many parents it has (0: started by a person).
+        home: its run folder (children are saved under `home/runs/`); None when nothing is saved.
+    """
+
+    spec: AgentSpec
+    label: str
+    depth: int
+    model: str
+    home: Path | None
 
 
 @dataclass
@@ -79,6 +99,7 @@ class Execution:
     open_transcript: OpenTranscript = lambda _index: None
     run_id: str | None = None
     raise_errors: bool = False
+    slots: Slots | None = None
 
     def __post_init__(self) -> None:
         self.results: list[RunResult | None] = [None] * len(self.plan)
@@ -119,7 +140,7 @@ class Execution:
                     item, "failed", "skipped", f"not run: {self._describe(failed[0])} did not complete"
                 )
             else:
-                async with self._slots:
+                async with self._slots, self._turn(item):
                     if self.cancelled:
                         result = self._not_run(item, "aborted", "cancelled", INTERRUPTED_BEFORE_START)
                     else:
@@ -135,6 +156,17 @@ class Execution:
             result = self._not_run(item, "failed", "error", f"{type(exc).__name__}: {exc}")
         self.results[item.index] = result
         self._done[item.index].set()
+
+    def _turn(self, item: PlannedTask) -> AbstractAsyncContextManager[object]:
+        """The process-wide slot (and the workspace's writer turn) the task runs in."""
+        if self.slots is None:
+            return nullcontext()
+        writer = None if item.spec.read_only else item.workspace.root
+
+        def waiting() -> None:
+            self._report(item, None, "waiting", reason=WAITING_FOR_WRITER)
+
+        return self.slots.hold(writer, on_wait=waiting)
 
     def _ok(self, index: int) -> bool:
         result = self.results[index]

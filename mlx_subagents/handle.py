@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .agents import AgentSpec
 from .caps import CapItem, check_request
-from .execution import Execution, PlannedTask
+from .execution import Execution, Parent, PlannedTask
 from .host.protocol import Message, ModelHost, TextCallback
 from .results import RunResult
 from .session import AgentSession, system_prompt
@@ -41,6 +41,7 @@ class TaskHandle:
         self,
         runner: Runner,
         spec: AgentSpec,
+        model: str,
         host: ModelHost,
         workspace: Workspace,
         *,
@@ -53,6 +54,7 @@ class TaskHandle:
     ) -> None:
         self.runner = runner
         self.spec = spec
+        self.model = model
         self.host = host
         self.workspace = workspace
         self.label = label
@@ -106,6 +108,7 @@ class TaskHandle:
             open_transcript=lambda _index: transcript,
             run_id=self.run_id,
             raise_errors=raise_errors,
+            slots=self.runner.slots,
         )
         try:
             return (await self.runner.track(execution))[0]
@@ -153,7 +156,7 @@ class TaskHandle:
             compaction=self.runner.compaction,
             on_text=self.on_text,
             extra_tools=self.runner.delegation_tools(
-                self.spec, self.label, depth=0, workspace=self.workspace, home=children_home
+                Parent(self.spec, self.label, 0, self.model, children_home), self.workspace
             ),
             messages=list(messages),
         )

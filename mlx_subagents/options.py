@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .agents import Scope
+from .caps import DEFAULT_CONCURRENCY, check_concurrency
 from .errors import RequestError
 
 # Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
@@ -32,6 +33,8 @@ class RunOptions:
         batching: decode concurrent sessions in one batch.
         kv_budget: bytes of KV cache for all sessions (0: unbounded; None: the host's default).
         context_window: override the model's context window (tokens).
+        concurrency: agent loops running at once in the whole process, sub-agents included; a
+            parent waiting on its children does not count.
     """
 
     model: str | None = None
@@ -44,8 +47,10 @@ class RunOptions:
     batching: bool = True
     kv_budget: int | None = None
     context_window: int | None = None
+    concurrency: int = DEFAULT_CONCURRENCY
 
     def __post_init__(self) -> None:
+        check_concurrency(self.concurrency)
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
             raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
 

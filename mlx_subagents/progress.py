@@ -1,8 +1,9 @@
 """Progress for many tasks: a live table on a terminal, one line per notable event elsewhere.
 
 Both are fed the runner's events (the lines are `render.EventLines`'s). The table has one row per
-task: label, agent, status (queued, running, done, failed, skipped, aborted), turn, tokens in/out,
-cached tokens, tokens/s of the last reply and the tool call in progress. `usage_table` is the summary printed at the end.
+task: label, agent, status (queued, waiting for its writer turn, running, done, failed, skipped,
+aborted), turn, tokens in/out, cached tokens, tokens/s of the last reply and the tool call in
+progress. `usage_table` is the summary printed at the end.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ class ProgressView:
 
     def _update(self, row: _Row, event: Event) -> None:
         data = event.data
-        if event.kind == "task_start":
+        if event.kind == "waiting":
+            row.status = "waiting"
+        elif event.kind == "task_start":
             row.status = "running"
         elif event.kind == "turn_start":
             row.turn = event.turn

@@ -9,6 +9,8 @@ The same events read three ways, by where they are shown (`Layout`):
   calls and end, after its `[label]`;
 - "chat": the parent's tool calls as `▸ ...`; its sub-agents relative to it (indented, `↳` when
   one starts, `✓`/`✗` when it ends).
+
+In each, a task that waits for its workspace's writer turn says so.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ MAX_ERROR_CHARS = 200
 # A task's progress status from its end event, and its colour.
 STATUS_STYLES = {
     "queued": "dim",
+    "waiting": "yellow",
     "running": "cyan",
     "done": "green",
     "failed": "red",
@@ -91,6 +94,8 @@ class EventLines:
     def _task_line(self, event: Event) -> str | None:
         prefix = f"[dim]\\[{escape(event.label)}][/] " if event.label != event.agent else ""
         prefix = "  " * event.label.count(CHILD) + prefix
+        if event.kind == "waiting":
+            return f"{prefix}[yellow]waiting: {escape(event.data['reason'])}[/]"
         if event.kind == "task_end" and CHILD in event.label:  # a sub-agent's end, under its parent's call
             reason = f": {escape(str(event.data['error']))}" if event.data.get("error") else ""
             style = "green" if event.data.get("status") == "completed" else "red"
@@ -101,6 +106,8 @@ class EventLines:
         prefix = f"[dim]\\[{event.label}][/]"
         if event.kind == "task_start":
             return f"{prefix} started ({event.agent})"
+        if event.kind == "waiting":
+            return f"{prefix} [yellow]waiting[/]: {escape(event.data['reason'])}"
         if event.kind == "tool_call":
             return f"{prefix} [cyan]{escape(clip(str(event.data.get('description', ''))))}[/]"
         if event.kind == "task_end":
@@ -127,6 +134,8 @@ class EventLines:
         indent = "  " * (path.count(CHILD) + 1)
         if event.kind == "task_start":
             return f"{indent}[dim]↳ {escape(path)} ({event.agent}) started[/]"
+        if event.kind == "waiting":
+            return f"{indent}[yellow]… {escape(path)} waiting: {escape(event.data['reason'])}[/]"
         if event.kind == "tool_call":
             return f"{indent}  [dim]{escape(path)}:[/] [cyan]{escape(event.data['description'])}[/]"
         if event.kind != "task_end":

@@ -39,7 +39,7 @@ from .caps import DEFAULT_CONCURRENCY, CapItem, check_concurrency, check_request
 from .compaction import CompactionSettings
 from .errors import RequestError, RunNotFoundError
 from .events import EventSink, ignore_event
-from .execution import Execution, PlannedTask
+from .execution import Execution, Parent, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
 from .host.protocol import ModelHost, ProcessorFactory, TextCallback
@@ -47,6 +47,7 @@ from .options import RunOptions
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
 from .session import DEFAULT_MAX_TURNS, Limits
+from .slots import Slots, lend
 from .tools import Tool, Workspace
 from .tools.subagent import Delegation, SubagentTool
 from .transcripts import RunRecorder, TaskEntry, load_run, read_transcript
@@ -170,6 +171,8 @@ class Runner:
         self._host_lock = asyncio.Lock()
         self._executions: set[Execution] = set()
         self._trusted: set[str] = set()
+        self._slots: Slots | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> Runner:
         return self
@@ -193,8 +196,18 @@ class Runner:
             self._trusted.add(spec.name)
         return spec
 
-    def model_for(self, spec: AgentSpec, override: str | None = None) -> str:
-        return override or self.options.model or spec.model or default_model()
+    def model_for(self, spec: AgentSpec, override: str | None = None, inherited: str | None = None) -> str:
+        """A task's own model, else `--model`, else the agent's, else its parent's (`inherited`),
+        else `$MLX_SUBAGENTS_MODEL` or the default."""
+        return override or self.options.model or spec.model or inherited or default_model()
+
+    @property
+    def slots(self) -> Slots:
+        """The process-wide slots and writer turns, made in the event loop that uses them."""
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots_loop is not loop:
+            self._slots, self._slots_loop = Slots(self.options.concurrency), loop
+        return self._slots
 
     async def host_for(self, model: str) -> ModelHost:
         """The resident host for a model, loaded on first use."""
@@ -293,8 +306,9 @@ class Runner:
         """
         spec = self.agent(agent)
         check_request([CapItem(spec.name, "", spec)])
-        host = await self.host_for(self.model_for(spec))
-        return TaskHandle(self, spec, host, self.workspace, label=spec.name, on_text=on_text)
+        model = self.model_for(spec)
+        host = await self.host_for(model)
+        return TaskHandle(self, spec, model, host, self.workspace, label=spec.name, on_text=on_text)
 
     async def reopen(self, run_id: str, *, task: str | None = None, on_text: TextCallback | None = None) -> TaskHandle:
         """A saved task, ready to take more messages (`resume`, `chat --resume`); its model is loaded now.
@@ -310,10 +324,12 @@ class Runner:
             raise RunNotFoundError(f"task '{entry.label}' of run {record.run_id} has no saved conversation to continue")
         spec = self.agent(log.meta["agent"])
         check_request([CapItem(entry.label, "", spec)])
-        host = await self.host_for(self.options.model or log.meta["model"])
+        model = self.options.model or log.meta["model"]
+        host = await self.host_for(model)
         return TaskHandle(
             self,
             spec,
+            model,
             host,
             Workspace(Path(log.meta["cwd"])),
             label=entry.label,
@@ -326,40 +342,43 @@ class Runner:
 
     # -- delegation ---------------------------------------------------------------------------------
 
-    async def delegate(self, call: Delegation, *, parent: str, depth: int, home: Path | None = None) -> MultiRunResult:
-        """Run a `subagent` tool call's children, labelled `parent > label`, at `depth`.
+    async def delegate(self, call: Delegation, parent: Parent) -> MultiRunResult:
+        """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
         unknown agent raises before anything starts, like any request.
-
-        Args:
-            parent: the calling session's label.
-            depth: the children's depth (the caller's + 1).
-            home: where the children's runs are saved (`home/runs/`): the parent's run folder.
         """
         tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
-        tasks = [replace(t, label=f"{parent} > {t.label}") for t in tasks]
-        options: dict[str, Any] = {"depth": depth, "workspace": call.workspace, "home": home}
+        tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
         if call.mode == "chain":
             tasks, needs, renders = _plan_chain(tasks)
-            return await self._execute("chain", tasks, concurrency=1, needs=needs, renders=renders, **options)
+            return await self._execute(
+                "chain", tasks, concurrency=1, needs=needs, renders=renders, parent=parent, workspace=call.workspace
+            )
         concurrency = 1 if call.mode == "single" else DEFAULT_CONCURRENCY
-        return await self._execute(call.mode, tasks, concurrency=concurrency, **options)
+        return await self._execute(call.mode, tasks, concurrency=concurrency, parent=parent, workspace=call.workspace)
 
-    def delegation_tools(
-        self, spec: AgentSpec, label: str, *, depth: int, workspace: Workspace, home: Path | None
-    ) -> dict[str, Tool]:
-        """`{"subagent": tool}` for an agent whose file grants it, else nothing (the recursion cut)."""
-        if "subagent" not in spec.tools:
+    def delegation_tools(self, parent: Parent, workspace: Workspace) -> dict[str, Tool]:
+        """`{"subagent": tool}` for an agent whose file grants it, else nothing (the recursion cut).
+
+        While its children run, the parent lends its process slot (and writer turn) to them.
+        """
+        if "subagent" not in parent.spec.tools:
             return {}
         assert self.catalog is not None
 
         async def delegate(call: Delegation) -> MultiRunResult:
-            return await self.delegate(call, parent=label, depth=depth + 1, home=home)
+            async with lend():
+                return await self.delegate(call, parent)
 
         agents = {name: a.description for name, a in self.catalog.agents.items()}
         tool = SubagentTool(
-            workspace, delegate=delegate, agents=agents, caller=spec.name, depth=depth, max_depth=self.options.max_depth
+            workspace,
+            delegate=delegate,
+            agents=agents,
+            caller=parent.spec.name,
+            depth=parent.depth,
+            max_depth=self.options.max_depth,
         )
         return {"subagent": tool}
 
@@ -381,31 +400,33 @@ class Runner:
         renders: list[Callable[[Sequence[RunResult]], str] | None] | None = None,
         shared_input: str = "",
         raise_errors: bool = False,
-        depth: int = 0,
+        parent: Parent | None = None,
         workspace: Workspace | None = None,
-        home: Path | None = None,
     ) -> MultiRunResult:
         """Check the whole request, load its models, then run it; nothing starts if a check fails.
 
         Args:
-            depth, workspace, home: for a delegated request, the children's depth, their workspace,
-                and where their run is saved (default: top level, the runner's workspace and home).
+            parent, workspace: for a delegated request, the session that made it (the children run one
+                level below it, on its model unless they name theirs, and are saved in its run folder)
+                and the children's workspace (default: top level, in the runner's workspace and home).
         """
         workspace = workspace or self.workspace
+        depth = parent.depth + 1 if parent else 0
         specs = [self.agent(t.agent) for t in tasks]
         check_request([CapItem(t.label, t.task, s) for t, s in zip(tasks, specs)], shared_input)
         schemas = [t.schema if t.schema is not None else s.output_schema for t, s in zip(tasks, specs)]
         for t, schema in zip(tasks, schemas):
             if schema is not None:
                 check_schema(schema, f"output schema of task '{t.label}'")
-        hosts = [await self.host_for(self.model_for(s, t.model)) for t, s in zip(tasks, specs)]
+        models = [self.model_for(s, t.model, inherited=parent.model if parent else None) for t, s in zip(tasks, specs)]
+        hosts = [await self.host_for(m) for m in models]
         recorder = None
         if self.save_transcripts:
             entries = [
                 TaskEntry(index=i, label=t.label, agent=s.name, step_id=t.step_id)
                 for i, (t, s) in enumerate(zip(tasks, specs))
             ]
-            recorder = RunRecorder(mode, workspace.root, entries, home or self.home)
+            recorder = RunRecorder(mode, workspace.root, entries, parent.home if parent else self.home)
         children_home = recorder.folder if recorder else None
         plan = [
             PlannedTask(
@@ -421,9 +442,9 @@ class Runner:
                 schema=schema,
                 needs=needs[i] if needs else (),
                 render=renders[i] if renders else None,
-                extra_tools=self.delegation_tools(s, t.label, depth=depth, workspace=workspace, home=children_home),
+                extra_tools=self.delegation_tools(Parent(s, t.label, depth, m, children_home), workspace),
             )
-            for i, (t, s, h, schema) in enumerate(zip(tasks, specs, hosts, schemas))
+            for i, (t, s, m, h, schema) in enumerate(zip(tasks, specs, models, hosts, schemas))
         ]
         execution = Execution(
             mode,
@@ -434,6 +455,7 @@ class Runner:
             open_transcript=recorder.transcript if recorder else (lambda _i: None),
             run_id=recorder.run_id if recorder else None,
             raise_errors=raise_errors,
+            slots=self.slots,
         )
         results: list[RunResult] = []
         try:

@@ -13,6 +13,7 @@ from helpers import call
 from mlx_subagents.caps import MAX_ANSWER_BYTES
 from mlx_subagents.errors import RequestError
 from mlx_subagents.events import Event
+from mlx_subagents.execution import Parent
 from mlx_subagents.options import RunOptions
 from mlx_subagents.runner import Runner, TaskSpec
 from mlx_subagents.session import AgentSession
@@ -376,8 +377,8 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_
     assert runner.catalog is not None
     orchestrator, scout = runner.catalog.get("orchestrator"), runner.catalog.get("scout")
     workspace = Workspace(tmp_path)
-    assert set(runner.delegation_tools(orchestrator, "o", depth=0, workspace=workspace, home=None)) == {"subagent"}
-    assert runner.delegation_tools(scout, "s", depth=0, workspace=workspace, home=None) == {}
+    assert set(runner.delegation_tools(Parent(orchestrator, "o", 0, "m", None), workspace)) == {"subagent"}
+    assert runner.delegation_tools(Parent(scout, "s", 0, "m", None), workspace) == {}
 
     async def sessions() -> tuple[AgentSession, AgentSession]:
         host = await runner.host_for(write_script(["x"]))
@@ -396,9 +397,9 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_
 def test_the_description_lists_the_other_agents(tmp_path: Path, write_script: Any) -> None:
     runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])))
     assert runner.catalog is not None
-    tool = runner.delegation_tools(
-        runner.catalog.get("orchestrator"), "o", depth=0, workspace=Workspace(tmp_path), home=None
-    )["subagent"]
+    tool = runner.delegation_tools(Parent(runner.catalog.get("orchestrator"), "o", 0, "m", None), Workspace(tmp_path))[
+        "subagent"
+    ]
     description = tool.schema()["function"]["description"]
     assert description.endswith(
         "Agents:\n"
