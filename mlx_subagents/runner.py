@@ -37,8 +37,8 @@ from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationErr
 from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
 from .caps import DEFAULT_CONCURRENCY, CapItem, check_concurrency, check_request
 from .compaction import CompactionSettings
-from .errors import RequestError, RunNotFoundError
-from .events import EventSink, ignore_event
+from .errors import RequestError, RunNotFoundError, SubagentError
+from .events import Event, EventSink, ignore_event
 from .execution import Execution, Parent, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
@@ -355,8 +355,35 @@ class Runner:
             return await self._execute(
                 "chain", tasks, concurrency=1, needs=needs, renders=renders, parent=parent, workspace=call.workspace
             )
-        concurrency = 1 if call.mode == "single" else DEFAULT_CONCURRENCY
-        return await self._execute(call.mode, tasks, concurrency=concurrency, parent=parent, workspace=call.workspace)
+        if call.mode == "single":
+            return await self._execute("single", tasks, concurrency=1, parent=parent, workspace=call.workspace)
+        failed = {i: r for i, t in enumerate(tasks) if (r := await self._set_up_fails(t, parent)) is not None}
+        ready = [t for i, t in enumerate(tasks) if i not in failed]
+        outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
+        if ready:
+            outcome = await self._execute(
+                "parallel", ready, concurrency=DEFAULT_CONCURRENCY, parent=parent, workspace=call.workspace
+            )
+        ran = iter(outcome.results)
+        results = [failed[i] if i in failed else next(ran) for i in range(len(tasks))]
+        return outcome.model_copy(
+            update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results)}
+        )
+
+    async def _set_up_fails(self, task: TaskSpec, parent: Parent) -> RunResult | None:
+        """A parallel child that cannot start (unknown agent or model) fails alone: its failed
+        result, reported like any end; None when it can start."""
+        model = ""
+        try:
+            spec = self.agent(task.agent)
+            model = self.model_for(spec, task.model, inherited=parent.model)
+            await self.host_for(model)
+        except Exception as exc:
+            error = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
+            data = {"status": "failed", "stop_reason": "error", "error": error}
+            self.on_event(Event(kind="task_end", label=task.label, agent=task.agent, data=data))
+            return RunResult(agent=task.agent, task=task.task, model=model, label=task.label, **data)  # type: ignore[arg-type]
+        return None
 
     def delegation_tools(self, parent: Parent, workspace: Workspace) -> dict[str, Tool]:
         """`{"subagent": tool}` for an agent whose file grants it, else nothing (the recursion cut).

@@ -162,3 +162,70 @@ def test_the_progress_lines_say_a_writer_waits(tmp_path: Path, write_script: Any
         "[worker-2] waiting: another agent that edits files is working in this workspace; writers take turns"
         in err.splitlines()
     )
+
+
+# -- calls and set-up failures ---------------------------------------------------------------------
+
+
+def test_two_subagent_calls_in_one_reply_run_concurrently(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    two_calls = {
+        "tool_calls": [
+            {"name": "subagent", "arguments": {"agent": "scout", "task": "map the parser"}},
+            {"name": "subagent", "arguments": {"agent": "planner", "task": "plan the fix"}},
+        ]
+    }
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [two_calls, "both answered"]},
+                "scout": {"replies": [{"content": "parser.py", "delay": 0.3}]},
+                "planner": {"replies": [{"content": "step 1", "delay": 0.3}]},
+            }
+        }
+    )
+
+    code, out, err = run_cli("run", "orchestrator", "go", "-m", model, "-C", str(tmp_path), "--events")
+
+    assert code == 0, err
+    events = events_of(out)
+    starts = {e["label"]: e["time"] for e in events if e["kind"] == "task_start"}
+    ends = {e["label"]: e["time"] for e in events if e["kind"] == "task_end"}
+    scout, planner = "orchestrator > scout", "orchestrator > planner"
+    assert starts[scout] < ends[planner] and starts[planner] < ends[scout], "the two calls ran one after the other"
+    parent = load_run("last")
+    log = read_transcript(parent.transcript_path(parent.tasks[0]))
+    assert [m["content"] for m in log.messages if m["role"] == "tool"] == ["parser.py", "step 1"]
+
+
+def test_a_child_that_cannot_start_fails_alone(
+    tmp_path: Path, write_script: Any, run_cli: Any, monkeypatch: Any
+) -> None:
+    tasks = [
+        {"agent": "scout", "task": "look"},
+        {"agent": "nobody", "task": "look"},
+        {"agent": "remote", "task": "look"},
+    ]
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [call("subagent", tasks=tasks), "two of them failed"]},
+                "scout": {"replies": ["found it"]},
+            }
+        }
+    )
+    write_agent(tmp_path, "remote", f"tools: read\nmodel: scripted:{tmp_path / 'missing.json'}\n")
+    monkeypatch.setenv("MLX_SUBAGENTS_MODEL", model)  # not --model, which would force it on every child
+
+    code, out, err = run_cli("run", "orchestrator", "go", "-C", str(tmp_path), "-y")
+
+    assert (code, out) == (0, "two of them failed\n"), err
+    parent = load_run("last")
+    result = read_transcript(parent.transcript_path(parent.tasks[0])).messages[3]["content"]
+    assert result.splitlines()[0] == "Parallel: 1/3 tasks completed"
+    assert "### [scout] completed\nfound it" in result
+    assert (
+        "### [nobody] failed (error): unknown agent 'nobody'; available: orchestrator, planner, remote, reviewer, "
+        "scout, worker"
+    ) in result
+    assert f"### [remote] failed (error): {tmp_path / 'missing.json'}: cannot read the scripted model file" in result
+    assert "  [orchestrator > nobody] failed: unknown agent 'nobody'" in err

@@ -96,6 +96,8 @@ class SubagentTool(Tool):
     description = "Delegate a task to a sub-agent."
     Params = SubagentParams
     read_only = False
+    # Several subagent calls in one reply run at once, like the tasks of one call.
+    concurrent = True
 
     def __init__(
         self,
@@ -190,7 +192,8 @@ class SubagentTool(Tool):
             where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
             if not item.agent.strip():
                 raise ToolError(f"'{where}agent' is empty")
-            if item.agent.strip().lower() not in self.agents:
+            # In parallel, a child that cannot start fails alone (the runner says why); its siblings run.
+            if mode != "parallel" and item.agent.strip().lower() not in self.agents:
                 raise ToolError(f"unknown agent '{item.agent}'")
             if not item.task.strip():
                 raise ToolError(f"'{where}task' is empty: say what {item.agent} should do")
