@@ -4,6 +4,7 @@ caps, and a parent on the tiny real model whose forced script delegates."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,27 @@ def run_parent(
     return asyncio.run(main())
 
 
+RUN_FOOTER = re.compile(r"\n\n\[sub-agent run (\S+)\]\Z")
+
+
+def answers(path: Path) -> list[str]:
+    """The tool messages of a task's transcript, in order. A subagent result ends by naming the
+    children's run, which must be saved in this task's run folder; that line is left out here."""
+    contents = []
+    for message in read_transcript(path).messages:
+        if message["role"] != "tool":
+            continue
+        content = message["content"]
+        if message.get("name") == "subagent" and (footer := RUN_FOOTER.search(content)):
+            assert (runs_dir(path.parent) / footer.group(1) / "run.json").is_file()
+            content = content[: footer.start()]
+        contents.append(content)
+    return contents
+
+
 def tool_results(result: Any) -> list[str]:
     """The tool messages the parent received, in order."""
-    messages = read_transcript(Path(result.transcript)).messages
-    return [m["content"] for m in messages if m["role"] == "tool"]
+    return answers(Path(result.transcript))
 
 
 def write_agent(root: Path, name: str, tools: str, body: str = "Do the task.") -> None:
@@ -365,8 +383,7 @@ def test_a_child_without_the_grant_cannot_delegate(tmp_path: Path, write_script:
     result = run_parent(tmp_path, model)
     assert tool_results(result) == ["I cannot delegate"]
     child = load_run("last", home=load_run("last").folder)
-    messages = read_transcript(child.transcript_path(child.tasks[0])).messages
-    assert [m["content"] for m in messages if m["role"] == "tool"] == [
+    assert answers(child.transcript_path(child.tasks[0])) == [
         "Error: unknown tool 'subagent'; available tools: read, grep, find, ls, bash"
     ]
     assert not (child.folder / "runs").exists()
@@ -429,10 +446,7 @@ def test_depth_beyond_the_limit_is_refused(tmp_path: Path, write_script: Any, ma
         child = load_run("last", home=folder)
         assert child.tasks[0].label == " > ".join(["relay"] * (depth + 1))
         folder = child.folder
-        results = [
-            m["content"] for m in read_transcript(child.transcript_path(child.tasks[0])).messages if m["role"] == "tool"
-        ]
-        assert results == ([refusal] if depth == max_depth else ["done"])
+        assert answers(child.transcript_path(child.tasks[0])) == ([refusal] if depth == max_depth else ["done"])
     assert not (folder / "runs").exists()
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from helpers import call
 
-from mlx_subagents.transcripts import load_run, read_transcript
+from mlx_subagents.transcripts import child_runs, load_run, read_transcript
 
 
 def events_of(out: str) -> list[dict[str, Any]]:
@@ -194,7 +194,11 @@ def test_two_subagent_calls_in_one_reply_run_concurrently(tmp_path: Path, write_
     assert starts[scout] < ends[planner] and starts[planner] < ends[scout], "the two calls ran one after the other"
     parent = load_run("last")
     log = read_transcript(parent.transcript_path(parent.tasks[0]))
-    assert [m["content"] for m in log.messages if m["role"] == "tool"] == ["parser.py", "step 1"]
+    children = {c.tasks[0].label: c.run_id for c in child_runs(parent)}
+    assert [m["content"] for m in log.messages if m["role"] == "tool"] == [
+        f"parser.py\n\n[sub-agent run {children[scout]}]",
+        f"step 1\n\n[sub-agent run {children[planner]}]",
+    ]
 
 
 def test_a_child_that_cannot_start_fails_alone(
@@ -229,3 +233,39 @@ def test_a_child_that_cannot_start_fails_alone(
     ) in result
     assert f"### [remote] failed (error): {tmp_path / 'missing.json'}: cannot read the scripted model file" in result
     assert "  [orchestrator > nobody] failed: unknown agent 'nobody'" in err
+
+
+# -- children are findable -------------------------------------------------------------------------
+
+
+def test_a_childs_run_id_from_the_parents_result_works_with_show_and_resume(
+    tmp_path: Path, write_script: Any, run_cli: Any
+) -> None:
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [call("subagent", agent="scout", task="find the app"), "app.py"]},
+                "scout": {"replies": ["app.py:1", "and tests/test_app.py"]},
+            }
+        }
+    )
+    assert run_cli("run", "orchestrator", "where?", "-m", model, "-C", str(tmp_path))[0] == 0
+    parent = load_run("last")
+    messages = read_transcript(parent.transcript_path(parent.tasks[0])).messages
+    child_id = messages[3]["content"].rsplit("[sub-agent run ", 1)[1].rstrip("]")
+
+    code, out, _ = run_cli("show", child_id)
+    assert code == 0 and out.splitlines()[0].startswith(f"run {child_id}  single  finished  1/1 succeeded")
+    code, out, _ = run_cli("show", parent.run_id)
+    assert code == 0
+    assert f"{child_id}  single   finished      1/1  orchestrator > scout" in out.splitlines()
+    code, out, _ = run_cli("show", parent.run_id, "--json")
+    children = json.loads(out)["children"]
+    assert children == [{"run_id": child_id, "status": "finished", "tasks": ["orchestrator > scout"]}]
+
+    # The scripted model replays each session from its start: a second model answers the follow-up.
+    follow = write_script({"agents": {"scout": {"replies": ["and tests/test_app.py"]}}}, "follow.json")
+    code, out, err = run_cli("resume", child_id[:-2], "and the tests?", "-m", follow)
+    assert (code, out) == (0, "and tests/test_app.py\n"), err
+    log = read_transcript(load_run(child_id).transcript_path(load_run(child_id).tasks[0]))
+    assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: find the app", "and the tests?"]
