@@ -162,6 +162,11 @@ class TaskTranscript:
     generation: int = 1
     _file: IO[str] | None = field(default=None, repr=False)
 
+    @property
+    def started(self) -> bool:
+        """Whether the task record is written (a continued task's file already has it)."""
+        return self._file is not None or (self.path.is_file() and self.path.stat().st_size > 0)
+
     def write(self, record_type: str, /, **data: Any) -> None:
         if self._file is None:
             self._file = self.path.open("a", encoding="utf-8")
@@ -243,17 +248,28 @@ def load_run(run_id: str, home: Path | None = None) -> RunRecord:
 
 
 def _find_run_folder(run_id: str, root: Path) -> Path:
+    """A top-level run, else a sub-agents' run saved inside one (`<parent>/runs/<id>`); `last` is
+    the newest top-level run."""
     ids = sorted(p.name for p in root.glob("*") if (p / RUN_FILE).is_file()) if root.is_dir() else []
     if run_id in LATEST_ALIASES and ids:
         return root / ids[-1]
     if run_id in ids:
         return root / run_id
-    matches = [i for i in ids if i.startswith(run_id)] if run_id else []
+    matches = [root / i for i in ids if i.startswith(run_id)] if run_id else []
+    if not matches and run_id and root.is_dir():
+        nested = sorted(p.parent for p in root.glob(f"*/runs/**/{RUN_FILE}"))
+        matches = [p for p in nested if p.name == run_id] or [p for p in nested if p.name.startswith(run_id)]
     if len(matches) == 1:
-        return root / matches[0]
+        return matches[0]
     if matches:
-        raise RunNotFoundError(f"run id '{run_id}' is ambiguous: {', '.join(matches[:5])}; give more of it")
+        found = ", ".join(p.name for p in matches[:5])
+        raise RunNotFoundError(f"run id '{run_id}' is ambiguous: {found}; give more of it")
     raise RunNotFoundError(f"no saved run '{run_id}' in {root}; `subagent runs` lists the saved runs")
+
+
+def child_runs(record: RunRecord) -> list[RunRecord]:
+    """The sub-agents' runs started by a run's tasks, oldest first (unreadable ones skipped)."""
+    return list_runs(limit=10_000, home=record.folder)[::-1] if record.folder is not None else []
 
 
 def list_runs(limit: int = 20, home: Path | None = None) -> list[RunRecord]:
