@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SchemaFileError
-from .userfiles import MAX_NESTING, TOO_DEEP, load_file, nesting
+from .userfiles import data_problem, load_file
 
 # A model often wraps JSON in a fenced block; that is accepted, prose around it is not.
 FENCE = "```"
@@ -35,8 +35,8 @@ def check_schema(schema: Any, where: str) -> None:
 
     if not isinstance(schema, dict):
         raise SchemaFileError(f"{where}: a JSON schema must be an object, not a {type(schema).__name__}")
-    if nesting(schema) > MAX_NESTING:  # jsonschema walks it recursively
-        raise SchemaFileError(f"{where}: {TOO_DEEP}")
+    if problem := data_problem(schema):  # jsonschema walks it recursively
+        raise SchemaFileError(f"{where}: {problem}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
         _check_refs(schema, where)
