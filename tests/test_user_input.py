@@ -16,6 +16,7 @@ from mlx_subagents.agents import discover_agents
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import parse_bytes
 from mlx_subagents.host.mlx_host import total_memory
+from mlx_subagents.schema_output import AnswerMismatch, parse_answer
 from mlx_subagents.transcripts import runs_dir
 from mlx_subagents.userfiles import MAX_NESTING, MAX_VALUES, measure
 
@@ -215,3 +216,18 @@ def test_an_agent_file_with_an_alias_bomb_is_skipped_not_expanded(tmp_path: Path
     path.write_text(f"---\nname: laughs\ndescription: D.\n{LAUGHS}---\nBody.\n")
     catalog = discover_agents(tmp_path, scope="project")
     assert catalog.warnings == [f"skipped {path}: in the frontmatter, {TOO_MANY}"]
+
+
+@pytest.mark.parametrize("depth", [OVERFLOW, PAST_CAP])
+def test_deep_json_in_a_string_is_caught_too(tmp_path: Path, run_cli: Any, depth: int) -> None:
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps([{"tool_calls": [{"name": "ls", "arguments": nested_json(depth)}]}]))
+    code, out, err = run_cli("run", "scout", "hi", "-m", f"scripted:{path}", "-C", str(tmp_path))
+    assert (code, out, err) == (2, "", f"error: {path}: replies[0].tool_calls[0].arguments: {TOO_DEEP}\n")
+
+
+@pytest.mark.parametrize("depth", [OVERFLOW, PAST_CAP])
+def test_a_deep_answer_is_a_mismatch_the_model_can_fix(depth: int) -> None:
+    with pytest.raises(AnswerMismatch) as info:
+        parse_answer(nested_json(depth), {"type": "array"})
+    assert str(info.value) == f"the answer is too large to check: {TOO_DEEP}"
