@@ -1,8 +1,9 @@
 """Reading what a user hands over (tasks, workflow, schema, script and agent files) with one-line errors.
 
 Every way such input can be bad ends as one `SubagentError` line naming the file and the fix: a file
-that cannot be read (`OSError`, not UTF-8), a syntax error, data nested deeper than Python's parsers
-recurse (`RecursionError`), or data pydantic rejects (`ValidationError`). Callers pick the error
+that cannot be read (`OSError`, not UTF-8), a syntax error, data nested deeper than 128 levels (past
+it, Python's parsers and every later walk raise `RecursionError`) or expanding through YAML aliases to
+more than a million values, or data pydantic rejects (`ValidationError`). Callers pick the error
 class, so the CLI's error boundary prints them all the same way.
 """
 
@@ -76,6 +77,8 @@ def parse_text(text: str, fmt: Format, where: str, error: type[SubagentError]) -
         raise error(f"{where}: invalid YAML{yaml_problem(exc)}") from None
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{where}: invalid TOML: {exc}") from None
+    except ValueError as exc:  # YAML: a date that does not exist (2024-13-45)
+        raise error(f"{where}: invalid {fmt.upper()}: {one_line(str(exc))}") from None
     if problem := data_problem(data):
         raise error(f"{where}: {problem}")
     return data

@@ -231,3 +231,12 @@ def test_a_deep_answer_is_a_mismatch_the_model_can_fix(depth: int) -> None:
     with pytest.raises(AnswerMismatch) as info:
         parse_answer(nested_json(depth), {"type": "array"})
     assert str(info.value) == f"the answer is too large to check: {TOO_DEEP}"
+
+
+def test_a_date_that_does_not_exist_in_a_tasks_file_is_one_line(
+    tmp_path: Path, write_script: Any, run_cli: Any
+) -> None:
+    path = tmp_path / "tasks.yaml"
+    path.write_text("- agent: scout\n  task: 2024-13-45\n")
+    code, out, err = run_cli("parallel", "-f", str(path), "-m", write_script(["done"]), "-C", str(tmp_path))
+    assert (code, out, err) == (2, "", f"error: {path}: invalid YAML: month must be in 1..12\n")
