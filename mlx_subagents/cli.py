@@ -633,8 +633,9 @@ def agents(
     from .agents import discover_agents
 
     catalog = discover_agents(Path(cwd).resolve(), scope=scope.value)  # type: ignore[arg-type]
-    for warning in catalog.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", markup=True)
+    # Skipped files, then what each agent that loaded had dropped or read leniently.
+    for warning in [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
     rows = [
         {"name": s.name, "description": s.description, "tools": list(s.tools), "source": s.source, "file": str(s.path)}
         for s in sorted(catalog.agents.values(), key=lambda s: s.name)

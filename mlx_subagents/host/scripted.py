@@ -37,7 +37,7 @@ from mlx_subagents.host.protocol import (
     ToolSchema,
     Usage,
 )
-from mlx_subagents.userfiles import first_error, load_file
+from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
 
 SCRIPTED_PREFIX = "scripted:"
 DEFAULT_CONTEXT_WINDOW = 32768
@@ -77,9 +77,13 @@ class ScriptedToolCall(BaseModel):
         # OpenAI-style transcripts carry arguments as a JSON string.
         if isinstance(value, str):
             try:
-                return json.loads(value)
+                value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"arguments is not valid JSON: {exc.msg}") from None
+            except RecursionError:
+                raise ValueError(TOO_DEEP) from None
+            if problem := data_problem(value):
+                raise ValueError(problem)
         return value
 
 
