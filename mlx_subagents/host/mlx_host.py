@@ -314,7 +314,7 @@ class MlxModelHost:
                 active_memory=mx.get_active_memory(),
                 peak_memory=mx.get_peak_memory(),
                 pool=self._pool.counters.to_dict(),
-                shared_prefix_hits=self._scheduler.prefix_hits,
+                shared_prefix_hits=self._scheduler.prefixes.hits,
             )
 
         return await self._engine.run(read)

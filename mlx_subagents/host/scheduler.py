@@ -16,19 +16,19 @@ import asyncio
 import copy
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PromptTooLongError
-from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes
+from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
+from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
 from .toolcalls import parse_reply
 
 Deliver = Callable[[bool, Any], None]
-MAX_SHARED_PREFIXES = 8
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,7 @@ class Scheduler:
         self.waiting: deque[Turn] = deque()
         self.prefilling: deque[Turn] = deque()
         self.decoding: dict[int, Turn] = {}
-        self.prefixes: OrderedDict[tuple[int, ...], list[Any]] = OrderedDict()
-        self.prefix_hits = 0
+        self.prefixes = SharedPrefixes()
         self._batch: Any = None
         self._outbox: list[tuple[TextSink, str]] = []
         self._trimmable = self._probe_trimmable()
@@ -169,10 +168,7 @@ class Scheduler:
         batch = self._batch.prompt_cache_nbytes if self._batch is not None and self.decoding else 0
         active = batch + sum(cache_nbytes(t.cache) for t in self.prefilling)
         snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
-        return self.pool.idle_bytes() + self.prefix_bytes() + active + snapshots
-
-    def prefix_bytes(self) -> int:
-        return sum(cache_nbytes(c) for c in self.prefixes.values())
+        return self.pool.idle_bytes() + self.prefixes.nbytes() + active + snapshots
 
     # -- admission ------------------------------------------------------------
 
@@ -180,30 +176,26 @@ class Scheduler:
         return [*self.prefilling, *self.decoding.values()]
 
     def _estimate(self, turns: list[Turn]) -> int:
-        """Worst-case bytes of these turns together (a batch pads to its longest member)."""
-        if not turns:
-            return 0
-        # A cache grows by whole KV steps past what it holds: allow one step of slack.
-        longest = max(t.final_length for t in turns) + KV_STEP
-        if self.config.batching:
-            total = len(turns) * self.shape.bytes_for(longest)
-        else:
-            total = sum(self.shape.bytes_for(t.final_length + KV_STEP) for t in turns)
-        if not self._trimmable:  # each hybrid session also holds a snapshot
-            total += sum(self.shape.bytes_for(len(t.ids)) for t in turns)
-        new_prefixes = {tuple(t.prefix) for t in turns if t.prefix and tuple(t.prefix) not in self.prefixes}
-        return total + sum(self.shape.bytes_for(len(p)) for p in new_prefixes)
+        """Worst-case bytes of these turns together, shared prefixes they will add included."""
+        new_prefixes = {tuple(t.prefix) for t in turns if t.prefix and t.prefix not in self.prefixes}
+        return admission_bytes(
+            self.shape,
+            [(t.final_length, len(t.ids)) for t in turns],
+            batched=self.config.batching,
+            trimmable=self._trimmable,
+            new_prefixes=[len(p) for p in new_prefixes],
+        )
 
     def _admit(self) -> None:
         while self.waiting:
             turn = self.waiting[0]
             active = self._active()
-            needed = self._estimate([*active, turn]) + self.prefix_bytes()
+            needed = self._estimate([*active, turn]) + self.prefixes.nbytes()
             if self.pool.budget is None or self.pool.make_room(needed):
                 self.waiting.popleft()
                 self._start(turn)
                 continue
-            if turn.prefix and tuple(turn.prefix) not in self.prefixes:
+            if turn.prefix and turn.prefix not in self.prefixes:
                 turn.prefix = []  # no room to keep a shared copy: prefill this one privately
                 continue
             if not active and self._drop_prefixes(needed):
@@ -225,9 +217,8 @@ class Scheduler:
 
     def _drop_prefixes(self, needed: int) -> bool:
         """Last resort under pressure: forget shared prefixes (copies, safe to drop), oldest first."""
-        while self.prefixes:
-            _, cache = self.prefixes.popitem(last=False)
-            needed -= cache_nbytes(cache)
+        while len(self.prefixes):
+            needed -= self.prefixes.drop_oldest()
             if self.pool.make_room(needed):
                 return True
         return False
@@ -271,11 +262,7 @@ class Scheduler:
             if state.snapshot is not None and 0 < state.snapshot[0] <= n:
                 return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
         state.snapshot = None
-        shared = self._shared_prefix(ids)
-        if shared is not None:
-            self.prefix_hits += 1
-            return copy.deepcopy(self.prefixes[shared]), len(shared)
-        return make_prompt_cache(self.model), 0
+        return self.prefixes.start(ids) or (make_prompt_cache(self.model), 0)
 
     def _prefix_ids(self, turn: Turn) -> list[int] | None:
         """The tokens of the system prompt and tools, when the prompt starts with them."""
@@ -288,17 +275,10 @@ class Scheduler:
         ok = 0 < len(prefix) < len(turn.ids) - 1 and turn.ids[: len(prefix)] == prefix
         return prefix if ok else None
 
-    def _shared_prefix(self, ids: list[int]) -> tuple[int, ...] | None:
-        for key in self.prefixes:
-            if len(key) < len(ids) and tuple(ids[: len(key)]) == key:
-                self.prefixes.move_to_end(key)
-                return key
-        return None
-
     def _plan_stops(self, turn: Turn) -> list[tuple[int, str]]:
         stops: list[tuple[int, str]] = []
         prefix = turn.prefix
-        if prefix and turn.pos <= len(prefix) and tuple(prefix) not in self.prefixes:
+        if prefix and turn.pos <= len(prefix) and prefix not in self.prefixes:
             stops.append((len(prefix), "prefix"))
         if self.config.reuse and not self._trimmable:
             req = turn.request
@@ -331,9 +311,7 @@ class Scheduler:
             return
         turn.stops.pop(0)
         if action == "prefix":
-            self.prefixes[tuple(turn.ids[:stop])] = copy.deepcopy(turn.cache)
-            while len(self.prefixes) > MAX_SHARED_PREFIXES:
-                self.prefixes.popitem(last=False)
+            self.prefixes.add(turn.ids[:stop], turn.cache)
         elif action == "snapshot":
             turn.state.snapshot = (stop, copy.deepcopy(turn.cache))
         elif action == "end":
