@@ -68,3 +68,35 @@ def test_shared_prefixes_hand_out_private_copies_of_the_longest_use() -> None:
     assert [5, 6] not in prefixes and [1, 2, 3] in prefixes and len(prefixes) == 2
     assert prefixes.drop_oldest() == one and [1, 2, 3] not in prefixes
     assert prefixes.drop_oldest() > 0 and prefixes.drop_oldest() == 0 and len(prefixes) == 0
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
+def test_the_kv_shape_read_off_the_cache_types_is_what_caches_really_hold(
+    arch_fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """Start-up reads the shape from one token; it equals measuring real caches at two lengths."""
+    import asyncio
+
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_subagents.host import MlxModelHost
+    from mlx_subagents.host.kv_pool import cache_nbytes
+
+    path = request.getfixturevalue(arch_fixture)
+
+    async def go() -> tuple[KVShape, KVShape, list[tuple[int, int]]]:
+        async with MlxModelHost(str(path)) as host:
+
+            def held(n: int) -> tuple[int, int]:
+                cache = make_prompt_cache(host._model)
+                host._model(mx.array([[1] * n]), cache=cache)
+                mx.eval([c.state for c in cache])
+                return cache_nbytes(cache), host.kv_shape.bytes_for(n)
+
+            probed = await host._engine.run(host._probe_shape)
+            return host.kv_shape, probed, [await host._engine.run(lambda n=n: held(n)) for n in (1, 256, 300, 700)]
+
+    shape, probed, sizes = asyncio.run(go())
+    assert shape == probed and shape.per_token > 0
+    assert (shape.fixed > 0) == (arch_fixture == "tiny_qwen35_path")  # gated-delta layers: recurrent state
+    assert all(real == estimated for real, estimated in sizes)

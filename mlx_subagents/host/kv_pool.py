@@ -76,6 +76,27 @@ class KVShape:
         return self.fixed + self.per_token * steps * KV_STEP
 
 
+def kv_shape_of(cache: list[Any]) -> KVShape | None:
+    """The shape of a cache holding at least one token, read off mlx-lm's standard cache types.
+
+    A `KVCache` (or the bounded `RotatingKVCache`, counted as if unbounded) holds keys and values of
+    shape (batch, heads, allocated tokens, head dim): its bytes per token are its bytes over the
+    allocated length. An `ArraysCache` (recurrent state of hybrid layers) has a fixed size. Any other
+    cache type gives None: measure it instead.
+    """
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    fixed = per_token = 0
+    for layer in cache:
+        if type(layer) in (KVCache, RotatingKVCache) and layer.keys is not None:
+            per_token += layer.nbytes // layer.keys.shape[2]
+        elif type(layer) is ArraysCache:
+            fixed += layer.nbytes
+        else:
+            return None
+    return KVShape(fixed=fixed, per_token=per_token)
+
+
 def admission_bytes(
     shape: KVShape,
     turns: Sequence[tuple[int, int]],
