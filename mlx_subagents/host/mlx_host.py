@@ -21,7 +21,7 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from ..errors import SubagentError
 from .engine import Deliver, Engine
-from .kv_pool import CacheState, KVPool, KVShape, tokens_that_fit
+from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .prompt import encode, render
 from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolSchema
@@ -225,24 +225,35 @@ class MlxModelHost:
         await self.stop()
 
     def _measure(self) -> tuple[KVShape, int, bool]:
-        """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability."""
+        """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability.
+
+        One token through a fresh cache allocates every layer's buffers, which is enough to read
+        the shape off mlx-lm's standard cache types; other cache types are measured at two lengths.
+        """
         import mlx.core as mx
         from mlx.utils import tree_flatten
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-        from .kv_pool import KV_STEP, cache_nbytes
+        cache = make_prompt_cache(self._model)
+        self._model(mx.array([[0]]), cache=cache)
+        mx.eval([c.state for c in cache])
+        shape = kv_shape_of(cache) or self._probe_shape()
+        weights = sum(v.nbytes for _, v in tree_flatten(self._model.parameters()))
+        return shape, weights, can_trim_prompt_cache(cache)
+
+    def _probe_shape(self) -> KVShape:
+        """Bytes held after 256 and 512 tokens (whole KV steps, so the buffers hold exactly that)."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
 
         cache = make_prompt_cache(self._model)
         sizes = []
-        for _ in range(2):  # whole steps, so the buffers hold exactly 256 then 512 tokens
+        for _ in range(2):
             self._model(mx.array([[0] * KV_STEP]), cache=cache)
             mx.eval([c.state for c in cache])
             sizes.append(cache_nbytes(cache))
         per_token = (sizes[1] - sizes[0]) // KV_STEP
-        one = sizes[0]
-        weights = sum(v.nbytes for _, v in tree_flatten(self._model.parameters()))
-        shape = KVShape(fixed=max(0, one - per_token * KV_STEP), per_token=per_token)
-        return shape, weights, can_trim_prompt_cache(cache)
+        return KVShape(fixed=max(0, sizes[0] - per_token * KV_STEP), per_token=per_token)
 
     def _budget(self, weights: int) -> int | None:
         if self._budget_request == 0:
@@ -314,7 +325,7 @@ class MlxModelHost:
                 active_memory=mx.get_active_memory(),
                 peak_memory=mx.get_peak_memory(),
                 pool=self._pool.counters.to_dict(),
-                shared_prefix_hits=self._scheduler.prefix_hits,
+                shared_prefix_hits=self._scheduler.prefixes.hits,
             )
 
         return await self._engine.run(read)
