@@ -100,6 +100,7 @@ EventsOpt = Annotated[
     bool, typer.Option("--events", help="Print one JSON object per event on stdout, as things happen.")
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also say the model and its tool mode first.")]
 ConcurrencyOpt = Annotated[
     int, typer.Option("--concurrency", "-j", min=1, max=MAX_CONCURRENCY, help="Tasks running at once.")
 ]
@@ -121,6 +122,7 @@ _JSON_FIELDS = {
     "error",
     "usage",
     "model",
+    "tool_mode",
     "stop_reason",
     "duration_s",
     "label",
@@ -221,6 +223,13 @@ def _show_event(event: Event) -> None:
         err.print(f"{prefix}[red]{escape(first)}[/]")
     elif event.kind == "compaction":
         err.print(f"{prefix}[yellow]compacted {event.data['tokens_before']} -> {event.data['tokens_after']} tokens[/]")
+
+
+def _show_model(event: Event) -> None:
+    """`--verbose`: which model runs the task and how it was given its tools, first on stderr."""
+    if event.kind == "task_start" and " > " not in event.label:
+        model, mode = escape(str(event.data.get("model"))), event.data.get("tool_mode")
+        err.print(f"[dim]{escape(event.label)} on {model} (tool mode: {mode})[/]")
 
 
 def _result_json(result: RunResult) -> dict[str, Any]:
@@ -333,13 +342,14 @@ def run(
     max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run one agent on a task in a workspace.
 
     Example: subagent run scout "where is auth handled?"
     """
     sinks = _Sinks(events)
-    sinks.targets.append(_show_event)
+    sinks.targets.extend([_show_model, _show_event] if verbose else [_show_event])
     runner = _make_runner(
         model,
         cwd,

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
 BUILTINS = ["orchestrator", "planner", "reviewer", "scout", "worker"]
-JSON_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "stop_reason", "duration_s"}
+JSON_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "tool_mode", "stop_reason", "duration_s"}
 USAGE_FIELDS = {"input_tokens", "output_tokens", "cached_tokens", "context_tokens", "turns"}
 
 # Documented in the README beside issue 3's fields: what resume and the multi-run modes need.
@@ -83,13 +83,16 @@ def test_run_json_prints_the_documented_object_and_shows_tool_calls(tmp_path: Pa
 
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert {k: data[k] for k in ("agent", "task", "status", "output", "error", "model", "stop_reason")} == {
+    assert {
+        k: data[k] for k in ("agent", "task", "status", "output", "error", "model", "tool_mode", "stop_reason")
+    } == {
         "agent": "scout",
         "task": "where is the config parsed?",
         "status": "completed",
         "output": answer,
         "error": None,
         "model": f"scripted:{script}",
+        "tool_mode": "native",
         "stop_reason": "completed",
     }
     assert data["usage"]["turns"] == 7
@@ -321,10 +324,10 @@ def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Pa
         "it can run commands in this workspace. Re-run with --yes to allow it."
     )
 
-    allowed = cli("run", "helper", "list", "--model", f"scripted:{script}", "--cwd", ws, "--yes")
+    allowed = cli("run", "helper", "list", "--model", f"scripted:{script}", "--cwd", ws, "--yes", "--verbose")
     assert allowed.returncode == 0, allowed.stderr
     assert allowed.stdout == "README.md and src/.\n"
-    assert allowed.stderr.splitlines()[0] == "ls ."
+    assert allowed.stderr.splitlines()[:2] == [f"helper on scripted:{script} (tool mode: native)", "ls ."]
 
 
 def test_unknown_agent_lists_the_available_ones(tmp_path: Path, ws: Path) -> None:

@@ -35,9 +35,11 @@ from mlx_subagents.host.protocol import (
     Message,
     TextCallback,
     ToolCall,
+    ToolMode,
     ToolSchema,
     Usage,
 )
+from mlx_subagents.host.toolcalls import hermes
 
 SCRIPTED_PREFIX = "scripted:"
 DEFAULT_CONTEXT_WINDOW = 32768
@@ -205,6 +207,8 @@ def _parse_error(raw: str) -> str:
 class ScriptedHost:
     """A `ModelHost` that replays a script file; no weights, no threads."""
 
+    tool_mode: ToolMode = "native"  # replies arrive as structured calls
+
     def __init__(self, path: Path, *, context_window: int | None = None) -> None:
         self.path = Path(path)
         self.script = load_script(self.path)
@@ -314,7 +318,7 @@ class ScriptedSession:
     ) -> Generation:
         calls = [self._tool_call(c) for c in reply.tool_calls]
         raw = reply.raw
-        malformed = [MalformedToolCall(raw, _parse_error(raw))] if raw is not None else []
+        malformed = [MalformedToolCall(raw, hermes().error(_parse_error(raw)))] if raw is not None else []
         reply_message = Generation(text=reply.content, tool_calls=calls).to_message()
         cached = self._cached_tokens(messages, tools)
         self._previous = [*messages, reply_message]
