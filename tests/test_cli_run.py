@@ -401,6 +401,9 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     assert first["model"] == f"model     {tiny_qwen3_path}"
     assert first["loaded"].startswith(f"loaded    {tiny_qwen3_path.resolve()} in ")
     assert first["loaded"].endswith("; context window 4096 tokens")
+    assert first["tools"] == (
+        "tools     native: the chat template presents the tools; calls are read in the model's own format"
+    )
     assert first["reply"].startswith("reply     ")
     assert first["speed"].startswith("speed     prompt ") and first["speed"].endswith(" tok/s")
     assert lines[-1] == "ok"

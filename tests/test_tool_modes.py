@@ -18,6 +18,7 @@ import pytest
 from test_mlx_host import LS_SCHEMA, TASK
 
 from mlx_subagents.agents import AgentSpec
+from mlx_subagents.doctor import run_doctor
 from mlx_subagents.errors import ChatTemplateError
 from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host.chat_format import prompted_tools
@@ -56,6 +57,12 @@ def test_the_host_decides_the_tool_mode_by_probing_the_template(template_paths: 
         TemplateTraits(system=True, tool_role=True, alternating=False, tools=False, tool_calls=False),
     )
     assert run(probe(template_paths["strict"])) == ("prompted", STRICT)
+    lines: list[str] = []
+    assert run(run_doctor(str(template_paths["no_tools"]), None, lines.append))
+    assert (
+        "tools     prompted: the template drops tools; their list and a <tool_call> format go in the system prompt"
+        in lines
+    )
 
 
 def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: dict[str, Path]) -> None:
