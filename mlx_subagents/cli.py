@@ -104,6 +104,7 @@ EventsOpt = Annotated[
     bool, typer.Option("--events", help="Print one JSON object per event on stdout, as things happen.")
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also say the model and its tool mode first.")]
 ConcurrencyOpt = Annotated[
     int,
     typer.Option(
@@ -132,6 +133,7 @@ _JSON_FIELDS = {
     "error",
     "usage",
     "model",
+    "tool_mode",
     "stop_reason",
     "duration_s",
     "label",
@@ -363,6 +365,7 @@ def run(
     schema: SchemaOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
+    verbose: VerboseOpt = False,
     *,
     shared: Shared,
 ) -> None:
@@ -371,7 +374,7 @@ def run(
     Example: subagent run scout "where is auth handled?"
     """
     sinks = _sinks(events)
-    sinks.targets.append(EventLines(err, "task").handle)
+    sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
     runner = shared.runner(sinks)
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
     result = _run_async(runner, lambda: runner.run(spec))

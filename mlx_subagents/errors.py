@@ -17,6 +17,10 @@ class ModelLoadError(SubagentError):
     """The model files exist but mlx-lm could not load them."""
 
 
+class ChatTemplateError(ModelLoadError):
+    """The model has no chat template, or its template refuses a conversation the host normalised."""
+
+
 class PromptTooLongError(SubagentError):
     """A prompt does not fit the context window or an input cap."""
 

@@ -37,9 +37,11 @@ from mlx_subagents.host.protocol import (
     Message,
     TextCallback,
     ToolCall,
+    ToolMode,
     ToolSchema,
     Usage,
 )
+from mlx_subagents.host.toolcalls import hermes
 from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
 
 SCRIPTED_PREFIX = "scripted:"
@@ -196,6 +198,8 @@ class ScriptedHost:
     `history[session_name]` lists the message lists each session was sent, in order.
     """
 
+    tool_mode: ToolMode = "native"  # replies arrive as structured calls
+
     def __init__(self, source: Path | str | Script, *, context_window: int | None = None) -> None:
         if isinstance(source, Script):
             self.path: Path | None = None
@@ -327,7 +331,7 @@ class ScriptedSession:
     ) -> Generation:
         calls = [self._tool_call(c) for c in reply.tool_calls]
         raw = reply.raw
-        malformed = [MalformedToolCall(raw, _parse_error(raw))] if raw is not None else []
+        malformed = [MalformedToolCall(raw, hermes().error(_parse_error(raw)))] if raw is not None else []
         reply_message = Generation(text=reply.content, tool_calls=calls).to_message()
         cached = self._cached_tokens(messages, tools)
         self._previous = [*messages, reply_message]
