@@ -78,7 +78,7 @@ def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:
 
 def cap_answer(text: str, transcript: str | None) -> str:
     """The answer, cut to `MAX_ANSWER_BYTES` of UTF-8 with a note saying where the full text is."""
-    data = text.encode("utf-8")
+    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate counts, never raises
     if len(data) <= MAX_ANSWER_BYTES:
         return text
     head = data[:MAX_ANSWER_BYTES].decode("utf-8", errors="ignore")

@@ -61,7 +61,7 @@ def take_capped(lines: Iterable[str], max_lines: int, max_bytes: int = MAX_OUTPU
     full = False
     for line in lines:
         n_total += 1
-        size = len(line.encode()) + 1
+        size = len(line.encode("utf-8", "surrogatepass")) + 1
         full = full or len(kept) >= max_lines or n_bytes + size > max_bytes
         if not full:
             kept.append(line)

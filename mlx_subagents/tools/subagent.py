@@ -288,8 +288,10 @@ def _fit(bodies: list[str], transcripts: list[str | None], title: str, heads: li
 
     Short bodies are kept whole; the room left is shared equally by the long ones (water-filling).
     """
-    sizes = [len(b.encode("utf-8")) for b in bodies]
-    fixed = len(title.encode("utf-8")) + sum(len(h.encode("utf-8")) + 3 for h in heads)
+    sizes = [len(b.encode("utf-8", "surrogatepass")) for b in bodies]
+    fixed = len(title.encode("utf-8", "surrogatepass")) + sum(
+        len(h.encode("utf-8", "surrogatepass")) + 3 for h in heads
+    )
     if fixed + sum(sizes) <= MAX_ANSWER_BYTES:
         return bodies
     room = MAX_ANSWER_BYTES - fixed
@@ -308,7 +310,7 @@ def _fit(bodies: list[str], transcripts: list[str | None], title: str, heads: li
 
 def _clip(text: str, room: int, transcript: str | None) -> str:
     """`text` cut so that it and the note saying so fit in `room` bytes."""
-    data = text.encode("utf-8")
+    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate counts, never raises
     where = f"in the transcript {transcript}" if transcript else "not saved (transcripts are off)"
     note = f"\n[answer truncated: {len(data):,} bytes, showing the first {{:,}}; the full text is {where}]"
     limit = max(0, room - len(note.format(len(data)).encode("utf-8")))
