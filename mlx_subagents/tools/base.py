@@ -1,7 +1,8 @@
 """The tool contract: a pydantic parameter model, a JSON schema, and one `call` that never raises.
 
 Tool failures are observations for the model, not exceptions: `call` turns bad arguments,
-`ToolError` and `OSError` into an error `ToolResult` whose first line says what to fix.
+`ToolError`, `OSError` and any other exception a tool raises into an error `ToolResult` whose first
+line says what to fix. Only cancellation goes through.
 """
 
 from __future__ import annotations
@@ -132,10 +133,8 @@ class Tool:
             return error_result(self._invalid_arguments(exc))
         try:
             return await self.run(params)
-        except ToolError as exc:
-            return error_result(str(exc))
-        except OSError as exc:
-            return error_result(self._os_failure(exc))
+        except Exception as exc:  # the boundary: whatever a tool raises, the loop goes on
+            return tool_failure(self.name, exc, self.workspace)
 
     async def run(self, params: Any) -> ToolResult:
         """Run `execute` in a worker thread so a slow tool does not stall the other sessions."""
@@ -162,6 +161,14 @@ class Tool:
             f"invalid arguments for {self.name}: {'; '.join(problems)}; call {self.name} again with corrected arguments"
         )
 
-    def _os_failure(self, exc: OSError) -> str:
-        where = f" ({self.workspace.relative(Path(exc.filename))})" if exc.filename else ""
-        return f"{self.name} failed: {exc.strerror or exc}{where}; check the path and permissions"
+
+def tool_failure(name: str, exc: Exception, workspace: Workspace) -> ToolResult:
+    """The error result for an exception a tool raised: its own message for a `ToolError`, else
+    what failed and that the arguments should change."""
+    if isinstance(exc, ToolError):
+        return error_result(str(exc))
+    if isinstance(exc, OSError):
+        where = f" ({one_line(workspace.relative(Path(str(exc.filename))), 120)})" if exc.filename else ""
+        return error_result(f"{name} failed: {exc.strerror or exc}{where}; check the path and permissions")
+    problem = one_line(str(exc), 200) or "no details"
+    return error_result(f"{name} failed: {type(exc).__name__}: {problem}; call {name} again with other arguments")

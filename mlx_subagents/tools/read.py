@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from itertools import islice
 from typing import Any
 
@@ -39,7 +40,7 @@ class ReadTool(Tool):
                 f"{params.path!r} is a binary file ({path.stat().st_size} bytes); read only shows text files"
             )
         with path.open(encoding="utf-8", errors="replace") as file:
-            n_skipped = sum(1 for _ in islice(file, params.offset - 1))
+            n_skipped = sum(1 for _ in islice(file, min(params.offset - 1, sys.maxsize)))
             numbered = (_number(n, line) for n, line in enumerate(file, params.offset))
             kept, n_rest = take_capped(numbered, params.limit)
         n_lines = n_skipped + n_rest

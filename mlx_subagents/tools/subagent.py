@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS
 from ..errors import SubagentError, ToolError
 from ..results import MultiRunResult, RunResult
-from .base import Tool, ToolResult, _strip_titles, error_result, one_line
+from .base import Tool, ToolResult, _strip_titles, error_result, one_line, tool_failure
 from .workspace import Workspace
 
 DelegationMode = Literal["single", "parallel", "chain"]
@@ -127,6 +127,12 @@ class SubagentTool(Tool):
         }
 
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
+        try:
+            return await self._call(arguments)
+        except Exception as exc:  # the boundary, as in `Tool.call`: never a crash of the parent
+            return tool_failure(self.name, exc, self.workspace)
+
+    async def _call(self, arguments: dict[str, Any]) -> ToolResult:
         try:
             params = SubagentParams.model_validate(arguments)
         except ValidationError as exc:
