@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ KNOWN_TOOLS = TOOL_NAMES + ("subagent",)
 WRITE_TOOLS = ("edit", "write")
 NAME_PATTERN = r"[a-z0-9][a-z0-9_-]*"
 MAX_TEMPERATURE = 2.0
+MAX_AGENT_FILE_BYTES = 1024 * 1024  # a system prompt far longer than any context window
 DEFAULT_HOME = "~/.mlx-subagents"
 PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
 CLAUDE_AGENTS_DIR = ".claude/agents"
@@ -322,6 +324,9 @@ class AgentCatalog:
         for path in sorted(folder.glob("*.md")):
             if path.name.startswith("."):  # editor lock and backup files
                 continue
+            if (refusal := _refuse_to_read(path)) is not None:
+                self.warnings.append(f"skipped {path}: {refusal}")
+                continue
             try:
                 spec = parse_agent_file(path, source, claude=claude)
             except AgentFileError as exc:
@@ -334,6 +339,22 @@ class AgentCatalog:
                 continue
             layer[spec.name] = spec
         self.agents.update(layer)
+
+
+def _refuse_to_read(path: Path) -> str | None:
+    """Why discovery must not open `path`, if it must not: files come with a cloned repository,
+    before any confirmation, so a FIFO (which blocks) or a link to /dev/zero (which never ends)
+    is skipped, and only regular files up to `MAX_AGENT_FILE_BYTES` are read."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        return f"cannot read the file ({exc.strerror}); check that it exists and is readable"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file (a FIFO, device or socket); an agent file must be a plain text file"
+    if info.st_size > MAX_AGENT_FILE_BYTES:
+        limit = f"{MAX_AGENT_FILE_BYTES:,}"
+        return f"the file is {info.st_size:,} bytes, over the limit of {limit} for an agent file; shorten it"
+    return None
 
 
 def builtin_agents_dir() -> Path:

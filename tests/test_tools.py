@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
+import os
+import subprocess
+import sys
+import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +57,9 @@ def tools(ws: Workspace) -> dict[str, Tool]:
     return make_tools(TOOL_NAMES, ws)
 
 
-@pytest.fixture(params=["python", "rg"])
-def grep(request: pytest.FixtureRequest, ws: Workspace) -> GrepTool:
-    """The grep tool on each backend; both must print the same thing."""
-    if request.param == "python":
-        return GrepTool(ws, use_rg=False)
-    if shutil.which("rg") is None:
-        pytest.skip("ripgrep (rg) is not installed; the Python backend is tested either way")
+@pytest.fixture
+def grep(ws: Workspace) -> GrepTool:
+    """The grep tool: always ripgrep, from the `ripgrep` dependency."""
     return GrepTool(ws)
 
 
@@ -349,8 +349,10 @@ def test_grep_no_match_and_bad_regex(grep: GrepTool) -> None:
         "No matches for 'nothing_here' in src (glob '*.py')"
     )
     assert run(grep, pattern="print(") == err(
-        "invalid regex 'print(': missing ), unterminated subpattern at position 5; "
-        "escape regex special characters with a backslash"
+        "invalid regex 'print(': unclosed group; escape regex special characters with a backslash"
+    )
+    assert run(grep, pattern="x", glob="[z-a]") == err(
+        "grep failed: error parsing glob '[z-a]': invalid range; 'z' > 'a'; check the pattern, path and glob"
     )
     assert run(grep, pattern="x", path="missing") == err(
         "path 'missing' does not exist in the workspace; use ls or find to see what is there"
@@ -538,3 +540,92 @@ def test_bash_kills_leftover_background_jobs_on_return(tools: dict[str, Tool], t
     assert result == ok("done")
     assert time.monotonic() - started < 5
     _assert_all_dead(_pids(pid_file, count=1))
+
+
+# --- a hostile tree cannot hang or exhaust a tool ----------------------------------------------------
+
+NOT_REGULAR = "is not a regular file (a FIFO, device or socket)"
+
+
+def test_special_files_are_refused_before_anything_blocks(tools: dict[str, Tool], ws: Workspace) -> None:
+    os.mkfifo(ws.root / "pipe")
+    assert run(tools["write"], path="pipe", content="x") == err(f"'pipe' {NOT_REGULAR}; tools only use regular files")
+    assert run(tools["edit"], path="pipe", old_text="a", new_text="b") == err("'pipe' is not a regular file")
+    assert run(tools["read"], path="pipe") == err("'pipe' is not a regular file")
+    assert run(tools["grep"], pattern="x", path="pipe") == err(f"'pipe' {NOT_REGULAR}; grep only reads files")
+    assert run(tools["grep"], pattern="hello", path="docs") == ok("docs/guide.md:1:Say hello.")
+    os.mkfifo(ws.root / "docs/pipe.md")  # met while walking: skipped, never opened
+    assert run(tools["grep"], pattern="hello", path="docs") == ok("docs/guide.md:1:Say hello.")
+    assert run(tools["find"], pattern="*.md", path="docs") == ok("docs/guide.md")
+
+
+def test_ls_lists_a_symlink_loop_instead_of_failing(tools: dict[str, Tool], ws: Workspace) -> None:
+    (ws.root / "docs/loop").symlink_to("loop")
+    (ws.root / "docs/a").symlink_to("b")
+    (ws.root / "docs/b").symlink_to("a")
+    assert run(tools["ls"], path="docs") == ok("a\nb\nguide.md\nloop")
+
+
+def test_grep_runs_a_catastrophic_regex_in_linear_time(tools: dict[str, Tool], ws: Workspace) -> None:
+    # Python's backtracking engine takes about 2**n steps here; rg's automaton takes n.
+    (ws.root / "evil.txt").write_text("a" * 5000 + "b\n")
+    assert run(tools["grep"], pattern="(a|aa)+$", path="evil.txt") == ok("No matches for '(a|aa)+$' in evil.txt")
+
+
+def test_read_and_grep_of_a_huge_one_line_file_stay_small(tools: dict[str, Tool], ws: Workspace) -> None:
+    size = 30 * 1024 * 1024
+    with (ws.root / "min.js").open("w") as file:
+        for _ in range(size // (1024 * 1024)):
+            file.write("var x = 1;" * 104857 + "var ")
+        file.write("needle;\n")
+    tracemalloc.start()
+    try:
+        read = run(tools["read"], path="min.js")
+        found = run(tools["grep"], pattern="needle", path="min.js")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024  # the file is 30 MB: it was never held whole
+    n_chars = (ws.root / "min.js").stat().st_size - 1
+    assert read == ok(f"     1\t{'var x = 1;' * 200}... [line truncated: {n_chars} chars]")
+    assert found == ok(f"min.js:1:{'var x = 1;' * 200} [... omitted end of long line]")
+
+
+class BlockingTool(Tool):
+    """A tool whose work never ends, as a blocked read or write once did."""
+
+    name = "blocking"
+    description = "blocks"
+    read_only = True
+    Params = TOOL_CLASSES["ls"].Params
+
+    def execute(self, params: Any) -> str:
+        threading.Event().wait()
+        return "never"
+
+
+def test_a_blocked_tool_is_stopped_by_the_time_limit(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("mlx_subagents.tools.base.DEFAULT_TOOL_TIMEOUT", 0.2)
+    assert run(BlockingTool(ws)) == err("blocking took longer than 0.2s and was stopped; narrow the request")
+
+
+def test_a_blocked_tool_thread_does_not_keep_the_process_from_exiting(ws: Workspace) -> None:
+    program = f"""
+import asyncio, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_tools import BlockingTool
+from mlx_subagents.tools import Workspace
+
+async def main():
+    task = asyncio.ensure_future(BlockingTool(Workspace({str(ws.root)!r})).call({{}}))
+    await asyncio.sleep(0.2)
+    task.cancel()  # Ctrl-C or --timeout
+    try:
+        await task
+    except asyncio.CancelledError:
+        print("cancelled")
+
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "cancelled\n")
