@@ -542,6 +542,54 @@ def test_bash_kills_leftover_background_jobs_on_return(tools: dict[str, Tool], t
     _assert_all_dead(_pids(pid_file, count=1))
 
 
+# Commands whose process leaves bash's process group, each writing its pid to PID_FILE.
+PY_SETSID = "import os, time; os.setsid(); open('PID_FILE', 'w').write(str(os.getpid())); time.sleep(30)"
+PY_DAEMON = "import os, time\nif os.fork(): os._exit(0)\n" + PY_SETSID.replace("; ", "\n")
+ESCAPES = {
+    "setsid -f": "setsid -f sh -c 'echo $$ > PID_FILE; exec sleep 30'",
+    "set -m": "set -m; sh -c 'echo $$ > PID_FILE; exec sleep 30' &",
+    "os.setsid": f'PYTHON -c "{PY_SETSID}" &',
+    "fork + os.setsid": f'PYTHON -c "{PY_DAEMON}"',
+}
+
+
+@pytest.mark.parametrize("end", ["returns", "times out", "is cancelled", "kill_all_processes"])
+@pytest.mark.parametrize("escape", ESCAPES)
+def test_processes_that_leave_the_group_die_with_the_call(
+    tools: dict[str, Tool], tmp_path: Path, escape: str, end: str
+) -> None:
+    pid_file = tmp_path / "pid"
+    spawn = ESCAPES[escape].replace("PID_FILE", str(pid_file)).replace("PYTHON", sys.executable)
+    command = f"{spawn}\nwhile [ ! -s {pid_file} ]; do sleep 0.05; done; echo spawned"
+    if end != "returns":
+        command += f"; echo 1 > {tmp_path / 'ready'}; sleep 30"
+
+    async def call() -> tuple[ToolResult | None, list[int]]:
+        task = asyncio.create_task(tools["bash"].call({"command": command, "timeout": 2 if end == "times out" else 60}))
+        pids = await asyncio.to_thread(_pids, pid_file, 1)
+        if end != "returns":  # the call still runs: the escaped process too, and "spawned" is in the pipe
+            assert alive(pids[0])
+            await asyncio.to_thread(_pids, tmp_path / "ready", 1)
+        if end == "is cancelled":
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return None, pids
+        if end == "kill_all_processes":
+            kill_all_processes()
+        return await asyncio.wait_for(task, 10), pids
+
+    result, pids = asyncio.run(call())
+    expected = {
+        "returns": ok("spawned"),
+        "times out": err("command timed out after 2s; its process group was killed\nspawned"),
+        "is cancelled": None,
+        "kill_all_processes": ok("spawned\n[exit code -9]"),
+    }
+    assert result == expected[end]
+    _assert_all_dead(pids)
+
+
 # --- a hostile tree cannot hang or exhaust a tool ----------------------------------------------------
 
 NOT_REGULAR = "is not a regular file (a FIFO, device or socket)"
