@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from helpers import alive
 
-from mlx_subagents.errors import WorkspaceEscapeError
+from mlx_subagents.errors import ToolError, WorkspaceEscapeError
 from mlx_subagents.tools import (
     READ_ONLY_TOOLS,
     TOOL_CLASSES,
@@ -26,6 +26,8 @@ from mlx_subagents.tools import (
     kill_all_processes,
     make_tools,
 )
+from mlx_subagents.tools.base import MAX_OUTPUT_BYTES
+from mlx_subagents.tools.edit import replace_checked
 from mlx_subagents.tools.grep import GrepTool
 
 SECRET = "TOP-SECRET"
@@ -677,3 +679,71 @@ asyncio.run(main())
 """
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "cancelled\n")
+
+
+# --- edit against a concurrent writer; what bash's cap counts ----------------------------------------
+
+APPENDER = """
+import sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    with open(path, "a") as file:  # what `echo line >> file` does
+        file.write(f"appended {i}\\n")
+    time.sleep(0.001)
+"""
+
+
+def test_edit_never_loses_what_a_concurrent_writer_appends(tools: dict[str, Tool], ws: Workspace) -> None:
+    path = ws.root / "log.txt"
+    path.write_text("counter = 0\n")
+    appender = subprocess.Popen([sys.executable, "-c", APPENDER, str(path), "400"])
+    n_edits = 0
+    n_changed = 0
+    try:
+        while n_edits < 30:
+            result = run(
+                tools["edit"], path="log.txt", old_text=f"counter = {n_edits}\n", new_text=f"counter = {n_edits + 1}\n"
+            )
+            if result.is_error:
+                assert result == err("log.txt: the file changed since it was read; read it again")
+                n_changed += 1
+            else:
+                n_edits += 1
+    finally:
+        appender.wait(timeout=60)
+    lines = path.read_text().splitlines()
+    assert lines[0] == "counter = 30"
+    assert sorted(lines[1:], key=lambda line: int(line.split()[1])) == [f"appended {i}" for i in range(400)]
+    assert [p.name for p in ws.root.glob(".log.txt.*")] == []  # no temporary file left
+
+
+def test_edit_refuses_a_file_changed_since_it_was_read(ws: Workspace) -> None:
+    path = ws.root / "a.txt"
+    path.write_bytes(b"one\r\ntwo\r\n")
+    with pytest.raises(ToolError, match="^a.txt: the file changed since it was read; read it again$"):
+        replace_checked(path, "a.txt", b"one\r\n", b"three\r\n")
+    assert path.read_bytes() == b"one\r\ntwo\r\n"
+    path.chmod(0o640)
+    replace_checked(path, "a.txt", b"one\r\ntwo\r\n", b"three\r\n")
+    assert (path.read_bytes(), path.stat().st_mode & 0o777) == (b"three\r\n", 0o640)
+
+
+def test_bash_caps_what_the_model_sees_not_raw_bytes(tools: dict[str, Tool]) -> None:
+    # Random bytes decode to U+FFFD (3 bytes of UTF-8) each: capping the raw bytes let 50 KB become 150 KB.
+    result = run(tools["bash"], command="head -c 2000000 /dev/urandom")
+    head, tail = result.output.split("\n[output truncated: ")[0], result.output.rsplit("]\n", 1)[1]
+    assert len(head.encode()) <= 25600 and len(tail.encode()) <= 25600
+    assert "[output truncated: 2000000 bytes total; showing the first and last 25600 bytes]" in result.output
+    assert len(result.output.encode()) <= MAX_OUTPUT_BYTES + 100
+    plain = run(tools["bash"], command="head -c 40000 /dev/urandom")  # under the cap as bytes, not as text
+    assert len(plain.output.encode()) <= MAX_OUTPUT_BYTES + 100
+
+
+def test_hard_links_are_what_the_readme_says(tools: dict[str, Tool], ws: Workspace) -> None:
+    outside = ws.root.parent / "outside/secret.txt"
+    os.link(outside, ws.root / "hard.txt")
+    assert run(tools["read"], path="hard.txt") == ok(f"     1\t{SECRET}")  # the path rules see names only
+    assert run(tools["edit"], path="hard.txt", old_text="TOP", new_text="LOW") == ok(
+        "Edited hard.txt: replaced text at line 1"
+    )
+    assert (outside.read_text(), (ws.root / "hard.txt").read_text()) == (f"{SECRET}\n", "LOW-SECRET\n")

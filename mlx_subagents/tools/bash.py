@@ -42,11 +42,18 @@ class OutputBuffer:
         del self.tail[: -self.half]
 
     def text(self) -> str:
+        """The output as the model reads it, at most `2 * half` bytes of UTF-8 and a note.
+
+        Decoding replaces each invalid byte by U+FFFD, three bytes of UTF-8: the cap applies to the
+        decoded text, so binary output cannot triple it."""
         head = self.head.decode(errors="replace")
         tail = self.tail.decode(errors="replace")
-        if self.n_bytes <= len(self.head) + len(self.tail):
+        whole = self.n_bytes <= len(self.head) + len(self.tail)
+        if whole and len((head + tail).encode()) <= 2 * self.half:
             return head + tail
         note = f"[output truncated: {self.n_bytes} bytes total; showing the first and last {self.half} bytes]"
+        head = head.encode()[: self.half].decode(errors="ignore")  # a character cut in two is dropped
+        tail = tail.encode()[-self.half :].decode(errors="ignore")
         return f"{head}\n{note}\n{tail}"
 
 
