@@ -14,6 +14,7 @@ model aliases we cannot honour are dropped with a warning, extra fields are igno
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ WRITE_TOOLS = ("edit", "write")
 # Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not.
 NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]*"
 MAX_TEMPERATURE = 2.0
+MAX_AGENT_FILE_BYTES = 1024 * 1024  # a system prompt far longer than any context window
 PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
 CLAUDE_AGENTS_DIR = ".claude/agents"
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
@@ -296,6 +298,9 @@ class AgentCatalog:
         for path in sorted(folder.glob("*.md")):
             if path.name.startswith("."):  # editor lock and backup files
                 continue
+            if (refusal := _refuse_to_read(path)) is not None:
+                self.warnings.append(f"skipped {path}: {refusal}")
+                continue
             try:
                 spec = parse_agent_file(path, source, claude=claude)
             except AgentFileError as exc:
@@ -308,6 +313,22 @@ class AgentCatalog:
                 continue
             layer[spec.name] = spec
         self.agents.update(layer)
+
+
+def _refuse_to_read(path: Path) -> str | None:
+    """Why discovery must not open `path`, if it must not: files come with a cloned repository,
+    before any confirmation, so a FIFO (which blocks) or a link to /dev/zero (which never ends)
+    is skipped, and only regular files up to `MAX_AGENT_FILE_BYTES` are read."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        return f"cannot read the file ({exc.strerror}); check that it exists and is readable"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file (a FIFO, device or socket); an agent file must be a plain text file"
+    if info.st_size > MAX_AGENT_FILE_BYTES:
+        limit = f"{MAX_AGENT_FILE_BYTES:,}"
+        return f"the file is {info.st_size:,} bytes, over the limit of {limit} for an agent file; shorten it"
+    return None
 
 
 def builtin_agents_dir() -> Path:

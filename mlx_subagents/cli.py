@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import io
 import json
 import sys
 import time
@@ -670,6 +671,9 @@ _ABORT = tuple({typer.Abort, click.exceptions.Abort, KeyboardInterrupt, asyncio.
 
 def main() -> None:
     """Entry point: maps library errors to one line and an exit code, never a traceback."""
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a model's text prints escaped, never raises
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     try:
         # Without standalone mode, typer returns the code of a `typer.Exit` instead of raising it.
         code = app(standalone_mode=False)
