@@ -17,6 +17,10 @@ class ModelLoadError(SubagentError):
     """The model files exist but mlx-lm could not load them."""
 
 
+class ModelImportError(SubagentError):
+    """A GGUF file cannot be imported (unsupported architecture, tokenizer or tensor type; name taken)."""
+
+
 class PromptTooLongError(SubagentError):
     """A prompt does not fit the context window or an input cap."""
 
