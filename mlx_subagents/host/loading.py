@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError, ModelNotFoundError
+from ..home import state_home
 
 # Files mlx-lm needs from a hub snapshot (the same set its own loader fetches).
 ALLOW_PATTERNS = [
@@ -82,8 +83,6 @@ def _download(repo_id: str) -> Path:
 
 def imported_models_dir() -> Path:
     """`$MLX_SUBAGENTS_HOME/models`: where `subagent models import` puts converted GGUF models."""
-    from ..transcripts import state_home  # the one definition of the home folder
-
     return state_home() / "models"
 
 

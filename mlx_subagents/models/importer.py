@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelImportError
+from ..home import make_state_dir
 from ..host.loading import imported_models_dir
 from . import ollama
 
@@ -166,7 +167,7 @@ class _ConverterOutput(io.TextIOBase):
 @contextlib.contextmanager
 def _staging(target: Path) -> Iterator[Path]:
     """A folder beside `target`, removed unless the block renamed it into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_state_dir(target.parent)
     stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.importing-", dir=target.parent))
     try:
         yield stage
