@@ -17,6 +17,10 @@ class ModelLoadError(SubagentError):
     """The model files exist but mlx-lm could not load them."""
 
 
+class EngineError(SubagentError):
+    """An inference engine (`--engine URL`) cannot be reached, refused a request or broke off a reply."""
+
+
 class PromptTooLongError(SubagentError):
     """A prompt does not fit the context window or an input cap."""
 
