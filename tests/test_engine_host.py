@@ -135,6 +135,19 @@ def test_an_agent_runs_real_tools_on_engine_tool_calls_and_messages_stay_byte_st
     assert result.usage.turns == 3 and result.usage.cached_tokens == 380
 
 
+def test_concurrent_sessions_send_their_requests_at_once(engine: FakeEngine) -> None:
+    for i in range(4):
+        engine.queue(Reply(f"answer {i}", chunk=2, pause=0.05), when=f"task {i}")
+
+    async def go() -> list[Any]:
+        async with EngineHost(engine.url, FAKE_MODEL) as host:
+            replies = [host.session(f"c{i}").generate([{"role": "user", "content": f"task {i}"}]) for i in range(4)]
+            return await asyncio.gather(*replies)
+
+    assert [g.text for g in run(go())] == [f"answer {i}" for i in range(4)]
+    assert engine.peak_in_flight == 4  # the engine had all four at once, to batch them
+
+
 # --- context window and token counts ---------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ class Reply:
     cached_tokens: int = 0
     completion_tokens: int | None = None
     chunk: int = 4
+    pause: float = 0.0  # seconds between chunks
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,11 @@ class FakeEngine:
     api_key: str | None = None
     listing: dict[str, Any] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
+    # The most chat requests the engine was serving at one time.
+    peak_in_flight: int = 0
 
     def __post_init__(self) -> None:
+        self._in_flight = 0
         self._scripts: dict[str | None, deque[Reply | Fault]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -160,11 +164,20 @@ class _Handler(BaseHTTPRequestHandler):
         item = self.engine._next(body)
         if isinstance(item, Fault) and item.kind == "status":
             return self._error(item.status, item.message, item.headers)
-        self._start_stream()
-        if isinstance(item, Fault):
-            self._fail_midway(item, body)
-        else:
-            self._stream(item, body)
+        self._count_in_flight(+1)
+        try:
+            self._start_stream()
+            if isinstance(item, Fault):
+                self._fail_midway(item, body)
+            else:
+                self._stream(item, body)
+        finally:
+            self._count_in_flight(-1)
+
+    def _count_in_flight(self, change: int) -> None:
+        with self.engine._lock:
+            self.engine._in_flight += change
+            self.engine.peak_in_flight = max(self.engine.peak_in_flight, self.engine._in_flight)
 
     # -- replies ----------------------------------------------------------------------------
 
@@ -172,6 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
         model = body["model"]
         for piece in _pieces(reply.content, reply.chunk):
             self._event(_chunk(model, {"content": piece}))
+            self.engine._closing.wait(reply.pause)
         for index, call in enumerate(reply.tool_calls):
             arguments = json.dumps(call.get("arguments", {}))
             head = {"index": index, "id": f"call_fake_{index}", "type": "function"}
