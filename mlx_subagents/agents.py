@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,7 +45,9 @@ PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
 CLAUDE_AGENTS_DIR = ".claude/agents"
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
-FIELDS = ("name", "description", "tools", "model", "max_turns", "temperature", "output_schema")
+FIELDS = (
+    "name", "description", "tools", "model", "max_turns", "temperature", "output_schema", "engine", "engine_model",
+)  # fmt: skip
 # Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
 CLAUDE_FIELDS = (
     "disallowedTools", "maxTurns", "permissionMode", "skills", "mcpServers", "hooks", "memory", "background",
@@ -96,6 +99,9 @@ class AgentSpec(BaseModel):
     max_turns: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=MAX_TEMPERATURE)
     output_schema: dict[str, Any] | None = None
+    # An OpenAI-compatible engine (base URL) and its model id: this agent's model calls go there.
+    engine: str | None = None
+    engine_model: str | None = None
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -143,6 +149,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
         output_schema=_parse_output_schema(path, meta.get("output_schema")),
+        **_parse_engine(path, meta.get("engine"), meta.get("engine_model")),
         system_prompt=system_prompt,
         source=source,
         path=path,
@@ -238,6 +245,19 @@ def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> s
             f"{fix} (write mlx/{model} if it is a Hugging Face repo)",
         )
     return model
+
+
+def _parse_engine(path: Path, engine: Any, model: Any) -> dict[str, str]:
+    """`engine:` (an http(s) base URL) and `engine_model:` (the engine's model id) come together."""
+    if engine is None and model is None:
+        return {}
+    example = "engine: http://gpu-box:8000/v1 and engine_model: <the engine's model id>"
+    if not isinstance(engine, str) or not isinstance(model, str) or not engine.strip() or not model.strip():
+        raise _fail(path, "fields 'engine' and 'engine_model' must both be given, as text", f"write {example}")
+    url = urlsplit(engine.strip())
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise _fail(path, f"field 'engine': {engine.strip()!r} is not an http(s) URL", f"write {example}")
+    return {"engine": engine.strip(), "engine_model": model.strip()}
 
 
 def _parse_max_turns(path: Path, key: str, value: Any) -> int | None:

@@ -114,6 +114,8 @@ def test_full_spec_fields(tmp_path):
         "max_turns": 7,
         "temperature": 1.0,
         "output_schema": {"type": "object"},
+        "engine": None,
+        "engine_model": None,
         "system_prompt": "Body text.",
         "source": "project",
         "path": path,
