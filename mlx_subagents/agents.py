@@ -28,6 +28,7 @@ from mlx_subagents.errors import AgentFileError, AgentNotFoundError, Confirmatio
 from mlx_subagents.frontmatter import agent_error as _fail
 from mlx_subagents.frontmatter import read_frontmatter
 from mlx_subagents.home import state_home
+from mlx_subagents.host.protocol import DEFAULT_THINKING_TOKENS
 from mlx_subagents.tools import TOOL_NAMES
 from mlx_subagents.userfiles import read_text
 
@@ -47,6 +48,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "model", "max_turns", "temperature", "output_schema", "engine", "engine_model",
+    "thinking",
 )  # fmt: skip
 # Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
 CLAUDE_FIELDS = (
@@ -98,6 +100,8 @@ class AgentSpec(BaseModel):
     model: str | None = None
     max_turns: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=MAX_TEMPERATURE)
+    # A thinking model's budget per reply, in tokens (0: off); None: the run's, else the default.
+    thinking: int | None = Field(default=None, ge=0)
     output_schema: dict[str, Any] | None = None
     # An OpenAI-compatible engine (base URL) and its model id: this agent's model calls go there.
     engine: str | None = None
@@ -148,6 +152,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
+        thinking=_parse_thinking(path, meta.get("thinking")),
         output_schema=_parse_output_schema(path, meta.get("output_schema")),
         **_parse_engine(path, meta.get("engine"), meta.get("engine_model")),
         system_prompt=system_prompt,
@@ -277,6 +282,33 @@ def _parse_temperature(path: Path, value: Any) -> float | None:
         problem = f"field 'temperature' must be a number from 0 to 2, got {value!r}"
         raise _fail(path, problem, "e.g. temperature: 0.2")
     return float(value)
+
+
+def parse_thinking(value: Any) -> int | None:
+    """`on`, `off` or a number of tokens (YAML reads a bare on/off as a boolean) -> tokens, 0 for off.
+
+    Raises:
+        ValueError: anything else, in a phrase naming what was given.
+    """
+    if value is None:
+        return None
+    text = str(value).strip().lower() if isinstance(value, (str, bool)) else None
+    if text in ("on", "true"):
+        return DEFAULT_THINKING_TOKENS
+    if text in ("off", "false"):
+        return 0
+    if text is not None and text.isdigit():
+        return int(text)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"must be on, off or a number of tokens, got {value!r}")
+
+
+def _parse_thinking(path: Path, value: Any) -> int | None:
+    try:
+        return parse_thinking(value)
+    except ValueError as exc:
+        raise _fail(path, f"field 'thinking' {exc}", "e.g. thinking: 2048 (tokens per reply), on or off") from None
 
 
 def _parse_output_schema(path: Path, value: Any) -> dict[str, Any] | None:

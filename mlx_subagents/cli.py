@@ -95,6 +95,14 @@ MaxTurnsOpt = Annotated[
 MaxTokensOpt = Annotated[
     Optional[int], typer.Option("--max-tokens", min=1, help="Stop a task after this many generated tokens.")
 ]
+ThinkingOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--thinking",
+        help="A thinking model's budget per reply: on, off or a number of tokens (then the thought is closed). "
+        "Default: the agent's `thinking`, else on.",
+    ),
+]
 TimeoutOpt = Annotated[
     Optional[float], typer.Option("--timeout", min=0.001, help="Stop a task after this many seconds (wall clock).")
 ]
@@ -162,6 +170,7 @@ _SHARED: dict[str, tuple[Any, Any]] = {
     "kv_budget": (KvBudgetOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
+    "thinking": (ThinkingOpt, None),
 }
 
 
@@ -181,6 +190,7 @@ class Shared:
     kv_budget: str | None
     max_depth: int
     concurrency: int
+    thinking: str | None
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -195,6 +205,7 @@ class Shared:
             kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
             context_window=self.context_window,
             concurrency=self.concurrency,
+            thinking=self.thinking,
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:

@@ -6,8 +6,18 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+# `reasoning`: a delta of a thinking model's reasoning as it is generated (`data["text"]`).
 EventKind = Literal[
-    "waiting", "task_start", "turn_start", "tool_call", "tool_result", "message", "usage", "compaction", "task_end"
+    "waiting",
+    "task_start",
+    "turn_start",
+    "reasoning",
+    "tool_call",
+    "tool_result",
+    "message",
+    "usage",
+    "compaction",
+    "task_end",
 ]
 
 

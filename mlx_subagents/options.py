@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .agents import Scope
+from .agents import Scope, parse_thinking
 from .caps import DEFAULT_CONCURRENCY, check_concurrency
 from .errors import RequestError
 
@@ -35,6 +35,8 @@ class RunOptions:
         context_window: override the model's context window (tokens).
         concurrency: agent loops running at once in the whole process, sub-agents included; a
             parent waiting on its children does not count.
+        thinking: a thinking model's budget per reply (`--thinking on|off|TOKENS`, as tokens, 0 for
+            off); wins over the agent's `thinking`.
     """
 
     model: str | None = None
@@ -48,9 +50,14 @@ class RunOptions:
     kv_budget: int | None = None
     context_window: int | None = None
     concurrency: int = DEFAULT_CONCURRENCY
+    thinking: int | str | None = None
 
     def __post_init__(self) -> None:
         check_concurrency(self.concurrency)
+        try:
+            object.__setattr__(self, "thinking", parse_thinking(self.thinking))
+        except ValueError as exc:
+            raise RequestError(f"thinking {exc}; use on, off or a number of tokens per reply") from None
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
             raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
 

@@ -19,6 +19,8 @@ StopReason = Literal[
     "format_errors",
     "schema",
     "skipped",
+    "repetition",
+    "empty_answer",
 ]
 Mode = Literal["single", "parallel", "chain", "workflow"]
 
@@ -49,6 +51,8 @@ class RunResult(BaseModel):
     task: str
     status: Status
     output: str = ""
+    # A thinking model's reasoning before its final reply: apart from `output`, which it never enters.
+    reasoning: str = ""
     error: str | None = None
     usage: RunUsage = Field(default_factory=RunUsage)
     model: str = ""

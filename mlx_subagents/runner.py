@@ -41,7 +41,7 @@ from .events import Event, EventSink, ignore_event
 from .execution import Execution, Parent, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
-from .host.protocol import ModelHost, ProcessorFactory, TextCallback
+from .host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, TextCallback
 from .options import RunOptions
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
@@ -507,6 +507,9 @@ class Runner:
         return Limits(
             max_turns=(task and task.max_turns) or self.options.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
             max_output_tokens=(task and task.max_output_tokens) or self.options.max_output_tokens,
+            thinking=next(
+                (t for t in (self.options.thinking, spec.thinking) if t is not None), DEFAULT_THINKING_TOKENS
+            ),
         )
 
 

@@ -10,6 +10,7 @@ every compaction.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,7 +20,16 @@ from .agents import AgentSpec
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .errors import SubagentError
 from .events import Event, EventSink, ignore_event
-from .host.protocol import Generation, HostSession, MalformedToolCall, Message, ModelHost, TextCallback, ToolCall
+from .host.protocol import (
+    DEFAULT_THINKING_TOKENS,
+    Generation,
+    HostSession,
+    MalformedToolCall,
+    Message,
+    ModelHost,
+    TextCallback,
+    ToolCall,
+)
 from .results import RunResult, RunUsage, StopReason
 from .tools import TOOL_CLASSES, Tool, ToolResult, Workspace, make_tools
 
@@ -27,6 +37,11 @@ DEFAULT_MAX_TURNS = 30
 DEFAULT_MAX_REPLY_TOKENS = 2048
 # Consecutive replies whose tool calls could not be parsed before the run fails.
 MAX_FORMAT_ERRORS = 3
+# The same call with the same arguments, in a row: from the third it is not run (the model is told
+# it repeats itself and what it got); the fifth ends the task.
+REPEAT_WARN_AT = 3
+REPEAT_STOP_AT = 5
+ANSWER_NOW = "Your reply held only reasoning and no answer. Answer the task now."
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,8 @@ class Limits:
     max_turns: int = DEFAULT_MAX_TURNS
     max_output_tokens: int | None = None
     max_reply_tokens: int = DEFAULT_MAX_REPLY_TOKENS
+    # Tokens a reply may think before the host closes the thought (0: off), on top of `max_reply_tokens`.
+    thinking: int = DEFAULT_THINKING_TOKENS
 
 
 class LimitReached(Exception):
@@ -88,6 +105,8 @@ class AgentSession:
         self._host_session: HostSession = self.host.session(self.label, agent=self.spec.name)
         self._format_errors = 0
         self._started = 0.0
+        self._reasoning = ""  # of the last reply
+        self._repeat: tuple[str, int, str] = ("", 0, "")  # (call key, times in a row, its first output)
 
     # -- public ---------------------------------------------------------------
 
@@ -113,10 +132,19 @@ class AgentSession:
     async def _loop(self, task: str) -> RunResult:
         self._started = time.perf_counter()
         self._emit("task_start", task=task, model=self.host.model_id, tool_mode=self.host.tool_mode)
+        nudged = False
         try:
             for _ in range(self.limits.max_turns):
                 await self._maybe_compact()
                 generation = await self._step()
+                if self._only_reasoning(generation):
+                    if nudged:
+                        raise LimitReached(
+                            "empty_answer", "the model's reply held only reasoning, twice; no answer was given"
+                        )
+                    nudged = True
+                    self.messages.append({"role": "user", "content": ANSWER_NOW})
+                    continue
                 if not generation.tool_calls and not generation.malformed_tool_calls:
                     if generation.finish_reason == "length":  # a truncated answer is not an answer
                         raise LimitReached(
@@ -151,14 +179,23 @@ class AgentSession:
             max_tokens=max_tokens,
             temperature=self.spec.temperature or 0.0,
             on_text=self.on_text,
+            on_reasoning=lambda text: self._emit("reasoning", text=text),
+            thinking=self.limits.thinking,
         )
         self._count(generation)
+        self._reasoning = generation.reasoning
         self.messages.append(generation.to_message())
         if generation.text:
             self._emit("message", text=generation.text)
         if generation.finish_reason == "length" and self._over_token_budget():
             raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
         return generation
+
+    @staticmethod
+    def _only_reasoning(generation: Generation) -> bool:
+        """A finished reply that thought but answered nothing and called nothing."""
+        empty = not generation.text.strip() and not generation.tool_calls and not generation.malformed_tool_calls
+        return empty and bool(generation.reasoning.strip()) and generation.finish_reason == "stop"
 
     def _over_token_budget(self) -> bool:
         cap = self.limits.max_output_tokens
@@ -192,6 +229,38 @@ class AgentSession:
             self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.output})
 
     async def _call_tool(self, call: ToolCall) -> ToolResult:
+        repeated = self._repeated(call)
+        if repeated is not None:
+            return repeated
+        result = await self._run_tool(call)
+        key, times, _ = self._repeat
+        if times == 1:
+            self._repeat = (key, times, result.output)
+        return result
+
+    def _repeated(self, call: ToolCall) -> ToolResult | None:
+        """Count the call against the one before; from the third identical one in a row, an error instead."""
+        key = json.dumps([call.name, call.arguments], sort_keys=True, default=str)
+        last, times, output = self._repeat
+        times = times + 1 if key == last else 1
+        self._repeat = (key, times, output if key == last else "")
+        if times >= REPEAT_STOP_AT:
+            raise LimitReached(
+                "repetition", f"the model called {call.name} with the same arguments {times} times in a row"
+            )
+        if times < REPEAT_WARN_AT:
+            return None
+        result = ToolResult(
+            f"Error: you are repeating yourself: this is call number {times} in a row of {call.name} with these same "
+            f"arguments, and it was not run again. Do something else, or give your final answer. "
+            f"What the call returned the first time:\n{output}",
+            is_error=True,
+        )
+        self._emit("tool_call", name=call.name, arguments=call.arguments, description=f"{call.name} (repeated)")
+        self._emit("tool_result", name=call.name, is_error=True, output=result.output[:2000])
+        return result
+
+    async def _run_tool(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
         self._emit("tool_call", name=call.name, arguments=call.arguments, description=label)
@@ -268,6 +337,7 @@ class AgentSession:
             task=task,
             status=status,
             output=output,
+            reasoning=self._reasoning,
             error=error,
             usage=self.usage.model_copy(),
             model=self.host.model_id,

@@ -90,3 +90,9 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
         return int(exit_info.value.code or 0), captured.out, captured.err
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def tiny_thinking_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny qwen3 folder with the Qwen3.5-style thinking template (opens `<think>` in the generation prompt)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-thinking"), "qwen3", template="thinking")

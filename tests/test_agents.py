@@ -101,7 +101,7 @@ def test_full_spec_fields(tmp_path):
         tmp_path,
         "a.md",
         f"---\nname: My-Agent\ndescription: '  Does things. '\nmodel: mlx/{QWEN}\n"
-        "max_turns: 7\ntemperature: 1\noutput_schema:\n  type: object\n---\n\n  Body text.  \n\n",
+        "max_turns: 7\ntemperature: 1\nthinking: 512\noutput_schema:\n  type: object\n---\n\n  Body text.  \n\n",
     )
 
     spec = parse_agent_file(path, "project")
@@ -113,6 +113,7 @@ def test_full_spec_fields(tmp_path):
         "model": QWEN,
         "max_turns": 7,
         "temperature": 1.0,
+        "thinking": 512,
         "output_schema": {"type": "object"},
         "engine": None,
         "engine_model": None,
@@ -572,3 +573,19 @@ def test_a_fifo_agent_file_does_not_hang_a_command(project, tmp_path):
     assert listed.returncode == 0
     assert f"skipped {folder / 'pipe.md'}: not a regular file" in listed.stdout + listed.stderr
     assert f"skipped {folder / 'zero.md'}: not a regular file" in listed.stdout + listed.stderr
+
+
+@pytest.mark.parametrize(("value", "tokens"), [("on", 4096), ("off", 0), ("'on'", 4096), ("0", 0), ("300", 300)])
+def test_thinking_field_is_on_off_or_tokens(tmp_path, value, tokens):
+    path = write(tmp_path, "a.md", f"---\nname: a\ndescription: d\nthinking: {value}\n---\nBody.\n")
+    assert parse_agent_file(path, "project").thinking == tokens
+
+
+def test_a_bad_thinking_field_is_one_line(tmp_path):
+    path = write(tmp_path, "a.md", "---\nname: a\ndescription: d\nthinking: lots\n---\nBody.\n")
+    with pytest.raises(AgentFileError) as info:
+        parse_agent_file(path, "project")
+    assert str(info.value) == (
+        f"{path}: field 'thinking' must be on, off or a number of tokens, got 'lots'; "
+        "e.g. thinking: 2048 (tokens per reply), on or off"
+    )

@@ -208,7 +208,13 @@ def test_a_failed_single_child_is_an_error_result_with_its_partial_answer(tmp_pa
         {
             "agents": {
                 "orchestrator": {"replies": [delegate(agent="scout", task="look"), "sorry"]},
-                "scout": {"replies": [{"content": "halfway", "tool_calls": [{"name": "ls", "arguments": {}}]}] * 20},
+                "scout": {
+                    # different arguments each turn: not a repetition, so the turn limit ends it
+                    "replies": [
+                        {"content": "halfway", "tool_calls": [{"name": "ls", "arguments": {"path": "." + "/." * i}}]}
+                        for i in range(20)
+                    ]
+                },
             }
         }
     )

@@ -74,6 +74,16 @@ def test_a_reply_streams_its_text_and_reports_the_engines_usage(engine: FakeEngi
     assert body["stream_options"] == {"include_usage": True} and "tools" not in body
 
 
+def test_reasoning_content_deltas_stay_apart_from_the_text(engine: FakeEngine) -> None:
+    engine.queue(Reply("It is a.py.", reasoning="Look at the list.", tool_calls=()))
+    text: list[str] = []
+    thought: list[str] = []
+    generation = run(generate(EngineHost(engine.url, FAKE_MODEL), on_text=text.append, on_reasoning=thought.append))
+    assert (generation.text, generation.reasoning) == ("It is a.py.", "Look at the list.")
+    assert "".join(text) == "It is a.py." and "".join(thought) == "Look at the list."
+    assert generation.to_message()["reasoning_content"] == "Look at the list."
+
+
 def test_a_reply_cut_by_the_token_limit_says_length(engine: FakeEngine) -> None:
     engine.queue(Reply("partial", finish_reason="length"))
     assert run(generate(EngineHost(engine.url, FAKE_MODEL))).finish_reason == "length"

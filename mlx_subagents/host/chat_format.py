@@ -6,7 +6,9 @@ gets. `prompted`: the template drops or rejects `tools`, so the tool list and on
 call format (Hermes `<tool_call>` JSON, which most open models were trained on) go
 into the system prompt, byte-identical every turn so the cached prefix survives,
 and the host parses that format itself. Either way the conversation is normalised
-to what the template accepts (see `templates.py`).
+to what the template accepts (see `templates.py`). A thinking model's markers and
+whether its generation prompt opens a thought (with thinking on, and off) are
+probed here too.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any
 
 from ..errors import ChatTemplateError
 from .protocol import MalformedToolCall, Message, TextCallback, ToolCall, ToolMode, ToolSchema
-from .templates import TemplateTraits, example_call, normalise, probe_template
-from .toolcalls import CallFormat, VisibleText, hermes, hermes_call
+from .templates import TemplateTraits, example_call, normalise, opens_thought, probe_template
+from .toolcalls import CallFormat, ThinkMarkers, VisibleText, hermes, hermes_call, split_reasoning
 
 PROMPTED_TOOLS_HEADER = "# Tools\n\nYou can call these tools; their JSON schemas:\n<tools>\n"
 PROMPTED_TOOLS_FOOTER = (
@@ -37,11 +39,16 @@ def prompted_tools(tools: list[ToolSchema]) -> str:
 
 @dataclass(frozen=True)
 class ChatFormat:
-    """The model's tool mode, what its template accepts and its call format."""
+    """The model's tool mode, what its template accepts, its call format and thought markers.
+
+    `opens`: whether the generation prompt ends inside a thought, with thinking on and off.
+    """
 
     tool_mode: ToolMode
     traits: TemplateTraits
     calls: CallFormat
+    think: ThinkMarkers | None = None
+    opens: tuple[bool, bool] = (False, False)
 
     @classmethod
     def load(cls, tokenizer: Any, model: str) -> ChatFormat:
@@ -52,13 +59,29 @@ class ChatFormat:
                 "chat_template.jinja); use an instruct/chat version of the model"
             )
         traits = probe_template(tokenizer)
+        think = ThinkMarkers.of(tokenizer)
+        opens = (
+            (opens_thought(tokenizer, think, True), opens_thought(tokenizer, think, False)) if think else (False, False)
+        )
         if traits.tools and traits.tool_calls:
             start, end = getattr(tokenizer, "tool_call_start", None), getattr(tokenizer, "tool_call_end", None)
             example = example_call(tokenizer, start, end or "") if start else None
             native = CallFormat.native(tokenizer, example)
             if native is not None:
-                return cls("native", traits, native)
-        return cls("prompted", traits, hermes())
+                return cls("native", traits, native, think, opens)
+        return cls("prompted", traits, hermes(), think, opens)
+
+    @property
+    def thinks(self) -> bool:
+        """A thinking model: markers in its vocabulary and a template that opens a thought or renders one.
+
+        (Instruct models that share a thinking vocabulary but never think get no budget.)
+        """
+        return self.think is not None and (self.opens[0] or self.traits.reasoning)
+
+    def opened(self, thinking: int) -> bool:
+        """Whether a reply starts inside a thought, with this budget (0: thinking off)."""
+        return self.opens[0] if thinking else self.opens[1]
 
     def present(
         self, messages: list[Message], tools: list[ToolSchema] | None
@@ -69,13 +92,17 @@ class ChatFormat:
         return normalise(_with_prompted_tools(messages, tools), self.traits, tool_results_as_user=True), None
 
     def split(
-        self, text: str, tools: list[ToolSchema] | None, first_index: int = 0
-    ) -> tuple[str, list[ToolCall], list[MalformedToolCall]]:
-        """(visible text, tool calls, malformed calls) of one raw reply."""
-        return self.calls.split(text, tools, first_index)
+        self, text: str, tools: list[ToolSchema] | None, first_index: int = 0, opened: bool = False
+    ) -> tuple[str, str, list[ToolCall], list[MalformedToolCall]]:
+        """(reasoning, visible text, tool calls, malformed calls) of one raw reply; calls inside the
+        reasoning are not calls."""
+        reasoning, rest = split_reasoning(text, self.think, opened)
+        return (reasoning, *self.calls.split(rest, tools, first_index))
 
-    def visible_text(self, on_text: TextCallback) -> VisibleText:
-        return self.calls.visible_text(on_text)
+    def visible_text(
+        self, on_text: TextCallback | None, on_reasoning: TextCallback | None = None, opened: bool = False
+    ) -> VisibleText:
+        return self.calls.visible_text(on_text, self.think, opened, on_reasoning)
 
 
 def _with_prompted_tools(messages: list[Message], tools: list[ToolSchema] | None) -> list[Message]:

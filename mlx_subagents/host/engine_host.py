@@ -25,6 +25,7 @@ import openai
 
 from ..errors import EngineError, PromptTooLongError, SubagentError
 from .protocol import (
+    DEFAULT_THINKING_TOKENS,
     FinishReason,
     Generation,
     MalformedToolCall,
@@ -353,19 +354,26 @@ class _Reply:
     """One streamed reply being assembled from its chunks."""
 
     text: str = ""
+    reasoning: str = ""
     shown: int = 0
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: Any = None
     first_delta: float | None = None
 
-    def add(self, chunk: Any, on_text: TextCallback | None) -> None:
+    def add(self, chunk: Any, on_text: TextCallback | None, on_reasoning: TextCallback | None = None) -> None:
         if chunk.usage is not None:
             self.usage = chunk.usage
         for choice in chunk.choices:
             delta = choice.delta
-            if self.first_delta is None and (delta.content or delta.tool_calls):
+            # vLLM and llama.cpp send `reasoning_content`, mlx-lm's server `reasoning`.
+            thought = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+            if self.first_delta is None and (delta.content or delta.tool_calls or thought):
                 self.first_delta = time.perf_counter()
+            if isinstance(thought, str) and thought:
+                self.reasoning += thought
+                if on_reasoning is not None:
+                    on_reasoning(thought)
             if delta.content:
                 self.text += delta.content
                 self._show(on_text)
@@ -411,8 +419,13 @@ class EngineSession:
         max_tokens: int = 1024,
         temperature: float = 0.0,
         on_text: TextCallback | None = None,
+        on_reasoning: TextCallback | None = None,
+        thinking: int = DEFAULT_THINKING_TOKENS,
     ) -> Generation:
-        """One streamed reply. Cancelling the awaiting task closes the stream at once."""
+        """One streamed reply. Cancelling the awaiting task closes the stream at once.
+
+        The engine splits off the reasoning (its `reasoning_content` deltas) and owns any thinking budget.
+        """
         host = self._host
         wire = to_wire(messages)
         request: dict[str, Any] = {
@@ -435,7 +448,7 @@ class EngineSession:
             raise host.error(exc) from None
         try:
             async for chunk in stream:
-                reply.add(chunk, on_text)
+                reply.add(chunk, on_text, on_reasoning)
         except openai.APIError as exc:
             raise host.error(exc, streamed=len(reply.text)) from None
         finally:
@@ -459,6 +472,7 @@ class EngineSession:
             finish_reason=_finish_reason(reply.finish_reason),
             usage=self._usage(reply, wire, tools, first - started, ended - first),
             raw_text=reply.text,
+            reasoning=reply.reasoning.strip(),
         )
 
     def _structured_calls(self, reply: _Reply) -> tuple[list[ToolCall], list[MalformedToolCall]]:

@@ -25,7 +25,15 @@ from .engine import Deliver, Engine
 from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .prompt import encode, render
-from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolMode, ToolSchema
+from .protocol import (
+    DEFAULT_THINKING_TOKENS,
+    Generation,
+    Message,
+    ProcessorFactory,
+    TextCallback,
+    ToolMode,
+    ToolSchema,
+)
 from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
 
 DEFAULT_PREFILL_STEP = 512
@@ -110,12 +118,22 @@ class MlxSession:
         max_tokens: int = 1024,
         temperature: float = 0.0,
         on_text: TextCallback | None = None,
+        on_reasoning: TextCallback | None = None,
+        thinking: int = DEFAULT_THINKING_TOKENS,
     ) -> Generation:
-        """One reply. Cancelling the awaiting task stops generation at the next token."""
+        """One reply. Cancelling the awaiting task stops generation at the next token.
+
+        A thinking model may think `thinking` tokens on top of `max_tokens`, which bounds the answer.
+        """
         chat = self._host.chat
-        request = Request(*chat.present(messages, tools), max_tokens, temperature)
+        budget = max(0, thinking) if chat.thinks else None
+        if budget is not None:  # the thought, and its forced end marker, come on top of the reply limit
+            max_tokens += budget + len(self._host.tokenizer.think_end_tokens)
+        opened = chat.opened(budget) if budget is not None else False
+        request = Request(*chat.present(messages, tools), max_tokens, temperature, budget)
         cancel = threading.Event()
-        visible = chat.visible_text(on_text) if on_text is not None else None
+        streaming = on_text is not None or on_reasoning is not None
+        visible = chat.visible_text(on_text, on_reasoning, opened) if streaming else None
         sink = TextSink(asyncio.get_running_loop(), visible) if visible is not None else None
 
         def submit(deliver: Deliver) -> None:
@@ -128,9 +146,9 @@ class MlxSession:
             raise
         if visible is not None:
             visible.flush()
-        text, calls, malformed = chat.split(generation.raw_text, tools, self._state.n_tool_calls)
+        reasoning, text, calls, malformed = chat.split(generation.raw_text, tools, self._state.n_tool_calls, opened)
         self._state.n_tool_calls += len(calls)
-        return replace(generation, text=text, tool_calls=calls, malformed_tool_calls=malformed)
+        return replace(generation, text=text, tool_calls=calls, malformed_tool_calls=malformed, reasoning=reasoning)
 
     async def reset(self) -> None:
         """Forget the cache (the next turn prefills from scratch)."""

@@ -13,6 +13,7 @@ the longest common prefix with the held ids is reused.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +36,25 @@ def _dump(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def render(tokenizer: Any, messages: list[Message], tools: list[ToolSchema] | None, *, generation_prompt: bool) -> str:
-    """The chat template's text for a conversation; a template that fails says so in one line."""
+def render(
+    tokenizer: Any,
+    messages: list[Message],
+    tools: list[ToolSchema] | None,
+    *,
+    generation_prompt: bool,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The chat template's text for a conversation; a template that fails says so in one line.
+
+    `template_kwargs` reach the template as variables (`enable_thinking=False`).
+    """
     try:
         return tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+            messages,
+            tools=tools or None,
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+            **(template_kwargs or {}),
         )
     except Exception as exc:  # jinja's raise_exception, or a template tripping over a message
         reason = " ".join(str(exc).split()) or type(exc).__name__
@@ -66,6 +81,7 @@ def _spliced(
     text: str,
     state: RenderState,
     held: list[int],
+    template_kwargs: Mapping[str, Any] | None,
 ) -> list[int] | None:
     """Held ids + the tokens after the previous reply, or None when not an extension."""
     k = state.n_messages
@@ -73,7 +89,7 @@ def _spliced(
         return None
     if _dump(tools) != state.tools_json or _dump(messages[:k]) != state.messages_json:
         return None
-    with_reply = render(tokenizer, messages[: k + 1], tools, generation_prompt=False)
+    with_reply = render(tokenizer, messages[: k + 1], tools, generation_prompt=False, template_kwargs=template_kwargs)
     if not with_reply.startswith(state.prompt_text) or not text.startswith(with_reply):
         return None
     reply = with_reply[len(state.prompt_text) :]
@@ -92,11 +108,12 @@ def build_prompt(
     tools: list[ToolSchema] | None,
     state: RenderState | None,
     held: list[int],
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[list[int], str]:
     """Prompt ids for this turn and the rendered text (kept for the next turn)."""
-    text = render(tokenizer, messages, tools, generation_prompt=True)
+    text = render(tokenizer, messages, tools, generation_prompt=True, template_kwargs=template_kwargs)
     if state is not None and held:
-        ids = _spliced(tokenizer, messages, tools, text, state, held)
+        ids = _spliced(tokenizer, messages, tools, text, state, held, template_kwargs)
         if ids is not None:
             return ids, text
     return encode(tokenizer, text), text
@@ -108,14 +125,19 @@ def make_render_state(
     return RenderState(_dump(messages), _dump(tools), len(messages), text, ended_with_eos)
 
 
-def generation_prompt_length(tokenizer: Any, messages: list[Message], tools: list[ToolSchema] | None) -> int:
+def generation_prompt_length(
+    tokenizer: Any,
+    messages: list[Message],
+    tools: list[ToolSchema] | None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> int:
     """Tokens the template appends to open the reply (`<|im_start|>assistant\n`).
 
     A hybrid cache is snapshotted just before them: a retry or a new user
     message diverges exactly there.
     """
-    with_prompt = render(tokenizer, messages, tools, generation_prompt=True)
-    without = render(tokenizer, messages, tools, generation_prompt=False)
+    with_prompt = render(tokenizer, messages, tools, generation_prompt=True, template_kwargs=template_kwargs)
+    without = render(tokenizer, messages, tools, generation_prompt=False, template_kwargs=template_kwargs)
     if not with_prompt.startswith(without) or len(with_prompt) == len(without):
         return 1
     return max(1, len(encode(tokenizer, with_prompt[len(without) :])))

@@ -18,6 +18,8 @@ FinishReason = Literal["stop", "length", "cancelled"]
 # native: the chat template presents the tools and the model's own call format is parsed;
 # prompted: the host puts the tool list and one call format in the system prompt and parses that.
 ToolMode = Literal["native", "prompted"]
+# Tokens a reply may think before the host closes the thought; 0 turns thinking off.
+DEFAULT_THINKING_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,11 @@ class Usage:
 
 @dataclass(frozen=True)
 class Generation:
-    """One model reply: visible text, structured tool calls and accounting."""
+    """One model reply: visible text, structured tool calls, the reasoning before them, and accounting.
+
+    `reasoning` is what a thinking model wrote inside its thought markers: never part of
+    `text`, and a tool call written there is not in `tool_calls`.
+    """
 
     text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -77,12 +83,19 @@ class Generation:
     usage: Usage = field(default_factory=Usage)
     raw_text: str = ""
     token_ids: tuple[int, ...] = ()
+    reasoning: str = ""
 
     def to_message(self) -> Message:
-        """The assistant message to append to the conversation."""
+        """The assistant message to append to the conversation.
+
+        The reasoning goes in `reasoning_content`, where Qwen3-style templates read it back
+        (for the turns after the last user message), so the re-rendered prompt matches the cache.
+        """
         # A malformed call stays visible, so the error the model gets refers to its own words.
         content = "\n".join([self.text, *(bad.raw for bad in self.malformed_tool_calls)]).strip()
         message: Message = {"role": "assistant", "content": content}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
         if self.tool_calls:
             message["tool_calls"] = [c.to_message_part() for c in self.tool_calls]
         return message
@@ -102,8 +115,12 @@ class HostSession(Protocol):
         max_tokens: int = 1024,
         temperature: float = 0.0,
         on_text: TextCallback | None = None,
+        on_reasoning: TextCallback | None = None,
+        thinking: int = DEFAULT_THINKING_TOKENS,
     ) -> Generation:
-        """One reply; `on_text` gets only its visible text as it is generated (no call markup)."""
+        """One reply; `on_text` gets only its visible text as it is generated (no call markup, no
+        reasoning), `on_reasoning` the reasoning. A thinking model may think `thinking` tokens
+        (0: off) before the host closes its thought; `max_tokens` then bounds the rest."""
         ...
 
     @property

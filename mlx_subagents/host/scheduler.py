@@ -26,6 +26,7 @@ from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
 from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
+from .thinking import thought_budget
 
 Deliver = Callable[[bool, Any], None]
 
@@ -63,6 +64,12 @@ class Request:
     tools: list[ToolSchema] | None
     max_tokens: int
     temperature: float
+    thinking: int | None = None  # a thinking model's budget (0: off); None: no thought to watch
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the template is rendered with: thinking off passes its switch."""
+        return {"enable_thinking": False} if self.thinking == 0 else {}
 
 
 @dataclass(eq=False)  # compared by identity: a turn holds caches, not values
@@ -132,8 +139,9 @@ class Scheduler:
     def submit(self, turn: Turn) -> None:
         """Tokenize and queue a turn; serialized mode runs it to completion here."""
         try:
+            req = turn.request
             turn.ids, turn.text = build_prompt(
-                self.tokenizer, turn.request.messages, turn.request.tools, turn.state.render, turn.state.token_ids
+                self.tokenizer, req.messages, req.tools, turn.state.render, turn.state.token_ids, req.template_kwargs
             )
             turn.max_tokens = self._fit(len(turn.ids), turn.request.max_tokens)
             if turn.state.prompt_cache is None and turn.state.spill_path is None:  # nothing of its own to reuse
@@ -299,9 +307,11 @@ class Scheduler:
         messages = turn.request.messages
         if not (self.config.reuse and self.config.share_prefix and messages and messages[0].get("role") == "system"):
             return None
-        prefix = encode(
-            self.tokenizer, render(self.tokenizer, messages[:1], turn.request.tools, generation_prompt=False)
+        req = turn.request
+        text = render(
+            self.tokenizer, messages[:1], req.tools, generation_prompt=False, template_kwargs=req.template_kwargs
         )
+        prefix = encode(self.tokenizer, text)
         ok = 0 < len(prefix) < len(turn.ids) - 1 and turn.ids[: len(prefix)] == prefix
         return prefix if ok else None
 
@@ -312,7 +322,9 @@ class Scheduler:
             stops.append((len(prefix), "prefix"))
         if self.config.reuse and not self._trimmable:
             req = turn.request
-            snap = len(turn.ids) - generation_prompt_length(self.tokenizer, req.messages, req.tools)
+            snap = len(turn.ids) - generation_prompt_length(
+                self.tokenizer, req.messages, req.tools, req.template_kwargs
+            )
             if 0 < snap and turn.pos <= snap:
                 stops.append((snap, "snapshot"))
         stops.append((len(turn.ids) - 1, "end"))
@@ -354,6 +366,10 @@ class Scheduler:
         from mlx_lm.sample_utils import make_sampler
 
         processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
+        if turn.request.thinking is not None and (
+            budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)
+        ):
+            processors = [*processors, budget]  # last: closing the thought wins over other processors
         sampler = make_sampler(temp=turn.request.temperature)
         turn.detokenizer = self.tokenizer.detokenizer if turn.sink else None
         if self.config.batching and self._batchable(turn.cache):

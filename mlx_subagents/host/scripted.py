@@ -7,7 +7,7 @@ the MLX host. The script is a JSON or YAML file:
     context_window: 32768          # optional
     replies:                       # fallback for every agent
       - tool_calls: [{name: ls, arguments: {path: .}}]
-      - content: done
+      - {reasoning: "the listing answers it", content: done}   # a thinking model's reply
     agents:                        # optional, per agent; wins over `replies`
       scout:
         replies:
@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
 from mlx_subagents.host.protocol import (
+    DEFAULT_THINKING_TOKENS,
     Generation,
     MalformedToolCall,
     Message,
@@ -93,11 +94,12 @@ class ScriptedToolCall(BaseModel):
 
 
 class ScriptedReply(BaseModel):
-    """One model reply: text and/or tool calls, or `raw` malformed tool-call markup."""
+    """One model reply: text and/or tool calls, or `raw` malformed tool-call markup; `reasoning` before them."""
 
     model_config = ConfigDict(extra="forbid")
 
     content: str = ""
+    reasoning: str = ""
     tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
     raw: str | None = None
     delay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
@@ -290,8 +292,10 @@ class ScriptedSession:
         max_tokens: int = 1024,
         temperature: float = 0.0,
         on_text: TextCallback | None = None,
+        on_reasoning: TextCallback | None = None,
+        thinking: int = DEFAULT_THINKING_TOKENS,
     ) -> Generation:
-        """Return the next scripted reply; `max_tokens` and `temperature` are ignored."""
+        """Return the next scripted reply; `max_tokens`, `temperature` and `thinking` are ignored."""
         if self._closed:
             raise RuntimeError(f"scripted session '{self.name}' is closed")
         if self._busy:
@@ -318,6 +322,8 @@ class ScriptedSession:
         # Only a delivered reply is consumed: a cancelled call leaves the cursor in place.
         self._cursor += 1
         generation = self._make_generation(reply, messages, tools, prompt_tokens)
+        if on_reasoning is not None and generation.reasoning:
+            on_reasoning(generation.reasoning)
         if on_text is not None and generation.text:
             on_text(generation.text)
         return generation
@@ -332,7 +338,7 @@ class ScriptedSession:
         calls = [self._tool_call(c) for c in reply.tool_calls]
         raw = reply.raw
         malformed = [MalformedToolCall(raw, hermes().error(_parse_error(raw)))] if raw is not None else []
-        reply_message = Generation(text=reply.content, tool_calls=calls).to_message()
+        reply_message = Generation(text=reply.content, tool_calls=calls, reasoning=reply.reasoning).to_message()
         cached = self._cached_tokens(messages, tools)
         self._previous = [*messages, reply_message]
         self._previous_tools = tools
@@ -348,6 +354,7 @@ class ScriptedSession:
                 generated_tokens=approx_tokens([reply_message]),
             ),
             raw_text=raw if raw is not None else reply.content + "".join(map(_markup, calls)),
+            reasoning=reply.reasoning,
         )
 
     def _tool_call(self, call: ScriptedToolCall) -> ToolCall:

@@ -42,6 +42,7 @@ class TemplateTraits:
     alternating: bool = False  # only user/assistant/user/... (Gemma)
     tools: bool = True  # renders a tool list
     tool_calls: bool = True  # renders an assistant message's tool calls
+    reasoning: bool = False  # renders an assistant message's `reasoning_content` (a thinking model's template)
 
 
 def _shows(tokenizer: Any, messages: list[Message], needle: str, tools: list[ToolSchema] | None = None) -> bool:
@@ -60,7 +61,20 @@ def probe_template(tokenizer: Any) -> TemplateTraits:
         alternating=not _shows(tokenizer, [_USER, {"role": "user", "content": f"{_MARK}-again"}], f"{_MARK}-again"),
         tools=_shows(tokenizer, [_USER], f"{_MARK}-tool", [_PROBE_TOOL]),
         tool_calls=_shows(tokenizer, [_USER, call], f"{_MARK}-call", [_PROBE_TOOL]),
+        reasoning=_shows(tokenizer, [_USER, {**call, "reasoning_content": f"{_MARK}-thought"}], f"{_MARK}-thought"),
     )
+
+
+def opens_thought(tokenizer: Any, think: Any, enable_thinking: bool) -> bool:
+    """Whether the generation prompt ends inside a thought (Qwen3.5 writes `<think>\n` there when thinking
+    is on, and an empty closed thought when it is off)."""
+    try:
+        text = render(
+            tokenizer, [_USER], None, generation_prompt=True, template_kwargs={"enable_thinking": enable_thinking}
+        )
+    except Exception:
+        return False
+    return text.rfind(think.start) > text.rfind(think.end)
 
 
 def example_call(tokenizer: Any, start: str, end: str) -> str | None:

@@ -1,10 +1,14 @@
-"""Tool-call formats: split a reply into text and calls, hide the markup while streaming.
+"""Tool-call formats and thought markers: split a reply into reasoning, text and calls, and
+route each while streaming.
 
 A `CallFormat` is a pair of markers and a parser from mlx-lm's `tool_parsers`
 (`json_tools` for Qwen/Hermes `<tool_call>`, `qwen3_coder`, `mistral`, ...): a
 native model uses the one mlx-lm found for its tokenizer, a prompted model the
 Hermes format the host teaches it. A call that does not parse comes back as a
 `MalformedToolCall` whose error says how to write it in this format, never raised.
+A thinking model's reasoning (between mlx-lm's `think_start` and `think_end`, which
+the prompt may already have opened) is split off first: a call written there is
+not a call.
 """
 
 from __future__ import annotations
@@ -26,6 +30,50 @@ def hermes_call(name: str, arguments: Mapping[str, Any]) -> str:
     """One call in the Hermes format (what Qwen's template writes, and prompted models are taught)."""
     body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"
+
+
+@dataclass(frozen=True)
+class ThinkMarkers:
+    """A thinking model's thought markers (`<think>`/`</think>`, `<|channel>thought`/`<channel|>`, ...)."""
+
+    start: str
+    end: str
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> ThinkMarkers | None:
+        """The markers mlx-lm's tokenizer wrapper found in the vocabulary, or None for a model that does not think."""
+        if not getattr(tokenizer, "has_thinking", False):
+            return None
+        return cls(tokenizer.think_start, tokenizer.think_end)
+
+
+def split_reasoning(text: str, think: ThinkMarkers | None, opened: bool = False) -> tuple[str, str]:
+    """(reasoning, the rest) of a raw reply; `opened`: the prompt ended inside a thought.
+
+    A thought the reply never closed (cut by a limit) is all reasoning.
+    """
+    if think is None:
+        return "", text
+    from mlx_lm.generate import TextStateMachine
+
+    machine = TextStateMachine(_transitions(think, None, None))
+    state, segments = TextStateMachine.split(machine.make_state("reasoning" if opened else "normal"), text)
+    _, rest, last = TextStateMachine.flush(state)
+    segments.append((last, rest))
+    reasoning = "".join(chunk for name, chunk in segments if name == "reasoning")
+    return reasoning.strip(), "".join(chunk for name, chunk in segments if name != "reasoning")
+
+
+def _transitions(think: ThinkMarkers | None, start: str | None, end: str | None) -> dict[str, list[tuple[str, str]]]:
+    """mlx-lm `TextStateMachine` edges: normal <-> reasoning, normal <-> call."""
+    edges: dict[str, list[tuple[str, str]]] = {"normal": []}
+    if think is not None:
+        edges["normal"].append((think.start, "reasoning"))
+        edges["reasoning"] = [(think.end, "normal")]
+    if start is not None:
+        edges["normal"].append((start, "call"))
+        edges["call"] = [(end, "normal")] if end else []
+    return edges
 
 
 @dataclass(frozen=True)
@@ -81,9 +129,16 @@ class CallFormat:
         visible.append(rest)
         return "".join(visible).strip(), calls, malformed
 
-    def visible_text(self, on_text: TextCallback) -> VisibleText:
-        """A callback for streamed text that passes on only what is not call markup."""
-        return VisibleText(on_text, self.start, self.end)
+    def visible_text(
+        self,
+        on_text: TextCallback | None,
+        think: ThinkMarkers | None = None,
+        opened: bool = False,
+        on_reasoning: TextCallback | None = None,
+    ) -> VisibleText:
+        """A callback for streamed text that passes on to `on_text` only what is neither call markup nor
+        reasoning, and the reasoning to `on_reasoning`."""
+        return VisibleText(on_text, self.start, self.end, think, opened, on_reasoning)
 
     def _parse(self, raw: str, tools: list[ToolSchema] | None, index: int) -> list[ToolCall]:
         parsed = self.parser(raw, tools)
@@ -119,7 +174,8 @@ def _to_call(parsed: Any, index: int) -> ToolCall:
 
 
 class VisibleText:
-    """Streams a reply without its tool-call markup, holding back what may be the start of a marker.
+    """Streams a reply without its tool-call markup, routing reasoning apart, holding back what may be
+    the start of a marker.
 
     mlx-lm's `TextStateMachine` (what its server uses to route text, reasoning and
     calls) matches the markers on decoded text, so a marker split across tokens is
@@ -127,25 +183,35 @@ class VisibleText:
     a marker is passed on then.
     """
 
-    def __init__(self, on_text: TextCallback, start: str, end: str) -> None:
+    def __init__(
+        self,
+        on_text: TextCallback | None,
+        start: str,
+        end: str,
+        think: ThinkMarkers | None = None,
+        opened: bool = False,
+        on_reasoning: TextCallback | None = None,
+    ) -> None:
         from mlx_lm.generate import TextStateMachine
 
-        self._on_text = on_text
-        machine = TextStateMachine({"normal": [(start, "call")], "call": [(end, "normal")] if end else []})
-        self._state = machine.make_state("normal")
+        self._sinks = {"normal": on_text, "reasoning": on_reasoning}
+        machine = TextStateMachine(_transitions(think, start, end))
+        self._state = machine.make_state("reasoning" if opened and think is not None else "normal")
 
     def __call__(self, text: str) -> None:
         from mlx_lm.generate import TextStateMachine
 
         self._state, segments = TextStateMachine.split(self._state, text)
-        self._emit("".join(chunk for state, chunk in segments if state == "normal"))
+        for name, chunk in segments:
+            self._emit(name, chunk)
 
     def flush(self) -> None:
         from mlx_lm.generate import TextStateMachine
 
         self._state, rest, state = TextStateMachine.flush(self._state)
-        self._emit(rest if state == "normal" else "")
+        self._emit(state, rest)
 
-    def _emit(self, text: str) -> None:
-        if text:
-            self._on_text(text)
+    def _emit(self, state: str | None, text: str) -> None:
+        sink = self._sinks.get(state or "")
+        if text and sink is not None:
+            sink(text)

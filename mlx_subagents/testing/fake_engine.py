@@ -29,6 +29,7 @@ class Reply:
 
     content: str = ""
     tool_calls: tuple[dict[str, Any], ...] = ()
+    reasoning: str = ""  # streamed first, as `reasoning_content` deltas (as vLLM's reasoning parsers do)
     finish_reason: str = "stop"
     prompt_tokens: int | None = None
     cached_tokens: int = 0
@@ -183,6 +184,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, reply: Reply, body: dict[str, Any]) -> None:
         model = body["model"]
+        for piece in _pieces(reply.reasoning, reply.chunk):
+            self._event(_chunk(model, {"reasoning_content": piece}))
         for piece in _pieces(reply.content, reply.chunk):
             self._event(_chunk(model, {"content": piece}))
             self.engine._closing.wait(reply.pause)

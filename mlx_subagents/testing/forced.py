@@ -32,26 +32,39 @@ class ForcedProcessor:
 
     The prompt length is taken from the first call, so one instance serves one request. Both
     paths pass a 1-D `mx.array` holding the context plus the tokens generated so far
-    (`generate_step`: the prompt it was given; `BatchGenerator`: `all_tokens` + prompt), so the
-    position in the script is the growth since that first call. Both sample one step ahead and
-    ask once more after EOS: answering EOS again is harmless.
+    (`generate_step`: the prompt it was given; `BatchGenerator`: `all_tokens` + prompt), so each
+    later call shows one new token. Both sample one step ahead and ask once more after EOS:
+    answering EOS again is harmless. When a processor after this one made the model emit another
+    token than the script's (the host closing a thought at its budget), the script resumes after
+    that token's next occurrence in it.
     """
 
     def __init__(self, token_ids: Sequence[int], eos_token_id: int) -> None:
         self.token_ids = [int(t) for t in token_ids]
         self.eos_token_id = int(eos_token_id)
-        self._prompt_len: int | None = None
+        self._seen: int | None = None  # tokens seen: the prompt at the first call, then one more per call
+        self._pos = 0
 
     def __call__(self, tokens: mx.array | Sequence[int], logits: mx.array) -> mx.array:
         n = len(tokens)
-        if self._prompt_len is None:
-            self._prompt_len = n
-        step = n - self._prompt_len
-        if step < 0:
+        if self._seen is None:
+            self._seen = n
+        if n < self._seen:
             raise RuntimeError("a ForcedProcessor serves one request; make a fresh one per request")
-        target = self.token_ids[step] if step < len(self.token_ids) else self.eos_token_id
+        new = tokens[self._seen : n]
+        for token in new.tolist() if isinstance(new, mx.array) else new:
+            self._advance(int(token))
+        self._seen = n
+        pos = self._pos
+        target = self.token_ids[pos] if pos < len(self.token_ids) else self.eos_token_id
         keep = mx.arange(logits.shape[-1]) == target
         return mx.where(keep, logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    def _advance(self, emitted: int) -> None:
+        ids, pos = self.token_ids, self._pos
+        if pos < len(ids) and ids[pos] != emitted and emitted in ids[pos:]:
+            pos = ids.index(emitted, pos)
+        self._pos = pos + 1
 
     def __repr__(self) -> str:
         return f"ForcedProcessor({len(self.token_ids)} tokens, eos={self.eos_token_id})"

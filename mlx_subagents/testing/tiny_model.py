@@ -5,7 +5,7 @@ thousand fp32 parameters, a byte-level BPE tokenizer trained on generated agent-
 Qwen tools chat template. The weights are noise; `forced.py` makes them say something useful.
 
     python -m mlx_subagents.testing.tiny_model OUT [--arch qwen3|qwen3_5] [--seed N]
-        [--context-window N] [--template tools|no_tools|strict|none]
+        [--context-window N] [--template tools|no_tools|strict|thinking|none]
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ Arch = Literal["qwen3", "qwen3_5"]
 ARCHS: tuple[Arch, ...] = ("qwen3", "qwen3_5")
 # Chat templates, one per path the host takes: Qwen-style with tools (native tool mode), ChatML that
 # drops tools (prompted, like SmolLM2), Gemma-style strict alternation without system (prompted and
-# normalised), and none at all (refused at load).
-Template = Literal["tools", "no_tools", "strict", "none"]
-TEMPLATES: tuple[Template, ...] = ("tools", "no_tools", "strict", "none")
+# normalised), Qwen3.5-style thinking (opens a thought, renders reasoning_content, `enable_thinking`
+# switch), and none at all (refused at load).
+Template = Literal["tools", "no_tools", "strict", "thinking", "none"]
+TEMPLATES: tuple[Template, ...] = ("tools", "no_tools", "strict", "thinking", "none")
 _TEMPLATE_FILES = {
     "tools": "chat_template.jinja",
     "no_tools": "chat_template_no_tools.jinja",
     "strict": "chat_template_strict.jinja",
+    "thinking": "chat_template_thinking.jinja",
 }
 
 EOS_TOKEN = "<|im_end|>"
