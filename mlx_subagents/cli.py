@@ -139,6 +139,7 @@ _JSON_FIELDS = {
     "task",
     "status",
     "output",
+    "reasoning",
     "error",
     "usage",
     "model",

@@ -22,6 +22,7 @@ RESULT_FIELDS = {
     "task",
     "status",
     "output",
+    "reasoning",
     "error",
     "usage",
     "model",

@@ -19,7 +19,19 @@ REPO = Path(__file__).resolve().parents[1]
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
 BUILTINS = ["orchestrator", "planner", "reviewer", "scout", "worker"]
-JSON_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "tool_mode", "stop_reason", "duration_s"}
+JSON_FIELDS = {
+    "agent",
+    "task",
+    "status",
+    "output",
+    "reasoning",
+    "error",
+    "usage",
+    "model",
+    "tool_mode",
+    "stop_reason",
+    "duration_s",
+}
 USAGE_FIELDS = {"input_tokens", "output_tokens", "cached_tokens", "context_tokens", "turns"}
 
 # Documented in the README beside issue 3's fields: what resume and the multi-run modes need.

@@ -7,6 +7,7 @@ forced script starts inside the thought.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ import pytest
 
 from mlx_subagents.agents import AgentSpec
 from mlx_subagents.host.mlx_host import MlxModelHost
-from mlx_subagents.session import AgentSession, Limits, workspace_for
+from mlx_subagents.host.scripted import ScriptedHost
+from mlx_subagents.session import ANSWER_NOW, AgentSession, Limits, workspace_for
 from mlx_subagents.testing import ForcedScripts, tool_call_text
+from mlx_subagents.transcripts import read_transcript
 
 SYSTEM = "You find things in code."
 
@@ -117,3 +120,140 @@ def test_thinking_off_renders_the_templates_switch(tiny_thinking_path: Path) -> 
     assert (off.text, off.reasoning) == ("Hi.", "")
     assert tokenizer.decode(scripts.prompts[0]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert tokenizer.decode(scripts.prompts[1]).endswith("<|im_start|>assistant\n<think>\n")
+
+
+# --- without a model: scripted replies carry `reasoning` ------------------------------------------------
+
+
+def scripted_run(tmp_path: Path, replies: list[Any], **limits: Any) -> tuple[Any, list[Any]]:
+    host = ScriptedHost.from_replies(replies)
+    events: list[Any] = []
+    session = AgentSession(
+        spec(tmp_path, ("ls",)), host, workspace_for(tmp_path), limits=Limits(**limits), on_event=events.append
+    )
+    return asyncio.run(session.run("what is here?")), events
+
+
+LS = {"name": "ls", "arguments": {"path": "."}}
+
+
+def test_the_same_call_a_third_time_is_not_run_and_the_model_is_told(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("x")
+    result, events = scripted_run(tmp_path, [{"tool_calls": [LS]}] * 4 + ["a.txt is here."])
+    assert (result.status, result.output) == ("completed", "a.txt is here.")
+    results = [e.data for e in events if e.kind == "tool_result"]
+    assert [r["is_error"] for r in results] == [False, False, True, True]
+    assert results[2]["output"] == (
+        "Error: you are repeating yourself: this is call number 3 in a row of ls with these same arguments, "
+        "and it was not run again. Do something else, or give your final answer. "
+        "What the call returned the first time:\n" + results[0]["output"]
+    )
+    assert "a.txt" in results[0]["output"]
+
+
+def test_the_fifth_same_call_in_a_row_ends_the_task(tmp_path: Path) -> None:
+    other = {"name": "ls", "arguments": {"path": "./."}}
+    replies = [{"tool_calls": [LS]}, {"tool_calls": [other]}] + [{"tool_calls": [LS]}] * 5 + ["never"]
+    result, _ = scripted_run(tmp_path, replies)
+    assert (result.status, result.stop_reason) == ("failed", "repetition")
+    assert result.error == "the model called ls with the same arguments 5 times in a row"
+    assert result.usage.turns == 7  # the call in between reset the count
+
+
+def test_an_answer_of_reasoning_alone_is_sent_back_once(tmp_path: Path) -> None:
+    host_replies = [{"reasoning": "Thinking it over."}, {"reasoning": "Now then.", "content": "It is a.txt."}]
+    result, _ = scripted_run(tmp_path, host_replies)
+    assert (result.status, result.output, result.reasoning) == ("completed", "It is a.txt.", "Now then.")
+
+    result, _ = scripted_run(tmp_path, [{"reasoning": "Hmm."}, {"reasoning": "Hmm again."}])
+    assert (result.status, result.stop_reason, result.output) == ("failed", "empty_answer", "")
+    assert result.error == "the model's reply held only reasoning, twice; no answer was given"
+
+
+def test_the_answer_sent_back_after_reasoning_alone_asks_for_the_answer(tmp_path: Path) -> None:
+    host = ScriptedHost.from_replies([{"reasoning": "Thinking it over."}, "Done."])
+    session = AgentSession(spec(tmp_path, ("ls",)), host, workspace_for(tmp_path))
+    asyncio.run(session.run("go"))
+    sent = host.history["scout"][1]
+    assert sent[-2] == {"role": "assistant", "content": "", "reasoning_content": "Thinking it over."}
+    assert sent[-1] == {"role": "user", "content": ANSWER_NOW}
+
+
+def test_run_json_keeps_reasoning_in_its_own_field(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = write_script([{"reasoning": "The list shows it.", "content": "It is in a.py."}])
+    code, out, err = run_cli("run", "scout", "where?", "-m", model, "-C", str(tmp_path), "--json")
+    data = json.loads(out)
+    assert code == 0, err
+    assert (data["output"], data["reasoning"]) == ("It is in a.py.", "The list shows it.")
+
+
+def test_run_events_stream_reasoning_deltas(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = write_script([{"reasoning": "The list shows it.", "content": "It is in a.py."}])
+    code, out, err = run_cli("run", "scout", "where?", "-m", model, "-C", str(tmp_path), "--events")
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert code == 0, err
+    assert [e["data"]["text"] for e in events if e["kind"] == "reasoning"] == ["The list shows it."]
+    assert [e["data"]["text"] for e in events if e["kind"] == "message"] == ["It is in a.py."]
+
+
+def test_parallel_and_chain_see_only_the_visible_text(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": [{"reasoning": "secret thought", "content": "src/auth.py"}]},
+                "reviewer": {"replies": [{"reasoning": "another thought", "content": "fine"}]},
+            }
+        }
+    )
+    code, out, err = run_cli(
+        "chain",
+        "-s",
+        "scout",
+        "find auth",
+        "-s",
+        "reviewer",
+        "review {previous}",
+        "-m",
+        model,
+        "-C",
+        str(tmp_path),
+        "--json",
+    )
+    assert code == 0, err
+    scout, reviewer = json.loads(out)["results"]
+    assert (scout["output"], scout["reasoning"]) == ("src/auth.py", "secret thought")
+    assert reviewer["task"] == "review src/auth.py"
+    code, out, err = run_cli(
+        "parallel", "-t", "scout", "a", "-t", "reviewer", "b", "-m", model, "-C", str(tmp_path), "--json"
+    )
+    assert code == 0, err
+    assert [(r["output"], r["reasoning"]) for r in json.loads(out)["results"]] == [
+        ("src/auth.py", "secret thought"),
+        ("fine", "another thought"),
+    ]
+
+
+def test_schema_and_delegation_see_only_the_visible_text(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "required": ["files"]}')
+    answer = {"reasoning": "not JSON {at all", "content": '{"files": ["a.py"]}'}
+    model = write_script([answer])
+    code, out, err = run_cli("run", "scout", "a", "-m", model, "-C", str(tmp_path), "--schema", str(schema), "--json")
+    assert code == 0, err
+    assert json.loads(out)["parsed"] == {"files": ["a.py"]}
+
+    delegate = {"tool_calls": [{"name": "subagent", "arguments": {"agent": "scout", "task": "look"}}]}
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [delegate, "done"]},
+                "scout": {"replies": [{"reasoning": "child's thought", "content": "child's answer"}]},
+            }
+        },
+        name="parent.json",
+    )
+    code, out, err = run_cli("run", "orchestrator", "help", "-m", model, "-C", str(tmp_path), "--json")
+    assert code == 0, err
+    transcript = read_transcript(Path(json.loads(out)["transcript"]))
+    [result] = [m["content"] for m in transcript.messages if m["role"] == "tool"]
+    assert result.startswith("child's answer") and "child's thought" not in result
