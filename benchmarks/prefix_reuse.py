@@ -24,6 +24,8 @@ Run (from the repository root):
     python benchmarks/prefix_reuse.py                      # tiny random qwen3, 8 turns, a table
     python benchmarks/prefix_reuse.py --arch qwen3_5       # hybrid model (non-trimmable cache)
     python benchmarks/prefix_reuse.py --json               # the last line is one JSON object
+    python benchmarks/prefix_reuse.py --thinking           # a Qwen3.5-style thinking template: each
+                                                           # reply thinks first (reasoning_content back)
     python benchmarks/prefix_reuse.py --model ~/models/Qwen3-4B-Instruct-2507-4bit
 
 On a Mac (Metal) `pip install -e .` (or `PYTHONPATH=.`) is all it needs; use `--model` with a
@@ -92,11 +94,19 @@ class Conversation:
     tools: list[ToolSchema]
     calls: list[PlannedCall]
     final_answer: str
+    thinking: bool = False
 
     @property
     def scripts(self) -> list[str]:
-        """The reply forced at each turn: every call's text, then the final answer."""
-        return [c.text for c in self.calls] + [self.final_answer]
+        """The reply forced at each turn: every call's text, then the final answer (each after a
+        thought closing the one the thinking template's generation prompt opened)."""
+        replies = [c.text for c in self.calls] + [self.final_answer]
+        if not self.thinking:
+            return replies
+        return [
+            f"Turn {i + 1}: what I know so far, and which file to look at next.\n</think>\n\n{r}"
+            for i, r in enumerate(replies)
+        ]
 
 
 @dataclass(frozen=True)
@@ -121,12 +131,12 @@ def final_answer(calls: Sequence[PlannedCall]) -> str:
     return "Findings:\n" + "\n".join(findings) + "\n\n" + summary
 
 
-def build_conversation(turns: int, result_lines: int) -> Conversation:
+def build_conversation(turns: int, result_lines: int, thinking: bool = False) -> Conversation:
     """The scout agent's real system prompt and tool schemas, `turns - 1` calls, then an answer."""
     system, tools = scout_prompt(WORKSPACE, TOOL_NAMES)
     opening = [system, {"role": "user", "content": TASK}]
     calls = CallPlanner(_FILES, "mlx_subagents", result_lines, detailed=True).plan_session(0, turns - 1)
-    return Conversation(opening, tools, calls, final_answer(calls))
+    return Conversation(opening, tools, calls, final_answer(calls), thinking)
 
 
 # -- running one mode ------------------------------------------------------------------------
@@ -286,6 +296,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--result-lines", type=int, default=24, help="lines per tool result (default 24: a few hundred tokens)"
     )
     parser.add_argument("--free", action="store_true", help="never force replies; generate greedily")
+    parser.add_argument(
+        "--thinking",
+        action="store_true",
+        help="tiny model with a Qwen3.5-style thinking template; every forced reply thinks first",
+    )
     args = parser.parse_args(argv)
     if args.turns < 1 or args.result_lines < 1:
         parser.error("--turns and --result-lines must be at least 1")
@@ -294,7 +309,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    conv = build_conversation(args.turns, args.result_lines)
+    conv = build_conversation(args.turns, args.result_lines, args.thinking)
 
     async def measure(model: Path, label: str) -> Report:
         with_reuse, forced = await run_mode(model, True, conv, not args.free)
@@ -302,7 +317,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return summarize(model_arch(model), label, forced, with_reuse, without)
 
     return run_report(
-        args, lambda model, label: asyncio.run(measure(model, label)), print_table, context_window=TINY_CONTEXT_WINDOW
+        args,
+        lambda model, label: asyncio.run(measure(model, label)),
+        print_table,
+        context_window=TINY_CONTEXT_WINDOW,
+        template="thinking" if args.thinking else "tools",
     )
 
 

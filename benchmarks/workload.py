@@ -58,14 +58,16 @@ def open_model(
     context_window: int,
     hidden_size: int | None = None,
     num_layers: int | None = None,
+    template: str = "tools",
 ) -> Iterator[tuple[Path, str]]:
     """(model folder, label): `--model` resolved like the CLI does, or a tiny random model in a
-    temporary folder that lives as long as the block (shaped by `hidden_size` / `num_layers`)."""
+    temporary folder that lives as long as the block (shaped by `hidden_size` / `num_layers`,
+    with the test kit's chat `template`)."""
     if args.model is not None:
         yield resolve_model_path(args.model), str(args.model)
         return
     with tempfile.TemporaryDirectory(prefix="benchmark-") as tmp:
-        path = make_tiny_model(Path(tmp) / "model", args.arch, context_window=context_window)
+        path = make_tiny_model(Path(tmp) / "model", args.arch, context_window=context_window, template=template)  # type: ignore[arg-type]
         if hidden_size is not None or num_layers is not None:
             try:
                 resize_tiny_model(path, hidden_size=hidden_size, num_layers=num_layers)
@@ -75,6 +77,7 @@ def open_model(
             f"tiny-{args.arch}"
             + (f"-h{hidden_size}" if hidden_size else "")
             + (f"-l{num_layers}" if num_layers else "")
+            + (f"-{template}" if template != "tools" else "")
         )
         yield path, label
 
