@@ -34,6 +34,8 @@ class Chat:
         self.label = handle.label
         self.n_children = 0
         self.children_usage = RunUsage()
+        self.last_reasoning = ""  # the parent's last reply's reasoning (`/think` shows it)
+        self._thinking = False
 
     @classmethod
     async def start(
@@ -72,7 +74,13 @@ class Chat:
         return await self.handle.compact()
 
     def observe(self, event: Event) -> None:
-        """Count the sub-agents' runs and usage from their end events."""
+        """Count the sub-agents' runs and usage from their end events; keep the parent's last reasoning."""
+        if event.label == self.label and event.kind in ("turn_start", "reasoning"):
+            if event.kind == "turn_start":
+                self._thinking = False
+            else:
+                self.last_reasoning = (self.last_reasoning if self._thinking else "") + event.data["text"]
+                self._thinking = True
         if event.kind == "task_end" and event.label.startswith(f"{self.label} > "):
             self.n_children += 1
             if "usage" in event.data:

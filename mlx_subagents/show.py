@@ -95,6 +95,8 @@ def _print_message(console: Console, message: Message, full: bool) -> None:
     elif role == "user":
         console.print(f"[bold]user:[/] {escape(content)}")
     elif role == "assistant":
+        if reasoning := str(message.get("reasoning_content") or ""):  # kept apart, and shown dimmed
+            console.print(f"[dim]thinking: {escape(_preview(reasoning, full))}[/]")
         if content:
             console.print(f"[green]assistant:[/] {escape(content)}")
         for call in message.get("tool_calls") or []:

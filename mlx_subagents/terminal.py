@@ -26,6 +26,7 @@ COMMANDS = {
     "/agents": "list the agents the parent can delegate to",
     "/usage": "tokens, context and KV cache of this chat and its sub-agents",
     "/compact": "summarise the conversation so far, to free context",
+    "/think": "show the last reply's reasoning in full (the chat shows it folded)",
     "/help": "this list",
     "/exit": "leave the chat (also Ctrl-D)",
 }
@@ -91,6 +92,7 @@ class ChatView:
     def __init__(self, err: Console, stream: ReplyStream | None) -> None:
         self.stream = stream
         self.lines = EventLines(err, "chat", before_line=stream.end_line if stream is not None else None)
+        self.thought = 0  # characters of reasoning streamed in the reply so far
 
     @property
     def parent(self) -> str:
@@ -101,12 +103,20 @@ class ChatView:
         self.lines.root = label
 
     def handle(self, event: Event) -> None:
+        if event.label == self.parent and event.kind == "reasoning":
+            self.thought += len(event.data["text"])
         if self.stream is not None and event.label == self.parent:
             if event.kind == "turn_start":
                 self.stream.end_line()
                 self.stream.reset()
             elif event.kind == "usage":
                 self.stream.flush()
+        if event.label == self.parent and event.kind in ("turn_start", "usage") and self.thought:
+            # the reasoning folded to one dim line; `/think` unfolds it
+            if self.lines.before_line is not None:
+                self.lines.before_line()
+            self.lines.console.print(f"[dim](thought: {self.thought:,} characters; /think shows it)[/]")
+            self.thought = 0
         self.lines.handle(event)
 
 
@@ -217,6 +227,8 @@ def _command(loop: asyncio.AbstractEventLoop, chat: Chat, command: str, out: Con
             err.print("[yellow]compaction interrupted; nothing changed[/]")
             return True
         out.print(f"compacted: {done[0]:,} -> {done[1]:,} tokens" if done else "nothing to compact yet")
+    elif command == "/think":
+        out.print(chat.last_reasoning or "(no reasoning in the last reply)", markup=False, style="dim")
     elif command == "/help":
         for name, text in COMMANDS.items():
             out.print(f"{name:<10} {text}")

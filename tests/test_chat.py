@@ -153,13 +153,14 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
         "> > /agents    list the agents the parent can delegate to",
         "/usage     tokens, context and KV cache of this chat and its sub-agents",
         "/compact   summarise the conversation so far, to free context",
+        "/think     show the last reply's reasoning in full (the chat shows it folded)",
         "/help      this list",
         "/exit      leave the chat (also Ctrl-D)",
         "> ",
     ]
     assert re.fullmatch(r"> compacted: [\d,]+ -> [\d,]+ tokens", out.split("\n")[8])
     assert re.fullmatch(r"> orchestrator: 2 turns, .* 1 compactions", usage)
-    assert "unknown command /bogus; commands: /agents, /usage, /compact, /help, /exit" in err
+    assert "unknown command /bogus; commands: /agents, /usage, /compact, /think, /help, /exit" in err
     log = read_transcript(record.transcript_path(record.tasks[0]))
     assert [m["content"] for m in log.messages[1:]] == [
         "hello",

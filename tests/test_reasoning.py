@@ -7,6 +7,7 @@ forced script starts inside the thought.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -257,3 +258,24 @@ def test_schema_and_delegation_see_only_the_visible_text(tmp_path: Path, write_s
     transcript = read_transcript(Path(json.loads(out)["transcript"]))
     [result] = [m["content"] for m in transcript.messages if m["role"] == "tool"]
     assert result.startswith("child's answer") and "child's thought" not in result
+
+
+def test_the_chat_folds_the_reasoning_and_think_shows_it(
+    tmp_path: Path, write_script: Any, run_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = write_script({"agents": {"orchestrator": {"replies": [{"reasoning": "I thought.", "content": "answer"}]}}})
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n/think\n/exit\n"))
+    code, out, err = run_cli("chat", "-m", model, "-C", str(tmp_path))
+    assert code == 0, err
+    assert out.split("\n")[:2] == ["> answer", "> I thought."]
+    assert "(thought: 10 characters; /think shows it)" in err
+
+
+def test_show_prints_the_reasoning_apart(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = write_script([{"reasoning": "The list shows it.", "content": "It is in a.py."}])
+    assert run_cli("run", "scout", "where?", "-m", model, "-C", str(tmp_path))[0] == 0
+    code, out, _ = run_cli("show", "last")
+    assert code == 0
+    lines = out.splitlines()
+    at = lines.index("thinking: The list shows it.")
+    assert lines[at + 1] == "assistant: It is in a.py."
