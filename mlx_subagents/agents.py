@@ -40,7 +40,9 @@ PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
 CLAUDE_AGENTS_DIR = ".claude/agents"
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
-FIELDS = ("name", "description", "tools", "model", "max_turns", "temperature", "output_schema")
+FIELDS = ("name", "description", "tools", "agents", "model", "max_turns", "temperature", "output_schema")
+# Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`).
+CLAUDE_TASK_TOOL = re.compile(r"(?:Task|Agent)\((.*)\)")
 
 # A model named `<provider>/...` or `<provider>:...` with one of these runs remotely: refused,
 # never swapped for a local model. `mlx/<id>` bypasses the check (e.g. `mlx/google/gemma-3-1b-it`).
@@ -79,7 +81,8 @@ class AgentSpec(BaseModel):
     an omitted allowlist inherits all tools); `subagent` is granted only when named. An empty
     string or list means no tools. `model` None means the session's default local model.
     `warnings` holds what was ignored while loading (dropped Claude tools, Claude model aliases,
-    unknown fields).
+    unknown fields). `agents` names the agents it may start through `subagent` (None: any);
+    `full_tools_for` those of them that keep tools it lacks itself (written `worker!`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -91,6 +94,8 @@ class AgentSpec(BaseModel):
     max_turns: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=MAX_TEMPERATURE)
     output_schema: dict[str, Any] | None = None
+    agents: tuple[str, ...] | None = None
+    full_tools_for: tuple[str, ...] = ()
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -130,10 +135,13 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         raise _fail(path, "the body is empty", "write the system prompt below the closing '---'")
     if not claude and (unknown := sorted(str(k) for k in meta if k not in FIELDS)):
         warnings.append(f"{path}: unknown field(s) {', '.join(unknown)} ignored")
+    agents, full_tools_for = _parse_agents(path, meta)
     return AgentSpec(
         name=name,
         description=description,
         tools=_parse_tools(path, meta, claude, warnings),
+        agents=agents,
+        full_tools_for=full_tools_for,
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -208,7 +216,7 @@ def _parse_tools(path: Path, meta: dict[str, Any], claude: bool, warnings: list[
 
 def _tool_list(path: Path, key: str, value: Any, claude: bool, warnings: list[str]) -> tuple[str, ...]:
     if isinstance(value, str):
-        items = value.split(",")
+        items = split_list(value)
     elif isinstance(value, list) and all(isinstance(item, str) for item in value):
         items = value
     else:
@@ -223,6 +231,8 @@ def _tool_list(path: Path, key: str, value: Any, claude: bool, warnings: list[st
 
 
 def _map_tool(path: Path, key: str, item: str, claude: bool, warnings: list[str]) -> str | None:
+    if CLAUDE_TASK_TOOL.fullmatch(item):
+        return "subagent"  # the agents it names are read by `_parse_agents`
     if claude and item in CLAUDE_TOOL_MAP:
         return CLAUDE_TOOL_MAP[item]
     # `Bash(git:*)`-style patterns restrict a tool in Claude Code; we cannot, so drop, never widen.
@@ -233,6 +243,45 @@ def _map_tool(path: Path, key: str, item: str, claude: bool, warnings: list[str]
         return item.lower()
     fix = f"use tools from: {', '.join(KNOWN_TOOLS)}"
     raise _fail(path, f"field '{key}': unknown tool '{item}'", fix)
+
+
+def split_list(value: str) -> list[str]:
+    """`read, Task(scout, worker)` -> `['read', ' Task(scout, worker)']`: commas inside brackets stay."""
+    return re.split(r",(?![^(]*\))", value)
+
+
+def _parse_agents(path: Path, meta: dict[str, Any]) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """The `agents:` grant (plus Claude's `Task(a, b)` in `tools`): who it may start, and which of
+    those keep their full tools (`worker!`). None: any agent, tools capped at its own."""
+    value, tools = meta.get("agents"), meta.get("tools")
+    items: list[str] | None = None
+    if value is not None:
+        if isinstance(value, str):
+            items = value.split(",")
+        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+            items = list(value)
+        else:
+            raise _fail(
+                path,
+                "field 'agents' must be a comma-separated string or a list of agent names",
+                "e.g. agents: scout, worker!",
+            )
+    tool_items = split_list(tools) if isinstance(tools, str) else tools if isinstance(tools, list) else []
+    for item in tool_items:
+        if isinstance(item, str) and (task := CLAUDE_TASK_TOOL.fullmatch(item.strip())):
+            items = (items or []) + task.group(1).split(",")
+    if items is None:
+        return None, ()
+    names: list[str] = []
+    full: list[str] = []
+    for item in filter(None, (i.strip().lower() for i in items)):
+        name = item.removesuffix("!").strip()
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise _fail(path, f"field 'agents': {item!r} is not an agent name", "e.g. agents: scout, worker!")
+        names.append(name)
+        if item.endswith("!"):
+            full.append(name)
+    return tuple(dict.fromkeys(names)), tuple(dict.fromkeys(full))
 
 
 def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> str | None:

@@ -61,6 +61,7 @@ class PlannedTask:
         render: builds the task text from the finished results (chain `{previous}`, workflow needs).
         session: a conversation to continue (a multi-turn task); `prompt` is then its next message.
         extra_tools: tools the runner adds by name (`subagent`); offered only if the agent grants them.
+        withheld: tools the agent's file grants that its parent may not pass on, with the error a call gets.
     """
 
     index: int
@@ -77,6 +78,7 @@ class PlannedTask:
     render: Callable[[Sequence[RunResult]], str] | None = None
     session: AgentSession | None = None
     extra_tools: dict[str, Tool] = field(default_factory=dict)
+    withheld: dict[str, str] = field(default_factory=dict)
 
 
 OpenTranscript = Callable[[int], "TaskTranscript | None"]
@@ -190,6 +192,7 @@ class Execution:
             limits=item.limits,
             compaction=self.compaction,
             extra_tools=item.extra_tools,
+            withheld=item.withheld,
         )
         session.on_event = self._session_sink(transcript)  # this generation's transcript
         if transcript is not None:

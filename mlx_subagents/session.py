@@ -73,6 +73,8 @@ class AgentSession:
     usage: RunUsage = field(default_factory=RunUsage)
     # Receives reply text as it is generated (tool-call markup included), for a live display.
     on_text: TextCallback | None = None
+    # Tools its file grants but its parent may not pass on: name -> the error result a call gets.
+    withheld: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -193,7 +195,9 @@ class AgentSession:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
         self._emit("tool_call", name=call.name, arguments=call.arguments, description=label)
-        if tool is None:
+        if tool is None and call.name in self.withheld:
+            result = ToolResult(self.withheld[call.name], is_error=True)
+        elif tool is None:
             available = ", ".join(self.tools) or "none"
             result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)
         else:

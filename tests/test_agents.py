@@ -110,6 +110,8 @@ def test_full_spec_fields(tmp_path):
         "max_turns": 7,
         "temperature": 1.0,
         "output_schema": {"type": "object"},
+        "agents": None,
+        "full_tools_for": (),
         "system_prompt": "Body text.",
         "source": "project",
         "path": path,
