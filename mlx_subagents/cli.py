@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import io
 import json
 import sys
 import time
@@ -104,6 +105,7 @@ EventsOpt = Annotated[
     bool, typer.Option("--events", help="Print one JSON object per event on stdout, as things happen.")
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also say the model and its tool mode first.")]
 ConcurrencyOpt = Annotated[
     int,
     typer.Option(
@@ -132,6 +134,7 @@ _JSON_FIELDS = {
     "error",
     "usage",
     "model",
+    "tool_mode",
     "stop_reason",
     "duration_s",
     "label",
@@ -363,6 +366,7 @@ def run(
     schema: SchemaOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
+    verbose: VerboseOpt = False,
     *,
     shared: Shared,
 ) -> None:
@@ -371,7 +375,7 @@ def run(
     Example: subagent run scout "where is auth handled?"
     """
     sinks = _sinks(events)
-    sinks.targets.append(EventLines(err, "task").handle)
+    sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
     runner = shared.runner(sinks)
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
     result = _run_async(runner, lambda: runner.run(spec))
@@ -633,8 +637,9 @@ def agents(
     from .agents import discover_agents
 
     catalog = discover_agents(Path(cwd).resolve(), scope=scope.value)  # type: ignore[arg-type]
-    for warning in catalog.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", markup=True)
+    # Skipped files, then what each agent that loaded had dropped or read leniently.
+    for warning in [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
     rows = [
         {"name": s.name, "description": s.description, "tools": list(s.tools), "source": s.source, "file": str(s.path)}
         for s in sorted(catalog.agents.values(), key=lambda s: s.name)
@@ -658,6 +663,49 @@ def doctor(model: ModelOpt = None, context_window: WindowOpt = None, kv_budget: 
     raise typer.Exit(0 if ok else 1)
 
 
+models_app = typer.Typer(help="The models this machine can run; import GGUF files.", no_args_is_help=False)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List runnable models (imported and in the Hugging Face cache); * marks the default.
+
+    Example: subagent models --json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from .models.catalog import list_models
+    from .models.display import models_table
+
+    found = list_models(default_model())
+    if as_json:
+        out.print_json(data={"models": [m.model_dump() for m in found]})
+    elif found:
+        out.print(models_table(found))
+    else:
+        err.print("no models found; import one: subagent models import FILE.gguf (or ollama:NAME:TAG)")
+
+
+@models_app.command("import")
+def models_import(
+    source: Annotated[str, typer.Argument(help="A .gguf file, or ollama:NAME[:TAG] from Ollama's store.")],
+    name: Annotated[Optional[str], typer.Option("--name", help="Name for --model (default: from the file).")] = None,
+    bits: Annotated[int, typer.Option("--bits", help="4 or 8: quantize with mlx-lm; 16: keep float16.")] = 4,
+) -> None:
+    """Convert a GGUF model into $MLX_SUBAGENTS_HOME/models/NAME; then `--model NAME` runs it.
+
+    Example: subagent models import ollama:qwen2.5-coder:7b
+    """
+    from .models.display import ImportProgress
+    from .models.importer import import_gguf
+
+    with ImportProgress(err) as progress:
+        imported = import_gguf(source, name=name, bits=bits, progress=progress)
+    err.print(f"imported {imported.name} in {imported.seconds:.0f} s: {imported.path}")
+    out.print(f"use it with: --model {imported.name}")
+
+
 # typer >= 0.22 vendors click: its exceptions are not click's. Catch both families.
 _EXIT = tuple({typer.Exit, click.exceptions.Exit})
 _USAGE = tuple({click.ClickException, *(c for c in (getattr(typer, "TyperException", None),) if c)})
@@ -666,6 +714,9 @@ _ABORT = tuple({typer.Abort, click.exceptions.Abort, KeyboardInterrupt, asyncio.
 
 def main() -> None:
     """Entry point: maps library errors to one line and an exit code, never a traceback."""
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a model's text prints escaped, never raises
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     try:
         # Without standalone mode, typer returns the code of a `typer.Exit` instead of raising it.
         code = app(standalone_mode=False)

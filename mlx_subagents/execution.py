@@ -209,7 +209,8 @@ class Execution:
                 )
             else:
                 transcript.follow_up(prompt)
-        self._report(item, transcript, "task_start", task=prompt, model=item.host.model_id, step_id=item.step_id)
+        start = {"task": prompt, "model": item.host.model_id, "tool_mode": item.host.tool_mode, "step_id": item.step_id}
+        self._report(item, transcript, "task_start", **start)
         failure: BaseException | None = None
         try:
             result = await _within(self._drive(session, item, prompt), item.timeout)

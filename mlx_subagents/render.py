@@ -61,15 +61,23 @@ class EventLines:
         layout: which reading of the events (see the module docstring).
         root: in a chat, the parent's label; its sub-agents are shown relative to it.
         before_line: called before each line (the chat ends the reply being streamed).
+        verbose: first say which model runs a top-level task and how it was given its tools.
     """
 
     def __init__(
-        self, console: Console, layout: Layout, *, root: str = "", before_line: Callable[[], None] | None = None
+        self,
+        console: Console,
+        layout: Layout,
+        *,
+        root: str = "",
+        before_line: Callable[[], None] | None = None,
+        verbose: bool = False,
     ) -> None:
         self.console = console
         self.layout = layout
         self.root = root
         self.before_line = before_line
+        self.verbose = verbose
 
     def handle(self, event: Event) -> None:
         markup = self.line(event)
@@ -92,6 +100,9 @@ class EventLines:
         return None
 
     def _task_line(self, event: Event) -> str | None:
+        if self.verbose and event.kind == "task_start" and CHILD not in event.label:
+            model, mode = escape(str(event.data.get("model"))), event.data.get("tool_mode")
+            return f"[dim]{escape(event.label)} on {model} (tool mode: {mode})[/]"
         prefix = f"[dim]\\[{escape(event.label)}][/] " if event.label != event.agent else ""
         prefix = "  " * event.label.count(CHILD) + prefix
         if event.kind == "waiting":

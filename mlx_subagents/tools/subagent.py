@@ -17,10 +17,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS
+from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, cap_answer
 from ..errors import SubagentError, ToolError
 from ..results import MultiRunResult, RunResult
-from .base import Tool, ToolResult, _strip_titles, error_result, one_line
+from ..userfiles import error_message, error_path
+from .base import Tool, ToolResult, _strip_titles, error_result, one_line, tool_failure
 from .workspace import Workspace
 
 DelegationMode = Literal["single", "parallel", "chain"]
@@ -130,6 +131,12 @@ class SubagentTool(Tool):
 
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
         try:
+            return await self._call(arguments)
+        except Exception as exc:  # the boundary, as in `Tool.call`: never a crash of the parent
+            return tool_failure(self.name, exc, self.workspace)
+
+    async def _call(self, arguments: dict[str, Any]) -> ToolResult:
+        try:
             params = SubagentParams.model_validate(arguments)
         except ValidationError as exc:
             return self._usage_error(_validation_problem(exc))
@@ -224,11 +231,11 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
 def _validation_problem(exc: ValidationError) -> str:
     problems = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "arguments"
+        field = error_path(err["loc"]) or "arguments"
         if err["type"] == "extra_forbidden":
             problems.append(f"unknown field '{field}'")
         else:
-            problems.append(f"'{field}': {err['msg']}")
+            problems.append(f"'{field}': {error_message(err)}")
     return "; ".join(problems)
 
 
@@ -298,8 +305,12 @@ def _fit(bodies: list[str], transcripts: list[str | None], title: str, heads: li
 
     Short bodies are kept whole; the room left is shared equally by the long ones (water-filling).
     """
-    sizes = [len(b.encode("utf-8")) for b in bodies]
-    fixed = reserve + len(title.encode("utf-8")) + sum(len(h.encode("utf-8")) + 3 for h in heads)
+    sizes = [len(b.encode("utf-8", "surrogatepass")) for b in bodies]
+    fixed = (
+        reserve
+        + len(title.encode("utf-8", "surrogatepass"))
+        + sum(len(h.encode("utf-8", "surrogatepass")) + 3 for h in heads)
+    )
     if fixed + sum(sizes) <= MAX_ANSWER_BYTES:
         return bodies
     room = MAX_ANSWER_BYTES - fixed
@@ -313,14 +324,4 @@ def _fit(bodies: list[str], transcripts: list[str | None], title: str, heads: li
         for j in order[k:]:
             limits[j] = share
         break
-    return [_clip(b, limits[i], transcripts[i]) if i in limits else b for i, b in enumerate(bodies)]
-
-
-def _clip(text: str, room: int, transcript: str | None) -> str:
-    """`text` cut so that it and the note saying so fit in `room` bytes."""
-    data = text.encode("utf-8")
-    where = f"in the transcript {transcript}" if transcript else "not saved (transcripts are off)"
-    note = f"\n[answer truncated: {len(data):,} bytes, showing the first {{:,}}; the full text is {where}]"
-    limit = max(0, room - len(note.format(len(data)).encode("utf-8")))
-    head = data[:limit].decode("utf-8", errors="ignore")
-    return head + note.format(len(head.encode("utf-8")))
+    return [cap_answer(b, transcripts[i], limits[i]) if i in limits else b for i, b in enumerate(bodies)]
