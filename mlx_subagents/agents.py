@@ -46,7 +46,7 @@ CLAUDE_AGENTS_DIR = ".claude/agents"
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
-    "name", "description", "tools", "agents", "model", "max_turns", "temperature", "output_schema", "engine",
+    "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
     "engine_model",
 )  # fmt: skip
 # Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
@@ -91,7 +91,8 @@ class AgentSpec(BaseModel):
     string or list means no tools. `model` None means the session's default local model.
     `warnings` holds what was ignored while loading (dropped Claude tools, Claude model aliases,
     unknown fields). `agents` names the agents it may start through `subagent` (None: any);
-    `full_tools_for` those of them that keep tools it lacks itself (written `worker!`).
+    `full_tools_for` those of them that keep tools it lacks itself (written `worker!`). `context`
+    `none` leaves the project's AGENTS.md/CLAUDE.md out of its system prompt.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -108,6 +109,7 @@ class AgentSpec(BaseModel):
     engine_model: str | None = None
     agents: tuple[str, ...] | None = None
     full_tools_for: tuple[str, ...] = ()
+    context: Literal["project", "none"] = "project"
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -154,6 +156,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         tools=_parse_tools(path, meta, claude, warnings),
         agents=agents,
         full_tools_for=full_tools_for,
+        context=_parse_context(path, meta.get("context")),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -266,6 +269,14 @@ def _parse_agents(path: Path, meta: dict[str, Any]) -> tuple[tuple[str, ...] | N
         if item.endswith("!"):
             full.append(name)
     return tuple(dict.fromkeys(names)), tuple(dict.fromkeys(full))
+
+
+def _parse_context(path: Path, value: Any) -> Literal["project", "none"]:
+    if value is None or value == "project":
+        return "project"
+    if value == "none" or value is False:
+        return "none"
+    raise _fail(path, f"field 'context' must be 'project' or 'none', got {value!r}", "e.g. context: none")
 
 
 def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> str | None:

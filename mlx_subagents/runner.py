@@ -43,6 +43,7 @@ from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
 from .host.protocol import ModelHost, ProcessorFactory, TextCallback
 from .options import RunOptions
+from .project_context import ProjectContext, load_project_context
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
 from .session import DEFAULT_MAX_TURNS, Limits
@@ -163,6 +164,7 @@ class Runner:
         self._executions: set[Execution] = set()
         self._trusted: set[str] = set()
         self._slots: Slots | None = None
+        self._contexts: dict[Path, ProjectContext] = {}
         self._slots_loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> Runner:
@@ -191,6 +193,15 @@ class Runner:
         """A task's own model, else `--model`, else the agent's, else its parent's (`inherited`),
         else `$MLX_SUBAGENTS_MODEL` or the default."""
         return override or self.options.model or spec.model or inherited or default_model()
+
+    def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:
+        """The project's instructions for an agent's system prompt, read once per workspace (so every
+        session's prompt is byte-identical); "" for an agent with `context: none`."""
+        if spec.context == "none":
+            return ""
+        if workspace.root not in self._contexts:
+            self._contexts[workspace.root] = load_project_context(workspace.root)
+        return self._contexts[workspace.root].text
 
     @property
     def slots(self) -> Slots:
@@ -471,6 +482,7 @@ class Runner:
                 render=renders[i] if renders else None,
                 extra_tools=self.delegation_tools(Parent(s, t.label, depth, m, children_home), workspace),
                 withheld=withheld[i],
+                context=self.project_context(s, workspace),
             )
             for i, (t, s, m, h, schema) in enumerate(zip(tasks, specs, models, hosts, schemas))
         ]

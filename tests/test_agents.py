@@ -116,6 +116,7 @@ def test_full_spec_fields(tmp_path):
         "output_schema": {"type": "object"},
         "agents": None,
         "full_tools_for": (),
+        "context": "project",
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",

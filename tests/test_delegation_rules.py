@@ -356,3 +356,72 @@ def test_claude_code_task_tool_form_grants_agents(tmp_path: Path) -> None:
         (),
         (),
     )
+
+
+# -- project instructions --------------------------------------------------------------------------
+
+
+def system_prompts(run: Any) -> dict[str, str]:
+    return {
+        t.label: read_transcript(run.transcript_path(t)).messages[0]["content"] for t in run.tasks if t.file is not None
+    }
+
+
+def test_agents_md_reaches_every_agent_and_keeps_prompts_identical(
+    tmp_path: Path, write_script: Any, run_cli: Any
+) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "AGENTS.md").write_text("Indent with tabs.\n")
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "CLAUDE.md").write_text("Run `make test` before you answer.\n")
+    scouts = [{"agent": "scout", "task": "look here"}, {"agent": "scout", "task": "look there"}]
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [call("subagent", tasks=scouts), "done"]},
+                "scout": {"replies": ["seen"]},
+            }
+        }
+    )
+
+    code, _, err = run_cli("run", "orchestrator", "go", "-m", model, "-C", str(pkg))
+
+    assert code == 0, err
+    parent = load_run("last")
+    block = (
+        "Project instructions (from the files named below; follow them):\n\n"
+        f"## {tmp_path / 'AGENTS.md'}\nIndent with tabs.\n\n## {pkg / 'CLAUDE.md'}\nRun `make test` before you answer."
+    )
+    parent_prompt = system_prompts(parent)["orchestrator"]
+    assert f"\n\n{block}\n\nWorkspace: {pkg}\n" in parent_prompt
+    children = system_prompts(load_run("last", home=parent.folder))
+    assert list(children) == ["orchestrator > scout-1", "orchestrator > scout-2"]
+    first, second = children.values()
+    assert first == second and f"\n\n{block}\n\nWorkspace: {pkg}\n" in first  # one shared prefix for both
+
+    code, out, _ = run_cli("agents", "-C", str(pkg), "--verbose")
+    assert code == 0
+    assert out.splitlines()[-3:] == [
+        f"project instructions ({len(block.split(chr(10), 2)[2]):,} characters), in this order:",
+        f"  {tmp_path / 'AGENTS.md'}",
+        f"  {pkg / 'CLAUDE.md'}",
+    ]
+
+
+def test_an_agent_can_opt_out_and_long_instructions_are_cut(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    (tmp_path / "AGENTS.md").write_text("x" * 9_000)
+    write_agent(tmp_path, "plain", "tools: read\ncontext: none\n", body="Plain.")
+    model = write_script(["ok"])
+
+    assert run_cli("run", "scout", "a", "-m", model, "-C", str(tmp_path))[0] == 0
+    prompt = system_prompts(load_run("last"))["scout"]
+    body = f"## {tmp_path / 'AGENTS.md'}\n" + "x" * 9_000
+    block = prompt.split("follow them):\n\n", 1)[1].split("\n\nWorkspace: ", 1)[0]
+    note = f"[project instructions cut at 8,000 of {len(body):,} characters; read the files above for the rest]"
+    assert block == f"{body[:8_000]}\n{note}"
+
+    assert run_cli("run", "plain", "a", "-m", model, "-C", str(tmp_path), "-y")[0] == 0
+    assert system_prompts(load_run("last"))["plain"].startswith(f"Plain.\n\nWorkspace: {tmp_path}\n")
+    code, out, _ = run_cli("agents", "-C", str(tmp_path), "-v")
+    assert out.splitlines()[-1] == "  not for: plain (context: none)"
