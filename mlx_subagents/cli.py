@@ -629,6 +629,9 @@ def agents(
     cwd: CwdOpt = Path("."),
     scope: ScopeOpt = Scope.both,
     as_json: JsonOpt = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show the project instructions every agent's prompt gets.")
+    ] = False,
 ) -> None:
     """List the agents: built-in, user and project.
 
@@ -636,7 +639,8 @@ def agents(
     """
     from .agents import discover_agents
 
-    catalog = discover_agents(Path(cwd).resolve(), scope=scope.value)  # type: ignore[arg-type]
+    root = Path(cwd).resolve()
+    catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
     # Skipped files, then what each agent that loaded had dropped or read leniently.
     for warning in [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]:
         err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
@@ -651,6 +655,24 @@ def agents(
         out.print(
             f"{row['name']:<12} {row['source']:<8} {', '.join(row['tools'])}\n  {row['description']}\n  [dim]{row['file']}[/]"
         )
+    if verbose:
+        _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
+
+
+def _show_project_context(root: Path, opted_out: list[str]) -> None:
+    """Which AGENTS.md / CLAUDE.md files load into the agents' system prompts."""
+    from .project_context import CONTEXT_FILES, MAX_CONTEXT_CHARS, load_project_context
+
+    context = load_project_context(root)
+    if not context.files:
+        out.print(f"project instructions: none ({' or '.join(CONTEXT_FILES)} up to the repository root)")
+    else:
+        cut = f", cut at {MAX_CONTEXT_CHARS:,}" if context.n_chars > MAX_CONTEXT_CHARS else ""
+        out.print(f"project instructions ({context.n_chars:,} characters{cut}), in this order:", markup=False)
+        for path in context.files:
+            out.print(f"  {path}", markup=False)
+    if opted_out:
+        out.print(f"  not for: {', '.join(opted_out)} (context: none)", markup=False)
 
 
 @app.command()

@@ -43,6 +43,7 @@ from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
 from .host.protocol import ModelHost, ProcessorFactory, TextCallback
 from .options import RunOptions
+from .project_context import ProjectContext, load_project_context
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
 from .session import DEFAULT_MAX_TURNS, Limits
@@ -163,6 +164,7 @@ class Runner:
         self._executions: set[Execution] = set()
         self._trusted: set[str] = set()
         self._slots: Slots | None = None
+        self._contexts: dict[Path, ProjectContext] = {}
         self._slots_loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> Runner:
@@ -191,6 +193,15 @@ class Runner:
         """A task's own model, else `--model`, else the agent's, else its parent's (`inherited`),
         else `$MLX_SUBAGENTS_MODEL` or the default."""
         return override or self.options.model or spec.model or inherited or default_model()
+
+    def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:
+        """The project's instructions for an agent's system prompt, read once per workspace (so every
+        session's prompt is byte-identical); "" for an agent with `context: none`."""
+        if spec.context == "none":
+            return ""
+        if workspace.root not in self._contexts:
+            self._contexts[workspace.root] = load_project_context(workspace.root)
+        return self._contexts[workspace.root].text
 
     @property
     def slots(self) -> Slots:
@@ -341,6 +352,12 @@ class Runner:
         """
         tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
         tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
+        granted = parent.spec.agents
+        if granted is not None and (refused := sorted({t.agent for t in tasks} - set(granted))):
+            raise RequestError(
+                f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
+                f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
+            )
         if call.mode == "chain":
             tasks, needs, renders = _plan_chain(tasks)
             return await self._execute(
@@ -431,6 +448,9 @@ class Runner:
         workspace = workspace or self.workspace
         depth = parent.depth + 1 if parent else 0
         specs = [self.agent(t.agent) for t in tasks]
+        withheld: list[dict[str, str]] = [{} for _ in specs]
+        if parent is not None:
+            specs, withheld = map(list, zip(*(granted_tools(parent.spec, s) for s in specs)))  # type: ignore[assignment]
         check_request([CapItem(t.label, t.task, s) for t, s in zip(tasks, specs)], shared_input)
         schemas = [t.schema if t.schema is not None else s.output_schema for t, s in zip(tasks, specs)]
         for t, schema in zip(tasks, schemas):
@@ -461,6 +481,8 @@ class Runner:
                 needs=needs[i] if needs else (),
                 render=renders[i] if renders else None,
                 extra_tools=self.delegation_tools(Parent(s, t.label, depth, m, children_home), workspace),
+                withheld=withheld[i],
+                context=self.project_context(s, workspace),
             )
             for i, (t, s, m, h, schema) in enumerate(zip(tasks, specs, models, hosts, schemas))
         ]
@@ -508,6 +530,22 @@ class Runner:
             max_turns=(task and task.max_turns) or self.options.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
             max_output_tokens=(task and task.max_output_tokens) or self.options.max_output_tokens,
         )
+
+
+def granted_tools(parent: AgentSpec, child: AgentSpec) -> tuple[AgentSpec, dict[str, str]]:
+    """The child as its parent may run it: its tools capped at the parent's, unless the parent's
+    `agents:` list grants it its full tools (`worker!`); and, per tool it lost, the error its calls get."""
+    if child.name in parent.full_tools_for:
+        return child, {}
+    kept = tuple(tool for tool in child.tools if tool in parent.tools)
+    if kept == child.tools:
+        return child, {}
+    why = (
+        f"Error: {{tool}} is not available to '{child.name}' here: its parent '{parent.name}' lacks it, and a "
+        f"sub-agent's tools never exceed its parent's without a grant (agents: [{child.name}!] in {parent.path})"
+    )
+    lost = {tool: why.format(tool=tool) for tool in child.tools if tool not in kept}
+    return child.model_copy(update={"tools": kept}), lost
 
 
 def _plan_chain(
