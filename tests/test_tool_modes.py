@@ -21,7 +21,7 @@ from mlx_subagents.agents import AgentSpec
 from mlx_subagents.doctor import run_doctor
 from mlx_subagents.errors import ChatTemplateError
 from mlx_subagents.host import MlxModelHost
-from mlx_subagents.host.chat_format import prompted_tools
+from mlx_subagents.host.chat_format import prompted_tools, read_chat_format
 from mlx_subagents.host.prompt import render
 from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.host.templates import TemplateTraits, normalise
@@ -57,6 +57,12 @@ def test_the_host_decides_the_tool_mode_by_probing_the_template(template_paths: 
         TemplateTraits(system=True, tool_role=True, alternating=False, tools=False, tool_calls=False),
     )
     assert run(probe(template_paths["strict"])) == ("prompted", STRICT)
+    # Without the weights, from the tokenizer files alone (what a model list needs).
+    assert {t: read_chat_format(template_paths[t]).tool_mode for t in ("tools", "no_tools", "strict")} == {
+        "tools": "native",
+        "no_tools": "prompted",
+        "strict": "prompted",
+    }
     lines: list[str] = []
     assert run(run_doctor(str(template_paths["no_tools"]), None, lines.append))
     assert (
@@ -70,7 +76,7 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: 
     host = MlxModelHost(str(path))
     with pytest.raises(ChatTemplateError) as error:
         run(host.start())
-    run(host.stop())
+    assert not host._engine._thread.is_alive()  # the engine thread it started is stopped, not left behind
     assert str(error.value) == (
         f"model {path} has no chat template (no chat_template in tokenizer_config.json or chat_template.jinja); "
         "use an instruct/chat version of the model"
@@ -83,8 +89,7 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: 
         env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"},
         cwd=path,
     )
-    assert proc.returncode == 2
-    assert proc.stderr == f"error: {error.value}\n"
+    assert (proc.returncode, proc.stderr) == (2, f"error: {error.value}\n")
 
 
 @pytest.mark.parametrize("template", ["no_tools", "strict"])

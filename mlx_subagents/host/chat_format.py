@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import ChatTemplateError
@@ -76,6 +77,14 @@ class ChatFormat:
 
     def visible_text(self, on_text: TextCallback) -> VisibleText:
         return self.calls.visible_text(on_text)
+
+
+def read_chat_format(path: Path) -> ChatFormat:
+    """A model folder's chat format from its tokenizer files alone, without loading the weights
+    (for listing models and their tool mode)."""
+    from mlx_lm.utils import load_tokenizer
+
+    return ChatFormat.load(load_tokenizer(path), str(path))
 
 
 def _with_prompted_tools(messages: list[Message], tools: list[ToolSchema] | None) -> list[Message]:
