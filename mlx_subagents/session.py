@@ -9,6 +9,7 @@ every compaction.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -176,8 +177,18 @@ class AgentSession:
                 raise LimitReached("format_errors", f"{MAX_FORMAT_ERRORS} malformed tool calls in a row")
             return
         self._format_errors = 0
-        for call in generation.tool_calls:
-            result = await self._call_tool(call)
+        calls = generation.tool_calls
+        results: list[ToolResult] = []
+        while len(results) < len(calls):
+            # A run of calls to a tool that may run alongside itself (`subagent`) runs at once.
+            start = end = len(results)
+            while end < len(calls) and getattr(self.tools.get(calls[end].name), "concurrent", False):
+                end += 1
+            if end > start:
+                results += await asyncio.gather(*(self._call_tool(call) for call in calls[start:end]))
+            else:
+                results.append(await self._call_tool(calls[start]))
+        for call, result in zip(calls, results):
             self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.output})
 
     async def _call_tool(self, call: ToolCall) -> ToolResult:

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.rule import Rule
 
 from .host.protocol import Message
-from .transcripts import RunRecord, TaskEntry, read_transcript
+from .transcripts import RunRecord, TaskEntry, child_runs, read_transcript
 
 PREVIEW_LINES = 12
 
@@ -34,6 +34,10 @@ def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
                 results=[r.model_dump(mode="json") for r in log.results],
             )
         data["transcripts"].append(item)
+    if children := child_runs(record):
+        data["children"] = [
+            {"run_id": c.run_id, "status": c.status, "tasks": [t.label for t in c.tasks]} for c in children
+        ]
     return data
 
 
@@ -69,6 +73,12 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
             console.print(f"[dim]{escape(line)}[/]")
             if result.error:
                 console.print(f"  [red]{escape(result.error)}[/]")
+    if task is None and (children := child_runs(record)):
+        console.print(Rule("sub-agent runs (subagent show ID, subagent resume ID ...)", align="left", style="dim"))
+        for child in children:
+            score = f"{child.succeeded}/{child.total}" if child.succeeded is not None else f"?/{child.total}"
+            labels = ", ".join(t.label for t in child.tasks)
+            console.print(f"{child.run_id}  {child.mode:<8} {child.status:<11} {score:>5}  {escape(labels)}")
 
 
 def _print_message(console: Console, message: Message, full: bool) -> None:

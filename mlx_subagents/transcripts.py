@@ -17,7 +17,6 @@ also when it was aborted.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import time
@@ -30,19 +29,13 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import RunNotFoundError
 from .events import Event
+from .home import make_state_dir, state_home
 from .host.protocol import Message
 from .results import Mode, RunResult
 
-DEFAULT_HOME = "~/.mlx-subagents"
-HOME_ENV = "MLX_SUBAGENTS_HOME"
 RUN_FILE = "run.json"
 LATEST_ALIASES = ("last", "latest")
 RunStatus = Literal["running", "finished", "interrupted"]
-
-
-def state_home() -> Path:
-    """`$MLX_SUBAGENTS_HOME`, default `~/.mlx-subagents`."""
-    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser()
 
 
 def runs_dir(home: Path | None = None) -> Path:
@@ -129,8 +122,7 @@ class RunRecorder:
 
     def __init__(self, mode: Mode, cwd: Path, entries: list[TaskEntry], home: Path | None = None) -> None:
         self.run_id = new_run_id()
-        folder = runs_dir(home) / self.run_id
-        folder.mkdir(parents=True, exist_ok=False)
+        folder = make_state_dir(runs_dir(home) / self.run_id, home=home, exist_ok=False)
         self.record = RunRecord(
             run_id=self.run_id,
             mode=mode,
@@ -169,6 +161,11 @@ class TaskTranscript:
     path: Path
     generation: int = 1
     _file: IO[str] | None = field(default=None, repr=False)
+
+    @property
+    def started(self) -> bool:
+        """Whether the task record is written (a continued task's file already has it)."""
+        return self._file is not None or (self.path.is_file() and self.path.stat().st_size > 0)
 
     def write(self, record_type: str, /, **data: Any) -> None:
         if self._file is None:
@@ -251,17 +248,28 @@ def load_run(run_id: str, home: Path | None = None) -> RunRecord:
 
 
 def _find_run_folder(run_id: str, root: Path) -> Path:
+    """A top-level run, else a sub-agents' run saved inside one (`<parent>/runs/<id>`); `last` is
+    the newest top-level run."""
     ids = sorted(p.name for p in root.glob("*") if (p / RUN_FILE).is_file()) if root.is_dir() else []
     if run_id in LATEST_ALIASES and ids:
         return root / ids[-1]
     if run_id in ids:
         return root / run_id
-    matches = [i for i in ids if i.startswith(run_id)] if run_id else []
+    matches = [root / i for i in ids if i.startswith(run_id)] if run_id else []
+    if not matches and run_id and root.is_dir():
+        nested = sorted(p.parent for p in root.glob(f"*/runs/**/{RUN_FILE}"))
+        matches = [p for p in nested if p.name == run_id] or [p for p in nested if p.name.startswith(run_id)]
     if len(matches) == 1:
-        return root / matches[0]
+        return matches[0]
     if matches:
-        raise RunNotFoundError(f"run id '{run_id}' is ambiguous: {', '.join(matches[:5])}; give more of it")
+        found = ", ".join(p.name for p in matches[:5])
+        raise RunNotFoundError(f"run id '{run_id}' is ambiguous: {found}; give more of it")
     raise RunNotFoundError(f"no saved run '{run_id}' in {root}; `subagent runs` lists the saved runs")
+
+
+def child_runs(record: RunRecord) -> list[RunRecord]:
+    """The sub-agents' runs started by a run's tasks, oldest first (unreadable ones skipped)."""
+    return list_runs(limit=10_000, home=record.folder)[::-1] if record.folder is not None else []
 
 
 def list_runs(limit: int = 20, home: Path | None = None) -> list[RunRecord]:

@@ -11,6 +11,7 @@ import pytest
 from helpers import call
 
 from mlx_subagents.errors import RunNotFoundError
+from mlx_subagents.options import RunOptions
 from mlx_subagents.runner import Runner, TaskSpec, close_open_tool_calls
 from mlx_subagents.transcripts import list_runs, load_run, read_transcript, runs_dir
 
@@ -29,7 +30,9 @@ def test_a_run_saves_its_record_and_every_task(tmp_path: Path, write_script: Any
         {"agents": {"scout": {"replies": [call("read", path="notes.txt"), "it says hello"]}}, "replies": ["planned"]}
     )
     outcome = go(
-        Runner(cwd=tmp_path, model=model), "parallel", [TaskSpec("scout", "read it"), TaskSpec("planner", "plan")]
+        Runner(cwd=tmp_path, options=RunOptions(model=model)),
+        "parallel",
+        [TaskSpec("scout", "read it"), TaskSpec("planner", "plan")],
     )
 
     folder = isolated_home / ".mlx-subagents" / "runs" / outcome.run_id
@@ -81,10 +84,10 @@ def test_a_run_saves_its_record_and_every_task(tmp_path: Path, write_script: Any
 
 def test_resume_continues_the_conversation_and_extends_the_transcript(tmp_path: Path, write_script: Any) -> None:
     first = write_script({"agents": {"scout": {"replies": [call("ls", path="."), "first answer"]}}})
-    result = go(Runner(cwd=tmp_path, model=first), "run", TaskSpec("scout", "look around"))
+    result = go(Runner(cwd=tmp_path, options=RunOptions(model=first)), "run", TaskSpec("scout", "look around"))
 
     second = write_script(["second answer"], name="second.json")
-    resumed = go(Runner(cwd=tmp_path, model=second), "resume", result.run_id[:12], "and then?")
+    resumed = go(Runner(cwd=tmp_path, options=RunOptions(model=second)), "resume", result.run_id[:12], "and then?")
 
     assert (resumed.status, resumed.output, resumed.task, resumed.run_id) == (
         "completed",
@@ -119,8 +122,12 @@ def test_resume_continues_the_conversation_and_extends_the_transcript(tmp_path: 
 
 def test_resume_picks_a_task_and_explains_what_is_missing(tmp_path: Path, write_script: Any) -> None:
     model = write_script(["one"])
-    outcome = go(Runner(cwd=tmp_path, model=model), "parallel", [TaskSpec("scout", "a"), TaskSpec("planner", "b")])
-    runner = Runner(cwd=tmp_path, model=write_script(["two"], name="two.json"))
+    outcome = go(
+        Runner(cwd=tmp_path, options=RunOptions(model=model)),
+        "parallel",
+        [TaskSpec("scout", "a"), TaskSpec("planner", "b")],
+    )
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["two"], name="two.json")))
 
     with pytest.raises(RunNotFoundError, match=r"has 2 tasks \(scout, planner\); pick one with --task LABEL"):
         go(runner, "resume", outcome.run_id, "more")
@@ -135,7 +142,10 @@ def test_resume_picks_a_task_and_explains_what_is_missing(tmp_path: Path, write_
 def test_list_and_load_runs(tmp_path: Path, write_script: Any) -> None:
     assert list_runs() == []
     model = write_script(["x"])
-    ids = [go(Runner(cwd=tmp_path, model=model), "run", TaskSpec("scout", str(i))).run_id for i in range(3)]
+    ids = [
+        go(Runner(cwd=tmp_path, options=RunOptions(model=model)), "run", TaskSpec("scout", str(i))).run_id
+        for i in range(3)
+    ]
 
     assert [r.run_id for r in list_runs()] == ids[::-1]
     assert [r.run_id for r in list_runs(limit=2)] == ids[:0:-1]
@@ -148,7 +158,11 @@ def test_list_and_load_runs(tmp_path: Path, write_script: Any) -> None:
 
 
 def test_save_transcripts_off_writes_nothing(tmp_path: Path, write_script: Any) -> None:
-    result = go(Runner(cwd=tmp_path, model=write_script(["x"]), save_transcripts=False), "run", TaskSpec("scout", "a"))
+    result = go(
+        Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])), save_transcripts=False),
+        "run",
+        TaskSpec("scout", "a"),
+    )
     assert (result.output, result.run_id, result.transcript) == ("x", None, None)
     assert not runs_dir().exists()
 

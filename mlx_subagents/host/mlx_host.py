@@ -10,16 +10,19 @@ only what is new.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ByteSize, TypeAdapter, ValidationError
+
 from ..errors import ChatTemplateError, SubagentError
 from .chat_format import ChatFormat
 from .engine import Deliver, Engine
-from .kv_pool import CacheState, KVPool, KVShape, tokens_that_fit
+from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .prompt import encode, render
 from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolMode, ToolSchema
@@ -33,6 +36,8 @@ DEFAULT_CONTEXT_CAP = 32768
 DEFAULT_MAX_SESSIONS = 5
 # Share of (RAM - weights) the KV pool may use when no budget is given.
 DEFAULT_BUDGET_FRACTION = 0.5
+BINARY_SUFFIXES = {"k": "KiB", "m": "MiB", "g": "GiB"}
+_BYTE_SIZE = TypeAdapter(ByteSize)
 
 
 @dataclass(frozen=True)
@@ -54,34 +59,29 @@ def total_memory() -> int:
 
 
 def parse_bytes(text: str | int | None) -> int | None:
-    """`4GB`, `512MiB`, `1e9`, `0.25` (a fraction of RAM) or None (default)."""
+    """`4GB`, `512MiB`, `512m` (MiB), `1e9`, `0` (unbounded), `0.25` (a fraction of RAM) or None (default)."""
     if text is None or isinstance(text, int):
         return text
-    s = text.strip().lower().replace(" ", "")
-    units = {
-        "kib": 2**10,
-        "mib": 2**20,
-        "gib": 2**30,
-        "kb": 10**3,
-        "mb": 10**6,
-        "gb": 10**9,
-        "k": 2**10,
-        "m": 2**20,
-        "g": 2**30,
-        "b": 1,
-    }
+    size = text.strip()
     try:
-        for unit, factor in units.items():
-            if s.endswith(unit):
-                return int(float(s[: -len(unit)]) * factor)
-        value = float(s)
+        value = float(size)
     except ValueError:
-        raise SubagentError(
-            f"KV budget {text!r} is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)"
-        ) from None
-    if 0 < value < 1:
-        return int(value * total_memory())
-    return int(value)
+        pass
+    else:
+        if not math.isfinite(value) or value < 0:
+            raise _not_a_size(text)
+        return int(value * total_memory()) if 0 < value < 1 else int(value)
+    # A bare k, m or g means KiB, MiB, GiB, as in `docker -m 512m`; pydantic's ByteSize reads them as 10^3, 10^6, 10^9.
+    if size[-1:].lower() in BINARY_SUFFIXES:
+        size = size[:-1] + BINARY_SUFFIXES[size[-1].lower()]
+    try:
+        return int(_BYTE_SIZE.validate_python(size))
+    except ValidationError:
+        raise _not_a_size(text) from None
+
+
+def _not_a_size(text: str) -> SubagentError:
+    return SubagentError(f"KV budget {text!r} is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)")
 
 
 class MlxSession:
@@ -244,24 +244,35 @@ class MlxModelHost:
             raise
 
     def _measure(self) -> tuple[KVShape, int, bool]:
-        """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability."""
+        """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability.
+
+        One token through a fresh cache allocates every layer's buffers, which is enough to read
+        the shape off mlx-lm's standard cache types; other cache types are measured at two lengths.
+        """
         import mlx.core as mx
         from mlx.utils import tree_flatten
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-        from .kv_pool import KV_STEP, cache_nbytes
+        cache = make_prompt_cache(self._model)
+        self._model(mx.array([[0]]), cache=cache)
+        mx.eval([c.state for c in cache])
+        shape = kv_shape_of(cache) or self._probe_shape()
+        weights = sum(v.nbytes for _, v in tree_flatten(self._model.parameters()))
+        return shape, weights, can_trim_prompt_cache(cache)
+
+    def _probe_shape(self) -> KVShape:
+        """Bytes held after 256 and 512 tokens (whole KV steps, so the buffers hold exactly that)."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
 
         cache = make_prompt_cache(self._model)
         sizes = []
-        for _ in range(2):  # whole steps, so the buffers hold exactly 256 then 512 tokens
+        for _ in range(2):
             self._model(mx.array([[0] * KV_STEP]), cache=cache)
             mx.eval([c.state for c in cache])
             sizes.append(cache_nbytes(cache))
         per_token = (sizes[1] - sizes[0]) // KV_STEP
-        one = sizes[0]
-        weights = sum(v.nbytes for _, v in tree_flatten(self._model.parameters()))
-        shape = KVShape(fixed=max(0, one - per_token * KV_STEP), per_token=per_token)
-        return shape, weights, can_trim_prompt_cache(cache)
+        return KVShape(fixed=max(0, sizes[0] - per_token * KV_STEP), per_token=per_token)
 
     def _budget(self, weights: int) -> int | None:
         if self._budget_request == 0:
@@ -339,7 +350,7 @@ class MlxModelHost:
                 active_memory=mx.get_active_memory(),
                 peak_memory=mx.get_peak_memory(),
                 pool=self._pool.counters.to_dict(),
-                shared_prefix_hits=self._scheduler.prefix_hits,
+                shared_prefix_hits=self._scheduler.prefixes.hits,
             )
 
         return await self._engine.run(read)

@@ -1,0 +1,168 @@
+"""Reading what a user hands over (tasks, workflow, schema, script and agent files) with one-line errors.
+
+Every way such input can be bad ends as one `SubagentError` line naming the file and the fix: a file
+that cannot be read (`OSError`, not UTF-8), a syntax error, data nested deeper than 128 levels (past
+it, Python's parsers and every later walk raise `RecursionError`) or expanding through YAML aliases to
+more than a million values, or data pydantic rejects (`ValidationError`). Callers pick the error
+class, so the CLI's error boundary prints them all the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+from .errors import SubagentError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+Format = Literal["json", "yaml", "toml"]
+# Deeper data is refused when it is read, so that no later step that walks it (validation, events,
+# transcripts) can hit Python's recursion limit; serde_json stops at the same depth.
+MAX_NESTING = 128
+TOO_DEEP = f"the data is nested more than {MAX_NESTING} levels deep; flatten it"
+# YAML aliases can make a small file stand for billions of values; anything that walks them would hang.
+MAX_VALUES = 1_000_000
+TOO_MANY = f"the data expands to more than {MAX_VALUES:,} values (YAML aliases repeat parts); write it without aliases"
+
+
+def os_reason(exc: OSError) -> str:
+    """Why a file operation failed, as the OS says it (`No such file or directory`)."""
+    return exc.strerror or str(exc)
+
+
+def read_text(path: Path, what: str, error: type[SubagentError]) -> str:
+    """The file's UTF-8 text; otherwise `error("{path}: cannot read the {what}: {reason}")`.
+
+    Args:
+        what: the kind of file, as the user knows it ("tasks file", "workflow file").
+    """
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: cannot read the {what}: it is not UTF-8 text; save it as UTF-8") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what}: {os_reason(exc)}") from None
+
+
+def parse_text(text: str, fmt: Format, where: str, error: type[SubagentError]) -> Any:
+    """JSON, YAML or TOML text as data; a syntax error or too deep nesting is one `error` line.
+
+    Args:
+        where: what the error line starts with, usually the file's path.
+    """
+    try:
+        if fmt == "json":
+            data = json.loads(text)
+        elif fmt == "yaml":
+            data = yaml.safe_load(text)
+        else:
+            data = tomllib.loads(text)
+    except RecursionError:
+        raise error(f"{where}: {TOO_DEEP}") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{where}: invalid YAML{yaml_problem(exc)}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{where}: invalid TOML: {exc}") from None
+    except ValueError as exc:  # YAML: a date that does not exist (2024-13-45)
+        raise error(f"{where}: invalid {fmt.upper()}: {one_line(str(exc))}") from None
+    if problem := data_problem(data):
+        raise error(f"{where}: {problem}")
+    return data
+
+
+def data_problem(data: Any) -> str | None:
+    """Why `data` is unsafe to walk ("problem; fix"): nested too deep, or expanding to too many values."""
+    depth, n_values = measure(data)
+    if depth > MAX_NESTING:
+        return TOO_DEEP
+    if n_values > MAX_VALUES:
+        return TOO_MANY
+    return None
+
+
+def measure(data: Any) -> tuple[float, int]:
+    """`(depth, values)`: how many lists and mappings deep `data` goes (`inf` if it contains itself), and how
+    many values it holds once every shared part (a YAML alias) is counted each time it is used.
+
+    A loop, not recursion, so any depth is safe; each list or mapping is visited once, so a "billion laughs"
+    file costs what the file holds, not what it would expand to.
+    """
+    depths: dict[int, float] = {}
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    pending: list[tuple[Any, bool]] = [(data, False)]
+    while pending:
+        value, children_done = pending.pop()
+        if not isinstance(value, (dict, list)):
+            continue
+        items = list(value.values()) if isinstance(value, dict) else value
+        key = id(value)
+        if children_done:  # every child was measured before this marker came back up
+            on_path.discard(key)
+            depths[key] = 1 + max((depths.get(id(item), 0) for item in items), default=0)
+            sizes[key] = 1 + sum(sizes.get(id(item), 1) for item in items)
+        elif key in on_path:
+            return math.inf, 0
+        elif key not in depths:
+            on_path.add(key)
+            pending.append((value, True))
+            pending.extend((item, False) for item in items)
+    return depths.get(id(data), 0), sizes.get(id(data), 1)
+
+
+def load_file(path: Path, fmt: Format, what: str, error: type[SubagentError]) -> Any:
+    """`read_text` then `parse_text`: a user's data file, every problem one `error` line naming it."""
+    return parse_text(read_text(path, what, error), fmt, str(path), error)
+
+
+def yaml_problem(exc: yaml.YAMLError, first_line: int = 1) -> str:
+    """` at line L column C: problem` for a YAML error (`first_line`: the file line the YAML starts on)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + first_line} column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"{where}: {one_line(problem)}"
+
+
+# --- pydantic errors --------------------------------------------------------------------------------
+
+
+def error_path(loc: Sequence[int | str]) -> str:
+    """`steps[0].id` for pydantic's location `('steps', 0, 'id')`; empty for the whole value."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def error_message(err: ErrorDetails) -> str:
+    """pydantic's message for one error on one line, without its `Value error, ` prefix."""
+    return one_line(err["msg"].removeprefix("Value error, "))
+
+
+def first_error(exc: ValidationError, prefix: Sequence[int | str] = ()) -> str:
+    """`path: message` for the first error, `(and N more problems)` when there are more.
+
+    Args:
+        prefix: location parts to put before pydantic's own (`("tasks", 2)` for the third item).
+    """
+    errors = exc.errors()
+    path = error_path([*prefix, *errors[0]["loc"]])
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    message = error_message(errors[0])
+    return f"{path}: {message}{more}" if path else f"{message}{more}"
+
+
+def one_line(text: str) -> str:
+    """`text` with every run of whitespace, newlines included, made one space."""
+    return " ".join(text.split())
