@@ -37,7 +37,7 @@ STRICT = TemplateTraits(system=False, tool_role=False, alternating=True, tools=F
 @pytest.fixture(scope="module")
 def template_paths(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_path: Path) -> dict[str, Path]:
     paths = {"tools": tiny_qwen3_path}
-    for template in ("no_tools", "strict", "none"):
+    for template in ("coder", "no_tools", "strict", "none"):
         paths[template] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{template}"), template=template)
     return paths
 
@@ -52,6 +52,7 @@ def test_the_host_decides_the_tool_mode_by_probing_the_template(template_paths: 
             return host.tool_mode, host.chat.traits
 
     assert run(probe(template_paths["tools"])) == ("native", TemplateTraits())
+    assert run(probe(template_paths["coder"])) == ("native", TemplateTraits())
     assert run(probe(template_paths["no_tools"])) == (
         "prompted",
         TemplateTraits(system=True, tool_role=True, alternating=False, tools=False, tool_calls=False),
@@ -177,6 +178,36 @@ def test_native_mode_streams_only_visible_text(tiny_qwen3_path: Path, tiny_qwen3
     reply = run(go())
     assert "".join(seen) == "Looking. Then <tool"  # a held-back partial marker is text after all
     assert reply.text == "Looking. Then <tool" and reply.tool_calls == [ToolCall("ls", {"path": "src"}, "call_0")]
+
+
+def test_native_xml_calls_use_the_models_own_parser_and_fix(template_paths: dict[str, Path], tiny_qwen3: Any) -> None:
+    """Qwen3-Coder-style XML calls: mlx-lm's `qwen3_coder` parser reads them, the markup never streams,
+    and a malformed call's fix is written in XML, as the template writes calls."""
+    xml = "<tool_call>\n<function=ls>\n<parameter=path>\nsrc\n</parameter>\n</function>\n</tool_call>"
+    unclosed = "<tool_call>\n<function=ls>\n"
+    scripts = ForcedScripts(tiny_qwen3[1], {"a": [f"Looking.\n{xml}", unclosed, "Done."]})
+    seen: list[str] = []
+
+    async def go() -> list[Any]:
+        async with MlxModelHost(str(template_paths["coder"]), processor_factory=scripts) as host:
+            session = host.session("a")
+            first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
+            messages = [*TASK, first.to_message(), LS_RESULT]
+            second = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=64)
+            third = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=64)
+            return [first, second, third]
+
+    first, second, third = run(go())
+    assert first.tool_calls == [ToolCall("ls", {"path": "src"}, "call_0")] and first.text == "Looking."
+    assert "".join(seen) == "Looking.\n"
+    assert second.malformed_tool_calls[0].error == (
+        "Error: your tool call could not be parsed (the call has no closing </tool_call>). "
+        "Write each call exactly in this format, with the tool's own name and arguments:\n"
+        "<tool_call>\n<function=tool_name>\n<parameter=argument>\nvalue\n</parameter>\n</function>\n</tool_call>"
+    )
+    # The template re-renders the XML call as generated: turn 2 reused all that turn 1 held.
+    assert second.usage.cached_tokens == first.usage.prompt_tokens + first.usage.generated_tokens
+    assert third.text == "Done." and third.tool_calls == []
 
 
 def test_normalise_for_a_strict_template_without_system_or_tool_role() -> None:
