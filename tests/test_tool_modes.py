@@ -22,7 +22,7 @@ from mlx_subagents.doctor import run_doctor
 from mlx_subagents.errors import ChatTemplateError
 from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host.chat_format import prompted_tools, read_chat_format
-from mlx_subagents.host.prompt import render
+from mlx_subagents.host.prompt import encode, render
 from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.host.templates import TemplateTraits, normalise
 from mlx_subagents.session import AgentSession, workspace_for
@@ -102,21 +102,20 @@ def test_prompted_call_is_parsed_streamed_without_markup_and_turn_two_reuses_the
     scripts = ForcedScripts(tiny_qwen3[1], {"a": [f"Let me look.\n{call}", "It is parsed in src/config.py."]})
     seen: list[str] = []
 
-    async def go() -> tuple[Any, Any, str, int]:
+    async def go() -> tuple[Any, Any, str, int, int]:
         async with MlxModelHost(str(path), processor_factory=scripts) as host:
             session = host.session("a")
             first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
             messages = [*TASK, first.to_message(), LS_RESULT]
             second = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=64)
+            other = [TASK[0], {"role": "user", "content": "Task: list the tests."}]
+            shared = (await host.session("b").generate(other, tools=[LS_SCHEMA], max_tokens=2)).usage.cached_tokens
             shown, tools = host.chat.present(messages, [LS_SCHEMA])
-            return (
-                first,
-                second,
-                render(host.tokenizer, shown, tools, generation_prompt=True),
-                await host.count_tokens(messages, [LS_SCHEMA]),
-            )
+            prompt = render(host.tokenizer, shown, tools, generation_prompt=True)
+            system = encode(host.tokenizer, render(host.tokenizer, shown[:1], None, generation_prompt=False))
+            return first, second, prompt, await host.count_tokens(messages, [LS_SCHEMA]), shared - len(system)
 
-    first, second, prompt, fresh = run(go())
+    first, second, prompt, fresh, unshared = run(go())
     assert first.tool_calls == [ToolCall("ls", {"path": "."}, "call_0")]
     assert first.text == "Let me look." and first.malformed_tool_calls == []
     assert "".join(seen) == "Let me look.\n"
@@ -129,6 +128,8 @@ def test_prompted_call_is_parsed_streamed_without_markup_and_turn_two_reuses_the
     if template == "strict":
         assert prompt.startswith(f"<|im_start|>user\n{SYSTEM}\n\n# Tools\n")
         assert "<|im_start|>system" not in prompt and "<|im_start|>model\nLet me look." in prompt
+    else:  # another session of the agent starts from the shared system prompt, tool list included
+        assert unshared == 0
     # Turn 2 reuses everything turn 1 held and prefills only what is new.
     held = first.usage.prompt_tokens + first.usage.generated_tokens
     assert second.usage.cached_tokens == held
