@@ -8,6 +8,7 @@ them (prompted). `strict`: Gemma-style, no system role and strict alternation (p
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -209,6 +210,65 @@ def test_native_xml_calls_use_the_models_own_parser_and_fix(template_paths: dict
     # The template re-renders the XML call as generated: turn 2 reused all that turn 1 held.
     assert second.usage.cached_tokens == first.usage.prompt_tokens + first.usage.generated_tokens
     assert third.text == "Done." and third.tool_calls == []
+
+
+# Mistral's way, with this kit's tokens: tools before the last user message, `[TOOL_CALLS]` JSON calls
+# with no end marker, and a raise on any call id that is not 9 alphanumeric characters.
+MISTRAL_TEMPLATE = """
+{%- set ns = namespace(last_user=-1) %}
+{%- for message in messages %}{% if message.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}
+{%- for message in messages %}
+    {%- if message.role == 'system' %}
+        {{- '[SYSTEM_PROMPT]' + message.content + '[/SYSTEM_PROMPT]' }}
+    {%- elif message.role == 'user' %}
+        {%- if tools and loop.index0 == ns.last_user %}
+            {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}
+        {%- endif %}
+        {{- '[INST]' + message.content + '[/INST]' }}
+    {%- elif message.role == 'assistant' %}
+        {{- message.content or '' }}
+        {%- if message.tool_calls %}
+            {{- '[TOOL_CALLS][' }}
+            {%- for tool_call in message.tool_calls %}
+                {%- if tool_call.id is not defined or tool_call.id | length != 9 %}
+                    {{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}
+                {%- endif %}
+                {{- {'name': tool_call.function.name, 'arguments': tool_call.function.arguments} | tojson }}
+            {%- endfor %}
+            {{- ']' }}
+        {%- endif %}
+        {{- eos_token }}
+    {%- elif message.role == 'tool' %}
+        {{- '[TOOL_RESULTS]' + ({'content': message.content, 'call_id': message.tool_call_id} | tojson) + '[/TOOL_RESULTS]' }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+
+def test_native_mistral_calls_with_the_ids_its_template_demands(tmp_path: Path, tiny_qwen3: Any) -> None:
+    path = make_tiny_model(tmp_path / "mistral")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": MISTRAL_TEMPLATE.strip()}))
+    calls = '[TOOL_CALLS][{"name": "ls", "arguments": {"path": "."}}]'
+    scripts = ForcedScripts(tiny_qwen3[1], {"a": [f"Looking.{calls}", "It is parsed in src/config.py."]})
+    seen: list[str] = []
+
+    async def go() -> tuple[Any, Any, Any]:
+        async with MlxModelHost(str(path), processor_factory=scripts) as host:
+            session = host.session("a")
+            first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
+            second = await session.generate([*TASK, first.to_message(), LS_RESULT], tools=[LS_SCHEMA], max_tokens=64)
+            return host.chat, first, second
+
+    chat, first, second = run(go())
+    assert (chat.tool_mode, chat.calls.start, chat.calls.end) == ("native", "[TOOL_CALLS]", "")
+    assert chat.traits == TemplateTraits(short_call_ids=True)
+    assert chat.calls.example == '[TOOL_CALLS][{"name": "tool_name", "arguments": {"argument": "value"}}]'
+    assert first.tool_calls == [ToolCall("ls", {"path": "."}, "call_0")]
+    assert first.text == "Looking." and "".join(seen) == "Looking."
+    # The call ids reach the template as 9 characters (no exception), and the prefix is reused.
+    assert second.text == "It is parsed in src/config.py."
+    assert second.usage.cached_tokens == first.usage.prompt_tokens + first.usage.generated_tokens
 
 
 def test_normalise_for_a_strict_template_without_system_or_tool_role() -> None:

@@ -55,7 +55,7 @@ class ChatFormat:
         traits = probe_template(tokenizer)
         if traits.tools and traits.tool_calls:
             start, end = getattr(tokenizer, "tool_call_start", None), getattr(tokenizer, "tool_call_end", None)
-            example = example_call(tokenizer, start, end or "") if start else None
+            example = example_call(tokenizer, traits, start, end or "") if start else None
             native = CallFormat.native(tokenizer, example)
             if native is not None:
                 return cls("native", traits, native)
