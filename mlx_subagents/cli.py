@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import io
 import json
 import sys
 import time
@@ -662,6 +663,49 @@ def doctor(model: ModelOpt = None, context_window: WindowOpt = None, kv_budget: 
     raise typer.Exit(0 if ok else 1)
 
 
+models_app = typer.Typer(help="The models this machine can run; import GGUF files.", no_args_is_help=False)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List runnable models (imported and in the Hugging Face cache); * marks the default.
+
+    Example: subagent models --json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from .models.catalog import list_models
+    from .models.display import models_table
+
+    found = list_models(default_model())
+    if as_json:
+        out.print_json(data={"models": [m.model_dump() for m in found]})
+    elif found:
+        out.print(models_table(found))
+    else:
+        err.print("no models found; import one: subagent models import FILE.gguf (or ollama:NAME:TAG)")
+
+
+@models_app.command("import")
+def models_import(
+    source: Annotated[str, typer.Argument(help="A .gguf file, or ollama:NAME[:TAG] from Ollama's store.")],
+    name: Annotated[Optional[str], typer.Option("--name", help="Name for --model (default: from the file).")] = None,
+    bits: Annotated[int, typer.Option("--bits", help="4 or 8: quantize with mlx-lm; 16: keep float16.")] = 4,
+) -> None:
+    """Convert a GGUF model into $MLX_SUBAGENTS_HOME/models/NAME; then `--model NAME` runs it.
+
+    Example: subagent models import ollama:qwen2.5-coder:7b
+    """
+    from .models.display import ImportProgress
+    from .models.importer import import_gguf
+
+    with ImportProgress(err) as progress:
+        imported = import_gguf(source, name=name, bits=bits, progress=progress)
+    err.print(f"imported {imported.name} in {imported.seconds:.0f} s: {imported.path}")
+    out.print(f"use it with: --model {imported.name}")
+
+
 # typer >= 0.22 vendors click: its exceptions are not click's. Catch both families.
 _EXIT = tuple({typer.Exit, click.exceptions.Exit})
 _USAGE = tuple({click.ClickException, *(c for c in (getattr(typer, "TyperException", None),) if c)})
@@ -670,6 +714,9 @@ _ABORT = tuple({typer.Abort, click.exceptions.Abort, KeyboardInterrupt, asyncio.
 
 def main() -> None:
     """Entry point: maps library errors to one line and an exit code, never a traceback."""
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a model's text prints escaped, never raises
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     try:
         # Without standalone mode, typer returns the code of a `typer.Exit` instead of raising it.
         code = app(standalone_mode=False)

@@ -25,6 +25,7 @@ def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
     data["transcripts"] = []
     for entry in _entries(record, task):
         item: dict[str, Any] = {"label": entry.label, "file": None, "meta": None, "messages": None, "results": []}
+        item["skipped"] = []
         if entry.file is not None:
             log = read_transcript(record.transcript_path(entry))
             item.update(
@@ -32,6 +33,7 @@ def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
                 meta=log.meta,
                 messages=log.messages,
                 results=[r.model_dump(mode="json") for r in log.results],
+                skipped=log.skipped,
             )
         data["transcripts"].append(item)
     if children := child_runs(record):
@@ -56,6 +58,9 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
         console.print(
             f"[dim]model {escape(str(log.meta.get('model')))} · {log.generations} generation(s) · {log.path}[/]"
         )
+        if log.skipped:
+            damaged = f"skipped {len(log.skipped)} damaged line(s) of the transcript: {'; '.join(log.skipped)}"
+            console.print(f"[yellow]{escape(damaged)}[/]")
         if log.messages is None:
             console.print("[yellow]no saved conversation (the process ended before the task did); tool calls:[/]")
             for r in log.records:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers import alive, call
+from helpers import alive, all_dead, call
 
 from mlx_subagents.transcripts import load_run, read_transcript
 
@@ -33,15 +33,6 @@ def wait_for_pids(folder: Path, deadline: float) -> list[int]:
     # the bash tool's, not the chat's: give the registration time to happen.
     time.sleep(0.3)
     return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
-
-
-def all_dead(pids: list[int], within: float = 3.0) -> bool:
-    deadline = time.monotonic() + within
-    while any(alive(p) for p in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def cli_env() -> dict[str, str]:

@@ -160,6 +160,39 @@ def tokenizer_config(template: Template = "tools") -> dict[str, Any]:
     return config
 
 
+def resize_tiny_model(
+    path: Path, *, hidden_size: int | None = None, num_layers: int | None = None, seed: int = 0
+) -> Path:
+    """Scale a tiny model's width and depth (for benchmarks); the tokenizer and template stay.
+
+    Raises:
+        ValueError: a size the architecture cannot take, in one line naming the option.
+    """
+    config = json.loads((path / "config.json").read_text())
+    text = config.get("text_config", config)
+    if hidden_size is not None:
+        head_dim = 16 if hidden_size < 256 else 64
+        if hidden_size % head_dim:
+            raise ValueError(f"hidden_size {hidden_size} must be a multiple of {head_dim}")
+        heads = hidden_size // head_dim
+        text.update(
+            hidden_size=hidden_size,
+            intermediate_size=3 * hidden_size,
+            head_dim=head_dim,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2),
+        )
+    if num_layers is not None:
+        if "text_config" in config:
+            if num_layers % 2:
+                raise ValueError("num_layers must be even for qwen3_5 (linear / full attention pairs)")
+            text["layer_types"] = ["linear_attention", "full_attention"] * (num_layers // 2)
+        text["num_hidden_layers"] = num_layers
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    _write_weights(config, path / "model.safetensors", seed)
+    return path
+
+
 def _write_weights(config: dict[str, Any], path: Path, seed: int) -> None:
     """Instantiate the mlx-lm class and save its own parameter names, which load strictly."""
     import mlx.core as mx

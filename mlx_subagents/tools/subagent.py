@@ -21,7 +21,7 @@ from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, cap_answer
 from ..errors import SubagentError, ToolError
 from ..results import MultiRunResult, RunResult
 from ..userfiles import error_message, error_path
-from .base import Tool, ToolResult, _strip_titles, error_result, one_line
+from .base import Tool, ToolResult, _strip_titles, error_result, one_line, tool_failure
 from .workspace import Workspace
 
 DelegationMode = Literal["single", "parallel", "chain"]
@@ -130,6 +130,12 @@ class SubagentTool(Tool):
         }
 
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
+        try:
+            return await self._call(arguments)
+        except Exception as exc:  # the boundary, as in `Tool.call`: never a crash of the parent
+            return tool_failure(self.name, exc, self.workspace)
+
+    async def _call(self, arguments: dict[str, Any]) -> ToolResult:
         try:
             params = SubagentParams.model_validate(arguments)
         except ValidationError as exc:
@@ -299,8 +305,12 @@ def _fit(bodies: list[str], transcripts: list[str | None], title: str, heads: li
 
     Short bodies are kept whole; the room left is shared equally by the long ones (water-filling).
     """
-    sizes = [len(b.encode("utf-8")) for b in bodies]
-    fixed = reserve + len(title.encode("utf-8")) + sum(len(h.encode("utf-8")) + 3 for h in heads)
+    sizes = [len(b.encode("utf-8", "surrogatepass")) for b in bodies]
+    fixed = (
+        reserve
+        + len(title.encode("utf-8", "surrogatepass"))
+        + sum(len(h.encode("utf-8", "surrogatepass")) + 3 for h in heads)
+    )
     if fixed + sum(sizes) <= MAX_ANSWER_BYTES:
         return bodies
     room = MAX_ANSWER_BYTES - fixed
