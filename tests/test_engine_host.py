@@ -92,7 +92,7 @@ def test_streamed_tool_call_deltas_are_assembled_and_the_schemas_are_sent(engine
 
 def test_calls_written_as_text_are_parsed_and_never_shown(engine: FakeEngine) -> None:
     markup = '<tool_call>{"name": "ls", "arguments": {"path": "src"}}</tool_call>'
-    engine.queue(Reply(f"Looking.{markup}", chunk=3), Reply('Again <tool_call>{"name": ls}</tool_call>'))
+    engine.queue(Reply(f"Looking.{markup} Done", chunk=3), Reply('Again <tool_call>{"name": ls}</tool_call>'))
     pieces: list[str] = []
 
     async def two_turns() -> tuple[Any, Any]:
@@ -101,10 +101,28 @@ def test_calls_written_as_text_are_parsed_and_never_shown(engine: FakeEngine) ->
             return await session.generate(USER, on_text=pieces.append), await session.generate(USER)
 
     good, bad = run(two_turns())
-    assert "".join(pieces) == "Looking."
-    assert good.text == "Looking." and [(c.name, c.arguments) for c in good.tool_calls] == [("ls", {"path": "src"})]
+    assert "".join(pieces) == "Looking. Done"
+    assert good.text == "Looking. Done"
+    assert [(c.name, c.arguments) for c in good.tool_calls] == [("ls", {"path": "src"})]
     assert bad.tool_calls == [] and bad.malformed_tool_calls[0].raw == '<tool_call>{"name": ls}</tool_call>'
-    assert bad.malformed_tool_calls[0].error.startswith("JSONDecodeError: Expecting value")
+    assert bad.malformed_tool_calls[0].error.startswith(
+        "Error: your tool call could not be parsed (JSONDecodeError: Expecting value"
+    )
+    assert bad.malformed_tool_calls[0].error.endswith(
+        '{"name": "tool_name", "arguments": {"argument": "value"}}\n</tool_call>'
+    )
+
+
+def test_engine_tool_call_arguments_that_are_not_json_come_back_as_an_error_to_fix(engine: FakeEngine) -> None:
+    engine.queue(Reply(tool_calls=({"name": "ls", "arguments": "{'path': '.'}"},)))
+    generation = run(generate(EngineHost(engine.url, FAKE_MODEL)))
+    assert generation.tool_calls == []
+    (bad,) = generation.malformed_tool_calls
+    assert bad.error == (
+        "Error: the arguments of your call to ls are not a JSON object (JSONDecodeError: Expecting property name "
+        "enclosed in double quotes: line 1 column 2 (char 1)). Call the tool again with its arguments as one JSON "
+        "object."
+    )
 
 
 def test_an_agent_runs_real_tools_on_engine_tool_calls_and_messages_stay_byte_stable(
