@@ -5,6 +5,7 @@ the context window, and every fault with its one-line message and bounded retrie
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import socket
 from collections.abc import Iterator
@@ -354,3 +355,21 @@ def test_listing_failures_other_than_reachability_and_keys_do_not_stop_the_start
 
     assert run(go()) == DEFAULT_CONTEXT_WINDOW
     assert json.loads(json.dumps([r.path for r in engine.requests])) == ["/api/models"]
+
+
+# --- the benchmark's engine rows ------------------------------------------------------------------------
+
+
+def test_the_throughput_benchmark_measures_an_engine(engine: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    throughput = importlib.import_module("throughput")
+    engine.queue(*[Reply("0123456789abcdef", chunk=1, completion_tokens=16, cached_tokens=90)] * 11)
+    model_id, runs = run(throughput.measure_engine(engine.url, None, 16, 1))
+    assert model_id == FAKE_MODEL  # the first model the engine lists
+    assert len(engine.chat_requests()) == 4 + 1 + 2 + 4  # a warm-up round, then 1, 2 and 4 sessions
+    in_process = {"results": {"batched": {n: {"decode_tok_s": 100.0, "e2e_tok_s": 50.0} for n in ("1", "2", "4")}}}
+    report = throughput.engine_report(in_process, engine.url, model_id, runs)
+    rows = report["results"]
+    assert [rows[n]["generated_tokens"] for n in ("1", "2", "4")] == [16, 32, 64]
+    assert rows["4"]["cached_tokens"] == [90] * 4 and all(r["decode_tok_s"] > 0 for r in rows.values())
+    assert report["ratio_host_vs_engine"]["4"] == round(100.0 / rows["4"]["decode_tok_s"], 3)
