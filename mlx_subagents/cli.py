@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
-from .caps import MAX_CONCURRENCY
+from .caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
 from .doctor import run_doctor
 from .errors import RequestError, SubagentError
 from .events import Event, EventSink, Fanout
@@ -112,9 +112,22 @@ ConcurrencyOpt = Annotated[
         "--concurrency",
         "-j",
         min=1,
-        max=MAX_CONCURRENCY,
-        help="Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not count).",
+        max=MAX_ENGINE_CONCURRENCY,
+        help=(
+            "Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not "
+            f"count); up to {MAX_CONCURRENCY}, or {MAX_ENGINE_CONCURRENCY} with --engine."
+        ),
     ),
+]
+EngineOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--engine",
+        help="Run the model calls on this OpenAI-compatible engine (e.g. http://gpu-box:8000/v1); --model is its model id.",
+    ),
+]
+ApiKeyOpt = Annotated[
+    Optional[str], typer.Option("--api-key", help="The engine's API key (default: $MLX_SUBAGENTS_API_KEY).")
 ]
 TaskKeyOpt = Annotated[
     Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")
@@ -162,6 +175,8 @@ _SHARED: dict[str, tuple[Any, Any]] = {
     "kv_budget": (KvBudgetOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
+    "engine": (EngineOpt, None),
+    "api_key": (ApiKeyOpt, None),
 }
 
 
@@ -181,6 +196,8 @@ class Shared:
     kv_budget: str | None
     max_depth: int
     concurrency: int
+    engine: str | None
+    api_key: str | None
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -195,6 +212,8 @@ class Shared:
             kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
             context_window=self.context_window,
             concurrency=self.concurrency,
+            engine=self.engine,
+            api_key=self.api_key,
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
