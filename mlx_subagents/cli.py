@@ -718,6 +718,40 @@ def agents(
 
 
 @app.command()
+def mcp(
+    cwd: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--cwd", "-C", help="Workspace (default: the client's first root, else the current folder).", exists=True
+        ),
+    ] = None,
+    model: ModelOpt = None,
+    scope: ScopeOpt = Scope.both,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents (a client cannot be asked).")] = False,
+    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
+    max_turns: MaxTurnsOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    timeout: TimeoutOpt = None,
+    context_window: WindowOpt = None,
+    batching: BatchingOpt = Batching.on,
+    kv_budget: KvBudgetOpt = None,
+) -> None:
+    """Serve the agents over MCP on stdio (for Claude Code, Codex, Cursor, ...); the model stays loaded.
+
+    Example: claude mcp add subagents -- subagent mcp --model mlx-community/Qwen3-4B-Instruct-2507-4bit
+    """
+    from .mcp_server import serve_stdio
+
+    host_options = _host_options(context_window, batching, kv_budget)
+
+    def make_runner(root: Path, on_event: EventSink) -> Runner:
+        runner_options = dict(max_turns=max_turns, max_tokens=max_tokens, timeout=timeout, max_depth=max_depth)
+        return _make_runner(model, root, scope, yes, host_options=host_options, on_event=on_event, **runner_options)
+
+    asyncio.run(serve_stdio(make_runner, cwd.resolve() if cwd else None))
+
+
+@app.command()
 def doctor(model: ModelOpt = None, context_window: WindowOpt = None, kv_budget: KvBudgetOpt = None) -> None:
     """Check mlx, the device and memory, and that the model loads and answers.
 
