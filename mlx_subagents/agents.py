@@ -13,19 +13,21 @@ model aliases we cannot honour are dropped with a warning, extra fields are igno
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 import mlx_subagents
 from mlx_subagents.errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
+from mlx_subagents.frontmatter import agent_error as _fail
+from mlx_subagents.frontmatter import read_frontmatter
+from mlx_subagents.home import state_home
 from mlx_subagents.tools import TOOL_NAMES
+from mlx_subagents.userfiles import read_text
 
 Source = Literal["builtin", "user", "project"]
 Scope = Literal["user", "project", "both"]
@@ -33,14 +35,22 @@ Scope = Literal["user", "project", "both"]
 # `subagent` (delegation) is never granted by default: only a file that names it gets it.
 KNOWN_TOOLS = TOOL_NAMES + ("subagent",)
 WRITE_TOOLS = ("edit", "write")
-NAME_PATTERN = r"[a-z0-9][a-z0-9_-]*"
+# Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not.
+NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]*"
 MAX_TEMPERATURE = 2.0
-DEFAULT_HOME = "~/.mlx-subagents"
 PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
 CLAUDE_AGENTS_DIR = ".claude/agents"
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = ("name", "description", "tools", "model", "max_turns", "temperature", "output_schema")
+# Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
+CLAUDE_FIELDS = (
+    "disallowedTools", "maxTurns", "permissionMode", "skills", "mcpServers", "hooks", "memory", "background",
+    "effort", "isolation", "initialPrompt", "disabled",
+)  # fmt: skip
+# Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
+DISPLAY_FIELDS = ("color",)
+LENIENT_FIELDS = frozenset(FIELDS + CLAUDE_FIELDS + DISPLAY_FIELDS)
 
 # A model named `<provider>/...` or `<provider>:...` with one of these runs remotely: refused,
 # never swapped for a local model. `mlx/<id>` bypasses the check (e.g. `mlx/google/gemma-3-1b-it`).
@@ -63,13 +73,6 @@ CLAUDE_TOOL_MAP = {
     "MultiEdit": "edit",
     "Write": "write",
 }
-CLAUDE_ONLY_TOOLS = frozenset(
-    {
-        "WebFetch", "WebSearch", "TodoWrite", "NotebookEdit", "NotebookRead", "Task", "Agent",
-        "BashOutput", "KillShell", "KillBash", "SlashCommand", "Skill", "ExitPlanMode",
-        "AskUserQuestion",
-    }
-)  # fmt: skip
 
 
 class AgentSpec(BaseModel):
@@ -114,21 +117,21 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
     """
     if claude is None:
         claude = path.parent.name == "agents" and path.parent.parent.name == ".claude"
-    meta, body = _split_frontmatter(path, _read_text(path))
-    warnings: list[str] = []
+    meta, body, note = read_frontmatter(path, read_text(path, "agent file", AgentFileError), LENIENT_FIELDS)
+    warnings = [note] if note else []
     name = _required_text(path, meta, "name", "my-agent").lower()
     if not re.fullmatch(NAME_PATTERN, name):
         raise _fail(
             path,
             f"field 'name': {name!r} is not a valid agent name",
-            "use lowercase letters, digits, '-' and '_', starting with a letter or digit",
+            "use lowercase letters, digits, '-', '_' and '.', starting with a letter or digit",
         )
     description = _required_text(path, meta, "description", "what this agent does")
     turns_key = "maxTurns" if claude and "maxTurns" in meta else "max_turns"
     system_prompt = body.strip()
     if not system_prompt:
         raise _fail(path, "the body is empty", "write the system prompt below the closing '---'")
-    if not claude and (unknown := sorted(str(k) for k in meta if k not in FIELDS)):
+    if not claude and (unknown := sorted(str(k) for k in meta if k not in FIELDS + DISPLAY_FIELDS)):
         warnings.append(f"{path}: unknown field(s) {', '.join(unknown)} ignored")
     return AgentSpec(
         name=name,
@@ -145,46 +148,6 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
     )
 
 
-def _fail(path: Path, problem: str, fix: str) -> AgentFileError:
-    return AgentFileError(f"{path}: {problem}; {fix}")
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise _fail(path, "the file is not UTF-8 text", "save it as UTF-8") from None
-    except OSError as exc:
-        problem = f"cannot read the file ({exc.strerror})"
-        raise _fail(path, problem, "check that it exists and is readable") from None
-
-
-def _split_frontmatter(path: Path, text: str) -> tuple[dict[str, Any], str]:
-    """The frontmatter mapping and the body."""
-    lines = text.removeprefix("\ufeff").splitlines(keepends=True)
-    if not lines or lines[0].rstrip() != "---":
-        fix = "start the file with a '---' line, then name: and description:, then a closing '---' line"
-        raise _fail(path, "no frontmatter", fix)
-    end = next((i for i, line in enumerate(lines) if i and line.rstrip() == "---"), None)
-    if end is None:
-        fix = "add a '---' line after the last field"
-        raise _fail(path, "the frontmatter has no closing '---' line", fix)
-    try:
-        meta = yaml.safe_load("".join(lines[1:end]))
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: a bad date
-        mark = getattr(exc, "problem_mark", None)
-        # The YAML text starts on the file's second line; marks are 0-based.
-        where = f" at line {mark.line + 2}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        problem = f"invalid YAML in the frontmatter{where}: {problem}"
-        raise _fail(path, problem, "fix the YAML, or quote the value") from None
-    if not isinstance(meta, dict):
-        kind = "empty" if meta is None else f"a YAML {type(meta).__name__}"
-        fix = "write one 'key: value' per line, e.g. name: scout"
-        raise _fail(path, f"the frontmatter is {kind}, not a mapping", fix)
-    return meta, "".join(lines[end + 1 :])
-
-
 def _required_text(path: Path, meta: dict[str, Any], key: str, example: str) -> str:
     value = meta.get(key)
     if isinstance(value, str) and value.strip():
@@ -198,15 +161,24 @@ def _required_text(path: Path, meta: dict[str, Any], key: str, example: str) -> 
 
 def _parse_tools(path: Path, meta: dict[str, Any], claude: bool, warnings: list[str]) -> tuple[str, ...]:
     value = meta.get("tools")
-    tools = TOOL_NAMES if value is None else _tool_list(path, "tools", value, claude, warnings)
+    tools, dropped = (TOOL_NAMES, []) if value is None else _tool_list(path, "tools", value, claude)
+    if dropped:
+        warnings.append(f"{path}: tool(s) not available here, dropped: {', '.join(dropped)}")
     if claude and meta.get("disallowedTools") is not None:
         # A Claude denylist must not be lost: dropping it would grant more than the author meant.
-        denied = _tool_list(path, "disallowedTools", meta["disallowedTools"], claude, [])
+        denied, _ = _tool_list(path, "disallowedTools", meta["disallowedTools"], claude, deny=True)
         tools = tuple(tool for tool in tools if tool not in denied)
     return tools
 
 
-def _tool_list(path: Path, key: str, value: Any, claude: bool, warnings: list[str]) -> tuple[str, ...]:
+def _tool_list(
+    path: Path, key: str, value: Any, claude: bool, *, deny: bool = False
+) -> tuple[tuple[str, ...], list[str]]:
+    """`(our tool names, the names dropped)`: an unknown name is an error, except in a Claude Code file.
+
+    Args:
+        deny: the list takes tools away; a restricted `Bash(git:*)` there denies the whole tool.
+    """
     if isinstance(value, str):
         items = value.split(",")
     elif isinstance(value, list) and all(isinstance(item, str) for item in value):
@@ -215,24 +187,26 @@ def _tool_list(path: Path, key: str, value: Any, claude: bool, warnings: list[st
         problem = f"field '{key}' must be a comma-separated string or a list of tool names"
         raise _fail(path, problem, f"e.g. {key}: read, grep, find")
     tools: list[str] = []
+    dropped: list[str] = []
     for item in filter(None, (item.strip() for item in items)):
-        tool = _map_tool(path, key, item, claude, warnings)
-        if tool is not None and tool not in tools:
+        # `Bash(git:*)` restricts a tool in Claude Code; we cannot, so drop it (never widen) or deny it all.
+        name = item.split("(", 1)[0].strip() if deny else item
+        tool = _our_tool(name, claude)
+        if tool is None and not claude:
+            fix = f"use tools from: {', '.join(KNOWN_TOOLS)}"
+            raise _fail(path, f"field '{key}': unknown tool '{item}'", fix)
+        if tool is None:
+            dropped.append(item)
+        elif tool not in tools:
             tools.append(tool)
-    return tuple(tools)
+    return tuple(tools), dropped
 
 
-def _map_tool(path: Path, key: str, item: str, claude: bool, warnings: list[str]) -> str | None:
-    if claude and item in CLAUDE_TOOL_MAP:
-        return CLAUDE_TOOL_MAP[item]
-    # `Bash(git:*)`-style patterns restrict a tool in Claude Code; we cannot, so drop, never widen.
-    if claude and (item in CLAUDE_ONLY_TOOLS or item.startswith("mcp__") or "(" in item):
-        warnings.append(f"{path}: Claude Code tool '{item}' is not available here; dropped")
-        return None
-    if item.lower() in KNOWN_TOOLS:
-        return item.lower()
-    fix = f"use tools from: {', '.join(KNOWN_TOOLS)}"
-    raise _fail(path, f"field '{key}': unknown tool '{item}'", fix)
+def _our_tool(name: str, claude: bool) -> str | None:
+    """This project's name for a tool (Claude Code's `Read` is `read`), None if it has no such tool."""
+    if claude and name in CLAUDE_TOOL_MAP:
+        return CLAUDE_TOOL_MAP[name]
+    return name.lower() if name.lower() in KNOWN_TOOLS else None
 
 
 def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> str | None:
@@ -248,7 +222,7 @@ def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> s
         if not model[4:].strip():
             raise _fail(path, "field 'model': 'mlx/' names no model", fix)
         return model[4:].strip()
-    if model in CLAUDE_MODEL_ALIASES or model.startswith("claude-"):
+    if model.lower() in CLAUDE_MODEL_ALIASES or model.lower().startswith("claude-"):
         if not claude:
             raise _fail(path, f"field 'model': '{model}' is a Claude model, not a local one", fix)
         note = f"model '{model}' is a remote Claude model; using the default local model"
@@ -345,7 +319,7 @@ def builtin_agents_dir() -> Path:
 
 def user_agents_dir() -> Path:
     """`$MLX_SUBAGENTS_HOME/agents`, default `~/.mlx-subagents/agents`."""
-    return Path(os.environ.get("MLX_SUBAGENTS_HOME") or DEFAULT_HOME).expanduser() / "agents"
+    return state_home() / "agents"
 
 
 def find_project_agent_dirs(cwd: Path) -> tuple[Path | None, Path | None, Path | None]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
-from .agents import AgentSpec
 from .errors import InputTooLargeError, RequestError
 
 MAX_TASKS = 8
@@ -22,13 +23,25 @@ MAX_REQUEST_CHARS = 60_000
 MAX_ANSWER_BYTES = 50 * 1024
 
 
+class CappedAgent(Protocol):
+    """What the caps read of an agent (an `AgentSpec`); a protocol, so that the tools, which import
+    these limits, and the agents, which import the tools, make no import cycle through here."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def system_prompt(self) -> str: ...
+    @property
+    def path(self) -> Path: ...
+
+
 @dataclass(frozen=True)
 class CapItem:
     """One task as the caps see it: its label, the text it receives and its agent."""
 
     label: str
     text: str
-    spec: AgentSpec
+    spec: CappedAgent
 
 
 def check_task_count(n_tasks: int) -> None:
@@ -76,14 +89,20 @@ def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:
         )
 
 
-def cap_answer(text: str, transcript: str | None) -> str:
-    """The answer, cut to `MAX_ANSWER_BYTES` of UTF-8 with a note saying where the full text is."""
+def cap_answer(text: str, transcript: str | None, max_bytes: int = MAX_ANSWER_BYTES) -> str:
+    """The answer cut so that it and a note saying where the full text is fit `max_bytes` of UTF-8.
+
+    Args:
+        transcript: the file holding the whole answer; None when transcripts are off.
+    """
     data = text.encode("utf-8")
-    if len(data) <= MAX_ANSWER_BYTES:
+    if len(data) <= max_bytes:
         return text
-    head = data[:MAX_ANSWER_BYTES].decode("utf-8", errors="ignore")
     where = f"in the transcript {transcript}" if transcript else "not saved (transcripts are off)"
-    return (
-        f"{head}\n\n[answer truncated: {len(data):,} bytes, showing the first {MAX_ANSWER_BYTES:,}; "
-        f"the full text is {where}]"
-    )
+
+    def note(n_shown: int) -> str:
+        return f"\n\n[answer truncated: {len(data):,} bytes, showing the first {n_shown:,}; the full text is {where}]"
+
+    # The note's length depends on the number it shows: make room for the longest it can be.
+    head = data[: max(0, max_bytes - len(note(len(data)).encode("utf-8")))].decode("utf-8", errors="ignore")
+    return head + note(len(head.encode("utf-8")))

@@ -61,5 +61,9 @@ class SchemaFileError(SubagentError):
     """An output schema (`--schema FILE.json` or `output_schema`) is not a valid JSON schema."""
 
 
+class StateHomeError(SubagentError):
+    """The state folder (`$MLX_SUBAGENTS_HOME`) cannot hold what must be saved (not a folder, read-only)."""
+
+
 class RunNotFoundError(SubagentError):
     """No saved run (or task in it) matches the id given to `show` or `resume`."""

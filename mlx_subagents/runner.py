@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
@@ -47,6 +46,7 @@ from .session import DEFAULT_MAX_TURNS, AgentSession, Limits
 from .tools import Tool, Workspace
 from .tools.subagent import Delegation, SubagentTool
 from .transcripts import RunRecorder, TaskEntry, TaskTranscript, load_run, read_transcript
+from .userfiles import first_error, load_file
 from .workflow import Workflow, check_agents, find_workflow, load_workflow, render_prompt
 
 DEFAULT_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
@@ -97,13 +97,7 @@ class _TaskFileItem(BaseModel):
 def load_tasks_file(path: Path) -> list[TaskSpec]:
     """Tasks from YAML or JSON: a list of `{agent, task, label?, model?, max_turns?, max_tokens?, timeout?}`,
     or a mapping with that list under `tasks`."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise RequestError(f"{path}: cannot read the tasks file: {reason}") from None
-    except yaml.YAMLError as exc:
-        raise RequestError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from None
+    data = load_file(Path(path), "yaml", "tasks file", RequestError)
     if isinstance(data, dict) and set(data) == {"tasks"}:
         data = data["tasks"]
     if not isinstance(data, list):
@@ -115,10 +109,7 @@ def load_tasks_file(path: Path) -> list[TaskSpec]:
         try:
             tasks.append(TaskSpec(**_TaskFileItem.model_validate(item).model_dump()))
         except ValidationError as exc:
-            err = exc.errors()[0]
-            field_name = ".".join(str(p) for p in err["loc"])
-            where = f"tasks[{i}].{field_name}" if field_name else f"tasks[{i}]"
-            raise RequestError(f"{path}: {where}: {err['msg']}") from None
+            raise RequestError(f"{path}: {first_error(exc, ('tasks', i))}") from None
     return tasks
 
 

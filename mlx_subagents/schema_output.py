@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SchemaFileError
+from .userfiles import MAX_NESTING, TOO_DEEP, load_file, nesting
 
 # A model often wraps JSON in a fenced block; that is accepted, prose around it is not.
 FENCE = "```"
@@ -23,29 +24,48 @@ class AnswerMismatch(ValueError):
 
 def load_schema(path: Path) -> dict[str, Any]:
     """Read and check a schema file; every problem is one `SchemaFileError` line naming the file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise SchemaFileError(f"{path}: cannot read the schema file: {reason}") from None
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SchemaFileError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    schema = load_file(path, "json", "schema file", SchemaFileError)
     check_schema(schema, str(path))
     return schema
 
 
 def check_schema(schema: Any, where: str) -> None:
-    """Raise `SchemaFileError` unless `schema` is a valid JSON schema (a mapping)."""
+    """Raise `SchemaFileError` unless `schema` is a valid JSON schema (a mapping) whose `$ref`s all resolve."""
     import jsonschema
 
     if not isinstance(schema, dict):
         raise SchemaFileError(f"{where}: a JSON schema must be an object, not a {type(schema).__name__}")
+    if nesting(schema) > MAX_NESTING:  # jsonschema walks it recursively
+        raise SchemaFileError(f"{where}: {TOO_DEEP}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
+        _check_refs(schema, where)
     except jsonschema.SchemaError as exc:
         raise SchemaFileError(f"{where}: not a valid JSON schema: {_describe(exc)}") from None
+
+
+def _check_refs(schema: dict[str, Any], where: str) -> None:
+    """Resolve every `$ref` now: jsonschema would only fail on it when it checks an answer."""
+    from jsonschema_specifications import REGISTRY  # the drafts' meta-schemas, as jsonschema resolves them
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012, specification_with
+
+    # jsonschema's own default dialect, for a schema without `$schema`.
+    specification = specification_with(str(schema.get("$schema", "")), default=DRAFT202012)
+    root = specification.create_resource(schema)
+    pending = [(REGISTRY.resolver_with_root(root), root)]
+    while pending:
+        resolver, resource = pending.pop()
+        ref = resource.contents.get("$ref") if isinstance(resource.contents, dict) else None
+        if isinstance(ref, str):
+            try:
+                resolver.lookup(ref)
+            except Unresolvable:
+                raise SchemaFileError(
+                    f"{where}: $ref {ref!r} cannot be resolved; point it at a part of this schema, "
+                    "e.g. '#/$defs/NAME' (other files and URLs are not fetched)"
+                ) from None
+        pending.extend((resolver.in_subresource(sub), sub) for sub in resource.subresources())
 
 
 def schema_instruction(schema: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ also when it was aborted.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import time
@@ -30,19 +29,13 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import RunNotFoundError
 from .events import Event
+from .home import make_state_dir, state_home
 from .host.protocol import Message
 from .results import Mode, RunResult
 
-DEFAULT_HOME = "~/.mlx-subagents"
-HOME_ENV = "MLX_SUBAGENTS_HOME"
 RUN_FILE = "run.json"
 LATEST_ALIASES = ("last", "latest")
 RunStatus = Literal["running", "finished", "interrupted"]
-
-
-def state_home() -> Path:
-    """`$MLX_SUBAGENTS_HOME`, default `~/.mlx-subagents`."""
-    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser()
 
 
 def runs_dir(home: Path | None = None) -> Path:
@@ -129,8 +122,7 @@ class RunRecorder:
 
     def __init__(self, mode: Mode, cwd: Path, entries: list[TaskEntry], home: Path | None = None) -> None:
         self.run_id = new_run_id()
-        folder = runs_dir(home) / self.run_id
-        folder.mkdir(parents=True, exist_ok=False)
+        folder = make_state_dir(runs_dir(home) / self.run_id, home=home, exist_ok=False)
         self.record = RunRecord(
             run_id=self.run_id,
             mode=mode,

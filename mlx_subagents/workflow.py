@@ -25,8 +25,8 @@ needs and duplicate ids are rejected before anything runs. Named workflows live 
 
 from __future__ import annotations
 
+import graphlib
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .agents import AgentCatalog
 from .caps import MAX_TASKS
 from .errors import AgentNotFoundError, WorkflowError
-from .transcripts import state_home
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from .home import state_home
+from .userfiles import error_message, error_path, load_file
 
 PROJECT_WORKFLOWS_DIR = ".mlx-subagents/workflows"
 STEP_ID_PATTERN = r"[A-Za-z_][A-Za-z0-9_-]*"
@@ -91,13 +87,7 @@ class Workflow(BaseModel):
 def load_workflow(path: Path) -> Workflow:
     """Read a TOML workflow and check its graph; every problem is one `WorkflowError` naming the file."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise WorkflowError(f"{path}: cannot read the workflow file: {reason}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise WorkflowError(f"{path}: invalid TOML: {exc}") from None
+    data = load_file(path, "toml", "workflow file", WorkflowError)
     return parse_workflow(data, path)
 
 
@@ -149,25 +139,12 @@ def check_graph(workflow: Workflow, where: str = "workflow") -> None:
 
 
 def find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str] | None:
-    """One cycle as a path that ends where it starts (`a -> b -> a`), or None."""
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for need in graph.get(node, ()):
-            if state.get(need) == 1:
-                return path[path.index(need) :] + [need]
-            if need not in state and (found := visit(need)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in graph:
-        if node not in state and (found := visit(node)):
-            return found
+    """One cycle as a path of needs that ends where it starts (`a -> b -> a`: a needs b needs a), or None."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        # graphlib lists the cycle from each node to the one that needs it: reverse it.
+        return list(reversed(exc.args[1]))
     return None
 
 
@@ -194,8 +171,8 @@ def _first_error(exc: ValidationError, data: dict[str, Any]) -> str:
         name = f"'{step['id']}'" if isinstance(step.get("id"), str) else f"{loc[1] + 1}"
         where = f"step {name}: "
         loc = loc[2:]
-    field = ".".join(str(p) for p in loc)
-    msg = err["msg"].removeprefix("Value error, ")
+    field = error_path(loc)
+    msg = error_message(err)
     if field == "steps" and err["type"] in ("missing", "too_short"):
         return "no steps: add at least one [[steps]] table with id, agent and prompt"
     if err["type"] == "missing":

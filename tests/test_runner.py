@@ -289,8 +289,11 @@ def test_a_long_answer_is_capped_and_kept_whole_in_the_transcript(tmp_path: Path
     result = go(make_runner(tmp_path, write_script([answer])), "run", TaskSpec("scout", "a"))
 
     head, note = result.output.split("\n\n[answer truncated: ")
-    assert head == "é" * (MAX_ANSWER_BYTES // 2)
-    assert note == f"80,000 bytes, showing the first 51,200; the full text is in the transcript {result.transcript}]"
+    # The answer and its note fill the cap; a 2-byte character that does not fit whole is left out.
+    assert MAX_ANSWER_BYTES - 1 <= len(result.output.encode()) <= MAX_ANSWER_BYTES
+    assert head == "é" * len(head)
+    shown = len(head.encode())
+    assert note == f"80,000 bytes, showing the first {shown:,}; the full text is in the transcript {result.transcript}]"
     assert read_transcript(Path(result.transcript)).results[-1].output == answer
 
 

@@ -344,6 +344,27 @@ def test_grep_glob_matches_paths_from_the_root_like_rg(grep: GrepTool) -> None:
     assert run(grep, pattern="hello", path="src/app.py", glob="*.md") == ok("src/app.py:2:    print('hello')")
 
 
+def test_globs_match_like_rg_with_globstar_and_braces(tools: dict[str, Tool], grep: GrepTool) -> None:
+    find = tools["find"]
+    assert run(find, pattern="src/**/*.{py,md}") == ok("src/app.py\nsrc/util.py")
+    assert run(find, pattern="**/{README,guide}.md") == ok("README.md\ndocs/guide.md")
+    assert run(find, pattern="[!a-t]*.py") == ok("src/util.py")
+    assert run(find, pattern="*.PY") == ok("No files match '*.PY' in .")  # case-sensitive everywhere
+    assert run(grep, pattern="hello", glob="{docs,src}/*") == ok(
+        "docs/guide.md:1:Say hello.\nsrc/app.py:2:    print('hello')"
+    )
+
+
+@pytest.mark.parametrize("name", ["find", "grep"])
+def test_a_bad_glob_is_an_error_result(tools: dict[str, Tool], name: str) -> None:
+    arguments = {"pattern": "[z-a]"} if name == "find" else {"pattern": "x", "glob": "[z-a]"}
+    assert run(tools[name], **arguments) == err("invalid glob '[z-a]': the range 'z-a' is reversed; write 'a-z'")
+    arguments = {"pattern": "{1..5000}"} if name == "find" else {"pattern": "x", "glob": "{1..5000}"}
+    assert run(tools[name], **arguments) == err(
+        "invalid glob '{1..5000}': Pattern limit exceeded the limit of 1000; use a simpler pattern"
+    )
+
+
 def test_grep_no_match_and_bad_regex(grep: GrepTool) -> None:
     assert run(grep, pattern="nothing_here", path="src", glob="*.py") == ok(
         "No matches for 'nothing_here' in src (glob '*.py')"

@@ -10,11 +10,14 @@ only what is new.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from ..errors import SubagentError
 from .engine import Deliver, Engine
@@ -32,6 +35,8 @@ DEFAULT_CONTEXT_CAP = 32768
 DEFAULT_MAX_SESSIONS = 5
 # Share of (RAM - weights) the KV pool may use when no budget is given.
 DEFAULT_BUDGET_FRACTION = 0.5
+BINARY_SUFFIXES = {"k": "KiB", "m": "MiB", "g": "GiB"}
+_BYTE_SIZE = TypeAdapter(ByteSize)
 
 
 @dataclass(frozen=True)
@@ -53,34 +58,29 @@ def total_memory() -> int:
 
 
 def parse_bytes(text: str | int | None) -> int | None:
-    """`4GB`, `512MiB`, `1e9`, `0.25` (a fraction of RAM) or None (default)."""
+    """`4GB`, `512MiB`, `512m` (MiB), `1e9`, `0` (unbounded), `0.25` (a fraction of RAM) or None (default)."""
     if text is None or isinstance(text, int):
         return text
-    s = text.strip().lower().replace(" ", "")
-    units = {
-        "kib": 2**10,
-        "mib": 2**20,
-        "gib": 2**30,
-        "kb": 10**3,
-        "mb": 10**6,
-        "gb": 10**9,
-        "k": 2**10,
-        "m": 2**20,
-        "g": 2**30,
-        "b": 1,
-    }
+    size = text.strip()
     try:
-        for unit, factor in units.items():
-            if s.endswith(unit):
-                return int(float(s[: -len(unit)]) * factor)
-        value = float(s)
+        value = float(size)
     except ValueError:
-        raise SubagentError(
-            f"KV budget {text!r} is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)"
-        ) from None
-    if 0 < value < 1:
-        return int(value * total_memory())
-    return int(value)
+        pass
+    else:
+        if not math.isfinite(value) or value < 0:
+            raise _not_a_size(text)
+        return int(value * total_memory()) if 0 < value < 1 else int(value)
+    # A bare k, m or g means KiB, MiB, GiB, as in `docker -m 512m`; pydantic's ByteSize reads them as 10^3, 10^6, 10^9.
+    if size[-1:].lower() in BINARY_SUFFIXES:
+        size = size[:-1] + BINARY_SUFFIXES[size[-1].lower()]
+    try:
+        return int(_BYTE_SIZE.validate_python(size))
+    except ValidationError:
+        raise _not_a_size(text) from None
+
+
+def _not_a_size(text: str) -> SubagentError:
+    return SubagentError(f"KV budget {text!r} is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)")
 
 
 class MlxSession:

@@ -25,7 +25,6 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
@@ -38,6 +37,7 @@ from mlx_subagents.host.protocol import (
     ToolSchema,
     Usage,
 )
+from mlx_subagents.userfiles import first_error, load_file
 
 SCRIPTED_PREFIX = "scripted:"
 DEFAULT_CONTEXT_WINDOW = 32768
@@ -141,46 +141,18 @@ class Script(BaseModel):
 
 def load_script(path: Path) -> Script:
     """Read and validate a script file; any problem is one `ScriptError` line naming the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ScriptError(f"{path}: cannot read the scripted model file: {reason}") from None
-    data = _parse(path, text)
+    fmt = "yaml" if path.suffix.lower() in (".yaml", ".yml") else "json"
+    data = load_file(path, fmt, "scripted model file", ScriptError)
     try:
         return Script.model_validate(data)
     except ValidationError as exc:
-        raise ScriptError(f"{path}: {_first_error(exc)}") from None
+        raise ScriptError(f"{path}: {_describe(exc)}") from None
 
 
-def _parse(path: Path, text: str) -> Any:
-    if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise ScriptError(f"{path}: invalid YAML{where}: {_one_line(problem)}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ScriptError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    errors = exc.errors()
-    first = errors[0]
-    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
-    msg = first["msg"].removeprefix("Value error, ")
-    if not loc and first["type"] == "model_type":
-        msg = "expected a mapping with 'replies' and/or 'agents' (or a list of replies)"
-    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return _one_line(f"{loc}: {msg}{more}" if loc else f"{msg}{more}")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+def _describe(exc: ValidationError) -> str:
+    if not exc.errors()[0]["loc"] and exc.errors()[0]["type"] == "model_type":
+        return "expected a mapping with 'replies' and/or 'agents' (or a list of replies)"
+    return first_error(exc)
 
 
 def _parse_error(raw: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ToolError
+from ..userfiles import error_message, error_path, os_reason
 from .workspace import Workspace
 
 MAX_OUTPUT_BYTES = 50 * 1024
@@ -154,14 +155,14 @@ class Tool:
         problems = []
         for err in exc.errors():
             loc = err["loc"]
-            field = ".".join(str(part) for part in loc) or "arguments"
+            field = error_path(loc) or "arguments"
             expected = _type_name(props.get(str(loc[0]), {})) if loc else "object"
             got = "" if err["type"] == "missing" else f", got {one_line(repr(err['input']), 60)}"
-            problems.append(f"'{field}' ({expected}): {err['msg']}{got}")
+            problems.append(f"'{field}' ({expected}): {error_message(err)}{got}")
         return (
             f"invalid arguments for {self.name}: {'; '.join(problems)}; call {self.name} again with corrected arguments"
         )
 
     def _os_failure(self, exc: OSError) -> str:
         where = f" ({self.workspace.relative(Path(exc.filename))})" if exc.filename else ""
-        return f"{self.name} failed: {exc.strerror or exc}{where}; check the path and permissions"
+        return f"{self.name} failed: {os_reason(exc)}{where}; check the path and permissions"

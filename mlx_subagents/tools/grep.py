@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from ..errors import ToolError
 from .base import Tool, cap_lines, clip_line
-from .workspace import Workspace, is_binary
+from .workspace import Workspace, glob_matcher, is_binary
 
 MAX_GREP_MATCHES = 200
 
@@ -51,6 +51,8 @@ class GrepTool(Tool):
             raise ToolError(
                 f"invalid regex {params.pattern!r}: {exc}; escape regex special characters with a backslash"
             ) from None
+        if params.glob:
+            glob_matcher(params.glob)  # a bad glob is the same error on both backends
         target = self.workspace.existing(params.path)
         if self.rg:
             matches = self._rg(self.rg, params, target)

@@ -17,9 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS
+from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, cap_answer
 from ..errors import SubagentError, ToolError
 from ..results import MultiRunResult, RunResult
+from ..userfiles import error_message, error_path
 from .base import Tool, ToolResult, _strip_titles, error_result, one_line
 from .workspace import Workspace
 
@@ -221,11 +222,11 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
 def _validation_problem(exc: ValidationError) -> str:
     problems = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "arguments"
+        field = error_path(err["loc"]) or "arguments"
         if err["type"] == "extra_forbidden":
             problems.append(f"unknown field '{field}'")
         else:
-            problems.append(f"'{field}': {err['msg']}")
+            problems.append(f"'{field}': {error_message(err)}")
     return "; ".join(problems)
 
 
@@ -303,14 +304,4 @@ def fit_answers(bodies: list[str], transcripts: list[str | None], title: str, he
         for j in order[k:]:
             limits[j] = share
         break
-    return [_clip(b, limits[i], transcripts[i]) if i in limits else b for i, b in enumerate(bodies)]
-
-
-def _clip(text: str, room: int, transcript: str | None) -> str:
-    """`text` cut so that it and the note saying so fit in `room` bytes."""
-    data = text.encode("utf-8")
-    where = f"in the transcript {transcript}" if transcript else "not saved (transcripts are off)"
-    note = f"\n[answer truncated: {len(data):,} bytes, showing the first {{:,}}; the full text is {where}]"
-    limit = max(0, room - len(note.format(len(data)).encode("utf-8")))
-    head = data[:limit].decode("utf-8", errors="ignore")
-    return head + note.format(len(head.encode("utf-8")))
+    return [cap_answer(b, transcripts[i], limits[i]) if i in limits else b for i, b in enumerate(bodies)]

@@ -10,14 +10,21 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from wcmatch import glob as wcglob
+
 from ..errors import ToolError, WorkspaceEscapeError
 
 BINARY_SNIFF_BYTES = 8192
+# rg's glob rules on `/` paths, case-sensitive on every platform (wcmatch follows the OS by default).
+GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.DOTGLOB | wcglob.CASE | wcglob.FORCEUNIX
+# wcmatch makes a reversed range like `[z-a]` match nothing; rg refuses the glob, and so do we.
+BRACKET = re.compile(r"(?<!\\)\[[!^]?(\]?[^\]]*)\]")
+RANGE = re.compile(r"(.)-(.)")
 
 
 @dataclass(frozen=True)
@@ -56,10 +63,14 @@ class Workspace:
         return real
 
     def walk(self, directory: Path, glob: str | None, *, skip_hidden: bool) -> Iterator[Path]:
-        """Files under `directory` whose path from the root (as shown) matches `glob`, like rg."""
-        for file in walk_files(directory, skip_hidden=skip_hidden):
-            if glob is None or glob_match(self.relative(file), glob):
-                yield file
+        """Files under `directory` whose path from the root (as shown) matches `glob`, like rg.
+
+        A bad glob raises `ToolError` here, before the walk starts."""
+        files = walk_files(directory, skip_hidden=skip_hidden)
+        if glob is None:
+            return files
+        matcher = glob_matcher(glob)
+        return (file for file in files if matcher(self.relative(file)))
 
     def relative(self, path: Path | str) -> str:
         """`path` as shown to the model: relative to root with `/`, `.` for the root itself."""
@@ -96,52 +107,24 @@ def is_binary(path: Path) -> bool:
         return b"\0" in file.read(BINARY_SNIFF_BYTES)
 
 
-def glob_match(path: str, pattern: str) -> bool:
-    """Match a `/`-separated relative path against a glob, the way `rg --glob` does.
+@functools.lru_cache(maxsize=64)
+def glob_matcher(pattern: str) -> Callable[[str], bool]:
+    """A test for `/`-separated relative paths against a glob, the way `rg --glob` matches.
 
     A pattern without `/` matches the file name at any depth (`*.py`); otherwise it matches the
-    whole path, where `**` spans folders (`src/**/*.py`), `*` and `?` stay within one, and
-    `[abc]` and `{py,md}` work as in the shell.
+    whole path, where `**` spans folders (`src/**/*.py`), `*` and `?` stay within one, `[abc]` and
+    `{py,md}` work as in the shell, and dot files are not special. A pattern that cannot match as
+    written (a reversed range, too many brace alternatives) raises `ToolError`.
     """
     pattern = pattern.removeprefix("./").lstrip("/")
-    if "/" not in pattern:
-        path = path.rsplit("/", 1)[-1]
-    return _glob_regex(pattern).fullmatch(path) is not None
-
-
-@functools.lru_cache(maxsize=64)
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(_glob_source(pattern))
-
-
-def _glob_source(pattern: str) -> str:
-    parts: list[str] = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            parts.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            parts.append(".*")
-            i += 2
-        else:
-            part, i = _glob_token(pattern, i)
-            parts.append(part)
-    return "".join(parts)
-
-
-def _glob_token(pattern: str, i: int) -> tuple[str, int]:
-    """The regex for the glob token at `i` (not `**`), and the index after it."""
-    char = pattern[i]
-    if char == "*":
-        return "[^/]*", i + 1
-    if char == "?":
-        return "[^/]", i + 1
-    if char == "[" and (close := pattern.find("]", i + 2)) != -1:
-        members = pattern[i + 1 : close].replace("\\", "\\\\")
-        negated = members.startswith("!")
-        return ("[^" + members[1:] if negated else "[" + members) + "]", close + 1
-    if char == "{" and (close := pattern.find("}", i + 1)) != -1:
-        alternatives = pattern[i + 1 : close].split(",")
-        return "(?:" + "|".join(_glob_source(alt) for alt in alternatives) + ")", close + 1
-    return re.escape(char), i + 1
+    for members in BRACKET.findall(pattern):
+        for low, high in RANGE.findall(members):
+            if low > high:
+                raise ToolError(f"invalid glob {pattern!r}: the range '{low}-{high}' is reversed; write '{high}-{low}'")
+    try:
+        matcher = wcglob.compile(pattern, flags=GLOB_FLAGS)
+    except Exception as exc:  # e.g. wcmatch's PatternLimitException (not exported) for `{1..100000}`
+        raise ToolError(f"invalid glob {pattern!r}: {exc}; use a simpler pattern") from None
+    if "/" in pattern:
+        return matcher.match
+    return lambda path: matcher.match(path.rsplit("/", 1)[-1])
