@@ -41,11 +41,11 @@ from .agents import AgentSpec
 from .caps import MAX_TASKS
 from .errors import ConfirmationRequired, SubagentError
 from .events import Event, EventSink
+from .home import make_state_dir, state_home
 from .results import MultiRunResult, RunResult, RunUsage, Status, StopReason
 from .runner import Runner
 from .tools.base import ToolResult
 from .tools.subagent import FORMS, Delegation, SubagentTool, fit_answers
-from .transcripts import state_home
 
 SERVER_NAME = "mlx-subagents"
 PARENT_LABEL = "mcp"  # children are labelled `mcp > scout`: their runs say who started them
@@ -502,7 +502,7 @@ def log_path() -> Path:
 def setup_logging() -> Path:
     """Our log and the SDK's warnings to stderr and to the log file; nothing to stdout."""
     path = log_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_state_dir(path.parent)
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8"), logging.StreamHandler(sys.stderr)]
     for handler in handlers:
