@@ -302,8 +302,8 @@ class AgentsServer:
     async def _runner(self, ctx: ServerRequestContext[Any]) -> Runner:
         async with self._lock:
             if self.runner is None:
-                root = self.cwd or await client_root(ctx.session) or Path.cwd()
-                self.runner = self.make_runner(Path(root).resolve(), on_event)
+                root = self.cwd or await client_root(ctx.session) or working_directory()
+                self.runner = self.make_runner(root.resolve(), on_event)
                 withheld = ", ".join(a.name for a in withheld_agents(self.runner)) or "none"
                 log.info("workspace %s; project agents withheld: %s", self.runner.cwd, withheld)
             return self.runner
@@ -335,6 +335,17 @@ async def client_root(session: ServerSession) -> Path | None:
         if url.scheme == "file" and Path(unquote(url.path)).is_dir():
             return Path(unquote(url.path))
     return None
+
+
+def working_directory() -> Path:
+    """The server's own folder as the workspace, unless it is `/` or home (Cursor starts servers in `/`)."""
+    here = Path.cwd().resolve()
+    if here in (Path(here.anchor), Path.home().resolve()):
+        raise SubagentError(
+            f"no workspace: the server runs in {here} and the client gave no root; add --cwd PROJECT_FOLDER to the "
+            "server's command in the MCP client configuration"
+        )
+    return here
 
 
 # -- list_agents ------------------------------------------------------------------------------------

@@ -50,11 +50,11 @@ def server_env() -> dict[str, str]:
 
 @asynccontextmanager
 async def connect(
-    *args: str | Path, command: list[str] | None = None, roots: list[Path] | None = None
+    *args: str | Path, command: list[str] | None = None, roots: list[Path] | None = None, cwd: Path | None = None
 ) -> AsyncIterator[ClientSession]:
-    """An initialized client session on `subagent mcp ARGS` (or on `command`)."""
+    """An initialized client session on `subagent mcp ARGS` (or on `command`), started in `cwd`."""
     argv = command or ["-m", "mlx_subagents.cli", "mcp", *map(str, args)]
-    params = StdioServerParameters(command=sys.executable, args=argv, env=server_env())
+    params = StdioServerParameters(command=sys.executable, args=argv, env=server_env(), cwd=cwd)
 
     async def list_roots(_ctx: Any) -> types.ListRootsResult:
         return types.ListRootsResult(roots=[types.Root(uri=p.as_uri()) for p in roots or []])
@@ -283,7 +283,16 @@ def test_the_workspace_is_the_clients_first_root(tmp_path: Path, write_script: A
             listing = await client.call_tool("list_agents", {})
             return listing, await client.call_tool("run_agents", {"agent": "scout", "task": "ls", "cwd": "src"})
 
+    async def without_root() -> Any:
+        async with connect("--model", model, cwd=Path("/")) as client:
+            return await client.call_tool("list_agents", {})
+
     listing, result = run(main)
+    refused = run(without_root)  # Cursor starts servers in / and lists no roots
+    assert refused.is_error and text(refused) == (
+        "no workspace: the server runs in / and the client gave no root; add --cwd PROJECT_FOLDER to the "
+        "server's command in the MCP client configuration"
+    )
     assert listing.structured_content["workspace"] == str(root.resolve())
     assert answers(result) == [("scout", "completed", "one file")]
     transcript = Path(result.structured_content["tasks"][0]["transcript"])
