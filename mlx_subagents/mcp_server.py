@@ -45,7 +45,7 @@ from .home import make_state_dir, state_home
 from .results import MultiRunResult, RunResult, RunUsage, Status, StopReason
 from .runner import Runner
 from .tools.base import ToolResult
-from .tools.subagent import FORMS, Delegation, SubagentTool, fit_answers
+from .tools.subagent import FORMS, Delegate, Delegation, SubagentTool, fit_answers
 
 SERVER_NAME = "mlx-subagents"
 PARENT_LABEL = "mcp"  # children are labelled `mcp > scout`: their runs say who started them
@@ -251,10 +251,13 @@ class AgentsServer:
         outcomes: list[tuple[Delegation, MultiRunResult]] = []
 
         async def delegate(call: Delegation) -> MultiRunResult:
-            try:
-                outcome = await runner.delegate(call, parent=PARENT_LABEL, depth=0)
-            except ConfirmationRequired as exc:
-                raise ConfirmationRequired(f"{exc} {RESTART_WITH_YES}") from None
+            withheld = {s.name for s in withheld_agents(runner)}
+            if blocked := sorted({t.agent.strip().lower() for t in call.tasks} & withheld):
+                raise ConfirmationRequired(
+                    f"project agent(s) withheld: {', '.join(blocked)}; they come with the workspace and can run "
+                    f"commands in it; {RESTART_WITH_YES}"
+                )
+            outcome = await runner.delegate(call, parent=PARENT_LABEL, depth=0)
             outcomes.append((call, outcome))
             return outcome
 
@@ -282,12 +285,16 @@ class AgentsServer:
             return _error(answer.output)
         return run_result(*outcomes[-1], answer)
 
-    def _run_tool(self, runner: Runner, delegate: Any = None) -> SubagentTool:
-        """The `subagent` tool's validation and formatting, named `run_agents` in its messages."""
+    def _run_tool(self, runner: Runner, delegate: Delegate | None = None) -> SubagentTool:
+        """The `subagent` tool's validation and formatting, named `run_agents` in its messages.
+
+        Args:
+            delegate: runs a valid call; None for a tool that only gives its schema (`list_tools`).
+        """
         assert runner.catalog is not None
 
         async def refuse(_call: Delegation) -> MultiRunResult:
-            raise RuntimeError("list_tools only")
+            raise RuntimeError("this run_agents tool only gives its schema")
 
         agents = {name: spec.description for name, spec in runner.catalog.agents.items()}
         # The client stands above the agents a person starts: its children run at depth 0.

@@ -264,8 +264,10 @@ def test_project_agents_are_withheld_without_yes(tmp_path: Path, write_script: A
         "1 project agent(s) withheld: helper. They come with the workspace and can run commands in it; to allow "
         "project agents, add --yes to the server's command in the MCP client configuration and restart it"
     )
-    assert refused.is_error and text(refused).endswith(
-        "add --yes to the server's command in the MCP client configuration and restart it"
+    assert refused.is_error and text(refused) == (
+        "Error: run_agents call refused: project agent(s) withheld: helper; they come with the workspace and can "
+        "run commands in it; to allow project agents, add --yes to the server's command in the MCP client "
+        "configuration and restart it"
     )
     listing, helped = run(lambda: main("--yes"))
     assert "helper" in [a["name"] for a in listing.structured_content["agents"]]
