@@ -153,25 +153,39 @@ def test_parallel_run_returns_exact_answers_usage_and_transcripts(tmp_path: Path
     assert "call run_agents {'tasks': [" in log and "call run_agents ok in " in log
 
 
-def test_progress_notifications_arrive_in_order(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {"scout": {"replies": [call("ls", path="."), "done"]}}})
-    seen: list[tuple[float, str | None]] = []
+def test_progress_notifications_arrive_in_order_for_each_call(tmp_path: Path, write_script: Any) -> None:
+    scout = [{**call("ls", path="."), "delay": 0.3}, "done"]
+    model = write_script(
+        {"agents": {"scout": {"replies": scout}, "reviewer": {"replies": [{"content": "ok", "delay": 0.3}]}}}
+    )
+    seen: dict[str, list[tuple[float, str | None]]] = {"scout": [], "reviewer": []}
+    results: dict[str, Any] = {}
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
-        seen.append((value, message))
-
-    async def main() -> Any:
+    async def main() -> None:
         async with connect("--cwd", tmp_path, "--model", model) as client:
-            return await client.call_tool("run_agents", {"agent": "scout", "task": "look"}, progress_callback=progress)
 
-    result = run(main)
-    assert text(result).startswith("done\n\n---\n[scout] scout: completed")
-    messages = [m for _, m in seen]
+            async def run_one(agent: str) -> None:
+                async def progress(value: float, total: float | None, message: str | None) -> None:
+                    seen[agent].append((value, message))
+
+                arguments = {"agent": agent, "task": "look"}
+                results[agent] = await client.call_tool("run_agents", arguments, progress_callback=progress)
+
+            async with anyio.create_task_group() as group:  # two calls at once: each gets only its own progress
+                group.start_soon(run_one, "scout")
+                group.start_soon(run_one, "reviewer")
+
+    run(main)
+    assert text(results["scout"]).startswith("done\n\n---\n[scout] scout: completed")
+    messages = [m for _, m in seen["scout"]]
     assert messages[:4] == ["[scout] started", "[scout] turn 1", messages[2], "[scout] ls ."]
     assert messages[2].startswith("[scout] ") and messages[2].endswith(" read (0 cached)")
     assert messages[4:6] == ["[scout] turn 2", messages[5]] and "tokens generated" in messages[5]
     assert messages[6:] == ["[scout] completed"]
-    assert [v for v, _ in seen] == list(range(1, len(seen) + 1))
+    reviewer = [m for _, m in seen["reviewer"]]
+    assert reviewer == ["[reviewer] started", "[reviewer] turn 1", reviewer[2], "[reviewer] completed"]
+    for values in seen.values():
+        assert [v for v, _ in values] == list(range(1, len(values) + 1))
 
 
 def test_bad_calls_are_errors_and_the_server_keeps_answering(tmp_path: Path, write_script: Any) -> None:
