@@ -47,6 +47,7 @@ Run (from the repository root):
     python benchmarks/throughput.py --arch qwen3_5        # hybrid model (gated-delta layers)
     python benchmarks/throughput.py --hidden 256 --layers 4   # a less tiny random model
     python benchmarks/throughput.py --json                # the last line is one JSON object
+    python benchmarks/throughput.py --model smollm2        # an imported model (`subagent models import`)
     python benchmarks/throughput.py --model ~/models/Qwen3-4B-Instruct-2507-4bit --tokens 256
 
 On a Mac (Metal) `pip install -e .` (or `PYTHONPATH=.`) is all it needs. With `--model` the
@@ -64,24 +65,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workload import model_arch
+from workload import Report, make_parser, model_arch, run_report
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host.prompt import encode, render
 from mlx_subagents.host.protocol import Message
-from mlx_subagents.testing import LogitsProcessor, make_forced_processor, make_tiny_model
+from mlx_subagents.testing import LogitsProcessor, make_forced_processor
 
 SESSION_COUNTS = (1, 2, 4)
 MODES = ("serialized", "batched", "raw")
@@ -473,56 +472,15 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"{verdict}: {name} = {t['value']:.3f} (target >= {t['target']})")
 
 
-# -- model folder --------------------------------------------------------------------------------
-
-
-def build_tiny(out: Path, arch: str, context_window: int, hidden: int | None, layers: int | None) -> Path:
-    """The test kit's tiny model; with --hidden/--layers its config is scaled and re-initialised.
-
-    `make_tiny_model` has no size options, so the folder it writes (tokenizer, chat template)
-    is kept and only `config.json` and the random weights are replaced.
-    """
-    path = make_tiny_model(out, arch, context_window=context_window)  # type: ignore[arg-type]
-    if hidden is None and layers is None:
-        return path
-    from mlx_subagents.testing.tiny_model import _write_weights
-
-    config = json.loads((path / "config.json").read_text())
-    text = config.get("text_config", config)
-    if hidden is not None:
-        head_dim = 16 if hidden < 256 else 64
-        if hidden % head_dim:
-            raise SubagentError(f"--hidden {hidden} must be a multiple of {head_dim}")
-        heads = hidden // head_dim
-        text.update(
-            hidden_size=hidden,
-            intermediate_size=3 * hidden,
-            head_dim=head_dim,
-            num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2),
-        )
-    if layers is not None:
-        if "text_config" in config:
-            if layers % 2:
-                raise SubagentError("--layers must be even for qwen3_5 (linear / full attention pairs)")
-            text["layer_types"] = ["linear_attention", "full_attention"] * (layers // 2)
-        text["num_hidden_layers"] = layers
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    _write_weights(config, path / "model.safetensors", seed=0)
-    return path
+# -- entry point ---------------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--arch", choices=("qwen3", "qwen3_5"), default="qwen3", help="tiny model architecture (ignored with --model)"
-    )
+    parser = make_parser(__doc__)
     parser.add_argument("--tokens", type=int, default=128, help="tokens each session decodes (default 128)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the best counts (default 3)")
     parser.add_argument("--hidden", type=int, help="hidden size of the tiny model (default: the test kit's 64)")
     parser.add_argument("--layers", type=int, help="layers of the tiny model (default: the test kit's)")
-    parser.add_argument("--model", type=Path, help="an existing mlx-lm model folder instead of a tiny one")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     if args.tokens < 1 or args.repeats < 1:
         parser.error("--tokens and --repeats must be at least 1")
@@ -533,38 +491,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
-            if args.model is None:
-                window = max(4096, 2 * (args.tokens + 512))
-                model = build_tiny(Path(tmp) / "model", args.arch, window, args.hidden, args.layers)
-                label = (
-                    f"tiny-{args.arch}"
-                    + (f"-h{args.hidden}" if args.hidden else "")
-                    + (f"-l{args.layers}" if args.layers else "")
-                )
-            else:
-                model, label = args.model.expanduser(), str(args.model)
-                if not (model / "config.json").is_file():
-                    raise SubagentError(f"{model} has no config.json; pass a local mlx-lm model folder to --model")
-            force = args.model is None
-            runs, info = asyncio.run(measure(model, args.tokens, args.repeats, force))
-            report = summarize(
-                runs,
-                info,
-                arch=model_arch(model),
-                model=label,
-                n_tokens=args.tokens,
-                repeats=args.repeats,
-                forced=force,
-            )
-    except SubagentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print_table(report)
-    if args.json:
-        print(json.dumps(report))
-    return 0
+    force = args.model is None  # a real model generates greedily
+
+    def measure_model(model: Path, label: str) -> Report:
+        runs, info = asyncio.run(measure(model, args.tokens, args.repeats, force))
+        return summarize(
+            runs, info, arch=model_arch(model), model=label, n_tokens=args.tokens, repeats=args.repeats, forced=force
+        )
+
+    return run_report(
+        args,
+        measure_model,
+        print_table,
+        context_window=max(4096, 2 * (args.tokens + 512)),
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+    )
 
 
 if __name__ == "__main__":

@@ -14,10 +14,12 @@ model aliases we cannot honour are dropped with a warning, extra fields are igno
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,11 +40,14 @@ WRITE_TOOLS = ("edit", "write")
 # Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not.
 NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]*"
 MAX_TEMPERATURE = 2.0
+MAX_AGENT_FILE_BYTES = 1024 * 1024  # a system prompt far longer than any context window
 PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
 CLAUDE_AGENTS_DIR = ".claude/agents"
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
-FIELDS = ("name", "description", "tools", "model", "max_turns", "temperature", "output_schema")
+FIELDS = (
+    "name", "description", "tools", "model", "max_turns", "temperature", "output_schema", "engine", "engine_model",
+)  # fmt: skip
 # Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
 CLAUDE_FIELDS = (
     "disallowedTools", "maxTurns", "permissionMode", "skills", "mcpServers", "hooks", "memory", "background",
@@ -94,6 +99,9 @@ class AgentSpec(BaseModel):
     max_turns: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=MAX_TEMPERATURE)
     output_schema: dict[str, Any] | None = None
+    # An OpenAI-compatible engine (base URL) and its model id: this agent's model calls go there.
+    engine: str | None = None
+    engine_model: str | None = None
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -141,6 +149,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
         output_schema=_parse_output_schema(path, meta.get("output_schema")),
+        **_parse_engine(path, meta.get("engine"), meta.get("engine_model")),
         system_prompt=system_prompt,
         source=source,
         path=path,
@@ -238,6 +247,19 @@ def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> s
     return model
 
 
+def _parse_engine(path: Path, engine: Any, model: Any) -> dict[str, str]:
+    """`engine:` (an http(s) base URL) and `engine_model:` (the engine's model id) come together."""
+    if engine is None and model is None:
+        return {}
+    example = "engine: http://gpu-box:8000/v1 and engine_model: <the engine's model id>"
+    if not isinstance(engine, str) or not isinstance(model, str) or not engine.strip() or not model.strip():
+        raise _fail(path, "fields 'engine' and 'engine_model' must both be given, as text", f"write {example}")
+    url = urlsplit(engine.strip())
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise _fail(path, f"field 'engine': {engine.strip()!r} is not an http(s) URL", f"write {example}")
+    return {"engine": engine.strip(), "engine_model": model.strip()}
+
+
 def _parse_max_turns(path: Path, key: str, value: Any) -> int | None:
     if value is None:
         return None
@@ -296,6 +318,9 @@ class AgentCatalog:
         for path in sorted(folder.glob("*.md")):
             if path.name.startswith("."):  # editor lock and backup files
                 continue
+            if (refusal := _refuse_to_read(path)) is not None:
+                self.warnings.append(f"skipped {path}: {refusal}")
+                continue
             try:
                 spec = parse_agent_file(path, source, claude=claude)
             except AgentFileError as exc:
@@ -308,6 +333,22 @@ class AgentCatalog:
                 continue
             layer[spec.name] = spec
         self.agents.update(layer)
+
+
+def _refuse_to_read(path: Path) -> str | None:
+    """Why discovery must not open `path`, if it must not: files come with a cloned repository,
+    before any confirmation, so a FIFO (which blocks) or a link to /dev/zero (which never ends)
+    is skipped, and only regular files up to `MAX_AGENT_FILE_BYTES` are read."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        return f"cannot read the file ({exc.strerror}); check that it exists and is readable"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file (a FIFO, device or socket); an agent file must be a plain text file"
+    if info.st_size > MAX_AGENT_FILE_BYTES:
+        limit = f"{MAX_AGENT_FILE_BYTES:,}"
+        return f"the file is {info.st_size:,} bytes, over the limit of {limit} for an agent file; shorten it"
+    return None
 
 
 def builtin_agents_dir() -> Path:

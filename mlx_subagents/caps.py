@@ -95,7 +95,7 @@ def cap_answer(text: str, transcript: str | None, max_bytes: int = MAX_ANSWER_BY
     Args:
         transcript: the file holding the whole answer; None when transcripts are off.
     """
-    data = text.encode("utf-8")
+    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate counts, never raises
     if len(data) <= max_bytes:
         return text
     where = f"in the transcript {transcript}" if transcript else "not saved (transcripts are off)"
@@ -104,5 +104,7 @@ def cap_answer(text: str, transcript: str | None, max_bytes: int = MAX_ANSWER_BY
         return f"\n\n[answer truncated: {len(data):,} bytes, showing the first {n_shown:,}; the full text is {where}]"
 
     # The note's length depends on the number it shows: make room for the longest it can be.
-    head = data[: max(0, max_bytes - len(note(len(data)).encode("utf-8")))].decode("utf-8", errors="ignore")
+    head = data[: max(0, max_bytes - len(note(len(data)).encode("utf-8", "surrogatepass")))].decode(
+        "utf-8", errors="ignore"
+    )
     return head + note(len(head.encode("utf-8")))

@@ -6,7 +6,7 @@ the agents' shared prefixes. Two tools:
 
 - `list_agents`: the agents the server can run, and the project agents it withholds without `--yes`;
 - `run_agents`: the `subagent` tool's three forms (one task, parallel tasks, a chain), validated and
-  formatted by `tools/subagent.py` itself; children run as `mcp > label` through `Runner.delegate`.
+  formatted by `tools/subagent.py` itself; the tasks run at the top level through `Runner.delegate`.
 
 A call with a progress token gets one progress notification per runner event that says something
 (turns, tool calls, tokens), in order. A cancelled call cancels its children (their `bash` groups
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import io
 import logging
 import os
 import sys
@@ -35,6 +36,8 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from pydantic import BaseModel
+from rich.console import Console
+from rich.text import Text
 
 from . import __version__
 from .agents import AgentSpec
@@ -42,13 +45,13 @@ from .caps import MAX_TASKS
 from .errors import ConfirmationRequired, SubagentError
 from .events import Event, EventSink
 from .home import make_state_dir, state_home
+from .render import EventLines
 from .results import MultiRunResult, RunResult, RunUsage, Status, StopReason
 from .runner import Runner
 from .tools.base import ToolResult
 from .tools.subagent import FORMS, Delegate, Delegation, SubagentTool, fit_answers
 
 SERVER_NAME = "mlx-subagents"
-PARENT_LABEL = "mcp"  # children are labelled `mcp > scout`: their runs say who started them
 LOG_FILE = "mcp.log"
 MakeRunner = Callable[[Path, EventSink], Runner]
 
@@ -116,9 +119,10 @@ class Progress:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
         self.n_sent = 0
         self.closed = False
+        self.lines = EventLines(Console(file=io.StringIO()), "tasks")  # only its `line()` is used
 
     def push(self, event: Event) -> None:
-        message = progress_message(event)
+        message = progress_message(event, self.lines)
         if message is not None and not self.closed:
             self.queue.put_nowait(message)
 
@@ -134,27 +138,22 @@ class Progress:
             await self.session.report_progress(self.n_sent, None, message)
 
 
-def progress_message(event: Event) -> str | None:
-    """One line for a calling agent or its user, or None for events that add nothing."""
-    label = event.label.removeprefix(f"{PARENT_LABEL} > ")
-    data = event.data
-    if event.kind == "task_start":
-        return f"[{label}] started"
+def progress_message(event: Event, lines: EventLines) -> str | None:
+    """One plain line for a calling agent or its user, or None for events that add nothing.
+
+    Starts, tool calls, waits and ends read as `subagent parallel` prints them (the one renderer);
+    a client's progress also counts the turns and the tokens.
+    """
     if event.kind == "turn_start":
-        return f"[{label}] turn {event.turn}"
-    if event.kind == "tool_call":
-        return f"[{label}] {data.get('description') or data.get('name')}"
+        return f"[{event.label}] turn {event.turn}"
     if event.kind == "usage":
+        data = event.data
         return (
-            f"[{label}] {data.get('output_tokens', 0):,} tokens generated, "
+            f"[{event.label}] {data.get('output_tokens', 0):,} tokens generated, "
             f"{data.get('input_tokens', 0):,} read ({data.get('cached_tokens', 0):,} cached)"
         )
-    if event.kind == "compaction":
-        return f"[{label}] compacted {data.get('tokens_before')} -> {data.get('tokens_after')} tokens"
-    if event.kind == "task_end":
-        reason = f" ({data.get('stop_reason')}): {data['error']}" if data.get("error") else ""
-        return f"[{label}] {data.get('status')}{reason}"
-    return None
+    markup = lines.line(event)
+    return Text.from_markup(markup).plain if markup is not None else None
 
 
 # The request an event belongs to: child tasks inherit the context of the call that started them.
@@ -257,7 +256,7 @@ class AgentsServer:
                     f"project agent(s) withheld: {', '.join(blocked)}; they come with the workspace and can run "
                     f"commands in it; {RESTART_WITH_YES}"
                 )
-            outcome = await runner.delegate(call, parent=PARENT_LABEL, depth=0)
+            outcome = await runner.delegate(call, None)  # no parent: top-level tasks
             outcomes.append((call, outcome))
             return outcome
 
@@ -297,9 +296,9 @@ class AgentsServer:
             raise RuntimeError("this run_agents tool only gives its schema")
 
         agents = {name: spec.description for name, spec in runner.catalog.agents.items()}
-        # The client stands above the agents a person starts: its children run at depth 0.
+        # The client stands above the agents a person starts (depth 0): no depth limit applies to it.
         tool = SubagentTool(
-            runner.workspace, delegate=delegate or refuse, agents=agents, depth=-1, max_depth=runner.max_depth
+            runner.workspace, delegate=delegate or refuse, agents=agents, depth=-1, max_depth=runner.options.max_depth
         )
         tool.name = "run_agents"
         return tool
@@ -361,7 +360,7 @@ def working_directory() -> Path:
 def withheld_agents(runner: Runner) -> list[AgentSpec]:
     """Project agents the server will not run: they need `--yes` at start."""
     assert runner.catalog is not None
-    if runner.assume_yes:
+    if runner.options.assume_yes:
         return []
     return sorted((s for s in runner.catalog.agents.values() if s.source == "project"), key=lambda s: s.name)
 
@@ -408,7 +407,7 @@ def _list_result(listing: AgentList) -> types.CallToolResult:
 def run_result(call: Delegation, outcome: MultiRunResult, answer: ToolResult) -> types.CallToolResult:
     """The tool's formatted answer plus one status line per task, and the same as structured content."""
     results = outcome.results
-    bodies = fit_answers([r.output for r in results], [r.transcript for r in results], "", [""] * len(results))
+    bodies = fit_answers([r.output for r in results], [r.transcript for r in results], "", [], 0)
     tasks = [_task_outcome(r, body) for r, body in zip(results, bodies)]
     structured = RunOutcome(
         mode=call.mode,
@@ -420,8 +419,6 @@ def run_result(call: Delegation, outcome: MultiRunResult, answer: ToolResult) ->
         tasks=tasks,
     )
     lines = [_status_line(t) for t in tasks]
-    if outcome.run_id:
-        lines.append(f"run {outcome.run_id} (`subagent show {outcome.run_id}` prints every step)")
     if not outcome.ok:
         lines.append(FAILED_HINT)
     text = f"{answer.output}\n\n---\n" + "\n".join(lines)
@@ -434,7 +431,7 @@ def run_result(call: Delegation, outcome: MultiRunResult, answer: ToolResult) ->
 
 def _task_outcome(result: RunResult, answer: str) -> TaskOutcome:
     return TaskOutcome(
-        label=result.label.removeprefix(f"{PARENT_LABEL} > "),
+        label=result.label,
         agent=result.agent,
         status=result.status,
         stop_reason=result.stop_reason,

@@ -9,6 +9,7 @@ every compaction.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,7 +27,6 @@ DEFAULT_MAX_TURNS = 30
 DEFAULT_MAX_REPLY_TOKENS = 2048
 # Consecutive replies whose tool calls could not be parsed before the run fails.
 MAX_FORMAT_ERRORS = 3
-TOOL_CALL_FORMAT = '<tool_call>\n{"name": "<tool name>", "arguments": {...}}\n</tool_call>'
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,15 @@ class LimitReached(Exception):
 
 
 def system_prompt(spec: AgentSpec, workspace: Workspace) -> str:
-    """Agent body + workspace facts; byte-identical for every session of this agent and workspace."""
+    """Agent body + workspace facts; byte-identical for every session of this agent and workspace.
+
+    No call format: the host presents the tools in the model's own way (see `ModelHost.tool_mode`).
+    """
     return (
         f"{spec.system_prompt.strip()}\n\n"
         f"Workspace: {workspace.root}\n"
         "All paths are relative to the workspace; you cannot read or write outside it.\n"
-        f"Call one tool at a time with {TOOL_CALL_FORMAT}. Reply without a tool call when you are done."
+        "Call one tool at a time. Reply without a tool call when you are done."
     )
 
 
@@ -70,7 +73,7 @@ class AgentSession:
     extra_tools: dict[str, Tool] = field(default_factory=dict)
     messages: list[Message] = field(default_factory=list)
     usage: RunUsage = field(default_factory=RunUsage)
-    # Receives reply text as it is generated (tool-call markup included), for a live display.
+    # Receives the visible reply text as it is generated (the host hides tool-call markup), for a live display.
     on_text: TextCallback | None = None
 
     def __post_init__(self) -> None:
@@ -109,7 +112,7 @@ class AgentSession:
 
     async def _loop(self, task: str) -> RunResult:
         self._started = time.perf_counter()
-        self._emit("task_start", task=task)
+        self._emit("task_start", task=task, model=self.host.model_id, tool_mode=self.host.tool_mode)
         try:
             for _ in range(self.limits.max_turns):
                 await self._maybe_compact()
@@ -174,8 +177,18 @@ class AgentSession:
                 raise LimitReached("format_errors", f"{MAX_FORMAT_ERRORS} malformed tool calls in a row")
             return
         self._format_errors = 0
-        for call in generation.tool_calls:
-            result = await self._call_tool(call)
+        calls = generation.tool_calls
+        results: list[ToolResult] = []
+        while len(results) < len(calls):
+            # A run of calls to a tool that may run alongside itself (`subagent`) runs at once.
+            start = end = len(results)
+            while end < len(calls) and getattr(self.tools.get(calls[end].name), "concurrent", False):
+                end += 1
+            if end > start:
+                results += await asyncio.gather(*(self._call_tool(call) for call in calls[start:end]))
+            else:
+                results.append(await self._call_tool(calls[start]))
+        for call, result in zip(calls, results):
             self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.output})
 
     async def _call_tool(self, call: ToolCall) -> ToolResult:
@@ -192,10 +205,7 @@ class AgentSession:
 
     def _malformed_result(self, bad: MalformedToolCall) -> Message:
         self._emit("tool_result", name="?", is_error=True, output=bad.error)
-        return {
-            "role": "tool",
-            "content": f"Error: your tool call could not be parsed ({bad.error}). Write it exactly as {TOOL_CALL_FORMAT}",
-        }
+        return {"role": "tool", "content": bad.error}  # the host's words, with the fix in the model's own format
 
     async def _maybe_compact(self) -> None:
         tokens = await self.host.count_tokens(self.messages, self.schemas)
@@ -261,6 +271,7 @@ class AgentSession:
             error=error,
             usage=self.usage.model_copy(),
             model=self.host.model_id,
+            tool_mode=self.host.tool_mode,
             stop_reason=stop_reason,
             duration_s=round(time.perf_counter() - self._started, 3),
             label=self.label,

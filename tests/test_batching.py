@@ -174,3 +174,88 @@ def test_unbatchable_caches_fall_back_to_serialized_turns(tiny_qwen3_path: Path)
             return out
 
     assert asyncio.run(go(True)) == asyncio.run(go(False))
+
+
+async def first_replies(host: MlxModelHost, names: list[int], max_tokens: int = 16) -> list[Any]:
+    """One turn of sessions `s<i>` at once; an exception is returned in place of its reply."""
+    calls = [host.session(f"s{i}").generate(task(i), max_tokens=max_tokens) for i in names]
+    return list(await asyncio.gather(*calls, return_exceptions=True))
+
+
+async def alone_replies(path: Path, names: list[int], max_tokens: int = 16) -> list[tuple[int, ...]]:
+    async with MlxModelHost(str(path), batching=False, share_prefix=False) as host:
+        return [(await host.session(f"s{i}").generate(task(i), max_tokens=max_tokens)).token_ids for i in names]
+
+
+@pytest.mark.parametrize("where", ["factory", "processor"])
+def test_one_sessions_bad_processor_fails_that_session_only(where: str, tiny_qwen3_path: Path) -> None:
+    """A processor factory that raises, or a processor raising mid-decode inside the batch step."""
+    failures = {"s2": 1}
+
+    def raising(tokens: Any, logits: Any) -> Any:
+        if raising.calls == 3:  # the fourth token of the reply, inside the batch step
+            raise ValueError("processor refuses s2")
+        raising.calls += 1
+        return logits
+
+    raising.calls = 0  # type: ignore[attr-defined]
+
+    def factory(name: str, prompt_ids: list[int]) -> list[Any]:
+        if failures.get(name, 0) == 0:
+            return []
+        failures[name] -= 1
+        if where == "factory":
+            raise ValueError("factory refuses s2")
+        return [raising]
+
+    async def go() -> tuple[list[Any], Any]:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=factory) as host:
+            replies = await first_replies(host, [0, 1, 2, 3])
+            return replies, await host.session("s2").generate(task(2), max_tokens=16)
+
+    replies, again = asyncio.run(go())
+    alone = asyncio.run(alone_replies(tiny_qwen3_path, [0, 1, 2, 3]))
+    failed = replies[2]
+    assert isinstance(failed, ValueError) and str(failed) == f"{where} refuses s2"
+    assert [r.token_ids for r in replies[:2] + replies[3:]] == alone[:2] + alone[3:]
+    assert all(len(r.token_ids) == 16 for r in replies[:2] + replies[3:])
+    # The failed session is usable again and answers as if it had never failed.
+    assert again.token_ids == alone[2]
+
+
+def test_a_failed_batch_step_fails_its_turns_and_leaves_every_cache_consistent(tiny_qwen3_path: Path) -> None:
+    async def go() -> tuple[list[Any], list[Any], list[tuple[int, ...]]]:
+        async with MlxModelHost(str(tiny_qwen3_path), share_prefix=False) as host:
+            idle = await host.session("s3").generate(task(3), max_tokens=8)  # parked before the failure
+            batch = await host._engine.run(host._scheduler._ensure_batch)
+            real_next, calls = batch.next, []
+
+            def failing_next() -> Any:
+                calls.append(1)
+                if len(calls) == 5:
+                    raise RuntimeError("the batch step failed")
+                return real_next()
+
+            batch.next = failing_next
+            failed = await first_replies(host, [0, 1], max_tokens=40)
+            assert host._scheduler._batch is None and not host._scheduler.decoding
+            # Failed sessions start over from an empty cache; the idle one kept its cache.
+            after = await first_replies(host, [0, 1], max_tokens=40)
+            follow_up = task(3) + [idle.to_message(), result(3, 0)]
+            s3 = await host.session("s3").generate(follow_up, max_tokens=8)
+            return failed, after, [idle.token_ids, s3.token_ids, (s3.usage.cached_tokens,)]
+
+    async def reference() -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        async with MlxModelHost(str(tiny_qwen3_path), batching=False, share_prefix=False) as host:
+            first = [(await host.session(f"s{i}").generate(task(i), max_tokens=40)).token_ids for i in (0, 1)]
+            idle = await host.session("s3").generate(task(3), max_tokens=8)
+            s3 = await host.session("s3").generate(task(3) + [idle.to_message(), result(3, 0)], max_tokens=8)
+            return first, [idle.token_ids, s3.token_ids, (idle.usage.prompt_tokens + idle.usage.generated_tokens,)]
+
+    failed, after, s3 = asyncio.run(go())
+    first, s3_alone = asyncio.run(reference())
+    assert [type(f) for f in failed] == [RuntimeError, RuntimeError]
+    assert [str(f) for f in failed] == ["the batch step failed"] * 2
+    assert [r.token_ids for r in after] == first
+    assert [r.usage.cached_tokens for r in after] == [0, 0]
+    assert s3 == s3_alone  # same ids, and the idle session's whole cache was reused

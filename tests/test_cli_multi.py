@@ -25,6 +25,7 @@ RESULT_FIELDS = {
     "error",
     "usage",
     "model",
+    "tool_mode",
     "stop_reason",
     "duration_s",
     "label",

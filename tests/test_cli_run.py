@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
 BUILTINS = ["orchestrator", "planner", "reviewer", "scout", "worker"]
-JSON_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "stop_reason", "duration_s"}
+JSON_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "tool_mode", "stop_reason", "duration_s"}
 USAGE_FIELDS = {"input_tokens", "output_tokens", "cached_tokens", "context_tokens", "turns"}
 
 # Documented in the README beside issue 3's fields: what resume and the multi-run modes need.
@@ -44,11 +44,6 @@ def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 6
     )
 
 
-def write_script(path: Path, agent: str, replies: list[Any], **extra: Any) -> Path:
-    path.write_text(json.dumps({"agents": {agent: {"replies": replies}}, **extra}))
-    return path
-
-
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     """A small project, and a sibling `outside/` holding a secret."""
@@ -64,11 +59,11 @@ def ws(tmp_path: Path) -> Path:
 # -- subagent run ------------------------------------------------------------------------------
 
 
-def test_run_json_prints_the_documented_object_and_shows_tool_calls(tmp_path: Path, ws: Path) -> None:
+def test_run_json_prints_the_documented_object_and_shows_tool_calls(
+    tmp_path: Path, ws: Path, write_script: Any
+) -> None:
     answer = "Findings:\n- src/app.py:3-4 — load_config parses the config\n\nSummary: src/app.py."
     script = write_script(
-        tmp_path / "s.json",
-        "scout",
         [
             call("bash", command="ls src"),
             call("ls", path="."),
@@ -79,17 +74,20 @@ def test_run_json_prints_the_documented_object_and_shows_tool_calls(tmp_path: Pa
             answer,
         ],
     )
-    proc = cli("run", "scout", "where is the config parsed?", "--model", f"scripted:{script}", "--cwd", ws, "--json")
+    proc = cli("run", "scout", "where is the config parsed?", "--model", script, "--cwd", ws, "--json")
 
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert {k: data[k] for k in ("agent", "task", "status", "output", "error", "model", "stop_reason")} == {
+    assert {
+        k: data[k] for k in ("agent", "task", "status", "output", "error", "model", "tool_mode", "stop_reason")
+    } == {
         "agent": "scout",
         "task": "where is the config parsed?",
         "status": "completed",
         "output": answer,
         "error": None,
-        "model": f"scripted:{script}",
+        "model": script,
+        "tool_mode": "native",
         "stop_reason": "completed",
     }
     assert data["usage"]["turns"] == 7
@@ -109,12 +107,10 @@ def test_run_json_prints_the_documented_object_and_shows_tool_calls(tmp_path: Pa
     assert set(data) == JSON_FIELDS | EXTRA_FIELDS and set(data["usage"]) == USAGE_FIELDS | EXTRA_USAGE
 
 
-def test_run_refuses_paths_outside_the_workspace_and_leaks_nothing(tmp_path: Path, ws: Path) -> None:
+def test_run_refuses_paths_outside_the_workspace_and_leaks_nothing(tmp_path: Path, ws: Path, write_script: Any) -> None:
     secret = tmp_path / "outside" / "secret.txt"
     (ws / "link.txt").symlink_to(secret)
     script = write_script(
-        tmp_path / "s.json",
-        "scout",
         [
             call("read", path="../outside/secret.txt"),
             call("read", path=str(secret)),
@@ -123,7 +119,7 @@ def test_run_refuses_paths_outside_the_workspace_and_leaks_nothing(tmp_path: Pat
             "Findings: none\n\nSummary: nothing outside the workspace.",
         ],
     )
-    proc = cli("run", "scout", "find the password", "--model", f"scripted:{script}", "--cwd", ws)
+    proc = cli("run", "scout", "find the password", "--model", script, "--cwd", ws)
 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "Findings: none\n\nSummary: nothing outside the workspace.\n"
@@ -148,11 +144,9 @@ def test_run_refuses_paths_outside_the_workspace_and_leaks_nothing(tmp_path: Pat
     assert len(usage) == 1 and ", 5 turns, " in usage[0]
 
 
-def test_bash_timeout_kills_the_whole_process_tree(tmp_path: Path, ws: Path) -> None:
+def test_bash_timeout_kills_the_whole_process_tree(tmp_path: Path, ws: Path, write_script: Any) -> None:
     command = "sleep 30 & echo $! > pids.txt; echo $$ >> pids.txt; sleep 30"
     script = write_script(
-        tmp_path / "s.json",
-        "worker",
         [
             call("bash", command=command, timeout=1),
             call("bash", command="cat pids.txt | wc -l"),
@@ -160,7 +154,7 @@ def test_bash_timeout_kills_the_whole_process_tree(tmp_path: Path, ws: Path) -> 
         ],
     )
     tic = time.monotonic()
-    proc = cli("run", "worker", "run the slow command", "--model", f"scripted:{script}", "--cwd", ws, timeout=30)
+    proc = cli("run", "worker", "run the slow command", "--model", script, "--cwd", ws, timeout=30)
     elapsed = time.monotonic() - tic
 
     assert proc.returncode == 0, proc.stderr
@@ -174,19 +168,17 @@ def test_bash_timeout_kills_the_whole_process_tree(tmp_path: Path, ws: Path) -> 
     assert proc.stdout == "The command timed out.\n"
 
 
-def test_ambiguous_edit_leaves_the_file_alone_and_the_run_goes_on(tmp_path: Path, ws: Path) -> None:
+def test_ambiguous_edit_leaves_the_file_alone_and_the_run_goes_on(tmp_path: Path, ws: Path, write_script: Any) -> None:
     original = "def a():\n    return 1\n\ndef b():\n    return 1\n"
     (ws / "src" / "twice.py").write_bytes(original.encode())
     script = write_script(
-        tmp_path / "s.json",
-        "worker",
         [
             call("edit", path="src/twice.py", old_text="    return 1\n", new_text="    return 2\n"),
             call("edit", path="src/twice.py", old_text="def b():\n    return 1\n", new_text="def b():\n    return 2\n"),
             "Changed b() in src/twice.py to return 2.",
         ],
     )
-    proc = cli("run", "worker", "make b return 2", "--model", f"scripted:{script}", "--cwd", ws, "--json")
+    proc = cli("run", "worker", "make b return 2", "--model", script, "--cwd", ws, "--json")
 
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -206,18 +198,16 @@ def test_ambiguous_edit_leaves_the_file_alone_and_the_run_goes_on(tmp_path: Path
     ).encode()
 
 
-def test_ambiguous_edit_alone_leaves_the_file_byte_identical(tmp_path: Path, ws: Path) -> None:
+def test_ambiguous_edit_alone_leaves_the_file_byte_identical(tmp_path: Path, ws: Path, write_script: Any) -> None:
     original = b"x = 1\r\nx = 1\r\n"
     (ws / "dup.txt").write_bytes(original)
     script = write_script(
-        tmp_path / "s.json",
-        "worker",
         [
             call("edit", path="dup.txt", old_text="x = 1", new_text="x = 2"),
             "Could not edit: the text occurs twice.",
         ],
     )
-    proc = cli("run", "worker", "set x to 2", "--model", f"scripted:{script}", "--cwd", ws)
+    proc = cli("run", "worker", "set x to 2", "--model", script, "--cwd", ws)
 
     assert proc.returncode == 0, proc.stderr
     assert (ws / "dup.txt").read_bytes() == original
@@ -225,9 +215,9 @@ def test_ambiguous_edit_alone_leaves_the_file_byte_identical(tmp_path: Path, ws:
     assert proc.stdout == "Could not edit: the text occurs twice.\n"
 
 
-def test_a_failed_run_exits_1(tmp_path: Path, ws: Path) -> None:
-    script = write_script(tmp_path / "s.json", "scout", [call("ls", path="."), call("ls", path="src")])
-    proc = cli("run", "scout", "look", "--model", f"scripted:{script}", "--cwd", ws, "--max-turns", "1", "--json")
+def test_a_failed_run_exits_1(tmp_path: Path, ws: Path, write_script: Any) -> None:
+    script = write_script([call("ls", path="."), call("ls", path="src")])
+    proc = cli("run", "scout", "look", "--model", script, "--cwd", ws, "--max-turns", "1", "--json")
 
     data = json.loads(proc.stdout)
     assert (data["status"], data["stop_reason"]) == ("failed", "max_turns")
@@ -236,7 +226,7 @@ def test_a_failed_run_exits_1(tmp_path: Path, ws: Path) -> None:
     assert proc.returncode == 1
 
 
-def test_compaction_on_a_small_window_through_the_cli(tmp_path: Path, ws: Path) -> None:
+def test_compaction_on_a_small_window_through_the_cli(tmp_path: Path, ws: Path, write_script: Any) -> None:
     big = "".join(f"line {i:03d}: settings value number {i} for the config parser\n" for i in range(200))
     (ws / "big.txt").write_text(big)
     reads = [call("read", path="big.txt", offset=1 + 17 * i, limit=17) for i in range(4)]
@@ -245,10 +235,8 @@ def test_compaction_on_a_small_window_through_the_cli(tmp_path: Path, ws: Path) 
     # and a 300-token summary, only 570 tokens of history fit below the trigger (2400 - 600), so
     # after the third read (each ~355 tokens, call + result) the first two are summarised and the
     # third kept. Tool outputs fix these counts, not the temp path.
-    script = write_script(
-        tmp_path / "s.json", "scout", [*reads[:3], summary, reads[3], "Done: big.txt."], context_window=2400
-    )
-    proc = cli("run", "scout", "read big.txt", "--model", f"scripted:{script}", "--cwd", ws, "--json")
+    script = write_script({"replies": [*reads[:3], summary, reads[3], "Done: big.txt."], "context_window": 2400})
+    proc = cli("run", "scout", "read big.txt", "--model", script, "--cwd", ws, "--json")
 
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -262,17 +250,15 @@ def test_compaction_on_a_small_window_through_the_cli(tmp_path: Path, ws: Path) 
     assert 1800 < before and after < before
 
 
-def test_tool_labels_are_shown_literally(tmp_path: Path, ws: Path) -> None:
+def test_tool_labels_are_shown_literally(tmp_path: Path, ws: Path, write_script: Any) -> None:
     script = write_script(
-        tmp_path / "s.json",
-        "scout",
         [
             call("read", path="src/[id]/page.tsx"),
             call("bash", command="echo '[/]' '[/]'"),
             "done",
         ],
     )
-    proc = cli("run", "scout", "look", "--model", f"scripted:{script}", "--cwd", ws)
+    proc = cli("run", "scout", "look", "--model", script, "--cwd", ws)
 
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines()[:3] == [
@@ -285,7 +271,7 @@ def test_tool_labels_are_shown_literally(tmp_path: Path, ws: Path) -> None:
 # -- agents ----------------------------------------------------------------------------------------
 
 
-def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Path) -> None:
+def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Path, write_script: Any) -> None:
     agents_dir = ws / ".mlx-subagents" / "agents"
     agents_dir.mkdir(parents=True)
     (agents_dir / "broken.md").write_text("name: broken\nno frontmatter here\n")
@@ -312,8 +298,8 @@ def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Pa
         "'openai' model; only local MLX models run here; "
     )
 
-    script = write_script(tmp_path / "s.json", "helper", [call("ls", path="."), "README.md and src/."])
-    refused = cli("run", "helper", "list", "--model", f"scripted:{script}", "--cwd", ws)
+    script = write_script([call("ls", path="."), "README.md and src/."])
+    refused = cli("run", "helper", "list", "--model", script, "--cwd", ws)
     assert refused.returncode == 2
     assert refused.stdout == "" and "Traceback" not in refused.stderr
     assert refused.stderr.splitlines()[-1] == (
@@ -321,15 +307,15 @@ def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Pa
         "it can run commands in this workspace. Re-run with --yes to allow it."
     )
 
-    allowed = cli("run", "helper", "list", "--model", f"scripted:{script}", "--cwd", ws, "--yes")
+    allowed = cli("run", "helper", "list", "--model", script, "--cwd", ws, "--yes", "--verbose")
     assert allowed.returncode == 0, allowed.stderr
     assert allowed.stdout == "README.md and src/.\n"
-    assert allowed.stderr.splitlines()[0] == "ls ."
+    assert allowed.stderr.splitlines()[:2] == [f"helper on {script} (tool mode: native)", "ls ."]
 
 
-def test_unknown_agent_lists_the_available_ones(tmp_path: Path, ws: Path) -> None:
-    script = write_script(tmp_path / "s.json", "scout", ["unused"])
-    proc = cli("run", "nope", "task", "--model", f"scripted:{script}", "--cwd", ws)
+def test_unknown_agent_lists_the_available_ones(tmp_path: Path, ws: Path, write_script: Any) -> None:
+    script = write_script(["unused"])
+    proc = cli("run", "nope", "task", "--model", script, "--cwd", ws)
 
     assert proc.returncode == 2
     assert proc.stdout == ""
@@ -370,9 +356,9 @@ def test_bad_usage_is_a_usage_error_not_a_traceback(ws: Path) -> None:
     assert proc.stderr.splitlines()[-1] == "Error: Missing argument 'task'."
 
 
-def test_a_missing_workspace_folder_is_one_line(tmp_path: Path) -> None:
-    script = write_script(tmp_path / "s.json", "scout", [call("ls", path="."), "done"])
-    proc = cli("run", "scout", "task", "--model", f"scripted:{script}", "--cwd", tmp_path / "missing")
+def test_a_missing_workspace_folder_is_one_line(tmp_path: Path, write_script: Any) -> None:
+    script = write_script([call("ls", path="."), "done"])
+    proc = cli("run", "scout", "task", "--model", script, "--cwd", tmp_path / "missing")
 
     assert proc.returncode == 2 and proc.stdout == ""
     assert "Traceback" not in proc.stderr and "ls ." not in proc.stderr
@@ -398,6 +384,9 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     assert first["model"] == f"model     {tiny_qwen3_path}"
     assert first["loaded"].startswith(f"loaded    {tiny_qwen3_path.resolve()} in ")
     assert first["loaded"].endswith("; context window 4096 tokens")
+    assert first["tools"] == (
+        "tools     native: the chat template presents the tools; calls are read in the model's own format"
+    )
     assert first["reply"].startswith("reply     ")
     assert first["speed"].startswith("speed     prompt ") and first["speed"].endswith(" tok/s")
     assert lines[-1] == "ok"

@@ -7,7 +7,6 @@ import copy
 import json
 import math
 import random
-from pathlib import Path
 
 import pytest
 
@@ -262,15 +261,9 @@ def long_conversation() -> list[dict]:
     ]
 
 
-def scripted(tmp_path: Path, replies: list) -> ScriptedHost:
-    path = tmp_path / "script.json"
-    path.write_text(json.dumps({"replies": replies}), encoding="utf-8")
-    return ScriptedHost(path)
-
-
-def test_compact_replaces_middle_with_summary(tmp_path: Path) -> None:
+def test_compact_replaces_middle_with_summary() -> None:
     summary = "## Goal\nFix auth.\n## Next steps\nEdit login."
-    host = scripted(tmp_path, [summary])
+    host = ScriptedHost.from_replies([summary])
     session = host.session("worker-1")
     messages = long_conversation()
     snapshot = copy.deepcopy(messages)
@@ -295,8 +288,8 @@ def test_compact_replaces_middle_with_summary(tmp_path: Path) -> None:
     assert got.usage.prompt_tokens > 0 and got.usage.cached_tokens == 0
 
 
-def test_compact_request_shape(tmp_path: Path) -> None:
-    host = scripted(tmp_path, ["summary"])
+def test_compact_request_shape() -> None:
+    host = ScriptedHost.from_replies(["summary"])
     seen: dict = {}
 
     class Spy:
@@ -328,8 +321,8 @@ def test_compact_request_shape(tmp_path: Path) -> None:
     assert seen["kwargs"]["max_tokens"] == 500
 
 
-def test_compact_nothing_to_summarise(tmp_path: Path) -> None:
-    host = scripted(tmp_path, ["never used"])
+def test_compact_nothing_to_summarise() -> None:
+    host = ScriptedHost.from_replies(["never used"])
     session = host.session("s")
     messages = long_conversation()
     got = asyncio.run(compact(messages, session, host.count_tokens, CompactionSettings()))
@@ -340,8 +333,8 @@ def test_compact_nothing_to_summarise(tmp_path: Path) -> None:
     assert asyncio.run(session.generate(messages)).text == "never used"
 
 
-def test_compact_tool_call_instead_of_summary_falls_back(tmp_path: Path) -> None:
-    host = scripted(tmp_path, [{"tool_calls": [{"name": "ls", "arguments": {}}]}])
+def test_compact_tool_call_instead_of_summary_falls_back() -> None:
+    host = ScriptedHost.from_replies([{"tool_calls": [{"name": "ls", "arguments": {}}]}])
     messages = long_conversation()
     settings = CompactionSettings(reserve_tokens=256, keep_recent_tokens=50)
     got = asyncio.run(compact(messages, host.session("s"), host.count_tokens, settings))
@@ -350,8 +343,8 @@ def test_compact_tool_call_instead_of_summary_falls_back(tmp_path: Path) -> None
     assert "- ls({})" in got.summary
 
 
-def test_compact_twice_resummarises_the_summary(tmp_path: Path) -> None:
-    host = scripted(tmp_path, ["first", "second"])
+def test_compact_twice_resummarises_the_summary() -> None:
+    host = ScriptedHost.from_replies(["first", "second"])
     session = host.session("s")
     settings = CompactionSettings(reserve_tokens=256, keep_recent_tokens=20)
     messages = long_conversation()
@@ -365,8 +358,8 @@ def test_compact_twice_resummarises_the_summary(tmp_path: Path) -> None:
     assert twice.usage.cached_tokens == approx_tokens(messages[:2])
 
 
-def test_recent_token_counts_are_prefix_differences(tmp_path: Path) -> None:
-    host = scripted(tmp_path, ["x"])
+def test_recent_token_counts_are_prefix_differences() -> None:
+    host = ScriptedHost.from_replies(["x"])
     messages = long_conversation()  # per message: [12, 13, 30, 186, 30, 186, 12, 9, 30, 17]
     big_tools = [{"type": "function", "function": {"name": "t", "description": "d" * 4000}}]
     calls: list[list[dict]] = []
@@ -382,9 +375,9 @@ def test_recent_token_counts_are_prefix_differences(tmp_path: Path) -> None:
     assert asyncio.run(recent_token_counts(messages, count, 10**6)) == [0, 0, 30, 186, 30, 186, 12, 9, 30, 17]
 
 
-def test_compact_with_tools_bound_into_the_counter(tmp_path: Path) -> None:
+def test_compact_with_tools_bound_into_the_counter() -> None:
     # What session.py does: the counter includes the tool schemas.
-    host = scripted(tmp_path, ["plain", "bound"])
+    host = ScriptedHost.from_replies(["plain", "bound"])
     tools = [{"type": "function", "function": {"name": "t", "description": "d" * 4000}}]
     messages = long_conversation()
     settings = CompactionSettings(reserve_tokens=256, keep_recent_tokens=50)

@@ -32,12 +32,13 @@ import asyncio, json, sys
 from pathlib import Path
 from mlx_lm.utils import load_tokenizer
 from mlx_subagents.mcp_server import serve_stdio
+from mlx_subagents.options import RunOptions
 from mlx_subagents.runner import Runner
 from mlx_subagents.testing import ForcedScripts
 
 model, workspace, scripts = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
 forced = ForcedScripts(load_tokenizer(Path(model)), scripts)
-make = lambda root, sink: Runner(cwd=root, model=model, host_options={"processor_factory": forced}, on_event=sink)
+make = lambda root, sink: Runner(cwd=root, options=RunOptions(model=model), processor_factory=forced, on_event=sink)
 asyncio.run(serve_stdio(make, workspace))
 """
 
@@ -143,12 +144,12 @@ def test_parallel_run_returns_exact_answers_usage_and_transcripts(tmp_path: Path
     body, footer = text(result).split("\n\n---\n")
     assert body == (
         "Parallel: 2/2 tasks completed\n\n### [scout] completed\napp.py is the only file\n\n"
-        "### [reviewer] completed\napp.py: no problems"
+        f"### [reviewer] completed\napp.py: no problems\n\n[sub-agent run {data['run_id']}]"
     )
     lines = footer.splitlines()
     assert lines[0].startswith("[scout] scout: completed in ") and ", 2 turns, " in lines[0]
     assert lines[0].endswith(f"; transcript {scout['transcript']}")
-    assert lines[2] == f"run {data['run_id']} (`subagent show {data['run_id']}` prints every step)"
+    assert len(lines) == 2 and lines[1].startswith("[reviewer] reviewer: completed in ")
     log = (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "logs" / "mcp.log").read_text()
     assert "call run_agents {'tasks': [" in log and "call run_agents ok in " in log
 
@@ -176,14 +177,15 @@ def test_progress_notifications_arrive_in_order_for_each_call(tmp_path: Path, wr
                 group.start_soon(run_one, "reviewer")
 
     run(main)
-    assert text(results["scout"]).startswith("done\n\n---\n[scout] scout: completed")
+    run_id = results["scout"].structured_content["run_id"]
+    assert text(results["scout"]).startswith(f"done\n\n[sub-agent run {run_id}]\n\n---\n[scout] scout: completed")
     messages = [m for _, m in seen["scout"]]
-    assert messages[:4] == ["[scout] started", "[scout] turn 1", messages[2], "[scout] ls ."]
+    assert messages[:4] == ["[scout] started (scout)", "[scout] turn 1", messages[2], "[scout] ls ."]
     assert messages[2].startswith("[scout] ") and messages[2].endswith(" read (0 cached)")
     assert messages[4:6] == ["[scout] turn 2", messages[5]] and "tokens generated" in messages[5]
-    assert messages[6:] == ["[scout] completed"]
+    assert messages[6:] == ["[scout] done"]
     reviewer = [m for _, m in seen["reviewer"]]
-    assert reviewer == ["[reviewer] started", "[reviewer] turn 1", reviewer[2], "[reviewer] completed"]
+    assert reviewer == ["[reviewer] started (reviewer)", "[reviewer] turn 1", reviewer[2], "[reviewer] done"]
     for values in seen.values():
         assert [v for v, _ in values] == list(range(1, len(values) + 1))
 
@@ -211,13 +213,13 @@ def test_bad_calls_are_errors_and_the_server_keeps_answering(tmp_path: Path, wri
     assert text(bad[0]) == f"Error: invalid run_agents call: no task given; {FORMS}. {agents}"
     assert text(bad[1]) == f"Error: invalid run_agents call: unknown agent 'nobody'; {FORMS}. {agents}"
     assert text(bad[2]) == (
-        f"Error: run_agents call refused: task 'mcp > scout' is {MAX_TASK_CHARS + 1:,} characters, over the limit of "
+        f"Error: run_agents call refused: task 'scout' is {MAX_TASK_CHARS + 1:,} characters, over the limit of "
         f"{MAX_TASK_CHARS:,}; shorten it, or put the details in a file the agent can read"
     )
     assert text(bad[3]) == f"Error: invalid run_agents call: unknown field 'colour'; {FORMS}. {agents}"
     assert text(bad[4]).startswith("Error: cwd: ")
     # A child that fails: the answer says why, the footer what to do; structured content says which.
-    assert text(bad[5]).startswith("Error: agent 'planner' failed (error): scripted model: session 'mcp > planner'")
+    assert text(bad[5]).startswith("Error: agent 'planner' failed (error): scripted model: session 'planner'")
     assert "A task did not complete: its error says why. Read its transcript" in text(bad[5])
     assert bad[5].structured_content["tasks"][0]["status"] == "failed"
     assert text(bad[6]) == "unknown tool 'no_such_tool'; this server has list_agents and run_agents"
@@ -319,7 +321,7 @@ def test_the_tiny_real_model_stays_resident_between_calls(tmp_path: Path, tiny_q
     from mlx_subagents.testing import tool_call_text
 
     (tmp_path / "app.py").write_text("print('hi')\n")
-    scripts = {"mcp > scout": [tool_call_text("ls", {"path": "."}), "app.py is the only file", "still app.py"]}
+    scripts = {"scout": [tool_call_text("ls", {"path": "."}), "app.py is the only file", "still app.py"]}
     command = ["-c", TINY_SERVER, str(tiny_qwen3_path), str(tmp_path), json.dumps(scripts)]
     seen: list[str] = []
 

@@ -17,6 +17,7 @@ from mlx_subagents.host.protocol import (
     ToolCall,
 )
 from mlx_subagents.host.scripted import ScriptedHost, approx_tokens
+from mlx_subagents.host.toolcalls import hermes
 
 TASK = [{"role": "system", "content": "You are a scout."}, {"role": "user", "content": "Look."}]
 
@@ -123,7 +124,7 @@ def test_raw_reply_is_a_malformed_tool_call(tmp_path: Path) -> None:
     assert result.tool_calls == []
     assert result.raw_text == raw
     assert result.malformed_tool_calls == [
-        MalformedToolCall(raw, "tool call is not valid JSON: Expecting value (line 1 column 1)")
+        MalformedToolCall(raw, hermes().error("tool call is not valid JSON: Expecting value (line 1 column 1)"))
     ]
 
 
@@ -302,3 +303,55 @@ def test_closed_session_refuses(tmp_path: Path) -> None:
     asyncio.run(session.close())
     with pytest.raises(RuntimeError, match="closed"):
         gen(session)
+
+
+# -- in memory -------------------------------------------------------------------------------------
+
+
+def test_from_replies_serves_the_same_replies_as_a_file() -> None:
+    host = ScriptedHost.from_replies(
+        [{"tool_calls": [{"name": "ls", "arguments": {"path": "."}}]}, "done"],
+        agents={"scout": ["scouted"]},
+        context_window=4096,
+    )
+    assert isinstance(host, ModelHost)
+    assert (host.model_id, host.path, host.context_window) == ("scripted:memory", None, 4096)
+    main = host.session("main")
+    assert gen(main).tool_calls == [ToolCall("ls", {"path": "."}, id="call_1")]
+    assert gen(main).text == "done"
+    assert gen(host.session("x", agent="scout")).text == "scouted"
+    assert ScriptedHost.from_replies(["x"]).context_window == 32768
+    with pytest.raises(ScriptError) as info:
+        gen(main)
+    assert str(info.value) == (
+        "scripted model: session 'main' (agent 'None') has no reply left after 2 replies in the in-memory script"
+    )
+
+
+@pytest.mark.parametrize(
+    ("replies", "agents", "message"),
+    [
+        ([{"contnet": "x"}], None, "scripted replies: replies[0].contnet: Extra inputs are not permitted"),
+        ([], {"scout": []}, "scripted replies: the script has no replies: add 'replies' or 'agents.<name>.replies'"),
+        ([], {"scout": [{"tool_calls": [{}]}]}, "scripted replies: agents.scout.replies[0].tool_calls[0].name: Field"),
+    ],
+)
+def test_from_replies_refuses_bad_replies_in_one_line(replies: list, agents: dict | None, message: str) -> None:
+    with pytest.raises(ScriptError) as info:
+        ScriptedHost.from_replies(replies, agents=agents)
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_history_records_what_each_session_was_sent() -> None:
+    host = ScriptedHost.from_replies(["one", "two"])
+    a, b = host.session("a"), host.session("b")
+    conversation = [*TASK]
+    gen(a, conversation)
+    conversation.append({"role": "user", "content": "More."})  # a later change is not rewritten into the record
+    gen(b, conversation)
+    gen(a, conversation)
+    with pytest.raises(ScriptError):
+        gen(a, TASK)  # out of replies: still sent, so still recorded
+    assert host.history == {"a": [TASK, conversation, TASK], "b": [conversation]}
+    assert host.history["a"][0] is not TASK

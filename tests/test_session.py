@@ -4,7 +4,6 @@ compaction and workspace confinement through real tool calls."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,8 @@ from mlx_subagents.agents import AgentSpec, discover_agents
 from mlx_subagents.compaction import SUMMARY_HEADER, CompactionSettings
 from mlx_subagents.events import Event
 from mlx_subagents.host import MlxModelHost
-from mlx_subagents.host.protocol import Generation, Message
-from mlx_subagents.host.scripted import ScriptedHost, ScriptedSession, approx_tokens
+from mlx_subagents.host.protocol import Message
+from mlx_subagents.host.scripted import ScriptedHost, approx_tokens
 from mlx_subagents.results import RunResult
 from mlx_subagents.session import AgentSession, Limits, system_prompt, workspace_for
 from mlx_subagents.testing import ForcedScripts, tool_call_text
@@ -42,32 +41,6 @@ def ws(tmp_path: Path) -> Path:
 
 def scout(ws: Path) -> AgentSpec:
     return discover_agents(ws).get("scout")
-
-
-class RecordingHost(ScriptedHost):
-    """The scripted host, keeping a copy of every request and its reply."""
-
-    def __init__(self, path: Path, *, context_window: int | None = None) -> None:
-        super().__init__(path, context_window=context_window)
-        self.requests: list[tuple[list[Message], Generation]] = []
-
-    def session(self, name: str, *, agent: str | None = None) -> ScriptedSession:
-        session = super().session(name, agent=agent)
-        generate = session.generate
-
-        async def recorded(messages: list[Message], **kwargs: Any) -> Generation:
-            reply = await generate(messages, **kwargs)
-            self.requests.append((copy.deepcopy(messages), reply))
-            return reply
-
-        session.generate = recorded  # type: ignore[method-assign]
-        return session
-
-
-def scripted(tmp_path: Path, replies: list[Any], *, context_window: int | None = None) -> RecordingHost:
-    path = tmp_path / "script.json"
-    path.write_text(json.dumps({"replies": replies}))
-    return RecordingHost(path, context_window=context_window)
 
 
 def run_session(session: AgentSession, task: str = "where is the config parsed?") -> RunResult:
@@ -143,9 +116,8 @@ def test_scout_end_to_end_on_the_tiny_model(ws: Path, tiny_qwen3_path: Path, tin
 # -- errors are observations -----------------------------------------------------------------
 
 
-def test_tool_errors_go_back_to_the_model_and_the_loop_goes_on(tmp_path: Path, ws: Path) -> None:
-    host = scripted(
-        tmp_path,
+def test_tool_errors_go_back_to_the_model_and_the_loop_goes_on(ws: Path) -> None:
+    host = ScriptedHost.from_replies(
         [
             call("delete", path="src/app.py"),
             call("read", path=123),
@@ -161,8 +133,8 @@ def test_tool_errors_go_back_to_the_model_and_the_loop_goes_on(tmp_path: Path, w
     assert result.output == "Config is parsed in src/app.py:3-4."
     malformed = (
         "Error: your tool call could not be parsed (tool call is not valid JSON: Expecting value "
-        "(line 1 column 29)). Write it exactly as <tool_call>\n"
-        '{"name": "<tool name>", "arguments": {...}}\n</tool_call>'
+        "(line 1 column 29)). Write each call exactly in this format, with the tool's own name and arguments:\n"
+        '<tool_call>\n{"name": "tool_name", "arguments": {"argument": "value"}}\n</tool_call>'
     )
     assert after_head(session) == [
         assistant_call("delete", {"path": "src/app.py"}, "call_1"),
@@ -185,7 +157,7 @@ def test_tool_errors_go_back_to_the_model_and_the_loop_goes_on(tmp_path: Path, w
         {"role": "assistant", "content": "Config is parsed in src/app.py:3-4."},
     ]
     # Each error is in the very next prompt the model sees.
-    prompts = [messages for messages, _ in host.requests]
+    prompts = host.history["scout"]
     assert [p[-1]["content"].split(";")[0] for p in prompts[1:]] == [
         "Error: unknown tool 'delete'",
         "Error: invalid arguments for read: 'path' (string): Input should be a valid string, got 123",
@@ -194,23 +166,22 @@ def test_tool_errors_go_back_to_the_model_and_the_loop_goes_on(tmp_path: Path, w
     ]
 
 
-def test_three_malformed_calls_in_a_row_fail_the_run(tmp_path: Path, ws: Path) -> None:
+def test_three_malformed_calls_in_a_row_fail_the_run(ws: Path) -> None:
     bad = {"raw": "<tool_call>not json</tool_call>"}
     # A good call in between resets the count: only the last three in a row end the run.
-    host = scripted(tmp_path, [bad, bad, call("ls", path="."), bad, bad, bad, "never reached"])
+    host = ScriptedHost.from_replies([bad, bad, call("ls", path="."), bad, bad, bad, "never reached"])
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws))
     result = run_session(session)
 
     assert (result.status, result.stop_reason) == ("failed", "format_errors")
     assert result.error == "3 malformed tool calls in a row"
-    assert result.usage.turns == 6 and len(host.requests) == 6
+    assert result.usage.turns == 6 and len(host.history["scout"]) == 6
     errors = [m["content"] for m in session.messages if m["role"] == "tool" and "could not be parsed" in m["content"]]
     assert len(errors) == 5
 
 
-def test_a_tool_the_agent_was_not_granted_is_refused(tmp_path: Path, ws: Path) -> None:
-    host = scripted(
-        tmp_path,
+def test_a_tool_the_agent_was_not_granted_is_refused(ws: Path) -> None:
+    host = ScriptedHost.from_replies(
         [
             call("write", path="pwned.txt", content="x"),
             call("edit", path="src/app.py", old_text="json", new_text="yaml"),
@@ -232,9 +203,8 @@ def test_a_tool_the_agent_was_not_granted_is_refused(tmp_path: Path, ws: Path) -
     assert sorted(p.name for p in ws.rglob("*")) == ["README.md", "app.py", "src"]
 
 
-def test_max_turns_fails_with_the_last_text(tmp_path: Path, ws: Path) -> None:
-    host = scripted(
-        tmp_path,
+def test_max_turns_fails_with_the_last_text(ws: Path) -> None:
+    host = ScriptedHost.from_replies(
         [
             {"content": "Looking around.", **call("ls", path=".")},
             call("ls", path="src"),
@@ -247,12 +217,12 @@ def test_max_turns_fails_with_the_last_text(tmp_path: Path, ws: Path) -> None:
     assert (result.status, result.stop_reason) == ("failed", "max_turns")
     assert result.error == "reached the limit of 2 turns without a final answer"
     assert result.output == "Looking around."
-    assert result.usage.turns == 2 and len(host.requests) == 2
+    assert result.usage.turns == 2 and len(host.history["scout"]) == 2
     assert session.messages[-1] == tool("ls", "call_2", "app.py")  # the last tool still ran
 
 
-def test_max_output_tokens_stops_before_the_next_turn(tmp_path: Path, ws: Path) -> None:
-    host = scripted(tmp_path, [call("ls", path="."), call("ls", path="src"), "never reached"])
+def test_max_output_tokens_stops_before_the_next_turn(ws: Path) -> None:
+    host = ScriptedHost.from_replies([call("ls", path="."), call("ls", path="src"), "never reached"])
     per_reply = approx_tokens([assistant_call("ls", {"path": "."}, "call_1")])
     limits = Limits(max_output_tokens=per_reply + 1)
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws), limits=limits)
@@ -261,13 +231,13 @@ def test_max_output_tokens_stops_before_the_next_turn(tmp_path: Path, ws: Path) 
     assert (result.status, result.stop_reason) == ("failed", "max_tokens")
     assert result.error == f"reached the limit of {per_reply + 1} generated tokens"
     # Two replies reached the model; the third turn was refused before it started.
-    assert result.usage.turns == 2 and len(host.requests) == 2
+    assert result.usage.turns == 2 and len(host.history["scout"]) == 2
     assert result.usage.output_tokens == 2 * per_reply
 
 
-def test_a_reply_cut_by_the_token_budget_is_not_a_final_answer(tmp_path: Path, ws: Path) -> None:
+def test_a_reply_cut_by_the_token_budget_is_not_a_final_answer(ws: Path) -> None:
     cut = "Config is parsed in src/app.py, in the function load_config, which"
-    host = scripted(tmp_path, [{"content": cut, "finish_reason": "length"}])
+    host = ScriptedHost.from_replies([{"content": cut, "finish_reason": "length"}])
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws), limits=Limits(max_output_tokens=10))
     result = run_session(session)
 
@@ -275,9 +245,9 @@ def test_a_reply_cut_by_the_token_budget_is_not_a_final_answer(tmp_path: Path, w
     assert result.usage.turns == 1
 
 
-def test_an_answer_cut_by_the_per_reply_limit_fails_with_the_partial_text(tmp_path: Path, ws: Path) -> None:
+def test_an_answer_cut_by_the_per_reply_limit_fails_with_the_partial_text(ws: Path) -> None:
     cut = "Config is parsed in src/app.py, in the function"
-    host = scripted(tmp_path, [{"content": cut, "finish_reason": "length"}])
+    host = ScriptedHost.from_replies([{"content": cut, "finish_reason": "length"}])
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws), limits=Limits(max_reply_tokens=64))
     result = run_session(session)
 
@@ -287,34 +257,34 @@ def test_an_answer_cut_by_the_per_reply_limit_fails_with_the_partial_text(tmp_pa
     )
 
 
-def test_running_out_of_script_fails_the_session_not_the_process(tmp_path: Path, ws: Path) -> None:
-    host = scripted(tmp_path, [call("ls", path=".")])
+def test_running_out_of_script_fails_the_session_not_the_process(ws: Path) -> None:
+    host = ScriptedHost.from_replies([call("ls", path=".")])
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws))
     result = run_session(session)
 
     assert (result.status, result.stop_reason) == ("failed", "error")
     assert result.error == (
-        f"scripted model: session 'scout' (agent 'scout') has no reply left after 1 replies in {host.path}"
+        "scripted model: session 'scout' (agent 'scout') has no reply left after 1 replies in the in-memory script"
     )
     assert session.messages[-1] == tool("ls", "call_1", "README.md\nsrc/")
 
 
-def test_an_unimplemented_granted_tool_is_not_offered(tmp_path: Path, ws: Path) -> None:
+def test_an_unimplemented_granted_tool_is_not_offered(ws: Path) -> None:
     spec = scout(ws).model_copy(update={"tools": ("read", "subagent")})
-    session = AgentSession(spec=spec, host=scripted(tmp_path, ["ok"]), workspace=workspace_for(ws))
+    session = AgentSession(spec=spec, host=ScriptedHost.from_replies(["ok"]), workspace=workspace_for(ws))
     assert list(session.tools) == ["read"]
 
 
 # -- compaction -------------------------------------------------------------------------------
 
 
-def test_compaction_on_a_small_window_keeps_the_head_and_completes(tmp_path: Path, ws: Path) -> None:
+def test_compaction_on_a_small_window_keeps_the_head_and_completes(ws: Path) -> None:
     big = "".join(f"line {i:03d}: settings value number {i} for the config parser\n" for i in range(200))
     (ws / "big.txt").write_text(big)
     reads = [call("read", path="big.txt", offset=1 + 20 * i, limit=20) for i in range(3)]
     summary = "## Goal\nFind the config parser.\n## Progress\nRead big.txt lines 1-40."
-    host = scripted(
-        tmp_path, [reads[0], reads[1], summary, reads[2], summary, "Done: big.txt:1-60."], context_window=2000
+    host = ScriptedHost.from_replies(
+        [reads[0], reads[1], summary, reads[2], summary, "Done: big.txt:1-60."], context_window=2000
     )
     events: list[Event] = []
     heads: list[str] = []
@@ -347,7 +317,7 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(tmp_path: Pat
     ]
     assert len(heads) == 6 and set(heads) == {json.dumps(head)}
     # Every request, the two summary requests included, starts with the same head.
-    prompts = [messages for messages, _ in host.requests]
+    prompts = host.history["scout"]
     assert len(prompts) == 6 and all(p[:2] == head for p in prompts)
     assert prompts[2][-1]["content"].startswith("Transcript of the earlier turns of this task:")
     assert session.messages[2] == {"role": "user", "content": SUMMARY_HEADER + summary}
@@ -357,9 +327,11 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(tmp_path: Pat
         {"role": "assistant", "content": "Done: big.txt:1-60."},
     ]
     assert session.messages[4]["content"].startswith("    41\tline 040:")
-    # The turn after each compaction reuses the head the summary request left in the cache.
+    # The summary request and the turn after it each reuse the head (and only the head) the request
+    # before left in the cache: the cumulative count grows by twice the head between those turns.
     head_tokens = approx_tokens(head, session.schemas)
-    assert [host.requests[i][1].usage.cached_tokens for i in (3, 5)] == [head_tokens] * 2
+    cached = [e.data["cached_tokens"] for e in events if e.kind == "usage"]
+    assert [cached[2] - cached[1], cached[3] - cached[2]] == [2 * head_tokens] * 2
 
 
 # -- confinement ------------------------------------------------------------------------------
@@ -379,7 +351,7 @@ def test_paths_outside_the_workspace_are_refused_and_nothing_leaks(tmp_path: Pat
         ("grep", {"pattern": "password"}),  # the walk does not follow links
         ("find", {"pattern": "*.txt", "path": ".."}),
     ]
-    host = scripted(tmp_path, [call(n, **a) for n, a in attempts] + ["Nothing outside."])
+    host = ScriptedHost.from_replies([call(n, **a) for n, a in attempts] + ["Nothing outside."])
     events: list[Event] = []
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws), on_event=events.append)
     result = run_session(session)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,18 +76,69 @@ class KVShape:
         return self.fixed + self.per_token * steps * KV_STEP
 
 
-def tokens_that_fit(shape: KVShape, per_session_bytes: int, trimmable: bool = True) -> int:
-    """The context window one session's admission estimate keeps within `per_session_bytes`.
+def kv_shape_of(cache: list[Any]) -> KVShape | None:
+    """The shape of a cache holding at least one token, read off mlx-lm's standard cache types.
 
-    Mirrors `Scheduler._estimate`: buffers grow in whole KV steps with one step of
-    slack, and a hybrid (non-trimmable) session also holds a snapshot of its cache.
+    A `KVCache` (or the bounded `RotatingKVCache`, counted as if unbounded) holds keys and values of
+    shape (batch, heads, allocated tokens, head dim): its bytes per token are its bytes over the
+    allocated length. An `ArraysCache` (recurrent state of hybrid layers) has a fixed size. Any other
+    cache type gives None: measure it instead.
     """
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    fixed = per_token = 0
+    for layer in cache:
+        if type(layer) in (KVCache, RotatingKVCache) and layer.keys is not None:
+            per_token += layer.nbytes // layer.keys.shape[2]
+        elif type(layer) is ArraysCache:
+            fixed += layer.nbytes
+        else:
+            return None
+    return KVShape(fixed=fixed, per_token=per_token)
+
+
+def admission_bytes(
+    shape: KVShape,
+    turns: Sequence[tuple[int, int]],
+    *,
+    batched: bool,
+    trimmable: bool,
+    new_prefixes: Sequence[int] = (),
+) -> int:
+    """Worst-case KV bytes of turns running together, as admission control counts them.
+
+    Args:
+        turns: `(final length, prompt length)` per turn, in tokens.
+        batched: a batch pads every member to its longest.
+        trimmable: False for hybrid caches, whose sessions also hold a snapshot of their prompt.
+        new_prefixes: lengths of shared prefixes these turns will add.
+    """
+    if not turns:
+        return 0
+    # A cache grows by whole KV steps past what it holds: allow one step of slack.
+    if batched:
+        total = len(turns) * shape.bytes_for(max(final for final, _ in turns) + KV_STEP)
+    else:
+        total = sum(shape.bytes_for(final + KV_STEP) for final, _ in turns)
     if not trimmable:
-        per_session_bytes //= 2
+        total += sum(shape.bytes_for(prompt) for _, prompt in turns)
+    return total + sum(shape.bytes_for(n) for n in new_prefixes)
+
+
+def tokens_that_fit(shape: KVShape, per_session_bytes: int, trimmable: bool = True) -> int:
+    """The longest window (whole KV steps) whose one-session `admission_bytes` stays within `per_session_bytes`."""
     if shape.per_token <= 0:
         return 0
-    steps = (per_session_bytes - shape.fixed) // (shape.per_token * KV_STEP)
-    return max(0, int(steps) - 1) * KV_STEP
+
+    def fits(steps: int) -> bool:
+        n = steps * KV_STEP
+        return admission_bytes(shape, [(n, n)], batched=False, trimmable=trimmable) <= per_session_bytes
+
+    low, high = 0, max(0, (per_session_bytes - shape.fixed) // (shape.per_token * KV_STEP))  # high: an upper bound
+    while low < high:  # bisect for the largest number of steps that fits
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return int(low) * KV_STEP
 
 
 class KVPool:

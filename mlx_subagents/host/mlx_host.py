@@ -13,18 +13,19 @@ import asyncio
 import math
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from ..errors import SubagentError
+from .chat_format import ChatFormat
 from .engine import Deliver, Engine
-from .kv_pool import CacheState, KVPool, KVShape, tokens_that_fit
+from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .prompt import encode, render
-from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolSchema
+from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolMode, ToolSchema
 from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
 
 DEFAULT_PREFILL_STEP = 512
@@ -111,18 +112,25 @@ class MlxSession:
         on_text: TextCallback | None = None,
     ) -> Generation:
         """One reply. Cancelling the awaiting task stops generation at the next token."""
-        request = Request(list(messages), tools, max_tokens, temperature)
+        chat = self._host.chat
+        request = Request(*chat.present(messages, tools), max_tokens, temperature)
         cancel = threading.Event()
-        sink = TextSink(asyncio.get_running_loop(), on_text) if on_text is not None else None
+        visible = chat.visible_text(on_text) if on_text is not None else None
+        sink = TextSink(asyncio.get_running_loop(), visible) if visible is not None else None
 
         def submit(deliver: Deliver) -> None:
             self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         try:
-            return await self._host._engine.run_deferred(submit)
+            generation = await self._host._engine.run_deferred(submit)
         except asyncio.CancelledError:
             cancel.set()
             raise
+        if visible is not None:
+            visible.flush()
+        text, calls, malformed = chat.split(generation.raw_text, tools, self._state.n_tool_calls)
+        self._state.n_tool_calls += len(calls)
+        return replace(generation, text=text, tool_calls=calls, malformed_tool_calls=malformed)
 
     async def reset(self) -> None:
         """Forget the cache (the next turn prefills from scratch)."""
@@ -182,6 +190,7 @@ class MlxModelHost:
         self.model_path: Path | None = None
         self.kv_shape = KVShape(0, 0)
         self._trimmable = True
+        self.chat: ChatFormat
         self._pool = KVPool(None)
         self._scheduler: Scheduler
 
@@ -202,6 +211,7 @@ class MlxModelHost:
         config = read_config(self.model_path)
         self._engine.start()
         self._model, self.tokenizer = await self._engine.run(lambda: load_model(self.model_path))
+        self.chat = ChatFormat.load(self.tokenizer, self.model_id)
         self.kv_shape, weights, self._trimmable = await self._engine.run(self._measure)
         budget = self._budget(weights)
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
@@ -225,24 +235,35 @@ class MlxModelHost:
         await self.stop()
 
     def _measure(self) -> tuple[KVShape, int, bool]:
-        """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability."""
+        """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability.
+
+        One token through a fresh cache allocates every layer's buffers, which is enough to read
+        the shape off mlx-lm's standard cache types; other cache types are measured at two lengths.
+        """
         import mlx.core as mx
         from mlx.utils import tree_flatten
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-        from .kv_pool import KV_STEP, cache_nbytes
+        cache = make_prompt_cache(self._model)
+        self._model(mx.array([[0]]), cache=cache)
+        mx.eval([c.state for c in cache])
+        shape = kv_shape_of(cache) or self._probe_shape()
+        weights = sum(v.nbytes for _, v in tree_flatten(self._model.parameters()))
+        return shape, weights, can_trim_prompt_cache(cache)
+
+    def _probe_shape(self) -> KVShape:
+        """Bytes held after 256 and 512 tokens (whole KV steps, so the buffers hold exactly that)."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
 
         cache = make_prompt_cache(self._model)
         sizes = []
-        for _ in range(2):  # whole steps, so the buffers hold exactly 256 then 512 tokens
+        for _ in range(2):
             self._model(mx.array([[0] * KV_STEP]), cache=cache)
             mx.eval([c.state for c in cache])
             sizes.append(cache_nbytes(cache))
         per_token = (sizes[1] - sizes[0]) // KV_STEP
-        one = sizes[0]
-        weights = sum(v.nbytes for _, v in tree_flatten(self._model.parameters()))
-        shape = KVShape(fixed=max(0, one - per_token * KV_STEP), per_token=per_token)
-        return shape, weights, can_trim_prompt_cache(cache)
+        return KVShape(fixed=max(0, sizes[0] - per_token * KV_STEP), per_token=per_token)
 
     def _budget(self, weights: int) -> int | None:
         if self._budget_request == 0:
@@ -280,6 +301,11 @@ class MlxModelHost:
         return self._config.context_window
 
     @property
+    def tool_mode(self) -> ToolMode:
+        """`native` (the template's own tool format) or `prompted` (ours, in the system prompt)."""
+        return self.chat.tool_mode
+
+    @property
     def kv_trimmable(self) -> bool:
         """False for hybrid models, whose sessions also hold a cache snapshot."""
         return self._trimmable
@@ -296,6 +322,7 @@ class MlxModelHost:
 
     async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
         """Tokens of the prompt these messages render to (generation prompt included)."""
+        messages, tools = self.chat.present(messages, tools)
         return len(encode(self.tokenizer, render(self.tokenizer, messages, tools, generation_prompt=True)))
 
     @property
@@ -314,7 +341,7 @@ class MlxModelHost:
                 active_memory=mx.get_active_memory(),
                 peak_memory=mx.get_peak_memory(),
                 pool=self._pool.counters.to_dict(),
-                shared_prefix_hits=self._scheduler.prefix_hits,
+                shared_prefix_hits=self._scheduler.prefixes.hits,
             )
 
         return await self._engine.run(read)

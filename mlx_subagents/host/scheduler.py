@@ -16,19 +16,18 @@ import asyncio
 import copy
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PromptTooLongError
-from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes
+from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
+from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
-from .toolcalls import parse_reply
 
 Deliver = Callable[[bool, Any], None]
-MAX_SHARED_PREFIXES = 8
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,20 @@ class TextSink:
 
     loop: asyncio.AbstractEventLoop
     on_text: TextCallback
+
+
+def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]:
+    """`processor`, but an exception is kept on the turn (failing it alone) instead of escaping the batch step."""
+
+    def run(tokens: Any, logits: Any) -> Any:
+        if turn.error is None:
+            try:
+                return processor(tokens, logits)
+            except Exception as exc:
+                turn.error = exc
+        return logits
+
+    return run
 
 
 def _deliver_texts(items: list[tuple[TextCallback, str]]) -> None:
@@ -52,7 +65,7 @@ class Request:
     temperature: float
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: a turn holds caches, not values
 class Turn:
     """One generation request on its way through the scheduler."""
 
@@ -76,6 +89,7 @@ class Turn:
     started: float = 0.0
     prompt_s: float = 0.0
     waited: bool = False
+    error: Exception | None = None  # raised by this turn's own logits processor inside the batch
 
     @property
     def final_length(self) -> int:
@@ -108,8 +122,7 @@ class Scheduler:
         self.waiting: deque[Turn] = deque()
         self.prefilling: deque[Turn] = deque()
         self.decoding: dict[int, Turn] = {}
-        self.prefixes: OrderedDict[tuple[int, ...], list[Any]] = OrderedDict()
-        self.prefix_hits = 0
+        self.prefixes = SharedPrefixes()
         self._batch: Any = None
         self._outbox: list[tuple[TextSink, str]] = []
         self._trimmable = self._probe_trimmable()
@@ -137,16 +150,24 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.decoding)
 
     def step(self) -> None:
-        """One unit of progress: admissions, one decode step for the batch, one prefill chunk."""
+        """One unit of progress: admissions, one decode step for the batch, one prefill chunk.
+
+        A turn's own failure (its prompt, processors, cache restore, reply parsing) fails that
+        turn alone; a failure of the shared batch step fails the turns in the batch.
+        """
         try:
             self._drop_cancelled()
             self._admit()
             if self.decoding:
                 self._decode_step()
             if self.prefilling:
-                self._prefill_chunk(self.prefilling[0])
+                turn = self.prefilling[0]
+                try:
+                    self._prefill_chunk(turn)
+                except Exception as exc:
+                    self._fail(turn, exc)
             self.pool.observe(self.resident_bytes())
-        except Exception as exc:
+        except Exception as exc:  # a bug outside any one turn: nothing can be trusted
             self._fail_all(exc)
         self._flush()
 
@@ -169,10 +190,7 @@ class Scheduler:
         batch = self._batch.prompt_cache_nbytes if self._batch is not None and self.decoding else 0
         active = batch + sum(cache_nbytes(t.cache) for t in self.prefilling)
         snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
-        return self.pool.idle_bytes() + self.prefix_bytes() + active + snapshots
-
-    def prefix_bytes(self) -> int:
-        return sum(cache_nbytes(c) for c in self.prefixes.values())
+        return self.pool.idle_bytes() + self.prefixes.nbytes() + active + snapshots
 
     # -- admission ------------------------------------------------------------
 
@@ -180,54 +198,57 @@ class Scheduler:
         return [*self.prefilling, *self.decoding.values()]
 
     def _estimate(self, turns: list[Turn]) -> int:
-        """Worst-case bytes of these turns together (a batch pads to its longest member)."""
-        if not turns:
-            return 0
-        # A cache grows by whole KV steps past what it holds: allow one step of slack.
-        longest = max(t.final_length for t in turns) + KV_STEP
-        if self.config.batching:
-            total = len(turns) * self.shape.bytes_for(longest)
-        else:
-            total = sum(self.shape.bytes_for(t.final_length + KV_STEP) for t in turns)
-        if not self._trimmable:  # each hybrid session also holds a snapshot
-            total += sum(self.shape.bytes_for(len(t.ids)) for t in turns)
-        new_prefixes = {tuple(t.prefix) for t in turns if t.prefix and tuple(t.prefix) not in self.prefixes}
-        return total + sum(self.shape.bytes_for(len(p)) for p in new_prefixes)
+        """Worst-case bytes of these turns together, shared prefixes they will add included."""
+        new_prefixes = {tuple(t.prefix) for t in turns if t.prefix and t.prefix not in self.prefixes}
+        return admission_bytes(
+            self.shape,
+            [(t.final_length, len(t.ids)) for t in turns],
+            batched=self.config.batching,
+            trimmable=self._trimmable,
+            new_prefixes=[len(p) for p in new_prefixes],
+        )
 
     def _admit(self) -> None:
         while self.waiting:
             turn = self.waiting[0]
-            active = self._active()
-            needed = self._estimate([*active, turn]) + self.prefix_bytes()
-            if self.pool.budget is None or self.pool.make_room(needed):
-                self.waiting.popleft()
-                self._start(turn)
-                continue
-            if turn.prefix and tuple(turn.prefix) not in self.prefixes:
-                turn.prefix = []  # no room to keep a shared copy: prefill this one privately
-                continue
-            if not active and self._drop_prefixes(needed):
-                continue
-            if not active:
-                self.waiting.popleft()
-                turn.deliver(
-                    False,
-                    PromptTooLongError(
-                        f"this turn needs about {needed / 2**20:.1f} MiB of KV cache ({turn.final_length} tokens) but the "
-                        f"KV budget is {self.pool.budget / 2**20:.1f} MiB; raise --kv-budget or lower max_tokens"
-                    ),
-                )
-                continue
-            if not turn.waited:
-                turn.waited = True
-                self.pool.counters.admission_waits += 1
-            return
+            try:
+                if not self._admit_one(turn):
+                    return
+            except Exception as exc:  # e.g. its spilled cache cannot be read back
+                self._fail(turn, exc)
+
+    def _admit_one(self, turn: Turn) -> bool:
+        """Start, refuse or adjust the first waiting turn; False when it has to wait."""
+        active = self._active()
+        needed = self._estimate([*active, turn]) + self.prefixes.nbytes()
+        if self.pool.budget is None or self.pool.make_room(needed):
+            self.waiting.popleft()
+            self._start(turn)
+            return True
+        if turn.prefix and turn.prefix not in self.prefixes:
+            turn.prefix = []  # no room to keep a shared copy: prefill this one privately
+            return True
+        if not active and self._drop_prefixes(needed):
+            return True
+        if not active:
+            self.waiting.popleft()
+            turn.deliver(
+                False,
+                PromptTooLongError(
+                    f"this turn needs about {needed / 2**20:.1f} MiB of KV cache ({turn.final_length} tokens) but the "
+                    f"KV budget is {self.pool.budget / 2**20:.1f} MiB; raise --kv-budget or lower max_tokens"
+                ),
+            )
+            return True
+        if not turn.waited:
+            turn.waited = True
+            self.pool.counters.admission_waits += 1
+        return False
 
     def _drop_prefixes(self, needed: int) -> bool:
         """Last resort under pressure: forget shared prefixes (copies, safe to drop), oldest first."""
-        while self.prefixes:
-            _, cache = self.prefixes.popitem(last=False)
-            needed -= cache_nbytes(cache)
+        while len(self.prefixes):
+            needed -= self.prefixes.drop_oldest()
             if self.pool.make_room(needed):
                 return True
         return False
@@ -271,11 +292,7 @@ class Scheduler:
             if state.snapshot is not None and 0 < state.snapshot[0] <= n:
                 return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
         state.snapshot = None
-        shared = self._shared_prefix(ids)
-        if shared is not None:
-            self.prefix_hits += 1
-            return copy.deepcopy(self.prefixes[shared]), len(shared)
-        return make_prompt_cache(self.model), 0
+        return self.prefixes.start(ids) or (make_prompt_cache(self.model), 0)
 
     def _prefix_ids(self, turn: Turn) -> list[int] | None:
         """The tokens of the system prompt and tools, when the prompt starts with them."""
@@ -288,17 +305,10 @@ class Scheduler:
         ok = 0 < len(prefix) < len(turn.ids) - 1 and turn.ids[: len(prefix)] == prefix
         return prefix if ok else None
 
-    def _shared_prefix(self, ids: list[int]) -> tuple[int, ...] | None:
-        for key in self.prefixes:
-            if len(key) < len(ids) and tuple(ids[: len(key)]) == key:
-                self.prefixes.move_to_end(key)
-                return key
-        return None
-
     def _plan_stops(self, turn: Turn) -> list[tuple[int, str]]:
         stops: list[tuple[int, str]] = []
         prefix = turn.prefix
-        if prefix and turn.pos <= len(prefix) and tuple(prefix) not in self.prefixes:
+        if prefix and turn.pos <= len(prefix) and prefix not in self.prefixes:
             stops.append((len(prefix), "prefix"))
         if self.config.reuse and not self._trimmable:
             req = turn.request
@@ -331,9 +341,7 @@ class Scheduler:
             return
         turn.stops.pop(0)
         if action == "prefix":
-            self.prefixes[tuple(turn.ids[:stop])] = copy.deepcopy(turn.cache)
-            while len(self.prefixes) > MAX_SHARED_PREFIXES:
-                self.prefixes.popitem(last=False)
+            self.prefixes.add(turn.ids[:stop], turn.cache)
         elif action == "snapshot":
             turn.state.snapshot = (stop, copy.deepcopy(turn.cache))
         elif action == "end":
@@ -356,7 +364,7 @@ class Scheduler:
                 caches=[turn.cache],
                 all_tokens=[turn.ids[: turn.pos]],
                 samplers=[sampler],
-                logits_processors=[processors],
+                logits_processors=[[_attributed(turn, p) for p in processors]],
             )[0]
             turn.state.prompt_cache = turn.cache = None  # the batch owns it now
             self.decoding[turn.uid] = turn
@@ -390,15 +398,24 @@ class Scheduler:
         self._finish(turn, finish, turn.cache)
 
     def _decode_step(self) -> None:
-        _, responses = self._batch.next()
+        try:
+            _, responses = self._batch.next()
+        except Exception as exc:
+            self._fail_batch(exc)
+            return
         for response in responses:
             turn = self.decoding.get(response.uid)
             if turn is None:
                 continue
-            done = self._on_token(turn, response.token)
-            if response.finish_reason is not None:
-                del self.decoding[response.uid]
-                self._finish(turn, done or "length", response.prompt_cache)
+            try:
+                if turn.error is not None:
+                    raise turn.error
+                done = self._on_token(turn, response.token)
+                if response.finish_reason is not None:
+                    del self.decoding[response.uid]
+                    self._finish(turn, done or "length", response.prompt_cache)
+            except Exception as exc:
+                self._fail(turn, exc)
 
     def _on_token(self, turn: Turn, token: int) -> FinishReason | None:
         """Record and stream a token; "stop" at an end-of-turn token."""
@@ -414,16 +431,24 @@ class Scheduler:
         return None
 
     def _drop_cancelled(self) -> None:
-        for turn in [t for t in self.waiting if t.cancel.is_set()]:
+        for turn in [t for t in (*self.waiting, *self.prefilling, *self.decoding.values()) if t.cancel.is_set()]:
+            try:
+                self._cancel(turn)
+            except Exception as exc:
+                self._fail(turn, exc)
+
+    def _cancel(self, turn: Turn) -> None:
+        """End a cancelled turn where it is, keeping what its cache holds."""
+        if turn in self.waiting:
             self.waiting.remove(turn)
             turn.deliver(True, self._generation(turn, "cancelled"))
-        for turn in [t for t in self.prefilling if t.cancel.is_set()]:
+        elif turn in self.prefilling:
             self.prefilling.remove(turn)
             self.pool.park(turn.name, turn.state)
             turn.deliver(True, self._generation(turn, "cancelled"))
-        for uid, turn in [(u, t) for u, t in self.decoding.items() if t.cancel.is_set()]:
-            del self.decoding[uid]
-            cache, held = self._batch.remove([uid], return_prompt_caches=True)[uid]
+        else:
+            del self.decoding[turn.uid]  # type: ignore[arg-type]
+            cache, held = self._batch.remove([turn.uid], return_prompt_caches=True)[turn.uid]
             self._finish(turn, "cancelled", cache, held=list(held))
 
     def _finish(self, turn: Turn, finish: FinishReason, cache: list[Any] | None, held: list[int] | None = None) -> None:
@@ -434,6 +459,7 @@ class Scheduler:
         if not self.config.reuse:  # keep the ids (same prompts as with reuse), drop the cache
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)
+        self._flush()  # the streamed text reaches the caller before its result does
         turn.deliver(True, self._generation(turn, finish))
         if not self.decoding and not self.prefilling:
             import mlx.core as mx
@@ -442,9 +468,8 @@ class Scheduler:
 
     def _generation(self, turn: Turn, finish: FinishReason) -> Generation:
         body = turn.generated[:-1] if finish == "stop" else turn.generated
+        # The raw reply: the host splits it into text and tool calls in the model's own format.
         raw = self.tokenizer.decode(body) if body else ""
-        text, calls, malformed = parse_reply(self.tokenizer, raw, turn.request.tools, turn.state.n_tool_calls)
-        turn.state.n_tool_calls += len(calls)
         total = time.perf_counter() - turn.started if turn.started else 0.0
         usage = Usage(
             prompt_tokens=len(turn.ids),
@@ -454,7 +479,7 @@ class Scheduler:
             prompt_seconds=turn.prompt_s,
             generation_seconds=max(0.0, total - turn.prompt_s),
         )
-        return Generation(text, calls, malformed, finish, usage, raw, tuple(turn.generated))
+        return Generation(raw, [], [], finish, usage, raw, tuple(turn.generated))
 
     # -- helpers ----------------------------------------------------------------
 
@@ -488,6 +513,31 @@ class Scheduler:
                 prefill_batch_size=8,
             )
         return self._batch
+
+    def _fail(self, turn: Turn, exc: Exception) -> None:
+        """This turn's own failure: it leaves the scheduler and its session starts over with an empty cache."""
+        if turn in self.waiting:
+            self.waiting.remove(turn)
+        if turn in self.prefilling:
+            self.prefilling.remove(turn)
+        if turn.uid is not None and self.decoding.pop(turn.uid, None) is not None:
+            self._batch.remove([turn.uid])
+        self.pool.claim(turn.name)  # not idle: it may have been parked before the failure
+        turn.state.reset()
+        turn.deliver(False, exc)
+
+    def _fail_batch(self, exc: Exception) -> None:
+        """The shared decode step failed: the batch and every cache in it are gone, so its turns fail.
+
+        Turns still prefilling or waiting hold their own caches and go on; the failed turns'
+        sessions start over with an empty cache.
+        """
+        turns = list(self.decoding.values())
+        self.decoding.clear()
+        self._batch = None
+        for turn in turns:
+            turn.state.reset()
+            turn.deliver(False, exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         turns = [*self.waiting, *self.prefilling, *self.decoding.values()]

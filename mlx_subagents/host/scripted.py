@@ -15,12 +15,15 @@ the MLX host. The script is a JSON or YAML file:
           - {content: found it, delay: 0.5}          # sleeps 0.5 s first
 
 A bare list at the top level is shorthand for `{"replies": [...]}`, and a bare
-string reply is shorthand for `{"content": "..."}`.
+string reply is shorthand for `{"content": "..."}`. Tests build the same host in
+memory with `ScriptedHost.from_replies([...])`; `host.history` records what each
+session was sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -34,10 +37,12 @@ from mlx_subagents.host.protocol import (
     Message,
     TextCallback,
     ToolCall,
+    ToolMode,
     ToolSchema,
     Usage,
 )
-from mlx_subagents.userfiles import first_error, load_file
+from mlx_subagents.host.toolcalls import hermes
+from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
 
 SCRIPTED_PREFIX = "scripted:"
 DEFAULT_CONTEXT_WINDOW = 32768
@@ -77,9 +82,13 @@ class ScriptedToolCall(BaseModel):
         # OpenAI-style transcripts carry arguments as a JSON string.
         if isinstance(value, str):
             try:
-                return json.loads(value)
+                value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"arguments is not valid JSON: {exc.msg}") from None
+            except RecursionError:
+                raise ValueError(TOO_DEEP) from None
+            if problem := data_problem(value):
+                raise ValueError(problem)
         return value
 
 
@@ -149,6 +158,15 @@ def load_script(path: Path) -> Script:
         raise ScriptError(f"{path}: {_describe(exc)}") from None
 
 
+def make_script(replies: list[Any], *, agents: dict[str, list[Any]] | None = None) -> Script:
+    """Validate replies given in memory (the same shapes as in a file); a problem is one `ScriptError` line."""
+    data = {"replies": replies, "agents": {a: {"replies": r} for a, r in (agents or {}).items()}}
+    try:
+        return Script.model_validate(data)
+    except ValidationError as exc:
+        raise ScriptError(f"scripted replies: {_describe(exc)}") from None
+
+
 def _describe(exc: ValidationError) -> str:
     if not exc.errors()[0]["loc"] and exc.errors()[0]["type"] == "model_type":
         return "expected a mapping with 'replies' and/or 'agents' (or a list of replies)"
@@ -175,16 +193,37 @@ def _parse_error(raw: str) -> str:
 
 
 class ScriptedHost:
-    """A `ModelHost` that replays a script file; no weights, no threads."""
+    """A `ModelHost` that replays a script (a file, or replies given in memory); no weights, no threads.
 
-    def __init__(self, path: Path, *, context_window: int | None = None) -> None:
-        self.path = Path(path)
-        self.script = load_script(self.path)
-        self.model_id = f"{SCRIPTED_PREFIX}{path}"
+    `history[session_name]` lists the message lists each session was sent, in order.
+    """
+
+    tool_mode: ToolMode = "native"  # replies arrive as structured calls
+
+    def __init__(self, source: Path | str | Script, *, context_window: int | None = None) -> None:
+        if isinstance(source, Script):
+            self.path: Path | None = None
+            self.script = source
+            self.model_id = f"{SCRIPTED_PREFIX}memory"
+        else:
+            self.path = Path(source)
+            self.script = load_script(self.path)
+            self.model_id = f"{SCRIPTED_PREFIX}{source}"
         valid = isinstance(context_window, int) and not isinstance(context_window, bool)
         if context_window is not None and not (valid and context_window > 0):
             raise ValueError(f"context_window must be a positive int, got {context_window!r}")
         self._context_window = context_window or self.script.context_window
+        self.history: dict[str, list[list[Message]]] = {}
+
+    @classmethod
+    def from_replies(
+        cls, replies: list[Any], *, agents: dict[str, list[Any]] | None = None, context_window: int | None = None
+    ) -> ScriptedHost:
+        """A host replaying `replies` (or `agents[agent]` for sessions of that agent), without a file.
+
+        Replies take the file's shapes: `"text"`, `{"content": ..., "tool_calls": [...]}`, `{"raw": ...}`.
+        """
+        return cls(make_script(replies, agents=agents), context_window=context_window)
 
     @classmethod
     def from_model_id(cls, model_id: str, *, context_window: int | None = None) -> ScriptedHost:
@@ -192,6 +231,11 @@ class ScriptedHost:
         if not model_id.startswith(SCRIPTED_PREFIX):
             raise ValueError(f"not a scripted model id: {model_id!r}")
         return cls(Path(model_id[len(SCRIPTED_PREFIX) :]), context_window=context_window)
+
+    @property
+    def source(self) -> str:
+        """Where the replies come from, for error messages."""
+        return str(self.path) if self.path is not None else "the in-memory script"
 
     @property
     def context_window(self) -> int:
@@ -252,16 +296,17 @@ class ScriptedSession:
             raise RuntimeError(f"scripted session '{self.name}' is closed")
         if self._busy:
             raise RuntimeError(f"scripted session '{self.name}' is already generating")
+        self._host.history.setdefault(self.name, []).append(copy.deepcopy(messages))
         if self._cursor >= len(self._replies):
             raise ScriptError(
                 f"scripted model: session '{self.name}' (agent '{self.agent}') has no reply left "
-                f"after {self._cursor} replies in {self._host.path}"
+                f"after {self._cursor} replies in {self._host.source}"
             )
         prompt_tokens = approx_tokens(messages, tools)
         if prompt_tokens >= self._host.context_window:
             raise PromptTooLongError(
                 f"scripted model: prompt of ~{prompt_tokens} tokens does not fit the context "
-                f"window of {self._host.context_window} tokens ({self._host.path})"
+                f"window of {self._host.context_window} tokens ({self._host.source})"
             )
         reply = self._replies[self._cursor]
         self._busy = True
@@ -286,7 +331,7 @@ class ScriptedSession:
     ) -> Generation:
         calls = [self._tool_call(c) for c in reply.tool_calls]
         raw = reply.raw
-        malformed = [MalformedToolCall(raw, _parse_error(raw))] if raw is not None else []
+        malformed = [MalformedToolCall(raw, hermes().error(_parse_error(raw)))] if raw is not None else []
         reply_message = Generation(text=reply.content, tool_calls=calls).to_message()
         cached = self._cached_tokens(messages, tools)
         self._previous = [*messages, reply_message]
