@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from ..errors import ToolError
 from .base import MAX_LINE_CHARS, CappedLines, Tool, ToolResult
 from .threads import DEFAULT_TOOL_TIMEOUT
+from .workspace import glob_matcher
 
 MAX_GREP_MATCHES = 200
 HINT = "narrow the pattern, path or glob"
@@ -60,6 +61,8 @@ class GrepTool(Tool):
         ignore_case: bool = Field(default=False, description="Match case-insensitively.")
 
     async def run(self, params: Params) -> ToolResult:
+        if params.glob:
+            glob_matcher(params.glob)  # a bad glob is the same error as in find
         target = self.workspace.existing(params.path)
         if not (target.is_dir() or target.is_file()):
             raise ToolError(f"{params.path!r} is not a regular file (a FIFO, device or socket); grep only reads files")
