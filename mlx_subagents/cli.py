@@ -695,6 +695,35 @@ def _show_project_context(root: Path, opted_out: list[str]) -> None:
 
 
 @app.command()
+@shared_options(
+    cwd=None,  # its own --cwd below: no default, so that the client's root can be the workspace
+    yes=Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents (a client cannot be asked).")],
+)
+def mcp(
+    workspace: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--cwd",
+            "-C",
+            help="Workspace (default: the client's first root, else the folder the client starts the server in).",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
+    *,
+    shared: Shared,
+) -> None:
+    """Serve the agents over MCP on stdio (for Claude Code, Codex, Cursor, ...); the model stays loaded.
+
+    Example: claude mcp add subagents -- subagent mcp --model mlx-community/Qwen3-4B-Instruct-2507-4bit
+    """
+    from .mcp_server import serve_stdio
+
+    # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
+    asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
+
+
+@app.command()
 def doctor(model: ModelOpt = None, context_window: WindowOpt = None, kv_budget: KvBudgetOpt = None) -> None:
     """Check mlx, the device and memory, and that the model loads and answers.
 

@@ -367,20 +367,22 @@ class Runner:
 
     # -- delegation ---------------------------------------------------------------------------------
 
-    async def delegate(self, call: Delegation, parent: Parent) -> MultiRunResult:
+    async def delegate(self, call: Delegation, parent: Parent | None) -> MultiRunResult:
         """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
-        unknown agent raises before anything starts, like any request.
+        unknown agent raises before anything starts, like any request. `parent` None: a call from
+        outside the runner (`subagent mcp`), whose tasks run at the top level.
         """
         tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
-        tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-        granted = parent.spec.agents
-        if granted is not None and (refused := sorted({t.agent for t in tasks} - set(granted))):
-            raise RequestError(
-                f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
-                f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
-            )
+        if parent is not None:
+            tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
+            granted = parent.spec.agents
+            if granted is not None and (refused := sorted({t.agent for t in tasks} - set(granted))):
+                raise RequestError(
+                    f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
+                    f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
+                )
         if call.mode == "chain":
             tasks, needs, renders = _plan_chain(tasks)
             return await self._execute(
@@ -401,13 +403,13 @@ class Runner:
             update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results)}
         )
 
-    async def _set_up_fails(self, task: TaskSpec, parent: Parent) -> RunResult | None:
+    async def _set_up_fails(self, task: TaskSpec, parent: Parent | None) -> RunResult | None:
         """A parallel child that cannot start (unknown agent or model) fails alone: its failed
         result, reported like any end; None when it can start."""
         model = ""
         try:
             spec = self.agent(task.agent)
-            model = self.model_for(spec, task.model, inherited=parent.model)
+            model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
             await self.host_for(model)
         except Exception as exc:
             error = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
