@@ -113,8 +113,8 @@ class EngineHost:
     async def start(self) -> None:
         """Probe the engine's model listing: fail fast when it cannot be reached or refuses the key."""
         listed = await self._listing(probe=True)
-        served = next((m for m in listed if m.get("id") == self.model_id), None)
-        limit = next((int(served[k]) for k in CONTEXT_FIELDS if served and served.get(k)), None)
+        served = next((m for m in listed if m.get("id") == self.model_id), {})
+        limit = next((v for k in CONTEXT_FIELDS if isinstance(v := served.get(k), int) and v > 0), None)
         if limit is None:
             return
         if self._window_override and self._window_override > limit:
