@@ -305,6 +305,14 @@ def test_a_stream_cut_mid_reply_is_one_line_and_not_retried(engine: FakeEngine) 
     assert len(engine.chat_requests()) == 1
 
 
+def test_an_error_event_mid_stream_is_one_line(engine: FakeEngine) -> None:
+    engine.queue(Fault("error", message="CUDA out of memory", content="Partial"))
+    message = failure(EngineHost(engine.url, FAKE_MODEL))
+    assert message == (
+        f"engine {engine.url}: the engine failed mid-reply (CUDA out of memory); check its logs, then retry"
+    )
+
+
 def test_a_stalled_stream_times_out(engine: FakeEngine) -> None:
     engine.queue(Fault("stall", content="thinking", seconds=5), Fault("stall", seconds=5), Fault("stall", seconds=5))
     message = failure(EngineHost(engine.url, FAKE_MODEL, timeout=0.5, max_retries=1))

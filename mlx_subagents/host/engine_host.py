@@ -184,8 +184,10 @@ class EngineHost:
             if streamed is not None:
                 return self.cut(streamed)
             return EngineError(f"{where}: {_connection_problem(exc, self.url)}")
-        if not isinstance(exc, openai.APIStatusError):
-            return EngineError(f"{where}: {type(exc).__name__}: {exc}")
+        if not isinstance(exc, openai.APIStatusError):  # e.g. an error event in the stream
+            when = "mid-reply" if streamed is not None else "before replying"
+            message = " ".join(str(getattr(exc, "message", exc)).split())
+            return EngineError(f"{where}: the engine failed {when} ({message}); check its logs, then retry")
         status, message = exc.status_code, _status_message(exc)
         if status == 401:
             return EngineError(
