@@ -47,9 +47,9 @@ def subagent(tmp_path: Path, write_script: Any, ws: Workspace) -> Tool:
 
 def test_known_crashes_are_error_results(ws: Workspace, subagent: Tool) -> None:
     tools = make_tools(TOOL_NAMES, ws)
-    reversed_range = "Error: invalid glob '[z-a]': the range 'z-a' is reversed; write 'a-z'"
-    assert run(tools["find"], {"pattern": "[z-a]"}).output == reversed_range
-    assert run(tools["grep"], {"pattern": "x", "glob": "[z-a]"}).output.startswith("Error: ")
+    reversed_range = ToolResult("Error: invalid glob '[z-a]': the range 'z-a' is reversed; write 'a-z'", is_error=True)
+    assert run(tools["find"], {"pattern": "[z-a]"}) == reversed_range
+    assert run(tools["grep"], {"pattern": "x", "glob": "[z-a]"}) == reversed_range
     assert run(tools["read"], {"path": "notes.md", "offset": 10**30}) == ToolResult(
         f"Error: offset {10**30} is past the end of 'notes.md' (3 lines); use an offset from 1 to 3", is_error=True
     )

@@ -61,9 +61,9 @@ class GrepTool(Tool):
         ignore_case: bool = Field(default=False, description="Match case-insensitively.")
 
     async def run(self, params: Params) -> ToolResult:
-        if params.glob:
-            glob_matcher(params.glob)  # a bad glob is the same error as in find
         target = self.workspace.existing(params.path)
+        if params.glob:
+            glob_matcher(params.glob)  # a bad glob gets the same one line as in find
         if not (target.is_dir() or target.is_file()):
             raise ToolError(f"{params.path!r} is not a regular file (a FIFO, device or socket); grep only reads files")
         matches = CappedLines(MAX_GREP_MATCHES)
