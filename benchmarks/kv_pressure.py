@@ -34,6 +34,7 @@ Run (from the repository root):
     python benchmarks/kv_pressure.py --arch qwen3_5        # hybrid model (snapshots, no trim)
     python benchmarks/kv_pressure.py --sessions 4 --turns 8 --result-lines 24
     python benchmarks/kv_pressure.py --json                # the last line is one JSON object
+    python benchmarks/kv_pressure.py --model smollm2       # an imported model (`subagent models import`)
     python benchmarks/kv_pressure.py --plot kv.png         # KV bytes per session over time
 
 `--plot` needs matplotlib (`pip install matplotlib`, the optional `plot` extra). With `--model`
@@ -51,8 +52,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import random
 import sys
 import tempfile
 import time
@@ -61,16 +60,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workload import NOUNS, TYPES, VERBS, model_arch, tool_message
+from workload import (
+    CallPlanner,
+    PlannedCall,
+    Report,
+    can_force,
+    make_parser,
+    model_arch,
+    run_report,
+    scout_prompt,
+    tool_message,
+)
 
-from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import Generation, MlxModelHost
 from mlx_subagents.host.kv_pool import KVShape, tokens_that_fit
 from mlx_subagents.host.protocol import Message, ToolSchema
-from mlx_subagents.session import system_prompt
-from mlx_subagents.testing import LogitsProcessor, make_forced_processor, make_tiny_model, tool_call_text
-from mlx_subagents.tools import Workspace, make_tools
+from mlx_subagents.testing import LogitsProcessor, make_forced_processor
+from mlx_subagents.tools import Workspace
 
 BUDGET_FRACTIONS = (None, 0.5, 0.25)  # None: unbounded
 TARGET_PREFIX_HIT_RATE = 0.90
@@ -91,59 +98,20 @@ _TOPICS = ("configuration", "authentication", "caching", "retries", "logging", "
 
 
 @dataclass(frozen=True)
-class Call:
-    name: str
-    arguments: dict[str, Any]
-    result: str
-
-
-@dataclass(frozen=True)
 class Workload:
     """Every session's opening messages and planned calls; the same for every budget."""
 
     tools: list[ToolSchema]
     openings: list[list[Message]]
-    calls: list[list[Call]]  # [session][turn]
+    calls: list[list[PlannedCall]]  # [session][turn]
     result_lines: int
 
     def scripts(self, i: int) -> list[str]:
-        return [tool_call_text(c.name, c.arguments) for c in self.calls[i]]
-
-
-def code_line(rng: random.Random) -> str:
-    verb, noun, other = rng.choice(VERBS), rng.choice(NOUNS), rng.choice(NOUNS)
-    return rng.choice((
-        f"def {verb}_{noun}({other}: {rng.choice(TYPES)}) -> {rng.choice(TYPES)}:",
-        f"    {noun} = {other}.{verb}({rng.choice(NOUNS)}_{rng.randint(1, 9)})",
-        f"    if {noun} is None:",
-        f'        raise ValueError(f"missing {noun}: {{{other}!r}}")',
-        f"    return {verb}_{noun}({other}, strict={rng.choice(('True', 'False'))})",
-        f"class {noun.capitalize()}{rng.choice(('Loader', 'Error', 'Spec', 'Store'))}:",
-        f"    # {verb} the {noun} before the {other} is used",
-        f"from .{other} import {verb}_{noun}",
-    ))  # fmt: skip
-
-
-def plan_call(session: int, turn: int, lines: int) -> Call:
-    """Turn `turn` of session `session`: grep on even turns, read on odd ones, with its result."""
-    rng = random.Random(session * 1000 + turn)
-    if turn % 2 == 0:
-        pattern = f"{VERBS[(session + turn) % len(VERBS)]}_{NOUNS[(3 * session + turn) % len(NOUNS)]}"
-        hits = sorted(f"{rng.choice(_FILES)}:{rng.randint(1, 400)}:{code_line(rng)}  # {pattern}" for _ in range(lines))
-        return Call("grep", {"pattern": pattern, "path": "src"}, "\n".join(hits))
-    path = _FILES[(session + turn) % len(_FILES)]
-    offset = 1 + lines * (turn // 2)
-    body = [f"{n:>6}\t{code_line(rng)}" for n in range(offset, offset + lines)]
-    body.append(
-        f"[... truncated: showing lines {offset}-{offset + lines - 1}; use offset={offset + lines} to read more]"
-    )
-    return Call("read", {"path": path, "offset": offset, "limit": lines}, "\n".join(body))
+        return [c.text for c in self.calls[i]]
 
 
 def build_workload(sessions: int, turns: int, lines: int) -> Workload:
-    spec = parse_agent_file(builtin_agents_dir() / "scout.md", "builtin")
-    tools = [tool.schema() for tool in make_tools(spec.tools, WORKSPACE).values()]
-    system = {"role": "system", "content": system_prompt(spec, WORKSPACE)}
+    system, tools = scout_prompt(WORKSPACE)
     openings = [
         [
             system,
@@ -155,7 +123,8 @@ def build_workload(sessions: int, turns: int, lines: int) -> Workload:
         ]
         for i in range(sessions)
     ]
-    calls = [[plan_call(i, t, lines) for t in range(turns)] for i in range(sessions)]
+    planner = CallPlanner(_FILES, "src", lines)
+    calls = [planner.plan_session(i, turns) for i in range(sessions)]
     return Workload(tools, openings, calls, lines)
 
 
@@ -169,7 +138,7 @@ class ScriptedReplies:
         self._next: dict[str, int] = {}
 
     def bind(self, tokenizer: Any) -> bool:
-        ok = self._allow and getattr(tokenizer, "tool_call_start", None) == "<tool_call>"
+        ok = self._allow and can_force(tokenizer)
         self._tokenizer = tokenizer if ok else None
         return ok
 
@@ -494,10 +463,7 @@ def plot(runs: list[BudgetRun], path: Path) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--arch", choices=("qwen3", "qwen3_5"), default="qwen3", help="tiny model architecture (ignored with --model)"
-    )
+    parser = make_parser(__doc__)
     parser.add_argument("--sessions", type=int, default=4, help="concurrent sessions (default 4)")
     parser.add_argument("--turns", type=int, default=8, help="tool-call turns per session (default 8)")
     parser.add_argument(
@@ -511,48 +477,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="hosts without the shared system-prompt prefix (share_prefix=False)",
     )
-    parser.add_argument("--model", type=Path, help="an existing mlx-lm model folder instead of a tiny one")
     parser.add_argument("--free", action="store_true", help="never force replies; generate greedily")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="draw KV bytes per session over time")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     if args.sessions < 1 or args.turns < 1 or args.result_lines < 1:
         parser.error("--sessions, --turns and --result-lines must be at least 1")
+    if args.plot is not None:  # fail before the run, not after it
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot needs matplotlib: pip install matplotlib")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.plot is not None:  # fail before the run, not after it
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print("error: --plot needs matplotlib: pip install matplotlib", file=sys.stderr)
-            return 2
     workload = build_workload(args.sessions, args.turns, args.result_lines)
-    try:
-        with tempfile.TemporaryDirectory(prefix="kv-pressure-") as tmp:
-            if args.model is None:
-                model = make_tiny_model(Path(tmp) / "model", args.arch, context_window=TINY_CONTEXT_WINDOW)
-                label = f"tiny-{args.arch}"
-            else:
-                model, label = args.model.expanduser(), str(args.model)
-                if not (model / "config.json").is_file():
-                    raise SubagentError(f"{model} has no config.json; pass a local mlx-lm model folder to --model")
-            share_prefix = not args.no_share_prefix
-            runs = asyncio.run(run_all(model, workload, force=not args.free, share_prefix=share_prefix))
-            report = summarize(runs, arch=model_arch(model), model=label, workload=workload, share_prefix=share_prefix)
-            if args.plot is not None:
-                plot(runs, args.plot)
-    except SubagentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print_table(report)
-    if args.plot is not None:
-        print(f"plot: {args.plot}")
-    if args.json:
-        print(json.dumps(report))
-    return 0
+    share_prefix = not args.no_share_prefix
+
+    def measure(model: Path, label: str) -> Report:
+        runs = asyncio.run(run_all(model, workload, force=not args.free, share_prefix=share_prefix))
+        if args.plot is not None:
+            plot(runs, args.plot)
+            print(f"plot: {args.plot}")
+        return summarize(runs, arch=model_arch(model), model=label, workload=workload, share_prefix=share_prefix)
+
+    return run_report(args, measure, print_table, context_window=TINY_CONTEXT_WINDOW)
 
 
 if __name__ == "__main__":

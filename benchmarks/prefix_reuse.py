@@ -43,8 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import random
 import sys
 import tempfile
 import time
@@ -53,15 +51,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workload import NOUNS, TYPES, VERBS, model_arch, tool_message
+from workload import (
+    CallPlanner,
+    PlannedCall,
+    Report,
+    can_force,
+    make_parser,
+    model_arch,
+    run_report,
+    scout_prompt,
+    tool_message,
+)
 
-from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
-from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import Generation, MlxModelHost
 from mlx_subagents.host.protocol import Message, ToolSchema
-from mlx_subagents.session import system_prompt
-from mlx_subagents.testing import ForcedScripts, LogitsProcessor, make_tiny_model, tool_call_text
-from mlx_subagents.tools import TOOL_NAMES, Workspace, make_tools
+from mlx_subagents.testing import ForcedScripts, LogitsProcessor
+from mlx_subagents.tools import TOOL_NAMES, Workspace
 
 TARGET_PREFILL_RATIO = 0.35
 SESSION = "scout"
@@ -80,15 +85,6 @@ _FILES = (
 
 
 @dataclass(frozen=True)
-class PlannedCall:
-    """One scripted tool call and the result the conversation gets for it."""
-
-    name: str
-    arguments: dict[str, Any]
-    result: str
-
-
-@dataclass(frozen=True)
 class Conversation:
     """Everything both modes replay: opening messages, tools, calls and the final answer."""
 
@@ -100,7 +96,7 @@ class Conversation:
     @property
     def scripts(self) -> list[str]:
         """The reply forced at each turn: every call's text, then the final answer."""
-        return [tool_call_text(c.name, c.arguments) for c in self.calls] + [self.final_answer]
+        return [c.text for c in self.calls] + [self.final_answer]
 
 
 @dataclass(frozen=True)
@@ -115,57 +111,6 @@ class ModeRun:
 # -- the conversation ------------------------------------------------------------------------
 
 
-def code_line(rng: random.Random) -> str:
-    """One plausible line of Python."""
-    verb, noun, other = rng.choice(VERBS), rng.choice(NOUNS), rng.choice(NOUNS)
-    templates = (
-        f"def {verb}_{noun}({other}: {rng.choice(TYPES)}) -> {rng.choice(TYPES)}:",
-        f"    {noun} = {other}.{verb}({rng.choice(NOUNS)}_{rng.randint(1, 9)})",
-        f"    if {noun} is None:",
-        f'        raise ValueError(f"missing {noun}: {{{other}!r}}")',
-        f"    return {verb}_{noun}({other}, strict={rng.choice(('True', 'False'))})",
-        f"class {noun.capitalize()}{rng.choice(('Loader', 'Error', 'Spec', 'Store'))}:",
-        f"    # {verb} the {noun} before the {other} is used",
-        f"    {noun}_{other} = {rng.randint(0, 4096)}",
-        f"from .{other} import {verb}_{noun}",
-    )
-    return rng.choice(templates)
-
-
-def read_result(rng: random.Random, path: str, offset: int, n_lines: int) -> str:
-    """A `read` result: numbered lines in `cat -n` layout, then the truncation note."""
-    lines = [f"{n:>6}\t{code_line(rng)}" for n in range(offset, offset + n_lines)]
-    total = offset + n_lines + rng.randint(20, 200)
-    last = offset + n_lines - 1
-    lines.append(f"[... truncated: showing lines {offset}-{last} of {total}; use offset={last + 1} to read more]")
-    return "\n".join(lines)
-
-
-def grep_result(rng: random.Random, pattern: str, n_hits: int) -> str:
-    """A `grep` result: `path:line:text` hits that contain the pattern."""
-    hits = []
-    for _ in range(n_hits):
-        line = code_line(rng)
-        hits.append(f"{rng.choice(_FILES)}:{rng.randint(1, 400)}:{line} {pattern}()")
-    return "\n".join(sorted(hits))
-
-
-def plan_calls(n_calls: int, result_lines: int, seed: int = 0) -> list[PlannedCall]:
-    """Alternating grep / read calls, each with its own deterministic result."""
-    calls = []
-    for i in range(n_calls):
-        rng = random.Random(seed * 1000 + i)
-        if i % 2 == 0:
-            pattern = f"{VERBS[i % len(VERBS)]}_{NOUNS[i % len(NOUNS)]}"
-            args: dict[str, Any] = {"pattern": pattern, "path": "mlx_subagents"}
-            calls.append(PlannedCall("grep", args, grep_result(rng, pattern, result_lines)))
-        else:
-            offset = 1 + result_lines * (i // 2)
-            args = {"path": _FILES[i % len(_FILES)], "offset": offset, "limit": result_lines}
-            calls.append(PlannedCall("read", args, read_result(rng, args["path"], offset, result_lines)))
-    return calls
-
-
 def final_answer(calls: Sequence[PlannedCall]) -> str:
     """A scout-format answer naming the files that were read."""
     read = [c.arguments for c in calls if c.name == "read"] or [{"path": _FILES[0], "offset": 1, "limit": 40}]
@@ -178,13 +123,9 @@ def final_answer(calls: Sequence[PlannedCall]) -> str:
 
 def build_conversation(turns: int, result_lines: int) -> Conversation:
     """The scout agent's real system prompt and tool schemas, `turns - 1` calls, then an answer."""
-    spec = parse_agent_file(builtin_agents_dir() / "scout.md", "builtin")
-    tools = [tool.schema() for tool in make_tools(TOOL_NAMES, WORKSPACE).values()]
-    opening = [
-        {"role": "system", "content": system_prompt(spec, WORKSPACE)},
-        {"role": "user", "content": TASK},
-    ]
-    calls = plan_calls(turns - 1, result_lines)
+    system, tools = scout_prompt(WORKSPACE, TOOL_NAMES)
+    opening = [system, {"role": "user", "content": TASK}]
+    calls = CallPlanner(_FILES, "mlx_subagents", result_lines, detailed=True).plan_session(0, turns - 1)
     return Conversation(opening, tools, calls, final_answer(calls))
 
 
@@ -205,7 +146,7 @@ class ScriptedReplies:
 
     def bind(self, tokenizer: Any) -> bool:
         """Whether the replies will be forced with this tokenizer."""
-        ok = self._allow and getattr(tokenizer, "tool_call_start", None) == "<tool_call>"
+        ok = self._allow and can_force(tokenizer)
         self._forced = ForcedScripts(tokenizer, {SESSION: self._scripts}) if ok else None
         return ok
 
@@ -339,51 +280,30 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--arch", choices=("qwen3", "qwen3_5"), default="qwen3", help="tiny model architecture (ignored with --model)"
-    )
+    parser = make_parser(__doc__)
     parser.add_argument("--turns", type=int, default=8, help="model replies; the last one is the answer")
     parser.add_argument(
         "--result-lines", type=int, default=24, help="lines per tool result (default 24: a few hundred tokens)"
     )
-    parser.add_argument("--model", type=Path, help="an existing mlx-lm model folder instead of a tiny one")
     parser.add_argument("--free", action="store_true", help="never force replies; generate greedily")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     if args.turns < 1 or args.result_lines < 1:
         parser.error("--turns and --result-lines must be at least 1")
     return args
 
 
-async def run(args: argparse.Namespace, model: Path, label: str) -> dict[str, Any]:
-    conv = build_conversation(args.turns, args.result_lines)
-    force = not args.free
-    with_reuse, forced = await run_mode(model, True, conv, force)
-    without, _ = await run_mode(model, False, conv, force)
-    return summarize(model_arch(model), label, forced, with_reuse, without)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        with tempfile.TemporaryDirectory(prefix="prefix-reuse-") as tmp:
-            if args.model is None:
-                model = make_tiny_model(Path(tmp) / "model", args.arch, context_window=TINY_CONTEXT_WINDOW)
-                label = f"tiny-{args.arch}"
-            else:
-                model, label = args.model.expanduser(), str(args.model)
-                if not (model / "config.json").is_file():
-                    raise SubagentError(f"{model} has no config.json; pass a local mlx-lm model folder to --model")
-            report = asyncio.run(run(args, model, label))
-    except SubagentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print_table(report)
-    return 0
+    conv = build_conversation(args.turns, args.result_lines)
+
+    async def measure(model: Path, label: str) -> Report:
+        with_reuse, forced = await run_mode(model, True, conv, not args.free)
+        without, _ = await run_mode(model, False, conv, not args.free)
+        return summarize(model_arch(model), label, forced, with_reuse, without)
+
+    return run_report(
+        args, lambda model, label: asyncio.run(measure(model, label)), print_table, context_window=TINY_CONTEXT_WINDOW
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from .errors import InputTooLargeError, RequestError
 
 MAX_TASKS = 8
 MAX_CONCURRENCY = 4
+# An inference engine batches on its own hardware: every task of a run may go at once.
+MAX_ENGINE_CONCURRENCY = 8
 DEFAULT_CONCURRENCY = 4
 MAX_TASK_CHARS = 20_000
 MAX_SYSTEM_PROMPT_CHARS = 8_000
@@ -53,9 +55,12 @@ def check_task_count(n_tasks: int) -> None:
         )
 
 
-def check_concurrency(concurrency: int) -> None:
-    if not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise RequestError(f"concurrency must be from 1 to {MAX_CONCURRENCY}, got {concurrency}")
+def check_concurrency(concurrency: int, *, engine: bool = False) -> None:
+    if not 1 <= concurrency <= (MAX_ENGINE_CONCURRENCY if engine else MAX_CONCURRENCY):
+        raise RequestError(
+            f"concurrency must be from 1 to {MAX_CONCURRENCY} (up to {MAX_ENGINE_CONCURRENCY} with --engine), "
+            f"got {concurrency}"
+        )
 
 
 def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:
@@ -95,7 +100,7 @@ def cap_answer(text: str, transcript: str | None, max_bytes: int = MAX_ANSWER_BY
     Args:
         transcript: the file holding the whole answer; None when transcripts are off.
     """
-    data = text.encode("utf-8")
+    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate counts, never raises
     if len(data) <= max_bytes:
         return text
     where = f"in the transcript {transcript}" if transcript else "not saved (transcripts are off)"
@@ -104,5 +109,7 @@ def cap_answer(text: str, transcript: str | None, max_bytes: int = MAX_ANSWER_BY
         return f"\n\n[answer truncated: {len(data):,} bytes, showing the first {n_shown:,}; the full text is {where}]"
 
     # The note's length depends on the number it shows: make room for the longest it can be.
-    head = data[: max(0, max_bytes - len(note(len(data)).encode("utf-8")))].decode("utf-8", errors="ignore")
+    head = data[: max(0, max_bytes - len(note(len(data)).encode("utf-8", "surrogatepass")))].decode(
+        "utf-8", errors="ignore"
+    )
     return head + note(len(head.encode("utf-8")))

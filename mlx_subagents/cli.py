@@ -7,11 +7,14 @@ failed, 2 bad usage or input (nothing ran), 130 interrupted (Ctrl-C).
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+import io
 import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
@@ -22,15 +25,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
-from .caps import MAX_CONCURRENCY
+from .caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
 from .doctor import run_doctor
 from .errors import RequestError, SubagentError
-from .events import Event, EventSink
+from .events import Event, EventSink, Fanout
 from .host import parse_bytes
 from .interrupts import EXIT_INTERRUPTED, two_press_sigint
+from .options import DEFAULT_MAX_DEPTH, RunOptions
 from .progress import ProgressView, usage_table
+from .render import EventLines
 from .results import MultiRunResult, RunResult
-from .runner import DEFAULT_MAX_DEPTH, Runner, TaskSpec, default_model, label_tasks, load_tasks_file
+from .runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_file
 from .schema_output import load_schema
 
 T = TypeVar("T")
@@ -100,8 +105,29 @@ EventsOpt = Annotated[
     bool, typer.Option("--events", help="Print one JSON object per event on stdout, as things happen.")
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also say the model and its tool mode first.")]
 ConcurrencyOpt = Annotated[
-    int, typer.Option("--concurrency", "-j", min=1, max=MAX_CONCURRENCY, help="Tasks running at once.")
+    int,
+    typer.Option(
+        "--concurrency",
+        "-j",
+        min=1,
+        max=MAX_ENGINE_CONCURRENCY,
+        help=(
+            "Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not "
+            f"count); up to {MAX_CONCURRENCY}, or {MAX_ENGINE_CONCURRENCY} with --engine."
+        ),
+    ),
+]
+EngineOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--engine",
+        help="Run the model calls on this OpenAI-compatible engine (e.g. http://gpu-box:8000/v1); --model is its model id.",
+    ),
+]
+ApiKeyOpt = Annotated[
+    Optional[str], typer.Option("--api-key", help="The engine's API key (default: $MLX_SUBAGENTS_API_KEY).")
 ]
 TaskKeyOpt = Annotated[
     Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")
@@ -121,6 +147,7 @@ _JSON_FIELDS = {
     "error",
     "usage",
     "model",
+    "tool_mode",
     "stop_reason",
     "duration_s",
     "label",
@@ -134,43 +161,100 @@ _JSON_FIELDS = {
 # --- running -----------------------------------------------------------------------------------------
 
 
-def _host_options(context_window: int | None, batching: Batching, kv_budget: str | None) -> dict[str, Any]:
-    """What every host of the run is built with (the scripted host ignores all but the window)."""
-    options: dict[str, Any] = {"batching": batching == Batching.on}
-    if context_window:
-        options["context_window"] = context_window
-    if kv_budget is not None:
-        options["kv_budget"] = parse_bytes(kv_budget)
-    return options
+# The flags every running command shares: name -> (its `Annotated` alias, its default).
+_SHARED: dict[str, tuple[Any, Any]] = {
+    "model": (ModelOpt, None),
+    "cwd": (CwdOpt, Path(".")),
+    "scope": (ScopeOpt, Scope.both),
+    "yes": (YesOpt, False),
+    "max_turns": (MaxTurnsOpt, None),
+    "max_tokens": (MaxTokensOpt, None),
+    "timeout": (TimeoutOpt, None),
+    "context_window": (WindowOpt, None),
+    "batching": (BatchingOpt, Batching.on),
+    "kv_budget": (KvBudgetOpt, None),
+    "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
+    "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
+    "engine": (EngineOpt, None),
+    "api_key": (ApiKeyOpt, None),
+}
 
 
-def _make_runner(
-    model: str | None,
-    cwd: Path,
-    scope: Scope,
-    yes: bool,
-    *,
-    max_turns: int | None,
-    max_tokens: int | None,
-    timeout: float | None,
-    host_options: dict[str, Any],
-    on_event: EventSink,
-    max_depth: int = DEFAULT_MAX_DEPTH,
-) -> Runner:
-    return Runner(
-        cwd=cwd,
-        model=model,
-        scope=scope.value,
-        assume_yes=yes,
-        interactive=sys.stdin.isatty(),
-        confirm=lambda q: typer.confirm(q, default=False, err=True),
-        max_turns=max_turns,
-        max_output_tokens=max_tokens,
-        timeout=timeout,
-        host_options=host_options,
-        on_event=on_event,
-        max_depth=max_depth,
-    )
+@dataclass(frozen=True)
+class Shared:
+    """The shared flags of one command, as typed; `options()` is what the core sees."""
+
+    model: str | None
+    cwd: Path
+    scope: Scope
+    yes: bool
+    max_turns: int | None
+    max_tokens: int | None
+    timeout: float | None
+    context_window: int | None
+    batching: Batching
+    kv_budget: str | None
+    max_depth: int
+    concurrency: int
+    engine: str | None
+    api_key: str | None
+
+    def options(self) -> RunOptions:
+        return RunOptions(
+            model=self.model,
+            scope=self.scope.value,
+            assume_yes=self.yes,
+            max_turns=self.max_turns,
+            max_output_tokens=self.max_tokens,
+            timeout=self.timeout,
+            max_depth=self.max_depth,
+            batching=self.batching == Batching.on,
+            kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
+            context_window=self.context_window,
+            concurrency=self.concurrency,
+            engine=self.engine,
+            api_key=self.api_key,
+        )
+
+    def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
+        """The command's runner, asking on the terminal before a project agent runs."""
+        return Runner(
+            cwd=cwd or self.cwd,
+            options=self.options(),
+            interactive=sys.stdin.isatty(),
+            confirm=lambda q: typer.confirm(q, default=False, err=True),
+            on_event=on_event,
+        )
+
+
+def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the shared flags; it receives them as one keyword argument, `shared: Shared`.
+
+    Args:
+        overrides: a flag's own `Annotated` alias for this command (other help), or None to leave
+            the flag out (its default is used).
+    """
+
+    def wrap(command: Callable[..., None]) -> Callable[..., None]:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "shared"]
+        flags = {name: overrides.get(name, alias) for name, (alias, _default) in _SHARED.items()}
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_SHARED[name][1], annotation=alias)
+            for name, alias in flags.items()
+            if alias is not None
+        ]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> None:
+            values = {name: kwargs.pop(name, default) for name, (_alias, default) in _SHARED.items()}
+            command(**kwargs, shared=Shared(**values))
+
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return wrap
 
 
 def _run_async(runner: Runner, work: Callable[[], Awaitable[T]]) -> T:
@@ -191,36 +275,14 @@ def _run_async(runner: Runner, work: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
-class _Sinks:
-    """Fans events out to the progress display and, with `--events`, JSON lines on stdout."""
-
-    def __init__(self, events: bool) -> None:
-        self.events = events
-        self.targets: list[EventSink] = []
-
-    def __call__(self, event: Event) -> None:
-        if self.events:
-            sys.stdout.write(json.dumps({"time": round(time.time(), 3), **event.to_json()}, default=str) + "\n")
-            sys.stdout.flush()
-        for target in self.targets:
-            target(event)
+def _sinks(events: bool) -> Fanout:
+    """The command's event sink: with `--events`, first one JSON object per event on stdout."""
+    return Fanout([_json_line] if events else [])
 
 
-def _show_event(event: Event) -> None:
-    """Tool calls and compactions as they happen, on stderr (single runs); sub-agents indented."""
-    prefix = f"[dim]\\[{escape(event.label)}][/] " if event.label != event.agent else ""
-    prefix = "  " * event.label.count(" > ") + prefix
-    if event.kind == "task_end" and " > " in event.label:  # a sub-agent's end, under its parent's tool call
-        reason = f": {escape(str(event.data['error']))}" if event.data.get("error") else ""
-        style = "green" if event.data.get("status") == "completed" else "red"
-        err.print(f"{prefix}[{style}]{event.data.get('status')}{reason}[/]")
-    elif event.kind == "tool_call":
-        err.print(f"{prefix}[cyan]{escape(event.data['description'])}[/]")
-    elif event.kind == "tool_result" and event.data.get("is_error"):
-        first = event.data["output"].splitlines()[0][:200] if event.data["output"] else ""
-        err.print(f"{prefix}[red]{escape(first)}[/]")
-    elif event.kind == "compaction":
-        err.print(f"{prefix}[yellow]compacted {event.data['tokens_before']} -> {event.data['tokens_after']} tokens[/]")
+def _json_line(event: Event) -> None:
+    sys.stdout.write(json.dumps({"time": round(time.time(), 3), **event.to_json()}, default=str) + "\n")
+    sys.stdout.flush()
 
 
 def _result_json(result: RunResult) -> dict[str, Any]:
@@ -286,7 +348,7 @@ def _finish_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
 
 def _run_multi(
     runner: Runner,
-    sinks: _Sinks,
+    sinks: Fanout,
     tasks: list[tuple[str, str]],
     quiet: bool,
     work: Callable[[], Awaitable[MultiRunResult]],
@@ -316,48 +378,31 @@ def _schema(path: Path | None) -> dict[str, Any] | None:
 
 
 @app.command()
+@shared_options()
 def run(
     agent: Annotated[str, typer.Argument(help="Agent name (see `subagent agents`).")],
     task: Annotated[str, typer.Argument(help="What the agent should do.")],
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
     schema: SchemaOpt = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
+    verbose: VerboseOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Run one agent on a task in a workspace.
 
     Example: subagent run scout "where is auth handled?"
     """
-    sinks = _Sinks(events)
-    sinks.targets.append(_show_event)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    sinks = _sinks(events)
+    sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
+    runner = shared.runner(sinks)
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
     result = _run_async(runner, lambda: runner.run(spec))
     _finish_single(result, as_json, events)
 
 
 @app.command()
+@shared_options()
 def parallel(
     texts: Annotated[
         Optional[list[str]],
@@ -381,22 +426,12 @@ def parallel(
             help="YAML/JSON list of tasks: {agent, task, label?, model?, max_turns?, max_tokens?, timeout?}.",
         ),
     ] = None,
-    concurrency: ConcurrencyOpt = MAX_CONCURRENCY,
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
     schema: SchemaOpt = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Run several independent tasks at once; results in input order.
 
@@ -405,25 +440,15 @@ def parallel(
     tasks = (load_tasks_file(file) if file else []) + _pair(agent, texts, "-t")
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
-    sinks = _Sinks(events)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    sinks = _sinks(events)
+    runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in tasks]
-    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=concurrency))
+    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=shared.concurrency))
     _finish_multi(outcome, as_json, events)
 
 
 @app.command()
+@shared_options()
 def chain(
     texts: Annotated[
         Optional[list[str]],
@@ -438,24 +463,15 @@ def chain(
             help="An agent, then its task text; {previous} is the previous step's answer. Repeat (8 at most).",
         ),
     ] = None,
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
     schema: Annotated[
         Optional[Path],
         typer.Option("--schema", dir_okay=False, help="JSON schema file the last step's answer must satisfy."),
     ] = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Run steps one after another, each getting the previous answer as {previous}.
 
@@ -465,43 +481,23 @@ def chain(
     if steps and schema:
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
-    sinks = _Sinks(events)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    sinks = _sinks(events)
+    runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in steps]
     outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
     _finish_multi(outcome, as_json, events)
 
 
 @app.command()
+@shared_options()
 def workflow(
     name: Annotated[str, typer.Argument(help="A workflow name (.mlx-subagents/workflows/NAME.toml) or a TOML file.")],
     input: Annotated[str, typer.Option("--input", "-i", help="The workflow input every step receives ({input}).")] = "",
-    concurrency: ConcurrencyOpt = MAX_CONCURRENCY,
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     quiet: QuietOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Run a workflow: steps start as soon as the steps they need are done.
 
@@ -509,22 +505,13 @@ def workflow(
     """
     from .workflow import find_workflow, load_workflow
 
-    flow = load_workflow(find_workflow(name, Path(cwd).resolve()))
-    sinks = _Sinks(events)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    flow = load_workflow(find_workflow(name, Path(shared.cwd).resolve()))
+    sinks = _sinks(events)
+    runner = shared.runner(sinks)
     rows = [(s.id, s.agent) for s in flow.steps]
-    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=concurrency))
+    outcome = _run_multi(
+        runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=shared.concurrency)
+    )
     _finish_multi(outcome, as_json, events)
 
 
@@ -591,25 +578,21 @@ def show(
 
 
 @app.command()
+@shared_options(
+    cwd=None,  # the task's own workspace
+    model=Annotated[
+        Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")
+    ],
+)
 def resume(
     run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix, or `last`).")],
     message: Annotated[str, typer.Argument(help="The follow-up message.")],
     task: TaskKeyOpt = None,
-    model: Annotated[
-        Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")
-    ] = None,
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: TimeoutOpt = None,
     schema: SchemaOpt = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
+    *,
+    shared: Shared,
 ) -> None:
     """Continue a saved task's conversation with a new message (its transcript is extended).
 
@@ -618,26 +601,21 @@ def resume(
     from .transcripts import load_run
 
     record = load_run(run_id)
-    sinks = _Sinks(events)
-    sinks.targets.append(_show_event)
-    runner = _make_runner(
-        model,
-        Path(record.cwd),
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=sinks,
-        max_depth=max_depth,
-    )
+    sinks = _sinks(events)
+    sinks.targets.append(EventLines(err, "task").handle)
+    runner = shared.runner(sinks, cwd=Path(record.cwd))
     answer_schema = _schema(schema)
     result = _run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema))
     _finish_single(result, as_json, events)
 
 
 @app.command()
+@shared_options(
+    timeout=Annotated[
+        Optional[float],
+        typer.Option("--timeout", min=0.001, help="Stop a sub-agent after this many seconds (wall clock)."),
+    ]
+)
 def chat(
     agent: Annotated[
         str, typer.Option("--agent", "-a", help="The parent agent; it delegates if its file grants `subagent`.")
@@ -650,43 +628,19 @@ def chat(
         Optional[str],
         typer.Option("--resume", "-r", help="Continue a saved chat: a run id, a prefix of one, or `last`."),
     ] = None,
-    model: ModelOpt = None,
-    cwd: CwdOpt = Path("."),
-    scope: ScopeOpt = Scope.both,
-    yes: YesOpt = False,
-    max_depth: MaxDepthOpt = DEFAULT_MAX_DEPTH,
-    max_turns: MaxTurnsOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    timeout: Annotated[
-        Optional[float],
-        typer.Option("--timeout", min=0.001, help="Stop a sub-agent after this many seconds (wall clock)."),
-    ] = None,
-    context_window: WindowOpt = None,
-    batching: BatchingOpt = Batching.on,
-    kv_budget: KvBudgetOpt = None,
+    *,
+    shared: Shared,
 ) -> None:
     """Talk with a parent agent that hands jobs to sub-agents; /help inside lists the commands.
 
     Example: subagent chat   (or: subagent chat --once "where is auth handled, and is it tested?")
     """
-    from .chat import run_chat
+    from .terminal import run_chat
     from .transcripts import load_run
 
-    if resume is not None:
-        cwd = Path(load_run(resume).cwd)
-    runner = _make_runner(
-        model,
-        cwd,
-        scope,
-        yes,
-        max_turns=max_turns,
-        max_tokens=max_tokens,
-        timeout=timeout,
-        host_options=_host_options(context_window, batching, kv_budget),
-        on_event=lambda _event: None,
-        max_depth=max_depth,
-    )
-    raise typer.Exit(run_chat(runner, agent=agent, once=once, resume=resume, out=out, err=err))
+    cwd = Path(load_run(resume).cwd) if resume is not None else None
+    code = run_chat(lambda sink: shared.runner(sink, cwd=cwd), agent=agent, once=once, resume=resume, out=out, err=err)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -694,6 +648,9 @@ def agents(
     cwd: CwdOpt = Path("."),
     scope: ScopeOpt = Scope.both,
     as_json: JsonOpt = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show the project instructions every agent's prompt gets.")
+    ] = False,
 ) -> None:
     """List the agents: built-in, user and project.
 
@@ -701,9 +658,11 @@ def agents(
     """
     from .agents import discover_agents
 
-    catalog = discover_agents(Path(cwd).resolve(), scope=scope.value)  # type: ignore[arg-type]
-    for warning in catalog.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", markup=True)
+    root = Path(cwd).resolve()
+    catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
+    # Skipped files, then what each agent that loaded had dropped or read leniently.
+    for warning in [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
     rows = [
         {"name": s.name, "description": s.description, "tools": list(s.tools), "source": s.source, "file": str(s.path)}
         for s in sorted(catalog.agents.values(), key=lambda s: s.name)
@@ -715,6 +674,53 @@ def agents(
         out.print(
             f"{row['name']:<12} {row['source']:<8} {', '.join(row['tools'])}\n  {row['description']}\n  [dim]{row['file']}[/]"
         )
+    if verbose:
+        _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
+
+
+def _show_project_context(root: Path, opted_out: list[str]) -> None:
+    """Which AGENTS.md / CLAUDE.md files load into the agents' system prompts."""
+    from .project_context import CONTEXT_FILES, MAX_CONTEXT_CHARS, load_project_context
+
+    context = load_project_context(root)
+    if not context.files:
+        out.print(f"project instructions: none ({' or '.join(CONTEXT_FILES)} up to the repository root)")
+    else:
+        cut = f", cut at {MAX_CONTEXT_CHARS:,}" if context.n_chars > MAX_CONTEXT_CHARS else ""
+        out.print(f"project instructions ({context.n_chars:,} characters{cut}), in this order:", markup=False)
+        for path in context.files:
+            out.print(f"  {path}", markup=False)
+    if opted_out:
+        out.print(f"  not for: {', '.join(opted_out)} (context: none)", markup=False)
+
+
+@app.command()
+@shared_options(
+    cwd=None,  # its own --cwd below: no default, so that the client's root can be the workspace
+    yes=Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents (a client cannot be asked).")],
+)
+def mcp(
+    workspace: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--cwd",
+            "-C",
+            help="Workspace (default: the client's first root, else the folder the client starts the server in).",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
+    *,
+    shared: Shared,
+) -> None:
+    """Serve the agents over MCP on stdio (for Claude Code, Codex, Cursor, ...); the model stays loaded.
+
+    Example: claude mcp add subagents -- subagent mcp --model mlx-community/Qwen3-4B-Instruct-2507-4bit
+    """
+    from .mcp_server import serve_stdio
+
+    # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
+    asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
 
 
 @app.command()
@@ -727,6 +733,49 @@ def doctor(model: ModelOpt = None, context_window: WindowOpt = None, kv_budget: 
     raise typer.Exit(0 if ok else 1)
 
 
+models_app = typer.Typer(help="The models this machine can run; import GGUF files.", no_args_is_help=False)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List runnable models (imported and in the Hugging Face cache); * marks the default.
+
+    Example: subagent models --json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from .models.catalog import list_models
+    from .models.display import models_table
+
+    found = list_models(default_model())
+    if as_json:
+        out.print_json(data={"models": [m.model_dump() for m in found]})
+    elif found:
+        out.print(models_table(found))
+    else:
+        err.print("no models found; import one: subagent models import FILE.gguf (or ollama:NAME:TAG)")
+
+
+@models_app.command("import")
+def models_import(
+    source: Annotated[str, typer.Argument(help="A .gguf file, or ollama:NAME[:TAG] from Ollama's store.")],
+    name: Annotated[Optional[str], typer.Option("--name", help="Name for --model (default: from the file).")] = None,
+    bits: Annotated[int, typer.Option("--bits", help="4 or 8: quantize with mlx-lm; 16: keep float16.")] = 4,
+) -> None:
+    """Convert a GGUF model into $MLX_SUBAGENTS_HOME/models/NAME; then `--model NAME` runs it.
+
+    Example: subagent models import ollama:qwen2.5-coder:7b
+    """
+    from .models.display import ImportProgress
+    from .models.importer import import_gguf
+
+    with ImportProgress(err) as progress:
+        imported = import_gguf(source, name=name, bits=bits, progress=progress)
+    err.print(f"imported {imported.name} in {imported.seconds:.0f} s: {imported.path}")
+    out.print(f"use it with: --model {imported.name}")
+
+
 # typer >= 0.22 vendors click: its exceptions are not click's. Catch both families.
 _EXIT = tuple({typer.Exit, click.exceptions.Exit})
 _USAGE = tuple({click.ClickException, *(c for c in (getattr(typer, "TyperException", None),) if c)})
@@ -735,6 +784,9 @@ _ABORT = tuple({typer.Abort, click.exceptions.Abort, KeyboardInterrupt, asyncio.
 
 def main() -> None:
     """Entry point: maps library errors to one line and an exit code, never a traceback."""
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a model's text prints escaped, never raises
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     try:
         # Without standalone mode, typer returns the code of a `typer.Exit` instead of raising it.
         code = app(standalone_mode=False)

@@ -12,6 +12,10 @@ from .host.mlx_host import total_memory
 
 Print = Callable[[str], None]
 PROBE = [{"role": "user", "content": "Reply with one short sentence: are you ready?"}]
+TOOL_MODES = {
+    "native": "the chat template presents the tools; calls are read in the model's own format",
+    "prompted": "the template drops tools; their list and a <tool_call> format go in the system prompt",
+}
 
 
 def _gib(n: int) -> str:
@@ -42,6 +46,7 @@ async def run_doctor(model: str, context_window: int | None, say: Print, kv_budg
             say(
                 f"loaded    {host.model_path} in {time.perf_counter() - tic:.1f}s; context window {host.context_window} tokens"
             )
+            say(f"tools     {host.tool_mode}: {TOOL_MODES[host.tool_mode]}")
             reply = await host.session("doctor").generate(PROBE, max_tokens=32)
             stats = await host.memory_stats()
     except SubagentError as exc:

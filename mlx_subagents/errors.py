@@ -17,6 +17,18 @@ class ModelLoadError(SubagentError):
     """The model files exist but mlx-lm could not load them."""
 
 
+class ChatTemplateError(ModelLoadError):
+    """The model has no chat template, or its template refuses a conversation the host normalised."""
+
+
+class ModelImportError(SubagentError):
+    """A GGUF file cannot be imported (unsupported architecture, tokenizer or tensor type; name taken)."""
+
+
+class EngineError(SubagentError):
+    """An inference engine (`--engine URL`) cannot be reached, refused a request or broke off a reply."""
+
+
 class PromptTooLongError(SubagentError):
     """A prompt does not fit the context window or an input cap."""
 

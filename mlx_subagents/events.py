@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 EventKind = Literal[
-    "task_start", "turn_start", "tool_call", "tool_result", "message", "usage", "compaction", "task_end"
+    "waiting", "task_start", "turn_start", "tool_call", "tool_result", "message", "usage", "compaction", "task_end"
 ]
 
 
@@ -26,6 +26,17 @@ class Event:
 
 
 EventSink = Callable[[Event], None]
+
+
+@dataclass
+class Fanout:
+    """One sink that passes each event to several; a front end adds its views as it builds them."""
+
+    targets: list[EventSink] = field(default_factory=list)
+
+    def __call__(self, event: Event) -> None:
+        for target in self.targets:
+            target(event)
 
 
 def ignore_event(_event: Event) -> None:

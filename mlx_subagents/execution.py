@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .agents import AgentSpec
@@ -21,15 +23,33 @@ from .caps import cap_answer
 from .compaction import CompactionSettings
 from .errors import SubagentError
 from .events import Event, EventKind, EventSink, ignore_event
-from .host.protocol import Message, ModelHost
+from .host.protocol import ModelHost
 from .results import Mode, RunResult, Status, StopReason
 from .schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
 from .session import AgentSession, Limits
+from .slots import Slots
 from .tools import Tool, Workspace
 from .transcripts import TaskTranscript
 
 INTERRUPTED = "aborted by the user (Ctrl-C)"
 INTERRUPTED_BEFORE_START = "aborted by the user (Ctrl-C) before it started"
+WAITING_FOR_WRITER = "another agent that edits files is working in this workspace; writers take turns"
+
+
+@dataclass(frozen=True)
+class Parent:
+    """A session that may start sub-agents: who it is, its depth and model, where its children are saved.
+
+    Args:
+        depth: how many parents it has (0: started by a person).
+        home: its run folder (children are saved under `home/runs/`); None when nothing is saved.
+    """
+
+    spec: AgentSpec
+    label: str
+    depth: int
+    model: str
+    home: Path | None
 
 
 @dataclass
@@ -39,8 +59,10 @@ class PlannedTask:
     Args:
         prompt: the task text, or for a task with `render`, what the transcript shows until it runs.
         render: builds the task text from the finished results (chain `{previous}`, workflow needs).
-        history: a saved conversation to continue (`resume`); `prompt` is then the follow-up message.
+        session: a conversation to continue (a multi-turn task); `prompt` is then its next message.
         extra_tools: tools the runner adds by name (`subagent`); offered only if the agent grants them.
+        withheld: tools the agent's file grants that its parent may not pass on, with the error a call gets.
+        context: the project's instructions for its system prompt.
     """
 
     index: int
@@ -55,8 +77,10 @@ class PlannedTask:
     schema: dict[str, Any] | None = None
     needs: tuple[int, ...] = ()
     render: Callable[[Sequence[RunResult]], str] | None = None
-    history: list[Message] | None = None
+    session: AgentSession | None = None
     extra_tools: dict[str, Tool] = field(default_factory=dict)
+    withheld: dict[str, str] = field(default_factory=dict)
+    context: str = ""
 
 
 OpenTranscript = Callable[[int], "TaskTranscript | None"]
@@ -79,6 +103,7 @@ class Execution:
     open_transcript: OpenTranscript = lambda _index: None
     run_id: str | None = None
     raise_errors: bool = False
+    slots: Slots | None = None
 
     def __post_init__(self) -> None:
         self.results: list[RunResult | None] = [None] * len(self.plan)
@@ -119,7 +144,7 @@ class Execution:
                     item, "failed", "skipped", f"not run: {self._describe(failed[0])} did not complete"
                 )
             else:
-                async with self._slots:
+                async with self._slots, self._turn(item):
                     if self.cancelled:
                         result = self._not_run(item, "aborted", "cancelled", INTERRUPTED_BEFORE_START)
                     else:
@@ -136,6 +161,17 @@ class Execution:
         self.results[item.index] = result
         self._done[item.index].set()
 
+    def _turn(self, item: PlannedTask) -> AbstractAsyncContextManager[object]:
+        """The process-wide slot (and the workspace's writer turn) the task runs in."""
+        if self.slots is None:
+            return nullcontext()
+        writer = None if item.spec.read_only else item.workspace.root
+
+        def waiting() -> None:
+            self._report(item, None, "waiting", reason=WAITING_FOR_WRITER)
+
+        return self.slots.hold(writer, on_wait=waiting)
+
     def _ok(self, index: int) -> bool:
         result = self.results[index]
         return result is not None and result.ok
@@ -150,18 +186,20 @@ class Execution:
         prompt = item.render(self.results) if item.render else item.prompt  # type: ignore[arg-type]
         transcript = self.open_transcript(item.index)
         started = time.perf_counter()
-        session = AgentSession(
+        session = item.session or AgentSession(
             spec=item.spec,
             host=item.host,
             workspace=item.workspace,
             label=item.label,
             limits=item.limits,
             compaction=self.compaction,
-            on_event=self._session_sink(transcript),
             extra_tools=item.extra_tools,
+            withheld=item.withheld,
+            project_context=item.context,
         )
+        session.on_event = self._session_sink(transcript)  # this generation's transcript
         if transcript is not None:
-            if item.history is None:
+            if not transcript.started:
                 transcript.start(
                     run_id=self.run_id,
                     label=item.label,
@@ -174,7 +212,8 @@ class Execution:
                 )
             else:
                 transcript.follow_up(prompt)
-        self._report(item, transcript, "task_start", task=prompt, model=item.host.model_id, step_id=item.step_id)
+        start = {"task": prompt, "model": item.host.model_id, "tool_mode": item.host.tool_mode, "step_id": item.step_id}
+        self._report(item, transcript, "task_start", **start)
         failure: BaseException | None = None
         try:
             result = await _within(self._drive(session, item, prompt), item.timeout)
@@ -198,10 +237,9 @@ class Execution:
     async def _drive(self, session: AgentSession, item: PlannedTask, prompt: str) -> RunResult:
         """The session to its answer; with a schema, one retry on an invalid answer."""
         text = prompt + schema_instruction(item.schema) if item.schema else prompt
-        if item.history is None:
+        if item.session is None:
             result = await session.run(text)
         else:
-            session.messages = list(item.history)
             result = await session.follow_up(prompt, text)
         if item.schema is None or not result.ok:
             return result

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from .errors import AgentFileError
-from .userfiles import MAX_NESTING, nesting, yaml_problem
+from .userfiles import TOO_DEEP, data_problem, yaml_problem
 
 YAML_FIX = "fix the YAML, or quote the value"
 LENIENT_NOTE = "loaded from its 'key: value' lines instead (quote the value to make it valid YAML)"
@@ -48,12 +48,11 @@ def read_frontmatter(path: Path, text: str, fields: Collection[str]) -> tuple[di
     if end is None:
         raise agent_error(path, "the frontmatter has no closing '---' line", "add a '---' line after the last field")
     header, body = lines[1:end], "".join(lines[end + 1 :])
-    too_deep = agent_error(path, f"the frontmatter is nested more than {MAX_NESTING} levels deep", "flatten it")
     warning = None
     try:
         meta = yaml.safe_load("".join(header))
     except RecursionError:
-        raise too_deep from None
+        raise AgentFileError(f"{path}: in the frontmatter, {TOO_DEEP}") from None
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: a bad date, e.g. 2024-13-01
         # The YAML text starts on the file's second line.
         problem = yaml_problem(exc, 2) if isinstance(exc, yaml.YAMLError) else f": {exc}"
@@ -61,8 +60,8 @@ def read_frontmatter(path: Path, text: str, fields: Collection[str]) -> tuple[di
         if meta is None:
             raise agent_error(path, f"invalid YAML in the frontmatter{problem}", YAML_FIX) from None
         warning = f"{path}: the frontmatter is not valid YAML{problem}; {LENIENT_NOTE}"
-    if nesting(meta) > MAX_NESTING:
-        raise too_deep
+    if problem := data_problem(meta):
+        raise AgentFileError(f"{path}: in the frontmatter, {problem}")
     if not isinstance(meta, dict):
         kind = "empty" if meta is None else f"a YAML {type(meta).__name__}"
         raise agent_error(

@@ -1,4 +1,11 @@
-"""Ctrl-C for the terminal commands: the first press stops the work, the second quits at once."""
+"""Ctrl-C, SIGTERM and SIGHUP for the terminal commands: stop the work, kill, save, exit.
+
+The first signal kills every process the tools started, prints the message and calls `stop`, so
+the tasks end as aborted and their transcripts keep their messages and result; a second one exits
+at once. After Ctrl-C the command goes on as it chooses (a chat takes the next message). SIGTERM
+(`timeout`, a process manager) and SIGHUP (a closed terminal) ask the program to end: once the
+stopped work has been saved, the block exits with 128 + the signal's number (143, 129).
+"""
 
 from __future__ import annotations
 
@@ -13,27 +20,40 @@ from rich.console import Console
 from .tools import kill_all_processes
 
 EXIT_INTERRUPTED = 130
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextmanager
 def two_press_sigint(
     loop: asyncio.AbstractEventLoop, err: Console, message: str, stop: Callable[[], None]
 ) -> Iterator[None]:
-    """While the block runs, Ctrl-C kills every bash process group, prints `message` and calls
-    `stop`; a second Ctrl-C exits with 130 without waiting for anything."""
+    """While the block runs, Ctrl-C, SIGTERM or SIGHUP kills every tool process, prints `message`
+    (or which signal came) and calls `stop`; a second signal exits at once with 128 + its number.
+    After SIGTERM or SIGHUP the block raises `SystemExit(128 + signal)` once the work has ended."""
     presses = 0
+    terminated: signal.Signals | None = None
 
-    def on_sigint() -> None:
-        nonlocal presses
+    def on_signal(signum: signal.Signals) -> None:
+        nonlocal presses, terminated
         presses += 1
+        if signum != signal.SIGINT:
+            terminated = signum
         kill_all_processes()
         if presses > 1:
-            os._exit(EXIT_INTERRUPTED)
-        err.print(f"[yellow]{message}[/]")
+            os._exit(128 + signum)
+        note = message if signum == signal.SIGINT else f"{signum.name} received: stopping every task"
+        try:
+            err.print(f"[yellow]{note}[/]")
+        except OSError:  # SIGHUP: the terminal may be gone
+            pass
         stop()
 
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
         yield
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+        if terminated is not None:
+            raise SystemExit(128 + terminated)

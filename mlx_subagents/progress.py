@@ -1,8 +1,9 @@
 """Progress for many tasks: a live table on a terminal, one line per notable event elsewhere.
 
-Both are fed the runner's events. The table has one row per task: label, agent, status (queued,
-running, done, failed, skipped, aborted), turn, tokens in/out, cached tokens, tokens/s of the last
-reply and the tool call in progress. `usage_table` is the summary printed at the end.
+Both are fed the runner's events (the lines are `render.EventLines`'s). The table has one row per
+task: label, agent, status (queued, waiting for its writer turn, running, done, failed, skipped,
+aborted), turn, tokens in/out, cached tokens, tokens/s of the last reply and the tool call in
+progress. `usage_table` is the summary printed at the end.
 """
 
 from __future__ import annotations
@@ -12,20 +13,12 @@ from dataclasses import dataclass
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from .events import Event
+from .render import STATUS_STYLES, EventLines, clip, end_status
 from .results import RunResult, RunUsage
-
-STATUS_STYLES = {
-    "queued": "dim",
-    "running": "cyan",
-    "done": "green",
-    "failed": "red",
-    "skipped": "dim",
-    "aborted": "yellow",
-}
-MAX_TOOL_CHARS = 60
 
 
 @dataclass
@@ -41,12 +34,6 @@ class _Row:
     tool: str = ""
 
 
-def _end_status(data: dict) -> str:
-    if data.get("stop_reason") == "skipped":
-        return "skipped"
-    return {"completed": "done", "aborted": "aborted"}.get(data.get("status", ""), "failed")
-
-
 class ProgressView:
     """Use as a context manager around the run and pass `handle` as the event sink.
 
@@ -60,6 +47,7 @@ class ProgressView:
         self.rows = {label: _Row(label, agent) for label, agent in tasks}
         self.live = console.is_terminal if live is None else live
         self._live: Live | None = None
+        self._lines = EventLines(console, "tasks")
 
     def __enter__(self) -> ProgressView:
         if self.live:
@@ -78,11 +66,13 @@ class ProgressView:
             row = self.rows[event.label] = _Row(event.label, event.agent)
         self._update(row, event)
         if not self.live:
-            self._print_line(row, event)
+            self._lines.handle(event)
 
     def _update(self, row: _Row, event: Event) -> None:
         data = event.data
-        if event.kind == "task_start":
+        if event.kind == "waiting":
+            row.status = "waiting"
+        elif event.kind == "task_start":
             row.status = "running"
         elif event.kind == "turn_start":
             row.turn = event.turn
@@ -96,20 +86,8 @@ class ProgressView:
         elif event.kind == "tool_result":
             row.tool = ""
         elif event.kind == "task_end":
-            row.status = _end_status(data)
+            row.status = end_status(data)
             row.tool = ""
-
-    def _print_line(self, row: _Row, event: Event) -> None:
-        prefix = f"[dim]\\[{row.label}][/]"
-        if event.kind == "task_start":
-            self.console.print(f"{prefix} started ({row.agent})")
-        elif event.kind == "tool_call":
-            self.console.print(f"{prefix} [cyan]{_escape(_clip(row.tool))}[/]")
-        elif event.kind == "task_end":
-            reason = event.data.get("error") or event.data.get("stop_reason", "")
-            detail = "" if row.status == "done" else f": {reason}"
-            style = STATUS_STYLES.get(row.status, "")
-            self.console.print(f"{prefix} [{style}]{row.status}[/]{_escape(detail)}")
 
     def __rich__(self) -> Table:
         table = Table(box=None, pad_edge=False, header_style="bold")
@@ -136,7 +114,7 @@ class ProgressView:
                 _n(row.output_tokens),
                 _n(row.cached_tokens),
                 f"{row.tps:.1f}" if row.tps else "",
-                _escape(_clip(row.tool)),
+                escape(clip(row.tool)),
             )
         return table
 
@@ -196,13 +174,3 @@ def _mib(n_bytes: int) -> str:
 
 def _n(value: int) -> str:
     return f"{value:,}" if value else ""
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_TOOL_CHARS else text[: MAX_TOOL_CHARS - 3] + "..."
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .host.protocol import ToolMode
+
 Status = Literal["completed", "failed", "aborted"]
 StopReason = Literal[
     "completed",
@@ -50,6 +52,7 @@ class RunResult(BaseModel):
     error: str | None = None
     usage: RunUsage = Field(default_factory=RunUsage)
     model: str = ""
+    tool_mode: ToolMode | None = None  # how the model was given its tools (see ModelHost.tool_mode)
     stop_reason: StopReason = "completed"
     duration_s: float = 0.0
     label: str = ""

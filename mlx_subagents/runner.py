@@ -9,7 +9,8 @@ model. The CLI and Python callers both come through here:
         chain = await runner.chain([TaskSpec("scout", "find the parser"), TaskSpec("planner", "plan: {previous}")])
         flow = await runner.workflow("fix-bug", input="the date parser drops time zones")
         more = await runner.resume(one.run_id, "and where is it tested?")
-        parent = await runner.open_session("orchestrator")   # a multi-turn parent (`subagent chat`)
+        chat = await runner.open_task("orchestrator")          # a multi-turn task (`subagent chat`)
+        first = await chat.send("where is auth handled?")
 
 Every request is checked whole (agents, trust, size caps, workflow graph, models loaded) before any
 task starts. Every task is saved as a transcript unless `save_transcripts` is off.
@@ -28,70 +29,83 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
 from .caps import DEFAULT_CONCURRENCY, CapItem, check_concurrency, check_request
 from .compaction import CompactionSettings
-from .errors import RequestError, RunNotFoundError
-from .events import EventSink, ignore_event
-from .execution import Execution, PlannedTask
+from .errors import RequestError, RunNotFoundError, SubagentError
+from .events import Event, EventSink, ignore_event
+from .execution import Execution, Parent, PlannedTask
+from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
-from .host.protocol import Message, ModelHost, TextCallback
+from .host.protocol import ModelHost, ProcessorFactory, TextCallback
+from .options import RunOptions
+from .project_context import ProjectContext, load_project_context
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
-from .session import DEFAULT_MAX_TURNS, AgentSession, Limits
+from .session import DEFAULT_MAX_TURNS, Limits
+from .slots import Slots, lend
 from .tools import Tool, Workspace
 from .tools.subagent import Delegation, SubagentTool
-from .transcripts import RunRecorder, TaskEntry, TaskTranscript, load_run, read_transcript
+from .transcripts import RunRecorder, TaskEntry, load_run, read_transcript
 from .userfiles import first_error, load_file
 from .workflow import Workflow, check_agents, find_workflow, load_workflow, render_prompt
 
 DEFAULT_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 MODEL_ENV = "MLX_SUBAGENTS_MODEL"
 PREVIOUS = "{previous}"
-# Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
-DEFAULT_MAX_DEPTH = 2
-INTERRUPTED_TOOL_RESULT = "Error: this tool call was interrupted before it finished."
+
+
+def on_engine(url: str, model: str) -> str:
+    """How a task's model names a model id on an engine: `URL MODEL_ID` (a URL holds no space)."""
+    return f"{url} {model}"
+
+
+def split_engine(model: str) -> tuple[str | None, str]:
+    """(engine URL or None, model id) of a task's model string."""
+    url, space, model_id = model.partition(" ")
+    return (url, model_id) if space and url.startswith(("http://", "https://")) else (None, model)
 
 
 def default_model() -> str:
     return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
+PositiveInt = Annotated[Optional[int], Field(gt=0)]
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """One task to run: which agent, what to do, and optional per-task overrides.
 
+    Built directly by callers; a tasks file is validated into the same class (`load_tasks_file`),
+    where `max_tokens` is accepted for `max_output_tokens`, as on the command line.
+
     Args:
-        max_tokens: generated tokens over the whole task.
+        max_output_tokens: generated tokens over the whole task.
         timeout: wall-clock seconds for the whole task.
         schema: a JSON schema the final answer must satisfy (else the agent's `output_schema`).
     """
 
-    agent: str
-    task: str
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    agent: Annotated[str, Field(min_length=1)]
+    task: Annotated[str, Field(min_length=1)]
     label: str = ""
-    model: str | None = None
-    max_turns: int | None = None
-    max_tokens: int | None = None
-    timeout: float | None = None
-    schema: dict[str, Any] | None = None
-    step_id: str | None = None
+    model: Optional[str] = None
+    max_turns: PositiveInt = None
+    max_output_tokens: Annotated[
+        Optional[int], Field(gt=0, validation_alias=AliasChoices("max_output_tokens", "max_tokens"))
+    ] = None
+    timeout: Annotated[Optional[float], Field(gt=0)] = None
+    schema: Optional[dict[str, Any]] = None
+    step_id: Optional[str] = None
 
 
-class _TaskFileItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    agent: str = Field(min_length=1)
-    task: str = Field(min_length=1)
-    label: str = ""
-    model: str | None = None
-    max_turns: int | None = Field(default=None, gt=0)
-    max_tokens: int | None = Field(default=None, gt=0)
-    timeout: float | None = Field(default=None, gt=0)
+_TASK = TypeAdapter(TaskSpec)
 
 
 def load_tasks_file(path: Path) -> list[TaskSpec]:
@@ -107,7 +121,7 @@ def load_tasks_file(path: Path) -> list[TaskSpec]:
     tasks = []
     for i, item in enumerate(data):
         try:
-            tasks.append(TaskSpec(**_TaskFileItem.model_validate(item).model_dump()))
+            tasks.append(_TASK.validate_python(item))
         except ValidationError as exc:
             raise RequestError(f"{path}: {first_error(exc, ('tasks', i))}") from None
     return tasks
@@ -135,42 +149,34 @@ class Runner:
     """Resolves agents, starts hosts once per model, runs tasks.
 
     Args:
-        model: forces one model for every task (`--model`); otherwise a task's own model, the
-            agent's `model`, then `$MLX_SUBAGENTS_MODEL`, then `DEFAULT_MODEL`.
-        max_turns, max_output_tokens, timeout: defaults for tasks that set none.
-        host_options: passed to each host (`context_window`, `processor_factory`, ...).
+        options: the run's shared options (model, limits, scope, depth, host settings).
         save_transcripts: write every task under `$MLX_SUBAGENTS_HOME/runs/` (or `home`/runs).
-        max_depth: how many levels of sub-agents the `subagent` tool may start (0: none).
+        processor_factory: logits processors for every real host (the test kit's forced scripts).
     """
 
     cwd: Path
+    options: RunOptions = field(default_factory=RunOptions)
     catalog: AgentCatalog | None = None
-    model: str | None = None
-    scope: str = "both"
-    assume_yes: bool = False
     interactive: bool = False
     confirm: Callable[[str], bool] | None = None
-    max_turns: int | None = None
-    max_output_tokens: int | None = None
-    timeout: float | None = None
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
-    host_options: dict[str, Any] = field(default_factory=dict)
     on_event: EventSink = ignore_event
     save_transcripts: bool = True
     home: Path | None = None
-    max_depth: int = DEFAULT_MAX_DEPTH
+    processor_factory: ProcessorFactory | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
-            raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
         self.cwd = Path(self.cwd).resolve()
         self.workspace = Workspace(self.cwd)
         if self.catalog is None:
-            self.catalog = discover_agents(self.cwd, scope=self.scope)  # type: ignore[arg-type]
+            self.catalog = discover_agents(self.cwd, scope=self.options.scope)
         self._hosts: dict[str, ModelHost] = {}
         self._host_lock = asyncio.Lock()
         self._executions: set[Execution] = set()
         self._trusted: set[str] = set()
+        self._slots: Slots | None = None
+        self._contexts: dict[Path, ProjectContext] = {}
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> Runner:
         return self
@@ -190,18 +196,51 @@ class Runner:
         assert self.catalog is not None
         spec = self.catalog.get(name)
         if spec.name not in self._trusted:  # ask once per agent, not once per task
-            require_trust(spec, assume_yes=self.assume_yes, interactive=self.interactive, confirm=self.confirm)
+            require_trust(spec, assume_yes=self.options.assume_yes, interactive=self.interactive, confirm=self.confirm)
             self._trusted.add(spec.name)
         return spec
 
-    def model_for(self, spec: AgentSpec, override: str | None = None) -> str:
-        return override or self.model or spec.model or default_model()
+    def model_for(self, spec: AgentSpec, override: str | None = None, inherited: str | None = None) -> str:
+        """A task's own model, else `--model`, else the agent's (its `engine:` and `engine_model:`, or
+        its `model:`), else its parent's (`inherited`), else `$MLX_SUBAGENTS_MODEL` or the default.
+        With `--engine`, every task's model is a model id on that engine (see `on_engine`)."""
+        if self.options.engine:
+            model = override or self.options.model or spec.engine_model or split_engine(inherited or "")[1]
+            if not model:
+                raise RequestError("--engine needs --model, the engine's model id (or engine_model: in the agent file)")
+            return on_engine(self.options.engine, model)
+        if not (override or self.options.model) and spec.engine and spec.engine_model:
+            return on_engine(spec.engine, spec.engine_model)
+        return override or self.options.model or spec.model or inherited or default_model()
+
+    def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:
+        """The project's instructions for an agent's system prompt, read once per workspace (so every
+        session's prompt is byte-identical); "" for an agent with `context: none`."""
+        if spec.context == "none":
+            return ""
+        if workspace.root not in self._contexts:
+            self._contexts[workspace.root] = load_project_context(workspace.root)
+        return self._contexts[workspace.root].text
+
+    @property
+    def slots(self) -> Slots:
+        """The process-wide slots and writer turns, made in the event loop that uses them."""
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots_loop is not loop:
+            self._slots, self._slots_loop = Slots(self.options.concurrency), loop
+        return self._slots
 
     async def host_for(self, model: str) -> ModelHost:
-        """The resident host for a model, loaded on first use."""
+        """The resident host for a model, loaded (or, on an engine, reached) on first use."""
         async with self._host_lock:
             if model not in self._hosts:
-                host = make_host(model, **self.host_options)
+                kwargs = self.options.host_kwargs()
+                engine, model_id = split_engine(model)
+                if engine:
+                    kwargs.update(engine=engine, api_key=self.options.api_key)
+                elif self.processor_factory is not None and not model.startswith("scripted:"):
+                    kwargs["processor_factory"] = self.processor_factory
+                host = make_host(model_id, **kwargs)
                 await host.start()
                 self._hosts[model] = host
             return self._hosts[model]
@@ -215,7 +254,7 @@ class Runner:
 
     async def parallel(self, tasks: Sequence[TaskSpec], *, concurrency: int = DEFAULT_CONCURRENCY) -> MultiRunResult:
         """Run up to 8 independent tasks, `concurrency` (1-4) at a time; results in input order."""
-        check_concurrency(concurrency)
+        check_concurrency(concurrency, engine=bool(self.options.engine))
         return await self._execute("parallel", label_tasks(tasks), concurrency=concurrency)
 
     async def chain(self, steps: Sequence[TaskSpec]) -> MultiRunResult:
@@ -233,7 +272,7 @@ class Runner:
 
         A step starts as soon as its needs are done; results come back in step order.
         """
-        check_concurrency(concurrency)
+        check_concurrency(concurrency, engine=bool(self.options.engine))
         if not isinstance(workflow, Workflow):
             workflow = load_workflow(find_workflow(str(workflow), self.cwd))
         assert self.catalog is not None
@@ -248,7 +287,7 @@ class Runner:
                 label=s.id,
                 model=s.model,
                 max_turns=s.max_turns,
-                max_tokens=s.max_tokens,
+                max_output_tokens=s.max_tokens,
                 timeout=s.timeout,
                 step_id=s.id,
                 schema=load_schema(path) if (path := workflow.schema_path(s)) else None,
@@ -275,118 +314,133 @@ class Runner:
             run_id: a run id, a unique prefix of one, or `last`.
             task: the task's label, step id or 1-based position, when the run has several.
         """
+        if schema is not None:
+            check_schema(schema, "schema")
+        handle = await self.reopen(run_id, task=task)
+        return await handle.send(message, schema=schema, timeout=self.options.timeout, raise_errors=True)
+
+    # -- multi-turn tasks -------------------------------------------------------------------------------
+
+    async def open_task(self, agent: str, *, on_text: TextCallback | None = None) -> TaskHandle:
+        """A new top-level task to drive message by message (`subagent chat`); its model is loaded now,
+        its run is created at its first message.
+
+        Args:
+            on_text: receives the agent's reply text as it is generated.
+        """
+        spec = self.agent(agent)
+        check_request([CapItem(spec.name, "", spec)])
+        model = self.model_for(spec)
+        host = await self.host_for(model)
+        return TaskHandle(self, spec, model, host, self.workspace, label=spec.name, on_text=on_text)
+
+    async def reopen(self, run_id: str, *, task: str | None = None, on_text: TextCallback | None = None) -> TaskHandle:
+        """A saved task, ready to take more messages (`resume`, `chat --resume`); its model is loaded now.
+
+        Args:
+            run_id: a run id, a unique prefix of one, or `last`.
+            task: the task's label, step id or 1-based position, when the run has several.
+        """
         record = load_run(run_id, self.home)
         entry = record.task(task)
-        path = record.transcript_path(entry)
-        log = read_transcript(path)
+        log = read_transcript(record.transcript_path(entry))
         if log.messages is None:
             raise RunNotFoundError(f"task '{entry.label}' of run {record.run_id} has no saved conversation to continue")
         spec = self.agent(log.meta["agent"])
-        if schema is not None:
-            check_schema(schema, "schema")
-        check_request([CapItem(entry.label, message, spec)])
-        host = await self.host_for(self.model or log.meta["model"])
-        workspace = Workspace(Path(log.meta["cwd"]))
-        item = PlannedTask(
-            index=0,
+        check_request([CapItem(entry.label, "", spec)])
+        saved = log.meta["model"]  # on an engine, its model id: the agent's own engine or --engine takes it there
+        model = self.model_for(spec, self.options.model or (None if saved == spec.engine_model else saved))
+        host = await self.host_for(model)
+        return TaskHandle(
+            self,
+            spec,
+            model,
+            host,
+            Workspace(Path(log.meta["cwd"])),
             label=entry.label,
-            spec=spec,
-            host=host,
-            workspace=workspace,
-            prompt=message,
-            limits=self._limits(TaskSpec(spec.name, message), spec),
-            step_id=entry.step_id,
-            timeout=self.timeout,
-            schema=schema,
-            history=close_open_tool_calls(log.messages),
-            extra_tools=self.delegation_tools(spec, entry.label, depth=0, workspace=workspace, home=record.folder),
+            record=record,
+            entry=entry,
+            messages=close_open_tool_calls(log.messages),
+            generations=log.generations,
+            on_text=on_text,
         )
-        transcript = TaskTranscript(path, generation=log.generations + 1)
-        execution = Execution(
-            "single",
-            [item],
-            concurrency=1,
-            compaction=self.compaction,
-            on_event=self.on_event,
-            open_transcript=lambda _i: transcript,
-            run_id=record.run_id,
-            raise_errors=True,
-        )
-        results = await self._track(execution)
-        return results[0]
 
     # -- delegation ---------------------------------------------------------------------------------
 
-    async def delegate(self, call: Delegation, *, parent: str, depth: int, home: Path | None = None) -> MultiRunResult:
-        """Run a `subagent` tool call's children, labelled `parent > label`, at `depth`.
+    async def delegate(self, call: Delegation, parent: Parent | None) -> MultiRunResult:
+        """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
-        unknown agent raises before anything starts, like any request.
-
-        Args:
-            parent: the calling session's label.
-            depth: the children's depth (the caller's + 1).
-            home: where the children's runs are saved (`home/runs/`): the parent's run folder.
+        unknown agent raises before anything starts, like any request. `parent` None: a call from
+        outside the runner (`subagent mcp`), whose tasks run at the top level.
         """
         tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
-        tasks = [replace(t, label=f"{parent} > {t.label}") for t in tasks]
-        options: dict[str, Any] = {"depth": depth, "workspace": call.workspace, "home": home}
+        if parent is not None:
+            tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
+            granted = parent.spec.agents
+            if granted is not None and (refused := sorted({t.agent for t in tasks} - set(granted))):
+                raise RequestError(
+                    f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
+                    f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
+                )
         if call.mode == "chain":
             tasks, needs, renders = _plan_chain(tasks)
-            return await self._execute("chain", tasks, concurrency=1, needs=needs, renders=renders, **options)
-        concurrency = 1 if call.mode == "single" else DEFAULT_CONCURRENCY
-        return await self._execute(call.mode, tasks, concurrency=concurrency, **options)
+            return await self._execute(
+                "chain", tasks, concurrency=1, needs=needs, renders=renders, parent=parent, workspace=call.workspace
+            )
+        if call.mode == "single":
+            return await self._execute("single", tasks, concurrency=1, parent=parent, workspace=call.workspace)
+        failed = {i: r for i, t in enumerate(tasks) if (r := await self._set_up_fails(t, parent)) is not None}
+        ready = [t for i, t in enumerate(tasks) if i not in failed]
+        outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
+        if ready:
+            outcome = await self._execute(
+                "parallel", ready, concurrency=DEFAULT_CONCURRENCY, parent=parent, workspace=call.workspace
+            )
+        ran = iter(outcome.results)
+        results = [failed[i] if i in failed else next(ran) for i in range(len(tasks))]
+        return outcome.model_copy(
+            update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results)}
+        )
 
-    def delegation_tools(
-        self, spec: AgentSpec, label: str, *, depth: int, workspace: Workspace, home: Path | None
-    ) -> dict[str, Tool]:
-        """`{"subagent": tool}` for an agent whose file grants it, else nothing (the recursion cut)."""
-        if "subagent" not in spec.tools:
+    async def _set_up_fails(self, task: TaskSpec, parent: Parent | None) -> RunResult | None:
+        """A parallel child that cannot start (unknown agent or model) fails alone: its failed
+        result, reported like any end; None when it can start."""
+        model = ""
+        try:
+            spec = self.agent(task.agent)
+            model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
+            await self.host_for(model)
+        except Exception as exc:
+            error = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
+            data = {"status": "failed", "stop_reason": "error", "error": error}
+            self.on_event(Event(kind="task_end", label=task.label, agent=task.agent, data=data))
+            return RunResult(agent=task.agent, task=task.task, model=model, label=task.label, **data)  # type: ignore[arg-type]
+        return None
+
+    def delegation_tools(self, parent: Parent, workspace: Workspace) -> dict[str, Tool]:
+        """`{"subagent": tool}` for an agent whose file grants it, else nothing (the recursion cut).
+
+        While its children run, the parent lends its process slot (and writer turn) to them.
+        """
+        if "subagent" not in parent.spec.tools:
             return {}
         assert self.catalog is not None
 
         async def delegate(call: Delegation) -> MultiRunResult:
-            return await self.delegate(call, parent=label, depth=depth + 1, home=home)
+            async with lend():
+                return await self.delegate(call, parent)
 
         agents = {name: a.description for name, a in self.catalog.agents.items()}
         tool = SubagentTool(
-            workspace, delegate=delegate, agents=agents, caller=spec.name, depth=depth, max_depth=self.max_depth
+            workspace,
+            delegate=delegate,
+            agents=agents,
+            caller=parent.spec.name,
+            depth=parent.depth,
+            max_depth=self.options.max_depth,
         )
         return {"subagent": tool}
-
-    async def open_session(
-        self,
-        agent: str,
-        *,
-        label: str | None = None,
-        model: str | None = None,
-        children_home: Path | None = None,
-        on_event: EventSink | None = None,
-        on_text: TextCallback | None = None,
-    ) -> AgentSession:
-        """A top-level session of `agent` to drive turn by turn (`run`, then `follow_up`), e.g. a chat.
-
-        Its host session and KV cache live as long as it does; its sub-agents run through this
-        runner and are saved under `children_home`.
-
-        Args:
-            model: the model when the runner forces none (a resumed chat's own model).
-        """
-        spec = self.agent(agent)
-        check_request([CapItem(spec.name, "", spec)])
-        host = await self.host_for(self.model or model or self.model_for(spec))
-        label = label or spec.name
-        return AgentSession(
-            spec=spec,
-            host=host,
-            workspace=self.workspace,
-            label=label,
-            limits=self._limits(TaskSpec(spec.name, ""), spec),
-            compaction=self.compaction,
-            on_event=on_event or self.on_event,
-            on_text=on_text,
-            extra_tools=self.delegation_tools(spec, label, depth=0, workspace=self.workspace, home=children_home),
-        )
 
     def cancel(self) -> bool:
         """Abort every run in progress (Ctrl-C); False when nothing was running yet."""
@@ -406,31 +460,36 @@ class Runner:
         renders: list[Callable[[Sequence[RunResult]], str] | None] | None = None,
         shared_input: str = "",
         raise_errors: bool = False,
-        depth: int = 0,
+        parent: Parent | None = None,
         workspace: Workspace | None = None,
-        home: Path | None = None,
     ) -> MultiRunResult:
         """Check the whole request, load its models, then run it; nothing starts if a check fails.
 
         Args:
-            depth, workspace, home: for a delegated request, the children's depth, their workspace,
-                and where their run is saved (default: top level, the runner's workspace and home).
+            parent, workspace: for a delegated request, the session that made it (the children run one
+                level below it, on its model unless they name theirs, and are saved in its run folder)
+                and the children's workspace (default: top level, in the runner's workspace and home).
         """
         workspace = workspace or self.workspace
+        depth = parent.depth + 1 if parent else 0
         specs = [self.agent(t.agent) for t in tasks]
+        withheld: list[dict[str, str]] = [{} for _ in specs]
+        if parent is not None:
+            specs, withheld = map(list, zip(*(granted_tools(parent.spec, s) for s in specs)))  # type: ignore[assignment]
         check_request([CapItem(t.label, t.task, s) for t, s in zip(tasks, specs)], shared_input)
         schemas = [t.schema if t.schema is not None else s.output_schema for t, s in zip(tasks, specs)]
         for t, schema in zip(tasks, schemas):
             if schema is not None:
                 check_schema(schema, f"output schema of task '{t.label}'")
-        hosts = [await self.host_for(self.model_for(s, t.model)) for t, s in zip(tasks, specs)]
+        models = [self.model_for(s, t.model, inherited=parent.model if parent else None) for t, s in zip(tasks, specs)]
+        hosts = [await self.host_for(m) for m in models]
         recorder = None
         if self.save_transcripts:
             entries = [
                 TaskEntry(index=i, label=t.label, agent=s.name, step_id=t.step_id)
                 for i, (t, s) in enumerate(zip(tasks, specs))
             ]
-            recorder = RunRecorder(mode, workspace.root, entries, home or self.home)
+            recorder = RunRecorder(mode, workspace.root, entries, parent.home if parent else self.home)
         children_home = recorder.folder if recorder else None
         plan = [
             PlannedTask(
@@ -440,15 +499,17 @@ class Runner:
                 host=h,
                 workspace=workspace,
                 prompt=t.task,
-                limits=self._limits(t, s),
+                limits=self.limits(s, t),
                 step_id=t.step_id,
-                timeout=t.timeout or self.timeout,
+                timeout=t.timeout or self.options.timeout,
                 schema=schema,
                 needs=needs[i] if needs else (),
                 render=renders[i] if renders else None,
-                extra_tools=self.delegation_tools(s, t.label, depth=depth, workspace=workspace, home=children_home),
+                extra_tools=self.delegation_tools(Parent(s, t.label, depth, m, children_home), workspace),
+                withheld=withheld[i],
+                context=self.project_context(s, workspace),
             )
-            for i, (t, s, h, schema) in enumerate(zip(tasks, specs, hosts, schemas))
+            for i, (t, s, m, h, schema) in enumerate(zip(tasks, specs, models, hosts, schemas))
         ]
         execution = Execution(
             mode,
@@ -459,10 +520,11 @@ class Runner:
             open_transcript=recorder.transcript if recorder else (lambda _i: None),
             run_id=recorder.run_id if recorder else None,
             raise_errors=raise_errors,
+            slots=self.slots,
         )
         results: list[RunResult] = []
         try:
-            results = await self._track(execution)
+            results = await self.track(execution)
         finally:
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
@@ -479,18 +541,36 @@ class Runner:
             error=chain_stop(results) if mode == "chain" else None,
         )
 
-    async def _track(self, execution: Execution) -> list[RunResult]:
+    async def track(self, execution: Execution) -> list[RunResult]:
+        """Run an execution as one of this runner's, so that `cancel()` reaches it."""
         self._executions.add(execution)
         try:
             return await execution.run()
         finally:
             self._executions.discard(execution)
 
-    def _limits(self, task: TaskSpec, spec: AgentSpec) -> Limits:
+    def limits(self, spec: AgentSpec, task: TaskSpec | None = None) -> Limits:
+        """A task's limits: its own, else the run's, else the agent's, else the defaults."""
         return Limits(
-            max_turns=task.max_turns or self.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
-            max_output_tokens=task.max_tokens or self.max_output_tokens,
+            max_turns=(task and task.max_turns) or self.options.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
+            max_output_tokens=(task and task.max_output_tokens) or self.options.max_output_tokens,
         )
+
+
+def granted_tools(parent: AgentSpec, child: AgentSpec) -> tuple[AgentSpec, dict[str, str]]:
+    """The child as its parent may run it: its tools capped at the parent's, unless the parent's
+    `agents:` list grants it its full tools (`worker!`); and, per tool it lost, the error its calls get."""
+    if child.name in parent.full_tools_for:
+        return child, {}
+    kept = tuple(tool for tool in child.tools if tool in parent.tools)
+    if kept == child.tools:
+        return child, {}
+    why = (
+        f"Error: {{tool}} is not available to '{child.name}' here: its parent '{parent.name}' lacks it, and a "
+        f"sub-agent's tools never exceed its parent's without a grant (agents: [{child.name}!] in {parent.path})"
+    )
+    lost = {tool: why.format(tool=tool) for tool in child.tools if tool not in kept}
+    return child.model_copy(update={"tools": kept}), lost
 
 
 def _plan_chain(
@@ -515,22 +595,3 @@ def chain_stop(results: Sequence[RunResult]) -> str | None:
         if not result.ok:
             return f"Chain stopped at step {i + 1}: {result.error or result.stop_reason}"
     return None
-
-
-def close_open_tool_calls(messages: list[Message]) -> list[Message]:
-    """Add an error result for each tool call at the end that never got one (an aborted task).
-
-    Chat templates expect every tool call to be answered before the next user message.
-    """
-    messages = list(messages)
-    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
-    if last is None or not messages[last].get("tool_calls"):
-        return messages
-    answered = {m.get("tool_call_id") for m in messages[last + 1 :] if m.get("role") == "tool"}
-    for call in messages[last]["tool_calls"]:
-        if call.get("id") not in answered:
-            name = call.get("function", {}).get("name", "")
-            messages.append(
-                {"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": INTERRUPTED_TOOL_RESULT}
-            )
-    return messages

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SchemaFileError
-from .userfiles import MAX_NESTING, TOO_DEEP, load_file, nesting
+from .userfiles import TOO_DEEP, data_problem, load_file
 
 # A model often wraps JSON in a fenced block; that is accepted, prose around it is not.
 FENCE = "```"
@@ -35,8 +35,8 @@ def check_schema(schema: Any, where: str) -> None:
 
     if not isinstance(schema, dict):
         raise SchemaFileError(f"{where}: a JSON schema must be an object, not a {type(schema).__name__}")
-    if nesting(schema) > MAX_NESTING:  # jsonschema walks it recursively
-        raise SchemaFileError(f"{where}: {TOO_DEEP}")
+    if problem := data_problem(schema):  # jsonschema walks it recursively
+        raise SchemaFileError(f"{where}: {problem}")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
         _check_refs(schema, where)
@@ -89,6 +89,8 @@ def parse_answer(text: str, schema: dict[str, Any]) -> Any:
     import jsonschema
 
     value = _load_json(text)
+    if problem := data_problem(value):  # jsonschema walks it recursively
+        raise AnswerMismatch(f"the answer is too large to check: {problem}")
     validator = jsonschema.validators.validator_for(schema)(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is not None:
@@ -110,6 +112,8 @@ def _load_json(text: str) -> Any:
         raise AnswerMismatch(
             f"the answer is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except RecursionError:
+        raise AnswerMismatch(f"the answer is too large to check: {TOO_DEEP}") from None
 
 
 def _describe(error: Any) -> str:

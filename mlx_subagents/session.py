@@ -9,6 +9,7 @@ every compaction.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,7 +27,6 @@ DEFAULT_MAX_TURNS = 30
 DEFAULT_MAX_REPLY_TOKENS = 2048
 # Consecutive replies whose tool calls could not be parsed before the run fails.
 MAX_FORMAT_ERRORS = 3
-TOOL_CALL_FORMAT = '<tool_call>\n{"name": "<tool name>", "arguments": {...}}\n</tool_call>'
 
 
 @dataclass(frozen=True)
@@ -46,13 +46,19 @@ class LimitReached(Exception):
         self.stop_reason = stop_reason
 
 
-def system_prompt(spec: AgentSpec, workspace: Workspace) -> str:
-    """Agent body + workspace facts; byte-identical for every session of this agent and workspace."""
+def system_prompt(spec: AgentSpec, workspace: Workspace, context: str = "") -> str:
+    """Agent body + project instructions + workspace facts; byte-identical for every session of this
+    agent and workspace.
+
+    No call format: the host presents the tools in the model's own way (see `ModelHost.tool_mode`).
+
+    Args:
+        context: the project's instructions (`project_context`), read once per workspace by the runner.
+    """
     return (
-        f"{spec.system_prompt.strip()}\n\n"
-        f"Workspace: {workspace.root}\n"
+        f"{spec.system_prompt.strip()}\n\n" + (f"{context}\n\n" if context else "") + f"Workspace: {workspace.root}\n"
         "All paths are relative to the workspace; you cannot read or write outside it.\n"
-        f"Call one tool at a time with {TOOL_CALL_FORMAT}. Reply without a tool call when you are done."
+        "Call one tool at a time. Reply without a tool call when you are done."
     )
 
 
@@ -70,8 +76,12 @@ class AgentSession:
     extra_tools: dict[str, Tool] = field(default_factory=dict)
     messages: list[Message] = field(default_factory=list)
     usage: RunUsage = field(default_factory=RunUsage)
-    # Receives reply text as it is generated (tool-call markup included), for a live display.
+    # Receives the visible reply text as it is generated (the host hides tool-call markup), for a live display.
     on_text: TextCallback | None = None
+    # Tools its file grants but its parent may not pass on: name -> the error result a call gets.
+    withheld: dict[str, str] = field(default_factory=dict)
+    # The project's instructions for the system prompt (see `system_prompt`).
+    project_context: str = ""
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -91,7 +101,7 @@ class AgentSession:
     async def run(self, task: str) -> RunResult:
         """Run the task to a final answer or a limit. Cancellation propagates (see `partial_result`)."""
         self.messages = [
-            {"role": "system", "content": system_prompt(self.spec, self.workspace)},
+            {"role": "system", "content": system_prompt(self.spec, self.workspace, self.project_context)},
             {"role": "user", "content": f"Task: {task}"},
         ]
         return await self._loop(task)
@@ -109,7 +119,7 @@ class AgentSession:
 
     async def _loop(self, task: str) -> RunResult:
         self._started = time.perf_counter()
-        self._emit("task_start", task=task)
+        self._emit("task_start", task=task, model=self.host.model_id, tool_mode=self.host.tool_mode)
         try:
             for _ in range(self.limits.max_turns):
                 await self._maybe_compact()
@@ -174,15 +184,27 @@ class AgentSession:
                 raise LimitReached("format_errors", f"{MAX_FORMAT_ERRORS} malformed tool calls in a row")
             return
         self._format_errors = 0
-        for call in generation.tool_calls:
-            result = await self._call_tool(call)
+        calls = generation.tool_calls
+        results: list[ToolResult] = []
+        while len(results) < len(calls):
+            # A run of calls to a tool that may run alongside itself (`subagent`) runs at once.
+            start = end = len(results)
+            while end < len(calls) and getattr(self.tools.get(calls[end].name), "concurrent", False):
+                end += 1
+            if end > start:
+                results += await asyncio.gather(*(self._call_tool(call) for call in calls[start:end]))
+            else:
+                results.append(await self._call_tool(calls[start]))
+        for call, result in zip(calls, results):
             self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.output})
 
     async def _call_tool(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
         self._emit("tool_call", name=call.name, arguments=call.arguments, description=label)
-        if tool is None:
+        if tool is None and call.name in self.withheld:
+            result = ToolResult(self.withheld[call.name], is_error=True)
+        elif tool is None:
             available = ", ".join(self.tools) or "none"
             result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)
         else:
@@ -192,10 +214,7 @@ class AgentSession:
 
     def _malformed_result(self, bad: MalformedToolCall) -> Message:
         self._emit("tool_result", name="?", is_error=True, output=bad.error)
-        return {
-            "role": "tool",
-            "content": f"Error: your tool call could not be parsed ({bad.error}). Write it exactly as {TOOL_CALL_FORMAT}",
-        }
+        return {"role": "tool", "content": bad.error}  # the host's words, with the fix in the model's own format
 
     async def _maybe_compact(self) -> None:
         tokens = await self.host.count_tokens(self.messages, self.schemas)
@@ -261,6 +280,7 @@ class AgentSession:
             error=error,
             usage=self.usage.model_copy(),
             model=self.host.model_id,
+            tool_mode=self.host.tool_mode,
             stop_reason=stop_reason,
             duration_s=round(time.perf_counter() - self._started, 3),
             label=self.label,

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.rule import Rule
 
 from .host.protocol import Message
-from .transcripts import RunRecord, TaskEntry, read_transcript
+from .transcripts import RunRecord, TaskEntry, child_runs, read_transcript
 
 PREVIEW_LINES = 12
 
@@ -25,6 +25,7 @@ def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
     data["transcripts"] = []
     for entry in _entries(record, task):
         item: dict[str, Any] = {"label": entry.label, "file": None, "meta": None, "messages": None, "results": []}
+        item["skipped"] = []
         if entry.file is not None:
             log = read_transcript(record.transcript_path(entry))
             item.update(
@@ -32,8 +33,13 @@ def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
                 meta=log.meta,
                 messages=log.messages,
                 results=[r.model_dump(mode="json") for r in log.results],
+                skipped=log.skipped,
             )
         data["transcripts"].append(item)
+    if children := child_runs(record):
+        data["children"] = [
+            {"run_id": c.run_id, "status": c.status, "tasks": [t.label for t in c.tasks]} for c in children
+        ]
     return data
 
 
@@ -52,6 +58,9 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
         console.print(
             f"[dim]model {escape(str(log.meta.get('model')))} · {log.generations} generation(s) · {log.path}[/]"
         )
+        if log.skipped:
+            damaged = f"skipped {len(log.skipped)} damaged line(s) of the transcript: {'; '.join(log.skipped)}"
+            console.print(f"[yellow]{escape(damaged)}[/]")
         if log.messages is None:
             console.print("[yellow]no saved conversation (the process ended before the task did); tool calls:[/]")
             for r in log.records:
@@ -69,6 +78,12 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
             console.print(f"[dim]{escape(line)}[/]")
             if result.error:
                 console.print(f"  [red]{escape(result.error)}[/]")
+    if task is None and (children := child_runs(record)):
+        console.print(Rule("sub-agent runs (subagent show ID, subagent resume ID ...)", align="left", style="dim"))
+        for child in children:
+            score = f"{child.succeeded}/{child.total}" if child.succeeded is not None else f"?/{child.total}"
+            labels = ", ".join(t.label for t in child.tasks)
+            console.print(f"{child.run_id}  {child.mode:<8} {child.status:<11} {score:>5}  {escape(labels)}")
 
 
 def _print_message(console: Console, message: Message, full: bool) -> None:

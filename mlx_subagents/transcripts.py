@@ -12,11 +12,18 @@ a task file is one record with a `type`:
 Every record carries `generation` (1 for the first run, +1 per resume). Events are written as they
 happen, so a crash still leaves the trail; messages and result are written when a generation ends,
 also when it was aborted.
+
+Any text round-trips: lone surrogates and the characters other readers take for line breaks
+(U+2028, U+2029, U+0085) are written as JSON escapes, and the reader splits on `\n` only. A damaged
+file loses only its damaged records: an append after a cut line starts on a fresh line, and a line
+that is not a record of the right shape is skipped and listed in `TaskLog.skipped`.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import secrets
 import time
@@ -25,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from .errors import RunNotFoundError
 from .events import Event
@@ -57,8 +64,15 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("._") or "task"
 
 
-def _dumps(record: dict[str, Any]) -> str:
-    return json.dumps(record, ensure_ascii=False, default=str)
+# Lone surrogates cannot be encoded as UTF-8; the line and paragraph separators are line breaks to
+# `str.splitlines` and to older readers. As JSON escapes, all of them read back as the same text.
+_UNSAFE_CHARS = re.compile("[\ud800-\udfff\u2028\u2029\x85]")
+
+
+def _dumps(record: Any, *, indent: int | None = None) -> str:
+    """JSON text that always encodes as UTF-8 and holds no line break but the ones `indent` adds."""
+    text = json.dumps(record, ensure_ascii=False, default=str, indent=indent)
+    return _UNSAFE_CHARS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 # --- the run record -------------------------------------------------------------------------------
@@ -93,7 +107,7 @@ class RunRecord(BaseModel):
         assert self.folder is not None
         data = self.model_dump(mode="json", exclude={"folder"})
         tmp = self.folder / f".{RUN_FILE}.tmp"
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+        tmp.write_text(_dumps(data, indent=2), encoding="utf-8")
         tmp.replace(self.folder / RUN_FILE)
 
     def task(self, key: str | None) -> TaskEntry:
@@ -162,11 +176,25 @@ class TaskTranscript:
     generation: int = 1
     _file: IO[str] | None = field(default=None, repr=False)
 
+    @property
+    def started(self) -> bool:
+        """Whether the task record is written (a continued task's file already has it)."""
+        return self._file is not None or (self.path.is_file() and self.path.stat().st_size > 0)
+
     def write(self, record_type: str, /, **data: Any) -> None:
         if self._file is None:
-            self._file = self.path.open("a", encoding="utf-8")
+            self._file = self._open()
         self._file.write(_dumps({"type": record_type, "generation": self.generation, "time": _now(), **data}) + "\n")
         self._file.flush()
+
+    def _open(self) -> IO[str]:
+        """Open for appending; after a line cut short (a crash, a full disk) start a fresh line."""
+        file = self.path.open("a+b")
+        if file.seek(0, os.SEEK_END) > 0:
+            file.seek(-1, os.SEEK_END)
+            if file.read(1) != b"\n":
+                file.write(b"\n")
+        return io.TextIOWrapper(file, encoding="utf-8", newline="\n")
 
     def start(self, **meta: Any) -> None:
         self.write("task", **meta)
@@ -191,13 +219,49 @@ class TaskTranscript:
 # --- reading ---------------------------------------------------------------------------------------
 
 
+class _ToolCallRecord(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    function: dict[str, Any]
+
+
+class _MessageRecord(BaseModel):
+    """The shape `resume` and `show` rely on; other keys are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[_ToolCallRecord] | None = None
+
+
+class _TaskRecord(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    agent: str
+    model: str
+    cwd: str
+
+
+# What `show` and `resume` read from a record: (the field, or None for the whole record; its shape).
+_RECORD_SHAPES: dict[str, tuple[str | None, TypeAdapter[Any]]] = {
+    "task": (None, TypeAdapter(_TaskRecord)),
+    "messages": ("messages", TypeAdapter(list[_MessageRecord])),
+    "result": ("result", TypeAdapter(RunResult)),
+}
+
+
 @dataclass
 class TaskLog:
-    """One task transcript, read back: its first `task` record and the latest conversation."""
+    """One task transcript, read back: its first `task` record and the latest conversation.
+
+    `skipped` names each line that could not be used (`line 7: not valid JSON`), for `show` to say.
+    """
 
     path: Path
     meta: dict[str, Any]
     records: list[dict[str, Any]]
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def generations(self) -> int:
@@ -214,21 +278,51 @@ class TaskLog:
 
 
 def read_transcript(path: Path) -> TaskLog:
-    """Parse a task's JSONL file; a truncated last line (a crash mid-write) is skipped."""
+    """Parse a task's JSONL file; a line that is not a well-formed record is skipped and listed."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        data = path.read_bytes()
     except OSError as exc:
         raise RunNotFoundError(f"{path}: cannot read the transcript ({exc.strerror})") from None
-    records = []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+    records: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    # Split on \n only: JSON strings may hold characters `str.splitlines` also breaks on.
+    for n, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
             continue
-    meta = next((r for r in records if r.get("type") == "task"), None)
+        problem = _record_problem(line)
+        if isinstance(problem, str):
+            skipped.append(f"line {n}: {problem}")
+        else:
+            records.append(problem)
+    meta = next((r for r in records if r["type"] == "task"), None)
     if meta is None:
-        raise RunNotFoundError(f"{path}: not a task transcript (no 'task' record)")
-    return TaskLog(path, meta, records)
+        raise RunNotFoundError(f"{path}: not a task transcript (no readable 'task' record)")
+    return TaskLog(path, meta, records, skipped)
+
+
+def _record_problem(line: bytes) -> dict[str, Any] | str:
+    """The record on this line, or what is wrong with it."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return "not valid JSON (cut short?)"
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record object"
+    kind, generation = record.get("type"), record.get("generation", 1)
+    if not isinstance(kind, str):
+        return "no 'type' field"
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
+        return f"{kind} record: 'generation' is not a positive whole number"
+    if kind not in _RECORD_SHAPES:
+        return record
+    key, shape = _RECORD_SHAPES[kind]
+    try:
+        shape.validate_python(record if key is None else record.get(key))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in (key, *err["loc"]) if p is not None) or "record"
+        return f"{kind} record: '{where}': {err['msg']}"
+    return record
 
 
 def load_run(run_id: str, home: Path | None = None) -> RunRecord:
@@ -243,17 +337,28 @@ def load_run(run_id: str, home: Path | None = None) -> RunRecord:
 
 
 def _find_run_folder(run_id: str, root: Path) -> Path:
+    """A top-level run, else a sub-agents' run saved inside one (`<parent>/runs/<id>`); `last` is
+    the newest top-level run."""
     ids = sorted(p.name for p in root.glob("*") if (p / RUN_FILE).is_file()) if root.is_dir() else []
     if run_id in LATEST_ALIASES and ids:
         return root / ids[-1]
     if run_id in ids:
         return root / run_id
-    matches = [i for i in ids if i.startswith(run_id)] if run_id else []
+    matches = [root / i for i in ids if i.startswith(run_id)] if run_id else []
+    if not matches and run_id and root.is_dir():
+        nested = sorted(p.parent for p in root.glob(f"*/runs/**/{RUN_FILE}"))
+        matches = [p for p in nested if p.name == run_id] or [p for p in nested if p.name.startswith(run_id)]
     if len(matches) == 1:
-        return root / matches[0]
+        return matches[0]
     if matches:
-        raise RunNotFoundError(f"run id '{run_id}' is ambiguous: {', '.join(matches[:5])}; give more of it")
+        found = ", ".join(p.name for p in matches[:5])
+        raise RunNotFoundError(f"run id '{run_id}' is ambiguous: {found}; give more of it")
     raise RunNotFoundError(f"no saved run '{run_id}' in {root}; `subagent runs` lists the saved runs")
+
+
+def child_runs(record: RunRecord) -> list[RunRecord]:
+    """The sub-agents' runs started by a run's tasks, oldest first (unreadable ones skipped)."""
+    return list_runs(limit=10_000, home=record.folder)[::-1] if record.folder is not None else []
 
 
 def list_runs(limit: int = 20, home: Path | None = None) -> list[RunRecord]:

@@ -1,14 +1,16 @@
 """Reading what a user hands over (tasks, workflow, schema, script and agent files) with one-line errors.
 
 Every way such input can be bad ends as one `SubagentError` line naming the file and the fix: a file
-that cannot be read (`OSError`, not UTF-8), a syntax error, data nested deeper than Python's parsers
-recurse (`RecursionError`), or data pydantic rejects (`ValidationError`). Callers pick the error
+that cannot be read (`OSError`, not UTF-8), a syntax error, data nested deeper than 128 levels (past
+it, Python's parsers and every later walk raise `RecursionError`) or expanding through YAML aliases to
+more than a million values, or data pydantic rejects (`ValidationError`). Callers pick the error
 class, so the CLI's error boundary prints them all the same way.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +32,9 @@ Format = Literal["json", "yaml", "toml"]
 # transcripts) can hit Python's recursion limit; serde_json stops at the same depth.
 MAX_NESTING = 128
 TOO_DEEP = f"the data is nested more than {MAX_NESTING} levels deep; flatten it"
+# YAML aliases can make a small file stand for billions of values; anything that walks them would hang.
+MAX_VALUES = 1_000_000
+TOO_MANY = f"the data expands to more than {MAX_VALUES:,} values (YAML aliases repeat parts); write it without aliases"
 
 
 def os_reason(exc: OSError) -> str:
@@ -72,23 +77,51 @@ def parse_text(text: str, fmt: Format, where: str, error: type[SubagentError]) -
         raise error(f"{where}: invalid YAML{yaml_problem(exc)}") from None
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{where}: invalid TOML: {exc}") from None
-    if nesting(data) > MAX_NESTING:
-        raise error(f"{where}: {TOO_DEEP}")
+    except ValueError as exc:  # YAML: a date that does not exist (2024-13-45)
+        raise error(f"{where}: invalid {fmt.upper()}: {one_line(str(exc))}") from None
+    if problem := data_problem(data):
+        raise error(f"{where}: {problem}")
     return data
 
 
-def nesting(data: Any) -> int:
-    """How many lists and mappings deep `data` goes (0 for a scalar); a loop, so any depth is safe."""
-    deepest = 0
-    pending = [(data, 1)]
+def data_problem(data: Any) -> str | None:
+    """Why `data` is unsafe to walk ("problem; fix"): nested too deep, or expanding to too many values."""
+    depth, n_values = measure(data)
+    if depth > MAX_NESTING:
+        return TOO_DEEP
+    if n_values > MAX_VALUES:
+        return TOO_MANY
+    return None
+
+
+def measure(data: Any) -> tuple[float, int]:
+    """`(depth, values)`: how many lists and mappings deep `data` goes (`inf` if it contains itself), and how
+    many values it holds once every shared part (a YAML alias) is counted each time it is used.
+
+    A loop, not recursion, so any depth is safe; each list or mapping is visited once, so a "billion laughs"
+    file costs what the file holds, not what it would expand to.
+    """
+    depths: dict[int, float] = {}
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    pending: list[tuple[Any, bool]] = [(data, False)]
     while pending:
-        value, depth = pending.pop()
-        if isinstance(value, dict):
-            value = list(value.values())
-        if isinstance(value, list):
-            deepest = max(deepest, depth)
-            pending.extend((item, depth + 1) for item in value)
-    return deepest
+        value, children_done = pending.pop()
+        if not isinstance(value, (dict, list)):
+            continue
+        items = list(value.values()) if isinstance(value, dict) else value
+        key = id(value)
+        if children_done:  # every child was measured before this marker came back up
+            on_path.discard(key)
+            depths[key] = 1 + max((depths.get(id(item), 0) for item in items), default=0)
+            sizes[key] = 1 + sum(sizes.get(id(item), 1) for item in items)
+        elif key in on_path:
+            return math.inf, 0
+        elif key not in depths:
+            on_path.add(key)
+            pending.append((value, True))
+            pending.extend((item, False) for item in items)
+    return depths.get(id(data), 0), sizes.get(id(data), 1)
 
 
 def load_file(path: Path, fmt: Format, what: str, error: type[SubagentError]) -> Any:

@@ -1,10 +1,14 @@
 """Agent files: parsing, Claude Code files, discovery layers, trust."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from mlx_subagents.agents import (
+    MAX_AGENT_FILE_BYTES,
     AgentCatalog,
     builtin_agents_dir,
     discover_agents,
@@ -110,6 +114,11 @@ def test_full_spec_fields(tmp_path):
         "max_turns": 7,
         "temperature": 1.0,
         "output_schema": {"type": "object"},
+        "agents": None,
+        "full_tools_for": (),
+        "context": "project",
+        "engine": None,
+        "engine_model": None,
         "system_prompt": "Body text.",
         "source": "project",
         "path": path,
@@ -521,3 +530,48 @@ def test_project_agent_declined_is_refused(project_spec):
         require_trust(project_spec, assume_yes=False, interactive=True, confirm=lambda q: False)
 
     assert str(info.value) == ("agent 'x' was not allowed to run (declined). Re-run with --yes to allow it.")
+
+
+def test_special_and_huge_files_are_skipped_unread(user_dir, project):
+    # A cloned repository's agents are read before any confirmation: nothing there may block or
+    # read without end. Reading the FIFO would block this test; reading /dev/zero would never end.
+    folder = project / ".mlx-subagents" / "agents"
+    good = write(folder, "good.md", agent_text(name="good"))
+    os.mkfifo(folder / "pipe.md")
+    (folder / "zero.md").symlink_to("/dev/zero")
+    (folder / "loop.md").symlink_to(folder / "loop.md")
+    huge = write(folder, "huge.md", agent_text(name="huge", body="x" * (MAX_AGENT_FILE_BYTES + 1)))
+
+    catalog = discover_agents(project)
+
+    special = "not a regular file (a FIFO, device or socket); an agent file must be a plain text file"
+    assert catalog.warnings == [
+        f"skipped {huge}: the file is {huge.stat().st_size:,} bytes, over the limit of 1,048,576 for an agent "
+        "file; shorten it",
+        f"skipped {folder / 'loop.md'}: cannot read the file (Too many levels of symbolic links); "
+        "check that it exists and is readable",
+        f"skipped {folder / 'pipe.md'}: {special}",
+        f"skipped {folder / 'zero.md'}: {special}",
+    ]
+    assert catalog.get("good").path == good
+
+
+def test_a_fifo_agent_file_does_not_hang_a_command(project, tmp_path):
+    folder = project / ".mlx-subagents" / "agents"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "pipe.md")
+    (folder / "zero.md").symlink_to("/dev/zero")
+    script = tmp_path / "script.json"
+    script.write_text('["found it"]')
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "mlx_subagents.cli", *args]
+        return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=60)
+
+    done = cli("run", "scout", "where?", "-m", f"scripted:{script}")
+    assert (done.returncode, done.stdout) == (0, "found it\n")
+    listed = cli("agents")
+    assert listed.returncode == 0
+    assert f"skipped {folder / 'pipe.md'}: not a regular file" in listed.stdout + listed.stderr
+    assert f"skipped {folder / 'zero.md'}: not a regular file" in listed.stdout + listed.stderr

@@ -4,8 +4,10 @@ through discovery from a project's `.claude/agents` (Claude Code files) and `.ml
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,3 +114,13 @@ def test_names_with_dots_but_no_separators_spaces_or_leading_dots(tmp_path: Path
         f"{path}: field 'name': {name!r} is not a valid agent name; use lowercase letters, digits, '-', '_' and '.', "
         "starting with a letter or digit"
     )
+
+
+def test_subagent_agents_shows_every_warning(wild: tuple[Path, AgentCatalog], run_cli: Any) -> None:
+    root, catalog = wild
+    code, out, err = run_cli("agents", "-C", str(root), "--scope", "project", "--json")
+    assert code == 0
+    assert "dotnet-framework-4.8-expert" in {row["name"] for row in json.loads(out)}
+    per_agent = [w for name in catalog.names() for w in catalog.agents[name].warnings]
+    assert err.splitlines() == [f"warning: {w}" for w in [*catalog.warnings, *per_agent]]
+    assert len(per_agent) == 5

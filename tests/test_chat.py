@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers import alive, call
+from helpers import alive, all_dead, call
 
 from mlx_subagents.transcripts import load_run, read_transcript
 
@@ -33,15 +33,6 @@ def wait_for_pids(folder: Path, deadline: float) -> list[int]:
     # the bash tool's, not the chat's: give the registration time to happen.
     time.sleep(0.3)
     return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
-
-
-def all_dead(pids: list[int], within: float = 3.0) -> bool:
-    deadline = time.monotonic() + within
-    while any(alive(p) for p in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def cli_env() -> dict[str, str]:
@@ -78,7 +69,8 @@ def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli
     log = read_transcript(record.transcript_path(record.tasks[0]))
     assert [m["role"] for m in log.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert log.messages[1]["content"] == "where is the app?"
-    assert log.messages[3]["content"] == "app.py:1"
+    child = load_run("last", home=record.folder)
+    assert log.messages[3]["content"] == f"app.py:1\n\n[sub-agent run {child.run_id}]"
 
 
 def test_a_chat_continues_with_resume_and_chat_resume(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
@@ -308,19 +300,21 @@ def test_sigint_during_once_stops_the_children_and_exits_130(tmp_path: Path, wri
     assert load_run("last").status == "interrupted"
 
 
-def test_the_streamed_reply_hides_tool_call_markup() -> None:
-    from mlx_subagents.chat import ReplyStream
+def test_the_streamed_reply_is_written_as_it_comes() -> None:
+    # Tool-call markup never reaches the stream: the host sends only visible text (the tiny-model
+    # chat below shows it end to end).
+    from mlx_subagents.terminal import ReplyStream
 
     file = io.StringIO()
     stream = ReplyStream(file)
-    for chunk in ["\n Let me", " look.\n<", "tool_", 'call>\n{"name": "ls"}', "</tool_call>"]:
+    for chunk in ["\n ", " Let me", " look.\n"]:
         stream(chunk)
-    stream.flush()
-    stream.end_line()
+    assert file.getvalue() == "Let me look.\n"
+    stream.end_line()  # the line is complete: nothing added
     stream.reset()
-    for chunk in ["a < b", " <tool"]:  # a '<' that is not markup is shown once the reply ends
+    for chunk in ["a < b", " <tool"]:
         stream(chunk)
-    stream.flush()
+        assert file.getvalue().endswith(chunk.lstrip())  # shown at once, nothing held back
     stream.end_line()
     assert file.getvalue() == "Let me look.\na < b <tool\n"
 
@@ -332,8 +326,11 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(
 
     from rich.console import Console
 
-    from mlx_subagents.chat import Chat, ChatView, ReplyStream
+    from mlx_subagents.chat import Chat
+    from mlx_subagents.events import Fanout
+    from mlx_subagents.options import RunOptions
     from mlx_subagents.runner import Runner
+    from mlx_subagents.terminal import ChatView, ReplyStream
     from mlx_subagents.testing import ForcedScripts, tool_call_text
 
     (tmp_path / "app.py").write_text("print('hi')\n")
@@ -351,14 +348,16 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(
     screen = io.StringIO()
     stream = ReplyStream(screen)
     view = ChatView(Console(file=screen, width=200), stream)
+    sink = Fanout([view.handle])
     runner = Runner(
-        cwd=tmp_path, model=str(tiny_qwen3_path), host_options={"processor_factory": scripts}, on_event=view.handle
+        cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts, on_event=sink
     )
 
     async def main() -> tuple[Any, Any, Chat]:
         async with runner:
             chat = await Chat.start(runner, on_text=stream)
             view.parent = chat.label
+            sink.targets.append(chat.observe)
             first = await chat.turn("what files are there?")
             stream.end_line()
             second = await chat.turn("anything else?")

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
 BUILTINS = ["orchestrator", "planner", "reviewer", "scout", "worker"]
-JSON_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "stop_reason", "duration_s"}
+JSON_FIELDS = {"agent", "task", "status", "output", "error", "usage", "model", "tool_mode", "stop_reason", "duration_s"}
 USAGE_FIELDS = {"input_tokens", "output_tokens", "cached_tokens", "context_tokens", "turns"}
 
 # Documented in the README beside issue 3's fields: what resume and the multi-run modes need.
@@ -78,13 +78,16 @@ def test_run_json_prints_the_documented_object_and_shows_tool_calls(
 
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert {k: data[k] for k in ("agent", "task", "status", "output", "error", "model", "stop_reason")} == {
+    assert {
+        k: data[k] for k in ("agent", "task", "status", "output", "error", "model", "tool_mode", "stop_reason")
+    } == {
         "agent": "scout",
         "task": "where is the config parsed?",
         "status": "completed",
         "output": answer,
         "error": None,
         "model": script,
+        "tool_mode": "native",
         "stop_reason": "completed",
     }
     assert data["usage"]["turns"] == 7
@@ -304,10 +307,10 @@ def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Pa
         "it can run commands in this workspace. Re-run with --yes to allow it."
     )
 
-    allowed = cli("run", "helper", "list", "--model", script, "--cwd", ws, "--yes")
+    allowed = cli("run", "helper", "list", "--model", script, "--cwd", ws, "--yes", "--verbose")
     assert allowed.returncode == 0, allowed.stderr
     assert allowed.stdout == "README.md and src/.\n"
-    assert allowed.stderr.splitlines()[0] == "ls ."
+    assert allowed.stderr.splitlines()[:2] == [f"helper on {script} (tool mode: native)", "ls ."]
 
 
 def test_unknown_agent_lists_the_available_ones(tmp_path: Path, ws: Path, write_script: Any) -> None:
@@ -381,6 +384,9 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     assert first["model"] == f"model     {tiny_qwen3_path}"
     assert first["loaded"].startswith(f"loaded    {tiny_qwen3_path.resolve()} in ")
     assert first["loaded"].endswith("; context window 4096 tokens")
+    assert first["tools"] == (
+        "tools     native: the chat template presents the tools; calls are read in the model's own format"
+    )
     assert first["reply"].startswith("reply     ")
     assert first["speed"].startswith("speed     prompt ") and first["speed"].endswith(" tok/s")
     assert lines[-1] == "ok"

@@ -104,9 +104,18 @@ def test_malformed_tool_call_is_returned_not_raised(tiny_qwen3_path: Path, tiny_
     first, second = run(go())
     assert first.tool_calls == [] and len(first.malformed_tool_calls) == 1
     assert first.malformed_tool_calls[0].raw == bad
-    assert first.malformed_tool_calls[0].error.startswith("JSONDecodeError: Expecting value")
+    fix = (
+        "Write each call exactly in this format, with the tool's own name and arguments:\n"
+        '<tool_call>\n{"name": "tool_name", "arguments": {"argument": "value"}}\n</tool_call>'
+    )
+    assert first.malformed_tool_calls[0].error == (
+        "Error: your tool call could not be parsed (JSONDecodeError: Expecting value: line 1 column 37 (char 36)). "
+        + fix
+    )
     assert second.text == "Looking."
-    assert second.malformed_tool_calls[0].error == "the tool call has no closing </tool_call>"
+    assert second.malformed_tool_calls[0].error == (
+        "Error: your tool call could not be parsed (the call has no closing </tool_call>). " + fix
+    )
 
 
 def test_four_concurrent_sessions_match_their_solo_outputs(tiny_qwen3_path: Path) -> None:

@@ -15,13 +15,14 @@ from helpers import call
 from mlx_subagents.caps import MAX_ANSWER_BYTES
 from mlx_subagents.errors import AgentNotFoundError, InputTooLargeError, RequestError, SchemaFileError
 from mlx_subagents.events import Event
+from mlx_subagents.options import RunOptions
 from mlx_subagents.runner import Runner, TaskSpec, label_tasks, load_tasks_file
 from mlx_subagents.transcripts import read_transcript, runs_dir
 
 
 def make_runner(tmp_path: Path, model: str, events: list[Event] | None = None, **options: Any) -> Runner:
     sink = events.append if events is not None else (lambda _e: None)
-    return Runner(cwd=tmp_path, model=model, on_event=sink, **options)
+    return Runner(cwd=tmp_path, options=RunOptions(model=model, **options), on_event=sink)
 
 
 def go(runner: Runner, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -109,7 +110,7 @@ def test_more_than_eight_tasks_or_a_bad_concurrency_is_refused(tmp_path: Path, w
     runner = make_runner(tmp_path, write_script(["done"]))
     with pytest.raises(RequestError, match="9 tasks is more than the limit of 8 per run"):
         go(runner, "parallel", [TaskSpec("scout", "x")] * 9)
-    with pytest.raises(RequestError, match="concurrency must be from 1 to 4, got 5"):
+    with pytest.raises(RequestError, match=r"concurrency must be from 1 to 4 \(up to 8 with --engine\), got 5"):
         go(runner, "parallel", [TaskSpec("scout", "x")], concurrency=5)
     with pytest.raises(RequestError, match="no tasks given"):
         go(runner, "parallel", [])
@@ -229,7 +230,7 @@ def test_max_turns_max_tokens_and_timeout_each_name_their_limit(tmp_path: Path, 
     model = write_script({"replies": [call("ls", path="."), call("ls", path="."), {"content": "late", "delay": 5}]})
     tasks = [
         TaskSpec("scout", "turns", label="turns", max_turns=2),
-        TaskSpec("scout", "tokens", label="tokens", max_tokens=5),
+        TaskSpec("scout", "tokens", label="tokens", max_output_tokens=5),
         TaskSpec("scout", "time", label="time", timeout=0.3),
     ]
     started = time.perf_counter()
@@ -276,7 +277,7 @@ def test_input_caps_are_checked_before_anything_starts(tmp_path: Path, write_scr
     agents = tmp_path / ".mlx-subagents" / "agents"
     agents.mkdir(parents=True)
     (agents / "verbose.md").write_text("---\nname: verbose\ndescription: talks\n---\n" + "z" * 8_001)
-    runner = Runner(cwd=tmp_path, model=write_script(["done"]), assume_yes=True)
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["done"]), assume_yes=True))
     with pytest.raises(
         InputTooLargeError, match="agent 'verbose' has a system prompt of 8,001 characters, over the limit of 8,000"
     ):
@@ -368,12 +369,12 @@ def test_an_agents_output_schema_applies(tmp_path: Path, write_script: Any) -> N
     (agents / "counter.md").write_text(
         "---\nname: counter\ndescription: counts\ntools: ls\noutput_schema: {type: integer}\n---\nCount things.\n"
     )
-    runner = Runner(cwd=tmp_path, model=write_script(["42"]), assume_yes=True)
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["42"]), assume_yes=True))
     assert go(runner, "run", TaskSpec("counter", "count")).parsed == 42
     (agents / "counter.md").write_text(
         "---\nname: counter\ndescription: counts\noutput_schema: {type: 12}\n---\nCount things.\n"
     )
-    runner = Runner(cwd=tmp_path, model=write_script(["42"]), assume_yes=True)
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["42"]), assume_yes=True))
     with pytest.raises(SchemaFileError, match="output schema of task 'counter': not a valid JSON schema"):
         go(runner, "run", TaskSpec("counter", "count"))
 
@@ -395,7 +396,10 @@ def test_parallel_on_the_tiny_real_model(tmp_path: Path, tiny_qwen3_path: Path, 
     )
     events: list[Event] = []
     runner = Runner(
-        cwd=tmp_path, model=str(tiny_qwen3_path), host_options={"processor_factory": scripts}, on_event=events.append
+        cwd=tmp_path,
+        options=RunOptions(model=str(tiny_qwen3_path)),
+        processor_factory=scripts,
+        on_event=events.append,
     )
     tasks = [TaskSpec("scout", "map"), TaskSpec("scout", "more"), TaskSpec("planner", "plan")]
     outcome = go(runner, "parallel", tasks, concurrency=2)
@@ -415,7 +419,7 @@ def test_cancel_stops_a_tiny_real_model_generation_at_the_next_token(
     from mlx_subagents.testing.forced import ForcedScripts
 
     scripts = ForcedScripts(tiny_qwen3[1], {"scout": ["word " * 2000]})
-    runner = Runner(cwd=tmp_path, model=str(tiny_qwen3_path), host_options={"processor_factory": scripts})
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts)
     events: list[Event] = []
     runner.on_event = events.append
 

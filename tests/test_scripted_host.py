@@ -17,6 +17,7 @@ from mlx_subagents.host.protocol import (
     ToolCall,
 )
 from mlx_subagents.host.scripted import ScriptedHost, approx_tokens
+from mlx_subagents.host.toolcalls import hermes
 
 TASK = [{"role": "system", "content": "You are a scout."}, {"role": "user", "content": "Look."}]
 
@@ -123,7 +124,7 @@ def test_raw_reply_is_a_malformed_tool_call(tmp_path: Path) -> None:
     assert result.tool_calls == []
     assert result.raw_text == raw
     assert result.malformed_tool_calls == [
-        MalformedToolCall(raw, "tool call is not valid JSON: Expecting value (line 1 column 1)")
+        MalformedToolCall(raw, hermes().error("tool call is not valid JSON: Expecting value (line 1 column 1)"))
     ]
 
 

@@ -133,8 +133,8 @@ def test_tool_errors_go_back_to_the_model_and_the_loop_goes_on(ws: Path) -> None
     assert result.output == "Config is parsed in src/app.py:3-4."
     malformed = (
         "Error: your tool call could not be parsed (tool call is not valid JSON: Expecting value "
-        "(line 1 column 29)). Write it exactly as <tool_call>\n"
-        '{"name": "<tool name>", "arguments": {...}}\n</tool_call>'
+        "(line 1 column 29)). Write each call exactly in this format, with the tool's own name and arguments:\n"
+        '<tool_call>\n{"name": "tool_name", "arguments": {"argument": "value"}}\n</tool_call>'
     )
     assert after_head(session) == [
         assistant_call("delete", {"path": "src/app.py"}, "call_1"),

@@ -25,6 +25,7 @@ from mlx_lm.tool_parsers import json_tools
 
 import mlx_subagents
 from mlx_subagents.testing import (
+    TEMPLATES,
     ForcedScripts,
     Script,
     make_forced_processor,
@@ -140,6 +141,23 @@ def test_context_window_and_arch_validation(tmp_path: Path) -> None:
     assert json.loads((path / "config.json").read_text())["max_position_embeddings"] == 1024
     with pytest.raises(ValueError, match="arch must be one of"):
         make_tiny_model(tmp_path / "bad", "llama")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="template must be one of"):
+        make_tiny_model(tmp_path / "bad", template="gemma")  # type: ignore[arg-type]
+
+
+def test_template_variants(tmp_path: Path) -> None:
+    """Each variant writes its own template (or none); the default is the Qwen tools template."""
+    configs = {}
+    for template in TEMPLATES:
+        folder = make_tiny_model(tmp_path / template, template=template)
+        configs[template] = json.loads((folder / "tokenizer_config.json").read_text())
+    assert "{%- if tools %}" in configs["tools"]["chat_template"]
+    assert "'<tool_call>\\n<function=' + tool_call.name" in configs["coder"]["chat_template"]
+    assert "tool" not in configs["no_tools"]["chat_template"].split("-#}", 1)[1]  # past its comment
+    assert "raise_exception('System role not supported')" in configs["strict"]["chat_template"]
+    assert "chat_template" not in configs["none"]
+    default = json.loads((make_tiny_model(tmp_path / "default") / "tokenizer_config.json").read_text())
+    assert default == configs["tools"]
 
 
 @pytest.mark.parametrize(

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
+import os
+import subprocess
+import sys
+import threading
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import alive
 
-from mlx_subagents.errors import WorkspaceEscapeError
+from mlx_subagents.errors import ToolError, WorkspaceEscapeError
 from mlx_subagents.tools import (
     READ_ONLY_TOOLS,
     TOOL_CLASSES,
@@ -22,6 +26,8 @@ from mlx_subagents.tools import (
     kill_all_processes,
     make_tools,
 )
+from mlx_subagents.tools.base import MAX_OUTPUT_BYTES
+from mlx_subagents.tools.edit import replace_checked
 from mlx_subagents.tools.grep import GrepTool
 
 SECRET = "TOP-SECRET"
@@ -53,13 +59,9 @@ def tools(ws: Workspace) -> dict[str, Tool]:
     return make_tools(TOOL_NAMES, ws)
 
 
-@pytest.fixture(params=["python", "rg"])
-def grep(request: pytest.FixtureRequest, ws: Workspace) -> GrepTool:
-    """The grep tool on each backend; both must print the same thing."""
-    if request.param == "python":
-        return GrepTool(ws, use_rg=False)
-    if shutil.which("rg") is None:
-        pytest.skip("ripgrep (rg) is not installed; the Python backend is tested either way")
+@pytest.fixture
+def grep(ws: Workspace) -> GrepTool:
+    """The grep tool: always ripgrep, from the `ripgrep` dependency."""
     return GrepTool(ws)
 
 
@@ -320,7 +322,7 @@ def test_read_refuses_directories_binaries_and_missing_files(tools: dict[str, To
 def test_os_errors_become_error_results(tools: dict[str, Tool]) -> None:
     name = "a" * 300  # longer than any file system allows
     assert run(tools["read"], path=name) == err(
-        f"read failed: File name too long ({name}); check the path and permissions"
+        f"read failed: File name too long ({name[:120]} ...); check the path and permissions"
     )
 
 
@@ -370,8 +372,7 @@ def test_grep_no_match_and_bad_regex(grep: GrepTool) -> None:
         "No matches for 'nothing_here' in src (glob '*.py')"
     )
     assert run(grep, pattern="print(") == err(
-        "invalid regex 'print(': missing ), unterminated subpattern at position 5; "
-        "escape regex special characters with a backslash"
+        "invalid regex 'print(': unclosed group; escape regex special characters with a backslash"
     )
     assert run(grep, pattern="x", path="missing") == err(
         "path 'missing' does not exist in the workspace; use ls or find to see what is there"
@@ -559,3 +560,208 @@ def test_bash_kills_leftover_background_jobs_on_return(tools: dict[str, Tool], t
     assert result == ok("done")
     assert time.monotonic() - started < 5
     _assert_all_dead(_pids(pid_file, count=1))
+
+
+# Commands whose process leaves bash's process group, each writing its pid to PID_FILE.
+PY_SETSID = "import os, time; os.setsid(); open('PID_FILE', 'w').write(str(os.getpid())); time.sleep(30)"
+PY_DAEMON = "import os, time\nif os.fork(): os._exit(0)\n" + PY_SETSID.replace("; ", "\n")
+ESCAPES = {
+    "setsid -f": "setsid -f sh -c 'echo $$ > PID_FILE; exec sleep 30'",
+    "set -m": "set -m; sh -c 'echo $$ > PID_FILE; exec sleep 30' &",
+    "os.setsid": f'PYTHON -c "{PY_SETSID}" &',
+    "fork + os.setsid": f'PYTHON -c "{PY_DAEMON}"',
+}
+
+
+@pytest.mark.parametrize("end", ["returns", "times out", "is cancelled", "kill_all_processes"])
+@pytest.mark.parametrize("escape", ESCAPES)
+def test_processes_that_leave_the_group_die_with_the_call(
+    tools: dict[str, Tool], tmp_path: Path, escape: str, end: str
+) -> None:
+    pid_file = tmp_path / "pid"
+    spawn = ESCAPES[escape].replace("PID_FILE", str(pid_file)).replace("PYTHON", sys.executable)
+    command = f"{spawn}\nwhile [ ! -s {pid_file} ]; do sleep 0.05; done; echo spawned"
+    if end != "returns":
+        command += f"; echo 1 > {tmp_path / 'ready'}; sleep 30"
+
+    async def call() -> tuple[ToolResult | None, list[int]]:
+        task = asyncio.create_task(tools["bash"].call({"command": command, "timeout": 2 if end == "times out" else 60}))
+        pids = await asyncio.to_thread(_pids, pid_file, 1)
+        if end != "returns":  # the call still runs: the escaped process too, and "spawned" is in the pipe
+            assert alive(pids[0])
+            await asyncio.to_thread(_pids, tmp_path / "ready", 1)
+        if end == "is cancelled":
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return None, pids
+        if end == "kill_all_processes":
+            kill_all_processes()
+        return await asyncio.wait_for(task, 10), pids
+
+    result, pids = asyncio.run(call())
+    expected = {
+        "returns": ok("spawned"),
+        "times out": err("command timed out after 2s; its process group was killed\nspawned"),
+        "is cancelled": None,
+        "kill_all_processes": ok("spawned\n[exit code -9]"),
+    }
+    assert result == expected[end]
+    _assert_all_dead(pids)
+
+
+# --- a hostile tree cannot hang or exhaust a tool ----------------------------------------------------
+
+NOT_REGULAR = "is not a regular file (a FIFO, device or socket)"
+
+
+def test_special_files_are_refused_before_anything_blocks(tools: dict[str, Tool], ws: Workspace) -> None:
+    os.mkfifo(ws.root / "pipe")
+    assert run(tools["write"], path="pipe", content="x") == err(f"'pipe' {NOT_REGULAR}; tools only use regular files")
+    assert run(tools["edit"], path="pipe", old_text="a", new_text="b") == err("'pipe' is not a regular file")
+    assert run(tools["read"], path="pipe") == err("'pipe' is not a regular file")
+    assert run(tools["grep"], pattern="x", path="pipe") == err(f"'pipe' {NOT_REGULAR}; grep only reads files")
+    assert run(tools["grep"], pattern="hello", path="docs") == ok("docs/guide.md:1:Say hello.")
+    os.mkfifo(ws.root / "docs/pipe.md")  # met while walking: skipped, never opened
+    assert run(tools["grep"], pattern="hello", path="docs") == ok("docs/guide.md:1:Say hello.")
+    assert run(tools["find"], pattern="*.md", path="docs") == ok("docs/guide.md")
+
+
+def test_ls_lists_a_symlink_loop_instead_of_failing(tools: dict[str, Tool], ws: Workspace) -> None:
+    (ws.root / "docs/loop").symlink_to("loop")
+    (ws.root / "docs/a").symlink_to("b")
+    (ws.root / "docs/b").symlink_to("a")
+    assert run(tools["ls"], path="docs") == ok("a\nb\nguide.md\nloop")
+
+
+def test_grep_runs_a_catastrophic_regex_in_linear_time(tools: dict[str, Tool], ws: Workspace) -> None:
+    # Python's backtracking engine takes about 2**n steps here; rg's automaton takes n.
+    (ws.root / "evil.txt").write_text("a" * 5000 + "b\n")
+    assert run(tools["grep"], pattern="(a|aa)+$", path="evil.txt") == ok("No matches for '(a|aa)+$' in evil.txt")
+
+
+def test_read_and_grep_of_a_huge_one_line_file_stay_small(tools: dict[str, Tool], ws: Workspace) -> None:
+    size = 30 * 1024 * 1024
+    with (ws.root / "min.js").open("w") as file:
+        for _ in range(size // (1024 * 1024)):
+            file.write("var x = 1;" * 104857 + "var ")
+        file.write("needle;\n")
+    tracemalloc.start()
+    try:
+        read = run(tools["read"], path="min.js")
+        found = run(tools["grep"], pattern="needle", path="min.js")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024  # the file is 30 MB: it was never held whole
+    n_chars = (ws.root / "min.js").stat().st_size - 1
+    assert read == ok(f"     1\t{'var x = 1;' * 200}... [line truncated: {n_chars} chars]")
+    assert found == ok(f"min.js:1:{'var x = 1;' * 200} [... omitted end of long line]")
+
+
+class BlockingTool(Tool):
+    """A tool whose work never ends, as a blocked read or write once did."""
+
+    name = "blocking"
+    description = "blocks"
+    read_only = True
+    Params = TOOL_CLASSES["ls"].Params
+
+    def execute(self, params: Any) -> str:
+        threading.Event().wait()
+        return "never"
+
+
+def test_a_blocked_tool_is_stopped_by_the_time_limit(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("mlx_subagents.tools.base.DEFAULT_TOOL_TIMEOUT", 0.2)
+    assert run(BlockingTool(ws)) == err("blocking took longer than 0.2s and was stopped; narrow the request")
+
+
+def test_a_blocked_tool_thread_does_not_keep_the_process_from_exiting(ws: Workspace) -> None:
+    program = f"""
+import asyncio, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_tools import BlockingTool
+from mlx_subagents.tools import Workspace
+
+async def main():
+    task = asyncio.ensure_future(BlockingTool(Workspace({str(ws.root)!r})).call({{}}))
+    await asyncio.sleep(0.2)
+    task.cancel()  # Ctrl-C or --timeout
+    try:
+        await task
+    except asyncio.CancelledError:
+        print("cancelled")
+
+asyncio.run(main())
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "cancelled\n")
+
+
+# --- edit against a concurrent writer; what bash's cap counts ----------------------------------------
+
+APPENDER = """
+import sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    with open(path, "a") as file:  # what `echo line >> file` does
+        file.write(f"appended {i}\\n")
+    time.sleep(0.001)
+"""
+
+
+def test_edit_never_loses_what_a_concurrent_writer_appends(tools: dict[str, Tool], ws: Workspace) -> None:
+    path = ws.root / "log.txt"
+    path.write_text("counter = 0\n")
+    appender = subprocess.Popen([sys.executable, "-c", APPENDER, str(path), "400"])
+    n_edits = 0
+    n_changed = 0
+    try:
+        while n_edits < 30:
+            result = run(
+                tools["edit"], path="log.txt", old_text=f"counter = {n_edits}\n", new_text=f"counter = {n_edits + 1}\n"
+            )
+            if result.is_error:
+                assert result == err("log.txt: the file changed since it was read; read it again")
+                n_changed += 1
+            else:
+                n_edits += 1
+    finally:
+        appender.wait(timeout=60)
+    lines = path.read_text().splitlines()
+    assert lines[0] == "counter = 30"
+    assert sorted(lines[1:], key=lambda line: int(line.split()[1])) == [f"appended {i}" for i in range(400)]
+    assert [p.name for p in ws.root.glob(".log.txt.*")] == []  # no temporary file left
+
+
+def test_edit_refuses_a_file_changed_since_it_was_read(ws: Workspace) -> None:
+    path = ws.root / "a.txt"
+    path.write_bytes(b"one\r\ntwo\r\n")
+    with pytest.raises(ToolError, match="^a.txt: the file changed since it was read; read it again$"):
+        replace_checked(path, "a.txt", b"one\r\n", b"three\r\n")
+    assert path.read_bytes() == b"one\r\ntwo\r\n"
+    path.chmod(0o640)
+    replace_checked(path, "a.txt", b"one\r\ntwo\r\n", b"three\r\n")
+    assert (path.read_bytes(), path.stat().st_mode & 0o777) == (b"three\r\n", 0o640)
+
+
+def test_bash_caps_what_the_model_sees_not_raw_bytes(tools: dict[str, Tool]) -> None:
+    # Random bytes decode to U+FFFD (3 bytes of UTF-8) each: capping the raw bytes let 50 KB become 150 KB.
+    result = run(tools["bash"], command="head -c 2000000 /dev/urandom")
+    head, tail = result.output.split("\n[output truncated: ")[0], result.output.rsplit("]\n", 1)[1]
+    assert len(head.encode()) <= 25600 and len(tail.encode()) <= 25600
+    assert "[output truncated: 2000000 bytes total; showing the first and last 25600 bytes]" in result.output
+    assert len(result.output.encode()) <= MAX_OUTPUT_BYTES + 100
+    plain = run(tools["bash"], command="head -c 40000 /dev/urandom")  # under the cap as bytes, not as text
+    assert len(plain.output.encode()) <= MAX_OUTPUT_BYTES + 100
+
+
+def test_hard_links_are_what_the_readme_says(tools: dict[str, Tool], ws: Workspace) -> None:
+    outside = ws.root.parent / "outside/secret.txt"
+    os.link(outside, ws.root / "hard.txt")
+    assert run(tools["read"], path="hard.txt") == ok(f"     1\t{SECRET}")  # the path rules see names only
+    assert run(tools["edit"], path="hard.txt", old_text="TOP", new_text="LOW") == ok(
+        "Edited hard.txt: replaced text at line 1"
+    )
+    assert (outside.read_text(), (ws.root / "hard.txt").read_text()) == (f"{SECRET}\n", "LOW-SECRET\n")

@@ -11,6 +11,7 @@ import pytest
 from helpers import call
 
 from mlx_subagents.errors import RunNotFoundError
+from mlx_subagents.options import RunOptions
 from mlx_subagents.runner import Runner, TaskSpec, close_open_tool_calls
 from mlx_subagents.transcripts import list_runs, load_run, read_transcript, runs_dir
 
@@ -29,7 +30,9 @@ def test_a_run_saves_its_record_and_every_task(tmp_path: Path, write_script: Any
         {"agents": {"scout": {"replies": [call("read", path="notes.txt"), "it says hello"]}}, "replies": ["planned"]}
     )
     outcome = go(
-        Runner(cwd=tmp_path, model=model), "parallel", [TaskSpec("scout", "read it"), TaskSpec("planner", "plan")]
+        Runner(cwd=tmp_path, options=RunOptions(model=model)),
+        "parallel",
+        [TaskSpec("scout", "read it"), TaskSpec("planner", "plan")],
     )
 
     folder = isolated_home / ".mlx-subagents" / "runs" / outcome.run_id
@@ -81,10 +84,10 @@ def test_a_run_saves_its_record_and_every_task(tmp_path: Path, write_script: Any
 
 def test_resume_continues_the_conversation_and_extends_the_transcript(tmp_path: Path, write_script: Any) -> None:
     first = write_script({"agents": {"scout": {"replies": [call("ls", path="."), "first answer"]}}})
-    result = go(Runner(cwd=tmp_path, model=first), "run", TaskSpec("scout", "look around"))
+    result = go(Runner(cwd=tmp_path, options=RunOptions(model=first)), "run", TaskSpec("scout", "look around"))
 
     second = write_script(["second answer"], name="second.json")
-    resumed = go(Runner(cwd=tmp_path, model=second), "resume", result.run_id[:12], "and then?")
+    resumed = go(Runner(cwd=tmp_path, options=RunOptions(model=second)), "resume", result.run_id[:12], "and then?")
 
     assert (resumed.status, resumed.output, resumed.task, resumed.run_id) == (
         "completed",
@@ -119,8 +122,12 @@ def test_resume_continues_the_conversation_and_extends_the_transcript(tmp_path: 
 
 def test_resume_picks_a_task_and_explains_what_is_missing(tmp_path: Path, write_script: Any) -> None:
     model = write_script(["one"])
-    outcome = go(Runner(cwd=tmp_path, model=model), "parallel", [TaskSpec("scout", "a"), TaskSpec("planner", "b")])
-    runner = Runner(cwd=tmp_path, model=write_script(["two"], name="two.json"))
+    outcome = go(
+        Runner(cwd=tmp_path, options=RunOptions(model=model)),
+        "parallel",
+        [TaskSpec("scout", "a"), TaskSpec("planner", "b")],
+    )
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["two"], name="two.json")))
 
     with pytest.raises(RunNotFoundError, match=r"has 2 tasks \(scout, planner\); pick one with --task LABEL"):
         go(runner, "resume", outcome.run_id, "more")
@@ -135,7 +142,10 @@ def test_resume_picks_a_task_and_explains_what_is_missing(tmp_path: Path, write_
 def test_list_and_load_runs(tmp_path: Path, write_script: Any) -> None:
     assert list_runs() == []
     model = write_script(["x"])
-    ids = [go(Runner(cwd=tmp_path, model=model), "run", TaskSpec("scout", str(i))).run_id for i in range(3)]
+    ids = [
+        go(Runner(cwd=tmp_path, options=RunOptions(model=model)), "run", TaskSpec("scout", str(i))).run_id
+        for i in range(3)
+    ]
 
     assert [r.run_id for r in list_runs()] == ids[::-1]
     assert [r.run_id for r in list_runs(limit=2)] == ids[:0:-1]
@@ -148,7 +158,11 @@ def test_list_and_load_runs(tmp_path: Path, write_script: Any) -> None:
 
 
 def test_save_transcripts_off_writes_nothing(tmp_path: Path, write_script: Any) -> None:
-    result = go(Runner(cwd=tmp_path, model=write_script(["x"]), save_transcripts=False), "run", TaskSpec("scout", "a"))
+    result = go(
+        Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])), save_transcripts=False),
+        "run",
+        TaskSpec("scout", "a"),
+    )
     assert (result.output, result.run_id, result.transcript) == ("x", None, None)
     assert not runs_dir().exists()
 
@@ -210,3 +224,84 @@ def test_cli_runs_show_and_resume(tmp_path: Path, write_script: Any, run_cli: An
     code, out, err = run_cli("resume", "nope", "x")
     assert (code, out) == (2, "")
     assert err.startswith("error: no saved run 'nope' in ") and len(err.splitlines()) == 1
+
+
+# -- any text reads back; a damaged file loses only its damaged records ---------------------------------
+
+ODD_TEXT = "a\u2028b\u2029c\x85d"  # line breaks to str.splitlines, not to JSON
+
+
+def test_any_text_round_trips_through_a_transcript(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    (tmp_path / "a.js").write_text(f"var s = '{ODD_TEXT}';\n", encoding="utf-8")
+    script = [call("read", path="a.js"), call("grep", pattern="lone \ud800 surrogate"), f"seen {ODD_TEXT} \udfff"]
+    code, _, _ = run_cli("run", "scout", "look", "-m", write_script(script), "-C", str(tmp_path))
+    assert code == 0
+    record = load_run("last")
+    path = record.transcript_path(record.tasks[0])
+    assert b"\\u2028" in path.read_bytes() and b"\\ud800" in path.read_bytes()
+
+    log = read_transcript(path)
+    assert log.skipped == []
+    assert log.messages[3]["content"] == f"     1\tvar s = '{ODD_TEXT}';"
+    assert log.messages[4]["tool_calls"][0]["function"]["arguments"] == {"pattern": "lone \ud800 surrogate"}
+    assert log.messages[-1]["content"] == log.results[0].output == f"seen {ODD_TEXT} \udfff"
+
+    code, out, _ = run_cli("show", record.run_id, "--json")
+    assert code == 0 and json.loads(out)["transcripts"][0]["messages"] == log.messages
+    assert run_cli("resume", "last", "more \ud800", "-m", write_script(["two"], "2.json"))[:2] == (0, "two\n")
+    assert run_cli("chat", "--resume", "last", "--once", "x", "-m", write_script(["three"], "3.json"))[:2] == (
+        0,
+        "three\n",
+    )
+    log = read_transcript(path)
+    assert (log.generations, log.skipped) == (3, [])
+    assert [m["content"] for m in log.messages if m["role"] == "user"][1:] == ["more \ud800", "x"]
+
+
+def test_a_damaged_transcript_loses_only_the_damaged_records(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    assert run_cli("run", "scout", "look", "-m", write_script(["one"]), "-C", str(tmp_path))[0] == 0
+    record = load_run("last")
+    path = record.transcript_path(record.tasks[0])
+    lines = path.read_bytes().split(b"\n")
+    bad = [
+        b"[]",
+        b'{"type": "messages", "generation": 1, "messages": "not a list"}',
+        b'{"type": "messages", "generation": 1, "messages": [1, 2]}',
+        b'{"type": "result", "generation": 1, "result": {"status": "?"}}',
+        b'{"type": "event", "generation": "2"}',
+    ]
+    # Damaged records after the good ones, then a crash cutting the last record (the result) in half.
+    path.write_bytes(b"\n".join([*lines[:-2], *bad, lines[-2][:40]]))
+
+    log = read_transcript(path)
+    assert log.messages[-1]["content"] == "one" and log.results == []
+    n = len(lines) - 1  # the first damaged line
+    assert log.skipped == [
+        f"line {n}: a JSON list, not a record object",
+        f"line {n + 1}: messages record: 'messages': Input should be a valid list",
+        f"line {n + 2}: messages record: 'messages.0': Input should be a valid dictionary or instance of _MessageRecord",
+        log.skipped[3],
+        f"line {n + 4}: event record: 'generation' is not a positive whole number",
+        f"line {n + 5}: not valid JSON (cut short?)",
+    ]
+    assert log.skipped[3].startswith(f"line {n + 3}: result record: 'result.")
+
+    code, out, _ = run_cli("show", "last")
+    assert code == 0 and f"skipped 6 damaged line(s) of the transcript: line {n}: a JSON list" in out
+    assert "assistant: one" in out
+    assert run_cli("resume", "last", "again", "-m", write_script(["two"], "2.json"))[:2] == (0, "two\n")
+    assert run_cli("chat", "--resume", "last", "--once", "x", "-m", write_script(["three"], "3.json"))[:2] == (
+        0,
+        "three\n",
+    )
+    log = read_transcript(path)
+    assert len(log.skipped) == 6  # the record appended after the cut line starts on a line of its own
+    assert [m["content"] for m in log.messages if m["role"] == "assistant"] == ["one", "two", "three"]
+    assert [r.output for r in log.results] == ["two", "three"]
+
+
+def test_a_transcript_with_no_readable_task_record_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'[]\n{"type": "task", "generation": 1}\n\xff\xfe\n')
+    with pytest.raises(RunNotFoundError, match=r"t.jsonl: not a task transcript \(no readable 'task' record\)$"):
+        read_transcript(path)

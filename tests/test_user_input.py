@@ -4,16 +4,21 @@ line each bad one gets from the CLI (exit 2, nothing run, no traceback)."""
 from __future__ import annotations
 
 import json
+import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from mlx_subagents.agents import discover_agents
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import parse_bytes
 from mlx_subagents.host.mlx_host import total_memory
+from mlx_subagents.schema_output import AnswerMismatch, parse_answer
 from mlx_subagents.transcripts import runs_dir
-from mlx_subagents.userfiles import MAX_NESTING
+from mlx_subagents.userfiles import MAX_NESTING, MAX_VALUES, measure
 
 SIZE_FIX = "is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)"
 
@@ -165,3 +170,73 @@ def test_deeply_nested_files_are_one_line(
     code, out, err = run_cli(*args, "-C", str(tmp_path))
     assert (code, out, err) == (2, "", f"error: {path}: {TOO_DEEP}\n")
     assert not runs_dir().exists()
+
+
+# A "billion laughs" file: ten levels of ten aliases of the level below, 10^10 values once expanded.
+LAUGHS = "".join(
+    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10) if i else ', '.join(['ha'] * 10)}]\n" for i in range(10)
+)
+TOO_MANY = f"the data expands to more than {MAX_VALUES:,} values (YAML aliases repeat parts); write it without aliases"
+
+
+def test_measure_counts_shared_parts_each_time_without_expanding_them() -> None:
+    assert measure(None) == (0, 1)
+    assert measure({"a": [1, [2]], "b": "x"}) == (3, 6)
+    sizes = [11]  # l0: a list of ten values; each next level: a list of ten of the level below
+    for _ in range(9):
+        sizes.append(1 + 10 * sizes[-1])
+    assert measure(yaml.safe_load(LAUGHS)) == (11, 1 + sum(sizes))
+    assert measure(yaml.safe_load("a: &a [1, *a]"))[0] == math.inf
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "problem"),
+    [
+        ("tasks.yaml", f"tasks:\n  - agent: scout\n    task: hi\nextra:\n{textwrap.indent(LAUGHS, '  ')}", TOO_MANY),
+        ("script.yaml", "replies: &r\n  - content: done\n  - *r\n", TOO_DEEP),
+    ],
+)
+def test_yaml_aliases_cannot_blow_up_a_file(
+    tmp_path: Path, write_script: Any, run_cli: Any, kind: str, text: str, problem: str
+) -> None:
+    path = tmp_path / kind
+    path.write_text(text)
+    if kind == "tasks.yaml":
+        args = ["parallel", "-f", str(path), "-m", write_script(["done"])]
+    else:
+        args = ["run", "scout", "hi", "-m", f"scripted:{path}"]
+    code, out, err = run_cli(*args, "-C", str(tmp_path))
+    assert (code, out, err) == (2, "", f"error: {path}: {problem}\n")
+
+
+def test_an_agent_file_with_an_alias_bomb_is_skipped_not_expanded(tmp_path: Path) -> None:
+    folder = tmp_path / ".mlx-subagents" / "agents"
+    folder.mkdir(parents=True)
+    path = folder / "laughs.md"
+    path.write_text(f"---\nname: laughs\ndescription: D.\n{LAUGHS}---\nBody.\n")
+    catalog = discover_agents(tmp_path, scope="project")
+    assert catalog.warnings == [f"skipped {path}: in the frontmatter, {TOO_MANY}"]
+
+
+@pytest.mark.parametrize("depth", [OVERFLOW, PAST_CAP])
+def test_deep_json_in_a_string_is_caught_too(tmp_path: Path, run_cli: Any, depth: int) -> None:
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps([{"tool_calls": [{"name": "ls", "arguments": nested_json(depth)}]}]))
+    code, out, err = run_cli("run", "scout", "hi", "-m", f"scripted:{path}", "-C", str(tmp_path))
+    assert (code, out, err) == (2, "", f"error: {path}: replies[0].tool_calls[0].arguments: {TOO_DEEP}\n")
+
+
+@pytest.mark.parametrize("depth", [OVERFLOW, PAST_CAP])
+def test_a_deep_answer_is_a_mismatch_the_model_can_fix(depth: int) -> None:
+    with pytest.raises(AnswerMismatch) as info:
+        parse_answer(nested_json(depth), {"type": "array"})
+    assert str(info.value) == f"the answer is too large to check: {TOO_DEEP}"
+
+
+def test_a_date_that_does_not_exist_in_a_tasks_file_is_one_line(
+    tmp_path: Path, write_script: Any, run_cli: Any
+) -> None:
+    path = tmp_path / "tasks.yaml"
+    path.write_text("- agent: scout\n  task: 2024-13-45\n")
+    code, out, err = run_cli("parallel", "-f", str(path), "-m", write_script(["done"]), "-C", str(tmp_path))
+    assert (code, out, err) == (2, "", f"error: {path}: invalid YAML: month must be in 1..12\n")

@@ -10,6 +10,7 @@ import pytest
 
 from mlx_subagents.errors import WorkflowError
 from mlx_subagents.events import Event
+from mlx_subagents.options import RunOptions
 from mlx_subagents.runner import Runner
 from mlx_subagents.transcripts import runs_dir
 from mlx_subagents.workflow import (
@@ -51,7 +52,11 @@ def write(tmp_path: Path, text: str, name: str = "flow.toml") -> Path:
 def run_workflow(
     tmp_path: Path, model: str, flow: Any, text: str = "", events: list[Event] | None = None, **kwargs: Any
 ) -> Any:
-    runner = Runner(cwd=tmp_path, model=model, on_event=(events.append if events is not None else lambda _e: None))
+    runner = Runner(
+        cwd=tmp_path,
+        options=RunOptions(model=model),
+        on_event=(events.append if events is not None else lambda _e: None),
+    )
 
     async def main() -> Any:
         async with runner:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError, ModelNotFoundError
+from ..home import state_home
 
 # Files mlx-lm needs from a hub snapshot (the same set its own loader fetches).
 ALLOW_PATTERNS = [
@@ -80,12 +81,26 @@ def _download(repo_id: str) -> Path:
         ) from None
 
 
+def imported_models_dir() -> Path:
+    """`$MLX_SUBAGENTS_HOME/models`: where `subagent models import` puts converted GGUF models."""
+    return state_home() / "models"
+
+
 def resolve_model_path(model: str) -> Path:
-    """A local folder as is, or a hub id through the Hugging Face cache."""
+    """A local folder as is, an imported model by its bare name, or a hub id through the Hugging
+    Face cache."""
     name = strip_provider(model)
     path = Path(name).expanduser()
     if path.exists():
         return _check_folder(path.resolve())
+    if "/" not in name and not name.startswith((".", "~")):
+        imported = imported_models_dir() / name
+        if imported.is_dir():
+            return _check_folder(imported)
+        raise ModelNotFoundError(
+            f"model '{name}' is neither a folder nor an imported model; see `subagent models`, "
+            "import a GGUF with `subagent models import FILE.gguf`, or pass a hub id like mlx-community/Qwen3-4B-Instruct-2507-4bit"
+        )
     if _looks_like_path(name):
         raise ModelNotFoundError(
             f"model folder {path} does not exist; pass an existing folder or a hub id like mlx-community/Qwen3-4B-Instruct-2507-4bit"

@@ -13,18 +13,19 @@ import asyncio
 import math
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from ..errors import SubagentError
+from ..errors import ChatTemplateError, SubagentError
+from .chat_format import ChatFormat
 from .engine import Deliver, Engine
 from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .prompt import encode, render
-from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolSchema
+from .protocol import Generation, Message, ProcessorFactory, TextCallback, ToolMode, ToolSchema
 from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
 
 DEFAULT_PREFILL_STEP = 512
@@ -111,18 +112,25 @@ class MlxSession:
         on_text: TextCallback | None = None,
     ) -> Generation:
         """One reply. Cancelling the awaiting task stops generation at the next token."""
-        request = Request(list(messages), tools, max_tokens, temperature)
+        chat = self._host.chat
+        request = Request(*chat.present(messages, tools), max_tokens, temperature)
         cancel = threading.Event()
-        sink = TextSink(asyncio.get_running_loop(), on_text) if on_text is not None else None
+        visible = chat.visible_text(on_text) if on_text is not None else None
+        sink = TextSink(asyncio.get_running_loop(), visible) if visible is not None else None
 
         def submit(deliver: Deliver) -> None:
             self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         try:
-            return await self._host._engine.run_deferred(submit)
+            generation = await self._host._engine.run_deferred(submit)
         except asyncio.CancelledError:
             cancel.set()
             raise
+        if visible is not None:
+            visible.flush()
+        text, calls, malformed = chat.split(generation.raw_text, tools, self._state.n_tool_calls)
+        self._state.n_tool_calls += len(calls)
+        return replace(generation, text=text, tool_calls=calls, malformed_tool_calls=malformed)
 
     async def reset(self) -> None:
         """Forget the cache (the next turn prefills from scratch)."""
@@ -182,6 +190,7 @@ class MlxModelHost:
         self.model_path: Path | None = None
         self.kv_shape = KVShape(0, 0)
         self._trimmable = True
+        self.chat: ChatFormat
         self._pool = KVPool(None)
         self._scheduler: Scheduler
 
@@ -202,6 +211,7 @@ class MlxModelHost:
         config = read_config(self.model_path)
         self._engine.start()
         self._model, self.tokenizer = await self._engine.run(lambda: load_model(self.model_path))
+        self.chat = await self._chat_format()
         self.kv_shape, weights, self._trimmable = await self._engine.run(self._measure)
         budget = self._budget(weights)
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
@@ -223,6 +233,15 @@ class MlxModelHost:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    async def _chat_format(self) -> ChatFormat:
+        """Decided at load; a model that cannot chat stops the engine thread it started, then says why."""
+        try:
+            return ChatFormat.load(self.tokenizer, self.model_id)
+        except ChatTemplateError:
+            self._model = None
+            await asyncio.to_thread(self._engine.stop)
+            raise
 
     def _measure(self) -> tuple[KVShape, int, bool]:
         """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability.
@@ -291,6 +310,11 @@ class MlxModelHost:
         return self._config.context_window
 
     @property
+    def tool_mode(self) -> ToolMode:
+        """`native` (the template's own tool format) or `prompted` (ours, in the system prompt)."""
+        return self.chat.tool_mode
+
+    @property
     def kv_trimmable(self) -> bool:
         """False for hybrid models, whose sessions also hold a cache snapshot."""
         return self._trimmable
@@ -307,6 +331,7 @@ class MlxModelHost:
 
     async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
         """Tokens of the prompt these messages render to (generation prompt included)."""
+        messages, tools = self.chat.present(messages, tools)
         return len(encode(self.tokenizer, render(self.tokenizer, messages, tools, generation_prompt=True)))
 
     @property

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ChatTemplateError
 from .protocol import Message, ToolSchema
 
 
@@ -35,10 +36,14 @@ def _dump(value: Any) -> str:
 
 
 def render(tokenizer: Any, messages: list[Message], tools: list[ToolSchema] | None, *, generation_prompt: bool) -> str:
-    """The chat template's text for a conversation."""
-    return tokenizer.apply_chat_template(
-        messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
-    )
+    """The chat template's text for a conversation; a template that fails says so in one line."""
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+        )
+    except Exception as exc:  # jinja's raise_exception, or a template tripping over a message
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ChatTemplateError(f"the model's chat template refused the conversation: {reason}") from None
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

@@ -15,6 +15,9 @@ Message = dict[str, Any]
 ToolSchema = dict[str, Any]
 TextCallback = Callable[[str], None]
 FinishReason = Literal["stop", "length", "cancelled"]
+# native: the chat template presents the tools and the model's own call format is parsed;
+# prompted: the host puts the tool list and one call format in the system prompt and parses that.
+ToolMode = Literal["native", "prompted"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class MalformedToolCall:
-    """Tool-call markup the parser could not read; goes back to the model as an error."""
+    """Tool-call markup the parser could not read; `error` is the whole message the model
+    reads next, the fix in its own call format included."""
 
     raw: str
     error: str
@@ -98,7 +102,9 @@ class HostSession(Protocol):
         max_tokens: int = 1024,
         temperature: float = 0.0,
         on_text: TextCallback | None = None,
-    ) -> Generation: ...
+    ) -> Generation:
+        """One reply; `on_text` gets only its visible text as it is generated (no call markup)."""
+        ...
 
     @property
     def kv_bytes(self) -> int: ...
@@ -114,6 +120,9 @@ class ModelHost(Protocol):
 
     @property
     def context_window(self) -> int: ...
+
+    @property
+    def tool_mode(self) -> ToolMode: ...
 
     def session(self, name: str, *, agent: str | None = None) -> HostSession: ...
 

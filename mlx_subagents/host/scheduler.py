@@ -27,7 +27,6 @@ from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
 from .single import SingleStream
-from .toolcalls import parse_reply
 
 Deliver = Callable[[bool, Any], None]
 
@@ -495,6 +494,7 @@ class Scheduler:
         if not self.config.reuse:  # keep the ids (same prompts as with reuse), drop the cache
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)
+        self._flush()  # the streamed text reaches the caller before its result does
         turn.deliver(True, self._generation(turn, finish))
         if not self.decoding and not self.prefilling:
             import mlx.core as mx
@@ -503,9 +503,8 @@ class Scheduler:
 
     def _generation(self, turn: Turn, finish: FinishReason) -> Generation:
         body = turn.generated[:-1] if finish == "stop" else turn.generated
+        # The raw reply: the host splits it into text and tool calls in the model's own format.
         raw = self.tokenizer.decode(body) if body else ""
-        text, calls, malformed = parse_reply(self.tokenizer, raw, turn.request.tools, turn.state.n_tool_calls)
-        turn.state.n_tool_calls += len(calls)
         total = time.perf_counter() - turn.started if turn.started else 0.0
         usage = Usage(
             prompt_tokens=len(turn.ids),
@@ -515,7 +514,7 @@ class Scheduler:
             prompt_seconds=turn.prompt_s,
             generation_seconds=max(0.0, total - turn.prompt_s),
         )
-        return Generation(text, calls, malformed, finish, usage, raw, tuple(turn.generated))
+        return Generation(raw, [], [], finish, usage, raw, tuple(turn.generated))
 
     # -- helpers ----------------------------------------------------------------
 

@@ -37,10 +37,12 @@ from mlx_subagents.host.protocol import (
     Message,
     TextCallback,
     ToolCall,
+    ToolMode,
     ToolSchema,
     Usage,
 )
-from mlx_subagents.userfiles import first_error, load_file
+from mlx_subagents.host.toolcalls import hermes
+from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
 
 SCRIPTED_PREFIX = "scripted:"
 DEFAULT_CONTEXT_WINDOW = 32768
@@ -80,9 +82,13 @@ class ScriptedToolCall(BaseModel):
         # OpenAI-style transcripts carry arguments as a JSON string.
         if isinstance(value, str):
             try:
-                return json.loads(value)
+                value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"arguments is not valid JSON: {exc.msg}") from None
+            except RecursionError:
+                raise ValueError(TOO_DEEP) from None
+            if problem := data_problem(value):
+                raise ValueError(problem)
         return value
 
 
@@ -191,6 +197,8 @@ class ScriptedHost:
 
     `history[session_name]` lists the message lists each session was sent, in order.
     """
+
+    tool_mode: ToolMode = "native"  # replies arrive as structured calls
 
     def __init__(self, source: Path | str | Script, *, context_window: int | None = None) -> None:
         if isinstance(source, Script):
@@ -323,7 +331,7 @@ class ScriptedSession:
     ) -> Generation:
         calls = [self._tool_call(c) for c in reply.tool_calls]
         raw = reply.raw
-        malformed = [MalformedToolCall(raw, _parse_error(raw))] if raw is not None else []
+        malformed = [MalformedToolCall(raw, hermes().error(_parse_error(raw)))] if raw is not None else []
         reply_message = Generation(text=reply.content, tool_calls=calls).to_message()
         cached = self._cached_tokens(messages, tools)
         self._previous = [*messages, reply_message]

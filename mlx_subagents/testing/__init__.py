@@ -14,9 +14,9 @@ from mlx_subagents.testing.forced import (
 )
 
 if TYPE_CHECKING:
-    from mlx_subagents.testing.tiny_model import ARCHS, EOS_TOKEN, make_tiny_model
+    from mlx_subagents.testing.tiny_model import ARCHS, EOS_TOKEN, TEMPLATES, make_tiny_model
 
-_TINY_MODEL_NAMES = frozenset({"ARCHS", "EOS_TOKEN", "make_tiny_model"})
+_TINY_MODEL_NAMES = frozenset({"ARCHS", "EOS_TOKEN", "TEMPLATES", "make_tiny_model"})
 
 
 def __getattr__(name: str) -> Any:
@@ -36,6 +36,7 @@ __all__ = [
     "ForcedScripts",
     "LogitsProcessor",
     "Script",
+    "TEMPLATES",
     "make_forced_processor",
     "make_tiny_model",
     "tool_call_text",

@@ -6,13 +6,14 @@ batching, EOS handling and tool-call parsing all run for real while the output i
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import mlx.core as mx
+
+from mlx_subagents.host.toolcalls import hermes_call
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 Script = str | Sequence[int]
@@ -97,10 +98,10 @@ class ForcedScripts:
 
 
 def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
-    """The exact text the tiny model's chat template renders for one tool call.
+    """The exact text of one call as the tiny model's tools template renders it, which is also the
+    Hermes format a prompted model is taught.
 
     transformers' `tojson` is `json.dumps(..., ensure_ascii=False)` with default separators, so
     re-rendering a forced call through the template reproduces the same text and tokens.
     """
-    call = {"name": name, "arguments": dict(arguments)}
-    return f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"
+    return hermes_call(name, arguments)

@@ -5,7 +5,7 @@ thousand fp32 parameters, a byte-level BPE tokenizer trained on generated agent-
 Qwen tools chat template. The weights are noise; `forced.py` makes them say something useful.
 
     python -m mlx_subagents.testing.tiny_model OUT [--arch qwen3|qwen3_5] [--seed N]
-        [--context-window N]
+        [--context-window N] [--template tools|coder|no_tools|strict|none]
 """
 
 from __future__ import annotations
@@ -23,6 +23,17 @@ from typing import Any, Literal
 
 Arch = Literal["qwen3", "qwen3_5"]
 ARCHS: tuple[Arch, ...] = ("qwen3", "qwen3_5")
+# Chat templates, one per path the host takes: Qwen-style with tools (native tool mode), Qwen3-Coder-style
+# XML calls (native, another parser), ChatML that drops tools (prompted, like SmolLM2), Gemma-style strict
+# alternation without system (prompted and normalised), and none at all (refused at load).
+Template = Literal["tools", "coder", "no_tools", "strict", "none"]
+TEMPLATES: tuple[Template, ...] = ("tools", "coder", "no_tools", "strict", "none")
+_TEMPLATE_FILES = {
+    "tools": "chat_template.jinja",
+    "coder": "chat_template_coder.jinja",
+    "no_tools": "chat_template_no_tools.jinja",
+    "strict": "chat_template_strict.jinja",
+}
 
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
@@ -64,10 +75,13 @@ def make_tiny_model(
     *,
     seed: int = 0,
     context_window: int = 4096,
+    template: Template = "tools",
 ) -> Path:
     """Write config, random weights and tokenizer files into `out_dir`; return it."""
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    if template not in TEMPLATES:
+        raise ValueError(f"template must be one of {TEMPLATES}, got {template!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_json = _trained_tokenizer_json()
@@ -76,7 +90,7 @@ def make_tiny_model(
     config = model_config(arch, vocab_size, context_window, added[EOS_TOKEN], added[PAD_TOKEN])
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(template), indent=2))
     _write_weights(config, out_dir / "model.safetensors", seed)
     return out_dir
 
@@ -127,11 +141,10 @@ def model_config(arch: Arch, vocab_size: int, context_window: int, eos_id: int, 
     }
 
 
-def tokenizer_config() -> dict[str, Any]:
+def tokenizer_config(template: Template = "tools") -> dict[str, Any]:
     """`tokenizer_config.json`: a generic fast tokenizer, so transformers uses tokenizer.json as is
     (except for qwen3_5, which transformers 5 always rebuilds as `Qwen3_5Tokenizer`)."""
-    template = resources.files(__package__).joinpath("chat_template.jinja").read_text("utf-8")
-    return {
+    config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
         "eos_token": EOS_TOKEN,
@@ -140,8 +153,44 @@ def tokenizer_config() -> dict[str, Any]:
         "add_bos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": 131072,
-        "chat_template": template.rstrip(),
     }
+    if template != "none":
+        text = resources.files(__package__).joinpath(_TEMPLATE_FILES[template]).read_text("utf-8")
+        config["chat_template"] = text.rstrip()
+    return config
+
+
+def resize_tiny_model(
+    path: Path, *, hidden_size: int | None = None, num_layers: int | None = None, seed: int = 0
+) -> Path:
+    """Scale a tiny model's width and depth (for benchmarks); the tokenizer and template stay.
+
+    Raises:
+        ValueError: a size the architecture cannot take, in one line naming the option.
+    """
+    config = json.loads((path / "config.json").read_text())
+    text = config.get("text_config", config)
+    if hidden_size is not None:
+        head_dim = 16 if hidden_size < 256 else 64
+        if hidden_size % head_dim:
+            raise ValueError(f"hidden_size {hidden_size} must be a multiple of {head_dim}")
+        heads = hidden_size // head_dim
+        text.update(
+            hidden_size=hidden_size,
+            intermediate_size=3 * hidden_size,
+            head_dim=head_dim,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2),
+        )
+    if num_layers is not None:
+        if "text_config" in config:
+            if num_layers % 2:
+                raise ValueError("num_layers must be even for qwen3_5 (linear / full attention pairs)")
+            text["layer_types"] = ["linear_attention", "full_attention"] * (num_layers // 2)
+        text["num_hidden_layers"] = num_layers
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    _write_weights(config, path / "model.safetensors", seed)
+    return path
 
 
 def _write_weights(config: dict[str, Any], path: Path, seed: int) -> None:
@@ -309,8 +358,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--arch", choices=ARCHS, default="qwen3")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--context-window", type=int, default=4096)
+    parser.add_argument("--template", choices=TEMPLATES, default="tools")
     args = parser.parse_args(argv)
-    path = make_tiny_model(args.out, args.arch, seed=args.seed, context_window=args.context_window)
+    path = make_tiny_model(
+        args.out, args.arch, seed=args.seed, context_window=args.context_window, template=args.template
+    )
     print(path)
 
 

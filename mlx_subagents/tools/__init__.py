@@ -6,11 +6,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .base import Tool, ToolResult
-from .bash import BashTool, kill_all_processes
+from .bash import BashTool
 from .edit import EditTool
 from .find import FindTool
 from .grep import GrepTool
 from .ls import LsTool
+from .processes import kill_all_processes
 from .read import ReadTool
 from .workspace import Workspace
 from .write import WriteTool

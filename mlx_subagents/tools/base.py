@@ -1,12 +1,12 @@
 """The tool contract: a pydantic parameter model, a JSON schema, and one `call` that never raises.
 
 Tool failures are observations for the model, not exceptions: `call` turns bad arguments,
-`ToolError` and `OSError` into an error `ToolResult` whose first line says what to fix.
+`ToolError`, `OSError` and any other exception a tool raises into an error `ToolResult` whose first
+line says what to fix. Only cancellation goes through.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import ToolError
 from ..userfiles import error_message, error_path, os_reason
+from .threads import DEFAULT_TOOL_TIMEOUT, checkpoint, run_in_thread
 from .workspace import Workspace
 
 MAX_OUTPUT_BYTES = 50 * 1024
@@ -50,32 +51,46 @@ def one_line(text: str, max_chars: int = 100) -> str:
     return first
 
 
-def take_capped(lines: Iterable[str], max_lines: int, max_bytes: int = MAX_OUTPUT_BYTES) -> tuple[list[str], int]:
-    """The leading lines that fit both caps, and how many lines there were in all.
+class CappedLines:
+    """Keeps the leading lines that fit both caps while counting every line offered, so the count
+    is exact while memory stays bounded by the caps."""
 
-    Consumes the whole iterable, keeping only what fits, so the count is exact while memory stays
-    bounded by the caps.
-    """
-    kept: list[str] = []
-    n_bytes = 0
-    n_total = 0
-    full = False
+    def __init__(self, max_lines: int, max_bytes: int = MAX_OUTPUT_BYTES) -> None:
+        self.max_lines = max_lines
+        self.max_bytes = max_bytes
+        self.kept: list[str] = []
+        self.n_total = 0
+        self.n_bytes = 0
+        self.full = False
+
+    def add(self, line: str) -> None:
+        self.n_total += 1
+        size = len(line.encode("utf-8", "surrogatepass")) + 1
+        self.full = self.full or len(self.kept) >= self.max_lines or self.n_bytes + size > self.max_bytes
+        if not self.full:
+            self.kept.append(line)
+            self.n_bytes += size
+
+    def text(self, what: str, hint: str) -> str:
+        """The kept lines; when some were dropped, a last note saying how many and how to narrow."""
+        kept = list(self.kept)
+        if len(kept) < self.n_total:
+            kept.append(f"[... truncated: showing {len(kept)} of {self.n_total} {what}; {hint}]")
+        return "\n".join(kept)
+
+
+def take_capped(lines: Iterable[str], max_lines: int, max_bytes: int = MAX_OUTPUT_BYTES) -> CappedLines:
+    """Every line offered to a `CappedLines`, from a tool thread that may be asked to stop."""
+    capped = CappedLines(max_lines, max_bytes)
     for line in lines:
-        n_total += 1
-        size = len(line.encode()) + 1
-        full = full or len(kept) >= max_lines or n_bytes + size > max_bytes
-        if not full:
-            kept.append(line)
-            n_bytes += size
-    return kept, n_total
+        checkpoint()  # a stopped call stops here, however long the listing
+        capped.add(line)
+    return capped
 
 
 def cap_lines(lines: Iterable[str], max_lines: int, what: str, hint: str) -> str:
     """Join lines under the caps; when some are dropped, end with a note saying how to narrow."""
-    kept, n_total = take_capped(lines, max_lines)
-    if len(kept) < n_total:
-        kept.append(f"[... truncated: showing {len(kept)} of {n_total} {what}; {hint}]")
-    return "\n".join(kept)
+    return take_capped(lines, max_lines).text(what, hint)
 
 
 def _strip_titles(schema: Any) -> Any:
@@ -133,14 +148,13 @@ class Tool:
             return error_result(self._invalid_arguments(exc))
         try:
             return await self.run(params)
-        except ToolError as exc:
-            return error_result(str(exc))
-        except OSError as exc:
-            return error_result(self._os_failure(exc))
+        except Exception as exc:  # the boundary: whatever a tool raises, the loop goes on
+            return tool_failure(self.name, exc, self.workspace)
 
     async def run(self, params: Any) -> ToolResult:
-        """Run `execute` in a worker thread so a slow tool does not stall the other sessions."""
-        return ToolResult(await asyncio.to_thread(self.execute, params))
+        """Run `execute` in a daemon thread, so a slow tool stalls neither the other sessions nor
+        the exit, and stop it after `DEFAULT_TOOL_TIMEOUT` or when the call is cancelled."""
+        return ToolResult(await run_in_thread(self.execute, params, timeout=DEFAULT_TOOL_TIMEOUT, what=self.name))
 
     def execute(self, params: Any) -> str:
         """The tool's blocking work; raise `ToolError` with a one-line fix on bad input."""
@@ -163,6 +177,14 @@ class Tool:
             f"invalid arguments for {self.name}: {'; '.join(problems)}; call {self.name} again with corrected arguments"
         )
 
-    def _os_failure(self, exc: OSError) -> str:
-        where = f" ({self.workspace.relative(Path(exc.filename))})" if exc.filename else ""
-        return f"{self.name} failed: {os_reason(exc)}{where}; check the path and permissions"
+
+def tool_failure(name: str, exc: Exception, workspace: Workspace) -> ToolResult:
+    """The error result for an exception a tool raised: its own message for a `ToolError`, else
+    what failed and that the arguments should change."""
+    if isinstance(exc, ToolError):
+        return error_result(str(exc))
+    if isinstance(exc, OSError):
+        where = f" ({one_line(workspace.relative(Path(str(exc.filename))), 120)})" if exc.filename else ""
+        return error_result(f"{name} failed: {os_reason(exc)}{where}; check the path and permissions")
+    problem = one_line(str(exc), 200) or "no details"
+    return error_result(f"{name} failed: {type(exc).__name__}: {problem}; call {name} again with other arguments")

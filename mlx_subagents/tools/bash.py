@@ -1,42 +1,28 @@
 """`bash`: run a shell command in the workspace root, in its own process group.
 
-Each command gets a new session, so its whole process tree can be killed at once: on timeout,
+Each command gets a new session, so its whole process tree can be killed at once, and a mark in
+its environment, so the processes that left the group are found too (`processes.py`): on timeout,
 on cancellation of the awaiting task, when the command returns (leftover background jobs), and
-by `kill_all_processes` when the runner shuts down on Ctrl-C.
+by `kill_all_processes` when the program stops on Ctrl-C, SIGTERM or SIGHUP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from .base import MAX_OUTPUT_BYTES, Tool, ToolResult, error_result, one_line
+from .processes import MARK_ENV, kill_call, new_mark, track_group
 
 DEFAULT_BASH_TIMEOUT = 120
 MAX_BASH_TIMEOUT = 600
 # Once the group is killed, output still buffered in the pipe arrives at once; this only bounds
 # the wait for a process that escaped the group (setsid) and still holds the pipe open.
 DRAIN_GRACE_SECONDS = 1.0
-
-_live_groups: set[int] = set()
-
-
-def kill_all_processes() -> None:
-    """Kill the process group of every command still running; safe to call from any thread."""
-    for pgid in list(_live_groups):
-        _kill_group(pgid)
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
 
 
 class OutputBuffer:
@@ -56,11 +42,18 @@ class OutputBuffer:
         del self.tail[: -self.half]
 
     def text(self) -> str:
+        """The output as the model reads it, at most `2 * half` bytes of UTF-8 and a note.
+
+        Decoding replaces each invalid byte by U+FFFD, three bytes of UTF-8: the cap applies to the
+        decoded text, so binary output cannot triple it."""
         head = self.head.decode(errors="replace")
         tail = self.tail.decode(errors="replace")
-        if self.n_bytes <= len(self.head) + len(self.tail):
+        whole = self.n_bytes <= len(self.head) + len(self.tail)
+        if whole and len((head + tail).encode()) <= 2 * self.half:
             return head + tail
         note = f"[output truncated: {self.n_bytes} bytes total; showing the first and last {self.half} bytes]"
+        head = head.encode()[: self.half].decode(errors="ignore")  # a character cut in two is dropped
+        tail = tail.encode()[-self.half :].decode(errors="ignore")
         return f"{head}\n{note}\n{tail}"
 
 
@@ -115,7 +108,8 @@ class BashTool(Tool):
         return ToolResult(text if returncode == 0 else f"{text}\n[exit code {returncode}]")
 
     async def _run_command(self, command: str, timeout: int, output: OutputBuffer) -> int | None:
-        """The exit code, or None on timeout; the group is dead when this returns or raises."""
+        """The exit code, or None on timeout; every process it started is dead when this returns or raises."""
+        mark = new_mark()
         spawn = asyncio.ensure_future(
             asyncio.get_running_loop().subprocess_exec(
                 lambda: _CommandProtocol(output),
@@ -127,6 +121,7 @@ class BashTool(Tool):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, MARK_ENV: mark},
             )
         )
         try:
@@ -134,19 +129,19 @@ class BashTool(Tool):
         except asyncio.CancelledError:
             # Cancelled while bash was starting: it may already run; wait for it, kill its group.
             transport, _ = await spawn
-            _kill_group(transport.get_pid())
+            kill_call(transport.get_pid(), mark)
             transport.close()
             raise
         pgid = transport.get_pid()
-        _live_groups.add(pgid)
+        track_group(pgid)
         try:
             done, _ = await asyncio.wait({protocol.exited}, timeout=timeout)
             return transport.get_returncode() if done else None
         finally:
-            # Also on cancellation: kill the group (leftover background jobs too), let the
-            # output still in the pipe arrive and bash be reaped, then return or re-raise.
-            _kill_group(pgid)
-            _live_groups.discard(pgid)
+            # Also on cancellation: kill the group and every marked process (leftover background
+            # jobs too), let the output still in the pipe arrive and bash be reaped, then return
+            # or re-raise.
+            kill_call(pgid, mark)
             try:
                 await asyncio.wait({protocol.closed}, timeout=DRAIN_GRACE_SECONDS)
             finally:

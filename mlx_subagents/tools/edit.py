@@ -1,11 +1,29 @@
-"""`edit`: replace one exact, unique piece of text in a file."""
+"""`edit`: replace one exact, unique piece of text in a file.
+
+Another task or process may change the file meanwhile (an appending log, a parallel worker). The
+new text goes to a temporary file that replaces the original only if the original still holds
+exactly what the edit was computed from; otherwise the edit fails and the model reads the file
+again. Bytes appended to the original between that check and the replacement are carried over.
+"""
 
 from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import BaseModel, Field
 
 from ..errors import ToolError
 from .base import Tool
+from .workspace import open_regular
+
+CHANGED = "the file changed since it was read; read it again"
+MAX_EDIT_BYTES = 10 * 1024 * 1024  # edit holds the file in memory, twice
+CARRY_OVER_ROUNDS = 5
+CARRY_OVER_PAUSE_SECONDS = 0.01
 
 
 class EditTool(Tool):
@@ -23,15 +41,19 @@ class EditTool(Tool):
 
     def execute(self, params: Params) -> str:
         path = self.workspace.existing(params.path, "file")
-        # newline="" keeps \r\n as is, so only the replaced span changes.
+        with open_regular(path, params.path) as file:
+            base = file.read(MAX_EDIT_BYTES + 1)
+        if len(base) > MAX_EDIT_BYTES:
+            raise ToolError(
+                f"{params.path!r} is over {MAX_EDIT_BYTES // 2**20} MB; edit changes smaller files (use bash for this one)"
+            )
         try:
-            with path.open(encoding="utf-8", newline="") as file:
-                text = file.read()
+            text = base.decode("utf-8")  # bytes as they are: \r\n stays, only the replaced span changes
         except UnicodeDecodeError:
             raise ToolError(f"{params.path!r} is not UTF-8 text; edit only changes text files") from None
         start = self._find_once(text, params)
-        with path.open("w", encoding="utf-8", newline="") as file:
-            file.write(text[:start] + params.new_text + text[start + len(params.old_text) :])
+        new = text[:start] + params.new_text + text[start + len(params.old_text) :]
+        replace_checked(path, params.path, base, new.encode("utf-8"))
         first = text.count("\n", 0, start) + 1
         last = first + params.new_text.count("\n")
         lines = f"line {first}" if last == first else f"lines {first}-{last}"
@@ -52,3 +74,36 @@ class EditTool(Tool):
                 "lines so it matches exactly once"
             )
         return text.index(params.old_text)
+
+
+def replace_checked(path: Path, shown: str, base: bytes, new: bytes) -> None:
+    """Replace the file at `path` by `new` if it still holds `base`; raise `ToolError` if not.
+
+    The replacement is a rename, so a reader never sees half a file. A process appending to the
+    old file after the check (its `>>` opened it before the rename) would lose its bytes with the
+    old inode: they are appended to the new file instead.
+    """
+    tmp = path.with_name(f".{path.name[:200]}.{secrets.token_hex(4)}.edit")
+    try:
+        with open_regular(tmp, shown, write=True) as out:
+            out.write(new)
+        with open_regular(path, shown) as current:
+            os.chmod(tmp, os.fstat(current.fileno()).st_mode & 0o7777)
+            if current.read() != base:
+                raise ToolError(f"{shown}: {CHANGED}")
+            os.replace(tmp, path)
+            _carry_over(current, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _carry_over(old: BinaryIO, path: Path) -> None:
+    """Append to `path` what reaches the old, replaced file (read on from where the check ended)
+    until it has been quiet for a moment."""
+    for _ in range(CARRY_OVER_ROUNDS):
+        extra = old.read()
+        if extra:
+            with path.open("ab") as new:
+                new.write(extra)
+        else:
+            time.sleep(CARRY_OVER_PAUSE_SECONDS)

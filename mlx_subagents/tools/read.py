@@ -1,22 +1,65 @@
-"""`read`: numbered lines of one text file, a window at a time."""
+"""`read`: numbered lines of one text file, a window at a time.
+
+The file is read in chunks and each line is kept only up to the clip, so memory stays bounded
+however long a line or the file is (a 200 MB minified file made of one line).
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel, Field
 
 from ..errors import ToolError
-from .base import Tool, clip_line, take_capped
-from .workspace import is_binary
+from .base import MAX_LINE_CHARS, Tool, take_capped
+from .threads import checkpoint
+from .workspace import BINARY_SNIFF_BYTES, open_regular
 
 DEFAULT_READ_LIMIT = 400
+CHUNK_BYTES = 64 * 1024
+# UTF-8 continuation bytes: deleting them from a run of bytes leaves one byte per character.
+_CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
 
 
 def _number(n: int, line: str) -> str:
     """One output line in `cat -n` layout."""
-    return f"{n:>6}\t" + clip_line(line.removesuffix("\n"))
+    return f"{n:>6}\t{line}"
+
+
+def clipped_lines(file: BinaryIO, max_chars: int = MAX_LINE_CHARS) -> Iterator[str]:
+    """The file's lines (split on `\n`, a trailing `\r` dropped), each decoded and cut to
+    `max_chars` like `clip_line`, holding at most one chunk and one clipped line in memory."""
+    keep = 4 * max_chars  # enough bytes for `max_chars` characters of UTF-8
+    head = bytearray()
+    n_chars = 0
+    pending = False  # a line has begun
+    while chunk := file.read(CHUNK_BYTES):
+        checkpoint()
+        start = 0
+        while start < len(chunk):
+            end = chunk.find(b"\n", start)
+            piece = chunk[start : len(chunk) if end == -1 else end]
+            if len(head) < keep:
+                head += piece[: keep - len(head)]
+            n_chars += len(piece.translate(None, _CONTINUATION_BYTES))
+            pending = True
+            if end == -1:
+                break
+            yield _clip(head, n_chars, max_chars)
+            head.clear()
+            n_chars, pending, start = 0, False, end + 1
+    if pending:
+        yield _clip(head, n_chars, max_chars)
+
+
+def _clip(head: bytearray, n_chars: int, max_chars: int) -> str:
+    text = bytes(head).removesuffix(b"\r").decode("utf-8", errors="replace")
+    if n_chars <= max_chars and len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}... [line truncated: {max(n_chars, len(text))} chars]"
 
 
 class ReadTool(Tool):
@@ -34,14 +77,17 @@ class ReadTool(Tool):
 
     def execute(self, params: Params) -> str:
         path = self.workspace.existing(params.path, "file")
-        if is_binary(path):
-            raise ToolError(
-                f"{params.path!r} is a binary file ({path.stat().st_size} bytes); read only shows text files"
-            )
-        with path.open(encoding="utf-8", errors="replace") as file:
-            n_skipped = sum(1 for _ in islice(file, params.offset - 1))
-            numbered = (_number(n, line) for n, line in enumerate(file, params.offset))
-            kept, n_rest = take_capped(numbered, params.limit)
+        with open_regular(path, params.path) as file:
+            if b"\0" in file.read(BINARY_SNIFF_BYTES):  # the test git and rg use
+                raise ToolError(
+                    f"{params.path!r} is a binary file ({path.stat().st_size} bytes); read only shows text files"
+                )
+            file.seek(0)
+            lines = clipped_lines(file)
+            n_skipped = sum(1 for _ in islice(lines, min(params.offset - 1, sys.maxsize)))
+            numbered = (_number(n, line) for n, line in enumerate(lines, params.offset))
+            capped = take_capped(numbered, params.limit)
+        kept, n_rest = capped.kept, capped.n_total
         n_lines = n_skipped + n_rest
         if n_rest == 0:
             return self._past_end(params, n_lines)

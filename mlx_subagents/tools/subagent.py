@@ -21,7 +21,7 @@ from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, cap_answer
 from ..errors import SubagentError, ToolError
 from ..results import MultiRunResult, RunResult
 from ..userfiles import error_message, error_path
-from .base import Tool, ToolResult, _strip_titles, error_result, one_line
+from .base import Tool, ToolResult, _strip_titles, error_result, one_line, tool_failure
 from .workspace import Workspace
 
 DelegationMode = Literal["single", "parallel", "chain"]
@@ -97,6 +97,8 @@ class SubagentTool(Tool):
     description = "Delegate a task to a sub-agent."
     Params = SubagentParams
     read_only = False
+    # Several subagent calls in one reply run at once, like the tasks of one call.
+    concurrent = True
 
     def __init__(
         self,
@@ -129,6 +131,12 @@ class SubagentTool(Tool):
 
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
         try:
+            return await self._call(arguments)
+        except Exception as exc:  # the boundary, as in `Tool.call`: never a crash of the parent
+            return tool_failure(self.name, exc, self.workspace)
+
+    async def _call(self, arguments: dict[str, Any]) -> ToolResult:
+        try:
             params = SubagentParams.model_validate(arguments)
         except ValidationError as exc:
             return self._usage_error(_validation_problem(exc))
@@ -149,7 +157,7 @@ class SubagentTool(Tool):
         try:
             outcome = await self.delegate(delegation)
         except SubagentError as exc:  # a cap, a label clash, a project agent not allowed
-            return error_result(f"subagent call refused: {exc}")
+            return error_result(f"{self.name} call refused: {exc}")
         return format_outcome(delegation, outcome)
 
     def describe(self, arguments: dict[str, Any]) -> str:
@@ -191,7 +199,8 @@ class SubagentTool(Tool):
             where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
             if not item.agent.strip():
                 raise ToolError(f"'{where}agent' is empty")
-            if item.agent.strip().lower() not in self.agents:
+            # In parallel, a child that cannot start fails alone (the runner says why); its siblings run.
+            if mode != "parallel" and item.agent.strip().lower() not in self.agents:
                 raise ToolError(f"unknown agent '{item.agent}'")
             if not item.task.strip():
                 raise ToolError(f"'{where}task' is empty: say what {item.agent} should do")
@@ -199,7 +208,7 @@ class SubagentTool(Tool):
 
     def _usage_error(self, problem: str) -> ToolResult:
         return error_result(
-            f"invalid subagent call: {problem}; {FORMS}. Available agents: {', '.join(self.agents) or 'none'}"
+            f"invalid {self.name} call: {problem}; {FORMS}. Available agents: {', '.join(self.agents) or 'none'}"
         )
 
 
@@ -255,6 +264,13 @@ def describe_delegation(agents: Mapping[str, str]) -> str:
 
 
 def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResult:
+    """The children's answers (`_answers`), then the run they are saved as, to name to the user."""
+    footer = f"\n\n[sub-agent run {outcome.run_id}]" if outcome.run_id else ""
+    result = _answers(delegation, outcome, len(footer))
+    return ToolResult(result.output + footer, is_error=result.is_error)
+
+
+def _answers(delegation: Delegation, outcome: MultiRunResult, reserve: int) -> ToolResult:
     """The child's answer; or one section per task; failed children marked, never hidden."""
     results = outcome.results
     if delegation.mode == "single":
@@ -273,7 +289,7 @@ def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResul
         title = f"Error: {outcome.error or 'the chain did not complete'}"
     heads = [f"### [{label}] {_status(r)}" for label, r in zip(labels, results)]
     bodies = [r.output or NO_ANSWER for r in results]
-    bodies = _fit(bodies, [r.transcript for r in results], title, heads)
+    bodies = fit_answers(bodies, [r.transcript for r in results], title, heads, reserve)
     sections = [f"{head}\n{body}" for head, body in zip(heads, bodies)]
     return ToolResult("\n\n".join([title, *sections]), is_error=not outcome.ok)
 
@@ -284,13 +300,19 @@ def _status(result: RunResult) -> str:
     return f"{result.status} ({result.stop_reason}): {result.error or 'no reason given'}"
 
 
-def _fit(bodies: list[str], transcripts: list[str | None], title: str, heads: list[str]) -> list[str]:
-    """Cut the longest bodies so the whole result stays under `MAX_ANSWER_BYTES`.
+def fit_answers(
+    bodies: list[str], transcripts: list[str | None], title: str, heads: list[str], reserve: int
+) -> list[str]:
+    """Cut the longest bodies so the whole result (and `reserve` bytes more) stays under `MAX_ANSWER_BYTES`.
 
     Short bodies are kept whole; the room left is shared equally by the long ones (water-filling).
     """
-    sizes = [len(b.encode("utf-8")) for b in bodies]
-    fixed = len(title.encode("utf-8")) + sum(len(h.encode("utf-8")) + 3 for h in heads)
+    sizes = [len(b.encode("utf-8", "surrogatepass")) for b in bodies]
+    fixed = (
+        reserve
+        + len(title.encode("utf-8", "surrogatepass"))
+        + sum(len(h.encode("utf-8", "surrogatepass")) + 3 for h in heads)
+    )
     if fixed + sum(sizes) <= MAX_ANSWER_BYTES:
         return bodies
     room = MAX_ANSWER_BYTES - fixed

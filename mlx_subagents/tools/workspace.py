@@ -7,13 +7,15 @@ Also the walking and glob matching shared by `grep` and `find`.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from wcmatch import glob as wcglob
 
@@ -101,10 +103,27 @@ def walk_files(directory: Path, *, skip_hidden: bool) -> Iterator[Path]:
             yield Path(entry.path)
 
 
-def is_binary(path: Path) -> bool:
-    """Whether the file looks binary: a NUL byte near the start, the test git and rg use."""
-    with path.open("rb") as file:
-        return b"\0" in file.read(BINARY_SNIFF_BYTES)
+def open_regular(path: Path, shown: str, *, write: bool = False) -> BinaryIO:
+    """Open a regular file for reading, or for writing (created if missing, then emptied).
+
+    A FIFO, device or socket is refused before anything blocks on it: the open does not wait
+    (O_NONBLOCK) and the opened file is checked, so a swap after an earlier check changes nothing.
+    """
+    flags = (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY) | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # ENXIO: a FIFO with no reader, opened for writing
+            raise
+        fd = None
+    if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd is not None:
+            os.close(fd)
+        raise ToolError(f"{shown!r} is not a regular file (a FIFO, device or socket); tools only use regular files")
+    os.set_blocking(fd, True)
+    if write:
+        os.ftruncate(fd, 0)
+    return os.fdopen(fd, "wb" if write else "rb")
 
 
 @functools.lru_cache(maxsize=64)

@@ -6,6 +6,7 @@ from pydantic import BaseModel, Field
 
 from ..errors import ToolError
 from .base import Tool
+from .workspace import open_regular
 
 
 class WriteTool(Tool):
@@ -25,5 +26,6 @@ class WriteTool(Tool):
             raise ToolError(f"{params.path!r} is a directory; give a file path to write")
         data = params.content.encode("utf-8")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        with open_regular(path, params.path, write=True) as file:  # a FIFO or device is refused, never blocks
+            file.write(data)
         return f"Wrote {len(data)} bytes to {self.workspace.relative(path)}"

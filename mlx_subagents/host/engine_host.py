@@ -1,0 +1,460 @@
+"""`EngineHost`: the host protocol over an OpenAI-compatible inference engine.
+
+vLLM, SGLang, llama.cpp's server, Ollama, LM Studio and `mlx_lm.server` all serve
+`/v1/chat/completions` with tools. The model runs there; the tools still run here, in the
+workspace. The engine batches concurrent requests and caches shared prefixes, so every session
+simply sends its whole conversation each turn, rendered the same way each time (byte-stable up
+to the new messages) so that the engine's prefix cache hits. Nothing here is chosen silently:
+the runner builds an `EngineHost` only for an engine the user named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import openai
+
+from ..errors import EngineError, PromptTooLongError, SubagentError
+from .protocol import (
+    FinishReason,
+    Generation,
+    MalformedToolCall,
+    Message,
+    TextCallback,
+    ToolCall,
+    ToolMode,
+    ToolSchema,
+    Usage,
+)
+from .scripted import approx_tokens
+from .toolcalls import VisibleText, hermes
+
+API_KEY_ENV = "MLX_SUBAGENTS_API_KEY"
+# Used when neither the engine's model listing nor `--context-window` gives a window: the
+# MLX host's default cap, a size every engine worth running for agents serves.
+DEFAULT_CONTEXT_WINDOW = 32768
+# Seconds without a byte from the engine (a long prefill on a busy engine sends nothing).
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
+# 429, 503, other 5xx, refused connections and timeouts are retried with the client's
+# exponential backoff (0.5 s doubling, honouring Retry-After), this many times.
+DEFAULT_MAX_RETRIES = 3
+# Model-listing fields that carry the served context window: vLLM and SGLang (`max_model_len`),
+# OpenRouter-style listings (`context_length`).
+CONTEXT_FIELDS = ("max_model_len", "context_length")
+# Without a key the client would read $OPENAI_API_KEY: never send that to a self-hosted engine.
+NO_KEY = "none"
+
+
+def engine_url(url: str) -> str:
+    """The base URL the client needs: `http://host:8000` becomes `http://host:8000/v1`."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SubagentError(f"--engine {url!r} is not an http(s) URL; pass e.g. http://127.0.0.1:8000/v1")
+    return url.strip().rstrip("/") if parts.path.strip("/") else f"{url.strip().rstrip('/')}/v1"
+
+
+class EngineHost:
+    """Serves every session's model calls from an OpenAI-compatible engine at `url`.
+
+    Args:
+        url: the engine's base URL (`/v1` is added when the URL has no path).
+        model: the engine's model id (what its `/v1/models` lists).
+        api_key: sent as a bearer token; default `$MLX_SUBAGENTS_API_KEY`, else none.
+        context_window: the window per session; default the engine's (from its model
+            listing), else `DEFAULT_CONTEXT_WINDOW`. It may lower the engine's, not raise it.
+        timeout: seconds without a byte from the engine before a request fails.
+        max_retries: retries of a refused, rate-limited (429) or unavailable (5xx) request.
+    """
+
+    # The engine renders the tools with its template and parses the calls; an engine without a
+    # parser for its model returns them as text, read as the prompted mode's Hermes format.
+    tool_mode: ToolMode = "native"
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        context_window: int | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+    ) -> None:
+        self.url = engine_url(url)
+        self.model_id = model
+        self.max_retries = max_retries
+        self.timeout = timeout
+        self._window_override = context_window
+        self._context_window = context_window or DEFAULT_CONTEXT_WINDOW
+        self._client = openai.AsyncOpenAI(
+            base_url=self.url,
+            api_key=api_key or os.environ.get(API_KEY_ENV) or NO_KEY,
+            timeout=openai.Timeout(timeout, connect=DEFAULT_CONNECT_TIMEOUT),
+            max_retries=max_retries,
+        )
+        self._sessions: dict[str, EngineSession] = {}
+        # Engine prompt tokens per approximate token, learned from each reply's usage.
+        self._token_ratio = 1.0
+
+    @property
+    def context_window(self) -> int:
+        return self._context_window
+
+    async def start(self) -> None:
+        """Probe the engine's model listing: fail fast when it cannot be reached or refuses the key."""
+        listed = await self._listing(probe=True)
+        served = next((m for m in listed if m.get("id") == self.model_id), None)
+        limit = next((int(served[k]) for k in CONTEXT_FIELDS if served and served.get(k)), None)
+        if limit is None:
+            return
+        if self._window_override and self._window_override > limit:
+            raise SubagentError(
+                f"engine {self.url}: model '{self.model_id}' serves at most {limit} tokens of context; "
+                f"lower --context-window to {limit} or less"
+            )
+        self._context_window = self._window_override or limit
+
+    async def stop(self) -> None:
+        self._sessions.clear()
+        await self._client.close()
+
+    async def __aenter__(self) -> EngineHost:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def session(self, name: str, *, agent: str | None = None) -> EngineSession:
+        """A new session; an existing name returns that session."""
+        if name not in self._sessions:
+            self._sessions[name] = EngineSession(self, name, agent)
+        return self._sessions[name]
+
+    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
+        """An estimate: the engine has the tokenizer, so count characters and scale by what the
+        engine reported for earlier prompts (compaction needs the size, not the exact ids)."""
+        return math.ceil(approx_tokens(to_wire(messages), tools) * self._token_ratio)
+
+    async def served_models(self) -> list[str]:
+        """The model ids the engine lists (empty when it has no listing)."""
+        return [str(m.get("id")) for m in await self._listing(probe=False)]
+
+    async def _listing(self, *, probe: bool) -> list[dict[str, Any]]:
+        try:
+            page = await self._client.models.list()
+        except (openai.AuthenticationError, openai.PermissionDeniedError, openai.APIConnectionError) as exc:
+            if probe:
+                raise self.error(exc) from None
+            return []
+        except (openai.APIError, ValueError):  # no listing (404), a broken one: not fatal
+            return []
+        return [m.model_dump() for m in page.data]
+
+    def _learn(self, wire: list[Message], tools: list[ToolSchema] | None, prompt_tokens: int) -> None:
+        estimate = approx_tokens(wire, tools)
+        if prompt_tokens and estimate:
+            self._token_ratio = min(4.0, max(0.25, prompt_tokens / estimate))
+
+    def error(self, exc: Exception, *, streamed: int | None = None) -> SubagentError:
+        """One line naming the engine and what to do, for a failed request.
+
+        Args:
+            streamed: characters received when the stream broke (None: before it started).
+        """
+        where = f"engine {self.url}"
+        retried = f"after {self.max_retries} {'retry' if self.max_retries == 1 else 'retries'}"
+        if isinstance(exc, openai.APITimeoutError):
+            if streamed is None:
+                waited = f"no reply within {self.timeout:g} s {retried}"
+            else:
+                waited = f"the engine sent nothing for {self.timeout:g} s mid-reply"
+            return EngineError(f"{where}: {waited}; check that it is not overloaded or stuck (its logs), then retry")
+        if isinstance(exc, openai.APIConnectionError):
+            if streamed is not None:
+                return self.cut(streamed)
+            return EngineError(f"{where}: {_connection_problem(exc, self.url)}")
+        if not isinstance(exc, openai.APIStatusError):
+            return EngineError(f"{where}: {type(exc).__name__}: {exc}")
+        status, message = exc.status_code, _status_message(exc)
+        if status == 401:
+            return EngineError(
+                f"{where}: the API key was refused (401: {message}); pass the engine's key with --api-key or "
+                f"${API_KEY_ENV}"
+            )
+        if status == 403:
+            return EngineError(
+                f"{where}: access to model '{self.model_id}' was denied (403: {message}); use a key that may "
+                f"use it (--api-key or ${API_KEY_ENV})"
+            )
+        if status == 429:
+            return EngineError(f"{where}: still rate limited (429) {retried}; lower --concurrency or retry later")
+        if status == 400 and "context" in message.lower():
+            return PromptTooLongError(
+                f"{where}: the prompt does not fit model '{self.model_id}' ({message}); lower --context-window "
+                "so that compaction starts earlier"
+            )
+        if status >= 500:
+            return EngineError(
+                f"{where}: unavailable ({status}: {message}) {retried}; wait until the engine is up, or lower "
+                "--concurrency"
+            )
+        return EngineError(f"{where}: the request was refused ({status}: {message})")
+
+    def cut(self, streamed: int) -> SubagentError:
+        return EngineError(
+            f"engine {self.url}: the stream was cut mid-reply after {streamed} characters; the engine may have "
+            "crashed or restarted (check its logs), then retry"
+        )
+
+    async def not_found(self, exc: openai.NotFoundError) -> SubagentError:
+        """A 404: the model is not served (list what is), or the URL has no chat endpoint."""
+        served = await self.served_models()
+        if served:
+            return EngineError(
+                f"engine {self.url}: model '{self.model_id}' not found; it serves {', '.join(served)}; pass one "
+                "with --model"
+            )
+        return EngineError(
+            f"engine {self.url}: model '{self.model_id}' not found ({_status_message(exc)}) and the engine "
+            "lists no models; check --model, and that the URL is the API root (usually ending in /v1)"
+        )
+
+
+def _connection_problem(exc: Exception, url: str) -> str:
+    host = urlsplit(url).hostname
+    for cause in _causes(exc):
+        if isinstance(cause, socket.gaierror):
+            return f"cannot resolve the host name '{host}'; check the host in --engine"
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused; start the engine, or check the host and port in --engine"
+    return f"cannot connect ({_last_words(exc)}); check that the engine runs and --engine points at it"
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _last_words(exc: BaseException) -> str:
+    *_, deepest = _causes(exc)
+    return " ".join(str(deepest).split()) or type(deepest).__name__
+
+
+def _status_message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        detail = body.get("message") or body.get("error") or body.get("detail")
+        if isinstance(detail, dict):
+            detail = detail.get("message")
+        if detail:
+            return " ".join(str(detail).split())
+    return " ".join(str(exc.message).split())
+
+
+# --- messages on the wire ----------------------------------------------------------------------
+
+
+def to_wire(messages: list[Message]) -> list[Message]:
+    """The conversation as the chat-completions API takes it, rendered the same way every turn.
+
+    Tool-call arguments become JSON strings; a tool result without a call id (the error for
+    a call that could not be parsed) goes as a user message, which every engine accepts.
+    """
+    wire: list[Message] = []
+    for message in messages:
+        role = message["role"]
+        content = message.get("content") or ""
+        if role == "tool" and not message.get("tool_call_id"):
+            wire.append({"role": "user", "content": content})
+        elif role == "tool":
+            wire.append({"role": "tool", "tool_call_id": message["tool_call_id"], "content": content})
+        elif message.get("tool_calls"):
+            calls = [_wire_call(call) for call in message["tool_calls"]]
+            wire.append({"role": role, "content": content, "tool_calls": calls})
+        else:
+            wire.append({"role": role, "content": content})
+    return wire
+
+
+def _wire_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    arguments = function.get("arguments", {})
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {
+        "id": call.get("id", ""),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+
+
+# --- sessions ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Reply:
+    """One streamed reply being assembled from its chunks; `visible` streams its text without call markup."""
+
+    visible: VisibleText | None = None
+    text: str = ""
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: Any = None
+    first_delta: float | None = None
+
+    def add(self, chunk: Any) -> None:
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            if self.first_delta is None and (delta.content or delta.tool_calls):
+                self.first_delta = time.perf_counter()
+            if delta.content:
+                self.text += delta.content
+                if self.visible is not None:
+                    self.visible(delta.content)
+            for part in delta.tool_calls or ():
+                call = self.calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] = part.id or call["id"]
+                if part.function is not None:
+                    call["name"] += part.function.name or ""
+                    call["arguments"] += part.function.arguments or ""
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+
+
+class EngineSession:
+    """One conversation on the engine (see `HostSession`); the KV cache lives on the engine."""
+
+    def __init__(self, host: EngineHost, name: str, agent: str | None) -> None:
+        self._host = host
+        self.name = name
+        self.agent = agent
+        self._n_calls = 0
+
+    @property
+    def kv_bytes(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        self._host._sessions.pop(self.name, None)
+
+    async def generate(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[ToolSchema] | None = None,
+        max_tokens: int = 1024,
+        temperature: float = 0.0,
+        on_text: TextCallback | None = None,
+    ) -> Generation:
+        """One streamed reply. Cancelling the awaiting task closes the stream at once."""
+        host = self._host
+        wire = to_wire(messages)
+        request: dict[str, Any] = {
+            "model": host.model_id,
+            "messages": wire,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if tools:
+            request["tools"] = tools
+        started = time.perf_counter()
+        reply = _Reply(hermes().visible_text(on_text) if on_text is not None else None)
+        try:
+            stream = await host._client.chat.completions.create(**request)
+        except openai.NotFoundError as exc:
+            raise await host.not_found(exc) from None
+        except openai.APIError as exc:
+            raise host.error(exc) from None
+        try:
+            async for chunk in stream:
+                reply.add(chunk)
+        except openai.APIError as exc:
+            raise host.error(exc, streamed=len(reply.text)) from None
+        finally:
+            await asyncio.shield(stream.close())
+        if reply.finish_reason is None:  # the body ended cleanly but the reply did not
+            raise host.cut(len(reply.text))
+        if reply.visible is not None:
+            reply.visible.flush()
+        return self._generation(reply, wire, tools, started)
+
+    def _generation(
+        self, reply: _Reply, wire: list[Message], tools: list[ToolSchema] | None, started: float
+    ) -> Generation:
+        calls, malformed = self._structured_calls(reply)
+        text, text_calls, text_malformed = hermes().split(reply.text, tools, self._n_calls)
+        self._n_calls += len(text_calls)
+        ended = time.perf_counter()
+        first = reply.first_delta or ended
+        return Generation(
+            text=text,
+            tool_calls=calls + text_calls,
+            malformed_tool_calls=malformed + text_malformed,
+            finish_reason=_finish_reason(reply.finish_reason),
+            usage=self._usage(reply, wire, tools, first - started, ended - first),
+            raw_text=reply.text,
+        )
+
+    def _structured_calls(self, reply: _Reply) -> tuple[list[ToolCall], list[MalformedToolCall]]:
+        calls: list[ToolCall] = []
+        malformed: list[MalformedToolCall] = []
+        for index in sorted(reply.calls):
+            part = reply.calls[index]
+            try:
+                arguments = json.loads(part["arguments"]) if part["arguments"].strip() else {}
+                if not isinstance(arguments, dict):
+                    raise ValueError('"arguments" must be a JSON object')
+            except ValueError as exc:
+                raw = json.dumps({"name": part["name"], "arguments": part["arguments"]}, ensure_ascii=False)
+                error = (
+                    f"Error: the arguments of your call to {part['name']} are not a JSON object "
+                    f"({type(exc).__name__}: {exc}). Call the tool again with its arguments as one JSON object."
+                )
+                malformed.append(MalformedToolCall(raw=raw, error=error))
+                continue
+            calls.append(ToolCall(part["name"], arguments, id=part["id"] or f"call_{self._n_calls}"))
+            self._n_calls += 1
+        return calls, malformed
+
+    def _usage(
+        self, reply: _Reply, wire: list[Message], tools: list[ToolSchema] | None, prompt_s: float, gen_s: float
+    ) -> Usage:
+        usage = reply.usage
+        if usage is None:  # an engine that ignores `include_usage`: estimate
+            prompt = approx_tokens(wire, tools)
+            generated = approx_tokens([{"content": reply.text}])
+            return Usage(prompt, 0, prompt, generated, prompt_s, gen_s)
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = int(getattr(details, "cached_tokens", 0) or 0)
+        self._host._learn(wire, tools, usage.prompt_tokens)
+        return Usage(
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=cached,
+            prefilled_tokens=usage.prompt_tokens - cached,
+            generated_tokens=usage.completion_tokens,
+            prompt_seconds=prompt_s,
+            generation_seconds=gen_s,
+        )
+
+
+def _finish_reason(reason: str | None) -> FinishReason:
+    return "length" if reason == "length" else "stop"

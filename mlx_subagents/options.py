@@ -1,0 +1,69 @@
+"""`RunOptions`: what every command (and every other front end) shares, built once, read by the runner.
+
+One frozen object instead of loose runner fields and an untyped host dict: the CLI builds it from
+its flags, a Python caller from keywords, and the runner alone turns it into host arguments. Each
+limit has one name: `max_output_tokens` counts generated tokens over a whole task (the CLI flag is
+`--max-tokens`); `max_reply_tokens` is one reply; `max_tokens` is only ever one `generate` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .agents import Scope
+from .caps import DEFAULT_CONCURRENCY, check_concurrency
+from .errors import RequestError
+
+# Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
+DEFAULT_MAX_DEPTH = 2
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The options of one run.
+
+    Args:
+        model: forces one model for every task (`--model`); otherwise a task's own model, the
+            agent's `model`, then `$MLX_SUBAGENTS_MODEL`, then the default.
+        scope: agent layers besides the built-ins (`user`, `project` or `both`).
+        assume_yes: allow project agents without asking.
+        max_turns, max_output_tokens, timeout: defaults for tasks that set none.
+        max_depth: how many levels of sub-agents the `subagent` tool may start (0: none).
+        batching: decode concurrent sessions in one batch.
+        kv_budget: bytes of KV cache for all sessions (0: unbounded; None: the host's default).
+        context_window: override the model's context window (tokens).
+        concurrency: agent loops running at once in the whole process, sub-agents included; a
+            parent waiting on its children does not count.
+        engine: an OpenAI-compatible engine's base URL: every task's model calls go there, and
+            `model` is the engine's model id. None: only agents whose files name an engine use one.
+        api_key: the engines' API key (default: `$MLX_SUBAGENTS_API_KEY`).
+    """
+
+    model: str | None = None
+    scope: Scope = "both"
+    assume_yes: bool = False
+    max_turns: int | None = None
+    max_output_tokens: int | None = None
+    timeout: float | None = None
+    max_depth: int = DEFAULT_MAX_DEPTH
+    batching: bool = True
+    kv_budget: int | None = None
+    context_window: int | None = None
+    concurrency: int = DEFAULT_CONCURRENCY
+    engine: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        check_concurrency(self.concurrency, engine=bool(self.engine))
+        if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
+            raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
+
+    def host_kwargs(self) -> dict[str, Any]:
+        """What every host of the run is built with (the scripted host ignores all but the window)."""
+        kwargs: dict[str, Any] = {"batching": self.batching}
+        if self.context_window:
+            kwargs["context_window"] = self.context_window
+        if self.kv_budget is not None:
+            kwargs["kv_budget"] = self.kv_budget
+        return kwargs

@@ -1,0 +1,161 @@
+"""One renderer of a run's events as lines on the console, for every command and the chat.
+
+The same events read three ways, by where they are shown (`Layout`):
+
+- "task" (`run`, `resume`): the task's own tool calls, failed tool results and compactions, bare;
+  a sub-agent's lines carry its `[parent > child]` label, one indent per level, and its end shows
+  its status;
+- "tasks" (`parallel`, `chain`, `workflow` when there is no live table): each task's start, tool
+  calls and end, after its `[label]`;
+- "chat": the parent's tool calls as `▸ ...`; its sub-agents relative to it (indented, `↳` when
+  one starts, `✓`/`✗` when it ends).
+
+In each, a task that waits for its workspace's writer turn says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.markup import escape
+
+from .events import Event
+
+Layout = Literal["task", "tasks", "chat"]
+CHILD = " > "
+MAX_TOOL_CHARS = 60
+MAX_ERROR_CHARS = 200
+# A task's progress status from its end event, and its colour.
+STATUS_STYLES = {
+    "queued": "dim",
+    "waiting": "yellow",
+    "running": "cyan",
+    "done": "green",
+    "failed": "red",
+    "skipped": "dim",
+    "aborted": "yellow",
+}
+
+
+def end_status(data: dict[str, Any]) -> str:
+    """`done`, `failed`, `skipped` or `aborted`, from a `task_end` event's data."""
+    if data.get("stop_reason") == "skipped":
+        return "skipped"
+    return {"completed": "done", "aborted": "aborted"}.get(data.get("status", ""), "failed")
+
+
+def clip(text: str, n_chars: int = MAX_TOOL_CHARS) -> str:
+    return text if len(text) <= n_chars else text[: n_chars - 3] + "..."
+
+
+def first_line(text: str) -> str:
+    return text.splitlines()[0][:MAX_ERROR_CHARS] if text else ""
+
+
+class EventLines:
+    """Prints one line per notable event; pass `handle` as an event sink.
+
+    Args:
+        layout: which reading of the events (see the module docstring).
+        root: in a chat, the parent's label; its sub-agents are shown relative to it.
+        before_line: called before each line (the chat ends the reply being streamed).
+        verbose: first say which model runs a top-level task and how it was given its tools.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        layout: Layout,
+        *,
+        root: str = "",
+        before_line: Callable[[], None] | None = None,
+        verbose: bool = False,
+    ) -> None:
+        self.console = console
+        self.layout = layout
+        self.root = root
+        self.before_line = before_line
+        self.verbose = verbose
+
+    def handle(self, event: Event) -> None:
+        markup = self.line(event)
+        if markup is None:
+            return
+        if self.before_line is not None:
+            self.before_line()
+        self.console.print(markup)
+
+    def line(self, event: Event) -> str | None:
+        """The event's line as rich markup, or None when the layout does not show it."""
+        if self.layout == "tasks":
+            return self._tasks_line(event)
+        if self.layout == "task":
+            return self._task_line(event)
+        if event.label == self.root:
+            return self._own_line(event, "", mark="▸ ")
+        if self.root and event.label.startswith(self.root + CHILD):
+            return self._child_line(event)
+        return None
+
+    def _task_line(self, event: Event) -> str | None:
+        if self.verbose and event.kind == "task_start" and CHILD not in event.label:
+            model, mode = escape(str(event.data.get("model"))), event.data.get("tool_mode")
+            return f"[dim]{escape(event.label)} on {model} (tool mode: {mode})[/]"
+        prefix = f"[dim]\\[{escape(event.label)}][/] " if event.label != event.agent else ""
+        prefix = "  " * event.label.count(CHILD) + prefix
+        if event.kind == "waiting":
+            return f"{prefix}[yellow]waiting: {escape(event.data['reason'])}[/]"
+        if event.kind == "task_end" and CHILD in event.label:  # a sub-agent's end, under its parent's call
+            reason = f": {escape(str(event.data['error']))}" if event.data.get("error") else ""
+            style = "green" if event.data.get("status") == "completed" else "red"
+            return f"{prefix}[{style}]{event.data.get('status')}{reason}[/]"
+        return self._own_line(event, prefix)
+
+    def _tasks_line(self, event: Event) -> str | None:
+        prefix = f"[dim]\\[{event.label}][/]"
+        if event.kind == "task_start":
+            return f"{prefix} started ({event.agent})"
+        if event.kind == "waiting":
+            return f"{prefix} [yellow]waiting[/]: {escape(event.data['reason'])}"
+        if event.kind == "tool_call":
+            return f"{prefix} [cyan]{escape(clip(str(event.data.get('description', ''))))}[/]"
+        if event.kind == "task_end":
+            status = end_status(event.data)
+            reason = event.data.get("error") or event.data.get("stop_reason", "")
+            detail = "" if status == "done" else f": {reason}"
+            return f"{prefix} [{STATUS_STYLES.get(status, '')}]{status}[/]{escape(detail)}"
+        return None
+
+    def _own_line(self, event: Event, prefix: str, mark: str = "") -> str | None:
+        """A task's own tool calls, failed tool results (under the call) and compactions."""
+        if event.kind == "tool_call":
+            return f"{prefix}[cyan]{mark}{escape(event.data['description'])}[/]"
+        if event.kind == "tool_result" and event.data.get("is_error"):
+            return f"{prefix}{' ' * len(mark)}[red]{escape(first_line(event.data['output']))}[/]"
+        if event.kind == "compaction":
+            before, after = event.data["tokens_before"], event.data["tokens_after"]
+            sep = "," if self.layout == "chat" else ""  # `run` prints plain numbers, as it always has
+            return f"{prefix}[yellow]compacted {before:{sep}} -> {after:{sep}} tokens[/]"
+        return None
+
+    def _child_line(self, event: Event) -> str | None:
+        path = event.label[len(self.root) + len(CHILD) :]
+        indent = "  " * (path.count(CHILD) + 1)
+        if event.kind == "task_start":
+            return f"{indent}[dim]↳ {escape(path)} ({event.agent}) started[/]"
+        if event.kind == "waiting":
+            return f"{indent}[yellow]… {escape(path)} waiting: {escape(event.data['reason'])}[/]"
+        if event.kind == "tool_call":
+            return f"{indent}  [dim]{escape(path)}:[/] [cyan]{escape(event.data['description'])}[/]"
+        if event.kind != "task_end":
+            return None
+        data = event.data
+        if data.get("status") == "completed":
+            return (
+                f"{indent}[green]✓ {escape(path)} completed[/] [dim]({data.get('usage', {}).get('turns', 0)} turns)[/]"
+            )
+        reason = data.get("error") or data.get("stop_reason", "")
+        style = "yellow" if data.get("status") == "aborted" else "red"
+        return f"{indent}[{style}]✗ {escape(path)} {data.get('status')}: {escape(str(reason))}[/]"

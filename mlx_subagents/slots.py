@@ -1,0 +1,101 @@
+"""Process-wide turns: at most `concurrency` agent loops at once, and one writer per workspace.
+
+Every session holds a `Lease` while it runs: one of the runner's slots and, for an agent that can
+change files (`edit`, `write`), its workspace's writer turn; the others run alongside. An agent whose
+only way to change things is `bash` counts as a reader: the built-in scout and reviewer use it to
+look (`git log`, running the tests), and serialising them would undo parallel scouting. Nesting cannot multiply the limit: a parent lends its lease back while it waits for its
+children (who may need the slot and the writer turn), and takes it again before it goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextvars import ContextVar
+from pathlib import Path
+
+
+class Lease:
+    """A running session's slot (and writer turn); `lent()` gives them back while it waits."""
+
+    def __init__(self, slots: asyncio.Semaphore, writer: asyncio.Lock | None) -> None:
+        self._slots = slots
+        self._writer = writer
+        self._lock = asyncio.Lock()
+        self._n_lent = 0
+        self.held = False
+
+    async def acquire(self, on_wait: Callable[[], None] | None = None) -> None:
+        # The writer turn first: a writer waiting for its turn keeps no slot from the others.
+        if self._writer is not None:
+            if self._writer.locked() and on_wait is not None:
+                on_wait()
+            await self._writer.acquire()
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            if self._writer is not None:
+                self._writer.release()
+            raise
+        self.held = True
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        self._slots.release()
+        if self._writer is not None:
+            self._writer.release()
+
+    @asynccontextmanager
+    async def lent(self) -> AsyncIterator[None]:
+        """Give the lease back for the block (a parent waiting on its children); concurrent
+        blocks share one loan, and the lease is taken back when the last ends."""
+        async with self._lock:
+            if self._n_lent == 0:
+                self.release()
+            self._n_lent += 1
+        try:
+            yield
+        except BaseException:
+            self._n_lent -= 1  # the session is ending (cancelled or failed): nothing to take back
+            raise
+        async with self._lock:
+            self._n_lent -= 1
+            if self._n_lent == 0 and not self.held:
+                await self.acquire()
+
+
+_CURRENT: ContextVar[Lease | None] = ContextVar("mlx_subagents_lease", default=None)
+
+
+class Slots:
+    """The runner's slots and writer turns. Create inside the event loop that uses them."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._slots = asyncio.Semaphore(concurrency)
+        self._writers: dict[Path, asyncio.Lock] = {}
+
+    @asynccontextmanager
+    async def hold(self, writer: Path | None = None, on_wait: Callable[[], None] | None = None) -> AsyncIterator[Lease]:
+        """Wait for a slot (and `writer`'s turn, a workspace root), hold it for the block.
+
+        Args:
+            on_wait: called once when the writer turn is taken by another session, before waiting.
+        """
+        lock = self._writers.setdefault(writer, asyncio.Lock()) if writer is not None else None
+        lease = Lease(self._slots, lock)
+        await lease.acquire(on_wait)
+        token = _CURRENT.set(lease)
+        try:
+            yield lease
+        finally:
+            _CURRENT.reset(token)
+            lease.release()
+
+
+def lend() -> AbstractAsyncContextManager[None]:
+    """The current session's lease, lent for a block (nothing to lend outside a held slot)."""
+    lease = _CURRENT.get()
+    return lease.lent() if lease is not None else nullcontext()
