@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mlx_subagents.execution import Parent
+from mlx_subagents.options import RunOptions
 from mlx_subagents.runner import Runner
 from mlx_subagents.tools import TOOL_NAMES, Tool, ToolResult, Workspace, make_tools
 
@@ -36,10 +38,11 @@ def ws(tmp_path: Path) -> Workspace:
 @pytest.fixture
 def subagent(tmp_path: Path, write_script: Any, ws: Workspace) -> Tool:
     """The real `subagent` tool of an orchestrator, delegating through a runner on a scripted model."""
-    runner = Runner(cwd=ws.root, model=write_script(["child answer"] * 200), save_transcripts=False)
+    options = RunOptions(model=write_script(["child answer"] * 200))
+    runner = Runner(cwd=ws.root, options=options, save_transcripts=False)
     assert runner.catalog is not None
     spec = runner.catalog.get("orchestrator")
-    return runner.delegation_tools(spec, "o", depth=0, workspace=ws, home=None)["subagent"]
+    return runner.delegation_tools(Parent(spec, "o", 0, "m", None), ws)["subagent"]
 
 
 def test_known_crashes_are_error_results(ws: Workspace, subagent: Tool) -> None:
