@@ -59,6 +59,17 @@ MODEL_ENV = "MLX_SUBAGENTS_MODEL"
 PREVIOUS = "{previous}"
 
 
+def on_engine(url: str, model: str) -> str:
+    """How a task's model names a model id on an engine: `URL MODEL_ID` (a URL holds no space)."""
+    return f"{url} {model}"
+
+
+def split_engine(model: str) -> tuple[str | None, str]:
+    """(engine URL or None, model id) of a task's model string."""
+    url, space, model_id = model.partition(" ")
+    return (url, model_id) if space and url.startswith(("http://", "https://")) else (None, model)
+
+
 def default_model() -> str:
     return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
@@ -190,8 +201,16 @@ class Runner:
         return spec
 
     def model_for(self, spec: AgentSpec, override: str | None = None, inherited: str | None = None) -> str:
-        """A task's own model, else `--model`, else the agent's, else its parent's (`inherited`),
-        else `$MLX_SUBAGENTS_MODEL` or the default."""
+        """A task's own model, else `--model`, else the agent's (its `engine:` and `engine_model:`, or
+        its `model:`), else its parent's (`inherited`), else `$MLX_SUBAGENTS_MODEL` or the default.
+        With `--engine`, every task's model is a model id on that engine (see `on_engine`)."""
+        if self.options.engine:
+            model = override or self.options.model or spec.engine_model or split_engine(inherited or "")[1]
+            if not model:
+                raise RequestError("--engine needs --model, the engine's model id (or engine_model: in the agent file)")
+            return on_engine(self.options.engine, model)
+        if not (override or self.options.model) and spec.engine and spec.engine_model:
+            return on_engine(spec.engine, spec.engine_model)
         return override or self.options.model or spec.model or inherited or default_model()
 
     def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:
@@ -223,13 +242,16 @@ class Runner:
         return self._slots
 
     async def host_for(self, model: str) -> ModelHost:
-        """The resident host for a model, loaded on first use."""
+        """The resident host for a model, loaded (or, on an engine, reached) on first use."""
         async with self._host_lock:
             if model not in self._hosts:
                 kwargs = self.options.host_kwargs()
-                if self.processor_factory is not None and not model.startswith("scripted:"):
+                engine, model_id = split_engine(model)
+                if engine:
+                    kwargs.update(engine=engine, api_key=self.options.api_key)
+                elif self.processor_factory is not None and not model.startswith("scripted:"):
                     kwargs["processor_factory"] = self.processor_factory
-                host = make_host(model, **kwargs)
+                host = make_host(model_id, **kwargs)
                 await host.start()
                 self._hosts[model] = host
             return self._hosts[model]
@@ -243,7 +265,7 @@ class Runner:
 
     async def parallel(self, tasks: Sequence[TaskSpec], *, concurrency: int = DEFAULT_CONCURRENCY) -> MultiRunResult:
         """Run up to 8 independent tasks, `concurrency` (1-4) at a time; results in input order."""
-        check_concurrency(concurrency)
+        check_concurrency(concurrency, engine=bool(self.options.engine))
         return await self._execute("parallel", label_tasks(tasks), concurrency=concurrency)
 
     async def chain(self, steps: Sequence[TaskSpec]) -> MultiRunResult:
@@ -261,7 +283,7 @@ class Runner:
 
         A step starts as soon as its needs are done; results come back in step order.
         """
-        check_concurrency(concurrency)
+        check_concurrency(concurrency, engine=bool(self.options.engine))
         if not isinstance(workflow, Workflow):
             workflow = load_workflow(find_workflow(str(workflow), self.cwd))
         assert self.catalog is not None
@@ -338,7 +360,8 @@ class Runner:
             raise RunNotFoundError(f"task '{entry.label}' of run {record.run_id} has no saved conversation to continue")
         spec = self.agent(log.meta["agent"])
         check_request([CapItem(entry.label, "", spec)])
-        model = self.options.model or log.meta["model"]
+        saved = log.meta["model"]  # on an engine, its model id: the agent's own engine or --engine takes it there
+        model = self.model_for(spec, self.options.model or (None if saved == spec.engine_model else saved))
         host = await self.host_for(model)
         return TaskHandle(
             self,
@@ -356,20 +379,22 @@ class Runner:
 
     # -- delegation ---------------------------------------------------------------------------------
 
-    async def delegate(self, call: Delegation, parent: Parent) -> MultiRunResult:
+    async def delegate(self, call: Delegation, parent: Parent | None) -> MultiRunResult:
         """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
-        unknown agent raises before anything starts, like any request.
+        unknown agent raises before anything starts, like any request. `parent` None: a call from
+        outside the runner (`subagent mcp`), whose tasks run at the top level.
         """
         tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
-        tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-        granted = parent.spec.agents
-        if granted is not None and (refused := sorted({t.agent for t in tasks} - set(granted))):
-            raise RequestError(
-                f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
-                f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
-            )
+        if parent is not None:
+            tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
+            granted = parent.spec.agents
+            if granted is not None and (refused := sorted({t.agent for t in tasks} - set(granted))):
+                raise RequestError(
+                    f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
+                    f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
+                )
         if call.mode == "chain":
             tasks, needs, renders = _plan_chain(tasks)
             return await self._execute(
@@ -390,13 +415,13 @@ class Runner:
             update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results)}
         )
 
-    async def _set_up_fails(self, task: TaskSpec, parent: Parent) -> RunResult | None:
+    async def _set_up_fails(self, task: TaskSpec, parent: Parent | None) -> RunResult | None:
         """A parallel child that cannot start (unknown agent or model) fails alone: its failed
         result, reported like any end; None when it can start."""
         model = ""
         try:
             spec = self.agent(task.agent)
-            model = self.model_for(spec, task.model, inherited=parent.model)
+            model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
             await self.host_for(model)
         except Exception as exc:
             error = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
