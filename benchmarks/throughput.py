@@ -49,6 +49,11 @@ Run (from the repository root):
     python benchmarks/throughput.py --json                # the last line is one JSON object
     python benchmarks/throughput.py --model smollm2        # an imported model (`subagent models import`)
     python benchmarks/throughput.py --model ~/models/Qwen3-4B-Instruct-2507-4bit --tokens 256
+    python benchmarks/throughput.py --model ~/models/tiny --engine http://127.0.0.1:8080/v1  # + an engine
+
+With `--engine URL` the same sessions and prompts also go through that OpenAI-compatible engine
+(`EngineHost`, after the in-process runs) and a second table compares it with the batched host
+(serve the `--model` folder there, e.g. `mlx_lm.server --model ~/models/tiny --port 8080`).
 
 On a Mac (Metal) `pip install -e .` (or `PYTHONPATH=.`) is all it needs. With `--model` the
 weights are loaded three times (two hosts and the raw reference), all resident at once.
@@ -342,30 +347,30 @@ async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tupl
     return runs, info
 
 
+def figures(n: int, rs: list[Run]) -> dict[str, Any]:
+    """One table row: the best of the repeats `rs` at `n` sessions, TTFT over all of them."""
+    best = max(rs, key=lambda r: r.decode_tps)
+    ttfts = [t for r in rs for t in r.ttft_s]
+    return {
+        "sessions": n,
+        "generated_tokens": best.generated_total,
+        "decode_tok_s": round(best.decode_tps, 1),
+        "decode_tok_s_median": round(statistics.median(r.decode_tps for r in rs), 1),
+        "e2e_tok_s": round(max(r.e2e_tps for r in rs), 1),
+        "steady_tok_s": round(max(r.steady_tps for r in rs), 1),
+        "cpu_ms_per_token": round(min(r.cpu_ms_per_token for r in rs), 3),
+        "decode_s": round(best.decode_s, 4),
+        "wall_s": round(best.wall_s, 4),
+        "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
+        "ttft_p95_s": round(percentile(ttfts, 0.95), 4),
+        "cached_tokens": best.cached_tokens,
+    }
+
+
 def summarize(
     runs: Runs, info: dict[str, Any], *, arch: str, model: str, n_tokens: int, repeats: int, forced: bool
 ) -> dict[str, Any]:
-    results: dict[str, dict[str, Any]] = {}
-    for mode in MODES:
-        results[mode] = {}
-        for n in SESSION_COUNTS:
-            rs = runs[mode][n]
-            best = max(rs, key=lambda r: r.decode_tps)
-            ttfts = [t for r in rs for t in r.ttft_s]
-            results[mode][str(n)] = {
-                "sessions": n,
-                "generated_tokens": best.generated_total,
-                "decode_tok_s": round(best.decode_tps, 1),
-                "decode_tok_s_median": round(statistics.median(r.decode_tps for r in rs), 1),
-                "e2e_tok_s": round(max(r.e2e_tps for r in rs), 1),
-                "steady_tok_s": round(max(r.steady_tps for r in rs), 1),
-                "cpu_ms_per_token": round(min(r.cpu_ms_per_token for r in rs), 3),
-                "decode_s": round(best.decode_s, 4),
-                "wall_s": round(best.wall_s, 4),
-                "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
-                "ttft_p95_s": round(percentile(ttfts, 0.95), 4),
-                "cached_tokens": best.cached_tokens,
-            }
+    results = {mode: {str(n): figures(n, runs[mode][n]) for n in SESSION_COUNTS} for mode in MODES}
 
     def rate(mode: str, n: int) -> float:
         return float(results[mode][str(n)]["decode_tok_s"])
@@ -470,6 +475,70 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"{verdict}: identical outputs across the three configurations")
         else:
             print(f"{verdict}: {name} = {t['value']:.3f} (target >= {t['target']})")
+    if "engine" in report:
+        print_engine(report)
+
+
+# -- through an engine (--engine URL) ----------------------------------------------------------
+
+
+async def measure_engine(url: str, model_id: str | None, n_tokens: int, repeats: int) -> tuple[str, Runs]:
+    """The same sessions and prompts through an OpenAI-compatible engine (`EngineHost`), after the
+    in-process runs. The engine generates greedily (nothing forces its replies), so give `--model`
+    the folder the engine serves to compare like with like."""
+    from mlx_subagents.host.engine_host import EngineHost
+
+    if model_id is None:  # the engine's first listed model
+        async with EngineHost(url, "") as probe:
+            model_id = next(iter(await probe.served_models()), None)
+        if model_id is None:
+            raise SubagentError(f"the engine at {url} lists no models; pass its model id with --engine-model")
+    prompts = [task_messages(i) for i in range(max(SESSION_COUNTS))]
+    runs: Runs = {"engine": {n: [] for n in SESSION_COUNTS}}
+    async with EngineHost(url, model_id) as host:
+        await host_run(host, prompts, WARM_UP_TOKENS, "warm-engine")  # type: ignore[arg-type]
+        for rep in range(repeats):
+            for n in SESSION_COUNTS:
+                run = await host_run(host, prompts[:n], n_tokens, f"engine-r{rep}-n{n}")  # type: ignore[arg-type]
+                runs["engine"][n].append(run)
+    return model_id, runs
+
+
+def engine_report(report: Report, url: str, model_id: str, runs: Runs) -> dict[str, Any]:
+    """The engine's rows and the in-process batched host's rate over the engine's."""
+    rows = {str(n): figures(n, runs["engine"][n]) for n in SESSION_COUNTS}
+    host = report["results"]["batched"]
+    return {
+        "url": url,
+        "model": model_id,
+        "results": rows,
+        "ratio_host_vs_engine": {
+            n: round(host[n]["decode_tok_s"] / r["decode_tok_s"], 3) if r["decode_tok_s"] else 0.0
+            for n, r in rows.items()
+        },
+        "ratio_host_vs_engine_e2e": {
+            n: round(host[n]["e2e_tok_s"] / r["e2e_tok_s"], 3) if r["e2e_tok_s"] else 0.0 for n, r in rows.items()
+        },
+    }
+
+
+def print_engine(report: Report) -> None:
+    engine = report["engine"]
+    print()
+    print(f"through the engine at {engine['url']} (model {engine['model']}; it generates greedily):")
+    header = (
+        f"{'sessions':>8}  {'decode tok/s':>12} {'e2e tok/s':>10} {'TTFT p50 ms':>11} {'TTFT p95 ms':>11} "
+        f"{'cached':>7} {'client CPU ms/tok':>17}  {'in-process batched / engine':>27}"
+    )
+    print(header)
+    print("-" * len(header))
+    for n, r in engine["results"].items():
+        cached = sum(r["cached_tokens"]) // max(1, len(r["cached_tokens"]))
+        print(
+            f"{n:>8}  {r['decode_tok_s']:>12.1f} {r['e2e_tok_s']:>10.1f} {1000 * r['ttft_p50_s']:>11.1f} "
+            f"{1000 * r['ttft_p95_s']:>11.1f} {cached:>7} {r['cpu_ms_per_token']:>17.3f}  "
+            f"{engine['ratio_host_vs_engine'][n]:>8.2f}x decode, {engine['ratio_host_vs_engine_e2e'][n]:.2f}x e2e"
+        )
 
 
 # -- entry point ---------------------------------------------------------------------------------
@@ -481,6 +550,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the best counts (default 3)")
     parser.add_argument("--hidden", type=int, help="hidden size of the tiny model (default: the test kit's 64)")
     parser.add_argument("--layers", type=int, help="layers of the tiny model (default: the test kit's)")
+    parser.add_argument("--engine", help="also measure through this OpenAI-compatible engine (base URL)")
+    parser.add_argument("--engine-model", help="the engine's model id (default: the first it lists)")
     args = parser.parse_args(argv)
     if args.tokens < 1 or args.repeats < 1:
         parser.error("--tokens and --repeats must be at least 1")
@@ -495,9 +566,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def measure_model(model: Path, label: str) -> Report:
         runs, info = asyncio.run(measure(model, args.tokens, args.repeats, force))
-        return summarize(
+        report = summarize(
             runs, info, arch=model_arch(model), model=label, n_tokens=args.tokens, repeats=args.repeats, forced=force
         )
+        if args.engine:
+            engine_model, engine_runs = asyncio.run(
+                measure_engine(args.engine, args.engine_model, args.tokens, args.repeats)
+            )
+            report["engine"] = engine_report(report, args.engine, engine_model, engine_runs)
+        return report
 
     return run_report(
         args,

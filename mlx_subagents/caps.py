@@ -16,6 +16,8 @@ from .errors import InputTooLargeError, RequestError
 
 MAX_TASKS = 8
 MAX_CONCURRENCY = 4
+# An inference engine batches on its own hardware: every task of a run may go at once.
+MAX_ENGINE_CONCURRENCY = 8
 DEFAULT_CONCURRENCY = 4
 MAX_TASK_CHARS = 20_000
 MAX_SYSTEM_PROMPT_CHARS = 8_000
@@ -53,9 +55,12 @@ def check_task_count(n_tasks: int) -> None:
         )
 
 
-def check_concurrency(concurrency: int) -> None:
-    if not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise RequestError(f"concurrency must be from 1 to {MAX_CONCURRENCY}, got {concurrency}")
+def check_concurrency(concurrency: int, *, engine: bool = False) -> None:
+    if not 1 <= concurrency <= (MAX_ENGINE_CONCURRENCY if engine else MAX_CONCURRENCY):
+        raise RequestError(
+            f"concurrency must be from 1 to {MAX_CONCURRENCY} (up to {MAX_ENGINE_CONCURRENCY} with --engine), "
+            f"got {concurrency}"
+        )
 
 
 def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
-from .caps import MAX_CONCURRENCY
+from .caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
 from .doctor import run_doctor
 from .errors import RequestError, SubagentError
 from .events import Event, EventSink, Fanout
@@ -112,9 +112,22 @@ ConcurrencyOpt = Annotated[
         "--concurrency",
         "-j",
         min=1,
-        max=MAX_CONCURRENCY,
-        help="Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not count).",
+        max=MAX_ENGINE_CONCURRENCY,
+        help=(
+            "Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not "
+            f"count); up to {MAX_CONCURRENCY}, or {MAX_ENGINE_CONCURRENCY} with --engine."
+        ),
     ),
+]
+EngineOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--engine",
+        help="Run the model calls on this OpenAI-compatible engine (e.g. http://gpu-box:8000/v1); --model is its model id.",
+    ),
+]
+ApiKeyOpt = Annotated[
+    Optional[str], typer.Option("--api-key", help="The engine's API key (default: $MLX_SUBAGENTS_API_KEY).")
 ]
 TaskKeyOpt = Annotated[
     Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")
@@ -162,6 +175,8 @@ _SHARED: dict[str, tuple[Any, Any]] = {
     "kv_budget": (KvBudgetOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
+    "engine": (EngineOpt, None),
+    "api_key": (ApiKeyOpt, None),
 }
 
 
@@ -181,6 +196,8 @@ class Shared:
     kv_budget: str | None
     max_depth: int
     concurrency: int
+    engine: str | None
+    api_key: str | None
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -195,6 +212,8 @@ class Shared:
             kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
             context_window=self.context_window,
             concurrency=self.concurrency,
+            engine=self.engine,
+            api_key=self.api_key,
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
@@ -629,6 +648,9 @@ def agents(
     cwd: CwdOpt = Path("."),
     scope: ScopeOpt = Scope.both,
     as_json: JsonOpt = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show the project instructions every agent's prompt gets.")
+    ] = False,
 ) -> None:
     """List the agents: built-in, user and project.
 
@@ -636,7 +658,8 @@ def agents(
     """
     from .agents import discover_agents
 
-    catalog = discover_agents(Path(cwd).resolve(), scope=scope.value)  # type: ignore[arg-type]
+    root = Path(cwd).resolve()
+    catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
     # Skipped files, then what each agent that loaded had dropped or read leniently.
     for warning in [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]:
         err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
@@ -651,6 +674,53 @@ def agents(
         out.print(
             f"{row['name']:<12} {row['source']:<8} {', '.join(row['tools'])}\n  {row['description']}\n  [dim]{row['file']}[/]"
         )
+    if verbose:
+        _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
+
+
+def _show_project_context(root: Path, opted_out: list[str]) -> None:
+    """Which AGENTS.md / CLAUDE.md files load into the agents' system prompts."""
+    from .project_context import CONTEXT_FILES, MAX_CONTEXT_CHARS, load_project_context
+
+    context = load_project_context(root)
+    if not context.files:
+        out.print(f"project instructions: none ({' or '.join(CONTEXT_FILES)} up to the repository root)")
+    else:
+        cut = f", cut at {MAX_CONTEXT_CHARS:,}" if context.n_chars > MAX_CONTEXT_CHARS else ""
+        out.print(f"project instructions ({context.n_chars:,} characters{cut}), in this order:", markup=False)
+        for path in context.files:
+            out.print(f"  {path}", markup=False)
+    if opted_out:
+        out.print(f"  not for: {', '.join(opted_out)} (context: none)", markup=False)
+
+
+@app.command()
+@shared_options(
+    cwd=None,  # its own --cwd below: no default, so that the client's root can be the workspace
+    yes=Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents (a client cannot be asked).")],
+)
+def mcp(
+    workspace: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--cwd",
+            "-C",
+            help="Workspace (default: the client's first root, else the folder the client starts the server in).",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
+    *,
+    shared: Shared,
+) -> None:
+    """Serve the agents over MCP on stdio (for Claude Code, Codex, Cursor, ...); the model stays loaded.
+
+    Example: claude mcp add subagents -- subagent mcp --model mlx-community/Qwen3-4B-Instruct-2507-4bit
+    """
+    from .mcp_server import serve_stdio
+
+    # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
+    asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
 
 
 @app.command()

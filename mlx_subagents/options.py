@@ -8,7 +8,7 @@ limit has one name: `max_output_tokens` counts generated tokens over a whole tas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .agents import Scope
@@ -35,6 +35,9 @@ class RunOptions:
         context_window: override the model's context window (tokens).
         concurrency: agent loops running at once in the whole process, sub-agents included; a
             parent waiting on its children does not count.
+        engine: an OpenAI-compatible engine's base URL: every task's model calls go there, and
+            `model` is the engine's model id. None: only agents whose files name an engine use one.
+        api_key: the engines' API key (default: `$MLX_SUBAGENTS_API_KEY`).
     """
 
     model: str | None = None
@@ -48,9 +51,11 @@ class RunOptions:
     kv_budget: int | None = None
     context_window: int | None = None
     concurrency: int = DEFAULT_CONCURRENCY
+    engine: str | None = None
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        check_concurrency(self.concurrency)
+        check_concurrency(self.concurrency, engine=bool(self.engine))
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
             raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
 

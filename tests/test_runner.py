@@ -110,7 +110,7 @@ def test_more_than_eight_tasks_or_a_bad_concurrency_is_refused(tmp_path: Path, w
     runner = make_runner(tmp_path, write_script(["done"]))
     with pytest.raises(RequestError, match="9 tasks is more than the limit of 8 per run"):
         go(runner, "parallel", [TaskSpec("scout", "x")] * 9)
-    with pytest.raises(RequestError, match="concurrency must be from 1 to 4, got 5"):
+    with pytest.raises(RequestError, match=r"concurrency must be from 1 to 4 \(up to 8 with --engine\), got 5"):
         go(runner, "parallel", [TaskSpec("scout", "x")], concurrency=5)
     with pytest.raises(RequestError, match="no tasks given"):
         go(runner, "parallel", [])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import ChatTemplateError
@@ -54,7 +55,7 @@ class ChatFormat:
         traits = probe_template(tokenizer)
         if traits.tools and traits.tool_calls:
             start, end = getattr(tokenizer, "tool_call_start", None), getattr(tokenizer, "tool_call_end", None)
-            example = example_call(tokenizer, start, end or "") if start else None
+            example = example_call(tokenizer, traits, start, end or "") if start else None
             native = CallFormat.native(tokenizer, example)
             if native is not None:
                 return cls("native", traits, native)
@@ -76,6 +77,14 @@ class ChatFormat:
 
     def visible_text(self, on_text: TextCallback) -> VisibleText:
         return self.calls.visible_text(on_text)
+
+
+def read_chat_format(path: Path) -> ChatFormat:
+    """A model folder's chat format from its tokenizer files alone, without loading the weights
+    (for listing models and their tool mode)."""
+    from mlx_lm.utils import load_tokenizer
+
+    return ChatFormat.load(load_tokenizer(path), str(path))
 
 
 def _with_prompted_tools(messages: list[Message], tools: list[ToolSchema] | None) -> list[Message]:

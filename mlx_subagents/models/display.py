@@ -70,7 +70,15 @@ class ImportProgress:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if kind is None:
+            self._finish()
         self._progress.stop()
+
+    def _finish(self) -> None:
+        """Show the current step as done (a step without counts has no total of its own)."""
+        if self._task is not None:
+            total = self._progress.tasks[-1].total or 1
+            self._progress.update(self._task, total=total, completed=total)
 
     def __call__(self, step: str, done: int | None, total: int | None) -> None:
         if step != self._step or self._task is None:

@@ -187,7 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._event(_chunk(model, {"content": piece}))
             self.engine._closing.wait(reply.pause)
         for index, call in enumerate(reply.tool_calls):
-            arguments = json.dumps(call.get("arguments", {}))
+            arguments = call.get("arguments", {})  # a string is sent as it is (e.g. not JSON)
+            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
             head = {"index": index, "id": f"call_fake_{index}", "type": "function"}
             self._event(_chunk(model, {"tool_calls": [{**head, "function": {"name": call["name"], "arguments": ""}}]}))
             for piece in _pieces(arguments, max(1, len(arguments) // 3)):
