@@ -1,0 +1,63 @@
+"""A real model: SmolLM2-135M-Instruct, 4-bit, imported from its Q4_1 GGUF by the project's importer.
+
+Where random models hide bugs: a real 49k-token byte-level BPE tokenizer, a real chat template,
+real quantized weights. It decodes a few tokens a second on a CPU: the tests are few and short.
+Locally they skip when the registry cannot be reached; under CI they must run (see conftest).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlx_subagents.host.loading import resolve_model_path
+from mlx_subagents.models.catalog import list_models
+
+PARIS = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+def test_import_through_ollama_makes_a_4bit_model_the_catalog_lists(
+    smollm2_home: Path, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gguf import GGUFReader
+
+    record = json.loads((smollm2_path / "import.json").read_text())
+    gguf = Path(record["gguf"])
+    assert record["source"] == "ollama:smollm2:135m" and gguf.name.startswith("sha256-")
+    assert (record["architecture"], record["tokenizer_pre"], record["pre_tokenizer_fixed"]) == ("llama", "smollm", True)
+    assert not [p for p in smollm2_path.parent.iterdir() if p.name.startswith(".")]  # no staging left
+
+    monkeypatch.setenv("MLX_SUBAGENTS_HOME", str(smollm2_home))
+    assert resolve_model_path("smollm2") == smollm2_path
+    [info] = list_models(default="smollm2")
+    n_source = sum(int(t.n_elements) for t in GGUFReader(str(gguf)).tensors)
+    assert (info.name, info.source, info.default, info.model_type) == ("smollm2", "imported", True, "llama")
+    assert info.parameters == n_source == 134_515_008
+    assert info.quantization == "4-bit (group 32)" and info.context_window == 8192
+    assert info.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
+    assert info.tool_mode == "prompted"  # its ChatML template drops `tools`
+
+
+def test_tokenizer_round_trips_and_splits_like_llama_cpp(smollm2_path: Path) -> None:
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_path)
+    for text in (
+        "def load_config(path: str) -> dict:\n    return {}\n",
+        "Café, naïve, Straße; 東京 🙂 — \t tabs\n\n",
+        "cafe\u0301 (decomposed: no normalizer may compose it)",
+        "x = [1, 22, 333]  # numbers",
+    ):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert tokenizer.decode(ids) == text
+    # llama.cpp's `smollm` splitting: digits alone first, then GPT-2's pattern, so the indentation
+    # before a number is one token (gguf2mlx's fallback pattern split it as 11 spaces + 1).
+    pieces = [tokenizer.decode([i]) for i in tokenizer.encode("            0,\n", add_special_tokens=False)]
+    assert pieces == [" " * 12, "0", ",", "\n"]
+    assert tokenizer.eos_token == "<|im_end|>"
+    prompt = tokenizer.apply_chat_template(PARIS, add_generation_prompt=True, tokenize=False)
+    assert prompt.endswith(
+        "<|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n<|im_start|>assistant\n"
+    )
