@@ -7,15 +7,18 @@ Locally they skip when the registry cannot be reached; under CI they must run (s
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
+from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host.loading import resolve_model_path
 from mlx_subagents.models.catalog import list_models
 
 PARIS = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+QUESTIONS = [PARIS, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2 + 2?"}]]
 
 
 def test_import_through_ollama_makes_a_4bit_model_the_catalog_lists(
@@ -61,3 +64,18 @@ def test_tokenizer_round_trips_and_splits_like_llama_cpp(smollm2_path: Path) -> 
     assert prompt.endswith(
         "<|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+async def answers(path: Path, batching: bool) -> list[tuple[str, tuple[int, ...]]]:
+    async with MlxModelHost(str(path), batching=batching, kv_budget=0) as host:
+        sessions = [host.session(f"q{i}") for i in range(len(QUESTIONS))]
+        generations = await asyncio.gather(*(s.generate(q, max_tokens=8) for s, q in zip(sessions, QUESTIONS)))
+    return [(g.text, tuple(g.token_ids)) for g in generations]
+
+
+def test_greedy_answers_paris_and_batched_equals_serialized(smollm2_path: Path) -> None:
+    batched = asyncio.run(answers(smollm2_path, batching=True))
+    serialized = asyncio.run(answers(smollm2_path, batching=False))
+    assert "Paris" in batched[0][0]
+    assert [ids for _, ids in batched] == [ids for _, ids in serialized]  # token-identical on 4-bit weights
+    assert all(len(ids) > 1 for _, ids in batched)
