@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mlx_subagents.compaction import CompactionSettings, compact, fallback_summary
 from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host.loading import resolve_model_path
 from mlx_subagents.models.catalog import list_models
@@ -79,3 +80,31 @@ def test_greedy_answers_paris_and_batched_equals_serialized(smollm2_path: Path) 
     assert "Paris" in batched[0][0]
     assert [ids for _, ids in batched] == [ids for _, ids in serialized]  # token-identical on 4-bit weights
     assert all(len(ids) > 1 for _, ids in batched)
+
+
+def test_compaction_writes_a_real_summary(smollm2_path: Path) -> None:
+    messages = [
+        {"role": "system", "content": "You are a coding assistant."},
+        {"role": "user", "content": "Find where the config is loaded."},
+        {"role": "assistant", "content": "I will read config.py."},
+        {"role": "user", "content": "config.py: load_config reads settings.toml."},
+        {"role": "assistant", "content": "Next I check who calls it."},
+        {"role": "user", "content": "cli.py calls load_config."},
+    ]
+
+    async def go() -> tuple[object, str]:
+        async with MlxModelHost(str(smollm2_path), kv_budget=0) as host:
+            result = await compact(
+                messages,
+                host.session("parent"),
+                lambda ms: host.count_tokens(ms),
+                CompactionSettings(reserve_tokens=64, keep_recent_tokens=16),
+                max_tokens=24,
+            )
+        return result, fallback_summary(messages[2:5])
+
+    result, fallback = asyncio.run(go())
+    assert result.n_summarized >= 2 and result.usage.generated_tokens > 0
+    assert result.summary and result.summary != fallback  # the model's words, not the fallback
+    assert result.messages[:2] == messages[:2] and result.messages[-1] == messages[-1]
+    assert result.summary in result.messages[2]["content"]
