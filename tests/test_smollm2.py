@@ -10,13 +10,20 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from mlx_subagents.agents import AgentSpec
 from mlx_subagents.compaction import CompactionSettings, compact, fallback_summary
 from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host.chat_format import prompted_tools
 from mlx_subagents.host.loading import resolve_model_path
+from mlx_subagents.host.prompt import render
 from mlx_subagents.models.catalog import list_models
+from mlx_subagents.session import AgentSession, workspace_for
+from mlx_subagents.testing import ForcedScripts, tool_call_text
+from mlx_subagents.tools import make_tools
 
 PARIS = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 QUESTIONS = [PARIS, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2 + 2?"}]]
@@ -108,3 +115,43 @@ def test_compaction_writes_a_real_summary(smollm2_path: Path) -> None:
     assert result.summary and result.summary != fallback  # the model's words, not the fallback
     assert result.messages[:2] == messages[:2] and result.messages[-1] == messages[-1]
     assert result.summary in result.messages[2]["content"]
+
+
+def test_prompted_tool_call_through_the_real_tokenizer_runs_and_the_agent_completes(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    from mlx_lm.utils import load_tokenizer
+
+    (tmp_path / "config.py").write_text("CONFIG = {}\n")
+    spec = AgentSpec(
+        name="scout",
+        description="finds",
+        tools=("ls",),
+        system_prompt="You find files.",
+        source="builtin",
+        path=tmp_path,
+    )
+    answer = "The config is in config.py."
+    replies = {"scout": [tool_call_text("ls", {"path": "."}), answer]}
+    scripts = ForcedScripts(load_tokenizer(smollm2_path), replies)
+    schemas = [tool.schema() for tool in make_tools(("ls",), workspace_for(tmp_path)).values()]
+
+    async def go() -> tuple[Any, list[Any], str, str]:
+        async with MlxModelHost(str(smollm2_path), processor_factory=scripts, kv_budget=0) as host:
+            session = AgentSession(spec, host, workspace_for(tmp_path))
+            result = await session.run("where is the config?")
+            shown, tools = host.chat.present(session.messages[:2], schemas)
+            return (
+                result,
+                session.messages,
+                render(host.tokenizer, shown, tools, generation_prompt=True),
+                host.tool_mode,
+            )
+
+    result, messages, prompt, mode = asyncio.run(go())
+    assert mode == "prompted" and prompt.count(prompted_tools(schemas)) == 1
+    assert prompt.startswith("<|im_start|>system\nYou find files.")
+    assert (result.status, result.output) == ("completed", answer)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[2]["tool_calls"][0]["function"]["name"] == "ls"
+    assert "config.py" in messages[3]["content"]  # the real ls ran in the workspace
