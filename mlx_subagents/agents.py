@@ -47,8 +47,8 @@ CLAUDE_AGENTS_DIR = ".claude/agents"
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
-    "name", "description", "tools", "model", "max_turns", "temperature", "output_schema", "engine", "engine_model",
-    "thinking",
+    "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
+    "engine_model", "thinking",
 )  # fmt: skip
 # Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
 CLAUDE_FIELDS = (
@@ -58,6 +58,8 @@ CLAUDE_FIELDS = (
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
 LENIENT_FIELDS = frozenset(FIELDS + CLAUDE_FIELDS + DISPLAY_FIELDS)
+# Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`).
+CLAUDE_TASK_TOOL = re.compile(r"(?:Task|Agent)\((.*)\)")
 
 # A model named `<provider>/...` or `<provider>:...` with one of these runs remotely: refused,
 # never swapped for a local model. `mlx/<id>` bypasses the check (e.g. `mlx/google/gemma-3-1b-it`).
@@ -89,7 +91,9 @@ class AgentSpec(BaseModel):
     an omitted allowlist inherits all tools); `subagent` is granted only when named. An empty
     string or list means no tools. `model` None means the session's default local model.
     `warnings` holds what was ignored while loading (dropped Claude tools, Claude model aliases,
-    unknown fields).
+    unknown fields). `agents` names the agents it may start through `subagent` (None: any);
+    `full_tools_for` those of them that keep tools it lacks itself (written `worker!`). `context`
+    `none` leaves the project's AGENTS.md/CLAUDE.md out of its system prompt.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -106,6 +110,9 @@ class AgentSpec(BaseModel):
     # An OpenAI-compatible engine (base URL) and its model id: this agent's model calls go there.
     engine: str | None = None
     engine_model: str | None = None
+    agents: tuple[str, ...] | None = None
+    full_tools_for: tuple[str, ...] = ()
+    context: Literal["project", "none"] = "project"
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -145,10 +152,14 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         raise _fail(path, "the body is empty", "write the system prompt below the closing '---'")
     if not claude and (unknown := sorted(str(k) for k in meta if k not in FIELDS + DISPLAY_FIELDS)):
         warnings.append(f"{path}: unknown field(s) {', '.join(unknown)} ignored")
+    agents, full_tools_for = _parse_agents(path, meta)
     return AgentSpec(
         name=name,
         description=description,
         tools=_parse_tools(path, meta, claude, warnings),
+        agents=agents,
+        full_tools_for=full_tools_for,
+        context=_parse_context(path, meta.get("context")),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -194,7 +205,7 @@ def _tool_list(
         deny: the list takes tools away; a restricted `Bash(git:*)` there denies the whole tool.
     """
     if isinstance(value, str):
-        items = value.split(",")
+        items = split_list(value)
     elif isinstance(value, list) and all(isinstance(item, str) for item in value):
         items = value
     else:
@@ -218,9 +229,58 @@ def _tool_list(
 
 def _our_tool(name: str, claude: bool) -> str | None:
     """This project's name for a tool (Claude Code's `Read` is `read`), None if it has no such tool."""
+    if CLAUDE_TASK_TOOL.fullmatch(name):
+        return "subagent"  # the agents it names are read by `_parse_agents`
     if claude and name in CLAUDE_TOOL_MAP:
         return CLAUDE_TOOL_MAP[name]
     return name.lower() if name.lower() in KNOWN_TOOLS else None
+
+
+def split_list(value: str) -> list[str]:
+    """`read, Task(scout, worker)` -> `['read', ' Task(scout, worker)']`: commas inside brackets stay."""
+    return re.split(r",(?![^(]*\))", value)
+
+
+def _parse_agents(path: Path, meta: dict[str, Any]) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    """The `agents:` grant (plus Claude's `Task(a, b)` in `tools`): who it may start, and which of
+    those keep their full tools (`worker!`). None: any agent, tools capped at its own."""
+    value, tools = meta.get("agents"), meta.get("tools")
+    items: list[str] | None = None
+    if value is not None:
+        if isinstance(value, str):
+            items = value.split(",")
+        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+            items = list(value)
+        else:
+            raise _fail(
+                path,
+                "field 'agents' must be a comma-separated string or a list of agent names",
+                "e.g. agents: scout, worker!",
+            )
+    tool_items = split_list(tools) if isinstance(tools, str) else tools if isinstance(tools, list) else []
+    for item in tool_items:
+        if isinstance(item, str) and (task := CLAUDE_TASK_TOOL.fullmatch(item.strip())):
+            items = (items or []) + task.group(1).split(",")
+    if items is None:
+        return None, ()
+    names: list[str] = []
+    full: list[str] = []
+    for item in filter(None, (i.strip().lower() for i in items)):
+        name = item.removesuffix("!").strip()
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise _fail(path, f"field 'agents': {item!r} is not an agent name", "e.g. agents: scout, worker!")
+        names.append(name)
+        if item.endswith("!"):
+            full.append(name)
+    return tuple(dict.fromkeys(names)), tuple(dict.fromkeys(full))
+
+
+def _parse_context(path: Path, value: Any) -> Literal["project", "none"]:
+    if value is None or value == "project":
+        return "project"
+    if value == "none" or value is False:
+        return "none"
+    raise _fail(path, f"field 'context' must be 'project' or 'none', got {value!r}", "e.g. context: none")
 
 
 def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> str | None:

@@ -16,9 +16,10 @@ from .errors import InputTooLargeError, RequestError
 
 MAX_TASKS = 8
 MAX_CONCURRENCY = 4
+# An inference engine batches on its own hardware: every task of a run may go at once.
+MAX_ENGINE_CONCURRENCY = 8
 DEFAULT_CONCURRENCY = 4
 MAX_TASK_CHARS = 20_000
-MAX_SYSTEM_PROMPT_CHARS = 8_000
 MAX_REQUEST_CHARS = 60_000
 MAX_ANSWER_BYTES = 50 * 1024
 
@@ -53,13 +54,17 @@ def check_task_count(n_tasks: int) -> None:
         )
 
 
-def check_concurrency(concurrency: int) -> None:
-    if not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise RequestError(f"concurrency must be from 1 to {MAX_CONCURRENCY}, got {concurrency}")
+def check_concurrency(concurrency: int, *, engine: bool = False) -> None:
+    if not 1 <= concurrency <= (MAX_ENGINE_CONCURRENCY if engine else MAX_CONCURRENCY):
+        raise RequestError(
+            f"concurrency must be from 1 to {MAX_CONCURRENCY} (up to {MAX_ENGINE_CONCURRENCY} with --engine), "
+            f"got {concurrency}"
+        )
 
 
 def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:
-    """Refuse a request over a cap, naming the task or agent and the numbers.
+    """Refuse a request over a cap, naming the task or agent and the numbers. (An agent file's own
+    system prompt is checked against the model's context window, once the model is loaded.)
 
     Args:
         shared_input: text every task receives besides its own (a workflow's `--input`); it counts
@@ -72,12 +77,6 @@ def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:
             raise InputTooLargeError(
                 f"task '{item.label}' is {n_chars:,} characters, over the limit of {MAX_TASK_CHARS:,}; "
                 "shorten it, or put the details in a file the agent can read"
-            )
-        n_prompt = len(item.spec.system_prompt)
-        if n_prompt > MAX_SYSTEM_PROMPT_CHARS:
-            raise InputTooLargeError(
-                f"agent '{item.spec.name}' has a system prompt of {n_prompt:,} characters, over the limit of "
-                f"{MAX_SYSTEM_PROMPT_CHARS:,}; shorten the body of {item.spec.path}"
             )
     # Each distinct agent's system prompt counts once: tasks of one agent share it.
     prompts = {item.spec.name: len(item.spec.system_prompt) for item in items}

@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
-from .caps import MAX_CONCURRENCY
+from .agents import AgentCatalog
+from .caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
 from .doctor import run_doctor
 from .errors import RequestError, SubagentError
 from .events import Event, EventSink, Fanout
@@ -39,6 +40,8 @@ from .runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_fil
 from .schema_output import load_schema
 
 T = TypeVar("T")
+# Agent-file warnings a running command shows before it starts (`subagent agents` shows all).
+MAX_WARNINGS = 5
 
 app = typer.Typer(
     name="subagent",
@@ -120,9 +123,22 @@ ConcurrencyOpt = Annotated[
         "--concurrency",
         "-j",
         min=1,
-        max=MAX_CONCURRENCY,
-        help="Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not count).",
+        max=MAX_ENGINE_CONCURRENCY,
+        help=(
+            "Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not "
+            f"count); up to {MAX_CONCURRENCY}, or {MAX_ENGINE_CONCURRENCY} with --engine."
+        ),
     ),
+]
+EngineOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--engine",
+        help="Run the model calls on this OpenAI-compatible engine (e.g. http://gpu-box:8000/v1); --model is its model id.",
+    ),
+]
+ApiKeyOpt = Annotated[
+    Optional[str], typer.Option("--api-key", help="The engine's API key (default: $MLX_SUBAGENTS_API_KEY).")
 ]
 TaskKeyOpt = Annotated[
     Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")
@@ -172,6 +188,8 @@ _SHARED: dict[str, tuple[Any, Any]] = {
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
     "thinking": (ThinkingOpt, None),
+    "engine": (EngineOpt, None),
+    "api_key": (ApiKeyOpt, None),
 }
 
 
@@ -192,6 +210,8 @@ class Shared:
     max_depth: int
     concurrency: int
     thinking: str | None
+    engine: str | None
+    api_key: str | None
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -207,17 +227,23 @@ class Shared:
             context_window=self.context_window,
             concurrency=self.concurrency,
             thinking=self.thinking,
+            engine=self.engine,
+            api_key=self.api_key,
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
-        """The command's runner, asking on the terminal before a project agent runs."""
-        return Runner(
+        """The command's runner, asking on the terminal before a project agent runs; the agent files'
+        warnings are shown first (the first few)."""
+        runner = Runner(
             cwd=cwd or self.cwd,
             options=self.options(),
             interactive=sys.stdin.isatty(),
             confirm=lambda q: typer.confirm(q, default=False, err=True),
             on_event=on_event,
         )
+        assert runner.catalog is not None
+        _print_warnings(runner.catalog, limit=MAX_WARNINGS)
+        return runner
 
 
 def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -641,6 +667,9 @@ def agents(
     cwd: CwdOpt = Path("."),
     scope: ScopeOpt = Scope.both,
     as_json: JsonOpt = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show the project instructions every agent's prompt gets.")
+    ] = False,
 ) -> None:
     """List the agents: built-in, user and project.
 
@@ -648,10 +677,9 @@ def agents(
     """
     from .agents import discover_agents
 
-    catalog = discover_agents(Path(cwd).resolve(), scope=scope.value)  # type: ignore[arg-type]
-    # Skipped files, then what each agent that loaded had dropped or read leniently.
-    for warning in [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]:
-        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
+    root = Path(cwd).resolve()
+    catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
+    _print_warnings(catalog)
     rows = [
         {"name": s.name, "description": s.description, "tools": list(s.tools), "source": s.source, "file": str(s.path)}
         for s in sorted(catalog.agents.values(), key=lambda s: s.name)
@@ -663,6 +691,63 @@ def agents(
         out.print(
             f"{row['name']:<12} {row['source']:<8} {', '.join(row['tools'])}\n  {row['description']}\n  [dim]{row['file']}[/]"
         )
+    if verbose:
+        _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
+
+
+def _print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
+    """Skipped agent files, then what each agent that loaded had dropped or read leniently; past
+    `limit`, one line says how many more `subagent agents` shows."""
+    warnings = [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]
+    for warning in warnings[:limit]:
+        err.print(f"[yellow]warning:[/] {escape(warning)}")
+    if limit is not None and len(warnings) > limit:
+        err.print(f"[yellow]warning:[/] ({len(warnings) - limit} more; subagent agents shows them all)")
+
+
+def _show_project_context(root: Path, opted_out: list[str]) -> None:
+    """Which AGENTS.md / CLAUDE.md files load into the agents' system prompts."""
+    from .project_context import CONTEXT_FILES, MAX_CONTEXT_CHARS, load_project_context
+
+    context = load_project_context(root)
+    if not context.files:
+        out.print(f"project instructions: none ({' or '.join(CONTEXT_FILES)} up to the repository root)")
+    else:
+        cut = f", cut at {MAX_CONTEXT_CHARS:,}" if context.n_chars > MAX_CONTEXT_CHARS else ""
+        out.print(f"project instructions ({context.n_chars:,} characters{cut}), in this order:", markup=False)
+        for path in context.files:
+            out.print(f"  {path}", markup=False)
+    if opted_out:
+        out.print(f"  not for: {', '.join(opted_out)} (context: none)", markup=False)
+
+
+@app.command()
+@shared_options(
+    cwd=None,  # its own --cwd below: no default, so that the client's root can be the workspace
+    yes=Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents (a client cannot be asked).")],
+)
+def mcp(
+    workspace: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--cwd",
+            "-C",
+            help="Workspace (default: the client's first root, else the folder the client starts the server in).",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
+    *,
+    shared: Shared,
+) -> None:
+    """Serve the agents over MCP on stdio (for Claude Code, Codex, Cursor, ...); the model stays loaded.
+
+    Example: claude mcp add subagents -- subagent mcp --model mlx-community/Qwen3-4B-Instruct-2507-4bit
+    """
+    from .mcp_server import serve_stdio
+
+    # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
+    asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
 
 
 @app.command()

@@ -61,6 +61,8 @@ class PlannedTask:
         render: builds the task text from the finished results (chain `{previous}`, workflow needs).
         session: a conversation to continue (a multi-turn task); `prompt` is then its next message.
         extra_tools: tools the runner adds by name (`subagent`); offered only if the agent grants them.
+        withheld: tools the agent's file grants that its parent may not pass on, with the error a call gets.
+        context: the project's instructions for its system prompt.
     """
 
     index: int
@@ -77,6 +79,8 @@ class PlannedTask:
     render: Callable[[Sequence[RunResult]], str] | None = None
     session: AgentSession | None = None
     extra_tools: dict[str, Tool] = field(default_factory=dict)
+    withheld: dict[str, str] = field(default_factory=dict)
+    context: str = ""
 
 
 OpenTranscript = Callable[[int], "TaskTranscript | None"]
@@ -190,6 +194,8 @@ class Execution:
             limits=item.limits,
             compaction=self.compaction,
             extra_tools=item.extra_tools,
+            withheld=item.withheld,
+            project_context=item.context,
         )
         session.on_event = self._session_sink(transcript)  # this generation's transcript
         if transcript is not None:

@@ -141,7 +141,7 @@ class TaskHandle:
             recorder = RunRecorder("single", self.workspace.root, [self.entry], self.runner.home)
             recorder.transcript(0)  # names the task's file in the record
             self.record = recorder.record
-        prompt = system_prompt(self.spec, self.workspace)
+        prompt = system_prompt(self.spec, self.workspace, self.runner.project_context(self.spec, self.workspace))
         self.session = self._session([{"role": "system", "content": prompt}])
         return self.session
 

@@ -8,7 +8,7 @@ limit has one name: `max_output_tokens` counts generated tokens over a whole tas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .agents import Scope, parse_thinking
@@ -37,6 +37,9 @@ class RunOptions:
             parent waiting on its children does not count.
         thinking: a thinking model's budget per reply (`--thinking on|off|TOKENS`, as tokens, 0 for
             off); wins over the agent's `thinking`.
+        engine: an OpenAI-compatible engine's base URL: every task's model calls go there, and
+            `model` is the engine's model id. None: only agents whose files name an engine use one.
+        api_key: the engines' API key (default: `$MLX_SUBAGENTS_API_KEY`).
     """
 
     model: str | None = None
@@ -50,10 +53,13 @@ class RunOptions:
     kv_budget: int | None = None
     context_window: int | None = None
     concurrency: int = DEFAULT_CONCURRENCY
+    engine: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+
     thinking: int | str | None = None
 
     def __post_init__(self) -> None:
-        check_concurrency(self.concurrency)
+        check_concurrency(self.concurrency, engine=bool(self.engine))
         try:
             object.__setattr__(self, "thinking", parse_thinking(self.thinking))
         except ValueError as exc:

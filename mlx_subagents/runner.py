@@ -36,16 +36,17 @@ from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationErr
 from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
 from .caps import DEFAULT_CONCURRENCY, CapItem, check_concurrency, check_request
 from .compaction import CompactionSettings
-from .errors import RequestError, RunNotFoundError, SubagentError
+from .errors import InputTooLargeError, RequestError, RunNotFoundError, SubagentError
 from .events import Event, EventSink, ignore_event
 from .execution import Execution, Parent, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
 from .host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, TextCallback
 from .options import RunOptions
+from .project_context import ProjectContext, load_project_context
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
-from .session import DEFAULT_MAX_TURNS, Limits
+from .session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from .slots import Slots, lend
 from .tools import Tool, Workspace
 from .tools.subagent import Delegation, SubagentTool
@@ -56,6 +57,17 @@ from .workflow import Workflow, check_agents, find_workflow, load_workflow, rend
 DEFAULT_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 MODEL_ENV = "MLX_SUBAGENTS_MODEL"
 PREVIOUS = "{previous}"
+
+
+def on_engine(url: str, model: str) -> str:
+    """How a task's model names a model id on an engine: `URL MODEL_ID` (a URL holds no space)."""
+    return f"{url} {model}"
+
+
+def split_engine(model: str) -> tuple[str | None, str]:
+    """(engine URL or None, model id) of a task's model string."""
+    url, space, model_id = model.partition(" ")
+    return (url, model_id) if space and url.startswith(("http://", "https://")) else (None, model)
 
 
 def default_model() -> str:
@@ -163,6 +175,7 @@ class Runner:
         self._executions: set[Execution] = set()
         self._trusted: set[str] = set()
         self._slots: Slots | None = None
+        self._contexts: dict[Path, ProjectContext] = {}
         self._slots_loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> Runner:
@@ -188,9 +201,37 @@ class Runner:
         return spec
 
     def model_for(self, spec: AgentSpec, override: str | None = None, inherited: str | None = None) -> str:
-        """A task's own model, else `--model`, else the agent's, else its parent's (`inherited`),
-        else `$MLX_SUBAGENTS_MODEL` or the default."""
+        """A task's own model, else `--model`, else the agent's (its `engine:` and `engine_model:`, or
+        its `model:`), else its parent's (`inherited`), else `$MLX_SUBAGENTS_MODEL` or the default.
+        With `--engine`, every task's model is a model id on that engine (see `on_engine`)."""
+        if self.options.engine:
+            model = override or self.options.model or spec.engine_model or split_engine(inherited or "")[1]
+            if not model:
+                raise RequestError("--engine needs --model, the engine's model id (or engine_model: in the agent file)")
+            return on_engine(self.options.engine, model)
+        if not (override or self.options.model) and spec.engine and spec.engine_model:
+            return on_engine(spec.engine, spec.engine_model)
         return override or self.options.model or spec.model or inherited or default_model()
+
+    def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:
+        """The project's instructions for an agent's system prompt, read once per workspace (so every
+        session's prompt is byte-identical); "" for an agent with `context: none`."""
+        if spec.context == "none":
+            return ""
+        if workspace.root not in self._contexts:
+            self._contexts[workspace.root] = load_project_context(workspace.root)
+        return self._contexts[workspace.root].text
+
+    async def check_prompt_fits(self, spec: AgentSpec, host: ModelHost, workspace: Workspace) -> None:
+        """Refuse an agent whose system prompt takes more than half the model's context window
+        (the rest is for the work), naming the numbers and the file to shorten."""
+        prompt = system_prompt(spec, workspace, self.project_context(spec, workspace))
+        n_tokens = await host.count_tokens([{"role": "system", "content": prompt}])
+        if n_tokens > host.context_window // 2:
+            raise InputTooLargeError(
+                f"agent '{spec.name}' has a system prompt of {n_tokens:,} tokens, over half the context window of "
+                f"{host.context_window:,} tokens of {host.model_id}; shorten the body of {spec.path}"
+            )
 
     @property
     def slots(self) -> Slots:
@@ -201,13 +242,16 @@ class Runner:
         return self._slots
 
     async def host_for(self, model: str) -> ModelHost:
-        """The resident host for a model, loaded on first use."""
+        """The resident host for a model, loaded (or, on an engine, reached) on first use."""
         async with self._host_lock:
             if model not in self._hosts:
                 kwargs = self.options.host_kwargs()
-                if self.processor_factory is not None and not model.startswith("scripted:"):
+                engine, model_id = split_engine(model)
+                if engine:
+                    kwargs.update(engine=engine, api_key=self.options.api_key)
+                elif self.processor_factory is not None and not model.startswith("scripted:"):
                     kwargs["processor_factory"] = self.processor_factory
-                host = make_host(model, **kwargs)
+                host = make_host(model_id, **kwargs)
                 await host.start()
                 self._hosts[model] = host
             return self._hosts[model]
@@ -221,7 +265,7 @@ class Runner:
 
     async def parallel(self, tasks: Sequence[TaskSpec], *, concurrency: int = DEFAULT_CONCURRENCY) -> MultiRunResult:
         """Run up to 8 independent tasks, `concurrency` (1-4) at a time; results in input order."""
-        check_concurrency(concurrency)
+        check_concurrency(concurrency, engine=bool(self.options.engine))
         return await self._execute("parallel", label_tasks(tasks), concurrency=concurrency)
 
     async def chain(self, steps: Sequence[TaskSpec]) -> MultiRunResult:
@@ -239,7 +283,7 @@ class Runner:
 
         A step starts as soon as its needs are done; results come back in step order.
         """
-        check_concurrency(concurrency)
+        check_concurrency(concurrency, engine=bool(self.options.engine))
         if not isinstance(workflow, Workflow):
             workflow = load_workflow(find_workflow(str(workflow), self.cwd))
         assert self.catalog is not None
@@ -299,6 +343,7 @@ class Runner:
         check_request([CapItem(spec.name, "", spec)])
         model = self.model_for(spec)
         host = await self.host_for(model)
+        await self.check_prompt_fits(spec, host, self.workspace)
         return TaskHandle(self, spec, model, host, self.workspace, label=spec.name, on_text=on_text)
 
     async def reopen(self, run_id: str, *, task: str | None = None, on_text: TextCallback | None = None) -> TaskHandle:
@@ -315,7 +360,8 @@ class Runner:
             raise RunNotFoundError(f"task '{entry.label}' of run {record.run_id} has no saved conversation to continue")
         spec = self.agent(log.meta["agent"])
         check_request([CapItem(entry.label, "", spec)])
-        model = self.options.model or log.meta["model"]
+        saved = log.meta["model"]  # on an engine, its model id: the agent's own engine or --engine takes it there
+        model = self.model_for(spec, self.options.model or (None if saved == spec.engine_model else saved))
         host = await self.host_for(model)
         return TaskHandle(
             self,
@@ -333,14 +379,22 @@ class Runner:
 
     # -- delegation ---------------------------------------------------------------------------------
 
-    async def delegate(self, call: Delegation, parent: Parent) -> MultiRunResult:
+    async def delegate(self, call: Delegation, parent: Parent | None) -> MultiRunResult:
         """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
-        unknown agent raises before anything starts, like any request.
+        unknown agent raises before anything starts, like any request. `parent` None: a call from
+        outside the runner (`subagent mcp`), whose tasks run at the top level.
         """
         tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
-        tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
+        if parent is not None:
+            tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
+            granted = parent.spec.agents
+            if granted is not None and (refused := sorted({t.agent for t in tasks} - set(granted))):
+                raise RequestError(
+                    f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
+                    f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
+                )
         if call.mode == "chain":
             tasks, needs, renders = _plan_chain(tasks)
             return await self._execute(
@@ -361,13 +415,13 @@ class Runner:
             update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results)}
         )
 
-    async def _set_up_fails(self, task: TaskSpec, parent: Parent) -> RunResult | None:
+    async def _set_up_fails(self, task: TaskSpec, parent: Parent | None) -> RunResult | None:
         """A parallel child that cannot start (unknown agent or model) fails alone: its failed
         result, reported like any end; None when it can start."""
         model = ""
         try:
             spec = self.agent(task.agent)
-            model = self.model_for(spec, task.model, inherited=parent.model)
+            model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
             await self.host_for(model)
         except Exception as exc:
             error = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
@@ -431,6 +485,9 @@ class Runner:
         workspace = workspace or self.workspace
         depth = parent.depth + 1 if parent else 0
         specs = [self.agent(t.agent) for t in tasks]
+        withheld: list[dict[str, str]] = [{} for _ in specs]
+        if parent is not None:
+            specs, withheld = map(list, zip(*(granted_tools(parent.spec, s) for s in specs)))  # type: ignore[assignment]
         check_request([CapItem(t.label, t.task, s) for t, s in zip(tasks, specs)], shared_input)
         schemas = [t.schema if t.schema is not None else s.output_schema for t, s in zip(tasks, specs)]
         for t, schema in zip(tasks, schemas):
@@ -438,6 +495,8 @@ class Runner:
                 check_schema(schema, f"output schema of task '{t.label}'")
         models = [self.model_for(s, t.model, inherited=parent.model if parent else None) for t, s in zip(tasks, specs)]
         hosts = [await self.host_for(m) for m in models]
+        for s, h in {(s.name, h.model_id): (s, h) for s, h in zip(specs, hosts)}.values():
+            await self.check_prompt_fits(s, h, workspace)
         recorder = None
         if self.save_transcripts:
             entries = [
@@ -461,6 +520,8 @@ class Runner:
                 needs=needs[i] if needs else (),
                 render=renders[i] if renders else None,
                 extra_tools=self.delegation_tools(Parent(s, t.label, depth, m, children_home), workspace),
+                withheld=withheld[i],
+                context=self.project_context(s, workspace),
             )
             for i, (t, s, m, h, schema) in enumerate(zip(tasks, specs, models, hosts, schemas))
         ]
@@ -511,6 +572,22 @@ class Runner:
                 (t for t in (self.options.thinking, spec.thinking) if t is not None), DEFAULT_THINKING_TOKENS
             ),
         )
+
+
+def granted_tools(parent: AgentSpec, child: AgentSpec) -> tuple[AgentSpec, dict[str, str]]:
+    """The child as its parent may run it: its tools capped at the parent's, unless the parent's
+    `agents:` list grants it its full tools (`worker!`); and, per tool it lost, the error its calls get."""
+    if child.name in parent.full_tools_for:
+        return child, {}
+    kept = tuple(tool for tool in child.tools if tool in parent.tools)
+    if kept == child.tools:
+        return child, {}
+    why = (
+        f"Error: {{tool}} is not available to '{child.name}' here: its parent '{parent.name}' lacks it, and a "
+        f"sub-agent's tools never exceed its parent's without a grant (agents: [{child.name}!] in {parent.path})"
+    )
+    lost = {tool: why.format(tool=tool) for tool in child.tools if tool not in kept}
+    return child.model_copy(update={"tools": kept}), lost
 
 
 def _plan_chain(

@@ -63,14 +63,17 @@ class LimitReached(Exception):
         self.stop_reason = stop_reason
 
 
-def system_prompt(spec: AgentSpec, workspace: Workspace) -> str:
-    """Agent body + workspace facts; byte-identical for every session of this agent and workspace.
+def system_prompt(spec: AgentSpec, workspace: Workspace, context: str = "") -> str:
+    """Agent body + project instructions + workspace facts; byte-identical for every session of this
+    agent and workspace.
 
     No call format: the host presents the tools in the model's own way (see `ModelHost.tool_mode`).
+
+    Args:
+        context: the project's instructions (`project_context`), read once per workspace by the runner.
     """
     return (
-        f"{spec.system_prompt.strip()}\n\n"
-        f"Workspace: {workspace.root}\n"
+        f"{spec.system_prompt.strip()}\n\n" + (f"{context}\n\n" if context else "") + f"Workspace: {workspace.root}\n"
         "All paths are relative to the workspace; you cannot read or write outside it.\n"
         "Call one tool at a time. Reply without a tool call when you are done."
     )
@@ -92,6 +95,10 @@ class AgentSession:
     usage: RunUsage = field(default_factory=RunUsage)
     # Receives the visible reply text as it is generated (the host hides tool-call markup), for a live display.
     on_text: TextCallback | None = None
+    # Tools its file grants but its parent may not pass on: name -> the error result a call gets.
+    withheld: dict[str, str] = field(default_factory=dict)
+    # The project's instructions for the system prompt (see `system_prompt`).
+    project_context: str = ""
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -113,7 +120,7 @@ class AgentSession:
     async def run(self, task: str) -> RunResult:
         """Run the task to a final answer or a limit. Cancellation propagates (see `partial_result`)."""
         self.messages = [
-            {"role": "system", "content": system_prompt(self.spec, self.workspace)},
+            {"role": "system", "content": system_prompt(self.spec, self.workspace, self.project_context)},
             {"role": "user", "content": f"Task: {task}"},
         ]
         return await self._loop(task)
@@ -264,7 +271,9 @@ class AgentSession:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
         self._emit("tool_call", name=call.name, arguments=call.arguments, description=label)
-        if tool is None:
+        if tool is None and call.name in self.withheld:
+            result = ToolResult(self.withheld[call.name], is_error=True)
+        elif tool is None:
             available = ", ".join(self.tools) or "none"
             result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)
         else:

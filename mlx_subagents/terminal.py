@@ -30,11 +30,11 @@ COMMANDS = {
     "/help": "this list",
     "/exit": "leave the chat (also Ctrl-D)",
 }
-TOOL_CALL_MARK = "<tool_call>"
 
 
 class ReplyStream:
-    """Writes the parent's reply as it is generated, hiding tool-call markup (shown as events)."""
+    """Writes the parent's reply as it is generated (the host streams only visible text: tool calls
+    show up as events), without the whitespace a reply may start with."""
 
     def __init__(self, file: TextIO) -> None:
         self.file = file
@@ -42,32 +42,12 @@ class ReplyStream:
         self.dirty = False
 
     def reset(self) -> None:
-        self.pending = ""
-        self.hidden = False
+        """A new reply starts."""
         self.started = False
         self.wrote = False
 
     def __call__(self, text: str) -> None:
-        if self.hidden:
-            return
-        text = self.pending + text
-        at = text.find(TOOL_CALL_MARK)
-        if at >= 0:
-            self._write(text[:at])
-            self.hidden, self.pending = True, ""
-            return
-        keep = next(
-            (n for n in range(min(len(text), len(TOOL_CALL_MARK) - 1), 0, -1) if TOOL_CALL_MARK.startswith(text[-n:])),
-            0,
-        )
-        self._write(text[: len(text) - keep])
-        self.pending = text[len(text) - keep :]
-
-    def flush(self) -> None:
-        """The generation ended: what was held back was not markup after all."""
-        if not self.hidden:
-            self._write(self.pending)
-        self.pending = ""
+        self._write(text)
 
     def end_line(self) -> None:
         if self.dirty:
@@ -105,12 +85,9 @@ class ChatView:
     def handle(self, event: Event) -> None:
         if event.label == self.parent and event.kind == "reasoning":
             self.thought += len(event.data["text"])
-        if self.stream is not None and event.label == self.parent:
-            if event.kind == "turn_start":
-                self.stream.end_line()
-                self.stream.reset()
-            elif event.kind == "usage":
-                self.stream.flush()
+        if self.stream is not None and event.label == self.parent and event.kind == "turn_start":
+            self.stream.end_line()
+            self.stream.reset()
         if event.label == self.parent and event.kind in ("turn_start", "usage") and self.thought:
             # the reasoning folded to one dim line; `/think` unfolds it
             if self.lines.before_line is not None:

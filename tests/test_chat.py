@@ -301,19 +301,21 @@ def test_sigint_during_once_stops_the_children_and_exits_130(tmp_path: Path, wri
     assert load_run("last").status == "interrupted"
 
 
-def test_the_streamed_reply_hides_tool_call_markup() -> None:
+def test_the_streamed_reply_is_written_as_it_comes() -> None:
+    # Tool-call markup never reaches the stream: the host sends only visible text (the tiny-model
+    # chat below shows it end to end).
     from mlx_subagents.terminal import ReplyStream
 
     file = io.StringIO()
     stream = ReplyStream(file)
-    for chunk in ["\n Let me", " look.\n<", "tool_", 'call>\n{"name": "ls"}', "</tool_call>"]:
+    for chunk in ["\n ", " Let me", " look.\n"]:
         stream(chunk)
-    stream.flush()
-    stream.end_line()
+    assert file.getvalue() == "Let me look.\n"
+    stream.end_line()  # the line is complete: nothing added
     stream.reset()
-    for chunk in ["a < b", " <tool"]:  # a '<' that is not markup is shown once the reply ends
+    for chunk in ["a < b", " <tool"]:
         stream(chunk)
-    stream.flush()
+        assert file.getvalue().endswith(chunk.lstrip())  # shown at once, nothing held back
     stream.end_line()
     assert file.getvalue() == "Let me look.\na < b <tool\n"
 

@@ -273,7 +273,7 @@ def test_bad_input_is_one_line_and_runs_nothing(tmp_path: Path, script: str, run
     for args, message in cases:
         code, out, err = run_cli(*args, "-m", script, "-C", str(tmp_path))
         assert (code, out, err) == (2, "", message + "\n"), args
-    code, _, err = run_cli("parallel", "-t", "scout", "a", "-j", "5", "-m", script)
+    code, _, err = run_cli("parallel", "-t", "scout", "a", "-j", "9", "-m", script)
     assert code == 2 and "Invalid value for '--concurrency'" in err and "Traceback" not in err
     assert not runs_dir().exists()
 

@@ -212,15 +212,16 @@ def test_a_child_that_cannot_start_fails_alone(
     model = write_script(
         {
             "agents": {
-                "orchestrator": {"replies": [call("subagent", tasks=tasks), "two of them failed"]},
+                "lead": {"replies": [call("subagent", tasks=tasks), "two of them failed"]},
                 "scout": {"replies": ["found it"]},
             }
         }
     )
+    write_agent(tmp_path, "lead", "tools: read, subagent\n")  # no agents: list, so any agent may be started
     write_agent(tmp_path, "remote", f"tools: read\nmodel: scripted:{tmp_path / 'missing.json'}\n")
     monkeypatch.setenv("MLX_SUBAGENTS_MODEL", model)  # not --model, which would force it on every child
 
-    code, out, err = run_cli("run", "orchestrator", "go", "-C", str(tmp_path), "-y")
+    code, out, err = run_cli("run", "lead", "go", "-C", str(tmp_path), "-y")
 
     assert (code, out) == (0, "two of them failed\n"), err
     parent = load_run("last")
@@ -228,11 +229,11 @@ def test_a_child_that_cannot_start_fails_alone(
     assert result.splitlines()[0] == "Parallel: 1/3 tasks completed"
     assert "### [scout] completed\nfound it" in result
     assert (
-        "### [nobody] failed (error): unknown agent 'nobody'; available: orchestrator, planner, remote, reviewer, "
-        "scout, worker"
+        "### [nobody] failed (error): unknown agent 'nobody'; available: lead, orchestrator, planner, remote, "
+        "reviewer, scout, worker"
     ) in result
     assert f"### [remote] failed (error): {tmp_path / 'missing.json'}: cannot read the scripted model file" in result
-    assert "  [orchestrator > nobody] failed: unknown agent 'nobody'" in err
+    assert "  [lead > nobody] failed: unknown agent 'nobody'" in err
 
 
 # -- children are findable -------------------------------------------------------------------------
@@ -269,3 +270,179 @@ def test_a_childs_run_id_from_the_parents_result_works_with_show_and_resume(
     assert (code, out) == (0, "and tests/test_app.py\n"), err
     log = read_transcript(load_run(child_id).transcript_path(load_run(child_id).tasks[0]))
     assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: find the app", "and the tests?"]
+
+
+# -- grants ----------------------------------------------------------------------------------------
+
+
+def grant_script(write_script: Any) -> str:
+    return write_script(
+        {
+            "agents": {
+                "lead": {"replies": [call("subagent", agent="worker", task="make the file"), "asked"]},
+                "orchestrator": {"replies": [call("subagent", agent="worker", task="make the file"), "asked"]},
+                "worker": {"replies": [call("bash", command="touch made.txt"), "tried"]},
+            }
+        }
+    )
+
+
+def worker_results(parent_folder: Path) -> list[str]:
+    child = load_run("last", home=parent_folder)
+    return [
+        m["content"] for m in read_transcript(child.transcript_path(child.tasks[0])).messages if m["role"] == "tool"
+    ]
+
+
+def test_a_read_only_parent_cannot_make_its_child_run_bash(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    write_agent(tmp_path, "lead", "tools: read, subagent\n")
+
+    code, _, err = run_cli("run", "lead", "go", "-m", grant_script(write_script), "-C", str(tmp_path), "-y")
+
+    assert code == 0, err
+    assert not (tmp_path / "made.txt").exists()
+    path = tmp_path / ".mlx-subagents" / "agents" / "lead.md"
+    assert worker_results(load_run("last").folder) == [
+        "Error: bash is not available to 'worker' here: its parent 'lead' lacks it, and a sub-agent's tools never "
+        f"exceed its parent's without a grant (agents: [worker!] in {path})"
+    ]
+
+
+def test_an_agents_list_limits_who_may_be_started(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    write_agent(tmp_path, "lead", "tools: read, subagent\nagents: scout, planner\n")
+
+    code, _, err = run_cli("run", "lead", "go", "-m", grant_script(write_script), "-C", str(tmp_path), "-y")
+
+    assert code == 0, err
+    parent = load_run("last")
+    path = tmp_path / ".mlx-subagents" / "agents" / "lead.md"
+    messages = read_transcript(parent.transcript_path(parent.tasks[0])).messages
+    assert messages[3]["content"] == (
+        f"Error: subagent call refused: 'lead' may not start 'worker': the agents: list in {path} names only "
+        "scout, planner; add the agent there to grant it"
+    )
+    assert not (parent.folder / "runs").exists()
+
+
+def test_a_full_tools_grant_lets_the_child_keep_its_tools(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    write_agent(tmp_path, "lead", "tools: read, subagent\nagents: [scout, worker!]\n")
+
+    code, _, err = run_cli("run", "lead", "go", "-m", grant_script(write_script), "-C", str(tmp_path), "-y")
+
+    assert code == 0, err
+    assert (tmp_path / "made.txt").is_file()
+    assert worker_results(load_run("last").folder) == ["(no output)"]
+    (tmp_path / "made.txt").unlink()
+
+    # The built-in orchestrator has that grant for worker, as its prompt expects.
+    code, _, err = run_cli("run", "orchestrator", "go", "-m", grant_script(write_script), "-C", str(tmp_path))
+    assert code == 0, err
+    assert (tmp_path / "made.txt").is_file()
+
+
+def test_claude_code_task_tool_form_grants_agents(tmp_path: Path) -> None:
+    from mlx_subagents.agents import parse_agent_file
+
+    folder = tmp_path / ".claude" / "agents"
+    folder.mkdir(parents=True)
+    path = folder / "lead.md"
+    path.write_text("---\nname: lead\ndescription: leads\ntools: Read, Task(scout, worker)\n---\nLead.\n")
+
+    spec = parse_agent_file(path, "project")
+
+    assert (spec.tools, spec.agents, spec.full_tools_for, spec.warnings) == (
+        ("read", "subagent"),
+        ("scout", "worker"),
+        (),
+        (),
+    )
+
+
+# -- project instructions --------------------------------------------------------------------------
+
+
+def system_prompts(run: Any) -> dict[str, str]:
+    return {
+        t.label: read_transcript(run.transcript_path(t)).messages[0]["content"] for t in run.tasks if t.file is not None
+    }
+
+
+def test_agents_md_reaches_every_agent_and_keeps_prompts_identical(
+    tmp_path: Path, write_script: Any, run_cli: Any
+) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "AGENTS.md").write_text("Indent with tabs.\n")
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "CLAUDE.md").write_text("Run `make test` before you answer.\n")
+    scouts = [{"agent": "scout", "task": "look here"}, {"agent": "scout", "task": "look there"}]
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [call("subagent", tasks=scouts), "done"]},
+                "scout": {"replies": ["seen"]},
+            }
+        }
+    )
+
+    code, _, err = run_cli("run", "orchestrator", "go", "-m", model, "-C", str(pkg))
+
+    assert code == 0, err
+    parent = load_run("last")
+    block = (
+        "Project instructions (from the files named below; follow them):\n\n"
+        f"## {tmp_path / 'AGENTS.md'}\nIndent with tabs.\n\n## {pkg / 'CLAUDE.md'}\nRun `make test` before you answer."
+    )
+    parent_prompt = system_prompts(parent)["orchestrator"]
+    assert f"\n\n{block}\n\nWorkspace: {pkg}\n" in parent_prompt
+    children = system_prompts(load_run("last", home=parent.folder))
+    assert list(children) == ["orchestrator > scout-1", "orchestrator > scout-2"]
+    first, second = children.values()
+    assert first == second and f"\n\n{block}\n\nWorkspace: {pkg}\n" in first  # one shared prefix for both
+
+    code, out, _ = run_cli("agents", "-C", str(pkg), "--verbose")
+    assert code == 0
+    assert out.splitlines()[-3:] == [
+        f"project instructions ({len(block.split(chr(10), 2)[2]):,} characters), in this order:",
+        f"  {tmp_path / 'AGENTS.md'}",
+        f"  {pkg / 'CLAUDE.md'}",
+    ]
+
+
+def test_an_agent_can_opt_out_and_long_instructions_are_cut(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    (tmp_path / "AGENTS.md").write_text("x" * 9_000)
+    write_agent(tmp_path, "plain", "tools: read\ncontext: none\n", body="Plain.")
+    model = write_script(["ok"])
+
+    assert run_cli("run", "scout", "a", "-m", model, "-C", str(tmp_path))[0] == 0
+    prompt = system_prompts(load_run("last"))["scout"]
+    body = f"## {tmp_path / 'AGENTS.md'}\n" + "x" * 9_000
+    block = prompt.split("follow them):\n\n", 1)[1].split("\n\nWorkspace: ", 1)[0]
+    note = f"[project instructions cut at 8,000 of {len(body):,} characters; read the files above for the rest]"
+    assert block == f"{body[:8_000]}\n{note}"
+
+    assert run_cli("run", "plain", "a", "-m", model, "-C", str(tmp_path), "-y")[0] == 0
+    assert system_prompts(load_run("last"))["plain"].startswith(f"Plain.\n\nWorkspace: {tmp_path}\n")
+    code, out, _ = run_cli("agents", "-C", str(tmp_path), "-v")
+    assert out.splitlines()[-1] == "  not for: plain (context: none)"
+
+
+# -- agent-file warnings ---------------------------------------------------------------------------
+
+
+def test_run_and_chat_show_the_first_five_agent_file_warnings(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    folder = tmp_path / ".mlx-subagents" / "agents"
+    folder.mkdir(parents=True)
+    for i in range(7):
+        (folder / f"broken{i}.md").write_text("no frontmatter\n")
+    model = write_script(["answer"])
+
+    code, listing_out, listing = run_cli("agents", "-C", str(tmp_path))
+    assert code == 0 and len(listing.splitlines()) == 7
+    for args in (["run", "scout", "go"], ["chat", "--once", "go"]):
+        code, out, err = run_cli(*args, "-m", model, "-C", str(tmp_path))
+        assert (code, out) == (0, "answer\n"), err
+        assert err.splitlines()[:6] == [
+            *listing.splitlines()[:5],
+            "warning: (2 more; subagent agents shows them all)",
+        ]

@@ -5,6 +5,7 @@ the context window, and every fault with its one-line message and bounded retrie
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import socket
 from collections.abc import Iterator
@@ -102,7 +103,7 @@ def test_streamed_tool_call_deltas_are_assembled_and_the_schemas_are_sent(engine
 
 def test_calls_written_as_text_are_parsed_and_never_shown(engine: FakeEngine) -> None:
     markup = '<tool_call>{"name": "ls", "arguments": {"path": "src"}}</tool_call>'
-    engine.queue(Reply(f"Looking.{markup}", chunk=3), Reply('Again <tool_call>{"name": ls}</tool_call>'))
+    engine.queue(Reply(f"Looking.{markup} Done", chunk=3), Reply('Again <tool_call>{"name": ls}</tool_call>'))
     pieces: list[str] = []
 
     async def two_turns() -> tuple[Any, Any]:
@@ -111,10 +112,28 @@ def test_calls_written_as_text_are_parsed_and_never_shown(engine: FakeEngine) ->
             return await session.generate(USER, on_text=pieces.append), await session.generate(USER)
 
     good, bad = run(two_turns())
-    assert "".join(pieces) == "Looking."
-    assert good.text == "Looking." and [(c.name, c.arguments) for c in good.tool_calls] == [("ls", {"path": "src"})]
+    assert "".join(pieces) == "Looking. Done"
+    assert good.text == "Looking. Done"
+    assert [(c.name, c.arguments) for c in good.tool_calls] == [("ls", {"path": "src"})]
     assert bad.tool_calls == [] and bad.malformed_tool_calls[0].raw == '<tool_call>{"name": ls}</tool_call>'
-    assert bad.malformed_tool_calls[0].error.startswith("JSONDecodeError: Expecting value")
+    assert bad.malformed_tool_calls[0].error.startswith(
+        "Error: your tool call could not be parsed (JSONDecodeError: Expecting value"
+    )
+    assert bad.malformed_tool_calls[0].error.endswith(
+        '{"name": "tool_name", "arguments": {"argument": "value"}}\n</tool_call>'
+    )
+
+
+def test_engine_tool_call_arguments_that_are_not_json_come_back_as_an_error_to_fix(engine: FakeEngine) -> None:
+    engine.queue(Reply(tool_calls=({"name": "ls", "arguments": "{'path': '.'}"},)))
+    generation = run(generate(EngineHost(engine.url, FAKE_MODEL)))
+    assert generation.tool_calls == []
+    (bad,) = generation.malformed_tool_calls
+    assert bad.error == (
+        "Error: the arguments of your call to ls are not a JSON object (JSONDecodeError: Expecting property name "
+        "enclosed in double quotes: line 1 column 2 (char 1)). Call the tool again with its arguments as one JSON "
+        "object."
+    )
 
 
 def test_an_agent_runs_real_tools_on_engine_tool_calls_and_messages_stay_byte_stable(
@@ -174,13 +193,15 @@ def test_the_context_window_comes_from_the_listing_and_may_only_be_lowered() -> 
             run(window(16384))
 
 
-def test_without_a_listed_window_the_configured_one_or_the_default_applies(engine: FakeEngine) -> None:
-    async def window(context_window: int | None) -> int:
+@pytest.mark.parametrize("listing", [{}, {"max_model_len": None}, {"max_model_len": "big"}])
+def test_without_a_listed_window_the_configured_one_or_the_default_applies(listing: dict[str, Any]) -> None:
+    async def window(engine: FakeEngine, context_window: int | None) -> int:
         async with EngineHost(engine.url, FAKE_MODEL, context_window=context_window) as host:
             return host.context_window
 
-    assert run(window(None)) == DEFAULT_CONTEXT_WINDOW
-    assert run(window(6000)) == 6000
+    with FakeEngine(listing=listing) as engine:
+        assert run(window(engine, None)) == DEFAULT_CONTEXT_WINDOW
+        assert run(window(engine, 6000)) == 6000
 
 
 def test_token_counts_are_scaled_to_what_the_engine_reported(engine: FakeEngine) -> None:
@@ -294,6 +315,14 @@ def test_a_stream_cut_mid_reply_is_one_line_and_not_retried(engine: FakeEngine) 
     assert len(engine.chat_requests()) == 1
 
 
+def test_an_error_event_mid_stream_is_one_line(engine: FakeEngine) -> None:
+    engine.queue(Fault("error", message="CUDA out of memory", content="Partial"))
+    message = failure(EngineHost(engine.url, FAKE_MODEL))
+    assert message == (
+        f"engine {engine.url}: the engine failed mid-reply (CUDA out of memory); check its logs, then retry"
+    )
+
+
 def test_a_stalled_stream_times_out(engine: FakeEngine) -> None:
     engine.queue(Fault("stall", content="thinking", seconds=5), Fault("stall", seconds=5), Fault("stall", seconds=5))
     message = failure(EngineHost(engine.url, FAKE_MODEL, timeout=0.5, max_retries=1))
@@ -346,3 +375,21 @@ def test_listing_failures_other_than_reachability_and_keys_do_not_stop_the_start
 
     assert run(go()) == DEFAULT_CONTEXT_WINDOW
     assert json.loads(json.dumps([r.path for r in engine.requests])) == ["/api/models"]
+
+
+# --- the benchmark's engine rows ------------------------------------------------------------------------
+
+
+def test_the_throughput_benchmark_measures_an_engine(engine: FakeEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    throughput = importlib.import_module("throughput")
+    engine.queue(*[Reply("0123456789abcdef", chunk=1, completion_tokens=16, cached_tokens=90)] * 11)
+    model_id, runs = run(throughput.measure_engine(engine.url, None, 16, 1))
+    assert model_id == FAKE_MODEL  # the first model the engine lists
+    assert len(engine.chat_requests()) == 4 + 1 + 2 + 4  # a warm-up round, then 1, 2 and 4 sessions
+    in_process = {"results": {"batched": {n: {"decode_tok_s": 100.0, "e2e_tok_s": 50.0} for n in ("1", "2", "4")}}}
+    report = throughput.engine_report(in_process, engine.url, model_id, runs)
+    rows = report["results"]
+    assert [rows[n]["generated_tokens"] for n in ("1", "2", "4")] == [16, 32, 64]
+    assert rows["4"]["cached_tokens"] == [90] * 4 and all(r["decode_tok_s"] > 0 for r in rows.values())
+    assert report["ratio_host_vs_engine"]["4"] == round(100.0 / rows["4"]["decode_tok_s"], 3)

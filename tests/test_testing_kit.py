@@ -152,6 +152,7 @@ def test_template_variants(tmp_path: Path) -> None:
         folder = make_tiny_model(tmp_path / template, template=template)
         configs[template] = json.loads((folder / "tokenizer_config.json").read_text())
     assert "{%- if tools %}" in configs["tools"]["chat_template"]
+    assert "'<tool_call>\\n<function=' + tool_call.name" in configs["coder"]["chat_template"]
     assert "tool" not in configs["no_tools"]["chat_template"].split("-#}", 1)[1]  # past its comment
     assert "raise_exception('System role not supported')" in configs["strict"]["chat_template"]
     assert "chat_template" not in configs["none"]

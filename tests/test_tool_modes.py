@@ -8,6 +8,7 @@ them (prompted). `strict`: Gemma-style, no system role and strict alternation (p
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -21,8 +22,8 @@ from mlx_subagents.agents import AgentSpec
 from mlx_subagents.doctor import run_doctor
 from mlx_subagents.errors import ChatTemplateError
 from mlx_subagents.host import MlxModelHost
-from mlx_subagents.host.chat_format import prompted_tools
-from mlx_subagents.host.prompt import render
+from mlx_subagents.host.chat_format import prompted_tools, read_chat_format
+from mlx_subagents.host.prompt import encode, render
 from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.host.templates import TemplateTraits, normalise
 from mlx_subagents.session import AgentSession, workspace_for
@@ -37,7 +38,7 @@ STRICT = TemplateTraits(system=False, tool_role=False, alternating=True, tools=F
 @pytest.fixture(scope="module")
 def template_paths(tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_path: Path) -> dict[str, Path]:
     paths = {"tools": tiny_qwen3_path}
-    for template in ("no_tools", "strict", "none"):
+    for template in ("coder", "no_tools", "strict", "none"):
         paths[template] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{template}"), template=template)
     return paths
 
@@ -52,11 +53,18 @@ def test_the_host_decides_the_tool_mode_by_probing_the_template(template_paths: 
             return host.tool_mode, host.chat.traits
 
     assert run(probe(template_paths["tools"])) == ("native", TemplateTraits())
+    assert run(probe(template_paths["coder"])) == ("native", TemplateTraits())
     assert run(probe(template_paths["no_tools"])) == (
         "prompted",
         TemplateTraits(system=True, tool_role=True, alternating=False, tools=False, tool_calls=False),
     )
     assert run(probe(template_paths["strict"])) == ("prompted", STRICT)
+    # Without the weights, from the tokenizer files alone (what a model list needs).
+    assert {t: read_chat_format(template_paths[t]).tool_mode for t in ("tools", "no_tools", "strict")} == {
+        "tools": "native",
+        "no_tools": "prompted",
+        "strict": "prompted",
+    }
     lines: list[str] = []
     assert run(run_doctor(str(template_paths["no_tools"]), None, lines.append))
     assert (
@@ -70,7 +78,7 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: 
     host = MlxModelHost(str(path))
     with pytest.raises(ChatTemplateError) as error:
         run(host.start())
-    run(host.stop())
+    assert not host._engine._thread.is_alive()  # the engine thread it started is stopped, not left behind
     assert str(error.value) == (
         f"model {path} has no chat template (no chat_template in tokenizer_config.json or chat_template.jinja); "
         "use an instruct/chat version of the model"
@@ -83,8 +91,7 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: 
         env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"},
         cwd=path,
     )
-    assert proc.returncode == 2
-    assert proc.stderr == f"error: {error.value}\n"
+    assert (proc.returncode, proc.stderr) == (2, f"error: {error.value}\n")
 
 
 @pytest.mark.parametrize("template", ["no_tools", "strict"])
@@ -96,21 +103,20 @@ def test_prompted_call_is_parsed_streamed_without_markup_and_turn_two_reuses_the
     scripts = ForcedScripts(tiny_qwen3[1], {"a": [f"Let me look.\n{call}", "It is parsed in src/config.py."]})
     seen: list[str] = []
 
-    async def go() -> tuple[Any, Any, str, int]:
+    async def go() -> tuple[Any, Any, str, int, int]:
         async with MlxModelHost(str(path), processor_factory=scripts) as host:
             session = host.session("a")
             first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
             messages = [*TASK, first.to_message(), LS_RESULT]
             second = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=64)
+            other = [TASK[0], {"role": "user", "content": "Task: list the tests."}]
+            shared = (await host.session("b").generate(other, tools=[LS_SCHEMA], max_tokens=2)).usage.cached_tokens
             shown, tools = host.chat.present(messages, [LS_SCHEMA])
-            return (
-                first,
-                second,
-                render(host.tokenizer, shown, tools, generation_prompt=True),
-                await host.count_tokens(messages, [LS_SCHEMA]),
-            )
+            prompt = render(host.tokenizer, shown, tools, generation_prompt=True)
+            system = encode(host.tokenizer, render(host.tokenizer, shown[:1], None, generation_prompt=False))
+            return first, second, prompt, await host.count_tokens(messages, [LS_SCHEMA]), shared - len(system)
 
-    first, second, prompt, fresh = run(go())
+    first, second, prompt, fresh, unshared = run(go())
     assert first.tool_calls == [ToolCall("ls", {"path": "."}, "call_0")]
     assert first.text == "Let me look." and first.malformed_tool_calls == []
     assert "".join(seen) == "Let me look.\n"
@@ -123,6 +129,8 @@ def test_prompted_call_is_parsed_streamed_without_markup_and_turn_two_reuses_the
     if template == "strict":
         assert prompt.startswith(f"<|im_start|>user\n{SYSTEM}\n\n# Tools\n")
         assert "<|im_start|>system" not in prompt and "<|im_start|>model\nLet me look." in prompt
+    else:  # another session of the agent starts from the shared system prompt, tool list included
+        assert unshared == 0
     # Turn 2 reuses everything turn 1 held and prefills only what is new.
     held = first.usage.prompt_tokens + first.usage.generated_tokens
     assert second.usage.cached_tokens == held
@@ -172,6 +180,95 @@ def test_native_mode_streams_only_visible_text(tiny_qwen3_path: Path, tiny_qwen3
     reply = run(go())
     assert "".join(seen) == "Looking. Then <tool"  # a held-back partial marker is text after all
     assert reply.text == "Looking. Then <tool" and reply.tool_calls == [ToolCall("ls", {"path": "src"}, "call_0")]
+
+
+def test_native_xml_calls_use_the_models_own_parser_and_fix(template_paths: dict[str, Path], tiny_qwen3: Any) -> None:
+    """Qwen3-Coder-style XML calls: mlx-lm's `qwen3_coder` parser reads them, the markup never streams,
+    and a malformed call's fix is written in XML, as the template writes calls."""
+    xml = "<tool_call>\n<function=ls>\n<parameter=path>\nsrc\n</parameter>\n</function>\n</tool_call>"
+    unclosed = "<tool_call>\n<function=ls>\n"
+    scripts = ForcedScripts(tiny_qwen3[1], {"a": [f"Looking.\n{xml}", unclosed, "Done."]})
+    seen: list[str] = []
+
+    async def go() -> list[Any]:
+        async with MlxModelHost(str(template_paths["coder"]), processor_factory=scripts) as host:
+            session = host.session("a")
+            first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
+            messages = [*TASK, first.to_message(), LS_RESULT]
+            second = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=64)
+            third = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=64)
+            return [first, second, third]
+
+    first, second, third = run(go())
+    assert first.tool_calls == [ToolCall("ls", {"path": "src"}, "call_0")] and first.text == "Looking."
+    assert "".join(seen) == "Looking.\n"
+    assert second.malformed_tool_calls[0].error == (
+        "Error: your tool call could not be parsed (the call has no closing </tool_call>). "
+        "Write each call exactly in this format, with the tool's own name and arguments:\n"
+        "<tool_call>\n<function=tool_name>\n<parameter=argument>\nvalue\n</parameter>\n</function>\n</tool_call>"
+    )
+    # The template re-renders the XML call as generated: turn 2 reused all that turn 1 held.
+    assert second.usage.cached_tokens == first.usage.prompt_tokens + first.usage.generated_tokens
+    assert third.text == "Done." and third.tool_calls == []
+
+
+# Mistral's way, with this kit's tokens: tools before the last user message, `[TOOL_CALLS]` JSON calls
+# with no end marker, and a raise on any call id that is not 9 alphanumeric characters.
+MISTRAL_TEMPLATE = """
+{%- set ns = namespace(last_user=-1) %}
+{%- for message in messages %}{% if message.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}
+{%- for message in messages %}
+    {%- if message.role == 'system' %}
+        {{- '[SYSTEM_PROMPT]' + message.content + '[/SYSTEM_PROMPT]' }}
+    {%- elif message.role == 'user' %}
+        {%- if tools and loop.index0 == ns.last_user %}
+            {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}
+        {%- endif %}
+        {{- '[INST]' + message.content + '[/INST]' }}
+    {%- elif message.role == 'assistant' %}
+        {{- message.content or '' }}
+        {%- if message.tool_calls %}
+            {{- '[TOOL_CALLS][' }}
+            {%- for tool_call in message.tool_calls %}
+                {%- if tool_call.id is not defined or tool_call.id | length != 9 %}
+                    {{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}
+                {%- endif %}
+                {{- {'name': tool_call.function.name, 'arguments': tool_call.function.arguments} | tojson }}
+            {%- endfor %}
+            {{- ']' }}
+        {%- endif %}
+        {{- eos_token }}
+    {%- elif message.role == 'tool' %}
+        {{- '[TOOL_RESULTS]' + ({'content': message.content, 'call_id': message.tool_call_id} | tojson) + '[/TOOL_RESULTS]' }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+
+def test_native_mistral_calls_with_the_ids_its_template_demands(tmp_path: Path, tiny_qwen3: Any) -> None:
+    path = make_tiny_model(tmp_path / "mistral")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": MISTRAL_TEMPLATE.strip()}))
+    calls = '[TOOL_CALLS][{"name": "ls", "arguments": {"path": "."}}]'
+    scripts = ForcedScripts(tiny_qwen3[1], {"a": [f"Looking.{calls}", "It is parsed in src/config.py."]})
+    seen: list[str] = []
+
+    async def go() -> tuple[Any, Any, Any]:
+        async with MlxModelHost(str(path), processor_factory=scripts) as host:
+            session = host.session("a")
+            first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
+            second = await session.generate([*TASK, first.to_message(), LS_RESULT], tools=[LS_SCHEMA], max_tokens=64)
+            return host.chat, first, second
+
+    chat, first, second = run(go())
+    assert (chat.tool_mode, chat.calls.start, chat.calls.end) == ("native", "[TOOL_CALLS]", "")
+    assert chat.traits == TemplateTraits(short_call_ids=True)
+    assert chat.calls.example == '[TOOL_CALLS][{"name": "tool_name", "arguments": {"argument": "value"}}]'
+    assert first.tool_calls == [ToolCall("ls", {"path": "."}, "call_0")]
+    assert first.text == "Looking." and "".join(seen) == "Looking."
+    # The call ids reach the template as 9 characters (no exception), and the prefix is reused.
+    assert second.text == "It is parsed in src/config.py."
+    assert second.usage.cached_tokens == first.usage.prompt_tokens + first.usage.generated_tokens
 
 
 def test_normalise_for_a_strict_template_without_system_or_tool_role() -> None:

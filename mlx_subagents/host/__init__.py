@@ -1,4 +1,5 @@
-"""Model hosts: the real `MlxModelHost` and the `ScriptedHost` replay backend."""
+"""Model hosts: the real `MlxModelHost`, `EngineHost` (an OpenAI-compatible engine) and the
+`ScriptedHost` replay backend."""
 
 from .mlx_host import MlxModelHost, MlxSession, parse_bytes
 from .protocol import Generation, HostSession, MalformedToolCall, ModelHost, ToolCall, Usage
@@ -17,8 +18,13 @@ __all__ = [
 ]
 
 
-def make_host(model: str, **kwargs: object) -> ModelHost:
-    """`scripted:FILE` gives the replay host; anything else the real mlx host."""
+def make_host(model: str, *, engine: str | None = None, api_key: str | None = None, **kwargs: object) -> ModelHost:
+    """An engine the user named gives `EngineHost` (`model` is the engine's id); `scripted:FILE`
+    the replay host; anything else the real mlx host."""
+    if engine is not None:
+        from .engine_host import EngineHost
+
+        return EngineHost(engine, model, api_key=api_key, context_window=kwargs.get("context_window"))  # type: ignore[arg-type]
     if model.startswith("scripted:"):
         from .scripted import ScriptedHost
 

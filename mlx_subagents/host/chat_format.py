@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import ChatTemplateError
@@ -65,7 +66,7 @@ class ChatFormat:
         )
         if traits.tools and traits.tool_calls:
             start, end = getattr(tokenizer, "tool_call_start", None), getattr(tokenizer, "tool_call_end", None)
-            example = example_call(tokenizer, start, end or "") if start else None
+            example = example_call(tokenizer, traits, start, end or "") if start else None
             native = CallFormat.native(tokenizer, example)
             if native is not None:
                 return cls("native", traits, native, think, opens)
@@ -103,6 +104,14 @@ class ChatFormat:
         self, on_text: TextCallback | None, on_reasoning: TextCallback | None = None, opened: bool = False
     ) -> VisibleText:
         return self.calls.visible_text(on_text, self.think, opened, on_reasoning)
+
+
+def read_chat_format(path: Path) -> ChatFormat:
+    """A model folder's chat format from its tokenizer files alone, without loading the weights
+    (for listing models and their tool mode)."""
+    from mlx_lm.utils import load_tokenizer
+
+    return ChatFormat.load(load_tokenizer(path), str(path))
 
 
 def _with_prompted_tools(messages: list[Message], tools: list[ToolSchema] | None) -> list[Message]:

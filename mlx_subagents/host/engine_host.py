@@ -32,10 +32,12 @@ from .protocol import (
     Message,
     TextCallback,
     ToolCall,
+    ToolMode,
     ToolSchema,
     Usage,
 )
 from .scripted import approx_tokens
+from .toolcalls import VisibleText, hermes
 
 API_KEY_ENV = "MLX_SUBAGENTS_API_KEY"
 # Used when neither the engine's model listing nor `--context-window` gives a window: the
@@ -75,7 +77,9 @@ class EngineHost:
         max_retries: retries of a refused, rate-limited (429) or unavailable (5xx) request.
     """
 
-    tool_mode = "native"
+    # The engine renders the tools with its template and parses the calls; an engine without a
+    # parser for its model returns them as text, read as the prompted mode's Hermes format.
+    tool_mode: ToolMode = "native"
 
     def __init__(
         self,
@@ -110,8 +114,8 @@ class EngineHost:
     async def start(self) -> None:
         """Probe the engine's model listing: fail fast when it cannot be reached or refuses the key."""
         listed = await self._listing(probe=True)
-        served = next((m for m in listed if m.get("id") == self.model_id), None)
-        limit = next((int(served[k]) for k in CONTEXT_FIELDS if served and served.get(k)), None)
+        served = next((m for m in listed if m.get("id") == self.model_id), {})
+        limit = next((v for k in CONTEXT_FIELDS if isinstance(v := served.get(k), int) and v > 0), None)
         if limit is None:
             return
         if self._window_override and self._window_override > limit:
@@ -181,8 +185,10 @@ class EngineHost:
             if streamed is not None:
                 return self.cut(streamed)
             return EngineError(f"{where}: {_connection_problem(exc, self.url)}")
-        if not isinstance(exc, openai.APIStatusError):
-            return EngineError(f"{where}: {type(exc).__name__}: {exc}")
+        if not isinstance(exc, openai.APIStatusError):  # e.g. an error event in the stream
+            when = "mid-reply" if streamed is not None else "before replying"
+            message = " ".join(str(getattr(exc, "message", exc)).split())
+            return EngineError(f"{where}: the engine failed {when} ({message}); check its logs, then retry")
         status, message = exc.status_code, _status_message(exc)
         if status == 401:
             return EngineError(
@@ -300,68 +306,23 @@ def _wire_call(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# --- tool calls written as text ------------------------------------------------------------------
-# An engine without a tool parser for its model returns the calls inside the text. These two
-# helpers read them in the Hermes format (`<tool_call>{json}</tool_call>`) the prompted tool
-# mode uses; they are the one place to swap for the shared parser.
-
-TEXT_CALL_START = "<tool_call>"
-TEXT_CALL_END = "</tool_call>"
-
-
-def split_text_calls(text: str, first_index: int) -> tuple[str, list[ToolCall], list[MalformedToolCall]]:
-    """(visible text, tool calls, malformed calls) of a reply that may carry calls as text."""
-    visible, calls, malformed = [], [], []
-    rest = text
-    while TEXT_CALL_START in rest:
-        before, _, after = rest.partition(TEXT_CALL_START)
-        visible.append(before)
-        raw, closed, rest = after.partition(TEXT_CALL_END)
-        markup = f"{TEXT_CALL_START}{raw}{closed}"
-        try:
-            parsed = json.loads(raw)
-            if not closed:
-                raise ValueError(f"the tool call has no closing {TEXT_CALL_END}")
-            if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
-                raise ValueError('a tool call must be an object with a "name" string and an "arguments" object')
-            arguments = parsed.get("arguments", {})
-            if not isinstance(arguments, dict):
-                raise ValueError('"arguments" must be a JSON object')
-        except ValueError as exc:
-            malformed.append(MalformedToolCall(raw=markup, error=f"{type(exc).__name__}: {exc}"))
-            continue
-        calls.append(ToolCall(parsed["name"], arguments, id=f"call_{first_index + len(calls)}"))
-    visible.append(rest)
-    return "".join(visible).strip(), calls, malformed
-
-
-def visible_prefix(text: str) -> str:
-    """The part of streamed text that is surely not tool-call markup (held back until it is known)."""
-    cut = text.find(TEXT_CALL_START)
-    if cut >= 0:
-        return text[:cut]
-    for n in range(min(len(TEXT_CALL_START) - 1, len(text)), 0, -1):
-        if TEXT_CALL_START.startswith(text[-n:]):
-            return text[:-n]
-    return text
-
-
 # --- sessions ----------------------------------------------------------------------------------------
 
 
 @dataclass
 class _Reply:
-    """One streamed reply being assembled from its chunks."""
+    """One streamed reply being assembled from its chunks; `visible` streams its text without call markup."""
 
+    visible: VisibleText | None = None
     text: str = ""
     reasoning: str = ""
-    shown: int = 0
+    on_reasoning: TextCallback | None = None
     calls: dict[int, dict[str, str]] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: Any = None
     first_delta: float | None = None
 
-    def add(self, chunk: Any, on_text: TextCallback | None, on_reasoning: TextCallback | None = None) -> None:
+    def add(self, chunk: Any) -> None:
         if chunk.usage is not None:
             self.usage = chunk.usage
         for choice in chunk.choices:
@@ -372,11 +333,12 @@ class _Reply:
                 self.first_delta = time.perf_counter()
             if isinstance(thought, str) and thought:
                 self.reasoning += thought
-                if on_reasoning is not None:
-                    on_reasoning(thought)
+                if self.on_reasoning is not None:
+                    self.on_reasoning(thought)
             if delta.content:
                 self.text += delta.content
-                self._show(on_text)
+                if self.visible is not None:
+                    self.visible(delta.content)
             for part in delta.tool_calls or ():
                 call = self.calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
                 call["id"] = part.id or call["id"]
@@ -385,14 +347,6 @@ class _Reply:
                     call["arguments"] += part.function.arguments or ""
             if choice.finish_reason:
                 self.finish_reason = choice.finish_reason
-
-    def _show(self, on_text: TextCallback | None) -> None:
-        if on_text is None:
-            return
-        visible = visible_prefix(self.text)
-        if len(visible) > self.shown:
-            on_text(visible[self.shown :])
-            self.shown = len(visible)
 
 
 class EngineSession:
@@ -439,7 +393,7 @@ class EngineSession:
         if tools:
             request["tools"] = tools
         started = time.perf_counter()
-        reply = _Reply()
+        reply = _Reply(hermes().visible_text(on_text) if on_text is not None else None, on_reasoning=on_reasoning)
         try:
             stream = await host._client.chat.completions.create(**request)
         except openai.NotFoundError as exc:
@@ -448,20 +402,22 @@ class EngineSession:
             raise host.error(exc) from None
         try:
             async for chunk in stream:
-                reply.add(chunk, on_text, on_reasoning)
+                reply.add(chunk)
         except openai.APIError as exc:
             raise host.error(exc, streamed=len(reply.text)) from None
         finally:
             await asyncio.shield(stream.close())
         if reply.finish_reason is None:  # the body ended cleanly but the reply did not
             raise host.cut(len(reply.text))
+        if reply.visible is not None:
+            reply.visible.flush()
         return self._generation(reply, wire, tools, started)
 
     def _generation(
         self, reply: _Reply, wire: list[Message], tools: list[ToolSchema] | None, started: float
     ) -> Generation:
         calls, malformed = self._structured_calls(reply)
-        text, text_calls, text_malformed = split_text_calls(reply.text, self._n_calls)
+        text, text_calls, text_malformed = hermes().split(reply.text, tools, self._n_calls)
         self._n_calls += len(text_calls)
         ended = time.perf_counter()
         first = reply.first_delta or ended
@@ -486,7 +442,11 @@ class EngineSession:
                     raise ValueError('"arguments" must be a JSON object')
             except ValueError as exc:
                 raw = json.dumps({"name": part["name"], "arguments": part["arguments"]}, ensure_ascii=False)
-                malformed.append(MalformedToolCall(raw=raw, error=f"{type(exc).__name__}: {exc}"))
+                error = (
+                    f"Error: the arguments of your call to {part['name']} are not a JSON object "
+                    f"({type(exc).__name__}: {exc}). Call the tool again with its arguments as one JSON object."
+                )
+                malformed.append(MalformedToolCall(raw=raw, error=error))
                 continue
             calls.append(ToolCall(part["name"], arguments, id=part["id"] or f"call_{self._n_calls}"))
             self._n_calls += 1

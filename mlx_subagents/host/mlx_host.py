@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from ..errors import SubagentError
+from ..errors import ChatTemplateError, SubagentError
 from .chat_format import ChatFormat
 from .engine import Deliver, Engine
 from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
@@ -229,7 +229,7 @@ class MlxModelHost:
         config = read_config(self.model_path)
         self._engine.start()
         self._model, self.tokenizer = await self._engine.run(lambda: load_model(self.model_path))
-        self.chat = ChatFormat.load(self.tokenizer, self.model_id)
+        self.chat = await self._chat_format()
         self.kv_shape, weights, self._trimmable = await self._engine.run(self._measure)
         budget = self._budget(weights)
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
@@ -251,6 +251,15 @@ class MlxModelHost:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    async def _chat_format(self) -> ChatFormat:
+        """Decided at load; a model that cannot chat stops the engine thread it started, then says why."""
+        try:
+            return ChatFormat.load(self.tokenizer, self.model_id)
+        except ChatTemplateError:
+            self._model = None
+            await asyncio.to_thread(self._engine.stop)
+            raise
 
     def _measure(self) -> tuple[KVShape, int, bool]:
         """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability.

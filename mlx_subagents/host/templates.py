@@ -8,6 +8,7 @@ conversation into what the template accepts, so no template exception reaches th
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +29,14 @@ _PROBE_TOOL: ToolSchema = {
 _USER: Message = {"role": "user", "content": "Hello."}
 
 
-def _assistant_call(name: str, arguments: dict[str, Any]) -> Message:
-    call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}
+def _assistant_call(name: str, arguments: dict[str, Any], call_id: str = "call_0") -> Message:
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def short_call_id(call_id: str) -> str:
+    """A stable 9-character alphanumeric stand-in for a call id, for templates that demand one."""
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class TemplateTraits:
     tools: bool = True  # renders a tool list
     tool_calls: bool = True  # renders an assistant message's tool calls
     reasoning: bool = False  # renders an assistant message's `reasoning_content` (a thinking model's template)
+    short_call_ids: bool = False  # only with 9-character alphanumeric call ids (Mistral)
 
 
 def _shows(tokenizer: Any, messages: list[Message], needle: str, tools: list[ToolSchema] | None = None) -> bool:
@@ -54,14 +61,25 @@ def _shows(tokenizer: Any, messages: list[Message], needle: str, tools: list[Too
 
 def probe_template(tokenizer: Any) -> TemplateTraits:
     """Render one probe conversation per trait."""
-    call = _assistant_call(f"{_MARK}-call", {"path": "."})
+    name = f"{_MARK}-call"
+    tool_calls = _shows(tokenizer, [_USER, _assistant_call(name, {"path": "."})], name, [_PROBE_TOOL])
+    short_ids = not tool_calls and _shows(
+        tokenizer, [_USER, _assistant_call(name, {"path": "."}, short_call_id("call_0"))], name, [_PROBE_TOOL]
+    )
+    call_id = short_call_id("call_0") if short_ids else "call_0"
+    result = {"role": "tool", "tool_call_id": call_id, "content": _MARK}
     return TemplateTraits(
         system=_shows(tokenizer, [{"role": "system", "content": f"{_MARK}-system"}, _USER], f"{_MARK}-system"),
-        tool_role=_shows(tokenizer, [_USER, call, {"role": "tool", "tool_call_id": "call_0", "content": _MARK}], _MARK),
+        tool_role=_shows(tokenizer, [_USER, _assistant_call(name, {"path": "."}, call_id), result], _MARK),
         alternating=not _shows(tokenizer, [_USER, {"role": "user", "content": f"{_MARK}-again"}], f"{_MARK}-again"),
         tools=_shows(tokenizer, [_USER], f"{_MARK}-tool", [_PROBE_TOOL]),
-        tool_calls=_shows(tokenizer, [_USER, call], f"{_MARK}-call", [_PROBE_TOOL]),
-        reasoning=_shows(tokenizer, [_USER, {**call, "reasoning_content": f"{_MARK}-thought"}], f"{_MARK}-thought"),
+        tool_calls=tool_calls or short_ids,
+        short_call_ids=short_ids,
+        reasoning=_shows(
+            tokenizer,
+            [_USER, {**_assistant_call(name, {"path": "."}, call_id), "reasoning_content": f"{_MARK}-thought"}],
+            f"{_MARK}-thought",
+        ),
     )
 
 
@@ -77,12 +95,13 @@ def opens_thought(tokenizer: Any, think: Any, enable_thinking: bool) -> bool:
     return text.rfind(think.start) > text.rfind(think.end)
 
 
-def example_call(tokenizer: Any, start: str, end: str) -> str | None:
+def example_call(tokenizer: Any, traits: TemplateTraits, start: str, end: str) -> str | None:
     """`EXAMPLE_CALL` as this template writes it in an assistant turn, from `start` to `end`."""
     user = [_USER]
+    call = _assistant_call(**EXAMPLE_CALL, call_id=short_call_id("call_0") if traits.short_call_ids else "call_0")
     try:
         before = render(tokenizer, user, [_PROBE_TOOL], generation_prompt=True)
-        after = render(tokenizer, [*user, _assistant_call(**EXAMPLE_CALL)], [_PROBE_TOOL], generation_prompt=False)
+        after = render(tokenizer, [*user, call], [_PROBE_TOOL], generation_prompt=False)
     except Exception:
         return None
     at = after.find(start, len(before) if after.startswith(before) else 0)
@@ -111,6 +130,8 @@ def normalise(messages: list[Message], traits: TemplateTraits, *, tool_results_a
     """
     out: list[Message] = []
     for message in messages:
+        if traits.short_call_ids:
+            message = _with_short_ids(message)
         role = message.get("role")
         if role == "tool" and (tool_results_as_user or not traits.tool_role):
             message = {"role": "user", "content": tool_output(str(message.get("content") or "")), "_from": "tool"}
@@ -123,6 +144,15 @@ def normalise(messages: list[Message], traits: TemplateTraits, *, tool_results_a
     for message in out:
         message.pop("_from", None)
     return out
+
+
+def _with_short_ids(message: Message) -> Message:
+    if message.get("tool_call_id"):
+        return {**message, "tool_call_id": short_call_id(message["tool_call_id"])}
+    if message.get("tool_calls"):
+        calls = [{**c, "id": short_call_id(c["id"])} if c.get("id") else c for c in message["tool_calls"]]
+        return {**message, "tool_calls": calls}
+    return message
 
 
 def _joins(last: Message, message: Message, traits: TemplateTraits) -> bool:

@@ -32,6 +32,7 @@ def models_table(models: list[ModelInfo]) -> Table:
         ("params", "right"),
         ("quantization", "left"),
         ("context", "right"),
+        ("tools", "left"),
         ("fits", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
@@ -45,6 +46,7 @@ def models_table(models: list[ModelInfo]) -> Table:
             _count(m.parameters),
             m.quantization,
             str(m.context_window or "?"),
+            m.tool_mode or "?",
             fits,
         )
     return table
@@ -70,7 +72,15 @@ class ImportProgress:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if kind is None:
+            self._finish()
         self._progress.stop()
+
+    def _finish(self) -> None:
+        """Show the current step as done (a step without counts has no total of its own)."""
+        if self._task is not None:
+            total = self._progress.tasks[-1].total or 1
+            self._progress.update(self._task, total=total, completed=total)
 
     def __call__(self, step: str, done: int | None, total: int | None) -> None:
         if step != self._step or self._task is None:

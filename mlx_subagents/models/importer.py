@@ -29,7 +29,11 @@ from . import ollama
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 IMPORT_FILE = "import.json"  # provenance: where the folder came from
-BITS_CHOICES = (4, 8, 16)  # 16: the float16 weights as converted, no re-quantization
+BITS_CHOICES = (4, 8, 16)
+# GGUF quantizes in blocks of 32 weights (K-quants: sub-blocks of 32 with their own scale and min),
+# so 32-wide affine groups re-express a 4-bit source almost exactly; gguf2mlx's default of 64
+# quantizes it a second time, which SmolLM2-135M does not survive (it stops answering in English).
+GROUP_SIZE = 32  # 16: the float16 weights as converted, no re-quantization
 TOKENIZER_MODELS = ("gpt2", "llama")  # byte-level BPE and SentencePiece, as gguf2mlx rebuilds them
 # llama.cpp's pre-tokenizer types whose splitting gguf2mlx writes exactly.
 EXACT_PRE_TYPES = ("gpt-2", "gpt2", "llama-bpe", "llama3", "llama-v3", "qwen2", "deepseek-r1-qwen")
@@ -116,6 +120,14 @@ def check_supported(gguf: Path) -> dict[str, Any]:
     return {"architecture": arch, "tokenizer": tokenizer, "tokenizer_pre": pre, "tensors": len(reader.tensors)}
 
 
+def float_dtype() -> str:
+    """float16 where Metal runs the model; float32 on a CPU, which has no fast float16 arithmetic
+    (a 4-bit matmul with float16 scales and activations is ~40x slower there than with float32)."""
+    import mlx.core as mx
+
+    return "float16" if mx.metal.is_available() else "float32"
+
+
 def fix_pre_tokenizer(folder: Path) -> bool:
     """Give the tokenizer llama.cpp's exact splitting where gguf2mlx approximates it."""
     config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
@@ -128,7 +140,7 @@ def fix_pre_tokenizer(folder: Path) -> bool:
     return True
 
 
-class _ConverterOutput(io.TextIOBase):
+class ConverterOutput(io.TextIOBase):
     """Where gguf2mlx's prints and tqdm bars go: kept for the error line, turned into progress."""
 
     def __init__(self, progress: Progress | None) -> None:
@@ -182,7 +194,7 @@ def import_gguf(
 
     Args:
         name: the model's name for `--model` (default: from the file or Ollama name).
-        bits: 4 or 8 re-quantize with mlx-lm (group size 64); 16 keeps float16.
+        bits: 4 or 8 re-quantize with mlx-lm (groups of 32, as GGUF blocks); 16 keeps the float weights.
         progress: called with (step, done, total) as the conversion advances.
     """
     from gguf2mlx import convert
@@ -197,20 +209,36 @@ def import_gguf(
         raise ModelImportError(f"a model named '{name}' already exists at {target}; pass --name or delete it")
     gguf = resolve_source(source)
     facts = check_supported(gguf)
+    dtype = float_dtype()
     start = time.perf_counter()
     with _staging(target) as stage:
-        out = _ConverterOutput(progress)
+        out = ConverterOutput(progress)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its tokenizer warning is handled by fix_pre_tokenizer
             try:
-                ok = convert(str(gguf), str(stage / "model"), quantize=bits < 16, q_bits=bits, weight_audit=False)
+                ok = convert(
+                    str(gguf),
+                    str(stage / "model"),
+                    dtype,
+                    quantize=bits < 16,
+                    q_bits=bits,
+                    q_group_size=GROUP_SIZE,
+                    weight_audit=False,
+                )
             except Exception as exc:  # the converter's own failures, made one line
                 raise ModelImportError(f"{gguf}: conversion failed ({type(exc).__name__}: {exc})") from None
         if not ok:
             raise ModelImportError(f"{gguf}: conversion failed: {out.failure()}")
         folder = stage / "model"
         fixed = fix_pre_tokenizer(folder)
-        record = {"source": source, "gguf": str(gguf), "bits": bits, "pre_tokenizer_fixed": fixed, **facts}
+        record = {
+            "source": source,
+            "gguf": str(gguf),
+            "bits": bits,
+            "dtype": dtype,
+            "pre_tokenizer_fixed": fixed,
+            **facts,
+        }
         (folder / IMPORT_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
         folder.rename(target)
     return ImportedModel(name, target, source, bits, time.perf_counter() - start)

@@ -5,7 +5,7 @@ thousand fp32 parameters, a byte-level BPE tokenizer trained on generated agent-
 Qwen tools chat template. The weights are noise; `forced.py` makes them say something useful.
 
     python -m mlx_subagents.testing.tiny_model OUT [--arch qwen3|qwen3_5] [--seed N]
-        [--context-window N] [--template tools|no_tools|strict|thinking|none]
+        [--context-window N] [--template tools|coder|no_tools|strict|thinking|none]
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from typing import Any, Literal
 
 Arch = Literal["qwen3", "qwen3_5"]
 ARCHS: tuple[Arch, ...] = ("qwen3", "qwen3_5")
-# Chat templates, one per path the host takes: Qwen-style with tools (native tool mode), ChatML that
-# drops tools (prompted, like SmolLM2), Gemma-style strict alternation without system (prompted and
-# normalised), Qwen3.5-style thinking (opens a thought, renders reasoning_content, `enable_thinking`
-# switch), and none at all (refused at load).
-Template = Literal["tools", "no_tools", "strict", "thinking", "none"]
-TEMPLATES: tuple[Template, ...] = ("tools", "no_tools", "strict", "thinking", "none")
+# Chat templates, one per path the host takes: Qwen-style with tools (native tool mode), Qwen3-Coder-style
+# XML calls (native, another parser), ChatML that drops tools (prompted, like SmolLM2), Gemma-style strict
+# alternation without system (prompted and normalised), Qwen3.5-style thinking (opens a thought, renders
+# reasoning_content, `enable_thinking` switch), and none at all (refused at load).
+Template = Literal["tools", "coder", "no_tools", "strict", "thinking", "none"]
+TEMPLATES: tuple[Template, ...] = ("tools", "coder", "no_tools", "strict", "thinking", "none")
 _TEMPLATE_FILES = {
     "tools": "chat_template.jinja",
+    "coder": "chat_template_coder.jinja",
     "no_tools": "chat_template_no_tools.jinja",
     "strict": "chat_template_strict.jinja",
     "thinking": "chat_template_thinking.jinja",

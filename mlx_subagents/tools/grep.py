@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from ..errors import ToolError
 from .base import MAX_LINE_CHARS, CappedLines, Tool, ToolResult
 from .threads import DEFAULT_TOOL_TIMEOUT
+from .workspace import glob_matcher
 
 MAX_GREP_MATCHES = 200
 HINT = "narrow the pattern, path or glob"
@@ -61,6 +62,8 @@ class GrepTool(Tool):
 
     async def run(self, params: Params) -> ToolResult:
         target = self.workspace.existing(params.path)
+        if params.glob:
+            glob_matcher(params.glob)  # a bad glob gets the same one line as in find
         if not (target.is_dir() or target.is_file()):
             raise ToolError(f"{params.path!r} is not a regular file (a FIFO, device or socket); grep only reads files")
         matches = CappedLines(MAX_GREP_MATCHES)

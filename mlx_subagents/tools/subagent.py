@@ -157,7 +157,7 @@ class SubagentTool(Tool):
         try:
             outcome = await self.delegate(delegation)
         except SubagentError as exc:  # a cap, a label clash, a project agent not allowed
-            return error_result(f"subagent call refused: {exc}")
+            return error_result(f"{self.name} call refused: {exc}")
         return format_outcome(delegation, outcome)
 
     def describe(self, arguments: dict[str, Any]) -> str:
@@ -208,7 +208,7 @@ class SubagentTool(Tool):
 
     def _usage_error(self, problem: str) -> ToolResult:
         return error_result(
-            f"invalid subagent call: {problem}; {FORMS}. Available agents: {', '.join(self.agents) or 'none'}"
+            f"invalid {self.name} call: {problem}; {FORMS}. Available agents: {', '.join(self.agents) or 'none'}"
         )
 
 
@@ -289,7 +289,7 @@ def _answers(delegation: Delegation, outcome: MultiRunResult, reserve: int) -> T
         title = f"Error: {outcome.error or 'the chain did not complete'}"
     heads = [f"### [{label}] {_status(r)}" for label, r in zip(labels, results)]
     bodies = [r.output or NO_ANSWER for r in results]
-    bodies = _fit(bodies, [r.transcript for r in results], title, heads, reserve)
+    bodies = fit_answers(bodies, [r.transcript for r in results], title, heads, reserve)
     sections = [f"{head}\n{body}" for head, body in zip(heads, bodies)]
     return ToolResult("\n\n".join([title, *sections]), is_error=not outcome.ok)
 
@@ -300,7 +300,9 @@ def _status(result: RunResult) -> str:
     return f"{result.status} ({result.stop_reason}): {result.error or 'no reason given'}"
 
 
-def _fit(bodies: list[str], transcripts: list[str | None], title: str, heads: list[str], reserve: int) -> list[str]:
+def fit_answers(
+    bodies: list[str], transcripts: list[str | None], title: str, heads: list[str], reserve: int
+) -> list[str]:
     """Cut the longest bodies so the whole result (and `reserve` bytes more) stays under `MAX_ANSWER_BYTES`.
 
     Short bodies are kept whole; the room left is shared equally by the long ones (water-filling).

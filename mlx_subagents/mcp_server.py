@@ -1,0 +1,548 @@
+"""`subagent mcp`: the sub-agents as an MCP server over stdio, for Claude Code, Codex, Cursor, ...
+
+A front end like the CLI: it builds one `Runner` (on the first call, once the workspace is known)
+and keeps it for the life of the process, so every call reuses the resident host, its KV pool and
+the agents' shared prefixes. Two tools:
+
+- `list_agents`: the agents the server can run, and the project agents it withholds without `--yes`;
+- `run_agents`: the `subagent` tool's three forms (one task, parallel tasks, a chain), validated and
+  formatted by `tools/subagent.py` itself; the tasks run at the top level through `Runner.delegate`.
+
+A call with a progress token gets one progress notification per runner event that says something
+(turns, tool calls, tokens), in order. A cancelled call cancels its children (their `bash` groups
+are killed as they unwind) and, as the protocol requires, is not answered. Every bad call is a
+result with `isError`; nothing a client sends stops the server. Logs go to stderr and to
+`$MLX_SUBAGENTS_HOME/logs/mcp.log`: stdout is the protocol channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import io
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import anyio
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
+from pydantic import BaseModel
+from rich.console import Console
+from rich.text import Text
+
+from . import __version__
+from .agents import AgentSpec
+from .caps import MAX_TASKS
+from .errors import ConfirmationRequired, SubagentError
+from .events import Event, EventSink
+from .home import make_state_dir, state_home
+from .render import EventLines
+from .results import MultiRunResult, RunResult, RunUsage, Status, StopReason
+from .runner import Runner
+from .tools.base import ToolResult
+from .tools.subagent import FORMS, Delegate, Delegation, SubagentTool, fit_answers
+
+SERVER_NAME = "mlx-subagents"
+LOG_FILE = "mcp.log"
+MakeRunner = Callable[[Path, EventSink], Runner]
+
+log = logging.getLogger("mlx_subagents.mcp")
+
+
+# -- what the tools return ----------------------------------------------------------------------------
+
+
+class AgentInfo(BaseModel):
+    name: str
+    description: str
+    tools: list[str]
+    model: str
+    source: str
+
+
+class WithheldAgent(BaseModel):
+    name: str
+    path: str
+
+
+class AgentList(BaseModel):
+    """`list_agents`'s structured content."""
+
+    workspace: str
+    agents: list[AgentInfo]
+    withheld: list[WithheldAgent]
+    note: str | None = None
+
+
+class TaskOutcome(BaseModel):
+    label: str
+    agent: str
+    status: Status
+    stop_reason: StopReason
+    error: str | None
+    answer: str
+    usage: RunUsage
+    duration_s: float
+    model: str
+    transcript: str | None
+
+
+class RunOutcome(BaseModel):
+    """`run_agents`'s structured content: every task in input order."""
+
+    mode: str
+    ok: bool
+    succeeded: int
+    total: int
+    run_id: str | None
+    error: str | None
+    tasks: list[TaskOutcome]
+
+
+# -- progress ---------------------------------------------------------------------------------------
+
+
+class Progress:
+    """Turns one request's runner events into progress notifications, sent in order by `pump`."""
+
+    def __init__(self, session: ServerSession) -> None:
+        self.session = session
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.n_sent = 0
+        self.closed = False
+        self.lines = EventLines(Console(file=io.StringIO()), "tasks")  # only its `line()` is used
+
+    def push(self, event: Event) -> None:
+        message = progress_message(event, self.lines)
+        if message is not None and not self.closed:
+            self.queue.put_nowait(message)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(None)
+
+    async def pump(self) -> None:
+        """Send queued messages until `close`; progress counts the notifications (it must grow)."""
+        while (message := await self.queue.get()) is not None:
+            self.n_sent += 1
+            try:
+                await self.session.report_progress(self.n_sent, None, message)
+            except Exception as exc:  # a client gone or a closed stream: the run itself goes on
+                log.warning("progress notification not sent: %s", exc)
+
+
+def progress_message(event: Event, lines: EventLines) -> str | None:
+    """One plain line for a calling agent or its user, or None for events that add nothing.
+
+    Starts, tool calls, waits and ends read as `subagent parallel` prints them (the one renderer);
+    a client's progress also counts the turns and the tokens.
+    """
+    if event.kind == "turn_start":
+        return f"[{event.label}] turn {event.turn}"
+    if event.kind == "usage":
+        data = event.data
+        return (
+            f"[{event.label}] {data.get('output_tokens', 0):,} tokens generated, "
+            f"{data.get('input_tokens', 0):,} read ({data.get('cached_tokens', 0):,} cached)"
+        )
+    markup = lines.line(event)
+    return Text.from_markup(markup).plain if markup is not None else None
+
+
+# The request an event belongs to: child tasks inherit the context of the call that started them.
+_progress: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("mcp_progress", default=None)
+
+
+# -- the server ---------------------------------------------------------------------------------------
+
+
+class AgentsServer:
+    """The two tools over one lazily built, resident `Runner`.
+
+    Args:
+        make_runner: builds the runner for a workspace with an event sink (the CLI passes its own
+            options through this, so the server runs exactly what `subagent run` would).
+        cwd: the workspace; None to take the client's first root (else the working directory).
+    """
+
+    def __init__(self, make_runner: MakeRunner, cwd: Path | None = None) -> None:
+        self.make_runner = make_runner
+        self.cwd = cwd
+        self.runner: Runner | None = None
+        self._lock = asyncio.Lock()
+
+    def server(self) -> Server[Any]:
+        return Server(
+            SERVER_NAME,
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+        )
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.close()
+
+    # -- handlers ---------------------------------------------------------------------------------
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        runner = await self._runner(ctx)
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(
+                    name="list_agents",
+                    description=LIST_AGENTS_DESCRIPTION,
+                    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+                    output_schema=AgentList.model_json_schema(),
+                    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
+                ),
+                types.Tool(
+                    name="run_agents",
+                    description=describe_run_agents(runner),
+                    input_schema=self._run_tool(runner).schema()["function"]["parameters"],
+                    output_schema=RunOutcome.model_json_schema(),
+                    annotations=types.ToolAnnotations(destructive_hint=True, open_world_hint=False),
+                ),
+            ]
+        )
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        started = time.perf_counter()
+        log.info("call %s %s", params.name, _brief(params.arguments))
+        try:
+            if params.name == "list_agents":
+                result = _list_result(agent_list(await self._runner(ctx)))
+            elif params.name == "run_agents":
+                result = await self._run_agents(ctx, params.arguments or {})
+            else:
+                result = _error(f"unknown tool '{params.name}'; this server has list_agents and run_agents")
+        except asyncio.CancelledError:
+            log.info("call %s cancelled by the client after %.1fs", params.name, time.perf_counter() - started)
+            raise
+        except SubagentError as exc:  # the workspace or the agents cannot be loaded
+            result = _error(str(exc))
+        except Exception as exc:  # never let one call stop the server
+            log.exception("call %s failed", params.name)
+            result = _error(f"internal error: {type(exc).__name__}: {exc}; the server log is {log_path()}")
+        log.info(
+            "call %s %s in %.1fs", params.name, "error" if result.is_error else "ok", time.perf_counter() - started
+        )
+        return result
+
+    # -- run_agents -----------------------------------------------------------------------------------
+
+    async def _run_agents(self, ctx: ServerRequestContext[Any], arguments: dict[str, Any]) -> types.CallToolResult:
+        runner = await self._runner(ctx)
+        token = (ctx.meta or {}).get("progress_token")
+        progress = Progress(ctx.session) if token is not None else None
+        outcomes: list[tuple[Delegation, MultiRunResult]] = []
+
+        async def delegate(call: Delegation) -> MultiRunResult:
+            withheld = {s.name for s in withheld_agents(runner)}
+            if blocked := sorted({t.agent.strip().lower() for t in call.tasks} & withheld):
+                raise ConfirmationRequired(
+                    f"project agent(s) withheld: {', '.join(blocked)}; they come with the workspace and can run "
+                    f"commands in it; {RESTART_WITH_YES}"
+                )
+            outcome = await runner.delegate(call, None)  # no parent: top-level tasks
+            outcomes.append((call, outcome))
+            return outcome
+
+        tool = self._run_tool(runner, delegate)
+        reset = _progress.set(progress)
+        try:  # the task copies the context: every child's events find this request's `progress`
+            work = asyncio.ensure_future(tool.call(arguments))
+        finally:
+            _progress.reset(reset)
+        pump = asyncio.ensure_future(progress.pump()) if progress else None
+        try:
+            answer = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # Cancel the children once and wait, shielded, while they kill their processes and save.
+            work.cancel()
+            if pump is not None:
+                pump.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait({work, *([pump] if pump else [])})
+            raise
+        if progress is not None and pump is not None:
+            progress.close()
+            await pump
+        if not outcomes:  # refused before anything ran: the tool's message says why and what to send
+            return _error(answer.output)
+        return run_result(*outcomes[-1], answer)
+
+    def _run_tool(self, runner: Runner, delegate: Delegate | None = None) -> SubagentTool:
+        """The `subagent` tool's validation and formatting, named `run_agents` in its messages.
+
+        Args:
+            delegate: runs a valid call; None for a tool that only gives its schema (`list_tools`).
+        """
+        assert runner.catalog is not None
+
+        async def refuse(_call: Delegation) -> MultiRunResult:
+            raise RuntimeError("this run_agents tool only gives its schema")
+
+        agents = {name: spec.description for name, spec in runner.catalog.agents.items()}
+        # The client stands above the agents a person starts (depth 0): no depth limit applies to it.
+        tool = SubagentTool(
+            runner.workspace, delegate=delegate or refuse, agents=agents, depth=-1, max_depth=runner.options.max_depth
+        )
+        tool.name = "run_agents"
+        return tool
+
+    # -- the workspace and the runner --------------------------------------------------------------------
+
+    async def _runner(self, ctx: ServerRequestContext[Any]) -> Runner:
+        async with self._lock:
+            if self.runner is None:
+                root = self.cwd or await client_root(ctx.session) or working_directory()
+                self.runner = self.make_runner(root.resolve(), on_event)
+                withheld = ", ".join(a.name for a in withheld_agents(self.runner)) or "none"
+                log.info("workspace %s; project agents withheld: %s", self.runner.cwd, withheld)
+            return self.runner
+
+
+def on_event(event: Event) -> None:
+    """The runner's sink: an event goes to the progress of the call it belongs to, if any."""
+    progress = _progress.get()
+    if progress is not None:
+        progress.push(event)
+    if event.kind in ("task_start", "task_end", "tool_call"):
+        log.debug("%s %s %s", event.label, event.kind, event.data.get("description") or event.data.get("status", ""))
+
+
+async def client_root(session: ServerSession) -> Path | None:
+    """The client's first `file://` root, when it declares roots and answers."""
+    caps = session.client_capabilities
+    if caps is None or caps.roots is None:
+        return None
+    try:
+        with warnings.catch_warnings():  # roots are deprecated in the 2026-07-28 revision, still served before
+            warnings.simplefilter("ignore")
+            listed = await session.list_roots()
+    except Exception as exc:
+        log.warning("the client declares roots but did not list them (%s); using the working directory", exc)
+        return None
+    for root in listed.roots:
+        url = urlparse(str(root.uri))
+        if url.scheme == "file" and Path(unquote(url.path)).is_dir():
+            return Path(unquote(url.path))
+    return None
+
+
+def working_directory() -> Path:
+    """The server's own folder as the workspace, unless it is `/` or home (Cursor starts servers in `/`)."""
+    here = Path.cwd().resolve()
+    if here in (Path(here.anchor), Path.home().resolve()):
+        raise SubagentError(
+            f"no workspace: the server runs in {here} and the client gave no root; add --cwd PROJECT_FOLDER to the "
+            "server's command in the MCP client configuration"
+        )
+    return here
+
+
+# -- list_agents ------------------------------------------------------------------------------------
+
+
+def withheld_agents(runner: Runner) -> list[AgentSpec]:
+    """Project agents the server will not run: they need `--yes` at start."""
+    assert runner.catalog is not None
+    if runner.options.assume_yes:
+        return []
+    return sorted((s for s in runner.catalog.agents.values() if s.source == "project"), key=lambda s: s.name)
+
+
+def agent_list(runner: Runner) -> AgentList:
+    assert runner.catalog is not None
+    withheld = withheld_agents(runner)
+    names = {s.name for s in withheld}
+    agents = [
+        AgentInfo(
+            name=s.name, description=s.description, tools=list(s.tools), model=runner.model_for(s), source=s.source
+        )
+        for s in sorted(runner.catalog.agents.values(), key=lambda s: s.name)
+        if s.name not in names
+    ]
+    note = None
+    if withheld:
+        note = (
+            f"{len(withheld)} project agent(s) withheld: {', '.join(sorted(names))}. They come with the workspace and "
+            f"can run commands in it; {RESTART_WITH_YES}"
+        )
+    return AgentList(
+        workspace=str(runner.cwd),
+        agents=agents,
+        withheld=[WithheldAgent(name=s.name, path=str(s.path)) for s in withheld],
+        note=note,
+    )
+
+
+def _list_result(listing: AgentList) -> types.CallToolResult:
+    lines = [f"Workspace: {listing.workspace}", ""]
+    for a in listing.agents:
+        lines.append(f"- {a.name} ({a.source}; tools: {', '.join(a.tools)}; model: {a.model}): {a.description}")
+    if listing.note:
+        lines += ["", listing.note]
+    return types.CallToolResult(
+        content=[types.TextContent(text="\n".join(lines))], structured_content=listing.model_dump(mode="json")
+    )
+
+
+# -- run_agents results -------------------------------------------------------------------------------
+
+
+def run_result(call: Delegation, outcome: MultiRunResult, answer: ToolResult) -> types.CallToolResult:
+    """The tool's formatted answer plus one status line per task, and the same as structured content."""
+    results = outcome.results
+    bodies = fit_answers([r.output for r in results], [r.transcript for r in results], "", [], 0)
+    tasks = [_task_outcome(r, body) for r, body in zip(results, bodies)]
+    structured = RunOutcome(
+        mode=call.mode,
+        ok=outcome.ok,
+        succeeded=outcome.succeeded,
+        total=outcome.total,
+        run_id=outcome.run_id,
+        error=outcome.error,
+        tasks=tasks,
+    )
+    lines = [_status_line(t) for t in tasks]
+    if not outcome.ok:
+        lines.append(FAILED_HINT)
+    text = f"{answer.output}\n\n---\n" + "\n".join(lines)
+    return types.CallToolResult(
+        content=[types.TextContent(text=text)],
+        structured_content=structured.model_dump(mode="json"),
+        is_error=answer.is_error,
+    )
+
+
+def _task_outcome(result: RunResult, answer: str) -> TaskOutcome:
+    return TaskOutcome(
+        label=result.label,
+        agent=result.agent,
+        status=result.status,
+        stop_reason=result.stop_reason,
+        error=result.error,
+        answer=answer,
+        usage=result.usage,
+        duration_s=result.duration_s,
+        model=result.model,
+        transcript=result.transcript,
+    )
+
+
+def _status_line(task: TaskOutcome) -> str:
+    u = task.usage
+    status = task.status if task.status == "completed" else f"{task.status} ({task.stop_reason})"
+    where = f"; transcript {task.transcript}" if task.transcript else ""
+    return (
+        f"[{task.label}] {task.agent}: {status} in {task.duration_s:.1f}s, {u.turns} turns, "
+        f"{u.input_tokens:,} tokens read ({u.cached_tokens:,} cached), {u.output_tokens:,} generated{where}"
+    )
+
+
+def _error(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
+
+
+def _brief(arguments: dict[str, Any] | None) -> str:
+    text = repr(arguments or {})
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+# -- what the calling model reads ---------------------------------------------------------------------
+
+RESTART_WITH_YES = (
+    "to allow project agents, add --yes to the server's command in the MCP client configuration and restart it"
+)
+FAILED_HINT = (
+    "A task did not complete: its error says why. Read its transcript to see what it did, then retry with a "
+    "narrower task (name the files and what to report), a higher limit, or do that part yourself."
+)
+INSTRUCTIONS = (
+    "Local coding sub-agents on a small model running on this machine: free, private, slower and less capable "
+    "than you. Hand them bounded, checkable jobs (map a module, find every caller, review a file, run the tests "
+    "and report) with run_agents, and keep the reasoning for yourself. list_agents says who can do what."
+)
+LIST_AGENTS_DESCRIPTION = (
+    "List the sub-agents run_agents can start: name, what each is for, its tools and its model. Project agents "
+    "(from the workspace) are listed only when the server was started with --yes; the note says which are withheld."
+)
+
+
+def describe_run_agents(runner: Runner) -> str:
+    """When to delegate, how to write a task, the three forms, and the agents of this workspace."""
+    assert runner.catalog is not None
+    withheld = {s.name for s in withheld_agents(runner)}
+    listing = "\n".join(
+        f"- {s.name} (tools: {', '.join(s.tools)}): {s.description}"
+        for s in sorted(runner.catalog.agents.values(), key=lambda s: s.name)
+        if s.name not in withheld
+    )
+    return (
+        f"Run local sub-agents on coding jobs in the workspace {runner.cwd}. Each runs on a small local model "
+        "(free, private, slower and weaker than you), starts with an empty context, works with its own tools "
+        "(read, grep, find, ls, bash, edit, write as its agent allows) and returns only its final answer.\n"
+        "Good jobs are bounded and checkable: find where something is, list every caller of a function, summarise "
+        "a module, review one file, run the tests and report failures, make one precisely described change. "
+        "Write each task as if to a new colleague who cannot ask questions: the goal, the exact files, symbols "
+        "and commands, and what the answer must contain. Verify claims that matter before you act on them.\n"
+        f"{FORMS[0].upper()}{FORMS[1:]}.\nIndependent tasks in one call run at the same time and share the loaded model; "
+        f"at most {MAX_TASKS} per call. cwd (optional) is a folder inside the workspace.\n"
+        "The result gives each answer and, per task, its status, token usage and transcript path; a task that "
+        f"failed makes the call an error.\nAgents:\n{listing or '- (none)'}"
+    )
+
+
+# -- running ------------------------------------------------------------------------------------------
+
+
+def log_path() -> Path:
+    return state_home() / "logs" / LOG_FILE
+
+
+def setup_logging() -> Path:
+    """Our log and the SDK's warnings to stderr and to the log file; nothing to stdout."""
+    path = log_path()
+    make_state_dir(path.parent)
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8"), logging.StreamHandler(sys.stderr)]
+    for handler in handlers:
+        handler.setFormatter(formatter)
+    for name, level in (("mlx_subagents", logging.INFO), ("mcp", logging.WARNING)):
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.propagate = False
+        for handler in handlers:
+            logger.addHandler(handler)
+    return path
+
+
+async def serve_stdio(make_runner: MakeRunner, cwd: Path | None = None) -> None:
+    """Serve until the client closes stdin; the runner and its hosts live as long."""
+    path = setup_logging()
+    agents = AgentsServer(make_runner, cwd)
+    server = agents.server()
+    log.info("mlx-subagents %s MCP server on stdio (pid %d); log %s", __version__, os.getpid(), path)
+    try:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    finally:
+        await agents.close()
+        log.info("stopped")

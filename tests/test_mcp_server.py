@@ -1,0 +1,343 @@
+"""`subagent mcp`: the real server process over stdio, driven by the MCP SDK's own client."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from helpers import alive, call
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from mlx_subagents.caps import MAX_TASK_CHARS
+
+FORMS = (
+    'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '
+    '{"tasks": [{"agent": "NAME", "task": "TEXT"}, ...]} for up to 8 independent tasks in parallel; '
+    '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
+    "the previous step's answer"
+)
+BUILTINS = ["orchestrator", "planner", "reviewer", "scout", "worker"]
+# The tiny model's server: the real `serve_stdio`, with forced decoding (the only thing a flag cannot pass).
+TINY_SERVER = """
+import asyncio, json, sys
+from pathlib import Path
+from mlx_lm.utils import load_tokenizer
+from mlx_subagents.mcp_server import serve_stdio
+from mlx_subagents.options import RunOptions
+from mlx_subagents.runner import Runner
+from mlx_subagents.testing import ForcedScripts
+
+model, workspace, scripts = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+forced = ForcedScripts(load_tokenizer(Path(model)), scripts)
+make = lambda root, sink: Runner(cwd=root, options=RunOptions(model=model), processor_factory=forced, on_event=sink)
+asyncio.run(serve_stdio(make, workspace))
+"""
+
+
+def server_env() -> dict[str, str]:
+    """What the server needs from the test's environment (the SDK passes only a safe few by default)."""
+    names = ("HOME", "MLX_SUBAGENTS_HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return {name: os.environ[name] for name in names}
+
+
+@asynccontextmanager
+async def connect(
+    *args: str | Path, command: list[str] | None = None, roots: list[Path] | None = None, cwd: Path | None = None
+) -> AsyncIterator[ClientSession]:
+    """An initialized client session on `subagent mcp ARGS` (or on `command`), started in `cwd`."""
+    argv = command or ["-m", "mlx_subagents.cli", "mcp", *map(str, args)]
+    params = StdioServerParameters(command=sys.executable, args=argv, env=server_env(), cwd=cwd)
+
+    async def list_roots(_ctx: Any) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=p.as_uri()) for p in roots or []])
+
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write, list_roots_callback=list_roots if roots else None) as session:
+            await session.initialize()
+            yield session
+
+
+def run(main: Callable[[], Awaitable[Any]]) -> Any:
+    return anyio.run(main)
+
+
+def text(result: types.CallToolResult) -> str:
+    assert len(result.content) == 1 and isinstance(result.content[0], types.TextContent)
+    return result.content[0].text
+
+
+def answers(result: types.CallToolResult) -> list[tuple[str, str, str]]:
+    return [(t["label"], t["status"], t["answer"]) for t in result.structured_content["tasks"]]
+
+
+def test_initialize_list_tools_and_list_agents(tmp_path: Path, write_script: Any) -> None:
+    model = write_script(["unused"])
+
+    async def main() -> tuple[Any, Any]:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            tools = await client.list_tools()
+            return tools, await client.call_tool("list_agents", {})
+
+    tools, listing = run(main)
+    by_name = {t.name: t for t in tools.tools}
+    assert list(by_name) == ["list_agents", "run_agents"]
+    schema = by_name["run_agents"].input_schema
+    assert set(schema["properties"]) == {"agent", "task", "tasks", "chain", "cwd"}
+    assert schema["additionalProperties"] is False
+    description = by_name["run_agents"].description or ""
+    assert f"in the workspace {tmp_path.resolve()}." in description
+    assert "- scout (tools: read, grep, find, ls, bash): Finds where things are" in description
+    assert not listing.is_error
+    data = listing.structured_content
+    assert data["workspace"] == str(tmp_path.resolve()) and data["withheld"] == [] and data["note"] is None
+    assert [a["name"] for a in data["agents"]] == BUILTINS
+    scout = data["agents"][3]
+    assert scout == {
+        "name": "scout",
+        "description": "Finds where things are in the codebase and reports exact file locations. Never edits files.",
+        "tools": ["read", "grep", "find", "ls", "bash"],
+        "model": model,
+        "source": "builtin",
+    }
+    assert f"- scout (builtin; tools: read, grep, find, ls, bash; model: {model}): Finds" in text(listing)
+
+
+def test_parallel_run_returns_exact_answers_usage_and_transcripts(tmp_path: Path, write_script: Any) -> None:
+    (tmp_path / "app.py").write_text("print('hi')\n")
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": [call("ls", path="."), "app.py is the only file"]},
+                "reviewer": {"replies": ["app.py: no problems"]},
+            }
+        }
+    )
+    tasks = [{"agent": "scout", "task": "list the files"}, {"agent": "reviewer", "task": "review app.py"}]
+
+    async def main() -> Any:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            return await client.call_tool("run_agents", {"tasks": tasks})
+
+    result = run(main)
+    assert not result.is_error
+    assert answers(result) == [
+        ("scout", "completed", "app.py is the only file"),
+        ("reviewer", "completed", "app.py: no problems"),
+    ]
+    data = result.structured_content
+    assert (data["mode"], data["ok"], data["succeeded"], data["total"]) == ("parallel", True, 2, 2)
+    scout, reviewer = data["tasks"]
+    assert (scout["usage"]["turns"], reviewer["usage"]["turns"]) == (2, 1)
+    assert scout["usage"]["cached_tokens"] > 0  # its second turn reused its first
+    for task in data["tasks"]:
+        assert Path(task["transcript"]).parent.name == data["run_id"]
+        assert Path(task["transcript"]).is_file()
+    body, footer = text(result).split("\n\n---\n")
+    assert body == (
+        "Parallel: 2/2 tasks completed\n\n### [scout] completed\napp.py is the only file\n\n"
+        f"### [reviewer] completed\napp.py: no problems\n\n[sub-agent run {data['run_id']}]"
+    )
+    lines = footer.splitlines()
+    assert lines[0].startswith("[scout] scout: completed in ") and ", 2 turns, " in lines[0]
+    assert lines[0].endswith(f"; transcript {scout['transcript']}")
+    assert len(lines) == 2 and lines[1].startswith("[reviewer] reviewer: completed in ")
+    log = (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "logs" / "mcp.log").read_text()
+    assert "call run_agents {'tasks': [" in log and "call run_agents ok in " in log
+
+
+def test_progress_notifications_arrive_in_order_for_each_call(tmp_path: Path, write_script: Any) -> None:
+    scout = [{**call("ls", path="."), "delay": 0.3}, "done"]
+    model = write_script(
+        {"agents": {"scout": {"replies": scout}, "reviewer": {"replies": [{"content": "ok", "delay": 0.3}]}}}
+    )
+    seen: dict[str, list[tuple[float, str | None]]] = {"scout": [], "reviewer": []}
+    results: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+
+            async def run_one(agent: str) -> None:
+                async def progress(value: float, total: float | None, message: str | None) -> None:
+                    seen[agent].append((value, message))
+
+                arguments = {"agent": agent, "task": "look"}
+                results[agent] = await client.call_tool("run_agents", arguments, progress_callback=progress)
+
+            async with anyio.create_task_group() as group:  # two calls at once: each gets only its own progress
+                group.start_soon(run_one, "scout")
+                group.start_soon(run_one, "reviewer")
+
+    run(main)
+    run_id = results["scout"].structured_content["run_id"]
+    assert text(results["scout"]).startswith(f"done\n\n[sub-agent run {run_id}]\n\n---\n[scout] scout: completed")
+    messages = [m for _, m in seen["scout"]]
+    assert messages[:4] == ["[scout] started (scout)", "[scout] turn 1", messages[2], "[scout] ls ."]
+    assert messages[2].startswith("[scout] ") and messages[2].endswith(" read (0 cached)")
+    assert messages[4:6] == ["[scout] turn 2", messages[5]] and "tokens generated" in messages[5]
+    assert messages[6:] == ["[scout] done"]
+    reviewer = [m for _, m in seen["reviewer"]]
+    assert reviewer == ["[reviewer] started (reviewer)", "[reviewer] turn 1", reviewer[2], "[reviewer] done"]
+    for values in seen.values():
+        assert [v for v, _ in values] == list(range(1, len(values) + 1))
+
+
+def test_bad_calls_are_errors_and_the_server_keeps_answering(tmp_path: Path, write_script: Any) -> None:
+    model = write_script({"agents": {"scout": {"replies": ["found it"]}, "planner": {"replies": []}}})
+
+    async def main() -> list[Any]:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            calls = [
+                ("run_agents", {}),
+                ("run_agents", {"agent": "nobody", "task": "x"}),
+                ("run_agents", {"agent": "scout", "task": "x" * (MAX_TASK_CHARS + 1)}),
+                ("run_agents", {"agent": "scout", "task": "x", "colour": "red"}),
+                ("run_agents", {"agent": "scout", "task": "x", "cwd": "../elsewhere"}),
+                ("run_agents", {"agent": "planner", "task": "plan"}),
+                ("no_such_tool", {}),
+                ("run_agents", {"agent": "scout", "task": "find it"}),
+            ]
+            return [await client.call_tool(name, arguments) for name, arguments in calls]
+
+    *bad, good = run(main)
+    assert [r.is_error for r in bad] == [True] * 7
+    agents = "Available agents: " + ", ".join(BUILTINS)
+    assert text(bad[0]) == f"Error: invalid run_agents call: no task given; {FORMS}. {agents}"
+    assert text(bad[1]) == f"Error: invalid run_agents call: unknown agent 'nobody'; {FORMS}. {agents}"
+    assert text(bad[2]) == (
+        f"Error: run_agents call refused: task 'scout' is {MAX_TASK_CHARS + 1:,} characters, over the limit of "
+        f"{MAX_TASK_CHARS:,}; shorten it, or put the details in a file the agent can read"
+    )
+    assert text(bad[3]) == f"Error: invalid run_agents call: unknown field 'colour'; {FORMS}. {agents}"
+    assert text(bad[4]).startswith("Error: cwd: ")
+    # A child that fails: the answer says why, the footer what to do; structured content says which.
+    assert text(bad[5]).startswith("Error: agent 'planner' failed (error): scripted model: session 'planner'")
+    assert "A task did not complete: its error says why. Read its transcript" in text(bad[5])
+    assert bad[5].structured_content["tasks"][0]["status"] == "failed"
+    assert text(bad[6]) == "unknown tool 'no_such_tool'; this server has list_agents and run_agents"
+    assert not good.is_error and answers(good) == [("scout", "completed", "found it")]
+
+
+def test_cancelling_a_call_kills_its_bash_and_the_server_carries_on(tmp_path: Path, write_script: Any) -> None:
+    pid_file = tmp_path / "sleep.pid"
+    model = write_script(
+        {
+            "agents": {
+                "worker": {"replies": [call("bash", command="sleep 60 & echo $! > sleep.pid; wait"), "never"]},
+                "scout": {"replies": ["still here"]},
+            }
+        }
+    )
+
+    async def main() -> tuple[int, Any]:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            async with anyio.create_task_group() as group:
+                group.start_soon(client.call_tool, "run_agents", {"agent": "worker", "task": "sleep"})
+                with anyio.fail_after(30):
+                    while not pid_file.exists() or not pid_file.read_text().strip():
+                        await anyio.sleep(0.05)
+                pid = int(pid_file.read_text())
+                assert alive(pid)
+                group.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the call
+            deadline = time.monotonic() + 15
+            while alive(pid) and time.monotonic() < deadline:
+                await anyio.sleep(0.05)
+            return pid, await client.call_tool("run_agents", {"agent": "scout", "task": "are you there?"})
+
+    pid, after = run(main)
+    assert not alive(pid)
+    assert answers(after) == [("scout", "completed", "still here")]
+    runs = sorted((Path(os.environ["MLX_SUBAGENTS_HOME"]) / "runs").iterdir())
+    records = [json.loads(line) for line in next(runs[0].glob("*.jsonl")).read_text().splitlines()]
+    assert records[-1]["type"] == "result"
+    assert (records[-1]["result"]["status"], records[-1]["result"]["stop_reason"]) == ("aborted", "cancelled")
+
+
+def test_project_agents_are_withheld_without_yes(tmp_path: Path, write_script: Any) -> None:
+    folder = tmp_path / ".mlx-subagents" / "agents"
+    folder.mkdir(parents=True)
+    (folder / "helper.md").write_text("---\nname: helper\ndescription: helps\ntools: read\n---\nHelp.\n")
+    model = write_script({"agents": {"helper": {"replies": ["helped"]}}})
+
+    async def main(*flags: str) -> tuple[Any, Any]:
+        async with connect("--cwd", tmp_path, "--model", model, *flags) as client:
+            listing = await client.call_tool("list_agents", {})
+            return listing, await client.call_tool("run_agents", {"agent": "helper", "task": "help"})
+
+    listing, refused = run(main)
+    data = listing.structured_content
+    assert "helper" not in [a["name"] for a in data["agents"]]
+    assert data["withheld"] == [{"name": "helper", "path": str(folder / "helper.md")}]
+    assert data["note"] == (
+        "1 project agent(s) withheld: helper. They come with the workspace and can run commands in it; to allow "
+        "project agents, add --yes to the server's command in the MCP client configuration and restart it"
+    )
+    assert refused.is_error and text(refused) == (
+        "Error: run_agents call refused: project agent(s) withheld: helper; they come with the workspace and can "
+        "run commands in it; to allow project agents, add --yes to the server's command in the MCP client "
+        "configuration and restart it"
+    )
+    listing, helped = run(lambda: main("--yes"))
+    assert "helper" in [a["name"] for a in listing.structured_content["agents"]]
+    assert answers(helped) == [("helper", "completed", "helped")]
+
+
+def test_the_workspace_is_the_clients_first_root(tmp_path: Path, write_script: Any) -> None:
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    model = write_script({"agents": {"scout": {"replies": [call("ls", path="."), "one file"]}}})
+    (root / "src" / "a.py").write_text("")
+
+    async def main() -> tuple[Any, Any]:
+        async with connect("--model", model, roots=[root]) as client:
+            listing = await client.call_tool("list_agents", {})
+            return listing, await client.call_tool("run_agents", {"agent": "scout", "task": "ls", "cwd": "src"})
+
+    async def without_root() -> Any:
+        async with connect("--model", model, cwd=Path("/")) as client:
+            return await client.call_tool("list_agents", {})
+
+    listing, result = run(main)
+    refused = run(without_root)  # Cursor starts servers in / and lists no roots
+    assert refused.is_error and text(refused) == (
+        "no workspace: the server runs in / and the client gave no root; add --cwd PROJECT_FOLDER to the "
+        "server's command in the MCP client configuration"
+    )
+    assert listing.structured_content["workspace"] == str(root.resolve())
+    assert answers(result) == [("scout", "completed", "one file")]
+    transcript = Path(result.structured_content["tasks"][0]["transcript"])
+    assert '"cwd": "' + str((root / "src").resolve()) + '"' in transcript.read_text()
+
+
+def test_the_tiny_real_model_stays_resident_between_calls(tmp_path: Path, tiny_qwen3_path: Path) -> None:
+    from mlx_subagents.testing import tool_call_text
+
+    (tmp_path / "app.py").write_text("print('hi')\n")
+    scripts = {"scout": [tool_call_text("ls", {"path": "."}), "app.py is the only file", "still app.py"]}
+    command = ["-c", TINY_SERVER, str(tiny_qwen3_path), str(tmp_path), json.dumps(scripts)]
+    seen: list[str] = []
+
+    async def progress(_value: float, _total: float | None, message: str | None) -> None:
+        seen.append(message or "")
+
+    async def main() -> tuple[Any, Any]:
+        async with connect(command=command) as client:
+            first = await client.call_tool("run_agents", {"agent": "scout", "task": "list"}, progress_callback=progress)
+            second = await client.call_tool("run_agents", {"agent": "scout", "task": "again"})
+            return first, second
+
+    first, second = run(main)
+    assert answers(first) == [("scout", "completed", "app.py is the only file")]
+    assert answers(second) == [("scout", "completed", "still app.py")]
+    usage = [m for m in seen if "tokens generated" in m]
+    assert len(usage) == 2 and usage[0].endswith(" read (0 cached)")  # the first turn ever: nothing to reuse
+    second_usage = second.structured_content["tasks"][0]["usage"]
+    assert second_usage["turns"] == 1 and second_usage["cached_tokens"] > 0  # the prefix the first call left
