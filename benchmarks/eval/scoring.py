@@ -88,8 +88,11 @@ def score_worker(task: WorkerTask, tree: Path, reference: Path) -> tuple[Verdict
     run = run_test(tree, task.test)
     others = [p for p in changed_files(reference, tree) if p != task.bug.path]
     if not run.ok:
-        last = (run.output.strip().splitlines() or ["no output"])[-1]
-        return Verdict(False, f"test fails: {last}"), run
+        lines = run.output.strip().splitlines() or ["no output"]
+        errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+        # the exception line of the traceback says most (`AssertionError: 9 != 5`)
+        said = next((e for e in errors if "Error" in e), errors[0] if errors else lines[-1])
+        return Verdict(False, f"test fails: {said}"), run
     if others:
         return Verdict(False, f"other file changed: {', '.join(others)}"), run
     return Verdict(True, f"{task.test}: {run.passed} passed, no other file changed"), run
