@@ -38,7 +38,7 @@ Run (from the repository root):
     python benchmarks/kv_pressure.py --plot kv.png         # KV bytes per session over time
 
 `--plot` needs matplotlib (`pip install matplotlib`, the optional `plot` extra). With `--model`
-the replies are forced when the tokenizer uses the Qwen/Hermes `<tool_call>` format, otherwise the
+the replies are forced when the host parses the Hermes `<tool_call>` format (prompted mode, Qwen), otherwise the
 model generates greedily (up to 64 tokens a turn) and the tool results follow regardless.
 
 On Linux the `mlx[cpu]` wheel runs fp32 matmul through a slow reference BLAS; preloading
@@ -137,9 +137,9 @@ class ScriptedReplies:
         self._tokenizer: Any = None
         self._next: dict[str, int] = {}
 
-    def bind(self, tokenizer: Any) -> bool:
-        ok = self._allow and can_force(tokenizer)
-        self._tokenizer = tokenizer if ok else None
+    def bind(self, host: MlxModelHost) -> bool:
+        ok = self._allow and can_force(host)
+        self._tokenizer = host.tokenizer if ok else None
         return ok
 
     def __call__(self, session: str, prompt_ids: list[int]) -> list[LogitsProcessor]:
@@ -208,7 +208,7 @@ async def run_budget(
         processor_factory=replies,
         share_prefix=share_prefix,
     ) as host:
-        forced = replies.bind(host.tokenizer)
+        forced = replies.bind(host)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
         samples: list[tuple[float, int, dict[str, int]]] = []
         start = time.perf_counter()

@@ -29,7 +29,7 @@ Run (from the repository root):
 On a Mac (Metal) `pip install -e .` (or `PYTHONPATH=.`) is all it needs; use `--model` with a
 local mlx-lm folder to measure a real model (the two modes run one after the other, so only one
 copy of the weights is resident). With a real model the replies are forced too when its
-tokenizer uses the Qwen/Hermes `<tool_call>` format; otherwise (or with `--free`) it generates
+host parses the Hermes `<tool_call>` format (prompted mode, Qwen); otherwise (or with `--free`) it generates
 greedily, up to 64 tokens a turn.
 
 On Linux the `mlx[cpu]` wheel runs fp32 matmul through a slow reference BLAS. Optionally
@@ -136,7 +136,7 @@ class ScriptedReplies:
     """Processor factory that forces the conversation's replies once bound to a tokenizer.
 
     The host loads its tokenizer in `start`, after the factory is handed over: `bind` then
-    decides whether this tokenizer can say the scripts (Qwen/Hermes `<tool_call>` format).
+    decides whether the host parses the scripts (the Hermes `<tool_call>` format).
     """
 
     def __init__(self, scripts: list[str], allow: bool) -> None:
@@ -144,10 +144,10 @@ class ScriptedReplies:
         self._allow = allow
         self._forced: ForcedScripts | None = None
 
-    def bind(self, tokenizer: Any) -> bool:
-        """Whether the replies will be forced with this tokenizer."""
-        ok = self._allow and can_force(tokenizer)
-        self._forced = ForcedScripts(tokenizer, {SESSION: self._scripts}) if ok else None
+    def bind(self, host: MlxModelHost) -> bool:
+        """Whether the replies will be forced on this host."""
+        ok = self._allow and can_force(host)
+        self._forced = ForcedScripts(host.tokenizer, {SESSION: self._scripts}) if ok else None
         return ok
 
     def __call__(self, session: str, prompt_ids: list[int]) -> list[LogitsProcessor]:
@@ -167,7 +167,7 @@ async def run_mode(model: Path, reuse: bool, conv: Conversation, force: bool) ->
     """Play the conversation on a fresh host; returns the run and whether replies were forced."""
     replies = ScriptedReplies(conv.scripts, allow=force)
     async with MlxModelHost(str(model), reuse=reuse, processor_factory=replies) as host:
-        forced = replies.bind(host.tokenizer)
+        forced = replies.bind(host)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
         await warm_up(host, conv)
         session = host.session(SESSION)

@@ -19,7 +19,7 @@ from typing import Any
 
 from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
 from mlx_subagents.errors import SubagentError
-from mlx_subagents.host import Generation
+from mlx_subagents.host import Generation, MlxModelHost
 from mlx_subagents.host.loading import read_config, resolve_model_path
 from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.session import system_prompt
@@ -105,9 +105,10 @@ def model_arch(model: Path) -> str:
     return str(config.get("model_type") or (config.get("text_config") or {}).get("model_type", "?"))
 
 
-def can_force(tokenizer: Any) -> bool:
-    """Whether scripted tool calls can be forced: the tokenizer uses the Qwen/Hermes call format."""
-    return getattr(tokenizer, "tool_call_start", None) == "<tool_call>"
+def can_force(host: MlxModelHost) -> bool:
+    """Whether scripted tool calls can be forced: the host parses the Hermes `<tool_call>` format, as
+    every prompted model is taught it and Qwen-style templates use it natively."""
+    return host.tool_mode == "prompted" or getattr(host.tokenizer, "tool_call_start", None) == "<tool_call>"
 
 
 # -- the agent's conversation --------------------------------------------------------------------

@@ -20,7 +20,6 @@ MAX_CONCURRENCY = 4
 MAX_ENGINE_CONCURRENCY = 8
 DEFAULT_CONCURRENCY = 4
 MAX_TASK_CHARS = 20_000
-MAX_SYSTEM_PROMPT_CHARS = 8_000
 MAX_REQUEST_CHARS = 60_000
 MAX_ANSWER_BYTES = 50 * 1024
 
@@ -64,7 +63,8 @@ def check_concurrency(concurrency: int, *, engine: bool = False) -> None:
 
 
 def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:
-    """Refuse a request over a cap, naming the task or agent and the numbers.
+    """Refuse a request over a cap, naming the task or agent and the numbers. (An agent file's own
+    system prompt is checked against the model's context window, once the model is loaded.)
 
     Args:
         shared_input: text every task receives besides its own (a workflow's `--input`); it counts
@@ -77,12 +77,6 @@ def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:
             raise InputTooLargeError(
                 f"task '{item.label}' is {n_chars:,} characters, over the limit of {MAX_TASK_CHARS:,}; "
                 "shorten it, or put the details in a file the agent can read"
-            )
-        n_prompt = len(item.spec.system_prompt)
-        if n_prompt > MAX_SYSTEM_PROMPT_CHARS:
-            raise InputTooLargeError(
-                f"agent '{item.spec.name}' has a system prompt of {n_prompt:,} characters, over the limit of "
-                f"{MAX_SYSTEM_PROMPT_CHARS:,}; shorten the body of {item.spec.path}"
             )
     # Each distinct agent's system prompt counts once: tasks of one agent share it.
     prompts = {item.spec.name: len(item.spec.system_prompt) for item in items}

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
+from .agents import AgentCatalog
 from .caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
 from .doctor import run_doctor
 from .errors import RequestError, SubagentError
@@ -39,6 +40,8 @@ from .runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_fil
 from .schema_output import load_schema
 
 T = TypeVar("T")
+# Agent-file warnings a running command shows before it starts (`subagent agents` shows all).
+MAX_WARNINGS = 5
 
 app = typer.Typer(
     name="subagent",
@@ -217,14 +220,18 @@ class Shared:
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
-        """The command's runner, asking on the terminal before a project agent runs."""
-        return Runner(
+        """The command's runner, asking on the terminal before a project agent runs; the agent files'
+        warnings are shown first (the first few)."""
+        runner = Runner(
             cwd=cwd or self.cwd,
             options=self.options(),
             interactive=sys.stdin.isatty(),
             confirm=lambda q: typer.confirm(q, default=False, err=True),
             on_event=on_event,
         )
+        assert runner.catalog is not None
+        _print_warnings(runner.catalog, limit=MAX_WARNINGS)
+        return runner
 
 
 def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -660,9 +667,7 @@ def agents(
 
     root = Path(cwd).resolve()
     catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
-    # Skipped files, then what each agent that loaded had dropped or read leniently.
-    for warning in [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]:
-        err.print(f"[yellow]warning:[/] {escape(warning)}", markup=True)
+    _print_warnings(catalog)
     rows = [
         {"name": s.name, "description": s.description, "tools": list(s.tools), "source": s.source, "file": str(s.path)}
         for s in sorted(catalog.agents.values(), key=lambda s: s.name)
@@ -676,6 +681,16 @@ def agents(
         )
     if verbose:
         _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
+
+
+def _print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
+    """Skipped agent files, then what each agent that loaded had dropped or read leniently; past
+    `limit`, one line says how many more `subagent agents` shows."""
+    warnings = [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]
+    for warning in warnings[:limit]:
+        err.print(f"[yellow]warning:[/] {escape(warning)}")
+    if limit is not None and len(warnings) > limit:
+        err.print(f"[yellow]warning:[/] ({len(warnings) - limit} more; subagent agents shows them all)")
 
 
 def _show_project_context(root: Path, opted_out: list[str]) -> None:

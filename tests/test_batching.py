@@ -72,7 +72,10 @@ def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -
 
             a = asyncio.create_task(host.session("s0").generate(task(0), max_tokens=400, on_text=on_a))
             await started.wait()
+            # Alone, s0 decodes on mlx-lm's single-sequence path; s1 moves it into the batch.
+            assert host._scheduler._batch is None and host._scheduler.lone is not None or not batching
             b = await host.session("s1").generate(task(1), max_tokens=12, on_text=lambda t: order.append("b"))
+            assert (host._scheduler._batch is not None) == batching
             return await a, b
 
     a_batched, b_batched = asyncio.run(go(True))

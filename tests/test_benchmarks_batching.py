@@ -19,6 +19,8 @@ THROUGHPUT_KEYS = {
     "prompt_tokens", "results", "ratio_batched_vs_serialized", "ratio_host_vs_raw_batch",
     "ratio_host_vs_raw_batch_steady", "ratio_host_vs_raw_batch_cpu", "batched_scaling_vs_1", "ratio_batched_vs_serialized_at_4",
     "ratio_host_vs_raw_batch_at_4", "identical_outputs", "exact_token_counts", "targets", "targets_met",
+    "stream_generate_at_1", "ratio_host_vs_stream_generate_at_1", "startup_overhead_s", "load_s", "host_ready_s",
+    "ttft_shared_prefix_s", "ttft_private_prefix_s", "ttft_shared_prefix_cached_tokens",
 }  # fmt: skip
 THROUGHPUT_ROW_KEYS = {
     "sessions", "generated_tokens", "decode_tok_s", "decode_tok_s_median", "e2e_tok_s", "steady_tok_s", "cpu_ms_per_token",
@@ -69,7 +71,15 @@ def test_throughput_benchmark_json() -> None:
     assert isinstance(report["ratio_host_vs_raw_batch_at_4"], float)
     assert report["identical_outputs"] is True
     assert report["exact_token_counts"] is True
-    assert set(report["targets"]) == {"batched_vs_serialized_at_4", "host_vs_raw_batch_at_4", "identical_outputs"}
+    stream = report["stream_generate_at_1"]
+    assert THROUGHPUT_ROW_KEYS <= stream.keys() and stream["generated_tokens"] == 16
+    assert report["host_ready_s"] > 0 and report["load_s"] > 0
+    assert report["startup_overhead_s"] == round(max(0.0, report["host_ready_s"] - report["load_s"]), 4)
+    assert report["ttft_shared_prefix_cached_tokens"] > 0
+    assert set(report["targets"]) == {
+        "host_vs_stream_generate_at_1", "batched_vs_serialized_at_1", "startup_overhead_s", "ttft_shared_prefix_s",
+        "batched_vs_serialized_at_4", "host_vs_raw_batch_at_4", "identical_outputs",
+    }  # fmt: skip
     assert report["targets_met"] == all(t["met"] for t in report["targets"].values())
 
 

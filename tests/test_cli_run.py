@@ -310,7 +310,8 @@ def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Pa
     allowed = cli("run", "helper", "list", "--model", script, "--cwd", ws, "--yes", "--verbose")
     assert allowed.returncode == 0, allowed.stderr
     assert allowed.stdout == "README.md and src/.\n"
-    assert allowed.stderr.splitlines()[:2] == [f"helper on {script} (tool mode: native)", "ls ."]
+    # `run` shows the agent files' warnings too, before it starts.
+    assert allowed.stderr.splitlines()[:4] == [*warnings, f"helper on {script} (tool mode: native)", "ls ."]
 
 
 def test_unknown_agent_lists_the_available_ones(tmp_path: Path, ws: Path, write_script: Any) -> None:

@@ -425,3 +425,24 @@ def test_an_agent_can_opt_out_and_long_instructions_are_cut(tmp_path: Path, writ
     assert system_prompts(load_run("last"))["plain"].startswith(f"Plain.\n\nWorkspace: {tmp_path}\n")
     code, out, _ = run_cli("agents", "-C", str(tmp_path), "-v")
     assert out.splitlines()[-1] == "  not for: plain (context: none)"
+
+
+# -- agent-file warnings ---------------------------------------------------------------------------
+
+
+def test_run_and_chat_show_the_first_five_agent_file_warnings(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    folder = tmp_path / ".mlx-subagents" / "agents"
+    folder.mkdir(parents=True)
+    for i in range(7):
+        (folder / f"broken{i}.md").write_text("no frontmatter\n")
+    model = write_script(["answer"])
+
+    code, listing_out, listing = run_cli("agents", "-C", str(tmp_path))
+    assert code == 0 and len(listing.splitlines()) == 7
+    for args in (["run", "scout", "go"], ["chat", "--once", "go"]):
+        code, out, err = run_cli(*args, "-m", model, "-C", str(tmp_path))
+        assert (code, out) == (0, "answer\n"), err
+        assert err.splitlines()[:6] == [
+            *listing.splitlines()[:5],
+            "warning: (2 more; subagent agents shows them all)",
+        ]

@@ -183,13 +183,15 @@ def test_the_context_window_comes_from_the_listing_and_may_only_be_lowered() -> 
             run(window(16384))
 
 
-def test_without_a_listed_window_the_configured_one_or_the_default_applies(engine: FakeEngine) -> None:
-    async def window(context_window: int | None) -> int:
+@pytest.mark.parametrize("listing", [{}, {"max_model_len": None}, {"max_model_len": "big"}])
+def test_without_a_listed_window_the_configured_one_or_the_default_applies(listing: dict[str, Any]) -> None:
+    async def window(engine: FakeEngine, context_window: int | None) -> int:
         async with EngineHost(engine.url, FAKE_MODEL, context_window=context_window) as host:
             return host.context_window
 
-    assert run(window(None)) == DEFAULT_CONTEXT_WINDOW
-    assert run(window(6000)) == 6000
+    with FakeEngine(listing=listing) as engine:
+        assert run(window(engine, None)) == DEFAULT_CONTEXT_WINDOW
+        assert run(window(engine, 6000)) == 6000
 
 
 def test_token_counts_are_scaled_to_what_the_engine_reported(engine: FakeEngine) -> None:
@@ -301,6 +303,14 @@ def test_a_stream_cut_mid_reply_is_one_line_and_not_retried(engine: FakeEngine) 
         "restarted (check its logs), then retry"
     )
     assert len(engine.chat_requests()) == 1
+
+
+def test_an_error_event_mid_stream_is_one_line(engine: FakeEngine) -> None:
+    engine.queue(Fault("error", message="CUDA out of memory", content="Partial"))
+    message = failure(EngineHost(engine.url, FAKE_MODEL))
+    assert message == (
+        f"engine {engine.url}: the engine failed mid-reply (CUDA out of memory); check its logs, then retry"
+    )
 
 
 def test_a_stalled_stream_times_out(engine: FakeEngine) -> None:

@@ -118,6 +118,7 @@ def test_catalog_lists_imported_models_with_their_facts(tiny_qwen3_path: Path, r
     assert (info.name, info.source, info.model_type, info.default) == ("tiny", "imported", "qwen3", True)
     assert info.parameters == tiny_parameters(tiny_qwen3_path)
     assert info.quantization == "float32" and info.context_window == 4096
+    assert info.tool_mode == "native"  # the tiny model's Qwen-style template renders tools
     config = json.loads((tiny_qwen3_path / "config.json").read_text())
     per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 4
     assert info.kv_bytes_per_token == per_token
@@ -154,3 +155,25 @@ def test_fits_memory_leaves_room_for_five_full_sessions() -> None:
     assert fits_memory(2 * gib, per_token, 262144, ram=16 * gib) is False
     assert fits_memory(20 * gib, per_token, 4096, ram=16 * gib) is False  # weights alone are too big
     assert fits_memory(2 * gib, None, 4096, ram=16 * gib) is None
+
+
+def test_import_progress_shows_each_step_and_the_tensor_count() -> None:
+    import io
+
+    from rich.console import Console
+
+    from mlx_subagents.models.display import ImportProgress
+    from mlx_subagents.models.importer import ConverterOutput
+
+    stream = io.StringIO()
+    with ImportProgress(Console(file=stream, width=100)) as progress:
+        out = ConverterOutput(progress)
+        out.write("[1/5] Reading GGUF file...\n  ✓ GGUF version 3\n[4/5] Extracting and converting weights...\n")
+        out.write(
+            "\r  Converting:  50%|#####     | 136/272 [00:05<00:05]\r  Converting: 100%|##| 272/272 [00:09<00:00]"
+        )
+        out.write("\n[mlx-lm] Quantizing converted output...\n❌ Quantization failed: out of memory\n")
+    text = stream.getvalue()
+    for line in ("1/5 Reading GGUF file", "4/5 Extracting and converting weights", "272/272", "Quantizing with mlx-lm"):
+        assert line in text
+    assert out.failure() == "Quantization failed: out of memory"

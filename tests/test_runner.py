@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -277,12 +278,18 @@ def test_input_caps_are_checked_before_anything_starts(tmp_path: Path, write_scr
     agents = tmp_path / ".mlx-subagents" / "agents"
     agents.mkdir(parents=True)
     (agents / "verbose.md").write_text("---\nname: verbose\ndescription: talks\n---\n" + "z" * 8_001)
+    # A user's agent file is checked against the model's context window, not a character cap.
     runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["done"]), assume_yes=True))
+    assert go(runner, "run", TaskSpec("verbose", "hi")).output == "done"
+    model = write_script(["done"], "small.json")
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=model, assume_yes=True, context_window=2_048))
     with pytest.raises(
-        InputTooLargeError, match="agent 'verbose' has a system prompt of 8,001 characters, over the limit of 8,000"
+        InputTooLargeError,
+        match=rf"agent 'verbose' has a system prompt of [\d,]+ tokens, over half the context window of 2,048 tokens "
+        rf"of {re.escape(model)}; shorten the body of {re.escape(str(agents / 'verbose.md'))}",
     ):
         go(runner, "run", TaskSpec("verbose", "hi"))
-    assert not runs_dir().exists()
+    assert len(list(runs_dir().iterdir())) == 1  # the refused run never started
 
 
 def test_a_long_answer_is_capped_and_kept_whole_in_the_transcript(tmp_path: Path, write_script: Any) -> None:

@@ -26,8 +26,8 @@ def wait_for(path: Path, deadline: float) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("command", ["run", "chat"])
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+# Each signal once, each command once: the handling is one context manager both commands use.
+@pytest.mark.parametrize(("signum", "command"), [(signal.SIGTERM, "run"), (signal.SIGHUP, "chat")])
 def test_a_termination_signal_stops_kills_saves_and_exits(
     tmp_path: Path, isolated_home: Path, signum: signal.Signals, command: str
 ) -> None:

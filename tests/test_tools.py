@@ -765,3 +765,28 @@ def test_hard_links_are_what_the_readme_says(tools: dict[str, Tool], ws: Workspa
         "Edited hard.txt: replaced text at line 1"
     )
     assert (outside.read_text(), (ws.root / "hard.txt").read_text()) == (f"{SECRET}\n", "LOW-SECRET\n")
+
+
+def test_a_timed_out_walk_stops_its_thread(
+    tools: dict[str, Tool], ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(100):
+        (ws.root / f"tree/d{i}").mkdir(parents=True)
+    scanned: list[str] = []
+    scandir = os.scandir
+
+    def slow_scandir(path: Any) -> Any:  # a slow disk: 10 ms a folder, a second for the whole tree
+        scanned.append(str(path))
+        time.sleep(0.01)
+        return scandir(path)
+
+    monkeypatch.setattr("mlx_subagents.tools.workspace.os.scandir", slow_scandir)
+    monkeypatch.setattr("mlx_subagents.tools.base.DEFAULT_TOOL_TIMEOUT", 0.05)
+    assert run(tools["find"], pattern="*.nothing") == err(
+        "find took longer than 0.05s and was stopped; narrow the request"
+    )
+    deadline = time.monotonic() + 5
+    while any(t.name == "tool find" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the find thread went on walking"
+        time.sleep(0.01)
+    assert len(scanned) < 50  # told to stop, it stopped at the next folder instead of walking all 100

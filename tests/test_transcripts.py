@@ -305,3 +305,18 @@ def test_a_transcript_with_no_readable_task_record_is_one_line(tmp_path: Path) -
     path.write_bytes(b'[]\n{"type": "task", "generation": 1}\n\xff\xfe\n')
     with pytest.raises(RunNotFoundError, match=r"t.jsonl: not a task transcript \(no readable 'task' record\)$"):
         read_transcript(path)
+
+
+def test_names_with_bytes_that_are_not_utf8_read_back(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    # Python reads such bytes in argv and paths as lone surrogates (surrogateescape).
+    folder = tmp_path / "caf\udce9"
+    folder.mkdir()
+    code, out, _ = run_cli("run", "scout", "look at caf\udce9", "-m", write_script(["seen"]), "-C", str(folder))
+    assert (code, out) == (0, "seen\n")
+    record = load_run("last")
+    assert record.cwd == str(folder.resolve())
+    assert read_transcript(record.transcript_path(record.tasks[0])).meta["task"] == "look at caf\udce9"
+    assert [r.run_id for r in list_runs()] == [record.run_id]
+    assert run_cli("show", "last")[0] == 0
+    assert run_cli("resume", "last", "more", "-m", write_script(["two"], "2.json"))[:2] == (0, "two\n")
+    assert read_transcript(record.transcript_path(record.tasks[0])).generations == 2

@@ -113,8 +113,8 @@ class EngineHost:
     async def start(self) -> None:
         """Probe the engine's model listing: fail fast when it cannot be reached or refuses the key."""
         listed = await self._listing(probe=True)
-        served = next((m for m in listed if m.get("id") == self.model_id), None)
-        limit = next((int(served[k]) for k in CONTEXT_FIELDS if served and served.get(k)), None)
+        served = next((m for m in listed if m.get("id") == self.model_id), {})
+        limit = next((v for k in CONTEXT_FIELDS if isinstance(v := served.get(k), int) and v > 0), None)
         if limit is None:
             return
         if self._window_override and self._window_override > limit:
@@ -184,8 +184,10 @@ class EngineHost:
             if streamed is not None:
                 return self.cut(streamed)
             return EngineError(f"{where}: {_connection_problem(exc, self.url)}")
-        if not isinstance(exc, openai.APIStatusError):
-            return EngineError(f"{where}: {type(exc).__name__}: {exc}")
+        if not isinstance(exc, openai.APIStatusError):  # e.g. an error event in the stream
+            when = "mid-reply" if streamed is not None else "before replying"
+            message = " ".join(str(getattr(exc, "message", exc)).split())
+            return EngineError(f"{where}: the engine failed {when} ({message}); check its logs, then retry")
         status, message = exc.status_code, _status_message(exc)
         if status == 401:
             return EngineError(

@@ -26,6 +26,7 @@ from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
 from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
+from .single import SingleStream
 
 Deliver = Callable[[bool, Any], None]
 
@@ -90,6 +91,9 @@ class Turn:
     prompt_s: float = 0.0
     waited: bool = False
     error: Exception | None = None  # raised by this turn's own logits processor inside the batch
+    sampler: Any = None
+    processors: list[Any] = field(default_factory=list)
+    stream: SingleStream | None = None  # decoding alone, outside the batch
 
     @property
     def final_length(self) -> int:
@@ -122,6 +126,7 @@ class Scheduler:
         self.waiting: deque[Turn] = deque()
         self.prefilling: deque[Turn] = deque()
         self.decoding: dict[int, Turn] = {}
+        self.lone: Turn | None = None  # a turn decoding on its own while nothing else decodes
         self.prefixes = SharedPrefixes()
         self._batch: Any = None
         self._outbox: list[tuple[TextSink, str]] = []
@@ -147,7 +152,7 @@ class Scheduler:
                 self.step()
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.decoding)
+        return bool(self.waiting or self.prefilling or self.decoding or self.lone)
 
     def step(self) -> None:
         """One unit of progress: admissions, one decode step for the batch, one prefill chunk.
@@ -160,6 +165,12 @@ class Scheduler:
             self._admit()
             if self.decoding:
                 self._decode_step()
+            if self.lone is not None:
+                lone = self.lone
+                try:
+                    self._lone_step(lone)
+                except Exception as exc:
+                    self._fail(lone, exc)
             if self.prefilling:
                 turn = self.prefilling[0]
                 try:
@@ -189,13 +200,14 @@ class Scheduler:
         """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
         batch = self._batch.prompt_cache_nbytes if self._batch is not None and self.decoding else 0
         active = batch + sum(cache_nbytes(t.cache) for t in self.prefilling)
+        active += cache_nbytes(self.lone.cache) if self.lone is not None else 0
         snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
         return self.pool.idle_bytes() + self.prefixes.nbytes() + active + snapshots
 
     # -- admission ------------------------------------------------------------
 
     def _active(self) -> list[Turn]:
-        return [*self.prefilling, *self.decoding.values()]
+        return [*self.prefilling, *self.decoding.values(), *([self.lone] if self.lone else [])]
 
     def _estimate(self, turns: list[Turn]) -> int:
         """Worst-case bytes of these turns together, shared prefixes they will add included."""
@@ -324,7 +336,7 @@ class Scheduler:
 
         if turn.cache is None:
             self._open(turn)
-        if turn.stops[0][1] == "end" and self.config.batching and self._batchable(turn.cache):
+        if turn.stops[0][1] == "end" and self._joins_batch(turn):
             # Nothing left to save on the way: mlx-lm's batch prefills the rest, batched with
             # other arrivals and interleaved with decoding.
             self.prefilling.popleft()
@@ -350,52 +362,73 @@ class Scheduler:
 
     # -- decode -----------------------------------------------------------------
 
+    def _joins_batch(self, turn: Turn) -> bool:
+        """Decode in the batch: others decode already. Alone (mlx-lm's single-sequence path) otherwise."""
+        return self.config.batching and self._batchable(turn.cache) and bool(self.decoding or self.lone)
+
     def _begin_decode(self, turn: Turn) -> None:
         from mlx_lm.sample_utils import make_sampler
 
-        processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
-        sampler = make_sampler(temp=turn.request.temperature)
+        turn.processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
+        turn.sampler = make_sampler(temp=turn.request.temperature)
         turn.detokenizer = self.tokenizer.detokenizer if turn.sink else None
+        if self._joins_batch(turn):
+            if self.lone is not None:
+                self._handover(self.lone)
+            self._insert(turn, turn.ids[turn.pos :], turn.ids[: turn.pos], turn.max_tokens)
+            return
+        turn.stream = SingleStream(self.model, turn.cache, turn.ids, turn.sampler, turn.processors)  # type: ignore[arg-type]
         if self.config.batching and self._batchable(turn.cache):
-            batch = self._ensure_batch()
-            turn.uid = batch.insert(
-                [turn.ids[turn.pos :]],
-                max_tokens=[turn.max_tokens],
-                caches=[turn.cache],
-                all_tokens=[turn.ids[: turn.pos]],
-                samplers=[sampler],
-                logits_processors=[[_attributed(turn, p) for p in processors]],
-            )[0]
-            turn.state.prompt_cache = turn.cache = None  # the batch owns it now
-            self.decoding[turn.uid] = turn
-        else:
-            self._decode_alone(turn, sampler, processors)
+            self.lone = turn  # one token per step, until it ends or a second turn arrives
+        else:  # serialized (or a cache that cannot join a batch): to the end now
+            while self._lone_step(turn) is None and not turn.cancel.is_set():
+                self._flush()
+            if turn.cancel.is_set() and turn.stream is not None:
+                turn.stream = None
+                self._finish(turn, "cancelled", turn.cache)
 
-    def _decode_alone(self, turn: Turn, sampler: Any, processors: list[Any]) -> None:
-        """Serialized decode with `generate_step`; the cache ends holding every yielded id."""
-        import mlx.core as mx
-        from mlx_lm.generate import generate_step
+    def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
+        """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
+        turn.uid = self._ensure_batch().insert(
+            [prompt],
+            max_tokens=[max_tokens],
+            caches=[turn.cache],
+            all_tokens=[held],
+            samplers=[turn.sampler],
+            logits_processors=[[_attributed(turn, p) for p in turn.processors]],
+        )[0]
+        turn.state.prompt_cache = turn.cache = None  # the batch owns it now
+        self.decoding[turn.uid] = turn
 
-        finish: FinishReason = "length"
-        steps = generate_step(
-            mx.array(turn.ids[-1:]),
-            self.model,
-            max_tokens=turn.max_tokens,
-            sampler=sampler,
-            logits_processors=processors or None,
-            prompt_cache=turn.cache,
-        )
-        for token, _ in steps:
-            done = self._on_token(turn, token)
-            self._flush()
-            if done is not None:
-                finish = done
-                break
-            if turn.cancel.is_set():
-                finish = "cancelled"
-                break
-        steps.close()
+    def _lone_step(self, turn: Turn) -> FinishReason | None:
+        """One token of a turn decoding alone; its cache ends holding every token it produced."""
+        done = self._on_token(turn, turn.stream.next())  # type: ignore[union-attr]
+        if done is None and len(turn.generated) >= turn.max_tokens:
+            done = "length"
+        if done is not None:
+            self._end_alone(turn, done)
+        return done
+
+    def _end_alone(self, turn: Turn, finish: FinishReason) -> None:
+        turn.stream = None
+        if self.lone is turn:
+            self.lone = None
         self._finish(turn, finish, turn.cache)
+
+    def _handover(self, turn: Turn) -> None:
+        """A second turn is about to decode: the lone one continues in the batch from its next token."""
+        stream = turn.stream
+        assert stream is not None
+        self.lone, turn.stream = None, None
+        token = stream.handover()
+        done = self._on_token(turn, token)
+        if done is None and len(turn.generated) >= turn.max_tokens:
+            done = "length"
+        if done is not None:  # it ends on that very token: put it in the cache, as the batch would have
+            stream.feed(token)
+            self._finish(turn, done, turn.cache)
+            return
+        self._insert(turn, [token], turn.ids + turn.generated[:-1], turn.max_tokens - len(turn.generated))
 
     def _decode_step(self) -> None:
         try:
@@ -431,7 +464,7 @@ class Scheduler:
         return None
 
     def _drop_cancelled(self) -> None:
-        for turn in [t for t in (*self.waiting, *self.prefilling, *self.decoding.values()) if t.cancel.is_set()]:
+        for turn in [t for t in (*self.waiting, *self._active()) if t.cancel.is_set()]:
             try:
                 self._cancel(turn)
             except Exception as exc:
@@ -446,6 +479,8 @@ class Scheduler:
             self.prefilling.remove(turn)
             self.pool.park(turn.name, turn.state)
             turn.deliver(True, self._generation(turn, "cancelled"))
+        elif turn is self.lone:
+            self._end_alone(turn, "cancelled")
         else:
             del self.decoding[turn.uid]  # type: ignore[arg-type]
             cache, held = self._batch.remove([turn.uid], return_prompt_caches=True)[turn.uid]
@@ -522,6 +557,8 @@ class Scheduler:
             self.prefilling.remove(turn)
         if turn.uid is not None and self.decoding.pop(turn.uid, None) is not None:
             self._batch.remove([turn.uid])
+        if self.lone is turn:
+            self.lone = None
         self.pool.claim(turn.name)  # not idle: it may have been parked before the failure
         turn.state.reset()
         turn.deliver(False, exc)
@@ -540,11 +577,11 @@ class Scheduler:
             turn.deliver(False, exc)
 
     def _fail_all(self, exc: BaseException) -> None:
-        turns = [*self.waiting, *self.prefilling, *self.decoding.values()]
+        turns = [*self.waiting, *self._active()]
         self.waiting.clear()
         self.prefilling.clear()
         self.decoding.clear()
-        self._batch = None
+        self._batch, self.lone = None, None
         for turn in turns:
             turn.state.reset()  # a clean slate: the next turn prefills
             turn.deliver(False, exc)

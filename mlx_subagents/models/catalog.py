@@ -34,6 +34,7 @@ class ModelInfo(BaseModel):
     parameters: int | None
     quantization: str  # "4-bit (group 64)", "float16", ...
     context_window: int | None
+    tool_mode: str | None  # "native", "prompted", "no chat template" (refused at load); None if unreadable
     kv_bytes_per_token: int | None
     fits_memory: bool | None  # weights + KV for DEFAULT_MAX_SESSIONS sessions; None if unknown
     default: bool = False
@@ -103,6 +104,21 @@ def fits_memory(weights: int, per_token: int | None, window: int | None, ram: in
     return weights < ram and needed <= budget
 
 
+def tool_mode(path: Path) -> str | None:
+    """How the host would give this model its tools, decided from its tokenizer as at load."""
+    from mlx_lm.utils import load_tokenizer
+
+    from ..errors import ChatTemplateError
+    from ..host.chat_format import ChatFormat
+
+    try:
+        return ChatFormat.load(load_tokenizer(path), str(path)).tool_mode
+    except ChatTemplateError:
+        return "no chat template"
+    except Exception:  # a tokenizer transformers cannot read: the listing goes on
+        return None
+
+
 def runnable(model_type: str) -> bool:
     """mlx-lm has a model class for this `model_type`."""
     from mlx_lm.utils import MODEL_REMAPPING
@@ -134,6 +150,7 @@ def describe(name: str, source: Literal["imported", "hf-cache"], path: Path, ram
         parameters=count_parameters(path, bits),
         quantization=quant,
         context_window=window,
+        tool_mode=tool_mode(path),
         kv_bytes_per_token=per_token,
         fits_memory=fits_memory(size, per_token, window, ram),
     )

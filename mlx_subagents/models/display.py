@@ -32,6 +32,7 @@ def models_table(models: list[ModelInfo]) -> Table:
         ("params", "right"),
         ("quantization", "left"),
         ("context", "right"),
+        ("tools", "left"),
         ("fits", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
@@ -45,6 +46,7 @@ def models_table(models: list[ModelInfo]) -> Table:
             _count(m.parameters),
             m.quantization,
             str(m.context_window or "?"),
+            m.tool_mode or "?",
             fits,
         )
     return table

@@ -140,7 +140,7 @@ def fix_pre_tokenizer(folder: Path) -> bool:
     return True
 
 
-class _ConverterOutput(io.TextIOBase):
+class ConverterOutput(io.TextIOBase):
     """Where gguf2mlx's prints and tqdm bars go: kept for the error line, turned into progress."""
 
     def __init__(self, progress: Progress | None) -> None:
@@ -212,7 +212,7 @@ def import_gguf(
     dtype = float_dtype()
     start = time.perf_counter()
     with _staging(target) as stage:
-        out = _ConverterOutput(progress)
+        out = ConverterOutput(progress)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its tokenizer warning is handled by fix_pre_tokenizer
             try:

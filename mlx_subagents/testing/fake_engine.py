@@ -44,9 +44,10 @@ class Fault:
     `status`: answer with that HTTP status and an OpenAI-style error body (plus `headers`).
     `cut`: stream `content`, then close the connection without finishing the reply.
     `stall`: stream `content`, then send nothing for `seconds`.
+    `error`: stream `content`, then an error event carrying `message` (as vLLM does mid-stream).
     """
 
-    kind: Literal["status", "cut", "stall"]
+    kind: Literal["status", "cut", "stall", "error"]
     status: int = 500
     message: str = "scripted fault"
     content: str = ""
@@ -214,6 +215,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._event(_chunk(body["model"], {"content": piece}))
         if fault.kind == "stall":
             self.engine._closing.wait(fault.seconds)
+        if fault.kind == "error":
+            self._event({"error": {"message": fault.message, "type": "InternalServerError", "code": 500}})
         # No final chunk and no terminating zero-length chunk: the client sees the body cut.
         self.close_connection = True
 

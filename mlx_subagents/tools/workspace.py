@@ -20,6 +20,7 @@ from typing import BinaryIO, Literal
 from wcmatch import glob as wcglob
 
 from ..errors import ToolError, WorkspaceEscapeError
+from .threads import checkpoint
 
 BINARY_SNIFF_BYTES = 8192
 # rg's glob rules on `/` paths, case-sensitive on every platform (wcmatch follows the OS by default).
@@ -86,8 +87,9 @@ def walk_files(directory: Path, *, skip_hidden: bool) -> Iterator[Path]:
     """Files under `directory` in name order per folder (like `rg --sort path`).
 
     Never enters `.git` and never follows or yields symlinks, so a link cannot lead the walk
-    outside the workspace; unreadable folders are skipped.
+    outside the workspace; unreadable folders are skipped. A stopped tool call stops here.
     """
+    checkpoint()
     try:
         with os.scandir(directory) as scan:
             entries = sorted(scan, key=lambda entry: entry.name)

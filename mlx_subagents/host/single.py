@@ -1,0 +1,77 @@
+"""One sequence decoding on its own, one token per call, the way `mlx_lm.generate_step` does.
+
+A lone session (the common `subagent run`) decodes fastest on mlx-lm's single-sequence path: no
+batch bookkeeping around each token. When a second session arrives the scheduler moves the
+sequence into the batch (`handover`); the next token and the cache carry over, and the logits
+processors see the same growing context either way, so the output is token-identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+LogitsProcessor = Callable[[Any, Any], Any]
+
+
+class SingleStream:
+    """Decodes from a cache holding `context[:-1]`, feeding `context[-1]` first.
+
+    Pipelined one step ahead, as `generate_step`: when `next()` returns a token, that token is
+    already in the cache and the one after it is being computed.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        cache: list[Any],
+        context: list[int],
+        sampler: Callable[[Any], Any],
+        processors: list[LogitsProcessor],
+    ) -> None:
+        import mlx.core as mx
+        from mlx_lm.generate import generation_stream
+
+        self.model, self.cache, self.sampler, self.processors = model, cache, sampler, processors
+        self._stream = generation_stream
+        # What the processors are shown: every token fed so far, as in a batch's token context.
+        self._context = mx.array(context[:-1], dtype=mx.uint32) if processors else None
+        self._pending = self._step(mx.array(context[-1:], dtype=mx.uint32))
+        self.n_steps = 0
+
+    def _step(self, y: Any) -> Any:
+        """Feed `y` (one token), start computing the token after it."""
+        import mlx.core as mx
+
+        with mx.stream(self._stream):
+            logits = self.model(y[None], cache=self.cache)[:, -1, :]
+            if self.processors:
+                self._context = mx.concatenate([self._context, y])
+                for processor in self.processors:
+                    logits = processor(self._context, logits)
+            logprobs = logits - mx.logsumexp(logits, keepdims=True)
+            token = self.sampler(logprobs)
+        mx.async_eval(token)
+        return token
+
+    def next(self) -> int:
+        """The next token; it is fed into the cache as this returns, and its successor computed."""
+        import mlx.core as mx
+
+        token = self._pending
+        self._pending = self._step(token)
+        self.n_steps += 1
+        if self.n_steps % 256 == 0:
+            mx.clear_cache()
+        return int(token.item())
+
+    def handover(self) -> int:
+        """Stop here: the token computed but not yet returned (not in the cache); the cache holds the rest."""
+        return int(self._pending.item())
+
+    def feed(self, token: int) -> None:
+        """Put a last token into the cache (when the sequence ends on the token `handover` gave)."""
+        import mlx.core as mx
+
+        self._pending = self._step(mx.array([token], dtype=mx.uint32))
+        mx.eval(self._pending)
