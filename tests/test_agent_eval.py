@@ -4,7 +4,6 @@ pinned sdist, and whole runs through the real runner with scripted replies."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import agent_eval  # noqa: E402
 from eval.replies import task_replies, write_replies  # noqa: E402
 from eval.scoring import Finding, overlaps, parse_findings, score_scout  # noqa: E402
-from eval.source import changed_files, fetch_source, fresh_copy  # noqa: E402
+from eval.source import changed_files, fresh_copy  # noqa: E402
 from eval.tasks import (  # noqa: E402
     DEFAULT_TASKS,
     Expect,
@@ -31,31 +30,26 @@ from eval.tasks import (  # noqa: E402
 
 from mlx_subagents.errors import RequestError  # noqa: E402
 
-# Outside the repository, like the SmolLM2 wheel; `$MLX_SUBAGENTS_TEST_CACHE` overrides.
-EVAL_CACHE = Path(os.environ.get("MLX_SUBAGENTS_TEST_CACHE") or Path.home() / ".cache" / "mlx-subagents-tests") / "eval"
 TASKS = load_task_file(DEFAULT_TASKS)
 EXPECT = Expect(path="pkg/mod.py", lines=(10, 20), contains="def f")
 
 
-@pytest.fixture(scope="session")
-def source() -> Path:
-    """The pinned sdist unpacked, fetched by the harness itself once (skipped locally without the
-    registry, never under CI)."""
-    try:
-        return fetch_source(TASKS.package, EVAL_CACHE)
-    except RequestError as exc:
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-            pytest.fail(f"the eval sdist is required under CI: {exc}")
-        pytest.skip(f"the eval sdist is unavailable: {exc}")
+@pytest.fixture
+def source(eval_source: Path) -> Path:
+    return eval_source
 
 
 def task(task_id: str) -> Any:
     return next(t for t in TASKS.tasks if t.id == task_id)
 
 
-def run_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str], replies: Path, *args: str) -> dict[str, Any]:
+def run_eval(
+    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], replies: Path, *args: str
+) -> dict[str, Any]:
+    """The harness on the fixture's cached sdist (the cache folder holds the unpacked tree)."""
+    cache = str(source.parent)
     code = agent_eval.main(
-        ["--model", f"scripted:{replies}", "--cache", str(EVAL_CACHE), "--out", str(tmp_path / "run"), "--json", *args]
+        ["--model", f"scripted:{replies}", "--cache", cache, "--out", str(tmp_path / "run"), "--json", *args]
     )
     out = capsys.readouterr().out
     assert code == 0, out
@@ -159,7 +153,7 @@ def test_the_check_names_tasks_that_do_not_hold(source: Path) -> None:
 
 
 def test_check_tasks_mode_prints_one_line_per_task(source: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = agent_eval.main(["--check-tasks", "--cache", str(EVAL_CACHE), "--only", "s-version", "--only", "s-sieve"])
+    code = agent_eval.main(["--check-tasks", "--cache", str(source.parent), "--only", "s-version", "--only", "s-sieve"])
     assert (code, capsys.readouterr().out) == (
         0,
         "s-sieve: ok\ns-version: ok\n2/2 tasks hold on more-itertools==10.5.0\n",
@@ -187,7 +181,7 @@ def test_right_replies_score_everything_right_in_series_and_in_parallel(
     source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     replies = write_replies(TASKS.tasks, tmp_path / "right", "right")
-    report = run_eval(tmp_path, capsys, replies, *ONLY)
+    report = run_eval(source, tmp_path, capsys, replies, *ONLY)
 
     assert list(report["modes"]) == ["series", "parallel-4"]
     for mode, figures in report["modes"].items():
@@ -207,7 +201,7 @@ def test_right_replies_score_everything_right_in_series_and_in_parallel(
 
 def test_wrong_replies_score_nothing_right(source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     replies = write_replies(TASKS.tasks, tmp_path / "wrong", "wrong")
-    report = run_eval(tmp_path, capsys, replies, *ONLY, "--concurrency", "1")
+    report = run_eval(source, tmp_path, capsys, replies, *ONLY, "--concurrency", "1")
 
     assert list(report["modes"]) == ["series"]
     figures = report["modes"]["series"]
@@ -231,7 +225,7 @@ def test_a_worker_that_edits_another_file_fails(
     folder.mkdir()
     replies = [read_fix, fix, {"tool_calls": [read]}, {"tool_calls": [also]}, "Fixed."]
     (folder / "w-take.yaml").write_text(yaml.safe_dump({"replies": replies}))
-    report = run_eval(tmp_path, capsys, folder, "--only", "w-take", "--concurrency", "1")
+    report = run_eval(source, tmp_path, capsys, folder, "--only", "w-take", "--concurrency", "1")
 
     row = rows(report)["w-take"]
     assert (row["ok"], row["why"], row["tests_passed"]) == (False, "other file changed: README.rst", 1)
@@ -245,7 +239,7 @@ def test_a_task_that_times_out_is_scored_wrong(
     slow = [{"content": "Findings:\n- more_itertools/more.py:162-194 — chunked", "delay": 30}]
     (folder / "s-chunked.yaml").write_text(yaml.safe_dump({"replies": slow}))
     (folder / "s-version.yaml").write_text(yaml.safe_dump({"replies": task_replies(task("s-version"), "right")}))
-    report = run_eval(tmp_path, capsys, folder, "--only", "s-chunked", "--only", "s-version", "--timeout", "1")
+    report = run_eval(source, tmp_path, capsys, folder, "--only", "s-chunked", "--only", "s-version", "--timeout", "1")
 
     for mode in ("series", "parallel-4"):
         by_id = rows(report, mode)
@@ -256,7 +250,7 @@ def test_a_task_that_times_out_is_scored_wrong(
 
 
 def test_bad_options_are_one_error_line(source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--cache", str(EVAL_CACHE), "--out", str(tmp_path / "run")]
+    args = ["--cache", str(source.parent), "--out", str(tmp_path / "run")]
     assert agent_eval.main([*args, "--only", "s-nope", "--model", "scripted:x"]) == 2
     assert capsys.readouterr().err.startswith("error: --only: no task s-nope; the task file has ")
     (tmp_path / "empty").mkdir()
