@@ -53,9 +53,9 @@ def test_parallel_results_come_back_in_input_order(tmp_path: Path, write_script:
     model = write_script(
         {
             "agents": {
-                "scout": {"replies": [{"content": "slow scout", "delay": 0.3}]},
+                "scout": {"replies": [{"content": "slow scout", "delay": 1.2}]},
                 "planner": {"replies": [{"content": "quick plan", "delay": 0.0}]},
-                "reviewer": {"replies": [{"content": "mid review", "delay": 0.1}]},
+                "reviewer": {"replies": [{"content": "mid review", "delay": 0.6}]},
             }
         }
     )
