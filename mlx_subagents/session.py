@@ -286,7 +286,7 @@ class AgentSession:
         return {"role": "tool", "content": bad.error}  # the host's words, with the fix in the model's own format
 
     async def _maybe_compact(self) -> None:
-        tokens = await self.host.count_tokens(self.messages, self.schemas)
+        tokens = await self.host.count_tokens(self.messages, self.schemas, thinking=self.limits.thinking)
         self.usage.context_tokens = tokens
         if should_compact(tokens, self.host.context_window, self.compaction):
             await self.compact()
@@ -300,7 +300,7 @@ class AgentSession:
                 `/compact`: only the last reply stays); default: the scaled setting.
         """
         window = self.host.context_window
-        count = lambda ms: self.host.count_tokens(ms, self.schemas)  # noqa: E731
+        count = lambda ms: self.host.count_tokens(ms, self.schemas, thinking=self.limits.thinking)  # noqa: E731
         head_tokens = await count(self.messages[: head_length(self.messages)])
         settings = fit_keep_recent(self.compaction, window, head_tokens)
         if keep_recent_tokens is not None:

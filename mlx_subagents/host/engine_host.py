@@ -142,7 +142,9 @@ class EngineHost:
             self._sessions[name] = EngineSession(self, name, agent)
         return self._sessions[name]
 
-    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
+    async def count_tokens(
+        self, messages: list[Message], tools: list[ToolSchema] | None = None, *, thinking: int = DEFAULT_THINKING_TOKENS
+    ) -> int:
         """An estimate: the engine has the tokenizer, so count characters and scale by what the
         engine reported for earlier prompts (compaction needs the size, not the exact ids)."""
         return math.ceil(approx_tokens(to_wire(messages), tools) * self._token_ratio)

@@ -347,10 +347,15 @@ class MlxModelHost:
             self._sessions[name] = MlxSession(self, name, agent)
         return self._sessions[name]
 
-    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
-        """Tokens of the prompt these messages render to (generation prompt included)."""
+    async def count_tokens(
+        self, messages: list[Message], tools: list[ToolSchema] | None = None, *, thinking: int = DEFAULT_THINKING_TOKENS
+    ) -> int:
+        """Tokens of the prompt these messages render to (generation prompt included), rendered as a turn
+        with this `thinking` budget renders them (off: the template's `enable_thinking=False`)."""
         messages, tools = self.chat.present(messages, tools)
-        return len(encode(self.tokenizer, render(self.tokenizer, messages, tools, generation_prompt=True)))
+        switch = {"enable_thinking": False} if self.chat.thinks and thinking <= 0 else None
+        text = render(self.tokenizer, messages, tools, generation_prompt=True, template_kwargs=switch)
+        return len(encode(self.tokenizer, text))
 
     @property
     def kv_bytes_total(self) -> int:

@@ -247,7 +247,9 @@ class ScriptedHost:
         """A new session replaying its agent's replies from the first one."""
         return ScriptedSession(self, name, agent)
 
-    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
+    async def count_tokens(
+        self, messages: list[Message], tools: list[ToolSchema] | None = None, *, thinking: int = DEFAULT_THINKING_TOKENS
+    ) -> int:
         return approx_tokens(messages, tools)
 
     async def start(self) -> None:
