@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,11 +93,32 @@ class Engine:
                 self._step()
                 continue
             if job is None:
+                self._drain()
                 return
             try:
                 job.fn(job.deliver)
             except BaseException as exc:
                 job.deliver(False, exc)
+
+    def _drain(self) -> None:
+        """Before the thread ends, wait for the mlx work it queued on its streams.
+
+        mlx evaluates asynchronously on per-stream worker threads (a decode step is `async_eval`ed one
+        token ahead; buffer releases trail every `eval`). Left in flight, that work can still run
+        while the process exits and C++ static destructors tear down mlx's allocator: SIGABRT
+        ("terminate called without an active exception") after the command did its work.
+        """
+        self.stepper = None
+        mx = sys.modules.get("mlx.core")
+        if mx is None:  # this process never used mlx (scripted hosts)
+            return
+        try:
+            generate = sys.modules.get("mlx_lm.generate")
+            if generate is not None:
+                mx.synchronize(generate.generation_stream)
+            mx.synchronize()
+        except Exception:  # draining is best effort; never fail a stop
+            pass
 
     def _step(self) -> None:
         assert self.stepper is not None
