@@ -64,6 +64,11 @@ class Engine:
 
     async def run_deferred(self, fn: Callable[[Deliver], None]) -> Any:
         """Run `fn(deliver)` on the engine thread; the result is whatever it (later) delivers."""
+        return await self.submit(fn)
+
+    def submit(self, fn: Callable[[Deliver], None]) -> asyncio.Future[Any]:
+        """Queue `fn(deliver)`; the future gets what it delivers. A caller that must still learn the
+        result after being cancelled awaits it through `asyncio.shield`."""
         if not self._started:
             raise RuntimeError("the model host is not started; use `async with host:`")
         loop = asyncio.get_running_loop()
@@ -80,7 +85,7 @@ class Engine:
                 pass
 
         self._jobs.put(_Job(fn, deliver))
-        return await future
+        return future
 
     def _busy(self) -> bool:
         return self.stepper is not None and self.stepper.has_work()
@@ -101,12 +106,14 @@ class Engine:
                 job.deliver(False, exc)
 
     def _drain(self) -> None:
-        """Before the thread ends, wait for the mlx work it queued on its streams.
+        """Before the thread ends, finish the mlx work it queued and destroy the streams it made.
 
-        mlx evaluates asynchronously on per-stream worker threads (a decode step is `async_eval`ed one
-        token ahead; buffer releases trail every `eval`). Left in flight, that work can still run
-        while the process exits and C++ static destructors tear down mlx's allocator: SIGABRT
-        ("terminate called without an active exception") after the command did its work.
+        mlx keeps a thread's streams in C++ thread-local storage. Left to the thread-exit destructors,
+        they are torn down after `join()` has returned (Python lets go of a thread before the OS thread
+        ends), racing the interpreter's finalisation on the main thread: a destructor that needs the GIL
+        then is unwound by Python, and the process dies with "terminate called without an active
+        exception" (SIGABRT) after the command did its work. Synchronising alone does not prevent it;
+        `mx.clear_streams()` at the end of the thread, as mlx asks (ml-explore/mlx#3395, #4110), does.
         """
         self.stepper = None
         mx = sys.modules.get("mlx.core")
@@ -115,9 +122,10 @@ class Engine:
         try:
             generate = sys.modules.get("mlx_lm.generate")
             if generate is not None:
-                mx.synchronize(generate.generation_stream)
+                mx.synchronize(generate.generation_stream)  # a thread-local stream: this thread's
             mx.synchronize()
-        except Exception:  # draining is best effort; never fail a stop
+            mx.clear_streams()
+        except Exception:  # never fail a stop; the worst left is the race above
             pass
 
     def _step(self) -> None:
