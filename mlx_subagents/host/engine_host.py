@@ -359,6 +359,7 @@ class EngineSession:
         self.name = name
         self.agent = agent
         self._n_calls = 0
+        self.cut: Usage | None = None
 
     @property
     def kv_bytes(self) -> int:
@@ -400,6 +401,7 @@ class EngineSession:
             request["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
         started = time.perf_counter()
         reply = _Reply(hermes().visible_text(on_text) if on_text is not None else None, on_reasoning=on_reasoning)
+        self.cut = None
         try:
             stream = await host._client.chat.completions.create(**request)
         except openai.NotFoundError as exc:
@@ -411,6 +413,9 @@ class EngineSession:
                 reply.add(chunk)
         except openai.APIError as exc:
             raise host.error(exc, streamed=len(reply.text)) from None
+        except asyncio.CancelledError:  # the engine's usage comes at the end of the stream: estimated
+            self.cut = self._usage(reply, wire, tools, 0.0, time.perf_counter() - started)
+            raise
         finally:
             await asyncio.shield(stream.close())
         if reply.finish_reason is None:  # the body ended cleanly but the reply did not

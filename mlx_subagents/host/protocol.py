@@ -103,9 +103,14 @@ class Generation:
 
 @runtime_checkable
 class HostSession(Protocol):
-    """One conversation's handle on the host: its own KV cache, reused across turns."""
+    """One conversation's handle on the host: its own KV cache, reused across turns.
+
+    `cut`: what the last reply spent (tokens prefilled and generated) when cancelling `generate`
+    (a timeout, Ctrl-C) cut it short; set before the cancellation propagates, None otherwise.
+    """
 
     name: str
+    cut: Usage | None
 
     async def generate(
         self,
