@@ -29,6 +29,7 @@ from .host.protocol import (
     ModelHost,
     TextCallback,
     ToolCall,
+    Usage,
 )
 from .results import RunResult, RunUsage, StopReason
 from .tools import TOOL_CLASSES, Tool, ToolResult, Workspace, make_tools
@@ -180,16 +181,21 @@ class AgentSession:
             max_tokens = min(max_tokens, left)
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start")
-        generation = await self._host_session.generate(
-            self.messages,
-            tools=self.schemas,
-            max_tokens=max_tokens,
-            temperature=self.spec.temperature or 0.0,
-            on_text=self.on_text,
-            on_reasoning=lambda text: self._emit("reasoning", text=text),
-            thinking=self.limits.thinking,
-        )
-        self._count(generation)
+        try:
+            generation = await self._host_session.generate(
+                self.messages,
+                tools=self.schemas,
+                max_tokens=max_tokens,
+                temperature=self.spec.temperature or 0.0,
+                on_text=self.on_text,
+                on_reasoning=lambda text: self._emit("reasoning", text=text),
+                thinking=self.limits.thinking,
+            )
+        except asyncio.CancelledError:  # a timeout or Ctrl-C: the tokens the cut reply spent still count
+            if self._host_session.cut is not None:
+                self._count(self._host_session.cut)
+            raise
+        self._count(generation.usage)
         self._reasoning = generation.reasoning
         self.messages.append(generation.to_message())
         if generation.text:
@@ -286,7 +292,7 @@ class AgentSession:
         return {"role": "tool", "content": bad.error}  # the host's words, with the fix in the model's own format
 
     async def _maybe_compact(self) -> None:
-        tokens = await self.host.count_tokens(self.messages, self.schemas)
+        tokens = await self.host.count_tokens(self.messages, self.schemas, thinking=self.limits.thinking)
         self.usage.context_tokens = tokens
         if should_compact(tokens, self.host.context_window, self.compaction):
             await self.compact()
@@ -300,7 +306,7 @@ class AgentSession:
                 `/compact`: only the last reply stays); default: the scaled setting.
         """
         window = self.host.context_window
-        count = lambda ms: self.host.count_tokens(ms, self.schemas)  # noqa: E731
+        count = lambda ms: self.host.count_tokens(ms, self.schemas, thinking=self.limits.thinking)  # noqa: E731
         head_tokens = await count(self.messages[: head_length(self.messages)])
         settings = fit_keep_recent(self.compaction, window, head_tokens)
         if keep_recent_tokens is not None:
@@ -323,8 +329,7 @@ class AgentSession:
 
     # -- bookkeeping --------------------------------------------------------------
 
-    def _count(self, generation: Generation) -> None:
-        u = generation.usage
+    def _count(self, u: Usage) -> None:
         self.usage.input_tokens += u.prompt_tokens
         self.usage.output_tokens += u.generated_tokens
         self.usage.cached_tokens += u.cached_tokens

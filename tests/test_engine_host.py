@@ -17,6 +17,7 @@ import pytest
 from mlx_subagents.agents import discover_agents
 from mlx_subagents.errors import EngineError, PromptTooLongError, SubagentError
 from mlx_subagents.host.engine_host import DEFAULT_CONTEXT_WINDOW, EngineHost, engine_url
+from mlx_subagents.host.scripted import approx_tokens
 from mlx_subagents.session import AgentSession, workspace_for
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Fault, Reply
 
@@ -331,6 +332,21 @@ def test_a_stalled_stream_times_out(engine: FakeEngine) -> None:
         "stuck (its logs), then retry"
     )
     assert len(engine.chat_requests()) == 1  # a reply under way is not sent again
+
+
+def test_a_reply_cancelled_mid_stream_keeps_an_estimate_of_what_it_spent(engine: FakeEngine) -> None:
+    engine.queue(Fault("stall", content="Looking at the files now", seconds=5))
+
+    async def go() -> Any:
+        async with EngineHost(engine.url, FAKE_MODEL) as host:
+            session = host.session("s")
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(session.generate(USER), 1.0)
+            return session.cut
+
+    cut = run(go())
+    assert cut.prompt_tokens == approx_tokens(USER, None) > 0
+    assert cut.generated_tokens == approx_tokens([{"content": "Looking at the files now"}]) > 0
 
 
 def test_an_engine_that_never_answers_times_out_after_bounded_retries(engine: FakeEngine) -> None:

@@ -253,3 +253,54 @@ def test_prompt_over_the_window_is_a_clear_error(tiny_qwen3_path: Path) -> None:
             assert ok.usage.generated_tokens == 4 or ok.finish_reason == "stop"
 
     run(go())
+
+
+# -- a reply cut by a timeout or Ctrl-C still counts what it spent -------------------------------------
+
+
+def test_a_cancelled_reply_counts_the_tokens_it_spent(tiny_qwen3_path: Path, tmp_path: Path) -> None:
+    import threading
+    import time
+
+    import mlx_lm
+
+    from mlx_subagents.agents import AgentSpec
+    from mlx_subagents.session import AgentSession, Limits, workspace_for
+    from mlx_subagents.testing import make_forced_processor
+
+    _, tokenizer = mlx_lm.load(str(tiny_qwen3_path))
+    reached = threading.Event()
+    seen: dict[str, int] = {"prompt": 0, "calls": 0}
+
+    def slow_forever(session_name: str, prompt_ids: Any) -> list[Any]:
+        """Forces a long reply; from the sixth token on, each step takes 20 ms (a timeout lands mid-reply)."""
+        seen["prompt"] = len(prompt_ids)
+        forced = make_forced_processor(tokenizer, "word " * 400)
+
+        def processor(tokens: Any, logits: Any) -> Any:
+            seen["calls"] += 1
+            if seen["calls"] > 5:
+                reached.set()
+                time.sleep(0.02)
+            return forced(tokens, logits)
+
+        return [processor]
+
+    spec = AgentSpec(
+        name="scout", description="d", tools=("ls",), system_prompt="Look.", source="builtin", path=tmp_path
+    )
+
+    async def go() -> AgentSession:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=slow_forever) as host:
+            session = AgentSession(spec, host, workspace_for(tmp_path), limits=Limits(max_reply_tokens=1000))
+            task = asyncio.create_task(session.run("go"))
+            await asyncio.to_thread(reached.wait, 60)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return session
+
+    session = run(go())
+    assert session.usage.turns == 1
+    assert session.usage.input_tokens == seen["prompt"] > 0
+    assert 5 <= session.usage.output_tokens <= seen["calls"]

@@ -123,6 +123,22 @@ def test_thinking_off_renders_the_templates_switch(tiny_thinking_path: Path) -> 
     assert tokenizer.decode(scripts.prompts[1]).endswith("<|im_start|>assistant\n<think>\n")
 
 
+def test_token_counts_render_the_prompt_as_the_turn_does(tiny_thinking_path: Path) -> None:
+    _, tokenizer = mlx_lm.load(str(tiny_thinking_path))
+    scripts = Recording(tokenizer, {"off": ["Hi."], "on": ["Hello."]})
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello"}]
+
+    async def go() -> list[int]:
+        async with MlxModelHost(str(tiny_thinking_path), processor_factory=scripts) as host:
+            await host.session("off").generate(messages, thinking=0)
+            await host.session("on").generate(messages, thinking=512)
+            return [await host.count_tokens(messages, thinking=0), await host.count_tokens(messages, thinking=512)]
+
+    counts = asyncio.run(go())
+    assert counts == [len(scripts.prompts[0]), len(scripts.prompts[1])]
+    assert counts[0] != counts[1]  # thinking off renders the template's switch: a different prompt
+
+
 # --- without a model: scripted replies carry `reasoning` ------------------------------------------------
 
 

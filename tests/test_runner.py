@@ -444,3 +444,14 @@ def test_cancel_stops_a_tiny_real_model_generation_at_the_next_token(
     result, elapsed = asyncio.run(main())
     assert (result.status, result.stop_reason, result.error) == ("aborted", "cancelled", "aborted by the user (Ctrl-C)")
     assert elapsed < 2.0  # "within about a second": the next token comes in milliseconds; slack for a loaded CI
+
+
+def test_a_turn_cut_by_the_timeout_keeps_the_tokens_it_read(tmp_path: Path, write_script: Any) -> None:
+    slow = write_script({"replies": [{"content": "late", "delay": 5}]}, "slow.json")
+    quick = write_script({"replies": ["late"]}, "quick.json")
+
+    [cut] = go(make_runner(tmp_path, slow), "parallel", [TaskSpec("scout", "look", timeout=0.3)]).results
+    [done] = go(make_runner(tmp_path, quick), "parallel", [TaskSpec("scout", "look")]).results
+
+    assert (cut.stop_reason, cut.usage.turns, cut.usage.output_tokens) == ("timeout", 1, 0)
+    assert cut.usage.input_tokens == done.usage.input_tokens > 0  # the same prompt, read before the cut

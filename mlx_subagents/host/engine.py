@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +64,11 @@ class Engine:
 
     async def run_deferred(self, fn: Callable[[Deliver], None]) -> Any:
         """Run `fn(deliver)` on the engine thread; the result is whatever it (later) delivers."""
+        return await self.submit(fn)
+
+    def submit(self, fn: Callable[[Deliver], None]) -> asyncio.Future[Any]:
+        """Queue `fn(deliver)`; the future gets what it delivers. A caller that must still learn the
+        result after being cancelled awaits it through `asyncio.shield`."""
         if not self._started:
             raise RuntimeError("the model host is not started; use `async with host:`")
         loop = asyncio.get_running_loop()
@@ -79,7 +85,7 @@ class Engine:
                 pass
 
         self._jobs.put(_Job(fn, deliver))
-        return await future
+        return future
 
     def _busy(self) -> bool:
         return self.stepper is not None and self.stepper.has_work()
@@ -92,11 +98,35 @@ class Engine:
                 self._step()
                 continue
             if job is None:
+                self._drain()
                 return
             try:
                 job.fn(job.deliver)
             except BaseException as exc:
                 job.deliver(False, exc)
+
+    def _drain(self) -> None:
+        """Before the thread ends, finish the mlx work it queued and destroy the streams it made.
+
+        mlx keeps a thread's streams in C++ thread-local storage. Left to the thread-exit destructors,
+        they are torn down after `join()` has returned (Python lets go of a thread before the OS thread
+        ends), racing the interpreter's finalisation on the main thread: a destructor that needs the GIL
+        then is unwound by Python, and the process dies with "terminate called without an active
+        exception" (SIGABRT) after the command did its work. Synchronising alone does not prevent it;
+        `mx.clear_streams()` at the end of the thread, as mlx asks (ml-explore/mlx#3395, #4110), does.
+        """
+        self.stepper = None
+        mx = sys.modules.get("mlx.core")
+        if mx is None:  # this process never used mlx (scripted hosts)
+            return
+        try:
+            generate = sys.modules.get("mlx_lm.generate")
+            if generate is not None:
+                mx.synchronize(generate.generation_stream)  # a thread-local stream: this thread's
+            mx.synchronize()
+            mx.clear_streams()
+        except Exception:  # never fail a stop; the worst left is the race above
+            pass
 
     def _step(self) -> None:
         assert self.stepper is not None

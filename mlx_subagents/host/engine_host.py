@@ -142,7 +142,9 @@ class EngineHost:
             self._sessions[name] = EngineSession(self, name, agent)
         return self._sessions[name]
 
-    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
+    async def count_tokens(
+        self, messages: list[Message], tools: list[ToolSchema] | None = None, *, thinking: int = DEFAULT_THINKING_TOKENS
+    ) -> int:
         """An estimate: the engine has the tokenizer, so count characters and scale by what the
         engine reported for earlier prompts (compaction needs the size, not the exact ids)."""
         return math.ceil(approx_tokens(to_wire(messages), tools) * self._token_ratio)
@@ -357,6 +359,7 @@ class EngineSession:
         self.name = name
         self.agent = agent
         self._n_calls = 0
+        self.cut: Usage | None = None
 
     @property
     def kv_bytes(self) -> int:
@@ -398,6 +401,7 @@ class EngineSession:
             request["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
         started = time.perf_counter()
         reply = _Reply(hermes().visible_text(on_text) if on_text is not None else None, on_reasoning=on_reasoning)
+        self.cut = None
         try:
             stream = await host._client.chat.completions.create(**request)
         except openai.NotFoundError as exc:
@@ -409,6 +413,9 @@ class EngineSession:
                 reply.add(chunk)
         except openai.APIError as exc:
             raise host.error(exc, streamed=len(reply.text)) from None
+        except asyncio.CancelledError:  # the engine's usage comes at the end of the stream: estimated
+            self.cut = self._usage(reply, wire, tools, 0.0, time.perf_counter() - started)
+            raise
         finally:
             await asyncio.shield(stream.close())
         if reply.finish_reason is None:  # the body ended cleanly but the reply did not

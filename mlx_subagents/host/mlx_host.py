@@ -10,6 +10,7 @@ only what is new.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import threading
@@ -33,10 +34,13 @@ from .protocol import (
     TextCallback,
     ToolMode,
     ToolSchema,
+    Usage,
 )
 from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
 
 DEFAULT_PREFILL_STEP = 512
+# How long a cancelled reply waits for the engine to end its turn and say what it spent (one step).
+CUT_WAIT_S = 5.0
 # Models advertise windows of 128k-256k tokens; a 16 GB Mac cannot hold that
 # much KV for several sessions, so the default is capped (override per host).
 DEFAULT_CONTEXT_CAP = 32768
@@ -100,6 +104,7 @@ class MlxSession:
         self.name = name
         self.agent = agent
         self._state = CacheState()
+        self.cut: Usage | None = None
 
     @property
     def kv_bytes(self) -> int:
@@ -139,10 +144,14 @@ class MlxSession:
         def submit(deliver: Deliver) -> None:
             self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
+        self.cut = None
+        reply = self._host._engine.submit(submit)
         try:
-            generation = await self._host._engine.run_deferred(submit)
+            generation = await asyncio.shield(reply)
         except asyncio.CancelledError:
-            cancel.set()
+            cancel.set()  # the scheduler ends the turn at its next step and hands back what it spent
+            with contextlib.suppress(Exception):
+                self.cut = (await asyncio.wait_for(reply, CUT_WAIT_S)).usage
             raise
         if visible is not None:
             visible.flush()
@@ -347,10 +356,15 @@ class MlxModelHost:
             self._sessions[name] = MlxSession(self, name, agent)
         return self._sessions[name]
 
-    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
-        """Tokens of the prompt these messages render to (generation prompt included)."""
+    async def count_tokens(
+        self, messages: list[Message], tools: list[ToolSchema] | None = None, *, thinking: int = DEFAULT_THINKING_TOKENS
+    ) -> int:
+        """Tokens of the prompt these messages render to (generation prompt included), rendered as a turn
+        with this `thinking` budget renders them (off: the template's `enable_thinking=False`)."""
         messages, tools = self.chat.present(messages, tools)
-        return len(encode(self.tokenizer, render(self.tokenizer, messages, tools, generation_prompt=True)))
+        switch = {"enable_thinking": False} if self.chat.thinks and thinking <= 0 else None
+        text = render(self.tokenizer, messages, tools, generation_prompt=True, template_kwargs=switch)
+        return len(encode(self.tokenizer, text))
 
     @property
     def kv_bytes_total(self) -> int:

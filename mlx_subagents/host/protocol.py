@@ -103,9 +103,14 @@ class Generation:
 
 @runtime_checkable
 class HostSession(Protocol):
-    """One conversation's handle on the host: its own KV cache, reused across turns."""
+    """One conversation's handle on the host: its own KV cache, reused across turns.
+
+    `cut`: what the last reply spent (tokens prefilled and generated) when cancelling `generate`
+    (a timeout, Ctrl-C) cut it short; set before the cancellation propagates, None otherwise.
+    """
 
     name: str
+    cut: Usage | None
 
     async def generate(
         self,
@@ -143,7 +148,11 @@ class ModelHost(Protocol):
 
     def session(self, name: str, *, agent: str | None = None) -> HostSession: ...
 
-    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int: ...
+    async def count_tokens(
+        self, messages: list[Message], tools: list[ToolSchema] | None = None, *, thinking: int = DEFAULT_THINKING_TOKENS
+    ) -> int:
+        """Tokens of the prompt these messages render to, as a turn with this `thinking` budget renders them."""
+        ...
 
     async def start(self) -> None: ...
 

@@ -247,7 +247,9 @@ class ScriptedHost:
         """A new session replaying its agent's replies from the first one."""
         return ScriptedSession(self, name, agent)
 
-    async def count_tokens(self, messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
+    async def count_tokens(
+        self, messages: list[Message], tools: list[ToolSchema] | None = None, *, thinking: int = DEFAULT_THINKING_TOKENS
+    ) -> int:
         return approx_tokens(messages, tools)
 
     async def start(self) -> None:
@@ -276,6 +278,7 @@ class ScriptedSession:
         self._closed = False
         self._previous: list[Message] = []
         self._previous_tools: list[ToolSchema] | None = None
+        self.cut: Usage | None = None
 
     @property
     def kv_bytes(self) -> int:
@@ -313,10 +316,14 @@ class ScriptedSession:
                 f"window of {self._host.context_window} tokens ({self._host.source})"
             )
         reply = self._replies[self._cursor]
-        self._busy = True
+        self._busy, self.cut = True, None
         try:
             if reply.delay:
                 await asyncio.sleep(reply.delay)
+        except asyncio.CancelledError:  # cut during its delay: the prompt was read, nothing generated
+            cached = self._cached_tokens(messages, tools)
+            self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached, prefilled_tokens=prompt_tokens - cached)
+            raise
         finally:
             self._busy = False
         # Only a delivered reply is consumed: a cancelled call leaves the cursor in place.
