@@ -11,6 +11,7 @@ turn wait in the terminal for the next prompt, as they always have.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import sys
 import termios
 import threading
@@ -29,6 +30,7 @@ class PromptLine:
         self.file = file or sys.stdout
         self.interactive = _is_terminal(sys.stdin) and _is_terminal(self.file)
         self._readline: Any = None
+        self._point: ctypes.c_int | None = None
         self._pending: asyncio.Future[str] | None = None
         self._saved_mode: list[Any] | None = None
         if self.interactive:
@@ -36,6 +38,7 @@ class PromptLine:
                 import readline  # line editing and history for input()
 
                 self._readline = readline
+                self._point = _readline_point(readline)
             except ImportError:
                 pass
             self._saved_mode = termios.tcgetattr(sys.stdin.fileno())
@@ -79,8 +82,15 @@ class PromptLine:
             yield
         finally:
             typed = self._readline.get_line_buffer() if self._readline is not None else ""
-            self.file.write(self.prompt + typed)
+            after = typed[len(self._typed_before_cursor(typed)) :]  # the cursor goes back where it was
+            self.file.write(self.prompt + typed + "\b" * len(after))
             self.file.flush()
+
+    def _typed_before_cursor(self, typed: str) -> str:
+        """What is left of readline's cursor (`rl_point`, a byte offset); all of it when unknown."""
+        if self._point is None:
+            return typed
+        return typed.encode()[: self._point.value].decode(errors="ignore")
 
     def restore_terminal(self) -> None:
         """Put the terminal back as it was (the chat may end while `readline` holds it in its own mode)."""
@@ -89,6 +99,14 @@ class PromptLine:
                 termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, self._saved_mode)
             except (termios.error, OSError):  # the terminal is gone (SIGHUP)
                 pass
+
+
+def _readline_point(readline: Any) -> ctypes.c_int | None:
+    """readline's cursor offset in the line (GNU readline and libedit both export `rl_point`)."""
+    try:
+        return ctypes.c_int.in_dll(ctypes.CDLL(readline.__file__), "rl_point")
+    except (OSError, ValueError, AttributeError):  # a build without it: the cursor is put at the end
+        return None
 
 
 def _settle(future: asyncio.Future[str], line: str | None, exc: BaseException | None) -> None:
