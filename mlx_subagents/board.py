@@ -201,6 +201,10 @@ class TaskBoard:
 
     def cancel(self, task_id: str) -> TaskStatus:
         handle = self.get(task_id)
+        if handle.cancel_reason is not None:
+            raise TaskStateError(
+                f"task '{handle.id}' is already cancelled ({handle.cancel_reason}); subagent_output shows what it had done"
+            )
         if not handle.cancel("cancelled by its parent"):
-            raise TaskStateError(f"task '{task_id}' is not running (it {handle.status}); nothing to cancel")
+            raise TaskStateError(f"task '{handle.id}' has already ended ({handle.status}); nothing to cancel")
         return handle.snapshot()

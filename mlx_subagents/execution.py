@@ -215,7 +215,7 @@ class Execution:
             extra_tools=item.extra_tools,
             withheld=item.withheld,
             project_context=item.context,
-            inbox=item.inbox or Inbox(),
+            inbox=item.inbox if item.inbox is not None else Inbox(),
         )
         session.on_event = self._session_sink(transcript)  # this generation's transcript
         if transcript is not None:

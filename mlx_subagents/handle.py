@@ -180,7 +180,7 @@ class TaskHandle:
         Args:
             reason: the error its result carries (default `cancelled`).
         """
-        if not self._active:
+        if not self._active or self.cancel_reason is not None:
             return False
         self.cancel_reason = reason or CANCELLED
         self._note("task_cancel", reason=self.cancel_reason)
@@ -197,14 +197,16 @@ class TaskHandle:
         Raises `TaskStateError` for a cancelled task, `RequestError` for an empty or oversized message.
         """
         self._check_message(message)
+        aborted = not self._active and self.result is not None and self.result.status == "aborted"
+        if self.cancel_reason is not None or aborted:
+            why = self.cancel_reason or (self.result.error if self.result else None) or CANCELLED
+            raise TaskStateError(
+                f"task '{self.id}' was cancelled ({why}) and takes no more messages; "
+                "its output so far can still be read, or start a new task"
+            )
         if self._active:
             self.inbox.put(Delivery("task_send", message))
             return
-        if self.result is not None and self.cancel_reason is not None:
-            raise TaskStateError(
-                f"task '{self.id}' was cancelled ({self.cancel_reason}) and takes no more messages; "
-                "its output so far can still be read, or start a new task"
-            )
         if self.owner is not None:
             self.owner.check_room()
         self.launch(message, sends=[message])

@@ -65,6 +65,3 @@ class Inbox:
 
     def pending(self, kind: DeliveryKind | None = None) -> bool:
         return any(kind is None or d.kind == kind for d in self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)

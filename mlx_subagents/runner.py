@@ -185,6 +185,7 @@ class Runner:
         self._executions: set[Execution] = set()
         self._background: set[Execution] = set()
         self._board: TaskBoard | None = None
+        self._started: list[TaskHandle] = []  # every background task, for `close`
         self._trusted: set[str] = set()
         self._slots: Slots | None = None
         self._contexts: dict[Path, ProjectContext] = {}
@@ -198,8 +199,10 @@ class Runner:
 
     async def close(self) -> None:
         """Cancel the background tasks still running (their transcripts saved), then stop the hosts."""
-        if self._board is not None:
-            await self._board.close("the runner closed")
+        for handle in self._started:
+            handle.cancel("the runner closed")
+        for handle in self._started:
+            await handle.join()
         hosts, self._hosts = list(self._hosts.values()), {}
         for host in hosts:
             await host.stop()
@@ -396,6 +399,7 @@ class Runner:
         ids = board.plan_ids(tasks)
         handles = [await self._prepare(t, i, board, workspace or board.workspace) for t, i in zip(tasks, ids)]
         check_request([CapItem(h.label, t.task, h.spec) for h, t in zip(handles, tasks)])
+        self._started += handles
         for n, (handle, task) in enumerate(zip(handles, tasks)):
             board.add(handle)
             if chain and n:

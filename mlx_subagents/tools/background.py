@@ -137,10 +137,12 @@ class SubagentOutputTool(_BackgroundTool):
                 "read from offset 0"
             )
         read_more = f'read the rest with subagent_output {{"id": "{status.id}", "offset": {{offset}}}}'
-        body = cap_answer(text[params.offset :], None, read_more=read_more, offset=params.offset) or "(no text yet)"
+        body = cap_answer(text[params.offset :], None, read_more=read_more, offset=params.offset)
         if status.status in ("queued", "running"):
+            body = body or "(no text yet)"
             head = f"{status_line(status)}\nIt has not finished; its output so far:"
             return ToolResult(f"{head}\n{body}\n\n[{NEXT_STEPS}]")
+        body = body or "(no answer)"
         head = f"{status.id} {status.status}" + (f": {status.error}" if status.error else "")
         if params.offset:
             head += f" (from character {params.offset})"
