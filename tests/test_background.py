@@ -253,7 +253,7 @@ def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_
     log = read_transcript(Path(result.transcript))
     assert [r["data"]["id"] for r in log.records if r["type"] == "task_notice"] == ["scout#1", "planner#1"]
     # The children are saved inside the parent's run, one run each, under their ids.
-    children = sorted((t.label for c in child_runs(load_run(result.run_id)) for t in c.tasks))
+    children = sorted(t.label for c in child_runs(load_run(result.run_id)) for t in c.tasks)
     assert children == ["orchestrator > planner#1", "orchestrator > scout#1"]
 
 
