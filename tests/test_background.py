@@ -438,3 +438,63 @@ def test_the_depth_limit_holds_for_background_children(tmp_path: Path, write_scr
         "yourself with your other tools",
         "Error: no task 'lead#1' here; the tasks started here are: none yet",
     ]
+
+
+# -- the tiny real model --------------------------------------------------------------------------------
+
+
+def test_a_message_to_a_finished_child_resumes_it_on_its_kv_cache(
+    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
+    from mlx_subagents.testing import ForcedScripts
+
+    scripts = ForcedScripts(tiny_qwen3[1], {"scout#1": ["app.py is the only file", "no tests"]})
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts)
+
+    async def main() -> Any:
+        async with runner:
+            handle = await runner.start(TaskSpec("scout", "list the files"))
+            first = await handle.wait()
+            handle.send("and the tests?")
+            return first, await handle.wait()
+
+    first, second = asyncio.run(main())
+    assert (first.output, second.output) == ("app.py is the only file", "no tests")
+    assert first.usage.cached_tokens == 0
+    n_prompt = second.usage.input_tokens - first.usage.input_tokens
+    n_cached = second.usage.cached_tokens - first.usage.cached_tokens
+    n_message = len(tiny_qwen3[1].encode("and the tests?"))
+    # The second generation reads the whole first conversation from the session's cache and
+    # prefills only the new user message and the template's markers around it.
+    assert n_cached == first.usage.input_tokens + first.usage.output_tokens
+    assert n_message <= n_prompt - n_cached <= n_message + 12
+
+
+def test_a_forced_parent_starts_a_background_child_and_reads_its_answer_on_the_tiny_model(
+    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
+    from mlx_subagents.testing import ForcedScripts, tool_call_text
+
+    (tmp_path / "app.py").write_text("print('hi')\n")
+    scripts = ForcedScripts(
+        tiny_qwen3[1],
+        {
+            "orchestrator": [
+                tool_call_text("subagent", {"agent": "scout", "task": "list the files", "background": True}),
+                tool_call_text("subagent_output", {"id": "scout#1", "wait": 60}),
+                "The scout found app.py.",
+            ],
+            "orchestrator > scout#1": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
+        },
+    )
+    # The orchestrator's tools fill most of the tiny model's 4,096 tokens: a larger window keeps compaction out.
+    options = RunOptions(model=str(tiny_qwen3_path), context_window=8192)
+    result = run_parent(Runner(cwd=tmp_path, options=options, processor_factory=scripts))
+
+    assert (result.status, result.output) == ("completed", "The scout found app.py.")
+    started, output = tool_messages(result)
+    assert started.startswith("Started in the background: scout#1. ")
+    assert output == "scout#1 completed\n\napp.py is the only file"
+    assert scripts.remaining("orchestrator") == scripts.remaining("orchestrator > scout#1") == 0
+    child = child_runs(load_run(result.run_id))[0]
+    assert read_transcript(child.transcript_path(child.tasks[0])).results[-1].usage.cached_tokens > 0
