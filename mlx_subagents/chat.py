@@ -62,7 +62,7 @@ class Chat:
         """
         if not message.strip():
             raise RequestError("the message is empty; type what the agent should do")
-        return await self.handle.send(message)
+        return await self.handle.ask(message)
 
     def interrupt(self) -> bool:
         """Abort the running turn and every sub-agent it started; False when no turn is running."""

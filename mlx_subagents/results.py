@@ -23,6 +23,8 @@ StopReason = Literal[
     "empty_answer",
 ]
 Mode = Literal["single", "parallel", "chain", "workflow"]
+# A task's state as a background task reports it: `queued` until it holds a slot, then `running`.
+TaskState = Literal["queued", "running", "completed", "failed", "aborted"]
 
 
 class RunUsage(BaseModel):
@@ -92,3 +94,21 @@ class MultiRunResult(BaseModel):
     @property
     def aborted(self) -> list[RunResult]:
         return [r for r in self.results if r.status == "aborted"]
+
+
+class TaskStatus(BaseModel):
+    """A task's state at one moment, for the tools, the chat and the MCP server alike.
+
+    `output` is the final answer when it ended, else the last reply text so far (the partial output).
+    """
+
+    id: str
+    agent: str
+    status: TaskState
+    turn: int = 0
+    tokens: int = 0
+    last_tool: str | None = None
+    elapsed_s: float = 0.0
+    output: str = ""
+    error: str | None = None
+    run_id: str | None = None

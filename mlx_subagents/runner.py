@@ -10,7 +10,10 @@ model. The CLI and Python callers both come through here:
         flow = await runner.workflow("fix-bug", input="the date parser drops time zones")
         more = await runner.resume(one.run_id, "and where is it tested?")
         chat = await runner.open_task("orchestrator")          # a multi-turn task (`subagent chat`)
-        first = await chat.send("where is auth handled?")
+        first = await chat.ask("where is auth handled?")
+        scout = await runner.start(TaskSpec("scout", "map auth"))  # in the background: returns at once
+        scout.send("also look at the middleware")               # reaches it at its next turn
+        done = await scout.wait()
 
 Every request is checked whole (agents, trust, size caps, workflow graph, models loaded) before any
 task starts. Every task is saved as a transcript unless `save_transcripts` is off.
@@ -19,6 +22,10 @@ Delegation: an agent whose file grants `subagent` gets the `subagent` tool, whos
 through this same runner (same hosts, caps and concurrency limit) as `parent > child` labels, one
 level deeper; a session at `max_depth` is refused. A child's run is saved inside its parent's run
 folder (`runs/<parent-id>/runs/<child-id>/`), so `last` stays the run a person started.
+
+Background tasks (`start`, and `subagent` with `background: true`) run as asyncio tasks on the
+runner's loop, on a `TaskBoard` per parent (`runner.board` for top-level ones), sharing the hosts,
+batching, KV pool and the process-wide slots with everything else. `close()` cancels what still runs.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import Annotated, Any, Optional
 from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
+from .board import TaskBoard
 from .caps import DEFAULT_CONCURRENCY, CapItem, check_concurrency, check_request
 from .compaction import CompactionSettings
 from .errors import InputTooLargeError, RequestError, RunNotFoundError, SubagentError
@@ -42,6 +50,7 @@ from .execution import Execution, Parent, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
 from .host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, TextCallback
+from .inbox import Inbox
 from .options import RunOptions
 from .project_context import ProjectContext, load_project_context
 from .results import Mode, MultiRunResult, RunResult
@@ -49,6 +58,7 @@ from .schema_output import check_schema
 from .session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from .slots import Slots, lend
 from .tools import Tool, Workspace
+from .tools.background import make_background_tools
 from .tools.subagent import Delegation, SubagentTool
 from .transcripts import RunRecorder, TaskEntry, load_run, read_transcript
 from .userfiles import first_error, load_file
@@ -173,6 +183,9 @@ class Runner:
         self._hosts: dict[str, ModelHost] = {}
         self._host_lock = asyncio.Lock()
         self._executions: set[Execution] = set()
+        self._background: set[Execution] = set()
+        self._board: TaskBoard | None = None
+        self._started: list[TaskHandle] = []  # every background task, for `close`
         self._trusted: set[str] = set()
         self._slots: Slots | None = None
         self._contexts: dict[Path, ProjectContext] = {}
@@ -185,6 +198,11 @@ class Runner:
         await self.close()
 
     async def close(self) -> None:
+        """Cancel the background tasks still running (their transcripts saved), then stop the hosts."""
+        for handle in self._started:
+            handle.cancel("the runner closed")
+        for handle in self._started:
+            await handle.join()
         hosts, self._hosts = list(self._hosts.values()), {}
         for host in hosts:
             await host.stop()
@@ -328,7 +346,102 @@ class Runner:
         if schema is not None:
             check_schema(schema, "schema")
         handle = await self.reopen(run_id, task=task)
-        return await handle.send(message, schema=schema, timeout=self.options.timeout, raise_errors=True)
+        return await handle.ask(message, schema=schema, timeout=self.options.timeout, raise_errors=True)
+
+    # -- background tasks -------------------------------------------------------------------------------
+
+    @property
+    def board(self) -> TaskBoard:
+        """The board of top-level background tasks (`start` without a board)."""
+        if self._board is None:
+            self._board = TaskBoard(self, self.workspace)
+        return self._board
+
+    async def start(
+        self,
+        task: TaskSpec,
+        *,
+        board: TaskBoard | None = None,
+        after: TaskHandle | None = None,
+        render: Callable[[RunResult], str] | None = None,
+    ) -> TaskHandle:
+        """Start a task in the background and return its handle at once; everything is checked first
+        (agent, grants, caps, schema, model loaded, the board's cap), as for `run`.
+
+        Args:
+            board: the parent's board (default: `runner.board`, top-level tasks).
+            after, render: a chain step: run when `after` completed, its task `render(after's result)`.
+        """
+        return (await self._start_all([task], board or self.board, chain=False, after=after, render=render))[0]
+
+    async def start_background(self, call: Delegation, board: TaskBoard) -> list[TaskHandle]:
+        """A `subagent` call with `background: true`: its tasks (or chain steps, each waiting for the one
+        before) started on the parent's board; nothing starts if any of them cannot."""
+        tasks = [TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks]
+        if call.mode == "chain" and tasks and PREVIOUS in tasks[0].task:
+            _plan_chain(tasks)  # raises: step 1 has no previous step
+        return await self._start_all(tasks, board, chain=call.mode == "chain", workspace=call.workspace)
+
+    async def _start_all(
+        self,
+        tasks: list[TaskSpec],
+        board: TaskBoard,
+        *,
+        chain: bool,
+        workspace: Workspace | None = None,
+        after: TaskHandle | None = None,
+        render: Callable[[RunResult], str] | None = None,
+    ) -> list[TaskHandle]:
+        tasks = [replace(t, agent=t.agent.strip().lower(), label=t.label.strip()) for t in tasks]
+        parent = board.parent
+        if parent is not None:
+            self._check_grant(parent, [t.agent for t in tasks])
+        ids = board.plan_ids(tasks)
+        handles = [await self._prepare(t, i, board, workspace or board.workspace) for t, i in zip(tasks, ids)]
+        check_request([CapItem(h.label, t.task, h.spec) for h, t in zip(handles, tasks)])
+        self._started += handles
+        for n, (handle, task) in enumerate(zip(handles, tasks)):
+            board.add(handle)
+            if chain and n:
+                handle.launch(task.task, after=handles[n - 1], render=_previous(task.task))
+            else:
+                handle.launch(task.task, after=after, render=render)
+        return handles
+
+    async def _prepare(self, task: TaskSpec, task_id: str, board: TaskBoard, workspace: Workspace) -> TaskHandle:
+        """A background task's handle, checked and its model loaded, not started."""
+        parent = board.parent
+        spec = self.agent(task.agent)
+        withheld: dict[str, str] = {}
+        if parent is not None:
+            spec, withheld = granted_tools(parent.spec, spec)
+        schema = task.schema if task.schema is not None else spec.output_schema
+        if schema is not None:
+            check_schema(schema, f"output schema of task '{task_id}'")
+        model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
+        host = await self.host_for(model)
+        await self.check_prompt_fits(spec, host, workspace)
+        read_more = None
+        if parent is not None:  # a parent agent reads a cut answer with its tool, never from a path
+            read_more = f'read the rest with subagent_output {{"id": "{task_id}", "offset": {{offset}}}}'
+        return TaskHandle(
+            self,
+            spec,
+            model,
+            host,
+            workspace,
+            label=f"{parent.label} > {task_id}" if parent else task_id,
+            id=task_id,
+            depth=parent.depth + 1 if parent else 0,
+            home=parent.home if parent else self.home,
+            owner=board,
+            interactive=False,
+            limits=self.limits(spec, task),
+            timeout=task.timeout or self.options.timeout,
+            schema=schema,
+            withheld=withheld,
+            read_more=read_more,
+        )
 
     # -- multi-turn tasks -------------------------------------------------------------------------------
 
@@ -389,12 +502,7 @@ class Runner:
         tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
         if parent is not None:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-            granted = parent.spec.agents
-            if granted is not None and (refused := sorted({t.agent for t in tasks} - set(granted))):
-                raise RequestError(
-                    f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
-                    f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
-                )
+            self._check_grant(parent, [t.agent for t in tasks])
         if call.mode == "chain":
             tasks, needs, renders = _plan_chain(tasks)
             return await self._execute(
@@ -430,10 +538,21 @@ class Runner:
             return RunResult(agent=task.agent, task=task.task, model=model, label=task.label, **data)  # type: ignore[arg-type]
         return None
 
-    def delegation_tools(self, parent: Parent, workspace: Workspace) -> dict[str, Tool]:
-        """`{"subagent": tool}` for an agent whose file grants it, else nothing (the recursion cut).
+    @staticmethod
+    def _check_grant(parent: Parent, agents: Sequence[str]) -> None:
+        """Refuse children the parent's `agents:` list does not name."""
+        granted = parent.spec.agents
+        if granted is not None and (refused := sorted(set(agents) - set(granted))):
+            raise RequestError(
+                f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
+                f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
+            )
 
-        While its children run, the parent lends its process slot (and writer turn) to them.
+    def delegation_tools(self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None) -> dict[str, Tool]:
+        """`subagent` and the background tools (`subagent_status`, `_output`, `_send`, `_cancel`) on
+        `board` for an agent whose file grants `subagent`, else nothing (the recursion cut).
+
+        While its children run in the foreground, the parent lends its process slot (and writer turn) to them.
         """
         if "subagent" not in parent.spec.tools:
             return {}
@@ -444,6 +563,7 @@ class Runner:
                 return await self.delegate(call, parent)
 
         agents = {name: a.description for name, a in self.catalog.agents.items()}
+        board = board or TaskBoard(self, workspace, parent=parent)
         tool = SubagentTool(
             workspace,
             delegate=delegate,
@@ -451,14 +571,21 @@ class Runner:
             caller=parent.spec.name,
             depth=parent.depth,
             max_depth=self.options.max_depth,
+            background=board,
         )
-        return {"subagent": tool}
+        return {"subagent": tool, **make_background_tools(workspace, board)}
 
-    def cancel(self) -> bool:
-        """Abort every run in progress (Ctrl-C); False when nothing was running yet."""
-        for execution in list(self._executions):
+    def cancel(self, *, background: bool = True) -> bool:
+        """Abort every run in progress (Ctrl-C); False when nothing was running yet.
+
+        Args:
+            background: also the background tasks (`start`, `background: true`); a chat's first Ctrl-C
+                stops only the turn.
+        """
+        executions = self._executions | (self._background if background else set())
+        for execution in list(executions):
             execution.cancel()
-        return bool(self._executions)
+        return bool(executions)
 
     # -- internals --------------------------------------------------------------------------------------
 
@@ -505,6 +632,8 @@ class Runner:
             ]
             recorder = RunRecorder(mode, workspace.root, entries, parent.home if parent else self.home)
         children_home = recorder.folder if recorder else None
+        parents = [Parent(s, t.label, depth, m, children_home) for t, s, m in zip(tasks, specs, models)]
+        boards = [self._task_board(p, workspace) for p in parents]
         plan = [
             PlannedTask(
                 index=i,
@@ -519,11 +648,12 @@ class Runner:
                 schema=schema,
                 needs=needs[i] if needs else (),
                 render=renders[i] if renders else None,
-                extra_tools=self.delegation_tools(Parent(s, t.label, depth, m, children_home), workspace),
+                extra_tools=self.delegation_tools(parents[i], workspace, boards[i]),
                 withheld=withheld[i],
                 context=self.project_context(s, workspace),
+                inbox=boards[i].inbox,
             )
-            for i, (t, s, m, h, schema) in enumerate(zip(tasks, specs, models, hosts, schemas))
+            for i, (t, s, h, schema) in enumerate(zip(tasks, specs, hosts, schemas))
         ]
         execution = Execution(
             mode,
@@ -540,6 +670,8 @@ class Runner:
         try:
             results = await self.track(execution)
         finally:
+            for board in boards:  # a task's background children end with it
+                await board.close("its parent task ended")
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
                 recorder.finish(
@@ -555,13 +687,21 @@ class Runner:
             error=chain_stop(results) if mode == "chain" else None,
         )
 
-    async def track(self, execution: Execution) -> list[RunResult]:
+    async def track(self, execution: Execution, *, background: bool = False) -> list[RunResult]:
         """Run an execution as one of this runner's, so that `cancel()` reaches it."""
-        self._executions.add(execution)
+        executions = self._background if background else self._executions
+        executions.add(execution)
         try:
             return await execution.run()
         finally:
-            self._executions.discard(execution)
+            executions.discard(execution)
+
+    def _task_board(self, parent: Parent, workspace: Workspace) -> TaskBoard:
+        """A task's board for its background children; its final answer waits while they run."""
+        board = TaskBoard(self, workspace, parent=parent, inbox=Inbox())
+        assert board.inbox is not None
+        board.inbox.settle = board.settle
+        return board
 
     def limits(self, spec: AgentSpec, task: TaskSpec | None = None) -> Limits:
         """A task's limits: its own, else the run's, else the agent's, else the defaults."""
@@ -604,6 +744,11 @@ def _plan_chain(
     needs = [(i - 1,) if i else () for i in range(len(tasks))]
     renders = [render(i) if i else None for i in range(len(tasks))]
     return tasks, needs, renders
+
+
+def _previous(task: str) -> Callable[[RunResult], str]:
+    """A background chain step's task, given the step before's result."""
+    return lambda previous: task.replace(PREVIOUS, previous.output)
 
 
 def chain_stop(results: Sequence[RunResult]) -> str | None:

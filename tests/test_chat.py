@@ -350,9 +350,10 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(
     stream = ReplyStream(screen)
     view = ChatView(Console(file=screen, width=200), stream)
     sink = Fanout([view.handle])
-    runner = Runner(
-        cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts, on_event=sink
-    )
+    # The orchestrator's tools (subagent and its four background tools) fill most of the tiny model's 4,096
+    # tokens (its tokenizer makes about 2.5 characters a token): a larger window keeps compaction out of this test.
+    options = RunOptions(model=str(tiny_qwen3_path), context_window=8192)
+    runner = Runner(cwd=tmp_path, options=options, processor_factory=scripts, on_event=sink)
 
     async def main() -> tuple[Any, Any, Chat]:
         async with runner:
