@@ -242,7 +242,7 @@ class Execution:
         except asyncio.CancelledError:
             result = _stopped(session, prompt, "aborted", "cancelled", self.reason)
             if not self.cancelled:  # cancelled from outside the runner: save, then propagate
-                self._finish(item, transcript, session, result, prompt, started)
+                self.results[item.index] = self._finish(item, transcript, session, result, prompt, started)
                 raise
             _uncancel()
         except Exception as exc:

@@ -667,15 +667,21 @@ class Runner:
             slots=self.slots,
         )
         results: list[RunResult] = []
+        cancelled = False
         try:
             results = await self.track(execution)
+        except asyncio.CancelledError:
+            cancelled = True  # from outside the runner: an MCP client's cancel, the parent's turn stopped
+            raise
         finally:
             for board in boards:  # a task's background children end with it
                 await board.close("its parent task ended")
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
                 recorder.finish(
-                    done, interrupted=execution.cancelled, error=chain_stop(done) if mode == "chain" else None
+                    done,
+                    interrupted=execution.cancelled or cancelled,
+                    error=chain_stop(done) if mode == "chain" else None,
                 )
         return MultiRunResult(
             mode=mode,

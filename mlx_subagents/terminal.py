@@ -20,7 +20,7 @@ from .errors import SubagentError
 from .events import Event, EventSink, Fanout
 from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, two_press_sigint
 from .promptline import PromptLine
-from .render import EventLines
+from .render import EventLines, tasks_table
 from .results import RunResult
 from .runner import Runner
 from .tools import kill_all_processes
@@ -32,6 +32,9 @@ COMMANDS = {
     "/usage": "tokens, context and KV cache of this chat and its sub-agents",
     "/compact": "summarise the conversation so far, to free context",
     "/think": "show the last reply's reasoning in full (the chat shows it folded)",
+    "/tasks": "the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
+    "/send": "/send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
+    "/cancel": "/cancel ID: stop a background sub-agent (its bash commands are killed)",
     "/help": "this list",
     "/exit": "leave the chat (also Ctrl-D)",
 }
@@ -149,7 +152,10 @@ def run_chat(
 
 
 def _once(loop: asyncio.AbstractEventLoop, chat: Chat, message: str, out: Console, err: Console) -> int:
-    result = _interruptible(loop, chat.turn(message), chat, err)
+    try:
+        result = _interruptible(loop, chat.turn(message), chat, err)
+    finally:
+        loop.run_until_complete(chat.close())  # background sub-agents end with the chat
     if result.output and result.status != "aborted":
         out.print(result.output, markup=False)
     _report_end(result, err, interactive=False)
@@ -195,10 +201,13 @@ class ChatLoop:
             if self.terminated is None:
                 raise
         finally:
-            for signum in STOP_SIGNALS:
-                loop.remove_signal_handler(signum)
             self.view.prompt = None
             self.prompt.restore_terminal()
+            if alive := self.chat.alive():
+                self.err.print(f"[yellow]stopping {len(alive)} background sub-agent(s): {escape(', '.join(alive))}[/]")
+            await self.chat.close()  # Ctrl-C stays wired while they stop and save
+            for signum in STOP_SIGNALS:
+                loop.remove_signal_handler(signum)
         _saved(self.chat, self.err)
         if self.terminated is not None:
             raise SystemExit(128 + self.terminated)
@@ -266,6 +275,8 @@ class ChatLoop:
             out.print(f"compacted: {done[0]:,} -> {done[1]:,} tokens" if done else "nothing to compact yet")
         elif name == "/think":
             out.print(chat.last_reasoning or "(no reasoning in the last reply)", markup=False, style="dim")
+        elif name in ("/tasks", "/send", "/cancel"):
+            self.task_command(name, rest.strip())
         elif name == "/help":
             for command, text in COMMANDS.items():
                 out.print(f"{command:<10} {text}")
@@ -276,22 +287,64 @@ class ChatLoop:
             )
         return True
 
+    def task_command(self, name: str, rest: str) -> None:
+        """`/tasks`, `/send ID TEXT`, `/cancel ID`; a mistake (an unknown id, a cancelled task) is one red line."""
+        task_id, _, text = rest.partition(" ")
+        try:
+            if name == "/tasks":
+                rows = self.chat.tasks()
+                if rows:
+                    self.out.print(tasks_table(rows))
+                else:
+                    self.out.print("no background sub-agents yet (the parent starts them with background: true)")
+            elif not task_id or (name == "/send" and not text.strip()):
+                usage = "/send ID TEXT" if name == "/send" else "/cancel ID"
+                known = ", ".join(t.id for t in self.chat.board.tasks()) or "none yet"
+                self.err.print(f"[red]usage: {usage}[/] (background sub-agents: {escape(known)})")
+            elif name == "/cancel":
+                self.out.print(f"cancelling {self.chat.cancel_task(task_id)}")
+            elif self.chat.send_to(task_id, text.strip()):
+                self.out.print(f"sent to {task_id}: it reads it at its next turn")
+            else:
+                self.out.print(f"sent to {task_id}: it resumes with it")
+        except SubagentError as exc:
+            self.err.print(f"[red]{escape(str(exc))}[/]")
+
     # -- signals ---------------------------------------------------------------------------------------
 
     def on_signal(self, signum: signal.Signals) -> None:
+        """Ctrl-C: during a turn, the first press stops it, the second also stops the background
+        sub-agents (or quits when there are none), the third quits; at the prompt, it stops the
+        background sub-agents."""
         if signum != signal.SIGINT:
             self.terminate(signum)
-        elif self.work is None:
-            self.view.show("[dim](Ctrl-C stops a running turn; /exit or Ctrl-D leaves)[/]")
-        else:
-            self.presses += 1
-            if self.presses > 1:
-                kill_all_processes()
-                os._exit(EXIT_INTERRUPTED)
-            self.err.print(
-                "\n[yellow]interrupted: stopping this turn and its sub-agents (Ctrl-C again to quit at once)[/]"
+            return
+        alive = self.chat.alive()
+        if self.work is None:
+            if alive:
+                self.stop_background()
+            else:
+                self.view.show("[dim](Ctrl-C stops a running turn; /exit or Ctrl-D leaves)[/]")
+            return
+        self.presses += 1
+        if self.presses == 1:
+            more = (
+                f"; {len(alive)} background sub-agent(s) run on (Ctrl-C again stops them too)"
+                if alive
+                else " (Ctrl-C again to quit at once)"
             )
+            self.err.print(f"\n[yellow]interrupted: stopping this turn and the sub-agents it waits for{more}[/]")
             self.stop_work()
+        elif self.presses == 2 and alive:
+            self.stop_background()
+        else:
+            kill_all_processes()
+            os._exit(EXIT_INTERRUPTED)
+
+    def stop_background(self) -> None:
+        ids = self.chat.stop_background()
+        if ids:
+            self.view.show(f"[yellow]stopping {len(ids)} background sub-agent(s): {escape(', '.join(ids))}[/]")
 
     def terminate(self, signum: signal.Signals) -> None:
         """SIGTERM or SIGHUP: stop every task (a second one exits at once); the chat ends once they are saved."""
@@ -303,6 +356,7 @@ class ChatLoop:
             self.view.show(f"[yellow]{signum.name} received: stopping every task[/]")
         except OSError:  # SIGHUP: the terminal may be gone
             pass
+        self.chat.stop_background()
         if self.work is not None:
             self.stop_work()
         elif self.main is not None:
