@@ -129,13 +129,18 @@ class Chat:
             else:
                 self.last_reasoning = (self.last_reasoning if self._thinking else "") + event.data["text"]
                 self._thinking = True
-        if event.kind == "task_end" and event.label.startswith(f"{self.label} > ") and not self._on_board(event.label):
+        if (
+            event.kind == "task_end"
+            and event.label.startswith(f"{self.label} > ")
+            and not self.in_background(event.label)
+        ):
             self.n_children += 1
             if "usage" in event.data:
                 self.children_usage = self.children_usage.add(RunUsage(**event.data["usage"]))
 
-    def _on_board(self, label: str) -> bool:
-        """A background sub-agent's event: its usage is counted live, from its session (`usage_lines`)."""
+    def in_background(self, label: str) -> bool:
+        """Whether `label` is one of this chat's background sub-agents (its usage is counted live, from its
+        session, in `usage_lines`; its end is told by its notice)."""
         return any(task.label == label for task in self.board.tasks())
 
     # -- reports ----------------------------------------------------------------------------------------

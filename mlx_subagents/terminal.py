@@ -82,6 +82,7 @@ class ChatView:
         self.stream = stream
         self.lines = EventLines(err, "chat")
         self.prompt: PromptLine | None = None
+        self.in_background: Callable[[str], bool] = lambda _label: False  # its end is told by its notice
         self.thought = 0  # characters of reasoning streamed in the reply so far
 
     @property
@@ -109,6 +110,8 @@ class ChatView:
             # the reasoning folded to one dim line; `/think` unfolds it
             self.show(f"[dim](thought: {self.thought:,} characters; /think shows it)[/]")
             self.thought = 0
+        if event.kind == "task_end" and self.in_background(event.label):
+            return
         markup = self.lines.line(event)
         if markup is not None:
             self.show(markup)
@@ -139,7 +142,7 @@ def run_chat(
     try:
         chat = _interruptible(loop, Chat.start(runner, agent, resume=resume, on_text=stream), None, err)
         sink.targets.insert(0, chat.observe)
-        view.parent = chat.label
+        view.parent, view.in_background = chat.label, chat.in_background
         if once is not None:
             return _once(loop, chat, once, out, err)
         return loop.run_until_complete(ChatLoop(chat, view, out, err).run())

@@ -32,7 +32,7 @@ def test_tasks_send_cancel_and_notices_at_the_prompt(tmp_path: Path, write_scrip
                 "orchestrator": {"replies": [start, "Both are on it."]},
                 "worker": {"replies": [call("bash", command=SLOW), "never"]},
                 # the scout answers after the parent's turn has ended: its notice comes at the prompt
-                "scout": {"replies": [{"content": "app.py:1", "delay": 1.5}, "tests/test_app.py:3"]},
+                "scout": {"replies": [{"content": "app.py:1", "delay": 3}, "tests/test_app.py:3"]},
             }
         }
     )
@@ -41,11 +41,11 @@ def test_tasks_send_cancel_and_notices_at_the_prompt(tmp_path: Path, write_scrip
         term.expect("/exit leaves\n> ")
         term.send("start them\n")
         term.expect("Both are on it.\n> ")
+        term.send("/ta")  # half a command typed when the scout's notice comes
+        # the notice prints above the prompt, which comes back with what was typed, and typing goes on
+        term.expect("● scout#1 completed: app.py:1\n> /ta")
         pids = wait_for_pids(tmp_path, time.monotonic() + 15)
-        # nothing typed: the scout's notice prints above the prompt, and the prompt comes back
-        term.expect("● scout#1 completed: app.py:1\n> ")
-
-        term.send("/tasks\n")
+        term.send("sks\n")
         table = term.expect("\n> ").splitlines()
         assert re.split(r"\s+", table[1].strip()) == [
             "id",
