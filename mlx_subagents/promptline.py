@@ -4,8 +4,12 @@
 `input()` gives line editing and history through `readline` where the platform has it. A line
 printed while the prompt is shown goes above it: `above()` clears the prompt line, lets the caller
 print, then draws the prompt again with what the user had typed so far (`readline`'s buffer), so
-typing carries on where it was. Reading is on demand, one line per `read()`: lines typed during a
-turn wait in the terminal for the next prompt, as they always have.
+typing carries on where it was, the cursor where readline has it. Reading is on demand, one line per
+`read()`: lines typed during a turn wait in the terminal for the next prompt, as they always have.
+
+Why not prompt_toolkit (`patch_stdout`): it holds the terminal in raw mode while prompting, so Ctrl-C
+stops arriving as SIGINT (the chat's one way to stop work), and it needs a second input path for a
+piped stdin anyway; readline is what `input()` already uses, with no new dependency.
 """
 
 from __future__ import annotations

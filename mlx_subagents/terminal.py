@@ -1,6 +1,10 @@
 """The terminal front end of `subagent chat`: a prompt line, the reply streamed as it is generated,
 tool calls and the sub-agents' progress as they happen (`render.EventLines`), the slash commands,
-and Ctrl-C (the first press stops the turn, the second quits). The conversation is `chat.Chat`.
+and the signals. The conversation is `chat.Chat`.
+
+The event loop never waits on the keyboard (`promptline.PromptLine` reads in a thread), so background
+sub-agents work while the user types, and their lines and notices print above the prompt. Ctrl-C
+stops the current turn; pressed again, it stops the background sub-agents too (see `ChatLoop`).
 """
 
 from __future__ import annotations
@@ -172,9 +176,11 @@ def _once(loop: asyncio.AbstractEventLoop, chat: Chat, message: str, out: Consol
 class ChatLoop:
     """The interactive chat: prompt, turns and slash commands on one event loop that never blocks.
 
-    Signals stay wired for the whole chat. Ctrl-C during a turn stops that turn (and the sub-agents
-    it waits for); pressed again, it quits at once. SIGTERM and SIGHUP stop everything, save, and
-    exit with 128 + the signal's number.
+    Signals stay wired for the whole chat. Ctrl-C during a turn stops that turn and the sub-agents it
+    waits for; background sub-agents run on until a second press (or a press at the prompt) stops
+    them; with none running, the second press quits at once. Leaving the chat cancels the background
+    sub-agents still running and waits until they are saved. SIGTERM and SIGHUP stop everything,
+    save, and exit with 128 + the signal's number.
     """
 
     def __init__(self, chat: Chat, view: ChatView, out: Console, err: Console) -> None:
