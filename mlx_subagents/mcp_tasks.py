@@ -219,8 +219,11 @@ def problem(exc: ValidationError) -> str:
 
 
 def result(text: str, content: BaseModel, *, is_error: bool = False) -> types.CallToolResult:
+    """Text and structured content; a task's `output` is left out (agent_output reads it, in pieces)."""
+    exclude = {"task": {"output"}} if isinstance(content, TaskOutput) else {"tasks": {"__all__": {"output"}}}
+    structured = content.model_dump(mode="json", exclude=exclude)  # type: ignore[arg-type]
     return types.CallToolResult(
-        content=[types.TextContent(text=text)], structured_content=content.model_dump(mode="json"), is_error=is_error
+        content=[types.TextContent(text=text)], structured_content=structured, is_error=is_error
     )
 
 

@@ -420,6 +420,7 @@ def test_started_tasks_are_watched_read_steered_and_cancelled(tmp_path: Path, wr
     assert not started.is_error and started.structured_content["ids"] == ["scout#1", "worker#1"]
     assert text(started).startswith("Started in the background: scout#1, worker#1. Carry on with other work; ")
     assert [t["agent"] for t in started.structured_content["tasks"]] == ["scout", "worker"]
+    assert "output" not in started.structured_content["tasks"][0]  # answers are read with agent_output
 
     scout = seen["scout"]
     assert (scout.is_error, text(scout)) == (False, "scout#1 completed\n\nscout found it")
