@@ -164,6 +164,8 @@ class TaskBoard:
         """For a parent's final answer: while children run and no message is pending, wait (lending the
         parent's slot) for one to end; whether a message is now pending."""
         pending = lambda: self.inbox is not None and self.inbox.pending()  # noqa: E731
+        if not self.alive() or pending():
+            return pending()  # nothing to wait for: the slot is kept (lending it means queueing again)
         async with lend():
             while self.alive() and not pending():
                 self._changed.clear()

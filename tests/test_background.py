@@ -498,3 +498,51 @@ def test_a_forced_parent_starts_a_background_child_and_reads_its_answer_on_the_t
     assert scripts.remaining("orchestrator") == scripts.remaining("orchestrator > scout#1") == 0
     child = child_runs(load_run(result.run_id))[0]
     assert read_transcript(child.transcript_path(child.tasks[0])).results[-1].usage.cached_tokens > 0
+
+
+# -- records: --events and `subagent show` ----------------------------------------------------------
+
+
+def test_run_events_and_show_record_sends_and_notices_in_order(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    import json
+
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        bg(agent="scout", task="map auth"),
+                        call("subagent_send", id="scout#1", message="also the tests"),
+                        "Waiting.",
+                        call("subagent_output", id="scout#1"),
+                        "Done: auth.py, tested.",
+                    ]
+                },
+                "scout": {
+                    "replies": [{"content": "Looking.", **call("ls", path="."), "delay": 0.3}, "auth.py, tested"]
+                },
+            }
+        }
+    )
+    code, out, err = run_cli("run", "orchestrator", "go", "-m", model, "-C", str(tmp_path), "--events")
+
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    notes = [
+        (e["kind"], e["label"], e["data"].get("message") or e["data"].get("text"))
+        for e in events
+        if e["kind"] in ("task_send", "task_notice")
+    ]
+    assert notes == [
+        ("task_send", "orchestrator > scout#1", "also the tests"),
+        ("task_notice", "orchestrator", "scout#1 completed: auth.py, tested; read it with subagent_output"),
+    ]
+    parent = load_run("last")
+    code, shown, _ = run_cli("show", parent.run_id)
+    assert code == 0
+    assert "notice (generation 1, turn 3): scout#1 completed: auth.py, tested; read it with subagent_output" in shown
+    assert shown.index("user: [notice] scout#1 completed") < shown.index("assistant: Done: auth.py, tested.")
+    child = child_runs(parent)[0]
+    code, shown, _ = run_cli("show", child.run_id)
+    assert "message sent (generation 1, turn 1): also the tests" in shown
+    assert shown.index("user: Task: map auth") < shown.index("user: also the tests") < shown.index("auth.py, tested")
