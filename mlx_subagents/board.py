@@ -124,6 +124,15 @@ class TaskBoard:
             ids.append(task_id)
         return ids
 
+    def reserve_ids(self, agents: list[str]) -> list[str]:
+        """Ids for foreground children, kept here once they end (no cap: they are not alive here)."""
+        counts = Counter(self._n_started)
+        ids = []
+        for agent in agents:
+            counts[agent] += 1
+            ids.append(f"{agent}#{counts[agent]}")
+        return ids
+
     def check_room(self, n_new: int = 1) -> None:
         alive = self.alive()
         if len(alive) + n_new > MAX_ALIVE:
