@@ -124,6 +124,15 @@ class TaskBoard:
             ids.append(task_id)
         return ids
 
+    def reserve_ids(self, agents: list[str]) -> list[str]:
+        """Ids for foreground children, kept here once they end (no cap: they are not alive here)."""
+        counts = Counter(self._n_started)
+        ids = []
+        for agent in agents:
+            counts[agent] += 1
+            ids.append(f"{agent}#{counts[agent]}")
+        return ids
+
     def check_room(self, n_new: int = 1) -> None:
         alive = self.alive()
         if len(alive) + n_new > MAX_ALIVE:
@@ -164,6 +173,8 @@ class TaskBoard:
         """For a parent's final answer: while children run and no message is pending, wait (lending the
         parent's slot) for one to end; whether a message is now pending."""
         pending = lambda: self.inbox is not None and self.inbox.pending()  # noqa: E731
+        if not self.alive() or pending():
+            return pending()  # nothing to wait for: the slot is kept (lending it means queueing again)
         async with lend():
             while self.alive() and not pending():
                 self._changed.clear()

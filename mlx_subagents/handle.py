@@ -121,11 +121,20 @@ class TaskHandle:
         self._last_tool: str | None = None
         self._started: float | None = None
         self._ended: float | None = None
+        self._run_id: str | None = None
+        self._held = True  # False: a foreground child kept for its answer, without its conversation
         self.session = self._session(messages) if messages is not None else None
 
     @property
     def run_id(self) -> str | None:
-        return self.record.run_id if self.record else None
+        return self.record.run_id if self.record else self._run_id
+
+    def adopt(self, result: RunResult, capped: str) -> None:
+        """Hold a task that ran elsewhere (a foreground child) for its answer: whole, and as its parent read it."""
+        self.uncapped, self.result = result, result.model_copy(update={"output": capped})
+        self._run_id = result.run_id
+        self._turn = result.usage.turns
+        self._held = False
 
     @property
     def status(self) -> TaskState:
@@ -141,6 +150,8 @@ class TaskHandle:
     def snapshot(self) -> TaskStatus:
         """Where the task is now: status, turn, tokens, last tool call, time, the answer or the partial output."""
         usage = self.session.usage if self.session is not None else RunUsage()
+        if not self._held and self.uncapped is not None:
+            usage = self.uncapped.usage
         ended = self.result is not None and not self._active
         output = self.result.output if ended and self.result else (self.session.last_text() if self.session else "")
         end = self._ended if self._ended is not None else time.monotonic()
@@ -207,6 +218,11 @@ class TaskHandle:
         if self._active:
             self.inbox.put(Delivery("task_send", message))
             return
+        if not self._held:
+            raise TaskStateError(
+                f"task '{self.id}' ran in the foreground and its conversation is not held here; its answer can "
+                f"be read, `subagent resume {self.run_id}` continues it, or start a new task in the background"
+            )
         if self.owner is not None:
             self.owner.check_room()
         self.launch(message, sends=[message])

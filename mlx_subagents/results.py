@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field
 
@@ -86,6 +86,9 @@ class MultiRunResult(BaseModel):
     run_id: str | None = None
     interrupted: bool = False
     error: str | None = None
+    # A delegated request's children: their ids on the parent's task board, in result order (None:
+    # not kept). Not part of the printed result.
+    task_ids: list[Optional[str]] = Field(default_factory=list, exclude=True)
 
     @property
     def ok(self) -> bool:

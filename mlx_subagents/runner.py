@@ -42,7 +42,7 @@ from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationErr
 
 from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
 from .board import TaskBoard
-from .caps import DEFAULT_CONCURRENCY, CapItem, check_concurrency, check_request
+from .caps import DEFAULT_CONCURRENCY, CapItem, cap_answer, check_concurrency, check_request
 from .compaction import CompactionSettings
 from .errors import InputTooLargeError, RequestError, RunNotFoundError, SubagentError
 from .events import Event, EventSink, ignore_event
@@ -59,7 +59,7 @@ from .session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from .slots import Slots, lend
 from .tools import Tool, Workspace
 from .tools.background import make_background_tools
-from .tools.subagent import Delegation, SubagentTool
+from .tools.subagent import READ_MORE, Delegation, SubagentTool
 from .transcripts import RunRecorder, TaskEntry, load_run, read_transcript
 from .userfiles import first_error, load_file
 from .workflow import Workflow, check_agents, find_workflow, load_workflow, render_prompt
@@ -421,9 +421,7 @@ class Runner:
         model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
         host = await self.host_for(model)
         await self.check_prompt_fits(spec, host, workspace)
-        read_more = None
-        if parent is not None:  # a parent agent reads a cut answer with its tool, never from a path
-            read_more = f'read the rest with subagent_output {{"id": "{task_id}", "offset": {{offset}}}}'
+        read_more = read_more_note(task_id) if parent is not None else None
         return TaskHandle(
             self,
             spec,
@@ -492,12 +490,16 @@ class Runner:
 
     # -- delegation ---------------------------------------------------------------------------------
 
-    async def delegate(self, call: Delegation, parent: Parent | None) -> MultiRunResult:
+    async def delegate(self, call: Delegation, parent: Parent | None, board: TaskBoard | None = None) -> MultiRunResult:
         """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
         unknown agent raises before anything starts, like any request. `parent` None: a call from
         outside the runner (`subagent mcp`), whose tasks run at the top level.
+
+        Args:
+            board: the parent's task board: the children that ran are kept there under ids (`scout#1`),
+                so that the parent reads a cut answer with `subagent_output` (the cut note says how).
         """
         tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
         if parent is not None:
@@ -506,21 +508,32 @@ class Runner:
         if call.mode == "chain":
             tasks, needs, renders = _plan_chain(tasks)
             return await self._execute(
-                "chain", tasks, concurrency=1, needs=needs, renders=renders, parent=parent, workspace=call.workspace
+                "chain",
+                tasks,
+                concurrency=1,
+                needs=needs,
+                renders=renders,
+                parent=parent,
+                workspace=call.workspace,
+                keep=board,
             )
         if call.mode == "single":
-            return await self._execute("single", tasks, concurrency=1, parent=parent, workspace=call.workspace)
+            return await self._execute(
+                "single", tasks, concurrency=1, parent=parent, workspace=call.workspace, keep=board
+            )
         failed = {i: r for i, t in enumerate(tasks) if (r := await self._set_up_fails(t, parent)) is not None}
         ready = [t for i, t in enumerate(tasks) if i not in failed]
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
         if ready:
             outcome = await self._execute(
-                "parallel", ready, concurrency=DEFAULT_CONCURRENCY, parent=parent, workspace=call.workspace
+                "parallel", ready, concurrency=DEFAULT_CONCURRENCY, parent=parent, workspace=call.workspace, keep=board
             )
         ran = iter(outcome.results)
+        ran_ids = iter(outcome.task_ids or [None] * len(ready))
         results = [failed[i] if i in failed else next(ran) for i in range(len(tasks))]
+        ids = [None if i in failed else next(ran_ids) for i in range(len(tasks))]
         return outcome.model_copy(
-            update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results)}
+            update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results), "task_ids": ids}
         )
 
     async def _set_up_fails(self, task: TaskSpec, parent: Parent | None) -> RunResult | None:
@@ -557,13 +570,13 @@ class Runner:
         if "subagent" not in parent.spec.tools:
             return {}
         assert self.catalog is not None
+        board = board or TaskBoard(self, workspace, parent=parent)
 
         async def delegate(call: Delegation) -> MultiRunResult:
             async with lend():
-                return await self.delegate(call, parent)
+                return await self.delegate(call, parent, board)
 
         agents = {name: a.description for name, a in self.catalog.agents.items()}
-        board = board or TaskBoard(self, workspace, parent=parent)
         tool = SubagentTool(
             workspace,
             delegate=delegate,
@@ -601,6 +614,7 @@ class Runner:
         raise_errors: bool = False,
         parent: Parent | None = None,
         workspace: Workspace | None = None,
+        keep: TaskBoard | None = None,
     ) -> MultiRunResult:
         """Check the whole request, load its models, then run it; nothing starts if a check fails.
 
@@ -608,6 +622,7 @@ class Runner:
             parent, workspace: for a delegated request, the session that made it (the children run one
                 level below it, on its model unless they name theirs, and are saved in its run folder)
                 and the children's workspace (default: top level, in the runner's workspace and home).
+            keep: the parent's board, where the finished children are kept under ids (see `delegate`).
         """
         workspace = workspace or self.workspace
         depth = parent.depth + 1 if parent else 0
@@ -632,6 +647,7 @@ class Runner:
             ]
             recorder = RunRecorder(mode, workspace.root, entries, parent.home if parent else self.home)
         children_home = recorder.folder if recorder else None
+        ids = keep.reserve_ids([t.agent for t in tasks]) if keep is not None else None
         parents = [Parent(s, t.label, depth, m, children_home) for t, s, m in zip(tasks, specs, models)]
         boards = [self._task_board(p, workspace) for p in parents]
         plan = [
@@ -652,6 +668,7 @@ class Runner:
                 withheld=withheld[i],
                 context=self.project_context(s, workspace),
                 inbox=boards[i].inbox,
+                read_more=read_more_note(ids[i]) if ids else None,
             )
             for i, (t, s, h, schema) in enumerate(zip(tasks, specs, hosts, schemas))
         ]
@@ -676,6 +693,10 @@ class Runner:
         finally:
             for board in boards:  # a task's background children end with it
                 await board.close("its parent task ended")
+            if keep is not None and ids is not None:
+                for task_id, item, done in zip(ids, plan, execution.uncapped):
+                    if done is not None:
+                        keep.add(self._finished(task_id, item, done, keep))
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
                 recorder.finish(
@@ -691,6 +712,7 @@ class Runner:
             run_id=recorder.run_id if recorder else None,
             interrupted=execution.cancelled,
             error=chain_stop(results) if mode == "chain" else None,
+            task_ids=list(ids) if ids else [],
         )
 
     async def track(self, execution: Execution, *, background: bool = False) -> list[RunResult]:
@@ -701,6 +723,15 @@ class Runner:
             return await execution.run()
         finally:
             executions.discard(execution)
+
+    def _finished(self, task_id: str, item: PlannedTask, result: RunResult, board: TaskBoard) -> TaskHandle:
+        """A foreground child that ended, kept on its parent's board: its answer can be read, its
+        conversation is not held (`subagent resume` continues it)."""
+        handle = TaskHandle(
+            self, item.spec, result.model, item.host, item.workspace, label=item.label, id=task_id, owner=board
+        )
+        handle.adopt(result, capped=cap_answer(result.output, None, read_more=item.read_more))
+        return handle
 
     def _task_board(self, parent: Parent, workspace: Workspace) -> TaskBoard:
         """A task's board for its background children; its final answer waits while they run."""
@@ -750,6 +781,11 @@ def _plan_chain(
     needs = [(i - 1,) if i else () for i in range(len(tasks))]
     renders = [render(i) if i else None for i in range(len(tasks))]
     return tasks, needs, renders
+
+
+def read_more_note(task_id: str) -> str:
+    """How a parent agent reads the rest of a child's cut answer: with its tool, never from a path."""
+    return READ_MORE.format(id=task_id)
 
 
 def _previous(task: str) -> Callable[[RunResult], str]:

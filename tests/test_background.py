@@ -498,3 +498,123 @@ def test_a_forced_parent_starts_a_background_child_and_reads_its_answer_on_the_t
     assert scripts.remaining("orchestrator") == scripts.remaining("orchestrator > scout#1") == 0
     child = child_runs(load_run(result.run_id))[0]
     assert read_transcript(child.transcript_path(child.tasks[0])).results[-1].usage.cached_tokens > 0
+
+
+# -- records: --events and `subagent show` ----------------------------------------------------------
+
+
+def test_run_events_and_show_record_sends_and_notices_in_order(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    import json
+
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        bg(agent="scout", task="map auth"),
+                        call("subagent_send", id="scout#1", message="also the tests"),
+                        "Waiting.",
+                        call("subagent_output", id="scout#1"),
+                        "Done: auth.py, tested.",
+                    ]
+                },
+                "scout": {
+                    "replies": [{"content": "Looking.", **call("ls", path="."), "delay": 0.3}, "auth.py, tested"]
+                },
+            }
+        }
+    )
+    code, out, err = run_cli("run", "orchestrator", "go", "-m", model, "-C", str(tmp_path), "--events")
+
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    notes = [
+        (e["kind"], e["label"], e["data"].get("message") or e["data"].get("text"))
+        for e in events
+        if e["kind"] in ("task_send", "task_notice")
+    ]
+    assert notes == [
+        ("task_send", "orchestrator > scout#1", "also the tests"),
+        ("task_notice", "orchestrator", "scout#1 completed: auth.py, tested; read it with subagent_output"),
+    ]
+    parent = load_run("last")
+    code, shown, _ = run_cli("show", parent.run_id)
+    assert code == 0
+    assert "notice (generation 1, turn 3): scout#1 completed: auth.py, tested; read it with subagent_output" in shown
+    assert shown.index("user: [notice] scout#1 completed") < shown.index("assistant: Done: auth.py, tested.")
+    child = child_runs(parent)[0]
+    code, shown, _ = run_cli("show", child.run_id)
+    assert "message sent (generation 1, turn 1): also the tests" in shown
+    assert shown.index("user: Task: map auth") < shown.index("user: also the tests") < shown.index("auth.py, tested")
+
+
+def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(tmp_path: Path, write_script: Any) -> None:
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        bg(
+                            chain=[
+                                {"agent": "scout", "task": "find the parser"},
+                                {"agent": "planner", "task": "plan: {previous}"},
+                            ]
+                        ),
+                        call("subagent_status"),
+                        "Waiting.",
+                        "Waiting for the plan.",
+                        call("subagent_output", id="planner#1"),
+                        "The plan is ready.",
+                    ]
+                },
+                "scout": {"replies": [{"content": "the parser is in p.py", "delay": 0.2}]},
+                "planner": {"replies": [{"content": "1. read p.py", "delay": 0.2}]},
+            }
+        }
+    )
+    runner = make_runner(tmp_path, model)
+    result = run_parent(runner)
+
+    assert result.output == "The plan is ready."
+    started, status, output = tool_messages(result)
+    assert started.startswith("Started in the background: scout#1, planner#1. ")
+    assert status.splitlines()[1].startswith("planner#1 (planner) queued: turn 0, 0 tokens")  # waits for step 1
+    assert output == "planner#1 completed\n\n1. read p.py"
+    planner = next(c for c in child_runs(load_run(result.run_id)) if c.tasks[0].agent == "planner")
+    log = read_transcript(planner.transcript_path(planner.tasks[0]))
+    assert log.messages[1]["content"] == "Task: plan: the parser is in p.py"
+
+
+def test_a_cut_answer_of_a_foreground_child_is_read_on_with_subagent_output(tmp_path: Path, write_script: Any) -> None:
+    from mlx_subagents.caps import cap_answer
+    from mlx_subagents.tools.subagent import READ_MORE
+
+    answer = "".join(f"{i:05d}\n" for i in range(10_000))  # 60,000 characters, over the 50 KiB cap
+    shown = cap_answer(answer, None, read_more=READ_MORE.format(id="scout#1"))
+    offset = len(shown.split("\n\n[answer truncated")[0])
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        call("subagent", agent="scout", task="list everything"),
+                        call("subagent_output", id="scout#1", offset=offset),
+                        call("subagent_send", id="scout#1", message="more?"),
+                        "Read it all.",
+                    ]
+                },
+                "scout": {"replies": [answer]},
+            }
+        }
+    )
+    result = run_parent(make_runner(tmp_path, model))
+
+    first, rest, refused = tool_messages(result)
+    assert first.startswith(answer[:offset])
+    assert first.endswith(
+        f'showing the first {offset:,}; read the rest with subagent_output {{"id": "scout#1", "offset": {offset}}}]'
+        f"\n\n[sub-agent run {child_runs(load_run(result.run_id))[0].run_id}]"
+    )
+    assert "transcript" not in first  # never a path the parent's tools refuse
+    assert rest == f"scout#1 completed (from character {offset})\n\n{answer[offset:]}"
+    assert refused.startswith("Error: task 'scout#1' ran in the foreground and its conversation is not held here;")

@@ -16,6 +16,7 @@ from ..caps import cap_answer
 from ..errors import SubagentError
 from ..results import TaskStatus
 from .base import Tool, ToolResult, error_result, one_line
+from .subagent import READ_MORE
 from .workspace import Workspace
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ class SubagentOutputTool(_BackgroundTool):
                 f"{'answer' if status.status in ('completed', 'failed') else 'output so far'} ({len(text)} characters); "
                 "read from offset 0"
             )
-        read_more = f'read the rest with subagent_output {{"id": "{status.id}", "offset": {{offset}}}}'
+        read_more = READ_MORE.format(id=status.id)
         body = cap_answer(text[params.offset :], None, read_more=read_more, offset=params.offset)
         if status.status in ("queued", "running"):
             body = body or "(no text yet)"

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 DelegationMode = Literal["single", "parallel", "chain"]
 NO_ANSWER = "(no answer)"
+READ_MORE = 'read the rest with subagent_output {{"id": "{id}", "offset": {{offset}}}}'
 
 FORMS = (
     "use exactly one of these forms: "
@@ -321,7 +322,9 @@ def _answers(delegation: Delegation, outcome: MultiRunResult, reserve: int) -> T
         title = f"Error: {outcome.error or 'the chain did not complete'}"
     heads = [f"### [{label}] {_status(r)}" for label, r in zip(labels, results)]
     bodies = [r.output or NO_ANSWER for r in results]
-    bodies = fit_answers(bodies, [r.transcript for r in results], title, heads, reserve)
+    ids = outcome.task_ids or [None] * len(results)
+    notes = [READ_MORE.format(id=i) if i else None for i in ids]
+    bodies = fit_answers(bodies, [r.transcript for r in results], title, heads, reserve, notes)
     sections = [f"{head}\n{body}" for head, body in zip(heads, bodies)]
     return ToolResult("\n\n".join([title, *sections]), is_error=not outcome.ok)
 
@@ -333,11 +336,19 @@ def _status(result: RunResult) -> str:
 
 
 def fit_answers(
-    bodies: list[str], transcripts: list[str | None], title: str, heads: list[str], reserve: int
+    bodies: list[str],
+    transcripts: list[str | None],
+    title: str,
+    heads: list[str],
+    reserve: int,
+    read_more: list[str | None] | None = None,
 ) -> list[str]:
     """Cut the longest bodies so the whole result (and `reserve` bytes more) stays under `MAX_ANSWER_BYTES`.
 
     Short bodies are kept whole; the room left is shared equally by the long ones (water-filling).
+
+    Args:
+        read_more: per body, how the parent reads the rest of a cut one (see `caps.cap_answer`).
     """
     sizes = [len(b.encode("utf-8", "surrogatepass")) for b in bodies]
     fixed = (
@@ -358,4 +369,7 @@ def fit_answers(
         for j in order[k:]:
             limits[j] = share
         break
-    return [cap_answer(b, transcripts[i], limits[i]) if i in limits else b for i, b in enumerate(bodies)]
+    notes = read_more or [None] * len(bodies)
+    return [
+        cap_answer(b, transcripts[i], limits[i], read_more=notes[i]) if i in limits else b for i, b in enumerate(bodies)
+    ]
