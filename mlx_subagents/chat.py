@@ -83,9 +83,14 @@ class Chat:
     def board(self) -> TaskBoard:
         return self.handle.board
 
+    def background(self) -> list[TaskHandle]:
+        """The background sub-agents of this chat, in start order. The board also keeps the foreground
+        ones that ended (for their answers, without their conversation: no session is held for them)."""
+        return [task for task in self.board.tasks() if task.alive or task.session is not None]
+
     def tasks(self) -> list[TaskStatus]:
         """Every background sub-agent of this chat, in start order."""
-        return [task.snapshot() for task in self.board.tasks()]
+        return [task.snapshot() for task in self.background()]
 
     def alive(self) -> list[str]:
         """The ids of the background sub-agents still queued or running."""
@@ -141,7 +146,7 @@ class Chat:
     def in_background(self, label: str) -> bool:
         """Whether `label` is one of this chat's background sub-agents (its usage is counted live, from its
         session, in `usage_lines`; its end is told by its notice)."""
-        return any(task.label == label for task in self.board.tasks())
+        return any(task.label == label for task in self.background())
 
     # -- reports ----------------------------------------------------------------------------------------
 
@@ -149,7 +154,7 @@ class Chat:
         session = self.handle.session
         u = session.usage if session else RunUsage()
         window = session.host.context_window if session else 0
-        c, background = self.children_usage, self.board.tasks()
+        c, background = self.children_usage, self.background()
         for task in background:  # their sessions' usage so far, over all their generations
             if task.session is not None:
                 c = c.add(task.session.usage)

@@ -308,7 +308,7 @@ class ChatLoop:
                     self.out.print("no background sub-agents yet (the parent starts them with background: true)")
             elif not task_id or (name == "/send" and not text.strip()):
                 usage = "/send ID TEXT" if name == "/send" else "/cancel ID"
-                known = ", ".join(t.id for t in self.chat.board.tasks()) or "none yet"
+                known = ", ".join(t.id for t in self.chat.background()) or "none yet"
                 self.err.print(f"[red]usage: {usage}[/] (background sub-agents: {escape(known)})")
             elif name == "/cancel":
                 self.out.print(f"cancelling {self.chat.cancel_task(task_id)}")
