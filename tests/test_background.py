@@ -42,8 +42,11 @@ def test_start_returns_at_once_with_predictable_ids_and_wait_gives_the_result(
     model = write_script({"agents": {"scout": {"replies": [{"content": "found app.py", "delay": 0.3}]}}})
     runner = make_runner(tmp_path, model)
 
+    notices: list[Any] = []
+
     async def main() -> Any:
         async with runner:
+            runner.board.on_notice = notices.append
             first = await runner.start(TaskSpec("scout", "find the app"))
             second = await runner.start(TaskSpec("scout", "find it again"))
             named = await runner.start(TaskSpec("Scout", "and once more", label="third"))
@@ -65,6 +68,11 @@ def test_start_returns_at_once_with_predictable_ids_and_wait_gives_the_result(
         "found app.py",
     )
     assert snap.run_id == first.run_id and snap.elapsed_s >= 0.3
+    assert sorted((n.id, n.status, n.output) for n in notices) == [
+        ("scout#1", "completed", "found app.py"),
+        ("scout#2", "completed", "found app.py"),
+        ("third", "completed", "found app.py"),
+    ]
     record = load_run(first.run_id)
     assert [(t.label, t.status) for t in record.tasks] == [("scout#1", "completed")]
     assert read_transcript(record.transcript_path(record.tasks[0])).messages[1]["content"] == "Task: find the app"
