@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +37,8 @@ Scope = Literal["user", "project", "both"]
 
 # `subagent` (delegation) is never granted by default: only a file that names it gets it.
 KNOWN_TOOLS = TOOL_NAMES + ("subagent",)
-WRITE_TOOLS = ("edit", "write")
+# The tools that can change the workspace: an agent with one takes turns there (see `AgentSpec.is_writer`).
+WRITER_TOOLS = ("edit", "write", "bash")
 # Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not.
 NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]*"
 MAX_TEMPERATURE = 2.0
@@ -48,7 +49,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking",
+    "engine_model", "thinking", "writer",
 )  # fmt: skip
 # Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
 CLAUDE_FIELDS = (
@@ -93,7 +94,8 @@ class AgentSpec(BaseModel):
     `warnings` holds what was ignored while loading (dropped Claude tools, Claude model aliases,
     unknown fields). `agents` names the agents it may start through `subagent` (None: any);
     `full_tools_for` those of them that keep tools it lacks itself (written `worker!`). `context`
-    `none` leaves the project's AGENTS.md/CLAUDE.md out of its system prompt.
+    `none` leaves the project's AGENTS.md/CLAUDE.md out of its system prompt. `writer` is what its file
+    says about taking the workspace's writer turn (None: decided by its tools, see `is_writer`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -113,15 +115,22 @@ class AgentSpec(BaseModel):
     agents: tuple[str, ...] | None = None
     full_tools_for: tuple[str, ...] = ()
     context: Literal["project", "none"] = "project"
+    writer: bool | None = None
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
     warnings: tuple[str, ...] = ()
 
-    @property
-    def read_only(self) -> bool:
-        """True when the agent cannot change files through `edit` or `write`."""
-        return not any(tool in WRITE_TOOLS for tool in self.tools)
+    def is_writer(self, withheld: Collection[str] = ()) -> bool:
+        """Whether it takes its workspace's writer turn: as its file's `writer:` says, else when it can
+        change files (`edit`, `write` or `bash`; tools its parent `withheld` do not count).
+
+        `writer: false` declares that it only looks (the built-in scout and reviewer run `git log` or
+        the tests through bash): it runs alongside the writers. A declaration, not a sandbox.
+        """
+        if self.writer is not None:
+            return self.writer
+        return any(tool in WRITER_TOOLS and tool not in withheld for tool in self.tools)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,6 +169,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         agents=agents,
         full_tools_for=full_tools_for,
         context=_parse_context(path, meta.get("context")),
+        writer=_parse_writer(path, meta.get("writer")),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -281,6 +291,15 @@ def _parse_context(path: Path, value: Any) -> Literal["project", "none"]:
     if value == "none" or value is False:
         return "none"
     raise _fail(path, f"field 'context' must be 'project' or 'none', got {value!r}", "e.g. context: none")
+
+
+def _parse_writer(path: Path, value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):  # a header read leniently
+        return value.strip().lower() == "true"
+    fix = "write 'writer: false' for an agent that only looks (its bash changes nothing), or leave it out"
+    raise _fail(path, f"field 'writer' must be true or false, got {value!r}", fix)
 
 
 def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> str | None:

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
-from .agents import AgentCatalog
+from .agents import WRITER_TOOLS, AgentCatalog, AgentSpec
 from .caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
 from .doctor import run_doctor
 from .errors import RequestError, SubagentError
@@ -668,7 +668,10 @@ def agents(
     scope: ScopeOpt = Scope.both,
     as_json: JsonOpt = False,
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Also show the project instructions every agent's prompt gets.")
+        bool,
+        typer.Option(
+            "--verbose", "-v", help="Also show whether each agent takes writer turns, and the project instructions."
+        ),
     ] = False,
 ) -> None:
     """List the agents: built-in, user and project.
@@ -681,7 +684,14 @@ def agents(
     catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
     _print_warnings(catalog)
     rows = [
-        {"name": s.name, "description": s.description, "tools": list(s.tools), "source": s.source, "file": str(s.path)}
+        {
+            "name": s.name,
+            "description": s.description,
+            "tools": list(s.tools),
+            "source": s.source,
+            "file": str(s.path),
+            "writer": s.is_writer(),
+        }
         for s in sorted(catalog.agents.values(), key=lambda s: s.name)
     ]
     if as_json:
@@ -691,8 +701,19 @@ def agents(
         out.print(
             f"{row['name']:<12} {row['source']:<8} {', '.join(row['tools'])}\n  {row['description']}\n  [dim]{row['file']}[/]"
         )
+        if verbose:
+            out.print(f"  {_writer_line(catalog.agents[row['name']])}", markup=False)
     if verbose:
         _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
+
+
+def _writer_line(spec: AgentSpec) -> str:
+    """How the agent shares its workspace: the writer rule, and why it applies."""
+    if spec.is_writer():
+        why = "writer: true" if spec.writer else f"it has {', '.join(t for t in spec.tools if t in WRITER_TOOLS)}"
+        return f"writer: takes turns with other writers in its workspace ({why})"
+    why = "writer: false" if spec.writer is False else "no edit, write or bash"
+    return f"reader: runs alongside the others ({why})"
 
 
 def _print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:

@@ -34,7 +34,7 @@ from .transcripts import TaskTranscript
 
 INTERRUPTED = "aborted by the user (Ctrl-C)"
 INTERRUPTED_BEFORE_START = "aborted by the user (Ctrl-C) before it started"
-WAITING_FOR_WRITER = "another agent that edits files is working in this workspace; writers take turns"
+WAITING_FOR_WRITER = "another agent that can change files is working in this workspace; writers take turns"
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ class Execution:
         """The process-wide slot (and the workspace's writer turn) the task runs in."""
         if self.slots is None:
             return nullcontext()
-        writer = None if item.spec.read_only else item.workspace.root
+        writer = item.workspace.root if item.spec.is_writer(item.withheld) else None
 
         def waiting() -> None:
             self._report(item, None, "waiting", reason=WAITING_FOR_WRITER)

@@ -1,10 +1,12 @@
 """Process-wide turns: at most `concurrency` agent loops at once, and one writer per workspace.
 
 Every session holds a `Lease` while it runs: one of the runner's slots and, for an agent that can
-change files (`edit`, `write`), its workspace's writer turn; the others run alongside. An agent whose
-only way to change things is `bash` counts as a reader: the built-in scout and reviewer use it to
-look (`git log`, running the tests), and serialising them would undo parallel scouting. Nesting cannot multiply the limit: a parent lends its lease back while it waits for its
-children (who may need the slot and the writer turn), and takes it again before it goes on.
+change files (`edit`, `write` or `bash`), its workspace's writer turn; the others run alongside. An
+agent file that says `writer: false` declares that it only looks, and runs alongside too: the
+built-in scout and reviewer run `git log` or the tests through bash, and serialising them would undo
+parallel scouting (`AgentSpec.is_writer` decides). Nesting cannot multiply the limit: a parent lends
+its lease back while it waits for its children (who may need the slot and the writer turn), and
+takes it again before it goes on.
 """
 
 from __future__ import annotations

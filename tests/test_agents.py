@@ -64,7 +64,8 @@ def test_builtins_load_with_their_tools(user_dir, project):
         "reviewer": ("read", "grep", "find", "ls", "bash"),
         "worker": ("read", "grep", "find", "ls", "bash", "edit", "write"),
     }
-    assert [catalog.get(n).read_only for n in catalog.names()] == [True, True, True, True, False]
+    assert [catalog.get(n).is_writer() for n in catalog.names()] == [False, False, False, False, True]
+    assert (catalog.get("scout").writer, catalog.get("reviewer").writer) == (False, False)
     assert catalog.get("scout").max_turns == 20
     assert catalog.get("worker").max_turns == 40
     assert all(spec.source == "builtin" and spec.warnings == () for spec in catalog.agents.values())
@@ -90,9 +91,9 @@ def test_omitted_tools_mean_all_tools_but_subagent_only_when_named(tmp_path):
     empty = parse_agent_file(write(tmp_path, "c.md", agent_text(extra="tools: []\n")), "user")
 
     assert omitted.tools == TOOL_NAMES
-    assert omitted.read_only is False
+    assert omitted.is_writer() is True
     assert named.tools == ("read", "subagent")
-    assert named.read_only is True
+    assert named.is_writer() is False
     assert empty.tools == ()
 
 
@@ -118,6 +119,7 @@ def test_full_spec_fields(tmp_path):
         "agents": None,
         "full_tools_for": (),
         "context": "project",
+        "writer": None,
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",
@@ -352,7 +354,7 @@ def test_claude_file_without_tools_gets_all_tools_minus_disallowed(tmp_path):
     spec = parse_agent_file(path, "project")
 
     assert spec.tools == ("read", "grep", "find", "ls", "bash")  # a restricted deny denies the whole tool
-    assert spec.read_only is True
+    assert spec.is_writer() is True  # bash can change files
     assert spec.warnings == ()
 
 
@@ -582,6 +584,31 @@ def test_a_fifo_agent_file_does_not_hang_a_command(project, tmp_path):
 def test_thinking_field_is_on_off_or_tokens(tmp_path, value, tokens):
     path = write(tmp_path, "a.md", f"---\nname: a\ndescription: d\nthinking: {value}\n---\nBody.\n")
     assert parse_agent_file(path, "project").thinking == tokens
+
+
+@pytest.mark.parametrize(
+    ("front", "writer", "is_writer", "without_bash"),
+    [
+        ("tools: read, bash\n", None, True, False),  # bash can change files: it takes turns
+        ("tools: read, edit\n", None, True, True),
+        ("tools: read, bash\nwriter: false\n", False, False, False),  # it declares that it only looks
+        ("tools: read\nwriter: true\n", True, True, True),  # forced
+        ("tools: read\nwriter: 'false'\n", False, False, False),
+    ],
+)
+def test_writer_field_and_who_takes_turns(tmp_path, front, writer, is_writer, without_bash):
+    spec = parse_agent_file(write(tmp_path, "a.md", agent_text(extra=front)), "project")
+    assert (spec.writer, spec.is_writer(), spec.is_writer(withheld={"bash"})) == (writer, is_writer, without_bash)
+
+
+def test_a_bad_writer_field_is_one_line(tmp_path):
+    path = write(tmp_path, "a.md", agent_text(extra="writer: sometimes\n"))
+    with pytest.raises(AgentFileError) as info:
+        parse_agent_file(path, "project")
+    assert str(info.value) == (
+        f"{path}: field 'writer' must be true or false, got 'sometimes'; "
+        "write 'writer: false' for an agent that only looks (its bash changes nothing), or leave it out"
+    )
 
 
 def test_a_bad_thinking_field_is_one_line(tmp_path):

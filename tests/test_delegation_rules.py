@@ -4,6 +4,8 @@ on its parent's model, fan-out is bounded for the whole process, writers take tu
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +150,7 @@ def test_two_writers_never_overlap_and_a_reader_runs_alongside(tmp_path: Path, w
     waiting = [e for e in events if e["kind"] == "waiting"]
     assert len(waiting) == 1 and waiting[0]["label"] in ("worker-1", "worker-2")
     assert waiting[0]["data"]["reason"] == (
-        "another agent that edits files is working in this workspace; writers take turns"
+        "another agent that can change files is working in this workspace; writers take turns"
     )
 
 
@@ -159,9 +161,89 @@ def test_the_progress_lines_say_a_writer_waits(tmp_path: Path, write_script: Any
 
     assert code == 0
     assert (
-        "[worker-2] waiting: another agent that edits files is working in this workspace; writers take turns"
+        "[worker-2] waiting: another agent that can change files is working in this workspace; writers take turns"
         in err.splitlines()
     )
+
+
+STAMP = f"{sys.executable} -c 'import time; print(time.time())'"
+
+
+def bash_spans(run: Any) -> dict[str, tuple[float, float]]:
+    """Each task's `bash` call as (started, ended), from the timestamps it printed into its transcript."""
+    spans = {}
+    for task in run.tasks:
+        log = read_transcript(run.transcript_path(task))
+        [output] = [r["data"]["output"] for r in log.records if r.get("kind") == "tool_result"]
+        start, end = map(float, re.findall(r"\d+\.\d+", output))
+        spans[task.label] = (start, end)
+    return spans
+
+
+def looking_agents(tmp_path: Path, write_script: Any, front: str) -> str:
+    """Two `looker` agents with bash (and `front`), each running one bash call that takes 0.5 s."""
+    write_agent(tmp_path, "looker", f"tools: read, bash\n{front}")
+    command = f"{STAMP}; sleep 0.5; {STAMP}"
+    return write_script({"agents": {"looker": {"replies": [call("bash", command=command), "looked"]}}})
+
+
+def test_two_bash_agents_take_turns(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = looking_agents(tmp_path, write_script, "")
+    args = ["parallel", "-t", "looker", "one", "-t", "looker", "two", "-m", model, "-C", str(tmp_path), "-y"]
+
+    code, _, err = run_cli(*args)
+
+    assert code == 0, err
+    first, second = sorted(bash_spans(load_run("last")).values())
+    assert first[1] <= second[0], f"two bash agents overlapped: {first}, {second}"
+    assert (
+        "[looker-2] waiting: another agent that can change files is working in this workspace; writers take turns"
+        in err.splitlines()
+    )
+
+
+def test_bash_agents_that_say_writer_false_run_alongside(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = looking_agents(tmp_path, write_script, "writer: false\n")
+    args = ["parallel", "-t", "looker", "one", "-t", "looker", "two", "-m", model, "-C", str(tmp_path), "-y"]
+
+    code, _, err = run_cli(*args)
+
+    assert code == 0, err
+    one, two = bash_spans(load_run("last")).values()
+    assert one[0] < two[1] and two[0] < one[1], f"the two readers took turns: {one}, {two}"
+    assert "waiting" not in err
+
+
+def test_the_writer_field_is_listed_and_checked(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    write_agent(tmp_path, "forced", "tools: read\nwriter: true\n")
+    write_agent(tmp_path, "looker", "tools: read, bash\n")
+
+    code, out, _ = run_cli("agents", "-C", str(tmp_path), "-v")
+    assert code == 0
+    lines = out.splitlines()
+    assert [
+        lines[lines.index(line) + 3] for line in lines if line.startswith(("forced ", "looker ", "scout ", "worker "))
+    ] == [
+        "  writer: takes turns with other writers in its workspace (writer: true)",
+        "  writer: takes turns with other writers in its workspace (it has bash)",
+        "  reader: runs alongside the others (writer: false)",
+        "  writer: takes turns with other writers in its workspace (it has bash, edit, write)",
+    ]
+    code, out, _ = run_cli("agents", "-C", str(tmp_path), "--json")
+    assert {row["name"]: row["writer"] for row in json.loads(out)} == {
+        "forced": True, "looker": True, "orchestrator": False, "planner": False, "reviewer": False, "scout": False,
+        "worker": True,
+    }  # fmt: skip
+
+    bad = tmp_path / ".mlx-subagents" / "agents" / "looker.md"
+    bad.write_text(bad.read_text().replace("tools: read, bash\n", "tools: read, bash\nwriter: maybe\n"))
+    code, out, err = run_cli("run", "looker", "look", "-m", write_script(["x"]), "-C", str(tmp_path), "-y")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        f"warning: skipped {bad}: field 'writer' must be true or false, got 'maybe'; "
+        "write 'writer: false' for an agent that only looks (its bash changes nothing), or leave it out",
+        "error: unknown agent 'looker'; available: forced, orchestrator, planner, reviewer, scout, worker",
+    ]
 
 
 # -- calls and set-up failures ---------------------------------------------------------------------

@@ -82,6 +82,17 @@ def test_run_on_an_engine_runs_the_tools_here(engine: FakeEngine, tmp_path: Path
     assert tools == ["read", "grep", "find", "ls", "bash", "edit", "write"]
 
 
+def test_thinking_off_asks_the_engines_template_for_no_thinking(
+    engine: FakeEngine, tmp_path: Path, run_cli: Any
+) -> None:
+    engine.queue(Reply("thought"), Reply("quick"), Reply("budgeted"))
+    for thinking in ((), ("--thinking", "off"), ("--thinking", "512")):
+        code, _, err = run_cli(*on_engine(engine, "run", "scout", "x", "-C", str(tmp_path)), *thinking)
+        assert code == 0, err
+    bodies = [r.body for r in engine.chat_requests()]
+    assert [body.get("chat_template_kwargs") for body in bodies] == [None, {"enable_thinking": False}, None]
+
+
 def test_an_engine_that_is_not_running_stops_the_command(tmp_path: Path, run_cli: Any) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

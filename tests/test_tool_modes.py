@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,6 @@ from mlx_subagents.host.templates import TemplateTraits, normalise
 from mlx_subagents.session import AgentSession, workspace_for
 from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
 
-REPO = Path(__file__).resolve().parents[1]
 SYSTEM = TASK[0]["content"]
 LS_RESULT = {"role": "tool", "tool_call_id": "call_0", "name": "ls", "content": "src/\nREADME.md"}
 STRICT = TemplateTraits(system=False, tool_role=False, alternating=True, tools=False, tool_calls=False)
@@ -73,7 +69,7 @@ def test_the_host_decides_the_tool_mode_by_probing_the_template(template_paths: 
     )
 
 
-def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: dict[str, Path]) -> None:
+def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: dict[str, Path], run_cli: Any) -> None:
     path = template_paths["none"]
     host = MlxModelHost(str(path))
     with pytest.raises(ChatTemplateError) as error:
@@ -83,15 +79,7 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: 
         f"model {path} has no chat template (no chat_template in tokenizer_config.json or chat_template.jinja); "
         "use an instruct/chat version of the model"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlx_subagents.cli", "run", "scout", "look", "--model", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"},
-        cwd=path,
-    )
-    assert (proc.returncode, proc.stderr) == (2, f"error: {error.value}\n")
+    assert run_cli("run", "scout", "look", "--model", str(path), "-C", str(path)) == (2, "", f"error: {error.value}\n")
 
 
 @pytest.mark.parametrize("template", ["no_tools", "strict"])

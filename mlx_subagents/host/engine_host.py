@@ -378,7 +378,8 @@ class EngineSession:
     ) -> Generation:
         """One streamed reply. Cancelling the awaiting task closes the stream at once.
 
-        The engine splits off the reasoning (its `reasoning_content` deltas) and owns any thinking budget.
+        The engine splits off the reasoning (its `reasoning_content` deltas) and owns any thinking budget;
+        `thinking=0` asks its chat template for no thinking (`enable_thinking: false`, as the MLX host does).
         """
         host = self._host
         wire = to_wire(messages)
@@ -392,6 +393,9 @@ class EngineSession:
         }
         if tools:
             request["tools"] = tools
+        if thinking == 0:
+            # vLLM, SGLang, llama.cpp's server and mlx_lm.server pass these to the chat template.
+            request["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
         started = time.perf_counter()
         reply = _Reply(hermes().visible_text(on_text) if on_text is not None else None, on_reasoning=on_reasoning)
         try:
