@@ -626,3 +626,29 @@ def test_a_cut_answer_of_a_foreground_child_is_read_on_with_subagent_output(tmp_
     assert "transcript" not in first  # never a path the parent's tools refuse
     assert rest == f"scout#1 completed (from character {offset})\n\n{answer[offset:]}"
     assert refused.startswith("Error: task 'scout#1' ran in the foreground and its conversation is not held here;")
+
+
+def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(tmp_path: Path, write_script: Any) -> None:
+    model = write_script({"agents": {"scout": {"replies": ["first answer", "answer to the late message"]}}})
+    handles: list[Any] = []
+
+    def sink(event: Event) -> None:
+        # The task has given its answer and is ending: too late for its last turn.
+        if event.kind == "task_end" and event.label == "scout#1" and handles[0].generations == 1:
+            handles[0].send("one more thing")
+
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=model), on_event=sink)
+
+    async def main() -> Any:
+        async with runner:
+            handles.append(await runner.start(TaskSpec("scout", "look")))
+            return await handles[0].wait()
+
+    result = asyncio.run(main())
+    assert result.output == "answer to the late message"
+    log = read_transcript(Path(result.transcript))
+    assert [r.output for r in log.results] == ["first answer", "answer to the late message"]
+    assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: look", "one more thing"]
+    assert [(r["generation"], r["data"]["message"]) for r in log.records if r["type"] == "task_send"] == [
+        (2, "one more thing")
+    ]
