@@ -226,8 +226,8 @@ def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_
                         "Auth is in auth.py; the plan has two steps.",
                     ]
                 },
-                "scout": {"replies": [{"content": "auth is in auth.py\nmore detail", "delay": 0.3}]},
-                "planner": {"replies": [{"content": "1. test 2. fix", "delay": 1.0}]},
+                "scout": {"replies": [{"content": "auth is in auth.py\nmore detail", "delay": 0.6}]},
+                "planner": {"replies": [{"content": "1. test 2. fix", "delay": 1.5}]},
             }
         }
     )
@@ -285,7 +285,7 @@ def test_a_parent_steers_and_cancels_its_children_and_errors_are_results(tmp_pat
                 },
                 "scout": {
                     "replies": [
-                        {"content": "Looking around.", **call("ls", path="."), "delay": 0.2},
+                        {"content": "Looking around.", **call("ls", path="."), "delay": 0.5},
                         {"content": "never", "delay": 30},
                     ]
                 },
@@ -527,7 +527,7 @@ def test_run_events_and_show_record_sends_and_notices_in_order(tmp_path: Path, w
                     ]
                 },
                 "scout": {
-                    "replies": [{"content": "Looking.", **call("ls", path="."), "delay": 0.3}, "auth.py, tested"]
+                    "replies": [{"content": "Looking.", **call("ls", path="."), "delay": 0.6}, "auth.py, tested"]
                 },
             }
         }
@@ -575,7 +575,7 @@ def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(tmp_path
                         "The plan is ready.",
                     ]
                 },
-                "scout": {"replies": [{"content": "the parser is in p.py", "delay": 0.2}]},
+                "scout": {"replies": [{"content": "the parser is in p.py", "delay": 0.5}]},
                 "planner": {"replies": [{"content": "1. read p.py", "delay": 0.2}]},
             }
         }
