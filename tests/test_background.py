@@ -652,3 +652,36 @@ def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(tmp_pat
     assert [(r["generation"], r["data"]["message"]) for r in log.records if r["type"] == "task_send"] == [
         (2, "one more thing")
     ]
+
+
+def test_a_steer_message_reaches_a_forced_child_between_its_tool_result_and_next_turn(
+    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
+    from mlx_subagents.testing import ForcedScripts, tool_call_text
+
+    (tmp_path / "app.py").write_text("print('hi')\n")
+    scripts = ForcedScripts(tiny_qwen3[1], {"scout#1": [tool_call_text("ls", {"path": "."}), "app.py, no tests"]})
+    handles: list[Any] = []
+
+    def sink(event: Event) -> None:
+        if event.kind == "tool_call" and event.label == "scout#1":  # mid tool call: it must wait for the result
+            handles[0].send("also look for tests")
+
+    runner = Runner(
+        cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts, on_event=sink
+    )
+
+    async def main() -> Any:
+        async with runner:
+            handles.append(await runner.start(TaskSpec("scout", "list the files")))
+            return await handles[0].wait()
+
+    result = asyncio.run(main())
+    assert (result.status, result.output) == ("completed", "app.py, no tests")
+    messages = read_transcript(Path(result.transcript)).messages
+    assert [(m["role"], m.get("content")) for m in messages[3:]] == [
+        ("tool", "app.py"),
+        ("user", "also look for tests"),
+        ("assistant", "app.py, no tests"),
+    ]
+    assert result.usage.turns == 2 and result.usage.cached_tokens > 0  # the second turn reused the first's cache
