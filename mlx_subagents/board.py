@@ -8,8 +8,8 @@ short and predictable so that a person, a test script and a model can all name a
 
 When a background task ends, the board tells its parent: a short notice goes into the parent
 session's inbox (read before its next turn), an event `task_notice` goes to the runner's sink
-(through the parent session, so it is in the parent's transcript too), and `on_notice` callbacks
-get the task's status.
+(through the parent session, so it is in the parent's transcript too), and the `on_notice` callback
+gets the task's status.
 
 The board also answers the model-facing tools (`tools/background.py`): it is their `TaskControl`.
 """
@@ -68,7 +68,7 @@ class TaskBoard:
         self.workspace = workspace
         self.parent = parent
         self.inbox = inbox
-        self.on_notice: list[NoticeCallback] = [on_notice] if on_notice else []
+        self.on_notice = on_notice
         self._handles: dict[str, TaskHandle] = {}
         self._n_started: Counter[str] = Counter()
         self._changed = asyncio.Event()
@@ -149,7 +149,7 @@ class TaskBoard:
     # -- notices ----------------------------------------------------------------------------------------
 
     def ended(self, handle: TaskHandle) -> None:
-        """A background generation of `handle` ended: notice to the parent, event, callbacks."""
+        """A background generation of `handle` ended: notice to the parent, event, callback."""
         result = handle.result
         status = handle.status
         line = first_line(result.output) if result is not None and result.output else ""
@@ -165,8 +165,8 @@ class TaskBoard:
             label = self.parent.label if self.parent else handle.label
             agent = self.parent.spec.name if self.parent else handle.spec.name
             self.runner.on_event(Event(kind="task_notice", label=label, agent=agent, data=data))
-        for callback in self.on_notice:
-            callback(handle.snapshot())
+        if self.on_notice is not None:
+            self.on_notice(handle.snapshot())
         self._changed.set()
 
     async def settle(self) -> bool:

@@ -162,11 +162,15 @@ class TaskHandle:
             turn=self._turn,
             tokens=usage.output_tokens,
             last_tool=self._last_tool,
-            elapsed_s=round(end - self._started, 1) if self._started is not None else 0.0,
+            elapsed_s=round(end - self._started, 1) if self._started is not None else self._ran_for(),
             output=output,
             error=self.result.error if ended and self.result else None,
             run_id=self.run_id,
         )
+
+    def _ran_for(self) -> float:
+        """How long a task that ran elsewhere (a foreground child) took."""
+        return round(self.uncapped.duration_s, 1) if self.uncapped is not None else 0.0
 
     def full_output(self) -> str:
         """The whole answer (never cut), or the partial output of a task that has not ended."""
@@ -186,7 +190,7 @@ class TaskHandle:
 
     def cancel(self, reason: str | None = None) -> bool:
         """Abort the running or queued generation (a `bash` call's processes are killed; what was done is
-        kept) and the task's own children; False when nothing was running.
+        kept) and, for a started task, its own children; False when nothing was running (or already cancelled).
 
         Args:
             reason: the error its result carries (default `cancelled`).

@@ -4,7 +4,9 @@ Messages are the only memory. Tool failures, unknown tools, bad arguments and
 malformed calls become error results the model sees; the loop ends with a
 reply that calls no tool, or a limit. The system prompt and tool list never
 change during a run, so the host's cached prefix survives every turn and
-every compaction.
+every compaction. At each turn boundary (after the tool results, before the next model call) the
+session takes what its inbox holds (messages sent to it, its background children's notices) as a user
+message; a final answer given while background children run may wait for them (`Inbox.settle`).
 """
 
 from __future__ import annotations

@@ -42,8 +42,11 @@ def test_start_returns_at_once_with_predictable_ids_and_wait_gives_the_result(
     model = write_script({"agents": {"scout": {"replies": [{"content": "found app.py", "delay": 0.3}]}}})
     runner = make_runner(tmp_path, model)
 
+    notices: list[Any] = []
+
     async def main() -> Any:
         async with runner:
+            runner.board.on_notice = notices.append
             first = await runner.start(TaskSpec("scout", "find the app"))
             second = await runner.start(TaskSpec("scout", "find it again"))
             named = await runner.start(TaskSpec("Scout", "and once more", label="third"))
@@ -65,6 +68,11 @@ def test_start_returns_at_once_with_predictable_ids_and_wait_gives_the_result(
         "found app.py",
     )
     assert snap.run_id == first.run_id and snap.elapsed_s >= 0.3
+    assert sorted((n.id, n.status, n.output) for n in notices) == [
+        ("scout#1", "completed", "found app.py"),
+        ("scout#2", "completed", "found app.py"),
+        ("third", "completed", "found app.py"),
+    ]
     record = load_run(first.run_id)
     assert [(t.label, t.status) for t in record.tasks] == [("scout#1", "completed")]
     assert read_transcript(record.transcript_path(record.tasks[0])).messages[1]["content"] == "Task: find the app"
@@ -218,8 +226,8 @@ def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_
                         "Auth is in auth.py; the plan has two steps.",
                     ]
                 },
-                "scout": {"replies": [{"content": "auth is in auth.py\nmore detail", "delay": 0.3}]},
-                "planner": {"replies": [{"content": "1. test 2. fix", "delay": 1.0}]},
+                "scout": {"replies": [{"content": "auth is in auth.py\nmore detail", "delay": 0.6}]},
+                "planner": {"replies": [{"content": "1. test 2. fix", "delay": 1.5}]},
             }
         }
     )
@@ -277,7 +285,7 @@ def test_a_parent_steers_and_cancels_its_children_and_errors_are_results(tmp_pat
                 },
                 "scout": {
                     "replies": [
-                        {"content": "Looking around.", **call("ls", path="."), "delay": 0.2},
+                        {"content": "Looking around.", **call("ls", path="."), "delay": 0.5},
                         {"content": "never", "delay": 30},
                     ]
                 },
@@ -519,7 +527,7 @@ def test_run_events_and_show_record_sends_and_notices_in_order(tmp_path: Path, w
                     ]
                 },
                 "scout": {
-                    "replies": [{"content": "Looking.", **call("ls", path="."), "delay": 0.3}, "auth.py, tested"]
+                    "replies": [{"content": "Looking.", **call("ls", path="."), "delay": 0.6}, "auth.py, tested"]
                 },
             }
         }
@@ -567,7 +575,7 @@ def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(tmp_path
                         "The plan is ready.",
                     ]
                 },
-                "scout": {"replies": [{"content": "the parser is in p.py", "delay": 0.2}]},
+                "scout": {"replies": [{"content": "the parser is in p.py", "delay": 0.5}]},
                 "planner": {"replies": [{"content": "1. read p.py", "delay": 0.2}]},
             }
         }
@@ -618,3 +626,62 @@ def test_a_cut_answer_of_a_foreground_child_is_read_on_with_subagent_output(tmp_
     assert "transcript" not in first  # never a path the parent's tools refuse
     assert rest == f"scout#1 completed (from character {offset})\n\n{answer[offset:]}"
     assert refused.startswith("Error: task 'scout#1' ran in the foreground and its conversation is not held here;")
+
+
+def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(tmp_path: Path, write_script: Any) -> None:
+    model = write_script({"agents": {"scout": {"replies": ["first answer", "answer to the late message"]}}})
+    handles: list[Any] = []
+
+    def sink(event: Event) -> None:
+        # The task has given its answer and is ending: too late for its last turn.
+        if event.kind == "task_end" and event.label == "scout#1" and handles[0].generations == 1:
+            handles[0].send("one more thing")
+
+    runner = Runner(cwd=tmp_path, options=RunOptions(model=model), on_event=sink)
+
+    async def main() -> Any:
+        async with runner:
+            handles.append(await runner.start(TaskSpec("scout", "look")))
+            return await handles[0].wait()
+
+    result = asyncio.run(main())
+    assert result.output == "answer to the late message"
+    log = read_transcript(Path(result.transcript))
+    assert [r.output for r in log.results] == ["first answer", "answer to the late message"]
+    assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: look", "one more thing"]
+    assert [(r["generation"], r["data"]["message"]) for r in log.records if r["type"] == "task_send"] == [
+        (2, "one more thing")
+    ]
+
+
+def test_a_steer_message_reaches_a_forced_child_between_its_tool_result_and_next_turn(
+    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
+    from mlx_subagents.testing import ForcedScripts, tool_call_text
+
+    (tmp_path / "app.py").write_text("print('hi')\n")
+    scripts = ForcedScripts(tiny_qwen3[1], {"scout#1": [tool_call_text("ls", {"path": "."}), "app.py, no tests"]})
+    handles: list[Any] = []
+
+    def sink(event: Event) -> None:
+        if event.kind == "tool_call" and event.label == "scout#1":  # mid tool call: it must wait for the result
+            handles[0].send("also look for tests")
+
+    runner = Runner(
+        cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts, on_event=sink
+    )
+
+    async def main() -> Any:
+        async with runner:
+            handles.append(await runner.start(TaskSpec("scout", "list the files")))
+            return await handles[0].wait()
+
+    result = asyncio.run(main())
+    assert (result.status, result.output) == ("completed", "app.py, no tests")
+    messages = read_transcript(Path(result.transcript)).messages
+    assert [(m["role"], m.get("content")) for m in messages[3:]] == [
+        ("tool", "app.py"),
+        ("user", "also look for tests"),
+        ("assistant", "app.py, no tests"),
+    ]
+    assert result.usage.turns == 2 and result.usage.cached_tokens > 0  # the second turn reused the first's cache
