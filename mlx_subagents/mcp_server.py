@@ -272,6 +272,11 @@ class AgentsServer:
     # -- run_agents -----------------------------------------------------------------------------------
 
     async def _run_agents(self, ctx: ServerRequestContext[Any], arguments: dict[str, Any]) -> types.CallToolResult:
+        if "background" in arguments:
+            return _error(
+                "run_agents waits for its tasks and takes no 'background'; to start them and carry on, call "
+                "start_agents with the same arguments"
+            )
         runner = await self._runner(ctx)
         token = (ctx.meta or {}).get("progress_token")
         progress = Progress(ctx.session) if token is not None else None

@@ -212,6 +212,7 @@ def test_bad_calls_are_errors_and_the_server_keeps_answering(tmp_path: Path, wri
                 ("run_agents", {"agent": "nobody", "task": "x"}),
                 ("run_agents", {"agent": "scout", "task": "x" * (MAX_TASK_CHARS + 1)}),
                 ("run_agents", {"agent": "scout", "task": "x", "colour": "red"}),
+                ("run_agents", {"agent": "scout", "task": "x", "background": True}),
                 ("run_agents", {"agent": "scout", "task": "x", "cwd": "../elsewhere"}),
                 ("run_agents", {"agent": "planner", "task": "plan"}),
                 ("no_such_tool", {}),
@@ -220,6 +221,11 @@ def test_bad_calls_are_errors_and_the_server_keeps_answering(tmp_path: Path, wri
             return [await client.call_tool(name, arguments) for name, arguments in calls]
 
     *bad, good = run(main)
+    background = bad.pop(4)
+    assert background.is_error and text(background) == (
+        "run_agents waits for its tasks and takes no 'background'; to start them and carry on, call start_agents "
+        "with the same arguments"
+    )
     assert [r.is_error for r in bad] == [True] * 7
     agents = "Available agents: " + ", ".join(BUILTINS)
     assert text(bad[0]) == f"Error: invalid run_agents call: no task given; {FORMS}. {agents}"
