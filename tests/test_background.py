@@ -685,3 +685,36 @@ def test_a_steer_message_reaches_a_forced_child_between_its_tool_result_and_next
         ("assistant", "app.py, no tests"),
     ]
     assert result.usage.turns == 2 and result.usage.cached_tokens > 0  # the second turn reused the first's cache
+
+
+def test_two_background_calls_in_one_reply_get_their_own_ids(tmp_path: Path, write_script: Any) -> None:
+    two = {
+        "tool_calls": [
+            {"name": "subagent", "arguments": {"agent": "scout", "task": "map auth", "background": True}},
+            {"name": "subagent", "arguments": {"agent": "scout", "task": "map db", "background": True}},
+        ]
+    }
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        two,
+                        call("subagent_output", id="scout#1", wait=30),
+                        call("subagent_output", id="scout#2", wait=30),
+                        "Both mapped.",
+                    ]
+                },
+                "scout": {"replies": [{"content": "mapped", "delay": 0.3}]},
+            }
+        }
+    )
+    result = run_parent(make_runner(tmp_path, model))
+
+    first, second, out_1, out_2 = tool_messages(result)
+    assert sorted([first.split(".")[0], second.split(".")[0]]) == [
+        "Started in the background: scout#1",
+        "Started in the background: scout#2",
+    ]
+    assert (out_1, out_2) == ("scout#1 completed\n\nmapped", "scout#2 completed\n\nmapped")
+    assert result.output == "Both mapped."
