@@ -718,3 +718,21 @@ def test_two_background_calls_in_one_reply_get_their_own_ids(tmp_path: Path, wri
     ]
     assert (out_1, out_2) == ("scout#1 completed\n\nmapped", "scout#2 completed\n\nmapped")
     assert result.output == "Both mapped."
+
+
+def test_ids_are_reserved_as_they_are_planned_and_count_against_the_cap(tmp_path: Path, write_script: Any) -> None:
+    board = make_runner(tmp_path, write_script(["x"])).board
+    first = board.plan_ids([TaskSpec("scout", "a"), TaskSpec("planner", "b")])
+    overlapping = board.plan_ids([TaskSpec("scout", "c")])  # planned before the first were added
+    assert (first, overlapping) == (["scout#1", "planner#1"], ["scout#2"])
+    board.release(overlapping)  # its start failed
+    assert board.plan_ids([TaskSpec("scout", "d", label="auth")]) == ["auth"]
+    with pytest.raises(RequestError, match="a task named 'auth' was already started here"):
+        board.plan_ids([TaskSpec("scout", "e", label="auth")])
+    with pytest.raises(RequestError) as refused:
+        board.plan_ids([TaskSpec("scout", "f")] * 6)
+    assert str(refused.value) == (
+        "3 background tasks are alive here (auth, planner#1, scout#1) and the limit is 8; wait for one to end "
+        "(subagent_output with wait) or cancel one"
+    )
+    assert board.plan_ids([TaskSpec("scout", "g")]) == ["scout#2"]
