@@ -71,6 +71,7 @@ class TaskBoard:
         self.on_notice = on_notice
         self._handles: dict[str, TaskHandle] = {}
         self._n_started: Counter[str] = Counter()
+        self._pending: set[str] = set()  # ids reserved by starts not finished yet
         self._changed = asyncio.Event()
 
     # -- the API ----------------------------------------------------------------------------------------
@@ -107,43 +108,55 @@ class TaskBoard:
             await handle.join()
 
     # -- ids and the cap (for `Runner.start`) -----------------------------------------------------------
+    # Ids are reserved as they are planned: starts that overlap (two `subagent` calls in one reply) never
+    # share an id or pass the cap together; a start that fails gives its reservations back (`release`).
 
     def plan_ids(self, tasks: list[TaskSpec]) -> list[str]:
-        """The ids these new tasks will get, in order; refuses a request over the cap or a taken label."""
+        """Reserve ids for these new background tasks, in order; refuses a request over the cap or a taken label."""
         self.check_room(len(tasks))
-        counts = Counter(self._n_started)
+        return self.reserve_ids([t.agent for t in tasks], [t.label for t in tasks])
+
+    def reserve_ids(self, agents: list[str], labels: list[str] | None = None) -> list[str]:
+        """Reserve an id per task: its label, else `agent#N`. Foreground children reserve theirs too (no cap:
+        they are not alive here) and are kept here once they end."""
         ids: list[str] = []
-        for task in tasks:
-            if task.label:
-                task_id = task.label.strip()
-            else:
-                counts[task.agent] += 1
-                task_id = f"{task.agent}#{counts[task.agent]}"
-            if task_id in self._handles or task_id in ids:
+        for agent, label in zip(agents, labels or [""] * len(agents)):
+            task_id = label.strip()
+            if not task_id:
+                while True:
+                    self._n_started[agent] += 1
+                    task_id = f"{agent}#{self._n_started[agent]}"
+                    if not self._taken(task_id):
+                        break
+            elif self._taken(task_id) or task_id in ids:
+                self.release(ids)
                 raise RequestError(f"a task named '{task_id}' was already started here; give the new one another label")
+            self._pending.add(task_id)
             ids.append(task_id)
         return ids
 
-    def reserve_ids(self, agents: list[str]) -> list[str]:
-        """Ids for foreground children, kept here once they end (no cap: they are not alive here)."""
-        counts = Counter(self._n_started)
-        ids = []
-        for agent in agents:
-            counts[agent] += 1
-            ids.append(f"{agent}#{counts[agent]}")
-        return ids
+    def release(self, ids: list[str]) -> None:
+        """Give back reserved ids that were not used (a start that failed its checks)."""
+        for task_id in reversed(ids):
+            self._pending.discard(task_id)
+            agent, _, n = task_id.rpartition("#")
+            if n.isdigit() and self._n_started[agent] == int(n):
+                self._n_started[agent] -= 1
+
+    def _taken(self, task_id: str) -> bool:
+        return task_id in self._handles or task_id in self._pending
 
     def check_room(self, n_new: int = 1) -> None:
-        alive = self.alive()
+        alive = [h.id for h in self.alive()] + sorted(self._pending)
         if len(alive) + n_new > MAX_ALIVE:
             raise RequestError(
-                f"{len(alive)} background tasks are alive here ({', '.join(h.id for h in alive)}) and the limit is "
+                f"{len(alive)} background tasks are alive here ({', '.join(alive)}) and the limit is "
                 f"{MAX_ALIVE}; wait for one to end (subagent_output with wait) or cancel one"
             )
 
     def add(self, handle: TaskHandle) -> None:
-        if "#" in handle.id and handle.id.rsplit("#", 1)[0] == handle.spec.name:
-            self._n_started[handle.spec.name] += 1
+        """Hold a task under its reserved id."""
+        self._pending.discard(handle.id)
         self._handles[handle.id] = handle
 
     # -- notices ----------------------------------------------------------------------------------------

@@ -397,8 +397,12 @@ class Runner:
         if parent is not None:
             self._check_grant(parent, [t.agent for t in tasks])
         ids = board.plan_ids(tasks)
-        handles = [await self._prepare(t, i, board, workspace or board.workspace) for t, i in zip(tasks, ids)]
-        check_request([CapItem(h.label, t.task, h.spec) for h, t in zip(handles, tasks)])
+        try:
+            handles = [await self._prepare(t, i, board, workspace or board.workspace) for t, i in zip(tasks, ids)]
+            check_request([CapItem(h.label, t.task, h.spec) for h, t in zip(handles, tasks)])
+        except BaseException:
+            board.release(ids)
+            raise
         self._started += handles
         for n, (handle, task) in enumerate(zip(handles, tasks)):
             board.add(handle)
@@ -697,6 +701,7 @@ class Runner:
                 for task_id, item, done in zip(ids, plan, execution.uncapped):
                     if done is not None:
                         keep.add(self._finished(task_id, item, done, keep))
+                keep.release([i for i, done in zip(ids, execution.uncapped) if done is None])
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
                 recorder.finish(

@@ -685,3 +685,54 @@ def test_a_steer_message_reaches_a_forced_child_between_its_tool_result_and_next
         ("assistant", "app.py, no tests"),
     ]
     assert result.usage.turns == 2 and result.usage.cached_tokens > 0  # the second turn reused the first's cache
+
+
+def test_two_background_calls_in_one_reply_get_their_own_ids(tmp_path: Path, write_script: Any) -> None:
+    two = {
+        "tool_calls": [
+            {"name": "subagent", "arguments": {"agent": "scout", "task": "map auth", "background": True}},
+            {"name": "subagent", "arguments": {"agent": "scout", "task": "map db", "background": True}},
+        ]
+    }
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        two,
+                        call("subagent_output", id="scout#1", wait=30),
+                        call("subagent_output", id="scout#2", wait=30),
+                        "Both mapped.",
+                    ]
+                },
+                "scout": {"replies": [{"content": "mapped", "delay": 0.3}]},
+            }
+        }
+    )
+    result = run_parent(make_runner(tmp_path, model))
+
+    first, second, out_1, out_2 = tool_messages(result)
+    assert sorted([first.split(".")[0], second.split(".")[0]]) == [
+        "Started in the background: scout#1",
+        "Started in the background: scout#2",
+    ]
+    assert (out_1, out_2) == ("scout#1 completed\n\nmapped", "scout#2 completed\n\nmapped")
+    assert result.output == "Both mapped."
+
+
+def test_ids_are_reserved_as_they_are_planned_and_count_against_the_cap(tmp_path: Path, write_script: Any) -> None:
+    board = make_runner(tmp_path, write_script(["x"])).board
+    first = board.plan_ids([TaskSpec("scout", "a"), TaskSpec("planner", "b")])
+    overlapping = board.plan_ids([TaskSpec("scout", "c")])  # planned before the first were added
+    assert (first, overlapping) == (["scout#1", "planner#1"], ["scout#2"])
+    board.release(overlapping)  # its start failed
+    assert board.plan_ids([TaskSpec("scout", "d", label="auth")]) == ["auth"]
+    with pytest.raises(RequestError, match="a task named 'auth' was already started here"):
+        board.plan_ids([TaskSpec("scout", "e", label="auth")])
+    with pytest.raises(RequestError) as refused:
+        board.plan_ids([TaskSpec("scout", "f")] * 6)
+    assert str(refused.value) == (
+        "3 background tasks are alive here (auth, planner#1, scout#1) and the limit is 8; wait for one to end "
+        "(subagent_output with wait) or cancel one"
+    )
+    assert board.plan_ids([TaskSpec("scout", "g")]) == ["scout#2"]
