@@ -88,22 +88,37 @@ def check_request(items: Sequence[CapItem], shared_input: str = "") -> None:
         )
 
 
-def cap_answer(text: str, transcript: str | None, max_bytes: int = MAX_ANSWER_BYTES) -> str:
+def cap_answer(
+    text: str,
+    transcript: str | None,
+    max_bytes: int = MAX_ANSWER_BYTES,
+    *,
+    read_more: str | None = None,
+    offset: int = 0,
+) -> str:
     """The answer cut so that it and a note saying where the full text is fit `max_bytes` of UTF-8.
 
     Args:
         transcript: the file holding the whole answer; None when transcripts are off.
+        read_more: instead of the transcript's path (which a parent agent's tools cannot open), how to
+            read the rest, with `{offset}` for where the shown part ends, in characters (e.g.
+            `subagent_output` with an offset).
+        offset: where `text` starts in the whole answer (a piece read from the middle).
     """
     data = text.encode("utf-8", "surrogatepass")  # a lone surrogate counts, never raises
     if len(data) <= max_bytes:
         return text
-    where = f"in the transcript {transcript}" if transcript else "not saved (transcripts are off)"
-
-    def note(n_shown: int) -> str:
-        return f"\n\n[answer truncated: {len(data):,} bytes, showing the first {n_shown:,}; the full text is {where}]"
-
-    # The note's length depends on the number it shows: make room for the longest it can be.
-    head = data[: max(0, max_bytes - len(note(len(data)).encode("utf-8", "surrogatepass")))].decode(
-        "utf-8", errors="ignore"
+    where = (
+        f"the full text is in the transcript {transcript}"
+        if transcript
+        else "the full text is not saved (transcripts are off)"
     )
-    return head + note(len(head.encode("utf-8")))
+
+    def note(n_shown: int, n_chars: int) -> str:
+        how = read_more.replace("{offset}", str(offset + n_chars)) if read_more else where
+        return f"\n\n[answer truncated: {len(data):,} bytes, showing the first {n_shown:,}; {how}]"
+
+    # The note's length depends on the numbers it shows: make room for the longest they can be.
+    room = max_bytes - len(note(len(data), len(text)).encode("utf-8", "surrogatepass"))
+    head = data[: max(0, room)].decode("utf-8", errors="ignore")
+    return head + note(len(head.encode("utf-8", "surrogatepass")), len(head))

@@ -4,20 +4,28 @@
 session kept across turns, its KV cache reused turn after turn, each turn a generation saved like
 any task's, so `subagent show`, `subagent resume` and `subagent chat --resume` work on it), plus what
 a person asks of a chat: a tally of the sub-agents' work, `/usage` and `/agents` reports.
-`interrupt()` (Ctrl-C) aborts the current turn and its sub-agents but keeps the chat. The terminal
-front end is `terminal.run_chat`.
+`interrupt()` (Ctrl-C) aborts the current turn and the sub-agents it waits for, but keeps the chat.
+
+Sub-agents the parent starts in the background (`background: true`) are on `chat.board`: they run
+on while the parent answers, after its turn ends and while the user types; `tasks()`,
+`cancel_task(id)` and `send_to(id, text)` are what `/tasks`, `/cancel` and `/send` do, and `close()`
+(the chat ends) cancels the ones still running. The terminal front end is `terminal.run_chat`.
 """
 
 from __future__ import annotations
 
-from .errors import RequestError
+from .board import TaskBoard
+from .errors import RequestError, TaskStateError
 from .events import Event
 from .handle import TaskHandle
 from .host.protocol import TextCallback
-from .results import RunResult, RunUsage
+from .results import RunResult, RunUsage, TaskStatus
 from .runner import Runner
 
 DEFAULT_CHAT_AGENT = "orchestrator"
+INTERRUPTED = "aborted by the user (Ctrl-C)"
+CANCELLED_BY_USER = "cancelled by the user"
+CHAT_ENDED = "the chat ended"
 
 
 class Chat:
@@ -62,11 +70,56 @@ class Chat:
         """
         if not message.strip():
             raise RequestError("the message is empty; type what the agent should do")
-        return await self.handle.send(message)
+        return await self.handle.ask(message)
 
     def interrupt(self) -> bool:
-        """Abort the running turn and every sub-agent it started; False when no turn is running."""
-        return self.runner.cancel()
+        """Abort the running turn and the sub-agents it waits for (background ones run on); False when
+        no turn is running."""
+        return self.handle.cancel(INTERRUPTED)
+
+    # -- background sub-agents ------------------------------------------------------------------------
+
+    @property
+    def board(self) -> TaskBoard:
+        return self.handle.board
+
+    def background(self) -> list[TaskHandle]:
+        """The background sub-agents of this chat, in start order. The board also keeps the foreground
+        ones that ended (for their answers, without their conversation: no session is held for them)."""
+        return [task for task in self.board.tasks() if task.alive or task.session is not None]
+
+    def tasks(self) -> list[TaskStatus]:
+        """Every background sub-agent of this chat, in start order."""
+        return [task.snapshot() for task in self.background()]
+
+    def alive(self) -> list[str]:
+        """The ids of the background sub-agents still queued or running."""
+        return [task.id for task in self.board.alive()]
+
+    def cancel_task(self, task_id: str) -> str:
+        """Cancel one background sub-agent (its `bash` processes are killed); its id.
+
+        Raises `TaskNotFoundError` (listing the ids) or `TaskStateError` (it is not running)."""
+        task = self.board.get(task_id)
+        if not task.cancel(CANCELLED_BY_USER):
+            raise TaskStateError(f"task '{task.id}' is not running (it {task.status}); nothing to cancel")
+        return task.id
+
+    def send_to(self, task_id: str, message: str) -> bool:
+        """Send a background sub-agent a message: whether it was running (it reads the message at its
+        next turn) rather than ended (it resumes with it)."""
+        task = self.board.get(task_id)
+        running = task.alive
+        task.send(message)
+        return running
+
+    def stop_background(self, reason: str = CANCELLED_BY_USER) -> list[str]:
+        """Cancel every background sub-agent still running; their ids."""
+        return [task.id for task in self.board.cancel_all(reason)]
+
+    async def close(self) -> None:
+        """The chat ends: cancel the background sub-agents still running and wait until they are saved."""
+        await self.board.close(CHAT_ENDED)
 
     async def compact(self) -> tuple[int, int] | None:
         """Summarise everything but the last reply now: `(tokens_before, tokens_after)`, or None
@@ -81,10 +134,19 @@ class Chat:
             else:
                 self.last_reasoning = (self.last_reasoning if self._thinking else "") + event.data["text"]
                 self._thinking = True
-        if event.kind == "task_end" and event.label.startswith(f"{self.label} > "):
+        if (
+            event.kind == "task_end"
+            and event.label.startswith(f"{self.label} > ")
+            and not self.in_background(event.label)
+        ):
             self.n_children += 1
             if "usage" in event.data:
                 self.children_usage = self.children_usage.add(RunUsage(**event.data["usage"]))
+
+    def in_background(self, label: str) -> bool:
+        """Whether `label` is one of this chat's background sub-agents (its usage is counted live, from its
+        session, in `usage_lines`; its end is told by its notice)."""
+        return any(task.label == label for task in self.background())
 
     # -- reports ----------------------------------------------------------------------------------------
 
@@ -92,13 +154,17 @@ class Chat:
         session = self.handle.session
         u = session.usage if session else RunUsage()
         window = session.host.context_window if session else 0
-        c = self.children_usage
+        c, background = self.children_usage, self.background()
+        for task in background:  # their sessions' usage so far, over all their generations
+            if task.session is not None:
+                c = c.add(task.session.usage)
         lines = [
             f"{self.label}: {u.turns} turns, {u.input_tokens:,} in ({u.cached_tokens:,} cached), {u.output_tokens:,} out; "
             f"context {u.context_tokens:,} of {window:,} tokens; KV cache {u.kv_bytes / 2**20:.1f} MiB; "
             f"{u.compactions} compactions",
-            f"sub-agents: {self.n_children} runs, {c.turns} turns, {c.input_tokens:,} in ({c.cached_tokens:,} cached), "
-            f"{c.output_tokens:,} out",
+            f"sub-agents: {self.n_children + len(background)} runs, {c.turns} turns, {c.input_tokens:,} in "
+            f"({c.cached_tokens:,} cached), {c.output_tokens:,} out"
+            + (f"; {len(background)} in the background, {len(self.alive())} running" if background else ""),
         ]
         if self.run_id:
             lines.append(f"saved as run {self.run_id}")

@@ -79,3 +79,11 @@ class StateHomeError(SubagentError):
 
 class RunNotFoundError(SubagentError):
     """No saved run (or task in it) matches the id given to `show` or `resume`."""
+
+
+class TaskNotFoundError(SubagentError):
+    """No background task of this parent has the id given (`subagent_output`, `handle.board.get`)."""
+
+
+class TaskStateError(SubagentError):
+    """A task cannot do what was asked in its state (a message to a cancelled task, output of a queued one)."""

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 # `reasoning`: a delta of a thinking model's reasoning as it is generated (`data["text"]`).
+# `task_send`: a message reached a task (`data["message"]`); `task_notice`: a background child of
+# the task ended (`data`: id, status, first_line, text); `task_cancel`: a task was cancelled (`data["reason"]`).
 EventKind = Literal[
     "waiting",
     "task_start",
@@ -18,6 +20,9 @@ EventKind = Literal[
     "usage",
     "compaction",
     "task_end",
+    "task_send",
+    "task_notice",
+    "task_cancel",
 ]
 
 

@@ -24,6 +24,7 @@ from .compaction import CompactionSettings
 from .errors import SubagentError
 from .events import Event, EventKind, EventSink, ignore_event
 from .host.protocol import ModelHost
+from .inbox import Inbox
 from .results import Mode, RunResult, Status, StopReason
 from .schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
 from .session import AgentSession, Limits
@@ -63,6 +64,10 @@ class PlannedTask:
         extra_tools: tools the runner adds by name (`subagent`); offered only if the agent grants them.
         withheld: tools the agent's file grants that its parent may not pass on, with the error a call gets.
         context: the project's instructions for its system prompt.
+        fresh: `session` holds only its system prompt: `prompt` is the task, given like a new task's.
+        inbox: the session's inbox (its board's notices, messages sent to it).
+        read_more: for an answer over the output cap, how to read the rest; `{offset}` is where the
+            shown part ends (default: the transcript's path, for a person).
     """
 
     index: int
@@ -81,6 +86,9 @@ class PlannedTask:
     extra_tools: dict[str, Tool] = field(default_factory=dict)
     withheld: dict[str, str] = field(default_factory=dict)
     context: str = ""
+    fresh: bool = False
+    read_more: str | None = None
+    inbox: Inbox | None = None
 
 
 OpenTranscript = Callable[[int], "TaskTranscript | None"]
@@ -107,7 +115,10 @@ class Execution:
 
     def __post_init__(self) -> None:
         self.results: list[RunResult | None] = [None] * len(self.plan)
+        # The results with their whole answers (`results` hold them capped).
+        self.uncapped: list[RunResult | None] = [None] * len(self.plan)
         self.cancelled = False
+        self.reason = INTERRUPTED
         self._done = [asyncio.Event() for _ in self.plan]
         self._slots = asyncio.Semaphore(self.concurrency)
         self._tasks: list[asyncio.Task[None]] = []
@@ -124,11 +135,16 @@ class Execution:
             raise
         return [r for r in self.results if r is not None]
 
-    def cancel(self) -> None:
-        """Abort every running and queued task; safe to call more than once, from the loop's thread."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Abort every running and queued task; safe to call more than once, from the loop's thread.
+
+        Args:
+            reason: the error the aborted results carry (default: Ctrl-C's).
+        """
         if self.cancelled:
             return
         self.cancelled = True
+        self.reason = reason or INTERRUPTED
         for task in self._tasks:
             task.cancel()
 
@@ -146,14 +162,14 @@ class Execution:
             else:
                 async with self._slots, self._turn(item):
                     if self.cancelled:
-                        result = self._not_run(item, "aborted", "cancelled", INTERRUPTED_BEFORE_START)
+                        result = self._not_run(item, "aborted", "cancelled", self._before_start())
                     else:
                         result = await self._run_task(item)
         except asyncio.CancelledError:
             if not self.cancelled:
                 raise
             _uncancel()
-            result = self._not_run(item, "aborted", "cancelled", INTERRUPTED_BEFORE_START)
+            result = self._not_run(item, "aborted", "cancelled", self._before_start())
         except Exception as exc:  # a task that could not even be set up fails alone
             if self.raise_errors:
                 raise
@@ -171,6 +187,9 @@ class Execution:
             self._report(item, None, "waiting", reason=WAITING_FOR_WRITER)
 
         return self.slots.hold(writer, on_wait=waiting)
+
+    def _before_start(self) -> str:
+        return INTERRUPTED_BEFORE_START if self.reason == INTERRUPTED else f"{self.reason} before it started"
 
     def _ok(self, index: int) -> bool:
         result = self.results[index]
@@ -196,6 +215,7 @@ class Execution:
             extra_tools=item.extra_tools,
             withheld=item.withheld,
             project_context=item.context,
+            inbox=item.inbox if item.inbox is not None else Inbox(),
         )
         session.on_event = self._session_sink(transcript)  # this generation's transcript
         if transcript is not None:
@@ -220,9 +240,9 @@ class Execution:
         except asyncio.TimeoutError:
             result = _stopped(session, prompt, "failed", "timeout", f"stopped by the timeout of {item.timeout:g}s")
         except asyncio.CancelledError:
-            result = _stopped(session, prompt, "aborted", "cancelled", INTERRUPTED)
+            result = _stopped(session, prompt, "aborted", "cancelled", self.reason)
             if not self.cancelled:  # cancelled from outside the runner: save, then propagate
-                self._finish(item, transcript, session, result, prompt, started)
+                self.results[item.index] = self._finish(item, transcript, session, result, prompt, started)
                 raise
             _uncancel()
         except Exception as exc:
@@ -237,7 +257,7 @@ class Execution:
     async def _drive(self, session: AgentSession, item: PlannedTask, prompt: str) -> RunResult:
         """The session to its answer; with a schema, one retry on an invalid answer."""
         text = prompt + schema_instruction(item.schema) if item.schema else prompt
-        if item.session is None:
+        if item.session is None or item.fresh:
             result = await session.run(text)
         else:
             result = await session.follow_up(prompt, text)
@@ -288,7 +308,8 @@ class Execution:
         )
         if transcript is not None:
             transcript.finish(session.messages, full)
-        return full.model_copy(update={"output": cap_answer(full.output, path)})
+        self.uncapped[item.index] = full
+        return full.model_copy(update={"output": cap_answer(full.output, path, read_more=item.read_more)})
 
     def _not_run(self, item: PlannedTask, status: Status, stop_reason: StopReason, error: str) -> RunResult:
         result = RunResult(

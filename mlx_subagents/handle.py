@@ -1,24 +1,38 @@
-"""`TaskHandle`: a top-level task that takes one message after another (a chat, a resumed task).
+"""`TaskHandle`: one task you hold: start it, watch it, steer it, stop it, continue it.
 
-A multi-turn task is still a task: each `send` is one generation of it, run through an `Execution`
-like any other (limits, timeout, Ctrl-C, error handling, the transcript and the task's events), on
-one `AgentSession` kept for the handle's life, so its host session and KV cache are reused turn
-after turn. A new task's run is created at its first message; the run's record is updated after
-every generation. `Runner.open_task` and `Runner.reopen` make handles; `subagent resume` sends one
-message, `subagent chat` many.
+A handle keeps one `AgentSession` for its life, so its host session and KV cache are reused
+generation after generation. Each generation (the task's first message, a message sent to it after
+it ended, a chat turn) runs through an `Execution` like any other task (limits, timeout, the
+process-wide slots, Ctrl-C, the transcript and the task's events). Two ways to drive a handle:
+
+- `await handle.ask(message)`: one generation, awaited (a chat turn, `subagent resume`);
+- `handle.send(message)`: returns at once. A task that is running gets the message at its next turn
+  boundary (its inbox; never inside a tool call); a finished one takes it as a new generation in
+  the background. `Runner.start` launches a task's first generation this way.
+
+`status`, `snapshot()`, `wait()` and `cancel()` work either way. The task's own background
+children are on `handle.board`. `Runner.start`, `Runner.open_task` and `Runner.reopen` make handles.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .agents import AgentSpec
+from .board import TaskBoard
 from .caps import CapItem, check_request
+from .errors import RequestError, TaskStateError
+from .events import Event, EventKind
 from .execution import Execution, Parent, PlannedTask
 from .host.protocol import Message, ModelHost, TextCallback
-from .results import RunResult
-from .session import AgentSession, system_prompt
+from .inbox import Delivery, Inbox
+from .results import RunResult, RunUsage, TaskState, TaskStatus
+from .session import AgentSession, Limits, system_prompt
 from .tools import Workspace
 from .transcripts import RunRecord, RunRecorder, TaskEntry, TaskTranscript
 
@@ -26,15 +40,24 @@ if TYPE_CHECKING:
     from .runner import Runner
 
 INTERRUPTED_TOOL_RESULT = "Error: this tool call was interrupted before it finished."
+CANCELLED = "cancelled"
 
 
 class TaskHandle:
-    """One top-level task, driven message by message; create with `Runner.open_task` or `Runner.reopen`.
+    """One task, held for its life; create with `Runner.start`, `Runner.open_task` or `Runner.reopen`.
 
     Args:
+        label: the session's label (`orchestrator > scout#1` for a child); `id` is its name on its board.
+        depth: how many parents it has (0: started by a person).
+        home: where its run is saved (its parent's run folder for a child; default: the runner's).
+        owner: the board it was started on; told when a background generation ends (its notice).
+        interactive: a chat or `resume`: its children outlive a generation, and a final answer never
+            waits for them. Otherwise (a started task) a final answer waits while its children run,
+            then takes their notices as a new turn, and its remaining children are cancelled when it ends.
         record, entry: the saved run and task being continued (None for a new task).
         messages: the conversation to continue (a reopened task).
         generations: how many generations the task already has.
+        read_more: how a cut answer says to read the rest (see `caps.cap_answer`).
     """
 
     def __init__(
@@ -46,11 +69,21 @@ class TaskHandle:
         workspace: Workspace,
         *,
         label: str,
+        id: str | None = None,
+        depth: int = 0,
+        home: Path | None = None,
+        owner: TaskBoard | None = None,
+        interactive: bool = True,
+        limits: Limits | None = None,
+        timeout: float | None = None,
+        schema: dict[str, Any] | None = None,
+        withheld: dict[str, str] | None = None,
         record: RunRecord | None = None,
         entry: TaskEntry | None = None,
         messages: list[Message] | None = None,
         generations: int = 0,
         on_text: TextCallback | None = None,
+        read_more: str | None = None,
     ) -> None:
         self.runner = runner
         self.spec = spec
@@ -58,17 +91,147 @@ class TaskHandle:
         self.host = host
         self.workspace = workspace
         self.label = label
+        self.id = id or label
+        self.depth = depth
+        self.home = home
+        self.owner = owner
+        self.interactive = interactive
+        self.limits = limits or runner.limits(spec)
+        self.timeout = timeout
+        self.schema = schema
+        self.withheld = withheld or {}
         self.record = record
         self.entry = entry
         self.generations = generations
         self.on_text = on_text
+        self.read_more = read_more
+        self.inbox = Inbox()
+        self.board = TaskBoard(runner, workspace, inbox=self.inbox)
+        if not interactive:
+            self.inbox.settle = self.board.settle
+        self.result: RunResult | None = None
+        self.uncapped: RunResult | None = None  # the last result with its whole answer
+        self.cancel_reason: str | None = None
+        self._active = False  # a generation is queued or running
+        self._running = False  # ... and holds a slot
+        self._done = asyncio.Event()
+        self._execution: Execution | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._turn = 0
+        self._last_tool: str | None = None
+        self._started: float | None = None
+        self._ended: float | None = None
+        self._run_id: str | None = None
+        self._held = True  # False: a foreground child kept for its answer, without its conversation
         self.session = self._session(messages) if messages is not None else None
 
     @property
     def run_id(self) -> str | None:
-        return self.record.run_id if self.record else None
+        return self.record.run_id if self.record else self._run_id
 
-    async def send(
+    def adopt(self, result: RunResult, capped: str) -> None:
+        """Hold a task that ran elsewhere (a foreground child) for its answer: whole, and as its parent read it."""
+        self.uncapped, self.result = result, result.model_copy(update={"output": capped})
+        self._run_id = result.run_id
+        self._turn = result.usage.turns
+        self._held = False
+
+    @property
+    def status(self) -> TaskState:
+        if self._active:
+            return "running" if self._running else "queued"
+        return self.result.status if self.result is not None else "queued"
+
+    @property
+    def alive(self) -> bool:
+        """Queued or running: it counts against its board's cap."""
+        return self._active
+
+    def snapshot(self) -> TaskStatus:
+        """Where the task is now: status, turn, tokens, last tool call, time, the answer or the partial output."""
+        usage = self.session.usage if self.session is not None else RunUsage()
+        if not self._held and self.uncapped is not None:
+            usage = self.uncapped.usage
+        ended = self.result is not None and not self._active
+        output = self.result.output if ended and self.result else (self.session.last_text() if self.session else "")
+        end = self._ended if self._ended is not None else time.monotonic()
+        return TaskStatus(
+            id=self.id,
+            agent=self.spec.name,
+            status=self.status,
+            turn=self._turn,
+            tokens=usage.output_tokens,
+            last_tool=self._last_tool,
+            elapsed_s=round(end - self._started, 1) if self._started is not None else self._ran_for(),
+            output=output,
+            error=self.result.error if ended and self.result else None,
+            run_id=self.run_id,
+        )
+
+    def _ran_for(self) -> float:
+        """How long a task that ran elsewhere (a foreground child) took."""
+        return round(self.uncapped.duration_s, 1) if self.uncapped is not None else 0.0
+
+    def full_output(self) -> str:
+        """The whole answer (never cut), or the partial output of a task that has not ended."""
+        if not self._active and self.uncapped is not None:
+            return self.uncapped.output
+        return self.session.last_text() if self.session is not None else ""
+
+    async def wait(self, timeout: float | None = None) -> RunResult | None:
+        """The result once the current generation ends; None if it still runs after `timeout` seconds."""
+        if not self._active:
+            return self.result
+        try:
+            await asyncio.wait_for(self._done.wait(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        return self.result
+
+    def cancel(self, reason: str | None = None) -> bool:
+        """Abort the running or queued generation (a `bash` call's processes are killed; what was done is
+        kept) and, for a started task, its own children; False when nothing was running (or already cancelled).
+
+        Args:
+            reason: the error its result carries (default `cancelled`).
+        """
+        if not self._active or self.cancel_reason is not None:
+            return False
+        self.cancel_reason = reason or CANCELLED
+        self._note("task_cancel", reason=self.cancel_reason)
+        if self._execution is not None:
+            self._execution.cancel(self.cancel_reason)
+        elif self._task is not None:  # not started yet (a chain step waiting for the one before)
+            self._task.cancel()
+        return True
+
+    def send(self, message: str) -> None:
+        """Give the task a message without waiting: at its next turn boundary if it runs, else as a new
+        generation of its conversation (in the background; its host session and KV cache reused).
+
+        Raises `TaskStateError` for a cancelled task, `RequestError` for an empty or oversized message.
+        """
+        self._check_message(message)
+        aborted = not self._active and self.result is not None and self.result.status == "aborted"
+        if self.cancel_reason is not None or aborted:
+            why = self.cancel_reason or (self.result.error if self.result else None) or CANCELLED
+            raise TaskStateError(
+                f"task '{self.id}' was cancelled ({why}) and takes no more messages; "
+                "its output so far can still be read, or start a new task"
+            )
+        if self._active:
+            self.inbox.put(Delivery("task_send", message))
+            return
+        if not self._held:
+            raise TaskStateError(
+                f"task '{self.id}' ran in the foreground and its conversation is not held here; its answer can "
+                f"be read, `subagent resume {self.run_id}` continues it, or start a new task in the background"
+            )
+        if self.owner is not None:
+            self.owner.check_room()
+        self.launch(message, sends=[message])
+
+    async def ask(
         self,
         message: str,
         *,
@@ -76,46 +239,50 @@ class TaskHandle:
         timeout: float | None = None,
         raise_errors: bool = False,
     ) -> RunResult:
-        """Run one generation: the agent answers `message`, delegating if it may. Saved when it ends.
+        """Run one generation and wait for it: the agent answers `message`, delegating if it may.
 
         Args:
             timeout: wall-clock seconds for this generation.
             raise_errors: re-raise an unexpected error (after saving) instead of a failed result.
         """
-        check_request([CapItem(self.label, message, self.spec)])
-        session = self.session or self._start()
-        self.generations += 1
-        transcript = self._transcript()
-        item = PlannedTask(
-            index=0,
-            label=self.label,
-            spec=self.spec,
-            host=self.host,
-            workspace=self.workspace,
-            prompt=message,
-            limits=session.limits,
-            step_id=self.entry.step_id if self.entry else None,
-            timeout=timeout,
-            schema=schema,
-            session=session,
-        )
-        execution = Execution(
-            "single",
-            [item],
-            concurrency=1,
-            compaction=self.runner.compaction,
-            on_event=self.runner.on_event,
-            open_transcript=lambda _index: transcript,
-            run_id=self.run_id,
-            raise_errors=raise_errors,
-            slots=self.runner.slots,
-        )
+        self._check_message(message)
+        if self._active:
+            raise TaskStateError(f"task '{self.id}' is still running; send() steers it, wait() waits for it")
+        self._begin()
+        result: RunResult | None = None
         try:
-            return (await self.runner.track(execution))[0]
+            result = await self._generations(message, schema=schema, timeout=timeout, raise_errors=raise_errors)
         finally:
-            session.messages = close_open_tool_calls(session.messages)
-            if execution.results[0] is not None:
-                self._record(execution.results[0])
+            self._end(result)
+        return result
+
+    def launch(
+        self,
+        prompt: str,
+        *,
+        sends: list[str] | None = None,
+        after: TaskHandle | None = None,
+        render: Callable[[RunResult], str] | None = None,
+    ) -> None:
+        """Start a generation in the background (`Runner.start`, `send`).
+
+        Args:
+            sends: messages sent to the task that `prompt` delivers (recorded as `task_send`).
+            after, render: a chain step: wait for `after`, then run `render(its result)` (skipped if it failed).
+        """
+        self._begin()
+        # A fresh context: the task must not inherit the slot lease of whoever started it.
+        self._task = contextvars.Context().run(
+            asyncio.create_task, self._background(prompt, sends or [], after, render), name=f"task-{self.id}"
+        )
+        self._task.add_done_callback(self._never_ran)
+
+    def _never_ran(self, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never ran `_background`: end it here."""
+        if self._active and task is self._task:
+            self._end(self._not_run("aborted", "cancelled", f"{self.cancel_reason or CANCELLED} before it started"))
+            if self.owner is not None:
+                self.owner.ended(self)
 
     async def compact(self) -> tuple[int, int] | None:
         """Summarise everything but the last reply now: `(tokens_before, tokens_after)`, or None
@@ -132,13 +299,169 @@ class TaskHandle:
             transcript.close()
         return before, session.usage.context_tokens
 
-    # -- internals --------------------------------------------------------------------------------------
+    async def join(self) -> None:
+        """Wait until the background work (if any) has ended and saved; never raises."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # -- generations ------------------------------------------------------------------------------------
+
+    async def _background(
+        self,
+        prompt: str,
+        sends: list[str],
+        after: TaskHandle | None,
+        render: Callable[[RunResult], str] | None,
+    ) -> None:
+        result: RunResult | None = None
+        try:
+            if after is not None:
+                previous = await after.join_result()
+                if previous is None or not previous.ok:
+                    result = self._not_run("failed", "skipped", f"not run: step '{after.id}' did not complete")
+                    return
+                if render is not None:
+                    prompt = render(previous)
+            result = await self._generations(prompt, sends=sends, timeout=self.timeout, schema=self.schema)
+        except asyncio.CancelledError:
+            result = self._not_run("aborted", "cancelled", f"{self.cancel_reason or CANCELLED} before it started")
+        except Exception as exc:  # a generation turns failures into results; this is a bug's last stop
+            result = self._not_run("failed", "error", f"{type(exc).__name__}: {exc}")
+        finally:
+            self._end(result)
+            if self.owner is not None:
+                self.owner.ended(self)
+
+    async def join_result(self) -> RunResult | None:
+        """The result once the background generation has ended (a chain's next step waits on this)."""
+        await self.join()
+        return self.result
+
+    async def _generations(
+        self,
+        prompt: str,
+        *,
+        sends: list[str] | None = None,
+        schema: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        raise_errors: bool = False,
+    ) -> RunResult:
+        """A generation; then another for each message sent as it ended (none is lost)."""
+        while True:
+            result = await self._generation(prompt, sends or [], schema, timeout, raise_errors)
+            late = self.inbox.take("task_send")
+            if not late or result.status == "aborted":
+                return result
+            sends = [d.text for d in late]
+            prompt = "\n\n".join(sends)
+
+    async def _generation(
+        self, prompt: str, sends: list[str], schema: dict[str, Any] | None, timeout: float | None, raise_errors: bool
+    ) -> RunResult:
+        fresh = self.session is None and not self.interactive  # a started task's first message is its task
+        session = self.session or self._start()
+        self.generations += 1
+        transcript = self._transcript()
+        for message in sends:
+            self._note("task_send", transcript=transcript, message=message)
+        item = PlannedTask(
+            index=0,
+            label=self.label,
+            spec=self.spec,
+            host=self.host,
+            workspace=self.workspace,
+            prompt=prompt,
+            limits=session.limits,
+            step_id=self.entry.step_id if self.entry else None,
+            timeout=timeout,
+            schema=schema,
+            session=session,
+            fresh=fresh,
+            read_more=self.read_more,
+        )
+        execution = Execution(
+            "single",
+            [item],
+            concurrency=1,
+            compaction=self.runner.compaction,
+            on_event=self._observe,
+            open_transcript=lambda _index: transcript,
+            run_id=self.run_id,
+            raise_errors=raise_errors,
+            slots=self.runner.slots,
+        )
+        self._execution = execution
+        try:
+            return (await self.runner.track(execution, background=not self.interactive))[0]
+        finally:
+            self._execution = None
+            self._running = False
+            session.messages = close_open_tool_calls(session.messages)
+            if execution.uncapped[0] is not None:
+                self.uncapped = execution.uncapped[0]
+            if execution.results[0] is not None:
+                self._record(execution.results[0])
+
+    def _begin(self) -> None:
+        self._active, self._running = True, False
+        self.result, self.cancel_reason = None, None
+        self._done.clear()
+        self._started, self._ended = time.monotonic(), None
+
+    def _end(self, result: RunResult | None) -> None:
+        if result is not None:
+            self.result = result
+        self._active = self._running = False
+        self._ended = time.monotonic()
+        if not self.interactive:  # its children end with it (a final answer waited for them)
+            self.board.cancel_all(f"its parent task '{self.id}' ended")
+        self._done.set()
+
+    def _not_run(self, status: Any, stop_reason: Any, error: str) -> RunResult:
+        self._note("task_end", status=status, stop_reason=stop_reason, error=error)
+        return RunResult(
+            agent=self.spec.name,
+            task="",
+            status=status,
+            error=error,
+            model=self.host.model_id,
+            stop_reason=stop_reason,
+            label=self.label,
+        )
+
+    def _check_message(self, message: str) -> None:
+        if not message.strip():
+            raise RequestError(f"the message to task '{self.id}' is empty; say what it should do")
+        check_request([CapItem(self.label, message, self.spec)])
+
+    # -- events and records -----------------------------------------------------------------------------
+
+    def _observe(self, event: Event) -> None:
+        """The task's progress from its own events, passed on to the runner's sink."""
+        if event.label == self.label:
+            if event.kind == "task_start":
+                self._running = True
+            elif event.kind == "turn_start":
+                self._turn = event.turn
+            elif event.kind == "tool_call":
+                self._last_tool = event.data.get("description") or event.data.get("name")
+        self.runner.on_event(event)
+
+    def _note(self, kind: EventKind, *, transcript: TaskTranscript | None = None, **data: Any) -> None:
+        """An event of this task from outside its loop (a send, a cancel): its transcript, then the runner's sink."""
+        event = Event(kind=kind, label=self.label, agent=self.spec.name, turn=self._turn, data=data)
+        record = transcript or self._transcript()
+        if record is not None:
+            record.event(event)
+            if transcript is None:
+                record.close()
+        self.runner.on_event(event)
 
     def _start(self) -> AgentSession:
         """A new task's first message: create its run, and a conversation holding the system prompt."""
         if self.runner.save_transcripts:
             self.entry = TaskEntry(index=0, label=self.label, agent=self.spec.name)
-            recorder = RunRecorder("single", self.workspace.root, [self.entry], self.runner.home)
+            recorder = RunRecorder("single", self.workspace.root, [self.entry], self.home or self.runner.home)
             recorder.transcript(0)  # names the task's file in the record
             self.record = recorder.record
         prompt = system_prompt(self.spec, self.workspace, self.runner.project_context(self.spec, self.workspace))
@@ -147,24 +470,26 @@ class TaskHandle:
 
     def _session(self, messages: list[Message]) -> AgentSession:
         children_home = self.record.folder if self.record else None
+        self.board.parent = Parent(self.spec, self.label, self.depth, self.model, children_home)
         return AgentSession(
             spec=self.spec,
             host=self.host,
             workspace=self.workspace,
             label=self.label,
-            limits=self.runner.limits(self.spec),
+            limits=self.limits,
             compaction=self.runner.compaction,
             on_text=self.on_text,
-            extra_tools=self.runner.delegation_tools(
-                Parent(self.spec, self.label, 0, self.model, children_home), self.workspace
-            ),
+            extra_tools=self.runner.delegation_tools(self.board.parent, self.workspace, self.board),
+            withheld=self.withheld,
+            project_context=self.runner.project_context(self.spec, self.workspace),
             messages=list(messages),
+            inbox=self.inbox,
         )
 
     def _transcript(self) -> TaskTranscript | None:
         if self.record is None or self.entry is None:
             return None
-        return TaskTranscript(self._path(), generation=self.generations)
+        return TaskTranscript(self._path(), generation=max(self.generations, 1))
 
     def _path(self) -> Path:
         assert self.record is not None and self.entry is not None

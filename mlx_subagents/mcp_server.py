@@ -2,11 +2,14 @@
 
 A front end like the CLI: it builds one `Runner` (on the first call, once the workspace is known)
 and keeps it for the life of the process, so every call reuses the resident host, its KV pool and
-the agents' shared prefixes. Two tools:
+the agents' shared prefixes. The tools:
 
 - `list_agents`: the agents the server can run, and the project agents it withholds without `--yes`;
 - `run_agents`: the `subagent` tool's three forms (one task, parallel tasks, a chain), validated and
-  formatted by `tools/subagent.py` itself; the tasks run at the top level through `Runner.delegate`.
+  formatted by `tools/subagent.py` itself; the tasks run at the top level through `Runner.delegate`;
+- `start_agents`, `agent_status`, `agent_output`, `send_to_agent`, `cancel_agent`: the same forms
+  started in the background on the server's one task board, then watched, read, steered and
+  stopped by id (`mcp_tasks.py`).
 
 A call with a progress token gets one progress notification per runner event that says something
 (turns, tool calls, tokens), in order. A cancelled call cancels its children (their `bash` groups
@@ -41,17 +44,29 @@ from rich.text import Text
 
 from . import __version__
 from .agents import AgentSpec
+from .board import TaskBoard
 from .caps import MAX_TASKS
 from .errors import ConfirmationRequired, SubagentError
 from .events import Event, EventSink
 from .home import make_state_dir, state_home
+from .mcp_tasks import ServerTasks, StartControl
 from .render import EventLines
 from .results import MultiRunResult, RunResult, RunUsage, Status, StopReason
 from .runner import Runner
+from .tools.background import TaskControl
 from .tools.base import ToolResult
 from .tools.subagent import FORMS, Delegate, Delegation, SubagentTool, fit_answers
 
 SERVER_NAME = "mlx-subagents"
+TOOL_NAMES = (
+    "list_agents",
+    "run_agents",
+    "start_agents",
+    "agent_status",
+    "agent_output",
+    "send_to_agent",
+    "cancel_agent",
+)
 LOG_FILE = "mcp.log"
 MakeRunner = Callable[[Path, EventSink], Runner]
 
@@ -167,7 +182,7 @@ _progress: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("mcp
 
 
 class AgentsServer:
-    """The two tools over one lazily built, resident `Runner`.
+    """The tools over one lazily built, resident `Runner` and its board of started tasks.
 
     Args:
         make_runner: builds the runner for a workspace with an event sink (the CLI passes its own
@@ -179,6 +194,7 @@ class AgentsServer:
         self.make_runner = make_runner
         self.cwd = cwd
         self.runner: Runner | None = None
+        self.tasks: ServerTasks | None = None
         self._lock = asyncio.Lock()
 
     def server(self) -> Server[Any]:
@@ -191,6 +207,9 @@ class AgentsServer:
         )
 
     async def close(self) -> None:
+        """Cancel the started tasks that still run (their processes killed, their work saved), then stop."""
+        if self.tasks is not None:
+            await self.tasks.close()
         if self.runner is not None:
             await self.runner.close()
 
@@ -212,10 +231,11 @@ class AgentsServer:
                 types.Tool(
                     name="run_agents",
                     description=describe_run_agents(runner),
-                    input_schema=self._run_tool(runner).schema()["function"]["parameters"],
+                    input_schema=forms_schema(self._run_tool(runner)),
                     output_schema=RunOutcome.model_json_schema(),
                     annotations=types.ToolAnnotations(destructive_hint=True, open_world_hint=False),
                 ),
+                *self._tasks(runner).tools(forms_schema(self._run_tool(runner)), agent_lines(runner)),
             ]
         )
 
@@ -229,8 +249,13 @@ class AgentsServer:
                 result = _list_result(agent_list(await self._runner(ctx)))
             elif params.name == "run_agents":
                 result = await self._run_agents(ctx, params.arguments or {})
+            elif params.name == "start_agents":
+                result = await self._start_agents(ctx, params.arguments or {})
+            elif (call := self._tasks(await self._runner(ctx)).handler(params.name)) is not None:
+                result = await call(params.arguments or {})
             else:
-                result = _error(f"unknown tool '{params.name}'; this server has list_agents and run_agents")
+                names = ", ".join(TOOL_NAMES[:-1]) + f" and {TOOL_NAMES[-1]}"
+                result = _error(f"unknown tool '{params.name}'; this server has {names}")
         except asyncio.CancelledError:
             log.info("call %s cancelled by the client after %.1fs", params.name, time.perf_counter() - started)
             raise
@@ -247,18 +272,18 @@ class AgentsServer:
     # -- run_agents -----------------------------------------------------------------------------------
 
     async def _run_agents(self, ctx: ServerRequestContext[Any], arguments: dict[str, Any]) -> types.CallToolResult:
+        if "background" in arguments:
+            return _error(
+                "run_agents waits for its tasks and takes no 'background'; to start them and carry on, call "
+                "start_agents with the same arguments"
+            )
         runner = await self._runner(ctx)
         token = (ctx.meta or {}).get("progress_token")
         progress = Progress(ctx.session) if token is not None else None
         outcomes: list[tuple[Delegation, MultiRunResult]] = []
 
         async def delegate(call: Delegation) -> MultiRunResult:
-            withheld = {s.name for s in withheld_agents(runner)}
-            if blocked := sorted({t.agent.strip().lower() for t in call.tasks} & withheld):
-                raise ConfirmationRequired(
-                    f"project agent(s) withheld: {', '.join(blocked)}; they come with the workspace and can run "
-                    f"commands in it; {RESTART_WITH_YES}"
-                )
+            check_withheld(runner, call)
             outcome = await runner.delegate(call, None)  # no parent: top-level tasks
             outcomes.append((call, outcome))
             return outcome
@@ -287,11 +312,39 @@ class AgentsServer:
             return _error(answer.output)
         return run_result(*outcomes[-1], answer)
 
-    def _run_tool(self, runner: Runner, delegate: Delegate | None = None) -> SubagentTool:
-        """The `subagent` tool's validation and formatting, named `run_agents` in its messages.
+    # -- start_agents -----------------------------------------------------------------------------------
+
+    async def _start_agents(self, ctx: ServerRequestContext[Any], arguments: dict[str, Any]) -> types.CallToolResult:
+        """`run_agents`'s forms, validated by the same tool, started on the board: the ids at once."""
+        runner = await self._runner(ctx)
+        tasks = self._tasks(runner)
+        control = StartControl(tasks.board, lambda call: check_withheld(runner, call))
+        tool = self._run_tool(runner, background=control, name="start_agents")
+        answer = await tool.call({**arguments, "background": True})
+        if answer.is_error or not control.ids:
+            return _error(answer.output)
+        return tasks.started(control.ids)
+
+    def _tasks(self, runner: Runner | None = None) -> ServerTasks:
+        """The server's started tasks, on one board made with the runner."""
+        if self.tasks is None:
+            assert runner is not None
+            self.tasks = ServerTasks(TaskBoard(runner, runner.workspace))
+        return self.tasks
+
+    def _run_tool(
+        self,
+        runner: Runner,
+        delegate: Delegate | None = None,
+        *,
+        background: TaskControl | None = None,
+        name: str = "run_agents",
+    ) -> SubagentTool:
+        """The `subagent` tool's validation and formatting, named `run_agents` (or `name`) in its messages.
 
         Args:
             delegate: runs a valid call; None for a tool that only gives its schema (`list_tools`).
+            background: starts a call's tasks in the background (`start_agents`).
         """
         assert runner.catalog is not None
 
@@ -301,9 +354,14 @@ class AgentsServer:
         agents = {name: spec.description for name, spec in runner.catalog.agents.items()}
         # The client stands above the agents a person starts (depth 0): no depth limit applies to it.
         tool = SubagentTool(
-            runner.workspace, delegate=delegate or refuse, agents=agents, depth=-1, max_depth=runner.options.max_depth
+            runner.workspace,
+            delegate=delegate or refuse,
+            agents=agents,
+            depth=-1,
+            max_depth=runner.options.max_depth,
+            background=background,
         )
-        tool.name = "run_agents"
+        tool.name = name
         return tool
 
     # -- the workspace and the runner --------------------------------------------------------------------
@@ -366,6 +424,23 @@ def withheld_agents(runner: Runner) -> list[AgentSpec]:
     if runner.options.assume_yes:
         return []
     return sorted((s for s in runner.catalog.agents.values() if s.source == "project"), key=lambda s: s.name)
+
+
+def forms_schema(tool: SubagentTool) -> dict[str, Any]:
+    """The `subagent` tool's forms as `run_agents` and `start_agents` take them: without `background`
+    (the tool's name says whether the call waits)."""
+    schema = tool.schema()["function"]["parameters"]
+    return {**schema, "properties": {k: v for k, v in schema["properties"].items() if k != "background"}}
+
+
+def check_withheld(runner: Runner, call: Delegation) -> None:
+    """Refuse a call that names a project agent the server withholds (it was started without `--yes`)."""
+    withheld = {s.name for s in withheld_agents(runner)}
+    if blocked := sorted({t.agent.strip().lower() for t in call.tasks} & withheld):
+        raise ConfirmationRequired(
+            f"project agent(s) withheld: {', '.join(blocked)}; they come with the workspace and can run "
+            f"commands in it; {RESTART_WITH_YES}"
+        )
 
 
 def agent_list(runner: Runner) -> AgentList:
@@ -488,13 +563,7 @@ LIST_AGENTS_DESCRIPTION = (
 
 def describe_run_agents(runner: Runner) -> str:
     """When to delegate, how to write a task, the three forms, and the agents of this workspace."""
-    assert runner.catalog is not None
-    withheld = {s.name for s in withheld_agents(runner)}
-    listing = "\n".join(
-        f"- {s.name} (tools: {', '.join(s.tools)}): {s.description}"
-        for s in sorted(runner.catalog.agents.values(), key=lambda s: s.name)
-        if s.name not in withheld
-    )
+    listing = agent_lines(runner)
     return (
         f"Run local sub-agents on coding jobs in the workspace {runner.cwd}. Each runs on a small local model "
         "(free, private, slower and weaker than you), starts with an empty context, works with its own tools "
@@ -506,8 +575,21 @@ def describe_run_agents(runner: Runner) -> str:
         f"{FORMS[0].upper()}{FORMS[1:]}.\nIndependent tasks in one call run at the same time and share the loaded model; "
         f"at most {MAX_TASKS} per call. cwd (optional) is a folder inside the workspace.\n"
         "The result gives each answer and, per task, its status, token usage and transcript path; a task that "
-        f"failed makes the call an error.\nAgents:\n{listing or '- (none)'}"
+        f"failed makes the call an error. To carry on while they work, start_agents takes the same forms.\n"
+        f"Agents:\n{listing}"
     )
+
+
+def agent_lines(runner: Runner) -> str:
+    """One line per agent the server runs: name, tools, description."""
+    assert runner.catalog is not None
+    withheld = {s.name for s in withheld_agents(runner)}
+    listing = "\n".join(
+        f"- {s.name} (tools: {', '.join(s.tools)}): {s.description}"
+        for s in sorted(runner.catalog.agents.values(), key=lambda s: s.name)
+        if s.name not in withheld
+    )
+    return listing or "- (none)"
 
 
 # -- running ------------------------------------------------------------------------------------------

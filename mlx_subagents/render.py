@@ -8,7 +8,7 @@ The same events read three ways, by where they are shown (`Layout`):
 - "tasks" (`parallel`, `chain`, `workflow` when there is no live table): each task's start, tool
   calls and end, after its `[label]`;
 - "chat": the parent's tool calls as `▸ ...`; its sub-agents relative to it (indented, `↳` when
-  one starts, `✓`/`✗` when it ends).
+  one starts, `✓`/`✗` when it ends); the notice of a background sub-agent's end as `● ...`.
 
 In each, a task that waits for its workspace's writer turn says so.
 """
@@ -20,8 +20,10 @@ from typing import Any, Literal
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from .events import Event
+from .results import TaskStatus
 
 Layout = Literal["task", "tasks", "chat"]
 CHILD = " > "
@@ -44,6 +46,10 @@ def end_status(data: dict[str, Any]) -> str:
     if data.get("stop_reason") == "skipped":
         return "skipped"
     return {"completed": "done", "aborted": "aborted"}.get(data.get("status", ""), "failed")
+
+
+# A background task's status (`TaskStatus.status`) and its colour.
+TASK_STYLES = {"queued": "dim", "running": "cyan", "completed": "green", "failed": "red", "aborted": "yellow"}
 
 
 def clip(text: str, n_chars: int = MAX_TOOL_CHARS) -> str:
@@ -134,6 +140,10 @@ class EventLines:
             return f"{prefix}[cyan]{mark}{escape(event.data['description'])}[/]"
         if event.kind == "tool_result" and event.data.get("is_error"):
             return f"{prefix}{' ' * len(mark)}[red]{escape(first_line(event.data['output']))}[/]"
+        if event.kind == "task_notice":  # a background sub-agent ended
+            data = event.data
+            style = TASK_STYLES.get(data["status"], "red")
+            return f"{prefix}[{style}]● {escape(data['id'])} {data['status']}:[/] {escape(data['first_line'])}"
         if event.kind == "compaction":
             before, after = event.data["tokens_before"], event.data["tokens_after"]
             sep = "," if self.layout == "chat" else ""  # `run` prints plain numbers, as it always has
@@ -159,3 +169,21 @@ class EventLines:
         reason = data.get("error") or data.get("stop_reason", "")
         style = "yellow" if data.get("status") == "aborted" else "red"
         return f"{indent}[{style}]✗ {escape(path)} {data.get('status')}: {escape(str(reason))}[/]"
+
+
+def tasks_table(tasks: list[TaskStatus]) -> Table:
+    """Background tasks as a table: id, agent, status, turn, tokens, last tool, elapsed."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("id", "agent", "status", "turn", "tokens", "last tool", "elapsed"):
+        table.add_column(name, justify="right" if name in ("turn", "tokens", "elapsed") else "left")
+    for t in tasks:
+        table.add_row(
+            escape(t.id),
+            escape(t.agent),
+            f"[{TASK_STYLES.get(t.status, '')}]{t.status}[/]",
+            str(t.turn),
+            f"{t.tokens:,}",
+            escape(clip(t.last_tool or "-", 40)),
+            f"{t.elapsed_s:.1f}s",
+        )
+    return table

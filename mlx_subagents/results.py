@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field
 
@@ -23,6 +23,8 @@ StopReason = Literal[
     "empty_answer",
 ]
 Mode = Literal["single", "parallel", "chain", "workflow"]
+# A task's state as a background task reports it: `queued` until it holds a slot, then `running`.
+TaskState = Literal["queued", "running", "completed", "failed", "aborted"]
 
 
 class RunUsage(BaseModel):
@@ -84,6 +86,9 @@ class MultiRunResult(BaseModel):
     run_id: str | None = None
     interrupted: bool = False
     error: str | None = None
+    # A delegated request's children: their ids on the parent's task board, in result order (None:
+    # not kept). Not part of the printed result.
+    task_ids: list[Optional[str]] = Field(default_factory=list, exclude=True)
 
     @property
     def ok(self) -> bool:
@@ -92,3 +97,21 @@ class MultiRunResult(BaseModel):
     @property
     def aborted(self) -> list[RunResult]:
         return [r for r in self.results if r.status == "aborted"]
+
+
+class TaskStatus(BaseModel):
+    """A task's state at one moment, for the tools, the chat and the MCP server alike.
+
+    `output` is the final answer when it ended, else the last reply text so far (the partial output).
+    """
+
+    id: str
+    agent: str
+    status: TaskState
+    turn: int = 0
+    tokens: int = 0
+    last_tool: str | None = None
+    elapsed_s: float = 0.0
+    output: str = ""
+    error: str | None = None
+    run_id: str | None = None

@@ -10,7 +10,10 @@ model. The CLI and Python callers both come through here:
         flow = await runner.workflow("fix-bug", input="the date parser drops time zones")
         more = await runner.resume(one.run_id, "and where is it tested?")
         chat = await runner.open_task("orchestrator")          # a multi-turn task (`subagent chat`)
-        first = await chat.send("where is auth handled?")
+        first = await chat.ask("where is auth handled?")
+        scout = await runner.start(TaskSpec("scout", "map auth"))  # in the background: returns at once
+        scout.send("also look at the middleware")               # reaches it at its next turn
+        done = await scout.wait()
 
 Every request is checked whole (agents, trust, size caps, workflow graph, models loaded) before any
 task starts. Every task is saved as a transcript unless `save_transcripts` is off.
@@ -19,6 +22,10 @@ Delegation: an agent whose file grants `subagent` gets the `subagent` tool, whos
 through this same runner (same hosts, caps and concurrency limit) as `parent > child` labels, one
 level deeper; a session at `max_depth` is refused. A child's run is saved inside its parent's run
 folder (`runs/<parent-id>/runs/<child-id>/`), so `last` stays the run a person started.
+
+Background tasks (`start`, and `subagent` with `background: true`) run as asyncio tasks on the
+runner's loop, on a `TaskBoard` per parent (`runner.board` for top-level ones), sharing the hosts,
+batching, KV pool and the process-wide slots with everything else. `close()` cancels what still runs.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ from typing import Annotated, Any, Optional
 from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
-from .caps import DEFAULT_CONCURRENCY, CapItem, check_concurrency, check_request
+from .board import TaskBoard
+from .caps import DEFAULT_CONCURRENCY, CapItem, cap_answer, check_concurrency, check_request
 from .compaction import CompactionSettings
 from .errors import InputTooLargeError, RequestError, RunNotFoundError, SubagentError
 from .events import Event, EventSink, ignore_event
@@ -42,6 +50,7 @@ from .execution import Execution, Parent, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
 from .host import make_host
 from .host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, TextCallback
+from .inbox import Inbox
 from .options import RunOptions
 from .project_context import ProjectContext, load_project_context
 from .results import Mode, MultiRunResult, RunResult
@@ -49,7 +58,8 @@ from .schema_output import check_schema
 from .session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from .slots import Slots, lend
 from .tools import Tool, Workspace
-from .tools.subagent import Delegation, SubagentTool
+from .tools.background import make_background_tools
+from .tools.subagent import READ_MORE, Delegation, SubagentTool
 from .transcripts import RunRecorder, TaskEntry, load_run, read_transcript
 from .userfiles import first_error, load_file
 from .workflow import Workflow, check_agents, find_workflow, load_workflow, render_prompt
@@ -173,6 +183,9 @@ class Runner:
         self._hosts: dict[str, ModelHost] = {}
         self._host_lock = asyncio.Lock()
         self._executions: set[Execution] = set()
+        self._background: set[Execution] = set()
+        self._board: TaskBoard | None = None
+        self._started: list[TaskHandle] = []  # every background task, for `close`
         self._trusted: set[str] = set()
         self._slots: Slots | None = None
         self._contexts: dict[Path, ProjectContext] = {}
@@ -185,6 +198,11 @@ class Runner:
         await self.close()
 
     async def close(self) -> None:
+        """Cancel the background tasks still running (their transcripts saved), then stop the hosts."""
+        for handle in self._started:
+            handle.cancel("the runner closed")
+        for handle in self._started:
+            await handle.join()
         hosts, self._hosts = list(self._hosts.values()), {}
         for host in hosts:
             await host.stop()
@@ -328,7 +346,104 @@ class Runner:
         if schema is not None:
             check_schema(schema, "schema")
         handle = await self.reopen(run_id, task=task)
-        return await handle.send(message, schema=schema, timeout=self.options.timeout, raise_errors=True)
+        return await handle.ask(message, schema=schema, timeout=self.options.timeout, raise_errors=True)
+
+    # -- background tasks -------------------------------------------------------------------------------
+
+    @property
+    def board(self) -> TaskBoard:
+        """The board of top-level background tasks (`start` without a board)."""
+        if self._board is None:
+            self._board = TaskBoard(self, self.workspace)
+        return self._board
+
+    async def start(
+        self,
+        task: TaskSpec,
+        *,
+        board: TaskBoard | None = None,
+        after: TaskHandle | None = None,
+        render: Callable[[RunResult], str] | None = None,
+    ) -> TaskHandle:
+        """Start a task in the background and return its handle at once; everything is checked first
+        (agent, grants, caps, schema, model loaded, the board's cap), as for `run`.
+
+        Args:
+            board: the parent's board (default: `runner.board`, top-level tasks).
+            after, render: a chain step: run when `after` completed, its task `render(after's result)`.
+        """
+        return (await self._start_all([task], board or self.board, chain=False, after=after, render=render))[0]
+
+    async def start_background(self, call: Delegation, board: TaskBoard) -> list[TaskHandle]:
+        """A `subagent` call with `background: true`: its tasks (or chain steps, each waiting for the one
+        before) started on the parent's board; nothing starts if any of them cannot."""
+        tasks = [TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks]
+        if call.mode == "chain" and tasks and PREVIOUS in tasks[0].task:
+            _plan_chain(tasks)  # raises: step 1 has no previous step
+        return await self._start_all(tasks, board, chain=call.mode == "chain", workspace=call.workspace)
+
+    async def _start_all(
+        self,
+        tasks: list[TaskSpec],
+        board: TaskBoard,
+        *,
+        chain: bool,
+        workspace: Workspace | None = None,
+        after: TaskHandle | None = None,
+        render: Callable[[RunResult], str] | None = None,
+    ) -> list[TaskHandle]:
+        tasks = [replace(t, agent=t.agent.strip().lower(), label=t.label.strip()) for t in tasks]
+        parent = board.parent
+        if parent is not None:
+            self._check_grant(parent, [t.agent for t in tasks])
+        ids = board.plan_ids(tasks)
+        try:
+            handles = [await self._prepare(t, i, board, workspace or board.workspace) for t, i in zip(tasks, ids)]
+            check_request([CapItem(h.label, t.task, h.spec) for h, t in zip(handles, tasks)])
+        except BaseException:
+            board.release(ids)
+            raise
+        self._started += handles
+        for n, (handle, task) in enumerate(zip(handles, tasks)):
+            board.add(handle)
+            if chain and n:
+                handle.launch(task.task, after=handles[n - 1], render=_previous(task.task))
+            else:
+                handle.launch(task.task, after=after, render=render)
+        return handles
+
+    async def _prepare(self, task: TaskSpec, task_id: str, board: TaskBoard, workspace: Workspace) -> TaskHandle:
+        """A background task's handle, checked and its model loaded, not started."""
+        parent = board.parent
+        spec = self.agent(task.agent)
+        withheld: dict[str, str] = {}
+        if parent is not None:
+            spec, withheld = granted_tools(parent.spec, spec)
+        schema = task.schema if task.schema is not None else spec.output_schema
+        if schema is not None:
+            check_schema(schema, f"output schema of task '{task_id}'")
+        model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
+        host = await self.host_for(model)
+        await self.check_prompt_fits(spec, host, workspace)
+        read_more = read_more_note(task_id) if parent is not None else None
+        return TaskHandle(
+            self,
+            spec,
+            model,
+            host,
+            workspace,
+            label=f"{parent.label} > {task_id}" if parent else task_id,
+            id=task_id,
+            depth=parent.depth + 1 if parent else 0,
+            home=parent.home if parent else self.home,
+            owner=board,
+            interactive=False,
+            limits=self.limits(spec, task),
+            timeout=task.timeout or self.options.timeout,
+            schema=schema,
+            withheld=withheld,
+            read_more=read_more,
+        )
 
     # -- multi-turn tasks -------------------------------------------------------------------------------
 
@@ -379,40 +494,50 @@ class Runner:
 
     # -- delegation ---------------------------------------------------------------------------------
 
-    async def delegate(self, call: Delegation, parent: Parent | None) -> MultiRunResult:
+    async def delegate(self, call: Delegation, parent: Parent | None, board: TaskBoard | None = None) -> MultiRunResult:
         """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
         unknown agent raises before anything starts, like any request. `parent` None: a call from
         outside the runner (`subagent mcp`), whose tasks run at the top level.
+
+        Args:
+            board: the parent's task board: the children that ran are kept there under ids (`scout#1`),
+                so that the parent reads a cut answer with `subagent_output` (the cut note says how).
         """
         tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
         if parent is not None:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-            granted = parent.spec.agents
-            if granted is not None and (refused := sorted({t.agent for t in tasks} - set(granted))):
-                raise RequestError(
-                    f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
-                    f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
-                )
+            self._check_grant(parent, [t.agent for t in tasks])
         if call.mode == "chain":
             tasks, needs, renders = _plan_chain(tasks)
             return await self._execute(
-                "chain", tasks, concurrency=1, needs=needs, renders=renders, parent=parent, workspace=call.workspace
+                "chain",
+                tasks,
+                concurrency=1,
+                needs=needs,
+                renders=renders,
+                parent=parent,
+                workspace=call.workspace,
+                keep=board,
             )
         if call.mode == "single":
-            return await self._execute("single", tasks, concurrency=1, parent=parent, workspace=call.workspace)
+            return await self._execute(
+                "single", tasks, concurrency=1, parent=parent, workspace=call.workspace, keep=board
+            )
         failed = {i: r for i, t in enumerate(tasks) if (r := await self._set_up_fails(t, parent)) is not None}
         ready = [t for i, t in enumerate(tasks) if i not in failed]
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
         if ready:
             outcome = await self._execute(
-                "parallel", ready, concurrency=DEFAULT_CONCURRENCY, parent=parent, workspace=call.workspace
+                "parallel", ready, concurrency=DEFAULT_CONCURRENCY, parent=parent, workspace=call.workspace, keep=board
             )
         ran = iter(outcome.results)
+        ran_ids = iter(outcome.task_ids or [None] * len(ready))
         results = [failed[i] if i in failed else next(ran) for i in range(len(tasks))]
+        ids = [None if i in failed else next(ran_ids) for i in range(len(tasks))]
         return outcome.model_copy(
-            update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results)}
+            update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results), "task_ids": ids}
         )
 
     async def _set_up_fails(self, task: TaskSpec, parent: Parent | None) -> RunResult | None:
@@ -430,18 +555,30 @@ class Runner:
             return RunResult(agent=task.agent, task=task.task, model=model, label=task.label, **data)  # type: ignore[arg-type]
         return None
 
-    def delegation_tools(self, parent: Parent, workspace: Workspace) -> dict[str, Tool]:
-        """`{"subagent": tool}` for an agent whose file grants it, else nothing (the recursion cut).
+    @staticmethod
+    def _check_grant(parent: Parent, agents: Sequence[str]) -> None:
+        """Refuse children the parent's `agents:` list does not name."""
+        granted = parent.spec.agents
+        if granted is not None and (refused := sorted(set(agents) - set(granted))):
+            raise RequestError(
+                f"'{parent.spec.name}' may not start {', '.join(repr(n) for n in refused)}: the agents: list in "
+                f"{parent.spec.path} names only {', '.join(granted) or 'none'}; add the agent there to grant it"
+            )
 
-        While its children run, the parent lends its process slot (and writer turn) to them.
+    def delegation_tools(self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None) -> dict[str, Tool]:
+        """`subagent` and the background tools (`subagent_status`, `_output`, `_send`, `_cancel`) on
+        `board` for an agent whose file grants `subagent`, else nothing (the recursion cut).
+
+        While its children run in the foreground, the parent lends its process slot (and writer turn) to them.
         """
         if "subagent" not in parent.spec.tools:
             return {}
         assert self.catalog is not None
+        board = board or TaskBoard(self, workspace, parent=parent)
 
         async def delegate(call: Delegation) -> MultiRunResult:
             async with lend():
-                return await self.delegate(call, parent)
+                return await self.delegate(call, parent, board)
 
         agents = {name: a.description for name, a in self.catalog.agents.items()}
         tool = SubagentTool(
@@ -451,14 +588,21 @@ class Runner:
             caller=parent.spec.name,
             depth=parent.depth,
             max_depth=self.options.max_depth,
+            background=board,
         )
-        return {"subagent": tool}
+        return {"subagent": tool, **make_background_tools(workspace, board)}
 
-    def cancel(self) -> bool:
-        """Abort every run in progress (Ctrl-C); False when nothing was running yet."""
-        for execution in list(self._executions):
+    def cancel(self, *, background: bool = True) -> bool:
+        """Abort every run in progress (Ctrl-C); False when nothing was running yet.
+
+        Args:
+            background: also the background tasks (`start`, `background: true`); a chat's first Ctrl-C
+                stops only the turn.
+        """
+        executions = self._executions | (self._background if background else set())
+        for execution in list(executions):
             execution.cancel()
-        return bool(self._executions)
+        return bool(executions)
 
     # -- internals --------------------------------------------------------------------------------------
 
@@ -474,6 +618,7 @@ class Runner:
         raise_errors: bool = False,
         parent: Parent | None = None,
         workspace: Workspace | None = None,
+        keep: TaskBoard | None = None,
     ) -> MultiRunResult:
         """Check the whole request, load its models, then run it; nothing starts if a check fails.
 
@@ -481,6 +626,7 @@ class Runner:
             parent, workspace: for a delegated request, the session that made it (the children run one
                 level below it, on its model unless they name theirs, and are saved in its run folder)
                 and the children's workspace (default: top level, in the runner's workspace and home).
+            keep: the parent's board, where the finished children are kept under ids (see `delegate`).
         """
         workspace = workspace or self.workspace
         depth = parent.depth + 1 if parent else 0
@@ -505,6 +651,9 @@ class Runner:
             ]
             recorder = RunRecorder(mode, workspace.root, entries, parent.home if parent else self.home)
         children_home = recorder.folder if recorder else None
+        ids = keep.reserve_ids([t.agent for t in tasks]) if keep is not None else None
+        parents = [Parent(s, t.label, depth, m, children_home) for t, s, m in zip(tasks, specs, models)]
+        boards = [self._task_board(p, workspace) for p in parents]
         plan = [
             PlannedTask(
                 index=i,
@@ -519,11 +668,13 @@ class Runner:
                 schema=schema,
                 needs=needs[i] if needs else (),
                 render=renders[i] if renders else None,
-                extra_tools=self.delegation_tools(Parent(s, t.label, depth, m, children_home), workspace),
+                extra_tools=self.delegation_tools(parents[i], workspace, boards[i]),
                 withheld=withheld[i],
                 context=self.project_context(s, workspace),
+                inbox=boards[i].inbox,
+                read_more=read_more_note(ids[i]) if ids else None,
             )
-            for i, (t, s, m, h, schema) in enumerate(zip(tasks, specs, models, hosts, schemas))
+            for i, (t, s, h, schema) in enumerate(zip(tasks, specs, hosts, schemas))
         ]
         execution = Execution(
             mode,
@@ -537,13 +688,26 @@ class Runner:
             slots=self.slots,
         )
         results: list[RunResult] = []
+        cancelled = False
         try:
             results = await self.track(execution)
+        except asyncio.CancelledError:
+            cancelled = True  # from outside the runner: an MCP client's cancel, the parent's turn stopped
+            raise
         finally:
+            for board in boards:  # a task's background children end with it
+                await board.close("its parent task ended")
+            if keep is not None and ids is not None:
+                for task_id, item, done in zip(ids, plan, execution.uncapped):
+                    if done is not None:
+                        keep.add(self._finished(task_id, item, done, keep))
+                keep.release([i for i, done in zip(ids, execution.uncapped) if done is None])
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
                 recorder.finish(
-                    done, interrupted=execution.cancelled, error=chain_stop(done) if mode == "chain" else None
+                    done,
+                    interrupted=execution.cancelled or cancelled,
+                    error=chain_stop(done) if mode == "chain" else None,
                 )
         return MultiRunResult(
             mode=mode,
@@ -553,15 +717,33 @@ class Runner:
             run_id=recorder.run_id if recorder else None,
             interrupted=execution.cancelled,
             error=chain_stop(results) if mode == "chain" else None,
+            task_ids=list(ids) if ids else [],
         )
 
-    async def track(self, execution: Execution) -> list[RunResult]:
+    async def track(self, execution: Execution, *, background: bool = False) -> list[RunResult]:
         """Run an execution as one of this runner's, so that `cancel()` reaches it."""
-        self._executions.add(execution)
+        executions = self._background if background else self._executions
+        executions.add(execution)
         try:
             return await execution.run()
         finally:
-            self._executions.discard(execution)
+            executions.discard(execution)
+
+    def _finished(self, task_id: str, item: PlannedTask, result: RunResult, board: TaskBoard) -> TaskHandle:
+        """A foreground child that ended, kept on its parent's board: its answer can be read, its
+        conversation is not held (`subagent resume` continues it)."""
+        handle = TaskHandle(
+            self, item.spec, result.model, item.host, item.workspace, label=item.label, id=task_id, owner=board
+        )
+        handle.adopt(result, capped=cap_answer(result.output, None, read_more=item.read_more))
+        return handle
+
+    def _task_board(self, parent: Parent, workspace: Workspace) -> TaskBoard:
+        """A task's board for its background children; its final answer waits while they run."""
+        board = TaskBoard(self, workspace, parent=parent, inbox=Inbox())
+        assert board.inbox is not None
+        board.inbox.settle = board.settle
+        return board
 
     def limits(self, spec: AgentSpec, task: TaskSpec | None = None) -> Limits:
         """A task's limits: its own, else the run's, else the agent's, else the defaults."""
@@ -604,6 +786,16 @@ def _plan_chain(
     needs = [(i - 1,) if i else () for i in range(len(tasks))]
     renders = [render(i) if i else None for i in range(len(tasks))]
     return tasks, needs, renders
+
+
+def read_more_note(task_id: str) -> str:
+    """How a parent agent reads the rest of a child's cut answer: with its tool, never from a path."""
+    return READ_MORE.format(id=task_id)
+
+
+def _previous(task: str) -> Callable[[RunResult], str]:
+    """A background chain step's task, given the step before's result."""
+    return lambda previous: task.replace(PREVIOUS, previous.output)
 
 
 def chain_stop(results: Sequence[RunResult]) -> str | None:

@@ -4,7 +4,9 @@ Messages are the only memory. Tool failures, unknown tools, bad arguments and
 malformed calls become error results the model sees; the loop ends with a
 reply that calls no tool, or a limit. The system prompt and tool list never
 change during a run, so the host's cached prefix survives every turn and
-every compaction.
+every compaction. At each turn boundary (after the tool results, before the next model call) the
+session takes what its inbox holds (messages sent to it, its background children's notices) as a user
+message; a final answer given while background children run may wait for them (`Inbox.settle`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .host.protocol import (
     ToolCall,
     Usage,
 )
+from .inbox import Inbox
 from .results import RunResult, RunUsage, StopReason
 from .tools import TOOL_CLASSES, Tool, ToolResult, Workspace, make_tools
 
@@ -100,6 +103,8 @@ class AgentSession:
     withheld: dict[str, str] = field(default_factory=dict)
     # The project's instructions for the system prompt (see `system_prompt`).
     project_context: str = ""
+    # Messages for the agent (steering, background children's notices), taken at each turn boundary.
+    inbox: Inbox = field(default_factory=Inbox)
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -107,10 +112,11 @@ class AgentSession:
         # `extra_tools`) is not offered rather than crashing the session.
         granted = [t for t in self.spec.tools if t in TOOL_CLASSES and t not in self.extra_tools]
         self.tools: dict[str, Tool] = {**make_tools(granted, self.workspace), **self.extra_tools}
-        self.tools = {n: t for n, t in self.tools.items() if n in self.spec.tools}
+        self.tools = {n: t for n, t in self.tools.items() if t.grant in self.spec.tools}
         self.schemas = [tool.schema() for tool in self.tools.values()]
         self.compaction = scale_compaction(self.host.context_window, self.compaction)
         self._host_session: HostSession = self.host.session(self.label, agent=self.spec.name)
+        self.inbox.report = lambda kind, data: self._emit(kind, **data)
         self._format_errors = 0
         self._started = 0.0
         self._reasoning = ""  # of the last reply
@@ -133,7 +139,7 @@ class AgentSession:
 
     def partial_result(self, task: str, stop_reason: StopReason, error: str) -> RunResult:
         """What was done so far, for a run that was cancelled or timed out."""
-        return self._result(task, "aborted", self._last_text(), stop_reason, error)
+        return self._result(task, "aborted", self.last_text(), stop_reason, error)
 
     # -- the loop -----------------------------------------------------------------
 
@@ -143,6 +149,7 @@ class AgentSession:
         nudged = False
         try:
             for _ in range(self.limits.max_turns):
+                self._deliver()
                 await self._maybe_compact()
                 generation = await self._step()
                 if self._only_reasoning(generation):
@@ -162,15 +169,17 @@ class AgentSession:
                                 "tokens; the output holds the partial text"
                             ),
                         )
+                    if self.inbox.pending() or await self.inbox.settle():
+                        continue  # a message came in: it is the next turn's, the answer can wait
                     return self._finish(task, self._result(task, "completed", generation.text, "completed"))
                 await self._act(generation)
             raise LimitReached(
                 "max_turns", f"reached the limit of {self.limits.max_turns} turns without a final answer"
             )
         except LimitReached as limit:
-            return self._finish(task, self._result(task, "failed", self._last_text(), limit.stop_reason, str(limit)))
+            return self._finish(task, self._result(task, "failed", self.last_text(), limit.stop_reason, str(limit)))
         except SubagentError as exc:  # the host refused a turn (prompt too long, script ran out)
-            return self._finish(task, self._result(task, "failed", self._last_text(), "error", str(exc)))
+            return self._finish(task, self._result(task, "failed", self.last_text(), "error", str(exc)))
 
     async def _step(self) -> Generation:
         max_tokens = self.limits.max_reply_tokens
@@ -203,6 +212,21 @@ class AgentSession:
         if generation.finish_reason == "length" and self._over_token_budget():
             raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
         return generation
+
+    def _deliver(self) -> None:
+        """The inbox's pending messages as one user message (after the last turn's tool results)."""
+        deliveries = self.inbox.take()
+        if not deliveries:
+            return
+        for delivery in deliveries:
+            if delivery.kind == "task_send":  # a notice was reported when its task ended
+                self._emit("task_send", message=delivery.text)
+        text = "\n\n".join(d.text for d in deliveries)
+        last = self.messages[-1] if self.messages else None
+        if last is not None and last.get("role") == "user":  # a follow-up just added: one user message
+            last["content"] = f"{last['content']}\n\n{text}"
+        else:
+            self.messages.append({"role": "user", "content": text})
 
     @staticmethod
     def _only_reasoning(generation: Generation) -> bool:
@@ -337,7 +361,7 @@ class AgentSession:
         self.usage.kv_bytes = self._host_session.kv_bytes
         self._emit("usage", **self.usage.model_dump(), tps=round(u.generation_tps, 1))
 
-    def _last_text(self) -> str:
+    def last_text(self) -> str:
         for message in reversed(self.messages):
             if message.get("role") == "assistant" and message.get("content"):
                 return str(message["content"])

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.rule import Rule
 
 from .host.protocol import Message
-from .transcripts import RunRecord, TaskEntry, child_runs, read_transcript
+from .transcripts import NOTE_KINDS, RunRecord, TaskEntry, child_runs, read_transcript
 
 PREVIEW_LINES = 12
 
@@ -26,6 +26,7 @@ def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
     for entry in _entries(record, task):
         item: dict[str, Any] = {"label": entry.label, "file": None, "meta": None, "messages": None, "results": []}
         item["skipped"] = []
+        item["notes"] = []
         if entry.file is not None:
             log = read_transcript(record.transcript_path(entry))
             item.update(
@@ -34,6 +35,7 @@ def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
                 messages=log.messages,
                 results=[r.model_dump(mode="json") for r in log.results],
                 skipped=log.skipped,
+                notes=[r for r in log.records if r.get("type") in NOTE_KINDS],
             )
         data["transcripts"].append(item)
     if children := child_runs(record):
@@ -69,6 +71,9 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
             continue
         for message in log.messages:
             _print_message(console, message, full)
+        for note in log.records:
+            if note.get("type") in NOTE_KINDS:
+                console.print(f"[yellow]{escape(note_line(note))}[/]")
         for i, result in enumerate(log.results, 1):
             u = result.usage
             line = (
@@ -84,6 +89,17 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
             score = f"{child.succeeded}/{child.total}" if child.succeeded is not None else f"?/{child.total}"
             labels = ", ".join(t.label for t in child.tasks)
             console.print(f"{child.run_id}  {child.mode:<8} {child.status:<11} {score:>5}  {escape(labels)}")
+
+
+def note_line(record: dict[str, Any]) -> str:
+    """One line for a `task_send`, `task_notice` or `task_cancel` record."""
+    data = record.get("data") or {}
+    where = f"generation {record.get('generation', 1)}, turn {record.get('turn', 0)}"
+    if record["type"] == "task_send":
+        return f"message sent ({where}): {data.get('message', '')}"
+    if record["type"] == "task_notice":
+        return f"notice ({where}): {data.get('text', '')}"
+    return f"cancelled ({where}): {data.get('reason', '')}"
 
 
 def _print_message(console: Console, message: Message, full: bool) -> None:

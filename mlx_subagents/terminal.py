@@ -1,13 +1,20 @@
 """The terminal front end of `subagent chat`: a prompt line, the reply streamed as it is generated,
 tool calls and the sub-agents' progress as they happen (`render.EventLines`), the slash commands,
-and Ctrl-C (the first press stops the turn, the second quits). The conversation is `chat.Chat`.
+and the signals. The conversation is `chat.Chat`.
+
+The event loop never waits on the keyboard (`promptline.PromptLine` reads in a thread), so background
+sub-agents work while the user types, and their lines and notices print above the prompt. Ctrl-C
+stops the current turn; pressed again, it stops the background sub-agents too (see `ChatLoop`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Awaitable, Callable
-from typing import TextIO, TypeVar
+from contextlib import nullcontext
+from typing import Any, TextIO, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,10 +22,12 @@ from rich.markup import escape
 from .chat import DEFAULT_CHAT_AGENT, Chat
 from .errors import SubagentError
 from .events import Event, EventSink, Fanout
-from .interrupts import EXIT_INTERRUPTED, two_press_sigint
-from .render import EventLines
+from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, two_press_sigint
+from .promptline import PromptLine
+from .render import EventLines, tasks_table
 from .results import RunResult
 from .runner import Runner
+from .tools import kill_all_processes
 
 T = TypeVar("T")
 PROMPT = "> "
@@ -27,6 +36,9 @@ COMMANDS = {
     "/usage": "tokens, context and KV cache of this chat and its sub-agents",
     "/compact": "summarise the conversation so far, to free context",
     "/think": "show the last reply's reasoning in full (the chat shows it folded)",
+    "/tasks": "the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
+    "/send": "/send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
+    "/cancel": "/cancel ID: stop a background sub-agent (its bash commands are killed)",
     "/help": "this list",
     "/exit": "leave the chat (also Ctrl-D)",
 }
@@ -67,11 +79,14 @@ class ReplyStream:
 
 
 class ChatView:
-    """The chat's events on stderr (`EventLines`, chat layout), each line clear of the streamed reply."""
+    """The chat's events on stderr (`EventLines`, chat layout), each line clear of the streamed reply,
+    and above the prompt while the user types."""
 
     def __init__(self, err: Console, stream: ReplyStream | None) -> None:
         self.stream = stream
-        self.lines = EventLines(err, "chat", before_line=stream.end_line if stream is not None else None)
+        self.lines = EventLines(err, "chat")
+        self.prompt: PromptLine | None = None
+        self.in_background: Callable[[str], bool] = lambda _label: False  # its end is told by its notice
         self.thought = 0  # characters of reasoning streamed in the reply so far
 
     @property
@@ -82,6 +97,13 @@ class ChatView:
     def parent(self, label: str) -> None:
         self.lines.root = label
 
+    def show(self, markup: str, *, console: Console | None = None) -> None:
+        """Print one line of markup (on stderr unless `console` is given) where the user sees it."""
+        if self.stream is not None:
+            self.stream.end_line()
+        with self.prompt.above() if self.prompt is not None else nullcontext():
+            (console or self.lines.console).print(markup)
+
     def handle(self, event: Event) -> None:
         if event.label == self.parent and event.kind == "reasoning":
             self.thought += len(event.data["text"])
@@ -90,11 +112,13 @@ class ChatView:
             self.stream.reset()
         if event.label == self.parent and event.kind in ("turn_start", "usage") and self.thought:
             # the reasoning folded to one dim line; `/think` unfolds it
-            if self.lines.before_line is not None:
-                self.lines.before_line()
-            self.lines.console.print(f"[dim](thought: {self.thought:,} characters; /think shows it)[/]")
+            self.show(f"[dim](thought: {self.thought:,} characters; /think shows it)[/]")
             self.thought = 0
-        self.lines.handle(event)
+        if event.kind == "task_end" and self.in_background(event.label):
+            return
+        markup = self.lines.line(event)
+        if markup is not None:
+            self.show(markup)
 
 
 def run_chat(
@@ -122,11 +146,10 @@ def run_chat(
     try:
         chat = _interruptible(loop, Chat.start(runner, agent, resume=resume, on_text=stream), None, err)
         sink.targets.insert(0, chat.observe)
-        view.parent = chat.label
+        view.parent, view.in_background = chat.label, chat.in_background
         if once is not None:
             return _once(loop, chat, once, out, err)
-        _repl(loop, chat, view, out, err)
-        return 0
+        return loop.run_until_complete(ChatLoop(chat, view, out, err).run())
     finally:
         loop.run_until_complete(runner.close())
         loop.run_until_complete(loop.shutdown_asyncgens())
@@ -136,7 +159,10 @@ def run_chat(
 
 
 def _once(loop: asyncio.AbstractEventLoop, chat: Chat, message: str, out: Console, err: Console) -> int:
-    result = _interruptible(loop, chat.turn(message), chat, err)
+    try:
+        result = _interruptible(loop, chat.turn(message), chat, err)
+    finally:
+        loop.run_until_complete(chat.close())  # background sub-agents end with the chat
     if result.output and result.status != "aborted":
         out.print(result.output, markup=False)
     _report_end(result, err, interactive=False)
@@ -147,74 +173,207 @@ def _once(loop: asyncio.AbstractEventLoop, chat: Chat, message: str, out: Consol
     return 0 if result.ok else 1
 
 
-def _repl(loop: asyncio.AbstractEventLoop, chat: Chat, view: ChatView, out: Console, err: Console) -> None:
-    try:
-        import readline  # noqa: F401 - line editing and history for input()
-    except ImportError:
-        pass
-    err.print(
-        f"[dim]chat with {escape(chat.label)} in {escape(str(chat.runner.workspace.root))}; "
-        "/help for commands, Ctrl-C stops a turn, /exit leaves[/]"
-    )
-    while True:
-        try:
-            line = input(PROMPT)
-        except EOFError:
-            out.print()
-            break
-        except KeyboardInterrupt:
-            err.print("\n[dim](Ctrl-C stops a running turn; /exit or Ctrl-D leaves)[/]")
-            continue
-        if not line.strip():
-            continue
-        if line.startswith("/"):
-            if not _command(loop, chat, line.split()[0].lower(), out, err):
-                break
-            continue
-        try:
-            result = _interruptible(loop, chat.turn(line), chat, err)
-        except SubagentError as exc:
-            err.print(f"[red]error:[/] {escape(str(exc))}")
-            continue
-        except asyncio.CancelledError:
-            err.print("[yellow]interrupted[/]")
-            continue
-        if view.stream is not None and view.stream.wrote:
-            view.stream.end_line()
-        elif result.output and result.status != "aborted":
-            out.print(result.output, markup=False)
-        _report_end(result, err, interactive=True)
-    _saved(chat, err)
+class ChatLoop:
+    """The interactive chat: prompt, turns and slash commands on one event loop that never blocks.
 
+    Signals stay wired for the whole chat. Ctrl-C during a turn stops that turn and the sub-agents it
+    waits for; background sub-agents run on until a second press (or a press at the prompt) stops
+    them; with none running, the second press quits at once. Leaving the chat cancels the background
+    sub-agents still running and waits until they are saved. SIGTERM and SIGHUP stop everything,
+    save, and exit with 128 + the signal's number.
+    """
 
-def _command(loop: asyncio.AbstractEventLoop, chat: Chat, command: str, out: Console, err: Console) -> bool:
-    """Run a slash command; False for /exit."""
-    if command in ("/exit", "/quit"):
-        return False
-    if command == "/usage":
-        for line in chat.usage_lines():
-            out.print(line, markup=False)
-    elif command == "/agents":
-        for line in chat.agent_lines():
-            out.print(line, markup=False)
-    elif command == "/compact":
-        try:
-            done = _interruptible(loop, chat.compact(), None, err)
-        except asyncio.CancelledError:
-            err.print("[yellow]compaction interrupted; nothing changed[/]")
-            return True
-        out.print(f"compacted: {done[0]:,} -> {done[1]:,} tokens" if done else "nothing to compact yet")
-    elif command == "/think":
-        out.print(chat.last_reasoning or "(no reasoning in the last reply)", markup=False, style="dim")
-    elif command == "/help":
-        for name, text in COMMANDS.items():
-            out.print(f"{name:<10} {text}")
-    else:
-        err.print(
-            f"[red]unknown command {escape(command)}[/]; commands: {', '.join(COMMANDS)} "
-            "(start a message with a space to send a leading '/')"
+    def __init__(self, chat: Chat, view: ChatView, out: Console, err: Console) -> None:
+        self.chat = chat
+        self.view = view
+        self.out = out
+        self.err = err
+        self.prompt = PromptLine(PROMPT)
+        self.work: asyncio.Future[Any] | None = None  # the turn (or command) running now
+        self.presses = 0  # Ctrl-C presses during `work`
+        self.terminated: signal.Signals | None = None
+        self.main: asyncio.Task[Any] | None = None
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.main = asyncio.current_task()
+        self.view.prompt = self.prompt
+        self.err.print(
+            f"[dim]chat with {escape(self.chat.label)} in {escape(str(self.chat.runner.workspace.root))}; "
+            "/help for commands, Ctrl-C stops a turn, /exit leaves[/]"
         )
-    return True
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, self.on_signal, signum)
+        try:
+            await self.lines()
+        except asyncio.CancelledError:
+            if self.terminated is None:
+                raise
+        finally:
+            self.view.prompt = None
+            self.prompt.restore_terminal()
+            if alive := self.chat.alive():
+                self.err.print(f"[yellow]stopping {len(alive)} background sub-agent(s): {escape(', '.join(alive))}[/]")
+            await self.chat.close()  # Ctrl-C stays wired while they stop and save
+            for signum in STOP_SIGNALS:
+                loop.remove_signal_handler(signum)
+        _saved(self.chat, self.err)
+        if self.terminated is not None:
+            raise SystemExit(128 + self.terminated)
+        return 0
+
+    async def lines(self) -> None:
+        """Read and act on lines until /exit, Ctrl-D or a stop signal."""
+        while self.terminated is None:
+            try:
+                line = await self.prompt.read()
+            except EOFError:
+                self.out.print()
+                return
+            if not line.strip():
+                continue
+            if line.startswith("/"):
+                if not await self.command(line):
+                    return
+            else:
+                await self.turn(line)
+
+    async def turn(self, line: str) -> None:
+        try:
+            result = await self.run_work(self.chat.turn(line))
+        except SubagentError as exc:
+            self.err.print(f"[red]error:[/] {escape(str(exc))}")
+            return
+        except asyncio.CancelledError:
+            self.err.print("[yellow]interrupted[/]")
+            return
+        stream = self.view.stream
+        if stream is not None and stream.wrote:
+            stream.end_line()
+        elif result.output and result.status != "aborted":
+            self.out.print(result.output, markup=False)
+        _report_end(result, self.err, interactive=True)
+
+    async def run_work(self, work: Awaitable[T]) -> T:
+        """Await a turn or a command as the chat's current work, which Ctrl-C stops."""
+        self.presses = 0
+        self.work = asyncio.ensure_future(work)
+        try:
+            return await self.work
+        finally:
+            self.work = None
+
+    async def command(self, line: str) -> bool:
+        """Run a slash command; False for /exit."""
+        name, _, rest = line.strip().partition(" ")
+        name, out, err, chat = name.lower(), self.out, self.err, self.chat
+        if name in ("/exit", "/quit"):
+            return False
+        if name == "/usage":
+            for text in chat.usage_lines():
+                out.print(text, markup=False)
+        elif name == "/agents":
+            for text in chat.agent_lines():
+                out.print(text, markup=False)
+        elif name == "/compact":
+            try:
+                done = await self.run_work(chat.compact())
+            except asyncio.CancelledError:
+                err.print("[yellow]compaction interrupted; nothing changed[/]")
+                return True
+            out.print(f"compacted: {done[0]:,} -> {done[1]:,} tokens" if done else "nothing to compact yet")
+        elif name == "/think":
+            out.print(chat.last_reasoning or "(no reasoning in the last reply)", markup=False, style="dim")
+        elif name in ("/tasks", "/send", "/cancel"):
+            self.task_command(name, rest.strip())
+        elif name == "/help":
+            for command, text in COMMANDS.items():
+                out.print(f"{command:<10} {text}")
+        else:
+            err.print(
+                f"[red]unknown command {escape(name)}[/]; commands: {', '.join(COMMANDS)} "
+                "(start a message with a space to send a leading '/')"
+            )
+        return True
+
+    def task_command(self, name: str, rest: str) -> None:
+        """`/tasks`, `/send ID TEXT`, `/cancel ID`; a mistake (an unknown id, a cancelled task) is one red line."""
+        task_id, _, text = rest.partition(" ")
+        try:
+            if name == "/tasks":
+                rows = self.chat.tasks()
+                if rows:
+                    self.out.print(tasks_table(rows))
+                else:
+                    self.out.print("no background sub-agents yet (the parent starts them with background: true)")
+            elif not task_id or (name == "/send" and not text.strip()):
+                usage = "/send ID TEXT" if name == "/send" else "/cancel ID"
+                known = ", ".join(t.id for t in self.chat.background()) or "none yet"
+                self.err.print(f"[red]usage: {usage}[/] (background sub-agents: {escape(known)})")
+            elif name == "/cancel":
+                self.out.print(f"cancelling {self.chat.cancel_task(task_id)}")
+            elif self.chat.send_to(task_id, text.strip()):
+                self.out.print(f"sent to {task_id}: it reads it at its next turn")
+            else:
+                self.out.print(f"sent to {task_id}: it resumes with it")
+        except SubagentError as exc:
+            self.err.print(f"[red]{escape(str(exc))}[/]")
+
+    # -- signals ---------------------------------------------------------------------------------------
+
+    def on_signal(self, signum: signal.Signals) -> None:
+        """Ctrl-C: during a turn, the first press stops it, the second also stops the background
+        sub-agents (or quits when there are none), the third quits; at the prompt, it stops the
+        background sub-agents."""
+        if signum != signal.SIGINT:
+            self.terminate(signum)
+            return
+        alive = self.chat.alive()
+        if self.work is None:
+            if alive:
+                self.stop_background()
+            else:
+                self.view.show("[dim](Ctrl-C stops a running turn; /exit or Ctrl-D leaves)[/]")
+            return
+        self.presses += 1
+        if self.presses == 1:
+            more = (
+                f"; {len(alive)} background sub-agent(s) run on (Ctrl-C again stops them too)"
+                if alive
+                else " (Ctrl-C again to quit at once)"
+            )
+            self.err.print(f"\n[yellow]interrupted: stopping this turn and the sub-agents it waits for{more}[/]")
+            self.stop_work()
+        elif self.presses == 2 and alive:
+            self.stop_background()
+        else:
+            kill_all_processes()
+            os._exit(EXIT_INTERRUPTED)
+
+    def stop_background(self) -> None:
+        ids = self.chat.stop_background()
+        if ids:
+            self.view.show(f"[yellow]stopping {len(ids)} background sub-agent(s): {escape(', '.join(ids))}[/]")
+
+    def terminate(self, signum: signal.Signals) -> None:
+        """SIGTERM or SIGHUP: stop every task (a second one exits at once); the chat ends once they are saved."""
+        kill_all_processes()
+        if self.terminated is not None:
+            os._exit(128 + signum)
+        self.terminated = signum
+        try:
+            self.view.show(f"[yellow]{signum.name} received: stopping every task[/]")
+        except OSError:  # SIGHUP: the terminal may be gone
+            pass
+        self.chat.stop_background()
+        if self.work is not None:
+            self.stop_work()
+        elif self.main is not None:
+            self.main.cancel()  # waiting at the prompt
+
+    def stop_work(self) -> None:
+        if self.work is not None and not self.chat.interrupt():
+            self.work.cancel()
 
 
 def _interruptible(loop: asyncio.AbstractEventLoop, work: Awaitable[T], chat: Chat | None, err: Console) -> T:
@@ -247,4 +406,4 @@ def _saved(chat: Chat, err: Console) -> None:
         err.print(f"[dim]saved as run {chat.run_id}; continue with: subagent chat --resume {chat.run_id}[/]")
 
 
-__all__ = ["ChatView", "ReplyStream", "run_chat"]
+__all__ = ["ChatLoop", "ChatView", "ReplyStream", "run_chat"]

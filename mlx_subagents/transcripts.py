@@ -5,6 +5,9 @@ a task file is one record with a `type`:
 
     task       who and what: agent, model, cwd, task text, label (first line)
     event      a session event as it happened (tool calls, tool results, messages, usage)
+    task_send  a message sent to the task, as it reached it (its next turn, or a new generation)
+    task_notice  a background child of the task ended (id, status, first line of its answer)
+    task_cancel  the task was cancelled by whoever held it (reason)
     follow_up  a `resume` message that started a new generation of the task
     messages   the whole conversation at the end of a generation (what `resume` rebuilds from)
     result     the task's full result at the end of a generation (uncapped answer)
@@ -41,6 +44,8 @@ from .host.protocol import Message
 from .results import Mode, RunResult
 
 RUN_FILE = "run.json"
+# Events that are records of their own type (the same fields as an `event` record).
+NOTE_KINDS = ("task_send", "task_notice", "task_cancel")
 LATEST_ALIASES = ("last", "latest")
 RunStatus = Literal["running", "finished", "interrupted"]
 
@@ -203,7 +208,7 @@ class TaskTranscript:
         self.write("follow_up", message=message)
 
     def event(self, event: Event) -> None:
-        self.write("event", **event.to_json())
+        self.write(event.kind if event.kind in NOTE_KINDS else "event", **event.to_json())
 
     def finish(self, messages: list[Message], result: RunResult) -> None:
         self.write("messages", messages=messages)

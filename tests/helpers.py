@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import pty
+import re
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -10,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+# A bash command that runs until killed, leaving the pids of bash and of its child in the workspace.
+SLOW = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:
@@ -38,6 +45,70 @@ def all_dead(pids: list[int], within: float = 3.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def wait_for_pids(folder: Path, deadline: float) -> list[int]:
+    while not ((folder / "sleep.pid").is_file() and (folder / "sleep.pid").read_text().strip()):
+        assert time.monotonic() < deadline, "the bash command never started"
+        time.sleep(0.05)
+    # bash can write its files before the tool has registered its process group (the event loop is
+    # still inside `subprocess_exec`); a Ctrl-C in that window leaves `sleep` running. That race is
+    # the bash tool's, not the chat's: give the registration time to happen.
+    time.sleep(0.3)
+    return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a `subagent` process: this checkout on its path, a wide terminal."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+
+
+class Terminal:
+    """`subagent chat` on a pseudo-terminal: Ctrl-C is a byte the terminal turns into SIGINT."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: only exec
+            os.execve(sys.executable, [sys.executable, "-m", "mlx_subagents.cli", *args], cli_env())
+        self.seen = ""
+
+    def send(self, data: str) -> None:
+        os.write(self.fd, data.encode())
+
+    def expect(self, text: str, timeout: float = 10) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"{text!r} never appeared; the terminal shows:\n{self.seen}"
+            try:
+                chunk = os.read(self.fd, 4096).decode(errors="replace")
+            except OSError:  # the child closed the terminal
+                chunk = ""
+            assert chunk, f"the chat ended before {text!r}; the terminal shows:\n{self.seen}"
+            self.seen += ANSI.sub("", chunk).replace("\r\n", "\n")
+        before, _, self.seen = self.seen.partition(text)
+        return before + text
+
+    def wait(self, timeout: float = 10) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            try:  # keep draining, so the child never blocks on a full terminal
+                if select.select([self.fd], [], [], 0.05)[0]:
+                    os.read(self.fd, 4096)
+            except OSError:
+                pass
+        raise AssertionError("the chat did not exit")
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(self.fd)
 
 
 def spawn_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

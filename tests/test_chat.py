@@ -4,10 +4,7 @@ pseudo-terminal stopping a turn and its sub-agents while the chat goes on."""
 from __future__ import annotations
 
 import io
-import os
-import pty
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -15,29 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers import alive, all_dead, call
+from helpers import SLOW, Terminal, alive, all_dead, call, cli_env, wait_for_pids
 
 from mlx_subagents.transcripts import load_run, read_transcript
-
-REPO = Path(__file__).resolve().parents[1]
-SLOW = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def wait_for_pids(folder: Path, deadline: float) -> list[int]:
-    while not ((folder / "sleep.pid").is_file() and (folder / "sleep.pid").read_text().strip()):
-        assert time.monotonic() < deadline, "the bash command never started"
-        time.sleep(0.05)
-    # bash can write its files before the tool has registered its process group (the event loop is
-    # still inside `subprocess_exec`); a Ctrl-C in that window leaves `sleep` running. That race is
-    # the bash tool's, not the chat's: give the registration time to happen.
-    time.sleep(0.3)
-    return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
-
-
-def cli_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
-
 
 # -- --once -------------------------------------------------------------------------------------------
 
@@ -154,13 +131,19 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
         "/usage     tokens, context and KV cache of this chat and its sub-agents",
         "/compact   summarise the conversation so far, to free context",
         "/think     show the last reply's reasoning in full (the chat shows it folded)",
+        "/tasks     the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
+        "/send      /send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
+        "/cancel    /cancel ID: stop a background sub-agent (its bash commands are killed)",
         "/help      this list",
         "/exit      leave the chat (also Ctrl-D)",
         "> ",
     ]
     assert re.fullmatch(r"> compacted: [\d,]+ -> [\d,]+ tokens", out.split("\n")[8])
     assert re.fullmatch(r"> orchestrator: 2 turns, .* 1 compactions", usage)
-    assert "unknown command /bogus; commands: /agents, /usage, /compact, /think, /help, /exit" in err
+    assert (
+        "unknown command /bogus; commands: /agents, /usage, /compact, /think, /tasks, /send, /cancel, /help, /exit"
+        in err
+    )
     log = read_transcript(record.transcript_path(record.tasks[0]))
     assert [m["content"] for m in log.messages[1:]] == [
         "hello",
@@ -170,54 +153,6 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
 
 
 # -- Ctrl-C -------------------------------------------------------------------------------------------
-
-
-class Terminal:
-    """`subagent chat` on a pseudo-terminal: Ctrl-C is a byte the terminal turns into SIGINT."""
-
-    def __init__(self, args: list[str]) -> None:
-        self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: only exec
-            os.execve(sys.executable, [sys.executable, "-m", "mlx_subagents.cli", *args], cli_env())
-        self.seen = ""
-
-    def send(self, data: str) -> None:
-        os.write(self.fd, data.encode())
-
-    def expect(self, text: str, timeout: float = 10) -> str:
-        deadline = time.monotonic() + timeout
-        while text not in self.seen:
-            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
-            assert ready, f"{text!r} never appeared; the terminal shows:\n{self.seen}"
-            try:
-                chunk = os.read(self.fd, 4096).decode(errors="replace")
-            except OSError:  # the child closed the terminal
-                chunk = ""
-            assert chunk, f"the chat ended before {text!r}; the terminal shows:\n{self.seen}"
-            self.seen += ANSI.sub("", chunk).replace("\r\n", "\n")
-        before, _, self.seen = self.seen.partition(text)
-        return before + text
-
-    def wait(self, timeout: float = 10) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                return os.waitstatus_to_exitcode(status)
-            try:  # keep draining, so the child never blocks on a full terminal
-                if select.select([self.fd], [], [], 0.05)[0]:
-                    os.read(self.fd, 4096)
-            except OSError:
-                pass
-        raise AssertionError("the chat did not exit")
-
-    def close(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(self.fd)
 
 
 def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: Path, write_script: Any) -> None:
@@ -350,9 +285,10 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(
     stream = ReplyStream(screen)
     view = ChatView(Console(file=screen, width=200), stream)
     sink = Fanout([view.handle])
-    runner = Runner(
-        cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts, on_event=sink
-    )
+    # The orchestrator's tools (subagent and its four background tools) fill most of the tiny model's 4,096
+    # tokens (its tokenizer makes about 2.5 characters a token): a larger window keeps compaction out of this test.
+    options = RunOptions(model=str(tiny_qwen3_path), context_window=8192)
+    runner = Runner(cwd=tmp_path, options=options, processor_factory=scripts, on_event=sink)
 
     async def main() -> tuple[Any, Any, Chat]:
         async with runner:

@@ -401,7 +401,13 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_
     assert runner.catalog is not None
     orchestrator, scout = runner.catalog.get("orchestrator"), runner.catalog.get("scout")
     workspace = Workspace(tmp_path)
-    assert set(runner.delegation_tools(Parent(orchestrator, "o", 0, "m", None), workspace)) == {"subagent"}
+    assert list(runner.delegation_tools(Parent(orchestrator, "o", 0, "m", None), workspace)) == [
+        "subagent",
+        "subagent_status",
+        "subagent_output",
+        "subagent_send",
+        "subagent_cancel",
+    ]
     assert runner.delegation_tools(Parent(scout, "s", 0, "m", None), workspace) == {}
 
     async def sessions() -> tuple[AgentSession, AgentSession]:

@@ -18,6 +18,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from mlx_subagents.caps import MAX_TASK_CHARS
+from mlx_subagents.transcripts import load_run, read_transcript
 
 FORMS = (
     'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '
@@ -89,9 +90,20 @@ def test_initialize_list_tools_and_list_agents(tmp_path: Path, write_script: Any
 
     tools, listing = run(main)
     by_name = {t.name: t for t in tools.tools}
-    assert list(by_name) == ["list_agents", "run_agents"]
+    assert list(by_name) == [
+        "list_agents",
+        "run_agents",
+        "start_agents",
+        "agent_status",
+        "agent_output",
+        "send_to_agent",
+        "cancel_agent",
+    ]
+
     schema = by_name["run_agents"].input_schema
     assert set(schema["properties"]) == {"agent", "task", "tasks", "chain", "cwd"}
+    assert by_name["start_agents"].input_schema == schema  # the same forms
+    assert set(by_name["agent_output"].input_schema["properties"]) == {"id", "wait", "offset"}
     assert schema["additionalProperties"] is False
     description = by_name["run_agents"].description or ""
     assert f"in the workspace {tmp_path.resolve()}." in description
@@ -200,6 +212,7 @@ def test_bad_calls_are_errors_and_the_server_keeps_answering(tmp_path: Path, wri
                 ("run_agents", {"agent": "nobody", "task": "x"}),
                 ("run_agents", {"agent": "scout", "task": "x" * (MAX_TASK_CHARS + 1)}),
                 ("run_agents", {"agent": "scout", "task": "x", "colour": "red"}),
+                ("run_agents", {"agent": "scout", "task": "x", "background": True}),
                 ("run_agents", {"agent": "scout", "task": "x", "cwd": "../elsewhere"}),
                 ("run_agents", {"agent": "planner", "task": "plan"}),
                 ("no_such_tool", {}),
@@ -208,6 +221,11 @@ def test_bad_calls_are_errors_and_the_server_keeps_answering(tmp_path: Path, wri
             return [await client.call_tool(name, arguments) for name, arguments in calls]
 
     *bad, good = run(main)
+    background = bad.pop(4)
+    assert background.is_error and text(background) == (
+        "run_agents waits for its tasks and takes no 'background'; to start them and carry on, call start_agents "
+        "with the same arguments"
+    )
     assert [r.is_error for r in bad] == [True] * 7
     agents = "Available agents: " + ", ".join(BUILTINS)
     assert text(bad[0]) == f"Error: invalid run_agents call: no task given; {FORMS}. {agents}"
@@ -222,7 +240,10 @@ def test_bad_calls_are_errors_and_the_server_keeps_answering(tmp_path: Path, wri
     assert text(bad[5]).startswith("Error: agent 'planner' failed (error): scripted model: session 'planner'")
     assert "A task did not complete: its error says why. Read its transcript" in text(bad[5])
     assert bad[5].structured_content["tasks"][0]["status"] == "failed"
-    assert text(bad[6]) == "unknown tool 'no_such_tool'; this server has list_agents and run_agents"
+    assert text(bad[6]) == (
+        "unknown tool 'no_such_tool'; this server has list_agents, run_agents, start_agents, agent_status, "
+        "agent_output, send_to_agent and cancel_agent"
+    )
     assert not good.is_error and answers(good) == [("scout", "completed", "found it")]
 
 
@@ -259,6 +280,8 @@ def test_cancelling_a_call_kills_its_bash_and_the_server_carries_on(tmp_path: Pa
     records = [json.loads(line) for line in next(runs[0].glob("*.jsonl")).read_text().splitlines()]
     assert records[-1]["type"] == "result"
     assert (records[-1]["result"]["status"], records[-1]["result"]["stop_reason"]) == ("aborted", "cancelled")
+    run_record = json.loads((runs[0] / "run.json").read_text())
+    assert (run_record["status"], run_record["tasks"][0]["status"]) == ("interrupted", "aborted")
 
 
 def test_project_agents_are_withheld_without_yes(tmp_path: Path, write_script: Any) -> None:
@@ -341,3 +364,142 @@ def test_the_tiny_real_model_stays_resident_between_calls(tmp_path: Path, tiny_q
     assert len(usage) == 2 and usage[0].endswith(" read (0 cached)")  # the first turn ever: nothing to reuse
     second_usage = second.structured_content["tasks"][0]["usage"]
     assert second_usage["turns"] == 1 and second_usage["cached_tokens"] > 0  # the prefix the first call left
+
+
+# -- background tasks: start_agents and the tools on their ids ------------------------------------------
+
+BASH_SLEEP = "echo $$ > bash.pid; sleep 60 & echo $! > sleep.pid; wait"
+
+
+async def pids_of(folder: Path) -> list[int]:
+    with anyio.fail_after(30):
+        while not ((folder / "sleep.pid").is_file() and (folder / "sleep.pid").read_text().strip()):
+            await anyio.sleep(0.05)
+    await anyio.sleep(0.3)  # the bash tool registers its group just after bash writes its files
+    return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
+
+
+def test_started_tasks_are_watched_read_steered_and_cancelled(tmp_path: Path, write_script: Any) -> None:
+    long = "a" * 30_000 + "b" * 30_000  # over the 50 KB an answer holds: read in two pieces
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": [{"content": "scout found it", "delay": 0.2}, "scout again"]},
+                "worker": {"replies": [call("bash", command=BASH_SLEEP), "never"]},
+                "reviewer": {"replies": [long]},
+            }
+        }
+    )
+
+    async def main() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            tasks = [{"agent": "scout", "task": "look"}, {"agent": "worker", "task": "sleep"}]
+            seen["started"] = await client.call_tool("start_agents", {"tasks": tasks})
+            seen["scout"] = await client.call_tool("agent_output", {"id": "scout#1", "wait": 30})
+            seen["pids"] = await pids_of(tmp_path)
+            seen["status"] = await client.call_tool("agent_status", {})
+            seen["send"] = await client.call_tool("send_to_agent", {"id": "scout#1", "message": "and more?"})
+            seen["again"] = await client.call_tool("agent_output", {"id": "scout#1", "wait": 30})
+            seen["cancel"] = await client.call_tool("cancel_agent", {"id": "worker#1"})
+            seen["alive_after_cancel"] = [alive(p) for p in seen["pids"]]
+            seen["review"] = await client.call_tool("start_agents", {"agent": "reviewer", "task": "review"})
+            first = await client.call_tool("agent_output", {"id": "reviewer#1", "wait": 30})
+            offset = first.structured_content["next_offset"]
+            rest = await client.call_tool("agent_output", {"id": "reviewer#1", "offset": offset})
+            seen["pieces"] = (first, rest)
+            bad = [
+                ("agent_output", {"id": "nobody"}),
+                ("agent_output", {"id": "scout#1", "wait": 301}),
+                ("agent_output", {"id": "scout#1", "offset": 99}),
+                ("cancel_agent", {"id": "worker#1"}),
+                ("send_to_agent", {"id": "worker#1", "message": "go on"}),
+                ("agent_status", {"colour": "red"}),
+                ("start_agents", {}),
+                ("start_agents", {"tasks": [{"agent": "scout", "task": "x", "label": "scout#1"}]}),
+            ]
+            seen["bad"] = [await client.call_tool(name, arguments) for name, arguments in bad]
+        return seen
+
+    seen = run(main)
+    started = seen["started"]
+    assert not started.is_error and started.structured_content["ids"] == ["scout#1", "worker#1"]
+    assert text(started).startswith("Started in the background: scout#1, worker#1. Carry on with other work; ")
+    assert [t["agent"] for t in started.structured_content["tasks"]] == ["scout", "worker"]
+    assert "output" not in started.structured_content["tasks"][0]  # answers are read with agent_output
+
+    scout = seen["scout"]
+    assert (scout.is_error, text(scout)) == (False, "scout#1 completed\n\nscout found it")
+    data = scout.structured_content
+    assert (data["task"]["status"], data["text"], data["offset"], data["next_offset"]) == (
+        "completed",
+        "scout found it",
+        0,
+        None,
+    )
+
+    by_id = {t["id"]: t for t in seen["status"].structured_content["tasks"]}
+    assert (by_id["scout#1"]["status"], by_id["worker#1"]["status"]) == ("completed", "running")
+    assert by_id["worker#1"]["last_tool"].startswith("$ echo $$ > bash.pid")
+    lines = text(seen["status"]).splitlines()
+    assert lines[0].startswith("scout#1 (scout) completed: turn 1, ") and lines[1].startswith(
+        "worker#1 (worker) running"
+    )
+
+    assert not seen["send"].is_error and "scout#1" in text(seen["send"])
+    assert text(seen["again"]) == "scout#1 completed\n\nscout again"
+    cancel = seen["cancel"]
+    assert not cancel.is_error and cancel.structured_content["tasks"][0]["status"] == "aborted"
+    assert text(cancel) == "worker#1 aborted; agent_output shows what it had done"
+    assert seen["alive_after_cancel"] == [False, False]  # answered once its processes were killed
+
+    first, rest = seen["pieces"]
+    assert first.structured_content["next_offset"] == 50 * 1024
+    assert first.structured_content["text"] == long[: 50 * 1024]
+    assert text(first).endswith(f'[more: agent_output {{"id": "reviewer#1", "offset": {50 * 1024}}}]')
+    assert (rest.structured_content["text"], rest.structured_content["next_offset"]) == (long[50 * 1024 :], None)
+    assert first.structured_content["total_chars"] == 60_000
+
+    bad = seen["bad"]
+    assert [r.is_error for r in bad] == [True] * len(bad)
+    assert text(bad[0]) == "no task 'nobody' here; the tasks started here are: scout#1, worker#1, reviewer#1"
+    assert text(bad[1]).startswith("wait is at most 300 seconds, got 301; ")
+    assert text(bad[2]) == "offset 99 is past the end of scout#1's answer (11 characters); read from offset 0"
+    assert text(bad[3]) == "task 'worker#1' is not running (it aborted); nothing to cancel"
+    assert text(bad[4]).startswith("task 'worker#1' was cancelled (cancelled by the MCP client) and takes no more")
+    assert text(bad[5]) == "invalid agent_status call: unknown field 'colour'; it takes: id"
+    assert text(bad[6]).startswith("Error: invalid start_agents call: no task given; ")
+    assert "start_agents call refused: a task named 'scout#1' was already started here" in text(bad[7])
+
+    # The message is in the scout's transcript: the user message of its second generation.
+    runs = [load_run(p.name) for p in (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "runs").iterdir()]
+    [scout_run] = [r for r in runs if r.tasks[0].label == "scout#1"]
+    log = read_transcript(scout_run.transcript_path(scout_run.tasks[0]))
+    assert [m["content"] for m in log.messages if m["role"] in ("user", "assistant")] == [
+        "Task: look",  # a started task's first message is its task
+        "scout found it",
+        "and more?",
+        "scout again",
+    ]
+    assert log.generations == 2 and scout_run.status == "finished"
+    [worker_run] = [r for r in runs if r.tasks[0].label == "worker#1"]
+    assert (worker_run.status, worker_run.tasks[0].status) == ("interrupted", "aborted")
+
+
+def test_the_server_stopping_cancels_the_tasks_still_running(tmp_path: Path, write_script: Any) -> None:
+    model = write_script({"agents": {"worker": {"replies": [call("bash", command=BASH_SLEEP), "never"]}}})
+
+    async def main() -> list[int]:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            started = await client.call_tool("start_agents", {"agent": "worker", "task": "sleep"})
+            assert started.structured_content["ids"] == ["worker#1"]
+            return await pids_of(tmp_path)
+
+    pids = run(main)  # the client closes the server's stdin: it stops
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(p) for p in pids)
+    [path] = (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "runs").glob("*/run.json")
+    record = json.loads(path.read_text())
+    assert (record["status"], record["tasks"][0]["status"]) == ("interrupted", "aborted")

@@ -128,6 +128,11 @@ class Tool:
     def __init__(self, workspace: Workspace) -> None:
         self.workspace = workspace
 
+    @property
+    def grant(self) -> str:
+        """The name an agent file's `tools` must hold for the agent to get this tool."""
+        return self.name
+
     @classmethod
     def schema(cls) -> dict[str, Any]:
         """The OpenAI function-tool schema the chat template shows the model."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -24,8 +24,12 @@ from ..userfiles import error_message, error_path
 from .base import Tool, ToolResult, _strip_titles, error_result, one_line, tool_failure
 from .workspace import Workspace
 
+if TYPE_CHECKING:
+    from .background import TaskControl
+
 DelegationMode = Literal["single", "parallel", "chain"]
 NO_ANSWER = "(no answer)"
+READ_MORE = 'read the rest with subagent_output {{"id": "{id}", "offset": {{offset}}}}'
 
 FORMS = (
     "use exactly one of these forms: "
@@ -62,6 +66,7 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
     cwd: str = Field(
         default="", description="A folder inside the workspace for the sub-agents (default: the workspace)."
     )
+    background: bool = Field(default=False, description="Return task ids at once; a notice comes at each end.")
 
     @model_validator(mode="before")
     @classmethod
@@ -77,6 +82,7 @@ class Delegation:
     mode: DelegationMode
     tasks: tuple[ChildTask, ...]
     workspace: Workspace
+    background: bool = False
 
 
 Delegate = Callable[[Delegation], Awaitable[MultiRunResult]]
@@ -91,6 +97,7 @@ class SubagentTool(Tool):
         caller: the calling agent's name; left out of the list the model sees.
         depth: how many parents the calling session has (0: started by a person).
         max_depth: children may run at depth `max_depth` at most; a call from there is refused.
+        background: starts `"background": true` calls (the parent's task board); None: refused.
     """
 
     name = "subagent"
@@ -109,6 +116,7 @@ class SubagentTool(Tool):
         caller: str = "",
         depth: int = 0,
         max_depth: int = 2,
+        background: TaskControl | None = None,
     ) -> None:
         super().__init__(workspace)
         self.delegate = delegate
@@ -116,17 +124,18 @@ class SubagentTool(Tool):
         self.caller = caller
         self.depth = depth
         self.max_depth = max_depth
-        self.description = describe_delegation({n: d for n, d in self.agents.items() if n != caller})  # type: ignore[misc]
+        self.background = background
+        listed = {n: d for n, d in self.agents.items() if n != caller}
+        self.description = describe_delegation(listed, background=background is not None)  # type: ignore[misc]
 
     def schema(self) -> dict[str, Any]:  # type: ignore[override]
-        """Per instance: the description lists this runner's agents."""
+        """Per instance: the description lists this runner's agents; `background` only where it works."""
+        parameters = _inline_refs(_strip_titles(self.Params.model_json_schema()))
+        if self.background is None:
+            del parameters["properties"]["background"]
         return {
             "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": _inline_refs(_strip_titles(self.Params.model_json_schema())),
-            },
+            "function": {"name": self.name, "description": self.description, "parameters": parameters},
         }
 
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
@@ -153,12 +162,30 @@ class SubagentTool(Tool):
             workspace = self.workspace.existing(params.cwd, "directory") if params.cwd.strip() else self.workspace.root
         except ToolError as exc:
             return error_result(f"cwd: {exc}")
-        delegation = Delegation(mode, tuple(items), Workspace(workspace))
+        delegation = Delegation(mode, tuple(items), Workspace(workspace), background=params.background)
+        if params.background:
+            return await self._start(delegation)
         try:
             outcome = await self.delegate(delegation)
         except SubagentError as exc:  # a cap, a label clash, a project agent not allowed
             return error_result(f"{self.name} call refused: {exc}")
         return format_outcome(delegation, outcome)
+
+    async def _start(self, delegation: Delegation) -> ToolResult:
+        """A background call: the new tasks' ids at once, and what the parent can do with them."""
+        if self.background is None:
+            return error_result(
+                f'{self.name}: "background": true is not available here; call it without background and wait'
+            )
+        try:
+            ids = await self.background.start_delegation(delegation)
+        except SubagentError as exc:  # a cap, a label clash, an agent not granted
+            return error_result(f"{self.name} call refused: {exc}")
+        return ToolResult(
+            f"Started in the background: {', '.join(ids)}. Carry on with other work; a notice comes when each "
+            "ends. subagent_status shows how they are doing, subagent_output reads an answer (wait to block until "
+            "it ends), subagent_send steers one, subagent_cancel stops one."
+        )
 
     def describe(self, arguments: dict[str, Any]) -> str:
         """`subagent scout: <task>`, `subagent parallel: scout, reviewer`, `subagent chain: scout -> planner`."""
@@ -166,13 +193,14 @@ class SubagentTool(Tool):
         def names(items: Any) -> list[str]:
             return [str(i.get("agent", "?")) for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
+        name = "subagent (background)" if arguments.get("background") is True else "subagent"
         if arguments.get("tasks"):
-            return f"subagent parallel: {', '.join(names(arguments['tasks']))}"
+            return f"{name} parallel: {', '.join(names(arguments['tasks']))}"
         if arguments.get("chain"):
-            return f"subagent chain: {' -> '.join(names(arguments['chain']))}"
+            return f"{name} chain: {' -> '.join(names(arguments['chain']))}"
         if arguments.get("agent"):
-            return f"subagent {arguments['agent']}: {one_line(str(arguments.get('task', '')), 80)}"
-        return "subagent (no task)"
+            return f"{name} {arguments['agent']}: {one_line(str(arguments.get('task', '')), 80)}"
+        return f"{name} (no task)"
 
     # -- validation ----------------------------------------------------------------------------------
 
@@ -239,7 +267,7 @@ def _validation_problem(exc: ValidationError) -> str:
     return "; ".join(problems)
 
 
-def describe_delegation(agents: Mapping[str, str]) -> str:
+def describe_delegation(agents: Mapping[str, str], *, background: bool = False) -> str:
     """What the model reads about the tool: when to use it, the three forms, and the agents."""
     listing = "\n".join(f"- {name}: {description}" for name, description in agents.items()) or "- (none)"
     return (
@@ -256,7 +284,12 @@ def describe_delegation(agents: Mapping[str, str]) -> str:
         f"{MAX_CONCURRENCY} at a time.\n"
         '- {"chain": [{"agent": NAME, "task": TEXT}, ...]}: steps in order; {previous} in a task is the '
         "previous step's answer.\n"
-        f"Agents:\n{listing}"
+        + (
+            '"background": true (any form): carry on at once; use the ids with the subagent_* tools.\n'
+            if background
+            else ""
+        )
+        + f"Agents:\n{listing}"
     )
 
 
@@ -289,7 +322,9 @@ def _answers(delegation: Delegation, outcome: MultiRunResult, reserve: int) -> T
         title = f"Error: {outcome.error or 'the chain did not complete'}"
     heads = [f"### [{label}] {_status(r)}" for label, r in zip(labels, results)]
     bodies = [r.output or NO_ANSWER for r in results]
-    bodies = fit_answers(bodies, [r.transcript for r in results], title, heads, reserve)
+    ids = outcome.task_ids or [None] * len(results)
+    notes = [READ_MORE.format(id=i) if i else None for i in ids]
+    bodies = fit_answers(bodies, [r.transcript for r in results], title, heads, reserve, notes)
     sections = [f"{head}\n{body}" for head, body in zip(heads, bodies)]
     return ToolResult("\n\n".join([title, *sections]), is_error=not outcome.ok)
 
@@ -301,11 +336,19 @@ def _status(result: RunResult) -> str:
 
 
 def fit_answers(
-    bodies: list[str], transcripts: list[str | None], title: str, heads: list[str], reserve: int
+    bodies: list[str],
+    transcripts: list[str | None],
+    title: str,
+    heads: list[str],
+    reserve: int,
+    read_more: list[str | None] | None = None,
 ) -> list[str]:
     """Cut the longest bodies so the whole result (and `reserve` bytes more) stays under `MAX_ANSWER_BYTES`.
 
     Short bodies are kept whole; the room left is shared equally by the long ones (water-filling).
+
+    Args:
+        read_more: per body, how the parent reads the rest of a cut one (see `caps.cap_answer`).
     """
     sizes = [len(b.encode("utf-8", "surrogatepass")) for b in bodies]
     fixed = (
@@ -326,4 +369,7 @@ def fit_answers(
         for j in order[k:]:
             limits[j] = share
         break
-    return [cap_answer(b, transcripts[i], limits[i]) if i in limits else b for i, b in enumerate(bodies)]
+    notes = read_more or [None] * len(bodies)
+    return [
+        cap_answer(b, transcripts[i], limits[i], read_more=notes[i]) if i in limits else b for i, b in enumerate(bodies)
+    ]

@@ -1,0 +1,234 @@
+"""`TaskBoard`: the background tasks one parent started, by short ids, and the notices of their ends.
+
+One board per parent: an agent session (its `subagent` tool's children), a chat (`handle.board` of
+the chat's task), an MCP server, or the runner itself (`runner.board`, for `runner.start`). Ids are
+short and predictable so that a person, a test script and a model can all name a task: `scout#1`,
+`scout#2`, ... in start order (numbered per agent), or the label given at the start. At most
+`MAX_ALIVE` tasks are queued or running per board; the process-wide slots still bound how many run.
+
+When a background task ends, the board tells its parent: a short notice goes into the parent
+session's inbox (read before its next turn), an event `task_notice` goes to the runner's sink
+(through the parent session, so it is in the parent's transcript too), and the `on_notice` callback
+gets the task's status.
+
+The board also answers the model-facing tools (`tools/background.py`): it is their `TaskControl`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .caps import MAX_TASKS
+from .errors import RequestError, TaskNotFoundError, TaskStateError
+from .events import Event
+from .inbox import Delivery, Inbox
+from .results import TaskStatus
+from .slots import lend
+from .tools import Workspace
+from .tools.base import one_line
+
+if TYPE_CHECKING:
+    from .execution import Parent
+    from .handle import TaskHandle
+    from .runner import Runner, TaskSpec
+    from .tools.subagent import Delegation
+
+MAX_ALIVE = MAX_TASKS
+NoticeCallback = Callable[[TaskStatus], None]
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of an answer, short enough for a notice."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return one_line(line, 120) if line else "(no answer)"
+
+
+class TaskBoard:
+    """The tasks one parent started. Create inside the event loop that runs them.
+
+    Args:
+        parent: the agent session whose children these are (None: top-level tasks); set when known.
+        inbox: the parent session's inbox, for notices (None: no session reads them).
+        on_notice: called with a task's status when it ends in the background.
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        workspace: Workspace,
+        *,
+        parent: Parent | None = None,
+        inbox: Inbox | None = None,
+        on_notice: NoticeCallback | None = None,
+    ) -> None:
+        self.runner = runner
+        self.workspace = workspace
+        self.parent = parent
+        self.inbox = inbox
+        self.on_notice = on_notice
+        self._handles: dict[str, TaskHandle] = {}
+        self._n_started: Counter[str] = Counter()
+        self._pending: set[str] = set()  # ids reserved by starts not finished yet
+        self._changed = asyncio.Event()
+
+    # -- the API ----------------------------------------------------------------------------------------
+
+    async def start(
+        self, task: TaskSpec, *, after: TaskHandle | None = None, render: Callable[..., str] | None = None
+    ) -> TaskHandle:
+        """Start a task in the background on this board (see `Runner.start`)."""
+        return await self.runner.start(task, board=self, after=after, render=render)
+
+    def get(self, task_id: str) -> TaskHandle:
+        """The task with this id; an unknown id raises `TaskNotFoundError` listing the known ones."""
+        handle = self._handles.get(task_id.strip())
+        if handle is None:
+            known = ", ".join(self._handles) or "none yet"
+            raise TaskNotFoundError(f"no task '{task_id}' here; the tasks started here are: {known}")
+        return handle
+
+    def tasks(self) -> list[TaskHandle]:
+        """Every task started on this board, in start order."""
+        return list(self._handles.values())
+
+    def alive(self) -> list[TaskHandle]:
+        return [h for h in self._handles.values() if h.alive]
+
+    def cancel_all(self, reason: str | None = None) -> list[TaskHandle]:
+        """Cancel every queued or running task; the ones cancelled."""
+        return [h for h in self.alive() if h.cancel(reason)]
+
+    async def close(self, reason: str | None = None) -> None:
+        """Cancel what still runs and wait until every task has saved its transcript."""
+        self.cancel_all(reason)
+        for handle in self.tasks():
+            await handle.join()
+
+    # -- ids and the cap (for `Runner.start`) -----------------------------------------------------------
+    # Ids are reserved as they are planned: starts that overlap (two `subagent` calls in one reply) never
+    # share an id or pass the cap together; a start that fails gives its reservations back (`release`).
+
+    def plan_ids(self, tasks: list[TaskSpec]) -> list[str]:
+        """Reserve ids for these new background tasks, in order; refuses a request over the cap or a taken label."""
+        self.check_room(len(tasks))
+        return self.reserve_ids([t.agent for t in tasks], [t.label for t in tasks])
+
+    def reserve_ids(self, agents: list[str], labels: list[str] | None = None) -> list[str]:
+        """Reserve an id per task: its label, else `agent#N`. Foreground children reserve theirs too (no cap:
+        they are not alive here) and are kept here once they end."""
+        ids: list[str] = []
+        for agent, label in zip(agents, labels or [""] * len(agents)):
+            task_id = label.strip()
+            if not task_id:
+                while True:
+                    self._n_started[agent] += 1
+                    task_id = f"{agent}#{self._n_started[agent]}"
+                    if not self._taken(task_id):
+                        break
+            elif self._taken(task_id) or task_id in ids:
+                self.release(ids)
+                raise RequestError(f"a task named '{task_id}' was already started here; give the new one another label")
+            self._pending.add(task_id)
+            ids.append(task_id)
+        return ids
+
+    def release(self, ids: list[str]) -> None:
+        """Give back reserved ids that were not used (a start that failed its checks)."""
+        for task_id in reversed(ids):
+            self._pending.discard(task_id)
+            agent, _, n = task_id.rpartition("#")
+            if n.isdigit() and self._n_started[agent] == int(n):
+                self._n_started[agent] -= 1
+
+    def _taken(self, task_id: str) -> bool:
+        return task_id in self._handles or task_id in self._pending
+
+    def check_room(self, n_new: int = 1) -> None:
+        alive = [h.id for h in self.alive()] + sorted(self._pending)
+        if len(alive) + n_new > MAX_ALIVE:
+            raise RequestError(
+                f"{len(alive)} background tasks are alive here ({', '.join(alive)}) and the limit is "
+                f"{MAX_ALIVE}; wait for one to end (subagent_output with wait) or cancel one"
+            )
+
+    def add(self, handle: TaskHandle) -> None:
+        """Hold a task under its reserved id."""
+        self._pending.discard(handle.id)
+        self._handles[handle.id] = handle
+
+    # -- notices ----------------------------------------------------------------------------------------
+
+    def ended(self, handle: TaskHandle) -> None:
+        """A background generation of `handle` ended: notice to the parent, event, callback."""
+        result = handle.result
+        status = handle.status
+        line = first_line(result.output) if result is not None and result.output else ""
+        if status != "completed":
+            line = (result.error if result is not None else None) or line or "no reason given"
+        text = f"{handle.id} {status}: {line}; read it with subagent_output"
+        data = {"id": handle.id, "status": status, "first_line": line, "text": text, "run_id": handle.run_id}
+        if self.inbox is not None and handle.cancel_reason is None:  # a cancel needs no notice to who cancelled
+            self.inbox.put(Delivery("task_notice", f"[notice] {text}", key=handle.id))
+        if self.inbox is not None and self.inbox.report is not None:
+            self.inbox.report("task_notice", data)
+        else:
+            label = self.parent.label if self.parent else handle.label
+            agent = self.parent.spec.name if self.parent else handle.spec.name
+            self.runner.on_event(Event(kind="task_notice", label=label, agent=agent, data=data))
+        if self.on_notice is not None:
+            self.on_notice(handle.snapshot())
+        self._changed.set()
+
+    async def settle(self) -> bool:
+        """For a parent's final answer: while children run and no message is pending, wait (lending the
+        parent's slot) for one to end; whether a message is now pending."""
+        pending = lambda: self.inbox is not None and self.inbox.pending()  # noqa: E731
+        if not self.alive() or pending():
+            return pending()  # nothing to wait for: the slot is kept (lending it means queueing again)
+        async with lend():
+            while self.alive() and not pending():
+                self._changed.clear()
+                await self._changed.wait()
+        return pending()
+
+    # -- the model-facing tools (`TaskControl`) ---------------------------------------------------------
+
+    async def start_delegation(self, call: Delegation) -> list[str]:
+        """A `subagent` call with `background: true`: its tasks started, their ids."""
+        return [h.id for h in await self.runner.start_background(call, self)]
+
+    def statuses(self, task_id: str | None = None) -> list[TaskStatus]:
+        return [self.get(task_id).snapshot()] if task_id else [h.snapshot() for h in self.tasks()]
+
+    async def output(self, task_id: str, wait: float) -> tuple[TaskStatus, str]:
+        """A task's status and whole answer (or partial output), after waiting up to `wait` seconds for
+        it to end; the parent's slot is lent while it waits."""
+        handle = self.get(task_id)
+        if wait > 0 and handle.alive:
+            async with lend():
+                await handle.wait(wait)
+        if not handle.alive and self.inbox is not None:
+            self.inbox.discard(handle.id)  # read now: its notice would say nothing new
+        return handle.snapshot(), handle.full_output()
+
+    def send(self, task_id: str, message: str) -> str:
+        """Steer a running task or continue a finished one; what happens, in words."""
+        handle = self.get(task_id)
+        running = handle.alive
+        handle.send(message)
+        if running:
+            return f"{handle.id} gets the message at its next turn"
+        return f"{handle.id} had ended: it continues its conversation with the message, in the background"
+
+    def cancel(self, task_id: str) -> TaskStatus:
+        handle = self.get(task_id)
+        if handle.cancel_reason is not None:
+            raise TaskStateError(
+                f"task '{handle.id}' is already cancelled ({handle.cancel_reason}); subagent_output shows what it had done"
+            )
+        if not handle.cancel("cancelled by its parent"):
+            raise TaskStateError(f"task '{handle.id}' has already ended ({handle.status}); nothing to cancel")
+        return handle.snapshot()

@@ -1,0 +1,67 @@
+"""A session's inbox: messages that reach a running agent at its next turn boundary.
+
+Whoever holds a task (a parent, a chat, an MCP client) may steer it while it runs, and a parent
+learns that a background child ended; neither may cut into a tool call or a reply. Both put a
+`Delivery` here; the session takes everything pending just before its next model call (after the
+tool results of the current turn) as one user message. Nothing is lost: what arrives after the
+session's last turn is taken by its owner, which starts a new generation with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+DeliveryKind = Literal["task_send", "task_notice"]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message for the agent.
+
+    Args:
+        kind: `task_send` (someone steers the task) or `task_notice` (a background child ended).
+        key: a notice's task id: the notice is dropped if its answer was read before delivery.
+    """
+
+    kind: DeliveryKind
+    text: str
+    key: str | None = None
+
+
+async def _nothing_to_wait_for() -> bool:
+    return False
+
+
+@dataclass
+class Inbox:
+    """Pending deliveries, in arrival order.
+
+    Args:
+        settle: called when the agent gives a final answer with nothing pending; waits for something
+            worth another turn (a background child ending) and says whether it came. The default
+            waits for nothing: the answer ends the generation.
+        report: reports an event as the session's own (`kind`, data), into its transcript and to the
+            caller; set by the session that reads this inbox.
+    """
+
+    settle: Callable[[], Awaitable[bool]] = _nothing_to_wait_for
+    report: Callable[[str, dict[str, Any]], None] | None = None
+    _items: list[Delivery] = field(default_factory=list)
+
+    def put(self, delivery: Delivery) -> None:
+        self._items.append(delivery)
+
+    def discard(self, key: str) -> None:
+        """Drop the notices about task `key` (its answer was read another way)."""
+        self._items = [d for d in self._items if d.key != key]
+
+    def take(self, kind: DeliveryKind | None = None) -> list[Delivery]:
+        """Everything pending (or only one kind), in order; the inbox keeps the rest."""
+        taken = [d for d in self._items if kind is None or d.kind == kind]
+        self._items = [d for d in self._items if d not in taken]
+        return taken
+
+    def pending(self, kind: DeliveryKind | None = None) -> bool:
+        return any(kind is None or d.kind == kind for d in self._items)
