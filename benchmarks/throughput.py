@@ -76,6 +76,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import random
 import statistics
 import sys
@@ -370,6 +371,7 @@ Runs = dict[str, dict[int, list[Run]]]  # mode -> session count -> one Run per r
 async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tuple[Runs, dict[str, Any]]:
     import mlx_lm
 
+    load_before = os.getloadavg()[0]  # other processes' load: wall-time figures are only as good as it is low
     prompts = [task_messages(i) for i in range(max(SESSION_COUNTS))]
     runs: Runs = {m: {n: [] for n in SESSION_COUNTS} for m in MODES}
     runs[STREAM] = {1: []}
@@ -416,6 +418,7 @@ async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tupl
             "prompt_tokens": [len(p) for p in prompt_ids],
             "context_window": batched.context_window,
             "shared_prefix_hits": stats.shared_prefix_hits,
+            "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         }
     return runs, info
 
@@ -497,6 +500,7 @@ def summarize(
         "session_counts": list(SESSION_COUNTS),
         "prompt_tokens": info["prompt_tokens"],
         "context_window": info["context_window"],
+        "load_avg_1min": info["load_avg_1min"],
         "results": results,
         "ratio_batched_vs_serialized": {
             str(n): ratio(rate("batched", n), rate("serialized", n)) for n in SESSION_COUNTS
@@ -535,7 +539,8 @@ def print_table(report: dict[str, Any]) -> None:
     res = report["results"]
     print(
         f"throughput: {report['model']} ({report['arch']}), {report['tokens_per_session']} tokens per session, "
-        f"best of {report['repeats']}, replies {'forced' if report['forced'] else 'free (greedy)'}"
+        f"best of {report['repeats']}, replies {'forced' if report['forced'] else 'free (greedy)'}; "
+        f"load average {report['load_avg_1min'][0]:.2f} before, {report['load_avg_1min'][1]:.2f} after"
     )
     cached = res["batched"][str(max(report["session_counts"]))]["cached_tokens"]
     print(

@@ -34,6 +34,9 @@ Deliver = Callable[[bool, Any], None]
 # once): a wake-up per token costs a syscall and a thread switch per step, more than a token of a
 # small model on a CPU, and no reader sees a difference at 50 Hz.
 DEFAULT_STREAM_INTERVAL_S = 0.02
+# While the same turns only decode, the KV bytes in flight are read (for the pool's peak) every this
+# many steps: caches then only grow, by whole 256-token blocks. Any change of the work is read at once.
+OBSERVE_EVERY_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,8 @@ class Scheduler:
         self._outbox: list[tuple[TextSink, str]] = []
         self._flushed_at = 0.0
         self._first_text = False  # the outbox holds a turn's first text: send it now
+        self._work: tuple[Any, ...] = ()  # what was in flight when the KV bytes were last read
+        self._unobserved_steps = 0
         self._trimmable = self._probe_trimmable()
 
     # -- entry points (engine thread) -----------------------------------------
@@ -188,7 +193,7 @@ class Scheduler:
                     self._fail(lone, exc)
             if self.prefilling:
                 self._prefill()
-            self.pool.observe(self.resident_bytes())
+            self._observe()
         except Exception as exc:  # a bug outside any one turn: nothing can be trusted
             self._fail_all(exc)
         self._flush(force=not self.has_work())
@@ -210,6 +215,15 @@ class Scheduler:
                 loop.call_soon_threadsafe(_deliver_texts, items)
             except RuntimeError:  # that caller's loop is closed
                 pass
+
+    def _observe(self) -> None:
+        """Keep the pool's peak: read the KV bytes when the work in flight changed, else every few steps."""
+        head = self.prefilling[0].pos if self.prefilling else -1
+        work = (len(self.waiting), len(self.prefilling), head, len(self.decoding), self.lone is None)
+        self._unobserved_steps += 1
+        if work != self._work or self._unobserved_steps >= OBSERVE_EVERY_STEPS:
+            self._work, self._unobserved_steps = work, 0
+            self.pool.observe(self.resident_bytes())
 
     def resident_bytes(self) -> int:
         """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
