@@ -228,16 +228,19 @@ class MlxModelHost:
         self.model_path = resolve_model_path(self.model_id)
         config = read_config(self.model_path)
         self._engine.start()
-        self._model, self.tokenizer = await self._engine.run(lambda: load_model(self.model_path))
+        self.kv_shape, self._trimmable = await self._engine.run(self._load)
         self.chat = await self._chat_format()
-        self.kv_shape, self._trimmable = await self._engine.run(self._measure)
         budget = self._budget()
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
         self._config.context_window = self._window(config_context_window(config), budget)
-        self._scheduler = await self._engine.run(
-            lambda: Scheduler(
-                self._model, self.tokenizer, self._config, self._pool, self.kv_shape, self._processor_factory
-            )
+        self._scheduler = Scheduler(  # no mlx work in it: built here, run on the engine thread
+            self._model,
+            self.tokenizer,
+            self._config,
+            self._pool,
+            self.kv_shape,
+            self._trimmable,
+            self._processor_factory,
         )
         self._engine.stepper = self._scheduler
 
@@ -260,6 +263,11 @@ class MlxModelHost:
             self._model = None
             await asyncio.to_thread(self._engine.stop)
             raise
+
+    def _load(self) -> tuple[KVShape, bool]:
+        """Load the model and tokenizer, and `_measure` them: one trip to the engine thread."""
+        self._model, self.tokenizer = load_model(self.model_path)  # type: ignore[arg-type]
+        return self._measure()
 
     def _measure(self) -> tuple[KVShape, bool]:
         """KV bytes per token (and fixed recurrent state), and whether caches can be trimmed.

@@ -134,6 +134,7 @@ class Scheduler:
         config: SchedulerConfig,
         pool: KVPool,
         shape: KVShape,
+        trimmable: bool,
         processor_factory: ProcessorFactory | None = None,
     ) -> None:
         self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
@@ -149,7 +150,7 @@ class Scheduler:
         self._first_text = False  # the outbox holds a turn's first text: send it now
         self._work: tuple[Any, ...] = ()  # what was in flight when the KV bytes were last read
         self._unobserved_steps = 0
-        self._trimmable = self._probe_trimmable()
+        self._trimmable = trimmable  # False for hybrid caches (see `_prepare_cache`)
 
     # -- entry points (engine thread) -----------------------------------------
 
@@ -601,11 +602,6 @@ class Scheduler:
                 "shorten the task or the conversation (compaction), or raise --context-window"
             )
         return max(1, min(max_tokens, room))
-
-    def _probe_trimmable(self) -> bool:
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
-        return can_trim_prompt_cache(make_prompt_cache(self.model))
 
     @staticmethod
     def _batchable(cache: list[Any] | None) -> bool:
