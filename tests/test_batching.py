@@ -87,6 +87,32 @@ def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -
     assert b_batched.token_ids == b_serial.token_ids
 
 
+def test_sessions_started_together_decode_in_one_batch_from_their_first_token(
+    tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
+    """Four sessions arriving at once enter mlx-lm's batch in the same step: every decode step then
+    yields a token for each of them (none decodes alone while the others prefill), and the batch
+    prefills what follows their cached prefix."""
+    texts = {f"s{i}": [" ".join(f"word{i}_{n}" for n in range(20))] * 2 for i in range(4)}
+
+    async def go() -> tuple[list[tuple[int, ...]], Any, list[int]]:
+        scripts = ForcedScripts(tiny_qwen3[1], texts)
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
+            await asyncio.gather(*(host.session(f"s{i}").generate(task(i), max_tokens=8) for i in range(4)))
+            for i in range(4):
+                await host.session(f"s{i}").reset()
+            with host._scheduler._batch.stats() as stats:
+                replies = await asyncio.gather(
+                    *(host.session(f"s{i}").generate(task(i), max_tokens=8) for i in range(4))
+                )
+            return [r.token_ids for r in replies], stats, [r.usage.prefilled_tokens for r in replies]
+
+    token_ids, stats, prefilled = asyncio.run(go())
+    assert stats.generation_tokens == 4 * 8 and stats.generation_steps == 8
+    assert stats.prompt_tokens == sum(prefilled) - 4  # the batch feeds each one's last prompt token as it decodes
+    assert [len(t) for t in token_ids] == [8, 8, 8, 8] and len(set(token_ids)) == 4
+
+
 def test_shared_prefix_is_prefilled_once(tiny_qwen3_path: Path) -> None:
     async def go(share: bool) -> tuple[list[Any], int]:
         async with MlxModelHost(str(tiny_qwen3_path), share_prefix=share) as host:

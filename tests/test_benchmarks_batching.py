@@ -20,7 +20,7 @@ THROUGHPUT_KEYS = {
     "ratio_host_vs_raw_batch_steady", "ratio_host_vs_raw_batch_cpu", "batched_scaling_vs_1", "ratio_batched_vs_serialized_at_4",
     "ratio_host_vs_raw_batch_at_4", "identical_outputs", "exact_token_counts", "targets", "targets_met",
     "stream_generate_at_1", "ratio_host_vs_stream_generate_at_1", "startup_overhead_s", "load_s", "host_ready_s",
-    "ttft_shared_prefix_s", "ttft_private_prefix_s", "ttft_shared_prefix_cached_tokens",
+    "ttft_shared_prefix_s", "ttft_private_prefix_s", "ttft_shared_prefix_cached_tokens", "load_avg_1min",
 }  # fmt: skip
 THROUGHPUT_ROW_KEYS = {
     "sessions", "generated_tokens", "decode_tok_s", "decode_tok_s_median", "e2e_tok_s", "steady_tok_s", "cpu_ms_per_token",

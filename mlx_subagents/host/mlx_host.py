@@ -237,16 +237,19 @@ class MlxModelHost:
         self.model_path = resolve_model_path(self.model_id)
         config = read_config(self.model_path)
         self._engine.start()
-        self._model, self.tokenizer = await self._engine.run(lambda: load_model(self.model_path))
+        self.kv_shape, self._trimmable = await self._engine.run(self._load)
         self.chat = await self._chat_format()
-        self.kv_shape, weights, self._trimmable = await self._engine.run(self._measure)
-        budget = self._budget(weights)
+        budget = self._budget()
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
         self._config.context_window = self._window(config_context_window(config), budget)
-        self._scheduler = await self._engine.run(
-            lambda: Scheduler(
-                self._model, self.tokenizer, self._config, self._pool, self.kv_shape, self._processor_factory
-            )
+        self._scheduler = Scheduler(  # no mlx work in it: built here, run on the engine thread
+            self._model,
+            self.tokenizer,
+            self._config,
+            self._pool,
+            self.kv_shape,
+            self._trimmable,
+            self._processor_factory,
         )
         self._engine.stepper = self._scheduler
 
@@ -270,22 +273,25 @@ class MlxModelHost:
             await asyncio.to_thread(self._engine.stop)
             raise
 
-    def _measure(self) -> tuple[KVShape, int, bool]:
-        """KV bytes per token (and fixed recurrent state), the weights' bytes, trimmability.
+    def _load(self) -> tuple[KVShape, bool]:
+        """Load the model and tokenizer, and `_measure` them: one trip to the engine thread."""
+        self._model, self.tokenizer = load_model(self.model_path)  # type: ignore[arg-type]
+        return self._measure()
 
-        One token through a fresh cache allocates every layer's buffers, which is enough to read
-        the shape off mlx-lm's standard cache types; other cache types are measured at two lengths.
+    def _measure(self) -> tuple[KVShape, bool]:
+        """KV bytes per token (and fixed recurrent state), and whether caches can be trimmed.
+
+        One token through a fresh cache gives every layer its buffers, which is enough to read the
+        shape off mlx-lm's standard cache types. The graph is never evaluated: mlx is lazy, and the
+        buffers' shapes and dtypes are known before any compute (a forward pass of a 4-bit model
+        costs a third of a second on a small CPU). Other cache types are measured at two lengths.
         """
         import mlx.core as mx
-        from mlx.utils import tree_flatten
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
         cache = make_prompt_cache(self._model)
-        self._model(mx.array([[0]]), cache=cache)
-        mx.eval([c.state for c in cache])
-        shape = kv_shape_of(cache) or self._probe_shape()
-        weights = sum(v.nbytes for _, v in tree_flatten(self._model.parameters()))
-        return shape, weights, can_trim_prompt_cache(cache)
+        self._model(mx.array([[0]]), cache=cache)  # lazy: shapes only, nothing computed
+        return kv_shape_of(cache) or self._probe_shape(), can_trim_prompt_cache(cache)
 
     def _probe_shape(self) -> KVShape:
         """Bytes held after 256 and 512 tokens (whole KV steps, so the buffers hold exactly that)."""
@@ -301,12 +307,14 @@ class MlxModelHost:
         per_token = (sizes[1] - sizes[0]) // KV_STEP
         return KVShape(fixed=max(0, sizes[0] - per_token * KV_STEP), per_token=per_token)
 
-    def _budget(self, weights: int) -> int | None:
+    def _budget(self) -> int | None:
         if self._budget_request == 0:
             return None
         if self._budget_request is not None:
             return self._budget_request
         ram = total_memory()
+        # The weights as stored: mlx loads safetensors as they are (walking the parameters costs more).
+        weights = sum(f.stat().st_size for f in self.model_path.glob("*.safetensors")) if self.model_path else 0
         return max(256 * 2**20, int((ram - weights) * DEFAULT_BUDGET_FRACTION)) if ram else None
 
     def _window(self, trained: int | None, budget: int | None) -> int:

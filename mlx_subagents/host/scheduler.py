@@ -30,6 +30,13 @@ from .single import SingleStream
 from .thinking import thought_budget
 
 Deliver = Callable[[bool, Any], None]
+# Streamed text reaches the callers' loops at most this often (plus a turn's first text and its end at
+# once): a wake-up per token costs a syscall and a thread switch per step, more than a token of a
+# small model on a CPU, and no reader sees a difference at 50 Hz.
+DEFAULT_STREAM_INTERVAL_S = 0.02
+# While the same turns only decode, the KV bytes in flight are read (for the pool's peak) every this
+# many steps: caches then only grow, by whole 256-token blocks. Any change of the work is read at once.
+OBSERVE_EVERY_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ class Turn:
     sampler: Any = None
     processors: list[Any] = field(default_factory=list)
     stream: SingleStream | None = None  # decoding alone, outside the batch
+    streamed: bool = False  # its first text went out
 
     @property
     def final_length(self) -> int:
@@ -126,6 +134,7 @@ class Scheduler:
         config: SchedulerConfig,
         pool: KVPool,
         shape: KVShape,
+        trimmable: bool,
         processor_factory: ProcessorFactory | None = None,
     ) -> None:
         self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
@@ -137,7 +146,11 @@ class Scheduler:
         self.prefixes = SharedPrefixes()
         self._batch: Any = None
         self._outbox: list[tuple[TextSink, str]] = []
-        self._trimmable = self._probe_trimmable()
+        self._flushed_at = 0.0
+        self._first_text = False  # the outbox holds a turn's first text: send it now
+        self._work: tuple[Any, ...] = ()  # what was in flight when the KV bytes were last read
+        self._unobserved_steps = 0
+        self._trimmable = trimmable  # False for hybrid caches (see `_prepare_cache`)
 
     # -- entry points (engine thread) -----------------------------------------
 
@@ -180,20 +193,20 @@ class Scheduler:
                 except Exception as exc:
                     self._fail(lone, exc)
             if self.prefilling:
-                turn = self.prefilling[0]
-                try:
-                    self._prefill_chunk(turn)
-                except Exception as exc:
-                    self._fail(turn, exc)
-            self.pool.observe(self.resident_bytes())
+                self._prefill()
+            self._observe()
         except Exception as exc:  # a bug outside any one turn: nothing can be trusted
             self._fail_all(exc)
-        self._flush()
+        self._flush(force=not self.has_work())
 
-    def _flush(self) -> None:
-        """Hand the streamed text of this step to each caller's loop in one wake-up."""
+    def _flush(self, force: bool = False) -> None:
+        """Hand the streamed text so far to each caller's loop in one wake-up (see DEFAULT_STREAM_INTERVAL_S)."""
         if not self._outbox:
             return
+        now = time.perf_counter()
+        if not (force or self._first_text or now - self._flushed_at >= DEFAULT_STREAM_INTERVAL_S):
+            return
+        self._flushed_at, self._first_text = now, False
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TextCallback, str]]] = {}
         for sink, text in self._outbox:
             by_loop.setdefault(sink.loop, []).append((sink.on_text, text))
@@ -203,6 +216,15 @@ class Scheduler:
                 loop.call_soon_threadsafe(_deliver_texts, items)
             except RuntimeError:  # that caller's loop is closed
                 pass
+
+    def _observe(self) -> None:
+        """Keep the pool's peak: read the KV bytes when the work in flight changed, else every few steps."""
+        head = self.prefilling[0].pos if self.prefilling else -1
+        work = (len(self.waiting), len(self.prefilling), head, len(self.decoding), self.lone is None)
+        self._unobserved_steps += 1
+        if work != self._work or self._unobserved_steps >= OBSERVE_EVERY_STEPS:
+            self._work, self._unobserved_steps = work, 0
+            self.pool.observe(self.resident_bytes())
 
     def resident_bytes(self) -> int:
         """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
@@ -342,18 +364,53 @@ class Scheduler:
         stops.append((len(turn.ids) - 1, "end"))
         return sorted(stops)
 
+    def _prefill(self) -> None:
+        """Start decoding every turn ready to, together; else feed the first turn one chunk.
+
+        Turns that arrive together (the usual fan-out of sub-agents) then enter mlx-lm's batch in
+        the same step: it prefills their remaining prompts as one padded batch and they decode in
+        step from the first token, instead of one decoding alone while the next ones prefill.
+        """
+        ready = self._ready()
+        if ready and self.config.batching and (len(ready) > 1 or self.decoding or self.lone):
+            for turn in ready:
+                self.prefilling.remove(turn)
+                try:
+                    self._begin_decode(turn, join=True)
+                except Exception as exc:
+                    self._fail(turn, exc)
+        elif self.prefilling:
+            turn = self.prefilling[0]
+            try:
+                self._prefill_chunk(turn)
+            except Exception as exc:
+                self._fail(turn, exc)
+
+    def _ready(self) -> list[Turn]:
+        """The turns at the head of the prefill queue with nothing left to save before they decode.
+
+        A turn is opened (its cache chosen) only once every turn before it is ready, so that a
+        shared prefix computed by one of those is already there.
+        """
+        ready: list[Turn] = []
+        for turn in list(self.prefilling):
+            try:
+                if turn.cache is None:
+                    self._open(turn)
+            except Exception as exc:
+                self._fail(turn, exc)
+                continue
+            if turn.stops[0][1] != "end" or not self._batchable(turn.cache):
+                break
+            ready.append(turn)
+        return ready
+
     def _prefill_chunk(self, turn: Turn) -> None:
         """Feed one chunk (up to the next stop); at a stop, save what it asks for."""
         import mlx.core as mx
 
         if turn.cache is None:
             self._open(turn)
-        if turn.stops[0][1] == "end" and self._joins_batch(turn):
-            # Nothing left to save on the way: mlx-lm's batch prefills the rest, batched with
-            # other arrivals and interleaved with decoding.
-            self.prefilling.popleft()
-            self._begin_decode(turn)
-            return
         stop, action = turn.stops[0]
         end = min(turn.pos + self.config.prefill_step_size, stop)
         if end > turn.pos:
@@ -370,7 +427,7 @@ class Scheduler:
             turn.state.snapshot = (stop, copy.deepcopy(turn.cache))
         elif action == "end":
             self.prefilling.popleft()
-            self._begin_decode(turn)
+            self._begin_decode(turn, self._joins_batch(turn))
 
     # -- decode -----------------------------------------------------------------
 
@@ -378,7 +435,8 @@ class Scheduler:
         """Decode in the batch: others decode already. Alone (mlx-lm's single-sequence path) otherwise."""
         return self.config.batching and self._batchable(turn.cache) and bool(self.decoding or self.lone)
 
-    def _begin_decode(self, turn: Turn) -> None:
+    def _begin_decode(self, turn: Turn, join: bool) -> None:
+        """Decode in the batch (`join`), or alone: one token per step, or to the end when serialized."""
         from mlx_lm.sample_utils import make_sampler
 
         turn.processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
@@ -388,7 +446,7 @@ class Scheduler:
         ):
             turn.processors = [*turn.processors, budget]  # last: closing the thought wins over other processors
         turn.detokenizer = self.tokenizer.detokenizer if turn.sink else None
-        if self._joins_batch(turn):
+        if join:
             if self.lone is not None:
                 self._handover(self.lone)
             self._insert(turn, turn.ids[turn.pos :], turn.ids[: turn.pos], turn.max_tokens)
@@ -477,6 +535,8 @@ class Scheduler:
             turn.detokenizer.add_token(token)
             if segment := turn.detokenizer.last_segment:
                 self._outbox.append((turn.sink, segment))
+                if not turn.streamed:
+                    turn.streamed = self._first_text = True
         return None
 
     def _drop_cancelled(self) -> None:
@@ -510,7 +570,7 @@ class Scheduler:
         if not self.config.reuse:  # keep the ids (same prompts as with reuse), drop the cache
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)
-        self._flush()  # the streamed text reaches the caller before its result does
+        self._flush(force=True)  # the streamed text reaches the caller before its result does
         turn.deliver(True, self._generation(turn, finish))
         if not self.decoding and not self.prefilling:
             import mlx.core as mx
@@ -542,11 +602,6 @@ class Scheduler:
                 "shorten the task or the conversation (compaction), or raise --context-window"
             )
         return max(1, min(max_tokens, room))
-
-    def _probe_trimmable(self) -> bool:
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
-        return can_trim_prompt_cache(make_prompt_cache(self.model))
 
     @staticmethod
     def _batchable(cache: list[Any] | None) -> bool:
