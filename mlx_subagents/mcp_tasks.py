@@ -22,7 +22,15 @@ from .caps import MAX_ANSWER_BYTES
 from .errors import TaskStateError
 from .results import TaskStatus
 from .tools import background
-from .tools.background import MAX_OUTPUT_WAIT, CancelParams, SendParams, StatusParams, status_line
+from .tools.background import (
+    MAX_OUTPUT_WAIT,
+    CancelParams,
+    SendParams,
+    StatusParams,
+    offset_problem,
+    status_line,
+    wait_problem,
+)
 from .tools.subagent import Delegation
 from .userfiles import error_message, error_path
 
@@ -130,19 +138,12 @@ class ServerTasks:
         return result(text, TaskList(tasks=statuses))
 
     async def output(self, params: OutputParams) -> types.CallToolResult:
-        if params.wait > MAX_OUTPUT_WAIT:
-            return error(
-                f"wait is at most {MAX_OUTPUT_WAIT} seconds, got {params.wait:g}; wait {MAX_OUTPUT_WAIT} and call "
-                "again if the task still runs"
-            )
+        if problem := wait_problem(params.wait, "if the task still runs"):
+            return error(problem)
         status, whole = await self.board.output(params.id, params.wait)
+        if problem := offset_problem(status, whole, params.offset):
+            return error(problem)
         ended = status.status not in ("queued", "running")
-        if params.offset and params.offset >= len(whole):
-            what = "answer" if ended else "output so far"
-            return error(
-                f"offset {params.offset} is past the end of {status.id}'s {what} ({len(whole)} characters); "
-                "read from offset 0"
-            )
         piece, next_offset = window(whole, params.offset)
         if ended:
             head = f"{status.id} {status.status}" + (f": {status.error}" if status.error else "")

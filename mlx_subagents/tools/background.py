@@ -53,6 +53,22 @@ def status_line(status: TaskStatus) -> str:
     return line
 
 
+# The checks on reading a task's output, shared by `subagent_output` and MCP's `agent_output`.
+def wait_problem(wait: float, then: str) -> str | None:
+    """A wait over the cap, or None; `then` ends the message (what to do next, in the caller's words)."""
+    if wait > MAX_OUTPUT_WAIT:
+        return f"wait is at most {MAX_OUTPUT_WAIT} seconds, got {wait:g}; wait {MAX_OUTPUT_WAIT} and call again {then}"
+    return None
+
+
+def offset_problem(status: TaskStatus, text: str, offset: int) -> str | None:
+    """An offset past the end of the task's answer (or output so far), or None."""
+    if offset and offset >= len(text):
+        what = "output so far" if status.status in ("queued", "running") else "answer"
+        return f"offset {offset} is past the end of {status.id}'s {what} ({len(text)} characters); read from offset 0"
+    return None
+
+
 # No docstrings on the parameter models: pydantic would put them in the schema the model reads.
 class StatusParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -125,18 +141,13 @@ class SubagentOutputTool(_BackgroundTool):
     Params = OutputParams
 
     async def act(self, params: OutputParams) -> ToolResult:
-        if params.wait > MAX_OUTPUT_WAIT:
-            return error_result(
-                f"wait is at most {MAX_OUTPUT_WAIT} seconds, got {params.wait:g}; wait {MAX_OUTPUT_WAIT} "
-                "and call again if it is still running, or carry on and read it when its notice comes"
-            )
+        if problem := wait_problem(
+            params.wait, "if it is still running, or carry on and read it when its notice comes"
+        ):
+            return error_result(problem)
         status, text = await self.control.output(params.id, params.wait)
-        if params.offset and params.offset >= len(text):
-            return error_result(
-                f"offset {params.offset} is past the end of {status.id}'s "
-                f"{'answer' if status.status in ('completed', 'failed') else 'output so far'} ({len(text)} characters); "
-                "read from offset 0"
-            )
+        if problem := offset_problem(status, text, params.offset):
+            return error_result(problem)
         read_more = READ_MORE.format(id=status.id)
         body = cap_answer(text[params.offset :], None, read_more=read_more, offset=params.offset)
         if status.status in ("queued", "running"):
