@@ -5,7 +5,8 @@ another), so every mlx call happens on this thread. Async callers submit a job
 and await its result; jobs run one at a time, in order. Between jobs the
 engine advances its `Stepper` (the scheduler's batched prefill and decode), so
 generations from many sessions progress together. A failing job hands its
-exception to its own caller and the engine keeps going.
+exception to its own caller, a failing step fails the stepper's work in flight, and the engine
+keeps going either way.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ class Stepper(Protocol):
     def has_work(self) -> bool: ...
 
     def step(self) -> None: ...
+
+    def fail_all(self, exc: BaseException) -> None:
+        """A step raised: end every piece of work in flight with `exc`, so no caller waits forever."""
+        ...
 
 
 @dataclass
@@ -87,16 +92,19 @@ class Engine:
         self._jobs.put(_Job(fn, deliver))
         return future
 
+    def has_jobs(self) -> bool:
+        """Whether a job waits: a stepper that runs several units of work per step stops early for it."""
+        return not self._jobs.empty()
+
     def _busy(self) -> bool:
         return self.stepper is not None and self.stepper.has_work()
 
     def _run(self) -> None:
         while True:
-            try:
-                job = self._jobs.get(block=not self._busy())
-            except queue.Empty:
+            if self._jobs.empty() and self._busy():  # cheaper than a raised `queue.Empty` per step
                 self._step()
                 continue
+            job = self._jobs.get()  # only this thread takes jobs: with one queued it does not block
             if job is None:
                 self._drain()
                 return
@@ -129,5 +137,9 @@ class Engine:
             pass
 
     def _step(self) -> None:
+        """One step; if it raises, its work fails (each caller gets the exception) and the thread lives on."""
         assert self.stepper is not None
-        self.stepper.step()
+        try:
+            self.stepper.step()
+        except Exception as exc:
+            self.stepper.fail_all(exc)

@@ -250,6 +250,7 @@ class MlxModelHost:
             self.kv_shape,
             self._trimmable,
             self._processor_factory,
+            self._engine.has_jobs,
         )
         self._engine.stepper = self._scheduler
 

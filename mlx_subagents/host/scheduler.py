@@ -37,6 +37,11 @@ DEFAULT_STREAM_INTERVAL_S = 0.02
 # While the same turns only decode, the KV bytes in flight are read (for the pool's peak) every this
 # many steps: caches then only grow, by whole 256-token blocks. Any change of the work is read at once.
 OBSERVE_EVERY_STEPS = 8
+# A turn decoding alone, with nothing else waiting, decodes up to this many tokens per step (or for
+# about this long): the work around each step (cancel checks, admission, the engine's queue) is then
+# paid once per burst, as mlx-lm's own loop never pays it. Anything that needs a step ends a burst.
+LONE_BURST_TOKENS = 8
+LONE_SLICE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -136,9 +141,12 @@ class Scheduler:
         shape: KVShape,
         trimmable: bool,
         processor_factory: ProcessorFactory | None = None,
+        jobs_waiting: Callable[[], bool] | None = None,
     ) -> None:
+        """`jobs_waiting`: whether the engine has a job queued (a new turn, a reset), which ends a lone burst."""
         self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
         self._processor_factory = processor_factory
+        self._jobs_waiting = jobs_waiting or (lambda: False)
         self.waiting: deque[Turn] = deque()
         self.prefilling: deque[Turn] = deque()
         self.decoding: dict[int, Turn] = {}
@@ -176,7 +184,8 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.decoding or self.lone)
 
     def step(self) -> None:
-        """One unit of progress: admissions, one decode step for the batch, one prefill chunk.
+        """One unit of progress: admissions, one decode step for the batch (or a burst of the lone
+        turn's tokens, see LONE_BURST_TOKENS), one prefill chunk.
 
         A turn's own failure (its prompt, processors, cache restore, reply parsing) fails that
         turn alone; a failure of the shared batch step fails the turns in the batch.
@@ -189,14 +198,14 @@ class Scheduler:
             if self.lone is not None:
                 lone = self.lone
                 try:
-                    self._lone_step(lone)
+                    self._lone_burst(lone)
                 except Exception as exc:
                     self._fail(lone, exc)
             if self.prefilling:
                 self._prefill()
             self._observe()
         except Exception as exc:  # a bug outside any one turn: nothing can be trusted
-            self._fail_all(exc)
+            self.fail_all(exc)
         self._flush(force=not self.has_work())
 
     def _flush(self, force: bool = False) -> None:
@@ -474,6 +483,24 @@ class Scheduler:
         turn.state.prompt_cache = turn.cache = None  # the batch owns it now
         self.decoding[turn.uid] = turn
 
+    def _lone_burst(self, turn: Turn) -> None:
+        """Tokens of the lone turn until it ends, LONE_BURST_TOKENS or LONE_SLICE_S, or until something
+        needs a step: a turn waiting or prefilling, a job for the engine, its own cancel."""
+        deadline = time.perf_counter() + LONE_SLICE_S
+        for _ in range(LONE_BURST_TOKENS - 1):
+            if self._lone_step(turn) is not None:
+                return
+            if (
+                self.waiting
+                or self.prefilling
+                or turn.cancel.is_set()
+                or self._jobs_waiting()
+                or time.perf_counter() >= deadline
+            ):
+                return
+            self._flush()
+        self._lone_step(turn)
+
     def _lone_step(self, turn: Turn) -> FinishReason | None:
         """One token of a turn decoding alone; its cache ends holding every token it produced."""
         done = self._on_token(turn, turn.stream.next())  # type: ignore[union-attr]
@@ -647,7 +674,8 @@ class Scheduler:
             turn.state.reset()
             turn.deliver(False, exc)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def fail_all(self, exc: BaseException) -> None:
+        """Fail every turn, waiting or in flight: after an unexpected error no cache can be trusted."""
         turns = [*self.waiting, *self._active()]
         self.waiting.clear()
         self.prefilling.clear()
