@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_batching import task
 
 from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host import scheduler as scheduler_module
@@ -21,7 +22,6 @@ from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
 from mlx_subagents.host.protocol import Generation
 from mlx_subagents.host.scheduler import LONE_BURST_TOKENS, Request, Scheduler, SchedulerConfig, Turn
 from mlx_subagents.testing import ForcedScripts
-from tests.test_batching import task
 
 SCRIPT = " ".join(f"word{n}" for n in range(60))  # far more tokens than any turn here decodes
 
