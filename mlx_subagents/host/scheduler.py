@@ -6,7 +6,9 @@ system-prompt prefix, or a hybrid model's snapshot) -> decoding -> finished
 (its cache parked in the pool for the next turn). In batched mode every
 decoding session advances one token per step in one mlx-lm `BatchGenerator`
 batch, and a long prefill is cut into chunks between decode steps so it does
-not stall the others. In serialized mode a turn runs from start to finish on
+not stall the others; a turn with nothing else in flight decodes alone on
+mlx-lm's single-sequence path, several tokens per step, and moves into the
+batch when a second turn arrives. In serialized mode a turn runs from start to finish on
 its own, which is the reference the batched mode must match token for token.
 """
 
@@ -445,7 +447,7 @@ class Scheduler:
         return self.config.batching and self._batchable(turn.cache) and bool(self.decoding or self.lone)
 
     def _begin_decode(self, turn: Turn, join: bool) -> None:
-        """Decode in the batch (`join`), or alone: one token per step, or to the end when serialized."""
+        """Decode in the batch (`join`), or alone: a burst of tokens per step, or to the end when serialized."""
         from mlx_lm.sample_utils import make_sampler
 
         turn.processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
@@ -462,7 +464,7 @@ class Scheduler:
             return
         turn.stream = SingleStream(self.model, turn.cache, turn.ids, turn.sampler, turn.processors)  # type: ignore[arg-type]
         if self.config.batching and self._batchable(turn.cache):
-            self.lone = turn  # one token per step, until it ends or a second turn arrives
+            self.lone = turn  # a burst of tokens per step, until it ends or a second turn arrives
         else:  # serialized (or a cache that cannot join a batch): to the end now
             while self._lone_step(turn) is None and not turn.cancel.is_set():
                 self._flush()
