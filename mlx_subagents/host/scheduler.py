@@ -8,8 +8,9 @@ decoding session advances one token per step in one mlx-lm `BatchGenerator`
 batch, and a long prefill is cut into chunks between decode steps so it does
 not stall the others; a turn with nothing else in flight decodes alone on
 mlx-lm's single-sequence path, several tokens per step, and moves into the
-batch when a second turn arrives. In serialized mode a turn runs from start to finish on
-its own, which is the reference the batched mode must match token for token.
+batch when a second turn arrives. In serialized mode a turn runs from start
+to finish on its own, which is the reference the batched mode must match
+token for token.
 """
 
 from __future__ import annotations
