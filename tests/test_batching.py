@@ -113,6 +113,48 @@ def test_sessions_started_together_decode_in_one_batch_from_their_first_token(
     assert [len(t) for t in token_ids] == [8, 8, 8, 8] and len(set(token_ids)) == 4
 
 
+def test_hybrid_sessions_started_together_decode_in_one_batch_from_their_first_token(
+    tiny_qwen35_path: Path, tiny_qwen35: Any
+) -> None:
+    """On a hybrid model each turn saves a snapshot before its generation prompt, so it has a stop
+    before its end: four sessions arriving at once all reach their end, then enter mlx-lm's batch
+    in the same step (none decodes alone while the others prefill), with the tokens and the
+    prefilled and cached counts of one session at a time."""
+    texts = {f"s{i}": [" ".join(f"word{i}_{n}" for n in range(20))] * 2 for i in range(4)}
+    Round = tuple[list[tuple[int, ...]], list[tuple[int, int, int]]]
+
+    async def go(batching: bool) -> tuple[list[Round], list[Any], int]:
+        scripts = ForcedScripts(tiny_qwen35[1], texts)
+        async with MlxModelHost(str(tiny_qwen35_path), processor_factory=scripts, batching=batching) as host:
+            scheduler = host._scheduler
+            await host._engine.run(scheduler._ensure_batch)  # there from the start, to count its steps
+            rounds, stats = [], []
+            for _ in range(2):  # the first computes the shared prefix; the second starts from it
+                with scheduler._batch.stats() as window:
+                    replies = await asyncio.gather(
+                        *(host.session(f"s{i}").generate(task(i), max_tokens=8) for i in range(4))
+                    )
+                usage = [(r.usage.prompt_tokens, r.usage.cached_tokens, r.usage.prefilled_tokens) for r in replies]
+                rounds.append(([r.token_ids for r in replies], usage))
+                stats.append(window)
+                for i in range(4):
+                    await host.session(f"s{i}").reset()
+            system_text = host.tokenizer.apply_chat_template([SYSTEM], tokenize=False, add_generation_prompt=False)
+            return rounds, stats, len(host.tokenizer.encode(system_text, add_special_tokens=False))
+
+    batched, stats, n_prefix = asyncio.run(go(True))
+    serialized, serial_stats, _ = asyncio.run(go(False))
+    for window in stats:  # every token from the batch, all four in each of its 8 steps
+        assert window.generation_tokens == 4 * 8 and window.generation_steps == 8
+    assert [w.generation_tokens for w in serial_stats] == [0, 0]
+    assert batched == serialized
+    (first, first_usage), (second, second_usage) = batched
+    assert first == second and [len(t) for t in first] == [8] * 4 and len(set(first)) == 4
+    assert [cached for _, cached, _ in first_usage] == [0, n_prefix, n_prefix, n_prefix]
+    assert [cached for _, cached, _ in second_usage] == [n_prefix] * 4
+    assert all(prefilled == prompt - cached for prompt, cached, prefilled in first_usage + second_usage)
+
+
 def test_shared_prefix_is_prefilled_once(tiny_qwen3_path: Path) -> None:
     async def go(share: bool) -> tuple[list[Any], int]:
         async with MlxModelHost(str(tiny_qwen3_path), share_prefix=share) as host:

@@ -377,14 +377,18 @@ class Scheduler:
         return sorted(stops)
 
     def _prefill(self) -> None:
-        """Start decoding every turn ready to, together; else feed the first turn one chunk.
+        """Start decoding every turn ready to, together; else feed one turn one chunk.
 
         Turns that arrive together (the usual fan-out of sub-agents) then enter mlx-lm's batch in
         the same step: it prefills their remaining prompts as one padded batch and they decode in
         step from the first token, instead of one decoding alone while the next ones prefill.
+        While nothing decodes yet, the ready turns wait for the turn behind them to reach its end
+        (a hybrid model's turn first saves a snapshot); once others decode, ready turns join at once.
         """
         ready = self._ready()
-        if ready and self.config.batching and (len(ready) > 1 or self.decoding or self.lone):
+        behind = self._behind(ready)
+        batched = self.config.batching and (len(ready) > 1 or bool(self.decoding or self.lone))
+        if ready and batched and behind is None:
             for turn in ready:
                 self.prefilling.remove(turn)
                 try:
@@ -392,11 +396,19 @@ class Scheduler:
                 except Exception as exc:
                     self._fail(turn, exc)
         elif self.prefilling:
-            turn = self.prefilling[0]
+            turn = behind or self.prefilling[0]
             try:
                 self._prefill_chunk(turn)
             except Exception as exc:
                 self._fail(turn, exc)
+
+    def _behind(self, ready: list[Turn]) -> Turn | None:
+        """The turn after the ready ones that they wait for: it still has a stop to save before its
+        end and can join their batch, and nothing decodes yet (else the ready ones join at once)."""
+        if not self.config.batching or self.decoding or self.lone or len(self.prefilling) <= len(ready):
+            return None
+        turn = self.prefilling[len(ready)]  # where `_ready` stopped: opened, its next stop not "end"
+        return turn if turn.stops[0][1] != "end" and self._batchable(turn.cache) else None
 
     def _ready(self) -> list[Turn]:
         """The turns at the head of the prefill queue with nothing left to save before they decode.
