@@ -33,41 +33,57 @@ class ForcedProcessor:
     The prompt length is taken from the first call, so one instance serves one request. Both
     paths pass a 1-D `mx.array` holding the context plus the tokens generated so far
     (`generate_step`: the prompt it was given; `BatchGenerator`: `all_tokens` + prompt), so each
-    later call shows one new token. Both sample one step ahead and ask once more after EOS:
-    answering EOS again is harmless. When a processor after this one made the model emit another
-    token than the script's (the host closing a thought at its budget), the script resumes after
-    that token's next occurrence in it.
+    later call shows one new token (several are taken in order). Both sample one step ahead and
+    ask once more after EOS: answering EOS again is harmless. When a processor after this one made
+    the model emit another token than the script's (the host closing a thought at its budget), the
+    script resumes after that token's next occurrence in it.
+
+    The position in the script lives on the device and a call only builds a graph, never evaluates:
+    reading the new tokens on the host would wait for the step in flight and undo the pipelining of
+    mlx-lm (and of the host), which build step n+1 while step n computes.
     """
 
     def __init__(self, token_ids: Sequence[int], eos_token_id: int) -> None:
         self.token_ids = [int(t) for t in token_ids]
         self.eos_token_id = int(eos_token_id)
         self._seen: int | None = None  # tokens seen: the prompt at the first call, then one more per call
-        self._pos = 0
+        # Made at the first call, on the thread that decodes: the script then EOS, and the position.
+        self._script: mx.array | None = None
+        self._pos: mx.array | None = None
 
     def __call__(self, tokens: mx.array | Sequence[int], logits: mx.array) -> mx.array:
-        n = len(tokens)
+        n = len(tokens)  # a shape: no evaluation
         if self._seen is None:
             self._seen = n
+            self._script = mx.array([*self.token_ids, self.eos_token_id], dtype=mx.int32)
+            self._pos = mx.array(0, dtype=mx.int32)
         if n < self._seen:
             raise RuntimeError("a ForcedProcessor serves one request; make a fresh one per request")
-        new = tokens[self._seen : n]
-        for token in new.tolist() if isinstance(new, mx.array) else new:
-            self._advance(int(token))
-        self._seen = n
-        pos = self._pos
-        target = self.token_ids[pos] if pos < len(self.token_ids) else self.eos_token_id
-        keep = mx.arange(logits.shape[-1]) == target
+        script, pos = self._script, self._pos
+        assert script is not None and pos is not None
+        if n > self._seen:
+            new = tokens[self._seen : n]
+            new = (new if isinstance(new, mx.array) else mx.array(list(new))).astype(mx.int32)
+            for i in range(n - self._seen):
+                pos = script_position(script, pos, new[i])
+            self._pos, self._seen = pos, n
+        keep = mx.arange(logits.shape[-1]) == script[pos]
         return mx.where(keep, logits, mx.array(-mx.inf, dtype=logits.dtype))
-
-    def _advance(self, emitted: int) -> None:
-        ids, pos = self.token_ids, self._pos
-        if pos < len(ids) and ids[pos] != emitted and emitted in ids[pos:]:
-            pos = ids.index(emitted, pos)
-        self._pos = pos + 1
 
     def __repr__(self) -> str:
         return f"ForcedProcessor({len(self.token_ids)} tokens, eos={self.eos_token_id})"
+
+
+def script_position(script: mx.array, pos: mx.array, emitted: mx.array) -> mx.array:
+    """The position in `script` (the forced ids then EOS) after `emitted` was said at `pos`, lazily.
+
+    One on, or, when `emitted` is not the script's token at `pos` but occurs later in it, one past
+    that occurrence; at most the EOS's index, where every later position would be.
+    """
+    end = script.size - 1  # the EOS's index: the ids to search are before it
+    index = mx.arange(script.size, dtype=mx.int32)
+    found = mx.min(mx.where((script == emitted) & (index >= pos) & (index < end), index, end))
+    return mx.minimum(mx.where(found < end, found, pos) + 1, end)
 
 
 def make_forced_processor(tokenizer: ScriptTokenizer, script: Script) -> ForcedProcessor:
