@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -47,43 +48,57 @@ class ForcedProcessor:
         self.token_ids = [int(t) for t in token_ids]
         self.eos_token_id = int(eos_token_id)
         self._seen: int | None = None  # tokens seen: the prompt at the first call, then one more per call
-        # Made at the first call, on the thread that decodes: the script then EOS, and the position.
-        self._script: mx.array | None = None
-        self._pos: mx.array | None = None
+        self._device: _DeviceScript | None = None  # made at the first call, on the thread that decodes
+        self._pos: mx.array | None = None  # the position in the script, on the device
 
     def __call__(self, tokens: mx.array | Sequence[int], logits: mx.array) -> mx.array:
         n = len(tokens)  # a shape: no evaluation
         if self._seen is None:
             self._seen = n
-            self._script = mx.array([*self.token_ids, self.eos_token_id], dtype=mx.int32)
-            self._pos = mx.array(0, dtype=mx.int32)
+            self._device = _DeviceScript.make(self.token_ids, self.eos_token_id, logits.shape[-1])
+            self._pos = mx.array(0, dtype=mx.uint32)
         if n < self._seen:
             raise RuntimeError("a ForcedProcessor serves one request; make a fresh one per request")
-        script, pos = self._script, self._pos
-        assert script is not None and pos is not None
-        if n > self._seen:
+        device, pos = self._device, self._pos
+        assert device is not None and pos is not None  # both made at the first call
+        if n > self._seen and self.token_ids:  # with no script every position forces EOS
             new = tokens[self._seen : n]
-            new = (new if isinstance(new, mx.array) else mx.array(list(new))).astype(mx.int32)
+            new = new if isinstance(new, mx.array) else mx.array(list(new), dtype=mx.uint32)
             for i in range(n - self._seen):
-                pos = script_position(script, pos, new[i])
-            self._pos, self._seen = pos, n
-        keep = mx.arange(logits.shape[-1]) == script[pos]
+                pos = script_position(device.ids, device.index, pos, new[i : i + 1])
+            self._pos = pos
+        self._seen = n
+        keep = device.vocab == device.script[pos]
         return mx.where(keep, logits, mx.array(-mx.inf, dtype=logits.dtype))
 
     def __repr__(self) -> str:
         return f"ForcedProcessor({len(self.token_ids)} tokens, eos={self.eos_token_id})"
 
 
-def script_position(script: mx.array, pos: mx.array, emitted: mx.array) -> mx.array:
-    """The position in `script` (the forced ids then EOS) after `emitted` was said at `pos`, lazily.
+@dataclass(frozen=True)
+class _DeviceScript:
+    """A script on the device, in the dtype of mlx-lm's tokens."""
 
-    One on, or, when `emitted` is not the script's token at `pos` but occurs later in it, one past
-    that occurrence; at most the EOS's index, where every later position would be.
+    script: mx.array  # the ids then EOS: what each position forces
+    ids: mx.array  # the ids alone, where the emitted tokens are looked up
+    index: mx.array  # the ids' indices
+    vocab: mx.array  # every token id of the vocabulary, for the mask
+
+    @classmethod
+    def make(cls, token_ids: list[int], eos_token_id: int, vocab_size: int) -> _DeviceScript:
+        script = mx.array([*token_ids, eos_token_id], dtype=mx.uint32)
+        index = mx.arange(len(token_ids), dtype=mx.uint32)
+        return cls(script, script[:-1], index, mx.arange(vocab_size, dtype=mx.uint32))
+
+
+def script_position(ids: mx.array, index: mx.array, pos: mx.array, emitted: mx.array) -> mx.array:
+    """The position in the script `ids` (`index`: their indices) after `emitted` was said at `pos`,
+    as a graph: one on, or one past `emitted`'s next occurrence at or after `pos` when there is one
+    (`argmax` gives the first; 0, below `pos`, when there is none); at most `len(ids)`, where the
+    script is said and every later position forces EOS. A handful of small ops, no evaluation.
     """
-    end = script.size - 1  # the EOS's index: the ids to search are before it
-    index = mx.arange(script.size, dtype=mx.int32)
-    found = mx.min(mx.where((script == emitted) & (index >= pos) & (index < end), index, end))
-    return mx.minimum(mx.where(found < end, found, pos) + 1, end)
+    found = mx.argmax((ids == emitted) & (index >= pos))
+    return mx.minimum(mx.maximum(found, pos) + 1, ids.size)
 
 
 def make_forced_processor(tokenizer: ScriptTokenizer, script: Script) -> ForcedProcessor:
