@@ -44,6 +44,15 @@ host's lone session; start-up (`mlx_lm.load` alone vs a host from nothing to rea
 `--repeats`); and the first token of a new session whose agent prefix is already shared, against a
 host that prefills it all.
 
+At one session the configurations differ by a few percent, less than a short run varies on a shared
+machine, so the two lone-session ratios (`ratio_host_vs_stream_generate_at_1` and
+`ratio_batched_vs_serialized["1"]`, with their CPU counterparts) come from a measure of their own:
+`--pairs` (default 5) trios of runs of `--tokens-at-1` tokens (default 4x `--tokens`), after an
+untimed one: the batched host's lone session between `stream_generate` and the serialized host, so
+that it runs back to back with each, in reverse order every other trio. The ratio is taken within
+each pair, whose two sides met the same load, and the median of the pairs counts (`at_1_pairs`
+holds each pair). The table's rows at one session are the short runs, as for every other count.
+
 Targets (issue 12): host vs stream_generate at 1 session and batched vs serialized at 1 at least
 0.97, batched / serialized at 4 at least 2.0x, the host within 5% of the raw batch at 4, start-up
 overhead at most 5% of the load or 0.05 s, and the shared-prefix first token no slower than a full
@@ -395,7 +404,62 @@ def percentile(values: Sequence[float], q: float) -> float:
 Runs = dict[str, dict[int, list[Run]]]  # mode -> session count -> one Run per repeat
 
 
-async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tuple[Runs, dict[str, Any]]:
+PAIRED = (STREAM, "batched", "serialized")  # one trio; batched in the middle, next to both others
+
+
+def trio_order(p: int) -> tuple[str, ...]:
+    """The order of trio `p`: `PAIRED`, reversed every other trio."""
+    return PAIRED if p % 2 == 0 else PAIRED[::-1]
+
+
+@dataclass
+class Pairs:
+    """The lone-session measure: trios of runs of `tokens` tokens at one session, back to back.
+
+    Batched runs between `stream_generate` and serialized, so each of the two pairs it belongs to
+    ran back to back; every other trio runs in the reverse order, so neither side of a pair always
+    runs first. `runs[mode][p]` is trio p's run of `mode`.
+    """
+
+    tokens: int
+    runs: dict[str, list[Run]]
+
+    def ratios(self, mode: str, reference: str, key: str = "decode_tps") -> list[float]:
+        """Per pair: `mode`'s `key` over `reference`'s (for CPU per token pass `reference` first)."""
+        return [
+            round(getattr(a, key) / getattr(b, key), 3) if getattr(b, key) else 0.0
+            for a, b in zip(self.runs[mode], self.runs[reference])
+        ]
+
+
+async def measure_pairs(
+    hosts: dict[str, MlxModelHost],
+    model: Any,
+    tokenizer: Any,
+    prompt: list[Message],
+    prompt_ids: list[int],
+    scripts: Scripts,
+    tokens: int,
+    pairs: int,
+) -> Pairs:
+    """`pairs` trios of one session decoding `tokens` tokens (see `Pairs`), after an untimed one: the
+    first run to reach a context length pays for what mlx builds per shape."""
+    result = Pairs(tokens, {mode: [] for mode in PAIRED})
+    for p in range(-1, pairs):
+        for mode in trio_order(p):
+            if mode == STREAM:
+                run = stream_run(model, tokenizer, prompt_ids, tokens, scripts)
+            else:
+                run = await host_run(hosts[mode], [prompt], tokens, f"pair{p}-{mode}-0")
+            if p >= 0:
+                result.runs[mode].append(run)
+            gc.collect()
+    return result
+
+
+async def measure(
+    model: Path, n_tokens: int, repeats: int, force: bool, tokens_at_1: int, pairs: int
+) -> tuple[Runs, Pairs, dict[str, Any]]:
     import mlx_lm
 
     load_before = os.getloadavg()[0]  # other processes' load: wall-time figures are only as good as it is low
@@ -405,7 +469,7 @@ async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tupl
     scripts = Scripts()
     raw_model, raw_tokenizer = mlx_lm.load(str(model))  # the raw reference runs on this (main) thread
     if force:
-        scripts.bind(raw_tokenizer, max(SESSION_COUNTS), max(n_tokens, WARM_UP_TOKENS))
+        scripts.bind(raw_tokenizer, max(SESSION_COUNTS), max(n_tokens, tokens_at_1, WARM_UP_TOKENS))
     prompt_ids = [encode(raw_tokenizer, render(raw_tokenizer, p, None, generation_prompt=True)) for p in prompts]
 
     common = dict(processor_factory=scripts, kv_budget=0, prefill_step_size=PREFILL_STEP)
@@ -429,6 +493,9 @@ async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tupl
                         run = await host_run(hosts[mode], prompts[:n], n_tokens, f"{mode}-r{rep}-n{n}")
                     runs[mode][n].append(run)
                     gc.collect()
+        at_1 = await measure_pairs(
+            hosts, raw_model, raw_tokenizer, prompts[0], prompt_ids[0], scripts, tokens_at_1, pairs
+        )
         stats = await batched.memory_stats()
         # A new session of the same agent: its system prompt is shared (batched) or not (private).
         async with MlxModelHost(str(model), share_prefix=False, **common) as private:
@@ -447,7 +514,7 @@ async def measure(model: Path, n_tokens: int, repeats: int, force: bool) -> tupl
             "shared_prefix_hits": stats.shared_prefix_hits,
             "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         }
-    return runs, info
+    return runs, at_1, info
 
 
 def figures(n: int, rs: list[Run]) -> dict[str, Any]:
@@ -472,7 +539,15 @@ def figures(n: int, rs: list[Run]) -> dict[str, Any]:
 
 
 def summarize(
-    runs: Runs, info: dict[str, Any], *, arch: str, model: str, n_tokens: int, repeats: int, forced: bool
+    runs: Runs,
+    at_1: Pairs,
+    info: dict[str, Any],
+    *,
+    arch: str,
+    model: str,
+    n_tokens: int,
+    repeats: int,
+    forced: bool,
 ) -> dict[str, Any]:
     results = {mode: {str(n): figures(n, runs[mode][n]) for n in SESSION_COUNTS} for mode in MODES}
     lone_stream = figures(1, runs[STREAM][1])
@@ -491,11 +566,21 @@ def summarize(
         for n in SESSION_COUNTS
         for i in range(repeats)
     ) and all(runs[STREAM][1][i].token_ids == runs["batched"][1][i].token_ids for i in range(repeats))
+    paired = [r for mode in PAIRED for r in at_1.runs[mode]]
+    identical = identical and all(r.token_ids == paired[0].token_ids for r in paired)
     exact = all(g == n_tokens for mode in MODES for n in SESSION_COUNTS for r in runs[mode][n] for g in r.generated)
+    exact = exact and all(r.generated == [at_1.tokens] for r in paired)
     at4_bs = ratio(rate("batched", 4), rate("serialized", 4))
     at4_hr = ratio(rate("batched", 4), rate("raw", 4))
-    at1_hs = ratio(rate("batched", 1), float(lone_stream["decode_tok_s"]))
-    at1_bs = ratio(rate("batched", 1), rate("serialized", 1))
+    # At one session, the median of the pairs' ratios (see `Pairs`): a run is short, its rate noisy.
+    pair_ratios = {
+        "host_vs_stream_generate": at_1.ratios("batched", STREAM),
+        "host_vs_stream_generate_decode_cpu": at_1.ratios(STREAM, "batched", "decode_cpu_ms_per_token"),
+        "batched_vs_serialized": at_1.ratios("batched", "serialized"),
+        "batched_vs_serialized_cpu": at_1.ratios("serialized", "batched", "cpu_ms_per_token"),
+    }
+    at1 = {key: round(statistics.median(values), 3) for key, values in pair_ratios.items()}
+    at1_hs, at1_bs = at1["host_vs_stream_generate"], at1["batched_vs_serialized"]
     overhead = round(max(0.0, info["host_ready_s"] - info["load_s"]), 4)
     overhead_ok = overhead <= max(TARGET_STARTUP_SHARE * info["load_s"], TARGET_STARTUP_S)
     ttft_ok = info["ttft_shared_prefix_s"] <= info["ttft_private_prefix_s"]
@@ -527,14 +612,17 @@ def summarize(
         "forced": forced,
         "tokens_per_session": n_tokens,
         "repeats": repeats,
-        "selection": "best decode_tok_s of the repeats; TTFT percentiles over every session of every repeat",
+        "selection": (
+            "best decode_tok_s of the repeats; TTFT percentiles over every session of every repeat; "
+            "the ratios at 1 session: the median of interleaved pairs (at_1_pairs)"
+        ),
         "session_counts": list(SESSION_COUNTS),
         "prompt_tokens": info["prompt_tokens"],
         "context_window": info["context_window"],
         "load_avg_1min": info["load_avg_1min"],
         "results": results,
         "ratio_batched_vs_serialized": {
-            str(n): ratio(rate("batched", n), rate("serialized", n)) for n in SESSION_COUNTS
+            str(n): at1_bs if n == 1 else ratio(rate("batched", n), rate("serialized", n)) for n in SESSION_COUNTS
         },
         "ratio_host_vs_raw_batch": {str(n): ratio(rate("batched", n), rate("raw", n)) for n in SESSION_COUNTS},
         # CPU time per token, the cheaper one's over the other's: work, which load from other processes
@@ -542,14 +630,15 @@ def summarize(
         # so host vs raw is also given from the first token on; batched and serialized do the same work.
         "ratio_host_vs_raw_batch_cpu": cpu_ratios("raw", "batched", "cpu_ms_per_token"),
         "ratio_host_vs_raw_batch_decode_cpu": cpu_ratios("raw", "batched", "decode_cpu_ms_per_token"),
-        "ratio_batched_vs_serialized_cpu": cpu_ratios("serialized", "batched", "cpu_ms_per_token"),
+        "ratio_batched_vs_serialized_cpu": {
+            **cpu_ratios("serialized", "batched", "cpu_ms_per_token"),
+            "1": at1["batched_vs_serialized_cpu"],
+        },
         "ratio_batched_vs_serialized_e2e": {
             str(n): ratio(results["batched"][str(n)]["e2e_tok_s"], results["serialized"][str(n)]["e2e_tok_s"])
             for n in SESSION_COUNTS
         },
-        "ratio_host_vs_stream_generate_at_1_decode_cpu": ratio(
-            lone_stream["decode_cpu_ms_per_token"], results["batched"]["1"]["decode_cpu_ms_per_token"]
-        ),
+        "ratio_host_vs_stream_generate_at_1_decode_cpu": at1["host_vs_stream_generate_decode_cpu"],
         "ratio_host_vs_raw_batch_steady": {
             str(n): ratio(results["batched"][str(n)]["steady_tok_s"], results["raw"][str(n)]["steady_tok_s"])
             for n in SESSION_COUNTS
@@ -557,6 +646,15 @@ def summarize(
         "batched_scaling_vs_1": {str(n): ratio(rate("batched", n), rate("batched", 1)) for n in SESSION_COUNTS},
         "stream_generate_at_1": lone_stream,
         "ratio_host_vs_stream_generate_at_1": at1_hs,
+        "at_1_pairs": {
+            "tokens": at_1.tokens,
+            "pairs": len(at_1.runs["batched"]),
+            "order": [", ".join(trio_order(p)) for p in range(len(at_1.runs["batched"]))],
+            "median": at1,
+            "ratios": pair_ratios,
+            "decode_tok_s": {mode: [round(r.decode_tps, 1) for r in at_1.runs[mode]] for mode in PAIRED},
+            "cpu_ms_per_token": {mode: [round(r.cpu_ms_per_token, 3) for r in at_1.runs[mode]] for mode in PAIRED},
+        },
         "startup_overhead_s": overhead,
         "load_s": info["load_s"],
         "host_ready_s": info["host_ready_s"],
@@ -635,10 +733,23 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"  {label}: " + ", ".join(f"{n}: {v:.2f}x" for n, v in report[key].items()))
     print(
         "  host / stream_generate at 1, from the first token: "
-        f"{report['ratio_host_vs_stream_generate_at_1_decode_cpu']:.2f}x"
+        f"{report['ratio_host_vs_stream_generate_at_1_decode_cpu']:.2f}x (median of the pairs below)"
     )
     e2e = ", ".join(f"{n}: {v:.2f}x" for n, v in report["ratio_batched_vs_serialized_e2e"].items())
     print(f"batched / serialized end to end (prefill included): {e2e}")
+    pairs = report["at_1_pairs"]
+    print(
+        f"one session, {pairs['pairs']} interleaved pairs of {pairs['tokens']} tokens "
+        "(median, then each pair; CPU: the other's CPU ms/token over the host's):"
+    )
+    for label, key in (
+        ("host / stream_generate", "host_vs_stream_generate"),
+        ("  in CPU from the first token", "host_vs_stream_generate_decode_cpu"),
+        ("batched / serialized", "batched_vs_serialized"),
+        ("  in CPU, whole run", "batched_vs_serialized_cpu"),
+    ):
+        each = " ".join(f"{v:.2f}" for v in pairs["ratios"][key])
+        print(f"  {label}: {pairs['median'][key]:.2f}x ({each})")
     print(f"identical token ids (serialized = batched = raw = stream_generate): {report['identical_outputs']}")
     for name, t in report["targets"].items():
         verdict = "PASS" if t["met"] else "FAIL"
@@ -721,13 +832,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = make_parser(__doc__)
     parser.add_argument("--tokens", type=int, default=128, help="tokens each session decodes (default 128)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the best counts (default 3)")
+    parser.add_argument("--tokens-at-1", type=int, help="tokens of each paired lone-session run (default: 4x --tokens)")
+    parser.add_argument(
+        "--pairs", type=int, default=5, help="interleaved lone-session pairs; their median ratio counts (default 5)"
+    )
     parser.add_argument("--hidden", type=int, help="hidden size of the tiny model (default: the test kit's 64)")
     parser.add_argument("--layers", type=int, help="layers of the tiny model (default: the test kit's)")
     parser.add_argument("--engine", help="also measure through this OpenAI-compatible engine (base URL)")
     parser.add_argument("--engine-model", help="the engine's model id (default: the first it lists)")
     args = parser.parse_args(argv)
-    if args.tokens < 1 or args.repeats < 1:
-        parser.error("--tokens and --repeats must be at least 1")
+    if args.tokens_at_1 is None:
+        args.tokens_at_1 = 4 * args.tokens
+    if min(args.tokens, args.repeats, args.tokens_at_1, args.pairs) < 1:
+        parser.error("--tokens, --repeats, --tokens-at-1 and --pairs must be at least 1")
     if args.model is not None and (args.hidden or args.layers):
         parser.error("--hidden/--layers shape the tiny model; they do not apply with --model")
     return args
@@ -738,9 +855,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     force = args.model is None  # a real model generates greedily
 
     def measure_model(model: Path, label: str) -> Report:
-        runs, info = asyncio.run(measure(model, args.tokens, args.repeats, force))
+        runs, at_1, info = asyncio.run(measure(model, args.tokens, args.repeats, force, args.tokens_at_1, args.pairs))
         report = summarize(
-            runs, info, arch=model_arch(model), model=label, n_tokens=args.tokens, repeats=args.repeats, forced=force
+            runs,
+            at_1,
+            info,
+            arch=model_arch(model),
+            model=label,
+            n_tokens=args.tokens,
+            repeats=args.repeats,
+            forced=force,
         )
         if args.engine:
             engine_model, engine_runs = asyncio.run(
@@ -753,7 +877,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args,
         measure_model,
         print_table,
-        context_window=max(4096, 2 * (args.tokens + 512)),
+        context_window=max(4096, 2 * (max(args.tokens, args.tokens_at_1) + 512)),
         hidden_size=args.hidden,
         num_layers=args.layers,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ THROUGHPUT_KEYS = {
     "ratio_host_vs_raw_batch_at_4", "identical_outputs", "exact_token_counts", "targets", "targets_met",
     "stream_generate_at_1", "ratio_host_vs_stream_generate_at_1", "startup_overhead_s", "load_s", "host_ready_s",
     "ttft_shared_prefix_s", "ttft_private_prefix_s", "ttft_shared_prefix_cached_tokens", "load_avg_1min",
+    "at_1_pairs", "ratio_host_vs_stream_generate_at_1_decode_cpu", "ratio_batched_vs_serialized_cpu",
 }  # fmt: skip
 THROUGHPUT_ROW_KEYS = {
     "sessions", "generated_tokens", "decode_tok_s", "decode_tok_s_median", "e2e_tok_s", "steady_tok_s", "cpu_ms_per_token",
@@ -54,7 +56,7 @@ def run_benchmark(script: str, *args: str) -> dict[str, Any]:
 
 
 def test_throughput_benchmark_json() -> None:
-    report = run_benchmark("throughput.py", "--tokens", "16", "--repeats", "1")
+    report = run_benchmark("throughput.py", "--tokens", "16", "--repeats", "1", "--tokens-at-1", "24", "--pairs", "3")
 
     assert THROUGHPUT_KEYS <= report.keys()
     assert report["benchmark"] == "throughput" and report["arch"] == "qwen3" and report["forced"] is True
@@ -81,6 +83,26 @@ def test_throughput_benchmark_json() -> None:
         "batched_vs_serialized_at_4", "host_vs_raw_batch_at_4", "identical_outputs",
     }  # fmt: skip
     assert report["targets_met"] == all(t["met"] for t in report["targets"].values())
+    # At one session the ratios are the medians of interleaved pairs of longer runs.
+    pairs = report["at_1_pairs"]
+    assert (pairs["tokens"], pairs["pairs"]) == (24, 3)
+    forward = "stream_generate, batched, serialized"
+    assert pairs["order"] == [forward, "serialized, batched, stream_generate", forward]
+    assert set(pairs["ratios"]) == set(pairs["median"]) == {
+        "host_vs_stream_generate", "host_vs_stream_generate_decode_cpu", "batched_vs_serialized", "batched_vs_serialized_cpu",
+    }  # fmt: skip
+    for key, ratios in pairs["ratios"].items():
+        assert len(ratios) == 3 and pairs["median"][key] == round(statistics.median(ratios), 3)
+    rates = pairs["decode_tok_s"]  # rounded to 0.1 tok/s
+    for b, sg, r in zip(rates["batched"], rates["stream_generate"], pairs["ratios"]["host_vs_stream_generate"]):
+        assert abs(b / sg - r) < 0.005
+    assert report["ratio_host_vs_stream_generate_at_1"] == pairs["median"]["host_vs_stream_generate"]
+    assert (
+        report["ratio_host_vs_stream_generate_at_1_decode_cpu"] == pairs["median"]["host_vs_stream_generate_decode_cpu"]
+    )
+    assert report["ratio_batched_vs_serialized"]["1"] == pairs["median"]["batched_vs_serialized"]
+    assert report["ratio_batched_vs_serialized_cpu"]["1"] == pairs["median"]["batched_vs_serialized_cpu"]
+    assert report["targets"]["batched_vs_serialized_at_1"]["value"] == pairs["median"]["batched_vs_serialized"]
 
 
 def test_kv_pressure_benchmark_json() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ from mlx_lm.tool_parsers import json_tools
 import mlx_subagents
 from mlx_subagents.testing import (
     TEMPLATES,
+    ForcedProcessor,
     ForcedScripts,
     Script,
     make_forced_processor,
@@ -353,6 +355,67 @@ def test_forced_processor_masks_all_but_one_token() -> None:
     assert picks == [2, 1, 3, 3, 3]
     with pytest.raises(RuntimeError, match="fresh one per request"):
         processor(list(range(3)), logits)
+
+
+def unevaluated(array: mx.array) -> bool:
+    """Whether `array` is still a pending graph: the DOT export of an evaluated array is one node,
+    with no operation (mlx exports every unevaluated input of an array, and nothing else)."""
+    dot = io.StringIO()
+    mx.export_to_dot(dot, array)
+    return "shape=rectangle" in dot.getvalue()
+
+
+def forced_picks(processor: ForcedProcessor, contexts: list[mx.array], vocab: int) -> list[int]:
+    """The token `processor` leaves unmasked for each context, called in order and evaluated only
+    at the end; every context and every answer must still be pending after its call."""
+    outputs = []
+    for context in contexts:
+        logits = mx.zeros((1, vocab)) + 0  # lazy too
+        out = processor(context, logits)
+        assert unevaluated(context) and unevaluated(out)
+        outputs.append(out)
+    mx.eval(outputs)
+    picks = []
+    for out in outputs:
+        row = out[0].tolist()
+        assert row.count(0.0) == 1 and row.count(float("-inf")) == vocab - 1
+        picks.append(row.index(0.0))
+    return picks
+
+
+def lazy_contexts(prompt: list[int], steps: list[list[int]]) -> list[mx.array]:
+    """The growing token context of a decode, unevaluated: the prompt, then `steps[i]` more each call."""
+    context = mx.array(prompt, dtype=mx.uint32) + 0
+    contexts = [context]
+    for new in steps:
+        context = mx.concatenate([context, mx.array(new, dtype=mx.uint32) + 0])
+        contexts.append(context)
+    return contexts
+
+
+def test_forced_processor_never_evaluates_and_resumes_after_an_override() -> None:
+    # Script 5 6 7 8 6 9 then EOS 3. The emitted tokens stray from it where another processor
+    # (the thought budget) overrode the script: 2 is not in it (the script moves one on), 8 and
+    # later 6 are (it resumes after their next occurrence).
+    processor = ForcedProcessor([5, 6, 7, 8, 6, 9], eos_token_id=3)
+    emitted = [[5], [2], [8], [6], [9], [3], [3]]
+    picks = forced_picks(processor, lazy_contexts([1, 1, 1, 1], emitted), vocab=12)
+    assert picks == [5, 6, 7, 6, 9, 3, 3, 3]
+
+    processor = ForcedProcessor([5, 6, 7, 8, 6, 9], eos_token_id=3)
+    picks = forced_picks(processor, lazy_contexts([1, 1], [[5], [6], [6], [9]]), vocab=12)
+    assert picks == [5, 6, 7, 9, 3]  # the second 6 skips 7 and 8: its next occurrence is index 4
+
+
+def test_forced_processor_takes_several_new_tokens_at_once() -> None:
+    processor = ForcedProcessor([5, 6, 7, 8, 6, 9], eos_token_id=3)
+    contexts = lazy_contexts([1, 1, 1], [[5, 2, 8], [], [6, 9, 3, 3], [3]])
+    assert forced_picks(processor, contexts, vocab=12) == [5, 6, 6, 3, 3]
+    with pytest.raises(RuntimeError, match="fresh one per request"):
+        processor(contexts[3], mx.zeros((1, 12)))
+
+    empty = ForcedProcessor([], eos_token_id=3)  # nothing to say: EOS from the start
+    assert forced_picks(empty, lazy_contexts([1], [[4, 4], [3]]), vocab=12) == [3, 3, 3]
 
 
 def test_cli_builds_a_model(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -33,41 +34,71 @@ class ForcedProcessor:
     The prompt length is taken from the first call, so one instance serves one request. Both
     paths pass a 1-D `mx.array` holding the context plus the tokens generated so far
     (`generate_step`: the prompt it was given; `BatchGenerator`: `all_tokens` + prompt), so each
-    later call shows one new token. Both sample one step ahead and ask once more after EOS:
-    answering EOS again is harmless. When a processor after this one made the model emit another
-    token than the script's (the host closing a thought at its budget), the script resumes after
-    that token's next occurrence in it.
+    later call shows one new token (several are taken in order). Both sample one step ahead and
+    ask once more after EOS: answering EOS again is harmless. When a processor after this one made
+    the model emit another token than the script's (the host closing a thought at its budget), the
+    script resumes after that token's next occurrence in it.
+
+    The position in the script lives on the device and a call only builds a graph, never evaluates:
+    reading the new tokens on the host would wait for the step in flight and undo the pipelining of
+    mlx-lm (and of the host), which build step n+1 while step n computes.
     """
 
     def __init__(self, token_ids: Sequence[int], eos_token_id: int) -> None:
         self.token_ids = [int(t) for t in token_ids]
         self.eos_token_id = int(eos_token_id)
         self._seen: int | None = None  # tokens seen: the prompt at the first call, then one more per call
-        self._pos = 0
+        self._device: _DeviceScript | None = None  # made at the first call, on the thread that decodes
+        self._pos: mx.array | None = None  # the position in the script, on the device
 
     def __call__(self, tokens: mx.array | Sequence[int], logits: mx.array) -> mx.array:
-        n = len(tokens)
+        n = len(tokens)  # a shape: no evaluation
         if self._seen is None:
             self._seen = n
+            self._device = _DeviceScript.make(self.token_ids, self.eos_token_id, logits.shape[-1])
+            self._pos = mx.array(0, dtype=mx.uint32)
         if n < self._seen:
             raise RuntimeError("a ForcedProcessor serves one request; make a fresh one per request")
-        new = tokens[self._seen : n]
-        for token in new.tolist() if isinstance(new, mx.array) else new:
-            self._advance(int(token))
+        device, pos = self._device, self._pos
+        assert device is not None and pos is not None  # both made at the first call
+        if n > self._seen and self.token_ids:  # with no script every position forces EOS
+            new = tokens[self._seen : n]
+            new = new if isinstance(new, mx.array) else mx.array(list(new), dtype=mx.uint32)
+            for i in range(n - self._seen):
+                pos = script_position(device.ids, device.index, pos, new[i : i + 1])
+            self._pos = pos
         self._seen = n
-        pos = self._pos
-        target = self.token_ids[pos] if pos < len(self.token_ids) else self.eos_token_id
-        keep = mx.arange(logits.shape[-1]) == target
+        keep = device.vocab == device.script[pos]
         return mx.where(keep, logits, mx.array(-mx.inf, dtype=logits.dtype))
-
-    def _advance(self, emitted: int) -> None:
-        ids, pos = self.token_ids, self._pos
-        if pos < len(ids) and ids[pos] != emitted and emitted in ids[pos:]:
-            pos = ids.index(emitted, pos)
-        self._pos = pos + 1
 
     def __repr__(self) -> str:
         return f"ForcedProcessor({len(self.token_ids)} tokens, eos={self.eos_token_id})"
+
+
+@dataclass(frozen=True)
+class _DeviceScript:
+    """A script on the device, in the dtype of mlx-lm's tokens."""
+
+    script: mx.array  # the ids then EOS: what each position forces
+    ids: mx.array  # the ids alone, where the emitted tokens are looked up
+    index: mx.array  # the ids' indices
+    vocab: mx.array  # every token id of the vocabulary, for the mask
+
+    @classmethod
+    def make(cls, token_ids: list[int], eos_token_id: int, vocab_size: int) -> _DeviceScript:
+        script = mx.array([*token_ids, eos_token_id], dtype=mx.uint32)
+        index = mx.arange(len(token_ids), dtype=mx.uint32)
+        return cls(script, script[:-1], index, mx.arange(vocab_size, dtype=mx.uint32))
+
+
+def script_position(ids: mx.array, index: mx.array, pos: mx.array, emitted: mx.array) -> mx.array:
+    """The position in the script `ids` (`index`: their indices) after `emitted` was said at `pos`,
+    as a graph: one on, or one past `emitted`'s next occurrence at or after `pos` when there is one
+    (`argmax` gives the first; 0, below `pos`, when there is none); at most `len(ids)`, where the
+    script is said and every later position forces EOS. A handful of small ops, no evaluation.
+    """
+    found = mx.argmax((ids == emitted) & (index >= pos))
+    return mx.minimum(mx.maximum(found, pos) + 1, ids.size)
 
 
 def make_forced_processor(tokenizer: ScriptTokenizer, script: Script) -> ForcedProcessor:
