@@ -18,7 +18,7 @@ import mcp_types as types
 from pydantic import BaseModel, Field, ValidationError
 
 from .board import TaskBoard
-from .caps import MAX_ANSWER_BYTES
+from .caps import MAX_ANSWER_BYTES, utf8_head
 from .errors import TaskStateError
 from .results import TaskStatus
 from .tools import background
@@ -204,12 +204,9 @@ class StartControl:
 
 def window(text: str, offset: int, max_bytes: int = MAX_ANSWER_BYTES) -> tuple[str, int | None]:
     """`text` from `offset`, at most `max_bytes` of UTF-8; and where the rest starts (None: nothing left)."""
-    n_bytes = 0
-    for end in range(offset, len(text)):
-        n_bytes += len(text[end].encode("utf-8", "surrogatepass"))
-        if n_bytes > max_bytes:
-            return text[offset:end], end
-    return text[offset:], None
+    piece = utf8_head(text[offset : offset + max_bytes], max_bytes)
+    end = offset + len(piece)
+    return piece, (end if end < len(text) else None)
 
 
 def problem(exc: ValidationError) -> str:
