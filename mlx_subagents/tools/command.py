@@ -24,7 +24,11 @@ DRAIN_GRACE_SECONDS = 1.0
 
 
 class OutputBuffer:
-    """Keeps the head (and the tail) of a stream under a byte cap, counting everything that passed."""
+    """Keeps the head (and the tail) of a stream under a byte cap, counting everything that passed.
+
+    `text()` is what the model reads of one that keeps its tail (bash's output); one that does not
+    (`keep_tail=False`, rg's) holds the first `max_bytes` in `head`, for its caller to read.
+    """
 
     def __init__(self, max_bytes: int = MAX_OUTPUT_BYTES, *, keep_tail: bool = True) -> None:
         self.half = max_bytes // 2
