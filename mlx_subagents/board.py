@@ -194,7 +194,7 @@ class TaskBoard:
                 await self._changed.wait()
         return pending()
 
-    # -- the model-facing tools (`TaskControl`) ---------------------------------------------------------
+    # -- the model-facing tools (`TaskControl`, and the `subagent` tool's `start`) -----------------------
 
     async def start_delegation(self, call: Delegation) -> list[str]:
         """A `subagent` call with `background: true`: its tasks started, their ids."""

@@ -119,6 +119,22 @@ def cap_answer(
         return f"\n\n[answer truncated: {len(data):,} bytes, showing the first {n_shown:,}; {how}]"
 
     # The note's length depends on the numbers it shows: make room for the longest they can be.
-    room = max_bytes - len(note(len(data), len(text)).encode("utf-8", "surrogatepass"))
-    head = data[: max(0, room)].decode("utf-8", errors="ignore")
+    head = utf8_head(text, max_bytes - len(note(len(data), len(text)).encode("utf-8", "surrogatepass")))
     return head + note(len(head.encode("utf-8", "surrogatepass")), len(head))
+
+
+def utf8_head(text: str, max_bytes: int) -> str:
+    """The longest start of `text` whose UTF-8 fits in `max_bytes`, cut between two characters.
+
+    One encode of at most `max_bytes` characters (none is under a byte), whatever the text's length.
+    A lone surrogate counts as the three bytes `surrogatepass` writes, and never raises.
+    """
+    max_bytes = max(0, max_bytes)
+    head = text[:max_bytes]
+    data = head.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return head
+    end = max_bytes
+    while data[end] & 0xC0 == 0x80:  # a continuation byte: the character it ends began before the cut
+        end -= 1
+    return data[:end].decode("utf-8", "surrogatepass")

@@ -49,13 +49,12 @@ from .caps import MAX_TASKS
 from .errors import ConfirmationRequired, SubagentError
 from .events import Event, EventSink
 from .home import make_state_dir, state_home
-from .mcp_tasks import ServerTasks, StartControl
+from .mcp_tasks import ServerTasks
 from .render import EventLines
 from .results import MultiRunResult, RunResult, RunUsage, Status, StopReason
 from .runner import Runner
-from .tools.background import TaskControl
 from .tools.base import ToolResult
-from .tools.subagent import FORMS, Delegate, Delegation, SubagentTool, fit_answers
+from .tools.subagent import FORMS, Delegate, Delegation, Start, SubagentTool, fit_answers
 
 SERVER_NAME = "mlx-subagents"
 TOOL_NAMES = (
@@ -318,12 +317,18 @@ class AgentsServer:
         """`run_agents`'s forms, validated by the same tool, started on the board: the ids at once."""
         runner = await self._runner(ctx)
         tasks = self._tasks(runner)
-        control = StartControl(tasks.board, lambda call: check_withheld(runner, call))
-        tool = self._run_tool(runner, background=control, name="start_agents")
+        ids: list[str] = []
+
+        async def start(call: Delegation) -> list[str]:
+            check_withheld(runner, call)
+            ids.extend(await tasks.board.start_delegation(call))
+            return ids
+
+        tool = self._run_tool(runner, start=start, name="start_agents")
         answer = await tool.call({**arguments, "background": True})
-        if answer.is_error or not control.ids:
+        if answer.is_error or not ids:
             return _error(answer.output)
-        return tasks.started(control.ids)
+        return tasks.started(ids)
 
     def _tasks(self, runner: Runner | None = None) -> ServerTasks:
         """The server's started tasks, on one board made with the runner."""
@@ -337,14 +342,14 @@ class AgentsServer:
         runner: Runner,
         delegate: Delegate | None = None,
         *,
-        background: TaskControl | None = None,
+        start: Start | None = None,
         name: str = "run_agents",
     ) -> SubagentTool:
         """The `subagent` tool's validation and formatting, named `run_agents` (or `name`) in its messages.
 
         Args:
             delegate: runs a valid call; None for a tool that only gives its schema (`list_tools`).
-            background: starts a call's tasks in the background (`start_agents`).
+            start: starts a call's tasks in the background (`start_agents`).
         """
         assert runner.catalog is not None
 
@@ -359,7 +364,7 @@ class AgentsServer:
             agents=agents,
             depth=-1,
             max_depth=runner.options.max_depth,
-            background=background,
+            start=start,
         )
         tool.name = name
         return tool

@@ -18,7 +18,7 @@ import mcp_types as types
 from pydantic import BaseModel, Field, ValidationError
 
 from .board import TaskBoard
-from .caps import MAX_ANSWER_BYTES
+from .caps import MAX_ANSWER_BYTES, utf8_head
 from .errors import TaskStateError
 from .results import TaskStatus
 from .tools import background
@@ -31,7 +31,6 @@ from .tools.background import (
     status_line,
     wait_problem,
 )
-from .tools.subagent import Delegation
 from .userfiles import error_message, error_path
 
 CANCELLED_BY_CLIENT = "cancelled by the MCP client"
@@ -176,40 +175,11 @@ class ServerTasks:
         await self.board.close("the MCP server stopped")
 
 
-class StartControl:
-    """`start_agents`'s `TaskControl` for the `run_agents` validation: checks, then starts on the board."""
-
-    def __init__(self, board: TaskBoard, check: Callable[[Delegation], None]) -> None:
-        self.board = board
-        self.check = check
-        self.ids: list[str] = []
-
-    async def start_delegation(self, call: Delegation) -> list[str]:
-        self.check(call)
-        self.ids = await self.board.start_delegation(call)
-        return self.ids
-
-    def statuses(self, task_id: str | None = None) -> list[TaskStatus]:
-        return self.board.statuses(task_id)
-
-    async def output(self, task_id: str, wait: float) -> tuple[TaskStatus, str]:
-        return await self.board.output(task_id, wait)
-
-    def send(self, task_id: str, message: str) -> str:
-        return self.board.send(task_id, message)
-
-    def cancel(self, task_id: str) -> TaskStatus:
-        return self.board.cancel(task_id)
-
-
 def window(text: str, offset: int, max_bytes: int = MAX_ANSWER_BYTES) -> tuple[str, int | None]:
     """`text` from `offset`, at most `max_bytes` of UTF-8; and where the rest starts (None: nothing left)."""
-    n_bytes = 0
-    for end in range(offset, len(text)):
-        n_bytes += len(text[end].encode("utf-8", "surrogatepass"))
-        if n_bytes > max_bytes:
-            return text[offset:end], end
-    return text[offset:], None
+    piece = utf8_head(text[offset : offset + max_bytes], max_bytes)
+    end = offset + len(piece)
+    return piece, (end if end < len(text) else None)
 
 
 def problem(exc: ValidationError) -> str:
@@ -258,4 +228,4 @@ def describe_start(agents: str) -> str:
     )
 
 
-__all__ = ["ServerTasks", "StartControl"]
+__all__ = ["ServerTasks"]

@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .events import Event
-from .render import STATUS_STYLES, EventLines, clip, end_status
+from .render import EventLines, clip, end_status, status_style
 from .results import RunResult, RunUsage
 
 
@@ -104,11 +104,10 @@ class ProgressView:
         ):
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for row in self.rows.values():
-            style = STATUS_STYLES.get(row.status, "")
             table.add_row(
                 row.label,
                 row.agent,
-                f"[{style}]{row.status}[/]",
+                f"[{status_style(row.status)}]{row.status}[/]",
                 str(row.turn or ""),
                 _n(row.input_tokens),
                 _n(row.output_tokens),
@@ -139,11 +138,10 @@ def usage_table(results: Sequence[RunResult]) -> Table:
     for r in results:
         u = r.usage
         total = total.add(u)
-        style = "green" if r.ok else ("yellow" if r.status == "aborted" else "red")
         table.add_row(
             r.label,
             r.agent,
-            f"[{style}]{r.status}[/]",
+            f"[{status_style(r.status)}]{r.status}[/]",
             r.stop_reason,
             str(u.turns),
             _n(u.input_tokens),

@@ -1,7 +1,8 @@
 """The chat's prompt line: the user's next line read in a thread, so the event loop keeps running
 (background sub-agents work, their notices print) while the user types.
 
-`input()` gives line editing and history through `readline` where the platform has it. A line
+On a terminal, `input()` gives line editing and history through `readline` where the platform has
+it; off one, the line is read from stdin's descriptor (`_read_piped`). A line
 printed while the prompt is shown goes above it: `above()` clears the prompt line, lets the caller
 print, then draws the prompt again with what the user had typed so far (`readline`'s buffer), so
 typing carries on where it was, the cursor where readline has it. Reading is on demand, one line per
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import sys
 import termios
 import threading
@@ -68,11 +70,31 @@ class PromptLine:
     def _read_line(self, future: asyncio.Future[str]) -> None:
         loop = future.get_loop()
         try:
-            line = input(self.prompt)
+            line = input(self.prompt) if self.interactive else self._read_piped()
         except BaseException as exc:  # EOFError, or an OSError from a closed terminal
             loop.call_soon_threadsafe(_settle, future, None, exc)
         else:
             loop.call_soon_threadsafe(_settle, future, line, None)
+
+    def _read_piped(self) -> str:
+        """`input()` off a terminal, on stdin's file descriptor. `input()` would wait inside
+        `sys.stdin`'s buffer, holding its lock, and a chat that ends meanwhile (a stop signal at the
+        prompt) then aborts at interpreter shutdown ("could not acquire lock for <stdin>")."""
+        try:
+            fd = sys.stdin.fileno()
+        except (AttributeError, ValueError, OSError):  # no descriptor (a StringIO): no lock is held
+            return input(self.prompt)
+        self.file.write(self.prompt)
+        self.file.flush()
+        data = bytearray()
+        while not data.endswith(b"\n"):
+            byte = os.read(fd, 1)  # a byte at a time: what follows the line stays for the next read
+            if not byte:
+                if not data:
+                    raise EOFError("EOF when reading a line")
+                break
+            data += byte
+        return data.decode(sys.stdin.encoding or "utf-8", errors="replace").removesuffix("\n")
 
     @contextmanager
     def above(self) -> Iterator[None]:
@@ -95,6 +117,15 @@ class PromptLine:
         if self._point is None:
             return typed
         return typed.encode()[: self._point.value].decode(errors="ignore")
+
+    def take_down(self) -> None:
+        """The chat ends while the prompt waits for a line (a stop signal): on a terminal, clear the
+        prompt and the typing off the screen; elsewhere end the prompt's line, so what follows starts
+        a line of its own."""
+        if not self.shown:
+            return
+        self.file.write(CLEAR_LINE if self.interactive else "\n")
+        self.file.flush()
 
     def restore_terminal(self) -> None:
         """Put the terminal back as it was (the chat may end while `readline` holds it in its own mode)."""

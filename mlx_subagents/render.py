@@ -29,16 +29,23 @@ Layout = Literal["task", "tasks", "chat"]
 CHILD = " > "
 MAX_TOOL_CHARS = 60
 MAX_ERROR_CHARS = 200
-# A task's progress status from its end event, and its colour.
+# Every status word a view shows and its colour, the one map for all of them: a task's progress
+# (`end_status`: done, skipped, ...) and a task's or a result's status (`TaskStatus.status`: completed, ...).
 STATUS_STYLES = {
     "queued": "dim",
     "waiting": "yellow",
     "running": "cyan",
     "done": "green",
+    "completed": "green",
     "failed": "red",
     "skipped": "dim",
     "aborted": "yellow",
 }
+
+
+def status_style(status: object) -> str:
+    """The colour of a status word; one no view knows is a failure's."""
+    return STATUS_STYLES.get(str(status), "red")
 
 
 def end_status(data: dict[str, Any]) -> str:
@@ -46,10 +53,6 @@ def end_status(data: dict[str, Any]) -> str:
     if data.get("stop_reason") == "skipped":
         return "skipped"
     return {"completed": "done", "aborted": "aborted"}.get(data.get("status", ""), "failed")
-
-
-# A background task's status (`TaskStatus.status`) and its colour.
-TASK_STYLES = {"queued": "dim", "running": "cyan", "completed": "green", "failed": "red", "aborted": "yellow"}
 
 
 def clip(text: str, n_chars: int = MAX_TOOL_CHARS) -> str:
@@ -115,8 +118,8 @@ class EventLines:
             return f"{prefix}[yellow]waiting: {escape(event.data['reason'])}[/]"
         if event.kind == "task_end" and CHILD in event.label:  # a sub-agent's end, under its parent's call
             reason = f": {escape(str(event.data['error']))}" if event.data.get("error") else ""
-            style = "green" if event.data.get("status") == "completed" else "red"
-            return f"{prefix}[{style}]{event.data.get('status')}{reason}[/]"
+            status = event.data.get("status")
+            return f"{prefix}[{status_style(status)}]{status}{reason}[/]"
         return self._own_line(event, prefix)
 
     def _tasks_line(self, event: Event) -> str | None:
@@ -131,7 +134,7 @@ class EventLines:
             status = end_status(event.data)
             reason = event.data.get("error") or event.data.get("stop_reason", "")
             detail = "" if status == "done" else f": {reason}"
-            return f"{prefix} [{STATUS_STYLES.get(status, '')}]{status}[/]{escape(detail)}"
+            return f"{prefix} [{status_style(status)}]{status}[/]{escape(detail)}"
         return None
 
     def _own_line(self, event: Event, prefix: str, mark: str = "") -> str | None:
@@ -142,7 +145,7 @@ class EventLines:
             return f"{prefix}{' ' * len(mark)}[red]{escape(first_line(event.data['output']))}[/]"
         if event.kind == "task_notice":  # a background sub-agent ended
             data = event.data
-            style = TASK_STYLES.get(data["status"], "red")
+            style = status_style(data["status"])
             return f"{prefix}[{style}]● {escape(data['id'])} {data['status']}:[/] {escape(data['first_line'])}"
         if event.kind == "compaction":
             before, after = event.data["tokens_before"], event.data["tokens_after"]
@@ -167,7 +170,7 @@ class EventLines:
                 f"{indent}[green]✓ {escape(path)} completed[/] [dim]({data.get('usage', {}).get('turns', 0)} turns)[/]"
             )
         reason = data.get("error") or data.get("stop_reason", "")
-        style = "yellow" if data.get("status") == "aborted" else "red"
+        style = status_style(data.get("status"))
         return f"{indent}[{style}]✗ {escape(path)} {data.get('status')}: {escape(str(reason))}[/]"
 
 
@@ -180,7 +183,7 @@ def tasks_table(tasks: list[TaskStatus]) -> Table:
         table.add_row(
             escape(t.id),
             escape(t.agent),
-            f"[{TASK_STYLES.get(t.status, '')}]{t.status}[/]",
+            f"[{status_style(t.status)}]{t.status}[/]",
             str(t.turn),
             f"{t.tokens:,}",
             escape(clip(t.last_tool or "-", 40)),

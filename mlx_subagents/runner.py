@@ -588,7 +588,7 @@ class Runner:
             caller=parent.spec.name,
             depth=parent.depth,
             max_depth=self.options.max_depth,
-            background=board,
+            start=board.start_delegation,
         )
         return {"subagent": tool, **make_background_tools(workspace, board)}
 

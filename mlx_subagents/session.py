@@ -12,8 +12,10 @@ message; a final answer given while background children run may wait for them (`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -190,7 +192,7 @@ class AgentSession:
             max_tokens = min(max_tokens, left)
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start")
-        try:
+        with self._counting_cut():
             generation = await self._host_session.generate(
                 self.messages,
                 tools=self.schemas,
@@ -200,10 +202,6 @@ class AgentSession:
                 on_reasoning=lambda text: self._emit("reasoning", text=text),
                 thinking=self.limits.thinking,
             )
-        except asyncio.CancelledError:  # a timeout or Ctrl-C: the tokens the cut reply spent still count
-            if self._host_session.cut is not None:
-                self._count(self._host_session.cut)
-            raise
         self._count(generation.usage)
         self._reasoning = generation.reasoning
         self.messages.append(generation.to_message())
@@ -335,13 +333,12 @@ class AgentSession:
         settings = fit_keep_recent(self.compaction, window, head_tokens)
         if keep_recent_tokens is not None:
             settings = replace(settings, keep_recent_tokens=min(settings.keep_recent_tokens, keep_recent_tokens))
-        result = await compact(self.messages, self._host_session, count, settings, tools=self.schemas)
+        with self._counting_cut():
+            result = await compact(self.messages, self._host_session, count, settings, tools=self.schemas)
         if result.n_summarized:
             self.messages = result.messages
             self.usage.compactions += 1
-            self.usage.input_tokens += result.usage.prompt_tokens
-            self.usage.output_tokens += result.usage.generated_tokens
-            self.usage.cached_tokens += result.usage.cached_tokens
+            self._add(result.usage)
             self.usage.context_tokens = result.tokens_after
             self._emit(
                 "compaction",
@@ -353,10 +350,29 @@ class AgentSession:
 
     # -- bookkeeping --------------------------------------------------------------
 
-    def _count(self, u: Usage) -> None:
+    @contextlib.contextmanager
+    def _counting_cut(self) -> Iterator[None]:
+        """Count what a reply spent when a timeout or Ctrl-C cuts it short (a turn's or the summary's).
+
+        Only a cut made inside the block counts: one left by an earlier cancelled reply (still set
+        when a cancellation comes before the host is asked) was counted then.
+        """
+        before = self._host_session.cut
+        try:
+            yield
+        except asyncio.CancelledError:
+            cut = self._host_session.cut
+            if cut is not None and cut is not before:
+                self._count(cut)
+            raise
+
+    def _add(self, u: Usage) -> None:
         self.usage.input_tokens += u.prompt_tokens
         self.usage.output_tokens += u.generated_tokens
         self.usage.cached_tokens += u.cached_tokens
+
+    def _count(self, u: Usage) -> None:
+        self._add(u)
         self.usage.context_tokens = u.prompt_tokens + u.generated_tokens
         self.usage.kv_bytes = self._host_session.kv_bytes
         self._emit("usage", **self.usage.model_dump(), tps=round(u.generation_tps, 1))

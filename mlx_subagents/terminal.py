@@ -362,10 +362,13 @@ class ChatLoop:
             os._exit(128 + signum)
         self.terminated = signum
         try:
+            if self.work is None:  # the chat ends from its prompt: off the screen, not drawn again
+                self.view.prompt = None
+                self.prompt.take_down()
             self.view.show(f"[yellow]{signum.name} received: stopping every task[/]")
         except OSError:  # SIGHUP: the terminal may be gone
             pass
-        self.chat.stop_background()
+        self.chat.stop_background(f"stopped by {signum.name}")
         if self.work is not None:
             self.stop_work()
         elif self.main is not None:

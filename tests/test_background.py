@@ -479,25 +479,20 @@ def test_a_message_to_a_finished_child_resumes_it_on_its_kv_cache(
 
 
 def test_a_forced_parent_starts_a_background_child_and_reads_its_answer_on_the_tiny_model(
-    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
+    forced_orchestrator: Any,
 ) -> None:
-    from mlx_subagents.testing import ForcedScripts, tool_call_text
+    from mlx_subagents.testing import tool_call_text
 
-    (tmp_path / "app.py").write_text("print('hi')\n")
-    scripts = ForcedScripts(
-        tiny_qwen3[1],
-        {
-            "orchestrator": [
-                tool_call_text("subagent", {"agent": "scout", "task": "list the files", "background": True}),
-                tool_call_text("subagent_output", {"id": "scout#1", "wait": 60}),
-                "The scout found app.py.",
-            ],
-            "orchestrator > scout#1": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
-        },
-    )
+    replies = {
+        "orchestrator": [
+            tool_call_text("subagent", {"agent": "scout", "task": "list the files", "background": True}),
+            tool_call_text("subagent_output", {"id": "scout#1", "wait": 60}),
+            "The scout found app.py.",
+        ],
+        "orchestrator > scout#1": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
+    }
     # The orchestrator's tools fill most of the tiny model's 4,096 tokens: a larger window keeps compaction out.
-    options = RunOptions(model=str(tiny_qwen3_path), context_window=8192)
-    result = run_parent(Runner(cwd=tmp_path, options=options, processor_factory=scripts))
+    result, scripts = forced_orchestrator(replies, context_window=8192)
 
     assert (result.status, result.output) == ("completed", "The scout found app.py.")
     started, output = tool_messages(result)

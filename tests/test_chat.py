@@ -255,40 +255,31 @@ def test_the_streamed_reply_is_written_as_it_comes() -> None:
     assert file.getvalue() == "Let me look.\na < b <tool\n"
 
 
-def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(
-    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
-) -> None:
+def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runner: Any) -> None:
     import asyncio
 
     from rich.console import Console
 
     from mlx_subagents.chat import Chat
     from mlx_subagents.events import Fanout
-    from mlx_subagents.options import RunOptions
-    from mlx_subagents.runner import Runner
     from mlx_subagents.terminal import ChatView, ReplyStream
-    from mlx_subagents.testing import ForcedScripts, tool_call_text
+    from mlx_subagents.testing import tool_call_text
 
-    (tmp_path / "app.py").write_text("print('hi')\n")
-    scripts = ForcedScripts(
-        tiny_qwen3[1],
-        {
-            "orchestrator": [
-                "Let me ask. " + tool_call_text("subagent", {"agent": "scout", "task": "list the files"}),
-                "The scout found app.py.",
-                "Nothing else.",
-            ],
-            "orchestrator > scout": ["app.py is the only file"],
-        },
-    )
     screen = io.StringIO()
     stream = ReplyStream(screen)
     view = ChatView(Console(file=screen, width=200), stream)
     sink = Fanout([view.handle])
+    replies = {
+        "orchestrator": [
+            "Let me ask. " + tool_call_text("subagent", {"agent": "scout", "task": "list the files"}),
+            "The scout found app.py.",
+            "Nothing else.",
+        ],
+        "orchestrator > scout": ["app.py is the only file"],
+    }
     # The orchestrator's tools (subagent and its four background tools) fill most of the tiny model's 4,096
     # tokens (its tokenizer makes about 2.5 characters a token): a larger window keeps compaction out of this test.
-    options = RunOptions(model=str(tiny_qwen3_path), context_window=8192)
-    runner = Runner(cwd=tmp_path, options=options, processor_factory=scripts, on_event=sink)
+    runner, _ = forced_runner(replies, on_event=sink, context_window=8192)
 
     async def main() -> tuple[Any, Any, Chat]:
         async with runner:

@@ -41,14 +41,12 @@ def run_parent(
     task: str = "help me",
     agent: str = "orchestrator",
     events: list[Event] | None = None,
-    processor_factory: Any = None,
     **options: Any,
 ) -> Any:
     runner = Runner(
         cwd=tmp_path,
         options=RunOptions(model=model, **options),
         on_event=(events.append if events is not None else lambda _e: None),
-        processor_factory=processor_factory,
     )
 
     async def main() -> Any:
@@ -498,23 +496,18 @@ def test_run_shows_children_under_the_parents_tool_call(tmp_path: Path, write_sc
 # -- the tiny real model --------------------------------------------------------------------------------
 
 
-def test_a_forced_parent_delegates_on_the_tiny_real_model(
-    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
-) -> None:
-    from mlx_subagents.testing import ForcedScripts, tool_call_text
+def test_a_forced_parent_delegates_on_the_tiny_real_model(forced_orchestrator: Any) -> None:
+    from mlx_subagents.testing import tool_call_text
 
-    (tmp_path / "app.py").write_text("print('hi')\n")
-    scripts = ForcedScripts(
-        tiny_qwen3[1],
+    result, scripts = forced_orchestrator(
         {
             "orchestrator": [
                 tool_call_text("subagent", {"agent": "scout", "task": "list the files"}),
                 "The scout found app.py.",
             ],
             "orchestrator > scout": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
-        },
+        }
     )
-    result = run_parent(tmp_path, str(tiny_qwen3_path), processor_factory=scripts)
 
     assert (result.status, result.output) == ("completed", "The scout found app.py.")
     assert tool_results(result) == ["app.py is the only file"]

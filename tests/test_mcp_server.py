@@ -313,6 +313,27 @@ def test_project_agents_are_withheld_without_yes(tmp_path: Path, write_script: A
     assert answers(helped) == [("helper", "completed", "helped")]
 
 
+def test_start_agents_checks_withheld_agents_before_it_starts_any(tmp_path: Path, write_script: Any) -> None:
+    folder = tmp_path / ".mlx-subagents" / "agents"
+    folder.mkdir(parents=True)
+    (folder / "helper.md").write_text("---\nname: helper\ndescription: helps\ntools: read\n---\nHelp.\n")
+    model = write_script({"agents": {"helper": {"replies": ["helped"]}, "scout": {"replies": ["seen"]}}})
+    tasks = [{"agent": "scout", "task": "look"}, {"agent": "helper", "task": "help"}]
+
+    async def main() -> tuple[Any, Any]:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            refused = await client.call_tool("start_agents", {"tasks": tasks})
+            return refused, await client.call_tool("agent_status", {})
+
+    refused, status = run(main)
+    assert refused.is_error and text(refused) == (
+        "Error: start_agents call refused: project agent(s) withheld: helper; they come with the workspace and can "
+        "run commands in it; to allow project agents, add --yes to the server's command in the MCP client "
+        "configuration and restart it"
+    )
+    assert text(status) == "No tasks started yet: start_agents starts some."
+
+
 def test_the_workspace_is_the_clients_first_root(tmp_path: Path, write_script: Any) -> None:
     root = tmp_path / "project"
     (root / "src").mkdir(parents=True)

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from helpers import call
 
-from mlx_subagents.caps import MAX_ANSWER_BYTES
+from mlx_subagents.caps import MAX_ANSWER_BYTES, cap_answer, utf8_head
 from mlx_subagents.errors import AgentNotFoundError, InputTooLargeError, RequestError, SchemaFileError
 from mlx_subagents.events import Event
+from mlx_subagents.mcp_tasks import window
 from mlx_subagents.options import RunOptions
 from mlx_subagents.runner import Runner, TaskSpec, label_tasks, load_tasks_file
 from mlx_subagents.transcripts import read_transcript, runs_dir
@@ -303,6 +304,22 @@ def test_a_long_answer_is_capped_and_kept_whole_in_the_transcript(tmp_path: Path
     shown = len(head.encode())
     assert note == f"80,000 bytes, showing the first {shown:,}; the full text is in the transcript {result.transcript}]"
     assert read_transcript(Path(result.transcript)).results[-1].output == answer
+
+
+def test_answers_and_pieces_are_cut_between_characters_by_one_rule() -> None:
+    text = "aé€😀\udc80z"  # characters of 1, 2, 3 and 4 bytes, a lone surrogate (3 as written), 1
+    heads = ["", "a", "a", "aé", "aé", "aé", "aé€", "aé€", "aé€", "aé€", "aé€😀", "aé€😀", "aé€😀"]
+    assert [utf8_head(text, n) for n in range(-1, 16)] == ["", *heads, "aé€😀\udc80", text, text]
+    # agent_output's pieces: the text from an offset in characters, and where the next piece starts.
+    assert [window(text, 1, 5), window(text, 3, 7), window(text, 5, 7), window(text, 6, 7)] == [
+        ("é€", 3),
+        ("😀\udc80", 5),
+        ("z", None),
+        ("", None),
+    ]
+    # A capped answer keeps a lone surrogate too, so the offset to read on from counts it.
+    capped = cap_answer("\udc80" + "é" * 60, None, 100, read_more="read on from {offset}")
+    assert capped == "\udc80" + "é" * 13 + "\n\n[answer truncated: 123 bytes, showing the first 29; read on from 14]"
 
 
 # -- cancellation ----------------------------------------------------------------------------------

@@ -334,6 +334,35 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(ws: Path) -> 
     assert [cached[2] - cached[1], cached[3] - cached[2]] == [2 * head_tokens] * 2
 
 
+def test_a_summary_cut_by_a_timeout_still_counts_the_prompt_it_read(ws: Path) -> None:
+    (ws / "big.txt").write_text("".join(f"line {i:03d}: a value for the config parser\n" for i in range(200)))
+    reads = [call("read", path="big.txt", offset=1 + 20 * i, limit=20) for i in range(2)]
+    host = ScriptedHost.from_replies([*reads, {"content": "never delivered", "delay": 5}], context_window=2000)
+    events: list[Event] = []
+    session = AgentSession(
+        spec=scout(ws),
+        host=host,
+        workspace=workspace_for(ws),
+        on_event=events.append,
+        compaction=CompactionSettings(keep_recent_tokens=400),
+    )
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(session.run("find the config parser"), 1.0))
+    result = session.partial_result("find the config parser", "timeout", "stopped by the timeout of 1s")
+
+    prompts = host.history["scout"]
+    assert len(prompts) == 3 and prompts[2][-1]["content"].startswith("Transcript of the earlier turns of this task:")
+    read = [approx_tokens(p, session.schemas) for p in prompts]
+    # Every prompt the model read counts, the summary request cut during its reply included.
+    assert (result.usage.turns, result.usage.compactions) == (2, 0)
+    assert result.usage.input_tokens == sum(read)
+    usage = [e.data for e in events if e.kind == "usage"]
+    assert [u["input_tokens"] for u in usage] == [read[0], read[0] + read[1], sum(read)]
+    assert usage[-1]["output_tokens"] == usage[-2]["output_tokens"] == result.usage.output_tokens
+    assert result.usage.context_tokens == read[2]  # the summary request is what the cache last held
+
+
 # -- confinement ------------------------------------------------------------------------------
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import all_dead, call, spawn_cli
+from helpers import SLOW as SLOW_CHILD
+from helpers import Terminal, all_dead, call, cli_env, spawn_cli, wait_for_pids
 
 from mlx_subagents.transcripts import load_run, read_transcript
 
@@ -56,3 +60,79 @@ def test_a_termination_signal_stops_kills_saves_and_exits(
     assert [m["role"] for m in log.messages][:3] == ["system", "user", "assistant"]
     assert log.messages[2]["tool_calls"][0]["function"]["arguments"] == {"command": SLOW}
     assert [r.status for r in log.results] == ["aborted"]
+
+
+def test_sigterm_at_the_idle_chat_prompt_stops_the_children_saves_and_exits_143(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    replies = {
+        "orchestrator": {
+            "replies": [call("subagent", agent="worker", task="run the slow check", background=True), "ok"]
+        },
+        "worker": {"replies": [call("bash", command=SLOW_CHILD), "never"]},
+    }
+    script.write_text(json.dumps({"agents": replies}))
+    term = Terminal(["chat", "-m", f"scripted:{script}", "-C", str(tmp_path)])
+    try:
+        term.expect("/exit leaves\n> ")
+        term.send("start it\n")
+        term.expect("ok\n> ")
+        pids = wait_for_pids(tmp_path, time.monotonic() + 15)
+        term.send("half a li")  # typed, not sent: the prompt and the typing leave the screen
+        term.expect("half a li")
+        os.kill(term.pid, signal.SIGTERM)
+        screen = term.expect("\n", timeout=15) + term.expect("\n") + term.expect("\n") + term.expect("\n")
+        code = term.wait()
+    finally:
+        term.close()
+
+    record = load_run("last")
+    assert code == 143
+    assert screen == (
+        "\rSIGTERM received: stopping every task\n"
+        "stopping 1 background sub-agent(s): worker#1\n"
+        "● worker#1 aborted: stopped by SIGTERM\n"
+        f"saved as run {record.run_id}; continue with: subagent chat --resume {record.run_id}\n"
+    )
+    assert all_dead(pids, within=5)
+    [child] = [load_run(p.name, home=record.folder) for p in (record.folder / "runs").iterdir()]
+    assert (child.status, child.tasks[0].status) == ("interrupted", "aborted")
+    assert [r.output for r in read_transcript(record.transcript_path(record.tasks[0])).results] == ["ok"]
+
+
+def test_sigterm_at_a_piped_chat_prompt_ends_the_prompt_line_and_exits_143(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"agents": {"orchestrator": {"replies": ["hello there"]}}}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_subagents.cli", "chat", "-m", f"scripted:{script}", "-C", str(tmp_path)],
+        env=cli_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b"hi\n")
+        proc.stdin.flush()
+        shown = b""
+        while not shown.endswith(b"\n> "):  # the reply, and the prompt again
+            shown += os.read(proc.stdout.fileno(), 100)
+        # stdin stays open: the chat waits at its prompt, in a thread reading stdin (which made the
+        # interpreter abort at shutdown, exit -6, while that thread held stdin's buffer).
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert proc.stderr is not None
+        out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    run_id = load_run("last").run_id
+    assert (proc.returncode, shown + out.encode()) == (143, b"> hello there\n> \n")  # the prompt's line ended
+    assert err.splitlines()[1:] == [
+        "SIGTERM received: stopping every task",
+        f"saved as run {run_id}; continue with: subagent chat --resume {run_id}",
+    ]

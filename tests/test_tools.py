@@ -12,6 +12,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from helpers import alive
 
@@ -28,7 +29,7 @@ from mlx_subagents.tools import (
 )
 from mlx_subagents.tools.base import MAX_OUTPUT_BYTES
 from mlx_subagents.tools.edit import replace_checked
-from mlx_subagents.tools.grep import GrepTool
+from mlx_subagents.tools.grep import MAX_GREP_READ_BYTES, GrepTool
 
 SECRET = "TOP-SECRET"
 
@@ -657,6 +658,35 @@ def test_read_and_grep_of_a_huge_one_line_file_stay_small(tools: dict[str, Tool]
     n_chars = (ws.root / "min.js").stat().st_size - 1
     assert read == ok(f"     1\t{'var x = 1;' * 200}... [line truncated: {n_chars} chars]")
     assert found == ok(f"min.js:1:{'var x = 1;' * 200} [... omitted end of long line]")
+
+
+def test_grep_reads_at_most_its_cap_of_rg_output_and_stops_rg(grep: GrepTool, ws: Workspace) -> None:
+    # A 50 MB line, then more matching lines than the tool reads: rg prints the line's first 2000
+    # bytes, then is killed once its output passes MAX_GREP_READ_BYTES.
+    n_lines = 400_000
+    with (ws.root / "huge.txt").open("w") as file:
+        file.write("match" + "y" * (50 * 1024 * 1024) + "\n")
+        file.writelines(f"match {i}\n" for i in range(2, n_lines + 1))
+    printed = [f"huge.txt:1:match{'y' * 1995} [... omitted end of long line]"]
+    printed += [f"huge.txt:{i}:match {i}" for i in range(2, n_lines + 1)]
+    read = "".join(f"{line}\n" for line in printed).encode()[:MAX_GREP_READ_BYTES]
+    n_read = read.count(b"\n")  # whole lines within the cap; the cut one is not shown
+    tracemalloc.start()
+    try:
+        result = run(grep, pattern="match", path="huge.txt")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    note = (
+        f"[... truncated: showing 200 of {n_read} matches (rg was stopped after {MAX_GREP_READ_BYTES} bytes of "
+        "output); narrow the pattern, path or glob]"
+    )
+    assert (MAX_GREP_READ_BYTES, n_read) == (256_000, 10_229)
+    assert result == ok("\n".join(printed[:200]) + "\n" + note)
+    assert (len(printed[0]), len(result.output.encode())) == (2042, 6533)  # the bytes the model gets
+    assert peak < 2 * 1024 * 1024  # a 50 MB file, 10 MB of output had rg gone on: neither was held
+    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "rg"]
 
 
 class BlockingTool(Tool):

@@ -8,7 +8,7 @@ message to a cancelled task, a wait over the cap) is an error result that says w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,9 +18,6 @@ from ..results import TaskStatus
 from .base import Tool, ToolResult, error_result, one_line
 from .subagent import READ_MORE
 from .workspace import Workspace
-
-if TYPE_CHECKING:
-    from .subagent import Delegation
 
 # The longest a parent may block on one `subagent_output` call (it can call again).
 MAX_OUTPUT_WAIT = 300
@@ -33,7 +30,6 @@ NEXT_STEPS = (
 class TaskControl(Protocol):
     """What the tools need of a parent's background tasks (the runner's `TaskBoard`)."""
 
-    async def start_delegation(self, call: Delegation) -> list[str]: ...
     def statuses(self, task_id: str | None = None) -> list[TaskStatus]: ...
     async def output(self, task_id: str, wait: float) -> tuple[TaskStatus, str]: ...
     def send(self, task_id: str, message: str) -> str: ...

@@ -1,18 +1,18 @@
-"""`grep`: regex search over workspace files with ripgrep, in a process that can be killed.
+"""`grep`: regex search over workspace files with ripgrep, in a process group that can be killed.
 
 `rg` comes with the `ripgrep` dependency. Its regex engine runs in linear time (no catastrophic
-backtracking), it cuts long lines itself, and the call kills it on timeout or cancellation, so a
-hostile pattern or a 200 MB one-line file costs neither the program's memory nor its exit. It
-prints `path:line:text` in path order and skips `.git`, hidden entries, symlinks, binary files and
-what .gitignore lists.
+backtracking) and it cuts long lines itself; its output is read as it comes, at most
+`MAX_GREP_READ_BYTES` of it (`command.py`), and rg is killed on timeout, on cancellation or once its
+output passes that cap. So neither a hostile pattern, a 200 MB one-line file nor a pattern that
+matches every line of a huge file costs this program's memory or its exit (rg itself holds the
+longest line it reads). It prints `path:line:text` in path order and skips `.git`, hidden entries,
+symlinks, binary files and what .gitignore lists.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -21,11 +21,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ..errors import ToolError
-from .base import MAX_LINE_CHARS, CappedLines, Tool, ToolResult
+from .base import MAX_LINE_CHARS, MAX_OUTPUT_BYTES, CappedLines, Tool, ToolResult
+from .command import OutputBuffer, run_command
 from .threads import DEFAULT_TOOL_TIMEOUT
 from .workspace import glob_matcher
 
 MAX_GREP_MATCHES = 200
+# rg's output read at most: enough to count thousands of matches for the note; past it rg is stopped,
+# so a search matching a whole huge file costs neither memory nor time.
+MAX_GREP_READ_BYTES = 5 * MAX_OUTPUT_BYTES
 HINT = "narrow the pattern, path or glob"
 
 
@@ -66,25 +70,31 @@ class GrepTool(Tool):
             glob_matcher(params.glob)  # a bad glob gets the same one line as in find
         if not (target.is_dir() or target.is_file()):
             raise ToolError(f"{params.path!r} is not a regular file (a FIFO, device or socket); grep only reads files")
-        matches = CappedLines(MAX_GREP_MATCHES)
-        proc = await asyncio.create_subprocess_exec(
-            *self._args(params, target),
+        output = OutputBuffer(MAX_GREP_READ_BYTES, keep_tail=False)
+        errors = OutputBuffer()  # with --no-messages: fatal errors only
+        returncode = await run_command(
+            self._args(params, target),
             cwd=self.workspace.root,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            limit=1 << 20,  # bytes in one output line; rg's are cut to MAX_LINE_CHARS already
+            timeout=DEFAULT_TOOL_TIMEOUT,
+            output=output,
+            errors=errors,
+            stop_when_full=True,
+            marked=False,  # rg starts no other process
         )
-        try:
-            error = await asyncio.wait_for(self._collect(proc, matches), DEFAULT_TOOL_TIMEOUT)
-        except asyncio.TimeoutError:
-            raise ToolError(f"grep took longer than {DEFAULT_TOOL_TIMEOUT:g}s and was stopped; {HINT}") from None
-        finally:
-            if proc.returncode is None:  # timed out or cancelled: rg dies with the call
-                proc.kill()
-                await proc.wait()
-        if proc.returncode == 2 and error:
+        if returncode is None and not output.full:
+            raise ToolError(f"grep took longer than {DEFAULT_TOOL_TIMEOUT:g}s and was stopped; {HINT}")
+        error = errors.text().strip()
+        if returncode == 2 and error:
             raise ToolError(self._failure(params, error))
+        matches = CappedLines(MAX_GREP_MATCHES)
+        lines = output.head.decode("utf-8", errors="replace").split("\n")
+        # The last piece is empty after a whole last line, or a line cut where rg was stopped.
+        for line in lines[:-1]:
+            matches.add(line)
+        if output.full:
+            return ToolResult(
+                matches.text(f"matches (rg was stopped after {MAX_GREP_READ_BYTES} bytes of output)", HINT)
+            )
         if matches.n_total:
             return ToolResult(matches.text("matches", HINT))
         where = f" (glob {params.glob!r})" if params.glob else ""
@@ -100,19 +110,6 @@ class GrepTool(Tool):
         args += ["--regexp", params.pattern]
         # rg prints paths as given: pass none for the root so they carry no "./" prefix.
         return args + ([] if target == self.workspace.root else ["--", self.workspace.relative(target)])
-
-    @staticmethod
-    async def _collect(proc: asyncio.subprocess.Process, matches: CappedLines) -> str:
-        """Feed rg's output lines to `matches`; rg's error text once it is done."""
-        assert proc.stdout is not None and proc.stderr is not None
-        errors = asyncio.ensure_future(proc.stderr.read())  # with --no-messages: fatal errors only
-        try:
-            async for raw in proc.stdout:
-                matches.add(raw.decode("utf-8", errors="replace").removesuffix("\n"))
-            await proc.wait()
-            return (await errors).decode("utf-8", errors="replace").strip()
-        finally:
-            errors.cancel()
 
     @staticmethod
     def _failure(params: Params, error: str) -> str:

@@ -32,11 +32,12 @@ def track_group(pgid: int) -> None:
     _live_groups.add(pgid)
 
 
-def kill_call(pgid: int, mark: str) -> None:
-    """Kill the call's process group and every process that carries its mark."""
+def kill_call(pgid: int, mark: str | None) -> None:
+    """Kill the call's process group and every process that carries its mark (if it has one)."""
     _kill_group(pgid)
     _live_groups.discard(pgid)
-    sweep(mark)
+    if mark is not None:
+        sweep(mark)
 
 
 def kill_all_processes() -> None:

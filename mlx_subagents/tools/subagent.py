@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -23,9 +23,6 @@ from ..results import MultiRunResult, RunResult
 from ..userfiles import error_message, error_path
 from .base import Tool, ToolResult, _strip_titles, error_result, one_line, tool_failure
 from .workspace import Workspace
-
-if TYPE_CHECKING:
-    from .background import TaskControl
 
 DelegationMode = Literal["single", "parallel", "chain"]
 NO_ANSWER = "(no answer)"
@@ -86,6 +83,8 @@ class Delegation:
 
 
 Delegate = Callable[[Delegation], Awaitable[MultiRunResult]]
+# Starts a `"background": true` call's tasks and returns their ids at once.
+Start = Callable[[Delegation], Awaitable[list[str]]]
 
 
 class SubagentTool(Tool):
@@ -97,7 +96,7 @@ class SubagentTool(Tool):
         caller: the calling agent's name; left out of the list the model sees.
         depth: how many parents the calling session has (0: started by a person).
         max_depth: children may run at depth `max_depth` at most; a call from there is refused.
-        background: starts `"background": true` calls (the parent's task board); None: refused.
+        start: starts `"background": true` calls (the parent's board's `start_delegation`); None: refused.
     """
 
     name = "subagent"
@@ -116,7 +115,7 @@ class SubagentTool(Tool):
         caller: str = "",
         depth: int = 0,
         max_depth: int = 2,
-        background: TaskControl | None = None,
+        start: Start | None = None,
     ) -> None:
         super().__init__(workspace)
         self.delegate = delegate
@@ -124,14 +123,14 @@ class SubagentTool(Tool):
         self.caller = caller
         self.depth = depth
         self.max_depth = max_depth
-        self.background = background
+        self.start = start
         listed = {n: d for n, d in self.agents.items() if n != caller}
-        self.description = describe_delegation(listed, background=background is not None)  # type: ignore[misc]
+        self.description = describe_delegation(listed, background=start is not None)  # type: ignore[misc]
 
     def schema(self) -> dict[str, Any]:  # type: ignore[override]
         """Per instance: the description lists this runner's agents; `background` only where it works."""
         parameters = _inline_refs(_strip_titles(self.Params.model_json_schema()))
-        if self.background is None:
+        if self.start is None:
             del parameters["properties"]["background"]
         return {
             "type": "function",
@@ -173,12 +172,12 @@ class SubagentTool(Tool):
 
     async def _start(self, delegation: Delegation) -> ToolResult:
         """A background call: the new tasks' ids at once, and what the parent can do with them."""
-        if self.background is None:
+        if self.start is None:
             return error_result(
                 f'{self.name}: "background": true is not available here; call it without background and wait'
             )
         try:
-            ids = await self.background.start_delegation(delegation)
+            ids = await self.start(delegation)
         except SubagentError as exc:  # a cap, a label clash, an agent not granted
             return error_result(f"{self.name} call refused: {exc}")
         return ToolResult(
