@@ -404,21 +404,47 @@ def percentile(values: Sequence[float], q: float) -> float:
 Runs = dict[str, dict[int, list[Run]]]  # mode -> session count -> one Run per repeat
 
 
-PAIRED = (STREAM, "batched", "serialized")  # one trio; batched in the middle, next to both others
+AGAIN = "batched_again"  # the batched host's second lone run of a round: the null (A/A) control
+PAIRED = (STREAM, "batched", AGAIN, "serialized")  # one round; each neighbour pair is a ratio
+# Each ratio of a round, as (key, numerator, denominator, run attribute). Every one is a back-to-back
+# pair, so the null's two sides sit as close together as the real pairs' and its spread is theirs
+# when nothing differs. CPU ratios put the other run's CPU per token over the host's (higher: the host
+# is cheaper), decode rates the host's over the other's.
+PAIR_RATIOS = (
+    ("host_vs_stream_generate", "batched", STREAM, "decode_tps"),
+    ("host_vs_stream_generate_decode_cpu", STREAM, "batched", "decode_cpu_ms_per_token"),
+    ("batched_vs_serialized", AGAIN, "serialized", "decode_tps"),
+    ("batched_vs_serialized_cpu", "serialized", AGAIN, "cpu_ms_per_token"),
+    ("null", AGAIN, "batched", "decode_tps"),
+    ("null_decode_cpu", "batched", AGAIN, "decode_cpu_ms_per_token"),
+    ("null_cpu", "batched", AGAIN, "cpu_ms_per_token"),
+)
+NULL_OF = {  # each real ratio's null: the batched host against itself, in the same unit
+    "host_vs_stream_generate": "null",
+    "host_vs_stream_generate_decode_cpu": "null_decode_cpu",
+    "batched_vs_serialized": "null",
+    "batched_vs_serialized_cpu": "null_cpu",
+}
 
 
-def trio_order(p: int) -> tuple[str, ...]:
-    """The order of trio `p`: `PAIRED`, reversed every other trio."""
+def round_order(p: int) -> tuple[str, ...]:
+    """The order of round `p`: `PAIRED`, reversed every other round."""
     return PAIRED if p % 2 == 0 else PAIRED[::-1]
 
 
 @dataclass
 class Pairs:
-    """The lone-session measure: trios of runs of `tokens` tokens at one session, back to back.
+    """The lone-session measure: rounds of four runs of `tokens` tokens at one session, back to back:
+    `stream_generate`, the batched host, the batched host again, the serialized host (`PAIRED`),
+    in reverse order every other round.
 
-    Batched runs between `stream_generate` and serialized, so each of the two pairs it belongs to
-    ran back to back; every other trio runs in the reverse order, so neither side of a pair always
-    runs first. `runs[mode][p]` is trio p's run of `mode`.
+    Each ratio is taken between neighbours, which met the same load: the batched host's first run
+    against `stream_generate`, its second against serialized, and its second against its first. That
+    last one is the null (A/A) control: the same code, host and prompt on both sides, so its ratios
+    show how far two back-to-back runs differ on this machine when nothing differs. It is placed
+    like the real pairs (adjacent, in the middle of the round, its numerator first in one round and
+    second in the next, as theirs), so a real ratio inside the null's range is not resolved from noise.
+    `runs[mode][p]` is round p's run of `mode`.
     """
 
     tokens: int
@@ -431,6 +457,13 @@ class Pairs:
             for a, b in zip(self.runs[mode], self.runs[reference])
         ]
 
+    def best(self, mode: str, reference: str, key: str = "decode_tps") -> float:
+        """`mode`'s best `key` over the rounds over `reference`'s: the highest rate, the lowest CPU
+        per token. Load only ever slows a run down, so the best run of each is the least disturbed."""
+        pick = min if key.endswith("ms_per_token") else max
+        a, b = (pick(getattr(r, key) for r in self.runs[m]) for m in (mode, reference))
+        return round(a / b, 3) if b else 0.0
+
 
 async def measure_pairs(
     hosts: dict[str, MlxModelHost],
@@ -442,15 +475,16 @@ async def measure_pairs(
     tokens: int,
     pairs: int,
 ) -> Pairs:
-    """`pairs` trios of one session decoding `tokens` tokens (see `Pairs`), after an untimed one: the
-    first run to reach a context length pays for what mlx builds per shape."""
+    """`pairs` rounds of one session decoding `tokens` tokens (see `Pairs`), after an untimed one:
+    the first run to reach a context length pays for what mlx builds per shape."""
     result = Pairs(tokens, {mode: [] for mode in PAIRED})
     for p in range(-1, pairs):
-        for mode in trio_order(p):
+        for mode in round_order(p):
             if mode == STREAM:
                 run = stream_run(model, tokenizer, prompt_ids, tokens, scripts)
             else:
-                run = await host_run(hosts[mode], [prompt], tokens, f"pair{p}-{mode}-0")
+                host = hosts["batched" if mode == AGAIN else mode]
+                run = await host_run(host, [prompt], tokens, f"pair{p}-{mode}-0")
             if p >= 0:
                 result.runs[mode].append(run)
             gc.collect()
@@ -573,13 +607,13 @@ def summarize(
     at4_bs = ratio(rate("batched", 4), rate("serialized", 4))
     at4_hr = ratio(rate("batched", 4), rate("raw", 4))
     # At one session, the median of the pairs' ratios (see `Pairs`): a run is short, its rate noisy.
-    pair_ratios = {
-        "host_vs_stream_generate": at_1.ratios("batched", STREAM),
-        "host_vs_stream_generate_decode_cpu": at_1.ratios(STREAM, "batched", "decode_cpu_ms_per_token"),
-        "batched_vs_serialized": at_1.ratios("batched", "serialized"),
-        "batched_vs_serialized_cpu": at_1.ratios("serialized", "batched", "cpu_ms_per_token"),
-    }
+    # The null pairs (batched against itself) give the spread that noise alone makes.
+    pair_ratios = {key: at_1.ratios(a, b, attr) for key, a, b, attr in PAIR_RATIOS}
     at1 = {key: round(statistics.median(values), 3) for key, values in pair_ratios.items()}
+    nulls = sorted(set(NULL_OF.values()))
+    null_range = {key: [min(pair_ratios[key]), max(pair_ratios[key])] for key in nulls}
+    null_iqr = {key: [round(percentile(pair_ratios[key], q), 3) for q in (0.25, 0.75)] for key in nulls}
+    best = {key: at_1.best(a, b, attr) for key, a, b, attr in PAIR_RATIOS}
     at1_hs, at1_bs = at1["host_vs_stream_generate"], at1["batched_vs_serialized"]
     overhead = round(max(0.0, info["host_ready_s"] - info["load_s"]), 4)
     overhead_ok = overhead <= max(TARGET_STARTUP_SHARE * info["load_s"], TARGET_STARTUP_S)
@@ -614,7 +648,8 @@ def summarize(
         "repeats": repeats,
         "selection": (
             "best decode_tok_s of the repeats; TTFT percentiles over every session of every repeat; "
-            "the ratios at 1 session: the median of interleaved pairs (at_1_pairs)"
+            "the ratios at 1 session: the median of interleaved pairs, next to a null (batched vs batched) "
+            "control's (at_1_pairs)"
         ),
         "session_counts": list(SESSION_COUNTS),
         "prompt_tokens": info["prompt_tokens"],
@@ -649,11 +684,19 @@ def summarize(
         "at_1_pairs": {
             "tokens": at_1.tokens,
             "pairs": len(at_1.runs["batched"]),
-            "order": [", ".join(trio_order(p)) for p in range(len(at_1.runs["batched"]))],
+            "order": [", ".join(round_order(p)) for p in range(len(at_1.runs["batched"]))],
             "median": at1,
             "ratios": pair_ratios,
+            "null_of": NULL_OF,
+            "null_median": {key: at1[key] for key in nulls},
+            "null_range": null_range,
+            "null_iqr": null_iqr,
+            "best": best,
             "decode_tok_s": {mode: [round(r.decode_tps, 1) for r in at_1.runs[mode]] for mode in PAIRED},
             "cpu_ms_per_token": {mode: [round(r.cpu_ms_per_token, 3) for r in at_1.runs[mode]] for mode in PAIRED},
+            "decode_cpu_ms_per_token": {
+                mode: [round(r.decode_cpu_ms_per_token, 3) for r in at_1.runs[mode]] for mode in PAIRED
+            },
         },
         "startup_overhead_s": overhead,
         "load_s": info["load_s"],
@@ -671,6 +714,13 @@ def summarize(
 
 
 # -- reporting -----------------------------------------------------------------------------------
+
+
+def null_text(pairs: dict[str, Any], key: str) -> str:
+    """The noise floor to read the at-1 ratio `key` against: its null pairs' range and median."""
+    null = pairs["null_of"][key]
+    lo, hi = pairs["null_range"][null]
+    return f"null batched/batched {lo:.2f}-{hi:.2f}, median {pairs['null_median'][null]:.2f}"
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -739,17 +789,25 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"batched / serialized end to end (prefill included): {e2e}")
     pairs = report["at_1_pairs"]
     print(
-        f"one session, {pairs['pairs']} interleaved pairs of {pairs['tokens']} tokens "
-        "(median, then each pair; CPU: the other's CPU ms/token over the host's):"
+        f"one session, {pairs['pairs']} interleaved rounds of {pairs['tokens']} tokens (median, then each pair; "
+        "CPU: the other's CPU ms/token over the host's; best: the best run's of each over the rounds):"
     )
     for label, key in (
         ("host / stream_generate", "host_vs_stream_generate"),
         ("  in CPU from the first token", "host_vs_stream_generate_decode_cpu"),
         ("batched / serialized", "batched_vs_serialized"),
         ("  in CPU, whole run", "batched_vs_serialized_cpu"),
+        ("null: batched again / batched", "null"),
+        ("  in CPU from the first token", "null_decode_cpu"),
+        ("  in CPU, whole run", "null_cpu"),
     ):
         each = " ".join(f"{v:.2f}" for v in pairs["ratios"][key])
-        print(f"  {label}: {pairs['median'][key]:.2f}x ({each})")
+        print(f"  {label}: {pairs['median'][key]:.2f}x ({each}); best {pairs['best'][key]:.2f}x")
+    for label, key in (
+        ("host/stream_generate", "host_vs_stream_generate"),
+        ("batched/serialized", "batched_vs_serialized"),
+    ):
+        print(f"at 1: {label} {pairs['median'][key]:.2f} ({null_text(pairs, key)})")
     print(f"identical token ids (serialized = batched = raw = stream_generate): {report['identical_outputs']}")
     for name, t in report["targets"].items():
         verdict = "PASS" if t["met"] else "FAIL"
