@@ -83,19 +83,54 @@ def test_throughput_benchmark_json() -> None:
         "batched_vs_serialized_at_4", "host_vs_raw_batch_at_4", "identical_outputs",
     }  # fmt: skip
     assert report["targets_met"] == all(t["met"] for t in report["targets"].values())
-    # At one session the ratios are the medians of interleaved pairs of longer runs.
+    # At one session the ratios are the medians of interleaved pairs of longer runs, each round with
+    # a null pair (the batched host twice) between the two real ones.
     pairs = report["at_1_pairs"]
     assert (pairs["tokens"], pairs["pairs"]) == (24, 3)
-    forward = "stream_generate, batched, serialized"
-    assert pairs["order"] == [forward, "serialized, batched, stream_generate", forward]
-    assert set(pairs["ratios"]) == set(pairs["median"]) == {
-        "host_vs_stream_generate", "host_vs_stream_generate_decode_cpu", "batched_vs_serialized", "batched_vs_serialized_cpu",
+    forward = "stream_generate, batched, batched_again, serialized"
+    backward = "serialized, batched_again, batched, stream_generate"
+    assert pairs["order"] == [forward, backward, forward]
+    real = {
+        "host_vs_stream_generate",
+        "host_vs_stream_generate_decode_cpu",
+        "batched_vs_serialized",
+        "batched_vs_serialized_cpu",
+    }
+    nulls = {"null", "null_decode_cpu", "null_cpu"}
+    assert set(pairs["ratios"]) == set(pairs["median"]) == set(pairs["best"]) == real | nulls
+    assert pairs["null_of"] == {
+        "host_vs_stream_generate": "null", "host_vs_stream_generate_decode_cpu": "null_decode_cpu",
+        "batched_vs_serialized": "null", "batched_vs_serialized_cpu": "null_cpu",
     }  # fmt: skip
     for key, ratios in pairs["ratios"].items():
-        assert len(ratios) == 3 and pairs["median"][key] == round(statistics.median(ratios), 3)
+        assert len(ratios) == 3 and all(isinstance(r, float) and r > 0 for r in ratios)
+        assert pairs["median"][key] == round(statistics.median(ratios), 3)
+        assert isinstance(pairs["best"][key], float) and pairs["best"][key] > 0
+    assert set(pairs["null_median"]) == set(pairs["null_range"]) == set(pairs["null_iqr"]) == nulls
+    for key in nulls:
+        ratios = sorted(pairs["ratios"][key])
+        assert pairs["null_median"][key] == pairs["median"][key] == ratios[1]
+        assert pairs["null_range"][key] == [ratios[0], ratios[2]]
+        # numpy's linear quartiles of three values: halfway between neighbours
+        assert pairs["null_iqr"][key] == [round((ratios[0] + ratios[1]) / 2, 3), round((ratios[1] + ratios[2]) / 2, 3)]
+    for unit in ("decode_tok_s", "cpu_ms_per_token", "decode_cpu_ms_per_token"):
+        assert set(pairs[unit]) == {"stream_generate", "batched", "batched_again", "serialized"}
+        assert all(len(v) == 3 for v in pairs[unit].values())
+    # Each ratio is between neighbours of a round: batched next to stream_generate, batched_again
+    # next to serialized and to batched.
     rates = pairs["decode_tok_s"]  # rounded to 0.1 tok/s
-    for b, sg, r in zip(rates["batched"], rates["stream_generate"], pairs["ratios"]["host_vs_stream_generate"]):
-        assert abs(b / sg - r) < 0.005
+    for key, a, b in (
+        ("host_vs_stream_generate", "batched", "stream_generate"),
+        ("batched_vs_serialized", "batched_again", "serialized"),
+        ("null", "batched_again", "batched"),
+    ):
+        for x, y, r in zip(rates[a], rates[b], pairs["ratios"][key]):
+            assert abs(x / y - r) < 0.005
+        assert abs(max(rates[a]) / max(rates[b]) - pairs["best"][key]) < 0.005
+    cpu = pairs["cpu_ms_per_token"]
+    for x, y, r in zip(cpu["batched"], cpu["batched_again"], pairs["ratios"]["null_cpu"]):
+        assert abs(x / y - r) < 0.005
+    assert abs(min(cpu["batched"]) / min(cpu["batched_again"]) - pairs["best"]["null_cpu"]) < 0.005
     assert report["ratio_host_vs_stream_generate_at_1"] == pairs["median"]["host_vs_stream_generate"]
     assert (
         report["ratio_host_vs_stream_generate_at_1_decode_cpu"] == pairs["median"]["host_vs_stream_generate_decode_cpu"]
