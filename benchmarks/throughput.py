@@ -47,11 +47,17 @@ host that prefills it all.
 At one session the configurations differ by a few percent, less than a short run varies on a shared
 machine, so the two lone-session ratios (`ratio_host_vs_stream_generate_at_1` and
 `ratio_batched_vs_serialized["1"]`, with their CPU counterparts) come from a measure of their own:
-`--pairs` (default 5) trios of runs of `--tokens-at-1` tokens (default 4x `--tokens`), after an
-untimed one: the batched host's lone session between `stream_generate` and the serialized host, so
-that it runs back to back with each, in reverse order every other trio. The ratio is taken within
-each pair, whose two sides met the same load, and the median of the pairs counts (`at_1_pairs`
-holds each pair). The table's rows at one session are the short runs, as for every other count.
+`--pairs` (default 5) rounds of runs of `--tokens-at-1` tokens (default 4x `--tokens`), after an
+untimed one: `stream_generate`, the batched host's lone session, the batched host again, the
+serialized host, in reverse order every other round. Each ratio is taken between neighbours, which
+met the same load (the first batched run against `stream_generate`, the second against serialized),
+and the median of the pairs counts (`at_1_pairs` holds each pair). The second batched run over the
+first is a null (A/A) control: the same code, host and prompt, placed like the real pairs, so its
+range and median (`null_range`, `null_median`, `null_iqr`) show what noise alone does to a ratio;
+read an at-1 figure against them. `best` gives the ratio of the best runs over the rounds as well
+(highest rate, lowest CPU per token): on this loaded 2-core VM it scattered more than the median on
+the null, so the targets stay on the median. The table's rows at one session are the short runs,
+as for every other count.
 
 Targets (issue 12): host vs stream_generate at 1 session and batched vs serialized at 1 at least
 0.97, batched / serialized at 4 at least 2.0x, the host within 5% of the raw batch at 4, start-up
@@ -892,7 +898,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the best counts (default 3)")
     parser.add_argument("--tokens-at-1", type=int, help="tokens of each paired lone-session run (default: 4x --tokens)")
     parser.add_argument(
-        "--pairs", type=int, default=5, help="interleaved lone-session pairs; their median ratio counts (default 5)"
+        "--pairs",
+        type=int,
+        default=5,
+        help="interleaved lone-session rounds (stream_generate, batched twice, serialized); the median of "
+        "their pair ratios counts (default 5)",
     )
     parser.add_argument("--hidden", type=int, help="hidden size of the tiny model (default: the test kit's 64)")
     parser.add_argument("--layers", type=int, help="layers of the tiny model (default: the test kit's)")
