@@ -174,9 +174,10 @@ def test_a_second_turn_ends_the_bursts_and_both_match_serialized(tiny_qwen3: tup
 
     held = run(sch, [a], arrive, watch=[a, b])
     # Step 4: b is admitted, a decodes one token and hands the next over; then one token per step for
-    # each in the batch (mlx-lm's: b's prompt first, its first token a step after a's next one).
+    # each in the batch (mlx-lm's: b's prompt first, its first token a step after a's next one); b
+    # ends (a at 23), and a, alone again, decodes its last 7 tokens in the same step, one burst.
     assert held[:6] == [[0, 0], [0, 0], [8, 0], [10, 0], [10, 0], [11, 0]]
-    assert held[6:] == [[11 + n, n] for n in range(1, 13)] + [[23 + n, 12] for n in range(1, 8)]
+    assert held[6:] == [[11 + n, n] for n in range(1, 12)] + [[30, 12]]
     serial: dict[str, Generation] = {}
     alone = scheduler(tiny_qwen3, batching=False, factory=forced(tiny_qwen3, "a", "b"))
     run(alone, [make_turn("a", 0, 30, serial), make_turn("b", 1, 12, serial)])

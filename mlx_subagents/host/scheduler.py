@@ -7,8 +7,9 @@ system-prompt prefix, or a hybrid model's snapshot) -> decoding -> finished
 decoding session advances one token per step in one mlx-lm `BatchGenerator`
 batch, and a long prefill is cut into chunks between decode steps so it does
 not stall the others; a turn with nothing else in flight decodes alone on
-mlx-lm's single-sequence path, several tokens per step, and moves into the
-batch when a second turn arrives. In serialized mode a turn runs from start
+mlx-lm's single-sequence path, several tokens per step, moves into the batch
+when a second turn arrives and back out when it is the last one left in it
+with nothing else to come. In serialized mode a turn runs from start
 to finish on its own, which is the reference the batched mode must match
 token for token.
 """
@@ -29,7 +30,7 @@ from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
 from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
-from .single import SingleStream
+from .single import SingleStream, take_from_batch
 from .thinking import thought_budget
 
 Deliver = Callable[[bool, Any], None]
@@ -198,6 +199,8 @@ class Scheduler:
             self._admit()
             if self.decoding:
                 self._decode_step()
+                if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self._jobs_waiting()):
+                    self._leave_batch(next(iter(self.decoding.values())))
             if self.lone is not None:
                 lone = self.lone
                 try:
@@ -545,6 +548,23 @@ class Scheduler:
             self._finish(turn, done, turn.cache)
             return
         self._insert(turn, [token], turn.ids + turn.generated[:-1], turn.max_tokens - len(turn.generated))
+
+    def _leave_batch(self, turn: Turn) -> None:
+        """The last turn in the batch, with no other to come, goes on alone: mlx-lm's single-sequence
+        path is faster than a batch of one (agents end at different times, so a straggler is common).
+        It continues from the token the batch computed next; a new turn brings it back (`_handover`)."""
+        try:
+            taken = take_from_batch(self._batch, turn.uid)  # type: ignore[arg-type]
+            if taken is None:  # still prefilling in the batch, or a cache kind that stays there
+                return
+            del self.decoding[turn.uid]  # type: ignore[arg-type]
+            turn.uid = None
+            cache, held, pending = taken
+            turn.cache = turn.state.prompt_cache = cache
+            turn.stream = SingleStream(self.model, cache, held, turn.sampler, turn.processors, pending)
+            self.lone = turn
+        except Exception as exc:
+            self._fail(turn, exc)
 
     def _decode_step(self) -> None:
         try:
