@@ -67,12 +67,30 @@ def forced(tiny: tuple[Any, Any], *names: str) -> ForcedScripts:
     return ForcedScripts(tiny[1], {name: [SCRIPT] for name in names})
 
 
-def test_lone_turn_decodes_a_burst_per_step_token_identical_to_serialized_and_stream_generate(
-    tiny_qwen3: tuple[Any, Any],
-) -> None:
+def stream_generate_ids(tiny: tuple[Any, Any], name: str, prompt: list[int], max_tokens: int) -> tuple[int, ...]:
+    """`mlx_lm.stream_generate` on the same prompt, greedy, forced by the same script."""
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
+    model, tokenizer = tiny
+    processors = forced(tiny, name)(name, prompt)
+    sampler = make_sampler(temp=0.0)
+    replies = stream_generate(model, tokenizer, prompt, max_tokens, sampler=sampler, logits_processors=processors)
+    return tuple(r.token for r in replies)
+
+
+def assert_holds_exactly(turn: Turn, generated: tuple[int, ...]) -> None:
+    """The parked cache holds the prompt and every generated token, no more, in every layer."""
+    from mlx_lm.models.cache import KVCache
+
+    assert turn.state.token_ids == turn.ids + list(generated)
+    offsets = [c.offset for c in turn.state.prompt_cache if type(c) is KVCache]  # a hybrid's attention layers
+    assert offsets and set(offsets) == {len(turn.ids) + len(generated)}
+
+
+def test_lone_turn_decodes_a_burst_per_step_token_identical_to_serialized_and_stream_generate(
+    tiny_qwen3: tuple[Any, Any],
+) -> None:
     results: dict[str, Generation] = {}
     lone = make_turn("a", 0, 20, results)
     held = run(scheduler(tiny_qwen3, factory=forced(tiny_qwen3, "a")), [lone])
@@ -84,19 +102,10 @@ def test_lone_turn_decodes_a_burst_per_step_token_identical_to_serialized_and_st
     serial: dict[str, Generation] = {}
     serialized = scheduler(tiny_qwen3, batching=False, factory=forced(tiny_qwen3, "a"))
     assert run(serialized, [make_turn("a", 0, 20, serial)]) == []  # the turn ran to its end inside `submit`
-    model, tokenizer = tiny_qwen3
-    processors = forced(tiny_qwen3, "a")("a", lone.ids)
-    reference = [
-        r.token
-        for r in stream_generate(
-            model, tokenizer, lone.ids, max_tokens=20, sampler=make_sampler(temp=0.0), logits_processors=processors
-        )
-    ]
-    assert results["a"].token_ids == serial["a"].token_ids == tuple(reference)
-    assert reference == tokenizer.encode(SCRIPT, add_special_tokens=False)[:20]
-    # The parked cache holds the prompt and every generated token.
-    assert lone.state.token_ids == lone.ids + list(reference)
-    assert lone.state.prompt_cache[0].offset == len(lone.ids) + 20
+    reference = stream_generate_ids(tiny_qwen3, "a", lone.ids, 20)
+    assert results["a"].token_ids == serial["a"].token_ids == reference
+    assert list(reference) == tiny_qwen3[1].encode(SCRIPT, add_special_tokens=False)[:20]
+    assert_holds_exactly(lone, reference)
 
 
 def test_the_time_slice_ends_a_burst(tiny_qwen3: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,3 +275,152 @@ def test_the_engine_runs_jobs_after_a_step_raised() -> None:
     answer, flaky = asyncio.run(go())
     assert answer == "still here"
     assert (flaky.calls, flaky.left, flaky.failed) == (2, 0, ["step 2 broke"])
+
+
+# -- the last turn left in the batch goes on alone ------------------------------------------------
+
+
+def where(sch: Scheduler, turn: Turn) -> str:
+    """Which path decodes `turn` now: "lone" (single-sequence), "batch", or "-" (neither)."""
+    return "lone" if sch.lone is turn else "batch" if turn in sch.decoding.values() else "-"
+
+
+def follow_up(turn: Turn, reply: Generation, results: dict[str, Any]) -> Turn:
+    """The session's next turn: its reply and a new user message, on the same cache state."""
+    messages = [*turn.request.messages, reply.to_message(), {"role": "user", "content": "Go on."}]
+
+    def deliver(ok: bool, value: Any) -> None:
+        results[turn.name + "2"] = value
+
+    return Turn(turn.name, turn.state, Request(messages, None, 12, 0.0), threading.Event(), None, deliver)
+
+
+def straggler_run(
+    tiny: tuple[Any, Any], lengths: dict[str, int], on_step: Callable[[Scheduler, int, str], None] = lambda *_: None
+) -> tuple[Scheduler, dict[str, Generation], list[Turn], list[list[int]], list[str]]:
+    """Turns of `lengths` (name -> max_tokens) started together, the first the longest: the tokens
+    each holds after every step, and the first one's path after every step (`on_step(sch, n, path)`
+    after step n)."""
+    results: dict[str, Generation] = {}
+    turns = [make_turn(name, i, n, results) for i, (name, n) in enumerate(lengths.items())]
+    sch = scheduler(tiny, factory=forced(tiny, *lengths))
+    paths: list[str] = []
+
+    def record(n: int) -> None:
+        paths.append(where(sch, turns[0]))
+        on_step(sch, n, paths[-1])
+
+    held = run(sch, turns, record)
+    return sch, results, turns, held, paths
+
+
+def follow_ups(sch: Scheduler, turns: list[Turn], results: dict[str, Generation]) -> None:
+    """Each session's next turn, all started together: `results` gets them as "a2", "b2"..."""
+    run(sch, [follow_up(t, results[t.name], results) for t in turns])
+
+
+def serialized_run(tiny: tuple[Any, Any], lengths: dict[str, int]) -> dict[str, Generation]:
+    """The same turns and follow-ups on the serialized scheduler: the reference."""
+    results: dict[str, Generation] = {}
+    sch = scheduler(tiny, batching=False, factory=forced(tiny, *lengths))
+    turns = [make_turn(name, i, n, results) for i, (name, n) in enumerate(lengths.items())]
+    run(sch, turns)
+    follow_ups(sch, turns, results)
+    return results
+
+
+def ids_of(results: dict[str, Generation]) -> dict[str, tuple[int, ...]]:
+    return {name: r.token_ids for name, r in sorted(results.items())}
+
+
+def test_the_last_turn_in_the_batch_goes_on_alone_token_identical(tiny_qwen3: tuple[Any, Any]) -> None:
+    """a (40 tokens) and b (10) start together; once b ends, a's remaining 30 come 8 per step from the
+    single-sequence path, the same ids as serialized and as `stream_generate`, its cache reused whole."""
+    lengths = {"a": 40, "b": 10}
+    sch, results, (a, b), held, paths = straggler_run(tiny_qwen3, lengths)
+    # The shared prefix, then both prompts' rest as one batch; one token each per step in the batch.
+    assert held[:13] == [[0, 0], [0, 0], [0, 0], [0, 0]] + [[n, n] for n in range(1, 10)]
+    assert paths[:13] == ["-"] + ["batch"] * 12
+    # b's last token: a moves out of the batch and decodes a burst in the same step.
+    assert held[13:] == [[18, 10], [26, 10], [34, 10], [40, 10]]
+    assert paths[13:] == ["lone", "lone", "lone", "-"]
+    assert sch.decoding == {} and sch.lone is None
+    assert results["a"].finish_reason == "length" and results["b"].finish_reason == "length"
+    assert results["a"].token_ids == stream_generate_ids(tiny_qwen3, "a", a.ids, 40)
+    assert_holds_exactly(a, results["a"].token_ids)
+    assert_holds_exactly(b, results["b"].token_ids)
+    # The next turn reuses all of it: prompt + 40 generated tokens (and b's prompt + 10).
+    follow_ups(sch, [a, b], results)
+    assert [results[n].usage.cached_tokens for n in ("a2", "b2")] == [len(a.ids) + 40, len(b.ids) + 10]
+    serial = serialized_run(tiny_qwen3, lengths)
+    assert ids_of(results) == ids_of(serial)
+    assert [serial[n].usage.cached_tokens for n in ("a2", "b2")] == [len(a.ids) + 40, len(b.ids) + 10]
+
+
+def test_a_hybrid_straggler_goes_on_alone_too(tiny_qwen35: tuple[Any, Any]) -> None:
+    """qwen3_5: gated-delta state (`ArraysCache`) and attention layers leave the batch together."""
+    lengths = {"a": 30, "b": 6}
+    sch, results, (a, b), held, paths = straggler_run(tiny_qwen35, lengths)
+    assert held[4:] == [[n, n] for n in range(1, 6)] + [[14, 6], [22, 6], [30, 6]]
+    assert paths[4:] == ["batch"] * 5 + ["lone", "lone", "-"]
+    assert results["a"].token_ids == stream_generate_ids(tiny_qwen35, "a", a.ids, 30)
+    assert_holds_exactly(a, results["a"].token_ids)
+    follow_ups(sch, [a, b], results)
+    assert results["a2"].usage.cached_tokens == len(a.ids) + 30  # the whole cache: a hybrid's cannot be cut back
+    serial = serialized_run(tiny_qwen35, lengths)
+    assert ids_of(results) == ids_of(serial)
+    assert serial["a2"].usage.cached_tokens == len(a.ids) + 30
+
+
+def test_cancel_right_after_the_move(tiny_qwen3: tuple[Any, Any]) -> None:
+    """Cancelled while the batch computes a's 11th token (in b's last step): a moves out, that token
+    comes out of the single path, and the cancel ends a there with a cache of exactly what it holds."""
+    results: dict[str, Generation] = {}
+    a, b = make_turn("a", 0, 40, results), make_turn("b", 1, 10, results)
+    script = forced(tiny_qwen3, "a", "b")
+
+    def factory(name: str, prompt_ids: list[int]) -> list[Any]:
+        def cancel_at_11(tokens: Any, logits: Any) -> Any:
+            if name == "a" and len(tokens) == len(prompt_ids) + 10:  # token 10 fed: the 11th is computed
+                a.cancel.set()
+            return logits
+
+        return [*script(name, prompt_ids), cancel_at_11]
+
+    sch = scheduler(tiny_qwen3, factory=factory)
+    paths: list[str] = []
+    held = run(sch, [a, b], lambda n: paths.append(where(sch, a)))
+    assert held[12:] == [[9, 9], [11, 10], [11, 10]]
+    assert paths[12:] == ["batch", "lone", "-"]
+    assert results["a"].finish_reason == "cancelled"
+    assert results["a"].token_ids == stream_generate_ids(tiny_qwen3, "a", a.ids, 11)
+    assert_holds_exactly(a, results["a"].token_ids)
+    follow_ups(sch, [a], results)
+    assert results["a2"].usage.cached_tokens == len(a.ids) + 11
+
+
+def test_a_turn_arriving_right_after_the_move_brings_it_back_into_the_batch(tiny_qwen3: tuple[Any, Any]) -> None:
+    """c arrives in the step after a went alone: a returns to the batch while c decodes and goes
+    alone again when c ends; all three as serialized."""
+    lengths = {"a": 60, "b": 10, "c": 6}
+    results: dict[str, Generation] = {}
+    a, b, c = (make_turn(name, i, n, results) for i, (name, n) in enumerate(lengths.items()))
+    sch = scheduler(tiny_qwen3, factory=forced(tiny_qwen3, *lengths))
+    paths: list[str] = []
+
+    def arrive(n: int) -> None:
+        paths.append(where(sch, a))
+        if n == 14:
+            sch.submit(c)
+
+    held = run(sch, [a, b], arrive, watch=[a, b, c])
+    assert held[12:14] == [[9, 9, 0], [18, 10, 0]] and paths[12:14] == ["batch", "lone"]  # b ends, a alone
+    # c is admitted and prefilled: a decodes one token, hands its next over, and waits for c's prompt.
+    assert held[14:17] == [[20, 10, 0], [20, 10, 0], [21, 10, 0]] and paths[14:17] == ["batch"] * 3
+    assert held[17:22] == [[21 + n, 10, n] for n in range(1, 6)] and paths[17:22] == ["batch"] * 5
+    # c ends (a at 27): a goes alone again, a burst in the same step.
+    assert held[22:] == [[35, 10, 6], [43, 10, 6], [51, 10, 6], [59, 10, 6], [60, 10, 6]]
+    assert paths[22:] == ["lone"] * 4 + ["-"]
+    serial = serialized_run(tiny_qwen3, lengths)
+    assert ids_of(results) == {name: serial[name].token_ids for name in lengths}
+    assert_holds_exactly(a, results["a"].token_ids)
