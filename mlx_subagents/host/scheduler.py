@@ -180,9 +180,12 @@ class Scheduler:
             turn.deliver(False, exc)
             return
         self.waiting.append(turn)
-        if not self.config.batching:
-            while self.has_work():
-                self.step()
+        if not self.config.batching:  # to the end now, inside this job: the engine's steps do not see it
+            try:
+                while self.has_work():
+                    self.step()
+            except Exception as exc:
+                self.fail_all(exc)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.decoding or self.lone)
@@ -192,26 +195,25 @@ class Scheduler:
         turn's tokens, see LONE_BURST_TOKENS), one prefill chunk.
 
         A turn's own failure (its prompt, processors, cache restore, reply parsing) fails that
-        turn alone; a failure of the shared batch step fails the turns in the batch.
+        turn alone; a failure of the shared batch step fails the turns in the batch. Anything else
+        is a bug outside any one turn, after which nothing can be trusted: it escapes, and the
+        engine (or the serialized `submit`) fails every turn (`fail_all`).
         """
-        try:
-            self._drop_cancelled()
-            self._admit()
-            if self.decoding:
-                self._decode_step()
-                if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self._jobs_waiting()):
-                    self._leave_batch(next(iter(self.decoding.values())))
-            if self.lone is not None:
-                lone = self.lone
-                try:
-                    self._lone_burst(lone)
-                except Exception as exc:
-                    self._fail(lone, exc)
-            if self.prefilling:
-                self._prefill()
-            self._observe()
-        except Exception as exc:  # a bug outside any one turn: nothing can be trusted
-            self.fail_all(exc)
+        self._drop_cancelled()
+        self._admit()
+        if self.decoding:
+            self._decode_step()
+            if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self._jobs_waiting()):
+                self._leave_batch(next(iter(self.decoding.values())))
+        if self.lone is not None:
+            lone = self.lone
+            try:
+                self._lone_burst(lone)
+            except Exception as exc:
+                self._fail(lone, exc)
+        if self.prefilling:
+            self._prefill()
+        self._observe()
         self._flush(force=not self.has_work())
 
     def _flush(self, force: bool = False) -> None:
@@ -482,11 +484,9 @@ class Scheduler:
         if self.config.batching and self._batchable(turn.cache):
             self.lone = turn  # a burst of tokens per step, until it ends or a second turn arrives
         else:  # serialized (or a cache that cannot join a batch): to the end now
-            while self._lone_step(turn) is None and not turn.cancel.is_set():
-                self._flush()
-            if turn.cancel.is_set() and turn.stream is not None:
-                turn.stream = None
-                self._finish(turn, "cancelled", turn.cache)
+            self._decode_alone(turn, turn.max_tokens, turn.cancel.is_set)
+            if turn.stream is not None:  # stopped by its cancel
+                self._end_alone(turn, "cancelled")
 
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
@@ -505,19 +505,25 @@ class Scheduler:
         """Tokens of the lone turn until it ends, LONE_BURST_TOKENS or LONE_SLICE_S, or until something
         needs a step: a turn waiting or prefilling, a job for the engine, its own cancel."""
         deadline = time.perf_counter() + LONE_SLICE_S
-        for _ in range(LONE_BURST_TOKENS - 1):
-            if self._lone_step(turn) is not None:
-                return
-            if (
+
+        def needs_a_step() -> bool:
+            return bool(
                 self.waiting
                 or self.prefilling
                 or turn.cancel.is_set()
                 or self._jobs_waiting()
                 or time.perf_counter() >= deadline
-            ):
+            )
+
+        self._decode_alone(turn, LONE_BURST_TOKENS, needs_a_step)
+
+    def _decode_alone(self, turn: Turn, n_tokens: int, stop: Callable[[], bool]) -> None:
+        """Up to `n_tokens` tokens of a turn decoding alone: fewer when it ends, or when `stop()`,
+        asked between tokens, says so. The text so far goes out between tokens."""
+        for n in range(1, n_tokens + 1):
+            if self._lone_step(turn) is not None or n == n_tokens or stop():
                 return
             self._flush()
-        self._lone_step(turn)
 
     def _lone_step(self, turn: Turn) -> FinishReason | None:
         """One token of a turn decoding alone; its cache ends holding every token it produced."""
