@@ -239,6 +239,23 @@ def test_a_raising_step_fails_the_turns_in_flight_and_the_engine_lives_on(tiny_q
     assert again == asyncio.run(reference())
 
 
+def test_a_bug_in_a_serialized_step_fails_every_turn_inside_submit(tiny_qwen3: tuple[Any, Any]) -> None:
+    """Serialized, `submit` steps the turn itself (the engine does not see those steps): a step that
+    raises outside any one turn fails it there and leaves nothing behind."""
+    results: dict[str, Generation] = {}
+    sch = scheduler(tiny_qwen3, batching=False)
+    turn = make_turn("a", 0, 8, results)
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    sch._observe = broken  # type: ignore[method-assign]
+    sch.submit(turn)
+    assert isinstance(results["a"], RuntimeError) and str(results["a"]) == "a bug"
+    assert not sch.has_work()
+    assert (turn.state.prompt_cache, turn.state.token_ids) == (None, [])
+
+
 def test_the_engine_runs_jobs_after_a_step_raised() -> None:
     """A stepper of plain Python (no mlx): the failing step's work is failed once, jobs keep running."""
 
