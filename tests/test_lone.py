@@ -21,6 +21,7 @@ from mlx_subagents.host.engine import Engine
 from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
 from mlx_subagents.host.protocol import Generation
 from mlx_subagents.host.scheduler import LONE_BURST_TOKENS, Request, Scheduler, SchedulerConfig, Turn
+from mlx_subagents.host.single import SingleStream, take_from_batch
 from mlx_subagents.testing import ForcedScripts
 
 SCRIPT = " ".join(f"word{n}" for n in range(60))  # far more tokens than any turn here decodes
@@ -441,3 +442,65 @@ def test_a_turn_arriving_right_after_the_move_brings_it_back_into_the_batch(tiny
     serial = serialized_run(tiny_qwen3, lengths)
     assert ids_of(results) == {name: serial[name].token_ids for name in lengths}
     assert_holds_exactly(a, results["a"].token_ids)
+
+
+def sliding_window_model() -> Any:
+    """A tiny random gemma3 text model: every other layer a sliding window of 16 (`RotatingKVCache`)."""
+    import mlx.core as mx
+    from mlx_lm.models import gemma3_text
+
+    mx.random.seed(0)
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text",
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=300,
+        num_key_value_heads=2,
+        sliding_window=16,
+        sliding_window_pattern=2,
+    )
+    model = gemma3_text.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize(("lengths", "short"), [((40, 5), 3), ((5, 40), 3), ((12, 30), 20)])
+def test_take_from_batch_continues_token_identically_on_sliding_window_layers(
+    lengths: tuple[int, int], short: int
+) -> None:
+    """Prompts of different lengths (left padding), windows already rotated or not: the first
+    sequence, taken out of the batch once the second ends, goes on as it would have in the batch."""
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+    from mlx_lm.sample_utils import make_sampler
+
+    model = sliding_window_model()
+    prompts = [[(7 * i + 3 * n) % 299 + 1 for i in range(n)] for n in lengths]
+
+    def decode(move: bool) -> tuple[list[int], list[Any]]:
+        batch = BatchGenerator(model, stop_tokens=[])
+        first, second = batch.insert(prompts, max_tokens=[60, short])
+        out: dict[int, list[int]] = {first: [], second: []}
+        while len(out[second]) < short or (not move and len(out[first]) < 60):
+            for r in batch.next_generated():
+                out[r.uid].append(r.token)
+        if not move:
+            return out[first], []
+        taken = take_from_batch(batch, first)
+        assert taken is not None
+        cache, held, pending = taken
+        assert held == prompts[0] + out[first]
+        stream = SingleStream(model, cache, held, make_sampler(temp=0.0), [], pending)
+        out[first] += [stream.next() for _ in range(60 - len(out[first]))]
+        return out[first], cache
+
+    stayed, _ = decode(move=False)
+    moved, cache = decode(move=True)
+    assert moved == stayed
+    assert len(set(stayed)) > 20  # the random model does not just repeat itself
+    assert [type(c) for c in cache] == [RotatingKVCache, KVCache] * 2
+    assert {c.offset for c in cache} == {lengths[0] + 60}

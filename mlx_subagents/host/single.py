@@ -87,14 +87,15 @@ def take_from_batch(batch: Any, uid: int) -> tuple[list[Any], list[int], Any] | 
     computed after them but not yet returned (the batch, like `SingleStream`, is a step ahead).
 
     None, leaving it in the batch, while it still prefills there, or when a layer's batch cache is
-    not one whose `extract` is known to continue token-identically (`BatchKVCache`, `ArraysCache`:
-    dense and hybrid models; not the rotating or quantized kinds). Reads mlx-lm's generation batch
-    (0.32-0.33): the pipelined token is not part of its public API.
+    not one whose `extract` is tested to continue token-identically (dense, sliding-window and
+    hybrid layers are; a `CacheList` is not). Reads mlx-lm's generation batch (0.32-0.33): the
+    pipelined token is not part of its public API.
     """
-    from mlx_lm.models.cache import ArraysCache, BatchKVCache
+    from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
 
     generation = batch._generation_batch
-    if uid not in generation.uids or not all(type(c) in (BatchKVCache, ArraysCache) for c in generation.prompt_cache):
+    kinds = (BatchKVCache, BatchRotatingKVCache, ArraysCache)
+    if uid not in generation.uids or not all(type(c) in kinds for c in generation.prompt_cache):
         return None
     i = generation.uids.index(uid)
     pending = generation._next_tokens[i : i + 1]
