@@ -390,6 +390,24 @@ def test_a_hybrid_straggler_goes_on_alone_too(tiny_qwen35: tuple[Any, Any]) -> N
     assert serial["a2"].usage.cached_tokens == len(a.ids) + 30
 
 
+def test_a_queued_engine_job_keeps_the_last_turn_in_the_batch_for_that_step(tiny_qwen3: tuple[Any, Any]) -> None:
+    """The job may be a new turn that would bring it straight back: it moves a step later instead."""
+    queued = threading.Event()
+    results: dict[str, Generation] = {}
+    a, b = make_turn("a", 0, 40, results), make_turn("b", 1, 10, results)
+    sch = scheduler(tiny_qwen3, factory=forced(tiny_qwen3, "a", "b"), jobs_waiting=queued.is_set)
+    paths: list[str] = []
+
+    def step_done(n: int) -> None:
+        paths.append(where(sch, a))
+        queued.set() if n == 13 else queued.clear()
+
+    held = run(sch, [a, b], step_done)
+    assert held[12:] == [[9, 9], [10, 10], [19, 10], [27, 10], [35, 10], [40, 10]]
+    assert paths[12:] == ["batch", "batch", "lone", "lone", "lone", "-"]
+    assert results["a"].token_ids == stream_generate_ids(tiny_qwen3, "a", a.ids, 40)
+
+
 def test_cancel_right_after_the_move(tiny_qwen3: tuple[Any, Any]) -> None:
     """Cancelled while the batch computes a's 11th token (in b's last step): a moves out, that token
     comes out of the single path, and the cancel ends a there with a cache of exactly what it holds."""

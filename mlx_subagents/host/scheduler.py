@@ -203,7 +203,7 @@ class Scheduler:
         self._admit()
         if self.decoding:
             self._decode_step()
-            if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self._jobs_waiting()):
+            if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self.lone or self._jobs_waiting()):
                 self._leave_batch(next(iter(self.decoding.values())))
         if self.lone is not None:
             lone = self.lone
