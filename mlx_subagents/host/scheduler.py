@@ -7,8 +7,9 @@ system-prompt prefix, or a hybrid model's snapshot) -> decoding -> finished
 decoding session advances one token per step in one mlx-lm `BatchGenerator`
 batch, and a long prefill is cut into chunks between decode steps so it does
 not stall the others; a turn with nothing else in flight decodes alone on
-mlx-lm's single-sequence path, several tokens per step, and moves into the
-batch when a second turn arrives. In serialized mode a turn runs from start
+mlx-lm's single-sequence path, several tokens per step, moves into the batch
+when a second turn arrives and back out when it is the last one left in it
+with nothing else to come. In serialized mode a turn runs from start
 to finish on its own, which is the reference the batched mode must match
 token for token.
 """
@@ -29,7 +30,7 @@ from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
 from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
-from .single import SingleStream
+from .single import SingleStream, take_from_batch
 from .thinking import thought_budget
 
 Deliver = Callable[[bool, Any], None]
@@ -186,9 +187,12 @@ class Scheduler:
             turn.deliver(False, exc)
             return
         self.waiting.append(turn)
-        if not self.config.batching:
-            while self.has_work():
-                self.step()
+        if not self.config.batching:  # to the end now, inside this job: the engine's steps do not see it
+            try:
+                while self.has_work():
+                    self.step()
+            except Exception as exc:
+                self.fail_all(exc)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.decoding or self.lone)
@@ -198,24 +202,25 @@ class Scheduler:
         turn's tokens, see LONE_BURST_TOKENS), one prefill chunk.
 
         A turn's own failure (its prompt, processors, cache restore, reply parsing) fails that
-        turn alone; a failure of the shared batch step fails the turns in the batch.
+        turn alone; a failure of the shared batch step fails the turns in the batch. Anything else
+        is a bug outside any one turn, after which nothing can be trusted: it escapes, and the
+        engine (or the serialized `submit`) fails every turn (`fail_all`).
         """
-        try:
-            self._drop_cancelled()
-            self._admit()
-            if self.decoding:
-                self._decode_step()
-            if self.lone is not None:
-                lone = self.lone
-                try:
-                    self._lone_burst(lone)
-                except Exception as exc:
-                    self._fail(lone, exc)
-            if self.prefilling:
-                self._prefill()
-            self._observe()
-        except Exception as exc:  # a bug outside any one turn: nothing can be trusted
-            self.fail_all(exc)
+        self._drop_cancelled()
+        self._admit()
+        if self.decoding:
+            self._decode_step()
+            if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self.lone or self._jobs_waiting()):
+                self._leave_batch(next(iter(self.decoding.values())))
+        if self.lone is not None:
+            lone = self.lone
+            try:
+                self._lone_burst(lone)
+            except Exception as exc:
+                self._fail(lone, exc)
+        if self.prefilling:
+            self._prefill()
+        self._observe()
         self._flush(force=not self.has_work())
 
     def _flush(self, force: bool = False) -> None:
@@ -489,11 +494,9 @@ class Scheduler:
         if self.config.batching and self._batchable(turn.cache):
             self.lone = turn  # a burst of tokens per step, until it ends or a second turn arrives
         else:  # serialized (or a cache that cannot join a batch): to the end now
-            while self._lone_step(turn) is None and not turn.cancel.is_set():
-                self._flush()
-            if turn.cancel.is_set() and turn.stream is not None:
-                turn.stream = None
-                self._finish(turn, "cancelled", turn.cache)
+            self._decode_alone(turn, turn.max_tokens, turn.cancel.is_set)
+            if turn.stream is not None:  # stopped by its cancel
+                self._end_alone(turn, "cancelled")
 
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
@@ -512,19 +515,25 @@ class Scheduler:
         """Tokens of the lone turn until it ends, LONE_BURST_TOKENS or LONE_SLICE_S, or until something
         needs a step: a turn waiting or prefilling, a job for the engine, its own cancel."""
         deadline = time.perf_counter() + LONE_SLICE_S
-        for _ in range(LONE_BURST_TOKENS - 1):
-            if self._lone_step(turn) is not None:
-                return
-            if (
+
+        def needs_a_step() -> bool:
+            return bool(
                 self.waiting
                 or self.prefilling
                 or turn.cancel.is_set()
                 or self._jobs_waiting()
                 or time.perf_counter() >= deadline
-            ):
+            )
+
+        self._decode_alone(turn, LONE_BURST_TOKENS, needs_a_step)
+
+    def _decode_alone(self, turn: Turn, n_tokens: int, stop: Callable[[], bool]) -> None:
+        """Up to `n_tokens` tokens of a turn decoding alone: fewer when it ends, or when `stop()`,
+        asked between tokens, says so. The text so far goes out between tokens."""
+        for n in range(1, n_tokens + 1):
+            if self._lone_step(turn) is not None or n == n_tokens or stop():
                 return
             self._flush()
-        self._lone_step(turn)
 
     def _lone_step(self, turn: Turn) -> FinishReason | None:
         """One token of a turn decoding alone; its cache ends holding every token it produced."""
@@ -555,6 +564,23 @@ class Scheduler:
             self._finish(turn, done, turn.cache)
             return
         self._insert(turn, [token], turn.ids + turn.generated[:-1], turn.max_tokens - len(turn.generated))
+
+    def _leave_batch(self, turn: Turn) -> None:
+        """The last turn in the batch, with no other to come, goes on alone: mlx-lm's single-sequence
+        path is faster than a batch of one (agents end at different times, so a straggler is common).
+        It continues from the token the batch computed next; a new turn brings it back (`_handover`)."""
+        try:
+            taken = take_from_batch(self._batch, turn.uid)  # type: ignore[arg-type]
+            if taken is None:  # still prefilling in the batch, or a cache kind that stays there
+                return
+            del self.decoding[turn.uid]  # type: ignore[arg-type]
+            turn.uid = None
+            cache, held, pending = taken
+            turn.cache = turn.state.prompt_cache = cache
+            turn.stream = SingleStream(self.model, cache, held, turn.sampler, turn.processors, pending)
+            self.lone = turn
+        except Exception as exc:
+            self._fail(turn, exc)
 
     def _decode_step(self) -> None:
         try:

@@ -2,8 +2,9 @@
 
 A lone session (the common `subagent run`) decodes fastest on mlx-lm's single-sequence path: no
 batch bookkeeping around each token. When a second session arrives the scheduler moves the
-sequence into the batch (`handover`); the next token and the cache carry over, and the logits
-processors see the same growing context either way, so the output is token-identical.
+sequence into the batch (`handover`); when the others in the batch end, the last one comes back
+(`take_from_batch`, then a stream with `pending`). Either way the next token and the cache carry
+over, and the logits processors see the same growing context, so the output is token-identical.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ LogitsProcessor = Callable[[Any, Any], Any]
 
 
 class SingleStream:
-    """Decodes from a cache holding `context[:-1]`, feeding `context[-1]` first.
+    """Decodes from a cache holding `context[:-1]`, feeding `context[-1]` first; or, given `pending`
+    (the token already computed after `context`, as a batch has it), from a cache holding all of it.
 
     Pipelined one step ahead, as `generate_step`: when `next()` returns a token, that token is
     already in the cache and the one after it is being computed.
@@ -28,15 +30,17 @@ class SingleStream:
         context: list[int],
         sampler: Callable[[Any], Any],
         processors: list[LogitsProcessor],
+        pending: Any = None,
     ) -> None:
         import mlx.core as mx
         from mlx_lm.generate import generation_stream
 
         self.model, self.cache, self.sampler, self.processors = model, cache, sampler, processors
         self._stream = generation_stream
+        fed = context if pending is not None else context[:-1]
         # What the processors are shown: every token fed so far, as in a batch's token context.
-        self._context = mx.array(context[:-1], dtype=mx.uint32) if processors else None
-        self._pending = self._step(mx.array(context[-1:], dtype=mx.uint32))
+        self._context = mx.array(fed, dtype=mx.uint32) if processors else None
+        self._pending = pending if pending is not None else self._step(mx.array(context[-1:], dtype=mx.uint32))
         self.n_steps = 0
 
     def _step(self, y: Any) -> Any:
@@ -75,3 +79,25 @@ class SingleStream:
 
         self._pending = self._step(mx.array([token], dtype=mx.uint32))
         mx.eval(self._pending)
+
+
+def take_from_batch(batch: Any, uid: int) -> tuple[list[Any], list[int], Any] | None:
+    """Take sequence `uid` out of mlx-lm's `BatchGenerator` with what the batch computed for it: its
+    cache as a single-sequence one (left padding cut off), the ids that cache holds, and the token
+    computed after them but not yet returned (the batch, like `SingleStream`, is a step ahead).
+
+    None, leaving it in the batch, while it still prefills there, or when a layer's batch cache is
+    not one whose `extract` is tested to continue token-identically (dense, sliding-window and
+    hybrid layers are; a `CacheList` is not). Reads mlx-lm's generation batch (0.32-0.33): the
+    pipelined token is not part of its public API.
+    """
+    from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
+
+    generation = batch._generation_batch
+    kinds = (BatchKVCache, BatchRotatingKVCache, ArraysCache)
+    if uid not in generation.uids or not all(type(c) in kinds for c in generation.prompt_cache):
+        return None
+    i = generation.uids.index(uid)
+    pending = generation._next_tokens[i : i + 1]
+    cache, held = batch.remove([uid], return_prompt_caches=True)[uid]
+    return cache, list(held), pending
