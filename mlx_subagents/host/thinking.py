@@ -5,63 +5,130 @@ thought opening (in the prompt, as Qwen3.5's template does, or in the reply), co
 its tokens, and once the budget is spent forces the end marker's token(s), one per
 step. Being a logits processor, it works the same in the batched and the serialized
 decode path; the scheduler's loop is not touched.
+
+Its state lives on the device and a call only builds a graph: reading the newest token
+on the host would wait for the step in flight, undoing the pipelining of both decode
+paths, which build step n+1 while step n computes (as `testing/forced.py` does).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # mlx is imported where it runs: importing the host stays quick
+    import mlx.core as mx
 
 # The generation prompt that opens a thought is short (`<|im_start|>assistant\n<think>\n`).
 _PROMPT_TAIL = 32
+
+
+@dataclass(frozen=True)
+class ThoughtState:
+    """Where a reply stands, as device arrays (read them only once the step is evaluated)."""
+
+    thinking: mx.array  # bool: inside a thought
+    spent: mx.array  # int32: tokens of this thought so far (meaningless outside one)
+    forced: mx.array  # int32: end-marker tokens emitted while forcing
+    tail: mx.array  # int32: the newest tokens, padded with -1, to match the markers against
+
+
+@dataclass(frozen=True)
+class _Markers:
+    """The markers and the vocabulary on the device, made on the thread that decodes."""
+
+    start: mx.array
+    end: mx.array
+    vocab: mx.array
 
 
 class ThoughtBudget:
     """Forces `end` once `budget` tokens were thought; serves one request (like every processor).
 
     Both decode paths pass the context plus the tokens generated so far, so the first call
-    sees the prompt and each later call one new token.
+    sees the prompt and each later call one new token (several are taken in order).
     """
 
     def __init__(self, budget: int, start: Sequence[int], end: Sequence[int], opened: bool) -> None:
+        if not end:
+            raise ValueError("a thought budget needs an end marker to close the thought with")
         self.budget = max(0, budget)
         self.start, self.end = tuple(start), tuple(end)
-        self.thinking = opened
-        self.spent = 0
-        self._forced = 0  # end-marker tokens emitted so far while forcing
+        self.opened = opened
+        self.state: ThoughtState | None = None  # made at the first call
+        self._markers: _Markers | None = None
         self._seen: int | None = None
-        self._tail: list[int] = []
 
-    def __call__(self, tokens: Any, logits: Any) -> Any:
+    def __call__(self, tokens: mx.array | Sequence[int], logits: mx.array) -> mx.array:
         import mlx.core as mx
 
-        n = len(tokens)
-        if self._seen is not None and n > self._seen:
-            for token in tokens[self._seen :].tolist():
-                self._advance(int(token))
+        n = len(tokens)  # a shape: no evaluation
+        if self.state is None:
+            self._markers = _Markers(
+                mx.array(self.start, dtype=mx.int32),
+                mx.array(self.end, dtype=mx.int32),
+                mx.arange(logits.shape[-1], dtype=mx.int32),
+            )
+            width = max(len(self.start), len(self.end))
+            self.state = ThoughtState(
+                mx.array(self.opened), mx.array(0), mx.array(0), mx.full((width,), -1, dtype=mx.int32)
+            )
+        elif n > self._seen:  # type: ignore[operator]  # set with the state
+            new = tokens[self._seen : n]
+            new = new if isinstance(new, mx.array) else mx.array(list(new))
+            new = new.astype(mx.int32)
+            for i in range(n - self._seen):  # type: ignore[operator]
+                self.state = self._advance(self.state, new[i : i + 1])
         self._seen = n
-        if not (self.thinking and self.spent >= self.budget):
-            return logits
-        keep = mx.arange(logits.shape[-1]) == self.end[self._forced]
-        # A fresh mask, not on top of `logits`: it must win over processors that ran before it.
+        return self._mask(self.state, logits)
+
+    def _advance(self, state: ThoughtState, token: mx.array) -> ThoughtState:
+        """The state after `token` (shape (1,)): a thought opens on the start marker, counts its
+        tokens, steps through the end marker while forcing it, and closes on the end marker."""
+        import mlx.core as mx
+
+        markers = self._markers
+        assert markers is not None
+        tail = mx.concatenate([state.tail[1:], token])
+        opens = _ends_with(tail, markers.start)
+        closes = _ends_with(tail, markers.end)
+        spent = state.spent + 1
+        on_marker = (spent > self.budget) & (state.forced < len(self.end)) & (token[0] == self._next_end(state.forced))
+        # Outside a thought the count and the forcing start over; spent is read only inside one.
+        thinking = mx.where(state.thinking, ~closes, opens)
+        spent = mx.where(state.thinking, spent, 0)
+        forced = mx.where(state.thinking & ~closes, state.forced + on_marker, 0)
+        return ThoughtState(thinking, spent, forced, tail)
+
+    def _mask(self, state: ThoughtState, logits: mx.array) -> mx.array:
+        """`logits`, or once the budget is spent a fresh mask keeping only the next end-marker token:
+        not on top of `logits`, so it wins over processors that ran before it."""
+        import mlx.core as mx
+
+        markers = self._markers
+        assert markers is not None
+        force = state.thinking & (state.spent >= self.budget)
+        keep = markers.vocab == self._next_end(state.forced)
         forced = mx.where(keep, mx.array(0.0, dtype=logits.dtype), mx.array(-mx.inf, dtype=logits.dtype))
-        return mx.broadcast_to(forced, logits.shape)
+        return mx.where(force, forced, logits)
 
-    def _advance(self, token: int) -> None:
-        self._tail = [*self._tail, token][-max(len(self.start), len(self.end)) :]
-        if not self.thinking:
-            if _ends_with(self._tail, self.start):
-                self.thinking, self.spent, self._forced = True, 0, 0
-            return
-        self.spent += 1
-        if self.spent > self.budget and self._forced < len(self.end) and token == self.end[self._forced]:
-            self._forced += 1
-        if _ends_with(self._tail, self.end):
-            self.thinking, self._forced = False, 0
+    def _next_end(self, forced: mx.array) -> mx.array:
+        """The end-marker token to force after `forced` of them (kept in range: forcing emits the
+        marker whole, so the count is back to 0 before it could run past the end)."""
+        assert self._markers is not None
+        import mlx.core as mx
+
+        return self._markers.end[mx.minimum(forced, len(self.end) - 1)]
 
 
-def _ends_with(tail: list[int], marker: tuple[int, ...]) -> bool:
-    return bool(marker) and tuple(tail[-len(marker) :]) == marker
+def _ends_with(tail: mx.array, marker: mx.array) -> mx.array:
+    """Whether `tail` ends with `marker` (never for an empty marker), as a device bool."""
+    import mlx.core as mx
+
+    if marker.size == 0:
+        return mx.array(False)
+    return mx.all(tail[tail.size - marker.size :] == marker)
 
 
 def prompt_opens_thought(tokenizer: Any, prompt_ids: Sequence[int]) -> bool:
