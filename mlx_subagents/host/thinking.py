@@ -48,6 +48,10 @@ class ThoughtBudget:
 
     Both decode paths pass the context plus the tokens generated so far, so the first call
     sees the prompt and each later call one new token (several are taken in order).
+
+    Until `budget` tokens were generated nothing can be forced (a thought counts only its own
+    tokens), so until then a call adds nothing to the graph; the state is then worked out from
+    those tokens in one go, and from there on updated per token.
     """
 
     def __init__(self, budget: int, start: Sequence[int], end: Sequence[int], opened: bool) -> None:
@@ -56,32 +60,60 @@ class ThoughtBudget:
         self.budget = max(0, budget)
         self.start, self.end = tuple(start), tuple(end)
         self.opened = opened
-        self.state: ThoughtState | None = None  # made at the first call
+        self.state: ThoughtState | None = None  # made once something could be forced
         self._markers: _Markers | None = None
-        self._seen: int | None = None
+        self._first: int | None = None  # the context length at the first call: the prompt
+        self._seen = 0  # context tokens taken into the state
+        # A token ending both markers would open and close at once: the catch-up cannot tell which
+        # came first, so such markers are followed token by token from the start.
+        self._defer = not (_is_suffix(self.start, self.end) or _is_suffix(self.end, self.start))
 
     def __call__(self, tokens: mx.array | Sequence[int], logits: mx.array) -> mx.array:
         import mlx.core as mx
 
         n = len(tokens)  # a shape: no evaluation
+        if self._first is None:
+            self._first = self._seen = n
+        if n < self._seen:
+            raise RuntimeError("a ThoughtBudget serves one request; make a fresh one per request")
         if self.state is None:
+            if self._defer and n - self._first < self.budget:
+                return logits  # no thought is `budget` tokens long yet
             self._markers = _Markers(
                 mx.array(self.start, dtype=mx.int32),
                 mx.array(self.end, dtype=mx.int32),
                 mx.arange(logits.shape[-1], dtype=mx.int32),
             )
-            width = max(len(self.start), len(self.end))
-            self.state = ThoughtState(
-                mx.array(self.opened), mx.array(0), mx.array(0), mx.full((width,), -1, dtype=mx.int32)
-            )
-        elif n > self._seen:  # type: ignore[operator]  # set with the state
-            new = tokens[self._seen : n]
-            new = new if isinstance(new, mx.array) else mx.array(list(new))
-            new = new.astype(mx.int32)
-            for i in range(n - self._seen):  # type: ignore[operator]
+            caught = min(n - self._first, self.budget) if self._defer else 0
+            self.state = self._catch_up(_ids(tokens, self._first, self._first + caught))
+            self._seen = self._first + caught
+        if n > self._seen:
+            new = _ids(tokens, self._seen, n)
+            for i in range(n - self._seen):
                 self.state = self._advance(self.state, new[i : i + 1])
-        self._seen = n
+            self._seen = n
         return self._mask(self.state, logits)
+
+    def _catch_up(self, history: mx.array) -> ThoughtState:
+        """The state after `history`, none of whose tokens was forced or counted past the budget:
+        only the markers moved it. The thought open at its end is the one the prompt opened if no
+        end marker came, else the first one opened after the last end marker."""
+        import mlx.core as mx
+
+        markers = self._markers
+        assert markers is not None
+        m = history.size
+        width = max(len(self.start), len(self.end))
+        tail = mx.concatenate([mx.full((max(0, width - m),), -1, dtype=mx.int32), history[max(0, m - width) :]])
+        if m == 0:
+            return ThoughtState(mx.array(self.opened), mx.array(0), mx.array(0), tail)
+        index = mx.arange(m)
+        last_close = mx.max(mx.where(_hits(history, self.end), index, -1))
+        first_open = mx.min(mx.where(_hits(history, self.start) & (index > last_close), index, m))
+        kept = mx.array(self.opened) & (last_close < 0)  # the prompt's thought, never closed
+        thinking = kept | (first_open < m)
+        spent = mx.where(kept, m, m - 1 - first_open)
+        return ThoughtState(thinking, spent, mx.array(0), tail)
 
     def _advance(self, state: ThoughtState, token: mx.array) -> ThoughtState:
         """The state after `token` (shape (1,)): a thought opens on the start marker, counts its
@@ -120,6 +152,31 @@ class ThoughtBudget:
         import mlx.core as mx
 
         return self._markers.end[mx.minimum(forced, len(self.end) - 1)]
+
+
+def _ids(tokens: mx.array | Sequence[int], start: int, stop: int) -> mx.array:
+    """`tokens[start:stop]` as an int32 device array (a slice of a pending context stays pending)."""
+    import mlx.core as mx
+
+    ids = tokens[start:stop]
+    return (ids if isinstance(ids, mx.array) else mx.array(list(ids))).astype(mx.int32)
+
+
+def _hits(ids: mx.array, marker: tuple[int, ...]) -> mx.array:
+    """For each position of `ids`, whether the tokens up to it end with `marker` (never an empty one)."""
+    import mlx.core as mx
+
+    m, k = ids.size, len(marker)
+    if not marker or k > m:
+        return mx.zeros((m,), dtype=mx.bool_)
+    hit = ids[k - 1 :] == marker[-1]
+    for j, token in enumerate(marker[:-1]):
+        hit = hit & (ids[j : m - k + 1 + j] == token)
+    return mx.concatenate([mx.zeros((k - 1,), dtype=mx.bool_), hit])
+
+
+def _is_suffix(suffix: tuple[int, ...], of: tuple[int, ...]) -> bool:
+    return bool(suffix) and len(suffix) <= len(of) and of[len(of) - len(suffix) :] == suffix
 
 
 def _ends_with(tail: mx.array, marker: mx.array) -> mx.array:
