@@ -70,9 +70,9 @@ def decode(processor: ThoughtBudget, prompt: list[int], wishes: list[int]) -> tu
         assert unevaluated(context) and unevaluated(out)
         state = processor.state  # made once something could be forced, from the tokens so far
         if state is not None:
-            assert unevaluated(state.tail)
+            assert unevaluated(state.at)
             if advanced:
-                assert all(unevaluated(a) for a in (state.thinking, state.spent, state.forced))
+                assert unevaluated(state.over)
         outputs.append(out)
         context = mx.concatenate([context, mx.argmax(out, axis=-1).astype(mx.uint32)])
     mx.eval(context, outputs)

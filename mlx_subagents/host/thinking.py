@@ -26,21 +26,95 @@ _PROMPT_TAIL = 32
 
 @dataclass(frozen=True)
 class ThoughtState:
-    """Where a reply stands, as device arrays (read them only once the step is evaluated)."""
+    """Where a reply stands, as device arrays of shape (1,) (read them only once the step is evaluated)."""
 
-    thinking: mx.array  # bool: inside a thought
-    spent: mx.array  # int32: tokens of this thought so far (meaningless outside one)
-    forced: mx.array  # int32: end-marker tokens emitted while forcing
-    tail: mx.array  # int32: the newest tokens, padded with -1, to match the markers against
+    at: mx.array  # int32: the automaton's state (inside a thought or not, marker progress, end tokens
+    # forced), times its number of entries per state
+    over: mx.array  # int32: tokens of the thought so far minus the budget, at most 0 (read inside one)
 
 
 @dataclass(frozen=True)
-class _Markers:
-    """The markers and the vocabulary on the device, made on the thread that decodes."""
+class _Automaton:
+    """Thinking, open and closed, as a table: a state per (inside a thought, the longest suffix of the
+    tokens that starts a marker, end tokens forced so far), an entry per (state, token class, budget
+    spent before the token). Built on the host; one lookup per token then replaces the marker matching."""
 
-    start: mx.array
-    end: mx.array
-    vocab: mx.array
+    nodes: list[tuple[int, ...]]  # the markers' prefixes, shortest first
+    classes: dict[int, int]  # token -> class times 2; every other token is `other`
+    other: int
+    next: list[int]  # entry -> the next state, times the entries per state
+    stay: list[bool]  # entry -> the token was inside a thought that goes on (its count goes on)
+    row: list[int]  # state (times the entries per state) -> 0, or 1 + the end token it forces once spent
+
+    @classmethod
+    def make(cls, start: tuple[int, ...], end: tuple[int, ...]) -> _Automaton:
+        nodes = sorted({m[:k] for m in (start, end) for k in range(len(m) + 1)}, key=lambda p: (len(p), p))
+        alphabet = sorted(set(start) | set(end))
+        n_classes, n_forced = len(alphabet) + 1, len(end) + 1
+        width = 2 * n_classes  # entries per state
+
+        def state(thinking: bool, node: tuple[int, ...], forced: int) -> int:
+            return ((int(thinking) * len(nodes) + nodes.index(node)) * n_forced + forced) * width
+
+        size = 2 * len(nodes) * n_forced * width
+        next_, stay, row = [0] * size, [False] * size, [0] * size
+        for thinking in (False, True):
+            for node in nodes:
+                for forced in range(n_forced):
+                    at = state(thinking, node, forced)
+                    row[at] = 1 + min(forced, len(end) - 1) if thinking else 0
+                    for c, token in enumerate([*alphabet, None]):
+                        after = _longest_node(node, token, nodes)
+                        for past in (0, 1):  # the budget was spent before this token
+                            i = at + 2 * c + past
+                            if not thinking:  # opening resets the count (stay False) and the forcing
+                                next_[i] = state(_ends(after, start), after, 0)
+                            elif _ends(after, end):
+                                next_[i] = state(False, after, 0)
+                            else:
+                                on = past and forced < len(end) and token == end[min(forced, len(end) - 1)]
+                                next_[i], stay[i] = state(True, after, forced + int(on)), True
+        classes = {token: 2 * c for c, token in enumerate(alphabet)}
+        return cls(nodes, classes, 2 * len(alphabet), next_, stay, row)
+
+
+def _longest_node(node: tuple[int, ...], token: int | None, nodes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The longest suffix of `node` + `token` that is a marker's prefix (no token: another than theirs)."""
+    if token is None:
+        return ()
+    seq = (*node, token)
+    while seq not in nodes:
+        seq = seq[1:]
+    return seq
+
+
+def _ends(node: tuple[int, ...], marker: tuple[int, ...]) -> bool:
+    return bool(marker) and node[len(node) - len(marker) :] == marker
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """The automaton on the device, made on the thread that decodes."""
+
+    classes: mx.array  # token id -> class times 2
+    next: mx.array
+    stay: mx.array
+    row: mx.array
+    masks: mx.array  # row -> the logits forcing that end token (row 0 unused)
+    nodes: list[tuple[mx.array, int]]  # each non-empty prefix, with its state index part
+
+    @classmethod
+    def make(cls, auto: _Automaton, end: tuple[int, ...], vocab: int, dtype: Any) -> _Tables:
+        import mlx.core as mx
+
+        classes = mx.full((vocab,), auto.other, dtype=mx.int32)
+        known = [(t, c) for t, c in auto.classes.items() if 0 <= t < vocab]
+        if known:
+            classes[mx.array([t for t, _ in known])] = mx.array([c for _, c in known], dtype=mx.int32)
+        keep = mx.arange(vocab)[None] == mx.array([-1, *end])[:, None]
+        masks = mx.where(keep, mx.array(0.0, dtype=dtype), mx.array(-mx.inf, dtype=dtype))
+        nodes = [(mx.array(p, dtype=mx.int32), i) for i, p in enumerate(auto.nodes) if p]
+        return cls(classes, mx.array(auto.next), mx.array(auto.stay), mx.array(auto.row), masks, nodes)
 
 
 class ThoughtBudget:
@@ -61,7 +135,8 @@ class ThoughtBudget:
         self.start, self.end = tuple(start), tuple(end)
         self.opened = opened
         self.state: ThoughtState | None = None  # made once something could be forced
-        self._markers: _Markers | None = None
+        self._automaton = _Automaton.make(self.start, self.end)
+        self._tables: _Tables | None = None
         self._first: int | None = None  # the context length at the first call: the prompt
         self._seen = 0  # context tokens taken into the state
         # A token ending both markers would open and close at once: the catch-up cannot tell which
@@ -79,20 +154,33 @@ class ThoughtBudget:
         if self.state is None:
             if self._defer and n - self._first < self.budget:
                 return logits  # no thought is `budget` tokens long yet
-            self._markers = _Markers(
-                mx.array(self.start, dtype=mx.int32),
-                mx.array(self.end, dtype=mx.int32),
-                mx.arange(logits.shape[-1], dtype=mx.int32),
-            )
+            self._tables = _Tables.make(self._automaton, self.end, logits.shape[-1], logits.dtype)
             caught = min(n - self._first, self.budget) if self._defer else 0
             self.state = self._catch_up(_ids(tokens, self._first, self._first + caught))
             self._seen = self._first + caught
         if n > self._seen:
-            new = _ids(tokens, self._seen, n)
+            new = tokens[self._seen : n]
+            new = new if isinstance(new, mx.array) else mx.array(list(new), dtype=mx.int32)
             for i in range(n - self._seen):
-                self.state = self._advance(self.state, new[i : i + 1])
+                self.state = self._advance(self.state, new[i : i + 1] if n - self._seen > 1 else new)
             self._seen = n
-        return self._mask(self.state, logits)
+        tables = self._tables
+        assert tables is not None
+        # Past the budget inside a thought: a fresh mask keeping only the next end-marker token, not
+        # on top of `logits`, so it wins over processors that ran before it.
+        row = tables.row[self.state.at] * (self.state.over >= 0)
+        return mx.where(row > 0, tables.masks[row], logits)
+
+    def _advance(self, state: ThoughtState, token: mx.array) -> ThoughtState:
+        """The state after `token` (shape (1,)): one lookup in the automaton, and the count goes on
+        inside a thought (a thought opening starts it at minus the budget)."""
+        import mlx.core as mx
+
+        tables = self._tables
+        assert tables is not None
+        i = state.at + tables.classes[token] + (state.over >= 0)
+        over = mx.where(tables.stay[i], mx.minimum(state.over + 1, 0), -self.budget)
+        return ThoughtState(tables.next[i], over)
 
     def _catch_up(self, history: mx.array) -> ThoughtState:
         """The state after `history`, none of whose tokens was forced or counted past the budget:
@@ -100,58 +188,26 @@ class ThoughtBudget:
         end marker came, else the first one opened after the last end marker."""
         import mlx.core as mx
 
-        markers = self._markers
-        assert markers is not None
+        tables, auto = self._tables, self._automaton
+        assert tables is not None
         m = history.size
-        width = max(len(self.start), len(self.end))
-        tail = mx.concatenate([mx.full((max(0, width - m),), -1, dtype=mx.int32), history[max(0, m - width) :]])
         if m == 0:
-            return ThoughtState(mx.array(self.opened), mx.array(0), mx.array(0), tail)
-        index = mx.arange(m)
-        last_close = mx.max(mx.where(_hits(history, self.end), index, -1))
-        first_open = mx.min(mx.where(_hits(history, self.start) & (index > last_close), index, m))
-        kept = mx.array(self.opened) & (last_close < 0)  # the prompt's thought, never closed
-        thinking = kept | (first_open < m)
-        spent = mx.where(kept, m, m - 1 - first_open)
-        return ThoughtState(thinking, spent, mx.array(0), tail)
-
-    def _advance(self, state: ThoughtState, token: mx.array) -> ThoughtState:
-        """The state after `token` (shape (1,)): a thought opens on the start marker, counts its
-        tokens, steps through the end marker while forcing it, and closes on the end marker."""
-        import mlx.core as mx
-
-        markers = self._markers
-        assert markers is not None
-        tail = mx.concatenate([state.tail[1:], token])
-        opens = _ends_with(tail, markers.start)
-        closes = _ends_with(tail, markers.end)
-        spent = state.spent + 1
-        on_marker = (spent > self.budget) & (state.forced < len(self.end)) & (token[0] == self._next_end(state.forced))
-        # Outside a thought the count and the forcing start over; spent is read only inside one.
-        thinking = mx.where(state.thinking, ~closes, opens)
-        spent = mx.where(state.thinking, spent, 0)
-        forced = mx.where(state.thinking & ~closes, state.forced + on_marker, 0)
-        return ThoughtState(thinking, spent, forced, tail)
-
-    def _mask(self, state: ThoughtState, logits: mx.array) -> mx.array:
-        """`logits`, or once the budget is spent a fresh mask keeping only the next end-marker token:
-        not on top of `logits`, so it wins over processors that ran before it."""
-        import mlx.core as mx
-
-        markers = self._markers
-        assert markers is not None
-        force = state.thinking & (state.spent >= self.budget)
-        keep = markers.vocab == self._next_end(state.forced)
-        forced = mx.where(keep, mx.array(0.0, dtype=logits.dtype), mx.array(-mx.inf, dtype=logits.dtype))
-        return mx.where(force, forced, logits)
-
-    def _next_end(self, forced: mx.array) -> mx.array:
-        """The end-marker token to force after `forced` of them (kept in range: forcing emits the
-        marker whole, so the count is back to 0 before it could run past the end)."""
-        assert self._markers is not None
-        import mlx.core as mx
-
-        return self._markers.end[mx.minimum(forced, len(self.end) - 1)]
+            thinking, spent = mx.array([self.opened]), mx.array([0])
+        else:
+            index = mx.arange(m)
+            last_close = mx.max(mx.where(_hits(history, self.end), index, -1))
+            first_open = mx.min(mx.where(_hits(history, self.start) & (index > last_close), index, m))
+            kept = mx.array(self.opened) & (last_close < 0)  # the prompt's thought, never closed
+            thinking = (kept | (first_open < m)).reshape(1)
+            spent = mx.where(kept, m, m - 1 - first_open).reshape(1)
+        # The marker progress: the longest marker prefix the history ends with (prefixes shortest first).
+        node = mx.array([0])
+        for prefix, i in tables.nodes:
+            if prefix.size <= m:
+                node = mx.where(mx.all(history[m - prefix.size :] == prefix), i, node)
+        n_forced, width = len(self.end) + 1, 2 * (len(auto.classes) + 1)
+        at = (thinking.astype(mx.int32) * len(auto.nodes) + node) * n_forced * width
+        return ThoughtState(at, mx.minimum(spent - self.budget, 0))
 
 
 def _ids(tokens: mx.array | Sequence[int], start: int, stop: int) -> mx.array:
@@ -177,15 +233,6 @@ def _hits(ids: mx.array, marker: tuple[int, ...]) -> mx.array:
 
 def _is_suffix(suffix: tuple[int, ...], of: tuple[int, ...]) -> bool:
     return bool(suffix) and len(suffix) <= len(of) and of[len(of) - len(suffix) :] == suffix
-
-
-def _ends_with(tail: mx.array, marker: mx.array) -> mx.array:
-    """Whether `tail` ends with `marker` (never for an empty marker), as a device bool."""
-    import mlx.core as mx
-
-    if marker.size == 0:
-        return mx.array(False)
-    return mx.all(tail[tail.size - marker.size :] == marker)
 
 
 def prompt_opens_thought(tokenizer: Any, prompt_ids: Sequence[int]) -> bool:
