@@ -102,9 +102,12 @@ class _Tables:
     row: mx.array
     masks: mx.array  # row -> the logits forcing that end token (row 0 unused)
     nodes: list[tuple[mx.array, int]]  # each non-empty prefix, with its state index part
+    zero: mx.array  # constants of the state's shape (1,): Python numbers would add a broadcast each
+    one: mx.array
+    floor: mx.array  # minus the budget: the count of a thought just opened
 
     @classmethod
-    def make(cls, auto: _Automaton, end: tuple[int, ...], vocab: int, dtype: Any) -> _Tables:
+    def make(cls, auto: _Automaton, end: tuple[int, ...], budget: int, vocab: int, dtype: Any) -> _Tables:
         import mlx.core as mx
 
         classes = mx.full((vocab,), auto.other, dtype=mx.int32)
@@ -114,7 +117,8 @@ class _Tables:
         keep = mx.arange(vocab)[None] == mx.array([-1, *end])[:, None]
         masks = mx.where(keep, mx.array(0.0, dtype=dtype), mx.array(-mx.inf, dtype=dtype))
         nodes = [(mx.array(p, dtype=mx.int32), i) for i, p in enumerate(auto.nodes) if p]
-        return cls(classes, mx.array(auto.next), mx.array(auto.stay), mx.array(auto.row), masks, nodes)
+        tables = [mx.array(auto.next), mx.array(auto.stay), mx.array(auto.row)]
+        return cls(classes, *tables, masks, nodes, mx.array([0]), mx.array([1]), mx.array([-budget]))
 
 
 class ThoughtBudget:
@@ -154,7 +158,7 @@ class ThoughtBudget:
         if self.state is None:
             if self._defer and n - self._first < self.budget:
                 return logits  # no thought is `budget` tokens long yet
-            self._tables = _Tables.make(self._automaton, self.end, logits.shape[-1], logits.dtype)
+            self._tables = _Tables.make(self._automaton, self.end, self.budget, logits.shape[-1], logits.dtype)
             caught = min(n - self._first, self.budget) if self._defer else 0
             self.state = self._catch_up(_ids(tokens, self._first, self._first + caught))
             self._seen = self._first + caught
@@ -168,8 +172,8 @@ class ThoughtBudget:
         assert tables is not None
         # Past the budget inside a thought: a fresh mask keeping only the next end-marker token, not
         # on top of `logits`, so it wins over processors that ran before it.
-        row = tables.row[self.state.at] * (self.state.over >= 0)
-        return mx.where(row > 0, tables.masks[row], logits)
+        row = mx.where(self.state.over >= tables.zero, tables.row[self.state.at], tables.zero)
+        return mx.where(row > tables.zero, tables.masks[row], logits)
 
     def _advance(self, state: ThoughtState, token: mx.array) -> ThoughtState:
         """The state after `token` (shape (1,)): one lookup in the automaton, and the count goes on
@@ -178,8 +182,9 @@ class ThoughtBudget:
 
         tables = self._tables
         assert tables is not None
-        i = state.at + tables.classes[token] + (state.over >= 0)
-        over = mx.where(tables.stay[i], mx.minimum(state.over + 1, 0), -self.budget)
+        past = mx.where(state.over >= tables.zero, tables.one, tables.zero)  # the budget was spent
+        i = state.at + tables.classes[token] + past
+        over = mx.where(tables.stay[i], mx.minimum(state.over + tables.one, tables.zero), tables.floor)
         return ThoughtState(tables.next[i], over)
 
     def _catch_up(self, history: mx.array) -> ThoughtState:
