@@ -168,6 +168,20 @@ def test_several_new_tokens_in_one_call_are_taken_in_order() -> None:
         processor(context[:-1], logits)
 
 
+def test_until_a_thought_could_reach_its_budget_a_call_adds_nothing() -> None:
+    # Budget 3: until three tokens were generated no thought can be 3 long, so the logits come back as
+    # they were given (no graph, no state); the call after the third works the state out (the prompt's
+    # thought went on: 1 1 1) and forces.
+    processor = ThoughtBudget(3, (7,), (8,), opened=True)
+    contexts = [mx.array([5, 7] + [1] * k, dtype=mx.uint32) + 0 for k in range(5)]
+    logits = [mx.zeros((1, VOCAB)) + k for k in range(5)]
+    outs = [processor(context, x) for context, x in zip(contexts, logits, strict=True)]
+    assert [out is x for out, x in zip(outs, logits, strict=True)] == [True, True, True, False, False]
+    assert processor.state is not None
+    for out in outs[3:]:
+        assert out[0].tolist() == [0.0 if i == 8 else float("-inf") for i in range(VOCAB)]
+
+
 def test_an_empty_end_marker_is_refused() -> None:
     with pytest.raises(ValueError, match="end marker"):
         ThoughtBudget(3, (7,), (), opened=True)

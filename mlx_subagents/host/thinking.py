@@ -8,7 +8,9 @@ decode path; the scheduler's loop is not touched.
 
 Its state lives on the device and a call only builds a graph: reading the newest token
 on the host would wait for the step in flight, undoing the pipelining of both decode
-paths, which build step n+1 while step n computes (as `testing/forced.py` does).
+paths, which build step n+1 while step n computes (as `testing/forced.py` does). Until a
+thought could have reached its budget a call adds nothing at all; after that, one lookup
+in a small automaton (markers, thought, forcing) and a count per token.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class _Automaton:
     next: list[int]  # entry -> the next state, times the entries per state
     stay: list[bool]  # entry -> the token was inside a thought that goes on (its count goes on)
     row: list[int]  # state (times the entries per state) -> 0, or 1 + the end token it forces once spent
+    n_forced: int  # end tokens forced so far: 0 to the marker's length
+    width: int  # entries per state: 2 per token class
 
     @classmethod
     def make(cls, start: tuple[int, ...], end: tuple[int, ...]) -> _Automaton:
@@ -75,7 +79,7 @@ class _Automaton:
                                 on = past and forced < len(end) and token == end[min(forced, len(end) - 1)]
                                 next_[i], stay[i] = state(True, after, forced + int(on)), True
         classes = {token: 2 * c for c, token in enumerate(alphabet)}
-        return cls(nodes, classes, 2 * len(alphabet), next_, stay, row)
+        return cls(nodes, classes, 2 * len(alphabet), next_, stay, row, n_forced, width)
 
 
 def _longest_node(node: tuple[int, ...], token: int | None, nodes: list[tuple[int, ...]]) -> tuple[int, ...]:
@@ -210,8 +214,7 @@ class ThoughtBudget:
         for prefix, i in tables.nodes:
             if prefix.size <= m:
                 node = mx.where(mx.all(history[m - prefix.size :] == prefix), i, node)
-        n_forced, width = len(self.end) + 1, 2 * (len(auto.classes) + 1)
-        at = (thinking.astype(mx.int32) * len(auto.nodes) + node) * n_forced * width
+        at = (thinking.astype(mx.int32) * len(auto.nodes) + node) * auto.n_forced * auto.width  # forced 0
         return ThoughtState(at, mx.minimum(spent - self.budget, 0))
 
 
