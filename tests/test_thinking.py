@@ -16,8 +16,12 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 from helpers import unevaluated
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
 
 from mlx_subagents.host.mlx_host import MlxModelHost
+from mlx_subagents.host.single import SingleStream
 from mlx_subagents.host.thinking import ThoughtBudget
 from mlx_subagents.testing import ForcedScripts
 
@@ -180,6 +184,49 @@ def test_until_a_thought_could_reach_its_budget_a_call_adds_nothing() -> None:
     assert processor.state is not None
     for out in outs[3:]:
         assert out[0].tolist() == [0.0 if i == 8 else float("-inf") for i in range(VOCAB)]
+
+
+class Watched:
+    """A processor wrapper that counts the calls that left their context evaluated: the context is still
+    pending when a decode path calls its processors, so evaluating it means waiting for the step in flight."""
+
+    def __init__(self, processor: ThoughtBudget) -> None:
+        self.processor, self.calls, self.waits = processor, 0, 0
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        pending = unevaluated(tokens)
+        out = self.processor(tokens, logits)
+        self.calls += 1
+        self.waits += pending and not unevaluated(tokens)
+        return out
+
+
+def test_neither_decode_path_waits_for_the_step_in_flight(tiny_thinking_path: Path) -> None:
+    """mlx-lm's batch and the host's single-sequence path (both one step ahead) decode 32 tokens of the
+    tiny thinking model with a budget of 16 (the prompt opens the thought): the 17th token is the forced
+    `</think>` (1544) and no call of the processor evaluated its context (the host-side version waited in
+    every call but the first)."""
+    model, tokenizer = mlx_lm.load(str(tiny_thinking_path))
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "where?"}], add_generation_prompt=True)
+
+    def budget() -> Watched:
+        return Watched(ThoughtBudget(16, tokenizer.think_start_tokens, tokenizer.think_end_tokens, opened=True))
+
+    lone = budget()
+    cache = make_prompt_cache(model)
+    model(mx.array(prompt[:-1])[None], cache=cache)
+    stream = SingleStream(model, cache, prompt, make_sampler(temp=0.0), [lone])
+    lone_ids = [stream.next() for _ in range(32)]
+
+    batched = budget()
+    generator = BatchGenerator(model, stop_tokens=set())
+    generator.insert([prompt], max_tokens=[32], logits_processors=[[batched]])
+    batch_ids: list[int] = []
+    while len(batch_ids) < 32:
+        batch_ids += [response.token for response in generator.next()[1]]
+
+    assert lone_ids == batch_ids and lone_ids[16] == 1544 and lone_ids.count(1544) == 1
+    assert (lone.calls, lone.waits) == (batched.calls, batched.waits) == (33, 0)
 
 
 def test_an_empty_end_marker_is_refused() -> None:
