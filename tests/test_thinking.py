@@ -158,16 +158,19 @@ def test_random_streams_force_what_the_host_side_algorithm_forced() -> None:
 
 def test_several_new_tokens_in_one_call_are_taken_in_order() -> None:
     processor = ThoughtBudget(2, (7,), (8, 10), opened=False)
+    old = HostThoughtBudget(2, (7,), (8, 10), opened=False)
     context = mx.array([5, 5], dtype=mx.uint32) + 0
     logits = mx.zeros((1, VOCAB)) + 0
-    outs = [processor(context, logits)]
+    outs, tokens, expected = [processor(context, logits)], [5, 5], [old.pick([5, 5])]
     for new in ([1, 7, 1], [], [1], [8, 3]):  # opens, thinks two tokens, is closed (8 then 10 forced)
         context = mx.concatenate([context, mx.array(new, dtype=mx.uint32)]) if new else context
         outs.append(processor(context, logits))
-        assert unevaluated(outs[-1])
+        assert unevaluated(context) and unevaluated(outs[-1])
+        tokens += new
+        expected.append(old.pick(tokens))
     mx.eval(outs)
     picks = [row.index(0.0) if float("-inf") in row else None for row in (out[0].tolist() for out in outs)]
-    assert picks == [None, None, None, 8, 10]  # 8 3: the marker's second token is still due
+    assert picks == expected == [None, None, None, 8, 10]  # 8 3: the marker's second token is still due
     with pytest.raises(RuntimeError, match="fresh one per request"):
         processor(context[:-1], logits)
 
