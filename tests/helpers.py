@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pty
 import re
@@ -56,6 +57,16 @@ def wait_for_pids(folder: Path, deadline: float) -> list[int]:
     # the bash tool's, not the chat's: give the registration time to happen.
     time.sleep(0.3)
     return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
+
+
+def unevaluated(array: Any) -> bool:
+    """Whether the mlx `array` is still a pending graph: the DOT export of an evaluated array is one
+    node, with no operation (mlx exports every unevaluated input of an array, and nothing else)."""
+    import mlx.core as mx
+
+    dot = io.StringIO()
+    mx.export_to_dot(dot, array)
+    return "shape=rectangle" in dot.getvalue()
 
 
 def cli_env() -> dict[str, str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
+from helpers import unevaluated
 from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import (
@@ -355,14 +355,6 @@ def test_forced_processor_masks_all_but_one_token() -> None:
     assert picks == [2, 1, 3, 3, 3]
     with pytest.raises(RuntimeError, match="fresh one per request"):
         processor(list(range(3)), logits)
-
-
-def unevaluated(array: mx.array) -> bool:
-    """Whether `array` is still a pending graph: the DOT export of an evaluated array is one node,
-    with no operation (mlx exports every unevaluated input of an array, and nothing else)."""
-    dot = io.StringIO()
-    mx.export_to_dot(dot, array)
-    return "shape=rectangle" in dot.getvalue()
 
 
 def forced_picks(processor: ForcedProcessor, contexts: list[mx.array], vocab: int) -> list[int]:
