@@ -233,18 +233,26 @@ def make_run(
     generations: list[tuple[int, ...]],
     generated: list[int],
     cached: list[int],
+    sizes: list[list[int]] | None = None,
 ) -> Run:
-    """Figures from each session's token (host: streamed text chunk) timestamps, and the process
+    """Figures from each session's token (host: streamed text piece) timestamps, and the process
     CPU time `cpu` at the start, at the first token of any session and at the end.
 
-    The host streams a chunk per token except where the detokenizer holds one back (a lone space,
-    an incomplete UTF-8 sequence), so the steady tokens are each session's generated tokens minus
-    the chunks it streamed before every session had begun: exact for the raw batch, within a token
-    or two for the host.
+    The steady tokens are each session's generated tokens minus those it had before every session
+    had begun: counted for the raw batch and `stream_generate` (a stamp per token); for the host,
+    which streams one piece of text per wake-up (at most every 20 ms), the share of its text
+    (`sizes`: characters per piece) streamed by then: exact when a session had nothing or all of its
+    reply by then (serialized), within a piece otherwise.
     """
     firsts = [t[0] if t else end for t in stamps]
     everyone = max(firsts)
-    before = [sum(1 for t in ts if t <= everyone) for ts in stamps]
+    if sizes is None:
+        before = [sum(1 for t in ts if t <= everyone) for ts in stamps]
+    else:
+        before = [
+            round(g * sum(n for t, n in zip(ts, ns) if t <= everyone) / max(1, sum(ns)))
+            for g, ts, ns in zip(generated, stamps, sizes)
+        ]
     return Run(
         sessions=len(stamps),
         wall_s=end - start,
@@ -260,11 +268,13 @@ def make_run(
     )
 
 
-def stamper(stamps: list[float], first_cpu: list[float]) -> Any:
-    """An `on_text` that stamps each chunk, and the process CPU time at the first chunk of any session."""
+def stamper(stamps: list[float], sizes: list[int], first_cpu: list[float]) -> Any:
+    """An `on_text` that stamps each piece (and its length), and the process CPU time at the first
+    piece of any session."""
 
-    def stamp(_text: str) -> None:
+    def stamp(text: str) -> None:
         stamps.append(time.perf_counter())
+        sizes.append(len(text))
         if not first_cpu:
             first_cpu.append(time.process_time())
 
@@ -275,13 +285,14 @@ async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: i
     """All sessions start at once; each streams its reply; the sessions are closed afterwards."""
     n = len(prompts)
     stamps: list[list[float]] = [[] for _ in range(n)]
+    sizes: list[list[int]] = [[] for _ in range(n)]
     sessions = [host.session(f"{tag}-{i}") for i in range(n)]
     first_cpu: list[float] = []
     cpu = time.process_time()
     start = time.perf_counter()
     generations = await asyncio.gather(
         *(
-            s.generate(prompts[i], max_tokens=n_tokens, on_text=stamper(stamps[i], first_cpu))
+            s.generate(prompts[i], max_tokens=n_tokens, on_text=stamper(stamps[i], sizes[i], first_cpu))
             for i, s in enumerate(sessions)
         )
     )
@@ -297,6 +308,7 @@ async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: i
         [tuple(g.token_ids) for g in generations],
         [g.usage.generated_tokens for g in generations],
         [g.usage.cached_tokens for g in generations],
+        sizes,
     )
 
 

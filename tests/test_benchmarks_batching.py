@@ -162,3 +162,16 @@ def test_kv_pressure_benchmark_json() -> None:
     assert report["all_within_budget"] is True
     assert all(r["within_budget"] and r["peak_kv_bytes"] <= r["budget_bytes"] for r in (half, quarter))
     assert all(r["identical_outputs"] is True for r in rows)
+
+
+def test_steady_tokens_count_the_host_pieces_by_their_text() -> None:
+    """The host streams a piece of text per wake-up, not a token: the tokens a session had before
+    every session began are its share of the text by then (serialized: all or nothing)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import throughput
+
+    stamps, ids = [[1.0, 2.0], [5.0, 6.0]], [tuple(range(10)), tuple(range(10))]
+    host = throughput.make_run(0.0, 10.0, (0.0, 0.0, 0.0), stamps, ids, [10, 10], [0, 0], sizes=[[3, 7], [5, 5]])
+    assert (host.steady_tokens, host.steady_s) == (0 + 5, 5.0)
+    per_token = throughput.make_run(0.0, 10.0, (0.0, 0.0, 0.0), stamps, ids, [10, 10], [0, 0])
+    assert per_token.steady_tokens == (10 - 2) + (10 - 1)
