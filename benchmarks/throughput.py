@@ -41,7 +41,7 @@ KV budget, so only batching is measured here (see `kv_pressure.py` for the pool)
 
 Also measured: one session on `mlx_lm.stream_generate` (the same prompt and processors) against the
 host's lone session; start-up (`mlx_lm.load` alone vs a host from nothing to ready, the best of
-`--repeats`, at least 3); and the first token of a new session whose agent prefix is already shared, against a
+`--repeats`, at least 5); and the first token of a new session whose agent prefix is already shared, against a
 host that prefills it all.
 
 At one session the configurations differ by a few percent, less than a short run varies on a shared
@@ -379,12 +379,12 @@ def stream_run(model: Any, tokenizer: Any, prompt_ids: list[int], n_tokens: int,
 
 async def startup_overhead(model: Path, repeats: int) -> dict[str, float]:
     """`mlx_lm.load` alone vs a host from nothing to ready (the load included); the best of each,
-    of at least 3: a 4-bit model's load varies by more than the overhead measured (1.2-2.8 s for
+    of at least 5: a 4-bit model's load varies by more than the overhead measured (1.2-2.8 s for
     SmolLM2 on a loaded CPU), so one of each says nothing."""
     import mlx_lm
 
     loads, starts = [], []
-    for _ in range(max(3, repeats)):
+    for _ in range(max(5, repeats)):
         tic = time.perf_counter()
         mlx_lm.load(str(model))
         loads.append(time.perf_counter() - tic)
