@@ -234,7 +234,8 @@ class Scheduler:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TextCallback, str]]] = {}
         for turn in self._outbox:
             turn.queued = False
-            if text := self._detokenize(turn):
+            self._detokenize(turn)
+            if text := turn.detokenizer.last_segment:
                 sink: TextSink = turn.sink  # type: ignore[assignment]
                 by_loop.setdefault(sink.loop, []).append((sink.on_text, text))
         self._outbox.clear()
@@ -618,25 +619,21 @@ class Scheduler:
                 turn.queued = True
                 self._outbox.append(turn)
             if not turn.streamed:
-                self._detokenize(turn, segment=False)
+                self._detokenize(turn)
                 if turn.detokenizer.text:
                     turn.streamed = self._first_text = True
         return None
 
-    def _detokenize(self, turn: Turn, segment: bool = True) -> str:
-        """Feed the turn's detokenizer the tokens it has not had (an end-of-turn token is not text);
-        the text since the last call when `segment`."""
+    def _detokenize(self, turn: Turn) -> None:
+        """Feed the turn's detokenizer the tokens it has not had (an end-of-turn token is not text)."""
         detokenizer, eos = turn.detokenizer, self._eos
         for token in turn.generated[turn.fed :]:
             if token not in eos:
                 detokenizer.add_token(token)
         turn.fed = len(turn.generated)
-        return detokenizer.last_segment if segment else ""
 
     def _drop_cancelled(self) -> None:
-        lone = [self.lone] if self.lone is not None else []
-        turns = (self.waiting, self.prefilling, self.decoding.values(), lone)
-        for turn in [t for group in turns for t in group if t.cancel.is_set()]:
+        for turn in [t for t in (*self.waiting, *self._active()) if t.cancel.is_set()]:
             try:
                 self._cancel(turn)
             except Exception as exc:
