@@ -34,13 +34,13 @@ from eval.source import default_cache, fetch_source, fresh_copy
 from eval.tasks import DEFAULT_TASKS, EvalTask, ScoutTask, TaskFile, apply_bug, check_tasks, load_task_file, select
 from workload import make_parser, open_model
 
-from mlx_subagents.agents import AgentCatalog, discover_agents, parse_agent_file
+from mlx_subagents.agents.spec import AgentCatalog, discover_agents, parse_agent_file
 from mlx_subagents.errors import RequestError, SubagentError
 from mlx_subagents.events import Event
 from mlx_subagents.host.scripted import SCRIPTED_PREFIX
-from mlx_subagents.options import RunOptions
 from mlx_subagents.results import RunResult
-from mlx_subagents.runner import Runner, TaskSpec
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.runner import Runner, TaskSpec
 
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_CONCURRENCY = 4

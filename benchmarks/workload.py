@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlx_subagents.agents import builtin_agents_dir, parse_agent_file
+from mlx_subagents.agents.session import system_prompt
+from mlx_subagents.agents.spec import builtin_agents_dir, parse_agent_file
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import Generation, MlxModelHost
 from mlx_subagents.host.loading import read_config, resolve_model_path
 from mlx_subagents.host.protocol import Message, ToolSchema
-from mlx_subagents.session import system_prompt
 from mlx_subagents.testing import make_tiny_model, tool_call_text
 from mlx_subagents.testing.tiny_model import resize_tiny_model
 from mlx_subagents.tools import Workspace, make_tools

@@ -98,8 +98,8 @@ def forced_runner(tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: tuple[Any, 
     model in `tmp_path` (which holds `app.py`), each session forced through its replies (session label
     -> texts); `options` go to `RunOptions`."""
     from mlx_subagents.events import ignore_event
-    from mlx_subagents.options import RunOptions
-    from mlx_subagents.runner import Runner
+    from mlx_subagents.runs.options import RunOptions
+    from mlx_subagents.runs.runner import Runner
     from mlx_subagents.testing import ForcedScripts
 
     def make(replies: dict[str, list[str]], on_event: Any = None, **options: Any) -> tuple[Runner, ForcedScripts]:
@@ -118,7 +118,7 @@ def forced_orchestrator(forced_runner: Any) -> Any:
     `forced_runner`."""
     import asyncio
 
-    from mlx_subagents.runner import TaskSpec
+    from mlx_subagents.runs.runner import TaskSpec
 
     def run(replies: dict[str, list[str]], **options: Any) -> tuple[Any, Any]:
         runner, scripts = forced_runner(replies, **options)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_subagents.agents import (
+from mlx_subagents.agents.spec import (
     MAX_AGENT_FILE_BYTES,
     AgentCatalog,
     builtin_agents_dir,

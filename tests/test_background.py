@@ -18,9 +18,9 @@ from mlx_subagents.errors import (
     TaskStateError,
 )
 from mlx_subagents.events import Event
-from mlx_subagents.options import RunOptions
-from mlx_subagents.runner import Runner, TaskSpec
-from mlx_subagents.transcripts import child_runs, load_run, read_transcript
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.runner import Runner, TaskSpec
+from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 
 
 def make_runner(tmp_path: Path, model: str, events: list[Event] | None = None, **options: Any) -> Runner:

@@ -11,7 +11,7 @@ from typing import Any
 
 from helpers import SLOW, Terminal, alive, all_dead, call, wait_for_pids
 
-from mlx_subagents.transcripts import load_run, read_transcript
+from mlx_subagents.runs.transcripts import load_run, read_transcript
 
 
 def child_runs(parent_folder: Path) -> dict[str, Any]:

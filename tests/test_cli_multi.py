@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from helpers import alive, call
 
-from mlx_subagents.transcripts import load_run, read_transcript, runs_dir
+from mlx_subagents.runs.transcripts import load_run, read_transcript, runs_dir
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_FIELDS = {

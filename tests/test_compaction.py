@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from mlx_subagents.compaction import (
+from mlx_subagents.agents.compaction import (
     SUMMARY_HEADER,
     SUMMARY_PROMPT,
     CompactionSettings,

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from helpers import call
 
+from mlx_subagents.agents.session import AgentSession
 from mlx_subagents.caps import MAX_ANSWER_BYTES
 from mlx_subagents.errors import RequestError
 from mlx_subagents.events import Event
-from mlx_subagents.execution import Parent
-from mlx_subagents.options import RunOptions
-from mlx_subagents.runner import Runner, TaskSpec
-from mlx_subagents.session import AgentSession
+from mlx_subagents.runs.execution import Parent
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.runner import Runner, TaskSpec
+from mlx_subagents.runs.transcripts import load_run, read_transcript, runs_dir
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import SubagentTool
-from mlx_subagents.transcripts import load_run, read_transcript, runs_dir
 
 FORMS = (
     'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '

@@ -11,7 +11,7 @@ from typing import Any
 
 from helpers import call
 
-from mlx_subagents.transcripts import child_runs, load_run, read_transcript
+from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 
 
 def events_of(out: str) -> list[dict[str, Any]]:
@@ -423,7 +423,7 @@ def test_a_full_tools_grant_lets_the_child_keep_its_tools(tmp_path: Path, write_
 
 
 def test_claude_code_task_tool_form_grants_agents(tmp_path: Path) -> None:
-    from mlx_subagents.agents import parse_agent_file
+    from mlx_subagents.agents.spec import parse_agent_file
 
     folder = tmp_path / ".claude" / "agents"
     folder.mkdir(parents=True)

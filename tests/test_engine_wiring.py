@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.agents import parse_agent_file, user_agents_dir
+from mlx_subagents.agents.spec import parse_agent_file, user_agents_dir
 from mlx_subagents.errors import AgentFileError
+from mlx_subagents.runs.transcripts import read_transcript
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Fault, Reply
-from mlx_subagents.transcripts import read_transcript
 
 ENGINE = "http://gpu-box:8000/v1"
 

@@ -18,7 +18,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from mlx_subagents.caps import MAX_TASK_CHARS
-from mlx_subagents.transcripts import load_run, read_transcript
+from mlx_subagents.runs.transcripts import load_run, read_transcript
 
 FORMS = (
     'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '

@@ -15,12 +15,12 @@ from typing import Any
 import mlx_lm
 import pytest
 
-from mlx_subagents.agents import AgentSpec
+from mlx_subagents.agents.session import ANSWER_NOW, AgentSession, Limits, workspace_for
+from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.host.mlx_host import MlxModelHost
 from mlx_subagents.host.scripted import ScriptedHost
-from mlx_subagents.session import ANSWER_NOW, AgentSession, Limits, workspace_for
+from mlx_subagents.runs.transcripts import read_transcript
 from mlx_subagents.testing import ForcedScripts, tool_call_text
-from mlx_subagents.transcripts import read_transcript
 
 SYSTEM = "You find things in code."
 

@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
+from mlx_subagents.cli.progress import ProgressView, usage_table
 from mlx_subagents.events import Event
-from mlx_subagents.progress import ProgressView, usage_table
 from mlx_subagents.render import EventLines, tasks_table
 from mlx_subagents.results import RunResult, TaskStatus
 

@@ -16,10 +16,10 @@ from helpers import call
 from mlx_subagents.caps import MAX_ANSWER_BYTES, cap_answer, utf8_head
 from mlx_subagents.errors import AgentNotFoundError, InputTooLargeError, RequestError, SchemaFileError
 from mlx_subagents.events import Event
-from mlx_subagents.mcp_tasks import window
-from mlx_subagents.options import RunOptions
-from mlx_subagents.runner import Runner, TaskSpec, label_tasks, load_tasks_file
-from mlx_subagents.transcripts import read_transcript, runs_dir
+from mlx_subagents.mcp_server.tasks import window
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.runner import Runner, TaskSpec, label_tasks, load_tasks_file
+from mlx_subagents.runs.transcripts import read_transcript, runs_dir
 
 
 def make_runner(tmp_path: Path, model: str, events: list[Event] | None = None, **options: Any) -> Runner:

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from helpers import call
 
-from mlx_subagents.agents import AgentSpec, discover_agents
-from mlx_subagents.compaction import SUMMARY_HEADER, CompactionSettings
+from mlx_subagents.agents.compaction import SUMMARY_HEADER, CompactionSettings
+from mlx_subagents.agents.session import AgentSession, Limits, system_prompt, workspace_for
+from mlx_subagents.agents.spec import AgentSpec, discover_agents
 from mlx_subagents.events import Event
 from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host.protocol import Message
 from mlx_subagents.host.scripted import ScriptedHost, approx_tokens
 from mlx_subagents.results import RunResult
-from mlx_subagents.session import AgentSession, Limits, system_prompt, workspace_for
 from mlx_subagents.testing import ForcedScripts, tool_call_text
 
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"

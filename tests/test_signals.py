@@ -14,7 +14,7 @@ import pytest
 from helpers import SLOW as SLOW_CHILD
 from helpers import Terminal, all_dead, call, cli_env, spawn_cli, wait_for_pids
 
-from mlx_subagents.transcripts import load_run, read_transcript
+from mlx_subagents.runs.transcripts import load_run, read_transcript
 
 # A foreground sleep, a background one, and one that left the process group (setsid -f).
 SLOW = (

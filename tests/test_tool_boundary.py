@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlx_subagents.execution import Parent
-from mlx_subagents.options import RunOptions
-from mlx_subagents.runner import Runner
+from mlx_subagents.runs.execution import Parent
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.runner import Runner
 from mlx_subagents.tools import TOOL_NAMES, Tool, ToolResult, Workspace, make_tools
 
 FUZZED_TOOLS = tuple(name for name in TOOL_NAMES if name != "bash")  # bash runs what it is given: tested apart

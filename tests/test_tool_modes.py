@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from test_mlx_host import LS_SCHEMA, TASK
 
-from mlx_subagents.agents import AgentSpec
-from mlx_subagents.doctor import run_doctor
+from mlx_subagents.agents.session import AgentSession, workspace_for
+from mlx_subagents.agents.spec import AgentSpec
+from mlx_subagents.cli.doctor import run_doctor
 from mlx_subagents.errors import ChatTemplateError
 from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host.chat_format import prompted_tools, read_chat_format
 from mlx_subagents.host.prompt import encode, render
 from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.host.templates import TemplateTraits, normalise
-from mlx_subagents.session import AgentSession, workspace_for
 from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
 
 SYSTEM = TASK[0]["content"]

@@ -11,9 +11,9 @@ import pytest
 from helpers import call
 
 from mlx_subagents.errors import RunNotFoundError
-from mlx_subagents.options import RunOptions
-from mlx_subagents.runner import Runner, TaskSpec, close_open_tool_calls
-from mlx_subagents.transcripts import list_runs, load_run, read_transcript, runs_dir
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.runner import Runner, TaskSpec, close_open_tool_calls
+from mlx_subagents.runs.transcripts import list_runs, load_run, read_transcript, runs_dir
 
 
 def go(runner: Runner, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from mlx_subagents.agents import discover_agents
+from mlx_subagents.agents.schema_output import AnswerMismatch, parse_answer
+from mlx_subagents.agents.spec import discover_agents
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import parse_bytes
 from mlx_subagents.host.mlx_host import total_memory
-from mlx_subagents.schema_output import AnswerMismatch, parse_answer
-from mlx_subagents.transcripts import runs_dir
+from mlx_subagents.runs.transcripts import runs_dir
 from mlx_subagents.userfiles import MAX_NESTING, MAX_VALUES, measure
 
 SIZE_FIX = "is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)"

@@ -10,10 +10,10 @@ import pytest
 
 from mlx_subagents.errors import WorkflowError
 from mlx_subagents.events import Event
-from mlx_subagents.options import RunOptions
-from mlx_subagents.runner import Runner
-from mlx_subagents.transcripts import runs_dir
-from mlx_subagents.workflow import (
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.runner import Runner
+from mlx_subagents.runs.transcripts import runs_dir
+from mlx_subagents.runs.workflow import (
     WorkflowStep,
     find_cycle,
     find_workflow,

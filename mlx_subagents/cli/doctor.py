@@ -6,9 +6,9 @@ import platform
 import time
 from collections.abc import Callable
 
-from .errors import SubagentError
-from .host import MlxModelHost
-from .host.mlx_host import total_memory
+from ..errors import SubagentError
+from ..host import MlxModelHost
+from ..host.mlx_host import total_memory
 
 Print = Callable[[str], None]
 PROBE = [{"role": "user", "content": "Reply with one short sentence: are you ready?"}]

@@ -32,11 +32,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .agents import AgentCatalog
-from .caps import MAX_TASKS
-from .errors import AgentNotFoundError, WorkflowError
-from .home import state_home
-from .userfiles import error_message, error_path, load_file
+from ..agents.spec import AgentCatalog
+from ..caps import MAX_TASKS
+from ..errors import AgentNotFoundError, WorkflowError
+from ..home import state_home
+from ..userfiles import error_message, error_path, load_file
 
 PROJECT_WORKFLOWS_DIR = ".mlx-subagents/workflows"
 STEP_ID_PATTERN = r"[A-Za-z_][A-Za-z0-9_-]*"

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
-from .host.protocol import Message
-from .transcripts import NOTE_KINDS, RunRecord, TaskEntry, child_runs, read_transcript
+from ..host.protocol import Message
+from ..runs.transcripts import NOTE_KINDS, RunRecord, TaskEntry, child_runs, read_transcript
 
 PREVIEW_LINES = 12
 

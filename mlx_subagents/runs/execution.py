@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .agents import AgentSpec
-from .caps import cap_answer
-from .compaction import CompactionSettings
-from .errors import SubagentError
-from .events import Event, EventKind, EventSink, ignore_event
-from .host.protocol import ModelHost
-from .inbox import Inbox
-from .results import Mode, RunResult, Status, StopReason
-from .schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
-from .session import AgentSession, Limits
+from ..agents.compaction import CompactionSettings
+from ..agents.inbox import Inbox
+from ..agents.schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
+from ..agents.session import AgentSession, Limits
+from ..agents.spec import AgentSpec
+from ..caps import cap_answer
+from ..errors import SubagentError
+from ..events import Event, EventKind, EventSink, ignore_event
+from ..host.protocol import ModelHost
+from ..results import Mode, RunResult, Status, StopReason
+from ..tools import Tool, Workspace
 from .slots import Slots
-from .tools import Tool, Workspace
 from .transcripts import TaskTranscript
 
 INTERRUPTED = "aborted by the user (Ctrl-C)"

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from rich.console import Console
 
-from .tools import kill_all_processes
+from ..tools import kill_all_processes
 
 EXIT_INTERRUPTED = 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -37,11 +37,11 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from .errors import RunNotFoundError
-from .events import Event
-from .home import make_state_dir, state_home
-from .host.protocol import Message
-from .results import Mode, RunResult
+from ..errors import RunNotFoundError
+from ..events import Event
+from ..home import make_state_dir, state_home
+from ..host.protocol import Message
+from ..results import Mode, RunResult
 
 RUN_FILE = "run.json"
 # Events that are records of their own type (the same fields as an `event` record).

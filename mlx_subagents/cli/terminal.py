@@ -19,15 +19,15 @@ from typing import Any, TextIO, TypeVar
 from rich.console import Console
 from rich.markup import escape
 
-from .chat import DEFAULT_CHAT_AGENT, Chat
-from .errors import SubagentError
-from .events import Event, EventSink, Fanout
+from ..errors import SubagentError
+from ..events import Event, EventSink, Fanout
+from ..render import EventLines, tasks_table
+from ..results import RunResult
+from ..runs.chat import DEFAULT_CHAT_AGENT, Chat
+from ..runs.runner import Runner
+from ..tools import kill_all_processes
 from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, two_press_sigint
 from .promptline import PromptLine
-from .render import EventLines, tasks_table
-from .results import RunResult
-from .runner import Runner
-from .tools import kill_all_processes
 
 T = TypeVar("T")
 PROMPT = "> "

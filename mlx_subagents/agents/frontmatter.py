@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from .errors import AgentFileError
-from .userfiles import TOO_DEEP, data_problem, yaml_problem
+from ..errors import AgentFileError
+from ..userfiles import TOO_DEEP, data_problem, yaml_problem
 
 YAML_FIX = "fix the YAML, or quote the value"
 LENIENT_NOTE = "loaded from its 'key: value' lines instead (quote the value to make it valid YAML)"

@@ -17,12 +17,12 @@ from typing import Any
 import mcp_types as types
 from pydantic import BaseModel, Field, ValidationError
 
-from .board import TaskBoard
-from .caps import MAX_ANSWER_BYTES, utf8_head
-from .errors import TaskStateError
-from .results import TaskStatus
-from .tools import background
-from .tools.background import (
+from ..caps import MAX_ANSWER_BYTES, utf8_head
+from ..errors import TaskStateError
+from ..results import TaskStatus
+from ..runs.board import TaskBoard
+from ..tools import background
+from ..tools.background import (
     MAX_OUTPUT_WAIT,
     CancelParams,
     SendParams,
@@ -31,7 +31,7 @@ from .tools.background import (
     status_line,
     wait_problem,
 )
-from .userfiles import error_message, error_path
+from ..userfiles import error_message, error_path
 
 CANCELLED_BY_CLIENT = "cancelled by the MCP client"
 # How long `cancel_agent` waits for the task to stop (its processes killed, its transcript saved).

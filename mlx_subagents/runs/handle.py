@@ -23,17 +23,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .agents import AgentSpec
+from ..agents.inbox import Delivery, Inbox
+from ..agents.session import AgentSession, Limits, system_prompt
+from ..agents.spec import AgentSpec
+from ..caps import CapItem, check_request
+from ..errors import RequestError, TaskStateError
+from ..events import Event, EventKind
+from ..host.protocol import Message, ModelHost, TextCallback
+from ..results import RunResult, RunUsage, TaskState, TaskStatus
+from ..tools import Workspace
 from .board import TaskBoard
-from .caps import CapItem, check_request
-from .errors import RequestError, TaskStateError
-from .events import Event, EventKind
 from .execution import Execution, Parent, PlannedTask
-from .host.protocol import Message, ModelHost, TextCallback
-from .inbox import Delivery, Inbox
-from .results import RunResult, RunUsage, TaskState, TaskStatus
-from .session import AgentSession, Limits, system_prompt
-from .tools import Workspace
 from .transcripts import RunRecord, RunRecorder, TaskEntry, TaskTranscript
 
 if TYPE_CHECKING:

@@ -21,20 +21,20 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .caps import MAX_TASKS
-from .errors import RequestError, TaskNotFoundError, TaskStateError
-from .events import Event
-from .inbox import Delivery, Inbox
-from .results import TaskStatus
+from ..agents.inbox import Delivery, Inbox
+from ..caps import MAX_TASKS
+from ..errors import RequestError, TaskNotFoundError, TaskStateError
+from ..events import Event
+from ..results import TaskStatus
+from ..tools import Workspace
+from ..tools.base import one_line
 from .slots import lend
-from .tools import Workspace
-from .tools.base import one_line
 
 if TYPE_CHECKING:
+    from ..tools.subagent import Delegation
     from .execution import Parent
     from .handle import TaskHandle
     from .runner import Runner, TaskSpec
-    from .tools.subagent import Delegation
 
 MAX_ALIVE = MAX_TASKS
 NoticeCallback = Callable[[TaskStatus], None]

@@ -25,19 +25,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
-from .agents import WRITER_TOOLS, AgentCatalog, AgentSpec
-from .caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
+from ..agents.schema_output import load_schema
+from ..agents.spec import WRITER_TOOLS, AgentCatalog, AgentSpec
+from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
+from ..errors import RequestError, SubagentError
+from ..events import Event, EventSink, Fanout
+from ..host import parse_bytes
+from ..render import EventLines
+from ..results import MultiRunResult, RunResult
+from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
+from ..runs.runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_file
 from .doctor import run_doctor
-from .errors import RequestError, SubagentError
-from .events import Event, EventSink, Fanout
-from .host import parse_bytes
 from .interrupts import EXIT_INTERRUPTED, two_press_sigint
-from .options import DEFAULT_MAX_DEPTH, RunOptions
 from .progress import ProgressView, usage_table
-from .render import EventLines
-from .results import MultiRunResult, RunResult
-from .runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_file
-from .schema_output import load_schema
 
 T = TypeVar("T")
 # Agent-file warnings a running command shows before it starts (`subagent agents` shows all).
@@ -522,7 +522,7 @@ def workflow(
 
     Example: subagent workflow fix-bug --input "dates lose their time zone"
     """
-    from .workflow import find_workflow, load_workflow
+    from ..runs.workflow import find_workflow, load_workflow
 
     flow = load_workflow(find_workflow(name, Path(shared.cwd).resolve()))
     sinks = _sinks(events)
@@ -540,7 +540,7 @@ def workflows(cwd: CwdOpt = Path("."), as_json: JsonOpt = False) -> None:
 
     Example: subagent workflows
     """
-    from .workflow import discover_workflows
+    from ..runs.workflow import discover_workflows
 
     found = discover_workflows(Path(cwd).resolve())
     if as_json:
@@ -561,7 +561,7 @@ def runs(
 
     Example: subagent runs -n 5
     """
-    from .transcripts import list_runs, runs_dir
+    from ..runs.transcripts import list_runs, runs_dir
 
     records = list_runs(limit)
     if as_json:
@@ -586,8 +586,8 @@ def show(
 
     Example: subagent show last
     """
+    from ..runs.transcripts import load_run
     from .show import run_json, show_run
-    from .transcripts import load_run
 
     record = load_run(run_id)
     if as_json:
@@ -617,7 +617,7 @@ def resume(
 
     Example: subagent resume last "now list the tests that cover it"
     """
-    from .transcripts import load_run
+    from ..runs.transcripts import load_run
 
     record = load_run(run_id)
     sinks = _sinks(events)
@@ -654,8 +654,8 @@ def chat(
 
     Example: subagent chat   (or: subagent chat --once "where is auth handled, and is it tested?")
     """
+    from ..runs.transcripts import load_run
     from .terminal import run_chat
-    from .transcripts import load_run
 
     cwd = Path(load_run(resume).cwd) if resume is not None else None
     code = run_chat(lambda sink: shared.runner(sink, cwd=cwd), agent=agent, once=once, resume=resume, out=out, err=err)
@@ -678,7 +678,7 @@ def agents(
 
     Example: subagent agents --json
     """
-    from .agents import discover_agents
+    from ..agents.spec import discover_agents
 
     root = Path(cwd).resolve()
     catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
@@ -728,7 +728,7 @@ def _print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
 
 def _show_project_context(root: Path, opted_out: list[str]) -> None:
     """Which AGENTS.md / CLAUDE.md files load into the agents' system prompts."""
-    from .project_context import CONTEXT_FILES, MAX_CONTEXT_CHARS, load_project_context
+    from ..agents.context import CONTEXT_FILES, MAX_CONTEXT_CHARS, load_project_context
 
     context = load_project_context(root)
     if not context.files:
@@ -765,7 +765,7 @@ def mcp(
 
     Example: claude mcp add subagents -- subagent mcp --model mlx-community/Qwen3-4B-Instruct-2507-4bit
     """
-    from .mcp_server import serve_stdio
+    from ..mcp_server.server import serve_stdio
 
     # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
     asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
@@ -793,8 +793,8 @@ def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from .models.catalog import list_models
-    from .models.display import models_table
+    from ..models.catalog import list_models
+    from ..models.display import models_table
 
     found = list_models(default_model())
     if as_json:
@@ -815,8 +815,8 @@ def models_import(
 
     Example: subagent models import ollama:qwen2.5-coder:7b
     """
-    from .models.display import ImportProgress
-    from .models.importer import import_gguf
+    from ..models.display import ImportProgress
+    from ..models.importer import import_gguf
 
     with ImportProgress(err) as progress:
         imported = import_gguf(source, name=name, bits=bits, progress=progress)

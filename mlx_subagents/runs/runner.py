@@ -40,28 +40,28 @@ from typing import Annotated, Any, Optional
 
 from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .agents import AgentCatalog, AgentSpec, discover_agents, require_trust
+from ..agents.compaction import CompactionSettings
+from ..agents.context import ProjectContext, load_project_context
+from ..agents.inbox import Inbox
+from ..agents.schema_output import check_schema
+from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
+from ..agents.spec import AgentCatalog, AgentSpec, discover_agents, require_trust
+from ..caps import DEFAULT_CONCURRENCY, CapItem, cap_answer, check_concurrency, check_request
+from ..errors import InputTooLargeError, RequestError, RunNotFoundError, SubagentError
+from ..events import Event, EventSink, ignore_event
+from ..host import make_host
+from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, TextCallback
+from ..results import Mode, MultiRunResult, RunResult
+from ..tools import Tool, Workspace
+from ..tools.background import make_background_tools
+from ..tools.subagent import READ_MORE, Delegation, SubagentTool
+from ..userfiles import first_error, load_file
 from .board import TaskBoard
-from .caps import DEFAULT_CONCURRENCY, CapItem, cap_answer, check_concurrency, check_request
-from .compaction import CompactionSettings
-from .errors import InputTooLargeError, RequestError, RunNotFoundError, SubagentError
-from .events import Event, EventSink, ignore_event
 from .execution import Execution, Parent, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
-from .host import make_host
-from .host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, TextCallback
-from .inbox import Inbox
 from .options import RunOptions
-from .project_context import ProjectContext, load_project_context
-from .results import Mode, MultiRunResult, RunResult
-from .schema_output import check_schema
-from .session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from .slots import Slots, lend
-from .tools import Tool, Workspace
-from .tools.background import make_background_tools
-from .tools.subagent import READ_MORE, Delegation, SubagentTool
 from .transcripts import RunRecorder, TaskEntry, load_run, read_transcript
-from .userfiles import first_error, load_file
 from .workflow import Workflow, check_agents, find_workflow, load_workflow, render_prompt
 
 DEFAULT_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
@@ -306,7 +306,7 @@ class Runner:
             workflow = load_workflow(find_workflow(str(workflow), self.cwd))
         assert self.catalog is not None
         check_agents(workflow, self.catalog)
-        from .schema_output import load_schema
+        from ..agents.schema_output import load_schema
 
         ids = {step.id: i for i, step in enumerate(workflow.steps)}
         tasks = [

@@ -14,12 +14,12 @@ on while the parent answers, after its turn ends and while the user types; `task
 
 from __future__ import annotations
 
+from ..errors import RequestError, TaskStateError
+from ..events import Event
+from ..host.protocol import TextCallback
+from ..results import RunResult, RunUsage, TaskStatus
 from .board import TaskBoard
-from .errors import RequestError, TaskStateError
-from .events import Event
 from .handle import TaskHandle
-from .host.protocol import TextCallback
-from .results import RunResult, RunUsage, TaskStatus
 from .runner import Runner
 
 DEFAULT_CHAT_AGENT = "orchestrator"

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .agents import Scope, parse_thinking
-from .caps import DEFAULT_CONCURRENCY, check_concurrency
-from .errors import RequestError
+from ..agents.spec import Scope, parse_thinking
+from ..caps import DEFAULT_CONCURRENCY, check_concurrency
+from ..errors import RequestError
 
 # Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
 DEFAULT_MAX_DEPTH = 2

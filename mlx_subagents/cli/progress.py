@@ -16,9 +16,9 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .events import Event
-from .render import EventLines, clip, end_status, status_style
-from .results import RunResult, RunUsage
+from ..events import Event
+from ..render import EventLines, clip, end_status, status_style
+from ..results import RunResult, RunUsage
 
 
 @dataclass

@@ -20,11 +20,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .agents import AgentSpec
-from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
-from .errors import SubagentError
-from .events import Event, EventSink, ignore_event
-from .host.protocol import (
+from ..errors import SubagentError
+from ..events import Event, EventSink, ignore_event
+from ..host.protocol import (
     DEFAULT_THINKING_TOKENS,
     Generation,
     HostSession,
@@ -35,9 +33,11 @@ from .host.protocol import (
     ToolCall,
     Usage,
 )
+from ..results import RunResult, RunUsage, StopReason
+from ..tools import TOOL_CLASSES, Tool, ToolResult, Workspace, make_tools
+from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .inbox import Inbox
-from .results import RunResult, RunUsage, StopReason
-from .tools import TOOL_CLASSES, Tool, ToolResult, Workspace, make_tools
+from .spec import AgentSpec
 
 DEFAULT_MAX_TURNS = 30
 DEFAULT_MAX_REPLY_TOKENS = 2048

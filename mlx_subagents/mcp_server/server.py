@@ -42,19 +42,19 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.text import Text
 
-from . import __version__
-from .agents import AgentSpec
-from .board import TaskBoard
-from .caps import MAX_TASKS
-from .errors import ConfirmationRequired, SubagentError
-from .events import Event, EventSink
-from .home import make_state_dir, state_home
-from .mcp_tasks import ServerTasks
-from .render import EventLines
-from .results import MultiRunResult, RunResult, RunUsage, Status, StopReason
-from .runner import Runner
-from .tools.base import ToolResult
-from .tools.subagent import FORMS, Delegate, Delegation, Start, SubagentTool, fit_answers
+from .. import __version__
+from ..agents.spec import AgentSpec
+from ..caps import MAX_TASKS
+from ..errors import ConfirmationRequired, SubagentError
+from ..events import Event, EventSink
+from ..home import make_state_dir, state_home
+from ..render import EventLines
+from ..results import MultiRunResult, RunResult, RunUsage, Status, StopReason
+from ..runs.board import TaskBoard
+from ..runs.runner import Runner
+from ..tools.base import ToolResult
+from ..tools.subagent import FORMS, Delegate, Delegation, Start, SubagentTool, fit_answers
+from .tasks import ServerTasks
 
 SERVER_NAME = "mlx-subagents"
 TOOL_NAMES = (

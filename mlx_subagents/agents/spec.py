@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 import mlx_subagents
+from mlx_subagents.agents.frontmatter import agent_error as _fail
+from mlx_subagents.agents.frontmatter import read_frontmatter
 from mlx_subagents.errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
-from mlx_subagents.frontmatter import agent_error as _fail
-from mlx_subagents.frontmatter import read_frontmatter
 from mlx_subagents.home import state_home
 from mlx_subagents.host.protocol import DEFAULT_THINKING_TOKENS
 from mlx_subagents.tools import TOOL_NAMES

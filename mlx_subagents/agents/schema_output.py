@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import SchemaFileError
-from .userfiles import TOO_DEEP, data_problem, load_file
+from ..errors import SchemaFileError
+from ..userfiles import TOO_DEEP, data_problem, load_file
 
 # A model often wraps JSON in a fenced block; that is accepted, prose around it is not.
 FENCE = "```"

@@ -1,0 +1,1 @@
+"""One agent: its file, its system prompt, and the tool loop that runs it."""

@@ -1,0 +1,1 @@
+"""Many agents: plan a request, run it, hold its tasks, record it."""
