@@ -34,7 +34,8 @@ from eval.source import default_cache, fetch_source, fresh_copy
 from eval.tasks import DEFAULT_TASKS, EvalTask, ScoutTask, TaskFile, apply_bug, check_tasks, load_task_file, select
 from workload import make_parser, open_model
 
-from mlx_subagents.agents.spec import AgentCatalog, discover_agents, parse_agent_file
+from mlx_subagents.agents.discovery import AgentCatalog, discover_agents
+from mlx_subagents.agents.spec import parse_agent_file
 from mlx_subagents.errors import RequestError, SubagentError
 from mlx_subagents.events import Event
 from mlx_subagents.host.scripted import SCRIPTED_PREFIX

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlx_subagents.agents.discovery import builtin_agents_dir
 from mlx_subagents.agents.session import system_prompt
-from mlx_subagents.agents.spec import builtin_agents_dir, parse_agent_file
+from mlx_subagents.agents.spec import parse_agent_file
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import Generation, MlxModelHost
 from mlx_subagents.host.loading import read_config, resolve_model_path

@@ -6,8 +6,9 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field
 
-from .host.protocol import ToolMode
-
+# native: the chat template presents the tools and the model's own call format is parsed;
+# prompted: the host puts the tool list and one call format in the system prompt and parses that.
+ToolMode = Literal["native", "prompted"]
 Status = Literal["completed", "failed", "aborted"]
 StopReason = Literal[
     "completed",

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from mlx_subagents.agents.spec import (
+from mlx_subagents.agents.discovery import (
     MAX_AGENT_FILE_BYTES,
     AgentCatalog,
     builtin_agents_dir,
     discover_agents,
-    parse_agent_file,
     require_trust,
     user_agents_dir,
 )
+from mlx_subagents.agents.spec import parse_agent_file
 from mlx_subagents.errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
 from mlx_subagents.tools import TOOL_NAMES
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.agents.spec import AgentCatalog, discover_agents, parse_agent_file
+from mlx_subagents.agents.discovery import AgentCatalog, discover_agents
+from mlx_subagents.agents.spec import parse_agent_file
 from mlx_subagents.errors import AgentFileError
 from mlx_subagents.tools import TOOL_NAMES
 

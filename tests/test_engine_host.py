@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from mlx_subagents.agents.discovery import discover_agents
 from mlx_subagents.agents.session import AgentSession, workspace_for
-from mlx_subagents.agents.spec import discover_agents
 from mlx_subagents.errors import EngineError, PromptTooLongError, SubagentError
 from mlx_subagents.host.engine_host import DEFAULT_CONTEXT_WINDOW, EngineHost, engine_url
 from mlx_subagents.host.scripted import approx_tokens

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.agents.spec import parse_agent_file, user_agents_dir
+from mlx_subagents.agents.discovery import user_agents_dir
+from mlx_subagents.agents.spec import parse_agent_file
 from mlx_subagents.errors import AgentFileError
 from mlx_subagents.runs.transcripts import read_transcript
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Fault, Reply

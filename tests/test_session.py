@@ -12,8 +12,9 @@ import pytest
 from helpers import call
 
 from mlx_subagents.agents.compaction import SUMMARY_HEADER, CompactionSettings
+from mlx_subagents.agents.discovery import discover_agents
 from mlx_subagents.agents.session import AgentSession, Limits, system_prompt, workspace_for
-from mlx_subagents.agents.spec import AgentSpec, discover_agents
+from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.events import Event
 from mlx_subagents.host import MlxModelHost
 from mlx_subagents.host.protocol import Message

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from mlx_subagents.agents.discovery import discover_agents
 from mlx_subagents.agents.schema_output import AnswerMismatch, parse_answer
-from mlx_subagents.agents.spec import discover_agents
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import parse_bytes
 from mlx_subagents.host.mlx_host import total_memory

@@ -1,39 +1,30 @@
-"""Agents as markdown files with YAML frontmatter, and where to find them.
+"""`AgentSpec`: one agent, read from a markdown file with YAML frontmatter.
 
 An agent file is a `---` fenced YAML header (name, description, tools, model, ...) followed by
-the system prompt. Layers, a later one winning on a name clash:
-
-    builtin   builtin_agents/*.md (inside the wheel, or at the repo top level in a dev install)
-    user      $MLX_SUBAGENTS_HOME/agents/*.md (default ~/.mlx-subagents/agents)
-    project   .claude/agents/*.md, then .mlx-subagents/agents/*.md, found walking up from cwd
-
-Claude Code files (`.claude/agents`) load too: their tool names are mapped to ours, tools and
-model aliases we cannot honour are dropped with a warning, extra fields are ignored.
+the system prompt. Every field has one reader here that turns a bad value into one line naming
+the file, the field and the fix. Claude Code files (`.claude/agents`) are read in their dialect
+(`claude.py`); where the files are found is `discovery.py`.
 """
 
 from __future__ import annotations
 
 import re
-import stat
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import mlx_subagents
-from mlx_subagents.agents.frontmatter import agent_error as _fail
-from mlx_subagents.agents.frontmatter import read_frontmatter
-from mlx_subagents.errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
-from mlx_subagents.home import state_home
-from mlx_subagents.host.protocol import DEFAULT_THINKING_TOKENS
-from mlx_subagents.tools import TOOL_NAMES
-from mlx_subagents.userfiles import read_text
+from ..errors import AgentFileError
+from ..host.protocol import DEFAULT_THINKING_TOKENS
+from ..tools import TOOL_NAMES
+from ..userfiles import read_text
+from .claude import CLAUDE_FIELDS, claude_tool, is_claude_file, is_claude_model, task_grants
+from .frontmatter import agent_error as _fail
+from .frontmatter import read_frontmatter
 
 Source = Literal["builtin", "user", "project"]
-Scope = Literal["user", "project", "both"]
 
 # `subagent` (delegation) is never granted by default: only a file that names it gets it.
 KNOWN_TOOLS = TOOL_NAMES + ("subagent",)
@@ -42,25 +33,15 @@ WRITER_TOOLS = ("edit", "write", "bash")
 # Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not.
 NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]*"
 MAX_TEMPERATURE = 2.0
-MAX_AGENT_FILE_BYTES = 1024 * 1024  # a system prompt far longer than any context window
-PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
-CLAUDE_AGENTS_DIR = ".claude/agents"
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
     "engine_model", "thinking", "writer",
 )  # fmt: skip
-# Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
-CLAUDE_FIELDS = (
-    "disallowedTools", "maxTurns", "permissionMode", "skills", "mcpServers", "hooks", "memory", "background",
-    "effort", "isolation", "initialPrompt", "disabled",
-)  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
 LENIENT_FIELDS = frozenset(FIELDS + CLAUDE_FIELDS + DISPLAY_FIELDS)
-# Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`).
-CLAUDE_TASK_TOOL = re.compile(r"(?:Task|Agent)\((.*)\)")
 
 # A model named `<provider>/...` or `<provider>:...` with one of these runs remotely: refused,
 # never swapped for a local model. `mlx/<id>` bypasses the check (e.g. `mlx/google/gemma-3-1b-it`).
@@ -72,17 +53,6 @@ REMOTE_PROVIDERS = frozenset(
         "cerebras", "sambanova", "replicate", "deepinfra", "lmstudio", "github-copilot",
     }
 )  # fmt: skip
-CLAUDE_MODEL_ALIASES = ("sonnet", "opus", "haiku")
-CLAUDE_TOOL_MAP = {
-    "Read": "read",
-    "Grep": "grep",
-    "Glob": "find",
-    "LS": "ls",
-    "Bash": "bash",
-    "Edit": "edit",
-    "MultiEdit": "edit",
-    "Write": "write",
-}
 
 
 class AgentSpec(BaseModel):
@@ -133,10 +103,6 @@ class AgentSpec(BaseModel):
         return any(tool in WRITER_TOOLS and tool not in withheld for tool in self.tools)
 
 
-# ---------------------------------------------------------------------------------------------
-# Parsing
-
-
 def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) -> AgentSpec:
     """Read one agent file; raise `AgentFileError` (one line: file, field, fix) if it is bad.
 
@@ -144,7 +110,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         claude: read it as a Claude Code file; default: when it sits in a `.claude/agents` folder.
     """
     if claude is None:
-        claude = path.parent.name == "agents" and path.parent.parent.name == ".claude"
+        claude = is_claude_file(path)
     meta, body, note = read_frontmatter(path, read_text(path, "agent file", AgentFileError), LENIENT_FIELDS)
     warnings = [note] if note else []
     name = _required_text(path, meta, "name", "my-agent").lower()
@@ -239,10 +205,8 @@ def _tool_list(
 
 def _our_tool(name: str, claude: bool) -> str | None:
     """This project's name for a tool (Claude Code's `Read` is `read`), None if it has no such tool."""
-    if CLAUDE_TASK_TOOL.fullmatch(name):
-        return "subagent"  # the agents it names are read by `_parse_agents`
-    if claude and name in CLAUDE_TOOL_MAP:
-        return CLAUDE_TOOL_MAP[name]
+    if (mapped := claude_tool(name, claude)) is not None:
+        return mapped
     return name.lower() if name.lower() in KNOWN_TOOLS else None
 
 
@@ -268,9 +232,8 @@ def _parse_agents(path: Path, meta: dict[str, Any]) -> tuple[tuple[str, ...] | N
                 "e.g. agents: scout, worker!",
             )
     tool_items = split_list(tools) if isinstance(tools, str) else tools if isinstance(tools, list) else []
-    for item in tool_items:
-        if isinstance(item, str) and (task := CLAUDE_TASK_TOOL.fullmatch(item.strip())):
-            items = (items or []) + task.group(1).split(",")
+    if (granted := task_grants(tool_items)) is not None:
+        items = (items or []) + granted
     if items is None:
         return None, ()
     names: list[str] = []
@@ -315,7 +278,7 @@ def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> s
         if not model[4:].strip():
             raise _fail(path, "field 'model': 'mlx/' names no model", fix)
         return model[4:].strip()
-    if model.lower() in CLAUDE_MODEL_ALIASES or model.lower().startswith("claude-"):
+    if is_claude_model(model):
         if not claude:
             raise _fail(path, f"field 'model': '{model}' is a Claude model, not a local one", fix)
         note = f"model '{model}' is a remote Claude model; using the default local model"
@@ -396,171 +359,3 @@ def _parse_output_schema(path: Path, value: Any) -> dict[str, Any] | None:
     kind = type(value).__name__
     problem = f"field 'output_schema' must be a mapping (a JSON schema), not a {kind}"
     raise _fail(path, problem, "e.g. output_schema: {type: object}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Discovery
-
-
-@dataclass
-class AgentCatalog:
-    """The agents found for one working folder; `warnings` has one line per skipped file."""
-
-    agents: dict[str, AgentSpec] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    project_root: Path | None = None
-
-    def names(self) -> list[str]:
-        return sorted(self.agents)
-
-    def get(self, name: str) -> AgentSpec:
-        """The agent called `name`; `AgentNotFoundError` lists the available ones."""
-        try:
-            return self.agents[name.strip().lower()]
-        except KeyError:
-            available = ", ".join(self.names()) or "(none)"
-            raise AgentNotFoundError(f"unknown agent '{name}'; available: {available}") from None
-
-    def load_folder(self, folder: Path, source: Source, *, claude: bool = False) -> None:
-        """Add every `*.md` agent in `folder` (not recursive), overriding same-named agents."""
-        if not folder.is_dir():
-            return
-        layer: dict[str, AgentSpec] = {}
-        for path in sorted(folder.glob("*.md")):
-            if path.name.startswith("."):  # editor lock and backup files
-                continue
-            if (refusal := _refuse_to_read(path)) is not None:
-                self.warnings.append(f"skipped {path}: {refusal}")
-                continue
-            try:
-                spec = parse_agent_file(path, source, claude=claude)
-            except AgentFileError as exc:
-                self.warnings.append(f"skipped {exc}")
-                continue
-            if spec.name in layer:
-                other = layer[spec.name].path
-                clash = f"agent '{spec.name}' is already defined in {other}; rename one of them"
-                self.warnings.append(f"skipped {path}: {clash}")
-                continue
-            layer[spec.name] = spec
-        self.agents.update(layer)
-
-
-def _refuse_to_read(path: Path) -> str | None:
-    """Why discovery must not open `path`, if it must not: files come with a cloned repository,
-    before any confirmation, so a FIFO (which blocks) or a link to /dev/zero (which never ends)
-    is skipped, and only regular files up to `MAX_AGENT_FILE_BYTES` are read."""
-    try:
-        info = path.stat()
-    except OSError as exc:
-        return f"cannot read the file ({exc.strerror}); check that it exists and is readable"
-    if not stat.S_ISREG(info.st_mode):
-        return "not a regular file (a FIFO, device or socket); an agent file must be a plain text file"
-    if info.st_size > MAX_AGENT_FILE_BYTES:
-        limit = f"{MAX_AGENT_FILE_BYTES:,}"
-        return f"the file is {info.st_size:,} bytes, over the limit of {limit} for an agent file; shorten it"
-    return None
-
-
-def builtin_agents_dir() -> Path:
-    """`builtin_agents/`: inside the package in a wheel, next to it in an editable install."""
-    package_dir = Path(mlx_subagents.__file__).parent
-    bundled = package_dir / "builtin_agents"
-    return bundled if bundled.is_dir() else package_dir.parent / "builtin_agents"
-
-
-def user_agents_dir() -> Path:
-    """`$MLX_SUBAGENTS_HOME/agents`, default `~/.mlx-subagents/agents`."""
-    return state_home() / "agents"
-
-
-def find_project_agent_dirs(cwd: Path) -> tuple[Path | None, Path | None, Path | None]:
-    """`(project_root, mlx_agents_dir, claude_agents_dir)` for `cwd`, each None if absent.
-
-    The root is the nearest folder at or above `cwd` with `.mlx-subagents/agents`; its
-    `.claude/agents` comes with it, else the nearest `.claude/agents` (which is then the root if
-    there is no `.mlx-subagents`). User-level folders (`~/.claude/agents`, the user agents dir)
-    are never project folders, even when the project lives under the home folder.
-    """
-    cwd = cwd.expanduser().resolve()
-    mlx_root = _nearest(cwd, PROJECT_AGENTS_DIR)
-    if mlx_root is not None and (mlx_root / CLAUDE_AGENTS_DIR).is_dir():
-        claude_root: Path | None = mlx_root
-    else:
-        claude_root = _nearest(cwd, CLAUDE_AGENTS_DIR)
-    return (
-        mlx_root or claude_root,
-        mlx_root / PROJECT_AGENTS_DIR if mlx_root else None,
-        claude_root / CLAUDE_AGENTS_DIR if claude_root else None,
-    )
-
-
-def _nearest(cwd: Path, relative: str) -> Path | None:
-    home = Path.home()
-    user_level = {
-        user_agents_dir().resolve(),
-        (home / CLAUDE_AGENTS_DIR).resolve(),
-        (home / PROJECT_AGENTS_DIR).resolve(),
-    }
-    for folder in (cwd, *cwd.parents):
-        candidate = folder / relative
-        if candidate.is_dir() and candidate.resolve() not in user_level:
-            return folder
-    return None
-
-
-def discover_agents(cwd: Path, scope: Scope = "both") -> AgentCatalog:
-    """All agents visible from `cwd`: builtin < user < project, a later layer winning a clash.
-
-    Args:
-        scope: "user" = builtin + user, "project" = builtin + project, "both" = all three.
-            Built-ins are always included. Never raises for a bad file: it is skipped and
-            named in `catalog.warnings`.
-    """
-    catalog = AgentCatalog()
-    builtin = builtin_agents_dir()
-    if not builtin.is_dir():
-        missing = f"built-in agents folder not found: {builtin}; reinstall mlx-subagents"
-        catalog.warnings.append(missing)
-    catalog.load_folder(builtin, "builtin")
-    if scope in ("user", "both"):
-        catalog.load_folder(user_agents_dir(), "user")
-    if scope in ("project", "both"):
-        root, mlx_dir, claude_dir = find_project_agent_dirs(cwd)
-        catalog.project_root = root
-        if claude_dir is not None:
-            catalog.load_folder(claude_dir, "project", claude=True)
-        if mlx_dir is not None:
-            catalog.load_folder(mlx_dir, "project")
-    return catalog
-
-
-# ---------------------------------------------------------------------------------------------
-# Trust
-
-
-def require_trust(
-    spec: AgentSpec,
-    *,
-    assume_yes: bool,
-    interactive: bool,
-    confirm: Callable[[str], bool] | None = None,
-) -> None:
-    """Raise `ConfirmationRequired` unless a project agent is allowed to run.
-
-    Project files come with the workspace, not from the user, and can run commands in it.
-    Builtin and user agents always pass.
-
-    Args:
-        assume_yes: the user passed --yes.
-        interactive: a person can answer `confirm` (stdin is a terminal).
-        confirm: asks a yes/no question, e.g. `typer.confirm`.
-    """
-    if spec.source != "project" or assume_yes:
-        return
-    origin = f"agent '{spec.name}' comes from the project file {spec.path}; it can run commands in this workspace."
-    if not interactive or confirm is None:
-        raise ConfirmationRequired(f"{origin} Re-run with --yes to allow it.")
-    if not confirm(f"{origin} Allow it?"):
-        declined = f"agent '{spec.name}' was not allowed to run (declined)."
-        raise ConfirmationRequired(f"{declined} Re-run with --yes to allow it.")

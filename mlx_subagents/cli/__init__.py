@@ -25,8 +25,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
+from ..agents.discovery import AgentCatalog
 from ..agents.schema_output import load_schema
-from ..agents.spec import WRITER_TOOLS, AgentCatalog, AgentSpec
+from ..agents.spec import WRITER_TOOLS, AgentSpec
 from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
 from ..errors import RequestError, SubagentError
 from ..events import Event, EventSink, Fanout
@@ -678,7 +679,7 @@ def agents(
 
     Example: subagent agents --json
     """
-    from ..agents.spec import discover_agents
+    from ..agents.discovery import discover_agents
 
     root = Path(cwd).resolve()
     catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]

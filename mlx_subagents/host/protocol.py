@@ -1,6 +1,7 @@
 """The seam between sessions and model hosts: result types and the host protocol.
 
-The host knows tokens and caches, not agents; sessions see only these types.
+The host knows tokens and caches, not agents; sessions see only these types. It imports only
+the package's vocabulary (`results.ToolMode`), never a layer above.
 Messages are OpenAI-style chat dicts (`role`, `content`, `tool_calls`,
 `tool_call_id`), which is what Hugging Face chat templates render.
 """
@@ -11,13 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ..results import ToolMode
+
 Message = dict[str, Any]
 ToolSchema = dict[str, Any]
 TextCallback = Callable[[str], None]
 FinishReason = Literal["stop", "length", "cancelled"]
-# native: the chat template presents the tools and the model's own call format is parsed;
-# prompted: the host puts the tool list and one call format in the system prompt and parses that.
-ToolMode = Literal["native", "prompted"]
 # Tokens a reply may think before the host closes the thought; 0 turns thinking off.
 DEFAULT_THINKING_TOKENS = 4096
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agents.spec import Scope, parse_thinking
+from ..agents.discovery import Scope
+from ..agents.spec import parse_thinking
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
 from ..errors import RequestError
 

@@ -42,10 +42,11 @@ from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationErr
 
 from ..agents.compaction import CompactionSettings
 from ..agents.context import ProjectContext, load_project_context
+from ..agents.discovery import AgentCatalog, discover_agents, require_trust
 from ..agents.inbox import Inbox
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
-from ..agents.spec import AgentCatalog, AgentSpec, discover_agents, require_trust
+from ..agents.spec import AgentSpec
 from ..caps import DEFAULT_CONCURRENCY, CapItem, cap_answer, check_concurrency, check_request
 from ..errors import InputTooLargeError, RequestError, RunNotFoundError, SubagentError
 from ..events import Event, EventSink, ignore_event

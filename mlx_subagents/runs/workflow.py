@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..agents.spec import AgentCatalog
+from ..agents.discovery import AgentCatalog
 from ..caps import MAX_TASKS
 from ..errors import AgentNotFoundError, WorkflowError
 from ..home import state_home

@@ -1,0 +1,59 @@
+"""Claude Code's dialect of agent files: its tool names, its `Task(...)` grants, its model aliases.
+
+A file in a `.claude/agents` folder is read in this dialect: `Read` is our `read`, `Task(scout,
+worker)` in `tools` grants `subagent` and names the agents it may start, `sonnet` is a remote
+model (the default local model is used instead, with a warning), and Claude Code's own fields are
+accepted and ignored where we have no equivalent.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
+CLAUDE_FIELDS = (
+    "disallowedTools", "maxTurns", "permissionMode", "skills", "mcpServers", "hooks", "memory", "background",
+    "effort", "isolation", "initialPrompt", "disabled",
+)  # fmt: skip
+# Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`).
+CLAUDE_TASK_TOOL = re.compile(r"(?:Task|Agent)\((.*)\)")
+CLAUDE_MODEL_ALIASES = ("sonnet", "opus", "haiku")
+CLAUDE_TOOL_MAP = {
+    "Read": "read",
+    "Grep": "grep",
+    "Glob": "find",
+    "LS": "ls",
+    "Bash": "bash",
+    "Edit": "edit",
+    "MultiEdit": "edit",
+    "Write": "write",
+}
+
+
+def is_claude_file(path: Path) -> bool:
+    """Whether an agent file sits in a `.claude/agents` folder (and so speaks this dialect)."""
+    return path.parent.name == "agents" and path.parent.parent.name == ".claude"
+
+
+def claude_tool(name: str, claude: bool) -> str | None:
+    """Our name for a Claude Code tool (`Read` -> `read`; `Task(...)` -> `subagent` in any file), else None."""
+    if CLAUDE_TASK_TOOL.fullmatch(name):
+        return "subagent"  # the agents it names are read by `task_grants`
+    if claude:
+        return CLAUDE_TOOL_MAP.get(name)
+    return None
+
+
+def task_grants(items: list[object]) -> list[str] | None:
+    """The agents named by `Task(a, b)` items of a `tools` list (None: no such item)."""
+    names: list[str] | None = None
+    for item in items:
+        if isinstance(item, str) and (task := CLAUDE_TASK_TOOL.fullmatch(item.strip())):
+            names = (names or []) + task.group(1).split(",")
+    return names
+
+
+def is_claude_model(model: str) -> bool:
+    """Whether a model name is one of Claude's (`sonnet`, `claude-...`): remote, never run here."""
+    return model.lower() in CLAUDE_MODEL_ALIASES or model.lower().startswith("claude-")

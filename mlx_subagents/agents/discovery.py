@@ -1,0 +1,190 @@
+"""Where agents come from: the layers of agent folders, and the consent a project agent needs.
+
+Layers, a later one winning on a name clash:
+
+    builtin   builtin_agents/*.md (inside the wheel, or at the repo top level in a dev install)
+    user      $MLX_SUBAGENTS_HOME/agents/*.md (default ~/.mlx-subagents/agents)
+    project   .claude/agents/*.md, then .mlx-subagents/agents/*.md, found walking up from cwd
+
+Project files come with the workspace (a cloned repository), so they are read defensively (only
+regular files of a sane size) and run only after the user's consent (`require_trust`).
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import mlx_subagents
+
+from ..errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
+from ..home import state_home
+from .spec import AgentSpec, Source, parse_agent_file
+
+Scope = Literal["user", "project", "both"]
+MAX_AGENT_FILE_BYTES = 1024 * 1024  # a system prompt far longer than any context window
+PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
+CLAUDE_AGENTS_DIR = ".claude/agents"
+
+
+@dataclass
+class AgentCatalog:
+    """The agents found for one working folder; `warnings` has one line per skipped file."""
+
+    agents: dict[str, AgentSpec] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    project_root: Path | None = None
+
+    def names(self) -> list[str]:
+        return sorted(self.agents)
+
+    def get(self, name: str) -> AgentSpec:
+        """The agent called `name`; `AgentNotFoundError` lists the available ones."""
+        try:
+            return self.agents[name.strip().lower()]
+        except KeyError:
+            available = ", ".join(self.names()) or "(none)"
+            raise AgentNotFoundError(f"unknown agent '{name}'; available: {available}") from None
+
+    def load_folder(self, folder: Path, source: Source, *, claude: bool = False) -> None:
+        """Add every `*.md` agent in `folder` (not recursive), overriding same-named agents."""
+        if not folder.is_dir():
+            return
+        layer: dict[str, AgentSpec] = {}
+        for path in sorted(folder.glob("*.md")):
+            if path.name.startswith("."):  # editor lock and backup files
+                continue
+            if (refusal := _refuse_to_read(path)) is not None:
+                self.warnings.append(f"skipped {path}: {refusal}")
+                continue
+            try:
+                spec = parse_agent_file(path, source, claude=claude)
+            except AgentFileError as exc:
+                self.warnings.append(f"skipped {exc}")
+                continue
+            if spec.name in layer:
+                other = layer[spec.name].path
+                clash = f"agent '{spec.name}' is already defined in {other}; rename one of them"
+                self.warnings.append(f"skipped {path}: {clash}")
+                continue
+            layer[spec.name] = spec
+        self.agents.update(layer)
+
+
+def _refuse_to_read(path: Path) -> str | None:
+    """Why discovery must not open `path`, if it must not: files come with a cloned repository,
+    before any confirmation, so a FIFO (which blocks) or a link to /dev/zero (which never ends)
+    is skipped, and only regular files up to `MAX_AGENT_FILE_BYTES` are read."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        return f"cannot read the file ({exc.strerror}); check that it exists and is readable"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file (a FIFO, device or socket); an agent file must be a plain text file"
+    if info.st_size > MAX_AGENT_FILE_BYTES:
+        limit = f"{MAX_AGENT_FILE_BYTES:,}"
+        return f"the file is {info.st_size:,} bytes, over the limit of {limit} for an agent file; shorten it"
+    return None
+
+
+def builtin_agents_dir() -> Path:
+    """`builtin_agents/`: inside the package in a wheel, next to it in an editable install."""
+    package_dir = Path(mlx_subagents.__file__).parent
+    bundled = package_dir / "builtin_agents"
+    return bundled if bundled.is_dir() else package_dir.parent / "builtin_agents"
+
+
+def user_agents_dir() -> Path:
+    """`$MLX_SUBAGENTS_HOME/agents`, default `~/.mlx-subagents/agents`."""
+    return state_home() / "agents"
+
+
+def find_project_agent_dirs(cwd: Path) -> tuple[Path | None, Path | None, Path | None]:
+    """`(project_root, mlx_agents_dir, claude_agents_dir)` for `cwd`, each None if absent.
+
+    The root is the nearest folder at or above `cwd` with `.mlx-subagents/agents`; its
+    `.claude/agents` comes with it, else the nearest `.claude/agents` (which is then the root if
+    there is no `.mlx-subagents`). User-level folders (`~/.claude/agents`, the user agents dir)
+    are never project folders, even when the project lives under the home folder.
+    """
+    cwd = cwd.expanduser().resolve()
+    mlx_root = _nearest(cwd, PROJECT_AGENTS_DIR)
+    if mlx_root is not None and (mlx_root / CLAUDE_AGENTS_DIR).is_dir():
+        claude_root: Path | None = mlx_root
+    else:
+        claude_root = _nearest(cwd, CLAUDE_AGENTS_DIR)
+    return (
+        mlx_root or claude_root,
+        mlx_root / PROJECT_AGENTS_DIR if mlx_root else None,
+        claude_root / CLAUDE_AGENTS_DIR if claude_root else None,
+    )
+
+
+def _nearest(cwd: Path, relative: str) -> Path | None:
+    home = Path.home()
+    user_level = {
+        user_agents_dir().resolve(),
+        (home / CLAUDE_AGENTS_DIR).resolve(),
+        (home / PROJECT_AGENTS_DIR).resolve(),
+    }
+    for folder in (cwd, *cwd.parents):
+        candidate = folder / relative
+        if candidate.is_dir() and candidate.resolve() not in user_level:
+            return folder
+    return None
+
+
+def discover_agents(cwd: Path, scope: Scope = "both") -> AgentCatalog:
+    """All agents visible from `cwd`: builtin < user < project, a later layer winning a clash.
+
+    Args:
+        scope: "user" = builtin + user, "project" = builtin + project, "both" = all three.
+            Built-ins are always included. Never raises for a bad file: it is skipped and
+            named in `catalog.warnings`.
+    """
+    catalog = AgentCatalog()
+    builtin = builtin_agents_dir()
+    if not builtin.is_dir():
+        missing = f"built-in agents folder not found: {builtin}; reinstall mlx-subagents"
+        catalog.warnings.append(missing)
+    catalog.load_folder(builtin, "builtin")
+    if scope in ("user", "both"):
+        catalog.load_folder(user_agents_dir(), "user")
+    if scope in ("project", "both"):
+        root, mlx_dir, claude_dir = find_project_agent_dirs(cwd)
+        catalog.project_root = root
+        if claude_dir is not None:
+            catalog.load_folder(claude_dir, "project", claude=True)
+        if mlx_dir is not None:
+            catalog.load_folder(mlx_dir, "project")
+    return catalog
+
+
+def require_trust(
+    spec: AgentSpec,
+    *,
+    assume_yes: bool,
+    interactive: bool,
+    confirm: Callable[[str], bool] | None = None,
+) -> None:
+    """Raise `ConfirmationRequired` unless a project agent is allowed to run.
+
+    Project files come with the workspace, not from the user, and can run commands in it.
+    Builtin and user agents always pass.
+
+    Args:
+        assume_yes: the user passed --yes.
+        interactive: a person can answer `confirm` (stdin is a terminal).
+        confirm: asks a yes/no question, e.g. `typer.confirm`.
+    """
+    if spec.source != "project" or assume_yes:
+        return
+    origin = f"agent '{spec.name}' comes from the project file {spec.path}; it can run commands in this workspace."
+    if not interactive or confirm is None:
+        raise ConfirmationRequired(f"{origin} Re-run with --yes to allow it.")
+    if not confirm(f"{origin} Allow it?"):
+        declined = f"agent '{spec.name}' was not allowed to run (declined)."
+        raise ConfirmationRequired(f"{declined} Re-run with --yes to allow it.")
