@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import yaml
 
-from benchmarks.eval.tasks import EvalTask, ScoutTask
+from .tasks import EvalTask, ScoutTask
 
 ReplyKind = Literal["right", "wrong"]
 

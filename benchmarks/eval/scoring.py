@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.eval.source import changed_files
-from benchmarks.eval.tasks import Expect, TestRun, WorkerTask, run_test
+from .source import changed_files
+from .tasks import Expect, TestRun, WorkerTask, run_test
 
 # A findings line as the built-in scout writes it: `- path/to/file.py:12-40 — what is there`
 # (backticks and a single line number `:12` allowed).

@@ -15,9 +15,10 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from benchmarks.eval.source import Package, fresh_copy
 from mlx_subagents.errors import RequestError
 from mlx_subagents.userfiles import first_error, load_file
+
+from .source import Package, fresh_copy
 
 DEFAULT_TASKS = Path(__file__).resolve().parent / "tasks.yaml"
 DEFAULT_TEST_TIMEOUT = 120.0
