@@ -41,23 +41,12 @@ from mlx_subagents.events import Event
 from mlx_subagents.host.scripted import SCRIPTED_PREFIX
 from mlx_subagents.results import RunResult
 from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.runner import Runner, TaskSpec
+from mlx_subagents.runs.runner import Runner
+from mlx_subagents.runs.tasks import ModelRef, TaskSpec
 
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_CONCURRENCY = 4
 TINY_CONTEXT_WINDOW = 8192
-
-
-@dataclass
-class TaskRunner(Runner):
-    """A runner for one task's copy that borrows its hosts from `owner`: every copy gets its own
-    workspace, and all of them share one loaded model (so concurrent tasks batch together)."""
-
-    owner: Runner | None = None
-
-    async def host_for(self, model: str) -> Any:
-        assert self.owner is not None
-        return await self.owner.host_for(model)
 
 
 @dataclass(frozen=True)
@@ -117,13 +106,15 @@ async def run_task(task: EvalTask, setup: Setup, owner: Runner, mode: str, gate:
             if event.kind == "tool_call":
                 calls[event.label] += 1
 
-        runner = TaskRunner(
+        # Every copy gets its own workspace; all of them share the owner's loaded model (so concurrent
+        # tasks batch together).
+        runner = Runner(
             cwd=tree,
             options=setup.options,
             catalog=setup.catalog(tree),
             on_event=count,
             home=setup.out / "transcripts" / mode,
-            owner=owner,
+            hosts=owner.preparer.hosts,
         )
         spec = TaskSpec(
             agent=task.agent,
@@ -174,7 +165,7 @@ async def run_modes(tasks: list[EvalTask], setup: Setup, concurrency: int) -> di
     report: dict[str, dict[str, Any]] = {}
     async with Runner(cwd=setup.source, options=setup.options, save_transcripts=False) as owner:
         for model in sorted(set(setup.models.values())):
-            await owner.host_for(model)  # load before the clock starts
+            await owner.preparer.host_for(ModelRef(model))  # load before the clock starts
         for mode, n in modes.items():
             gate = asyncio.Semaphore(n)
             start = time.perf_counter()

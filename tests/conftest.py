@@ -118,7 +118,7 @@ def forced_orchestrator(forced_runner: Any) -> Any:
     `forced_runner`."""
     import asyncio
 
-    from mlx_subagents.runs.runner import TaskSpec
+    from mlx_subagents.runs.tasks import TaskSpec
 
     def run(replies: dict[str, list[str]], **options: Any) -> tuple[Any, Any]:
         runner, scripts = forced_runner(replies, **options)

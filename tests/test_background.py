@@ -19,7 +19,8 @@ from mlx_subagents.errors import (
 )
 from mlx_subagents.events import Event
 from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.runner import Runner, TaskSpec
+from mlx_subagents.runs.runner import Runner
+from mlx_subagents.runs.tasks import ModelRef, TaskSpec
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 
 
@@ -111,7 +112,7 @@ def test_a_message_reaches_a_running_task_at_its_next_turn(tmp_path: Path, write
                 await asyncio.sleep(0.01)
             handle.send("also look at the tests")
             result = await handle.wait()
-            host = await runner.host_for(model)
+            host = await runner.preparer.host_for(ModelRef(model))
             return handle, result, host.history["scout#1"]
 
     handle, result, history = asyncio.run(main())
@@ -138,7 +139,7 @@ def test_a_message_to_a_finished_task_resumes_it(tmp_path: Path, write_script: A
             handle.send("and now?")
             assert handle.status in ("queued", "running")
             second = await handle.wait()
-            host = await runner.host_for(model)
+            host = await runner.preparer.host_for(ModelRef(model))
             return handle, first, second, host.history["scout#1"]
 
     handle, first, second, history = asyncio.run(main())

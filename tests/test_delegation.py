@@ -15,9 +15,10 @@ from mlx_subagents.agents.session import AgentSession
 from mlx_subagents.caps import MAX_ANSWER_BYTES
 from mlx_subagents.errors import RequestError
 from mlx_subagents.events import Event
-from mlx_subagents.runs.execution import Parent
 from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.runner import Runner, TaskSpec
+from mlx_subagents.runs.prepare import Parent
+from mlx_subagents.runs.runner import Runner
+from mlx_subagents.runs.tasks import ModelRef, TaskSpec
 from mlx_subagents.runs.transcripts import load_run, read_transcript, runs_dir
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import SubagentTool
@@ -396,20 +397,19 @@ def test_a_child_without_the_grant_cannot_delegate(tmp_path: Path, write_script:
 
 def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_script: Any) -> None:
     runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])))
-    assert runner.catalog is not None
     orchestrator, scout = runner.catalog.get("orchestrator"), runner.catalog.get("scout")
     workspace = Workspace(tmp_path)
-    assert list(runner.delegation_tools(Parent(orchestrator, "o", 0, "m", None), workspace)) == [
+    assert list(runner.delegation_tools(Parent(orchestrator, "o", 0, ModelRef("m"), None), workspace)) == [
         "subagent",
         "subagent_status",
         "subagent_output",
         "subagent_send",
         "subagent_cancel",
     ]
-    assert runner.delegation_tools(Parent(scout, "s", 0, "m", None), workspace) == {}
+    assert runner.delegation_tools(Parent(scout, "s", 0, ModelRef("m"), None), workspace) == {}
 
     async def sessions() -> tuple[AgentSession, AgentSession]:
-        host = await runner.host_for(write_script(["x"]))
+        host = await runner.preparer.host_for(ModelRef(write_script(["x"])))
         tool = SubagentTool(workspace, delegate=None, agents={}, depth=0)  # type: ignore[arg-type]
         given = [
             AgentSession(spec=s, host=host, workspace=workspace, extra_tools={"subagent": tool})
@@ -424,10 +424,9 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_
 
 def test_the_description_lists_the_other_agents(tmp_path: Path, write_script: Any) -> None:
     runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])))
-    assert runner.catalog is not None
-    tool = runner.delegation_tools(Parent(runner.catalog.get("orchestrator"), "o", 0, "m", None), Workspace(tmp_path))[
-        "subagent"
-    ]
+    tool = runner.delegation_tools(
+        Parent(runner.catalog.get("orchestrator"), "o", 0, ModelRef("m"), None), Workspace(tmp_path)
+    )["subagent"]
     description = tool.schema()["function"]["description"]
     assert description.endswith(
         "Agents:\n"

@@ -32,9 +32,9 @@ TINY_SERVER = """
 import asyncio, json, sys
 from pathlib import Path
 from mlx_lm.utils import load_tokenizer
-from mlx_subagents.mcp_server import serve_stdio
-from mlx_subagents.options import RunOptions
-from mlx_subagents.runner import Runner
+from mlx_subagents.mcp_server.server import serve_stdio
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.runner import Runner
 from mlx_subagents.testing import ForcedScripts
 
 model, workspace, scripts = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])

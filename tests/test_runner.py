@@ -18,7 +18,8 @@ from mlx_subagents.errors import AgentNotFoundError, InputTooLargeError, Request
 from mlx_subagents.events import Event
 from mlx_subagents.mcp_server.tasks import window
 from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.runner import Runner, TaskSpec, label_tasks, load_tasks_file
+from mlx_subagents.runs.runner import Runner
+from mlx_subagents.runs.tasks import TaskSpec, label_tasks, load_tasks_file
 from mlx_subagents.runs.transcripts import read_transcript, runs_dir
 
 

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlx_subagents.runs.execution import Parent
 from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.prepare import Parent
 from mlx_subagents.runs.runner import Runner
+from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.tools import TOOL_NAMES, Tool, ToolResult, Workspace, make_tools
 
 FUZZED_TOOLS = tuple(name for name in TOOL_NAMES if name != "bash")  # bash runs what it is given: tested apart
@@ -40,8 +41,7 @@ def subagent(tmp_path: Path, write_script: Any, ws: Workspace) -> Tool:
     """The real `subagent` tool of an orchestrator, delegating through a runner on a scripted model."""
     model = write_script(["child answer"] * 200)
     runner = Runner(cwd=ws.root, options=RunOptions(model=model), save_transcripts=False)
-    assert runner.catalog is not None
-    parent = Parent(runner.catalog.get("orchestrator"), "o", 0, model, None)
+    parent = Parent(runner.catalog.get("orchestrator"), "o", 0, ModelRef(model), None)
     return runner.delegation_tools(parent, ws)["subagent"]
 
 

@@ -12,7 +12,8 @@ from helpers import call
 
 from mlx_subagents.errors import RunNotFoundError
 from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.runner import Runner, TaskSpec, close_open_tool_calls
+from mlx_subagents.runs.runner import Runner, close_open_tool_calls
+from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import list_runs, load_run, read_transcript, runs_dir
 
 

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import mlx_subagents
-
 from ..errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
 from ..home import state_home
 from .spec import AgentSpec, Source, parse_agent_file
@@ -92,7 +90,7 @@ def _refuse_to_read(path: Path) -> str | None:
 
 def builtin_agents_dir() -> Path:
     """`builtin_agents/`: inside the package in a wheel, next to it in an editable install."""
-    package_dir = Path(mlx_subagents.__file__).parent
+    package_dir = Path(__file__).resolve().parents[1]
     bundled = package_dir / "builtin_agents"
     return bundled if bundled.is_dir() else package_dir.parent / "builtin_agents"
 

@@ -35,7 +35,8 @@ from ..host import parse_bytes
 from ..render import EventLines
 from ..results import MultiRunResult, RunResult
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
-from ..runs.runner import Runner, TaskSpec, default_model, label_tasks, load_tasks_file
+from ..runs.runner import Runner
+from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
 from .doctor import run_doctor
 from .interrupts import EXIT_INTERRUPTED, two_press_sigint
 from .progress import ProgressView, usage_table
@@ -242,7 +243,6 @@ class Shared:
             confirm=lambda q: typer.confirm(q, default=False, err=True),
             on_event=on_event,
         )
-        assert runner.catalog is not None
         _print_warnings(runner.catalog, limit=MAX_WARNINGS)
         return runner
 

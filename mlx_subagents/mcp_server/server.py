@@ -5,11 +5,12 @@ and keeps it for the life of the process, so every call reuses the resident host
 the agents' shared prefixes. The tools:
 
 - `list_agents`: the agents the server can run, and the project agents it withholds without `--yes`;
-- `run_agents`: the `subagent` tool's three forms (one task, parallel tasks, a chain), validated and
-  formatted by `tools/subagent.py` itself; the tasks run at the top level through `Runner.delegate`;
+- `run_agents`: the `subagent` tool's three forms (one task, parallel tasks, a chain), read by
+  `tools/subagent.py` (`parse_delegation`, `format_outcome`); the tasks run at the top level through
+  `Runner.delegate`;
 - `start_agents`, `agent_status`, `agent_output`, `send_to_agent`, `cancel_agent`: the same forms
   started in the background on the server's one task board, then watched, read, steered and
-  stopped by id (`mcp_tasks.py`).
+  stopped by id (`tasks.py`).
 
 A call with a progress token gets one progress notification per runner event that says something
 (turns, tool calls, tokens), in order. A cancelled call cancels its children (their `bash` groups
@@ -28,9 +29,9 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 import anyio
@@ -45,7 +46,7 @@ from rich.text import Text
 from .. import __version__
 from ..agents.spec import AgentSpec
 from ..caps import MAX_TASKS
-from ..errors import ConfirmationRequired, SubagentError
+from ..errors import ConfirmationRequired, SubagentError, ToolError
 from ..events import Event, EventSink
 from ..home import make_state_dir, state_home
 from ..render import EventLines
@@ -53,7 +54,7 @@ from ..results import MultiRunResult, RunResult, RunUsage, Status, StopReason
 from ..runs.board import TaskBoard
 from ..runs.runner import Runner
 from ..tools.base import ToolResult
-from ..tools.subagent import FORMS, Delegate, Delegation, Start, SubagentTool, fit_answers
+from ..tools.subagent import FORMS, Delegation, delegation_schema, fit_answers, format_outcome, parse_delegation
 from .tasks import ServerTasks
 
 SERVER_NAME = "mlx-subagents"
@@ -68,6 +69,7 @@ TOOL_NAMES = (
 )
 LOG_FILE = "mcp.log"
 MakeRunner = Callable[[Path, EventSink], Runner]
+T = TypeVar("T")
 
 log = logging.getLogger("mlx_subagents.mcp")
 
@@ -230,11 +232,11 @@ class AgentsServer:
                 types.Tool(
                     name="run_agents",
                     description=describe_run_agents(runner),
-                    input_schema=forms_schema(self._run_tool(runner)),
+                    input_schema=delegation_schema(background=False),
                     output_schema=RunOutcome.model_json_schema(),
                     annotations=types.ToolAnnotations(destructive_hint=True, open_world_hint=False),
                 ),
-                *self._tasks(runner).tools(forms_schema(self._run_tool(runner)), agent_lines(runner)),
+                *self._tasks(runner).tools(delegation_schema(background=False), agent_lines(runner)),
             ]
         )
 
@@ -277,25 +279,20 @@ class AgentsServer:
                 "start_agents with the same arguments"
             )
         runner = await self._runner(ctx)
+        try:
+            call = parse_delegation(arguments, runner.workspace, runner.catalog.agents, tool="run_agents")
+        except ToolError as exc:
+            return _error(f"Error: {exc}")
         token = (ctx.meta or {}).get("progress_token")
         progress = Progress(ctx.session) if token is not None else None
-        outcomes: list[tuple[Delegation, MultiRunResult]] = []
-
-        async def delegate(call: Delegation) -> MultiRunResult:
-            check_withheld(runner, call)
-            outcome = await runner.delegate(call, None)  # no parent: top-level tasks
-            outcomes.append((call, outcome))
-            return outcome
-
-        tool = self._run_tool(runner, delegate)
         reset = _progress.set(progress)
         try:  # the task copies the context: every child's events find this request's `progress`
-            work = asyncio.ensure_future(tool.call(arguments))
+            work = asyncio.ensure_future(_refused_or(runner, call, "run_agents", lambda: runner.delegate(call, None)))
         finally:
             _progress.reset(reset)
         pump = asyncio.ensure_future(progress.pump()) if progress else None
         try:
-            answer = await asyncio.shield(work)
+            outcome = await asyncio.shield(work)
         except asyncio.CancelledError:
             # Cancel the children once and wait, shielded, while they kill their processes and save.
             work.cancel()
@@ -307,67 +304,33 @@ class AgentsServer:
         if progress is not None and pump is not None:
             progress.close()
             await pump
-        if not outcomes:  # refused before anything ran: the tool's message says why and what to send
-            return _error(answer.output)
-        return run_result(*outcomes[-1], answer)
+        if isinstance(outcome, types.CallToolResult):  # refused before anything ran
+            return outcome
+        return run_result(call, outcome, format_outcome(call, outcome))
 
     # -- start_agents -----------------------------------------------------------------------------------
 
     async def _start_agents(self, ctx: ServerRequestContext[Any], arguments: dict[str, Any]) -> types.CallToolResult:
-        """`run_agents`'s forms, validated by the same tool, started on the board: the ids at once."""
+        """`run_agents`'s forms, read by the same parser, started on the board: the ids at once."""
         runner = await self._runner(ctx)
         tasks = self._tasks(runner)
-        ids: list[str] = []
-
-        async def start(call: Delegation) -> list[str]:
-            check_withheld(runner, call)
-            ids.extend(await tasks.board.start_delegation(call))
-            return ids
-
-        tool = self._run_tool(runner, start=start, name="start_agents")
-        answer = await tool.call({**arguments, "background": True})
-        if answer.is_error or not ids:
-            return _error(answer.output)
-        return tasks.started(ids)
+        try:
+            call = parse_delegation(
+                {**arguments, "background": True}, runner.workspace, runner.catalog.agents, tool="start_agents"
+            )
+        except ToolError as exc:
+            return _error(f"Error: {exc}")
+        started = await _refused_or(runner, call, "start_agents", lambda: runner.start_background(call, tasks.board))
+        if isinstance(started, types.CallToolResult):
+            return started
+        return tasks.started([h.id for h in started])
 
     def _tasks(self, runner: Runner | None = None) -> ServerTasks:
         """The server's started tasks, on one board made with the runner."""
         if self.tasks is None:
             assert runner is not None
-            self.tasks = ServerTasks(TaskBoard(runner, runner.workspace))
+            self.tasks = ServerTasks(TaskBoard(runner.workspace, on_event=runner.on_event))
         return self.tasks
-
-    def _run_tool(
-        self,
-        runner: Runner,
-        delegate: Delegate | None = None,
-        *,
-        start: Start | None = None,
-        name: str = "run_agents",
-    ) -> SubagentTool:
-        """The `subagent` tool's validation and formatting, named `run_agents` (or `name`) in its messages.
-
-        Args:
-            delegate: runs a valid call; None for a tool that only gives its schema (`list_tools`).
-            start: starts a call's tasks in the background (`start_agents`).
-        """
-        assert runner.catalog is not None
-
-        async def refuse(_call: Delegation) -> MultiRunResult:
-            raise RuntimeError("this run_agents tool only gives its schema")
-
-        agents = {name: spec.description for name, spec in runner.catalog.agents.items()}
-        # The client stands above the agents a person starts (depth 0): no depth limit applies to it.
-        tool = SubagentTool(
-            runner.workspace,
-            delegate=delegate or refuse,
-            agents=agents,
-            depth=-1,
-            max_depth=runner.options.max_depth,
-            start=start,
-        )
-        tool.name = name
-        return tool
 
     # -- the workspace and the runner --------------------------------------------------------------------
 
@@ -425,17 +388,21 @@ def working_directory() -> Path:
 
 def withheld_agents(runner: Runner) -> list[AgentSpec]:
     """Project agents the server will not run: they need `--yes` at start."""
-    assert runner.catalog is not None
     if runner.options.assume_yes:
         return []
     return sorted((s for s in runner.catalog.agents.values() if s.source == "project"), key=lambda s: s.name)
 
 
-def forms_schema(tool: SubagentTool) -> dict[str, Any]:
-    """The `subagent` tool's forms as `run_agents` and `start_agents` take them: without `background`
-    (the tool's name says whether the call waits)."""
-    schema = tool.schema()["function"]["parameters"]
-    return {**schema, "properties": {k: v for k, v in schema["properties"].items() if k != "background"}}
+async def _refused_or(
+    runner: Runner, call: Delegation, tool: str, work: Callable[[], Awaitable[T]]
+) -> T | types.CallToolResult:
+    """What `work` gives, or the error result a client reads: a project agent the server withholds,
+    a cap, a label clash, an agent or model that cannot start (refused before anything ran)."""
+    try:
+        check_withheld(runner, call)
+        return await work()
+    except SubagentError as exc:
+        return _error(f"Error: {tool} call refused: {exc}")
 
 
 def check_withheld(runner: Runner, call: Delegation) -> None:
@@ -449,12 +416,15 @@ def check_withheld(runner: Runner, call: Delegation) -> None:
 
 
 def agent_list(runner: Runner) -> AgentList:
-    assert runner.catalog is not None
     withheld = withheld_agents(runner)
     names = {s.name for s in withheld}
     agents = [
         AgentInfo(
-            name=s.name, description=s.description, tools=list(s.tools), model=runner.model_for(s), source=s.source
+            name=s.name,
+            description=s.description,
+            tools=list(s.tools),
+            model=str(runner.preparer.model_for(s)),
+            source=s.source,
         )
         for s in sorted(runner.catalog.agents.values(), key=lambda s: s.name)
         if s.name not in names
@@ -587,7 +557,6 @@ def describe_run_agents(runner: Runner) -> str:
 
 def agent_lines(runner: Runner) -> str:
     """One line per agent the server runs: name, tools, description."""
-    assert runner.catalog is not None
     withheld = {s.name for s in withheld_agents(runner)}
     listing = "\n".join(
         f"- {s.name} (tools: {', '.join(s.tools)}): {s.description}"

@@ -12,6 +12,8 @@ session's inbox (read before its next turn), an event `task_notice` goes to the 
 gets the task's status.
 
 The board also answers the model-facing tools (`tools/background.py`): it is their `TaskControl`.
+It holds tasks as `BoardTask`s (what a `TaskHandle` is to it), and knows no runner: who starts
+tasks on it (the runner, binding its tools) adds them here.
 """
 
 from __future__ import annotations
@@ -19,25 +21,46 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..agents.inbox import Delivery, Inbox
+from ..agents.spec import AgentSpec
 from ..caps import MAX_TASKS
 from ..errors import RequestError, TaskNotFoundError, TaskStateError
-from ..events import Event
-from ..results import TaskStatus
+from ..events import Event, EventSink
+from ..results import RunResult, TaskState, TaskStatus
 from ..tools import Workspace
 from ..tools.base import one_line
+from .prepare import Parent
 from .slots import lend
-
-if TYPE_CHECKING:
-    from ..tools.subagent import Delegation
-    from .execution import Parent
-    from .handle import TaskHandle
-    from .runner import Runner, TaskSpec
+from .tasks import TaskSpec
 
 MAX_ALIVE = MAX_TASKS
 NoticeCallback = Callable[[TaskStatus], None]
+
+
+class BoardTask(Protocol):
+    """A task as its board holds it (a `BoardTask`)."""
+
+    id: str
+    label: str
+    spec: AgentSpec
+    result: RunResult | None
+    cancel_reason: str | None
+
+    @property
+    def status(self) -> TaskState: ...
+    @property
+    def alive(self) -> bool: ...
+    @property
+    def run_id(self) -> str | None: ...
+
+    def snapshot(self) -> TaskStatus: ...
+    def full_output(self) -> str: ...
+    def cancel(self, reason: str | None = None) -> bool: ...
+    def send(self, message: str) -> None: ...
+    async def wait(self, timeout: float | None = None) -> RunResult | None: ...
+    async def join(self) -> None: ...
 
 
 def first_line(text: str) -> str:
@@ -50,6 +73,7 @@ class TaskBoard:
     """The tasks one parent started. Create inside the event loop that runs them.
 
     Args:
+        on_event: where a notice's event goes when no parent session reports it.
         parent: the agent session whose children these are (None: top-level tasks); set when known.
         inbox: the parent session's inbox, for notices (None: no session reads them).
         on_notice: called with a task's status when it ends in the background.
@@ -57,32 +81,26 @@ class TaskBoard:
 
     def __init__(
         self,
-        runner: Runner,
         workspace: Workspace,
         *,
+        on_event: EventSink,
         parent: Parent | None = None,
         inbox: Inbox | None = None,
         on_notice: NoticeCallback | None = None,
     ) -> None:
-        self.runner = runner
         self.workspace = workspace
+        self.on_event = on_event
         self.parent = parent
         self.inbox = inbox
         self.on_notice = on_notice
-        self._handles: dict[str, TaskHandle] = {}
+        self._handles: dict[str, BoardTask] = {}
         self._n_started: Counter[str] = Counter()
         self._pending: set[str] = set()  # ids reserved by starts not finished yet
         self._changed = asyncio.Event()
 
     # -- the API ----------------------------------------------------------------------------------------
 
-    async def start(
-        self, task: TaskSpec, *, after: TaskHandle | None = None, render: Callable[..., str] | None = None
-    ) -> TaskHandle:
-        """Start a task in the background on this board (see `Runner.start`)."""
-        return await self.runner.start(task, board=self, after=after, render=render)
-
-    def get(self, task_id: str) -> TaskHandle:
+    def get(self, task_id: str) -> BoardTask:
         """The task with this id; an unknown id raises `TaskNotFoundError` listing the known ones."""
         handle = self._handles.get(task_id.strip())
         if handle is None:
@@ -90,14 +108,14 @@ class TaskBoard:
             raise TaskNotFoundError(f"no task '{task_id}' here; the tasks started here are: {known}")
         return handle
 
-    def tasks(self) -> list[TaskHandle]:
+    def tasks(self) -> list[BoardTask]:
         """Every task started on this board, in start order."""
         return list(self._handles.values())
 
-    def alive(self) -> list[TaskHandle]:
+    def alive(self) -> list[BoardTask]:
         return [h for h in self._handles.values() if h.alive]
 
-    def cancel_all(self, reason: str | None = None) -> list[TaskHandle]:
+    def cancel_all(self, reason: str | None = None) -> list[BoardTask]:
         """Cancel every queued or running task; the ones cancelled."""
         return [h for h in self.alive() if h.cancel(reason)]
 
@@ -107,7 +125,7 @@ class TaskBoard:
         for handle in self.tasks():
             await handle.join()
 
-    # -- ids and the cap (for `Runner.start`) -----------------------------------------------------------
+    # -- ids and the cap (for the runner's starts) -----------------------------------------------------------
     # Ids are reserved as they are planned: starts that overlap (two `subagent` calls in one reply) never
     # share an id or pass the cap together; a start that fails gives its reservations back (`release`).
 
@@ -154,14 +172,14 @@ class TaskBoard:
                 f"{MAX_ALIVE}; wait for one to end (subagent_output with wait) or cancel one"
             )
 
-    def add(self, handle: TaskHandle) -> None:
+    def add(self, handle: BoardTask) -> None:
         """Hold a task under its reserved id."""
         self._pending.discard(handle.id)
         self._handles[handle.id] = handle
 
     # -- notices ----------------------------------------------------------------------------------------
 
-    def ended(self, handle: TaskHandle) -> None:
+    def ended(self, handle: BoardTask) -> None:
         """A background generation of `handle` ended: notice to the parent, event, callback."""
         result = handle.result
         status = handle.status
@@ -177,7 +195,7 @@ class TaskBoard:
         else:
             label = self.parent.label if self.parent else handle.label
             agent = self.parent.spec.name if self.parent else handle.spec.name
-            self.runner.on_event(Event(kind="task_notice", label=label, agent=agent, data=data))
+            self.on_event(Event(kind="task_notice", label=label, agent=agent, data=data))
         if self.on_notice is not None:
             self.on_notice(handle.snapshot())
         self._changed.set()
@@ -194,11 +212,7 @@ class TaskBoard:
                 await self._changed.wait()
         return pending()
 
-    # -- the model-facing tools (`TaskControl`, and the `subagent` tool's `start`) -----------------------
-
-    async def start_delegation(self, call: Delegation) -> list[str]:
-        """A `subagent` call with `background: true`: its tasks started, their ids."""
-        return [h.id for h in await self.runner.start_background(call, self)]
+    # -- the model-facing tools (`TaskControl`) -----------------------
 
     def statuses(self, task_id: str | None = None) -> list[TaskStatus]:
         return [self.get(task_id).snapshot()] if task_id else [h.snapshot() for h in self.tasks()]

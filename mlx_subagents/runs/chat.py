@@ -171,7 +171,6 @@ class Chat:
         return lines
 
     def agent_lines(self) -> list[str]:
-        assert self.runner.catalog is not None
         lines = []
         for name in self.runner.catalog.names():
             spec = self.runner.catalog.get(name)

@@ -12,24 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..agents.compaction import CompactionSettings
 from ..agents.inbox import Inbox
 from ..agents.schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
-from ..agents.session import AgentSession, Limits
-from ..agents.spec import AgentSpec
+from ..agents.session import AgentSession
 from ..caps import cap_answer
 from ..errors import SubagentError
 from ..events import Event, EventKind, EventSink, ignore_event
-from ..host.protocol import ModelHost
 from ..results import Mode, RunResult, Status, StopReason
-from ..tools import Tool, Workspace
+from ..tools import Tool
+from .prepare import PreparedTask
 from .slots import Slots
+from .tasks import Render
 from .transcripts import TaskTranscript
 
 INTERRUPTED = "aborted by the user (Ctrl-C)"
@@ -37,33 +36,15 @@ INTERRUPTED_BEFORE_START = "aborted by the user (Ctrl-C) before it started"
 WAITING_FOR_WRITER = "another agent that can change files is working in this workspace; writers take turns"
 
 
-@dataclass(frozen=True)
-class Parent:
-    """A session that may start sub-agents: who it is, its depth and model, where its children are saved.
-
-    Args:
-        depth: how many parents it has (0: started by a person).
-        home: its run folder (children are saved under `home/runs/`); None when nothing is saved.
-    """
-
-    spec: AgentSpec
-    label: str
-    depth: int
-    model: str
-    home: Path | None
-
-
 @dataclass
 class PlannedTask:
-    """One task ready to run: agent, host and limits resolved.
+    """One prepared task in a plan: where it stands, what it is told, and what it waits for.
 
     Args:
         prompt: the task text, or for a task with `render`, what the transcript shows until it runs.
         render: builds the task text from the finished results (chain `{previous}`, workflow needs).
         session: a conversation to continue (a multi-turn task); `prompt` is then its next message.
         extra_tools: tools the runner adds by name (`subagent`); offered only if the agent grants them.
-        withheld: tools the agent's file grants that its parent may not pass on, with the error a call gets.
-        context: the project's instructions for its system prompt.
         fresh: `session` holds only its system prompt: `prompt` is the task, given like a new task's.
         inbox: the session's inbox (its board's notices, messages sent to it).
         read_more: for an answer over the output cap, how to read the rest; `{offset}` is where the
@@ -71,24 +52,23 @@ class PlannedTask:
     """
 
     index: int
-    label: str
-    spec: AgentSpec
-    host: ModelHost
-    workspace: Workspace
+    prepared: PreparedTask
     prompt: str
-    limits: Limits
-    step_id: str | None = None
-    timeout: float | None = None
-    schema: dict[str, Any] | None = None
     needs: tuple[int, ...] = ()
-    render: Callable[[Sequence[RunResult]], str] | None = None
+    render: Render | None = None
     session: AgentSession | None = None
     extra_tools: dict[str, Tool] = field(default_factory=dict)
-    withheld: dict[str, str] = field(default_factory=dict)
-    context: str = ""
     fresh: bool = False
     read_more: str | None = None
     inbox: Inbox | None = None
+
+    @property
+    def label(self) -> str:
+        return self.prepared.label
+
+    @property
+    def step_id(self) -> str | None:
+        return self.prepared.task.step_id
 
 
 OpenTranscript = Callable[[int], "TaskTranscript | None"]
@@ -181,7 +161,7 @@ class Execution:
         """The process-wide slot (and the workspace's writer turn) the task runs in."""
         if self.slots is None:
             return nullcontext()
-        writer = item.workspace.root if item.spec.is_writer(item.withheld) else None
+        writer = item.prepared.workspace.root if item.prepared.spec.is_writer(item.prepared.denied) else None
 
         def waiting() -> None:
             self._report(item, None, "waiting", reason=WAITING_FOR_WRITER)
@@ -206,15 +186,15 @@ class Execution:
         transcript = self.open_transcript(item.index)
         started = time.perf_counter()
         session = item.session or AgentSession(
-            spec=item.spec,
-            host=item.host,
-            workspace=item.workspace,
+            spec=item.prepared.spec,
+            host=item.prepared.host,
+            workspace=item.prepared.workspace,
             label=item.label,
-            limits=item.limits,
+            limits=item.prepared.limits,
             compaction=self.compaction,
             extra_tools=item.extra_tools,
-            withheld=item.withheld,
-            project_context=item.context,
+            withheld=item.prepared.denied,
+            project_context=item.prepared.context,
             inbox=item.inbox if item.inbox is not None else Inbox(),
         )
         session.on_event = self._session_sink(transcript)  # this generation's transcript
@@ -224,21 +204,28 @@ class Execution:
                     run_id=self.run_id,
                     label=item.label,
                     step_id=item.step_id,
-                    agent=item.spec.name,
-                    model=item.host.model_id,
-                    cwd=str(item.workspace.root),
+                    agent=item.prepared.spec.name,
+                    model=item.prepared.host.model_id,
+                    cwd=str(item.prepared.workspace.root),
                     task=prompt,
-                    schema=item.schema,
+                    schema=item.prepared.schema,
                 )
             else:
                 transcript.follow_up(prompt)
-        start = {"task": prompt, "model": item.host.model_id, "tool_mode": item.host.tool_mode, "step_id": item.step_id}
+        start = {
+            "task": prompt,
+            "model": item.prepared.host.model_id,
+            "tool_mode": item.prepared.host.tool_mode,
+            "step_id": item.step_id,
+        }
         self._report(item, transcript, "task_start", **start)
         failure: BaseException | None = None
         try:
-            result = await _within(self._drive(session, item, prompt), item.timeout)
+            result = await _within(self._drive(session, item, prompt), item.prepared.timeout)
         except asyncio.TimeoutError:
-            result = _stopped(session, prompt, "failed", "timeout", f"stopped by the timeout of {item.timeout:g}s")
+            result = _stopped(
+                session, prompt, "failed", "timeout", f"stopped by the timeout of {item.prepared.timeout:g}s"
+            )
         except asyncio.CancelledError:
             result = _stopped(session, prompt, "aborted", "cancelled", self.reason)
             if not self.cancelled:  # cancelled from outside the runner: save, then propagate
@@ -256,21 +243,21 @@ class Execution:
 
     async def _drive(self, session: AgentSession, item: PlannedTask, prompt: str) -> RunResult:
         """The session to its answer; with a schema, one retry on an invalid answer."""
-        text = prompt + schema_instruction(item.schema) if item.schema else prompt
+        text = prompt + schema_instruction(item.prepared.schema) if item.prepared.schema else prompt
         if item.session is None or item.fresh:
             result = await session.run(text)
         else:
             result = await session.follow_up(prompt, text)
-        if item.schema is None or not result.ok:
+        if item.prepared.schema is None or not result.ok:
             return result
         try:
-            return result.model_copy(update={"parsed": parse_answer(result.output, item.schema)})
+            return result.model_copy(update={"parsed": parse_answer(result.output, item.prepared.schema)})
         except AnswerMismatch as first:
             result = await session.follow_up(prompt, retry_message(str(first)))
         if not result.ok:
             return result
         try:
-            return result.model_copy(update={"parsed": parse_answer(result.output, item.schema)})
+            return result.model_copy(update={"parsed": parse_answer(result.output, item.prepared.schema)})
         except AnswerMismatch as second:
             error = f"the final answer is not valid against the output schema after one retry: {second}"
             return result.model_copy(update={"status": "failed", "stop_reason": "schema", "error": error})
@@ -313,11 +300,11 @@ class Execution:
 
     def _not_run(self, item: PlannedTask, status: Status, stop_reason: StopReason, error: str) -> RunResult:
         result = RunResult(
-            agent=item.spec.name,
+            agent=item.prepared.spec.name,
             task=item.prompt,
             status=status,
             error=error,
-            model=item.host.model_id,
+            model=item.prepared.host.model_id,
             stop_reason=stop_reason,
             label=item.label,
             step_id=item.step_id,
@@ -341,7 +328,7 @@ class Execution:
         return sink
 
     def _report(self, item: PlannedTask, transcript: TaskTranscript | None, kind: EventKind, **data: Any) -> None:
-        event = Event(kind=kind, label=item.label, agent=item.spec.name, data=data)
+        event = Event(kind=kind, label=item.label, agent=item.prepared.spec.name, data=data)
         if transcript is not None:
             transcript.event(event)
         self.on_event(event)

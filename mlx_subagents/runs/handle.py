@@ -20,36 +20,56 @@ import asyncio
 import contextvars
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..agents.compaction import CompactionSettings
 from ..agents.inbox import Delivery, Inbox
-from ..agents.session import AgentSession, Limits, system_prompt
-from ..agents.spec import AgentSpec
+from ..agents.session import AgentSession, system_prompt
 from ..caps import CapItem, check_request
 from ..errors import RequestError, TaskStateError
-from ..events import Event, EventKind
-from ..host.protocol import Message, ModelHost, TextCallback
+from ..events import Event, EventKind, EventSink
+from ..host.protocol import Message, TextCallback
 from ..results import RunResult, RunUsage, TaskState, TaskStatus
-from ..tools import Workspace
+from ..tools import Tool, Workspace
 from .board import TaskBoard
-from .execution import Execution, Parent, PlannedTask
+from .execution import Execution, PlannedTask
+from .prepare import Parent, PreparedTask
+from .slots import Slots
 from .transcripts import RunRecord, RunRecorder, TaskEntry, TaskTranscript
-
-if TYPE_CHECKING:
-    from .runner import Runner
 
 INTERRUPTED_TOOL_RESULT = "Error: this tool call was interrupted before it finished."
 CANCELLED = "cancelled"
+
+
+class TaskRuntime(Protocol):
+    """What a handle needs of the runner that made it: where events go, how sessions run and are
+    saved, the process-wide slots, and the delegation tools of a parent."""
+
+    on_event: EventSink
+    compaction: CompactionSettings
+    save_transcripts: bool
+    home: Path | None
+
+    @property
+    def slots(self) -> Slots: ...
+
+    async def track(self, execution: Execution, *, background: bool = False) -> list[RunResult]: ...
+
+    def delegation_tools(
+        self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None
+    ) -> dict[str, Tool]: ...
 
 
 class TaskHandle:
     """One task, held for its life; create with `Runner.start`, `Runner.open_task` or `Runner.reopen`.
 
     Args:
-        label: the session's label (`orchestrator > scout#1` for a child); `id` is its name on its board.
-        depth: how many parents it has (0: started by a person).
-        home: where its run is saved (its parent's run folder for a child; default: the runner's).
+        runtime: the runner that prepared the task.
+        prepared: the task, checked and its model loaded; its label is the session's
+            (`orchestrator > scout#1` for a child), and `id` its name on its board.
+        run_folder: where its run is saved (its parent's run folder for a child; default: the runner's home).
         owner: the board it was started on; told when a background generation ends (its notice).
         interactive: a chat or `resume`: its children outlive a generation, and a final answer never
             waits for them. Otherwise (a started task) a final answer waits while its children run,
@@ -62,22 +82,13 @@ class TaskHandle:
 
     def __init__(
         self,
-        runner: Runner,
-        spec: AgentSpec,
-        model: str,
-        host: ModelHost,
-        workspace: Workspace,
+        runtime: TaskRuntime,
+        prepared: PreparedTask,
         *,
-        label: str,
         id: str | None = None,
-        depth: int = 0,
-        home: Path | None = None,
+        run_folder: Path | None = None,
         owner: TaskBoard | None = None,
         interactive: bool = True,
-        limits: Limits | None = None,
-        timeout: float | None = None,
-        schema: dict[str, Any] | None = None,
-        withheld: dict[str, str] | None = None,
         record: RunRecord | None = None,
         entry: TaskEntry | None = None,
         messages: list[Message] | None = None,
@@ -85,28 +96,23 @@ class TaskHandle:
         on_text: TextCallback | None = None,
         read_more: str | None = None,
     ) -> None:
-        self.runner = runner
-        self.spec = spec
-        self.model = model
-        self.host = host
-        self.workspace = workspace
-        self.label = label
-        self.id = id or label
-        self.depth = depth
-        self.home = home
+        self.runtime = runtime
+        self.prepared = prepared
+        self.spec = prepared.spec
+        self.host = prepared.host
+        self.workspace = prepared.workspace
+        self.label = prepared.label
+        self.id = id or self.label
+        self.run_folder = run_folder
         self.owner = owner
         self.interactive = interactive
-        self.limits = limits or runner.limits(spec)
-        self.timeout = timeout
-        self.schema = schema
-        self.withheld = withheld or {}
         self.record = record
         self.entry = entry
         self.generations = generations
         self.on_text = on_text
         self.read_more = read_more
         self.inbox = Inbox()
-        self.board = TaskBoard(runner, workspace, inbox=self.inbox)
+        self.board = TaskBoard(self.workspace, on_event=runtime.on_event, inbox=self.inbox)
         if not interactive:
             self.inbox.settle = self.board.settle
         self.result: RunResult | None = None
@@ -322,7 +328,9 @@ class TaskHandle:
                     return
                 if render is not None:
                     prompt = render(previous)
-            result = await self._generations(prompt, sends=sends, timeout=self.timeout, schema=self.schema)
+            result = await self._generations(
+                prompt, sends=sends, timeout=self.prepared.timeout, schema=self.prepared.schema
+            )
         except asyncio.CancelledError:
             result = self._not_run("aborted", "cancelled", f"{self.cancel_reason or CANCELLED} before it started")
         except Exception as exc:  # a generation turns failures into results; this is a bug's last stop
@@ -366,15 +374,8 @@ class TaskHandle:
             self._note("task_send", transcript=transcript, message=message)
         item = PlannedTask(
             index=0,
-            label=self.label,
-            spec=self.spec,
-            host=self.host,
-            workspace=self.workspace,
+            prepared=replace(self.prepared, timeout=timeout, schema=schema),
             prompt=prompt,
-            limits=session.limits,
-            step_id=self.entry.step_id if self.entry else None,
-            timeout=timeout,
-            schema=schema,
             session=session,
             fresh=fresh,
             read_more=self.read_more,
@@ -383,16 +384,16 @@ class TaskHandle:
             "single",
             [item],
             concurrency=1,
-            compaction=self.runner.compaction,
+            compaction=self.runtime.compaction,
             on_event=self._observe,
             open_transcript=lambda _index: transcript,
             run_id=self.run_id,
             raise_errors=raise_errors,
-            slots=self.runner.slots,
+            slots=self.runtime.slots,
         )
         self._execution = execution
         try:
-            return (await self.runner.track(execution, background=not self.interactive))[0]
+            return (await self.runtime.track(execution, background=not self.interactive))[0]
         finally:
             self._execution = None
             self._running = False
@@ -445,7 +446,7 @@ class TaskHandle:
                 self._turn = event.turn
             elif event.kind == "tool_call":
                 self._last_tool = event.data.get("description") or event.data.get("name")
-        self.runner.on_event(event)
+        self.runtime.on_event(event)
 
     def _note(self, kind: EventKind, *, transcript: TaskTranscript | None = None, **data: Any) -> None:
         """An event of this task from outside its loop (a send, a cancel): its transcript, then the runner's sink."""
@@ -455,33 +456,32 @@ class TaskHandle:
             record.event(event)
             if transcript is None:
                 record.close()
-        self.runner.on_event(event)
+        self.runtime.on_event(event)
 
     def _start(self) -> AgentSession:
         """A new task's first message: create its run, and a conversation holding the system prompt."""
-        if self.runner.save_transcripts:
+        if self.runtime.save_transcripts:
             self.entry = TaskEntry(index=0, label=self.label, agent=self.spec.name)
-            recorder = RunRecorder("single", self.workspace.root, [self.entry], self.home or self.runner.home)
+            recorder = RunRecorder("single", self.workspace.root, [self.entry], self.run_folder or self.runtime.home)
             recorder.transcript(0)  # names the task's file in the record
             self.record = recorder.record
-        prompt = system_prompt(self.spec, self.workspace, self.runner.project_context(self.spec, self.workspace))
+        prompt = system_prompt(self.spec, self.workspace, self.prepared.context)
         self.session = self._session([{"role": "system", "content": prompt}])
         return self.session
 
     def _session(self, messages: list[Message]) -> AgentSession:
-        children_home = self.record.folder if self.record else None
-        self.board.parent = Parent(self.spec, self.label, self.depth, self.model, children_home)
+        self.board.parent = self.prepared.as_parent(self.record.folder if self.record else None)
         return AgentSession(
             spec=self.spec,
             host=self.host,
             workspace=self.workspace,
             label=self.label,
-            limits=self.limits,
-            compaction=self.runner.compaction,
+            limits=self.prepared.limits,
+            compaction=self.runtime.compaction,
             on_text=self.on_text,
-            extra_tools=self.runner.delegation_tools(self.board.parent, self.workspace, self.board),
-            withheld=self.withheld,
-            project_context=self.runner.project_context(self.spec, self.workspace),
+            extra_tools=self.runtime.delegation_tools(self.board.parent, self.workspace, self.board),
+            withheld=self.prepared.denied,
+            project_context=self.prepared.context,
             messages=list(messages),
             inbox=self.inbox,
         )

@@ -33,10 +33,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..agents.discovery import AgentCatalog
+from ..agents.schema_output import load_schema
 from ..caps import MAX_TASKS
 from ..errors import AgentNotFoundError, WorkflowError
 from ..home import state_home
 from ..userfiles import error_message, error_path, load_file
+from .tasks import Render, TaskSpec, label_tasks
 
 PROJECT_WORKFLOWS_DIR = ".mlx-subagents/workflows"
 STEP_ID_PATTERN = r"[A-Za-z_][A-Za-z0-9_-]*"
@@ -238,3 +240,31 @@ def render_prompt(step: WorkflowStep, workflow_input: str, outputs: dict[str, st
         if need not in placed:
             sections.append(f"Answer of step '{need}':\n{outputs[need]}")
     return "\n\n".join(sections)
+
+
+def plan_workflow(
+    workflow: Workflow, workflow_input: str
+) -> tuple[list[TaskSpec], list[tuple[int, ...]], list[Render]]:
+    """The workflow's steps as tasks (in step order), each one's needs by index, and how each
+    renders its task from the finished results."""
+    ids = {step.id: i for i, step in enumerate(workflow.steps)}
+    tasks = [
+        TaskSpec(
+            agent=s.agent,
+            task=s.prompt,
+            label=s.id,
+            model=s.model,
+            max_turns=s.max_turns,
+            max_output_tokens=s.max_tokens,
+            timeout=s.timeout,
+            step_id=s.id,
+            schema=load_schema(path) if (path := workflow.schema_path(s)) else None,
+        )
+        for s in workflow.steps
+    ]
+
+    def render(step: WorkflowStep) -> Render:
+        return lambda results: render_prompt(step, workflow_input, {n: results[ids[n]].output for n in step.needs})
+
+    needs = [tuple(ids[n] for n in s.needs) for s in workflow.steps]
+    return label_tasks(tasks), needs, [render(s) for s in workflow.steps]

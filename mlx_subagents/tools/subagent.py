@@ -11,7 +11,7 @@ The recursion cut lives in two places: a session gets this tool only when its ag
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -96,7 +96,7 @@ class SubagentTool(Tool):
         caller: the calling agent's name; left out of the list the model sees.
         depth: how many parents the calling session has (0: started by a person).
         max_depth: children may run at depth `max_depth` at most; a call from there is refused.
-        start: starts `"background": true` calls (the parent's board's `start_delegation`); None: refused.
+        start: starts `"background": true` calls on the parent's board; None: refused.
     """
 
     name = "subagent"
@@ -129,9 +129,7 @@ class SubagentTool(Tool):
 
     def schema(self) -> dict[str, Any]:  # type: ignore[override]
         """Per instance: the description lists this runner's agents; `background` only where it works."""
-        parameters = _inline_refs(_strip_titles(self.Params.model_json_schema()))
-        if self.start is None:
-            del parameters["properties"]["background"]
+        parameters = delegation_schema(background=self.start is not None)
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": parameters},
@@ -144,25 +142,16 @@ class SubagentTool(Tool):
             return tool_failure(self.name, exc, self.workspace)
 
     async def _call(self, arguments: dict[str, Any]) -> ToolResult:
-        try:
-            params = SubagentParams.model_validate(arguments)
-        except ValidationError as exc:
-            return self._usage_error(_validation_problem(exc))
         if self.depth >= self.max_depth:
             return error_result(
                 f"delegation refused: this agent already runs at depth {self.depth} and the limit is "
                 f"{self.max_depth} (max_depth); do the task yourself with your other tools"
             )
         try:
-            mode, items = self._mode(params)
+            delegation = parse_delegation(arguments, self.workspace, self.agents, tool=self.name)
         except ToolError as exc:
-            return self._usage_error(str(exc))
-        try:
-            workspace = self.workspace.existing(params.cwd, "directory") if params.cwd.strip() else self.workspace.root
-        except ToolError as exc:
-            return error_result(f"cwd: {exc}")
-        delegation = Delegation(mode, tuple(items), Workspace(workspace), background=params.background)
-        if params.background:
+            return error_result(str(exc))
+        if delegation.background:
             return await self._start(delegation)
         try:
             outcome = await self.delegate(delegation)
@@ -201,42 +190,74 @@ class SubagentTool(Tool):
             return f"{name} {arguments['agent']}: {one_line(str(arguments.get('task', '')), 80)}"
         return f"{name} (no task)"
 
-    # -- validation ----------------------------------------------------------------------------------
 
-    def _mode(self, params: SubagentParams) -> tuple[DelegationMode, list[ChildTask]]:
-        single = bool(params.agent.strip() or params.task.strip())
-        given = [
-            mode
-            for mode, present in (("single", single), ("parallel", bool(params.tasks)), ("chain", bool(params.chain)))
-            if present
-        ]
-        if not given:
-            raise ToolError("no task given")
-        if len(given) > 1:
-            fields = {"single": "agent/task", "parallel": "tasks", "chain": "chain"}
-            raise ToolError(f"{' and '.join(fields[m] for m in given)} given together")
-        mode: DelegationMode = given[0]  # type: ignore[assignment]
-        if mode == "single":
-            items = [ChildTask(agent=params.agent, task=params.task)]
-        elif mode == "parallel":
-            items = list(params.tasks)
-        else:
-            items = [ChildTask(agent=s.agent, task=s.task) for s in params.chain]
-        for i, item in enumerate(items):
-            where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
-            if not item.agent.strip():
-                raise ToolError(f"'{where}agent' is empty")
-            # In parallel, a child that cannot start fails alone (the runner says why); its siblings run.
-            if mode != "parallel" and item.agent.strip().lower() not in self.agents:
-                raise ToolError(f"unknown agent '{item.agent}'")
-            if not item.task.strip():
-                raise ToolError(f"'{where}task' is empty: say what {item.agent} should do")
-        return mode, items
+def delegation_schema(*, background: bool) -> dict[str, Any]:
+    """The call's parameters as JSON schema: the three forms and `cwd`, and `background` where it works.
 
-    def _usage_error(self, problem: str) -> ToolResult:
-        return error_result(
-            f"invalid {self.name} call: {problem}; {FORMS}. Available agents: {', '.join(self.agents) or 'none'}"
-        )
+    The `subagent` tool and the MCP server's `run_agents` and `start_agents` take these forms."""
+    parameters = _inline_refs(_strip_titles(SubagentParams.model_json_schema()))
+    if not background:
+        del parameters["properties"]["background"]
+    return parameters
+
+
+def parse_delegation(
+    arguments: dict[str, Any], workspace: Workspace, agents: Collection[str], *, tool: str = "subagent"
+) -> Delegation:
+    """A call's `Delegation`, or `ToolError` with what the caller reads: what is wrong, the forms
+    and the agents (`invalid TOOL call: ...`), or the `cwd` that is not a folder of the workspace.
+
+    Args:
+        agents: the agents a call may name (a parallel task's unknown agent fails alone, later).
+        tool: the name the caller knows the call by, for its messages.
+    """
+    try:
+        params = SubagentParams.model_validate(arguments)
+        mode, items = _mode(params, agents)
+    except ValidationError as exc:
+        raise ToolError(_usage(tool, _validation_problem(exc), agents)) from None
+    except ToolError as exc:
+        raise ToolError(_usage(tool, str(exc), agents)) from None
+    try:
+        root = workspace.existing(params.cwd, "directory") if params.cwd.strip() else workspace.root
+    except ToolError as exc:
+        raise ToolError(f"cwd: {exc}") from None
+    return Delegation(mode, tuple(items), Workspace(root), background=params.background)
+
+
+def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMode, list[ChildTask]]:
+    single = bool(params.agent.strip() or params.task.strip())
+    given = [
+        mode
+        for mode, present in (("single", single), ("parallel", bool(params.tasks)), ("chain", bool(params.chain)))
+        if present
+    ]
+    if not given:
+        raise ToolError("no task given")
+    if len(given) > 1:
+        fields = {"single": "agent/task", "parallel": "tasks", "chain": "chain"}
+        raise ToolError(f"{' and '.join(fields[m] for m in given)} given together")
+    mode: DelegationMode = given[0]  # type: ignore[assignment]
+    if mode == "single":
+        items = [ChildTask(agent=params.agent, task=params.task)]
+    elif mode == "parallel":
+        items = list(params.tasks)
+    else:
+        items = [ChildTask(agent=s.agent, task=s.task) for s in params.chain]
+    for i, item in enumerate(items):
+        where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
+        if not item.agent.strip():
+            raise ToolError(f"'{where}agent' is empty")
+        # In parallel, a child that cannot start fails alone (the runner says why); its siblings run.
+        if mode != "parallel" and item.agent.strip().lower() not in agents:
+            raise ToolError(f"unknown agent '{item.agent}'")
+        if not item.task.strip():
+            raise ToolError(f"'{where}task' is empty: say what {item.agent} should do")
+    return mode, items
+
+
+def _usage(tool: str, problem: str, agents: Collection[str]) -> str:
+    return f"invalid {tool} call: {problem}; {FORMS}. Available agents: {', '.join(sorted(agents)) or 'none'}"
 
 
 def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,140 @@
+"""What a person asks for: tasks, a tasks file, their labels, a chain's steps, and which model.
+
+`TaskSpec` is one task as a caller gives it; a tasks file is validated into the same class. Labels
+are filled in here (`label_tasks`), a chain's `{previous}` is planned here (`plan_chain`), and a
+task's model is a `ModelRef`: a local model, or a model id on an OpenAI-compatible engine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationError
+
+from ..errors import RequestError
+from ..results import RunResult
+from ..userfiles import first_error, load_file
+
+DEFAULT_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
+MODEL_ENV = "MLX_SUBAGENTS_MODEL"
+PREVIOUS = "{previous}"
+# Builds a task's text from the results before it (a chain's `{previous}`, a workflow's needs).
+Render = Callable[[Sequence[RunResult]], str]
+PositiveInt = Annotated[Optional[int], Field(gt=0)]
+
+
+def default_model() -> str:
+    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Which model a task runs on: `model` (a local folder, hub id, imported name or `scripted:FILE`),
+    or, with `engine` (an OpenAI-compatible base URL), the engine's id of a model it serves."""
+
+    model: str
+    engine: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.engine}" if self.engine else self.model
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task to run: which agent, what to do, and optional per-task overrides.
+
+    Built directly by callers; a tasks file is validated into the same class (`load_tasks_file`),
+    where `max_tokens` is accepted for `max_output_tokens`, as on the command line.
+
+    Args:
+        max_output_tokens: generated tokens over the whole task.
+        timeout: wall-clock seconds for the whole task.
+        schema: a JSON schema the final answer must satisfy (else the agent's `output_schema`).
+    """
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    agent: Annotated[str, Field(min_length=1)]
+    task: Annotated[str, Field(min_length=1)]
+    label: str = ""
+    model: Optional[str] = None
+    max_turns: PositiveInt = None
+    max_output_tokens: Annotated[
+        Optional[int], Field(gt=0, validation_alias=AliasChoices("max_output_tokens", "max_tokens"))
+    ] = None
+    timeout: Annotated[Optional[float], Field(gt=0)] = None
+    schema: Optional[dict[str, Any]] = None
+    step_id: Optional[str] = None
+
+
+_TASK = TypeAdapter(TaskSpec)
+
+
+def load_tasks_file(path: Path) -> list[TaskSpec]:
+    """Tasks from YAML or JSON: a list of `{agent, task, label?, model?, max_turns?, max_tokens?, timeout?}`,
+    or a mapping with that list under `tasks`."""
+    data = load_file(Path(path), "yaml", "tasks file", RequestError)
+    if isinstance(data, dict) and set(data) == {"tasks"}:
+        data = data["tasks"]
+    if not isinstance(data, list):
+        raise RequestError(
+            f"{path}: expected a list of tasks (each with 'agent' and 'task'), or 'tasks:' with that list"
+        )
+    tasks = []
+    for i, item in enumerate(data):
+        try:
+            tasks.append(_TASK.validate_python(item))
+        except ValidationError as exc:
+            raise RequestError(f"{path}: {first_error(exc, ('tasks', i))}") from None
+    return tasks
+
+
+def label_tasks(tasks: Sequence[TaskSpec]) -> list[TaskSpec]:
+    """Fill in labels: the agent's name, or `agent-N` when several unlabelled tasks share an agent."""
+    tasks = [replace(t, agent=t.agent.strip().lower()) for t in tasks]
+    shared = Counter(t.agent for t in tasks if not t.label)
+    seen: Counter[str] = Counter()
+    labelled = []
+    for t in tasks:
+        if not t.label:
+            seen[t.agent] += 1
+            t = replace(t, label=f"{t.agent}-{seen[t.agent]}" if shared[t.agent] > 1 else t.agent)
+        labelled.append(t)
+    duplicates = sorted(label for label, n in Counter(t.label for t in labelled).items() if n > 1)
+    if duplicates:
+        raise RequestError(f"duplicate task label(s): {', '.join(duplicates)}; give each task its own label")
+    return labelled
+
+
+def plan_chain(
+    tasks: list[TaskSpec],
+) -> tuple[list[TaskSpec], list[tuple[int, ...]], list[Callable[[Sequence[RunResult]], str] | None]]:
+    """Step ids, needs and `{previous}` renders for labelled chain steps."""
+    if tasks and PREVIOUS in tasks[0].task:
+        raise RequestError("step 1 uses {previous}, but there is no previous step; remove it from the first task")
+    tasks = [replace(t, step_id=t.step_id or str(i + 1)) for i, t in enumerate(tasks)]
+
+    def render(i: int) -> Callable[[Sequence[RunResult]], str]:
+        return lambda results: tasks[i].task.replace(PREVIOUS, results[i - 1].output)
+
+    needs = [(i - 1,) if i else () for i in range(len(tasks))]
+    renders = [render(i) if i else None for i in range(len(tasks))]
+    return tasks, needs, renders
+
+
+def previous_step(task: str) -> Callable[[RunResult], str]:
+    """A background chain step's task, given the step before's result."""
+    return lambda previous: task.replace(PREVIOUS, previous.output)
+
+
+def chain_stop(results: Sequence[RunResult]) -> str | None:
+    """`Chain stopped at step N: <reason>` for the first step that did not complete."""
+    for i, result in enumerate(results):
+        if not result.ok:
+            return f"Chain stopped at step {i + 1}: {result.error or result.stop_reason}"
+    return None
