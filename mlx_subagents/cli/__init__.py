@@ -1,49 +1,48 @@
 """`subagent`: the command line. Thin commands over the runner; one error boundary in `main()`.
 
 Results go to stdout, progress and errors to stderr. Exit codes: 0 every task completed, 1 a task
-failed, 2 bad usage or input (nothing ran), 130 interrupted (Ctrl-C).
+failed, 2 bad usage or input (nothing ran), 130 interrupted (Ctrl-C). The flags are declared in
+`flags.py`, what a command prints in `output.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 import io
 import json
 import sys
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Any, Optional
 
 import click
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.rule import Rule
 
-from ..agents.discovery import AgentCatalog
 from ..agents.schema_output import load_schema
 from ..agents.spec import WRITER_TOOLS, AgentSpec
-from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
 from ..errors import RequestError, SubagentError
-from ..events import Event, EventSink, Fanout
-from ..host import parse_bytes
 from ..render import EventLines
-from ..results import MultiRunResult, RunResult
-from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
-from ..runs.runner import Runner
 from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
 from .doctor import run_doctor
-from .interrupts import EXIT_INTERRUPTED, two_press_sigint
-from .progress import ProgressView, usage_table
-
-T = TypeVar("T")
-# Agent-file warnings a running command shows before it starts (`subagent agents` shows all).
-MAX_WARNINGS = 5
+from .flags import (
+    CwdOpt,
+    EventsOpt,
+    JsonOpt,
+    KvBudgetOpt,
+    ModelOpt,
+    QuietOpt,
+    SchemaOpt,
+    Scope,
+    ScopeOpt,
+    Shared,
+    TaskKeyOpt,
+    VerboseOpt,
+    WindowOpt,
+    shared_options,
+)
+from .interrupts import EXIT_INTERRUPTED, run_async
+from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi
 
 app = typer.Typer(
     name="subagent",
@@ -52,332 +51,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Coding sub-agents on a local MLX model, in one process.",
 )
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
-
-
-class Scope(str, Enum):
-    user = "user"
-    project = "project"
-    both = "both"
-
-
-ModelOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--model", "-m", help="Local folder, hub id or scripted:FILE (default: $MLX_SUBAGENTS_MODEL or a Qwen3 4B)."
-    ),
-]
-CwdOpt = Annotated[
-    Path, typer.Option("--cwd", "-C", help="Workspace folder the agent works in.", exists=True, file_okay=False)
-]
-ScopeOpt = Annotated[Scope, typer.Option("--scope", help="Agent layers besides the built-ins.")]
-YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents without asking.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
-WindowOpt = Annotated[
-    Optional[int], typer.Option("--context-window", help="Override the model's context window (tokens).", min=256)
-]
-
-
-class Batching(str, Enum):
-    on = "on"
-    off = "off"
-
-
-BatchingOpt = Annotated[
-    Batching, typer.Option("--batching", help="Decode concurrent sessions in one batch (off: one turn at a time).")
-]
-KvBudgetOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--kv-budget",
-        help="KV cache budget for all sessions: 4GB, 512MiB, 0.25 (of RAM) or 0 (unbounded). Default: half of RAM minus the weights.",
-    ),
-]
-MaxTurnsOpt = Annotated[
-    Optional[int], typer.Option("--max-turns", min=1, help="Stop a task after this many model turns.")
-]
-MaxTokensOpt = Annotated[
-    Optional[int], typer.Option("--max-tokens", min=1, help="Stop a task after this many generated tokens.")
-]
-ThinkingOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--thinking",
-        help="A thinking model's budget per reply: on, off or a number of tokens (then the thought is closed). "
-        "Default: the agent's `thinking`, else on.",
-    ),
-]
-TimeoutOpt = Annotated[
-    Optional[float], typer.Option("--timeout", min=0.001, help="Stop a task after this many seconds (wall clock).")
-]
-SchemaOpt = Annotated[
-    Optional[Path], typer.Option("--schema", help="JSON schema file the final answer must satisfy.", dir_okay=False)
-]
-EventsOpt = Annotated[
-    bool, typer.Option("--events", help="Print one JSON object per event on stdout, as things happen.")
-]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also say the model and its tool mode first.")]
-ConcurrencyOpt = Annotated[
-    int,
-    typer.Option(
-        "--concurrency",
-        "-j",
-        min=1,
-        max=MAX_ENGINE_CONCURRENCY,
-        help=(
-            "Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not "
-            f"count); up to {MAX_CONCURRENCY}, or {MAX_ENGINE_CONCURRENCY} with --engine."
-        ),
-    ),
-]
-EngineOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        "--engine",
-        help="Run the model calls on this OpenAI-compatible engine (e.g. http://gpu-box:8000/v1); --model is its model id.",
-    ),
-]
-ApiKeyOpt = Annotated[
-    Optional[str], typer.Option("--api-key", help="The engine's API key (default: $MLX_SUBAGENTS_API_KEY).")
-]
-TaskKeyOpt = Annotated[
-    Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")
-]
-MaxDepthOpt = Annotated[
-    int,
-    typer.Option(
-        "--max-depth", min=0, help="Levels of sub-agents an agent with the subagent tool may start (0: no delegation)."
-    ),
-]
-
-_JSON_FIELDS = {
-    "agent",
-    "task",
-    "status",
-    "output",
-    "reasoning",
-    "error",
-    "usage",
-    "model",
-    "tool_mode",
-    "stop_reason",
-    "duration_s",
-    "label",
-    "step_id",
-    "run_id",
-    "transcript",
-    "parsed",
-}
 
 
 # --- running -----------------------------------------------------------------------------------------
-
-
-# The flags every running command shares: name -> (its `Annotated` alias, its default).
-_SHARED: dict[str, tuple[Any, Any]] = {
-    "model": (ModelOpt, None),
-    "cwd": (CwdOpt, Path(".")),
-    "scope": (ScopeOpt, Scope.both),
-    "yes": (YesOpt, False),
-    "max_turns": (MaxTurnsOpt, None),
-    "max_tokens": (MaxTokensOpt, None),
-    "timeout": (TimeoutOpt, None),
-    "context_window": (WindowOpt, None),
-    "batching": (BatchingOpt, Batching.on),
-    "kv_budget": (KvBudgetOpt, None),
-    "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
-    "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
-    "thinking": (ThinkingOpt, None),
-    "engine": (EngineOpt, None),
-    "api_key": (ApiKeyOpt, None),
-}
-
-
-@dataclass(frozen=True)
-class Shared:
-    """The shared flags of one command, as typed; `options()` is what the core sees."""
-
-    model: str | None
-    cwd: Path
-    scope: Scope
-    yes: bool
-    max_turns: int | None
-    max_tokens: int | None
-    timeout: float | None
-    context_window: int | None
-    batching: Batching
-    kv_budget: str | None
-    max_depth: int
-    concurrency: int
-    thinking: str | None
-    engine: str | None
-    api_key: str | None
-
-    def options(self) -> RunOptions:
-        return RunOptions(
-            model=self.model,
-            scope=self.scope.value,
-            assume_yes=self.yes,
-            max_turns=self.max_turns,
-            max_output_tokens=self.max_tokens,
-            timeout=self.timeout,
-            max_depth=self.max_depth,
-            batching=self.batching == Batching.on,
-            kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
-            context_window=self.context_window,
-            concurrency=self.concurrency,
-            thinking=self.thinking,
-            engine=self.engine,
-            api_key=self.api_key,
-        )
-
-    def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
-        """The command's runner, asking on the terminal before a project agent runs; the agent files'
-        warnings are shown first (the first few)."""
-        runner = Runner(
-            cwd=cwd or self.cwd,
-            options=self.options(),
-            interactive=sys.stdin.isatty(),
-            confirm=lambda q: typer.confirm(q, default=False, err=True),
-            on_event=on_event,
-        )
-        _print_warnings(runner.catalog, limit=MAX_WARNINGS)
-        return runner
-
-
-def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give a command the shared flags; it receives them as one keyword argument, `shared: Shared`.
-
-    Args:
-        overrides: a flag's own `Annotated` alias for this command (other help), or None to leave
-            the flag out (its default is used).
-    """
-
-    def wrap(command: Callable[..., None]) -> Callable[..., None]:
-        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "shared"]
-        flags = {name: overrides.get(name, alias) for name, (alias, _default) in _SHARED.items()}
-        added = [
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_SHARED[name][1], annotation=alias)
-            for name, alias in flags.items()
-            if alias is not None
-        ]
-
-        @functools.wraps(command)
-        def wrapper(**kwargs: Any) -> None:
-            values = {name: kwargs.pop(name, default) for name, (_alias, default) in _SHARED.items()}
-            command(**kwargs, shared=Shared(**values))
-
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
-        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        wrapper.__annotations__ = {p.name: p.annotation for p in params}
-        return wrapper
-
-    return wrap
-
-
-def _run_async(runner: Runner, work: Callable[[], Awaitable[T]]) -> T:
-    """Run `work` with Ctrl-C wired to the runner: the first press aborts every task, the second quits."""
-
-    async def main() -> T:
-        main_task = asyncio.current_task()
-
-        def stop() -> None:
-            if not runner.cancel() and main_task is not None:
-                main_task.cancel()  # nothing started yet: stop loading
-
-        message = "interrupted: stopping every task (Ctrl-C again to quit at once)"
-        with two_press_sigint(asyncio.get_running_loop(), err, message, stop):
-            async with runner:
-                return await work()
-
-    return asyncio.run(main())
-
-
-def _sinks(events: bool) -> Fanout:
-    """The command's event sink: with `--events`, first one JSON object per event on stdout."""
-    return Fanout([_json_line] if events else [])
-
-
-def _json_line(event: Event) -> None:
-    sys.stdout.write(json.dumps({"time": round(time.time(), 3), **event.to_json()}, default=str) + "\n")
-    sys.stdout.flush()
-
-
-def _result_json(result: RunResult) -> dict[str, Any]:
-    return result.model_dump(mode="json", include=_JSON_FIELDS)
-
-
-def _usage_line(result: RunResult) -> str:
-    u = result.usage
-    return (
-        f"{result.agent}: {result.status} ({result.stop_reason}) in {result.duration_s:.1f}s, {u.turns} turns, "
-        f"{u.input_tokens} in ({u.cached_tokens} cached), {u.output_tokens} out, context {u.context_tokens}"
-        + (f", KV {u.kv_bytes / 2**20:.1f} MiB" if u.kv_bytes else "")
-    )
-
-
-def _finish_single(result: RunResult, as_json: bool, events: bool) -> None:
-    """Print one task's result like `subagent run` always has, and exit with its code."""
-    if as_json:
-        text = json.dumps(_result_json(result))
-        sys.stdout.write(text + "\n") if events else out.print_json(text)
-    else:
-        if result.output:
-            (err if events else out).print(result.output, markup=False)
-        if result.error:
-            err.print(f"[red]error:[/] {escape(result.error)}")
-        err.print(f"[dim]{escape(_usage_line(result))}[/]")
-        if result.run_id:
-            err.print(f'[dim]saved as run {result.run_id}; continue with: subagent resume {result.run_id} "..."[/]')
-    if result.status == "aborted":
-        err.print(f"[yellow]aborted: {escape(result.label)}[/]")
-        raise typer.Exit(EXIT_INTERRUPTED)
-    raise typer.Exit(0 if result.ok else 1)
-
-
-def _finish_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
-    """Answers, then the usage table and the summary; exit 0, 1 (a task failed) or 130 (interrupted)."""
-    if as_json:
-        data = outcome.model_dump(mode="json", include={"mode", "succeeded", "total", "run_id", "interrupted", "error"})
-        data["results"] = [_result_json(r) for r in outcome.results]
-        text = json.dumps(data)
-        sys.stdout.write(text + "\n") if events else out.print_json(text)
-    else:
-        answers = err if events else out
-        for r in outcome.results:
-            step = f"step {r.step_id}: " if outcome.mode == "chain" else ""
-            answers.print(Rule(f"{step}{escape(r.label)} ({r.agent}) · {r.status}", align="left", style="dim"))
-            if r.output:
-                answers.print(r.output, markup=False)
-            if r.error:
-                answers.print(f"[red]error:[/] {escape(r.error)}")
-        err.print(usage_table(outcome.results))
-    style = "green" if outcome.ok else "red"
-    err.print(f"[{style}]{outcome.succeeded}/{outcome.total} succeeded[/]")
-    if outcome.error:
-        err.print(f"[red]{escape(outcome.error)}[/]")
-    if outcome.run_id:
-        err.print(f"[dim]saved as run {outcome.run_id} (subagent show {outcome.run_id})[/]")
-    if outcome.interrupted:
-        err.print(f"[yellow]aborted: {escape(', '.join(r.label for r in outcome.aborted) or 'none')}[/]")
-        raise typer.Exit(EXIT_INTERRUPTED)
-    raise typer.Exit(0 if outcome.ok else 1)
-
-
-def _run_multi(
-    runner: Runner,
-    sinks: Fanout,
-    tasks: list[tuple[str, str]],
-    quiet: bool,
-    work: Callable[[], Awaitable[MultiRunResult]],
-) -> MultiRunResult:
-    if quiet:
-        return _run_async(runner, work)
-    with ProgressView(err, tasks) as view:
-        sinks.targets.append(view.handle)
-        return _run_async(runner, work)
 
 
 def _pair(agents: list[str] | None, texts: list[str] | None, flag: str) -> list[TaskSpec]:
@@ -413,12 +89,12 @@ def run(
 
     Example: subagent run scout "where is auth handled?"
     """
-    sinks = _sinks(events)
+    sinks = event_sinks(events)
     sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
     runner = shared.runner(sinks)
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
-    result = _run_async(runner, lambda: runner.run(spec))
-    _finish_single(result, as_json, events)
+    result = run_async(runner, lambda: runner.run(spec), err)
+    finish_single(result, as_json, events)
 
 
 @app.command()
@@ -460,11 +136,11 @@ def parallel(
     tasks = (load_tasks_file(file) if file else []) + _pair(agent, texts, "-t")
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
-    sinks = _sinks(events)
+    sinks = event_sinks(events)
     runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in tasks]
-    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=shared.concurrency))
-    _finish_multi(outcome, as_json, events)
+    outcome = run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=shared.concurrency))
+    finish_multi(outcome, as_json, events)
 
 
 @app.command()
@@ -501,11 +177,11 @@ def chain(
     if steps and schema:
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
-    sinks = _sinks(events)
+    sinks = event_sinks(events)
     runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in steps]
-    outcome = _run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
-    _finish_multi(outcome, as_json, events)
+    outcome = run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
+    finish_multi(outcome, as_json, events)
 
 
 @app.command()
@@ -526,13 +202,13 @@ def workflow(
     from ..runs.workflow import find_workflow, load_workflow
 
     flow = load_workflow(find_workflow(name, Path(shared.cwd).resolve()))
-    sinks = _sinks(events)
+    sinks = event_sinks(events)
     runner = shared.runner(sinks)
     rows = [(s.id, s.agent) for s in flow.steps]
-    outcome = _run_multi(
+    outcome = run_multi(
         runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=shared.concurrency)
     )
-    _finish_multi(outcome, as_json, events)
+    finish_multi(outcome, as_json, events)
 
 
 @app.command()
@@ -621,12 +297,12 @@ def resume(
     from ..runs.transcripts import load_run
 
     record = load_run(run_id)
-    sinks = _sinks(events)
+    sinks = event_sinks(events)
     sinks.targets.append(EventLines(err, "task").handle)
     runner = shared.runner(sinks, cwd=Path(record.cwd))
     answer_schema = _schema(schema)
-    result = _run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema))
-    _finish_single(result, as_json, events)
+    result = run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema), err)
+    finish_single(result, as_json, events)
 
 
 @app.command()
@@ -683,7 +359,7 @@ def agents(
 
     root = Path(cwd).resolve()
     catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
-    _print_warnings(catalog)
+    print_warnings(catalog)
     rows = [
         {
             "name": s.name,
@@ -715,16 +391,6 @@ def _writer_line(spec: AgentSpec) -> str:
         return f"writer: takes turns with other writers in its workspace ({why})"
     why = "writer: false" if spec.writer is False else "no edit, write or bash"
     return f"reader: runs alongside the others ({why})"
-
-
-def _print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
-    """Skipped agent files, then what each agent that loaded had dropped or read leniently; past
-    `limit`, one line says how many more `subagent agents` shows."""
-    warnings = [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]
-    for warning in warnings[:limit]:
-        err.print(f"[yellow]warning:[/] {escape(warning)}")
-    if limit is not None and len(warnings) > limit:
-        err.print(f"[yellow]warning:[/] ({len(warnings) - limit} more; subagent agents shows them all)")
 
 
 def _show_project_context(root: Path, opted_out: list[str]) -> None:

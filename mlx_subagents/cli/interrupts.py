@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from rich.console import Console
 
+from ..runs.runner import Runner
 from ..tools import kill_all_processes
 
 EXIT_INTERRUPTED = 130
+T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -57,3 +60,21 @@ def two_press_sigint(
             loop.remove_signal_handler(signum)
         if terminated is not None:
             raise SystemExit(128 + terminated)
+
+
+def run_async(runner: Runner, work: Callable[[], Awaitable[T]], err: Console) -> T:
+    """Run `work` with Ctrl-C wired to the runner: the first press aborts every task, the second quits."""
+
+    async def main() -> T:
+        main_task = asyncio.current_task()
+
+        def stop() -> None:
+            if not runner.cancel() and main_task is not None:
+                main_task.cancel()  # nothing started yet: stop loading
+
+        message = "interrupted: stopping every task (Ctrl-C again to quit at once)"
+        with two_press_sigint(asyncio.get_running_loop(), err, message, stop):
+            async with runner:
+                return await work()
+
+    return asyncio.run(main())

@@ -1,0 +1,223 @@
+"""The command line's options: one `Annotated` alias per flag, and the flags every running command shares.
+
+`shared_options()` gives a command the shared flags (model, workspace, limits, host settings) as
+one `Shared` argument, so that each flag is declared once; `Shared.options()` is the `RunOptions`
+the core sees, and `Shared.runner()` the command's runner.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
+from ..events import EventSink
+from ..host import parse_bytes
+from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
+from ..runs.runner import Runner
+from .output import MAX_WARNINGS, print_warnings
+
+
+class Scope(str, Enum):
+    user = "user"
+    project = "project"
+    both = "both"
+
+
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model", "-m", help="Local folder, hub id or scripted:FILE (default: $MLX_SUBAGENTS_MODEL or a Qwen3 4B)."
+    ),
+]
+CwdOpt = Annotated[
+    Path, typer.Option("--cwd", "-C", help="Workspace folder the agent works in.", exists=True, file_okay=False)
+]
+ScopeOpt = Annotated[Scope, typer.Option("--scope", help="Agent layers besides the built-ins.")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents without asking.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+WindowOpt = Annotated[
+    Optional[int], typer.Option("--context-window", help="Override the model's context window (tokens).", min=256)
+]
+
+
+class Batching(str, Enum):
+    on = "on"
+    off = "off"
+
+
+BatchingOpt = Annotated[
+    Batching, typer.Option("--batching", help="Decode concurrent sessions in one batch (off: one turn at a time).")
+]
+KvBudgetOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--kv-budget",
+        help="KV cache budget for all sessions: 4GB, 512MiB, 0.25 (of RAM) or 0 (unbounded). Default: half of RAM minus the weights.",
+    ),
+]
+MaxTurnsOpt = Annotated[
+    Optional[int], typer.Option("--max-turns", min=1, help="Stop a task after this many model turns.")
+]
+MaxTokensOpt = Annotated[
+    Optional[int], typer.Option("--max-tokens", min=1, help="Stop a task after this many generated tokens.")
+]
+ThinkingOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--thinking",
+        help="A thinking model's budget per reply: on, off or a number of tokens (then the thought is closed). "
+        "Default: the agent's `thinking`, else on.",
+    ),
+]
+TimeoutOpt = Annotated[
+    Optional[float], typer.Option("--timeout", min=0.001, help="Stop a task after this many seconds (wall clock).")
+]
+SchemaOpt = Annotated[
+    Optional[Path], typer.Option("--schema", help="JSON schema file the final answer must satisfy.", dir_okay=False)
+]
+EventsOpt = Annotated[
+    bool, typer.Option("--events", help="Print one JSON object per event on stdout, as things happen.")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Also say the model and its tool mode first.")]
+ConcurrencyOpt = Annotated[
+    int,
+    typer.Option(
+        "--concurrency",
+        "-j",
+        min=1,
+        max=MAX_ENGINE_CONCURRENCY,
+        help=(
+            "Agent loops running at once in the whole run, sub-agents included (a parent waiting on them does not "
+            f"count); up to {MAX_CONCURRENCY}, or {MAX_ENGINE_CONCURRENCY} with --engine."
+        ),
+    ),
+]
+EngineOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--engine",
+        help="Run the model calls on this OpenAI-compatible engine (e.g. http://gpu-box:8000/v1); --model is its model id.",
+    ),
+]
+ApiKeyOpt = Annotated[
+    Optional[str], typer.Option("--api-key", help="The engine's API key (default: $MLX_SUBAGENTS_API_KEY).")
+]
+TaskKeyOpt = Annotated[
+    Optional[str], typer.Option("--task", "-t", help="Which task of the run: label, step id or position.")
+]
+MaxDepthOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-depth", min=0, help="Levels of sub-agents an agent with the subagent tool may start (0: no delegation)."
+    ),
+]
+# The flags every running command shares: name -> (its `Annotated` alias, its default).
+SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
+    "model": (ModelOpt, None),
+    "cwd": (CwdOpt, Path(".")),
+    "scope": (ScopeOpt, Scope.both),
+    "yes": (YesOpt, False),
+    "max_turns": (MaxTurnsOpt, None),
+    "max_tokens": (MaxTokensOpt, None),
+    "timeout": (TimeoutOpt, None),
+    "context_window": (WindowOpt, None),
+    "batching": (BatchingOpt, Batching.on),
+    "kv_budget": (KvBudgetOpt, None),
+    "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
+    "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
+    "thinking": (ThinkingOpt, None),
+    "engine": (EngineOpt, None),
+    "api_key": (ApiKeyOpt, None),
+}
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The shared flags of one command, as typed; `options()` is what the core sees."""
+
+    model: str | None
+    cwd: Path
+    scope: Scope
+    yes: bool
+    max_turns: int | None
+    max_tokens: int | None
+    timeout: float | None
+    context_window: int | None
+    batching: Batching
+    kv_budget: str | None
+    max_depth: int
+    concurrency: int
+    thinking: str | None
+    engine: str | None
+    api_key: str | None
+
+    def options(self) -> RunOptions:
+        return RunOptions(
+            model=self.model,
+            scope=self.scope.value,
+            assume_yes=self.yes,
+            max_turns=self.max_turns,
+            max_output_tokens=self.max_tokens,
+            timeout=self.timeout,
+            max_depth=self.max_depth,
+            batching=self.batching == Batching.on,
+            kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
+            context_window=self.context_window,
+            concurrency=self.concurrency,
+            thinking=self.thinking,
+            engine=self.engine,
+            api_key=self.api_key,
+        )
+
+    def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
+        """The command's runner, asking on the terminal before a project agent runs; the agent files'
+        warnings are shown first (the first few)."""
+        runner = Runner(
+            cwd=cwd or self.cwd,
+            options=self.options(),
+            interactive=sys.stdin.isatty(),
+            confirm=lambda q: typer.confirm(q, default=False, err=True),
+            on_event=on_event,
+        )
+        print_warnings(runner.catalog, limit=MAX_WARNINGS)
+        return runner
+
+
+def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the shared flags; it receives them as one keyword argument, `shared: Shared`.
+
+    Args:
+        overrides: a flag's own `Annotated` alias for this command (other help), or None to leave
+            the flag out (its default is used).
+    """
+
+    def wrap(command: Callable[..., None]) -> Callable[..., None]:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "shared"]
+        flags = {name: overrides.get(name, alias) for name, (alias, _default) in SHARED_FLAGS.items()}
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=SHARED_FLAGS[name][1], annotation=alias)
+            for name, alias in flags.items()
+            if alias is not None
+        ]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> None:
+            values = {name: kwargs.pop(name, default) for name, (_alias, default) in SHARED_FLAGS.items()}
+            command(**kwargs, shared=Shared(**values))
+
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return wrap

@@ -1,0 +1,143 @@
+"""What the commands print: results to stdout, progress, warnings and errors to stderr.
+
+`finish_single` and `finish_multi` print a result the way `run` and the multi-task commands do
+(text or `--json`) and exit with its code: 0 every task completed, 1 a task failed, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.rule import Rule
+
+from ..agents.discovery import AgentCatalog
+from ..events import Event, Fanout
+from ..results import MultiRunResult, RunResult
+from ..runs.runner import Runner
+from .interrupts import EXIT_INTERRUPTED, run_async
+from .progress import ProgressView, usage_table
+
+# Agent-file warnings a running command shows before it starts (`subagent agents` shows all).
+MAX_WARNINGS = 5
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+JSON_FIELDS = {
+    "agent",
+    "task",
+    "status",
+    "output",
+    "reasoning",
+    "error",
+    "usage",
+    "model",
+    "tool_mode",
+    "stop_reason",
+    "duration_s",
+    "label",
+    "step_id",
+    "run_id",
+    "transcript",
+    "parsed",
+}
+
+
+def event_sinks(events: bool) -> Fanout:
+    """The command's event sink: with `--events`, first one JSON object per event on stdout."""
+    return Fanout([json_line] if events else [])
+
+
+def json_line(event: Event) -> None:
+    sys.stdout.write(json.dumps({"time": round(time.time(), 3), **event.to_json()}, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def result_json(result: RunResult) -> dict[str, Any]:
+    return result.model_dump(mode="json", include=JSON_FIELDS)
+
+
+def usage_line(result: RunResult) -> str:
+    u = result.usage
+    return (
+        f"{result.agent}: {result.status} ({result.stop_reason}) in {result.duration_s:.1f}s, {u.turns} turns, "
+        f"{u.input_tokens} in ({u.cached_tokens} cached), {u.output_tokens} out, context {u.context_tokens}"
+        + (f", KV {u.kv_bytes / 2**20:.1f} MiB" if u.kv_bytes else "")
+    )
+
+
+def finish_single(result: RunResult, as_json: bool, events: bool) -> None:
+    """Print one task's result like `subagent run` always has, and exit with its code."""
+    if as_json:
+        text = json.dumps(result_json(result))
+        sys.stdout.write(text + "\n") if events else out.print_json(text)
+    else:
+        if result.output:
+            (err if events else out).print(result.output, markup=False)
+        if result.error:
+            err.print(f"[red]error:[/] {escape(result.error)}")
+        err.print(f"[dim]{escape(usage_line(result))}[/]")
+        if result.run_id:
+            err.print(f'[dim]saved as run {result.run_id}; continue with: subagent resume {result.run_id} "..."[/]')
+    if result.status == "aborted":
+        err.print(f"[yellow]aborted: {escape(result.label)}[/]")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def finish_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
+    """Answers, then the usage table and the summary; exit 0, 1 (a task failed) or 130 (interrupted)."""
+    if as_json:
+        data = outcome.model_dump(mode="json", include={"mode", "succeeded", "total", "run_id", "interrupted", "error"})
+        data["results"] = [result_json(r) for r in outcome.results]
+        text = json.dumps(data)
+        sys.stdout.write(text + "\n") if events else out.print_json(text)
+    else:
+        answers = err if events else out
+        for r in outcome.results:
+            step = f"step {r.step_id}: " if outcome.mode == "chain" else ""
+            answers.print(Rule(f"{step}{escape(r.label)} ({r.agent}) · {r.status}", align="left", style="dim"))
+            if r.output:
+                answers.print(r.output, markup=False)
+            if r.error:
+                answers.print(f"[red]error:[/] {escape(r.error)}")
+        err.print(usage_table(outcome.results))
+    style = "green" if outcome.ok else "red"
+    err.print(f"[{style}]{outcome.succeeded}/{outcome.total} succeeded[/]")
+    if outcome.error:
+        err.print(f"[red]{escape(outcome.error)}[/]")
+    if outcome.run_id:
+        err.print(f"[dim]saved as run {outcome.run_id} (subagent show {outcome.run_id})[/]")
+    if outcome.interrupted:
+        err.print(f"[yellow]aborted: {escape(', '.join(r.label for r in outcome.aborted) or 'none')}[/]")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    raise typer.Exit(0 if outcome.ok else 1)
+
+
+def run_multi(
+    runner: Runner,
+    sinks: Fanout,
+    tasks: list[tuple[str, str]],
+    quiet: bool,
+    work: Callable[[], Awaitable[MultiRunResult]],
+) -> MultiRunResult:
+    if quiet:
+        return run_async(runner, work, err)
+    with ProgressView(err, tasks) as view:
+        sinks.targets.append(view.handle)
+        return run_async(runner, work, err)
+
+
+def print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
+    """Skipped agent files, then what each agent that loaded had dropped or read leniently; past
+    `limit`, one line says how many more `subagent agents` shows."""
+    warnings = [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]
+    for warning in warnings[:limit]:
+        err.print(f"[yellow]warning:[/] {escape(warning)}")
+    if limit is not None and len(warnings) > limit:
+        err.print(f"[yellow]warning:[/] ({len(warnings) - limit} more; subagent agents shows them all)")
