@@ -10,7 +10,7 @@ The same events read three ways, by where they are shown (`Layout`):
 - "chat": the parent's tool calls as `▸ ...`; its sub-agents relative to it (indented, `↳` when
   one starts, `✓`/`✗` when it ends); the notice of a background sub-agent's end as `● ...`.
 
-In each, a task that waits for its workspace's writer turn says so.
+In each, a task that waits for its workspace's writer lease says so.
 """
 
 from __future__ import annotations

@@ -598,7 +598,7 @@ def test_thinking_field_is_on_off_or_tokens(tmp_path, value, tokens):
 )
 def test_writer_field_and_who_takes_turns(tmp_path, front, writer, is_writer, without_bash):
     spec = parse_agent_file(write(tmp_path, "a.md", agent_text(extra=front)), "project")
-    assert (spec.writer, spec.is_writer(), spec.is_writer(withheld={"bash"})) == (writer, is_writer, without_bash)
+    assert (spec.writer, spec.is_writer(), spec.is_writer(denied={"bash"})) == (writer, is_writer, without_bash)
 
 
 def test_a_bad_writer_field_is_one_line(tmp_path):

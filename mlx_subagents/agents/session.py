@@ -102,7 +102,7 @@ class AgentSession:
     # Receives the visible reply text as it is generated (the host hides tool-call markup), for a live display.
     on_text: TextCallback | None = None
     # Tools its file grants but its parent may not pass on: name -> the error result a call gets.
-    withheld: dict[str, str] = field(default_factory=dict)
+    denied: dict[str, str] = field(default_factory=dict)
     # The project's instructions for the system prompt (see `system_prompt`).
     project_context: str = ""
     # Messages for the agent (steering, background children's notices), taken at each turn boundary.
@@ -299,8 +299,8 @@ class AgentSession:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
         self._emit("tool_call", name=call.name, arguments=call.arguments, description=label)
-        if tool is None and call.name in self.withheld:
-            result = ToolResult(self.withheld[call.name], is_error=True)
+        if tool is None and call.name in self.denied:
+            result = ToolResult(self.denied[call.name], is_error=True)
         elif tool is None:
             available = ", ".join(self.tools) or "none"
             result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)

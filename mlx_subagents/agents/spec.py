@@ -28,7 +28,7 @@ Source = Literal["builtin", "user", "project"]
 
 # `subagent` (delegation) is never granted by default: only a file that names it gets it.
 KNOWN_TOOLS = TOOL_NAMES + ("subagent",)
-# The tools that can change the workspace: an agent with one takes turns there (see `AgentSpec.is_writer`).
+# The tools that can change the workspace: an agent with one holds its writer lease (see `AgentSpec.is_writer`).
 WRITER_TOOLS = ("edit", "write", "bash")
 # Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not.
 NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]*"
@@ -65,7 +65,7 @@ class AgentSpec(BaseModel):
     unknown fields). `agents` names the agents it may start through `subagent` (None: any);
     `full_tools_for` those of them that keep tools it lacks itself (written `worker!`). `context`
     `none` leaves the project's AGENTS.md/CLAUDE.md out of its system prompt. `writer` is what its file
-    says about taking the workspace's writer turn (None: decided by its tools, see `is_writer`).
+    says about holding the workspace's writer lease (None: decided by its tools, see `is_writer`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -91,16 +91,16 @@ class AgentSpec(BaseModel):
     path: Path
     warnings: tuple[str, ...] = ()
 
-    def is_writer(self, withheld: Collection[str] = ()) -> bool:
-        """Whether it takes its workspace's writer turn: as its file's `writer:` says, else when it can
-        change files (`edit`, `write` or `bash`; tools its parent `withheld` do not count).
+    def is_writer(self, denied: Collection[str] = ()) -> bool:
+        """Whether it holds its workspace's writer lease: as its file's `writer:` says, else when it can
+        change files (`edit`, `write` or `bash`; tools its parent `denied` do not count).
 
         `writer: false` declares that it only looks (the built-in scout and reviewer run `git log` or
         the tests through bash): it runs alongside the writers. A declaration, not a sandbox.
         """
         if self.writer is not None:
             return self.writer
-        return any(tool in WRITER_TOOLS and tool not in withheld for tool in self.tools)
+        return any(tool in WRITER_TOOLS and tool not in denied for tool in self.tools)
 
 
 def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) -> AgentSpec:

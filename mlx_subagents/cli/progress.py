@@ -1,7 +1,7 @@
 """Progress for many tasks: a live table on a terminal, one line per notable event elsewhere.
 
 Both are fed the runner's events (the lines are `render.EventLines`'s). The table has one row per
-task: label, agent, status (queued, waiting for its writer turn, running, done, failed, skipped,
+task: label, agent, status (queued, waiting for its writer lease, running, done, failed, skipped,
 aborted), turn, tokens in/out, cached tokens, tokens/s of the last reply and the tool call in
 progress. `usage_table` is the summary printed at the end.
 """

@@ -85,7 +85,7 @@ class AgentInfo(BaseModel):
     source: str
 
 
-class WithheldAgent(BaseModel):
+class UnconfirmedAgent(BaseModel):
     name: str
     path: str
 
@@ -95,7 +95,7 @@ class AgentList(BaseModel):
 
     workspace: str
     agents: list[AgentInfo]
-    withheld: list[WithheldAgent]
+    withheld: list[UnconfirmedAgent]  # the field's name is what clients read
     note: str | None = None
 
 
@@ -339,8 +339,8 @@ class AgentsServer:
             if self.runner is None:
                 root = self.cwd or await client_root(ctx.session) or working_directory()
                 self.runner = self.make_runner(root.resolve(), on_event)
-                withheld = ", ".join(a.name for a in withheld_agents(self.runner)) or "none"
-                log.info("workspace %s; project agents withheld: %s", self.runner.cwd, withheld)
+                unconfirmed = ", ".join(a.name for a in unconfirmed_agents(self.runner)) or "none"
+                log.info("workspace %s; project agents withheld: %s", self.runner.cwd, unconfirmed)
             return self.runner
 
 
@@ -386,7 +386,7 @@ def working_directory() -> Path:
 # -- list_agents ------------------------------------------------------------------------------------
 
 
-def withheld_agents(runner: Runner) -> list[AgentSpec]:
+def unconfirmed_agents(runner: Runner) -> list[AgentSpec]:
     """Project agents the server will not run: they need `--yes` at start."""
     if runner.options.assume_yes:
         return []
@@ -399,16 +399,16 @@ async def _refused_or(
     """What `work` gives, or the error result a client reads: a project agent the server withholds,
     a cap, a label clash, an agent or model that cannot start (refused before anything ran)."""
     try:
-        check_withheld(runner, call)
+        check_confirmed(runner, call)
         return await work()
     except SubagentError as exc:
         return _error(f"Error: {tool} call refused: {exc}")
 
 
-def check_withheld(runner: Runner, call: Delegation) -> None:
+def check_confirmed(runner: Runner, call: Delegation) -> None:
     """Refuse a call that names a project agent the server withholds (it was started without `--yes`)."""
-    withheld = {s.name for s in withheld_agents(runner)}
-    if blocked := sorted({t.agent.strip().lower() for t in call.tasks} & withheld):
+    unconfirmed = {s.name for s in unconfirmed_agents(runner)}
+    if blocked := sorted({t.agent.strip().lower() for t in call.tasks} & unconfirmed):
         raise ConfirmationRequired(
             f"project agent(s) withheld: {', '.join(blocked)}; they come with the workspace and can run "
             f"commands in it; {RESTART_WITH_YES}"
@@ -416,8 +416,8 @@ def check_withheld(runner: Runner, call: Delegation) -> None:
 
 
 def agent_list(runner: Runner) -> AgentList:
-    withheld = withheld_agents(runner)
-    names = {s.name for s in withheld}
+    unconfirmed = unconfirmed_agents(runner)
+    names = {s.name for s in unconfirmed}
     agents = [
         AgentInfo(
             name=s.name,
@@ -430,15 +430,15 @@ def agent_list(runner: Runner) -> AgentList:
         if s.name not in names
     ]
     note = None
-    if withheld:
+    if unconfirmed:
         note = (
-            f"{len(withheld)} project agent(s) withheld: {', '.join(sorted(names))}. They come with the workspace and "
+            f"{len(unconfirmed)} project agent(s) withheld: {', '.join(sorted(names))}. They come with the workspace and "
             f"can run commands in it; {RESTART_WITH_YES}"
         )
     return AgentList(
         workspace=str(runner.cwd),
         agents=agents,
-        withheld=[WithheldAgent(name=s.name, path=str(s.path)) for s in withheld],
+        withheld=[UnconfirmedAgent(name=s.name, path=str(s.path)) for s in unconfirmed],
         note=note,
     )
 
@@ -557,11 +557,11 @@ def describe_run_agents(runner: Runner) -> str:
 
 def agent_lines(runner: Runner) -> str:
     """One line per agent the server runs: name, tools, description."""
-    withheld = {s.name for s in withheld_agents(runner)}
+    unconfirmed = {s.name for s in unconfirmed_agents(runner)}
     listing = "\n".join(
         f"- {s.name} (tools: {', '.join(s.tools)}): {s.description}"
         for s in sorted(runner.catalog.agents.values(), key=lambda s: s.name)
-        if s.name not in withheld
+        if s.name not in unconfirmed
     )
     return listing or "- (none)"
 

@@ -158,7 +158,7 @@ class Execution:
         self._done[item.index].set()
 
     def _turn(self, item: PlannedTask) -> AbstractAsyncContextManager[object]:
-        """The process-wide slot (and the workspace's writer turn) the task runs in."""
+        """The process-wide slot (and the workspace's writer lease) the task runs in."""
         if self.slots is None:
             return nullcontext()
         writer = item.prepared.workspace.root if item.prepared.spec.is_writer(item.prepared.denied) else None
@@ -193,7 +193,7 @@ class Execution:
             limits=item.prepared.limits,
             compaction=self.compaction,
             extra_tools=item.extra_tools,
-            withheld=item.prepared.denied,
+            denied=item.prepared.denied,
             project_context=item.prepared.context,
             inbox=item.inbox if item.inbox is not None else Inbox(),
         )

@@ -480,7 +480,7 @@ class TaskHandle:
             compaction=self.runtime.compaction,
             on_text=self.on_text,
             extra_tools=self.runtime.delegation_tools(self.board.parent, self.workspace, self.board),
-            withheld=self.prepared.denied,
+            denied=self.prepared.denied,
             project_context=self.prepared.context,
             messages=list(messages),
             inbox=self.inbox,

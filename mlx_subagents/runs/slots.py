@@ -1,11 +1,11 @@
-"""Process-wide turns: at most `concurrency` agent loops at once, and one writer per workspace.
+"""Process-wide slots: at most `concurrency` agent loops at once, and one writer per workspace.
 
 Every session holds a `Lease` while it runs: one of the runner's slots and, for an agent that can
-change files (`edit`, `write` or `bash`), its workspace's writer turn; the others run alongside. An
+change files (`edit`, `write` or `bash`), its workspace's writer lease; the others run alongside. An
 agent file that says `writer: false` declares that it only looks, and runs alongside too: the
 built-in scout and reviewer run `git log` or the tests through bash, and serialising them would undo
 parallel scouting (`AgentSpec.is_writer` decides). Nesting cannot multiply the limit: a parent lends
-its lease back while it waits for its children (who may need the slot and the writer turn), and
+its lease back while it waits for its children (who may need the slot and the writer lease), and
 takes it again before it goes on.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 class Lease:
-    """A running session's slot (and writer turn); `lent()` gives them back while it waits."""
+    """A running session's slot (and writer lease); `lent()` gives them back while it waits."""
 
     def __init__(self, slots: asyncio.Semaphore, writer: asyncio.Lock | None) -> None:
         self._slots = slots
@@ -29,7 +29,7 @@ class Lease:
         self.held = False
 
     async def acquire(self, on_wait: Callable[[], None] | None = None) -> None:
-        # The writer turn first: a writer waiting for its turn keeps no slot from the others.
+        # The writer lease first: a writer waiting for it keeps no slot from the others.
         if self._writer is not None:
             if self._writer.locked() and on_wait is not None:
                 on_wait()
@@ -73,7 +73,7 @@ _CURRENT: ContextVar[Lease | None] = ContextVar("mlx_subagents_lease", default=N
 
 
 class Slots:
-    """The runner's slots and writer turns. Create inside the event loop that uses them."""
+    """The runner's slots and writer leases. Create inside the event loop that uses them."""
 
     def __init__(self, concurrency: int) -> None:
         self._slots = asyncio.Semaphore(concurrency)
@@ -81,10 +81,10 @@ class Slots:
 
     @asynccontextmanager
     async def hold(self, writer: Path | None = None, on_wait: Callable[[], None] | None = None) -> AsyncIterator[Lease]:
-        """Wait for a slot (and `writer`'s turn, a workspace root), hold it for the block.
+        """Wait for a slot (and `writer`'s lease, a workspace root), hold it for the block.
 
         Args:
-            on_wait: called once when the writer turn is taken by another session, before waiting.
+            on_wait: called once when the writer lease is held by another session, before waiting.
         """
         lock = self._writers.setdefault(writer, asyncio.Lock()) if writer is not None else None
         lease = Lease(self._slots, lock)
