@@ -24,6 +24,7 @@ from rich.table import Table
 
 from .events import Event
 from .results import TaskStatus
+from .text import clip, first_line
 
 Layout = Literal["task", "tasks", "chat"]
 CHILD = " > "
@@ -53,14 +54,6 @@ def end_status(data: dict[str, Any]) -> str:
     if data.get("stop_reason") == "skipped":
         return "skipped"
     return {"completed": "done", "aborted": "aborted"}.get(data.get("status", ""), "failed")
-
-
-def clip(text: str, n_chars: int = MAX_TOOL_CHARS) -> str:
-    return text if len(text) <= n_chars else text[: n_chars - 3] + "..."
-
-
-def first_line(text: str) -> str:
-    return text.splitlines()[0][:MAX_ERROR_CHARS] if text else ""
 
 
 class EventLines:
@@ -129,7 +122,7 @@ class EventLines:
         if event.kind == "waiting":
             return f"{prefix} [yellow]waiting[/]: {escape(event.data['reason'])}"
         if event.kind == "tool_call":
-            return f"{prefix} [cyan]{escape(clip(str(event.data.get('description', ''))))}[/]"
+            return f"{prefix} [cyan]{escape(clip(str(event.data.get('description', '')), MAX_TOOL_CHARS))}[/]"
         if event.kind == "task_end":
             status = end_status(event.data)
             reason = event.data.get("error") or event.data.get("stop_reason", "")
@@ -142,7 +135,7 @@ class EventLines:
         if event.kind == "tool_call":
             return f"{prefix}[cyan]{mark}{escape(event.data['description'])}[/]"
         if event.kind == "tool_result" and event.data.get("is_error"):
-            return f"{prefix}{' ' * len(mark)}[red]{escape(first_line(event.data['output']))}[/]"
+            return f"{prefix}{' ' * len(mark)}[red]{escape(first_line(event.data['output'], MAX_ERROR_CHARS))}[/]"
         if event.kind == "task_notice":  # a background sub-agent ended
             data = event.data
             style = status_style(data["status"])

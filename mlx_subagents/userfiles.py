@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from .errors import SubagentError
+from .text import squash
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,7 +79,7 @@ def parse_text(text: str, fmt: Format, where: str, error: type[SubagentError]) -
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{where}: invalid TOML: {exc}") from None
     except ValueError as exc:  # YAML: a date that does not exist (2024-13-45)
-        raise error(f"{where}: invalid {fmt.upper()}: {one_line(str(exc))}") from None
+        raise error(f"{where}: invalid {fmt.upper()}: {squash(str(exc))}") from None
     if problem := data_problem(data):
         raise error(f"{where}: {problem}")
     return data
@@ -134,7 +135,7 @@ def yaml_problem(exc: yaml.YAMLError, first_line: int = 1) -> str:
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + first_line} column {mark.column + 1}" if mark is not None else ""
     problem = getattr(exc, "problem", None) or str(exc)
-    return f"{where}: {one_line(problem)}"
+    return f"{where}: {squash(problem)}"
 
 
 # --- pydantic errors --------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def error_path(loc: Sequence[int | str]) -> str:
 
 def error_message(err: ErrorDetails) -> str:
     """pydantic's message for one error on one line, without its `Value error, ` prefix."""
-    return one_line(err["msg"].removeprefix("Value error, "))
+    return squash(err["msg"].removeprefix("Value error, "))
 
 
 def first_error(exc: ValidationError, prefix: Sequence[int | str] = ()) -> str:
@@ -161,8 +162,3 @@ def first_error(exc: ValidationError, prefix: Sequence[int | str] = ()) -> str:
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     message = error_message(errors[0])
     return f"{path}: {message}{more}" if path else f"{message}{more}"
-
-
-def one_line(text: str) -> str:
-    """`text` with every run of whitespace, newlines included, made one space."""
-    return " ".join(text.split())

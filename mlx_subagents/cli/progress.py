@@ -17,8 +17,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..events import Event
-from ..render import EventLines, clip, end_status, status_style
+from ..render import MAX_TOOL_CHARS, EventLines, end_status, status_style
 from ..results import RunResult, RunUsage
+from ..text import clip
 
 
 @dataclass
@@ -113,7 +114,7 @@ class ProgressView:
                 _n(row.output_tokens),
                 _n(row.cached_tokens),
                 f"{row.tps:.1f}" if row.tps else "",
-                escape(clip(row.tool)),
+                escape(clip(row.tool, MAX_TOOL_CHARS)),
             )
         return table
 

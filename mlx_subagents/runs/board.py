@@ -29,8 +29,8 @@ from ..caps import MAX_TASKS
 from ..errors import RequestError, TaskNotFoundError, TaskStateError
 from ..events import Event, EventSink
 from ..results import RunResult, TaskState, TaskStatus
+from ..text import NO_ANSWER, first_line
 from ..tools import Workspace
-from ..tools.base import one_line
 from .prepare import Parent
 from .slots import lend
 from .tasks import TaskSpec
@@ -61,12 +61,6 @@ class BoardTask(Protocol):
     def send(self, message: str) -> None: ...
     async def wait(self, timeout: float | None = None) -> RunResult | None: ...
     async def join(self) -> None: ...
-
-
-def first_line(text: str) -> str:
-    """The first non-empty line of an answer, short enough for a notice."""
-    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return one_line(line, 120) if line else "(no answer)"
 
 
 class TaskBoard:
@@ -183,7 +177,7 @@ class TaskBoard:
         """A background generation of `handle` ended: notice to the parent, event, callback."""
         result = handle.result
         status = handle.status
-        line = first_line(result.output) if result is not None and result.output else ""
+        line = (first_line(result.output) or NO_ANSWER) if result is not None and result.output else ""
         if status != "completed":
             line = (result.error if result is not None else None) or line or "no reason given"
         text = f"{handle.id} {status}: {line}; read it with subagent_output"

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..caps import cap_answer
 from ..errors import SubagentError
 from ..results import TaskStatus
-from .base import Tool, ToolResult, error_result, one_line
+from ..text import NO_ANSWER, one_line
+from .base import Tool, ToolResult, error_result
 from .subagent import READ_MORE
 from .workspace import Workspace
 
@@ -45,7 +46,7 @@ def status_line(status: TaskStatus) -> str:
     if status.error:
         line += f"; {one_line(status.error, 120)}"
     elif status.status == "completed":
-        line += f"; {one_line(status.output, 80) or '(no answer)'}"
+        line += f"; {one_line(status.output, 80) or NO_ANSWER}"
     return line
 
 
@@ -150,7 +151,7 @@ class SubagentOutputTool(_BackgroundTool):
             body = body or "(no text yet)"
             head = f"{status_line(status)}\nIt has not finished; its output so far:"
             return ToolResult(f"{head}\n{body}\n\n[{NEXT_STEPS}]")
-        body = body or "(no answer)"
+        body = body or NO_ANSWER
         head = f"{status.id} {status.status}" + (f": {status.error}" if status.error else "")
         if params.offset:
             head += f" (from character {params.offset})"

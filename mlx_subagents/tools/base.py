@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ToolError
+from ..text import one_line
 from ..userfiles import error_message, error_path, os_reason
 from .threads import DEFAULT_TOOL_TIMEOUT, checkpoint, run_in_thread
 from .workspace import Workspace
@@ -41,14 +42,6 @@ def clip_line(line: str, max_chars: int = MAX_LINE_CHARS) -> str:
     if len(line) <= max_chars:
         return line
     return f"{line[:max_chars]}... [line truncated: {len(line)} chars]"
-
-
-def one_line(text: str, max_chars: int = 100) -> str:
-    """The first line of `text`, shortened, for one-line labels."""
-    first, *rest = text.strip().splitlines() or [""]
-    if rest or len(first) > max_chars:
-        return first[:max_chars] + " ..."
-    return first
 
 
 class CappedLines:

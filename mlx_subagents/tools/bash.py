@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .base import Tool, ToolResult, error_result, one_line
+from ..text import one_line
+from .base import Tool, ToolResult, error_result
 from .command import OutputBuffer, run_command
 
 DEFAULT_BASH_TIMEOUT = 120

@@ -20,12 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, cap_answer
 from ..errors import SubagentError, ToolError
 from ..results import MultiRunResult, RunResult
+from ..text import NO_ANSWER, one_line
 from ..userfiles import error_message, error_path
-from .base import Tool, ToolResult, _strip_titles, error_result, one_line, tool_failure
+from .base import Tool, ToolResult, _strip_titles, error_result, tool_failure
 from .workspace import Workspace
 
 DelegationMode = Literal["single", "parallel", "chain"]
-NO_ANSWER = "(no answer)"
 READ_MORE = 'read the rest with subagent_output {{"id": "{id}", "offset": {{offset}}}}'
 
 FORMS = (
