@@ -167,11 +167,20 @@ class EventLines:
         return f"{indent}[{style}]✗ {escape(path)} {data.get('status')}: {escape(str(reason))}[/]"
 
 
+def make_table(*columns: str, right: tuple[str, ...] = ()) -> Table:
+    """A borderless table with bold headers, the house style of every table the commands print;
+    the columns named in `right` (numbers) are right-aligned."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in columns:
+        table.add_column(name, justify="right" if name in right else "left")
+    return table
+
+
 def tasks_table(tasks: list[TaskStatus]) -> Table:
     """Background tasks as a table: id, agent, status, turn, tokens, last tool, elapsed."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ("id", "agent", "status", "turn", "tokens", "last tool", "elapsed"):
-        table.add_column(name, justify="right" if name in ("turn", "tokens", "elapsed") else "left")
+    table = make_table(
+        "id", "agent", "status", "turn", "tokens", "last tool", "elapsed", right=("turn", "tokens", "elapsed")
+    )
     for t in tasks:
         table.add_row(
             escape(t.id),

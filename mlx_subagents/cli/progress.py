@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..events import Event
-from ..render import MAX_TOOL_CHARS, EventLines, end_status, status_style
+from ..render import MAX_TOOL_CHARS, EventLines, end_status, make_table, status_style
 from ..results import RunResult, RunUsage
 from ..text import clip
 
@@ -91,19 +91,8 @@ class ProgressView:
             row.tool = ""
 
     def __rich__(self) -> Table:
-        table = Table(box=None, pad_edge=False, header_style="bold")
-        for name, justify in (
-            ("task", "left"),
-            ("agent", "left"),
-            ("status", "left"),
-            ("turn", "right"),
-            ("in", "right"),
-            ("out", "right"),
-            ("cached", "right"),
-            ("tok/s", "right"),
-            ("tool", "left"),
-        ):
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        numbers = ("turn", "in", "out", "cached", "tok/s")
+        table = make_table("task", "agent", "status", *numbers, "tool", right=numbers)
         for row in self.rows.values():
             table.add_row(
                 row.label,
@@ -121,20 +110,8 @@ class ProgressView:
 
 def usage_table(results: Sequence[RunResult]) -> Table:
     """One row per task and a total: status, stop reason, turns, tokens, KV cache held and time."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for name, justify in (
-        ("task", "left"),
-        ("agent", "left"),
-        ("status", "left"),
-        ("stop", "left"),
-        ("turns", "right"),
-        ("in", "right"),
-        ("cached", "right"),
-        ("out", "right"),
-        ("kv", "right"),
-        ("time", "right"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    numbers = ("turns", "in", "cached", "out", "kv", "time")
+    table = make_table("task", "agent", "status", "stop", *numbers, right=numbers)
     total = RunUsage()
     for r in results:
         u = r.usage

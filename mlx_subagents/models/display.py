@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..render import make_table
 from .catalog import ModelInfo
 
 
@@ -23,19 +24,10 @@ def _count(n: int | None) -> str:
 
 def models_table(models: list[ModelInfo]) -> Table:
     """One row per model; `*` marks the default, `fits` answers "can five sessions run here"."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column, justify in (
-        ("", "left"),
-        ("model", "left"),
-        ("source", "left"),
-        ("size", "right"),
-        ("params", "right"),
-        ("quantization", "left"),
-        ("context", "right"),
-        ("tools", "left"),
-        ("fits", "left"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table = make_table(
+        "", "model", "source", "size", "params", "quantization", "context", "tools", "fits",
+        right=("size", "params", "context"),
+    )  # fmt: skip
     for m in models:
         fits = {True: "yes", False: "[red]no[/]", None: "?"}[m.fits_memory]
         table.add_row(
