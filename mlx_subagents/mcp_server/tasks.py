@@ -18,7 +18,6 @@ import mcp_types as types
 from pydantic import BaseModel, Field, ValidationError
 
 from ..caps import MAX_ANSWER_BYTES, utf8_head
-from ..errors import TaskStateError
 from ..results import TaskStatus
 from ..runs.board import TaskBoard
 from ..tools import background
@@ -160,9 +159,7 @@ class ServerTasks:
         return result(said, TaskList(tasks=[self.board.get(params.id).snapshot()]))
 
     async def cancel(self, params: CancelParams) -> types.CallToolResult:
-        handle = self.board.get(params.id)
-        if not handle.cancel(CANCELLED_BY_CLIENT):
-            raise TaskStateError(f"task '{handle.id}' is not running (it {handle.status}); nothing to cancel")
+        handle = self.board.stop(params.id, CANCELLED_BY_CLIENT)
         try:  # its bash processes are killed as it unwinds: answer once that is done
             await asyncio.wait_for(asyncio.shield(handle.join()), CANCEL_WAIT)
         except asyncio.TimeoutError:

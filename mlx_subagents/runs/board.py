@@ -113,6 +113,15 @@ class TaskBoard:
         """Cancel every queued or running task; the ones cancelled."""
         return [h for h in self.alive() if h.cancel(reason)]
 
+    def stop(self, task_id: str, reason: str) -> BoardTask:
+        """Cancel one task for a person or a client (`/cancel`, MCP `cancel_agent`); it, being cancelled.
+
+        Raises `TaskNotFoundError` (listing the ids) or `TaskStateError` (it is not running)."""
+        handle = self.get(task_id)
+        if not handle.cancel(reason):
+            raise TaskStateError(f"task '{handle.id}' is not running (it {handle.status}); nothing to cancel")
+        return handle
+
     async def close(self, reason: str | None = None) -> None:
         """Cancel what still runs and wait until every task has saved its transcript."""
         self.cancel_all(reason)

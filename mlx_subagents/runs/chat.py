@@ -14,7 +14,7 @@ on while the parent answers, after its turn ends and while the user types; `task
 
 from __future__ import annotations
 
-from ..errors import RequestError, TaskStateError
+from ..errors import RequestError
 from ..events import Event
 from ..host.protocol import TextCallback
 from ..results import RunResult, RunUsage, TaskStatus
@@ -100,10 +100,7 @@ class Chat:
         """Cancel one background sub-agent (its `bash` processes are killed); its id.
 
         Raises `TaskNotFoundError` (listing the ids) or `TaskStateError` (it is not running)."""
-        task = self.board.get(task_id)
-        if not task.cancel(CANCELLED_BY_USER):
-            raise TaskStateError(f"task '{task.id}' is not running (it {task.status}); nothing to cancel")
-        return task.id
+        return self.board.stop(task_id, CANCELLED_BY_USER).id
 
     def send_to(self, task_id: str, message: str) -> bool:
         """Send a background sub-agent a message: whether it was running (it reads the message at its
