@@ -483,18 +483,8 @@ def run_result(call: Delegation, outcome: MultiRunResult, answer: ToolResult) ->
 
 
 def _task_outcome(result: RunResult, answer: str) -> TaskOutcome:
-    return TaskOutcome(
-        label=result.label,
-        agent=result.agent,
-        status=result.status,
-        stop_reason=result.stop_reason,
-        error=result.error,
-        answer=answer,
-        usage=result.usage,
-        duration_s=result.duration_s,
-        model=result.model,
-        transcript=result.transcript,
-    )
+    """A task's outcome: its result's fields that `TaskOutcome` names, and the answer as it fits."""
+    return TaskOutcome(**result.model_dump(include=set(TaskOutcome.model_fields) - {"answer"}), answer=answer)
 
 
 def _status_line(task: TaskOutcome) -> str:
