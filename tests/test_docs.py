@@ -1,0 +1,151 @@
+"""The docs: `docs/cli.md` is what the typer app generates, and the README stays short with links that resolve.
+
+`docs/cli.md` is made by one command, written at its top:
+
+    python tests/test_docs.py
+
+which runs typer's own `utils docs` on the app (`mlx_subagents/cli/__init__.py`) with the terminal pinned
+and puts a comment saying so on top. The test below runs the same function into a temporary file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+CLI_PAGE = DOCS / "cli.md"
+REGENERATE = "python tests/test_docs.py"
+MAX_README_LINES = 300
+CI_TEST_LINE = 'pip install -e ".[test]" && python -m pytest  # ci-test'
+
+# rich, which typer renders help with, reads the terminal's width and colour settings: pinned, so that the
+# page comes out the same on every machine.
+PINNED_ENV = {"COLUMNS": "100", "TERM": "dumb", "NO_COLOR": "1", "PYTHONUTF8": "1"}
+UNPINNED = ("FORCE_COLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+TYPER_DOCS = ("-m", "typer", "mlx_subagents.cli", "utils", "docs", "--name", "subagent")
+HEADER = (
+    "<!-- Generated from the typer app in mlx_subagents/cli/__init__.py: do not edit by hand.\n"
+    f"     Regenerate with `{REGENERATE}`, which runs\n"
+    f"     `{' '.join(f'{k}={v}' for k, v in PINNED_ENV.items())} python {' '.join(TYPER_DOCS)} --output FILE`\n"
+    "     and puts this comment on top; `python -m pytest tests/test_docs.py` checks that the page is current. -->\n"
+    "\n"
+)
+
+
+def generate_cli_page() -> str:
+    """`docs/cli.md` as the app makes it now: this header, then typer's Markdown for the app."""
+    env = {k: v for k, v in os.environ.items() if k not in UNPINNED}
+    env.update(PINNED_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cli.md"
+        done = subprocess.run(
+            [sys.executable, *TYPER_DOCS, "--output", str(out)],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"typer utils docs failed ({done.returncode}): {done.stderr.strip()}")
+        return HEADER + out.read_text(encoding="utf-8")
+
+
+def test_cli_page_is_current() -> None:
+    expected = generate_cli_page().encode("utf-8")
+    actual = CLI_PAGE.read_bytes() if CLI_PAGE.is_file() else b""
+    if actual != expected:
+        have, want = actual.decode("utf-8", "replace").splitlines(), expected.decode("utf-8").splitlines()
+        n = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), None)
+        if n is not None:
+            where = f"line {n + 1} is {have[n]!r}, expected {want[n]!r}"
+        elif len(have) != len(want):
+            where = f"it has {len(have)} lines, expected {len(want)}"
+        else:
+            where = "it differs in line endings or the final newline"
+        pytest.fail(
+            f"docs/cli.md is not what the typer app generates ({where}); regenerate it with `{REGENERATE}`",
+            pytrace=False,
+        )
+
+
+def test_readme_is_short() -> None:
+    n_lines = len(README.read_text(encoding="utf-8").splitlines())
+    assert n_lines <= MAX_README_LINES, (
+        f"README.md has {n_lines} lines; keep it to {MAX_README_LINES}, move the rest to docs/"
+    )
+
+
+def test_readme_keeps_the_ci_test_line() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert CI_TEST_LINE in lines, f"README.md must keep the line CI runs, exactly: {CI_TEST_LINE}"
+
+
+def test_readme_links_to_docs_pages_that_exist() -> None:
+    links = [link for link in _links(README) if link.startswith("docs/")]
+    assert links, "README.md links to no docs/ page"
+    for link in links:
+        _check_link(README, link)
+
+
+def test_docs_links_resolve() -> None:
+    pages = sorted(DOCS.glob("*.md"))
+    assert CLI_PAGE in pages
+    for page in pages:
+        for link in _links(page):
+            _check_link(page, link)
+
+
+# Markdown links `[text](target)`, outside code spans and fenced blocks.
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def _links(page: Path) -> list[str]:
+    links, fenced = [], False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            links += [m.group(1) for m in _LINK.finditer(re.sub(r"`[^`]*`", "", line))]
+    return [link for link in links if not re.match(r"[a-z][a-z0-9+.-]*:", link)]  # no URLs
+
+
+def _check_link(page: Path, link: str) -> None:
+    """A relative link resolves to a file; an anchor (`page.md#heading`) to one of its headings."""
+    target, _, anchor = link.partition("#")
+    path = (page.parent / target).resolve() if target else page
+    where = f"{page.relative_to(ROOT)} links to {link}"
+    assert path.exists(), f"{where}, which does not exist"
+    if anchor and path.suffix == ".md":
+        assert anchor in _anchors(path), f"{where}, but {path.relative_to(ROOT)} has no heading with that anchor"
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a page's headings: lowercase, punctuation dropped, spaces as hyphens."""
+    anchors, fenced = set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)):
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+if __name__ == "__main__":
+    CLI_PAGE.parent.mkdir(exist_ok=True)
+    CLI_PAGE.write_bytes(generate_cli_page().encode("utf-8"))
+    print(f"wrote {CLI_PAGE.relative_to(ROOT)}")
