@@ -11,6 +11,7 @@ import asyncio
 import io
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -23,6 +24,8 @@ from ..agents.schema_output import load_schema
 from ..agents.spec import WRITER_TOOLS, AgentSpec
 from ..errors import RequestError, SubagentError
 from ..render import EventLines
+from ..results import MultiRunResult
+from ..runs.runner import Runner
 from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
 from .doctor import run_doctor
 from .flags import (
@@ -36,7 +39,11 @@ from .flags import (
     Scope,
     ScopeOpt,
     Shared,
+    StepAgents,
+    StepTexts,
+    TaskAgents,
     TaskKeyOpt,
+    TaskTexts,
     VerboseOpt,
     WindowOpt,
     shared_options,
@@ -70,6 +77,20 @@ def _schema(path: Path | None) -> dict[str, Any] | None:
     return load_schema(path) if path else None
 
 
+def _run_many(
+    shared: Shared,
+    rows: list[tuple[str, str]],
+    work: Callable[[Runner], Awaitable[MultiRunResult]],
+    as_json: bool,
+    events: bool,
+    quiet: bool,
+) -> None:
+    """A multi-task command: its runner, the progress table of `rows` (label, agent), the result, the exit."""
+    sinks = event_sinks(events)
+    runner = shared.runner(sinks)
+    finish_multi(run_multi(runner, sinks, rows, quiet, lambda: work(runner)), as_json, events)
+
+
 # --- commands -------------------------------------------------------------------------------------------
 
 
@@ -100,19 +121,8 @@ def run(
 @app.command()
 @shared_options()
 def parallel(
-    texts: Annotated[
-        Optional[list[str]],
-        typer.Argument(metavar="TEXT", help="The task text after each -t AGENT.", show_default=False),
-    ] = None,
-    agent: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--task",
-            "-t",
-            metavar="AGENT",
-            help='An agent, then its task text: -t scout "map the auth code". Repeat (8 at most).',
-        ),
-    ] = None,
+    texts: TaskTexts = None,
+    agent: TaskAgents = None,
     file: Annotated[
         Optional[Path],
         typer.Option(
@@ -136,29 +146,15 @@ def parallel(
     tasks = (load_tasks_file(file) if file else []) + _pair(agent, texts, "-t")
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
-    sinks = event_sinks(events)
-    runner = shared.runner(sinks)
     rows = [(t.label, t.agent) for t in tasks]
-    outcome = run_multi(runner, sinks, rows, quiet, lambda: runner.parallel(tasks, concurrency=shared.concurrency))
-    finish_multi(outcome, as_json, events)
+    _run_many(shared, rows, lambda r: r.parallel(tasks, concurrency=shared.concurrency), as_json, events, quiet)
 
 
 @app.command()
 @shared_options()
 def chain(
-    texts: Annotated[
-        Optional[list[str]],
-        typer.Argument(metavar="TEXT", help="The task text after each -s AGENT.", show_default=False),
-    ] = None,
-    agent: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--step",
-            "-s",
-            metavar="AGENT",
-            help="An agent, then its task text; {previous} is the previous step's answer. Repeat (8 at most).",
-        ),
-    ] = None,
+    texts: StepTexts = None,
+    agent: StepAgents = None,
     schema: Annotated[
         Optional[Path],
         typer.Option("--schema", dir_okay=False, help="JSON schema file the last step's answer must satisfy."),
@@ -177,11 +173,7 @@ def chain(
     if steps and schema:
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
-    sinks = event_sinks(events)
-    runner = shared.runner(sinks)
-    rows = [(t.label, t.agent) for t in steps]
-    outcome = run_multi(runner, sinks, rows, quiet, lambda: runner.chain(steps))
-    finish_multi(outcome, as_json, events)
+    _run_many(shared, [(t.label, t.agent) for t in steps], lambda r: r.chain(steps), as_json, events, quiet)
 
 
 @app.command()
@@ -202,13 +194,8 @@ def workflow(
     from ..runs.workflow import find_workflow, load_workflow
 
     flow = load_workflow(find_workflow(name, Path(shared.cwd).resolve()))
-    sinks = event_sinks(events)
-    runner = shared.runner(sinks)
     rows = [(s.id, s.agent) for s in flow.steps]
-    outcome = run_multi(
-        runner, sinks, rows, quiet, lambda: runner.workflow(flow, input, concurrency=shared.concurrency)
-    )
-    finish_multi(outcome, as_json, events)
+    _run_many(shared, rows, lambda r: r.workflow(flow, input, concurrency=shared.concurrency), as_json, events, quiet)
 
 
 @app.command()
