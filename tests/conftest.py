@@ -17,6 +17,8 @@ _SESSION_HF_HOME = tempfile.mkdtemp(prefix="mlx-subagents-hf-")
 atexit.register(shutil.rmtree, _SESSION_HF_HOME, ignore_errors=True)
 os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=_SESSION_HF_HOME)
 
+from helpers import make_runner, run_parent, scripted_host  # noqa: E402
+
 from mlx_subagents.testing import make_tiny_model  # noqa: E402
 
 
@@ -93,21 +95,28 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str])
 
 
 @pytest.fixture
+def scripted_runner(tmp_path: Path) -> Any:
+    """`scripted_runner(script, events=None, *, cwd=tmp_path, **kwargs) -> Runner`: a runner on an in-memory
+    `ScriptedHost` replaying `script` (a list of replies, or a script file's mapping: see `scripted_host`);
+    `events` and `kwargs` (`save_transcripts`, `home`, `RunOptions` fields) as for `make_runner`."""
+
+    def make(script: Any, events: Any = None, *, cwd: Path | None = None, **kwargs: Any) -> Any:
+        return make_runner(cwd or tmp_path, scripted_host(script), events, **kwargs)
+
+    return make
+
+
+@pytest.fixture
 def forced_runner(tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: tuple[Any, Any]) -> Any:
     """`forced_runner(replies, on_event=None, **options) -> (runner, scripts)`: a runner on the tiny real
     model in `tmp_path` (which holds `app.py`), each session forced through its replies (session label
     -> texts); `options` go to `RunOptions`."""
-    from mlx_subagents.events import ignore_event
-    from mlx_subagents.runs.options import RunOptions
-    from mlx_subagents.runs.runner import Runner
     from mlx_subagents.testing import ForcedScripts
 
-    def make(replies: dict[str, list[str]], on_event: Any = None, **options: Any) -> tuple[Runner, ForcedScripts]:
+    def make(replies: dict[str, list[str]], on_event: Any = None, **options: Any) -> tuple[Any, ForcedScripts]:
         (tmp_path / "app.py").write_text("print('hi')\n")
         scripts = ForcedScripts(tiny_qwen3[1], replies)
-        options = RunOptions(model=str(tiny_qwen3_path), **options)
-        runner = Runner(cwd=tmp_path, options=options, processor_factory=scripts, on_event=on_event or ignore_event)
-        return runner, scripts
+        return make_runner(tmp_path, str(tiny_qwen3_path), on_event, processor_factory=scripts, **options), scripts
 
     return make
 
@@ -116,18 +125,10 @@ def forced_runner(tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: tuple[Any, 
 def forced_orchestrator(forced_runner: Any) -> Any:
     """`forced_orchestrator(replies, **options) -> (result, scripts)`: the orchestrator runs "help me" on a
     `forced_runner`."""
-    import asyncio
-
-    from mlx_subagents.runs.tasks import TaskSpec
 
     def run(replies: dict[str, list[str]], **options: Any) -> tuple[Any, Any]:
         runner, scripts = forced_runner(replies, **options)
-
-        async def main() -> Any:
-            async with runner:
-                return await runner.run(TaskSpec("orchestrator", "help me"))
-
-        return asyncio.run(main()), scripts
+        return run_parent(runner), scripts
 
     return run
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import pty
@@ -14,6 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlx_subagents.events import Event, EventSink, ignore_event
+from mlx_subagents.host.protocol import ModelHost
+from mlx_subagents.host.scripted import Script, ScriptedHost
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.runs.runner import Runner
+from mlx_subagents.runs.tasks import TaskSpec
+
 REPO = Path(__file__).resolve().parents[1]
 # A bash command that runs until killed, leaving the pids of bash and of its child in the workspace.
 SLOW = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"
@@ -23,6 +31,73 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 def call(name: str, **arguments: Any) -> dict[str, Any]:
     """A scripted-model reply that makes one tool call."""
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
+
+
+# --- runners: an in-memory scripted host, a runner on it or on a model id, a run to its end ----------------
+
+
+def scripted_host(script: Any) -> ScriptedHost:
+    """An in-memory host replaying `script`, in a script file's shapes: a list of replies, or a mapping
+    of `replies`, `agents` (`{name: {"replies": [...]}}`) and `context_window`. Its model name is
+    `host.model_id` (`scripted:memory`)."""
+    return ScriptedHost(Script.model_validate(script))
+
+
+def make_runner(
+    cwd: Path,
+    model: str | ModelHost,
+    events: list[Event] | EventSink | None = None,
+    *,
+    save_transcripts: bool = True,
+    home: Path | None = None,
+    processor_factory: Any = None,
+    **options: Any,
+) -> Runner:
+    """A runner in `cwd` on `model`: a model id (a folder, `scripted:PATH`), or a host made by the test,
+    given to the runner under its `model_id`. `events` is a list that collects every event, or a sink;
+    `options` go to `RunOptions`."""
+    hosts = {}
+    if not isinstance(model, str):
+        hosts, model = {model.model_id: model}, model.model_id
+    sink = events.append if isinstance(events, list) else events or ignore_event
+    return Runner(
+        cwd=cwd,
+        options=RunOptions(model=model, **options),
+        on_event=sink,
+        save_transcripts=save_transcripts,
+        home=home,
+        processor_factory=processor_factory,
+        hosts=hosts,
+    )
+
+
+def go(runner: Runner, method: str, *args: Any, **kwargs: Any) -> Any:
+    """`runner.METHOD(*args, **kwargs)` run to its end in a new event loop, the runner closed after."""
+
+    async def main() -> Any:
+        async with runner:
+            return await getattr(runner, method)(*args, **kwargs)
+
+    return asyncio.run(main())
+
+
+def run_parent(runner: Runner, task: str = "help me", agent: str = "orchestrator") -> Any:
+    """The result of one task of `agent` (the orchestrator by default): a parent that may delegate."""
+    return go(runner, "run", TaskSpec(agent, task))
+
+
+def write_agent(root: Path, name: str, tools: str | None = None, front: str = "", body: str = "Do the task.") -> Path:
+    """A project agent file `root/.mlx-subagents/agents/NAME.md`: `tools` (a list as written after `tools:`),
+    then `front` (more front-matter lines, each ending in a newline), then `body`."""
+    folder = root / ".mlx-subagents" / "agents"
+    folder.mkdir(parents=True, exist_ok=True)
+    granted = f"tools: {tools}\n" if tools is not None else ""
+    path = folder / f"{name}.md"
+    path.write_text(f"---\nname: {name}\ndescription: {name} agent\n{granted}{front}---\n{body}\n")
+    return path
+
+
+# --- processes -------------------------------------------------------------------------------------
 
 
 def alive(pid: int) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import alive, all_dead, call
+from helpers import SLOW, alive, all_dead, call, make_runner, run_parent, scripted_host, write_agent
 
 from mlx_subagents.errors import (
     AgentNotFoundError,
@@ -18,15 +18,8 @@ from mlx_subagents.errors import (
     TaskStateError,
 )
 from mlx_subagents.events import Event
-from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.runner import Runner
-from mlx_subagents.runs.tasks import ModelRef, TaskSpec
+from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
-
-
-def make_runner(tmp_path: Path, model: str, events: list[Event] | None = None, **options: Any) -> Runner:
-    sink = events.append if events is not None else (lambda _event: None)
-    return Runner(cwd=tmp_path, options=RunOptions(model=model, **options), on_event=sink)
 
 
 def user_texts(messages: list[dict[str, Any]]) -> list[str]:
@@ -37,11 +30,11 @@ def user_texts(messages: list[dict[str, Any]]) -> list[str]:
 
 
 def test_start_returns_at_once_with_predictable_ids_and_wait_gives_the_result(
-    tmp_path: Path, write_script: Any
+    tmp_path: Path, scripted_runner: Any
 ) -> None:
     (tmp_path / "app.py").write_text("print('hi')\n")
-    model = write_script({"agents": {"scout": {"replies": [{"content": "found app.py", "delay": 0.3}]}}})
-    runner = make_runner(tmp_path, model)
+    script = {"agents": {"scout": {"replies": [{"content": "found app.py", "delay": 0.3}]}}}
+    runner = scripted_runner(script)
 
     notices: list[Any] = []
 
@@ -79,8 +72,8 @@ def test_start_returns_at_once_with_predictable_ids_and_wait_gives_the_result(
     assert read_transcript(record.transcript_path(record.tasks[0])).messages[1]["content"] == "Task: find the app"
 
 
-def test_start_checks_everything_before_it_returns(tmp_path: Path, write_script: Any) -> None:
-    runner = make_runner(tmp_path, write_script(["x"]))
+def test_start_checks_everything_before_it_returns(scripted_runner: Any) -> None:
+    runner = scripted_runner(["x"])
 
     async def main() -> None:
         async with runner:
@@ -97,13 +90,13 @@ def test_start_checks_everything_before_it_returns(tmp_path: Path, write_script:
     asyncio.run(main())
 
 
-def test_a_message_reaches_a_running_task_at_its_next_turn(tmp_path: Path, write_script: Any) -> None:
+def test_a_message_reaches_a_running_task_at_its_next_turn(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text("print('hi')\n")
-    model = write_script(
+    host = scripted_host(
         {"agents": {"scout": {"replies": [{**call("ls", path="."), "delay": 0.4}, "done, and I checked tests too"]}}}
     )
     events: list[Event] = []
-    runner = make_runner(tmp_path, model, events)
+    runner = make_runner(tmp_path, host, events)
 
     async def main() -> Any:
         async with runner:
@@ -112,7 +105,6 @@ def test_a_message_reaches_a_running_task_at_its_next_turn(tmp_path: Path, write
                 await asyncio.sleep(0.01)
             handle.send("also look at the tests")
             result = await handle.wait()
-            host = await runner.preparer.host_for(ModelRef(model))
             return handle, result, host.history["scout#1"]
 
     handle, result, history = asyncio.run(main())
@@ -128,9 +120,9 @@ def test_a_message_reaches_a_running_task_at_its_next_turn(tmp_path: Path, write
     assert [e.data["message"] for e in events if e.kind == "task_send"] == ["also look at the tests"]
 
 
-def test_a_message_to_a_finished_task_resumes_it(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {"scout": {"replies": ["first answer", "second answer"]}}})
-    runner = make_runner(tmp_path, model)
+def test_a_message_to_a_finished_task_resumes_it(tmp_path: Path) -> None:
+    host = scripted_host({"agents": {"scout": {"replies": ["first answer", "second answer"]}}})
+    runner = make_runner(tmp_path, host)
 
     async def main() -> Any:
         async with runner:
@@ -139,7 +131,6 @@ def test_a_message_to_a_finished_task_resumes_it(tmp_path: Path, write_script: A
             handle.send("and now?")
             assert handle.status in ("queued", "running")
             second = await handle.wait()
-            host = await runner.preparer.host_for(ModelRef(model))
             return handle, first, second, host.history["scout#1"]
 
     handle, first, second, history = asyncio.run(main())
@@ -151,9 +142,9 @@ def test_a_message_to_a_finished_task_resumes_it(tmp_path: Path, write_script: A
     assert [r["data"]["message"] for r in log.records if r["type"] == "task_send"] == ["and now?"]
 
 
-def test_cancel_aborts_a_task_and_a_message_to_it_is_refused(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {"scout": {"replies": [{"content": "never", "delay": 30}]}}})
-    runner = make_runner(tmp_path, model)
+def test_cancel_aborts_a_task_and_a_message_to_it_is_refused(scripted_runner: Any) -> None:
+    script = {"agents": {"scout": {"replies": [{"content": "never", "delay": 30}]}}}
+    runner = scripted_runner(script)
 
     async def main() -> Any:
         async with runner:
@@ -173,9 +164,9 @@ def test_cancel_aborts_a_task_and_a_message_to_it_is_refused(tmp_path: Path, wri
     assert (record.status, record.tasks[0].status) == ("interrupted", "aborted")
 
 
-def test_closing_the_runner_cancels_what_still_runs(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {"scout": {"replies": [{"content": "never", "delay": 30}]}}})
-    runner = make_runner(tmp_path, model)
+def test_closing_the_runner_cancels_what_still_runs(scripted_runner: Any) -> None:
+    script = {"agents": {"scout": {"replies": [{"content": "never", "delay": 30}]}}}
+    runner = scripted_runner(script)
 
     async def main() -> Any:
         async with runner:
@@ -193,14 +184,6 @@ def test_closing_the_runner_cancels_what_still_runs(tmp_path: Path, write_script
 # -- a parent agent and its background children (the model-facing tools) ------------------------------
 
 
-def run_parent(runner: Runner, task: str = "help me", agent: str = "orchestrator") -> Any:
-    async def main() -> Any:
-        async with runner:
-            return await runner.run(TaskSpec(agent, task))
-
-    return asyncio.run(main())
-
-
 def bg(**arguments: Any) -> dict[str, Any]:
     return call("subagent", background=True, **arguments)
 
@@ -210,30 +193,28 @@ def tool_messages(result: Any) -> list[str]:
 
 
 def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_them(
-    tmp_path: Path, write_script: Any
+    tmp_path: Path, scripted_runner: Any
 ) -> None:
     (tmp_path / "notes.txt").write_text("remember the tests\n")
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        bg(tasks=[{"agent": "scout", "task": "map auth"}, {"agent": "planner", "task": "plan it"}]),
-                        call("read", path="notes.txt"),
-                        "Waiting for the scout and the planner.",
-                        "Still waiting for the planner.",
-                        call("subagent_output", id="scout#1"),
-                        call("subagent_output", id="planner#1"),
-                        "Auth is in auth.py; the plan has two steps.",
-                    ]
-                },
-                "scout": {"replies": [{"content": "auth is in auth.py\nmore detail", "delay": 0.6}]},
-                "planner": {"replies": [{"content": "1. test 2. fix", "delay": 1.5}]},
-            }
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    bg(tasks=[{"agent": "scout", "task": "map auth"}, {"agent": "planner", "task": "plan it"}]),
+                    call("read", path="notes.txt"),
+                    "Waiting for the scout and the planner.",
+                    "Still waiting for the planner.",
+                    call("subagent_output", id="scout#1"),
+                    call("subagent_output", id="planner#1"),
+                    "Auth is in auth.py; the plan has two steps.",
+                ]
+            },
+            "scout": {"replies": [{"content": "auth is in auth.py\nmore detail", "delay": 0.6}]},
+            "planner": {"replies": [{"content": "1. test 2. fix", "delay": 1.5}]},
         }
-    )
+    }
     events: list[Event] = []
-    runner = make_runner(tmp_path, model, events)
+    runner = scripted_runner(script, events)
     result = run_parent(runner)
 
     assert (result.status, result.output) == ("completed", "Auth is in auth.py; the plan has two steps.")
@@ -266,34 +247,32 @@ def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_
     assert children == ["orchestrator > planner#1", "orchestrator > scout#1"]
 
 
-def test_a_parent_steers_and_cancels_its_children_and_errors_are_results(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        bg(agent="scout", task="map auth"),
-                        call("subagent_send", id="scout#1", message="look in middleware/ too"),
-                        call("subagent_output", id="scout#1", wait=1),
-                        call("subagent_status"),
-                        call("subagent_cancel", id="scout#1"),
-                        call("subagent_send", id="scout#1", message="are you there?"),
-                        call("subagent_output", id="scout#1", wait=1000),
-                        call("subagent_output", id="scout#7"),
-                        call("subagent_cancel", id="scout#1"),
-                        "Gave up on the scout.",
-                    ]
-                },
-                "scout": {
-                    "replies": [
-                        {"content": "Looking around.", **call("ls", path="."), "delay": 0.5},
-                        {"content": "never", "delay": 30},
-                    ]
-                },
-            }
+def test_a_parent_steers_and_cancels_its_children_and_errors_are_results(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    bg(agent="scout", task="map auth"),
+                    call("subagent_send", id="scout#1", message="look in middleware/ too"),
+                    call("subagent_output", id="scout#1", wait=1),
+                    call("subagent_status"),
+                    call("subagent_cancel", id="scout#1"),
+                    call("subagent_send", id="scout#1", message="are you there?"),
+                    call("subagent_output", id="scout#1", wait=1000),
+                    call("subagent_output", id="scout#7"),
+                    call("subagent_cancel", id="scout#1"),
+                    "Gave up on the scout.",
+                ]
+            },
+            "scout": {
+                "replies": [
+                    {"content": "Looking around.", **call("ls", path="."), "delay": 0.5},
+                    {"content": "never", "delay": 30},
+                ]
+            },
         }
-    )
-    runner = make_runner(tmp_path, model)
+    }
+    runner = scripted_runner(script)
     result = run_parent(runner)
 
     assert result.output == "Gave up on the scout."
@@ -323,9 +302,6 @@ def test_a_parent_steers_and_cancels_its_children_and_errors_are_results(tmp_pat
     assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: map auth", "look in middleware/ too"]
 
 
-SLOW = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"
-
-
 async def wait_for_pids(folder: Path) -> list[int]:
     for _ in range(600):
         if (folder / "sleep.pid").is_file() and (folder / "sleep.pid").read_text().strip():
@@ -337,24 +313,22 @@ async def wait_for_pids(folder: Path) -> list[int]:
 
 
 def test_cancelling_a_child_mid_bash_kills_its_processes_and_the_parent_carries_on(
-    tmp_path: Path, write_script: Any
+    tmp_path: Path, scripted_runner: Any
 ) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        bg(agent="worker", task="run the slow check"),
-                        call("subagent_output", id="worker#1", wait=60),
-                        "The check was cancelled.",
-                    ]
-                },
-                "worker": {"replies": [call("bash", command=SLOW), "never"]},
-            }
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    bg(agent="worker", task="run the slow check"),
+                    call("subagent_output", id="worker#1", wait=60),
+                    "The check was cancelled.",
+                ]
+            },
+            "worker": {"replies": [call("bash", command=SLOW), "never"]},
         }
-    )
+    }
     events: list[Event] = []
-    runner = make_runner(tmp_path, model, events)
+    runner = scripted_runner(script, events)
 
     async def main() -> Any:
         async with runner:
@@ -375,19 +349,15 @@ def test_cancelling_a_child_mid_bash_kills_its_processes_and_the_parent_carries_
     assert [(e.label, e.data) for e in cancels] == [("orchestrator#1 > worker#1", {"reason": "stopped by the user"})]
 
 
-def test_at_most_8_alive_per_parent_4_running_and_a_cancelled_parent_cancels_its_children(
-    tmp_path: Path, write_script: Any
-) -> None:
+def test_at_most_8_alive_per_parent_4_running_and_a_cancelled_parent_cancels_its_children(scripted_runner: Any) -> None:
     eight = [{"agent": "scout", "task": f"look {i}"} for i in range(8)]
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {"replies": [bg(tasks=eight), bg(agent="scout", task="one more"), "Waiting."]},
-                "scout": {"replies": [{"content": "never", "delay": 30}]},
-            }
+    script = {
+        "agents": {
+            "orchestrator": {"replies": [bg(tasks=eight), bg(agent="scout", task="one more"), "Waiting."]},
+            "scout": {"replies": [{"content": "never", "delay": 30}]},
         }
-    )
-    runner = make_runner(tmp_path, model)
+    }
+    runner = scripted_runner(script)
 
     async def main() -> Any:
         async with runner:
@@ -418,25 +388,17 @@ def test_at_most_8_alive_per_parent_4_running_and_a_cancelled_parent_cancels_its
     assert {c.result.error for c in children[4:]} == {"its parent task 'orchestrator#1' ended before it started"}
 
 
-def write_agent(root: Path, name: str, tools: str) -> None:
-    folder = root / ".mlx-subagents" / "agents"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.md").write_text(f"---\nname: {name}\ndescription: {name} agent\ntools: {tools}\n---\nWork.\n")
-
-
-def test_the_depth_limit_holds_for_background_children(tmp_path: Path, write_script: Any) -> None:
+def test_the_depth_limit_holds_for_background_children(tmp_path: Path, scripted_runner: Any) -> None:
     write_agent(tmp_path, "lead", "read, subagent")
     # Parent and child are both `lead`: each replays the same script from its first reply.
-    model = write_script(
-        {
-            "agents": {
-                "lead": {
-                    "replies": [bg(agent="lead", task="nested"), call("subagent_output", id="lead#1", wait=10), "done"]
-                }
+    script = {
+        "agents": {
+            "lead": {
+                "replies": [bg(agent="lead", task="nested"), call("subagent_output", id="lead#1", wait=10), "done"]
             }
         }
-    )
-    runner = make_runner(tmp_path, model, max_depth=1, assume_yes=True)
+    }
+    runner = scripted_runner(script, max_depth=1, assume_yes=True)
     result = run_parent(runner, agent="lead")
 
     assert tool_messages(result) == [tool_messages(result)[0], "lead#1 completed\n\ndone"]
@@ -458,7 +420,7 @@ def test_a_message_to_a_finished_child_resumes_it_on_its_kv_cache(
     from mlx_subagents.testing import ForcedScripts
 
     scripts = ForcedScripts(tiny_qwen3[1], {"scout#1": ["app.py is the only file", "no tests"]})
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts)
+    runner = make_runner(tmp_path, str(tiny_qwen3_path), processor_factory=scripts)
 
     async def main() -> Any:
         async with runner:
@@ -552,31 +514,29 @@ def test_run_events_and_show_record_sends_and_notices_in_order(tmp_path: Path, w
     assert shown.index("user: Task: map auth") < shown.index("user: also the tests") < shown.index("auth.py, tested")
 
 
-def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        bg(
-                            chain=[
-                                {"agent": "scout", "task": "find the parser"},
-                                {"agent": "planner", "task": "plan: {previous}"},
-                            ]
-                        ),
-                        call("subagent_status"),
-                        "Waiting.",
-                        "Waiting for the plan.",
-                        call("subagent_output", id="planner#1"),
-                        "The plan is ready.",
-                    ]
-                },
-                "scout": {"replies": [{"content": "the parser is in p.py", "delay": 0.5}]},
-                "planner": {"replies": [{"content": "1. read p.py", "delay": 0.2}]},
-            }
+def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    bg(
+                        chain=[
+                            {"agent": "scout", "task": "find the parser"},
+                            {"agent": "planner", "task": "plan: {previous}"},
+                        ]
+                    ),
+                    call("subagent_status"),
+                    "Waiting.",
+                    "Waiting for the plan.",
+                    call("subagent_output", id="planner#1"),
+                    "The plan is ready.",
+                ]
+            },
+            "scout": {"replies": [{"content": "the parser is in p.py", "delay": 0.5}]},
+            "planner": {"replies": [{"content": "1. read p.py", "delay": 0.2}]},
         }
-    )
-    runner = make_runner(tmp_path, model)
+    }
+    runner = scripted_runner(script)
     result = run_parent(runner)
 
     assert result.output == "The plan is ready."
@@ -589,29 +549,27 @@ def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(tmp_path
     assert log.messages[1]["content"] == "Task: plan: the parser is in p.py"
 
 
-def test_a_cut_answer_of_a_foreground_child_is_read_on_with_subagent_output(tmp_path: Path, write_script: Any) -> None:
+def test_a_cut_answer_of_a_foreground_child_is_read_on_with_subagent_output(scripted_runner: Any) -> None:
     from mlx_subagents.caps import cap_answer
     from mlx_subagents.tools.subagent import READ_MORE
 
     answer = "".join(f"{i:05d}\n" for i in range(10_000))  # 60,000 characters, over the 50 KiB cap
     shown = cap_answer(answer, None, read_more=READ_MORE.format(id="scout#1"))
     offset = len(shown.split("\n\n[answer truncated")[0])
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        call("subagent", agent="scout", task="list everything"),
-                        call("subagent_output", id="scout#1", offset=offset),
-                        call("subagent_send", id="scout#1", message="more?"),
-                        "Read it all.",
-                    ]
-                },
-                "scout": {"replies": [answer]},
-            }
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    call("subagent", agent="scout", task="list everything"),
+                    call("subagent_output", id="scout#1", offset=offset),
+                    call("subagent_send", id="scout#1", message="more?"),
+                    "Read it all.",
+                ]
+            },
+            "scout": {"replies": [answer]},
         }
-    )
-    result = run_parent(make_runner(tmp_path, model))
+    }
+    result = run_parent(scripted_runner(script))
 
     first, rest, refused = tool_messages(result)
     assert first.startswith(answer[:offset])
@@ -624,8 +582,8 @@ def test_a_cut_answer_of_a_foreground_child_is_read_on_with_subagent_output(tmp_
     assert refused.startswith("Error: task 'scout#1' ran in the foreground and its conversation is not held here;")
 
 
-def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {"scout": {"replies": ["first answer", "answer to the late message"]}}})
+def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(scripted_runner: Any) -> None:
+    script = {"agents": {"scout": {"replies": ["first answer", "answer to the late message"]}}}
     handles: list[Any] = []
 
     def sink(event: Event) -> None:
@@ -633,7 +591,7 @@ def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(tmp_pat
         if event.kind == "task_end" and event.label == "scout#1" and handles[0].generations == 1:
             handles[0].send("one more thing")
 
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=model), on_event=sink)
+    runner = scripted_runner(script, sink)
 
     async def main() -> Any:
         async with runner:
@@ -663,9 +621,7 @@ def test_a_steer_message_reaches_a_forced_child_between_its_tool_result_and_next
         if event.kind == "tool_call" and event.label == "scout#1":  # mid tool call: it must wait for the result
             handles[0].send("also look for tests")
 
-    runner = Runner(
-        cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts, on_event=sink
-    )
+    runner = make_runner(tmp_path, str(tiny_qwen3_path), sink, processor_factory=scripts)
 
     async def main() -> Any:
         async with runner:
@@ -683,29 +639,27 @@ def test_a_steer_message_reaches_a_forced_child_between_its_tool_result_and_next
     assert result.usage.turns == 2 and result.usage.cached_tokens > 0  # the second turn reused the first's cache
 
 
-def test_two_background_calls_in_one_reply_get_their_own_ids(tmp_path: Path, write_script: Any) -> None:
+def test_two_background_calls_in_one_reply_get_their_own_ids(scripted_runner: Any) -> None:
     two = {
         "tool_calls": [
             {"name": "subagent", "arguments": {"agent": "scout", "task": "map auth", "background": True}},
             {"name": "subagent", "arguments": {"agent": "scout", "task": "map db", "background": True}},
         ]
     }
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        two,
-                        call("subagent_output", id="scout#1", wait=30),
-                        call("subagent_output", id="scout#2", wait=30),
-                        "Both mapped.",
-                    ]
-                },
-                "scout": {"replies": [{"content": "mapped", "delay": 0.3}]},
-            }
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    two,
+                    call("subagent_output", id="scout#1", wait=30),
+                    call("subagent_output", id="scout#2", wait=30),
+                    "Both mapped.",
+                ]
+            },
+            "scout": {"replies": [{"content": "mapped", "delay": 0.3}]},
         }
-    )
-    result = run_parent(make_runner(tmp_path, model))
+    }
+    result = run_parent(scripted_runner(script))
 
     first, second, out_1, out_2 = tool_messages(result)
     assert sorted([first.split(".")[0], second.split(".")[0]]) == [
@@ -716,8 +670,8 @@ def test_two_background_calls_in_one_reply_get_their_own_ids(tmp_path: Path, wri
     assert result.output == "Both mapped."
 
 
-def test_ids_are_reserved_as_they_are_planned_and_count_against_the_cap(tmp_path: Path, write_script: Any) -> None:
-    board = make_runner(tmp_path, write_script(["x"])).board
+def test_ids_are_reserved_as_they_are_planned_and_count_against_the_cap(scripted_runner: Any) -> None:
+    board = scripted_runner(["x"]).board
     first = board.plan_ids([TaskSpec("scout", "a"), TaskSpec("planner", "b")])
     overlapping = board.plan_ids([TaskSpec("scout", "c")])  # planned before the first were added
     assert (first, overlapping) == (["scout#1", "planner#1"], ["scout#2"])

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import call
+from helpers import call, make_runner, run_parent, scripted_host, write_agent
 
 from mlx_subagents.agents.session import AgentSession
 from mlx_subagents.caps import MAX_ANSWER_BYTES
@@ -17,8 +17,7 @@ from mlx_subagents.errors import RequestError
 from mlx_subagents.events import Event
 from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.runs.prepare import Parent
-from mlx_subagents.runs.runner import Runner
-from mlx_subagents.runs.tasks import ModelRef, TaskSpec
+from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.runs.transcripts import load_run, read_transcript, runs_dir
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import SubagentTool
@@ -34,27 +33,6 @@ AGENTS = "Available agents: orchestrator, planner, reviewer, scout, worker"
 
 def delegate(**arguments: Any) -> dict[str, Any]:
     return call("subagent", **arguments)
-
-
-def run_parent(
-    tmp_path: Path,
-    model: str,
-    task: str = "help me",
-    agent: str = "orchestrator",
-    events: list[Event] | None = None,
-    **options: Any,
-) -> Any:
-    runner = Runner(
-        cwd=tmp_path,
-        options=RunOptions(model=model, **options),
-        on_event=(events.append if events is not None else lambda _e: None),
-    )
-
-    async def main() -> Any:
-        async with runner:
-            return await runner.run(TaskSpec(agent, task))
-
-    return asyncio.run(main())
 
 
 RUN_FOOTER = re.compile(r"\n\n\[sub-agent run (\S+)\]\Z")
@@ -80,27 +58,19 @@ def tool_results(result: Any) -> list[str]:
     return answers(Path(result.transcript))
 
 
-def write_agent(root: Path, name: str, tools: str, body: str = "Do the task.") -> None:
-    folder = root / ".mlx-subagents" / "agents"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.md").write_text(f"---\nname: {name}\ndescription: {name} agent\ntools: {tools}\n---\n{body}\n")
-
-
 # -- the three modes ------------------------------------------------------------------------------
 
 
-def test_single_delegation_returns_the_childs_answer(tmp_path: Path, write_script: Any) -> None:
+def test_single_delegation_returns_the_childs_answer(tmp_path: Path, scripted_runner: Any) -> None:
     (tmp_path / "app.py").write_text("print('hi')\n")
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {"replies": [delegate(agent="scout", task="where is the app?"), "It is app.py."]},
-                "scout": {"replies": [call("ls", path="."), "Findings:\n- app.py:1 — the app"]},
-            }
+    script = {
+        "agents": {
+            "orchestrator": {"replies": [delegate(agent="scout", task="where is the app?"), "It is app.py."]},
+            "scout": {"replies": [call("ls", path="."), "Findings:\n- app.py:1 — the app"]},
         }
-    )
+    }
     events: list[Event] = []
-    result = run_parent(tmp_path, model, events=events)
+    result = run_parent(scripted_runner(script, events))
 
     assert (result.status, result.output) == ("completed", "It is app.py.")
     assert tool_results(result) == ["Findings:\n- app.py:1 — the app"]
@@ -120,30 +90,28 @@ def test_single_delegation_returns_the_childs_answer(tmp_path: Path, write_scrip
     assert read_transcript(child.transcript_path(child.tasks[0])).messages[1]["content"] == "Task: where is the app?"
 
 
-def test_parallel_delegation_has_one_section_per_task_and_marks_failures(tmp_path: Path, write_script: Any) -> None:
+def test_parallel_delegation_has_one_section_per_task_and_marks_failures(scripted_runner: Any) -> None:
     bad = {"raw": "<tool_call>{not json</tool_call>"}
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        delegate(
-                            tasks=[
-                                {"agent": "scout", "task": "map auth", "label": "auth"},
-                                {"agent": "reviewer", "task": "review db.py"},
-                                {"agent": "planner", "task": "plan it"},
-                            ]
-                        ),
-                        "Summary.",
-                    ]
-                },
-                "scout": {"replies": [{"content": "auth is in auth.py", "delay": 0.1}]},
-                "reviewer": {"replies": ["Verdict: approve"]},
-                "planner": {"replies": [bad, bad, bad]},
-            }
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    delegate(
+                        tasks=[
+                            {"agent": "scout", "task": "map auth", "label": "auth"},
+                            {"agent": "reviewer", "task": "review db.py"},
+                            {"agent": "planner", "task": "plan it"},
+                        ]
+                    ),
+                    "Summary.",
+                ]
+            },
+            "scout": {"replies": [{"content": "auth is in auth.py", "delay": 0.1}]},
+            "reviewer": {"replies": ["Verdict: approve"]},
+            "planner": {"replies": [bad, bad, bad]},
         }
-    )
-    result = run_parent(tmp_path, model)
+    }
+    result = run_parent(scripted_runner(script))
 
     assert result.output == "Summary."
     assert tool_results(result) == [
@@ -154,37 +122,35 @@ def test_parallel_delegation_has_one_section_per_task_and_marks_failures(tmp_pat
     ]
 
 
-def test_chain_delegation_passes_previous_and_returns_the_last_answer(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        delegate(
-                            chain=[
-                                {"agent": "scout", "task": "find the parser"},
-                                {"agent": "planner", "task": "plan a fix for: {previous}"},
-                            ]
-                        ),
-                        delegate(
-                            chain=[
-                                {"agent": "scout", "task": "again"},
-                                {"agent": "worker", "task": "fix {previous}"},
-                                {"agent": "reviewer", "task": "review {previous}"},
-                            ]
-                        ),
-                        "ok",
-                    ]
-                },
-                "scout": {"replies": ["parser in parse.py"]},
-                "planner": {"replies": ["1. edit parse.py"]},
-                "worker": {"replies": [call("ls", path=".")]},  # runs out of replies: the step fails
-                "reviewer": {"replies": ["never"]},
-            }
+def test_chain_delegation_passes_previous_and_returns_the_last_answer(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    delegate(
+                        chain=[
+                            {"agent": "scout", "task": "find the parser"},
+                            {"agent": "planner", "task": "plan a fix for: {previous}"},
+                        ]
+                    ),
+                    delegate(
+                        chain=[
+                            {"agent": "scout", "task": "again"},
+                            {"agent": "worker", "task": "fix {previous}"},
+                            {"agent": "reviewer", "task": "review {previous}"},
+                        ]
+                    ),
+                    "ok",
+                ]
+            },
+            "scout": {"replies": ["parser in parse.py"]},
+            "planner": {"replies": ["1. edit parse.py"]},
+            "worker": {"replies": [call("ls", path=".")]},  # runs out of replies: the step fails
+            "reviewer": {"replies": ["never"]},
         }
-    )
+    }
     events: list[Event] = []
-    result = run_parent(tmp_path, model, events=events)
+    result = run_parent(scripted_runner(script, events))
 
     first, second = tool_results(result)
     assert first == "1. edit parse.py"
@@ -192,7 +158,7 @@ def test_chain_delegation_passes_previous_and_returns_the_last_answer(tmp_path: 
     assert planner_start.data["task"] == "plan a fix for: parser in parse.py"
     error = (
         "scripted model: session 'orchestrator > worker' (agent 'worker') has no reply left after 1 replies in "
-        f"{model.removeprefix('scripted:')}"
+        "the in-memory script"
     )
     assert second == (
         f"Error: Chain stopped at step 2: {error}\n\n"
@@ -202,22 +168,20 @@ def test_chain_delegation_passes_previous_and_returns_the_last_answer(tmp_path: 
     )
 
 
-def test_a_failed_single_child_is_an_error_result_with_its_partial_answer(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {"replies": [delegate(agent="scout", task="look"), "sorry"]},
-                "scout": {
-                    # different arguments each turn: not a repetition, so the turn limit ends it
-                    "replies": [
-                        {"content": "halfway", "tool_calls": [{"name": "ls", "arguments": {"path": "." + "/." * i}}]}
-                        for i in range(20)
-                    ]
-                },
-            }
+def test_a_failed_single_child_is_an_error_result_with_its_partial_answer(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {"replies": [delegate(agent="scout", task="look"), "sorry"]},
+            "scout": {
+                # different arguments each turn: not a repetition, so the turn limit ends it
+                "replies": [
+                    {"content": "halfway", "tool_calls": [{"name": "ls", "arguments": {"path": "." + "/." * i}}]}
+                    for i in range(20)
+                ]
+            },
         }
-    )
-    result = run_parent(tmp_path, model)
+    }
+    result = run_parent(scripted_runner(script))
     assert tool_results(result) == [
         "Error: agent 'scout' failed (max_turns): reached the limit of 20 turns without a final answer\n\nhalfway"
     ]
@@ -247,56 +211,50 @@ def test_a_failed_single_child_is_an_error_result_with_its_partial_answer(tmp_pa
     ],
 )
 def test_malformed_calls_are_error_results_and_the_parent_goes_on(
-    tmp_path: Path, write_script: Any, arguments: dict[str, Any], problem: str
+    scripted_runner: Any, arguments: dict[str, Any], problem: str
 ) -> None:
-    model = write_script({"agents": {"orchestrator": {"replies": [delegate(**arguments), "I will do it myself."]}}})
-    result = run_parent(tmp_path, model)
+    script = {"agents": {"orchestrator": {"replies": [delegate(**arguments), "I will do it myself."]}}}
+    result = run_parent(scripted_runner(script))
 
     assert (result.status, result.output) == ("completed", "I will do it myself.")
     assert tool_results(result) == [f"Error: invalid subagent call: {problem}; {FORMS}. {AGENTS}"]
     assert load_run("last").folder is not None and not (load_run("last").folder / "runs").exists()  # no child ran
 
 
-def test_nulls_for_unused_modes_are_accepted(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [delegate(agent="scout", task="a", tasks=None, chain=None, cwd=None), "done"]
-                },
-                "scout": {"replies": ["found"]},
-            }
+def test_nulls_for_unused_modes_are_accepted(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {"replies": [delegate(agent="scout", task="a", tasks=None, chain=None, cwd=None), "done"]},
+            "scout": {"replies": ["found"]},
         }
-    )
-    assert tool_results(run_parent(tmp_path, model)) == ["found"]
+    }
+    assert tool_results(run_parent(scripted_runner(script))) == ["found"]
 
 
-def test_caps_and_cwd_problems_are_error_results(tmp_path: Path, write_script: Any) -> None:
+def test_caps_and_cwd_problems_are_error_results(tmp_path: Path, scripted_runner: Any) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "inner.txt").write_text("x")
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        delegate(tasks=[{"agent": "scout", "task": f"t{i}"} for i in range(9)]),
-                        delegate(agent="scout", task="x" * 20_001),
-                        delegate(
-                            tasks=[
-                                {"agent": "scout", "task": "a", "label": "same"},
-                                {"agent": "planner", "task": "b", "label": "same"},
-                            ]
-                        ),
-                        delegate(agent="scout", task="look", cwd="../elsewhere"),
-                        delegate(agent="scout", task="look", cwd="sub"),
-                        "done",
-                    ]
-                },
-                "scout": {"replies": [call("ls", path="."), "listed"]},
-            }
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    delegate(tasks=[{"agent": "scout", "task": f"t{i}"} for i in range(9)]),
+                    delegate(agent="scout", task="x" * 20_001),
+                    delegate(
+                        tasks=[
+                            {"agent": "scout", "task": "a", "label": "same"},
+                            {"agent": "planner", "task": "b", "label": "same"},
+                        ]
+                    ),
+                    delegate(agent="scout", task="look", cwd="../elsewhere"),
+                    delegate(agent="scout", task="look", cwd="sub"),
+                    "done",
+                ]
+            },
+            "scout": {"replies": [call("ls", path="."), "listed"]},
         }
-    )
-    result = run_parent(tmp_path, model)
+    }
+    result = run_parent(scripted_runner(script))
 
     refused, too_long, clash, escape, inside = tool_results(result)
     assert (
@@ -317,29 +275,27 @@ def test_caps_and_cwd_problems_are_error_results(tmp_path: Path, write_script: A
     assert ls_result["content"] == "inner.txt"
 
 
-def test_parallel_answers_together_stay_under_the_cap(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [
-                        delegate(
-                            tasks=[
-                                {"agent": "scout", "task": "a"},
-                                {"agent": "planner", "task": "b"},
-                                {"agent": "reviewer", "task": "c"},
-                            ]
-                        ),
-                        "done",
-                    ]
-                },
-                "scout": {"replies": ["short answer"]},
-                "planner": {"replies": ["p" * 30_000]},
-                "reviewer": {"replies": ["r" * 40_000]},
-            }
+def test_parallel_answers_together_stay_under_the_cap(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    delegate(
+                        tasks=[
+                            {"agent": "scout", "task": "a"},
+                            {"agent": "planner", "task": "b"},
+                            {"agent": "reviewer", "task": "c"},
+                        ]
+                    ),
+                    "done",
+                ]
+            },
+            "scout": {"replies": ["short answer"]},
+            "planner": {"replies": ["p" * 30_000]},
+            "reviewer": {"replies": ["r" * 40_000]},
         }
-    )
-    text = tool_results(run_parent(tmp_path, model))[0]
+    }
+    text = tool_results(run_parent(scripted_runner(script)))[0]
 
     assert len(text.encode()) <= MAX_ANSWER_BYTES
     assert "### [scout] completed\nshort answer\n\n" in text
@@ -348,19 +304,17 @@ def test_parallel_answers_together_stay_under_the_cap(tmp_path: Path, write_scri
     assert "[answer truncated: 40,000 bytes, showing the first " in text
 
 
-def test_children_run_four_at_a_time(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {
-                    "replies": [delegate(tasks=[{"agent": "scout", "task": str(i)} for i in range(8)]), "done"]
-                },
-                "scout": {"replies": [{"content": "ok", "delay": 0.05}]},
-            }
+def test_children_run_four_at_a_time(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [delegate(tasks=[{"agent": "scout", "task": str(i)} for i in range(8)]), "done"]
+            },
+            "scout": {"replies": [{"content": "ok", "delay": 0.05}]},
         }
-    )
+    }
     events: list[Event] = []
-    text = tool_results(run_parent(tmp_path, model, events=events))[0]
+    text = tool_results(run_parent(scripted_runner(script, events)))[0]
 
     assert text.startswith("Parallel: 8/8 tasks completed\n\n### [scout-1] completed\nok")
     running, peak = set(), 0
@@ -376,16 +330,14 @@ def test_children_run_four_at_a_time(tmp_path: Path, write_script: Any) -> None:
 # -- the recursion cut --------------------------------------------------------------------------------
 
 
-def test_a_child_without_the_grant_cannot_delegate(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "orchestrator": {"replies": [delegate(agent="scout", task="look"), "done"]},
-                "scout": {"replies": [delegate(agent="worker", task="change everything"), "I cannot delegate"]},
-            }
+def test_a_child_without_the_grant_cannot_delegate(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {"replies": [delegate(agent="scout", task="look"), "done"]},
+            "scout": {"replies": [delegate(agent="worker", task="change everything"), "I cannot delegate"]},
         }
-    )
-    result = run_parent(tmp_path, model)
+    }
+    result = run_parent(scripted_runner(script))
     assert tool_results(result) == ["I cannot delegate"]
     child = load_run("last", home=load_run("last").folder)
     # Under the orchestrator, scout also lost `bash` (not granted with `scout!`): see test_delegation_rules.
@@ -395,8 +347,9 @@ def test_a_child_without_the_grant_cannot_delegate(tmp_path: Path, write_script:
     assert not (child.folder / "runs").exists()
 
 
-def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_script: Any) -> None:
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])))
+def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path) -> None:
+    host = scripted_host(["x"])
+    runner = make_runner(tmp_path, host)
     orchestrator, scout = runner.catalog.get("orchestrator"), runner.catalog.get("scout")
     workspace = Workspace(tmp_path)
     assert list(runner.delegation_tools(Parent(orchestrator, "o", 0, ModelRef("m"), None), workspace)) == [
@@ -409,7 +362,6 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_
     assert runner.delegation_tools(Parent(scout, "s", 0, ModelRef("m"), None), workspace) == {}
 
     async def sessions() -> tuple[AgentSession, AgentSession]:
-        host = await runner.preparer.host_for(ModelRef(write_script(["x"])))
         tool = SubagentTool(workspace, delegate=None, agents={}, depth=0)  # type: ignore[arg-type]
         given = [
             AgentSession(spec=s, host=host, workspace=workspace, extra_tools={"subagent": tool})
@@ -422,8 +374,8 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path, write_
     assert [s["function"]["name"] for s in parent_session.schemas] == ["read", "grep", "find", "ls", "subagent"]
 
 
-def test_the_description_lists_the_other_agents(tmp_path: Path, write_script: Any) -> None:
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])))
+def test_the_description_lists_the_other_agents(tmp_path: Path, scripted_runner: Any) -> None:
+    runner = scripted_runner(["x"])
     tool = runner.delegation_tools(
         Parent(runner.catalog.get("orchestrator"), "o", 0, ModelRef("m"), None), Workspace(tmp_path)
     )["subagent"]
@@ -441,10 +393,10 @@ def test_the_description_lists_the_other_agents(tmp_path: Path, write_script: An
 
 
 @pytest.mark.parametrize("max_depth", [1, 2])
-def test_depth_beyond_the_limit_is_refused(tmp_path: Path, write_script: Any, max_depth: int) -> None:
+def test_depth_beyond_the_limit_is_refused(tmp_path: Path, scripted_runner: Any, max_depth: int) -> None:
     write_agent(tmp_path, "relay", "ls, subagent")
-    model = write_script({"agents": {"relay": {"replies": [delegate(agent="relay", task="pass it on"), "done"]}}})
-    result = run_parent(tmp_path, model, agent="relay", assume_yes=True, max_depth=max_depth)
+    script = {"agents": {"relay": {"replies": [delegate(agent="relay", task="pass it on"), "done"]}}}
+    result = run_parent(scripted_runner(script, assume_yes=True, max_depth=max_depth), agent="relay")
 
     refusal = (
         f"Error: delegation refused: this agent already runs at depth {max_depth} and the limit is {max_depth} "
@@ -460,15 +412,15 @@ def test_depth_beyond_the_limit_is_refused(tmp_path: Path, write_script: Any, ma
     assert not (folder / "runs").exists()
 
 
-def test_max_depth_zero_turns_delegation_off_and_a_bad_value_is_refused(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"agents": {"orchestrator": {"replies": [delegate(agent="scout", task="a"), "alone"]}}})
-    result = run_parent(tmp_path, model, max_depth=0)
+def test_max_depth_zero_turns_delegation_off_and_a_bad_value_is_refused(scripted_runner: Any) -> None:
+    script = {"agents": {"orchestrator": {"replies": [delegate(agent="scout", task="a"), "alone"]}}}
+    result = run_parent(scripted_runner(script, max_depth=0))
     assert tool_results(result) == [
         "Error: delegation refused: this agent already runs at depth 0 and the limit is 0 (max_depth); "
         "do the task yourself with your other tools"
     ]
     with pytest.raises(RequestError, match="max_depth must be a whole number >= 0, got -1"):
-        RunOptions(model=model, max_depth=-1)
+        RunOptions(max_depth=-1)
 
 
 # -- the CLI ------------------------------------------------------------------------------------------

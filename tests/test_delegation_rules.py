@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from helpers import call
+from helpers import call, write_agent
 
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 
@@ -33,12 +33,6 @@ def peak_loops(events: list[dict[str, Any]]) -> int:
     return peak
 
 
-def write_agent(root: Path, name: str, front: str, body: str = "Do the task.") -> None:
-    folder = root / ".mlx-subagents" / "agents"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.md").write_text(f"---\nname: {name}\ndescription: {name} agent\n{front}---\n{body}\n")
-
-
 # -- the child's model -----------------------------------------------------------------------------
 
 
@@ -54,7 +48,7 @@ def test_a_child_without_a_model_runs_on_its_parents_model(
         },
         "lead.json",
     )
-    write_agent(tmp_path, "lead", f"tools: read, subagent\nmodel: {lead_model}\n")
+    write_agent(tmp_path, "lead", "read, subagent", f"model: {lead_model}\n")
     # Neither the environment's model nor the default exists here: only inheritance can work.
     monkeypatch.setenv("MLX_SUBAGENTS_MODEL", f"scripted:{tmp_path / 'missing.json'}")
 
@@ -70,8 +64,8 @@ def test_a_child_without_a_model_runs_on_its_parents_model(
 def test_a_childs_own_model_wins_over_its_parents(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     lead_model = write_script({"agents": {"lead": {"replies": [call("subagent", agent="own", task="go"), "ok"]}}})
     own_model = write_script(["from my own model"], "own.json")
-    write_agent(tmp_path, "lead", f"tools: subagent\nmodel: {lead_model}\n")
-    write_agent(tmp_path, "own", f"tools: read\nmodel: {own_model}\n")
+    write_agent(tmp_path, "lead", "subagent", f"model: {lead_model}\n")
+    write_agent(tmp_path, "own", "read", f"model: {own_model}\n")
 
     code, _, err = run_cli("run", "lead", "go", "-C", str(tmp_path), "-y")
 
@@ -182,7 +176,7 @@ def bash_spans(run: Any) -> dict[str, tuple[float, float]]:
 
 def looking_agents(tmp_path: Path, write_script: Any, front: str) -> str:
     """Two `looker` agents with bash (and `front`), each running one bash call that takes 0.5 s."""
-    write_agent(tmp_path, "looker", f"tools: read, bash\n{front}")
+    write_agent(tmp_path, "looker", "read, bash", front)
     command = f"{STAMP}; sleep 0.5; {STAMP}"
     return write_script({"agents": {"looker": {"replies": [call("bash", command=command), "looked"]}}})
 
@@ -215,8 +209,8 @@ def test_bash_agents_that_say_writer_false_run_alongside(tmp_path: Path, write_s
 
 
 def test_the_writer_field_is_listed_and_checked(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
-    write_agent(tmp_path, "forced", "tools: read\nwriter: true\n")
-    write_agent(tmp_path, "looker", "tools: read, bash\n")
+    write_agent(tmp_path, "forced", "read", "writer: true\n")
+    write_agent(tmp_path, "looker", "read, bash")
 
     code, out, _ = run_cli("agents", "-C", str(tmp_path), "-v")
     assert code == 0
@@ -299,8 +293,8 @@ def test_a_child_that_cannot_start_fails_alone(
             }
         }
     )
-    write_agent(tmp_path, "lead", "tools: read, subagent\n")  # no agents: list, so any agent may be started
-    write_agent(tmp_path, "remote", f"tools: read\nmodel: scripted:{tmp_path / 'missing.json'}\n")
+    write_agent(tmp_path, "lead", "read, subagent")  # no agents: list, so any agent may be started
+    write_agent(tmp_path, "remote", "read", f"model: scripted:{tmp_path / 'missing.json'}\n")
     monkeypatch.setenv("MLX_SUBAGENTS_MODEL", model)  # not --model, which would force it on every child
 
     code, out, err = run_cli("run", "lead", "go", "-C", str(tmp_path), "-y")
@@ -377,7 +371,7 @@ def worker_results(parent_folder: Path) -> list[str]:
 
 
 def test_a_read_only_parent_cannot_make_its_child_run_bash(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
-    write_agent(tmp_path, "lead", "tools: read, subagent\n")
+    write_agent(tmp_path, "lead", "read, subagent")
 
     code, _, err = run_cli("run", "lead", "go", "-m", grant_script(write_script), "-C", str(tmp_path), "-y")
 
@@ -391,7 +385,7 @@ def test_a_read_only_parent_cannot_make_its_child_run_bash(tmp_path: Path, write
 
 
 def test_an_agents_list_limits_who_may_be_started(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
-    write_agent(tmp_path, "lead", "tools: read, subagent\nagents: scout, planner\n")
+    write_agent(tmp_path, "lead", "read, subagent", "agents: scout, planner\n")
 
     code, _, err = run_cli("run", "lead", "go", "-m", grant_script(write_script), "-C", str(tmp_path), "-y")
 
@@ -407,7 +401,7 @@ def test_an_agents_list_limits_who_may_be_started(tmp_path: Path, write_script: 
 
 
 def test_a_full_tools_grant_lets_the_child_keep_its_tools(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
-    write_agent(tmp_path, "lead", "tools: read, subagent\nagents: [scout, worker!]\n")
+    write_agent(tmp_path, "lead", "read, subagent", "agents: [scout, worker!]\n")
 
     code, _, err = run_cli("run", "lead", "go", "-m", grant_script(write_script), "-C", str(tmp_path), "-y")
 
@@ -493,7 +487,7 @@ def test_agents_md_reaches_every_agent_and_keeps_prompts_identical(
 
 def test_an_agent_can_opt_out_and_long_instructions_are_cut(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     (tmp_path / "AGENTS.md").write_text("x" * 9_000)
-    write_agent(tmp_path, "plain", "tools: read\ncontext: none\n", body="Plain.")
+    write_agent(tmp_path, "plain", "read", "context: none\n", body="Plain.")
     model = write_script(["ok"])
 
     assert run_cli("run", "scout", "a", "-m", model, "-C", str(tmp_path))[0] == 0

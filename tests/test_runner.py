@@ -11,29 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import call
+from helpers import call, go, make_runner
 
 from mlx_subagents.caps import MAX_ANSWER_BYTES, cap_answer, utf8_head
 from mlx_subagents.errors import AgentNotFoundError, InputTooLargeError, RequestError, SchemaFileError
 from mlx_subagents.events import Event
 from mlx_subagents.mcp_server.tasks import window
-from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.runner import Runner
 from mlx_subagents.runs.tasks import TaskSpec, label_tasks, load_tasks_file
 from mlx_subagents.runs.transcripts import read_transcript, runs_dir
-
-
-def make_runner(tmp_path: Path, model: str, events: list[Event] | None = None, **options: Any) -> Runner:
-    sink = events.append if events is not None else (lambda _e: None)
-    return Runner(cwd=tmp_path, options=RunOptions(model=model, **options), on_event=sink)
-
-
-def go(runner: Runner, method: str, *args: Any, **kwargs: Any) -> Any:
-    async def main() -> Any:
-        async with runner:
-            return await getattr(runner, method)(*args, **kwargs)
-
-    return asyncio.run(main())
 
 
 def max_running(events: list[Event]) -> int:
@@ -51,19 +36,17 @@ def max_running(events: list[Event]) -> int:
 # -- parallel -------------------------------------------------------------------------------------
 
 
-def test_parallel_results_come_back_in_input_order(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "scout": {"replies": [{"content": "slow scout", "delay": 1.2}]},
-                "planner": {"replies": [{"content": "quick plan", "delay": 0.0}]},
-                "reviewer": {"replies": [{"content": "mid review", "delay": 0.6}]},
-            }
+def test_parallel_results_come_back_in_input_order(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "scout": {"replies": [{"content": "slow scout", "delay": 1.2}]},
+            "planner": {"replies": [{"content": "quick plan", "delay": 0.0}]},
+            "reviewer": {"replies": [{"content": "mid review", "delay": 0.6}]},
         }
-    )
+    }
     events: list[Event] = []
     tasks = [TaskSpec("scout", "a"), TaskSpec("planner", "b"), TaskSpec("reviewer", "c")]
-    outcome = go(make_runner(tmp_path, model, events), "parallel", tasks)
+    outcome = go(scripted_runner(script, events), "parallel", tasks)
 
     assert [r.output for r in outcome.results] == ["slow scout", "quick plan", "mid review"]
     assert [r.label for r in outcome.results] == ["scout", "planner", "reviewer"]
@@ -71,20 +54,18 @@ def test_parallel_results_come_back_in_input_order(tmp_path: Path, write_script:
     assert (outcome.mode, outcome.succeeded, outcome.total, outcome.interrupted) == ("parallel", 3, 3, False)
 
 
-def test_a_failing_task_never_discards_the_others(tmp_path: Path, write_script: Any) -> None:
+def test_a_failing_task_never_discards_the_others(scripted_runner: Any) -> None:
     bad = {"raw": "<tool_call>{not json</tool_call>"}
-    model = write_script(
-        {
-            "agents": {
-                "scout": {"replies": [call("ls", path="."), "found it"]},
-                "planner": {"replies": [bad, bad, bad]},
-                "reviewer": {"replies": []},  # runs out of replies at once: a host error
-            },
-            "replies": ["fallback"],
-        }
-    )
+    script = {
+        "agents": {
+            "scout": {"replies": [call("ls", path="."), "found it"]},
+            "planner": {"replies": [bad, bad, bad]},
+            "reviewer": {"replies": []},  # runs out of replies at once: a host error
+        },
+        "replies": ["fallback"],
+    }
     tasks = [TaskSpec("scout", "a"), TaskSpec("planner", "b"), TaskSpec("reviewer", "c"), TaskSpec("worker", "d")]
-    outcome = go(make_runner(tmp_path, model), "parallel", tasks)
+    outcome = go(scripted_runner(script), "parallel", tasks)
 
     assert [(r.status, r.stop_reason) for r in outcome.results] == [
         ("completed", "completed"),
@@ -98,19 +79,19 @@ def test_a_failing_task_never_discards_the_others(tmp_path: Path, write_script: 
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 4])
-def test_the_concurrency_limit_is_never_exceeded(tmp_path: Path, write_script: Any, concurrency: int) -> None:
-    model = write_script({"replies": [call("ls", path="."), {"content": "done", "delay": 0.05}]})
+def test_the_concurrency_limit_is_never_exceeded(scripted_runner: Any, concurrency: int) -> None:
+    script = {"replies": [call("ls", path="."), {"content": "done", "delay": 0.05}]}
     events: list[Event] = []
     tasks = [TaskSpec("scout", f"task {i}") for i in range(8)]
-    outcome = go(make_runner(tmp_path, model, events), "parallel", tasks, concurrency=concurrency)
+    outcome = go(scripted_runner(script, events), "parallel", tasks, concurrency=concurrency)
 
     assert outcome.succeeded == 8
     assert max_running(events) == concurrency
     assert [r.label for r in outcome.results] == [f"scout-{i}" for i in range(1, 9)]
 
 
-def test_more_than_eight_tasks_or_a_bad_concurrency_is_refused(tmp_path: Path, write_script: Any) -> None:
-    runner = make_runner(tmp_path, write_script(["done"]))
+def test_more_than_eight_tasks_or_a_bad_concurrency_is_refused(scripted_runner: Any) -> None:
+    runner = scripted_runner(["done"])
     with pytest.raises(RequestError, match="9 tasks is more than the limit of 8 per run"):
         go(runner, "parallel", [TaskSpec("scout", "x")] * 9)
     with pytest.raises(RequestError, match=r"concurrency must be from 1 to 4 \(up to 8 with --engine\), got 5"):
@@ -139,8 +120,8 @@ def test_labels_number_shared_agents_and_refuse_duplicates() -> None:
         label_tasks([TaskSpec("scout", "a", label="x"), TaskSpec("planner", "b", label="x")])
 
 
-def test_an_unknown_agent_is_refused_before_anything_runs(tmp_path: Path, write_script: Any) -> None:
-    runner = make_runner(tmp_path, write_script(["done"]))
+def test_an_unknown_agent_is_refused_before_anything_runs(scripted_runner: Any) -> None:
+    runner = scripted_runner(["done"])
     with pytest.raises(AgentNotFoundError, match="unknown agent 'nobody'"):
         go(runner, "parallel", [TaskSpec("scout", "a"), TaskSpec("nobody", "b")])
     with pytest.raises(AgentNotFoundError):
@@ -165,22 +146,20 @@ def test_tasks_file(tmp_path: Path) -> None:
 # -- chain ----------------------------------------------------------------------------------------
 
 
-def test_chain_passes_the_previous_answer(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "scout": {"replies": [call("ls", path="."), "the parser is in src/parse.py"]},
-                "planner": {"replies": ["1. fix src/parse.py"]},
-                "reviewer": {"replies": ["looks right"]},
-            }
+def test_chain_passes_the_previous_answer(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "scout": {"replies": [call("ls", path="."), "the parser is in src/parse.py"]},
+            "planner": {"replies": ["1. fix src/parse.py"]},
+            "reviewer": {"replies": ["looks right"]},
         }
-    )
+    }
     steps = [
         TaskSpec("scout", "find the parser"),
         TaskSpec("planner", "plan a fix for: {previous}"),
         TaskSpec("reviewer", "check this plan:\n{previous}"),
     ]
-    outcome = go(make_runner(tmp_path, model), "chain", steps)
+    outcome = go(scripted_runner(script), "chain", steps)
 
     assert outcome.ok and outcome.error is None and outcome.mode == "chain"
     assert [r.task for r in outcome.results] == [
@@ -193,22 +172,20 @@ def test_chain_passes_the_previous_answer(tmp_path: Path, write_script: Any) -> 
     assert messages[1] == {"role": "user", "content": "Task: plan a fix for: the parser is in src/parse.py"}
 
 
-def test_chain_stops_at_the_first_failed_step(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "scout": {"replies": ["found"]},
-                "planner": {"replies": [call("ls", path="."), call("ls", path=".")]},
-                "reviewer": {"replies": ["never"]},
-            }
+def test_chain_stops_at_the_first_failed_step(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "scout": {"replies": ["found"]},
+            "planner": {"replies": [call("ls", path="."), call("ls", path=".")]},
+            "reviewer": {"replies": ["never"]},
         }
-    )
+    }
     steps = [
         TaskSpec("scout", "a"),
         TaskSpec("planner", "b {previous}", max_turns=1),
         TaskSpec("reviewer", "c {previous}"),
     ]
-    outcome = go(make_runner(tmp_path, model), "chain", steps)
+    outcome = go(scripted_runner(script), "chain", steps)
 
     assert [(r.status, r.stop_reason) for r in outcome.results] == [
         ("completed", "completed"),
@@ -221,23 +198,23 @@ def test_chain_stops_at_the_first_failed_step(tmp_path: Path, write_script: Any)
     assert (outcome.succeeded, outcome.total) == (1, 3)
 
 
-def test_previous_in_the_first_step_is_refused(tmp_path: Path, write_script: Any) -> None:
+def test_previous_in_the_first_step_is_refused(scripted_runner: Any) -> None:
     with pytest.raises(RequestError, match=r"step 1 uses \{previous\}"):
-        go(make_runner(tmp_path, write_script(["x"])), "chain", [TaskSpec("scout", "do {previous}")])
+        go(scripted_runner(["x"]), "chain", [TaskSpec("scout", "do {previous}")])
 
 
 # -- limits ---------------------------------------------------------------------------------------
 
 
-def test_max_turns_max_tokens_and_timeout_each_name_their_limit(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"replies": [call("ls", path="."), call("ls", path="."), {"content": "late", "delay": 5}]})
+def test_max_turns_max_tokens_and_timeout_each_name_their_limit(scripted_runner: Any) -> None:
+    script = {"replies": [call("ls", path="."), call("ls", path="."), {"content": "late", "delay": 5}]}
     tasks = [
         TaskSpec("scout", "turns", label="turns", max_turns=2),
         TaskSpec("scout", "tokens", label="tokens", max_output_tokens=5),
         TaskSpec("scout", "time", label="time", timeout=0.3),
     ]
     started = time.perf_counter()
-    outcome = go(make_runner(tmp_path, model), "parallel", tasks)
+    outcome = go(scripted_runner(script), "parallel", tasks)
 
     assert time.perf_counter() - started < 3
     turns, tokens, timeout = outcome.results
@@ -260,16 +237,14 @@ def test_max_turns_max_tokens_and_timeout_each_name_their_limit(tmp_path: Path, 
     assert outcome.succeeded == 0
 
 
-def test_runner_wide_limits_apply_to_every_task(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"replies": [{"content": "late", "delay": 5}]})
-    outcome = go(
-        make_runner(tmp_path, model, timeout=0.2), "parallel", [TaskSpec("scout", "a"), TaskSpec("planner", "b")]
-    )
+def test_runner_wide_limits_apply_to_every_task(scripted_runner: Any) -> None:
+    script = {"replies": [{"content": "late", "delay": 5}]}
+    outcome = go(scripted_runner(script, timeout=0.2), "parallel", [TaskSpec("scout", "a"), TaskSpec("planner", "b")])
     assert [r.stop_reason for r in outcome.results] == ["timeout", "timeout"]
 
 
-def test_input_caps_are_checked_before_anything_starts(tmp_path: Path, write_script: Any) -> None:
-    runner = make_runner(tmp_path, write_script(["done"]))
+def test_input_caps_are_checked_before_anything_starts(tmp_path: Path, write_script: Any, scripted_runner: Any) -> None:
+    runner = scripted_runner(["done"])
     with pytest.raises(InputTooLargeError, match="task 'scout' is 20,001 characters, over the limit of 20,000"):
         go(runner, "run", TaskSpec("scout", "x" * 20_001))
     tasks = [TaskSpec("scout", "y" * 19_000) for _ in range(4)]
@@ -281,10 +256,10 @@ def test_input_caps_are_checked_before_anything_starts(tmp_path: Path, write_scr
     agents.mkdir(parents=True)
     (agents / "verbose.md").write_text("---\nname: verbose\ndescription: talks\n---\n" + "z" * 8_001)
     # A user's agent file is checked against the model's context window, not a character cap.
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["done"]), assume_yes=True))
-    assert go(runner, "run", TaskSpec("verbose", "hi")).output == "done"
+    assert go(scripted_runner(["done"], assume_yes=True), "run", TaskSpec("verbose", "hi")).output == "done"
+    # On a file, so that the run's context_window reaches the scripted host that `model` names.
     model = write_script(["done"], "small.json")
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=model, assume_yes=True, context_window=2_048))
+    runner = make_runner(tmp_path, model, assume_yes=True, context_window=2_048)
     with pytest.raises(
         InputTooLargeError,
         match=rf"agent 'verbose' has a system prompt of [\d,]+ tokens, over half the context window of 2,048 tokens "
@@ -294,9 +269,9 @@ def test_input_caps_are_checked_before_anything_starts(tmp_path: Path, write_scr
     assert len(list(runs_dir().iterdir())) == 1  # the refused run never started
 
 
-def test_a_long_answer_is_capped_and_kept_whole_in_the_transcript(tmp_path: Path, write_script: Any) -> None:
+def test_a_long_answer_is_capped_and_kept_whole_in_the_transcript(scripted_runner: Any) -> None:
     answer = "é" * 40_000  # 80,000 bytes of UTF-8
-    result = go(make_runner(tmp_path, write_script([answer])), "run", TaskSpec("scout", "a"))
+    result = go(scripted_runner([answer]), "run", TaskSpec("scout", "a"))
 
     head, note = result.output.split("\n\n[answer truncated: ")
     # The answer and its note fill the cap; a 2-byte character that does not fit whole is left out.
@@ -326,9 +301,9 @@ def test_answers_and_pieces_are_cut_between_characters_by_one_rule() -> None:
 # -- cancellation ----------------------------------------------------------------------------------
 
 
-def test_cancel_aborts_running_and_queued_tasks_and_keeps_what_was_done(tmp_path: Path, write_script: Any) -> None:
-    model = write_script({"replies": [call("ls", path="."), {"content": "never", "delay": 30}]})
-    runner = make_runner(tmp_path, model)
+def test_cancel_aborts_running_and_queued_tasks_and_keeps_what_was_done(scripted_runner: Any) -> None:
+    script = {"replies": [call("ls", path="."), {"content": "never", "delay": 30}]}
+    runner = scripted_runner(script)
 
     async def main() -> Any:
         async with runner:
@@ -364,9 +339,9 @@ SCHEMA = {
 }
 
 
-def test_schema_retry_then_parsed(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(["here you go: files a.py", '```json\n{"files": ["a.py"]}\n```'])
-    result = go(make_runner(tmp_path, model), "run", TaskSpec("scout", "list files", schema=SCHEMA))
+def test_schema_retry_then_parsed(scripted_runner: Any) -> None:
+    script = ["here you go: files a.py", '```json\n{"files": ["a.py"]}\n```']
+    result = go(scripted_runner(script), "run", TaskSpec("scout", "list files", schema=SCHEMA))
 
     assert (result.status, result.parsed) == ("completed", {"files": ["a.py"]})
     messages = read_transcript(Path(result.transcript)).messages
@@ -377,9 +352,9 @@ def test_schema_retry_then_parsed(tmp_path: Path, write_script: Any) -> None:
     )
 
 
-def test_schema_fails_clearly_after_one_retry(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(['{"files": "a.py"}', '{"files": [1]}', "never asked"])
-    result = go(make_runner(tmp_path, model), "run", TaskSpec("scout", "list files", schema=SCHEMA))
+def test_schema_fails_clearly_after_one_retry(scripted_runner: Any) -> None:
+    script = ['{"files": "a.py"}', '{"files": [1]}', "never asked"]
+    result = go(scripted_runner(script), "run", TaskSpec("scout", "list files", schema=SCHEMA))
 
     assert (result.status, result.stop_reason, result.parsed) == ("failed", "schema", None)
     assert result.error == (
@@ -388,20 +363,18 @@ def test_schema_fails_clearly_after_one_retry(tmp_path: Path, write_script: Any)
     assert result.usage.turns == 2
 
 
-def test_an_agents_output_schema_applies(tmp_path: Path, write_script: Any) -> None:
+def test_an_agents_output_schema_applies(tmp_path: Path, scripted_runner: Any) -> None:
     agents = tmp_path / ".mlx-subagents" / "agents"
     agents.mkdir(parents=True)
     (agents / "counter.md").write_text(
         "---\nname: counter\ndescription: counts\ntools: ls\noutput_schema: {type: integer}\n---\nCount things.\n"
     )
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["42"]), assume_yes=True))
-    assert go(runner, "run", TaskSpec("counter", "count")).parsed == 42
+    assert go(scripted_runner(["42"], assume_yes=True), "run", TaskSpec("counter", "count")).parsed == 42
     (agents / "counter.md").write_text(
         "---\nname: counter\ndescription: counts\noutput_schema: {type: 12}\n---\nCount things.\n"
     )
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["42"]), assume_yes=True))
     with pytest.raises(SchemaFileError, match="output schema of task 'counter': not a valid JSON schema"):
-        go(runner, "run", TaskSpec("counter", "count"))
+        go(scripted_runner(["42"], assume_yes=True), "run", TaskSpec("counter", "count"))
 
 
 # -- the tiny real model ---------------------------------------------------------------------------
@@ -420,12 +393,7 @@ def test_parallel_on_the_tiny_real_model(tmp_path: Path, tiny_qwen3_path: Path, 
         },
     )
     events: list[Event] = []
-    runner = Runner(
-        cwd=tmp_path,
-        options=RunOptions(model=str(tiny_qwen3_path)),
-        processor_factory=scripts,
-        on_event=events.append,
-    )
+    runner = make_runner(tmp_path, str(tiny_qwen3_path), events, processor_factory=scripts)
     tasks = [TaskSpec("scout", "map"), TaskSpec("scout", "more"), TaskSpec("planner", "plan")]
     outcome = go(runner, "parallel", tasks, concurrency=2)
 
@@ -444,9 +412,8 @@ def test_cancel_stops_a_tiny_real_model_generation_at_the_next_token(
     from mlx_subagents.testing.forced import ForcedScripts
 
     scripts = ForcedScripts(tiny_qwen3[1], {"scout": ["word " * 2000]})
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=str(tiny_qwen3_path)), processor_factory=scripts)
     events: list[Event] = []
-    runner.on_event = events.append
+    runner = make_runner(tmp_path, str(tiny_qwen3_path), events, processor_factory=scripts)
 
     async def main() -> Any:
         async with runner:
@@ -464,12 +431,12 @@ def test_cancel_stops_a_tiny_real_model_generation_at_the_next_token(
     assert elapsed < 2.0  # "within about a second": the next token comes in milliseconds; slack for a loaded CI
 
 
-def test_a_turn_cut_by_the_timeout_keeps_the_tokens_it_read(tmp_path: Path, write_script: Any) -> None:
-    slow = write_script({"replies": [{"content": "late", "delay": 5}]}, "slow.json")
-    quick = write_script({"replies": ["late"]}, "quick.json")
+def test_a_turn_cut_by_the_timeout_keeps_the_tokens_it_read(scripted_runner: Any) -> None:
+    slow = scripted_runner({"replies": [{"content": "late", "delay": 5}]})
+    quick = scripted_runner({"replies": ["late"]})
 
-    [cut] = go(make_runner(tmp_path, slow), "parallel", [TaskSpec("scout", "look", timeout=0.3)]).results
-    [done] = go(make_runner(tmp_path, quick), "parallel", [TaskSpec("scout", "look")]).results
+    [cut] = go(slow, "parallel", [TaskSpec("scout", "look", timeout=0.3)]).results
+    [done] = go(quick, "parallel", [TaskSpec("scout", "look")]).results
 
     assert (cut.stop_reason, cut.usage.turns, cut.usage.output_tokens) == ("timeout", 1, 0)
     assert cut.usage.input_tokens == done.usage.input_tokens > 0  # the same prompt, read before the cut

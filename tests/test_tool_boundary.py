@@ -11,9 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.runs.prepare import Parent
-from mlx_subagents.runs.runner import Runner
 from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.tools import TOOL_NAMES, Tool, ToolResult, Workspace, make_tools
 
@@ -37,11 +35,10 @@ def ws(tmp_path: Path) -> Workspace:
 
 
 @pytest.fixture
-def subagent(tmp_path: Path, write_script: Any, ws: Workspace) -> Tool:
+def subagent(scripted_runner: Any, ws: Workspace) -> Tool:
     """The real `subagent` tool of an orchestrator, delegating through a runner on a scripted model."""
-    model = write_script(["child answer"] * 200)
-    runner = Runner(cwd=ws.root, options=RunOptions(model=model), save_transcripts=False)
-    parent = Parent(runner.catalog.get("orchestrator"), "o", 0, ModelRef(model), None)
+    runner = scripted_runner(["child answer"] * 200, cwd=ws.root, save_transcripts=False)
+    parent = Parent(runner.catalog.get("orchestrator"), "o", 0, ModelRef(runner.options.model), None)
     return runner.delegation_tools(parent, ws)["subagent"]
 
 

@@ -2,39 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import call
+from helpers import call, go, make_runner, scripted_host
 
 from mlx_subagents.errors import RunNotFoundError
-from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.runs.runner import Runner, close_open_tool_calls
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import list_runs, load_run, read_transcript, runs_dir
 
 
-def go(runner: Runner, method: str, *args: Any, **kwargs: Any) -> Any:
-    async def main() -> Any:
-        async with runner:
-            return await getattr(runner, method)(*args, **kwargs)
-
-    return asyncio.run(main())
-
-
-def test_a_run_saves_its_record_and_every_task(tmp_path: Path, write_script: Any, isolated_home: Path) -> None:
+def test_a_run_saves_its_record_and_every_task(tmp_path: Path, isolated_home: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello\n")
-    model = write_script(
+    host = scripted_host(
         {"agents": {"scout": {"replies": [call("read", path="notes.txt"), "it says hello"]}}, "replies": ["planned"]}
     )
-    outcome = go(
-        Runner(cwd=tmp_path, options=RunOptions(model=model)),
-        "parallel",
-        [TaskSpec("scout", "read it"), TaskSpec("planner", "plan")],
-    )
+    outcome = go(make_runner(tmp_path, host), "parallel", [TaskSpec("scout", "read it"), TaskSpec("planner", "plan")])
 
     folder = isolated_home / ".mlx-subagents" / "runs" / outcome.run_id
     assert sorted(p.name for p in folder.iterdir()) == ["01-scout.jsonl", "02-planner.jsonl", "run.json"]
@@ -54,7 +40,7 @@ def test_a_run_saves_its_record_and_every_task(tmp_path: Path, write_script: Any
     log = read_transcript(folder / "01-scout.jsonl")
     assert {k: log.meta[k] for k in ("agent", "model", "cwd", "task", "label", "generation")} == {
         "agent": "scout",
-        "model": model,
+        "model": host.model_id,
         "cwd": str(tmp_path.resolve()),
         "task": "read it",
         "label": "scout",
@@ -84,11 +70,12 @@ def test_a_run_saves_its_record_and_every_task(tmp_path: Path, write_script: Any
 
 
 def test_resume_continues_the_conversation_and_extends_the_transcript(tmp_path: Path, write_script: Any) -> None:
+    # On files: the last resume, without a model, replays the file the task's transcript names.
     first = write_script({"agents": {"scout": {"replies": [call("ls", path="."), "first answer"]}}})
-    result = go(Runner(cwd=tmp_path, options=RunOptions(model=first)), "run", TaskSpec("scout", "look around"))
+    result = go(make_runner(tmp_path, first), "run", TaskSpec("scout", "look around"))
 
     second = write_script(["second answer"], name="second.json")
-    resumed = go(Runner(cwd=tmp_path, options=RunOptions(model=second)), "resume", result.run_id[:12], "and then?")
+    resumed = go(make_runner(tmp_path, second), "resume", result.run_id[:12], "and then?")
 
     assert (resumed.status, resumed.output, resumed.task, resumed.run_id) == (
         "completed",
@@ -121,14 +108,9 @@ def test_resume_continues_the_conversation_and_extends_the_transcript(tmp_path: 
     assert read_transcript(Path(result.transcript)).generations == 3
 
 
-def test_resume_picks_a_task_and_explains_what_is_missing(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(["one"])
-    outcome = go(
-        Runner(cwd=tmp_path, options=RunOptions(model=model)),
-        "parallel",
-        [TaskSpec("scout", "a"), TaskSpec("planner", "b")],
-    )
-    runner = Runner(cwd=tmp_path, options=RunOptions(model=write_script(["two"], name="two.json")))
+def test_resume_picks_a_task_and_explains_what_is_missing(scripted_runner: Any) -> None:
+    outcome = go(scripted_runner(["one"]), "parallel", [TaskSpec("scout", "a"), TaskSpec("planner", "b")])
+    runner = scripted_runner(["two"])
 
     with pytest.raises(RunNotFoundError, match=r"has 2 tasks \(scout, planner\); pick one with --task LABEL"):
         go(runner, "resume", outcome.run_id, "more")
@@ -140,13 +122,9 @@ def test_resume_picks_a_task_and_explains_what_is_missing(tmp_path: Path, write_
     assert go(runner, "resume", outcome.run_id, "more", task="planner").label == "planner"
 
 
-def test_list_and_load_runs(tmp_path: Path, write_script: Any) -> None:
+def test_list_and_load_runs(scripted_runner: Any) -> None:
     assert list_runs() == []
-    model = write_script(["x"])
-    ids = [
-        go(Runner(cwd=tmp_path, options=RunOptions(model=model)), "run", TaskSpec("scout", str(i))).run_id
-        for i in range(3)
-    ]
+    ids = [go(scripted_runner(["x"]), "run", TaskSpec("scout", str(i))).run_id for i in range(3)]
 
     assert [r.run_id for r in list_runs()] == ids[::-1]
     assert [r.run_id for r in list_runs(limit=2)] == ids[:0:-1]
@@ -158,12 +136,8 @@ def test_list_and_load_runs(tmp_path: Path, write_script: Any) -> None:
     assert len(list_runs()) == 3
 
 
-def test_save_transcripts_off_writes_nothing(tmp_path: Path, write_script: Any) -> None:
-    result = go(
-        Runner(cwd=tmp_path, options=RunOptions(model=write_script(["x"])), save_transcripts=False),
-        "run",
-        TaskSpec("scout", "a"),
-    )
+def test_save_transcripts_off_writes_nothing(scripted_runner: Any) -> None:
+    result = go(scripted_runner(["x"], save_transcripts=False), "run", TaskSpec("scout", "a"))
     assert (result.output, result.run_id, result.transcript) == ("x", None, None)
     assert not runs_dir().exists()
 

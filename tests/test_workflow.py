@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import go
 
 from mlx_subagents.errors import WorkflowError
 from mlx_subagents.events import Event
-from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.runner import Runner
 from mlx_subagents.runs.transcripts import runs_dir
 from mlx_subagents.runs.workflow import (
     WorkflowStep,
@@ -49,34 +47,16 @@ def write(tmp_path: Path, text: str, name: str = "flow.toml") -> Path:
     return path
 
 
-def run_workflow(
-    tmp_path: Path, model: str, flow: Any, text: str = "", events: list[Event] | None = None, **kwargs: Any
-) -> Any:
-    runner = Runner(
-        cwd=tmp_path,
-        options=RunOptions(model=model),
-        on_event=(events.append if events is not None else lambda _e: None),
-    )
-
-    async def main() -> Any:
-        async with runner:
-            return await runner.workflow(flow, text, **kwargs)
-
-    return asyncio.run(main())
-
-
-def test_steps_get_the_input_and_the_answers_they_need(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "scout": {"replies": [{"content": "src/dates.py:10", "delay": 0.1}]},
-                "reviewer": {"replies": [{"content": "changed last week", "delay": 0.2}]},
-                "planner": {"replies": ["1. fix it"]},
-            }
+def test_steps_get_the_input_and_the_answers_they_need(tmp_path: Path, scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "scout": {"replies": [{"content": "src/dates.py:10", "delay": 0.1}]},
+            "reviewer": {"replies": [{"content": "changed last week", "delay": 0.2}]},
+            "planner": {"replies": ["1. fix it"]},
         }
-    )
+    }
     events: list[Event] = []
-    outcome = run_workflow(tmp_path, model, write(tmp_path, FLOW), "dates lose their zone", events)
+    outcome = go(scripted_runner(script, events), "workflow", write(tmp_path, FLOW), "dates lose their zone")
 
     assert (outcome.mode, outcome.succeeded, outcome.total) == ("workflow", 3, 3)
     assert [(r.step_id, r.label, r.output) for r in outcome.results] == [
@@ -96,7 +76,7 @@ def test_steps_get_the_input_and_the_answers_they_need(tmp_path: Path, write_scr
     )
 
 
-def test_a_step_starts_as_soon_as_its_own_needs_are_done(tmp_path: Path, write_script: Any) -> None:
+def test_a_step_starts_as_soon_as_its_own_needs_are_done(tmp_path: Path, scripted_runner: Any) -> None:
     flow = write(
         tmp_path,
         """
@@ -117,34 +97,30 @@ prompt = "go on from {quick}"
 needs = ["quick"]
 """,
     )
-    model = write_script(
-        {
-            "agents": {
-                "reviewer": {"replies": [{"content": "slow done", "delay": 0.5}]},
-                "scout": {"replies": ["quick done"]},
-                "planner": {"replies": ["next done"]},
-            }
+    script = {
+        "agents": {
+            "reviewer": {"replies": [{"content": "slow done", "delay": 0.5}]},
+            "scout": {"replies": ["quick done"]},
+            "planner": {"replies": ["next done"]},
         }
-    )
+    }
     events: list[Event] = []
-    outcome = run_workflow(tmp_path, model, flow, events=events)
+    outcome = go(scripted_runner(script, events), "workflow", flow)
 
     assert outcome.ok
     ends = [e.label for e in events if e.kind == "task_end"]
     assert ends == ["quick", "next", "slow"]
 
 
-def test_a_step_whose_need_failed_is_skipped(tmp_path: Path, write_script: Any) -> None:
-    model = write_script(
-        {
-            "agents": {
-                "scout": {"replies": [{"raw": "<tool_call>x</tool_call>"}] * 3},
-                "reviewer": {"replies": ["fine"]},
-                "planner": {"replies": ["never"]},
-            }
+def test_a_step_whose_need_failed_is_skipped(tmp_path: Path, scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "scout": {"replies": [{"raw": "<tool_call>x</tool_call>"}] * 3},
+            "reviewer": {"replies": ["fine"]},
+            "planner": {"replies": ["never"]},
         }
-    )
-    outcome = run_workflow(tmp_path, model, write(tmp_path, FLOW), "x")
+    }
+    outcome = go(scripted_runner(script), "workflow", write(tmp_path, FLOW), "x")
 
     assert [(r.status, r.stop_reason) for r in outcome.results] == [
         ("failed", "format_errors"),
@@ -190,16 +166,16 @@ def steps(*specs: tuple[str, str, list[str]], prompt: str = "do it") -> str:
     ],
 )
 def test_a_bad_workflow_is_rejected_before_anything_runs(
-    tmp_path: Path, write_script: Any, text: str, message: str
+    tmp_path: Path, scripted_runner: Any, text: str, message: str
 ) -> None:
     path = write(tmp_path, text)
     with pytest.raises(WorkflowError) as info:
-        run_workflow(tmp_path, write_script(["done"]), path)
+        go(scripted_runner(["done"]), "workflow", path)
     assert str(info.value).startswith(f"{path}: {message}")
     assert not runs_dir().exists()
 
 
-def test_named_workflows_are_found_from_a_subfolder(tmp_path: Path, write_script: Any) -> None:
+def test_named_workflows_are_found_from_a_subfolder(tmp_path: Path, scripted_runner: Any) -> None:
     folder = tmp_path / ".mlx-subagents" / "workflows"
     folder.mkdir(parents=True)
     write(folder, FLOW, "fix.toml")
@@ -214,8 +190,7 @@ def test_named_workflows_are_found_from_a_subfolder(tmp_path: Path, write_script
         find_workflow("nope", sub)
     with pytest.raises(WorkflowError, match="workflow file not found: missing.toml"):
         find_workflow("missing.toml", sub)
-    model = write_script(["answer"])
-    assert run_workflow(tmp_path, model, "fix", "input").succeeded == 3
+    assert go(scripted_runner(["answer"]), "workflow", "fix", "input").succeeded == 3
 
 
 def test_render_prompt_places_or_appends() -> None:
