@@ -135,7 +135,9 @@ class EventLines:
         if event.kind == "tool_call":
             return f"{prefix}[cyan]{mark}{escape(event.data['description'])}[/]"
         if event.kind == "tool_result" and event.data.get("is_error"):
-            return f"{prefix}{' ' * len(mark)}[red]{escape(first_line(event.data['output'], MAX_ERROR_CHARS))}[/]"
+            return (
+                f"{prefix}{' ' * len(mark)}[red]{escape(first_line(event.data['output'], MAX_ERROR_CHARS, cut=''))}[/]"
+            )
         if event.kind == "task_notice":  # a background sub-agent ended
             data = event.data
             style = status_style(data["status"])

@@ -11,10 +11,10 @@ MORE = " ..."
 NO_ANSWER = "(no answer)"
 
 
-def first_line(text: str, max_chars: int = 120) -> str:
-    """The first non-empty line of `text`, cut to `max_chars` (marked ` ...`); "" for blank text."""
+def first_line(text: str, max_chars: int = 120, *, cut: str = MORE) -> str:
+    """The first non-empty line of `text`, cut to `max_chars` and then ending in `cut`; "" for blank text."""
     line = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return line[:max_chars] + MORE if len(line) > max_chars else line
+    return line[:max_chars] + cut if len(line) > max_chars else line
 
 
 def one_line(text: str, max_chars: int = 100) -> str:
