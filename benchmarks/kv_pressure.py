@@ -73,7 +73,7 @@ from workload import (
 )
 
 from mlx_subagents.errors import SubagentError
-from mlx_subagents.host import Generation, MlxModelHost
+from mlx_subagents.host import GenerateArgs, Generation, MlxModelHost
 from mlx_subagents.host.kv_pool import KVShape, tokens_that_fit
 from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor
@@ -184,7 +184,7 @@ async def conversation(host: MlxModelHost, workload: Workload, i: int, max_token
     messages = list(workload.openings[i])
     out = []
     for call in workload.calls[i]:
-        generation = await session.generate(messages, tools=workload.tools, max_tokens=max_tokens)
+        generation = await session.generate(messages, GenerateArgs(max_tokens=max_tokens), tools=workload.tools)
         out.append(generation)
         messages += [generation.to_message(), tool_message(generation, call.name, call.result)]
     return out

@@ -65,7 +65,7 @@ from workload import (
     tool_message,
 )
 
-from mlx_subagents.host import Generation, MlxModelHost
+from mlx_subagents.host import GenerateArgs, Generation, MlxModelHost
 from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.testing import ForcedScripts, LogitsProcessor
 from mlx_subagents.tools import TOOL_NAMES, Workspace
@@ -169,7 +169,7 @@ async def warm_up(host: MlxModelHost, conv: Conversation) -> None:
     allocates buffers). It has no system message, so the host stores no shared system-prompt
     prefix from it: the timed session starts cold and measures its own reuse only."""
     session = host.session("warm-up")
-    await session.generate(conv.opening[1:], tools=conv.tools, max_tokens=8)
+    await session.generate(conv.opening[1:], GenerateArgs(max_tokens=8), tools=conv.tools)
     await session.close()
 
 
@@ -186,7 +186,7 @@ async def run_mode(model: Path, reuse: bool, conv: Conversation, force: bool) ->
         start = time.perf_counter()
         for turn in range(len(conv.calls) + 1):
             tic = time.perf_counter()
-            generation = await session.generate(messages, tools=conv.tools, max_tokens=max_tokens)
+            generation = await session.generate(messages, GenerateArgs(max_tokens=max_tokens), tools=conv.tools)
             turn_seconds.append(time.perf_counter() - tic)
             generations.append(generation)
             if turn < len(conv.calls):

@@ -107,7 +107,7 @@ from typing import Any
 from workload import Report, make_parser, model_arch, run_report
 
 from mlx_subagents.errors import SubagentError
-from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.prompt import encode, render
 from mlx_subagents.host.protocol import Message
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor
@@ -292,7 +292,7 @@ async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: i
     start = time.perf_counter()
     generations = await asyncio.gather(
         *(
-            s.generate(prompts[i], max_tokens=n_tokens, on_text=stamper(stamps[i], sizes[i], first_cpu))
+            s.generate(prompts[i], GenerateArgs(max_tokens=n_tokens, on_text=stamper(stamps[i], sizes[i], first_cpu)))
             for i, s in enumerate(sessions)
         )
     )
@@ -401,7 +401,7 @@ async def startup_overhead(model: Path, repeats: int) -> dict[str, float]:
 async def first_token_s(host: MlxModelHost, messages: list[Message], tag: str) -> tuple[float, int]:
     """Time to the first token of a new session, and the tokens it found cached."""
     tic = time.perf_counter()
-    reply = await host.session(tag).generate(messages, max_tokens=1)
+    reply = await host.session(tag).generate(messages, GenerateArgs(max_tokens=1))
     elapsed = time.perf_counter() - tic
     await host.session(tag).close()
     return elapsed, reply.usage.cached_tokens

@@ -18,6 +18,7 @@ from mlx_subagents.agents.discovery import discover_agents
 from mlx_subagents.agents.session import AgentSession, workspace_for
 from mlx_subagents.errors import EngineError, PromptTooLongError, SubagentError
 from mlx_subagents.host.engine_host import DEFAULT_CONTEXT_WINDOW, EngineHost, engine_url
+from mlx_subagents.host.protocol import GenerateArgs
 from mlx_subagents.host.scripted import approx_tokens
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Fault, Reply
 
@@ -37,9 +38,11 @@ def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout=30))
 
 
-async def generate(host: EngineHost, messages: list[dict[str, Any]] = USER, **kwargs: Any) -> Any:
+async def generate(
+    host: EngineHost, messages: list[dict[str, Any]] = USER, *, tools: list[Any] | None = None, **args: Any
+) -> Any:
     async with host:
-        return await host.session("s").generate(messages, **kwargs)
+        return await host.session("s").generate(messages, GenerateArgs(**args), tools=tools)
 
 
 def failure(host: EngineHost, *, start_only: bool = False) -> str:
@@ -110,7 +113,7 @@ def test_calls_written_as_text_are_parsed_and_never_shown(engine: FakeEngine) ->
     async def two_turns() -> tuple[Any, Any]:
         async with EngineHost(engine.url, FAKE_MODEL) as host:
             session = host.session("s")
-            return await session.generate(USER, on_text=pieces.append), await session.generate(USER)
+            return await session.generate(USER, GenerateArgs(on_text=pieces.append)), await session.generate(USER)
 
     good, bad = run(two_turns())
     assert "".join(pieces) == "Looking. Done"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from test_batching import task
 
-from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host import scheduler as scheduler_module
 from mlx_subagents.host.engine import Engine
 from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
@@ -222,15 +222,16 @@ def test_a_raising_step_fails_the_turns_in_flight_and_the_engine_lives_on(tiny_q
         async with MlxModelHost(str(tiny_qwen3_path), share_prefix=False) as host:
             host._engine.stepper = RaisingOnce(host._scheduler, at=3)
             failed = await asyncio.gather(
-                *(host.session(f"s{i}").generate(task(i), max_tokens=8) for i in range(2)), return_exceptions=True
+                *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(2)),
+                return_exceptions=True,
             )
             alive = host._engine._thread.is_alive()
-            again = await host.session("s0").generate(task(0), max_tokens=8)
+            again = await host.session("s0").generate(task(0), GenerateArgs(max_tokens=8))
             return failed, (alive, again.usage.cached_tokens), again.token_ids
 
     async def reference() -> tuple[int, ...]:
         async with MlxModelHost(str(tiny_qwen3_path), batching=False, share_prefix=False) as host:
-            return (await host.session("s0").generate(task(0), max_tokens=8)).token_ids
+            return (await host.session("s0").generate(task(0), GenerateArgs(max_tokens=8))).token_ids
 
     failed, (alive, cached), again = asyncio.run(go())
     assert [type(f) for f in failed] == [RuntimeError, RuntimeError]

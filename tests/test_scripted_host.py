@@ -10,6 +10,7 @@ import pytest
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
 from mlx_subagents.host.protocol import (
+    GenerateArgs,
     Generation,
     HostSession,
     MalformedToolCall,
@@ -27,8 +28,8 @@ def write_json(path: Path, data: object) -> Path:
     return path
 
 
-def gen(session: HostSession, messages: list[dict] = TASK, **kwargs) -> Generation:
-    return asyncio.run(session.generate(messages, **kwargs))
+def gen(session: HostSession, messages: list[dict] = TASK, *, tools: list[dict] | None = None, **args) -> Generation:
+    return asyncio.run(session.generate(messages, GenerateArgs(**args), tools=tools))
 
 
 def test_protocols_and_basics(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from mlx_subagents.host.mlx_host import MlxModelHost
+from mlx_subagents.host.protocol import GenerateArgs
 from mlx_subagents.host.single import SingleStream
 from mlx_subagents.host.thinking import ThoughtBudget
 from mlx_subagents.testing import ForcedScripts
@@ -261,7 +262,10 @@ def test_a_host_run_gives_the_recorded_token_ids(batching: bool, tiny_thinking_p
         async with MlxModelHost(str(tiny_thinking_path), processor_factory=scripts, batching=batching) as host:
             user = [{"role": "user", "content": "where?"}]
             replies = await asyncio.gather(
-                *(host.session(name).generate(user, thinking=b, max_tokens=24) for name, b in budgets.items())
+                *(
+                    host.session(name).generate(user, GenerateArgs(thinking=b, max_tokens=24))
+                    for name, b in budgets.items()
+                )
             )
             batched = host._scheduler._batch is not None  # made when a turn joins the batch
         return {name: list(r.token_ids) for name, r in zip(budgets, replies, strict=True)}, batched

@@ -24,6 +24,7 @@ from ..errors import SubagentError
 from ..events import Event, EventSink, ignore_event
 from ..host.protocol import (
     DEFAULT_THINKING_TOKENS,
+    GenerateArgs,
     Generation,
     HostSession,
     MalformedToolCall,
@@ -193,15 +194,14 @@ class AgentSession:
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start")
         with self._counting_cut():
-            generation = await self._host_session.generate(
-                self.messages,
-                tools=self.schemas,
+            args = GenerateArgs(
                 max_tokens=max_tokens,
                 temperature=self.spec.temperature or 0.0,
                 on_text=self.on_text,
                 on_reasoning=lambda text: self._emit("reasoning", text=text),
                 thinking=self.limits.thinking,
             )
+            generation = await self._host_session.generate(self.messages, args, tools=self.schemas)
         self._count(generation.usage)
         self._reasoning = generation.reasoning
         self.messages.append(generation.to_message())

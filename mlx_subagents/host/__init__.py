@@ -2,9 +2,10 @@
 `ScriptedHost` replay backend."""
 
 from .mlx_host import MlxModelHost, MlxSession, parse_bytes
-from .protocol import Generation, HostSession, MalformedToolCall, ModelHost, ToolCall, Usage
+from .protocol import GenerateArgs, Generation, HostSession, MalformedToolCall, ModelHost, ToolCall, Usage
 
 __all__ = [
+    "GenerateArgs",
     "Generation",
     "HostSession",
     "MalformedToolCall",

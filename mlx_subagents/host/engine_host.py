@@ -27,6 +27,7 @@ from ..errors import EngineError, PromptTooLongError, SubagentError
 from .protocol import (
     DEFAULT_THINKING_TOKENS,
     FinishReason,
+    GenerateArgs,
     Generation,
     MalformedToolCall,
     Message,
@@ -352,7 +353,12 @@ class _Reply:
 
 
 class EngineSession:
-    """One conversation on the engine (see `HostSession`); the KV cache lives on the engine."""
+    """One conversation on the engine (see `HostSession`); the KV cache lives on the engine.
+
+    Each reply streams; cancelling `generate` closes the stream at once. The engine splits off the
+    reasoning (its `reasoning_content` deltas) and owns any thinking budget; `thinking=0` asks its chat
+    template for no thinking (`enable_thinking: false`, as the MLX host does).
+    """
 
     def __init__(self, host: EngineHost, name: str, agent: str | None) -> None:
         self._host = host
@@ -369,38 +375,26 @@ class EngineSession:
         self._host._sessions.pop(self.name, None)
 
     async def generate(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        max_tokens: int = 1024,
-        temperature: float = 0.0,
-        on_text: TextCallback | None = None,
-        on_reasoning: TextCallback | None = None,
-        thinking: int = DEFAULT_THINKING_TOKENS,
+        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
     ) -> Generation:
-        """One streamed reply. Cancelling the awaiting task closes the stream at once.
-
-        The engine splits off the reasoning (its `reasoning_content` deltas) and owns any thinking budget;
-        `thinking=0` asks its chat template for no thinking (`enable_thinking: false`, as the MLX host does).
-        """
         host = self._host
         wire = to_wire(messages)
         request: dict[str, Any] = {
             "model": host.model_id,
             "messages": wire,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
         if tools:
             request["tools"] = tools
-        if thinking == 0:
+        if args.thinking == 0:
             # vLLM, SGLang, llama.cpp's server and mlx_lm.server pass these to the chat template.
             request["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
         started = time.perf_counter()
-        reply = _Reply(hermes().visible_text(on_text) if on_text is not None else None, on_reasoning=on_reasoning)
+        visible = hermes().visible_text(args.on_text) if args.on_text is not None else None
+        reply = _Reply(visible, on_reasoning=args.on_reasoning)
         self.cut = None
         try:
             stream = await host._client.chat.completions.create(**request)

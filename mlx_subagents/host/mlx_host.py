@@ -28,10 +28,10 @@ from .loading import config_context_window, load_model, read_config, resolve_mod
 from .prompt import encode, render
 from .protocol import (
     DEFAULT_THINKING_TOKENS,
+    GenerateArgs,
     Generation,
     Message,
     ProcessorFactory,
-    TextCallback,
     ToolMode,
     ToolSchema,
     Usage,
@@ -97,7 +97,11 @@ def _not_a_size(text: str) -> SubagentError:
 
 
 class MlxSession:
-    """A conversation on the host with its own KV cache (see `HostSession`)."""
+    """A conversation on the host with its own KV cache (see `HostSession`).
+
+    Cancelling `generate` stops the reply at its next token; a thinking model's thought (up to
+    `GenerateArgs.thinking` tokens) comes on top of `max_tokens`, which bounds the answer.
+    """
 
     def __init__(self, host: MlxModelHost, name: str, agent: str | None) -> None:
         self._host = host
@@ -116,29 +120,18 @@ class MlxSession:
         return len(self._state.token_ids)
 
     async def generate(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        max_tokens: int = 1024,
-        temperature: float = 0.0,
-        on_text: TextCallback | None = None,
-        on_reasoning: TextCallback | None = None,
-        thinking: int = DEFAULT_THINKING_TOKENS,
+        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
     ) -> Generation:
-        """One reply. Cancelling the awaiting task stops generation at the next token.
-
-        A thinking model may think `thinking` tokens on top of `max_tokens`, which bounds the answer.
-        """
         chat = self._host.chat
-        budget = max(0, thinking) if chat.thinks else None
+        budget = max(0, args.thinking) if chat.thinks else None
+        max_tokens = args.max_tokens
         if budget is not None:  # the thought, and its forced end marker, come on top of the reply limit
             max_tokens += budget + len(self._host.tokenizer.think_end_tokens)
         opened = chat.opened(budget) if budget is not None else False
-        request = Request(*chat.present(messages, tools), max_tokens, temperature, budget)
+        request = Request(*chat.present(messages, tools), max_tokens, args.temperature, budget)
         cancel = threading.Event()
-        streaming = on_text is not None or on_reasoning is not None
-        visible = chat.visible_text(on_text, on_reasoning, opened) if streaming else None
+        streaming = args.on_text is not None or args.on_reasoning is not None
+        visible = chat.visible_text(args.on_text, args.on_reasoning, opened) if streaming else None
         sink = TextSink(asyncio.get_running_loop(), visible) if visible is not None else None
 
         def submit(deliver: Deliver) -> None:

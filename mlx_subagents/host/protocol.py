@@ -101,6 +101,25 @@ class Generation:
         return message
 
 
+@dataclass(frozen=True)
+class GenerateArgs:
+    """How one reply is generated: its limits, its sampling, and where its text streams to.
+
+    Args:
+        max_tokens: bounds the reply after a thinking model's thought (see `thinking`).
+        temperature: the sampling temperature; 0 decodes greedily.
+        on_text: gets the reply's visible text as it is generated (no call markup, no reasoning).
+        on_reasoning: gets the reasoning as it is generated.
+        thinking: tokens a thinking model may think (0: off) before the host closes its thought.
+    """
+
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    on_text: TextCallback | None = None
+    on_reasoning: TextCallback | None = None
+    thinking: int = DEFAULT_THINKING_TOKENS
+
+
 @runtime_checkable
 class HostSession(Protocol):
     """One conversation's handle on the host: its own KV cache, reused across turns.
@@ -113,19 +132,9 @@ class HostSession(Protocol):
     cut: Usage | None
 
     async def generate(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        max_tokens: int = 1024,
-        temperature: float = 0.0,
-        on_text: TextCallback | None = None,
-        on_reasoning: TextCallback | None = None,
-        thinking: int = DEFAULT_THINKING_TOKENS,
+        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
     ) -> Generation:
-        """One reply; `on_text` gets only its visible text as it is generated (no call markup, no
-        reasoning), `on_reasoning` the reasoning. A thinking model may think `thinking` tokens
-        (0: off) before the host closes its thought; `max_tokens` then bounds the rest."""
+        """One reply to `messages`, with `tools` offered, generated as `args` says."""
         ...
 
     @property

@@ -33,10 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mlx_subagents.errors import PromptTooLongError, ScriptError
 from mlx_subagents.host.protocol import (
     DEFAULT_THINKING_TOKENS,
+    GenerateArgs,
     Generation,
     MalformedToolCall,
     Message,
-    TextCallback,
     ToolCall,
     ToolMode,
     ToolSchema,
@@ -262,6 +262,9 @@ class ScriptedHost:
 class ScriptedSession:
     """One conversation: its own cursor into the agent's replies.
 
+    `generate` returns the next scripted reply, its text and reasoning streamed in one piece each;
+    `max_tokens`, `temperature` and `thinking` are ignored.
+
     Usage mimics a KV cache: the previous turn's prompt + reply messages that
     start the new prompt count as cached (only if the tools are unchanged, as
     real templates render them first); the rest counts as prefilled.
@@ -288,17 +291,8 @@ class ScriptedSession:
         self._closed = True
 
     async def generate(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        max_tokens: int = 1024,
-        temperature: float = 0.0,
-        on_text: TextCallback | None = None,
-        on_reasoning: TextCallback | None = None,
-        thinking: int = DEFAULT_THINKING_TOKENS,
+        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
     ) -> Generation:
-        """Return the next scripted reply; `max_tokens`, `temperature` and `thinking` are ignored."""
         if self._closed:
             raise RuntimeError(f"scripted session '{self.name}' is closed")
         if self._busy:
@@ -329,10 +323,10 @@ class ScriptedSession:
         # Only a delivered reply is consumed: a cancelled call leaves the cursor in place.
         self._cursor += 1
         generation = self._make_generation(reply, messages, tools, prompt_tokens)
-        if on_reasoning is not None and generation.reasoning:
-            on_reasoning(generation.reasoning)
-        if on_text is not None and generation.text:
-            on_text(generation.text)
+        if args.on_reasoning is not None and generation.reasoning:
+            args.on_reasoning(generation.reasoning)
+        if args.on_text is not None and generation.text:
+            args.on_text(generation.text)
         return generation
 
     def _make_generation(
