@@ -75,7 +75,7 @@ from workload import (
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, Generation, MlxModelHost
 from mlx_subagents.host.kv_pool import KVShape, tokens_that_fit
-from mlx_subagents.host.protocol import Message, ToolSchema
+from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, Message, ToolSchema
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor
 from mlx_subagents.tools import Workspace
 
@@ -84,7 +84,7 @@ TARGET_PREFIX_HIT_RATE = 0.90
 FORCED_MAX_TOKENS = 64  # room for the longest forced tool call
 FREE_MAX_TOKENS = 64
 POLL_SECONDS = 0.02
-TINY_CONTEXT_WINDOW = 32768
+TINY_CONTEXT_WINDOW = DEFAULT_CONTEXT_WINDOW  # trained for the host's default window: served whole
 WORKSPACE = Workspace(Path(tempfile.gettempdir()) / "kv-pressure-project")
 
 _FILES = (

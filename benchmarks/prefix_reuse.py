@@ -66,7 +66,7 @@ from workload import (
 )
 
 from mlx_subagents.host import GenerateArgs, Generation, MlxModelHost
-from mlx_subagents.host.protocol import Message, ToolSchema
+from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, Message, ToolSchema
 from mlx_subagents.testing import ForcedScripts, LogitsProcessor
 from mlx_subagents.tools import TOOL_NAMES, Workspace
 
@@ -74,7 +74,7 @@ TARGET_PREFILL_RATIO = 0.35
 SESSION = "scout"
 FORCED_MAX_TOKENS = 256  # room for the longest forced script (the final answer)
 FREE_MAX_TOKENS = 64
-TINY_CONTEXT_WINDOW = 32768
+TINY_CONTEXT_WINDOW = DEFAULT_CONTEXT_WINDOW  # trained for the host's default window: served whole
 TASK = "Task: where is the configuration loaded and validated, and which settings does it read?"
 # A fixed (not necessarily existing) root: the system prompt names it, so token counts are stable.
 WORKSPACE = Workspace(Path(tempfile.gettempdir()) / "prefix-reuse-project")

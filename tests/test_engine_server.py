@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.host.engine_host import DEFAULT_CONTEXT_WINDOW, EngineHost
-from mlx_subagents.host.protocol import GenerateArgs
+from mlx_subagents.host.engine_host import EngineHost
+from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
 
 START_TIMEOUT = 120.0
 SYSTEM = {"role": "system", "content": "You are a scout. Answer in one line."}

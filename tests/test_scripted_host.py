@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
+from mlx_subagents.host.estimate import approx_tokens
 from mlx_subagents.host.protocol import (
     GenerateArgs,
     Generation,
@@ -17,7 +18,7 @@ from mlx_subagents.host.protocol import (
     ModelHost,
     ToolCall,
 )
-from mlx_subagents.host.scripted import ScriptedHost, approx_tokens
+from mlx_subagents.host.scripted import ScriptedHost
 from mlx_subagents.host.toolcalls import hermes
 
 TASK = [{"role": "system", "content": "You are a scout."}, {"role": "user", "content": "Look."}]

@@ -24,7 +24,9 @@ from urllib.parse import urlsplit
 import openai
 
 from ..errors import EngineError, PromptTooLongError, SubagentError
+from .estimate import approx_tokens
 from .protocol import (
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
     FinishReason,
     GenerateArgs,
@@ -37,13 +39,9 @@ from .protocol import (
     ToolSchema,
     Usage,
 )
-from .scripted import approx_tokens
 from .toolcalls import VisibleText, hermes
 
 API_KEY_ENV = "MLX_SUBAGENTS_API_KEY"
-# Used when neither the engine's model listing nor `--context-window` gives a window: the
-# MLX host's default cap, a size every engine worth running for agents serves.
-DEFAULT_CONTEXT_WINDOW = 32768
 # Seconds without a byte from the engine (a long prefill on a busy engine sends nothing).
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -464,14 +462,13 @@ class EngineSession:
         if usage is None:  # an engine that ignores `include_usage`: estimate
             prompt = approx_tokens(wire, tools)
             generated = approx_tokens([{"content": reply.text}])
-            return Usage(prompt, 0, prompt, generated, prompt_s, gen_s)
+            return Usage(prompt, 0, generated, prompt_s, gen_s)
         details = getattr(usage, "prompt_tokens_details", None)
         cached = int(getattr(details, "cached_tokens", 0) or 0)
         self._host._learn(wire, tools, usage.prompt_tokens)
         return Usage(
             prompt_tokens=usage.prompt_tokens,
             cached_tokens=cached,
-            prefilled_tokens=usage.prompt_tokens - cached,
             generated_tokens=usage.completion_tokens,
             prompt_seconds=prompt_s,
             generation_seconds=gen_s,

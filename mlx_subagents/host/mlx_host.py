@@ -27,6 +27,7 @@ from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shap
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .prompt import encode, render
 from .protocol import (
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
     Generation,
@@ -41,13 +42,12 @@ from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
 DEFAULT_PREFILL_STEP = 512
 # How long a cancelled reply waits for the engine to end its turn and say what it spent (one step).
 CUT_WAIT_S = 5.0
-# Models advertise windows of 128k-256k tokens; a 16 GB Mac cannot hold that
-# much KV for several sessions, so the default is capped (override per host).
-DEFAULT_CONTEXT_CAP = 32768
 # The window must fit this many sessions at once: four children and their parent.
 DEFAULT_MAX_SESSIONS = 5
-# Share of (RAM - weights) the KV pool may use when no budget is given.
+# Share of (RAM - weights) the KV pool may use when no budget is given, and never less than
+# MIN_KV_BUDGET bytes.
 DEFAULT_BUDGET_FRACTION = 0.5
+MIN_KV_BUDGET = 256 * 2**20
 BINARY_SUFFIXES = {"k": "KiB", "m": "MiB", "g": "GiB"}
 _BYTE_SIZE = TypeAdapter(ByteSize)
 
@@ -68,6 +68,11 @@ def total_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def default_kv_budget(ram: int, weights: int) -> int:
+    """The KV budget the host derives when none is given, for `ram` bytes of memory and `weights` bytes of model."""
+    return max(MIN_KV_BUDGET, int((ram - weights) * DEFAULT_BUDGET_FRACTION))
 
 
 def parse_bytes(text: str | int | None) -> int | None:
@@ -172,7 +177,7 @@ class MlxModelHost:
     Args:
         model: a local mlx-lm folder, a hub id (`mlx-community/...`) or `mlx/<id>`.
         context_window: the window per session (default: the model's, capped at
-            32768 and at what the KV budget holds for `max_sessions` sessions).
+            `DEFAULT_CONTEXT_WINDOW` and at what the KV budget holds for `max_sessions` sessions).
         processor_factory: called per request with (session name, prompt ids);
             returns logits processors (tests use it to force a script).
         reuse: keep and reuse each session's KV cache across turns.
@@ -309,11 +314,11 @@ class MlxModelHost:
         ram = total_memory()
         # The weights as stored: mlx loads safetensors as they are (walking the parameters costs more).
         weights = sum(f.stat().st_size for f in self.model_path.glob("*.safetensors")) if self.model_path else 0
-        return max(256 * 2**20, int((ram - weights) * DEFAULT_BUDGET_FRACTION)) if ram else None
+        return default_kv_budget(ram, weights) if ram else None
 
     def _window(self, trained: int | None, budget: int | None) -> int:
         """The per-session window: the model's, capped, and what the budget holds for max_sessions."""
-        window = min(trained or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
+        window = min(trained or DEFAULT_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
         fits = None
         if budget is not None and self.kv_shape.per_token:
             fits = tokens_that_fit(self.kv_shape, budget // self.max_sessions, self._trimmable)

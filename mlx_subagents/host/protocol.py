@@ -20,6 +20,11 @@ TextCallback = Callable[[str], None]
 FinishReason = Literal["stop", "length", "cancelled"]
 # Tokens a reply may think before the host closes the thought; 0 turns thinking off.
 DEFAULT_THINKING_TOKENS = 4096
+# The window per session when nothing (the engine's listing, a script, `--context-window`) says
+# otherwise, and the MLX host's cap on a model's own: models advertise 128k-256k tokens, and a
+# 16 GB Mac cannot hold that much KV for several sessions. Every engine worth running for agents
+# serves this much.
+DEFAULT_CONTEXT_WINDOW = 32768
 
 
 @dataclass(frozen=True)
@@ -58,10 +63,13 @@ class Usage:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    prefilled_tokens: int = 0
     generated_tokens: int = 0
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
 
     @property
     def generation_tps(self) -> float:

@@ -678,7 +678,6 @@ class Scheduler:
         usage = Usage(
             prompt_tokens=len(turn.ids),
             cached_tokens=turn.n_cached,
-            prefilled_tokens=len(turn.ids) - turn.n_cached,
             generated_tokens=len(turn.generated),
             prompt_seconds=turn.prompt_s,
             generation_seconds=max(0.0, total - turn.prompt_s),

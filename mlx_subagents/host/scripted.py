@@ -31,7 +31,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
+from mlx_subagents.host.estimate import approx_tokens
 from mlx_subagents.host.protocol import (
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
     Generation,
@@ -46,26 +48,8 @@ from mlx_subagents.host.toolcalls import hermes
 from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
 
 SCRIPTED_PREFIX = "scripted:"
-DEFAULT_CONTEXT_WINDOW = 32768
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
-
-
-def approx_tokens(messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
-    """Approximate token count: `len(text) // 4 + 1` per rendered message (and for the tools).
-
-    A message is rendered as compact, key-sorted JSON, so equal messages always
-    count the same. Roughly four characters per token is what BPE tokenizers give
-    on English and code; the `+ 1` stands for the per-message template overhead.
-    """
-    total = sum(len(_render(m)) // 4 + 1 for m in messages)
-    if tools:
-        total += len(_render(tools)) // 4 + 1
-    return total
-
-
-def _render(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 # --- the script file ---------------------------------------------------------------------------
@@ -316,7 +300,7 @@ class ScriptedSession:
                 await asyncio.sleep(reply.delay)
         except asyncio.CancelledError:  # cut during its delay: the prompt was read, nothing generated
             cached = self._cached_tokens(messages, tools)
-            self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached, prefilled_tokens=prompt_tokens - cached)
+            self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached)
             raise
         finally:
             self._busy = False
@@ -351,7 +335,6 @@ class ScriptedSession:
             usage=Usage(
                 prompt_tokens=prompt_tokens,
                 cached_tokens=cached,
-                prefilled_tokens=prompt_tokens - cached,
                 generated_tokens=approx_tokens([reply_message]),
             ),
             raw_text=raw if raw is not None else reply.content + "".join(map(_markup, calls)),
