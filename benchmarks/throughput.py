@@ -30,7 +30,7 @@ order) so that load from other processes hits them alike; the best run counts (t
 reported too). The "steady" column is the rate once every session has streamed its first token
 (tokens generated after that / time from then to the end): it leaves out the ramp-up, where
 sessions that did not arrive together prefill while the first ones already decode. "CPU ms/tok" is
-the process CPU time (all threads: the engine, mlx's worker, the event loop) per generated token,
+the process CPU time (all threads: the host's mlx thread, mlx's worker, the event loop) per generated token,
 the lowest of the repeats: a measure of work that load from other processes disturbs less than
 wall time; "dec CPU" is the same from the first token of any session on (the raw batch prefills
 whole prompts, the host only what follows the shared prefix). Note that the serialized decode

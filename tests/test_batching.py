@@ -131,7 +131,7 @@ def test_hybrid_sessions_started_together_decode_in_one_batch_from_their_first_t
         scripts = ForcedScripts(tiny_qwen35[1], texts)
         async with MlxModelHost(str(tiny_qwen35_path), processor_factory=scripts, batching=batching) as host:
             scheduler = host._scheduler
-            await host._engine.run(scheduler._ensure_batch)  # there from the start, to count its steps
+            await host._mlx.run(scheduler._ensure_batch)  # there from the start, to count its steps
             rounds, stats = [], []
             for _ in range(2):  # the first computes the shared prefix; the second starts from it
                 with scheduler._batch.stats() as window:
@@ -312,7 +312,7 @@ def test_a_failed_batch_step_fails_its_turns_and_leaves_every_cache_consistent(t
     async def go() -> tuple[list[Any], list[Any], list[tuple[int, ...]]]:
         async with MlxModelHost(str(tiny_qwen3_path), share_prefix=False) as host:
             idle = await host.session("s3").generate(task(3), GenerateArgs(max_tokens=8))  # parked before the failure
-            batch = await host._engine.run(host._scheduler._ensure_batch)
+            batch = await host._mlx.run(host._scheduler._ensure_batch)
             real_next, calls = batch.next, []
 
             def failing_next() -> Any:

@@ -17,8 +17,8 @@ from test_batching import task
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host import scheduler as scheduler_module
-from mlx_subagents.host.engine import Engine
 from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
+from mlx_subagents.host.mlx_thread import MlxThread
 from mlx_subagents.host.protocol import Generation
 from mlx_subagents.host.scheduler import LONE_BURST_TOKENS, Request, Scheduler, SchedulerConfig, Turn
 from mlx_subagents.host.single import SingleStream, take_from_batch
@@ -152,8 +152,8 @@ def test_cancel_is_honoured_between_the_tokens_of_a_burst(tiny_qwen3: tuple[Any,
     assert turn.state.token_ids == turn.ids + list(results["a"].token_ids)
 
 
-def test_a_queued_engine_job_ends_the_burst(tiny_qwen3: tuple[Any, Any]) -> None:
-    """The engine says a job waits after the 5th token: the burst stops there, the next one goes on."""
+def test_a_queued_job_ends_the_burst(tiny_qwen3: tuple[Any, Any]) -> None:
+    """The mlx thread says a job waits after the 5th token: the burst stops there, the next one goes on."""
     queued = threading.Event()
     results: dict[str, Generation] = {}
     turn = make_turn("a", 0, 24, results)
@@ -195,7 +195,7 @@ def test_a_second_turn_ends_the_bursts_and_both_match_serialized(tiny_qwen3: tup
     assert results["b"].token_ids == serial["b"].token_ids
 
 
-# -- the engine survives a step that raises -------------------------------------------------------
+# -- the mlx thread survives a step that raises ---------------------------------------------------
 
 
 class RaisingOnce:
@@ -217,15 +217,15 @@ class RaisingOnce:
         self.inner.fail_all(exc)
 
 
-def test_a_raising_step_fails_the_turns_in_flight_and_the_engine_lives_on(tiny_qwen3_path: Path) -> None:
+def test_a_raising_step_fails_the_turns_in_flight_and_the_mlx_thread_lives_on(tiny_qwen3_path: Path) -> None:
     async def go() -> tuple[Any, Any, tuple[int, ...]]:
         async with MlxModelHost(str(tiny_qwen3_path), share_prefix=False) as host:
-            host._engine.stepper = RaisingOnce(host._scheduler, at=3)
+            host._mlx.stepper = RaisingOnce(host._scheduler, at=3)
             failed = await asyncio.gather(
                 *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(2)),
                 return_exceptions=True,
             )
-            alive = host._engine._thread.is_alive()
+            alive = host._mlx._thread.is_alive()
             again = await host.session("s0").generate(task(0), GenerateArgs(max_tokens=8))
             return failed, (alive, again.usage.cached_tokens), again.token_ids
 
@@ -242,7 +242,7 @@ def test_a_raising_step_fails_the_turns_in_flight_and_the_engine_lives_on(tiny_q
 
 
 def test_a_bug_in_a_serialized_step_fails_every_turn_inside_submit(tiny_qwen3: tuple[Any, Any]) -> None:
-    """Serialized, `submit` steps the turn itself (the engine does not see those steps): a step that
+    """Serialized, `submit` steps the turn itself (the mlx thread does not see those steps): a step that
     raises outside any one turn fails it there and leaves nothing behind."""
     results: dict[str, Generation] = {}
     sch = scheduler(tiny_qwen3, batching=False)
@@ -258,7 +258,7 @@ def test_a_bug_in_a_serialized_step_fails_every_turn_inside_submit(tiny_qwen3: t
     assert (turn.state.prompt_cache, turn.state.token_ids) == (None, [])
 
 
-def test_the_engine_runs_jobs_after_a_step_raised() -> None:
+def test_the_mlx_thread_runs_jobs_after_a_step_raised() -> None:
     """A stepper of plain Python (no mlx): the failing step's work is failed once, jobs keep running."""
 
     class Flaky:
@@ -279,17 +279,17 @@ def test_the_engine_runs_jobs_after_a_step_raised() -> None:
             self.left = 0
 
     async def go() -> tuple[str, Flaky]:
-        engine = Engine()
-        engine.start()
+        thread = MlxThread()
+        thread.start()
         flaky = Flaky()
         try:
-            engine.stepper = flaky
-            await engine.run(lambda: None)  # wakes the engine: it steps until the stepper has no work
+            thread.stepper = flaky
+            await thread.run(lambda: None)  # wakes the thread: it steps until the stepper has no work
             while flaky.has_work():
                 await asyncio.sleep(0.01)
-            return await engine.run(lambda: "still here"), flaky
+            return await thread.run(lambda: "still here"), flaky
         finally:
-            engine.stop()
+            thread.stop()
 
     answer, flaky = asyncio.run(go())
     assert answer == "still here"
@@ -391,7 +391,7 @@ def test_a_hybrid_straggler_goes_on_alone_too(tiny_qwen35: tuple[Any, Any]) -> N
     assert serial["a2"].usage.cached_tokens == len(a.ids) + 30
 
 
-def test_a_queued_engine_job_keeps_the_last_turn_in_the_batch_for_that_step(tiny_qwen3: tuple[Any, Any]) -> None:
+def test_a_queued_job_keeps_the_last_turn_in_the_batch_for_that_step(tiny_qwen3: tuple[Any, Any]) -> None:
     """The job may be a new turn that would bring it straight back: it moves a step later instead."""
     queued = threading.Event()
     results: dict[str, Generation] = {}

@@ -165,7 +165,7 @@ def test_cancel_mid_generation_then_next_turn_is_correct(
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            other = await host.session("b").generate(TASK, GenerateArgs(max_tokens=8))  # the engine is free again
+            other = await host.session("b").generate(TASK, GenerateArgs(max_tokens=8))  # the mlx thread is free again
             after = await session.generate(follow, GenerateArgs(max_tokens=16))
             async with MlxModelHost(str(path), reuse=False) as fresh:
                 reference = await fresh.session("a").generate(follow, GenerateArgs(max_tokens=16))
@@ -251,7 +251,7 @@ def test_prompt_over_the_window_is_a_clear_error(tiny_qwen3_path: Path) -> None:
             big = [{"role": "user", "content": "word " * 600}]
             with pytest.raises(PromptTooLongError, match=r"^the prompt is \d+ tokens but the context window is 300;"):
                 await host.session("a").generate(big)
-            ok = await host.session("a").generate(TASK, GenerateArgs(max_tokens=4))  # the engine survived
+            ok = await host.session("a").generate(TASK, GenerateArgs(max_tokens=4))  # the mlx thread survived
             assert ok.usage.generated_tokens == 4 or ok.finish_reason == "stop"
 
     run(go())

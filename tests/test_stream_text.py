@@ -54,7 +54,7 @@ def drive(
         pieces: dict[str, list[str]] = {name: [] for name, _, _ in turns}
         made = [streaming(make_turn(name, i, n, results), loop, pieces[name]) for name, i, n in turns]
         run(scheduler(tiny, factory=factory), made)
-        loop.run_until_complete(asyncio.sleep(0))  # the callbacks the engine side queued
+        loop.run_until_complete(asyncio.sleep(0))  # the callbacks the mlx thread queued
     finally:
         loop.close()
     return results, pieces

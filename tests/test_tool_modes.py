@@ -74,7 +74,7 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: 
     host = MlxModelHost(str(path))
     with pytest.raises(ChatTemplateError) as error:
         run(host.start())
-    assert not host._engine._thread.is_alive()  # the engine thread it started is stopped, not left behind
+    assert not host._mlx._thread.is_alive()  # the mlx thread it started is stopped, not left behind
     assert str(error.value) == (
         f"model {path} has no chat template (no chat_template in tokenizer_config.json or chat_template.jinja); "
         "use an instruct/chat version of the model"

@@ -1,6 +1,6 @@
 """`MlxModelHost`: one resident mlx-lm model serving many sessions.
 
-All mlx work happens on the host's engine thread (see `engine.py`); the
+All mlx work happens on the host's mlx thread (see `mlx_thread.py`); the
 `Scheduler` there runs every session's turns, batched or one at a time, and
 the `KVPool` keeps their caches within a byte budget. Each session keeps its
 own prompt cache and the exact token ids it holds, so a new turn prefills
@@ -22,9 +22,9 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from ..errors import ChatTemplateError, SubagentError
 from .chat_format import ChatFormat
-from .engine import Deliver, Engine
 from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
+from .mlx_thread import Deliver, MlxThread
 from .prompt import encode, render
 from .protocol import (
     DEFAULT_CONTEXT_WINDOW,
@@ -40,7 +40,7 @@ from .protocol import (
 from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
 
 DEFAULT_PREFILL_STEP = 512
-# How long a cancelled reply waits for the engine to end its turn and say what it spent (one step).
+# How long a cancelled reply waits for the mlx thread to end its turn and say what it spent (one step).
 CUT_WAIT_S = 5.0
 # The window must fit this many sessions at once: four children and their parent.
 DEFAULT_MAX_SESSIONS = 5
@@ -143,7 +143,7 @@ class MlxSession:
             self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         self.cut = None
-        reply = self._host._engine.submit(submit)
+        reply = self._host._mlx.submit(submit)
         try:
             generation = await asyncio.shield(reply)
         except asyncio.CancelledError:
@@ -164,7 +164,7 @@ class MlxSession:
             self._host._pool.forget(self.name)
             self._state.reset()
 
-        await self._host._engine.run(drop)
+        await self._host._mlx.run(drop)
 
     async def close(self) -> None:
         await self.reset()
@@ -172,7 +172,7 @@ class MlxSession:
 
 
 class MlxModelHost:
-    """Loads a model once and serves every session's generations on one engine thread.
+    """Loads a model once and serves every session's generations on one mlx thread.
 
     Args:
         model: a local mlx-lm folder, a hub id (`mlx-community/...`) or `mlx/<id>`.
@@ -208,7 +208,7 @@ class MlxModelHost:
         self._budget_request = parse_bytes(kv_budget)
         self.max_sessions = max_sessions
         self._spill_dir = spill_dir
-        self._engine = Engine()
+        self._mlx = MlxThread()
         self._sessions: dict[str, MlxSession] = {}
         self._model: Any = None
         self.tokenizer: Any = None
@@ -234,13 +234,13 @@ class MlxModelHost:
             return
         self.model_path = resolve_model_path(self.model_id)
         config = read_config(self.model_path)
-        self._engine.start()
-        self.kv_shape, self._trimmable = await self._engine.run(self._load)
+        self._mlx.start()
+        self.kv_shape, self._trimmable = await self._mlx.run(self._load)
         self.chat = await self._chat_format()
         budget = self._budget()
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
         self._config.context_window = self._window(config_context_window(config), budget)
-        self._scheduler = Scheduler(  # no mlx work in it: built here, run on the engine thread
+        self._scheduler = Scheduler(  # no mlx work in it: built here, run on the mlx thread
             self._model,
             self.tokenizer,
             self._config,
@@ -248,13 +248,13 @@ class MlxModelHost:
             self.kv_shape,
             self._trimmable,
             self._processor_factory,
-            self._engine.has_jobs,
+            self._mlx.has_jobs,
         )
-        self._engine.stepper = self._scheduler
+        self._mlx.stepper = self._scheduler
 
     async def stop(self) -> None:
         self._sessions.clear()
-        await asyncio.to_thread(self._engine.stop)
+        await asyncio.to_thread(self._mlx.stop)
 
     async def __aenter__(self) -> MlxModelHost:
         await self.start()
@@ -264,16 +264,16 @@ class MlxModelHost:
         await self.stop()
 
     async def _chat_format(self) -> ChatFormat:
-        """Decided at load; a model that cannot chat stops the engine thread it started, then says why."""
+        """Decided at load; a model that cannot chat stops the mlx thread it started, then says why."""
         try:
             return ChatFormat.load(self.tokenizer, self.model_id)
         except ChatTemplateError:
             self._model = None
-            await asyncio.to_thread(self._engine.stop)
+            await asyncio.to_thread(self._mlx.stop)
             raise
 
     def _load(self) -> tuple[KVShape, bool]:
-        """Load the model and tokenizer, and `_measure` them: one trip to the engine thread."""
+        """Load the model and tokenizer, and `_measure` them: one trip to the mlx thread."""
         self._model, self.tokenizer = load_model(self.model_path)  # type: ignore[arg-type]
         return self._measure()
 
@@ -392,4 +392,4 @@ class MlxModelHost:
                 shared_prefix_hits=self._scheduler.prefixes.hits,
             )
 
-        return await self._engine.run(read)
+        return await self._mlx.run(read)

@@ -1,4 +1,4 @@
-"""The engine thread's scheduler: admission, chunked prefill, batched or serialized decode.
+"""The mlx thread's scheduler: admission, chunked prefill, batched or serialized decode.
 
 Every turn moves through the same stages: waiting (admission control against
 the KV budget) -> prefilling (in chunks, reusing the session's cache, a shared
@@ -27,13 +27,13 @@ from typing import Any
 
 from ..errors import PromptTooLongError
 from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
+from .mlx_thread import Deliver
 from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
 from .single import SingleStream, take_from_batch
 from .thinking import thought_budget
 
-Deliver = Callable[[bool, Any], None]
 # Streamed text reaches the callers' loops at most this often (plus a turn's first text and its end at
 # once): a wake-up per token costs a syscall and a thread switch per step, more than a token of a
 # small model on a CPU, and no reader sees a difference at 50 Hz. (Each wake-up also stalls this
@@ -46,7 +46,7 @@ DEFAULT_STREAM_INTERVAL_S = 0.02
 # many steps: caches then only grow, by whole 256-token blocks. Any change of the work is read at once.
 OBSERVE_EVERY_STEPS = 8
 # A turn decoding alone, with nothing else waiting, decodes up to this many tokens per step (or for
-# about this long): the work around each step (cancel checks, admission, the engine's queue) is then
+# about this long): the work around each step (cancel checks, admission, the mlx thread's queue) is then
 # paid once per burst, as mlx-lm's own loop never pays it. Anything that needs a step ends a burst.
 LONE_BURST_TOKENS = 8
 LONE_SLICE_S = 0.02
@@ -140,7 +140,7 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    """Runs turns on the engine thread; see the module docstring."""
+    """Runs turns on the mlx thread; see the module docstring."""
 
     def __init__(
         self,
@@ -153,7 +153,7 @@ class Scheduler:
         processor_factory: ProcessorFactory | None = None,
         jobs_waiting: Callable[[], bool] | None = None,
     ) -> None:
-        """`jobs_waiting`: whether the engine has a job queued (a new turn, a reset), which ends a lone burst."""
+        """`jobs_waiting`: whether the mlx thread has a job queued (a new turn, a reset), which ends a lone burst."""
         self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
         self._processor_factory = processor_factory
         self._jobs_waiting = jobs_waiting or (lambda: False)
@@ -171,7 +171,7 @@ class Scheduler:
         self._unobserved_steps = 0
         self._trimmable = trimmable  # False for hybrid caches (see `_prepare_cache`)
 
-    # -- entry points (engine thread) -----------------------------------------
+    # -- entry points (mlx thread) --------------------------------------------
 
     def submit(self, turn: Turn) -> None:
         """Tokenize and queue a turn; serialized mode runs it to completion here."""
@@ -187,7 +187,7 @@ class Scheduler:
             turn.deliver(False, exc)
             return
         self.waiting.append(turn)
-        if not self.config.batching:  # to the end now, inside this job: the engine's steps do not see it
+        if not self.config.batching:  # to the end now, inside this job: the thread's steps do not see it
             try:
                 while self.has_work():
                     self.step()
@@ -204,7 +204,7 @@ class Scheduler:
         A turn's own failure (its prompt, processors, cache restore, reply parsing) fails that
         turn alone; a failure of the shared batch step fails the turns in the batch. Anything else
         is a bug outside any one turn, after which nothing can be trusted: it escapes, and the
-        engine (or the serialized `submit`) fails every turn (`fail_all`).
+        mlx thread (or the serialized `submit`) fails every turn (`fail_all`).
         """
         self._drop_cancelled()
         self._admit()
@@ -514,7 +514,7 @@ class Scheduler:
 
     def _lone_burst(self, turn: Turn) -> None:
         """Tokens of the lone turn until it ends, LONE_BURST_TOKENS or LONE_SLICE_S, or until something
-        needs a step: a turn waiting or prefilling, a job for the engine, its own cancel."""
+        needs a step: a turn waiting or prefilling, a job for the mlx thread, its own cancel."""
         deadline = time.perf_counter() + LONE_SLICE_S
 
         def needs_a_step() -> bool:
