@@ -19,7 +19,7 @@ model generates greedily up to `--tokens` tokens instead (no forcing).
 Figures per configuration and session count:
 
 - aggregate decode tokens/s: the generated tokens of all sessions / the wall time of the decode
-  phase (from the first streamed token of any session to the end of the last generation);
+  phase (from the first streamed token of any session to the end of the last reply);
 - end-to-end tokens/s: the same tokens / the wall time of the whole concurrent run;
 - time to first token (TTFT) per session: from the start of the concurrent run to the session's
   first `on_text` callback (raw: its first token out of `next_generated`); p50 and p95 are taken
@@ -190,13 +190,13 @@ class Run:
 
     sessions: int
     wall_s: float  # the whole concurrent run
-    decode_s: float  # first streamed token of any session -> last generation done
+    decode_s: float  # first streamed token of any session -> last reply done
     ttft_s: list[float]
     generated: list[int]
     token_ids: list[tuple[int, ...]]
     cached_tokens: list[int] = field(default_factory=list)
     steady_tokens: int = 0  # streamed after every session had its first token
-    steady_s: float = 0.0  # last session's first token -> last generation done
+    steady_s: float = 0.0  # last session's first token -> last reply done
     cpu_s: float = 0.0  # process CPU time (every thread) over the whole run
     decode_cpu_s: float = 0.0  # the same from the first token of any session on
 
@@ -230,7 +230,7 @@ def make_run(
     end: float,
     cpu: tuple[float, float, float],
     stamps: list[list[float]],
-    generations: list[tuple[int, ...]],
+    token_ids: list[tuple[int, ...]],
     generated: list[int],
     cached: list[int],
     sizes: list[list[int]] | None = None,
@@ -259,7 +259,7 @@ def make_run(
         decode_s=end - min(firsts),
         ttft_s=[f - start for f in firsts],
         generated=generated,
-        token_ids=generations,
+        token_ids=token_ids,
         cached_tokens=cached,
         steady_tokens=sum(max(0, g - b) for g, b in zip(generated, before)),
         steady_s=end - everyone,
@@ -290,7 +290,7 @@ async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: i
     first_cpu: list[float] = []
     cpu = time.process_time()
     start = time.perf_counter()
-    generations = await asyncio.gather(
+    replies = await asyncio.gather(
         *(
             s.generate(prompts[i], GenerateArgs(max_tokens=n_tokens, on_text=stamper(stamps[i], sizes[i], first_cpu)))
             for i, s in enumerate(sessions)
@@ -305,9 +305,9 @@ async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: i
         end,
         (cpu, first_cpu[0] if first_cpu else cpu_end, cpu_end),
         stamps,
-        [tuple(g.token_ids) for g in generations],
-        [g.usage.generated_tokens for g in generations],
-        [g.usage.cached_tokens for g in generations],
+        [tuple(r.token_ids) for r in replies],
+        [r.usage.generated_tokens for r in replies],
+        [r.usage.cached_tokens for r in replies],
         sizes,
     )
 

@@ -93,13 +93,13 @@ def test_a_streamed_reply_completes_with_the_engines_usage(server: Server) -> No
             messages = [SYSTEM, {"role": "user", "content": "where is auth handled?"}]
             return await host.session("s").generate(messages, GenerateArgs(max_tokens=8, on_text=pieces.append))
 
-    generation = run(go())
-    assert generation.finish_reason in ("length", "stop")
-    assert 0 < generation.usage.generated_tokens <= 8
-    assert generation.usage.generated_tokens == 8 or generation.finish_reason == "stop"
-    assert generation.usage.prompt_tokens > 10 and generation.usage.cached_tokens == 0
-    assert generation.usage.prefilled_tokens == generation.usage.prompt_tokens
-    assert len(pieces) > 1 and "".join(pieces) == generation.raw_text  # streamed, not one block
+    reply = run(go())
+    assert reply.finish_reason in ("length", "stop")
+    assert 0 < reply.usage.generated_tokens <= 8
+    assert reply.usage.generated_tokens == 8 or reply.finish_reason == "stop"
+    assert reply.usage.prompt_tokens > 10 and reply.usage.cached_tokens == 0
+    assert reply.usage.prefilled_tokens == reply.usage.prompt_tokens
+    assert len(pieces) > 1 and "".join(pieces) == reply.raw_text  # streamed, not one block
 
 
 def test_a_sessions_next_turn_hits_the_engines_prefix_cache(server: Server) -> None:
@@ -153,8 +153,8 @@ def test_four_concurrent_sessions_all_complete(server: Server) -> None:
             ]
             return await asyncio.gather(*replies)
 
-    generations = run(go())
-    assert len(generations) == 4
-    for generation in generations:
-        assert generation.finish_reason in ("length", "stop")
-        assert 0 < generation.usage.generated_tokens <= 6 and generation.usage.prompt_tokens > 5
+    replies = run(go())
+    assert len(replies) == 4
+    for reply in replies:
+        assert reply.finish_reason in ("length", "stop")
+        assert 0 < reply.usage.generated_tokens <= 6 and reply.usage.prompt_tokens > 5

@@ -19,7 +19,7 @@ from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host import scheduler as scheduler_module
 from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
 from mlx_subagents.host.mlx_thread import MlxThread
-from mlx_subagents.host.protocol import Generation
+from mlx_subagents.host.protocol import Reply
 from mlx_subagents.host.scheduler import LONE_BURST_TOKENS, Request, Scheduler, SchedulerConfig, Turn
 from mlx_subagents.host.single import SingleStream, take_from_batch
 from mlx_subagents.testing import ForcedScripts
@@ -92,7 +92,7 @@ def assert_holds_exactly(turn: Turn, generated: tuple[int, ...]) -> None:
 def test_lone_turn_decodes_a_burst_per_step_token_identical_to_serialized_and_stream_generate(
     tiny_qwen3: tuple[Any, Any],
 ) -> None:
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     lone = make_turn("a", 0, 20, results)
     held = run(scheduler(tiny_qwen3, factory=forced(tiny_qwen3, "a")), [lone])
     # Prefill: the shared system prompt, then the rest; then 8 + 8 + 4 tokens in three steps.
@@ -100,7 +100,7 @@ def test_lone_turn_decodes_a_burst_per_step_token_identical_to_serialized_and_st
     assert held == [[0], [0], [8], [16], [20]]
     assert results["a"].finish_reason == "length"
 
-    serial: dict[str, Generation] = {}
+    serial: dict[str, Reply] = {}
     serialized = scheduler(tiny_qwen3, batching=False, factory=forced(tiny_qwen3, "a"))
     assert run(serialized, [make_turn("a", 0, 20, serial)]) == []  # the turn ran to its end inside `submit`
     reference = stream_generate_ids(tiny_qwen3, "a", lone.ids, 20)
@@ -122,7 +122,7 @@ def test_unforced_lone_turn_matches_stream_generate(tiny_qwen3: tuple[Any, Any])
 
     model, tokenizer = tiny_qwen3
     for i in range(3):
-        results: dict[str, Generation] = {}
+        results: dict[str, Reply] = {}
         turn = make_turn(f"s{i}", i, 40, results)
         run(scheduler(tiny_qwen3), [turn])
         reference = []
@@ -133,7 +133,7 @@ def test_unforced_lone_turn_matches_stream_generate(tiny_qwen3: tuple[Any, Any])
 
 def test_cancel_is_honoured_between_the_tokens_of_a_burst(tiny_qwen3: tuple[Any, Any]) -> None:
     """Cancelled as its 11th token comes out (mid-burst), the turn ends with exactly 11 tokens."""
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     turn = make_turn("a", 0, 40, results)
     script = forced(tiny_qwen3, "a")
 
@@ -155,7 +155,7 @@ def test_cancel_is_honoured_between_the_tokens_of_a_burst(tiny_qwen3: tuple[Any,
 def test_a_queued_job_ends_the_burst(tiny_qwen3: tuple[Any, Any]) -> None:
     """The mlx thread says a job waits after the 5th token: the burst stops there, the next one goes on."""
     queued = threading.Event()
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     turn = make_turn("a", 0, 24, results)
     script = forced(tiny_qwen3, "a")
 
@@ -174,7 +174,7 @@ def test_a_queued_job_ends_the_burst(tiny_qwen3: tuple[Any, Any]) -> None:
 
 def test_a_second_turn_ends_the_bursts_and_both_match_serialized(tiny_qwen3: tuple[Any, Any]) -> None:
     """b arrives after a's first burst: a goes one token per step while b prefills, then both in the batch."""
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     a, b = make_turn("a", 0, 30, results), make_turn("b", 1, 12, results)
     sch = scheduler(tiny_qwen3, factory=forced(tiny_qwen3, "a", "b"))
 
@@ -188,7 +188,7 @@ def test_a_second_turn_ends_the_bursts_and_both_match_serialized(tiny_qwen3: tup
     # ends (a at 23), and a, alone again, decodes its last 7 tokens in the same step, one burst.
     assert held[:6] == [[0, 0], [0, 0], [8, 0], [10, 0], [10, 0], [11, 0]]
     assert held[6:] == [[11 + n, n] for n in range(1, 12)] + [[30, 12]]
-    serial: dict[str, Generation] = {}
+    serial: dict[str, Reply] = {}
     alone = scheduler(tiny_qwen3, batching=False, factory=forced(tiny_qwen3, "a", "b"))
     run(alone, [make_turn("a", 0, 30, serial), make_turn("b", 1, 12, serial)])
     assert results["a"].token_ids == serial["a"].token_ids
@@ -244,7 +244,7 @@ def test_a_raising_step_fails_the_turns_in_flight_and_the_mlx_thread_lives_on(ti
 def test_a_bug_in_a_serialized_step_fails_every_turn_inside_submit(tiny_qwen3: tuple[Any, Any]) -> None:
     """Serialized, `submit` steps the turn itself (the mlx thread does not see those steps): a step that
     raises outside any one turn fails it there and leaves nothing behind."""
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     sch = scheduler(tiny_qwen3, batching=False)
     turn = make_turn("a", 0, 8, results)
 
@@ -304,7 +304,7 @@ def where(sch: Scheduler, turn: Turn) -> str:
     return "lone" if sch.lone is turn else "batch" if turn in sch.decoding.values() else "-"
 
 
-def follow_up(turn: Turn, reply: Generation, results: dict[str, Any]) -> Turn:
+def follow_up(turn: Turn, reply: Reply, results: dict[str, Any]) -> Turn:
     """The session's next turn: its reply and a new user message, on the same cache state."""
     messages = [*turn.request.messages, reply.to_message(), {"role": "user", "content": "Go on."}]
 
@@ -316,11 +316,11 @@ def follow_up(turn: Turn, reply: Generation, results: dict[str, Any]) -> Turn:
 
 def straggler_run(
     tiny: tuple[Any, Any], lengths: dict[str, int], on_step: Callable[[Scheduler, int, str], None] = lambda *_: None
-) -> tuple[Scheduler, dict[str, Generation], list[Turn], list[list[int]], list[str]]:
+) -> tuple[Scheduler, dict[str, Reply], list[Turn], list[list[int]], list[str]]:
     """Turns of `lengths` (name -> max_tokens) started together, the first the longest: the tokens
     each holds after every step, and the first one's path after every step (`on_step(sch, n, path)`
     after step n)."""
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     turns = [make_turn(name, i, n, results) for i, (name, n) in enumerate(lengths.items())]
     sch = scheduler(tiny, factory=forced(tiny, *lengths))
     paths: list[str] = []
@@ -333,14 +333,14 @@ def straggler_run(
     return sch, results, turns, held, paths
 
 
-def follow_ups(sch: Scheduler, turns: list[Turn], results: dict[str, Generation]) -> None:
+def follow_ups(sch: Scheduler, turns: list[Turn], results: dict[str, Reply]) -> None:
     """Each session's next turn, all started together: `results` gets them as "a2", "b2"..."""
     run(sch, [follow_up(t, results[t.name], results) for t in turns])
 
 
-def serialized_run(tiny: tuple[Any, Any], lengths: dict[str, int]) -> dict[str, Generation]:
+def serialized_run(tiny: tuple[Any, Any], lengths: dict[str, int]) -> dict[str, Reply]:
     """The same turns and follow-ups on the serialized scheduler: the reference."""
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     sch = scheduler(tiny, batching=False, factory=forced(tiny, *lengths))
     turns = [make_turn(name, i, n, results) for i, (name, n) in enumerate(lengths.items())]
     run(sch, turns)
@@ -348,7 +348,7 @@ def serialized_run(tiny: tuple[Any, Any], lengths: dict[str, int]) -> dict[str, 
     return results
 
 
-def ids_of(results: dict[str, Generation]) -> dict[str, tuple[int, ...]]:
+def ids_of(results: dict[str, Reply]) -> dict[str, tuple[int, ...]]:
     return {name: r.token_ids for name, r in sorted(results.items())}
 
 
@@ -394,7 +394,7 @@ def test_a_hybrid_straggler_goes_on_alone_too(tiny_qwen35: tuple[Any, Any]) -> N
 def test_a_queued_job_keeps_the_last_turn_in_the_batch_for_that_step(tiny_qwen3: tuple[Any, Any]) -> None:
     """The job may be a new turn that would bring it straight back: it moves a step later instead."""
     queued = threading.Event()
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     a, b = make_turn("a", 0, 40, results), make_turn("b", 1, 10, results)
     sch = scheduler(tiny_qwen3, factory=forced(tiny_qwen3, "a", "b"), jobs_waiting=queued.is_set)
     paths: list[str] = []
@@ -412,7 +412,7 @@ def test_a_queued_job_keeps_the_last_turn_in_the_batch_for_that_step(tiny_qwen3:
 def test_cancel_right_after_the_move(tiny_qwen3: tuple[Any, Any]) -> None:
     """Cancelled while the batch computes a's 11th token (in b's last step): a moves out, that token
     comes out of the single path, and the cancel ends a there with a cache of exactly what it holds."""
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     a, b = make_turn("a", 0, 40, results), make_turn("b", 1, 10, results)
     script = forced(tiny_qwen3, "a", "b")
 
@@ -440,7 +440,7 @@ def test_a_turn_arriving_right_after_the_move_brings_it_back_into_the_batch(tiny
     """c arrives in the step after a went alone: a returns to the batch while c decodes and goes
     alone again when c ends; all three as serialized."""
     lengths = {"a": 60, "b": 10, "c": 6}
-    results: dict[str, Generation] = {}
+    results: dict[str, Reply] = {}
     a, b, c = (make_turn(name, i, n, results) for i, (name, n) in enumerate(lengths.items()))
     sch = scheduler(tiny_qwen3, factory=forced(tiny_qwen3, *lengths))
     paths: list[str] = []

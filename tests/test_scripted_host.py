@@ -12,10 +12,10 @@ from mlx_subagents.errors import PromptTooLongError, ScriptError
 from mlx_subagents.host.estimate import approx_tokens
 from mlx_subagents.host.protocol import (
     GenerateArgs,
-    Generation,
     HostSession,
     MalformedToolCall,
     ModelHost,
+    Reply,
     ToolCall,
 )
 from mlx_subagents.host.scripted import ScriptedHost
@@ -29,7 +29,7 @@ def write_json(path: Path, data: object) -> Path:
     return path
 
 
-def gen(session: HostSession, messages: list[dict] = TASK, *, tools: list[dict] | None = None, **args) -> Generation:
+def gen(session: HostSession, messages: list[dict] = TASK, *, tools: list[dict] | None = None, **args) -> Reply:
     return asyncio.run(session.generate(messages, GenerateArgs(**args), tools=tools))
 
 

@@ -77,10 +77,10 @@ def test_tokenizer_round_trips_and_splits_like_llama_cpp(smollm2_path: Path) -> 
 async def answers(path: Path, batching: bool) -> list[tuple[str, tuple[int, ...]]]:
     async with MlxModelHost(str(path), batching=batching, kv_budget=0) as host:
         sessions = [host.session(f"q{i}") for i in range(len(QUESTIONS))]
-        generations = await asyncio.gather(
+        replies = await asyncio.gather(
             *(s.generate(q, GenerateArgs(max_tokens=8)) for s, q in zip(sessions, QUESTIONS))
         )
-    return [(g.text, tuple(g.token_ids)) for g in generations]
+    return [(g.text, tuple(g.token_ids)) for g in replies]
 
 
 def test_greedy_answers_paris_and_batched_equals_serialized(smollm2_path: Path) -> None:

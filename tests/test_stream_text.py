@@ -15,7 +15,7 @@ import pytest
 from test_lone import SCRIPT, forced, make_turn, run, scheduler
 
 from mlx_subagents.host import scheduler as scheduler_module
-from mlx_subagents.host.protocol import Generation
+from mlx_subagents.host.protocol import Reply
 from mlx_subagents.host.scheduler import TextSink, Turn
 from mlx_subagents.testing import ForcedScripts
 
@@ -46,11 +46,11 @@ def streaming(turn: Turn, loop: asyncio.AbstractEventLoop, pieces: list[str]) ->
 
 def drive(
     tiny: tuple[Any, Any], factory: Any, turns: list[tuple[str, int, int]]
-) -> tuple[dict[str, Generation], dict[str, list[str]]]:
+) -> tuple[dict[str, Reply], dict[str, list[str]]]:
     """Run (name, task, max_tokens) turns together, each streaming; the results and the pieces each got."""
     loop = asyncio.new_event_loop()
     try:
-        results: dict[str, Generation] = {}
+        results: dict[str, Reply] = {}
         pieces: dict[str, list[str]] = {name: [] for name, _, _ in turns}
         made = [streaming(make_turn(name, i, n, results), loop, pieces[name]) for name, i, n in turns]
         run(scheduler(tiny, factory=factory), made)

@@ -30,9 +30,9 @@ from .protocol import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
-    Generation,
     Message,
     ProcessorFactory,
+    Reply,
     ToolMode,
     ToolSchema,
     Usage,
@@ -126,7 +126,7 @@ class MlxSession:
 
     async def generate(
         self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
-    ) -> Generation:
+    ) -> Reply:
         chat = self._host.chat
         budget = max(0, args.thinking) if chat.thinks else None
         max_tokens = args.max_tokens
@@ -143,19 +143,19 @@ class MlxSession:
             self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         self.cut = None
-        reply = self._host._mlx.submit(submit)
+        future = self._host._mlx.submit(submit)
         try:
-            generation = await asyncio.shield(reply)
+            reply = await asyncio.shield(future)
         except asyncio.CancelledError:
             cancel.set()  # the scheduler ends the turn at its next step and hands back what it spent
             with contextlib.suppress(Exception):
-                self.cut = (await asyncio.wait_for(reply, CUT_WAIT_S)).usage
+                self.cut = (await asyncio.wait_for(future, CUT_WAIT_S)).usage
             raise
         if visible is not None:
             visible.flush()
-        reasoning, text, calls, malformed = chat.split(generation.raw_text, tools, self._state.n_tool_calls, opened)
+        reasoning, text, calls, malformed = chat.split(reply.raw_text, tools, self._state.n_tool_calls, opened)
         self._state.n_tool_calls += len(calls)
-        return replace(generation, text=text, tool_calls=calls, malformed_tool_calls=malformed, reasoning=reasoning)
+        return replace(reply, text=text, tool_calls=calls, malformed_tool_calls=malformed, reasoning=reasoning)
 
     async def reset(self) -> None:
         """Forget the cache (the next turn prefills from scratch)."""
@@ -172,7 +172,7 @@ class MlxSession:
 
 
 class MlxModelHost:
-    """Loads a model once and serves every session's generations on one mlx thread.
+    """Loads a model once and serves every session's replies on one mlx thread.
 
     Args:
         model: a local mlx-lm folder, a hub id (`mlx-community/...`) or `mlx/<id>`.

@@ -4,7 +4,7 @@ mlx streams are per thread (an array or cache made on one thread fails on
 another), so every mlx call happens on this thread. Async callers submit a job
 and await its result; jobs run one at a time, in order. Between jobs the
 thread advances its `Stepper` (the scheduler's batched prefill and decode), so
-generations from many sessions progress together. A failing job hands its
+replies of many sessions progress together. A failing job hands its
 exception to its own caller, a failing step fails the stepper's work in flight, and the thread
 keeps going either way.
 """

@@ -55,7 +55,7 @@ class MalformedToolCall:
 
 @dataclass(frozen=True)
 class Usage:
-    """Token accounting for one generation.
+    """Token accounting for one reply.
 
     `prompt_tokens = cached_tokens + prefilled_tokens`: cached tokens were reused
     from the session's KV cache, prefilled tokens were computed this turn.
@@ -77,7 +77,7 @@ class Usage:
 
 
 @dataclass(frozen=True)
-class Generation:
+class Reply:
     """One model reply: visible text, structured tool calls, the reasoning before them, and accounting.
 
     `reasoning` is what a thinking model wrote inside its thought markers: never part of
@@ -141,7 +141,7 @@ class HostSession(Protocol):
 
     async def generate(
         self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
-    ) -> Generation:
+    ) -> Reply:
         """One reply to `messages`, with `tools` offered, generated as `args` says."""
         ...
 

@@ -30,7 +30,7 @@ from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
 from .mlx_thread import Deliver
 from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
-from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
+from .protocol import FinishReason, Message, ProcessorFactory, Reply, TextCallback, ToolSchema, Usage
 from .single import SingleStream, take_from_batch
 from .thinking import thought_budget
 
@@ -95,7 +95,7 @@ class Request:
 
 @dataclass(eq=False)  # compared by identity: a turn holds caches, not values
 class Turn:
-    """One generation request on its way through the scheduler."""
+    """A request for one reply on its way through the scheduler."""
 
     name: str
     state: CacheState
@@ -643,11 +643,11 @@ class Scheduler:
         """End a cancelled turn where it is, keeping what its cache holds."""
         if turn in self.waiting:
             self.waiting.remove(turn)
-            turn.deliver(True, self._generation(turn, "cancelled"))
+            turn.deliver(True, self._reply(turn, "cancelled"))
         elif turn in self.prefilling:
             self.prefilling.remove(turn)
             self.pool.park(turn.name, turn.state)
-            turn.deliver(True, self._generation(turn, "cancelled"))
+            turn.deliver(True, self._reply(turn, "cancelled"))
         elif turn is self.lone:
             self._end_alone(turn, "cancelled")
         else:
@@ -664,13 +664,13 @@ class Scheduler:
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)
         self._flush(force=True)  # the streamed text reaches the caller before its result does
-        turn.deliver(True, self._generation(turn, finish))
+        turn.deliver(True, self._reply(turn, finish))
         if not self.decoding and not self.prefilling:
             import mlx.core as mx
 
             mx.clear_cache()  # idle: give freed buffers back rather than keep them cached
 
-    def _generation(self, turn: Turn, finish: FinishReason) -> Generation:
+    def _reply(self, turn: Turn, finish: FinishReason) -> Reply:
         body = turn.generated[:-1] if finish == "stop" else turn.generated
         # The raw reply: the host splits it into text and tool calls in the model's own format.
         raw = self.tokenizer.decode(body) if body else ""
@@ -682,7 +682,7 @@ class Scheduler:
             prompt_seconds=turn.prompt_s,
             generation_seconds=max(0.0, total - turn.prompt_s),
         )
-        return Generation(raw, [], [], finish, usage, raw, tuple(turn.generated))
+        return Reply(raw, [], [], finish, usage, raw, tuple(turn.generated))
 
     # -- helpers ----------------------------------------------------------------
 

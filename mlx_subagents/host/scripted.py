@@ -36,9 +36,9 @@ from mlx_subagents.host.protocol import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
-    Generation,
     MalformedToolCall,
     Message,
+    Reply,
     ToolCall,
     ToolMode,
     ToolSchema,
@@ -276,7 +276,7 @@ class ScriptedSession:
 
     async def generate(
         self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
-    ) -> Generation:
+    ) -> Reply:
         if self._closed:
             raise RuntimeError(f"scripted session '{self.name}' is closed")
         if self._busy:
@@ -293,11 +293,11 @@ class ScriptedSession:
                 f"scripted model: prompt of ~{prompt_tokens} tokens does not fit the context "
                 f"window of {self._host.context_window} tokens ({self._host.source})"
             )
-        reply = self._replies[self._cursor]
+        scripted = self._replies[self._cursor]
         self._busy, self.cut = True, None
         try:
-            if reply.delay:
-                await asyncio.sleep(reply.delay)
+            if scripted.delay:
+                await asyncio.sleep(scripted.delay)
         except asyncio.CancelledError:  # cut during its delay: the prompt was read, nothing generated
             cached = self._cached_tokens(messages, tools)
             self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached)
@@ -306,39 +306,39 @@ class ScriptedSession:
             self._busy = False
         # Only a delivered reply is consumed: a cancelled call leaves the cursor in place.
         self._cursor += 1
-        generation = self._make_generation(reply, messages, tools, prompt_tokens)
-        if args.on_reasoning is not None and generation.reasoning:
-            args.on_reasoning(generation.reasoning)
-        if args.on_text is not None and generation.text:
-            args.on_text(generation.text)
-        return generation
+        reply = self._make_reply(scripted, messages, tools, prompt_tokens)
+        if args.on_reasoning is not None and reply.reasoning:
+            args.on_reasoning(reply.reasoning)
+        if args.on_text is not None and reply.text:
+            args.on_text(reply.text)
+        return reply
 
-    def _make_generation(
+    def _make_reply(
         self,
-        reply: ScriptedReply,
+        scripted: ScriptedReply,
         messages: list[Message],
         tools: list[ToolSchema] | None,
         prompt_tokens: int,
-    ) -> Generation:
-        calls = [self._tool_call(c) for c in reply.tool_calls]
-        raw = reply.raw
+    ) -> Reply:
+        calls = [self._tool_call(c) for c in scripted.tool_calls]
+        raw = scripted.raw
         malformed = [MalformedToolCall(raw, hermes().error(_parse_error(raw)))] if raw is not None else []
-        reply_message = Generation(text=reply.content, tool_calls=calls, reasoning=reply.reasoning).to_message()
+        reply_message = Reply(text=scripted.content, tool_calls=calls, reasoning=scripted.reasoning).to_message()
         cached = self._cached_tokens(messages, tools)
         self._previous = [*messages, reply_message]
         self._previous_tools = tools
-        return Generation(
-            text=reply.content,
+        return Reply(
+            text=scripted.content,
             tool_calls=calls,
             malformed_tool_calls=malformed,
-            finish_reason=reply.finish_reason,
+            finish_reason=scripted.finish_reason,
             usage=Usage(
                 prompt_tokens=prompt_tokens,
                 cached_tokens=cached,
                 generated_tokens=approx_tokens([reply_message]),
             ),
-            raw_text=raw if raw is not None else reply.content + "".join(map(_markup, calls)),
-            reasoning=reply.reasoning,
+            raw_text=raw if raw is not None else scripted.content + "".join(map(_markup, calls)),
+            reasoning=scripted.reasoning,
         )
 
     def _tool_call(self, call: ScriptedToolCall) -> ToolCall:
