@@ -39,7 +39,7 @@ async def everyone(path: Path, n: int = 4, **options: Any) -> list[list[tuple[in
         return list(await asyncio.gather(*(conversation(host, i) for i in range(n))))
 
 
-async def each_alone(path: Path, n: int = 4) -> list[list[tuple[int, ...]]]:
+async def each_on_a_fresh_host(path: Path, n: int = 4) -> list[list[tuple[int, ...]]]:
     out = []
     for i in range(n):
         async with MlxModelHost(str(path), batching=False, share_prefix=False) as host:
@@ -48,13 +48,13 @@ async def each_alone(path: Path, n: int = 4) -> list[list[tuple[int, ...]]]:
 
 
 @pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
-def test_batched_serialized_and_alone_are_token_identical(arch_fixture: str, request: pytest.FixtureRequest) -> None:
+def test_batched_serialized_and_separate_are_token_identical(arch_fixture: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(arch_fixture)
     batched = asyncio.run(everyone(path, batching=True))
     serialized = asyncio.run(everyone(path, batching=False))
-    alone = asyncio.run(each_alone(path))
-    assert batched == serialized == alone
-    assert len({turns[0] for turns in alone}) > 1  # the sessions really differ
+    separate = asyncio.run(each_on_a_fresh_host(path))
+    assert batched == serialized == separate
+    assert len({turns[0] for turns in separate}) > 1  # the sessions really differ
 
 
 def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
@@ -72,8 +72,8 @@ def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -
 
             a = asyncio.create_task(host.session("s0").generate(task(0), GenerateArgs(max_tokens=400, on_text=on_a)))
             await started.wait()
-            # Alone, s0 decodes on mlx-lm's single-sequence path; s1 moves it into the batch.
-            assert host._scheduler._batch is None and host._scheduler.lone is not None or not batching
+            # On its own, s0 decodes on mlx-lm's single-sequence path; s1 moves it into the batch.
+            assert host._scheduler._batch is None and host._scheduler.single is not None or not batching
             b = await host.session("s1").generate(
                 task(1), GenerateArgs(max_tokens=12, on_text=lambda t: order.append("b"))
             )
@@ -93,7 +93,7 @@ def test_sessions_started_together_decode_in_one_batch_from_their_first_token(
     tiny_qwen3_path: Path, tiny_qwen3: Any
 ) -> None:
     """Four sessions arriving at once enter mlx-lm's batch in the same step: every decode step then
-    yields a token for each of them (none decodes alone while the others prefill), and the batch
+    yields a token for each of them (none decodes on the single path while the others prefill), and the batch
     prefills what follows their cached prefix."""
     texts = {f"s{i}": [" ".join(f"word{i}_{n}" for n in range(20))] * 2 for i in range(4)}
 
@@ -122,7 +122,7 @@ def test_hybrid_sessions_started_together_decode_in_one_batch_from_their_first_t
 ) -> None:
     """On a hybrid model each turn saves a snapshot before its generation prompt, so it has a stop
     before its end: four sessions arriving at once all reach their end, then enter mlx-lm's batch
-    in the same step (none decodes alone while the others prefill), with the tokens and the
+    in the same step (none decodes on the single path while the others prefill), with the tokens and the
     prefilled and cached counts of one session at a time."""
     texts = {f"s{i}": [" ".join(f"word{i}_{n}" for n in range(20))] * 2 for i in range(4)}
     Round = tuple[list[tuple[int, ...]], list[tuple[int, int, int]]]
@@ -232,13 +232,13 @@ def test_cancelling_one_batched_session_leaves_the_others(tiny_qwen3_path: Path,
             assert again.usage.cached_tokens > 0
             return [r.token_ids for r in replies]
 
-    async def alone() -> list[tuple[int, ...]]:
+    async def serially() -> list[tuple[int, ...]]:
         async with MlxModelHost(str(tiny_qwen3_path), batching=False) as host:
             return [
                 (await host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=20))).token_ids for i in range(3)
             ]
 
-    assert asyncio.run(go()) == asyncio.run(alone())
+    assert asyncio.run(go()) == asyncio.run(serially())
 
 
 def test_unbatchable_caches_fall_back_to_serialized_turns(tiny_qwen3_path: Path) -> None:
@@ -264,7 +264,7 @@ async def first_replies(host: MlxModelHost, names: list[int], max_tokens: int = 
     return list(await asyncio.gather(*calls, return_exceptions=True))
 
 
-async def alone_replies(path: Path, names: list[int], max_tokens: int = 16) -> list[tuple[int, ...]]:
+async def replies_one_at_a_time(path: Path, names: list[int], max_tokens: int = 16) -> list[tuple[int, ...]]:
     async with MlxModelHost(str(path), batching=False, share_prefix=False) as host:
         return [
             (await host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=max_tokens))).token_ids
@@ -299,13 +299,13 @@ def test_one_sessions_bad_processor_fails_that_session_only(where: str, tiny_qwe
             return replies, await host.session("s2").generate(task(2), GenerateArgs(max_tokens=16))
 
     replies, again = asyncio.run(go())
-    alone = asyncio.run(alone_replies(tiny_qwen3_path, [0, 1, 2, 3]))
+    separate = asyncio.run(replies_one_at_a_time(tiny_qwen3_path, [0, 1, 2, 3]))
     failed = replies[2]
     assert isinstance(failed, ValueError) and str(failed) == f"{where} refuses s2"
-    assert [r.token_ids for r in replies[:2] + replies[3:]] == alone[:2] + alone[3:]
+    assert [r.token_ids for r in replies[:2] + replies[3:]] == separate[:2] + separate[3:]
     assert all(len(r.token_ids) == 16 for r in replies[:2] + replies[3:])
     # The failed session is usable again and answers as if it had never failed.
-    assert again.token_ids == alone[2]
+    assert again.token_ids == separate[2]
 
 
 def test_a_failed_batch_step_fails_its_turns_and_leaves_every_cache_consistent(tiny_qwen3_path: Path) -> None:
@@ -342,9 +342,9 @@ def test_a_failed_batch_step_fails_its_turns_and_leaves_every_cache_consistent(t
             return first, [idle.token_ids, s3.token_ids, (idle.usage.prompt_tokens + idle.usage.generated_tokens,)]
 
     failed, after, s3 = asyncio.run(go())
-    first, s3_alone = asyncio.run(reference())
+    first, s3_reference = asyncio.run(reference())
     assert [type(f) for f in failed] == [RuntimeError, RuntimeError]
     assert [str(f) for f in failed] == ["the batch step failed"] * 2
     assert [r.token_ids for r in after] == first
     assert [r.usage.cached_tokens for r in after] == [0, 0]
-    assert s3 == s3_alone  # same ids, and the idle session's whole cache was reused
+    assert s3 == s3_reference  # same ids, and the idle session's whole cache was reused

@@ -129,14 +129,14 @@ def test_four_concurrent_sessions_match_their_solo_outputs(tiny_qwen3_path: Path
             )
             return {n: r.token_ids for n, r in zip(names, replies)}
 
-    async def alone() -> dict[str, tuple[int, ...]]:
+    async def separately() -> dict[str, tuple[int, ...]]:
         out = {}
         for name, messages in prompts.items():
             async with MlxModelHost(str(tiny_qwen3_path)) as host:
                 out[name] = (await host.session(name).generate(messages, GenerateArgs(max_tokens=24))).token_ids
         return out
 
-    concurrent, solo = run(together()), run(alone())
+    concurrent, solo = run(together()), run(separately())
     assert concurrent == solo
     assert len({ids for ids in solo.values()}) > 1  # the prompts really differ
 

@@ -120,7 +120,7 @@ SCRIPTED = [
     (0, START, END, False, [8, 1, 7, 1, 1], [8, 1, 7, 8, 1]),
     # The model says the end marker itself exactly when the budget runs out.
     (2, START, END, True, [1, 1, 8, 2], [1, 1, 8, 2]),
-    # Multi-token markers: start 7 9, end 8 10 11. A lone 7 opens nothing; a model-said 8 10 then a word is
+    # Multi-token markers: start 7 9, end 8 10 11. A 7 by itself opens nothing; a model-said 8 10 then a word is
     # no close; at the budget the whole end marker is forced, one token a step.
     (2, (7, 9), (8, 10, 11), False, [7, 1, 7, 9, 8, 1, 1, 1, 1, 2], [7, 1, 7, 9, 8, 1, 8, 10, 11, 2]),
     (3, (7, 9), (8, 10, 11), True, [8, 10, 1, 2, 2, 2, 2, 2], [8, 10, 1, 8, 10, 11, 2, 2]),
@@ -216,11 +216,11 @@ def test_neither_decode_path_waits_for_the_step_in_flight(tiny_thinking_path: Pa
     def budget() -> Watched:
         return Watched(ThoughtBudget(16, tokenizer.think_start_tokens, tokenizer.think_end_tokens, opened=True))
 
-    lone = budget()
+    single = budget()
     cache = make_prompt_cache(model)
     model(mx.array(prompt[:-1])[None], cache=cache)
-    stream = SingleStream(model, cache, prompt, make_sampler(temp=0.0), [lone])
-    lone_ids = [stream.next() for _ in range(32)]
+    stream = SingleStream(model, cache, prompt, make_sampler(temp=0.0), [single])
+    single_ids = [stream.next() for _ in range(32)]
 
     batched = budget()
     generator = BatchGenerator(model, stop_tokens=set())
@@ -229,8 +229,8 @@ def test_neither_decode_path_waits_for_the_step_in_flight(tiny_thinking_path: Pa
     while len(batch_ids) < 32:
         batch_ids += [response.token for response in generator.next()[1]]
 
-    assert lone_ids == batch_ids and lone_ids[16] == 1544 and lone_ids.count(1544) == 1
-    assert (lone.calls, lone.waits) == (batched.calls, batched.waits) == (33, 0)
+    assert single_ids == batch_ids and single_ids[16] == 1544 and single_ids.count(1544) == 1
+    assert (single.calls, single.waits) == (batched.calls, batched.waits) == (33, 0)
 
 
 def test_an_empty_end_marker_is_refused() -> None:

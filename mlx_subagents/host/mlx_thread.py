@@ -120,7 +120,7 @@ class MlxThread:
         they are torn down after `join()` has returned (Python lets go of a thread before the OS thread
         ends), racing the interpreter's finalisation on the main thread: a destructor that needs the GIL
         then is unwound by Python, and the process dies with "terminate called without an active
-        exception" (SIGABRT) after the command did its work. Synchronising alone does not prevent it;
+        exception" (SIGABRT) after the command did its work. Synchronising by itself does not prevent it;
         `mx.clear_streams()` at the end of the thread, as mlx asks (ml-explore/mlx#3395, #4110), does.
         """
         self.stepper = None

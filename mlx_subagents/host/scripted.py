@@ -95,7 +95,7 @@ class ScriptedReply(BaseModel):
         return {"content": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _raw_alone(self) -> ScriptedReply:
+    def _raw_not_combined(self) -> ScriptedReply:
         if self.raw is not None and (self.content or self.tool_calls):
             raise ValueError("'raw' cannot be combined with 'content' or 'tool_calls'")
         return self
