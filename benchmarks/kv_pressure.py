@@ -73,9 +73,9 @@ from workload import (
 )
 
 from mlx_subagents.errors import SubagentError
-from mlx_subagents.host import Generation, MlxModelHost
+from mlx_subagents.host import GenerateArgs, MlxModelHost, Reply
 from mlx_subagents.host.kv_pool import KVShape, tokens_that_fit
-from mlx_subagents.host.protocol import Message, ToolSchema
+from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, Message, ToolSchema
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor
 from mlx_subagents.tools import Workspace
 
@@ -84,7 +84,7 @@ TARGET_PREFIX_HIT_RATE = 0.90
 FORCED_MAX_TOKENS = 64  # room for the longest forced tool call
 FREE_MAX_TOKENS = 64
 POLL_SECONDS = 0.02
-TINY_CONTEXT_WINDOW = 32768
+TINY_CONTEXT_WINDOW = DEFAULT_CONTEXT_WINDOW  # trained for the host's default window: served whole
 WORKSPACE = Workspace(Path(tempfile.gettempdir()) / "kv-pressure-project")
 
 _FILES = (
@@ -162,7 +162,7 @@ class BudgetRun:
     max_sessions: int
     window: int
     seconds: float
-    generations: list[list[Generation]]  # [session][turn]
+    replies: list[list[Reply]]  # [session][turn]
     errors: list[str]
     stats: Any
     samples: list[tuple[float, int, dict[str, int]]] = field(default_factory=list)  # (t, total, by session)
@@ -179,14 +179,14 @@ class BudgetRun:
         return max((total for _, total, _ in self.samples), default=0)
 
 
-async def conversation(host: MlxModelHost, workload: Workload, i: int, max_tokens: int) -> list[Generation]:
+async def conversation(host: MlxModelHost, workload: Workload, i: int, max_tokens: int) -> list[Reply]:
     session = host.session(f"s{i}", agent="scout")
     messages = list(workload.openings[i])
     out = []
     for call in workload.calls[i]:
-        generation = await session.generate(messages, tools=workload.tools, max_tokens=max_tokens)
-        out.append(generation)
-        messages += [generation.to_message(), tool_message(generation, call.name, call.result)]
+        reply = await session.generate(messages, GenerateArgs(max_tokens=max_tokens), tools=workload.tools)
+        out.append(reply)
+        messages += [reply.to_message(), tool_message(reply, call.name, call.result)]
     return out
 
 
@@ -200,15 +200,15 @@ async def poll(host: MlxModelHost, start: float, samples: list[tuple[float, int,
 async def run_budget(
     model: Path, workload: Workload, label: str, budget: int | None, max_sessions: int, force: bool, share_prefix: bool
 ) -> BudgetRun:
-    replies = ScriptedReplies(workload, force)
+    forcing = ScriptedReplies(workload, force)
     async with MlxModelHost(
         str(model),
         kv_budget=budget if budget is not None else 0,
         max_sessions=max_sessions,
-        processor_factory=replies,
+        processor_factory=forcing,
         share_prefix=share_prefix,
     ) as host:
-        forced = replies.bind(host)
+        forced = forcing.bind(host)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
         samples: list[tuple[float, int, dict[str, int]]] = []
         start = time.perf_counter()
@@ -225,7 +225,7 @@ async def run_budget(
             pass
         stats = await host.memory_stats()
         samples.append((time.perf_counter() - start, stats.kv_bytes_total, dict(stats.kv_bytes_by_session)))
-        generations = [r if isinstance(r, list) else [] for r in results]
+        replies = [r if isinstance(r, list) else [] for r in results]
         errors = [f"s{i}: {type(r).__name__}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
         return BudgetRun(
             label,
@@ -233,7 +233,7 @@ async def run_budget(
             max_sessions,
             host.context_window,
             seconds,
-            generations,
+            replies,
             errors,
             stats,
             samples,
@@ -260,7 +260,7 @@ async def run_all(model: Path, workload: Workload, force: bool, share_prefix: bo
     working_set = unbounded.stats.pool["peak_bytes"]
     shape = KVShape(*unbounded.kv_shape)
     max_tokens = FORCED_MAX_TOKENS if unbounded.forced else FREE_MAX_TOKENS
-    needed = max(g[-1].usage.prompt_tokens for g in unbounded.generations) + max_tokens
+    needed = max(g[-1].usage.prompt_tokens for g in unbounded.replies) + max_tokens
     runs = [unbounded]
     for fraction in BUDGET_FRACTIONS[1:]:
         assert fraction is not None
@@ -276,10 +276,10 @@ async def run_all(model: Path, workload: Workload, force: bool, share_prefix: bo
 # -- reporting -----------------------------------------------------------------------------------
 
 
-def held_reuse(generations: list[Generation]) -> tuple[int, int]:
+def held_reuse(replies: list[Reply]) -> tuple[int, int]:
     """(cached, held) over turns 2..T: how much of what the session held after a turn the next one reused."""
-    cached = sum(g.usage.cached_tokens for g in generations[1:])
-    held = sum(p.usage.prompt_tokens + p.usage.generated_tokens for p in generations[:-1])
+    cached = sum(g.usage.cached_tokens for g in replies[1:])
+    held = sum(p.usage.prompt_tokens + p.usage.generated_tokens for p in replies[:-1])
     return cached, held
 
 
@@ -287,16 +287,16 @@ def summarize(
     runs: list[BudgetRun], *, arch: str, model: str, workload: Workload, share_prefix: bool = True
 ) -> dict[str, Any]:
     base = runs[0]
-    base_ids = [[g.token_ids for g in gens] for gens in base.generations]
+    base_ids = [[g.token_ids for g in gens] for gens in base.replies]
     fixed, per_token = base.kv_shape
     rows = []
     for run in runs:
         pool = run.stats.pool if run.stats is not None else {}
-        later = [g for gens in run.generations for g in gens[1:]]
+        later = [g for gens in run.replies for g in gens[1:]]
         prompt = sum(g.usage.prompt_tokens for g in later)
         cached = sum(g.usage.cached_tokens for g in later)
         peak = int(pool.get("peak_bytes", 0))
-        reuse = [held_reuse(gens) for gens in run.generations]
+        reuse = [held_reuse(gens) for gens in run.replies]
         held = sum(h for _, h in reuse)
         rows.append(
             {
@@ -321,9 +321,9 @@ def summarize(
                 "cached_tokens_turn2_on": cached,
                 "prefix_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
                 "held_reuse_rate": round(sum(c for c, _ in reuse) / held, 4) if held else 0.0,
-                "prefilled_tokens": sum(g.usage.prefilled_tokens for gens in run.generations for g in gens),
+                "prefilled_tokens": sum(g.usage.prefilled_tokens for gens in run.replies for g in gens),
                 "identical_outputs": run.completed
-                and [[g.token_ids for g in gens] for gens in run.generations] == base_ids,
+                and [[g.token_ids for g in gens] for gens in run.replies] == base_ids,
             }
         )
     unbounded, bounded = rows[0], rows[1:]
@@ -334,7 +334,7 @@ def summarize(
         "zero_evictions_unbounded": unbounded["evictions"] == 0,
         "prefix_hit_rate_unbounded": unbounded["prefix_hit_rate"] >= TARGET_PREFIX_HIT_RATE,
     }
-    final_prompts = [gens[-1].usage.prompt_tokens for gens in base.generations]
+    final_prompts = [gens[-1].usage.prompt_tokens for gens in base.replies]
     return {
         "benchmark": "kv_pressure",
         "arch": arch,

@@ -65,8 +65,8 @@ from workload import (
     tool_message,
 )
 
-from mlx_subagents.host import Generation, MlxModelHost
-from mlx_subagents.host.protocol import Message, ToolSchema
+from mlx_subagents.host import GenerateArgs, MlxModelHost, Reply
+from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, Message, ToolSchema
 from mlx_subagents.testing import ForcedScripts, LogitsProcessor
 from mlx_subagents.tools import TOOL_NAMES, Workspace
 
@@ -74,7 +74,7 @@ TARGET_PREFILL_RATIO = 0.35
 SESSION = "scout"
 FORCED_MAX_TOKENS = 256  # room for the longest forced script (the final answer)
 FREE_MAX_TOKENS = 64
-TINY_CONTEXT_WINDOW = 32768
+TINY_CONTEXT_WINDOW = DEFAULT_CONTEXT_WINDOW  # trained for the host's default window: served whole
 TASK = "Task: where is the configuration loaded and validated, and which settings does it read?"
 # A fixed (not necessarily existing) root: the system prompt names it, so token counts are stable.
 WORKSPACE = Workspace(Path(tempfile.gettempdir()) / "prefix-reuse-project")
@@ -111,9 +111,9 @@ class Conversation:
 
 @dataclass(frozen=True)
 class ModeRun:
-    """One mode's conversation: its generations and timings."""
+    """One mode's conversation: its replies and timings."""
 
-    generations: list[Generation]
+    replies: list[Reply]
     turn_seconds: list[float]
     seconds: float
 
@@ -169,50 +169,50 @@ async def warm_up(host: MlxModelHost, conv: Conversation) -> None:
     allocates buffers). It has no system message, so the host stores no shared system-prompt
     prefix from it: the timed session starts cold and measures its own reuse only."""
     session = host.session("warm-up")
-    await session.generate(conv.opening[1:], tools=conv.tools, max_tokens=8)
+    await session.generate(conv.opening[1:], GenerateArgs(max_tokens=8), tools=conv.tools)
     await session.close()
 
 
 async def run_mode(model: Path, reuse: bool, conv: Conversation, force: bool) -> tuple[ModeRun, bool]:
     """Play the conversation on a fresh host; returns the run and whether replies were forced."""
-    replies = ScriptedReplies(conv.scripts, allow=force)
-    async with MlxModelHost(str(model), reuse=reuse, processor_factory=replies) as host:
-        forced = replies.bind(host)
+    forcing = ScriptedReplies(conv.scripts, allow=force)
+    async with MlxModelHost(str(model), reuse=reuse, processor_factory=forcing) as host:
+        forced = forcing.bind(host)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
         await warm_up(host, conv)
         session = host.session(SESSION)
         messages = list(conv.opening)
-        generations, turn_seconds = [], []
+        replies, turn_seconds = [], []
         start = time.perf_counter()
         for turn in range(len(conv.calls) + 1):
             tic = time.perf_counter()
-            generation = await session.generate(messages, tools=conv.tools, max_tokens=max_tokens)
+            reply = await session.generate(messages, GenerateArgs(max_tokens=max_tokens), tools=conv.tools)
             turn_seconds.append(time.perf_counter() - tic)
-            generations.append(generation)
+            replies.append(reply)
             if turn < len(conv.calls):
                 messages += [
-                    generation.to_message(),
-                    tool_message(generation, conv.calls[turn].name, conv.calls[turn].result),
+                    reply.to_message(),
+                    tool_message(reply, conv.calls[turn].name, conv.calls[turn].result),
                 ]
         seconds = time.perf_counter() - start
-    return ModeRun(generations, turn_seconds, seconds), forced
+    return ModeRun(replies, turn_seconds, seconds), forced
 
 
 # -- reporting -------------------------------------------------------------------------------
 
 
-def reply_kind(generation: Generation) -> str:
+def reply_kind(reply: Reply) -> str:
     """`grep` / `read` for a tool call, `answer` for plain text, `malformed`, `length`."""
-    if generation.tool_calls:
-        return ",".join(c.name for c in generation.tool_calls)
-    if generation.malformed_tool_calls:
+    if reply.tool_calls:
+        return ",".join(c.name for c in reply.tool_calls)
+    if reply.malformed_tool_calls:
         return "malformed"
-    return "answer" if generation.finish_reason == "stop" else generation.finish_reason
+    return "answer" if reply.finish_reason == "stop" else reply.finish_reason
 
 
 def summarize(arch: str, model: str, forced: bool, with_reuse: ModeRun, without: ModeRun) -> dict[str, Any]:
     """The JSON report: totals, ratios, target and per-turn lists."""
-    on, off = with_reuse.generations, without.generations
+    on, off = with_reuse.replies, without.replies
     prefill_on = sum(g.usage.prefilled_tokens for g in on)
     prefill_off = sum(g.usage.prefilled_tokens for g in off)
     identical = len(on) == len(off) and all(a.token_ids == b.token_ids for a, b in zip(on, off))

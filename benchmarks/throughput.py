@@ -19,7 +19,7 @@ model generates greedily up to `--tokens` tokens instead (no forcing).
 Figures per configuration and session count:
 
 - aggregate decode tokens/s: the generated tokens of all sessions / the wall time of the decode
-  phase (from the first streamed token of any session to the end of the last generation);
+  phase (from the first streamed token of any session to the end of the last reply);
 - end-to-end tokens/s: the same tokens / the wall time of the whole concurrent run;
 - time to first token (TTFT) per session: from the start of the concurrent run to the session's
   first `on_text` callback (raw: its first token out of `next_generated`); p50 and p95 are taken
@@ -30,7 +30,7 @@ order) so that load from other processes hits them alike; the best run counts (t
 reported too). The "steady" column is the rate once every session has streamed its first token
 (tokens generated after that / time from then to the end): it leaves out the ramp-up, where
 sessions that did not arrive together prefill while the first ones already decode. "CPU ms/tok" is
-the process CPU time (all threads: the engine, mlx's worker, the event loop) per generated token,
+the process CPU time (all threads: the host's mlx thread, mlx's worker, the event loop) per generated token,
 the lowest of the repeats: a measure of work that load from other processes disturbs less than
 wall time; "dec CPU" is the same from the first token of any session on (the raw batch prefills
 whole prompts, the host only what follows the shared prefix). Note that the serialized decode
@@ -40,20 +40,20 @@ host is warmed up (one untimed concurrent round) before timing. The hosts run wi
 KV budget, so only batching is measured here (see `kv_pressure.py` for the pool).
 
 Also measured: one session on `mlx_lm.stream_generate` (the same prompt and processors) against the
-host's lone session; start-up (`mlx_lm.load` alone vs a host from nothing to ready, the best of
+host's single session; start-up (`mlx_lm.load` by itself vs a host from nothing to ready, the best of
 `--repeats`, at least 5); and the first token of a new session whose agent prefix is already shared, against a
 host that prefills it all.
 
 At one session the configurations differ by a few percent, less than a short run varies on a shared
-machine, so the two lone-session ratios (`ratio_host_vs_stream_generate_at_1` and
+machine, so the two single-session ratios (`ratio_host_vs_stream_generate_at_1` and
 `ratio_batched_vs_serialized["1"]`, with their CPU counterparts) come from a measure of their own:
 `--pairs` (default 5) rounds of runs of `--tokens-at-1` tokens (default 4x `--tokens`), after an
-untimed one: `stream_generate`, the batched host's lone session, the batched host again, the
+untimed one: `stream_generate`, the batched host's single session, the batched host again, the
 serialized host, in reverse order every other round. Each ratio is taken between neighbours, which
 met the same load (the first batched run against `stream_generate`, the second against serialized),
 and the median of the pairs counts (`at_1_pairs` holds each pair). The second batched run over the
 first is a null (A/A) control: the same code, host and prompt, placed like the real pairs, so its
-range and median (`null_range`, `null_median`, `null_iqr`) show what noise alone does to a ratio;
+range and median (`null_range`, `null_median`, `null_iqr`) show what noise by itself does to a ratio;
 read an at-1 figure against them. `best` gives the ratio of the best runs over the rounds as well
 (highest rate, lowest CPU per token): on this loaded 2-core VM it scattered more than the median on
 the null, so the targets stay on the median. The table's rows at one session are the short runs,
@@ -107,7 +107,7 @@ from typing import Any
 from workload import Report, make_parser, model_arch, run_report
 
 from mlx_subagents.errors import SubagentError
-from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.prompt import encode, render
 from mlx_subagents.host.protocol import Message
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor
@@ -117,7 +117,7 @@ MODES = ("serialized", "batched", "raw")
 STREAM = "stream_generate"  # mlx-lm's single-sequence generation, at one session only
 TARGET_BATCHED_VS_SERIALIZED = 2.0
 TARGET_HOST_VS_RAW = 0.95
-TARGET_AT_1 = 0.97  # a lone session: host vs stream_generate, batched vs serialized
+TARGET_AT_1 = 0.97  # a single session: host vs stream_generate, batched vs serialized
 TARGET_STARTUP_SHARE, TARGET_STARTUP_S = 0.05, 0.05  # host ready minus mlx_lm.load: either is enough
 PREFILL_STEP = 512  # the host's default chunk, also given to the raw BatchGenerator
 WARM_UP_TOKENS = 16
@@ -190,13 +190,13 @@ class Run:
 
     sessions: int
     wall_s: float  # the whole concurrent run
-    decode_s: float  # first streamed token of any session -> last generation done
+    decode_s: float  # first streamed token of any session -> last reply done
     ttft_s: list[float]
     generated: list[int]
     token_ids: list[tuple[int, ...]]
     cached_tokens: list[int] = field(default_factory=list)
     steady_tokens: int = 0  # streamed after every session had its first token
-    steady_s: float = 0.0  # last session's first token -> last generation done
+    steady_s: float = 0.0  # last session's first token -> last reply done
     cpu_s: float = 0.0  # process CPU time (every thread) over the whole run
     decode_cpu_s: float = 0.0  # the same from the first token of any session on
 
@@ -230,7 +230,7 @@ def make_run(
     end: float,
     cpu: tuple[float, float, float],
     stamps: list[list[float]],
-    generations: list[tuple[int, ...]],
+    token_ids: list[tuple[int, ...]],
     generated: list[int],
     cached: list[int],
     sizes: list[list[int]] | None = None,
@@ -259,7 +259,7 @@ def make_run(
         decode_s=end - min(firsts),
         ttft_s=[f - start for f in firsts],
         generated=generated,
-        token_ids=generations,
+        token_ids=token_ids,
         cached_tokens=cached,
         steady_tokens=sum(max(0, g - b) for g, b in zip(generated, before)),
         steady_s=end - everyone,
@@ -290,9 +290,9 @@ async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: i
     first_cpu: list[float] = []
     cpu = time.process_time()
     start = time.perf_counter()
-    generations = await asyncio.gather(
+    replies = await asyncio.gather(
         *(
-            s.generate(prompts[i], max_tokens=n_tokens, on_text=stamper(stamps[i], sizes[i], first_cpu))
+            s.generate(prompts[i], GenerateArgs(max_tokens=n_tokens, on_text=stamper(stamps[i], sizes[i], first_cpu)))
             for i, s in enumerate(sessions)
         )
     )
@@ -305,9 +305,9 @@ async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: i
         end,
         (cpu, first_cpu[0] if first_cpu else cpu_end, cpu_end),
         stamps,
-        [tuple(g.token_ids) for g in generations],
-        [g.usage.generated_tokens for g in generations],
-        [g.usage.cached_tokens for g in generations],
+        [tuple(r.token_ids) for r in replies],
+        [r.usage.generated_tokens for r in replies],
+        [r.usage.cached_tokens for r in replies],
         sizes,
     )
 
@@ -356,7 +356,7 @@ def raw_run(model: Any, tokenizer: Any, prompt_ids: list[list[int]], n_tokens: i
 
 
 def stream_run(model: Any, tokenizer: Any, prompt_ids: list[int], n_tokens: int, scripts: Scripts) -> Run:
-    """`mlx_lm.stream_generate` on one prompt: what a lone session is measured against."""
+    """`mlx_lm.stream_generate` on one prompt: what a single session is measured against."""
     import mlx.core as mx
     from mlx_lm import stream_generate
 
@@ -378,7 +378,7 @@ def stream_run(model: Any, tokenizer: Any, prompt_ids: list[int], n_tokens: int,
 
 
 async def startup_overhead(model: Path, repeats: int) -> dict[str, float]:
-    """`mlx_lm.load` alone vs a host from nothing to ready (the load included); the best of each,
+    """`mlx_lm.load` by itself vs a host from nothing to ready (the load included); the best of each,
     of at least 5: a 4-bit model's load varies by more than the overhead measured (1.2-2.8 s for
     SmolLM2 on a loaded CPU), so one of each says nothing."""
     import mlx_lm
@@ -401,7 +401,7 @@ async def startup_overhead(model: Path, repeats: int) -> dict[str, float]:
 async def first_token_s(host: MlxModelHost, messages: list[Message], tag: str) -> tuple[float, int]:
     """Time to the first token of a new session, and the tokens it found cached."""
     tic = time.perf_counter()
-    reply = await host.session(tag).generate(messages, max_tokens=1)
+    reply = await host.session(tag).generate(messages, GenerateArgs(max_tokens=1))
     elapsed = time.perf_counter() - tic
     await host.session(tag).close()
     return elapsed, reply.usage.cached_tokens
@@ -424,7 +424,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 Runs = dict[str, dict[int, list[Run]]]  # mode -> session count -> one Run per repeat
 
 
-AGAIN = "batched_again"  # the batched host's second lone run of a round: the null (A/A) control
+AGAIN = "batched_again"  # the batched host's second single-session run of a round: the null (A/A) control
 PAIRED = (STREAM, "batched", AGAIN, "serialized")  # one round; each neighbour pair is a ratio
 # Each ratio of a round, as (key, numerator, denominator, run attribute). Every one is a back-to-back
 # pair, so the null's two sides sit as close together as the real pairs' and its spread is theirs
@@ -454,7 +454,7 @@ def round_order(p: int) -> tuple[str, ...]:
 
 @dataclass
 class Pairs:
-    """The lone-session measure: rounds of four runs of `tokens` tokens at one session, back to back:
+    """The single-session measure: rounds of four runs of `tokens` tokens at one session, back to back:
     `stream_generate`, the batched host, the batched host again, the serialized host (`PAIRED`),
     in reverse order every other round.
 
@@ -604,7 +604,7 @@ def summarize(
     forced: bool,
 ) -> dict[str, Any]:
     results = {mode: {str(n): figures(n, runs[mode][n]) for n in SESSION_COUNTS} for mode in MODES}
-    lone_stream = figures(1, runs[STREAM][1])
+    stream_at_1 = figures(1, runs[STREAM][1])
 
     def rate(mode: str, n: int) -> float:
         return float(results[mode][str(n)]["decode_tok_s"])
@@ -627,7 +627,7 @@ def summarize(
     at4_bs = ratio(rate("batched", 4), rate("serialized", 4))
     at4_hr = ratio(rate("batched", 4), rate("raw", 4))
     # At one session, the median of the pairs' ratios (see `Pairs`): a run is short, its rate noisy.
-    # The null pairs (batched against itself) give the spread that noise alone makes.
+    # The null pairs (batched against itself) give the spread that noise by itself makes.
     pair_ratios = {key: at_1.ratios(a, b, attr) for key, a, b, attr in PAIR_RATIOS}
     at1 = {key: round(statistics.median(values), 3) for key, values in pair_ratios.items()}
     nulls = sorted(set(NULL_OF.values()))
@@ -699,7 +699,7 @@ def summarize(
             for n in SESSION_COUNTS
         },
         "batched_scaling_vs_1": {str(n): ratio(rate("batched", n), rate("batched", 1)) for n in SESSION_COUNTS},
-        "stream_generate_at_1": lone_stream,
+        "stream_generate_at_1": stream_at_1,
         "ratio_host_vs_stream_generate_at_1": at1_hs,
         "at_1_pairs": {
             "tokens": at_1.tokens,
@@ -910,12 +910,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = make_parser(__doc__)
     parser.add_argument("--tokens", type=int, default=128, help="tokens each session decodes (default 128)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the best counts (default 3)")
-    parser.add_argument("--tokens-at-1", type=int, help="tokens of each paired lone-session run (default: 4x --tokens)")
+    parser.add_argument(
+        "--tokens-at-1", type=int, help="tokens of each paired single-session run (default: 4x --tokens)"
+    )
     parser.add_argument(
         "--pairs",
         type=int,
         default=5,
-        help="interleaved lone-session rounds (stream_generate, batched twice, serialized); the median of "
+        help="interleaved single-session rounds (stream_generate, batched twice, serialized); the median of "
         "their pair ratios counts (default 5)",
     )
     parser.add_argument("--hidden", type=int, help="hidden size of the tiny model (default: the test kit's 64)")

@@ -21,7 +21,7 @@ from mlx_subagents.agents.discovery import builtin_agents_dir
 from mlx_subagents.agents.session import system_prompt
 from mlx_subagents.agents.spec import parse_agent_file
 from mlx_subagents.errors import SubagentError
-from mlx_subagents.host import Generation, MlxModelHost
+from mlx_subagents.host import MlxModelHost, Reply
 from mlx_subagents.host.loading import read_config, resolve_model_path
 from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.testing import make_tiny_model, tool_call_text
@@ -140,9 +140,9 @@ def scout_prompt(workspace: Workspace, tool_names: Sequence[str] | None = None) 
     return {"role": "system", "content": system_prompt(spec, workspace)}, tools
 
 
-def tool_message(generation: Generation, name: str, result: str) -> Message:
+def tool_message(reply: Reply, name: str, result: str) -> Message:
     """A planned call's result, answering the model's call id when it made one."""
-    call_id = generation.tool_calls[0].id if generation.tool_calls else "call_0"
+    call_id = reply.tool_calls[0].id if reply.tool_calls else "call_0"
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": result}
 
 

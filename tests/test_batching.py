@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.testing import ForcedScripts
 
 SYSTEM = {"role": "system", "content": "You are a scout. Report exact paths and line ranges for what you find."}
@@ -28,7 +28,7 @@ async def conversation(host: MlxModelHost, i: int, turns: int = 2, max_tokens: i
     messages = task(i)
     out = []
     for turn in range(turns):
-        reply = await session.generate(messages, max_tokens=max_tokens)
+        reply = await session.generate(messages, GenerateArgs(max_tokens=max_tokens))
         out.append(reply.token_ids)
         messages = messages + [reply.to_message(), result(i, turn)]
     return out
@@ -39,7 +39,7 @@ async def everyone(path: Path, n: int = 4, **options: Any) -> list[list[tuple[in
         return list(await asyncio.gather(*(conversation(host, i) for i in range(n))))
 
 
-async def each_alone(path: Path, n: int = 4) -> list[list[tuple[int, ...]]]:
+async def each_on_a_fresh_host(path: Path, n: int = 4) -> list[list[tuple[int, ...]]]:
     out = []
     for i in range(n):
         async with MlxModelHost(str(path), batching=False, share_prefix=False) as host:
@@ -48,13 +48,13 @@ async def each_alone(path: Path, n: int = 4) -> list[list[tuple[int, ...]]]:
 
 
 @pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
-def test_batched_serialized_and_alone_are_token_identical(arch_fixture: str, request: pytest.FixtureRequest) -> None:
+def test_batched_serialized_and_separate_are_token_identical(arch_fixture: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(arch_fixture)
     batched = asyncio.run(everyone(path, batching=True))
     serialized = asyncio.run(everyone(path, batching=False))
-    alone = asyncio.run(each_alone(path))
-    assert batched == serialized == alone
-    assert len({turns[0] for turns in alone}) > 1  # the sessions really differ
+    separate = asyncio.run(each_on_a_fresh_host(path))
+    assert batched == serialized == separate
+    assert len({turns[0] for turns in separate}) > 1  # the sessions really differ
 
 
 def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
@@ -70,11 +70,13 @@ def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -
                 order.append("a")
                 started.set()
 
-            a = asyncio.create_task(host.session("s0").generate(task(0), max_tokens=400, on_text=on_a))
+            a = asyncio.create_task(host.session("s0").generate(task(0), GenerateArgs(max_tokens=400, on_text=on_a)))
             await started.wait()
-            # Alone, s0 decodes on mlx-lm's single-sequence path; s1 moves it into the batch.
-            assert host._scheduler._batch is None and host._scheduler.lone is not None or not batching
-            b = await host.session("s1").generate(task(1), max_tokens=12, on_text=lambda t: order.append("b"))
+            # On its own, s0 decodes on mlx-lm's single-sequence path; s1 moves it into the batch.
+            assert host._scheduler._batch is None and host._scheduler.single is not None or not batching
+            b = await host.session("s1").generate(
+                task(1), GenerateArgs(max_tokens=12, on_text=lambda t: order.append("b"))
+            )
             assert (host._scheduler._batch is not None) == batching
             return await a, b
 
@@ -91,19 +93,21 @@ def test_sessions_started_together_decode_in_one_batch_from_their_first_token(
     tiny_qwen3_path: Path, tiny_qwen3: Any
 ) -> None:
     """Four sessions arriving at once enter mlx-lm's batch in the same step: every decode step then
-    yields a token for each of them (none decodes alone while the others prefill), and the batch
+    yields a token for each of them (none decodes on the single path while the others prefill), and the batch
     prefills what follows their cached prefix."""
     texts = {f"s{i}": [" ".join(f"word{i}_{n}" for n in range(20))] * 2 for i in range(4)}
 
     async def go() -> tuple[list[tuple[int, ...]], Any, list[int]]:
         scripts = ForcedScripts(tiny_qwen3[1], texts)
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
-            await asyncio.gather(*(host.session(f"s{i}").generate(task(i), max_tokens=8) for i in range(4)))
+            await asyncio.gather(
+                *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(4))
+            )
             for i in range(4):
                 await host.session(f"s{i}").reset()
             with host._scheduler._batch.stats() as stats:
                 replies = await asyncio.gather(
-                    *(host.session(f"s{i}").generate(task(i), max_tokens=8) for i in range(4))
+                    *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(4))
                 )
             return [r.token_ids for r in replies], stats, [r.usage.prefilled_tokens for r in replies]
 
@@ -118,7 +122,7 @@ def test_hybrid_sessions_started_together_decode_in_one_batch_from_their_first_t
 ) -> None:
     """On a hybrid model each turn saves a snapshot before its generation prompt, so it has a stop
     before its end: four sessions arriving at once all reach their end, then enter mlx-lm's batch
-    in the same step (none decodes alone while the others prefill), with the tokens and the
+    in the same step (none decodes on the single path while the others prefill), with the tokens and the
     prefilled and cached counts of one session at a time."""
     texts = {f"s{i}": [" ".join(f"word{i}_{n}" for n in range(20))] * 2 for i in range(4)}
     Round = tuple[list[tuple[int, ...]], list[tuple[int, int, int]]]
@@ -127,12 +131,12 @@ def test_hybrid_sessions_started_together_decode_in_one_batch_from_their_first_t
         scripts = ForcedScripts(tiny_qwen35[1], texts)
         async with MlxModelHost(str(tiny_qwen35_path), processor_factory=scripts, batching=batching) as host:
             scheduler = host._scheduler
-            await host._engine.run(scheduler._ensure_batch)  # there from the start, to count its steps
+            await host._mlx.run(scheduler._ensure_batch)  # there from the start, to count its steps
             rounds, stats = [], []
             for _ in range(2):  # the first computes the shared prefix; the second starts from it
                 with scheduler._batch.stats() as window:
                     replies = await asyncio.gather(
-                        *(host.session(f"s{i}").generate(task(i), max_tokens=8) for i in range(4))
+                        *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(4))
                     )
                 usage = [(r.usage.prompt_tokens, r.usage.cached_tokens, r.usage.prefilled_tokens) for r in replies]
                 rounds.append(([r.token_ids for r in replies], usage))
@@ -158,7 +162,9 @@ def test_hybrid_sessions_started_together_decode_in_one_batch_from_their_first_t
 def test_shared_prefix_is_prefilled_once(tiny_qwen3_path: Path) -> None:
     async def go(share: bool) -> tuple[list[Any], int]:
         async with MlxModelHost(str(tiny_qwen3_path), share_prefix=share) as host:
-            replies = await asyncio.gather(*(host.session(f"s{i}").generate(task(i), max_tokens=4) for i in range(4)))
+            replies = await asyncio.gather(
+                *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=4)) for i in range(4))
+            )
             system_text = host.tokenizer.apply_chat_template([SYSTEM], tokenize=False, add_generation_prompt=False)
             prefix = len(host.tokenizer.encode(system_text, add_special_tokens=False))
             return list(replies), prefix if share else 0
@@ -211,23 +217,28 @@ def test_cancelling_one_batched_session_leaves_the_others(tiny_qwen3_path: Path,
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
             first = asyncio.Event()
             doomed = asyncio.create_task(
-                host.session("s9").generate(task(9), max_tokens=600, on_text=lambda _: first.set())
+                host.session("s9").generate(task(9), GenerateArgs(max_tokens=600, on_text=lambda _: first.set()))
             )
-            others = [asyncio.create_task(host.session(f"s{i}").generate(task(i), max_tokens=20)) for i in range(3)]
+            others = [
+                asyncio.create_task(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=20)))
+                for i in range(3)
+            ]
             await first.wait()
             doomed.cancel()
             replies = await asyncio.gather(*others)
             with pytest.raises(asyncio.CancelledError):
                 await doomed
-            again = await host.session("s9").generate(task(9), max_tokens=5)
+            again = await host.session("s9").generate(task(9), GenerateArgs(max_tokens=5))
             assert again.usage.cached_tokens > 0
             return [r.token_ids for r in replies]
 
-    async def alone() -> list[tuple[int, ...]]:
+    async def serially() -> list[tuple[int, ...]]:
         async with MlxModelHost(str(tiny_qwen3_path), batching=False) as host:
-            return [(await host.session(f"s{i}").generate(task(i), max_tokens=20)).token_ids for i in range(3)]
+            return [
+                (await host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=20))).token_ids for i in range(3)
+            ]
 
-    assert asyncio.run(go()) == asyncio.run(alone())
+    assert asyncio.run(go()) == asyncio.run(serially())
 
 
 def test_unbatchable_caches_fall_back_to_serialized_turns(tiny_qwen3_path: Path) -> None:
@@ -249,13 +260,16 @@ def test_unbatchable_caches_fall_back_to_serialized_turns(tiny_qwen3_path: Path)
 
 async def first_replies(host: MlxModelHost, names: list[int], max_tokens: int = 16) -> list[Any]:
     """One turn of sessions `s<i>` at once; an exception is returned in place of its reply."""
-    calls = [host.session(f"s{i}").generate(task(i), max_tokens=max_tokens) for i in names]
+    calls = [host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=max_tokens)) for i in names]
     return list(await asyncio.gather(*calls, return_exceptions=True))
 
 
-async def alone_replies(path: Path, names: list[int], max_tokens: int = 16) -> list[tuple[int, ...]]:
+async def replies_one_at_a_time(path: Path, names: list[int], max_tokens: int = 16) -> list[tuple[int, ...]]:
     async with MlxModelHost(str(path), batching=False, share_prefix=False) as host:
-        return [(await host.session(f"s{i}").generate(task(i), max_tokens=max_tokens)).token_ids for i in names]
+        return [
+            (await host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=max_tokens))).token_ids
+            for i in names
+        ]
 
 
 @pytest.mark.parametrize("where", ["factory", "processor"])
@@ -282,23 +296,23 @@ def test_one_sessions_bad_processor_fails_that_session_only(where: str, tiny_qwe
     async def go() -> tuple[list[Any], Any]:
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=factory) as host:
             replies = await first_replies(host, [0, 1, 2, 3])
-            return replies, await host.session("s2").generate(task(2), max_tokens=16)
+            return replies, await host.session("s2").generate(task(2), GenerateArgs(max_tokens=16))
 
     replies, again = asyncio.run(go())
-    alone = asyncio.run(alone_replies(tiny_qwen3_path, [0, 1, 2, 3]))
+    separate = asyncio.run(replies_one_at_a_time(tiny_qwen3_path, [0, 1, 2, 3]))
     failed = replies[2]
     assert isinstance(failed, ValueError) and str(failed) == f"{where} refuses s2"
-    assert [r.token_ids for r in replies[:2] + replies[3:]] == alone[:2] + alone[3:]
+    assert [r.token_ids for r in replies[:2] + replies[3:]] == separate[:2] + separate[3:]
     assert all(len(r.token_ids) == 16 for r in replies[:2] + replies[3:])
     # The failed session is usable again and answers as if it had never failed.
-    assert again.token_ids == alone[2]
+    assert again.token_ids == separate[2]
 
 
 def test_a_failed_batch_step_fails_its_turns_and_leaves_every_cache_consistent(tiny_qwen3_path: Path) -> None:
     async def go() -> tuple[list[Any], list[Any], list[tuple[int, ...]]]:
         async with MlxModelHost(str(tiny_qwen3_path), share_prefix=False) as host:
-            idle = await host.session("s3").generate(task(3), max_tokens=8)  # parked before the failure
-            batch = await host._engine.run(host._scheduler._ensure_batch)
+            idle = await host.session("s3").generate(task(3), GenerateArgs(max_tokens=8))  # parked before the failure
+            batch = await host._mlx.run(host._scheduler._ensure_batch)
             real_next, calls = batch.next, []
 
             def failing_next() -> Any:
@@ -313,20 +327,24 @@ def test_a_failed_batch_step_fails_its_turns_and_leaves_every_cache_consistent(t
             # Failed sessions start over from an empty cache; the idle one kept its cache.
             after = await first_replies(host, [0, 1], max_tokens=40)
             follow_up = task(3) + [idle.to_message(), result(3, 0)]
-            s3 = await host.session("s3").generate(follow_up, max_tokens=8)
+            s3 = await host.session("s3").generate(follow_up, GenerateArgs(max_tokens=8))
             return failed, after, [idle.token_ids, s3.token_ids, (s3.usage.cached_tokens,)]
 
     async def reference() -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
         async with MlxModelHost(str(tiny_qwen3_path), batching=False, share_prefix=False) as host:
-            first = [(await host.session(f"s{i}").generate(task(i), max_tokens=40)).token_ids for i in (0, 1)]
-            idle = await host.session("s3").generate(task(3), max_tokens=8)
-            s3 = await host.session("s3").generate(task(3) + [idle.to_message(), result(3, 0)], max_tokens=8)
+            first = [
+                (await host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=40))).token_ids for i in (0, 1)
+            ]
+            idle = await host.session("s3").generate(task(3), GenerateArgs(max_tokens=8))
+            s3 = await host.session("s3").generate(
+                task(3) + [idle.to_message(), result(3, 0)], GenerateArgs(max_tokens=8)
+            )
             return first, [idle.token_ids, s3.token_ids, (idle.usage.prompt_tokens + idle.usage.generated_tokens,)]
 
     failed, after, s3 = asyncio.run(go())
-    first, s3_alone = asyncio.run(reference())
+    first, s3_reference = asyncio.run(reference())
     assert [type(f) for f in failed] == [RuntimeError, RuntimeError]
     assert [str(f) for f in failed] == ["the batch step failed"] * 2
     assert [r.token_ids for r in after] == first
     assert [r.usage.cached_tokens for r in after] == [0, 0]
-    assert s3 == s3_alone  # same ids, and the idle session's whole cache was reused
+    assert s3 == s3_reference  # same ids, and the idle session's whole cache was reused

@@ -21,7 +21,9 @@ from mlx_subagents.agents.compaction import (
     should_compact,
     split_for_compaction,
 )
-from mlx_subagents.host.scripted import ScriptedHost, approx_tokens
+from mlx_subagents.host.estimate import approx_tokens
+from mlx_subagents.host.protocol import GenerateArgs
+from mlx_subagents.host.scripted import ScriptedHost
 
 # --- scale_compaction ------------------------------------------------------------------------
 
@@ -298,9 +300,9 @@ def test_compact_request_shape() -> None:
         def __init__(self) -> None:
             self.inner = host.session("spy")
 
-        async def generate(self, messages, **kwargs):
-            seen["messages"], seen["kwargs"] = messages, kwargs
-            return await self.inner.generate(messages, **kwargs)
+        async def generate(self, messages, args=GenerateArgs(), **kwargs):
+            seen["messages"], seen["args"], seen["kwargs"] = messages, args, kwargs
+            return await self.inner.generate(messages, args, **kwargs)
 
     messages = long_conversation()
     tools = [{"type": "function", "function": {"name": "ls"}}]
@@ -318,7 +320,7 @@ def test_compact_request_shape() -> None:
     assert "tool call: ls({})" in content
     assert "[tool ls]" in content
     assert seen["kwargs"]["tools"] is tools
-    assert seen["kwargs"]["max_tokens"] == 500
+    assert seen["args"].max_tokens == 500
 
 
 def test_compact_nothing_to_summarise() -> None:

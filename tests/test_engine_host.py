@@ -17,8 +17,9 @@ import pytest
 from mlx_subagents.agents.discovery import discover_agents
 from mlx_subagents.agents.session import AgentSession, workspace_for
 from mlx_subagents.errors import EngineError, PromptTooLongError, SubagentError
-from mlx_subagents.host.engine_host import DEFAULT_CONTEXT_WINDOW, EngineHost, engine_url
-from mlx_subagents.host.scripted import approx_tokens
+from mlx_subagents.host.engine_host import EngineHost, engine_url
+from mlx_subagents.host.estimate import approx_tokens
+from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Fault, Reply
 
 USER = [{"role": "user", "content": "Task: list the files"}]
@@ -37,9 +38,11 @@ def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout=30))
 
 
-async def generate(host: EngineHost, messages: list[dict[str, Any]] = USER, **kwargs: Any) -> Any:
+async def generate(
+    host: EngineHost, messages: list[dict[str, Any]] = USER, *, tools: list[Any] | None = None, **args: Any
+) -> Any:
     async with host:
-        return await host.session("s").generate(messages, **kwargs)
+        return await host.session("s").generate(messages, GenerateArgs(**args), tools=tools)
 
 
 def failure(host: EngineHost, *, start_only: bool = False) -> str:
@@ -60,11 +63,11 @@ def failure(host: EngineHost, *, start_only: bool = False) -> str:
 def test_a_reply_streams_its_text_and_reports_the_engines_usage(engine: FakeEngine) -> None:
     engine.queue(Reply("The files are a.py and b.py.", prompt_tokens=120, cached_tokens=96, completion_tokens=9))
     pieces: list[str] = []
-    generation = run(generate(EngineHost(engine.url, FAKE_MODEL), on_text=pieces.append, max_tokens=50))
+    reply = run(generate(EngineHost(engine.url, FAKE_MODEL), on_text=pieces.append, max_tokens=50))
     assert pieces == ["The ", "file", "s ar", "e a.", "py a", "nd b", ".py."]
-    assert generation.text == "The files are a.py and b.py."
-    assert generation.finish_reason == "stop" and generation.tool_calls == []
-    usage = generation.usage
+    assert reply.text == "The files are a.py and b.py."
+    assert reply.finish_reason == "stop" and reply.tool_calls == []
+    usage = reply.usage
     assert (usage.prompt_tokens, usage.cached_tokens, usage.prefilled_tokens, usage.generated_tokens) == (
         120,
         96,
@@ -80,10 +83,10 @@ def test_reasoning_content_deltas_stay_apart_from_the_text(engine: FakeEngine) -
     engine.queue(Reply("It is a.py.", reasoning="Look at the list.", tool_calls=()))
     text: list[str] = []
     thought: list[str] = []
-    generation = run(generate(EngineHost(engine.url, FAKE_MODEL), on_text=text.append, on_reasoning=thought.append))
-    assert (generation.text, generation.reasoning) == ("It is a.py.", "Look at the list.")
+    reply = run(generate(EngineHost(engine.url, FAKE_MODEL), on_text=text.append, on_reasoning=thought.append))
+    assert (reply.text, reply.reasoning) == ("It is a.py.", "Look at the list.")
     assert "".join(text) == "It is a.py." and "".join(thought) == "Look at the list."
-    assert generation.to_message()["reasoning_content"] == "Look at the list."
+    assert reply.to_message()["reasoning_content"] == "Look at the list."
 
 
 def test_a_reply_cut_by_the_token_limit_says_length(engine: FakeEngine) -> None:
@@ -94,8 +97,8 @@ def test_a_reply_cut_by_the_token_limit_says_length(engine: FakeEngine) -> None:
 def test_streamed_tool_call_deltas_are_assembled_and_the_schemas_are_sent(engine: FakeEngine) -> None:
     engine.queue(Reply("", tool_calls=(LS, {"name": "read", "arguments": {"path": "a.py", "limit": 5}})))
     schema = {"type": "function", "function": {"name": "ls", "description": "list", "parameters": {}}}
-    generation = run(generate(EngineHost(engine.url, FAKE_MODEL), tools=[schema]))
-    assert [(c.name, c.arguments, c.id) for c in generation.tool_calls] == [
+    reply = run(generate(EngineHost(engine.url, FAKE_MODEL), tools=[schema]))
+    assert [(c.name, c.arguments, c.id) for c in reply.tool_calls] == [
         ("ls", {"path": "."}, "call_fake_0"),
         ("read", {"path": "a.py", "limit": 5}, "call_fake_1"),
     ]
@@ -110,7 +113,7 @@ def test_calls_written_as_text_are_parsed_and_never_shown(engine: FakeEngine) ->
     async def two_turns() -> tuple[Any, Any]:
         async with EngineHost(engine.url, FAKE_MODEL) as host:
             session = host.session("s")
-            return await session.generate(USER, on_text=pieces.append), await session.generate(USER)
+            return await session.generate(USER, GenerateArgs(on_text=pieces.append)), await session.generate(USER)
 
     good, bad = run(two_turns())
     assert "".join(pieces) == "Looking. Done"
@@ -127,9 +130,9 @@ def test_calls_written_as_text_are_parsed_and_never_shown(engine: FakeEngine) ->
 
 def test_engine_tool_call_arguments_that_are_not_json_come_back_as_an_error_to_fix(engine: FakeEngine) -> None:
     engine.queue(Reply(tool_calls=({"name": "ls", "arguments": "{'path': '.'}"},)))
-    generation = run(generate(EngineHost(engine.url, FAKE_MODEL)))
-    assert generation.tool_calls == []
-    (bad,) = generation.malformed_tool_calls
+    reply = run(generate(EngineHost(engine.url, FAKE_MODEL)))
+    assert reply.tool_calls == []
+    (bad,) = reply.malformed_tool_calls
     assert bad.error == (
         "Error: the arguments of your call to ls are not a JSON object (JSONDecodeError: Expecting property name "
         "enclosed in double quotes: line 1 column 2 (char 1)). Call the tool again with its arguments as one JSON "
@@ -211,8 +214,8 @@ def test_token_counts_are_scaled_to_what_the_engine_reported(engine: FakeEngine)
     async def go() -> tuple[int, int, int]:
         async with EngineHost(engine.url, FAKE_MODEL) as host:
             before = await host.count_tokens(USER)
-            generation = await host.session("s").generate(USER)
-            return before, await host.count_tokens(USER), generation.usage.prompt_tokens
+            reply = await host.session("s").generate(USER)
+            return before, await host.count_tokens(USER), reply.usage.prompt_tokens
 
     before, after, reported = run(go())
     assert after == reported != before

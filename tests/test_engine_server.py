@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.host.engine_host import DEFAULT_CONTEXT_WINDOW, EngineHost
+from mlx_subagents.host.engine_host import EngineHost
+from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
 
 START_TIMEOUT = 120.0
 SYSTEM = {"role": "system", "content": "You are a scout. Answer in one line."}
@@ -90,15 +91,15 @@ def test_a_streamed_reply_completes_with_the_engines_usage(server: Server) -> No
             assert host.context_window == DEFAULT_CONTEXT_WINDOW  # mlx_lm.server lists no window
             assert await host.served_models() == [server.model]
             messages = [SYSTEM, {"role": "user", "content": "where is auth handled?"}]
-            return await host.session("s").generate(messages, max_tokens=8, on_text=pieces.append)
+            return await host.session("s").generate(messages, GenerateArgs(max_tokens=8, on_text=pieces.append))
 
-    generation = run(go())
-    assert generation.finish_reason in ("length", "stop")
-    assert 0 < generation.usage.generated_tokens <= 8
-    assert generation.usage.generated_tokens == 8 or generation.finish_reason == "stop"
-    assert generation.usage.prompt_tokens > 10 and generation.usage.cached_tokens == 0
-    assert generation.usage.prefilled_tokens == generation.usage.prompt_tokens
-    assert len(pieces) > 1 and "".join(pieces) == generation.raw_text  # streamed, not one block
+    reply = run(go())
+    assert reply.finish_reason in ("length", "stop")
+    assert 0 < reply.usage.generated_tokens <= 8
+    assert reply.usage.generated_tokens == 8 or reply.finish_reason == "stop"
+    assert reply.usage.prompt_tokens > 10 and reply.usage.cached_tokens == 0
+    assert reply.usage.prefilled_tokens == reply.usage.prompt_tokens
+    assert len(pieces) > 1 and "".join(pieces) == reply.raw_text  # streamed, not one block
 
 
 def test_a_sessions_next_turn_hits_the_engines_prefix_cache(server: Server) -> None:
@@ -106,9 +107,9 @@ def test_a_sessions_next_turn_hits_the_engines_prefix_cache(server: Server) -> N
         async with EngineHost(server.url, server.model) as host:
             session = host.session("s")
             messages = [SYSTEM, {"role": "user", "content": "list the tests folder"}]
-            first = await session.generate(messages, max_tokens=4)
+            first = await session.generate(messages, GenerateArgs(max_tokens=4))
             messages += [first.to_message(), {"role": "user", "content": "and the docs folder"}]
-            return first, await session.generate(messages, max_tokens=4)
+            return first, await session.generate(messages, GenerateArgs(max_tokens=4))
 
     first, second = run(go())
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
@@ -122,7 +123,7 @@ def test_cancelling_a_reply_stops_the_servers_stream(server: Server) -> None:
         async with EngineHost(server.url, server.model) as host:
             messages = [SYSTEM, {"role": "user", "content": "write a very long essay"}]
             task = asyncio.create_task(
-                host.session("s").generate(messages, max_tokens=3000, on_text=lambda _: started.set())
+                host.session("s").generate(messages, GenerateArgs(max_tokens=3000, on_text=lambda _: started.set()))
             )
             await asyncio.wait_for(started.wait(), 60)
             task.cancel()
@@ -145,13 +146,15 @@ def test_four_concurrent_sessions_all_complete(server: Server) -> None:
     async def go() -> list[Any]:
         async with EngineHost(server.url, server.model) as host:
             replies = [
-                host.session(f"child-{i}").generate([SYSTEM, {"role": "user", "content": f"task {i}"}], max_tokens=6)
+                host.session(f"child-{i}").generate(
+                    [SYSTEM, {"role": "user", "content": f"task {i}"}], GenerateArgs(max_tokens=6)
+                )
                 for i in range(4)
             ]
             return await asyncio.gather(*replies)
 
-    generations = run(go())
-    assert len(generations) == 4
-    for generation in generations:
-        assert generation.finish_reason in ("length", "stop")
-        assert 0 < generation.usage.generated_tokens <= 6 and generation.usage.prompt_tokens > 5
+    replies = run(go())
+    assert len(replies) == 4
+    for reply in replies:
+        assert reply.finish_reason in ("length", "stop")
+        assert 0 < reply.usage.generated_tokens <= 6 and reply.usage.prompt_tokens > 5

@@ -93,8 +93,8 @@ def test_the_kv_shape_read_off_the_cache_types_is_what_caches_really_hold(
                 mx.eval([c.state for c in cache])
                 return cache_nbytes(cache), host.kv_shape.bytes_for(n)
 
-            probed = await host._engine.run(host._probe_shape)
-            return host.kv_shape, probed, [await host._engine.run(lambda n=n: held(n)) for n in (1, 256, 300, 700)]
+            probed = await host._mlx.run(host._probe_shape)
+            return host.kv_shape, probed, [await host._mlx.run(lambda n=n: held(n)) for n in (1, 256, 300, 700)]
 
     shape, probed, sizes = asyncio.run(go())
     assert shape == probed and shape.per_token > 0

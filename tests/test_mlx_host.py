@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.testing import ForcedScripts, tool_call_text
 
@@ -37,7 +37,7 @@ async def converse(host: MlxModelHost, name: str, turns: int, max_tokens: int = 
     messages = list(TASK)
     replies = []
     for i in range(turns):
-        reply = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=max_tokens)
+        reply = await session.generate(messages, GenerateArgs(max_tokens=max_tokens), tools=[LS_SCHEMA])
         replies.append(reply)
         messages = messages + [reply.to_message(), tool_result(i)]
     return replies
@@ -97,8 +97,8 @@ def test_malformed_tool_call_is_returned_not_raised(tiny_qwen3_path: Path, tiny_
     async def go() -> list[Any]:
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
             session = host.session("a")
-            first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64)
-            second = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64)
+            first = await session.generate(TASK, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
+            second = await session.generate(TASK, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
             return [first, second]
 
     first, second = run(go())
@@ -124,17 +124,19 @@ def test_four_concurrent_sessions_match_their_solo_outputs(tiny_qwen3_path: Path
     async def together() -> dict[str, tuple[int, ...]]:
         async with MlxModelHost(str(tiny_qwen3_path)) as host:
             names = list(prompts)
-            replies = await asyncio.gather(*(host.session(n).generate(prompts[n], max_tokens=24) for n in names))
+            replies = await asyncio.gather(
+                *(host.session(n).generate(prompts[n], GenerateArgs(max_tokens=24)) for n in names)
+            )
             return {n: r.token_ids for n, r in zip(names, replies)}
 
-    async def alone() -> dict[str, tuple[int, ...]]:
+    async def separately() -> dict[str, tuple[int, ...]]:
         out = {}
         for name, messages in prompts.items():
             async with MlxModelHost(str(tiny_qwen3_path)) as host:
-                out[name] = (await host.session(name).generate(messages, max_tokens=24)).token_ids
+                out[name] = (await host.session(name).generate(messages, GenerateArgs(max_tokens=24))).token_ids
         return out
 
-    concurrent, solo = run(together()), run(alone())
+    concurrent, solo = run(together()), run(separately())
     assert concurrent == solo
     assert len({ids for ids in solo.values()}) > 1  # the prompts really differ
 
@@ -158,15 +160,15 @@ def test_cancel_mid_generation_then_next_turn_is_correct(
                 chunks.append(text)
                 first_chunk.set()
 
-            task = asyncio.create_task(session.generate(TASK, max_tokens=2000, on_text=on_text))
+            task = asyncio.create_task(session.generate(TASK, GenerateArgs(max_tokens=2000, on_text=on_text)))
             await first_chunk.wait()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            other = await host.session("b").generate(TASK, max_tokens=8)  # the engine is free again
-            after = await session.generate(follow, max_tokens=16)
+            other = await host.session("b").generate(TASK, GenerateArgs(max_tokens=8))  # the mlx thread is free again
+            after = await session.generate(follow, GenerateArgs(max_tokens=16))
             async with MlxModelHost(str(path), reuse=False) as fresh:
-                reference = await fresh.session("a").generate(follow, max_tokens=16)
+                reference = await fresh.session("a").generate(follow, GenerateArgs(max_tokens=16))
             return other, after, reference, len(chunks)
 
     other, after, reference, n_chunks = run(go())
@@ -184,10 +186,10 @@ def test_hybrid_divergent_history_reuses_snapshot(tiny_qwen35_path: Path, tiny_q
     async def go() -> tuple[Any, Any, Any]:
         async with MlxModelHost(str(tiny_qwen35_path)) as host:
             session = host.session("a")
-            first = await session.generate(TASK, max_tokens=10)
-            retry = await session.generate(TASK, max_tokens=10)
+            first = await session.generate(TASK, GenerateArgs(max_tokens=10))
+            retry = await session.generate(TASK, GenerateArgs(max_tokens=10))
             async with MlxModelHost(str(tiny_qwen35_path), reuse=False) as fresh:
-                reference = await fresh.session("a").generate(TASK, max_tokens=10)
+                reference = await fresh.session("a").generate(TASK, GenerateArgs(max_tokens=10))
             return first, retry, reference
 
     first, retry, reference = run(go())
@@ -203,10 +205,10 @@ def test_dense_divergent_history_trims_cache(tiny_qwen3_path: Path) -> None:
     async def go() -> tuple[Any, Any, Any]:
         async with MlxModelHost(str(tiny_qwen3_path)) as host:
             session = host.session("a")
-            first = await session.generate(TASK, max_tokens=10)
-            second = await session.generate(edited, max_tokens=10)
+            first = await session.generate(TASK, GenerateArgs(max_tokens=10))
+            second = await session.generate(edited, GenerateArgs(max_tokens=10))
             async with MlxModelHost(str(tiny_qwen3_path), reuse=False) as fresh:
-                reference = await fresh.session("a").generate(edited, max_tokens=10)
+                reference = await fresh.session("a").generate(edited, GenerateArgs(max_tokens=10))
             return first, second, reference
 
     first, second, reference = run(go())
@@ -222,7 +224,7 @@ def test_accounting_window_tokens_and_kv_bytes(tiny_qwen3_path: Path) -> None:
         ):
             session = host.session("a")
             counted = await host.count_tokens(TASK)
-            reply = await session.generate(TASK, max_tokens=5)
+            reply = await session.generate(TASK, GenerateArgs(max_tokens=5))
             stats = await host.memory_stats()
             return (
                 host.context_window,
@@ -249,7 +251,7 @@ def test_prompt_over_the_window_is_a_clear_error(tiny_qwen3_path: Path) -> None:
             big = [{"role": "user", "content": "word " * 600}]
             with pytest.raises(PromptTooLongError, match=r"^the prompt is \d+ tokens but the context window is 300;"):
                 await host.session("a").generate(big)
-            ok = await host.session("a").generate(TASK, max_tokens=4)  # the engine survived
+            ok = await host.session("a").generate(TASK, GenerateArgs(max_tokens=4))  # the mlx thread survived
             assert ok.usage.generated_tokens == 4 or ok.finish_reason == "stop"
 
     run(go())

@@ -18,6 +18,7 @@ import pytest
 from mlx_subagents.agents.session import ANSWER_NOW, AgentSession, Limits, workspace_for
 from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.host.mlx_host import MlxModelHost
+from mlx_subagents.host.protocol import GenerateArgs
 from mlx_subagents.host.scripted import ScriptedHost
 from mlx_subagents.runs.transcripts import read_transcript
 from mlx_subagents.testing import ForcedScripts, tool_call_text
@@ -113,7 +114,7 @@ def test_thinking_off_renders_the_templates_switch(tiny_thinking_path: Path) -> 
 
     async def go() -> Any:
         async with MlxModelHost(str(tiny_thinking_path), processor_factory=scripts) as host:
-            off = await host.session("a").generate(user, thinking=0)
+            off = await host.session("a").generate(user, GenerateArgs(thinking=0))
             on = await host.session("b").generate(user)
             return off, on
 
@@ -130,8 +131,8 @@ def test_token_counts_render_the_prompt_as_the_turn_does(tiny_thinking_path: Pat
 
     async def go() -> list[int]:
         async with MlxModelHost(str(tiny_thinking_path), processor_factory=scripts) as host:
-            await host.session("off").generate(messages, thinking=0)
-            await host.session("on").generate(messages, thinking=512)
+            await host.session("off").generate(messages, GenerateArgs(thinking=0))
+            await host.session("on").generate(messages, GenerateArgs(thinking=512))
             return [await host.count_tokens(messages, thinking=0), await host.count_tokens(messages, thinking=512)]
 
     counts = asyncio.run(go())

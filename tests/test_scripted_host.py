@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
+from mlx_subagents.host.estimate import approx_tokens
 from mlx_subagents.host.protocol import (
-    Generation,
+    GenerateArgs,
     HostSession,
     MalformedToolCall,
     ModelHost,
+    Reply,
     ToolCall,
 )
-from mlx_subagents.host.scripted import ScriptedHost, approx_tokens
+from mlx_subagents.host.scripted import ScriptedHost
 from mlx_subagents.host.toolcalls import hermes
 
 TASK = [{"role": "system", "content": "You are a scout."}, {"role": "user", "content": "Look."}]
@@ -27,8 +29,8 @@ def write_json(path: Path, data: object) -> Path:
     return path
 
 
-def gen(session: HostSession, messages: list[dict] = TASK, **kwargs) -> Generation:
-    return asyncio.run(session.generate(messages, **kwargs))
+def gen(session: HostSession, messages: list[dict] = TASK, *, tools: list[dict] | None = None, **args) -> Reply:
+    return asyncio.run(session.generate(messages, GenerateArgs(**args), tools=tools))
 
 
 def test_protocols_and_basics(tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ from mlx_subagents.agents.session import AgentSession, Limits, system_prompt, wo
 from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.events import Event
 from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host.estimate import approx_tokens
 from mlx_subagents.host.protocol import Message
-from mlx_subagents.host.scripted import ScriptedHost, approx_tokens
+from mlx_subagents.host.scripted import ScriptedHost
 from mlx_subagents.results import RunResult
 from mlx_subagents.testing import ForcedScripts, tool_call_text
 

@@ -17,7 +17,7 @@ import pytest
 from mlx_subagents.agents.compaction import CompactionSettings, compact, fallback_summary
 from mlx_subagents.agents.session import AgentSession, workspace_for
 from mlx_subagents.agents.spec import AgentSpec
-from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.chat_format import prompted_tools
 from mlx_subagents.host.loading import resolve_model_path
 from mlx_subagents.host.prompt import render
@@ -77,8 +77,10 @@ def test_tokenizer_round_trips_and_splits_like_llama_cpp(smollm2_path: Path) -> 
 async def answers(path: Path, batching: bool) -> list[tuple[str, tuple[int, ...]]]:
     async with MlxModelHost(str(path), batching=batching, kv_budget=0) as host:
         sessions = [host.session(f"q{i}") for i in range(len(QUESTIONS))]
-        generations = await asyncio.gather(*(s.generate(q, max_tokens=8) for s, q in zip(sessions, QUESTIONS)))
-    return [(g.text, tuple(g.token_ids)) for g in generations]
+        replies = await asyncio.gather(
+            *(s.generate(q, GenerateArgs(max_tokens=8)) for s, q in zip(sessions, QUESTIONS))
+        )
+    return [(g.text, tuple(g.token_ids)) for g in replies]
 
 
 def test_greedy_answers_paris_and_batched_equals_serialized(smollm2_path: Path) -> None:

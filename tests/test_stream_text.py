@@ -3,7 +3,7 @@
 The scheduler queues a turn's tokens and detokenizes them when it hands text to the caller's loop
 (`Scheduler._flush`), so a caller gets one callback per wake-up however many tokens came in between;
 a turn's first text still goes out at the end of the step that made it. Driven step by step on the
-test's thread, as in test_lone.py.
+test's thread, as in test_single.py.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_lone import SCRIPT, forced, make_turn, run, scheduler
+from test_single import SCRIPT, forced, make_turn, run, scheduler
 
 from mlx_subagents.host import scheduler as scheduler_module
-from mlx_subagents.host.protocol import Generation
+from mlx_subagents.host.protocol import Reply
 from mlx_subagents.host.scheduler import TextSink, Turn
 from mlx_subagents.testing import ForcedScripts
 
@@ -25,7 +25,7 @@ SHORT = "alpha beta gamma"  # then EOS: the turn stops on it
 @pytest.fixture(autouse=True)
 def no_time_slice(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bursts end by count, not by the clock (a loaded machine would cut them short)."""
-    monkeypatch.setattr(scheduler_module, "LONE_SLICE_S", 60.0)
+    monkeypatch.setattr(scheduler_module, "SINGLE_SLICE_S", 60.0)
 
 
 def per_token_text(tokenizer: Any, generated: tuple[int, ...]) -> str:
@@ -46,21 +46,21 @@ def streaming(turn: Turn, loop: asyncio.AbstractEventLoop, pieces: list[str]) ->
 
 def drive(
     tiny: tuple[Any, Any], factory: Any, turns: list[tuple[str, int, int]]
-) -> tuple[dict[str, Generation], dict[str, list[str]]]:
+) -> tuple[dict[str, Reply], dict[str, list[str]]]:
     """Run (name, task, max_tokens) turns together, each streaming; the results and the pieces each got."""
     loop = asyncio.new_event_loop()
     try:
-        results: dict[str, Generation] = {}
+        results: dict[str, Reply] = {}
         pieces: dict[str, list[str]] = {name: [] for name, _, _ in turns}
         made = [streaming(make_turn(name, i, n, results), loop, pieces[name]) for name, i, n in turns]
         run(scheduler(tiny, factory=factory), made)
-        loop.run_until_complete(asyncio.sleep(0))  # the callbacks the engine side queued
+        loop.run_until_complete(asyncio.sleep(0))  # the callbacks the mlx thread queued
     finally:
         loop.close()
     return results, pieces
 
 
-def test_a_lone_turn_streams_its_first_text_at_once_then_the_rest_in_one_piece(
+def test_a_single_turn_streams_its_first_text_at_once_then_the_rest_in_one_piece(
     tiny_qwen3: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With no interval elapsing, the only wake-ups are the first text's and the turn's end."""

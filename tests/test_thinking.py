@@ -21,6 +21,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from mlx_subagents.host.mlx_host import MlxModelHost
+from mlx_subagents.host.protocol import GenerateArgs
 from mlx_subagents.host.single import SingleStream
 from mlx_subagents.host.thinking import ThoughtBudget
 from mlx_subagents.testing import ForcedScripts
@@ -119,7 +120,7 @@ SCRIPTED = [
     (0, START, END, False, [8, 1, 7, 1, 1], [8, 1, 7, 8, 1]),
     # The model says the end marker itself exactly when the budget runs out.
     (2, START, END, True, [1, 1, 8, 2], [1, 1, 8, 2]),
-    # Multi-token markers: start 7 9, end 8 10 11. A lone 7 opens nothing; a model-said 8 10 then a word is
+    # Multi-token markers: start 7 9, end 8 10 11. A 7 by itself opens nothing; a model-said 8 10 then a word is
     # no close; at the budget the whole end marker is forced, one token a step.
     (2, (7, 9), (8, 10, 11), False, [7, 1, 7, 9, 8, 1, 1, 1, 1, 2], [7, 1, 7, 9, 8, 1, 8, 10, 11, 2]),
     (3, (7, 9), (8, 10, 11), True, [8, 10, 1, 2, 2, 2, 2, 2], [8, 10, 1, 8, 10, 11, 2, 2]),
@@ -215,11 +216,11 @@ def test_neither_decode_path_waits_for_the_step_in_flight(tiny_thinking_path: Pa
     def budget() -> Watched:
         return Watched(ThoughtBudget(16, tokenizer.think_start_tokens, tokenizer.think_end_tokens, opened=True))
 
-    lone = budget()
+    single = budget()
     cache = make_prompt_cache(model)
     model(mx.array(prompt[:-1])[None], cache=cache)
-    stream = SingleStream(model, cache, prompt, make_sampler(temp=0.0), [lone])
-    lone_ids = [stream.next() for _ in range(32)]
+    stream = SingleStream(model, cache, prompt, make_sampler(temp=0.0), [single])
+    single_ids = [stream.next() for _ in range(32)]
 
     batched = budget()
     generator = BatchGenerator(model, stop_tokens=set())
@@ -228,8 +229,8 @@ def test_neither_decode_path_waits_for_the_step_in_flight(tiny_thinking_path: Pa
     while len(batch_ids) < 32:
         batch_ids += [response.token for response in generator.next()[1]]
 
-    assert lone_ids == batch_ids and lone_ids[16] == 1544 and lone_ids.count(1544) == 1
-    assert (lone.calls, lone.waits) == (batched.calls, batched.waits) == (33, 0)
+    assert single_ids == batch_ids and single_ids[16] == 1544 and single_ids.count(1544) == 1
+    assert (single.calls, single.waits) == (batched.calls, batched.waits) == (33, 0)
 
 
 def test_an_empty_end_marker_is_refused() -> None:
@@ -261,7 +262,10 @@ def test_a_host_run_gives_the_recorded_token_ids(batching: bool, tiny_thinking_p
         async with MlxModelHost(str(tiny_thinking_path), processor_factory=scripts, batching=batching) as host:
             user = [{"role": "user", "content": "where?"}]
             replies = await asyncio.gather(
-                *(host.session(name).generate(user, thinking=b, max_tokens=24) for name, b in budgets.items())
+                *(
+                    host.session(name).generate(user, GenerateArgs(thinking=b, max_tokens=24))
+                    for name, b in budgets.items()
+                )
             )
             batched = host._scheduler._batch is not None  # made when a turn joins the batch
         return {name: list(r.token_ids) for name, r in zip(budgets, replies, strict=True)}, batched

@@ -19,7 +19,7 @@ from mlx_subagents.agents.session import AgentSession, workspace_for
 from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.cli.doctor import run_doctor
 from mlx_subagents.errors import ChatTemplateError
-from mlx_subagents.host import MlxModelHost
+from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.chat_format import prompted_tools, read_chat_format
 from mlx_subagents.host.prompt import encode, render
 from mlx_subagents.host.protocol import ToolCall
@@ -74,7 +74,7 @@ def test_a_model_without_a_chat_template_is_refused_in_one_line(template_paths: 
     host = MlxModelHost(str(path))
     with pytest.raises(ChatTemplateError) as error:
         run(host.start())
-    assert not host._engine._thread.is_alive()  # the engine thread it started is stopped, not left behind
+    assert not host._mlx._thread.is_alive()  # the mlx thread it started is stopped, not left behind
     assert str(error.value) == (
         f"model {path} has no chat template (no chat_template in tokenizer_config.json or chat_template.jinja); "
         "use an instruct/chat version of the model"
@@ -94,11 +94,13 @@ def test_prompted_call_is_parsed_streamed_without_markup_and_turn_two_reuses_the
     async def go() -> tuple[Any, Any, str, int, int]:
         async with MlxModelHost(str(path), processor_factory=scripts) as host:
             session = host.session("a")
-            first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
+            first = await session.generate(TASK, GenerateArgs(max_tokens=64, on_text=seen.append), tools=[LS_SCHEMA])
             messages = [*TASK, first.to_message(), LS_RESULT]
-            second = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=64)
+            second = await session.generate(messages, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
             other = [TASK[0], {"role": "user", "content": "Task: list the tests."}]
-            shared = (await host.session("b").generate(other, tools=[LS_SCHEMA], max_tokens=2)).usage.cached_tokens
+            shared = (
+                await host.session("b").generate(other, GenerateArgs(max_tokens=2), tools=[LS_SCHEMA])
+            ).usage.cached_tokens
             shown, tools = host.chat.present(messages, [LS_SCHEMA])
             prompt = render(host.tokenizer, shown, tools, generation_prompt=True)
             system = encode(host.tokenizer, render(host.tokenizer, shown[:1], None, generation_prompt=False))
@@ -163,7 +165,9 @@ def test_native_mode_streams_only_visible_text(tiny_qwen3_path: Path, tiny_qwen3
     async def go() -> Any:
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
             assert host.tool_mode == "native"
-            return await host.session("a").generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
+            return await host.session("a").generate(
+                TASK, GenerateArgs(max_tokens=64, on_text=seen.append), tools=[LS_SCHEMA]
+            )
 
     reply = run(go())
     assert "".join(seen) == "Looking. Then <tool"  # a held-back partial marker is text after all
@@ -181,10 +185,10 @@ def test_native_xml_calls_use_the_models_own_parser_and_fix(template_paths: dict
     async def go() -> list[Any]:
         async with MlxModelHost(str(template_paths["coder"]), processor_factory=scripts) as host:
             session = host.session("a")
-            first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
+            first = await session.generate(TASK, GenerateArgs(max_tokens=64, on_text=seen.append), tools=[LS_SCHEMA])
             messages = [*TASK, first.to_message(), LS_RESULT]
-            second = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=64)
-            third = await session.generate(messages, tools=[LS_SCHEMA], max_tokens=64)
+            second = await session.generate(messages, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
+            third = await session.generate(messages, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
             return [first, second, third]
 
     first, second, third = run(go())
@@ -244,8 +248,10 @@ def test_native_mistral_calls_with_the_ids_its_template_demands(tmp_path: Path, 
     async def go() -> tuple[Any, Any, Any]:
         async with MlxModelHost(str(path), processor_factory=scripts) as host:
             session = host.session("a")
-            first = await session.generate(TASK, tools=[LS_SCHEMA], max_tokens=64, on_text=seen.append)
-            second = await session.generate([*TASK, first.to_message(), LS_RESULT], tools=[LS_SCHEMA], max_tokens=64)
+            first = await session.generate(TASK, GenerateArgs(max_tokens=64, on_text=seen.append), tools=[LS_SCHEMA])
+            second = await session.generate(
+                [*TASK, first.to_message(), LS_RESULT], GenerateArgs(max_tokens=64), tools=[LS_SCHEMA]
+            )
             return host.chat, first, second
 
     chat, first, second = run(go())

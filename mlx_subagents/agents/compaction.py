@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mlx_subagents.host.protocol import HostSession, Message, ToolSchema, Usage
+from mlx_subagents.host.protocol import GenerateArgs, HostSession, Message, ToolSchema, Usage
 
 SUMMARY_HEADER = "[Summary of earlier work]\n"
 DEFAULT_SUMMARY_MAX_TOKENS = 2048
@@ -238,9 +238,9 @@ async def compact(
     if max_tokens is None:
         max_tokens = summary_max_tokens(settings)
     request = [*head, {"role": "user", "content": _summary_request(to_summarize)}]
-    generation = await session.generate(request, tools=tools, max_tokens=max_tokens)
+    reply = await session.generate(request, GenerateArgs(max_tokens=max_tokens), tools=tools)
     # A model that answers with a tool call instead of text still must not lose the history.
-    summary = generation.text.strip() or fallback_summary(to_summarize)
+    summary = reply.text.strip() or fallback_summary(to_summarize)
     new_messages = [*head, {"role": "user", "content": SUMMARY_HEADER + summary}, *kept]
     return CompactionResult(
         messages=new_messages,
@@ -248,7 +248,7 @@ async def compact(
         n_summarized=len(to_summarize),
         tokens_before=tokens_before,
         tokens_after=await count_tokens(new_messages),
-        usage=generation.usage,
+        usage=reply.usage,
     )
 
 

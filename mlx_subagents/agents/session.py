@@ -24,11 +24,12 @@ from ..errors import SubagentError
 from ..events import Event, EventSink, ignore_event
 from ..host.protocol import (
     DEFAULT_THINKING_TOKENS,
-    Generation,
+    GenerateArgs,
     HostSession,
     MalformedToolCall,
     Message,
     ModelHost,
+    Reply,
     TextCallback,
     ToolCall,
     Usage,
@@ -153,8 +154,8 @@ class AgentSession:
             for _ in range(self.limits.max_turns):
                 self._deliver()
                 await self._maybe_compact()
-                generation = await self._step()
-                if self._only_reasoning(generation):
+                reply = await self._step()
+                if self._only_reasoning(reply):
                     if nudged:
                         raise LimitReached(
                             "empty_answer", "the model's reply held only reasoning, twice; no answer was given"
@@ -162,8 +163,8 @@ class AgentSession:
                     nudged = True
                     self.messages.append({"role": "user", "content": ANSWER_NOW})
                     continue
-                if not generation.tool_calls and not generation.malformed_tool_calls:
-                    if generation.finish_reason == "length":  # a truncated answer is not an answer
+                if not reply.tool_calls and not reply.malformed_tool_calls:
+                    if reply.finish_reason == "length":  # a truncated answer is not an answer
                         raise LimitReached(
                             "max_tokens",
                             (
@@ -173,8 +174,8 @@ class AgentSession:
                         )
                     if self.inbox.pending() or await self.inbox.settle():
                         continue  # a message came in: it is the next turn's, the answer can wait
-                    return self._finish(task, self._result(task, "completed", generation.text, "completed"))
-                await self._act(generation)
+                    return self._finish(task, self._result(task, "completed", reply.text, "completed"))
+                await self._act(reply)
             raise LimitReached(
                 "max_turns", f"reached the limit of {self.limits.max_turns} turns without a final answer"
             )
@@ -183,7 +184,7 @@ class AgentSession:
         except SubagentError as exc:  # the host refused a turn (prompt too long, script ran out)
             return self._finish(task, self._result(task, "failed", self.last_text(), "error", str(exc)))
 
-    async def _step(self) -> Generation:
+    async def _step(self) -> Reply:
         max_tokens = self.limits.max_reply_tokens
         if self.limits.max_output_tokens is not None:
             left = self.limits.max_output_tokens - self.usage.output_tokens
@@ -193,23 +194,22 @@ class AgentSession:
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start")
         with self._counting_cut():
-            generation = await self._host_session.generate(
-                self.messages,
-                tools=self.schemas,
+            args = GenerateArgs(
                 max_tokens=max_tokens,
                 temperature=self.spec.temperature or 0.0,
                 on_text=self.on_text,
                 on_reasoning=lambda text: self._emit("reasoning", text=text),
                 thinking=self.limits.thinking,
             )
-        self._count(generation.usage)
-        self._reasoning = generation.reasoning
-        self.messages.append(generation.to_message())
-        if generation.text:
-            self._emit("message", text=generation.text)
-        if generation.finish_reason == "length" and self._over_token_budget():
+            reply = await self._host_session.generate(self.messages, args, tools=self.schemas)
+        self._count(reply.usage)
+        self._reasoning = reply.reasoning
+        self.messages.append(reply.to_message())
+        if reply.text:
+            self._emit("message", text=reply.text)
+        if reply.finish_reason == "length" and self._over_token_budget():
             raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
-        return generation
+        return reply
 
     def _deliver(self) -> None:
         """The inbox's pending messages as one user message (after the last turn's tool results)."""
@@ -227,10 +227,10 @@ class AgentSession:
             self.messages.append({"role": "user", "content": text})
 
     @staticmethod
-    def _only_reasoning(generation: Generation) -> bool:
+    def _only_reasoning(reply: Reply) -> bool:
         """A finished reply that thought but answered nothing and called nothing."""
-        empty = not generation.text.strip() and not generation.tool_calls and not generation.malformed_tool_calls
-        return empty and bool(generation.reasoning.strip()) and generation.finish_reason == "stop"
+        empty = not reply.text.strip() and not reply.tool_calls and not reply.malformed_tool_calls
+        return empty and bool(reply.reasoning.strip()) and reply.finish_reason == "stop"
 
     def _over_token_budget(self) -> bool:
         cap = self.limits.max_output_tokens
@@ -239,17 +239,17 @@ class AgentSession:
     def _out_of_tokens(self) -> LimitReached:
         return LimitReached("max_tokens", f"reached the limit of {self.limits.max_output_tokens} generated tokens")
 
-    async def _act(self, generation: Generation) -> None:
+    async def _act(self, reply: Reply) -> None:
         """Run each tool call (in order) and feed its result back; malformed calls get an error."""
-        for bad in generation.malformed_tool_calls:
+        for bad in reply.malformed_tool_calls:
             self.messages.append(self._malformed_result(bad))
-        if generation.malformed_tool_calls and not generation.tool_calls:
+        if reply.malformed_tool_calls and not reply.tool_calls:
             self._format_errors += 1
             if self._format_errors >= MAX_FORMAT_ERRORS:
                 raise LimitReached("format_errors", f"{MAX_FORMAT_ERRORS} malformed tool calls in a row")
             return
         self._format_errors = 0
-        calls = generation.tool_calls
+        calls = reply.tool_calls
         results: list[ToolResult] = []
         while len(results) < len(calls):
             # A run of calls to a tool that may run alongside itself (`subagent`) runs at once.

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import SubagentError
-from ..host import MlxModelHost
+from ..host import GenerateArgs, MlxModelHost
 from ..host.mlx_host import total_memory
 
 Print = Callable[[str], None]
@@ -47,7 +47,7 @@ async def run_doctor(model: str, context_window: int | None, say: Print, kv_budg
                 f"loaded    {host.model_path} in {time.perf_counter() - tic:.1f}s; context window {host.context_window} tokens"
             )
             say(f"tools     {host.tool_mode}: {TOOL_MODES[host.tool_mode]}")
-            reply = await host.session("doctor").generate(PROBE, max_tokens=32)
+            reply = await host.session("doctor").generate(PROBE, GenerateArgs(max_tokens=32))
             stats = await host.memory_stats()
     except SubagentError as exc:
         say(f"FAILED    {exc}")

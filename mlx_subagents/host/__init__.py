@@ -2,15 +2,16 @@
 `ScriptedHost` replay backend."""
 
 from .mlx_host import MlxModelHost, MlxSession, parse_bytes
-from .protocol import Generation, HostSession, MalformedToolCall, ModelHost, ToolCall, Usage
+from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, Reply, ToolCall, Usage
 
 __all__ = [
-    "Generation",
+    "GenerateArgs",
     "HostSession",
     "MalformedToolCall",
     "MlxModelHost",
     "MlxSession",
     "ModelHost",
+    "Reply",
     "ToolCall",
     "Usage",
     "make_host",

@@ -107,7 +107,7 @@ class ChatFormat:
 
 
 def read_chat_format(path: Path) -> ChatFormat:
-    """A model folder's chat format from its tokenizer files alone, without loading the weights
+    """A model folder's chat format from its tokenizer files only, without loading the weights
     (for listing models and their tool mode)."""
     from mlx_lm.utils import load_tokenizer
 

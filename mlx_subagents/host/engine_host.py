@@ -24,25 +24,24 @@ from urllib.parse import urlsplit
 import openai
 
 from ..errors import EngineError, PromptTooLongError, SubagentError
+from .estimate import approx_tokens
 from .protocol import (
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
     FinishReason,
-    Generation,
+    GenerateArgs,
     MalformedToolCall,
     Message,
+    Reply,
     TextCallback,
     ToolCall,
     ToolMode,
     ToolSchema,
     Usage,
 )
-from .scripted import approx_tokens
 from .toolcalls import VisibleText, hermes
 
 API_KEY_ENV = "MLX_SUBAGENTS_API_KEY"
-# Used when neither the engine's model listing nor `--context-window` gives a window: the
-# MLX host's default cap, a size every engine worth running for agents serves.
-DEFAULT_CONTEXT_WINDOW = 32768
 # Seconds without a byte from the engine (a long prefill on a busy engine sends nothing).
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -312,7 +311,7 @@ def _wire_call(call: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class _Reply:
+class _Partial:
     """One streamed reply being assembled from its chunks; `visible` streams its text without call markup."""
 
     visible: VisibleText | None = None
@@ -352,7 +351,12 @@ class _Reply:
 
 
 class EngineSession:
-    """One conversation on the engine (see `HostSession`); the KV cache lives on the engine."""
+    """One conversation on the engine (see `HostSession`); the KV cache lives on the engine.
+
+    Each reply streams; cancelling `generate` closes the stream at once. The engine splits off the
+    reasoning (its `reasoning_content` deltas) and owns any thinking budget; `thinking=0` asks its chat
+    template for no thinking (`enable_thinking: false`, as the MLX host does).
+    """
 
     def __init__(self, host: EngineHost, name: str, agent: str | None) -> None:
         self._host = host
@@ -369,38 +373,26 @@ class EngineSession:
         self._host._sessions.pop(self.name, None)
 
     async def generate(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        max_tokens: int = 1024,
-        temperature: float = 0.0,
-        on_text: TextCallback | None = None,
-        on_reasoning: TextCallback | None = None,
-        thinking: int = DEFAULT_THINKING_TOKENS,
-    ) -> Generation:
-        """One streamed reply. Cancelling the awaiting task closes the stream at once.
-
-        The engine splits off the reasoning (its `reasoning_content` deltas) and owns any thinking budget;
-        `thinking=0` asks its chat template for no thinking (`enable_thinking: false`, as the MLX host does).
-        """
+        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
+    ) -> Reply:
         host = self._host
         wire = to_wire(messages)
         request: dict[str, Any] = {
             "model": host.model_id,
             "messages": wire,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
         if tools:
             request["tools"] = tools
-        if thinking == 0:
+        if args.thinking == 0:
             # vLLM, SGLang, llama.cpp's server and mlx_lm.server pass these to the chat template.
             request["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
         started = time.perf_counter()
-        reply = _Reply(hermes().visible_text(on_text) if on_text is not None else None, on_reasoning=on_reasoning)
+        visible = hermes().visible_text(args.on_text) if args.on_text is not None else None
+        partial = _Partial(visible, on_reasoning=args.on_reasoning)
         self.cut = None
         try:
             stream = await host._client.chat.completions.create(**request)
@@ -410,43 +402,41 @@ class EngineSession:
             raise host.error(exc) from None
         try:
             async for chunk in stream:
-                reply.add(chunk)
+                partial.add(chunk)
         except openai.APIError as exc:
-            raise host.error(exc, streamed=len(reply.text)) from None
+            raise host.error(exc, streamed=len(partial.text)) from None
         except asyncio.CancelledError:  # the engine's usage comes at the end of the stream: estimated
-            self.cut = self._usage(reply, wire, tools, 0.0, time.perf_counter() - started)
+            self.cut = self._usage(partial, wire, tools, 0.0, time.perf_counter() - started)
             raise
         finally:
             await asyncio.shield(stream.close())
-        if reply.finish_reason is None:  # the body ended cleanly but the reply did not
-            raise host.cut(len(reply.text))
-        if reply.visible is not None:
-            reply.visible.flush()
-        return self._generation(reply, wire, tools, started)
+        if partial.finish_reason is None:  # the body ended cleanly but the reply did not
+            raise host.cut(len(partial.text))
+        if partial.visible is not None:
+            partial.visible.flush()
+        return self._reply(partial, wire, tools, started)
 
-    def _generation(
-        self, reply: _Reply, wire: list[Message], tools: list[ToolSchema] | None, started: float
-    ) -> Generation:
-        calls, malformed = self._structured_calls(reply)
-        text, text_calls, text_malformed = hermes().split(reply.text, tools, self._n_calls)
+    def _reply(self, partial: _Partial, wire: list[Message], tools: list[ToolSchema] | None, started: float) -> Reply:
+        calls, malformed = self._structured_calls(partial)
+        text, text_calls, text_malformed = hermes().split(partial.text, tools, self._n_calls)
         self._n_calls += len(text_calls)
         ended = time.perf_counter()
-        first = reply.first_delta or ended
-        return Generation(
+        first = partial.first_delta or ended
+        return Reply(
             text=text,
             tool_calls=calls + text_calls,
             malformed_tool_calls=malformed + text_malformed,
-            finish_reason=_finish_reason(reply.finish_reason),
-            usage=self._usage(reply, wire, tools, first - started, ended - first),
-            raw_text=reply.text,
-            reasoning=reply.reasoning.strip(),
+            finish_reason=_finish_reason(partial.finish_reason),
+            usage=self._usage(partial, wire, tools, first - started, ended - first),
+            raw_text=partial.text,
+            reasoning=partial.reasoning.strip(),
         )
 
-    def _structured_calls(self, reply: _Reply) -> tuple[list[ToolCall], list[MalformedToolCall]]:
+    def _structured_calls(self, partial: _Partial) -> tuple[list[ToolCall], list[MalformedToolCall]]:
         calls: list[ToolCall] = []
         malformed: list[MalformedToolCall] = []
-        for index in sorted(reply.calls):
-            part = reply.calls[index]
+        for index in sorted(partial.calls):
+            part = partial.calls[index]
             try:
                 arguments = json.loads(part["arguments"]) if part["arguments"].strip() else {}
                 if not isinstance(arguments, dict):
@@ -464,20 +454,19 @@ class EngineSession:
         return calls, malformed
 
     def _usage(
-        self, reply: _Reply, wire: list[Message], tools: list[ToolSchema] | None, prompt_s: float, gen_s: float
+        self, partial: _Partial, wire: list[Message], tools: list[ToolSchema] | None, prompt_s: float, gen_s: float
     ) -> Usage:
-        usage = reply.usage
+        usage = partial.usage
         if usage is None:  # an engine that ignores `include_usage`: estimate
             prompt = approx_tokens(wire, tools)
-            generated = approx_tokens([{"content": reply.text}])
-            return Usage(prompt, 0, prompt, generated, prompt_s, gen_s)
+            generated = approx_tokens([{"content": partial.text}])
+            return Usage(prompt, 0, generated, prompt_s, gen_s)
         details = getattr(usage, "prompt_tokens_details", None)
         cached = int(getattr(details, "cached_tokens", 0) or 0)
         self._host._learn(wire, tools, usage.prompt_tokens)
         return Usage(
             prompt_tokens=usage.prompt_tokens,
             cached_tokens=cached,
-            prefilled_tokens=usage.prompt_tokens - cached,
             generated_tokens=usage.completion_tokens,
             prompt_seconds=prompt_s,
             generation_seconds=gen_s,

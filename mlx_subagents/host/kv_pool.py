@@ -24,7 +24,7 @@ KV_STEP = 256  # mlx-lm's KVCache grows its buffers in steps of this many tokens
 
 @dataclass
 class CacheState:
-    """A session's cache and the ids it holds; touched only on the engine thread."""
+    """A session's cache and the ids it holds; touched only on the mlx thread."""
 
     prompt_cache: list[Any] | None = None
     token_ids: list[int] = field(default_factory=list)

@@ -123,7 +123,7 @@ def config_context_window(config: dict[str, Any]) -> int | None:
 
 
 def load_model(path: Path) -> tuple[Any, Any]:
-    """Load through the real `mlx_lm.load`; run on the engine thread."""
+    """Load through the real `mlx_lm.load`; run on the mlx thread."""
     from mlx_lm import load
 
     try:

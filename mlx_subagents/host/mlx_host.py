@@ -1,6 +1,6 @@
 """`MlxModelHost`: one resident mlx-lm model serving many sessions.
 
-All mlx work happens on the host's engine thread (see `engine.py`); the
+All mlx work happens on the host's mlx thread (see `mlx_thread.py`); the
 `Scheduler` there runs every session's turns, batched or one at a time, and
 the `KVPool` keeps their caches within a byte budget. Each session keeps its
 own prompt cache and the exact token ids it holds, so a new turn prefills
@@ -22,16 +22,17 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from ..errors import ChatTemplateError, SubagentError
 from .chat_format import ChatFormat
-from .engine import Deliver, Engine
 from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
+from .mlx_thread import Deliver, MlxThread
 from .prompt import encode, render
 from .protocol import (
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
-    Generation,
+    GenerateArgs,
     Message,
     ProcessorFactory,
-    TextCallback,
+    Reply,
     ToolMode,
     ToolSchema,
     Usage,
@@ -39,15 +40,14 @@ from .protocol import (
 from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
 
 DEFAULT_PREFILL_STEP = 512
-# How long a cancelled reply waits for the engine to end its turn and say what it spent (one step).
+# How long a cancelled reply waits for the mlx thread to end its turn and say what it spent (one step).
 CUT_WAIT_S = 5.0
-# Models advertise windows of 128k-256k tokens; a 16 GB Mac cannot hold that
-# much KV for several sessions, so the default is capped (override per host).
-DEFAULT_CONTEXT_CAP = 32768
 # The window must fit this many sessions at once: four children and their parent.
 DEFAULT_MAX_SESSIONS = 5
-# Share of (RAM - weights) the KV pool may use when no budget is given.
+# Share of (RAM - weights) the KV pool may use when no budget is given, and never less than
+# MIN_KV_BUDGET bytes.
 DEFAULT_BUDGET_FRACTION = 0.5
+MIN_KV_BUDGET = 256 * 2**20
 BINARY_SUFFIXES = {"k": "KiB", "m": "MiB", "g": "GiB"}
 _BYTE_SIZE = TypeAdapter(ByteSize)
 
@@ -68,6 +68,11 @@ def total_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def default_kv_budget(ram: int, weights: int) -> int:
+    """The KV budget the host derives when none is given, for `ram` bytes of memory and `weights` bytes of model."""
+    return max(MIN_KV_BUDGET, int((ram - weights) * DEFAULT_BUDGET_FRACTION))
 
 
 def parse_bytes(text: str | int | None) -> int | None:
@@ -97,7 +102,11 @@ def _not_a_size(text: str) -> SubagentError:
 
 
 class MlxSession:
-    """A conversation on the host with its own KV cache (see `HostSession`)."""
+    """A conversation on the host with its own KV cache (see `HostSession`).
+
+    Cancelling `generate` stops the reply at its next token; a thinking model's thought (up to
+    `GenerateArgs.thinking` tokens) comes on top of `max_tokens`, which bounds the answer.
+    """
 
     def __init__(self, host: MlxModelHost, name: str, agent: str | None) -> None:
         self._host = host
@@ -116,48 +125,37 @@ class MlxSession:
         return len(self._state.token_ids)
 
     async def generate(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        max_tokens: int = 1024,
-        temperature: float = 0.0,
-        on_text: TextCallback | None = None,
-        on_reasoning: TextCallback | None = None,
-        thinking: int = DEFAULT_THINKING_TOKENS,
-    ) -> Generation:
-        """One reply. Cancelling the awaiting task stops generation at the next token.
-
-        A thinking model may think `thinking` tokens on top of `max_tokens`, which bounds the answer.
-        """
+        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
+    ) -> Reply:
         chat = self._host.chat
-        budget = max(0, thinking) if chat.thinks else None
+        budget = max(0, args.thinking) if chat.thinks else None
+        max_tokens = args.max_tokens
         if budget is not None:  # the thought, and its forced end marker, come on top of the reply limit
             max_tokens += budget + len(self._host.tokenizer.think_end_tokens)
         opened = chat.opened(budget) if budget is not None else False
-        request = Request(*chat.present(messages, tools), max_tokens, temperature, budget)
+        request = Request(*chat.present(messages, tools), max_tokens, args.temperature, budget)
         cancel = threading.Event()
-        streaming = on_text is not None or on_reasoning is not None
-        visible = chat.visible_text(on_text, on_reasoning, opened) if streaming else None
+        streaming = args.on_text is not None or args.on_reasoning is not None
+        visible = chat.visible_text(args.on_text, args.on_reasoning, opened) if streaming else None
         sink = TextSink(asyncio.get_running_loop(), visible) if visible is not None else None
 
         def submit(deliver: Deliver) -> None:
             self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         self.cut = None
-        reply = self._host._engine.submit(submit)
+        future = self._host._mlx.submit(submit)
         try:
-            generation = await asyncio.shield(reply)
+            reply = await asyncio.shield(future)
         except asyncio.CancelledError:
             cancel.set()  # the scheduler ends the turn at its next step and hands back what it spent
             with contextlib.suppress(Exception):
-                self.cut = (await asyncio.wait_for(reply, CUT_WAIT_S)).usage
+                self.cut = (await asyncio.wait_for(future, CUT_WAIT_S)).usage
             raise
         if visible is not None:
             visible.flush()
-        reasoning, text, calls, malformed = chat.split(generation.raw_text, tools, self._state.n_tool_calls, opened)
+        reasoning, text, calls, malformed = chat.split(reply.raw_text, tools, self._state.n_tool_calls, opened)
         self._state.n_tool_calls += len(calls)
-        return replace(generation, text=text, tool_calls=calls, malformed_tool_calls=malformed, reasoning=reasoning)
+        return replace(reply, text=text, tool_calls=calls, malformed_tool_calls=malformed, reasoning=reasoning)
 
     async def reset(self) -> None:
         """Forget the cache (the next turn prefills from scratch)."""
@@ -166,7 +164,7 @@ class MlxSession:
             self._host._pool.forget(self.name)
             self._state.reset()
 
-        await self._host._engine.run(drop)
+        await self._host._mlx.run(drop)
 
     async def close(self) -> None:
         await self.reset()
@@ -174,12 +172,12 @@ class MlxSession:
 
 
 class MlxModelHost:
-    """Loads a model once and serves every session's generations on one engine thread.
+    """Loads a model once and serves every session's replies on one mlx thread.
 
     Args:
         model: a local mlx-lm folder, a hub id (`mlx-community/...`) or `mlx/<id>`.
         context_window: the window per session (default: the model's, capped at
-            32768 and at what the KV budget holds for `max_sessions` sessions).
+            `DEFAULT_CONTEXT_WINDOW` and at what the KV budget holds for `max_sessions` sessions).
         processor_factory: called per request with (session name, prompt ids);
             returns logits processors (tests use it to force a script).
         reuse: keep and reuse each session's KV cache across turns.
@@ -210,7 +208,7 @@ class MlxModelHost:
         self._budget_request = parse_bytes(kv_budget)
         self.max_sessions = max_sessions
         self._spill_dir = spill_dir
-        self._engine = Engine()
+        self._mlx = MlxThread()
         self._sessions: dict[str, MlxSession] = {}
         self._model: Any = None
         self.tokenizer: Any = None
@@ -236,13 +234,13 @@ class MlxModelHost:
             return
         self.model_path = resolve_model_path(self.model_id)
         config = read_config(self.model_path)
-        self._engine.start()
-        self.kv_shape, self._trimmable = await self._engine.run(self._load)
+        self._mlx.start()
+        self.kv_shape, self._trimmable = await self._mlx.run(self._load)
         self.chat = await self._chat_format()
         budget = self._budget()
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
         self._config.context_window = self._window(config_context_window(config), budget)
-        self._scheduler = Scheduler(  # no mlx work in it: built here, run on the engine thread
+        self._scheduler = Scheduler(  # no mlx work in it: built here, run on the mlx thread
             self._model,
             self.tokenizer,
             self._config,
@@ -250,13 +248,13 @@ class MlxModelHost:
             self.kv_shape,
             self._trimmable,
             self._processor_factory,
-            self._engine.has_jobs,
+            self._mlx.has_jobs,
         )
-        self._engine.stepper = self._scheduler
+        self._mlx.stepper = self._scheduler
 
     async def stop(self) -> None:
         self._sessions.clear()
-        await asyncio.to_thread(self._engine.stop)
+        await asyncio.to_thread(self._mlx.stop)
 
     async def __aenter__(self) -> MlxModelHost:
         await self.start()
@@ -266,16 +264,16 @@ class MlxModelHost:
         await self.stop()
 
     async def _chat_format(self) -> ChatFormat:
-        """Decided at load; a model that cannot chat stops the engine thread it started, then says why."""
+        """Decided at load; a model that cannot chat stops the mlx thread it started, then says why."""
         try:
             return ChatFormat.load(self.tokenizer, self.model_id)
         except ChatTemplateError:
             self._model = None
-            await asyncio.to_thread(self._engine.stop)
+            await asyncio.to_thread(self._mlx.stop)
             raise
 
     def _load(self) -> tuple[KVShape, bool]:
-        """Load the model and tokenizer, and `_measure` them: one trip to the engine thread."""
+        """Load the model and tokenizer, and `_measure` them: one trip to the mlx thread."""
         self._model, self.tokenizer = load_model(self.model_path)  # type: ignore[arg-type]
         return self._measure()
 
@@ -316,11 +314,11 @@ class MlxModelHost:
         ram = total_memory()
         # The weights as stored: mlx loads safetensors as they are (walking the parameters costs more).
         weights = sum(f.stat().st_size for f in self.model_path.glob("*.safetensors")) if self.model_path else 0
-        return max(256 * 2**20, int((ram - weights) * DEFAULT_BUDGET_FRACTION)) if ram else None
+        return default_kv_budget(ram, weights) if ram else None
 
     def _window(self, trained: int | None, budget: int | None) -> int:
         """The per-session window: the model's, capped, and what the budget holds for max_sessions."""
-        window = min(trained or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
+        window = min(trained or DEFAULT_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
         fits = None
         if budget is not None and self.kv_shape.per_token:
             fits = tokens_that_fit(self.kv_shape, budget // self.max_sessions, self._trimmable)
@@ -394,4 +392,4 @@ class MlxModelHost:
                 shared_prefix_hits=self._scheduler.prefixes.hits,
             )
 
-        return await self._engine.run(read)
+        return await self._mlx.run(read)

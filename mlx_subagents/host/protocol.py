@@ -20,6 +20,11 @@ TextCallback = Callable[[str], None]
 FinishReason = Literal["stop", "length", "cancelled"]
 # Tokens a reply may think before the host closes the thought; 0 turns thinking off.
 DEFAULT_THINKING_TOKENS = 4096
+# The window per session when nothing (the engine's listing, a script, `--context-window`) says
+# otherwise, and the MLX host's cap on a model's own: models advertise 128k-256k tokens, and a
+# 16 GB Mac cannot hold that much KV for several sessions. Every engine worth running for agents
+# serves this much.
+DEFAULT_CONTEXT_WINDOW = 32768
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class MalformedToolCall:
 
 @dataclass(frozen=True)
 class Usage:
-    """Token accounting for one generation.
+    """Token accounting for one reply.
 
     `prompt_tokens = cached_tokens + prefilled_tokens`: cached tokens were reused
     from the session's KV cache, prefilled tokens were computed this turn.
@@ -58,10 +63,13 @@ class Usage:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    prefilled_tokens: int = 0
     generated_tokens: int = 0
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
 
     @property
     def generation_tps(self) -> float:
@@ -69,7 +77,7 @@ class Usage:
 
 
 @dataclass(frozen=True)
-class Generation:
+class Reply:
     """One model reply: visible text, structured tool calls, the reasoning before them, and accounting.
 
     `reasoning` is what a thinking model wrote inside its thought markers: never part of
@@ -101,6 +109,25 @@ class Generation:
         return message
 
 
+@dataclass(frozen=True)
+class GenerateArgs:
+    """How one reply is generated: its limits, its sampling, and where its text streams to.
+
+    Args:
+        max_tokens: bounds the reply after a thinking model's thought (see `thinking`).
+        temperature: the sampling temperature; 0 decodes greedily.
+        on_text: gets the reply's visible text as it is generated (no call markup, no reasoning).
+        on_reasoning: gets the reasoning as it is generated.
+        thinking: tokens a thinking model may think (0: off) before the host closes its thought.
+    """
+
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    on_text: TextCallback | None = None
+    on_reasoning: TextCallback | None = None
+    thinking: int = DEFAULT_THINKING_TOKENS
+
+
 @runtime_checkable
 class HostSession(Protocol):
     """One conversation's handle on the host: its own KV cache, reused across turns.
@@ -113,19 +140,9 @@ class HostSession(Protocol):
     cut: Usage | None
 
     async def generate(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        max_tokens: int = 1024,
-        temperature: float = 0.0,
-        on_text: TextCallback | None = None,
-        on_reasoning: TextCallback | None = None,
-        thinking: int = DEFAULT_THINKING_TOKENS,
-    ) -> Generation:
-        """One reply; `on_text` gets only its visible text as it is generated (no call markup, no
-        reasoning), `on_reasoning` the reasoning. A thinking model may think `thinking` tokens
-        (0: off) before the host closes its thought; `max_tokens` then bounds the rest."""
+        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
+    ) -> Reply:
+        """One reply to `messages`, with `tools` offered, generated as `args` says."""
         ...
 
     @property

@@ -1,4 +1,4 @@
-"""The engine thread's scheduler: admission, chunked prefill, batched or serialized decode.
+"""The mlx thread's scheduler: admission, chunked prefill, batched or serialized decode.
 
 Every turn moves through the same stages: waiting (admission control against
 the KV budget) -> prefilling (in chunks, reusing the session's cache, a shared
@@ -6,8 +6,8 @@ system-prompt prefix, or a hybrid model's snapshot) -> decoding -> finished
 (its cache parked in the pool for the next turn). In batched mode every
 decoding session advances one token per step in one mlx-lm `BatchGenerator`
 batch, and a long prefill is cut into chunks between decode steps so it does
-not stall the others; a turn with nothing else in flight decodes alone on
-mlx-lm's single-sequence path, several tokens per step, moves into the batch
+not stall the others; a turn with nothing else in flight decodes on mlx-lm's
+single-sequence path (the single turn), several tokens per step, moves into the batch
 when a second turn arrives and back out when it is the last one left in it
 with nothing else to come. In serialized mode a turn runs from start
 to finish on its own, which is the reference the batched mode must match
@@ -27,13 +27,13 @@ from typing import Any
 
 from ..errors import PromptTooLongError
 from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
+from .mlx_thread import Deliver
 from .prefix_cache import SharedPrefixes
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
-from .protocol import FinishReason, Generation, Message, ProcessorFactory, TextCallback, ToolSchema, Usage
+from .protocol import FinishReason, Message, ProcessorFactory, Reply, TextCallback, ToolSchema, Usage
 from .single import SingleStream, take_from_batch
 from .thinking import thought_budget
 
-Deliver = Callable[[bool, Any], None]
 # Streamed text reaches the callers' loops at most this often (plus a turn's first text and its end at
 # once): a wake-up per token costs a syscall and a thread switch per step, more than a token of a
 # small model on a CPU, and no reader sees a difference at 50 Hz. (Each wake-up also stalls this
@@ -45,11 +45,11 @@ DEFAULT_STREAM_INTERVAL_S = 0.02
 # While the same turns only decode, the KV bytes in flight are read (for the pool's peak) every this
 # many steps: caches then only grow, by whole 256-token blocks. Any change of the work is read at once.
 OBSERVE_EVERY_STEPS = 8
-# A turn decoding alone, with nothing else waiting, decodes up to this many tokens per step (or for
-# about this long): the work around each step (cancel checks, admission, the engine's queue) is then
+# The single turn, with nothing else waiting, decodes up to this many tokens per step (or for
+# about this long): the work around each step (cancel checks, admission, the mlx thread's queue) is then
 # paid once per burst, as mlx-lm's own loop never pays it. Anything that needs a step ends a burst.
-LONE_BURST_TOKENS = 8
-LONE_SLICE_S = 0.02
+SINGLE_BURST_TOKENS = 8
+SINGLE_SLICE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class TextSink:
 
 
 def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]:
-    """`processor`, but an exception is kept on the turn (failing it alone) instead of escaping the batch step."""
+    """`processor`, but an exception is kept on the turn (failing only that turn) instead of escaping the batch step."""
 
     def run(tokens: Any, logits: Any) -> Any:
         if turn.error is None:
@@ -95,7 +95,7 @@ class Request:
 
 @dataclass(eq=False)  # compared by identity: a turn holds caches, not values
 class Turn:
-    """One generation request on its way through the scheduler."""
+    """A request for one reply on its way through the scheduler."""
 
     name: str
     state: CacheState
@@ -120,7 +120,7 @@ class Turn:
     error: Exception | None = None  # raised by this turn's own logits processor inside the batch
     sampler: Any = None
     processors: list[Any] = field(default_factory=list)
-    stream: SingleStream | None = None  # decoding alone, outside the batch
+    stream: SingleStream | None = None  # decoding on the single path, outside the batch
     streamed: bool = False  # its first text is out (or in the outbox)
     fed: int = 0  # how many of `generated` the detokenizer has had
     queued: bool = False  # in the scheduler's outbox: tokens not streamed yet
@@ -140,7 +140,7 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    """Runs turns on the engine thread; see the module docstring."""
+    """Runs turns on the mlx thread; see the module docstring."""
 
     def __init__(
         self,
@@ -153,14 +153,15 @@ class Scheduler:
         processor_factory: ProcessorFactory | None = None,
         jobs_waiting: Callable[[], bool] | None = None,
     ) -> None:
-        """`jobs_waiting`: whether the engine has a job queued (a new turn, a reset), which ends a lone burst."""
+        """`jobs_waiting`: whether the mlx thread has a job queued (a new turn, a reset), which ends the
+        single turn's burst."""
         self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
         self._processor_factory = processor_factory
         self._jobs_waiting = jobs_waiting or (lambda: False)
         self.waiting: deque[Turn] = deque()
         self.prefilling: deque[Turn] = deque()
         self.decoding: dict[int, Turn] = {}
-        self.lone: Turn | None = None  # a turn decoding on its own while nothing else decodes
+        self.single: Turn | None = None  # the single turn: decoding on its own while nothing else decodes
         self.prefixes = SharedPrefixes()
         self._batch: Any = None
         self._outbox: list[Turn] = []  # turns with tokens to stream (see `_flush`)
@@ -171,7 +172,7 @@ class Scheduler:
         self._unobserved_steps = 0
         self._trimmable = trimmable  # False for hybrid caches (see `_prepare_cache`)
 
-    # -- entry points (engine thread) -----------------------------------------
+    # -- entry points (mlx thread) --------------------------------------------
 
     def submit(self, turn: Turn) -> None:
         """Tokenize and queue a turn; serialized mode runs it to completion here."""
@@ -187,7 +188,7 @@ class Scheduler:
             turn.deliver(False, exc)
             return
         self.waiting.append(turn)
-        if not self.config.batching:  # to the end now, inside this job: the engine's steps do not see it
+        if not self.config.batching:  # to the end now, inside this job: the thread's steps do not see it
             try:
                 while self.has_work():
                     self.step()
@@ -195,29 +196,29 @@ class Scheduler:
                 self.fail_all(exc)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.decoding or self.lone)
+        return bool(self.waiting or self.prefilling or self.decoding or self.single)
 
     def step(self) -> None:
-        """One unit of progress: admissions, one decode step for the batch (or a burst of the lone
-        turn's tokens, see LONE_BURST_TOKENS), one prefill chunk.
+        """One unit of progress: admissions, one decode step for the batch (or a burst of the single
+        turn's tokens, see SINGLE_BURST_TOKENS), one prefill chunk.
 
-        A turn's own failure (its prompt, processors, cache restore, reply parsing) fails that
-        turn alone; a failure of the shared batch step fails the turns in the batch. Anything else
+        A turn's own failure (its prompt, processors, cache restore, reply parsing) fails only
+        that turn; a failure of the shared batch step fails the turns in the batch. Anything else
         is a bug outside any one turn, after which nothing can be trusted: it escapes, and the
-        engine (or the serialized `submit`) fails every turn (`fail_all`).
+        mlx thread (or the serialized `submit`) fails every turn (`fail_all`).
         """
         self._drop_cancelled()
         self._admit()
         if self.decoding:
             self._decode_step()
-            if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self.lone or self._jobs_waiting()):
+            if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self.single or self._jobs_waiting()):
                 self._leave_batch(next(iter(self.decoding.values())))
-        if self.lone is not None:
-            lone = self.lone
+        if self.single is not None:
+            single = self.single
             try:
-                self._lone_burst(lone)
+                self._single_burst(single)
             except Exception as exc:
-                self._fail(lone, exc)
+                self._fail(single, exc)
         if self.prefilling:
             self._prefill()
         self._observe()
@@ -248,7 +249,7 @@ class Scheduler:
     def _observe(self) -> None:
         """Keep the pool's peak: read the KV bytes when the work in flight changed, else every few steps."""
         head = self.prefilling[0].pos if self.prefilling else -1
-        work = (len(self.waiting), len(self.prefilling), head, len(self.decoding), self.lone is None)
+        work = (len(self.waiting), len(self.prefilling), head, len(self.decoding), self.single is None)
         self._unobserved_steps += 1
         if work != self._work or self._unobserved_steps >= OBSERVE_EVERY_STEPS:
             self._work, self._unobserved_steps = work, 0
@@ -258,14 +259,14 @@ class Scheduler:
         """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
         batch = self._batch.prompt_cache_nbytes if self._batch is not None and self.decoding else 0
         active = batch + sum(cache_nbytes(t.cache) for t in self.prefilling)
-        active += cache_nbytes(self.lone.cache) if self.lone is not None else 0
+        active += cache_nbytes(self.single.cache) if self.single is not None else 0
         snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
         return self.pool.idle_bytes() + self.prefixes.nbytes() + active + snapshots
 
     # -- admission ------------------------------------------------------------
 
     def _active(self) -> list[Turn]:
-        return [*self.prefilling, *self.decoding.values(), *([self.lone] if self.lone else [])]
+        return [*self.prefilling, *self.decoding.values(), *([self.single] if self.single else [])]
 
     def _estimate(self, turns: list[Turn]) -> int:
         """Worst-case bytes of these turns together, shared prefixes they will add included."""
@@ -397,13 +398,13 @@ class Scheduler:
 
         Turns that arrive together (the usual fan-out of sub-agents) then enter mlx-lm's batch in
         the same step: it prefills their remaining prompts as one padded batch and they decode in
-        step from the first token, instead of one decoding alone while the next ones prefill.
+        step from the first token, instead of one decoding on the single path while the next ones prefill.
         While nothing decodes yet, the ready turns wait for the turn behind them to reach its end
         (a hybrid model's turn first saves a snapshot); once others decode, ready turns join at once.
         """
         ready = self._ready()
         behind = self._behind(ready)
-        batched = self.config.batching and (len(ready) > 1 or bool(self.decoding or self.lone))
+        batched = self.config.batching and (len(ready) > 1 or bool(self.decoding or self.single))
         if ready and batched and behind is None:
             for turn in ready:
                 self.prefilling.remove(turn)
@@ -421,7 +422,7 @@ class Scheduler:
     def _behind(self, ready: list[Turn]) -> Turn | None:
         """The turn after the ready ones that they wait for: it still has a stop to save before its
         end and can join their batch, and nothing decodes yet (else the ready ones join at once)."""
-        if not self.config.batching or self.decoding or self.lone or len(self.prefilling) <= len(ready):
+        if not self.config.batching or self.decoding or self.single or len(self.prefilling) <= len(ready):
             return None
         turn = self.prefilling[len(ready)]  # where `_ready` stopped: opened, its next stop not "end"
         return turn if turn.stops[0][1] != "end" and self._batchable(turn.cache) else None
@@ -472,11 +473,12 @@ class Scheduler:
     # -- decode -----------------------------------------------------------------
 
     def _joins_batch(self, turn: Turn) -> bool:
-        """Decode in the batch: others decode already. Alone (mlx-lm's single-sequence path) otherwise."""
-        return self.config.batching and self._batchable(turn.cache) and bool(self.decoding or self.lone)
+        """Decode in the batch: others decode already. On mlx-lm's single-sequence path otherwise."""
+        return self.config.batching and self._batchable(turn.cache) and bool(self.decoding or self.single)
 
     def _begin_decode(self, turn: Turn, join: bool) -> None:
-        """Decode in the batch (`join`), or alone: a burst of tokens per step, or to the end when serialized."""
+        """Decode in the batch (`join`), or as the single turn: a burst of tokens per step, or to the end
+        when serialized."""
         from mlx_lm.sample_utils import make_sampler
 
         turn.processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
@@ -487,17 +489,17 @@ class Scheduler:
             turn.processors = [*turn.processors, budget]  # last: closing the thought wins over other processors
         turn.detokenizer = self.tokenizer.detokenizer if turn.sink else None
         if join:
-            if self.lone is not None:
-                self._handover(self.lone)
+            if self.single is not None:
+                self._handover(self.single)
             self._insert(turn, turn.ids[turn.pos :], turn.ids[: turn.pos], turn.max_tokens)
             return
         turn.stream = SingleStream(self.model, turn.cache, turn.ids, turn.sampler, turn.processors)  # type: ignore[arg-type]
         if self.config.batching and self._batchable(turn.cache):
-            self.lone = turn  # a burst of tokens per step, until it ends or a second turn arrives
+            self.single = turn  # a burst of tokens per step, until it ends or a second turn arrives
         else:  # serialized (or a cache that cannot join a batch): to the end now
-            self._decode_alone(turn, turn.max_tokens, turn.cancel.is_set)
+            self._decode_single(turn, turn.max_tokens, turn.cancel.is_set)
             if turn.stream is not None:  # stopped by its cancel
-                self._end_alone(turn, "cancelled")
+                self._end_single(turn, "cancelled")
 
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
@@ -512,10 +514,10 @@ class Scheduler:
         turn.state.prompt_cache = turn.cache = None  # the batch owns it now
         self.decoding[turn.uid] = turn
 
-    def _lone_burst(self, turn: Turn) -> None:
-        """Tokens of the lone turn until it ends, LONE_BURST_TOKENS or LONE_SLICE_S, or until something
-        needs a step: a turn waiting or prefilling, a job for the engine, its own cancel."""
-        deadline = time.perf_counter() + LONE_SLICE_S
+    def _single_burst(self, turn: Turn) -> None:
+        """Tokens of the single turn until it ends, SINGLE_BURST_TOKENS or SINGLE_SLICE_S, or until something
+        needs a step: a turn waiting or prefilling, a job for the mlx thread, its own cancel."""
+        deadline = time.perf_counter() + SINGLE_SLICE_S
 
         def needs_a_step() -> bool:
             return bool(
@@ -526,36 +528,36 @@ class Scheduler:
                 or time.perf_counter() >= deadline
             )
 
-        self._decode_alone(turn, LONE_BURST_TOKENS, needs_a_step)
+        self._decode_single(turn, SINGLE_BURST_TOKENS, needs_a_step)
 
-    def _decode_alone(self, turn: Turn, n_tokens: int, stop: Callable[[], bool]) -> None:
-        """Up to `n_tokens` tokens of a turn decoding alone: fewer when it ends, or when `stop()`,
+    def _decode_single(self, turn: Turn, n_tokens: int, stop: Callable[[], bool]) -> None:
+        """Up to `n_tokens` tokens of a turn on the single path: fewer when it ends, or when `stop()`,
         asked between tokens, says so. The text so far goes out between tokens."""
         for n in range(1, n_tokens + 1):
-            if self._lone_step(turn) is not None or n == n_tokens or stop():
+            if self._single_step(turn) is not None or n == n_tokens or stop():
                 return
             self._flush()
 
-    def _lone_step(self, turn: Turn) -> FinishReason | None:
-        """One token of a turn decoding alone; its cache ends holding every token it produced."""
+    def _single_step(self, turn: Turn) -> FinishReason | None:
+        """One token of a turn on the single path; its cache ends holding every token it produced."""
         done = self._on_token(turn, turn.stream.next())  # type: ignore[union-attr]
         if done is None and len(turn.generated) >= turn.max_tokens:
             done = "length"
         if done is not None:
-            self._end_alone(turn, done)
+            self._end_single(turn, done)
         return done
 
-    def _end_alone(self, turn: Turn, finish: FinishReason) -> None:
+    def _end_single(self, turn: Turn, finish: FinishReason) -> None:
         turn.stream = None
-        if self.lone is turn:
-            self.lone = None
+        if self.single is turn:
+            self.single = None
         self._finish(turn, finish, turn.cache)
 
     def _handover(self, turn: Turn) -> None:
-        """A second turn is about to decode: the lone one continues in the batch from its next token."""
+        """A second turn is about to decode: the single one continues in the batch from its next token."""
         stream = turn.stream
         assert stream is not None
-        self.lone, turn.stream = None, None
+        self.single, turn.stream = None, None
         token = stream.handover()
         done = self._on_token(turn, token)
         if done is None and len(turn.generated) >= turn.max_tokens:
@@ -567,9 +569,10 @@ class Scheduler:
         self._insert(turn, [token], turn.ids + turn.generated[:-1], turn.max_tokens - len(turn.generated))
 
     def _leave_batch(self, turn: Turn) -> None:
-        """The last turn in the batch, with no other to come, goes on alone: mlx-lm's single-sequence
-        path is faster than a batch of one (agents end at different times, so a straggler is common).
-        It continues from the token the batch computed next; a new turn brings it back (`_handover`)."""
+        """The last turn in the batch, with no other to come, goes on as the single turn: mlx-lm's
+        single-sequence path is faster than a batch of one (agents end at different times, so a
+        straggler is common). It continues from the token the batch computed next; a new turn brings
+        it back (`_handover`)."""
         try:
             taken = take_from_batch(self._batch, turn.uid)  # type: ignore[arg-type]
             if taken is None:  # still prefilling in the batch, or a cache kind that stays there
@@ -579,7 +582,7 @@ class Scheduler:
             cache, held, pending = taken
             turn.cache = turn.state.prompt_cache = cache
             turn.stream = SingleStream(self.model, cache, held, turn.sampler, turn.processors, pending)
-            self.lone = turn
+            self.single = turn
         except Exception as exc:
             self._fail(turn, exc)
 
@@ -643,13 +646,13 @@ class Scheduler:
         """End a cancelled turn where it is, keeping what its cache holds."""
         if turn in self.waiting:
             self.waiting.remove(turn)
-            turn.deliver(True, self._generation(turn, "cancelled"))
+            turn.deliver(True, self._reply(turn, "cancelled"))
         elif turn in self.prefilling:
             self.prefilling.remove(turn)
             self.pool.park(turn.name, turn.state)
-            turn.deliver(True, self._generation(turn, "cancelled"))
-        elif turn is self.lone:
-            self._end_alone(turn, "cancelled")
+            turn.deliver(True, self._reply(turn, "cancelled"))
+        elif turn is self.single:
+            self._end_single(turn, "cancelled")
         else:
             del self.decoding[turn.uid]  # type: ignore[arg-type]
             cache, held = self._batch.remove([turn.uid], return_prompt_caches=True)[turn.uid]
@@ -664,13 +667,13 @@ class Scheduler:
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)
         self._flush(force=True)  # the streamed text reaches the caller before its result does
-        turn.deliver(True, self._generation(turn, finish))
+        turn.deliver(True, self._reply(turn, finish))
         if not self.decoding and not self.prefilling:
             import mlx.core as mx
 
             mx.clear_cache()  # idle: give freed buffers back rather than keep them cached
 
-    def _generation(self, turn: Turn, finish: FinishReason) -> Generation:
+    def _reply(self, turn: Turn, finish: FinishReason) -> Reply:
         body = turn.generated[:-1] if finish == "stop" else turn.generated
         # The raw reply: the host splits it into text and tool calls in the model's own format.
         raw = self.tokenizer.decode(body) if body else ""
@@ -678,12 +681,11 @@ class Scheduler:
         usage = Usage(
             prompt_tokens=len(turn.ids),
             cached_tokens=turn.n_cached,
-            prefilled_tokens=len(turn.ids) - turn.n_cached,
             generated_tokens=len(turn.generated),
             prompt_seconds=turn.prompt_s,
             generation_seconds=max(0.0, total - turn.prompt_s),
         )
-        return Generation(raw, [], [], finish, usage, raw, tuple(turn.generated))
+        return Reply(raw, [], [], finish, usage, raw, tuple(turn.generated))
 
     # -- helpers ----------------------------------------------------------------
 
@@ -721,8 +723,8 @@ class Scheduler:
             self.prefilling.remove(turn)
         if turn.uid is not None and self.decoding.pop(turn.uid, None) is not None:
             self._batch.remove([turn.uid])
-        if self.lone is turn:
-            self.lone = None
+        if self.single is turn:
+            self.single = None
         self.pool.claim(turn.name)  # not idle: it may have been parked before the failure
         turn.state.reset()
         turn.deliver(False, exc)
@@ -746,7 +748,7 @@ class Scheduler:
         self.waiting.clear()
         self.prefilling.clear()
         self.decoding.clear()
-        self._batch, self.lone = None, None
+        self._batch, self.single = None, None
         for turn in turns:
             turn.state.reset()  # a clean slate: the next turn prefills
             turn.deliver(False, exc)

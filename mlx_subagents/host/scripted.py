@@ -31,12 +31,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
+from mlx_subagents.host.estimate import approx_tokens
 from mlx_subagents.host.protocol import (
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
-    Generation,
+    GenerateArgs,
     MalformedToolCall,
     Message,
-    TextCallback,
+    Reply,
     ToolCall,
     ToolMode,
     ToolSchema,
@@ -46,26 +48,8 @@ from mlx_subagents.host.toolcalls import hermes
 from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
 
 SCRIPTED_PREFIX = "scripted:"
-DEFAULT_CONTEXT_WINDOW = 32768
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
-
-
-def approx_tokens(messages: list[Message], tools: list[ToolSchema] | None = None) -> int:
-    """Approximate token count: `len(text) // 4 + 1` per rendered message (and for the tools).
-
-    A message is rendered as compact, key-sorted JSON, so equal messages always
-    count the same. Roughly four characters per token is what BPE tokenizers give
-    on English and code; the `+ 1` stands for the per-message template overhead.
-    """
-    total = sum(len(_render(m)) // 4 + 1 for m in messages)
-    if tools:
-        total += len(_render(tools)) // 4 + 1
-    return total
-
-
-def _render(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 # --- the script file ---------------------------------------------------------------------------
@@ -111,7 +95,7 @@ class ScriptedReply(BaseModel):
         return {"content": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _raw_alone(self) -> ScriptedReply:
+    def _raw_not_combined(self) -> ScriptedReply:
         if self.raw is not None and (self.content or self.tool_calls):
             raise ValueError("'raw' cannot be combined with 'content' or 'tool_calls'")
         return self
@@ -262,6 +246,9 @@ class ScriptedHost:
 class ScriptedSession:
     """One conversation: its own cursor into the agent's replies.
 
+    `generate` returns the next scripted reply, its text and reasoning streamed in one piece each;
+    `max_tokens`, `temperature` and `thinking` are ignored.
+
     Usage mimics a KV cache: the previous turn's prompt + reply messages that
     start the new prompt count as cached (only if the tools are unchanged, as
     real templates render them first); the rest counts as prefilled.
@@ -288,17 +275,8 @@ class ScriptedSession:
         self._closed = True
 
     async def generate(
-        self,
-        messages: list[Message],
-        *,
-        tools: list[ToolSchema] | None = None,
-        max_tokens: int = 1024,
-        temperature: float = 0.0,
-        on_text: TextCallback | None = None,
-        on_reasoning: TextCallback | None = None,
-        thinking: int = DEFAULT_THINKING_TOKENS,
-    ) -> Generation:
-        """Return the next scripted reply; `max_tokens`, `temperature` and `thinking` are ignored."""
+        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
+    ) -> Reply:
         if self._closed:
             raise RuntimeError(f"scripted session '{self.name}' is closed")
         if self._busy:
@@ -315,53 +293,52 @@ class ScriptedSession:
                 f"scripted model: prompt of ~{prompt_tokens} tokens does not fit the context "
                 f"window of {self._host.context_window} tokens ({self._host.source})"
             )
-        reply = self._replies[self._cursor]
+        scripted = self._replies[self._cursor]
         self._busy, self.cut = True, None
         try:
-            if reply.delay:
-                await asyncio.sleep(reply.delay)
+            if scripted.delay:
+                await asyncio.sleep(scripted.delay)
         except asyncio.CancelledError:  # cut during its delay: the prompt was read, nothing generated
             cached = self._cached_tokens(messages, tools)
-            self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached, prefilled_tokens=prompt_tokens - cached)
+            self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached)
             raise
         finally:
             self._busy = False
         # Only a delivered reply is consumed: a cancelled call leaves the cursor in place.
         self._cursor += 1
-        generation = self._make_generation(reply, messages, tools, prompt_tokens)
-        if on_reasoning is not None and generation.reasoning:
-            on_reasoning(generation.reasoning)
-        if on_text is not None and generation.text:
-            on_text(generation.text)
-        return generation
+        reply = self._make_reply(scripted, messages, tools, prompt_tokens)
+        if args.on_reasoning is not None and reply.reasoning:
+            args.on_reasoning(reply.reasoning)
+        if args.on_text is not None and reply.text:
+            args.on_text(reply.text)
+        return reply
 
-    def _make_generation(
+    def _make_reply(
         self,
-        reply: ScriptedReply,
+        scripted: ScriptedReply,
         messages: list[Message],
         tools: list[ToolSchema] | None,
         prompt_tokens: int,
-    ) -> Generation:
-        calls = [self._tool_call(c) for c in reply.tool_calls]
-        raw = reply.raw
+    ) -> Reply:
+        calls = [self._tool_call(c) for c in scripted.tool_calls]
+        raw = scripted.raw
         malformed = [MalformedToolCall(raw, hermes().error(_parse_error(raw)))] if raw is not None else []
-        reply_message = Generation(text=reply.content, tool_calls=calls, reasoning=reply.reasoning).to_message()
+        reply_message = Reply(text=scripted.content, tool_calls=calls, reasoning=scripted.reasoning).to_message()
         cached = self._cached_tokens(messages, tools)
         self._previous = [*messages, reply_message]
         self._previous_tools = tools
-        return Generation(
-            text=reply.content,
+        return Reply(
+            text=scripted.content,
             tool_calls=calls,
             malformed_tool_calls=malformed,
-            finish_reason=reply.finish_reason,
+            finish_reason=scripted.finish_reason,
             usage=Usage(
                 prompt_tokens=prompt_tokens,
                 cached_tokens=cached,
-                prefilled_tokens=prompt_tokens - cached,
                 generated_tokens=approx_tokens([reply_message]),
             ),
-            raw_text=raw if raw is not None else reply.content + "".join(map(_markup, calls)),
-            reasoning=reply.reasoning,
+            raw_text=raw if raw is not None else scripted.content + "".join(map(_markup, calls)),
+            reasoning=scripted.reasoning,
         )
 
     def _tool_call(self, call: ScriptedToolCall) -> ToolCall:

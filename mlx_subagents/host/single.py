@@ -1,6 +1,6 @@
 """One sequence decoding on its own, one token per call, the way `mlx_lm.generate_step` does.
 
-A lone session (the common `subagent run`) decodes fastest on mlx-lm's single-sequence path: no
+A single session (the common `subagent run`) decodes fastest on mlx-lm's single-sequence path: no
 batch bookkeeping around each token. When a second session arrives the scheduler moves the
 sequence into the batch (`handover`); when the others in the batch end, the last one comes back
 (`take_from_batch`, then a stream with `pending`). Either way the next token and the cache carry

@@ -17,9 +17,9 @@ from pydantic import BaseModel
 
 from ..host.kv_pool import KV_STEP
 from ..host.loading import config_context_window, imported_models_dir, read_config
-from ..host.mlx_host import DEFAULT_BUDGET_FRACTION, DEFAULT_CONTEXT_CAP, DEFAULT_MAX_SESSIONS, total_memory
+from ..host.mlx_host import DEFAULT_MAX_SESSIONS, default_kv_budget, total_memory
+from ..host.protocol import DEFAULT_CONTEXT_WINDOW
 
-MIN_KV_BUDGET = 256 * 2**20  # the host never derives a smaller default budget
 QUANT_PARTS = (".scales", ".biases")  # mlx's quantization parameters, not model parameters
 
 
@@ -97,11 +97,10 @@ def fits_memory(weights: int, per_token: int | None, window: int | None, ram: in
     """Whether the host's default KV budget on this machine holds every default session at full window."""
     if per_token is None or not ram:
         return None
-    window = min(window or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
+    window = min(window or DEFAULT_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
     steps = -(-window // KV_STEP) + 1  # buffers grow in steps, with one of slack (as the pool counts)
     needed = DEFAULT_MAX_SESSIONS * per_token * steps * KV_STEP
-    budget = max(MIN_KV_BUDGET, int((ram - weights) * DEFAULT_BUDGET_FRACTION))
-    return weights < ram and needed <= budget
+    return weights < ram and needed <= default_kv_budget(ram, weights)
 
 
 def tool_mode(path: Path) -> str | None:

@@ -1,11 +1,11 @@
-"""The engine thread: the one place where mlx runs.
+"""The mlx thread: the one place where mlx runs.
 
 mlx streams are per thread (an array or cache made on one thread fails on
 another), so every mlx call happens on this thread. Async callers submit a job
 and await its result; jobs run one at a time, in order. Between jobs the
-engine advances its `Stepper` (the scheduler's batched prefill and decode), so
-generations from many sessions progress together. A failing job hands its
-exception to its own caller, a failing step fails the stepper's work in flight, and the engine
+thread advances its `Stepper` (the scheduler's batched prefill and decode), so
+replies of many sessions progress together. A failing job hands its
+exception to its own caller, a failing step fails the stepper's work in flight, and the thread
 keeps going either way.
 """
 
@@ -39,10 +39,10 @@ class _Job:
     deliver: Deliver
 
 
-class Engine:
+class MlxThread:
     """A single worker thread: runs submitted jobs in FIFO order, steps the scheduler between them."""
 
-    def __init__(self, name: str = "mlx-engine") -> None:
+    def __init__(self, name: str = "mlx") -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._started = False
@@ -60,7 +60,7 @@ class Engine:
             self._thread.join()
 
     async def run(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the engine thread and await its result (or exception)."""
+        """Run `fn` on the mlx thread and await its result (or exception)."""
 
         def job(deliver: Deliver) -> None:
             deliver(True, fn())
@@ -68,7 +68,7 @@ class Engine:
         return await self.run_deferred(job)
 
     async def run_deferred(self, fn: Callable[[Deliver], None]) -> Any:
-        """Run `fn(deliver)` on the engine thread; the result is whatever it (later) delivers."""
+        """Run `fn(deliver)` on the mlx thread; the result is whatever it (later) delivers."""
         return await self.submit(fn)
 
     def submit(self, fn: Callable[[Deliver], None]) -> asyncio.Future[Any]:
@@ -120,7 +120,7 @@ class Engine:
         they are torn down after `join()` has returned (Python lets go of a thread before the OS thread
         ends), racing the interpreter's finalisation on the main thread: a destructor that needs the GIL
         then is unwound by Python, and the process dies with "terminate called without an active
-        exception" (SIGABRT) after the command did its work. Synchronising alone does not prevent it;
+        exception" (SIGABRT) after the command did its work. Synchronising by itself does not prevent it;
         `mx.clear_streams()` at the end of the thread, as mlx asks (ml-explore/mlx#3395, #4110), does.
         """
         self.stepper = None

@@ -1,10 +1,10 @@
-"""A process whose engine thread ran mlx work exits cleanly.
+"""A process whose mlx thread ran mlx work exits cleanly.
 
 mlx tears a thread's streams down in thread-local destructors that, left to the thread's exit, race
 the interpreter's finalisation and abort the process ("terminate called without an active
-exception", exit 134) after the work is done. The engine clears its streams before its thread ends.
+exception", exit 134) after the work is done. The mlx thread clears its streams before it ends.
 The race needs load to show: the processes run at once, on a machine with far fewer cores. Each loads
-the engine's module by its path (the engine imports only the standard library), which keeps a process
+the mlx thread's module by its path (it imports only the standard library), which keeps a process
 at a fraction of a second instead of importing the whole host.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mlx_subagents
 
-ENGINE_FILE = Path(mlx_subagents.__file__).parent / "host" / "engine.py"
+MLX_THREAD_FILE = Path(mlx_subagents.__file__).parent / "host" / "mlx_thread.py"
 EXIT_RIGHT_AFTER_STOP = """
 import asyncio
 import importlib.util
@@ -24,9 +24,9 @@ import sys
 
 import mlx.core as mx
 
-spec = importlib.util.spec_from_file_location("engine", sys.argv[1])
-engine_module = sys.modules["engine"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(engine_module)
+spec = importlib.util.spec_from_file_location("mlx_thread", sys.argv[1])
+mlx_thread = sys.modules["mlx_thread"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mlx_thread)
 generation_stream = mx.new_thread_local_stream(mx.default_device())  # as mlx-lm makes its own
 
 
@@ -38,19 +38,19 @@ def work() -> None:
         mx.async_eval(a)  # a step left in flight, as decoding leaves one
 
 
-engine = engine_module.Engine()
-engine.start()
-asyncio.run(engine.run(work))
-engine.stop()
+thread = mlx_thread.MlxThread()
+thread.start()
+asyncio.run(thread.run(work))
+thread.stop()
 print("done")
 """
 N_PROCESSES = 12
 
 
-def test_processes_that_stop_the_engine_and_exit_at_once_never_abort() -> None:
+def test_processes_that_stop_the_mlx_thread_and_exit_at_once_never_abort() -> None:
     runs = [
         subprocess.Popen(
-            [sys.executable, "-c", EXIT_RIGHT_AFTER_STOP, str(ENGINE_FILE)],
+            [sys.executable, "-c", EXIT_RIGHT_AFTER_STOP, str(MLX_THREAD_FILE)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
