@@ -24,7 +24,7 @@ from ..agents.schema_output import load_schema
 from ..agents.spec import WRITER_TOOLS, AgentSpec
 from ..errors import RequestError, SubagentError
 from ..render import EventLines
-from ..results import MultiRunResult
+from ..results import MultiRunResult, RunResult
 from ..runs.runner import Runner
 from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
 from .doctor import run_doctor
@@ -77,6 +77,22 @@ def _schema(path: Path | None) -> dict[str, Any] | None:
     return load_schema(path) if path else None
 
 
+def _run_one(
+    shared: Shared,
+    work: Callable[[Runner], Awaitable[RunResult]],
+    as_json: bool,
+    events: bool,
+    *,
+    verbose: bool = False,
+    cwd: Path | None = None,
+) -> None:
+    """A one-task command: its runner (in `cwd`), a line per event, the result, the exit."""
+    sinks = event_sinks(events)
+    sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
+    runner = shared.runner(sinks, cwd=cwd)
+    finish_single(run_async(runner, lambda: work(runner), err), as_json, events)
+
+
 def _run_many(
     shared: Shared,
     rows: list[tuple[str, str]],
@@ -110,12 +126,8 @@ def run(
 
     Example: subagent run scout "where is auth handled?"
     """
-    sinks = event_sinks(events)
-    sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
-    runner = shared.runner(sinks)
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
-    result = run_async(runner, lambda: runner.run(spec), err)
-    finish_single(result, as_json, events)
+    _run_one(shared, lambda r: r.run(spec), as_json, events, verbose=verbose)
 
 
 @app.command()
@@ -284,12 +296,9 @@ def resume(
     from ..runs.transcripts import load_run
 
     record = load_run(run_id)
-    sinks = event_sinks(events)
-    sinks.targets.append(EventLines(err, "task").handle)
-    runner = shared.runner(sinks, cwd=Path(record.cwd))
     answer_schema = _schema(schema)
-    result = run_async(runner, lambda: runner.resume(record.run_id, message, task=task, schema=answer_schema), err)
-    finish_single(result, as_json, events)
+    work = lambda r: r.resume(record.run_id, message, task=task, schema=answer_schema)  # noqa: E731
+    _run_one(shared, work, as_json, events, cwd=Path(record.cwd))
 
 
 @app.command()

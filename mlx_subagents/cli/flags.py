@@ -103,30 +103,12 @@ ConcurrencyOpt = Annotated[
     ),
 ]
 # A multi-task command's tasks: `-t AGENT TEXT` (parallel) or `-s AGENT TEXT` (chain), repeated.
-TaskAgents = Annotated[
-    Optional[list[str]],
-    typer.Option(
-        "--task",
-        "-t",
-        metavar="AGENT",
-        help='An agent, then its task text: -t scout "map the auth code". Repeat (8 at most).',
-    ),
-]
-TaskTexts = Annotated[
-    Optional[list[str]], typer.Argument(metavar="TEXT", help="The task text after each -t AGENT.", show_default=False)
-]
-StepAgents = Annotated[
-    Optional[list[str]],
-    typer.Option(
-        "--step",
-        "-s",
-        metavar="AGENT",
-        help="An agent, then its task text; {previous} is the previous step's answer. Repeat (8 at most).",
-    ),
-]
-StepTexts = Annotated[
-    Optional[list[str]], typer.Argument(metavar="TEXT", help="The task text after each -s AGENT.", show_default=False)
-]
+TASK_HELP = 'An agent, then its task text: -t scout "map the auth code". Repeat (8 at most).'
+STEP_HELP = "An agent, then its task text; {previous} is the previous step's answer. Repeat (8 at most)."
+TaskAgents = Annotated[Optional[list[str]], typer.Option("--task", "-t", metavar="AGENT", help=TASK_HELP)]
+StepAgents = Annotated[Optional[list[str]], typer.Option("--step", "-s", metavar="AGENT", help=STEP_HELP)]
+TaskTexts = Annotated[Optional[list[str]], typer.Argument(metavar="TEXT", help="The task text after each -t AGENT.")]
+StepTexts = Annotated[Optional[list[str]], typer.Argument(metavar="TEXT", help="The task text after each -s AGENT.")]
 EngineOpt = Annotated[
     Optional[str],
     typer.Option(
