@@ -177,3 +177,66 @@ def test_import_progress_shows_each_step_and_the_tensor_count() -> None:
     for line in ("1/5 Reading GGUF file", "4/5 Extracting and converting weights", "272/272", "Quantizing with mlx-lm"):
         assert line in text
     assert out.failure() == "Quantization failed: out of memory"
+
+
+HOLD_IMPORT = """
+import sys
+from pathlib import Path
+from mlx_subagents.host.loading import imported_models_dir
+from mlx_subagents.models.importer import _import_lock, _staging
+
+target = imported_models_dir() / sys.argv[1]
+with _import_lock(target), _staging(target) as stage:
+    (stage / "model").mkdir()
+    (stage / "model" / "part.safetensors").write_bytes(b"half-written")
+    print(stage.name, flush=True)
+    sys.stdin.read()  # holds the name until the test closes stdin or kills it
+"""
+
+
+def hold_import(name: str) -> tuple[Any, str]:
+    """Another process importing `name`, stopped in the middle of its conversion: (process, staging folder)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD_IMPORT, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    return process, process.stdout.readline().strip()  # type: ignore[union-attr]
+
+
+def test_a_second_import_of_one_name_is_refused_while_the_first_runs(tmp_path: Path, run_cli: Any) -> None:
+    gguf = write_gguf(tmp_path / "model.gguf", "llama")  # passes the checks that come before the lock
+    process, staging = hold_import("m")
+    try:
+        code, out, err = run_cli("models", "import", str(gguf), "--name", "m")
+        assert (code, out) == (2, "")
+        assert err.strip() == (  # one line, after the progress display's blank one
+            "error: model 'm' is being imported by another process; wait for that import to end, or pass another --name"
+        )
+        assert (models_dir() / staging / "model" / "part.safetensors").is_file()  # the running import's own
+        with pytest.raises(ModelImportError, match="^model 'm' is being imported by another process; "):
+            import_gguf(str(gguf), name="m")  # in one process too: the lock is per open file
+    finally:
+        process.stdin.close()  # type: ignore[union-attr]
+        assert process.wait() == 0
+    assert sorted(p.name for p in models_dir().iterdir()) == [".locks"]  # it cleaned up after itself
+
+
+def test_a_killed_import_leaves_nothing_after_the_next_import(tmp_path: Path) -> None:
+    import signal
+
+    killed, killed_staging = hold_import("m")
+    killed.send_signal(signal.SIGKILL)
+    assert killed.wait() == -signal.SIGKILL
+    assert (models_dir() / killed_staging).is_dir()  # what a killed import leaves
+    running, running_staging = hold_import("other")
+    try:
+        gguf = write_gguf(tmp_path / "model.gguf", "llama")  # no weights to convert: the conversion fails
+        with pytest.raises(ModelImportError, match="conversion failed"):
+            import_gguf(str(gguf), name="m")  # any import cleans up: here one of the same name, that fails
+        # The killed import's folder is gone; the running import's is kept.
+        assert sorted(p.name for p in models_dir().iterdir()) == sorted([".locks", running_staging])
+    finally:
+        running.stdin.close()  # type: ignore[union-attr]
+        assert running.wait() == 0

@@ -4,14 +4,18 @@ The conversion is `gguf2mlx`'s (architecture adapters, config, tokenizer, weight
 on what it does not know). Around it this module adds what an import needs: a refusal in one
 line before anything is written (architecture, tokenizer), the tokenizer pre-splitting that
 gguf2mlx only approximates for some models, a progress bar, and an all-or-nothing result: the
-folder is built next to its final place and renamed into it at the end.
+folder is built next to its final place and renamed into it at the end. One import per name at a
+time, across processes (a lock file per name); a staging folder no import holds is a killed one's and
+is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -29,6 +33,8 @@ from . import ollama
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 IMPORT_FILE = "import.json"  # provenance: where the folder came from
+LOCKS_DIR = ".locks"  # under the models folder: one lock file per model name, held while it imports
+STAGING = re.compile(r"\.(?P<name>.+)\.importing-[A-Za-z0-9_]+")  # `_staging`'s folders (mkdtemp's suffix)
 BITS_CHOICES = (4, 8, 16)
 # GGUF quantizes in blocks of 32 weights (K-quants: sub-blocks of 32 with their own scale and min),
 # so 32-wide affine groups re-express a 4-bit source almost exactly; gguf2mlx's default of 64
@@ -176,6 +182,48 @@ class ConverterOutput(io.TextIOBase):
         return reasons[-1] if reasons else (self.lines[-1] if self.lines else "no reason given")
 
 
+def _try_lock(models: Path, name: str) -> int | None:
+    """An open lock file of `name`, locked; None if another import holds it. The kernel lets go of
+    a `flock` when its holder dies, so a killed import never leaves the name locked."""
+    locks = make_state_dir(models / LOCKS_DIR)
+    fd = os.open(locks / name, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def _import_lock(target: Path) -> Iterator[None]:
+    """Hold `target`'s name for one import; a second import of it is refused, not queued (it would
+    find the name taken when the first ends)."""
+    fd = _try_lock(target.parent, target.name)
+    if fd is None:
+        raise ModelImportError(
+            f"model '{target.name}' is being imported by another process; wait for that import to end, or pass another --name"
+        )
+    try:
+        _remove_stale_staging(target.parent)
+        yield
+    finally:
+        os.close(fd)  # closing the file lets go of the lock
+
+
+def _remove_stale_staging(models: Path) -> None:
+    """Remove the staging folders of killed imports: those whose name no running import holds."""
+    for folder in models.iterdir():
+        match = STAGING.fullmatch(folder.name)
+        if match is None or not folder.is_dir():
+            continue
+        name = match.group("name")
+        fd = _try_lock(models, name) if NAME_PATTERN.fullmatch(name) else None
+        if fd is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.close(fd)
+
+
 @contextlib.contextmanager
 def _staging(target: Path) -> Iterator[Path]:
     """A folder beside `target`, removed unless the block renamed it into place."""
@@ -197,18 +245,31 @@ def import_gguf(
         bits: 4 or 8 re-quantize with mlx-lm (groups of 32, as GGUF blocks); 16 keeps the float weights.
         progress: called with (step, done, total) as the conversion advances.
     """
-    from gguf2mlx import convert
-
     if bits not in BITS_CHOICES:
         raise ModelImportError(f"--bits {bits} is not supported; use one of {', '.join(map(str, BITS_CHOICES))}")
     name = name or default_name(source)
     if not NAME_PATTERN.fullmatch(name):
         raise ModelImportError(f"model name '{name}' is not valid; use letters, digits, '.', '_' and '-'")
     target = imported_models_dir() / name
-    if target.exists():
-        raise ModelImportError(f"a model named '{name}' already exists at {target}; pass --name or delete it")
+    _check_free(target)
     gguf = resolve_source(source)
     facts = check_supported(gguf)
+    with _import_lock(target):
+        _check_free(target)  # another process may have imported it while this one read the file
+        return _convert(source, gguf, target, bits, facts, progress)
+
+
+def _check_free(target: Path) -> None:
+    if target.exists():
+        raise ModelImportError(f"a model named '{target.name}' already exists at {target}; pass --name or delete it")
+
+
+def _convert(
+    source: str, gguf: Path, target: Path, bits: int, facts: dict[str, Any], progress: Progress | None
+) -> ImportedModel:
+    """Convert into a staging folder beside `target` and rename it into place (the name's lock held)."""
+    from gguf2mlx import convert
+
     dtype = float_dtype()
     start = time.perf_counter()
     with _staging(target) as stage:
@@ -241,4 +302,4 @@ def import_gguf(
         }
         (folder / IMPORT_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
         folder.rename(target)
-    return ImportedModel(name, target, source, bits, time.perf_counter() - start)
+    return ImportedModel(target.name, target, source, bits, time.perf_counter() - start)
