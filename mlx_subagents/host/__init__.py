@@ -1,7 +1,7 @@
 """Model hosts: the real `MlxModelHost`, `EngineHost` (an OpenAI-compatible engine) and the
 `ScriptedHost` replay backend."""
 
-from .mlx_host import MlxModelHost, MlxSession, parse_bytes
+from .mlx_host import MlxModelHost, MlxSession, SharedKVBudget, parse_bytes
 from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, Reply, ToolCall, Usage
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "MlxSession",
     "ModelHost",
     "Reply",
+    "SharedKVBudget",
     "ToolCall",
     "Usage",
     "make_host",

@@ -75,6 +75,41 @@ def default_kv_budget(ram: int, weights: int) -> int:
     return max(MIN_KV_BUDGET, int((ram - weights) * DEFAULT_BUDGET_FRACTION))
 
 
+class SharedKVBudget:
+    """One KV budget for every resident model of a runner, split evenly between them.
+
+    Each host alone would size its budget from RAM minus its own weights, so two resident models could
+    together promise the KV caches more memory than the machine has. Here the total is the request
+    (`--kv-budget`), or half of RAM minus the weights of every resident model; a model loading takes
+    its share and the others shrink to theirs (their idle caches over it are evicted; admission
+    control keeps their new turns within it).
+    """
+
+    def __init__(self, kv_budget: int | str | None = None) -> None:
+        self.request = parse_bytes(kv_budget)
+        self.hosts: list[MlxModelHost] = []
+
+    def share_for(self, host: MlxModelHost) -> tuple[int | None, int | None]:
+        """(`host`'s share, the total) if it joins the hosts already resident; None: unbounded."""
+        hosts = [*self.hosts, host]
+        if self.request == 0:
+            return None, None
+        ram = total_memory()
+        if self.request is not None:
+            total = self.request
+        elif ram:
+            total = default_kv_budget(ram, sum(h.weights_bytes() for h in hosts))
+        else:
+            return None, None
+        return total // len(hosts), total
+
+    async def join(self, host: MlxModelHost, share: int | None) -> None:
+        """`host` has started on `share`: the others shrink to the same."""
+        for other in self.hosts:
+            await other.set_kv_budget(share)
+        self.hosts.append(host)
+
+
 def parse_bytes(text: str | int | None) -> int | None:
     """`4GB`, `512MiB`, `512m` (MiB), `1e9`, `0` (unbounded), `0.25` (a fraction of RAM) or None (default)."""
     if text is None or isinstance(text, int):
@@ -183,7 +218,8 @@ class MlxModelHost:
         reuse: keep and reuse each session's KV cache across turns.
         batching: decode all active sessions in one batch (False: one turn at a time).
         kv_budget: bytes (or "4GB", or a fraction of RAM) for all KV caches; None derives
-            it from RAM and the model size; 0 means unbounded.
+            it from RAM and the model size; 0 means unbounded; a `SharedKVBudget` splits one
+            budget with the other hosts that share it.
         max_sessions: sessions the per-session window must fit at once.
     """
 
@@ -197,7 +233,7 @@ class MlxModelHost:
         reuse: bool = True,
         batching: bool = True,
         share_prefix: bool = True,
-        kv_budget: int | str | None = None,
+        kv_budget: int | str | SharedKVBudget | None = None,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         spill_dir: Path | None = None,
     ) -> None:
@@ -205,7 +241,8 @@ class MlxModelHost:
         self._window_override = context_window
         self._processor_factory = processor_factory
         self._config = SchedulerConfig(reuse, batching, prefill_step_size, share_prefix)
-        self._budget_request = parse_bytes(kv_budget)
+        self._shared = kv_budget if isinstance(kv_budget, SharedKVBudget) else None
+        self._budget_request = None if self._shared else parse_bytes(kv_budget)  # type: ignore[arg-type]
         self.max_sessions = max_sessions
         self._spill_dir = spill_dir
         self._mlx = MlxThread()
@@ -237,9 +274,13 @@ class MlxModelHost:
         self._mlx.start()
         self.kv_shape, self._trimmable = await self._mlx.run(self._load)
         self.chat = await self._chat_format()
-        budget = self._budget()
+        budget, total = self._shared.share_for(self) if self._shared else (self._budget(), None)
+        try:
+            self._config.context_window = self._window(config_context_window(config), budget, total)
+        except SubagentError:
+            await self._unload()
+            raise
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
-        self._config.context_window = self._window(config_context_window(config), budget)
         self._scheduler = Scheduler(  # no mlx work in it: built here, run on the mlx thread
             self._model,
             self.tokenizer,
@@ -251,6 +292,8 @@ class MlxModelHost:
             self._mlx.has_jobs,
         )
         self._mlx.stepper = self._scheduler
+        if self._shared:
+            await self._shared.join(self, budget)
 
     async def stop(self) -> None:
         self._sessions.clear()
@@ -268,9 +311,13 @@ class MlxModelHost:
         try:
             return ChatFormat.load(self.tokenizer, self.model_id)
         except ChatTemplateError:
-            self._model = None
-            await asyncio.to_thread(self._mlx.stop)
+            await self._unload()
             raise
+
+    async def _unload(self) -> None:
+        """A model that cannot serve: stop the mlx thread `start` began and let the model go."""
+        self._model = None
+        await asyncio.to_thread(self._mlx.stop)
 
     def _load(self) -> tuple[KVShape, bool]:
         """Load the model and tokenizer, and `_measure` them: one trip to the mlx thread."""
@@ -306,34 +353,53 @@ class MlxModelHost:
         per_token = (sizes[1] - sizes[0]) // KV_STEP
         return KVShape(fixed=max(0, sizes[0] - per_token * KV_STEP), per_token=per_token)
 
+    def weights_bytes(self) -> int:
+        """The weights as stored: mlx loads safetensors as they are (walking the parameters costs more)."""
+        return sum(f.stat().st_size for f in self.model_path.glob("*.safetensors")) if self.model_path else 0
+
     def _budget(self) -> int | None:
         if self._budget_request == 0:
             return None
         if self._budget_request is not None:
             return self._budget_request
         ram = total_memory()
-        # The weights as stored: mlx loads safetensors as they are (walking the parameters costs more).
-        weights = sum(f.stat().st_size for f in self.model_path.glob("*.safetensors")) if self.model_path else 0
-        return default_kv_budget(ram, weights) if ram else None
+        return default_kv_budget(ram, self.weights_bytes()) if ram else None
 
-    def _window(self, trained: int | None, budget: int | None) -> int:
-        """The per-session window: the model's, capped, and what the budget holds for max_sessions."""
+    async def set_kv_budget(self, budget: int | None) -> None:
+        """A new budget for the pool (another resident model took its share): idle caches over it are
+        evicted now; work in flight ends as admitted, and new turns wait for room within it."""
+
+        def resize() -> None:
+            self._pool.budget = budget
+            self._scheduler.make_room()
+
+        await self._mlx.run(resize)
+
+    def _window(self, trained: int | None, budget: int | None, shared_total: int | None = None) -> int:
+        """The per-session window: the model's, capped, and what the budget holds for max_sessions.
+
+        Args:
+            shared_total: the budget this one is a share of (a `SharedKVBudget`), named in the errors.
+        """
         window = min(trained or DEFAULT_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
         fits = None
         if budget is not None and self.kv_shape.per_token:
             fits = tokens_that_fit(self.kv_shape, budget // self.max_sessions, self._trimmable)
+        shared = ""
+        if shared_total is not None and budget != shared_total:
+            shared = f" (its share of {shared_total / 2**20:.0f} MiB across the resident models)"
         if self._window_override is not None:
             if fits is not None and self._window_override > fits:
                 raise SubagentError(
                     f"a context window of {self._window_override} tokens for {self.max_sessions} sessions needs "
                     f"{self.max_sessions * self.kv_shape.bytes_for(self._window_override) / 2**30:.2f} GiB of KV cache but "
-                    f"the budget is {budget / 2**30:.2f} GiB; lower --context-window or raise --kv-budget"  # type: ignore[operator]
+                    f"the budget is {budget / 2**30:.2f} GiB{shared}; lower --context-window or raise --kv-budget"  # type: ignore[operator]
                 )
             return self._window_override
         if fits is not None and fits < 256:
             raise SubagentError(
-                f"the KV budget of {budget / 2**20:.0f} MiB holds only {max(fits, 0)} tokens per session for "  # type: ignore[operator]
-                f"{self.max_sessions} sessions; raise --kv-budget"
+                f"the KV budget of {budget / 2**20:.0f} MiB{shared} holds only {max(fits, 0)} tokens per session for "  # type: ignore[operator]
+                f"{self.max_sessions} sessions of {self.model_id}; raise --kv-budget"
             )
         return min(window, fits) if fits is not None else window
 

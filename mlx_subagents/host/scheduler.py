@@ -263,6 +263,11 @@ class Scheduler:
         snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
         return self.pool.idle_bytes() + self.prefixes.nbytes() + active + snapshots
 
+    def make_room(self) -> None:
+        """Evict idle caches until what is held fits the pool's budget (it was lowered), as far as
+        idle caches go: work in flight ends as admitted."""
+        self.pool.make_room(self._estimate(self._active()) + self.prefixes.nbytes())
+
     # -- admission ------------------------------------------------------------
 
     def _active(self) -> list[Turn]:

@@ -8,12 +8,14 @@ same order, the cheap checks of the whole request first, so that nothing loads w
     grants    the parent's `agents:` list; the child's tools capped at the parent's
     caps      task and request sizes (`caps.check_request`)
     schema    the task's or the agent's output schema is a valid JSON schema
-    model     the task's own, `--model`, the agent's, the parent's, `$MLX_SUBAGENTS_MODEL`, the default
+    model     the task's own, `--model`, the agent's, the parent's, `$MLX_SUBAGENTS_MODEL`, the default;
+              a delegated child's must be on this machine (never downloaded mid-delegation)
     host      the resident host of that model, loaded (or reached) on first use
     fit       the agent's system prompt takes at most half the model's context window
 
 The preparer also owns what resolution keeps for the runner's life: the consent given, one host
-per model and the project's instructions per workspace (so every session's prompt is byte-identical).
+per model (the resident models sharing one KV budget) and the project's instructions per workspace
+(so every session's prompt is byte-identical).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.spec import AgentSpec
 from ..caps import CapItem, check_request
-from ..errors import InputTooLargeError, RequestError
-from ..host import make_host
+from ..errors import InputTooLargeError, ModelNotFoundError, RequestError
+from ..host import SharedKVBudget, make_host
+from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import Workspace
 from .options import RunOptions
@@ -137,6 +140,7 @@ class Preparer:
         self._given = set(self.hosts)
         self._unstarted = set(self.hosts)
         self._host_lock = asyncio.Lock()
+        self._kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
         self._trusted: set[str] = set()
         self._contexts: dict[Path, ProjectContext] = {}
 
@@ -200,6 +204,8 @@ class Preparer:
         if schema is not None:
             check_schema(schema, f"output schema of task '{task.label}'")
         model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
+        if parent is not None:
+            self.check_local(model)
         return _Resolved(task, spec, denied, schema, model)
 
     async def _load(self, resolved: _Resolved, parent: Parent | None, workspace: Workspace) -> PreparedTask:
@@ -251,12 +257,24 @@ class Preparer:
                 kwargs = self.options.host_kwargs()
                 if model.engine:
                     kwargs.update(engine=model.engine, api_key=self.options.api_key)
-                elif self.processor_factory is not None and not model.model.startswith("scripted:"):
-                    kwargs["processor_factory"] = self.processor_factory
+                elif not model.model.startswith("scripted:"):
+                    kwargs["kv_budget"] = self._kv_budget
+                    if self.processor_factory is not None:
+                        kwargs["processor_factory"] = self.processor_factory
                 host = make_host(model.model, **kwargs)
                 await host.start()
                 self.hosts[model] = host
             return self.hosts[model]
+
+    def check_local(self, model: ModelRef) -> None:
+        """Refuse a child's model that is not on this machine, before any task starts: fetching
+        gigabytes in the middle of a delegation would stall its parent for minutes."""
+        if model.engine or model in self.hosts or model.model.startswith("scripted:"):
+            return
+        try:
+            resolve_model_path(model.model, download=False)
+        except ModelNotFoundError as exc:
+            raise ModelNotFoundError(f"{exc} (a sub-agent's model is never downloaded mid-delegation)") from None
 
     def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:
         """The project's instructions for an agent's system prompt, read once per workspace (so every
