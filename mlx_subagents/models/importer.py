@@ -100,6 +100,7 @@ def check_supported(gguf: Path) -> dict[str, Any]:
     from gguf import GGUFReader
     from gguf2mlx import detect_architecture
     from gguf2mlx.gguf2mlx import CONVERTIBLE_ARCHES, get_metadata_str
+    from gguf2mlx.vlm import is_vlm
 
     try:
         reader = GGUFReader(str(gguf))
@@ -109,6 +110,16 @@ def check_supported(gguf: Path) -> dict[str, Any]:
     if arch not in CONVERTIBLE_ARCHES:
         raise ModelImportError(
             f"{gguf}: GGUF architecture '{arch}' is not supported (supported: {', '.join(sorted(CONVERTIBLE_ARCHES))})"
+        )
+    if is_vlm(reader):  # gguf2mlx takes these (Gemma 3 among them) only with the model's Hugging Face files
+        raise ModelImportError(
+            f"{gguf}: GGUF architecture '{arch}' is imported only as a vision model, which needs the model's "
+            f"Hugging Face files; run an MLX build of it from the hub instead (--model mlx-community/...)"
+        )
+    if bad := next((t for t in reader.tensors if not _decodable(t.tensor_type)), None):
+        raise ModelImportError(
+            f"{gguf}: tensor type {bad.tensor_type.name} (tensor '{bad.name}') cannot be converted; "
+            f"re-quantize the GGUF to Q4_K_M, Q5_K_M, Q6_K or Q8_0 (llama-quantize), or import another file"
         )
     tokenizer = (get_metadata_str(reader, "tokenizer.ggml.model") or "").lower()
     if tokenizer not in TOKENIZER_MODELS:
@@ -124,6 +135,14 @@ def check_supported(gguf: Path) -> dict[str, Any]:
             f"from the model's training (supported: {', '.join(known)})"
         )
     return {"architecture": arch, "tokenizer": tokenizer, "tokenizer_pre": pre, "tensors": len(reader.tensors)}
+
+
+def _decodable(tensor_type: Any) -> bool:
+    """Whether gguf2mlx can read a tensor of this type: a float or integer one, or one `gguf` dequantizes."""
+    from gguf.constants import GGMLQuantizationType as T
+    from gguf.quants import _type_traits
+
+    return tensor_type in _type_traits or tensor_type in (T.F32, T.F16, T.F64, T.I8, T.I16, T.I32, T.I64)
 
 
 def float_dtype() -> str:
