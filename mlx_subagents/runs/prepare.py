@@ -30,7 +30,7 @@ from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.spec import AgentSpec
 from ..caps import CapItem, check_request
-from ..errors import InputTooLargeError, RequestError
+from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
 from ..host import make_host
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import Workspace
@@ -156,8 +156,6 @@ class Preparer:
             parent: the session delegating these tasks (None: tasks a person started).
             shared_input: text every task receives besides its own (a workflow's `--input`).
         """
-        if parent is not None:
-            check_grant(parent, [t.agent for t in tasks])
         resolved = [self._resolve(t, parent) for t in tasks]
         check_request([CapItem(r.task.label, r.task.task, r.spec) for r in resolved], shared_input)
         loaded = [await self._load(r, parent, workspace) for r in resolved]
@@ -170,9 +168,7 @@ class Preparer:
     ) -> list[PreparedTask | SetUpFailure]:
         """A request whose tasks fail alone (a parallel delegation): a task that cannot be prepared
         (an unknown agent, a model that cannot load, a prompt too long) is a `SetUpFailure` in its
-        place. The request's own checks (the parent's grants, its size) still refuse it whole."""
-        if parent is not None:
-            check_grant(parent, [t.agent for t in tasks])
+        place, and so is a task the parent's grants refuse. The request's size still refuses it whole."""
         out: list[PreparedTask | SetUpFailure] = []
         for task in tasks:
             model = ""
@@ -192,7 +188,7 @@ class Preparer:
     # -- the steps ---------------------------------------------------------------------------------------
 
     def _resolve(self, task: TaskSpec, parent: Parent | None) -> _Resolved:
-        spec = self.agent(task.agent)
+        spec = self.agent(task.agent, parent)
         denied: dict[str, str] = {}
         if parent is not None:
             spec, denied = granted_tools(parent.spec, spec)
@@ -218,9 +214,19 @@ class Preparer:
             context=self.project_context(spec, workspace),
         )
 
-    def agent(self, name: str) -> AgentSpec:
-        """The named agent, after the user's consent if it is a project agent."""
-        spec = self.catalog.get(name)
+    def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
+        """The named agent, if `parent` may start it, after the user's consent if it is a project agent.
+
+        An unknown agent is never called ungranted: its error lists the agents the parent may start."""
+        try:
+            spec = self.catalog.get(name)
+        except AgentNotFoundError:
+            if parent is None or parent.spec.agents is None:
+                raise
+            may = ", ".join(n for n in parent.spec.agents if n in self.catalog.agents) or "none"
+            raise AgentNotFoundError(f"unknown agent '{name}'; '{parent.spec.name}' may start: {may}") from None
+        if parent is not None:
+            check_grant(parent, [spec.name])  # before the consent: never ask about an agent that cannot run
         if spec.name not in self._trusted:  # ask once per agent, not once per task
             require_trust(spec, assume_yes=self.options.assume_yes, interactive=self.interactive, confirm=self.confirm)
             self._trusted.add(spec.name)

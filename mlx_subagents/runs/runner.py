@@ -93,6 +93,7 @@ class Runner:
         self.cwd = Path(cwd).resolve()
         self.options = options or RunOptions()
         self.catalog: AgentCatalog = catalog or discover_agents(self.cwd, scope=self.options.scope)
+        self._discovered = catalog is None  # a catalog the caller gave is never read again
         self.compaction = compaction or CompactionSettings()
         self.on_event = on_event
         self.save_transcripts = save_transcripts
@@ -126,6 +127,13 @@ class Runner:
         for handle in self._started:
             await handle.join()
         await self.preparer.close()
+
+    def refresh_agents(self) -> AgentCatalog:
+        """Read the agent folders again, so that an agent file added or changed while a chat or the
+        MCP server runs is seen at the next call; a catalog the caller gave stays as it is."""
+        if self._discovered:
+            self.catalog = self.preparer.catalog = discover_agents(self.cwd, scope=self.options.scope)
+        return self.catalog
 
     @property
     def slots(self) -> Slots:
@@ -329,7 +337,9 @@ class Runner:
         ready = [p for p in each if isinstance(p, PreparedTask)]
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
         if ready:
-            outcome = await self._execute("parallel", ready, concurrency=DEFAULT_CONCURRENCY, parent=parent, keep=board)
+            outcome = await self._execute(
+                "parallel", ready, concurrency=self.options.concurrency, parent=parent, keep=board
+            )
         ran = iter(outcome.results)
         ran_ids = iter(outcome.task_ids or [None] * len(ready))
         results = [failed[i] if i in failed else next(ran) for i in range(len(tasks))]
@@ -363,7 +373,8 @@ class Runner:
         async def start(call: Delegation) -> list[str]:
             return [h.id for h in await self.start_background(call, board)]
 
-        agents = {name: a.description for name, a in self.catalog.agents.items()}
+        granted = parent.spec.agents
+        agents = {n: a.description for n, a in self.catalog.agents.items() if granted is None or n in granted}
         tool = SubagentTool(
             workspace,
             delegate=delegate,
@@ -372,6 +383,9 @@ class Runner:
             depth=parent.depth,
             max_depth=self.options.max_depth,
             start=start,
+            known=lambda: self.refresh_agents().agents,
+            warnings=self.catalog.all_warnings(),
+            concurrency=self.options.concurrency,
         )
         return {"subagent": tool, **make_background_tools(workspace, board)}
 
