@@ -3,14 +3,18 @@ fail alone, per-task choices, workflows, and what reaches the children (issue 26
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 from helpers import call, write_agent
 
+from mlx_subagents.runs.chat import Chat
 from mlx_subagents.runs.prepare import Parent
-from mlx_subagents.runs.tasks import ModelRef
+from mlx_subagents.runs.tasks import ModelRef, TaskSpec
 from mlx_subagents.runs.transcripts import load_run, read_transcript
+from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Reply
 from mlx_subagents.tools import Workspace
 
 
@@ -88,3 +92,107 @@ def test_each_child_that_cannot_start_fails_alone_under_a_grant(
     assert f"### [remote] failed (error): {tmp_path / 'missing.json'}: cannot read the scripted model file" in result
     assert "### [wordy] failed (error): agent 'wordy' has a system prompt of " in result
     assert "add it to grant it" not in result.split("### [nobody]")[1].split("###")[0]
+
+
+# -- what reaches the children ---------------------------------------------------------------------
+
+
+def test_a_parents_thinking_reaches_children_without_their_own(tmp_path: Path, scripted_runner: Any) -> None:
+    write_agent(tmp_path, "lead", "read, subagent", "thinking: off\n")
+    write_agent(tmp_path, "deep", "read", "thinking: 300\n")
+
+    async def budgets(**options: Any) -> list[int]:
+        runner = scripted_runner(["x"], assume_yes=True, **options)
+        workspace = Workspace(tmp_path)
+        async with runner:
+            (lead,) = await runner.preparer.prepare([TaskSpec("lead", "go", label="lead")], workspace=workspace)
+            parent = lead.as_parent(None)
+            (scout,) = await runner.preparer.prepare(
+                [TaskSpec("scout", "look", label="s")], workspace=workspace, parent=parent
+            )
+            (grandchild,) = await runner.preparer.prepare(
+                [TaskSpec("planner", "plan", label="p")], workspace=workspace, parent=scout.as_parent(None)
+            )
+            (deep,) = await runner.preparer.prepare(
+                [TaskSpec("deep", "think", label="d")], workspace=workspace, parent=parent
+            )
+        return [lead.limits.thinking, scout.limits.thinking, grandchild.limits.thinking, deep.limits.thinking]
+
+    assert asyncio.run(budgets()) == [0, 0, 0, 300]
+    assert asyncio.run(budgets(thinking="200")) == [200, 200, 200, 200]  # --thinking wins over every file
+
+
+def test_a_delegated_tasks_call_runs_concurrency_at_a_time_on_an_engine(tmp_path: Path, run_cli: Any) -> None:
+    tasks = [{"agent": "scout", "task": f"part {i}"} for i in range(6)]
+    with FakeEngine() as engine:
+        for i in range(6):
+            engine.queue(Reply(f"done {i}", chunk=2, pause=0.05), when=f"Task: part {i}")
+        engine.queue(Reply(tool_calls=({"name": "subagent", "arguments": {"tasks": tasks}},)), Reply("all six"))
+        args = ["run", "orchestrator", "map it", "--engine", engine.url, "-m", FAKE_MODEL, "-C", str(tmp_path)]
+        code, out, err = run_cli(*args, "--concurrency", "8", "--json")
+
+    assert code == 0, err
+    assert json.loads(out)["output"] == "all six"
+    assert engine.peak_in_flight == 6
+
+
+def test_run_json_carries_the_childrens_usage(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    tasks = [{"agent": "scout", "task": "look"}, {"agent": "planner", "task": "plan"}]
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [call("subagent", tasks=tasks), "both done"]},
+                "scout": {"replies": [call("ls", path="."), "found it"]},
+                "planner": {"replies": ["a plan"]},
+            }
+        }
+    )
+
+    code, out, err = run_cli("run", "orchestrator", "go", "-m", model, "-C", str(tmp_path), "--json")
+
+    assert code == 0, err
+    children = json.loads(out)["children"]
+    assert [(c["label"], c["agent"], c["status"], c["usage"]["turns"]) for c in children["tasks"]] == [
+        ("orchestrator > scout", "scout", "completed", 2),
+        ("orchestrator > planner", "planner", "completed", 1),
+    ]
+    fields = ("input_tokens", "output_tokens", "cached_tokens", "turns")
+    for field in fields:
+        assert children["usage"][field] == sum(c["usage"][field] for c in children["tasks"]) > 0
+    code, out, err = run_cli(
+        "run", "scout", "go", "-m", write_script(["alone"], "alone.json"), "-C", str(tmp_path), "--json"
+    )
+    assert code == 0 and json.loads(out)["children"] is None, err
+
+
+def test_an_agent_file_added_during_a_chat_can_be_started_at_the_next_call(
+    tmp_path: Path, scripted_runner: Any
+) -> None:
+    write_agent(tmp_path, "lead", "read, subagent")  # no agents: list, so any agent may be started
+    script = {
+        "agents": {
+            "lead": {
+                "replies": [
+                    call("subagent", agent="late", task="look"),
+                    "not yet",
+                    call("subagent", agent="late", task="look"),
+                    "now it ran",
+                ]
+            },
+            "late": {"replies": ["late was here"]},
+        }
+    }
+    runner = scripted_runner(script, assume_yes=True)
+
+    async def main() -> list[str]:
+        async with runner:
+            chat = await Chat.start(runner, "lead")
+            await chat.turn("ask late")
+            write_agent(tmp_path, "late", "read")
+            await chat.turn("ask late again")
+            await chat.close()
+        return tool_results(chat.run_id)
+
+    first, second = asyncio.run(main())
+    assert first.startswith("Error: invalid subagent call: unknown agent 'late';")
+    assert second.startswith("late was here\n\n[sub-agent run ")

@@ -524,3 +524,38 @@ def test_the_server_stopping_cancels_the_tasks_still_running(tmp_path: Path, wri
     [path] = (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "runs").glob("*/run.json")
     record = json.loads(path.read_text())
     assert (record["status"], record["tasks"][0]["status"]) == ("interrupted", "aborted")
+
+
+def test_results_carry_the_childrens_usage_and_new_agent_files_are_seen(tmp_path: Path, write_script: Any) -> None:
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [call("subagent", agent="scout", task="look"), "the scout looked"]},
+                "scout": {"replies": [call("ls", path="."), "nothing here"]},
+                "late": {"replies": ["late was here"]},
+            }
+        }
+    )
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with connect("--cwd", tmp_path, "--model", model, "--yes") as client:
+            delegated = await client.call_tool("run_agents", {"agent": "orchestrator", "task": "go"})
+            (tmp_path / ".mlx-subagents" / "agents").mkdir(parents=True)
+            (tmp_path / ".mlx-subagents" / "agents" / "late.md").write_text(
+                "---\nname: late\ndescription: came late\ntools: read\n---\nLook.\n"
+            )
+            listing = await client.call_tool("list_agents", {})
+            return delegated, listing, await client.call_tool("run_agents", {"agent": "late", "task": "look"})
+
+    delegated, listing, late = run(main)
+    (task,) = delegated.structured_content["tasks"]
+    children = task["children"]
+    assert [(c["label"], c["status"], c["usage"]["turns"]) for c in children["tasks"]] == [
+        ("orchestrator > scout", "completed", 2)
+    ]
+    assert children["usage"] == children["tasks"][0]["usage"]
+    used = children["usage"]
+    status = text(delegated).splitlines()[-1]
+    assert f"; its 1 sub-agent(s): {used['input_tokens']:,} tokens read, {used['output_tokens']:,} generated;" in status
+    assert "late" in [a["name"] for a in listing.structured_content["agents"]]
+    assert answers(late) == [("late", "completed", "late was here")]

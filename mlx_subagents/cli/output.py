@@ -28,6 +28,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 JSON_FIELDS = {
     "agent",
+    "children",
     "task",
     "status",
     "output",

@@ -45,6 +45,7 @@ class Parent:
     Args:
         depth: how many parents it has (0: started by a person).
         run_folder: its run's folder (children are saved under `run_folder/runs/`); None when nothing is saved.
+        thinking: its thinking budget, which its children without a `thinking:` of their own take.
     """
 
     spec: AgentSpec
@@ -52,6 +53,7 @@ class Parent:
     depth: int
     model: ModelRef
     run_folder: Path | None
+    thinking: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class PreparedTask:
 
     def as_parent(self, run_folder: Path | None) -> Parent:
         """This task as the parent of the children it delegates to."""
-        return Parent(self.spec, self.label, self.depth, self.model, run_folder)
+        return Parent(self.spec, self.label, self.depth, self.model, run_folder, self.limits.thinking)
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ class Preparer:
             model=resolved.model,
             host=await self.host_for(resolved.model),
             workspace=workspace,
-            limits=self.limits(spec, task),
+            limits=self.limits(spec, task, parent),
             depth=parent.depth + 1 if parent else 0,
             timeout=task.timeout or self.options.timeout,
             schema=resolved.schema,
@@ -285,13 +287,17 @@ class Preparer:
                 f"{host.context_window:,} tokens of {host.model_id}; shorten the body of {spec.path}"
             )
 
-    def limits(self, spec: AgentSpec, task: TaskSpec | None = None) -> Limits:
-        """A task's limits: its own, else the run's, else the agent's, else the defaults."""
+    def limits(self, spec: AgentSpec, task: TaskSpec | None = None, parent: Parent | None = None) -> Limits:
+        """A task's limits: its own, else the run's, else the agent's, else the defaults; its thinking
+        budget: the run's, else the agent's, else its parent's (a parent's reasoning setting reaches
+        the children that set none), else the default."""
         options = self.options
+        inherited = parent.thinking if parent is not None else None
+        thinking = (options.thinking, spec.thinking, inherited)
         return Limits(
             max_turns=(task and task.max_turns) or options.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
             max_output_tokens=(task and task.max_output_tokens) or options.max_output_tokens,
-            thinking=next((t for t in (options.thinking, spec.thinking) if t is not None), DEFAULT_THINKING_TOKENS),
+            thinking=next((t for t in thinking if t is not None), DEFAULT_THINKING_TOKENS),
         )
 
     async def close(self) -> None:

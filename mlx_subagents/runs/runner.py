@@ -488,9 +488,12 @@ class Runner:
         finally:
             for board in boards:  # a task's background children end with it
                 await board.close("its parent task ended")
+            children = [board.children_usage() for board in boards]
+            results = [r.model_copy(update={"children": c}) if c else r for r, c in zip(results, children)]
             if keep is not None and ids is not None:
-                for task_id, item, done in zip(ids, plan, execution.uncapped):
+                for task_id, item, done, used in zip(ids, plan, execution.uncapped, children):
                     if done is not None:
+                        done = done.model_copy(update={"children": used}) if used else done
                         keep.add(self._finished(task_id, item, done, keep))
                 keep.release([i for i, done in zip(ids, execution.uncapped) if done is None])
             if recorder is not None:
