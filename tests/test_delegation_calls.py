@@ -13,7 +13,7 @@ from helpers import call, write_agent
 from mlx_subagents.runs.chat import Chat
 from mlx_subagents.runs.prepare import Parent
 from mlx_subagents.runs.tasks import ModelRef, TaskSpec
-from mlx_subagents.runs.transcripts import load_run, read_transcript
+from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Reply
 from mlx_subagents.tools import Workspace
 
@@ -196,3 +196,81 @@ def test_an_agent_file_added_during_a_chat_can_be_started_at_the_next_call(
     first, second = asyncio.run(main())
     assert first.startswith("Error: invalid subagent call: unknown agent 'late';")
     assert second.startswith("late was here\n\n[sub-agent run ")
+
+
+# -- per-task choices ------------------------------------------------------------------------------
+
+
+def test_each_task_chooses_its_folder_label_local_model_and_fewer_turns(
+    tmp_path: Path, write_script: Any, run_cli: Any
+) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "inner.py").write_text("x = 1\n")
+    (tmp_path / "top.py").write_text("y = 2\n")
+    other = write_script({"agents": {"planner": {"replies": ["planned on the other model"]}}}, "other.json")
+    tasks = [
+        {"agent": "scout", "task": "list", "cwd": "sub", "label": "inner"},
+        {"agent": "planner", "task": "plan", "model": other},
+        {"agent": "planner", "task": "plan", "model": "nobody/not-here", "label": "remote"},
+        {"agent": "reviewer", "task": "look twice", "max_turns": 1, "label": "short"},
+    ]
+    chain = [
+        {"agent": "scout", "task": "list", "cwd": "sub", "label": "first"},
+        {"agent": "scout", "task": "{previous}"},
+    ]
+    model = write_script(
+        {
+            "agents": {
+                "lead": {
+                    "replies": [
+                        call("subagent", tasks=tasks),
+                        call("subagent", chain=chain),
+                        call("subagent", agent="scout", task="list", label="x" * 61),
+                        "done",
+                    ]
+                },
+                "scout": {"replies": [call("ls", path="."), "listed"]},
+                "reviewer": {"replies": [call("ls", path="."), call("ls", path="."), "never"]},
+            }
+        }
+    )
+    write_agent(tmp_path, "lead", "read, ls, subagent")
+
+    code, out, err = run_cli("run", "lead", "go", "-m", model, "-C", str(tmp_path), "--max-turns", "5", "-y")
+
+    assert (code, out) == (0, "done\n"), err
+    parallel, chained, too_long = tool_results()
+    assert parallel.splitlines()[0] == "Parallel: 2/4 tasks completed"
+    assert "### [inner] completed\nlisted" in parallel
+    assert "### [planner] completed\nplanned on the other model" in parallel
+    assert (
+        "### [remote] failed (error): model 'nobody/not-here' is not in the local Hugging Face cache, and a model "
+        "chosen during a delegation is never downloaded; name a local model, or download it once while online"
+    ) in parallel
+    assert "### [short] failed (max_turns)" in parallel
+    assert chained.startswith("listed\n\n[sub-agent run ")
+    assert too_long.startswith(
+        "Error: invalid subagent call: 'label': String should have at most 60 characters; use exactly one of"
+    )
+    parent = load_run("last")
+    runs = {c.tasks[0].label: c for c in child_runs(parent)}
+    inner = runs["lead > inner"]
+    assert [
+        m["content"] for m in read_transcript(inner.transcript_path(inner.tasks[0])).messages if m["role"] == "tool"
+    ] == ["inner.py"]
+    assert read_transcript(inner.transcript_path(inner.tasks[0])).meta["cwd"] == str(tmp_path / "sub")
+    assert "lead > first" in [label for c in child_runs(parent) for label in (t.label for t in c.tasks)]
+
+
+def test_a_tasks_own_limits_only_narrow(tmp_path: Path, scripted_runner: Any) -> None:
+    async def limits(task: TaskSpec, **options: Any) -> tuple[int, float | None]:
+        runner = scripted_runner(["x"], **options)
+        async with runner:
+            (prepared,) = await runner.preparer.prepare([task], workspace=Workspace(tmp_path), delegated=True)
+        return prepared.limits.max_turns, prepared.timeout
+
+    wide = TaskSpec("scout", "look", label="s", max_turns=50, timeout=900)
+    narrow = TaskSpec("scout", "look", label="s", max_turns=2, timeout=30)
+    assert asyncio.run(limits(wide, max_turns=5, timeout=60)) == (5, 60)
+    assert asyncio.run(limits(narrow, max_turns=5, timeout=60)) == (2, 30)
+    assert asyncio.run(limits(narrow)) == (2, 30)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from ..agents.spec import AgentSpec
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
 from ..host import make_host
+from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import Workspace
 from .options import RunOptions
@@ -148,36 +149,46 @@ class Preparer:
         self,
         tasks: Sequence[TaskSpec],
         *,
-        workspace: Workspace,
+        workspace: Workspace | Sequence[Workspace],
         parent: Parent | None = None,
         shared_input: str = "",
+        delegated: bool = False,
     ) -> list[PreparedTask]:
         """Check a whole request and load its models; the first failure raises and nothing runs.
 
         Args:
+            workspace: where the tasks work: one folder for all, or one per task.
             parent: the session delegating these tasks (None: tasks a person started).
             shared_input: text every task receives besides its own (a workflow's `--input`).
+            delegated: tasks a model (or an MCP client) chose: a model of their own must be local, and
+                their own limits only narrow the ones they would have.
         """
-        resolved = [self._resolve(t, parent) for t in tasks]
+        places = _per_task(workspace, len(tasks))
+        resolved = [self._resolve(t, parent, delegated) for t in tasks]
         check_request([CapItem(r.task.label, r.task.task, r.spec) for r in resolved], shared_input)
-        loaded = [await self._load(r, parent, workspace) for r in resolved]
+        loaded = [await self._load(r, parent, w, delegated) for r, w in zip(resolved, places)]
         for fit in {(p.spec.name, p.host.model_id): p for p in loaded}.values():
             await self.check_prompt_fits(fit)
         return loaded
 
     async def prepare_each(
-        self, tasks: Sequence[TaskSpec], *, workspace: Workspace, parent: Parent | None = None
+        self,
+        tasks: Sequence[TaskSpec],
+        *,
+        workspace: Workspace | Sequence[Workspace],
+        parent: Parent | None = None,
+        delegated: bool = False,
     ) -> list[PreparedTask | SetUpFailure]:
         """A request whose tasks fail alone (a parallel delegation): a task that cannot be prepared
         (an unknown agent, a model that cannot load, a prompt too long) is a `SetUpFailure` in its
         place, and so is a task the parent's grants refuse. The request's size still refuses it whole."""
         out: list[PreparedTask | SetUpFailure] = []
-        for task in tasks:
+        for task, place in zip(tasks, _per_task(workspace, len(tasks))):
             model = ""
             try:
-                resolved = self._resolve(task, parent)
+                resolved = self._resolve(task, parent, delegated)
                 model = str(resolved.model)
-                prepared = await self._load(resolved, parent, workspace)
+                prepared = await self._load(resolved, parent, place, delegated)
                 await self.check_prompt_fits(prepared)
                 out.append(prepared)
             except Exception as exc:
@@ -189,8 +200,10 @@ class Preparer:
 
     # -- the steps ---------------------------------------------------------------------------------------
 
-    def _resolve(self, task: TaskSpec, parent: Parent | None) -> _Resolved:
+    def _resolve(self, task: TaskSpec, parent: Parent | None, delegated: bool = False) -> _Resolved:
         spec = self.agent(task.agent, parent)
+        if delegated and task.model:
+            self.check_local(task.model)
         denied: dict[str, str] = {}
         if parent is not None:
             spec, denied = granted_tools(parent.spec, spec)
@@ -200,17 +213,23 @@ class Preparer:
         model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
         return _Resolved(task, spec, denied, schema, model)
 
-    async def _load(self, resolved: _Resolved, parent: Parent | None, workspace: Workspace) -> PreparedTask:
+    async def _load(
+        self, resolved: _Resolved, parent: Parent | None, workspace: Workspace, delegated: bool = False
+    ) -> PreparedTask:
         spec, task = resolved.spec, resolved.task
+        limits, timeout = self.limits(spec, task, parent), task.timeout or self.options.timeout
+        if delegated:  # a caller's own limits narrow what the task would have, never widen it
+            limits = replace(limits, max_turns=min(limits.max_turns, self.limits(spec, None, parent).max_turns))
+            timeout = min((t for t in (task.timeout, self.options.timeout) if t), default=None)
         return PreparedTask(
             task=task,
             spec=spec,
             model=resolved.model,
             host=await self.host_for(resolved.model),
             workspace=workspace,
-            limits=self.limits(spec, task, parent),
+            limits=limits,
             depth=parent.depth + 1 if parent else 0,
-            timeout=task.timeout or self.options.timeout,
+            timeout=timeout,
             schema=resolved.schema,
             denied=resolved.denied,
             context=self.project_context(spec, workspace),
@@ -248,6 +267,18 @@ class Preparer:
             return ModelRef(spec.engine_model, spec.engine)
         named = override or options.model or spec.model
         return ModelRef(named) if named else inherited or ModelRef(default_model())
+
+    def check_local(self, model: str) -> None:
+        """Refuse a model a delegating caller names unless it is on this machine: it is never
+        downloaded in the middle of a delegation, and what cannot be checked is refused (fail closed)."""
+        if ModelRef(model) in self.hosts or model.startswith("scripted:"):
+            return
+        if self.options.engine:
+            raise RequestError(
+                f"model '{model}': this run's models are on the engine {self.options.engine}; a task's own model "
+                "must be a local one, so leave model out"
+            )
+        resolve_model_path(model, local_only=True)
 
     async def host_for(self, model: ModelRef) -> ModelHost:
         """The resident host for a model, loaded (or, on an engine, reached) on first use."""
@@ -306,6 +337,10 @@ class Preparer:
         self.hosts = {model: host for model, host in self.hosts.items() if model in self._given}
         for host in hosts:
             await host.stop()
+
+
+def _per_task(workspace: Workspace | Sequence[Workspace], n_tasks: int) -> list[Workspace]:
+    return [workspace] * n_tasks if isinstance(workspace, Workspace) else list(workspace)
 
 
 def check_grant(parent: Parent, agents: Sequence[str]) -> None:

@@ -222,10 +222,11 @@ class Runner:
     async def start_background(self, call: Delegation, board: TaskBoard) -> list[TaskHandle]:
         """A `subagent` call with `background: true`: its tasks (or chain steps, each waiting for the one
         before) started on the parent's board; nothing starts if any of them cannot."""
-        tasks = [TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks]
+        tasks = call_tasks(call)
         if call.mode == "chain" and tasks:
             plan_chain(tasks[:1])  # refuses {previous} in step 1
-        return await self._start_all(tasks, board, chain=call.mode == "chain", workspace=call.workspace)
+        places = [call.workspace_of(i) for i in range(len(tasks))]
+        return await self._start_all(tasks, board, chain=call.mode == "chain", workspace=places, delegated=True)
 
     async def _start_all(
         self,
@@ -233,16 +234,19 @@ class Runner:
         board: TaskBoard,
         *,
         chain: bool,
-        workspace: Workspace | None = None,
+        workspace: Workspace | Sequence[Workspace] | None = None,
         after: TaskHandle | None = None,
         render: Callable[[RunResult], str] | None = None,
+        delegated: bool = False,
     ) -> list[TaskHandle]:
         tasks = [replace(t, agent=t.agent.strip().lower(), label=t.label.strip()) for t in tasks]
         parent = board.parent
         ids = board.plan_ids(tasks)
         try:
             labelled = [replace(t, label=f"{parent.label} > {i}" if parent else i) for t, i in zip(tasks, ids)]
-            prepared = await self._prepare(labelled, parent=parent, workspace=workspace or board.workspace)
+            prepared = await self._prepare(
+                labelled, parent=parent, workspace=workspace or board.workspace, delegated=delegated
+            )
         except BaseException:
             board.release(ids)
             raise
@@ -320,10 +324,11 @@ class Runner:
             board: the parent's task board: the children that ran are kept there under ids (`scout#1`),
                 so that the parent reads a cut answer with `subagent_output` (the cut note says how).
         """
-        tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
+        tasks = label_tasks(call_tasks(call))
         if parent is not None:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-        where = {"parent": parent, "workspace": call.workspace}
+        places = [call.workspace_of(i) for i in range(len(tasks))]
+        where: dict[str, Any] = {"parent": parent, "workspace": places, "delegated": True}
         if call.mode != "parallel":
             needs, renders = None, None
             if call.mode == "chain":
@@ -417,11 +422,12 @@ class Runner:
         tasks: Sequence[TaskSpec],
         *,
         parent: Parent | None = None,
-        workspace: Workspace | None = None,
+        workspace: Workspace | Sequence[Workspace] | None = None,
         shared_input: str = "",
+        delegated: bool = False,
     ) -> list[PreparedTask]:
         return await self.preparer.prepare(
-            tasks, parent=parent, workspace=workspace or self.workspace, shared_input=shared_input
+            tasks, parent=parent, workspace=workspace or self.workspace, shared_input=shared_input, delegated=delegated
         )
 
     async def _execute(
@@ -527,6 +533,21 @@ class Runner:
         assert board.inbox is not None
         board.inbox.settle = board.settle
         return board
+
+
+def call_tasks(call: Delegation) -> list[TaskSpec]:
+    """A `subagent` (or MCP) call's tasks with the choices each may make: label, model, turns, time."""
+    return [
+        TaskSpec(
+            agent=t.agent,
+            task=t.task,
+            label=t.label,
+            model=t.model.strip() or None,
+            max_turns=t.max_turns,
+            timeout=t.timeout,
+        )
+        for t in call.tasks
+    ]
 
 
 def read_more_note(task_id: str) -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -37,20 +38,22 @@ FORMS = (
 )
 
 
+MAX_LABEL_CHARS = 60
+# Short descriptions: every item of `tasks` and `chain` repeats them in the schema the model reads.
+Label = Annotated[str, Field(default="", max_length=MAX_LABEL_CHARS, description="Its name in the result.")]
+
+
 # No docstrings on the parameter models: pydantic would put them in the schema the model reads.
-class ChildTask(BaseModel):  # one task of a parallel call (also a single call or a chain step)
+class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a single call takes the same fields)
     model_config = ConfigDict(extra="forbid")
 
     agent: str = Field(description="The agent's name.")
-    task: str = Field(description="What the agent should do, with every path and detail it needs.")
-    label: str = Field(default="", description="A short name for this task in the result.")
-
-
-class ChainStep(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    agent: str = Field(description="The agent's name.")
-    task: str = Field(description="What this step should do; {previous} is replaced by the previous step's answer.")
+    task: str = Field(description="What it should do, with every path and detail it needs.")
+    label: Label
+    cwd: str = Field(default="", description="Its folder in the workspace.")
+    model: str = Field(default="", description="A local model for it.")
+    max_turns: Optional[int] = Field(default=None, gt=0, description="Fewer turns than its limit.")
+    timeout: Optional[float] = Field(default=None, gt=0, description="Fewer seconds than its limit.")
 
 
 class SubagentParams(BaseModel):  # flat: a small model fills in optional fields more reliably than a union
@@ -58,8 +61,11 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
 
     agent: str = Field(default="", description="One task: the agent to run.")
     task: str = Field(default="", description="One task: what it should do, with every detail it needs.")
+    label: Label
     tasks: list[ChildTask] = Field(default_factory=list, description=f"Parallel: up to {MAX_TASKS} independent tasks.")
-    chain: list[ChainStep] = Field(default_factory=list, description="Chain: steps run in order.")
+    chain: list[ChildTask] = Field(
+        default_factory=list, description="Chain: steps run in order; {previous} in a task is the previous answer."
+    )
     cwd: str = Field(
         default="", description="A folder inside the workspace for the sub-agents (default: the workspace)."
     )
@@ -74,12 +80,21 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
 
 @dataclass(frozen=True)
 class Delegation:
-    """One valid call, for the runner: the mode, its tasks in order and the children's workspace."""
+    """One valid call, for the runner: the mode, its tasks in order and the children's workspace.
+
+    Args:
+        workspaces: per task, its own folder (its `cwd`, else the call's); empty: `workspace` for all.
+    """
 
     mode: DelegationMode
     tasks: tuple[ChildTask, ...]
     workspace: Workspace
     background: bool = False
+    workspaces: tuple[Workspace, ...] = ()
+
+    def workspace_of(self, index: int) -> Workspace:
+        """The folder task `index` works in."""
+        return self.workspaces[index] if self.workspaces else self.workspace
 
 
 Delegate = Callable[[Delegation], Awaitable[MultiRunResult]]
@@ -236,11 +251,24 @@ def parse_delegation(
         raise ToolError(_usage(tool, _validation_problem(exc), names)) from None
     except ToolError as exc:
         raise ToolError(_usage(tool, str(exc), names)) from None
+    where = "" if mode == "single" else ("tasks" if mode == "parallel" else "chain")
+    call_root = _folder(workspace, params.cwd, "cwd", workspace.root)
+    roots = [_folder(workspace, t.cwd, f"{where}[{i}].cwd", call_root) for i, t in enumerate(items)]
+    return Delegation(
+        mode,
+        tuple(items),
+        Workspace(call_root),
+        background=params.background,
+        workspaces=tuple(Workspace(r) for r in roots),
+    )
+
+
+def _folder(workspace: Workspace, cwd: str, field: str, default: Path) -> Path:
+    """A `cwd` of the call or of one task: a folder inside the workspace, else `default`."""
     try:
-        root = workspace.existing(params.cwd, "directory") if params.cwd.strip() else workspace.root
+        return workspace.existing(cwd, "directory") if cwd.strip() else default
     except ToolError as exc:
-        raise ToolError(f"cwd: {exc}") from None
-    return Delegation(mode, tuple(items), Workspace(root), background=params.background)
+        raise ToolError(f"{field}: {exc}") from None
 
 
 def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMode, list[ChildTask]]:
@@ -257,11 +285,11 @@ def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMo
         raise ToolError(f"{' and '.join(fields[m] for m in given)} given together")
     mode: DelegationMode = given[0]  # type: ignore[assignment]
     if mode == "single":
-        items = [ChildTask(agent=params.agent, task=params.task)]
+        items = [ChildTask(agent=params.agent, task=params.task, label=params.label)]
     elif mode == "parallel":
         items = list(params.tasks)
     else:
-        items = [ChildTask(agent=s.agent, task=s.task) for s in params.chain]
+        items = list(params.chain)
     for i, item in enumerate(items):
         where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
         if not item.agent.strip():
