@@ -19,6 +19,8 @@ MAX_CONCURRENCY = 4
 # An inference engine batches on its own hardware: every task of a run may go at once.
 MAX_ENGINE_CONCURRENCY = 8
 DEFAULT_CONCURRENCY = 4
+# Agent-file warnings a running command (and the `subagent` tool's description) shows; the rest are counted.
+MAX_WARNINGS = 5
 MAX_TASK_CHARS = 20_000
 MAX_REQUEST_CHARS = 60_000
 MAX_ANSWER_BYTES = 50 * 1024

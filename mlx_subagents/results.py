@@ -47,6 +47,23 @@ class RunUsage(BaseModel):
         return RunUsage(**data)
 
 
+class ChildUsage(BaseModel):
+    """One sub-agent's share of its parent's work (an entry of `RunResult.children`)."""
+
+    label: str
+    agent: str
+    status: Status
+    usage: RunUsage
+
+
+class ChildrenUsage(BaseModel):
+    """What a task's sub-agents used, so that a caller sees the whole cost of a delegating task: the
+    total, and one entry per sub-agent (their own sub-agents after them, labelled `a > b > c`)."""
+
+    usage: RunUsage
+    tasks: list[ChildUsage]
+
+
 class RunResult(BaseModel):
     """One task's outcome."""
 
@@ -67,6 +84,7 @@ class RunResult(BaseModel):
     run_id: str | None = None
     transcript: str | None = None
     parsed: Any = None
+    children: ChildrenUsage | None = None  # None: it started no sub-agent
 
     @property
     def ok(self) -> bool:

@@ -28,7 +28,8 @@ FORMS = (
     '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
     "the previous step's answer"
 )
-AGENTS = "Available agents: orchestrator, planner, reviewer, scout, worker"
+# The orchestrator may start these four (its agents: grant): the error lists what it may start (issue 26, item 4).
+AGENTS = "Available agents: planner, reviewer, scout, worker"
 
 
 def delegate(**arguments: Any) -> dict[str, Any]:

@@ -101,7 +101,11 @@ def test_initialize_list_tools_and_list_agents(tmp_path: Path, write_script: Any
     ]
 
     schema = by_name["run_agents"].input_schema
-    assert set(schema["properties"]) == {"agent", "task", "tasks", "chain", "cwd"}
+    # `label` in every form and each item's own choices (issue 26, item 8).
+    assert set(schema["properties"]) == {"agent", "task", "label", "tasks", "chain", "cwd"}
+    item = {"agent", "task", "label", "cwd", "model", "max_turns", "timeout"}
+    assert set(schema["properties"]["tasks"]["items"]["properties"]) == item
+    assert set(schema["properties"]["chain"]["items"]["properties"]) == item
     assert by_name["start_agents"].input_schema == schema  # the same forms
     assert set(by_name["agent_output"].input_schema["properties"]) == {"id", "wait", "offset"}
     assert schema["additionalProperties"] is False
@@ -524,3 +528,38 @@ def test_the_server_stopping_cancels_the_tasks_still_running(tmp_path: Path, wri
     [path] = (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "runs").glob("*/run.json")
     record = json.loads(path.read_text())
     assert (record["status"], record["tasks"][0]["status"]) == ("interrupted", "aborted")
+
+
+def test_results_carry_the_childrens_usage_and_new_agent_files_are_seen(tmp_path: Path, write_script: Any) -> None:
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [call("subagent", agent="scout", task="look"), "the scout looked"]},
+                "scout": {"replies": [call("ls", path="."), "nothing here"]},
+                "late": {"replies": ["late was here"]},
+            }
+        }
+    )
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with connect("--cwd", tmp_path, "--model", model, "--yes") as client:
+            delegated = await client.call_tool("run_agents", {"agent": "orchestrator", "task": "go"})
+            (tmp_path / ".mlx-subagents" / "agents").mkdir(parents=True)
+            (tmp_path / ".mlx-subagents" / "agents" / "late.md").write_text(
+                "---\nname: late\ndescription: came late\ntools: read\n---\nLook.\n"
+            )
+            listing = await client.call_tool("list_agents", {})
+            return delegated, listing, await client.call_tool("run_agents", {"agent": "late", "task": "look"})
+
+    delegated, listing, late = run(main)
+    (task,) = delegated.structured_content["tasks"]
+    children = task["children"]
+    assert [(c["label"], c["status"], c["usage"]["turns"]) for c in children["tasks"]] == [
+        ("orchestrator > scout", "completed", 2)
+    ]
+    assert children["usage"] == children["tasks"][0]["usage"]
+    used = children["usage"]
+    status = text(delegated).splitlines()[-1]
+    assert f"; its 1 sub-agent(s): {used['input_tokens']:,} tokens read, {used['output_tokens']:,} generated;" in status
+    assert "late" in [a["name"] for a in listing.structured_content["agents"]]
+    assert answers(late) == [("late", "completed", "late was here")]

@@ -156,9 +156,9 @@ def test_a_child_on_a_model_that_is_not_local_is_refused_before_any_task_starts(
     assert result.output == "gave up"
     [sent] = [m for m in host.history["lead"][-1] if m["role"] == "tool"]
     assert sent["content"] == (
-        f"Error: subagent call refused: model '{REMOTE}' is not in the local Hugging Face cache; download it once "
-        f"while online (`hf download {REMOTE}`) or pass a local folder (a sub-agent's model is never downloaded "
-        "mid-delegation)"
+        f"Error: subagent call refused: model '{REMOTE}' is not in the local Hugging Face cache, and a model chosen "
+        f"during a delegation is never downloaded; name a local model, or download it once while online (`hf "
+        f"download {REMOTE}`) or pass a local folder"
     )
     assert "lead > scout" not in host.history  # refused before the first step started
     assert asked == [True]  # the cache was looked at, nothing downloaded

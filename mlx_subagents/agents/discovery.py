@@ -39,6 +39,11 @@ class AgentCatalog:
     def names(self) -> list[str]:
         return sorted(self.agents)
 
+    def all_warnings(self) -> list[str]:
+        """Skipped files first, then what each agent that loaded dropped or read leniently: the one
+        order every front end (and the `subagent` tool's description) shows them in."""
+        return [*self.warnings, *(w for name in self.names() for w in self.agents[name].warnings)]
+
     def get(self, name: str) -> AgentSpec:
         """The agent called `name`; `AgentNotFoundError` lists the available ones."""
         try:

@@ -18,12 +18,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY
+from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY, MAX_WARNINGS
 from ..events import EventSink
 from ..host import parse_bytes
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
 from ..runs.runner import Runner
-from .output import MAX_WARNINGS, print_warnings
+from .output import print_warnings
 
 
 class Scope(str, Enum):

@@ -24,12 +24,11 @@ from ..runs.runner import Runner
 from .interrupts import EXIT_INTERRUPTED, run_async
 from .progress import ProgressView, usage_table
 
-# Agent-file warnings a running command shows before it starts (`subagent agents` shows all).
-MAX_WARNINGS = 5
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 JSON_FIELDS = {
     "agent",
+    "children",
     "task",
     "status",
     "output",
@@ -136,7 +135,7 @@ def run_multi(
 def print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
     """Skipped agent files, then what each agent that loaded had dropped or read leniently; past
     `limit`, one line says how many more `subagent agents` shows."""
-    warnings = [*catalog.warnings, *(w for name in catalog.names() for w in catalog.agents[name].warnings)]
+    warnings = catalog.all_warnings()
     for warning in warnings[:limit]:
         err.print(f"[yellow]warning:[/] {escape(warning)}")
     if limit is not None and len(warnings) > limit:

@@ -54,8 +54,8 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
 
 
-def _download(repo_id: str, download: bool = True) -> Path:
-    """A hub id: the local cache first, then (when online and `download`) a download with progress bars."""
+def _download(repo_id: str, local_only: bool = False) -> Path:
+    """A hub id: the local cache first, then (when online and not `local_only`) a download with progress bars."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
@@ -64,8 +64,11 @@ def _download(repo_id: str, download: bool = True) -> Path:
     except (LocalEntryNotFoundError, FileNotFoundError, OSError):
         pass
     how = f"download it once while online (`hf download {repo_id}`) or pass a local folder"
-    if not download:
-        raise ModelNotFoundError(f"model '{repo_id}' is not in the local Hugging Face cache; {how}")
+    if local_only:
+        raise ModelNotFoundError(
+            f"model '{repo_id}' is not in the local Hugging Face cache, and a model chosen during a delegation is "
+            f"never downloaded; name a local model, or {how}"
+        )
     if _hub_offline():
         raise ModelNotFoundError(
             f"model '{repo_id}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {how}"
@@ -88,9 +91,9 @@ def imported_models_dir() -> Path:
     return state_home() / "models"
 
 
-def resolve_model_path(model: str, *, download: bool = True) -> Path:
+def resolve_model_path(model: str, *, local_only: bool = False) -> Path:
     """A local folder as is, an imported model by its bare name, or a hub id through the Hugging
-    Face cache (downloaded when it is not there, unless `download` is False)."""
+    Face cache (never downloaded when `local_only`)."""
     name = strip_provider(model)
     path = Path(name).expanduser()
     if path.exists():
@@ -107,7 +110,7 @@ def resolve_model_path(model: str, *, download: bool = True) -> Path:
         raise ModelNotFoundError(
             f"model folder {path} does not exist; pass an existing folder or a hub id like mlx-community/Qwen3-4B-Instruct-2507-4bit"
         )
-    return _check_folder(_download(name, download))
+    return _check_folder(_download(name, local_only))
 
 
 def read_config(path: Path) -> dict[str, Any]:

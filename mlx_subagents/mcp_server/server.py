@@ -50,7 +50,7 @@ from ..errors import ConfirmationRequired, SubagentError, ToolError
 from ..events import Event, EventSink
 from ..home import make_state_dir, state_home
 from ..render import EventLines
-from ..results import MultiRunResult, RunResult, RunUsage, Status, StopReason
+from ..results import ChildrenUsage, MultiRunResult, RunResult, RunUsage, Status, StopReason
 from ..runs.board import TaskBoard
 from ..runs.runner import Runner
 from ..tools.base import ToolResult
@@ -110,6 +110,7 @@ class TaskOutcome(BaseModel):
     duration_s: float
     model: str
     transcript: str | None
+    children: ChildrenUsage | None = None  # what its sub-agents used: the total and one entry per sub-agent
 
 
 class RunOutcome(BaseModel):
@@ -335,12 +336,15 @@ class AgentsServer:
     # -- the workspace and the runner --------------------------------------------------------------------
 
     async def _runner(self, ctx: ServerRequestContext[Any]) -> Runner:
+        """The resident runner, its agents read again: a file added since the last call is seen now."""
         async with self._lock:
             if self.runner is None:
                 root = self.cwd or await client_root(ctx.session) or working_directory()
                 self.runner = self.make_runner(root.resolve(), on_event)
                 unconfirmed = ", ".join(a.name for a in unconfirmed_agents(self.runner)) or "none"
                 log.info("workspace %s; project agents withheld: %s", self.runner.cwd, unconfirmed)
+            else:
+                self.runner.refresh_agents()
             return self.runner
 
 
@@ -491,9 +495,13 @@ def _status_line(task: TaskOutcome) -> str:
     u = task.usage
     status = task.status if task.status == "completed" else f"{task.status} ({task.stop_reason})"
     where = f"; transcript {task.transcript}" if task.transcript else ""
+    children = ""
+    if task.children is not None:
+        c = task.children.usage
+        children = f"; its {len(task.children.tasks)} sub-agent(s): {c.input_tokens:,} tokens read, {c.output_tokens:,} generated"
     return (
         f"[{task.label}] {task.agent}: {status} in {task.duration_s:.1f}s, {u.turns} turns, "
-        f"{u.input_tokens:,} tokens read ({u.cached_tokens:,} cached), {u.output_tokens:,} generated{where}"
+        f"{u.input_tokens:,} tokens read ({u.cached_tokens:,} cached), {u.output_tokens:,} generated{children}{where}"
     )
 
 

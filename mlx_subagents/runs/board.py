@@ -28,7 +28,7 @@ from ..agents.spec import AgentSpec
 from ..caps import MAX_TASKS
 from ..errors import RequestError, TaskNotFoundError, TaskStateError
 from ..events import Event, EventSink
-from ..results import RunResult, TaskState, TaskStatus
+from ..results import ChildrenUsage, ChildUsage, RunResult, RunUsage, TaskState, TaskStatus
 from ..text import NO_ANSWER, first_line
 from ..tools import Workspace
 from .prepare import Parent
@@ -108,6 +108,19 @@ class TaskBoard:
 
     def alive(self) -> list[BoardTask]:
         return [h for h in self._handles.values() if h.alive]
+
+    def children_usage(self) -> ChildrenUsage | None:
+        """What the tasks on this board used, theirs included: the parent's `children`; None when none ran."""
+        entries: list[ChildUsage] = []
+        for result in (h.result for h in self._handles.values() if h.result is not None):
+            entries.append(ChildUsage(label=result.label, agent=result.agent, status=result.status, usage=result.usage))
+            entries += result.children.tasks if result.children else []
+        if not entries:
+            return None
+        total = RunUsage()
+        for entry in entries:
+            total = total.add(entry.usage)
+        return ChildrenUsage(usage=total, tasks=entries)
 
     def cancel_all(self, reason: str | None = None) -> list[BoardTask]:
         """Cancel every queued or running task; the ones cancelled."""

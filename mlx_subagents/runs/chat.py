@@ -70,6 +70,7 @@ class Chat:
         """
         if not message.strip():
             raise RequestError("the message is empty; type what the agent should do")
+        self.runner.refresh_agents()  # an agent file added since the last turn can be started now
         return await self.handle.ask(message)
 
     def interrupt(self) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.spec import AgentSpec
 from ..caps import CapItem, check_request
-from ..errors import InputTooLargeError, ModelNotFoundError, RequestError
+from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
 from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
@@ -48,6 +48,7 @@ class Parent:
     Args:
         depth: how many parents it has (0: started by a person).
         run_folder: its run's folder (children are saved under `run_folder/runs/`); None when nothing is saved.
+        thinking: its thinking budget, which its children without a `thinking:` of their own take.
     """
 
     spec: AgentSpec
@@ -55,6 +56,7 @@ class Parent:
     depth: int
     model: ModelRef
     run_folder: Path | None
+    thinking: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class PreparedTask:
 
     def as_parent(self, run_folder: Path | None) -> Parent:
         """This task as the parent of the children it delegates to."""
-        return Parent(self.spec, self.label, self.depth, self.model, run_folder)
+        return Parent(self.spec, self.label, self.depth, self.model, run_folder, self.limits.thinking)
 
 
 @dataclass(frozen=True)
@@ -150,40 +152,46 @@ class Preparer:
         self,
         tasks: Sequence[TaskSpec],
         *,
-        workspace: Workspace,
+        workspace: Workspace | Sequence[Workspace],
         parent: Parent | None = None,
         shared_input: str = "",
+        delegated: bool = False,
     ) -> list[PreparedTask]:
         """Check a whole request and load its models; the first failure raises and nothing runs.
 
         Args:
+            workspace: where the tasks work: one folder for all, or one per task.
             parent: the session delegating these tasks (None: tasks a person started).
             shared_input: text every task receives besides its own (a workflow's `--input`).
+            delegated: tasks a model (or an MCP client) chose: a model of their own must be local, and
+                their own limits only narrow the ones they would have.
         """
-        if parent is not None:
-            check_grant(parent, [t.agent for t in tasks])
-        resolved = [self._resolve(t, parent) for t in tasks]
+        places = _per_task(workspace, len(tasks))
+        resolved = [self._resolve(t, parent, delegated) for t in tasks]
         check_request([CapItem(r.task.label, r.task.task, r.spec) for r in resolved], shared_input)
-        loaded = [await self._load(r, parent, workspace) for r in resolved]
+        loaded = [await self._load(r, parent, w, delegated) for r, w in zip(resolved, places)]
         for fit in {(p.spec.name, p.host.model_id): p for p in loaded}.values():
             await self.check_prompt_fits(fit)
         return loaded
 
     async def prepare_each(
-        self, tasks: Sequence[TaskSpec], *, workspace: Workspace, parent: Parent | None = None
+        self,
+        tasks: Sequence[TaskSpec],
+        *,
+        workspace: Workspace | Sequence[Workspace],
+        parent: Parent | None = None,
+        delegated: bool = False,
     ) -> list[PreparedTask | SetUpFailure]:
         """A request whose tasks fail alone (a parallel delegation): a task that cannot be prepared
         (an unknown agent, a model that cannot load, a prompt too long) is a `SetUpFailure` in its
-        place. The request's own checks (the parent's grants, its size) still refuse it whole."""
-        if parent is not None:
-            check_grant(parent, [t.agent for t in tasks])
+        place, and so is a task the parent's grants refuse. The request's size still refuses it whole."""
         out: list[PreparedTask | SetUpFailure] = []
-        for task in tasks:
+        for task, place in zip(tasks, _per_task(workspace, len(tasks))):
             model = ""
             try:
-                resolved = self._resolve(task, parent)
+                resolved = self._resolve(task, parent, delegated)
                 model = str(resolved.model)
-                prepared = await self._load(resolved, parent, workspace)
+                prepared = await self._load(resolved, parent, place, delegated)
                 await self.check_prompt_fits(prepared)
                 out.append(prepared)
             except Exception as exc:
@@ -195,8 +203,8 @@ class Preparer:
 
     # -- the steps ---------------------------------------------------------------------------------------
 
-    def _resolve(self, task: TaskSpec, parent: Parent | None) -> _Resolved:
-        spec = self.agent(task.agent)
+    def _resolve(self, task: TaskSpec, parent: Parent | None, delegated: bool = False) -> _Resolved:
+        spec = self.agent(task.agent, parent)
         denied: dict[str, str] = {}
         if parent is not None:
             spec, denied = granted_tools(parent.spec, spec)
@@ -204,29 +212,45 @@ class Preparer:
         if schema is not None:
             check_schema(schema, f"output schema of task '{task.label}'")
         model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
-        if parent is not None:
-            self.check_local(model)
+        if delegated or parent is not None:
+            self.check_local(model, named=bool(task.model))
         return _Resolved(task, spec, denied, schema, model)
 
-    async def _load(self, resolved: _Resolved, parent: Parent | None, workspace: Workspace) -> PreparedTask:
+    async def _load(
+        self, resolved: _Resolved, parent: Parent | None, workspace: Workspace, delegated: bool = False
+    ) -> PreparedTask:
         spec, task = resolved.spec, resolved.task
+        limits, timeout = self.limits(spec, task, parent), task.timeout or self.options.timeout
+        if delegated:  # a caller's own limits narrow what the task would have, never widen it
+            limits = replace(limits, max_turns=min(limits.max_turns, self.limits(spec, None, parent).max_turns))
+            timeout = min((t for t in (task.timeout, self.options.timeout) if t), default=None)
         return PreparedTask(
             task=task,
             spec=spec,
             model=resolved.model,
             host=await self.host_for(resolved.model),
             workspace=workspace,
-            limits=self.limits(spec, task),
+            limits=limits,
             depth=parent.depth + 1 if parent else 0,
-            timeout=task.timeout or self.options.timeout,
+            timeout=timeout,
             schema=resolved.schema,
             denied=resolved.denied,
             context=self.project_context(spec, workspace),
         )
 
-    def agent(self, name: str) -> AgentSpec:
-        """The named agent, after the user's consent if it is a project agent."""
-        spec = self.catalog.get(name)
+    def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
+        """The named agent, if `parent` may start it, after the user's consent if it is a project agent.
+
+        An unknown agent is never called ungranted: its error lists the agents the parent may start."""
+        try:
+            spec = self.catalog.get(name)
+        except AgentNotFoundError:
+            if parent is None or parent.spec.agents is None:
+                raise
+            may = ", ".join(n for n in parent.spec.agents if n in self.catalog.agents) or "none"
+            raise AgentNotFoundError(f"unknown agent '{name}'; '{parent.spec.name}' may start: {may}") from None
+        if parent is not None:
+            check_grant(parent, [spec.name])  # before the consent: never ask about an agent that cannot run
         if spec.name not in self._trusted:  # ask once per agent, not once per task
             require_trust(spec, assume_yes=self.options.assume_yes, interactive=self.interactive, confirm=self.confirm)
             self._trusted.add(spec.name)
@@ -266,15 +290,18 @@ class Preparer:
                 self.hosts[model] = host
             return self.hosts[model]
 
-    def check_local(self, model: ModelRef) -> None:
-        """Refuse a child's model that is not on this machine, before any task starts: fetching
-        gigabytes in the middle of a delegation would stall its parent for minutes."""
+    def check_local(self, model: ModelRef, *, named: bool = False) -> None:
+        """Refuse a delegated task's model unless it is on this machine, before any task starts:
+        fetching gigabytes mid-delegation would stall its parent for minutes; and a model the call
+        `named` itself on an engine run cannot be checked there, so it is refused (fail closed)."""
+        if named and self.options.engine:
+            raise RequestError(
+                f"model '{model.model}': this run's models are on the engine {self.options.engine}; a task's own "
+                "model must be a local one, so leave model out"
+            )
         if model.engine or model in self.hosts or model.model.startswith("scripted:"):
             return
-        try:
-            resolve_model_path(model.model, download=False)
-        except ModelNotFoundError as exc:
-            raise ModelNotFoundError(f"{exc} (a sub-agent's model is never downloaded mid-delegation)") from None
+        resolve_model_path(model.model, local_only=True)
 
     def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:
         """The project's instructions for an agent's system prompt, read once per workspace (so every
@@ -297,13 +324,17 @@ class Preparer:
                 f"{host.context_window:,} tokens of {host.model_id}; shorten the body of {spec.path}"
             )
 
-    def limits(self, spec: AgentSpec, task: TaskSpec | None = None) -> Limits:
-        """A task's limits: its own, else the run's, else the agent's, else the defaults."""
+    def limits(self, spec: AgentSpec, task: TaskSpec | None = None, parent: Parent | None = None) -> Limits:
+        """A task's limits: its own, else the run's, else the agent's, else the defaults; its thinking
+        budget: the run's, else the agent's, else its parent's (a parent's reasoning setting reaches
+        the children that set none), else the default."""
         options = self.options
+        inherited = parent.thinking if parent is not None else None
+        thinking = (options.thinking, spec.thinking, inherited)
         return Limits(
             max_turns=(task and task.max_turns) or options.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
             max_output_tokens=(task and task.max_output_tokens) or options.max_output_tokens,
-            thinking=next((t for t in (options.thinking, spec.thinking) if t is not None), DEFAULT_THINKING_TOKENS),
+            thinking=next((t for t in thinking if t is not None), DEFAULT_THINKING_TOKENS),
         )
 
     async def close(self) -> None:
@@ -312,6 +343,10 @@ class Preparer:
         self.hosts = {model: host for model, host in self.hosts.items() if model in self._given}
         for host in hosts:
             await host.stop()
+
+
+def _per_task(workspace: Workspace | Sequence[Workspace], n_tasks: int) -> list[Workspace]:
+    return [workspace] * n_tasks if isinstance(workspace, Workspace) else list(workspace)
 
 
 def check_grant(parent: Parent, agents: Sequence[str]) -> None:

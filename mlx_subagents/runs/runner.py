@@ -93,6 +93,7 @@ class Runner:
         self.cwd = Path(cwd).resolve()
         self.options = options or RunOptions()
         self.catalog: AgentCatalog = catalog or discover_agents(self.cwd, scope=self.options.scope)
+        self._discovered = catalog is None  # a catalog the caller gave is never read again
         self.compaction = compaction or CompactionSettings()
         self.on_event = on_event
         self.save_transcripts = save_transcripts
@@ -126,6 +127,13 @@ class Runner:
         for handle in self._started:
             await handle.join()
         await self.preparer.close()
+
+    def refresh_agents(self) -> AgentCatalog:
+        """Read the agent folders again, so that an agent file added or changed while a chat or the
+        MCP server runs is seen at the next call; a catalog the caller gave stays as it is."""
+        if self._discovered:
+            self.catalog = self.preparer.catalog = discover_agents(self.cwd, scope=self.options.scope)
+        return self.catalog
 
     @property
     def slots(self) -> Slots:
@@ -214,10 +222,11 @@ class Runner:
     async def start_background(self, call: Delegation, board: TaskBoard) -> list[TaskHandle]:
         """A `subagent` call with `background: true`: its tasks (or chain steps, each waiting for the one
         before) started on the parent's board; nothing starts if any of them cannot."""
-        tasks = [TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks]
+        tasks = call_tasks(call)
         if call.mode == "chain" and tasks:
             plan_chain(tasks[:1])  # refuses {previous} in step 1
-        return await self._start_all(tasks, board, chain=call.mode == "chain", workspace=call.workspace)
+        places = [call.workspace_of(i) for i in range(len(tasks))]
+        return await self._start_all(tasks, board, chain=call.mode == "chain", workspace=places, delegated=True)
 
     async def _start_all(
         self,
@@ -225,16 +234,19 @@ class Runner:
         board: TaskBoard,
         *,
         chain: bool,
-        workspace: Workspace | None = None,
+        workspace: Workspace | Sequence[Workspace] | None = None,
         after: TaskHandle | None = None,
         render: Callable[[RunResult], str] | None = None,
+        delegated: bool = False,
     ) -> list[TaskHandle]:
         tasks = [replace(t, agent=t.agent.strip().lower(), label=t.label.strip()) for t in tasks]
         parent = board.parent
         ids = board.plan_ids(tasks)
         try:
             labelled = [replace(t, label=f"{parent.label} > {i}" if parent else i) for t, i in zip(tasks, ids)]
-            prepared = await self._prepare(labelled, parent=parent, workspace=workspace or board.workspace)
+            prepared = await self._prepare(
+                labelled, parent=parent, workspace=workspace or board.workspace, delegated=delegated
+            )
         except BaseException:
             board.release(ids)
             raise
@@ -312,10 +324,11 @@ class Runner:
             board: the parent's task board: the children that ran are kept there under ids (`scout#1`),
                 so that the parent reads a cut answer with `subagent_output` (the cut note says how).
         """
-        tasks = label_tasks([TaskSpec(agent=t.agent, task=t.task, label=t.label) for t in call.tasks])
+        tasks = label_tasks(call_tasks(call))
         if parent is not None:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-        where = {"parent": parent, "workspace": call.workspace}
+        places = [call.workspace_of(i) for i in range(len(tasks))]
+        where: dict[str, Any] = {"parent": parent, "workspace": places, "delegated": True}
         if call.mode != "parallel":
             needs, renders = None, None
             if call.mode == "chain":
@@ -329,7 +342,9 @@ class Runner:
         ready = [p for p in each if isinstance(p, PreparedTask)]
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
         if ready:
-            outcome = await self._execute("parallel", ready, concurrency=DEFAULT_CONCURRENCY, parent=parent, keep=board)
+            outcome = await self._execute(
+                "parallel", ready, concurrency=self.options.concurrency, parent=parent, keep=board
+            )
         ran = iter(outcome.results)
         ran_ids = iter(outcome.task_ids or [None] * len(ready))
         results = [failed[i] if i in failed else next(ran) for i in range(len(tasks))]
@@ -363,7 +378,8 @@ class Runner:
         async def start(call: Delegation) -> list[str]:
             return [h.id for h in await self.start_background(call, board)]
 
-        agents = {name: a.description for name, a in self.catalog.agents.items()}
+        granted = parent.spec.agents
+        agents = {n: a.description for n, a in self.catalog.agents.items() if granted is None or n in granted}
         tool = SubagentTool(
             workspace,
             delegate=delegate,
@@ -372,6 +388,9 @@ class Runner:
             depth=parent.depth,
             max_depth=self.options.max_depth,
             start=start,
+            known=lambda: self.refresh_agents().agents,
+            warnings=self.catalog.all_warnings(),
+            concurrency=self.options.concurrency,
         )
         return {"subagent": tool, **make_background_tools(workspace, board)}
 
@@ -403,11 +422,12 @@ class Runner:
         tasks: Sequence[TaskSpec],
         *,
         parent: Parent | None = None,
-        workspace: Workspace | None = None,
+        workspace: Workspace | Sequence[Workspace] | None = None,
         shared_input: str = "",
+        delegated: bool = False,
     ) -> list[PreparedTask]:
         return await self.preparer.prepare(
-            tasks, parent=parent, workspace=workspace or self.workspace, shared_input=shared_input
+            tasks, parent=parent, workspace=workspace or self.workspace, shared_input=shared_input, delegated=delegated
         )
 
     async def _execute(
@@ -474,9 +494,12 @@ class Runner:
         finally:
             for board in boards:  # a task's background children end with it
                 await board.close("its parent task ended")
+            children = [board.children_usage() for board in boards]
+            results = [r.model_copy(update={"children": c}) if c else r for r, c in zip(results, children)]
             if keep is not None and ids is not None:
-                for task_id, item, done in zip(ids, plan, execution.uncapped):
+                for task_id, item, done, used in zip(ids, plan, execution.uncapped, children):
                     if done is not None:
+                        done = done.model_copy(update={"children": used}) if used else done
                         keep.add(self._finished(task_id, item, done, keep))
                 keep.release([i for i, done in zip(ids, execution.uncapped) if done is None])
             if recorder is not None:
@@ -510,6 +533,21 @@ class Runner:
         assert board.inbox is not None
         board.inbox.settle = board.settle
         return board
+
+
+def call_tasks(call: Delegation) -> list[TaskSpec]:
+    """A `subagent` (or MCP) call's tasks with the choices each may make: label, model, turns, time."""
+    return [
+        TaskSpec(
+            agent=t.agent,
+            task=t.task,
+            label=t.label,
+            model=t.model.strip() or None,
+            max_turns=t.max_turns,
+            timeout=t.timeout,
+        )
+        for t in call.tasks
+    ]
 
 
 def read_more_note(task_id: str) -> str:

@@ -11,13 +11,14 @@ The recursion cut lives in two places: a session gets this tool only when its ag
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, cap_answer
+from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, MAX_WARNINGS, cap_answer
 from ..errors import SubagentError, ToolError
 from ..results import MultiRunResult, RunResult
 from ..text import NO_ANSWER, one_line
@@ -37,20 +38,22 @@ FORMS = (
 )
 
 
+MAX_LABEL_CHARS = 60
+# Short descriptions: every item of `tasks` and `chain` repeats them in the schema the model reads.
+Label = Annotated[str, Field(default="", max_length=MAX_LABEL_CHARS, description="Its name in the result.")]
+
+
 # No docstrings on the parameter models: pydantic would put them in the schema the model reads.
-class ChildTask(BaseModel):  # one task of a parallel call (also a single call or a chain step)
+class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a single call takes the same fields)
     model_config = ConfigDict(extra="forbid")
 
     agent: str = Field(description="The agent's name.")
-    task: str = Field(description="What the agent should do, with every path and detail it needs.")
-    label: str = Field(default="", description="A short name for this task in the result.")
-
-
-class ChainStep(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    agent: str = Field(description="The agent's name.")
-    task: str = Field(description="What this step should do; {previous} is replaced by the previous step's answer.")
+    task: str = Field(description="What it should do, with every path and detail it needs.")
+    label: Label
+    cwd: str = Field(default="", description="Its folder in the workspace.")
+    model: str = Field(default="", description="A local model for it.")
+    max_turns: Optional[int] = Field(default=None, gt=0, description="Fewer turns than its limit.")
+    timeout: Optional[float] = Field(default=None, gt=0, description="Fewer seconds than its limit.")
 
 
 class SubagentParams(BaseModel):  # flat: a small model fills in optional fields more reliably than a union
@@ -58,8 +61,11 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
 
     agent: str = Field(default="", description="One task: the agent to run.")
     task: str = Field(default="", description="One task: what it should do, with every detail it needs.")
+    label: Label
     tasks: list[ChildTask] = Field(default_factory=list, description=f"Parallel: up to {MAX_TASKS} independent tasks.")
-    chain: list[ChainStep] = Field(default_factory=list, description="Chain: steps run in order.")
+    chain: list[ChildTask] = Field(
+        default_factory=list, description="Chain: steps run in order; {previous} in a task is the previous answer."
+    )
     cwd: str = Field(
         default="", description="A folder inside the workspace for the sub-agents (default: the workspace)."
     )
@@ -74,12 +80,21 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
 
 @dataclass(frozen=True)
 class Delegation:
-    """One valid call, for the runner: the mode, its tasks in order and the children's workspace."""
+    """One valid call, for the runner: the mode, its tasks in order and the children's workspace.
+
+    Args:
+        workspaces: per task, its own folder (its `cwd`, else the call's); empty: `workspace` for all.
+    """
 
     mode: DelegationMode
     tasks: tuple[ChildTask, ...]
     workspace: Workspace
     background: bool = False
+    workspaces: tuple[Workspace, ...] = ()
+
+    def workspace_of(self, index: int) -> Workspace:
+        """The folder task `index` works in."""
+        return self.workspaces[index] if self.workspaces else self.workspace
 
 
 Delegate = Callable[[Delegation], Awaitable[MultiRunResult]]
@@ -92,11 +107,16 @@ class SubagentTool(Tool):
 
     Args:
         delegate: runs a `Delegation` (the runner binds the caller's label and depth).
-        agents: every agent the runner knows, name -> description.
+        agents: the agents the caller may start (its `agents:` grant), name -> description: the
+            list the model reads, so that a small model never picks one it would be refused.
         caller: the calling agent's name; left out of the list the model sees.
         depth: how many parents the calling session has (0: started by a person).
         max_depth: children may run at depth `max_depth` at most; a call from there is refused.
         start: starts `"background": true` calls on the parent's board; None: refused.
+        known: every agent the runner knows at the time of a call (default: `agents`); a name
+            outside it is unknown, one inside it but not granted is refused by the runner.
+        warnings: the agent-file warnings, the first `MAX_WARNINGS` of them in the description.
+        concurrency: how many of a call's tasks run at once (`--concurrency`).
     """
 
     name = "subagent"
@@ -116,6 +136,9 @@ class SubagentTool(Tool):
         depth: int = 0,
         max_depth: int = 2,
         start: Start | None = None,
+        known: Callable[[], Collection[str]] | None = None,
+        warnings: Sequence[str] = (),
+        concurrency: int = MAX_CONCURRENCY,
     ) -> None:
         super().__init__(workspace)
         self.delegate = delegate
@@ -124,8 +147,11 @@ class SubagentTool(Tool):
         self.depth = depth
         self.max_depth = max_depth
         self.start = start
+        self.known = known or (lambda: self.agents)
         listed = {n: d for n, d in self.agents.items() if n != caller}
-        self.description = describe_delegation(listed, background=start is not None)  # type: ignore[misc]
+        self.description = describe_delegation(  # type: ignore[misc]
+            listed, background=start is not None, warnings=warnings, concurrency=concurrency
+        )
 
     def schema(self) -> dict[str, Any]:  # type: ignore[override]
         """Per instance: the description lists this runner's agents; `background` only where it works."""
@@ -148,7 +174,7 @@ class SubagentTool(Tool):
                 f"{self.max_depth} (max_depth); do the task yourself with your other tools"
             )
         try:
-            delegation = parse_delegation(arguments, self.workspace, self.agents, tool=self.name)
+            delegation = parse_delegation(arguments, self.workspace, self.known(), tool=self.name, listed=self.agents)
         except ToolError as exc:
             return error_result(str(exc))
         if delegation.background:
@@ -202,7 +228,12 @@ def delegation_schema(*, background: bool) -> dict[str, Any]:
 
 
 def parse_delegation(
-    arguments: dict[str, Any], workspace: Workspace, agents: Collection[str], *, tool: str = "subagent"
+    arguments: dict[str, Any],
+    workspace: Workspace,
+    agents: Collection[str],
+    *,
+    tool: str = "subagent",
+    listed: Collection[str] | None = None,
 ) -> Delegation:
     """A call's `Delegation`, or `ToolError` with what the caller reads: what is wrong, the forms
     and the agents (`invalid TOOL call: ...`), or the `cwd` that is not a folder of the workspace.
@@ -210,19 +241,34 @@ def parse_delegation(
     Args:
         agents: the agents a call may name (a parallel task's unknown agent fails alone, later).
         tool: the name the caller knows the call by, for its messages.
+        listed: the agents the messages name (default: `agents`): those the caller may start.
     """
+    names = agents if listed is None else listed
     try:
         params = SubagentParams.model_validate(arguments)
         mode, items = _mode(params, agents)
     except ValidationError as exc:
-        raise ToolError(_usage(tool, _validation_problem(exc), agents)) from None
+        raise ToolError(_usage(tool, _validation_problem(exc), names)) from None
     except ToolError as exc:
-        raise ToolError(_usage(tool, str(exc), agents)) from None
+        raise ToolError(_usage(tool, str(exc), names)) from None
+    where = "" if mode == "single" else ("tasks" if mode == "parallel" else "chain")
+    call_root = _folder(workspace, params.cwd, "cwd", workspace.root)
+    roots = [_folder(workspace, t.cwd, f"{where}[{i}].cwd", call_root) for i, t in enumerate(items)]
+    return Delegation(
+        mode,
+        tuple(items),
+        Workspace(call_root),
+        background=params.background,
+        workspaces=tuple(Workspace(r) for r in roots),
+    )
+
+
+def _folder(workspace: Workspace, cwd: str, field: str, default: Path) -> Path:
+    """A `cwd` of the call or of one task: a folder inside the workspace, else `default`."""
     try:
-        root = workspace.existing(params.cwd, "directory") if params.cwd.strip() else workspace.root
+        return workspace.existing(cwd, "directory") if cwd.strip() else default
     except ToolError as exc:
-        raise ToolError(f"cwd: {exc}") from None
-    return Delegation(mode, tuple(items), Workspace(root), background=params.background)
+        raise ToolError(f"{field}: {exc}") from None
 
 
 def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMode, list[ChildTask]]:
@@ -239,11 +285,11 @@ def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMo
         raise ToolError(f"{' and '.join(fields[m] for m in given)} given together")
     mode: DelegationMode = given[0]  # type: ignore[assignment]
     if mode == "single":
-        items = [ChildTask(agent=params.agent, task=params.task)]
+        items = [ChildTask(agent=params.agent, task=params.task, label=params.label)]
     elif mode == "parallel":
         items = list(params.tasks)
     else:
-        items = [ChildTask(agent=s.agent, task=s.task) for s in params.chain]
+        items = list(params.chain)
     for i, item in enumerate(items):
         where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
         if not item.agent.strip():
@@ -287,9 +333,19 @@ def _validation_problem(exc: ValidationError) -> str:
     return "; ".join(problems)
 
 
-def describe_delegation(agents: Mapping[str, str], *, background: bool = False) -> str:
-    """What the model reads about the tool: when to use it, the three forms, and the agents."""
+def describe_delegation(
+    agents: Mapping[str, str],
+    *,
+    background: bool = False,
+    warnings: Sequence[str] = (),
+    concurrency: int = MAX_CONCURRENCY,
+) -> str:
+    """What the model reads about the tool: when to use it, the three forms, the agents it may start,
+    and the first agent-file warnings (a file the model expected and that did not load says why)."""
     listing = "\n".join(f"- {name}: {description}" for name, description in agents.items()) or "- (none)"
+    notes = [f"- {w}" for w in warnings[:MAX_WARNINGS]]
+    if len(warnings) > MAX_WARNINGS:
+        notes.append(f"- ({len(warnings) - MAX_WARNINGS} more)")
     return (
         "Delegate work to a sub-agent. It starts with a fresh, empty context, works with its own tools, "
         "and returns only its final answer to you.\n"
@@ -301,7 +357,7 @@ def describe_delegation(agents: Mapping[str, str], *, background: bool = False) 
         "Use exactly one form:\n"
         '- {"agent": NAME, "task": TEXT}: one task.\n'
         f'- {{"tasks": [{{"agent": NAME, "task": TEXT}}, ...]}}: up to {MAX_TASKS} independent tasks, '
-        f"{MAX_CONCURRENCY} at a time.\n"
+        f"{concurrency} at a time.\n"
         '- {"chain": [{"agent": NAME, "task": TEXT}, ...]}: steps in order; {previous} in a task is the '
         "previous step's answer.\n"
         + (
@@ -310,6 +366,7 @@ def describe_delegation(agents: Mapping[str, str], *, background: bool = False) 
             else ""
         )
         + f"Agents:\n{listing}"
+        + ("\nAgent-file warnings:\n" + "\n".join(notes) if notes else "")
     )
 
 
