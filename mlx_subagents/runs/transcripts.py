@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from ..errors import RunNotFoundError
 from ..events import Event
-from ..home import make_state_dir, state_home
+from ..home import file_name, make_state_dir, state_home
 from ..host.protocol import Message
 from ..results import Mode, RunResult
 
@@ -66,7 +66,7 @@ def _now() -> str:
 
 
 def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("._") or "task"
+    return file_name(label, "task")
 
 
 # Lone surrogates cannot be encoded as UTF-8; the line and paragraph separators are line breaks to
