@@ -295,3 +295,57 @@ def test_error_lines_are_literal_text(tmp_path: Path, name: str) -> None:
     done = cli("run", name, "hi", "-m", "scripted:none.json", "-C", tmp_path, timeout=60)
     assert done.returncode == 2
     assert done.stderr.startswith(f"error: unknown agent '{name}'; available: ")
+
+
+# --- two writers of one task -------------------------------------------------------------------------------
+
+
+WAIT_FOR_RELEASE = "touch started; while [ ! -e release ]; do sleep 0.05; done; echo released"
+
+
+def _scripts(tmp_path: Path) -> tuple[str, str]:
+    first, slow = tmp_path / "first.json", tmp_path / "slow.json"
+    first.write_text('["first answer"]')
+    slow.write_text(
+        json.dumps([{"tool_calls": [{"name": "bash", "arguments": {"command": WAIT_FOR_RELEASE}}]}, "more"])
+    )
+    return f"scripted:{first}", f"scripted:{slow}"
+
+
+def _wait_for(path: Path, proc: Any) -> None:
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        os.sched_yield()
+
+
+@pytest.mark.parametrize("first_ends", ["finishes", "is killed"])
+def test_a_second_resume_of_a_task_is_refused_while_the_first_runs(tmp_path: Path, first_ends: str) -> None:
+    from helpers import spawn_cli
+
+    first, slow = _scripts(tmp_path)
+    assert cli("run", "scout", "hi", "-m", first, "-C", tmp_path, timeout=60).returncode == 0
+    (run_id,) = [p.name for p in runs_dir().iterdir()]
+    running = spawn_cli("resume", run_id, "follow-up one", "-m", slow)
+    try:
+        _wait_for(tmp_path / "started", running)
+        second = cli("resume", run_id, "follow-up two", "-m", first, timeout=60)
+        assert (second.returncode, second.stdout, second.stderr) == (
+            2,
+            "",
+            f"error: task 'scout' of run {run_id} is being continued elsewhere (another resume or chat); "
+            "wait until that ends, then resume it again\n",
+        )
+        if first_ends == "is killed":
+            running.kill()
+        (tmp_path / "release").touch()
+        running.communicate(timeout=60)
+    finally:
+        running.kill()
+        running.wait(timeout=60)
+    third = cli("resume", run_id, "follow-up three", "-m", first, timeout=60)
+    assert (third.returncode, third.stdout) == (0, "first answer\n"), third.stderr
+    (transcript,) = (runs_dir() / run_id).glob("*.jsonl")
+    records = [json.loads(line) for line in transcript.read_text().splitlines()]
+    follow_ups = [(r["generation"], r["message"]) for r in records if r["type"] == "follow_up"]
+    # Each generation once, none lost (a killed generation keeps its number: the next one follows it).
+    assert follow_ups == [(2, "follow-up one"), (3, "follow-up three")]
