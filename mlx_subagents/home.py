@@ -6,7 +6,9 @@ place creates folders in it, so a home that is a file or read-only is one line, 
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 
 from .errors import StateHomeError
@@ -14,6 +16,12 @@ from .userfiles import os_reason
 
 HOME_ENV = "MLX_SUBAGENTS_HOME"
 DEFAULT_HOME = "~/.mlx-subagents"
+# The longest name a person or a model may give (an agent, a task label, an imported model): every
+# name that reaches the disk stays far inside a file system's 255-byte limit, prefixes included.
+MAX_NAME_CHARS = 64
+# The longest part of a file name made from a name (`file_name`); the rest of 255 is for prefixes.
+MAX_FILE_NAME_CHARS = 80
+_UNSAFE_IN_NAMES = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def state_home() -> Path:
@@ -35,3 +43,23 @@ def make_state_dir(path: Path, *, home: Path | None = None, exist_ok: bool = Tru
             f"cannot save in the state folder {where}: {os_reason(exc)}; set {HOME_ENV} to a writable folder"
         ) from None
     return path
+
+
+def file_name(name: str, default: str = "task") -> str:
+    """The one rule for a name that becomes part of a file name: ASCII letters, digits, `_`, `.`, `-`
+    (any other run of characters is `_`; no leading or trailing `.` or `_`), at most
+    `MAX_FILE_NAME_CHARS`; a longer name is cut and ends in 8 hex digits of its hash, so two long
+    names stay two files. `default` when nothing is left.
+    """
+    safe = _UNSAFE_IN_NAMES.sub("_", name).strip("._") or default
+    if len(safe) <= MAX_FILE_NAME_CHARS:
+        return safe
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{safe[: MAX_FILE_NAME_CHARS - 9].rstrip('._')}-{digest}"
+
+
+def long_name_problem(name: str, what: str) -> str | None:
+    """`what 'xxxxxxxx...' is N characters, over the limit of 64; shorten it`, or None for a short name."""
+    if len(name) <= MAX_NAME_CHARS:
+        return None
+    return f"{what} '{name[:MAX_NAME_CHARS]}...' is {len(name):,} characters, over the limit of {MAX_NAME_CHARS}; shorten it"

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 MORE = " ..."
 NO_ANSWER = "(no answer)"
+# The longest warning line printed: a warning can name what came with a cloned repository.
+MAX_WARNING_CHARS = 300
+# How many names a list in one line shows (`name_list`), and how long each may be.
+MAX_LISTED_NAMES = 10
+MAX_LISTED_NAME_CHARS = 40
 
 
 def first_line(text: str, max_chars: int = 120, *, cut: str = MORE) -> str:
@@ -33,3 +38,16 @@ def clip(text: str, max_chars: int) -> str:
 def squash(text: str) -> str:
     """`text` with every run of whitespace, newlines included, made one space."""
     return " ".join(text.split())
+
+
+def name_list(names: list[str]) -> str:
+    """`a, b, c` for a one-line message: at most `MAX_LISTED_NAMES` names of at most
+    `MAX_LISTED_NAME_CHARS` each, then `(and N more)`."""
+    shown = ", ".join(clip(name, MAX_LISTED_NAME_CHARS) for name in names[:MAX_LISTED_NAMES])
+    more = len(names) - MAX_LISTED_NAMES
+    return f"{shown} (and {more:,} more)" if more > 0 else shown
+
+
+def warning_line(text: str) -> str:
+    """A warning as one line of at most `MAX_WARNING_CHARS` (whitespace made single spaces)."""
+    return clip(squash(text[: 4 * MAX_WARNING_CHARS]), MAX_WARNING_CHARS)

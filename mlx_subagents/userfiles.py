@@ -1,7 +1,14 @@
-"""Reading what a user hands over (tasks, workflow, schema, script and agent files) with one-line errors.
+"""Reading what a user hands over (tasks, workflow, schema, script and agent files, project instructions,
+models to import) through one guard, with one-line errors.
+
+Every file goes through `open_regular`: it is opened without waiting (a FIFO never blocks), the opened
+file must be a regular file (never a FIFO, device or socket: `/dev/zero` is never read) of at most its
+kind's size (checked on the open file before anything is read or allocated, and no more than that is
+ever read, even from a file that grows meanwhile).
 
 Every way such input can be bad ends as one `SubagentError` line naming the file and the fix: a file
-that cannot be read (`OSError`, not UTF-8), a syntax error, data nested deeper than 128 levels (past
+that cannot be read (`OSError`, not UTF-8, not a regular file, too large), a syntax error, data nested
+deeper than 128 levels (past
 it, Python's parsers and every later walk raise `RecursionError`) or expanding through YAML aliases to
 more than a million values, or data pydantic rejects (`ValidationError`). Callers pick the error
 class, so the CLI's error boundary prints them all the same way.
@@ -9,12 +16,16 @@ class, so the CLI's error boundary prints them all the same way.
 
 from __future__ import annotations
 
+import codecs
+import errno
 import json
 import math
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import yaml
 from pydantic import ValidationError
@@ -43,18 +54,94 @@ def os_reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def read_text(path: Path, what: str, error: type[SubagentError]) -> str:
-    """The file's UTF-8 text; otherwise `error("{path}: cannot read the {what}: {reason}")`.
+# What a file a user hands over may hold: far more than any tasks file, schema, workflow or agent
+# (a system prompt that long fits no context window).
+MAX_FILE_BYTES = 1024 * 1024
+NOT_REGULAR = "not a regular file (a FIFO, device or socket)"
+
+
+def _a(what: str) -> str:
+    return f"an {what}" if what[:1] in "aeiou" else f"a {what}"
+
+
+def open_regular(
+    path: Path, what: str, error: type[SubagentError], max_bytes: int | None = MAX_FILE_BYTES, *, text: bool = True
+) -> BinaryIO:
+    """`path` opened for reading: a regular file of at most `max_bytes` (None: any size), else one `error` line.
+
+    The open does not wait (O_NONBLOCK) and the opened file is the one checked, so a FIFO, a device
+    or a file swapped after an earlier check is refused before anything blocks or is read.
 
     Args:
         what: the kind of file, as the user knows it ("tasks file", "workflow file").
+        text: the file holds text (the refusal says "a plain text file").
+    """
+    plain = "a plain text file" if text else "a regular file"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket
+            raise error(f"{path}: {NOT_REGULAR}; {_a(what)} must be {plain}") from None
+        raise error(
+            f"{path}: cannot read the {what} ({os_reason(exc)}); check that it exists and is readable"
+        ) from None
+    info = os.fstat(fd)
+    problem = None
+    if stat.S_ISDIR(info.st_mode):
+        problem = f"cannot read the {what} ({os.strerror(errno.EISDIR)}); pass a file, not a folder"
+    elif not stat.S_ISREG(info.st_mode):
+        problem = f"{NOT_REGULAR}; {_a(what)} must be {plain}"
+    elif max_bytes is not None and info.st_size > max_bytes:
+        problem = too_large(info.st_size, max_bytes, what)
+    if problem is not None:
+        os.close(fd)
+        raise error(f"{path}: {problem}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def too_large(n_bytes: int, max_bytes: int, what: str) -> str:
+    return f"the file is {n_bytes:,} bytes, over the limit of {max_bytes:,} for {_a(what)}; shorten it"
+
+
+def read_head(
+    path: Path, what: str, error: type[SubagentError], max_bytes: int, *, whole: bool = False, text: bool = True
+) -> tuple[bytes, bool]:
+    """`(at most max_bytes of the file's first bytes, whether that is all of it)`, through `open_regular`.
+
+    Args:
+        whole: refuse a file larger than `max_bytes` (else only its head is read: project instructions,
+            a GGUF header).
     """
     try:
-        return Path(path).read_text(encoding="utf-8")
+        with open_regular(path, what, error, max_bytes if whole else None, text=text) as file:
+            data = file.read(max_bytes + 1)
+    except OSError as exc:
+        raise error(
+            f"{path}: cannot read the {what} ({os_reason(exc)}); check that it exists and is readable"
+        ) from None
+    return data[:max_bytes], len(data) <= max_bytes
+
+
+def read_text(path: Path, what: str, error: type[SubagentError], max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The file's UTF-8 text, through `open_regular`; otherwise one `error` line naming it and the fix.
+
+    Args:
+        what: the kind of file, as the user knows it ("tasks file", "workflow file").
+        max_bytes: the largest file accepted; no more than this is read, even from a file that grows.
+    """
+    data, complete = read_head(path, what, error, max_bytes, whole=True)
+    if not complete:  # it grew after the check
+        raise error(f"{path}: the file grew past the limit of {max_bytes:,} bytes for {_a(what)}; shorten it")
+    return decode_text(data, path, what, error)
+
+
+def decode_text(data: bytes, path: Path, what: str, error: type[SubagentError], *, cut: bool = False) -> str:
+    """UTF-8 `data` as text (`cut`: the data ends mid-file, so a character cut at its end is dropped)."""
+    try:
+        return codecs.getincrementaldecoder("utf-8")().decode(data, final=not cut)
     except UnicodeDecodeError:
         raise error(f"{path}: cannot read the {what}: it is not UTF-8 text; save it as UTF-8") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read the {what}: {os_reason(exc)}") from None
 
 
 def parse_text(text: str, fmt: Format, where: str, error: type[SubagentError]) -> Any:
@@ -125,9 +212,9 @@ def measure(data: Any) -> tuple[float, int]:
     return depths.get(id(data), 0), sizes.get(id(data), 1)
 
 
-def load_file(path: Path, fmt: Format, what: str, error: type[SubagentError]) -> Any:
+def load_file(path: Path, fmt: Format, what: str, error: type[SubagentError], max_bytes: int = MAX_FILE_BYTES) -> Any:
     """`read_text` then `parse_text`: a user's data file, every problem one `error` line naming it."""
-    return parse_text(read_text(path, what, error), fmt, str(path), error)
+    return parse_text(read_text(path, what, error, max_bytes), fmt, str(path), error)
 
 
 def yaml_problem(exc: yaml.YAMLError, first_line: int = 1) -> str:

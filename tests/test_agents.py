@@ -551,7 +551,7 @@ def test_special_and_huge_files_are_skipped_unread(user_dir, project):
     assert catalog.warnings == [
         f"skipped {huge}: the file is {huge.stat().st_size:,} bytes, over the limit of 1,048,576 for an agent "
         "file; shorten it",
-        f"skipped {folder / 'loop.md'}: cannot read the file (Too many levels of symbolic links); "
+        f"skipped {folder / 'loop.md'}: cannot read the agent file (Too many levels of symbolic links); "
         "check that it exists and is readable",
         f"skipped {folder / 'pipe.md'}: {special}",
         f"skipped {folder / 'zero.md'}: {special}",

@@ -57,11 +57,11 @@ def test_ollama_lookup_errors_say_what_to_do(tmp_path: Path) -> None:
     manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.license"}]}))
     with pytest.raises(ModelImportError, match="no application/vnd.ollama.image.model layer"):
         ollama.find_blob("qwen2.5-coder:7b", tmp_path)
-    layer = {"mediaType": ollama.MODEL_LAYER, "digest": "sha256:abc"}
+    layer = {"mediaType": ollama.MODEL_LAYER, "digest": "sha256:" + "ab" * 32}
     manifest.write_text(json.dumps({"layers": [layer]}))
     with pytest.raises(ModelImportError) as info:
         ollama.find_blob("qwen2.5-coder:7b", tmp_path)
-    assert str(info.value).startswith(f"{tmp_path / 'blobs' / 'sha256-abc'} is missing")
+    assert str(info.value).startswith(f"{tmp_path / 'blobs' / ('sha256-' + 'ab' * 32)} is missing")
 
 
 @pytest.mark.parametrize(

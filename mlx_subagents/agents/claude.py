@@ -50,7 +50,8 @@ def task_grants(items: list[object]) -> list[str] | None:
     names: list[str] | None = None
     for item in items:
         if isinstance(item, str) and (task := CLAUDE_TASK_TOOL.fullmatch(item.strip())):
-            names = (names or []) + task.group(1).split(",")
+            names = names if names is not None else []
+            names.extend(task.group(1).split(","))
     return names
 
 

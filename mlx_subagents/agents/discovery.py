@@ -7,12 +7,12 @@ Layers, a later one winning on a name clash:
     project   .claude/agents/*.md, then .mlx-subagents/agents/*.md, found walking up from cwd
 
 Project files come with the workspace (a cloned repository), so they are read defensively (only
-regular files of a sane size) and run only after the user's consent (`require_trust`).
+regular files of a sane size, through `userfiles.read_text`) and run only after the user's consent
+(`require_trust`).
 """
 
 from __future__ import annotations
 
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +20,11 @@ from typing import Literal
 
 from ..errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
 from ..home import state_home
+from ..userfiles import MAX_FILE_BYTES
 from .spec import AgentSpec, Source, parse_agent_file
 
 Scope = Literal["user", "project", "both"]
-MAX_AGENT_FILE_BYTES = 1024 * 1024  # a system prompt far longer than any context window
+MAX_AGENT_FILE_BYTES = MAX_FILE_BYTES  # a system prompt far longer than any context window
 PROJECT_AGENTS_DIR = ".mlx-subagents/agents"
 CLAUDE_AGENTS_DIR = ".claude/agents"
 
@@ -60,9 +61,6 @@ class AgentCatalog:
         for path in sorted(folder.glob("*.md")):
             if path.name.startswith("."):  # editor lock and backup files
                 continue
-            if (refusal := _refuse_to_read(path)) is not None:
-                self.warnings.append(f"skipped {path}: {refusal}")
-                continue
             try:
                 spec = parse_agent_file(path, source, claude=claude)
             except AgentFileError as exc:
@@ -75,22 +73,6 @@ class AgentCatalog:
                 continue
             layer[spec.name] = spec
         self.agents.update(layer)
-
-
-def _refuse_to_read(path: Path) -> str | None:
-    """Why discovery must not open `path`, if it must not: files come with a cloned repository,
-    before any confirmation, so a FIFO (which blocks) or a link to /dev/zero (which never ends)
-    is skipped, and only regular files up to `MAX_AGENT_FILE_BYTES` are read."""
-    try:
-        info = path.stat()
-    except OSError as exc:
-        return f"cannot read the file ({exc.strerror}); check that it exists and is readable"
-    if not stat.S_ISREG(info.st_mode):
-        return "not a regular file (a FIFO, device or socket); an agent file must be a plain text file"
-    if info.st_size > MAX_AGENT_FILE_BYTES:
-        limit = f"{MAX_AGENT_FILE_BYTES:,}"
-        return f"the file is {info.st_size:,} bytes, over the limit of {limit} for an agent file; shorten it"
-    return None
 
 
 def builtin_agents_dir() -> Path:

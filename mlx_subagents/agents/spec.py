@@ -17,7 +17,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import AgentFileError
+from ..home import long_name_problem
 from ..host.protocol import DEFAULT_THINKING_TOKENS
+from ..text import name_list
 from ..tools import TOOL_NAMES
 from ..userfiles import read_text
 from .claude import CLAUDE_FIELDS, claude_tool, is_claude_file, is_claude_model, task_grants
@@ -30,8 +32,9 @@ Source = Literal["builtin", "user", "project"]
 KNOWN_TOOLS = TOOL_NAMES + ("subagent",)
 # The tools that can change the workspace: an agent with one holds its writer lease (see `AgentSpec.is_writer`).
 WRITER_TOOLS = ("edit", "write", "bash")
-# Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not.
-NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]*"
+# Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not;
+# at most MAX_NAME_CHARS (64) characters.
+NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,63}"
 MAX_TEMPERATURE = 2.0
 EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
@@ -114,6 +117,8 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
     meta, body, note = read_frontmatter(path, read_text(path, "agent file", AgentFileError), LENIENT_FIELDS)
     warnings = [note] if note else []
     name = _required_text(path, meta, "name", "my-agent").lower()
+    if problem := long_name_problem(name, "field 'name': agent name"):
+        raise AgentFileError(f"{path}: {problem}")
     if not re.fullmatch(NAME_PATTERN, name):
         raise _fail(
             path,
@@ -126,7 +131,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
     if not system_prompt:
         raise _fail(path, "the body is empty", "write the system prompt below the closing '---'")
     if not claude and (unknown := sorted(str(k) for k in meta if k not in FIELDS + DISPLAY_FIELDS)):
-        warnings.append(f"{path}: unknown field(s) {', '.join(unknown)} ignored")
+        warnings.append(f"{path}: unknown field(s) {name_list(unknown)} ignored")
     agents, full_tools_for = _parse_agents(path, meta)
     return AgentSpec(
         name=name,
@@ -164,7 +169,7 @@ def _parse_tools(path: Path, meta: dict[str, Any], claude: bool, warnings: list[
     value = meta.get("tools")
     tools, dropped = (TOOL_NAMES, []) if value is None else _tool_list(path, "tools", value, claude)
     if dropped:
-        warnings.append(f"{path}: tool(s) not available here, dropped: {', '.join(dropped)}")
+        warnings.append(f"{path}: tool(s) not available here, dropped: {name_list(dropped)}")
     if claude and meta.get("disallowedTools") is not None:
         # A Claude denylist must not be lost: dropping it would grant more than the author meant.
         denied, _ = _tool_list(path, "disallowedTools", meta["disallowedTools"], claude, deny=True)
@@ -211,8 +216,21 @@ def _our_tool(name: str, claude: bool) -> str | None:
 
 
 def split_list(value: str) -> list[str]:
-    """`read, Task(scout, worker)` -> `['read', ' Task(scout, worker)']`: commas inside brackets stay."""
-    return re.split(r",(?![^(]*\))", value)
+    """`read, Task(scout, worker)` -> `['read', ' Task(scout, worker)']`: commas inside brackets stay.
+
+    One pass over the text (a lookahead per comma made a long list from a cloned repository quadratic)."""
+    items, start, depth = [], 0, 0
+    for match in re.finditer(r"[(),]", value):
+        char = match.group()
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            items.append(value[start : match.start()])
+            start = match.end()
+    items.append(value[start:])
+    return items
 
 
 def _parse_agents(path: Path, meta: dict[str, Any]) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:

@@ -223,7 +223,7 @@ def workflows(cwd: CwdOpt = Path("."), as_json: JsonOpt = False) -> None:
         out.print_json(json.dumps({name: str(path) for name, path in found.items()}))
         return
     for name, path in sorted(found.items()):
-        out.print(f"{name:<20} [dim]{path}[/]")
+        out.print(f"{escape(name):<20} [dim]{escape(str(path))}[/]")
     if not found:
         err.print("no workflows found; put NAME.toml files in .mlx-subagents/workflows/")
 
@@ -244,7 +244,7 @@ def runs(
         out.print_json(json.dumps([r.model_dump(mode="json", exclude={"folder"}) for r in records]))
         return
     if not records:
-        err.print(f"no saved runs in {runs_dir()}")
+        err.print(f"no saved runs in {runs_dir()}", markup=False)
     for r in records:
         score = f"{r.succeeded}/{r.total}" if r.succeeded is not None else f"?/{r.total}"
         labels = ", ".join(t.label for t in r.tasks)
@@ -397,10 +397,13 @@ def _show_project_context(root: Path, opted_out: list[str]) -> None:
     if not context.files:
         out.print(f"project instructions: none ({' or '.join(CONTEXT_FILES)} up to the repository root)")
     else:
-        cut = f", cut at {MAX_CONTEXT_CHARS:,}" if context.n_chars > MAX_CONTEXT_CHARS else ""
-        out.print(f"project instructions ({context.n_chars:,} characters{cut}), in this order:", markup=False)
+        cut = f", cut at {MAX_CONTEXT_CHARS:,}" if context.n_chars > MAX_CONTEXT_CHARS or context.more else ""
+        more = "more than " if context.more else ""
+        out.print(f"project instructions ({more}{context.n_chars:,} characters{cut}), in this order:", markup=False)
         for path in context.files:
             out.print(f"  {path}", markup=False)
+    for line in context.skipped:
+        out.print(f"  left out {line}", markup=False)
     if opted_out:
         out.print(f"  not for: {', '.join(opted_out)} (context: none)", markup=False)
 

@@ -21,11 +21,13 @@ from ..agents.discovery import AgentCatalog
 from ..events import Event, Fanout
 from ..results import MultiRunResult, RunResult
 from ..runs.runner import Runner
+from ..text import warning_line
 from .interrupts import EXIT_INTERRUPTED, run_async
 from .progress import ProgressView, usage_table
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+# No emoji codes: `:a:` in an error or an answer is text, never a picture.
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+out = Console(highlight=False, soft_wrap=True, emoji=False)
 JSON_FIELDS = {
     "agent",
     "children",
@@ -137,6 +139,6 @@ def print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
     `limit`, one line says how many more `subagent agents` shows."""
     warnings = catalog.all_warnings()
     for warning in warnings[:limit]:
-        err.print(f"[yellow]warning:[/] {escape(warning)}")
+        err.print(f"[yellow]warning:[/] {escape(warning_line(warning))}")
     if limit is not None and len(warnings) > limit:
         err.print(f"[yellow]warning:[/] ({len(warnings) - limit} more; subagent agents shows them all)")

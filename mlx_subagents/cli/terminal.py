@@ -311,11 +311,11 @@ class ChatLoop:
                 known = ", ".join(t.id for t in self.chat.background()) or "none yet"
                 self.err.print(f"[red]usage: {usage}[/] (background sub-agents: {escape(known)})")
             elif name == "/cancel":
-                self.out.print(f"cancelling {self.chat.cancel_task(task_id)}")
+                self.out.print(f"cancelling {self.chat.cancel_task(task_id)}", markup=False)
             elif self.chat.send_to(task_id, text.strip()):
-                self.out.print(f"sent to {task_id}: it reads it at its next turn")
+                self.out.print(f"sent to {task_id}: it reads it at its next turn", markup=False)
             else:
-                self.out.print(f"sent to {task_id}: it resumes with it")
+                self.out.print(f"sent to {task_id}: it resumes with it", markup=False)
         except SubagentError as exc:
             self.err.print(f"[red]{escape(str(exc))}[/]")
 

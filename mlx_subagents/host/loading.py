@@ -91,16 +91,24 @@ def imported_models_dir() -> Path:
     return state_home() / "models"
 
 
+def _exists(path: Path) -> bool:
+    """`path.exists()`, False for a name the OS cannot look up (`File name too long`)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 def resolve_model_path(model: str, *, local_only: bool = False) -> Path:
     """A local folder as is, an imported model by its bare name, or a hub id through the Hugging
     Face cache (never downloaded when `local_only`)."""
     name = strip_provider(model)
     path = Path(name).expanduser()
-    if path.exists():
+    if _exists(path):
         return _check_folder(path.resolve())
     if "/" not in name and not name.startswith((".", "~")):
         imported = imported_models_dir() / name
-        if imported.is_dir():
+        if _exists(imported) and imported.is_dir():
             return _check_folder(imported)
         raise ModelNotFoundError(
             f"model '{name}' is neither a folder nor an imported model; see `subagent models`, "

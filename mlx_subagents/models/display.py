@@ -60,10 +60,11 @@ class ImportProgress:
         self._step = ""
 
     def __enter__(self) -> ImportProgress:
-        self._progress.start()
-        return self
+        return self  # started at the first step: a refusal before it prints its one line alone
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._task is None:
+            return
         if kind is None:
             self._finish()
         self._progress.stop()
@@ -75,6 +76,8 @@ class ImportProgress:
             self._progress.update(self._task, total=total, completed=total)
 
     def __call__(self, step: str, done: int | None, total: int | None) -> None:
+        if self._task is None:
+            self._progress.start()
         if step != self._step or self._task is None:
             self._finish()  # the previous step is over
             self._task = self._progress.add_task(step, total=total)

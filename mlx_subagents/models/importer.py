@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelImportError
-from ..home import make_state_dir
+from ..home import MAX_NAME_CHARS, long_name_problem, make_state_dir
 from ..host.loading import imported_models_dir
+from ..userfiles import read_head
 from . import ollama
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # at most MAX_NAME_CHARS
 IMPORT_FILE = "import.json"  # provenance: where the folder came from
 LOCKS_DIR = ".locks"  # under the models folder: one lock file per model name, held while it imports
 STAGING = re.compile(r"\.(?P<name>.+)\.importing-[A-Za-z0-9_]+")  # `_staging`'s folders (mkdtemp's suffix)
@@ -76,7 +77,7 @@ def default_name(source: str) -> str:
         stem = f"{repo.rsplit('/', 1)[-1]}-{tag}"
     else:
         stem = Path(source).name.removesuffix(".gguf")
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "model"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:MAX_NAME_CHARS].rstrip("-.") or "model"
 
 
 def resolve_source(source: str) -> Path:
@@ -84,11 +85,11 @@ def resolve_source(source: str) -> Path:
     if source.startswith(ollama.PREFIX):
         return ollama.find_blob(source[len(ollama.PREFIX) :])
     path = Path(source).expanduser()
-    if not path.is_file():
+    if not path.exists():
         raise ModelImportError(f"{path} is not a file; pass a .gguf file or ollama:NAME[:TAG]")
-    with path.open("rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ModelImportError(f"{path} is not a GGUF file (no GGUF header); pass a .gguf file")
+    header, _ = read_head(path, "GGUF file", ModelImportError, 4, text=False)  # a FIFO or device: one line
+    if header != b"GGUF":
+        raise ModelImportError(f"{path} is not a GGUF file (no GGUF header); pass a .gguf file")
     return path
 
 
@@ -267,6 +268,8 @@ def import_gguf(
     if bits not in BITS_CHOICES:
         raise ModelImportError(f"--bits {bits} is not supported; use one of {', '.join(map(str, BITS_CHOICES))}")
     name = name or default_name(source)
+    if problem := long_name_problem(name, "model name"):
+        raise ModelImportError(problem)
     if not NAME_PATTERN.fullmatch(name):
         raise ModelImportError(f"model name '{name}' is not valid; use letters, digits, '.', '_' and '-'")
     target = imported_models_dir() / name

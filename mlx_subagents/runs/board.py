@@ -33,7 +33,7 @@ from ..text import NO_ANSWER, first_line
 from ..tools import Workspace
 from .prepare import Parent
 from .slots import lend
-from .tasks import TaskSpec
+from .tasks import TaskSpec, check_label
 
 MAX_ALIVE = MAX_TASKS
 NoticeCallback = Callable[[TaskStatus], None]
@@ -148,6 +148,8 @@ class TaskBoard:
     def plan_ids(self, tasks: list[TaskSpec]) -> list[str]:
         """Reserve ids for these new background tasks, in order; refuses a request over the cap or a taken label."""
         self.check_room(len(tasks))
+        for t in tasks:
+            check_label(t.label)
         return self.reserve_ids([t.agent for t in tasks], [t.label for t in tasks])
 
     def reserve_ids(self, agents: list[str], labels: list[str] | None = None) -> list[str]:

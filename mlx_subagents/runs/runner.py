@@ -35,7 +35,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..agents.compaction import CompactionSettings
 from ..agents.discovery import AgentCatalog, discover_agents
@@ -56,7 +56,7 @@ from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure
 from .slots import Slots, lend
 from .tasks import ModelRef, Render, TaskSpec, chain_stop, label_tasks, plan_chain, previous_step
-from .transcripts import RunRecorder, TaskEntry, load_run, read_transcript
+from .transcripts import RunRecorder, TaskEntry, hold_task, load_run, read_transcript
 from .workflow import Workflow, check_agents, find_workflow, load_workflow, plan_workflow
 
 
@@ -111,6 +111,7 @@ class Runner:
         self._background: set[Execution] = set()
         self._board: TaskBoard | None = None
         self._started: list[TaskHandle] = []  # every background task, for `close`
+        self._holds: dict[TaskHandle, BinaryIO] = {}  # reopened tasks' holds (`hold_task`), let go at `close`
         self._slots: Slots | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
 
@@ -126,6 +127,9 @@ class Runner:
             handle.cancel("the runner closed")
         for handle in self._started:
             await handle.join()
+        for hold in self._holds.values():
+            hold.close()
+        self._holds.clear()
         await self.preparer.close()
 
     def refresh_agents(self) -> AgentCatalog:
@@ -191,7 +195,10 @@ class Runner:
         if schema is not None:
             check_schema(schema, "schema")
         handle = await self.reopen(run_id, task=task)
-        return await handle.ask(message, schema=schema, timeout=self.options.timeout, raise_errors=True)
+        try:
+            return await handle.ask(message, schema=schema, timeout=self.options.timeout, raise_errors=True)
+        finally:
+            self._holds.pop(handle).close()
 
     # -- background tasks -------------------------------------------------------------------------------
 
@@ -293,15 +300,23 @@ class Runner:
         """
         record = load_run(run_id, self.home)
         entry = record.task(task)
-        log = read_transcript(record.transcript_path(entry))
-        if log.messages is None:
-            raise RunNotFoundError(f"task '{entry.label}' of run {record.run_id} has no saved conversation to continue")
-        spec = self.catalog.get(log.meta["agent"])
-        saved = log.meta["model"]  # on an engine, its model id: the agent's own engine or --engine takes it there
-        model = self.options.model or (None if saved == spec.engine_model else saved)
-        again = TaskSpec(agent=spec.name, task="", label=entry.label, model=model, step_id=entry.step_id)
-        prepared = await self._prepare([again], workspace=Workspace(Path(log.meta["cwd"])))
-        return TaskHandle(
+        path = record.transcript_path(entry)
+        hold = hold_task(path, entry.label, record.run_id)  # held until the handle is done (`close`)
+        try:
+            log = read_transcript(path)
+            if log.messages is None:
+                raise RunNotFoundError(
+                    f"task '{entry.label}' of run {record.run_id} has no saved conversation to continue"
+                )
+            spec = self.catalog.get(log.meta["agent"])
+            saved = log.meta["model"]  # on an engine, its model id: the agent's own engine or --engine takes it there
+            model = self.options.model or (None if saved == spec.engine_model else saved)
+            again = TaskSpec(agent=spec.name, task="", label=entry.label, model=model, step_id=entry.step_id)
+            prepared = await self._prepare([again], workspace=Workspace(Path(log.meta["cwd"])))
+        except BaseException:
+            hold.close()
+            raise
+        handle = TaskHandle(
             self,
             prepared[0],
             record=record,
@@ -310,6 +325,8 @@ class Runner:
             generations=log.generations,
             on_text=on_text,
         )
+        self._holds[handle] = hold
+        return handle
 
     # -- delegation ---------------------------------------------------------------------------------
 

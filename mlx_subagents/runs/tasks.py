@@ -17,6 +17,7 @@ from typing import Annotated, Any, Optional
 from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import RequestError
+from ..home import long_name_problem
 from ..results import RunResult
 from ..userfiles import first_error, load_file
 
@@ -94,8 +95,16 @@ def load_tasks_file(path: Path) -> list[TaskSpec]:
     return tasks
 
 
+def check_label(label: str) -> None:
+    """Refuse a given label over `MAX_NAME_CHARS` (a label names the task's transcript file)."""
+    if problem := long_name_problem(label.strip(), "task label"):
+        raise RequestError(problem)
+
+
 def label_tasks(tasks: Sequence[TaskSpec]) -> list[TaskSpec]:
     """Fill in labels: the agent's name, or `agent-N` when several unlabelled tasks share an agent."""
+    for t in tasks:
+        check_label(t.label)
     tasks = [replace(t, agent=t.agent.strip().lower()) for t in tasks]
     shared = Counter(t.agent for t in tasks if not t.label)
     seen: Counter[str] = Counter()

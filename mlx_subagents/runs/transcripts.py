@@ -24,6 +24,7 @@ that is not a record of the right shape is skipped and listed in `TaskLog.skippe
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -33,13 +34,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from ..errors import RunNotFoundError
+from ..errors import RunNotFoundError, TaskStateError
 from ..events import Event
-from ..home import make_state_dir, state_home
+from ..home import file_name, make_state_dir, state_home
 from ..host.protocol import Message
 from ..results import Mode, RunResult
 
@@ -66,7 +67,7 @@ def _now() -> str:
 
 
 def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("._") or "task"
+    return file_name(label, "task")
 
 
 # Lone surrogates cannot be encoded as UTF-8; the line and paragraph separators are line breaks to
@@ -219,6 +220,24 @@ class TaskTranscript:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def hold_task(path: Path, label: str, run_id: str) -> BinaryIO:
+    """An exclusive hold on continuing one saved task (`resume`, `chat --resume`), taken before its
+    transcript is read; close the file to let go. A second writer is refused in one line rather than
+    made to wait: it would continue a conversation the first is still extending (its follow-up lost,
+    a generation number used twice). An `flock` on `.FILE.lock`: the OS lets go when the process ends,
+    so a killed resume never leaves a stale hold."""
+    file = path.with_name(f".{path.name}.lock").open("a+b")
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        file.close()
+        raise TaskStateError(
+            f"task '{label}' of run {run_id} is being continued elsewhere (another resume or chat); "
+            "wait until that ends, then resume it again"
+        ) from None
+    return file
 
 
 # --- reading ---------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ needs and duplicate ids are rejected before anything runs. Named workflows live 
 
 from __future__ import annotations
 
+import contextlib
 import graphlib
 import re
 from pathlib import Path
@@ -214,8 +215,9 @@ def find_workflow(name_or_path: str, cwd: Path) -> Path:
     """A workflow file (as given, else relative to `cwd`), or a named workflow."""
     given = Path(name_or_path).expanduser()
     for candidate in (given, Path(cwd) / given):
-        if candidate.is_file():
-            return candidate.resolve()
+        with contextlib.suppress(OSError):  # a name the OS cannot look up (`File name too long`) is none
+            if candidate.exists() and not candidate.is_dir():  # a FIFO or device: refused by the reader
+                return candidate.resolve()
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         raise WorkflowError(f"workflow file not found: {given}")
     named = discover_workflows(cwd)
