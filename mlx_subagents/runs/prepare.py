@@ -250,7 +250,8 @@ class Preparer:
             elif model not in self.hosts:
                 kwargs = self.options.host_kwargs()
                 if model.engine:
-                    kwargs.update(engine=model.engine, api_key=self.options.api_key)
+                    # --timeout bounds the start too: an engine's start-up probe waits no longer.
+                    kwargs.update(engine=model.engine, api_key=self.options.api_key, start_timeout=self.options.timeout)
                 elif self.processor_factory is not None and not model.model.startswith("scripted:"):
                     kwargs["processor_factory"] = self.processor_factory
                 host = make_host(model.model, **kwargs)
