@@ -79,7 +79,12 @@ ThinkingOpt = Annotated[
     ),
 ]
 TimeoutOpt = Annotated[
-    Optional[float], typer.Option("--timeout", min=0.001, help="Stop a task after this many seconds (wall clock).")
+    Optional[float],
+    typer.Option(
+        "--timeout",
+        min=0.001,
+        help="Stop a task after this many seconds (wall clock); an engine's start-up probe waits no longer.",
+    ),
 ]
 SchemaOpt = Annotated[
     Optional[Path], typer.Option("--schema", help="JSON schema file the final answer must satisfy.", dir_okay=False)

@@ -26,7 +26,8 @@ def make_host(model: str, *, engine: str | None = None, api_key: str | None = No
     if engine is not None:
         from .engine_host import EngineHost
 
-        return EngineHost(engine, model, api_key=api_key, context_window=kwargs.get("context_window"))  # type: ignore[arg-type]
+        window, start = kwargs.get("context_window"), kwargs.get("start_timeout")
+        return EngineHost(engine, model, api_key=api_key, context_window=window, start_timeout=start)  # type: ignore[arg-type]
     if model.startswith("scripted:"):
         from .scripted import ScriptedHost
 

@@ -16,14 +16,25 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import openai
 
 from ..errors import EngineError, PromptTooLongError, SubagentError
+from .engine_stream import (
+    EngineFailed,
+    Partial,
+    WrongReply,
+    event_data,
+    excerpt,
+    looks_like_html,
+    not_a_stream,
+    page_summary,
+    read_some,
+    transport_errors,
+)
 from .estimate import approx_tokens
 from .protocol import (
     DEFAULT_CONTEXT_WINDOW,
@@ -33,18 +44,29 @@ from .protocol import (
     MalformedToolCall,
     Message,
     Reply,
-    TextCallback,
     ToolCall,
     ToolMode,
     ToolSchema,
     Usage,
 )
-from .toolcalls import VisibleText, hermes
+from .toolcalls import hermes
 
 API_KEY_ENV = "MLX_SUBAGENTS_API_KEY"
 # Seconds without a byte from the engine (a long prefill on a busy engine sends nothing).
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
+# Seconds the start-up probe (the model listing, retries included) may take: a listing is small and
+# quick, an engine that cannot list in this time is not up. `--timeout` lowers it.
+DEFAULT_START_TIMEOUT = 30.0
+# Seconds one reply may take from request to end, retries included: a bound on an engine that
+# never ends its stream (keep-alives forever) or never answers; a long legitimate reply (a long
+# prefill, then thousands of tokens on a busy engine) takes minutes, not half an hour.
+DEFAULT_REPLY_TIMEOUT = 1800.0
+# The most a model listing may hold (a big router lists a few hundred models in about 1 MB).
+MAX_LISTING_BYTES = 8 << 20
+# What to do when the URL answers, but not as an engine does.
+NOT_AN_ENGINE = "check that --engine is the engine's API root (usually ending in /v1), not a proxy's login page"
+GARBLED = "the engine (or a proxy in between) does not speak the chat-completions protocol; check its logs"
 # 429, 503, other 5xx, refused connections and timeouts are retried with the client's
 # exponential backoff (0.5 s doubling, honouring Retry-After), this many times.
 DEFAULT_MAX_RETRIES = 3
@@ -74,6 +96,9 @@ class EngineHost:
             listing), else `DEFAULT_CONTEXT_WINDOW`. It may lower the engine's, not raise it.
         timeout: seconds without a byte from the engine before a request fails.
         max_retries: retries of a refused, rate-limited (429) or unavailable (5xx) request.
+        start_timeout: seconds the start-up probe may take, retries included (at most
+            `DEFAULT_START_TIMEOUT`; a run's `--timeout` lowers it).
+        reply_timeout: seconds one reply may take, retries included.
     """
 
     # The engine renders the tools with its template and parses the calls; an engine without a
@@ -89,11 +114,15 @@ class EngineHost:
         context_window: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         max_retries: int = DEFAULT_MAX_RETRIES,
+        start_timeout: float | None = None,
+        reply_timeout: float = DEFAULT_REPLY_TIMEOUT,
     ) -> None:
         self.url = engine_url(url)
         self.model_id = model
         self.max_retries = max_retries
         self.timeout = timeout
+        self.start_timeout = min(DEFAULT_START_TIMEOUT, start_timeout or DEFAULT_START_TIMEOUT)
+        self.reply_timeout = reply_timeout
         self._window_override = context_window
         self._context_window = context_window or DEFAULT_CONTEXT_WINDOW
         self._client = openai.AsyncOpenAI(
@@ -153,15 +182,43 @@ class EngineHost:
         return [str(m.get("id")) for m in await self._listing(probe=False)]
 
     async def _listing(self, *, probe: bool) -> list[dict[str, Any]]:
+        """The models the engine lists, within `start_timeout`; on the probe, an engine that cannot be
+        reached, refuses the key, does not answer or answers with a page is fatal."""
         try:
-            page = await self._client.models.list()
+            return await asyncio.wait_for(self._read_listing(), self.start_timeout)
+        except asyncio.TimeoutError:
+            if probe:
+                raise EngineError(
+                    f"engine {self.url}: the model listing ({self.url}/models) did not answer within "
+                    f"{self.start_timeout:g} s; check that the engine is up and not stuck (its logs), then retry"
+                ) from None
         except (openai.AuthenticationError, openai.PermissionDeniedError, openai.APIConnectionError) as exc:
             if probe:
                 raise self.error(exc) from None
-            return []
+        except WrongReply as exc:
+            if probe:
+                raise EngineError(f"engine {self.url}: {exc}; {NOT_AN_ENGINE}") from None
         except (openai.APIError, ValueError):  # no listing (404), a broken one: not fatal
-            return []
-        return [m.model_dump() for m in page.data]
+            pass
+        return []
+
+    async def _read_listing(self) -> list[dict[str, Any]]:
+        wait = min(self.timeout, self.start_timeout)
+        client = self._client.with_options(timeout=openai.Timeout(wait, connect=DEFAULT_CONNECT_TIMEOUT))
+        async with client.models.with_streaming_response.list() as response:
+            body = await read_some(response.iter_bytes(), MAX_LISTING_BYTES + 1)
+            content_type = response.headers.get("content-type", "")
+        text = body.decode("utf-8", "replace")
+        if looks_like_html(content_type, text):
+            raise WrongReply(
+                f"the engine answered the model listing with an HTML page (status {response.status_code}), not "
+                f"JSON: {page_summary(text)}"
+            )
+        if len(body) > MAX_LISTING_BYTES:
+            raise ValueError("a listing over the size limit")
+        listing = json.loads(text)  # not JSON: a ValueError, not fatal
+        data = listing.get("data") if isinstance(listing, dict) else None
+        return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
     def _learn(self, wire: list[Message], tools: list[ToolSchema] | None, prompt_tokens: int) -> None:
         estimate = approx_tokens(wire, tools)
@@ -215,11 +272,22 @@ class EngineHost:
             )
         return EngineError(f"{where}: the request was refused ({status}: {message})")
 
-    def cut(self, streamed: int) -> SubagentError:
-        return EngineError(
-            f"engine {self.url}: the stream was cut mid-reply after {streamed} characters; the engine may have "
-            "crashed or restarted (check its logs), then retry"
+    def cut(self, streamed: int, ignored: Sequence[str] = (), *, n_chunks: int = 1) -> SubagentError:
+        """The stream ended before the reply did; `ignored`: a line in it that was no event (what came instead)."""
+        where = f"engine {self.url}: " + (
+            "the event stream ended before the reply began"
+            if n_chunks == 0
+            else f"the stream was cut mid-reply after {streamed} characters"
         )
+        if ignored:
+            return EngineError(f"{where}; instead of events it held lines like {excerpt(ignored[0])}; {NOT_AN_ENGINE}")
+        return EngineError(f"{where}; the engine may have crashed or restarted (check its logs), then retry")
+
+    def wrong(self, what: str, *, streamed: int | None = None) -> SubagentError:
+        """An answer that is not what the protocol says; `what` says what came back."""
+        if streamed is None:
+            return EngineError(f"engine {self.url}: {what}; {NOT_AN_ENGINE}")
+        return EngineError(f"engine {self.url}: {what}, after {streamed} characters of the reply; {GARBLED}")
 
     async def not_found(self, exc: openai.NotFoundError) -> SubagentError:
         """A 404: the model is not served (list what is), or the URL has no chat endpoint."""
@@ -266,8 +334,11 @@ def _status_message(exc: openai.APIStatusError) -> str:
         if isinstance(detail, dict):
             detail = detail.get("message")
         if detail:
-            return " ".join(str(detail).split())
-    return " ".join(str(exc.message).split())
+            return " ".join(str(detail).split())[:500]
+    text = body if isinstance(body, str) else ""
+    if looks_like_html(exc.response.headers.get("content-type", ""), text):  # a proxy's error page
+        return f"an HTML page: {page_summary(text)}"
+    return " ".join(str(exc.message).split())[:500]
 
 
 # --- messages on the wire ----------------------------------------------------------------------
@@ -310,46 +381,6 @@ def _wire_call(call: dict[str, Any]) -> dict[str, Any]:
 # --- sessions ----------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Partial:
-    """One streamed reply being assembled from its chunks; `visible` streams its text without call markup."""
-
-    visible: VisibleText | None = None
-    text: str = ""
-    reasoning: str = ""
-    on_reasoning: TextCallback | None = None
-    calls: dict[int, dict[str, str]] = field(default_factory=dict)
-    finish_reason: str | None = None
-    usage: Any = None
-    first_delta: float | None = None
-
-    def add(self, chunk: Any) -> None:
-        if chunk.usage is not None:
-            self.usage = chunk.usage
-        for choice in chunk.choices:
-            delta = choice.delta
-            # vLLM and llama.cpp send `reasoning_content`, mlx-lm's server `reasoning`.
-            thought = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
-            if self.first_delta is None and (delta.content or delta.tool_calls or thought):
-                self.first_delta = time.perf_counter()
-            if isinstance(thought, str) and thought:
-                self.reasoning += thought
-                if self.on_reasoning is not None:
-                    self.on_reasoning(thought)
-            if delta.content:
-                self.text += delta.content
-                if self.visible is not None:
-                    self.visible(delta.content)
-            for part in delta.tool_calls or ():
-                call = self.calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
-                call["id"] = part.id or call["id"]
-                if part.function is not None:
-                    call["name"] += part.function.name or ""
-                    call["arguments"] += part.function.arguments or ""
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
-
-
 class EngineSession:
     """One conversation on the engine (see `HostSession`); the KV cache lives on the engine.
 
@@ -390,33 +421,68 @@ class EngineSession:
         if args.thinking == 0:
             # vLLM, SGLang, llama.cpp's server and mlx_lm.server pass these to the chat template.
             request["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
-        started = time.perf_counter()
         visible = hermes().visible_text(args.on_text) if args.on_text is not None else None
-        partial = _Partial(visible, on_reasoning=args.on_reasoning)
+        partial = Partial(args.max_tokens, visible, on_reasoning=args.on_reasoning)
         self.cut = None
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._stream(request, partial, started, wire, tools), host.reply_timeout)
+        except asyncio.TimeoutError:
+            self.cut = None  # not a cancellation: the reply failed
+            raise EngineError(
+                f"engine {host.url}: the reply did not end within {host.reply_timeout:g} s (it had "
+                f"{len(partial.text)} characters); the engine may be stuck (check its logs), then retry"
+            ) from None
+        if partial.visible is not None:
+            partial.visible.flush()
+        return self._reply(partial, wire, tools, started)
+
+    async def _stream(
+        self,
+        request: dict[str, Any],
+        partial: Partial,
+        started: float,
+        wire: list[Message],
+        tools: list[ToolSchema] | None,
+    ) -> None:
+        """Send the request and read its event stream into `partial`, closing the stream at the end, on a
+        fault, on cancellation, or as soon as the reply passes its `max_tokens`."""
+        host = self._host
         try:
             stream = await host._client.chat.completions.create(**request)
         except openai.NotFoundError as exc:
             raise await host.not_found(exc) from None
         except openai.APIError as exc:
             raise host.error(exc) from None
+        response = stream.response
+        timeout, broken = transport_errors(response)
+        ignored: list[str] = []
         try:
-            async for chunk in stream:
-                partial.add(chunk)
-        except openai.APIError as exc:
+            content_type = response.headers.get("content-type", "")
+            if not content_type.lower().startswith("text/event-stream"):
+                body = await read_some(response.aiter_bytes())
+                raise host.wrong(not_a_stream(response.status_code, content_type, body), streamed=None)
+            async for data in event_data(response.aiter_bytes(), ignored):
+                if not partial.add(data, time.perf_counter()):
+                    partial.finish_reason = "length"  # cut here: the engine went past max_tokens
+                    return
+        except WrongReply as exc:
+            raise host.wrong(str(exc), streamed=len(partial.text)) from None
+        except EngineFailed as exc:
             raise host.error(exc, streamed=len(partial.text)) from None
+        except timeout:
+            raise host.error(openai.APITimeoutError(request=response.request), streamed=len(partial.text)) from None
+        except broken:
+            raise host.cut(len(partial.text), ignored) from None
         except asyncio.CancelledError:  # the engine's usage comes at the end of the stream: estimated
             self.cut = self._usage(partial, wire, tools, 0.0, time.perf_counter() - started)
             raise
         finally:
             await asyncio.shield(stream.close())
         if partial.finish_reason is None:  # the body ended cleanly but the reply did not
-            raise host.cut(len(partial.text))
-        if partial.visible is not None:
-            partial.visible.flush()
-        return self._reply(partial, wire, tools, started)
+            raise host.cut(len(partial.text), ignored, n_chunks=partial.n_chunks)
 
-    def _reply(self, partial: _Partial, wire: list[Message], tools: list[ToolSchema] | None, started: float) -> Reply:
+    def _reply(self, partial: Partial, wire: list[Message], tools: list[ToolSchema] | None, started: float) -> Reply:
         calls, malformed = self._structured_calls(partial)
         text, text_calls, text_malformed = hermes().split(partial.text, tools, self._n_calls)
         self._n_calls += len(text_calls)
@@ -432,7 +498,7 @@ class EngineSession:
             reasoning=partial.reasoning.strip(),
         )
 
-    def _structured_calls(self, partial: _Partial) -> tuple[list[ToolCall], list[MalformedToolCall]]:
+    def _structured_calls(self, partial: Partial) -> tuple[list[ToolCall], list[MalformedToolCall]]:
         calls: list[ToolCall] = []
         malformed: list[MalformedToolCall] = []
         for index in sorted(partial.calls):
@@ -454,23 +520,29 @@ class EngineSession:
         return calls, malformed
 
     def _usage(
-        self, partial: _Partial, wire: list[Message], tools: list[ToolSchema] | None, prompt_s: float, gen_s: float
+        self, partial: Partial, wire: list[Message], tools: list[ToolSchema] | None, prompt_s: float, gen_s: float
     ) -> Usage:
-        usage = partial.usage
-        if usage is None:  # an engine that ignores `include_usage`: estimate
-            prompt = approx_tokens(wire, tools)
-            generated = approx_tokens([{"content": partial.text}])
-            return Usage(prompt, 0, generated, prompt_s, gen_s)
-        details = getattr(usage, "prompt_tokens_details", None)
-        cached = int(getattr(details, "cached_tokens", 0) or 0)
-        self._host._learn(wire, tools, usage.prompt_tokens)
+        usage = partial.usage or {}
+        prompt, generated = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if partial.over_limit or not (_count(prompt) and _count(generated)):
+            # No usage (an engine that ignores `include_usage`, a stream closed here): estimate.
+            estimate = max(partial.n_tokens, approx_tokens([{"content": partial.text + partial.reasoning}]))
+            generated = partial.max_tokens if partial.over_limit else min(estimate, partial.max_tokens)
+            return Usage(approx_tokens(wire, tools), 0, generated, prompt_s, gen_s)
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+        self._host._learn(wire, tools, prompt)
         return Usage(
-            prompt_tokens=usage.prompt_tokens,
-            cached_tokens=cached,
-            generated_tokens=usage.completion_tokens,
+            prompt_tokens=prompt,
+            cached_tokens=cached if _count(cached) else 0,
+            generated_tokens=generated,
             prompt_seconds=prompt_s,
             generation_seconds=gen_s,
         )
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _finish_reason(reason: str | None) -> FinishReason:

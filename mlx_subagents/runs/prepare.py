@@ -280,7 +280,8 @@ class Preparer:
             elif model not in self.hosts:
                 kwargs = self.options.host_kwargs()
                 if model.engine:
-                    kwargs.update(engine=model.engine, api_key=self.options.api_key)
+                    # --timeout bounds the start too: an engine's start-up probe waits no longer.
+                    kwargs.update(engine=model.engine, api_key=self.options.api_key, start_timeout=self.options.timeout)
                 elif not model.model.startswith("scripted:"):
                     kwargs["kv_budget"] = self._kv_budget
                     if self.processor_factory is not None:

@@ -3,8 +3,10 @@
 It serves `GET /v1/models` and streamed `POST /v1/chat/completions` (server-sent events over
 chunked HTTP/1.1, as vLLM and SGLang send them) on 127.0.0.1 from a thread, and records every
 request. Tests drive `EngineHost` through the real `openai` client and real sockets, and inject
-each fault a real engine shows (401, 403, 404, 429, 503, a stream cut mid-reply, a stall) on
-demand. Only loopback: the server binds 127.0.0.1 and nothing else.
+each fault a real engine (or a proxy in front of one) shows on demand: 401, 403, 404, 429, 503, a
+stream cut mid-reply, a stall, an error event, garbage in the stream, a page that is not a stream
+(a login page with status 200), a stream that never ends, a model listing that never answers.
+Only loopback: the server binds 127.0.0.1 and nothing else.
 """
 
 from __future__ import annotations
@@ -46,14 +48,20 @@ class Fault:
     `cut`: stream `content`, then close the connection without finishing the reply.
     `stall`: stream `content`, then send nothing for `seconds`.
     `error`: stream `content`, then an error event carrying `message` (as vLLM does mid-stream).
+    `body`: answer with `body` as it is, of `content_type`, with `status` (a proxy's login page).
+    `events`: stream `content`, then the raw text `body` (SSE lines, garbage), then end the reply.
+    `endless`: stream `content` again and again, ignoring `max_tokens`, every `seconds` (an empty
+        `content` sends keep-alive comments), until the client closes the stream.
     """
 
-    kind: Literal["status", "cut", "stall", "error"]
+    kind: Literal["status", "cut", "stall", "error", "body", "events", "endless"]
     status: int = 500
     message: str = "scripted fault"
     content: str = ""
     seconds: float = 0.0
     headers: tuple[tuple[str, str], ...] = ()
+    body: str = ""
+    content_type: str = "text/html; charset=utf-8"
 
 
 @dataclass(frozen=True)
@@ -75,11 +83,14 @@ class FakeEngine:
         models: the ids `/v1/models` lists; a chat request for another id gets vLLM's 404.
         api_key: when set, a request without `Authorization: Bearer <api_key>` gets a 401.
         listing: extra fields for each model in the listing (e.g. `{"max_model_len": 8192}`).
+        listing_fault: what `/v1/models` answers instead of the listing: a `status`, a `body`, or a
+            `stall` (nothing for `seconds`, or until the engine stops).
     """
 
     models: tuple[str, ...] = (FAKE_MODEL,)
     api_key: str | None = None
     listing: dict[str, Any] = field(default_factory=dict)
+    listing_fault: Fault | None = None
     requests: list[Recorded] = field(default_factory=list)
     # The most chat requests the engine was serving at one time.
     peak_in_flight: int = 0
@@ -100,6 +111,12 @@ class FakeEngine:
     def queue(self, *items: Reply | Fault, when: str | None = None) -> None:
         with self._lock:
             self._scripts.setdefault(when, deque()).extend(items)
+
+    @property
+    def in_flight(self) -> int:
+        """Chat requests being served now (a stream the client closed ends at the next write)."""
+        with self._lock:
+            return self._in_flight
 
     def chat_requests(self) -> list[Recorded]:
         return [r for r in self.requests if r.path.endswith("/chat/completions")]
@@ -150,6 +167,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path.rstrip("/") != "/v1/models":
             return self._error(404, f"no route {self.path}")
+        fault = self.engine.listing_fault
+        if fault is not None and fault.kind == "stall":
+            self.engine._closing.wait(fault.seconds or None)
+            self.close_connection = True
+            return None
+        if fault is not None:
+            return self._answer(fault)
         data = [{"id": m, "object": "model", "owned_by": "fake", **self.engine.listing} for m in self.engine.models]
         self._json(200, {"object": "list", "data": data})
 
@@ -164,15 +188,21 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("model") not in self.engine.models:
             return self._error(404, f"The model `{body.get('model')}` does not exist.")
         item = self.engine._next(body)
-        if isinstance(item, Fault) and item.kind == "status":
-            return self._error(item.status, item.message, item.headers)
+        if isinstance(item, Fault) and item.kind in ("status", "body"):
+            return self._answer(item)
         self._count_in_flight(+1)
         try:
             self._start_stream()
-            if isinstance(item, Fault):
-                self._fail_midway(item, body)
-            else:
+            if isinstance(item, Reply):
                 self._stream(item, body)
+            elif item.kind == "events":
+                self._stream(Reply(item.content), body, raw=item.body)
+            elif item.kind == "endless":
+                self._endless(item, body)
+            else:
+                self._fail_midway(item, body)
+        except OSError:  # the client closed the stream (as it does to stop an endless one)
+            self.close_connection = True
         finally:
             self._count_in_flight(-1)
 
@@ -183,13 +213,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- replies ----------------------------------------------------------------------------
 
-    def _stream(self, reply: Reply, body: dict[str, Any]) -> None:
+    def _stream(self, reply: Reply, body: dict[str, Any], *, raw: str = "") -> None:
         model = body["model"]
         for piece in _pieces(reply.reasoning, reply.chunk):
             self._event(_chunk(model, {"reasoning_content": piece}))
         for piece in _pieces(reply.content, reply.chunk):
             self._event(_chunk(model, {"content": piece}))
             self.engine._closing.wait(reply.pause)
+        if raw:
+            self._send_chunk(raw.encode(errors="surrogateescape"))
         for index, call in enumerate(reply.tool_calls):
             arguments = call.get("arguments", {})  # a string is sent as it is (e.g. not JSON)
             arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
@@ -212,6 +244,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._event({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [], "usage": usage})
         self._send_chunk(b"data: [DONE]\n\n")
         self._send_chunk(b"")
+
+    def _endless(self, fault: Fault, body: dict[str, Any]) -> None:
+        while not self.engine._closing.is_set():
+            if fault.content:
+                self._event(_chunk(body["model"], {"content": fault.content}))
+            else:
+                self._send_chunk(b": keep-alive\n\n")
+            self.engine._closing.wait(fault.seconds)
 
     def _fail_midway(self, fault: Fault, body: dict[str, Any]) -> None:
         for piece in _pieces(fault.content, 4):
@@ -236,6 +276,19 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         self._error(401, "Incorrect API key provided.")
         return False
+
+    def _answer(self, fault: Fault) -> None:
+        if fault.kind == "status":
+            return self._error(fault.status, fault.message, fault.headers)
+        payload = fault.body.encode()
+        self.send_response(fault.status)
+        self.send_header("Content-Type", fault.content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        for name, value in fault.headers:
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+        return None
 
     def _error(self, status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
         self._json(status, {"error": {"message": message, "type": "error", "code": status}}, headers)
