@@ -20,18 +20,13 @@ from typing import Generic, TypeVar
 
 from rich.console import Console
 
-from ..runs.execution import INTERRUPTED
+from ..runs.execution import stop_reason
 from ..runs.runner import Runner
 from ..tools import kill_all_processes
 
 EXIT_INTERRUPTED = 130
 T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def stop_reason(signum: signal.Signals) -> str:
-    """The error a task stopped by `signum` carries."""
-    return INTERRUPTED if signum == signal.SIGINT else f"stopped by {signum.name}"
 
 
 @dataclass
