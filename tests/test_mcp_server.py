@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,9 +15,12 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from helpers import alive, call
+import psutil
+import pytest
+from helpers import REPO, alive, call
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
 
 from mlx_subagents.caps import MAX_TASK_CHARS
 from mlx_subagents.runs.transcripts import load_run, read_transcript
@@ -47,7 +52,7 @@ asyncio.run(serve_stdio(make, workspace))
 def server_env() -> dict[str, str]:
     """What the server needs from the test's environment (the SDK passes only a safe few by default)."""
     names = ("HOME", "MLX_SUBAGENTS_HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    return {name: os.environ[name] for name in names}
+    return {**{name: os.environ[name] for name in names}, "PYTHONPATH": str(REPO)}  # this checkout
 
 
 @asynccontextmanager
@@ -563,3 +568,191 @@ def test_results_carry_the_childrens_usage_and_new_agent_files_are_seen(tmp_path
     assert f"; its 1 sub-agent(s): {used['input_tokens']:,} tokens read, {used['output_tokens']:,} generated;" in status
     assert "late" in [a["name"] for a in listing.structured_content["agents"]]
     assert answers(late) == [("late", "completed", "late was here")]
+
+
+# -- stop signals: the same handling as `subagent run` ----------------------------------------------------
+
+# Writes the server's pid (bash's parent) as well as its own and its child's.
+BASH_SLEEP_SERVER = "echo $PPID > server.pid; " + BASH_SLEEP
+# Runs `subagent mcp ARGS` and writes its exit code to a file: the SDK client does not give it.
+EXIT_CODE = """
+import subprocess, sys
+code = subprocess.call([sys.executable, "-m", "mlx_subagents.cli", "mcp", *sys.argv[2:]])
+open(sys.argv[1], "w").write(str(code))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_stop_signal_answers_the_call_kills_saves_and_exits(
+    tmp_path: Path, write_script: Any, signum: signal.Signals
+) -> None:
+    for folder in ("fg", "bg"):
+        (tmp_path / folder).mkdir()
+    model = write_script({"agents": {"scout": {"replies": [call("bash", command=BASH_SLEEP_SERVER), "never"]}}})
+    code_file = tmp_path / "code"
+    command = ["-c", EXIT_CODE, str(code_file), "--cwd", str(tmp_path), "--model", model]
+    reason = "aborted by the user (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signum.name}"
+
+    async def main() -> tuple[Any, list[int]]:
+        with anyio.fail_after(60):  # a server killed at once (or one that never exits) would leave the call waiting
+            return await stop_in_a_call()
+
+    async def stop_in_a_call() -> tuple[Any, list[int]]:
+        async with connect(command=command) as client:
+            started = await client.call_tool("start_agents", {"agent": "scout", "task": "wait", "cwd": "bg"})
+            assert started.structured_content["ids"] == ["scout#1"]
+            outcome: dict[str, Any] = {}
+
+            async def run_one() -> None:
+                outcome["call"] = await client.call_tool("run_agents", {"agent": "scout", "task": "wait", "cwd": "fg"})
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(run_one)
+                pids = await pids_of(tmp_path / "fg") + await pids_of(tmp_path / "bg")
+                os.kill(int((tmp_path / "fg" / "server.pid").read_text()), signum)
+            return outcome["call"], pids
+
+    answered, pids = run(main)
+    assert answered.structured_content["tasks"][0]["status"] == "aborted"
+    assert (answered.structured_content["tasks"][0]["error"], answered.structured_content["ok"]) == (reason, False)
+    deadline = time.monotonic() + 30
+    while not code_file.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert code_file.read_text() == str(128 + signum)
+    assert not any(alive(p) for p in pids)
+    records = [load_run(p.name) for p in (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "runs").iterdir()]
+    assert sorted(r.tasks[0].label for r in records) == ["scout", "scout#1"]
+    for record in records:
+        assert (record.status, record.tasks[0].status) == ("interrupted", "aborted")
+        [result] = read_transcript(record.transcript_path(record.tasks[0])).results
+        assert (result.status, result.stop_reason, result.error) == ("aborted", "cancelled", reason)
+    log = (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "logs" / "mcp.log").read_text()
+    assert f"{signum.name} received: stopping every task" in log and log.endswith("stopped\n")
+
+
+def test_a_stop_signal_on_an_idle_server_exits_at_once(tmp_path: Path, write_script: Any) -> None:
+    model = write_script(["unused"])
+    code_file = tmp_path / "code"
+    command = ["-c", EXIT_CODE, str(code_file), "--cwd", str(tmp_path), "--model", model]
+
+    async def main() -> None:
+        async with connect(command=command) as client:
+            await client.list_tools()
+            [server] = [p for p in psutil.Process().children(recursive=True) if "mcp" in p.cmdline()]
+            server.send_signal(signal.SIGINT)
+            with anyio.fail_after(30):
+                while not code_file.is_file():
+                    await anyio.sleep(0.05)
+
+    run(main)
+    assert code_file.read_text() == "130"
+
+
+# -- every request with an id gets an answer ---------------------------------------------------------------
+
+
+def test_malformed_requests_with_an_id_are_answered_and_logged(tmp_path: Path, write_script: Any) -> None:
+    model = write_script(["unused"])
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "plain", "version": "0"},
+        },
+    }
+    lines = [
+        json.dumps(initialize),
+        '{"jsonrpc":"2.0","method":"notifications/initialized"}',
+        '{"jsonrpc":"2.0","id":2,"method":5}',
+        "not json",
+        '{"id":3,"method":"tools/list"}',
+        "[1, 2]",
+        '{"jsonrpc":"2.0","id":"four","method":"tools/call","params":{"name":5}}',
+        '{"jsonrpc":"2.0","id":5,"method":"tools/call","params":7}',
+        '{"jsonrpc":"2.0","id":true,"method":"tools/list"}',
+        '{"jsonrpc":"2.0","method":7}',
+        '{"jsonrpc":"2.0","id":6,"method":"no/such"}',
+        '{"jsonrpc":"2.0","id":7,"method":"tools/list","params":{"cursor":3}}',
+        '{"jsonrpc":"2.0","id":8,"method":"ping"}',
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_subagents.cli", "mcp", "--cwd", str(tmp_path), "--model", model],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("\n".join(lines) + "\n")
+    proc.stdin.flush()
+    replies = [json.loads(proc.stdout.readline()) for _ in range(11)]  # stdin open until all are answered
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    answers = {str(m["id"]): m.get("error", m.get("result")) for m in replies}
+    assert set(answers) == {"1", "2", "None", "3", "four", "5", "6", "7", "8"}
+    assert answers["2"] == {"code": -32600, "message": "Invalid request: 'method' must be a string"}
+    assert answers["3"] == {"code": -32600, "message": "Invalid request: 'jsonrpc' must be \"2.0\""}
+    assert answers["four"] == {
+        "code": -32602,
+        "message": "Invalid params: tools/call: params.name: Input should be a valid string",
+    }
+    assert answers["5"] == {"code": -32600, "message": "Invalid request: 'params' must be an object"}
+    assert answers["6"] == {"code": -32601, "message": "Method not found", "data": "no/such"}
+    assert answers["7"] == {
+        "code": -32602,
+        "message": "Invalid params: tools/list: params.cursor: Input should be a valid string",
+    }
+    assert answers["8"] == {}
+    nulls = [m["error"] for m in replies if m["id"] is None]
+    assert nulls == [
+        {"code": -32700, "message": "Parse error: the line is not valid JSON"},
+        {
+            "code": -32600,
+            "message": "Invalid request: a message is one JSON object, got an array (batches are not supported)",
+        },
+        {"code": -32600, "message": "Invalid request: 'id' must be a string or an integer"},
+    ]
+    warnings = [line.split(" mlx_subagents.mcp: ")[1] for line in err.splitlines() if " WARNING " in line]
+    assert warnings == [
+        "malformed request 2 from the client: Invalid request: 'method' must be a string: " + lines[2],
+        "malformed message (answered with id null) from the client: Parse error: the line is not valid JSON: not json",
+        "malformed request 3 from the client: Invalid request: 'jsonrpc' must be \"2.0\": " + lines[4],
+        "malformed message (answered with id null) from the client: Invalid request: a message is one JSON object, "
+        "got an array (batches are not supported): [1, 2]",
+        "malformed request 'four' from the client: Invalid params: tools/call: params.name: Input should be a valid "
+        "string: " + lines[6],
+        "malformed request 5 from the client: Invalid request: 'params' must be an object: " + lines[7],
+        "malformed message (answered with id null) from the client: Invalid request: 'id' must be a string or an "
+        "integer: " + lines[8],
+        "malformed notification from the client, not answered: " + lines[9],
+        "malformed request 7 from the client: Invalid params: tools/list: params.cursor: Input should be a valid "
+        "string: " + lines[11],
+    ]
+    assert "Traceback" not in err
+
+
+def test_a_refused_workspace_is_one_clear_message_in_every_method(tmp_path: Path, write_script: Any) -> None:
+    model = write_script(["unused"])
+    refusal = (
+        "no workspace: the server runs in / and the client gave no root; add --cwd PROJECT_FOLDER to the "
+        "server's command in the MCP client configuration"
+    )
+
+    async def main() -> tuple[Any, list[Any]]:
+        async with connect("--model", model, cwd=Path("/")) as client:
+            with pytest.raises(MCPError) as listed:
+                await client.list_tools()
+            names = ["list_agents", "run_agents", "start_agents", "agent_status", "cancel_agent"]
+            return listed.value, [await client.call_tool(name, {}) for name in names]
+
+    listed, calls = run(main)
+    assert (listed.error.code, listed.error.message) == (-32000, refusal)
+    assert [(c.is_error, text(c)) for c in calls] == [(True, refusal)] * 5
+    log = (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "logs" / "mcp.log").read_text()
+    assert f"WARNING mlx_subagents.mcp: tools/list refused: {refusal}\n" in log
+    assert f"WARNING mlx_subagents.mcp: call run_agents refused: {refusal}\n" in log
+    assert "Traceback" not in log

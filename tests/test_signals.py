@@ -30,6 +30,22 @@ def wait_for(path: Path, deadline: float) -> None:
         time.sleep(0.05)
 
 
+def stop_when_ready(
+    proc: subprocess.Popen[str], folder: Path, signum: signal.Signals
+) -> tuple[int, str, str, list[int]]:
+    """Send `signum` once the slow bash call is up; the exit code, the output and the pids it started."""
+    try:
+        wait_for(folder / "ready", time.monotonic() + 60)
+        pids = [int((folder / name).read_text()) for name in PID_FILES]
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err, pids
+
+
 # Each signal once, each command once: the handling is one context manager both commands use.
 @pytest.mark.parametrize(("signum", "command"), [(signal.SIGTERM, "run"), (signal.SIGHUP, "chat")])
 def test_a_termination_signal_stops_kills_saves_and_exits(
@@ -39,18 +55,9 @@ def test_a_termination_signal_stops_kills_saves_and_exits(
     script.write_text(json.dumps({"agents": {"scout": {"replies": [call("bash", command=SLOW), "never reached"]}}}))
     args = ["run", "scout", "wait"] if command == "run" else ["chat", "--agent", "scout", "--once", "wait"]
     args += ["-m", f"scripted:{script}", "-C", str(tmp_path)]
-    proc = spawn_cli(*args)
-    try:
-        wait_for(tmp_path / "ready", time.monotonic() + 60)
-        pids = [int((tmp_path / name).read_text()) for name in PID_FILES]
-        proc.send_signal(signum)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    code, _, err, pids = stop_when_ready(spawn_cli(*args), tmp_path, signum)
 
-    assert proc.returncode == 128 + signum, err
+    assert code == 128 + signum, err
     assert f"{signum.name} received: stopping every task" in err
     assert all_dead(pids, within=5), "a process the bash call started outlived the task"
 
@@ -136,3 +143,74 @@ def test_sigterm_at_a_piped_chat_prompt_ends_the_prompt_line_and_exits_143(tmp_p
         "SIGTERM received: stopping every task",
         f"saved as run {run_id}; continue with: subagent chat --resume {run_id}",
     ]
+
+
+def test_sigterm_names_itself_and_json_still_prints_what_was_done(tmp_path: Path, isolated_home: Path) -> None:
+    script = tmp_path / "script.json"
+    replies = {
+        "scout": {"replies": ["auth is in app.py"]},
+        "worker": {"replies": [{"content": "running the slow check", **call("bash", command=SLOW)}, "never"]},
+        "reviewer": {"replies": ["never reached"]},
+    }
+    script.write_text(json.dumps({"agents": replies}))
+    tasks = ["-t", "scout", "find auth", "-t", "worker", "check", "-t", "reviewer", "review"]
+    proc = spawn_cli(
+        "parallel", *tasks, "--concurrency", "1", "--json", "-m", f"scripted:{script}", "-C", str(tmp_path)
+    )
+    code, out, err, pids = stop_when_ready(proc, tmp_path, signal.SIGTERM)
+
+    assert code == 143, err
+    assert all_dead(pids, within=5)
+    data = json.loads(out)
+    assert (data["mode"], data["succeeded"], data["total"], data["interrupted"]) == ("parallel", 1, 3, True)
+    assert [(r["label"], r["status"], r["stop_reason"], r["error"], r["output"]) for r in data["results"]] == [
+        ("scout", "completed", "completed", None, "auth is in app.py"),
+        ("worker", "aborted", "cancelled", "stopped by SIGTERM", "running the slow check"),
+        ("reviewer", "aborted", "cancelled", "stopped by SIGTERM before it started", ""),
+    ]
+    assert "Ctrl-C" not in err
+    assert err.splitlines()[-1] == "aborted: worker, reviewer"
+    record = load_run("last")
+    assert [t.status for t in record.tasks] == ["completed", "aborted", "aborted"]
+    [result] = read_transcript(record.transcript_path(record.tasks[1])).results
+    assert (result.status, result.error) == ("aborted", "stopped by SIGTERM")
+
+
+def test_sighup_on_run_json_prints_the_partial_answer_and_exits_129(tmp_path: Path, isolated_home: Path) -> None:
+    script = tmp_path / "script.json"
+    first = {"content": "checking the config first", **call("bash", command=SLOW)}
+    script.write_text(json.dumps({"agents": {"scout": {"replies": [first, "never"]}}}))
+    proc = spawn_cli("run", "scout", "look", "--json", "-m", f"scripted:{script}", "-C", str(tmp_path))
+    code, out, err, pids = stop_when_ready(proc, tmp_path, signal.SIGHUP)
+
+    assert code == 129, err
+    assert all_dead(pids, within=5)
+    data = json.loads(out)
+    assert (data["status"], data["stop_reason"], data["error"], data["output"]) == (
+        "aborted",
+        "cancelled",
+        "stopped by SIGHUP",
+        "checking the config first",
+    )
+    assert data["usage"]["turns"] == 1 and data["run_id"] == load_run("last").run_id
+    assert err.splitlines()[-2:] == ["SIGHUP received: stopping every task", "aborted: scout"]
+
+
+def test_a_chat_turn_stopped_by_sigterm_says_so_down_to_its_children(tmp_path: Path, isolated_home: Path) -> None:
+    script = tmp_path / "script.json"
+    replies = {
+        "orchestrator": {"replies": [call("subagent", agent="worker", task="run the slow check"), "never"]},
+        "worker": {"replies": [call("bash", command=SLOW), "never"]},
+    }
+    script.write_text(json.dumps({"agents": replies}))
+    proc = spawn_cli("chat", "--once", "check it", "-m", f"scripted:{script}", "-C", str(tmp_path))
+    code, _, err, pids = stop_when_ready(proc, tmp_path, signal.SIGTERM)
+
+    assert code == 143, err
+    assert all_dead(pids, within=5)
+    record = load_run("last")
+    [parent] = read_transcript(record.transcript_path(record.tasks[0])).results
+    assert (parent.status, parent.error) == ("aborted", "stopped by SIGTERM")
+    [child] = [load_run(p.name, home=record.folder) for p in (record.folder / "runs").iterdir()]
+    [result] = read_transcript(child.transcript_path(child.tasks[0])).results
+    assert (result.status, result.stop_reason, result.error) == ("aborted", "cancelled", "stopped by SIGTERM")

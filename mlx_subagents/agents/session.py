@@ -62,6 +62,25 @@ class Limits:
     thinking: int = DEFAULT_THINKING_TOKENS
 
 
+@dataclass
+class _Streamed:
+    """What a reply has streamed so far (passed on to its callbacks): kept if a cut ends it early."""
+
+    on_text: TextCallback | None
+    on_reasoning: TextCallback
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+
+    def add_text(self, piece: str) -> None:
+        self.text.append(piece)
+        if self.on_text is not None:
+            self.on_text(piece)
+
+    def add_reasoning(self, piece: str) -> None:
+        self.reasoning.append(piece)
+        self.on_reasoning(piece)
+
+
 class LimitReached(Exception):
     """A limit ended the loop; carries which one."""
 
@@ -141,7 +160,11 @@ class AgentSession:
         return await self._loop(task)
 
     def partial_result(self, task: str, stop_reason: StopReason, error: str) -> RunResult:
-        """What was done so far, for a run that was cancelled or timed out."""
+        """What was done so far, for a run that was cancelled or timed out: a reply it cut keeps what
+        it had said (see `_keep_cut`), and the error says so."""
+        last = self.messages[-1] if self.messages else {}
+        if last.get("cut") and last.get("content"):
+            error = f"{error}; the output holds the reply it cut short"
         return self._result(task, "aborted", self.last_text(), stop_reason, error)
 
     # -- the loop -----------------------------------------------------------------
@@ -193,15 +216,20 @@ class AgentSession:
             max_tokens = min(max_tokens, left)
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start")
-        with self._counting_cut():
-            args = GenerateArgs(
-                max_tokens=max_tokens,
-                temperature=self.spec.temperature or 0.0,
-                on_text=self.on_text,
-                on_reasoning=lambda text: self._emit("reasoning", text=text),
-                thinking=self.limits.thinking,
-            )
-            reply = await self._host_session.generate(self.messages, args, tools=self.schemas)
+        streamed = _Streamed(self.on_text, lambda piece: self._emit("reasoning", text=piece))
+        try:
+            with self._counting_cut():
+                args = GenerateArgs(
+                    max_tokens=max_tokens,
+                    temperature=self.spec.temperature or 0.0,
+                    on_text=streamed.add_text,
+                    on_reasoning=streamed.add_reasoning,
+                    thinking=self.limits.thinking,
+                )
+                reply = await self._host_session.generate(self.messages, args, tools=self.schemas)
+        except asyncio.CancelledError:
+            self._keep_cut(streamed)
+            raise
         self._count(reply.usage)
         self._reasoning = reply.reasoning
         self.messages.append(reply.to_message())
@@ -210,6 +238,18 @@ class AgentSession:
         if reply.finish_reason == "length" and self._over_token_budget():
             raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
         return reply
+
+    def _keep_cut(self, streamed: _Streamed) -> None:
+        """A reply cut by a timeout, Ctrl-C or a signal: what streamed of it becomes its message,
+        marked `cut` (`show` says so), so that the transcript and the result keep what it said."""
+        text, reasoning = "".join(streamed.text).strip(), "".join(streamed.reasoning).strip()
+        if not text and not reasoning:
+            return
+        message: Message = {"role": "assistant", "content": text, "cut": True}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        self._reasoning = reasoning
+        self.messages.append(message)
 
     def _deliver(self) -> None:
         """The inbox's pending messages as one user message (after the last turn's tool results)."""

@@ -434,7 +434,8 @@ def mcp(
     from ..mcp_server.server import serve_stdio
 
     # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
-    asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
+    code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -1,7 +1,8 @@
 """What the commands print: results to stdout, progress, warnings and errors to stderr.
 
 `finish_single` and `finish_multi` print a result the way `run` and the multi-task commands do
-(text or `--json`) and exit with its code: 0 every task completed, 1 a task failed, 130 interrupted.
+(text or `--json`) and exit with its code: 0 every task completed, 1 a task failed, 130 interrupted
+(143 after SIGTERM, 129 after SIGHUP: what was done is printed first).
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -22,7 +24,7 @@ from ..events import Event, Fanout
 from ..results import MultiRunResult, RunResult
 from ..runs.runner import Runner
 from ..text import warning_line
-from .interrupts import EXIT_INTERRUPTED, run_async
+from .interrupts import EXIT_INTERRUPTED, Finished, run_async
 from .progress import ProgressView, usage_table
 
 # No emoji codes: `:a:` in an error or an answer is text, never a picture.
@@ -72,8 +74,19 @@ def usage_line(result: RunResult) -> str:
     )
 
 
-def finish_single(result: RunResult, as_json: bool, events: bool) -> None:
+def finish_single(finished: Finished[RunResult], as_json: bool, events: bool) -> None:
     """Print one task's result like `subagent run` always has, and exit with its code."""
+    result = finished.value
+    with _signalled(finished):
+        _print_single(result, as_json, events)
+        if result.status == "aborted":
+            err.print(f"[yellow]aborted: {escape(result.label)}[/]")
+    if result.status == "aborted":
+        raise typer.Exit(finished.exit_code or EXIT_INTERRUPTED)
+    raise typer.Exit(finished.exit_code or (0 if result.ok else 1))
+
+
+def _print_single(result: RunResult, as_json: bool, events: bool) -> None:
     if as_json:
         text = json.dumps(result_json(result))
         sys.stdout.write(text + "\n") if events else out.print_json(text)
@@ -85,14 +98,29 @@ def finish_single(result: RunResult, as_json: bool, events: bool) -> None:
         err.print(f"[dim]{escape(usage_line(result))}[/]")
         if result.run_id:
             err.print(f'[dim]saved as run {result.run_id}; continue with: subagent resume {result.run_id} "..."[/]')
-    if result.status == "aborted":
-        err.print(f"[yellow]aborted: {escape(result.label)}[/]")
-        raise typer.Exit(EXIT_INTERRUPTED)
-    raise typer.Exit(0 if result.ok else 1)
 
 
-def finish_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
+@contextmanager
+def _signalled(finished: Finished[Any]) -> Iterator[None]:
+    """After SIGHUP the terminal may be gone: what cannot be printed is in the transcripts."""
+    try:
+        yield
+    except OSError:
+        if finished.exit_code is None:
+            raise
+
+
+def finish_multi(finished: Finished[MultiRunResult], as_json: bool, events: bool) -> None:
     """Answers, then the usage table and the summary; exit 0, 1 (a task failed) or 130 (interrupted)."""
+    outcome = finished.value
+    with _signalled(finished):
+        _print_multi(outcome, as_json, events)
+    if outcome.interrupted:
+        raise typer.Exit(finished.exit_code or EXIT_INTERRUPTED)
+    raise typer.Exit(finished.exit_code or (0 if outcome.ok else 1))
+
+
+def _print_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
     if as_json:
         data = outcome.model_dump(mode="json", include={"mode", "succeeded", "total", "run_id", "interrupted", "error"})
         data["results"] = [result_json(r) for r in outcome.results]
@@ -116,8 +144,6 @@ def finish_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
         err.print(f"[dim]saved as run {outcome.run_id} (subagent show {outcome.run_id})[/]")
     if outcome.interrupted:
         err.print(f"[yellow]aborted: {escape(', '.join(r.label for r in outcome.aborted) or 'none')}[/]")
-        raise typer.Exit(EXIT_INTERRUPTED)
-    raise typer.Exit(0 if outcome.ok else 1)
 
 
 def run_multi(
@@ -126,7 +152,7 @@ def run_multi(
     tasks: list[tuple[str, str]],
     quiet: bool,
     work: Callable[[], Awaitable[MultiRunResult]],
-) -> MultiRunResult:
+) -> Finished[MultiRunResult]:
     if quiet:
         return run_async(runner, work, err)
     with ProgressView(err, tasks) as view:

@@ -13,6 +13,7 @@ from ..host.protocol import Message
 from ..runs.transcripts import NOTE_KINDS, RunRecord, TaskEntry, child_runs, read_transcript
 
 PREVIEW_LINES = 12
+CUT_NOTE = "(the reply was cut short here: a timeout, Ctrl-C or a signal stopped it)"
 
 
 def _entries(record: RunRecord, task: str | None) -> list[TaskEntry]:
@@ -115,6 +116,8 @@ def _print_message(console: Console, message: Message, full: bool) -> None:
             console.print(f"[dim]thinking: {escape(_preview(reasoning, full))}[/]")
         if content:
             console.print(f"[green]assistant:[/] {escape(content)}")
+        if message.get("cut"):
+            console.print(f"[yellow]{CUT_NOTE}[/]")
         for call in message.get("tool_calls") or []:
             fn = call.get("function", {})
             args = json.dumps(fn.get("arguments", {}), ensure_ascii=False)

@@ -23,10 +23,10 @@ from ..errors import SubagentError
 from ..events import Event, EventSink, Fanout
 from ..render import EventLines, tasks_table
 from ..results import RunResult
-from ..runs.chat import DEFAULT_CHAT_AGENT, Chat
+from ..runs.chat import DEFAULT_CHAT_AGENT, INTERRUPTED, Chat
 from ..runs.runner import Runner
 from ..tools import kill_all_processes
-from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, two_press_sigint
+from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, stop_reason, two_press_sigint
 from .promptline import PromptLine
 
 T = TypeVar("T")
@@ -368,14 +368,15 @@ class ChatLoop:
             self.view.show(f"[yellow]{signum.name} received: stopping every task[/]")
         except OSError:  # SIGHUP: the terminal may be gone
             pass
-        self.chat.stop_background(f"stopped by {signum.name}")
+        reason = stop_reason(signum)
+        self.chat.stop_background(reason)
         if self.work is not None:
-            self.stop_work()
+            self.stop_work(reason)
         elif self.main is not None:
             self.main.cancel()  # waiting at the prompt
 
-    def stop_work(self) -> None:
-        if self.work is not None and not self.chat.interrupt():
+    def stop_work(self, reason: str = INTERRUPTED) -> None:
+        if self.work is not None and not self.chat.interrupt(reason):
             self.work.cancel()
 
 
@@ -383,8 +384,8 @@ def _interruptible(loop: asyncio.AbstractEventLoop, work: Awaitable[T], chat: Ch
     """Run `work` with Ctrl-C wired: the first press stops the turn (or `work`), the second quits."""
     task = loop.create_task(_await(work))
 
-    def stop() -> None:
-        if chat is None or not chat.interrupt():
+    def stop(reason: str) -> None:
+        if chat is None or not chat.interrupt(reason):
             task.cancel()
 
     message = "\ninterrupted: stopping this turn and its sub-agents (Ctrl-C again to quit at once)"

@@ -667,7 +667,10 @@ class Scheduler:
         """Park the cache with the ids it holds (`held` when cut short inside the batch)."""
         state, req = turn.state, turn.request
         state.prompt_cache, state.token_ids = cache, held if held is not None else turn.ids + turn.generated
-        state.render = make_render_state(req.messages, req.tools, turn.text, finish == "stop")
+        # A cut reply's caller keeps only the text that reached it (not the tokens still in the outbox):
+        # no splicing onto it, the next prompt reuses the ids it shares with what was kept.
+        cut = finish == "cancelled"
+        state.render = None if cut else make_render_state(req.messages, req.tools, turn.text, finish == "stop")
         if not self.config.reuse:  # keep the ids (same prompts as with reuse), drop the cache
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)

@@ -13,6 +13,7 @@ the MLX host. The script is a JSON or YAML file:
         replies:
           - raw: "<tool_call>not json</tool_call>"   # a malformed tool call
           - {content: found it, delay: 0.5}          # sleeps 0.5 s first
+          - {content: "I will", stall: 60}           # streams "I will", then 60 s before it ends
 
 A bare list at the top level is shorthand for `{"replies": [...]}`, and a bare
 string reply is shorthand for `{"content": "..."}`. Tests build the same host in
@@ -87,6 +88,9 @@ class ScriptedReply(BaseModel):
     tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
     raw: str | None = None
     delay: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    # Seconds the reply goes on after its reasoning and text have streamed (a model that does not stop):
+    # a timeout or Ctrl-C then cuts a reply that has said something.
+    stall: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     finish_reason: Literal["stop", "length"] = "stop"
 
     @model_validator(mode="before")
@@ -295,22 +299,25 @@ class ScriptedSession:
             )
         scripted = self._replies[self._cursor]
         self._busy, self.cut = True, None
+        cached = self._cached_tokens(messages, tools)
+        streamed = 0  # tokens of the reply streamed before a cut
         try:
             if scripted.delay:
                 await asyncio.sleep(scripted.delay)
-        except asyncio.CancelledError:  # cut during its delay: the prompt was read, nothing generated
-            cached = self._cached_tokens(messages, tools)
-            self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached)
+            if scripted.stall:
+                _stream(scripted.reasoning, scripted.content, args)
+                streamed = approx_tokens([{"role": "assistant", "content": scripted.reasoning + scripted.content}])
+                await asyncio.sleep(scripted.stall)
+        except asyncio.CancelledError:  # cut: the prompt was read, and what streamed was generated
+            self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached, generated_tokens=streamed)
             raise
         finally:
             self._busy = False
         # Only a delivered reply is consumed: a cancelled call leaves the cursor in place.
         self._cursor += 1
         reply = self._make_reply(scripted, messages, tools, prompt_tokens)
-        if args.on_reasoning is not None and reply.reasoning:
-            args.on_reasoning(reply.reasoning)
-        if args.on_text is not None and reply.text:
-            args.on_text(reply.text)
+        if not scripted.stall:
+            _stream(reply.reasoning, reply.text, args)
         return reply
 
     def _make_reply(
@@ -354,6 +361,13 @@ class ScriptedSession:
                 break
             n_common += 1
         return approx_tokens(messages[:n_common], tools) if n_common else 0
+
+
+def _stream(reasoning: str, text: str, args: GenerateArgs) -> None:
+    if args.on_reasoning is not None and reasoning:
+        args.on_reasoning(reasoning)
+    if args.on_text is not None and text:
+        args.on_text(text)
 
 
 def _markup(call: ToolCall) -> str:

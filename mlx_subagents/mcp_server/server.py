@@ -15,8 +15,10 @@ the agents' shared prefixes. The tools:
 A call with a progress token gets one progress notification per runner event that says something
 (turns, tool calls, tokens), in order. A cancelled call cancels its children (their `bash` groups
 are killed as they unwind) and, as the protocol requires, is not answered. Every bad call is a
-result with `isError`; nothing a client sends stops the server. Logs go to stderr and to
-`$MLX_SUBAGENTS_HOME/logs/mcp.log`: stdout is the protocol channel.
+result with `isError`; nothing a client sends stops the server (a malformed request is answered
+by `stdio.py`). A stop signal (SIGINT, SIGTERM, SIGHUP) aborts every task, lets the calls in progress
+answer with what was done, saves, and `serve_stdio` returns 128 + the signal. Logs go to stderr and
+to `$MLX_SUBAGENTS_HOME/logs/mcp.log`: stdout is the protocol channel.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import contextvars
 import io
 import logging
 import os
+import signal
 import sys
 import time
 import warnings
@@ -39,6 +42,7 @@ import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 from rich.console import Console
 from rich.text import Text
@@ -52,9 +56,11 @@ from ..home import make_state_dir, state_home
 from ..render import EventLines
 from ..results import ChildrenUsage, MultiRunResult, RunResult, RunUsage, Status, StopReason
 from ..runs.board import TaskBoard
+from ..runs.execution import stop_reason
 from ..runs.runner import Runner
 from ..tools.base import ToolResult
 from ..tools.subagent import FORMS, Delegation, delegation_schema, fit_answers, format_outcome, parse_delegation
+from .stdio import StdinLines, stop_signals
 from .tasks import ServerTasks
 
 SERVER_NAME = "mlx-subagents"
@@ -68,6 +74,11 @@ TOOL_NAMES = (
     "cancel_agent",
 )
 LOG_FILE = "mcp.log"
+# How long a stop signal waits for the calls in progress to answer with their aborted tasks.
+STOP_WAIT_S = 15.0
+ANSWER_GRACE_S = 0.2
+# The JSON-RPC error code of a method refused for the server's set-up (no workspace): a server error.
+REFUSED = -32000
 MakeRunner = Callable[[Path, EventSink], Runner]
 T = TypeVar("T")
 
@@ -198,6 +209,9 @@ class AgentsServer:
         self.runner: Runner | None = None
         self.tasks: ServerTasks | None = None
         self._lock = asyncio.Lock()
+        self._calls = 0  # tool calls being answered
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def server(self) -> Server[Any]:
         return Server(
@@ -207,6 +221,18 @@ class AgentsServer:
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
         )
+
+    async def stop(self, reason: str, wait: float = STOP_WAIT_S) -> None:
+        """A stop signal: abort every task, started or in a call, with `reason`; return once the calls
+        have answered with what was done (at most `wait` seconds)."""
+        if self.tasks is not None:
+            self.tasks.board.cancel_all(reason)
+        if self.runner is not None:
+            self.runner.cancel(reason=reason)
+        try:
+            await asyncio.wait_for(self._idle.wait(), wait)
+        except asyncio.TimeoutError:
+            log.warning("%d call(s) still running after %gs; stopping anyway", self._calls, wait)
 
     async def close(self) -> None:
         """Cancel the started tasks that still run (their processes killed, their work saved), then stop."""
@@ -220,7 +246,11 @@ class AgentsServer:
     async def list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        runner = await self._runner(ctx)
+        try:
+            runner = await self._runner(ctx)
+        except SubagentError as exc:  # the same refusal a call gets, as this method's JSON-RPC error
+            log.warning("tools/list refused: %s", exc)
+            raise MCPError(REFUSED, str(exc)) from None
         return types.ListToolsResult(
             tools=[
                 types.Tool(
@@ -246,6 +276,18 @@ class AgentsServer:
     ) -> types.CallToolResult:
         started = time.perf_counter()
         log.info("call %s %s", params.name, _brief(params.arguments))
+        self._calls += 1
+        self._idle.clear()
+        try:
+            return await self._call(ctx, params, started)
+        finally:
+            self._calls -= 1
+            if not self._calls:
+                self._idle.set()
+
+    async def _call(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, started: float
+    ) -> types.CallToolResult:
         try:
             if params.name == "list_agents":
                 result = _list_result(agent_list(await self._runner(ctx)))
@@ -262,6 +304,7 @@ class AgentsServer:
             log.info("call %s cancelled by the client after %.1fs", params.name, time.perf_counter() - started)
             raise
         except SubagentError as exc:  # the workspace or the agents cannot be loaded
+            log.warning("call %s refused: %s", params.name, exc)
             result = _error(str(exc))
         except Exception as exc:  # never let one call stop the server
             log.exception("call %s failed", params.name)
@@ -588,15 +631,41 @@ def setup_logging() -> Path:
     return path
 
 
-async def serve_stdio(make_runner: MakeRunner, cwd: Path | None = None) -> None:
-    """Serve until the client closes stdin; the runner and its hosts live as long."""
+async def serve_stdio(make_runner: MakeRunner, cwd: Path | None = None) -> int:
+    """Serve until the client closes stdin, or a stop signal; the runner and its hosts live as long.
+
+    Returns the exit code: 0, or 128 + the signal (130, 143, 129) once the tasks it stopped have
+    answered their calls and been saved.
+    """
     path = setup_logging()
     agents = AgentsServer(make_runner, cwd)
     server = agents.server()
+    lines = StdinLines()
+    stopped: list[signal.Signals] = []
+    stopping: list[asyncio.Future[None]] = []
     log.info("mlx-subagents %s MCP server on stdio (pid %d); log %s", __version__, os.getpid(), path)
+
+    async def stop(signum: signal.Signals) -> None:
+        log.info("%s received: stopping every task", signum.name)
+        await agents.stop(stop_reason(signum))
+        # The answers are on their way to the transport's writer; the end of the input cancels the
+        # handlers that have not handed theirs over yet, so give the writer a moment first.
+        await asyncio.sleep(ANSWER_GRACE_S)
+        lines.end()
+
+    def on_signal(signum: signal.Signals) -> None:
+        stopped.append(signum)
+        stopping.append(asyncio.ensure_future(stop(signum)))  # held: a task nobody holds may be collected
+
     try:
-        async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+        with stop_signals(on_signal):  # still wired while the tasks save: a second signal exits at once
+            try:
+                async with stdio_server(stdin=lines) as (read_stream, write_stream):  # type: ignore[arg-type]
+                    lines.answers = write_stream
+                    await server.run(read_stream, write_stream, server.create_initialization_options())
+            finally:
+                await agents.close()
     finally:
-        await agents.close()
+        lines.restore()
         log.info("stopped")
+    return 128 + stopped[0] if stopped else 0

@@ -73,10 +73,17 @@ class Chat:
         self.runner.refresh_agents()  # an agent file added since the last turn can be started now
         return await self.handle.ask(message)
 
-    def interrupt(self) -> bool:
+    def interrupt(self, reason: str = INTERRUPTED) -> bool:
         """Abort the running turn and the sub-agents it waits for (background ones run on); False when
-        no turn is running."""
-        return self.handle.cancel(INTERRUPTED)
+        no turn is running.
+
+        Args:
+            reason: the error the aborted results carry (Ctrl-C's, or "stopped by SIGTERM").
+        """
+        if not self.handle.cancel(reason):
+            return False
+        self.runner.cancel(background=False, reason=reason)  # the sub-agents it waits for say the same
+        return True
 
     # -- background sub-agents ------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ order whatever the finishing order.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -33,6 +34,13 @@ from .transcripts import TaskTranscript
 
 INTERRUPTED = "aborted by the user (Ctrl-C)"
 INTERRUPTED_BEFORE_START = "aborted by the user (Ctrl-C) before it started"
+
+
+def stop_reason(signum: int) -> str:
+    """The error of a task stopped by a signal: Ctrl-C's, or "stopped by SIGTERM" (SIGHUP, ...)."""
+    return INTERRUPTED if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+
+
 WAITING_FOR_WRITER = "another agent that can change files is working in this workspace; writers take turns"
 
 

@@ -411,16 +411,17 @@ class Runner:
         )
         return {"subagent": tool, **make_background_tools(workspace, board)}
 
-    def cancel(self, *, background: bool = True) -> bool:
+    def cancel(self, *, background: bool = True, reason: str | None = None) -> bool:
         """Abort every run in progress (Ctrl-C); False when nothing was running yet.
 
         Args:
             background: also the background tasks (`start`, `background: true`); a chat's first Ctrl-C
                 stops only the turn.
+            reason: the error the aborted results carry (default: Ctrl-C's; "stopped by SIGTERM").
         """
         executions = self._executions | (self._background if background else set())
         for execution in list(executions):
-            execution.cancel()
+            execution.cancel(reason)
         return bool(executions)
 
     async def track(self, execution: Execution, *, background: bool = False) -> list[RunResult]:
