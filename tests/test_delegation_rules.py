@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import call, write_agent
 
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
@@ -522,3 +523,35 @@ def test_run_and_chat_show_the_first_five_agent_file_warnings(tmp_path: Path, wr
             *listing.splitlines()[:5],
             "warning: (2 more; subagent agents shows them all)",
         ]
+
+
+@pytest.mark.parametrize("repository", [True, False], ids=["in-a-repository", "outside-a-repository"])
+def test_a_writer_in_a_subfolder_takes_turns_with_one_at_the_root(
+    tmp_path: Path, write_script: Any, run_cli: Any, repository: bool
+) -> None:
+    if repository:
+        (tmp_path / ".git").mkdir()
+    (tmp_path / "sub").mkdir()
+    command = f"{STAMP}; sleep 0.3; {STAMP}"
+    both = [
+        {"name": "subagent", "arguments": {"agent": "worker", "task": "change the root"}},
+        {"name": "subagent", "arguments": {"agent": "worker", "task": "change sub", "cwd": "sub"}},
+    ]
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [{"tool_calls": both}, "both changed"]},
+                "worker": {"replies": [call("bash", command=command), "changed"]},
+            }
+        }
+    )
+
+    code, out, err = run_cli("run", "orchestrator", "change both", "-m", model, "-C", str(tmp_path))
+
+    assert (code, out) == (0, "both changed\n"), err
+    children = child_runs(load_run("last"))
+    assert sorted(c.cwd for c in children) == [str(tmp_path), str(tmp_path / "sub")]
+    first, second = sorted(span for child in children for span in bash_spans(child).values())
+    assert first[1] <= second[0], f"the root's writer and the subfolder's overlapped: {first}, {second}"
+    waiting = "[orchestrator > worker] waiting: another agent that can change files is working in this workspace"
+    assert sum(line.strip().startswith(waiting) for line in err.splitlines()) == 1, err

@@ -132,7 +132,7 @@ class Runner:
         """The process-wide slots and writer leases, made in the event loop that uses them."""
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots_loop is not loop:
-            self._slots, self._slots_loop = Slots(self.options.concurrency), loop
+            self._slots, self._slots_loop = Slots(self.options.concurrency, self.cwd), loop
         return self._slots
 
     # -- the four modes --------------------------------------------------------------------------------
