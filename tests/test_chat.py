@@ -275,7 +275,7 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runne
             "The scout found app.py.",
             "Nothing else.",
         ],
-        "orchestrator > scout": ["app.py is the only file"],
+        "orchestrator > scout#1": ["app.py is the only file"],
     }
     # The orchestrator's tools (subagent and its four background tools) fill most of the tiny model's 4,096
     # tokens (its tokenizer makes about 2.5 characters a token): a larger window keeps compaction out of this test.

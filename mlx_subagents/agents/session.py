@@ -108,9 +108,13 @@ class AgentSession:
     project_context: str = ""
     # Messages for the agent (steering, background children's notices), taken at each turn boundary.
     inbox: Inbox = field(default_factory=Inbox)
+    # The host session's name (default: the label). A host holds one KV cache per name, so two
+    # sessions that share a label (two scouts of one parent) need names of their own.
+    session_name: str = ""
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
+        self.session_name = self.session_name or self.label
         # A granted tool with no implementation here (`subagent`, unless the caller passes one in
         # `extra_tools`) is not offered rather than crashing the session.
         granted = [t for t in self.spec.tools if t in TOOL_CLASSES and t not in self.extra_tools]
@@ -118,7 +122,7 @@ class AgentSession:
         self.tools = {n: t for n, t in self.tools.items() if t.grant in self.spec.tools}
         self.schemas = [tool.schema() for tool in self.tools.values()]
         self.compaction = scale_compaction(self.host.context_window, self.compaction)
-        self._host_session: HostSession = self.host.session(self.label, agent=self.spec.name)
+        self._host_session: HostSession = self.host.session(self.session_name, agent=self.spec.name)
         self.inbox.report = lambda kind, data: self._emit(kind, **data)
         self._format_errors = 0
         self._started = 0.0

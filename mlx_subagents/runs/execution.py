@@ -49,6 +49,7 @@ class PlannedTask:
         inbox: the session's inbox (its board's notices, messages sent to it).
         read_more: for an answer over the output cap, how to read the rest; `{offset}` is where the
             shown part ends (default: the transcript's path, for a person).
+        session_name: the host session a new session runs on, its own (default: the label).
     """
 
     index: int
@@ -61,6 +62,7 @@ class PlannedTask:
     fresh: bool = False
     read_more: str | None = None
     inbox: Inbox | None = None
+    session_name: str = ""
 
     @property
     def label(self) -> str:
@@ -196,6 +198,7 @@ class Execution:
             denied=item.prepared.denied,
             project_context=item.prepared.context,
             inbox=item.inbox if item.inbox is not None else Inbox(),
+            session_name=item.session_name,
         )
         session.on_event = self._session_sink(transcript)  # this generation's transcript
         if transcript is not None:

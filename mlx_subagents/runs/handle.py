@@ -57,6 +57,8 @@ class TaskRuntime(Protocol):
 
     async def track(self, execution: Execution, *, background: bool = False) -> list[RunResult]: ...
 
+    def claim_session_name(self, base: str) -> str: ...
+
     def delegation_tools(
         self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None
     ) -> dict[str, Tool]: ...
@@ -484,6 +486,7 @@ class TaskHandle:
             project_context=self.prepared.context,
             messages=list(messages),
             inbox=self.inbox,
+            session_name=self.runtime.claim_session_name(self.label),
         )
 
     def _transcript(self) -> TaskTranscript | None:

@@ -112,6 +112,7 @@ class Runner:
         self._started: list[TaskHandle] = []  # every background task, for `close`
         self._slots: Slots | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
+        self._session_names: set[str] = set()  # the host sessions an agent session runs on now
 
     async def __aenter__(self) -> Runner:
         return self
@@ -396,6 +397,25 @@ class Runner:
         finally:
             executions.discard(execution)
 
+    def claim_session_name(self, base: str) -> str:
+        """A host session name no running agent session has: `base`, else `base (2)`, `base (3)`, ...
+
+        A host returns the existing session for a known name, so two tasks sharing a label (the same
+        agent in two calls of one reply, two MCP calls) would otherwise share one KV cache and each
+        re-prefill its conversation at every turn. A name given back is reused: its host session's
+        cache then starts the next conversation, as the shared prefix would.
+        """
+        name, n = base, 1
+        while name in self._session_names:
+            n += 1
+            name = f"{base} ({n})"
+        self._session_names.add(name)
+        return name
+
+    def release_session_name(self, name: str) -> None:
+        """Give back a host session name once its agent session is done with it."""
+        self._session_names.discard(name)
+
     # -- internals --------------------------------------------------------------------------------------
 
     async def _prepare(
@@ -440,6 +460,12 @@ class Runner:
         run_folder = recorder.folder if recorder else None
         ids = keep.reserve_ids([p.task.agent for p in prepared]) if keep is not None else None
         boards = [self._task_board(p.as_parent(run_folder), p.workspace) for p in prepared]
+        # A child's host session goes by its board id (`orchestrator > scout#2`), its own even when
+        # siblings share its label.
+        names = [
+            self.claim_session_name(f"{parent.label} > {ids[i]}" if parent is not None and ids else p.label)
+            for i, p in enumerate(prepared)
+        ]
         plan = [
             PlannedTask(
                 index=i,
@@ -450,6 +476,7 @@ class Runner:
                 extra_tools=self.delegation_tools(board.parent, p.workspace, board),  # type: ignore[arg-type]
                 inbox=board.inbox,
                 read_more=read_more_note(ids[i]) if ids else None,
+                session_name=names[i],
             )
             for i, (p, board) in enumerate(zip(prepared, boards))
         ]
@@ -474,6 +501,8 @@ class Runner:
         finally:
             for board in boards:  # a task's background children end with it
                 await board.close("its parent task ended")
+            for name in names:
+                self.release_session_name(name)
             if keep is not None and ids is not None:
                 for task_id, item, done in zip(ids, plan, execution.uncapped):
                     if done is not None:
