@@ -349,6 +349,31 @@ def test_a_childs_run_id_from_the_parents_result_works_with_show_and_resume(
     assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: find the app", "and the tests?"]
 
 
+def test_a_resumed_child_keeps_the_tools_its_parent_withheld(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [call("subagent", agent="scout", task="find the app"), "app.py"]},
+                "scout": {"replies": ["app.py:1"]},
+            }
+        }
+    )
+    assert run_cli("run", "orchestrator", "where?", "-m", model, "-C", str(tmp_path))[0] == 0
+    child = load_run("last", home=load_run("last").folder)
+    meta = read_transcript(child.transcript_path(child.tasks[0])).meta
+    assert sorted(meta["denied"]) == ["bash"]  # the orchestrator has no bash: its scout works without it
+
+    follow = write_script({"agents": {"scout": {"replies": [call("bash", command="touch ran.txt"), "ran"]}}}, "2.json")
+    code, out, err = run_cli("resume", child.run_id, "run the tests", "-m", follow)
+
+    assert (code, out) == (0, "ran\n"), err
+    log = read_transcript(child.transcript_path(child.tasks[0]))
+    [refusal] = [m["content"] for m in log.messages if m["role"] == "tool"]
+    assert refusal == meta["denied"]["bash"]
+    assert refusal.startswith("Error: bash is not available to 'scout' here: its parent 'orchestrator' lacks it")
+    assert not (tmp_path / "ran.txt").exists()
+
+
 # -- grants ----------------------------------------------------------------------------------------
 
 

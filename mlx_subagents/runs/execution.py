@@ -212,6 +212,8 @@ class Execution:
                     cwd=str(item.prepared.workspace.root),
                     task=prompt,
                     schema=item.prepared.schema,
+                    # What its parent withheld, so that a continued task keeps it withheld (`Runner.reopen`).
+                    **({"denied": item.prepared.denied} if item.prepared.denied else {}),
                 )
             else:
                 transcript.follow_up(prompt)

@@ -53,7 +53,7 @@ from .board import TaskBoard
 from .execution import Execution, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
 from .options import RunOptions
-from .prepare import Parent, PreparedTask, Preparer, SetUpFailure
+from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
 from .slots import Slots, lend
 from .tasks import ModelRef, Render, TaskSpec, chain_stop, label_tasks, plan_chain, previous_step
 from .transcripts import RunRecorder, TaskEntry, load_run, read_transcript
@@ -292,7 +292,7 @@ class Runner:
         prepared = await self._prepare([again], workspace=Workspace(Path(log.meta["cwd"])))
         return TaskHandle(
             self,
-            prepared[0],
+            withhold(prepared[0], log.meta.get("denied") or {}),
             record=record,
             entry=entry,
             messages=close_open_tool_calls(log.messages),
