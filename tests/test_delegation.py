@@ -35,7 +35,7 @@ def delegate(**arguments: Any) -> dict[str, Any]:
     return call("subagent", **arguments)
 
 
-RUN_FOOTER = re.compile(r"\n\n\[sub-agent run (\S+)\]\Z")
+RUN_FOOTER = re.compile(r"\n\n\[sub-agent run ([^\s;\]]+)(; subagent_send continues [^\]]+)?\]\Z")
 
 
 def answers(path: Path) -> list[str]:

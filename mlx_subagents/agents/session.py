@@ -144,6 +144,10 @@ class AgentSession:
         self.messages.append({"role": "user", "content": message})
         return await self._loop(task)
 
+    async def close(self) -> None:
+        """Let the host session go: its KV cache is freed now rather than evicted later."""
+        await self._host_session.close()
+
     def partial_result(self, task: str, stop_reason: StopReason, error: str) -> RunResult:
         """What was done so far, for a run that was cancelled or timed out."""
         return self._result(task, "aborted", self.last_text(), stop_reason, error)

@@ -99,6 +99,8 @@ class Execution:
         self.results: list[RunResult | None] = [None] * len(self.plan)
         # The results with their whole answers (`results` hold them capped).
         self.uncapped: list[RunResult | None] = [None] * len(self.plan)
+        # The sessions the tasks ran in (a foreground child's is kept for `subagent_send`).
+        self.sessions: list[AgentSession | None] = [item.session for item in self.plan]
         self.cancelled = False
         self.reason = INTERRUPTED
         self._done = [asyncio.Event() for _ in self.plan]
@@ -200,6 +202,7 @@ class Execution:
             inbox=item.inbox if item.inbox is not None else Inbox(),
             session_name=item.session_name,
         )
+        self.sessions[item.index] = session
         session.on_event = self._session_sink(transcript)  # this generation's transcript
         if transcript is not None:
             if not transcript.started:

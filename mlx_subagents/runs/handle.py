@@ -59,6 +59,8 @@ class TaskRuntime(Protocol):
 
     def claim_session_name(self, base: str) -> str: ...
 
+    def release_session_name(self, name: str) -> None: ...
+
     def delegation_tools(
         self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None
     ) -> dict[str, Tool]: ...
@@ -131,6 +133,8 @@ class TaskHandle:
         self._ended: float | None = None
         self._run_id: str | None = None
         self._held = True  # False: a foreground child kept for its answer, without its conversation
+        self._let_go: str | None = None  # why its conversation is no longer held
+        self._adopted = False  # it ran elsewhere (a foreground child): see `adopt`
         self.session = self._session(messages) if messages is not None else None
 
     @property
@@ -142,7 +146,33 @@ class TaskHandle:
         self.uncapped, self.result = result, result.model_copy(update={"output": capped})
         self._run_id = result.run_id
         self._turn = result.usage.turns
-        self._held = False
+        self._held, self._adopted = False, True
+
+    def hold(self, session: AgentSession, board: TaskBoard, record: RunRecord | None, entry: TaskEntry | None) -> None:
+        """Hold an adopted task's conversation too, so that a message continues it as a new generation
+        on its own session and KV cache, in the run it was saved in.
+
+        Args:
+            board: the board its own background children were on (its session's tools use it).
+        """
+        self.session, self.inbox, self.board = session, session.inbox, board
+        self.record, self.entry = record, entry
+        self.generations = max(self.generations, 1)
+        self._held = True
+
+    @property
+    def held(self) -> bool:
+        """An adopted task whose conversation is held: it may be let go (`TaskBoard.let_go_oldest`)."""
+        return self._adopted and self._held and self.session is not None and not self._active
+
+    async def let_go(self, reason: str) -> None:
+        """Stop holding an adopted task's conversation (its host session and KV cache are freed); a
+        message to it is then refused with `reason`."""
+        session, self.session = self.session, None
+        self._held, self._let_go = False, reason
+        if session is not None:
+            self.runtime.release_session_name(session.session_name)
+            await session.close()
 
     @property
     def status(self) -> TaskState:
@@ -231,9 +261,10 @@ class TaskHandle:
             self.inbox.put(Delivery("task_send", message))
             return
         if not self._held:
+            why = self._let_go or "its conversation is not held here"
             raise TaskStateError(
-                f"task '{self.id}' ran in the foreground and its conversation is not held here; its answer can "
-                f"be read, `subagent resume {self.run_id}` continues it, or start a new task in the background"
+                f"task '{self.id}' ran in the foreground and {why}; its answer can be read, "
+                f"`subagent resume {self.run_id}` continues it, or start a new task"
             )
         if self.owner is not None:
             self.owner.check_room()

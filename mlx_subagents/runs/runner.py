@@ -501,13 +501,21 @@ class Runner:
         finally:
             for board in boards:  # a task's background children end with it
                 await board.close("its parent task ended")
-            for name in names:
-                self.release_session_name(name)
+            held: set[str] = set()
             if keep is not None and ids is not None:
-                for task_id, item, done in zip(ids, plan, execution.uncapped):
+                for i, (task_id, item, done) in enumerate(zip(ids, plan, execution.uncapped)):
                     if done is not None:
-                        keep.add(self._finished(task_id, item, done, keep))
+                        handle = self._finished(task_id, item, done, keep)
+                        session = execution.sessions[i]
+                        if session is not None and done.status != "aborted":
+                            record = recorder.record if recorder is not None else None
+                            handle.hold(session, boards[i], record, record.tasks[i] if record else None)
+                            held.add(names[i])
+                        keep.add(handle)
                 keep.release([i for i, done in zip(ids, execution.uncapped) if done is None])
+                await keep.let_go_oldest()
+            for name in set(names) - held:
+                self.release_session_name(name)
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
                 recorder.finish(
@@ -527,9 +535,9 @@ class Runner:
         )
 
     def _finished(self, task_id: str, item: PlannedTask, result: RunResult, board: TaskBoard) -> TaskHandle:
-        """A foreground child that ended, kept on its parent's board: its answer can be read, its
-        conversation is not held (`subagent resume` continues it)."""
-        handle = TaskHandle(self, item.prepared, id=task_id, owner=board)
+        """A foreground child that ended, kept on its parent's board: its answer can be read, and its
+        conversation continued with `subagent_send` while it is held (`TaskHandle.hold`)."""
+        handle = TaskHandle(self, item.prepared, id=task_id, owner=board, interactive=False, read_more=item.read_more)
         handle.adopt(result, capped=cap_answer(result.output, None, read_more=item.read_more))
         return handle
 
