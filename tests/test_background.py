@@ -750,3 +750,78 @@ def test_ids_are_reserved_as_they_are_planned_and_count_against_the_cap(scripted
         "(subagent_output with wait) or cancel one"
     )
     assert board.plan_ids([TaskSpec("scout", "g")]) == ["scout#2"]
+
+
+# -- bounded conversations --------------------------------------------------------------------------
+
+
+def test_a_continued_childs_turns_count_across_its_generations(scripted_runner: Any) -> None:
+    script = {"agents": {"scout": {"replies": [call("ls", path="."), "one file", call("ls", path="."), "never"]}}}
+    runner = scripted_runner(script)
+
+    async def main() -> tuple[Any, Any, str]:
+        async with runner:
+            handle = await runner.start(TaskSpec("scout", "look", max_turns=3))
+            first = await handle.wait()
+            handle.send("and again")
+            second = await handle.wait()
+            with pytest.raises(TaskStateError) as refused:
+                handle.send("once more")
+            return first, second, str(refused.value)
+
+    first, second, refused = asyncio.run(main())
+    assert (first.status, first.output, first.usage.turns) == ("completed", "one file", 2)
+    assert (second.status, second.stop_reason, second.usage.turns) == ("failed", "max_turns", 3)
+    assert second.error == "reached the limit of 3 turns (2 of them in earlier generations) without a final answer"
+    assert refused == (
+        "task 'scout#1' has used its 3 turns (max_turns) across its generations and takes no more messages; "
+        "start a new task"
+    )
+
+
+def test_a_child_takes_at_most_64_generations(scripted_runner: Any) -> None:
+    from mlx_subagents.caps import MAX_GENERATIONS
+
+    runner = scripted_runner({"agents": {"scout": {"replies": [f"answer {n}" for n in range(MAX_GENERATIONS)]}}})
+
+    async def main() -> tuple[Any, str]:
+        async with runner:
+            handle = await runner.start(TaskSpec("scout", "look", max_turns=100))
+            await handle.wait()
+            for n in range(1, MAX_GENERATIONS):
+                handle.send(f"more {n}")
+                last = await handle.wait()
+            with pytest.raises(TaskStateError) as refused:
+                handle.send("one too many")
+            return last, str(refused.value)
+
+    last, refused = asyncio.run(main())
+    assert (last.status, last.output) == ("completed", "answer 63")
+    assert refused == (
+        "task 'scout#1' has had 64 generations, the limit of 64 and takes no more messages; start a new task"
+    )
+
+
+def test_at_most_64_messages_wait_for_a_running_child(scripted_runner: Any) -> None:
+    from mlx_subagents.caps import MAX_QUEUED_MESSAGES
+
+    script = {"agents": {"scout": {"replies": [{"content": "read them all", "delay": 0.3}]}}}
+    runner = scripted_runner(script)
+
+    async def main() -> tuple[Any, str]:
+        async with runner:
+            handle = await runner.start(TaskSpec("scout", "look"))
+            for n in range(MAX_QUEUED_MESSAGES):
+                handle.send(f"note {n}")
+            with pytest.raises(RequestError) as refused:
+                handle.send("one too many")
+            return await handle.wait(), str(refused.value)
+
+    result, refused = asyncio.run(main())
+    assert refused == (
+        "task 'scout#1' already has 64 messages waiting, the limit; wait until it has read them "
+        "(subagent_output with wait) before sending more"
+    )
+    assert (result.status, result.output) == ("completed", "read them all")
+    log = read_transcript(Path(result.transcript))  # none lost: all 64 reached it at its first turn
+    assert user_texts(log.messages) == ["\n\n".join(["Task: look", *(f"note {n}" for n in range(MAX_QUEUED_MESSAGES))])]

@@ -60,6 +60,8 @@ class Limits:
     max_reply_tokens: int = DEFAULT_MAX_REPLY_TOKENS
     # Tokens a reply may think before the host closes the thought (0: off), on top of `max_reply_tokens`.
     thinking: int = DEFAULT_THINKING_TOKENS
+    # Turns earlier generations already took of `max_turns` (a continued child's budget is cumulative).
+    turns_before: int = 0
 
 
 class LimitReached(Exception):
@@ -159,7 +161,7 @@ class AgentSession:
         self._emit("task_start", task=task, model=self.host.model_id, tool_mode=self.host.tool_mode)
         nudged = False
         try:
-            for _ in range(self.limits.max_turns):
+            for _ in range(self.limits.max_turns - self.limits.turns_before):
                 self._deliver()
                 await self._maybe_compact()
                 reply = await self._step()
@@ -184,8 +186,10 @@ class AgentSession:
                         continue  # a message came in: it is the next turn's, the answer can wait
                     return self._finish(task, self._result(task, "completed", reply.text, "completed"))
                 await self._act(reply)
+            before = self.limits.turns_before
+            earlier = f" ({before} of them in earlier generations)" if before else ""
             raise LimitReached(
-                "max_turns", f"reached the limit of {self.limits.max_turns} turns without a final answer"
+                "max_turns", f"reached the limit of {self.limits.max_turns} turns{earlier} without a final answer"
             )
         except LimitReached as limit:
             return self._finish(task, self._result(task, "failed", self.last_text(), limit.stop_reason, str(limit)))

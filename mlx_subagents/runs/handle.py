@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from ..agents.compaction import CompactionSettings
 from ..agents.inbox import Delivery, Inbox
 from ..agents.session import AgentSession, system_prompt
-from ..caps import CapItem, check_request
+from ..caps import MAX_GENERATIONS, MAX_QUEUED_MESSAGES, CapItem, check_request
 from ..errors import RequestError, TaskStateError
 from ..events import Event, EventKind, EventSink
 from ..host.protocol import Message, TextCallback
@@ -135,6 +135,7 @@ class TaskHandle:
         self._held = True  # False: a foreground child kept for its answer, without its conversation
         self._let_go: str | None = None  # why its conversation is no longer held
         self._adopted = False  # it ran elsewhere (a foreground child): see `adopt`
+        self._spent_s = 0.0  # the time its generations took, against its timeout
         self.session = self._session(messages) if messages is not None else None
 
     @property
@@ -147,6 +148,7 @@ class TaskHandle:
         self._run_id = result.run_id
         self._turn = result.usage.turns
         self._held, self._adopted = False, True
+        self._spent_s = result.duration_s or 0.0
 
     def hold(self, session: AgentSession, board: TaskBoard, record: RunRecord | None, entry: TaskEntry | None) -> None:
         """Hold an adopted task's conversation too, so that a message continues it as a new generation
@@ -258,6 +260,11 @@ class TaskHandle:
                 "its output so far can still be read, or start a new task"
             )
         if self._active:
+            if self.inbox.count("task_send") >= MAX_QUEUED_MESSAGES:
+                raise RequestError(
+                    f"task '{self.id}' already has {MAX_QUEUED_MESSAGES} messages waiting, the limit; wait until "
+                    "it has read them (subagent_output with wait) before sending more"
+                )
             self.inbox.put(Delivery("task_send", message))
             return
         if not self._held:
@@ -266,9 +273,32 @@ class TaskHandle:
                 f"task '{self.id}' ran in the foreground and {why}; its answer can be read, "
                 f"`subagent resume {self.run_id}` continues it, or start a new task"
             )
+        self._check_budget()
         if self.owner is not None:
             self.owner.check_room()
         self.launch(message, sends=[message])
+
+    def _check_budget(self) -> None:
+        """Refuse to continue a started task (a child) past its bounds: its generations, and the turns and
+        time its limits give it across all of them (a continuation gets no fresh limits)."""
+        if self.interactive:
+            return  # a chat or `resume`: a person drives it, turn by turn
+        why = None
+        if self.generations >= MAX_GENERATIONS:
+            why = f"has had {self.generations} generations, the limit of {MAX_GENERATIONS}"
+        elif self.session is not None and self.session.usage.turns >= self.prepared.limits.max_turns:
+            why = f"has used its {self.prepared.limits.max_turns} turns (max_turns) across its generations"
+        elif (left := self._time_left()) is not None and left <= 0:
+            why = f"has used its timeout of {self.prepared.timeout:g}s across its generations"
+        if why is not None:
+            raise TaskStateError(f"task '{self.id}' {why} and takes no more messages; start a new task")
+
+    def _time_left(self) -> float | None:
+        """Seconds left of a started task's timeout across its generations (None: no timeout)."""
+        timeout = self.prepared.timeout
+        if timeout is None or self.interactive:
+            return timeout
+        return timeout - self._spent_s
 
     async def ask(
         self,
@@ -362,7 +392,7 @@ class TaskHandle:
                 if render is not None:
                     prompt = render(previous)
             result = await self._generations(
-                prompt, sends=sends, timeout=self.prepared.timeout, schema=self.prepared.schema
+                prompt, sends=sends, timeout=self._time_left(), schema=self.prepared.schema
             )
         except asyncio.CancelledError:
             result = self._not_run("aborted", "cancelled", f"{self.cancel_reason or CANCELLED} before it started")
@@ -401,6 +431,8 @@ class TaskHandle:
     ) -> RunResult:
         fresh = self.session is None and not self.interactive  # a started task's first message is its task
         session = self.session or self._start()
+        if not self.interactive:  # a started task's turns count across its generations
+            session.limits = replace(session.limits, turns_before=session.usage.turns)
         self.generations += 1
         transcript = self._transcript()
         for message in sends:
@@ -433,6 +465,7 @@ class TaskHandle:
             session.messages = close_open_tool_calls(session.messages)
             if execution.uncapped[0] is not None:
                 self.uncapped = execution.uncapped[0]
+                self._spent_s += self.uncapped.duration_s
             if execution.results[0] is not None:
                 self._record(execution.results[0])
 
