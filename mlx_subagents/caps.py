@@ -24,6 +24,9 @@ MAX_WARNINGS = 5
 MAX_TASK_CHARS = 20_000
 MAX_REQUEST_CHARS = 60_000
 MAX_ANSWER_BYTES = 50 * 1024
+# A conversation with a child is bounded: messages waiting for it, and generations of it.
+MAX_QUEUED_MESSAGES = 64
+MAX_GENERATIONS = 64
 
 
 class CappedAgent(Protocol):

@@ -562,7 +562,6 @@ def test_a_cut_answer_of_a_foreground_child_is_read_on_with_subagent_output(scri
                 "replies": [
                     call("subagent", agent="scout", task="list everything"),
                     call("subagent_output", id="scout#1", offset=offset),
-                    call("subagent_send", id="scout#1", message="more?"),
                     "Read it all.",
                 ]
             },
@@ -571,15 +570,80 @@ def test_a_cut_answer_of_a_foreground_child_is_read_on_with_subagent_output(scri
     }
     result = run_parent(scripted_runner(script))
 
-    first, rest, refused = tool_messages(result)
+    first, rest = tool_messages(result)
     assert first.startswith(answer[:offset])
     assert first.endswith(
         f'showing the first {offset:,}; read the rest with subagent_output {{"id": "scout#1", "offset": {offset}}}]'
-        f"\n\n[sub-agent run {child_runs(load_run(result.run_id))[0].run_id}]"
+        f"\n\n[sub-agent run {child_runs(load_run(result.run_id))[0].run_id}; subagent_send continues scout#1]"
     )
     assert "transcript" not in first  # never a path the parent's tools refuse
     assert rest == f"scout#1 completed (from character {offset})\n\n{answer[offset:]}"
-    assert refused.startswith("Error: task 'scout#1' ran in the foreground and its conversation is not held here;")
+
+
+def test_a_foreground_child_is_continued_with_subagent_send_on_its_own_session(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    call("subagent", agent="scout", task="find the app"),
+                    call("subagent_send", id="scout#1", message="and run the tests"),
+                    call("subagent_output", id="scout#1", wait=30),
+                    "app.py, untested.",
+                ]
+            },
+            "scout": {"replies": ["app.py:1", call("bash", command="touch ran.txt"), "no tests ran"]},
+        }
+    }
+    runner = scripted_runner(script)
+    result = run_parent(runner)
+
+    assert result.output == "app.py, untested."
+    [child] = child_runs(load_run(result.run_id))
+    found, sent, output = tool_messages(result)
+    assert found == f"app.py:1\n\n[sub-agent run {child.run_id}; subagent_send continues scout#1]"
+    assert sent == "scout#1 had ended: it continues its conversation with the message, in the background"
+    assert output == "scout#1 completed\n\nno tests ran"
+    log = read_transcript(child.transcript_path(child.tasks[0]))
+    assert log.generations == 2
+    assert user_texts(log.messages) == ["Task: find the app", "and run the tests"]
+    # Its parent withheld bash (the orchestrator has none): the continued scout still lacks it.
+    refusal = [m["content"] for m in log.messages if m["role"] == "tool"]
+    assert refusal == [log.meta["denied"]["bash"]] and not (runner.cwd / "ran.txt").exists()
+    # One host session, held across both generations: the second prompt starts with the first conversation.
+    [host] = runner.preparer.hosts.values()
+    first, *later = host.history["orchestrator > scout#1"]
+    assert len(later) == 2 and later[0][: len(first) + 1] == [*first, {"role": "assistant", "content": "app.py:1"}]
+
+
+def test_the_oldest_foreground_conversations_are_let_go_and_a_message_to_one_is_refused(
+    scripted_runner: Any,
+) -> None:
+    from mlx_subagents.runs.board import MAX_HELD
+
+    eight = [{"agent": "scout", "task": f"look {n}"} for n in range(MAX_HELD)]
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    call("subagent", tasks=eight),
+                    call("subagent", agent="scout", task="one more"),
+                    call("subagent_send", id="scout#1", message="and again"),
+                    "done",
+                ]
+            },
+            "scout": {"replies": ["seen"]},
+        }
+    }
+    result = run_parent(scripted_runner(script))
+
+    parallel, ninth, refused = tool_messages(result)
+    assert parallel.endswith(f"; subagent_send continues {', '.join(f'scout#{n}' for n in range(1, 9))}]")
+    assert ninth.endswith("; subagent_send continues scout#9]")
+    assert refused == (
+        "Error: task 'scout#1' ran in the foreground and its conversation was let go to make room (a parent holds "
+        f"the conversations of its last {MAX_HELD} foreground children); its answer can be read, `subagent resume "
+        f"{child_runs(load_run(result.run_id))[0].run_id}` continues it, or start a new task"
+    )
 
 
 def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(scripted_runner: Any) -> None:
@@ -686,3 +750,78 @@ def test_ids_are_reserved_as_they_are_planned_and_count_against_the_cap(scripted
         "(subagent_output with wait) or cancel one"
     )
     assert board.plan_ids([TaskSpec("scout", "g")]) == ["scout#2"]
+
+
+# -- bounded conversations --------------------------------------------------------------------------
+
+
+def test_a_continued_childs_turns_count_across_its_generations(scripted_runner: Any) -> None:
+    script = {"agents": {"scout": {"replies": [call("ls", path="."), "one file", call("ls", path="."), "never"]}}}
+    runner = scripted_runner(script)
+
+    async def main() -> tuple[Any, Any, str]:
+        async with runner:
+            handle = await runner.start(TaskSpec("scout", "look", max_turns=3))
+            first = await handle.wait()
+            handle.send("and again")
+            second = await handle.wait()
+            with pytest.raises(TaskStateError) as refused:
+                handle.send("once more")
+            return first, second, str(refused.value)
+
+    first, second, refused = asyncio.run(main())
+    assert (first.status, first.output, first.usage.turns) == ("completed", "one file", 2)
+    assert (second.status, second.stop_reason, second.usage.turns) == ("failed", "max_turns", 3)
+    assert second.error == "reached the limit of 3 turns (2 of them in earlier generations) without a final answer"
+    assert refused == (
+        "task 'scout#1' has used its 3 turns (max_turns) across its generations and takes no more messages; "
+        "start a new task"
+    )
+
+
+def test_a_child_takes_at_most_64_generations(scripted_runner: Any) -> None:
+    from mlx_subagents.caps import MAX_GENERATIONS
+
+    runner = scripted_runner({"agents": {"scout": {"replies": [f"answer {n}" for n in range(MAX_GENERATIONS)]}}})
+
+    async def main() -> tuple[Any, str]:
+        async with runner:
+            handle = await runner.start(TaskSpec("scout", "look", max_turns=100))
+            await handle.wait()
+            for n in range(1, MAX_GENERATIONS):
+                handle.send(f"more {n}")
+                last = await handle.wait()
+            with pytest.raises(TaskStateError) as refused:
+                handle.send("one too many")
+            return last, str(refused.value)
+
+    last, refused = asyncio.run(main())
+    assert (last.status, last.output) == ("completed", "answer 63")
+    assert refused == (
+        "task 'scout#1' has had 64 generations, the limit of 64 and takes no more messages; start a new task"
+    )
+
+
+def test_at_most_64_messages_wait_for_a_running_child(scripted_runner: Any) -> None:
+    from mlx_subagents.caps import MAX_QUEUED_MESSAGES
+
+    script = {"agents": {"scout": {"replies": [{"content": "read them all", "delay": 0.3}]}}}
+    runner = scripted_runner(script)
+
+    async def main() -> tuple[Any, str]:
+        async with runner:
+            handle = await runner.start(TaskSpec("scout", "look"))
+            for n in range(MAX_QUEUED_MESSAGES):
+                handle.send(f"note {n}")
+            with pytest.raises(RequestError) as refused:
+                handle.send("one too many")
+            return await handle.wait(), str(refused.value)
+
+    result, refused = asyncio.run(main())
+    assert refused == (
+        "task 'scout#1' already has 64 messages waiting, the limit; wait until it has read them "
+        "(subagent_output with wait) before sending more"
+    )
+    assert (result.status, result.output) == ("completed", "read them all")
+    log = read_transcript(Path(result.transcript))  # none lost: all 64 reached it at its first turn
+    assert user_texts(log.messages) == ["\n\n".join(["Task: look", *(f"note {n}" for n in range(MAX_QUEUED_MESSAGES))])]

@@ -47,7 +47,7 @@ def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli
     assert [m["role"] for m in log.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert log.messages[1]["content"] == "where is the app?"
     child = load_run("last", home=record.folder)
-    assert log.messages[3]["content"] == f"app.py:1\n\n[sub-agent run {child.run_id}]"
+    assert log.messages[3]["content"] == f"app.py:1\n\n[sub-agent run {child.run_id}; subagent_send continues scout#1]"
 
 
 def test_a_chat_continues_with_resume_and_chat_resume(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
@@ -275,7 +275,7 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runne
             "The scout found app.py.",
             "Nothing else.",
         ],
-        "orchestrator > scout": ["app.py is the only file"],
+        "orchestrator > scout#1": ["app.py is the only file"],
     }
     # The orchestrator's tools (subagent and its four background tools) fill most of the tiny model's 4,096
     # tokens (its tokenizer makes about 2.5 characters a token): a larger window keeps compaction out of this test.

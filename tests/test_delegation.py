@@ -18,7 +18,7 @@ from mlx_subagents.events import Event
 from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.runs.prepare import Parent
 from mlx_subagents.runs.tasks import ModelRef
-from mlx_subagents.runs.transcripts import load_run, read_transcript, runs_dir
+from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript, runs_dir
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import SubagentTool
 
@@ -36,7 +36,7 @@ def delegate(**arguments: Any) -> dict[str, Any]:
     return call("subagent", **arguments)
 
 
-RUN_FOOTER = re.compile(r"\n\n\[sub-agent run (\S+)\]\Z")
+RUN_FOOTER = re.compile(r"\n\n\[sub-agent run ([^\s;\]]+)(; subagent_send continues [^\]]+)?\]\Z")
 
 
 def answers(path: Path) -> list[str]:
@@ -158,7 +158,7 @@ def test_chain_delegation_passes_previous_and_returns_the_last_answer(scripted_r
     planner_start = next(e for e in events if e.label == "orchestrator > planner" and e.kind == "task_start")
     assert planner_start.data["task"] == "plan a fix for: parser in parse.py"
     error = (
-        "scripted model: session 'orchestrator > worker' (agent 'worker') has no reply left after 1 replies in "
+        "scripted model: session 'orchestrator > worker#1' (agent 'worker') has no reply left after 1 replies in "
         "the in-memory script"
     )
     assert second == (
@@ -457,7 +457,7 @@ def test_a_forced_parent_delegates_on_the_tiny_real_model(forced_orchestrator: A
                 tool_call_text("subagent", {"agent": "scout", "task": "list the files"}),
                 "The scout found app.py.",
             ],
-            "orchestrator > scout": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
+            "orchestrator > scout#1": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
         }
     )
 
@@ -467,5 +467,50 @@ def test_a_forced_parent_delegates_on_the_tiny_real_model(forced_orchestrator: A
     child_log = read_transcript(child.transcript_path(child.tasks[0]))
     assert [m["content"] for m in child_log.messages if m["role"] == "tool"] == ["app.py"]
     assert child_log.results[-1].usage.cached_tokens > 0  # the child's second turn reused its KV cache
-    assert scripts.remaining("orchestrator") == scripts.remaining("orchestrator > scout") == 0
+    assert scripts.remaining("orchestrator") == scripts.remaining("orchestrator > scout#1") == 0
     assert len(list(runs_dir().iterdir())) == 1
+
+
+def test_two_children_of_one_agent_in_one_reply_each_reuse_their_own_kv_cache(forced_orchestrator: Any) -> None:
+    from mlx_subagents.testing import tool_call_text
+
+    both = "\n".join(tool_call_text("subagent", {"agent": "scout", "task": f"list the files {n}"}) for n in (1, 2))
+    scout = [tool_call_text("ls", {"path": "."}), "app.py is the only file"]
+    replies = {"orchestrator": [both, "Both found app.py."], "orchestrator > scout#1": scout}
+    replies["orchestrator > scout#2"] = list(scout)
+    # The orchestrator's tools fill most of the tiny model's 4,096 tokens: a larger window keeps compaction out.
+    result, scripts = forced_orchestrator(replies, context_window=8192)
+
+    assert (result.status, result.output) == ("completed", "Both found app.py.")
+    assert tool_results(result) == ["app.py is the only file", "app.py is the only file"]
+    assert scripts.remaining("orchestrator > scout#1") == scripts.remaining("orchestrator > scout#2") == 0
+    children = child_runs(load_run(result.run_id))
+    assert len(children) == 2
+    for child in children:
+        log = read_transcript(child.transcript_path(child.tasks[0]))
+        first, second = [r["data"] for r in log.records if r.get("kind") == "usage"]
+        # Each scout's second turn reads its whole first turn (prompt and reply) from its own cache and
+        # prefills only the tool result: the other scout never took that cache over.
+        assert second["cached_tokens"] - first["cached_tokens"] == first["input_tokens"] + first["output_tokens"]
+
+
+def test_concurrent_top_level_calls_naming_one_agent_get_a_host_session_each(tmp_path: Path) -> None:
+    from mlx_subagents.tools.subagent import parse_delegation
+
+    host = scripted_host({"agents": {"scout": {"replies": [call("ls", path="."), "seen"]}}})
+    runner = make_runner(tmp_path, host)
+
+    async def main() -> list[Any]:
+        async with runner:
+            calls = [
+                parse_delegation(
+                    {"agent": "scout", "task": f"look {n}"}, runner.workspace, ["scout"], tool="run_agents"
+                )
+                for n in (1, 2)
+            ]
+            return await asyncio.gather(*(runner.delegate(c, None) for c in calls))  # as `subagent mcp` does
+
+    outcomes = asyncio.run(main())
+    assert [o.results[0].output for o in outcomes] == ["seen", "seen"]
+    assert sorted(host.history) == ["scout", "scout (2)"]
+    assert sorted(m[1]["content"] for m, _ in host.history.values()) == ["Task: look 1", "Task: look 2"]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import call, write_agent
 
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
@@ -272,8 +273,8 @@ def test_two_subagent_calls_in_one_reply_run_concurrently(tmp_path: Path, write_
     log = read_transcript(parent.transcript_path(parent.tasks[0]))
     children = {c.tasks[0].label: c.run_id for c in child_runs(parent)}
     assert [m["content"] for m in log.messages if m["role"] == "tool"] == [
-        f"parser.py\n\n[sub-agent run {children[scout]}]",
-        f"step 1\n\n[sub-agent run {children[planner]}]",
+        f"parser.py\n\n[sub-agent run {children[scout]}; subagent_send continues scout#1]",
+        f"step 1\n\n[sub-agent run {children[planner]}; subagent_send continues planner#1]",
     ]
 
 
@@ -329,7 +330,8 @@ def test_a_childs_run_id_from_the_parents_result_works_with_show_and_resume(
     assert run_cli("run", "orchestrator", "where?", "-m", model, "-C", str(tmp_path))[0] == 0
     parent = load_run("last")
     messages = read_transcript(parent.transcript_path(parent.tasks[0])).messages
-    child_id = messages[3]["content"].rsplit("[sub-agent run ", 1)[1].rstrip("]")
+    child_id, more = messages[3]["content"].rsplit("[sub-agent run ", 1)[1].rstrip("]").split("; ")
+    assert more == "subagent_send continues scout#1"
 
     code, out, _ = run_cli("show", child_id)
     assert code == 0 and out.splitlines()[0].startswith(f"run {child_id}  single  finished  1/1 succeeded")
@@ -346,6 +348,31 @@ def test_a_childs_run_id_from_the_parents_result_works_with_show_and_resume(
     assert (code, out) == (0, "and tests/test_app.py\n"), err
     log = read_transcript(load_run(child_id).transcript_path(load_run(child_id).tasks[0]))
     assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: find the app", "and the tests?"]
+
+
+def test_a_resumed_child_keeps_the_tools_its_parent_withheld(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [call("subagent", agent="scout", task="find the app"), "app.py"]},
+                "scout": {"replies": ["app.py:1"]},
+            }
+        }
+    )
+    assert run_cli("run", "orchestrator", "where?", "-m", model, "-C", str(tmp_path))[0] == 0
+    child = load_run("last", home=load_run("last").folder)
+    meta = read_transcript(child.transcript_path(child.tasks[0])).meta
+    assert sorted(meta["denied"]) == ["bash"]  # the orchestrator has no bash: its scout works without it
+
+    follow = write_script({"agents": {"scout": {"replies": [call("bash", command="touch ran.txt"), "ran"]}}}, "2.json")
+    code, out, err = run_cli("resume", child.run_id, "run the tests", "-m", follow)
+
+    assert (code, out) == (0, "ran\n"), err
+    log = read_transcript(child.transcript_path(child.tasks[0]))
+    [refusal] = [m["content"] for m in log.messages if m["role"] == "tool"]
+    assert refusal == meta["denied"]["bash"]
+    assert refusal.startswith("Error: bash is not available to 'scout' here: its parent 'orchestrator' lacks it")
+    assert not (tmp_path / "ran.txt").exists()
 
 
 # -- grants ----------------------------------------------------------------------------------------
@@ -522,3 +549,35 @@ def test_run_and_chat_show_the_first_five_agent_file_warnings(tmp_path: Path, wr
             *listing.splitlines()[:5],
             "warning: (2 more; subagent agents shows them all)",
         ]
+
+
+@pytest.mark.parametrize("repository", [True, False], ids=["in-a-repository", "outside-a-repository"])
+def test_a_writer_in_a_subfolder_takes_turns_with_one_at_the_root(
+    tmp_path: Path, write_script: Any, run_cli: Any, repository: bool
+) -> None:
+    if repository:
+        (tmp_path / ".git").mkdir()
+    (tmp_path / "sub").mkdir()
+    command = f"{STAMP}; sleep 0.3; {STAMP}"
+    both = [
+        {"name": "subagent", "arguments": {"agent": "worker", "task": "change the root"}},
+        {"name": "subagent", "arguments": {"agent": "worker", "task": "change sub", "cwd": "sub"}},
+    ]
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [{"tool_calls": both}, "both changed"]},
+                "worker": {"replies": [call("bash", command=command), "changed"]},
+            }
+        }
+    )
+
+    code, out, err = run_cli("run", "orchestrator", "change both", "-m", model, "-C", str(tmp_path))
+
+    assert (code, out) == (0, "both changed\n"), err
+    children = child_runs(load_run("last"))
+    assert sorted(c.cwd for c in children) == [str(tmp_path), str(tmp_path / "sub")]
+    first, second = sorted(span for child in children for span in bash_spans(child).values())
+    assert first[1] <= second[0], f"the root's writer and the subfolder's overlapped: {first}, {second}"
+    waiting = "[orchestrator > worker] waiting: another agent that can change files is working in this workspace"
+    assert sum(line.strip().startswith(waiting) for line in err.splitlines()) == 1, err

@@ -40,15 +40,17 @@ class ProjectContext:
     skipped: tuple[str, ...] = ()
 
 
+def repository_root(folder: Path) -> Path | None:
+    """The nearest folder at or above `folder` holding `.git`, or None outside a repository; the
+    project's instructions and the writer lease both go by it."""
+    return next((f for f in (folder, *folder.parents) if (f / ".git").exists()), None)
+
+
 def context_files(workspace: Path) -> list[Path]:
     """The instruction files for a workspace, outermost first."""
-    folders = []
-    for folder in (workspace, *workspace.parents):
-        folders.append(folder)
-        if (folder / ".git").exists():
-            break
-    else:
-        folders = [workspace]  # not in a repository: the workspace's own files only
+    root = repository_root(workspace)
+    # Not in a repository: the workspace's own files only.
+    folders = [workspace] if root is None else [workspace, *workspace.parents[: len(workspace.parts) - len(root.parts)]]
     # `exists`, not `is_file`: a FIFO or device is named in `skipped`, never opened in a way that waits.
     return [folder / name for folder in reversed(folders) for name in CONTEXT_FILES if (folder / name).exists()]
 

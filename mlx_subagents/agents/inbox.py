@@ -63,5 +63,9 @@ class Inbox:
         self._items = [d for d in self._items if d not in taken]
         return taken
 
+    def count(self, kind: DeliveryKind | None = None) -> int:
+        """How many deliveries (of one kind) wait: messages to a child are bounded."""
+        return sum(kind is None or d.kind == kind for d in self._items)
+
     def pending(self, kind: DeliveryKind | None = None) -> bool:
         return any(kind is None or d.kind == kind for d in self._items)

@@ -60,6 +60,8 @@ class Limits:
     max_reply_tokens: int = DEFAULT_MAX_REPLY_TOKENS
     # Tokens a reply may think before the host closes the thought (0: off), on top of `max_reply_tokens`.
     thinking: int = DEFAULT_THINKING_TOKENS
+    # Turns earlier generations already took of `max_turns` (a continued child's budget is cumulative).
+    turns_before: int = 0
 
 
 @dataclass
@@ -127,9 +129,13 @@ class AgentSession:
     project_context: str = ""
     # Messages for the agent (steering, background children's notices), taken at each turn boundary.
     inbox: Inbox = field(default_factory=Inbox)
+    # The host session's name (default: the label). A host holds one KV cache per name, so two
+    # sessions that share a label (two scouts of one parent) need names of their own.
+    session_name: str = ""
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
+        self.session_name = self.session_name or self.label
         # A granted tool with no implementation here (`subagent`, unless the caller passes one in
         # `extra_tools`) is not offered rather than crashing the session.
         granted = [t for t in self.spec.tools if t in TOOL_CLASSES and t not in self.extra_tools]
@@ -137,7 +143,7 @@ class AgentSession:
         self.tools = {n: t for n, t in self.tools.items() if t.grant in self.spec.tools}
         self.schemas = [tool.schema() for tool in self.tools.values()]
         self.compaction = scale_compaction(self.host.context_window, self.compaction)
-        self._host_session: HostSession = self.host.session(self.label, agent=self.spec.name)
+        self._host_session: HostSession = self.host.session(self.session_name, agent=self.spec.name)
         self.inbox.report = lambda kind, data: self._emit(kind, **data)
         self._format_errors = 0
         self._started = 0.0
@@ -159,6 +165,10 @@ class AgentSession:
         self.messages.append({"role": "user", "content": message})
         return await self._loop(task)
 
+    async def close(self) -> None:
+        """Let the host session go: its KV cache is freed now rather than evicted later."""
+        await self._host_session.close()
+
     def partial_result(self, task: str, stop_reason: StopReason, error: str) -> RunResult:
         """What was done so far, for a run that was cancelled or timed out: a reply it cut keeps what
         it had said (see `_keep_cut`), and the error says so."""
@@ -174,7 +184,7 @@ class AgentSession:
         self._emit("task_start", task=task, model=self.host.model_id, tool_mode=self.host.tool_mode)
         nudged = False
         try:
-            for _ in range(self.limits.max_turns):
+            for _ in range(self.limits.max_turns - self.limits.turns_before):
                 self._deliver()
                 await self._maybe_compact()
                 reply = await self._step()
@@ -199,8 +209,10 @@ class AgentSession:
                         continue  # a message came in: it is the next turn's, the answer can wait
                     return self._finish(task, self._result(task, "completed", reply.text, "completed"))
                 await self._act(reply)
+            before = self.limits.turns_before
+            earlier = f" ({before} of them in earlier generations)" if before else ""
             raise LimitReached(
-                "max_turns", f"reached the limit of {self.limits.max_turns} turns without a final answer"
+                "max_turns", f"reached the limit of {self.limits.max_turns} turns{earlier} without a final answer"
             )
         except LimitReached as limit:
             return self._finish(task, self._result(task, "failed", self.last_text(), limit.stop_reason, str(limit)))

@@ -36,6 +36,13 @@ from .slots import lend
 from .tasks import TaskSpec, check_label
 
 MAX_ALIVE = MAX_TASKS
+# Finished foreground children whose conversations a board holds for `subagent_send`; beyond it the
+# oldest are let go, so that held KV caches stay within what the pool is sized for.
+MAX_HELD = MAX_TASKS
+LET_GO = (
+    f"its conversation was let go to make room (a parent holds the conversations of its last {MAX_HELD} "
+    "foreground children)"
+)
 NoticeCallback = Callable[[TaskStatus], None]
 
 
@@ -61,6 +68,9 @@ class BoardTask(Protocol):
     def send(self, message: str) -> None: ...
     async def wait(self, timeout: float | None = None) -> RunResult | None: ...
     async def join(self) -> None: ...
+    @property
+    def held(self) -> bool: ...
+    async def let_go(self, reason: str) -> None: ...
 
 
 class TaskBoard:
@@ -136,10 +146,20 @@ class TaskBoard:
         return handle
 
     async def close(self, reason: str | None = None) -> None:
-        """Cancel what still runs and wait until every task has saved its transcript."""
+        """Cancel what still runs, wait until every task has saved its transcript, and let the held
+        conversations go (their parent ended)."""
         self.cancel_all(reason)
         for handle in self.tasks():
             await handle.join()
+        for handle in self.tasks():
+            if handle.held:
+                await handle.let_go(f"its conversation was let go when {reason or 'its parent ended'}")
+
+    async def let_go_oldest(self) -> None:
+        """Let go of the oldest held conversations beyond `MAX_HELD`."""
+        held = [h for h in self.tasks() if h.held]
+        for handle in held[: max(0, len(held) - MAX_HELD)]:
+            await handle.let_go(LET_GO)
 
     # -- ids and the cap (for the runner's starts) -----------------------------------------------------------
     # Ids are reserved as they are planned: starts that overlap (two `subagent` calls in one reply) never

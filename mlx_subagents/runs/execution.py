@@ -57,6 +57,7 @@ class PlannedTask:
         inbox: the session's inbox (its board's notices, messages sent to it).
         read_more: for an answer over the output cap, how to read the rest; `{offset}` is where the
             shown part ends (default: the transcript's path, for a person).
+        session_name: the host session a new session runs on, its own (default: the label).
     """
 
     index: int
@@ -69,6 +70,7 @@ class PlannedTask:
     fresh: bool = False
     read_more: str | None = None
     inbox: Inbox | None = None
+    session_name: str = ""
 
     @property
     def label(self) -> str:
@@ -105,6 +107,8 @@ class Execution:
         self.results: list[RunResult | None] = [None] * len(self.plan)
         # The results with their whole answers (`results` hold them capped).
         self.uncapped: list[RunResult | None] = [None] * len(self.plan)
+        # The sessions the tasks ran in (a foreground child's is kept for `subagent_send`).
+        self.sessions: list[AgentSession | None] = [item.session for item in self.plan]
         self.cancelled = False
         self.reason = INTERRUPTED
         self._done = [asyncio.Event() for _ in self.plan]
@@ -204,7 +208,9 @@ class Execution:
             denied=item.prepared.denied,
             project_context=item.prepared.context,
             inbox=item.inbox if item.inbox is not None else Inbox(),
+            session_name=item.session_name,
         )
+        self.sessions[item.index] = session
         session.on_event = self._session_sink(transcript)  # this generation's transcript
         if transcript is not None:
             if not transcript.started:
@@ -217,6 +223,8 @@ class Execution:
                     cwd=str(item.prepared.workspace.root),
                     task=prompt,
                     schema=item.prepared.schema,
+                    # What its parent withheld, so that a continued task keeps it withheld (`Runner.reopen`).
+                    **({"denied": item.prepared.denied} if item.prepared.denied else {}),
                 )
             else:
                 transcript.follow_up(prompt)

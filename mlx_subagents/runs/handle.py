@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from ..agents.compaction import CompactionSettings
 from ..agents.inbox import Delivery, Inbox
 from ..agents.session import AgentSession, system_prompt
-from ..caps import CapItem, check_request
+from ..caps import MAX_GENERATIONS, MAX_QUEUED_MESSAGES, CapItem, check_request
 from ..errors import RequestError, TaskStateError
 from ..events import Event, EventKind, EventSink
 from ..host.protocol import Message, TextCallback
@@ -56,6 +56,10 @@ class TaskRuntime(Protocol):
     def slots(self) -> Slots: ...
 
     async def track(self, execution: Execution, *, background: bool = False) -> list[RunResult]: ...
+
+    def claim_session_name(self, base: str) -> str: ...
+
+    def release_session_name(self, name: str) -> None: ...
 
     def delegation_tools(
         self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None
@@ -129,6 +133,9 @@ class TaskHandle:
         self._ended: float | None = None
         self._run_id: str | None = None
         self._held = True  # False: a foreground child kept for its answer, without its conversation
+        self._let_go: str | None = None  # why its conversation is no longer held
+        self._adopted = False  # it ran elsewhere (a foreground child): see `adopt`
+        self._spent_s = 0.0  # the time its generations took, against its timeout
         self.session = self._session(messages) if messages is not None else None
 
     @property
@@ -140,7 +147,34 @@ class TaskHandle:
         self.uncapped, self.result = result, result.model_copy(update={"output": capped})
         self._run_id = result.run_id
         self._turn = result.usage.turns
-        self._held = False
+        self._held, self._adopted = False, True
+        self._spent_s = result.duration_s or 0.0
+
+    def hold(self, session: AgentSession, board: TaskBoard, record: RunRecord | None, entry: TaskEntry | None) -> None:
+        """Hold an adopted task's conversation too, so that a message continues it as a new generation
+        on its own session and KV cache, in the run it was saved in.
+
+        Args:
+            board: the board its own background children were on (its session's tools use it).
+        """
+        self.session, self.inbox, self.board = session, session.inbox, board
+        self.record, self.entry = record, entry
+        self.generations = max(self.generations, 1)
+        self._held = True
+
+    @property
+    def held(self) -> bool:
+        """An adopted task whose conversation is held: it may be let go (`TaskBoard.let_go_oldest`)."""
+        return self._adopted and self._held and self.session is not None and not self._active
+
+    async def let_go(self, reason: str) -> None:
+        """Stop holding an adopted task's conversation (its host session and KV cache are freed); a
+        message to it is then refused with `reason`."""
+        session, self.session = self.session, None
+        self._held, self._let_go = False, reason
+        if session is not None:
+            self.runtime.release_session_name(session.session_name)
+            await session.close()
 
     @property
     def status(self) -> TaskState:
@@ -226,16 +260,45 @@ class TaskHandle:
                 "its output so far can still be read, or start a new task"
             )
         if self._active:
+            if self.inbox.count("task_send") >= MAX_QUEUED_MESSAGES:
+                raise RequestError(
+                    f"task '{self.id}' already has {MAX_QUEUED_MESSAGES} messages waiting, the limit; wait until "
+                    "it has read them (subagent_output with wait) before sending more"
+                )
             self.inbox.put(Delivery("task_send", message))
             return
         if not self._held:
+            why = self._let_go or "its conversation is not held here"
             raise TaskStateError(
-                f"task '{self.id}' ran in the foreground and its conversation is not held here; its answer can "
-                f"be read, `subagent resume {self.run_id}` continues it, or start a new task in the background"
+                f"task '{self.id}' ran in the foreground and {why}; its answer can be read, "
+                f"`subagent resume {self.run_id}` continues it, or start a new task"
             )
+        self._check_budget()
         if self.owner is not None:
             self.owner.check_room()
         self.launch(message, sends=[message])
+
+    def _check_budget(self) -> None:
+        """Refuse to continue a started task (a child) past its bounds: its generations, and the turns and
+        time its limits give it across all of them (a continuation gets no fresh limits)."""
+        if self.interactive:
+            return  # a chat or `resume`: a person drives it, turn by turn
+        why = None
+        if self.generations >= MAX_GENERATIONS:
+            why = f"has had {self.generations} generations, the limit of {MAX_GENERATIONS}"
+        elif self.session is not None and self.session.usage.turns >= self.prepared.limits.max_turns:
+            why = f"has used its {self.prepared.limits.max_turns} turns (max_turns) across its generations"
+        elif (left := self._time_left()) is not None and left <= 0:
+            why = f"has used its timeout of {self.prepared.timeout:g}s across its generations"
+        if why is not None:
+            raise TaskStateError(f"task '{self.id}' {why} and takes no more messages; start a new task")
+
+    def _time_left(self) -> float | None:
+        """Seconds left of a started task's timeout across its generations (None: no timeout)."""
+        timeout = self.prepared.timeout
+        if timeout is None or self.interactive:
+            return timeout
+        return timeout - self._spent_s
 
     async def ask(
         self,
@@ -329,7 +392,7 @@ class TaskHandle:
                 if render is not None:
                     prompt = render(previous)
             result = await self._generations(
-                prompt, sends=sends, timeout=self.prepared.timeout, schema=self.prepared.schema
+                prompt, sends=sends, timeout=self._time_left(), schema=self.prepared.schema
             )
         except asyncio.CancelledError:
             result = self._not_run("aborted", "cancelled", f"{self.cancel_reason or CANCELLED} before it started")
@@ -368,6 +431,8 @@ class TaskHandle:
     ) -> RunResult:
         fresh = self.session is None and not self.interactive  # a started task's first message is its task
         session = self.session or self._start()
+        if not self.interactive:  # a started task's turns count across its generations
+            session.limits = replace(session.limits, turns_before=session.usage.turns)
         self.generations += 1
         transcript = self._transcript()
         for message in sends:
@@ -400,6 +465,7 @@ class TaskHandle:
             session.messages = close_open_tool_calls(session.messages)
             if execution.uncapped[0] is not None:
                 self.uncapped = execution.uncapped[0]
+                self._spent_s += self.uncapped.duration_s
             if execution.results[0] is not None:
                 self._record(execution.results[0])
 
@@ -484,6 +550,7 @@ class TaskHandle:
             project_context=self.prepared.context,
             messages=list(messages),
             inbox=self.inbox,
+            session_name=self.runtime.claim_session_name(self.label),
         )
 
     def _transcript(self) -> TaskTranscript | None:

@@ -21,7 +21,7 @@ per model (the resident models sharing one KV budget) and the project's instruct
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -374,3 +374,12 @@ def granted_tools(parent: AgentSpec, child: AgentSpec) -> tuple[AgentSpec, dict[
     )
     lost = {tool: why.format(tool=tool) for tool in child.tools if tool not in kept}
     return child.model_copy(update={"tools": kept}), lost
+
+
+def withhold(task: PreparedTask, denied: Mapping[str, str]) -> PreparedTask:
+    """A saved child continued as its parent ran it: the tools its parent withheld stay withheld (each
+    call gets the error it got then), since a continuation prepares the agent again from its file."""
+    if not denied:
+        return task
+    spec = task.spec.model_copy(update={"tools": tuple(t for t in task.spec.tools if t not in denied)})
+    return replace(task, spec=spec, denied={**task.denied, **denied})

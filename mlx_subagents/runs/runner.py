@@ -53,7 +53,7 @@ from .board import TaskBoard
 from .execution import Execution, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
 from .options import RunOptions
-from .prepare import Parent, PreparedTask, Preparer, SetUpFailure
+from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
 from .slots import Slots, lend
 from .tasks import ModelRef, Render, TaskSpec, chain_stop, label_tasks, plan_chain, previous_step
 from .transcripts import RunRecorder, TaskEntry, hold_task, load_run, read_transcript
@@ -114,6 +114,7 @@ class Runner:
         self._holds: dict[TaskHandle, BinaryIO] = {}  # reopened tasks' holds (`hold_task`), let go at `close`
         self._slots: Slots | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
+        self._session_names: set[str] = set()  # the host sessions an agent session runs on now
 
     async def __aenter__(self) -> Runner:
         return self
@@ -144,7 +145,7 @@ class Runner:
         """The process-wide slots and writer leases, made in the event loop that uses them."""
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots_loop is not loop:
-            self._slots, self._slots_loop = Slots(self.options.concurrency), loop
+            self._slots, self._slots_loop = Slots(self.options.concurrency, self.cwd), loop
         return self._slots
 
     # -- the four modes --------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ class Runner:
             raise
         handle = TaskHandle(
             self,
-            prepared[0],
+            withhold(prepared[0], log.meta.get("denied") or {}),
             record=record,
             entry=entry,
             messages=close_open_tool_calls(log.messages),
@@ -433,6 +434,25 @@ class Runner:
         finally:
             executions.discard(execution)
 
+    def claim_session_name(self, base: str) -> str:
+        """A host session name no running agent session has: `base`, else `base (2)`, `base (3)`, ...
+
+        A host returns the existing session for a known name, so two tasks sharing a label (the same
+        agent in two calls of one reply, two MCP calls) would otherwise share one KV cache and each
+        re-prefill its conversation at every turn. A name given back is reused: its host session's
+        cache then starts the next conversation, as the shared prefix would.
+        """
+        name, n = base, 1
+        while name in self._session_names:
+            n += 1
+            name = f"{base} ({n})"
+        self._session_names.add(name)
+        return name
+
+    def release_session_name(self, name: str) -> None:
+        """Give back a host session name once its agent session is done with it."""
+        self._session_names.discard(name)
+
     # -- internals --------------------------------------------------------------------------------------
 
     async def _prepare(
@@ -478,6 +498,12 @@ class Runner:
         run_folder = recorder.folder if recorder else None
         ids = keep.reserve_ids([p.task.agent for p in prepared]) if keep is not None else None
         boards = [self._task_board(p.as_parent(run_folder), p.workspace) for p in prepared]
+        # A child's host session goes by its board id (`orchestrator > scout#2`), its own even when
+        # siblings share its label.
+        names = [
+            self.claim_session_name(f"{parent.label} > {ids[i]}" if parent is not None and ids else p.label)
+            for i, p in enumerate(prepared)
+        ]
         plan = [
             PlannedTask(
                 index=i,
@@ -488,6 +514,7 @@ class Runner:
                 extra_tools=self.delegation_tools(board.parent, p.workspace, board),  # type: ignore[arg-type]
                 inbox=board.inbox,
                 read_more=read_more_note(ids[i]) if ids else None,
+                session_name=names[i],
             )
             for i, (p, board) in enumerate(zip(prepared, boards))
         ]
@@ -514,12 +541,22 @@ class Runner:
                 await board.close("its parent task ended")
             children = [board.children_usage() for board in boards]
             results = [r.model_copy(update={"children": c}) if c else r for r, c in zip(results, children)]
+            held: set[str] = set()
             if keep is not None and ids is not None:
-                for task_id, item, done, used in zip(ids, plan, execution.uncapped, children):
+                for i, (task_id, item, done, used) in enumerate(zip(ids, plan, execution.uncapped, children)):
                     if done is not None:
                         done = done.model_copy(update={"children": used}) if used else done
-                        keep.add(self._finished(task_id, item, done, keep))
+                        handle = self._finished(task_id, item, done, keep)
+                        session = execution.sessions[i]
+                        if session is not None and done.status != "aborted":
+                            record = recorder.record if recorder is not None else None
+                            handle.hold(session, boards[i], record, record.tasks[i] if record else None)
+                            held.add(names[i])
+                        keep.add(handle)
                 keep.release([i for i, done in zip(ids, execution.uncapped) if done is None])
+                await keep.let_go_oldest()
+            for name in set(names) - held:
+                self.release_session_name(name)
             if recorder is not None:
                 done = results or [r for r in execution.results if r is not None]
                 recorder.finish(
@@ -539,9 +576,9 @@ class Runner:
         )
 
     def _finished(self, task_id: str, item: PlannedTask, result: RunResult, board: TaskBoard) -> TaskHandle:
-        """A foreground child that ended, kept on its parent's board: its answer can be read, its
-        conversation is not held (`subagent resume` continues it)."""
-        handle = TaskHandle(self, item.prepared, id=task_id, owner=board)
+        """A foreground child that ended, kept on its parent's board: its answer can be read, and its
+        conversation continued with `subagent_send` while it is held (`TaskHandle.hold`)."""
+        handle = TaskHandle(self, item.prepared, id=task_id, owner=board, interactive=False, read_more=item.read_more)
         handle.adopt(result, capped=cap_answer(result.output, None, read_more=item.read_more))
         return handle
 

@@ -1,7 +1,10 @@
 """Process-wide slots: at most `concurrency` agent loops at once, and one writer per workspace.
 
 Every session holds a `Lease` while it runs: one of the runner's slots and, for an agent that can
-change files (`edit`, `write` or `bash`), its workspace's writer lease; the others run alongside. An
+change files (`edit`, `write` or `bash`), its workspace's writer lease; the others run alongside.
+The lease goes by the whole workspace, not by the folder a session works in: a worker at the root
+can write into the `sub/` a child with `cwd: "sub"` works in, so both take the lease of their
+repository's root (outside a repository, of the runner's workspace that holds them). An
 agent file that says `writer: false` declares that it only looks, and runs alongside too: the
 built-in scout and reviewer run `git log` or the tests through bash, and serialising them would undo
 parallel scouting (`AgentSpec.is_writer` decides). Nesting cannot multiply the limit: a parent lends
@@ -16,6 +19,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from contextvars import ContextVar
 from pathlib import Path
+
+from ..agents.context import repository_root
 
 
 class Lease:
@@ -73,20 +78,36 @@ _CURRENT: ContextVar[Lease | None] = ContextVar("mlx_subagents_lease", default=N
 
 
 class Slots:
-    """The runner's slots and writer leases. Create inside the event loop that uses them."""
+    """The runner's slots and writer leases. Create inside the event loop that uses them.
 
-    def __init__(self, concurrency: int) -> None:
+    Args:
+        root: the runner's workspace: outside a repository, the writer lease of every folder in it.
+    """
+
+    def __init__(self, concurrency: int, root: Path | None = None) -> None:
         self._slots = asyncio.Semaphore(concurrency)
         self._writers: dict[Path, asyncio.Lock] = {}
+        self.root = root
+
+    def lease_key(self, folder: Path) -> Path:
+        """Whose writer lease a writer working in `folder` takes: its repository's root, else the
+        runner's workspace when it holds `folder`, else `folder` itself."""
+        repository = repository_root(folder)
+        if repository is not None:
+            return repository
+        return self.root if self.root is not None and folder.is_relative_to(self.root) else folder
 
     @asynccontextmanager
     async def hold(self, writer: Path | None = None, on_wait: Callable[[], None] | None = None) -> AsyncIterator[Lease]:
-        """Wait for a slot (and `writer`'s lease, a workspace root), hold it for the block.
+        """Wait for a slot (and, for a writer, the writer lease of the workspace `writer` is in), hold
+        it for the block.
 
         Args:
+            writer: the folder a writer works in (None: a reader).
             on_wait: called once when the writer lease is held by another session, before waiting.
         """
-        lock = self._writers.setdefault(writer, asyncio.Lock()) if writer is not None else None
+        key = self.lease_key(writer) if writer is not None else None
+        lock = self._writers.setdefault(key, asyncio.Lock()) if key is not None else None
         lease = Lease(self._slots, lock)
         await lease.acquire(on_wait)
         token = _CURRENT.set(lease)

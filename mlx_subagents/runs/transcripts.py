@@ -3,7 +3,7 @@
 A run folder holds `run.json` (mode, cwd, tasks, outcome) and one JSONL file per task. Each line of
 a task file is one record with a `type`:
 
-    task       who and what: agent, model, cwd, task text, label (first line)
+    task       who and what: agent, model, cwd, task text, label, the tools its parent withheld (first line)
     event      a session event as it happened (tool calls, tool results, messages, usage)
     task_send  a message sent to the task, as it reached it (its next turn, or a new generation)
     task_notice  a background child of the task ended (id, status, first line of its answer)

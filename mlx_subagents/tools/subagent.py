@@ -374,8 +374,12 @@ def describe_delegation(
 
 
 def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResult:
-    """The children's answers (`_answers`), then the run they are saved as, to name to the user."""
-    footer = f"\n\n[sub-agent run {outcome.run_id}]" if outcome.run_id else ""
+    """The children's answers (`_answers`), then the run they are saved as, to name to the user, and the
+    ids that `subagent_send` continues them by."""
+    # The ids of the children the parent may continue (on its board; an aborted one takes no more).
+    ids = [i for i, r in zip(outcome.task_ids, outcome.results) if i and r.status != "aborted"]
+    more = f"; subagent_send continues {', '.join(ids)}" if ids else ""
+    footer = f"\n\n[sub-agent run {outcome.run_id}{more}]" if outcome.run_id else ""
     result = _answers(delegation, outcome, len(footer))
     return ToolResult(result.output + footer, is_error=result.is_error)
 
