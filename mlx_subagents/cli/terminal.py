@@ -18,6 +18,7 @@ from typing import Any, TextIO, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
+from rich.rule import Rule
 
 from ..errors import SubagentError
 from ..events import Event, EventSink, Fanout
@@ -25,6 +26,7 @@ from ..render import EventLines, tasks_table
 from ..results import RunResult
 from ..runs.chat import DEFAULT_CHAT_AGENT, INTERRUPTED, Chat
 from ..runs.runner import Runner
+from ..text import NO_ANSWER
 from ..tools import kill_all_processes
 from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, stop_reason, two_press_sigint
 from .promptline import PromptLine
@@ -36,6 +38,7 @@ COMMANDS = {
     "/usage": "tokens, context and KV cache of this chat and its sub-agents",
     "/compact": "summarise the conversation so far, to free context",
     "/think": "show the last reply's reasoning in full (the chat shows it folded)",
+    "/workflow": "/workflow NAME INPUT: run a named workflow as the parent's sub-agents; it reads their answers next",
     "/tasks": "the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
     "/send": "/send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
     "/cancel": "/cancel ID: stop a background sub-agent (its bash commands are killed)",
@@ -282,6 +285,28 @@ class ChatLoop:
                 err.print("[yellow]compaction interrupted; nothing changed[/]")
                 return True
             out.print(f"compacted: {done[0]:,} -> {done[1]:,} tokens" if done else "nothing to compact yet")
+        elif name == "/workflow":
+            flow, _, text = rest.strip().partition(" ")
+            try:
+                outcome = await self.run_work(chat.workflow(flow, text.strip()))
+            except asyncio.CancelledError:
+                err.print("[yellow]workflow interrupted; what its steps had done is saved[/]")
+                return True
+            except SubagentError as exc:
+                err.print(f"[red]{escape(str(exc))}[/]")
+                return True
+            for result in outcome.results:
+                out.print(
+                    Rule(
+                        f"step {escape(str(result.step_id))} ({result.agent}) · {result.status}",
+                        align="left",
+                        style="dim",
+                    )
+                )
+                out.print(result.output or NO_ANSWER, markup=False)
+            out.print(
+                f"{outcome.succeeded}/{outcome.total} steps completed; the parent reads their answers next", style="dim"
+            )
         elif name == "/think":
             out.print(chat.last_reasoning or "(no reasoning in the last reply)", markup=False, style="dim")
         elif name in ("/tasks", "/send", "/cancel"):

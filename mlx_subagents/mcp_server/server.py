@@ -58,6 +58,7 @@ from ..results import ChildrenUsage, MultiRunResult, RunResult, RunUsage, Status
 from ..runs.board import TaskBoard
 from ..runs.execution import stop_reason
 from ..runs.runner import Runner
+from ..runs.workflow import find_workflow, load_workflow
 from ..tools.base import ToolResult
 from ..tools.subagent import FORMS, Delegation, delegation_schema, fit_answers, format_outcome, parse_delegation
 from .stdio import StdinLines, stop_signals
@@ -263,11 +264,11 @@ class AgentsServer:
                 types.Tool(
                     name="run_agents",
                     description=describe_run_agents(runner),
-                    input_schema=delegation_schema(background=False),
+                    input_schema=run_schema(runner),
                     output_schema=RunOutcome.model_json_schema(),
                     annotations=types.ToolAnnotations(destructive_hint=True, open_world_hint=False),
                 ),
-                *self._tasks(runner).tools(delegation_schema(background=False), agent_lines(runner)),
+                *self._tasks(runner).tools(run_schema(runner), agent_lines(runner)),
             ]
         )
 
@@ -452,10 +453,19 @@ async def _refused_or(
         return _error(f"Error: {tool} call refused: {exc}")
 
 
+def run_schema(runner: Runner) -> dict[str, Any]:
+    """`run_agents`'s and `start_agents`'s forms: the `subagent` tool's, without `background` (the tool's
+    name says whether a call waits), with the workflow form where the workspace has named workflows."""
+    return delegation_schema(background=False, workflows=bool(runner.workflow_names()))
+
+
 def check_confirmed(runner: Runner, call: Delegation) -> None:
     """Refuse a call that names a project agent the server withholds (it was started without `--yes`)."""
     unconfirmed = {s.name for s in unconfirmed_agents(runner)}
-    if blocked := sorted({t.agent.strip().lower() for t in call.tasks} & unconfirmed):
+    named = [t.agent for t in call.tasks]
+    if call.workflow:  # its steps' agents, from the workflow file
+        named += [s.agent for s in load_workflow(find_workflow(call.workflow, runner.cwd)).steps]
+    if blocked := sorted({a.strip().lower() for a in named} & unconfirmed):
         raise ConfirmationRequired(
             f"project agent(s) withheld: {', '.join(blocked)}; they come with the workspace and can run "
             f"commands in it; {RESTART_WITH_YES}"

@@ -8,16 +8,19 @@ a person asks of a chat: a tally of the sub-agents' work, `/usage` and `/agents`
 
 Sub-agents the parent starts in the background (`background: true`) are on `chat.board`: they run
 on while the parent answers, after its turn ends and while the user types; `tasks()`,
-`cancel_task(id)` and `send_to(id, text)` are what `/tasks`, `/cancel` and `/send` do, and `close()`
+`cancel_task(id)` and `send_to(id, text)` are what `/tasks`, `/cancel` and `/send` do, `workflow(name,
+input)` is `/workflow`, and `close()`
 (the chat ends) cancels the ones still running. The terminal front end is `terminal.run_chat`.
 """
 
 from __future__ import annotations
 
+from ..agents.inbox import Delivery
 from ..errors import RequestError
 from ..events import Event
 from ..host.protocol import TextCallback
-from ..results import RunResult, RunUsage, TaskStatus
+from ..results import MultiRunResult, RunResult, RunUsage, TaskStatus
+from ..tools.subagent import Delegation, format_outcome
 from .board import TaskBoard
 from .handle import TaskHandle
 from .runner import Runner
@@ -72,6 +75,19 @@ class Chat:
             raise RequestError("the message is empty; type what the agent should do")
         self.runner.refresh_agents()  # an agent file added since the last turn can be started now
         return await self.handle.ask(message)
+
+    async def workflow(self, name: str, input: str) -> MultiRunResult:
+        """`/workflow NAME INPUT`: the named workflow's steps run as the parent's sub-agents, checked as
+        `subagent workflow` checks them and as the parent's own calls are (its grants, the caps); the
+        parent reads the steps' answers at its next turn, as a notice, so the chat can go on from them."""
+        if not name.strip():
+            raise RequestError("say which workflow: /workflow NAME INPUT (subagent workflows lists them)")
+        call = Delegation("workflow", (), self.handle.workspace, workflow=name.strip(), input=input)
+        parent = self.board.parent or self.handle.prepared.as_parent(None)  # before the first message
+        outcome = await self.runner.delegate(call, parent, self.board)
+        answer = format_outcome(call, outcome).output
+        self.handle.inbox.put(Delivery("task_notice", f"[the user ran the workflow {call.workflow}]\n{answer}"))
+        return outcome
 
     def interrupt(self, reason: str = INTERRUPTED) -> bool:
         """Abort the running turn and the sub-agents it waits for (background ones run on); False when

@@ -57,7 +57,7 @@ from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
 from .slots import Slots, lend
 from .tasks import ModelRef, Render, TaskSpec, chain_stop, label_tasks, plan_chain, previous_step
 from .transcripts import RunRecorder, TaskEntry, hold_task, load_run, read_transcript
-from .workflow import Workflow, check_agents, find_workflow, load_workflow, plan_workflow
+from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
 
 
 class Runner:
@@ -342,6 +342,8 @@ class Runner:
             board: the parent's task board: the children that ran are kept there under ids (`scout#1`),
                 so that the parent reads a cut answer with `subagent_output` (the cut note says how).
         """
+        if call.mode == "workflow":
+            return await self._delegate_workflow(call, parent, board)
         tasks = label_tasks(call_tasks(call))
         if parent is not None:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
@@ -370,6 +372,33 @@ class Runner:
         return outcome.model_copy(
             update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results), "task_ids": ids}
         )
+
+    async def _delegate_workflow(
+        self, call: Delegation, parent: Parent | None, board: TaskBoard | None
+    ) -> MultiRunResult:
+        """A `{"workflow": NAME, "input": ...}` call: the named workflow's steps run as the caller's
+        children, checked as `subagent workflow` checks them (its file, graph and agents, then the
+        whole request as any delegation: grants, caps, local models) before any step starts."""
+        workflow = load_workflow(find_workflow(call.workflow, self.cwd))
+        check_agents(workflow, self.catalog)
+        tasks, needs, renders = plan_workflow(workflow, call.input)
+        if parent is not None:
+            tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
+        where = {"parent": parent, "workspace": call.workspace, "shared_input": call.input, "delegated": True}
+        prepared = await self._prepare(tasks, **where)  # type: ignore[arg-type]
+        return await self._execute(
+            "workflow",
+            prepared,
+            concurrency=self.options.concurrency,
+            needs=needs,
+            renders=renders,
+            parent=parent,
+            keep=board,
+        )
+
+    def workflow_names(self) -> list[str]:
+        """The named workflows visible from the workspace, for the `subagent` tool's description."""
+        return sorted(discover_workflows(self.cwd))
 
     def _set_up_failed(self, failure: SetUpFailure) -> RunResult:
         """A parallel child that could not be prepared: its failed result, reported like any end."""
@@ -409,6 +438,7 @@ class Runner:
             known=lambda: self.refresh_agents().agents,
             warnings=self.catalog.all_warnings(),
             concurrency=self.options.concurrency,
+            workflows=self.workflow_names(),
         )
         return {"subagent": tool, **make_background_tools(workspace, board)}
 

@@ -26,7 +26,7 @@ from ..userfiles import error_message, error_path
 from .base import Tool, ToolResult, _strip_titles, error_result, tool_failure
 from .workspace import Workspace
 
-DelegationMode = Literal["single", "parallel", "chain"]
+DelegationMode = Literal["single", "parallel", "chain", "workflow"]
 READ_MORE = 'read the rest with subagent_output {{"id": "{id}", "offset": {{offset}}}}'
 
 FORMS = (
@@ -34,7 +34,8 @@ FORMS = (
     '{"agent": "NAME", "task": "TEXT"} for one task; '
     f'{{"tasks": [{{"agent": "NAME", "task": "TEXT"}}, ...]}} for up to {MAX_TASKS} independent tasks in parallel; '
     '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
-    "the previous step's answer"
+    "the previous step's answer; "
+    '{"workflow": "NAME", "input": "TEXT"} for a named workflow on an input'
 )
 
 
@@ -66,6 +67,8 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
     chain: list[ChildTask] = Field(
         default_factory=list, description="Chain: steps run in order; {previous} in a task is the previous answer."
     )
+    workflow: str = Field(default="", description="Workflow: a named workflow to run.")
+    input: str = Field(default="", description="Workflow: its input.")
     cwd: str = Field(
         default="", description="A folder inside the workspace for the sub-agents (default: the workspace)."
     )
@@ -84,6 +87,7 @@ class Delegation:
 
     Args:
         workspaces: per task, its own folder (its `cwd`, else the call's); empty: `workspace` for all.
+        workflow, input: a workflow call's workflow name and input (its steps are the runner's to plan).
     """
 
     mode: DelegationMode
@@ -91,6 +95,8 @@ class Delegation:
     workspace: Workspace
     background: bool = False
     workspaces: tuple[Workspace, ...] = ()
+    workflow: str = ""
+    input: str = ""
 
     def workspace_of(self, index: int) -> Workspace:
         """The folder task `index` works in."""
@@ -117,6 +123,7 @@ class SubagentTool(Tool):
             outside it is unknown, one inside it but not granted is refused by the runner.
         warnings: the agent-file warnings, the first `MAX_WARNINGS` of them in the description.
         concurrency: how many of a call's tasks run at once (`--concurrency`).
+        workflows: the names of the workflows a call may run, for the description.
     """
 
     name = "subagent"
@@ -139,6 +146,7 @@ class SubagentTool(Tool):
         known: Callable[[], Collection[str]] | None = None,
         warnings: Sequence[str] = (),
         concurrency: int = MAX_CONCURRENCY,
+        workflows: Sequence[str] = (),
     ) -> None:
         super().__init__(workspace)
         self.delegate = delegate
@@ -148,14 +156,15 @@ class SubagentTool(Tool):
         self.max_depth = max_depth
         self.start = start
         self.known = known or (lambda: self.agents)
+        self.workflows = tuple(workflows)
         listed = {n: d for n, d in self.agents.items() if n != caller}
         self.description = describe_delegation(  # type: ignore[misc]
-            listed, background=start is not None, warnings=warnings, concurrency=concurrency
+            listed, background=start is not None, warnings=warnings, concurrency=concurrency, workflows=workflows
         )
 
     def schema(self) -> dict[str, Any]:  # type: ignore[override]
         """Per instance: the description lists this runner's agents; `background` only where it works."""
-        parameters = delegation_schema(background=self.start is not None)
+        parameters = delegation_schema(background=self.start is not None, workflows=bool(self.workflows))
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": parameters},
@@ -214,16 +223,20 @@ class SubagentTool(Tool):
             return f"{name} chain: {' -> '.join(names(arguments['chain']))}"
         if arguments.get("agent"):
             return f"{name} {arguments['agent']}: {one_line(str(arguments.get('task', '')), 80)}"
+        if arguments.get("workflow"):
+            return f"{name} workflow {arguments['workflow']}: {one_line(str(arguments.get('input', '')), 80)}"
         return f"{name} (no task)"
 
 
-def delegation_schema(*, background: bool) -> dict[str, Any]:
-    """The call's parameters as JSON schema: the three forms and `cwd`, and `background` where it works.
+def delegation_schema(*, background: bool, workflows: bool = False) -> dict[str, Any]:
+    """The call's parameters as JSON schema: the forms and `cwd`; `background` where it works and the
+    workflow form where named workflows exist (every field costs a small model's context).
 
     The `subagent` tool and the MCP server's `run_agents` and `start_agents` take these forms."""
     parameters = _inline_refs(_strip_titles(SubagentParams.model_json_schema()))
-    if not background:
-        del parameters["properties"]["background"]
+    absent = ([] if background else ["background"]) + ([] if workflows else ["workflow", "input"])
+    for name in absent:
+        del parameters["properties"][name]
     return parameters
 
 
@@ -260,6 +273,8 @@ def parse_delegation(
         Workspace(call_root),
         background=params.background,
         workspaces=tuple(Workspace(r) for r in roots),
+        workflow=params.workflow.strip(),
+        input=params.input,
     )
 
 
@@ -273,17 +288,23 @@ def _folder(workspace: Workspace, cwd: str, field: str, default: Path) -> Path:
 
 def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMode, list[ChildTask]]:
     single = bool(params.agent.strip() or params.task.strip())
-    given = [
-        mode
-        for mode, present in (("single", single), ("parallel", bool(params.tasks)), ("chain", bool(params.chain)))
-        if present
-    ]
+    forms = (
+        ("single", single),
+        ("parallel", bool(params.tasks)),
+        ("chain", bool(params.chain)),
+        ("workflow", bool(params.workflow.strip())),
+    )
+    given = [mode for mode, present in forms if present]
     if not given:
-        raise ToolError("no task given")
+        raise ToolError("'input' is given without 'workflow'" if params.input.strip() else "no task given")
     if len(given) > 1:
-        fields = {"single": "agent/task", "parallel": "tasks", "chain": "chain"}
+        fields = {"single": "agent/task", "parallel": "tasks", "chain": "chain", "workflow": "workflow"}
         raise ToolError(f"{' and '.join(fields[m] for m in given)} given together")
     mode: DelegationMode = given[0]  # type: ignore[assignment]
+    if params.input.strip() and mode != "workflow":
+        raise ToolError("'input' goes with 'workflow' only")
+    if mode == "workflow":
+        return mode, []
     if mode == "single":
         items = [ChildTask(agent=params.agent, task=params.task, label=params.label)]
     elif mode == "parallel":
@@ -339,9 +360,11 @@ def describe_delegation(
     background: bool = False,
     warnings: Sequence[str] = (),
     concurrency: int = MAX_CONCURRENCY,
+    workflows: Sequence[str] = (),
 ) -> str:
-    """What the model reads about the tool: when to use it, the three forms, the agents it may start,
-    and the first agent-file warnings (a file the model expected and that did not load says why)."""
+    """What the model reads about the tool: when to use it, its forms (the workflow form only where
+    named workflows exist), the agents it may start, and the first agent-file warnings (a file the
+    model expected and that did not load says why)."""
     listing = "\n".join(f"- {name}: {description}" for name, description in agents.items()) or "- (none)"
     notes = [f"- {w}" for w in warnings[:MAX_WARNINGS]]
     if len(warnings) > MAX_WARNINGS:
@@ -360,6 +383,11 @@ def describe_delegation(
         f"{concurrency} at a time.\n"
         '- {"chain": [{"agent": NAME, "task": TEXT}, ...]}: steps in order; {previous} in a task is the '
         "previous step's answer.\n"
+        + (
+            f'- {{"workflow": NAME, "input": TEXT}}: a named workflow of steps on an input ({", ".join(workflows)}).\n'
+            if workflows
+            else ""
+        )
         + (
             '"background": true (any form): carry on at once; use the ids with the subagent_* tools.\n'
             if background
@@ -396,6 +424,9 @@ def _answers(delegation: Delegation, outcome: MultiRunResult, reserve: int) -> T
     if delegation.mode == "parallel":
         labels = [r.label.rsplit(" > ", 1)[-1] for r in results]
         title = f"Parallel: {outcome.succeeded}/{outcome.total} tasks completed"
+    elif delegation.mode == "workflow":
+        labels = [f"{r.step_id}: {r.agent}" for r in results]
+        title = f"Workflow {delegation.workflow}: {outcome.succeeded}/{outcome.total} steps completed"
     elif outcome.ok:
         return ToolResult(results[-1].output or NO_ANSWER)
     else:
