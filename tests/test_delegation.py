@@ -26,7 +26,8 @@ FORMS = (
     'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '
     '{"tasks": [{"agent": "NAME", "task": "TEXT"}, ...]} for up to 8 independent tasks in parallel; '
     '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
-    "the previous step's answer"
+    "the previous step's answer; "
+    '{"workflow": "NAME", "input": "TEXT"} for a named workflow on an input'
 )
 # The orchestrator may start these four (its agents: grant): the error lists what it may start (issue 26, item 4).
 AGENTS = "Available agents: planner, reviewer, scout, worker"

@@ -29,7 +29,8 @@ FORMS = (
     'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '
     '{"tasks": [{"agent": "NAME", "task": "TEXT"}, ...]} for up to 8 independent tasks in parallel; '
     '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
-    "the previous step's answer"
+    "the previous step's answer; "
+    '{"workflow": "NAME", "input": "TEXT"} for a named workflow on an input'
 )
 BUILTINS = ["orchestrator", "planner", "reviewer", "scout", "worker"]
 # The tiny model's server: the real `serve_stdio`, with forced decoding (the only thing a flag cannot pass).
@@ -756,3 +757,29 @@ def test_a_refused_workspace_is_one_clear_message_in_every_method(tmp_path: Path
     assert f"WARNING mlx_subagents.mcp: tools/list refused: {refusal}\n" in log
     assert f"WARNING mlx_subagents.mcp: call run_agents refused: {refusal}\n" in log
     assert "Traceback" not in log
+
+
+def test_run_agents_runs_a_named_workflow_and_lists_the_form_only_then(tmp_path: Path, write_script: Any) -> None:
+    """Issue 26, item 9: the workflow form on `run_agents`, read and checked as the tool's."""
+    model = write_script({"agents": {"scout": {"replies": ["src/dates.py:10"]}, "planner": {"replies": ["1. fix"]}}})
+    flow = "[[steps]]\nid = 'find'\nagent = 'scout'\nprompt = 'Find: {input}'\n\n"
+    flow += "[[steps]]\nid = 'plan'\nagent = 'planner'\nprompt = 'Plan using {find}.'\nneeds = ['find']\n"
+
+    async def main() -> tuple[Any, Any, Any, Any]:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            before = await client.list_tools()
+            (tmp_path / ".mlx-subagents" / "workflows").mkdir(parents=True)
+            (tmp_path / ".mlx-subagents" / "workflows" / "fix.toml").write_text(flow)
+            after = await client.list_tools()
+            ran = await client.call_tool("run_agents", {"workflow": "fix", "input": "dates lose their zone"})
+            return before, after, ran, await client.call_tool("run_agents", {"workflow": "nope"})
+
+    before, after, ran, unknown = run(main)
+    fields = {t.name: set(t.input_schema["properties"]) for t in after.tools}
+    assert "workflow" not in {f for t in before.tools for f in t.input_schema.get("properties", {})}
+    assert {"workflow", "input"} <= fields["run_agents"] and {"workflow", "input"} <= fields["start_agents"]
+    assert ran.structured_content["mode"] == "workflow" and ran.is_error is False
+    assert answers(ran) == [("find", "completed", "src/dates.py:10"), ("plan", "completed", "1. fix")]
+    assert text(ran).startswith("Workflow fix: 2/2 steps completed\n\n### [find: scout] completed\nsrc/dates.py:10")
+    assert unknown.is_error
+    assert text(unknown) == "Error: run_agents call refused: unknown workflow 'nope'; available: fix"

@@ -83,7 +83,8 @@ class Chat:
         if not name.strip():
             raise RequestError("say which workflow: /workflow NAME INPUT (subagent workflows lists them)")
         call = Delegation("workflow", (), self.handle.workspace, workflow=name.strip(), input=input)
-        parent = self.board.parent or self.handle.prepared.as_parent(None)  # before the first message
+        # Saved in the chat's run folder; before the chat's first message there is none: a run of its own.
+        parent = self.board.parent or self.handle.prepared.as_parent(None)
         outcome = await self.runner.delegate(call, parent, self.board)
         answer = format_outcome(call, outcome).output
         self.handle.inbox.put(Delivery("task_notice", f"[the user ran the workflow {call.workflow}]\n{answer}"))
