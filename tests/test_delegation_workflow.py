@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from helpers import Terminal, call, run_parent, spawn_cli, write_agent
+from helpers import Terminal, call, make_runner, run_parent, scripted_host, spawn_cli, write_agent
 
 from mlx_subagents.runs.prepare import Parent
 from mlx_subagents.runs.tasks import ModelRef
@@ -145,3 +145,33 @@ def test_chat_workflow_runs_the_steps_and_the_parent_reads_their_answers(tmp_pat
     [_, user] = [m["content"] for m in parent if m["role"] == "user"]
     assert user.startswith("what now?\n\n[the user ran the workflow fix]\nWorkflow fix: 2/2 steps completed")
     assert [r.mode for r in child_runs(run)] == ["workflow"]
+
+
+def test_a_workflow_in_the_background_starts_each_step_when_its_needs_are_done(tmp_path: Path) -> None:
+    write_flow(tmp_path)
+    start = call("subagent", workflow="fix", input="dates lose their zone", background=True)
+    read = call("subagent_output", id="planner#1", wait=60)
+    steps = {"scout": {"replies": [{"content": "src/dates.py:10", "delay": 0.5}]}, "planner": STEPS["planner"]}
+    host = scripted_host({"agents": {"orchestrator": {"replies": [start, read, "Planned."]}, **steps}})
+    result = run_parent(make_runner(tmp_path, host))
+
+    assert (result.status, result.output) == ("completed", "Planned.")
+    started, planned = tool_messages(result)
+    assert started.startswith("Started in the background: scout#1, planner#1.")
+    assert planned == "planner#1 completed\n\n1. keep the zone"
+    # The planner started after the scout ended, with its answer in the task.
+    [plan_prompt] = host.history["orchestrator > planner#1"]
+    assert plan_prompt[1]["content"].startswith("Task: Plan a fix using src/dates.py:10.")
+
+
+def test_a_background_workflow_whose_step_fails_skips_the_steps_that_need_it(tmp_path: Path) -> None:
+    write_flow(tmp_path)
+    start = call("subagent", workflow="fix", input="x", background=True)
+    read = call("subagent_output", id="planner#1", wait=60)
+    steps = {"scout": {"replies": []}, "planner": STEPS["planner"]}  # the scout has no reply: it fails
+    host = scripted_host({"agents": {"orchestrator": {"replies": [start, read, "Gave up."]}, **steps}})
+    result = run_parent(make_runner(tmp_path, host))
+
+    _, planned = tool_messages(result)
+    assert planned == "planner#1 failed: not run: step 'scout#1' did not complete\n\n(no answer)"
+    assert "orchestrator > planner#1" not in host.history

@@ -783,3 +783,22 @@ def test_run_agents_runs_a_named_workflow_and_lists_the_form_only_then(tmp_path:
     assert text(ran).startswith("Workflow fix: 2/2 steps completed\n\n### [find: scout] completed\nsrc/dates.py:10")
     assert unknown.is_error
     assert text(unknown) == "Error: run_agents call refused: unknown workflow 'nope'; available: fix"
+
+
+def test_start_agents_starts_a_named_workflow_in_the_background(tmp_path: Path, write_script: Any) -> None:
+    model = write_script({"agents": {"scout": {"replies": ["src/dates.py:10"]}, "planner": {"replies": ["1. fix"]}}})
+    folder = tmp_path / ".mlx-subagents" / "workflows"
+    folder.mkdir(parents=True)
+    flow = "[[steps]]\nid = 'find'\nagent = 'scout'\nprompt = 'Find: {input}'\n\n"
+    (folder / "fix.toml").write_text(
+        flow + "[[steps]]\nid = 'plan'\nagent = 'planner'\nprompt = 'Plan using {find}.'\nneeds = ['find']\n"
+    )
+
+    async def main() -> tuple[Any, Any]:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            started = await client.call_tool("start_agents", {"workflow": "fix", "input": "dates"})
+            return started, await client.call_tool("agent_output", {"id": "planner#1", "wait": 60})
+
+    started, planned = run(main)
+    assert started.structured_content["ids"] == ["scout#1", "planner#1"]
+    assert text(planned) == "planner#1 completed\n\n1. fix"

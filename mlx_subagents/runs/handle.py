@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -330,14 +330,15 @@ class TaskHandle:
         prompt: str,
         *,
         sends: list[str] | None = None,
-        after: TaskHandle | None = None,
-        render: Callable[[RunResult], str] | None = None,
+        after: Sequence[TaskHandle] = (),
+        render: Callable[[list[RunResult]], str] | None = None,
     ) -> None:
         """Start a generation in the background (`Runner.start`, `send`).
 
         Args:
             sends: messages sent to the task that `prompt` delivers (recorded as `task_send`).
-            after, render: a chain step: wait for `after`, then run `render(its result)` (skipped if it failed).
+            after, render: a chain or workflow step: wait for every task in `after`, then run
+                `render(their results, in order)`; skipped if one of them did not complete.
         """
         self._begin()
         # A fresh context: the task must not inherit the slot lease of whoever started it.
@@ -379,18 +380,20 @@ class TaskHandle:
         self,
         prompt: str,
         sends: list[str],
-        after: TaskHandle | None,
-        render: Callable[[RunResult], str] | None,
+        after: Sequence[TaskHandle],
+        render: Callable[[list[RunResult]], str] | None,
     ) -> None:
         result: RunResult | None = None
         try:
-            if after is not None:
-                previous = await after.join_result()
+            needed: list[RunResult] = []
+            for step in after:
+                previous = await step.join_result()
                 if previous is None or not previous.ok:
-                    result = self._not_run("failed", "skipped", f"not run: step '{after.id}' did not complete")
+                    result = self._not_run("failed", "skipped", f"not run: step '{step.id}' did not complete")
                     return
-                if render is not None:
-                    prompt = render(previous)
+                needed.append(previous)
+            if render is not None:
+                prompt = render(needed)
             result = await self._generations(
                 prompt, sends=sends, timeout=self._time_left(), schema=self.prepared.schema
             )

@@ -55,7 +55,7 @@ from .handle import TaskHandle, close_open_tool_calls
 from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
 from .slots import Slots, lend
-from .tasks import ModelRef, Render, TaskSpec, chain_stop, label_tasks, plan_chain, previous_step
+from .tasks import ModelRef, Render, TaskSpec, chain_stop, label_tasks, plan_chain
 from .transcripts import RunRecorder, TaskEntry, hold_task, load_run, read_transcript
 from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
 
@@ -225,35 +225,51 @@ class Runner:
             board: the parent's board (default: `runner.board`, top-level tasks).
             after, render: a chain step: run when `after` completed, its task `render(after's result)`.
         """
-        return (await self._start_all([task], board or self.board, chain=False, after=after, render=render))[0]
+        shaped = (lambda results: render(results[0])) if render is not None else None
+        return (await self._start_all([task], board or self.board, after=[after] if after else [], render=shaped))[0]
 
     async def start_background(self, call: Delegation, board: TaskBoard) -> list[TaskHandle]:
-        """A `subagent` call with `background: true`: its tasks (or chain steps, each waiting for the one
-        before) started on the parent's board; nothing starts if any of them cannot."""
+        """A `subagent` call with `background: true`: its tasks (or chain or workflow steps, each waiting
+        for the ones it needs) started on the parent's board; nothing starts if any of them cannot."""
+        if call.mode == "workflow":
+            tasks, needs, renders = plan_workflow(self._named_workflow(call.workflow), call.input)
+            tasks = [replace(t, label="") for t in tasks]  # ids on the board as any started task's (scout#1)
+            where = {"workspace": call.workspace, "shared_input": call.input}
+            return await self._start_all(tasks, board, delegated=True, needs=needs, renders=renders, **where)  # type: ignore[arg-type]
         tasks = call_tasks(call)
-        if call.mode == "chain" and tasks:
-            plan_chain(tasks[:1])  # refuses {previous} in step 1
+        needs, renders = (
+            plan_chain(tasks)[1:] if call.mode == "chain" else ([], [])
+        )  # plan_chain refuses a {previous} in step 1
         places = [call.workspace_of(i) for i in range(len(tasks))]
-        return await self._start_all(tasks, board, chain=call.mode == "chain", workspace=places, delegated=True)
+        return await self._start_all(tasks, board, workspace=places, delegated=True, needs=needs, renders=renders)
 
     async def _start_all(
         self,
         tasks: list[TaskSpec],
         board: TaskBoard,
         *,
-        chain: bool,
         workspace: Workspace | Sequence[Workspace] | None = None,
-        after: TaskHandle | None = None,
-        render: Callable[[RunResult], str] | None = None,
+        shared_input: str = "",
         delegated: bool = False,
+        needs: Sequence[tuple[int, ...]] = (),
+        renders: Sequence[Render | None] = (),
+        after: Sequence[TaskHandle] = (),
+        render: Callable[[list[RunResult]], str] | None = None,
     ) -> list[TaskHandle]:
+        """Prepare `tasks` as a whole, then start each in the background on `board`: step `i` waits for
+        the steps `needs[i]` (a chain's or a workflow's) and renders its task with `renders[i]`; a
+        task without needs waits for `after` and renders with `render`."""
         tasks = [replace(t, agent=t.agent.strip().lower(), label=t.label.strip()) for t in tasks]
         parent = board.parent
         ids = board.plan_ids(tasks)
         try:
             labelled = [replace(t, label=f"{parent.label} > {i}" if parent else i) for t, i in zip(tasks, ids)]
             prepared = await self._prepare(
-                labelled, parent=parent, workspace=workspace or board.workspace, delegated=delegated
+                labelled,
+                parent=parent,
+                workspace=workspace or board.workspace,
+                shared_input=shared_input,
+                delegated=delegated,
             )
         except BaseException:
             board.release(ids)
@@ -271,10 +287,13 @@ class Runner:
             for p, task_id in zip(prepared, ids)
         ]
         self._started += handles
-        for n, (handle, task) in enumerate(zip(handles, tasks)):
+        for i, (handle, task) in enumerate(zip(handles, tasks)):
             board.add(handle)
-            if chain and n:
-                handle.launch(task.task, after=handles[n - 1], render=previous_step(task.task))
+            step_needs = needs[i] if needs else ()
+            if step_needs or (renders and renders[i] is not None):
+                step_render = renders[i] if renders else None
+                shaped = _from_needs(step_render, step_needs, len(tasks)) if step_render is not None else None
+                handle.launch(task.task, after=[handles[j] for j in step_needs], render=shaped)
             else:
                 handle.launch(task.task, after=after, render=render)
         return handles
@@ -379,9 +398,7 @@ class Runner:
         """A `{"workflow": NAME, "input": ...}` call: the named workflow's steps run as the caller's
         children, checked as `subagent workflow` checks them (its file, graph and agents, then the
         whole request as any delegation: grants, caps, local models) before any step starts."""
-        workflow = load_workflow(find_workflow(call.workflow, self.cwd))
-        check_agents(workflow, self.catalog)
-        tasks, needs, renders = plan_workflow(workflow, call.input)
+        tasks, needs, renders = plan_workflow(self._named_workflow(call.workflow), call.input)
         if parent is not None:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
         where = {"parent": parent, "workspace": call.workspace, "shared_input": call.input, "delegated": True}
@@ -395,6 +412,12 @@ class Runner:
             parent=parent,
             keep=board,
         )
+
+    def _named_workflow(self, name: str) -> Workflow:
+        """A workflow a call names, checked as `subagent workflow` checks it: its file, graph and agents."""
+        workflow = load_workflow(find_workflow(name, self.cwd))
+        check_agents(workflow, self.catalog)
+        return workflow
 
     def workflow_names(self) -> list[str]:
         """The named workflows visible from the workspace, for the `subagent` tool's description."""
@@ -633,6 +656,19 @@ def call_tasks(call: Delegation) -> list[TaskSpec]:
         )
         for t in call.tasks
     ]
+
+
+def _from_needs(render: Render, needs: tuple[int, ...], n_steps: int) -> Callable[[list[RunResult]], str]:
+    """A plan's render (which reads the results of the whole plan by index) for a background step,
+    which has only the results of the steps it needs, in `needs` order."""
+
+    def shaped(needed: list[RunResult]) -> str:
+        results: list[Any] = [None] * n_steps
+        for index, result in zip(needs, needed):
+            results[index] = result
+        return render(results)
+
+    return shaped
 
 
 def read_more_note(task_id: str) -> str:

@@ -136,11 +136,6 @@ def plan_chain(
     return tasks, needs, renders
 
 
-def previous_step(task: str) -> Callable[[RunResult], str]:
-    """A background chain step's task, given the step before's result."""
-    return lambda previous: task.replace(PREVIOUS, previous.output)
-
-
 def chain_stop(results: Sequence[RunResult]) -> str | None:
     """`Chain stopped at step N: <reason>` for the first step that did not complete."""
     for i, result in enumerate(results):
