@@ -131,6 +131,7 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
         "/usage     tokens, context and KV cache of this chat and its sub-agents",
         "/compact   summarise the conversation so far, to free context",
         "/think     show the last reply's reasoning in full (the chat shows it folded)",
+        "/workflow  /workflow NAME INPUT: run a named workflow as the parent's sub-agents; it reads their answers next",
         "/tasks     the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
         "/send      /send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
         "/cancel    /cancel ID: stop a background sub-agent (its bash commands are killed)",

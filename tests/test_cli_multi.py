@@ -19,6 +19,7 @@ from mlx_subagents.runs.transcripts import load_run, read_transcript, runs_dir
 REPO = Path(__file__).resolve().parents[1]
 RESULT_FIELDS = {
     "agent",
+    "children",
     "task",
     "status",
     "output",

@@ -34,7 +34,8 @@ from . import ollama
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # at most MAX_NAME_CHARS
 IMPORT_FILE = "import.json"  # provenance: where the folder came from
-LOCKS_DIR = ".locks"  # under the models folder: one lock file per model name, held while it imports
+# Beside the models folder, not in it: one lock file per model name, held while it imports.
+LOCKS_DIR = Path("locks") / "models"
 STAGING = re.compile(r"\.(?P<name>.+)\.importing-[A-Za-z0-9_]+")  # `_staging`'s folders (mkdtemp's suffix)
 BITS_CHOICES = (4, 8, 16)
 # GGUF quantizes in blocks of 32 weights (K-quants: sub-blocks of 32 with their own scale and min),
@@ -205,7 +206,7 @@ class ConverterOutput(io.TextIOBase):
 def _try_lock(models: Path, name: str) -> int | None:
     """An open lock file of `name`, locked; None if another import holds it. The kernel lets go of
     a `flock` when its holder dies, so a killed import never leaves the name locked."""
-    locks = make_state_dir(models / LOCKS_DIR)
+    locks = make_state_dir(models.parent / LOCKS_DIR)
     fd = os.open(locks / name, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
