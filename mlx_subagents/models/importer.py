@@ -234,7 +234,7 @@ def _import_lock(target: Path) -> Iterator[None]:
 
 def _remove_stale_staging(models: Path) -> None:
     """Remove the staging folders of killed imports: those whose name no running import holds."""
-    for folder in models.iterdir():
+    for folder in make_state_dir(models).iterdir():
         match = STAGING.fullmatch(folder.name)
         if match is None or not folder.is_dir():
             continue
