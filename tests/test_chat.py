@@ -142,7 +142,7 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
     assert re.fullmatch(r"> compacted: [\d,]+ -> [\d,]+ tokens", out.split("\n")[8])
     assert re.fullmatch(r"> orchestrator: 2 turns, .* 1 compactions", usage)
     assert (
-        "unknown command /bogus; commands: /agents, /usage, /compact, /think, /tasks, /send, /cancel, /help, /exit"
+        "unknown command /bogus; commands: /agents, /usage, /compact, /think, /workflow, /tasks, /send, /cancel, /help, /exit"
         in err
     )
     log = read_transcript(record.transcript_path(record.tasks[0]))
