@@ -35,7 +35,7 @@ from ..host.protocol import (
     Usage,
 )
 from ..results import RunResult, RunUsage, StopReason
-from ..tools import TOOL_CLASSES, Tool, ToolResult, Workspace, make_tools
+from ..tools import TOOL_CLASSES, Sandbox, Tool, ToolResult, Workspace, make_tools
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .inbox import Inbox
 from .spec import AgentSpec
@@ -132,6 +132,8 @@ class AgentSession:
     # The host session's name (default: the label). A host holds one KV cache per name, so two
     # sessions that share a label (two scouts of one parent) need names of their own.
     session_name: str = ""
+    # Where its `bash` may write and whether it has network (`tools/sandbox.py`); None: unsandboxed.
+    sandbox: Sandbox | None = None
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -139,7 +141,7 @@ class AgentSession:
         # A granted tool with no implementation here (`subagent`, unless the caller passes one in
         # `extra_tools`) is not offered rather than crashing the session.
         granted = [t for t in self.spec.tools if t in TOOL_CLASSES and t not in self.extra_tools]
-        self.tools: dict[str, Tool] = {**make_tools(granted, self.workspace), **self.extra_tools}
+        self.tools: dict[str, Tool] = {**make_tools(granted, self.workspace, self.sandbox), **self.extra_tools}
         self.tools = {n: t for n, t in self.tools.items() if t.grant in self.spec.tools}
         self.schemas = [tool.schema() for tool in self.tools.values()]
         self.compaction = scale_compaction(self.host.context_window, self.compaction)

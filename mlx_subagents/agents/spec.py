@@ -40,7 +40,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking", "writer",
+    "engine_model", "thinking", "writer", "sandbox", "network", "permission",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -89,6 +89,11 @@ class AgentSpec(BaseModel):
     full_tools_for: tuple[str, ...] = ()
     context: Literal["project", "none"] = "project"
     writer: bool | None = None
+    # Whether its `bash` runs sandboxed (None: by its source, see `sandbox_default`); `network` lets it out.
+    sandbox: bool | None = None
+    network: bool = False
+    # `plan`: only read-only tools, for it and its children (`permission:`, Claude Code's `permissionMode:`).
+    permission: Literal["default", "plan"] = "default"
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -104,6 +109,13 @@ class AgentSpec(BaseModel):
         if self.writer is not None:
             return self.writer
         return any(tool in WRITER_TOOLS and tool not in denied for tool in self.tools)
+
+
+def sandbox_default(spec: AgentSpec) -> bool:
+    """Whether the agent's bash runs sandboxed unless the run says otherwise: on for a project agent
+    (its file may not turn it off: a cloned repository must not choose its own rights), else as its
+    file's `sandbox:` says, off when it says nothing."""
+    return spec.source == "project" or bool(spec.sandbox)
 
 
 def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) -> AgentSpec:
@@ -141,6 +153,9 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         full_tools_for=full_tools_for,
         context=_parse_context(path, meta.get("context")),
         writer=_parse_writer(path, meta.get("writer")),
+        sandbox=_parse_switch(path, "sandbox", meta.get("sandbox"), ("on", "off")),
+        network=_parse_switch(path, "network", meta.get("network"), ("allow", "deny")) or False,
+        permission=_parse_permission(path, meta, warnings),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -281,6 +296,35 @@ def _parse_writer(path: Path, value: Any) -> bool | None:
         return value.strip().lower() == "true"
     fix = "write 'writer: false' for an agent that only looks (its bash changes nothing), or leave it out"
     raise _fail(path, f"field 'writer' must be true or false, got {value!r}", fix)
+
+
+def _parse_switch(path: Path, key: str, value: Any, words: tuple[str, str]) -> bool | None:
+    """`on`/`off` (or `allow`/`deny`) as True/False; YAML reads a bare on/off as a boolean."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in (words[0], "true", "on"):
+        return True
+    if text in (words[1], "false", "off"):
+        return False
+    fix = f"write '{key}: {words[0]}' or '{key}: {words[1]}', or leave it out"
+    raise _fail(path, f"field '{key}' must be {words[0]} or {words[1]}, got {value!r}", fix)
+
+
+def _parse_permission(path: Path, meta: dict[str, Any], warnings: list[str]) -> Literal["default", "plan"]:
+    """`permission:` (or Claude Code's `permissionMode:`): `plan`, or `default`; Claude Code's
+    `acceptEdits` and `bypassPermissions` mean `default` here, where nothing is asked interactively."""
+    key = "permission" if "permission" in meta else "permissionMode"
+    value = meta.get(key)
+    if value is None or value == "default":
+        return "default"
+    if value == "plan":
+        return "plan"
+    if value in ("acceptEdits", "bypassPermissions", "dontAsk"):
+        warnings.append(f"{path}: {key} '{value}' means 'default' here (no tool call waits for approval)")
+        return "default"
+    fix = f"write '{key}: plan' (read-only tools) or '{key}: default'"
+    raise _fail(path, f"field '{key}' must be plan or default, got {value!r}", fix)
 
 
 def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> str | None:

@@ -21,7 +21,7 @@ import typer
 from rich.markup import escape
 
 from ..agents.schema_output import load_schema
-from ..agents.spec import WRITER_TOOLS, AgentSpec
+from ..agents.spec import WRITER_TOOLS, AgentSpec, sandbox_default
 from ..errors import RequestError, SubagentError
 from ..render import EventLines
 from ..results import MultiRunResult, RunResult
@@ -320,6 +320,9 @@ def chat(
         Optional[str],
         typer.Option("--resume", "-r", help="Continue a saved chat: a run id, a prefix of one, or `last`."),
     ] = None,
+    plan: Annotated[
+        bool, typer.Option("--plan", help="Plan mode: the parent and its sub-agents only look (no edit, write, bash).")
+    ] = False,
     *,
     shared: Shared,
 ) -> None:
@@ -331,7 +334,9 @@ def chat(
     from .terminal import run_chat
 
     cwd = Path(load_run(resume).cwd) if resume is not None else None
-    code = run_chat(lambda sink: shared.runner(sink, cwd=cwd), agent=agent, once=once, resume=resume, out=out, err=err)
+    code = run_chat(
+        lambda sink: shared.runner(sink, cwd=cwd, plan=plan), agent=agent, once=once, resume=resume, out=out, err=err
+    )
     raise typer.Exit(code)
 
 
@@ -364,6 +369,8 @@ def agents(
             "source": s.source,
             "file": str(s.path),
             "writer": s.is_writer(),
+            "sandbox": sandbox_default(s),
+            "permission": s.permission,
         }
         for s in sorted(catalog.agents.values(), key=lambda s: s.name)
     ]
@@ -376,6 +383,7 @@ def agents(
         )
         if verbose:
             out.print(f"  {_writer_line(catalog.agents[row['name']])}", markup=False)
+            out.print(f"  {_sandbox_line(catalog.agents[row['name']])}", markup=False)
     if verbose:
         _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
 
@@ -387,6 +395,18 @@ def _writer_line(spec: AgentSpec) -> str:
         return f"writer: takes turns with other writers in its workspace ({why})"
     why = "writer: false" if spec.writer is False else "no edit, write or bash"
     return f"reader: runs alongside the others ({why})"
+
+
+def _sandbox_line(spec: AgentSpec) -> str:
+    """Whether its bash runs sandboxed by default, and why (`--sandbox on|off` decides for a whole run)."""
+    if not sandbox_default(spec):
+        why = "sandbox: off" if spec.sandbox is False else f"a {spec.source} agent"
+        line = f"sandbox: off ({why}); its bash has all your rights"
+    else:
+        why = "a project agent" if spec.source == "project" else "sandbox: on"
+        net = "with network (network: allow)" if spec.network else "no network"
+        line = f"sandbox: on ({why}); its bash writes only in the workspace and the temp folder, {net}"
+    return line + ("; plan mode: read-only tools" if spec.permission == "plan" else "")
 
 
 def _show_project_context(root: Path, opted_out: list[str]) -> None:

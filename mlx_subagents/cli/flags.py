@@ -7,6 +7,7 @@ the core sees, and `Shared.runner()` the command's runner.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
@@ -56,6 +57,15 @@ class Batching(str, Enum):
 
 BatchingOpt = Annotated[
     Batching, typer.Option("--batching", help="Decode concurrent sessions in one batch (off: one turn at a time).")
+]
+# The same on/off choice as --batching.
+SandboxOpt = Annotated[
+    Optional[Batching],
+    typer.Option(
+        "--sandbox",
+        help="Run every agent's bash sandboxed (writes only in the workspace and the temp folder, no network) or not. "
+        "Default: the agent's `sandbox:`, else on for project agents.",
+    ),
 ]
 KvBudgetOpt = Annotated[
     Optional[str],
@@ -150,6 +160,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "thinking": (ThinkingOpt, None),
     "engine": (EngineOpt, None),
     "api_key": (ApiKeyOpt, None),
+    "sandbox": (SandboxOpt, None),
 }
 
 
@@ -172,6 +183,7 @@ class Shared:
     thinking: str | None
     engine: str | None
     api_key: str | None
+    sandbox: Batching | None
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -189,14 +201,15 @@ class Shared:
             thinking=self.thinking,
             engine=self.engine,
             api_key=self.api_key,
+            sandbox=None if self.sandbox is None else self.sandbox == Batching.on,
         )
 
-    def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:
+    def runner(self, on_event: EventSink, cwd: Path | None = None, *, plan: bool = False) -> Runner:
         """The command's runner, asking on the terminal before a project agent runs; the agent files'
-        warnings are shown first (the first few)."""
+        warnings are shown first (the first few). `plan`: every task in plan mode (`chat --plan`)."""
         runner = Runner(
             cwd=cwd or self.cwd,
-            options=self.options(),
+            options=dataclasses.replace(self.options(), plan=plan),
             interactive=sys.stdin.isatty(),
             confirm=lambda q: typer.confirm(q, default=False, err=True),
             on_event=on_event,

@@ -209,6 +209,7 @@ class Execution:
             project_context=item.prepared.context,
             inbox=item.inbox if item.inbox is not None else Inbox(),
             session_name=item.session_name,
+            sandbox=item.prepared.sandbox,
         )
         self.sessions[item.index] = session
         session.on_event = self._session_sink(transcript)  # this generation's transcript

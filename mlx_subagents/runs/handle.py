@@ -554,6 +554,7 @@ class TaskHandle:
             messages=list(messages),
             inbox=self.inbox,
             session_name=self.runtime.claim_session_name(self.label),
+            sandbox=self.prepared.sandbox,
         )
 
     def _transcript(self) -> TaskTranscript | None:

@@ -41,6 +41,9 @@ class RunOptions:
         engine: an OpenAI-compatible engine's base URL: every task's model calls go there, and
             `model` is the engine's model id. None: only agents whose files name an engine use one.
         api_key: the engines' API key (default: `$MLX_SUBAGENTS_API_KEY`).
+        sandbox: every task's bash sandboxed (True) or not (False), whatever its file says; None: as
+            its file says, else on for project agents.
+        plan: every task in plan mode (read-only tools), children included.
     """
 
     model: str | None = None
@@ -58,6 +61,8 @@ class RunOptions:
     api_key: str | None = field(default=None, repr=False)
 
     thinking: int | str | None = None
+    sandbox: bool | None = None
+    plan: bool = False
 
     def __post_init__(self) -> None:
         check_concurrency(self.concurrency, engine=bool(self.engine))

@@ -5,13 +5,17 @@ task, a saved task continued and every delegated child. Each is checked by the s
 same order, the cheap checks of the whole request first, so that nothing loads when a check fails:
 
     agent     the catalog's agent, after the user's consent for a project agent (once per agent)
-    grants    the parent's `agents:` list; the child's tools capped at the parent's
+    grants    the parent's `agents:` list; the child's tools capped at the parent's; in plan mode (its
+              own, its parent's or the run's) only the read-only tools
     caps      task and request sizes (`caps.check_request`)
     schema    the task's or the agent's output schema is a valid JSON schema
     model     the task's own, `--model`, the agent's, the parent's, `$MLX_SUBAGENTS_MODEL`, the default;
               a delegated child's must be on this machine (never downloaded mid-delegation)
     host      the resident host of that model, loaded (or reached) on first use
     fit       the agent's system prompt takes at most half the model's context window
+
+It also decides each task's bash sandbox (`sandbox_for`): the run's `--sandbox`, else the agent's file,
+else on for a project agent; a sandboxed parent's children are sandboxed too.
 
 The preparer also owns what resolution keeps for the runner's life: the consent given, one host
 per model (the resident models sharing one KV budget) and the project's instructions per workspace
@@ -30,13 +34,13 @@ from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
-from ..agents.spec import AgentSpec
+from ..agents.spec import AgentSpec, sandbox_default
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
 from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
-from ..tools import Workspace
+from ..tools import READ_ONLY_TOOLS, Sandbox, Workspace
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
 
@@ -57,6 +61,8 @@ class Parent:
     model: ModelRef
     run_folder: Path | None
     thinking: int | None = None
+    sandbox: Sandbox | None = None
+    plan: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,8 @@ class PreparedTask:
         denied: tools its file grants that its parent may not pass on, with the error a call gets.
         depth: how many parents it has (0: started by a person).
         context: the project's instructions for its system prompt.
+        sandbox: where its `bash` may write and whether it has network (None: unsandboxed).
+        plan: it runs in plan mode (read-only tools), and so do its children.
     """
 
     task: TaskSpec
@@ -82,6 +90,8 @@ class PreparedTask:
     schema: dict[str, Any] | None = None
     denied: dict[str, str] = field(default_factory=dict)
     context: str = ""
+    sandbox: Sandbox | None = None
+    plan: bool = False
 
     @property
     def label(self) -> str:
@@ -89,7 +99,9 @@ class PreparedTask:
 
     def as_parent(self, run_folder: Path | None) -> Parent:
         """This task as the parent of the children it delegates to."""
-        return Parent(self.spec, self.label, self.depth, self.model, run_folder, self.limits.thinking)
+        return Parent(
+            self.spec, self.label, self.depth, self.model, run_folder, self.limits.thinking, self.sandbox, self.plan
+        )
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,7 @@ class _Resolved:
     denied: dict[str, str]
     schema: dict[str, Any] | None
     model: ModelRef
+    plan: bool = False
 
 
 class Preparer:
@@ -206,15 +219,19 @@ class Preparer:
     def _resolve(self, task: TaskSpec, parent: Parent | None, delegated: bool = False) -> _Resolved:
         spec = self.agent(task.agent, parent)
         denied: dict[str, str] = {}
+        plan = self.options.plan or spec.permission == "plan" or (parent is not None and parent.plan)
+        if plan:  # first, so that a tool plan mode takes away is refused for that reason
+            spec, denied = plan_tools(spec, denied)
         if parent is not None:
-            spec, denied = granted_tools(parent.spec, spec)
+            spec, lost = granted_tools(parent.spec, spec)
+            denied = {**lost, **denied}
         schema = task.schema if task.schema is not None else spec.output_schema
         if schema is not None:
             check_schema(schema, f"output schema of task '{task.label}'")
         model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
         if delegated or parent is not None:
             self.check_local(model, named=bool(task.model))
-        return _Resolved(task, spec, denied, schema, model)
+        return _Resolved(task, spec, denied, schema, model, plan)
 
     async def _load(
         self, resolved: _Resolved, parent: Parent | None, workspace: Workspace, delegated: bool = False
@@ -236,6 +253,8 @@ class Preparer:
             schema=resolved.schema,
             denied=resolved.denied,
             context=self.project_context(spec, workspace),
+            sandbox=self.sandbox_for(spec, workspace, parent),
+            plan=resolved.plan,
         )
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
@@ -255,6 +274,18 @@ class Preparer:
             require_trust(spec, assume_yes=self.options.assume_yes, interactive=self.interactive, confirm=self.confirm)
             self._trusted.add(spec.name)
         return spec
+
+    def sandbox_for(self, spec: AgentSpec, workspace: Workspace, parent: Parent | None = None) -> Sandbox | None:
+        """The task's bash sandbox, None for none: the run's `--sandbox`, else the agent file's `sandbox:`,
+        else on for a project agent (a project file may turn it on, never off: only the user can), and
+        always on below a sandboxed parent, whose network a child keeps only if both allow it."""
+        on = self.options.sandbox
+        if on is None:
+            on = sandbox_default(spec) or (parent is not None and parent.sandbox is not None)
+        if not on:
+            return None
+        network = spec.network and (parent is None or parent.sandbox is None or parent.sandbox.network)
+        return Sandbox(writable=(workspace.root,), network=network)
 
     def model_for(self, spec: AgentSpec, override: str | None = None, inherited: ModelRef | None = None) -> ModelRef:
         """A task's own model, else `--model`, else the agent's (its `engine:` and `engine_model:`, or
@@ -374,6 +405,20 @@ def granted_tools(parent: AgentSpec, child: AgentSpec) -> tuple[AgentSpec, dict[
     )
     lost = {tool: why.format(tool=tool) for tool in child.tools if tool not in kept}
     return child.model_copy(update={"tools": kept}), lost
+
+
+def plan_tools(spec: AgentSpec, denied: dict[str, str]) -> tuple[AgentSpec, dict[str, str]]:
+    """The agent in plan mode: only its read-only tools (and `subagent`, whose children plan too); a
+    call of a tool taken away gets an error saying why."""
+    kept = tuple(tool for tool in spec.tools if tool in READ_ONLY_TOOLS or tool == "subagent")
+    if kept == spec.tools:
+        return spec, denied
+    why = (
+        "Error: {tool} is not available to '" + spec.name + "' in plan mode, which only looks: no edit, write "
+        "or bash; describe the change in your answer instead"
+    )
+    lost = {tool: why.format(tool=tool) for tool in spec.tools if tool not in kept}
+    return spec.model_copy(update={"tools": kept}), {**denied, **lost}
 
 
 def withhold(task: PreparedTask, denied: Mapping[str, str]) -> PreparedTask:

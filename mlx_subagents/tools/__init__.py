@@ -13,6 +13,7 @@ from .grep import GrepTool
 from .ls import LsTool
 from .processes import kill_all_processes
 from .read import ReadTool
+from .sandbox import Sandbox
 from .workspace import Workspace
 from .write import WriteTool
 
@@ -23,20 +24,22 @@ TOOL_CLASSES: dict[str, type[Tool]] = {
 READ_ONLY_TOOLS: frozenset[str] = frozenset(name for name, cls in TOOL_CLASSES.items() if cls.read_only)
 
 
-def make_tools(names: Iterable[str], workspace: Workspace | Path) -> dict[str, Tool]:
-    """One instance of each named tool, all confined to `workspace`; unknown names raise."""
+def make_tools(names: Iterable[str], workspace: Workspace | Path, sandbox: Sandbox | None = None) -> dict[str, Tool]:
+    """One instance of each named tool, all confined to `workspace`, `bash` in `sandbox` when one is
+    given; unknown names raise."""
     if not isinstance(workspace, Workspace):
         workspace = Workspace(workspace)
     tools = {}
     for name in names:
         if name not in TOOL_CLASSES:
             raise ValueError(f"unknown tool {name!r}; available: {', '.join(TOOL_NAMES)}")
-        tools[name] = TOOL_CLASSES[name](workspace)
+        tools[name] = BashTool(workspace, sandbox) if name == "bash" else TOOL_CLASSES[name](workspace)
     return tools
 
 
 __all__ = [
     "READ_ONLY_TOOLS",
+    "Sandbox",
     "TOOL_CLASSES",
     "TOOL_NAMES",
     "Tool",

@@ -1,4 +1,5 @@
-"""`bash`: run a shell command in the workspace root, in its own process group (`command.py`).
+"""`bash`: run a shell command in the workspace root, in its own process group (`command.py`),
+sandboxed (`sandbox.py`) when the agent's `sandbox` is on.
 
 Every process it started, those that left the group too, is killed on timeout, on cancellation,
 when the command returns (leftover background jobs) and when the program stops. The model reads
@@ -7,6 +8,7 @@ the head and the tail of the output under a byte cap.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -14,6 +16,8 @@ from pydantic import BaseModel, Field
 from ..text import one_line
 from .base import Tool, ToolResult, error_result
 from .command import OutputBuffer, run_command
+from .sandbox import Sandbox, sandboxed
+from .workspace import Workspace
 
 DEFAULT_BASH_TIMEOUT = 120
 MAX_BASH_TIMEOUT = 600
@@ -27,6 +31,10 @@ class BashTool(Tool):
     )
     read_only = False
 
+    def __init__(self, workspace: Workspace, sandbox: Sandbox | None = None) -> None:
+        super().__init__(workspace)
+        self.sandbox = sandbox
+
     class Params(BaseModel):
         command: str = Field(min_length=1, description="The bash command to run.")
         timeout: int = Field(
@@ -38,9 +46,10 @@ class BashTool(Tool):
 
     async def run(self, params: Params) -> ToolResult:
         output = OutputBuffer()
-        returncode = await run_command(
-            ["bash", "-c", params.command], cwd=self.workspace.root, timeout=params.timeout, output=output
-        )
+        args = ["bash", "-c", params.command]
+        if self.sandbox is not None:  # fails closed (a ToolError) where no sandbox can run
+            args = await asyncio.to_thread(sandboxed, args, self.sandbox)
+        returncode = await run_command(args, cwd=self.workspace.root, timeout=params.timeout, output=output)
         text = output.text().rstrip("\n")
         if returncode is None:
             killed = f"command timed out after {params.timeout}s; its process group was killed"
