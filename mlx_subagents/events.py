@@ -8,7 +8,8 @@ from typing import Any, Literal
 
 # `reasoning`: a delta of a thinking model's reasoning as it is generated (`data["text"]`).
 # `task_send`: a message reached a task (`data["message"]`); `task_notice`: a background child of
-# the task ended (`data`: id, status, first_line, text); `task_cancel`: a task was cancelled (`data["reason"]`).
+# the task ended (`data`: id, status, first_line, text); `task_cancel`: a task was cancelled (`data["reason"]`);
+# `hook_warning`: a hook failed without blocking, or project hooks were not allowed (`data["message"]`).
 EventKind = Literal[
     "waiting",
     "task_start",
@@ -23,6 +24,7 @@ EventKind = Literal[
     "task_send",
     "task_notice",
     "task_cancel",
+    "hook_warning",
 ]
 
 

@@ -91,6 +91,9 @@ class EventLines:
 
     def line(self, event: Event) -> str | None:
         """The event's line as rich markup, or None when the layout does not show it."""
+        if event.kind == "hook_warning":  # in every layout: a hook the user relies on did not run as meant
+            where = f"[dim]\\[{escape(event.label)}][/] " if event.label else ""
+            return f"{where}[yellow]warning: {escape(str(event.data.get('message')))}[/]"
         if self.layout == "tasks":
             return self._tasks_line(event)
         if self.layout == "task":

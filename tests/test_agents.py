@@ -123,6 +123,7 @@ def test_full_spec_fields(tmp_path):
         "sandbox": None,
         "network": False,
         "permission": "default",
+        "hooks": {"groups": ()},
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",

@@ -37,6 +37,7 @@ from ..host.protocol import (
 from ..results import RunResult, RunUsage, StopReason
 from ..tools import TOOL_CLASSES, Sandbox, Tool, ToolResult, Workspace, make_tools
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
+from .hooks import HookEvent, HookOutcome, Hooks, fire
 from .inbox import Inbox
 from .spec import AgentSpec
 
@@ -134,6 +135,10 @@ class AgentSession:
     session_name: str = ""
     # Where its `bash` may write and whether it has network (`tools/sandbox.py`); None: unsandboxed.
     sandbox: Sandbox | None = None
+    # The hooks that fire around its tool calls and at its final answer (`agents/hooks.py`), and what
+    # every event they read says besides (run id, parent, depth).
+    hooks: Hooks = field(default_factory=Hooks)
+    hook_facts: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -151,6 +156,7 @@ class AgentSession:
         self._started = 0.0
         self._reasoning = ""  # of the last reply
         self._repeat: tuple[str, int, str] = ("", 0, "")  # (call key, times in a row, its first output)
+        self._stop_hook_active = False
 
     # -- public ---------------------------------------------------------------
 
@@ -209,6 +215,8 @@ class AgentSession:
                         )
                     if self.inbox.pending() or await self.inbox.settle():
                         continue  # a message came in: it is the next turn's, the answer can wait
+                    if await self._stop_blocked(reply.text):
+                        continue
                     return self._finish(task, self._result(task, "completed", reply.text, "completed"))
                 await self._act(reply)
             before = self.limits.turns_before
@@ -359,9 +367,50 @@ class AgentSession:
             available = ", ".join(self.tools) or "none"
             result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)
         else:
-            result = await tool.call(call.arguments)
+            result = await self._hooked_call(tool, call)
         self._emit("tool_result", name=call.name, is_error=result.is_error, output=result.output[:2000])
         return result
+
+    async def _hooked_call(self, tool: Tool, call: ToolCall) -> ToolResult:
+        """The call between its PreToolUse hooks (which may block it: their reason is its error result)
+        and its PostToolUse hooks (which see its result; a block there adds their reason to it)."""
+        facts = {"tool_name": call.name, "tool_input": call.arguments}
+        pre = await self.fire_hook("PreToolUse", call.name, facts)
+        if pre.blocked:
+            return ToolResult(f"Error: a PreToolUse hook blocked this call: {pre.reason}", is_error=True)
+        result = await tool.call(call.arguments)
+        response = {"output": result.output, "is_error": result.is_error}
+        post = await self.fire_hook("PostToolUse", call.name, {**facts, "tool_response": response})
+        if post.blocked:
+            return ToolResult(f"{result.output}\n\n[a PostToolUse hook says: {post.reason}]", is_error=result.is_error)
+        return result
+
+    async def _stop_blocked(self, answer: str) -> bool:
+        """Whether a Stop hook refused the final answer: its reason then goes to the model as a user
+        message and the loop goes on (within `max_turns`); `stop_hook_active` says it happened before."""
+        facts = {"last_assistant_message": answer, "stop_hook_active": self._stop_hook_active}
+        outcome = await self.fire_hook("Stop", "", facts)
+        if not outcome.blocked:
+            return False
+        self._stop_hook_active = True
+        self.messages.append({"role": "user", "content": f"A Stop hook did not accept the answer: {outcome.reason}"})
+        return True
+
+    async def fire_hook(self, event: HookEvent, name: str, facts: dict[str, Any]) -> HookOutcome:
+        """Fire the event's hooks for this session (the runner fires SubagentStart and SubagentStop here
+        too); each warning is a `hook_warning` event of the session."""
+        payload = {
+            "session_id": self.session_name,
+            "agent": self.spec.name,
+            "label": self.label,
+            "cwd": str(self.workspace.root),
+            **self.hook_facts,
+            **facts,
+        }
+        outcome = await fire(self.hooks, event, name, payload, self.workspace.root)
+        for warning in outcome.warnings:
+            self._emit("hook_warning", message=warning)
+        return outcome
 
     def _malformed_result(self, bad: MalformedToolCall) -> Message:
         self._emit("tool_result", name="?", is_error=True, output=bad.error)

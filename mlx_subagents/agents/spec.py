@@ -25,6 +25,7 @@ from ..userfiles import read_text
 from .claude import CLAUDE_FIELDS, claude_tool, is_claude_file, is_claude_model, task_grants
 from .frontmatter import agent_error as _fail
 from .frontmatter import read_frontmatter
+from .hooks import HookConfigError, Hooks, parse_hooks
 
 Source = Literal["builtin", "user", "project"]
 
@@ -40,7 +41,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking", "writer", "sandbox", "network", "permission",
+    "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -71,7 +72,7 @@ class AgentSpec(BaseModel):
     says about holding the workspace's writer lease (None: decided by its tools, see `is_writer`).
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     name: str = Field(pattern=f"^{NAME_PATTERN}$")
     description: str = Field(min_length=1)
@@ -94,6 +95,8 @@ class AgentSpec(BaseModel):
     network: bool = False
     # `plan`: only read-only tools, for it and its children (`permission:`, Claude Code's `permissionMode:`).
     permission: Literal["default", "plan"] = "default"
+    # Its file's own `hooks:` (Claude Code's shape), fired for this agent only (`agents/hooks.py`).
+    hooks: Hooks = Field(default_factory=Hooks)
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -156,6 +159,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         sandbox=_parse_switch(path, "sandbox", meta.get("sandbox"), ("on", "off")),
         network=_parse_switch(path, "network", meta.get("network"), ("allow", "deny")) or False,
         permission=_parse_permission(path, meta, warnings),
+        hooks=_parse_hooks(path, meta.get("hooks"), warnings),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -325,6 +329,13 @@ def _parse_permission(path: Path, meta: dict[str, Any], warnings: list[str]) -> 
         return "default"
     fix = f"write '{key}: plan' (read-only tools) or '{key}: default'"
     raise _fail(path, f"field '{key}' must be plan or default, got {value!r}", fix)
+
+
+def _parse_hooks(path: Path, value: Any, warnings: list[str]) -> Hooks:
+    try:
+        return parse_hooks(value, f"{path}: field 'hooks'", warnings)
+    except HookConfigError as exc:
+        raise AgentFileError(str(exc)) from None
 
 
 def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> str | None:

@@ -213,6 +213,13 @@ class Execution:
         )
         self.sessions[item.index] = session
         session.on_event = self._session_sink(transcript)  # this generation's transcript
+        session.hooks = item.prepared.hooks
+        session.hook_facts = {
+            "run_id": self.run_id,
+            "parent": item.prepared.parent,
+            "depth": item.prepared.depth,
+            "transcript_path": str(transcript.path) if transcript is not None else None,
+        }
         if transcript is not None:
             if not transcript.started:
                 transcript.start(
@@ -259,6 +266,18 @@ class Execution:
         return result
 
     async def _drive(self, session: AgentSession, item: PlannedTask, prompt: str) -> RunResult:
+        """A child's SubagentStart and SubagentStop hooks around `_answer`, within its time-out (neither
+        blocks; a child cancelled or timed out gets no SubagentStop)."""
+        child = item.prepared.parent is not None
+        if child:
+            await session.fire_hook("SubagentStart", item.prepared.spec.name, {"agent_type": item.prepared.spec.name})
+        result = await self._answer(session, item, prompt)
+        if child:
+            facts = {"agent_type": item.prepared.spec.name, "status": result.status, "output": result.output}
+            await session.fire_hook("SubagentStop", item.prepared.spec.name, facts)
+        return result
+
+    async def _answer(self, session: AgentSession, item: PlannedTask, prompt: str) -> RunResult:
         """The session to its answer; with a schema, one retry on an invalid answer."""
         text = prompt + schema_instruction(item.prepared.schema) if item.prepared.schema else prompt
         if item.session is None or item.fresh:

@@ -14,6 +14,9 @@ same order, the cheap checks of the whole request first, so that nothing loads w
     host      the resident host of that model, loaded (or reached) on first use
     fit       the agent's system prompt takes at most half the model's context window
 
+It also hands each task its hooks (`settings_hooks`, read once per runner): the user's settings file's,
+the project's after the user's consent (as for project agents), then the agent file's own.
+
 It also decides each task's bash sandbox (`sandbox_for`): the run's `--sandbox`, else the agent's file,
 else on for a project agent; a sandboxed parent's children are sandboxed too.
 
@@ -32,11 +35,13 @@ from typing import Any
 
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
+from ..agents.hooks import SETTINGS_FILE, Hooks, find_project_settings, load_settings_hooks
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.spec import AgentSpec, sandbox_default
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
+from ..home import state_home
 from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
@@ -77,6 +82,8 @@ class PreparedTask:
         context: the project's instructions for its system prompt.
         sandbox: where its `bash` may write and whether it has network (None: unsandboxed).
         plan: it runs in plan mode (read-only tools), and so do its children.
+        hooks: the hooks that fire for it (the settings files', then its own file's).
+        parent: its parent's label (None: started by a person).
     """
 
     task: TaskSpec
@@ -92,6 +99,8 @@ class PreparedTask:
     context: str = ""
     sandbox: Sandbox | None = None
     plan: bool = False
+    hooks: Hooks = field(default_factory=Hooks)
+    parent: str | None = None
 
     @property
     def label(self) -> str:
@@ -145,8 +154,10 @@ class Preparer:
         confirm: Callable[[str], bool] | None = None,
         processor_factory: ProcessorFactory | None = None,
         hosts: dict[ModelRef, ModelHost] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.options = options
+        self.cwd = cwd
         self.catalog = catalog
         self.interactive = interactive
         self.confirm = confirm
@@ -158,6 +169,9 @@ class Preparer:
         self._kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
         self._trusted: set[str] = set()
         self._contexts: dict[Path, ProjectContext] = {}
+        self._hooks: Hooks | None = None
+        # Receives one line per settings problem that blocks nothing (project hooks not allowed).
+        self.on_warning: Callable[[str], None] = lambda _line: None
 
     # -- a whole request --------------------------------------------------------------------------------
 
@@ -255,6 +269,8 @@ class Preparer:
             context=self.project_context(spec, workspace),
             sandbox=self.sandbox_for(spec, workspace, parent),
             plan=resolved.plan,
+            hooks=self.settings_hooks(workspace.root) + spec.hooks,
+            parent=parent.label if parent else None,
         )
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
@@ -286,6 +302,41 @@ class Preparer:
             return None
         network = spec.network and (parent is None or parent.sandbox is None or parent.sandbox.network)
         return Sandbox(writable=(workspace.root,), network=network)
+
+    def settings_hooks(self, root: Path) -> Hooks:
+        """The settings files' hooks, read at the first task and kept for the runner's life: the user's
+        (`$MLX_SUBAGENTS_HOME/settings.json`), then the project's (`.mlx-subagents/settings.json`,
+        `.claude/settings.json` at or above the runner's folder, unless `--scope user`) once the user
+        allows them: they come with the workspace and run commands, as a project agent does. Project
+        hooks not allowed are left out with one warning; the run goes on."""
+        if self._hooks is not None:
+            return self._hooks
+        warnings: list[str] = []
+        user = state_home() / SETTINGS_FILE
+        hooks = load_settings_hooks(user, warnings)
+        if self.options.scope != "user":
+            user_level = {user.resolve(), (Path.home() / ".claude" / SETTINGS_FILE).resolve()}
+            for path in find_project_settings((self.cwd or root).resolve(), user_level):
+                project = load_settings_hooks(path, warnings)
+                if project and self._allow_project_hooks(path):
+                    hooks += project
+                elif project:
+                    warnings.append(
+                        f"the hooks in {path} did not run: they come with the project; re-run with --yes to allow them"
+                    )
+        self._hooks = hooks
+        for line in warnings:
+            self.on_warning(line)
+        return hooks
+
+    def _allow_project_hooks(self, path: Path) -> bool:
+        if self.options.assume_yes:
+            return True
+        if not self.interactive or self.confirm is None:
+            return False
+        return self.confirm(
+            f"the project file {path} has hooks: commands run around the agents' tool calls. Allow them?"
+        )
 
     def model_for(self, spec: AgentSpec, override: str | None = None, inherited: ModelRef | None = None) -> ModelRef:
         """A task's own model, else `--model`, else the agent's (its `engine:` and `engine_model:`, or

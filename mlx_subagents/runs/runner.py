@@ -106,7 +106,9 @@ class Runner:
             confirm=confirm,
             processor_factory=processor_factory,
             hosts={ModelRef(m) if isinstance(m, str) else m: host for m, host in (hosts or {}).items()},
+            cwd=self.cwd,
         )
+        self.preparer.on_warning = lambda line: self.on_event(Event("hook_warning", "", "", data={"message": line}))
         self._executions: set[Execution] = set()
         self._background: set[Execution] = set()
         self._board: TaskBoard | None = None

@@ -104,6 +104,7 @@ async def run_command(
     errors: OutputBuffer | None = None,
     stop_when_full: bool = False,
     marked: bool = True,
+    stdin: bytes | None = None,
 ) -> int | None:
     """Run `args` to its end; every process it started is dead when this returns or raises.
 
@@ -114,6 +115,8 @@ async def run_command(
         errors: where standard error goes; None merges it into `output`.
         marked: mark the processes so that those leaving the group are found and killed too
             (a shell's jobs may; a program that starts no others needs no search for them).
+        stdin: what the program reads on its standard input (a hook's event), then end of file;
+            None: nothing (`/dev/null`).
     """
     mark = new_mark() if marked else None
     env = {**os.environ, MARK_ENV: mark} if mark is not None else None
@@ -122,7 +125,7 @@ async def run_command(
             lambda: _CommandProtocol(output, errors, stop_when_full),
             *args,
             cwd=cwd,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if errors is None else subprocess.PIPE,
             start_new_session=True,
@@ -139,6 +142,10 @@ async def run_command(
         raise
     pgid = transport.get_pid()
     track_group(pgid)
+    if stdin is not None:  # written as the pipe takes it; a program that never reads it is not waited for
+        pipe = transport.get_pipe_transport(0)
+        pipe.write(stdin)  # type: ignore[union-attr]
+        pipe.write_eof()  # type: ignore[union-attr]
     try:
         done, _ = await asyncio.wait(
             {protocol.exited, protocol.overflowed}, timeout=timeout, return_when="FIRST_COMPLETED"
