@@ -40,7 +40,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking", "writer",
+    "engine_model", "thinking", "writer", "skills",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -89,6 +89,8 @@ class AgentSpec(BaseModel):
     full_tools_for: tuple[str, ...] = ()
     context: Literal["project", "none"] = "project"
     writer: bool | None = None
+    # The skills it is offered, each preloaded in full (None: every skill found, none preloaded).
+    skills: tuple[str, ...] | None = None
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -141,6 +143,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         full_tools_for=full_tools_for,
         context=_parse_context(path, meta.get("context")),
         writer=_parse_writer(path, meta.get("writer")),
+        skills=_parse_skills(path, meta.get("skills")),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -272,6 +275,20 @@ def _parse_context(path: Path, value: Any) -> Literal["project", "none"]:
     if value == "none" or value is False:
         return "none"
     raise _fail(path, f"field 'context' must be 'project' or 'none', got {value!r}", "e.g. context: none")
+
+
+def _parse_skills(path: Path, value: Any) -> tuple[str, ...] | None:
+    """`skills:` as a list or comma-separated names; `none` (or an empty list) offers none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [] if value.strip().lower() == "none" else value.split(",")
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _fail(path, "field 'skills' must be a list of skill names or 'none'", "e.g. skills: [pdf, review]")
+    names = [item.strip().lower() for item in value if item.strip()]
+    if bad := [n for n in names if not re.fullmatch(NAME_PATTERN, n)]:
+        raise _fail(path, f"field 'skills': {bad[0]!r} is not a skill name", "e.g. skills: [pdf, review]")
+    return tuple(dict.fromkeys(names))
 
 
 def _parse_writer(path: Path, value: Any) -> bool | None:

@@ -30,6 +30,7 @@ from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
+from ..agents.skills import SkillChoice, choose_skills
 from ..agents.spec import AgentSpec
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
@@ -37,6 +38,7 @@ from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import Workspace
+from ..tools.skill import Skill
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
 
@@ -57,6 +59,8 @@ class Parent:
     model: ModelRef
     run_folder: Path | None
     thinking: int | None = None
+    # The skills it is offered: its children are offered no others.
+    skills: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class PreparedTask:
         denied: tools its file grants that its parent may not pass on, with the error a call gets.
         depth: how many parents it has (0: started by a person).
         context: the project's instructions for its system prompt.
+        skills: the skills it is offered (and preloads).
     """
 
     task: TaskSpec
@@ -82,6 +87,7 @@ class PreparedTask:
     schema: dict[str, Any] | None = None
     denied: dict[str, str] = field(default_factory=dict)
     context: str = ""
+    skills: SkillChoice = field(default_factory=SkillChoice)
 
     @property
     def label(self) -> str:
@@ -89,7 +95,9 @@ class PreparedTask:
 
     def as_parent(self, run_folder: Path | None) -> Parent:
         """This task as the parent of the children it delegates to."""
-        return Parent(self.spec, self.label, self.depth, self.model, run_folder, self.limits.thinking)
+        return Parent(
+            self.spec, self.label, self.depth, self.model, run_folder, self.limits.thinking, self.skills.names()
+        )
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,7 @@ class _Resolved:
     denied: dict[str, str]
     schema: dict[str, Any] | None
     model: ModelRef
+    skills: SkillChoice
 
 
 class Preparer:
@@ -145,6 +154,7 @@ class Preparer:
         self._kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
         self._trusted: set[str] = set()
         self._contexts: dict[Path, ProjectContext] = {}
+        self._project_skills: bool | None = None  # the user's answer about project skills, once asked
 
     # -- a whole request --------------------------------------------------------------------------------
 
@@ -214,7 +224,8 @@ class Preparer:
         model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
         if delegated or parent is not None:
             self.check_local(model, named=bool(task.model))
-        return _Resolved(task, spec, denied, schema, model)
+        skills = choose_skills(spec.skills, self.usable_skills(), parent.skills if parent else None)
+        return _Resolved(task, spec, denied, schema, model, skills)
 
     async def _load(
         self, resolved: _Resolved, parent: Parent | None, workspace: Workspace, delegated: bool = False
@@ -236,6 +247,7 @@ class Preparer:
             schema=resolved.schema,
             denied=resolved.denied,
             context=self.project_context(spec, workspace),
+            skills=resolved.skills,
         )
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
@@ -255,6 +267,22 @@ class Preparer:
             require_trust(spec, assume_yes=self.options.assume_yes, interactive=self.interactive, confirm=self.confirm)
             self._trusted.add(spec.name)
         return spec
+
+    def usable_skills(self) -> dict[str, Skill]:
+        """The skills agents may be offered: every user skill, and the project's once the user allowed them
+        (`--yes`, or asked once): they come with the workspace, are instructions and may name scripts."""
+        skills = self.catalog.skills
+        project = [s.name for s in skills.values() if s.source == "project"]
+        if project and self._project_skills is None:
+            if self.options.assume_yes:
+                self._project_skills = True
+            elif self.interactive and self.confirm is not None:
+                where = ", ".join(sorted({str(s.folder.parent) for s in skills.values() if s.source == "project"}))
+                ask = f"project skills {', '.join(project)} come from {where}; they are instructions for the agents."
+                self._project_skills = bool(self.confirm(f"{ask} Offer them?"))
+            else:
+                self._project_skills = False
+        return {n: s for n, s in skills.items() if s.source != "project" or self._project_skills}
 
     def model_for(self, spec: AgentSpec, override: str | None = None, inherited: ModelRef | None = None) -> ModelRef:
         """A task's own model, else `--model`, else the agent's (its `engine:` and `engine_model:`, or
@@ -317,7 +345,7 @@ class Preparer:
         """Refuse an agent whose system prompt takes more than half the model's context window
         (the rest is for the work), naming the numbers and the file to shorten."""
         spec, host = task.spec, task.host
-        prompt = system_prompt(spec, task.workspace, task.context)
+        prompt = system_prompt(spec, task.workspace, task.context, task.skills, host.context_window)
         n_tokens = await host.count_tokens([{"role": "system", "content": prompt}])
         if n_tokens > host.context_window // 2:
             raise InputTooLargeError(
