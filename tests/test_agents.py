@@ -121,6 +121,7 @@ def test_full_spec_fields(tmp_path):
         "context": "project",
         "writer": None,
         "skills": None,
+        "memory": None,
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",

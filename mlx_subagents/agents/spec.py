@@ -40,7 +40,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking", "writer", "skills",
+    "engine_model", "thinking", "writer", "skills", "memory",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -91,6 +91,8 @@ class AgentSpec(BaseModel):
     writer: bool | None = None
     # The skills it is offered, each preloaded in full (None: every skill found, none preloaded).
     skills: tuple[str, ...] | None = None
+    # Where it keeps notes across runs (see `agents/memory.py`); None: no memory.
+    memory: Literal["user", "project", "local"] | None = None
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -144,6 +146,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         context=_parse_context(path, meta.get("context")),
         writer=_parse_writer(path, meta.get("writer")),
         skills=_parse_skills(path, meta.get("skills")),
+        memory=_parse_memory(path, meta.get("memory")),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -289,6 +292,12 @@ def _parse_skills(path: Path, value: Any) -> tuple[str, ...] | None:
     if bad := [n for n in names if not re.fullmatch(NAME_PATTERN, n)]:
         raise _fail(path, f"field 'skills': {bad[0]!r} is not a skill name", "e.g. skills: [pdf, review]")
     return tuple(dict.fromkeys(names))
+
+
+def _parse_memory(path: Path, value: Any) -> Literal["user", "project", "local"] | None:
+    if value is None or value in ("user", "project", "local"):
+        return value
+    raise _fail(path, f"field 'memory' must be user, project or local, got {value!r}", "e.g. memory: project")
 
 
 def _parse_writer(path: Path, value: Any) -> bool | None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
+from ..agents.memory import MEMORY_TOOLS, memory_block, memory_folder
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.skills import SkillChoice, choose_skills
@@ -154,6 +155,7 @@ class Preparer:
         self._kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
         self._trusted: set[str] = set()
         self._contexts: dict[Path, ProjectContext] = {}
+        self._memories: dict[tuple[Path, bool], str] = {}
         self._project_skills: bool | None = None  # the user's answer about project skills, once asked
 
     # -- a whole request --------------------------------------------------------------------------------
@@ -235,6 +237,7 @@ class Preparer:
         if delegated:  # a caller's own limits narrow what the task would have, never widen it
             limits = replace(limits, max_turns=min(limits.max_turns, self.limits(spec, None, parent).max_turns))
             timeout = min((t for t in (task.timeout, self.options.timeout) if t), default=None)
+        workspace, memory = self.memory(spec, workspace)
         return PreparedTask(
             task=task,
             spec=spec,
@@ -246,7 +249,7 @@ class Preparer:
             timeout=timeout,
             schema=resolved.schema,
             denied=resolved.denied,
-            context=self.project_context(spec, workspace),
+            context="\n\n".join(filter(None, (self.project_context(spec, workspace), memory))),
             skills=resolved.skills,
         )
 
@@ -331,6 +334,21 @@ class Preparer:
         if model.engine or model in self.hosts or model.model.startswith("scripted:"):
             return
         resolve_model_path(model.model, local_only=True)
+
+    def memory(self, spec: AgentSpec, workspace: Workspace) -> tuple[Workspace, str]:
+        """`(the workspace its tools get, its memory's part of the system prompt)`: with `memory:`, the
+        head of its `MEMORY.md` (read once per run, so every session's prompt is byte-identical), and,
+        for an agent that can edit files, its memory folder opened to its tools."""
+        if spec.memory is None:
+            return workspace, ""
+        folder = memory_folder(spec.memory, spec.name, workspace.root)
+        writable = any(tool in spec.tools for tool in MEMORY_TOOLS)
+        key = (folder, writable)
+        if key not in self._memories:
+            if writable:
+                folder.mkdir(parents=True, exist_ok=True)
+            self._memories[key] = memory_block(folder, writable)
+        return (replace(workspace, memory=folder) if writable else workspace), self._memories[key]
 
     def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:
         """The project's instructions for an agent's system prompt, read once per workspace (so every
