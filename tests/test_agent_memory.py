@@ -69,3 +69,26 @@ def test_a_read_only_agent_gets_its_memory_without_write_access(tmp_path: Path) 
     assert f"Your memory ({folder / 'MEMORY.md'}), kept across runs:\n\nthe tests live in t/\n\nWorkspace:" in prompt
     assert "Keep what you learn" not in prompt
     assert tool_outputs(host, "looker")[0].startswith(f"Error: path '{outside}' is outside the workspace")
+
+
+def test_two_parallel_writers_of_one_agent_both_keep_their_line(tmp_path: Path) -> None:
+    write_agent(tmp_path, "keeper", "read, edit, write", front="memory: project\n")
+    path = tmp_path / ".mlx-subagents" / "agent-memory" / "keeper" / "MEMORY.md"
+    head = "# Memory of keeper\n"
+
+    def append(line: str) -> list[Any]:
+        return [call("edit", path=str(path), old_text=head, new_text=f"{head}{line}\n"), "ok"]
+
+    script = {"sessions": {"keeper-1": {"replies": append("- a")}, "keeper-2": {"replies": append("- b")}}}
+    host = scripted_host(script)
+    runner = make_runner(tmp_path, host, assume_yes=True)
+
+    async def main() -> Any:
+        async with runner:
+            return await runner.parallel([TaskSpec("keeper", "one"), TaskSpec("keeper", "two")])
+
+    result = asyncio.run(main())
+    assert [r.output for r in result.results] == ["ok", "ok"], [(r.error, r.stop_reason) for r in result.results]
+    assert sorted(path.read_text().splitlines()) == ["# Memory of keeper", "- a", "- b"]
+    for session in ("keeper-1", "keeper-2"):
+        assert tool_outputs(host, session)[0].startswith("Edited ")

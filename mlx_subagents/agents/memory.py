@@ -27,11 +27,27 @@ MEMORY_TOOLS = ("edit", "write")
 
 
 def memory_folder(scope: MemoryScope, agent: str, workspace: Path) -> Path:
-    """The folder an agent's memory lives in, for its scope (made on first use by the agent)."""
+    """The folder an agent's memory lives in, for its scope (made when a writer starts, `start_memory`)."""
     if scope == "user":
         return state_home() / "agent-memory" / agent
     kind = "agent-memory" if scope == "project" else "agent-memory-local"
     return workspace / ".mlx-subagents" / kind / agent
+
+
+def memory_heading(agent: str) -> str:
+    """The first line of a new `MEMORY.md`: the line writers anchor their edits to."""
+    return f"# Memory of {agent}\n"
+
+
+def start_memory(folder: Path, agent: str) -> None:
+    """Make the folder and, if missing, a `MEMORY.md` holding only its heading, so that writers add lines
+    with `edit` (compare-and-replace: parallel runs never lose one) instead of each creating the file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with (folder / MEMORY_FILE).open("x", encoding="utf-8") as file:  # O_EXCL: never over a file or link
+            file.write(memory_heading(agent))
+    except FileExistsError:
+        pass
 
 
 def memory_block(folder: Path, writable: bool) -> str:
@@ -52,7 +68,8 @@ def memory_block(folder: Path, writable: bool) -> str:
     head = f"Your memory ({path}), kept across runs:\n\n{text or '(empty)'}"
     if writable:
         head += (
-            f"\n\nKeep what you learn that will help next time: edit {path} (create it with write if it is "
-            "missing), one short line per fact; paths in that folder are allowed though it is outside the workspace."
+            f"\n\nKeep what you learn that will help next time: add one short line per fact to {path} with edit "
+            "(never write over it: other runs of you may be adding lines too); paths in that folder are allowed "
+            "though it is outside the workspace."
         )
     return head

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
-from ..agents.memory import MEMORY_TOOLS, memory_block, memory_folder
+from ..agents.memory import MEMORY_TOOLS, memory_block, memory_folder, start_memory
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.skills import SkillChoice, choose_skills
@@ -346,7 +346,7 @@ class Preparer:
         key = (folder, writable)
         if key not in self._memories:
             if writable:
-                folder.mkdir(parents=True, exist_ok=True)
+                start_memory(folder, spec.name)
             self._memories[key] = memory_block(folder, writable)
         return (replace(workspace, memory=folder) if writable else workspace), self._memories[key]
 
