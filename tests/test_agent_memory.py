@@ -1,5 +1,6 @@
 """Agent memory (issue 31): `memory: user | project | local`, the head of MEMORY.md in the system prompt,
-the memory folder writable only by an agent that can edit files, and no line lost between writers."""
+the memory folder writable only by an agent that can edit files, and no line lost between writers; and
+`background: true` in an agent file, the call site winning."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from helpers import call, make_runner, scripted_host, write_agent
+from helpers import call, make_runner, run_parent, scripted_host, write_agent
 
 from mlx_subagents.home import state_home
 from mlx_subagents.runs.tasks import TaskSpec
@@ -92,3 +93,19 @@ def test_two_parallel_writers_of_one_agent_both_keep_their_line(tmp_path: Path) 
     assert sorted(path.read_text().splitlines()) == ["# Memory of keeper", "- a", "- b"]
     for session in ("keeper-1", "keeper-2"):
         assert tool_outputs(host, session)[0].startswith("Edited ")
+
+
+def test_a_background_agent_starts_in_the_background_unless_the_call_says_not(tmp_path: Path) -> None:
+    write_agent(tmp_path, "sleeper", "read", front="background: true\n")
+    write_agent(tmp_path, "boss", "read, subagent", front="agents: sleeper\n")
+    calls = [
+        call("subagent", agent="sleeper", task="nap"),
+        call("subagent", agent="sleeper", task="x", background=False),
+    ]
+    script = {"agents": {"boss": {"replies": [*calls, "done"]}, "sleeper": {"replies": ["rested"]}}}
+    host = scripted_host(script)
+    result = run_parent(make_runner(tmp_path, host, assume_yes=True), agent="boss")
+    assert result.output == "done"
+    started, waited = tool_outputs(host, "boss")
+    assert started.startswith("Started in the background: sleeper#1. Carry on with other work;")
+    assert waited.startswith("rested\n\n[sub-agent run ") and waited.endswith("; subagent_send continues sleeper#2]")
