@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,23 @@ def test_the_catalog_is_byte_stable_so_the_shared_prefix_is_reused(
     n_prompt = len(tiny_qwen3[1].encode(prompts[0]))
     assert first.usage.cached_tokens == 0
     assert second.usage.cached_tokens >= n_prompt, (second.usage, n_prompt)
+
+
+def test_skills_command_lists_them_and_agents_verbose_shows_each_agents(tmp_path: Path, run_cli: Any) -> None:
+    user_skills()
+    write_agent(tmp_path, "pdfer", "read", front="skills: [pdf, ocr]\n")
+    code, stdout, _ = run_cli("skills", "--cwd", str(tmp_path), "--json")
+    assert code == 0
+    pdf = state_home() / "skills" / "pdf" / "SKILL.md"
+    assert json.loads(stdout)[0] == {
+        "name": "pdf",
+        "description": "Fill and read PDF forms",
+        "source": "user",
+        "path": str(pdf),
+        "bytes": pdf.stat().st_size,
+    }
+    assert [row["name"] for row in json.loads(stdout)] == ["pdf", "review"]
+    code, stdout, _ = run_cli("agents", "--cwd", str(tmp_path), "--verbose")
+    assert code == 0
+    assert "  skills: pdf (preloaded: pdf); not found: ocr\n" in stdout
+    assert "  skills: pdf, review\n" in stdout  # the built-ins say nothing: every skill found
