@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from helpers import call, make_runner, run_parent, scripted_host, write_agent
+from helpers import REPO, call, make_runner, run_parent, scripted_host, write_agent
 
 from mlx_subagents.agents.skills import CATALOG_HEAD, discover_skills
 from mlx_subagents.home import state_home
@@ -179,3 +181,18 @@ def test_skills_command_lists_them_and_agents_verbose_shows_each_agents(tmp_path
     assert code == 0
     assert "  skills: pdf (preloaded: pdf); not found: ocr\n" in stdout
     assert "  skills: pdf, review\n" in stdout  # the built-ins say nothing: every skill found
+
+
+def test_a_cli_run_shows_the_catalog_in_the_transcript_and_the_skill_tool_result(tmp_path: Path) -> None:
+    user_skills()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([skill("review"), "reviewed"]))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = ["run", "scout", "look", "--model", f"scripted:{script}", "--cwd", str(tmp_path), "--json"]
+    proc = subprocess.run([sys.executable, "-m", "mlx_subagents.cli", *args], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    messages = read_transcript(Path(json.loads(proc.stdout)["transcript"])).messages
+    assert messages[0]["content"].endswith(
+        f"{CATALOG_HEAD}\n- pdf: Fill and read PDF forms\n- review: Review a diff for bugs"
+    )
+    assert [m["content"] for m in messages if m["role"] == "tool"] == ["# Skill: review\n\nHow to review."]
