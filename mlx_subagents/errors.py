@@ -53,6 +53,10 @@ class ToolError(SubagentError):
     """A tool call failed; its message goes back to the model as the tool result."""
 
 
+class FileChangedError(ToolError):
+    """A file changed between a tool's read and its replacement (another task or process wrote it)."""
+
+
 class WorkspaceEscapeError(ToolError):
     """A path resolves outside the workspace (`..`, absolute path or symlink)."""
 

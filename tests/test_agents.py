@@ -124,6 +124,9 @@ def test_full_spec_fields(tmp_path):
         "network": False,
         "permission": "default",
         "hooks": {"groups": ()},
+        "skills": None,
+        "memory": None,
+        "background": False,
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",
@@ -342,6 +345,7 @@ def test_claude_file_tools_are_mapped_and_unavailable_ones_dropped(user_dir, pro
     assert spec.max_turns == 12
     assert spec.source == "project"
     dropped = "WebFetch, WebSearch, TodoWrite, NotebookEdit, Task, mcp__github__search, Bash(git:*)"
+    assert spec.permission == "plan"  # honoured: read-only tools at run time (issue 33)
     assert spec.warnings == (
         f"{path}: tool(s) not available here, dropped: {dropped}",
         f"{path}: model 'sonnet' is a remote Claude model; using the default local model",
@@ -374,6 +378,31 @@ def test_claude_file_unknown_tool_is_dropped_and_remote_model_an_error(tmp_path)
     assert spec.tools == ("read",)
     assert spec.warnings == (f"{unknown}: tool(s) not available here, dropped: Frobnicate",)
     assert str(remote_info.value).startswith(f"{remote}: field 'model': 'openai/gpt-4o' is a remote 'openai' model;")
+
+
+def test_effort_maps_to_the_thinking_budget_and_every_claude_field_is_honoured_or_named(tmp_path):
+    folder = tmp_path / ".claude" / "agents"
+    extra = "effort: low\nbackground: true\nhooks: {}\nisolation: worktree\nmcpServers: [github]\nskills: [pdf]\n"
+    claude = write(folder, "c.md", agent_text(name="c", extra=extra))
+    ours = write(tmp_path, "o.md", agent_text(name="o", extra="effort: high\n"))
+    both = write(tmp_path, "b.md", agent_text(name="b", extra="effort: low\nthinking: 10\n"))
+    bad = write(tmp_path, "x.md", agent_text(name="x", extra="effort: max\n"))
+
+    spec = parse_agent_file(claude, "project")
+
+    assert (spec.thinking, spec.background, spec.skills) == (1024, True, ("pdf",))
+    assert spec.warnings == (
+        f"{claude}: Claude Code field(s) mcpServers, isolation not supported here, ignored",
+    )
+    assert parse_agent_file(ours, "user").thinking == 16384
+    with pytest.raises(AgentFileError) as both_info:
+        parse_agent_file(both, "user")
+    assert (
+        str(both_info.value) == f"{both}: fields 'effort' and 'thinking' both set the thinking budget; keep one of them"
+    )
+    with pytest.raises(AgentFileError) as bad_info:
+        parse_agent_file(bad, "user")
+    assert str(bad_info.value) == f"{bad}: field 'effort' must be low, medium or high, got 'max'; e.g. effort: low"
 
 
 # --- discovery layers ------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A file in a `.claude/agents` folder is read in this dialect: `Read` is our `read`, `Task(scout,
 worker)` in `tools` grants `subagent` and names the agents it may start, `sonnet` is a remote
 model (the default local model is used instead, with a warning), and Claude Code's own fields are
-accepted and ignored where we have no equivalent.
+honoured where we have them and named in one warning where we do not.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
-CLAUDE_FIELDS = (
-    "disallowedTools", "maxTurns", "permissionMode", "skills", "mcpServers", "hooks", "memory", "background",
-    "effort", "isolation", "initialPrompt", "disabled",
-)  # fmt: skip
+# Claude Code's own fields that map to ours (`skills`, `memory`, `background`, `effort` are ours too).
+CLAUDE_HONOURED = ("disallowedTools", "maxTurns", "skills", "memory", "background", "effort", "permissionMode", "hooks")
+# Claude Code's fields this version does not honour: a file using one gets one warning naming them.
+# A branch that implements one removes it from here.
+CLAUDE_UNSUPPORTED = ("mcpServers", "isolation", "initialPrompt", "disabled")
+CLAUDE_FIELDS = CLAUDE_HONOURED + CLAUDE_UNSUPPORTED
 # Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`).
 CLAUDE_TASK_TOOL = re.compile(r"(?:Task|Agent)\((.*)\)")
 CLAUDE_MODEL_ALIASES = ("sonnet", "opus", "haiku")
@@ -53,6 +54,14 @@ def task_grants(items: list[object]) -> list[str] | None:
             names = names if names is not None else []
             names.extend(task.group(1).split(","))
     return names
+
+
+def unsupported_note(path: Path, meta: dict[str, object]) -> str | None:
+    """The one warning for a file's Claude Code fields that are not honoured here (None: it uses none)."""
+    used = [field for field in CLAUDE_UNSUPPORTED if field in meta]
+    if not used:
+        return None
+    return f"{path}: Claude Code field(s) {', '.join(used)} not supported here, ignored"
 
 
 def is_claude_model(model: str) -> bool:

@@ -20,7 +20,9 @@ from typing import Literal
 
 from ..errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
 from ..home import state_home
+from ..tools.skill import Skill
 from ..userfiles import MAX_FILE_BYTES
+from .skills import discover_skills
 from .spec import AgentSpec, Source, parse_agent_file
 
 Scope = Literal["user", "project", "both"]
@@ -36,6 +38,8 @@ class AgentCatalog:
     agents: dict[str, AgentSpec] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     project_root: Path | None = None
+    # The skills found beside the agents (user and project layers), by name in name order.
+    skills: dict[str, Skill] = field(default_factory=dict)
 
     def names(self) -> list[str]:
         return sorted(self.agents)
@@ -145,6 +149,8 @@ def discover_agents(cwd: Path, scope: Scope = "both") -> AgentCatalog:
             catalog.load_folder(claude_dir, "project", claude=True)
         if mlx_dir is not None:
             catalog.load_folder(mlx_dir, "project")
+    catalog.skills, skipped = discover_skills(cwd, scope)
+    catalog.warnings.extend(skipped)
     return catalog
 
 

@@ -36,9 +36,11 @@ from ..host.protocol import (
 )
 from ..results import RunResult, RunUsage, StopReason
 from ..tools import TOOL_CLASSES, Sandbox, Tool, ToolResult, Workspace, make_tools
+from ..tools.skill import SkillTool
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .hooks import HookEvent, HookOutcome, Hooks, fire
 from .inbox import Inbox
+from .skills import SkillChoice, skills_block
 from .spec import AgentSpec
 
 DEFAULT_MAX_TURNS = 30
@@ -92,20 +94,26 @@ class LimitReached(Exception):
         self.stop_reason = stop_reason
 
 
-def system_prompt(spec: AgentSpec, workspace: Workspace, context: str = "") -> str:
-    """Agent body + project instructions + workspace facts; byte-identical for every session of this
-    agent and workspace.
+def system_prompt(
+    spec: AgentSpec, workspace: Workspace, context: str = "", skills: SkillChoice | None = None, context_window: int = 0
+) -> str:
+    """Agent body + project instructions + workspace facts + its skills; byte-identical for every session
+    of this agent and workspace (the skills catalog ends it, in a fixed order).
 
     No call format: the host presents the tools in the model's own way (see `ModelHost.tool_mode`).
 
     Args:
         context: the project's instructions (`project_context`), read once per workspace by the runner.
+        skills, context_window: the skills it is offered and the window the catalog's budget scales to.
     """
-    return (
+    prompt = (
         f"{spec.system_prompt.strip()}\n\n" + (f"{context}\n\n" if context else "") + f"Workspace: {workspace.root}\n"
         "All paths are relative to the workspace; you cannot read or write outside it.\n"
         "Call one tool at a time. Reply without a tool call when you are done."
     )
+    if skills is not None and skills.offered:
+        prompt += "\n\n" + skills_block(skills.offered, skills.preloaded, context_window)
+    return prompt
 
 
 @dataclass
@@ -139,6 +147,8 @@ class AgentSession:
     # every event they read says besides (run id, parent, depth).
     hooks: Hooks = field(default_factory=Hooks)
     hook_facts: dict[str, Any] = field(default_factory=dict)
+    # The skills it is offered: listed at the end of its system prompt, loaded by its `skill` tool.
+    skills: SkillChoice = field(default_factory=SkillChoice)
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -148,6 +158,8 @@ class AgentSession:
         granted = [t for t in self.spec.tools if t in TOOL_CLASSES and t not in self.extra_tools]
         self.tools: dict[str, Tool] = {**make_tools(granted, self.workspace, self.sandbox), **self.extra_tools}
         self.tools = {n: t for n, t in self.tools.items() if t.grant in self.spec.tools}
+        if self.skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
+            self.tools["skill"] = SkillTool(self.workspace, self.skills.offered)
         self.schemas = [tool.schema() for tool in self.tools.values()]
         self.compaction = scale_compaction(self.host.context_window, self.compaction)
         self._host_session: HostSession = self.host.session(self.session_name, agent=self.spec.name)
@@ -163,10 +175,14 @@ class AgentSession:
     async def run(self, task: str) -> RunResult:
         """Run the task to a final answer or a limit. Cancellation propagates (see `partial_result`)."""
         self.messages = [
-            {"role": "system", "content": system_prompt(self.spec, self.workspace, self.project_context)},
+            {"role": "system", "content": self.system_prompt()},
             {"role": "user", "content": f"Task: {task}"},
         ]
         return await self._loop(task)
+
+    def system_prompt(self) -> str:
+        """This session's system prompt (see `system_prompt`)."""
+        return system_prompt(self.spec, self.workspace, self.project_context, self.skills, self.host.context_window)
 
     async def follow_up(self, task: str, message: str) -> RunResult:
         """Continue a finished conversation (its messages restored) with a new user message."""

@@ -22,7 +22,7 @@ from ..host.protocol import DEFAULT_THINKING_TOKENS
 from ..text import name_list
 from ..tools import TOOL_NAMES
 from ..userfiles import read_text
-from .claude import CLAUDE_FIELDS, claude_tool, is_claude_file, is_claude_model, task_grants
+from .claude import CLAUDE_FIELDS, claude_tool, is_claude_file, is_claude_model, task_grants, unsupported_note
 from .frontmatter import agent_error as _fail
 from .frontmatter import read_frontmatter
 from .hooks import HookConfigError, Hooks, parse_hooks
@@ -41,10 +41,12 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks",
+    "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
+# `effort:` as a thinking budget per reply, in tokens: medium is the default budget.
+EFFORT_THINKING = {"low": 1024, "medium": DEFAULT_THINKING_TOKENS, "high": 4 * DEFAULT_THINKING_TOKENS}
 LENIENT_FIELDS = frozenset(FIELDS + CLAUDE_FIELDS + DISPLAY_FIELDS)
 
 # A model named `<provider>/...` or `<provider>:...` with one of these runs remotely: refused,
@@ -97,6 +99,12 @@ class AgentSpec(BaseModel):
     permission: Literal["default", "plan"] = "default"
     # Its file's own `hooks:` (Claude Code's shape), fired for this agent only (`agents/hooks.py`).
     hooks: Hooks = Field(default_factory=Hooks)
+    # The skills it is offered, each preloaded in full (None: every skill found, none preloaded).
+    skills: tuple[str, ...] | None = None
+    # Where it keeps notes across runs (see `agents/memory.py`); None: no memory.
+    memory: Literal["user", "project", "local"] | None = None
+    # A `subagent` call that starts it runs in the background unless the call says `"background": false`.
+    background: bool = False
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -147,6 +155,8 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         raise _fail(path, "the body is empty", "write the system prompt below the closing '---'")
     if not claude and (unknown := sorted(str(k) for k in meta if k not in FIELDS + DISPLAY_FIELDS)):
         warnings.append(f"{path}: unknown field(s) {name_list(unknown)} ignored")
+    if claude and (note := unsupported_note(path, meta)):
+        warnings.append(note)
     agents, full_tools_for = _parse_agents(path, meta)
     return AgentSpec(
         name=name,
@@ -160,10 +170,13 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         network=_parse_switch(path, "network", meta.get("network"), ("allow", "deny")) or False,
         permission=_parse_permission(path, meta, warnings),
         hooks=_parse_hooks(path, meta.get("hooks"), warnings),
+        skills=_parse_skills(path, meta.get("skills")),
+        memory=_parse_memory(path, meta.get("memory")),
+        background=_parse_background(path, meta.get("background")),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
-        thinking=_parse_thinking(path, meta.get("thinking")),
+        thinking=_parse_thinking(path, meta.get("thinking"), meta.get("effort")),
         output_schema=_parse_output_schema(path, meta.get("output_schema")),
         **_parse_engine(path, meta.get("engine"), meta.get("engine_model")),
         system_prompt=system_prompt,
@@ -293,6 +306,32 @@ def _parse_context(path: Path, value: Any) -> Literal["project", "none"]:
     raise _fail(path, f"field 'context' must be 'project' or 'none', got {value!r}", "e.g. context: none")
 
 
+def _parse_skills(path: Path, value: Any) -> tuple[str, ...] | None:
+    """`skills:` as a list or comma-separated names; `none` (or an empty list) offers none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [] if value.strip().lower() == "none" else value.split(",")
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _fail(path, "field 'skills' must be a list of skill names or 'none'", "e.g. skills: [pdf, review]")
+    names = [item.strip().lower() for item in value if item.strip()]
+    if bad := [n for n in names if not re.fullmatch(NAME_PATTERN, n)]:
+        raise _fail(path, f"field 'skills': {bad[0]!r} is not a skill name", "e.g. skills: [pdf, review]")
+    return tuple(dict.fromkeys(names))
+
+
+def _parse_memory(path: Path, value: Any) -> Literal["user", "project", "local"] | None:
+    if value is None or value in ("user", "project", "local"):
+        return value
+    raise _fail(path, f"field 'memory' must be user, project or local, got {value!r}", "e.g. memory: project")
+
+
+def _parse_background(path: Path, value: Any) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise _fail(path, f"field 'background' must be true or false, got {value!r}", "e.g. background: true")
+
+
 def _parse_writer(path: Path, value: Any) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
@@ -419,7 +458,14 @@ def parse_thinking(value: Any) -> int | None:
     raise ValueError(f"must be on, off or a number of tokens, got {value!r}")
 
 
-def _parse_thinking(path: Path, value: Any) -> int | None:
+def _parse_thinking(path: Path, value: Any, effort: Any = None) -> int | None:
+    """`thinking:` in tokens, or `effort:` (Claude Code's, Codex's) mapped by `EFFORT_THINKING`."""
+    if effort is not None:
+        if value is not None:
+            raise _fail(path, "fields 'effort' and 'thinking' both set the thinking budget", "keep one of them")
+        if effort not in EFFORT_THINKING:
+            raise _fail(path, f"field 'effort' must be low, medium or high, got {effort!r}", "e.g. effort: low")
+        return EFFORT_THINKING[effort]
     try:
         return parse_thinking(value)
     except ValueError as exc:

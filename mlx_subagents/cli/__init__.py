@@ -348,7 +348,9 @@ def agents(
     verbose: Annotated[
         bool,
         typer.Option(
-            "--verbose", "-v", help="Also show whether each agent takes writer turns, and the project instructions."
+            "--verbose",
+            "-v",
+            help="Also show whether each agent takes writer turns, its skills, and the project instructions.",
         ),
     ] = False,
 ) -> None:
@@ -384,8 +386,52 @@ def agents(
         if verbose:
             out.print(f"  {_writer_line(catalog.agents[row['name']])}", markup=False)
             out.print(f"  {_sandbox_line(catalog.agents[row['name']])}", markup=False)
+            out.print(f"  {_skills_line(catalog.agents[row['name']], catalog.skills)}", markup=False)
     if verbose:
         _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
+
+
+def _skills_line(spec: AgentSpec, found: dict[str, Any]) -> str:
+    """Which skills the agent is offered (project ones once allowed), and those its `skills:` names in vain."""
+    from ..agents.skills import choose_skills
+
+    choice = choose_skills(spec.skills, found)
+    line = f"skills: {', '.join(choice.names()) or 'none'}"
+    if choice.preloaded:
+        line += f" (preloaded: {', '.join(choice.preloaded)})"
+    if choice.missing:
+        line += f"; not found: {', '.join(choice.missing)}"
+    return line
+
+
+@app.command()
+def skills(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False) -> None:
+    """List the skills: user and project (project ones are offered to agents only with --yes).
+
+    Example: subagent skills --json
+    """
+    from ..agents.discovery import discover_agents
+
+    catalog = discover_agents(Path(cwd).resolve(), scope=scope.value)  # type: ignore[arg-type]
+    print_warnings(catalog)
+    rows = [
+        {
+            "name": s.name,
+            "description": s.description,
+            "source": s.source,
+            "path": str(s.path),
+            "bytes": s.n_bytes,
+        }
+        for s in catalog.skills.values()
+    ]
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    if not rows:
+        out.print("no skills found (see docs/agents.md#skills for where they go)", markup=False)
+    for row in rows:
+        out.print(f"{row['name']:<12} {row['source']:<8} {row['bytes']:,} bytes\n  {row['description']}", markup=False)
+        out.print(f"  [dim]{row['path']}[/]")
 
 
 def _writer_line(spec: AgentSpec) -> str:

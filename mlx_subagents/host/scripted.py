@@ -14,6 +14,9 @@ the MLX host. The script is a JSON or YAML file:
           - raw: "<tool_call>not json</tool_call>"   # a malformed tool call
           - {content: found it, delay: 0.5}          # sleeps 0.5 s first
           - {content: "I will", stall: 60}           # streams "I will", then 60 s before it ends
+    sessions:                      # optional, per host session name; wins over `agents`
+      scout-2:                     # the second of two parallel scouts (`scout-1`, `scout-2`)
+        replies: [the second scout's answer]
 
 A bare list at the top level is shorthand for `{"replies": [...]}`, and a bare
 string reply is shorthand for `{"content": "..."}`. Tests build the same host in
@@ -118,6 +121,8 @@ class Script(BaseModel):
 
     replies: list[ScriptedReply] = Field(default_factory=list)
     agents: dict[str, AgentScript] = Field(default_factory=dict)
+    # Per host session name: two sessions of one agent (parallel tasks) with different replies.
+    sessions: dict[str, AgentScript] = Field(default_factory=dict)
     context_window: int = Field(default=DEFAULT_CONTEXT_WINDOW, gt=0, strict=True)
 
     @model_validator(mode="before")
@@ -127,12 +132,14 @@ class Script(BaseModel):
 
     @model_validator(mode="after")
     def _has_replies(self) -> Script:
-        if not self.replies and not any(a.replies for a in self.agents.values()):
+        if not self.replies and not any(a.replies for a in (*self.agents.values(), *self.sessions.values())):
             raise ValueError("the script has no replies: add 'replies' or 'agents.<name>.replies'")
         return self
 
-    def replies_for(self, agent: str | None) -> list[ScriptedReply]:
-        """The agent's own replies if it has a script, else the top-level ones."""
+    def replies_for(self, agent: str | None, session: str = "") -> list[ScriptedReply]:
+        """The session's own replies if it has a script, else its agent's, else the top-level ones."""
+        if session in self.sessions:
+            return self.sessions[session].replies
         if agent is not None and agent in self.agents:
             return self.agents[agent].replies
         return self.replies
@@ -262,7 +269,7 @@ class ScriptedSession:
         self.name = name
         self.agent = agent
         self._host = host
-        self._replies = host.script.replies_for(agent)
+        self._replies = host.script.replies_for(agent, name)
         self._cursor = 0
         self._n_calls = 0
         self._busy = False

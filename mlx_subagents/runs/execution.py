@@ -207,6 +207,7 @@ class Execution:
             extra_tools=item.extra_tools,
             denied=item.prepared.denied,
             project_context=item.prepared.context,
+            skills=item.prepared.skills,
             inbox=item.inbox if item.inbox is not None else Inbox(),
             session_name=item.session_name,
             sandbox=item.prepared.sandbox,

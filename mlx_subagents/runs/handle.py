@@ -534,7 +534,8 @@ class TaskHandle:
             recorder = RunRecorder("single", self.workspace.root, [self.entry], self.run_folder or self.runtime.home)
             recorder.transcript(0)  # names the task's file in the record
             self.record = recorder.record
-        prompt = system_prompt(self.spec, self.workspace, self.prepared.context)
+        prepared = self.prepared
+        prompt = system_prompt(self.spec, self.workspace, prepared.context, prepared.skills, self.host.context_window)
         self.session = self._session([{"role": "system", "content": prompt}])
         return self.session
 
@@ -551,6 +552,7 @@ class TaskHandle:
             extra_tools=self.runtime.delegation_tools(self.board.parent, self.workspace, self.board),
             denied=self.prepared.denied,
             project_context=self.prepared.context,
+            skills=self.prepared.skills,
             messages=list(messages),
             inbox=self.inbox,
             session_name=self.runtime.claim_session_name(self.label),

@@ -36,8 +36,10 @@ from typing import Any
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
 from ..agents.hooks import SETTINGS_FILE, Hooks, find_project_settings, load_settings_hooks
+from ..agents.memory import MEMORY_TOOLS, memory_block, memory_folder, start_memory
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
+from ..agents.skills import SkillChoice, choose_skills
 from ..agents.spec import AgentSpec, sandbox_default
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
@@ -46,6 +48,7 @@ from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import READ_ONLY_TOOLS, Sandbox, Workspace
+from ..tools.skill import Skill
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
 
@@ -68,6 +71,8 @@ class Parent:
     thinking: int | None = None
     sandbox: Sandbox | None = None
     plan: bool = False
+    # The skills it is offered: its children are offered no others.
+    skills: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class PreparedTask:
         plan: it runs in plan mode (read-only tools), and so do its children.
         hooks: the hooks that fire for it (the settings files', then its own file's).
         parent: its parent's label (None: started by a person).
+        skills: the skills it is offered (and preloads).
     """
 
     task: TaskSpec
@@ -101,6 +107,7 @@ class PreparedTask:
     plan: bool = False
     hooks: Hooks = field(default_factory=Hooks)
     parent: str | None = None
+    skills: SkillChoice = field(default_factory=SkillChoice)
 
     @property
     def label(self) -> str:
@@ -109,7 +116,15 @@ class PreparedTask:
     def as_parent(self, run_folder: Path | None) -> Parent:
         """This task as the parent of the children it delegates to."""
         return Parent(
-            self.spec, self.label, self.depth, self.model, run_folder, self.limits.thinking, self.sandbox, self.plan
+            self.spec,
+            self.label,
+            self.depth,
+            self.model,
+            run_folder,
+            self.limits.thinking,
+            sandbox=self.sandbox,
+            plan=self.plan,
+            skills=self.skills.names(),
         )
 
 
@@ -131,6 +146,7 @@ class _Resolved:
     denied: dict[str, str]
     schema: dict[str, Any] | None
     model: ModelRef
+    skills: SkillChoice
     plan: bool = False
 
 
@@ -172,6 +188,8 @@ class Preparer:
         self._hooks: Hooks | None = None
         # Receives one line per settings problem that blocks nothing (project hooks not allowed).
         self.on_warning: Callable[[str], None] = lambda _line: None
+        self._memories: dict[tuple[Path, bool], str] = {}
+        self._project_skills: bool | None = None  # the user's answer about project skills, once asked
 
     # -- a whole request --------------------------------------------------------------------------------
 
@@ -245,7 +263,8 @@ class Preparer:
         model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
         if delegated or parent is not None:
             self.check_local(model, named=bool(task.model))
-        return _Resolved(task, spec, denied, schema, model, plan)
+        skills = choose_skills(spec.skills, self.usable_skills(), parent.skills if parent else None)
+        return _Resolved(task, spec, denied, schema, model, skills, plan)
 
     async def _load(
         self, resolved: _Resolved, parent: Parent | None, workspace: Workspace, delegated: bool = False
@@ -255,6 +274,7 @@ class Preparer:
         if delegated:  # a caller's own limits narrow what the task would have, never widen it
             limits = replace(limits, max_turns=min(limits.max_turns, self.limits(spec, None, parent).max_turns))
             timeout = min((t for t in (task.timeout, self.options.timeout) if t), default=None)
+        workspace, memory = self.memory(spec, workspace)
         return PreparedTask(
             task=task,
             spec=spec,
@@ -266,11 +286,12 @@ class Preparer:
             timeout=timeout,
             schema=resolved.schema,
             denied=resolved.denied,
-            context=self.project_context(spec, workspace),
             sandbox=self.sandbox_for(spec, workspace, parent),
             plan=resolved.plan,
             hooks=self.settings_hooks(workspace.root) + spec.hooks,
             parent=parent.label if parent else None,
+            context="\n\n".join(filter(None, (self.project_context(spec, workspace), memory))),
+            skills=resolved.skills,
         )
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
@@ -338,6 +359,22 @@ class Preparer:
             f"the project file {path} has hooks: commands run around the agents' tool calls. Allow them?"
         )
 
+    def usable_skills(self) -> dict[str, Skill]:
+        """The skills agents may be offered: every user skill, and the project's once the user allowed them
+        (`--yes`, or asked once): they come with the workspace, are instructions and may name scripts."""
+        skills = self.catalog.skills
+        project = [s.name for s in skills.values() if s.source == "project"]
+        if project and self._project_skills is None:
+            if self.options.assume_yes:
+                self._project_skills = True
+            elif self.interactive and self.confirm is not None:
+                where = ", ".join(sorted({str(s.folder.parent) for s in skills.values() if s.source == "project"}))
+                ask = f"project skills {', '.join(project)} come from {where}; they are instructions for the agents."
+                self._project_skills = bool(self.confirm(f"{ask} Offer them?"))
+            else:
+                self._project_skills = False
+        return {n: s for n, s in skills.items() if s.source != "project" or self._project_skills}
+
     def model_for(self, spec: AgentSpec, override: str | None = None, inherited: ModelRef | None = None) -> ModelRef:
         """A task's own model, else `--model`, else the agent's (its `engine:` and `engine_model:`, or
         its `model:`), else its parent's (`inherited`), else `$MLX_SUBAGENTS_MODEL` or the default.
@@ -386,6 +423,21 @@ class Preparer:
             return
         resolve_model_path(model.model, local_only=True)
 
+    def memory(self, spec: AgentSpec, workspace: Workspace) -> tuple[Workspace, str]:
+        """`(the workspace its tools get, its memory's part of the system prompt)`: with `memory:`, the
+        head of its `MEMORY.md` (read once per run, so every session's prompt is byte-identical), and,
+        for an agent that can edit files, its memory folder opened to its tools."""
+        if spec.memory is None:
+            return workspace, ""
+        folder = memory_folder(spec.memory, spec.name, workspace.root)
+        writable = any(tool in spec.tools for tool in MEMORY_TOOLS)
+        key = (folder, writable)
+        if key not in self._memories:
+            if writable:
+                start_memory(folder, spec.name)
+            self._memories[key] = memory_block(folder, writable)
+        return (replace(workspace, memory=folder) if writable else workspace), self._memories[key]
+
     def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:
         """The project's instructions for an agent's system prompt, read once per workspace (so every
         session's prompt is byte-identical); "" for an agent with `context: none`."""
@@ -399,7 +451,7 @@ class Preparer:
         """Refuse an agent whose system prompt takes more than half the model's context window
         (the rest is for the work), naming the numbers and the file to shorten."""
         spec, host = task.spec, task.host
-        prompt = system_prompt(spec, task.workspace, task.context)
+        prompt = system_prompt(spec, task.workspace, task.context, task.skills, host.context_window)
         n_tokens = await host.count_tokens([{"role": "system", "content": prompt}])
         if n_tokens > host.context_window // 2:
             raise InputTooLargeError(

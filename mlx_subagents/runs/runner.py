@@ -464,6 +464,7 @@ class Runner:
             warnings=self.catalog.all_warnings(),
             concurrency=self.options.concurrency,
             workflows=self.workflow_names(),
+            background_agents=[n for n, a in self.catalog.agents.items() if a.background],
         )
         return {"subagent": tool, **make_background_tools(workspace, board)}
 

@@ -2,8 +2,10 @@
 
 Another task or process may change the file meanwhile (an appending log, a parallel worker). The
 new text goes to a temporary file that replaces the original only if the original still holds
-exactly what the edit was computed from; otherwise the edit fails and the model reads the file
-again. Bytes appended to the original between that check and the replacement are carried over.
+exactly what the edit was computed from; otherwise the edit is computed again from the new content
+(parallel runs of one agent adding lines to its memory both keep theirs), and after `EDIT_ATTEMPTS`
+it fails and the model reads the file again. Bytes appended to the original between that check and
+the replacement are carried over.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from typing import BinaryIO
 
 from pydantic import BaseModel, Field
 
-from ..errors import ToolError
+from ..errors import FileChangedError, ToolError
 from .base import Tool
 from .workspace import open_regular
 
 CHANGED = "the file changed since it was read; read it again"
 MAX_EDIT_BYTES = 10 * 1024 * 1024  # edit holds the file in memory, twice
+EDIT_ATTEMPTS = 3
 CARRY_OVER_ROUNDS = 5
 CARRY_OVER_PAUSE_SECONDS = 0.01
 
@@ -41,6 +44,15 @@ class EditTool(Tool):
 
     def execute(self, params: Params) -> str:
         path = self.workspace.existing(params.path, "file")
+        for _ in range(EDIT_ATTEMPTS - 1):
+            try:
+                return self._edit_once(path, params)
+            except FileChangedError:
+                continue  # computed again from what the other writer left
+        return self._edit_once(path, params)
+
+    def _edit_once(self, path: Path, params: Params) -> str:
+        """Read, replace and check once; raises `FileChangedError` if the file changed meanwhile."""
         with open_regular(path, params.path) as file:
             base = file.read(MAX_EDIT_BYTES + 1)
         if len(base) > MAX_EDIT_BYTES:
@@ -77,7 +89,7 @@ class EditTool(Tool):
 
 
 def replace_checked(path: Path, shown: str, base: bytes, new: bytes) -> None:
-    """Replace the file at `path` by `new` if it still holds `base`; raise `ToolError` if not.
+    """Replace the file at `path` by `new` if it still holds `base`; raise `FileChangedError` if not.
 
     The replacement is a rename, so a reader never sees half a file. A process appending to the
     old file after the check (its `>>` opened it before the rename) would lose its bytes with the
@@ -90,7 +102,7 @@ def replace_checked(path: Path, shown: str, base: bytes, new: bytes) -> None:
         with open_regular(path, shown) as current:
             os.chmod(tmp, os.fstat(current.fileno()).st_mode & 0o7777)
             if current.read() != base:
-                raise ToolError(f"{shown}: {CHANGED}")
+                raise FileChangedError(f"{shown}: {CHANGED}")
             os.replace(tmp, path)
             _carry_over(current, path)
     finally:

@@ -72,7 +72,10 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
     cwd: str = Field(
         default="", description="A folder inside the workspace for the sub-agents (default: the workspace)."
     )
-    background: bool = Field(default=False, description="Return task ids at once; a notice comes at each end.")
+    background: bool = Field(
+        default=False,
+        description="Return task ids at once; a notice comes at each end (default: as the agent's file says).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -124,6 +127,7 @@ class SubagentTool(Tool):
         warnings: the agent-file warnings, the first `MAX_WARNINGS` of them in the description.
         concurrency: how many of a call's tasks run at once (`--concurrency`).
         workflows: the names of the workflows a call may run, for the description.
+        background_agents: agents whose files say `background: true` (see `parse_delegation`).
     """
 
     name = "subagent"
@@ -147,8 +151,11 @@ class SubagentTool(Tool):
         warnings: Sequence[str] = (),
         concurrency: int = MAX_CONCURRENCY,
         workflows: Sequence[str] = (),
+        background_agents: Collection[str] = (),
     ) -> None:
         super().__init__(workspace)
+        # Without `start` nothing runs in the background: such an agent's calls wait instead.
+        self.background_agents = frozenset(background_agents) if start is not None else frozenset()
         self.delegate = delegate
         self.agents = dict(sorted(agents.items()))
         self.caller = caller
@@ -183,7 +190,14 @@ class SubagentTool(Tool):
                 f"{self.max_depth} (max_depth); do the task yourself with your other tools"
             )
         try:
-            delegation = parse_delegation(arguments, self.workspace, self.known(), tool=self.name, listed=self.agents)
+            delegation = parse_delegation(
+                arguments,
+                self.workspace,
+                self.known(),
+                tool=self.name,
+                listed=self.agents,
+                background_agents=self.background_agents,
+            )
         except ToolError as exc:
             return error_result(str(exc))
         if delegation.background:
@@ -247,6 +261,7 @@ def parse_delegation(
     *,
     tool: str = "subagent",
     listed: Collection[str] | None = None,
+    background_agents: Collection[str] = (),
 ) -> Delegation:
     """A call's `Delegation`, or `ToolError` with what the caller reads: what is wrong, the forms
     and the agents (`invalid TOOL call: ...`), or the `cwd` that is not a folder of the workspace.
@@ -255,6 +270,8 @@ def parse_delegation(
         agents: the agents a call may name (a parallel task's unknown agent fails alone, later).
         tool: the name the caller knows the call by, for its messages.
         listed: the agents the messages name (default: `agents`): those the caller may start.
+        background_agents: agents whose files say `background: true`: a call without `background`
+            whose every task starts one runs in the background (the call site wins when it says).
     """
     names = agents if listed is None else listed
     try:
@@ -267,11 +284,14 @@ def parse_delegation(
     where = "" if mode == "single" else ("tasks" if mode == "parallel" else "chain")
     call_root = _folder(workspace, params.cwd, "cwd", workspace.root)
     roots = [_folder(workspace, t.cwd, f"{where}[{i}].cwd", call_root) for i, t in enumerate(items)]
+    background = params.background
+    if "background" not in params.model_fields_set:
+        background = bool(items) and all(t.agent.strip() in background_agents for t in items)
     return Delegation(
         mode,
         tuple(items),
         Workspace(call_root),
-        background=params.background,
+        background=background,
         workspaces=tuple(Workspace(r) for r in roots),
         workflow=params.workflow.strip(),
         input=params.input,

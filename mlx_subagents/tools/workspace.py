@@ -35,9 +35,13 @@ class Workspace:
     """The folder a session's tools may read and write; `root` is stored resolved."""
 
     root: Path
+    # An agent's memory folder, the one place outside the root its tools may reach (`agents/memory.py`).
+    memory: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).expanduser().resolve())
+        if self.memory is not None:
+            object.__setattr__(self, "memory", Path(self.memory).expanduser().resolve())
 
     def resolve(self, path: str) -> Path:
         """The real absolute path for `path` (relative to root); raises if it leaves the root."""
@@ -46,7 +50,7 @@ class Workspace:
             real = requested.resolve()  # `..` after a symlink climbs from its target, like the OS
         except (ValueError, RuntimeError) as exc:  # NUL byte, symlink loop, unknown ~user
             raise ToolError(f"invalid path {path!r}: {exc}; use a plain path inside {self.root}") from None
-        if real.is_relative_to(self.root):
+        if real.is_relative_to(self.root) or (self.memory is not None and real.is_relative_to(self.memory)):
             return real
         lexical = Path(os.path.normpath(requested))
         via = f" (it is a symlink to {real})" if lexical.is_relative_to(self.root) else ""
