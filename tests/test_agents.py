@@ -120,6 +120,9 @@ def test_full_spec_fields(tmp_path):
         "full_tools_for": (),
         "context": "project",
         "writer": None,
+        "mcp_servers": (),
+        "mcp_inline": (),
+        "mcp_denied": (),
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",
@@ -247,7 +250,7 @@ BAD_FILES = [
     (agent_text(name="-x"), f"field 'name': '-x' is not a valid agent name; {NAME_FIX}"),
     (
         agent_text(extra="tools: read, glob\n"),
-        "field 'tools': unknown tool 'glob'; use tools from: read, grep, find, ls, bash, edit, write, subagent",
+        "field 'tools': unknown tool 'glob'; use tools from: read, grep, find, ls, bash, edit, write, subagent, or mcp__<server>__<tool>",
     ),
     (
         agent_text(extra="tools: {read: true}\n"),
@@ -333,11 +336,12 @@ def test_claude_file_tools_are_mapped_and_unavailable_ones_dropped(user_dir, pro
 
     spec = discover_agents(project).get("explorer")
 
-    assert spec.tools == ("read", "grep", "find", "ls", "bash", "edit", "write")
+    # Issue 32: an MCP tool is kept (its server's tools are offered when it is configured).
+    assert spec.tools == ("read", "grep", "find", "ls", "bash", "edit", "write", "mcp__github__search")
     assert spec.model is None
     assert spec.max_turns == 12
     assert spec.source == "project"
-    dropped = "WebFetch, WebSearch, TodoWrite, NotebookEdit, Task, mcp__github__search, Bash(git:*)"
+    dropped = "WebFetch, WebSearch, TodoWrite, NotebookEdit, Task, Bash(git:*)"
     assert spec.warnings == (
         f"{path}: tool(s) not available here, dropped: {dropped}",
         f"{path}: model 'sonnet' is a remote Claude model; using the default local model",

@@ -32,11 +32,13 @@ from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.spec import AgentSpec
 from ..caps import CapItem, check_request
-from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
+from ..errors import AgentNotFoundError, ConfirmationRequired, InputTooLargeError, RequestError
+from ..home import state_home
 from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
-from ..tools import Workspace
+from ..tools import Tool, Workspace
+from ..tools.mcp import McpServerConfig, McpServers, load_config, matches, pattern_server
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
 
@@ -82,6 +84,8 @@ class PreparedTask:
     schema: dict[str, Any] | None = None
     denied: dict[str, str] = field(default_factory=dict)
     context: str = ""
+    # The MCP tools it may call (`mcp__<server>__<tool>`), on the runner's running servers.
+    mcp_tools: dict[str, Tool] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -132,6 +136,7 @@ class Preparer:
         confirm: Callable[[str], bool] | None = None,
         processor_factory: ProcessorFactory | None = None,
         hosts: dict[ModelRef, ModelHost] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.options = options
         self.catalog = catalog
@@ -145,6 +150,10 @@ class Preparer:
         self._kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
         self._trusted: set[str] = set()
         self._contexts: dict[Path, ProjectContext] = {}
+        self.cwd = cwd or Path.cwd()
+        self.mcp = McpServers(self.cwd, log_dir=state_home() / "logs")
+        self._mcp_config: dict[str, McpServerConfig] | None = None
+        self._mcp_allowed: set[str] = set()  # project servers the user allowed to start
 
     # -- a whole request --------------------------------------------------------------------------------
 
@@ -214,6 +223,7 @@ class Preparer:
         model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
         if delegated or parent is not None:
             self.check_local(model, named=bool(task.model))
+        self.allow_mcp_servers(spec)
         return _Resolved(task, spec, denied, schema, model)
 
     async def _load(
@@ -236,6 +246,7 @@ class Preparer:
             schema=resolved.schema,
             denied=resolved.denied,
             context=self.project_context(spec, workspace),
+            mcp_tools=await self.mcp_tools(spec, workspace),
         )
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
@@ -313,6 +324,51 @@ class Preparer:
             self._contexts[workspace.root] = load_project_context(workspace.root)
         return self._contexts[workspace.root].text
 
+    def mcp_servers(self, spec: AgentSpec) -> list[McpServerConfig]:
+        """The MCP servers an agent may use: those its tools name (`mcp__github__*`, by default those its
+        `mcpServers:` names or defines); inline definitions first, then `.mcp.json`, then the home's
+        `mcp.json`. A name defined nowhere is one warning, its tools absent."""
+        if self._mcp_config is None:
+            self._mcp_config = load_config(self.cwd)
+        inline = {config.name: config for config in spec.mcp_inline}
+        # Only servers its (capped) tools name: a server none of its tools can reach is never started.
+        wanted = dict.fromkeys(filter(None, map(pattern_server, spec.tools)))
+        servers = []
+        for name in wanted:
+            config = inline.get(name) or self._mcp_config.get(name)
+            if config is not None:
+                servers.append(config)
+            elif name not in self.mcp.failed:
+                self.mcp.failed[name] = "not defined"
+                self.mcp.warn(
+                    f"{spec.path}: MCP server '{name}' is not defined in .mcp.json, the home's mcp.json or "
+                    "mcpServers:; its tools are not offered"
+                )
+        return servers
+
+    def allow_mcp_servers(self, spec: AgentSpec) -> None:
+        """Ask once before a project `.mcp.json` starts processes, as for a project agent: `--yes`, or the
+        prompt, naming the servers it starts; without either, nothing starts and the task is refused."""
+        servers = [c for c in self.mcp_servers(spec) if c.project and c.name not in self._mcp_allowed]
+        if not servers or self.options.assume_yes:
+            return
+        origin = (
+            f"the project file {servers[0].where} starts MCP server(s) {', '.join(c.summary() for c in servers)} "
+            f"for agent '{spec.name}'; they can run commands in this workspace."
+        )
+        if not self.interactive or self.confirm is None:
+            raise ConfirmationRequired(f"{origin} Re-run with --yes to allow it.")
+        if not self.confirm(f"{origin} Allow it?"):
+            raise ConfirmationRequired(f"the MCP servers of {servers[0].where} were not allowed to start (declined).")
+        self._mcp_allowed.update(c.name for c in servers)
+
+    async def mcp_tools(self, spec: AgentSpec, workspace: Workspace) -> dict[str, Tool]:
+        """The MCP tools an agent's file grants, its servers started on first use (shared by the runner's agents)."""
+        if not (servers := self.mcp_servers(spec)):
+            return {}
+        tools = await self.mcp.tools_for(servers, workspace)
+        return {name: tool for name, tool in tools.items() if spec.grants(name)}
+
     async def check_prompt_fits(self, task: PreparedTask) -> None:
         """Refuse an agent whose system prompt takes more than half the model's context window
         (the rest is for the work), naming the numbers and the file to shorten."""
@@ -344,6 +400,7 @@ class Preparer:
         self.hosts = {model: host for model, host in self.hosts.items() if model in self._given}
         for host in hosts:
             await host.stop()
+        await self.mcp.close()
 
 
 def _per_task(workspace: Workspace | Sequence[Workspace], n_tasks: int) -> list[Workspace]:
@@ -365,15 +422,32 @@ def granted_tools(parent: AgentSpec, child: AgentSpec) -> tuple[AgentSpec, dict[
     `agents:` list grants it its full tools (`worker!`); and, per tool it lost, the error its calls get."""
     if child.name in parent.full_tools_for:
         return child, {}
-    kept = tuple(tool for tool in child.tools if tool in parent.tools)
-    if kept == child.tools:
+    kept = tuple(_kept_mcp(child.tools, parent))
+    # Whatever the parent may not call, the child may not either (its denials pass down).
+    mcp_denied = tuple(dict.fromkeys(child.mcp_denied + parent.mcp_denied))
+    if kept == child.tools and mcp_denied == child.mcp_denied:
         return child, {}
     why = (
         f"Error: {{tool}} is not available to '{child.name}' here: its parent '{parent.name}' lacks it, and a "
         f"sub-agent's tools never exceed its parent's without a grant (agents: [{child.name}!] in {parent.path})"
     )
     lost = {tool: why.format(tool=tool) for tool in child.tools if tool not in kept}
-    return child.model_copy(update={"tools": kept}), lost
+    return child.model_copy(update={"tools": kept, "mcp_denied": mcp_denied}), lost
+
+
+def _kept_mcp(tools: tuple[str, ...], parent: AgentSpec) -> list[str]:
+    """A child's tools within its parent's: a built-in one if the parent has it; an MCP name if the
+    parent may call it; a child's `mcp__s__*` narrowed to the parent's names on `s` (never widened)."""
+    kept: list[str] = []
+    for tool in tools:
+        if not tool.startswith("mcp__"):
+            narrowed = [tool] if tool in parent.tools else []
+        elif tool.endswith("__*") and not any(matches(tool, p) or p == tool for p in parent.tools):
+            narrowed = [p for p in parent.tools if p.startswith("mcp__") and matches(p, tool)]
+        else:
+            narrowed = [tool] if tool in parent.tools or parent.grants(tool) else []
+        kept.extend(t for t in narrowed if t not in kept)
+    return kept
 
 
 def withhold(task: PreparedTask, denied: Mapping[str, str]) -> PreparedTask:

@@ -1,0 +1,189 @@
+"""Agents that use MCP tools (issue 32): a real stdio server (tests/mcp_demo_server.py, the SDK's
+`MCPServer`), its tools as `mcp__demo__<tool>`, started once per runner and stopped at its close."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from helpers import REPO, alive, call, go, write_agent
+
+from mlx_subagents.runs.tasks import TaskSpec
+
+SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
+
+
+def inline_demo(pids: Path) -> str:
+    """Front-matter lines defining the demo server inline, its starts counted in `pids`."""
+    definition = {"command": sys.executable, "args": [SERVER], "env": {"DEMO_PIDS": str(pids)}}
+    return f"mcpServers:\n  - demo: {json.dumps(definition)}\n"
+
+
+def tool_outputs(runner: Any, session: str) -> list[str]:
+    """The tool results a session's last model call was sent, in order."""
+    return [m["content"] for m in _history(runner)[session][-1] if m["role"] == "tool"]
+
+
+def _history(runner: Any) -> dict[str, list[list[dict[str, Any]]]]:
+    return next(iter(runner.preparer.hosts.values())).history
+
+
+def pids_in(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_agent_calls_server_tools_with_its_schema_disallowed_removed_errors_as_results(
+    tmp_path: Path, scripted_runner: Any
+) -> None:
+    pids = tmp_path / "pids"
+    folder = tmp_path / ".claude" / "agents"
+    folder.mkdir(parents=True)
+    (folder / "demo-user.md").write_text(
+        "---\nname: demo-user\ndescription: uses demo\ntools: Read, mcp__demo__*\ndisallowedTools: mcp__demo__add\n"
+        f"{inline_demo(pids)}---\nUse the tools.\n"
+    )
+    script = [
+        call("mcp__demo__echo", text="hi"),
+        call("mcp__demo__add", a=1, b=2),
+        call("mcp__demo__fail", reason="no"),
+        call("mcp__demo__crash"),
+        call("mcp__demo__echo", text="again"),
+        {"content": "done"},
+    ]
+    runner = scripted_runner(script, assume_yes=True)
+
+    async def main() -> Any:
+        async with runner:
+            [prepared] = await runner.preparer.prepare([TaskSpec("demo-user", "x")], workspace=runner.workspace)
+            schema = prepared.mcp_tools["mcp__demo__echo"].schema()["function"]
+            return list(prepared.mcp_tools), schema, await runner.run(TaskSpec("demo-user", "go"))
+
+    names, schema, result = asyncio.run(main())
+    assert names == ["mcp__demo__crash", "mcp__demo__echo", "mcp__demo__fail", "mcp__demo__slow"]
+    assert schema == {
+        "name": "mcp__demo__echo",
+        "description": "Say the text back.",
+        "parameters": {
+            "properties": {"text": {"title": "Text", "type": "string"}},
+            "required": ["text"],
+            "type": "object",
+            "title": "echoArguments",
+        },
+    }
+    assert result.status == "completed"
+    outputs = tool_outputs(runner, "demo-user")
+    assert outputs[0] == "echo: hi"
+    assert outputs[1].startswith("Error: unknown tool 'mcp__demo__add'; available tools: read, mcp__demo__crash")
+    assert outputs[2] == "Error: Error executing tool fail"
+    assert outputs[3] == "Error: mcp__demo__crash failed: MCPError: Connection closed"
+    assert outputs[4] == "Error: mcp__demo__echo failed: MCPError: Connection closed"  # a crashed server stays an error
+    assert len(pids_in(pids)) == 1  # one start for the prepare and the run: one server per runner
+    assert not alive(pids_in(pids)[0])
+
+
+def test_one_server_for_parallel_agents_stopped_at_close_and_never_for_a_child_without_it(
+    tmp_path: Path, scripted_runner: Any
+) -> None:
+    pids = tmp_path / "pids"
+    write_agent(tmp_path, "demo-user", front=inline_demo(pids))
+    write_agent(tmp_path, "relay", tools="read, subagent", front="agents: [demo-user]\n")
+    script = {
+        "agents": {
+            "demo-user": {"replies": [call("mcp__demo__echo", text="x"), {"content": "ok"}] * 2},
+            "relay": {"replies": [call("subagent", agent="demo-user", task="echo"), {"content": "relayed"}]},
+        }
+    }
+    runner = scripted_runner(script, assume_yes=True)
+
+    async def main() -> Any:
+        async with runner:
+            both = await runner.parallel([TaskSpec("demo-user", "a"), TaskSpec("demo-user", "b")])
+            running = [alive(pid) for pid in pids_in(pids)]
+            return both, running
+
+    both, running = asyncio.run(main())
+    assert [r.status for r in both.results] == ["completed", "completed"]
+    assert [tool_outputs(runner, label) for label in ("demo-user-1", "demo-user-2")] == [["echo: x"], ["echo: x"]]
+    assert running == [True]  # one server served both agents
+    assert not alive(pids_in(pids)[0])  # the runner's close stopped it
+
+    pids.unlink()
+    runner = scripted_runner(script, assume_yes=True)
+    result = go(runner, "run", TaskSpec("relay", "go"))
+    child = [name for name in _history(runner) if name.startswith("relay > ")][0]
+    assert result.status == "completed"
+    assert tool_outputs(runner, child) == [
+        "Error: mcp__demo__* is not available to 'demo-user' here: its parent 'relay' lacks it, and a sub-agent's "
+        f"tools never exceed its parent's without a grant (agents: [demo-user!] in {tmp_path / '.mlx-subagents' / 'agents' / 'relay.md'})"
+    ]
+    assert pids_in(pids) == []  # a child whose parent lacks the server never starts it
+
+
+def test_cancelled_slow_call_sends_the_cancellation_and_leaves_no_process(tmp_path: Path, scripted_runner: Any) -> None:
+    pids = tmp_path / "pids"
+    write_agent(tmp_path, "demo-user", front=inline_demo(pids))
+    runner = scripted_runner([call("mcp__demo__slow", seconds=30), {"content": "never"}], assume_yes=True)
+
+    async def main() -> Any:
+        async with runner:
+            handle = await runner.start(TaskSpec("demo-user", "wait"))
+            for _ in range(200):
+                if (tmp_path / "slow-started").exists():
+                    break
+                await asyncio.sleep(0.05)
+            handle.cancel("stop")
+            return await handle.wait()
+
+    result = asyncio.run(main())
+    assert result.status == "aborted"
+    for _ in range(100):  # the server writes it as the cancellation reaches it
+        if (tmp_path / "cancelled").exists():
+            break
+        time.sleep(0.05)
+    assert (tmp_path / "cancelled").read_text() == "yes"
+    assert not alive(pids_in(pids)[0])
+
+
+def test_cli_project_mcp_json_needs_consent_and_the_agent_gets_its_tools(tmp_path: Path) -> None:
+    home, project, pids = tmp_path / "home", tmp_path / "project", tmp_path / "pids"
+    (home / "agents").mkdir(parents=True)
+    project.mkdir()
+    (home / "agents" / "demo-user.md").write_text(
+        "---\nname: demo-user\ndescription: uses demo\nmcpServers: [demo]\n---\nUse the tools.\n"
+    )
+    server = {"command": sys.executable, "args": [SERVER], "env": {"DEMO_PIDS": "${DEMO_PIDS_FILE}"}}
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"demo": server}}))
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"replies": [call("mcp__demo__echo", text="from cli"), {"content": "done"}]}))
+    env = {
+        "PYTHONPATH": str(REPO),
+        "MLX_SUBAGENTS_HOME": str(home),
+        "DEMO_PIDS_FILE": str(pids),
+        "PATH": "/usr/bin:/bin",
+    }
+    args = [sys.executable, "-m", "mlx_subagents.cli", "run", "demo-user", "echo it", "--model", f"scripted:{script}"]
+    run = lambda *more: subprocess.run(  # noqa: E731
+        [*args, *more], cwd=project, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+    )
+
+    refused = run()
+    assert refused.returncode != 0
+    assert f"the project file {project / '.mcp.json'} starts MCP server(s) demo ({sys.executable} {SERVER})" in (
+        refused.stderr.replace("\n", " ")
+    )
+    assert "Re-run with --yes to allow it." in refused.stderr
+    assert not pids.exists()  # nothing started
+
+    allowed = run("--yes", "--json")
+    assert allowed.returncode == 0, allowed.stderr
+    data = json.loads(allowed.stdout)
+    assert data["status"] == "completed"
+    records = [json.loads(line) for line in Path(data["transcript"]).read_text().splitlines()]
+    results = [r["data"] for r in records if r.get("kind") == "tool_result"]
+    assert results == [{"name": "mcp__demo__echo", "is_error": False, "output": "echo: from cli"}]
+    assert not alive(pids_in(pids)[0])  # the CLI's exit stopped the server
