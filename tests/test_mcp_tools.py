@@ -187,3 +187,82 @@ def test_cli_project_mcp_json_needs_consent_and_the_agent_gets_its_tools(tmp_pat
     results = [r["data"] for r in records if r.get("kind") == "tool_result"]
     assert results == [{"name": "mcp__demo__echo", "is_error": False, "output": "echo: from cli"}]
     assert not alive(pids_in(pids)[0])  # the CLI's exit stopped the server
+
+
+def subagent(cwd: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`subagent ARGS...` in `cwd` with its own home, as a user runs it (stdin not a terminal)."""
+    env = {"PYTHONPATH": str(REPO), "MLX_SUBAGENTS_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "300"}
+    command = [sys.executable, "-m", "mlx_subagents.cli", *args]
+    return subprocess.run(
+        command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+    )
+
+
+def listing_project(tmp_path: Path) -> tuple[Path, Path]:
+    """A home with an agent defining `own` inline and naming `demo`; a project whose `.mcp.json` defines
+    `demo` and a server that cannot start, and whose agent names `demo` and an undefined `gh`."""
+    home, project = tmp_path / "home", tmp_path / "project"
+    (home / "agents").mkdir(parents=True)
+    (home / "mcp.json").write_text(
+        json.dumps({"mcpServers": {"docs": {"type": "http", "url": "http://127.0.0.1:9/mcp"}}})
+    )
+    (home / "agents" / "inl.md").write_text(
+        f"---\nname: inl\ndescription: inline\nmcpServers:\n  - own: {json.dumps({'command': sys.executable, 'args': [SERVER]})}\n"
+        "  - demo\n---\nx\n"
+    )
+    write_agent(
+        project, "demo-user", tools="read, mcp__demo__*, mcp__gh__search", front="disallowedTools: mcp__demo__add\n"
+    )
+    servers = {"demo": {"command": sys.executable, "args": [SERVER]}, "bad": {"command": str(tmp_path / "missing")}}
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": servers}))
+    return home, project
+
+
+def test_cli_mcp_servers_lists_each_server_its_origin_consent_and_agents(tmp_path: Path) -> None:
+    home, project = listing_project(tmp_path)
+    mcp_json, inl = project / ".mcp.json", home / "agents" / "inl.md"
+
+    listed = subagent(project, home, "mcp-servers")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == [
+        f"bad          stdio {tmp_path / 'missing'}",
+        f"  project: {mcp_json}; starts after consent (--yes or the prompt)",
+        "  agents: none (name it in an agent mcpServers: or tools:)",
+        f"demo         stdio {sys.executable} {SERVER}",
+        f"  project: {mcp_json}; starts after consent (--yes or the prompt)",
+        "  agents: demo-user (mcp__demo__*), inl (mcp__demo__*)",
+        "docs         http  http://127.0.0.1:9/mcp",
+        f"  user: {home / 'mcp.json'}",
+        "  agents: none (name it in an agent mcpServers: or tools:)",
+        f"own          stdio {sys.executable} {SERVER}",
+        f"  agent: {inl}",
+        "  agents: inl (mcp__own__*)",
+    ]
+    assert (
+        f"warning: {project / '.mlx-subagents' / 'agents' / 'demo-user.md'}: MCP server 'gh' is not defined; add it to "
+        ".mcp.json, the home's mcp.json or mcpServers:"
+    ) in listed.stderr.replace("\n", " ")
+
+    verbose = subagent(project, home, "agents", "--verbose")
+    assert verbose.returncode == 0, verbose.stderr
+    mcp_lines = [line.strip() for line in verbose.stdout.splitlines() if "mcp tools:" in line]
+    assert mcp_lines == [
+        f"mcp tools: mcp__demo__* from {mcp_json}; mcp__gh__search (server 'gh' is not defined)",
+        f"mcp tools: mcp__own__* from {inl}; mcp__demo__* from {mcp_json}",
+    ]
+
+
+def test_cli_doctor_starts_each_server_once_and_says_its_tools_or_why_not(tmp_path: Path) -> None:
+    home, project = listing_project(tmp_path)
+    mcp_json = project / ".mcp.json"
+
+    checked = subagent(project, home, "doctor", "--model", str(tmp_path / "no-model"), "--yes")
+    assert checked.returncode == 1  # a server failed (and so did the model)
+    assert [line for line in checked.stdout.splitlines() if line.startswith("mcp ")] == [
+        f"mcp       bad: FAILED MCP server bad ({tmp_path / 'missing'}) failed to start (FileNotFoundError: [Errno 2] "
+        f"No such file or directory: '{tmp_path / 'missing'}'); check its definition in {mcp_json} and its log "
+        f"{home / 'logs' / 'mcp-bad.log'}",
+        f"mcp       demo: answers, 5 tools (stdio, {mcp_json})",
+        f"mcp       docs: FAILED MCP server docs (http://127.0.0.1:9/mcp) failed to start (ConnectError: All connection attempts failed); check its definition in {home / 'mcp.json'}",
+        f"mcp       own: answers, 5 tools (stdio, {home / 'agents' / 'inl.md'})",
+    ]

@@ -38,7 +38,7 @@ from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import Tool, Workspace
-from ..tools.mcp import McpServerConfig, McpServers, load_config, matches, pattern_server
+from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
 
@@ -330,15 +330,9 @@ class Preparer:
         `mcp.json`. A name defined nowhere is one warning, its tools absent."""
         if self._mcp_config is None:
             self._mcp_config = load_config(self.cwd)
-        inline = {config.name: config for config in spec.mcp_inline}
-        # Only servers its (capped) tools name: a server none of its tools can reach is never started.
-        wanted = dict.fromkeys(filter(None, map(pattern_server, spec.tools)))
-        servers = []
-        for name in wanted:
-            config = inline.get(name) or self._mcp_config.get(name)
-            if config is not None:
-                servers.append(config)
-            elif name not in self.mcp.failed:
+        servers, missing = agent_servers(spec.tools, spec.mcp_inline, self._mcp_config)
+        for name in missing:
+            if name not in self.mcp.failed:
                 self.mcp.failed[name] = "not defined"
                 self.mcp.warn(
                     f"{spec.path}: MCP server '{name}' is not defined in .mcp.json, the home's mcp.json or "

@@ -163,6 +163,23 @@ def load_config(cwd: Path, home: Path | None = None) -> dict[str, McpServerConfi
     return servers
 
 
+def agent_servers(
+    tools: Iterable[str], inline: Iterable[McpServerConfig], config: Mapping[str, McpServerConfig]
+) -> tuple[list[McpServerConfig], list[str]]:
+    """The servers an agent's tools reach (`mcp__github__*`, `mcp__github__search`), each its inline
+    definition, else the configured one; and the names defined nowhere. A server none of its tools
+    names is left out, so it is never started for that agent."""
+    defined = {c.name: c for c in inline}
+    found: list[McpServerConfig] = []
+    missing: list[str] = []
+    for name in dict.fromkeys(filter(None, map(pattern_server, tools))):
+        if (server := defined.get(name) or config.get(name)) is not None:
+            found.append(server)
+        else:
+            missing.append(name)
+    return found, missing
+
+
 def tool_name(server: str, tool: str) -> str:
     return f"{PREFIX}{server}__{tool}"
 
@@ -273,13 +290,14 @@ class McpConnection:
                 self._ready.set_result(None)
                 await self._stop.wait()
         except BaseException as exc:
-            problem = f"{type(exc).__name__}: {one_line(str(exc), 200)}" if str(exc) else type(exc).__name__
+            problem = _problem(exc)
             self.error = self.error or problem
             if not self._ready.done():
                 self._ready.set_exception(
                     McpConfigError(
                         f"MCP server {self.config.summary()} failed to start ({problem}); check its definition in "
-                        f"{self.config.where}" + (f" and its log {self._log_path()}" if self.log_dir else "")
+                        f"{self.config.where}"
+                        + (f" and its log {self._log_path()}" if self.log_dir and not self.config.url else "")
                     )
                 )
             if isinstance(exc, asyncio.CancelledError):
@@ -351,6 +369,13 @@ class McpConnection:
             except (TimeoutError, Exception):
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _problem(exc: BaseException) -> str:
+    """`ConnectError: All connection attempts failed`: the first real error inside the SDK's task groups."""
+    while isinstance(inner := getattr(exc, "exceptions", None), tuple) and inner:  # an exception group
+        exc = inner[0]
+    return f"{type(exc).__name__}: {one_line(str(exc), 200)}" if str(exc) else type(exc).__name__
 
 
 def _warn(line: str) -> None:
