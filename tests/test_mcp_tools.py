@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -266,3 +267,33 @@ def test_cli_doctor_starts_each_server_once_and_says_its_tools_or_why_not(tmp_pa
         f"mcp       docs: FAILED MCP server docs (http://127.0.0.1:9/mcp) failed to start (ConnectError: All connection attempts failed); check its definition in {home / 'mcp.json'}",
         f"mcp       own: answers, 5 tools (stdio, {home / 'agents' / 'inl.md'})",
     ]
+
+
+def test_an_agent_delegates_to_another_instance_through_its_subagent_mcp(tmp_path: Path, scripted_runner: Any) -> None:
+    inner_home, inner_script = tmp_path / "inner-home", tmp_path / "inner.json"
+    (inner_home / "agents").mkdir(parents=True)
+    (inner_home / "agents" / "helper.md").write_text("---\nname: helper\ndescription: helps\ntools: read\n---\nHelp.\n")
+    inner_script.write_text(json.dumps({"replies": [{"content": "inner says hi"}]}))
+    inner = {
+        "command": sys.executable,
+        "args": ["-m", "mlx_subagents.cli", "mcp", "--model", f"scripted:{inner_script}", "--cwd", str(tmp_path)],
+        "env": {"MLX_SUBAGENTS_HOME": str(inner_home), "PYTHONPATH": str(REPO)},
+    }
+    write_agent(tmp_path, "orchestrator", tools="mcp__self__*", front=f"mcpServers:\n  - self: {json.dumps(inner)}\n")
+    script = [call("mcp__self__run_agents", agent="helper", task="say hi"), {"content": "relayed"}]
+    runner = scripted_runner(script, assume_yes=True)
+
+    async def main() -> Any:
+        async with runner:
+            [prepared] = await runner.preparer.prepare([TaskSpec("orchestrator", "x")], workspace=runner.workspace)
+            return sorted(prepared.mcp_tools), await runner.run(TaskSpec("orchestrator", "go"))
+
+    names, result = asyncio.run(main())
+    assert "mcp__self__list_agents" in names and "mcp__self__run_agents" in names
+    assert result.status == "completed"
+    [output] = tool_outputs(runner, "orchestrator")
+    answer, status = output.split("\n\n---\n")
+    assert re.fullmatch(r"inner says hi\n\n\[sub-agent run [0-9a-f-]+\]", answer)
+    assert status.startswith("[helper] helper: completed in ")
+    transcript = Path(status.rsplit(" ", 1)[1])
+    assert transcript.is_relative_to(inner_home / "runs") and transcript.is_file()  # the other instance ran it
