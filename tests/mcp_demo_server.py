@@ -1,4 +1,6 @@
-"""A real MCP stdio server for the tests, on the SDK's `MCPServer`: echo, add, a slow tool, one that raises.
+"""A real MCP server for the tests, on the SDK's `MCPServer`: echo, add, a slow tool, one that raises.
+On stdio by default; `http PORT` serves streamable HTTP on 127.0.0.1:PORT/mcp, with one more tool,
+`header`, that says a request header back (so tests see what the client sent).
 
 Each start appends its pid to `$DEMO_PIDS` (when set), so tests can count starts and check that no
 process is left; `slow` writes its pid's file `slow-started` next to it and `cancelled` when the call is cancelled.
@@ -10,6 +12,7 @@ import sys
 from pathlib import Path
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 
 app = MCPServer("demo")
 PIDS = os.environ.get("DEMO_PIDS")
@@ -54,9 +57,18 @@ def crash() -> str:
     os._exit(3)
 
 
+def header(key: str, ctx: Context) -> str:
+    """Say the request's header KEY back."""
+    return (ctx.headers or {}).get(key.lower(), "(no such header)")
+
+
 if __name__ == "__main__":
     if PIDS:
         with open(PIDS, "a") as f:
             f.write(f"{os.getpid()}\n")
     print("demo server starting", file=sys.stderr)
-    app.run()
+    if sys.argv[1:2] == ["http"]:
+        app.tool()(header)
+        app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        app.run()

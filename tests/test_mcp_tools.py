@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,8 @@ from typing import Any
 
 from helpers import REPO, alive, call, go, write_agent
 
+from mlx_subagents.agents.discovery import discover_agents
+from mlx_subagents.cli.mcp_servers import check_servers, mcp_entries
 from mlx_subagents.runs.tasks import TaskSpec
 
 SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
@@ -253,19 +256,29 @@ def test_cli_mcp_servers_lists_each_server_its_origin_consent_and_agents(tmp_pat
     ]
 
 
-def test_cli_doctor_starts_each_server_once_and_says_its_tools_or_why_not(tmp_path: Path) -> None:
+def test_doctor_starts_each_server_once_and_says_its_tools_or_why_not(tmp_path: Path, monkeypatch: Any) -> None:
+    # In-process: `subagent doctor` prints these lines first, then imports mlx for its model check (seconds).
     home, project = listing_project(tmp_path)
+    monkeypatch.setenv("MLX_SUBAGENTS_HOME", str(home))
     mcp_json = project / ".mcp.json"
+    (home / "agents" / "inl.md").unlink()  # one server that answers is enough here (each start costs a second)
+    entries, _ = mcp_entries(discover_agents(project), project)
 
-    checked = subagent(project, home, "doctor", "--model", str(tmp_path / "no-model"), "--yes")
-    assert checked.returncode == 1  # a server failed (and so did the model)
-    assert [line for line in checked.stdout.splitlines() if line.startswith("mcp ")] == [
+    lines: list[str] = []
+    assert asyncio.run(check_servers(entries, project, lines.append, assume_yes=False)) is False  # docs failed
+    assert lines[:2] == [
+        f"mcp       {name}: not started: {mcp_json} is the project's; re-run with --yes to start it"
+        for name in ("bad", "demo")
+    ]
+    assert lines[2].startswith("mcp       docs: FAILED ") and len(lines) == 3
+    lines.clear()
+    assert asyncio.run(check_servers(entries, project, lines.append, assume_yes=True)) is False  # a server failed
+    assert lines == [
         f"mcp       bad: FAILED MCP server bad ({tmp_path / 'missing'}) failed to start (FileNotFoundError: [Errno 2] "
         f"No such file or directory: '{tmp_path / 'missing'}'); check its definition in {mcp_json} and its log "
         f"{home / 'logs' / 'mcp-bad.log'}",
         f"mcp       demo: answers, 5 tools (stdio, {mcp_json})",
         f"mcp       docs: FAILED MCP server docs (http://127.0.0.1:9/mcp) failed to start (ConnectError: All connection attempts failed); check its definition in {home / 'mcp.json'}",
-        f"mcp       own: answers, 5 tools (stdio, {home / 'agents' / 'inl.md'})",
     ]
 
 
@@ -297,3 +310,38 @@ def test_an_agent_delegates_to_another_instance_through_its_subagent_mcp(tmp_pat
     assert status.startswith("[helper] helper: completed in ")
     transcript = Path(status.rsplit(" ", 1)[1])
     assert transcript.is_relative_to(inner_home / "runs") and transcript.is_file()  # the other instance ran it
+
+
+def test_streamable_http_server_with_expanded_headers(tmp_path: Path, scripted_runner: Any, monkeypatch: Any) -> None:
+    with socket.socket() as probe:  # a free port for the server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, SERVER, "http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(200):  # until it listens
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        monkeypatch.setenv("DEMO_TOKEN", "s3cret")
+        web = {
+            "type": "http",
+            "url": f"http://127.0.0.1:{port}/mcp",
+            "headers": {"Authorization": "Bearer ${DEMO_TOKEN}"},
+        }
+        write_agent(tmp_path, "web-user", tools="mcp__web__*", front=f"mcpServers:\n  - web: {json.dumps(web)}\n")
+        script = [
+            call("mcp__web__header", key="Authorization"),
+            call("mcp__web__echo", text="over http"),
+            {"content": "ok"},
+        ]
+        result = go(scripted_runner(script, assume_yes=True), "run", TaskSpec("web-user", "go"))
+        records = [json.loads(line) for line in Path(result.transcript).read_text().splitlines()]
+        outputs = [r["data"]["output"] for r in records if r.get("kind") == "tool_result"]
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert result.status == "completed"
+    assert outputs == ["Bearer s3cret", "echo: over http"]
