@@ -13,11 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import REPO, alive, call, go, write_agent
 
 from mlx_subagents.agents.discovery import discover_agents
 from mlx_subagents.cli.mcp_servers import check_servers, mcp_entries
+from mlx_subagents.errors import McpConfigError
 from mlx_subagents.runs.tasks import TaskSpec
+from mlx_subagents.tools.mcp import load_config
 
 SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
 
@@ -345,3 +348,40 @@ def test_streamable_http_server_with_expanded_headers(tmp_path: Path, scripted_r
         server.wait(10)
     assert result.status == "completed"
     assert outputs == ["Bearer s3cret", "echo: over http"]
+
+
+def test_var_defaults_expand_and_an_unset_var_is_one_line_naming_file_server_and_fix(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("DEMO_SET", "given")
+    monkeypatch.delenv("DEMO_UNSET", raising=False)
+    (tmp_path / ".mcp.json").write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "demo": {
+                        "command": "${DEMO_CMD:-python}",
+                        "args": ["${DEMO_SET:-x}", "${DEMO_UNSET:-}"],
+                        "env": {"LEVEL": "${DEMO_LEVEL:-debug}"},
+                    }
+                }
+            }
+        )  # fmt: skip
+    )
+    demo = load_config(tmp_path)["demo"]
+    assert (demo.command, demo.args, demo.env) == ("python", ("given", ""), (("LEVEL", "debug"),))
+
+    (tmp_path / ".mcp.json").write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "web": {"type": "http", "url": "http://h/mcp", "headers": {"Authorization": "Bearer ${DEMO_UNSET}"}}
+                }
+            }
+        )  # fmt: skip
+    )
+    with pytest.raises(McpConfigError) as raised:
+        load_config(tmp_path)
+    assert str(raised.value) == (
+        f"{tmp_path / '.mcp.json'}: MCP server 'web': ${{DEMO_UNSET}} is not set; set it or write ${{DEMO_UNSET:-default}}"
+    )
