@@ -91,3 +91,7 @@ class TaskNotFoundError(SubagentError):
 
 class TaskStateError(SubagentError):
     """A task cannot do what was asked in its state (a message to a cancelled task, output of a queued one)."""
+
+
+class McpConfigError(SubagentError):
+    """An MCP server definition (`.mcp.json`, the home's `mcp.json`, `mcpServers:`) is invalid."""

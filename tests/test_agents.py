@@ -127,6 +127,9 @@ def test_full_spec_fields(tmp_path):
         "skills": None,
         "memory": None,
         "background": False,
+        "mcp_servers": (),
+        "mcp_inline": (),
+        "mcp_denied": (),
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",
@@ -254,7 +257,7 @@ BAD_FILES = [
     (agent_text(name="-x"), f"field 'name': '-x' is not a valid agent name; {NAME_FIX}"),
     (
         agent_text(extra="tools: read, glob\n"),
-        "field 'tools': unknown tool 'glob'; use tools from: read, grep, find, ls, bash, edit, write, subagent",
+        "field 'tools': unknown tool 'glob'; use tools from: read, grep, find, ls, bash, edit, write, subagent, or mcp__<server>__<tool>",
     ),
     (
         agent_text(extra="tools: {read: true}\n"),
@@ -340,11 +343,12 @@ def test_claude_file_tools_are_mapped_and_unavailable_ones_dropped(user_dir, pro
 
     spec = discover_agents(project).get("explorer")
 
-    assert spec.tools == ("read", "grep", "find", "ls", "bash", "edit", "write")
+    # Issue 32: an MCP tool is kept (its server's tools are offered when it is configured).
+    assert spec.tools == ("read", "grep", "find", "ls", "bash", "edit", "write", "mcp__github__search")
     assert spec.model is None
     assert spec.max_turns == 12
     assert spec.source == "project"
-    dropped = "WebFetch, WebSearch, TodoWrite, NotebookEdit, Task, mcp__github__search, Bash(git:*)"
+    dropped = "WebFetch, WebSearch, TodoWrite, NotebookEdit, Task, Bash(git:*)"
     assert spec.permission == "plan"  # honoured: read-only tools at run time (issue 33)
     assert spec.warnings == (
         f"{path}: tool(s) not available here, dropped: {dropped}",
@@ -391,9 +395,7 @@ def test_effort_maps_to_the_thinking_budget_and_every_claude_field_is_honoured_o
     spec = parse_agent_file(claude, "project")
 
     assert (spec.thinking, spec.background, spec.skills) == (1024, True, ("pdf",))
-    assert spec.warnings == (
-        f"{claude}: Claude Code field(s) mcpServers, isolation not supported here, ignored",
-    )
+    assert spec.warnings == (f"{claude}: Claude Code field(s) isolation not supported here, ignored",)
     assert parse_agent_file(ours, "user").thinking == 16384
     with pytest.raises(AgentFileError) as both_info:
         parse_agent_file(both, "user")

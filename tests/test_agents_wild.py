@@ -37,12 +37,9 @@ LOADED = [
     (
         "claude/unknown-tools.md",
         "browser-helper",
-        ("read", "grep"),
+        ("read", "grep", "mcp__github__search"),  # issue 32: MCP tools are kept
         None,
-        [
-            "tool(s) not available here, dropped: chrome-mcp, server:tool, mcp__github__search, TaskList, "
-            "TeamCreate, WebFetch, Bash(git:*)"
-        ],
+        ["tool(s) not available here, dropped: chrome-mcp, server:tool, TaskList, TeamCreate, WebFetch, Bash(git:*)"],
     ),
     ("claude/model-inherit.md", "follower", TOOL_NAMES, None, []),
     (
@@ -100,7 +97,7 @@ def test_files_that_cannot_be_recovered_are_skipped_with_one_line(wild: tuple[Pa
         "values are not allowed here; fix the YAML, or quote the value",
         # Only in this project's own files is an unknown tool an error: a typo there should stop you.
         f"skipped {own / 'unknown-tool.md'}: field 'tools': unknown tool 'gerp'; use tools from: read, grep, find, "
-        "ls, bash, edit, write, subagent",
+        "ls, bash, edit, write, subagent, or mcp__<server>__<tool>",
     ]
     assert {"no-fence", "broken", "own-typo"}.isdisjoint(catalog.names())
 

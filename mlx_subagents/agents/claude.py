@@ -12,10 +12,20 @@ import re
 from pathlib import Path
 
 # Claude Code's own fields that map to ours (`skills`, `memory`, `background`, `effort` are ours too).
-CLAUDE_HONOURED = ("disallowedTools", "maxTurns", "skills", "memory", "background", "effort", "permissionMode", "hooks")
+CLAUDE_HONOURED = (
+    "disallowedTools",
+    "maxTurns",
+    "skills",
+    "memory",
+    "background",
+    "effort",
+    "permissionMode",
+    "hooks",
+    "mcpServers",
+)
 # Claude Code's fields this version does not honour: a file using one gets one warning naming them.
 # A branch that implements one removes it from here.
-CLAUDE_UNSUPPORTED = ("mcpServers", "isolation", "initialPrompt", "disabled")
+CLAUDE_UNSUPPORTED = ("isolation", "initialPrompt", "disabled")
 CLAUDE_FIELDS = CLAUDE_HONOURED + CLAUDE_UNSUPPORTED
 # Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`).
 CLAUDE_TASK_TOOL = re.compile(r"(?:Task|Agent)\((.*)\)")

@@ -36,6 +36,7 @@ from ..host.protocol import (
 )
 from ..results import RunResult, RunUsage, StopReason
 from ..tools import TOOL_CLASSES, Sandbox, Tool, ToolResult, Workspace, make_tools
+from ..tools.mcp import matches
 from ..tools.skill import SkillTool
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .hooks import HookEvent, HookOutcome, Hooks, fire
@@ -157,7 +158,7 @@ class AgentSession:
         # `extra_tools`) is not offered rather than crashing the session.
         granted = [t for t in self.spec.tools if t in TOOL_CLASSES and t not in self.extra_tools]
         self.tools: dict[str, Tool] = {**make_tools(granted, self.workspace, self.sandbox), **self.extra_tools}
-        self.tools = {n: t for n, t in self.tools.items() if t.grant in self.spec.tools}
+        self.tools = {n: t for n, t in self.tools.items() if self.spec.grants(t.grant)}
         if self.skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
             self.tools["skill"] = SkillTool(self.workspace, self.skills.offered)
         self.schemas = [tool.schema() for tool in self.tools.values()]
@@ -377,8 +378,10 @@ class AgentSession:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
         self._emit("tool_call", name=call.name, arguments=call.arguments, description=label)
-        if tool is None and call.name in self.denied:
-            result = ToolResult(self.denied[call.name], is_error=True)
+        # A withheld `mcp__demo__*` covers each of that server's tools.
+        denial = self.denied.get(call.name) or next((v for k, v in self.denied.items() if matches(call.name, k)), None)
+        if tool is None and denial is not None:
+            result = ToolResult(denial, is_error=True)
         elif tool is None:
             available = ", ".join(self.tools) or "none"
             result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)

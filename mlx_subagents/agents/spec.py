@@ -16,11 +16,12 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import AgentFileError
+from ..errors import AgentFileError, McpConfigError
 from ..home import long_name_problem
 from ..host.protocol import DEFAULT_THINKING_TOKENS
 from ..text import name_list
 from ..tools import TOOL_NAMES
+from ..tools.mcp import TOOL_PATTERN, McpServerConfig, matches, parse_server
 from ..userfiles import read_text
 from .claude import CLAUDE_FIELDS, claude_tool, is_claude_file, is_claude_model, task_grants, unsupported_note
 from .frontmatter import agent_error as _fail
@@ -41,7 +42,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort",
+    "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort", "mcpServers",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -105,6 +106,10 @@ class AgentSpec(BaseModel):
     memory: Literal["user", "project", "local"] | None = None
     # A `subagent` call that starts it runs in the background unless the call says `"background": false`.
     background: bool = False
+    # MCP servers its `mcpServers:` names (configured elsewhere) or defines inline; MCP tools it may not call.
+    mcp_servers: tuple[str, ...] = ()
+    mcp_inline: tuple[McpServerConfig, ...] = ()
+    mcp_denied: tuple[str, ...] = ()
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -120,6 +125,13 @@ class AgentSpec(BaseModel):
         if self.writer is not None:
             return self.writer
         return any(tool in WRITER_TOOLS and tool not in denied for tool in self.tools)
+
+    def grants(self, tool: str) -> bool:
+        """Whether its file grants a tool: named in `tools`, or an MCP tool one of its `mcp__<server>__*`
+        names, and not in its `disallowedTools`."""
+        if not tool.startswith("mcp__"):
+            return tool in self.tools
+        return not any(matches(tool, d) for d in self.mcp_denied) and any(matches(tool, t) for t in self.tools)
 
 
 def sandbox_default(spec: AgentSpec) -> bool:
@@ -158,10 +170,14 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
     if claude and (note := unsupported_note(path, meta)):
         warnings.append(note)
     agents, full_tools_for = _parse_agents(path, meta)
+    servers, inline = _parse_mcp_servers(path, meta.get("mcpServers"))
     return AgentSpec(
         name=name,
         description=description,
-        tools=_parse_tools(path, meta, claude, warnings),
+        tools=_parse_tools(path, meta, claude, warnings, servers),
+        mcp_servers=servers,
+        mcp_inline=inline,
+        mcp_denied=_mcp_denied(path, meta, claude),
         agents=agents,
         full_tools_for=full_tools_for,
         context=_parse_context(path, meta.get("context")),
@@ -197,9 +213,13 @@ def _required_text(path: Path, meta: dict[str, Any], key: str, example: str) -> 
     raise _fail(path, problem, f"write '{key}: {example}'")
 
 
-def _parse_tools(path: Path, meta: dict[str, Any], claude: bool, warnings: list[str]) -> tuple[str, ...]:
+def _parse_tools(
+    path: Path, meta: dict[str, Any], claude: bool, warnings: list[str], servers: tuple[str, ...] = ()
+) -> tuple[str, ...]:
     value = meta.get("tools")
-    tools, dropped = (TOOL_NAMES, []) if value is None else _tool_list(path, "tools", value, claude)
+    # No `tools:`: every built-in tool, and the tools of the servers its `mcpServers:` names (not every server).
+    every = TOOL_NAMES + tuple(f"mcp__{server}__*" for server in servers)
+    tools, dropped = (every, []) if value is None else _tool_list(path, "tools", value, claude)
     if dropped:
         warnings.append(f"{path}: tool(s) not available here, dropped: {name_list(dropped)}")
     if claude and meta.get("disallowedTools") is not None:
@@ -231,7 +251,7 @@ def _tool_list(
         name = item.split("(", 1)[0].strip() if deny else item
         tool = _our_tool(name, claude)
         if tool is None and not claude:
-            fix = f"use tools from: {', '.join(KNOWN_TOOLS)}"
+            fix = f"use tools from: {', '.join(KNOWN_TOOLS)}, or mcp__<server>__<tool>"
             raise _fail(path, f"field '{key}': unknown tool '{item}'", fix)
         if tool is None:
             dropped.append(item)
@@ -240,8 +260,47 @@ def _tool_list(
     return tuple(tools), dropped
 
 
+def _mcp_denied(path: Path, meta: dict[str, Any], claude: bool) -> tuple[str, ...]:
+    """The MCP tools a Claude file's `disallowedTools` names (`mcp__github__*` or exact names)."""
+    if not claude or meta.get("disallowedTools") is None:
+        return ()
+    denied, _ = _tool_list(path, "disallowedTools", meta["disallowedTools"], claude, deny=True)
+    return tuple(tool for tool in denied if tool.startswith("mcp__"))
+
+
+def _parse_mcp_servers(path: Path, value: Any) -> tuple[tuple[str, ...], tuple[McpServerConfig, ...]]:
+    """`mcpServers:` as Claude Code writes it: a list of server names (from `.mcp.json` or the home's
+    `mcp.json`) and inline definitions (`{name: {command, args, env}}`), or one mapping of definitions."""
+    if value is None:
+        return (), ()
+    items = [{name: item} for name, item in value.items()] if isinstance(value, dict) else value
+    if not isinstance(items, list):
+        raise _fail(
+            path, "field 'mcpServers' must be a list of server names or definitions", "e.g. mcpServers: [github]"
+        )
+    names: list[str] = []
+    inline: list[McpServerConfig] = []
+    for item in items:
+        if isinstance(item, str) and item.strip():
+            names.append(item.strip())
+            continue
+        if not isinstance(item, dict) or len(item) != 1:
+            fix = "write a server name, or one definition such as {demo: {command: python, args: [server.py]}}"
+            raise _fail(path, "field 'mcpServers': an item is neither a name nor a definition", fix)
+        [(name, definition)] = item.items()
+        try:
+            inline.append(parse_server(str(name), definition, str(path)))
+        except McpConfigError as exc:
+            raise AgentFileError(str(exc)) from None
+        names.append(str(name))
+    return tuple(dict.fromkeys(names)), tuple(inline)
+
+
 def _our_tool(name: str, claude: bool) -> str | None:
-    """This project's name for a tool (Claude Code's `Read` is `read`), None if it has no such tool."""
+    """This project's name for a tool (Claude Code's `Read` is `read`; `mcp__<server>__<tool>` and
+    `mcp__<server>__*` as written), None if it has no such tool."""
+    if TOOL_PATTERN.fullmatch(name):
+        return name
     if (mapped := claude_tool(name, claude)) is not None:
         return mapped
     return name.lower() if name.lower() in KNOWN_TOOLS else None

@@ -49,6 +49,7 @@ from .flags import (
     shared_options,
 )
 from .interrupts import EXIT_INTERRUPTED, run_async
+from .mcp_servers import agent_mcp_line, check_servers, entry_lines, mcp_entries
 from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi
 
 app = typer.Typer(
@@ -350,7 +351,7 @@ def agents(
         typer.Option(
             "--verbose",
             "-v",
-            help="Also show whether each agent takes writer turns, its skills, and the project instructions.",
+            help="Also show whether each agent takes writer turns, its skills and MCP tools, and the project instructions.",
         ),
     ] = False,
 ) -> None:
@@ -363,6 +364,7 @@ def agents(
     root = Path(cwd).resolve()
     catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
     print_warnings(catalog)
+    entries = mcp_entries(catalog, root)[0] if verbose else []
     rows = [
         {
             "name": s.name,
@@ -387,6 +389,8 @@ def agents(
             out.print(f"  {_writer_line(catalog.agents[row['name']])}", markup=False)
             out.print(f"  {_sandbox_line(catalog.agents[row['name']])}", markup=False)
             out.print(f"  {_skills_line(catalog.agents[row['name']], catalog.skills)}", markup=False)
+            if (line := agent_mcp_line(catalog.agents[row["name"]], entries)) is not None:
+                out.print(f"  {line}", markup=False)
     if verbose:
         _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
 
@@ -474,6 +478,30 @@ def _show_project_context(root: Path, opted_out: list[str]) -> None:
         out.print(f"  not for: {', '.join(opted_out)} (context: none)", markup=False)
 
 
+@app.command("mcp-servers")
+def mcp_servers(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False) -> None:
+    """List the MCP servers agents can use: where each is defined, whether it needs consent, and which
+    agents get which of its tools (`subagent doctor` starts each and counts its tools).
+
+    Example: subagent mcp-servers --json
+    """
+    from ..agents.discovery import discover_agents
+
+    root = Path(cwd).resolve()
+    catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
+    print_warnings(catalog)
+    entries, missing = mcp_entries(catalog, root)
+    for line in missing:
+        err.print(f"[yellow]warning:[/] {escape(line)}")
+    if as_json:
+        out.print_json(data={"servers": [e.as_json() for e in entries]})
+        return
+    if not entries:
+        out.print(f"no MCP servers: define them in {root / '.mcp.json'}, the home's mcp.json or an agent's mcpServers:")
+    for entry in entries:
+        out.print("\n".join(entry_lines(entry)), markup=False)
+
+
 @app.command()
 @shared_options(
     cwd=None,  # its own --cwd below: no default, so that the client's root can be the workspace
@@ -505,13 +533,27 @@ def mcp(
 
 
 @app.command()
-def doctor(model: ModelOpt = None, context_window: WindowOpt = None, kv_budget: KvBudgetOpt = None) -> None:
-    """Check mlx, the device and memory, and that the model loads and answers.
+def doctor(
+    model: ModelOpt = None,
+    context_window: WindowOpt = None,
+    kv_budget: KvBudgetOpt = None,
+    cwd: CwdOpt = Path("."),
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Also start the MCP servers of the project's files.")
+    ] = False,
+) -> None:
+    """Check each configured MCP server answers (one line each), then mlx, the device and memory, and
+    that the model loads and answers.
 
     Example: subagent doctor --model mlx-community/Qwen3-4B-Instruct-2507-4bit
     """
+    from ..agents.discovery import discover_agents
+
+    root = Path(cwd).resolve()
+    entries, _ = mcp_entries(discover_agents(root), root)
+    servers_ok = asyncio.run(check_servers(entries, root, out.print, yes))
     ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget))
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(0 if ok and servers_ok else 1)
 
 
 models_app = typer.Typer(help="The models this machine can run; import GGUF files.", no_args_is_help=False)

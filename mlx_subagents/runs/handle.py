@@ -549,7 +549,10 @@ class TaskHandle:
             limits=self.prepared.limits,
             compaction=self.runtime.compaction,
             on_text=self.on_text,
-            extra_tools=self.runtime.delegation_tools(self.board.parent, self.workspace, self.board),
+            extra_tools={
+                **self.prepared.mcp_tools,
+                **self.runtime.delegation_tools(self.board.parent, self.workspace, self.board),
+            },
             denied=self.prepared.denied,
             project_context=self.prepared.context,
             skills=self.prepared.skills,

@@ -42,12 +42,13 @@ from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.skills import SkillChoice, choose_skills
 from ..agents.spec import AgentSpec, sandbox_default
 from ..caps import CapItem, check_request
-from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
+from ..errors import AgentNotFoundError, ConfirmationRequired, InputTooLargeError, RequestError
 from ..home import state_home
 from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
-from ..tools import READ_ONLY_TOOLS, Sandbox, Workspace
+from ..tools import READ_ONLY_TOOLS, Sandbox, Tool, Workspace
+from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches
 from ..tools.skill import Skill
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
@@ -108,6 +109,8 @@ class PreparedTask:
     hooks: Hooks = field(default_factory=Hooks)
     parent: str | None = None
     skills: SkillChoice = field(default_factory=SkillChoice)
+    # The MCP tools it may call (`mcp__<server>__<tool>`), on the runner's running servers.
+    mcp_tools: dict[str, Tool] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -173,7 +176,6 @@ class Preparer:
         cwd: Path | None = None,
     ) -> None:
         self.options = options
-        self.cwd = cwd
         self.catalog = catalog
         self.interactive = interactive
         self.confirm = confirm
@@ -190,6 +192,10 @@ class Preparer:
         self.on_warning: Callable[[str], None] = lambda _line: None
         self._memories: dict[tuple[Path, bool], str] = {}
         self._project_skills: bool | None = None  # the user's answer about project skills, once asked
+        self.cwd = cwd or Path.cwd()
+        self.mcp = McpServers(self.cwd, log_dir=state_home() / "logs")
+        self._mcp_config: dict[str, McpServerConfig] | None = None
+        self._mcp_allowed: set[str] = set()  # project servers the user allowed to start
 
     # -- a whole request --------------------------------------------------------------------------------
 
@@ -264,6 +270,7 @@ class Preparer:
         if delegated or parent is not None:
             self.check_local(model, named=bool(task.model))
         skills = choose_skills(spec.skills, self.usable_skills(), parent.skills if parent else None)
+        self.allow_mcp_servers(spec)
         return _Resolved(task, spec, denied, schema, model, skills, plan)
 
     async def _load(
@@ -292,6 +299,7 @@ class Preparer:
             parent=parent.label if parent else None,
             context="\n\n".join(filter(None, (self.project_context(spec, workspace), memory))),
             skills=resolved.skills,
+            mcp_tools=await self.mcp_tools(spec, workspace),
         )
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
@@ -447,6 +455,45 @@ class Preparer:
             self._contexts[workspace.root] = load_project_context(workspace.root)
         return self._contexts[workspace.root].text
 
+    def mcp_servers(self, spec: AgentSpec) -> list[McpServerConfig]:
+        """The MCP servers an agent may use: those its tools name (`mcp__github__*`, by default those its
+        `mcpServers:` names or defines); inline definitions first, then `.mcp.json`, then the home's
+        `mcp.json`. A name defined nowhere is one warning, its tools absent."""
+        if self._mcp_config is None:
+            self._mcp_config = load_config(self.cwd)
+        servers, missing = agent_servers(spec.tools, spec.mcp_inline, self._mcp_config)
+        for name in missing:
+            if name not in self.mcp.failed:
+                self.mcp.failed[name] = "not defined"
+                self.mcp.warn(
+                    f"{spec.path}: MCP server '{name}' is not defined in .mcp.json, the home's mcp.json or "
+                    "mcpServers:; its tools are not offered"
+                )
+        return servers
+
+    def allow_mcp_servers(self, spec: AgentSpec) -> None:
+        """Ask once before a project `.mcp.json` starts processes, as for a project agent: `--yes`, or the
+        prompt, naming the servers it starts; without either, nothing starts and the task is refused."""
+        servers = [c for c in self.mcp_servers(spec) if c.project and c.name not in self._mcp_allowed]
+        if not servers or self.options.assume_yes:
+            return
+        origin = (
+            f"the project file {servers[0].where} starts MCP server(s) {', '.join(c.summary() for c in servers)} "
+            f"for agent '{spec.name}'; they can run commands in this workspace."
+        )
+        if not self.interactive or self.confirm is None:
+            raise ConfirmationRequired(f"{origin} Re-run with --yes to allow it.")
+        if not self.confirm(f"{origin} Allow it?"):
+            raise ConfirmationRequired(f"the MCP servers of {servers[0].where} were not allowed to start (declined).")
+        self._mcp_allowed.update(c.name for c in servers)
+
+    async def mcp_tools(self, spec: AgentSpec, workspace: Workspace) -> dict[str, Tool]:
+        """The MCP tools an agent's file grants, its servers started on first use (shared by the runner's agents)."""
+        if not (servers := self.mcp_servers(spec)):
+            return {}
+        tools = await self.mcp.tools_for(servers, workspace)
+        return {name: tool for name, tool in tools.items() if spec.grants(name)}
+
     async def check_prompt_fits(self, task: PreparedTask) -> None:
         """Refuse an agent whose system prompt takes more than half the model's context window
         (the rest is for the work), naming the numbers and the file to shorten."""
@@ -478,6 +525,7 @@ class Preparer:
         self.hosts = {model: host for model, host in self.hosts.items() if model in self._given}
         for host in hosts:
             await host.stop()
+        await self.mcp.close()
 
 
 def _per_task(workspace: Workspace | Sequence[Workspace], n_tasks: int) -> list[Workspace]:
@@ -499,15 +547,32 @@ def granted_tools(parent: AgentSpec, child: AgentSpec) -> tuple[AgentSpec, dict[
     `agents:` list grants it its full tools (`worker!`); and, per tool it lost, the error its calls get."""
     if child.name in parent.full_tools_for:
         return child, {}
-    kept = tuple(tool for tool in child.tools if tool in parent.tools)
-    if kept == child.tools:
+    kept = tuple(_kept_mcp(child.tools, parent))
+    # Whatever the parent may not call, the child may not either (its denials pass down).
+    mcp_denied = tuple(dict.fromkeys(child.mcp_denied + parent.mcp_denied))
+    if kept == child.tools and mcp_denied == child.mcp_denied:
         return child, {}
     why = (
         f"Error: {{tool}} is not available to '{child.name}' here: its parent '{parent.name}' lacks it, and a "
         f"sub-agent's tools never exceed its parent's without a grant (agents: [{child.name}!] in {parent.path})"
     )
     lost = {tool: why.format(tool=tool) for tool in child.tools if tool not in kept}
-    return child.model_copy(update={"tools": kept}), lost
+    return child.model_copy(update={"tools": kept, "mcp_denied": mcp_denied}), lost
+
+
+def _kept_mcp(tools: tuple[str, ...], parent: AgentSpec) -> list[str]:
+    """A child's tools within its parent's: a built-in one if the parent has it; an MCP name if the
+    parent may call it; a child's `mcp__s__*` narrowed to the parent's names on `s` (never widened)."""
+    kept: list[str] = []
+    for tool in tools:
+        if not tool.startswith("mcp__"):
+            narrowed = [tool] if tool in parent.tools else []
+        elif tool.endswith("__*") and not any(matches(tool, p) or p == tool for p in parent.tools):
+            narrowed = [p for p in parent.tools if p.startswith("mcp__") and matches(p, tool)]
+        else:
+            narrowed = [tool] if tool in parent.tools or parent.grants(tool) else []
+        kept.extend(t for t in narrowed if t not in kept)
+    return kept
 
 
 def plan_tools(spec: AgentSpec, denied: dict[str, str]) -> tuple[AgentSpec, dict[str, str]]:

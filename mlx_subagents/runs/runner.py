@@ -567,7 +567,7 @@ class Runner:
                 prompt=p.task.task,
                 needs=needs[i] if needs else (),
                 render=renders[i] if renders else None,
-                extra_tools=self.delegation_tools(board.parent, p.workspace, board),  # type: ignore[arg-type]
+                extra_tools={**p.mcp_tools, **self.delegation_tools(board.parent, p.workspace, board)},  # type: ignore[arg-type]
                 inbox=board.inbox,
                 read_more=read_more_note(ids[i]) if ids else None,
                 session_name=names[i],
