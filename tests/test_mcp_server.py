@@ -108,8 +108,9 @@ def test_initialize_list_tools_and_list_agents(tmp_path: Path, write_script: Any
 
     schema = by_name["run_agents"].input_schema
     # `label` in every form and each item's own choices (issue 26, item 8).
-    assert set(schema["properties"]) == {"agent", "task", "label", "tasks", "chain", "cwd"}
-    item = {"agent", "task", "label", "cwd", "model", "max_turns", "timeout"}
+    # `isolation` on every form and each item (issue 30).
+    assert set(schema["properties"]) == {"agent", "task", "label", "tasks", "chain", "cwd", "isolation"}
+    item = {"agent", "task", "label", "cwd", "model", "max_turns", "timeout", "isolation"}
     assert set(schema["properties"]["tasks"]["items"]["properties"]) == item
     assert set(schema["properties"]["chain"]["items"]["properties"]) == item
     assert by_name["start_agents"].input_schema == schema  # the same forms

@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored.
+# Claude Code's own fields: honoured where they map to ours (tools, disallowedTools, maxTurns), else ignored;
+# `isolation` is ours too (`agents/spec.py`).
 CLAUDE_FIELDS = (
     "disallowedTools", "maxTurns", "permissionMode", "skills", "mcpServers", "hooks", "memory", "background",
-    "effort", "isolation", "initialPrompt", "disabled",
+    "effort", "initialPrompt", "disabled",
 )  # fmt: skip
 # Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`).
 CLAUDE_TASK_TOOL = re.compile(r"(?:Task|Agent)\((.*)\)")

@@ -40,7 +40,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking", "writer",
+    "engine_model", "thinking", "writer", "isolation",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -89,6 +89,8 @@ class AgentSpec(BaseModel):
     full_tools_for: tuple[str, ...] = ()
     context: Literal["project", "none"] = "project"
     writer: bool | None = None
+    # `worktree`: its tasks run in a git worktree of their own unless the call site says otherwise.
+    isolation: Literal["none", "worktree"] | None = None
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -141,6 +143,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         full_tools_for=full_tools_for,
         context=_parse_context(path, meta.get("context")),
         writer=_parse_writer(path, meta.get("writer")),
+        isolation=_parse_isolation(path, meta.get("isolation")),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -272,6 +275,12 @@ def _parse_context(path: Path, value: Any) -> Literal["project", "none"]:
     if value == "none" or value is False:
         return "none"
     raise _fail(path, f"field 'context' must be 'project' or 'none', got {value!r}", "e.g. context: none")
+
+
+def _parse_isolation(path: Path, value: Any) -> Literal["none", "worktree"] | None:
+    if value is None or value in ("none", "worktree"):
+        return value
+    raise _fail(path, f"field 'isolation' must be 'worktree' or 'none', got {value!r}", "e.g. isolation: worktree")
 
 
 def _parse_writer(path: Path, value: Any) -> bool | None:

@@ -274,6 +274,7 @@ def show(
 
 @app.command()
 @shared_options(
+    isolation=None,  # a saved task continues where it ran
     cwd=None,  # the task's own workspace
     model=Annotated[
         Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")
@@ -303,10 +304,11 @@ def resume(
 
 @app.command()
 @shared_options(
+    isolation=None,  # a chat's tasks run in the workspace
     timeout=Annotated[
         Optional[float],
         typer.Option("--timeout", min=0.001, help="Stop a sub-agent after this many seconds (wall clock)."),
-    ]
+    ],
 )
 def chat(
     agent: Annotated[
@@ -410,6 +412,7 @@ def _show_project_context(root: Path, opted_out: list[str]) -> None:
 
 @app.command()
 @shared_options(
+    isolation=None,  # each call says its own "isolation"
     cwd=None,  # its own --cwd below: no default, so that the client's root can be the workspace
     yes=Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents (a client cannot be asked).")],
 )

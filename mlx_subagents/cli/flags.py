@@ -54,6 +54,11 @@ class Batching(str, Enum):
     off = "off"
 
 
+class Isolation(str, Enum):
+    worktree = "worktree"
+    none = "none"
+
+
 BatchingOpt = Annotated[
     Batching, typer.Option("--batching", help="Decode concurrent sessions in one batch (off: one turn at a time).")
 ]
@@ -133,6 +138,13 @@ MaxDepthOpt = Annotated[
         "--max-depth", min=0, help="Levels of sub-agents an agent with the subagent tool may start (0: no delegation)."
     ),
 ]
+IsolationOpt = Annotated[
+    Optional[Isolation],
+    typer.Option(
+        "--isolation",
+        help="worktree: each task in a git worktree and branch of its own (writers run at once); none: the shared tree.",
+    ),
+]
 # The flags every running command shares: name -> (its `Annotated` alias, its default).
 SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "model": (ModelOpt, None),
@@ -150,6 +162,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "thinking": (ThinkingOpt, None),
     "engine": (EngineOpt, None),
     "api_key": (ApiKeyOpt, None),
+    "isolation": (IsolationOpt, None),
 }
 
 
@@ -172,6 +185,7 @@ class Shared:
     thinking: str | None
     engine: str | None
     api_key: str | None
+    isolation: Isolation | None
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -189,6 +203,7 @@ class Shared:
             thinking=self.thinking,
             engine=self.engine,
             api_key=self.api_key,
+            isolation=self.isolation.value if self.isolation else None,
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None) -> Runner:

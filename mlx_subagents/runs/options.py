@@ -41,6 +41,8 @@ class RunOptions:
         engine: an OpenAI-compatible engine's base URL: every task's model calls go there, and
             `model` is the engine's model id. None: only agents whose files name an engine use one.
         api_key: the engines' API key (default: `$MLX_SUBAGENTS_API_KEY`).
+        isolation: `worktree` or `none` for the tasks a person starts (`--isolation`), over their agents'
+            `isolation:`; None: as their agent files say. Delegated children follow their own call.
     """
 
     model: str | None = None
@@ -56,6 +58,7 @@ class RunOptions:
     concurrency: int = DEFAULT_CONCURRENCY
     engine: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    isolation: str | None = None
 
     thinking: int | str | None = None
 

@@ -12,6 +12,8 @@ same order, the cheap checks of the whole request first, so that nothing loads w
               a delegated child's must be on this machine (never downloaded mid-delegation)
     host      the resident host of that model, loaded (or reached) on first use
     fit       the agent's system prompt takes at most half the model's context window
+    isolation the task's `isolation`, else its agent's; `worktree` only where a worktree can be made
+              (git, a repository with a commit, nothing in progress): else one line, never the shared tree
 
 The preparer also owns what resolution keeps for the runner's life: the consent given, one host
 per model (the resident models sharing one KV budget) and the project's instructions per workspace
@@ -39,6 +41,7 @@ from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import Workspace
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
+from .worktrees import check_isolation
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class PreparedTask:
         denied: tools its file grants that its parent may not pass on, with the error a call gets.
         depth: how many parents it has (0: started by a person).
         context: the project's instructions for its system prompt.
+        isolation: `worktree`: it runs in a worktree of its own, made when it starts (`runs/worktrees.py`).
     """
 
     task: TaskSpec
@@ -82,6 +86,7 @@ class PreparedTask:
     schema: dict[str, Any] | None = None
     denied: dict[str, str] = field(default_factory=dict)
     context: str = ""
+    isolation: str = "none"
 
     @property
     def label(self) -> str:
@@ -236,6 +241,7 @@ class Preparer:
             schema=resolved.schema,
             denied=resolved.denied,
             context=self.project_context(spec, workspace),
+            isolation=isolation_of(spec, task, workspace, None if parent or delegated else self.options.isolation),
         )
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
@@ -344,6 +350,16 @@ class Preparer:
         self.hosts = {model: host for model, host in self.hosts.items() if model in self._given}
         for host in hosts:
             await host.stop()
+
+
+def isolation_of(spec: AgentSpec, task: TaskSpec, workspace: Workspace, run: str | None = None) -> str:
+    """A task's isolation: the call site's (the task's own, else the run's `--isolation`), else its agent
+    file's; `worktree` checked here, so that a request that cannot be isolated is refused whole before
+    anything starts."""
+    isolation = task.isolation or run or spec.isolation or "none"
+    if isolation == "worktree":
+        check_isolation(workspace.root)
+    return isolation
 
 
 def _per_task(workspace: Workspace | Sequence[Workspace], n_tasks: int) -> list[Workspace]:

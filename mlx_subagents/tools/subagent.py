@@ -44,6 +44,12 @@ MAX_LABEL_CHARS = 60
 Label = Annotated[str, Field(default="", max_length=MAX_LABEL_CHARS, description="Its name in the result.")]
 
 
+Isolation = Annotated[
+    Literal["", "none", "worktree"],
+    Field(default="", description="worktree: its own git worktree and branch, to run beside other writers."),
+]
+
+
 # No docstrings on the parameter models: pydantic would put them in the schema the model reads.
 class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a single call takes the same fields)
     model_config = ConfigDict(extra="forbid")
@@ -55,6 +61,7 @@ class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a si
     model: str = Field(default="", description="A local model for it.")
     max_turns: Optional[int] = Field(default=None, gt=0, description="Fewer turns than its limit.")
     timeout: Optional[float] = Field(default=None, gt=0, description="Fewer seconds than its limit.")
+    isolation: Isolation
 
 
 class SubagentParams(BaseModel):  # flat: a small model fills in optional fields more reliably than a union
@@ -73,6 +80,7 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
         default="", description="A folder inside the workspace for the sub-agents (default: the workspace)."
     )
     background: bool = Field(default=False, description="Return task ids at once; a notice comes at each end.")
+    isolation: Isolation
 
     @model_validator(mode="before")
     @classmethod
@@ -88,6 +96,7 @@ class Delegation:
     Args:
         workspaces: per task, its own folder (its `cwd`, else the call's); empty: `workspace` for all.
         workflow, input: a workflow call's workflow name and input (its steps are the runner's to plan).
+        isolation: the call's `isolation` (a task's own wins): `worktree`, `none`, or "" for the agent's.
     """
 
     mode: DelegationMode
@@ -97,6 +106,7 @@ class Delegation:
     workspaces: tuple[Workspace, ...] = ()
     workflow: str = ""
     input: str = ""
+    isolation: str = ""
 
     def workspace_of(self, index: int) -> Workspace:
         """The folder task `index` works in."""
@@ -275,6 +285,7 @@ def parse_delegation(
         workspaces=tuple(Workspace(r) for r in roots),
         workflow=params.workflow.strip(),
         input=params.input,
+        isolation=params.isolation,
     )
 
 
@@ -408,6 +419,8 @@ def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResul
     ids = [i for i, r in zip(outcome.task_ids, outcome.results) if i and r.status != "aborted"]
     more = f"; subagent_send continues {', '.join(ids)}" if ids else ""
     footer = f"\n\n[sub-agent run {outcome.run_id}{more}]" if outcome.run_id else ""
+    kept = [r.worktree.describe(r.label.rsplit(" > ", 1)[-1]) for r in outcome.results if r.worktree is not None]
+    footer += "".join(f"\n{line}" for line in kept)
     result = _answers(delegation, outcome, len(footer))
     return ToolResult(result.output + footer, is_error=result.is_error)
 
