@@ -120,6 +120,7 @@ def test_full_spec_fields(tmp_path):
         "full_tools_for": (),
         "context": "project",
         "writer": None,
+        "isolation": None,
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",
