@@ -3,8 +3,10 @@ parent's HEAD with its uncommitted state; the changes come back as a branch that
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import call, go, make_runner, scripted_host, write_agent
@@ -160,3 +162,55 @@ def test_the_call_site_wins_over_the_agent_file_and_the_parent_reads_the_branch(
     assert "worktree" not in second and "subagent/" not in second
     assert (repo / "shared.txt").read_text() == "fixed\n"  # `isolation: none` at the call site: the shared tree
     assert git(repo, "show", f"{kept[0].branch}:shared.txt") == "fixed\n"
+
+
+def test_the_cli_lists_shows_applies_and_prunes_what_isolated_tasks_left(
+    tmp_path: Path, run_cli: Any, write_script: Any
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    edit = {"replies": [call("bash", command="echo $PWD > shared.txt"), {"content": "edited"}]}
+    model = write_script({"agents": {"worker": {"replies": edit["replies"] * 2}}})
+    tasks = ["-t", "worker", "edit", "-t", "worker", "edit"]
+
+    code, out, _ = run_cli("parallel", *tasks, "--isolation", "worktree", "--json", "-m", model, "-C", str(repo))
+    assert code == 0
+    data = json.loads(out)
+    names = [r["worktree"]["name"] for r in data["results"]]
+    assert names == [f"{data['run_id']}-worker-1", f"{data['run_id']}-worker-2"]
+
+    code, out, _ = run_cli("worktrees", "--json")
+    listed = json.loads(out)["worktrees"]
+    assert [(w["name"], w["status"], w["files"], w["repo"]) for w in listed] == [
+        (n, "completed", ["shared.txt"], str(repo.resolve())) for n in names
+    ]
+    code, out, _ = run_cli("worktrees")
+    assert out.splitlines() == [
+        f"{n}  completed subagent/{n}  1 file changed, 1 insertion(+), 1 deletion(-)  {label} (worker)  "
+        f"{repo.resolve()}"
+        for n, label in zip(names, ("worker-1", "worker-2"))
+    ]
+    code, out, _ = run_cli("show", "last")
+    assert f"apply with: subagent apply {names[0]}" in out and f"apply with: subagent apply {names[1]}" in out
+    assert [w["name"] for w in json.loads(run_cli("show", "last", "--json")[1])["worktrees"]] == names
+
+    assert run_cli("apply", f"subagent/{names[0]}") == (
+        0,
+        "shared.txt\n",
+        f"applied subagent/{names[0]} to {repo.resolve()}\nremove its worktree and branch with: subagent worktrees prune\n",
+    )
+    assert (repo / "shared.txt").read_text() == f"{listed[0]['path']}\n"
+    code, out, err = run_cli("apply", names[1])
+    assert (code, out) == (2, "")
+    assert err == (
+        f"error: cannot apply subagent/{names[1]}: the workspace has changed shared.txt since the child started; "
+        "commit or undo those changes there, or merge the branch yourself\n"
+    )
+    assert (
+        run_cli("apply", "nothing")[2]
+        == f"error: no kept worktree 'nothing'; kept: {', '.join(names)} (see subagent worktrees)\n"
+    )
+
+    assert run_cli("worktrees", "prune") == (0, f"removed {names[0]} (subagent/{names[0]})\n", "")
+    assert [w.name for w in list_worktrees()] == names[1:]
+    assert git(repo, "branch", "--format=%(refname:short)", "--list", "subagent/*").split() == [f"subagent/{names[1]}"]
+    assert git(repo, "worktree", "list").count("\n") == 2
