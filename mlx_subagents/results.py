@@ -152,3 +152,4 @@ class TaskStatus(BaseModel):
     output: str = ""
     error: str | None = None
     run_id: str | None = None
+    worktree: WorktreeResult | None = None  # an isolated task's, once it ended

@@ -214,3 +214,39 @@ def test_the_cli_lists_shows_applies_and_prunes_what_isolated_tasks_left(
     assert [w.name for w in list_worktrees()] == names[1:]
     assert git(repo, "branch", "--format=%(refname:short)", "--list", "subagent/*").split() == [f"subagent/{names[1]}"]
     assert git(repo, "worktree", "list").count("\n") == 2
+
+
+def test_a_background_isolated_task_works_in_its_worktree_and_its_output_names_the_branch(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    write_agent(repo, "fixer", "[bash]")
+    write_agent(repo, "lead", "[subagent]", front="agents: [fixer!]\n")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "agents")
+    start = call("subagent", agent="fixer", task="fix it", background=True, isolation="worktree")
+    wait = call("subagent_output", id="fixer#1", wait=10)
+    script = {
+        "agents": {
+            "lead": {"replies": [start, wait, call("subagent_send", id="fixer#1", message="look again"), wait, "done"]},
+            "fixer": {"replies": [call("bash", command="echo fixed > shared.txt"), "fixed", "nothing more"]},
+        }
+    }
+    host = scripted_host(script)
+
+    result = go(make_runner(repo, host, assume_yes=True), "run", TaskSpec("lead", "fix"))
+
+    assert result.status == "completed"
+    [kept] = list_worktrees()
+    assert (kept.label, kept.status, kept.files) == ("lead > fixer#1", "completed", ("shared.txt",))
+    outputs = [m["content"] for m in host.history["lead"][-1] if m["role"] == "tool"]
+    line = (
+        f"[fixer#1: changes on branch {kept.branch} (1 file changed, 1 insertion(+), 1 deletion(-)); apply with: "
+        f"subagent apply {kept.name}]"
+    )
+    assert outputs[1] == f"fixer#1 completed\n{line}\n\nfixed"
+    assert outputs[3] == f"fixer#1 completed\n{line}\n\nnothing more"  # a second generation, in the same worktree
+    assert (repo / "shared.txt").read_text() == "original\n"  # the shared tree untouched until apply
+    assert git(repo, "show", f"{kept.branch}:shared.txt") == "fixed\n"
+    assert (
+        git(repo, "log", "-1", "--format=%an|%s", kept.branch)
+        == "fixer (mlx-subagents)|fixer [lead > fixer#1]: fix it\n"
+    )

@@ -45,7 +45,7 @@ from ..caps import DEFAULT_CONCURRENCY, cap_answer, check_concurrency
 from ..errors import RequestError, RunNotFoundError, SubagentError
 from ..events import Event, EventSink, ignore_event
 from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
-from ..results import Mode, MultiRunResult, RunResult, WorktreeResult
+from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
 from ..tools.subagent import READ_MORE, Delegation, SubagentTool
@@ -58,7 +58,7 @@ from .slots import Slots, lend
 from .tasks import ModelRef, Render, TaskSpec, chain_stop, label_tasks, plan_chain
 from .transcripts import RunRecorder, TaskEntry, hold_task, load_run, new_run_id, read_transcript
 from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
-from .worktrees import Worktree, finish_worktree, make_worktree, remove_worktree
+from .worktrees import Worktree, finish_worktree, make_worktree, remove_worktree, worktree_result
 
 
 class Runner:
@@ -272,7 +272,7 @@ class Runner:
                 shared_input=shared_input,
                 delegated=delegated,
             )
-            refuse_isolated(prepared, "a background task")
+            prepared, trees = isolate(prepared, new_run_id())  # made before it starts; finished as it ends
         except BaseException:
             board.release(ids)
             raise
@@ -285,8 +285,9 @@ class Runner:
                 interactive=False,
                 run_folder=parent.run_folder if parent else None,
                 read_more=read_more_note(task_id) if parent is not None else None,
+                worktree=tree,
             )
-            for p, task_id in zip(prepared, ids)
+            for p, task_id, tree in zip(prepared, ids, trees)
         ]
         self._started += handles
         for i, (handle, task) in enumerate(zip(handles, tasks)):
@@ -673,11 +674,12 @@ def isolate(prepared: list[PreparedTask], run_id: str) -> tuple[list[PreparedTas
 
 
 def refuse_isolated(prepared: Sequence[PreparedTask], what: str) -> None:
-    """Refuse isolation where it is not built yet, in one line: never a silent run in the shared tree."""
+    """Refuse isolation where it is not built (a chat's multi-turn task), in one line: never a silent run
+    in the shared tree."""
     if isolated := [p.label for p in prepared if p.isolation == "worktree"]:
         raise RequestError(
-            f"isolation: worktree is not available for {what} yet ({', '.join(isolated)}); run it in the "
-            'foreground, or with "isolation": "none" to run it in the shared tree'
+            f"isolation: worktree is not available for {what} ({', '.join(isolated)}); run it with subagent run, "
+            "or give it isolation: none to work in the shared tree"
         )
 
 
@@ -689,14 +691,7 @@ def settle(trees: Sequence[Worktree | None], execution: Execution, results: list
         if tree is None:
             continue
         done = execution.results[i] or (results[i] if i < len(results) else None)
-        kept = finish_worktree(tree, done.status if done is not None else "aborted")
-        info = (
-            WorktreeResult(
-                branch=kept.branch, name=kept.name, path=kept.path, diffstat=kept.diffstat, files=list(kept.files)
-            )
-            if kept is not None
-            else WorktreeResult()
-        )
+        info = worktree_result(finish_worktree(tree, done.status if done is not None else "aborted"))
         if i < len(results):
             results[i] = results[i].model_copy(update={"worktree": info})
         for held in (execution.results, execution.uncapped):

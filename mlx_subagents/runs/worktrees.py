@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..errors import RequestError
 from ..home import make_state_dir, state_home
+from ..results import WorktreeResult
 
 ISOLATIONS = ("none", "worktree")
 BRANCH_PREFIX = "subagent/"
@@ -186,6 +187,28 @@ def finish_worktree(worktree: Worktree, status: str, home: Path | None = None) -
     kept = Worktree(**{**asdict(worktree), "status": status, "diffstat": stat, "files": files})
     _save(kept, home)
     return kept
+
+
+def worktree_result(kept: Worktree | None) -> WorktreeResult:
+    """What a result says of a finished worktree: its branch and diffstat, or no changes (removed)."""
+    if kept is None:
+        return WorktreeResult()
+    return WorktreeResult(
+        branch=kept.branch, name=kept.name, path=kept.path, diffstat=kept.diffstat, files=list(kept.files)
+    )
+
+
+def reopen_worktree(worktree: Worktree, home: Path | None = None) -> Worktree:
+    """A finished worktree made ready for the task's next generation (a message to a background task):
+    marked running again, or made anew on the same branch name when it changed nothing and was removed."""
+    if not Path(worktree.path).exists():
+        folder = Path(worktree.repo) / worktree.folder
+        return make_worktree(
+            folder, run_id=worktree.run_id, label=worktree.label, agent=worktree.agent, task=worktree.task, home=home
+        )
+    running = Worktree(**{**asdict(worktree), "status": "running"})
+    _save(running, home)
+    return running
 
 
 def _commit(place: Path, author: str, message: str) -> None:
