@@ -4,12 +4,14 @@ parent's HEAD with its uncommitted state; the changes come back as a branch that
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import call, go, make_runner, scripted_host, write_agent
+from helpers import call, go, make_runner, scripted_host, spawn_cli, write_agent
 
 from mlx_subagents.errors import RequestError
 from mlx_subagents.runs.tasks import TaskSpec
@@ -250,3 +252,38 @@ def test_a_background_isolated_task_works_in_its_worktree_and_its_output_names_t
         git(repo, "log", "-1", "--format=%an|%s", kept.branch)
         == "fixer (mlx-subagents)|fixer [lead > fixer#1]: fix it\n"
     )
+
+
+def test_sigterm_commits_what_the_child_did_on_its_branch_and_keeps_the_worktree_listed(
+    tmp_path: Path, run_cli: Any, write_script: Any
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ready = tmp_path / "ready"
+    slow = f"echo half done > shared.txt; touch {ready}; exec sleep 30"
+    model = write_script({"agents": {"worker": {"replies": [call("bash", command=slow), "never reached"]}}})
+    proc = spawn_cli("run", "worker", "edit", "--isolation", "worktree", "-m", model, "-C", str(repo))
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the child never started its command"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    assert proc.returncode == 143, err
+    [kept] = list_worktrees()
+    line = (
+        f"[worker: changes on branch {kept.branch} (1 file changed, 1 insertion(+), 1 deletion(-)); apply with: "
+        f"subagent apply {kept.name}]"
+    )
+    assert line in err.splitlines()
+    assert (kept.status, kept.files) == ("aborted", ("shared.txt",))
+    assert git(repo, "show", f"{kept.branch}:shared.txt") == "half done\n"
+    assert git(Path(kept.path), "status", "--porcelain") == ""  # all of it committed
+    assert (repo / "shared.txt").read_text() == "original\n"
+    code, out, _ = run_cli("worktrees", "--json")
+    assert [w["name"] for w in json.loads(out)["worktrees"]] == [kept.name]
