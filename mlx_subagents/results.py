@@ -64,6 +64,23 @@ class ChildrenUsage(BaseModel):
     tasks: list[ChildUsage]
 
 
+class WorktreeResult(BaseModel):
+    """What an isolated task (`isolation: worktree`) left: its branch and a diffstat, or no changes
+    (its worktree and branch then removed)."""
+
+    branch: Optional[str] = None  # None: it changed nothing
+    name: str = ""  # what `subagent apply` takes
+    path: str = ""
+    diffstat: str = ""
+    files: list[str] = Field(default_factory=list)
+
+    def describe(self, label: str) -> str:
+        """One line for the person and the parent: where the changes are and how to bring them in."""
+        if self.branch is None:
+            return f"[{label}: no changes in its worktree; removed]"
+        return f"[{label}: changes on branch {self.branch} ({self.diffstat}); apply with: subagent apply {self.name}]"
+
+
 class RunResult(BaseModel):
     """One task's outcome."""
 
@@ -85,6 +102,7 @@ class RunResult(BaseModel):
     transcript: str | None = None
     parsed: Any = None
     children: ChildrenUsage | None = None  # None: it started no sub-agent
+    worktree: WorktreeResult | None = None  # None: it ran in the shared tree
 
     @property
     def ok(self) -> bool:
@@ -134,3 +152,4 @@ class TaskStatus(BaseModel):
     output: str = ""
     error: str | None = None
     run_id: str | None = None
+    worktree: WorktreeResult | None = None  # an isolated task's, once it ended

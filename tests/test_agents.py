@@ -130,6 +130,7 @@ def test_full_spec_fields(tmp_path):
         "mcp_servers": (),
         "mcp_inline": (),
         "mcp_denied": (),
+        "isolation": None,
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",
@@ -395,7 +396,11 @@ def test_effort_maps_to_the_thinking_budget_and_every_claude_field_is_honoured_o
     spec = parse_agent_file(claude, "project")
 
     assert (spec.thinking, spec.background, spec.skills) == (1024, True, ("pdf",))
-    assert spec.warnings == (f"{claude}: Claude Code field(s) isolation not supported here, ignored",)
+    assert (spec.isolation, spec.mcp_servers) == ("worktree", ("github",))
+    assert spec.warnings == ()  # every Claude Code field it uses is honoured
+    initial = write(folder, "i.md", agent_text(name="i", extra="initialPrompt: hi\n"))
+    named = f"{initial}: Claude Code field(s) initialPrompt not supported here, ignored"
+    assert parse_agent_file(initial, "project").warnings == (named,)
     assert parse_agent_file(ours, "user").thinking == 16384
     with pytest.raises(AgentFileError) as both_info:
         parse_agent_file(both, "user")

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULT_FIELDS = {
     "agent",
     "children",
+    "worktree",
     "task",
     "status",
     "output",

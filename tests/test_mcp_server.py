@@ -108,6 +108,7 @@ def test_initialize_list_tools_and_list_agents(tmp_path: Path, write_script: Any
 
     schema = by_name["run_agents"].input_schema
     # `label` in every form and each item's own choices (issue 26, item 8).
+    # `isolation` on every form and each item (issue 30), offered only inside a git repository.
     assert set(schema["properties"]) == {"agent", "task", "label", "tasks", "chain", "cwd"}
     item = {"agent", "task", "label", "cwd", "model", "max_turns", "timeout"}
     assert set(schema["properties"]["tasks"]["items"]["properties"]) == item

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# Claude Code's own fields that map to ours (`skills`, `memory`, `background`, `effort` are ours too).
+# Claude Code's own fields that map to ours (`skills`, `memory`, `background`, `effort` are ours too;
+# so is `isolation`, in `spec.FIELDS`).
 CLAUDE_HONOURED = (
     "disallowedTools",
     "maxTurns",
@@ -25,7 +26,7 @@ CLAUDE_HONOURED = (
 )
 # Claude Code's fields this version does not honour: a file using one gets one warning naming them.
 # A branch that implements one removes it from here.
-CLAUDE_UNSUPPORTED = ("isolation", "initialPrompt", "disabled")
+CLAUDE_UNSUPPORTED = ("initialPrompt", "disabled")
 CLAUDE_FIELDS = CLAUDE_HONOURED + CLAUDE_UNSUPPORTED
 # Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`).
 CLAUDE_TASK_TOOL = re.compile(r"(?:Task|Agent)\((.*)\)")

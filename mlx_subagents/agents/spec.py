@@ -42,7 +42,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort", "mcpServers",
+    "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort", "mcpServers", "isolation",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -110,6 +110,8 @@ class AgentSpec(BaseModel):
     mcp_servers: tuple[str, ...] = ()
     mcp_inline: tuple[McpServerConfig, ...] = ()
     mcp_denied: tuple[str, ...] = ()
+    # `worktree`: its tasks run in a git worktree of their own unless the call site says otherwise.
+    isolation: Literal["none", "worktree"] | None = None
     system_prompt: str = Field(min_length=1)
     source: Source
     path: Path
@@ -189,6 +191,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         skills=_parse_skills(path, meta.get("skills")),
         memory=_parse_memory(path, meta.get("memory")),
         background=_parse_background(path, meta.get("background")),
+        isolation=_parse_isolation(path, meta.get("isolation")),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -389,6 +392,12 @@ def _parse_background(path: Path, value: Any) -> bool:
     if value is None or isinstance(value, bool):
         return bool(value)
     raise _fail(path, f"field 'background' must be true or false, got {value!r}", "e.g. background: true")
+
+
+def _parse_isolation(path: Path, value: Any) -> Literal["none", "worktree"] | None:
+    if value is None or value in ("none", "worktree"):
+        return value
+    raise _fail(path, f"field 'isolation' must be 'worktree' or 'none', got {value!r}", "e.g. isolation: worktree")
 
 
 def _parse_writer(path: Path, value: Any) -> bool | None:

@@ -27,6 +27,7 @@ from ..render import EventLines
 from ..results import MultiRunResult, RunResult
 from ..runs.runner import Runner
 from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
+from ..runs.worktrees import apply_worktree, find_worktree, list_worktrees, prune_worktrees
 from .doctor import run_doctor
 from .flags import (
     CwdOpt,
@@ -51,6 +52,7 @@ from .flags import (
 from .interrupts import EXIT_INTERRUPTED, run_async
 from .mcp_servers import agent_mcp_line, check_servers, entry_lines, mcp_entries
 from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi
+from .show import worktree_json, worktree_line
 
 app = typer.Typer(
     name="subagent",
@@ -275,6 +277,7 @@ def show(
 
 @app.command()
 @shared_options(
+    isolation=None,  # a saved task continues where it ran
     cwd=None,  # the task's own workspace
     model=Annotated[
         Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")
@@ -304,10 +307,11 @@ def resume(
 
 @app.command()
 @shared_options(
+    isolation=None,  # a chat's tasks run in the workspace
     timeout=Annotated[
         Optional[float],
         typer.Option("--timeout", min=0.001, help="Stop a sub-agent after this many seconds (wall clock)."),
-    ]
+    ],
 )
 def chat(
     agent: Annotated[
@@ -504,6 +508,7 @@ def mcp_servers(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: 
 
 @app.command()
 @shared_options(
+    isolation=None,  # each call says its own "isolation"
     cwd=None,  # its own --cwd below: no default, so that the client's root can be the workspace
     yes=Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents (a client cannot be asked).")],
 )
@@ -597,6 +602,64 @@ def models_import(
         imported = import_gguf(source, name=name, bits=bits, progress=progress)
     err.print(f"imported {imported.name} in {imported.seconds:.0f} s: {imported.path}")
     out.print(f"use it with: --model {imported.name}")
+
+
+# --- isolated tasks' worktrees ---------------------------------------------------------------------------
+
+
+@app.command()
+def apply(
+    ref: Annotated[str, typer.Argument(help="The worktree's name, branch, run id or task label (subagent worktrees).")],
+) -> None:
+    """Bring an isolated task's changes (its branch) into the workspace it started from.
+
+    Refuses, naming the files, when they conflict or the workspace changed them since.
+
+    Example: subagent apply subagent/20260131-142501-042-3fa9-worker
+    """
+    worktree = find_worktree(ref)
+    files = apply_worktree(worktree)
+    err.print(f"applied {worktree.branch} to {worktree.repo}", markup=False)
+    out.print("\n".join(files), markup=False)
+    err.print("[dim]remove its worktree and branch with: subagent worktrees prune[/]")
+
+
+worktrees_app = typer.Typer(help="The worktrees isolated tasks left; prune the merged or abandoned.")
+app.add_typer(worktrees_app, name="worktrees")
+
+
+@worktrees_app.callback(invoke_without_command=True)
+def worktrees(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List the kept worktrees of isolated tasks (isolation: worktree), oldest first.
+
+    Example: subagent worktrees --json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    kept = list_worktrees()
+    if as_json:
+        out.print_json(data={"worktrees": [worktree_json(w) for w in kept]})
+        return
+    for w in kept:
+        out.print(worktree_line(w), markup=False)
+    if not kept:
+        err.print("no kept worktrees; tasks with isolation: worktree keep theirs when they change files")
+
+
+@worktrees_app.command("prune")
+def worktrees_prune(as_json: JsonOpt = False) -> None:
+    """Remove the worktrees (and branches) that are merged, applied or abandoned; then git worktree prune.
+
+    Example: subagent worktrees prune
+    """
+    removed = prune_worktrees()
+    if as_json:
+        out.print_json(data={"removed": [worktree_json(w) for w in removed]})
+        return
+    for w in removed:
+        out.print(f"removed {w.name} ({w.branch})", markup=False)
+    if not removed:
+        err.print("nothing to prune: every kept worktree has changes not yet applied or merged")
 
 
 # typer >= 0.22 vendors click: its exceptions are not click's. Catch both families.

@@ -55,6 +55,11 @@ class Batching(str, Enum):
     off = "off"
 
 
+class Isolation(str, Enum):
+    worktree = "worktree"
+    none = "none"
+
+
 BatchingOpt = Annotated[
     Batching, typer.Option("--batching", help="Decode concurrent sessions in one batch (off: one turn at a time).")
 ]
@@ -143,6 +148,13 @@ MaxDepthOpt = Annotated[
         "--max-depth", min=0, help="Levels of sub-agents an agent with the subagent tool may start (0: no delegation)."
     ),
 ]
+IsolationOpt = Annotated[
+    Optional[Isolation],
+    typer.Option(
+        "--isolation",
+        help="worktree: each task in a git worktree and branch of its own (writers run at once); none: the shared tree.",
+    ),
+]
 # The flags every running command shares: name -> (its `Annotated` alias, its default).
 SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "model": (ModelOpt, None),
@@ -161,6 +173,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "engine": (EngineOpt, None),
     "api_key": (ApiKeyOpt, None),
     "sandbox": (SandboxOpt, None),
+    "isolation": (IsolationOpt, None),
 }
 
 
@@ -184,6 +197,7 @@ class Shared:
     engine: str | None
     api_key: str | None
     sandbox: Batching | None
+    isolation: Isolation | None
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -202,6 +216,7 @@ class Shared:
             engine=self.engine,
             api_key=self.api_key,
             sandbox=None if self.sandbox is None else self.sandbox == Batching.on,
+            isolation=self.isolation.value if self.isolation else None,
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None, *, plan: bool = False) -> Runner:

@@ -48,6 +48,7 @@ JSON_FIELDS = {
     "run_id",
     "transcript",
     "parsed",
+    "worktree",
 }
 
 
@@ -96,6 +97,8 @@ def _print_single(result: RunResult, as_json: bool, events: bool) -> None:
         if result.error:
             err.print(f"[red]error:[/] {escape(result.error)}")
         err.print(f"[dim]{escape(usage_line(result))}[/]")
+        if result.worktree is not None:
+            err.print(escape(result.worktree.describe(result.label)))
         if result.run_id:
             err.print(f'[dim]saved as run {result.run_id}; continue with: subagent resume {result.run_id} "..."[/]')
 
@@ -136,6 +139,9 @@ def _print_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
             if r.error:
                 answers.print(f"[red]error:[/] {escape(r.error)}")
         err.print(usage_table(outcome.results))
+        for r in outcome.results:
+            if r.worktree is not None:
+                err.print(escape(r.worktree.describe(r.label)))
     style = "green" if outcome.ok else "red"
     err.print(f"[{style}]{outcome.succeeded}/{outcome.total} succeeded[/]")
     if outcome.error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
@@ -11,6 +12,7 @@ from rich.rule import Rule
 
 from ..host.protocol import Message
 from ..runs.transcripts import NOTE_KINDS, RunRecord, TaskEntry, child_runs, read_transcript
+from ..runs.worktrees import Worktree, list_worktrees
 
 PREVIEW_LINES = 12
 CUT_NOTE = "(the reply was cut short here: a timeout, Ctrl-C or a signal stopped it)"
@@ -39,6 +41,7 @@ def run_json(record: RunRecord, task: str | None = None) -> dict[str, Any]:
                 notes=[r for r in log.records if r.get("type") in NOTE_KINDS],
             )
         data["transcripts"].append(item)
+    data["worktrees"] = [worktree_json(w) for w in _worktrees(record, task)]
     if children := child_runs(record):
         data["children"] = [
             {"run_id": c.run_id, "status": c.status, "tasks": [t.label for t in c.tasks]} for c in children
@@ -84,12 +87,33 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
             console.print(f"[dim]{escape(line)}[/]")
             if result.error:
                 console.print(f"  [red]{escape(result.error)}[/]")
+    for worktree in _worktrees(record, task):
+        console.print(Rule(f"worktree of {escape(worktree.label)}", align="left", style="dim"))
+        console.print(escape(worktree_line(worktree)))
+        console.print(f"[dim]apply with: subagent apply {escape(worktree.name)}[/]")
     if task is None and (children := child_runs(record)):
         console.print(Rule("sub-agent runs (subagent show ID, subagent resume ID ...)", align="left", style="dim"))
         for child in children:
             score = f"{child.succeeded}/{child.total}" if child.succeeded is not None else f"?/{child.total}"
             labels = ", ".join(t.label for t in child.tasks)
             console.print(f"{child.run_id}  {child.mode:<8} {child.status:<11} {score:>5}  {escape(labels)}")
+
+
+def worktree_line(worktree: Worktree) -> str:
+    """`NAME  STATUS  BRANCH  DIFFSTAT  LABEL (AGENT)  REPO`: one kept worktree, for `worktrees` and `show`."""
+    stat = worktree.diffstat or ("not finished: apply commits what it left" if worktree.status == "running" else "")
+    return f"{worktree.name}  {worktree.status:<9} {worktree.branch}  {stat}  {worktree.label} ({worktree.agent})  {worktree.repo}"
+
+
+def worktree_json(worktree: Worktree) -> dict[str, Any]:
+    """A worktree's manifest as `--json` prints it."""
+    return {**asdict(worktree), "files": list(worktree.files)}
+
+
+def _worktrees(record: RunRecord, task: str | None) -> list[Worktree]:
+    """The kept worktrees of a run's tasks (one that changed nothing was removed; one applied and pruned is gone)."""
+    labels = {e.label for e in _entries(record, task)}
+    return [w for w in list_worktrees() if w.run_id == record.run_id and w.label in labels]
 
 
 def note_line(record: dict[str, Any]) -> str:

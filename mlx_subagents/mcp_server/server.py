@@ -48,6 +48,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import __version__
+from ..agents.context import repository_root
 from ..agents.spec import AgentSpec
 from ..caps import MAX_TASKS
 from ..errors import ConfirmationRequired, SubagentError, ToolError
@@ -456,7 +457,8 @@ async def _refused_or(
 def run_schema(runner: Runner) -> dict[str, Any]:
     """`run_agents`'s and `start_agents`'s forms: the `subagent` tool's, without `background` (the tool's
     name says whether a call waits), with the workflow form where the workspace has named workflows."""
-    return delegation_schema(background=False, workflows=bool(runner.workflow_names()))
+    in_repository = repository_root(runner.workspace.root) is not None
+    return delegation_schema(background=False, workflows=bool(runner.workflow_names()), isolation=in_repository)
 
 
 def check_confirmed(runner: Runner, call: Delegation) -> None:

@@ -145,6 +145,8 @@ class ServerTasks:
         piece, next_offset = window(whole, params.offset)
         if ended:
             head = f"{status.id} {status.status}" + (f": {status.error}" if status.error else "")
+            if status.worktree is not None:
+                head += f"\n{status.worktree.describe(status.id)}"
         else:
             head = f"{status_line(status)}\nIt has not finished; its output so far:"
         more = f'\n\n[more: agent_output {{"id": "{status.id}", "offset": {next_offset}}}]' if next_offset else ""

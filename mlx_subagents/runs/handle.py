@@ -38,6 +38,7 @@ from .execution import Execution, PlannedTask
 from .prepare import Parent, PreparedTask
 from .slots import Slots
 from .transcripts import RunRecord, RunRecorder, TaskEntry, TaskTranscript
+from .worktrees import Worktree, finish_worktree, reopen_worktree, worktree_result
 
 INTERRUPTED_TOOL_RESULT = "Error: this tool call was interrupted before it finished."
 CANCELLED = "cancelled"
@@ -99,6 +100,7 @@ class TaskHandle:
         generations: int = 0,
         on_text: TextCallback | None = None,
         read_more: str | None = None,
+        worktree: Worktree | None = None,
     ) -> None:
         self.runtime = runtime
         self.prepared = prepared
@@ -115,6 +117,7 @@ class TaskHandle:
         self.generations = generations
         self.on_text = on_text
         self.read_more = read_more
+        self.worktree = worktree  # an isolated background task's: finished as each generation ends
         self.inbox = Inbox()
         self.board = TaskBoard(self.workspace, on_event=runtime.on_event, inbox=self.inbox)
         if not interactive:
@@ -206,6 +209,7 @@ class TaskHandle:
             output=output,
             error=self.result.error if ended and self.result else None,
             run_id=self.run_id,
+            worktree=self.result.worktree if ended and self.result else None,
         )
 
     def _ran_for(self) -> float:
@@ -385,6 +389,8 @@ class TaskHandle:
     ) -> None:
         result: RunResult | None = None
         try:
+            if self.worktree is not None and self.generations:  # a message after it ended: its worktree again
+                self.worktree = reopen_worktree(self.worktree)
             needed: list[RunResult] = []
             for step in after:
                 previous = await step.join_result()
@@ -402,9 +408,25 @@ class TaskHandle:
         except Exception as exc:  # a generation turns failures into results; this is a bug's last stop
             result = self._not_run("failed", "error", f"{type(exc).__name__}: {exc}")
         finally:
+            result = self._finish_worktree(result)
             self._end(result)
             if self.owner is not None:
                 self.owner.ended(self)
+
+    def _finish_worktree(self, result: RunResult | None) -> RunResult | None:
+        """An isolated task's changes committed on its branch (its worktree removed if it changed
+        nothing), named in its result; whatever ended the generation, so that `subagent worktrees`
+        lists everything kept."""
+        if self.worktree is None:
+            return result
+        status = result.status if result is not None else "aborted"
+        tree = replace(self.worktree, run_id=self.run_id or self.worktree.run_id)  # `subagent show` finds it
+        kept = finish_worktree(tree, status)
+        self.worktree = kept or tree
+        info = worktree_result(kept)
+        if self.uncapped is not None:
+            self.uncapped = self.uncapped.model_copy(update={"worktree": info})
+        return result.model_copy(update={"worktree": info}) if result is not None else None
 
     async def join_result(self) -> RunResult | None:
         """The result once the background generation has ended (a chain's next step waits on this)."""

@@ -44,6 +44,8 @@ class RunOptions:
         sandbox: every task's bash sandboxed (True) or not (False), whatever its file says; None: as
             its file says, else on for project agents.
         plan: every task in plan mode (read-only tools), children included.
+        isolation: `worktree` or `none` for the tasks a person starts (`--isolation`), over their agents'
+            `isolation:`; None: as their agent files say. Delegated children follow their own call.
     """
 
     model: str | None = None
@@ -59,6 +61,7 @@ class RunOptions:
     concurrency: int = DEFAULT_CONCURRENCY
     engine: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    isolation: str | None = None
 
     thinking: int | str | None = None
     sandbox: bool | None = None

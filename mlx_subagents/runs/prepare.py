@@ -13,6 +13,8 @@ same order, the cheap checks of the whole request first, so that nothing loads w
               a delegated child's must be on this machine (never downloaded mid-delegation)
     host      the resident host of that model, loaded (or reached) on first use
     fit       the agent's system prompt takes at most half the model's context window
+    isolation the task's `isolation`, else its agent's; `worktree` only where a worktree can be made
+              (git, a repository with a commit, nothing in progress): else one line, never the shared tree
 
 It also hands each task its hooks (`settings_hooks`, read once per runner): the user's settings file's,
 the project's after the user's consent (as for project agents), then the agent file's own.
@@ -52,6 +54,7 @@ from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config,
 from ..tools.skill import Skill
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
+from .worktrees import check_isolation
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class PreparedTask:
         hooks: the hooks that fire for it (the settings files', then its own file's).
         parent: its parent's label (None: started by a person).
         skills: the skills it is offered (and preloads).
+        isolation: `worktree`: it runs in a worktree of its own, made when it starts (`runs/worktrees.py`).
     """
 
     task: TaskSpec
@@ -111,6 +115,7 @@ class PreparedTask:
     skills: SkillChoice = field(default_factory=SkillChoice)
     # The MCP tools it may call (`mcp__<server>__<tool>`), on the runner's running servers.
     mcp_tools: dict[str, Tool] = field(default_factory=dict)
+    isolation: str = "none"
 
     @property
     def label(self) -> str:
@@ -300,6 +305,7 @@ class Preparer:
             context="\n\n".join(filter(None, (self.project_context(spec, workspace), memory))),
             skills=resolved.skills,
             mcp_tools=await self.mcp_tools(spec, workspace),
+            isolation=isolation_of(spec, task, workspace, None if parent or delegated else self.options.isolation),
         )
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
@@ -526,6 +532,16 @@ class Preparer:
         for host in hosts:
             await host.stop()
         await self.mcp.close()
+
+
+def isolation_of(spec: AgentSpec, task: TaskSpec, workspace: Workspace, run: str | None = None) -> str:
+    """A task's isolation: the call site's (the task's own, else the run's `--isolation`), else its agent
+    file's; `worktree` checked here, so that a request that cannot be isolated is refused whole before
+    anything starts."""
+    isolation = task.isolation or run or spec.isolation or "none"
+    if isolation == "worktree":
+        check_isolation(workspace.root)
+    return isolation
 
 
 def _per_task(workspace: Workspace | Sequence[Workspace], n_tasks: int) -> list[Workspace]:

@@ -42,7 +42,7 @@ from ..agents.discovery import AgentCatalog, discover_agents
 from ..agents.inbox import Inbox
 from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, cap_answer, check_concurrency
-from ..errors import RunNotFoundError, SubagentError
+from ..errors import RequestError, RunNotFoundError, SubagentError
 from ..events import Event, EventSink, ignore_event
 from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
@@ -56,8 +56,9 @@ from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
 from .slots import Slots, lend
 from .tasks import ModelRef, Render, TaskSpec, chain_stop, label_tasks, plan_chain
-from .transcripts import RunRecorder, TaskEntry, hold_task, load_run, read_transcript
+from .transcripts import RunRecorder, TaskEntry, hold_task, load_run, new_run_id, read_transcript
 from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
+from .worktrees import Worktree, finish_worktree, make_worktree, remove_worktree, worktree_result
 
 
 class Runner:
@@ -235,7 +236,7 @@ class Runner:
         for the ones it needs) started on the parent's board; nothing starts if any of them cannot."""
         if call.mode == "workflow":
             tasks, needs, renders = plan_workflow(self._named_workflow(call.workflow), call.input)
-            tasks = [replace(t, label="") for t in tasks]  # ids on the board as any started task's (scout#1)
+            tasks = [replace(t, label="", isolation=call.isolation or t.isolation) for t in tasks]  # ids as any task's
             where = {"workspace": call.workspace, "shared_input": call.input}
             return await self._start_all(tasks, board, delegated=True, needs=needs, renders=renders, **where)  # type: ignore[arg-type]
         tasks = call_tasks(call)
@@ -273,6 +274,7 @@ class Runner:
                 shared_input=shared_input,
                 delegated=delegated,
             )
+            prepared, trees = isolate(prepared, new_run_id())  # made before it starts; finished as it ends
         except BaseException:
             board.release(ids)
             raise
@@ -285,8 +287,9 @@ class Runner:
                 interactive=False,
                 run_folder=parent.run_folder if parent else None,
                 read_more=read_more_note(task_id) if parent is not None else None,
+                worktree=tree,
             )
-            for p, task_id in zip(prepared, ids)
+            for p, task_id, tree in zip(prepared, ids, trees)
         ]
         self._started += handles
         for i, (handle, task) in enumerate(zip(handles, tasks)):
@@ -311,6 +314,7 @@ class Runner:
         """
         spec = self.catalog.get(agent)
         prepared = await self._prepare([TaskSpec(agent=spec.name, task="", label=spec.name)])
+        refuse_isolated(prepared, "a multi-turn task (a chat)")
         return TaskHandle(self, prepared[0], on_text=on_text)
 
     async def reopen(self, run_id: str, *, task: str | None = None, on_text: TextCallback | None = None) -> TaskHandle:
@@ -401,6 +405,7 @@ class Runner:
         children, checked as `subagent workflow` checks them (its file, graph and agents, then the
         whole request as any delegation: grants, caps, local models) before any step starts."""
         tasks, needs, renders = plan_workflow(self._named_workflow(call.workflow), call.input)
+        tasks = [replace(t, isolation=call.isolation or t.isolation) for t in tasks]
         if parent is not None:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
         where = {"parent": parent, "workspace": call.workspace, "shared_input": call.input, "delegated": True}
@@ -552,6 +557,7 @@ class Runner:
             ]
             recorder = RunRecorder(mode, workspace.root, entries, parent.run_folder if parent else self.home)
         run_folder = recorder.folder if recorder else None
+        prepared, trees = isolate(prepared, recorder.run_id if recorder else new_run_id())
         ids = keep.reserve_ids([p.task.agent for p in prepared]) if keep is not None else None
         boards = [self._task_board(p.as_parent(run_folder), p.workspace) for p in prepared]
         # A child's host session goes by its board id (`orchestrator > scout#2`), its own even when
@@ -597,6 +603,7 @@ class Runner:
                 await board.close("its parent task ended")
             children = [board.children_usage() for board in boards]
             results = [r.model_copy(update={"children": c}) if c else r for r, c in zip(results, children)]
+            settle(trees, execution, results)
             held: set[str] = set()
             if keep is not None and ids is not None:
                 for i, (task_id, item, done, used) in enumerate(zip(ids, plan, execution.uncapped, children)):
@@ -646,6 +653,55 @@ class Runner:
         return board
 
 
+def isolate(prepared: list[PreparedTask], run_id: str) -> tuple[list[PreparedTask], list[Worktree | None]]:
+    """Each isolated task moved into a new worktree of its own (its `cwd` at the same place inside it),
+    before its board, tools or lease are made from its workspace; all made or none."""
+    moved: list[PreparedTask] = []
+    trees: list[Worktree | None] = []
+    try:
+        for p in prepared:
+            tree = None
+            if p.isolation == "worktree":
+                tree = make_worktree(
+                    p.workspace.root, run_id=run_id, label=p.label, agent=p.spec.name, task=p.task.task
+                )
+                p = replace(p, workspace=Workspace(tree.workspace))
+            moved.append(p)
+            trees.append(tree)
+    except BaseException:
+        for made in trees:
+            if made is not None:
+                remove_worktree(made)
+        raise
+    return moved, trees
+
+
+def refuse_isolated(prepared: Sequence[PreparedTask], what: str) -> None:
+    """Refuse isolation where it is not built (a chat's multi-turn task), in one line: never a silent run
+    in the shared tree."""
+    if isolated := [p.label for p in prepared if p.isolation == "worktree"]:
+        raise RequestError(
+            f"isolation: worktree is not available for {what} ({', '.join(isolated)}); run it with subagent run, "
+            "or give it isolation: none to work in the shared tree"
+        )
+
+
+def settle(trees: Sequence[Worktree | None], execution: Execution, results: list[RunResult]) -> None:
+    """Commit each isolated task's changes on its branch (or remove its worktree when it changed
+    nothing), and name the branch in its result; run whatever ended the task (an answer, a timeout,
+    Ctrl-C, SIGTERM), so that nothing is left that `subagent worktrees` does not list."""
+    for i, tree in enumerate(trees):
+        if tree is None:
+            continue
+        done = execution.results[i] or (results[i] if i < len(results) else None)
+        info = worktree_result(finish_worktree(tree, done.status if done is not None else "aborted"))
+        if i < len(results):
+            results[i] = results[i].model_copy(update={"worktree": info})
+        for held in (execution.results, execution.uncapped):
+            if held[i] is not None:
+                held[i] = held[i].model_copy(update={"worktree": info})  # type: ignore[union-attr]
+
+
 def call_tasks(call: Delegation) -> list[TaskSpec]:
     """A `subagent` (or MCP) call's tasks with the choices each may make: label, model, turns, time."""
     return [
@@ -656,6 +712,7 @@ def call_tasks(call: Delegation) -> list[TaskSpec]:
             model=t.model.strip() or None,
             max_turns=t.max_turns,
             timeout=t.timeout,
+            isolation=t.isolation or call.isolation or None,
         )
         for t in call.tasks
     ]

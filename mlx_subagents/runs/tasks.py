@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -56,6 +56,8 @@ class TaskSpec:
         max_output_tokens: generated tokens over the whole task.
         timeout: wall-clock seconds for the whole task.
         schema: a JSON schema the final answer must satisfy (else the agent's `output_schema`).
+        isolation: `worktree` runs it in a git worktree of its own (`runs/worktrees.py`), `none` in the
+            shared tree; None: as its agent file says.
     """
 
     __pydantic_config__ = ConfigDict(extra="forbid")
@@ -71,6 +73,7 @@ class TaskSpec:
     timeout: Annotated[Optional[float], Field(gt=0)] = None
     schema: Optional[dict[str, Any]] = None
     step_id: Optional[str] = None
+    isolation: Optional[Literal["none", "worktree"]] = None  # the call site's: wins over the agent file's
 
 
 _TASK = TypeAdapter(TaskSpec)

@@ -29,7 +29,7 @@ import contextlib
 import graphlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -61,6 +61,7 @@ class WorkflowStep(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0)
     timeout: float | None = Field(default=None, gt=0)
     schema_file: str | None = Field(default=None, alias="schema")
+    isolation: Literal["none", "worktree"] | None = None  # `worktree`: the step in a worktree of its own
 
 
 class Workflow(BaseModel):
@@ -260,6 +261,7 @@ def plan_workflow(
             max_output_tokens=s.max_tokens,
             timeout=s.timeout,
             step_id=s.id,
+            isolation=s.isolation,
             schema=load_schema(path) if (path := workflow.schema_path(s)) else None,
         )
         for s in workflow.steps

@@ -47,6 +47,8 @@ def status_line(status: TaskStatus) -> str:
         line += f"; {one_line(status.error, 120)}"
     elif status.status == "completed":
         line += f"; {one_line(status.output, 80) or NO_ANSWER}"
+    if status.worktree is not None:
+        line += f" {status.worktree.describe(status.id)}"
     return line
 
 
@@ -155,6 +157,8 @@ class SubagentOutputTool(_BackgroundTool):
         head = f"{status.id} {status.status}" + (f": {status.error}" if status.error else "")
         if params.offset:
             head += f" (from character {params.offset})"
+        if status.worktree is not None:
+            head += f"\n{status.worktree.describe(status.id)}"
         return ToolResult(f"{head}\n\n{body}", is_error=status.status != "completed")
 
 

@@ -44,6 +44,12 @@ MAX_LABEL_CHARS = 60
 Label = Annotated[str, Field(default="", max_length=MAX_LABEL_CHARS, description="Its name in the result.")]
 
 
+Isolation = Annotated[
+    Literal["", "none", "worktree"],
+    Field(default="", description="worktree: its own git worktree and branch, to run beside other writers."),
+]
+
+
 # No docstrings on the parameter models: pydantic would put them in the schema the model reads.
 class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a single call takes the same fields)
     model_config = ConfigDict(extra="forbid")
@@ -55,6 +61,7 @@ class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a si
     model: str = Field(default="", description="A local model for it.")
     max_turns: Optional[int] = Field(default=None, gt=0, description="Fewer turns than its limit.")
     timeout: Optional[float] = Field(default=None, gt=0, description="Fewer seconds than its limit.")
+    isolation: Isolation
 
 
 class SubagentParams(BaseModel):  # flat: a small model fills in optional fields more reliably than a union
@@ -76,6 +83,7 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
         default=False,
         description="Return task ids at once; a notice comes at each end (default: as the agent's file says).",
     )
+    isolation: Isolation
 
     @model_validator(mode="before")
     @classmethod
@@ -91,6 +99,7 @@ class Delegation:
     Args:
         workspaces: per task, its own folder (its `cwd`, else the call's); empty: `workspace` for all.
         workflow, input: a workflow call's workflow name and input (its steps are the runner's to plan).
+        isolation: the call's `isolation` (a task's own wins): `worktree`, `none`, or "" for the agent's.
     """
 
     mode: DelegationMode
@@ -100,6 +109,7 @@ class Delegation:
     workspaces: tuple[Workspace, ...] = ()
     workflow: str = ""
     input: str = ""
+    isolation: str = ""
 
     def workspace_of(self, index: int) -> Workspace:
         """The folder task `index` works in."""
@@ -127,6 +137,7 @@ class SubagentTool(Tool):
         warnings: the agent-file warnings, the first `MAX_WARNINGS` of them in the description.
         concurrency: how many of a call's tasks run at once (`--concurrency`).
         workflows: the names of the workflows a call may run, for the description.
+        isolation: whether `isolation` is offered (the workspace is in a git repository).
         background_agents: agents whose files say `background: true` (see `parse_delegation`).
     """
 
@@ -152,6 +163,7 @@ class SubagentTool(Tool):
         concurrency: int = MAX_CONCURRENCY,
         workflows: Sequence[str] = (),
         background_agents: Collection[str] = (),
+        isolation: bool = False,
     ) -> None:
         super().__init__(workspace)
         # Without `start` nothing runs in the background: such an agent's calls wait instead.
@@ -164,6 +176,7 @@ class SubagentTool(Tool):
         self.start = start
         self.known = known or (lambda: self.agents)
         self.workflows = tuple(workflows)
+        self.isolation = isolation
         listed = {n: d for n, d in self.agents.items() if n != caller}
         self.description = describe_delegation(  # type: ignore[misc]
             listed, background=start is not None, warnings=warnings, concurrency=concurrency, workflows=workflows
@@ -171,7 +184,9 @@ class SubagentTool(Tool):
 
     def schema(self) -> dict[str, Any]:  # type: ignore[override]
         """Per instance: the description lists this runner's agents; `background` only where it works."""
-        parameters = delegation_schema(background=self.start is not None, workflows=bool(self.workflows))
+        parameters = delegation_schema(
+            background=self.start is not None, workflows=bool(self.workflows), isolation=self.isolation
+        )
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": parameters},
@@ -242,15 +257,23 @@ class SubagentTool(Tool):
         return f"{name} (no task)"
 
 
-def delegation_schema(*, background: bool, workflows: bool = False) -> dict[str, Any]:
-    """The call's parameters as JSON schema: the forms and `cwd`; `background` where it works and the
-    workflow form where named workflows exist (every field costs a small model's context).
+def delegation_schema(*, background: bool, workflows: bool = False, isolation: bool = False) -> dict[str, Any]:
+    """The call's parameters as JSON schema: the forms and `cwd`; `background` where it works, the
+    workflow form where named workflows exist and `isolation` inside a git repository (every field
+    costs a small model's context).
 
     The `subagent` tool and the MCP server's `run_agents` and `start_agents` take these forms."""
     parameters = _inline_refs(_strip_titles(SubagentParams.model_json_schema()))
     absent = ([] if background else ["background"]) + ([] if workflows else ["workflow", "input"])
     for name in absent:
         del parameters["properties"][name]
+    if not isolation:
+        for fields in (
+            parameters,
+            parameters["properties"]["tasks"]["items"],
+            parameters["properties"]["chain"]["items"],
+        ):
+            fields["properties"].pop("isolation", None)
     return parameters
 
 
@@ -295,6 +318,7 @@ def parse_delegation(
         workspaces=tuple(Workspace(r) for r in roots),
         workflow=params.workflow.strip(),
         input=params.input,
+        isolation=params.isolation,
     )
 
 
@@ -428,6 +452,8 @@ def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResul
     ids = [i for i, r in zip(outcome.task_ids, outcome.results) if i and r.status != "aborted"]
     more = f"; subagent_send continues {', '.join(ids)}" if ids else ""
     footer = f"\n\n[sub-agent run {outcome.run_id}{more}]" if outcome.run_id else ""
+    kept = [r.worktree.describe(r.label.rsplit(" > ", 1)[-1]) for r in outcome.results if r.worktree is not None]
+    footer += "".join(f"\n{line}" for line in kept)
     result = _answers(delegation, outcome, len(footer))
     return ToolResult(result.output + footer, is_error=result.is_error)
 
