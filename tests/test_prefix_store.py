@@ -7,12 +7,10 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from helpers import REPO
+from helpers import spawn_cli
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.prefix_store import TEMP_PREFIX, evict, list_prefixes, prefix_cache_dir
@@ -39,31 +37,19 @@ def stored() -> list[Path]:
     return sorted(prefix_cache_dir().glob("*.safetensors"))
 
 
-def subagent(*args: str, home: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MLX_SUBAGENTS_HOME": str(home)}
-    env.pop("MLX_SUBAGENTS_MODEL", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "mlx_subagents.cli", *args],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def test_processes_in_a_row_start_warm_and_two_at_once_leave_one_good_file(
     tiny_qwen3_path: Path, tmp_path: Path
 ) -> None:
     home = tmp_path / "home"
+    env = {"MLX_SUBAGENTS_HOME": str(home)}
     args = ("run", "scout", "where is the config parsed?", "--model", str(tiny_qwen3_path), "--cwd", str(tmp_path))
     args += ("--json", "--max-turns", "1", "--max-tokens", "12")
-    together = [subagent(*args, home=home), subagent(*args, home=home)]  # both cold, both write the same prefix
+    together = [spawn_cli(*args, env=env), spawn_cli(*args, env=env)]  # both cold, both write the same prefix
     cold = [json.loads(p.communicate(timeout=120)[0]) for p in together]
     folder = home / "cache" / "prefixes"
     assert [p.name.startswith(TEMP_PREFIX) for p in folder.iterdir()] == [False]  # one file, no leftovers
 
-    out, errors = subagent(*args, home=home).communicate(timeout=120)
+    out, errors = spawn_cli(*args, env=env).communicate(timeout=120)
     warm = json.loads(out)
 
     prompt, cached = warm["usage"]["input_tokens"], warm["usage"]["cached_tokens"]
