@@ -325,7 +325,7 @@ class MlxModelHost:
         identity = "|".join(
             [files, mx.__version__, mlx_lm.__version__, str(mx.default_device()), str(self._config.prefill_step_size)]
         )
-        self.prefix_store = PrefixStore(folder, size, f"{identity}|{self._cache_kind}", self.model_id)
+        self.prefix_store = PrefixStore(folder, size, identity, self._cache_kind, self.model_id)
         return self.prefix_store
 
     async def __aenter__(self) -> MlxModelHost:

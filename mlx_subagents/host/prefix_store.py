@@ -240,7 +240,9 @@ class PrefixStore:
     `load` and `save` run on the mlx thread; the writer thread only writes evaluated arrays.
 
     Args:
-        identity: what every key of this host shares (model files, versions, device, prefill step, cache kind).
+        identity: what every key of this host shares besides the cache kind (model files, versions,
+            device, prefill step).
+        kind: the model's cache kind (`cache_kind`): part of the key, and what a loaded file must hold.
         model: the model's name, recorded for `subagent cache`.
     """
 
@@ -249,13 +251,15 @@ class PrefixStore:
         folder: Path,
         max_bytes: int,
         identity: str,
+        kind: str,
         model: str,
         *,
         min_tokens: int = DEFAULT_MIN_PREFIX_TOKENS,
     ) -> None:
         self.folder = folder
         self.max_bytes = max_bytes
-        self.identity = identity
+        self.identity = f"{identity}|{kind}"
+        self.layers = [k.split(":")[0] for k in kind.split(",")]
         self.model = model
         self.min_tokens = min_tokens
         self.enabled = max_bytes > 0
@@ -301,6 +305,8 @@ class PrefixStore:
             cache, meta = load_prompt_cache(str(path), return_metadata=True)
             problem = self._check(cache, meta, ids)
         except Exception:  # a truncated or foreign file: mx.load and from_state raise many kinds
+            if not path.exists():  # another process evicted it after we looked: simply not stored
+                return None
             problem = "it cannot be read (truncated, or not a prefix file)"
         if problem:
             self.rejected += 1
@@ -317,6 +323,8 @@ class PrefixStore:
     def _check(self, cache: list[Any], meta: dict[str, str], ids: list[int]) -> str | None:
         if meta.get("key") != self.key(ids):
             return "it was written for another model, version or prompt"
+        if [type(c).__name__ for c in cache] != self.layers:
+            return "its layers disagree with the model's cache"
         if int(meta.get("n_tokens", -1)) != len(ids) or any(
             getattr(c, "offset", len(ids)) != len(ids) for c in cache if type(c).__name__ == "KVCache"
         ):
