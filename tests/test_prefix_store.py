@@ -173,3 +173,9 @@ def test_subagent_cache_lists_and_clears(tiny_qwen3_path: Path, run_cli: Any) ->
     code, out, err = run_cli("cache", "clear")
     assert (code, err.strip()) == (0, f"deleted 1 prefixes ({entry.nbytes / 2**20:.1f} MiB) from {prefix_cache_dir()}")
     assert stored() == [] and run_cli("cache", "--json")[1].count('"model"') == 0
+
+
+def test_a_prefix_cache_that_is_not_a_size_is_one_line(run_cli: Any) -> None:
+    code, out, err = run_cli("run", "scout", "x", "--model", "scripted:none.json", "--prefix-cache", "lots")
+    assert (code, out) == (2, "")
+    assert err.strip() == "error: --prefix-cache 'lots' is not a size; use e.g. 2GB, 512MiB or off"
