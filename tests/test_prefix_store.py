@@ -179,3 +179,30 @@ def test_a_prefix_cache_that_is_not_a_size_is_one_line(run_cli: Any) -> None:
     code, out, err = run_cli("run", "scout", "x", "--model", "scripted:none.json", "--prefix-cache", "lots")
     assert (code, out) == (2, "")
     assert err.strip() == "error: --prefix-cache 'lots' is not a size; use e.g. 2GB, 512MiB or off"
+
+
+def test_sliding_window_caches_come_back_as_they_were(tmp_path: Path) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    from mlx_subagents.host.prefix_store import PrefixStore, cache_kind
+
+    def filled(n: int) -> list[Any]:
+        cache = [KVCache(), RotatingKVCache(max_size=32), RotatingKVCache(max_size=512)]  # one wraps, one does not
+        for layer in cache:
+            for start in range(0, n, 25):  # in chunks, as prefill feeds them
+                k = mx.arange(start * 8, min(n, start + 25) * 8, dtype=mx.float32).reshape(1, 1, -1, 8)
+                layer.update_and_fetch(k, -k)
+        return cache
+
+    ids = list(range(300))
+    store = PrefixStore(tmp_path, 2**30, "test", cache_kind(filled(1)) or "", "test", min_tokens=1)
+    store.save(ids, filled(len(ids)))
+    store.close()
+    loaded = store.load(ids)
+    assert loaded is not None and store.loads == 1
+    step = mx.ones((1, 1, 1, 8))
+    for before, after in zip(filled(len(ids)), loaded):
+        assert (type(after), after.offset) == (type(before), before.offset)
+        for a, b in zip(before.update_and_fetch(step, step), after.update_and_fetch(step, step)):
+            assert mx.array_equal(a, b).item()  # the next token sees the same keys and values

@@ -135,16 +135,20 @@ def _sliced(cache: list[Any]) -> list[Any]:
     """A copy holding exactly what the cache holds: buffers cut to their offset, contiguous and evaluated."""
     import mlx.core as mx
 
+    def contiguous(values: list[Any]) -> list[Any]:
+        return [mx.contiguous(v) if isinstance(v, mx.array) else v for v in values]
+
     out = []
     for layer in cache:
         state = list(layer.state)
-        if type(layer).__name__ in ("KVCache", "RotatingKVCache") and layer.keys is not None:
-            end = layer._idx if type(layer).__name__ == "RotatingKVCache" else layer.offset
-            if end < layer.keys.shape[2] and (type(layer).__name__ == "KVCache" or layer._idx == layer.offset):
-                state[0], state[1] = layer.keys[..., :end, :], layer.values[..., :end, :]
-        state = [mx.contiguous(v) if isinstance(v, mx.array) else v for v in state]
-        if type(layer).__name__ == "ArraysCache":
-            state[0] = [mx.contiguous(v) if isinstance(v, mx.array) else v for v in state[0]]
+        name = type(layer).__name__
+        # A KVCache's buffer grows in steps past its offset; a sliding window's too until it first wraps.
+        unwrapped = name == "KVCache" or (name == "RotatingKVCache" and layer._idx == layer.offset)
+        if unwrapped and layer.keys is not None and layer.offset < layer.keys.shape[2]:
+            state[0], state[1] = layer.keys[..., : layer.offset, :], layer.values[..., : layer.offset, :]
+        state = contiguous(state)
+        if name == "ArraysCache":  # its state is (the list of recurrent arrays, padding, lengths)
+            state[0] = contiguous(state[0])
         out.append(type(layer).from_state(state))
     mx.eval([c.state for c in out])
     return out
