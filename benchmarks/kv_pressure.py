@@ -207,6 +207,7 @@ async def run_budget(
         max_sessions=max_sessions,
         processor_factory=forcing,
         share_prefix=share_prefix,
+        prefix_cache=0,  # each budget starts cold: no disk tier between the runs compared
     ) as host:
         forced = forcing.bind(host)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS

@@ -176,7 +176,8 @@ async def warm_up(host: MlxModelHost, conv: Conversation) -> None:
 async def run_mode(model: Path, reuse: bool, conv: Conversation, force: bool) -> tuple[ModeRun, bool]:
     """Play the conversation on a fresh host; returns the run and whether replies were forced."""
     forcing = ScriptedReplies(conv.scripts, allow=force)
-    async with MlxModelHost(str(model), reuse=reuse, processor_factory=forcing) as host:
+    # No disk tier: a previous run's prefix file would make the first turn warm.
+    async with MlxModelHost(str(model), reuse=reuse, processor_factory=forcing, prefix_cache=0) as host:
         forced = forcing.bind(host)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
         await warm_up(host, conv)

@@ -389,7 +389,7 @@ async def startup_overhead(model: Path, repeats: int) -> dict[str, float]:
         mlx_lm.load(str(model))
         loads.append(time.perf_counter() - tic)
         gc.collect()
-        host = MlxModelHost(str(model), kv_budget=0)
+        host = MlxModelHost(str(model), kv_budget=0, prefix_cache=0)
         tic = time.perf_counter()
         await host.start()
         starts.append(time.perf_counter() - tic)
@@ -526,7 +526,8 @@ async def measure(
         scripts.bind(raw_tokenizer, max(SESSION_COUNTS), max(n_tokens, tokens_at_1, WARM_UP_TOKENS))
     prompt_ids = [encode(raw_tokenizer, render(raw_tokenizer, p, None, generation_prompt=True)) for p in prompts]
 
-    common = dict(processor_factory=scripts, kv_budget=0, prefill_step_size=PREFILL_STEP)
+    # No disk tier: the two hosts compared must both start cold.
+    common = dict(processor_factory=scripts, kv_budget=0, prefill_step_size=PREFILL_STEP, prefix_cache=0)
     async with MlxModelHost(str(model), batching=False, **common) as serialized, \
             MlxModelHost(str(model), batching=True, **common) as batched:  # fmt: skip
         hosts = {"serialized": serialized, "batched": batched}

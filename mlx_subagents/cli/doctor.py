@@ -9,6 +9,7 @@ from collections.abc import Callable
 from ..errors import SubagentError
 from ..host import GenerateArgs, MlxModelHost
 from ..host.mlx_host import total_memory
+from ..host.prefix_store import list_prefixes, prefix_cache_dir
 
 Print = Callable[[str], None]
 PROBE = [{"role": "user", "content": "Reply with one short sentence: are you ready?"}]
@@ -32,6 +33,14 @@ def environment_lines() -> list[str]:
         f"device    {mx.default_device()}",
         f"memory    {_gib(total_memory())} RAM",
     ]
+
+
+def prefix_cache_line(bound: int) -> str:
+    """Where the warm-start prefixes are, how much they hold and their bound (0: the tier is off)."""
+    found = list_prefixes()
+    held = f"{len(found)} prefixes, {sum(p.nbytes for p in found) / 2**20:.1f} MiB"
+    limit = f"of at most {_gib(bound)}" if bound else "(off)"
+    return f"prefixes  {prefix_cache_dir()}: {held} {limit}; `subagent cache` lists them"
 
 
 async def run_doctor(model: str, context_window: int | None, say: Print, kv_budget: str | None = None) -> bool:
@@ -64,5 +73,6 @@ async def run_doctor(model: str, context_window: int | None, say: Print, kv_budg
         f"for {host.max_sessions} sessions; held now {stats.kv_bytes_total / 2**20:.2f} MiB"
     )
     say(f"memory    mlx active {_gib(stats.active_memory)}, peak {_gib(stats.peak_memory)}")
+    say(prefix_cache_line(host.prefix_store.max_bytes if host.prefix_store else 0))
     say("ok")
     return True

@@ -22,6 +22,7 @@ import typer
 from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY, MAX_WARNINGS
 from ..events import EventSink
 from ..host import parse_bytes
+from ..host.prefix_store import parse_prefix_cache
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
 from ..runs.runner import Runner
 from .output import print_warnings
@@ -77,6 +78,13 @@ KvBudgetOpt = Annotated[
     typer.Option(
         "--kv-budget",
         help="KV cache budget for all sessions: 4GB, 512MiB, 0.25 (of RAM) or 0 (unbounded). Default: half of RAM minus the weights.",
+    ),
+]
+PrefixCacheOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prefix-cache",
+        help="Disk for agents' prompt prefixes kept across runs (warm starts): 2GB, 512MiB or off. Default: 5% of free disk, at most 4GiB.",
     ),
 ]
 MaxTurnsOpt = Annotated[
@@ -167,6 +175,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "context_window": (WindowOpt, None),
     "batching": (BatchingOpt, Batching.on),
     "kv_budget": (KvBudgetOpt, None),
+    "prefix_cache": (PrefixCacheOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
     "thinking": (ThinkingOpt, None),
@@ -191,6 +200,7 @@ class Shared:
     context_window: int | None
     batching: Batching
     kv_budget: str | None
+    prefix_cache: str | None
     max_depth: int
     concurrency: int
     thinking: str | None
@@ -210,6 +220,7 @@ class Shared:
             max_depth=self.max_depth,
             batching=self.batching == Batching.on,
             kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
+            prefix_cache=parse_prefix_cache(self.prefix_cache),
             context_window=self.context_window,
             concurrency=self.concurrency,
             thinking=self.thinking,

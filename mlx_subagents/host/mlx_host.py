@@ -25,6 +25,7 @@ from .chat_format import ChatFormat
 from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .mlx_thread import Deliver, MlxThread
+from .prefix_store import PrefixStore, cache_kind, default_max_bytes, model_identity, prefix_cache_dir
 from .prompt import encode, render
 from .protocol import (
     DEFAULT_CONTEXT_WINDOW,
@@ -221,6 +222,9 @@ class MlxModelHost:
             it from RAM and the model size; 0 means unbounded; a `SharedKVBudget` splits one
             budget with the other hosts that share it.
         max_sessions: sessions the per-session window must fit at once.
+        prefix_cache: bytes of disk for shared prefixes kept across processes (`PrefixStore`); None: a
+            small share of the free disk; 0: none.
+        prefix_cache_dir: where those files go (default `$MLX_SUBAGENTS_HOME/cache/prefixes`).
     """
 
     def __init__(
@@ -236,6 +240,8 @@ class MlxModelHost:
         kv_budget: int | str | SharedKVBudget | None = None,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         spill_dir: Path | None = None,
+        prefix_cache: int | None = None,
+        prefix_cache_dir: Path | None = None,
     ) -> None:
         self.model_id = strip_provider(model)
         self._window_override = context_window
@@ -245,6 +251,10 @@ class MlxModelHost:
         self._budget_request = None if self._shared else parse_bytes(kv_budget)  # type: ignore[arg-type]
         self.max_sessions = max_sessions
         self._spill_dir = spill_dir
+        self._store_bytes = prefix_cache
+        self._store_dir = prefix_cache_dir
+        self.prefix_store: PrefixStore | None = None
+        self._cache_kind: str | None = None
         self._mlx = MlxThread()
         self._sessions: dict[str, MlxSession] = {}
         self._model: Any = None
@@ -290,6 +300,7 @@ class MlxModelHost:
             self._trimmable,
             self._processor_factory,
             self._mlx.has_jobs,
+            await self._open_store(),
         )
         self._mlx.stepper = self._scheduler
         if self._shared:
@@ -298,6 +309,24 @@ class MlxModelHost:
     async def stop(self) -> None:
         self._sessions.clear()
         await asyncio.to_thread(self._mlx.stop)
+        if self.prefix_store is not None:  # after the mlx thread: it queues the last writes
+            await asyncio.to_thread(self.prefix_store.close)
+
+    async def _open_store(self) -> PrefixStore | None:
+        """The disk tier, keyed by all that a prefix's cache depends on; None when off or not storable."""
+        import mlx.core as mx
+        import mlx_lm
+
+        if not (self.reuse and self._config.share_prefix) or self._store_bytes == 0 or self._cache_kind is None:
+            return None
+        folder = self._store_dir or prefix_cache_dir()
+        size = default_max_bytes(folder) if self._store_bytes is None else self._store_bytes
+        files = await asyncio.to_thread(model_identity, self.model_path)  # type: ignore[arg-type]
+        identity = "|".join(
+            [files, mx.__version__, mlx_lm.__version__, str(mx.default_device()), str(self._config.prefill_step_size)]
+        )
+        self.prefix_store = PrefixStore(folder, size, identity, self._cache_kind, self.model_id)
+        return self.prefix_store
 
     async def __aenter__(self) -> MlxModelHost:
         await self.start()
@@ -336,6 +365,7 @@ class MlxModelHost:
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
         cache = make_prompt_cache(self._model)
+        self._cache_kind = cache_kind(cache)
         self._model(mx.array([[0]]), cache=cache)  # lazy: shapes only, nothing computed
         return kv_shape_of(cache) or self._probe_shape(), can_trim_prompt_cache(cache)
 

@@ -29,6 +29,7 @@ from ..errors import PromptTooLongError
 from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
 from .mlx_thread import Deliver
 from .prefix_cache import SharedPrefixes
+from .prefix_store import PrefixStore
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Message, ProcessorFactory, Reply, TextCallback, ToolSchema, Usage
 from .single import SingleStream, take_from_batch
@@ -152,9 +153,10 @@ class Scheduler:
         trimmable: bool,
         processor_factory: ProcessorFactory | None = None,
         jobs_waiting: Callable[[], bool] | None = None,
+        store: PrefixStore | None = None,
     ) -> None:
         """`jobs_waiting`: whether the mlx thread has a job queued (a new turn, a reset), which ends the
-        single turn's burst."""
+        single turn's burst; `store`: the disk tier under the shared prefixes (None: memory only)."""
         self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
         self._processor_factory = processor_factory
         self._jobs_waiting = jobs_waiting or (lambda: False)
@@ -163,6 +165,7 @@ class Scheduler:
         self.decoding: dict[int, Turn] = {}
         self.single: Turn | None = None  # the single turn: decoding on its own while nothing else decodes
         self.prefixes = SharedPrefixes()
+        self.store = store
         self._batch: Any = None
         self._outbox: list[Turn] = []  # turns with tokens to stream (see `_flush`)
         self._flushed_at = 0.0
@@ -345,6 +348,7 @@ class Scheduler:
         (prefills run one after another) is already there.
         """
         state = turn.state
+        self._load_prefix(turn.prefix)
         turn.cache, turn.n_cached = self._prepare_cache(state, turn.ids)
         turn.pos = turn.n_cached
         state.prompt_cache, state.token_ids, state.render = turn.cache, turn.ids[: turn.pos], None
@@ -369,6 +373,13 @@ class Scheduler:
                 return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
         state.snapshot = None
         return self.prefixes.start(ids) or (make_prompt_cache(self.model), 0)
+
+    def _load_prefix(self, prefix: list[int]) -> None:
+        """A new session's prefix that no session of this process prefilled: from the disk tier, when stored."""
+        if prefix and self.store is not None and prefix not in self.prefixes:
+            cache = self.store.load(prefix)
+            if cache is not None:
+                self.prefixes.add(prefix, cache)
 
     def _prefix_ids(self, turn: Turn) -> list[int] | None:
         """The tokens of the system prompt and tools, when the prompt starts with them."""
@@ -469,6 +480,8 @@ class Scheduler:
         turn.stops.pop(0)
         if action == "prefix":
             self.prefixes.add(turn.ids[:stop], turn.cache)
+            if self.store is not None:
+                self.store.save(turn.ids[:stop], turn.cache)  # a copy; the writer thread does the disk
         elif action == "snapshot":
             turn.state.snapshot = (stop, copy.deepcopy(turn.cache))
         elif action == "end":

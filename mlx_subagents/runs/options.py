@@ -33,6 +33,8 @@ class RunOptions:
         max_depth: how many levels of sub-agents the `subagent` tool may start (0: none).
         batching: decode concurrent sessions in one batch.
         kv_budget: bytes of KV cache for all sessions (0: unbounded; None: the host's default).
+        prefix_cache: bytes of disk for shared prefixes kept across processes, so a new process's first
+            turn skips its agent's prompt (0: off; None: a small share of the free disk).
         context_window: override the model's context window (tokens).
         concurrency: agent loops running at once in the whole process, sub-agents included; a
             parent waiting on its children does not count.
@@ -57,6 +59,7 @@ class RunOptions:
     max_depth: int = DEFAULT_MAX_DEPTH
     batching: bool = True
     kv_budget: int | None = None
+    prefix_cache: int | None = None
     context_window: int | None = None
     concurrency: int = DEFAULT_CONCURRENCY
     engine: str | None = None
@@ -73,6 +76,8 @@ class RunOptions:
             object.__setattr__(self, "thinking", parse_thinking(self.thinking))
         except ValueError as exc:
             raise RequestError(f"thinking {exc}; use on, off or a number of tokens per reply") from None
+        if self.prefix_cache is not None and (isinstance(self.prefix_cache, bool) or self.prefix_cache < 0):
+            raise RequestError(f"prefix_cache must be bytes >= 0 (0: off), got {self.prefix_cache!r}")
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
             raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
 

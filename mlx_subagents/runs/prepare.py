@@ -417,6 +417,7 @@ class Preparer:
                     kwargs.update(engine=model.engine, api_key=self.options.api_key, start_timeout=self.options.timeout)
                 elif not model.model.startswith("scripted:"):
                     kwargs["kv_budget"] = self._kv_budget
+                    kwargs["prefix_cache"] = self.options.prefix_cache
                     if self.processor_factory is not None:
                         kwargs["processor_factory"] = self.processor_factory
                 host = make_host(model.model, **kwargs)

@@ -1,0 +1,401 @@
+"""The prefix store: the disk tier under the shared prefixes, so a new process starts warm.
+
+A shared prefix (an agent's system prompt and tools) that a process prefilled is written to
+`$MLX_SUBAGENTS_HOME/cache/prefixes/` as a safetensors file in mlx-lm's prompt-cache format, sliced to
+the tokens it holds. A later process whose prompt begins with the same token ids loads it and
+prefills only the rest. The file name is a hash of everything the cache's values depend on (the
+model's files, mlx and mlx-lm, the device, the prefill step, the cache kind and the exact ids), and
+the file records that key and a checksum of its arrays, so a stale, foreign or damaged file is never
+used: it is deleted with one warning and the prefix is prefilled again.
+
+Writes never wait on the disk in a decode step: the mlx thread hands evaluated, contiguous arrays
+to a writer thread, which writes a temporary file and renames it (a reader never sees half a file),
+then deletes the least recently used files past the bound. A folder that cannot be written turns
+the tier off with one warning; the run goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import shutil
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ByteSize, TypeAdapter, ValidationError
+
+from ..errors import RequestError
+from ..home import state_home
+
+log = logging.getLogger("mlx_subagents.prefix_cache")
+
+FORMAT_VERSION = "1"
+SUFFIX = ".safetensors"
+TEMP_PREFIX = "tmp-"
+# Prefixes shorter than this prefill in well under the time a file costs to find and read.
+DEFAULT_MIN_PREFIX_TOKENS = 256
+# The default bound: this share of the free disk where the folder is, at most DEFAULT_MAX_BYTES.
+DEFAULT_DISK_SHARE = 0.05
+DEFAULT_MAX_BYTES = 4 * 2**30
+# Temporary files older than this are left over from a process that died mid-write.
+STALE_TEMP_S = 600.0
+# How long a stopping host waits for its queued writes (a prefix file is written in well under a second).
+WRITER_DRAIN_S = 30.0
+# Files read in full (and hashed) for the model's identity; weights are named by name, size and mtime.
+_SMALL_FILE_BYTES = 64 * 2**20
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".npz")
+_SUPPORTED = ("KVCache", "RotatingKVCache", "ArraysCache")
+_BYTE_SIZE = TypeAdapter(ByteSize)
+_BINARY = {"k": "KiB", "m": "MiB", "g": "GiB", "t": "TiB"}
+
+
+def prefix_cache_dir() -> Path:
+    """Where prefix files live: `cache/prefixes` in the state folder."""
+    return state_home() / "cache" / "prefixes"
+
+
+def parse_prefix_cache(text: str | int | None) -> int | None:
+    """`--prefix-cache`: a size (`2GB`, `512MiB`, `512m`), `off` (or 0) for no disk tier, None for the default."""
+    if text is None or isinstance(text, int):
+        return text
+    size = text.strip()
+    if size.lower() in ("off", "0", "no", "false"):
+        return 0
+    if size[-1:].lower() in _BINARY:
+        size = size[:-1] + _BINARY[size[-1].lower()]
+    try:
+        return int(_BYTE_SIZE.validate_python(size))
+    except ValidationError:
+        raise RequestError(f"--prefix-cache {text!r} is not a size; use e.g. 2GB, 512MiB or off") from None
+
+
+def default_max_bytes(folder: Path) -> int:
+    """A small share of the free disk under `folder`: DEFAULT_DISK_SHARE of it, at most DEFAULT_MAX_BYTES."""
+    where = folder
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return 0
+    return min(DEFAULT_MAX_BYTES, int(free * DEFAULT_DISK_SHARE))
+
+
+def model_identity(model_path: Path) -> str:
+    """A hash of the model folder: weights by name, size, mtime and blob name; the rest by content.
+
+    Hashing gigabytes of weights at every start would cost more than the prefill it saves; a file
+    that changes in place changes its size or mtime, and a hub cache's files are links to blobs named
+    by their own hash.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_path.iterdir() if p.is_file()):
+        stat = path.stat()
+        digest.update(path.name.encode() + b"\0")
+        if path.name.endswith(_WEIGHT_SUFFIXES) or stat.st_size > _SMALL_FILE_BYTES:
+            digest.update(f"{stat.st_size}:{stat.st_mtime_ns}:{path.resolve().name}".encode())
+        else:
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def cache_kind(cache: list[Any]) -> str | None:
+    """The layer types of a fresh cache (and a sliding window's size); None if one cannot be stored."""
+    kinds = []
+    for layer in cache:
+        name = type(layer).__name__
+        if name not in _SUPPORTED:
+            return None
+        kinds.append(f"{name}:{layer.max_size}:{layer.keep}" if name == "RotatingKVCache" else name)
+    return ",".join(kinds)
+
+
+def _checksum(cache: list[Any]) -> str:
+    """CRC32 of every array of the cache's state, in order (detects a damaged file, fast)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    crc = 0
+    for _, value in tree_flatten([c.state for c in cache]):
+        if isinstance(value, mx.array):
+            crc = zlib.crc32(f"{value.shape}{value.dtype}".encode(), crc)
+            crc = zlib.crc32(memoryview(value), crc) if value.size else crc  # contiguous: as written or loaded
+    return f"{crc:08x}"
+
+
+def _sliced(cache: list[Any]) -> list[Any]:
+    """A copy holding exactly what the cache holds: buffers cut to their offset, contiguous and evaluated."""
+    import mlx.core as mx
+
+    def contiguous(values: list[Any]) -> list[Any]:
+        return [mx.contiguous(v) if isinstance(v, mx.array) else v for v in values]
+
+    out = []
+    for layer in cache:
+        state = list(layer.state)
+        name = type(layer).__name__
+        # A KVCache's buffer grows in steps past its offset; a sliding window's too until it first wraps.
+        unwrapped = name == "KVCache" or (name == "RotatingKVCache" and layer._idx == layer.offset)
+        if unwrapped and layer.keys is not None and layer.offset < layer.keys.shape[2]:
+            state[0], state[1] = layer.keys[..., : layer.offset, :], layer.values[..., : layer.offset, :]
+        state = contiguous(state)
+        if name == "ArraysCache":  # its state is (the list of recurrent arrays, padding, lengths)
+            state[0] = contiguous(state[0])
+        out.append(type(layer).from_state(state))
+    mx.eval([c.state for c in out])
+    return out
+
+
+def read_header(path: Path) -> dict[str, str]:
+    """A prefix file's metadata, read from its safetensors header without mlx; {} if unreadable."""
+    try:
+        with path.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            if size > 2**24:
+                return {}
+            meta = json.loads(f.read(size)).get("__metadata__", {})
+    except (OSError, ValueError, struct.error):
+        return {}
+    # save_prompt_cache flattens [metadata, classes, scalars]: ours is under "0.".
+    return {k[2:]: v for k, v in meta.items() if k.startswith("0.")}
+
+
+@dataclass(frozen=True)
+class StoredPrefix:
+    """One prefix file as `subagent cache` lists it."""
+
+    path: Path
+    model: str
+    n_tokens: int
+    nbytes: int
+    last_used: float
+
+
+def list_prefixes(folder: Path | None = None) -> list[StoredPrefix]:
+    """The prefix files in `folder` (default the state folder's), most recently used first."""
+    folder = folder or prefix_cache_dir()
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.glob(f"*{SUFFIX}"):
+        if path.name.startswith(TEMP_PREFIX):
+            continue
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        meta = read_header(path)
+        found.append(
+            StoredPrefix(path, meta.get("model", "?"), int(meta.get("n_tokens", 0) or 0), stat.st_size, stat.st_mtime)
+        )
+    return sorted(found, key=lambda p: p.last_used, reverse=True)
+
+
+def clear_prefixes(folder: Path | None = None) -> tuple[int, int]:
+    """Delete every prefix file (and leftover temporary file); (files, bytes) freed."""
+    folder = folder or prefix_cache_dir()
+    n = freed = 0
+    if folder.is_dir():
+        for path in folder.glob(f"*{SUFFIX}"):
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except OSError:
+                continue
+            n, freed = n + 1, freed + size
+    return n, freed
+
+
+def evict(folder: Path, max_bytes: int, now: float | None = None) -> int:
+    """Delete least recently used prefix files until the folder holds at most `max_bytes`; files deleted."""
+    now = time.time() if now is None else now
+    entries = []
+    for path in folder.glob(f"*{SUFFIX}"):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        if path.name.startswith(TEMP_PREFIX):
+            if now - stat.st_mtime > STALE_TEMP_S:
+                path.unlink(missing_ok=True)
+            continue
+        entries.append((stat.st_mtime, stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    deleted = 0
+    for _, size, path in sorted(entries):
+        if total <= max_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total, deleted = total - size, deleted + 1
+    return deleted
+
+
+class PrefixStore:
+    """The disk tier of one host: finds, loads and (through its writer thread) saves prefix files.
+
+    `load` and `save` run on the mlx thread; the writer thread only writes evaluated arrays.
+
+    Args:
+        identity: what every key of this host shares besides the cache kind (model files, versions,
+            device, prefill step).
+        kind: the model's cache kind (`cache_kind`): part of the key, and what a loaded file must hold.
+        model: the model's name, recorded for `subagent cache`.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        max_bytes: int,
+        identity: str,
+        kind: str,
+        model: str,
+        *,
+        min_tokens: int = DEFAULT_MIN_PREFIX_TOKENS,
+    ) -> None:
+        self.folder = folder
+        self.max_bytes = max_bytes
+        self.identity = f"{identity}|{kind}"
+        self.layers = [k.split(":")[0] for k in kind.split(",")]
+        self.model = model
+        self.min_tokens = min_tokens
+        self.enabled = max_bytes > 0
+        self.loads = self.writes = self.rejected = 0
+        self._queue: queue.SimpleQueue[tuple[Path, list[Any], dict[str, str]] | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._writer: threading.Thread | None = None
+        if self.enabled:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                if not os.access(folder, os.W_OK):
+                    raise PermissionError("permission denied")
+                evict(folder, max_bytes)  # a bound lowered since the last run holds from the start
+            except OSError as exc:
+                self._disable(f"cannot write the prefix cache folder {folder}: {exc.strerror or exc}")
+
+    # -- keys -------------------------------------------------------------------
+
+    def key(self, ids: list[int]) -> str:
+        digest = hashlib.sha256(f"{FORMAT_VERSION}\0{self.identity}\0".encode())
+        digest.update(struct.pack(f"<{len(ids)}q", *ids))
+        return digest.hexdigest()
+
+    def path_for(self, ids: list[int]) -> Path:
+        return self.folder / f"{self.key(ids)[:40]}{SUFFIX}"
+
+    def wants(self, ids: list[int]) -> bool:
+        return self.enabled and len(ids) >= self.min_tokens
+
+    # -- mlx thread ---------------------------------------------------------------
+
+    def load(self, ids: list[int]) -> list[Any] | None:
+        """The cache holding exactly `ids`, from its file; None when there is none or it is bad (then deleted)."""
+        from mlx_lm.models.cache import load_prompt_cache
+
+        if not self.wants(ids):
+            return None
+        path = self.path_for(ids)
+        if not path.is_file():
+            return None
+        try:
+            cache, meta = load_prompt_cache(str(path), return_metadata=True)
+            problem = self._check(cache, meta, ids)
+        except Exception:  # a truncated or foreign file: mx.load and from_state raise many kinds
+            if not path.exists():  # another process evicted it after we looked: simply not stored
+                return None
+            problem = "it cannot be read (truncated, or not a prefix file)"
+        if problem:
+            self.rejected += 1
+            log.warning(f"prefix cache: deleted {path} because {problem}; the prefix is prefilled again")
+            path.unlink(missing_ok=True)
+            return None
+        try:
+            os.utime(path)  # last used: eviction goes by mtime
+        except OSError:
+            pass
+        self.loads += 1
+        return cache
+
+    def _check(self, cache: list[Any], meta: dict[str, str], ids: list[int]) -> str | None:
+        if meta.get("key") != self.key(ids):
+            return "it was written for another model, version or prompt"
+        if [type(c).__name__ for c in cache] != self.layers:
+            return "its layers disagree with the model's cache"
+        if int(meta.get("n_tokens", -1)) != len(ids) or any(
+            getattr(c, "offset", len(ids)) != len(ids) for c in cache if type(c).__name__ == "KVCache"
+        ):
+            return "its shapes disagree with the tokens it records"
+        if meta.get("checksum") != _checksum(cache):
+            return "its checksum disagrees (the file is damaged)"
+        return None
+
+    def save(self, ids: list[int], cache: list[Any]) -> None:
+        """Queue a copy of `cache` (holding exactly `ids`) for the writer; the mlx thread only copies."""
+        if not self.wants(ids):
+            return
+        path = self.path_for(ids)
+        if path.exists():
+            return
+        sliced = _sliced(cache)
+        meta = {"key": self.key(ids), "model": self.model, "n_tokens": str(len(ids)), "format": FORMAT_VERSION}
+        with self._idle:
+            self._pending += 1
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="prefix-writer", daemon=True)
+            self._writer.start()
+        self._queue.put((path, sliced, meta))
+
+    # -- writer thread ------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                if self.enabled:
+                    self._write(*item)
+            except Exception as exc:
+                self._disable(f"cannot write the prefix cache in {self.folder}: {exc}")
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _write(self, path: Path, cache: list[Any], meta: dict[str, str]) -> None:
+        from mlx_lm.models.cache import save_prompt_cache
+
+        meta = {**meta, "checksum": _checksum(cache)}
+        if sum(c.nbytes for c in cache) > self.max_bytes:
+            return  # larger than the whole bound: keeping it would evict everything else
+        temp = self.folder / f"{TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{path.name}"
+        try:
+            save_prompt_cache(str(temp), cache, metadata=meta)
+            os.replace(temp, path)  # atomic: a reader sees the old name absent or the whole file
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        self.writes += 1
+        evict(self.folder, self.max_bytes)
+
+    def flush(self, timeout: float = WRITER_DRAIN_S) -> None:
+        """Wait (at most `timeout`) for queued writes: a process that ends right after its run keeps them."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self) -> None:
+        self.flush()
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout=1.0)
+            self._writer = None
+
+    def _disable(self, reason: str) -> None:
+        if self.enabled:
+            self.enabled = False
+            log.warning(f"prefix cache off: {reason}; the run goes on without it (see `subagent cache`)")
