@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from ..results import RunResult, RunUsage, StopReason
 from ..tools import TOOL_CLASSES, Sandbox, Tool, ToolResult, Workspace, make_tools
 from ..tools.mcp import matches
 from ..tools.skill import SkillTool
+from ..tools.subagent import SubagentTool
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .hooks import HookEvent, HookOutcome, Hooks, fire
 from .inbox import Inbox
@@ -53,6 +54,10 @@ MAX_FORMAT_ERRORS = 3
 REPEAT_WARN_AT = 3
 REPEAT_STOP_AT = 5
 ANSWER_NOW = "Your reply held only reasoning and no answer. Answer the task now."
+FORK_TASK = (
+    "You are a fork: a copy of the agent above, with its conversation so far, started by its subagent call. "
+    "Do this task yourself with your tools (you cannot delegate), then give your answer.\nTask: {task}"
+)
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,9 @@ class AgentSession:
         if self.skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
             self.tools["skill"] = SkillTool(self.workspace, self.skills.offered)
         self.schemas = [tool.schema() for tool in self.tools.values()]
+        for tool in self.tools.values():
+            if isinstance(tool, SubagentTool):  # what a fork of this session starts from
+                tool.conversation = lambda: self.messages
         self.compaction = scale_compaction(self.host.context_window, self.compaction)
         self._host_session: HostSession = self.host.session(self.session_name, agent=self.spec.name)
         self.inbox.report = lambda kind, data: self._emit(kind, **data)
@@ -179,6 +187,13 @@ class AgentSession:
             {"role": "system", "content": self.system_prompt()},
             {"role": "user", "content": f"Task: {task}"},
         ]
+        return await self._loop(task)
+
+    async def fork(self, messages: Sequence[Message], task: str) -> RunResult:
+        """Run a fork's task: continue `messages` (its parent's, to the fork point) with the task as a
+        user message, so that its prompt extends its parent's and the host reuses that prefix."""
+        self.messages = [dict(m) for m in messages]
+        self.messages.append({"role": "user", "content": FORK_TASK.format(task=task)})
         return await self._loop(task)
 
     def system_prompt(self) -> str:

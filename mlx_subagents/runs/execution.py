@@ -25,6 +25,7 @@ from ..agents.session import AgentSession
 from ..caps import cap_answer
 from ..errors import SubagentError
 from ..events import Event, EventKind, EventSink, ignore_event
+from ..host.protocol import Message
 from ..results import Mode, RunResult, Status, StopReason
 from ..tools import Tool
 from .prepare import PreparedTask
@@ -58,6 +59,7 @@ class PlannedTask:
         read_more: for an answer over the output cap, how to read the rest; `{offset}` is where the
             shown part ends (default: the transcript's path, for a person).
         session_name: the host session a new session runs on, its own (default: the label).
+        fork_from: a fork's parent's messages at the fork point: its session starts from them.
     """
 
     index: int
@@ -71,6 +73,7 @@ class PlannedTask:
     read_more: str | None = None
     inbox: Inbox | None = None
     session_name: str = ""
+    fork_from: tuple[Message, ...] | None = None
 
     @property
     def label(self) -> str:
@@ -281,7 +284,9 @@ class Execution:
     async def _answer(self, session: AgentSession, item: PlannedTask, prompt: str) -> RunResult:
         """The session to its answer; with a schema, one retry on an invalid answer."""
         text = prompt + schema_instruction(item.prepared.schema) if item.prepared.schema else prompt
-        if item.session is None or item.fresh:
+        if item.fork_from is not None and item.session is None:
+            result = await session.fork(item.fork_from, text)
+        elif item.session is None or item.fresh:
             result = await session.run(text)
         else:
             result = await session.follow_up(prompt, text)

@@ -63,7 +63,7 @@ class TaskRuntime(Protocol):
     def release_session_name(self, name: str) -> None: ...
 
     def delegation_tools(
-        self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None
+        self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, *, forked: bool = False
     ) -> dict[str, Tool]: ...
 
 

@@ -77,6 +77,8 @@ class Parent:
     plan: bool = False
     # The skills it is offered: its children are offered no others.
     skills: tuple[str, ...] = ()
+    # Its own prepared task, which a fork of it continues (None: a parent outside the runner's plans).
+    task: PreparedTask | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class PreparedTask:
             sandbox=self.sandbox,
             plan=self.plan,
             skills=self.skills.names(),
+            task=self,
         )
 
 
@@ -223,10 +226,15 @@ class Preparer:
                 their own limits only narrow the ones they would have.
         """
         places = _per_task(workspace, len(tasks))
-        resolved = [self._resolve(t, parent, delegated) for t in tasks]
+        resolved = [
+            self.fork_of(t, parent, w) if t.fork else self._resolve(t, parent, delegated) for t, w in zip(tasks, places)
+        ]
         check_request([CapItem(r.task.label, r.task.task, r.spec) for r in resolved], shared_input)
-        loaded = [await self._load(r, parent, w, delegated) for r, w in zip(resolved, places)]
-        for fit in {(p.spec.name, p.host.model_id): p for p in loaded}.values():
+        loaded = [
+            r if isinstance(r, PreparedTask) else await self._load(r, parent, w, delegated)
+            for r, w in zip(resolved, places)
+        ]
+        for fit in {(p.spec.name, p.host.model_id): p for p in loaded if not p.task.fork}.values():
             await self.check_prompt_fits(fit)
         return loaded
 
@@ -245,6 +253,9 @@ class Preparer:
         for task, place in zip(tasks, _per_task(workspace, len(tasks))):
             model = ""
             try:
+                if task.fork:
+                    out.append(self.fork_of(task, parent, place))
+                    continue
                 resolved = self._resolve(task, parent, delegated)
                 model = str(resolved.model)
                 prepared = await self._load(resolved, parent, place, delegated)
@@ -258,6 +269,23 @@ class Preparer:
         return out
 
     # -- the steps ---------------------------------------------------------------------------------------
+
+    def fork_of(self, task: TaskSpec, parent: Parent | None, workspace: Workspace) -> PreparedTask:
+        """A fork's prepared task: its parent's, continued (the same agent as its parent may run it,
+        tools, withheld tools, model, host, thinking, sandbox, hooks and skills), one level below it,
+        in `workspace` (the parent's or a folder in it); its prompt is its parent's conversation."""
+        if parent is None or parent.task is None:
+            raise RequestError("a fork continues the session that asks for it; name an agent instead")
+        base = parent.task
+        return replace(
+            base,
+            task=replace(task, agent=base.spec.name, model=None),
+            workspace=base.workspace if workspace.root == base.workspace.root else workspace,
+            limits=replace(base.limits, turns_before=0),
+            depth=parent.depth + 1,
+            parent=parent.label,
+            isolation="none",
+        )
 
     def _resolve(self, task: TaskSpec, parent: Parent | None, delegated: bool = False) -> _Resolved:
         spec = self.agent(task.agent, parent)

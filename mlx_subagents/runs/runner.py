@@ -44,7 +44,7 @@ from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, cap_answer, check_concurrency
 from ..errors import RequestError, RunNotFoundError, SubagentError
 from ..events import Event, EventSink, ignore_event
-from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
+from ..host.protocol import Message, ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
@@ -380,7 +380,14 @@ class Runner:
                 tasks, needs, renders = plan_chain(tasks)
             prepared = await self._prepare(tasks, **where)
             return await self._execute(
-                call.mode, prepared, concurrency=1, needs=needs, renders=renders, parent=parent, keep=board
+                call.mode,
+                prepared,
+                concurrency=1,
+                needs=needs,
+                renders=renders,
+                parent=parent,
+                keep=board,
+                conversation=call.conversation,
             )
         each = await self.preparer.prepare_each(tasks, **where)
         failed = {i: self._set_up_failed(p) for i, p in enumerate(each) if isinstance(p, SetUpFailure)}
@@ -388,7 +395,12 @@ class Runner:
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
         if ready:
             outcome = await self._execute(
-                "parallel", ready, concurrency=self.options.concurrency, parent=parent, keep=board
+                "parallel",
+                ready,
+                concurrency=self.options.concurrency,
+                parent=parent,
+                keep=board,
+                conversation=call.conversation,
             )
         ran = iter(outcome.results)
         ran_ids = iter(outcome.task_ids or [None] * len(ready))
@@ -438,9 +450,12 @@ class Runner:
         self.on_event(Event(kind="task_end", label=task.label, agent=task.agent, data=data))
         return RunResult(agent=task.agent, task=task.task, model=failure.model, label=task.label, **data)  # type: ignore[arg-type]
 
-    def delegation_tools(self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None) -> dict[str, Tool]:
+    def delegation_tools(
+        self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, *, forked: bool = False
+    ) -> dict[str, Tool]:
         """`subagent` and the background tools (`subagent_status`, `_output`, `_send`, `_cancel`) on
-        `board` for an agent whose file grants `subagent`, else nothing (the recursion cut).
+        `board` for an agent whose file grants `subagent`, else nothing (the recursion cut). A fork's
+        (`forked`) are listed the same, so its prompt keeps its parent's prefix, but refuse to delegate.
 
         While its children run in the foreground, the parent lends its process slot (and writer lease) to them.
         """
@@ -470,6 +485,7 @@ class Runner:
             concurrency=self.options.concurrency,
             workflows=self.workflow_names(),
             background_agents=[n for n, a in self.catalog.agents.items() if a.background],
+            forked=forked,
         )
         return {"subagent": tool, **make_background_tools(workspace, board)}
 
@@ -540,6 +556,7 @@ class Runner:
         raise_errors: bool = False,
         parent: Parent | None = None,
         keep: TaskBoard | None = None,
+        conversation: Sequence[Message] = (),
     ) -> MultiRunResult:
         """Run prepared tasks as one run: saved as one record, each task with its own board.
 
@@ -547,6 +564,7 @@ class Runner:
             parent: for a delegated request, the session that made it (the children are saved in its
                 run folder; default: top level, in the runner's home).
             keep: the parent's board, where the finished children are kept under ids (see `delegate`).
+            conversation: the parent's messages at the fork point, which its forks start from.
         """
         workspace = prepared[0].workspace
         recorder = None
@@ -558,7 +576,9 @@ class Runner:
             recorder = RunRecorder(mode, workspace.root, entries, parent.run_folder if parent else self.home)
         run_folder = recorder.folder if recorder else None
         prepared, trees = isolate(prepared, recorder.run_id if recorder else new_run_id())
-        ids = keep.reserve_ids([p.task.agent for p in prepared]) if keep is not None else None
+        ids = (
+            keep.reserve_ids(["fork" if p.task.fork else p.task.agent for p in prepared]) if keep is not None else None
+        )
         boards = [self._task_board(p.as_parent(run_folder), p.workspace) for p in prepared]
         # A child's host session goes by its board id (`orchestrator > scout#2`), its own even when
         # siblings share its label.
@@ -573,7 +593,11 @@ class Runner:
                 prompt=p.task.task,
                 needs=needs[i] if needs else (),
                 render=renders[i] if renders else None,
-                extra_tools={**p.mcp_tools, **self.delegation_tools(board.parent, p.workspace, board)},  # type: ignore[arg-type]
+                extra_tools={
+                    **p.mcp_tools,
+                    **self.delegation_tools(board.parent, p.workspace, board, forked=p.task.fork),
+                },  # type: ignore[arg-type]
+                fork_from=tuple(conversation) if p.task.fork else None,
                 inbox=board.inbox,
                 read_more=read_more_note(ids[i]) if ids else None,
                 session_name=names[i],
@@ -712,7 +736,8 @@ def call_tasks(call: Delegation) -> list[TaskSpec]:
             model=t.model.strip() or None,
             max_turns=t.max_turns,
             timeout=t.timeout,
-            isolation=t.isolation or call.isolation or None,
+            isolation=None if t.fork else t.isolation or call.isolation or None,
+            fork=t.fork,
         )
         for t in call.tasks
     ]

@@ -58,6 +58,7 @@ class TaskSpec:
         schema: a JSON schema the final answer must satisfy (else the agent's `output_schema`).
         isolation: `worktree` runs it in a git worktree of its own (`runs/worktrees.py`), `none` in the
             shared tree; None: as its agent file says.
+        fork: it continues its parent's conversation as its parent's agent (`agent` is the parent's).
     """
 
     __pydantic_config__ = ConfigDict(extra="forbid")
@@ -74,6 +75,7 @@ class TaskSpec:
     schema: Optional[dict[str, Any]] = None
     step_id: Optional[str] = None
     isolation: Optional[Literal["none", "worktree"]] = None  # the call site's: wins over the agent file's
+    fork: bool = False
 
 
 _TASK = TypeAdapter(TaskSpec)
@@ -105,22 +107,27 @@ def check_label(label: str) -> None:
 
 
 def label_tasks(tasks: Sequence[TaskSpec]) -> list[TaskSpec]:
-    """Fill in labels: the agent's name, or `agent-N` when several unlabelled tasks share an agent."""
+    """Fill in labels: the agent's name (`fork` for a fork), or `agent-N` when several unlabelled tasks share one."""
     for t in tasks:
         check_label(t.label)
     tasks = [replace(t, agent=t.agent.strip().lower()) for t in tasks]
-    shared = Counter(t.agent for t in tasks if not t.label)
+    shared = Counter(_base(t) for t in tasks if not t.label)
     seen: Counter[str] = Counter()
     labelled = []
     for t in tasks:
         if not t.label:
-            seen[t.agent] += 1
-            t = replace(t, label=f"{t.agent}-{seen[t.agent]}" if shared[t.agent] > 1 else t.agent)
+            base = _base(t)
+            seen[base] += 1
+            t = replace(t, label=f"{base}-{seen[base]}" if shared[base] > 1 else base)
         labelled.append(t)
     duplicates = sorted(label for label, n in Counter(t.label for t in labelled).items() if n > 1)
     if duplicates:
         raise RequestError(f"duplicate task label(s): {', '.join(duplicates)}; give each task its own label")
     return labelled
+
+
+def _base(task: TaskSpec) -> str:
+    return "fork" if task.fork else task.agent
 
 
 def plan_chain(

@@ -12,7 +12,7 @@ The recursion cut lives in two places: a session gets this tool only when its ag
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, MAX_WARNINGS, cap_answer
 from ..errors import SubagentError, ToolError
+from ..host.protocol import Message
 from ..results import MultiRunResult, RunResult
 from ..text import NO_ANSWER, one_line
 from ..userfiles import error_message, error_path
@@ -54,9 +55,10 @@ Isolation = Annotated[
 class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a single call takes the same fields)
     model_config = ConfigDict(extra="forbid")
 
-    agent: str = Field(description="The agent's name.")
+    agent: str = Field(default="", description="The agent's name.")
     task: str = Field(description="What it should do, with every path and detail it needs.")
     label: Label
+    fork: bool = False  # described once, at the top (every item repeats its schema)
     cwd: str = Field(default="", description="Its folder in the workspace.")
     model: str = Field(default="", description="A local model for it.")
     max_turns: Optional[int] = Field(default=None, gt=0, description="Fewer turns than its limit.")
@@ -70,6 +72,7 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
     agent: str = Field(default="", description="One task: the agent to run.")
     task: str = Field(default="", description="One task: what it should do, with every detail it needs.")
     label: Label
+    fork: bool = Field(default=False, description="You, with this conversation so far, do it (no agent; any form).")
     tasks: list[ChildTask] = Field(default_factory=list, description=f"Parallel: up to {MAX_TASKS} independent tasks.")
     chain: list[ChildTask] = Field(
         default_factory=list, description="Chain: steps run in order; {previous} in a task is the previous answer."
@@ -100,6 +103,7 @@ class Delegation:
         workspaces: per task, its own folder (its `cwd`, else the call's); empty: `workspace` for all.
         workflow, input: a workflow call's workflow name and input (its steps are the runner's to plan).
         isolation: the call's `isolation` (a task's own wins): `worktree`, `none`, or "" for the agent's.
+        conversation: for a call with forks, the caller's messages up to the fork point (`fork_point`).
     """
 
     mode: DelegationMode
@@ -110,6 +114,12 @@ class Delegation:
     workflow: str = ""
     input: str = ""
     isolation: str = ""
+    conversation: tuple[Message, ...] = ()
+
+    @property
+    def forks(self) -> bool:
+        """Whether any of its tasks is a fork (it then carries the caller's `conversation`)."""
+        return any(t.fork for t in self.tasks)
 
     def workspace_of(self, index: int) -> Workspace:
         """The folder task `index` works in."""
@@ -139,6 +149,8 @@ class SubagentTool(Tool):
         workflows: the names of the workflows a call may run, for the description.
         isolation: whether `isolation` is offered (the workspace is in a git repository).
         background_agents: agents whose files say `background: true` (see `parse_delegation`).
+        forked: the calling session is itself a fork: every call gets an error result, while the
+            tool stays listed so that the fork's prompt keeps its parent's prefix.
     """
 
     name = "subagent"
@@ -164,8 +176,12 @@ class SubagentTool(Tool):
         workflows: Sequence[str] = (),
         background_agents: Collection[str] = (),
         isolation: bool = False,
+        forked: bool = False,
     ) -> None:
         super().__init__(workspace)
+        self.forked = forked
+        # The calling session's messages, bound by the session (`AgentSession`): what a fork starts from.
+        self.conversation: Callable[[], Sequence[Message]] | None = None
         # Without `start` nothing runs in the background: such an agent's calls wait instead.
         self.background_agents = frozenset(background_agents) if start is not None else frozenset()
         self.delegate = delegate
@@ -199,6 +215,8 @@ class SubagentTool(Tool):
             return tool_failure(self.name, exc, self.workspace)
 
     async def _call(self, arguments: dict[str, Any]) -> ToolResult:
+        if self.forked:
+            return error_result(f"{self.name}: a fork does its task itself; use your other tools and answer")
         if self.depth >= self.max_depth:
             return error_result(
                 f"delegation refused: this agent already runs at depth {self.depth} and the limit is "
@@ -215,6 +233,14 @@ class SubagentTool(Tool):
             )
         except ToolError as exc:
             return error_result(str(exc))
+        if delegation.forks:
+            if delegation.background or self.conversation is None:
+                return error_result(
+                    f"{self.name}: a fork cannot run in the background here; call it without background and wait"
+                    if delegation.background
+                    else f"{self.name}: forks are not available here; name an agent instead"
+                )
+            delegation = replace(delegation, conversation=fork_point(self.conversation()))
         if delegation.background:
             return await self._start(delegation)
         try:
@@ -243,15 +269,16 @@ class SubagentTool(Tool):
         """`subagent scout: <task>`, `subagent parallel: scout, reviewer`, `subagent chain: scout -> planner`."""
 
         def names(items: Any) -> list[str]:
-            return [str(i.get("agent", "?")) for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+            named = [str(i.get("agent") or ("fork" if i.get("fork") else "?")) for i in items if isinstance(i, dict)]
+            return named if isinstance(items, list) else []
 
         name = "subagent (background)" if arguments.get("background") is True else "subagent"
         if arguments.get("tasks"):
             return f"{name} parallel: {', '.join(names(arguments['tasks']))}"
         if arguments.get("chain"):
             return f"{name} chain: {' -> '.join(names(arguments['chain']))}"
-        if arguments.get("agent"):
-            return f"{name} {arguments['agent']}: {one_line(str(arguments.get('task', '')), 80)}"
+        if arguments.get("agent") or arguments.get("fork") is True:
+            return f"{name} {arguments.get('agent') or 'fork'}: {one_line(str(arguments.get('task', '')), 80)}"
         if arguments.get("workflow"):
             return f"{name} workflow {arguments['workflow']}: {one_line(str(arguments.get('input', '')), 80)}"
         return f"{name} (no task)"
@@ -331,7 +358,9 @@ def _folder(workspace: Workspace, cwd: str, field: str, default: Path) -> Path:
 
 
 def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMode, list[ChildTask]]:
-    single = bool(params.agent.strip() or params.task.strip())
+    single = bool(params.agent.strip() or params.task.strip() or params.fork)
+    if params.fork and (params.tasks or params.chain or params.workflow.strip()):
+        raise ToolError("'fork' at the top goes with 'task' only; in 'tasks' or 'chain', set it in the item")
     forms = (
         ("single", single),
         ("parallel", bool(params.tasks)),
@@ -350,13 +379,16 @@ def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMo
     if mode == "workflow":
         return mode, []
     if mode == "single":
-        items = [ChildTask(agent=params.agent, task=params.task, label=params.label)]
+        items = [ChildTask(agent=params.agent, task=params.task, label=params.label, fork=params.fork)]
     elif mode == "parallel":
         items = list(params.tasks)
     else:
         items = list(params.chain)
     for i, item in enumerate(items):
         where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
+        if item.fork:
+            _check_fork(item, where, chain_step=i if mode == "chain" else 0)
+            continue
         if not item.agent.strip():
             raise ToolError(f"'{where}agent' is empty")
         # In parallel, a child that cannot start fails alone (the runner says why); its siblings run.
@@ -365,6 +397,40 @@ def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMo
         if not item.task.strip():
             raise ToolError(f"'{where}task' is empty: say what {item.agent} should do")
     return mode, items
+
+
+FORK_PLACEHOLDER = "(forked: a copy of this conversation does this call's task)"
+
+
+def _check_fork(item: ChildTask, where: str, chain_step: int) -> None:
+    """A fork continues its caller: its prompt and model are the caller's, so that the caller's KV
+    cache serves it; naming others would start it cold, which a named agent does better."""
+    if item.agent.strip() or item.model.strip():
+        named = "an agent" if item.agent.strip() else "a model"
+        raise ToolError(
+            f"'{where}fork' names {named}: a different prompt or model cannot reuse this conversation's cache; "
+            "leave out agent and model, or start a named agent without fork"
+        )
+    if chain_step:
+        raise ToolError(f"'{where}fork': only a chain's first step may be a fork")
+    if item.isolation == "worktree":
+        raise ToolError(f"'{where}fork': a fork works in its caller's workspace; leave out isolation")
+    if not item.task.strip():
+        raise ToolError(f"'{where}task' is empty: say what the fork should do")
+
+
+def fork_point(messages: Sequence[Message]) -> tuple[Message, ...]:
+    """The caller's conversation at a fork: its messages so far, each call of its last reply that has
+    no result yet closed with a short placeholder, so that the fork's prompt extends them exactly."""
+    out = [dict(m) for m in messages]
+    answered = {m.get("tool_call_id") for m in out if m.get("role") == "tool"}
+    last = next((m for m in reversed(out) if m.get("role") == "assistant"), None)
+    for part in (last or {}).get("tool_calls") or []:
+        call_id = part.get("id")
+        if call_id not in answered:
+            name = (part.get("function") or {}).get("name", "")
+            out.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": FORK_PLACEHOLDER})
+    return tuple(out)  # type: ignore[arg-type]
 
 
 def _usage(tool: str, problem: str, agents: Collection[str]) -> str:

@@ -1,0 +1,124 @@
+"""Forks on the scripted host: the `subagent` tool's fork forms and rules, and a fork's conversation,
+which extends its parent's exactly (what lets a real host reuse the parent's KV cache)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import call, make_runner, run_parent, scripted_host, write_agent
+
+from mlx_subagents.agents.session import FORK_TASK
+from mlx_subagents.errors import ToolError
+from mlx_subagents.tools import Workspace
+from mlx_subagents.tools.subagent import FORK_PLACEHOLDER, parse_delegation
+
+
+def lead(tmp_path: Path, sessions: dict[str, list[Any]]) -> Any:
+    """A runner in `tmp_path` whose agent `lead` (read, subagent) and its forks replay `sessions`."""
+    write_agent(tmp_path, "lead", "read, subagent")
+    host = scripted_host({"sessions": {name: {"replies": replies} for name, replies in sessions.items()}})
+    return host, make_runner(tmp_path, host, assume_yes=True)
+
+
+def test_a_fork_continues_its_parents_conversation_and_answers_like_a_child(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("alpha\n")
+    host, runner = lead(
+        tmp_path,
+        {
+            "lead": [call("read", path="notes.txt"), call("subagent", fork=True, task="sum it up"), "lead is done"],
+            "lead > fork#1": ["it says alpha"],
+        },
+    )
+
+    result = run_parent(runner, "read the notes", agent="lead")
+
+    assert result.output == "lead is done"
+    parent_sent = host.history["lead"]
+    before_fork, after = parent_sent[1], parent_sent[2]
+    fork_sent = host.history["lead > fork#1"][0]
+    # The parent's messages as they were at the call, the call closed by the placeholder, then the task.
+    assert fork_sent[: len(before_fork) + 1] == [*before_fork, after[len(before_fork)]]
+    assert fork_sent[len(before_fork) + 1] == {
+        "role": "tool",
+        "tool_call_id": after[len(before_fork)]["tool_calls"][0]["id"],
+        "name": "subagent",
+        "content": FORK_PLACEHOLDER,
+    }
+    assert fork_sent[-1] == {"role": "user", "content": FORK_TASK.format(task="sum it up")}
+    assert len(fork_sent) == len(before_fork) + 3
+    # The parent reads the fork's answer as any child's, with its id on the board.
+    assert after[-1]["content"].startswith("it says alpha\n\n[sub-agent run ")
+    assert "subagent_send continues fork#1" in after[-1]["content"]
+
+
+def test_forks_in_tasks_run_side_by_side_and_cannot_delegate_again(tmp_path: Path) -> None:
+    host, runner = lead(
+        tmp_path,
+        {
+            "lead": [
+                call(
+                    "subagent", tasks=[{"fork": True, "task": "one", "label": "first"}, {"fork": True, "task": "two"}]
+                ),
+                "both done",
+            ],
+            "lead > fork#1": [call("subagent", fork=True, task="deeper"), "one done"],
+            "lead > fork#2": ["two done"],
+        },
+    )
+
+    result = run_parent(runner, "split it", agent="lead")
+
+    assert result.output == "both done"
+    answer = host.history["lead"][1][-1]["content"]
+    assert answer.startswith(
+        "Parallel: 2/2 tasks completed\n\n### [first] completed\none done\n\n### [fork] completed\n"
+    )
+    refused = host.history["lead > fork#1"][1][-1]
+    assert refused["content"] == "Error: subagent: a fork does its task itself; use your other tools and answer"
+    # The fork offers the very tools its parent did: the same prefix.
+    first, fork = host.history["lead"][0], host.history["lead > fork#1"][0]
+    assert fork[0] == first[0]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [
+        (
+            {"fork": True, "agent": "scout", "task": "x"},
+            "'fork' names an agent: a different prompt or model cannot reuse this conversation's cache; "
+            "leave out agent and model, or start a named agent without fork",
+        ),
+        (
+            {"tasks": [{"fork": True, "task": "x", "model": "other"}]},
+            "'tasks[0].fork' names a model: a different prompt or model cannot reuse this conversation's cache; "
+            "leave out agent and model, or start a named agent without fork",
+        ),
+        (
+            {"chain": [{"agent": "scout", "task": "a"}, {"fork": True, "task": "b"}]},
+            "'chain[1].fork': only a chain's first step may be a fork",
+        ),
+        ({"fork": True, "task": " "}, "'task' is empty: say what the fork should do"),
+        (
+            {"fork": True, "tasks": [{"agent": "scout", "task": "a"}]},
+            "'fork' at the top goes with 'task' only; in 'tasks' or 'chain', set it in the item",
+        ),
+    ],
+)
+def test_a_fork_that_names_an_agent_or_a_model_is_refused_with_why(
+    tmp_path: Path, arguments: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ToolError) as caught:
+        parse_delegation(arguments, Workspace(tmp_path), ["scout"])
+    assert str(caught.value).startswith(f"invalid subagent call: {problem}; use exactly one of these forms")
+
+
+def test_a_forks_chain_step_and_its_call_parse() -> None:
+    workspace = Workspace(Path.cwd())
+    chain = parse_delegation(
+        {"chain": [{"fork": True, "task": "a"}, {"agent": "scout", "task": "{previous}"}]}, workspace, ["scout"]
+    )
+    assert [(t.fork, t.agent) for t in chain.tasks] == [(True, ""), (False, "scout")]
+    single = parse_delegation({"fork": True, "task": "a", "label": "mine"}, workspace, ["scout"])
+    assert (single.mode, single.tasks[0].fork, single.tasks[0].label) == ("single", True, "mine")
