@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 from helpers import call, make_runner, run_parent, scripted_host, write_agent
+from test_mlx_host import LS_SCHEMA, TASK, run, tool_result
 
 from mlx_subagents.agents.session import FORK_TASK
 from mlx_subagents.errors import ToolError
+from mlx_subagents.host import GenerateArgs, MlxModelHost
+from mlx_subagents.host.protocol import ToolCall
+from mlx_subagents.testing import ForcedScripts, tool_call_text
 from mlx_subagents.tools import Workspace
-from mlx_subagents.tools.subagent import FORK_PLACEHOLDER, parse_delegation
+from mlx_subagents.tools.subagent import FORK_PLACEHOLDER, fork_point, parse_delegation
 
 
 def lead(tmp_path: Path, sessions: dict[str, list[Any]]) -> Any:
@@ -122,3 +126,72 @@ def test_a_forks_chain_step_and_its_call_parse() -> None:
     assert [(t.fork, t.agent) for t in chain.tasks] == [(True, ""), (False, "scout")]
     single = parse_delegation({"fork": True, "task": "a", "label": "mine"}, workspace, ["scout"])
     assert (single.mode, single.tasks[0].fork, single.tasks[0].label) == ("single", True, "mine")
+
+
+# -- the host: a fork starts from its parent's KV cache ------------------------------------------------
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
+def test_a_fork_prefills_only_its_placeholder_and_task_and_matches_a_cold_run(
+    arch_fixture: str, request: pytest.FixtureRequest, tiny_qwen3: Any
+) -> None:
+    path: Path = request.getfixturevalue(arch_fixture)
+    scripts = ForcedScripts(tiny_qwen3[1], {"p": [tool_call_text("ls", {"path": "."})]})
+    args = GenerateArgs(max_tokens=12)
+
+    async def go() -> tuple[Any, ...]:
+        async with MlxModelHost(str(path), processor_factory=scripts) as host:
+            parent = host.session("p")
+            first = await parent.generate(TASK, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
+            forking = TASK + [first.to_message()]
+            fork_messages = [*fork_point(forking), {"role": "user", "content": FORK_TASK.format(task="count them")}]
+            forked = await host.session("p > fork#1", fork_of="p").generate(fork_messages, args, tools=[LS_SCHEMA])
+            going_on = [*forking, tool_result(0)]
+            after = await parent.generate(going_on, args, tools=[LS_SCHEMA])
+            async with MlxModelHost(str(path), reuse=False) as cold:
+                cold_fork = await cold.session("a").generate(fork_messages, args, tools=[LS_SCHEMA])
+                cold_after = await cold.session("b").generate(going_on, args, tools=[LS_SCHEMA])
+            return first, forked, after, cold_fork, cold_after
+
+    first, forked, after, cold_fork, cold_after = run(go())
+    assert first.tool_calls == [ToolCall("ls", {"path": "."}, "call_0")]
+    held = first.usage.prompt_tokens + first.usage.generated_tokens
+    # The fork starts at exactly the parent's ids and prefills only the placeholder and its task.
+    assert forked.usage.cached_tokens == held
+    assert forked.usage.prompt_tokens == cold_fork.usage.prompt_tokens
+    assert forked.usage.prefilled_tokens == cold_fork.usage.prompt_tokens - held
+    assert forked.token_ids == cold_fork.token_ids and len(forked.token_ids) > 0
+    # The parent goes on from its own cache, untouched by the fork.
+    assert after.usage.cached_tokens == held
+    assert after.token_ids == cold_after.token_ids
+
+
+def test_a_delegated_fork_on_the_tiny_model_starts_from_its_parents_cache(tmp_path: Path, forced_runner: Any) -> None:
+    write_agent(tmp_path, "lead", "ls, subagent")
+    events: list[Any] = []
+    runner, scripts = forced_runner(
+        {
+            "lead": [
+                tool_call_text("ls", {"path": "."}),
+                tool_call_text("subagent", {"fork": True, "task": "check app.py"}),
+                "lead is done",
+            ],
+            "lead > fork#1": ["app.py prints hi"],
+        },
+        events,
+        assume_yes=True,
+    )
+
+    result = run_parent(runner, "look around", agent="lead")
+
+    assert (result.status, result.output) == ("completed", "lead is done")
+    usage = [e.data for e in events if e.kind == "usage"]
+    labels = [e.label for e in events if e.kind == "usage"]
+    parent_at_fork = usage[labels.index("lead") + 1]  # after the reply that made the call
+    fork_first = usage[labels.index("lead > fork")]  # its label; its host session is `lead > fork#1`
+    assert fork_first["cached_tokens"] == parent_at_fork["context_tokens"]
+    # Prefilled: only the placeholder result, the task message and the reply's opening (a token is at
+    # least a character here; their exact count is the host test's), never the parent's 2889 tokens again.
+    tail = len(FORK_PLACEHOLDER) + len(FORK_TASK.format(task="check app.py")) + 60
+    assert 0 < fork_first["input_tokens"] - fork_first["cached_tokens"] < tail
+    assert scripts.remaining("lead > fork#1") == 0

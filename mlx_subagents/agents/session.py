@@ -155,6 +155,8 @@ class AgentSession:
     hook_facts: dict[str, Any] = field(default_factory=dict)
     # The skills it is offered: listed at the end of its system prompt, loaded by its `skill` tool.
     skills: SkillChoice = field(default_factory=SkillChoice)
+    # A fork's parent's host session: the fork's host session starts from its KV cache ("": none).
+    fork_of: str = ""
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -169,9 +171,10 @@ class AgentSession:
         self.schemas = [tool.schema() for tool in self.tools.values()]
         for tool in self.tools.values():
             if isinstance(tool, SubagentTool):  # what a fork of this session starts from
-                tool.conversation = lambda: self.messages
+                tool.conversation, tool.host_session = (lambda: self.messages), self.session_name
         self.compaction = scale_compaction(self.host.context_window, self.compaction)
-        self._host_session: HostSession = self.host.session(self.session_name, agent=self.spec.name)
+        where = {"fork_of": self.fork_of} if self.fork_of else {}  # hosts that know no forks never see one
+        self._host_session: HostSession = self.host.session(self.session_name, agent=self.spec.name, **where)
         self.inbox.report = lambda kind, data: self._emit(kind, **data)
         self._format_errors = 0
         self._started = 0.0

@@ -164,8 +164,9 @@ class EngineHost:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def session(self, name: str, *, agent: str | None = None) -> EngineSession:
-        """A new session; an existing name returns that session."""
+    def session(self, name: str, *, agent: str | None = None, fork_of: str = "") -> EngineSession:
+        """A new session; an existing name returns that session. A fork (`fork_of`) sends its whole
+        conversation like any session: the engine's own prefix cache reuses what it can."""
         if name not in self._sessions:
             self._sessions[name] = EngineSession(self, name, agent)
         return self._sessions[name]

@@ -144,11 +144,12 @@ class MlxSession:
     `GenerateArgs.thinking` tokens) comes on top of `max_tokens`, which bounds the answer.
     """
 
-    def __init__(self, host: MlxModelHost, name: str, agent: str | None) -> None:
+    def __init__(self, host: MlxModelHost, name: str, agent: str | None, fork_of: str = "") -> None:
         self._host = host
         self.name = name
         self.agent = agent
         self._state = CacheState()
+        self._fork_of = fork_of  # until its first turn: the session whose cache it starts from
         self.cut: Usage | None = None
 
     @property
@@ -175,7 +176,12 @@ class MlxSession:
         visible = chat.visible_text(args.on_text, args.on_reasoning, opened) if streaming else None
         sink = TextSink(asyncio.get_running_loop(), visible) if visible is not None else None
 
+        parent = self._host._sessions.get(self._fork_of) if self._fork_of else None
+        self._fork_of = ""
+
         def submit(deliver: Deliver) -> None:
+            if parent is not None:
+                self._host._scheduler.fork(self._state, parent._state)
             self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         self.cut = None
@@ -453,10 +459,11 @@ class MlxModelHost:
     def kv_budget(self) -> int | None:
         return self._pool.budget
 
-    def session(self, name: str, *, agent: str | None = None) -> MlxSession:
-        """A new session; an existing name returns that session (its cache kept)."""
+    def session(self, name: str, *, agent: str | None = None, fork_of: str = "") -> MlxSession:
+        """A new session; an existing name returns that session (its cache kept). A new one with
+        `fork_of` starts, at its first turn, where that session is (`Scheduler.fork`)."""
         if name not in self._sessions:
-            self._sessions[name] = MlxSession(self, name, agent)
+            self._sessions[name] = MlxSession(self, name, agent, fork_of)
         return self._sessions[name]
 
     async def count_tokens(

@@ -1,4 +1,5 @@
-"""Shared prefixes: one KV cache of an agent's system prompt and tools, copied into each new session.
+"""Shared prefixes: one KV cache of an agent's system prompt and tools, copied into each new session;
+and of a parent's conversation at a fork, copied into each of its forks (`Scheduler.fork`).
 
 Sessions of one agent start with the same tokens (system prompt + tool list). The
 first new session to prefill them leaves a copy here; a later new session whose
@@ -42,13 +43,15 @@ class SharedPrefixes:
             self._caches.popitem(last=False)
 
     def start(self, ids: list[int]) -> tuple[list[Any], int] | None:
-        """A private copy of a cache holding a strict prefix of `ids`, and its length; None if none."""
-        for key, cache in self._caches.items():
-            if len(key) < len(ids) and tuple(ids[: len(key)]) == key:
-                self._caches.move_to_end(key)
-                self.hits += 1
-                return copy.deepcopy(cache), len(key)
-        return None
+        """A private copy of the cache holding the longest strict prefix of `ids`, and its length; None
+        if none. Longest: a fork's entry (its parent's whole conversation) wins over its agent's prefix."""
+        keys = [k for k in self._caches if len(k) < len(ids) and tuple(ids[: len(k)]) == k]
+        if not keys:
+            return None
+        key = max(keys, key=len)
+        self._caches.move_to_end(key)
+        self.hits += 1
+        return copy.deepcopy(self._caches[key]), len(key)
 
     def drop_oldest(self) -> int:
         """Forget the least recently used entry; the bytes freed (0 when empty)."""

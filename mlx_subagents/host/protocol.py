@@ -163,7 +163,10 @@ class ModelHost(Protocol):
     @property
     def tool_mode(self) -> ToolMode: ...
 
-    def session(self, name: str, *, agent: str | None = None) -> HostSession: ...
+    def session(self, name: str, *, agent: str | None = None, fork_of: str = "") -> HostSession:
+        """The session `name` (a new one, or the existing one with its cache). `fork_of`: a new session
+        that starts where that session is (a fork); a host may reuse that session's cache for it."""
+        ...
 
     async def count_tokens(
         self, messages: list[Message], tools: list[ToolSchema] | None = None, *, thinking: int = DEFAULT_THINKING_TOKENS

@@ -334,6 +334,21 @@ class Scheduler:
 
     # -- prefill ----------------------------------------------------------------
 
+    def fork(self, state: CacheState, parent: CacheState) -> None:
+        """Start a new session where `parent` is: the ids it holds and how they render (so that the
+        fork's prompt is spliced onto them token for token, as the parent's next one would be), and a
+        shared prefix of its cache at exactly those ids, which the fork's first turn copies from
+        (`_prepare_cache`) and prefills only the rest. The parent's cache is copied, never touched; a
+        parent whose cache is spilled or dropped gives only its ids: the fork prefills them all."""
+        state.token_ids, state.render, state.n_tool_calls = list(parent.token_ids), parent.render, parent.n_tool_calls
+        if (
+            self.config.reuse
+            and parent.prompt_cache is not None
+            and parent.token_ids
+            and parent.token_ids not in self.prefixes
+        ):
+            self.prefixes.add(parent.token_ids, parent.prompt_cache)
+
     def _start(self, turn: Turn) -> None:
         """Claim the session's cache (restoring a spilled one) and queue the prefill."""
         self.pool.claim(turn.name)

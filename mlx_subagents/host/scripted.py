@@ -238,8 +238,8 @@ class ScriptedHost:
     def context_window(self) -> int:
         return self._context_window
 
-    def session(self, name: str, *, agent: str | None = None) -> ScriptedSession:
-        """A new session replaying its agent's replies from the first one."""
+    def session(self, name: str, *, agent: str | None = None, fork_of: str = "") -> ScriptedSession:
+        """A new session replaying its agent's replies from the first one (a fork's too: it has no cache)."""
         return ScriptedSession(self, name, agent)
 
     async def count_tokens(

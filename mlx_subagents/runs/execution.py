@@ -25,9 +25,9 @@ from ..agents.session import AgentSession
 from ..caps import cap_answer
 from ..errors import SubagentError
 from ..events import Event, EventKind, EventSink, ignore_event
-from ..host.protocol import Message
 from ..results import Mode, RunResult, Status, StopReason
 from ..tools import Tool
+from ..tools.subagent import ForkPoint
 from .prepare import PreparedTask
 from .slots import Slots
 from .tasks import Render
@@ -59,7 +59,7 @@ class PlannedTask:
         read_more: for an answer over the output cap, how to read the rest; `{offset}` is where the
             shown part ends (default: the transcript's path, for a person).
         session_name: the host session a new session runs on, its own (default: the label).
-        fork_from: a fork's parent's messages at the fork point: its session starts from them.
+        fork_from: where a fork starts: its parent's host session (its KV cache) and messages.
     """
 
     index: int
@@ -73,7 +73,7 @@ class PlannedTask:
     read_more: str | None = None
     inbox: Inbox | None = None
     session_name: str = ""
-    fork_from: tuple[Message, ...] | None = None
+    fork_from: ForkPoint | None = None
 
     @property
     def label(self) -> str:
@@ -214,6 +214,7 @@ class Execution:
             inbox=item.inbox if item.inbox is not None else Inbox(),
             session_name=item.session_name,
             sandbox=item.prepared.sandbox,
+            fork_of=item.fork_from.session if item.fork_from is not None else "",
         )
         self.sessions[item.index] = session
         session.on_event = self._session_sink(transcript)  # this generation's transcript
@@ -285,7 +286,7 @@ class Execution:
         """The session to its answer; with a schema, one retry on an invalid answer."""
         text = prompt + schema_instruction(item.prepared.schema) if item.prepared.schema else prompt
         if item.fork_from is not None and item.session is None:
-            result = await session.fork(item.fork_from, text)
+            result = await session.fork(item.fork_from.messages, text)
         elif item.session is None or item.fresh:
             result = await session.run(text)
         else:

@@ -44,11 +44,11 @@ from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, cap_answer, check_concurrency
 from ..errors import RequestError, RunNotFoundError, SubagentError
 from ..events import Event, EventSink, ignore_event
-from ..host.protocol import Message, ModelHost, ProcessorFactory, TextCallback
+from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
-from ..tools.subagent import READ_MORE, Delegation, SubagentTool
+from ..tools.subagent import READ_MORE, Delegation, ForkPoint, SubagentTool
 from .board import TaskBoard
 from .execution import Execution, PlannedTask
 from .handle import TaskHandle, close_open_tool_calls
@@ -387,7 +387,7 @@ class Runner:
                 renders=renders,
                 parent=parent,
                 keep=board,
-                conversation=call.conversation,
+                fork_point=call.fork_point,
             )
         each = await self.preparer.prepare_each(tasks, **where)
         failed = {i: self._set_up_failed(p) for i, p in enumerate(each) if isinstance(p, SetUpFailure)}
@@ -400,7 +400,7 @@ class Runner:
                 concurrency=self.options.concurrency,
                 parent=parent,
                 keep=board,
-                conversation=call.conversation,
+                fork_point=call.fork_point,
             )
         ran = iter(outcome.results)
         ran_ids = iter(outcome.task_ids or [None] * len(ready))
@@ -556,7 +556,7 @@ class Runner:
         raise_errors: bool = False,
         parent: Parent | None = None,
         keep: TaskBoard | None = None,
-        conversation: Sequence[Message] = (),
+        fork_point: ForkPoint | None = None,
     ) -> MultiRunResult:
         """Run prepared tasks as one run: saved as one record, each task with its own board.
 
@@ -564,7 +564,7 @@ class Runner:
             parent: for a delegated request, the session that made it (the children are saved in its
                 run folder; default: top level, in the runner's home).
             keep: the parent's board, where the finished children are kept under ids (see `delegate`).
-            conversation: the parent's messages at the fork point, which its forks start from.
+            fork_point: where the parent's forks start (its host session and messages).
         """
         workspace = prepared[0].workspace
         recorder = None
@@ -597,7 +597,7 @@ class Runner:
                     **p.mcp_tools,
                     **self.delegation_tools(board.parent, p.workspace, board, forked=p.task.fork),
                 },  # type: ignore[arg-type]
-                fork_from=tuple(conversation) if p.task.fork else None,
+                fork_from=fork_point if p.task.fork else None,
                 inbox=board.inbox,
                 read_more=read_more_note(ids[i]) if ids else None,
                 session_name=names[i],

@@ -96,6 +96,15 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
 
 
 @dataclass(frozen=True)
+class ForkPoint:
+    """Where a call's forks start: the caller's host session (whose KV cache they start from) and its
+    messages, each call of its last reply closed with a placeholder (`fork_point`)."""
+
+    session: str
+    messages: tuple[Message, ...]
+
+
+@dataclass(frozen=True)
 class Delegation:
     """One valid call, for the runner: the mode, its tasks in order and the children's workspace.
 
@@ -103,7 +112,7 @@ class Delegation:
         workspaces: per task, its own folder (its `cwd`, else the call's); empty: `workspace` for all.
         workflow, input: a workflow call's workflow name and input (its steps are the runner's to plan).
         isolation: the call's `isolation` (a task's own wins): `worktree`, `none`, or "" for the agent's.
-        conversation: for a call with forks, the caller's messages up to the fork point (`fork_point`).
+        fork_point: for a call with forks, where they start: the caller's host session and messages.
     """
 
     mode: DelegationMode
@@ -114,11 +123,11 @@ class Delegation:
     workflow: str = ""
     input: str = ""
     isolation: str = ""
-    conversation: tuple[Message, ...] = ()
+    fork_point: ForkPoint | None = None
 
     @property
     def forks(self) -> bool:
-        """Whether any of its tasks is a fork (it then carries the caller's `conversation`)."""
+        """Whether any of its tasks is a fork (it then carries the caller's `fork_point`)."""
         return any(t.fork for t in self.tasks)
 
     def workspace_of(self, index: int) -> Workspace:
@@ -180,8 +189,10 @@ class SubagentTool(Tool):
     ) -> None:
         super().__init__(workspace)
         self.forked = forked
-        # The calling session's messages, bound by the session (`AgentSession`): what a fork starts from.
+        # The calling session's messages and host session, bound by the session (`AgentSession`):
+        # what a fork starts from.
         self.conversation: Callable[[], Sequence[Message]] | None = None
+        self.host_session = ""
         # Without `start` nothing runs in the background: such an agent's calls wait instead.
         self.background_agents = frozenset(background_agents) if start is not None else frozenset()
         self.delegate = delegate
@@ -240,7 +251,8 @@ class SubagentTool(Tool):
                     if delegation.background
                     else f"{self.name}: forks are not available here; name an agent instead"
                 )
-            delegation = replace(delegation, conversation=fork_point(self.conversation()))
+            point = ForkPoint(self.host_session, fork_point(self.conversation()))
+            delegation = replace(delegation, fork_point=point)
         if delegation.background:
             return await self._start(delegation)
         try:
