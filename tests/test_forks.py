@@ -166,32 +166,31 @@ def test_a_fork_prefills_only_its_placeholder_and_task_and_matches_a_cold_run(
     assert after.token_ids == cold_after.token_ids
 
 
-def test_a_delegated_fork_on_the_tiny_model_starts_from_its_parents_cache(tmp_path: Path, forced_runner: Any) -> None:
+def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(tmp_path: Path, forced_runner: Any) -> None:
     write_agent(tmp_path, "lead", "ls, subagent")
     events: list[Any] = []
+    forks = [{"fork": True, "task": f"check part {i}"} for i in range(4)]
     runner, scripts = forced_runner(
         {
-            "lead": [
-                tool_call_text("ls", {"path": "."}),
-                tool_call_text("subagent", {"fork": True, "task": "check app.py"}),
-                "lead is done",
-            ],
-            "lead > fork#1": ["app.py prints hi"],
+            "lead": [tool_call_text("ls", {"path": "."}), tool_call_text("subagent", {"tasks": forks}), "lead is done"],
+            **{f"lead > fork#{i + 1}": [f"part {i} is fine"] for i in range(4)},
         },
         events,
         assume_yes=True,
+        context_window=8192,  # the parent reads four answers on top of its long prompt
     )
 
     result = run_parent(runner, "look around", agent="lead")
 
-    assert (result.status, result.output) == ("completed", "lead is done")
-    usage = [e.data for e in events if e.kind == "usage"]
-    labels = [e.label for e in events if e.kind == "usage"]
-    parent_at_fork = usage[labels.index("lead") + 1]  # after the reply that made the call
-    fork_first = usage[labels.index("lead > fork")]  # its label; its host session is `lead > fork#1`
-    assert fork_first["cached_tokens"] == parent_at_fork["context_tokens"]
-    # Prefilled: only the placeholder result, the task message and the reply's opening (a token is at
-    # least a character here; their exact count is the host test's), never the parent's 2889 tokens again.
-    tail = len(FORK_PLACEHOLDER) + len(FORK_TASK.format(task="check app.py")) + 60
-    assert 0 < fork_first["input_tokens"] - fork_first["cached_tokens"] < tail
-    assert scripts.remaining("lead > fork#1") == 0
+    assert (result.status, result.error, result.output) == ("completed", None, "lead is done")
+    usage = [(e.label, e.data) for e in events if e.kind == "usage"]
+    parent_at_fork = [d for label, d in usage if label == "lead"][1]  # after the reply that made the call
+    firsts = {label: d for label, d in reversed(usage) if label.startswith("lead > fork")}
+    assert sorted(firsts) == ["lead > fork-1", "lead > fork-2", "lead > fork-3", "lead > fork-4"]
+    for first in firsts.values():
+        assert first["cached_tokens"] == parent_at_fork["context_tokens"]
+        # Prefilled: only the placeholder result, the task message and the reply's opening (a token is
+        # at least a character here; their exact count is the host test's), never the parent's again.
+        tail = len(FORK_PLACEHOLDER) + len(FORK_TASK.format(task="check part 0")) + 60
+        assert 0 < first["input_tokens"] - first["cached_tokens"] < tail
+    assert [scripts.remaining(f"lead > fork#{i + 1}") for i in range(4)] == [0, 0, 0, 0]
