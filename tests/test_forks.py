@@ -3,6 +3,7 @@ which extends its parent's exactly (what lets a real host reuse the parent's KV 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from mlx_subagents.agents.session import FORK_TASK
 from mlx_subagents.errors import ToolError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.protocol import ToolCall
+from mlx_subagents.runs.transcripts import child_runs, load_run
 from mlx_subagents.testing import ForcedScripts, tool_call_text
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import FORK_PLACEHOLDER, fork_point, parse_delegation
@@ -55,6 +57,21 @@ def test_a_fork_continues_its_parents_conversation_and_answers_like_a_child(tmp_
     # The parent reads the fork's answer as any child's, with its id on the board.
     assert after[-1]["content"].startswith("it says alpha\n\n[sub-agent run ")
     assert "subagent_send continues fork#1" in after[-1]["content"]
+
+
+def test_show_marks_a_fork_of_its_parent(tmp_path: Path, run_cli: Any) -> None:
+    _, runner = lead(
+        tmp_path, {"lead": [call("subagent", fork=True, task="sum it up"), "lead is done"], "lead > fork#1": ["done"]}
+    )
+    run_parent(runner, "go", agent="lead")
+    child = child_runs(load_run("last"))[0]
+
+    code, out, err = run_cli("show", child.run_id)
+
+    assert code == 0, err
+    assert "fork of lead: its first 4 messages are its parent's" in out
+    code, out, _ = run_cli("show", child.run_id, "--json")
+    assert json.loads(out)["transcripts"][0]["meta"]["fork_of"] == {"parent": "lead", "messages": 4}
 
 
 def test_forks_in_tasks_run_side_by_side_and_cannot_delegate_again(tmp_path: Path) -> None:

@@ -64,6 +64,9 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
         console.print(
             f"[dim]model {escape(str(log.meta.get('model')))} · {log.generations} generation(s) · {log.path}[/]"
         )
+        if fork := log.meta.get("fork_of"):
+            line = f"fork of {fork.get('parent')}: its first {fork.get('messages')} messages are its parent's"
+            console.print(f"[dim]{escape(line)}[/]")
         if log.skipped:
             damaged = f"skipped {len(log.skipped)} damaged line(s) of the transcript: {'; '.join(log.skipped)}"
             console.print(f"[yellow]{escape(damaged)}[/]")

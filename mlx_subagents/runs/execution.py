@@ -238,6 +238,8 @@ class Execution:
                     schema=item.prepared.schema,
                     # What its parent withheld, so that a continued task keeps it withheld (`Runner.reopen`).
                     **({"denied": item.prepared.denied} if item.prepared.denied else {}),
+                    # A fork: whose conversation it continues, and how many of its first messages are that.
+                    **({"fork_of": _fork_meta(item)} if item.fork_from is not None else {}),
                 )
             else:
                 transcript.follow_up(prompt)
@@ -393,3 +395,9 @@ def _uncancel() -> None:
     task = asyncio.current_task()
     if task is not None and hasattr(task, "uncancel"):
         task.uncancel()
+
+
+def _fork_meta(item: PlannedTask) -> dict[str, Any]:
+    """What a fork's transcript says of its start: its parent's label and how many messages it took."""
+    assert item.fork_from is not None
+    return {"parent": item.prepared.parent, "messages": len(item.fork_from.messages)}
