@@ -59,6 +59,32 @@ def test_a_fork_continues_its_parents_conversation_and_answers_like_a_child(tmp_
     assert "subagent_send continues fork#1" in after[-1]["content"]
 
 
+def test_a_background_fork_starts_at_the_call_and_its_notice_comes_like_a_childs(tmp_path: Path) -> None:
+    host, runner = lead(
+        tmp_path,
+        {
+            "lead": [
+                call("subagent", fork=True, task="look deeper", background=True),
+                "Waiting for the fork.",
+                call("subagent_output", id="fork#1"),
+                "lead is done",
+            ],
+            "lead > fork#1": [{"content": "deeper: nothing", "delay": 0.2}],
+        },
+    )
+
+    result = run_parent(runner, "go", agent="lead")
+
+    assert result.output == "lead is done"
+    started, output = [m["content"] for m in host.history["lead"][-1] if m["role"] == "tool"]
+    assert started.startswith("Started in the background: fork#1. Carry on with other work;")
+    assert output == "fork#1 completed\n\ndeeper: nothing"
+    fork_sent = host.history["lead > fork#1"][0]
+    assert fork_sent[:3] == host.history["lead"][1][:3]  # system, task, the reply that made the call
+    assert fork_sent[3]["content"] == FORK_PLACEHOLDER
+    assert fork_sent[4] == {"role": "user", "content": FORK_TASK.format(task="look deeper")}
+
+
 def test_show_marks_a_fork_of_its_parent(tmp_path: Path, run_cli: Any) -> None:
     _, runner = lead(
         tmp_path, {"lead": [call("subagent", fork=True, task="sum it up"), "lead is done"], "lead > fork#1": ["done"]}

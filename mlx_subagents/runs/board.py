@@ -170,7 +170,7 @@ class TaskBoard:
         self.check_room(len(tasks))
         for t in tasks:
             check_label(t.label)
-        return self.reserve_ids([t.agent for t in tasks], [t.label for t in tasks])
+        return self.reserve_ids(["fork" if t.fork else t.agent for t in tasks], [t.label for t in tasks])
 
     def reserve_ids(self, agents: list[str], labels: list[str] | None = None) -> list[str]:
         """Reserve an id per task: its label, else `agent#N`. Foreground children reserve theirs too (no cap:

@@ -287,7 +287,7 @@ class Execution:
     async def _answer(self, session: AgentSession, item: PlannedTask, prompt: str) -> RunResult:
         """The session to its answer; with a schema, one retry on an invalid answer."""
         text = prompt + schema_instruction(item.prepared.schema) if item.prepared.schema else prompt
-        if item.fork_from is not None and item.session is None:
+        if item.fork_from is not None and (item.session is None or item.fresh):
             result = await session.fork(item.fork_from.messages, text)
         elif item.session is None or item.fresh:
             result = await session.run(text)

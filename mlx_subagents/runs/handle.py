@@ -33,6 +33,7 @@ from ..events import Event, EventKind, EventSink
 from ..host.protocol import Message, TextCallback
 from ..results import RunResult, RunUsage, TaskState, TaskStatus
 from ..tools import Tool, Workspace
+from ..tools.subagent import ForkPoint
 from .board import TaskBoard
 from .execution import Execution, PlannedTask
 from .prepare import Parent, PreparedTask
@@ -83,6 +84,7 @@ class TaskHandle:
         messages: the conversation to continue (a reopened task).
         generations: how many generations the task already has.
         read_more: how a cut answer says to read the rest (see `caps.cap_answer`).
+        fork_from: a fork's start: its parent's host session and messages (`ForkPoint`).
     """
 
     def __init__(
@@ -101,8 +103,10 @@ class TaskHandle:
         on_text: TextCallback | None = None,
         read_more: str | None = None,
         worktree: Worktree | None = None,
+        fork_from: ForkPoint | None = None,
     ) -> None:
         self.runtime = runtime
+        self.fork_from = fork_from
         self.prepared = prepared
         self.spec = prepared.spec
         self.host = prepared.host
@@ -469,6 +473,7 @@ class TaskHandle:
             session=session,
             fresh=fresh,
             read_more=self.read_more,
+            fork_from=self.fork_from if fresh else None,
         )
         execution = Execution(
             "single",
@@ -573,7 +578,9 @@ class TaskHandle:
             on_text=self.on_text,
             extra_tools={
                 **self.prepared.mcp_tools,
-                **self.runtime.delegation_tools(self.board.parent, self.workspace, self.board),
+                **self.runtime.delegation_tools(
+                    self.board.parent, self.workspace, self.board, forked=self.fork_from is not None
+                ),
             },
             denied=self.prepared.denied,
             project_context=self.prepared.context,
@@ -582,6 +589,7 @@ class TaskHandle:
             inbox=self.inbox,
             session_name=self.runtime.claim_session_name(self.label),
             sandbox=self.prepared.sandbox,
+            fork_of=self.fork_from.session if self.fork_from is not None else "",
         )
 
     def _transcript(self) -> TaskTranscript | None:

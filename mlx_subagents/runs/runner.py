@@ -244,7 +244,8 @@ class Runner:
             plan_chain(tasks)[1:] if call.mode == "chain" else ([], [])
         )  # plan_chain refuses a {previous} in step 1
         places = [call.workspace_of(i) for i in range(len(tasks))]
-        return await self._start_all(tasks, board, workspace=places, delegated=True, needs=needs, renders=renders)
+        where = {"workspace": places, "delegated": True, "fork_point": call.fork_point}
+        return await self._start_all(tasks, board, needs=needs, renders=renders, **where)  # type: ignore[arg-type]
 
     async def _start_all(
         self,
@@ -258,10 +259,11 @@ class Runner:
         renders: Sequence[Render | None] = (),
         after: Sequence[TaskHandle] = (),
         render: Callable[[list[RunResult]], str] | None = None,
+        fork_point: ForkPoint | None = None,
     ) -> list[TaskHandle]:
         """Prepare `tasks` as a whole, then start each in the background on `board`: step `i` waits for
         the steps `needs[i]` (a chain's or a workflow's) and renders its task with `renders[i]`; a
-        task without needs waits for `after` and renders with `render`."""
+        task without needs waits for `after` and renders with `render`; a fork starts at `fork_point`."""
         tasks = [replace(t, agent=t.agent.strip().lower(), label=t.label.strip()) for t in tasks]
         parent = board.parent
         ids = board.plan_ids(tasks)
@@ -288,6 +290,7 @@ class Runner:
                 run_folder=parent.run_folder if parent else None,
                 read_more=read_more_note(task_id) if parent is not None else None,
                 worktree=tree,
+                fork_from=fork_point if p.task.fork else None,
             )
             for p, task_id, tree in zip(prepared, ids, trees)
         ]

@@ -245,12 +245,8 @@ class SubagentTool(Tool):
         except ToolError as exc:
             return error_result(str(exc))
         if delegation.forks:
-            if delegation.background or self.conversation is None:
-                return error_result(
-                    f"{self.name}: a fork cannot run in the background here; call it without background and wait"
-                    if delegation.background
-                    else f"{self.name}: forks are not available here; name an agent instead"
-                )
+            if self.conversation is None:
+                return error_result(f"{self.name}: forks are not available here; name an agent instead")
             point = ForkPoint(self.host_session, fork_point(self.conversation()))
             delegation = replace(delegation, fork_point=point)
         if delegation.background:
