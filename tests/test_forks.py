@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import call, make_runner, run_parent, scripted_host, write_agent
+from helpers import call, go, make_runner, run_parent, scripted_host, write_agent
 from test_mlx_host import LS_SCHEMA, TASK, run, tool_result
 
 from mlx_subagents.agents.session import FORK_TASK
@@ -85,7 +85,7 @@ def test_a_background_fork_starts_at_the_call_and_its_notice_comes_like_a_childs
     assert fork_sent[4] == {"role": "user", "content": FORK_TASK.format(task="look deeper")}
 
 
-def test_show_marks_a_fork_of_its_parent(tmp_path: Path, run_cli: Any) -> None:
+def test_show_marks_a_fork_of_its_parent_and_resume_continues_it(tmp_path: Path, run_cli: Any) -> None:
     _, runner = lead(
         tmp_path, {"lead": [call("subagent", fork=True, task="sum it up"), "lead is done"], "lead > fork#1": ["done"]}
     )
@@ -98,6 +98,14 @@ def test_show_marks_a_fork_of_its_parent(tmp_path: Path, run_cli: Any) -> None:
     assert "fork of lead: its first 4 messages are its parent's" in out
     code, out, _ = run_cli("show", child.run_id, "--json")
     assert json.loads(out)["transcripts"][0]["meta"]["fork_of"] == {"parent": "lead", "messages": 4}
+
+    second = scripted_host(["more from the fork"])
+    resumed = go(make_runner(tmp_path, second, assume_yes=True), "resume", child.run_id, "and then?")
+
+    assert (resumed.status, resumed.output) == ("completed", "more from the fork")
+    (sent,) = second.history.values()
+    assert [m["content"] for m in sent[0][-3:]] == [FORK_TASK.format(task="sum it up"), "done", "and then?"]
+    assert sent[0][3]["content"] == FORK_PLACEHOLDER  # the conversation it continues is the fork's own
 
 
 def test_forks_in_tasks_run_side_by_side_and_cannot_delegate_again(tmp_path: Path) -> None:
