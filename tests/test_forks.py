@@ -16,7 +16,7 @@ from mlx_subagents.errors import ToolError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.runs.transcripts import child_runs, load_run
-from mlx_subagents.testing import ForcedScripts, tool_call_text
+from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import FORK_PLACEHOLDER, fork_point, parse_delegation
 
@@ -182,7 +182,13 @@ def test_a_forks_chain_step_and_its_call_parse() -> None:
 # -- the host: a fork starts from its parent's KV cache ------------------------------------------------
 
 
-@pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
+@pytest.fixture(scope="module")
+def tiny_gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny gemma3-like folder: a sliding window shorter than the prompts (a rotating KV cache)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3_text")
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path", "tiny_gemma3_path"])
 def test_a_fork_prefills_only_its_placeholder_and_task_and_matches_a_cold_run(
     arch_fixture: str, request: pytest.FixtureRequest, tiny_qwen3: Any
 ) -> None:

@@ -4,7 +4,7 @@ No machine running the tests can download weights, so the tests make their own: 
 thousand fp32 parameters, a byte-level BPE tokenizer trained on generated agent-like text and a
 Qwen tools chat template. The weights are noise; `forced.py` makes them say something useful.
 
-    python -m mlx_subagents.testing.tiny_model OUT [--arch qwen3|qwen3_5] [--seed N]
+    python -m mlx_subagents.testing.tiny_model OUT [--arch qwen3|qwen3_5|gemma3_text] [--seed N]
         [--context-window N] [--template tools|coder|no_tools|strict|thinking|none]
 """
 
@@ -21,8 +21,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-Arch = Literal["qwen3", "qwen3_5"]
-ARCHS: tuple[Arch, ...] = ("qwen3", "qwen3_5")
+Arch = Literal["qwen3", "qwen3_5", "gemma3_text"]
+ARCHS: tuple[Arch, ...] = ("qwen3", "qwen3_5", "gemma3_text")
+# gemma3_text: Gemma 3's text model, every other layer on a sliding window this short, so that a prompt
+# of a few hundred tokens rotates its cache (mlx-lm's `RotatingKVCache`).
+TINY_SLIDING_WINDOW = 64
 # Chat templates, one per path the host takes: Qwen-style with tools (native tool mode), Qwen3-Coder-style
 # XML calls (native, another parser), ChatML that drops tools (prompted, like SmolLM2), Gemma-style strict
 # alternation without system (prompted and normalised), Qwen3.5-style thinking (opens a thought, renders
@@ -112,6 +115,17 @@ def model_config(arch: Arch, vocab_size: int, context_window: int, eos_id: int, 
             **text,
             "num_hidden_layers": 2,
             "rope_theta": 1_000_000.0,
+            **ids,
+        }
+    if arch == "gemma3_text":
+        return {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            **text,
+            "num_hidden_layers": 2,
+            "sliding_window": TINY_SLIDING_WINDOW,
+            "sliding_window_pattern": 2,
+            "query_pre_attn_scalar": text["head_dim"],
             **ids,
         }
     layer_types = ["linear_attention", "full_attention"] * 2
