@@ -251,3 +251,17 @@ def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(tmp_path: P
         tail = len(FORK_PLACEHOLDER) + len(FORK_TASK.format(task="check part 0")) + 60
         assert 0 < first["input_tokens"] - first["cached_tokens"] < tail
     assert [scripts.remaining(f"lead > fork#{i + 1}") for i in range(4)] == [0, 0, 0, 0]
+
+
+def test_a_prompt_starts_from_the_longest_shared_prefix_it_extends() -> None:
+    from test_kv_pool import cache_holding
+
+    from mlx_subagents.host.prefix_cache import SharedPrefixes
+
+    prefixes = SharedPrefixes()
+    prefixes.add([1, 2], cache_holding(2, 1.0))  # the agent's prefix, first in
+    prefixes.add([1, 2, 3, 4], cache_holding(4, 2.0))  # its conversation at a fork
+    got = prefixes.start([1, 2, 3, 4, 5])
+    assert got is not None and (got[1], got[0][0].offset) == (4, 4)
+    got = prefixes.start([1, 2, 9])
+    assert got is not None and got[1] == 2
