@@ -265,3 +265,13 @@ def test_a_prompt_starts_from_the_longest_shared_prefix_it_extends() -> None:
     assert got is not None and (got[1], got[0][0].offset) == (4, 4)
     got = prefixes.start([1, 2, 9])
     assert got is not None and got[1] == 2
+
+
+def test_fork_is_offered_only_where_a_calling_agent_exists() -> None:
+    from mlx_subagents.tools.subagent import delegation_schema
+
+    agent, client = delegation_schema(background=True), delegation_schema(background=False, forks=False)
+    assert "fork" in agent["properties"] and "fork" in agent["properties"]["tasks"]["items"]["properties"]
+    assert "fork" not in client["properties"]
+    assert "fork" not in client["properties"]["tasks"]["items"]["properties"]
+    assert "fork" not in client["properties"]["chain"]["items"]["properties"]

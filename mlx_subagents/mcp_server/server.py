@@ -456,9 +456,12 @@ async def _refused_or(
 
 def run_schema(runner: Runner) -> dict[str, Any]:
     """`run_agents`'s and `start_agents`'s forms: the `subagent` tool's, without `background` (the tool's
-    name says whether a call waits), with the workflow form where the workspace has named workflows."""
+    name says whether a call waits) and `fork` (a client has no agent conversation to continue), with the
+    workflow form where the workspace has named workflows."""
     in_repository = repository_root(runner.workspace.root) is not None
-    return delegation_schema(background=False, workflows=bool(runner.workflow_names()), isolation=in_repository)
+    return delegation_schema(
+        background=False, workflows=bool(runner.workflow_names()), isolation=in_repository, forks=False
+    )
 
 
 def check_confirmed(runner: Runner, call: Delegation) -> None:

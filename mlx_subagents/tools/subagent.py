@@ -292,23 +292,23 @@ class SubagentTool(Tool):
         return f"{name} (no task)"
 
 
-def delegation_schema(*, background: bool, workflows: bool = False, isolation: bool = False) -> dict[str, Any]:
+def delegation_schema(
+    *, background: bool, workflows: bool = False, isolation: bool = False, forks: bool = True
+) -> dict[str, Any]:
     """The call's parameters as JSON schema: the forms and `cwd`; `background` where it works, the
-    workflow form where named workflows exist and `isolation` inside a git repository (every field
-    costs a small model's context).
+    workflow form where named workflows exist, `isolation` inside a git repository and `fork` where a
+    calling agent's conversation exists to continue (every field costs a small model's context).
 
     The `subagent` tool and the MCP server's `run_agents` and `start_agents` take these forms."""
     parameters = _inline_refs(_strip_titles(SubagentParams.model_json_schema()))
     absent = ([] if background else ["background"]) + ([] if workflows else ["workflow", "input"])
     for name in absent:
         del parameters["properties"][name]
-    if not isolation:
-        for fields in (
-            parameters,
-            parameters["properties"]["tasks"]["items"],
-            parameters["properties"]["chain"]["items"],
-        ):
-            fields["properties"].pop("isolation", None)
+    every = (parameters, parameters["properties"]["tasks"]["items"], parameters["properties"]["chain"]["items"])
+    for name, offered in (("isolation", isolation), ("fork", forks)):
+        if not offered:
+            for fields in every:
+                fields["properties"].pop(name, None)
     return parameters
 
 
