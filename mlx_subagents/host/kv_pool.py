@@ -164,6 +164,10 @@ class KVPool:
         self._idle[name] = state
         self._idle.move_to_end(name)
 
+    def idle(self, name: str) -> CacheState | None:
+        """The session's state while no turn of it runs (its cache and ids agree), else None."""
+        return self._idle.get(name)
+
     def claim(self, name: str) -> None:
         """A session's turn starts: its cache is in use, not evictable."""
         self._idle.pop(name, None)

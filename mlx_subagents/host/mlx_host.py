@@ -176,12 +176,11 @@ class MlxSession:
         visible = chat.visible_text(args.on_text, args.on_reasoning, opened) if streaming else None
         sink = TextSink(asyncio.get_running_loop(), visible) if visible is not None else None
 
-        parent = self._host._sessions.get(self._fork_of) if self._fork_of else None
-        self._fork_of = ""
+        parent, self._fork_of = self._fork_of, ""
 
         def submit(deliver: Deliver) -> None:
-            if parent is not None:
-                self._host._scheduler.fork(self._state, parent._state)
+            if parent:
+                self._host._scheduler.fork(self._state, parent)
             self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         self.cut = None

@@ -334,12 +334,17 @@ class Scheduler:
 
     # -- prefill ----------------------------------------------------------------
 
-    def fork(self, state: CacheState, parent: CacheState) -> None:
-        """Start a new session where `parent` is: the ids it holds and how they render (so that the
-        fork's prompt is spliced onto them token for token, as the parent's next one would be), and a
-        shared prefix of its cache at exactly those ids, which the fork's first turn copies from
+    def fork(self, state: CacheState, parent_name: str) -> None:
+        """Start a new session where session `parent_name` is: the ids it holds and how they render (so
+        that the fork's prompt is spliced onto them token for token, as the parent's next one would be),
+        and a shared prefix of its cache at exactly those ids, which the fork's first turn copies from
         (`_prepare_cache`) and prefills only the rest. The parent's cache is copied, never touched; a
-        parent whose cache is spilled or dropped gives only its ids: the fork prefills them all."""
+        parent whose cache is spilled or dropped gives only its ids (the fork prefills them all), and a
+        parent in a turn of its own (a background fork's) gives nothing: its cache and ids may disagree
+        while it decodes, so the fork starts cold."""
+        parent = self.pool.idle(parent_name)
+        if parent is None:
+            return
         state.token_ids, state.render, state.n_tool_calls = list(parent.token_ids), parent.render, parent.n_tool_calls
         if (
             self.config.reuse
