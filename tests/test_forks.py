@@ -275,3 +275,30 @@ def test_fork_is_offered_only_where_a_calling_agent_exists() -> None:
     assert "fork" not in client["properties"]
     assert "fork" not in client["properties"]["tasks"]["items"]["properties"]
     assert "fork" not in client["properties"]["chain"]["items"]["properties"]
+
+
+def test_a_background_fork_on_the_tiny_model_starts_at_the_call_while_its_parent_goes_on(
+    tmp_path: Path, forced_runner: Any
+) -> None:
+    write_agent(tmp_path, "lead", "ls, subagent")
+    events: list[Any] = []
+    runner, _ = forced_runner(
+        {
+            "lead": [
+                tool_call_text("subagent", {"fork": True, "task": "check app.py", "background": True}),
+                tool_call_text("subagent_output", {"id": "fork#1", "wait": True}),
+                "lead is done",
+            ],
+            "lead > fork#1": ["app.py prints hi"],
+        },
+        events,
+        assume_yes=True,
+    )
+
+    result = run_parent(runner, "look around", agent="lead")
+
+    assert (result.status, result.error, result.output) == ("completed", None, "lead is done")
+    usage = [(e.label, e.data) for e in events if e.kind == "usage"]
+    parent_at_fork = [d for label, d in usage if label == "lead"][0]
+    fork_first = next(d for label, d in usage if label == "lead > fork#1")
+    assert fork_first["cached_tokens"] == parent_at_fork["context_tokens"]

@@ -149,7 +149,16 @@ class MlxSession:
         self.name = name
         self.agent = agent
         self._state = CacheState()
-        self._fork_of = fork_of  # until its first turn: the session whose cache it starts from
+        # A fork takes its parent's state now, on the mlx thread, ahead of any later turn of the
+        # parent's (jobs run in order): its first turn awaits this.
+        self._forking: asyncio.Future[Any] | None = None
+        if fork_of:
+
+            def start_fork(deliver: Deliver) -> None:
+                host._scheduler.fork(self._state, fork_of)
+                deliver(True, None)
+
+            self._forking = host._mlx.submit(start_fork)
         self.cut: Usage | None = None
 
     @property
@@ -176,11 +185,11 @@ class MlxSession:
         visible = chat.visible_text(args.on_text, args.on_reasoning, opened) if streaming else None
         sink = TextSink(asyncio.get_running_loop(), visible) if visible is not None else None
 
-        parent, self._fork_of = self._fork_of, ""
+        if self._forking is not None:
+            forking, self._forking = self._forking, None
+            await forking
 
         def submit(deliver: Deliver) -> None:
-            if parent:
-                self._host._scheduler.fork(self._state, parent)
             self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         self.cut = None
@@ -460,7 +469,7 @@ class MlxModelHost:
 
     def session(self, name: str, *, agent: str | None = None, fork_of: str = "") -> MlxSession:
         """A new session; an existing name returns that session (its cache kept). A new one with
-        `fork_of` starts, at its first turn, where that session is (`Scheduler.fork`)."""
+        `fork_of` starts where that session is now (`Scheduler.fork`), whenever its first turn comes."""
         if name not in self._sessions:
             self._sessions[name] = MlxSession(self, name, agent, fork_of)
         return self._sessions[name]

@@ -295,6 +295,10 @@ class Runner:
             for p, task_id, tree in zip(prepared, ids, trees)
         ]
         self._started += handles
+        for p in prepared:
+            if p.task.fork and fork_point is not None:  # its host session takes the parent's state now,
+                # before the parent's next turn (the call returns at once) moves it on
+                p.host.session(p.label, agent=p.spec.name, fork_of=fork_point.session)
         for i, (handle, task) in enumerate(zip(handles, tasks)):
             board.add(handle)
             step_needs = needs[i] if needs else ()
