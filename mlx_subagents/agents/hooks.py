@@ -186,9 +186,12 @@ async def fire(hooks: Hooks, event: HookEvent, name: str, payload: Mapping[str, 
         name: the tool's name (our own: `bash`), or the agent's for SubagentStart and SubagentStop.
         payload: the event as the hooks read it on stdin (`hook_event_name` is added here).
     """
+    matching = hooks.matching(event, name)
+    if not matching:  # the common case: no hooks, so no event to write (a tool's whole output, for PostToolUse)
+        return HookOutcome(False, "", ())
     data = json.dumps({"hook_event_name": event, **payload}, default=str).encode()
     warnings: list[str] = []
-    for hook in hooks.matching(event, name):
+    for hook in matching:
         out, err = OutputBuffer(), OutputBuffer()
         code = await run_command(
             ["bash", "-c", hook.command], cwd=cwd, timeout=hook.timeout, output=out, errors=err, stdin=data
