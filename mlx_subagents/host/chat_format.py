@@ -80,6 +80,13 @@ class ChatFormat:
         """
         return self.think is not None and (self.opens[0] or self.traits.reasoning)
 
+    @property
+    def has_grammar(self) -> bool:
+        """Whether started calls can be constrained: the Hermes `<tool_call>` format (native with
+        Qwen-style templates, and the prompted mode's), which `grammar.py` knows."""
+        known = hermes()
+        return (self.calls.start, self.calls.end, self.calls.parser) == (known.start, known.end, known.parser)
+
     def opened(self, thinking: int) -> bool:
         """Whether a reply starts inside a thought, with this budget (0: thinking off)."""
         return self.opens[0] if thinking else self.opens[1]

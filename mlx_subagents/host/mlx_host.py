@@ -179,7 +179,8 @@ class MlxSession:
         if budget is not None:  # the thought, and its forced end marker, come on top of the reply limit
             max_tokens += budget + len(self._host.tokenizer.think_end_tokens)
         opened = chat.opened(budget) if budget is not None else False
-        request = Request(*chat.present(messages, tools), max_tokens, args.temperature, budget)
+        grammar = tools if args.grammar and chat.has_grammar else None
+        request = Request(*chat.present(messages, tools), max_tokens, args.temperature, budget, grammar)
         cancel = threading.Event()
         streaming = args.on_text is not None or args.on_reasoning is not None
         visible = chat.visible_text(args.on_text, args.on_reasoning, opened) if streaming else None

@@ -119,6 +119,8 @@ class GenerateArgs:
         on_text: gets the reply's visible text as it is generated (no call markup, no reasoning).
         on_reasoning: gets the reasoning as it is generated.
         thinking: tokens a thinking model may think (0: off) before the host closes its thought.
+        grammar: constrain each tool call, once started, to a known tool and arguments its schema
+            accepts (where the host can: an mlx model writing the Hermes `<tool_call>` format).
     """
 
     max_tokens: int = 1024
@@ -126,6 +128,7 @@ class GenerateArgs:
     on_text: TextCallback | None = None
     on_reasoning: TextCallback | None = None
     thinking: int = DEFAULT_THINKING_TOKENS
+    grammar: bool = True
 
 
 @runtime_checkable

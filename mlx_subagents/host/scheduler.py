@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PromptTooLongError
+from .grammar import CallGrammar, Grammars
 from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
 from .mlx_thread import Deliver
 from .prefix_cache import SharedPrefixes
@@ -33,7 +34,7 @@ from .prefix_store import PrefixStore
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Message, ProcessorFactory, Reply, TextCallback, ToolSchema, Usage
 from .single import SingleStream, take_from_batch
-from .thinking import thought_budget
+from .thinking import prompt_opens_thought, thought_budget
 
 # Streamed text reaches the callers' loops at most this often (plus a turn's first text and its end at
 # once): a wake-up per token costs a syscall and a thread switch per step, more than a token of a
@@ -87,6 +88,7 @@ class Request:
     max_tokens: int
     temperature: float
     thinking: int | None = None  # a thinking model's budget (0: off); None: no thought to watch
+    grammar_tools: list[ToolSchema] | None = None  # the tools each started call is constrained to
 
     @property
     def template_kwargs(self) -> dict[str, Any]:
@@ -174,6 +176,7 @@ class Scheduler:
         self._work: tuple[Any, ...] = ()  # what was in flight when the KV bytes were last read
         self._unobserved_steps = 0
         self._trimmable = trimmable  # False for hybrid caches (see `_prepare_cache`)
+        self._grammars: Grammars | None = None  # made at the first request with a grammar
 
     # -- entry points (mlx thread) --------------------------------------------
 
@@ -521,6 +524,8 @@ class Scheduler:
 
         turn.processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
         turn.sampler = make_sampler(temp=turn.request.temperature)
+        if turn.request.grammar_tools and (grammar := self._grammar(turn)):
+            turn.processors = [*turn.processors, grammar]
         if turn.request.thinking is not None and (
             budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)
         ):
@@ -538,6 +543,15 @@ class Scheduler:
             self._decode_single(turn, turn.max_tokens, turn.cancel.is_set)
             if turn.stream is not None:  # stopped by its cancel
                 self._end_single(turn, "cancelled")
+
+    def _grammar(self, turn: Turn) -> CallGrammar | None:
+        """The turn's tool-call grammar (after its other processors, before the thought budget, so a
+        thought is closed even mid-call and a call is constrained whatever forced its start)."""
+        if self._grammars is None:
+            from .toolcalls import hermes
+
+            self._grammars = Grammars(self.tokenizer, hermes().start, hermes().end)
+        return self._grammars.processor(turn.request.grammar_tools, prompt_opens_thought(self.tokenizer, turn.ids))
 
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
