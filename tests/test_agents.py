@@ -131,6 +131,7 @@ def test_full_spec_fields(tmp_path):
         "mcp_inline": (),
         "mcp_denied": (),
         "isolation": None,
+        "grammar": None,
         "engine": None,
         "engine_model": None,
         "system_prompt": "Body text.",

@@ -119,3 +119,31 @@ def test_an_inexpressible_schema_warns_once_and_the_run_goes_on(
     assert [c.name for c in reply.tool_calls] == ["read"]
     warnings = [r.getMessage() for r in caplog.records if r.name == "mlx_subagents.host.grammar"]
     assert warnings == ["calls to odd are decoded without a grammar: its schema cannot be expressed"]
+
+
+def test_grammar_off_in_the_agent_file_is_honoured_and_the_run_option_wins(tmp_path: Path) -> None:
+    from mlx_subagents.agents.discovery import AgentCatalog
+    from mlx_subagents.agents.spec import parse_agent_file
+    from mlx_subagents.errors import AgentFileError
+    from mlx_subagents.runs.options import RunOptions
+    from mlx_subagents.runs.prepare import Preparer
+
+    def agent(value: str) -> Path:
+        path = tmp_path / f"g{len(list(tmp_path.iterdir()))}.md"
+        path.write_text(f"---\nname: g\ndescription: Tests.\ngrammar: {value}\n---\n\nBody.\n", encoding="utf-8")
+        return path
+
+    off, on = parse_agent_file(agent("off"), "project"), parse_agent_file(agent("on"), "project")
+    assert (off.grammar, on.grammar) == (False, True)
+    with pytest.raises(AgentFileError) as bad:
+        parse_agent_file(agent("maybe"), "project")
+    assert str(bad.value).endswith("field 'grammar' must be on or off, got 'maybe'; e.g. grammar: off")
+
+    def limits(options: RunOptions) -> bool:
+        return Preparer(options, AgentCatalog()).limits(off).grammar
+
+    assert [limits(RunOptions()), limits(RunOptions(grammar=True)), limits(RunOptions(grammar=False))] == [
+        False,
+        True,
+        False,
+    ]

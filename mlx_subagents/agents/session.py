@@ -69,6 +69,8 @@ class Limits:
     max_reply_tokens: int = DEFAULT_MAX_REPLY_TOKENS
     # Tokens a reply may think before the host closes the thought (0: off), on top of `max_reply_tokens`.
     thinking: int = DEFAULT_THINKING_TOKENS
+    # Whether a started tool call is constrained to a known tool and valid arguments (`host/grammar.py`).
+    grammar: bool = True
     # Turns earlier generations already took of `max_turns` (a continued child's budget is cumulative).
     turns_before: int = 0
 
@@ -282,6 +284,7 @@ class AgentSession:
                     on_text=streamed.add_text,
                     on_reasoning=streamed.add_reasoning,
                     thinking=self.limits.thinking,
+                    grammar=self.limits.grammar,
                 )
                 reply = await self._host_session.generate(self.messages, args, tools=self.schemas)
         except asyncio.CancelledError:

@@ -42,7 +42,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
-    "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort", "mcpServers", "isolation",
+    "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort", "mcpServers", "isolation", "grammar",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -85,6 +85,8 @@ class AgentSpec(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=MAX_TEMPERATURE)
     # A thinking model's budget per reply, in tokens (0: off); None: the run's, else the default.
     thinking: int | None = Field(default=None, ge=0)
+    # Whether this agent's tool calls are constrained by the call grammar; None: the run's, else on.
+    grammar: bool | None = None
     output_schema: dict[str, Any] | None = None
     # An OpenAI-compatible engine (base URL) and its model id: this agent's model calls go there.
     engine: str | None = None
@@ -192,6 +194,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         memory=_parse_memory(path, meta.get("memory")),
         background=_parse_background(path, meta.get("background")),
         isolation=_parse_isolation(path, meta.get("isolation")),
+        grammar=_parse_grammar(path, meta.get("grammar")),
         model=_parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
         temperature=_parse_temperature(path, meta.get("temperature")),
@@ -392,6 +395,15 @@ def _parse_background(path: Path, value: Any) -> bool:
     if value is None or isinstance(value, bool):
         return bool(value)
     raise _fail(path, f"field 'background' must be true or false, got {value!r}", "e.g. background: true")
+
+
+def _parse_grammar(path: Path, value: Any) -> bool | None:
+    """`grammar: on|off` (YAML reads a bare on/off as a boolean)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("on", "off"):
+        return str(value).strip().lower() == "on"
+    raise _fail(path, f"field 'grammar' must be on or off, got {value!r}", "e.g. grammar: off")
 
 
 def _parse_isolation(path: Path, value: Any) -> Literal["none", "worktree"] | None:

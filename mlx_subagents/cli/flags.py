@@ -101,6 +101,14 @@ ThinkingOpt = Annotated[
         "Default: the agent's `thinking`, else on.",
     ),
 ]
+GrammarOpt = Annotated[
+    Optional[Batching],
+    typer.Option(
+        "--grammar",
+        help="Constrain each tool call the model starts to a known tool and arguments its schema accepts, or not. "
+        "Default: the agent's `grammar:`, else on.",
+    ),
+]
 TimeoutOpt = Annotated[
     Optional[float],
     typer.Option(
@@ -179,6 +187,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
     "thinking": (ThinkingOpt, None),
+    "grammar": (GrammarOpt, None),
     "engine": (EngineOpt, None),
     "api_key": (ApiKeyOpt, None),
     "sandbox": (SandboxOpt, None),
@@ -204,6 +213,7 @@ class Shared:
     max_depth: int
     concurrency: int
     thinking: str | None
+    grammar: Batching | None
     engine: str | None
     api_key: str | None
     sandbox: Batching | None
@@ -224,6 +234,7 @@ class Shared:
             context_window=self.context_window,
             concurrency=self.concurrency,
             thinking=self.thinking,
+            grammar=None if self.grammar is None else self.grammar == Batching.on,
             engine=self.engine,
             api_key=self.api_key,
             sandbox=None if self.sandbox is None else self.sandbox == Batching.on,

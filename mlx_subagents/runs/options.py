@@ -40,6 +40,8 @@ class RunOptions:
             parent waiting on its children does not count.
         thinking: a thinking model's budget per reply (`--thinking on|off|TOKENS`, as tokens, 0 for
             off); wins over the agent's `thinking`.
+        grammar: whether started tool calls are constrained by the call grammar (`--grammar on|off`);
+            wins over the agent's `grammar`; None: the agent's, else on.
         engine: an OpenAI-compatible engine's base URL: every task's model calls go there, and
             `model` is the engine's model id. None: only agents whose files name an engine use one.
         api_key: the engines' API key (default: `$MLX_SUBAGENTS_API_KEY`).
@@ -67,6 +69,7 @@ class RunOptions:
     isolation: str | None = None
 
     thinking: int | str | None = None
+    grammar: bool | None = None
     sandbox: bool | None = None
     plan: bool = False
 

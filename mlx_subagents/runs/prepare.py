@@ -552,6 +552,7 @@ class Preparer:
             max_turns=(task and task.max_turns) or options.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
             max_output_tokens=(task and task.max_output_tokens) or options.max_output_tokens,
             thinking=next((t for t in thinking if t is not None), DEFAULT_THINKING_TOKENS),
+            grammar=next((g for g in (options.grammar, spec.grammar) if g is not None), True),
         )
 
     async def close(self) -> None:
