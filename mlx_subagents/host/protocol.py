@@ -18,6 +18,7 @@ Message = dict[str, Any]
 ToolSchema = dict[str, Any]
 TextCallback = Callable[[str], None]
 FinishReason = Literal["stop", "length", "cancelled"]
+Constrained = Literal["calls", "answer"] | None  # what a grammar held a reply to (see `Reply`)
 # Tokens a reply may think before the host closes the thought; 0 turns thinking off.
 DEFAULT_THINKING_TOKENS = 4096
 # The window per session when nothing (the engine's listing, a script, `--context-window`) says
@@ -81,7 +82,9 @@ class Reply:
     """One model reply: visible text, structured tool calls, the reasoning before them, and accounting.
 
     `reasoning` is what a thinking model wrote inside its thought markers: never part of
-    `text`, and a tool call written there is not in `tool_calls`.
+    `text`, and a tool call written there is not in `tool_calls`. `constrained` says what a
+    grammar held to its format: "calls" (each started call) or "answer" (the reply was the
+    answer, held to its schema); None when nothing was.
     """
 
     text: str
@@ -92,6 +95,7 @@ class Reply:
     raw_text: str = ""
     token_ids: tuple[int, ...] = ()
     reasoning: str = ""
+    constrained: Constrained = None
 
     def to_message(self) -> Message:
         """The assistant message to append to the conversation.
@@ -120,7 +124,8 @@ class GenerateArgs:
         on_reasoning: gets the reasoning as it is generated.
         thinking: tokens a thinking model may think (0: off) before the host closes its thought.
         grammar: constrain each tool call, once started, to a known tool and arguments its schema
-            accepts (where the host can: an mlx model writing the Hermes `<tool_call>` format).
+            accepts, and an answer to `answer_schema` (where the host can: see docs/agents.md).
+        answer_schema: the JSON schema the final answer (a reply without a call) must satisfy.
     """
 
     max_tokens: int = 1024
@@ -129,6 +134,7 @@ class GenerateArgs:
     on_reasoning: TextCallback | None = None
     thinking: int = DEFAULT_THINKING_TOKENS
     grammar: bool = True
+    answer_schema: dict[str, Any] | None = None
 
 
 @runtime_checkable
