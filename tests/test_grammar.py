@@ -4,6 +4,7 @@ ends as a well-formed call to one of its tools, with arguments that tool's schem
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,19 @@ FIND = {
     },
 }
 TOOLS = [READ, FIND]
+LIST = {
+    "type": "function",
+    "function": {
+        "name": "list",
+        "description": "List a folder.",
+        "parameters": {
+            "type": "object",
+            "properties": {"kind": {"$ref": "#/$defs/kind"}, "depth": {"type": "integer", "minimum": 0, "maximum": 3}},
+            "required": ["kind", "depth"],
+            "$defs": {"kind": {"enum": ["file", "dir"]}},
+        },
+    },
+}
 
 
 class Prefix:
@@ -147,3 +161,152 @@ def test_grammar_off_in_the_agent_file_is_honoured_and_the_run_option_wins(tmp_p
         True,
         False,
     ]
+
+
+class InFlight:
+    """The token still being computed: compared on the device only; `.item()` (a host sync) is counted."""
+
+    def __init__(self, value: int, reads: list[int]) -> None:
+        self.value, self.reads = value, reads
+
+    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+        return mx.array(self.value) == other
+
+    def item(self) -> int:
+        self.reads.append(self.value)
+        return self.value
+
+
+class Context:
+    """A decode path's context: the prompt and the tokens the host has read, then the one in flight."""
+
+    def __init__(self, prompt: int, known: list[int], flight: InFlight | None) -> None:
+        self.prompt, self.known, self.flight = prompt, known, flight
+
+    def __len__(self) -> int:
+        return self.prompt + len(self.known) + (self.flight is not None)
+
+    def __getitem__(self, i: int) -> Any:
+        assert i == -1 and self.flight is not None, "only the token in flight may be read from the context"
+        return self.flight
+
+
+def drive(processor: Any, ids: Sequence[int], vocab: int, seed: int = 0, steps: int = 96) -> list[int]:
+    """Decode like a pipelined path, on random logits: forced `ids` first, then the argmax of noise
+    under the processor; returns the tokens. Reads of the in-flight token are in `processor.reads`."""
+    rng, tokens, reads = mx.random.key(seed), [], []
+    processor.known, processor.reads = tokens, reads
+    for step in range(steps):
+        flight = InFlight(tokens[-1], reads) if tokens else None
+        known = tokens[:-1] if tokens else []
+        processor.known = known
+        logits = mx.random.normal((1, vocab), key=mx.random.split(rng, steps)[step])
+        out = processor(Context(10, known, flight), logits)
+        token = ids[step] if step < len(ids) else int(mx.argmax(out, axis=-1).item())
+        if token in processor.eos:
+            break
+        tokens.append(token)
+    return tokens
+
+
+def test_free_text_reads_no_token_in_flight_and_a_call_reads_each_of_its_own(tiny_qwen3: Any) -> None:
+    from mlx_subagents.host.grammar import Grammars
+
+    tokenizer = tiny_qwen3[1]
+    grammars = Grammars(tokenizer, "json", "<tool_call>", "</tool_call>")
+    text = tokenizer.encode("Let me look at the files first, then answer.", add_special_tokens=False)
+    start = tokenizer.encode("<tool_call>", add_special_tokens=False)
+    processor = grammars.processor([READ], None, False)
+    tokens = drive(processor, [*text, *start], len(tokenizer.vocab))
+    written = tokenizer.decode(tokens)
+    assert written.startswith("Let me look at the files first, then answer.<tool_call>")
+    call = written.split("<tool_call>", 1)[1].split("</tool_call>", 1)[0]
+    assert json.loads(call) == {"name": "read", "arguments": {"path": json.loads(call)["arguments"]["path"]}}
+    # The free text, and the marker, were never read on the host; each token of the call was.
+    n_free = len(text) + len(start)
+    assert processor.reads == tokens[n_free : len(processor.reads) + n_free] and processor.reads
+    assert processor.engaged == "calls"
+
+
+@pytest.mark.parametrize(
+    ("kind", "start", "end", "parse"),
+    [
+        ("xml", "<tool_call>", "</tool_call>", "qwen3_coder"),
+        ("mistral", "[TOOL_CALLS]", "", "mistral"),
+    ],
+)
+def test_noise_becomes_a_valid_call_in_the_other_formats(
+    tiny_qwen3: Any, kind: str, start: str, end: str, parse: str
+) -> None:
+    import importlib
+
+    from mlx_subagents.host.grammar import Grammars
+
+    tokenizer = tiny_qwen3[1]
+    parser = importlib.import_module(f"mlx_lm.tool_parsers.{parse}").parse_tool_call
+    grammars = Grammars(tokenizer, kind, start, end)  # type: ignore[arg-type]
+    tools = [READ, LIST]  # mlx-lm's XML parser reads an `anyOf` value as text: no FIND here
+    for seed in range(3):
+        processor = grammars.processor(tools, None, False)
+        marker = tokenizer.encode(start, add_special_tokens=False)
+        written = tokenizer.decode(drive(processor, marker, len(tokenizer.vocab), seed=seed, steps=160))
+        body = written.split(start, 1)[1]
+        body = body.split(end, 1)[0] if end else body
+        parsed = parser(body, tools)
+        call = parsed[0] if isinstance(parsed, list) else parsed
+        schema = {"read": READ, "list": LIST}[call["name"]]["function"]["parameters"]
+        jsonschema.validate(call["arguments"], schema)
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["ok", "bad"]}, "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["verdict", "score"],
+    "additionalProperties": False,
+}
+
+
+def test_an_answer_held_to_its_schema_parses_where_noise_does_not(tiny_qwen3_path: Path) -> None:
+    async def go(grammar: bool) -> Any:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            args = GenerateArgs(max_tokens=40, grammar=grammar, answer_schema=ANSWER)
+            return await host.session("a").generate(TASK, args)
+
+    free, held = asyncio.run(go(False)), asyncio.run(go(True))
+    with pytest.raises((json.JSONDecodeError, jsonschema.ValidationError)):
+        jsonschema.validate(json.loads(free.text), ANSWER)
+    jsonschema.validate(json.loads(held.text), ANSWER)
+    assert (free.constrained, held.constrained, held.finish_reason) == (None, "answer", "stop")
+
+
+def test_batched_rows_each_keep_their_own_tools(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
+    start = tiny_qwen3[1].encode("<tool_call>", add_special_tokens=False)
+    own = {"a": [READ], "b": [FIND]}
+
+    async def go() -> Any:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=lambda name, ids: [Prefix(start)]) as host:
+            sessions = {name: host.session(name) for name in own}
+            replies = await asyncio.gather(
+                *(s.generate(TASK, GenerateArgs(max_tokens=64), tools=own[n]) for n, s in sessions.items())
+            )
+            return replies, host._scheduler.stats
+
+    replies, _ = asyncio.run(go())
+    for (name, tools), reply in zip(own.items(), replies, strict=True):
+        assert [c.name for c in reply.tool_calls] == [tools[0]["function"]["name"]], reply.raw_text
+        jsonschema.validate(reply.tool_calls[0].arguments, tools[0]["function"]["parameters"])
+
+
+def test_a_thought_stays_free_and_the_answer_after_it_is_held(tiny_thinking_path: Path) -> None:
+    async def go(grammar: bool) -> Any:
+        async with MlxModelHost(str(tiny_thinking_path)) as host:
+            args = GenerateArgs(max_tokens=40, grammar=grammar, answer_schema=ANSWER, thinking=12)
+            return await host.session("a").generate(TASK, args, tools=TOOLS)
+
+    free, held = asyncio.run(go(False)), asyncio.run(go(True))
+    assert held.reasoning == free.reasoning and held.reasoning  # the thought is the same noise both ways
+    assert held.constrained in ("answer", "calls")
+    if held.constrained == "answer":
+        jsonschema.validate(json.loads(held.text), ANSWER)
+    else:
+        assert held.malformed_tool_calls == [] and held.tool_calls

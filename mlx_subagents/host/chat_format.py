@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ChatTemplateError
+from .grammar import Kind, kind_of
 from .protocol import MalformedToolCall, Message, TextCallback, ToolCall, ToolMode, ToolSchema
 from .templates import TemplateTraits, example_call, normalise, opens_thought, probe_template
 from .toolcalls import CallFormat, ThinkMarkers, VisibleText, hermes, hermes_call, split_reasoning
@@ -81,11 +82,10 @@ class ChatFormat:
         return self.think is not None and (self.opens[0] or self.traits.reasoning)
 
     @property
-    def has_grammar(self) -> bool:
-        """Whether started calls can be constrained: the Hermes `<tool_call>` format (native with
-        Qwen-style templates, and the prompted mode's), which `grammar.py` knows."""
-        known = hermes()
-        return (self.calls.start, self.calls.end, self.calls.parser) == (known.start, known.end, known.parser)
+    def grammar_kind(self) -> Kind | None:
+        """The grammar of this model's calls (`grammar.py`): Hermes JSON (also the prompted mode's),
+        Qwen3-Coder XML or Mistral; None for another format, whose calls and answers stay free."""
+        return kind_of(self.calls.parser) if self.calls.start else None
 
     def opened(self, thinking: int) -> bool:
         """Whether a reply starts inside a thought, with this budget (0: thinking off)."""

@@ -1,16 +1,25 @@
-"""Tool-call grammars: a reply that starts a call ends as a well-formed call to a known tool.
+"""Grammars: a reply that starts a call ends as a well-formed call to a known tool, and an answer
+that must follow a schema does.
 
-One logits processor per request, free until the model writes the call-start marker
-(outside a thought), and from there constrained by an llguidance matcher to a JSON call
-`{"name": <one of the session's tools>, "arguments": <valid against that tool's schema>}`
-and the end marker; then free again, so several calls stay possible. The grammar is the
-Hermes `<tool_call>` format (what the tiny model's and Qwen's templates write, and what a
-prompted model is taught); a model whose native format is another gets no grammar.
+One logits processor per request (`Constrainer`), built from what the host knows: the model's
+call format (Hermes `<tool_call>` JSON, which prompted models are taught too; Qwen3-Coder's
+`<function=...>` XML; Mistral's `[TOOL_CALLS]`), the session's tools with their JSON schemas,
+and the answer's schema (`--schema`, `output_schema`). Its trigger starts an llguidance matcher:
 
-llguidance's matcher lives on the host, so the processor reads each new token there (one
-sync per token; its mlx bitmask kernel is Metal-only, so the mask is applied with ordinary
-mlx ops). The llguidance tokenizer (about a second to build on a real vocabulary) and each
-tool set's compiled matcher are cached per host; a request gets a copy of the matcher.
+- calls: the call-start marker, outside a thought. Free text before it stays free; the call then
+  names one of the tools, with arguments its schema accepts, and ends; free again after the end
+  marker, so several calls stay possible.
+- an answer: the reply's start (after the thought, for a thinking model). The reply is then the
+  JSON answer, or (with tools) calls and nothing else.
+
+Free decoding costs no host sync. The host's loop records each token it has read
+(`Turn.generated`); the processor reads those, and the one token still in flight (the step
+being computed, as both decode paths pipeline) is only compared on the device: if it completes
+the trigger, the next token is masked with the grammar's first mask, precomputed. Once the
+matcher runs, each step needs the token just sampled (the mask depends on it): one sync per
+constrained token, the only place. llguidance's mlx bitmask kernel is Metal-only, so the mask is
+applied with ordinary mlx ops. The llguidance tokenizer (about a second to build on a real
+vocabulary) and each compiled grammar are cached per host; a request gets a copy of the matcher.
 """
 
 from __future__ import annotations
@@ -18,7 +27,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from .protocol import ToolSchema
 
@@ -27,32 +37,63 @@ if TYPE_CHECKING:  # imported where they run: importing the host stays quick
 
 log = logging.getLogger(__name__)
 
+Kind = Literal["json", "xml", "mistral"]
+# mlx-lm's tool parsers whose formats have a grammar here, by module.
+KINDS: dict[str, Kind] = {"json_tools": "json", "qwen3_coder": "xml", "mistral": "mistral"}
+# Separators as `json.dumps` writes them (and so the templates): flexible whitespace would let a
+# small model pad a call with blanks until its token limit.
+GUIDANCE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def kind_of(parser: Any) -> Kind | None:
+    """The grammar kind of an mlx-lm tool parser, or None for a format without one."""
+    return KINDS.get(getattr(parser, "__module__", "").rsplit(".", 1)[-1])
+
+
+def _function(tool: ToolSchema) -> dict[str, Any]:
+    return tool.get("function", tool)
+
+
+def _parameters(tool: ToolSchema, i: int, loose: frozenset[str], defs: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameter schema, its `$defs` moved to `defs` renamed per tool (`$ref`s resolve from the root)."""
+    function = _function(tool)
+    if function["name"] in loose:
+        return {"type": "object"}
+    parameters = dict(function.get("parameters") or {"type": "object"})
+    for key in ("$defs", "definitions"):
+        for name, schema in (parameters.pop(key, None) or {}).items():
+            defs[f"t{i}_{name}"] = _renamed(schema, i)
+    return _closed(_renamed(parameters, i))
+
+
+def _closed(schema: Any) -> Any:
+    """`schema` with every object that lists its properties closed to others, as OpenAI's strict mode
+    has it: a small model would otherwise invent keys until its token limit (an open object,
+    `additionalProperties` given, stays as it is)."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in ("enum", "const", "default", "examples") else _closed(v)) for k, v in schema.items()}
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
 
 def call_schema(tools: list[ToolSchema], loose: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The JSON schema of one call body: any of the tools, each by its name and with its parameters
-    (any object for the tools named in `loose`). Each tool's `$defs` move to the root, renamed
-    per tool, since `$ref` pointers resolve from there."""
-    variants, defs = [], {}
-    for i, tool in enumerate(tools):
-        function = tool.get("function", tool)
-        parameters = dict(function.get("parameters") or {"type": "object"})
-        if function["name"] in loose:
-            parameters = {"type": "object"}
-        for key in ("$defs", "definitions"):
-            for name, schema in (parameters.pop(key, None) or {}).items():
-                defs[f"t{i}_{name}"] = _renamed(schema, i)
-        variants.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": function["name"]}, "arguments": _renamed(parameters, i)},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-        )
-    # Separators as `json.dumps` writes them (and so the templates): flexible whitespace would let
-    # a small model pad a call with blanks until its token limit.
-    guidance = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-    return {"anyOf": variants, **({"$defs": defs} if defs else {}), "x-guidance": guidance}
+    (any object for the tools named in `loose`)."""
+    defs: dict[str, Any] = {}
+    variants = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": _function(t)["name"]}, "arguments": _parameters(t, i, loose, defs)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for i, t in enumerate(tools)
+    ]
+    return {"anyOf": variants, **({"$defs": defs} if defs else {}), "x-guidance": GUIDANCE}
 
 
 def _renamed(schema: Any, i: int) -> Any:
@@ -69,145 +110,359 @@ def _renamed(schema: Any, i: int) -> Any:
     return out
 
 
-def call_lark(tools: list[ToolSchema], end: str, loose: frozenset[str] = frozenset()) -> str:
-    """The grammar of what follows the call-start marker: the body, then the end marker."""
-    close = end if end.startswith("<") else json.dumps(end)  # a special token is named as itself in lark
-    return f'start: "\\n"? body "\\n"? {close}\nbody: %json {json.dumps(call_schema(tools, loose))}\n'
+@dataclass(frozen=True)
+class Markers:
+    """A call format's markers as lark terms (a special token by its id, other text quoted)."""
+
+    kind: Kind
+    start: str
+    end: str  # "" where a call runs to the end of the reply (Mistral)
+    args: str = '"[ARGS]"'  # Mistral's separator between a tool's name and its arguments
+
+
+def body_rules(markers: Markers, tools: list[ToolSchema], loose: frozenset[str] = frozenset()) -> str:
+    """Lark rules for `body`: what follows the call-start marker, up to and with the end marker."""
+    end = f" {markers.end}" if markers.end else ""
+    if markers.kind == "json":
+        return f'body: "\\n"? %json {json.dumps(call_schema(tools, loose))} "\\n"?{end}\n'
+    if markers.kind == "mistral":
+        items = call_schema(tools, loose)
+        defs = items.pop("$defs", None)
+        listed = {
+            "type": "array",
+            "items": items,
+            "minItems": 1,
+            **({"$defs": defs} if defs else {}),
+            "x-guidance": GUIDANCE,
+        }
+        headers = []
+        for tool in tools:
+            function = _function(tool)
+            arguments = (
+                {"type": "object"} if function["name"] in loose else _closed(_inlined(function.get("parameters") or {}))
+            )
+            if arguments is None:  # a header's arguments cannot see the root's `$defs`: the list form only
+                headers = []
+                break
+            headers.append(
+                f"{json.dumps(function['name'])} {markers.args} %json {json.dumps({**arguments, 'x-guidance': GUIDANCE})}"
+            )
+        header = f"\nheader: {' | '.join(headers)}" if headers else ""
+        return f"body: %json {json.dumps(listed)}{' | header+' if headers else ''}{header}\n"
+    return _xml_rules(tools, loose, end)
+
+
+def _xml_rules(tools: list[ToolSchema], loose: frozenset[str], end: str) -> str:
+    """Qwen3-Coder's `<function=NAME>` then `<parameter=NAME>` blocks: each tool's parameters in
+    its schema's order, the required ones always; a string's value is text, another's JSON."""
+    rules, functions = [], []
+    for i, tool in enumerate(tools):
+        function = _function(tool)
+        name, parameters = function["name"], _inlined(function.get("parameters") or {})
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        if name in loose or not isinstance(properties, dict):
+            params = "any_param*"
+        else:
+            required, parts = set(parameters.get("required") or ()), []
+            for j, (pname, pschema) in enumerate(properties.items()):
+                value = f"v{i}_{j}"
+                rules.append(f'p{i}_{j}: "<parameter={pname}>\\n" {value} "\\n</parameter>\\n"')
+                rules.append(_xml_value(value, pschema if isinstance(pschema, dict) else {}))
+                parts.append(f"p{i}_{j}" if pname in required else f"p{i}_{j}?")
+            params = " ".join(parts)
+        functions.append(f"f{i}")
+        rules.append(f'f{i}: "<function={name}>\\n" {params} "</function>"')
+    rules.append('any_param: "<parameter=" /[A-Za-z0-9_.-]{1,64}/ ">\\n" TEXT "\\n</parameter>\\n"')
+    rules.append("TEXT: /[^<]*(<[^\\/][^<]*)*/")
+    return f'body: "\\n"? ({" | ".join(functions)}) "\\n"?{end}\n' + "\n".join(rules) + "\n"
+
+
+def _inlined(schema: Any, root: Any = None, depth: int = 0) -> Any:
+    """`schema` with its local `$ref`s replaced by what they point at (a parameter's value is written
+    on its own, where the root's `$defs` are out of reach); None where a `$ref` does not resolve or
+    nests too deep (a recursive schema), and the tool's parameters are then free."""
+    root = schema if root is None else root
+    if depth > 16:
+        return None
+    if isinstance(schema, list):
+        items = [_inlined(s, root, depth + 1) for s in schema]
+        return None if any(i is None for i in items) else items
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target: Any = root
+        for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else [None]:
+            target = target.get(part) if isinstance(target, dict) and part is not None else None
+        return None if target is None else _inlined(target, root, depth + 1)
+    out = {k: _inlined(v, root, depth + 1) for k, v in schema.items() if k not in ("$defs", "definitions")}
+    return None if any(v is None for v in out.values()) else out
+
+
+def _xml_value(rule: str, schema: dict[str, Any]) -> str:
+    """A parameter's value: a string's as text (or one of its enum's), anything else as JSON."""
+    if schema.get("type") == "string" or (
+        not schema.get("type") and all(isinstance(v, str) for v in schema.get("enum") or [0])
+    ):
+        if schema.get("enum"):
+            return f"{rule}: " + " | ".join(json.dumps(v) for v in schema["enum"])
+        return f"{rule}: TEXT"
+    return f"{rule}: %json {json.dumps({**schema, 'x-guidance': GUIDANCE})}"
+
+
+def call_lark(markers: Markers, tools: list[ToolSchema], loose: frozenset[str] = frozenset()) -> str:
+    """The grammar of what follows the call-start marker."""
+    return "start: body\n" + body_rules(markers, tools, loose)
+
+
+def answer_lark(
+    markers: Markers, schema: dict[str, Any], tools: list[ToolSchema] | None, loose: frozenset[str] = frozenset()
+) -> str:
+    """The grammar of a whole reply that must be the answer: the JSON answer or, with tools, calls."""
+    answer = f"answer: %json {json.dumps({**schema, 'x-guidance': GUIDANCE})}\n"
+    if not tools:
+        return "start: answer\n" + answer
+    calls = f"{markers.start} body" + ("" if not markers.end else f' ("\\n"? {markers.start} body)*')
+    return f"start: answer | calls\ncalls: {calls}\n" + answer + body_rules(markers, tools, loose)
 
 
 class Grammars:
-    """The host's grammar cache: llguidance's view of the tokenizer and a matcher per tool set.
+    """The host's grammar cache: llguidance's view of the tokenizer and a matcher per grammar.
 
     Args:
         tokenizer: mlx-lm's `TokenizerWrapper` (the fast tokenizer is its `_tokenizer`).
-        start, end: the call markers of the Hermes format.
+        kind, start, end: the model's call format and its markers.
     """
 
-    def __init__(self, tokenizer: Any, start: str, end: str) -> None:
+    def __init__(self, tokenizer: Any, kind: Kind, start: str, end: str) -> None:
         self._tokenizer = tokenizer
-        self.start, self.end = start, end
         self._ll: Any = None
-        self._matchers: dict[str, Any] = {}
+        self._compiled: dict[str, Prototype | None] = {}
         self.start_ids = tuple(tokenizer.encode(start, add_special_tokens=False))
+        self.markers = Markers(kind, self._term(start), self._term(end) if end else "", self._term("[ARGS]"))
+        self.eos = tuple(tokenizer.eos_token_ids)
         self.think = (
             (tuple(tokenizer.think_start_tokens), tuple(tokenizer.think_end_tokens))
             if getattr(tokenizer, "has_thinking", False)
             else None
         )
 
-    def matcher(self, tools: list[ToolSchema]) -> Any | None:
-        """A fresh matcher for a call to one of `tools`. A tool whose schema llguidance cannot express
-        gets one warning and any object as its arguments (its name stays constrained); None where
-        even that fails, and the calls are decoded freely."""
+    def _term(self, text: str) -> str:
+        """`text` as a lark term: a special token as itself (`<[id]>`), other text quoted."""
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
+        special = set(getattr(hf, "all_special_ids", ())) | set(getattr(hf, "added_tokens_decoder", {}) or {})
+        return f"<[{ids[0]}]>" if len(ids) == 1 and ids[0] in special else json.dumps(text)
+
+    def processor(
+        self, tools: list[ToolSchema] | None, answer_schema: dict[str, Any] | None, opened: bool, thinks: bool = True
+    ) -> Constrainer | None:
+        """The processor for one request; None with nothing to constrain (or nothing expressible).
+
+        `opened`: the prompt ended inside a thought; `thinks`: the reply may think (a model that
+        does not, though its vocabulary has the markers, gets no thought watched)."""
+        tools = tools or None
+        answer = self._prototype("answer", tools, answer_schema) if answer_schema is not None else None
+        calls = self._prototype("calls", tools, None) if tools and self.start_ids else None
+        if answer is None and calls is None:
+            return None
+        ends = not self.markers.end
+        think = self.think if thinks or opened else None
+        return Constrainer(answer, calls, self.start_ids, think, self.eos, opened, ends)
+
+    def _prototype(self, mode: str, tools: list[ToolSchema] | None, schema: dict[str, Any] | None) -> Prototype | None:
+        """The compiled matcher of one grammar, compiled once. A tool whose schema llguidance cannot
+        express gets one warning and any object as its arguments (its name stays constrained); an
+        answer schema it cannot express, one warning and a free answer."""
         import llguidance
         import llguidance.hf
 
-        key = json.dumps(tools, sort_keys=True)
-        if key not in self._matchers:
-            if self._ll is None:
-                self._ll = llguidance.hf.from_tokenizer(getattr(self._tokenizer, "_tokenizer", self._tokenizer))
-            loose = frozenset(t.get("function", t)["name"] for t in tools if self._compile([t]).is_error())
-            for name in sorted(loose):
-                log.warning("calls to %s are decoded without a grammar: its schema cannot be expressed", name)
-            matcher = self._compile(tools, loose)
-            self._matchers[key] = None if matcher.is_error() else matcher
-        proto = self._matchers[key]
-        return proto.deep_copy() if proto is not None else None
+        key = json.dumps([mode, tools, schema], sort_keys=True)
+        if key in self._compiled:
+            return self._compiled[key]
+        if self._ll is None:
+            hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
+            self._ll = llguidance.hf.from_tokenizer(hf)
+        loose = frozenset(
+            _function(t)["name"] for t in tools or () if self._compile(call_lark(self.markers, [t])).is_error()
+        )
+        for name in sorted(loose):
+            log.warning("calls to %s are decoded without a grammar: its schema cannot be expressed", name)
+        if mode == "answer":
+            matcher = self._compile(answer_lark(self.markers, schema or {}, tools, loose))
+            if matcher.is_error():
+                log.warning("the answer is decoded without a grammar: its schema cannot be expressed")
+        else:
+            matcher = self._compile(call_lark(self.markers, tools or [], loose))
+        self._compiled[key] = None if matcher.is_error() else Prototype(matcher, self._ll.vocab_size)
+        return self._compiled[key]
 
-    def _compile(self, tools: list[ToolSchema], loose: frozenset[str] = frozenset()) -> Any:
+    def _compile(self, lark: str) -> Any:
         import llguidance
 
-        grammar = llguidance.LLMatcher.grammar_from_lark(call_lark(tools, self.end, loose))
-        return llguidance.LLMatcher(self._ll, grammar, log_level=0)
-
-    def processor(self, tools: list[ToolSchema] | None, opened: bool) -> CallGrammar | None:
-        """The processor for one request offering `tools`; None with no tools or no expressible grammar.
-
-        `opened`: the prompt ended inside a thought."""
-        if not tools or not self.start_ids:
-            return None
-        matcher = self.matcher(tools)
-        if matcher is None:
-            return None
-        return CallGrammar(matcher, self._ll.vocab_size, self.start_ids, self.think, opened)
+        return llguidance.LLMatcher(self._ll, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
 
 
-class CallGrammar:
-    """Constrains each call of one reply to its grammar; serves one request (like every processor).
+class Prototype:
+    """A compiled grammar: the matcher every request copies, and its first mask (on the device, made once)."""
 
-    Both decode paths pass the context plus the tokens generated so far, so the first call
-    sees the prompt and each later call one new token (several are taken in order). A token
-    the grammar rejects (another processor forced it) ends the constraint for this reply:
-    the call is parsed, and reported, as written.
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        self.matcher, self.vocab_size = matcher, vocab_size
+        self._first: Any = None
+
+    def copy(self) -> Any:
+        return self.matcher.deep_copy()
+
+    def first(self, vocab: int, eos: Sequence[int]) -> mx.array:
+        if self._first is None:
+            self._first = allowed_tokens(self.matcher, self.vocab_size, vocab, eos)
+        return self._first
+
+
+def allowed_tokens(matcher: Any, vocab_size: int, vocab: int, eos: Sequence[int]) -> mx.array:
+    """The tokens `matcher` allows next, as a bool array of `vocab` (the logits' width): the bitmask
+    goes to the device as it is and is unpacked there. Every end-of-turn token counts as llguidance's
+    end of sequence (a chat ends its turn on `<|im_end|>`, not the tokenizer's EOS)."""
+    import llguidance.numpy as llnp
+    import mlx.core as mx
+
+    bitmask = llnp.allocate_token_bitmask(1, vocab_size)
+    llnp.fill_next_token_bitmask(matcher, bitmask)
+    words = mx.array(bitmask[0].view("uint32"))
+    ids = mx.arange(min(vocab, 32 * words.size), dtype=mx.uint32)
+    allowed = ((words[ids >> 5] >> (ids & 31)) & 1).astype(mx.bool_)
+    if allowed.size < vocab:  # padding rows of the embedding are never tokens
+        allowed = mx.concatenate([allowed, mx.zeros(vocab - allowed.size, dtype=mx.bool_)])
+    if eos and matcher.is_accepting():
+        allowed = _with(allowed, eos)
+    return allowed
+
+
+def _with(allowed: mx.array, ids: Sequence[int]) -> mx.array:
+    import mlx.core as mx
+
+    vocab = mx.arange(allowed.size)
+    for token in ids:
+        allowed = allowed | (vocab == token)
+    return allowed
+
+
+class Constrainer:
+    """Holds one reply to its grammars; serves one request (like every processor).
+
+    Both decode paths pass the context plus the tokens generated so far, a token longer each
+    call. The tokens the host's loop has read come from `known` (the turn's `generated`, which
+    the scheduler attaches); the newest, still in flight, is read only while a matcher runs. A
+    token the grammar rejects (another processor forced it) ends the constraint for this reply:
+    it is parsed, and reported, as written.
     """
 
     def __init__(
         self,
-        matcher: Any,
-        vocab_size: int,
+        answer: Prototype | None,
+        calls: Prototype | None,
         start_ids: Sequence[int],
         think: tuple[tuple[int, ...], tuple[int, ...]] | None,
+        eos: Sequence[int],
         opened: bool,
+        ends_reply: bool = False,
     ) -> None:
-        self._proto = matcher
-        self.vocab_size = vocab_size
-        self._matcher: Any = None  # a copy of the prototype while a call is being written
-        self.start_ids = tuple(start_ids)
-        self.think = think
+        self._answer, self._calls = answer, calls
+        self.ends_reply = ends_reply  # a call runs to the reply's end (Mistral): then only its end follows
+        self.start_ids, self.think, self.eos = tuple(start_ids), think, tuple(eos)
+        self.known: Sequence[int] = []  # the tokens the host has read (set by the scheduler)
         self.thinking = opened and think is not None
-        self.n_constrained = 0  # calls constrained so far
+        self._tokens: list[int] = []  # the tokens fed so far
+        self._base: int | None = None  # the context's length at the first call (the prompt)
+        self._matcher: Any = None  # while a call, or the answer, is being written
+        self._active: Prototype | None = None
+        self._mode: Literal["calls", "answer"] = "calls"
+        self.engaged: Literal["calls", "answer"] | None = None
         self.broken = False
-        self._recent: list[int] = []
-        self._seen: int | None = None
+        self._pending_answer = answer is not None  # the answer's grammar starts when the reply does
+        # A thinking model's reply whose prompt did not open the thought may open it first.
+        self._free_start = self._pending_answer and not self.thinking and think is not None and len(think[0]) == 1
+        if self._pending_answer and not self.thinking:
+            self._engage(answer, "answer")  # type: ignore[arg-type]
 
-    def __call__(self, tokens: mx.array | Sequence[int], logits: mx.array) -> mx.array:
+    def _engage(self, proto: Prototype, what: Literal["calls", "answer"]) -> None:
+        self._matcher, self._active, self.engaged = proto.copy(), proto, self.engaged or what
+        self._mode = what
+        if what == "answer":
+            self._pending_answer = False
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         n = len(tokens)
-        if self._seen is None:
-            self._seen = n
-        if n > self._seen:
-            new = tokens[self._seen : n]
-            for token in new.tolist() if hasattr(new, "tolist") else list(new):
-                self._feed(int(token))
-            self._seen = n
+        self._base = n if self._base is None else self._base
+        count = n - self._base  # generated tokens in the context; the last may be in flight
+        while len(self._tokens) < count - 1:  # the host has read them (else read them: a sync, rare)
+            i = len(self._tokens)
+            self._feed(self.known[i] if i < len(self.known) else int(tokens[self._base + i].item()))
+        if len(self._tokens) < count:
+            if self._matcher is None and not self.broken:
+                return self._maybe_trigger(tokens, logits)
+            self._feed(self.known[count - 1] if count - 1 < len(self.known) else int(tokens[-1].item()))
         if self._matcher is None or self.broken:
             return logits
-        return self._mask(logits)
+        allowed = allowed_tokens(self._matcher, self._active.vocab_size, logits.shape[-1], self.eos)  # type: ignore[union-attr]
+        if self._free_start and not self._tokens:
+            allowed = _with(allowed, self.think[0])  # type: ignore[index]  # the reply may open its thought first
+        return _masked(logits, allowed)
+
+    def _maybe_trigger(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        """Free decoding: the token in flight is compared on the device; where it completes the
+        trigger, the next token gets the grammar's first mask."""
+        if self.thinking:
+            marker, proto = (self.think[1], self._answer) if self._pending_answer else ((), None)  # type: ignore[index]
+        else:
+            marker, proto = self.start_ids, self._calls
+        if proto is None or not marker or tuple(self._recent(len(marker) - 1)) != marker[:-1]:
+            return logits
+        import mlx.core as mx
+
+        first = proto.first(logits.shape[-1], self.eos)
+        return mx.where(tokens[-1] == marker[-1], _masked(logits, first), logits)
+
+    def _recent(self, k: int) -> list[int]:
+        return self._tokens[len(self._tokens) - k :] if k else []
 
     def _feed(self, token: int) -> None:
+        self._tokens.append(token)
         if self.broken:
             return
         if self._matcher is not None:
-            if not self._matcher.consume_token(token):
-                self.broken, self._matcher = True, None
-            elif self._matcher.is_stopped():
-                self._matcher = None  # the call is closed: free again
+            if self._free_start and len(self._tokens) == 1 and token == self.think[0][0]:  # type: ignore[index]
+                self._matcher, self.thinking, self._pending_answer = None, True, True
+                return
+            if token in self.eos:  # the turn ends here
+                self._matcher = None
+            elif not self._matcher.consume_token(token):
+                self.broken, self._matcher, self.engaged = True, None, None
+            elif self._matcher.is_stopped() and not self.ends_reply and self._mode == "calls":
+                self._matcher = None  # the call is closed: free again (after an answer, only its end)
             return
-        self._recent = [*self._recent, token][-16:]
         if self.think is not None:
             start, end = self.think
-            if self.thinking and _ends_with(self._recent, end):
+            if self.thinking and _ends_with(self._tokens, end):
                 self.thinking = False
-            elif not self.thinking and _ends_with(self._recent, start):
+                if self._pending_answer and self._answer is not None:
+                    self._engage(self._answer, "answer")
+                return
+            if not self.thinking and _ends_with(self._tokens, start):
                 self.thinking = True
-        if not self.thinking and _ends_with(self._recent, self.start_ids):
-            self._matcher = self._proto.deep_copy()
-            self.n_constrained += 1
+                return
+        if not self.thinking and self._calls is not None and _ends_with(self._tokens, self.start_ids):
+            self._engage(self._calls, "calls")
 
-    def _mask(self, logits: mx.array) -> mx.array:
-        import llguidance.numpy as llnp
-        import mlx.core as mx
-        import numpy as np
 
-        vocab = logits.shape[-1]
-        bitmask = llnp.allocate_token_bitmask(1, self.vocab_size)
-        llnp.fill_next_token_bitmask(self._matcher, bitmask)
-        allowed = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:vocab].astype(bool)
-        if allowed.size < vocab:  # padding rows of the embedding are never tokens
-            allowed = np.concatenate([allowed, np.zeros(vocab - allowed.size, dtype=bool)])
-        masked = mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
-        # Where an earlier processor left only tokens the grammar rejects (forcing a script), theirs
-        # win: the reply goes on as forced and the grammar lets go at that token. On the device: no sync.
-        return mx.where(mx.any(masked > -mx.inf), masked, logits)
+def _masked(logits: mx.array, allowed: mx.array) -> mx.array:
+    """`logits` outside `allowed` at minus infinity; where an earlier processor left only tokens the
+    grammar rejects (forcing a script), theirs win: the reply goes on as forced and the grammar lets go
+    at that token. On the device: no sync."""
+    import mlx.core as mx
+
+    masked = mx.where(allowed, logits, mx.array(-mx.inf, dtype=logits.dtype))
+    return mx.where(mx.any(masked > -mx.inf), masked, logits)
 
 
 def _ends_with(ids: list[int], marker: tuple[int, ...]) -> bool:

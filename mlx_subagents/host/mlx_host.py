@@ -179,8 +179,15 @@ class MlxSession:
         if budget is not None:  # the thought, and its forced end marker, come on top of the reply limit
             max_tokens += budget + len(self._host.tokenizer.think_end_tokens)
         opened = chat.opened(budget) if budget is not None else False
-        grammar = tools if args.grammar and chat.has_grammar else None
-        request = Request(*chat.present(messages, tools), max_tokens, args.temperature, budget, grammar)
+        grammar = args.grammar and chat.grammar_kind is not None
+        request = Request(
+            *chat.present(messages, tools),
+            max_tokens,
+            args.temperature,
+            budget,
+            tools if grammar else None,
+            args.answer_schema if grammar else None,
+        )
         cancel = threading.Event()
         streaming = args.on_text is not None or args.on_reasoning is not None
         visible = chat.visible_text(args.on_text, args.on_reasoning, opened) if streaming else None
@@ -206,7 +213,16 @@ class MlxSession:
             visible.flush()
         reasoning, text, calls, malformed = chat.split(reply.raw_text, tools, self._state.n_tool_calls, opened)
         self._state.n_tool_calls += len(calls)
-        return replace(reply, text=text, tool_calls=calls, malformed_tool_calls=malformed, reasoning=reasoning)
+        # An answer's grammar also allows calls: what it held the reply to is what the reply was.
+        constrained = reply.constrained and ("calls" if calls else reply.constrained)
+        return replace(
+            reply,
+            text=text,
+            tool_calls=calls,
+            malformed_tool_calls=malformed,
+            reasoning=reasoning,
+            constrained=constrained or None,
+        )
 
     async def reset(self) -> None:
         """Forget the cache (the next turn prefills from scratch)."""
@@ -317,6 +333,8 @@ class MlxModelHost:
             self._mlx.has_jobs,
             await self._open_store(),
         )
+        if (kind := self.chat.grammar_kind) is not None:
+            self._scheduler.call_format = (kind, self.chat.calls.start, self.chat.calls.end)
         self._mlx.stepper = self._scheduler
         if self._shared:
             await self._shared.join(self, budget)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PromptTooLongError
-from .grammar import CallGrammar, Grammars
+from .grammar import Constrainer, Grammars
 from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
 from .mlx_thread import Deliver
 from .prefix_cache import SharedPrefixes
@@ -89,6 +89,7 @@ class Request:
     temperature: float
     thinking: int | None = None  # a thinking model's budget (0: off); None: no thought to watch
     grammar_tools: list[ToolSchema] | None = None  # the tools each started call is constrained to
+    answer_schema: dict[str, Any] | None = None  # the schema the answer is constrained to
 
     @property
     def template_kwargs(self) -> dict[str, Any]:
@@ -123,6 +124,7 @@ class Turn:
     error: Exception | None = None  # raised by this turn's own logits processor inside the batch
     sampler: Any = None
     processors: list[Any] = field(default_factory=list)
+    grammar: Constrainer | None = None  # among the processors: what it held the reply to
     stream: SingleStream | None = None  # decoding on the single path, outside the batch
     streamed: bool = False  # its first text is out (or in the outbox)
     fed: int = 0  # how many of `generated` the detokenizer has had
@@ -177,6 +179,7 @@ class Scheduler:
         self._unobserved_steps = 0
         self._trimmable = trimmable  # False for hybrid caches (see `_prepare_cache`)
         self._grammars: Grammars | None = None  # made at the first request with a grammar
+        self.call_format: tuple[Any, str, str] | None = None  # (grammar kind, start, end), set by the host
 
     # -- entry points (mlx thread) --------------------------------------------
 
@@ -524,8 +527,9 @@ class Scheduler:
 
         turn.processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
         turn.sampler = make_sampler(temp=turn.request.temperature)
-        if turn.request.grammar_tools and (grammar := self._grammar(turn)):
-            turn.processors = [*turn.processors, grammar]
+        if (turn.request.grammar_tools or turn.request.answer_schema is not None) and (grammar := self._grammar(turn)):
+            grammar.known = turn.generated  # the tokens this loop has read: no sync to learn them
+            turn.grammar, turn.processors = grammar, [*turn.processors, grammar]
         if turn.request.thinking is not None and (
             budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)
         ):
@@ -544,14 +548,16 @@ class Scheduler:
             if turn.stream is not None:  # stopped by its cancel
                 self._end_single(turn, "cancelled")
 
-    def _grammar(self, turn: Turn) -> CallGrammar | None:
-        """The turn's tool-call grammar (after its other processors, before the thought budget, so a
-        thought is closed even mid-call and a call is constrained whatever forced its start)."""
+    def _grammar(self, turn: Turn) -> Constrainer | None:
+        """The turn's grammar for its calls and answer (after its other processors, before the thought
+        budget, so a thought is closed even mid-call and a call is constrained whatever forced its start)."""
         if self._grammars is None:
-            from .toolcalls import hermes
-
-            self._grammars = Grammars(self.tokenizer, hermes().start, hermes().end)
-        return self._grammars.processor(turn.request.grammar_tools, prompt_opens_thought(self.tokenizer, turn.ids))
+            assert self.call_format is not None, "a request with a grammar needs the host's call format"
+            self._grammars = Grammars(self.tokenizer, *self.call_format)
+        request = turn.request
+        opened = prompt_opens_thought(self.tokenizer, turn.ids)
+        thinks = bool(request.thinking)  # None: not a thinking model; 0: thinking off
+        return self._grammars.processor(request.grammar_tools, request.answer_schema, opened, thinks)
 
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
@@ -740,7 +746,8 @@ class Scheduler:
             prompt_seconds=turn.prompt_s,
             generation_seconds=max(0.0, total - turn.prompt_s),
         )
-        return Reply(raw, [], [], finish, usage, raw, tuple(turn.generated))
+        grammar = turn.grammar.engaged if turn.grammar is not None else None
+        return Reply(raw, [], [], finish, usage, raw, tuple(turn.generated), constrained=grammar)
 
     # -- helpers ----------------------------------------------------------------
 
