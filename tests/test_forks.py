@@ -290,8 +290,13 @@ def test_a_fork_prefills_only_its_placeholder_and_task_and_matches_a_cold_run(
     assert after.token_ids == cold_after.token_ids
 
 
-def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(tmp_path: Path, forced_runner: Any) -> None:
+def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(
+    tmp_path: Path, forced_runner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_agent(tmp_path, "lead", "ls, subagent")
+    made: list[MlxModelHost] = []  # the runner's host, kept to read its scheduler after the run
+    init = MlxModelHost.__init__
+    monkeypatch.setattr(MlxModelHost, "__init__", lambda self, *a, **k: (made.append(self), init(self, *a, **k))[1])
     events: list[Any] = []
     forks = [{"fork": True, "task": f"check part {i}"} for i in range(4)]
     runner, scripts = forced_runner(
@@ -318,6 +323,9 @@ def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(tmp_path: P
         tail = len(FORK_PLACEHOLDER) + len(FORK_TASK.format(task="check part 0")) + 60
         assert 0 < first["input_tokens"] - first["cached_tokens"] < tail
     assert [scripts.remaining(f"lead > fork#{i + 1}") for i in range(4)] == [0, 0, 0, 0]
+    # Arriving together, the four decoded together: one batch held all of them at once.
+    (host,) = made
+    assert host._scheduler.most_decoding == 4
 
 
 def test_a_prompt_starts_from_the_longest_shared_prefix_it_extends() -> None:
