@@ -15,7 +15,7 @@ from mlx_subagents.agents.session import FORK_TASK
 from mlx_subagents.errors import ToolError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.protocol import ToolCall
-from mlx_subagents.runs.transcripts import child_runs, load_run
+from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import FORK_PLACEHOLDER, fork_point, parse_delegation
@@ -90,22 +90,89 @@ def test_show_marks_a_fork_of_its_parent_and_resume_continues_it(tmp_path: Path,
         tmp_path, {"lead": [call("subagent", fork=True, task="sum it up"), "lead is done"], "lead > fork#1": ["done"]}
     )
     run_parent(runner, "go", agent="lead")
-    child = child_runs(load_run("last"))[0]
+    parent = load_run("last")
+    child = child_runs(parent)[0]
+    path = child.transcript_path(child.tasks[0])
+    # On disk: a reference to the parent's first 3 messages (system, task, the call), then only the fork's own.
+    task_record, *_, messages_record, _ = [json.loads(line) for line in path.read_text().splitlines()]
+    fork_of = task_record["fork_of"]
+    assert {k: fork_of[k] for k in ("parent", "run", "messages")} == {
+        "parent": "lead",
+        "run": parent.run_id,
+        "messages": 3,
+    }
+    assert messages_record["from_parent"] == 3
+    assert [m["content"] for m in messages_record["messages"]] == [
+        FORK_PLACEHOLDER,
+        FORK_TASK.format(task="sum it up"),
+        "done",
+    ]
+    assert "system" not in path.read_text()  # the parent's system prompt is not copied
 
     code, out, err = run_cli("show", child.run_id)
 
     assert code == 0, err
-    assert "fork of lead: its first 4 messages are its parent's" in out
+    assert f"fork of lead (run {parent.run_id}): its first 3 messages are its parent's" in out
+    assert "Task: go" in out and "Task: sum it up" in out  # the conversation as a whole
     code, out, _ = run_cli("show", child.run_id, "--json")
-    assert json.loads(out)["transcripts"][0]["meta"]["fork_of"] == {"parent": "lead", "messages": 4}
+    shown = json.loads(out)["transcripts"][0]
+    assert shown["meta"]["fork_of"] == fork_of
+    whole = load_messages(parent)[:3] + messages_record["messages"]
+    assert shown["messages"] == whole
 
     second = scripted_host(["more from the fork"])
     resumed = go(make_runner(tmp_path, second, assume_yes=True), "resume", child.run_id, "and then?")
 
     assert (resumed.status, resumed.output) == ("completed", "more from the fork")
     (sent,) = second.history.values()
+    assert sent[0][:-1] == whole
     assert [m["content"] for m in sent[0][-3:]] == [FORK_TASK.format(task="sum it up"), "done", "and then?"]
     assert sent[0][3]["content"] == FORK_PLACEHOLDER  # the conversation it continues is the fork's own
+    # The second generation is saved the same way, and reads back whole.
+    last = json.loads(path.read_text().splitlines()[-2])
+    assert (last["from_parent"], last["messages"][-1]["content"]) == (3, "more from the fork")
+    assert read_transcript(path).messages == [
+        *whole,
+        sent[0][-1],
+        {"role": "assistant", "content": "more from the fork"},
+    ]
+
+    # A fork whose parent's run is gone: one line naming that run.
+    (parent.folder / "run.json").unlink()  # type: ignore[operator]
+    code, out, err = run_cli("show", child.run_id)
+    assert code != 0
+    assert (
+        f"this fork's first 3 messages are those of task 'lead' of run {parent.run_id}, and that run's transcript "
+        f"is missing from {parent.folder}; restore that run folder to read this fork"
+    ) in err
+
+
+def load_messages(record: Any) -> list[dict[str, Any]]:
+    """The saved conversation of a run's only task."""
+    messages = read_transcript(record.transcript_path(record.tasks[0])).messages
+    assert messages is not None
+    return messages
+
+
+def test_a_fork_transcript_from_before_references_reads_as_it_was_saved(tmp_path: Path) -> None:
+    path = tmp_path / "01-fork.jsonl"
+    whole = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "Task: go"},
+        {"role": "user", "content": "t"},
+    ]
+    records = [
+        {
+            "type": "task",
+            "agent": "lead",
+            "model": "m",
+            "cwd": str(tmp_path),
+            "fork_of": {"parent": "lead", "messages": 2},
+        },
+        {"type": "messages", "messages": whole},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert read_transcript(path).messages == whole
 
 
 def test_forks_in_tasks_run_side_by_side_and_cannot_delegate_again(tmp_path: Path) -> None:
@@ -223,8 +290,13 @@ def test_a_fork_prefills_only_its_placeholder_and_task_and_matches_a_cold_run(
     assert after.token_ids == cold_after.token_ids
 
 
-def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(tmp_path: Path, forced_runner: Any) -> None:
+def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(
+    tmp_path: Path, forced_runner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_agent(tmp_path, "lead", "ls, subagent")
+    made: list[MlxModelHost] = []  # the runner's host, kept to read its scheduler after the run
+    init = MlxModelHost.__init__
+    monkeypatch.setattr(MlxModelHost, "__init__", lambda self, *a, **k: (made.append(self), init(self, *a, **k))[1])
     events: list[Any] = []
     forks = [{"fork": True, "task": f"check part {i}"} for i in range(4)]
     runner, scripts = forced_runner(
@@ -251,6 +323,9 @@ def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(tmp_path: P
         tail = len(FORK_PLACEHOLDER) + len(FORK_TASK.format(task="check part 0")) + 60
         assert 0 < first["input_tokens"] - first["cached_tokens"] < tail
     assert [scripts.remaining(f"lead > fork#{i + 1}") for i in range(4)] == [0, 0, 0, 0]
+    # Arriving together, the four decoded together: one batch held all of them at once.
+    (host,) = made
+    assert host._scheduler.most_decoding == 4
 
 
 def test_a_prompt_starts_from_the_longest_shared_prefix_it_extends() -> None:

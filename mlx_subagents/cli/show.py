@@ -65,7 +65,8 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
             f"[dim]model {escape(str(log.meta.get('model')))} · {log.generations} generation(s) · {log.path}[/]"
         )
         if fork := log.meta.get("fork_of"):
-            line = f"fork of {fork.get('parent')}: its first {fork.get('messages')} messages are its parent's"
+            run = f" (run {fork['run']})" if fork.get("run") else ""
+            line = f"fork of {fork.get('parent')}{run}: its first {fork.get('messages')} messages are its parent's"
             console.print(f"[dim]{escape(line)}[/]")
         if log.skipped:
             damaged = f"skipped {len(log.skipped)} damaged line(s) of the transcript: {'; '.join(log.skipped)}"

@@ -167,6 +167,9 @@ class Scheduler:
         self.waiting: deque[Turn] = deque()
         self.prefilling: deque[Turn] = deque()
         self.decoding: dict[int, Turn] = {}
+        # The most turns that ever decoded in the batch at once: what shows that turns arriving
+        # together (a call's forks, parallel children) decode together.
+        self.most_decoding = 0
         self.single: Turn | None = None  # the single turn: decoding on its own while nothing else decodes
         self.prefixes = SharedPrefixes()
         self.store = store
@@ -571,6 +574,7 @@ class Scheduler:
         )[0]
         turn.state.prompt_cache = turn.cache = None  # the batch owns it now
         self.decoding[turn.uid] = turn
+        self.most_decoding = max(self.most_decoding, len(self.decoding))
 
     def _single_burst(self, turn: Turn) -> None:
         """Tokens of the single turn until it ends, SINGLE_BURST_TOKENS or SINGLE_SLICE_S, or until something

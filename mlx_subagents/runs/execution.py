@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..agents.compaction import CompactionSettings
@@ -31,7 +32,7 @@ from ..tools.subagent import ForkPoint
 from .prepare import PreparedTask
 from .slots import Slots
 from .tasks import Render
-from .transcripts import TaskTranscript
+from .transcripts import TaskTranscript, messages_digest
 
 INTERRUPTED = "aborted by the user (Ctrl-C)"
 INTERRUPTED_BEFORE_START = "aborted by the user (Ctrl-C) before it started"
@@ -239,7 +240,7 @@ class Execution:
                     # What its parent withheld, so that a continued task keeps it withheld (`Runner.reopen`).
                     **({"denied": item.prepared.denied} if item.prepared.denied else {}),
                     # A fork: whose conversation it continues, and how many of its first messages are that.
-                    **({"fork_of": _fork_meta(item)} if item.fork_from is not None else {}),
+                    **({"fork_of": _fork_meta(item, transcript.path)} if item.fork_from is not None else {}),
                 )
             else:
                 transcript.follow_up(prompt)
@@ -397,7 +398,12 @@ def _uncancel() -> None:
         task.uncancel()
 
 
-def _fork_meta(item: PlannedTask) -> dict[str, Any]:
-    """What a fork's transcript says of its start: its parent's label and how many messages it took."""
+def _fork_meta(item: PlannedTask, path: Path) -> dict[str, Any]:
+    """What a fork's transcript says of its start: its parent's label and run (whose folder holds the
+    fork's), and how many of its parent's messages it continues (through the reply that made the
+    call) with their digest; its transcript then saves only the rest (`TaskTranscript.finish`)."""
     assert item.fork_from is not None
-    return {"parent": item.prepared.parent, "messages": len(item.fork_from.messages)}
+    messages = item.fork_from.messages
+    n = max((i + 1 for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages))
+    run_id = path.parent.parent.parent.name  # <parent run>/runs/<this run>/<file>
+    return {"parent": item.prepared.parent, "run": run_id, "messages": n, "digest": messages_digest(messages[:n])}

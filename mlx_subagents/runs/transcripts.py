@@ -9,7 +9,8 @@ a task file is one record with a `type`:
     task_notice  a background child of the task ended (id, status, first line of its answer)
     task_cancel  the task was cancelled by whoever held it (reason)
     follow_up  a `resume` message that started a new generation of the task
-    messages   the whole conversation at the end of a generation (what `resume` rebuilds from)
+    messages   the whole conversation at the end of a generation (what `resume` rebuilds from); a
+               fork's holds only what follows its parent's messages (`from_parent`: how many)
     result     the task's full result at the end of a generation (uncapped answer)
 
 Every record carries `generation` (1 for the first run, +1 per resume). Events are written as they
@@ -20,17 +21,25 @@ Any text round-trips: lone surrogates and the characters other readers take for 
 (U+2028, U+2029, U+0085) are written as JSON escapes, and the reader splits on `\n` only. A damaged
 file loses only its damaged records: an append after a cut line starts on a fresh line, and a line
 that is not a record of the right shape is skipped and listed in `TaskLog.skipped`.
+
+A fork refers to its parent's conversation rather than copying it: its `task` record's `fork_of`
+names the parent (label, run id, how many of its messages, their digest), and its `messages` records
+hold the rest. Reading one back (`TaskLog.messages`) reads the parent's transcript through: the
+parent's run folder holds the fork's (`<parent run>/runs/<fork run>/`). A fork whose own compaction
+rewrote those first messages, and a transcript from before references, hold the whole conversation.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import io
 import json
 import os
 import re
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -64,6 +73,12 @@ def new_run_id() -> str:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def messages_digest(messages: Sequence[Message]) -> str:
+    """A short digest of messages as they are saved, which checks that a parent's saved conversation
+    still begins with the messages a fork took from it (a compaction may have rewritten them)."""
+    return hashlib.sha256(_dumps(list(messages)).encode("utf-8")).hexdigest()[:16]
 
 
 def _slug(label: str) -> str:
@@ -212,9 +227,31 @@ class TaskTranscript:
         self.write(event.kind if event.kind in NOTE_KINDS else "event", **event.to_json())
 
     def finish(self, messages: list[Message], result: RunResult) -> None:
-        self.write("messages", messages=messages)
+        """Save the conversation and the result; a fork's conversation without its parent's messages
+        while it still begins with them (`fork_of`), so four forks do not save their parent four times."""
+        n = self._from_parent(messages)
+        if n:
+            self.write("messages", messages=messages[n:], from_parent=n)
+        else:
+            self.write("messages", messages=messages)
         self.write("result", result=result.model_dump(mode="json"))
         self.close()
+
+    def _from_parent(self, messages: list[Message]) -> int:
+        """How many first messages are the parent's, as this fork's `task` record names them (0: none,
+        or they were rewritten); read from the file, so a resumed fork knows it too."""
+        try:
+            with self.path.open("rb") as file:
+                first = json.loads(file.readline().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            return 0
+        fork = first.get("fork_of") if isinstance(first, dict) else None
+        if not isinstance(fork, dict) or not fork.get("run"):
+            return 0
+        n = fork.get("messages")
+        if not isinstance(n, int) or not 0 < n <= len(messages):
+            return 0
+        return n if messages_digest(messages[:n]) == fork.get("digest") else 0
 
     def close(self) -> None:
         if self._file is not None:
@@ -286,6 +323,7 @@ class TaskLog:
     meta: dict[str, Any]
     records: list[dict[str, Any]]
     skipped: list[str] = field(default_factory=list)
+    _parent: list[Message] | None = field(default=None, repr=False)
 
     @property
     def generations(self) -> int:
@@ -293,12 +331,49 @@ class TaskLog:
 
     @property
     def messages(self) -> list[Message] | None:
-        found = [r["messages"] for r in self.records if r.get("type") == "messages"]
-        return found[-1] if found else None
+        """The latest conversation, a fork's with its parent's messages read through."""
+        found = [r for r in self.records if r.get("type") == "messages"]
+        if not found:
+            return None
+        last = found[-1]
+        if not last.get("from_parent"):
+            return last["messages"]
+        return [*self.parent_messages(last["from_parent"]), *last["messages"]]
+
+    def parent_messages(self, n: int) -> list[Message]:
+        """The first `n` messages of this fork's parent, from the parent's transcript (whose run folder
+        holds this one's); a missing or rewritten parent is one line saying which run it was."""
+        if self._parent is None:
+            self._parent = _parent_messages(self.path, self.meta.get("fork_of") or {}, n)
+        return self._parent
 
     @property
     def results(self) -> list[RunResult]:
         return [RunResult.model_validate(r["result"]) for r in self.records if r.get("type") == "result"]
+
+
+def _parent_messages(path: Path, fork: dict[str, Any], n: int) -> list[Message]:
+    """A fork's first `n` messages from its parent's transcript: its latest saved conversation that
+    still begins with them (their digest), else an earlier one."""
+    label, run_id = fork.get("parent"), fork.get("run")
+    folder = path.parent.parent.parent  # <parent run>/runs/<this run>/<file>
+    where = f"{path}: this fork's first {n} messages are those of task '{label}' of run {run_id}"
+    try:
+        record = _read_run_record(folder)
+        if record.run_id != run_id:
+            raise FileNotFoundError
+        parent = read_transcript(record.transcript_path(record.task(label)))
+    except (OSError, ValidationError, ValueError, RecursionError, RunNotFoundError):
+        raise RunNotFoundError(
+            f"{where}, and that run's transcript is missing from {folder}; restore that run folder to read this fork"
+        ) from None
+    saved = [r["messages"] for r in parent.records if r.get("type") == "messages" and not r.get("from_parent")]
+    for messages in reversed(saved):
+        if len(messages) >= n and messages_digest(messages[:n]) == fork.get("digest"):
+            return messages[:n]
+    raise RunNotFoundError(
+        f"{where}, and its transcript no longer holds them ({parent.path}): compacted or cut short since"
+    )
 
 
 def read_transcript(path: Path) -> TaskLog:
@@ -346,6 +421,9 @@ def _record_problem(line: bytes) -> dict[str, Any] | str:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in (key, *err["loc"]) if p is not None) or "record"
         return f"{kind} record: '{where}': {err['msg']}"
+    n = record.get("from_parent", 1)
+    if kind == "messages" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        return "messages record: 'from_parent' is not a positive whole number"
     return record
 
 
