@@ -38,9 +38,19 @@ class RunUsage(BaseModel):
     turns: int = 0
     compactions: int = 0
     kv_bytes: int = 0
+    constrained_calls: int = 0  # tool calls a grammar held to a known tool and valid arguments
+    constrained_answers: int = 0  # final answers a grammar held to the output schema
 
     def add(self, other: RunUsage) -> RunUsage:
-        fields = ("input_tokens", "output_tokens", "cached_tokens", "turns", "compactions")
+        fields = (
+            "input_tokens",
+            "output_tokens",
+            "cached_tokens",
+            "turns",
+            "compactions",
+            "constrained_calls",
+            "constrained_answers",
+        )
         data = {f: getattr(self, f) + getattr(other, f) for f in fields}
         data["context_tokens"] = max(self.context_tokens, other.context_tokens)
         data["kv_bytes"] = self.kv_bytes + other.kv_bytes

@@ -289,10 +289,11 @@ def test_batched_rows_each_keep_their_own_tools(tiny_qwen3_path: Path, tiny_qwen
             replies = await asyncio.gather(
                 *(s.generate(TASK, GenerateArgs(max_tokens=64), tools=own[n]) for n, s in sessions.items())
             )
-            return replies, host._scheduler.stats
+            return replies, host._scheduler.most_decoding
 
-    replies, _ = asyncio.run(go())
-    for (name, tools), reply in zip(own.items(), replies, strict=True):
+    replies, together = asyncio.run(go())
+    assert together == 2  # one batch
+    for tools, reply in zip(own.values(), replies, strict=True):
         assert [c.name for c in reply.tool_calls] == [tools[0]["function"]["name"]], reply.raw_text
         jsonschema.validate(reply.tool_calls[0].arguments, tools[0]["function"]["parameters"])
 
@@ -301,12 +302,40 @@ def test_a_thought_stays_free_and_the_answer_after_it_is_held(tiny_thinking_path
     async def go(grammar: bool) -> Any:
         async with MlxModelHost(str(tiny_thinking_path)) as host:
             args = GenerateArgs(max_tokens=40, grammar=grammar, answer_schema=ANSWER, thinking=12)
-            return await host.session("a").generate(TASK, args, tools=TOOLS)
+            return await host.session("a").generate(TASK, args)
 
     free, held = asyncio.run(go(False)), asyncio.run(go(True))
     assert held.reasoning == free.reasoning and held.reasoning  # the thought is the same noise both ways
-    assert held.constrained in ("answer", "calls")
-    if held.constrained == "answer":
-        jsonschema.validate(json.loads(held.text), ANSWER)
-    else:
-        assert held.malformed_tool_calls == [] and held.tool_calls
+    assert held.constrained == "answer" and free.constrained is None
+    jsonschema.validate(json.loads(held.text), ANSWER)
+
+
+def test_the_cli_holds_an_answer_to_its_schema_and_says_so(tmp_path: Path, tiny_qwen3_path: Path, run_cli: Any) -> None:
+    from helpers import write_agent
+
+    write_agent(tmp_path, "judge", tools="[]", front="max_turns: 3\n")
+    schema = tmp_path / "answer.json"
+    schema.write_text(json.dumps(ANSWER))
+    common = (
+        "run",
+        "judge",
+        "judge it",
+        "-m",
+        str(tiny_qwen3_path),
+        "-C",
+        str(tmp_path),
+        "--yes",
+        "--schema",
+        str(schema),
+    )
+    code, out, err = run_cli(*common, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    jsonschema.validate(result["parsed"], ANSWER)
+    assert (result["usage"]["turns"], result["usage"]["constrained_answers"]) == (1, 1)  # no retry needed
+    code, out, err = run_cli(*common, "--events")
+    [message] = [json.loads(line) for line in out.splitlines() if '"kind": "message"' in line]
+    assert message["data"]["constrained"] is True and json.loads(message["data"]["text"]) == result["parsed"]
+    code, out, err = run_cli(*common, "--json", "--grammar", "off")
+    free = json.loads(out)  # noise: not JSON (or cut at its reply limit)
+    assert (code, free["status"], free["parsed"], free["usage"]["constrained_answers"]) == (1, "failed", None, 0)

@@ -71,6 +71,8 @@ class Limits:
     thinking: int = DEFAULT_THINKING_TOKENS
     # Whether a started tool call is constrained to a known tool and valid arguments (`host/grammar.py`).
     grammar: bool = True
+    # The JSON schema the final answer is held to by the grammar (with `grammar`; validated either way).
+    answer_schema: dict[str, Any] | None = None
     # Turns earlier generations already took of `max_turns` (a continued child's budget is cumulative).
     turns_before: int = 0
 
@@ -181,6 +183,7 @@ class AgentSession:
         self._format_errors = 0
         self._started = 0.0
         self._reasoning = ""  # of the last reply
+        self._held: dict[str, bool] = {}  # `constrained` in the events of what the last reply's grammar held
         self._repeat: tuple[str, int, str] = ("", 0, "")  # (call key, times in a row, its first output)
         self._stop_hook_active = False
 
@@ -285,16 +288,22 @@ class AgentSession:
                     on_reasoning=streamed.add_reasoning,
                     thinking=self.limits.thinking,
                     grammar=self.limits.grammar,
+                    answer_schema=self.limits.answer_schema,
                 )
                 reply = await self._host_session.generate(self.messages, args, tools=self.schemas)
         except asyncio.CancelledError:
             self._keep_cut(streamed)
             raise
+        self._held = {"constrained": True} if reply.constrained else {}  # in the events of what it held
+        if reply.constrained == "calls":
+            self.usage.constrained_calls += len(reply.tool_calls)
+        elif reply.constrained == "answer":
+            self.usage.constrained_answers += 1
         self._count(reply.usage)
         self._reasoning = reply.reasoning
         self.messages.append(reply.to_message())
         if reply.text:
-            self._emit("message", text=reply.text)
+            self._emit("message", text=reply.text, **(self._held if reply.constrained == "answer" else {}))
         if reply.finish_reason == "length" and self._over_token_budget():
             raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
         return reply
@@ -398,7 +407,7 @@ class AgentSession:
     async def _run_tool(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
-        self._emit("tool_call", name=call.name, arguments=call.arguments, description=label)
+        self._emit("tool_call", name=call.name, arguments=call.arguments, description=label, **self._held)
         # A withheld `mcp__demo__*` covers each of that server's tools.
         denial = self.denied.get(call.name) or next((v for k, v in self.denied.items() if matches(call.name, k)), None)
         if tool is None and denial is not None:

@@ -314,6 +314,8 @@ class Preparer:
         if delegated:  # a caller's own limits narrow what the task would have, never widen it
             limits = replace(limits, max_turns=min(limits.max_turns, self.limits(spec, None, parent).max_turns))
             timeout = min((t for t in (task.timeout, self.options.timeout) if t), default=None)
+        if limits.grammar and resolved.schema is not None:  # the answer is held to its schema too
+            limits = replace(limits, answer_schema=resolved.schema)
         workspace, memory = self.memory(spec, workspace)
         return PreparedTask(
             task=task,
