@@ -309,6 +309,7 @@ class Prototype:
     def __init__(self, matcher: Any, vocab_size: int) -> None:
         self.matcher, self.vocab_size = matcher, vocab_size
         self._first: Any = None
+        self._blocked: Any = None
 
     def copy(self) -> Any:
         return self.matcher.deep_copy()
@@ -316,7 +317,13 @@ class Prototype:
     def first(self, vocab: int, eos: Sequence[int]) -> mx.array:
         if self._first is None:
             self._first = allowed_tokens(self.matcher, self.vocab_size, vocab, eos)
+            self._blocked = ~self._first
         return self._first
+
+    def blocked(self, vocab: int, eos: Sequence[int]) -> mx.array:
+        """What the first mask rules out (one op fewer per free step than applying the mask)."""
+        self.first(vocab, eos)
+        return self._blocked
 
 
 def allowed_tokens(matcher: Any, vocab_size: int, vocab: int, eos: Sequence[int]) -> mx.array:
@@ -351,7 +358,8 @@ class Constrainer:
     """Holds one reply to its grammars; serves one request (like every processor).
 
     Both decode paths pass the context plus the tokens generated so far, a token longer each
-    call. The tokens the host's loop has read come from `known` (the turn's `generated`, which
+    call; it reads only the context's length and its last token (`tail_only`: the single path
+    then need not build the context for it). The tokens the host's loop has read come from `known` (the turn's `generated`, which
     the scheduler attaches); the newest, still in flight, is read only while a matcher runs. A
     token the grammar rejects (another processor forced it) ends the constraint for this reply:
     it is parsed, and reported, as written.
@@ -368,9 +376,11 @@ class Constrainer:
         ends_reply: bool = False,
     ) -> None:
         self._answer, self._calls = answer, calls
+        self.tail_only = True
         self.ends_reply = ends_reply  # a call runs to the reply's end (Mistral): then only its end follows
         self.start_ids, self.think, self.eos = tuple(start_ids), think, tuple(eos)
         self.known: Sequence[int] = []  # the tokens the host has read (set by the scheduler)
+        self.guarded = False  # other processors come first (set by the scheduler): see `_masked`
         self.thinking = opened and think is not None
         self._tokens: list[int] = []  # the tokens fed so far
         self._base: int | None = None  # the context's length at the first call (the prompt)
@@ -407,7 +417,7 @@ class Constrainer:
         allowed = allowed_tokens(self._matcher, self._active.vocab_size, logits.shape[-1], self.eos)  # type: ignore[union-attr]
         if self._free_start and not self._tokens:
             allowed = _with(allowed, self.think[0])  # type: ignore[index]  # the reply may open its thought first
-        return _masked(logits, allowed)
+        return _masked(logits, allowed, self.guarded)
 
     def _maybe_trigger(self, tokens: mx.array, logits: mx.array) -> mx.array:
         """Free decoding: the token in flight is compared on the device; where it completes the
@@ -421,7 +431,9 @@ class Constrainer:
         import mlx.core as mx
 
         first = proto.first(logits.shape[-1], self.eos)
-        return mx.where(tokens[-1] == marker[-1], _masked(logits, first), logits)
+        if self.guarded:
+            return mx.where(tokens[-1] == marker[-1], _masked(logits, first, True), logits)
+        return mx.where((tokens[-1] == marker[-1]) & proto.blocked(logits.shape[-1], self.eos), -mx.inf, logits)
 
     def _recent(self, k: int) -> list[int]:
         return self._tokens[len(self._tokens) - k :] if k else []
@@ -455,14 +467,14 @@ class Constrainer:
             self._engage(self._calls, "calls")
 
 
-def _masked(logits: mx.array, allowed: mx.array) -> mx.array:
-    """`logits` outside `allowed` at minus infinity; where an earlier processor left only tokens the
-    grammar rejects (forcing a script), theirs win: the reply goes on as forced and the grammar lets go
-    at that token. On the device: no sync."""
+def _masked(logits: mx.array, allowed: mx.array, guarded: bool) -> mx.array:
+    """`logits` outside `allowed` at minus infinity. `guarded`: where an earlier processor left only
+    tokens the grammar rejects (forcing a script), theirs win: the reply goes on as forced and the
+    grammar lets go at that token. On the device: no sync."""
     import mlx.core as mx
 
     masked = mx.where(allowed, logits, mx.array(-mx.inf, dtype=logits.dtype))
-    return mx.where(mx.any(masked > -mx.inf), masked, logits)
+    return mx.where(mx.any(masked > -mx.inf), masked, logits) if guarded else masked
 
 
 def _ends_with(ids: list[int], marker: tuple[int, ...]) -> bool:

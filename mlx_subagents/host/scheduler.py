@@ -532,6 +532,7 @@ class Scheduler:
         turn.sampler = make_sampler(temp=turn.request.temperature)
         if (turn.request.grammar_tools or turn.request.answer_schema is not None) and (grammar := self._grammar(turn)):
             grammar.known = turn.generated  # the tokens this loop has read: no sync to learn them
+            grammar.guarded = bool(turn.processors)
             turn.grammar, turn.processors = grammar, [*turn.processors, grammar]
         if turn.request.thinking is not None and (
             budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)

@@ -38,8 +38,10 @@ class SingleStream:
         self.model, self.cache, self.sampler, self.processors = model, cache, sampler, processors
         self._stream = generation_stream
         fed = context if pending is not None else context[:-1]
-        # What the processors are shown: every token fed so far, as in a batch's token context.
-        self._context = mx.array(fed, dtype=mx.uint32) if processors else None
+        # What the processors are shown: every token fed so far, as in a batch's token context; or,
+        # where each reads only the length and the last token (`tail_only`), just those.
+        self._tail = bool(processors) and all(getattr(p, "tail_only", False) for p in processors)
+        self._context: Any = Tail(len(fed)) if self._tail else mx.array(fed, dtype=mx.uint32) if processors else None
         self._pending = pending if pending is not None else self._step(mx.array(context[-1:], dtype=mx.uint32))
         self.n_steps = 0
 
@@ -50,7 +52,7 @@ class SingleStream:
         with mx.stream(self._stream):
             logits = self.model(y[None], cache=self.cache)[:, -1, :]
             if self.processors:
-                self._context = mx.concatenate([self._context, y])
+                self._context = self._context.then(y) if self._tail else mx.concatenate([self._context, y])
                 for processor in self.processors:
                     logits = processor(self._context, logits)
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
@@ -79,6 +81,24 @@ class SingleStream:
 
         self._pending = self._step(mx.array([token], dtype=mx.uint32))
         mx.eval(self._pending)
+
+
+class Tail:
+    """A context as a `tail_only` processor reads it: its length and its last token (lazy)."""
+
+    def __init__(self, n: int, last: Any = None) -> None:
+        self._n, self._last = n, last
+
+    def then(self, y: Any) -> Tail:
+        return Tail(self._n + 1, y)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> Any:
+        if i not in (-1, self._n - 1) or self._last is None:
+            raise IndexError("a tail-only context holds its last token only")
+        return self._last[0]
 
 
 def take_from_batch(batch: Any, uid: int) -> tuple[list[Any], list[int], Any] | None:
