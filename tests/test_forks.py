@@ -3,6 +3,7 @@ which extends its parent's exactly (what lets a real host reuse the parent's KV 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -377,3 +378,48 @@ def test_a_background_fork_on_the_tiny_model_starts_at_the_call_while_its_parent
     parent_at_fork = [d for label, d in usage if label == "lead"][0]
     fork_first = next(d for label, d in usage if label == "lead > fork#1")
     assert fork_first["cached_tokens"] == parent_at_fork["context_tokens"]
+
+
+def test_forks_spilled_under_kv_pressure_are_restored_and_continue_token_identically(tiny_qwen3_path: Path) -> None:
+    from test_batching import task
+
+    async def go(budget: int) -> tuple[list[Any], Any, dict[str, int]]:
+        async with MlxModelHost(str(tiny_qwen3_path), kv_budget=budget, max_sessions=1, share_prefix=False) as host:
+            # Short conversations (the tiny model's greedy tokens vary there, so a wrong cache shows),
+            # spilled rather than dropped however short.
+            host._pool.drop_below_tokens = 0
+            parent = host.session("p")
+            reply = await parent.generate(task(0), GenerateArgs(max_tokens=16))
+            at_fork = [*task(0), reply.to_message()]
+            held = {"parent": parent.held_tokens, "parent_bytes": parent.kv_bytes}
+
+            async def fork(i: int, session: Any) -> list[Any]:
+                mine, replies = [*at_fork, {"role": "user", "content": FORK_TASK.format(task=f"check part {i}")}], []
+                for turn in range(2):  # the second turn finds its cache spilled while the other fork ran
+                    replies.append(await session.generate(mine, GenerateArgs(max_tokens=16)))
+                    mine = [*mine, replies[-1].to_message(), {"role": "user", "content": f"and part {i + turn}?"}]
+                return replies
+
+            forks = {i: host.session(f"p > fork#{i}", fork_of="p") for i in (1, 2)}  # both of the parent as it is now
+            out = list(await asyncio.gather(*(fork(i, session) for i, session in forks.items())))
+            stats = await host.memory_stats()
+            held["prefixes"], held["prefix_bytes"] = len(host._scheduler.prefixes), host._scheduler.prefixes.nbytes()
+            return out, stats, held
+
+    unbounded, free_stats, _ = asyncio.run(go(0))
+    # Room for the parent's prefix and one fork's turn, not for the other fork's idle cache as well.
+    budget = 448 * 1024
+    bounded, stats, held = asyncio.run(go(budget))
+    assert free_stats.pool["evictions"] == 0
+    assert [[r.token_ids for r in f] for f in bounded] == [[r.token_ids for r in f] for f in unbounded]
+    assert len({r.token_ids for f in bounded for r in f}) > 1  # the turns differ: a wrong cache would show
+    assert stats.pool["peak_bytes"] <= budget
+    # Both forks were spilled and restored (the parent, spilled too, has no turn to restore it for).
+    assert stats.pool["restores"] == 2 and stats.pool["spills"] >= 3 and stats.pool["drops"] == 0
+    for first, second in bounded:
+        assert first.usage.cached_tokens == held["parent"]  # from the parent's cache
+        # Restored, not cold: the second turn starts at every id its first held.
+        assert second.usage.cached_tokens == first.usage.prompt_tokens + first.usage.generated_tokens
+    # The parent's conversation at the fork point is one shared prefix, counted once for both forks.
+    assert (held["prefixes"], held["prefix_bytes"]) == (1, held["parent_bytes"])
+    assert stats.kv_bytes_total == sum(stats.kv_bytes_by_session.values()) + held["prefix_bytes"]
