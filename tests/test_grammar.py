@@ -229,14 +229,16 @@ def test_free_text_reads_no_token_in_flight_and_a_call_reads_each_of_its_own(tin
 
 
 @pytest.mark.parametrize(
-    ("kind", "start", "end", "parse"),
+    ("kind", "start", "end", "parse", "names"),
     [
-        ("xml", "<tool_call>", "</tool_call>", "qwen3_coder"),
-        ("mistral", "[TOOL_CALLS]", "", "mistral"),
+        ("json", "<tool_call>", "</tool_call>", "json_tools", ["find"]),  # `$ref`, `anyOf`, an enum
+        # mlx-lm's XML parser reads an `anyOf` value as text: no `find` there
+        ("xml", "<tool_call>", "</tool_call>", "qwen3_coder", ["read", "list"]),
+        ("mistral", "[TOOL_CALLS]", "", "mistral", ["read", "list", "find"]),
     ],
 )
-def test_noise_becomes_a_valid_call_in_the_other_formats(
-    tiny_qwen3: Any, kind: str, start: str, end: str, parse: str
+def test_noise_becomes_a_valid_call_in_each_format(
+    tiny_qwen3: Any, kind: str, start: str, end: str, parse: str, names: list[str]
 ) -> None:
     import importlib
 
@@ -245,7 +247,8 @@ def test_noise_becomes_a_valid_call_in_the_other_formats(
     tokenizer = tiny_qwen3[1]
     parser = importlib.import_module(f"mlx_lm.tool_parsers.{parse}").parse_tool_call
     grammars = Grammars(tokenizer, kind, start, end)  # type: ignore[arg-type]
-    tools = [READ, LIST]  # mlx-lm's XML parser reads an `anyOf` value as text: no FIND here
+    every = {"read": READ, "list": LIST, "find": FIND}
+    tools = [every[name] for name in names]
     for seed in range(3):
         processor = grammars.processor(tools, None, False)
         marker = tokenizer.encode(start, add_special_tokens=False)
@@ -254,7 +257,7 @@ def test_noise_becomes_a_valid_call_in_the_other_formats(
         body = body.split(end, 1)[0] if end else body
         parsed = parser(body, tools)
         call = parsed[0] if isinstance(parsed, list) else parsed
-        schema = {"read": READ, "list": LIST}[call["name"]]["function"]["parameters"]
+        schema = every[call["name"]]["function"]["parameters"]
         jsonschema.validate(call["arguments"], schema)
 
 
