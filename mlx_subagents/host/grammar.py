@@ -294,7 +294,7 @@ class Grammars:
                 log.warning("the answer is decoded without a grammar: its schema cannot be expressed")
         else:
             matcher = self._compile(call_lark(self.markers, tools or [], loose))
-        self._compiled[key] = None if matcher.is_error() else Prototype(matcher, self._ll.vocab_size)
+        self._compiled[key] = None if matcher.is_error() else Prototype(matcher, self._ll.vocab_size, self.eos)
         return self._compiled[key]
 
     def _compile(self, lark: str) -> Any:
@@ -304,54 +304,57 @@ class Grammars:
 
 
 class Prototype:
-    """A compiled grammar: the matcher every request copies, and its first mask (on the device, made once)."""
+    """A compiled grammar: the matcher every request copies, and the device arrays its masks are made
+    with (the ids to unpack a bitmask at, the end-of-turn tokens, its first mask), made once."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
-        self.matcher, self.vocab_size = matcher, vocab_size
-        self._first: Any = None
-        self._blocked: Any = None
+    def __init__(self, matcher: Any, vocab_size: int, eos: Sequence[int]) -> None:
+        self.matcher, self.vocab_size, self.eos = matcher, vocab_size, tuple(eos)
+        self._arrays: dict[int, tuple[mx.array, mx.array]] = {}
+        self._first: dict[int, tuple[mx.array, mx.array]] = {}
 
     def copy(self) -> Any:
         return self.matcher.deep_copy()
 
-    def first(self, vocab: int, eos: Sequence[int]) -> mx.array:
-        if self._first is None:
-            self._first = allowed_tokens(self.matcher, self.vocab_size, vocab, eos)
-            self._blocked = ~self._first
-        return self._first
+    def _for(self, vocab: int) -> tuple[mx.array, mx.array]:
+        """(ids, end-of-turn mask) for logits `vocab` wide."""
+        if vocab not in self._arrays:
+            import mlx.core as mx
 
-    def blocked(self, vocab: int, eos: Sequence[int]) -> mx.array:
+            ids = mx.arange(vocab, dtype=mx.uint32)
+            ends = mx.zeros(vocab, dtype=mx.bool_)
+            for token in self.eos:
+                ends = ends | (ids == token)
+            self._arrays[vocab] = (ids, ends)
+        return self._arrays[vocab]
+
+    def first(self, vocab: int) -> mx.array:
+        """The mask of the grammar's first token."""
+        if vocab not in self._first:
+            first = self.allowed(self.matcher, vocab)
+            self._first[vocab] = (first, ~first)
+        return self._first[vocab][0]
+
+    def blocked(self, vocab: int) -> mx.array:
         """What the first mask rules out (one op fewer per free step than applying the mask)."""
-        self.first(vocab, eos)
-        return self._blocked
+        self.first(vocab)
+        return self._first[vocab][1]
 
+    def allowed(self, matcher: Any, vocab: int) -> mx.array:
+        """The tokens `matcher` allows next, as a bool array of `vocab` (the logits' width): the
+        bitmask goes to the device as it is and is unpacked there. Every end-of-turn token counts as
+        llguidance's end of sequence (a chat ends its turn on `<|im_end|>`, not the tokenizer's EOS);
+        padding rows of the embedding past the vocabulary are never allowed."""
+        import llguidance.numpy as llnp
+        import mlx.core as mx
 
-def allowed_tokens(matcher: Any, vocab_size: int, vocab: int, eos: Sequence[int]) -> mx.array:
-    """The tokens `matcher` allows next, as a bool array of `vocab` (the logits' width): the bitmask
-    goes to the device as it is and is unpacked there. Every end-of-turn token counts as llguidance's
-    end of sequence (a chat ends its turn on `<|im_end|>`, not the tokenizer's EOS)."""
-    import llguidance.numpy as llnp
-    import mlx.core as mx
-
-    bitmask = llnp.allocate_token_bitmask(1, vocab_size)
-    llnp.fill_next_token_bitmask(matcher, bitmask)
-    words = mx.array(bitmask[0].view("uint32"))
-    ids = mx.arange(min(vocab, 32 * words.size), dtype=mx.uint32)
-    allowed = ((words[ids >> 5] >> (ids & 31)) & 1).astype(mx.bool_)
-    if allowed.size < vocab:  # padding rows of the embedding are never tokens
-        allowed = mx.concatenate([allowed, mx.zeros(vocab - allowed.size, dtype=mx.bool_)])
-    if eos and matcher.is_accepting():
-        allowed = _with(allowed, eos)
-    return allowed
-
-
-def _with(allowed: mx.array, ids: Sequence[int]) -> mx.array:
-    import mlx.core as mx
-
-    vocab = mx.arange(allowed.size)
-    for token in ids:
-        allowed = allowed | (vocab == token)
-    return allowed
+        ids, ends = self._for(vocab)
+        bitmask = llnp.allocate_token_bitmask(1, self.vocab_size)
+        llnp.fill_next_token_bitmask(matcher, bitmask)
+        words = mx.array(bitmask[0].view("uint32"))
+        inside = ids < 32 * words.size
+        bits = (words[mx.minimum(ids >> 5, words.size - 1)] >> (ids & 31)) & 1
+        allowed = inside & bits.astype(mx.bool_)
+        return allowed | ends if self.eos and matcher.is_accepting() else allowed
 
 
 class Constrainer:
@@ -359,8 +362,9 @@ class Constrainer:
 
     Both decode paths pass the context plus the tokens generated so far, a token longer each
     call; it reads only the context's length and its last token (`tail_only`: the single path
-    then need not build the context for it). The tokens the host's loop has read come from `known` (the turn's `generated`, which
-    the scheduler attaches); the newest, still in flight, is read only while a matcher runs. A
+    then need not build the context for it). The tokens the host's loop has read come from
+    `known` (the turn's `generated`, which the scheduler attaches); the newest, still in flight,
+    is read only while a matcher runs. A
     token the grammar rejects (another processor forced it) ends the constraint for this reply:
     it is parsed, and reported, as written.
     """
@@ -414,9 +418,11 @@ class Constrainer:
             self._feed(self.known[count - 1] if count - 1 < len(self.known) else int(tokens[-1].item()))
         if self._matcher is None or self.broken:
             return logits
-        allowed = allowed_tokens(self._matcher, self._active.vocab_size, logits.shape[-1], self.eos)  # type: ignore[union-attr]
-        if self._free_start and not self._tokens:
-            allowed = _with(allowed, self.think[0])  # type: ignore[index]  # the reply may open its thought first
+        allowed = self._active.allowed(self._matcher, logits.shape[-1])  # type: ignore[union-attr]
+        if self._free_start and not self._tokens:  # the reply may open its thought first
+            import mlx.core as mx
+
+            allowed = allowed | (mx.arange(logits.shape[-1]) == self.think[0][0])  # type: ignore[index]
         return _masked(logits, allowed, self.guarded)
 
     def _maybe_trigger(self, tokens: mx.array, logits: mx.array) -> mx.array:
@@ -430,10 +436,10 @@ class Constrainer:
             return logits
         import mlx.core as mx
 
-        first = proto.first(logits.shape[-1], self.eos)
+        vocab = logits.shape[-1]
         if self.guarded:
-            return mx.where(tokens[-1] == marker[-1], _masked(logits, first, True), logits)
-        return mx.where((tokens[-1] == marker[-1]) & proto.blocked(logits.shape[-1], self.eos), -mx.inf, logits)
+            return mx.where(tokens[-1] == marker[-1], _masked(logits, proto.first(vocab), True), logits)
+        return mx.where((tokens[-1] == marker[-1]) & proto.blocked(vocab), -mx.inf, logits)
 
     def _recent(self, k: int) -> list[int]:
         return self._tokens[len(self._tokens) - k :] if k else []
