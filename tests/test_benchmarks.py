@@ -68,3 +68,12 @@ def test_tool_calls_benchmark_turns_a_random_models_started_calls_into_valid_one
     assert report["valid_call_rate_on"] == report["parsed_call_rate_on"] == 1.0
     assert report["target_met"] is True and report["decode_ratio_on_vs_off"] > 0
 
+
+def test_throughput_grammar_pair_reports_the_ratio_at_1_and_4_sessions() -> None:
+    report = run_benchmark("benchmarks/throughput.py", "--grammar-pair", "--tokens", "16", "--repeats", "1")
+    assert set(report["results"]) == {"1", "4"}
+    assert {k for k in report if k.startswith("grammar_")} == {
+        "grammar_decode_ratio_1", "grammar_decode_ratio_4", "grammar_cpu_ratio_1", "grammar_cpu_ratio_4",
+    }  # fmt: skip
+    assert [report["results"][n][g]["generated_tokens"] for n in ("1", "4") for g in ("off", "on")] == [16, 16, 64, 64]
+    assert report["identical_outputs"] is True
