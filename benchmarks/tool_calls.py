@@ -139,6 +139,7 @@ def judge(reply: Reply, schemas: dict[str, dict[str, Any]]) -> Outcome:
     calls = [f"{c.name}({c.arguments})" for c in reply.tool_calls] + [
         f"malformed: {bad.raw[:60]!r}" for bad in reply.malformed_tool_calls
     ]
+    calls = calls or [f"no call: {reply.text.strip()[:60]!r}"]  # what the model said instead
     return Outcome(started, parsed, valid, calls, reply.usage.generated_tokens, reply.usage.generation_seconds)
 
 
@@ -230,7 +231,7 @@ def print_table(report: Report) -> None:
     for row in report["per_request"]:
         print(f"- {row['request']}")
         for mode in MODES:
-            print(f"    {mode:<3} {'valid' if row[f'valid_{mode}'] else '     '} {'; '.join(row[mode]) or '(no call)'}")
+            print(f"    {mode:<3} {'valid' if row[f'valid_{mode}'] else '     '} {'; '.join(row[mode])}")
     print()
     print(f"decode tokens/s, grammar on / off: {report['decode_ratio_on_vs_off']:.3f}")
     verdict = "PASS" if report["target_met"] else "FAIL"
