@@ -75,6 +75,17 @@ Run (from the repository root):
     python benchmarks/throughput.py --model ~/models/Qwen3-4B-Instruct-2507-4bit --tokens 256
     python benchmarks/throughput.py --model ~/models/tiny --engine http://127.0.0.1:8080/v1  # + an engine
 
+With `--grammar-pair` it measures instead the call grammar's decode cost (issue 29): a tool-call
+workload on the batched host (every session offered the scout's tools and `bash`; on the tiny model
+each reply forced to a few words and then a `bash` call running past `--tokens`, so the grammar holds
+most of it), the grammar off and on interleaved, `--repeats` times at 1 and 4 sessions. `--json` gives
+`grammar_decode_ratio_1` / `_4` (the best decode rate on over off; target at least 0.95) with their
+CPU counterparts `grammar_cpu_ratio_1` / `_4`, and `identical_outputs` (the forced tokens pass the
+grammar unchanged).
+
+    python benchmarks/throughput.py --grammar-pair --json
+    python benchmarks/throughput.py --grammar-pair --model smollm2 --tokens 32 --repeats 1
+
 With `--engine URL` the same sessions and prompts also go through that OpenAI-compatible engine
 (`EngineHost`, after the in-process runs) and a second table compares it with the batched host
 (serve the `--model` folder there, e.g. `mlx_lm.server --model ~/models/tiny --port 8080`).
@@ -104,13 +115,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workload import Report, make_parser, model_arch, run_report
+from workload import Report, make_parser, model_arch, run_report, scout_prompt
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.prompt import encode, render
-from mlx_subagents.host.protocol import Message
-from mlx_subagents.testing import LogitsProcessor, make_forced_processor
+from mlx_subagents.host.protocol import Message, ToolSchema
+from mlx_subagents.testing import LogitsProcessor, make_forced_processor, tool_call_text
+from mlx_subagents.tools import Workspace
 
 SESSION_COUNTS = (1, 2, 4)
 MODES = ("serialized", "batched", "raw")
@@ -150,12 +162,17 @@ def task_messages(i: int) -> list[Message]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
 
 
-def script_ids(tokenizer: Any, i: int, n_tokens: int) -> list[int]:
-    """At least `n_tokens` + 8 token ids of plain words (no EOS) for session i to say."""
+def script_ids(tokenizer: Any, i: int, n_tokens: int, call: bool = False) -> list[int]:
+    """At least `n_tokens` + 8 token ids of plain words (no EOS) for session i to say; with `call`, a
+    quarter of them words, then a `bash` call whose command runs on past the limit (free decoding,
+    then a call the grammar holds)."""
     rng = random.Random(1000 + i)
     ids: list[int] = []
     while len(ids) < n_tokens + 8:
         text = " ".join(rng.choice(_WORDS) for _ in range(4 * n_tokens + 32))
+        if call:
+            words = text.split()
+            text = " ".join(words[: n_tokens // 4]) + tool_call_text("bash", {"command": "echo " + text})
         ids = list(tokenizer.encode(text, add_special_tokens=False))
     eos = set(tokenizer.eos_token_ids)
     if eos & set(ids):
@@ -170,8 +187,8 @@ class Scripts:
         self.by_index: dict[int, list[int]] = {}
         self._tokenizer: Any = None
 
-    def bind(self, tokenizer: Any, sessions: int, n_tokens: int) -> None:
-        self.by_index = {i: script_ids(tokenizer, i, n_tokens) for i in range(sessions)}
+    def bind(self, tokenizer: Any, sessions: int, n_tokens: int, calls: bool = False) -> None:
+        self.by_index = {i: script_ids(tokenizer, i, n_tokens, calls) for i in range(sessions)}
         self._tokenizer = tokenizer
 
     def processors(self, i: int) -> list[LogitsProcessor]:
@@ -281,8 +298,15 @@ def stamper(stamps: list[float], sizes: list[int], first_cpu: list[float]) -> An
     return stamp
 
 
-async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: int, tag: str) -> Run:
-    """All sessions start at once; each streams its reply; the sessions are closed afterwards."""
+async def host_run(
+    host: MlxModelHost,
+    prompts: list[list[Message]],
+    n_tokens: int,
+    tag: str,
+    tools: list[ToolSchema] | None = None,
+    grammar: bool = True,
+) -> Run:
+    """All sessions start at once, offered `tools`; each streams its reply; the sessions are closed afterwards."""
     n = len(prompts)
     stamps: list[list[float]] = [[] for _ in range(n)]
     sizes: list[list[int]] = [[] for _ in range(n)]
@@ -292,7 +316,11 @@ async def host_run(host: MlxModelHost, prompts: list[list[Message]], n_tokens: i
     start = time.perf_counter()
     replies = await asyncio.gather(
         *(
-            s.generate(prompts[i], GenerateArgs(max_tokens=n_tokens, on_text=stamper(stamps[i], sizes[i], first_cpu)))
+            s.generate(
+                prompts[i],
+                GenerateArgs(max_tokens=n_tokens, on_text=stamper(stamps[i], sizes[i], first_cpu), grammar=grammar),
+                tools=tools,
+            )
             for i, s in enumerate(sessions)
         )
     )
@@ -572,6 +600,10 @@ async def measure(
     return runs, at_1, info
 
 
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else 0.0
+
+
 def figures(n: int, rs: list[Run]) -> dict[str, Any]:
     """One table row: the best of the repeats `rs` at `n` sessions, TTFT over all of them."""
     best = max(rs, key=lambda r: r.decode_tps)
@@ -609,9 +641,6 @@ def summarize(
 
     def rate(mode: str, n: int) -> float:
         return float(results[mode][str(n)]["decode_tok_s"])
-
-    def ratio(a: float, b: float) -> float:
-        return round(a / b, 3) if b else 0.0
 
     def cpu_ratios(reference: str, mode: str, key: str) -> dict[str, float]:
         return {str(n): ratio(results[reference][str(n)][key], results[mode][str(n)][key]) for n in SESSION_COUNTS}
@@ -904,6 +933,75 @@ def print_engine(report: Report) -> None:
         )
 
 
+# -- the call grammar off and on (--grammar-pair) --------------------------------------------------
+
+GRAMMAR_SESSIONS = (1, 4)
+
+
+async def measure_grammar(model: Path, n_tokens: int, repeats: int, force: bool) -> dict[int, dict[bool, list[Run]]]:
+    """A tool-call workload on the batched host, the grammar off and on, interleaved: every session is
+    offered the scout's tools plus `bash`; on the tiny model each says a few words, then a `bash` call
+    whose command runs past `n_tokens` (so the grammar holds most of the reply); with `--model`, greedy."""
+    import mlx_lm
+
+    _, tools = scout_prompt(Workspace(Path.cwd()), ("read", "grep", "find", "ls", "bash"))
+    prompts = [task_messages(i) for i in range(max(GRAMMAR_SESSIONS))]
+    scripts = Scripts()
+    if force:
+        scripts.bind(mlx_lm.load(str(model))[1], max(GRAMMAR_SESSIONS), max(n_tokens, WARM_UP_TOKENS), calls=True)
+    runs: dict[int, dict[bool, list[Run]]] = {n: {False: [], True: []} for n in GRAMMAR_SESSIONS}
+    async with MlxModelHost(str(model), processor_factory=scripts, kv_budget=0, prefix_cache=0) as host:
+        for grammar in (False, True):  # kernels, the shared prefix, the grammar's tokenizer view
+            await host_run(host, prompts, WARM_UP_TOKENS, f"warm-{grammar}", tools, grammar)
+        for rep in range(repeats):
+            for n in GRAMMAR_SESSIONS:
+                for grammar in (False, True) if rep % 2 == 0 else (True, False):
+                    run = await host_run(host, prompts[:n], n_tokens, f"g{grammar}-r{rep}-n{n}", tools, grammar)
+                    runs[n][grammar].append(run)
+                    gc.collect()
+    return runs
+
+
+def grammar_report(
+    runs: dict[int, dict[bool, list[Run]]], *, model: str, arch: str, n_tokens: int, forced: bool
+) -> Report:
+    """Rows per session count and grammar, and `grammar_decode_ratio_<n>`: the best decode rate with the
+    grammar on over the best with it off (target: at least 0.95), with its CPU counterpart."""
+    report: Report = {"model": model, "arch": arch, "tokens_per_session": n_tokens, "forced": forced}
+    report["results"] = {
+        str(n): {("on" if g else "off"): figures(n, runs[n][g]) for g in (False, True)} for n in GRAMMAR_SESSIONS
+    }
+    for n in GRAMMAR_SESSIONS:
+        off, on = report["results"][str(n)]["off"], report["results"][str(n)]["on"]
+        report[f"grammar_decode_ratio_{n}"] = ratio(on["decode_tok_s"], off["decode_tok_s"])
+        report[f"grammar_cpu_ratio_{n}"] = ratio(off["decode_cpu_ms_per_token"], on["decode_cpu_ms_per_token"])
+    report["identical_outputs"] = all(
+        [r.token_ids for r in runs[n][False]] == [r.token_ids for r in runs[n][True]] for n in GRAMMAR_SESSIONS
+    )
+    return report
+
+
+def print_grammar(report: Report) -> None:
+    how = "replies forced: words, then a bash call" if report["forced"] else "replies free (greedy)"
+    print(
+        f"throughput with the call grammar: {report['model']} ({report['arch']}), {report['tokens_per_session']} tokens per session, {how}"
+    )
+    header = f"{'sessions':>8}  {'grammar':<8} {'decode tok/s':>12} {'(median)':>9} {'dec CPU ms/tok':>14}"
+    print(header)
+    print("-" * len(header))
+    for n, rows in report["results"].items():
+        for mode, r in rows.items():
+            print(
+                f"{n:>8}  {mode:<8} {r['decode_tok_s']:>12.1f} {r['decode_tok_s_median']:>9.1f} {r['decode_cpu_ms_per_token']:>14.3f}"
+            )
+    for n in GRAMMAR_SESSIONS:
+        print(
+            f"grammar on / off at {n}: decode {report[f'grammar_decode_ratio_{n}']:.3f}, "
+            f"CPU {report[f'grammar_cpu_ratio_{n}']:.3f} (target >= 0.95)"
+        )
+    print(f"identical token ids with the grammar off and on: {report['identical_outputs']}")
+
+
 # -- entry point ---------------------------------------------------------------------------------
 
 
@@ -923,6 +1021,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--hidden", type=int, help="hidden size of the tiny model (default: the test kit's 64)")
     parser.add_argument("--layers", type=int, help="layers of the tiny model (default: the test kit's)")
+    parser.add_argument(
+        "--grammar-pair",
+        action="store_true",
+        help="instead: a tool-call workload on the batched host with the call grammar off and on, at 1 and 4 "
+        "sessions (grammar_decode_ratio_1 / _4)",
+    )
     parser.add_argument("--engine", help="also measure through this OpenAI-compatible engine (base URL)")
     parser.add_argument("--engine-model", help="the engine's model id (default: the first it lists)")
     args = parser.parse_args(argv)
@@ -958,10 +1062,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["engine"] = engine_report(report, args.engine, engine_model, engine_runs)
         return report
 
+    def measure_grammar_model(model: Path, label: str) -> Report:
+        runs = asyncio.run(measure_grammar(model, args.tokens, args.repeats, force))
+        return grammar_report(runs, model=label, arch=model_arch(model), n_tokens=args.tokens, forced=force)
+
     return run_report(
         args,
-        measure_model,
-        print_table,
+        measure_grammar_model if args.grammar_pair else measure_model,
+        print_grammar if args.grammar_pair else print_table,
         context_window=max(4096, 2 * (max(args.tokens, args.tokens_at_1) + 512)),
         hidden_size=args.hidden,
         num_layers=args.layers,

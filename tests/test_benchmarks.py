@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT_KEYS = {
@@ -49,3 +50,30 @@ def test_prefix_reuse_benchmark_json() -> None:
     assert report["prefill_tokens_without_reuse"] == report["prompt_tokens_total"]
     assert report["prefill_tokens_with_reuse"] + report["cached_tokens_with_reuse"] == report["prompt_tokens_total"]
     assert turns["cached_tokens_with_reuse"][0] == 0  # the warm-up lends the timed session nothing
+
+
+def run_benchmark(*args: str) -> dict[str, Any]:
+    """One benchmark script run on the tiny model: its `--json` line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, *args, "--json"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_tool_calls_benchmark_turns_a_random_models_started_calls_into_valid_ones() -> None:
+    report = run_benchmark("benchmarks/tool_calls.py", "--max-tokens", "24")
+    assert report["requests"] == 24 and report["forced"] is True
+    assert report["started_call_rate_off"] == report["started_call_rate_on"] == 1.0
+    assert report["valid_call_rate_off"] == 0.0  # noise after the marker: no call parses
+    assert report["valid_call_rate_on"] == report["parsed_call_rate_on"] == 1.0
+    assert report["target_met"] is True and report["decode_ratio_on_vs_off"] > 0
+
+
+def test_throughput_grammar_pair_reports_the_ratio_at_1_and_4_sessions() -> None:
+    report = run_benchmark("benchmarks/throughput.py", "--grammar-pair", "--tokens", "16", "--repeats", "1")
+    assert set(report["results"]) == {"1", "4"}
+    assert {k for k in report if k.startswith("grammar_")} == {
+        "grammar_decode_ratio_1", "grammar_decode_ratio_4", "grammar_cpu_ratio_1", "grammar_cpu_ratio_4",
+    }  # fmt: skip
+    assert [report["results"][n][g]["generated_tokens"] for n in ("1", "4") for g in ("off", "on")] == [16, 16, 64, 64]
+    assert report["identical_outputs"] is True

@@ -8,12 +8,15 @@ import os
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import pytest
 from helpers import alive, call
+
+from mlx_subagents.cli.doctor import grammar_line
 
 REPO = Path(__file__).resolve().parents[1]
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
@@ -401,6 +404,10 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     assert first["tools"] == (
         "tools     native: the chat template presents the tools; calls are read in the model's own format"
     )
+    assert first["grammar"] == (
+        f"grammar   llguidance {version('llguidance')}: a call matcher compiles for this vocabulary (1545 tokens) "
+        "and masks its first token to 2 of them"
+    )
     assert first["reply"].startswith("reply     ")
     assert first["speed"].startswith("speed     prompt ") and first["speed"].endswith(" tok/s")
     folder = Path(os.environ["MLX_SUBAGENTS_HOME"]) / "cache" / "prefixes"
@@ -408,6 +415,12 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     assert first["prefixes"].endswith(" GiB; `subagent cache` lists them")
     assert lines[-1] == "ok"
     assert "Traceback" not in proc.stderr
+
+
+def test_doctor_says_why_the_grammar_path_does_not_work() -> None:
+    assert grammar_line(object()) == (  # llguidance reads only fast (tokenizers) vocabularies
+        "grammar   unavailable (ValueError: Only fast tokenizers are supported); tool calls and answers decode freely"
+    )
 
 
 def test_doctor_with_a_missing_model_fails(tmp_path: Path) -> None:

@@ -105,6 +105,24 @@ def test_streamed_tool_call_deltas_are_assembled_and_the_schemas_are_sent(engine
     assert engine.chat_requests()[0].body["tools"] == [schema]
 
 
+def test_an_answer_schema_goes_as_response_format_only_with_the_grammar_on_and_no_tools(engine: FakeEngine) -> None:
+    schema = {"type": "object", "properties": {"files": {"type": "array"}}, "required": ["files"]}
+    tool = {"type": "function", "function": {"name": "ls", "description": "list", "parameters": {}}}
+    cases = [({"answer_schema": schema}, None), ({"answer_schema": schema, "grammar": False}, None), ({}, None)]
+    cases.append(({"answer_schema": schema}, [tool]))  # a call is the engine's parser's to read, not a format's
+    for args, tools in cases:
+        engine.queue(Reply('{"files": []}'))
+        reply = run(generate(EngineHost(engine.url, FAKE_MODEL), tools=tools, **args))
+        assert reply.text == '{"files": []}'
+    sent = [r.body.get("response_format") for r in engine.chat_requests()]
+    assert sent == [
+        {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
+        None,
+        None,
+        None,
+    ]
+
+
 def test_calls_written_as_text_are_parsed_and_never_shown(engine: FakeEngine) -> None:
     markup = '<tool_call>{"name": "ls", "arguments": {"path": "src"}}</tool_call>'
     engine.queue(Reply(f"Looking.{markup} Done", chunk=3), Reply('Again <tool_call>{"name": ls}</tool_call>'))

@@ -16,6 +16,7 @@ from test_mlx_host import TASK
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.protocol import ToolCall
+from mlx_subagents.testing import ForcedPrefix as Prefix
 from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
 
 READ = {
@@ -62,21 +63,6 @@ LIST = {
         },
     },
 }
-
-
-class Prefix:
-    """Forces `ids` right after the prompt, then lets the model (and later processors) decide."""
-
-    def __init__(self, ids: Sequence[int]) -> None:
-        self.ids, self._first = list(ids), None
-
-    def __call__(self, tokens: Any, logits: mx.array) -> mx.array:
-        self._first = len(tokens) if self._first is None else self._first
-        at = len(tokens) - self._first
-        if at >= len(self.ids):
-            return logits
-        keep = mx.arange(logits.shape[-1]) == self.ids[at]
-        return mx.where(keep, logits, mx.array(-mx.inf, dtype=logits.dtype))
 
 
 def reply_with(path: Path, factory: Any, grammar: bool, tools: list[Any] = TOOLS) -> Any:

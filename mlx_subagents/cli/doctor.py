@@ -5,6 +5,8 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
+from importlib.metadata import version
+from typing import Any
 
 from ..errors import SubagentError
 from ..host import GenerateArgs, MlxModelHost
@@ -35,6 +37,43 @@ def environment_lines() -> list[str]:
     ]
 
 
+# A call body as the call grammar holds one: its first token can only open the object.
+PROBE_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"const": "read"}, "arguments": {"type": "object"}},
+    "required": ["name", "arguments"],
+}
+
+
+def grammar_line(tokenizer: Any) -> str:
+    """Whether the grammar path works here: llguidance imports, reads this model's vocabulary,
+    compiles a call matcher and masks the first token to an opening brace. Any failure is
+    reported in the line, since calls then decode freely rather than fail the run."""
+    try:
+        import llguidance
+        import llguidance.hf
+        import numpy as np
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+        ll = llguidance.hf.from_tokenizer(getattr(tokenizer, "_tokenizer", tokenizer))
+        matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_json_schema(PROBE_SCHEMA), log_level=0)
+        if matcher.is_error():
+            raise RuntimeError(matcher.get_error())
+        mask = allocate_token_bitmask(1, ll.vocab_size)
+        fill_next_token_bitmask(matcher, mask)
+        allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: ll.vocab_size])
+        texts = {ll.decode_str([int(t)]) for t in allowed}
+        if not allowed.size or not all(t.lstrip().startswith("{") for t in texts):
+            raise RuntimeError(f"the first token's mask allows {sorted(texts)[:5]}, not only an opening brace")
+    except Exception as exc:  # a broken grammar path is a finding, not a crash
+        fix = ": `pip install 'llguidance>=1.9,<1.10'`" if isinstance(exc, ImportError) else ""
+        return f"grammar   unavailable ({type(exc).__name__}: {exc}); tool calls and answers decode freely{fix}"
+    return (
+        f"grammar   llguidance {version('llguidance')}: a call matcher compiles for this vocabulary "
+        f"({ll.vocab_size} tokens) and masks its first token to {len(allowed)} of them"
+    )
+
+
 def prefix_cache_line(bound: int) -> str:
     """Where the warm-start prefixes are, how much they hold and their bound (0: the tier is off)."""
     found = list_prefixes()
@@ -56,6 +95,7 @@ async def run_doctor(model: str, context_window: int | None, say: Print, kv_budg
                 f"loaded    {host.model_path} in {time.perf_counter() - tic:.1f}s; context window {host.context_window} tokens"
             )
             say(f"tools     {host.tool_mode}: {TOOL_MODES[host.tool_mode]}")
+            say(grammar_line(host.tokenizer))
             reply = await host.session("doctor").generate(PROBE, GenerateArgs(max_tokens=32))
             stats = await host.memory_stats()
     except SubagentError as exc:

@@ -345,6 +345,13 @@ def _status_message(exc: openai.APIStatusError) -> str:
 # --- messages on the wire ----------------------------------------------------------------------
 
 
+def answer_format(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI `response_format` holding an answer to `schema`: vLLM, SGLang, llama.cpp's server,
+    LM Studio and Ollama decode it under the schema (docs/engines.md); an engine without structured
+    outputs ignores it, and the answer's validation stays the check either way."""
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+
 def to_wire(messages: list[Message]) -> list[Message]:
     """The conversation as the chat-completions API takes it, rendered the same way every turn.
 
@@ -418,7 +425,9 @@ class EngineSession:
             "stream_options": {"include_usage": True},
         }
         if tools:
-            request["tools"] = tools
+            request["tools"] = tools  # `tool_choice: auto` constrains no call: calls stay the engine's parser's
+        elif args.grammar and args.answer_schema is not None:
+            request["response_format"] = answer_format(args.answer_schema)
         if args.thinking == 0:
             # vLLM, SGLang, llama.cpp's server and mlx_lm.server pass these to the chat template.
             request["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mlx_subagents.testing.forced import (
+    ForcedPrefix,
     ForcedProcessor,
     ForcedScripts,
     LogitsProcessor,
@@ -32,6 +33,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ARCHS",
     "EOS_TOKEN",
+    "ForcedPrefix",
     "ForcedProcessor",
     "ForcedScripts",
     "LogitsProcessor",

@@ -115,6 +115,23 @@ def make_forced_processor(tokenizer: ScriptTokenizer, script: Script) -> ForcedP
     return ForcedProcessor(token_ids, tokenizer.eos_token_id)
 
 
+class ForcedPrefix:
+    """Forces `ids` right after the prompt, then lets the model (and the processors after it) decide:
+    a random model's tool call, started at the marker. One instance serves one request; it reads
+    only shapes, never the device."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids, self._first = list(ids), None
+
+    def __call__(self, tokens: mx.array | Sequence[int], logits: mx.array) -> mx.array:
+        self._first = len(tokens) if self._first is None else self._first
+        at = len(tokens) - self._first
+        if at >= len(self.ids):
+            return logits
+        keep = mx.arange(logits.shape[-1]) == self.ids[at]
+        return mx.where(keep, logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+
 class ForcedScripts:
     """Per-request processor factory: each request of a session forces that session's next script.
 
