@@ -17,7 +17,8 @@ Free decoding costs no host sync. The host's loop records each token it has read
 being computed, as both decode paths pipeline) is only compared on the device: if it completes
 the trigger, the next token is masked with the grammar's first mask, precomputed. Once the
 matcher runs, each step needs the token just sampled (the mask depends on it): one sync per
-constrained token, the only place. llguidance's mlx bitmask kernel is Metal-only, so the mask is
+constrained token, the only place, taken after the step's forward pass is started, so that
+llguidance computes the mask while the model runs. llguidance's mlx bitmask kernel is Metal-only, so the mask is
 applied with ordinary mlx ops. The llguidance tokenizer (about a second to build on a real
 vocabulary) and each compiled grammar are cached per host; a request gets a copy of the matcher.
 """
@@ -304,28 +305,15 @@ class Grammars:
 
 
 class Prototype:
-    """A compiled grammar: the matcher every request copies, and the device arrays its masks are made
-    with (the ids to unpack a bitmask at, the end-of-turn tokens, its first mask), made once."""
+    """A compiled grammar: the matcher every request copies, and its first mask, made once."""
 
     def __init__(self, matcher: Any, vocab_size: int, eos: Sequence[int]) -> None:
         self.matcher, self.vocab_size, self.eos = matcher, vocab_size, tuple(eos)
-        self._arrays: dict[int, tuple[mx.array, mx.array]] = {}
         self._first: dict[int, tuple[mx.array, mx.array]] = {}
+        self._bitmask: Any = None
 
     def copy(self) -> Any:
         return self.matcher.deep_copy()
-
-    def _for(self, vocab: int) -> tuple[mx.array, mx.array]:
-        """(ids, end-of-turn mask) for logits `vocab` wide."""
-        if vocab not in self._arrays:
-            import mlx.core as mx
-
-            ids = mx.arange(vocab, dtype=mx.uint32)
-            ends = mx.zeros(vocab, dtype=mx.bool_)
-            for token in self.eos:
-                ends = ends | (ids == token)
-            self._arrays[vocab] = (ids, ends)
-        return self._arrays[vocab]
 
     def first(self, vocab: int) -> mx.array:
         """The mask of the grammar's first token."""
@@ -340,21 +328,24 @@ class Prototype:
         return self._first[vocab][1]
 
     def allowed(self, matcher: Any, vocab: int) -> mx.array:
-        """The tokens `matcher` allows next, as a bool array of `vocab` (the logits' width): the
-        bitmask goes to the device as it is and is unpacked there. Every end-of-turn token counts as
-        llguidance's end of sequence (a chat ends its turn on `<|im_end|>`, not the tokenizer's EOS);
-        padding rows of the embedding past the vocabulary are never allowed."""
+        """The tokens `matcher` allows next, as a bool array of `vocab` (the logits' width). The
+        bitmask is unpacked on the host (numpy: a few microseconds; unpacking it with mlx ops cost
+        more than llguidance's own work). Every end-of-turn token counts as llguidance's end of
+        sequence (a chat ends its turn on `<|im_end|>`, not the tokenizer's EOS); padding rows of
+        the embedding past the vocabulary are never allowed."""
         import llguidance.numpy as llnp
         import mlx.core as mx
+        import numpy as np
 
-        ids, ends = self._for(vocab)
-        bitmask = llnp.allocate_token_bitmask(1, self.vocab_size)
-        llnp.fill_next_token_bitmask(matcher, bitmask)
-        words = mx.array(bitmask[0].view("uint32"))
-        inside = ids < 32 * words.size
-        bits = (words[mx.minimum(ids >> 5, words.size - 1)] >> (ids & 31)) & 1
-        allowed = inside & bits.astype(mx.bool_)
-        return allowed | ends if self.eos and matcher.is_accepting() else allowed
+        if self._bitmask is None:  # one buffer: the mlx thread is the only caller
+            self._bitmask = llnp.allocate_token_bitmask(1, self.vocab_size)
+        llnp.fill_next_token_bitmask(matcher, self._bitmask)
+        words = self._bitmask[0].view(np.uint8)
+        bits = np.unpackbits(words, count=min(vocab, 8 * words.size), bitorder="little").astype(bool)
+        allowed = bits if bits.size == vocab else np.concatenate([bits, np.zeros(vocab - bits.size, dtype=bool)])
+        if self.eos and matcher.is_accepting():
+            allowed[[t for t in self.eos if t < vocab]] = True
+        return mx.array(allowed)
 
 
 class Constrainer:
@@ -415,7 +406,13 @@ class Constrainer:
         if len(self._tokens) < count:
             if self._matcher is None and not self.broken:
                 return self._maybe_trigger(tokens, logits)
-            self._feed(self.known[count - 1] if count - 1 < len(self.known) else int(tokens[-1].item()))
+            if count - 1 < len(self.known):
+                self._feed(self.known[count - 1])
+            else:  # start this step's forward first: the mask is computed while it runs
+                import mlx.core as mx
+
+                mx.async_eval(logits)
+                self._feed(int(tokens[-1].item()))
         if self._matcher is None or self.broken:
             return logits
         allowed = self._active.allowed(self._matcher, logits.shape[-1])  # type: ignore[union-attr]
