@@ -29,7 +29,8 @@ On the tiny random model (the default) nothing would ever start a call, so each 
 open with the call-start marker (`<tool_call>`) and the random model writes the rest: noise, which the
 grammar turns into valid calls. Its tools' string arguments are bounded to 8 characters there (a random
 model never closes a string by itself, so every constrained call would run into the token limit). With
-`--model` nothing is forced and the schemas are the tools' own.
+`--model` nothing is forced and the schemas are the tools' own; `--force-start` forces the call start
+there too (SmolLM2 starts no call by itself, asked or not), and measures what the model writes after it.
 
 Run (from the repository root):
 
@@ -143,10 +144,13 @@ def judge(reply: Reply, schemas: dict[str, dict[str, Any]]) -> Outcome:
     return Outcome(started, parsed, valid, calls, reply.usage.generated_tokens, reply.usage.generation_seconds)
 
 
-async def measure(model: Path, ask: bool, force: bool, max_tokens: int) -> dict[str, list[Outcome]]:
-    """Every request once per mode, interleaved, each in a fresh session of one host."""
+async def measure(
+    model: Path, ask: bool, force: bool, max_tokens: int, bound: bool | None = None
+) -> dict[str, list[Outcome]]:
+    """Every request once per mode, interleaved, each in a fresh session of one host. `bound`: the
+    string arguments bounded (default: when forced, for a random model)."""
     system, tools = scout_prompt(Workspace(Path.cwd()), TOOLS)
-    if force:
+    if force if bound is None else bound:
         tools = [bounded(tool) for tool in tools]
     if ask:
         system = {**system, "content": f"{system['content']}\n\n{ASK}"}
@@ -246,11 +250,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=f"tokens per reply (default {DEFAULT_MAX_TOKENS})"
     )
+    parser.add_argument(
+        "--force-start",
+        action="store_true",
+        help="with --model: force each reply to open with the call-start marker (a small model that starts "
+        "no call by itself still has its calls measured; the schemas stay the tools' own)",
+    )
     args = parser.parse_args(argv)
-    force = args.model is None  # a random model never starts a call by itself
+    force = args.model is None or args.force_start  # a random model never starts a call by itself
 
     def measure_model(model: Path, label: str) -> Report:
-        outcomes = asyncio.run(measure(model, args.ask, force, args.max_tokens))
+        outcomes = asyncio.run(measure(model, args.ask, force, args.max_tokens, bound=args.model is None))
         return summarize(outcomes, model=label, arch=model_arch(model), ask=args.ask, forced=force)
 
     return run_report(args, measure_model, print_table, context_window=4096)

@@ -405,8 +405,8 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
         "tools     native: the chat template presents the tools; calls are read in the model's own format"
     )
     assert first["grammar"] == (
-        f"grammar   llguidance {version('llguidance')}: a call matcher compiles for this vocabulary (1545 tokens) "
-        "and masks its first token to 2 of them"
+        f"grammar   llguidance {version('llguidance')}: a json call grammar compiles for this vocabulary "
+        "(1545 tokens) and masks its first token to 3 of them"
     )
     assert first["reply"].startswith("reply     ")
     assert first["speed"].startswith("speed     prompt ") and first["speed"].endswith(" tok/s")
@@ -417,9 +417,13 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_doctor_says_why_the_grammar_path_does_not_work() -> None:
-    assert grammar_line(object()) == (  # llguidance reads only fast (tokenizers) vocabularies
+def test_doctor_says_why_the_grammar_path_does_not_work(tiny_qwen3: Any) -> None:
+    slow = type("Slow", (), {"encode": tiny_qwen3[1].encode, "eos_token_ids": [0]})()  # not a fast tokenizer
+    assert grammar_line(slow, "json", "<tool_call>", "</tool_call>") == (  # llguidance reads only fast ones
         "grammar   unavailable (ValueError: Only fast tokenizers are supported); tool calls and answers decode freely"
+    )
+    assert grammar_line(tiny_qwen3[1], None, "", "") == (
+        "grammar   none for this model's call format; tool calls and answers decode freely"
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import SubagentError
 from ..host import GenerateArgs, MlxModelHost
+from ..host.grammar import Grammars, Kind
 from ..host.mlx_host import total_memory
 from ..host.prefix_store import list_prefixes, prefix_cache_dir
 
@@ -37,40 +38,35 @@ def environment_lines() -> list[str]:
     ]
 
 
-# A call body as the call grammar holds one: its first token can only open the object.
-PROBE_SCHEMA = {
-    "type": "object",
-    "properties": {"name": {"const": "read"}, "arguments": {"type": "object"}},
-    "required": ["name", "arguments"],
+# The tool the doctor's call grammar is compiled for: its first token can only open the call.
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
 }
 
 
-def grammar_line(tokenizer: Any) -> str:
-    """Whether the grammar path works here: llguidance imports, reads this model's vocabulary,
-    compiles a call matcher and masks the first token to an opening brace. Any failure is
-    reported in the line, since calls then decode freely rather than fail the run."""
+def grammar_line(tokenizer: Any, kind: Kind | None, start: str, end: str) -> str:
+    """Whether the grammar path works here, through the host's own `Grammars`: llguidance reads
+    this model's vocabulary, compiles a call grammar in the model's format and masks its first
+    token. Any failure is reported in the line, since calls then decode freely rather than fail."""
+    if kind is None:
+        return "grammar   none for this model's call format; tool calls and answers decode freely"
     try:
-        import llguidance
-        import llguidance.hf
-        import numpy as np
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
-
-        ll = llguidance.hf.from_tokenizer(getattr(tokenizer, "_tokenizer", tokenizer))
-        matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_json_schema(PROBE_SCHEMA), log_level=0)
-        if matcher.is_error():
-            raise RuntimeError(matcher.get_error())
-        mask = allocate_token_bitmask(1, ll.vocab_size)
-        fill_next_token_bitmask(matcher, mask)
-        allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: ll.vocab_size])
-        texts = {ll.decode_str([int(t)]) for t in allowed}
-        if not allowed.size or not all(t.lstrip().startswith("{") for t in texts):
-            raise RuntimeError(f"the first token's mask allows {sorted(texts)[:5]}, not only an opening brace")
+        prototype = Grammars(tokenizer, kind, start, end).calls([PROBE_TOOL])
+        if prototype is None:
+            raise RuntimeError("the probe's call grammar does not compile")
+        allowed = int(prototype.first(prototype.vocab_size).sum().item())
+        if not 0 < allowed < prototype.vocab_size:
+            raise RuntimeError(f"the first token's mask allows {allowed} of {prototype.vocab_size} tokens")
     except Exception as exc:  # a broken grammar path is a finding, not a crash
         fix = ": `pip install 'llguidance>=1.9,<1.10'`" if isinstance(exc, ImportError) else ""
         return f"grammar   unavailable ({type(exc).__name__}: {exc}); tool calls and answers decode freely{fix}"
     return (
-        f"grammar   llguidance {version('llguidance')}: a call matcher compiles for this vocabulary "
-        f"({ll.vocab_size} tokens) and masks its first token to {len(allowed)} of them"
+        f"grammar   llguidance {version('llguidance')}: a {kind} call grammar compiles for this vocabulary "
+        f"({prototype.vocab_size} tokens) and masks its first token to {allowed} of them"
     )
 
 
@@ -95,7 +91,8 @@ async def run_doctor(model: str, context_window: int | None, say: Print, kv_budg
                 f"loaded    {host.model_path} in {time.perf_counter() - tic:.1f}s; context window {host.context_window} tokens"
             )
             say(f"tools     {host.tool_mode}: {TOOL_MODES[host.tool_mode]}")
-            say(grammar_line(host.tokenizer))
+            chat = host.chat
+            say(grammar_line(host.tokenizer, chat.grammar_kind, chat.calls.start, chat.calls.end))
             reply = await host.session("doctor").generate(PROBE, GenerateArgs(max_tokens=32))
             stats = await host.memory_stats()
     except SubagentError as exc:

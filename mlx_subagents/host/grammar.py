@@ -271,6 +271,10 @@ class Grammars:
         think = self.think if thinks or opened else None
         return Constrainer(answer, calls, self.start_ids, think, self.eos, opened, ends)
 
+    def calls(self, tools: list[ToolSchema]) -> Prototype | None:
+        """The compiled grammar of a call to one of `tools` (what `subagent doctor` probes)."""
+        return self._prototype("calls", tools, None)
+
     def _prototype(self, mode: str, tools: list[ToolSchema] | None, schema: dict[str, Any] | None) -> Prototype | None:
         """The compiled matcher of one grammar, compiled once. A tool whose schema llguidance cannot
         express gets one warning and any object as its arguments (its name stays constrained); an
