@@ -61,6 +61,7 @@ TOOLS = ("read", "grep", "ls", "bash")
 MODES = ("off", "on")
 DEFAULT_MAX_TOKENS = 64  # a call to one of the four tools takes 25-40 tokens
 CALL_START = "<tool_call>"
+CALL_END = "</tool_call>"
 TINY_MAX_LENGTH = 8
 ASK = (
     "Answer every request with exactly one tool call, in the format given above, and nothing else: "
@@ -124,6 +125,7 @@ class Outcome:
     started: bool
     parsed: bool
     valid: bool
+    cut: bool  # a started call the reply limit cut before it closed (no format could save it)
     calls: list[str]
     generated: int
     seconds: float
@@ -141,7 +143,10 @@ def judge(reply: Reply, schemas: dict[str, dict[str, Any]]) -> Outcome:
         f"malformed: {bad.raw[:60]!r}" for bad in reply.malformed_tool_calls
     ]
     calls = calls or [f"no call: {reply.text.strip()[:60]!r}"]  # what the model said instead
-    return Outcome(started, parsed, valid, calls, reply.usage.generated_tokens, reply.usage.generation_seconds)
+    cut = started and not parsed and reply.finish_reason == "length" and CALL_END not in reply.raw_text
+    if cut:
+        calls = [f"cut by the limit: {reply.raw_text[:60]!r}"]
+    return Outcome(started, parsed, valid, cut, calls, reply.usage.generated_tokens, reply.usage.generation_seconds)
 
 
 async def measure(
@@ -203,6 +208,9 @@ def summarize(outcomes: dict[str, list[Outcome]], *, model: str, arch: str, ask:
         report[f"started_call_rate_{mode}"] = rate(len(started), len(rows))
         report[f"parsed_call_rate_{mode}"] = rate(sum(o.parsed for o in started), len(started))
         report[f"valid_call_rate_{mode}"] = rate(sum(o.valid for o in started), len(started))
+        closed = [o for o in started if not o.cut]
+        report[f"cut_calls_{mode}"] = len(started) - len(closed)
+        report[f"valid_closed_call_rate_{mode}"] = rate(sum(o.valid for o in closed), len(closed))
         report[f"decode_tok_s_{mode}"] = round(tps[mode], 1)
         report[f"generated_tokens_{mode}"] = sum(o.generated for o in rows)
     report["decode_ratio_on_vs_off"] = round(tps["on"] / tps["off"], 3) if tps["off"] else 0.0
@@ -221,16 +229,21 @@ def print_table(report: Report) -> None:
     asked = "asked for one call per request" if report["asked"] else "not asked for a call"
     print(f"tool calls: {report['model']} ({report['arch']}), {report['requests']} requests, {how}, {asked}")
     print()
-    header = f"{'grammar':<8} {'started':>9} {'parsed':>8} {'valid':>8} {'decode tok/s':>13} {'tokens':>7}"
+    header = (
+        f"{'grammar':<8} {'started':>9} {'parsed':>8} {'valid':>8} {'cut':>5} {'valid of closed':>16} "
+        f"{'decode tok/s':>13} {'tokens':>7}"
+    )
     print(header)
     print("-" * len(header))
     for mode in MODES:
         print(
             f"{mode:<8} {report[f'started_call_rate_{mode}']:>9.0%} {report[f'parsed_call_rate_{mode}']:>8.0%} "
-            f"{report[f'valid_call_rate_{mode}']:>8.0%} {report[f'decode_tok_s_{mode}']:>13.1f} "
+            f"{report[f'valid_call_rate_{mode}']:>8.0%} {report[f'cut_calls_{mode}']:>5} "
+            f"{report[f'valid_closed_call_rate_{mode}']:>16.0%} {report[f'decode_tok_s_{mode}']:>13.1f} "
             f"{report[f'generated_tokens_{mode}']:>7}"
         )
-    print("(parsed and valid: shares of the started replies)")
+    print("(parsed and valid: shares of the started replies; cut: started calls the reply limit cut before")
+    print(" they closed; valid of closed: the share of the others)")
     print()
     for row in report["per_request"]:
         print(f"- {row['request']}")
