@@ -167,12 +167,14 @@ def _xml_rules(tools: list[ToolSchema], loose: frozenset[str], end: str) -> str:
             required, parts = set(parameters.get("required") or ()), []
             for j, (pname, pschema) in enumerate(properties.items()):
                 value = f"v{i}_{j}"
-                rules.append(f'p{i}_{j}: "<parameter={pname}>\\n" {value} "\\n</parameter>\\n"')
+                opening = json.dumps(f"<parameter={pname}>\n")
+                rules.append(f'p{i}_{j}: {opening} {value} "\\n</parameter>\\n"')
                 rules.append(_xml_value(value, pschema if isinstance(pschema, dict) else {}))
                 parts.append(f"p{i}_{j}" if pname in required else f"p{i}_{j}?")
             params = " ".join(parts)
         functions.append(f"f{i}")
-        rules.append(f'f{i}: "<function={name}>\\n" {params} "</function>"')
+        opening = json.dumps(f"<function={name}>\n")  # quoted as JSON: a name cannot break the grammar
+        rules.append(f'f{i}: {opening} {params} "</function>"')
     rules.append('any_param: "<parameter=" /[A-Za-z0-9_.-]{1,64}/ ">\\n" TEXT "\\n</parameter>\\n"')
     rules.append("TEXT: /[^<]*(<[^\\/][^<]*)*/")
     return f'body: "\\n"? ({" | ".join(functions)}) "\\n"?{end}\n' + "\n".join(rules) + "\n"
@@ -220,7 +222,7 @@ def answer_lark(
     markers: Markers, schema: dict[str, Any], tools: list[ToolSchema] | None, loose: frozenset[str] = frozenset()
 ) -> str:
     """The grammar of a whole reply that must be the answer: the JSON answer or, with tools, calls."""
-    answer = f"answer: %json {json.dumps({**schema, 'x-guidance': GUIDANCE})}\n"
+    answer = f"answer: %json {json.dumps({**_closed(schema), 'x-guidance': GUIDANCE})}\n"
     if not tools:
         return "start: answer\n" + answer
     calls = f"{markers.start} body" + ("" if not markers.end else f' ("\\n"? {markers.start} body)*')
