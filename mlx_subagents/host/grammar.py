@@ -17,8 +17,8 @@ Free decoding costs no host sync. The host's loop records each token it has read
 being computed, as both decode paths pipeline) is only compared on the device: if it completes
 the trigger, the next token is masked with the grammar's first mask, precomputed. Once the
 matcher runs, each step needs the token just sampled (the mask depends on it): one sync per
-constrained token, the only place, taken after the step's forward pass is started, so that
-llguidance computes the mask while the model runs. llguidance's mlx bitmask kernel is Metal-only, so the mask is
+constrained token, the only place, taken before the step's forward pass is queued, which is then
+started at once, so that llguidance computes the mask while the model runs. llguidance's mlx bitmask kernel is Metal-only, so the mask is
 applied with ordinary mlx ops. The llguidance tokenizer (about a second to build on a real
 vocabulary) and each compiled grammar are cached per host; a request gets a copy of the matcher.
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -382,6 +382,8 @@ class Constrainer:
         self.start_ids, self.think, self.eos = tuple(start_ids), think, tuple(eos)
         self.known: Sequence[int] = []  # the tokens the host has read (set by the scheduler)
         self.guarded = False  # other processors come first (set by the scheduler): see `_masked`
+        # The token in flight as a batch reads it for all its rows at once (set by the scheduler).
+        self.in_flight: Callable[[], int | None] | None = None
         self.thinking = opened and think is not None
         self._tokens: list[int] = []  # the tokens fed so far
         self._base: int | None = None  # the context's length at the first call (the prompt)
@@ -414,11 +416,16 @@ class Constrainer:
                 return self._maybe_trigger(tokens, logits)
             if count - 1 < len(self.known):
                 self._feed(self.known[count - 1])
-            else:  # start this step's forward first: the mask is computed while it runs
+            else:
                 import mlx.core as mx
 
+                # Read first: this step's forward is not queued yet, so the read waits only for the
+                # step before (queued behind the forward, it would wait for that too). Then start the
+                # forward: llguidance computes the mask while it runs.
+                read = self.in_flight() if self.in_flight is not None else None
+                token = read if read is not None else int(tokens[-1].item())
                 mx.async_eval(logits)
-                self._feed(int(tokens[-1].item()))
+                self._feed(token)
         if self._matcher is None or self.broken:
             return logits
         allowed = self._active.allowed(self._matcher, logits.shape[-1])  # type: ignore[union-attr]

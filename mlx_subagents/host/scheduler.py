@@ -183,6 +183,8 @@ class Scheduler:
         self._trimmable = trimmable  # False for hybrid caches (see `_prepare_cache`)
         self._grammars: Grammars | None = None  # made at the first request with a grammar
         self.call_format: tuple[Any, str, str] | None = None  # (grammar kind, start, end), set by the host
+        self._read_step: Any = None  # the batch's tokens in flight last read for the grammars (`_in_flight`)
+        self._read: dict[int, int] = {}
 
     # -- entry points (mlx thread) --------------------------------------------
 
@@ -565,6 +567,8 @@ class Scheduler:
 
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
+        if turn.grammar is not None:
+            turn.grammar.in_flight = lambda: self._in_flight(turn)
         turn.uid = self._ensure_batch().insert(
             [prompt],
             max_tokens=[max_tokens],
@@ -576,6 +580,17 @@ class Scheduler:
         turn.state.prompt_cache = turn.cache = None  # the batch owns it now
         self.decoding[turn.uid] = turn
         self.most_decoding = max(self.most_decoding, len(self.decoding))
+
+    def _in_flight(self, turn: Turn) -> int | None:
+        """The token the batch feeds `turn` this step (None: not known here). Every row's is read at
+        once, at the step's first call, from the array the step before computed: no new op, so the
+        read waits for that step only, never for this step's forward once a processor has queued it.
+        Reads mlx-lm's generation batch (0.32-0.33), as `take_from_batch` does."""
+        generation = self._batch._generation_batch  # type: ignore[union-attr]
+        current = generation._current_tokens
+        if self._read_step is not current:
+            self._read_step, self._read = current, dict(zip(generation.uids, current.tolist(), strict=True))
+        return self._read.get(turn.uid)
 
     def _single_burst(self, turn: Turn) -> None:
         """Tokens of the single turn until it ends, SINGLE_BURST_TOKENS or SINGLE_SLICE_S, or until something
@@ -645,6 +660,8 @@ class Scheduler:
             cache, held, pending = taken
             turn.cache = turn.state.prompt_cache = cache
             turn.stream = SingleStream(self.model, cache, held, turn.sampler, turn.processors, pending)
+            if turn.grammar is not None:
+                turn.grammar.in_flight = None  # the single path shows it its token in flight itself
             self.single = turn
         except Exception as exc:
             self._fail(turn, exc)

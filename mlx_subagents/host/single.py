@@ -96,9 +96,11 @@ class Tail:
         return self._n
 
     def __getitem__(self, i: int) -> Any:
+        """The last token as the array the step computed (shape (1,)): no new op, so reading it
+        waits for that step only, not for whatever is queued after it."""
         if i not in (-1, self._n - 1) or self._last is None:
             raise IndexError("a tail-only context holds its last token only")
-        return self._last[0]
+        return self._last
 
 
 def take_from_batch(batch: Any, uid: int) -> tuple[list[Any], list[int], Any] | None:
