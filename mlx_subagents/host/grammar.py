@@ -17,8 +17,8 @@ Free decoding costs no host sync. The host's loop records each token it has read
 being computed, as both decode paths pipeline) is only compared on the device: if it completes
 the trigger, the next token is masked with the grammar's first mask, precomputed. Once the
 matcher runs, each step needs the token just sampled (the mask depends on it): one sync per
-constrained token, the only place, taken before the step's forward pass is queued, which is then
-started at once, so that llguidance computes the mask while the model runs. llguidance's mlx bitmask kernel is Metal-only, so the mask is
+constrained token, the only place, taken once the step's forward pass is queued, so that
+llguidance computes the mask while the model runs. llguidance's mlx bitmask kernel is Metal-only, so the mask is
 applied with ordinary mlx ops. The llguidance tokenizer (about a second to build on a real
 vocabulary) and each compiled grammar are cached per host; a request gets a copy of the matcher.
 """
@@ -419,12 +419,17 @@ class Constrainer:
             else:
                 import mlx.core as mx
 
-                # Read first: this step's forward is not queued yet, so the read waits only for the
-                # step before (queued behind the forward, it would wait for that too). Then start the
-                # forward: llguidance computes the mask while it runs.
-                read = self.in_flight() if self.in_flight is not None else None
-                token = read if read is not None else int(tokens[-1].item())
-                mx.async_eval(logits)
+                # Start this step's forward, then read the token: the mask is computed while the
+                # forward runs. A read that adds no op (the batch's own array of every row's
+                # token; the single path's step array, `Tail.in_place`) waits only for the step
+                # before. A read that slices adds an op, queued behind the forward: it goes first.
+                if self.in_flight is not None or getattr(tokens, "in_place", False):
+                    mx.async_eval(logits)
+                    read = self.in_flight() if self.in_flight is not None else None
+                    token = read if read is not None else int(tokens[-1].item())
+                else:
+                    token = int(tokens[-1].item())
+                    mx.async_eval(logits)
                 self._feed(token)
         if self._matcher is None or self.broken:
             return logits

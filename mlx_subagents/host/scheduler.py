@@ -584,7 +584,7 @@ class Scheduler:
     def _in_flight(self, turn: Turn) -> int | None:
         """The token the batch feeds `turn` this step (None: not known here). Every row's is read at
         once, at the step's first call, from the array the step before computed: no new op, so the
-        read waits for that step only, never for this step's forward once a processor has queued it.
+        read waits for that step only, not for this step's forward, which a processor queued first.
         Reads mlx-lm's generation batch (0.32-0.33), as `take_from_batch` does."""
         generation = self._batch._generation_batch  # type: ignore[union-attr]
         current = generation._current_tokens

@@ -86,6 +86,8 @@ class SingleStream:
 class Tail:
     """A context as a `tail_only` processor reads it: its length and its last token (lazy)."""
 
+    in_place = True  # its last token is the step's own array: reading it adds no op
+
     def __init__(self, n: int, last: Any = None) -> None:
         self._n, self._last = n, last
 
