@@ -1027,6 +1027,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="instead: a tool-call workload on the batched host with the call grammar off and on, at 1 and 4 "
         "sessions (grammar_decode_ratio_1 / _4)",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --model and --grammar-pair: force the tool-call workload's replies, as on the tiny model",
+    )
     parser.add_argument("--engine", help="also measure through this OpenAI-compatible engine (base URL)")
     parser.add_argument("--engine-model", help="the engine's model id (default: the first it lists)")
     args = parser.parse_args(argv)
@@ -1063,8 +1068,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report
 
     def measure_grammar_model(model: Path, label: str) -> Report:
-        runs = asyncio.run(measure_grammar(model, args.tokens, args.repeats, force))
-        return grammar_report(runs, model=label, arch=model_arch(model), n_tokens=args.tokens, forced=force)
+        forced = force or args.force  # a real model's free replies would leave the grammar idle
+        runs = asyncio.run(measure_grammar(model, args.tokens, args.repeats, forced))
+        return grammar_report(runs, model=label, arch=model_arch(model), n_tokens=args.tokens, forced=forced)
 
     return run_report(
         args,
