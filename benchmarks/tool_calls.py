@@ -149,13 +149,11 @@ def judge(reply: Reply, schemas: dict[str, dict[str, Any]]) -> Outcome:
     return Outcome(started, parsed, valid, cut, calls, reply.usage.generated_tokens, reply.usage.generation_seconds)
 
 
-async def measure(
-    model: Path, ask: bool, force: bool, max_tokens: int, bound: bool | None = None
-) -> dict[str, list[Outcome]]:
+async def measure(model: Path, ask: bool, force: bool, max_tokens: int, bound: bool) -> dict[str, list[Outcome]]:
     """Every request once per mode, interleaved, each in a fresh session of one host. `bound`: the
-    string arguments bounded (default: when forced, for a random model)."""
+    string arguments bounded (for a random model)."""
     system, tools = scout_prompt(Workspace(Path.cwd()), TOOLS)
-    if force if bound is None else bound:
+    if bound:
         tools = [bounded(tool) for tool in tools]
     if ask:
         system = {**system, "content": f"{system['content']}\n\n{ASK}"}

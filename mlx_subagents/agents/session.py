@@ -183,7 +183,7 @@ class AgentSession:
         self._format_errors = 0
         self._started = 0.0
         self._reasoning = ""  # of the last reply
-        self._held: dict[str, bool] = {}  # `constrained` in the events of what the last reply's grammar held
+        self._calls_held = False  # the last reply's calls were held by the grammar (said in their events)
         self._repeat: tuple[str, int, str] = ("", 0, "")  # (call key, times in a row, its first output)
         self._stop_hook_active = False
 
@@ -294,7 +294,7 @@ class AgentSession:
         except asyncio.CancelledError:
             self._keep_cut(streamed)
             raise
-        self._held = {"constrained": True} if reply.constrained else {}  # in the events of what it held
+        self._calls_held = reply.constrained == "calls"
         if reply.constrained == "calls":
             self.usage.constrained_calls += len(reply.tool_calls)
         elif reply.constrained == "answer":
@@ -303,7 +303,7 @@ class AgentSession:
         self._reasoning = reply.reasoning
         self.messages.append(reply.to_message())
         if reply.text:
-            self._emit("message", text=reply.text, **(self._held if reply.constrained == "answer" else {}))
+            self._emit("message", text=reply.text, **({"constrained": True} if reply.constrained == "answer" else {}))
         if reply.finish_reason == "length" and self._over_token_budget():
             raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
         return reply
@@ -407,7 +407,8 @@ class AgentSession:
     async def _run_tool(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
-        self._emit("tool_call", name=call.name, arguments=call.arguments, description=label, **self._held)
+        held = {"constrained": True} if self._calls_held else {}
+        self._emit("tool_call", name=call.name, arguments=call.arguments, description=label, **held)
         # A withheld `mcp__demo__*` covers each of that server's tools.
         denial = self.denied.get(call.name) or next((v for k, v in self.denied.items() if matches(call.name, k)), None)
         if tool is None and denial is not None:

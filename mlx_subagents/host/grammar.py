@@ -241,6 +241,7 @@ class Grammars:
         self._tokenizer = tokenizer
         self._ll: Any = None
         self._compiled: dict[str, Prototype | None] = {}
+        self._tools: dict[str, bool] = {}  # per tool: whether its call can be expressed (`_expressible`)
         self.start_ids = tuple(tokenizer.encode(start, add_special_tokens=False))
         self.markers = Markers(kind, self._term(start), self._term(end) if end else "", self._term("[ARGS]"))
         self.eos = tuple(tokenizer.eos_token_ids)
@@ -290,11 +291,7 @@ class Grammars:
         if self._ll is None:
             hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
             self._ll = llguidance.hf.from_tokenizer(hf)
-        loose = frozenset(
-            _function(t)["name"] for t in tools or () if self._compile(call_lark(self.markers, [t])).is_error()
-        )
-        for name in sorted(loose):
-            log.warning("calls to %s are decoded without a grammar: its schema cannot be expressed", name)
+        loose = frozenset(_function(t)["name"] for t in tools or () if not self._expressible(t))
         if mode == "answer":
             matcher = self._compile(answer_lark(self.markers, schema or {}, tools, loose))
             if matcher.is_error():
@@ -303,6 +300,17 @@ class Grammars:
             matcher = self._compile(call_lark(self.markers, tools or [], loose))
         self._compiled[key] = None if matcher.is_error() else Prototype(matcher, self._ll.vocab_size, self.eos)
         return self._compiled[key]
+
+    def _expressible(self, tool: ToolSchema) -> bool:
+        """Whether llguidance can express `tool`'s call, tried once per tool (its one warning if not),
+        whichever grammars the tool is then part of."""
+        key = json.dumps(tool, sort_keys=True)
+        if key not in self._tools:
+            self._tools[key] = not self._compile(call_lark(self.markers, [tool])).is_error()
+            if not self._tools[key]:
+                name = _function(tool)["name"]
+                log.warning("calls to %s are decoded without a grammar: its schema cannot be expressed", name)
+        return self._tools[key]
 
     def _compile(self, lark: str) -> Any:
         import llguidance
