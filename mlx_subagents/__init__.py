@@ -21,9 +21,9 @@ from .errors import SubagentError
 from .host.mlx_host import MlxModelHost
 from .host.scripted import ScriptedHost
 from .results import MultiRunResult, RunResult
-from .runs.handle import TaskHandle
 from .runs.options import RunOptions
 from .runs.runner import Runner
+from .runs.task import TaskHandle
 from .runs.tasks import TaskSpec
 
 __all__ = [

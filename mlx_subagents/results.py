@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field
@@ -24,8 +25,8 @@ StopReason = Literal[
     "empty_answer",
 ]
 Mode = Literal["single", "parallel", "chain", "workflow"]
-# A task's state as a background task reports it: `queued` until it holds a slot, then `running`.
-TaskState = Literal["queued", "running", "completed", "failed", "aborted"]
+# A task's status as its snapshot reports it: `queued` until it holds a slot, `running`, then its result's.
+LiveStatus = Literal["queued", "running", "completed", "failed", "aborted"]
 
 
 class RunUsage(BaseModel):
@@ -137,6 +138,27 @@ class MultiRunResult(BaseModel):
     # not kept). Not part of the printed result.
     task_ids: list[Optional[str]] = Field(default_factory=list, exclude=True)
 
+    @classmethod
+    def of(
+        cls,
+        mode: Mode,
+        results: list[RunResult],
+        run_id: str | None,
+        interrupted: bool,
+        task_ids: list[str | None] | None = None,
+    ) -> MultiRunResult:
+        """A run's outcome from its results (in order); a chain's `error` is where it stopped."""
+        return cls(
+            mode=mode,
+            succeeded=sum(r.ok for r in results),
+            total=len(results),
+            results=results,
+            run_id=run_id,
+            interrupted=interrupted,
+            error=chain_stop(results) if mode == "chain" else None,
+            task_ids=list(task_ids) if task_ids and any(task_ids) else [],
+        )
+
     @property
     def ok(self) -> bool:
         return self.succeeded == self.total
@@ -154,7 +176,7 @@ class TaskStatus(BaseModel):
 
     id: str
     agent: str
-    status: TaskState
+    status: LiveStatus
     turn: int = 0
     tokens: int = 0
     last_tool: str | None = None
@@ -163,3 +185,11 @@ class TaskStatus(BaseModel):
     error: str | None = None
     run_id: str | None = None
     worktree: WorktreeResult | None = None  # an isolated task's, once it ended
+
+
+def chain_stop(results: Sequence[RunResult]) -> str | None:
+    """`Chain stopped at step N: <reason>` for the first step that did not complete."""
+    for i, result in enumerate(results):
+        if not result.ok:
+            return f"Chain stopped at step {i + 1}: {result.error or result.stop_reason}"
+    return None

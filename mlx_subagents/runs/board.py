@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..agents.inbox import Delivery, Inbox
@@ -28,7 +28,7 @@ from ..agents.spec import AgentSpec
 from ..caps import MAX_TASKS
 from ..errors import RequestError, TaskNotFoundError, TaskStateError
 from ..events import Event, EventSink
-from ..results import ChildrenUsage, ChildUsage, RunResult, RunUsage, TaskState, TaskStatus
+from ..results import ChildrenUsage, ChildUsage, LiveStatus, RunResult, RunUsage, TaskStatus
 from ..text import NO_ANSWER, first_line
 from ..tools import Workspace
 from .prepare import Parent
@@ -54,9 +54,10 @@ class BoardTask(Protocol):
     spec: AgentSpec
     result: RunResult | None
     cancel_reason: str | None
+    background: bool  # started in the background (a foreground child is held here too)
 
     @property
-    def status(self) -> TaskState: ...
+    def status(self) -> LiveStatus: ...
     @property
     def alive(self) -> bool: ...
     @property
@@ -117,12 +118,15 @@ class TaskBoard:
         return list(self._handles.values())
 
     def alive(self) -> list[BoardTask]:
-        return [h for h in self._handles.values() if h.alive]
+        """The background tasks queued or running: what the cap counts and a final answer waits for
+        (a foreground child runs while its parent waits for it anyway)."""
+        return [h for h in self._handles.values() if h.alive and h.background]
 
-    def children_usage(self) -> ChildrenUsage | None:
-        """What the tasks on this board used, theirs included: the parent's `children`; None when none ran."""
+    def children_usage(self, tasks: Sequence[BoardTask] | None = None) -> ChildrenUsage | None:
+        """What `tasks` (default: every task on this board) used, theirs included: the parent's
+        `children`; None when none ran."""
         entries: list[ChildUsage] = []
-        for result in (h.result for h in self._handles.values() if h.result is not None):
+        for result in (h.result for h in (self.tasks() if tasks is None else tasks) if h.result is not None):
             entries.append(ChildUsage(label=result.label, agent=result.agent, status=result.status, usage=result.usage))
             entries += result.children.tasks if result.children else []
         if not entries:
@@ -134,7 +138,7 @@ class TaskBoard:
 
     def cancel_all(self, reason: str | None = None) -> list[BoardTask]:
         """Cancel every queued or running task; the ones cancelled."""
-        return [h for h in self.alive() if h.cancel(reason)]
+        return [h for h in self.tasks() if h.alive and h.cancel(reason)]
 
     def stop(self, task_id: str, reason: str) -> BoardTask:
         """Cancel one task for a person or a client (`/cancel`, MCP `cancel_agent`); it, being cancelled.

@@ -22,8 +22,8 @@ from ..host.protocol import TextCallback
 from ..results import MultiRunResult, RunResult, RunUsage, TaskStatus
 from ..tools.subagent import Delegation, format_outcome
 from .board import TaskBoard
-from .handle import TaskHandle
 from .runner import Runner
+from .task import TaskHandle
 
 DEFAULT_CHAT_AGENT = "orchestrator"
 INTERRUPTED = "aborted by the user (Ctrl-C)"
@@ -109,9 +109,9 @@ class Chat:
         return self.handle.board
 
     def background(self) -> list[TaskHandle]:
-        """The background sub-agents of this chat, in start order. The board also keeps the foreground
-        ones that ended (for their answers, without their conversation: no session is held for them)."""
-        return [task for task in self.board.tasks() if task.alive or task.session is not None]
+        """The background sub-agents of this chat, in start order (the board also holds the foreground
+        ones, for their answers and conversations)."""
+        return [task for task in self.board.tasks() if task.background]
 
     def tasks(self) -> list[TaskStatus]:
         """Every background sub-agent of this chat, in start order."""

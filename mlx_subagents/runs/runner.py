@@ -32,16 +32,16 @@ batching, KV pool and the process-wide slots with everything else. `close()` can
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..agents.compaction import CompactionSettings
 from ..agents.discovery import AgentCatalog, discover_agents
-from ..agents.inbox import Inbox
 from ..agents.schema_output import check_schema
-from ..caps import DEFAULT_CONCURRENCY, cap_answer, check_concurrency
+from ..caps import DEFAULT_CONCURRENCY, check_concurrency
 from ..errors import RequestError, RunNotFoundError, SubagentError
 from ..events import Event, EventSink, ignore_event
 from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
@@ -50,15 +50,16 @@ from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
 from ..tools.subagent import READ_MORE, Delegation, ForkPoint, SubagentTool
 from .board import TaskBoard
-from .execution import Execution, PlannedTask
-from .handle import TaskHandle, close_open_tool_calls
+from .execution import Execution
+from .generation import Generation
 from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
 from .slots import Slots, lend
-from .tasks import ModelRef, Render, TaskSpec, chain_stop, label_tasks, plan_chain
-from .transcripts import RunRecorder, TaskEntry, hold_task, load_run, new_run_id, read_transcript
+from .task import SessionNames, TaskHandle, close_open_tool_calls
+from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
+from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
 from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
-from .worktrees import Worktree, finish_worktree, make_worktree, remove_worktree, worktree_result
+from .worktrees import Worktree, make_worktree, remove_worktree
 
 
 class Runner:
@@ -117,7 +118,7 @@ class Runner:
         self._holds: dict[TaskHandle, BinaryIO] = {}  # reopened tasks' holds (`hold_task`), let go at `close`
         self._slots: Slots | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
-        self._session_names: set[str] = set()  # the host sessions an agent session runs on now
+        self.session_names = SessionNames()  # the host sessions an agent session runs on now
 
     async def __aenter__(self) -> Runner:
         return self
@@ -169,8 +170,8 @@ class Runner:
 
         The chain stops at the first step that does not complete; `error` says where and why.
         """
-        tasks, needs, renders = plan_chain(label_tasks(steps))
-        return await self._execute("chain", await self._prepare(tasks), concurrency=1, needs=needs, renders=renders)
+        tasks, order = plan_chain(label_tasks(steps))
+        return await self._execute("chain", await self._prepare(tasks), concurrency=1, steps=order)
 
     async def workflow(
         self, workflow: Workflow | str | Path, input: str = "", *, concurrency: int = DEFAULT_CONCURRENCY
@@ -183,9 +184,9 @@ class Runner:
         if not isinstance(workflow, Workflow):
             workflow = load_workflow(find_workflow(str(workflow), self.cwd))
         check_agents(workflow, self.catalog)
-        tasks, needs, renders = plan_workflow(workflow, input)
+        tasks, order = plan_workflow(workflow, input)
         prepared = await self._prepare(tasks, shared_input=input)
-        return await self._execute("workflow", prepared, concurrency=concurrency, needs=needs, renders=renders)
+        return await self._execute("workflow", prepared, concurrency=concurrency, steps=order)
 
     async def resume(
         self, run_id: str, message: str, *, task: str | None = None, schema: dict[str, Any] | None = None
@@ -213,39 +214,28 @@ class Runner:
             self._board = TaskBoard(self.workspace, on_event=self.on_event)
         return self._board
 
-    async def start(
-        self,
-        task: TaskSpec,
-        *,
-        board: TaskBoard | None = None,
-        after: TaskHandle | None = None,
-        render: Callable[[RunResult], str] | None = None,
-    ) -> TaskHandle:
+    async def start(self, task: TaskSpec, *, board: TaskBoard | None = None) -> TaskHandle:
         """Start a task in the background and return its handle at once; everything is checked first
         (agent, grants, caps, schema, model loaded, the board's cap), as for `run`.
 
         Args:
             board: the parent's board (default: `runner.board`, top-level tasks).
-            after, render: a chain step: run when `after` completed, its task `render(after's result)`.
         """
-        shaped = (lambda results: render(results[0])) if render is not None else None
-        return (await self._start_all([task], board or self.board, after=[after] if after else [], render=shaped))[0]
+        return (await self._start_all([task], board or self.board))[0]
 
     async def start_background(self, call: Delegation, board: TaskBoard) -> list[TaskHandle]:
         """A `subagent` call with `background: true`: its tasks (or chain or workflow steps, each waiting
         for the ones it needs) started on the parent's board; nothing starts if any of them cannot."""
         if call.mode == "workflow":
-            tasks, needs, renders = plan_workflow(self._named_workflow(call.workflow), call.input)
+            tasks, order = plan_workflow(self._named_workflow(call.workflow), call.input)
             tasks = [replace(t, label="", isolation=call.isolation or t.isolation) for t in tasks]  # ids as any task's
             where = {"workspace": call.workspace, "shared_input": call.input}
-            return await self._start_all(tasks, board, delegated=True, needs=needs, renders=renders, **where)  # type: ignore[arg-type]
+            return await self._start_all(tasks, board, delegated=True, steps=order, **where)  # type: ignore[arg-type]
         tasks = call_tasks(call)
-        needs, renders = (
-            plan_chain(tasks)[1:] if call.mode == "chain" else ([], [])
-        )  # plan_chain refuses a {previous} in step 1
+        order = plan_chain(tasks)[1] if call.mode == "chain" else Steps()  # plan_chain refuses a {previous} in step 1
         places = [call.workspace_of(i) for i in range(len(tasks))]
         where = {"workspace": places, "delegated": True, "fork_point": call.fork_point}
-        return await self._start_all(tasks, board, needs=needs, renders=renders, **where)  # type: ignore[arg-type]
+        return await self._start_all(tasks, board, steps=order, **where)  # type: ignore[arg-type]
 
     async def _start_all(
         self,
@@ -255,59 +245,28 @@ class Runner:
         workspace: Workspace | Sequence[Workspace] | None = None,
         shared_input: str = "",
         delegated: bool = False,
-        needs: Sequence[tuple[int, ...]] = (),
-        renders: Sequence[Render | None] = (),
-        after: Sequence[TaskHandle] = (),
-        render: Callable[[list[RunResult]], str] | None = None,
+        steps: Steps = Steps(),
         fork_point: ForkPoint | None = None,
     ) -> list[TaskHandle]:
-        """Prepare `tasks` as a whole, then start each in the background on `board`: step `i` waits for
-        the steps `needs[i]` (a chain's or a workflow's) and renders its task with `renders[i]`; a
-        task without needs waits for `after` and renders with `render`; a fork starts at `fork_point`."""
+        """Prepare `tasks` as a whole, then start them in the background on `board`, each a run of its
+        own, a chain's or a workflow's `steps` in their order; a fork starts at `fork_point`."""
         tasks = [replace(t, agent=t.agent.strip().lower(), label=t.label.strip()) for t in tasks]
         parent = board.parent
         ids = board.plan_ids(tasks)
         try:
             labelled = [replace(t, label=f"{parent.label} > {i}" if parent else i) for t, i in zip(tasks, ids)]
-            prepared = await self._prepare(
-                labelled,
-                parent=parent,
-                workspace=workspace or board.workspace,
-                shared_input=shared_input,
-                delegated=delegated,
-            )
+            where = {"parent": parent, "workspace": workspace or board.workspace, "delegated": delegated}
+            prepared = await self._prepare(labelled, shared_input=shared_input, **where)  # type: ignore[arg-type]
             prepared, trees = isolate(prepared, new_run_id())  # made before it starts; finished as it ends
         except BaseException:
             board.release(ids)
             raise
         handles = [
-            TaskHandle(
-                self,
-                p,
-                id=task_id,
-                owner=board,
-                interactive=False,
-                run_folder=parent.run_folder if parent else None,
-                read_more=read_more_note(task_id) if parent is not None else None,
-                worktree=tree,
-                fork_from=fork_point if p.task.fork else None,
-            )
-            for p, task_id, tree in zip(prepared, ids, trees)
+            self.handle(p, board=board, task_id=i, worktree=tree, fork_point=fork_point, background=True)
+            for p, i, tree in zip(prepared, ids, trees)
         ]
         self._started += handles
-        for p in prepared:
-            if p.task.fork and fork_point is not None:  # its host session takes the parent's state now,
-                # before the parent's next turn (the call returns at once) moves it on
-                p.host.session(p.label, agent=p.spec.name, fork_of=fork_point.session)
-        for i, (handle, task) in enumerate(zip(handles, tasks)):
-            board.add(handle)
-            step_needs = needs[i] if needs else ()
-            if step_needs or (renders and renders[i] is not None):
-                step_render = renders[i] if renders else None
-                shaped = _from_needs(step_render, step_needs, len(tasks)) if step_render is not None else None
-                handle.launch(task.task, after=[handles[j] for j in step_needs], render=shaped)
-            else:
-                handle.launch(task.task, after=after, render=render)
+        self.launch([h.generation(t.task, *steps.of(i)) for i, (h, t) in enumerate(zip(handles, tasks))])
         return handles
 
     # -- multi-turn tasks -------------------------------------------------------------------------------
@@ -322,7 +281,7 @@ class Runner:
         spec = self.catalog.get(agent)
         prepared = await self._prepare([TaskSpec(agent=spec.name, task="", label=spec.name)])
         refuse_isolated(prepared, "a multi-turn task (a chat)")
-        return TaskHandle(self, prepared[0], on_text=on_text)
+        return self.handle(prepared[0], interactive=True, on_text=on_text)
 
     async def reopen(self, run_id: str, *, task: str | None = None, on_text: TextCallback | None = None) -> TaskHandle:
         """A saved task, ready to take more messages (`resume`, `chat --resume`); its model is loaded now.
@@ -349,9 +308,9 @@ class Runner:
         except BaseException:
             hold.close()
             raise
-        handle = TaskHandle(
-            self,
+        handle = self.handle(
             withhold(prepared[0], log.meta.get("denied") or {}),
+            interactive=True,
             record=record,
             entry=entry,
             messages=close_open_tool_calls(log.messages),
@@ -360,6 +319,85 @@ class Runner:
         )
         self._holds[handle] = hold
         return handle
+
+    # -- handles and how their generations run ---------------------------------------------------------
+
+    def handle(
+        self,
+        prepared: PreparedTask,
+        *,
+        board: TaskBoard | None = None,
+        task_id: str | None = None,
+        fork_point: ForkPoint | None = None,
+        **how: Any,
+    ) -> TaskHandle:
+        """The one way a prepared task becomes a `TaskHandle`, on `board` (its parent's) under `task_id`.
+
+        A child's host session goes by its board id (`orchestrator > scout#2`), its own even when
+        siblings share its label, and a cut answer says to read the rest with the parent's tool.
+
+        Args:
+            fork_point: where its parent's forks start (a fork continues it from there).
+            how: the rest of `TaskHandle`'s arguments (background, interactive, record, entry, ...).
+        """
+        child = prepared.parent is not None and task_id is not None
+        parent = board.parent if board is not None else None
+        handle = TaskHandle(
+            self,
+            prepared,
+            id=task_id,
+            owner=board,
+            run_folder=parent.run_folder if parent else None,
+            read_more=read_more_note(task_id) if child and task_id else None,
+            fork_from=fork_point if prepared.task.fork else None,
+            session_name=f"{prepared.parent} > {task_id}" if child else None,
+            **how,
+        )
+        if board is not None:
+            board.add(handle)
+        return handle
+
+    def new_run(self, handle: TaskHandle) -> tuple[RunRecord, TaskEntry] | None:
+        """A run of its own for a task started alone (in the background, a chat), made at its first
+        generation; None when nothing is saved."""
+        record = self._record("single", handle.workspace.root, [handle.prepared], handle.run_folder or self.home)
+        return (record, record.tasks[0]) if record is not None else None
+
+    def _record(self, mode: Mode, cwd: Path, prepared: Sequence[PreparedTask], folder: Path | None) -> RunRecord | None:
+        """A new run's record in `folder`, one entry per task; None when nothing is saved."""
+        if not self.save_transcripts:
+            return None
+        entries = [
+            TaskEntry(index=i, label=p.label, agent=p.spec.name, step_id=p.task.step_id) for i, p in enumerate(prepared)
+        ]
+        return RunRecord.new(mode, cwd, entries, folder)
+
+    def _execution(self, plan: list[Generation], concurrency: int, *, background: bool = False) -> Execution:
+        """A run of `plan` that the runner's `cancel()` reaches until it ends (`_finish`)."""
+        execution = Execution(plan, concurrency=concurrency, slots=self.slots)
+        (self._background if background else self._executions).add(execution)
+        return execution
+
+    async def _finish(self, execution: Execution) -> list[RunResult]:
+        try:
+            return await execution.run()
+        finally:
+            self._executions.discard(execution)
+            self._background.discard(execution)
+
+    async def execute(self, plan: list[Generation]) -> list[RunResult]:
+        """Run generations in the foreground, as one of the runner's runs; their results."""
+        return await self._finish(self._execution(plan, 1))
+
+    def launch(self, plan: list[Generation]) -> None:
+        """Run generations in the background, each as soon as its needs and a slot let it, in a fresh
+        context: they never inherit the slot lease of whoever started them."""
+        for generation in plan:
+            generation.background = True  # its end is a notice on its board
+        execution = self._execution(plan, len(plan), background=True)
+        contextvars.Context().run(execution.start)  # queued now: its handles wait, join and cancel from here
+        done = asyncio.ensure_future(self._finish(execution))
+        done.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     # -- delegation ---------------------------------------------------------------------------------
 
@@ -381,34 +419,19 @@ class Runner:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
         places = [call.workspace_of(i) for i in range(len(tasks))]
         where: dict[str, Any] = {"parent": parent, "workspace": places, "delegated": True}
+        under = Delegating(parent, board, call.fork_point)
         if call.mode != "parallel":
-            needs, renders = None, None
+            order = Steps()
             if call.mode == "chain":
-                tasks, needs, renders = plan_chain(tasks)
+                tasks, order = plan_chain(tasks)
             prepared = await self._prepare(tasks, **where)
-            return await self._execute(
-                call.mode,
-                prepared,
-                concurrency=1,
-                needs=needs,
-                renders=renders,
-                parent=parent,
-                keep=board,
-                fork_point=call.fork_point,
-            )
+            return await self._execute(call.mode, prepared, concurrency=1, steps=order, under=under)
         each = await self.preparer.prepare_each(tasks, **where)
         failed = {i: self._set_up_failed(p) for i, p in enumerate(each) if isinstance(p, SetUpFailure)}
         ready = [p for p in each if isinstance(p, PreparedTask)]
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
         if ready:
-            outcome = await self._execute(
-                "parallel",
-                ready,
-                concurrency=self.options.concurrency,
-                parent=parent,
-                keep=board,
-                fork_point=call.fork_point,
-            )
+            outcome = await self._execute("parallel", ready, concurrency=self.options.concurrency, under=under)
         ran = iter(outcome.results)
         ran_ids = iter(outcome.task_ids or [None] * len(ready))
         results = [failed[i] if i in failed else next(ran) for i in range(len(tasks))]
@@ -423,21 +446,14 @@ class Runner:
         """A `{"workflow": NAME, "input": ...}` call: the named workflow's steps run as the caller's
         children, checked as `subagent workflow` checks them (its file, graph and agents, then the
         whole request as any delegation: grants, caps, local models) before any step starts."""
-        tasks, needs, renders = plan_workflow(self._named_workflow(call.workflow), call.input)
+        tasks, order = plan_workflow(self._named_workflow(call.workflow), call.input)
         tasks = [replace(t, isolation=call.isolation or t.isolation) for t in tasks]
         if parent is not None:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
         where = {"parent": parent, "workspace": call.workspace, "shared_input": call.input, "delegated": True}
         prepared = await self._prepare(tasks, **where)  # type: ignore[arg-type]
-        return await self._execute(
-            "workflow",
-            prepared,
-            concurrency=self.options.concurrency,
-            needs=needs,
-            renders=renders,
-            parent=parent,
-            keep=board,
-        )
+        under = Delegating(parent, board)
+        return await self._execute("workflow", prepared, concurrency=self.options.concurrency, steps=order, under=under)
 
     def _named_workflow(self, name: str) -> Workflow:
         """A workflow a call names, checked as `subagent workflow` checks it: its file, graph and agents."""
@@ -509,34 +525,6 @@ class Runner:
             execution.cancel(reason)
         return bool(executions)
 
-    async def track(self, execution: Execution, *, background: bool = False) -> list[RunResult]:
-        """Run an execution as one of this runner's, so that `cancel()` reaches it."""
-        executions = self._background if background else self._executions
-        executions.add(execution)
-        try:
-            return await execution.run()
-        finally:
-            executions.discard(execution)
-
-    def claim_session_name(self, base: str) -> str:
-        """A host session name no running agent session has: `base`, else `base (2)`, `base (3)`, ...
-
-        A host returns the existing session for a known name, so two tasks sharing a label (the same
-        agent in two calls of one reply, two MCP calls) would otherwise share one KV cache and each
-        re-prefill its conversation at every turn. A name given back is reused: its host session's
-        cache then starts the next conversation, as the shared prefix would.
-        """
-        name, n = base, 1
-        while name in self._session_names:
-            n += 1
-            name = f"{base} ({n})"
-        self._session_names.add(name)
-        return name
-
-    def release_session_name(self, name: str) -> None:
-        """Give back a host session name once its agent session is done with it."""
-        self._session_names.discard(name)
-
     # -- internals --------------------------------------------------------------------------------------
 
     async def _prepare(
@@ -558,130 +546,66 @@ class Runner:
         prepared: list[PreparedTask],
         *,
         concurrency: int,
-        needs: list[tuple[int, ...]] | None = None,
-        renders: Sequence[Render | None] | None = None,
+        steps: Steps = Steps(),
         raise_errors: bool = False,
-        parent: Parent | None = None,
-        keep: TaskBoard | None = None,
-        fork_point: ForkPoint | None = None,
+        under: Delegating | None = None,
     ) -> MultiRunResult:
-        """Run prepared tasks as one run: saved as one record, each task with its own board.
+        """Run prepared tasks in the foreground as one run: record it, isolate its writers, make the
+        handles, run them (`steps` in their order), finish the record.
 
         Args:
-            parent: for a delegated request, the session that made it (the children are saved in its
-                run folder; default: top level, in the runner's home).
-            keep: the parent's board, where the finished children are kept under ids (see `delegate`).
-            fork_point: where the parent's forks start (its host session and messages).
+            under: a delegated request's parent, board and fork point (default: top level, in the home).
         """
-        workspace = prepared[0].workspace
-        recorder = None
-        if self.save_transcripts:
-            entries = [
-                TaskEntry(index=i, label=p.label, agent=p.spec.name, step_id=p.task.step_id)
-                for i, p in enumerate(prepared)
-            ]
-            recorder = RunRecorder(mode, workspace.root, entries, parent.run_folder if parent else self.home)
-        run_folder = recorder.folder if recorder else None
-        prepared, trees = isolate(prepared, recorder.run_id if recorder else new_run_id())
-        ids = (
-            keep.reserve_ids(["fork" if p.task.fork else p.task.agent for p in prepared]) if keep is not None else None
-        )
-        boards = [self._task_board(p.as_parent(run_folder), p.workspace) for p in prepared]
-        # A child's host session goes by its board id (`orchestrator > scout#2`), its own even when
-        # siblings share its label.
-        names = [
-            self.claim_session_name(f"{parent.label} > {ids[i]}" if parent is not None and ids else p.label)
-            for i, p in enumerate(prepared)
-        ]
-        plan = [
-            PlannedTask(
-                index=i,
-                prepared=p,
-                prompt=p.task.task,
-                needs=needs[i] if needs else (),
-                render=renders[i] if renders else None,
-                extra_tools={
-                    **p.mcp_tools,
-                    **self.delegation_tools(board.parent, p.workspace, board, forked=p.task.fork),
-                },  # type: ignore[arg-type]
-                fork_from=fork_point if p.task.fork else None,
-                inbox=board.inbox,
-                read_more=read_more_note(ids[i]) if ids else None,
-                session_name=names[i],
-            )
-            for i, (p, board) in enumerate(zip(prepared, boards))
-        ]
-        execution = Execution(
-            mode,
-            plan,
-            concurrency=concurrency,
-            compaction=self.compaction,
-            on_event=self.on_event,
-            open_transcript=recorder.transcript if recorder else (lambda _i: None),
-            run_id=recorder.run_id if recorder else None,
-            raise_errors=raise_errors,
-            slots=self.slots,
-        )
-        results: list[RunResult] = []
-        cancelled = False
+        under = under or Delegating()
+        record = self._record(mode, prepared[0].workspace.root, prepared, under.folder or self.home)
+        handles = self._handles(prepared, record, under)
+        plan = [h.generation(h.prepared.task.task, *steps.of(i), raise_errors=raise_errors) for i, h in enumerate(handles)]  # fmt: skip
+        execution, stopped = self._execution(plan, concurrency), False
         try:
-            results = await self.track(execution)
+            await self._finish(execution)
         except asyncio.CancelledError:
-            cancelled = True  # from outside the runner: an MCP client's cancel, the parent's turn stopped
+            stopped = True  # from outside the runner: an MCP client's cancel, the parent's turn stopped
             raise
         finally:
-            for board in boards:  # a task's background children end with it
-                await board.close("its parent task ended")
-            children = [board.children_usage() for board in boards]
-            results = [r.model_copy(update={"children": c}) if c else r for r, c in zip(results, children)]
-            settle(trees, execution, results)
-            held: set[str] = set()
-            if keep is not None and ids is not None:
-                for i, (task_id, item, done, used) in enumerate(zip(ids, plan, execution.uncapped, children)):
-                    if done is not None:
-                        done = done.model_copy(update={"children": used}) if used else done
-                        handle = self._finished(task_id, item, done, keep)
-                        session = execution.sessions[i]
-                        if session is not None and done.status != "aborted":
-                            record = recorder.record if recorder is not None else None
-                            handle.hold(session, boards[i], record, record.tasks[i] if record else None)
-                            held.add(names[i])
-                        keep.add(handle)
-                keep.release([i for i, done in zip(ids, execution.uncapped) if done is None])
-                await keep.let_go_oldest()
-            for name in set(names) - held:
-                self.release_session_name(name)
-            if recorder is not None:
-                done = results or [r for r in execution.results if r is not None]
-                recorder.finish(
-                    done,
-                    interrupted=execution.cancelled or cancelled,
-                    error=chain_stop(done) if mode == "chain" else None,
-                )
-        return MultiRunResult(
-            mode=mode,
-            succeeded=sum(r.ok for r in results),
-            total=len(results),
-            results=results,
-            run_id=recorder.run_id if recorder else None,
-            interrupted=execution.cancelled,
-            error=chain_stop(results) if mode == "chain" else None,
-            task_ids=list(ids) if ids else [],
-        )
+            results = [r for r in execution.results if r is not None]
+            if record is not None:
+                record.finish(results, interrupted=execution.cancelled or stopped)
+        ids = [h.id if under.board is not None else None for h in handles]
+        return MultiRunResult.of(mode, results, record.run_id if record else None, execution.cancelled, ids)
 
-    def _finished(self, task_id: str, item: PlannedTask, result: RunResult, board: TaskBoard) -> TaskHandle:
-        """A foreground child that ended, kept on its parent's board: its answer can be read, and its
-        conversation continued with `subagent_send` while it is held (`TaskHandle.hold`)."""
-        handle = TaskHandle(self, item.prepared, id=task_id, owner=board, interactive=False, read_more=item.read_more)
-        handle.adopt(result, capped=cap_answer(result.output, None, read_more=item.read_more))
-        return handle
+    def _handles(self, prepared: list[PreparedTask], record: RunRecord | None, under: Delegating) -> list[TaskHandle]:
+        """A foreground run's handles: each isolated task moved into a worktree of its own, each child
+        under an id on its parent's board."""
+        prepared, trees = isolate(prepared, record.run_id if record else new_run_id())
+        ids = under.reserve(prepared)
+        entries = record.tasks if record else [None] * len(prepared)
+        return [
+            self.handle(
+                p, board=under.board, task_id=i, fork_point=under.fork_point, worktree=w, record=record, entry=e
+            )
+            for p, i, w, e in zip(prepared, ids, trees, entries)
+        ]
 
-    def _task_board(self, parent: Parent, workspace: Workspace) -> TaskBoard:
-        """A task's board for its background children; its final answer waits while they run."""
-        board = TaskBoard(workspace, on_event=self.on_event, parent=parent, inbox=Inbox())
-        assert board.inbox is not None
-        board.inbox.settle = board.settle
-        return board
+
+@dataclass(frozen=True)
+class Delegating:
+    """Where a delegated request runs: its parent (whose run folder holds the run), the parent's
+    board (where the children are held under ids, `scout#1`) and where the parent's forks start."""
+
+    parent: Parent | None = None
+    board: TaskBoard | None = None
+    fork_point: ForkPoint | None = None
+
+    @property
+    def folder(self) -> Path | None:
+        """Where the run is saved: in its parent's run folder (None: the runner's home)."""
+        return self.parent.run_folder if self.parent else None
+
+    def reserve(self, prepared: Sequence[PreparedTask]) -> list[str | None]:
+        """An id per task on the parent's board (a fork's `fork#N`); none at the top level."""
+        if self.board is None:
+            return [None] * len(prepared)
+        return list(self.board.reserve_ids(["fork" if p.task.fork else p.task.agent for p in prepared]))
 
 
 def isolate(prepared: list[PreparedTask], run_id: str) -> tuple[list[PreparedTask], list[Worktree | None]]:
@@ -717,22 +641,6 @@ def refuse_isolated(prepared: Sequence[PreparedTask], what: str) -> None:
         )
 
 
-def settle(trees: Sequence[Worktree | None], execution: Execution, results: list[RunResult]) -> None:
-    """Commit each isolated task's changes on its branch (or remove its worktree when it changed
-    nothing), and name the branch in its result; run whatever ended the task (an answer, a timeout,
-    Ctrl-C, SIGTERM), so that nothing is left that `subagent worktrees` does not list."""
-    for i, tree in enumerate(trees):
-        if tree is None:
-            continue
-        done = execution.results[i] or (results[i] if i < len(results) else None)
-        info = worktree_result(finish_worktree(tree, done.status if done is not None else "aborted"))
-        if i < len(results):
-            results[i] = results[i].model_copy(update={"worktree": info})
-        for held in (execution.results, execution.uncapped):
-            if held[i] is not None:
-                held[i] = held[i].model_copy(update={"worktree": info})  # type: ignore[union-attr]
-
-
 def call_tasks(call: Delegation) -> list[TaskSpec]:
     """A `subagent` (or MCP) call's tasks with the choices each may make: label, model, turns, time."""
     return [
@@ -748,19 +656,6 @@ def call_tasks(call: Delegation) -> list[TaskSpec]:
         )
         for t in call.tasks
     ]
-
-
-def _from_needs(render: Render, needs: tuple[int, ...], n_steps: int) -> Callable[[list[RunResult]], str]:
-    """A plan's render (which reads the results of the whole plan by index) for a background step,
-    which has only the results of the steps it needs, in `needs` order."""
-
-    def shaped(needed: list[RunResult]) -> str:
-        results: list[Any] = [None] * n_steps
-        for index, result in zip(needs, needed):
-            results[index] = result
-        return render(results)
-
-    return shaped
 
 
 def read_more_note(task_id: str) -> str:

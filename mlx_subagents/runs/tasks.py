@@ -29,6 +29,19 @@ Render = Callable[[Sequence[RunResult]], str]
 PositiveInt = Annotated[Optional[int], Field(gt=0)]
 
 
+@dataclass(frozen=True)
+class Steps:
+    """The order of a chain's or a workflow's steps: which earlier steps each needs (by index in its
+    plan), and how each step's task is rendered from the plan's results; empty: independent tasks."""
+
+    needs: Sequence[tuple[int, ...]] = ()
+    renders: Sequence[Render | None] = ()
+
+    def of(self, index: int) -> tuple[tuple[int, ...], Render | None]:
+        """Step `index`'s needs and render."""
+        return (self.needs[index] if self.needs else ()), (self.renders[index] if self.renders else None)
+
+
 def default_model() -> str:
     return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
@@ -130,9 +143,7 @@ def _base(task: TaskSpec) -> str:
     return "fork" if task.fork else task.agent
 
 
-def plan_chain(
-    tasks: list[TaskSpec],
-) -> tuple[list[TaskSpec], list[tuple[int, ...]], list[Callable[[Sequence[RunResult]], str] | None]]:
+def plan_chain(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], Steps]:
     """Step ids, needs and `{previous}` renders for labelled chain steps."""
     if tasks and PREVIOUS in tasks[0].task:
         raise RequestError("step 1 uses {previous}, but there is no previous step; remove it from the first task")
@@ -142,13 +153,4 @@ def plan_chain(
         return lambda results: tasks[i].task.replace(PREVIOUS, results[i - 1].output)
 
     needs = [(i - 1,) if i else () for i in range(len(tasks))]
-    renders = [render(i) if i else None for i in range(len(tasks))]
-    return tasks, needs, renders
-
-
-def chain_stop(results: Sequence[RunResult]) -> str | None:
-    """`Chain stopped at step N: <reason>` for the first step that did not complete."""
-    for i, result in enumerate(results):
-        if not result.ok:
-            return f"Chain stopped at step {i + 1}: {result.error or result.stop_reason}"
-    return None
+    return tasks, Steps(needs, [render(i) if i else None for i in range(len(tasks))])

@@ -51,7 +51,7 @@ from ..errors import RunNotFoundError, TaskStateError
 from ..events import Event
 from ..home import file_name, make_state_dir, state_home
 from ..host.protocol import Message
-from ..results import Mode, RunResult
+from ..results import Mode, RunResult, chain_stop
 
 RUN_FILE = "run.json"
 # Events that are records of their own type (the same fields as an `event` record).
@@ -124,6 +124,17 @@ class RunRecord(BaseModel):
     error: str | None = None
     folder: Path | None = None
 
+    @classmethod
+    def new(cls, mode: Mode, cwd: Path, entries: list[TaskEntry], home: Path | None = None) -> RunRecord:
+        """A new run: its folder under `home`'s runs, and its `run.json` listing its tasks."""
+        run_id = new_run_id()
+        folder = make_state_dir(runs_dir(home) / run_id, home=home, exist_ok=False)
+        record = cls(
+            run_id=run_id, mode=mode, created=_now(), cwd=str(cwd), tasks=entries, total=len(entries), folder=folder
+        )
+        record.write()
+        return record
+
     def write(self) -> None:
         assert self.folder is not None
         data = self.model_dump(mode="json", exclude={"folder"})
@@ -146,47 +157,35 @@ class RunRecord(BaseModel):
         labels = ", ".join(t.label for t in self.tasks)
         raise RunNotFoundError(f"run {self.run_id} has no task '{key}'; its tasks are: {labels}")
 
+    def transcript(self, entry: TaskEntry, generation: int = 1) -> TaskTranscript:
+        """The task's transcript, for one of its generations; its file is named here when it has none yet."""
+        if entry.file is None:
+            entry.file = f"{entry.index + 1:02d}-{_slug(entry.label)}.jsonl"
+            self.write()
+        return TaskTranscript(self.transcript_path(entry), generation=generation)
+
+    def task_ended(self, entry: TaskEntry, status: str) -> None:
+        """A task of this run ended with `status`; once every task has ended the run has too, as the
+        last one to end did (a run of several tasks is then finished whole: `finish`)."""
+        entry.status = status
+        if all(t.status is not None for t in self.tasks):
+            self.status = "interrupted" if status == "aborted" else "finished"
+            self.succeeded = sum(t.status == "completed" for t in self.tasks)
+        self.write()
+
+    def finish(self, results: list[RunResult], *, interrupted: bool) -> None:
+        """The whole run ended: each task's status, the run's and, for a chain that stopped, why."""
+        for entry, result in zip(self.tasks, results):
+            entry.status = result.status
+        self.status = "interrupted" if interrupted else "finished"
+        self.succeeded = sum(r.ok for r in results)
+        self.error = chain_stop(results) if self.mode == "chain" else None
+        self.write()
+
     def transcript_path(self, entry: TaskEntry) -> Path:
         if entry.file is None or self.folder is None:
             raise RunNotFoundError(f"task '{entry.label}' of run {self.run_id} never started: it has no transcript")
         return self.folder / entry.file
-
-
-class RunRecorder:
-    """Creates a run folder and one `TaskTranscript` per started task."""
-
-    def __init__(self, mode: Mode, cwd: Path, entries: list[TaskEntry], home: Path | None = None) -> None:
-        self.run_id = new_run_id()
-        folder = make_state_dir(runs_dir(home) / self.run_id, home=home, exist_ok=False)
-        self.record = RunRecord(
-            run_id=self.run_id,
-            mode=mode,
-            created=_now(),
-            cwd=str(cwd),
-            tasks=entries,
-            total=len(entries),
-            folder=folder,
-        )
-        self.record.write()
-
-    @property
-    def folder(self) -> Path:
-        assert self.record.folder is not None
-        return self.record.folder
-
-    def transcript(self, index: int) -> TaskTranscript:
-        entry = self.record.tasks[index]
-        entry.file = f"{index + 1:02d}-{_slug(entry.label)}.jsonl"
-        self.record.write()
-        return TaskTranscript(self.folder / entry.file)
-
-    def finish(self, results: list[RunResult], *, interrupted: bool, error: str | None) -> None:
-        for entry, result in zip(self.record.tasks, results):
-            entry.status = result.status
-        self.record.status = "interrupted" if interrupted else "finished"
-        self.record.succeeded = sum(r.ok for r in results)
-        self.record.error = error
-        self.record.write()
 
 
 @dataclass

@@ -39,7 +39,7 @@ from ..caps import MAX_TASKS
 from ..errors import AgentNotFoundError, WorkflowError
 from ..home import state_home
 from ..userfiles import error_message, error_path, load_file
-from .tasks import Render, TaskSpec, label_tasks
+from .tasks import Render, Steps, TaskSpec, label_tasks
 
 PROJECT_WORKFLOWS_DIR = ".mlx-subagents/workflows"
 STEP_ID_PATTERN = r"[A-Za-z_][A-Za-z0-9_-]*"
@@ -245,9 +245,7 @@ def render_prompt(step: WorkflowStep, workflow_input: str, outputs: dict[str, st
     return "\n\n".join(sections)
 
 
-def plan_workflow(
-    workflow: Workflow, workflow_input: str
-) -> tuple[list[TaskSpec], list[tuple[int, ...]], list[Render]]:
+def plan_workflow(workflow: Workflow, workflow_input: str) -> tuple[list[TaskSpec], Steps]:
     """The workflow's steps as tasks (in step order), each one's needs by index, and how each
     renders its task from the finished results."""
     ids = {step.id: i for i, step in enumerate(workflow.steps)}
@@ -271,4 +269,4 @@ def plan_workflow(
         return lambda results: render_prompt(step, workflow_input, {n: results[ids[n]].output for n in step.needs})
 
     needs = [tuple(ids[n] for n in s.needs) for s in workflow.steps]
-    return label_tasks(tasks), needs, [render(s) for s in workflow.steps]
+    return label_tasks(tasks), Steps(needs, [render(s) for s in workflow.steps])

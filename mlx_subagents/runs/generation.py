@@ -1,0 +1,334 @@
+"""`Generation`: one generation of a task, from its prompt to its saved result.
+
+A task's first message is its first generation; each message that continues it (a chat turn, a
+`subagent_send` after it ended, `subagent resume`, a message that arrived as it ended) is another.
+A generation runs on its task's one `AgentSession`, so the host session and KV cache carry over:
+within its time-out, between a child's SubagentStart and SubagentStop hooks, with one retry when the
+answer misses its output schema. Its transcript gets the generation's records; its task
+(`TaskHandle`) is told when it starts and ends, and closes its children, finishes its worktree and
+keeps or lets go of its conversation.
+
+`Execution` decides when a generation runs (the steps it needs, a slot, the writer lease) and stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..agents.inbox import Inbox
+from ..agents.schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
+from ..agents.session import AgentSession
+from ..agents.spec import AgentSpec
+from ..caps import cap_answer
+from ..errors import SubagentError
+from ..events import Event, EventKind, EventSink
+from ..results import RunResult, Status, StopReason
+from ..tools.subagent import ForkPoint
+from .prepare import PreparedTask
+from .tasks import Render
+from .transcripts import TaskTranscript, messages_digest
+
+INTERRUPTED = "aborted by the user (Ctrl-C)"
+
+
+class GenerationOwner(Protocol):
+    """What a generation needs of its task (a `TaskHandle`): who it is, and to be told how it goes."""
+
+    id: str
+    label: str
+    spec: AgentSpec
+    prepared: PreparedTask
+    inbox: Inbox
+    read_more: str | None
+    fork_from: ForkPoint | None
+
+    @property
+    def run_id(self) -> str | None: ...
+
+    def start_generation(self, generation: Generation) -> tuple[AgentSession, TaskTranscript | None]: ...
+    def end_generation(self, generation: Generation, full: RunResult) -> None: ...
+    def end_unrun(self, generation: Generation) -> None: ...
+    def end_now(self, generation: Generation) -> None: ...
+    async def finish_run(self, generation: Generation) -> None: ...
+    def queue(self, generation: Generation) -> None: ...
+    def note(self, kind: EventKind, *, transcript: TaskTranscript | None = None, **data: Any) -> None: ...
+    def observe(self, event: Event) -> None: ...
+
+
+@dataclass(eq=False)
+class Generation:
+    """One generation of `handle`; `Execution` runs it (`run`) once it holds a slot.
+
+    Args:
+        prompt: the message (a new task's: its task), or for a step with `render`, what its
+            transcript shows until it runs.
+        needs, render: a chain or workflow step: the plan indexes of the steps it waits for, and how
+            its prompt is made from the plan's results.
+        sends: messages sent to the task that `prompt` delivers (recorded as `task_send`).
+        schema: the JSON schema its answer must match (one retry on a mismatch).
+        timeout: wall-clock seconds it may take (None: no limit).
+        background: it runs while whoever started it goes on: its end is a notice on its board.
+        raise_errors: re-raise an unexpected error (after saving) instead of a failed result.
+    """
+
+    handle: GenerationOwner
+    prompt: str
+    needs: tuple[int, ...] = ()
+    render: Render | None = None
+    sends: tuple[str, ...] = ()
+    schema: dict[str, Any] | None = None
+    timeout: float | None = None
+    background: bool = False
+    raise_errors: bool = False
+    result: RunResult | None = field(default=None, init=False)
+    # Why it was stopped (a cancel, Ctrl-C, a signal); None while nobody stopped it.
+    abort_reason: str | None = field(default=None, init=False)
+    # Its node in the `Execution` that runs it, cancelled to stop it.
+    task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    # The task's first: its prompt is the task, given as a new task's (else a message continuing it).
+    fresh: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.done = asyncio.Event()
+
+    @property
+    def label(self) -> str:
+        return self.handle.label
+
+    @property
+    def step_id(self) -> str | None:
+        return self.handle.prepared.task.step_id
+
+    def abort(self, reason: str) -> None:
+        """Stop it: a running generation keeps what it did, a waiting one never starts; `reason` is its error."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        if self.task is not None:
+            self.task.cancel()
+
+    # -- running ----------------------------------------------------------------------------------------
+
+    async def run(self, results: Sequence[RunResult | None]) -> None:
+        """Run it, then a generation for the messages sent as it ended (none is lost), in its slot;
+        `result` is the last one's, once its task has ended the run."""
+        if self.render is not None:
+            self.prompt, self.render = self.render(results), None
+        while True:
+            await self._run_one()
+            late = [d.text for d in self.handle.inbox.take("task_send")]
+            if not late or self.result is None or self.result.status == "aborted":
+                break
+            self.prompt, self.sends = "\n\n".join(late), tuple(late)
+        await self.handle.finish_run(self)
+
+    async def _run_one(self) -> None:
+        handle, prompt = self.handle, self.prompt
+        session, transcript = handle.start_generation(self)
+        started = time.perf_counter()
+        for message in self.sends:
+            handle.note("task_send", transcript=transcript, message=message)
+        self._start_transcript(transcript, session, prompt)
+        host = handle.prepared.host
+        start = {"task": prompt, "model": host.model_id, "tool_mode": host.tool_mode, "step_id": self.step_id}
+        self.report(transcript, "task_start", **start)
+        failure: BaseException | None = None
+        try:
+            result = await _within(self._drive(session, prompt), self.timeout)
+        except asyncio.TimeoutError:
+            result = _stopped(session, prompt, "failed", "timeout", f"stopped by the timeout of {self.timeout:g}s")
+        except asyncio.CancelledError:
+            result = _stopped(session, prompt, "aborted", "cancelled", self.abort_reason or INTERRUPTED)
+            if self.abort_reason is None:  # cancelled from outside the runner: save, then propagate
+                handle.end_generation(self, self._save(transcript, session, result, prompt, started))
+                handle.end_now(self)
+                raise
+            _uncancel()
+        except Exception as exc:
+            failure = exc
+            message = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
+            result = _stopped(session, prompt, "failed", "error", message)
+        handle.end_generation(self, self._save(transcript, session, result, prompt, started))
+        if failure is not None and self.raise_errors:
+            await handle.finish_run(self)
+            raise failure
+
+    def _start_transcript(self, transcript: TaskTranscript | None, session: AgentSession, prompt: str) -> None:
+        """The generation's first records: the task's (its first), else the message that continues it;
+        the session's events go to this transcript from now on, its hooks read its facts."""
+        handle, prepared = self.handle, self.handle.prepared
+        session.on_event = self._sink(transcript)
+        session.hooks = prepared.hooks
+        session.hook_facts = {
+            "run_id": handle.run_id,
+            "parent": prepared.parent,
+            "depth": prepared.depth,
+            "transcript_path": str(transcript.path) if transcript is not None else None,
+        }
+        if transcript is None:
+            return
+        if transcript.started:
+            transcript.follow_up(prompt)
+            return
+        fork = {"fork_of": _fork_meta(handle, transcript.path)} if self.fresh and handle.fork_from else {}
+        transcript.start(
+            run_id=handle.run_id,
+            label=self.label,
+            step_id=self.step_id,
+            agent=prepared.spec.name,
+            model=prepared.host.model_id,
+            cwd=str(prepared.workspace.root),
+            task=prompt,
+            schema=self.schema,
+            # What its parent withheld, so that a continued task keeps it withheld (`Runner.reopen`).
+            **({"denied": prepared.denied} if prepared.denied else {}),
+            # A fork: whose conversation it continues, and how many of its first messages are that.
+            **fork,
+        )
+
+    async def _drive(self, session: AgentSession, prompt: str) -> RunResult:
+        """A child's SubagentStart and SubagentStop hooks around `_answer`, within its time-out (neither
+        blocks; a child cancelled or timed out gets no SubagentStop)."""
+        spec = self.handle.spec
+        child = self.handle.prepared.parent is not None
+        if child:
+            await session.fire_hook("SubagentStart", spec.name, {"agent_type": spec.name})
+        result = await self._answer(session, prompt)
+        if child:
+            facts = {"agent_type": spec.name, "status": result.status, "output": result.output}
+            await session.fire_hook("SubagentStop", spec.name, facts)
+        return result
+
+    async def _answer(self, session: AgentSession, prompt: str) -> RunResult:
+        """The session to its answer; with a schema, one retry on an invalid answer."""
+        schema = self.schema
+        text = prompt + schema_instruction(schema) if schema else prompt
+        fork = self.handle.fork_from
+        if self.fresh and fork is not None:
+            result = await session.fork(fork.messages, text)
+        elif self.fresh:
+            result = await session.run(text)
+        else:
+            result = await session.follow_up(prompt, text)
+        if schema is None or not result.ok:
+            return result
+        try:
+            return result.model_copy(update={"parsed": parse_answer(result.output, schema)})
+        except AnswerMismatch as first:
+            result = await session.follow_up(prompt, retry_message(str(first)))
+        if not result.ok:
+            return result
+        try:
+            return result.model_copy(update={"parsed": parse_answer(result.output, schema)})
+        except AnswerMismatch as second:
+            error = f"the final answer is not valid against the output schema after one retry: {second}"
+            return result.model_copy(update={"status": "failed", "stop_reason": "schema", "error": error})
+
+    def _save(
+        self,
+        transcript: TaskTranscript | None,
+        session: AgentSession,
+        result: RunResult,
+        prompt: str,
+        started: float,
+    ) -> RunResult:
+        """The whole result, saved and its end reported (the answer is capped later, by the task)."""
+        full = result.model_copy(
+            update={
+                "task": prompt,
+                "label": self.label,
+                "step_id": self.step_id,
+                "run_id": self.handle.run_id,
+                "transcript": str(transcript.path) if transcript is not None else None,
+                "duration_s": round(time.perf_counter() - started, 3),
+            }
+        )
+        self.report(
+            transcript,
+            "task_end",
+            status=full.status,
+            stop_reason=full.stop_reason,
+            error=full.error,
+            usage=full.usage.model_dump(),
+            duration_s=full.duration_s,
+        )
+        if transcript is not None:
+            transcript.finish(session.messages, full)
+        return full
+
+    def capped(self, full: RunResult) -> RunResult:
+        """`full` with its answer cut to the output cap, as its parent reads it (the rest by `read_more`)."""
+        return full.model_copy(
+            update={"output": cap_answer(full.output, full.transcript, read_more=self.handle.read_more)}
+        )
+
+    def end_unrun(self, status: Status, stop_reason: StopReason, error: str) -> None:
+        """End a generation that never ran (a step skipped, a task stopped before it started): its
+        result reported, its task told."""
+        prepared = self.handle.prepared
+        self.handle.note("task_end", status=status, stop_reason=stop_reason, error=error)
+        self.result = RunResult(
+            agent=prepared.spec.name,
+            task=self.prompt,
+            status=status,
+            error=error,
+            model=prepared.host.model_id,
+            stop_reason=stop_reason,
+            label=self.label,
+            step_id=self.step_id,
+            run_id=self.handle.run_id,
+        )
+        self.handle.end_unrun(self)
+
+    # -- events ---------------------------------------------------------------------------------------
+
+    def _sink(self, transcript: TaskTranscript | None) -> EventSink:
+        """Session events to the transcript and the task; start and end are reported once, here."""
+
+        def sink(event: Event) -> None:
+            if event.kind in ("task_start", "task_end"):
+                return
+            if transcript is not None:
+                transcript.event(event)
+            self.handle.observe(event)
+
+        return sink
+
+    def report(self, transcript: TaskTranscript | None, kind: EventKind, **data: Any) -> None:
+        event = Event(kind=kind, label=self.label, agent=self.handle.spec.name, data=data)
+        if transcript is not None:
+            transcript.event(event)
+        self.handle.observe(event)
+
+
+async def _within(coro: Any, timeout: float | None) -> RunResult:
+    if timeout is None:
+        return await coro
+    return await asyncio.wait_for(coro, timeout)
+
+
+def _stopped(session: AgentSession, prompt: str, status: Status, stop_reason: StopReason, error: str) -> RunResult:
+    """What the session had done when a limit or an interruption stopped it."""
+    return session.partial_result(prompt, stop_reason, error).model_copy(update={"status": status})
+
+
+def _uncancel() -> None:
+    """Take back a cancellation we handled, so later awaits (and timeouts) in this task behave."""
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):
+        task.uncancel()
+
+
+def _fork_meta(handle: GenerationOwner, path: Path) -> dict[str, Any]:
+    """What a fork's transcript says of its start: its parent's label and run (whose folder holds the
+    fork's), and how many of its parent's messages it continues (through the reply that made the
+    call) with their digest; its transcript then saves only the rest (`TaskTranscript.finish`)."""
+    assert handle.fork_from is not None
+    messages = handle.fork_from.messages
+    n = max((i + 1 for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages))
+    run_id = path.parent.parent.parent.name  # <parent run>/runs/<this run>/<file>
+    return {"parent": handle.prepared.parent, "run": run_id, "messages": n, "digest": messages_digest(messages[:n])}
