@@ -38,7 +38,7 @@ from typing import Any
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
 from ..agents.hooks import SETTINGS_FILE, Hooks, find_project_settings, load_settings_hooks
-from ..agents.memory import MEMORY_TOOLS, memory_block, memory_folder, start_memory
+from ..agents.memory import memory_block, memory_folder, start_memory
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.skills import SkillChoice, choose_skills
@@ -49,7 +49,7 @@ from ..home import state_home
 from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
-from ..tools import READ_ONLY_TOOLS, Sandbox, Tool, Workspace
+from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
 from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches
 from ..tools.skill import Skill
 from .options import RunOptions
