@@ -36,6 +36,7 @@ from .engine_stream import (
     transport_errors,
 )
 from .estimate import approx_tokens
+from .formats.hermes import hermes
 from .protocol import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
@@ -49,7 +50,6 @@ from .protocol import (
     ToolSchema,
     Usage,
 )
-from .toolcalls import hermes
 
 API_KEY_ENV = "MLX_SUBAGENTS_API_KEY"
 # Seconds without a byte from the engine (a long prefill on a busy engine sends nothing).

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
 from mlx_subagents.host.estimate import approx_tokens
+from mlx_subagents.host.formats.hermes import hermes
 from mlx_subagents.host.protocol import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
@@ -48,7 +49,6 @@ from mlx_subagents.host.protocol import (
     ToolSchema,
     Usage,
 )
-from mlx_subagents.host.toolcalls import hermes
 from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
 
 SCRIPTED_PREFIX = "scripted:"
