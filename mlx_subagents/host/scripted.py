@@ -30,7 +30,7 @@ import asyncio
 import copy
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -50,6 +50,9 @@ from mlx_subagents.host.protocol import (
     Usage,
 )
 from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
+
+if TYPE_CHECKING:
+    from mlx_subagents.host import HostSettings
 
 SCRIPTED_PREFIX = "scripted:"
 TOOL_CALL_START = "<tool_call>"
@@ -228,6 +231,11 @@ class ScriptedHost:
         if not model_id.startswith(SCRIPTED_PREFIX):
             raise ValueError(f"not a scripted model id: {model_id!r}")
         return cls(Path(model_id[len(SCRIPTED_PREFIX) :]), context_window=context_window)
+
+    @classmethod
+    def from_settings(cls, model: str, settings: HostSettings) -> ScriptedHost:
+        """Build from `scripted:PATH` and a run's settings, of which a script takes only the window."""
+        return cls.from_model_id(model, context_window=settings.context_window)
 
     @property
     def source(self) -> str:

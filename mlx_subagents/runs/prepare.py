@@ -441,16 +441,8 @@ class Preparer:
                 self._unstarted.discard(model)
                 await self.hosts[model].start()
             elif model not in self.hosts:
-                kwargs = self.options.host_kwargs()
-                if model.engine:
-                    # --timeout bounds the start too: an engine's start-up probe waits no longer.
-                    kwargs.update(engine=model.engine, api_key=self.options.api_key, start_timeout=self.options.timeout)
-                elif not model.model.startswith("scripted:"):
-                    kwargs["kv_budget"] = self._kv_budget
-                    kwargs["prefix_cache"] = self.options.prefix_cache
-                    if self.processor_factory is not None:
-                        kwargs["processor_factory"] = self.processor_factory
-                host = make_host(model.model, **kwargs)
+                settings = self.options.host_settings(model.engine, self._kv_budget, self.processor_factory)
+                host = make_host(model.model, settings)
                 await host.start()
                 self.hosts[model] = host
             return self.hosts[model]
