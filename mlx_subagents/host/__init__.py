@@ -83,7 +83,7 @@ def host_class(kind: str) -> HostClass:
     if kind not in HOST_CLASSES:
         raise ValueError(f"unknown host kind {kind!r}; the kinds: {', '.join(HOST_CLASSES)}")
     module, _, name = HOST_CLASSES[kind].rpartition(".")
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), name)
 
 
 def make_host(model: str, settings: HostSettings | None = None) -> ModelHost:

@@ -36,6 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
 from mlx_subagents.host.estimate import approx_tokens
+from mlx_subagents.host.formats.hermes import END as TOOL_CALL_END
+from mlx_subagents.host.formats.hermes import START as TOOL_CALL_START
 from mlx_subagents.host.formats.hermes import hermes
 from mlx_subagents.host.protocol import (
     DEFAULT_CONTEXT_WINDOW,
@@ -55,8 +57,6 @@ if TYPE_CHECKING:
     from mlx_subagents.host import HostSettings
 
 SCRIPTED_PREFIX = "scripted:"
-TOOL_CALL_START = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
 
 
 # --- the script file ---------------------------------------------------------------------------

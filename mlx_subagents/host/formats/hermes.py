@@ -16,11 +16,13 @@ from ..protocol import ToolSchema
 from ..toolcalls import CallFormat
 from . import CallSyntax, Markers
 
+START, END = "<tool_call>", "</tool_call>"
+
 
 def hermes_call(name: str, arguments: Mapping[str, Any]) -> str:
     """One call in the Hermes format (what Qwen's template writes, and prompted models are taught)."""
     body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
-    return f"<tool_call>\n{body}\n</tool_call>"
+    return f"{START}\n{body}\n{END}"
 
 
 def body_rules(markers: Markers, tools: list[ToolSchema], loose: frozenset[str]) -> str:
@@ -29,7 +31,7 @@ def body_rules(markers: Markers, tools: list[ToolSchema], loose: frozenset[str])
     return f'body: "\\n"? %json {json.dumps(call_schema(tools, loose))} "\\n"?{end}\n'
 
 
-FORMAT = CallSyntax("json", "json_tools", "<tool_call>", "</tool_call>", hermes_call, body_rules)
+FORMAT = CallSyntax("json", "json_tools", START, END, hermes_call, body_rules)
 
 
 @lru_cache(maxsize=1)
