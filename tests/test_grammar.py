@@ -247,6 +247,53 @@ def test_noise_becomes_a_valid_call_in_each_format(
         jsonschema.validate(call["arguments"], schema)
 
 
+# A call to `read`, one whose path is not in its enum, one to a tool the grammar was not given.
+GRAMMAR_CASES = [("read", {"path": "README.md"}), ("read", {"path": "setup.py"}), ("find", {"path": "README.md"})]
+
+
+def accepts(prototype: Any, tokenizer: Any, text: str) -> bool:
+    """Whether a compiled grammar accepts `text` token by token, and ends there."""
+    matcher = prototype.copy()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+
+
+def test_each_call_format_is_found_by_its_module_and_round_trips_a_call(tiny_qwen3: Any) -> None:
+    """A new call format is one module in `host/formats/`: found there by name, its markers mlx-lm's, a
+    call written in it accepted by its own grammar and read back by mlx-lm's parser of it."""
+    import importlib
+
+    from mlx_subagents.host.formats import call_syntax, call_syntaxes, kind_of
+    from mlx_subagents.host.grammar import Grammars
+    from mlx_subagents.host.toolcalls import EXAMPLE_CALL
+
+    tokenizer = tiny_qwen3[1]
+    assert list(call_syntaxes()) == ["json", "mistral", "xml"]
+    assert [s.parser for s in call_syntaxes().values()] == ["json_tools", "mistral", "qwen3_coder"]
+    for name, syntax in call_syntaxes().items():
+        assert call_syntax(name) is syntax
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{syntax.parser}")
+        assert (syntax.start, syntax.end) == (module.tool_call_start, module.tool_call_end)
+        assert kind_of(module.parse_tool_call) == name
+        assert syntax.parse_tool_call() is module.parse_tool_call
+        read = {"name": "read", "arguments": {"path": "README.md"}}
+        for text, tools, call in [
+            (syntax.write("read", read["arguments"]), [READ], read),
+            (syntax.example, None, EXAMPLE_CALL),
+        ]:
+            assert text.startswith(syntax.start) and text.endswith(syntax.end)
+            inner = text[len(syntax.start) : len(text) - len(syntax.end)]
+            assert module.parse_tool_call(inner, tools) == call
+        prototype = Grammars(tokenizer, name, syntax.start, syntax.end).calls([READ])
+        assert prototype is not None
+        after_start = [syntax.write(*call).removeprefix(syntax.start) for call in GRAMMAR_CASES]
+        assert [accepts(prototype, tokenizer, body) for body in after_start] == [True, False, False]
+    assert kind_of(importlib.import_module("mlx_lm.tool_parsers.pythonic").parse_tool_call) is None
+    with pytest.raises(ValueError) as info:
+        call_syntax("pythonic")
+    assert str(info.value) == "unknown call format 'pythonic'; the formats: json, mistral, xml"
+
+
 ANSWER = {
     "type": "object",
     "properties": {"verdict": {"enum": ["ok", "bad"]}, "score": {"type": "integer", "minimum": 0, "maximum": 9}},

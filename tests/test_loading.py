@@ -77,3 +77,80 @@ def test_make_host_picks_the_backend(tmp_path: Path) -> None:
     script.write_text('{"replies": [{"content": "hi"}]}')
     assert isinstance(make_host(f"scripted:{script}"), ScriptedHost)
     assert isinstance(make_host("mlx-community/x"), MlxModelHost)
+
+
+def test_hosts_are_chosen_by_kind_and_each_is_built_from_the_settings(tmp_path: Path) -> None:
+    from mlx_subagents.host import HOST_CLASSES, HostSettings, SharedKVBudget, host_class, host_kind
+    from mlx_subagents.host.engine_host import EngineHost
+
+    assert {kind: host_class(kind) for kind in HOST_CLASSES} == {
+        "mlx": MlxModelHost,
+        "engine": EngineHost,
+        "scripted": ScriptedHost,
+    }
+    with pytest.raises(ValueError) as info:
+        host_class("vllm")
+    assert str(info.value) == "unknown host kind 'vllm'; the kinds: mlx, engine, scripted"
+    assert [host_kind("mlx-community/x"), host_kind("scripted:s.json"), host_kind("m", "http://gpu:8000/v1")] == [
+        "mlx",
+        "scripted",
+        "engine",
+    ]
+
+    def factory(name: str, ids: object) -> list[object]:
+        return []
+
+    budget = SharedKVBudget("1GB")
+    settings = HostSettings(
+        engine="http://gpu:8000/v1",
+        api_key="k",
+        start_timeout=5.0,
+        context_window=2048,
+        batching=False,
+        kv_budget=budget,
+        prefix_cache=0,
+        processor_factory=factory,
+    )
+    mlx = MlxModelHost.from_settings("mlx-community/x", settings)
+    assert (mlx.model_id, mlx.batching, mlx._window_override, mlx._shared, mlx._store_bytes) == (
+        "mlx-community/x",
+        False,
+        2048,
+        budget,
+        0,
+    )
+    assert mlx._processor_factory is factory
+    engine = EngineHost.from_settings("qwen3", settings)
+    assert (engine.url, engine.model_id, engine.start_timeout, engine.context_window) == (
+        "http://gpu:8000/v1",
+        "qwen3",
+        5.0,
+        2048,
+    )
+    assert isinstance(make_host("qwen3", settings), EngineHost)
+    with pytest.raises(ValueError) as info:
+        EngineHost.from_settings("qwen3", HostSettings())
+    assert str(info.value) == "an engine host needs the engine's URL; model 'qwen3' names none"
+    script = tmp_path / "s.json"
+    script.write_text('{"replies": [{"content": "hi"}]}')
+    scripted = ScriptedHost.from_settings(f"scripted:{script}", settings)
+    assert (scripted.path, scripted.context_window) == (script, 2048)
+
+
+def test_a_runs_options_become_its_host_settings() -> None:
+    from mlx_subagents.host import HostSettings, SharedKVBudget
+    from mlx_subagents.runs.options import RunOptions
+
+    options = RunOptions(batching=False, kv_budget=2**30, prefix_cache=0, context_window=0, timeout=9.0, api_key="k")
+    assert options.host_settings() == HostSettings(
+        api_key="k", start_timeout=9.0, context_window=None, batching=False, kv_budget=2**30, prefix_cache=0
+    )
+    budget = SharedKVBudget(2**30)
+    assert options.host_settings("http://gpu:8000/v1", budget) == HostSettings(
+        engine="http://gpu:8000/v1",
+        api_key="k",
+        start_timeout=9.0,
+        batching=False,
+        kv_budget=budget,
+        prefix_cache=0,
+    )

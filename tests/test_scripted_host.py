@@ -10,6 +10,7 @@ import pytest
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
 from mlx_subagents.host.estimate import approx_tokens
+from mlx_subagents.host.formats.hermes import hermes
 from mlx_subagents.host.protocol import (
     GenerateArgs,
     HostSession,
@@ -19,7 +20,6 @@ from mlx_subagents.host.protocol import (
     ToolCall,
 )
 from mlx_subagents.host.scripted import ScriptedHost
-from mlx_subagents.host.toolcalls import hermes
 
 TASK = [{"role": "system", "content": "You are a scout."}, {"role": "user", "content": "Look."}]
 

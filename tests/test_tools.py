@@ -18,10 +18,15 @@ from helpers import alive
 
 from mlx_subagents.errors import ToolError, WorkspaceEscapeError
 from mlx_subagents.tools import (
+    KNOWN_TOOLS,
+    MEMORY_TOOLS,
     READ_ONLY_TOOLS,
+    REGISTRY,
     TOOL_CLASSES,
     TOOL_NAMES,
+    WRITER_TOOLS,
     Tool,
+    ToolRegistry,
     ToolResult,
     Workspace,
     kill_all_processes,
@@ -96,6 +101,68 @@ def test_registry_names_and_read_only_set(tmp_path: Path) -> None:
     made = make_tools(["ls", "read"], tmp_path)
     assert list(made) == ["ls", "read"]
     assert made["ls"].workspace == Workspace(tmp_path)
+
+
+def test_the_name_lists_are_derived_from_the_tool_classes() -> None:
+    from mlx_subagents.agents.claude import CLAUDE_TASK_TOOL, CLAUDE_TOOL_MAP
+    from mlx_subagents.agents.hooks import CLAUDE_NAMES
+
+    assert [cls.name for cls in REGISTRY.classes] == [
+        *("read", "grep", "find", "ls", "bash", "edit", "write", "subagent"),
+        *("subagent_status", "subagent_output", "subagent_send", "subagent_cancel"),
+    ]
+    assert KNOWN_TOOLS == ("read", "grep", "find", "ls", "bash", "edit", "write", "subagent")
+    assert WRITER_TOOLS == frozenset({"edit", "write", "bash"})
+    assert MEMORY_TOOLS == frozenset({"edit", "write"})
+    assert CLAUDE_TOOL_MAP == {
+        "Read": "read",
+        "Grep": "grep",
+        "Glob": "find",
+        "LS": "ls",
+        "Bash": "bash",
+        "Edit": "edit",
+        "MultiEdit": "edit",
+        "Write": "write",
+    }
+    assert CLAUDE_NAMES == {
+        "read": ("Read",),
+        "grep": ("Grep",),
+        "find": ("Glob",),
+        "ls": ("LS",),
+        "bash": ("Bash",),
+        "edit": ("Edit", "MultiEdit"),
+        "write": ("Write",),
+        "subagent": ("Task", "Agent"),
+    }
+    assert CLAUDE_TASK_TOOL.pattern == r"(?:Task|Agent)\((.*)\)"
+    assert [cls.name for cls in REGISTRY.classes if cls.read_only and cls.writes] == []
+
+
+def test_a_registered_tool_class_gets_into_every_name_list() -> None:
+    class NotesTool(Tool):
+        name = "notes"
+        description = "Keep notes."
+        read_only = False
+        writes = True
+        writes_memory = True
+        by_default = True
+        claude_names = ("NotebookEdit",)
+
+    class PeekTool(Tool):  # comes with another tool's grant: in no list of names a file may hold
+        name = "peek"
+        description = "Peek."
+        read_only = True
+        writes = False
+        granted_with = "notes"
+
+    registry = ToolRegistry((*REGISTRY.classes, NotesTool, PeekTool))
+    assert registry.known == (*KNOWN_TOOLS, "notes")
+    assert registry.by_default == {**TOOL_CLASSES, "notes": NotesTool}
+    assert registry.read_only == READ_ONLY_TOOLS
+    assert registry.writers == WRITER_TOOLS | {"notes"}
+    assert registry.memory_writers == MEMORY_TOOLS | {"notes"}
+    assert registry.claude_map == {**REGISTRY.claude_map, "NotebookEdit": "notes"}
+    assert registry.claude_names == {**REGISTRY.claude_names, "notes": ("NotebookEdit",)}
 
 
 def test_make_tools_rejects_unknown_name(tmp_path: Path) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..tools import REGISTRY
+from ..tools.subagent import SubagentTool
+
 # Claude Code's own fields that map to ours (`skills`, `memory`, `background`, `effort` are ours too;
 # so is `isolation`, in `spec.FIELDS`).
 CLAUDE_HONOURED = (
@@ -28,19 +31,12 @@ CLAUDE_HONOURED = (
 # A branch that implements one removes it from here.
 CLAUDE_UNSUPPORTED = ("initialPrompt", "disabled")
 CLAUDE_FIELDS = CLAUDE_HONOURED + CLAUDE_UNSUPPORTED
-# Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`).
-CLAUDE_TASK_TOOL = re.compile(r"(?:Task|Agent)\((.*)\)")
+# Claude Code grants sub-agents in `tools` as `Task(scout, reviewer)` (newer: `Agent(...)`): the subagent
+# tool's Claude names, with the agents it may start in brackets.
+CLAUDE_TASK_TOOL = re.compile(rf"(?:{'|'.join(map(re.escape, SubagentTool.claude_names))})\((.*)\)")
 CLAUDE_MODEL_ALIASES = ("sonnet", "opus", "haiku")
-CLAUDE_TOOL_MAP = {
-    "Read": "read",
-    "Grep": "grep",
-    "Glob": "find",
-    "LS": "ls",
-    "Bash": "bash",
-    "Edit": "edit",
-    "MultiEdit": "edit",
-    "Write": "write",
-}
+# Our name for each of Claude Code's tools a `tools` list may name bare (`Read` is `read`), from the tools' classes.
+CLAUDE_TOOL_MAP: dict[str, str] = REGISTRY.claude_map
 
 
 def is_claude_file(path: Path) -> bool:
@@ -51,7 +47,7 @@ def is_claude_file(path: Path) -> bool:
 def claude_tool(name: str, claude: bool) -> str | None:
     """Our name for a Claude Code tool (`Read` -> `read`; `Task(...)` -> `subagent` in any file), else None."""
     if CLAUDE_TASK_TOOL.fullmatch(name):
-        return "subagent"  # the agents it names are read by `task_grants`
+        return SubagentTool.name  # the agents it names are read by `task_grants`
     if claude:
         return CLAUDE_TOOL_MAP.get(name)
     return None

@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from ..errors import SubagentError
 from ..text import one_line
+from ..tools import REGISTRY
 from ..tools.command import OutputBuffer, run_command
 from ..userfiles import load_file
-from .claude import CLAUDE_TOOL_MAP
 
 HookEvent = Literal["PreToolUse", "PostToolUse", "SubagentStart", "SubagentStop", "Stop"]
 HOOK_EVENTS: tuple[HookEvent, ...] = ("PreToolUse", "PostToolUse", "SubagentStart", "SubagentStop", "Stop")
@@ -36,10 +36,7 @@ MAX_HOOK_TIMEOUT = 600.0
 BLOCK_EXIT_CODE = 2
 SETTINGS_FILE = "settings.json"
 # Claude Code's names of our tools, for matchers written for Claude Code (`Bash` matches `bash`).
-CLAUDE_NAMES: dict[str, tuple[str, ...]] = {}
-for _claude, _ours in CLAUDE_TOOL_MAP.items():
-    CLAUDE_NAMES[_ours] = (*CLAUDE_NAMES.get(_ours, ()), _claude)
-CLAUDE_NAMES["subagent"] = ("Task", "Agent")
+CLAUDE_NAMES: dict[str, tuple[str, ...]] = REGISTRY.claude_names
 
 
 class HookConfigError(SubagentError):

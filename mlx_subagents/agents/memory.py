@@ -5,9 +5,10 @@
     local     <workspace>/.mlx-subagents/agent-memory-local/<agent>/    (git-ignore it)
 
 The first `MAX_MEMORY_LINES` lines of its `MEMORY.md` go into the system prompt after the project
-instructions, read once per run so every session's prompt is byte-identical. An agent that can edit
-files may write in that folder (the one exception to the workspace rule, `Workspace.memory`); one that
-cannot gets its memory read-only and no instruction to edit it.
+instructions, read once per run so every session's prompt is byte-identical. An agent with a tool that
+writes through the workspace's paths (`Tool.writes_memory`: edit, write; `MEMORY_TOOLS`) may write in
+that folder (the one exception to the workspace rule, `Workspace.memory`); one without gets its memory
+read-only and no instruction to edit it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ MemoryScope = Literal["user", "project", "local"]
 MEMORY_FILE = "MEMORY.md"
 MAX_MEMORY_LINES = 200
 MAX_MEMORY_BYTES = 64 * 1024
-MEMORY_TOOLS = ("edit", "write")
 
 
 def memory_folder(scope: MemoryScope, agent: str, workspace: Path) -> Path:

@@ -20,7 +20,7 @@ from ..errors import AgentFileError, McpConfigError
 from ..home import long_name_problem
 from ..host.protocol import DEFAULT_THINKING_TOKENS
 from ..text import name_list
-from ..tools import TOOL_NAMES
+from ..tools import KNOWN_TOOLS, TOOL_NAMES, WRITER_TOOLS
 from ..tools.mcp import TOOL_PATTERN, McpServerConfig, matches, parse_server
 from ..userfiles import read_text
 from .claude import CLAUDE_FIELDS, claude_tool, is_claude_file, is_claude_model, task_grants, unsupported_note
@@ -30,10 +30,6 @@ from .hooks import HookConfigError, Hooks, parse_hooks
 
 Source = Literal["builtin", "user", "project"]
 
-# `subagent` (delegation) is never granted by default: only a file that names it gets it.
-KNOWN_TOOLS = TOOL_NAMES + ("subagent",)
-# The tools that can change the workspace: an agent with one holds its writer lease (see `AgentSpec.is_writer`).
-WRITER_TOOLS = ("edit", "write", "bash")
 # Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not;
 # at most MAX_NAME_CHARS (64) characters.
 NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,63}"

@@ -22,13 +22,14 @@ import typer
 from rich.markup import escape
 
 from ..agents.schema_output import load_schema
-from ..agents.spec import WRITER_TOOLS, AgentSpec, sandbox_default
+from ..agents.spec import AgentSpec, sandbox_default
 from ..errors import RequestError, SubagentError
 from ..render import EventLines
 from ..results import MultiRunResult, RunResult
 from ..runs.runner import Runner
 from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
 from ..runs.worktrees import apply_worktree, find_worktree, list_worktrees, prune_worktrees
+from ..tools import WRITER_TOOLS
 from .doctor import run_doctor
 from .flags import (
     CwdOpt,

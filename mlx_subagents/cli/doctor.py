@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import SubagentError
 from ..host import GenerateArgs, MlxModelHost
-from ..host.grammar import Grammars, Kind
+from ..host.grammar import Grammars
 from ..host.mlx_host import total_memory
 from ..host.prefix_store import list_prefixes, prefix_cache_dir
 
@@ -48,7 +48,7 @@ PROBE_TOOL = {
 }
 
 
-def grammar_line(tokenizer: Any, kind: Kind | None, start: str, end: str) -> str:
+def grammar_line(tokenizer: Any, kind: str | None, start: str, end: str) -> str:
     """Whether the grammar path works here, through the host's own `Grammars`: llguidance reads
     this model's vocabulary, compiles a call grammar in the model's format and masks its first
     token. Any failure is reported in the line, since calls then decode freely rather than fail."""

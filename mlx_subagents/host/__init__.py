@@ -1,12 +1,21 @@
 """Model hosts: the real `MlxModelHost`, `EngineHost` (an OpenAI-compatible engine) and the
-`ScriptedHost` replay backend."""
+`ScriptedHost` replay backend, chosen by kind (`HOST_CLASSES`) and each built from `HostSettings`."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from .mlx_host import MlxModelHost, MlxSession, SharedKVBudget, parse_bytes
-from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, Reply, ToolCall, Usage
+from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, ProcessorFactory, Reply, ToolCall, Usage
+from .scripted import SCRIPTED_PREFIX
 
 __all__ = [
+    "HOST_CLASSES",
     "GenerateArgs",
     "HostSession",
+    "HostSettings",
     "MalformedToolCall",
     "MlxModelHost",
     "MlxSession",
@@ -15,21 +24,69 @@ __all__ = [
     "SharedKVBudget",
     "ToolCall",
     "Usage",
+    "host_class",
+    "host_kind",
     "make_host",
     "parse_bytes",
 ]
 
+# Each kind of host and where its class is, imported when first used (`openai` is slow to import).
+HOST_CLASSES: dict[str, str] = {
+    "mlx": "mlx_subagents.host.mlx_host.MlxModelHost",
+    "engine": "mlx_subagents.host.engine_host.EngineHost",
+    "scripted": "mlx_subagents.host.scripted.ScriptedHost",
+}
 
-def make_host(model: str, *, engine: str | None = None, api_key: str | None = None, **kwargs: object) -> ModelHost:
-    """An engine the user named gives `EngineHost` (`model` is the engine's id); `scripted:FILE`
-    the replay host; anything else the real mlx host."""
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What a host is built from besides its model: a run's options in the host layer's words (the
+    runner makes it, `RunOptions.host_settings`). Each host class takes what it uses (`from_settings`).
+
+    Args:
+        engine: an OpenAI-compatible engine's base URL: the model is that engine's model id.
+        api_key: the engine's API key.
+        start_timeout: seconds an engine's start-up probe waits at most (None: its default).
+        context_window: the window per session (None: the model's).
+        batching: decode the sessions in one batch (mlx).
+        kv_budget: bytes for every KV cache, or a `SharedKVBudget` several resident models split (mlx).
+        prefix_cache: bytes of disk for shared prefixes kept across processes (mlx; 0: off).
+        processor_factory: logits processors for every request (mlx; the test kit's forced scripts).
+    """
+
+    engine: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    start_timeout: float | None = None
+    context_window: int | None = None
+    batching: bool = True
+    kv_budget: int | str | SharedKVBudget | None = None
+    prefix_cache: int | None = None
+    processor_factory: ProcessorFactory | None = None
+
+
+class HostClass(Protocol):
+    """What every class in `HOST_CLASSES` has: a way to be built from a model and the settings."""
+
+    def from_settings(self, model: str, settings: HostSettings) -> ModelHost: ...
+
+
+def host_kind(model: str, engine: str | None = None) -> str:
+    """The kind of host a model runs on: an engine's when one is named, the replay host for
+    `scripted:FILE`, else the resident mlx model."""
     if engine is not None:
-        from .engine_host import EngineHost
+        return "engine"
+    return "scripted" if model.startswith(SCRIPTED_PREFIX) else "mlx"
 
-        window, start = kwargs.get("context_window"), kwargs.get("start_timeout")
-        return EngineHost(engine, model, api_key=api_key, context_window=window, start_timeout=start)  # type: ignore[arg-type]
-    if model.startswith("scripted:"):
-        from .scripted import ScriptedHost
 
-        return ScriptedHost.from_model_id(model, context_window=kwargs.get("context_window"))  # type: ignore[arg-type]
-    return MlxModelHost(model, **kwargs)  # type: ignore[arg-type]
+def host_class(kind: str) -> HostClass:
+    """The host class of a kind; an unknown kind raises, listing the kinds there are."""
+    if kind not in HOST_CLASSES:
+        raise ValueError(f"unknown host kind {kind!r}; the kinds: {', '.join(HOST_CLASSES)}")
+    module, _, name = HOST_CLASSES[kind].rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def make_host(model: str, settings: HostSettings | None = None) -> ModelHost:
+    """The host for `model`, of the kind it runs on (`host_kind`), built from `settings`."""
+    settings = settings or HostSettings()
+    return host_class(host_kind(model, settings.engine)).from_settings(model, settings)

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ChatTemplateError
-from .grammar import Kind, kind_of
+from .formats import kind_of
+from .formats.hermes import hermes, hermes_call
 from .protocol import MalformedToolCall, Message, TextCallback, ToolCall, ToolMode, ToolSchema
 from .templates import TemplateTraits, example_call, normalise, opens_thought, probe_template
-from .toolcalls import CallFormat, ThinkMarkers, VisibleText, hermes, hermes_call, split_reasoning
+from .toolcalls import CallFormat, ThinkMarkers, VisibleText, split_reasoning
 
 PROMPTED_TOOLS_HEADER = "# Tools\n\nYou can call these tools; their JSON schemas:\n<tools>\n"
 PROMPTED_TOOLS_FOOTER = (
@@ -82,9 +83,9 @@ class ChatFormat:
         return self.think is not None and (self.opens[0] or self.traits.reasoning)
 
     @property
-    def grammar_kind(self) -> Kind | None:
-        """The grammar of this model's calls (`grammar.py`): Hermes JSON (also the prompted mode's),
-        Qwen3-Coder XML or Mistral; None for another format, whose calls and answers stay free."""
+    def grammar_kind(self) -> str | None:
+        """The call format of this model's calls that has a grammar (`formats/`): Hermes JSON (also the
+        prompted mode's), Qwen3-Coder XML or Mistral; None for another, whose calls and answers stay free."""
         return kind_of(self.calls.parser) if self.calls.start else None
 
     def opened(self, thinking: int) -> bool:

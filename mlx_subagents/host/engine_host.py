@@ -17,7 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import openai
@@ -36,6 +36,7 @@ from .engine_stream import (
     transport_errors,
 )
 from .estimate import approx_tokens
+from .formats.hermes import hermes
 from .protocol import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
@@ -49,7 +50,9 @@ from .protocol import (
     ToolSchema,
     Usage,
 )
-from .toolcalls import hermes
+
+if TYPE_CHECKING:
+    from . import HostSettings
 
 API_KEY_ENV = "MLX_SUBAGENTS_API_KEY"
 # Seconds without a byte from the engine (a long prefill on a busy engine sends nothing).
@@ -134,6 +137,20 @@ class EngineHost:
         self._sessions: dict[str, EngineSession] = {}
         # Engine prompt tokens per approximate token, learned from each reply's usage.
         self._token_ratio = 1.0
+
+    @classmethod
+    def from_settings(cls, model: str, settings: HostSettings) -> EngineHost:
+        """The host of a run's engine (`settings.engine`), `model` being its model id: its key, its
+        window and how long its start-up probe may wait."""
+        if settings.engine is None:
+            raise ValueError(f"an engine host needs the engine's URL; model {model!r} names none")
+        return cls(
+            settings.engine,
+            model,
+            api_key=settings.api_key,
+            context_window=settings.context_window,
+            start_timeout=settings.start_timeout,
+        )
 
     @property
     def context_window(self) -> int:

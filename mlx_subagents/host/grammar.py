@@ -2,9 +2,11 @@
 that must follow a schema does.
 
 One logits processor per request (`Constrainer`), built from what the host knows: the model's
-call format (Hermes `<tool_call>` JSON, which prompted models are taught too; Qwen3-Coder's
-`<function=...>` XML; Mistral's `[TOOL_CALLS]`), the session's tools with their JSON schemas,
-and the answer's schema (`--schema`, `output_schema`). Its trigger starts an llguidance matcher:
+call format (its module in `formats/` gives the rules: Hermes `<tool_call>` JSON, which prompted
+models are taught too; Qwen3-Coder's `<function=...>` XML; Mistral's `[TOOL_CALLS]`), the session's
+tools with their JSON schemas, and the answer's schema (`--schema`, `output_schema`). This module
+keeps the two halves apart: `Grammars` compiles each grammar once per host (the cache), and
+`Constrainer` holds one request to a copy of its matcher. Its trigger starts an llguidance matcher:
 
 - calls: the call-start marker, outside a thought. Free text before it stays free; the call then
   names one of the tools, with arguments its schema accepts, and ends; free again after the end
@@ -28,9 +30,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from .call_schema import GUIDANCE, closed, function_of
+from .formats import CallSyntax, Markers, call_syntax
 from .protocol import ToolSchema
 
 if TYPE_CHECKING:  # imported where they run: importing the host stays quick
@@ -38,195 +41,27 @@ if TYPE_CHECKING:  # imported where they run: importing the host stays quick
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["json", "xml", "mistral"]
-# mlx-lm's tool parsers whose formats have a grammar here, by module.
-KINDS: dict[str, Kind] = {"json_tools": "json", "qwen3_coder": "xml", "mistral": "mistral"}
-# Separators as `json.dumps` writes them (and so the templates): flexible whitespace would let a
-# small model pad a call with blanks until its token limit.
-GUIDANCE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
-
-def kind_of(parser: Any) -> Kind | None:
-    """The grammar kind of an mlx-lm tool parser, or None for a format without one."""
-    return KINDS.get(getattr(parser, "__module__", "").rsplit(".", 1)[-1])
-
-
-def _function(tool: ToolSchema) -> dict[str, Any]:
-    return tool.get("function", tool)
-
-
-def _parameters(tool: ToolSchema, i: int, loose: frozenset[str], defs: dict[str, Any]) -> dict[str, Any]:
-    """A tool's parameter schema, its `$defs` moved to `defs` renamed per tool (`$ref`s resolve from the root)."""
-    function = _function(tool)
-    if function["name"] in loose:
-        return {"type": "object"}
-    parameters = dict(function.get("parameters") or {"type": "object"})
-    for key in ("$defs", "definitions"):
-        for name, schema in (parameters.pop(key, None) or {}).items():
-            defs[f"t{i}_{name}"] = _renamed(schema, i)
-    return _closed(_renamed(parameters, i))
-
-
-def _closed(schema: Any) -> Any:
-    """`schema` with every object that lists its properties closed to others, as OpenAI's strict mode
-    has it: a small model would otherwise invent keys until its token limit (an open object,
-    `additionalProperties` given, stays as it is)."""
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: (v if k in ("enum", "const", "default", "examples") else _closed(v)) for k, v in schema.items()}
-    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
-
-
-def call_schema(tools: list[ToolSchema], loose: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The JSON schema of one call body: any of the tools, each by its name and with its parameters
-    (any object for the tools named in `loose`)."""
-    defs: dict[str, Any] = {}
-    variants = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": _function(t)["name"]}, "arguments": _parameters(t, i, loose, defs)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for i, t in enumerate(tools)
-    ]
-    return {"anyOf": variants, **({"$defs": defs} if defs else {}), "x-guidance": GUIDANCE}
-
-
-def _renamed(schema: Any, i: int) -> Any:
-    """`schema` with its local `$ref`s pointing at tool `i`'s definitions at the root."""
-    if isinstance(schema, list):
-        return [_renamed(s, i) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _renamed(v, i) for k, v in schema.items()}
-    ref = out.get("$ref")
-    for prefix in ("#/$defs/", "#/definitions/"):
-        if isinstance(ref, str) and ref.startswith(prefix):
-            out["$ref"] = f"#/$defs/t{i}_{ref[len(prefix) :]}"
-    return out
-
-
-@dataclass(frozen=True)
-class Markers:
-    """A call format's markers as lark terms (a special token by its id, other text quoted)."""
-
-    kind: Kind
-    start: str
-    end: str  # "" where a call runs to the end of the reply (Mistral)
-    args: str = '"[ARGS]"'  # Mistral's separator between a tool's name and its arguments
-
-
-def body_rules(markers: Markers, tools: list[ToolSchema], loose: frozenset[str] = frozenset()) -> str:
-    """Lark rules for `body`: what follows the call-start marker, up to and with the end marker."""
-    end = f" {markers.end}" if markers.end else ""
-    if markers.kind == "json":
-        return f'body: "\\n"? %json {json.dumps(call_schema(tools, loose))} "\\n"?{end}\n'
-    if markers.kind == "mistral":
-        items = call_schema(tools, loose)
-        defs = items.pop("$defs", None)
-        listed = {
-            "type": "array",
-            "items": items,
-            "minItems": 1,
-            **({"$defs": defs} if defs else {}),
-            "x-guidance": GUIDANCE,
-        }
-        headers = []
-        for tool in tools:
-            function = _function(tool)
-            arguments = (
-                {"type": "object"} if function["name"] in loose else _closed(_inlined(function.get("parameters") or {}))
-            )
-            if arguments is None:  # a header's arguments cannot see the root's `$defs`: the list form only
-                headers = []
-                break
-            headers.append(
-                f"{json.dumps(function['name'])} {markers.args} %json {json.dumps({**arguments, 'x-guidance': GUIDANCE})}"
-            )
-        header = f"\nheader: {' | '.join(headers)}" if headers else ""
-        return f"body: %json {json.dumps(listed)}{' | header+' if headers else ''}{header}\n"
-    return _xml_rules(tools, loose, end)
-
-
-def _xml_rules(tools: list[ToolSchema], loose: frozenset[str], end: str) -> str:
-    """Qwen3-Coder's `<function=NAME>` then `<parameter=NAME>` blocks: each tool's parameters in
-    its schema's order, the required ones always; a string's value is text, another's JSON."""
-    rules, functions = [], []
-    for i, tool in enumerate(tools):
-        function = _function(tool)
-        name, parameters = function["name"], _inlined(function.get("parameters") or {})
-        properties = parameters.get("properties") if isinstance(parameters, dict) else None
-        if name in loose or not isinstance(properties, dict):
-            params = "any_param*"
-        else:
-            required, parts = set(parameters.get("required") or ()), []
-            for j, (pname, pschema) in enumerate(properties.items()):
-                value = f"v{i}_{j}"
-                opening = json.dumps(f"<parameter={pname}>\n")
-                rules.append(f'p{i}_{j}: {opening} {value} "\\n</parameter>\\n"')
-                rules.append(_xml_value(value, pschema if isinstance(pschema, dict) else {}))
-                parts.append(f"p{i}_{j}" if pname in required else f"p{i}_{j}?")
-            params = " ".join(parts)
-        functions.append(f"f{i}")
-        opening = json.dumps(f"<function={name}>\n")  # quoted as JSON: a name cannot break the grammar
-        rules.append(f'f{i}: {opening} {params} "</function>"')
-    rules.append('any_param: "<parameter=" /[A-Za-z0-9_.-]{1,64}/ ">\\n" TEXT "\\n</parameter>\\n"')
-    rules.append("TEXT: /[^<]*(<[^\\/][^<]*)*/")
-    return f'body: "\\n"? ({" | ".join(functions)}) "\\n"?{end}\n' + "\n".join(rules) + "\n"
-
-
-def _inlined(schema: Any, root: Any = None, depth: int = 0) -> Any:
-    """`schema` with its local `$ref`s replaced by what they point at (a parameter's value is written
-    on its own, where the root's `$defs` are out of reach); None where a `$ref` does not resolve or
-    nests too deep (a recursive schema), and the tool's parameters are then free."""
-    root = schema if root is None else root
-    if depth > 16:
-        return None
-    if isinstance(schema, list):
-        items = [_inlined(s, root, depth + 1) for s in schema]
-        return None if any(i is None for i in items) else items
-    if not isinstance(schema, dict):
-        return schema
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        target: Any = root
-        for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else [None]:
-            target = target.get(part) if isinstance(target, dict) and part is not None else None
-        return None if target is None else _inlined(target, root, depth + 1)
-    out = {k: _inlined(v, root, depth + 1) for k, v in schema.items() if k not in ("$defs", "definitions")}
-    return None if any(v is None for v in out.values()) else out
-
-
-def _xml_value(rule: str, schema: dict[str, Any]) -> str:
-    """A parameter's value: a string's as text (or one of its enum's), anything else as JSON."""
-    if schema.get("type") == "string" or (
-        not schema.get("type") and all(isinstance(v, str) for v in schema.get("enum") or [0])
-    ):
-        if schema.get("enum"):
-            return f"{rule}: " + " | ".join(json.dumps(v) for v in schema["enum"])
-        return f"{rule}: TEXT"
-    return f"{rule}: %json {json.dumps({**schema, 'x-guidance': GUIDANCE})}"
-
-
-def call_lark(markers: Markers, tools: list[ToolSchema], loose: frozenset[str] = frozenset()) -> str:
-    """The grammar of what follows the call-start marker."""
-    return "start: body\n" + body_rules(markers, tools, loose)
+def call_lark(
+    syntax: CallSyntax, markers: Markers, tools: list[ToolSchema], loose: frozenset[str] = frozenset()
+) -> str:
+    """The grammar of what follows the call-start marker, in the format's own rules."""
+    return "start: body\n" + syntax.body_rules(markers, tools, loose)
 
 
 def answer_lark(
-    markers: Markers, schema: dict[str, Any], tools: list[ToolSchema] | None, loose: frozenset[str] = frozenset()
+    syntax: CallSyntax,
+    markers: Markers,
+    schema: dict[str, Any],
+    tools: list[ToolSchema] | None,
+    loose: frozenset[str] = frozenset(),
 ) -> str:
     """The grammar of a whole reply that must be the answer: the JSON answer or, with tools, calls."""
-    answer = f"answer: %json {json.dumps({**_closed(schema), 'x-guidance': GUIDANCE})}\n"
+    answer = f"answer: %json {json.dumps({**closed(schema), 'x-guidance': GUIDANCE})}\n"
     if not tools:
         return "start: answer\n" + answer
     calls = f"{markers.start} body" + ("" if not markers.end else f' ("\\n"? {markers.start} body)*')
-    return f"start: answer | calls\ncalls: {calls}\n" + answer + body_rules(markers, tools, loose)
+    return f"start: answer | calls\ncalls: {calls}\n" + answer + syntax.body_rules(markers, tools, loose)
 
 
 class Grammars:
@@ -234,16 +69,17 @@ class Grammars:
 
     Args:
         tokenizer: mlx-lm's `TokenizerWrapper` (the fast tokenizer is its `_tokenizer`).
-        kind, start, end: the model's call format and its markers.
+        kind, start, end: the model's call format (its name in `formats/`) and its markers.
     """
 
-    def __init__(self, tokenizer: Any, kind: Kind, start: str, end: str) -> None:
+    def __init__(self, tokenizer: Any, kind: str, start: str, end: str) -> None:
         self._tokenizer = tokenizer
         self._ll: Any = None
         self._compiled: dict[str, Prototype | None] = {}
         self._tools: dict[str, bool] = {}  # per tool: whether its call can be expressed (`_expressible`)
+        self.syntax = call_syntax(kind)
         self.start_ids = tuple(tokenizer.encode(start, add_special_tokens=False))
-        self.markers = Markers(kind, self._term(start), self._term(end) if end else "", self._term("[ARGS]"))
+        self.markers = Markers(self._term(start), self._term(end) if end else "", self._term)
         self.eos = tuple(tokenizer.eos_token_ids)
         self.think = (
             (tuple(tokenizer.think_start_tokens), tuple(tokenizer.think_end_tokens))
@@ -291,13 +127,13 @@ class Grammars:
         if self._ll is None:
             hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
             self._ll = llguidance.hf.from_tokenizer(hf)
-        loose = frozenset(_function(t)["name"] for t in tools or () if not self._expressible(t))
+        loose = frozenset(function_of(t)["name"] for t in tools or () if not self._expressible(t))
         if mode == "answer":
-            matcher = self._compile(answer_lark(self.markers, schema or {}, tools, loose))
+            matcher = self._compile(answer_lark(self.syntax, self.markers, schema or {}, tools, loose))
             if matcher.is_error():
                 log.warning("the answer is decoded without a grammar: its schema cannot be expressed")
         else:
-            matcher = self._compile(call_lark(self.markers, tools or [], loose))
+            matcher = self._compile(call_lark(self.syntax, self.markers, tools or [], loose))
         self._compiled[key] = None if matcher.is_error() else Prototype(matcher, self._ll.vocab_size, self.eos)
         return self._compiled[key]
 
@@ -306,9 +142,9 @@ class Grammars:
         whichever grammars the tool is then part of."""
         key = json.dumps(tool, sort_keys=True)
         if key not in self._tools:
-            self._tools[key] = not self._compile(call_lark(self.markers, [tool])).is_error()
+            self._tools[key] = not self._compile(call_lark(self.syntax, self.markers, [tool])).is_error()
             if not self._tools[key]:
-                name = _function(tool)["name"]
+                name = function_of(tool)["name"]
                 log.warning("calls to %s are decoded without a grammar: its schema cannot be expressed", name)
         return self._tools[key]
 

@@ -16,7 +16,7 @@ import os
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
@@ -39,6 +39,9 @@ from .protocol import (
     Usage,
 )
 from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
+
+if TYPE_CHECKING:
+    from . import HostSettings
 
 DEFAULT_PREFILL_STEP = 512
 # How long a cancelled reply waits for the mlx thread to end its turn and say what it spent (one step).
@@ -296,6 +299,19 @@ class MlxModelHost:
         self.chat: ChatFormat
         self._pool = KVPool(None)
         self._scheduler: Scheduler
+
+    @classmethod
+    def from_settings(cls, model: str, settings: HostSettings) -> MlxModelHost:
+        """The resident model a run's settings make: its batching, window, KV budget (shared with the
+        run's other models), prefix cache and logits processors."""
+        return cls(
+            model,
+            context_window=settings.context_window,
+            processor_factory=settings.processor_factory,
+            batching=settings.batching,
+            kv_budget=settings.kv_budget,
+            prefix_cache=settings.prefix_cache,
+        )
 
     @property
     def reuse(self) -> bool:

@@ -30,12 +30,15 @@ import asyncio
 import copy
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
 from mlx_subagents.host.estimate import approx_tokens
+from mlx_subagents.host.formats.hermes import END as TOOL_CALL_END
+from mlx_subagents.host.formats.hermes import START as TOOL_CALL_START
+from mlx_subagents.host.formats.hermes import hermes
 from mlx_subagents.host.protocol import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
@@ -48,12 +51,12 @@ from mlx_subagents.host.protocol import (
     ToolSchema,
     Usage,
 )
-from mlx_subagents.host.toolcalls import hermes
 from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
 
+if TYPE_CHECKING:
+    from mlx_subagents.host import HostSettings
+
 SCRIPTED_PREFIX = "scripted:"
-TOOL_CALL_START = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
 
 
 # --- the script file ---------------------------------------------------------------------------
@@ -228,6 +231,11 @@ class ScriptedHost:
         if not model_id.startswith(SCRIPTED_PREFIX):
             raise ValueError(f"not a scripted model id: {model_id!r}")
         return cls(Path(model_id[len(SCRIPTED_PREFIX) :]), context_window=context_window)
+
+    @classmethod
+    def from_settings(cls, model: str, settings: HostSettings) -> ScriptedHost:
+        """Build from `scripted:PATH` and a run's settings, of which a script takes only the window."""
+        return cls.from_model_id(model, context_window=settings.context_window)
 
     @property
     def source(self) -> str:

@@ -4,7 +4,8 @@ route each while streaming.
 A `CallFormat` is a pair of markers and a parser from mlx-lm's `tool_parsers`
 (`json_tools` for Qwen/Hermes `<tool_call>`, `qwen3_coder`, `mistral`, ...): a
 native model uses the one mlx-lm found for its tokenizer, a prompted model the
-Hermes format the host teaches it. A call that does not parse comes back as a
+Hermes format the host teaches it (`formats/hermes.py`; each format with a
+grammar has its module in `formats/`). A call that does not parse comes back as a
 `MalformedToolCall` whose error says how to write it in this format, never raised.
 A thinking model's reasoning (between mlx-lm's `think_start` and `think_end`, which
 the prompt may already have opened) is split off first: a call written there is
@@ -14,9 +15,8 @@ not a call.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from .protocol import MalformedToolCall, TextCallback, ToolCall, ToolSchema
@@ -24,12 +24,6 @@ from .protocol import MalformedToolCall, TextCallback, ToolCall, ToolSchema
 Parser = Callable[[str, Any], Any]
 # The call an error's fix shows, in the model's own format.
 EXAMPLE_CALL = {"name": "tool_name", "arguments": {"argument": "value"}}
-
-
-def hermes_call(name: str, arguments: Mapping[str, Any]) -> str:
-    """One call in the Hermes format (what Qwen's template writes, and prompted models are taught)."""
-    body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
-    return f"<tool_call>\n{body}\n</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -151,15 +145,6 @@ class CallFormat:
             f"Error: your tool call could not be parsed ({reason}). "
             f"Write each call exactly in this format, with the tool's own name and arguments:\n{self.example}"
         )
-
-
-@lru_cache(maxsize=1)
-def hermes() -> CallFormat:
-    """The one format a prompted model is taught: `<tool_call>{"name": ..., "arguments": ...}</tool_call>`."""
-    from mlx_lm.tool_parsers import json_tools
-
-    example = hermes_call(EXAMPLE_CALL["name"], EXAMPLE_CALL["arguments"])  # type: ignore[arg-type]
-    return CallFormat(json_tools.tool_call_start, json_tools.tool_call_end, json_tools.parse_tool_call, example)
 
 
 def _to_call(parsed: Any, index: int) -> ToolCall:

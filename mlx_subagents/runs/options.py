@@ -1,7 +1,7 @@
 """`RunOptions`: what every command (and every other front end) shares, built once, read by the runner.
 
 One frozen object instead of loose runner fields and an untyped host dict: the CLI builds it from
-its flags, a Python caller from keywords, and the runner alone turns it into host arguments. Each
+its flags, a Python caller from keywords, and the runner alone turns it into host settings. Each
 limit has one name: `max_output_tokens` counts generated tokens over a whole task (the CLI flag is
 `--max-tokens`); `max_reply_tokens` is one reply; `max_tokens` is only ever one `generate` call.
 """
@@ -9,12 +9,13 @@ limit has one name: `max_output_tokens` counts generated tokens over a whole tas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..agents.discovery import Scope
 from ..agents.spec import parse_thinking
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
 from ..errors import RequestError
+from ..host import HostSettings, SharedKVBudget
+from ..host.protocol import ProcessorFactory
 
 # Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
 DEFAULT_MAX_DEPTH = 2
@@ -84,11 +85,27 @@ class RunOptions:
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
             raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
 
-    def host_kwargs(self) -> dict[str, Any]:
-        """What every host of the run is built with (the scripted host ignores all but the window)."""
-        kwargs: dict[str, Any] = {"batching": self.batching}
-        if self.context_window:
-            kwargs["context_window"] = self.context_window
-        if self.kv_budget is not None:
-            kwargs["kv_budget"] = self.kv_budget
-        return kwargs
+    def host_settings(
+        self,
+        engine: str | None = None,
+        kv_budget: SharedKVBudget | None = None,
+        processor_factory: ProcessorFactory | None = None,
+    ) -> HostSettings:
+        """What a host of the run is built from (each kind takes what it uses).
+
+        Args:
+            engine: the engine the model is on (the task's model's, which may be its agent's own).
+            kv_budget: the budget the run's resident models share (None: this run's `kv_budget`).
+            processor_factory: logits processors for every request (the test kit's forced scripts).
+        """
+        return HostSettings(
+            engine=engine,
+            api_key=self.api_key,
+            # --timeout bounds the start too: an engine's start-up probe waits no longer.
+            start_timeout=self.timeout,
+            context_window=self.context_window or None,
+            batching=self.batching,
+            kv_budget=self.kv_budget if kv_budget is None else kv_budget,
+            prefix_cache=self.prefix_cache,
+            processor_factory=processor_factory,
+        )

@@ -38,7 +38,7 @@ from typing import Any
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
 from ..agents.hooks import SETTINGS_FILE, Hooks, find_project_settings, load_settings_hooks
-from ..agents.memory import MEMORY_TOOLS, memory_block, memory_folder, start_memory
+from ..agents.memory import memory_block, memory_folder, start_memory
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
 from ..agents.skills import SkillChoice, choose_skills
@@ -49,7 +49,7 @@ from ..home import state_home
 from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
-from ..tools import READ_ONLY_TOOLS, Sandbox, Tool, Workspace
+from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
 from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches
 from ..tools.skill import Skill
 from .options import RunOptions
@@ -441,16 +441,8 @@ class Preparer:
                 self._unstarted.discard(model)
                 await self.hosts[model].start()
             elif model not in self.hosts:
-                kwargs = self.options.host_kwargs()
-                if model.engine:
-                    # --timeout bounds the start too: an engine's start-up probe waits no longer.
-                    kwargs.update(engine=model.engine, api_key=self.options.api_key, start_timeout=self.options.timeout)
-                elif not model.model.startswith("scripted:"):
-                    kwargs["kv_budget"] = self._kv_budget
-                    kwargs["prefix_cache"] = self.options.prefix_cache
-                    if self.processor_factory is not None:
-                        kwargs["processor_factory"] = self.processor_factory
-                host = make_host(model.model, **kwargs)
+                settings = self.options.host_settings(model.engine, self._kv_budget, self.processor_factory)
+                host = make_host(model.model, settings)
                 await host.start()
                 self.hosts[model] = host
             return self.hosts[model]

@@ -100,14 +100,12 @@ class _BackgroundTool(Tool):
     """A tool on the parent's background tasks; granted with `subagent`, runs on the event loop."""
 
     read_only = True
+    writes = False
+    granted_with = "subagent"
 
     def __init__(self, workspace: Workspace, control: TaskControl) -> None:
         super().__init__(workspace)
         self.control = control
-
-    @property
-    def grant(self) -> str:
-        return "subagent"
 
     async def run(self, params: Any) -> ToolResult:
         try:
@@ -186,7 +184,14 @@ class SubagentCancelTool(_BackgroundTool):
         return ToolResult(f"{status.id} is being cancelled; subagent_output shows what it had done")
 
 
+BACKGROUND_TOOLS: tuple[type[_BackgroundTool], ...] = (
+    SubagentStatusTool,
+    SubagentOutputTool,
+    SubagentSendTool,
+    SubagentCancelTool,
+)
+
+
 def make_background_tools(workspace: Workspace, control: TaskControl) -> dict[str, Tool]:
     """The four tools, by name, on one parent's tasks."""
-    classes = (SubagentStatusTool, SubagentOutputTool, SubagentSendTool, SubagentCancelTool)
-    return {cls.name: cls(workspace, control) for cls in classes}
+    return {cls.name: cls(workspace, control) for cls in BACKGROUND_TOOLS}

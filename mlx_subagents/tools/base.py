@@ -111,12 +111,29 @@ def _type_name(prop: dict[str, Any]) -> str:
 
 
 class Tool:
-    """A workspace-confined tool; subclasses set the class attributes and `execute` (or `run`)."""
+    """A workspace-confined tool; subclasses set the class attributes and `execute` (or `run`).
+
+    What a tool is, is said here once, on its class; the name lists the rest of the package reads
+    (`TOOL_NAMES`, the writer tools, the memory tools, Claude Code's names) are derived from the
+    registered classes (`tools/__init__.py`).
+    """
 
     name: ClassVar[str]
     description: ClassVar[str]
     Params: ClassVar[type[BaseModel]]
+    # Only reads: plan mode keeps it.
     read_only: ClassVar[bool]
+    # Can change files: an agent holding it is a writer and holds its workspace's writer lease.
+    writes: ClassVar[bool]
+    # Writes files through `Workspace.resolve`, so an agent holding it may keep its memory folder (opened
+    # to the workspace, `Workspace.memory`); bash is not confined by path, so it does not count.
+    writes_memory: ClassVar[bool] = False
+    # Granted to an agent whose file has no `tools:` (`subagent` never is: only a file naming it gets it).
+    by_default: ClassVar[bool] = False
+    # The grant it comes with when that is not its own name (the background tools come with `subagent`).
+    granted_with: ClassVar[str | None] = None
+    # Claude Code's names of it: a Claude agent file's `tools` and a hook's matcher may use them.
+    claude_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, workspace: Workspace) -> None:
         self.workspace = workspace
@@ -124,7 +141,7 @@ class Tool:
     @property
     def grant(self) -> str:
         """The name an agent file's `tools` must hold for the agent to get this tool."""
-        return self.name
+        return self.granted_with or self.name
 
     @classmethod
     def schema(cls) -> dict[str, Any]:

@@ -30,6 +30,9 @@ class BashTool(Tool):
         "No stdin; background processes are killed when the command returns."
     )
     read_only = False
+    writes = True
+    by_default = True
+    claude_names = ("Bash",)
 
     def __init__(self, workspace: Workspace, sandbox: Sandbox | None = None) -> None:
         super().__init__(workspace)

@@ -36,6 +36,10 @@ class EditTool(Tool):
         "and occur exactly once; include surrounding lines to make it unique."
     )
     read_only = False
+    writes = True
+    writes_memory = True
+    by_default = True
+    claude_names = ("Edit", "MultiEdit")
 
     class Params(BaseModel):
         path: str = Field(description="File to edit, relative to the workspace root.")

@@ -15,6 +15,9 @@ class FindTool(Tool):
     name = "find"
     description = "Find files in the workspace by glob pattern. Returns sorted paths relative to the workspace root."
     read_only = True
+    writes = False
+    by_default = True
+    claude_names = ("Glob",)
 
     class Params(BaseModel):
         pattern: str = Field(

@@ -54,6 +54,9 @@ class GrepTool(Tool):
         "Search file contents in the workspace with a regular expression. Returns matching lines as path:line:text."
     )
     read_only = True
+    writes = False
+    by_default = True
+    claude_names = ("Grep",)
 
     class Params(BaseModel):
         pattern: str = Field(min_length=1, description="Regular expression to search for.")

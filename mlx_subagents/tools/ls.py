@@ -15,6 +15,9 @@ class LsTool(Tool):
     name = "ls"
     description = "List a directory in the workspace, hidden entries included. Directories end with '/'."
     read_only = True
+    writes = False
+    by_default = True
+    claude_names = ("LS",)
 
     class Params(BaseModel):
         path: str = Field(default=".", description="Directory to list.")

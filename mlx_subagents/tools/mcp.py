@@ -218,6 +218,8 @@ class McpTool(Tool):
     """One tool of one MCP server: the server's name, description and JSON schema, called through its connection."""
 
     read_only = False
+    # What a server's tool changes is the server's own affair: only the built-in tools count as writers.
+    writes = False
 
     def __init__(self, workspace: Workspace, connection: McpConnection, tool: Any) -> None:
         super().__init__(workspace)

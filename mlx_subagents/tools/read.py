@@ -69,6 +69,9 @@ class ReadTool(Tool):
         "long files come in windows: use offset to read further."
     )
     read_only = True
+    writes = False
+    by_default = True
+    claude_names = ("Read",)
 
     class Params(BaseModel):
         path: str = Field(description="File path, relative to the workspace root.")

@@ -55,6 +55,7 @@ class SkillTool(Tool):
         "Give file to read one of those files."
     )
     read_only = True
+    writes = False
 
     class Params(BaseModel):
         name: str = Field(description="The skill's name, as the system prompt's skill list gives it.")

@@ -166,6 +166,9 @@ class SubagentTool(Tool):
     description = "Delegate a task to a sub-agent."
     Params = SubagentParams
     read_only = False
+    writes = False
+    # Claude Code grants it as `Task(scout, worker)` (newer: `Agent(...)`), naming the agents it may start.
+    claude_names = ("Task", "Agent")
     # Several subagent calls in one reply run at once, like the tasks of one call.
     concurrent = True
 

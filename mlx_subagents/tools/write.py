@@ -15,6 +15,10 @@ class WriteTool(Tool):
         "Create or overwrite a file in the workspace with the given content; missing parent directories are created."
     )
     read_only = False
+    writes = True
+    writes_memory = True
+    by_default = True
+    claude_names = ("Write",)
 
     class Params(BaseModel):
         path: str = Field(description="File to write, relative to the workspace root.")
