@@ -1,15 +1,19 @@
-"""Typed events a running session reports, for live progress and `--events`."""
+"""Typed events a running session reports, for live progress and `--events`.
+
+An `Event` says which task (`label`, `agent`) at which turn, what happened (`kind`, the discriminator)
+and the payload of that kind (`data`). Each kind's payload is one `TypedDict` below, whose docstring is
+the one description of its keys: the table of events in docs/runs.md is generated from them
+(`python tests/test_docs.py`; tests/test_docs.py checks it). An emitter builds its payload with the
+class (`ToolCallData(name=..., ...)`) so that the keys are named where they are set; a reader that knows
+the kind reads the payload as that class (`cast(ToolCallData, event.data)`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
-# `reasoning`: a delta of a thinking model's reasoning as it is generated (`data["text"]`).
-# `task_send`: a message reached a task (`data["message"]`); `task_notice`: a background child of
-# the task ended (`data`: id, status, first_line, text); `task_cancel`: a task was cancelled (`data["reason"]`);
-# `hook_warning`: a hook failed without blocking, or project hooks were not allowed (`data["message"]`).
 EventKind = Literal[
     "waiting",
     "task_start",
@@ -28,15 +32,216 @@ EventKind = Literal[
 ]
 
 
+class WaitingData(TypedDict):
+    """The task waits for its workspace's writer lease before it starts (one agent that can change files
+    works in a workspace at a time); `reason` says so, for its progress line."""
+
+    reason: str
+
+
+class _TaskStartKeys(TypedDict):
+    """Every `task_start` event has these keys."""
+
+    task: str
+    model: str
+    tool_mode: str
+
+
+class TaskStartData(_TaskStartKeys, total=False):
+    """The task starts: its `task` (the prompt it was given), the `model` it runs on, its `tool_mode`
+    (how the model is given its tools) and the `step_id` of the chain or workflow step it is (null for
+    other tasks; an `AgentSession` run outside a runner knows no steps and leaves it out)."""
+
+    step_id: str | None
+
+
+class TurnStartData(TypedDict):
+    """A turn (one model call) starts; the event's own `turn` counts it, so the payload is empty."""
+
+
+class ReasoningData(TypedDict):
+    """A thinking model's reasoning streams: `text` is the next piece of it, so that a view can count or
+    fold it as it grows."""
+
+    text: str
+
+
+class _ToolCallKeys(TypedDict):
+    """Every `tool_call` event has these keys."""
+
+    name: str
+    arguments: dict[str, Any]
+    description: str
+
+
+class ToolCallData(_ToolCallKeys, total=False):
+    """The model calls a tool: its `name`, its `arguments` and a short `description` for the progress
+    line (`read src/app.py`); `constrained` is there, and true, when the grammar held the call to a
+    known tool and valid arguments."""
+
+    constrained: bool
+
+
+class ToolResultData(TypedDict):
+    """A tool call returns: the tool's `name` (`?` for a call that could not be parsed), whether it
+    `is_error`, and its `output` cut to 2,000 characters, so that a view can show why a call failed."""
+
+    name: str
+    is_error: bool
+    output: str
+
+
+class _MessageKeys(TypedDict):
+    """Every `message` event has these keys."""
+
+    text: str
+
+
+class MessageData(_MessageKeys, total=False):
+    """The model's reply holds text: `text` is all of it; `constrained` is there, and true, when the
+    grammar held the answer to the task's output schema."""
+
+    constrained: bool
+
+
+class UsageCounts(TypedDict):
+    """`RunUsage` dumps a task's token accounting so far as these keys; the vocabulary's modules import
+    none of each other, so the keys are repeated here (tests/test_events.py checks that they match)."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    context_tokens: int
+    turns: int
+    compactions: int
+    kv_bytes: int
+    constrained_calls: int
+    constrained_answers: int
+
+
+class UsageData(UsageCounts):
+    """A reply has been counted: the task's usage so far (the fields of `RunUsage`) and `tps`, the
+    tokens per second the reply was decoded at, for the live table."""
+
+    tps: float
+
+
+class CompactionData(TypedDict):
+    """The older turns were summarised to fit the context window: the conversation's tokens before and
+    after (`tokens_before`, `tokens_after`) and how many messages the summary replaced
+    (`n_summarized`)."""
+
+    tokens_before: int
+    tokens_after: int
+    n_summarized: int
+
+
+class _TaskEndKeys(TypedDict):
+    """Every `task_end` event has these keys."""
+
+    status: str
+    stop_reason: str
+    error: str | None
+
+
+class TaskEndData(_TaskEndKeys, total=False):
+    """The task ends: its result's `status`, `stop_reason` and `error` (null unless it failed or was
+    stopped); a task that ran also has its `usage` (the counts of a `usage` event, without `tps`) and
+    `duration_s`, while one that never started (skipped, cancelled first, not set up) has no more."""
+
+    usage: UsageCounts
+    duration_s: float
+
+
+class TaskSendData(TypedDict):
+    """A message sent to the task reaches it: `message` is the text, which the task reads as a user
+    message at its next turn."""
+
+    message: str
+
+
+class TaskNoticeData(TypedDict):
+    """A background child of the task ended: the child's `id` and `status`, the `first_line` of its
+    answer (or its error), the notice's `text` as its parent reads it, and the child's `run_id` (null
+    when its run is not saved), so that a view can say so and link to it."""
+
+    id: str
+    status: str
+    first_line: str
+    text: str
+    run_id: str | None
+
+
+class TaskCancelData(TypedDict):
+    """The task was cancelled; `reason` says why (the error its result carries)."""
+
+    reason: str
+
+
+class HookWarningData(TypedDict):
+    """A hook failed without blocking, or the project's hooks were not allowed; `message` says which and
+    why, in every view, since the user relies on the hook."""
+
+    message: str
+
+
+EventData = (
+    WaitingData
+    | TaskStartData
+    | TurnStartData
+    | ReasoningData
+    | ToolCallData
+    | ToolResultData
+    | MessageData
+    | UsageData
+    | CompactionData
+    | TaskEndData
+    | TaskSendData
+    | TaskNoticeData
+    | TaskCancelData
+    | HookWarningData
+)
+
+# Each kind's payload class, in the order of `EventKind`.
+PAYLOADS: dict[EventKind, type[Any]] = {
+    "waiting": WaitingData,
+    "task_start": TaskStartData,
+    "turn_start": TurnStartData,
+    "reasoning": ReasoningData,
+    "tool_call": ToolCallData,
+    "tool_result": ToolResultData,
+    "message": MessageData,
+    "usage": UsageData,
+    "compaction": CompactionData,
+    "task_end": TaskEndData,
+    "task_send": TaskSendData,
+    "task_notice": TaskNoticeData,
+    "task_cancel": TaskCancelData,
+    "hook_warning": HookWarningData,
+}
+
+
 @dataclass(frozen=True)
 class Event:
-    """One thing that happened in one task; `data` depends on `kind`."""
+    """One thing that happened in one task; `data` is the payload of its `kind` (`PAYLOADS`)."""
 
     kind: EventKind
     label: str
     agent: str
     turn: int = 0
-    data: dict[str, Any] = field(default_factory=dict)
+    data: EventData = field(default_factory=TurnStartData)
+
+    def __post_init__(self) -> None:
+        """Refuse a payload whose keys are not its kind's: no type checker runs on the project, so the
+        keys are checked here, where every test that runs a task passes."""
+        shape = PAYLOADS[self.kind]
+        required, optional = shape.__required_keys__, shape.__optional_keys__
+        keys = set(self.data)
+        if not required <= keys <= required | optional:
+            raise TypeError(
+                f"a {self.kind} event has the keys {sorted(keys)}; {shape.__name__} has {sorted(required)}"
+                + (f" and may have {sorted(optional)}" if optional else "")
+            )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

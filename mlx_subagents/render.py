@@ -16,13 +16,23 @@ In each, a task that waits for its workspace's writer lease says so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal, cast
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .events import Event
+from .events import (
+    CompactionData,
+    Event,
+    HookWarningData,
+    TaskEndData,
+    TaskNoticeData,
+    TaskStartData,
+    ToolCallData,
+    ToolResultData,
+    WaitingData,
+)
 from .results import TaskStatus
 from .text import clip, first_line
 
@@ -49,11 +59,11 @@ def status_style(status: object) -> str:
     return STATUS_STYLES.get(str(status), "red")
 
 
-def end_status(data: dict[str, Any]) -> str:
+def end_status(data: TaskEndData) -> str:
     """`done`, `failed`, `skipped` or `aborted`, from a `task_end` event's data."""
-    if data.get("stop_reason") == "skipped":
+    if data["stop_reason"] == "skipped":
         return "skipped"
-    return {"completed": "done", "aborted": "aborted"}.get(data.get("status", ""), "failed")
+    return {"completed": "done", "aborted": "aborted"}.get(data["status"], "failed")
 
 
 class EventLines:
@@ -93,7 +103,7 @@ class EventLines:
         """The event's line as rich markup, or None when the layout does not show it."""
         if event.kind == "hook_warning":  # in every layout: a hook the user relies on did not run as meant
             where = f"[dim]\\[{escape(event.label)}][/] " if event.label else ""
-            return f"{where}[yellow]warning: {escape(str(event.data.get('message')))}[/]"
+            return f"{where}[yellow]warning: {escape(cast(HookWarningData, event.data)['message'])}[/]"
         if self.layout == "tasks":
             return self._tasks_line(event)
         if self.layout == "task":
@@ -106,16 +116,16 @@ class EventLines:
 
     def _task_line(self, event: Event) -> str | None:
         if self.verbose and event.kind == "task_start" and CHILD not in event.label:
-            model, mode = escape(str(event.data.get("model"))), event.data.get("tool_mode")
-            return f"[dim]{escape(event.label)} on {model} (tool mode: {mode})[/]"
+            start = cast(TaskStartData, event.data)
+            return f"[dim]{escape(event.label)} on {escape(start['model'])} (tool mode: {start['tool_mode']})[/]"
         prefix = f"[dim]\\[{escape(event.label)}][/] " if event.label != event.agent else ""
         prefix = "  " * event.label.count(CHILD) + prefix
         if event.kind == "waiting":
-            return f"{prefix}[yellow]waiting: {escape(event.data['reason'])}[/]"
+            return f"{prefix}[yellow]waiting: {escape(cast(WaitingData, event.data)['reason'])}[/]"
         if event.kind == "task_end" and CHILD in event.label:  # a sub-agent's end, under its parent's call
-            reason = f": {escape(str(event.data['error']))}" if event.data.get("error") else ""
-            status = event.data.get("status")
-            return f"{prefix}[{status_style(status)}]{status}{reason}[/]"
+            end = cast(TaskEndData, event.data)
+            reason = f": {escape(end['error'])}" if end["error"] else ""
+            return f"{prefix}[{status_style(end['status'])}]{end['status']}{reason}[/]"
         return self._own_line(event, prefix)
 
     def _tasks_line(self, event: Event) -> str | None:
@@ -123,12 +133,13 @@ class EventLines:
         if event.kind == "task_start":
             return f"{prefix} started ({event.agent})"
         if event.kind == "waiting":
-            return f"{prefix} [yellow]waiting[/]: {escape(event.data['reason'])}"
+            return f"{prefix} [yellow]waiting[/]: {escape(cast(WaitingData, event.data)['reason'])}"
         if event.kind == "tool_call":
-            return f"{prefix} [cyan]{escape(clip(str(event.data.get('description', '')), MAX_TOOL_CHARS))}[/]"
+            return f"{prefix} [cyan]{escape(clip(cast(ToolCallData, event.data)['description'], MAX_TOOL_CHARS))}[/]"
         if event.kind == "task_end":
-            status = end_status(event.data)
-            reason = event.data.get("error") or event.data.get("stop_reason", "")
+            end = cast(TaskEndData, event.data)
+            status = end_status(end)
+            reason = end["error"] or end["stop_reason"]
             detail = "" if status == "done" else f": {reason}"
             return f"{prefix} [{status_style(status)}]{status}[/]{escape(detail)}"
         return None
@@ -136,17 +147,16 @@ class EventLines:
     def _own_line(self, event: Event, prefix: str, mark: str = "") -> str | None:
         """A task's own tool calls, failed tool results (under the call) and compactions."""
         if event.kind == "tool_call":
-            return f"{prefix}[cyan]{mark}{escape(event.data['description'])}[/]"
-        if event.kind == "tool_result" and event.data.get("is_error"):
-            return (
-                f"{prefix}{' ' * len(mark)}[red]{escape(first_line(event.data['output'], MAX_ERROR_CHARS, cut=''))}[/]"
-            )
+            return f"{prefix}[cyan]{mark}{escape(cast(ToolCallData, event.data)['description'])}[/]"
+        if event.kind == "tool_result" and (result := cast(ToolResultData, event.data))["is_error"]:
+            return f"{prefix}{' ' * len(mark)}[red]{escape(first_line(result['output'], MAX_ERROR_CHARS, cut=''))}[/]"
         if event.kind == "task_notice":  # a background sub-agent ended
-            data = event.data
-            style = status_style(data["status"])
-            return f"{prefix}[{style}]● {escape(data['id'])} {data['status']}:[/] {escape(data['first_line'])}"
+            notice = cast(TaskNoticeData, event.data)
+            style = status_style(notice["status"])
+            return f"{prefix}[{style}]● {escape(notice['id'])} {notice['status']}:[/] {escape(notice['first_line'])}"
         if event.kind == "compaction":
-            before, after = event.data["tokens_before"], event.data["tokens_after"]
+            counts = cast(CompactionData, event.data)
+            before, after = counts["tokens_before"], counts["tokens_after"]
             sep = "," if self.layout == "chat" else ""  # `run` prints plain numbers, as it always has
             return f"{prefix}[yellow]compacted {before:{sep}} -> {after:{sep}} tokens[/]"
         return None
@@ -157,19 +167,18 @@ class EventLines:
         if event.kind == "task_start":
             return f"{indent}[dim]↳ {escape(path)} ({event.agent}) started[/]"
         if event.kind == "waiting":
-            return f"{indent}[yellow]… {escape(path)} waiting: {escape(event.data['reason'])}[/]"
+            return f"{indent}[yellow]… {escape(path)} waiting: {escape(cast(WaitingData, event.data)['reason'])}[/]"
         if event.kind == "tool_call":
-            return f"{indent}  [dim]{escape(path)}:[/] [cyan]{escape(event.data['description'])}[/]"
+            return f"{indent}  [dim]{escape(path)}:[/] [cyan]{escape(cast(ToolCallData, event.data)['description'])}[/]"
         if event.kind != "task_end":
             return None
-        data = event.data
-        if data.get("status") == "completed":
-            return (
-                f"{indent}[green]✓ {escape(path)} completed[/] [dim]({data.get('usage', {}).get('turns', 0)} turns)[/]"
-            )
-        reason = data.get("error") or data.get("stop_reason", "")
-        style = status_style(data.get("status"))
-        return f"{indent}[{style}]✗ {escape(path)} {data.get('status')}: {escape(str(reason))}[/]"
+        end = cast(TaskEndData, event.data)
+        if end["status"] == "completed":
+            turns = end["usage"]["turns"] if "usage" in end else 0
+            return f"{indent}[green]✓ {escape(path)} completed[/] [dim]({turns} turns)[/]"
+        reason = end["error"] or end["stop_reason"]
+        style = status_style(end["status"])
+        return f"{indent}[{style}]✗ {escape(path)} {end['status']}: {escape(reason)}[/]"
 
 
 def make_table(*columns: str, right: tuple[str, ...] = ()) -> Table:

@@ -1,11 +1,14 @@
-"""The docs: `docs/cli.md` is what the typer app generates, and the README stays short with links that resolve.
+"""The docs: `docs/cli.md` is what the typer app generates, the table of events in `docs/runs.md` is what
+`mlx_subagents/events.py` says, and the README stays short with links that resolve.
 
-`docs/cli.md` is made by one command, written at its top:
+Both generated parts are made by one command, written at the top of each:
 
     python tests/test_docs.py
 
 which runs typer's own `utils docs` on the app (`mlx_subagents/cli/__init__.py`) with the terminal pinned
-and puts a comment saying so on top. The test below runs the same function into a temporary file.
+and puts a comment saying so on top, and writes the events table from the payload classes (each kind of
+`EventKind`, its class's keys and docstring) between its two markers. The tests below make the same
+text and compare.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -24,6 +28,13 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 CLI_PAGE = DOCS / "cli.md"
 REGENERATE = "python tests/test_docs.py"
+EVENTS_PAGE = DOCS / "runs.md"
+EVENTS_BEGIN = "<!-- events table -->"
+EVENTS_END = "<!-- end of the events table -->"
+EVENTS_HEADER = (
+    "<!-- Generated from the payload classes in mlx_subagents/events.py: do not edit by hand.\n"
+    f"     Regenerate with `{REGENERATE}`; `python -m pytest tests/test_docs.py` checks it. -->\n"
+)
 MAX_README_LINES = 300
 CI_TEST_LINE = 'pip install -e ".[test]" && python -m pytest  # ci-test'
 
@@ -78,6 +89,52 @@ def test_cli_page_is_current() -> None:
             f"docs/cli.md is not what the typer app generates ({where}); regenerate it with `{REGENERATE}`",
             pytrace=False,
         )
+
+
+def events_table() -> str:
+    """The table of events as `mlx_subagents/events.py` says it: a row per kind of `EventKind`, in order,
+    with its payload class's keys (`?` after a key that is not always there) and docstring."""
+    from mlx_subagents.events import PAYLOADS, EventKind  # imported here: `__main__` first puts ROOT on the path
+
+    rows = ["| kind | `data` | what happened |", "|---|---|---|"]
+    for kind in get_args(EventKind):
+        shape = PAYLOADS[kind]
+        keys = [f"`{key}`{'?' if key in shape.__optional_keys__ else ''}" for key in shape.__annotations__]
+        rows.append(f"| `{kind}` | {', '.join(keys) or 'none'} | {' '.join((shape.__doc__ or '').split())} |")
+    return EVENTS_HEADER + "\n".join(rows) + "\n"
+
+
+def events_page(page: str) -> str:
+    """`docs/runs.md` with the text between the events table's markers made anew."""
+    head, begin, rest = page.partition(EVENTS_BEGIN + "\n")
+    _, end, tail = rest.partition(EVENTS_END)
+    assert begin and end, f"docs/runs.md has lost the markers of its events table: {EVENTS_BEGIN}, {EVENTS_END}"
+    return head + begin + events_table() + end + tail
+
+
+def test_events_table_is_current() -> None:
+    page = EVENTS_PAGE.read_text(encoding="utf-8")
+    if events_page(page) != page:
+        pytest.fail(
+            f"the events table in docs/runs.md is not what mlx_subagents/events.py says; regenerate it with "
+            f"`{REGENERATE}`",
+            pytrace=False,
+        )
+
+
+def test_events_table_lists_every_kind_with_its_keys() -> None:
+    from mlx_subagents.events import PAYLOADS, EventKind
+
+    page = EVENTS_PAGE.read_text(encoding="utf-8")
+    table = page.partition(EVENTS_BEGIN)[2].partition(EVENTS_END)[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    assert [row[0] for row in rows] == [f"| `{kind}`" for kind in get_args(EventKind)]
+    for row, kind in zip(rows, get_args(EventKind)):
+        shape = PAYLOADS[kind]
+        marked = {f"`{key}`" for key in shape.__required_keys__} | {f"`{key}`?" for key in shape.__optional_keys__}
+        assert set(row[1].split(", ")) == (marked or {"none"}), kind
+    assert rows[9][:2] == ["| `task_end`", "`status`, `stop_reason`, `error`, `usage`?, `duration_s`?"]
+    assert rows[2][1] == "none"
 
 
 def test_readme_is_short() -> None:
@@ -146,6 +203,9 @@ def _anchors(page: Path) -> set[str]:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # this checkout's package, whatever is installed
     CLI_PAGE.parent.mkdir(exist_ok=True)
     CLI_PAGE.write_bytes(generate_cli_page().encode("utf-8"))
     print(f"wrote {CLI_PAGE.relative_to(ROOT)}")
+    EVENTS_PAGE.write_text(events_page(EVENTS_PAGE.read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"wrote the events table in {EVENTS_PAGE.relative_to(ROOT)}")

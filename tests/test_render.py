@@ -7,11 +7,11 @@ import io
 from rich.console import Console
 
 from mlx_subagents.cli.progress import ProgressView, usage_table
-from mlx_subagents.events import Event
+from mlx_subagents.events import Event, TaskEndData
 from mlx_subagents.render import EventLines, tasks_table
 from mlx_subagents.results import RunResult, TaskStatus
 
-ABORTED = {"status": "aborted", "stop_reason": "cancelled", "error": "aborted by the user (Ctrl-C)"}
+ABORTED = TaskEndData(status="aborted", stop_reason="cancelled", error="aborted by the user (Ctrl-C)")
 YELLOW, GREEN, RED = "\x1b[33m", "\x1b[32m", "\x1b[31m"
 
 
@@ -50,7 +50,8 @@ def test_the_tables_colour_statuses_from_the_same_map() -> None:
     )
 
     view = ProgressView(Console(file=io.StringIO()), [("a", "scout"), ("b", "scout")], live=False)
-    view.handle(Event(kind="task_end", label="a", agent="scout", data={"status": "completed"}))
+    done = TaskEndData(status="completed", stop_reason="completed", error=None)
+    view.handle(Event(kind="task_end", label="a", agent="scout", data=done))
     view.handle(Event(kind="task_end", label="b", agent="scout", data=ABORTED))
     progress = ansi(view)
     assert f"{GREEN}done" in progress and f"{YELLOW}aborted" in progress

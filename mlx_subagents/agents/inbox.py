@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from ..events import EventData, EventKind
 
 DeliveryKind = Literal["task_send", "task_notice"]
 
@@ -42,12 +44,12 @@ class Inbox:
         settle: called when the agent gives a final answer with nothing pending; waits for something
             worth another turn (a background child ending) and says whether it came. The default
             waits for nothing: the answer ends the generation.
-        report: reports an event as the session's own (`kind`, data), into its transcript and to the
-            caller; set by the session that reads this inbox.
+        report: reports an event as the session's own (its kind and payload), into its transcript and
+            to the caller; set by the session that reads this inbox.
     """
 
     settle: Callable[[], Awaitable[bool]] = _nothing_to_wait_for
-    report: Callable[[str, dict[str, Any]], None] | None = None
+    report: Callable[[EventKind, EventData], None] | None = None
     _items: list[Delivery] = field(default_factory=list)
 
     def put(self, delivery: Delivery) -> None:

@@ -18,10 +18,28 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import SubagentError
-from ..events import Event, EventSink, ignore_event
+from ..events import (
+    CompactionData,
+    Event,
+    EventData,
+    EventKind,
+    EventSink,
+    HookWarningData,
+    MessageData,
+    ReasoningData,
+    TaskEndData,
+    TaskSendData,
+    TaskStartData,
+    ToolCallData,
+    ToolResultData,
+    TurnStartData,
+    UsageCounts,
+    UsageData,
+    ignore_event,
+)
 from ..host.protocol import (
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
@@ -49,6 +67,8 @@ DEFAULT_MAX_TURNS = 30
 DEFAULT_MAX_REPLY_TOKENS = 2048
 # Consecutive replies whose tool calls could not be parsed before the run fails.
 MAX_FORMAT_ERRORS = 3
+# A tool result's output in its event (the model reads all of it; a view shows a line).
+MAX_EVENT_OUTPUT = 2000
 # The same call with the same arguments, in a row: from the third it is not run (the model is told
 # it repeats itself and what it got); the fifth ends the task.
 REPEAT_WARN_AT = 3
@@ -179,7 +199,7 @@ class AgentSession:
         self.compaction = scale_compaction(self.host.context_window, self.compaction)
         where = {"fork_of": self.fork_of} if self.fork_of else {}  # hosts that know no forks never see one
         self._host_session: HostSession = self.host.session(self.session_name, agent=self.spec.name, **where)
-        self.inbox.report = lambda kind, data: self._emit(kind, **data)
+        self.inbox.report = self._emit
         self._format_errors = 0
         self._started = 0.0
         self._reasoning = ""  # of the last reply
@@ -229,7 +249,7 @@ class AgentSession:
 
     async def _loop(self, task: str) -> RunResult:
         self._started = time.perf_counter()
-        self._emit("task_start", task=task, model=self.host.model_id, tool_mode=self.host.tool_mode)
+        self._emit("task_start", TaskStartData(task=task, model=self.host.model_id, tool_mode=self.host.tool_mode))
         nudged = False
         try:
             for _ in range(self.limits.max_turns - self.limits.turns_before):
@@ -277,8 +297,8 @@ class AgentSession:
                 raise self._out_of_tokens()
             max_tokens = min(max_tokens, left)
         self.usage.turns += 1  # only a turn that reaches the model counts
-        self._emit("turn_start")
-        streamed = _Streamed(self.on_text, lambda piece: self._emit("reasoning", text=piece))
+        self._emit("turn_start", TurnStartData())
+        streamed = _Streamed(self.on_text, lambda piece: self._emit("reasoning", ReasoningData(text=piece)))
         try:
             with self._counting_cut():
                 args = GenerateArgs(
@@ -303,7 +323,10 @@ class AgentSession:
         self._reasoning = reply.reasoning
         self.messages.append(reply.to_message())
         if reply.text:
-            self._emit("message", text=reply.text, **({"constrained": True} if reply.constrained == "answer" else {}))
+            payload = MessageData(text=reply.text)
+            if reply.constrained == "answer":
+                payload["constrained"] = True
+            self._emit("message", payload)
         if reply.finish_reason == "length" and self._over_token_budget():
             raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
         return reply
@@ -327,7 +350,7 @@ class AgentSession:
             return
         for delivery in deliveries:
             if delivery.kind == "task_send":  # a notice was reported when its task ended
-                self._emit("task_send", message=delivery.text)
+                self._emit("task_send", TaskSendData(message=delivery.text))
         text = "\n\n".join(d.text for d in deliveries)
         last = self.messages[-1] if self.messages else None
         if last is not None and last.get("role") == "user":  # a follow-up just added: one user message
@@ -400,15 +423,19 @@ class AgentSession:
             f"What the call returned the first time:\n{output}",
             is_error=True,
         )
-        self._emit("tool_call", name=call.name, arguments=call.arguments, description=f"{call.name} (repeated)")
-        self._emit("tool_result", name=call.name, is_error=True, output=result.output[:2000])
+        self._emit(
+            "tool_call", ToolCallData(name=call.name, arguments=call.arguments, description=f"{call.name} (repeated)")
+        )
+        self._report_result(call, result)
         return result
 
     async def _run_tool(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
-        held = {"constrained": True} if self._calls_held else {}
-        self._emit("tool_call", name=call.name, arguments=call.arguments, description=label, **held)
+        payload = ToolCallData(name=call.name, arguments=call.arguments, description=label)
+        if self._calls_held:
+            payload["constrained"] = True
+        self._emit("tool_call", payload)
         # A withheld `mcp__demo__*` covers each of that server's tools.
         denial = self.denied.get(call.name) or next((v for k, v in self.denied.items() if matches(call.name, k)), None)
         if tool is None and denial is not None:
@@ -418,8 +445,14 @@ class AgentSession:
             result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)
         else:
             result = await self._hooked_call(tool, call)
-        self._emit("tool_result", name=call.name, is_error=result.is_error, output=result.output[:2000])
+        self._report_result(call, result)
         return result
+
+    def _report_result(self, call: ToolCall, result: ToolResult) -> None:
+        self._emit(
+            "tool_result",
+            ToolResultData(name=call.name, is_error=result.is_error, output=result.output[:MAX_EVENT_OUTPUT]),
+        )
 
     async def _hooked_call(self, tool: Tool, call: ToolCall) -> ToolResult:
         """The call between its PreToolUse hooks (which may block it: their reason is its error result)
@@ -459,11 +492,11 @@ class AgentSession:
         }
         outcome = await fire(self.hooks, event, name, payload, self.workspace.root)
         for warning in outcome.warnings:
-            self._emit("hook_warning", message=warning)
+            self._emit("hook_warning", HookWarningData(message=warning))
         return outcome
 
     def _malformed_result(self, bad: MalformedToolCall) -> Message:
-        self._emit("tool_result", name="?", is_error=True, output=bad.error)
+        self._emit("tool_result", ToolResultData(name="?", is_error=True, output=bad.error))
         return {"role": "tool", "content": bad.error}  # the host's words, with the fix in the model's own format
 
     async def _maybe_compact(self) -> None:
@@ -493,12 +526,10 @@ class AgentSession:
             self.usage.compactions += 1
             self._add(result.usage)
             self.usage.context_tokens = result.tokens_after
-            self._emit(
-                "compaction",
-                tokens_before=result.tokens_before,
-                tokens_after=result.tokens_after,
-                n_summarized=result.n_summarized,
+            counts = CompactionData(
+                tokens_before=result.tokens_before, tokens_after=result.tokens_after, n_summarized=result.n_summarized
             )
+            self._emit("compaction", counts)
         return result.n_summarized
 
     # -- bookkeeping --------------------------------------------------------------
@@ -528,7 +559,8 @@ class AgentSession:
         self._add(u)
         self.usage.context_tokens = u.prompt_tokens + u.generated_tokens
         self.usage.kv_bytes = self._host_session.kv_bytes
-        self._emit("usage", **self.usage.model_dump(), tps=round(u.generation_tps, 1))
+        counts = cast(UsageCounts, self.usage.model_dump())
+        self._emit("usage", UsageData(**counts, tps=round(u.generation_tps, 1)))
 
     def last_text(self) -> str:
         for message in reversed(self.messages):
@@ -555,10 +587,11 @@ class AgentSession:
         )
 
     def _finish(self, task: str, result: RunResult) -> RunResult:
-        self._emit("task_end", status=result.status, stop_reason=result.stop_reason, error=result.error)
+        self._emit("task_end", TaskEndData(status=result.status, stop_reason=result.stop_reason, error=result.error))
         return result
 
-    def _emit(self, kind: Any, **data: Any) -> None:
+    def _emit(self, kind: EventKind, data: EventData) -> None:
+        """Report an event of this session, at its current turn (the inbox reports its notices here too)."""
         self.on_event(Event(kind=kind, label=self.label, agent=self.spec.name, turn=self.usage.turns, data=data))
 
 

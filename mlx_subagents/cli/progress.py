@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ..events import Event
+from ..events import Event, TaskEndData, ToolCallData, UsageData
 from ..render import MAX_TOOL_CHARS, EventLines, end_status, make_table, status_style
 from ..results import RunResult, RunUsage
 from ..text import clip
@@ -70,7 +71,6 @@ class ProgressView:
             self._lines.handle(event)
 
     def _update(self, row: _Row, event: Event) -> None:
-        data = event.data
         if event.kind == "waiting":
             row.status = "waiting"
         elif event.kind == "task_start":
@@ -78,16 +78,15 @@ class ProgressView:
         elif event.kind == "turn_start":
             row.turn = event.turn
         elif event.kind == "usage":
-            row.input_tokens = data.get("input_tokens", 0)
-            row.output_tokens = data.get("output_tokens", 0)
-            row.cached_tokens = data.get("cached_tokens", 0)
-            row.tps = data.get("tps", 0.0)
+            usage = cast(UsageData, event.data)
+            row.input_tokens, row.output_tokens = usage["input_tokens"], usage["output_tokens"]
+            row.cached_tokens, row.tps = usage["cached_tokens"], usage["tps"]
         elif event.kind == "tool_call":
-            row.tool = str(data.get("description", ""))
+            row.tool = cast(ToolCallData, event.data)["description"]
         elif event.kind == "tool_result":
             row.tool = ""
         elif event.kind == "task_end":
-            row.status = end_status(data)
+            row.status = end_status(cast(TaskEndData, event.data))
             row.tool = ""
 
     def __rich__(self) -> Table:

@@ -14,14 +14,14 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar, cast
 
 from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
 from ..errors import SubagentError
-from ..events import Event, EventSink, Fanout
+from ..events import Event, EventSink, Fanout, ReasoningData
 from ..render import EventLines, tasks_table
 from ..results import RunResult
 from ..runs.chat import DEFAULT_CHAT_AGENT, INTERRUPTED, Chat
@@ -109,7 +109,7 @@ class ChatView:
 
     def handle(self, event: Event) -> None:
         if event.label == self.parent and event.kind == "reasoning":
-            self.thought += len(event.data["text"])
+            self.thought += len(cast(ReasoningData, event.data)["text"])
         if self.stream is not None and event.label == self.parent and event.kind == "turn_start":
             self.stream.end_line()
             self.stream.reset()

@@ -34,7 +34,7 @@ import time
 import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlparse
 
 import anyio
@@ -52,7 +52,7 @@ from ..agents.context import repository_root
 from ..agents.spec import AgentSpec
 from ..caps import MAX_TASKS
 from ..errors import ConfirmationRequired, SubagentError, ToolError
-from ..events import Event, EventSink
+from ..events import Event, EventSink, TaskEndData, ToolCallData, UsageData
 from ..home import make_state_dir, state_home
 from ..render import EventLines
 from ..results import ChildrenUsage, MultiRunResult, RunResult, RunUsage, Status, StopReason
@@ -180,10 +180,10 @@ def progress_message(event: Event, lines: EventLines) -> str | None:
     if event.kind == "turn_start":
         return f"[{event.label}] turn {event.turn}"
     if event.kind == "usage":
-        data = event.data
+        usage = cast(UsageData, event.data)
         return (
-            f"[{event.label}] {data.get('output_tokens', 0):,} tokens generated, "
-            f"{data.get('input_tokens', 0):,} read ({data.get('cached_tokens', 0):,} cached)"
+            f"[{event.label}] {usage['output_tokens']:,} tokens generated, "
+            f"{usage['input_tokens']:,} read ({usage['cached_tokens']:,} cached)"
         )
     markup = lines.line(event)
     return Text.from_markup(markup).plain if markup is not None else None
@@ -398,8 +398,12 @@ def on_event(event: Event) -> None:
     progress = _progress.get()
     if progress is not None:
         progress.push(event)
-    if event.kind in ("task_start", "task_end", "tool_call"):
-        log.debug("%s %s %s", event.label, event.kind, event.data.get("description") or event.data.get("status", ""))
+    if event.kind == "tool_call":
+        log.debug("%s %s %s", event.label, event.kind, cast(ToolCallData, event.data)["description"])
+    elif event.kind == "task_end":
+        log.debug("%s %s %s", event.label, event.kind, cast(TaskEndData, event.data)["status"])
+    elif event.kind == "task_start":
+        log.debug("%s %s ", event.label, event.kind)
 
 
 async def client_root(session: ServerSession) -> Path | None:

@@ -27,7 +27,7 @@ from ..agents.inbox import Delivery, Inbox
 from ..agents.spec import AgentSpec
 from ..caps import MAX_TASKS
 from ..errors import RequestError, TaskNotFoundError, TaskStateError
-from ..events import Event, EventSink
+from ..events import Event, EventSink, TaskNoticeData
 from ..results import ChildrenUsage, ChildUsage, LiveStatus, RunResult, RunUsage, TaskStatus
 from ..text import NO_ANSWER, first_line
 from ..tools import Workspace
@@ -229,7 +229,7 @@ class TaskBoard:
         if status != "completed":
             line = (result.error if result is not None else None) or line or "no reason given"
         text = f"{handle.id} {status}: {line}; read it with subagent_output"
-        data = {"id": handle.id, "status": status, "first_line": line, "text": text, "run_id": handle.run_id}
+        data = TaskNoticeData(id=handle.id, status=status, first_line=line, text=text, run_id=handle.run_id)
         if self.inbox is not None and handle.cancel_reason is None:  # a cancel needs no notice to who cancelled
             self.inbox.put(Delivery("task_notice", f"[notice] {text}", key=handle.id))
         if self.inbox is not None and self.inbox.report is not None:

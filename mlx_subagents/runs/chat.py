@@ -15,9 +15,11 @@ input)` is `/workflow`, and `close()`
 
 from __future__ import annotations
 
+from typing import cast
+
 from ..agents.inbox import Delivery
 from ..errors import RequestError
-from ..events import Event
+from ..events import Event, ReasoningData, TaskEndData
 from ..host.protocol import TextCallback
 from ..results import MultiRunResult, RunResult, RunUsage, TaskStatus
 from ..tools.subagent import Delegation, format_outcome
@@ -154,7 +156,8 @@ class Chat:
             if event.kind == "turn_start":
                 self._thinking = False
             else:
-                self.last_reasoning = (self.last_reasoning if self._thinking else "") + event.data["text"]
+                piece = cast(ReasoningData, event.data)["text"]
+                self.last_reasoning = (self.last_reasoning if self._thinking else "") + piece
                 self._thinking = True
         if (
             event.kind == "task_end"
@@ -162,8 +165,9 @@ class Chat:
             and not self.in_background(event.label)
         ):
             self.n_children += 1
-            if "usage" in event.data:
-                self.children_usage = self.children_usage.add(RunUsage(**event.data["usage"]))
+            end = cast(TaskEndData, event.data)
+            if "usage" in end:
+                self.children_usage = self.children_usage.add(RunUsage(**end["usage"]))
 
     def in_background(self, label: str) -> bool:
         """Whether `label` is one of this chat's background sub-agents (its usage is counted live, from its
