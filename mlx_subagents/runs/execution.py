@@ -16,6 +16,7 @@ import signal
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 
+from ..events import WaitingData
 from ..results import RunResult
 from .generation import INTERRUPTED, Generation, _uncancel
 from .slots import Slots
@@ -124,7 +125,9 @@ class Execution:
             return nullcontext()
         prepared = generation.handle.prepared
         writer = prepared.workspace.root if prepared.spec.is_writer(prepared.denied) else None
-        return self.slots.hold(writer, on_wait=lambda: generation.report(None, "waiting", reason=WAITING_FOR_WRITER))
+        return self.slots.hold(
+            writer, on_wait=lambda: generation.report(None, "waiting", WaitingData(reason=WAITING_FOR_WRITER))
+        )
 
     def _never_ran(self, generation: Generation) -> None:
         """A generation stopped before its first step never ran `_node`: end it here, so that its task ends."""

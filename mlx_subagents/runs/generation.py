@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..agents.inbox import Inbox
 from ..agents.schema_output import AnswerMismatch, parse_answer, retry_message, schema_instruction
@@ -26,7 +26,7 @@ from ..agents.session import AgentSession
 from ..agents.spec import AgentSpec
 from ..caps import cap_answer
 from ..errors import SubagentError
-from ..events import Event, EventKind, EventSink
+from ..events import Event, EventData, EventKind, EventSink, TaskEndData, TaskSendData, TaskStartData, UsageCounts
 from ..results import RunResult, Status, StopReason
 from ..tools.subagent import ForkPoint
 from .prepare import PreparedTask
@@ -56,7 +56,7 @@ class GenerationOwner(Protocol):
     def end_now(self, generation: Generation) -> None: ...
     async def finish_run(self, generation: Generation) -> None: ...
     def queue(self, generation: Generation) -> None: ...
-    def note(self, kind: EventKind, *, transcript: TaskTranscript | None = None, **data: Any) -> None: ...
+    def note(self, kind: EventKind, data: EventData, *, transcript: TaskTranscript | None = None) -> None: ...
     def observe(self, event: Event) -> None: ...
 
 
@@ -131,11 +131,11 @@ class Generation:
         session, transcript = handle.start_generation(self)
         started = time.perf_counter()
         for message in self.sends:
-            handle.note("task_send", transcript=transcript, message=message)
+            handle.note("task_send", TaskSendData(message=message), transcript=transcript)
         self._start_transcript(transcript, session, prompt)
         host = handle.prepared.host
-        start = {"task": prompt, "model": host.model_id, "tool_mode": host.tool_mode, "step_id": self.step_id}
-        self.report(transcript, "task_start", **start)
+        start = TaskStartData(task=prompt, model=host.model_id, tool_mode=host.tool_mode, step_id=self.step_id)
+        self.report(transcript, "task_start", start)
         failure: BaseException | None = None
         try:
             result = await _within(self._drive(session, prompt), self.timeout)
@@ -247,15 +247,11 @@ class Generation:
                 "duration_s": round(time.perf_counter() - started, 3),
             }
         )
-        self.report(
-            transcript,
-            "task_end",
-            status=full.status,
-            stop_reason=full.stop_reason,
-            error=full.error,
-            usage=full.usage.model_dump(),
-            duration_s=full.duration_s,
+        usage = cast(UsageCounts, full.usage.model_dump())
+        end = TaskEndData(
+            status=full.status, stop_reason=full.stop_reason, error=full.error, usage=usage, duration_s=full.duration_s
         )
+        self.report(transcript, "task_end", end)
         if transcript is not None:
             transcript.finish(session.messages, full)
         return full
@@ -270,7 +266,7 @@ class Generation:
         """End a generation that never ran (a step skipped, a task stopped before it started): its
         result reported, its task told."""
         prepared = self.handle.prepared
-        self.handle.note("task_end", status=status, stop_reason=stop_reason, error=error)
+        self.handle.note("task_end", TaskEndData(status=status, stop_reason=stop_reason, error=error))
         self.result = RunResult(
             agent=prepared.spec.name,
             task=self.prompt,
@@ -298,7 +294,7 @@ class Generation:
 
         return sink
 
-    def report(self, transcript: TaskTranscript | None, kind: EventKind, **data: Any) -> None:
+    def report(self, transcript: TaskTranscript | None, kind: EventKind, data: EventData) -> None:
         event = Event(kind=kind, label=self.label, agent=self.handle.spec.name, data=data)
         if transcript is not None:
             transcript.event(event)

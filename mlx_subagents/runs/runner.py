@@ -43,7 +43,7 @@ from ..agents.discovery import AgentCatalog, discover_agents
 from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
 from ..errors import RequestError, RunNotFoundError, SubagentError
-from ..events import Event, EventSink, ignore_event
+from ..events import Event, EventSink, HookWarningData, TaskEndData, ignore_event
 from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
@@ -110,7 +110,9 @@ class Runner:
             hosts={ModelRef(m) if isinstance(m, str) else m: host for m, host in (hosts or {}).items()},
             cwd=self.cwd,
         )
-        self.preparer.on_warning = lambda line: self.on_event(Event("hook_warning", "", "", data={"message": line}))
+        self.preparer.on_warning = lambda line: self.on_event(
+            Event("hook_warning", "", "", data=HookWarningData(message=line))
+        )
         self._executions: set[Execution] = set()
         self._background: set[Execution] = set()
         self._board: TaskBoard | None = None
@@ -469,7 +471,7 @@ class Runner:
         """A parallel child that could not be prepared: its failed result, reported like any end."""
         exc, task = failure.error, failure.task
         error = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
-        data = {"status": "failed", "stop_reason": "error", "error": error}
+        data = TaskEndData(status="failed", stop_reason="error", error=error)
         self.on_event(Event(kind="task_end", label=task.label, agent=task.agent, data=data))
         return RunResult(agent=task.agent, task=task.task, model=failure.model, label=task.label, **data)  # type: ignore[arg-type]
 

@@ -22,14 +22,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..agents.compaction import CompactionSettings
 from ..agents.inbox import Delivery, Inbox
 from ..agents.session import AgentSession, system_prompt
 from ..caps import MAX_GENERATIONS, MAX_QUEUED_MESSAGES, CapItem, check_request
 from ..errors import RequestError, TaskStateError
-from ..events import Event, EventKind, EventSink
+from ..events import Event, EventData, EventKind, EventSink, TaskCancelData, ToolCallData
 from ..host.protocol import Message, TextCallback
 from ..results import LiveStatus, RunResult, RunUsage, TaskStatus
 from ..tools import Tool, Workspace
@@ -291,7 +291,7 @@ class TaskHandle:
         if not self.alive or self.cancel_reason is not None or self._generation is None:
             return False
         self.cancel_reason = reason or CANCELLED
-        self.note("task_cancel", reason=self.cancel_reason)
+        self.note("task_cancel", TaskCancelData(reason=self.cancel_reason))
         self._generation.abort(self.cancel_reason)
         return True
 
@@ -522,10 +522,11 @@ class TaskHandle:
             if event.kind == "turn_start":
                 self._turn = event.turn
             elif event.kind == "tool_call":
-                self._last_tool = event.data.get("description") or event.data.get("name")
+                call = cast(ToolCallData, event.data)
+                self._last_tool = call["description"] or call["name"]
         self.runtime.on_event(event)
 
-    def note(self, kind: EventKind, *, transcript: TaskTranscript | None = None, **data: Any) -> None:
+    def note(self, kind: EventKind, data: EventData, *, transcript: TaskTranscript | None = None) -> None:
         """An event of this task from outside its loop (a send, a cancel): its transcript, then the runner's sink."""
         event = Event(kind=kind, label=self.label, agent=self.spec.name, turn=self._turn, data=data)
         record = transcript or self._transcript()
