@@ -601,6 +601,8 @@ def test_special_and_huge_files_are_skipped_unread(user_dir, project):
     assert catalog.get("good").path == good
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_a_fifo_agent_file_does_not_hang_a_command(project, tmp_path):
     folder = project / ".mlx-subagents" / "agents"
     folder.mkdir(parents=True)

@@ -129,6 +129,7 @@ def test_settings_hooks_fire_for_every_agent_of_a_three_level_tree(
     assert not [e for e in events if e.kind == "hook_warning"]
 
 
+@pytest.mark.slow
 def test_a_hook_that_hangs_fails_or_prints_bad_json_is_one_warning_and_the_call_goes_on(
     scripted_runner: Any, tmp_path: Path
 ) -> None:

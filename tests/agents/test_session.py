@@ -65,6 +65,7 @@ def tool(name: str, call_id: str, content: str) -> Message:
 # -- the real model ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_scout_end_to_end_on_the_tiny_model(ws: Path, tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
     answer = "Config is parsed in src/app.py:1-3."
     scripts = ForcedScripts(
@@ -336,6 +337,7 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(ws: Path) -> 
     assert [cached[2] - cached[1], cached[3] - cached[2]] == [2 * head_tokens] * 2
 
 
+@pytest.mark.slow
 def test_a_summary_cut_by_a_timeout_still_counts_the_prompt_it_read(ws: Path) -> None:
     (ws / "big.txt").write_text("".join(f"line {i:03d}: a value for the config parser\n" for i in range(200)))
     reads = [call("read", path="big.txt", offset=1 + 20 * i, limit=20) for i in range(2)]

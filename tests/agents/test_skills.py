@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlx_subagents.agents.skills import CATALOG_HEAD, discover_skills
 from mlx_subagents.home import state_home
 from mlx_subagents.runs.tasks import TaskSpec
@@ -182,6 +184,7 @@ def test_skills_command_lists_them_and_agents_verbose_shows_each_agents(tmp_path
     assert "  skills: pdf, review\n" in stdout  # the built-ins say nothing: every skill found
 
 
+@pytest.mark.process
 def test_a_cli_run_shows_the_catalog_in_the_transcript_and_the_skill_tool_result(tmp_path: Path) -> None:
     user_skills()
     script = tmp_path / "script.json"

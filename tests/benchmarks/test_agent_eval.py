@@ -135,11 +135,15 @@ def test_a_bad_task_file_is_one_line(tmp_path: Path, tasks: list[dict[str, Any]]
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_every_scout_task_and_a_bug_hold_on_the_pinned_source(source: Path) -> None:
     scouts = [t for t in TASKS.tasks if isinstance(t, ScoutTask)]
     assert check_tasks([*scouts, task("w-quantify")], source) == {t.id: None for t in [*scouts, task("w-quantify")]}
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_the_check_names_tasks_that_do_not_hold(source: Path) -> None:
     chunked, quantify = task("s-chunked"), task("w-quantify")
     shifted = chunked.model_copy(update={"expect": chunked.expect.model_copy(update={"lines": (1, 3)})})
@@ -178,6 +182,8 @@ def test_the_bug_goes_into_a_fresh_copy_every_time(source: Path, tmp_path: Path)
 ONLY = ["--only", "s-chunked", "--only", "s-version", "--only", "w-take"]
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_right_replies_score_everything_right_in_series_and_in_parallel(
     source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -200,6 +206,8 @@ def test_right_replies_score_everything_right_in_series_and_in_parallel(
     assert "| s-chunked | scout | right |" in Path(report["report"]).read_text()
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_wrong_replies_score_nothing_right(source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     replies = write_replies(TASKS.tasks, tmp_path / "wrong", "wrong")
     report = run_eval(source, tmp_path, capsys, replies, *ONLY, "--concurrency", "1")
@@ -213,6 +221,8 @@ def test_wrong_replies_score_nothing_right(source: Path, tmp_path: Path, capsys:
     assert by_id["w-take"]["tests_passed"] == 0
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_a_worker_that_edits_another_file_fails(
     source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -232,6 +242,7 @@ def test_a_worker_that_edits_another_file_fails(
     assert (row["ok"], row["why"], row["tests_passed"]) == (False, "other file changed: README.rst", 1)
 
 
+@pytest.mark.slow
 def test_a_task_that_times_out_is_scored_wrong(
     source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

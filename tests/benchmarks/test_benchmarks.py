@@ -8,7 +8,11 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from tests.helpers import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 REPORT_KEYS = {
     "arch", "model", "turns", "forced",

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from tests.helpers import REPO
 
 THROUGHPUT_KEYS = {
@@ -54,6 +56,8 @@ def run_benchmark(script: str, *args: str) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_throughput_benchmark_json() -> None:
     report = run_benchmark("throughput.py", "--tokens", "16", "--repeats", "1", "--tokens-at-1", "24", "--pairs", "3")
 
@@ -139,6 +143,8 @@ def test_throughput_benchmark_json() -> None:
     assert report["targets"]["batched_vs_serialized_at_1"]["value"] == pairs["median"]["batched_vs_serialized"]
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_kv_pressure_benchmark_json() -> None:
     report = run_benchmark("kv_pressure.py", "--sessions", "4", "--turns", "2")
 

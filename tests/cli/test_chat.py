@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlx_subagents.runs.transcripts import load_run, read_transcript
 from tests.helpers import SLOW, Terminal, alive, all_dead, call, cli_env, wait_for_pids
 
@@ -155,6 +157,8 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
 # -- Ctrl-C -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: Path, write_script: Any) -> None:
     model = write_script(
         {
@@ -196,6 +200,8 @@ def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: P
     assert (child.status, child.tasks[0].status) == ("interrupted", "aborted")
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_sigint_during_once_stops_the_children_and_exits_130(tmp_path: Path, write_script: Any) -> None:
     model = write_script(
         {
@@ -255,6 +261,7 @@ def test_the_streamed_reply_is_written_as_it_comes() -> None:
     assert file.getvalue() == "Let me look.\na < b <tool\n"
 
 
+@pytest.mark.slow
 def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runner: Any) -> None:
     import asyncio
 

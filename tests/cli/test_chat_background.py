@@ -9,8 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlx_subagents.runs.transcripts import load_run, read_transcript
 from tests.helpers import SLOW, Terminal, alive, all_dead, call, wait_for_pids
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def child_runs(parent_folder: Path) -> dict[str, Any]:

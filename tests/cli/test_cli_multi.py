@@ -318,6 +318,8 @@ def test_schema_output_through_the_cli(tmp_path: Path, write_script: Any, run_cl
 # -- Ctrl-C -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("mode", ["parallel", "run"])
 def test_ctrl_c_stops_every_task_and_kills_their_processes(tmp_path: Path, write_script: Any, mode: str) -> None:
     command = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"

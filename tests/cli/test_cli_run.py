@@ -18,6 +18,8 @@ import pytest
 from mlx_subagents.cli.doctor import grammar_line
 from tests.helpers import REPO, alive, call
 
+pytestmark = pytest.mark.process  # all but test_doctor_says_why_the_grammar_path_does_not_work
+
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
 BUILTINS = ["orchestrator", "planner", "reviewer", "scout", "worker"]
@@ -159,6 +161,7 @@ def test_run_refuses_paths_outside_the_workspace_and_leaks_nothing(tmp_path: Pat
     assert len(usage) == 1 and ", 5 turns, " in usage[0]
 
 
+@pytest.mark.slow
 def test_bash_timeout_kills_the_whole_process_tree(tmp_path: Path, ws: Path, write_script: Any) -> None:
     command = "sleep 30 & echo $! > pids.txt; echo $$ >> pids.txt; sleep 30"
     script = write_script(
@@ -183,6 +186,7 @@ def test_bash_timeout_kills_the_whole_process_tree(tmp_path: Path, ws: Path, wri
     assert proc.stdout == "The command timed out.\n"
 
 
+@pytest.mark.slow
 def test_ambiguous_edit_leaves_the_file_alone_and_the_run_goes_on(tmp_path: Path, ws: Path, write_script: Any) -> None:
     original = "def a():\n    return 1\n\ndef b():\n    return 1\n"
     (ws / "src" / "twice.py").write_bytes(original.encode())
@@ -286,6 +290,7 @@ def test_tool_labels_are_shown_literally(tmp_path: Path, ws: Path, write_script:
 # -- agents ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Path, write_script: Any) -> None:
     agents_dir = ws / ".mlx-subagents" / "agents"
     agents_dir.mkdir(parents=True)
@@ -352,6 +357,7 @@ def test_a_missing_model_folder_is_one_line(ws: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_the_default_model_offline_and_not_cached_says_how_to_get_it(tmp_path: Path, ws: Path) -> None:
     proc = cli("run", "scout", "task", "--cwd", ws, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
 
@@ -386,6 +392,7 @@ def test_a_missing_workspace_folder_is_one_line(tmp_path: Path, write_script: An
 # -- doctor ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     proc = cli("doctor", "--model", tiny_qwen3_path)
 
@@ -426,6 +433,7 @@ def test_doctor_says_why_the_grammar_path_does_not_work(tiny_qwen3: Any) -> None
     )
 
 
+@pytest.mark.slow
 def test_doctor_with_a_missing_model_fails(tmp_path: Path) -> None:
     proc = cli("doctor", "--model", "/nonexistent")
 

@@ -94,6 +94,7 @@ def test_thinking_off_asks_the_engines_template_for_no_thinking(
     assert [body.get("chat_template_kwargs") for body in bodies] == [None, {"enable_thinking": False}, None]
 
 
+@pytest.mark.slow
 def test_an_engine_that_is_not_running_stops_the_command(tmp_path: Path, run_cli: Any) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,6 +19,8 @@ from mlx_subagents.runs.transcripts import runs_dir
 from mlx_subagents.text import MAX_WARNING_CHARS
 from tests.cli.test_cli_run import cli
 
+pytestmark = pytest.mark.process  # all but test_file_name_is_bounded_and_keeps_long_names_apart
+
 LIMIT = "1,048,576"
 NOT_REGULAR = "not a regular file (a FIFO, device or socket)"
 SPARSE = 8 * 1024**3  # 8 GiB that take no disk space: read whole, they would not fit in memory
@@ -44,6 +46,7 @@ def _refusal(shown: str, kind: str, what: str) -> str:
     return f"error: {shown}: {NOT_REGULAR}; {article} {what} must be a plain text file\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "zero", "huge"])
 @pytest.mark.parametrize("what", ["schema file", "tasks file", "workflow file", "scripted model file"])
 def test_every_file_a_user_hands_over_is_one_line_and_exit_2(tmp_path: Path, what: str, kind: str) -> None:
@@ -95,6 +98,7 @@ def test_a_huge_sparse_agents_md_is_read_only_in_part(tmp_path: Path) -> None:
     assert f"  {repo / 'AGENTS.md'}\n" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
 def test_an_agents_md_that_is_not_a_regular_file_is_left_out_and_named(tmp_path: Path, kind: str) -> None:
     repo = _repo(tmp_path)
@@ -122,6 +126,7 @@ def _warnings(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("warning:")]
 
 
+@pytest.mark.slow
 def test_a_huge_tool_list_parses_in_linear_time_and_warns_in_one_bounded_line(tmp_path: Path) -> None:
     # 100,000 unknown Claude tools in 1 MB: the old split looked ahead to the end at every comma.
     repo = _repo(tmp_path)
@@ -135,6 +140,7 @@ def test_a_huge_tool_list_parses_in_linear_time_and_warns_in_one_bounded_line(tm
     assert _warnings(done.stderr) == [expected]
 
 
+@pytest.mark.slow
 def test_commas_without_brackets_and_many_unknown_fields_stay_bounded(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
     folder = repo / ".mlx-subagents" / "agents"
@@ -148,6 +154,7 @@ def test_commas_without_brackets_and_many_unknown_fields_stay_bounded(tmp_path: 
     assert "commas" in done.stdout and commas.is_file()
 
 
+@pytest.mark.slow
 def test_every_warning_line_is_capped(tmp_path: Path) -> None:
     # A warning names its file: under folders of long names, the line is cut to the cap.
     repo = _repo(tmp_path)
@@ -220,6 +227,7 @@ def test_an_agent_name_of_64_characters_runs(tmp_path: Path) -> None:
     assert (folder / f"01-{name}.jsonl").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "error"),
     [
@@ -281,6 +289,7 @@ def test_a_manifest_digest_that_is_not_sha256_hex_is_refused(tmp_path: Path, dig
     assert (done.returncode, done.stdout, done.stderr) == (2, "", expected)
 
 
+@pytest.mark.slow
 def test_an_ollama_blob_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
     _manifest(tmp_path, "sha256:" + "0" * 64)
     (tmp_path / "blobs").mkdir()
@@ -290,6 +299,7 @@ def test_an_ollama_blob_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
     assert (done.returncode, done.stderr) == (2, f"error: {blob}: {NOT_REGULAR}; a GGUF file must be a regular file\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [":a:", ":thumbs_up:", "[red]x[/]", "[bold]"])
 def test_error_lines_are_literal_text(tmp_path: Path, name: str) -> None:
     done = cli("run", name, "hi", "-m", "scripted:none.json", "-C", tmp_path, timeout=60)
@@ -318,6 +328,7 @@ def _wait_for(path: Path, proc: Any) -> None:
         os.sched_yield()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_ends", ["finishes", "is killed"])
 def test_a_second_resume_of_a_task_is_refused_while_the_first_runs(tmp_path: Path, first_ends: str) -> None:
     from tests.helpers import spawn_cli

@@ -16,6 +16,8 @@ from mlx_subagents.runs.transcripts import load_run, read_transcript
 from tests.helpers import SLOW as SLOW_CHILD
 from tests.helpers import Terminal, all_dead, call, cli_env, spawn_cli, wait_for_pids
 
+pytestmark = pytest.mark.process
+
 # A foreground sleep, a background one, and one that left the process group (setsid -f).
 SLOW = (
     "echo $$ > bash.pid; setsid -f sh -c 'echo $$ > escaped.pid; exec sleep 30'; "
@@ -47,6 +49,7 @@ def stop_when_ready(
 
 
 # Each signal once, each command once: the handling is one context manager both commands use.
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "command"), [(signal.SIGTERM, "run"), (signal.SIGHUP, "chat")])
 def test_a_termination_signal_stops_kills_saves_and_exits(
     tmp_path: Path, isolated_home: Path, signum: signal.Signals, command: str
@@ -69,6 +72,7 @@ def test_a_termination_signal_stops_kills_saves_and_exits(
     assert [r.status for r in log.results] == ["aborted"]
 
 
+@pytest.mark.slow
 def test_sigterm_at_the_idle_chat_prompt_stops_the_children_saves_and_exits_143(tmp_path: Path) -> None:
     script = tmp_path / "script.json"
     replies = {
@@ -145,6 +149,7 @@ def test_sigterm_at_a_piped_chat_prompt_ends_the_prompt_line_and_exits_143(tmp_p
     ]
 
 
+@pytest.mark.slow
 def test_sigterm_names_itself_and_json_still_prints_what_was_done(tmp_path: Path, isolated_home: Path) -> None:
     script = tmp_path / "script.json"
     replies = {
@@ -176,6 +181,7 @@ def test_sigterm_names_itself_and_json_still_prints_what_was_done(tmp_path: Path
     assert (result.status, result.error) == ("aborted", "stopped by SIGTERM")
 
 
+@pytest.mark.slow
 def test_sighup_on_run_json_prints_the_partial_answer_and_exits_129(tmp_path: Path, isolated_home: Path) -> None:
     script = tmp_path / "script.json"
     first = {"content": "checking the config first", **call("bash", command=SLOW)}
@@ -196,6 +202,7 @@ def test_sighup_on_run_json_prints_the_partial_answer_and_exits_129(tmp_path: Pa
     assert err.splitlines()[-2:] == ["SIGHUP received: stopping every task", "aborted: scout"]
 
 
+@pytest.mark.slow
 def test_a_chat_turn_stopped_by_sigterm_says_so_down_to_its_children(tmp_path: Path, isolated_home: Path) -> None:
     script = tmp_path / "script.json"
     replies = {

@@ -144,6 +144,7 @@ def nested_json(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [OVERFLOW, PAST_CAP])
 @pytest.mark.parametrize("kind", ["script.json", "script.yaml", "schema", "tasks", "workflow"])
 def test_deeply_nested_files_are_one_line(

@@ -47,6 +47,7 @@ async def each_on_a_fresh_host(path: Path, n: int = 4) -> list[list[tuple[int, .
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
 def test_batched_serialized_and_separate_are_token_identical(arch_fixture: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(arch_fixture)
@@ -57,6 +58,7 @@ def test_batched_serialized_and_separate_are_token_identical(arch_fixture: str, 
     assert len({turns[0] for turns in separate}) > 1  # the sessions really differ
 
 
+@pytest.mark.slow
 def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
     long_text = " ".join(f"step{i}" for i in range(120))
     order: list[str] = []
@@ -117,6 +119,7 @@ def test_sessions_started_together_decode_in_one_batch_from_their_first_token(
     assert [len(t) for t in token_ids] == [8, 8, 8, 8] and len(set(token_ids)) == 4
 
 
+@pytest.mark.slow
 def test_hybrid_sessions_started_together_decode_in_one_batch_from_their_first_token(
     tiny_qwen35_path: Path, tiny_qwen35: Any
 ) -> None:
@@ -179,6 +182,7 @@ def test_shared_prefix_is_prefilled_once(tiny_qwen3_path: Path) -> None:
     assert [r.token_ids for r in shared] == [r.token_ids for r in private]
 
 
+@pytest.mark.slow
 def test_small_budget_spills_restores_and_never_overflows(tiny_qwen3_path: Path) -> None:
     async def go(budget: int | None) -> tuple[list[Any], Any, int | None]:
         async with MlxModelHost(str(tiny_qwen3_path), kv_budget=budget, max_sessions=1, share_prefix=False) as host:

@@ -309,6 +309,7 @@ def test_the_default_bounds() -> None:
     assert EngineHost("http://127.0.0.1:9/v1", FAKE_MODEL, start_timeout=3600).start_timeout == DEFAULT_START_TIMEOUT
 
 
+@pytest.mark.slow
 def test_a_listing_that_never_answers_is_bounded_and_timeout_covers_it(tmp_path: Path, run_cli: Any) -> None:
     with FakeEngine(listing_fault=Fault("stall")) as engine:
         code, data, err = run_on(engine, run_cli, tmp_path, "--timeout", "1")
@@ -320,6 +321,7 @@ def test_a_listing_that_never_answers_is_bounded_and_timeout_covers_it(tmp_path:
         assert engine.chat_requests() == []
 
 
+@pytest.mark.slow
 def test_a_listing_that_never_answers_is_bounded_on_the_python_api() -> None:
     async def go(url: str) -> None:
         await EngineHost(url, FAKE_MODEL, start_timeout=0.5).start()
@@ -333,6 +335,7 @@ def test_a_listing_that_never_answers_is_bounded_on_the_python_api() -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content", ["", "thinking..."], ids=["keep-alives", "text-then-stall"])
 def test_a_reply_that_never_ends_is_bounded(engine: FakeEngine, content: str) -> None:
     if content:
@@ -352,6 +355,7 @@ def test_a_reply_that_never_ends_is_bounded(engine: FakeEngine, content: str) ->
     )
 
 
+@pytest.mark.slow
 def test_an_endless_keep_alive_stream_ends_at_the_task_timeout(
     engine: FakeEngine, tmp_path: Path, run_cli: Any
 ) -> None:
@@ -364,6 +368,8 @@ def test_an_endless_keep_alive_stream_ends_at_the_task_timeout(
 # --- as a real process: it ends ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("setup", "flags", "code", "expect"),
     [

@@ -346,6 +346,7 @@ def test_an_error_event_mid_stream_is_one_line(engine: FakeEngine) -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_stalled_stream_times_out(engine: FakeEngine) -> None:
     engine.queue(Fault("stall", content="thinking", seconds=5), Fault("stall", seconds=5), Fault("stall", seconds=5))
     message = failure(EngineHost(engine.url, FAKE_MODEL, timeout=0.5, max_retries=1))
@@ -356,6 +357,7 @@ def test_a_stalled_stream_times_out(engine: FakeEngine) -> None:
     assert len(engine.chat_requests()) == 1  # a reply under way is not sent again
 
 
+@pytest.mark.slow
 def test_a_reply_cancelled_mid_stream_keeps_an_estimate_of_what_it_spent(engine: FakeEngine) -> None:
     engine.queue(Fault("stall", content="Looking at the files now", seconds=5))
 
@@ -371,6 +373,7 @@ def test_a_reply_cancelled_mid_stream_keeps_an_estimate_of_what_it_spent(engine:
     assert cut.generated_tokens == approx_tokens([{"content": "Looking at the files now"}]) > 0
 
 
+@pytest.mark.slow
 def test_an_engine_that_never_answers_times_out_after_bounded_retries(engine: FakeEngine) -> None:
     with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
         silent.bind(("127.0.0.1", 0))

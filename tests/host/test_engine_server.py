@@ -23,6 +23,8 @@ import pytest
 from mlx_subagents.host.engine_host import EngineHost
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
 
+pytestmark = [pytest.mark.slow, pytest.mark.process]  # the module's fixture starts `mlx_lm.server`
+
 START_TIMEOUT = 120.0
 SYSTEM = {"role": "system", "content": "You are a scout. Answer in one line."}
 

@@ -334,6 +334,7 @@ def test_batched_rows_each_keep_their_own_tools(tiny_qwen3_path: Path, tiny_qwen
         jsonschema.validate(reply.tool_calls[0].arguments, tools[0]["function"]["parameters"])
 
 
+@pytest.mark.slow
 def test_a_thought_stays_free_and_the_answer_after_it_is_held(tiny_thinking_path: Path) -> None:
     async def go(grammar: bool) -> Any:
         async with MlxModelHost(str(tiny_thinking_path)) as host:
@@ -346,6 +347,7 @@ def test_a_thought_stays_free_and_the_answer_after_it_is_held(tiny_thinking_path
     jsonschema.validate(json.loads(held.text), ANSWER)
 
 
+@pytest.mark.slow
 def test_the_cli_holds_an_answer_to_its_schema_and_says_so(tmp_path: Path, tiny_qwen3_path: Path, run_cli: Any) -> None:
     from tests.helpers import write_agent
 

@@ -70,6 +70,7 @@ def test_shared_prefixes_hand_out_private_copies_of_the_longest_use() -> None:
     assert prefixes.drop_oldest() > 0 and prefixes.drop_oldest() == 0 and len(prefixes) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
 def test_the_kv_shape_read_off_the_cache_types_is_what_caches_really_hold(
     arch_fixture: str, request: pytest.FixtureRequest

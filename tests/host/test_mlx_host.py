@@ -47,6 +47,7 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
 def test_turns_prefill_only_new_tokens_and_match_cacheless(arch_fixture: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(arch_fixture)

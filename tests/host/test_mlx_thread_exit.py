@@ -14,7 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import mlx_subagents
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 MLX_THREAD_FILE = Path(mlx_subagents.__file__).parent / "host" / "mlx_thread.py"
 EXIT_RIGHT_AFTER_STOP = """

@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.prefix_store import TEMP_PREFIX, evict, list_prefixes, prefix_cache_dir
 from tests.helpers import spawn_cli
@@ -36,6 +38,8 @@ def stored() -> list[Path]:
     return sorted(prefix_cache_dir().glob("*.safetensors"))
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_processes_in_a_row_start_warm_and_two_at_once_leave_one_good_file(
     tiny_qwen3_path: Path, tmp_path: Path
 ) -> None:
@@ -61,6 +65,7 @@ def test_processes_in_a_row_start_warm_and_two_at_once_leave_one_good_file(
     assert "prefix cache" not in errors
 
 
+@pytest.mark.slow
 def test_a_bad_file_is_deleted_with_one_warning_and_the_run_is_a_correct_cold_run(
     tiny_qwen3_path: Path, tmp_path: Path, caplog: Any
 ) -> None:
@@ -126,6 +131,7 @@ def test_a_folder_that_cannot_be_written_turns_the_tier_off_with_one_warning(
     assert reply.raw_text == cold.raw_text
 
 
+@pytest.mark.slow
 def test_the_folder_stays_under_its_bound_least_recently_used_first(tiny_qwen3_path: Path, tmp_path: Path) -> None:
     ask(tiny_qwen3_path)
     (one,) = stored()
@@ -148,6 +154,7 @@ def test_the_folder_stays_under_its_bound_least_recently_used_first(tiny_qwen3_p
     assert sorted(p.stem for p in folder.iterdir()) == ["mid", "new"]
 
 
+@pytest.mark.slow
 def test_a_hybrid_prefix_is_a_snapshot_at_its_end(tiny_qwen35_path: Path) -> None:
     cold = ask(tiny_qwen35_path)[0]
     warm = ask(tiny_qwen35_path)[0]

@@ -107,6 +107,7 @@ def test_a_thought_past_its_budget_is_closed_and_the_task_completes(
     assert result.usage.output_tokens == budget + 1 + len(answer) + 1
 
 
+@pytest.mark.slow
 def test_thinking_off_renders_the_templates_switch(tiny_thinking_path: Path) -> None:
     _, tokenizer = mlx_lm.load(str(tiny_thinking_path))
     scripts = Recording(tokenizer, {"a": ["Hi.", "Hello."]})

@@ -49,6 +49,7 @@ async def fill(host: MlxModelHost, n_sessions: int, n_words: int) -> None:
     await asyncio.gather(*(one(i) for i in range(n_sessions)))
 
 
+@pytest.mark.slow
 def test_a_second_resident_model_takes_half_of_the_one_kv_budget(tmp_path: Path, two_models: Any) -> None:
     first, second = two_models
     runner = make_runner(tmp_path, str(first), kv_budget=4 * MIB, save_transcripts=False)

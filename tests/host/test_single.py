@@ -115,6 +115,7 @@ def test_the_time_slice_ends_a_burst(tiny_qwen3: tuple[Any, Any], monkeypatch: p
     assert held == [[0], [0], [1], [2], [3], [4], [5]]
 
 
+@pytest.mark.slow
 def test_unforced_single_turn_matches_stream_generate(tiny_qwen3: tuple[Any, Any]) -> None:
     """Greedy sampling from the random model, EOS included: same ids, same end."""
     from mlx_lm import stream_generate
@@ -352,6 +353,7 @@ def ids_of(results: dict[str, Reply]) -> dict[str, tuple[int, ...]]:
     return {name: r.token_ids for name, r in sorted(results.items())}
 
 
+@pytest.mark.slow
 def test_the_last_turn_in_the_batch_goes_on_single_token_identical(tiny_qwen3: tuple[Any, Any]) -> None:
     """a (40 tokens) and b (10) start together; once b ends, a's remaining 30 come 8 per step from the
     single-sequence path, the same ids as serialized and as `stream_generate`, its cache reused whole."""
@@ -376,6 +378,7 @@ def test_the_last_turn_in_the_batch_goes_on_single_token_identical(tiny_qwen3: t
     assert [serial[n].usage.cached_tokens for n in ("a2", "b2")] == [len(a.ids) + 40, len(b.ids) + 10]
 
 
+@pytest.mark.slow
 def test_a_hybrid_straggler_goes_on_single_too(tiny_qwen35: tuple[Any, Any]) -> None:
     """qwen3_5: gated-delta state (`ArraysCache`) and attention layers leave the batch together."""
     lengths = {"a": 30, "b": 6}
@@ -436,6 +439,7 @@ def test_cancel_right_after_the_move(tiny_qwen3: tuple[Any, Any]) -> None:
     assert results["a2"].usage.cached_tokens == len(a.ids) + 11
 
 
+@pytest.mark.slow
 def test_a_turn_arriving_right_after_the_move_brings_it_back_into_the_batch(tiny_qwen3: tuple[Any, Any]) -> None:
     """c arrives in the step after a went single: a returns to the batch while c decodes and goes
     single again when c ends; all three as serialized."""
@@ -487,6 +491,7 @@ def sliding_window_model() -> Any:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("lengths", "short"), [((40, 5), 3), ((5, 40), 3), ((12, 30), 20)])
 def test_take_from_batch_continues_token_identically_on_sliding_window_layers(
     lengths: tuple[int, int], short: int

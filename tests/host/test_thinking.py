@@ -140,6 +140,7 @@ def test_the_budget_forces_the_end_marker_without_evaluating(
     assert got == reference(budget, start, end, opened, prompt, wishes)
 
 
+@pytest.mark.slow
 def test_random_streams_force_what_the_host_side_algorithm_forced() -> None:
     # Streams dense in marker tokens (partial markers, markers inside and outside thoughts, overlapping
     # start and end, one a suffix of the other), budgets from 0 to 12 (thoughts open and close several

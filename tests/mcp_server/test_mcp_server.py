@@ -25,6 +25,8 @@ from mlx_subagents.caps import MAX_TASK_CHARS
 from mlx_subagents.runs.transcripts import load_run, read_transcript
 from tests.helpers import REPO, alive, call
 
+pytestmark = [pytest.mark.slow, pytest.mark.process]
+
 FORMS = (
     'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '
     '{"tasks": [{"agent": "NAME", "task": "TEXT"}, ...]} for up to 8 independent tasks in parallel; '

@@ -205,6 +205,7 @@ def hold_import(name: str) -> tuple[Any, str]:
     return process, process.stdout.readline().strip()  # type: ignore[union-attr]
 
 
+@pytest.mark.process
 def test_a_second_import_of_one_name_is_refused_while_the_first_runs(tmp_path: Path, run_cli: Any) -> None:
     gguf = write_gguf(tmp_path / "model.gguf", "llama")  # passes the checks that come before the lock
     process, staging = hold_import("m")
@@ -223,6 +224,8 @@ def test_a_second_import_of_one_name_is_refused_while_the_first_runs(tmp_path: P
     assert sorted(p.name for p in models_dir().iterdir()) == []  # it cleaned up after itself
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_a_killed_import_leaves_nothing_after_the_next_import(tmp_path: Path) -> None:
     import signal
 

@@ -25,6 +25,8 @@ from mlx_subagents.models.catalog import list_models
 from mlx_subagents.testing import ForcedScripts, tool_call_text
 from mlx_subagents.tools import make_tools
 
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
 PARIS = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 QUESTIONS = [PARIS, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2 + 2?"}]]
 

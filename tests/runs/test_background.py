@@ -192,6 +192,7 @@ def tool_messages(result: Any) -> list[str]:
     return [m["content"] for m in read_transcript(Path(result.transcript)).messages if m["role"] == "tool"]
 
 
+@pytest.mark.slow
 def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_them(
     tmp_path: Path, scripted_runner: Any
 ) -> None:
@@ -247,6 +248,7 @@ def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_
     assert children == ["orchestrator > planner#1", "orchestrator > scout#1"]
 
 
+@pytest.mark.slow
 def test_a_parent_steers_and_cancels_its_children_and_errors_are_results(scripted_runner: Any) -> None:
     script = {
         "agents": {
@@ -414,6 +416,7 @@ def test_the_depth_limit_holds_for_background_children(tmp_path: Path, scripted_
 # -- the tiny real model --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_message_to_a_finished_child_resumes_it_on_its_kv_cache(
     tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
 ) -> None:
@@ -441,6 +444,7 @@ def test_a_message_to_a_finished_child_resumes_it_on_its_kv_cache(
     assert n_message <= n_prompt - n_cached <= n_message + 12
 
 
+@pytest.mark.slow
 def test_a_forced_parent_starts_a_background_child_and_reads_its_answer_on_the_tiny_model(
     forced_orchestrator: Any,
 ) -> None:
@@ -469,6 +473,7 @@ def test_a_forced_parent_starts_a_background_child_and_reads_its_answer_on_the_t
 # -- records: --events and `subagent show` ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_events_and_show_record_sends_and_notices_in_order(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     import json
 
@@ -514,6 +519,7 @@ def test_run_events_and_show_record_sends_and_notices_in_order(tmp_path: Path, w
     assert shown.index("user: Task: map auth") < shown.index("user: also the tests") < shown.index("auth.py, tested")
 
 
+@pytest.mark.slow
 def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(scripted_runner: Any) -> None:
     script = {
         "agents": {

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlx_subagents.cli.show import CUT_NOTE
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import load_run, read_transcript
@@ -27,6 +29,7 @@ def last_message(result: Any) -> dict[str, Any]:
     return messages[-1]
 
 
+@pytest.mark.slow
 def test_a_reply_cut_by_the_timeout_keeps_its_text_and_reasoning(scripted_runner: Any) -> None:
     runner = scripted_runner({"replies": [{"reasoning": THOUGHT, "content": SAID, "stall": 60}]})
     result = go(runner, "run", TaskSpec("scout", "where is auth?", timeout=0.5))
@@ -67,6 +70,8 @@ async def _until_streamed(runner: Any) -> Any:
         return await work
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_a_reply_cut_by_sigterm_is_in_the_json_and_in_show(tmp_path: Path, isolated_home: Path) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"replies": [{"reasoning": THOUGHT, "content": SAID, "stall": 60}]}))
@@ -95,6 +100,7 @@ def test_a_reply_cut_by_sigterm_is_in_the_json_and_in_show(tmp_path: Path, isola
     assert shown[at - 1 : at + 2] == [f"thinking: {THOUGHT}", f"assistant: {SAID}", CUT_NOTE]
 
 
+@pytest.mark.slow
 def test_the_tiny_model_cut_by_the_timeout_keeps_what_it_generated(
     tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: tuple[Any, Any]
 ) -> None:

@@ -449,6 +449,7 @@ def test_run_shows_children_under_the_parents_tool_call(tmp_path: Path, write_sc
 # -- the tiny real model --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_forced_parent_delegates_on_the_tiny_real_model(forced_orchestrator: Any) -> None:
     from mlx_subagents.testing import tool_call_text
 
@@ -472,6 +473,7 @@ def test_a_forced_parent_delegates_on_the_tiny_real_model(forced_orchestrator: A
     assert len(list(runs_dir().iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_two_children_of_one_agent_in_one_reply_each_reuse_their_own_kv_cache(forced_orchestrator: Any) -> None:
     from mlx_subagents.testing import tool_call_text
 

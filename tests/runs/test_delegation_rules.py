@@ -91,6 +91,7 @@ def fan_out_script(write_script: Any) -> str:
     )
 
 
+@pytest.mark.slow
 def test_three_parents_of_four_children_never_run_more_than_four_loops(
     tmp_path: Path, write_script: Any, run_cli: Any
 ) -> None:
@@ -112,6 +113,7 @@ def test_three_parents_of_four_children_never_run_more_than_four_loops(
 # -- writers take turns ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_writers_never_overlap_and_a_reader_runs_alongside(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     model = write_script(
         {
@@ -182,6 +184,7 @@ def looking_agents(tmp_path: Path, write_script: Any, front: str) -> str:
     return write_script({"agents": {"looker": {"replies": [call("bash", command=command), "looked"]}}})
 
 
+@pytest.mark.slow
 def test_two_bash_agents_take_turns(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     model = looking_agents(tmp_path, write_script, "")
     args = ["parallel", "-t", "looker", "one", "-t", "looker", "two", "-m", model, "-C", str(tmp_path), "-y"]
@@ -197,6 +200,7 @@ def test_two_bash_agents_take_turns(tmp_path: Path, write_script: Any, run_cli: 
     )
 
 
+@pytest.mark.slow
 def test_bash_agents_that_say_writer_false_run_alongside(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     model = looking_agents(tmp_path, write_script, "writer: false\n")
     args = ["parallel", "-t", "looker", "one", "-t", "looker", "two", "-m", model, "-C", str(tmp_path), "-y"]
@@ -551,6 +555,7 @@ def test_run_and_chat_show_the_first_five_agent_file_warnings(tmp_path: Path, wr
         ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("repository", [True, False], ids=["in-a-repository", "outside-a-repository"])
 def test_a_writer_in_a_subfolder_takes_turns_with_one_at_the_root(
     tmp_path: Path, write_script: Any, run_cli: Any, repository: bool

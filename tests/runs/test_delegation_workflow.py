@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlx_subagents.runs.prepare import Parent
 from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
@@ -94,6 +96,8 @@ def test_the_tool_offers_the_workflow_form_only_where_workflows_exist(tmp_path: 
     assert {"workflow", "input"} <= fields
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_a_workflow_call_is_checked_as_the_cli_checks_it(tmp_path: Path, scripted_runner: Any) -> None:
     write_flow(tmp_path)
     # The parent may start only the scout: the workflow's planner step is refused before any step starts.
@@ -120,6 +124,7 @@ def test_a_workflow_call_is_checked_as_the_cli_checks_it(tmp_path: Path, scripte
     assert child_runs(load_run(result.run_id)) == []  # nothing started
 
 
+@pytest.mark.process
 def test_chat_workflow_runs_the_steps_and_the_parent_reads_their_answers(tmp_path: Path, write_script: Any) -> None:
     write_flow(tmp_path)
     model = write_script({"agents": {"orchestrator": {"replies": ["Hello.", "I read the plan."]}, **STEPS}})
@@ -146,6 +151,7 @@ def test_chat_workflow_runs_the_steps_and_the_parent_reads_their_answers(tmp_pat
     assert [r.mode for r in child_runs(run)] == ["workflow"]
 
 
+@pytest.mark.slow
 def test_a_workflow_in_the_background_starts_each_step_when_its_needs_are_done(tmp_path: Path) -> None:
     write_flow(tmp_path)
     start = call("subagent", workflow="fix", input="dates lose their zone", background=True)

@@ -256,6 +256,7 @@ def tiny_gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3_text")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path", "tiny_gemma3_path"])
 def test_a_fork_prefills_only_its_placeholder_and_task_and_matches_a_cold_run(
     arch_fixture: str, request: pytest.FixtureRequest, tiny_qwen3: Any
@@ -291,6 +292,7 @@ def test_a_fork_prefills_only_its_placeholder_and_task_and_matches_a_cold_run(
     assert after.token_ids == cold_after.token_ids
 
 
+@pytest.mark.slow
 def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(
     tmp_path: Path, forced_runner: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -352,6 +354,7 @@ def test_fork_is_offered_only_where_a_calling_agent_exists() -> None:
     assert "fork" not in client["properties"]["chain"]["items"]["properties"]
 
 
+@pytest.mark.slow
 def test_a_background_fork_on_the_tiny_model_starts_at_the_call_while_its_parent_goes_on(
     tmp_path: Path, forced_runner: Any
 ) -> None:

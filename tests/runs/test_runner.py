@@ -36,6 +36,7 @@ def max_running(events: list[Event]) -> int:
 # -- parallel -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_parallel_results_come_back_in_input_order(scripted_runner: Any) -> None:
     script = {
         "agents": {
@@ -380,6 +381,7 @@ def test_an_agents_output_schema_applies(tmp_path: Path, scripted_runner: Any) -
 # -- the tiny real model ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_parallel_on_the_tiny_real_model(tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
     from mlx_subagents.testing.forced import ForcedScripts, tool_call_text
 

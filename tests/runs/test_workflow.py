@@ -76,6 +76,7 @@ def test_steps_get_the_input_and_the_answers_they_need(tmp_path: Path, scripted_
     )
 
 
+@pytest.mark.slow
 def test_a_step_starts_as_soon_as_its_own_needs_are_done(tmp_path: Path, scripted_runner: Any) -> None:
     flow = write(
         tmp_path,

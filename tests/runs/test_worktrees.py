@@ -40,6 +40,7 @@ def make_repo(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_two_isolated_workers_write_one_file_at_once_and_only_the_first_applies(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     (repo / "notes.txt").write_text("uncommitted edit\n")  # tracked change, not committed
@@ -255,6 +256,8 @@ def test_a_background_isolated_task_works_in_its_worktree_and_its_output_names_t
     )
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_sigterm_commits_what_the_child_did_on_its_branch_and_keeps_the_worktree_listed(
     tmp_path: Path, run_cli: Any, write_script: Any
 ) -> None:

@@ -410,6 +410,8 @@ def test_forced_processor_takes_several_new_tokens_at_once() -> None:
     assert forced_picks(empty, lazy_contexts([1], [[4, 4], [3]]), vocab=12) == [3, 3, 3]
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_cli_builds_a_model(tmp_path: Path) -> None:
     out = tmp_path / "cli-model"
     root = str(Path(mlx_subagents.__file__).resolve().parents[1])

@@ -22,6 +22,8 @@ from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.tools.mcp import load_config
 from tests.helpers import REPO, alive, call, go, write_agent
 
+pytestmark = pytest.mark.process  # the demo server or `subagent`: all but the expansion test
+
 SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
 
 
@@ -44,6 +46,7 @@ def pids_in(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_agent_calls_server_tools_with_its_schema_disallowed_removed_errors_as_results(
     tmp_path: Path, scripted_runner: Any
 ) -> None:
@@ -93,6 +96,7 @@ def test_agent_calls_server_tools_with_its_schema_disallowed_removed_errors_as_r
     assert not alive(pids_in(pids)[0])
 
 
+@pytest.mark.slow
 def test_one_server_for_parallel_agents_stopped_at_close_and_never_for_a_child_without_it(
     tmp_path: Path, scripted_runner: Any
 ) -> None:
@@ -131,6 +135,7 @@ def test_one_server_for_parallel_agents_stopped_at_close_and_never_for_a_child_w
     assert pids_in(pids) == []  # a child whose parent lacks the server never starts it
 
 
+@pytest.mark.slow
 def test_cancelled_slow_call_sends_the_cancellation_and_leaves_no_process(tmp_path: Path, scripted_runner: Any) -> None:
     pids = tmp_path / "pids"
     write_agent(tmp_path, "demo-user", front=inline_demo(pids))
@@ -156,6 +161,7 @@ def test_cancelled_slow_call_sends_the_cancellation_and_leaves_no_process(tmp_pa
     assert not alive(pids_in(pids)[0])
 
 
+@pytest.mark.slow
 def test_cli_project_mcp_json_needs_consent_and_the_agent_gets_its_tools(tmp_path: Path) -> None:
     home, project, pids = tmp_path / "home", tmp_path / "project", tmp_path / "pids"
     (home / "agents").mkdir(parents=True)
@@ -225,6 +231,7 @@ def listing_project(tmp_path: Path) -> tuple[Path, Path]:
     return home, project
 
 
+@pytest.mark.slow
 def test_cli_mcp_servers_lists_each_server_its_origin_consent_and_agents(tmp_path: Path) -> None:
     home, project = listing_project(tmp_path)
     mcp_json, inl = project / ".mcp.json", home / "agents" / "inl.md"
@@ -259,6 +266,7 @@ def test_cli_mcp_servers_lists_each_server_its_origin_consent_and_agents(tmp_pat
     ]
 
 
+@pytest.mark.slow
 def test_doctor_starts_each_server_once_and_says_its_tools_or_why_not(tmp_path: Path, monkeypatch: Any) -> None:
     # In-process: `subagent doctor` prints these lines first, then imports mlx for its model check (seconds).
     home, project = listing_project(tmp_path)
@@ -285,6 +293,7 @@ def test_doctor_starts_each_server_once_and_says_its_tools_or_why_not(tmp_path: 
     ]
 
 
+@pytest.mark.slow
 def test_an_agent_delegates_to_another_instance_through_its_subagent_mcp(tmp_path: Path, scripted_runner: Any) -> None:
     inner_home, inner_script = tmp_path / "inner-home", tmp_path / "inner.json"
     (inner_home / "agents").mkdir(parents=True)
@@ -315,6 +324,7 @@ def test_an_agent_delegates_to_another_instance_through_its_subagent_mcp(tmp_pat
     assert transcript.is_relative_to(inner_home / "runs") and transcript.is_file()  # the other instance ran it
 
 
+@pytest.mark.slow
 def test_streamable_http_server_with_expanded_headers(tmp_path: Path, scripted_runner: Any, monkeypatch: Any) -> None:
     with socket.socket() as probe:  # a free port for the server
         probe.bind(("127.0.0.1", 0))

@@ -113,6 +113,7 @@ def test_a_sandboxed_parent_sandboxes_its_children_and_a_project_file_cannot_tur
     assert outside.read_text() == "x\n"
 
 
+@pytest.mark.slow
 def test_sandboxed_bash_is_swept_on_cancel_and_keeps_its_time_out(tmp_path: Path) -> None:
     tool = BashTool(Workspace(tmp_path), Sandbox(writable=(tmp_path,)))
 

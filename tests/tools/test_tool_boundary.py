@@ -87,6 +87,7 @@ def arguments() -> st.SearchStrategy[Any]:
     return st.one_of(st.dictionaries(st.sampled_from(KEYS) | TEXT, VALUE, max_size=5), VALUE)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from([*FUZZED_TOOLS, "subagent"]), args=arguments())
 def test_fuzzed_arguments_never_crash_a_tool(ws: Workspace, subagent: Tool, name: str, args: Any) -> None:

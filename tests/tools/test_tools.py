@@ -584,6 +584,7 @@ def test_bash_caps_output_keeping_head_and_tail(tools: dict[str, Tool]) -> None:
     )
 
 
+@pytest.mark.slow
 def test_bash_timeout_kills_the_process_group(tools: dict[str, Tool], tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
     started = time.monotonic()
@@ -641,6 +642,7 @@ ESCAPES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("end", ["returns", "times out", "is cancelled", "kill_all_processes"])
 @pytest.mark.parametrize("escape", ESCAPES)
 def test_processes_that_leave_the_group_die_with_the_call(
@@ -774,6 +776,8 @@ def test_a_blocked_tool_is_stopped_by_the_time_limit(ws: Workspace, monkeypatch:
     assert run(BlockingTool(ws)) == err("blocking took longer than 0.2s and was stopped; narrow the request")
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_a_blocked_tool_thread_does_not_keep_the_process_from_exiting(ws: Workspace) -> None:
     program = f"""
 import asyncio, sys
@@ -808,6 +812,8 @@ for i in range(n):
 """
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_edit_never_loses_what_a_concurrent_writer_appends(tools: dict[str, Tool], ws: Workspace) -> None:
     path = ws.root / "log.txt"
     path.write_text("counter = 0\n")
