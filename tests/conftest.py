@@ -17,9 +17,8 @@ _SESSION_HF_HOME = tempfile.mkdtemp(prefix="mlx-subagents-hf-")
 atexit.register(shutil.rmtree, _SESSION_HF_HOME, ignore_errors=True)
 os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=_SESSION_HF_HOME)
 
-from helpers import make_runner, run_parent, scripted_host  # noqa: E402
-
 from mlx_subagents.testing import make_tiny_model  # noqa: E402
+from tests.helpers import make_runner, run_parent, scripted_host  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -73,6 +73,8 @@ def generate_cli_page() -> str:
         return HEADER + out.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_cli_page_is_current() -> None:
     expected = generate_cli_page().encode("utf-8")
     actual = CLI_PAGE.read_bytes() if CLI_PAGE.is_file() else b""

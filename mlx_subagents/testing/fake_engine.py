@@ -102,7 +102,11 @@ class FakeEngine:
         self._closing = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-engine", daemon=True)
+        # serve_forever checks for shutdown() every poll_interval (0.5 s by default): each stop waited that long.
+        serve = {"poll_interval": 0.02}
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs=serve, name="fake-engine", daemon=True
+        )
 
     @property
     def url(self) -> str:

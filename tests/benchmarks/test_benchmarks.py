@@ -1,0 +1,83 @@
+"""Smoke test: the prefix-reuse benchmark runs end to end on a tiny model and reports sanely."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]
+
+REPORT_KEYS = {
+    "arch", "model", "turns", "forced",
+    "prompt_tokens_total", "prefill_tokens_with_reuse", "prefill_tokens_without_reuse",
+    "cached_tokens_with_reuse", "generated_tokens_total", "prefill_ratio",
+    "seconds_with_reuse", "seconds_without_reuse", "speedup",
+    "identical_outputs", "target_prefill_ratio", "target_met", "per_turn",
+}  # fmt: skip
+PER_TURN_KEYS = {
+    "reply", "prompt_tokens", "prompt_tokens_without_reuse", "cached_tokens_with_reuse",
+    "prefill_tokens_with_reuse", "prefill_tokens_without_reuse", "generated_tokens",
+    "seconds_with_reuse", "seconds_without_reuse", "identical_output",
+}  # fmt: skip
+
+
+def test_prefix_reuse_benchmark_json() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/prefix_reuse.py", "--json", "--turns", "3"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert REPORT_KEYS <= report.keys()
+    assert PER_TURN_KEYS <= report["per_turn"].keys()
+    turns = report["per_turn"]
+    assert report["turns"] == 3 and all(len(values) == 3 for values in turns.values())
+    assert report["arch"] == "qwen3" and report["forced"] is True
+    assert turns["reply"] == ["grep", "read", "answer"]
+
+    assert report["identical_outputs"] is True
+    assert report["prefill_tokens_with_reuse"] < report["prefill_tokens_without_reuse"]
+    assert report["prompt_tokens_total"] == sum(turns["prompt_tokens"])
+    assert report["prefill_tokens_without_reuse"] == report["prompt_tokens_total"]
+    assert report["prefill_tokens_with_reuse"] + report["cached_tokens_with_reuse"] == report["prompt_tokens_total"]
+    assert turns["cached_tokens_with_reuse"][0] == 0  # the warm-up lends the timed session nothing
+
+
+def run_benchmark(*args: str) -> dict[str, Any]:
+    """One benchmark script run on the tiny model: its `--json` line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, *args, "--json"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_tool_calls_benchmark_turns_a_random_models_started_calls_into_valid_ones() -> None:
+    report = run_benchmark("benchmarks/tool_calls.py", "--max-tokens", "24")
+    assert report["requests"] == 24 and report["forced"] is True
+    assert report["started_call_rate_off"] == report["started_call_rate_on"] == 1.0
+    assert report["valid_call_rate_off"] == 0.0  # noise after the marker: no call parses
+    assert report["valid_call_rate_on"] == report["parsed_call_rate_on"] == 1.0
+    assert report["target_met"] is True and report["decode_ratio_on_vs_off"] > 0
+
+
+def test_throughput_grammar_pair_reports_the_ratio_at_1_and_4_sessions() -> None:
+    report = run_benchmark("benchmarks/throughput.py", "--grammar-pair", "--tokens", "16", "--repeats", "1")
+    assert set(report["results"]) == {"1", "4"}
+    assert {k for k in report if k.startswith("grammar_")} == {
+        "grammar_decode_ratio_1", "grammar_decode_ratio_4", "grammar_cpu_ratio_1", "grammar_cpu_ratio_4",
+    }  # fmt: skip
+    assert [report["results"][n][g]["generated_tokens"] for n in ("1", "4") for g in ("off", "on")] == [16, 16, 64, 64]
+    assert report["identical_outputs"] is True

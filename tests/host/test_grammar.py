@@ -1,0 +1,379 @@
+"""Tool-call grammars on the tiny random model, through the real mlx-lm path: a call the model starts
+ends as a well-formed call to one of its tools, with arguments that tool's schema accepts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import mlx.core as mx
+import pytest
+
+from mlx_subagents.host import GenerateArgs, MlxModelHost
+from mlx_subagents.host.protocol import ToolCall
+from mlx_subagents.testing import ForcedPrefix as Prefix
+from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
+from tests.host.test_mlx_host import TASK
+
+READ = {
+    "type": "function",
+    "function": {
+        "name": "read",
+        "description": "Read a file.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string", "enum": ["src/app.py", "README.md"]}},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    },
+}
+FIND = {
+    "type": "function",
+    "function": {
+        "name": "find",
+        "description": "Find files.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "kind": {"$ref": "#/$defs/kind"},
+                "deep": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+            },
+            "required": ["kind", "deep"],
+            "additionalProperties": False,
+            "$defs": {"kind": {"enum": ["file", "dir"]}},
+        },
+    },
+}
+TOOLS = [READ, FIND]
+LIST = {
+    "type": "function",
+    "function": {
+        "name": "list",
+        "description": "List a folder.",
+        "parameters": {
+            "type": "object",
+            "properties": {"kind": {"$ref": "#/$defs/kind"}, "depth": {"type": "integer", "minimum": 0, "maximum": 3}},
+            "required": ["kind", "depth"],
+            "$defs": {"kind": {"enum": ["file", "dir"]}},
+        },
+    },
+}
+
+
+def reply_with(path: Path, factory: Any, grammar: bool, tools: list[Any] = TOOLS) -> Any:
+    async def go() -> Any:
+        async with MlxModelHost(str(path), processor_factory=factory) as host:
+            return await host.session("a").generate(TASK, GenerateArgs(max_tokens=48, grammar=grammar), tools=tools)
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def prompted_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with SmolLM2's ChatML, which drops tools: the prompted mode, taught Hermes calls."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-prompted"), template="no_tools")
+
+
+@pytest.mark.parametrize("mode", ["native", "prompted"])
+def test_noise_after_a_forced_call_start_becomes_a_valid_call_to_a_known_tool(
+    tiny_qwen3_path: Path, tiny_qwen3: Any, prompted_path: Path, mode: str
+) -> None:
+    start = tiny_qwen3[1].encode("Looking.<tool_call>", add_special_tokens=False)
+    path = tiny_qwen3_path if mode == "native" else prompted_path
+
+    def factory(name: str, ids: Any) -> list[Any]:
+        return [Prefix(start)]
+
+    free = reply_with(path, factory, grammar=False)
+    assert free.tool_calls == [] and len(free.malformed_tool_calls) == 1  # noise: no call survives
+    constrained = reply_with(path, factory, grammar=True)
+    assert constrained.malformed_tool_calls == []
+    assert constrained.tool_calls == [ToolCall("read", {"path": "README.md"}, "call_0")]
+    jsonschema.validate(constrained.tool_calls[0].arguments, READ["function"]["parameters"])
+
+
+def test_forced_valid_and_malformed_calls_decode_the_same_with_the_grammar_on_and_off(
+    tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
+    good = "Reading." + tool_call_text("read", {"path": "README.md"})
+    bad = '<tool_call>\n{"name": "rea'  # forced past the grammar: it lets go, the call is reported as written
+    replies = {}
+    for grammar in (False, True):
+        scripts = ForcedScripts(tiny_qwen3[1], {"a": [good, bad]})
+        replies[grammar] = [reply_with(tiny_qwen3_path, scripts, grammar) for _ in range(2)]
+    assert [r.raw_text for r in replies[True]] == [r.raw_text for r in replies[False]] == [good, bad]
+    assert [len(r.malformed_tool_calls) for r in replies[True]] == [0, 1]
+
+
+def test_an_inexpressible_schema_warns_once_and_the_run_goes_on(
+    tiny_qwen3_path: Path, tiny_qwen3: Any, caplog: Any
+) -> None:
+    odd = {"type": "function", "function": {"name": "odd", "parameters": {"$ref": "#/nowhere"}}}
+    scripts = ForcedScripts(tiny_qwen3[1], {"a": [tool_call_text("read", {"path": "src/app.py"})]})
+    reply = reply_with(tiny_qwen3_path, scripts, grammar=True, tools=[READ, odd])
+    assert [c.name for c in reply.tool_calls] == ["read"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "mlx_subagents.host.grammar"]
+    assert warnings == ["calls to odd are decoded without a grammar: its schema cannot be expressed"]
+
+
+def test_grammar_off_in_the_agent_file_is_honoured_and_the_run_option_wins(tmp_path: Path) -> None:
+    from mlx_subagents.agents.discovery import AgentCatalog
+    from mlx_subagents.agents.spec import parse_agent_file
+    from mlx_subagents.errors import AgentFileError
+    from mlx_subagents.runs.options import RunOptions
+    from mlx_subagents.runs.prepare import Preparer
+
+    def agent(value: str) -> Path:
+        path = tmp_path / f"g{len(list(tmp_path.iterdir()))}.md"
+        path.write_text(f"---\nname: g\ndescription: Tests.\ngrammar: {value}\n---\n\nBody.\n", encoding="utf-8")
+        return path
+
+    off, on = parse_agent_file(agent("off"), "project"), parse_agent_file(agent("on"), "project")
+    assert (off.grammar, on.grammar) == (False, True)
+    with pytest.raises(AgentFileError) as bad:
+        parse_agent_file(agent("maybe"), "project")
+    assert str(bad.value).endswith("field 'grammar' must be on or off, got 'maybe'; e.g. grammar: off")
+
+    def limits(options: RunOptions) -> bool:
+        return Preparer(options, AgentCatalog()).limits(off).grammar
+
+    assert [limits(RunOptions()), limits(RunOptions(grammar=True)), limits(RunOptions(grammar=False))] == [
+        False,
+        True,
+        False,
+    ]
+
+
+class InFlight:
+    """The token still being computed: compared on the device only; `.item()` (a host sync) is counted."""
+
+    def __init__(self, value: int, reads: list[int]) -> None:
+        self.value, self.reads = value, reads
+
+    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+        return mx.array(self.value) == other
+
+    def item(self) -> int:
+        self.reads.append(self.value)
+        return self.value
+
+
+class Context:
+    """A decode path's context: the prompt and the tokens the host has read, then the one in flight."""
+
+    def __init__(self, prompt: int, known: list[int], flight: InFlight | None) -> None:
+        self.prompt, self.known, self.flight = prompt, known, flight
+
+    def __len__(self) -> int:
+        return self.prompt + len(self.known) + (self.flight is not None)
+
+    def __getitem__(self, i: int) -> Any:
+        assert i == -1 and self.flight is not None, "only the token in flight may be read from the context"
+        return self.flight
+
+
+def drive(processor: Any, ids: Sequence[int], vocab: int, seed: int = 0, steps: int = 96) -> list[int]:
+    """Decode like a pipelined path, on random logits: forced `ids` first, then the argmax of noise
+    under the processor; returns the tokens. Reads of the in-flight token are in `processor.reads`."""
+    rng, tokens, reads = mx.random.key(seed), [], []
+    processor.known, processor.reads = tokens, reads
+    for step in range(steps):
+        flight = InFlight(tokens[-1], reads) if tokens else None
+        known = tokens[:-1] if tokens else []
+        processor.known = known
+        logits = mx.random.normal((1, vocab), key=mx.random.split(rng, steps)[step])
+        out = processor(Context(10, known, flight), logits)
+        token = ids[step] if step < len(ids) else int(mx.argmax(out, axis=-1).item())
+        if token in processor.eos:
+            break
+        tokens.append(token)
+    return tokens
+
+
+def test_free_text_reads_no_token_in_flight_and_a_call_reads_each_of_its_own(tiny_qwen3: Any) -> None:
+    from mlx_subagents.host.grammar import Grammars
+
+    tokenizer = tiny_qwen3[1]
+    grammars = Grammars(tokenizer, "json", "<tool_call>", "</tool_call>")
+    text = tokenizer.encode("Let me look at the files first, then answer.", add_special_tokens=False)
+    start = tokenizer.encode("<tool_call>", add_special_tokens=False)
+    processor = grammars.processor([READ], None, False)
+    tokens = drive(processor, [*text, *start], len(tokenizer.vocab))
+    written = tokenizer.decode(tokens)
+    assert written.startswith("Let me look at the files first, then answer.<tool_call>")
+    call = written.split("<tool_call>", 1)[1].split("</tool_call>", 1)[0]
+    assert json.loads(call) == {"name": "read", "arguments": {"path": json.loads(call)["arguments"]["path"]}}
+    # The free text, and the marker, were never read on the host; each token of the call was.
+    n_free = len(text) + len(start)
+    assert processor.reads == tokens[n_free : len(processor.reads) + n_free] and processor.reads
+    assert processor.engaged == "calls"
+
+
+@pytest.mark.parametrize(
+    ("kind", "start", "end", "parse", "names"),
+    [
+        ("json", "<tool_call>", "</tool_call>", "json_tools", ["find"]),  # `$ref`, `anyOf`, an enum
+        # mlx-lm's XML parser reads an `anyOf` value as text: no `find` there
+        ("xml", "<tool_call>", "</tool_call>", "qwen3_coder", ["read", "list"]),
+        ("mistral", "[TOOL_CALLS]", "", "mistral", ["read", "list", "find"]),
+    ],
+)
+def test_noise_becomes_a_valid_call_in_each_format(
+    tiny_qwen3: Any, kind: str, start: str, end: str, parse: str, names: list[str]
+) -> None:
+    import importlib
+
+    from mlx_subagents.host.grammar import Grammars
+
+    tokenizer = tiny_qwen3[1]
+    parser = importlib.import_module(f"mlx_lm.tool_parsers.{parse}").parse_tool_call
+    grammars = Grammars(tokenizer, kind, start, end)  # type: ignore[arg-type]
+    every = {"read": READ, "list": LIST, "find": FIND}
+    tools = [every[name] for name in names]
+    for seed in range(3):
+        processor = grammars.processor(tools, None, False)
+        marker = tokenizer.encode(start, add_special_tokens=False)
+        written = tokenizer.decode(drive(processor, marker, len(tokenizer.vocab), seed=seed, steps=160))
+        body = written.split(start, 1)[1]
+        body = body.split(end, 1)[0] if end else body
+        parsed = parser(body, tools)
+        call = parsed[0] if isinstance(parsed, list) else parsed
+        schema = every[call["name"]]["function"]["parameters"]
+        jsonschema.validate(call["arguments"], schema)
+
+
+# A call to `read`, one whose path is not in its enum, one to a tool the grammar was not given.
+GRAMMAR_CASES = [("read", {"path": "README.md"}), ("read", {"path": "setup.py"}), ("find", {"path": "README.md"})]
+
+
+def accepts(prototype: Any, tokenizer: Any, text: str) -> bool:
+    """Whether a compiled grammar accepts `text` token by token, and ends there."""
+    matcher = prototype.copy()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+
+
+def test_each_call_format_is_found_by_its_module_and_round_trips_a_call(tiny_qwen3: Any) -> None:
+    """A new call format is one module in `host/formats/`: found there by name, its markers mlx-lm's, a
+    call written in it accepted by its own grammar and read back by mlx-lm's parser of it."""
+    import importlib
+
+    from mlx_subagents.host.formats import call_syntax, call_syntaxes, kind_of
+    from mlx_subagents.host.grammar import Grammars
+    from mlx_subagents.host.toolcalls import EXAMPLE_CALL
+
+    tokenizer = tiny_qwen3[1]
+    assert list(call_syntaxes()) == ["json", "mistral", "xml"]
+    assert [s.parser for s in call_syntaxes().values()] == ["json_tools", "mistral", "qwen3_coder"]
+    for name, syntax in call_syntaxes().items():
+        assert call_syntax(name) is syntax
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{syntax.parser}")
+        assert (syntax.start, syntax.end) == (module.tool_call_start, module.tool_call_end)
+        assert kind_of(module.parse_tool_call) == name
+        assert syntax.parse_tool_call() is module.parse_tool_call
+        read = {"name": "read", "arguments": {"path": "README.md"}}
+        for text, tools, call in [
+            (syntax.write("read", read["arguments"]), [READ], read),
+            (syntax.example, None, EXAMPLE_CALL),
+        ]:
+            assert text.startswith(syntax.start) and text.endswith(syntax.end)
+            inner = text[len(syntax.start) : len(text) - len(syntax.end)]
+            assert module.parse_tool_call(inner, tools) == call
+        prototype = Grammars(tokenizer, name, syntax.start, syntax.end).calls([READ])
+        assert prototype is not None
+        after_start = [syntax.write(*call).removeprefix(syntax.start) for call in GRAMMAR_CASES]
+        assert [accepts(prototype, tokenizer, body) for body in after_start] == [True, False, False]
+    assert kind_of(importlib.import_module("mlx_lm.tool_parsers.pythonic").parse_tool_call) is None
+    with pytest.raises(ValueError) as info:
+        call_syntax("pythonic")
+    assert str(info.value) == "unknown call format 'pythonic'; the formats: json, mistral, xml"
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["ok", "bad"]}, "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["verdict", "score"],
+    "additionalProperties": False,
+}
+
+
+def test_an_answer_held_to_its_schema_parses_where_noise_does_not(tiny_qwen3_path: Path) -> None:
+    async def go(grammar: bool) -> Any:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            args = GenerateArgs(max_tokens=40, grammar=grammar, answer_schema=ANSWER)
+            return await host.session("a").generate(TASK, args)
+
+    free, held = asyncio.run(go(False)), asyncio.run(go(True))
+    with pytest.raises((json.JSONDecodeError, jsonschema.ValidationError)):
+        jsonschema.validate(json.loads(free.text), ANSWER)
+    jsonschema.validate(json.loads(held.text), ANSWER)
+    assert (free.constrained, held.constrained, held.finish_reason) == (None, "answer", "stop")
+
+
+def test_batched_rows_each_keep_their_own_tools(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
+    start = tiny_qwen3[1].encode("<tool_call>", add_special_tokens=False)
+    own = {"a": [READ], "b": [FIND]}
+
+    async def go() -> Any:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=lambda name, ids: [Prefix(start)]) as host:
+            sessions = {name: host.session(name) for name in own}
+            replies = await asyncio.gather(
+                *(s.generate(TASK, GenerateArgs(max_tokens=64), tools=own[n]) for n, s in sessions.items())
+            )
+            return replies, host._scheduler.most_decoding
+
+    replies, together = asyncio.run(go())
+    assert together == 2  # one batch
+    for tools, reply in zip(own.values(), replies, strict=True):
+        assert [c.name for c in reply.tool_calls] == [tools[0]["function"]["name"]], reply.raw_text
+        jsonschema.validate(reply.tool_calls[0].arguments, tools[0]["function"]["parameters"])
+
+
+@pytest.mark.slow
+def test_a_thought_stays_free_and_the_answer_after_it_is_held(tiny_thinking_path: Path) -> None:
+    async def go(grammar: bool) -> Any:
+        async with MlxModelHost(str(tiny_thinking_path)) as host:
+            args = GenerateArgs(max_tokens=40, grammar=grammar, answer_schema=ANSWER, thinking=12)
+            return await host.session("a").generate(TASK, args)
+
+    free, held = asyncio.run(go(False)), asyncio.run(go(True))
+    assert held.reasoning == free.reasoning and held.reasoning  # the thought is the same noise both ways
+    assert held.constrained == "answer" and free.constrained is None
+    jsonschema.validate(json.loads(held.text), ANSWER)
+
+
+@pytest.mark.slow
+def test_the_cli_holds_an_answer_to_its_schema_and_says_so(tmp_path: Path, tiny_qwen3_path: Path, run_cli: Any) -> None:
+    from tests.helpers import write_agent
+
+    write_agent(tmp_path, "judge", tools="[]", front="max_turns: 3\n")
+    schema = tmp_path / "answer.json"
+    schema.write_text(json.dumps(ANSWER))
+    common = (
+        "run",
+        "judge",
+        "judge it",
+        "-m",
+        str(tiny_qwen3_path),
+        "-C",
+        str(tmp_path),
+        "--yes",
+        "--schema",
+        str(schema),
+    )
+    code, out, err = run_cli(*common, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    jsonschema.validate(result["parsed"], ANSWER)
+    assert (result["usage"]["turns"], result["usage"]["constrained_answers"]) == (1, 1)  # no retry needed
+    code, out, err = run_cli(*common, "--events")
+    [message] = [json.loads(line) for line in out.splitlines() if '"kind": "message"' in line]
+    assert message["data"]["constrained"] is True and json.loads(message["data"]["text"]) == result["parsed"]
+    code, out, err = run_cli(*common, "--json", "--grammar", "off")
+    free = json.loads(out)  # noise: not JSON (or cut at its reply limit)
+    assert (code, free["status"], free["parsed"], free["usage"]["constrained_answers"]) == (1, "failed", None, 0)

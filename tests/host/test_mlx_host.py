@@ -1,0 +1,309 @@
+"""MlxModelHost on tiny real models: reuse, hybrid caches, concurrency, tool calls, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlx_subagents.host import GenerateArgs, MlxModelHost
+from mlx_subagents.host.protocol import ToolCall
+from mlx_subagents.testing import ForcedScripts, tool_call_text
+
+LS_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "ls",
+        "description": "List a folder.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
+TASK = [
+    {"role": "system", "content": "You are a scout. Find things in the code."},
+    {"role": "user", "content": "Task: where is the config parsed?"},
+]
+
+
+def tool_result(i: int) -> dict[str, Any]:
+    lines = "\n".join(f"src/module_{i}_{j}.py: def parse_config_{j}(path): return load(path)" for j in range(8))
+    return {"role": "tool", "tool_call_id": "call_0", "name": "ls", "content": lines}
+
+
+async def converse(host: MlxModelHost, name: str, turns: int, max_tokens: int = 12) -> list[Any]:
+    """`turns` agent-like turns on one session: reply, then a tool result, and so on."""
+    session = host.session(name)
+    messages = list(TASK)
+    replies = []
+    for i in range(turns):
+        reply = await session.generate(messages, GenerateArgs(max_tokens=max_tokens), tools=[LS_SCHEMA])
+        replies.append(reply)
+        messages = messages + [reply.to_message(), tool_result(i)]
+    return replies
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
+def test_turns_prefill_only_new_tokens_and_match_cacheless(arch_fixture: str, request: pytest.FixtureRequest) -> None:
+    path: Path = request.getfixturevalue(arch_fixture)
+
+    async def both() -> tuple[list[Any], list[Any]]:
+        async with MlxModelHost(str(path)) as host, MlxModelHost(str(path), reuse=False) as fresh:
+            return await converse(host, "a", 4), await converse(fresh, "a", 4)
+
+    reused, cacheless = run(both())
+    assert [r.token_ids for r in reused] == [r.token_ids for r in cacheless]
+    assert all(len(r.token_ids) > 0 for r in reused)
+    for prev, cur in zip(reused, reused[1:]):
+        held = prev.usage.prompt_tokens + prev.usage.generated_tokens
+        assert cur.usage.cached_tokens == held
+        assert cur.usage.prefilled_tokens == cur.usage.prompt_tokens - held
+    assert [r.usage.cached_tokens for r in cacheless] == [0, 0, 0, 0]
+    assert [r.usage.prompt_tokens for r in cacheless] == [r.usage.prompt_tokens for r in reused]
+
+
+def test_forced_tool_calls_splice_to_the_fresh_rendering(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
+    """A reply in the template's own format re-renders to the same ids: reuse is the whole prefix."""
+    tokenizer = tiny_qwen3[1]
+    call = tool_call_text("ls", {"path": "."})
+    scripts = ForcedScripts(tokenizer, {"a": [call, call, "The config is parsed in src/config.py:12-40."]})
+
+    async def go() -> tuple[list[Any], int]:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
+            replies = await converse(host, "a", 3, max_tokens=64)
+            messages = TASK + [replies[0].to_message(), tool_result(0), replies[1].to_message(), tool_result(1)]
+            return replies, await host.count_tokens(messages, [LS_SCHEMA])
+
+    replies, fresh_count = run(go())
+    assert [r.tool_calls for r in replies[:2]] == [
+        [ToolCall("ls", {"path": "."}, "call_0")],
+        [ToolCall("ls", {"path": "."}, "call_1")],
+    ]
+    assert replies[2].text == "The config is parsed in src/config.py:12-40."
+    assert replies[2].tool_calls == [] and replies[2].finish_reason == "stop"
+    assert replies[2].usage.prompt_tokens == fresh_count  # spliced ids == a fresh rendering
+    assert replies[2].usage.cached_tokens == replies[1].usage.prompt_tokens + replies[1].usage.generated_tokens
+
+
+def test_malformed_tool_call_is_returned_not_raised(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
+    bad = '<tool_call>\n{"name": "ls", "arguments": {"path": </tool_call>'
+    unclosed = 'Looking.<tool_call>\n{"name": "ls"'
+    scripts = ForcedScripts(tiny_qwen3[1], {"a": [bad, unclosed]})
+
+    async def go() -> list[Any]:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
+            session = host.session("a")
+            first = await session.generate(TASK, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
+            second = await session.generate(TASK, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
+            return [first, second]
+
+    first, second = run(go())
+    assert first.tool_calls == [] and len(first.malformed_tool_calls) == 1
+    assert first.malformed_tool_calls[0].raw == bad
+    fix = (
+        "Write each call exactly in this format, with the tool's own name and arguments:\n"
+        '<tool_call>\n{"name": "tool_name", "arguments": {"argument": "value"}}\n</tool_call>'
+    )
+    assert first.malformed_tool_calls[0].error == (
+        "Error: your tool call could not be parsed (JSONDecodeError: Expecting value: line 1 column 37 (char 36)). "
+        + fix
+    )
+    assert second.text == "Looking."
+    assert second.malformed_tool_calls[0].error == (
+        "Error: your tool call could not be parsed (the call has no closing </tool_call>). " + fix
+    )
+
+
+def test_four_concurrent_sessions_match_their_solo_outputs(tiny_qwen3_path: Path) -> None:
+    prompts = {f"s{i}": [{"role": "user", "content": f"Task {i}: describe module {i * 7}"}] for i in range(4)}
+
+    async def together() -> dict[str, tuple[int, ...]]:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            names = list(prompts)
+            replies = await asyncio.gather(
+                *(host.session(n).generate(prompts[n], GenerateArgs(max_tokens=24)) for n in names)
+            )
+            return {n: r.token_ids for n, r in zip(names, replies)}
+
+    async def separately() -> dict[str, tuple[int, ...]]:
+        out = {}
+        for name, messages in prompts.items():
+            async with MlxModelHost(str(tiny_qwen3_path)) as host:
+                out[name] = (await host.session(name).generate(messages, GenerateArgs(max_tokens=24))).token_ids
+        return out
+
+    concurrent, solo = run(together()), run(separately())
+    assert concurrent == solo
+    assert len({ids for ids in solo.values()}) > 1  # the prompts really differ
+
+
+@pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path"])
+def test_cancel_mid_generation_then_next_turn_is_correct(
+    arch_fixture: str, request: pytest.FixtureRequest, tiny_qwen3: Any
+) -> None:
+    path: Path = request.getfixturevalue(arch_fixture)
+    long_text = " ".join(f"word{i}" for i in range(400))
+    scripts = ForcedScripts(tiny_qwen3[1], {"a": [long_text]})
+    follow = TASK + [{"role": "user", "content": "Never mind: list the files instead."}]
+
+    async def go() -> tuple[Any, Any, Any, int]:
+        async with MlxModelHost(str(path), processor_factory=scripts) as host:
+            session = host.session("a")
+            chunks: list[str] = []
+            first_chunk = asyncio.Event()
+
+            def on_text(text: str) -> None:
+                chunks.append(text)
+                first_chunk.set()
+
+            task = asyncio.create_task(session.generate(TASK, GenerateArgs(max_tokens=2000, on_text=on_text)))
+            await first_chunk.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            other = await host.session("b").generate(TASK, GenerateArgs(max_tokens=8))  # the mlx thread is free again
+            after = await session.generate(follow, GenerateArgs(max_tokens=16))
+            async with MlxModelHost(str(path), reuse=False) as fresh:
+                reference = await fresh.session("a").generate(follow, GenerateArgs(max_tokens=16))
+            return other, after, reference, len(chunks)
+
+    other, after, reference, n_chunks = run(go())
+    assert n_chunks < 100  # stopped long before the 400-word script ended
+    assert other.finish_reason in {"stop", "length"}
+    assert after.token_ids == reference.token_ids
+    assert after.usage.prompt_tokens == reference.usage.prompt_tokens
+    assert after.usage.cached_tokens > 0  # the task prefix survived the cancel
+
+
+def test_hybrid_divergent_history_reuses_snapshot(tiny_qwen35_path: Path, tiny_qwen35: Any) -> None:
+    """A non-trimmable cache cannot be cut back; a snapshot before the reply serves a retry."""
+    tokenizer = tiny_qwen35[1]
+
+    async def go() -> tuple[Any, Any, Any]:
+        async with MlxModelHost(str(tiny_qwen35_path)) as host:
+            session = host.session("a")
+            first = await session.generate(TASK, GenerateArgs(max_tokens=10))
+            retry = await session.generate(TASK, GenerateArgs(max_tokens=10))
+            async with MlxModelHost(str(tiny_qwen35_path), reuse=False) as fresh:
+                reference = await fresh.session("a").generate(TASK, GenerateArgs(max_tokens=10))
+            return first, retry, reference
+
+    first, retry, reference = run(go())
+    opening = len(tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))
+    assert retry.usage.cached_tokens == first.usage.prompt_tokens - opening
+    assert retry.usage.prefilled_tokens == opening
+    assert retry.token_ids == first.token_ids == reference.token_ids
+
+
+def test_dense_divergent_history_trims_cache(tiny_qwen3_path: Path) -> None:
+    edited = [TASK[0], {"role": "user", "content": "Task: where is the logger configured?"}]
+
+    async def go() -> tuple[Any, Any, Any]:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            session = host.session("a")
+            first = await session.generate(TASK, GenerateArgs(max_tokens=10))
+            second = await session.generate(edited, GenerateArgs(max_tokens=10))
+            async with MlxModelHost(str(tiny_qwen3_path), reuse=False) as fresh:
+                reference = await fresh.session("a").generate(edited, GenerateArgs(max_tokens=10))
+            return first, second, reference
+
+    first, second, reference = run(go())
+    assert 0 < second.usage.cached_tokens < first.usage.prompt_tokens
+    assert second.token_ids == reference.token_ids
+
+
+def test_accounting_window_tokens_and_kv_bytes(tiny_qwen3_path: Path) -> None:
+    async def go() -> tuple[Any, ...]:
+        async with (
+            MlxModelHost(str(tiny_qwen3_path)) as host,
+            MlxModelHost(str(tiny_qwen3_path), context_window=1000) as small,
+        ):
+            session = host.session("a")
+            counted = await host.count_tokens(TASK)
+            reply = await session.generate(TASK, GenerateArgs(max_tokens=5))
+            stats = await host.memory_stats()
+            return (
+                host.context_window,
+                small.context_window,
+                counted,
+                reply,
+                session.kv_bytes,
+                stats,
+                host.kv_bytes_total,
+            )
+
+    window, small_window, counted, reply, kv, stats, total = run(go())
+    assert (window, small_window) == (4096, 1000)
+    assert counted == reply.usage.prompt_tokens
+    assert kv > 0 and stats.kv_bytes_by_session == {"a": kv} and total == kv
+    assert stats.peak_memory >= stats.active_memory > 0
+
+
+def test_prompt_over_the_window_is_a_clear_error(tiny_qwen3_path: Path) -> None:
+    from mlx_subagents.errors import PromptTooLongError
+
+    async def go() -> None:
+        async with MlxModelHost(str(tiny_qwen3_path), context_window=300) as host:
+            big = [{"role": "user", "content": "word " * 600}]
+            with pytest.raises(PromptTooLongError, match=r"^the prompt is \d+ tokens but the context window is 300;"):
+                await host.session("a").generate(big)
+            ok = await host.session("a").generate(TASK, GenerateArgs(max_tokens=4))  # the mlx thread survived
+            assert ok.usage.generated_tokens == 4 or ok.finish_reason == "stop"
+
+    run(go())
+
+
+# -- a reply cut by a timeout or Ctrl-C still counts what it spent -------------------------------------
+
+
+def test_a_cancelled_reply_counts_the_tokens_it_spent(tiny_qwen3_path: Path, tmp_path: Path) -> None:
+    import threading
+    import time
+
+    import mlx_lm
+
+    from mlx_subagents.agents.session import AgentSession, Limits, workspace_for
+    from mlx_subagents.agents.spec import AgentSpec
+    from mlx_subagents.testing import make_forced_processor
+
+    _, tokenizer = mlx_lm.load(str(tiny_qwen3_path))
+    reached = threading.Event()
+    seen: dict[str, int] = {"prompt": 0, "calls": 0}
+
+    def slow_forever(session_name: str, prompt_ids: Any) -> list[Any]:
+        """Forces a long reply; from the sixth token on, each step takes 20 ms (a timeout lands mid-reply)."""
+        seen["prompt"] = len(prompt_ids)
+        forced = make_forced_processor(tokenizer, "word " * 400)
+
+        def processor(tokens: Any, logits: Any) -> Any:
+            seen["calls"] += 1
+            if seen["calls"] > 5:
+                reached.set()
+                time.sleep(0.02)
+            return forced(tokens, logits)
+
+        return [processor]
+
+    spec = AgentSpec(
+        name="scout", description="d", tools=("ls",), system_prompt="Look.", source="builtin", path=tmp_path
+    )
+
+    async def go() -> AgentSession:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=slow_forever) as host:
+            session = AgentSession(spec, host, workspace_for(tmp_path), limits=Limits(max_reply_tokens=1000))
+            task = asyncio.create_task(session.run("go"))
+            await asyncio.to_thread(reached.wait, 60)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return session
+
+    session = run(go())
+    assert session.usage.turns == 1
+    assert session.usage.input_tokens == seen["prompt"] > 0
+    assert 5 <= session.usage.output_tokens <= seen["calls"]
