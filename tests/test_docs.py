@@ -211,3 +211,17 @@ if __name__ == "__main__":
     print(f"wrote {CLI_PAGE.relative_to(ROOT)}")
     EVENTS_PAGE.write_text(events_page(EVENTS_PAGE.read_text(encoding="utf-8")), encoding="utf-8")
     print(f"wrote the events table in {EVENTS_PAGE.relative_to(ROOT)}")
+
+
+def test_the_architecture_page_names_every_module() -> None:
+    """The package tree of docs/architecture.md names every module (and each AGENTS.md note names only
+    test files that exist), so that a new module cannot go unlisted."""
+    page = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    tree = page[page.index("```\nmlx_subagents/") : page.index("## One task, one object")]
+    package = ROOT / "mlx_subagents"
+    modules = [p for p in package.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    missing = [str(p.relative_to(package)) for p in modules if p.name not in tree and p.stem not in tree]
+    assert missing == []
+    for note in package.rglob("AGENTS.md"):
+        named = re.findall(r"`(tests/[\w/]+\.py)", note.read_text(encoding="utf-8"))
+        assert named and all((ROOT / path).is_file() for path in named), note
