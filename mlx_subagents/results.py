@@ -41,6 +41,7 @@ class RunUsage(BaseModel):
     kv_bytes: int = 0
     constrained_calls: int = 0  # tool calls a grammar held to a known tool and valid arguments
     constrained_answers: int = 0  # final answers a grammar held to the output schema
+    prefill_wait_s: float = 0.0  # seconds its replies waited while other sessions' prompts were prefilled
 
     def add(self, other: RunUsage) -> RunUsage:
         fields = (
@@ -52,7 +53,8 @@ class RunUsage(BaseModel):
             "constrained_calls",
             "constrained_answers",
         )
-        data = {f: getattr(self, f) + getattr(other, f) for f in fields}
+        data: dict[str, Any] = {f: getattr(self, f) + getattr(other, f) for f in fields}
+        data["prefill_wait_s"] = round(self.prefill_wait_s + other.prefill_wait_s, 3)
         data["context_tokens"] = max(self.context_tokens, other.context_tokens)
         data["kv_bytes"] = self.kv_bytes + other.kv_bytes
         return RunUsage(**data)

@@ -554,6 +554,7 @@ class AgentSession:
         self.usage.input_tokens += u.prompt_tokens
         self.usage.output_tokens += u.generated_tokens
         self.usage.cached_tokens += u.cached_tokens
+        self.usage.prefill_wait_s = round(self.usage.prefill_wait_s + u.prefill_wait_seconds, 3)
 
     def _count(self, u: Usage) -> None:
         self._add(u)

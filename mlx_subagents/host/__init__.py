@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .mlx_host import MlxModelHost, MlxSession, SharedKVBudget, parse_bytes
+from .prefill import DEFAULT_PREFILL_SLICE, PrefillSlice, parse_prefill_slice
 from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, ProcessorFactory, Reply, ToolCall, Usage
 from .scripted import SCRIPTED_PREFIX
 
@@ -28,6 +29,7 @@ __all__ = [
     "host_kind",
     "make_host",
     "parse_bytes",
+    "parse_prefill_slice",
 ]
 
 # Each kind of host and where its class is, imported when first used (`openai` is slow to import).
@@ -51,6 +53,8 @@ class HostSettings:
         batching: decode the sessions in one batch (mlx).
         kv_budget: bytes for every KV cache, or a `SharedKVBudget` several resident models split (mlx).
         prefix_cache: bytes of disk for shared prefixes kept across processes (mlx; 0: off).
+        prefill_slice: how a prompt is prefilled while others decode: `auto`, tokens per slice, or
+            `off` (mlx; see `host/prefill.py`).
         processor_factory: logits processors for every request (mlx; the test kit's forced scripts).
     """
 
@@ -61,6 +65,7 @@ class HostSettings:
     batching: bool = True
     kv_budget: int | str | SharedKVBudget | None = None
     prefix_cache: int | None = None
+    prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE
     processor_factory: ProcessorFactory | None = None
 
 

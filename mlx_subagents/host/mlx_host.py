@@ -25,6 +25,7 @@ from .chat_format import ChatFormat
 from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .mlx_thread import Deliver, MlxThread
+from .prefill import DEFAULT_PREFILL_SLICE, PrefillSlice, parse_prefill_slice
 from .prefix_store import PrefixStore, cache_kind, default_max_bytes, model_identity, prefix_cache_dir
 from .prompt import encode, render
 from .protocol import (
@@ -259,6 +260,9 @@ class MlxModelHost:
         prefix_cache: bytes of disk for shared prefixes kept across processes (`PrefixStore`); None: a
             small share of the free disk; 0: none.
         prefix_cache_dir: where those files go (default `$MLX_SUBAGENTS_HOME/cache/prefixes`).
+        prefill_slice: how a prompt is prefilled while other sessions decode (`prefill.py`): `auto`
+            (slices sized from what decode steps and prompt tokens cost), a number of tokens per
+            slice, or `off` (it joins the batch at once and is prefilled there a chunk per decode step).
     """
 
     def __init__(
@@ -276,11 +280,13 @@ class MlxModelHost:
         spill_dir: Path | None = None,
         prefix_cache: int | None = None,
         prefix_cache_dir: Path | None = None,
+        prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE,
     ) -> None:
         self.model_id = strip_provider(model)
         self._window_override = context_window
         self._processor_factory = processor_factory
         self._config = SchedulerConfig(reuse, batching, prefill_step_size, share_prefix)
+        self._config.prefill_slice = parse_prefill_slice(prefill_slice)
         self._shared = kv_budget if isinstance(kv_budget, SharedKVBudget) else None
         self._budget_request = None if self._shared else parse_bytes(kv_budget)  # type: ignore[arg-type]
         self.max_sessions = max_sessions
@@ -311,7 +317,18 @@ class MlxModelHost:
             batching=settings.batching,
             kv_budget=settings.kv_budget,
             prefix_cache=settings.prefix_cache,
+            prefill_slice=settings.prefill_slice,
         )
+
+    @property
+    def prefill_slice(self) -> PrefillSlice:
+        """The prefill slice policy's setting: `auto`, tokens per slice, or `off`."""
+        return self._config.prefill_slice
+
+    @property
+    def prefill_step(self) -> int:
+        """The most prompt tokens one forward feeds (a slice with nothing decoding)."""
+        return self._config.prefill_step_size
 
     @property
     def reuse(self) -> bool:

@@ -67,6 +67,9 @@ class Usage:
     generated_tokens: int = 0
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
+    # Time the turn spent while other sessions' prompts were prefilled (a stall of its decoding, or a
+    # wait of its own prefill): what sharing the model with them cost it.
+    prefill_wait_seconds: float = 0.0
 
     @property
     def prefilled_tokens(self) -> int:

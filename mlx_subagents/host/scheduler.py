@@ -29,6 +29,7 @@ from ..errors import PromptTooLongError
 from .grammar import Constrainer, Grammars
 from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
 from .mlx_thread import Deliver
+from .prefill import DEFAULT_PREFILL_SLICE, PrefillGroup, PrefillSlice, SlicePolicy, pick
 from .prefix_cache import SharedPrefixes
 from .prefix_store import PrefixStore
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
@@ -129,6 +130,10 @@ class Turn:
     streamed: bool = False  # its first text is out (or in the outbox)
     fed: int = 0  # how many of `generated` the detokenizer has had
     queued: bool = False  # in the scheduler's outbox: tokens not streamed yet
+    group: PrefillGroup | None = None  # prefilled with others as one padded batch (its cache is the group's)
+    fresh: bool = True  # no slice of its last prompt segment yet (it may still join a group)
+    token_s: float = 0.0  # its last solo slice's seconds per token
+    prefill_wait_s: float = 0.0  # time it spent while other turns' prompts were prefilled
 
     @property
     def final_length(self) -> int:
@@ -142,6 +147,7 @@ class SchedulerConfig:
     prefill_step_size: int = 512
     share_prefix: bool = True
     context_window: int = 4096
+    prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE  # tokens per slice, "auto" or "off" (see prefill.py)
 
 
 class Scheduler:
@@ -185,6 +191,8 @@ class Scheduler:
         self.call_format: tuple[Any, str, str] | None = None  # (grammar kind, start, end), set by the host
         self._read_step: Any = None  # the batch's tokens in flight last read for the grammars (`_in_flight`)
         self._read: dict[int, int] = {}
+        self.policy = SlicePolicy.of(config.prefill_slice, config.prefill_step_size)  # None: slicing off
+        self.groups: list[PrefillGroup] = []  # turns prefilled together (see `_prefill_sliced`)
 
     # -- entry points (mlx thread) --------------------------------------------
 
@@ -224,15 +232,18 @@ class Scheduler:
         self._drop_cancelled()
         self._admit()
         if self.decoding:
+            tic = time.perf_counter()
             self._decode_step()
+            self._decoded(time.perf_counter() - tic)
             if len(self.decoding) == 1 and not (self.waiting or self.prefilling or self.single or self._jobs_waiting()):
                 self._leave_batch(next(iter(self.decoding.values())))
         if self.single is not None:
-            single = self.single
+            single, tic, before = self.single, time.perf_counter(), len(self.single.generated)
             try:
                 self._single_burst(single)
             except Exception as exc:
                 self._fail(single, exc)
+            self._decoded(time.perf_counter() - tic, len(single.generated) - before)
         if self.prefilling:
             self._prefill()
         self._observe()
@@ -272,7 +283,7 @@ class Scheduler:
     def resident_bytes(self) -> int:
         """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
         batch = self._batch.prompt_cache_nbytes if self._batch is not None and self.decoding else 0
-        active = batch + sum(cache_nbytes(t.cache) for t in self.prefilling)
+        active = batch + sum(cache_nbytes(t.cache) for t in self.prefilling) + sum(g.nbytes for g in self.groups)
         active += cache_nbytes(self.single.cache) if self.single is not None else 0
         snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
         return self.pool.idle_bytes() + self.prefixes.nbytes() + active + snapshots
@@ -441,7 +452,17 @@ class Scheduler:
         return sorted(stops)
 
     def _prefill(self) -> None:
-        """Start decoding every turn ready to, together; else feed one turn one chunk.
+        if self.policy is not None:
+            self._prefill_sliced()
+            return
+        tic, decoders = time.perf_counter(), [t for t in self._active() if t not in self.prefilling]
+        self._prefill_unsliced()
+        for turn in decoders:  # they waited for that chunk
+            turn.prefill_wait_s += time.perf_counter() - tic
+
+    def _prefill_unsliced(self) -> None:
+        """`--prefill-slice off`: start decoding every turn ready to, together (mlx-lm's batch prefills
+        what is left of their prompts, a chunk per decode step); else feed one turn one chunk.
 
         Turns that arrive together (the usual fan-out of sub-agents) then enter mlx-lm's batch in
         the same step: it prefills their remaining prompts as one padded batch and they decode in
@@ -493,17 +514,21 @@ class Scheduler:
             ready.append(turn)
         return ready
 
-    def _prefill_chunk(self, turn: Turn) -> None:
-        """Feed one chunk (up to the next stop); at a stop, save what it asks for."""
+    def _prefill_chunk(self, turn: Turn, n_tokens: int | None = None) -> None:
+        """Feed one chunk (up to the next stop, at most `n_tokens`, the prefill step by default); at a
+        stop, save what it asks for."""
         import mlx.core as mx
 
         if turn.cache is None:
             self._open(turn)
         stop, action = turn.stops[0]
-        end = min(turn.pos + self.config.prefill_step_size, stop)
+        end = min(turn.pos + (n_tokens or self.config.prefill_step_size), stop)
         if end > turn.pos:
+            tic = time.perf_counter()
             self.model(mx.array(turn.ids[turn.pos : end])[None], cache=turn.cache)
             mx.eval([c.state for c in turn.cache])
+            turn.token_s = (time.perf_counter() - tic) / (end - turn.pos)
+            turn.fresh = turn.fresh and action != "end"
             turn.pos = end
             turn.state.token_ids = turn.ids[:end]
         if turn.pos < stop:
@@ -516,8 +541,111 @@ class Scheduler:
         elif action == "snapshot":
             turn.state.snapshot = (stop, copy.deepcopy(turn.cache))
         elif action == "end":
-            self.prefilling.popleft()
+            self.prefilling.remove(turn)
             self._begin_decode(turn, self._joins_batch(turn))
+
+    # -- sliced prefill (see prefill.py) ------------------------------------------
+
+    def _prefill_sliced(self) -> None:
+        """One slice of prefill, when the decoders have had their share: the shortest remaining prompt's
+        (`prefill.pick`), on its own cache or its group's. Every other turn in flight waited for it."""
+        opened = self._open_turns()
+        decoding = bool(self.decoding or self.single)
+        policy = self.policy
+        assert policy is not None
+        if not opened or not policy.due(decoding):
+            return
+        work = pick(opened, self.groups, decoding, self.config.prefill_step_size, self._batchable)
+        if work is None:
+            return
+        group = self._group(work.together) if work.together else work.group
+        tic = time.perf_counter()
+        if group is not None:
+            fed = list(group.turns)
+            self._feed_group(group, policy.size(decoding, len(fed), group.token_s))
+        elif work.turn is not None:
+            fed = [work.turn]
+            try:
+                self._prefill_chunk(work.turn, policy.size(decoding, 1, work.turn.token_s))
+            except Exception as exc:
+                self._fail(work.turn, exc)
+        elapsed = time.perf_counter() - tic
+        policy.sliced(elapsed, decoding)
+        for turn in self._active():
+            if turn not in fed:
+                turn.prefill_wait_s += elapsed
+
+    def _open_turns(self) -> list[Turn]:
+        """The prefilling turns with their cache chosen (`_open`), opening them in order: a turn waits
+        while one before it still has a shared prefix to save, which it may start from."""
+        opened: list[Turn] = []
+        for turn in list(self.prefilling):
+            if turn.cache is None and turn.group is None:
+                if any(action == "prefix" for t in opened for _, action in t.stops):
+                    break
+                try:
+                    self._open(turn)
+                except Exception as exc:
+                    self._fail(turn, exc)
+                    continue
+            opened.append(turn)
+        return opened
+
+    def _group(self, turns: tuple[Turn, ...]) -> PrefillGroup | None:
+        """Turns ready together, as one group (their caches merged into one padded batch)."""
+        try:
+            group = PrefillGroup(self.model, turns, self.config.prefill_step_size)
+        except Exception as exc:
+            for turn in turns:
+                self._fail(turn, exc)
+            return None
+        self.groups.append(group)
+        return group
+
+    def _feed_group(self, group: PrefillGroup, n_tokens: int) -> None:
+        """One slice of a group; the turns at their end leave it and decode, together (a group of one
+        left goes on on its own cache). A failed slice fails the group's turns: their caches were in it."""
+        try:
+            done = group.feed(n_tokens)
+            for turn in done:
+                self._ungroup(group, turn)
+            if len(group.turns) == 1:
+                self._ungroup(group, group.turns[0])
+        except Exception as exc:
+            self.groups.remove(group)
+            for turn in list(group.turns):
+                turn.group = None
+                self._fail(turn, exc)
+            return
+        join = self.config.batching and (len(done) > 1 or bool(self.decoding or self.single))
+        for turn in done:
+            self.prefilling.remove(turn)
+            try:
+                self._begin_decode(turn, join)
+            except Exception as exc:
+                self._fail(turn, exc)
+
+    def _ungroup(self, group: PrefillGroup, turn: Turn) -> None:
+        """`turn` leaves its group with its own cache (the group ends with its last turn)."""
+        turn.cache = turn.state.prompt_cache = group.take(turn)
+        turn.state.token_ids = turn.ids[: turn.pos]
+        turn.fresh = False
+        if not group.turns:
+            self.groups.remove(group)
+
+    def _leave_group(self, turn: Turn) -> None:
+        """A cancelled or failed turn leaves its group, if in one, with its cache (a turn left alone in
+        the group goes on on its own cache)."""
+        group = turn.group
+        if group is not None:
+            self._ungroup(group, turn)
+            if len(group.turns) == 1:
+                self._ungroup(group, group.turns[0])
+
+    def _decoded(self, seconds: float, steps: int = 1) -> None:
+        """Decode work took `seconds`: it counts towards the decoders' share (`SlicePolicy`)."""
+        if self.policy is not None:
+            self.policy.decoded(seconds, steps)
 
     # -- decode -----------------------------------------------------------------
 
@@ -595,12 +723,14 @@ class Scheduler:
     def _single_burst(self, turn: Turn) -> None:
         """Tokens of the single turn until it ends, SINGLE_BURST_TOKENS or SINGLE_SLICE_S, or until something
         needs a step: a turn waiting or prefilling, a job for the mlx thread, its own cancel."""
-        deadline = time.perf_counter() + SINGLE_SLICE_S
+        # A prompt to prefill: the burst lasts as long as the decoders' share of the time (`SlicePolicy`).
+        share = self.policy.credit_s if self.policy is not None and self.prefilling else SINGLE_SLICE_S
+        deadline = time.perf_counter() + min(SINGLE_SLICE_S, share)
 
         def needs_a_step() -> bool:
             return bool(
                 self.waiting
-                or self.prefilling
+                or (self.prefilling and self.policy is None)
                 or turn.cancel.is_set()
                 or self._jobs_waiting()
                 or time.perf_counter() >= deadline
@@ -668,7 +798,12 @@ class Scheduler:
 
     def _decode_step(self) -> None:
         try:
-            _, responses = self._batch.next()
+            if self.policy is None:  # slicing off: the step also prefilled a chunk of a prompt in the batch
+                with self._batch.stats() as stats:
+                    _, responses = self._batch.next()
+                self._prefilled_in_batch(stats.prompt_time)
+            else:
+                _, responses = self._batch.next()
         except Exception as exc:
             self._fail_batch(exc)
             return
@@ -685,6 +820,13 @@ class Scheduler:
                     self._finish(turn, done or "length", response.prompt_cache)
             except Exception as exc:
                 self._fail(turn, exc)
+
+    def _prefilled_in_batch(self, seconds: float) -> None:
+        """With slicing off, the batch step prefilled for `seconds`: the turns decoding already waited."""
+        if seconds > 0:
+            for turn in self.decoding.values():
+                if turn.generated:
+                    turn.prefill_wait_s += seconds
 
     def _on_token(self, turn: Turn, token: int) -> FinishReason | None:
         """Record a token and queue it for streaming (see `_flush`); "stop" at an end-of-turn token.
@@ -728,6 +870,7 @@ class Scheduler:
             self.waiting.remove(turn)
             turn.deliver(True, self._reply(turn, "cancelled"))
         elif turn in self.prefilling:
+            self._leave_group(turn)
             self.prefilling.remove(turn)
             self.pool.park(turn.name, turn.state)
             turn.deliver(True, self._reply(turn, "cancelled"))
@@ -767,6 +910,7 @@ class Scheduler:
             generated_tokens=len(turn.generated),
             prompt_seconds=turn.prompt_s,
             generation_seconds=max(0.0, total - turn.prompt_s),
+            prefill_wait_seconds=turn.prefill_wait_s,
         )
         grammar = turn.grammar.engaged if turn.grammar is not None else None
         return Reply(raw, [], [], finish, usage, raw, tuple(turn.generated), constrained=grammar)
@@ -804,6 +948,7 @@ class Scheduler:
         if turn in self.waiting:
             self.waiting.remove(turn)
         if turn in self.prefilling:
+            self._leave_group(turn)
             self.prefilling.remove(turn)
         if turn.uid is not None and self.decoding.pop(turn.uid, None) is not None:
             self._batch.remove([turn.uid])
@@ -831,6 +976,7 @@ class Scheduler:
         turns = [*self.waiting, *self._active()]
         self.waiting.clear()
         self.prefilling.clear()
+        self.groups.clear()
         self.decoding.clear()
         self._batch, self.single = None, None
         for turn in turns:

@@ -34,6 +34,17 @@ async def conversation(host: MlxModelHost, i: int, turns: int = 2, max_tokens: i
     return out
 
 
+class Forwards:
+    """A model that records the shape of the tokens of every forward pass it runs."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.shapes = model, []
+
+    def __call__(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
+        self.shapes.append(tuple(tokens.shape))
+        return self.model(tokens, *args, **kwargs)
+
+
 async def everyone(path: Path, n: int = 4, **options: Any) -> list[list[tuple[int, ...]]]:
     async with MlxModelHost(str(path), **options) as host:
         return list(await asyncio.gather(*(conversation(host, i) for i in range(n))))
@@ -94,12 +105,13 @@ def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -
 def test_sessions_started_together_decode_in_one_batch_from_their_first_token(
     tiny_qwen3_path: Path, tiny_qwen3: Any
 ) -> None:
-    """Four sessions arriving at once enter mlx-lm's batch in the same step: every decode step then
-    yields a token for each of them (none decodes on the single path while the others prefill), and the batch
-    prefills what follows their cached prefix."""
+    """Four sessions arriving at once, with nothing decoding, prefill what follows their cached prefix
+    as one padded batch (one forward of four rows), then enter mlx-lm's batch in the same step: every
+    decode step yields a token for each of them (none decodes on the single path while the others
+    prefill), and the batch itself prefills nothing."""
     texts = {f"s{i}": [" ".join(f"word{i}_{n}" for n in range(20))] * 2 for i in range(4)}
 
-    async def go() -> tuple[list[tuple[int, ...]], Any, list[int]]:
+    async def go() -> tuple[list[tuple[int, ...]], Any, list[int], list[tuple[int, ...]]]:
         scripts = ForcedScripts(tiny_qwen3[1], texts)
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
             await asyncio.gather(
@@ -107,15 +119,18 @@ def test_sessions_started_together_decode_in_one_batch_from_their_first_token(
             )
             for i in range(4):
                 await host.session(f"s{i}").reset()
+            prefills = Forwards(host._scheduler.model)  # what the prefill feeds (the batch keeps the model)
+            host._scheduler.model = prefills
             with host._scheduler._batch.stats() as stats:
                 replies = await asyncio.gather(
                     *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(4))
                 )
-            return [r.token_ids for r in replies], stats, [r.usage.prefilled_tokens for r in replies]
+            return [r.token_ids for r in replies], stats, [r.usage.prefilled_tokens for r in replies], prefills.shapes
 
-    token_ids, stats, prefilled = asyncio.run(go())
+    token_ids, stats, prefilled, shapes = asyncio.run(go())
     assert stats.generation_tokens == 4 * 8 and stats.generation_steps == 8
-    assert stats.prompt_tokens == sum(prefilled) - 4  # the batch feeds each one's last prompt token as it decodes
+    assert stats.prompt_tokens == 0  # the batch only decodes: each enters it with its last prompt token to feed
+    assert shapes == [(4, max(prefilled) - 1)]  # one padded forward of all four, up to each one's last token
     assert [len(t) for t in token_ids] == [8, 8, 8, 8] and len(set(token_ids)) == 4
 
 

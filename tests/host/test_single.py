@@ -18,6 +18,7 @@ from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host import scheduler as scheduler_module
 from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
 from mlx_subagents.host.mlx_thread import MlxThread
+from mlx_subagents.host.prefill import SlicePolicy
 from mlx_subagents.host.protocol import Reply
 from mlx_subagents.host.scheduler import SINGLE_BURST_TOKENS, Request, Scheduler, SchedulerConfig, Turn
 from mlx_subagents.host.single import SingleStream, take_from_batch
@@ -29,15 +30,23 @@ SCRIPT = " ".join(f"word{n}" for n in range(60))  # far more tokens than any tur
 
 @pytest.fixture(autouse=True)
 def no_time_slice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bursts end by count here, not by the clock (a loaded machine would cut them short)."""
+    """Bursts end by count here, not by the clock (a loaded machine would cut them short); and a
+    prompt prefilled while others decode gets a slice every step, each decoder one token between
+    slices (the decoders' share of the time, also a clock's, is tested in test_prefill.py)."""
     monkeypatch.setattr(scheduler_module, "SINGLE_SLICE_S", 60.0)
+    monkeypatch.setattr(SlicePolicy, "sliced", lambda self, seconds, decoding: None)
 
 
 def scheduler(
-    tiny: tuple[Any, Any], *, batching: bool = True, factory: Any = None, jobs_waiting: Callable[[], bool] | None = None
+    tiny: tuple[Any, Any],
+    *,
+    batching: bool = True,
+    factory: Any = None,
+    jobs_waiting: Callable[[], bool] | None = None,
+    prefill_slice: int | str = 16,
 ) -> Scheduler:
     model, tokenizer = tiny
-    config = SchedulerConfig(batching=batching)
+    config = SchedulerConfig(batching=batching, prefill_slice=prefill_slice)
     return Scheduler(model, tokenizer, config, KVPool(None), KVShape(0, 0), True, factory, jobs_waiting)
 
 
@@ -174,10 +183,11 @@ def test_a_queued_job_ends_the_burst(tiny_qwen3: tuple[Any, Any]) -> None:
 
 
 def test_a_second_turn_ends_the_bursts_and_both_match_serialized(tiny_qwen3: tuple[Any, Any]) -> None:
-    """b arrives after a's first burst: a goes one token per step while b prefills, then both in the batch."""
+    """With slicing off, b arrives after a's first burst: a goes one token per step while b prefills, then
+    both in the batch."""
     results: dict[str, Reply] = {}
     a, b = make_turn("a", 0, 30, results), make_turn("b", 1, 12, results)
-    sch = scheduler(tiny_qwen3, factory=forced(tiny_qwen3, "a", "b"))
+    sch = scheduler(tiny_qwen3, factory=forced(tiny_qwen3, "a", "b"), prefill_slice="off")
 
     def arrive(n: int) -> None:
         if n == 3:
@@ -359,12 +369,13 @@ def test_the_last_turn_in_the_batch_goes_on_single_token_identical(tiny_qwen3: t
     single-sequence path, the same ids as serialized and as `stream_generate`, its cache reused whole."""
     lengths = {"a": 40, "b": 10}
     sch, results, (a, b), held, paths = straggler_run(tiny_qwen3, lengths)
-    # The shared prefix, then both prompts' rest as one batch; one token each per step in the batch.
-    assert held[:13] == [[0, 0], [0, 0], [0, 0], [0, 0]] + [[n, n] for n in range(1, 10)]
-    assert paths[:13] == ["-"] + ["batch"] * 12
+    # The shared prefix, then both prompts' rest as one padded batch, and into mlx-lm's batch in that
+    # step; their first tokens a step later; one token each per step in the batch.
+    assert held[:12] == [[0, 0], [0, 0], [0, 0]] + [[n, n] for n in range(1, 10)]
+    assert paths[:12] == ["-"] + ["batch"] * 11
     # b's last token: a moves out of the batch and decodes a burst in the same step.
-    assert held[13:] == [[18, 10], [26, 10], [34, 10], [40, 10]]
-    assert paths[13:] == ["single", "single", "single", "-"]
+    assert held[12:] == [[18, 10], [26, 10], [34, 10], [40, 10]]
+    assert paths[12:] == ["single", "single", "single", "-"]
     assert sch.decoding == {} and sch.single is None
     assert results["a"].finish_reason == "length" and results["b"].finish_reason == "length"
     assert results["a"].token_ids == stream_generate_ids(tiny_qwen3, "a", a.ids, 40)
@@ -383,8 +394,8 @@ def test_a_hybrid_straggler_goes_on_single_too(tiny_qwen35: tuple[Any, Any]) -> 
     """qwen3_5: gated-delta state (`ArraysCache`) and attention layers leave the batch together."""
     lengths = {"a": 30, "b": 6}
     sch, results, (a, b), held, paths = straggler_run(tiny_qwen35, lengths)
-    assert held[4:] == [[n, n] for n in range(1, 6)] + [[14, 6], [22, 6], [30, 6]]
-    assert paths[4:] == ["batch"] * 5 + ["single", "single", "-"]
+    assert held[3:] == [[n, n] for n in range(1, 6)] + [[14, 6], [22, 6], [30, 6]]
+    assert paths[3:] == ["batch"] * 5 + ["single", "single", "-"]
     assert results["a"].token_ids == stream_generate_ids(tiny_qwen35, "a", a.ids, 30)
     assert_holds_exactly(a, results["a"].token_ids)
     follow_ups(sch, [a, b], results)
@@ -404,11 +415,11 @@ def test_a_queued_job_keeps_the_last_turn_in_the_batch_for_that_step(tiny_qwen3:
 
     def step_done(n: int) -> None:
         paths.append(where(sch, a))
-        queued.set() if n == 13 else queued.clear()
+        queued.set() if n == 12 else queued.clear()
 
     held = run(sch, [a, b], step_done)
-    assert held[12:] == [[9, 9], [10, 10], [19, 10], [27, 10], [35, 10], [40, 10]]
-    assert paths[12:] == ["batch", "batch", "single", "single", "single", "-"]
+    assert held[11:] == [[9, 9], [10, 10], [19, 10], [27, 10], [35, 10], [40, 10]]
+    assert paths[11:] == ["batch", "batch", "single", "single", "single", "-"]
     assert results["a"].token_ids == stream_generate_ids(tiny_qwen3, "a", a.ids, 40)
 
 
@@ -430,8 +441,8 @@ def test_cancel_right_after_the_move(tiny_qwen3: tuple[Any, Any]) -> None:
     sch = scheduler(tiny_qwen3, factory=factory)
     paths: list[str] = []
     held = run(sch, [a, b], lambda n: paths.append(where(sch, a)))
-    assert held[12:] == [[9, 9], [11, 10], [11, 10]]
-    assert paths[12:] == ["batch", "single", "-"]
+    assert held[11:] == [[9, 9], [11, 10], [11, 10]]
+    assert paths[11:] == ["batch", "single", "-"]
     assert results["a"].finish_reason == "cancelled"
     assert results["a"].token_ids == stream_generate_ids(tiny_qwen3, "a", a.ids, 11)
     assert_holds_exactly(a, results["a"].token_ids)
@@ -451,17 +462,18 @@ def test_a_turn_arriving_right_after_the_move_brings_it_back_into_the_batch(tiny
 
     def arrive(n: int) -> None:
         paths.append(where(sch, a))
-        if n == 14:
+        if n == 13:
             sch.submit(c)
 
     held = run(sch, [a, b], arrive, watch=[a, b, c])
-    assert held[12:14] == [[9, 9, 0], [18, 10, 0]] and paths[12:14] == ["batch", "single"]  # b ends, a single
-    # c is admitted and prefilled: a decodes one token, hands its next over, and waits for c's prompt.
-    assert held[14:17] == [[20, 10, 0], [20, 10, 0], [21, 10, 0]] and paths[14:17] == ["batch"] * 3
-    assert held[17:22] == [[21 + n, 10, n] for n in range(1, 6)] and paths[17:22] == ["batch"] * 5
-    # c ends (a at 27): a goes single again, a burst in the same step.
-    assert held[22:] == [[35, 10, 6], [43, 10, 6], [51, 10, 6], [59, 10, 6], [60, 10, 6]]
-    assert paths[22:] == ["single"] * 4 + ["-"]
+    assert held[11:13] == [[9, 9, 0], [18, 10, 0]] and paths[11:13] == ["batch", "single"]  # b ends, a single
+    # c is admitted: a decodes a token a step while c's prompt is prefilled in two slices, then hands its
+    # next token over and both go into the batch, their tokens a step later.
+    assert held[13:16] == [[19, 10, 0], [21, 10, 0], [21, 10, 0]] and paths[13:16] == ["single", "batch", "batch"]
+    assert held[16:21] == [[21 + n, 10, n] for n in range(1, 6)] and paths[16:21] == ["batch"] * 5
+    # c ends (a at 26): a goes single again, a burst in the same step.
+    assert held[21:] == [[35, 10, 6], [43, 10, 6], [51, 10, 6], [59, 10, 6], [60, 10, 6]]
+    assert paths[21:] == ["single"] * 4 + ["-"]
     serial = serialized_run(tiny_qwen3, lengths)
     assert ids_of(results) == {name: serial[name].token_ids for name in lengths}
     assert_holds_exactly(a, results["a"].token_ids)

@@ -1,0 +1,237 @@
+"""Prefill in slices between decode steps: when a slice runs, how many tokens it feeds, and whose.
+
+A prompt that joins mlx-lm's batch is prefilled there in chunks of the prefill step with one decode
+step between chunks, so every session decoding meanwhile advances one token per chunk: a child's
+first turn or a `read` of a long file silences its siblings for the whole prefill. Here a prompt is
+prefilled on its own cache, a slice at a time, by the scheduler, and enters the batch with that
+cache holding all but its last token (mlx-lm's batch then only decodes).
+
+The policy (`SlicePolicy`) is an equal time share between the two kinds of work. While sessions
+decode, a slice runs only once the decoders have had as much time since the last slice as that slice
+took: each decode step pays back its own duration. So the decoders keep half their speed or more
+(all of it once the prefill is done), and the prefill gets the other half, never starved by many
+decoders or slow steps. With `auto` a slice lasts about `SLICE_DECODE_STEPS` decode steps: a decode
+step costs about what any forward costs however few its tokens (the weights read, the kernels
+launched, the Python around them), so a slice of eight steps' time spends most of it on prompt
+tokens, and a decoder's longest pause is eight of its steps. Its token count follows from the
+measured cost of the group's last slice per token, which grows with the prompt's depth. A number
+(`--prefill-slice 64`) fixes the tokens per slice instead. With nothing decoding there is nobody to
+yield to: a slice is the host's prefill step.
+
+Whose prompt: the shortest remaining first (tokens to its first token), so a short turn that arrives
+while a long one is prefilled is not behind it. Turns that are ready together while nothing decodes
+(the fan-out of sub-agents) are one `PrefillGroup`, prefilled as one padded batch (mlx-lm's
+`PromptProcessingBatch`); they enter the batch in the same step and decode in lockstep.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import RequestError
+
+AUTO, OFF = "auto", "off"
+DEFAULT_PREFILL_SLICE = AUTO
+# auto: a slice lasts about this many decode steps (see the module docstring).
+SLICE_DECODE_STEPS = 8
+# auto: never fewer tokens per row than this (a first slice, before any cost is known, feeds this many).
+MIN_SLICE_TOKENS = 16
+# Weight of the newest reading in the running averages of a decode step's and a prompt token's cost.
+EMA = 0.25
+
+PrefillSlice = int | str  # a number of tokens, "auto" or "off"
+
+
+class Turn(Protocol):
+    """What the prefill reads and moves of the scheduler's `Turn`: its prompt, how far its cache holds
+    it, its stops (position, what to do there: "prefix", "snapshot", "end"), its cache and group."""
+
+    ids: list[int]
+    pos: int
+    stops: list[tuple[int, str]]
+    cache: list[Any] | None
+    state: Any
+    group: PrefillGroup | None
+    fresh: bool
+
+
+def parse_prefill_slice(value: str | int | None) -> PrefillSlice:
+    """`auto`, `off` or a number of tokens per slice (at least 1); None is the default, `auto`."""
+    if value is None:
+        return DEFAULT_PREFILL_SLICE
+    if isinstance(value, int) and not isinstance(value, bool):
+        tokens = value
+    else:
+        text = str(value).strip().lower()
+        if text in (AUTO, OFF):
+            return text
+        try:
+            tokens = int(text)
+        except ValueError:
+            tokens = 0
+    if tokens < 1:
+        raise RequestError(f"--prefill-slice {value!r} is not auto, off or a number of tokens; use e.g. auto or 64")
+    return tokens
+
+
+def describe(value: PrefillSlice, step_size: int) -> str:
+    """The slice policy in a line (`subagent doctor`)."""
+    if value == OFF:
+        return f"off: a prompt joins the batch at once and is prefilled in chunks of {step_size} between decode steps"
+    size = (
+        f"about {SLICE_DECODE_STEPS} decode steps' time (at least {MIN_SLICE_TOKENS} tokens)"
+        if value == AUTO
+        else f"{value} tokens"
+    )
+    return (
+        f"{value}: slices of {size} while others decode, the time shared equally; "
+        f"{step_size} tokens with nothing decoding; shortest prompt first"
+    )
+
+
+@dataclass
+class SlicePolicy:
+    """When a prefill slice may run and how many tokens it feeds per row.
+
+    Args:
+        tokens: the tokens of a slice while others decode (None: auto).
+        step_size: what a slice feeds with nothing decoding, and the most it ever feeds.
+    """
+
+    tokens: int | None
+    step_size: int
+    decode_s: float = 0.0  # a decode step's duration, averaged
+    credit_s: float = 0.0  # how long the decoders may still decode before the next slice
+
+    @classmethod
+    def of(cls, value: PrefillSlice, step_size: int) -> SlicePolicy | None:
+        """The policy of a `--prefill-slice` value; None when slicing is off."""
+        if value == OFF:
+            return None
+        return cls(None if value == AUTO else min(int(value), step_size), step_size)
+
+    def due(self, decoding: bool) -> bool:
+        """Whether a slice may run now: nothing decodes, or the decoders have had their share."""
+        return not decoding or self.credit_s <= 0.0
+
+    def size(self, decoding: bool, rows: int, token_s: float) -> int:
+        """Tokens per row of the next slice of a group of `rows` whose last slice cost `token_s`
+        seconds per token and row (0: not known yet)."""
+        if not decoding:
+            return self.step_size
+        if self.tokens is not None:
+            return self.tokens
+        if not (token_s > 0 and self.decode_s > 0):
+            return MIN_SLICE_TOKENS
+        target = SLICE_DECODE_STEPS * self.decode_s / (token_s * max(1, rows))
+        return max(MIN_SLICE_TOKENS, min(self.step_size, int(target)))
+
+    def decoded(self, seconds: float, steps: int = 1) -> None:
+        """A decode step (or a burst of `steps` single-path tokens) took `seconds`: it pays back its time."""
+        if steps > 0:
+            per_step = seconds / steps
+            self.decode_s = per_step if self.decode_s == 0 else (1 - EMA) * self.decode_s + EMA * per_step
+        self.credit_s = max(0.0, self.credit_s - seconds)
+
+    def sliced(self, seconds: float, decoding: bool) -> None:
+        """A slice took `seconds`: the decoders, if any, are owed as long."""
+        self.credit_s = seconds if decoding else 0.0
+
+
+class PrefillGroup:
+    """Turns whose last prompt segment (to all but the last token) is prefilled together as one padded
+    batch, a slice at a time: mlx-lm's `PromptProcessingBatch` over their merged caches. While a turn
+    is in the group its cache lives in the group's; `take` gives it back as a cache of its own."""
+
+    def __init__(self, model: Any, turns: Sequence[Turn], step_size: int) -> None:
+        from mlx_lm.generate import PromptProcessingBatch
+
+        self.turns = list(turns)
+        self.token_s = 0.0  # the last slice's seconds per token and row
+        self._batch = PromptProcessingBatch(
+            model,
+            uids=list(range(len(self.turns))),
+            caches=[t.cache for t in self.turns],
+            tokens=[list(t.ids[: t.pos]) for t in self.turns],
+            prefill_step_size=step_size,
+            # Per-row lists it keeps in step with its rows; it never samples here (the batch decodes).
+            samplers=[None] * len(self.turns),
+            logits_processors=[[] for _ in self.turns],
+            max_tokens=[1] * len(self.turns),
+        )
+        for turn in self.turns:  # the group's merged cache holds them now (a copy): let the old ones go
+            turn.cache = turn.state.prompt_cache = None
+            turn.group = self
+
+    @property
+    def remaining(self) -> int:
+        """Tokens until the group's first turn is ready to decode."""
+        return min(t.stops[0][0] - t.pos for t in self.turns)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self._batch.prompt_cache)
+
+    def feed(self, n_tokens: int) -> list[Turn]:
+        """Feed each turn up to `n_tokens` more of its prompt (none past its stop); the turns now at it."""
+        rows = [t.ids[t.pos : min(t.pos + n_tokens, t.stops[0][0])] for t in self.turns]
+        tic = time.perf_counter()
+        self._batch.prompt(rows)  # evaluates
+        fed = sum(len(r) for r in rows)
+        if fed:
+            self.token_s = (time.perf_counter() - tic) / fed
+        for turn, row in zip(self.turns, rows, strict=True):
+            turn.pos += len(row)
+        return [t for t in self.turns if t.pos >= t.stops[0][0]]
+
+    def take(self, turn: Turn) -> list[Any]:
+        """Take `turn` out of the group with its own cache (the left padding cut off)."""
+        i = self.turns.index(turn)
+        cache = self._batch.extract_cache(i)
+        del self.turns[i]
+        self._batch.filter([j for j in range(len(self.turns) + 1) if j != i])
+        turn.group = None
+        return cache
+
+
+@dataclass(frozen=True)
+class Work:
+    """What the next slice feeds: one turn on its own cache, a group, or ready turns to group first."""
+
+    turn: Turn | None = None
+    group: PrefillGroup | None = None
+    together: tuple[Turn, ...] = ()
+
+
+def _left(turn: Turn) -> int:
+    """Tokens until `turn` decodes: its prompt but the last token, less what its cache holds."""
+    return len(turn.ids) - 1 - turn.pos
+
+
+def pick(
+    opened: Sequence[Turn], groups: Sequence[PrefillGroup], decoding: bool, step_size: int, batchable: Any
+) -> Work | None:
+    """The next slice's work among the opened turns (arrival order) and the groups.
+
+    The shortest remaining prompt goes first. While nothing decodes, turns ready to decode but for
+    their last segment (and not fed any of it yet: `fresh`) are grouped, after any turn one slice from
+    being ready as well (a hybrid model's turn saving its snapshot): they arrived together.
+
+    Args:
+        batchable: whether a cache can join a batch (a turn whose cache cannot stays on its own).
+    """
+    solo = [t for t in opened if t.group is None]
+    ready = [t for t in solo if t.stops[0][1] == "end" and batchable(t.cache)]
+    if not decoding:
+        fresh = [t for t in ready if t.fresh and _left(t) > 0]
+        soon = [t for t in solo if t not in ready and batchable(t.cache) and t.stops[0][0] - t.pos <= step_size]
+        if fresh and soon:
+            return Work(turn=min(soon, key=_left))
+        if len(fresh) > 1:
+            return Work(together=tuple(fresh))
+    units: list[tuple[int, Work]] = [(g.remaining, Work(group=g)) for g in groups]
+    units += [(_left(t), Work(turn=t)) for t in solo]
+    return min(units, key=lambda unit: unit[0])[1] if units else None
