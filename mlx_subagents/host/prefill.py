@@ -7,10 +7,10 @@ prefilled on its own cache, a slice at a time, by the scheduler, and enters the 
 cache holding all but its last token (mlx-lm's batch then only decodes).
 
 The policy (`SlicePolicy`) is an equal time share between the two kinds of work. While sessions
-decode, a slice runs only once the decoders have had as much time since the last slice as that slice
-took: each decode step pays back its own duration. So the decoders keep half their speed or more
-(all of it once the prefill is done), and the prefill gets the other half, never starved by many
-decoders or slow steps. With `auto` a slice lasts about `SLICE_DECODE_STEPS` decode steps: a decode
+decode, a slice runs only once as much time has passed since the last slice ended as that slice
+took. So the decoders keep about half their speed (all of it once the prefill is done: the
+scheduler's own work between slices counts on their side), and the prefill gets the other half,
+never starved by many decoders or slow steps. With `auto` a slice lasts about `SLICE_DECODE_STEPS` decode steps: a decode
 step costs about what any forward costs however few its tokens (the weights read, the kernels
 launched, the Python around them), so a slice of eight steps' time spends most of it on prompt
 tokens, and a decoder's longest pause is eight of its steps. Its token count follows from the
@@ -19,7 +19,8 @@ measured cost of the group's last slice per token, which grows with the prompt's
 yield to: a slice is the host's prefill step.
 
 Whose prompt: the shortest remaining first (tokens to its first token), so a short turn that arrives
-while a long one is prefilled is not behind it. Turns that are ready together while nothing decodes
+while a long one is prefilled is not behind it; and a new one of at most a prefill step goes at once,
+in one slice, before the decoders' share is over (they get that time back after it). Turns that are ready together while nothing decodes
 (the fan-out of sub-agents) are one `PrefillGroup`, prefilled as one padded batch (mlx-lm's
 `PromptProcessingBatch`); they enter the batch in the same step and decode in lockstep.
 """
@@ -104,7 +105,7 @@ class SlicePolicy:
     tokens: int | None
     step_size: int
     decode_s: float = 0.0  # a decode step's duration, averaged
-    credit_s: float = 0.0  # how long the decoders may still decode before the next slice
+    ready_at: float = 0.0  # when (perf_counter) the next slice may run while others decode
 
     @classmethod
     def of(cls, value: PrefillSlice, step_size: int) -> SlicePolicy | None:
@@ -115,7 +116,7 @@ class SlicePolicy:
 
     def due(self, decoding: bool) -> bool:
         """Whether a slice may run now: nothing decodes, or the decoders have had their share."""
-        return not decoding or self.credit_s <= 0.0
+        return not decoding or time.perf_counter() >= self.ready_at
 
     def size(self, decoding: bool, rows: int, token_s: float) -> int:
         """Tokens per row of the next slice of a group of `rows` whose last slice cost `token_s`
@@ -130,15 +131,21 @@ class SlicePolicy:
         return max(MIN_SLICE_TOKENS, min(self.step_size, int(target)))
 
     def decoded(self, seconds: float, steps: int = 1) -> None:
-        """A decode step (or a burst of `steps` single-path tokens) took `seconds`: it pays back its time."""
+        """A decode step (or a burst of `steps` single-path tokens) took `seconds` (what `auto` sizes by)."""
         if steps > 0:
             per_step = seconds / steps
             self.decode_s = per_step if self.decode_s == 0 else (1 - EMA) * self.decode_s + EMA * per_step
-        self.credit_s = max(0.0, self.credit_s - seconds)
 
     def sliced(self, seconds: float, decoding: bool) -> None:
-        """A slice took `seconds`: the decoders, if any, are owed as long."""
-        self.credit_s = seconds if decoding else 0.0
+        """A slice took `seconds`: the decoders, if any, get as long before the next (after what they
+        are owed already: a short prompt's slice may run before their share is over, `urgent`)."""
+        self.ready_at = max(self.ready_at, time.perf_counter()) + seconds if decoding else 0.0
+
+    def urgent(self, work: Work) -> bool:
+        """A new prompt of at most a prefill step is prefilled at once, in one slice, even before the
+        decoders' share is over (they get its time back after): a short turn that arrives while a long
+        one is prefilled waits neither for it nor for the decoders' turn."""
+        return not work.begun and work.remaining <= self.step_size
 
 
 class PrefillGroup:
@@ -204,6 +211,18 @@ class Work:
     turn: Turn | None = None
     group: PrefillGroup | None = None
     together: tuple[Turn, ...] = ()
+
+    @property
+    def remaining(self) -> int:
+        """Tokens until its first turn decodes."""
+        if self.group is not None:
+            return self.group.remaining
+        return min(_left(t) for t in ((self.turn,) if self.turn is not None else self.together))
+
+    @property
+    def begun(self) -> bool:
+        """Whether a slice fed it before (a new arrival has not been)."""
+        return (self.group.token_s if self.group is not None else self.turn.token_s if self.turn else 0.0) > 0
 
 
 def _left(turn: Turn) -> int:

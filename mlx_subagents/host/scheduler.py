@@ -553,20 +553,21 @@ class Scheduler:
         decoding = bool(self.decoding or self.single)
         policy = self.policy
         assert policy is not None
-        if not opened or not policy.due(decoding):
-            return
         work = pick(opened, self.groups, decoding, self.config.prefill_step_size, self._batchable)
-        if work is None:
+        urgent = work is not None and policy.urgent(work)
+        if work is None or not (urgent or policy.due(decoding)):
             return
         group = self._group(work.together) if work.together else work.group
         tic = time.perf_counter()
         if group is not None:
             fed = list(group.turns)
-            self._feed_group(group, policy.size(decoding, len(fed), group.token_s))
+            n_tokens = policy.step_size if urgent else policy.size(decoding, len(fed), group.token_s)
+            self._feed_group(group, n_tokens)
         elif work.turn is not None:
             fed = [work.turn]
+            n_tokens = policy.step_size if urgent else policy.size(decoding, 1, work.turn.token_s)
             try:
-                self._prefill_chunk(work.turn, policy.size(decoding, 1, work.turn.token_s))
+                self._prefill_chunk(work.turn, n_tokens)
             except Exception as exc:
                 self._fail(work.turn, exc)
         elapsed = time.perf_counter() - tic
@@ -723,9 +724,9 @@ class Scheduler:
     def _single_burst(self, turn: Turn) -> None:
         """Tokens of the single turn until it ends, SINGLE_BURST_TOKENS or SINGLE_SLICE_S, or until something
         needs a step: a turn waiting or prefilling, a job for the mlx thread, its own cancel."""
-        # A prompt to prefill: the burst lasts as long as the decoders' share of the time (`SlicePolicy`).
-        share = self.policy.credit_s if self.policy is not None and self.prefilling else SINGLE_SLICE_S
-        deadline = time.perf_counter() + min(SINGLE_SLICE_S, share)
+        deadline = time.perf_counter() + SINGLE_SLICE_S
+        if self.policy is not None and self.prefilling:  # a prompt to prefill: until the decoders' share ends
+            deadline = min(deadline, self.policy.ready_at)
 
         def needs_a_step() -> bool:
             return bool(

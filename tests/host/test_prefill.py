@@ -1,0 +1,226 @@
+"""Prefill in slices between decode steps (host/prefill.py), on tiny real models with forced decoding.
+
+The step-driven tests drive the scheduler on the test's thread, as test_single.py does, and count what
+each step did; the others go through the host and compare every session's tokens with slicing off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlx_subagents.errors import RequestError
+from mlx_subagents.host import GenerateArgs, MlxModelHost, parse_prefill_slice
+from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
+from mlx_subagents.host.prefill import SlicePolicy, describe
+from mlx_subagents.host.scheduler import Request, Scheduler, SchedulerConfig, Turn
+from mlx_subagents.testing import ForcedScripts, make_tiny_model
+from tests.host.test_batching import SYSTEM, result, task
+
+SCRIPT = " ".join(f"word{n}" for n in range(400))  # longer than any reply here
+
+
+def long_task(i: int, lines: int) -> list[dict[str, Any]]:
+    """A task with a file's worth of text in it: a prompt of many slices."""
+    body = "\n".join(f"{n:>5}  def handler_{i}_{n}(request): return route(request, {n * 7 % 97})" for n in range(lines))
+    return [SYSTEM, {"role": "user", "content": f"Task {i}: what does this file do?\n{body}"}]
+
+
+def scheduler(tiny: tuple[Any, Any], prefill_slice: int | str, factory: Any = None) -> Scheduler:
+    model, tokenizer = tiny
+    config = SchedulerConfig(prefill_slice=prefill_slice)
+    return Scheduler(model, tokenizer, config, KVPool(None), KVShape(0, 0), True, factory)
+
+
+def make_turn(name: str, messages: list[dict[str, Any]], max_tokens: int, results: dict[str, Any]) -> Turn:
+    def deliver(ok: bool, value: Any) -> None:
+        results[name] = value
+
+    return Turn(name, CacheState(), Request(messages, None, max_tokens, 0.0), threading.Event(), None, deliver)
+
+
+def test_the_prefill_slice_setting_is_auto_off_or_tokens() -> None:
+    assert [parse_prefill_slice(v) for v in (None, "auto", "OFF", "64", 32)] == ["auto", "auto", "off", 64, 32]
+    for bad in ("0", "-3", "fast", 0):
+        with pytest.raises(RequestError, match=r"^--prefill-slice .* is not auto, off or a number of tokens; use e"):
+            parse_prefill_slice(bad)
+    assert SlicePolicy.of("off", 512) is None
+    assert SlicePolicy.of(64, 512) == SlicePolicy(64, 512) and SlicePolicy.of(4096, 512).tokens == 512
+    assert describe("auto", 512).startswith("auto: slices of about 8 decode steps' time (at least 16 tokens)")
+
+
+@pytest.mark.slow
+def test_a_decoder_keeps_decoding_while_a_long_prompt_is_prefilled(tiny_qwen3: tuple[Any, Any]) -> None:
+    """a decodes on its own; b arrives with a prompt of about 1,500 tokens. Sliced, a gets at least a token
+    between every two of b's slices of 64; with slicing off b joins the batch at once and a gets one
+    token per 512-token chunk. Both as serialized, token for token."""
+    gained, replies = {}, {}
+    for slicing in (64, "off"):
+        results: dict[str, Any] = {}
+        factory = ForcedScripts(tiny_qwen3[1], {"a": [SCRIPT]})
+        sch = scheduler(tiny_qwen3, slicing, factory)
+        a, b = make_turn("a", task(0), 300, results), make_turn("b", long_task(1, 60), 4, results)
+        sch.submit(a)
+        for _ in range(3):
+            sch.step()
+        sch.submit(b)
+        at_arrival = len(a.generated)
+        while not b.generated:
+            sch.step()
+        gained[slicing] = len(a.generated) - at_arrival
+        while sch.has_work():
+            sch.step()
+        replies[slicing] = (results["a"].token_ids, results["b"].token_ids)
+        n_prompt = len(b.ids)
+    assert 1400 < n_prompt < 1700
+    assert gained[64] >= (n_prompt - 40) // 64 - 1  # the shared system prompt was cached
+    assert gained["off"] <= n_prompt // 512 + 4  # one as b arrives, one handed over, then one per chunk
+    assert replies[64] == replies["off"]
+    assert len(replies[64][0]) == 300 and len(replies[64][1]) == 4
+
+
+@pytest.mark.slow
+def test_a_short_prompt_arriving_during_a_long_prefill_decodes_before_it(tiny_qwen3: tuple[Any, Any]) -> None:
+    """Shortest first: c (a short task) arrives while b's long prompt is prefilled in slices and has
+    its first token, and its last, before b has its first."""
+    results: dict[str, Any] = {}
+    sch = scheduler(tiny_qwen3, 32, ForcedScripts(tiny_qwen3[1], {"a": [SCRIPT]}))
+    a, b = make_turn("a", task(0), 400, results), make_turn("b", long_task(1, 60), 4, results)
+    c = make_turn("c", task(2), 6, results)
+    sch.submit(a)
+    while not a.generated:
+        sch.step()
+    sch.submit(b)
+    for _ in range(6):
+        sch.step()
+    assert 0 < b.pos < len(b.ids) // 4  # b is being prefilled
+    sch.submit(c)
+    while "c" not in results:
+        sch.step()
+    assert len(results["c"].token_ids) == 6 and not b.generated and b in sch.prefilling
+    while sch.has_work():
+        sch.step()
+    assert len(results["b"].token_ids) == 4 and results["b"].usage.prefill_wait_seconds > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("together", [False, True])
+def test_a_cancelled_turn_mid_prefill_leaves_no_slice_state_and_parks_what_it_holds(
+    tiny_qwen3: tuple[Any, Any], together: bool
+) -> None:
+    """b is cancelled after some slices of its prompt (alone while a decodes, or in a group with c, both
+    arriving with nothing decoding): it leaves the prefill and its group, no bytes of it stay in flight,
+    its cache holds exactly what was prefilled and is parked for its next turn; c goes on on its own cache
+    to the same tokens as without b."""
+    results: dict[str, Any] = {}
+    factory = ForcedScripts(tiny_qwen3[1], {"a": [SCRIPT]})
+    sch = scheduler(tiny_qwen3, 64, factory)
+    b, c = make_turn("b", long_task(1, 45), 4, results), make_turn("c", long_task(2, 45), 4, results)
+    a = make_turn("a", task(0), 200, results)
+    sch.submit(c if together else a)
+    if not together:
+        sch.step()
+    sch.submit(b)
+    for _ in range(3):
+        sch.step()
+    assert (len(sch.groups) == 1 and set(sch.groups[0].turns) == {b, c}) if together else not sch.groups
+    assert 0 < b.pos < len(b.ids) - 1
+    b.cancel.set()
+    sch.step()
+    assert results["b"].finish_reason == "cancelled" and b not in sch.prefilling and b.group is None
+    assert not sch.groups and (c.group is None)
+    held = sch.pool.idle("b")
+    assert held is b.state and held.token_ids == b.ids[: b.pos]
+    assert {layer.offset for layer in held.prompt_cache} == {b.pos}
+    in_flight = sch.resident_bytes() - sch.pool.idle_bytes() - sch.prefixes.nbytes()
+    other = c if together else a  # the only work left in flight: on its own cache
+    assert other.uid is None and in_flight == sum(layer.nbytes for layer in other.cache) > 0
+    while sch.has_work():
+        sch.step()
+    # The next turn of b reuses exactly what it had prefilled.
+    again = make_turn("b", long_task(1, 45), 4, results)
+    again.state = b.state
+    sch.submit(again)
+    while sch.has_work():
+        sch.step()
+    assert results["b"].usage.cached_tokens == b.pos
+    if together:
+        alone: dict[str, Any] = {}
+        ref = scheduler(tiny_qwen3, 64)
+        ref.submit(make_turn("c", long_task(2, 45), 4, alone))
+        while ref.has_work():
+            ref.step()
+        assert results["c"].token_ids == alone["c"].token_ids
+
+
+# -- sliced and unsliced, token for token, through the host ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny gemma3-like folder: every other layer a sliding window shorter than the prompts."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3_text")
+
+
+async def interleaved(path: Path, tokenizer: Any, prefill_slice: int | str) -> dict[str, tuple[int, ...]]:
+    """d decodes (forced) while L (a long prompt) and S (a short one) arrive; then L's second turn and
+    a fork of L, d still decoding. Everyone else decodes greedily: their tokens depend on every cache."""
+    scripts = ForcedScripts(tokenizer, {"d": [SCRIPT]})
+    args = GenerateArgs(max_tokens=10)
+    async with MlxModelHost(str(path), processor_factory=scripts, prefill_slice=prefill_slice) as host:
+        started = asyncio.Event()
+        d = asyncio.create_task(
+            host.session("d").generate(task(0), GenerateArgs(max_tokens=380, on_text=lambda _: started.set()))
+        )
+        await started.wait()
+        first = long_task(1, 30)
+        long, short = await asyncio.gather(
+            host.session("L").generate(first, args), host.session("S").generate(task(2), args)
+        )
+        second = first + [long.to_message(), result(1, 0)]
+        fork = first + [long.to_message(), {"role": "user", "content": "Now list the handlers."}]
+        again, forked = await asyncio.gather(
+            host.session("L").generate(second, args), host.session("F", fork_of="L").generate(fork, args)
+        )
+        assert not d.done()  # all of it while d decoded
+        out = {"L": long, "S": short, "L2": again, "F": forked, "d": await d}
+        assert forked.usage.cached_tokens > 0 and again.usage.cached_tokens > len(long.token_ids)
+        return {name: r.token_ids for name, r in out.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch_fixture", ["tiny_qwen3_path", "tiny_qwen35_path", "tiny_gemma3_path"])
+def test_sliced_and_unsliced_give_the_same_tokens(arch_fixture: str, request: pytest.FixtureRequest) -> None:
+    """Dense, hybrid (gated-delta layers: snapshots, no trimming) and sliding-window caches; a turn
+    that reuses its cache and a fork that starts from its parent's."""
+    import mlx_lm
+
+    path: Path = request.getfixturevalue(arch_fixture)
+    tokenizer = mlx_lm.load(str(path))[1]
+    sliced = asyncio.run(interleaved(path, tokenizer, 16))
+    unsliced = asyncio.run(interleaved(path, tokenizer, "off"))
+    assert sliced == unsliced
+    assert len(sliced["d"]) == 380 and all(len(ids) > 0 for ids in sliced.values())
+
+
+@pytest.mark.slow
+def test_a_restored_spill_gives_the_same_tokens_sliced(tiny_qwen3_path: Path) -> None:
+    """Three conversations on a budget that holds one: caches are spilled and restored between turns,
+    and the restored prompts are prefilled in slices while the others decode."""
+    from tests.host.test_batching import conversation
+
+    async def go(prefill_slice: int | str) -> tuple[list[Any], Any]:
+        async with MlxModelHost(
+            str(tiny_qwen3_path), kv_budget=1024 * 1024, max_sessions=1, share_prefix=False, prefill_slice=prefill_slice
+        ) as host:
+            out = list(await asyncio.gather(*(conversation(host, i, turns=3, max_tokens=8) for i in range(3))))
+            return out, await host.memory_stats()
+
+    sliced, stats = asyncio.run(go(16))
+    unsliced, _ = asyncio.run(go("off"))
+    assert sliced == unsliced
+    assert stats.pool["spills"] > 0 and stats.pool["restores"] > 0
