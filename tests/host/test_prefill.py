@@ -21,7 +21,7 @@ from mlx_subagents.host.scheduler import Request, Scheduler, SchedulerConfig, Tu
 from mlx_subagents.testing import ForcedScripts, make_tiny_model
 from tests.host.test_batching import SYSTEM, result, task
 
-SCRIPT = " ".join(f"word{n}" for n in range(400))  # longer than any reply here
+SCRIPT = " ".join(f"word{n}" for n in range(800))  # longer than any reply here
 
 
 def long_task(i: int, lines: int) -> list[dict[str, Any]]:
@@ -174,7 +174,7 @@ async def interleaved(path: Path, tokenizer: Any, prefill_slice: int | str) -> d
     async with MlxModelHost(str(path), processor_factory=scripts, prefill_slice=prefill_slice) as host:
         started = asyncio.Event()
         d = asyncio.create_task(
-            host.session("d").generate(task(0), GenerateArgs(max_tokens=380, on_text=lambda _: started.set()))
+            host.session("d").generate(task(0), GenerateArgs(max_tokens=1600, on_text=lambda _: started.set()))
         )
         await started.wait()
         first = long_task(1, 30)
@@ -187,7 +187,8 @@ async def interleaved(path: Path, tokenizer: Any, prefill_slice: int | str) -> d
             host.session("L").generate(second, args), host.session("F", fork_of="L").generate(fork, args)
         )
         assert not d.done()  # all of it while d decoded
-        out = {"L": long, "S": short, "L2": again, "F": forked, "d": await d}
+        d.cancel()
+        out = {"L": long, "S": short, "L2": again, "F": forked}
         assert forked.usage.cached_tokens > 0 and again.usage.cached_tokens > len(long.token_ids)
         return {name: r.token_ids for name, r in out.items()}
 
@@ -204,7 +205,7 @@ def test_sliced_and_unsliced_give_the_same_tokens(arch_fixture: str, request: py
     sliced = asyncio.run(interleaved(path, tokenizer, 16))
     unsliced = asyncio.run(interleaved(path, tokenizer, "off"))
     assert sliced == unsliced
-    assert len(sliced["d"]) == 380 and all(len(ids) > 0 for ids in sliced.values())
+    assert all(len(ids) > 0 for ids in sliced.values())
 
 
 @pytest.mark.slow

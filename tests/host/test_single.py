@@ -467,13 +467,13 @@ def test_a_turn_arriving_right_after_the_move_brings_it_back_into_the_batch(tiny
 
     held = run(sch, [a, b], arrive, watch=[a, b, c])
     assert held[11:13] == [[9, 9, 0], [18, 10, 0]] and paths[11:13] == ["batch", "single"]  # b ends, a single
-    # c is admitted: a decodes a token a step while c's prompt is prefilled in two slices, then hands its
-    # next token over and both go into the batch, their tokens a step later.
-    assert held[13:16] == [[19, 10, 0], [21, 10, 0], [21, 10, 0]] and paths[13:16] == ["single", "batch", "batch"]
-    assert held[16:21] == [[21 + n, 10, n] for n in range(1, 6)] and paths[16:21] == ["batch"] * 5
-    # c ends (a at 26): a goes single again, a burst in the same step.
-    assert held[21:] == [[35, 10, 6], [43, 10, 6], [51, 10, 6], [59, 10, 6], [60, 10, 6]]
-    assert paths[21:] == ["single"] * 4 + ["-"]
+    # c is admitted: a decodes a token, c's short prompt is prefilled at once, in one slice, and a hands
+    # its next token over: both go into the batch, their tokens a step later.
+    assert held[13:15] == [[20, 10, 0], [20, 10, 0]] and paths[13:15] == ["batch", "batch"]
+    assert held[15:20] == [[20 + n, 10, n] for n in range(1, 6)] and paths[15:20] == ["batch"] * 5
+    # c ends (a at 25): a goes single again, a burst in the same step.
+    assert held[20:] == [[34, 10, 6], [42, 10, 6], [50, 10, 6], [58, 10, 6], [60, 10, 6]]
+    assert paths[20:] == ["single"] * 4 + ["-"]
     serial = serialized_run(tiny_qwen3, lengths)
     assert ids_of(results) == {name: serial[name].token_ids for name in lengths}
     assert_holds_exactly(a, results["a"].token_ids)
