@@ -37,6 +37,7 @@ from .flags import (
     JsonOpt,
     KvBudgetOpt,
     ModelOpt,
+    PrefillSliceOpt,
     QuietOpt,
     SchemaOpt,
     Scope,
@@ -544,6 +545,7 @@ def doctor(
     model: ModelOpt = None,
     context_window: WindowOpt = None,
     kv_budget: KvBudgetOpt = None,
+    prefill_slice: PrefillSliceOpt = None,
     cwd: CwdOpt = Path("."),
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Also start the MCP servers of the project's files.")
@@ -559,7 +561,7 @@ def doctor(
     root = Path(cwd).resolve()
     entries, _ = mcp_entries(discover_agents(root), root)
     servers_ok = asyncio.run(check_servers(entries, root, out.print, yes))
-    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget))
+    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget, prefill_slice))
     raise typer.Exit(0 if ok and servers_ok else 1)
 
 

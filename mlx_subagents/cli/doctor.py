@@ -12,6 +12,7 @@ from ..errors import SubagentError
 from ..host import GenerateArgs, MlxModelHost
 from ..host.grammar import Grammars
 from ..host.mlx_host import total_memory
+from ..host.prefill import describe
 from ..host.prefix_store import list_prefixes, prefix_cache_dir
 
 Print = Callable[[str], None]
@@ -78,12 +79,16 @@ def prefix_cache_line(bound: int) -> str:
     return f"prefixes  {prefix_cache_dir()}: {held} {limit}; `subagent cache` lists them"
 
 
-async def run_doctor(model: str, context_window: int | None, say: Print, kv_budget: str | None = None) -> bool:
+async def run_doctor(
+    model: str, context_window: int | None, say: Print, kv_budget: str | None = None, prefill_slice: str | None = None
+) -> bool:
     """Print the checks; True when the model loaded and answered."""
     for line in environment_lines():
         say(line)
     say(f"model     {model}")
-    host = MlxModelHost(model, context_window=context_window, kv_budget=kv_budget)
+    host = MlxModelHost(
+        model, context_window=context_window, kv_budget=kv_budget, prefill_slice=prefill_slice or "auto"
+    )
     tic = time.perf_counter()
     try:
         async with host:
@@ -110,6 +115,7 @@ async def run_doctor(model: str, context_window: int | None, say: Print, kv_budg
         f"for {host.max_sessions} sessions; held now {stats.kv_bytes_total / 2**20:.2f} MiB"
     )
     say(f"memory    mlx active {_gib(stats.active_memory)}, peak {_gib(stats.peak_memory)}")
+    say(f"prefill   {describe(host.prefill_slice, host.prefill_step)}")
     say(prefix_cache_line(host.prefix_store.max_bytes if host.prefix_store else 0))
     say("ok")
     return True

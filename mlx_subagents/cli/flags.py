@@ -21,7 +21,7 @@ import typer
 
 from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY, MAX_WARNINGS
 from ..events import EventSink
-from ..host import parse_bytes
+from ..host import parse_bytes, parse_prefill_slice
 from ..host.prefix_store import parse_prefix_cache
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
 from ..runs.runner import Runner
@@ -85,6 +85,14 @@ PrefixCacheOpt = Annotated[
     typer.Option(
         "--prefix-cache",
         help="Disk for agents' prompt prefixes kept across runs (warm starts): 2GB, 512MiB or off. Default: 5% of free disk, at most 4GiB.",
+    ),
+]
+PrefillSliceOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prefill-slice",
+        help="How a prompt is prefilled while other sessions decode: auto (slices sized from what each costs, "
+        "the time shared equally), a number of tokens per slice, or off (a chunk per decode step). Default: auto.",
     ),
 ]
 MaxTurnsOpt = Annotated[
@@ -184,6 +192,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "batching": (BatchingOpt, Batching.on),
     "kv_budget": (KvBudgetOpt, None),
     "prefix_cache": (PrefixCacheOpt, None),
+    "prefill_slice": (PrefillSliceOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
     "thinking": (ThinkingOpt, None),
@@ -210,6 +219,7 @@ class Shared:
     batching: Batching
     kv_budget: str | None
     prefix_cache: str | None
+    prefill_slice: str | None
     max_depth: int
     concurrency: int
     thinking: str | None
@@ -231,6 +241,7 @@ class Shared:
             batching=self.batching == Batching.on,
             kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
             prefix_cache=parse_prefix_cache(self.prefix_cache),
+            prefill_slice=parse_prefill_slice(self.prefill_slice),
             context_window=self.context_window,
             concurrency=self.concurrency,
             thinking=self.thinking,

@@ -13,6 +13,7 @@ from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, P
 from .scripted import SCRIPTED_PREFIX
 
 __all__ = [
+    "DEFAULT_PREFILL_SLICE",
     "HOST_CLASSES",
     "GenerateArgs",
     "HostSession",
@@ -21,6 +22,7 @@ __all__ = [
     "MlxModelHost",
     "MlxSession",
     "ModelHost",
+    "PrefillSlice",
     "Reply",
     "SharedKVBudget",
     "ToolCall",

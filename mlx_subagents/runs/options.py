@@ -14,7 +14,7 @@ from ..agents.discovery import Scope
 from ..agents.spec import parse_thinking
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
 from ..errors import RequestError
-from ..host import HostSettings, SharedKVBudget
+from ..host import DEFAULT_PREFILL_SLICE, HostSettings, PrefillSlice, SharedKVBudget, parse_prefill_slice
 from ..host.protocol import ProcessorFactory
 
 # Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
@@ -37,6 +37,9 @@ class RunOptions:
         prefix_cache: bytes of disk for shared prefixes kept across processes, so a new process's first
             turn skips its agent's prompt (0: off; None: a small share of the free disk).
         context_window: override the model's context window (tokens).
+        prefill_slice: how a prompt is prefilled while other sessions decode (`--prefill-slice`): `auto`
+            (slices sized from what decode steps and prompt tokens cost, the time shared equally), a
+            number of tokens per slice, or `off` (it joins the batch at once, a chunk per decode step).
         concurrency: agent loops running at once in the whole process, sub-agents included; a
             parent waiting on its children does not count.
         thinking: a thinking model's budget per reply (`--thinking on|off|TOKENS`, as tokens, 0 for
@@ -64,6 +67,7 @@ class RunOptions:
     kv_budget: int | None = None
     prefix_cache: int | None = None
     context_window: int | None = None
+    prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE
     concurrency: int = DEFAULT_CONCURRENCY
     engine: str | None = None
     api_key: str | None = field(default=None, repr=False)
@@ -82,6 +86,7 @@ class RunOptions:
             raise RequestError(f"thinking {exc}; use on, off or a number of tokens per reply") from None
         if self.prefix_cache is not None and (isinstance(self.prefix_cache, bool) or self.prefix_cache < 0):
             raise RequestError(f"prefix_cache must be bytes >= 0 (0: off), got {self.prefix_cache!r}")
+        object.__setattr__(self, "prefill_slice", parse_prefill_slice(self.prefill_slice))
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
             raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
 
@@ -107,5 +112,6 @@ class RunOptions:
             batching=self.batching,
             kv_budget=self.kv_budget if kv_budget is None else kv_budget,
             prefix_cache=self.prefix_cache,
+            prefill_slice=self.prefill_slice,
             processor_factory=processor_factory,
         )

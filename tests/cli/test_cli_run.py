@@ -39,9 +39,10 @@ JSON_FIELDS = {
 USAGE_FIELDS = {"input_tokens", "output_tokens", "cached_tokens", "context_tokens", "turns"}
 
 # Documented in the README beside issue 3's fields: what resume and the multi-run modes need; and
-# what a delegating task's sub-agents used (issue 26, item 11); an isolated task's branch (issue 30).
+# what a delegating task's sub-agents used (issue 26, item 11); an isolated task's branch (issue 30); the time
+# waited behind other sessions' prefills (issue 40).
 EXTRA_FIELDS = {"label", "step_id", "run_id", "transcript", "parsed", "children", "worktree"}
-EXTRA_USAGE = {"compactions", "kv_bytes", "constrained_calls", "constrained_answers"}
+EXTRA_USAGE = {"compactions", "kv_bytes", "constrained_calls", "constrained_answers", "prefill_wait_s"}
 
 
 def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -419,6 +420,10 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     folder = Path(os.environ["MLX_SUBAGENTS_HOME"]) / "cache" / "prefixes"
     assert first["prefixes"].startswith(f"prefixes  {folder}: 0 prefixes, 0.0 MiB of at most ")
     assert first["prefixes"].endswith(" GiB; `subagent cache` lists them")
+    assert first["prefill"] == (
+        "prefill   auto: slices of about 8 decode steps' time (at least 16 tokens) while others decode, "
+        "the time shared equally; 512 tokens with nothing decoding; shortest prompt first"
+    )
     assert lines[-1] == "ok"
     assert "Traceback" not in proc.stderr
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_subagents.errors import ModelNotFoundError
+from mlx_subagents.errors import ModelNotFoundError, RequestError
 from mlx_subagents.host import MlxModelHost, make_host
 from mlx_subagents.host.loading import config_context_window, resolve_model_path
 from mlx_subagents.host.scripted import ScriptedHost
@@ -109,15 +109,17 @@ def test_hosts_are_chosen_by_kind_and_each_is_built_from_the_settings(tmp_path: 
         batching=False,
         kv_budget=budget,
         prefix_cache=0,
+        prefill_slice=64,
         processor_factory=factory,
     )
     mlx = MlxModelHost.from_settings("mlx-community/x", settings)
-    assert (mlx.model_id, mlx.batching, mlx._window_override, mlx._shared, mlx._store_bytes) == (
+    assert (mlx.model_id, mlx.batching, mlx._window_override, mlx._shared, mlx._store_bytes, mlx.prefill_slice) == (
         "mlx-community/x",
         False,
         2048,
         budget,
         0,
+        64,
     )
     assert mlx._processor_factory is factory
     engine = EngineHost.from_settings("qwen3", settings)
@@ -145,6 +147,10 @@ def test_a_runs_options_become_its_host_settings() -> None:
     assert options.host_settings() == HostSettings(
         api_key="k", start_timeout=9.0, context_window=None, batching=False, kv_budget=2**30, prefix_cache=0
     )
+    assert RunOptions(prefill_slice="32").host_settings().prefill_slice == 32
+    assert RunOptions().host_settings().prefill_slice == "auto"
+    with pytest.raises(RequestError, match=r"^--prefill-slice 'soon' is not auto, off or a number of tokens; "):
+        RunOptions(prefill_slice="soon")
     budget = SharedKVBudget(2**30)
     assert options.host_settings("http://gpu:8000/v1", budget) == HostSettings(
         engine="http://gpu:8000/v1",
