@@ -33,11 +33,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from .call_schema import GUIDANCE, closed, function_of
+from .closing import CLOSE_WINDOW, Closers, shortest_close
 from .formats import CallSyntax, Markers, call_syntax
 from .protocol import ToolSchema
 
 if TYPE_CHECKING:  # imported where they run: importing the host stays quick
     import mlx.core as mx
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ class Grammars:
         self.start_ids = tuple(tokenizer.encode(start, add_special_tokens=False))
         self.markers = Markers(self._term(start), self._term(end) if end else "", self._term)
         self.eos = tuple(tokenizer.eos_token_ids)
+        end_ids = tuple(tokenizer.encode(end, add_special_tokens=False)) if end else ()
+        self.closers = Closers(tokenizer, len(tokenizer.vocab), self.eos + (end_ids if len(end_ids) == 1 else ()))
         self.think = (
             (tuple(tokenizer.think_start_tokens), tuple(tokenizer.think_end_tokens))
             if getattr(tokenizer, "has_thinking", False)
@@ -108,7 +112,7 @@ class Grammars:
             return None
         ends = not self.markers.end
         think = self.think if thinks or opened else None
-        return Constrainer(answer, calls, self.start_ids, think, self.eos, opened, ends)
+        return Constrainer(answer, calls, self.start_ids, think, self.eos, opened, ends, self.closers)
 
     def calls(self, tools: list[ToolSchema]) -> Prototype | None:
         """The compiled grammar of a call to one of `tools` (what `subagent doctor` probes)."""
@@ -168,7 +172,9 @@ class Prototype:
     def first(self, vocab: int) -> mx.array:
         """The mask of the grammar's first token."""
         if vocab not in self._first:
-            first = self.allowed(self.matcher, vocab)
+            import mlx.core as mx
+
+            first = mx.array(self.allowed(self.matcher, vocab))
             self._first[vocab] = (first, ~first)
         return self._first[vocab][0]
 
@@ -177,25 +183,36 @@ class Prototype:
         self.first(vocab)
         return self._first[vocab][1]
 
-    def allowed(self, matcher: Any, vocab: int) -> mx.array:
-        """The tokens `matcher` allows next, as a bool array of `vocab` (the logits' width). The
-        bitmask is unpacked on the host (numpy: a few microseconds; unpacking it with mlx ops cost
-        more than llguidance's own work). Every end-of-turn token counts as llguidance's end of
-        sequence (a chat ends its turn on `<|im_end|>`, not the tokenizer's EOS); padding rows of
-        the embedding past the vocabulary are never allowed."""
+    def allowed(self, matcher: Any, vocab: int) -> np.ndarray:
+        """The tokens `matcher` allows next, as a bool row of `vocab` (the logits' width), on the host
+        (see `unpack`). Every end-of-turn token counts as llguidance's end of sequence (a chat ends its
+        turn on `<|im_end|>`, not the tokenizer's EOS)."""
         import llguidance.numpy as llnp
-        import mlx.core as mx
-        import numpy as np
 
         if self._bitmask is None:  # one buffer: the mlx thread is the only caller
             self._bitmask = llnp.allocate_token_bitmask(1, self.vocab_size)
         llnp.fill_next_token_bitmask(matcher, self._bitmask)
-        words = self._bitmask[0].view(np.uint8)
-        bits = np.unpackbits(words, count=min(vocab, 8 * words.size), bitorder="little").astype(bool)
-        allowed = bits if bits.size == vocab else np.concatenate([bits, np.zeros(vocab - bits.size, dtype=bool)])
+        allowed = unpack(self._bitmask, vocab)[0]
+        self.accept_end(matcher, allowed)
+        return allowed
+
+    def accept_end(self, matcher: Any, allowed: np.ndarray) -> None:
+        """Allow the end-of-turn tokens in `allowed` where `matcher` accepts (the grammar may end)."""
         if self.eos and matcher.is_accepting():
-            allowed[[t for t in self.eos if t < vocab]] = True
-        return mx.array(allowed)
+            allowed[[t for t in self.eos if t < allowed.size]] = True
+
+
+def unpack(bitmask: np.ndarray, vocab: int) -> np.ndarray:
+    """llguidance's bitmask rows (32 tokens a word) as bool rows of `vocab`: unpacked on the host (numpy:
+    a few microseconds; unpacking with mlx ops cost more than llguidance's own work). Padding rows of
+    the embedding past the tokenizer's vocabulary are never allowed."""
+    import numpy as np
+
+    words = np.ascontiguousarray(bitmask).view(np.uint8)
+    bits = np.unpackbits(words, axis=1, count=min(vocab, 8 * words.shape[1]), bitorder="little").astype(bool)
+    if bits.shape[1] < vocab:
+        bits = np.concatenate([bits, np.zeros((bits.shape[0], vocab - bits.shape[1]), dtype=bool)], axis=1)
+    return bits
 
 
 class Constrainer:
@@ -219,6 +236,7 @@ class Constrainer:
         eos: Sequence[int],
         opened: bool,
         ends_reply: bool = False,
+        closers: Closers | None = None,
     ) -> None:
         self._answer, self._calls = answer, calls
         self.tail_only = True
@@ -228,6 +246,13 @@ class Constrainer:
         self.guarded = False  # other processors come first (set by the scheduler): see `_masked`
         # The token in flight as a batch reads it for all its rows at once (set by the scheduler).
         self.in_flight: Callable[[], int | None] | None = None
+        # In the batch: the masks of every constrained row, computed together (`masks.MaskBatch`).
+        self.batch: Any = None
+        self.limit: int | None = None  # the reply's token limit: a call open near it is closed (`closing.py`)
+        self.closers = closers
+        self._closing: list[int] = []  # the way to close what is open, while it is being said
+        self._closing_said: int | None = None  # the last token of it this processor allowed alone
+        self._check_at = CLOSE_WINDOW  # the tokens left at which to look for the way again
         self.thinking = opened and think is not None
         self._tokens: list[int] = []  # the tokens fed so far
         self._base: int | None = None  # the context's length at the first call (the prompt)
@@ -248,18 +273,30 @@ class Constrainer:
         if what == "answer":
             self._pending_answer = False
 
+    @property
+    def running(self) -> bool:
+        """Whether a matcher holds the reply now (a call, or the answer, is being written)."""
+        return self._matcher is not None and not self.broken
+
+    def catch_up(self, count: int, tokens: Any = None) -> None:
+        """Feed the tokens before the `count`-th that the host has read (else read them from the
+        context `tokens`: a sync, rare)."""
+        while len(self._tokens) < count - 1:
+            i = len(self._tokens)
+            self._feed(self.known[i] if i < len(self.known) else int(tokens[self._base + i].item()))
+
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         n = len(tokens)
         self._base = n if self._base is None else self._base
         count = n - self._base  # generated tokens in the context; the last may be in flight
-        while len(self._tokens) < count - 1:  # the host has read them (else read them: a sync, rare)
-            i = len(self._tokens)
-            self._feed(self.known[i] if i < len(self.known) else int(tokens[self._base + i].item()))
+        self.catch_up(count, tokens)
         if len(self._tokens) < count:
             if self._matcher is None and not self.broken:
                 return self._maybe_trigger(tokens, logits)
             if count - 1 < len(self.known):
                 self._feed(self.known[count - 1])
+            elif self.batch is not None and self.batch.compute(self, logits):
+                pass  # the batch read every row's token and computed their masks at once
             else:
                 import mlx.core as mx
 
@@ -277,12 +314,48 @@ class Constrainer:
                 self._feed(token)
         if self._matcher is None or self.broken:
             return logits
-        allowed = self._active.allowed(self._matcher, logits.shape[-1])  # type: ignore[union-attr]
-        if self._free_start and not self._tokens:  # the reply may open its thought first
+        allowed = self.batch.take(self) if self.batch is not None else None  # computed with the others
+        if allowed is None:
             import mlx.core as mx
 
-            allowed = allowed | (mx.arange(logits.shape[-1]) == self.think[0][0])  # type: ignore[index]
+            allowed = mx.array(self.allowed(logits.shape[-1]))
         return _masked(logits, allowed, self.guarded)
+
+    def allowed(self, vocab: int, row: np.ndarray | None = None) -> np.ndarray:
+        """What may come next, as a bool row of `vocab`: the matcher's (`row`, when computed with other
+        rows' already), the thought's opening at a reply that may open one, only the closing of what is
+        open when the reply's limit is near."""
+        allowed = self._active.allowed(self._matcher, vocab) if row is None else row  # type: ignore[union-attr]
+        if row is not None:
+            self._active.accept_end(self._matcher, allowed)  # type: ignore[union-attr]
+        if self._free_start and not self._tokens:  # the reply may open its thought first
+            allowed[self.think[0][0]] = True  # type: ignore[index]
+        if self.limit is not None and (close := self._close(allowed)) is not None:
+            allowed[:] = False
+            allowed[close] = True
+        return allowed
+
+    def _close(self, allowed: np.ndarray) -> int | None:
+        """The token that closes what is open, once the tokens left leave no room for more (`closing.py`).
+        A way found is followed while each token of it is the one that came (a forcing processor
+        before the grammar may say another: then it is looked for again)."""
+        left = self.limit - len(self._tokens)  # type: ignore[operator]
+        if self.closers is None or left > self._check_at:
+            return None
+        said = self._closing_said
+        if not (self._closing and said is not None and self._tokens and self._tokens[-1] == said):
+            proto, vocab = self._active, allowed.size
+            assert proto is not None
+            way = shortest_close(self._matcher, lambda m: proto.allowed(m, vocab), allowed, self.closers, left)
+            self._closing = way or []
+            # Each token written lengthens the way by two at most (a nested string or list opened):
+            # there is no need to look again before a third of the room left is gone.
+            self._check_at = left - max(1, (left - len(self._closing)) // 3) if way else left - 1
+        self._closing_said = None
+        if not self._closing or len(self._closing) < left:
+            return None
+        self._closing_said = self._closing.pop(0)
+        return self._closing_said
 
     def _maybe_trigger(self, tokens: mx.array, logits: mx.array) -> mx.array:
         """Free decoding: the token in flight is compared on the device; where it completes the
@@ -304,20 +377,50 @@ class Constrainer:
         return self._tokens[len(self._tokens) - k :] if k else []
 
     def _feed(self, token: int) -> None:
+        if self.consumes(token):
+            self.consumed(self._matcher.consume_token(token))  # type: ignore[union-attr]
+
+    def consumes(self, token: int) -> bool:
+        """Take the next token; True when the running matcher is to consume it (then pass its answer to
+        `consumed`: a batch lets llguidance consume every row's token in one call)."""
         self._tokens.append(token)
         if self.broken:
-            return
+            return False
         if self._matcher is not None:
             if self._free_start and len(self._tokens) == 1 and token == self.think[0][0]:  # type: ignore[index]
                 self._matcher, self.thinking, self._pending_answer = None, True, True
-                return
+                return False
             if token in self.eos:  # the turn ends here
                 self._matcher = None
-            elif not self._matcher.consume_token(token):
-                self.broken, self._matcher, self.engaged = True, None, None
-            elif self._matcher.is_stopped() and not self.ends_reply and self._mode == "calls":
-                self._matcher = None  # the call is closed: free again (after an answer, only its end)
-            return
+                return False
+            return True
+        self._free(token)
+        return False
+
+    def consumed(self, ok: bool) -> None:
+        """The running matcher consumed the last token (`ok`), or rejected it: the grammar lets go."""
+        if not ok:
+            self.broken, self._matcher, self.engaged = True, None, None
+        elif self._matcher.is_stopped() and not self.ends_reply and self._mode == "calls":  # type: ignore[union-attr]
+            self._matcher = None  # the call is closed: free again (after an answer, only its end)
+
+    @property
+    def matcher(self) -> Any:
+        """The running llguidance matcher (None while the reply is free)."""
+        return self._matcher
+
+    @property
+    def fed(self) -> list[int]:
+        """The generated tokens this processor has taken so far."""
+        return self._tokens
+
+    @property
+    def vocab_size(self) -> int:
+        """llguidance's vocabulary size (a bitmask row's width), of the running grammar."""
+        return self._active.vocab_size  # type: ignore[union-attr]
+
+    def _free(self, token: int) -> None:
+        """A token of free decoding: a thought opening or closing, or a call's start marker."""
         if self.think is not None:
             start, end = self.think
             if self.thinking and _ends_with(self._tokens, end):

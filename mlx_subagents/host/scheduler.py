@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import PromptTooLongError
 from .grammar import Constrainer, Grammars
 from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
+from .masks import MaskBatch
 from .mlx_thread import Deliver
 from .prefill import DEFAULT_PREFILL_SLICE, PrefillGroup, PrefillSlice, SlicePolicy, pick
 from .prefix_cache import SharedPrefixes
@@ -193,6 +194,7 @@ class Scheduler:
         self._read: dict[int, int] = {}
         self.policy = SlicePolicy.of(config.prefill_slice, config.prefill_step_size)  # None: slicing off
         self.groups: list[PrefillGroup] = []  # turns prefilled together (see `_prefill_sliced`)
+        self._masks = MaskBatch(self._constrained_rows, self._tokens_in_flight, self._step_key)
 
     # -- entry points (mlx thread) --------------------------------------------
 
@@ -664,6 +666,7 @@ class Scheduler:
         if (turn.request.grammar_tools or turn.request.answer_schema is not None) and (grammar := self._grammar(turn)):
             grammar.known = turn.generated  # the tokens this loop has read: no sync to learn them
             grammar.guarded = bool(turn.processors)
+            grammar.limit = turn.max_tokens  # a call still open near it is closed
             turn.grammar, turn.processors = grammar, [*turn.processors, grammar]
         if turn.request.thinking is not None and (
             budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)
@@ -698,6 +701,7 @@ class Scheduler:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
         if turn.grammar is not None:
             turn.grammar.in_flight = lambda: self._in_flight(turn)
+            turn.grammar.batch = self._masks
         turn.uid = self._ensure_batch().insert(
             [prompt],
             max_tokens=[max_tokens],
@@ -715,11 +719,25 @@ class Scheduler:
         once, at the step's first call, from the array the step before computed: no new op, so the
         read waits for that step only, not for this step's forward, which a processor queued first.
         Reads mlx-lm's generation batch (0.32-0.33), as `take_from_batch` does."""
+        return self._tokens_in_flight().get(turn.uid)  # type: ignore[arg-type]
+
+    def _tokens_in_flight(self) -> dict[int, int]:
+        """Every row's token the batch feeds this step, by uid, read once per step (see `_in_flight`)."""
         generation = self._batch._generation_batch  # type: ignore[union-attr]
         current = generation._current_tokens
         if self._read_step is not current:
             self._read_step, self._read = current, dict(zip(generation.uids, current.tolist(), strict=True))
-        return self._read.get(turn.uid)
+        return self._read
+
+    def _step_key(self) -> Any:
+        """What identifies the batch's decode step under way: its array of the tokens in flight."""
+        return self._batch._generation_batch._current_tokens  # type: ignore[union-attr]
+
+    def _constrained_rows(self) -> list[tuple[int, Constrainer]]:
+        """The batch's rows held by a grammar in the step under way, in the batch's order."""
+        generation = self._batch._generation_batch  # type: ignore[union-attr]
+        turns = (self.decoding.get(uid) for uid in generation.uids)
+        return [(t.uid, t.grammar) for t in turns if t is not None and t.grammar is not None]  # type: ignore[misc]
 
     def _single_burst(self, turn: Turn) -> None:
         """Tokens of the single turn until it ends, SINGLE_BURST_TOKENS or SINGLE_SLICE_S, or until something
@@ -793,6 +811,7 @@ class Scheduler:
             turn.stream = SingleStream(self.model, cache, held, turn.sampler, turn.processors, pending)
             if turn.grammar is not None:
                 turn.grammar.in_flight = None  # the single path shows it its token in flight itself
+                turn.grammar.batch = None
             self.single = turn
         except Exception as exc:
             self._fail(turn, exc)

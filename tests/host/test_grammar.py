@@ -377,3 +377,88 @@ def test_the_cli_holds_an_answer_to_its_schema_and_says_so(tmp_path: Path, tiny_
     code, out, err = run_cli(*common, "--json", "--grammar", "off")
     free = json.loads(out)  # noise: not JSON (or cut at its reply limit)
     assert (code, free["status"], free["parsed"], free["usage"]["constrained_answers"]) == (1, "failed", None, 0)
+
+
+NOTE = {
+    "type": "function",
+    "function": {
+        "name": "note",
+        "description": "Write a note.",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["text", "tags"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("template", ["tools", "no_tools"])
+def test_a_call_still_open_near_its_limit_is_closed_valid(template: str, tmp_path_factory: Any) -> None:
+    """The call is forced to open a string and the random model writes noise into it, which it never
+    closes by itself: near the reply's limit the grammar steers it to close, a required list included,
+    and the reply ends as a valid call within its limit (native Hermes with a special end marker, and
+    prompted, where the end marker is text). With the grammar off the same start is cut."""
+    path = make_tiny_model(tmp_path_factory.mktemp(f"tiny-close-{template}"), template=template)
+    opening = '<tool_call>\n{"name": "note", "arguments": {"text": "'
+
+    async def go(grammar: bool, max_tokens: int) -> Any:
+        async with MlxModelHost(str(path)) as host:
+            start = host.tokenizer.encode(opening, add_special_tokens=False)
+            host._scheduler._processor_factory = lambda name, ids: [Prefix(start)]
+            args = GenerateArgs(max_tokens=len(start) + max_tokens, grammar=grammar)
+            return await host.session("a").generate(TASK, args, tools=[NOTE]), len(start)
+
+    for room in (12, 20, 40):  # the way to close takes 11 tokens here: `", "tags": [""]}}` and the end
+        reply, n_start = asyncio.run(go(True, room))
+        assert [c.name for c in reply.tool_calls] == ["note"], reply.raw_text
+        jsonschema.validate(reply.tool_calls[0].arguments, NOTE["function"]["parameters"])
+        assert reply.usage.generated_tokens <= n_start + room and reply.constrained == "calls"
+    cut, _ = asyncio.run(go(False, 14))
+    assert cut.tool_calls == [] and cut.finish_reason == "length"
+
+
+def test_batched_masks_equal_each_rows_own(tiny_qwen3: Any) -> None:
+    """Three rows of a batch, each held to its own tools (one call the grammar rejects half way, one
+    near its limit, closing): their tokens consumed and masks computed together (`MaskBatch`) are,
+    step by step, what each row computes on its own."""
+    import numpy as np
+
+    from mlx_subagents.host.grammar import Grammars
+    from mlx_subagents.host.masks import MaskBatch
+
+    tokenizer = tiny_qwen3[1]
+    vocab = len(tokenizer.vocab)
+    grammars = Grammars(tokenizer, "json", "<tool_call>", "</tool_call>")
+    calls = [("read", {"path": "README.md"}), ("find", {"kind": "dir", "deep": None}), ("read", {"path": "x"})]
+    scripts = [tokenizer.encode("Here." + tool_call_text(*c), add_special_tokens=False) for c in calls]
+    tools = [[READ], [READ, FIND], [READ]]
+    rows = [grammars.processor(t, None, False) for t in tools]
+    alone = [grammars.processor(t, None, False) for t in tools]
+    for row in (rows[1], alone[1]):
+        row.limit = len(scripts[1]) + 4  # inside the closing window from the start
+    step: list[object] = [object()]
+    flight: dict[int, int] = {}
+    batch = MaskBatch(lambda: list(enumerate(rows)), lambda: dict(flight), lambda: step[0])
+    compared = 0
+    for k in range(max(map(len, scripts))):
+        step[0], flight = object(), {i: s[k] for i, s in enumerate(scripts) if k < len(s)}
+        for row, script in zip(rows, scripts, strict=True):
+            row.known = script[:k]
+        batch.compute(rows[0], mx.zeros((1, vocab)))
+        for i, (row, ref, script) in enumerate(zip(rows, alone, scripts, strict=True)):
+            if k >= len(script):
+                continue
+            ref.known = script[:k]
+            ref.catch_up(k + 1)
+            if ref.running:
+                ref._feed(script[k])
+            got = batch.take(row)
+            assert (got is not None) == ref.running, (i, k)
+            if got is not None:
+                assert np.array_equal(np.array(got), ref.allowed(vocab)), (i, k)
+                compared += 1
+            assert (row.broken, row.engaged, row.fed) == (ref.broken, ref.engaged, ref.fed)
+    assert compared > 40
+    assert [r.broken for r in rows] == [False, False, True]  # `x` is not in read's enum
