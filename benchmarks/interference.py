@@ -63,13 +63,11 @@ WORDS = "the cache holds what was read so the next turn only prefills what is ne
 
 def source(tokenizer: Any, n_tokens: int, seed: int) -> str:
     """Generated source lines of about `n_tokens` tokens (a file as `read` returns it)."""
-    rng, lines, text = random.Random(seed), [], ""
-    while True:
+    rng, lines, total = random.Random(seed), [], 0
+    while total < n_tokens:  # counted a line at a time: within a few tokens of the whole text's count
         lines.append(f"{len(lines) + 1:>6}\t{code_line(rng)}")
-        if len(lines) % 16 == 0:
-            text = "\n".join(lines)
-            if len(tokenizer.encode(text, add_special_tokens=False)) >= n_tokens:
-                return text
+        total += len(tokenizer.encode(lines[-1] + "\n", add_special_tokens=False))
+    return "\n".join(lines)
 
 
 def prompt(text: str, what: str) -> list[Message]:

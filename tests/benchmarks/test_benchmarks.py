@@ -81,3 +81,20 @@ def test_throughput_grammar_pair_reports_the_ratio_at_1_and_4_sessions() -> None
     }  # fmt: skip
     assert [report["results"][n][g]["generated_tokens"] for n in ("1", "4") for g in ("off", "on")] == [16, 16, 64, 64]
     assert report["identical_outputs"] is True
+
+
+def test_interference_benchmark_reports_both_modes_side_by_side() -> None:
+    report = run_benchmark(
+        "benchmarks/interference.py", "--contexts", "600", "40", "--before", "40", "--warm", "8", "--reply", "3",
+        "--repeats", "1", "--max-decode", "1500",
+    )  # fmt: skip
+    assert report["benchmark"] == "interference" and report["slice"] == "auto" and report["decoders"] == 3
+    assert set(report["results"]) == {"off", "on"}
+    for row in report["results"].values():
+        for part in ("long", "short"):  # the ratio is of the unrounded seconds
+            ratio = row[f"{part}_ttft_ratio"]
+            assert abs(ratio * row[f"{part}_alone_s"] - row[f"{part}_ttft_s"]) <= 0.0005 * (1 + ratio) + 1e-9
+        assert row["decode_retention"] >= 0 and row["wall_s"] > 0 and len(row["runs"]) == 1
+    assert report["prompt_tokens"][0] > 600 and report["prompt_tokens"][1] < report["prompt_tokens"][0] // 4
+    assert report["identical_outputs"] is True and report["targets"]["identical_outputs"]["met"] is True
+    assert set(report["targets"]) == {"decode_retention", "long_ttft_ratio", "short_ttft_ratio", "identical_outputs"}

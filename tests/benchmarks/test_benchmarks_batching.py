@@ -23,7 +23,7 @@ THROUGHPUT_KEYS = {
     "ratio_host_vs_raw_batch_at_4", "identical_outputs", "exact_token_counts", "targets", "targets_met",
     "stream_generate_at_1", "ratio_host_vs_stream_generate_at_1", "startup_overhead_s", "load_s", "host_ready_s",
     "ttft_shared_prefix_s", "ttft_private_prefix_s", "ttft_shared_prefix_cached_tokens", "load_avg_1min",
-    "at_1_pairs", "ratio_host_vs_stream_generate_at_1_decode_cpu", "ratio_batched_vs_serialized_cpu",
+    "at_1_pairs", "ratio_host_vs_stream_generate_at_1_decode_cpu", "ratio_batched_vs_serialized_cpu", "at_4_pairs",
 }  # fmt: skip
 THROUGHPUT_ROW_KEYS = {
     "sessions", "generated_tokens", "decode_tok_s", "decode_tok_s_median", "e2e_tok_s", "steady_tok_s", "cpu_ms_per_token",
@@ -83,9 +83,29 @@ def test_throughput_benchmark_json() -> None:
     assert report["ttft_shared_prefix_cached_tokens"] > 0
     assert set(report["targets"]) == {
         "host_vs_stream_generate_at_1", "batched_vs_serialized_at_1", "startup_overhead_s", "ttft_shared_prefix_s",
-        "batched_vs_serialized_at_4", "host_vs_raw_batch_at_4", "identical_outputs",
+        "batched_vs_serialized_at_4", "host_vs_raw_batch_at_4", "host_vs_raw_batch_at_4_paired", "identical_outputs",
     }  # fmt: skip
     assert report["targets_met"] == all(t["met"] for t in report["targets"].values())
+    # At four sessions, the host against the raw batch next to the raw batch against itself (the null).
+    at_4 = report["at_4_pairs"]
+    assert (at_4["tokens"], at_4["pairs"], at_4["identical"]) == (16, 3, True)
+    assert (
+        set(at_4["ratios"])
+        == set(at_4["median"])
+        == {"host_vs_raw", "null", "host_vs_raw_decode_cpu", "null_decode_cpu"}
+    )
+    for key, ratios in at_4["ratios"].items():
+        assert (
+            len(ratios) == 3
+            and all(r > 0 for r in ratios)
+            and at_4["median"][key] == round(statistics.median(ratios), 3)
+        )
+    assert at_4["null_range"]["null"] == [min(at_4["ratios"]["null"]), max(at_4["ratios"]["null"])]
+    for x, y, r in zip(at_4["decode_tok_s"]["raw_again"], at_4["decode_tok_s"]["raw"], at_4["ratios"]["null"]):
+        assert abs(x / y - r) < 0.005
+    paired = report["targets"]["host_vs_raw_batch_at_4_paired"]
+    assert paired["value"] == at_4["median"]["host_vs_raw"]
+    assert paired["met"] == (paired["value"] >= at_4["null_range"]["null"][0])
     # At one session the ratios are the medians of interleaved pairs of longer runs, each round with
     # a null pair (the batched host twice) between the two real ones.
     pairs = report["at_1_pairs"]
