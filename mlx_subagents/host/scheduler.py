@@ -1,12 +1,13 @@
-"""The mlx thread's scheduler: admission, chunked prefill, batched or serialized decode.
+"""The mlx thread's scheduler: admission, sliced prefill, batched or serialized decode.
 
 Every turn moves through the same stages: waiting (admission control against
-the KV budget) -> prefilling (in chunks, reusing the session's cache, a shared
+the KV budget) -> prefilling (in slices, reusing the session's cache, a shared
 system-prompt prefix, or a hybrid model's snapshot) -> decoding -> finished
 (its cache parked in the pool for the next turn). In batched mode every
 decoding session advances one token per step in one mlx-lm `BatchGenerator`
-batch, and a long prefill is cut into chunks between decode steps so it does
-not stall the others; a turn with nothing else in flight decodes on mlx-lm's
+batch, and a prompt is prefilled on its own cache in slices between decode
+steps, the time shared equally with the decoders (`prefill.py`), so a long
+prompt does not stall them; a turn with nothing else in flight decodes on mlx-lm's
 single-sequence path (the single turn), several tokens per step, moves into the batch
 when a second turn arrives and back out when it is the last one left in it
 with nothing else to come. In serialized mode a turn runs from start
