@@ -33,8 +33,8 @@ class Closers:
     brackets, the most for an end marker), less a little for its length (spaces close nothing).
     Found once per host, on first need."""
 
-    def __init__(self, tokenizer: Any, vocab: int, extra: tuple[int, ...]) -> None:
-        self._tokenizer, self._vocab, self._extra = tokenizer, vocab, extra
+    def __init__(self, tokenizer: Any, extra: tuple[int, ...]) -> None:
+        self._tokenizer, self._extra = tokenizer, extra
         self._mask: Any = None
         self._score: Any = None
 
@@ -43,13 +43,14 @@ class Closers:
         if self._mask is None:
             import numpy as np
 
-            mask, score = np.zeros(self._vocab, dtype=bool), np.zeros(self._vocab, dtype=np.float32)
-            for t in range(self._vocab):
+            vocab = len(self._tokenizer.vocab)
+            mask, score = np.zeros(vocab, dtype=bool), np.zeros(vocab, dtype=np.float32)
+            for t in range(vocab):
                 text = self._tokenizer.decode([t])
                 if text and set(text) <= CLOSER_CHARS:
                     mask[t] = True
                     score[t] = sum(c in CLOSING for c in text) - len(text) / 100
-            ends = [t for t in self._extra if t < self._vocab]
+            ends = [t for t in self._extra if t < vocab]
             mask[ends], score[ends] = True, 100.0
             self._mask, self._score = mask, score
         return self._mask, self._score

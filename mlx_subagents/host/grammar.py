@@ -84,7 +84,7 @@ class Grammars:
         self.markers = Markers(self._term(start), self._term(end) if end else "", self._term)
         self.eos = tuple(tokenizer.eos_token_ids)
         end_ids = tuple(tokenizer.encode(end, add_special_tokens=False)) if end else ()
-        self.closers = Closers(tokenizer, len(tokenizer.vocab), self.eos + (end_ids if len(end_ids) == 1 else ()))
+        self.closers = Closers(tokenizer, self.eos + (end_ids if len(end_ids) == 1 else ()))
         self.think = (
             (tuple(tokenizer.think_start_tokens), tuple(tokenizer.think_end_tokens))
             if getattr(tokenizer, "has_thinking", False)

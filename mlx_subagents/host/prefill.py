@@ -231,7 +231,12 @@ def _left(turn: Turn) -> int:
 
 
 def pick(
-    opened: Sequence[Turn], groups: Sequence[PrefillGroup], decoding: bool, step_size: int, batchable: Any
+    opened: Sequence[Turn],
+    groups: Sequence[PrefillGroup],
+    decoding: bool,
+    step_size: int,
+    batchable: Any,
+    batching: bool = True,
 ) -> Work | None:
     """The next slice's work among the opened turns (arrival order) and the groups.
 
@@ -241,10 +246,11 @@ def pick(
 
     Args:
         batchable: whether a cache can join a batch (a turn whose cache cannot stays on its own).
+        batching: whether turns may be grouped at all (not when serialized).
     """
     solo = [t for t in opened if t.group is None]
     ready = [t for t in solo if t.stops[0][1] == "end" and batchable(t.cache)]
-    if not decoding:
+    if batching and not decoding:
         fresh = [t for t in ready if t.fresh and _left(t) > 0]
         soon = [t for t in solo if t not in ready and batchable(t.cache) and t.stops[0][0] - t.pos <= step_size]
         if fresh and soon:

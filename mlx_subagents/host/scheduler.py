@@ -225,7 +225,7 @@ class Scheduler:
 
     def step(self) -> None:
         """One unit of progress: admissions, one decode step for the batch (or a burst of the single
-        turn's tokens, see SINGLE_BURST_TOKENS), one prefill chunk.
+        turn's tokens, see SINGLE_BURST_TOKENS), one prefill slice when one is due (`prefill.py`).
 
         A turn's own failure (its prompt, processors, cache restore, reply parsing) fails only
         that turn; a failure of the shared batch step fails the turns in the batch. Anything else
@@ -556,7 +556,7 @@ class Scheduler:
         decoding = bool(self.decoding or self.single)
         policy = self.policy
         assert policy is not None
-        work = pick(opened, self.groups, decoding, self.config.prefill_step_size, self._batchable)
+        work = pick(opened, self.groups, decoding, self.config.prefill_step_size, self._batchable, self.config.batching)
         urgent = work is not None and policy.urgent(work)
         if work is None or not (urgent or policy.due(decoding)):
             return
