@@ -8,9 +8,10 @@ cache holding all but its last token (mlx-lm's batch then only decodes).
 
 The policy (`SlicePolicy`) is an equal time share between the two kinds of work. While sessions
 decode, a slice runs only once as much time has passed since the last slice ended as that slice
-took. So the decoders keep about half their speed (all of it once the prefill is done: the
-scheduler's own work between slices counts on their side), and the prefill gets the other half,
-never starved by many decoders or slow steps. With `auto` a slice lasts about `SLICE_DECODE_STEPS` decode steps: a decode
+took, and a decode step more (the first step after a slice is about a step slower). So the decoders
+keep about half their speed (all of it once the prefill is done: the scheduler's own work between
+slices counts on their side), and the prefill gets the other half, never starved by many decoders
+or slow steps. With `auto` a slice lasts about `SLICE_DECODE_STEPS` decode steps: a decode
 step costs about what any forward costs however few its tokens (the weights read, the kernels
 launched, the Python around them), so a slice of eight steps' time spends most of it on prompt
 tokens, and a decoder's longest pause is eight of its steps. Its token count follows from the
@@ -137,9 +138,13 @@ class SlicePolicy:
             self.decode_s = per_step if self.decode_s == 0 else (1 - EMA) * self.decode_s + EMA * per_step
 
     def sliced(self, seconds: float, decoding: bool) -> None:
-        """A slice took `seconds`: the decoders, if any, get as long before the next (after what they
-        are owed already: a short prompt's slice may run before their share is over, `urgent`)."""
-        self.ready_at = max(self.ready_at, time.perf_counter()) + seconds if decoding else 0.0
+        """A slice took `seconds`: the decoders, if any, get as long before the next, and one decode step
+        more (the first step after a slice is about a step slower: the pipeline starts again), after
+        what they are owed already (a short prompt's slice may run before their share is over, `urgent`)."""
+        if decoding:
+            self.ready_at = max(self.ready_at, time.perf_counter()) + seconds + self.decode_s
+        else:
+            self.ready_at = 0.0
 
     def urgent(self, work: Work) -> bool:
         """A new prompt of at most a prefill step is prefilled at once, in one slice, even before the
