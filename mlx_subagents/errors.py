@@ -81,6 +81,10 @@ class StateHomeError(SubagentError):
     """The state folder (`$MLX_SUBAGENTS_HOME`) cannot hold what must be saved (not a folder, read-only)."""
 
 
+class DamagedStateError(SubagentError):
+    """A state file (a worktree manifest, a prefix file, a run record) is damaged or not a regular file."""
+
+
 class RunNotFoundError(SubagentError):
     """No saved run (or task in it) matches the id given to `show` or `resume`."""
 

@@ -100,6 +100,23 @@ def open_regular(
     return os.fdopen(fd, "rb")
 
 
+def linked_part(root: Path, relative: Path | str) -> Path | None:
+    """The first part of `root / relative` that is a symbolic link, checked from `root` down without
+    following any (`root` itself is the caller's: resolved, or trusted); None when no part is one.
+
+    A folder a clone controls (a project's memory or skill folder, a file `apply` writes) is used only
+    when this is None: a link in it would lead a read or a write outside."""
+    path = root
+    for part in Path(relative).parts:
+        path = path / part
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return path
+        except OSError:  # missing from here down: nothing below can be a link yet
+            return None
+    return None
+
+
 def too_large(n_bytes: int, max_bytes: int, what: str) -> str:
     return f"the file is {n_bytes:,} bytes, over the limit of {max_bytes:,} for {_a(what)}; shorten it"
 
