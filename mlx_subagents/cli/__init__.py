@@ -461,7 +461,9 @@ def _sandbox_line(spec: AgentSpec) -> str:
     else:
         why = "a project agent" if spec.source == "project" else "sandbox: on"
         net = "with network (network: allow)" if spec.network else "no network"
-        line = f"sandbox: on ({why}); its bash writes only in the workspace and the temp folder, {net}"
+        if spec.network and spec.source == "project":
+            net = "no network (its network: allow takes --network allow)"
+        line = f"sandbox: on ({why}); its bash writes only in the workspace and a private /tmp, {net}"
     return line + ("; plan mode: read-only tools" if spec.permission == "plan" else "")
 
 

@@ -56,6 +56,11 @@ class Batching(str, Enum):
     off = "off"
 
 
+class Network(str, Enum):
+    allow = "allow"
+    deny = "deny"
+
+
 class Isolation(str, Enum):
     worktree = "worktree"
     none = "none"
@@ -69,8 +74,16 @@ SandboxOpt = Annotated[
     Optional[Batching],
     typer.Option(
         "--sandbox",
-        help="Run every agent's bash sandboxed (writes only in the workspace and the temp folder, no network) or not. "
+        help="Run every agent's bash sandboxed (writes only in the workspace and a private /tmp, no network) or not. "
         "Default: the agent's `sandbox:`, else on for project agents.",
+    ),
+]
+NetworkOpt = Annotated[
+    Optional[Network],
+    typer.Option(
+        "--network",
+        help="Give every sandboxed bash the network (allow) or not (deny). Default: a built-in or user agent's "
+        "`network:`; a project agent's `network: allow` needs this flag.",
     ),
 ]
 KvBudgetOpt = Annotated[
@@ -191,6 +204,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "engine": (EngineOpt, None),
     "api_key": (ApiKeyOpt, None),
     "sandbox": (SandboxOpt, None),
+    "network": (NetworkOpt, None),
     "isolation": (IsolationOpt, None),
 }
 
@@ -217,6 +231,7 @@ class Shared:
     engine: str | None
     api_key: str | None
     sandbox: Batching | None
+    network: Network | None
     isolation: Isolation | None
 
     def options(self) -> RunOptions:
@@ -238,6 +253,7 @@ class Shared:
             engine=self.engine,
             api_key=self.api_key,
             sandbox=None if self.sandbox is None else self.sandbox == Batching.on,
+            network=None if self.network is None else self.network == Network.allow,
             isolation=self.isolation.value if self.isolation else None,
         )
 

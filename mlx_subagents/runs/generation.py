@@ -184,8 +184,10 @@ class Generation:
             cwd=str(prepared.workspace.root),
             task=prompt,
             schema=self.schema,
-            # What its parent withheld, so that a continued task keeps it withheld (`Runner.reopen`).
+            # What its parent withheld and the sandbox it runs in, so that a continued task keeps both
+            # (`Runner.reopen`).
             **({"denied": prepared.denied} if prepared.denied else {}),
+            **({"sandbox": prepared.sandbox.record()} if prepared.sandbox is not None else {}),
             # A fork: whose conversation it continues, and how many of its first messages are that.
             **fork,
         )

@@ -20,7 +20,9 @@ It also hands each task its hooks (`settings_hooks`, read once per runner): the 
 the project's after the user's consent (as for project agents), then the agent file's own.
 
 It also decides each task's bash sandbox (`sandbox_for`): the run's `--sandbox`, else the agent's file,
-else on for a project agent; a sandboxed parent's children are sandboxed too.
+else on for a project agent; a sandboxed parent's children are sandboxed too. The network: the run's
+`--network`, else a built-in or user agent's `network: allow` (a project file's never counts); a child
+has it only if its parent does. A continued task keeps the sandbox it ran with (`keep_sandbox`).
 
 The preparer also owns what resolution keeps for the runner's life: the consent given, one host
 per model (the resident models sharing one KV budget) and the project's instructions per workspace
@@ -194,6 +196,7 @@ class Preparer:
         self._host_lock = asyncio.Lock()
         self._kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
         self._trusted: set[str] = set()
+        self._network_refused: set[str] = set()  # project agents told once that their `network: allow` is not honoured
         self._contexts: dict[Path, ProjectContext] = {}
         self._hooks: Hooks | None = None
         # Receives one line per settings problem that blocks nothing (project hooks not allowed).
@@ -359,14 +362,31 @@ class Preparer:
     def sandbox_for(self, spec: AgentSpec, workspace: Workspace, parent: Parent | None = None) -> Sandbox | None:
         """The task's bash sandbox, None for none: the run's `--sandbox`, else the agent file's `sandbox:`,
         else on for a project agent (a project file may turn it on, never off: only the user can), and
-        always on below a sandboxed parent, whose network a child keeps only if both allow it."""
+        always on below a sandboxed parent. Its network: `network_for`, and a child's only if its
+        parent has it. It writes in its tool's workspace, wherever that is (`make_tools`)."""
         on = self.options.sandbox
         if on is None:
             on = sandbox_default(spec) or (parent is not None and parent.sandbox is not None)
         if not on:
             return None
-        network = spec.network and (parent is None or parent.sandbox is None or parent.sandbox.network)
-        return Sandbox(writable=(workspace.root,), network=network)
+        network = self.network_for(spec) and (parent is None or parent.sandbox is None or parent.sandbox.network)
+        return Sandbox(network=network)
+
+    def network_for(self, spec: AgentSpec) -> bool:
+        """Whether the agent's sandboxed bash keeps the network: the run's `--network`, else its file's
+        `network: allow` when the user wrote that file (a built-in or user agent). A project file's is
+        one warning and no network: like `sandbox: off`, it takes the user's word."""
+        if self.options.network is not None:
+            return self.options.network
+        if spec.network and spec.source == "project":
+            if spec.name not in self._network_refused:
+                self._network_refused.add(spec.name)
+                self.on_warning(
+                    f"{spec.path}: 'network: allow' comes with the project, which cannot grant itself the network; "
+                    "its bash runs without it (give it with --network allow)"
+                )
+            return False
+        return spec.network
 
     def settings_hooks(self, root: Path) -> Hooks:
         """The settings files' hooks, read at the first task and kept for the runner's life: the user's
@@ -627,6 +647,17 @@ def plan_tools(spec: AgentSpec, denied: dict[str, str]) -> tuple[AgentSpec, dict
     )
     lost = {tool: why.format(tool=tool) for tool in spec.tools if tool not in kept}
     return spec.model_copy(update={"tools": kept}), {**denied, **lost}
+
+
+def keep_sandbox(task: PreparedTask, saved: Any) -> PreparedTask:
+    """A saved task continued in the sandbox it ran with (its transcript's `sandbox` record): a child
+    sandboxed by its parent stays sandboxed when resumed alone, and it keeps the network only if it
+    had it then and would have it now. A continuation never widens a task's rights."""
+    ran = Sandbox.from_record(saved)
+    if ran is None:
+        return task
+    network = ran.network and (task.sandbox is None or task.sandbox.network)
+    return replace(task, sandbox=Sandbox(network=network))
 
 
 def withhold(task: PreparedTask, denied: Mapping[str, str]) -> PreparedTask:

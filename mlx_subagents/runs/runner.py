@@ -53,7 +53,7 @@ from .board import TaskBoard
 from .execution import Execution
 from .generation import Generation
 from .options import RunOptions
-from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
+from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, keep_sandbox, withhold
 from .slots import Slots, lend
 from .task import SessionNames, TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
@@ -311,7 +311,7 @@ class Runner:
             hold.close()
             raise
         handle = self.handle(
-            withhold(prepared[0], log.meta.get("denied") or {}),
+            keep_sandbox(withhold(prepared[0], log.meta.get("denied") or {}), log.meta.get("sandbox")),
             interactive=True,
             record=record,
             entry=entry,
