@@ -473,7 +473,7 @@ def check_confirmed(runner: Runner, call: Delegation) -> None:
     unconfirmed = {s.name for s in unconfirmed_agents(runner)}
     named = [t.agent for t in call.tasks]
     if call.workflow:  # its steps' agents, from the workflow file
-        named += [s.agent for s in load_workflow(find_workflow(call.workflow, runner.cwd)).steps]
+        named += [s.agent for s in load_workflow(find_workflow(call.workflow, runner.cwd, named=True)).steps]
     if blocked := sorted({a.strip().lower() for a in named} & unconfirmed):
         raise ConfirmationRequired(
             f"project agent(s) withheld: {', '.join(blocked)}; they come with the workspace and can run "

@@ -458,8 +458,9 @@ class Runner:
         return await self._execute("workflow", prepared, concurrency=self.options.concurrency, steps=order, under=under)
 
     def _named_workflow(self, name: str) -> Workflow:
-        """A workflow a call names, checked as `subagent workflow` checks it: its file, graph and agents."""
-        workflow = load_workflow(find_workflow(name, self.cwd))
+        """A workflow a call names (by name: never a path), checked as `subagent workflow` checks it: its
+        file, graph and agents."""
+        workflow = load_workflow(find_workflow(name, self.cwd, named=True))
         check_agents(workflow, self.catalog)
         return workflow
 
