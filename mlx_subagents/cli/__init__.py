@@ -640,7 +640,7 @@ def worktrees(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    kept = list_worktrees()
+    kept = list_worktrees(warn=_warning)
     if as_json:
         out.print_json(data={"worktrees": [worktree_json(w) for w in kept]})
         return
@@ -656,7 +656,7 @@ def worktrees_prune(as_json: JsonOpt = False) -> None:
 
     Example: subagent worktrees prune
     """
-    removed = prune_worktrees()
+    removed = prune_worktrees(warn=_warning)
     if as_json:
         out.print_json(data={"removed": [worktree_json(w) for w in removed]})
         return
@@ -664,6 +664,11 @@ def worktrees_prune(as_json: JsonOpt = False) -> None:
         out.print(f"removed {w.name} ({w.branch})", markup=False)
     if not removed:
         err.print("nothing to prune: every kept worktree has changes not yet applied or merged")
+
+
+def _warning(line: str) -> None:
+    """One line about a state file skipped or a thing kept, on stderr."""
+    err.print(f"[yellow]warning:[/] {escape(line)}")
 
 
 cache_app = typer.Typer(help="The prompt prefixes kept on disk for warm starts.", no_args_is_help=False)
@@ -680,7 +685,7 @@ def cache(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         return
     from ..host.prefix_store import list_prefixes, prefix_cache_dir
 
-    found = list_prefixes()
+    found = list_prefixes(warn=_warning)
     if as_json:
         rows = [
             {"model": p.model, "tokens": p.n_tokens, "bytes": p.nbytes, "last_used": p.last_used, "file": str(p.path)}
@@ -703,7 +708,7 @@ def cache_clear() -> None:
     """
     from ..host.prefix_store import clear_prefixes, prefix_cache_dir
 
-    n, freed = clear_prefixes()
+    n, freed = clear_prefixes(warn=_warning)
     err.print(f"deleted {n} prefixes ({freed / 2**20:.1f} MiB) from {prefix_cache_dir()}")
 
 
