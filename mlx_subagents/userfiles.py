@@ -234,6 +234,13 @@ def load_file(path: Path, fmt: Format, what: str, error: type[SubagentError], ma
     return parse_text(read_text(path, what, error, max_bytes), fmt, str(path), error)
 
 
+def json_line(text: str, key: str) -> int | None:
+    """The 1-based line of JSON `text` where the string `key` first appears (a key or a value), for a
+    warning that names the line to fix; None when it does not appear as written."""
+    at = text.find(json.dumps(key))
+    return text.count("\n", 0, at) + 1 if at >= 0 else None
+
+
 def yaml_problem(exc: yaml.YAMLError, first_line: int = 1) -> str:
     """` at line L column C: problem` for a YAML error (`first_line`: the file line the YAML starts on)."""
     mark = getattr(exc, "problem_mark", None)

@@ -39,7 +39,14 @@ from typing import Any
 
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
-from ..agents.hooks import SETTINGS_FILE, Hooks, find_project_settings, load_settings_hooks
+from ..agents.hooks import (
+    SETTINGS_FILE,
+    Hooks,
+    find_project_settings,
+    load_settings_hooks,
+    project_hooks,
+    read_settings,
+)
 from ..agents.memory import memory_block, memory_folder, start_memory
 from ..agents.schema_output import check_schema
 from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
@@ -52,7 +59,7 @@ from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
-from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches
+from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
 from ..tools.skill import Skill
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
@@ -206,6 +213,7 @@ class Preparer:
         self.cwd = cwd or Path.cwd()
         self.mcp = McpServers(self.cwd, log_dir=state_home() / "logs")
         self._mcp_config: dict[str, McpServerConfig] | None = None
+        self._mcp_unreadable = False  # a configuration file (or a server in it) could not be read
         self._mcp_allowed: set[str] = set()  # project servers the user allowed to start
 
     # -- a whole request --------------------------------------------------------------------------------
@@ -393,7 +401,9 @@ class Preparer:
         (`$MLX_SUBAGENTS_HOME/settings.json`), then the project's (`.mlx-subagents/settings.json`,
         `.claude/settings.json` at or above the runner's folder, unless `--scope user`) once the user
         allows them: they come with the workspace and run commands, as a project agent does. Project
-        hooks not allowed are left out with one warning; the run goes on."""
+        hooks not allowed are left out with one warning; the run goes on. A project file is parsed as
+        JSON to see whether it has hooks, and its hooks are checked only once allowed: each problem in it
+        is one warning and the run goes on without that part; the user's own file is strict."""
         if self._hooks is not None:
             return self._hooks
         warnings: list[str] = []
@@ -402,13 +412,15 @@ class Preparer:
         if self.options.scope != "user":
             user_level = {user.resolve(), (Path.home() / ".claude" / SETTINGS_FILE).resolve()}
             for path in find_project_settings((self.cwd or root).resolve(), user_level):
-                project = load_settings_hooks(path, warnings)
-                if project and self._allow_project_hooks(path):
-                    hooks += project
-                elif project:
+                if (found := read_settings(path, warnings)) is None:  # no hooks, or one warning
+                    continue
+                if not self._allow_project_hooks(path):
                     warnings.append(
                         f"the hooks in {path} did not run: they come with the project; re-run with --yes to allow them"
                     )
+                    continue
+                section, text = found
+                hooks += project_hooks(section, path, text, warnings)  # checked only after consent
         self._hooks = hooks
         for line in warnings:
             self.on_warning(line)
@@ -507,11 +519,20 @@ class Preparer:
     def mcp_servers(self, spec: AgentSpec) -> list[McpServerConfig]:
         """The MCP servers an agent may use: those its tools name (`mcp__github__*`, by default those its
         `mcpServers:` names or defines); inline definitions first, then `.mcp.json`, then the home's
-        `mcp.json`. A name defined nowhere is one warning, its tools absent."""
+        `mcp.json`, read only now that an agent names a server. A name defined nowhere is one warning,
+        its tools absent; a file or server that cannot be read is one warning too (`load_config`)."""
+        if not spec.mcp_inline and not any(pattern_server(tool) for tool in spec.tools):
+            return []  # no configuration file is read for an agent that names no server
         if self._mcp_config is None:
-            self._mcp_config = load_config(self.cwd)
+            problems: list[str] = []
+            self._mcp_config = load_config(self.cwd, warnings=problems)
+            self._mcp_unreadable = bool(problems)
+            for line in problems:
+                self.mcp.warn(line)
         servers, missing = agent_servers(spec.tools, spec.mcp_inline, self._mcp_config)
         for name in missing:
+            if self._mcp_unreadable:  # its file's warning said so: no second line for it
+                self.mcp.failed.setdefault(name, "left out")
             if name not in self.mcp.failed:
                 self.mcp.failed[name] = "not defined"
                 self.mcp.warn(
