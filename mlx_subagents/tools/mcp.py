@@ -7,6 +7,13 @@ runner: a server starts the first time an agent needs it, is shared by every age
 and stops at `close`. The official `mcp` SDK's client does the protocol. A server that fails to
 start is one warning line and its tools are absent; a call that fails, times out or meets a crashed
 server is an error result the model reads, never a crash or a hang.
+
+A definition keeps its `${VAR}`s as written: what is listed (`subagent mcp-servers`), asked about
+(the consent question) or logged shows them unexpanded; they are expanded only when the server
+starts (`McpServerConfig.expanded`, after consent), and an error text that would carry an expanded
+value carries `${VAR}` instead (`redact`). A configuration file is read only when an agent names one
+of its servers; a file or a server in it that cannot be read is one warning naming the file, the line
+and the fix, and the run goes on without it (`load_config`).
 """
 
 from __future__ import annotations
@@ -18,14 +25,14 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import McpConfigError
 from ..home import state_home
 from ..text import one_line
-from ..userfiles import load_file
+from ..userfiles import json_line, parse_text, read_text
 from .base import Tool, ToolResult, cap_lines, clip_line, error_result
 from .workspace import Workspace
 
@@ -68,9 +75,43 @@ class McpServerConfig:
         return "http" if self.url else "stdio"
 
     def summary(self) -> str:
-        """`demo (python server.py)`: the server and what it starts, for the consent question and listings."""
+        """`demo (python server.py)`: the server and what it starts, for the consent question and listings
+        (its `${VAR}`s unexpanded)."""
         what = self.url if self.url else " ".join([self.command, *self.args])
         return f"{self.name} ({one_line(what, 120)})"
+
+    def texts(self) -> list[str]:
+        """Every field that may hold a `${VAR}`."""
+        pairs = [v for pair in (*self.env, *self.headers) for v in pair[1:]]
+        return [self.command, *self.args, self.cwd, self.url, *pairs]
+
+    def expanded(self, environ: Mapping[str, str] | None = None) -> McpServerConfig:
+        """This definition with its `${VAR}`s expanded, as the server starts with it (never listed or
+        saved); an unset variable without a default is one `McpConfigError` line naming it."""
+        at = f"{self.where}: MCP server '{self.name}'"
+
+        def ex(text: str) -> str:
+            return expand_vars(text, at, environ)
+
+        return replace(
+            self,
+            command=ex(self.command),
+            args=tuple(map(ex, self.args)),
+            env=tuple((k, ex(v)) for k, v in self.env),
+            cwd=ex(self.cwd),
+            url=ex(self.url),
+            headers=tuple((k, ex(v)) for k, v in self.headers),
+        )
+
+    def redact(self, text: str, environ: Mapping[str, str] | None = None) -> str:
+        """`text` with each value a `${VAR}` of this definition expands to written back as `${VAR}`, so an
+        error that quotes a URL or a header keeps its secret out of logs, events and transcripts."""
+        env = os.environ if environ is None else environ
+        names = {m.group(1) for t in self.texts() for m in _VAR.finditer(t)}
+        values = sorted(((env[n], n) for n in names if env.get(n)), key=lambda p: -len(p[0]))
+        for value, name in values:
+            text = text.replace(value, f"${{{name}}}")
+        return text
 
 
 def expand_vars(text: str, where: str, environ: Mapping[str, str] | None = None) -> str:
@@ -97,9 +138,15 @@ def parse_servers(value: Any, where: str, *, project: bool = False) -> dict[str,
     return {str(name): parse_server(str(name), item, where, project=project) for name, item in value.items()}
 
 
-def parse_server(name: str, value: Any, where: str, *, project: bool = False) -> McpServerConfig:
-    """One server's definition, its `${VAR}`s expanded in `args`, `env`, `url` and `headers`."""
-    at = f"{where}: MCP server '{name}'"
+def parse_server(
+    name: str, value: Any, where: str, *, project: bool = False, line: int | None = None
+) -> McpServerConfig:
+    """One server's definition, its `${VAR}`s kept as written (expanded when it starts, `expanded`).
+
+    Args:
+        line: the line of the file it starts on, named in an error.
+    """
+    at = f"{where}{f' line {line}' if line else ''}: MCP server '{name}'"
     if not SERVER_NAME.fullmatch(name):
         raise McpConfigError(f"{at}: use letters, digits, '-' and '_' in server names (at most 64)")
     if not isinstance(value, dict):
@@ -112,19 +159,19 @@ def parse_server(name: str, value: Any, where: str, *, project: bool = False) ->
         url = _text(at, "url", value.get("url"))
         headers = _mapping(at, "headers", value.get("headers", {}))
         return McpServerConfig(
-            name, where, url=expand_vars(url, at), project=project, **timeouts,
-            headers=tuple((k, expand_vars(v, at)) for k, v in headers.items()),
+            name, where, url=url, project=project, **timeouts, headers=tuple(headers.items()),
         )  # fmt: skip
     if kind != "stdio":
-        raise McpConfigError(f"{at}: type {kind!r} is not supported; use 'stdio' (command) or 'http' (url)")
+        raise McpConfigError(
+            f"{at}: type {kind!r} is not supported; use 'stdio' (command) or 'http' (url, streamable HTTP)"
+        )
     args = value.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
         raise McpConfigError(f"{at}: 'args' must be a list of strings")
     env = _mapping(at, "env", value.get("env", {}))
     return McpServerConfig(
-        name, where, command=expand_vars(_text(at, "command", value.get("command")), at),
-        args=tuple(expand_vars(str(a), at) for a in args), env=tuple((k, expand_vars(v, at)) for k, v in env.items()),
-        cwd=expand_vars(str(value.get("cwd") or ""), at), project=project, **timeouts,
+        name, where, command=_text(at, "command", value.get("command")), args=tuple(str(a) for a in args),
+        env=tuple(env.items()), cwd=str(value.get("cwd") or ""), project=project, **timeouts,
     )  # fmt: skip
 
 
@@ -150,16 +197,45 @@ PROJECT_FILE = ".mcp.json"
 USER_FILE = "mcp.json"
 
 
-def load_config(cwd: Path, home: Path | None = None) -> dict[str, McpServerConfig]:
+def load_config(cwd: Path, home: Path | None = None, warnings: list[str] | None = None) -> dict[str, McpServerConfig]:
     """The configured servers: `$MLX_SUBAGENTS_HOME/mcp.json`, then the project's `.mcp.json` (its
-    servers replace the home's of the same name, as in Claude Code; they start only after consent)."""
+    servers replace the home's of the same name, as in Claude Code; they start only after consent).
+
+    A file that cannot be read, or a server in it that cannot be defined, is one line in `warnings`
+    (printed when None) naming the file, the line and the fix; the rest loads."""
+    said = warnings if warnings is not None else []
     servers: dict[str, McpServerConfig] = {}
     for path, project in (((home or state_home()) / USER_FILE, False), (cwd / PROJECT_FILE, True)):
         if path.is_file():
-            data = load_file(path, "json", "MCP configuration file", McpConfigError)
-            if not isinstance(data, dict) or "mcpServers" not in data:
-                raise McpConfigError(f'{path}: no "mcpServers" mapping; write {{"mcpServers": {{"name": {{...}}}}}}')
-            servers.update(parse_servers(data["mcpServers"], str(path), project=project))
+            servers.update(_config_file(path, project, said))
+    if warnings is None:
+        for line in said:
+            _warn(line)
+    return servers
+
+
+def _config_file(path: Path, project: bool, warnings: list[str]) -> dict[str, McpServerConfig]:
+    """One configuration file's servers, each problem one line in `warnings` (that server, or the whole
+    file when it is not JSON with an `mcpServers` mapping, left out)."""
+    try:
+        text = read_text(path, "MCP configuration file", McpConfigError)
+        data = parse_text(text, "json", str(path), McpConfigError)
+    except McpConfigError as exc:
+        warnings.append(f"{exc}; its MCP servers are left out (write it as plain JSON, without comments)")
+        return {}
+    if not isinstance(data, dict) or not isinstance(data.get("mcpServers"), dict):
+        warnings.append(
+            f'{path}: no "mcpServers" mapping; write {{"mcpServers": {{"name": {{...}}}}}}; its MCP servers are left out'
+        )
+        return {}
+    servers = {}
+    for name, item in data["mcpServers"].items():
+        try:
+            servers[str(name)] = parse_server(
+                str(name), item, str(path), project=project, line=json_line(text, str(name))
+            )
+        except McpConfigError as exc:
+            warnings.append(f"{exc}; it is left out, the others load")
     return servers
 
 
@@ -292,7 +368,7 @@ class McpConnection:
                 self._ready.set_result(None)
                 await self._stop.wait()
         except BaseException as exc:
-            problem = _problem(exc)
+            problem = self.config.redact(_problem(exc))
             self.error = self.error or problem
             if not self._ready.done():
                 self._ready.set_exception(
@@ -309,7 +385,7 @@ class McpConnection:
             self.error = self.error or "the server stopped"
 
     def _transport(self, stack: AsyncExitStack) -> Any:
-        config = self.config
+        config = self.config.expanded()  # its `${VAR}`s, only now that it starts
         if config.url:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
@@ -353,9 +429,8 @@ class McpConnection:
         except Exception as exc:  # a crashed server, garbage on its stdout, a protocol error
             if self._session is None:
                 return error_result(f"{where} stopped ({self.error}); use other tools")
-            return error_result(
-                f"{tool_name(self.config.name, name)} failed: {type(exc).__name__}: {one_line(str(exc), 200)}"
-            )
+            why = one_line(self.config.redact(str(exc)), 200)
+            return error_result(f"{tool_name(self.config.name, name)} failed: {type(exc).__name__}: {why}")
         text = result_text(result.content, result.structured_content)
         output = cap_lines((clip_line(line) for line in text.splitlines()), MAX_RESULT_LINES, "lines", "ask for less")
         if result.is_error:

@@ -360,7 +360,7 @@ def test_streamable_http_server_with_expanded_headers(tmp_path: Path, scripted_r
     assert outputs == ["Bearer s3cret", "echo: over http"]
 
 
-def test_var_defaults_expand_and_an_unset_var_is_one_line_naming_file_server_and_fix(
+def test_vars_stay_as_written_until_the_start_and_an_unset_one_is_one_line_naming_file_server_and_fix(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
     monkeypatch.setenv("DEMO_SET", "given")
@@ -379,7 +379,10 @@ def test_var_defaults_expand_and_an_unset_var_is_one_line_naming_file_server_and
         )  # fmt: skip
     )
     demo = load_config(tmp_path)["demo"]
-    assert (demo.command, demo.args, demo.env) == ("python", ("given", ""), (("LEVEL", "debug"),))
+    written = ("${DEMO_CMD:-python}", ("${DEMO_SET:-x}", "${DEMO_UNSET:-}"), (("LEVEL", "${DEMO_LEVEL:-debug}"),))
+    assert (demo.command, demo.args, demo.env) == written  # listed and asked about as written
+    live = demo.expanded()  # as it starts
+    assert (live.command, live.args, live.env) == ("python", ("given", ""), (("LEVEL", "debug"),))
 
     (tmp_path / ".mcp.json").write_text(
         json.dumps(
@@ -390,8 +393,9 @@ def test_var_defaults_expand_and_an_unset_var_is_one_line_naming_file_server_and
             }
         )  # fmt: skip
     )
+    web = load_config(tmp_path)["web"]  # read without it: needed only to start
     with pytest.raises(McpConfigError) as raised:
-        load_config(tmp_path)
+        web.expanded()
     assert str(raised.value) == (
         f"{tmp_path / '.mcp.json'}: MCP server 'web': ${{DEMO_UNSET}} is not set; set it or write ${{DEMO_UNSET:-default}}"
     )
