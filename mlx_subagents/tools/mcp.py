@@ -6,7 +6,10 @@ headers}` for streamable HTTP), read by `parse_servers`; `McpServers` owns the c
 runner: a server starts the first time an agent needs it, is shared by every agent of that runner,
 and stops at `close`. The official `mcp` SDK's client does the protocol. A server that fails to
 start is one warning line and its tools are absent; a call that fails, times out or meets a crashed
-server is an error result the model reads, never a crash or a hang.
+server is an error result the model reads, never a crash or a hang. A server that sends a message the
+SDK cannot read (nested past its parser's limit, not JSON-RPC) is stopped at once with one warning (the
+SDK would log a traceback and leave the start waiting its whole time-out), and one whose tool schemas
+nest deeper than `MAX_SCHEMA_DEPTH` is refused at its start, before anything walks them.
 
 A definition keeps its `${VAR}`s as written: what is listed (`subagent mcp-servers`), asked about
 (the consent question) or logged shows them unexpanded; they are expanded only when the server
@@ -19,7 +22,9 @@ and the fix, and the run goes on without it (`load_config`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
 import os
 import re
 import sys
@@ -32,7 +37,7 @@ from typing import Any, TextIO
 from ..errors import McpConfigError
 from ..home import state_home
 from ..text import one_line
-from ..userfiles import json_line, parse_text, read_text
+from ..userfiles import json_line, measure, parse_text, read_text
 from .base import Tool, ToolResult, cap_lines, clip_line, error_result
 from .workspace import Workspace
 
@@ -40,6 +45,9 @@ DEFAULT_STARTUP_TIMEOUT = 30.0  # seconds for a server to start and list its too
 DEFAULT_CALL_TIMEOUT = 120.0  # seconds for one tool call
 MAX_RESULT_LINES = 2000
 MAX_DESCRIPTION_CHARS = 2000
+# Levels of objects and lists in one tool's input schema (a property inside a property adds two): real
+# schemas use a handful; the bound keeps every later walk (grammars, events) far from Python's limit.
+MAX_SCHEMA_DEPTH = 64
 PREFIX = "mcp__"
 SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # `mcp__<server>__<tool>` or `mcp__<server>__*`, as `tools:` and `disallowedTools:` write them.
@@ -360,16 +368,19 @@ class McpConnection:
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
-                session = await stack.enter_async_context(ClientSession(read, write))
+                session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._incoming))
                 await session.initialize()
                 listed = await session.list_tools()
+                if problem := schema_problem(listed.tools):
+                    self.error = problem
+                    raise McpConfigError(problem)
                 self.tools = sorted(listed.tools, key=lambda t: t.name)  # stable order: the cached prefix survives
                 self._session = session
                 self._ready.set_result(None)
                 await self._stop.wait()
         except BaseException as exc:
-            problem = self.config.redact(_problem(exc))
-            self.error = self.error or problem
+            problem = self.config.redact(self.error or _problem(exc))
+            self.error = problem
             if not self._ready.done():
                 self._ready.set_exception(
                     McpConfigError(
@@ -384,6 +395,15 @@ class McpConnection:
             self._session = None
             self.error = self.error or "the server stopped"
 
+    async def _incoming(self, message: Any) -> None:
+        """The SDK's other messages: one it could not read ends the connection now, with why (its
+        requests would otherwise wait for an answer that never comes)."""
+        if isinstance(message, Exception) and self._task is not None and not self.error:
+            errors = message.errors() if hasattr(message, "errors") else []  # pydantic's: its first says why
+            why = errors[0].get("msg", "") if errors and isinstance(errors[0], dict) else str(message)
+            self.error = f"it sent a message that cannot be read: {one_line(why, 160)}"
+            self._task.cancel()
+
     def _transport(self, stack: AsyncExitStack) -> Any:
         config = self.config.expanded()  # its `${VAR}`s, only now that it starts
         if config.url:
@@ -393,6 +413,8 @@ class McpConnection:
             client = httpx2.AsyncClient(headers=dict(config.headers), timeout=config.timeout)
             return streamable_http_client(config.url, http_client=client)
         from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
+
+        _quiet_parse_tracebacks()
 
         # The SDK passes a short whitelist of variables unless `env` is given: pass ours, as a shell would.
         env = {**os.environ, **get_default_environment(), **dict(config.env)}
@@ -446,6 +468,24 @@ class McpConnection:
             except (TimeoutError, Exception):
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
+
+
+def schema_problem(tools: Iterable[Any]) -> str | None:
+    """Why a server's tools cannot be offered: a schema nested past `MAX_SCHEMA_DEPTH`; None if none is."""
+    for tool in tools:
+        depth, _ = measure(tool.input_schema or {})
+        if depth > MAX_SCHEMA_DEPTH:
+            shown = "itself" if depth == float("inf") else f"{depth:g} levels deep"
+            return f"its tool '{tool.name}' has an input schema nested {shown}, past the {MAX_SCHEMA_DEPTH} accepted"
+    return None
+
+
+@functools.cache
+def _quiet_parse_tracebacks() -> None:
+    """The SDK logs a traceback for each line it cannot parse; the connection says it in one line instead."""
+    logging.getLogger("mcp.client.stdio").addFilter(
+        lambda record: not record.getMessage().startswith("Failed to parse JSONRPC message")
+    )
 
 
 def _problem(exc: BaseException) -> str:

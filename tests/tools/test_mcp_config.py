@@ -4,16 +4,19 @@ the server starts (after consent), nor written expanded anywhere."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mlx_subagents.runs.tasks import TaskSpec
-from mlx_subagents.tools.mcp import load_config
+from mlx_subagents.tools import Workspace
+from mlx_subagents.tools.mcp import McpServerConfig, McpServers, load_config
 from tests.helpers import REPO, call, go, write_agent
 from tests.tools.test_mcp_tools import SERVER, pids_in
 
@@ -101,3 +104,39 @@ def test_an_error_text_carries_the_variable_not_its_value(tmp_path: Path, monkey
     assert (
         web.redact(said) == "HTTPStatusError: Client error '401 Unauthorized' for url 'https://h/mcp?key=${DEMO_TOKEN}'"
     )
+
+
+DEEP = str(Path(__file__).parent / "deep_mcp_server.py")
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("depth", "why"),
+    [
+        (40, "its tool 'deep' has an input schema nested 81 levels deep, past the 64 accepted"),  # the SDK reads it
+        (150, "it sent a message that cannot be read: Invalid JSON: recursion limit exceeded at line 1 column "),
+    ],
+)
+def test_a_deeply_nested_tool_schema_refuses_the_server_at_once_in_one_warning(
+    tmp_path: Path, depth: int, why: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    config = McpServerConfig("deep", str(tmp_path / ".mcp.json"), command=sys.executable, args=(DEEP, str(depth)))
+    said: list[str] = []
+
+    async def start() -> tuple[dict[str, Any], float]:
+        servers = McpServers(tmp_path, log_dir=tmp_path / "logs", warn=said.append)
+        began = time.monotonic()
+        try:
+            return await servers.tools_for([config], Workspace(tmp_path)), time.monotonic() - began
+        finally:
+            await servers.close()
+
+    tools, seconds = asyncio.run(start())
+
+    assert tools == {} and seconds < config.startup_timeout / 3  # at once, not at the end of its time-out
+    [line] = said
+    assert line.startswith(f"MCP server {config.summary()} failed to start ({why}")
+    assert line.endswith(
+        f"); check its definition in {config.where} and its log {tmp_path / 'logs' / 'mcp-deep.log'}; its tools are not offered"
+    )
+    assert "Traceback" not in capfd.readouterr().err
