@@ -34,9 +34,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from ..agents.compaction import CompactionSettings
 from ..agents.discovery import AgentCatalog, discover_agents
@@ -59,7 +60,7 @@ from .task import SessionNames, TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
 from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
-from .worktrees import Worktree, make_worktree, remove_worktree
+from .worktrees import Worktree, hold_worktree_of, make_worktree, release_worktree, remove_worktree
 
 
 class Runner:
@@ -117,7 +118,8 @@ class Runner:
         self._background: set[Execution] = set()
         self._board: TaskBoard | None = None
         self._started: list[TaskHandle] = []  # every background task, for `close`
-        self._holds: dict[TaskHandle, BinaryIO] = {}  # reopened tasks' holds (`hold_task`), let go at `close`
+        # Reopened tasks' holds (`hold_task`, and the worktree they work in), let go at `close`.
+        self._holds: dict[TaskHandle, ExitStack] = {}
         self._slots: Slots | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
         self.session_names = SessionNames()  # the host sessions an agent session runs on now
@@ -295,7 +297,8 @@ class Runner:
         record = load_run(run_id, self.home)
         entry = record.task(task)
         path = record.transcript_path(entry)
-        hold = hold_task(path, entry.label, record.run_id)  # held until the handle is done (`close`)
+        holds = ExitStack()  # let go when the handle is done (`close`)
+        holds.enter_context(hold_task(path, entry.label, record.run_id))
         try:
             log = read_transcript(path)
             if log.messages is None:
@@ -306,9 +309,11 @@ class Runner:
             saved = log.meta["model"]  # on an engine, its model id: the agent's own engine or --engine takes it there
             model = self.options.model or (None if saved == spec.engine_model else saved)
             again = TaskSpec(agent=spec.name, task="", label=entry.label, model=model, step_id=entry.step_id)
+            if (tree := hold_worktree_of(Path(log.meta["cwd"]))) is not None:  # an isolated task's
+                holds.callback(release_worktree, tree)
             prepared = await self._prepare([again], workspace=Workspace(Path(log.meta["cwd"])))
         except BaseException:
-            hold.close()
+            holds.close()
             raise
         handle = self.handle(
             keep_sandbox(withhold(prepared[0], log.meta.get("denied") or {}), log.meta.get("sandbox")),
@@ -319,7 +324,7 @@ class Runner:
             generations=log.generations,
             on_text=on_text,
         )
-        self._holds[handle] = hold
+        self._holds[handle] = holds
         return handle
 
     # -- handles and how their generations run ---------------------------------------------------------

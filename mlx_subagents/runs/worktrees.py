@@ -262,6 +262,17 @@ def hold_worktree(name: str, home: Path | None = None) -> None:
     _held[name] = fd
 
 
+def hold_worktree_of(folder: Path, home: Path | None = None) -> str | None:
+    """Hold the kept worktree `folder` lies in (a resumed isolated task works there), so that `prune`
+    leaves it alone meanwhile; its name, None when `folder` is in none."""
+    folder = folder.resolve()
+    for worktree in list_worktrees(home, warn=lambda _line: None):
+        if folder.is_relative_to(Path(worktree.path)):
+            hold_worktree(worktree.name, home)
+            return worktree.name
+    return None
+
+
 def release_worktree(name: str) -> None:
     """Let go of this process's hold on a worktree (its task has ended)."""
     if (fd := _held.pop(name, None)) is not None:

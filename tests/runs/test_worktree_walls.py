@@ -4,6 +4,7 @@ through a link, damaged manifests and task text are one line, and `prune` spares
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -218,3 +219,28 @@ def test_a_fork_asking_for_a_worktree_is_refused_in_one_line(tmp_path: Path) -> 
     ]
     assert all(o.startswith("Error: invalid subagent call: '") for o in outputs)
     assert list_worktrees() == [] and host.history.keys() == {"orchestrator"}
+
+
+def test_a_resumed_isolated_task_holds_its_worktree_until_it_is_done(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    host = scripted_host({"agents": {"worker": {"replies": [call("write", path="shared.txt", content="one\n"), "ok"]}}})
+    result = go(make_runner(repo, host), "run", TaskSpec("worker", "edit", isolation="worktree"))
+    assert result.worktree is not None and result.worktree.name is not None
+    name = result.worktree.name
+    assert not in_use(name)  # the run ended: nothing holds it
+    [kept] = list_worktrees()
+    apply_worktree(kept)  # applied: prune would remove it, were it not held
+    runner = make_runner(repo, scripted_host({"agents": {"worker": {"replies": ["more"]}}}))
+
+    async def resume_and_prune() -> tuple[bool, list[Any]]:
+        async with runner:
+            handle = await runner.reopen(result.run_id)
+            held, pruned = in_use(name), prune_worktrees()
+            await handle.ask("go on")
+        return held, pruned
+
+    held, pruned = asyncio.run(resume_and_prune())
+
+    assert held and pruned == []
+    assert not in_use(name)
+    assert [w.name for w in prune_worktrees()] == [name]
