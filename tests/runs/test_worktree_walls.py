@@ -165,6 +165,7 @@ def test_a_nul_in_the_task_text_is_left_out_of_the_commit_and_the_worktree_ends(
     assert [w.status for w in list_worktrees()] == ["completed"]
 
 
+@pytest.mark.process  # the holder
 def test_prune_spares_a_worktree_a_live_task_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     repo = make_repo(tmp_path / "repo")
     running = make_worktree(repo, run_id="r1", label="busy", agent="worker", task="still working")
@@ -221,6 +222,7 @@ def test_a_fork_asking_for_a_worktree_is_refused_in_one_line(tmp_path: Path) -> 
     assert list_worktrees() == [] and host.history.keys() == {"orchestrator"}
 
 
+@pytest.mark.slow
 def test_a_resumed_isolated_task_holds_its_worktree_until_it_is_done(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     host = scripted_host({"agents": {"worker": {"replies": [call("write", path="shared.txt", content="one\n"), "ok"]}}})

@@ -7,7 +7,6 @@ import asyncio
 import os
 import shutil
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from mlx_subagents.tools import Sandbox, Workspace
 from mlx_subagents.tools.bash import BashTool
 from mlx_subagents.tools.sandbox import sandboxed, seatbelt_profile, socket_filter
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or shutil.which("bwrap") is None, reason="needs bubblewrap")
+needs_bwrap = pytest.mark.skipif(sys.platform != "linux" or shutil.which("bwrap") is None, reason="needs bubblewrap")
 NOBODY = 65534
 
 
@@ -64,6 +63,7 @@ def run_in_sandbox(user: str, workspace: Path, command: str, network: bool = Fal
     return done.stdout
 
 
+@needs_bwrap
 @pytest.mark.parametrize("user", ["root", "nobody"])
 def test_the_sandbox_holds_for_root_and_for_an_ordinary_user(user: str, workspace: Path) -> None:
     outside = Path("/var/tmp") / f"mlx-subagents-outside-{uuid.uuid4().hex}"
@@ -96,6 +96,8 @@ def test_the_sandbox_holds_for_root_and_for_an_ordinary_user(user: str, workspac
     assert (workspace / "in.txt").read_text() == "w\n"
 
 
+@needs_bwrap
+@pytest.mark.process  # python inside the sandbox
 def test_no_unix_socket_is_reachable_from_the_sandbox_with_or_without_network(workspace: Path) -> None:
     # A listening socket outside the workspace, like a docker or agent socket; and one inside it.
     sockets = []
@@ -120,6 +122,8 @@ def test_no_unix_socket_is_reachable_from_the_sandbox_with_or_without_network(wo
             path.unlink()
 
 
+@needs_bwrap
+@pytest.mark.slow
 def test_a_command_that_leaves_its_group_and_wipes_its_mark_still_dies_with_the_call(tmp_path: Path) -> None:
     # Unsandboxed, `env -i setsid -f` escapes both the group kill and the sweep (docs/agents.md); in the
     # sandbox's PID namespace it dies with the namespace's first process, which is in the call's group.
@@ -158,6 +162,7 @@ def test_a_command_that_leaves_its_group_and_wipes_its_mark_still_dies_with_the_
     assert timed_out.output == "Error: command timed out after 1s; its process group was killed\nstarted"
 
 
+@needs_bwrap
 @pytest.mark.parametrize("user", ["root", "nobody"])
 def test_git_metadata_is_read_only_in_the_sandbox(user: str, workspace: Path) -> None:
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(workspace)]
@@ -217,10 +222,10 @@ def test_the_macos_profile_says_each_wall(tmp_path: Path) -> None:
     assert '(remote unix-socket (path-literal "/private/var/run/mDNSResponder"))' in online
 
 
+@needs_bwrap
 def test_a_workspace_under_tmp_stays_writable_over_the_private_tmp(tmp_path: Path) -> None:
     assert str(tmp_path).startswith(tempfile.gettempdir())  # pytest's folders are under /tmp
     tool = BashTool(Workspace(tmp_path), Sandbox(writable=(tmp_path,)))
     result = asyncio.run(tool.call({"command": "echo kept > kept.txt; ls /tmp | wc -l"}))
     assert (tmp_path / "kept.txt").read_text() == "kept\n"
     assert int(result.output) == 1  # the one folder leading to the workspace, nothing of the host's
-    assert stat.S_ISDIR(tmp_path.stat().st_mode)
