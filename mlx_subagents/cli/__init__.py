@@ -24,6 +24,7 @@ from rich.markup import escape
 from ..agents.schema_output import load_schema
 from ..agents.spec import AgentSpec, sandbox_default
 from ..errors import RequestError, SubagentError
+from ..mcp_server.budget import DEFAULT_CALL_BUDGET, parse_call_budget
 from ..render import EventLines
 from ..results import MultiRunResult, RunResult
 from ..runs.runner import Runner
@@ -525,6 +526,14 @@ def mcp(
             file_okay=False,
         ),
     ] = None,
+    call_budget: Annotated[
+        str,
+        typer.Option(
+            "--call-budget",
+            help="Seconds a run_agents call may take before it answers with what finished and the ids of what still "
+            "runs (read with agent_output); 'off' for clients that wait. Clients often give a call 60 s.",
+        ),
+    ] = f"{DEFAULT_CALL_BUDGET:g}",
     *,
     shared: Shared,
 ) -> None:
@@ -534,8 +543,9 @@ def mcp(
     """
     from ..mcp_server.server import serve_stdio
 
+    budget = parse_call_budget(call_budget)
     # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
-    code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
+    code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace, budget))
     raise typer.Exit(code)
 
 

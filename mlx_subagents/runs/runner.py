@@ -403,7 +403,14 @@ class Runner:
 
     # -- delegation ---------------------------------------------------------------------------------
 
-    async def delegate(self, call: Delegation, parent: Parent | None, board: TaskBoard | None = None) -> MultiRunResult:
+    async def delegate(
+        self,
+        call: Delegation,
+        parent: Parent | None,
+        board: TaskBoard | None = None,
+        *,
+        on_handles: Callable[[list[TaskHandle]], None] | None = None,
+    ) -> MultiRunResult:
         """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
@@ -413,15 +420,17 @@ class Runner:
         Args:
             board: the parent's task board: the children that ran are kept there under ids (`scout#1`),
                 so that the parent reads a cut answer with `subagent_output` (the cut note says how).
+            on_handles: called with the children's handles as they start, before any has ended (the
+                MCP server answers within its call budget with the ids of those still running).
         """
         if call.mode == "workflow":
-            return await self._delegate_workflow(call, parent, board)
+            return await self._delegate_workflow(call, parent, board, on_handles)
         tasks = label_tasks(call_tasks(call))
         if parent is not None:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
         places = [call.workspace_of(i) for i in range(len(tasks))]
         where: dict[str, Any] = {"parent": parent, "workspace": places, "delegated": True}
-        under = Delegating(parent, board, call.fork_point)
+        under = Delegating(parent, board, call.fork_point, on_handles)
         if call.mode != "parallel":
             order = Steps()
             if call.mode == "chain":
@@ -443,7 +452,11 @@ class Runner:
         )
 
     async def _delegate_workflow(
-        self, call: Delegation, parent: Parent | None, board: TaskBoard | None
+        self,
+        call: Delegation,
+        parent: Parent | None,
+        board: TaskBoard | None,
+        on_handles: Callable[[list[TaskHandle]], None] | None = None,
     ) -> MultiRunResult:
         """A `{"workflow": NAME, "input": ...}` call: the named workflow's steps run as the caller's
         children, checked as `subagent workflow` checks them (its file, graph and agents, then the
@@ -454,7 +467,7 @@ class Runner:
             tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
         where = {"parent": parent, "workspace": call.workspace, "shared_input": call.input, "delegated": True}
         prepared = await self._prepare(tasks, **where)  # type: ignore[arg-type]
-        under = Delegating(parent, board)
+        under = Delegating(parent, board, on_handles=on_handles)
         return await self._execute("workflow", prepared, concurrency=self.options.concurrency, steps=order, under=under)
 
     def _named_workflow(self, name: str) -> Workflow:
@@ -561,6 +574,8 @@ class Runner:
         under = under or Delegating()
         record = self._record(mode, prepared[0].workspace.root, prepared, under.folder or self.home)
         handles = self._handles(prepared, record, under)
+        if under.on_handles is not None:
+            under.on_handles(handles)
         plan = [h.generation(h.prepared.task.task, *steps.of(i), raise_errors=raise_errors) for i, h in enumerate(handles)]  # fmt: skip
         execution, stopped = self._execution(plan, concurrency), False
         try:
@@ -597,6 +612,7 @@ class Delegating:
     parent: Parent | None = None
     board: TaskBoard | None = None
     fork_point: ForkPoint | None = None
+    on_handles: Callable[[list[TaskHandle]], None] | None = None
 
     @property
     def folder(self) -> Path | None:

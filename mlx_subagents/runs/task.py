@@ -227,6 +227,15 @@ class TaskHandle:
         """A foreground child whose conversation is kept: it may be let go (`TaskBoard.let_go_oldest`)."""
         return self.state is TaskState.KEPT and not self.background and self.session is not None
 
+    def hand_over(self, board: TaskBoard) -> str:
+        """Hold this task on `board` from now on, under a new id there (a top-level task of an MCP call
+        that answered within its budget before the task ended): read, steered and stopped by that id,
+        and kept there when it ends. Returns the id."""
+        [self.id] = board.reserve_ids([self.spec.name])
+        self.owner = board
+        board.add(self)
+        return self.id
+
     async def let_go(self, reason: str) -> None:
         """Stop holding its conversation (its host session and KV cache are freed); a message to it is
         then refused with `reason`."""
