@@ -1,0 +1,62 @@
+"""`subagent` as the client of an MCP conformance scenario: the program the suite runs (`conformance.py`).
+
+Run as `python conformance_client.py URL` with `MCP_CONFORMANCE_SCENARIO` set: in a fresh home it
+defines the suite's mock server as the HTTP server `conf` (the home's `mcp.json`), an agent whose tools
+are `mcp__conf__*`, and a scripted model that calls the scenario's tool; then it runs `subagent` as a
+person would, and exits with its exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = "---\nname: conf-user\ndescription: calls the conformance server\ntools: mcp__conf__*\n---\nUse the tools.\n"
+# The tool each scenario's mock server offers, and its arguments (the auth scenarios' is `test-tool`).
+TOOL_FOR = {
+    "tools_call": ("add_numbers", {"a": 5, "b": 3}),
+    "sse-retry": ("test_reconnection", {}),
+    "elicitation-sep1034-client-defaults": ("test_client_elicitation_defaults", {}),
+}
+
+
+def replies(scenario: str) -> list[Any]:
+    """The scripted model's replies: call the scenario's tool once, then answer."""
+    if scenario == "initialize":
+        return ["connected"]
+    name, arguments = TOOL_FOR.get(scenario, ("test-tool", {}))
+    return [{"tool_calls": [{"name": f"mcp__conf__{name}", "arguments": arguments}]}, "done"]
+
+
+def set_up(folder: Path, url: str, scenario: str) -> tuple[dict[str, str], Path, str]:
+    """A home with the server and the agent, a workspace, a script: `(env, workspace, model)`."""
+    home, workspace = folder / "home", folder / "workspace"
+    (home / "agents").mkdir(parents=True)
+    workspace.mkdir()
+    (home / "mcp.json").write_text(json.dumps({"mcpServers": {"conf": {"type": "http", "url": url}}}))
+    (home / "agents" / "conf-user.md").write_text(AGENT)
+    script = folder / "script.json"
+    script.write_text(json.dumps({"replies": replies(scenario)}))
+    env = {**os.environ, "MLX_SUBAGENTS_HOME": str(home), "HOME": str(folder), "PYTHONPATH": str(REPO)}
+    return env, workspace, f"scripted:{script}"
+
+
+def subagent(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mlx_subagents.cli", *args]
+
+
+def main(url: str, scenario: str) -> int:
+    with tempfile.TemporaryDirectory(prefix="conformance-client-") as tmp:
+        env, workspace, model = set_up(Path(tmp), url, scenario)
+        cmd = subagent("run", "conf-user", "use the server", "--model", model, "--cwd", str(workspace))
+        return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[-1], os.environ.get("MCP_CONFORMANCE_SCENARIO", "initialize")))
