@@ -28,6 +28,7 @@ from ..runs.chat import DEFAULT_CHAT_AGENT, INTERRUPTED, Chat
 from ..runs.runner import Runner
 from ..text import NO_ANSWER
 from ..tools import kill_all_processes
+from .asking import TerminalPerson
 from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, stop_reason, two_press_sigint
 from .promptline import PromptLine
 
@@ -192,6 +193,9 @@ class ChatLoop:
         self.out = out
         self.err = err
         self.prompt = PromptLine(PROMPT)
+        # The MCP servers' questions come to the person here, on the same prompt line.
+        self.person = TerminalPerson(self.prompt, view.show)
+        chat.runner.person = self.person
         self.work: asyncio.Future[Any] | None = None  # the turn (or command) running now
         self.presses = 0  # Ctrl-C presses during `work`
         self.terminated: signal.Signals | None = None
@@ -368,6 +372,7 @@ class ChatLoop:
                 else " (Ctrl-C again to quit at once)"
             )
             self.err.print(f"\n[yellow]interrupted: stopping this turn and the sub-agents it waits for{more}[/]")
+            self.person.interrupt()
             self.stop_work()
         elif self.presses == 2 and alive:
             self.stop_background()

@@ -79,6 +79,8 @@ LOG_FILE = "mcp.log"
 # How long a stop signal waits for the calls in progress to answer with their aborted tasks.
 STOP_WAIT_S = 15.0
 ANSWER_GRACE_S = 0.2
+# Why a server an agent calls here gets no answer to its elicitation: this server does not pass it on.
+NO_PERSON = "nobody can answer through subagent mcp (its MCP client is not asked)"
 # The JSON-RPC error code of a method refused for the server's set-up (no workspace): a server error.
 REFUSED = -32000
 MakeRunner = Callable[[Path, EventSink], Runner]
@@ -412,6 +414,7 @@ class AgentsServer:
             if self.runner is None:
                 root = self.cwd or await client_root(ctx.session) or working_directory()
                 self.runner = self.make_runner(root.resolve(), on_event)
+                self.runner.no_person = NO_PERSON
                 unconfirmed = ", ".join(a.name for a in unconfirmed_agents(self.runner)) or "none"
                 log.info("workspace %s; project agents withheld: %s", self.runner.cwd, unconfirmed)
             else:

@@ -48,6 +48,7 @@ from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
+from ..tools.mcp_requests import Person
 from ..tools.subagent import READ_MORE, Delegation, ForkPoint, SubagentTool
 from .board import TaskBoard
 from .execution import Execution
@@ -60,6 +61,8 @@ from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
 from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
 from .worktrees import Worktree, make_worktree, remove_worktree
+
+NO_PERSON = "nobody can answer here: this run asks no questions (subagent chat does, at its terminal)"
 
 
 class Runner:
@@ -121,6 +124,10 @@ class Runner:
         self._slots: Slots | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
         self.session_names = SessionNames()  # the host sessions an agent session runs on now
+        # Who answers the questions of the MCP servers the agents call (a chat sets its terminal's person);
+        # with nobody, why: what a server's declined elicitation says.
+        self.person: Person | None = None
+        self.no_person = NO_PERSON
 
     async def __aenter__(self) -> Runner:
         return self
@@ -145,6 +152,10 @@ class Runner:
         if self._discovered:
             self.catalog = self.preparer.catalog = discover_agents(self.cwd, scope=self.options.scope)
         return self.catalog
+
+    def resident_hosts(self) -> list[ModelHost]:
+        """The hosts loaded so far: a server's sampling request may name one of their models."""
+        return list(self.preparer.hosts.values())
 
     @property
     def slots(self) -> Slots:

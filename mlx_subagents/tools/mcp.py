@@ -6,7 +6,10 @@ headers}` for streamable HTTP), read by `parse_servers`; `McpServers` owns the c
 runner: a server starts the first time an agent needs it, is shared by every agent of that runner,
 and stops at `close`. The official `mcp` SDK's client does the protocol. A server that fails to
 start is one warning line and its tools are absent; a call that fails, times out or meets a crashed
-server is an error result the model reads, never a crash or a hang.
+server is an error result the model reads, never a crash or a hang. What a server asks of the client
+during a call (sampling, elicitation, roots) is answered for the calling agent (`mcp_requests.py`);
+a server over HTTP that wants OAuth signs in with the tokens `subagent mcp-servers login` saved
+(`mcp_auth.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..home import state_home
 from ..text import one_line
 from ..userfiles import load_file
 from .base import Tool, ToolResult, cap_lines, clip_line, error_result
+from .mcp_requests import ClientPolicy, McpCaller, ServerRequests
 from .workspace import Workspace
 
 DEFAULT_STARTUP_TIMEOUT = 30.0  # seconds for a server to start and list its tools
@@ -38,6 +42,7 @@ SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # `mcp__<server>__<tool>` or `mcp__<server>__*`, as `tools:` and `disallowedTools:` write them.
 TOOL_PATTERN = re.compile(r"mcp__([A-Za-z0-9_-]+?)__(\*|[A-Za-z0-9_.-]+)")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+CLIENT_NAME = "mlx-subagents"
 _FIELDS = {"type", "command", "args", "env", "cwd", "url", "headers", "startup_timeout", "timeout"}
 
 
@@ -71,6 +76,16 @@ class McpServerConfig:
         """`demo (python server.py)`: the server and what it starts, for the consent question and listings."""
         what = self.url if self.url else " ".join([self.command, *self.args])
         return f"{self.name} ({one_line(what, 120)})"
+
+
+def client_version() -> str:
+    """This package's version, as the client tells servers (without importing the package's API)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(CLIENT_NAME)
+    except PackageNotFoundError:
+        return "0"
 
 
 def expand_vars(text: str, where: str, environ: Mapping[str, str] | None = None) -> str:
@@ -221,9 +236,13 @@ class McpTool(Tool):
     # What a server's tool changes is the server's own affair: only the built-in tools count as writers.
     writes = False
 
-    def __init__(self, workspace: Workspace, connection: McpConnection, tool: Any) -> None:
+    def __init__(
+        self, workspace: Workspace, connection: McpConnection, tool: Any, caller: McpCaller | None = None
+    ) -> None:
         super().__init__(workspace)
         self.connection = connection
+        self.tool = tool
+        self.caller = caller  # the agent session that calls it: its servers' requests are answered for it
         self.remote_name: str = tool.name
         self.name = tool_name(connection.config.name, tool.name)  # type: ignore[misc]
         self.description = one_line(tool.description or f"the {tool.name} tool of MCP server {connection.config.name}")[
@@ -235,9 +254,13 @@ class McpTool(Tool):
         """The OpenAI function-tool schema, its parameters the server's own JSON schema."""
         return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}  # fmt: skip
 
+    def for_caller(self, caller: McpCaller) -> McpTool:
+        """This tool as one agent session calls it (`AgentSession` binds each of its MCP tools)."""
+        return McpTool(self.workspace, self.connection, self.tool, caller)
+
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
         """Call the server; its error, a time-out or a dead server is an error result (cancellation goes through)."""
-        return await self.connection.call(self.remote_name, arguments)
+        return await self.connection.call(self.remote_name, arguments, self.caller)
 
     def describe(self, arguments: dict[str, Any]) -> str:
         return f"{self.name} {one_line(json.dumps(arguments, ensure_ascii=False, default=str), 60)}"
@@ -256,8 +279,14 @@ class McpConnection:
     log_dir: Path | None = None
     tools: list[Any] = field(default_factory=list)
     error: str = ""  # why it is not usable (failed start, crash), for the error results
+    policy: ClientPolicy = field(default_factory=ClientPolicy)
+    roots: tuple[Path, ...] = ()  # the roots it is told at first (default: `cwd`)
 
     def __post_init__(self) -> None:
+        config = self.config
+        self.requests = ServerRequests(
+            config.name, config.where, config.project, self.policy, [*self.roots] or [self.cwd]
+        )
         self._session: Any = None
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -279,14 +308,26 @@ class McpConnection:
             raise
 
     async def _serve(self) -> None:
+        import mcp_types as types
         from mcp import ClientSession
 
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
-                session = await stack.enter_async_context(ClientSession(read, write))
+                requests = self.requests
+                session = await stack.enter_async_context(
+                    ClientSession(
+                        read,
+                        write,
+                        sampling_callback=requests.sampling,
+                        elicitation_callback=requests.elicitation,
+                        list_roots_callback=requests.list_roots,
+                        client_info=types.Implementation(name=CLIENT_NAME, version=client_version()),
+                    )
+                )
                 await session.initialize()
                 listed = await session.list_tools()
+                await requests.started(session)
                 self.tools = sorted(listed.tools, key=lambda t: t.name)  # stable order: the cached prefix survives
                 self._session = session
                 self._ready.set_result(None)
@@ -338,13 +379,15 @@ class McpConnection:
         except OSError:
             return sys.stderr
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """One tool call within the server's call time-out; cancelling it sends MCP's cancellation."""
+    async def call(self, name: str, arguments: dict[str, Any], caller: McpCaller | None = None) -> ToolResult:
+        """One tool call within the server's call time-out, its server's requests meanwhile answered for
+        `caller`; cancelling it sends MCP's cancellation."""
         where = f"MCP server '{self.config.name}'"
         if self._session is None:
             return error_result(f"{where} is not running ({self.error}); use other tools")
         try:
-            result = await asyncio.wait_for(self._session.call_tool(name, arguments), self.config.timeout)
+            async with self.requests.calling(caller):
+                result = await asyncio.wait_for(self._session.call_tool(name, arguments), self.config.timeout)
         except TimeoutError:
             return error_result(
                 f"{tool_name(self.config.name, name)} did not answer within {self.config.timeout:g} s; "
@@ -354,7 +397,7 @@ class McpConnection:
             if self._session is None:
                 return error_result(f"{where} stopped ({self.error}); use other tools")
             return error_result(
-                f"{tool_name(self.config.name, name)} failed: {type(exc).__name__}: {one_line(str(exc), 200)}"
+                f"{tool_name(self.config.name, name)} failed: {type(exc).__name__}: {one_line(str(exc), 400)}"
             )
         text = result_text(result.content, result.structured_content)
         output = cap_lines((clip_line(line) for line in text.splitlines()), MAX_RESULT_LINES, "lines", "ask for less")
@@ -393,22 +436,30 @@ class McpServers:
         warn: receives the one line said about a server that failed to start.
     """
 
-    def __init__(self, cwd: Path, log_dir: Path | None = None, warn: Callable[[str], None] = _warn) -> None:
+    def __init__(
+        self,
+        cwd: Path,
+        log_dir: Path | None = None,
+        warn: Callable[[str], None] = _warn,
+        policy: ClientPolicy | None = None,
+    ) -> None:
         self.cwd = cwd
         self.log_dir = log_dir
         self.warn = warn
+        self.policy = policy or ClientPolicy()  # the run's consent to its servers' sampling
         self.connections: dict[str, McpConnection] = {}
         self.failed: dict[str, str] = {}
         self._lock = asyncio.Lock()
 
-    async def connect(self, config: McpServerConfig) -> McpConnection | None:
-        """The running connection to a server, started now if it is not yet; None (after one warning) if it cannot start."""
+    async def connect(self, config: McpServerConfig, root: Path | None = None) -> McpConnection | None:
+        """The running connection to a server, started now if it is not yet (told `root` as its root,
+        the workspace of the agent it starts for); None (after one warning) if it cannot start."""
         async with self._lock:
             if config.name in self.failed:
                 return None
             if (known := self.connections.get(config.name)) is not None:
                 return known
-            connection = McpConnection(config, self.cwd, self.log_dir)
+            connection = McpConnection(config, self.cwd, self.log_dir, policy=self.policy, roots=(root or self.cwd,))
             try:
                 await connection.start()
             except McpConfigError as exc:
@@ -422,7 +473,7 @@ class McpServers:
         """Every tool of these servers (started as needed), in a stable order: servers by name, tools by name."""
         tools: dict[str, Tool] = {}
         for config in sorted(servers, key=lambda c: c.name):
-            connection = await self.connect(config)
+            connection = await self.connect(config, workspace.root)
             for tool in connection.tools if connection else ():
                 made = McpTool(workspace, connection, tool)  # type: ignore[arg-type]
                 tools[made.name] = made
