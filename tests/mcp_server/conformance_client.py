@@ -3,7 +3,9 @@
 Run as `python conformance_client.py URL` with `MCP_CONFORMANCE_SCENARIO` set: in a fresh home it
 defines the suite's mock server as the HTTP server `conf` (the home's `mcp.json`), an agent whose tools
 are `mcp__conf__*`, and a scripted model that calls the scenario's tool; then it runs `subagent` as a
-person would, and exits with its exit code.
+person would, and exits with its exit code: `subagent run` for most scenarios; for the elicitation
+one, `subagent chat` on a pseudo-terminal, where the person presses Enter at each field of the
+server's form (keeping its defaults) and sends it.
 """
 
 from __future__ import annotations
@@ -51,9 +53,32 @@ def subagent(*args: str) -> list[str]:
     return [sys.executable, "-m", "mlx_subagents.cli", *args]
 
 
+def chat_with_defaults(env: dict[str, str], workspace: Path, model: str) -> int:
+    """`subagent chat` on a pseudo-terminal: one message, Enter at every field of the form, Enter to send."""
+    sys.path.insert(0, str(REPO))
+    from tests.helpers import Terminal
+
+    os.environ.update(env)  # the terminal's child takes this environment
+    term = Terminal(["chat", "--agent", "conf-user", "-m", model, "-C", str(workspace)])
+    try:
+        term.expect("/exit leaves\n> ", 30)
+        term.send("use the server\n")
+        term.expect("Enter keeps the value in brackets", 30)
+        while "send this to conf?" not in term.expect(": ", 30):
+            term.send("\n")  # a field: keep its default
+        term.send("\n")  # send the form
+        term.expect("done\n> ", 30)
+        term.send("/exit\n")
+        return term.wait(30)
+    finally:
+        term.close()
+
+
 def main(url: str, scenario: str) -> int:
     with tempfile.TemporaryDirectory(prefix="conformance-client-") as tmp:
         env, workspace, model = set_up(Path(tmp), url, scenario)
+        if scenario.startswith("elicitation-"):
+            return chat_with_defaults(env, workspace, model)
         cmd = subagent("run", "conf-user", "use the server", "--model", model, "--cwd", str(workspace))
         return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
 

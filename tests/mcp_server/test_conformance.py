@@ -68,7 +68,7 @@ def driver(*args: str) -> list[str]:
     return [sys.executable, str(DRIVER), *args]
 
 
-@pytest.mark.parametrize("scenario", ["initialize", "tools_call", "sse-retry"])
+@pytest.mark.parametrize("scenario", ["initialize", "tools_call", "sse-retry", "elicitation-sep1034-client-defaults"])
 def test_subagent_passes_the_suites_client_scenarios(suite: Suite, scenario: str) -> None:
     outcome = suite.client(driver(), scenario, env={"PYTHONPATH": str(REPO)})
     assert outcome.ok, outcome.report()

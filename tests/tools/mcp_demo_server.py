@@ -90,9 +90,9 @@ NAME_FORM = {
 
 
 @app.tool()
-async def ask_name(ctx: Context) -> str:
+async def ask_name(ctx: Context, question: str = "What is your name?") -> str:
     """Ask the person for a name, an age and a colour (elicitation); says what came back."""
-    answer = await ctx.session.elicit_form("What is your name?", NAME_FORM, related_request_id=ctx.request_id)
+    answer = await ctx.session.elicit_form(question, NAME_FORM, related_request_id=ctx.request_id)
     return json.dumps({"action": answer.action, "content": answer.content, "meta": answer.meta})
 
 
