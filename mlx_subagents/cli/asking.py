@@ -47,7 +47,7 @@ class TerminalPerson:
     async def _elicit(self, server: str, params: types.ElicitRequestParams) -> types.ElicitResult:
         self.show(f"[bold]mcp {escape(server)} asks:[/] {escape(params.message)}")
         if isinstance(params, types.ElicitRequestURLParams):
-            self.show(f"  open this address: {escape(params.url)}")
+            self.show(f"  open this address: {escape(params.url)}", soft_wrap=True)
             action = await self._action("  done there? [Y]es / [n]o, decline / [c]ancel: ")
             return types.ElicitResult(action=action)  # type: ignore[arg-type]
         content: dict[str, Any] = {}

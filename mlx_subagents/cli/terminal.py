@@ -101,12 +101,13 @@ class ChatView:
     def parent(self, label: str) -> None:
         self.lines.root = label
 
-    def show(self, markup: str, *, console: Console | None = None) -> None:
-        """Print one line of markup (on stderr unless `console` is given) where the user sees it."""
+    def show(self, markup: str, *, console: Console | None = None, soft_wrap: bool = False) -> None:
+        """Print one line of markup (on stderr unless `console` is given) where the user sees it;
+        `soft_wrap`: never fold it (an address to copy)."""
         if self.stream is not None:
             self.stream.end_line()
         with self.prompt.above() if self.prompt is not None else nullcontext():
-            (console or self.lines.console).print(markup)
+            (console or self.lines.console).print(markup, soft_wrap=soft_wrap)
 
     def handle(self, event: Event) -> None:
         if event.label == self.parent and event.kind == "reasoning":

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import McpConfigError
+from ..errors import McpAuthError, McpConfigError
 from ..home import state_home
 from ..text import one_line
 from ..userfiles import load_file
@@ -336,6 +336,9 @@ class McpConnection:
             problem = _problem(exc)
             self.error = self.error or problem
             if not self._ready.done():
+                if isinstance(signed_out := _innermost(exc), McpAuthError):  # said as it is: one line
+                    self._ready.set_exception(McpAuthError(str(signed_out)))
+                    return
                 self._ready.set_exception(
                     McpConfigError(
                         f"MCP server {self.config.summary()} failed to start ({problem}); check its definition in "
@@ -355,7 +358,12 @@ class McpConnection:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
-            client = httpx2.AsyncClient(headers=dict(config.headers), timeout=config.timeout)
+            from .mcp_auth import has_authorization, run_auth
+
+            # OAuth unless the definition sends its own Authorization header: the stored tokens, refreshed;
+            # a new sign-in only with a person at hand (the caller's), else one line saying to log in.
+            auth = None if has_authorization(config.headers) else run_auth(config.name, config.url, self._person)
+            client = httpx2.AsyncClient(headers=dict(config.headers), timeout=config.timeout, auth=auth)
             return streamable_http_client(config.url, http_client=client)
         from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 
@@ -364,6 +372,11 @@ class McpConnection:
         cwd = self.cwd / config.cwd if config.cwd else self.cwd
         params = StdioServerParameters(command=config.command, args=list(config.args), env=env, cwd=cwd)
         return stdio_client(params, errlog=self._errlog(stack))
+
+    def _person(self) -> Any:
+        """Who can sign in now: the person of the agent calling the server, if any."""
+        caller = self.requests.caller()
+        return caller.person if caller is not None else None
 
     def _log_path(self) -> Path:
         assert self.log_dir is not None
@@ -394,6 +407,8 @@ class McpConnection:
                 "call it with a smaller request or use other tools"
             )
         except Exception as exc:  # a crashed server, garbage on its stdout, a protocol error
+            if isinstance(signed_out := _innermost(exc), McpAuthError):
+                return error_result(f"{signed_out}; use other tools meanwhile")
             if self._session is None:
                 return error_result(f"{where} stopped ({self.error}); use other tools")
             return error_result(
@@ -416,10 +431,16 @@ class McpConnection:
                 await asyncio.gather(self._task, return_exceptions=True)
 
 
-def _problem(exc: BaseException) -> str:
-    """`ConnectError: All connection attempts failed`: the first real error inside the SDK's task groups."""
+def _innermost(exc: BaseException) -> BaseException:
+    """The first real error inside the SDK's task groups."""
     while isinstance(inner := getattr(exc, "exceptions", None), tuple) and inner:  # an exception group
         exc = inner[0]
+    return exc
+
+
+def _problem(exc: BaseException) -> str:
+    """`ConnectError: All connection attempts failed`: the first real error inside the SDK's task groups."""
+    exc = _innermost(exc)
     return f"{type(exc).__name__}: {one_line(str(exc), 200)}" if str(exc) else type(exc).__name__
 
 

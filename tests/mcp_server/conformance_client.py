@@ -5,7 +5,9 @@ defines the suite's mock server as the HTTP server `conf` (the home's `mcp.json`
 are `mcp__conf__*`, and a scripted model that calls the scenario's tool; then it runs `subagent` as a
 person would, and exits with its exit code: `subagent run` for most scenarios; for the elicitation
 one, `subagent chat` on a pseudo-terminal, where the person presses Enter at each field of the
-server's form (keeping its defaults) and sends it.
+server's form (keeping its defaults) and sends it; for the OAuth ones, `subagent mcp-servers login
+conf` first, this script standing in for the browser (it opens the address login prints, and the
+mock authorization server sends it back to login's loopback address at once), then `subagent run`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +77,77 @@ def chat_with_defaults(env: dict[str, str], workspace: Path, model: str) -> int:
         term.close()
 
 
+def chat_signing_in_again(env: dict[str, str], workspace: Path, model: str) -> int:
+    """`subagent chat` on a pseudo-terminal, where the call asks for more access (a scope step-up): the
+    person opens the address the chat shows (this script, as the browser), then says it is done."""
+    sys.path.insert(0, str(REPO))
+    from tests.helpers import Terminal
+
+    os.environ.update(env)
+    term = Terminal(["chat", "--agent", "conf-user", "-m", model, "-C", str(workspace)])
+    try:
+        term.expect("/exit leaves\n> ", 30)
+        term.send("use the server\n")
+        shown = term.expect("done there? ", 30)
+        address = shown.split("open this address: ", 1)[1].split("\n", 1)[0].strip()
+        with urllib.request.urlopen(address, timeout=30) as page:
+            page.read()
+        term.send("\n")
+        term.expect("done\n> ", 30)
+        term.send("/exit\n")
+        return term.wait(30)
+    finally:
+        term.close()
+
+
+def sign_in(env: dict[str, str], workspace: Path) -> int:
+    """`subagent mcp-servers login conf`, with this script as the browser: open the address it prints."""
+    context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+    registered = ["--client-id", context["client_id"]] if context.get("client_id") else []
+    env = {**env, "MCP_CLIENT_SECRET": context.get("client_secret") or ""}
+    cmd = subagent("mcp-servers", "login", "conf", "-C", str(workspace), *registered)
+    login = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert login.stderr is not None
+    said = []
+    for line in login.stderr:
+        said.append(line)
+        if line.startswith("http"):
+            with urllib.request.urlopen(line.strip(), timeout=30) as page:  # redirected to login's callback
+                page.read()
+            break
+    said.append(login.stderr.read())
+    code = login.wait(60)
+    sys.stderr.write("".join(said))
+    return code
+
+
+def run_saying_the_sign_in(env: dict[str, str], workspace: Path, model: str, refused: bool) -> int:
+    """`subagent run` without a sign-in (or, `refused`, with a token the server refuses and no refresh
+    token): its stderr goes to ours, and it exits 3 so that the suite shows it."""
+    if refused:
+        if (code := sign_in(env, workspace)) != 0:
+            return code
+        [saved] = (Path(env["MLX_SUBAGENTS_HOME"]) / "mcp-auth").glob("conf-*.json")
+        data = json.loads(saved.read_text())
+        data["tokens"] = {"access_token": "revoked", "token_type": "Bearer"}
+        saved.write_text(json.dumps(data))
+    cmd = subagent("run", "conf-user", "use the server", "--model", model, "--cwd", str(workspace))
+    proc = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    sys.stderr.write(proc.stderr)
+    return 3
+
+
 def main(url: str, scenario: str) -> int:
     with tempfile.TemporaryDirectory(prefix="conformance-client-") as tmp:
         env, workspace, model = set_up(Path(tmp), url, scenario)
+        if (mode := os.environ.get("DRIVER_MODE")) in ("no-login", "refused"):
+            return run_saying_the_sign_in(env, workspace, model, refused=mode == "refused")
         if scenario.startswith("elicitation-"):
             return chat_with_defaults(env, workspace, model)
+        if scenario.startswith("auth/") and ((code := sign_in(env, workspace)) != 0 or mode == "login-only"):
+            return code
+        if scenario == "auth/scope-step-up":
+            return chat_signing_in_again(env, workspace, model)
         cmd = subagent("run", "conf-user", "use the server", "--model", model, "--cwd", str(workspace))
         return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
 
