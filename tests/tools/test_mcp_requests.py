@@ -33,39 +33,61 @@ def of_kind(events: list[Event], kind: str) -> list[dict[str, Any]]:
 def test_sampling_is_answered_by_the_agents_model_and_counted_in_its_usage(
     tmp_path: Path, forced_runner: Any, tiny_qwen3: Any
 ) -> None:
-    write_agent(tmp_path, "demo-user", front=inline_demo(tmp_path / "pids"))
+    """The demo server twice (the second time bounded by its `maxTokens`), then the MCP project's own
+    server-everything (from npm), whose `trigger-sampling-request` is offered to clients that sample."""
+    from tests.mcp_server.conformance import conformance_suite
+
+    command, *args = conformance_suite().bin("mcp-server-everything")
+    everything = json.dumps({"command": command, "args": args})
+    front = inline_demo(tmp_path / "pids") + f"  - every: {everything}\n"
+    write_agent(tmp_path, "demo-user", tools="mcp__demo__summarise, mcp__every__trigger-sampling-request", front=front)
     summary = "A short summary."
+    calls = [
+        tool_call_text("mcp__demo__summarise", {"text": "a long text", "max_tokens": 40}),
+        tool_call_text("mcp__demo__summarise", {"text": "a long text", "max_tokens": 3}),
+        tool_call_text("mcp__every__trigger-sampling-request", {"prompt": "Say hello", "maxTokens": 20}),
+    ]
     replies = {
-        "demo-user": [tool_call_text("mcp__demo__summarise", {"text": "a long text", "max_tokens": 40}), "done"],
-        "demo-user > sampling#1": [summary],  # the host session a sampling request runs on
+        "demo-user": [*calls, "done"],
+        "demo-user > sampling#1": [summary],  # the host session each sampling request runs on
+        "demo-user > sampling#2": [summary],
+        "demo-user > sampling#3": ["Hello."],
     }
     events: list[Event] = []
     runner, scripts = forced_runner(replies, on_event=events.append, assume_yes=True)
     result = go(runner, "run", TaskSpec("demo-user", "summarise it"))
 
-    assert result.status == "completed" and scripts.remaining("demo-user > sampling#1") == 0
+    assert result.status == "completed"
+    assert [scripts.remaining(f"demo-user > sampling#{n}") for n in (1, 2, 3)] == [0, 0, 0]
     model = runner.options.model
-    [sampled] = of_kind(events, "sampling")
+    sampled = of_kind(events, "sampling")
     n_summary = len(tiny_qwen3[1].encode(summary, add_special_tokens=False))
-    assert sampled == {
-        "server": "demo",
+    assert [(s["server"], s["model"], s["output_tokens"], s["stop_reason"], s["error"]) for s in sampled] == [
+        ("demo", model, n_summary + 1, "endTurn", None),  # the text and its end-of-turn token
+        ("demo", model, 3, "maxTokens", None),  # cut at the request's maxTokens
+        ("every", model, len(tiny_qwen3[1].encode("Hello.", add_special_tokens=False)) + 1, "endTurn", None),
+    ]
+    assert all(s["input_tokens"] > 0 for s in sampled)
+    assert sampled[0]["cached_tokens"] == 0 and sampled[1]["cached_tokens"] > 0  # the same prompt again: reused
+    # The agent's usage after each turn and each sampling, in order: each sampling's tokens are added to it.
+    usage = [(u["output_tokens"], u["input_tokens"]) for u in of_kind(events, "usage")]
+    assert len(usage) == 7  # four turns, three samplings between them
+    added = [(usage[i + 1][0] - usage[i][0], usage[i + 1][1] - usage[i][1]) for i in (0, 2, 4)]
+    assert added == [(s["output_tokens"], s["input_tokens"]) for s in sampled]
+    assert result.usage.output_tokens == usage[-1][0]
+    outputs = tool_outputs_of(result)
+    cut = tiny_qwen3[1].decode(tiny_qwen3[1].encode(summary, add_special_tokens=False)[:3])
+    assert outputs[:2] == [f"{model} said: {summary} (endTurn)", f"{model} said: {cut} (maxTokens)"]
+    head, _, body = outputs[2].partition("\n")
+    assert head == "LLM sampling result: " and json.loads(body) == {
         "model": model,
-        "input_tokens": sampled["input_tokens"],
-        "cached_tokens": 0,
-        "output_tokens": n_summary + 1,  # the text and its end-of-turn token
-        "stop_reason": "endTurn",
-        "error": None,
+        "stopReason": "endTurn",
+        "role": "assistant",
+        "content": {"type": "text", "text": "Hello."},
     }
-    assert sampled["input_tokens"] > 0
-    usage = of_kind(events, "usage")
-    before, after = usage[0], usage[1]  # the first turn, then the sampling
-    assert after["output_tokens"] - before["output_tokens"] == sampled["output_tokens"]
-    assert after["input_tokens"] - before["input_tokens"] == sampled["input_tokens"]
-    assert result.usage.output_tokens == usage[-1]["output_tokens"] >= after["output_tokens"]
-    assert tool_outputs_of(result) == [f"{model} said: {summary} (endTurn)"]
     record = load_run(result.run_id)
     log = read_transcript(record.transcript_path(record.tasks[0]))
-    assert [r["data"] for r in log.records if r.get("type") == "event" and r["kind"] == "sampling"] == [sampled]
+    assert [r["data"] for r in log.records if r.get("type") == "event" and r["kind"] == "sampling"] == sampled
 
 
 def tool_outputs_of(result: Any) -> list[str]:
@@ -190,3 +212,63 @@ def test_the_filesystem_server_follows_the_calling_agents_workspace(tmp_path: Pa
         f"Allowed directories:\n{tmp_path}",
         f"Allowed directories:\n{tmp_path / 'sub'}",
     ]
+
+
+class Present:
+    """A person who would accept anything: here only to show when nobody asks them."""
+
+    asked: list[str] = []
+
+    async def elicit(self, server: str, params: Any) -> Any:
+        self.asked.append(server)
+        raise AssertionError("a background task's server asked the person")
+
+    async def confirm(self, question: str) -> bool:
+        raise AssertionError("not asked here")
+
+
+def test_a_background_task_and_subagent_mcp_decline_with_their_own_reasons(
+    tmp_path: Path, scripted_runner: Any
+) -> None:
+    import anyio
+    from mcp.client.session import ClientSession
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    from mlx_subagents.events import Fanout
+    from mlx_subagents.mcp_server.server import NO_PERSON as NO_PERSON_IN_MCP
+    from mlx_subagents.mcp_server.server import AgentsServer
+    from mlx_subagents.runs.task import NO_PERSON_IN_BACKGROUND
+    from tests.helpers import make_runner, scripted_host
+
+    write_agent(tmp_path, "demo-user", front=inline_demo(tmp_path / "pids"))
+    script = [call("mcp__demo__ask_name"), "done"]
+    events: list[Event] = []
+    runner = scripted_runner(script, events.append, assume_yes=True)
+    runner.person = Present()
+
+    async def in_background() -> None:
+        async with runner:
+            await (await runner.start(TaskSpec("demo-user", "ask"))).wait()
+
+    asyncio.run(in_background())
+    assert [e["reason"] for e in of_kind(events, "elicitation")] == [NO_PERSON_IN_BACKGROUND]
+
+    events.clear()
+    host = scripted_host(script)
+    agents = AgentsServer(lambda root, sink: make_runner(root, host, Fanout([sink, events.append]), assume_yes=True))
+    agents.cwd = tmp_path
+
+    async def through_mcp() -> None:
+        server = agents.server()
+        async with create_client_server_memory_streams() as ((c_read, c_write), (s_read, s_write)):
+            async with anyio.create_task_group() as group:
+                group.start_soon(lambda: server.run(s_read, s_write, server.create_initialization_options()))
+                async with ClientSession(c_read, c_write) as client:
+                    await client.initialize()
+                    await client.call_tool("run_agents", {"agent": "demo-user", "task": "ask"})
+                await agents.close()
+                group.cancel_scope.cancel()
+
+    anyio.run(through_mcp)
+    assert [e["reason"] for e in of_kind(events, "elicitation")] == [NO_PERSON_IN_MCP]
+    assert Present.asked == []
