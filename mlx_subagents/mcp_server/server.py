@@ -245,7 +245,7 @@ class AgentsServer:
                 ),
                 types.Tool(
                     name="run_agents",
-                    description=describe_run_agents(runner),
+                    description=describe_run_agents(runner, self.call_budget),
                     input_schema=run_schema(runner),
                     output_schema=RunOutcome.model_json_schema(),
                     annotations=types.ToolAnnotations(destructive_hint=True, open_world_hint=False),
@@ -657,7 +657,7 @@ LIST_AGENTS_DESCRIPTION = (
 )
 
 
-def describe_run_agents(runner: Runner) -> str:
+def describe_run_agents(runner: Runner, budget: float | None = None) -> str:
     """When to delegate, how to write a task, the three forms, and the agents of this workspace."""
     listing = agent_lines(runner)
     return (
@@ -672,7 +672,13 @@ def describe_run_agents(runner: Runner) -> str:
         f"at most {MAX_TASKS} per call. cwd (optional) is a folder inside the workspace.\n"
         "The result gives each answer and, per task, its status, token usage and transcript path; a task that "
         f"failed makes the call an error. To carry on while they work, start_agents takes the same forms.\n"
-        f"Agents:\n{listing}"
+        + (
+            f"A call answers within {budget:g} s: tasks still running then go on in the background, and the answer "
+            "gives their ids to read with agent_output.\n"
+            if budget is not None
+            else ""
+        )
+        + f"Agents:\n{listing}"
     )
 
 

@@ -618,7 +618,8 @@ class Runner:
 @dataclass(frozen=True)
 class Delegating:
     """Where a delegated request runs: its parent (whose run folder holds the run), the parent's
-    board (where the children are held under ids, `scout#1`) and where the parent's forks start."""
+    board (where the children are held under ids, `scout#1`), where the parent's forks start, and who
+    is handed the children's handles as they start (`on_handles`)."""
 
     parent: Parent | None = None
     board: TaskBoard | None = None

@@ -160,7 +160,10 @@ class ServerRequests:
         with warnings.catch_warnings():  # roots are deprecated in the 2026-07-28 revision, part of 2025's
             warnings.simplefilter("ignore")
             notify = self.session.send_roots_list_changed()
-        await notify
+        try:
+            await notify
+        except Exception:  # a server gone: the call itself says so
+            return
         if self._ever_listed:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._listed.wait(), ROOTS_WAIT_S)

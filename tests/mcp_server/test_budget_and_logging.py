@@ -87,6 +87,10 @@ def test_a_call_longer_than_the_budget_answers_with_ids_and_agent_output_gets_th
     )
     assert "\n\n---\n[scout] scout: completed in " in body
 
+    described = seen["tools"]["run_agents"].description or ""
+    assert "\nA call answers within 0.8 s: tasks still running then go on in the background, and the answer gives " in (
+        described
+    )
     wait = seen["tools"]["agent_output"].input_schema["properties"]["wait"]
     assert wait["description"] == "Seconds to wait for its end (at most 0.8, this server's call budget)."
     early = seen["early"]
