@@ -3,6 +3,9 @@ and the SDK's own client over its in-memory transport: a scripted model, no proc
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import AsyncIterator
@@ -19,7 +22,7 @@ from mcp.shared.memory import create_client_server_memory_streams
 from mlx_subagents.errors import RequestError
 from mlx_subagents.mcp_server.budget import parse_call_budget
 from mlx_subagents.mcp_server.server import AgentsServer
-from tests.helpers import call, make_runner, scripted_host
+from tests.helpers import REPO, call, make_runner, scripted_host
 
 pytestmark = pytest.mark.slow  # a run of real agents (on a scripted model) over the protocol
 
@@ -116,6 +119,16 @@ def test_a_call_within_the_budget_or_with_none_answers_whole(tmp_path: Path) -> 
         data = result.structured_content
         assert (data["ok"], data["running"], data["tasks"][0]["answer"]) == (True, [], "slow but whole")
         assert text(result).startswith("slow but whole\n\n")
+
+
+@pytest.mark.process
+def test_subagent_mcp_refuses_a_call_budget_it_cannot_read_in_one_line(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "mlx_subagents.cli", "mcp", "--call-budget", "soon", "--cwd", str(tmp_path)]
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "error: --call-budget 'soon': give the seconds a call may take (e.g. 50) or 'off' for clients that wait\n"
+    )
 
 
 def test_the_call_budget_option_reads_seconds_or_off() -> None:
