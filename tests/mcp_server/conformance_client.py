@@ -7,7 +7,11 @@ person would, and exits with its exit code: `subagent run` for most scenarios; f
 one, `subagent chat` on a pseudo-terminal, where the person presses Enter at each field of the
 server's form (keeping its defaults) and sends it; for the OAuth ones, `subagent mcp-servers login
 conf` first, this script standing in for the browser (it opens the address login prints, and the
-mock authorization server sends it back to login's loopback address at once), then `subagent run`.
+mock authorization server sends it back to login's loopback address at once), then `subagent run`
+(a chat instead, for the scope step-up, where the person opens the address the chat shows).
+
+`DRIVER_MODE` changes that for the tests: `login-only` (the sign-in, no run), `no-login` and `refused`
+(a run with no tokens, or with a token the server refuses; its stderr is passed on, and it exits 3).
 """
 
 from __future__ import annotations
