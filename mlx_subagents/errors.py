@@ -99,3 +99,11 @@ class TaskStateError(SubagentError):
 
 class McpConfigError(SubagentError):
     """An MCP server definition (`.mcp.json`, the home's `mcp.json`, `mcpServers:`) is invalid."""
+
+
+class McpRequestError(SubagentError):
+    """A request an MCP server made of this client (sampling) that it refuses: the message says why."""
+
+
+class McpAuthError(McpConfigError):
+    """An MCP server over HTTP wants a sign-in this run cannot do: no token, or the token was refused."""

@@ -29,6 +29,8 @@ EventKind = Literal[
     "task_notice",
     "task_cancel",
     "hook_warning",
+    "sampling",
+    "elicitation",
 ]
 
 
@@ -185,6 +187,34 @@ class HookWarningData(TypedDict):
     message: str
 
 
+class SamplingData(TypedDict):
+    """An MCP server the task was calling asked for a completion (`sampling/createMessage`): the
+    `server`, the `model` that answered ("" when refused), the tokens it read (`input_tokens`, of them
+    `cached_tokens`) and generated (`output_tokens`, counted in the task's usage), its `stop_reason`,
+    and `error`: null, or why it was refused (`sampling: off`, a project server without consent)."""
+
+    server: str
+    model: str
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    stop_reason: str
+    error: str | None
+
+
+class ElicitationData(TypedDict):
+    """An MCP server the task was calling asked the person for input (`elicitation/create`): the
+    `server`, its `message`, the `mode` (`form` or `url`), the `action` sent back (`accept`,
+    `decline`, `cancel`) and `reason`: null, or why it was declined without asking (nobody can answer
+    there: a run without a terminal, `subagent mcp`, a background task)."""
+
+    server: str
+    message: str
+    mode: str
+    action: str
+    reason: str | None
+
+
 EventData = (
     WaitingData
     | TaskStartData
@@ -200,6 +230,8 @@ EventData = (
     | TaskNoticeData
     | TaskCancelData
     | HookWarningData
+    | SamplingData
+    | ElicitationData
 )
 
 # Each kind's payload class, in the order of `EventKind`.
@@ -218,6 +250,8 @@ PAYLOADS: dict[EventKind, type[Any]] = {
     "task_notice": TaskNoticeData,
     "task_cancel": TaskCancelData,
     "hook_warning": HookWarningData,
+    "sampling": SamplingData,
+    "elicitation": ElicitationData,
 }
 
 

@@ -15,12 +15,12 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import SubagentError
+from ..errors import McpRequestError, SubagentError
 from ..events import (
     CompactionData,
     Event,
@@ -30,6 +30,7 @@ from ..events import (
     HookWarningData,
     MessageData,
     ReasoningData,
+    SamplingData,
     TaskEndData,
     TaskSendData,
     TaskStartData,
@@ -54,14 +55,19 @@ from ..host.protocol import (
 )
 from ..results import RunResult, RunUsage, StopReason
 from ..tools import TOOL_CLASSES, Sandbox, Tool, ToolResult, Workspace, make_tools
-from ..tools.mcp import matches
+from ..tools.mcp import McpTool, matches
+from ..tools.mcp_requests import McpCaller, Person
 from ..tools.skill import SkillTool
 from ..tools.subagent import SubagentTool
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .hooks import HookEvent, HookOutcome, Hooks, fire
 from .inbox import Inbox
+from .sampling import choose_host, sample
 from .skills import SkillChoice, skills_block
 from .spec import AgentSpec
+
+if TYPE_CHECKING:
+    import mcp_types
 
 DEFAULT_MAX_TURNS = 30
 DEFAULT_MAX_REPLY_TOKENS = 2048
@@ -181,6 +187,12 @@ class AgentSession:
     skills: SkillChoice = field(default_factory=SkillChoice)
     # A fork's parent's host session: the fork's host session starts from its KV cache ("": none).
     fork_of: str = ""
+    # Who answers the questions of the MCP servers it calls (elicitation); None where nobody can,
+    # `no_person` saying why (a background task, a run without a terminal, the MCP server).
+    person: Person | None = None
+    no_person: str = "nobody can answer here"
+    # The run's resident hosts: a server's sampling request may name one of them (see `agents/sampling.py`).
+    resident_hosts: Callable[[], Sequence[ModelHost]] = tuple
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -192,6 +204,8 @@ class AgentSession:
         self.tools = {n: t for n, t in self.tools.items() if self.spec.grants(t.grant)}
         if self.skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
             self.tools["skill"] = SkillTool(self.workspace, self.skills.offered)
+        caller = self._mcp_caller()  # what its MCP servers' requests are answered with, during its calls
+        self.tools = {n: t.for_caller(caller) if isinstance(t, McpTool) else t for n, t in self.tools.items()}
         self.schemas = [tool.schema() for tool in self.tools.values()]
         for tool in self.tools.values():
             if isinstance(tool, SubagentTool):  # what a fork of this session starts from
@@ -206,6 +220,7 @@ class AgentSession:
         self._calls_held = False  # the last reply's calls were held by the grammar (said in their events)
         self._repeat: tuple[str, int, str] = ("", 0, "")  # (call key, times in a row, its first output)
         self._stop_hook_active = False
+        self._n_samples = 0
 
     # -- public ---------------------------------------------------------------
 
@@ -531,6 +546,55 @@ class AgentSession:
             )
             self._emit("compaction", counts)
         return result.n_summarized
+
+    # -- what its MCP servers ask ------------------------------------------------------
+
+    def _mcp_caller(self) -> McpCaller:
+        spec = self.spec
+        return McpCaller(
+            label=self.label,
+            agent=spec.name,
+            path=spec.path,
+            workspace=self.workspace.root,
+            project=spec.source == "project",
+            sampling=spec.sampling,
+            sample=self.answer_sampling,
+            person=self.person,
+            no_person=self.no_person,
+            report=self._emit,
+        )
+
+    async def answer_sampling(
+        self, server: str, params: mcp_types.CreateMessageRequestParams
+    ) -> mcp_types.CreateMessageResult:
+        """A server's sampling request on this agent's model (`agents/sampling.py`), within the request's
+        `maxTokens`, the per-reply limit and what is left of its token limit; counted in its usage."""
+        budget = min(params.max_tokens, self.limits.max_reply_tokens)
+        if self.limits.max_output_tokens is not None:
+            budget = min(budget, self.limits.max_output_tokens - self.usage.output_tokens)
+        if budget <= 0:
+            raise McpRequestError(
+                f"sampling refused: agent '{self.spec.name}' has used its limit of "
+                f"{self.limits.max_output_tokens} generated tokens"
+            )
+        host = choose_host(params, self.host, self.resident_hosts())
+        self._n_samples += 1
+        result, usage = await sample(
+            host, f"{self.session_name} > sampling#{self._n_samples}", self.spec.name, params, budget
+        )
+        self._add(usage)
+        done = SamplingData(
+            server=server,
+            model=host.model_id,
+            input_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            output_tokens=usage.generated_tokens,
+            stop_reason=str(result.stop_reason or ""),
+            error=None,
+        )
+        self._emit("sampling", done)
+        self._emit("usage", UsageData(**cast(UsageCounts, self.usage.model_dump()), tps=round(usage.generation_tps, 1)))
+        return result
 
     # -- bookkeeping --------------------------------------------------------------
 

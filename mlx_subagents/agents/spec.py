@@ -39,6 +39,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
     "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort", "mcpServers", "isolation", "grammar",
+    "sampling",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -108,6 +109,8 @@ class AgentSpec(BaseModel):
     mcp_servers: tuple[str, ...] = ()
     mcp_inline: tuple[McpServerConfig, ...] = ()
     mcp_denied: tuple[str, ...] = ()
+    # Whether the MCP servers it calls may have its model answer their sampling requests (`sampling: off`).
+    sampling: bool = True
     # `worktree`: its tasks run in a git worktree of their own unless the call site says otherwise.
     isolation: Literal["none", "worktree"] | None = None
     system_prompt: str = Field(min_length=1)
@@ -178,6 +181,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         mcp_servers=servers,
         mcp_inline=inline,
         mcp_denied=_mcp_denied(path, meta, claude),
+        sampling=_parse_switch(path, "sampling", meta.get("sampling"), ("on", "off")) is not False,
         agents=agents,
         full_tools_for=full_tools_for,
         context=_parse_context(path, meta.get("context")),

@@ -24,6 +24,7 @@ from rich.markup import escape
 from ..agents.schema_output import load_schema
 from ..agents.spec import AgentSpec, sandbox_default
 from ..errors import RequestError, SubagentError
+from ..mcp_server.budget import DEFAULT_CALL_BUDGET, parse_call_budget
 from ..render import EventLines
 from ..results import MultiRunResult, RunResult
 from ..runs.runner import Runner
@@ -486,13 +487,21 @@ def _show_project_context(root: Path, opted_out: list[str]) -> None:
         out.print(f"  not for: {', '.join(opted_out)} (context: none)", markup=False)
 
 
-@app.command("mcp-servers")
-def mcp_servers(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False) -> None:
+mcp_servers_app = typer.Typer(help="The MCP servers agents can use; sign in to those that want OAuth.")
+app.add_typer(mcp_servers_app, name="mcp-servers")
+
+
+@mcp_servers_app.callback(invoke_without_command=True)
+def mcp_servers(
+    ctx: typer.Context, cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False
+) -> None:
     """List the MCP servers agents can use: where each is defined, whether it needs consent, and which
     agents get which of its tools (`subagent doctor` starts each and counts its tools).
 
     Example: subagent mcp-servers --json
     """
+    if ctx.invoked_subcommand is not None:
+        return
     from ..agents.discovery import discover_agents
 
     root = Path(cwd).resolve()
@@ -508,6 +517,47 @@ def mcp_servers(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: 
         out.print(f"no MCP servers: define them in {root / '.mcp.json'}, the home's mcp.json or an agent's mcpServers:")
     for entry in entries:
         out.print("\n".join(entry_lines(entry)), markup=False)
+
+
+@mcp_servers_app.command("login")
+def mcp_servers_login(
+    name: Annotated[str, typer.Argument(help="The server's name (see `subagent mcp-servers`).")],
+    cwd: CwdOpt = Path("."),
+    client_id: Annotated[
+        Optional[str],
+        typer.Option("--client-id", help="A client registered with the server beforehand (else it registers itself)."),
+    ] = None,
+    client_secret: Annotated[
+        Optional[str],
+        typer.Option(
+            "--client-secret", envvar="MCP_CLIENT_SECRET", help="That client's secret (or $MCP_CLIENT_SECRET)."
+        ),
+    ] = None,
+    callback_port: Annotated[
+        Optional[int],
+        typer.Option(
+            "--callback-port",
+            min=1,
+            max=65535,
+            help="The loopback port the browser comes back to (default: any free one, then the same).",
+        ),
+    ] = None,
+) -> None:
+    """Sign in to an MCP server over HTTP that wants OAuth: prints the address to open in a browser, waits
+    for it to come back, and keeps the tokens in the state folder (owner-only), refreshed by every run.
+
+    Example: subagent mcp-servers login github
+    """
+    from ..agents.discovery import discover_agents
+    from ..tools.mcp_auth import login
+    from .mcp_servers import server_to_sign_in
+
+    root = Path(cwd).resolve()
+    config = server_to_sign_in(mcp_entries(discover_agents(root), root)[0], name)
+    say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    secret = {"client_id": client_id, "client_secret": client_secret, "callback_port": callback_port}
+    done = asyncio.run(login(config.name, config.url, dict(config.headers), say, **secret))
+    out.print(done, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -527,6 +577,14 @@ def mcp(
             file_okay=False,
         ),
     ] = None,
+    call_budget: Annotated[
+        str,
+        typer.Option(
+            "--call-budget",
+            help="Seconds a run_agents call may take before it answers with what finished and the ids of what still "
+            "runs (read with agent_output); 'off' for clients that wait. Clients often give a call 60 s.",
+        ),
+    ] = f"{DEFAULT_CALL_BUDGET:g}",
     *,
     shared: Shared,
 ) -> None:
@@ -536,8 +594,9 @@ def mcp(
     """
     from ..mcp_server.server import serve_stdio
 
+    budget = parse_call_budget(call_budget)
     # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
-    code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
+    code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace, budget))
     raise typer.Exit(code)
 
 

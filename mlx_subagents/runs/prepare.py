@@ -60,6 +60,7 @@ from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
 from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
+from ..tools.mcp_requests import ClientPolicy
 from ..tools.skill import Skill
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
@@ -211,7 +212,7 @@ class Preparer:
         self._memories: dict[tuple[Path, bool], str] = {}
         self._project_skills: bool | None = None  # the user's answer about project skills, once asked
         self.cwd = cwd or Path.cwd()
-        self.mcp = McpServers(self.cwd, log_dir=state_home() / "logs")
+        self.mcp = McpServers(self.cwd, log_dir=state_home() / "logs", policy=ClientPolicy(options.assume_yes))
         self._mcp_config: dict[str, McpServerConfig] | None = None
         self._mcp_unreadable = False  # a configuration file (or a server in it) could not be read
         self._mcp_allowed: set[str] = set()  # project servers the user allowed to start

@@ -17,6 +17,10 @@ starts (`McpServerConfig.expanded`, after consent), and an error text that would
 value carries `${VAR}` instead (`redact`). A configuration file is read only when an agent names one
 of its servers; a file or a server in it that cannot be read is one warning naming the file, the line
 and the fix, and the run goes on without it (`load_config`).
+
+What a server asks of the client during a call (sampling, elicitation, roots) is answered for the
+calling agent (`mcp_requests.py`); a server over HTTP that wants OAuth signs in with the tokens
+`subagent mcp-servers login` saved (`mcp_auth.py`).
 """
 
 from __future__ import annotations
@@ -34,11 +38,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import McpConfigError
+from ..errors import McpAuthError, McpConfigError
 from ..home import state_home
 from ..text import one_line
 from ..userfiles import json_line, measure, parse_text, read_text
 from .base import Tool, ToolResult, cap_lines, clip_line, error_result
+from .mcp_requests import ClientPolicy, McpCaller, ServerRequests
 from .workspace import Workspace
 
 DEFAULT_STARTUP_TIMEOUT = 30.0  # seconds for a server to start and list its tools
@@ -53,6 +58,7 @@ SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # `mcp__<server>__<tool>` or `mcp__<server>__*`, as `tools:` and `disallowedTools:` write them.
 TOOL_PATTERN = re.compile(r"mcp__([A-Za-z0-9_-]+?)__(\*|[A-Za-z0-9_.-]+)")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+CLIENT_NAME = "mlx-subagents"
 _FIELDS = {"type", "command", "args", "env", "cwd", "url", "headers", "startup_timeout", "timeout"}
 
 
@@ -120,6 +126,16 @@ class McpServerConfig:
         for value, name in values:
             text = text.replace(value, f"${{{name}}}")
         return text
+
+
+def client_version() -> str:
+    """This package's version, as the client tells servers (without importing the package's API)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(CLIENT_NAME)
+    except PackageNotFoundError:
+        return "0"
 
 
 def expand_vars(text: str, where: str, environ: Mapping[str, str] | None = None) -> str:
@@ -305,9 +321,13 @@ class McpTool(Tool):
     # What a server's tool changes is the server's own affair: only the built-in tools count as writers.
     writes = False
 
-    def __init__(self, workspace: Workspace, connection: McpConnection, tool: Any) -> None:
+    def __init__(
+        self, workspace: Workspace, connection: McpConnection, tool: Any, caller: McpCaller | None = None
+    ) -> None:
         super().__init__(workspace)
         self.connection = connection
+        self.tool = tool
+        self.caller = caller  # the agent session that calls it: its servers' requests are answered for it
         self.remote_name: str = tool.name
         self.name = tool_name(connection.config.name, tool.name)  # type: ignore[misc]
         self.description = one_line(tool.description or f"the {tool.name} tool of MCP server {connection.config.name}")[
@@ -319,9 +339,13 @@ class McpTool(Tool):
         """The OpenAI function-tool schema, its parameters the server's own JSON schema."""
         return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}  # fmt: skip
 
+    def for_caller(self, caller: McpCaller) -> McpTool:
+        """This tool as one agent session calls it (`AgentSession` binds each of its MCP tools)."""
+        return McpTool(self.workspace, self.connection, self.tool, caller)
+
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
         """Call the server; its error, a time-out or a dead server is an error result (cancellation goes through)."""
-        return await self.connection.call(self.remote_name, arguments)
+        return await self.connection.call(self.remote_name, arguments, self.caller)
 
     def describe(self, arguments: dict[str, Any]) -> str:
         return f"{self.name} {one_line(json.dumps(arguments, ensure_ascii=False, default=str), 60)}"
@@ -340,8 +364,14 @@ class McpConnection:
     log_dir: Path | None = None
     tools: list[Any] = field(default_factory=list)
     error: str = ""  # why it is not usable (failed start, crash), for the error results
+    policy: ClientPolicy = field(default_factory=ClientPolicy)
+    roots: tuple[Path, ...] = ()  # the roots it is told at first (default: `cwd`)
 
     def __post_init__(self) -> None:
+        config = self.config
+        self.requests = ServerRequests(
+            config.name, config.where, config.project, self.policy, [*self.roots] or [self.cwd]
+        )
         self._session: Any = None
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -363,17 +393,30 @@ class McpConnection:
             raise
 
     async def _serve(self) -> None:
+        import mcp_types as types
         from mcp import ClientSession
 
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
-                session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._incoming))
+                requests = self.requests
+                session = await stack.enter_async_context(
+                    ClientSession(
+                        read,
+                        write,
+                        sampling_callback=requests.sampling,
+                        elicitation_callback=requests.elicitation,
+                        list_roots_callback=requests.list_roots,
+                        message_handler=self._incoming,
+                        client_info=types.Implementation(name=CLIENT_NAME, version=client_version()),
+                    )
+                )
                 await session.initialize()
                 listed = await session.list_tools()
                 if problem := schema_problem(listed.tools):
                     self.error = problem
                     raise McpConfigError(problem)
+                await requests.started(session)
                 self.tools = sorted(listed.tools, key=lambda t: t.name)  # stable order: the cached prefix survives
                 self._session = session
                 self._ready.set_result(None)
@@ -382,6 +425,9 @@ class McpConnection:
             problem = self.config.redact(self.error or _problem(exc))
             self.error = problem
             if not self._ready.done():
+                if isinstance(signed_out := _innermost(exc), McpAuthError):  # said as it is: one line
+                    self._ready.set_exception(McpAuthError(str(signed_out)))
+                    return
                 self._ready.set_exception(
                     McpConfigError(
                         f"MCP server {self.config.summary()} failed to start ({problem}); check its definition in "
@@ -410,7 +456,12 @@ class McpConnection:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
-            client = httpx2.AsyncClient(headers=dict(config.headers), timeout=config.timeout)
+            from .mcp_auth import has_authorization, run_auth
+
+            # OAuth unless the definition sends its own Authorization header: the stored tokens, refreshed;
+            # a new sign-in only with a person at hand (the caller's), else one line saying to log in.
+            auth = None if has_authorization(config.headers) else run_auth(config.name, config.url, self._person)
+            client = httpx2.AsyncClient(headers=dict(config.headers), timeout=config.timeout, auth=auth)
             return streamable_http_client(config.url, http_client=client)
         from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 
@@ -421,6 +472,11 @@ class McpConnection:
         cwd = self.cwd / config.cwd if config.cwd else self.cwd
         params = StdioServerParameters(command=config.command, args=list(config.args), env=env, cwd=cwd)
         return stdio_client(params, errlog=self._errlog(stack))
+
+    def _person(self) -> Any:
+        """Who can sign in now: the person of the agent calling the server, if any."""
+        caller = self.requests.caller()
+        return caller.person if caller is not None else None
 
     def _log_path(self) -> Path:
         assert self.log_dir is not None
@@ -436,22 +492,26 @@ class McpConnection:
         except OSError:
             return sys.stderr
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """One tool call within the server's call time-out; cancelling it sends MCP's cancellation."""
+    async def call(self, name: str, arguments: dict[str, Any], caller: McpCaller | None = None) -> ToolResult:
+        """One tool call within the server's call time-out, its server's requests meanwhile answered for
+        `caller`; cancelling it sends MCP's cancellation."""
         where = f"MCP server '{self.config.name}'"
         if self._session is None:
             return error_result(f"{where} is not running ({self.error}); use other tools")
         try:
-            result = await asyncio.wait_for(self._session.call_tool(name, arguments), self.config.timeout)
+            async with self.requests.calling(caller):
+                result = await asyncio.wait_for(self._session.call_tool(name, arguments), self.config.timeout)
         except TimeoutError:
             return error_result(
                 f"{tool_name(self.config.name, name)} did not answer within {self.config.timeout:g} s; "
                 "call it with a smaller request or use other tools"
             )
         except Exception as exc:  # a crashed server, garbage on its stdout, a protocol error
+            if isinstance(signed_out := _innermost(exc), McpAuthError):
+                return error_result(f"{signed_out}; use other tools meanwhile")
             if self._session is None:
                 return error_result(f"{where} stopped ({self.error}); use other tools")
-            why = one_line(self.config.redact(str(exc)), 200)
+            why = one_line(self.config.redact(str(exc)), 400)
             return error_result(f"{tool_name(self.config.name, name)} failed: {type(exc).__name__}: {why}")
         text = result_text(result.content, result.structured_content)
         output = cap_lines((clip_line(line) for line in text.splitlines()), MAX_RESULT_LINES, "lines", "ask for less")
@@ -488,10 +548,16 @@ def _quiet_parse_tracebacks() -> None:
     )
 
 
-def _problem(exc: BaseException) -> str:
-    """`ConnectError: All connection attempts failed`: the first real error inside the SDK's task groups."""
+def _innermost(exc: BaseException) -> BaseException:
+    """The first real error inside the SDK's task groups."""
     while isinstance(inner := getattr(exc, "exceptions", None), tuple) and inner:  # an exception group
         exc = inner[0]
+    return exc
+
+
+def _problem(exc: BaseException) -> str:
+    """`ConnectError: All connection attempts failed`: the first real error inside the SDK's task groups."""
+    exc = _innermost(exc)
     return f"{type(exc).__name__}: {one_line(str(exc), 200)}" if str(exc) else type(exc).__name__
 
 
@@ -508,22 +574,30 @@ class McpServers:
         warn: receives the one line said about a server that failed to start.
     """
 
-    def __init__(self, cwd: Path, log_dir: Path | None = None, warn: Callable[[str], None] = _warn) -> None:
+    def __init__(
+        self,
+        cwd: Path,
+        log_dir: Path | None = None,
+        warn: Callable[[str], None] = _warn,
+        policy: ClientPolicy | None = None,
+    ) -> None:
         self.cwd = cwd
         self.log_dir = log_dir
         self.warn = warn
+        self.policy = policy or ClientPolicy()  # the run's consent to its servers' sampling
         self.connections: dict[str, McpConnection] = {}
         self.failed: dict[str, str] = {}
         self._lock = asyncio.Lock()
 
-    async def connect(self, config: McpServerConfig) -> McpConnection | None:
-        """The running connection to a server, started now if it is not yet; None (after one warning) if it cannot start."""
+    async def connect(self, config: McpServerConfig, root: Path | None = None) -> McpConnection | None:
+        """The running connection to a server, started now if it is not yet (told `root` as its root,
+        the workspace of the agent it starts for); None (after one warning) if it cannot start."""
         async with self._lock:
             if config.name in self.failed:
                 return None
             if (known := self.connections.get(config.name)) is not None:
                 return known
-            connection = McpConnection(config, self.cwd, self.log_dir)
+            connection = McpConnection(config, self.cwd, self.log_dir, policy=self.policy, roots=(root or self.cwd,))
             try:
                 await connection.start()
             except McpConfigError as exc:
@@ -537,7 +611,7 @@ class McpServers:
         """Every tool of these servers (started as needed), in a stable order: servers by name, tools by name."""
         tools: dict[str, Tool] = {}
         for config in sorted(servers, key=lambda c: c.name):
-            connection = await self.connect(config)
+            connection = await self.connect(config, workspace.root)
             for tool in connection.tools if connection else ():
                 made = McpTool(workspace, connection, tool)  # type: ignore[arg-type]
                 tools[made.name] = made

@@ -74,7 +74,15 @@ def test_agent_calls_server_tools_with_its_schema_disallowed_removed_errors_as_r
             return list(prepared.mcp_tools), schema, await runner.run(TaskSpec("demo-user", "go"))
 
     names, schema, result = asyncio.run(main())
-    assert names == ["mcp__demo__crash", "mcp__demo__echo", "mcp__demo__fail", "mcp__demo__slow"]
+    assert names == [
+        "mcp__demo__ask_name",
+        "mcp__demo__crash",
+        "mcp__demo__echo",
+        "mcp__demo__fail",
+        "mcp__demo__roots",
+        "mcp__demo__slow",
+        "mcp__demo__summarise",
+    ]
     assert schema == {
         "name": "mcp__demo__echo",
         "description": "Say the text back.",
@@ -88,7 +96,7 @@ def test_agent_calls_server_tools_with_its_schema_disallowed_removed_errors_as_r
     assert result.status == "completed"
     outputs = tool_outputs(runner, "demo-user")
     assert outputs[0] == "echo: hi"
-    assert outputs[1].startswith("Error: unknown tool 'mcp__demo__add'; available tools: read, mcp__demo__crash")
+    assert outputs[1].startswith("Error: unknown tool 'mcp__demo__add'; available tools: read, mcp__demo__ask_name")
     assert outputs[2] == "Error: Error executing tool fail"
     assert outputs[3] == "Error: mcp__demo__crash failed: MCPError: Connection closed"
     assert outputs[4] == "Error: mcp__demo__echo failed: MCPError: Connection closed"  # a crashed server stays an error
@@ -288,7 +296,7 @@ def test_doctor_starts_each_server_once_and_says_its_tools_or_why_not(tmp_path: 
         f"mcp       bad: FAILED MCP server bad ({tmp_path / 'missing'}) failed to start (FileNotFoundError: [Errno 2] "
         f"No such file or directory: '{tmp_path / 'missing'}'); check its definition in {mcp_json} and its log "
         f"{home / 'logs' / 'mcp-bad.log'}",
-        f"mcp       demo: answers, 5 tools (stdio, {mcp_json})",
+        f"mcp       demo: answers, 8 tools (stdio, {mcp_json})",
         f"mcp       docs: FAILED MCP server docs (http://127.0.0.1:9/mcp) failed to start (ConnectError: All connection attempts failed); check its definition in {home / 'mcp.json'}",
     ]
 
