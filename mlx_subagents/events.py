@@ -18,7 +18,10 @@ EventKind = Literal[
     "waiting",
     "task_start",
     "turn_start",
+    "prefill",
+    "decode",
     "reasoning",
+    "text",
     "tool_call",
     "tool_result",
     "message",
@@ -59,9 +62,34 @@ class TurnStartData(TypedDict):
     """A turn (one model call) starts; the event's own `turn` counts it, so the payload is empty."""
 
 
+class PrefillData(TypedDict):
+    """The host starts prefilling the turn's prompt: the `tokens` it computes now (the session's KV cache
+    does not hold them) and the `cached` ones it reuses, so that a view can say "prefilling N tokens"
+    until the first token comes (an engine does not say, and has no such event)."""
+
+    tokens: int
+    cached: int
+
+
+class DecodeData(TypedDict):
+    """The reply decodes: the `tokens` it has generated so far (call markup and reasoning included) and
+    `tps`, their rate since its first token (0 at first); reported at the first token, then at most once a
+    second, so that a view shows it alive and how fast."""
+
+    tokens: int
+    tps: float
+
+
 class ReasoningData(TypedDict):
     """A thinking model's reasoning streams: `text` is the next piece of it, so that a view can count or
     fold it as it grows."""
+
+    text: str
+
+
+class TextData(TypedDict):
+    """The reply's visible text streams: `text` is the next piece of it, for a live view (the `message`
+    event has all of it, so transcripts do not record these)."""
 
     text: str
 
@@ -189,7 +217,10 @@ EventData = (
     WaitingData
     | TaskStartData
     | TurnStartData
+    | PrefillData
+    | DecodeData
     | ReasoningData
+    | TextData
     | ToolCallData
     | ToolResultData
     | MessageData
@@ -207,7 +238,10 @@ PAYLOADS: dict[EventKind, type[Any]] = {
     "waiting": WaitingData,
     "task_start": TaskStartData,
     "turn_start": TurnStartData,
+    "prefill": PrefillData,
+    "decode": DecodeData,
     "reasoning": ReasoningData,
+    "text": TextData,
     "tool_call": ToolCallData,
     "tool_result": ToolResultData,
     "message": MessageData,

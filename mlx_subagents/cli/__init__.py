@@ -34,6 +34,7 @@ from .doctor import run_doctor
 from .flags import (
     CwdOpt,
     EventsOpt,
+    JsonListOpt,
     JsonOpt,
     KvBudgetOpt,
     ModelOpt,
@@ -51,9 +52,9 @@ from .flags import (
     WindowOpt,
     shared_options,
 )
-from .interrupts import EXIT_INTERRUPTED, run_async
+from .interrupts import EXIT_INTERRUPTED
 from .mcp_servers import agent_mcp_line, check_servers, entry_lines, mcp_entries
-from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi
+from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi, run_single
 from .show import worktree_json, worktree_line
 
 app = typer.Typer(
@@ -90,12 +91,13 @@ def _run_one(
     *,
     verbose: bool = False,
     cwd: Path | None = None,
+    quiet: bool = False,
 ) -> None:
-    """A one-task command: its runner (in `cwd`), a line per event, the result, the exit."""
+    """A one-task command: its runner (in `cwd`), a line per event, the live status, the result, the exit."""
     sinks = event_sinks(events)
     sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
     runner = shared.runner(sinks, cwd=cwd)
-    finish_single(run_async(runner, lambda: work(runner), err), as_json, events)
+    finish_single(run_single(runner, sinks, quiet, events, lambda: work(runner)), as_json, events)
 
 
 def _run_many(
@@ -109,7 +111,7 @@ def _run_many(
     """A multi-task command: its runner, the progress table of `rows` (label, agent), the result, the exit."""
     sinks = event_sinks(events)
     runner = shared.runner(sinks)
-    finish_multi(run_multi(runner, sinks, rows, quiet, lambda: work(runner)), as_json, events)
+    finish_multi(run_multi(runner, sinks, rows, quiet, events, lambda: work(runner)), as_json, events)
 
 
 # --- commands -------------------------------------------------------------------------------------------
@@ -124,6 +126,7 @@ def run(
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     verbose: VerboseOpt = False,
+    quiet: QuietOpt = False,
     *,
     shared: Shared,
 ) -> None:
@@ -132,7 +135,7 @@ def run(
     Example: subagent run scout "where is auth handled?"
     """
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
-    _run_one(shared, lambda r: r.run(spec), as_json, events, verbose=verbose)
+    _run_one(shared, lambda r: r.run(spec), as_json, events, verbose=verbose, quiet=quiet)
 
 
 @app.command()
@@ -236,7 +239,7 @@ def workflows(cwd: CwdOpt = Path("."), as_json: JsonOpt = False) -> None:
 @app.command()
 def runs(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs to list.")] = 20,
-    as_json: JsonOpt = False,
+    as_json: JsonListOpt = False,
 ) -> None:
     """List recent runs, newest first.
 
@@ -254,6 +257,23 @@ def runs(
         score = f"{r.succeeded}/{r.total}" if r.succeeded is not None else f"?/{r.total}"
         labels = ", ".join(t.label for t in r.tasks)
         out.print(f"{r.run_id}  {r.mode:<8} {r.status:<11} {score:>5}  {escape(labels)}  [dim]{escape(r.cwd)}[/]")
+
+
+@app.command()
+def watch(
+    as_json: JsonOpt = False,
+    once: Annotated[bool, typer.Option("--once", help="Print what runs now once, then exit.")] = False,
+) -> None:
+    """Watch every running task of this state folder: the tree of parents and sub-agents, what each
+    does (prefilling, decoding, a tool, waiting for the writer lease), turns, tokens, tokens/s, KV bytes
+    against each pool's budget; refreshed until Ctrl-C (`--json`: one snapshot).
+
+    Example: subagent watch
+    """
+    from ..runs.published import read_snapshots
+    from .watch import run_watch
+
+    run_watch(out, err, as_json=as_json, once=once, read=read_snapshots)
 
 
 @app.command()
@@ -292,6 +312,7 @@ def resume(
     schema: SchemaOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
+    quiet: QuietOpt = False,
     *,
     shared: Shared,
 ) -> None:
@@ -304,7 +325,7 @@ def resume(
     record = load_run(run_id)
     answer_schema = _schema(schema)
     work = lambda r: r.resume(record.run_id, message, task=task, schema=answer_schema)  # noqa: E731
-    _run_one(shared, work, as_json, events, cwd=Path(record.cwd))
+    _run_one(shared, work, as_json, events, cwd=Path(record.cwd), quiet=quiet)
 
 
 @app.command()
@@ -351,7 +372,7 @@ def chat(
 def agents(
     cwd: CwdOpt = Path("."),
     scope: ScopeOpt = Scope.both,
-    as_json: JsonOpt = False,
+    as_json: JsonListOpt = False,
     verbose: Annotated[
         bool,
         typer.Option(
@@ -415,7 +436,7 @@ def _skills_line(spec: AgentSpec, found: dict[str, Any]) -> str:
 
 
 @app.command()
-def skills(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False) -> None:
+def skills(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonListOpt = False) -> None:
     """List the skills: user and project (project ones are offered to agents only with --yes).
 
     Example: subagent skills --json

@@ -126,7 +126,9 @@ class Execution:
         prepared = generation.handle.prepared
         writer = prepared.workspace.root if prepared.spec.is_writer(prepared.denied) else None
         return self.slots.hold(
-            writer, on_wait=lambda: generation.report(None, "waiting", WaitingData(reason=WAITING_FOR_WRITER))
+            writer,
+            on_wait=lambda: generation.report(None, "waiting", WaitingData(reason=WAITING_FOR_WRITER)),
+            who=generation.label,
         )
 
     def _never_ran(self, generation: Generation) -> None:

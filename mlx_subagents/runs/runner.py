@@ -113,6 +113,7 @@ class Runner:
         self.preparer.on_warning = lambda line: self.on_event(
             Event("hook_warning", "", "", data=HookWarningData(message=line))
         )
+        self.preparer.delegation_tools = lambda task: self.delegation_tools(task.as_parent(None), task.workspace)
         self._executions: set[Execution] = set()
         self._background: set[Execution] = set()
         self._board: TaskBoard | None = None
@@ -145,6 +146,11 @@ class Runner:
         if self._discovered:
             self.catalog = self.preparer.catalog = discover_agents(self.cwd, scope=self.options.scope)
         return self.catalog
+
+    @property
+    def current_slots(self) -> Slots | None:
+        """The slots and writer leases as they are now (None before the first task), for a view."""
+        return self._slots
 
     @property
     def slots(self) -> Slots:
