@@ -53,9 +53,13 @@ class _TaskStartKeys(TypedDict):
 class TaskStartData(_TaskStartKeys, total=False):
     """The task starts: its `task` (the prompt it was given), the `model` it runs on, its `tool_mode`
     (how the model is given its tools) and the `step_id` of the chain or workflow step it is (null for
-    other tasks; an `AgentSession` run outside a runner knows no steps and leaves it out)."""
+    other tasks; an `AgentSession` run outside a runner knows no steps and leaves it out); a task that
+    waited to start also says how long, `waited_s`, and for what, `waited_for` (`a slot` or `the writer
+    lease`), for the timeline of its run."""
 
     step_id: str | None
+    waited_s: float
+    waited_for: str
 
 
 class TurnStartData(TypedDict):

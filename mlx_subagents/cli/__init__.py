@@ -282,15 +282,30 @@ def show(
     task: TaskKeyOpt = None,
     full: Annotated[bool, typer.Option("--full", help="Show tool results and the system prompt in full.")] = False,
     as_json: JsonOpt = False,
+    timeline: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--timeline",
+            dir_okay=False,
+            help="Write the run as a picture to FILE.html (a page, nothing loaded) or FILE.svg: a lane per task, "
+            "a bar per turn (queued, prefill, decode), tool calls and waits.",
+        ),
+    ] = None,
 ) -> None:
     """Print a saved run: each task's conversation, tool calls, results and usage.
 
-    Example: subagent show last
+    Example: subagent show last   (or: subagent show last --timeline run.html)
     """
     from ..runs.transcripts import load_run
     from .show import run_json, show_run
 
     record = load_run(run_id)
+    if timeline is not None:
+        from .timeline import write_timeline
+
+        n_lanes = write_timeline(record, timeline)
+        err.print(f"wrote the timeline of run {record.run_id} ({n_lanes} tasks) to {timeline}", markup=False)
+        return
     if as_json:
         out.print_json(json.dumps(run_json(record, task), default=str))
         return
