@@ -95,3 +95,7 @@ class TaskStateError(SubagentError):
 
 class McpConfigError(SubagentError):
     """An MCP server definition (`.mcp.json`, the home's `mcp.json`, `mcpServers:`) is invalid."""
+
+
+class ConfigError(SubagentError):
+    """`$MLX_SUBAGENTS_HOME/config.toml` holds a key this version does not know, or a value its flag refuses."""

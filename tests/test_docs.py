@@ -168,6 +168,7 @@ def _command_options(command: str) -> str:
 def generated_spans() -> dict[str, tuple[Path, Any]]:
     """Each generated list: its page and what makes its text."""
     from mlx_subagents.agents import claude
+    from mlx_subagents.cli.config import KEYS
     from mlx_subagents.host.protocol import GenerateArgs
     from mlx_subagents.results import StopReason
     from mlx_subagents.runs.options import RunOptions
@@ -182,6 +183,7 @@ def generated_spans() -> dict[str, tuple[Path, Any]]:
         "claude unsupported": (DOCS / "agents.md", lambda: _names(claude.CLAUDE_UNSUPPORTED)),
         "claude aliases": (DOCS / "agents.md", lambda: _names(claude.CLAUDE_MODEL_ALIASES)),
         "stop reasons": (DOCS / "runs.md", lambda: _names(get_args(StopReason))),
+        "config keys": (DOCS / "runs.md", lambda: _names(KEYS)),
     }
 
 

@@ -60,10 +60,32 @@ from .show import worktree_json, worktree_line
 app = typer.Typer(
     name="subagent",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     help="Coding sub-agents on a local MLX model, in one process.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        from .. import __version__
+
+        out.print(f"subagent {__version__} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')})", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _everywhere(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Coding sub-agents on a local MLX model, in one process."""
+    from .config import apply_model_default, load_config
+
+    apply_model_default(load_config())  # config.toml's `model`, below $MLX_SUBAGENTS_MODEL, for every command
 
 
 # --- running -----------------------------------------------------------------------------------------
@@ -591,10 +613,15 @@ def doctor(
     Example: subagent doctor --model mlx-community/Qwen3-4B-Instruct-2507-4bit
     """
     from ..agents.discovery import discover_agents
+    from .config import load_config
 
+    config = load_config()
+    for line in config.lines():
+        out.print(line, markup=False)
     root = Path(cwd).resolve()
     entries, _ = mcp_entries(discover_agents(root), root)
     servers_ok = asyncio.run(check_servers(entries, root, out.print, yes))
+    kv_budget = kv_budget or config.values.get("kv_budget")
     ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget))
     raise typer.Exit(0 if ok and servers_ok else 1)
 
@@ -614,13 +641,21 @@ def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     from ..models.catalog import list_models
     from ..models.display import models_table
 
-    found = list_models(default_model())
+    default = default_model()
+    found = list_models(default)
     if as_json:
         out.print_json(data={"models": [m.model_dump() for m in found]})
-    elif found:
+        return
+    if found:
         out.print(models_table(found))
-    else:
-        err.print("no models found; import one: subagent models import FILE.gguf (or ollama:NAME:TAG)")
+    if not any(m.default for m in found):
+        none = "" if found else "no models found; "
+        err.print(
+            f"{none}the default model, {default}, is not on this machine: get it with `hf download {default}` "
+            "(`pip install huggingface_hub` brings `hf`), pass --model, or import a GGUF file: subagent models "
+            "import FILE.gguf (or ollama:NAME:TAG). On Linux or without a big model: docs/models.md#on-linux",
+            markup=False,
+        )
 
 
 @models_app.command("import")
@@ -754,7 +789,7 @@ def main() -> None:
             stream.reconfigure(errors="backslashreplace")
     try:
         # Without standalone mode, typer returns the code of a `typer.Exit` instead of raising it.
-        code = app(standalone_mode=False)
+        code = app(prog_name="subagent", standalone_mode=False)  # its name in help and completion scripts
     except SubagentError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(2)

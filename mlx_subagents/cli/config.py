@@ -36,7 +36,7 @@ CONFIG_FILE = "config.toml"
 
 def _text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValueError("must be non-empty text in quotes")
+        raise ValueError(f"{value!r} is not text; write it in quotes")
     return value.strip()
 
 
@@ -46,7 +46,7 @@ def _on_off(value: Any) -> str:
         return "on" if value else "off"
     if value in ("on", "off"):
         return str(value)
-    raise ValueError('must be "on" or "off" (or true / false)')
+    raise ValueError(f'{value!r} is neither on nor off; write "on" or "off" (or true / false)')
 
 
 def _size(reader: Callable[[Any], Any]) -> Callable[[Any], str]:
@@ -54,11 +54,11 @@ def _size(reader: Callable[[Any], Any]) -> Callable[[Any], str]:
 
     def read(value: Any) -> str:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise ValueError('must be a size in quotes, like "4GB"')
+            raise ValueError(f'{value!r} is not a size; write one in quotes, like "4GB"')
         try:
             reader(str(value))
-        except SubagentError as exc:
-            raise ValueError(str(exc).split("; ")[0].replace("--prefix-cache ", "")) from None
+        except SubagentError as exc:  # its flag's words: "KV budget 'lots' is not a size; use e.g. 4GB, ..."
+            raise ValueError(f"{str(value)!r} is not a size; {str(exc).partition('; ')[2]}") from None
         return str(value)
 
     return read
@@ -118,17 +118,21 @@ def load_config(home: Path | None = None) -> Config:
         try:
             values[key] = KEYS[key](value)
         except ValueError as exc:
-            raise ConfigError(f"{where}: '{key}' {exc}") from None
+            raise ConfigError(f"{where}: {key}: {exc}") from None
     return Config(path, values)
 
 
+def apply_model_default(config: Config) -> None:
+    """config.toml's `model` as the default model of this process: `$MLX_SUBAGENTS_MODEL`, when set,
+    wins; an agent's own `model:` and `--model` win over both, as over the built-in default."""
+    if "model" in config.values:
+        os.environ.setdefault(MODEL_ENV, config.values["model"])
+
+
 def defaults_for(given: dict[str, Any], config: Config) -> dict[str, Any]:
-    """The flags' values with config.toml's below them: a flag not given (None) takes the file's value;
-    `model` becomes the default model (`$MLX_SUBAGENTS_MODEL` wins), never a model forced on every task."""
-    values = dict(given)
-    for key, value in config.values.items():
-        if key == "model":
-            os.environ.setdefault(MODEL_ENV, value)
-        elif key in values and values[key] is None:
-            values[key] = value
-    return values
+    """The shared flags' values with config.toml's below them: a flag not given (None) takes the file's
+    value (`model` is the default model instead: `apply_model_default`)."""
+    return {
+        key: config.values.get(key, value) if value is None and key != "model" else value
+        for key, value in given.items()
+    }

@@ -26,6 +26,7 @@ from ..host.prefix_store import parse_prefix_cache
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
 from ..runs.published import Publisher
 from ..runs.runner import Runner
+from .config import defaults_for, load_config
 from .live import paused
 from .output import print_warnings
 
@@ -289,7 +290,7 @@ def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> None:
             values = {name: kwargs.pop(name, default) for name, (_alias, default) in SHARED_FLAGS.items()}
-            command(**kwargs, shared=Shared(**values))
+            command(**kwargs, shared=Shared(**defaults_for(values, load_config())))
 
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

@@ -185,7 +185,8 @@ def render_svg(record: RunRecord, lanes: list[Lane]) -> str:
         f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
     ]
     for i, (name, colour) in enumerate(COLOURS.items()):
-        out.append(f'<rect x="{10 + i * 110}" y="8" width="12" height="12" fill="{colour}"/>')
+        shade = ' fill-opacity="0.35"' if name == "wait" else ""
+        out.append(f'<rect x="{10 + i * 110}" y="8" width="12" height="12" fill="{colour}"{shade}/>')
         out.append(f'<text x="{26 + i * 110}" y="18">{name}</text>')
     step = _axis_step(end)
     tick = 0.0
@@ -208,11 +209,14 @@ def _lane_svg(lane: Lane, top: float, x: Any) -> list[str]:
         f"({escape(lane.agent)})</tspan></text>",
     ]
     for start, stop, why in lane.waits:
+        width = max(1.0, x(stop) - x(start))
         out.append(
-            f'<rect class="wait" x="{x(start):.1f}" y="{top + 3}" width="{max(1.0, x(stop) - x(start)):.1f}" '
+            f'<rect class="wait" x="{x(start):.1f}" y="{top + 3}" width="{width:.1f}" '
             f'height="{LANE_HEIGHT - 6}" fill="{COLOURS["wait"]}" fill-opacity="0.35">'
             f"<title>{escape(lane.label)} {why} for {stop - start:.2f} s</title></rect>"
         )
+        if width > 7 * len(why):  # said in the shade where it fits
+            out.append(f'<text x="{x(start) + 6:.1f}" y="{mid + 4:.1f}" font-size="11" fill="#555555">{why}</text>')
     for t in lane.turns:
         out.append(f'<g class="turn" data-turn="{t.turn}"><title>{escape(_turn_title(lane, t))}</title>')
         bar_end = t.end if t.end is not None else lane.end or t.start
