@@ -139,3 +139,28 @@ def test_a_publisher_replaces_its_file_whole_and_removes_it_at_the_end(tmp_path:
     assert sorted(p.name for p in (tmp_path / "live").iterdir()) == [f"{os.getpid()}.json", "notes.json"]
     publisher.close()
     assert read_snapshots(tmp_path) == []
+
+
+def test_the_snapshot_names_the_writer_holding_the_lease_and_the_one_waiting(
+    tmp_path: Path, scripted_runner: Any
+) -> None:
+    """Two workers in one workspace take turns: while the first works, the snapshot says so."""
+    from mlx_subagents.runs.published import runner_leases
+    from mlx_subagents.runs.tasks import TaskSpec
+
+    runner = scripted_runner({"agents": {"worker": {"replies": [{"content": "done", "delay": 0.5}]}}})
+    seen: list[Any] = []
+
+    async def main() -> Any:
+        async with runner:
+            work = asyncio.create_task(runner.parallel([TaskSpec("worker", "a"), TaskSpec("worker", "b")]))
+            while not work.done() and not seen:
+                await asyncio.sleep(0.02)
+                seen.extend(lease for lease in runner_leases(runner) if lease.waiting)
+            return await work
+
+    outcome = asyncio.run(main())
+    assert outcome.succeeded == 2
+    assert [(lease.workspace, lease.holder, lease.waiting) for lease in seen] == [
+        (str(tmp_path.resolve()), "worker-1", ["worker-2"])
+    ]
