@@ -107,3 +107,7 @@ class McpRequestError(SubagentError):
 
 class McpAuthError(McpConfigError):
     """An MCP server over HTTP wants a sign-in this run cannot do: no token, or the token was refused."""
+
+
+class ConfigError(SubagentError):
+    """`$MLX_SUBAGENTS_HOME/config.toml` holds a key this version does not know, or a value its flag refuses."""

@@ -18,7 +18,10 @@ EventKind = Literal[
     "waiting",
     "task_start",
     "turn_start",
+    "prefill",
+    "decode",
     "reasoning",
+    "text",
     "tool_call",
     "tool_result",
     "message",
@@ -52,18 +55,47 @@ class _TaskStartKeys(TypedDict):
 class TaskStartData(_TaskStartKeys, total=False):
     """The task starts: its `task` (the prompt it was given), the `model` it runs on, its `tool_mode`
     (how the model is given its tools) and the `step_id` of the chain or workflow step it is (null for
-    other tasks; an `AgentSession` run outside a runner knows no steps and leaves it out)."""
+    other tasks; an `AgentSession` run outside a runner knows no steps and leaves it out); a task that
+    waited to start also says how long, `waited_s`, and for what, `waited_for` (`a slot` or `the writer
+    lease`), for the timeline of its run."""
 
     step_id: str | None
+    waited_s: float
+    waited_for: str
 
 
 class TurnStartData(TypedDict):
     """A turn (one model call) starts; the event's own `turn` counts it, so the payload is empty."""
 
 
+class PrefillData(TypedDict):
+    """The host starts prefilling the turn's prompt: the `tokens` it computes now (the session's KV cache
+    does not hold them) and the `cached` ones it reuses, so that a view can say "prefilling N tokens"
+    until the first token comes (an engine does not say, and has no such event)."""
+
+    tokens: int
+    cached: int
+
+
+class DecodeData(TypedDict):
+    """The reply decodes: the `tokens` it has generated so far (call markup and reasoning included) and
+    `tps`, their rate since its first token (0 at first); reported at the first token, then at most once a
+    second, so that a view shows it alive and how fast."""
+
+    tokens: int
+    tps: float
+
+
 class ReasoningData(TypedDict):
     """A thinking model's reasoning streams: `text` is the next piece of it, so that a view can count or
     fold it as it grows."""
+
+    text: str
+
+
+class TextData(TypedDict):
+    """The reply's visible text streams: `text` is the next piece of it, for a live view (the `message`
+    event has all of it, so transcripts do not record these)."""
 
     text: str
 
@@ -219,7 +251,10 @@ EventData = (
     WaitingData
     | TaskStartData
     | TurnStartData
+    | PrefillData
+    | DecodeData
     | ReasoningData
+    | TextData
     | ToolCallData
     | ToolResultData
     | MessageData
@@ -239,7 +274,10 @@ PAYLOADS: dict[EventKind, type[Any]] = {
     "waiting": WaitingData,
     "task_start": TaskStartData,
     "turn_start": TurnStartData,
+    "prefill": PrefillData,
+    "decode": DecodeData,
     "reasoning": ReasoningData,
+    "text": TextData,
     "tool_call": ToolCallData,
     "tool_result": ToolResultData,
     "message": MessageData,

@@ -476,14 +476,18 @@ def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> s
         note = f"model '{model}' is a remote Claude model; using the default local model"
         warnings.append(f"{path}: {note}")
         return None
+    if (problem := remote_model(model)) is not None:
+        raise _fail(path, f"field 'model': {problem}", f"{fix} (write mlx/{model} if it is a Hugging Face repo)")
+    return model
+
+
+def remote_model(model: str) -> str | None:
+    """What is wrong with a model named `<provider>/...` of a remote provider (`openai/gpt-4o`): it
+    runs elsewhere, so it is refused, never looked up as a hub id; None for any other name."""
     provider = re.split(r"[/:]", model, maxsplit=1)[0].lower()
     if provider != model.lower() and provider in REMOTE_PROVIDERS:
-        raise _fail(
-            path,
-            f"field 'model': '{model}' is a remote '{provider}' model; only local MLX models run here",
-            f"{fix} (write mlx/{model} if it is a Hugging Face repo)",
-        )
-    return model
+        return f"'{model}' is a remote '{provider}' model; only local MLX models run here"
+    return None
 
 
 def _parse_engine(path: Path, engine: Any, model: Any) -> dict[str, str]:

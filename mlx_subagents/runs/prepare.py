@@ -49,15 +49,15 @@ from ..agents.hooks import (
 )
 from ..agents.memory import memory_block, memory_folder, start_memory
 from ..agents.schema_output import check_schema
-from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
+from ..agents.session import DEFAULT_MAX_TURNS, Limits, session_tools, system_prompt
 from ..agents.skills import SkillChoice, choose_skills
-from ..agents.spec import AgentSpec, sandbox_default
+from ..agents.spec import AgentSpec, remote_model, sandbox_default
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, ConfirmationRequired, InputTooLargeError, RequestError
 from ..home import state_home
 from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
-from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
+from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, ToolSchema
 from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
 from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
 from ..tools.mcp_requests import ClientPolicy
@@ -209,6 +209,8 @@ class Preparer:
         self._hooks: Hooks | None = None
         # Receives one line per settings problem that blocks nothing (project hooks not allowed).
         self.on_warning: Callable[[str], None] = lambda _line: None
+        # A task's `subagent` and background tools, as its session gets them (the runner makes them).
+        self.delegation_tools: Callable[[PreparedTask], dict[str, Tool]] = lambda _task: {}
         self._memories: dict[tuple[Path, bool], str] = {}
         self._project_skills: bool | None = None  # the user's answer about project skills, once asked
         self.cwd = cwd or Path.cwd()
@@ -464,7 +466,14 @@ class Preparer:
             return ModelRef(model, options.engine)
         if not (override or options.model) and spec.engine and spec.engine_model:
             return ModelRef(spec.engine_model, spec.engine)
-        named = override or options.model or spec.model
+        named = override or options.model
+        if named and (problem := remote_model(named)) is not None:
+            where = "--model" if named == options.model else f"task '{spec.name}': model"
+            raise RequestError(
+                f"{where}: {problem}; use a local folder, an MLX hub id, an imported name, mlx/{named} if it is a "
+                "Hugging Face repo, or --engine URL for a model an OpenAI-compatible server runs"
+            )
+        named = named or spec.model
         return ModelRef(named) if named else inherited or ModelRef(default_model())
 
     async def host_for(self, model: ModelRef) -> ModelHost:
@@ -566,16 +575,28 @@ class Preparer:
         return {name: tool for name, tool in tools.items() if spec.grants(name)}
 
     async def check_prompt_fits(self, task: PreparedTask) -> None:
-        """Refuse an agent whose system prompt takes more than half the model's context window
-        (the rest is for the work), naming the numbers and the file to shorten."""
+        """Refuse an agent whose system prompt and tools (their schemas are in every prompt) take more
+        than half the model's context window (the rest is for the work), naming the numbers and what
+        to shorten."""
         spec, host = task.spec, task.host
         prompt = system_prompt(spec, task.workspace, task.context, task.skills, host.context_window)
-        n_tokens = await host.count_tokens([{"role": "system", "content": prompt}])
+        system = [{"role": "system", "content": prompt}]
+        schemas = self.tool_schemas(task)
+        n_tokens = await host.count_tokens(system, schemas or None)
         if n_tokens > host.context_window // 2:
+            n_prompt = await host.count_tokens(system)
+            tools = f" and {len(schemas)} tool{'s' if len(schemas) > 1 else ''}" if schemas else ""
+            fix = f"shorten the body of {spec.path}" + (" or grant it fewer tools" if schemas else "")
             raise InputTooLargeError(
-                f"agent '{spec.name}' has a system prompt of {n_tokens:,} tokens, over half the context window of "
-                f"{host.context_window:,} tokens of {host.model_id}; shorten the body of {spec.path}"
+                f"agent '{spec.name}' has a system prompt{tools} of {n_tokens:,} tokens ({n_prompt:,} of them the "
+                f"prompt), over half the context window of {host.context_window:,} tokens of {host.model_id}; {fix}"
             )
+
+    def tool_schemas(self, task: PreparedTask) -> list[ToolSchema]:
+        """The schemas of the tools the task's session will offer (`session_tools`)."""
+        extra = {**task.mcp_tools, **self.delegation_tools(task)}
+        tools = session_tools(task.spec, task.workspace, task.sandbox, extra, task.skills)
+        return [tool.schema() for tool in tools.values()]
 
     def limits(self, spec: AgentSpec, task: TaskSpec | None = None, parent: Parent | None = None) -> Limits:
         """A task's limits: its own, else the run's, else the agent's, else the defaults; its thinking

@@ -117,6 +117,7 @@ class Runner:
         self.preparer.on_warning = lambda line: self.on_event(
             Event("hook_warning", "", "", data=HookWarningData(message=line))
         )
+        self.preparer.delegation_tools = lambda task: self.delegation_tools(task.as_parent(None), task.workspace)
         self._executions: set[Execution] = set()
         self._background: set[Execution] = set()
         self._board: TaskBoard | None = None
@@ -158,6 +159,11 @@ class Runner:
     def resident_hosts(self) -> list[ModelHost]:
         """The hosts loaded so far: a server's sampling request may name one of their models."""
         return list(self.preparer.hosts.values())
+
+    @property
+    def current_slots(self) -> Slots | None:
+        """The slots and writer leases as they are now (None before the first task), for a view."""
+        return self._slots
 
     @property
     def slots(self) -> Slots:

@@ -58,6 +58,8 @@ RUN_FILE = "run.json"
 MAX_RUN_RECORD_BYTES = 16 * 2**20  # far more than the task caps allow a run's record to hold
 # Events that are records of their own type (the same fields as an `event` record).
 NOTE_KINDS = ("task_send", "task_notice", "task_cancel")
+# Events a transcript does not record: the streamed text is all in the `message` event after it.
+UNRECORDED_KINDS = ("text",)
 LATEST_ALIASES = ("last", "latest")
 RunStatus = Literal["running", "finished", "interrupted"]
 
@@ -73,8 +75,8 @@ def new_run_id() -> str:
     return f"{stamp}-{int(now * 1000) % 1000:03d}-{secrets.token_hex(2)}"
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def _now(timespec: str = "seconds") -> str:
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 def messages_digest(messages: Sequence[Message]) -> str:
@@ -206,7 +208,9 @@ class TaskTranscript:
     def write(self, record_type: str, /, **data: Any) -> None:
         if self._file is None:
             self._file = self._open()
-        self._file.write(_dumps({"type": record_type, "generation": self.generation, "time": _now(), **data}) + "\n")
+        self._file.write(
+            _dumps({"type": record_type, "generation": self.generation, "time": _now("milliseconds"), **data}) + "\n"
+        )
         self._file.flush()
 
     def _open(self) -> IO[str]:
@@ -225,7 +229,8 @@ class TaskTranscript:
         self.write("follow_up", message=message)
 
     def event(self, event: Event) -> None:
-        self.write(event.kind if event.kind in NOTE_KINDS else "event", **event.to_json())
+        if event.kind not in UNRECORDED_KINDS:
+            self.write(event.kind if event.kind in NOTE_KINDS else "event", **event.to_json())
 
     def finish(self, messages: list[Message], result: RunResult) -> None:
         """Save the conversation and the result; a fork's conversation without its parent's messages

@@ -678,3 +678,13 @@ def test_a_bad_thinking_field_is_one_line(tmp_path):
         f"{path}: field 'thinking' must be on, off or a number of tokens, got 'lots'; "
         "e.g. thinking: 2048 (tokens per reply), on or off"
     )
+
+
+@pytest.mark.parametrize("alias", ["sonnet", "opus", "haiku"])
+def test_each_claude_model_alias_warns_and_means_no_model_of_its_own(tmp_path, alias):
+    """docs/agents.md said only `haiku` warned; each of Claude's aliases does (the list there is generated
+    from `CLAUDE_MODEL_ALIASES`)."""
+    path = write(tmp_path / ".claude" / "agents", "a.md", f"---\nname: a\ndescription: A.\nmodel: {alias}\n---\nA.\n")
+    spec = parse_agent_file(path, "project")
+    assert spec.model is None
+    assert spec.warnings == (f"{path}: model '{alias}' is a remote Claude model; using the default local model",)
