@@ -139,6 +139,7 @@ class Turn:
     fresh: bool = True  # no slice of its last prompt segment yet (it may still join a group)
     token_s: float = 0.0  # its last solo slice's seconds per token
     prefill_wait_s: float = 0.0  # time it spent while other turns' prompts were prefilled
+    told: bool = False  # its sink was told its prefill began (`_tell_prefill`)
 
     @property
     def final_length(self) -> int:
@@ -401,6 +402,15 @@ class Scheduler:
         turn.pos = turn.n_cached
         state.prompt_cache, state.token_ids, state.render = turn.cache, turn.ids[: turn.pos], None
         turn.stops = self._plan_stops(turn)
+        if self.policy is None:  # slicing off: its prefill begins now (sliced: at its first slice)
+            self._tell_prefill(turn)
+
+    def _tell_prefill(self, turn: Turn) -> None:
+        """Tell the turn's sink, once, that its prefill begins: the tokens to compute and those cached.
+        Sliced, that is its first slice, not its opening: until then it waits behind other prompts."""
+        if turn.told:
+            return
+        turn.told = True
         if turn.sink is not None and turn.sink.on_prefill is not None:
             with contextlib.suppress(RuntimeError):  # that caller's loop is closed
                 turn.sink.loop.call_soon_threadsafe(turn.sink.on_prefill, len(turn.ids) - turn.pos, turn.pos)
@@ -530,6 +540,7 @@ class Scheduler:
 
         if turn.cache is None:
             self._open(turn)
+        self._tell_prefill(turn)
         stop, action = turn.stops[0]
         end = min(turn.pos + (n_tokens or self.config.prefill_step_size), stop)
         if end > turn.pos:
@@ -615,6 +626,8 @@ class Scheduler:
     def _feed_group(self, group: PrefillGroup, n_tokens: int) -> None:
         """One slice of a group; the turns at their end leave it and decode, together (a group of one
         left goes on on its own cache). A failed slice fails the group's turns: their caches were in it."""
+        for turn in group.turns:
+            self._tell_prefill(turn)
         try:
             done = group.feed(n_tokens)
             for turn in done:

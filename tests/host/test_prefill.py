@@ -225,3 +225,41 @@ def test_a_restored_spill_gives_the_same_tokens_sliced(tiny_qwen3_path: Path) ->
     unsliced, _ = asyncio.run(go("off"))
     assert sliced == unsliced
     assert stats.pool["spills"] > 0 and stats.pool["restores"] > 0
+
+
+@pytest.mark.slow
+def test_a_turns_prefill_is_told_at_its_first_slice_once(tiny_qwen3: tuple[Any, Any]) -> None:
+    """b (long) and c (short) arrive in one step while a decodes: c is prefilled first, so c's prefill
+    is told first; b's only in the step of its own first slice (until then it waits), each exactly once
+    with the tokens it computes and those it reuses."""
+    from mlx_subagents.host.scheduler import TextSink
+
+    loop, told, results = asyncio.new_event_loop(), [], {}
+    try:
+        sch = scheduler(tiny_qwen3, 32, ForcedScripts(tiny_qwen3[1], {"a": [SCRIPT]}))
+        a, b, c = (
+            make_turn(n, m, k, results)
+            for n, m, k in (("a", task(0), 300), ("b", long_task(1, 30), 2), ("c", task(2), 2))
+        )
+        for turn in (b, c):
+            turn.sink = TextSink(loop, lambda _: None, lambda n, cached, name=turn.name: told.append((name, n, cached)))
+        sch.submit(a)
+        while not a.generated:
+            sch.step()
+        sch.submit(b)
+        sch.submit(c)
+        seen: list[tuple[str, int]] = []  # (who was told, how far b's cache held it then)
+        while not b.told or "c" not in results:
+            held = b.pos
+            sch.step()
+            loop.run_until_complete(asyncio.sleep(0))
+            seen += [(name, held) for name, *_ in told[len(seen) :]]
+            assert b.pos > b.n_cached or not b.told
+        assert [name for name, _ in seen] == ["c", "b"] and seen[1][1] == b.n_cached
+        assert told == [("c", len(c.ids) - c.n_cached, c.n_cached), ("b", len(b.ids) - b.n_cached, b.n_cached)]
+        assert c.n_cached > 0 and b.n_cached == c.n_cached  # the shared system prompt
+        while sch.has_work():
+            sch.step()
+        assert len(told) == 2 and len(results["b"].token_ids) == 2
+    finally:
+        loop.close()
