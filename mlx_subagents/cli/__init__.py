@@ -685,6 +685,7 @@ def doctor(
     entries, _ = mcp_entries(discover_agents(root), root)
     servers_ok = asyncio.run(check_servers(entries, root, out.print, yes))
     kv_budget = kv_budget or config.values.get("kv_budget")
+    prefill_slice = prefill_slice or config.values.get("prefill_slice")
     ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget, prefill_slice))
     raise typer.Exit(0 if ok and servers_ok else 1)
 

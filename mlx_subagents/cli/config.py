@@ -7,6 +7,7 @@ environment variables.
     grammar = "on"
     engine = "http://gpu-box:8000/v1"
     prefix_cache = "2GB"
+    prefill_slice = "auto"    # or "off", or a number of tokens, like --prefill-slice
 
 Each key is the flag of the same name (`kv_budget` is `--kv-budget`), its value read by that flag's
 own reader; a flag given on the command line wins. `model` is the default model: an agent's own
@@ -26,7 +27,7 @@ from typing import Any
 
 from ..errors import ConfigError, SubagentError
 from ..home import state_home
-from ..host import parse_bytes
+from ..host import parse_bytes, parse_prefill_slice
 from ..host.prefix_store import parse_prefix_cache
 from ..runs.tasks import MODEL_ENV
 from ..userfiles import parse_text, read_text
@@ -64,6 +65,17 @@ def _size(reader: Callable[[Any], Any]) -> Callable[[Any], str]:
     return read
 
 
+def _prefill_slice(value: Any) -> str:
+    """`auto`, `off` or a number of tokens, as `--prefill-slice` takes them (a TOML number too)."""
+    if not isinstance(value, bool) and isinstance(value, (str, int)):
+        try:
+            parse_prefill_slice(value)
+            return str(value)
+        except SubagentError:
+            pass
+    raise ValueError(f'{value!r} is not auto, off or a number of tokens; write "auto", "off" or e.g. 64')
+
+
 # Each key: the reader of its flag's value (the value comes out as the flag's text). A new key is a line.
 KEYS: dict[str, Callable[[Any], str]] = {
     "model": _text,
@@ -72,6 +84,7 @@ KEYS: dict[str, Callable[[Any], str]] = {
     "grammar": _on_off,
     "engine": _text,
     "prefix_cache": _size(parse_prefix_cache),
+    "prefill_slice": _prefill_slice,
 }
 
 

@@ -65,9 +65,12 @@ def test_config_model_is_below_the_flag_and_the_environment(
 
 
 def test_config_values_fill_only_the_flags_not_given(config: Any) -> None:
-    path = config('kv_budget = "4GB"\nsandbox = true\ngrammar = "off"\nengine = "http://gpu-box:8000/v1"\n')
+    path = config(
+        'kv_budget = "4GB"\nsandbox = true\ngrammar = "off"\nengine = "http://gpu-box:8000/v1"\nprefill_slice = 64\n'
+    )
     loaded = load_config()
     given = {"kv_budget": None, "sandbox": "off", "grammar": None, "engine": None, "prefix_cache": None, "model": None}
+    given |= {"prefill_slice": None}
     assert defaults_for(given, loaded) == {
         "kv_budget": "4GB",
         "sandbox": "off",  # the flag wins
@@ -75,11 +78,13 @@ def test_config_values_fill_only_the_flags_not_given(config: Any) -> None:
         "engine": "http://gpu-box:8000/v1",
         "prefix_cache": None,
         "model": None,  # the default model, not a model forced on every task
+        "prefill_slice": "64",
     }
     assert loaded.lines() == [
-        f"config    {path}: kv_budget = 4GB, sandbox = on, grammar = off, engine = http://gpu-box:8000/v1"
+        f"config    {path}: kv_budget = 4GB, sandbox = on, grammar = off, engine = http://gpu-box:8000/v1, "
+        "prefill_slice = 64"
     ]
-    assert list(KEYS) == ["model", "kv_budget", "sandbox", "grammar", "engine", "prefix_cache"]
+    assert list(KEYS) == ["model", "kv_budget", "sandbox", "grammar", "engine", "prefix_cache", "prefill_slice"]
 
 
 @pytest.mark.parametrize(
@@ -87,7 +92,7 @@ def test_config_values_fill_only_the_flags_not_given(config: Any) -> None:
     [
         (
             'model = "x"\nkv_bugdet = "4GB"\n',
-            "2: unknown key 'kv_bugdet'; the keys are model, kv_budget, sandbox, grammar, engine, prefix_cache",
+            "2: unknown key 'kv_bugdet'; the keys are model, kv_budget, sandbox, grammar, engine, prefix_cache, prefill_slice",
         ),
         ('grammar = "maybe"\n', """1: grammar: 'maybe' is neither on nor off; write "on" or "off" (or true / false)"""),
         (
@@ -95,6 +100,10 @@ def test_config_values_fill_only_the_flags_not_given(config: Any) -> None:
             "3: kv_budget: 'lots' is not a size; use e.g. 4GB, 512MiB, 0 (unbounded) or 0.25 (of RAM)",
         ),
         ("model = 3\n", "1: model: 3 is not text; write it in quotes"),
+        (
+            "prefill_slice = 0\n",
+            """1: prefill_slice: 0 is not auto, off or a number of tokens; write "auto", "off" or e.g. 64""",
+        ),
     ],
 )
 def test_a_bad_config_line_is_one_error_naming_the_file_and_line(
