@@ -14,6 +14,10 @@ interleaved (off, on, on, off, ...). Figures per mode, the median of its runs:
 
 - decode_retention: the decoders' tokens per second while (a) is prefilled (from its arrival to its
   first token) over their tokens per second before it arrived (from their `--warm`-th token on);
+- depth_matched_retention: the same, but over the decoders' own speed alone at the same depths (their
+  tokens decoded during (a)'s prefill took this share of the time alone): a decoder gets slower as its
+  context grows, by itself, which on the tiny model (attention is most of a step) is most of the
+  literal figure's loss over a long prefill;
 - long_ttft_ratio: (a)'s time to first token (`Usage.prompt_seconds`, from its admission) over its
   time alone;
 - short_ttft_s and short_ttft_ratio: (b)'s time to first token, and over its time alone;
@@ -115,6 +119,7 @@ class Run:
 
     mode: str
     retention: float
+    matched: float
     long_ttft_s: float
     short_ttft_s: float
     wall_s: float
@@ -134,6 +139,28 @@ class Alone:
     decoder_tps: float  # tokens per second of one decoder, the three decoding together
     long_ids: tuple[int, ...]
     short_ids: tuple[int, ...]
+    curve: list[list[float]] = field(default_factory=list)  # each decoder's token stamps, decoding alone
+
+
+async def depth_curve(host: MlxModelHost, processors: Processors, base: Alone, args: Any, tag: str) -> None:
+    """The decoders alone for as many tokens as a run decodes: their speed at each depth (`matched`)."""
+    tasks = await decoders(host, f"curve-{tag}", decode_tokens(base, args))
+    await asyncio.gather(*tasks)
+    base.curve = [processors.clocks[f"dec-curve-{tag}-{i}"].stamps for i in range(N_DECODERS)]
+
+
+def decode_tokens(base: Alone, args: Any) -> int:
+    """What each decoder decodes in a run: enough to decode through (a)'s prefill at half speed."""
+    return min(args.max_decode, args.before + int(1.3 * base.decoder_tps * base.long_s) + 16)
+
+
+def matched(run_stamps: list[list[float]], curve: list[list[float]], arrived: float, end: float) -> float:
+    """The decoders' time alone for the tokens they decoded in [arrived, end), over that time (mean)."""
+    shares = []
+    for stamps, alone in zip(run_stamps, curve, strict=True):
+        k0, k1 = sum(t < arrived for t in stamps), min(sum(t < end for t in stamps), len(alone) - 1)
+        shares.append((alone[k1] - alone[k0]) / (end - arrived) if k1 > k0 else 0.0)
+    return round(statistics.mean(shares), 3)
 
 
 async def reply(host: MlxModelHost, name: str, messages: list[Message], n_tokens: int) -> Reply:
@@ -169,7 +196,7 @@ async def scenario(
     host: MlxModelHost, processors: Processors, texts: tuple[str, str], base: Alone, args: Any, tag: str
 ) -> Run:
     """The decoders, then (a), then (b) during (a)'s prefill; figures from the decoders' stamps."""
-    n_decode = min(args.max_decode, args.before + int(1.3 * base.decoder_tps * base.long_s) + 16)
+    n_decode = decode_tokens(base, args)
     start = time.perf_counter()
     tasks = await decoders(host, tag, n_decode)
     clocks = [processors.clocks.get(f"dec-{tag}-{i}") for i in range(N_DECODERS)]
@@ -192,6 +219,7 @@ async def scenario(
     return Run(
         mode="",
         retention=round(rate_during / rate_before, 3) if rate_before else 0.0,
+        matched=matched([c.stamps for c in clocks if c is not None], base.curve, arrived, end),
         long_ttft_s=a.usage.prompt_seconds,
         short_ttft_s=b.usage.prompt_seconds,
         wall_s=wall,
@@ -226,6 +254,8 @@ async def measure(
         for mode, host in hosts.items():  # untimed: kernels, the shared system prompt
             await reply(host, f"warm-{mode}", prompt(texts[1], "Read this."), 2)
         base = {mode: await alone(host, processors, texts, args, mode) for mode, host in hosts.items()}
+        for mode, host in hosts.items():
+            await depth_curve(host, processors, base[mode], args, mode)
         runs: dict[str, list[Run]] = {mode: [] for mode in MODES}
         for rep in range(args.repeats):
             for mode in MODES if rep % 2 == 0 else MODES[::-1]:
@@ -233,7 +263,7 @@ async def measure(
                 run.mode = mode
                 runs[mode].append(run)
                 print(
-                    f"  {mode} run {rep + 1}: retention {run.retention:.2f}, long TTFT {run.long_ttft_s:.2f}s "
+                    f"  {mode} run {rep + 1}: retention {run.retention:.2f} (at the same depths {run.matched:.2f}), long TTFT {run.long_ttft_s:.2f}s "
                     f"(alone {base[mode].long_s:.2f}s), short TTFT {run.short_ttft_s:.2f}s "
                     f"(alone {base[mode].short_s:.2f}s), wall {run.wall_s:.1f}s",
                     file=sys.stderr,
@@ -254,6 +284,7 @@ def summarize(
         rs, b = runs[mode], base[mode]
         rows[mode] = {
             "decode_retention": round(statistics.median(r.retention for r in rs), 3),
+            "depth_matched_retention": round(statistics.median(r.matched for r in rs), 3),
             "long_ttft_s": round(statistics.median(r.long_ttft_s for r in rs), 3),
             "long_alone_s": round(b.long_s, 3),
             "long_ttft_ratio": round(statistics.median(r.long_ttft_s for r in rs) / b.long_s, 3),
@@ -267,6 +298,7 @@ def summarize(
             "runs": [
                 {
                     "retention": r.retention,
+                    "depth_matched_retention": r.matched,
                     "long_ttft_s": round(r.long_ttft_s, 3),
                     "short_ttft_s": round(r.short_ttft_s, 3),
                     "wall_s": round(r.wall_s, 3),
@@ -314,14 +346,14 @@ def print_table(report: Report) -> None:
         f"(median of {report['repeats']}; load {report['load_avg_1min']})"
     )
     header = (
-        f"{'slicing':<8} {'retention':>9} {'long TTFT s':>11} {'alone s':>8} {'ratio':>6} "
+        f"{'slicing':<8} {'retention':>9} {'same depth':>10} {'long TTFT s':>11} {'alone s':>8} {'ratio':>6} "
         f"{'short TTFT s':>12} {'alone s':>8} {'ratio':>6} {'wall s':>7} {'waited s':>8}"
     )
     print(header)
     print("-" * len(header))
     for mode, r in report["results"].items():
         print(
-            f"{mode:<8} {r['decode_retention']:>9.2f} {r['long_ttft_s']:>11.2f} {r['long_alone_s']:>8.2f} "
+            f"{mode:<8} {r['decode_retention']:>9.2f} {r['depth_matched_retention']:>10.2f} {r['long_ttft_s']:>11.2f} {r['long_alone_s']:>8.2f} "
             f"{r['long_ttft_ratio']:>6.2f} {r['short_ttft_s']:>12.2f} {r['short_alone_s']:>8.2f} "
             f"{r['short_ttft_ratio']:>6.2f} {r['wall_s']:>7.1f} {r['prefill_wait_s']:>8.2f}"
         )

@@ -95,6 +95,7 @@ def test_interference_benchmark_reports_both_modes_side_by_side() -> None:
             ratio = row[f"{part}_ttft_ratio"]
             assert abs(ratio * row[f"{part}_alone_s"] - row[f"{part}_ttft_s"]) <= 0.0005 * (1 + ratio) + 1e-9
         assert row["decode_retention"] >= 0 and row["wall_s"] > 0 and len(row["runs"]) == 1
+        assert 0 <= row["depth_matched_retention"] == row["runs"][0]["depth_matched_retention"]
     assert report["prompt_tokens"][0] > 600 and report["prompt_tokens"][1] < report["prompt_tokens"][0] // 4
     assert report["identical_outputs"] is True and report["targets"]["identical_outputs"]["met"] is True
     assert set(report["targets"]) == {"decode_retention", "long_ttft_ratio", "short_ttft_ratio", "identical_outputs"}
