@@ -188,7 +188,11 @@ class AgentSession:
         # A granted tool with no implementation here (`subagent`, unless the caller passes one in
         # `extra_tools`) is not offered rather than crashing the session.
         granted = [t for t in self.spec.tools if t in TOOL_CLASSES and t not in self.extra_tools]
-        self.tools: dict[str, Tool] = {**make_tools(granted, self.workspace, self.sandbox), **self.extra_tools}
+        made = make_tools(granted, self.workspace, self.sandbox)
+        # In the file's order, a tool the caller made (`bash` on the task board) in its place.
+        mine = [t for t in self.spec.tools if t in made or (t in TOOL_CLASSES and t in self.extra_tools)]
+        listed = {t: self.extra_tools.get(t) or made[t] for t in mine}
+        self.tools: dict[str, Tool] = {**listed, **self.extra_tools}
         self.tools = {n: t for n, t in self.tools.items() if self.spec.grants(t.grant)}
         if self.skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
             self.tools["skill"] = SkillTool(self.workspace, self.skills.offered)

@@ -1,7 +1,7 @@
 """`Generation`: one generation of a task, from its prompt to its saved result.
 
 A task's first message is its first generation; each message that continues it (a chat turn, a
-`subagent_send` after it ended, `subagent resume`, a message that arrived as it ended) is another.
+`task_send` after it ended, `subagent resume`, a message that arrived as it ended) is another.
 A generation runs on its task's one `AgentSession`, so the host session and KV cache carry over:
 within its time-out, between a child's SubagentStart and SubagentStop hooks, with one retry when the
 answer misses its output schema. Its transcript gets the generation's records; its task

@@ -317,6 +317,7 @@ class Preparer:
         if limits.grammar and resolved.schema is not None:  # the answer is held to its schema too
             limits = replace(limits, answer_schema=resolved.schema)
         workspace, memory = self.memory(spec, workspace)
+        depth = parent.depth + 1 if parent else 0
         return PreparedTask(
             task=task,
             spec=spec,
@@ -324,10 +325,10 @@ class Preparer:
             host=await self.host_for(resolved.model),
             workspace=workspace,
             limits=limits,
-            depth=parent.depth + 1 if parent else 0,
+            depth=depth,
             timeout=timeout,
             schema=resolved.schema,
-            denied=resolved.denied,
+            denied={**resolved.denied, **self.depth_denial(spec, depth)},
             sandbox=self.sandbox_for(spec, workspace, parent),
             plan=resolved.plan,
             hooks=self.settings_hooks(workspace.root) + spec.hooks,
@@ -337,6 +338,17 @@ class Preparer:
             mcp_tools=await self.mcp_tools(spec, workspace),
             isolation=isolation_of(spec, task, workspace, None if parent or delegated else self.options.isolation),
         )
+
+    def depth_denial(self, spec: AgentSpec, depth: int) -> dict[str, str]:
+        """At the depth limit (or with `--max-depth 0`) an agent granted `subagent` is not offered it
+        (`Runner.board_tools`); a call of it anyway gets this error."""
+        max_depth = self.options.max_depth
+        if "subagent" not in spec.tools or depth < max_depth:
+            return {}
+        return {
+            "subagent": f"Error: delegation refused: this agent already runs at depth {depth} and the limit is "
+            f"{max_depth} (max_depth); do the task yourself with your other tools"
+        }
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
         """The named agent, if `parent` may start it, after the user's consent if it is a project agent.

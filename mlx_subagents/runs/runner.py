@@ -48,6 +48,7 @@ from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
+from ..tools.bash import BashTool
 from ..tools.subagent import READ_MORE, Delegation, ForkPoint, SubagentTool
 from .board import TaskBoard
 from .execution import Execution
@@ -412,7 +413,7 @@ class Runner:
 
         Args:
             board: the parent's task board: the children that ran are kept there under ids (`scout#1`),
-                so that the parent reads a cut answer with `subagent_output` (the cut note says how).
+                so that the parent reads a cut answer with `task_output` (the cut note says how).
         """
         if call.mode == "workflow":
             return await self._delegate_workflow(call, parent, board)
@@ -475,19 +476,32 @@ class Runner:
         self.on_event(Event(kind="task_end", label=task.label, agent=task.agent, data=data))
         return RunResult(agent=task.agent, task=task.task, model=failure.model, label=task.label, **data)  # type: ignore[arg-type]
 
-    def delegation_tools(
+    def board_tools(
         self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, *, forked: bool = False
     ) -> dict[str, Tool]:
-        """`subagent` and the background tools (`subagent_status`, `_output`, `_send`, `_cancel`) on
-        `board` for an agent whose file grants `subagent`, else nothing (the recursion cut). A fork's
-        (`forked`) are listed the same, so its prompt keeps its parent's prefix, but refuse to delegate.
+        """The tools on an agent's `board` (its task registry): for an agent whose file grants `subagent`
+        and that runs above the depth limit, `subagent` and the four task tools (`task_status`,
+        `task_output`, `task_send`, `task_cancel`); for one with `bash`, a `bash` that starts background
+        commands on the board, and the task tools that apply to commands. A fork's (`forked`) are
+        listed as its parent's, so its prompt keeps its parent's prefix, but refuse to delegate.
 
         While its children run in the foreground, the parent lends its process slot (and writer lease) to them.
         """
-        if "subagent" not in parent.spec.tools:
-            return {}
+        granted = parent.spec.tools
         board = board or TaskBoard(workspace, on_event=self.on_event, parent=parent)
+        tools: dict[str, Tool] = {}
+        if "bash" in granted:
+            tools["bash"] = BashTool(workspace, parent.sandbox, tasks=board)
+        # The recursion cut: no `subagent` at the depth limit (nor with --max-depth 0), rather than a
+        # tool every call of which is refused.
+        delegates = "subagent" in granted and (forked or parent.depth < self.options.max_depth)
+        if delegates:
+            tools["subagent"] = self._subagent_tool(parent, workspace, board, forked=forked)
+        if delegates or "bash" in granted:
+            tools.update(make_background_tools(workspace, board, sub_agents=delegates))
+        return tools
 
+    def _subagent_tool(self, parent: Parent, workspace: Workspace, board: TaskBoard, *, forked: bool) -> SubagentTool:
         async def delegate(call: Delegation) -> MultiRunResult:
             async with lend():
                 return await self.delegate(call, parent, board)
@@ -497,7 +511,7 @@ class Runner:
 
         granted = parent.spec.agents
         agents = {n: a.description for n, a in self.catalog.agents.items() if granted is None or n in granted}
-        tool = SubagentTool(
+        return SubagentTool(
             workspace,
             delegate=delegate,
             agents=agents,
@@ -512,7 +526,6 @@ class Runner:
             background_agents=[n for n, a in self.catalog.agents.items() if a.background],
             forked=forked,
         )
-        return {"subagent": tool, **make_background_tools(workspace, board)}
 
     def cancel(self, *, background: bool = True, reason: str | None = None) -> bool:
         """Abort every run in progress (Ctrl-C); False when nothing was running yet.

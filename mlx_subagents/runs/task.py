@@ -111,7 +111,7 @@ class TaskRuntime(Protocol):
     compaction: CompactionSettings
     session_names: SessionNames
 
-    def delegation_tools(
+    def board_tools(
         self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, *, forked: bool = False
     ) -> dict[str, Tool]: ...
 
@@ -313,7 +313,7 @@ class TaskHandle:
             if self.inbox.count("task_send") >= MAX_QUEUED_MESSAGES:
                 raise RequestError(
                     f"task '{self.id}' already has {MAX_QUEUED_MESSAGES} messages waiting, the limit; wait until "
-                    "it has read them (subagent_output with wait) before sending more"
+                    "it has read them (task_output with wait) before sending more"
                 )
             self.inbox.put(Delivery("task_send", message))
             return
@@ -563,7 +563,7 @@ class TaskHandle:
             on_text=self.on_text,
             extra_tools={
                 **prepared.mcp_tools,
-                **self.runtime.delegation_tools(self.board.parent, self.workspace, self.board, forked=forked),
+                **self.runtime.board_tools(self.board.parent, self.workspace, self.board, forked=forked),
             },
             denied=prepared.denied,
             project_context=prepared.context,

@@ -28,7 +28,7 @@ from .base import Tool, ToolResult, _strip_titles, error_result, tool_failure
 from .workspace import Workspace
 
 DelegationMode = Literal["single", "parallel", "chain", "workflow"]
-READ_MORE = 'read the rest with subagent_output {{"id": "{id}", "offset": {{offset}}}}'
+READ_MORE = 'read the rest with task_output {{"id": "{id}", "offset": {{offset}}}}'
 
 FORMS = (
     "use exactly one of these forms: "
@@ -272,8 +272,8 @@ class SubagentTool(Tool):
             return error_result(f"{self.name} call refused: {exc}")
         return ToolResult(
             f"Started in the background: {', '.join(ids)}. Carry on with other work; a notice comes when each "
-            "ends. subagent_status shows how they are doing, subagent_output reads an answer (wait to block until "
-            "it ends), subagent_send steers one, subagent_cancel stops one."
+            "ends. task_status shows how they are doing, task_output reads an answer (wait to block until "
+            "it ends), task_send steers one, task_cancel stops one."
         )
 
     def describe(self, arguments: dict[str, Any]) -> str:
@@ -524,10 +524,10 @@ def describe_delegation(
 
 def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResult:
     """The children's answers (`_answers`), then the run they are saved as, to name to the user, and the
-    ids that `subagent_send` continues them by."""
+    ids that `task_send` continues them by."""
     # The ids of the children the parent may continue (on its board; an aborted one takes no more).
     ids = [i for i, r in zip(outcome.task_ids, outcome.results) if i and r.status != "aborted"]
-    more = f"; subagent_send continues {', '.join(ids)}" if ids else ""
+    more = f"; task_send continues {', '.join(ids)}" if ids else ""
     footer = f"\n\n[sub-agent run {outcome.run_id}{more}]" if outcome.run_id else ""
     kept = [r.worktree.describe(r.label.rsplit(" > ", 1)[-1]) for r in outcome.results if r.worktree is not None]
     footer += "".join(f"\n{line}" for line in kept)

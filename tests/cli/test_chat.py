@@ -48,7 +48,7 @@ def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli
     assert [m["role"] for m in log.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert log.messages[1]["content"] == "where is the app?"
     child = load_run("last", home=record.folder)
-    assert log.messages[3]["content"] == f"app.py:1\n\n[sub-agent run {child.run_id}; subagent_send continues scout#1]"
+    assert log.messages[3]["content"] == f"app.py:1\n\n[sub-agent run {child.run_id}; task_send continues scout#1]"
 
 
 def test_a_chat_continues_with_resume_and_chat_resume(tmp_path: Path, write_script: Any, run_cli: Any) -> None:

@@ -37,7 +37,7 @@ def delegate(**arguments: Any) -> dict[str, Any]:
     return call("subagent", **arguments)
 
 
-RUN_FOOTER = re.compile(r"\n\n\[sub-agent run ([^\s;\]]+)(; subagent_send continues [^\]]+)?\]\Z")
+RUN_FOOTER = re.compile(r"\n\n\[sub-agent run ([^\s;\]]+)(; task_send continues [^\]]+)?\]\Z")
 
 
 def answers(path: Path) -> list[str]:
@@ -354,14 +354,21 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path) -> Non
     runner = make_runner(tmp_path, host)
     orchestrator, scout = runner.catalog.get("orchestrator"), runner.catalog.get("scout")
     workspace = Workspace(tmp_path)
-    assert list(runner.delegation_tools(Parent(orchestrator, "o", 0, ModelRef("m"), None), workspace)) == [
+    assert list(runner.board_tools(Parent(orchestrator, "o", 0, ModelRef("m"), None), workspace)) == [
         "subagent",
-        "subagent_status",
-        "subagent_output",
-        "subagent_send",
-        "subagent_cancel",
+        "task_status",
+        "task_output",
+        "task_send",
+        "task_cancel",
     ]
-    assert runner.delegation_tools(Parent(scout, "s", 0, ModelRef("m"), None), workspace) == {}
+    # scout has bash: a bash that starts background commands, and the task tools that apply to them
+    assert list(runner.board_tools(Parent(scout, "s", 0, ModelRef("m"), None), workspace)) == [
+        "bash",
+        "task_output",
+        "task_cancel",
+    ]
+    planner = runner.catalog.get("planner")
+    assert runner.board_tools(Parent(planner, "p", 0, ModelRef("m"), None), workspace) == {}
 
     async def sessions() -> tuple[AgentSession, AgentSession]:
         tool = SubagentTool(workspace, delegate=None, agents={}, depth=0)  # type: ignore[arg-type]
@@ -378,7 +385,7 @@ def test_the_tool_is_offered_only_to_agents_that_grant_it(tmp_path: Path) -> Non
 
 def test_the_description_lists_the_other_agents(tmp_path: Path, scripted_runner: Any) -> None:
     runner = scripted_runner(["x"])
-    tool = runner.delegation_tools(
+    tool = runner.board_tools(
         Parent(runner.catalog.get("orchestrator"), "o", 0, ModelRef("m"), None), Workspace(tmp_path)
     )["subagent"]
     description = tool.schema()["function"]["description"]

@@ -38,7 +38,7 @@ def test_the_description_lists_only_the_granted_agents_and_the_first_warnings(
     runner = scripted_runner(["x"], assume_yes=True)
     parent = Parent(runner.catalog.get("lead"), "lead", 0, ModelRef("m"), None)
 
-    description = runner.delegation_tools(parent, Workspace(tmp_path))["subagent"].schema()["function"]["description"]
+    description = runner.board_tools(parent, Workspace(tmp_path))["subagent"].schema()["function"]["description"]
 
     warnings = runner.catalog.all_warnings()
     assert len(warnings) == 7

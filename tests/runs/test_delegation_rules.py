@@ -277,8 +277,8 @@ def test_two_subagent_calls_in_one_reply_run_concurrently(tmp_path: Path, write_
     log = read_transcript(parent.transcript_path(parent.tasks[0]))
     children = {c.tasks[0].label: c.run_id for c in child_runs(parent)}
     assert [m["content"] for m in log.messages if m["role"] == "tool"] == [
-        f"parser.py\n\n[sub-agent run {children[scout]}; subagent_send continues scout#1]",
-        f"step 1\n\n[sub-agent run {children[planner]}; subagent_send continues planner#1]",
+        f"parser.py\n\n[sub-agent run {children[scout]}; task_send continues scout#1]",
+        f"step 1\n\n[sub-agent run {children[planner]}; task_send continues planner#1]",
     ]
 
 
@@ -335,7 +335,7 @@ def test_a_childs_run_id_from_the_parents_result_works_with_show_and_resume(
     parent = load_run("last")
     messages = read_transcript(parent.transcript_path(parent.tasks[0])).messages
     child_id, more = messages[3]["content"].rsplit("[sub-agent run ", 1)[1].rstrip("]").split("; ")
-    assert more == "subagent_send continues scout#1"
+    assert more == "task_send continues scout#1"
 
     code, out, _ = run_cli("show", child_id)
     assert code == 0 and out.splitlines()[0].startswith(f"run {child_id}  single  finished  1/1 succeeded")

@@ -83,7 +83,7 @@ def test_the_tool_offers_the_workflow_form_only_where_workflows_exist(tmp_path: 
     parent = runner.catalog.get("orchestrator")
 
     def description() -> tuple[str, set[str]]:
-        tool = runner.delegation_tools(Parent(parent, "o", 0, ModelRef("m"), None), Workspace(tmp_path))["subagent"]
+        tool = runner.board_tools(Parent(parent, "o", 0, ModelRef("m"), None), Workspace(tmp_path))["subagent"]
         function = tool.schema()["function"]
         return function["description"], set(function["parameters"]["properties"])
 
@@ -155,7 +155,7 @@ def test_chat_workflow_runs_the_steps_and_the_parent_reads_their_answers(tmp_pat
 def test_a_workflow_in_the_background_starts_each_step_when_its_needs_are_done(tmp_path: Path) -> None:
     write_flow(tmp_path)
     start = call("subagent", workflow="fix", input="dates lose their zone", background=True)
-    read = call("subagent_output", id="planner#1", wait=60)
+    read = call("task_output", id="planner#1", wait=60)
     steps = {"scout": {"replies": [{"content": "src/dates.py:10", "delay": 0.5}]}, "planner": STEPS["planner"]}
     host = scripted_host({"agents": {"orchestrator": {"replies": [start, read, "Planned."]}, **steps}})
     result = run_parent(make_runner(tmp_path, host))
@@ -172,7 +172,7 @@ def test_a_workflow_in_the_background_starts_each_step_when_its_needs_are_done(t
 def test_a_background_workflow_whose_step_fails_skips_the_steps_that_need_it(tmp_path: Path) -> None:
     write_flow(tmp_path)
     start = call("subagent", workflow="fix", input="x", background=True)
-    read = call("subagent_output", id="planner#1", wait=60)
+    read = call("task_output", id="planner#1", wait=60)
     steps = {"scout": {"replies": []}, "planner": STEPS["planner"]}  # the scout has no reply: it fails
     host = scripted_host({"agents": {"orchestrator": {"replies": [start, read, "Gave up."]}, **steps}})
     result = run_parent(make_runner(tmp_path, host))

@@ -57,7 +57,7 @@ def test_a_fork_continues_its_parents_conversation_and_answers_like_a_child(tmp_
     assert len(fork_sent) == len(before_fork) + 3
     # The parent reads the fork's answer as any child's, with its id on the board.
     assert after[-1]["content"].startswith("it says alpha\n\n[sub-agent run ")
-    assert "subagent_send continues fork#1" in after[-1]["content"]
+    assert "task_send continues fork#1" in after[-1]["content"]
 
 
 def test_a_background_fork_starts_at_the_call_and_its_notice_comes_like_a_childs(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_a_background_fork_starts_at_the_call_and_its_notice_comes_like_a_childs
             "lead": [
                 call("subagent", fork=True, task="look deeper", background=True),
                 "Waiting for the fork.",
-                call("subagent_output", id="fork#1"),
+                call("task_output", id="fork#1"),
                 "lead is done",
             ],
             "lead > fork#1": [{"content": "deeper: nothing", "delay": 0.2}],
@@ -364,7 +364,7 @@ def test_a_background_fork_on_the_tiny_model_starts_at_the_call_while_its_parent
         {
             "lead": [
                 tool_call_text("subagent", {"fork": True, "task": "check app.py", "background": True}),
-                tool_call_text("subagent_output", {"id": "fork#1", "wait": True}),
+                tool_call_text("task_output", {"id": "fork#1", "wait": True}),
                 "lead is done",
             ],
             "lead > fork#1": ["app.py prints hi"],
