@@ -171,6 +171,14 @@ IsolationOpt = Annotated[
         help="worktree: each task in a git worktree and branch of its own (writers run at once); none: the shared tree.",
     ),
 ]
+AllowModelOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--allow-model",
+        metavar="NAME",
+        help="A model a delegating agent may name for a sub-agent (repeatable); besides its file's models:.",
+    ),
+]
 # The flags every running command shares: name -> (its `Annotated` alias, its default).
 SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "model": (ModelOpt, None),
@@ -192,6 +200,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "api_key": (ApiKeyOpt, None),
     "sandbox": (SandboxOpt, None),
     "isolation": (IsolationOpt, None),
+    "allow_model": (AllowModelOpt, None),
 }
 
 
@@ -218,6 +227,7 @@ class Shared:
     api_key: str | None
     sandbox: Batching | None
     isolation: Isolation | None
+    allow_model: list[str] | None
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -239,6 +249,7 @@ class Shared:
             api_key=self.api_key,
             sandbox=None if self.sandbox is None else self.sandbox == Batching.on,
             isolation=self.isolation.value if self.isolation else None,
+            allow_models=tuple(self.allow_model or ()),
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None, *, plan: bool = False) -> Runner:

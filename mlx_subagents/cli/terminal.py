@@ -38,7 +38,7 @@ COMMANDS = {
     "/usage": "tokens, context and KV cache of this chat and its sub-agents",
     "/compact": "summarise the conversation so far, to free context",
     "/think": "show the last reply's reasoning in full (the chat shows it folded)",
-    "/workflow": "/workflow NAME INPUT: run a named workflow as the parent's sub-agents; it reads their answers next",
+    "/workflow": '/workflow NAME INPUT (or {"steps": [...]}): run a workflow as the parent\'s sub-agents; it reads their answers next',
     "/tasks": "the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
     "/send": "/send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
     "/cancel": "/cancel ID: stop a background sub-agent (its bash commands are killed)",

@@ -326,7 +326,13 @@ class AgentsServer:
             )
         runner = await self._runner(ctx)
         try:
-            call = parse_delegation(arguments, runner.workspace, runner.catalog.agents, tool="run_agents")
+            call = parse_delegation(
+                arguments,
+                runner.workspace,
+                runner.catalog.agents,
+                tool="run_agents",
+                workflows=bool(runner.workflow_names()),
+            )
         except ToolError as exc:
             return _error(f"Error: {exc}")
         token = (ctx.meta or {}).get("progress_token")
@@ -362,7 +368,11 @@ class AgentsServer:
         tasks = self._tasks(runner)
         try:
             call = parse_delegation(
-                {**arguments, "background": True}, runner.workspace, runner.catalog.agents, tool="start_agents"
+                {**arguments, "background": True},
+                runner.workspace,
+                runner.catalog.agents,
+                tool="start_agents",
+                workflows=bool(runner.workflow_names()),
             )
         except ToolError as exc:
             return _error(f"Error: {exc}")
@@ -464,7 +474,11 @@ def run_schema(runner: Runner) -> dict[str, Any]:
     workflow form where the workspace has named workflows."""
     in_repository = repository_root(runner.workspace.root) is not None
     return delegation_schema(
-        background=False, workflows=bool(runner.workflow_names()), isolation=in_repository, forks=False
+        background=False,
+        workflows=bool(runner.workflow_names()),
+        isolation=in_repository,
+        forks=False,
+        models=runner.preparer.offered_models(None),  # the operator's grants (`--allow-model`), imported models
     )
 
 

@@ -206,9 +206,11 @@ class TaskBoard:
             ids.append(task_id)
         return ids
 
-    def release(self, ids: list[str]) -> None:
-        """Give back reserved ids that were not used (a start that failed its checks)."""
+    def release(self, ids: Sequence[str]) -> None:
+        """Give back reserved ids that were not used (a start that failed its checks); an id in use stays."""
         for task_id in reversed(ids):
+            if task_id not in self._pending:
+                continue
             self._pending.discard(task_id)
             agent, _, n = task_id.rpartition("#")
             if n.isdigit() and self._n_started[agent] == int(n):

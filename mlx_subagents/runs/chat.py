@@ -15,14 +15,15 @@ input)` is `/workflow`, and `close()`
 
 from __future__ import annotations
 
+import json
 from typing import cast
 
 from ..agents.inbox import Delivery
-from ..errors import RequestError
+from ..errors import RequestError, ToolError
 from ..events import Event, ReasoningData, TaskEndData
 from ..host.protocol import TextCallback
 from ..results import MultiRunResult, RunResult, RunUsage, TaskStatus
-from ..tools.subagent import Delegation, format_outcome
+from ..tools.subagent import Delegation, format_outcome, parse_delegation
 from .board import TaskBoard
 from .runner import Runner
 from .task import TaskHandle
@@ -78,19 +79,48 @@ class Chat:
         self.runner.refresh_agents()  # an agent file added since the last turn can be started now
         return await self.handle.ask(message)
 
-    async def workflow(self, name: str, input: str) -> MultiRunResult:
-        """`/workflow NAME INPUT`: the named workflow's steps run as the parent's sub-agents, checked as
-        `subagent workflow` checks them and as the parent's own calls are (its grants, the caps); the
-        parent reads the steps' answers at its next turn, as a notice, so the chat can go on from them."""
-        if not name.strip():
-            raise RequestError("say which workflow: /workflow NAME INPUT (subagent workflows lists them)")
-        call = Delegation("workflow", (), self.handle.workspace, workflow=name.strip(), input=input)
+    async def workflow(self, name: str, input: str = "") -> MultiRunResult:
+        """`/workflow NAME INPUT`, or `/workflow {"steps": [...], "input": ...}` (an inline workflow: `name`
+        and `input` are then the JSON object, split at its first space): the steps run as the parent's
+        sub-agents, checked as `subagent workflow` checks them and as the parent's own calls are (its
+        grants, the caps); the parent reads the steps' answers at its next turn, as a notice, so the chat
+        can go on from them."""
+        if name.lstrip().startswith("{"):
+            call = self._inline(f"{name} {input}".strip())
+        elif not name.strip():
+            raise RequestError(
+                'say which workflow: /workflow NAME INPUT (subagent workflows lists them), or /workflow {"steps": [...]}'
+            )
+        else:
+            call = Delegation("workflow", (), self.handle.workspace, workflow=name.strip(), input=input)
         # Saved in the chat's run folder; before the chat's first message there is none: a run of its own.
         parent = self.board.parent or self.handle.prepared.as_parent(None)
         outcome = await self.runner.delegate(call, parent, self.board)
         answer = format_outcome(call, outcome).output
-        self.handle.inbox.put(Delivery("task_notice", f"[the user ran the workflow {call.workflow}]\n{answer}"))
+        ran = f"the workflow {call.workflow}" if call.workflow else f"a workflow of {len(call.steps)} steps"
+        self.handle.inbox.put(Delivery("task_notice", f"[the user ran {ran}]\n{answer}"))
         return outcome
+
+    def _inline(self, text: str) -> Delegation:
+        """An inline workflow typed as JSON, read by the `subagent` tool's parser; one line when it is not one."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RequestError(
+                f"/workflow: the steps are not valid JSON ({exc.msg} at character {exc.pos}); "
+                'give {"steps": [{"name": ..., "agent": ..., "task": ..., "needs": [...]}], "input": ...}'
+            ) from None
+        if not isinstance(data, dict) or not data.get("steps"):
+            raise RequestError('/workflow takes NAME INPUT or {"steps": [...], "input": ...}; no steps given')
+        try:
+            call = parse_delegation(
+                data, self.handle.workspace, self.runner.catalog.agents, tool="/workflow", workflows=False
+            )
+        except ToolError as exc:
+            raise RequestError(str(exc)) from None
+        if call.mode != "workflow":
+            raise RequestError('/workflow takes NAME INPUT or {"steps": [...], "input": ...}; no steps given')
+        return call
 
     def interrupt(self, reason: str = INTERRUPTED) -> bool:
         """Abort the running turn and the sub-agents it waits for (background ones run on); False when

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..agents.compaction import CompactionSettings
+from ..agents.context import repository_root
 from ..agents.discovery import AgentCatalog, discover_agents
 from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
@@ -53,13 +54,23 @@ from ..tools.subagent import READ_MORE, Delegation, ForkPoint, SubagentTool
 from .board import TaskBoard
 from .execution import Execution
 from .generation import Generation
+from .model_grants import describe_models
 from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
 from .slots import Slots, lend
 from .task import SessionNames, TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
-from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
+from .workflow import (
+    INLINE,
+    Workflow,
+    check_agents,
+    discover_workflows,
+    find_workflow,
+    inline_workflow,
+    load_workflow,
+    plan_workflow,
+)
 from .worktrees import Worktree, make_worktree, remove_worktree
 
 
@@ -230,7 +241,7 @@ class Runner:
         """A `subagent` call with `background: true`: its tasks (or chain or workflow steps, each waiting
         for the ones it needs) started on the parent's board; nothing starts if any of them cannot."""
         if call.mode == "workflow":
-            tasks, order = plan_workflow(self._named_workflow(call.workflow), call.input)
+            tasks, order = plan_workflow(self.workflow_of(call), call.input)
             tasks = [replace(t, label="", isolation=call.isolation or t.isolation) for t in tasks]  # ids as any task's
             where = {"workspace": call.workspace, "shared_input": call.input}
             return await self._start_all(tasks, board, delegated=True, steps=order, **where)  # type: ignore[arg-type]
@@ -405,28 +416,37 @@ class Runner:
     # -- delegation ---------------------------------------------------------------------------------
 
     async def delegate(self, call: Delegation, parent: Parent | None, board: TaskBoard | None = None) -> MultiRunResult:
-        """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
+        """Run a `subagent` tool call's children, labelled `parent > id`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
         agent the parent may not start raises before anything starts, like any request. `parent`
         None: a call from outside the runner (`subagent mcp`), whose tasks run at the top level.
 
         Args:
-            board: the parent's task board: the children that ran are kept there under ids (`scout#1`),
-                so that the parent reads a cut answer with `task_output` (the cut note says how).
+            board: the parent's task board: the children that ran are kept there under ids (their label,
+                else `scout#1`), so that the parent continues one with `task_send` and reads a cut answer
+                with `task_output` (the cut note says how).
         """
-        if call.mode == "workflow":
-            return await self._delegate_workflow(call, parent, board)
-        tasks = label_tasks(call_tasks(call))
-        if parent is not None:
-            tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-        places = [call.workspace_of(i) for i in range(len(tasks))]
-        where: dict[str, Any] = {"parent": parent, "workspace": places, "delegated": True}
-        under = Delegating(parent, board, call.fork_point)
+        tasks, order, ids = self._child_tasks(call, parent, board)
+        under = Delegating(parent, board, call.fork_point, ids)
+        try:
+            return await self._delegate(call, tasks, order, under)
+        finally:
+            if board is not None and ids:
+                board.release(ids)  # those that never started (a failed check, a child that could not be set up)
+
+    async def _delegate(
+        self, call: Delegation, tasks: list[TaskSpec], order: Steps, under: Delegating
+    ) -> MultiRunResult:
+        workflow = call.mode == "workflow"
+        places = call.workspace if workflow else [call.workspace_of(i) for i in range(len(tasks))]
+        where: dict[str, Any] = {"parent": under.parent, "workspace": places, "delegated": True}
+        if workflow:  # checked as `subagent workflow` checks it, then as any delegated request
+            prepared = await self._prepare(tasks, shared_input=call.input, **where)
+            return await self._execute(
+                "workflow", prepared, concurrency=self.options.concurrency, steps=order, under=under
+            )
         if call.mode != "parallel":
-            order = Steps()
-            if call.mode == "chain":
-                tasks, order = plan_chain(tasks)
             prepared = await self._prepare(tasks, **where)
             return await self._execute(call.mode, prepared, concurrency=1, steps=order, under=under)
         each = await self.preparer.prepare_each(tasks, **where)
@@ -434,6 +454,8 @@ class Runner:
         ready = [p for p in each if isinstance(p, PreparedTask)]
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
         if ready:
+            ids = [i for n, i in enumerate(under.ids) if n not in failed] if under.ids is not None else None
+            under = replace(under, ids=ids)
             outcome = await self._execute("parallel", ready, concurrency=self.options.concurrency, under=under)
         ran = iter(outcome.results)
         ran_ids = iter(outcome.task_ids or [None] * len(ready))
@@ -443,24 +465,38 @@ class Runner:
             update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results), "task_ids": ids}
         )
 
-    async def _delegate_workflow(
+    def _child_tasks(
         self, call: Delegation, parent: Parent | None, board: TaskBoard | None
-    ) -> MultiRunResult:
-        """A `{"workflow": NAME, "input": ...}` call: the named workflow's steps run as the caller's
-        children, checked as `subagent workflow` checks them (its file, graph and agents, then the
-        whole request as any delegation: grants, caps, local models) before any step starts."""
-        tasks, order = plan_workflow(self._named_workflow(call.workflow), call.input)
-        tasks = [replace(t, isolation=call.isolation or t.isolation) for t in tasks]
-        if parent is not None:
-            tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-        where = {"parent": parent, "workspace": call.workspace, "shared_input": call.input, "delegated": True}
-        prepared = await self._prepare(tasks, **where)  # type: ignore[arg-type]
-        under = Delegating(parent, board)
-        return await self._execute("workflow", prepared, concurrency=self.options.concurrency, steps=order, under=under)
+    ) -> tuple[list[TaskSpec], Steps, list[str] | None]:
+        """A delegated call's tasks and their order, each labelled `parent > id` by the id it gets on its
+        parent's board (the label it was given, else `agent#N`, so that siblings from separate calls differ
+        in progress lines and transcripts); the ids are reserved now, the unused ones given back by the caller.
 
-    def _named_workflow(self, name: str) -> Workflow:
-        """A workflow a call names, checked as `subagent workflow` checks it: its file, graph and agents."""
-        workflow = load_workflow(find_workflow(name, self.cwd))
+        A workflow's steps (named or inline) keep their names as step ids; their ids are `agent#N`."""
+        if call.mode == "workflow":
+            tasks, order = plan_workflow(self.workflow_of(call), call.input)
+            tasks = [replace(t, isolation=call.isolation or t.isolation) for t in tasks]
+            given = [""] * len(tasks)
+        else:
+            asked = call_tasks(call)
+            given = [t.label.strip() for t in asked]
+            tasks, order = label_tasks(asked), Steps()
+            if call.mode == "chain":
+                tasks, order = plan_chain(tasks)
+        if parent is None:
+            return tasks, order, None
+        ids = board.reserve_ids(["fork" if t.fork else t.agent for t in tasks], given) if board is not None else None
+        names = ids or [t.label for t in tasks]
+        return [replace(t, label=f"{parent.label} > {i}") for t, i in zip(tasks, names)], order, ids
+
+    def workflow_of(self, call: Delegation) -> Workflow:
+        """The workflow a call runs, checked as `subagent workflow` checks one: an inline one's steps
+        (`steps`: names, graph, agents), or a named one's file, graph and agents."""
+        if call.steps:
+            workflow = inline_workflow([s.model_dump() for s in call.steps])
+            check_agents(workflow, self.catalog, where=INLINE)
+            return workflow
+        workflow = load_workflow(find_workflow(call.workflow, self.cwd))
         check_agents(workflow, self.catalog)
         return workflow
 
@@ -511,6 +547,13 @@ class Runner:
 
         granted = parent.spec.agents
         agents = {n: a.description for n, a in self.catalog.agents.items() if granted is None or n in granted}
+        models = self.preparer.offered_models(parent)
+
+        def list_models() -> str:
+            listed = [n for n in agents if n != parent.spec.name]
+            runs_on = self.preparer.runs_on(parent, listed)
+            return describe_models(self.preparer.granted_models(parent), self.preparer.hosts, runs_on)
+
         return SubagentTool(
             workspace,
             delegate=delegate,
@@ -524,7 +567,11 @@ class Runner:
             concurrency=self.options.concurrency,
             workflows=self.workflow_names(),
             background_agents=[n for n, a in self.catalog.agents.items() if a.background],
+            # `isolation` is offered inside a git repository only (every field costs a small model's context)
+            isolation=repository_root(workspace.root) is not None,
             forked=forked,
+            models=models,
+            list_models=list_models if models else None,
         )
 
     def cancel(self, *, background: bool = True, reason: str | None = None) -> bool:
@@ -610,6 +657,7 @@ class Delegating:
     parent: Parent | None = None
     board: TaskBoard | None = None
     fork_point: ForkPoint | None = None
+    ids: Sequence[str] | None = None  # the ids reserved for its tasks on `board` (`Runner._child_tasks`)
 
     @property
     def folder(self) -> Path | None:
@@ -620,6 +668,8 @@ class Delegating:
         """An id per task on the parent's board (a fork's `fork#N`); none at the top level."""
         if self.board is None:
             return [None] * len(prepared)
+        if self.ids is not None:
+            return list(self.ids)
         return list(self.board.reserve_ids(["fork" if p.task.fork else p.task.agent for p in prepared]))
 
 

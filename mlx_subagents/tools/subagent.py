@@ -27,17 +27,25 @@ from ..userfiles import error_message, error_path
 from .base import Tool, ToolResult, _strip_titles, error_result, tool_failure
 from .workspace import Workspace
 
-DelegationMode = Literal["single", "parallel", "chain", "workflow"]
+DelegationMode = Literal["single", "parallel", "chain", "workflow", "models"]
 READ_MORE = 'read the rest with task_output {{"id": "{id}", "offset": {{offset}}}}'
 
-FORMS = (
-    "use exactly one of these forms: "
-    '{"agent": "NAME", "task": "TEXT"} for one task; '
-    f'{{"tasks": [{{"agent": "NAME", "task": "TEXT"}}, ...]}} for up to {MAX_TASKS} independent tasks in parallel; '
-    '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
-    "the previous step's answer; "
-    '{"workflow": "NAME", "input": "TEXT"} for a named workflow on an input'
-)
+
+def forms(*, workflows: bool = True) -> str:
+    """The forms a call takes, for its error lines: the named-workflow form only where `workflows` exist."""
+    named = '; {"workflow": "NAME", "input": "TEXT"} for a named workflow on an input' if workflows else ""
+    return (
+        "use exactly one of these forms: "
+        '{"agent": "NAME", "task": "TEXT"} for one task; '
+        f'{{"tasks": [{{"agent": "NAME", "task": "TEXT"}}, ...]}} for up to {MAX_TASKS} independent tasks in parallel; '
+        '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
+        "the previous step's answer; "
+        '{"steps": [{"name": "N", "agent": "NAME", "task": "TEXT", "needs": ["M"]}, ...]} for steps that start '
+        "when the steps they need are done, where {M} in a task is step M's answer" + named
+    )
+
+
+FORMS = forms()
 
 
 MAX_LABEL_CHARS = 60
@@ -66,6 +74,19 @@ class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a si
     isolation: Isolation
 
 
+class StepTask(BaseModel):  # one step of an inline workflow (`steps`); the top's `steps` says what they are
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    agent: str
+    task: str
+    needs: list[str] = Field(default_factory=list, description="Names of the steps it waits for.")
+    model: str = ""
+    max_turns: Optional[int] = Field(default=None, gt=0)
+    timeout: Optional[float] = Field(default=None, gt=0)
+    isolation: Literal["", "none", "worktree"] = ""
+
+
 class SubagentParams(BaseModel):  # flat: a small model fills in optional fields more reliably than a union
     model_config = ConfigDict(extra="forbid")
 
@@ -73,12 +94,19 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
     task: str = Field(default="", description="One task: what it should do, with every detail it needs.")
     label: Label
     fork: bool = Field(default=False, description="You, with this conversation so far, do it (no agent; any form).")
+    model: str = Field(default="", description="A local model for it.")
+    max_turns: Optional[int] = Field(default=None, gt=0, description="Fewer turns than its limit.")
+    timeout: Optional[float] = Field(default=None, gt=0, description="Fewer seconds than its limit.")
     tasks: list[ChildTask] = Field(default_factory=list, description=f"Parallel: up to {MAX_TASKS} independent tasks.")
     chain: list[ChildTask] = Field(
         default_factory=list, description="Chain: steps run in order; {previous} in a task is the previous answer."
     )
+    steps: list[StepTask] = Field(
+        default_factory=list, description="Workflow: a step starts once its needs are done; {name} is its answer."
+    )
     workflow: str = Field(default="", description="Workflow: a named workflow to run.")
     input: str = Field(default="", description="Workflow: its input.")
+    models: bool = Field(default=False, description="List the models you may name.")
     cwd: str = Field(
         default="", description="A folder inside the workspace for the sub-agents (default: the workspace)."
     )
@@ -111,6 +139,7 @@ class Delegation:
     Args:
         workspaces: per task, its own folder (its `cwd`, else the call's); empty: `workspace` for all.
         workflow, input: a workflow call's workflow name and input (its steps are the runner's to plan).
+        steps: an inline workflow's steps (`tasks` holds each step's task too, for who reads agents).
         isolation: the call's `isolation` (a task's own wins): `worktree`, `none`, or "" for the agent's.
         fork_point: for a call with forks, where they start: the caller's host session and messages.
     """
@@ -124,6 +153,7 @@ class Delegation:
     input: str = ""
     isolation: str = ""
     fork_point: ForkPoint | None = None
+    steps: tuple[StepTask, ...] = ()
 
     @property
     def forks(self) -> bool:
@@ -160,6 +190,8 @@ class SubagentTool(Tool):
         background_agents: agents whose files say `background: true` (see `parse_delegation`).
         forked: the calling session is itself a fork: every call gets an error result, while the
             tool stays listed so that the fork's prompt keeps its parent's prefix.
+        models: the models a call may name (its grants), offered by name in the schema; empty: none.
+        list_models: what the `models` form answers (the granted models and what each agent runs on).
     """
 
     name = "subagent"
@@ -189,9 +221,13 @@ class SubagentTool(Tool):
         background_agents: Collection[str] = (),
         isolation: bool = False,
         forked: bool = False,
+        models: Sequence[str] = (),
+        list_models: Callable[[], str] | None = None,
     ) -> None:
         super().__init__(workspace)
         self.forked = forked
+        self.models = tuple(models)
+        self.list_models = list_models
         # The calling session's messages and host session, bound by the session (`AgentSession`):
         # what a fork starts from.
         self.conversation: Callable[[], Sequence[Message]] | None = None
@@ -215,7 +251,10 @@ class SubagentTool(Tool):
     def schema(self) -> dict[str, Any]:  # type: ignore[override]
         """Per instance: the description lists this runner's agents; `background` only where it works."""
         parameters = delegation_schema(
-            background=self.start is not None, workflows=bool(self.workflows), isolation=self.isolation
+            background=self.start is not None,
+            workflows=bool(self.workflows),
+            isolation=self.isolation,
+            models=self.models,
         )
         return {
             "type": "function",
@@ -244,9 +283,14 @@ class SubagentTool(Tool):
                 tool=self.name,
                 listed=self.agents,
                 background_agents=self.background_agents,
+                workflows=bool(self.workflows),
             )
         except ToolError as exc:
             return error_result(str(exc))
+        if delegation.mode == "models":
+            if self.list_models is None:
+                return error_result(f"{self.name}: no models are granted here; leave model out")
+            return ToolResult(self.list_models())
         if delegation.forks:
             if self.conversation is None:
                 return error_result(f"{self.name}: forks are not available here; name an agent instead")
@@ -292,26 +336,42 @@ class SubagentTool(Tool):
             return f"{name} {arguments.get('agent') or 'fork'}: {one_line(str(arguments.get('task', '')), 80)}"
         if arguments.get("workflow"):
             return f"{name} workflow {arguments['workflow']}: {one_line(str(arguments.get('input', '')), 80)}"
+        steps = arguments.get("steps")
+        if isinstance(steps, list) and steps:
+            named = [f"{i.get('name', '?')} ({i.get('agent', '?')})" for i in steps if isinstance(i, dict)]
+            return f"{name} steps: {', '.join(named)}"
+        if arguments.get("models") is True:
+            return f"{name} models"
         return f"{name} (no task)"
 
 
 def delegation_schema(
-    *, background: bool, workflows: bool = False, isolation: bool = False, forks: bool = True
+    *,
+    background: bool,
+    workflows: bool = False,
+    isolation: bool = False,
+    forks: bool = True,
+    models: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The call's parameters as JSON schema: the forms and `cwd`; `background` where it works, the
-    workflow form where named workflows exist, `isolation` inside a git repository and `fork` where a
-    calling agent's conversation exists to continue (every field costs a small model's context).
+    named-workflow form where named workflows exist, `isolation` inside a git repository, `fork` where
+    a calling agent's conversation exists to continue, and `model` (and the `models` form) where models
+    are granted, as an enum of their names (every field costs a small model's context).
 
     The `subagent` tool and the MCP server's `run_agents` and `start_agents` take these forms."""
     parameters = _inline_refs(_strip_titles(SubagentParams.model_json_schema()))
-    absent = ([] if background else ["background"]) + ([] if workflows else ["workflow", "input"])
+    absent = ([] if background else ["background"]) + ([] if workflows else ["workflow"])
+    absent += [] if models else ["models"]
     for name in absent:
         del parameters["properties"][name]
-    every = (parameters, parameters["properties"]["tasks"]["items"], parameters["properties"]["chain"]["items"])
-    for name, offered in (("isolation", isolation), ("fork", forks)):
+    properties = parameters["properties"]
+    every = (parameters, properties["tasks"]["items"], properties["chain"]["items"], properties["steps"]["items"])
+    for name, offered in (("isolation", isolation), ("fork", forks), ("model", bool(models))):
         if not offered:
             for fields in every:
                 fields["properties"].pop(name, None)
+    for fields in every if models else ():
+        fields["properties"]["model"]["enum"] = ["", *models]
     return parameters
 
 
@@ -323,6 +383,7 @@ def parse_delegation(
     tool: str = "subagent",
     listed: Collection[str] | None = None,
     background_agents: Collection[str] = (),
+    workflows: bool = True,
 ) -> Delegation:
     """A call's `Delegation`, or `ToolError` with what the caller reads: what is wrong, the forms
     and the agents (`invalid TOOL call: ...`), or the `cwd` that is not a folder of the workspace.
@@ -333,16 +394,17 @@ def parse_delegation(
         listed: the agents the messages name (default: `agents`): those the caller may start.
         background_agents: agents whose files say `background: true`: a call without `background`
             whose every task starts one runs in the background (the call site wins when it says).
+        workflows: whether named workflows exist here (the error lines name that form only then).
     """
     names = agents if listed is None else listed
     try:
         params = SubagentParams.model_validate(arguments)
         mode, items = _mode(params, agents)
     except ValidationError as exc:
-        raise ToolError(_usage(tool, _validation_problem(exc), names)) from None
+        raise ToolError(_usage(tool, _validation_problem(exc), names, workflows)) from None
     except ToolError as exc:
-        raise ToolError(_usage(tool, str(exc), names)) from None
-    where = "" if mode == "single" else ("tasks" if mode == "parallel" else "chain")
+        raise ToolError(_usage(tool, str(exc), names, workflows)) from None
+    where = {"single": "", "parallel": "tasks", "chain": "chain"}.get(mode, "steps")
     call_root = _folder(workspace, params.cwd, "cwd", workspace.root)
     roots = [_folder(workspace, t.cwd, f"{where}[{i}].cwd", call_root) for i, t in enumerate(items)]
     background = params.background
@@ -357,6 +419,7 @@ def parse_delegation(
         workflow=params.workflow.strip(),
         input=params.input,
         isolation=params.isolation,
+        steps=tuple(params.steps),
     )
 
 
@@ -370,44 +433,60 @@ def _folder(workspace: Workspace, cwd: str, field: str, default: Path) -> Path:
 
 def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMode, list[ChildTask]]:
     single = bool(params.agent.strip() or params.task.strip() or params.fork)
-    if params.fork and (params.tasks or params.chain or params.workflow.strip()):
+    if params.fork and (params.tasks or params.chain or params.steps or params.workflow.strip()):
         raise ToolError("'fork' at the top goes with 'task' only; in 'tasks' or 'chain', set it in the item")
     forms = (
         ("single", single),
         ("parallel", bool(params.tasks)),
         ("chain", bool(params.chain)),
+        ("steps", bool(params.steps)),
         ("workflow", bool(params.workflow.strip())),
+        ("models", params.models),
     )
     given = [mode for mode, present in forms if present]
     if not given:
         raise ToolError("'input' is given without 'workflow'" if params.input.strip() else "no task given")
+    fields = {"single": "agent/task", "parallel": "tasks", "chain": "chain", "steps": "steps"}
     if len(given) > 1:
-        fields = {"single": "agent/task", "parallel": "tasks", "chain": "chain", "workflow": "workflow"}
-        raise ToolError(f"{' and '.join(fields[m] for m in given)} given together")
-    mode: DelegationMode = given[0]  # type: ignore[assignment]
-    if params.input.strip() and mode != "workflow":
-        raise ToolError("'input' goes with 'workflow' only")
-    if mode == "workflow":
-        return mode, []
-    if mode == "single":
-        items = [ChildTask(agent=params.agent, task=params.task, label=params.label, fork=params.fork)]
-    elif mode == "parallel":
-        items = list(params.tasks)
+        raise ToolError(f"{' and '.join(fields.get(m, m) for m in given)} given together")
+    form = given[0]
+    if params.input.strip() and form not in ("workflow", "steps"):
+        raise ToolError("'input' goes with 'workflow' or 'steps' only")
+    if form in ("workflow", "models"):
+        return form, []  # type: ignore[return-value]
+    if form == "single":
+        one = {k: getattr(params, k) for k in ("agent", "task", "label", "fork", "model", "max_turns", "timeout")}
+        items = [ChildTask(**one, isolation=params.isolation)]
+    elif form == "steps":
+        items = [_step_task(step, i, agents) for i, step in enumerate(params.steps)]
+        return "workflow", items
     else:
-        items = list(params.chain)
+        items = list(params.tasks if form == "parallel" else params.chain)
     for i, item in enumerate(items):
-        where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
+        where = "" if form == "single" else f"{form if form == 'chain' else 'tasks'}[{i}]."
         if item.fork:
-            _check_fork(item, where, chain_step=i if mode == "chain" else 0)
+            _check_fork(item, where, chain_step=i if form == "chain" else 0)
             continue
         if not item.agent.strip():
             raise ToolError(f"'{where}agent' is empty")
         # In parallel, a child that cannot start fails alone (the runner says why); its siblings run.
-        if mode != "parallel" and item.agent.strip().lower() not in agents:
+        if form != "parallel" and item.agent.strip().lower() not in agents:
             raise ToolError(f"unknown agent '{item.agent}'")
         if not item.task.strip():
             raise ToolError(f"'{where}task' is empty: say what {item.agent} should do")
-    return mode, items
+    return form, items  # type: ignore[return-value]
+
+
+def _step_task(step: StepTask, index: int, agents: Collection[str]) -> ChildTask:
+    """An inline workflow step as the task it runs (its graph is checked as a workflow file's, by the runner)."""
+    where = f"steps[{index}]."
+    for field in ("name", "agent", "task"):
+        if not getattr(step, field).strip():
+            raise ToolError(f"'{where}{field}' is empty")
+    if step.agent.strip().lower() not in agents:
+        raise ToolError(f"unknown agent '{step.agent}'")
+    choices = {k: getattr(step, k) for k in ("agent", "task", "model", "max_turns", "timeout", "isolation")}
+    return ChildTask(**choices, label=step.name.strip()[:MAX_LABEL_CHARS])
 
 
 FORK_PLACEHOLDER = "(forked: a copy of this conversation does this call's task)"
@@ -444,8 +523,9 @@ def fork_point(messages: Sequence[Message]) -> tuple[Message, ...]:
     return tuple(out)  # type: ignore[arg-type]
 
 
-def _usage(tool: str, problem: str, agents: Collection[str]) -> str:
-    return f"invalid {tool} call: {problem}; {FORMS}. Available agents: {', '.join(sorted(agents)) or 'none'}"
+def _usage(tool: str, problem: str, agents: Collection[str], workflows: bool = True) -> str:
+    listing = ", ".join(sorted(agents)) or "none"
+    return f"invalid {tool} call: {problem}; {forms(workflows=workflows)}. Available agents: {listing}"
 
 
 def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
@@ -504,13 +584,15 @@ def describe_delegation(
         f"{concurrency} at a time.\n"
         '- {"chain": [{"agent": NAME, "task": TEXT}, ...]}: steps in order; {previous} in a task is the '
         "previous step's answer.\n"
+        '- {"steps": [{"name": N, "agent": NAME, "task": TEXT, "needs": [M, ...]}, ...]}: a workflow; a step '
+        "starts once the steps it needs are done, and {M} in its task is step M's answer.\n"
         + (
             f'- {{"workflow": NAME, "input": TEXT}}: a named workflow of steps on an input ({", ".join(workflows)}).\n'
             if workflows
             else ""
         )
         + (
-            '"background": true (any form): carry on at once; use the ids with the subagent_* tools.\n'
+            '"background": true (any form): carry on at once; use the ids with the task_* tools.\n'
             if background
             else ""
         )
@@ -540,16 +622,20 @@ def _answers(delegation: Delegation, outcome: MultiRunResult, reserve: int) -> T
     results = outcome.results
     if delegation.mode == "single":
         result = results[0]
+        # A labelled child's id (its label) starts the result, so the model sees the name it gave work.
+        given = delegation.tasks[0].label.strip() if delegation.tasks else ""
+        name = f"[{(outcome.task_ids or [None])[0] or given}] " if given else ""
         if result.ok:
-            return ToolResult(result.output or NO_ANSWER)
-        head = f"Error: agent '{result.agent}' {_status(result)}"
+            return ToolResult(f"{name}{result.output or NO_ANSWER}")
+        head = f"Error: {name}agent '{result.agent}' {_status(result)}"
         return ToolResult(f"{head}\n\n{result.output}" if result.output else head, is_error=True)
     if delegation.mode == "parallel":
         labels = [r.label.rsplit(" > ", 1)[-1] for r in results]
         title = f"Parallel: {outcome.succeeded}/{outcome.total} tasks completed"
     elif delegation.mode == "workflow":
         labels = [f"{r.step_id}: {r.agent}" for r in results]
-        title = f"Workflow {delegation.workflow}: {outcome.succeeded}/{outcome.total} steps completed"
+        named = f" {delegation.workflow}" if delegation.workflow else ""
+        title = f"Workflow{named}: {outcome.succeeded}/{outcome.total} steps completed"
     elif outcome.ok:
         return ToolResult(results[-1].output or NO_ANSWER)
     else:

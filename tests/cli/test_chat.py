@@ -37,8 +37,8 @@ def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli
     record = load_run("last")
     assert err.splitlines() == [
         "▸ subagent scout: find the app",
-        "  ↳ scout (scout) started",
-        "  ✓ scout completed (1 turns)",
+        "  ↳ scout#1 (scout) started",
+        "  ✓ scout#1 completed (1 turns)",
         err.splitlines()[3],  # the usage line
         f"saved as run {record.run_id}; continue with: subagent chat --resume {record.run_id}",
     ]
@@ -132,7 +132,8 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
         "/usage     tokens, context and KV cache of this chat and its sub-agents",
         "/compact   summarise the conversation so far, to free context",
         "/think     show the last reply's reasoning in full (the chat shows it folded)",
-        "/workflow  /workflow NAME INPUT: run a named workflow as the parent's sub-agents; it reads their answers next",
+        '/workflow  /workflow NAME INPUT (or {"steps": [...]}): run a workflow as the parent\'s sub-agents; it reads '
+        "their answers next",
         "/tasks     the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
         "/send      /send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
         "/cancel    /cancel ID: stop a background sub-agent (its bash commands are killed)",
@@ -180,7 +181,7 @@ def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: P
         term.send("\x03")
         shown = term.expect("the chat goes on (/exit leaves)\n> ")
         assert all_dead(pids), "a child's process survived Ctrl-C"
-        assert "✗ worker aborted: aborted by the user (Ctrl-C)" in shown
+        assert "✗ worker#1 aborted: aborted by the user (Ctrl-C)" in shown
         term.send("/usage\n")
         assert "sub-agents: 1 runs, 1 turns" in term.expect("saved as run ")
         term.send("are you there?\n")
@@ -302,8 +303,8 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runne
     first, second, chat = asyncio.run(main())
     assert (first.output, second.output) == ("The scout found app.py.", "Nothing else.")
     assert screen.getvalue() == (
-        "Let me ask. \n▸ subagent scout: list the files\n  ↳ scout (scout) started\n"
-        "  ✓ scout completed (1 turns)\nThe scout found app.py.\nNothing else.\n"
+        "Let me ask. \n▸ subagent scout: list the files\n  ↳ scout#1 (scout) started\n"
+        "  ✓ scout#1 completed (1 turns)\nThe scout found app.py.\nNothing else.\n"
     )
     assert second.usage.turns == 3 and second.usage.cached_tokens > first.usage.cached_tokens > 0
     assert chat.n_children == 1 and chat.children_usage.turns == 1

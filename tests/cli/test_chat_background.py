@@ -124,11 +124,11 @@ def test_ctrl_c_stops_the_turn_then_the_background_sub_agents(tmp_path: Path, wr
         term.expect("/exit leaves\n> ")
         term.send("start it\n")
         pids = wait_for_pids(tmp_path, time.monotonic() + 15)
-        term.expect("↳ scout (scout) started")
+        term.expect("↳ scout#1 (scout) started")
         term.send("\x03")
         shown = term.expect("the chat goes on (/exit leaves)\n> ")
         assert "1 background sub-agent(s) run on (Ctrl-C again stops them too)" in shown
-        assert "✗ scout aborted" in shown
+        assert "✗ scout#1 aborted" in shown
         assert all(alive(p) for p in pids), "the first Ctrl-C stopped a background sub-agent"
         term.send("/tasks\n")
         assert re.search(r"worker#1\s+worker\s+running", term.expect("\n> "))

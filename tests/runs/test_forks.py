@@ -186,8 +186,8 @@ def test_forks_in_tasks_run_side_by_side_and_cannot_delegate_again(tmp_path: Pat
                 ),
                 "both done",
             ],
-            "lead > fork#1": [call("subagent", fork=True, task="deeper"), "one done"],
-            "lead > fork#2": ["two done"],
+            "lead > first": [call("subagent", fork=True, task="deeper"), "one done"],  # its label is its id
+            "lead > fork#1": ["two done"],
         },
     )
 
@@ -196,12 +196,12 @@ def test_forks_in_tasks_run_side_by_side_and_cannot_delegate_again(tmp_path: Pat
     assert result.output == "both done"
     answer = host.history["lead"][1][-1]["content"]
     assert answer.startswith(
-        "Parallel: 2/2 tasks completed\n\n### [first] completed\none done\n\n### [fork] completed\n"
+        "Parallel: 2/2 tasks completed\n\n### [first] completed\none done\n\n### [fork#1] completed\n"
     )
-    refused = host.history["lead > fork#1"][1][-1]
+    refused = host.history["lead > first"][1][-1]
     assert refused["content"] == "Error: subagent: a fork does its task itself; use your other tools and answer"
     # The fork offers the very tools its parent did: the same prefix.
-    first, fork = host.history["lead"][0], host.history["lead > fork#1"][0]
+    first, fork = host.history["lead"][0], host.history["lead > first"][0]
     assert fork[0] == first[0]
 
 
@@ -318,7 +318,7 @@ def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(
     usage = [(e.label, e.data) for e in events if e.kind == "usage"]
     parent_at_fork = [d for label, d in usage if label == "lead"][1]  # after the reply that made the call
     firsts = {label: d for label, d in reversed(usage) if label.startswith("lead > fork")}
-    assert sorted(firsts) == ["lead > fork-1", "lead > fork-2", "lead > fork-3", "lead > fork-4"]
+    assert sorted(firsts) == ["lead > fork#1", "lead > fork#2", "lead > fork#3", "lead > fork#4"]
     for first in firsts.values():
         assert first["cached_tokens"] == parent_at_fork["context_tokens"]
         # Prefilled: only the placeholder result, the task message and the reply's opening (a token is
@@ -371,6 +371,7 @@ def test_a_background_fork_on_the_tiny_model_starts_at_the_call_while_its_parent
         },
         events,
         assume_yes=True,
+        context_window=8192,  # the tiny tokenizer spends about a token a byte on the lead's prompt
     )
 
     result = run_parent(runner, "look around", agent="lead")
