@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -181,6 +181,8 @@ class AgentSession:
     skills: SkillChoice = field(default_factory=SkillChoice)
     # A fork's parent's host session: the fork's host session starts from its KV cache ("": none).
     fork_of: str = ""
+    # Told the messages a compaction replaces, before it replaces them (its runner keeps what forks refer to).
+    on_compact: Callable[[list[Message]], None] | None = None
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -526,6 +528,8 @@ class AgentSession:
         with self._counting_cut():
             result = await compact(self.messages, self._host_session, count, settings, tools=self.schemas)
         if result.n_summarized:
+            if self.on_compact is not None:
+                self.on_compact(self.messages)
             self.messages = result.messages
             self.usage.compactions += 1
             self._add(result.usage)

@@ -33,7 +33,7 @@ from ..caps import MAX_TASKS
 from ..errors import RequestError, TaskNotFoundError, TaskStateError
 from ..events import Event, EventSink, TaskNoticeData
 from ..home import file_name
-from ..results import ChildrenUsage, ChildUsage, LiveStatus, RunResult, RunUsage, TaskStatus
+from ..results import ChildrenUsage, ChildUsage, LiveStatus, RunResult, RunUsage, StopReason, TaskStatus
 from ..text import NO_ANSWER, first_line
 from ..tools import Workspace
 from ..tools.background_bash import COMMAND_AGENT, CommandLog, CommandTask
@@ -70,7 +70,7 @@ class BoardTask(Protocol):
 
     def snapshot(self) -> TaskStatus: ...
     def full_output(self) -> str: ...
-    def cancel(self, reason: str | None = None) -> bool: ...
+    def cancel(self, reason: str | None = None, stop_reason: StopReason = "cancelled") -> bool: ...
     def send(self, message: str) -> None: ...
     async def wait(self, timeout: float | None = None) -> RunResult | None: ...
     async def join(self) -> None: ...
@@ -147,9 +147,9 @@ class TaskBoard:
             total = total.add(entry.usage)
         return ChildrenUsage(usage=total, tasks=entries)
 
-    def cancel_all(self, reason: str | None = None) -> list[BoardTask]:
-        """Cancel every queued or running task; the ones cancelled."""
-        return [h for h in self.tasks() if h.alive and h.cancel(reason)]
+    def cancel_all(self, reason: str | None = None, stop_reason: StopReason = "cancelled") -> list[BoardTask]:
+        """Cancel every queued or running task; the ones cancelled (`timeout`: their parent's time ran out)."""
+        return [h for h in self.tasks() if h.alive and h.cancel(reason, stop_reason)]
 
     def stop(self, task_id: str, reason: str) -> BoardTask:
         """Cancel one task for a person or a client (`/cancel`, MCP `cancel_agent`); it, being cancelled.

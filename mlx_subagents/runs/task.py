@@ -31,7 +31,7 @@ from ..caps import MAX_GENERATIONS, MAX_QUEUED_MESSAGES, CapItem, check_request
 from ..errors import RequestError, TaskStateError
 from ..events import Event, EventData, EventKind, EventSink, TaskCancelData, ToolCallData
 from ..host.protocol import Message, TextCallback
-from ..results import LiveStatus, RunResult, RunUsage, TaskStatus
+from ..results import LiveStatus, RunResult, RunUsage, StopReason, TaskStatus
 from ..tools import Tool, Workspace
 from ..tools.subagent import ForkPoint
 from .board import TaskBoard
@@ -281,19 +281,30 @@ class TaskHandle:
 
     # -- steering ---------------------------------------------------------------------------------------
 
-    def cancel(self, reason: str | None = None) -> bool:
+    def cancel(self, reason: str | None = None, stop_reason: StopReason = "cancelled") -> bool:
         """Abort the running or queued generation (a `bash` call's processes are killed; what was done is
         kept) and its own children; False when nothing was running (or it was already cancelled).
 
         Args:
             reason: the error its result carries (default `cancelled`).
+            stop_reason: `timeout` when its parent's timeout stops it: it ends failed, as timed out.
         """
         if not self.alive or self.cancel_reason is not None or self._generation is None:
             return False
         self.cancel_reason = reason or CANCELLED
         self.note("task_cancel", TaskCancelData(reason=self.cancel_reason))
-        self._generation.abort(self.cancel_reason)
+        if not self.interactive:  # its children first, saying why (a chat's turn stops only what it waits for)
+            self.stop_children(f"its parent task '{self.id}' was stopped: {self.cancel_reason}", stop_reason)
+        self._generation.abort(self.cancel_reason, stop_reason)
         return True
+
+    def stop_children(self, reason: str, stop_reason: StopReason = "cancelled") -> None:
+        """Stop every child still queued or running (foreground and background), each saved with `reason`."""
+        self.board.cancel_all(reason, stop_reason)
+
+    def has_forks(self) -> bool:
+        """Whether it started a fork: its saved conversation must keep the messages forks refer to."""
+        return any(getattr(t, "prepared", None) is not None and t.prepared.task.fork for t in self.board.tasks())
 
     def send(self, message: str) -> None:
         """Give the task a message without waiting: at its next turn boundary if it runs, else as a new

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import TaskStateError
-from ..results import RunResult, TaskStatus
+from ..results import RunResult, StopReason, TaskStatus
 from ..text import one_line
 from .command import Spawned, spawn_command, wait_command
+from .processes import kill_call
 
 MAX_KEPT_BYTES = 1024 * 1024
 TAIL_BYTES = 16 * 1024
@@ -122,6 +123,7 @@ class CommandTask:
         self._spawned: Spawned | None = None
         self._watch: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
+        self._stop = asyncio.Event()  # set by `cancel()`: a watch that has not run yet still sees it
         self._started = time.monotonic()
         self._ended: float | None = None
 
@@ -136,11 +138,16 @@ class CommandTask:
 
     async def _run(self, spawned: Spawned) -> None:
         code: int | None = None
+        ended = asyncio.ensure_future(wait_command(spawned, self.timeout))
+        stopped = asyncio.ensure_future(self._stop.wait())
         try:
-            code = await wait_command(spawned, self.timeout)
+            done, _ = await asyncio.wait({ended, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            code = ended.result() if ended in done else None
         except asyncio.CancelledError:
-            pass  # `cancel()` said why; the group dies below either way
+            pass  # the loop is going away; the group dies below either way
         finally:
+            ended.cancel()
+            stopped.cancel()
             await spawned.stop()
             self.log.close()
         self.exit_code = code
@@ -183,12 +190,14 @@ class CommandTask:
     def full_output(self) -> str:
         return self.log.text()
 
-    def cancel(self, reason: str | None = None) -> bool:
-        """Kill it (its group and every process it left); False when it already ended."""
-        if not self.alive or self.cancel_reason is not None or self._watch is None:
+    def cancel(self, reason: str | None = None, stop_reason: StopReason = "cancelled") -> bool:
+        """Kill it (its group and every process it left); False when it already ended. (It ends aborted
+        with `reason`, whatever stopped it: a command has no turns to time out.)"""
+        if not self.alive or self.cancel_reason is not None or self._spawned is None:
             return False
         self.cancel_reason = reason or "cancelled"
-        self._watch.cancel()
+        kill_call(self._spawned.pgid, self._spawned.mark)  # now, whether or not its watch has run yet
+        self._stop.set()
         return True
 
     def send(self, message: str) -> None:

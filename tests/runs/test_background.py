@@ -386,8 +386,10 @@ def test_at_most_8_alive_per_parent_4_running_and_a_cancelled_parent_cancels_its
         "scout#5, scout#6, scout#7, scout#8) and the limit is 8; wait for one to end (task_output with wait) "
         "or cancel one (task_cancel)"
     )
-    assert {c.result.error for c in children[:4]} == {"its parent task 'orchestrator#1' ended"}
-    assert {c.result.error for c in children[4:]} == {"its parent task 'orchestrator#1' ended before it started"}
+    # Stopped by their parent's cancel, they say so (not a Ctrl-C, not merely that it ended).
+    stopped = "its parent task 'orchestrator#1' was stopped: cancelled"
+    assert {c.result.error for c in children[:4]} == {stopped}
+    assert {c.result.error for c in children[4:]} == {f"{stopped} before it started"}
 
 
 def test_the_depth_limit_holds_for_background_children(tmp_path: Path, scripted_runner: Any) -> None:

@@ -20,6 +20,7 @@ from mlx_subagents.events import Event
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import load_run
 from mlx_subagents.tools.background_bash import CommandLog
+from mlx_subagents.tools.processes import marked_processes
 from tests.helpers import (
     SLOW,
     all_dead,
@@ -132,6 +133,8 @@ def test_the_ninth_live_task_is_refused_in_one_line(tmp_path: Path) -> None:
         f"Error: bash call refused: 8 background tasks are alive here ({ids}) and the limit is 8; wait for one to "
         "end (task_output with wait) or cancel one (task_cancel)"
     )
+    # The agent answered: all eight died with it, the last one too (cancelled before its watch first ran).
+    assert [p for p in marked_processes(f"{os.getpid()}-", prefix=True) if "sleep" in " ".join(p.cmdline())] == []
 
 
 def test_output_past_the_cap_keeps_its_head_on_disk_and_its_tail(tmp_path: Path) -> None:
