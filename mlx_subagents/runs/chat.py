@@ -7,7 +7,9 @@ a person asks of a chat: a tally of the sub-agents' work, `/usage` and `/agents`
 `interrupt()` (Ctrl-C) aborts the current turn and the sub-agents it waits for, but keeps the chat.
 
 Sub-agents the parent starts in the background (`background: true`) are on `chat.board`: they run
-on while the parent answers, after its turn ends and while the user types; `tasks()`,
+on while the parent answers, after its turn ends and while the user types; when one ends while the
+parent has nothing left to do but wait, its notice starts the parent's next turn (`child_ended`,
+`wake_message`, `wake_turn`; off with `chat.wake = False`); `tasks()`,
 `cancel_task(id)` and `send_to(id, text)` are what `/tasks`, `/cancel` and `/send` do, `workflow(name,
 input)` is `/workflow`, and `close()`
 (the chat ends) cancels the ones still running. The terminal front end is `terminal.run_chat`.
@@ -15,6 +17,7 @@ input)` is `/workflow`, and `close()`
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import cast
 
@@ -50,6 +53,11 @@ class Chat:
         self.children_usage = RunUsage()
         self.last_reasoning = ""  # the parent's last reply's reasoning (`/think` shows it)
         self._thinking = False
+        # A background child's end starts the parent's next turn when it has nothing else to do
+        # (`wake_turn`); the person turns it off with `/wake off` or `--no-wake`.
+        self.wake = True
+        self._ended = asyncio.Event()
+        handle.board.on_notice = lambda _status: self._ended.set()
 
     @classmethod
     async def start(
@@ -121,6 +129,29 @@ class Chat:
         if call.mode != "workflow":
             raise RequestError('/workflow takes NAME INPUT or {"steps": [...], "input": ...}; no steps given')
         return call
+
+    # -- waking up -------------------------------------------------------------------------------------
+
+    async def child_ended(self) -> None:
+        """Wait until a background child ends with a notice for the parent (one the parent has not read)."""
+        while True:
+            self._ended.clear()
+            if self.handle.inbox.pending("task_notice"):
+                return
+            await self._ended.wait()
+
+    def wake_message(self) -> str | None:
+        """The notices waiting for the parent, taken as the message of a turn it starts on its own (None:
+        waking is off, or nothing waits)."""
+        if not self.wake:
+            return None
+        notices = self.handle.inbox.take("task_notice")
+        return "\n\n".join(d.text for d in notices) if notices else None
+
+    async def wake_turn(self, message: str) -> RunResult:
+        """The parent's turn on its children's notices, started without the person's message (as `run`
+        continues a parent whose children end); saved as any turn."""
+        return await self.handle.ask(message)
 
     def interrupt(self, reason: str = INTERRUPTED) -> bool:
         """Abort the running turn and the sub-agents it waits for (background ones run on); False when

@@ -137,6 +137,7 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
         "/tasks     the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
         "/send      /send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
         "/cancel    /cancel ID: stop a background sub-agent (its bash commands are killed)",
+        "/wake      /wake on|off: whether a background sub-agent's end starts the parent's next turn (on)",
         "/help      this list",
         "/exit      leave the chat (also Ctrl-D)",
         "> ",
@@ -144,8 +145,8 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
     assert re.fullmatch(r"> compacted: [\d,]+ -> [\d,]+ tokens", out.split("\n")[8])
     assert re.fullmatch(r"> orchestrator: 2 turns, .* 1 compactions", usage)
     assert (
-        "unknown command /bogus; commands: /agents, /usage, /compact, /think, /workflow, /tasks, /send, /cancel, /help, /exit"
-        in err
+        "unknown command /bogus; commands: /agents, /usage, /compact, /think, /workflow, /tasks, /send, /cancel, /wake, "
+        "/help, /exit" in err
     )
     log = read_transcript(record.transcript_path(record.tasks[0]))
     assert [m["content"] for m in log.messages[1:]] == [
