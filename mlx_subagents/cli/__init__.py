@@ -612,6 +612,8 @@ def models_import(
 
     with ImportProgress(err) as progress:
         imported = import_gguf(source, name=name, bits=bits, progress=progress)
+    for note in imported.notes:
+        err.print(f"note: {note}")
     err.print(f"imported {imported.name} in {imported.seconds:.0f} s: {imported.path}")
     out.print(f"use it with: --model {imported.name}")
 
