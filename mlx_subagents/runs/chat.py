@@ -27,7 +27,7 @@ from ..events import Event, ReasoningData, TaskEndData
 from ..host.protocol import TextCallback
 from ..results import MultiRunResult, RunResult, RunUsage, TaskStatus
 from ..tools.subagent import Delegation, format_outcome, parse_delegation
-from .board import TaskBoard
+from .board import BoardTask, TaskBoard
 from .runner import Runner
 from .task import TaskHandle
 
@@ -171,9 +171,9 @@ class Chat:
     def board(self) -> TaskBoard:
         return self.handle.board
 
-    def background(self) -> list[TaskHandle]:
-        """The background sub-agents of this chat, in start order (the board also holds the foreground
-        ones, for their answers and conversations)."""
+    def background(self) -> list[BoardTask]:
+        """The background sub-agents of this chat and the parent's background commands, in start order
+        (the board also holds the foreground sub-agents, for their answers and conversations)."""
         return [task for task in self.board.tasks() if task.background]
 
     def tasks(self) -> list[TaskStatus]:
@@ -243,8 +243,9 @@ class Chat:
         window = session.host.context_window if session else 0
         c, background = self.children_usage, self.background()
         for task in background:  # their sessions' usage so far, over all their generations
-            if task.session is not None:
-                c = c.add(task.session.usage)
+            session = getattr(task, "session", None)  # a background command has none
+            if session is not None:
+                c = c.add(session.usage)
         lines = [
             f"{self.label}: {u.turns} turns, {u.input_tokens:,} in ({u.cached_tokens:,} cached), {u.output_tokens:,} out; "
             f"context {u.context_tokens:,} of {window:,} tokens; KV cache {u.kv_bytes / 2**20:.1f} MiB; "

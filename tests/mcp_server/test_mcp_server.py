@@ -811,3 +811,37 @@ def test_start_agents_starts_a_named_workflow_in_the_background(tmp_path: Path, 
     started, planned = run(main)
     assert started.structured_content["ids"] == ["scout#1", "planner#1"]
     assert text(planned) == "planner#1 completed\n\n1. fix"
+
+
+def test_run_agents_and_start_agents_take_an_inline_workflow(tmp_path: Path, write_script: Any) -> None:
+    """Issue 44, item 3: `{"steps": [...]}` on both tools, checked as a workflow file is, nothing run on a fault."""
+    model = write_script(
+        {"agents": {"scout": {"replies": ["src/dates.py:10"] * 2}, "planner": {"replies": ["1. fix"] * 2}}}
+    )
+    steps = [
+        {"name": "find", "agent": "scout", "task": "Find: {input}"},
+        {"name": "plan", "agent": "planner", "task": "Plan using {find}.", "needs": ["find"]},
+    ]
+    cycle = [
+        {"name": "a", "agent": "scout", "task": "x", "needs": ["b"]},
+        {"name": "b", "agent": "scout", "task": "y", "needs": ["a"]},
+    ]
+
+    async def main() -> tuple[Any, ...]:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            ran = await client.call_tool("run_agents", {"steps": steps, "input": "dates lose their zone"})
+            started = await client.call_tool("start_agents", {"steps": steps, "input": "dates"})
+            planned = await client.call_tool("agent_output", {"id": "planner#1", "wait": 60})
+            refused = await client.call_tool("run_agents", {"steps": cycle})
+            return ran, started, planned, refused
+
+    ran, started, planned, refused = run(main)
+    assert ran.structured_content["mode"] == "workflow" and ran.is_error is False
+    assert answers(ran) == [("find", "completed", "src/dates.py:10"), ("plan", "completed", "1. fix")]
+    assert text(ran).startswith("Workflow: 2/2 steps completed\n\n### [find: scout] completed\nsrc/dates.py:10")
+    assert started.structured_content["ids"] == ["scout#1", "planner#1"]
+    assert text(planned) == "planner#1 completed\n\n1. fix"
+    assert refused.is_error
+    assert text(refused) == (
+        "Error: run_agents call refused: steps: the needs form a cycle: a -> b -> a; remove one of these needs"
+    )
