@@ -61,7 +61,8 @@ from ..runs.execution import stop_reason
 from ..runs.runner import Runner
 from ..runs.workflow import find_workflow, load_workflow
 from ..tools.base import ToolResult
-from ..tools.subagent import FORMS, Delegation, delegation_schema, fit_answers, format_outcome, parse_delegation
+from ..tools.delegation import FORMS, Delegation, delegation_schema, parse_delegation
+from ..tools.subagent import fit_answers, format_outcome
 from .stdio import StdinLines, stop_signals
 from .tasks import ServerTasks
 

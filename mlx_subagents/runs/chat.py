@@ -26,7 +26,8 @@ from ..errors import RequestError, ToolError
 from ..events import Event, ReasoningData, TaskEndData
 from ..host.protocol import TextCallback
 from ..results import MultiRunResult, RunResult, RunUsage, TaskStatus
-from ..tools.subagent import Delegation, format_outcome, parse_delegation
+from ..tools.delegation import Delegation, parse_delegation
+from ..tools.subagent import format_outcome
 from .board import BoardTask, TaskBoard
 from .runner import Runner
 from .task import TaskHandle

@@ -29,7 +29,7 @@ from ..errors import SubagentError
 from ..events import Event, EventData, EventKind, EventSink, TaskEndData, TaskSendData, TaskStartData, UsageCounts
 from ..host.protocol import Message
 from ..results import RunResult, Status, StopReason
-from ..tools.subagent import ForkPoint
+from ..tools.delegation import ForkPoint
 from .prepare import PreparedTask
 from .tasks import Render
 from .transcripts import TaskTranscript, messages_digest

@@ -50,7 +50,8 @@ from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
 from ..tools.bash import BashTool
-from ..tools.subagent import READ_MORE, Delegation, ForkPoint, SubagentTool
+from ..tools.delegation import READ_MORE, Delegation, ForkPoint
+from ..tools.subagent import SubagentTool
 from .board import TaskBoard
 from .execution import Execution
 from .generation import Generation

@@ -33,7 +33,7 @@ from ..events import Event, EventData, EventKind, EventSink, TaskCancelData, Too
 from ..host.protocol import Message, TextCallback
 from ..results import LiveStatus, RunResult, RunUsage, StopReason, TaskStatus
 from ..tools import Tool, Workspace
-from ..tools.subagent import ForkPoint
+from ..tools.delegation import ForkPoint
 from .board import TaskBoard
 from .generation import Generation
 from .prepare import Parent, PreparedTask

@@ -21,7 +21,7 @@ from ..errors import SubagentError
 from ..results import TaskStatus
 from ..text import NO_ANSWER, one_line
 from .base import Tool, ToolResult, error_result
-from .subagent import READ_MORE
+from .delegation import READ_MORE
 from .workspace import Workspace
 
 # The longest an agent may block on one `task_output` call (it can call again).

@@ -557,7 +557,7 @@ def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(scripted
 
 def test_a_cut_answer_of_a_foreground_child_is_read_on_with_task_output(scripted_runner: Any) -> None:
     from mlx_subagents.caps import cap_answer
-    from mlx_subagents.tools.subagent import READ_MORE
+    from mlx_subagents.tools.delegation import READ_MORE
 
     answer = "".join(f"{i:05d}\n" for i in range(10_000))  # 60,000 characters, over the 50 KiB cap
     shown = cap_answer(answer, None, read_more=READ_MORE.format(id="scout#1"))

@@ -512,7 +512,7 @@ def test_two_children_of_one_agent_in_one_reply_each_reuse_their_own_kv_cache(fo
 
 
 def test_concurrent_top_level_calls_naming_one_agent_get_a_host_session_each(tmp_path: Path) -> None:
-    from mlx_subagents.tools.subagent import parse_delegation
+    from mlx_subagents.tools.delegation import parse_delegation
 
     host = scripted_host({"agents": {"scout": {"replies": [call("ls", path="."), "seen"]}}})
     runner = make_runner(tmp_path, host)

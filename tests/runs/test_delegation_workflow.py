@@ -13,7 +13,7 @@ from mlx_subagents.runs.prepare import Parent
 from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.tools import Workspace
-from mlx_subagents.tools.subagent import delegation_schema
+from mlx_subagents.tools.delegation import delegation_schema
 from tests.helpers import Terminal, call, make_runner, run_parent, scripted_host, spawn_cli, write_agent
 
 FLOW = """

@@ -17,7 +17,7 @@ from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
 from mlx_subagents.tools import Workspace
-from mlx_subagents.tools.subagent import FORK_PLACEHOLDER, fork_point, parse_delegation
+from mlx_subagents.tools.delegation import FORK_PLACEHOLDER, fork_point, parse_delegation
 from tests.helpers import call, go, make_runner, run_parent, scripted_host, write_agent
 from tests.host.test_mlx_host import LS_SCHEMA, TASK, run, tool_result
 
@@ -345,7 +345,7 @@ def test_a_prompt_starts_from_the_longest_shared_prefix_it_extends() -> None:
 
 
 def test_fork_is_offered_only_where_a_calling_agent_exists() -> None:
-    from mlx_subagents.tools.subagent import delegation_schema
+    from mlx_subagents.tools.delegation import delegation_schema
 
     agent, client = delegation_schema(background=True), delegation_schema(background=False, forks=False)
     assert "fork" in agent["properties"] and "fork" in agent["properties"]["tasks"]["items"]["properties"]

@@ -15,7 +15,7 @@ import pytest
 from mlx_subagents.errors import RequestError
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.worktrees import apply_worktree, find_worktree, list_worktrees, worktrees_home
-from mlx_subagents.tools.subagent import delegation_schema
+from mlx_subagents.tools.delegation import delegation_schema
 from tests.helpers import call, go, make_runner, scripted_host, spawn_cli, write_agent
 
 # Writes when it started and ended (overlapping runs prove they did not take turns), the parent's
