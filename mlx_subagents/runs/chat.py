@@ -50,8 +50,9 @@ class Chat:
         self.handle = handle
         self.spec = handle.spec
         self.label = handle.label
-        self.n_children = 0
-        self.children_usage = RunUsage()
+        # Each sub-agent's usage at its last end, by label: a child continued (a message sent to it) ends
+        # again with its whole usage so far, and an event seen twice changes nothing.
+        self.ended_children: dict[str, RunUsage] = {}
         self.last_reasoning = ""  # the parent's last reply's reasoning (`/think` shows it)
         self._thinking = False
         # A background child's end starts the parent's next turn when it has nothing else to do
@@ -86,6 +87,7 @@ class Chat:
         if not message.strip():
             raise RequestError("the message is empty; type what the agent should do")
         self.runner.refresh_agents()  # an agent file added since the last turn can be started now
+        self._ended.clear()  # the notices waiting now are this turn's to read
         return await self.handle.ask(message)
 
     async def workflow(self, name: str, input: str = "") -> MultiRunResult:
@@ -135,10 +137,12 @@ class Chat:
 
     async def child_ended(self) -> None:
         """Wait until a background child ends with a notice for the parent (one the parent has not read)."""
+        # Only a background child's end (`board.on_notice`) wakes the parent: a /workflow's answers wait,
+        # as its line says, for the person's next message.
         while True:
-            self._ended.clear()
-            if self.handle.inbox.pending("task_notice"):
+            if self._ended.is_set() and self.handle.inbox.pending("task_notice"):
                 return
+            self._ended.clear()
             await self._ended.wait()
 
     def wake_message(self) -> str | None:
@@ -221,19 +225,28 @@ class Chat:
                 piece = cast(ReasoningData, event.data)["text"]
                 self.last_reasoning = (self.last_reasoning if self._thinking else "") + piece
                 self._thinking = True
-        if (
-            event.kind == "task_end"
-            and event.label.startswith(f"{self.label} > ")
-            and not self.in_background(event.label)
-        ):
-            self.n_children += 1
+        if event.kind == "task_end" and event.label.startswith(f"{self.label} > "):
             end = cast(TaskEndData, event.data)
-            if "usage" in end:
-                self.children_usage = self.children_usage.add(RunUsage(**end["usage"]))
+            self.ended_children[event.label] = RunUsage(**end["usage"]) if "usage" in end else RunUsage()
+
+    def children_usage(self) -> tuple[int, RunUsage]:
+        """How many sub-agents this chat started and their usage so far: each ended one's at its last
+        end, each background one's live from its session (over all its generations)."""
+        usage = dict(self.ended_children)
+        for task in self.background():
+            if not hasattr(task, "session"):  # a background command: no sub-agent, no tokens
+                continue
+            if task.session is not None:
+                usage[task.label] = task.session.usage
+            else:
+                usage.setdefault(task.label, RunUsage())
+        total = RunUsage()
+        for counts in usage.values():
+            total = total.add(counts)
+        return len(usage), total
 
     def in_background(self, label: str) -> bool:
-        """Whether `label` is one of this chat's background sub-agents (its usage is counted live, from its
-        session, in `usage_lines`; its end is told by its notice)."""
+        """Whether `label` is one of this chat's background sub-agents (its end is told by its notice)."""
         return any(task.label == label for task in self.background())
 
     # -- reports ----------------------------------------------------------------------------------------
@@ -242,16 +255,12 @@ class Chat:
         session = self.handle.session
         u = session.usage if session else RunUsage()
         window = session.host.context_window if session else 0
-        c, background = self.children_usage, self.background()
-        for task in background:  # their sessions' usage so far, over all their generations
-            session = getattr(task, "session", None)  # a background command has none
-            if session is not None:
-                c = c.add(session.usage)
+        (n, c), background = self.children_usage(), self.background()
         lines = [
             f"{self.label}: {u.turns} turns, {u.input_tokens:,} in ({u.cached_tokens:,} cached), {u.output_tokens:,} out; "
             f"context {u.context_tokens:,} of {window:,} tokens; KV cache {u.kv_bytes / 2**20:.1f} MiB; "
             f"{u.compactions} compactions",
-            f"sub-agents: {self.n_children + len(background)} runs, {c.turns} turns, {c.input_tokens:,} in "
+            f"sub-agents: {n} started, {c.turns} turns, {c.input_tokens:,} in "
             f"({c.cached_tokens:,} cached), {c.output_tokens:,} out"
             + (f"; {len(background)} in the background, {len(self.alive())} running" if background else ""),
         ]

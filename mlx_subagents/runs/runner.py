@@ -34,9 +34,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from ..agents.compaction import CompactionSettings
 from ..agents.context import repository_root
@@ -51,13 +52,14 @@ from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
 from ..tools.bash import BashTool
 from ..tools.delegation import READ_MORE, Delegation, ForkPoint
+from ..tools.mcp_requests import Person
 from ..tools.subagent import SubagentTool
 from .board import TaskBoard
 from .execution import Execution
 from .generation import Generation
 from .model_grants import describe_models
 from .options import RunOptions
-from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
+from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, keep_sandbox, withhold
 from .slots import Slots, lend
 from .task import SessionNames, TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
@@ -72,7 +74,9 @@ from .workflow import (
     load_workflow,
     plan_workflow,
 )
-from .worktrees import Worktree, make_worktree, remove_worktree
+from .worktrees import Worktree, hold_worktree_of, make_worktree, release_worktree, remove_worktree
+
+NO_PERSON = "nobody can answer here: this run asks no questions (subagent chat does, at its terminal)"
 
 
 class Runner:
@@ -126,14 +130,20 @@ class Runner:
         self.preparer.on_warning = lambda line: self.on_event(
             Event("hook_warning", "", "", data=HookWarningData(message=line))
         )
+        self.preparer.board_tools = lambda task: self.board_tools(task.as_parent(None), task.workspace)
         self._executions: set[Execution] = set()
         self._background: set[Execution] = set()
         self._board: TaskBoard | None = None
         self._started: list[TaskHandle] = []  # every background task, for `close`
-        self._holds: dict[TaskHandle, BinaryIO] = {}  # reopened tasks' holds (`hold_task`), let go at `close`
+        # Reopened tasks' holds (`hold_task`, and the worktree they work in), let go at `close`.
+        self._holds: dict[TaskHandle, ExitStack] = {}
         self._slots: Slots | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
         self.session_names = SessionNames()  # the host sessions an agent session runs on now
+        # Who answers the questions of the MCP servers the agents call (a chat sets its terminal's person);
+        # with nobody, why: what a server's declined elicitation says.
+        self.person: Person | None = None
+        self.no_person = NO_PERSON
 
     async def __aenter__(self) -> Runner:
         return self
@@ -158,6 +168,15 @@ class Runner:
         if self._discovered:
             self.catalog = self.preparer.catalog = discover_agents(self.cwd, scope=self.options.scope)
         return self.catalog
+
+    def resident_hosts(self) -> list[ModelHost]:
+        """The hosts loaded so far: a server's sampling request may name one of their models."""
+        return list(self.preparer.hosts.values())
+
+    @property
+    def current_slots(self) -> Slots | None:
+        """The slots and writer leases as they are now (None before the first task), for a view."""
+        return self._slots
 
     @property
     def slots(self) -> Slots:
@@ -308,7 +327,8 @@ class Runner:
         record = load_run(run_id, self.home)
         entry = record.task(task)
         path = record.transcript_path(entry)
-        hold = hold_task(path, entry.label, record.run_id)  # held until the handle is done (`close`)
+        holds = ExitStack()  # let go when the handle is done (`close`)
+        holds.enter_context(hold_task(path, entry.label, record.run_id))
         try:
             log = read_transcript(path)
             if log.messages is None:
@@ -319,12 +339,14 @@ class Runner:
             saved = log.meta["model"]  # on an engine, its model id: the agent's own engine or --engine takes it there
             model = self.options.model or (None if saved == spec.engine_model else saved)
             again = TaskSpec(agent=spec.name, task="", label=entry.label, model=model, step_id=entry.step_id)
+            if (tree := hold_worktree_of(Path(log.meta["cwd"]))) is not None:  # an isolated task's
+                holds.callback(release_worktree, tree)
             prepared = await self._prepare([again], workspace=Workspace(Path(log.meta["cwd"])))
         except BaseException:
-            hold.close()
+            holds.close()
             raise
         handle = self.handle(
-            withhold(prepared[0], log.meta.get("denied") or {}),
+            keep_sandbox(withhold(prepared[0], log.meta.get("denied") or {}), log.meta.get("sandbox")),
             interactive=True,
             record=record,
             entry=entry,
@@ -332,7 +354,7 @@ class Runner:
             generations=log.generations,
             on_text=on_text,
         )
-        self._holds[handle] = hold
+        self._holds[handle] = holds
         return handle
 
     # -- handles and how their generations run ---------------------------------------------------------
@@ -416,7 +438,14 @@ class Runner:
 
     # -- delegation ---------------------------------------------------------------------------------
 
-    async def delegate(self, call: Delegation, parent: Parent | None, board: TaskBoard | None = None) -> MultiRunResult:
+    async def delegate(
+        self,
+        call: Delegation,
+        parent: Parent | None,
+        board: TaskBoard | None = None,
+        *,
+        on_handles: Callable[[list[TaskHandle]], None] | None = None,
+    ) -> MultiRunResult:
         """Run a `subagent` tool call's children, labelled `parent > id`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
@@ -427,9 +456,11 @@ class Runner:
             board: the parent's task board: the children that ran are kept there under ids (their label,
                 else `scout#1`), so that the parent continues one with `task_send` and reads a cut answer
                 with `task_output` (the cut note says how).
+            on_handles: called with the children's handles as they start, before any has ended (the
+                MCP server answers within its call budget with the ids of those still running).
         """
         tasks, order, ids = self._child_tasks(call, parent, board)
-        under = Delegating(parent, board, call.fork_point, ids)
+        under = Delegating(parent, board, call.fork_point, ids=ids, on_handles=on_handles)
         try:
             return await self._delegate(call, tasks, order, under)
         finally:
@@ -497,7 +528,7 @@ class Runner:
             workflow = inline_workflow([s.model_dump() for s in call.steps])
             check_agents(workflow, self.catalog, where=INLINE)
             return workflow
-        workflow = load_workflow(find_workflow(call.workflow, self.cwd))
+        workflow = load_workflow(find_workflow(call.workflow, self.cwd, named=True))  # by name: never a path
         check_agents(workflow, self.catalog)
         return workflow
 
@@ -528,7 +559,9 @@ class Runner:
         board = board or TaskBoard(workspace, on_event=self.on_event, parent=parent)
         tools: dict[str, Tool] = {}
         if "bash" in granted:
-            tools["bash"] = BashTool(workspace, parent.sandbox, tasks=board)
+            # In the sandbox `make_tools` gives a foreground `bash`: writing in this workspace (a worktree's, say).
+            sandbox = parent.sandbox.within(workspace.root) if parent.sandbox is not None else None
+            tools["bash"] = BashTool(workspace, sandbox, tasks=board)
         # The recursion cut: no `subagent` at the depth limit (nor with --max-depth 0), rather than a
         # tool every call of which is refused.
         delegates = "subagent" in granted and (forked or parent.depth < self.options.max_depth)
@@ -622,6 +655,8 @@ class Runner:
         under = under or Delegating()
         record = self._record(mode, prepared[0].workspace.root, prepared, under.folder or self.home)
         handles = self._handles(prepared, record, under)
+        if under.on_handles is not None:
+            under.on_handles(handles)
         plan = [h.generation(h.prepared.task.task, *steps.of(i), raise_errors=raise_errors) for i, h in enumerate(handles)]  # fmt: skip
         execution, stopped = self._execution(plan, concurrency), False
         try:
@@ -653,12 +688,14 @@ class Runner:
 @dataclass(frozen=True)
 class Delegating:
     """Where a delegated request runs: its parent (whose run folder holds the run), the parent's
-    board (where the children are held under ids, `scout#1`) and where the parent's forks start."""
+    board (where the children are held under ids, `scout#1`), where the parent's forks start, and who
+    is handed the children's handles as they start (`on_handles`)."""
 
     parent: Parent | None = None
     board: TaskBoard | None = None
     fork_point: ForkPoint | None = None
     ids: Sequence[str] | None = None  # the ids reserved for its tasks on `board` (`Runner._child_tasks`)
+    on_handles: Callable[[list[TaskHandle]], None] | None = None
 
     @property
     def folder(self) -> Path | None:

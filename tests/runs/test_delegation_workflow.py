@@ -304,3 +304,20 @@ def test_the_chat_runs_an_inline_workflow(tmp_path: Path, write_script: Any, run
     parent = read_transcript(run.transcript_path(run.tasks[0])).messages
     [user] = [m["content"] for m in parent if m["role"] == "user"]
     assert user.startswith("what now?\n\n[the user ran a workflow of 2 steps]\nWorkflow: 2/2 steps completed")
+
+
+def test_a_model_names_a_workflow_never_a_file(tmp_path: Path, scripted_runner: Any) -> None:
+    write_flow(tmp_path)
+    elsewhere = write_flow(tmp_path / "elsewhere", "evil")  # a workflow file outside the workspace
+    workspace = tmp_path / "ws"
+    write_flow(workspace)
+    calls = [call("subagent", workflow=str(elsewhere)), call("subagent", workflow="../elsewhere/evil.toml"), "done"]
+    script = {"agents": {"orchestrator": {"replies": calls}, **STEPS}}
+
+    result = run_parent(scripted_runner(script, cwd=workspace))
+
+    by_path = (
+        "Error: subagent call refused: workflow '{}' is a path: a call names a workflow, never a file; available: fix"
+    )
+    assert tool_messages(result) == [by_path.format(elsewhere), by_path.format("../elsewhere/evil.toml")]
+    assert child_runs(load_run(result.run_id)) == []
