@@ -474,8 +474,9 @@ def test_a_forced_parent_delegates_on_the_tiny_real_model(forced_orchestrator: A
             ],
             "orchestrator > scout#1": [tool_call_text("ls", {"path": "."}), "app.py is the only file"],
         },
-        # The orchestrator's tools fill most of the tiny model's 4,096 tokens, over the half a prompt may take.
-        context_window=8192,
+        # The tiny tokenizer spends about a token a byte: the orchestrator's prompt and nine tools (about
+        # 4,400 tokens) are over half of 8,192, the most a prompt may take.
+        context_window=16384,
     )
 
     assert (result.status, result.output) == ("completed", "The scout found app.py.")
@@ -496,8 +497,8 @@ def test_two_children_of_one_agent_in_one_reply_each_reuse_their_own_kv_cache(fo
     scout = [tool_call_text("ls", {"path": "."}), "app.py is the only file"]
     replies = {"orchestrator": [both, "Both found app.py."], "orchestrator > scout#1": scout}
     replies["orchestrator > scout#2"] = list(scout)
-    # The orchestrator's tools fill most of the tiny model's 4,096 tokens: a larger window keeps compaction out.
-    result, scripts = forced_orchestrator(replies, context_window=8192)
+    # The orchestrator's prompt and tools take about 4,400 of the tiny tokenizer's tokens: over half of 8,192.
+    result, scripts = forced_orchestrator(replies, context_window=16384)
 
     assert (result.status, result.output) == ("completed", "Both found app.py.")
     assert tool_results(result) == ["app.py is the only file", "app.py is the only file"]
