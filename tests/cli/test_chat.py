@@ -286,9 +286,9 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runne
         ],
         "orchestrator > scout#1": ["app.py is the only file"],
     }
-    # The orchestrator's tools (subagent and its four background tools) fill most of the tiny model's 4,096
-    # tokens (its tokenizer makes about 2.5 characters a token): a larger window keeps compaction out of this test.
-    runner, _ = forced_runner(replies, on_event=sink, context_window=8192)
+    # The orchestrator's prompt and tools (subagent and its four task tools) take about 4,400 of the tiny
+    # tokenizer's tokens: over half of 8,192, the most a prompt may take.
+    runner, _ = forced_runner(replies, on_event=sink, context_window=16384)
 
     async def main() -> tuple[Any, Any, Chat]:
         async with runner:
