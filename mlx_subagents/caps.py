@@ -107,7 +107,7 @@ def cap_answer(
         transcript: the file holding the whole answer; None when transcripts are off.
         read_more: instead of the transcript's path (which a parent agent's tools cannot open), how to
             read the rest, with `{offset}` for where the shown part ends, in characters (e.g.
-            `subagent_output` with an offset).
+            `task_output` with an offset).
         offset: where `text` starts in the whole answer (a piece read from the middle).
     """
     data = text.encode("utf-8", "surrogatepass")  # a lone surrogate counts, never raises

@@ -90,7 +90,7 @@ class RunNotFoundError(SubagentError):
 
 
 class TaskNotFoundError(SubagentError):
-    """No background task of this parent has the id given (`subagent_output`, `handle.board.get`)."""
+    """No background task of this parent has the id given (`task_output`, `handle.board.get`)."""
 
 
 class TaskStateError(SubagentError):

@@ -179,6 +179,8 @@ class TaskStatus(BaseModel):
     id: str
     agent: str
     status: LiveStatus
+    # `command`: a background `bash` command (`bash#1`): `last_tool` is the command, `output` its last line.
+    kind: Literal["agent", "command"] = "agent"
     turn: int = 0
     tokens: int = 0
     last_tool: str | None = None
@@ -187,6 +189,7 @@ class TaskStatus(BaseModel):
     error: str | None = None
     run_id: str | None = None
     worktree: WorktreeResult | None = None  # an isolated task's, once it ended
+    exit_code: int | None = None  # a command's, once it exited
 
 
 def chain_stop(results: Sequence[RunResult]) -> str | None:

@@ -188,7 +188,11 @@ def session_tools(
     # A granted tool with no implementation here (`subagent`, unless the caller passes one in
     # `extra_tools`) is not offered rather than crashing the session.
     granted = [t for t in spec.tools if t in TOOL_CLASSES and t not in extra_tools]
-    tools: dict[str, Tool] = {**make_tools(granted, workspace, sandbox), **extra_tools}
+    made = make_tools(granted, workspace, sandbox)
+    # In the file's order, a tool the caller made (`bash` on the task board) in its place.
+    mine = [t for t in spec.tools if t in made or (t in TOOL_CLASSES and t in extra_tools)]
+    listed = {t: extra_tools.get(t) or made[t] for t in mine}
+    tools: dict[str, Tool] = {**listed, **extra_tools}
     tools = {n: t for n, t in tools.items() if spec.grants(t.grant)}
     if skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
         tools["skill"] = SkillTool(workspace, skills.offered)
@@ -230,6 +234,8 @@ class AgentSession:
     skills: SkillChoice = field(default_factory=SkillChoice)
     # A fork's parent's host session: the fork's host session starts from its KV cache ("": none).
     fork_of: str = ""
+    # Told the messages a compaction replaces, before it replaces them (its runner keeps what forks refer to).
+    on_compact: Callable[[list[Message]], None] | None = None
     # Who answers the questions of the MCP servers it calls (elicitation); None where nobody can,
     # `no_person` saying why (a background task, a run without a terminal, the MCP server).
     person: Person | None = None
@@ -590,6 +596,8 @@ class AgentSession:
         with self._counting_cut():
             result = await compact(self.messages, self._host_session, count, settings, tools=self.schemas)
         if result.n_summarized:
+            if self.on_compact is not None:
+                self.on_compact(self.messages)
             self.messages = result.messages
             self.usage.compactions += 1
             self._add(result.usage)

@@ -39,7 +39,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
     "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort", "mcpServers", "isolation", "grammar",
-    "sampling",
+    "models", "sampling",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -90,6 +90,8 @@ class AgentSpec(BaseModel):
     engine_model: str | None = None
     agents: tuple[str, ...] | None = None
     full_tools_for: tuple[str, ...] = ()
+    # The models its `subagent` calls may name for a child (`models:`), besides the operator's grants.
+    models: tuple[str, ...] = ()
     context: Literal["project", "none"] = "project"
     writer: bool | None = None
     # Whether its `bash` runs sandboxed (None: by its source, see `sandbox_default`); `network` lets it out.
@@ -184,6 +186,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         sampling=_parse_switch(path, "sampling", meta.get("sampling"), ("on", "off")) is not False,
         agents=agents,
         full_tools_for=full_tools_for,
+        models=_parse_models(path, meta.get("models")),
         context=_parse_context(path, meta.get("context")),
         writer=_parse_writer(path, meta.get("writer")),
         sandbox=_parse_switch(path, "sandbox", meta.get("sandbox"), ("on", "off")),
@@ -361,6 +364,20 @@ def _parse_agents(path: Path, meta: dict[str, Any]) -> tuple[tuple[str, ...] | N
         if item.endswith("!"):
             full.append(name)
     return tuple(dict.fromkeys(names)), tuple(dict.fromkeys(full))
+
+
+def _parse_models(path: Path, value: Any) -> tuple[str, ...]:
+    """`models:`: the models this agent's `subagent` calls may name (a comma-separated string or a list)."""
+    if value is None:
+        return ()
+    items = [i for i in split_list(value) if i.strip()] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) and item.strip() for item in items):
+        raise _fail(
+            path,
+            "field 'models' must be a comma-separated string or a list of model names",
+            "e.g. models: qwen2.5-coder-7b, mlx-community/Qwen3-4B-Instruct-2507-4bit",
+        )
+    return tuple(dict.fromkeys(item.strip() for item in items))
 
 
 def _parse_context(path: Path, value: Any) -> Literal["project", "none"]:

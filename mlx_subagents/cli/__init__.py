@@ -390,6 +390,10 @@ def chat(
     plan: Annotated[
         bool, typer.Option("--plan", help="Plan mode: the parent and its sub-agents only look (no edit, write, bash).")
     ] = False,
+    wake: Annotated[
+        bool,
+        typer.Option("--wake/--no-wake", help="A background sub-agent's end starts the parent's next turn (/wake)."),
+    ] = True,
     *,
     shared: Shared,
 ) -> None:
@@ -402,7 +406,13 @@ def chat(
 
     cwd = Path(load_run(resume).cwd) if resume is not None else None
     code = run_chat(
-        lambda sink: shared.runner(sink, cwd=cwd, plan=plan), agent=agent, once=once, resume=resume, out=out, err=err
+        lambda sink: shared.runner(sink, cwd=cwd, plan=plan),
+        agent=agent,
+        once=once,
+        resume=resume,
+        wake=wake,
+        out=out,
+        err=err,
     )
     raise typer.Exit(code)
 
@@ -737,6 +747,8 @@ def models_import(
 
     with ImportProgress(err) as progress:
         imported = import_gguf(source, name=name, bits=bits, progress=progress)
+    for note in imported.notes:
+        err.print(f"note: {note}")
     err.print(f"imported {imported.name} in {imported.seconds:.0f} s: {imported.path}")
     out.print(f"use it with: --model {imported.name}")
 

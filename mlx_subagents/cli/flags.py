@@ -199,6 +199,14 @@ IsolationOpt = Annotated[
         help="worktree: each task in a git worktree and branch of its own (writers run at once); none: the shared tree.",
     ),
 ]
+AllowModelOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--allow-model",
+        metavar="NAME",
+        help="A model a delegating agent may name for a sub-agent (repeatable); besides its file's models:.",
+    ),
+]
 # The flags every running command shares: name -> (its `Annotated` alias, its default).
 SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "model": (ModelOpt, None),
@@ -222,6 +230,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "sandbox": (SandboxOpt, None),
     "network": (NetworkOpt, None),
     "isolation": (IsolationOpt, None),
+    "allow_model": (AllowModelOpt, None),
 }
 
 
@@ -250,6 +259,7 @@ class Shared:
     sandbox: Batching | None
     network: Network | None
     isolation: Isolation | None
+    allow_model: list[str] | None
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -273,6 +283,7 @@ class Shared:
             sandbox=None if self.sandbox is None else self.sandbox == Batching.on,
             network=None if self.network is None else self.network == Network.allow,
             isolation=self.isolation.value if self.isolation else None,
+            allow_models=tuple(self.allow_model or ()),
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None, *, plan: bool = False) -> Runner:

@@ -118,6 +118,12 @@ class PromptLine:
             return typed
         return typed.encode()[: self._point.value].decode(errors="ignore")
 
+    def typed(self) -> str:
+        """What the person has typed at the prompt so far ("" off a terminal, where it cannot be seen)."""
+        if not (self.interactive and self.shown) or self._readline is None:
+            return ""
+        return str(self._readline.get_line_buffer())
+
     def take_down(self) -> None:
         """The chat ends while the prompt waits for a line (a stop signal): on a terminal, clear the
         prompt and the typing off the screen; elsewhere end the prompt's line, so what follows starts

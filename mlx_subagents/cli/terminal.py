@@ -39,10 +39,11 @@ COMMANDS = {
     "/usage": "tokens, context and KV cache of this chat and its sub-agents",
     "/compact": "summarise the conversation so far, to free context",
     "/think": "show the last reply's reasoning in full (the chat shows it folded)",
-    "/workflow": "/workflow NAME INPUT: run a named workflow as the parent's sub-agents; it reads their answers next",
+    "/workflow": '/workflow NAME INPUT (or {"steps": [...]}): run a workflow as the parent\'s sub-agents; it reads their answers next',
     "/tasks": "the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
     "/send": "/send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
     "/cancel": "/cancel ID: stop a background sub-agent (its bash commands are killed)",
+    "/wake": "/wake on|off: whether a background sub-agent's end starts the parent's next turn (on)",
     "/help": "this list",
     "/exit": "leave the chat (also Ctrl-D)",
 }
@@ -132,6 +133,7 @@ def run_chat(
     agent: str = DEFAULT_CHAT_AGENT,
     once: str | None = None,
     resume: str | None = None,
+    wake: bool = True,
     out: Console,
     err: Console,
 ) -> int:
@@ -139,6 +141,7 @@ def run_chat(
 
     Args:
         make_runner: the command's runner, given the event sink it reports to.
+        wake: a background sub-agent's end starts the parent's next turn when it waits for nothing else.
 
     Errors that stop the chat before it starts (unknown agent, bad run id) are raised.
     """
@@ -150,6 +153,7 @@ def run_chat(
     runner = make_runner(sink)
     try:
         chat = _interruptible(loop, Chat.start(runner, agent, resume=resume, on_text=stream), None, err)
+        chat.wake = wake
         sink.targets.insert(0, chat.observe)
         view.parent, view.in_background = chat.label, chat.in_background
         if once is not None:
@@ -234,7 +238,7 @@ class ChatLoop:
         """Read and act on lines until /exit, Ctrl-D or a stop signal."""
         while self.terminated is None:
             try:
-                line = await self.prompt.read()
+                line = await self.next_line()
             except EOFError:
                 self.out.print()
                 return
@@ -246,9 +250,40 @@ class ChatLoop:
             else:
                 await self.turn(line)
 
-    async def turn(self, line: str) -> None:
+    async def next_line(self) -> str:
+        """The person's next line. Meanwhile, when a background sub-agent ends and the parent waits for
+        nothing else (no turn runs, nothing is typed), its notice starts the parent's next turn, as `run`
+        goes on from its children's ends; `/wake off` (or `--no-wake`) waits for the person instead."""
+        while True:
+            read = asyncio.ensure_future(self.prompt.read())
+            if not self.chat.wake:
+                return await read
+            ended = asyncio.ensure_future(self.chat.child_ended())
+            try:
+                done, _ = await asyncio.wait({read, ended}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ended.cancel()
+            if read in done:
+                return read.result()
+            read.cancel()  # the read stays pending in the prompt line: the next one gets the person's line
+            message = None if self.prompt.typed() else self.chat.wake_message()
+            if message is None:  # the person is typing: the notice goes with their message
+                return await self.prompt.read()
+            await self.woken(message)
+
+    async def woken(self, message: str) -> None:
+        """The parent's turn on its children's notices, the prompt taken down meanwhile and put back after."""
+        with self.prompt.above():
+            self.view.prompt = None  # the turn's lines go where a turn's always go, the prompt is back after
+            try:
+                self.err.print("[dim]the parent goes on from the notice (/wake off waits for your message)[/]")
+                await self.turn(message, woken=True)
+            finally:
+                self.view.prompt = self.prompt
+
+    async def turn(self, line: str, *, woken: bool = False) -> None:
         try:
-            result = await self.run_work(self.chat.turn(line))
+            result = await self.run_work(self.chat.wake_turn(line) if woken else self.chat.turn(line))
         except SubagentError as exc:
             self.err.print(f"[red]error:[/] {escape(str(exc))}")
             return
@@ -316,6 +351,17 @@ class ChatLoop:
             out.print(chat.last_reasoning or "(no reasoning in the last reply)", markup=False, style="dim")
         elif name in ("/tasks", "/send", "/cancel"):
             self.task_command(name, rest.strip())
+        elif name == "/wake":
+            if rest.strip().lower() in ("on", "off"):
+                chat.wake = rest.strip().lower() == "on"
+            elif rest.strip():
+                err.print(f"[red]usage: /wake on|off[/] (got {escape(rest.strip())})")
+                return True
+            out.print(
+                "a background sub-agent's end starts the parent's next turn"
+                if chat.wake
+                else "the parent waits for your message when a background sub-agent ends"
+            )
         elif name == "/help":
             for command, text in COMMANDS.items():
                 out.print(f"{command:<10} {text}")

@@ -59,7 +59,8 @@ from ..runs.runner import Runner
 from ..runs.task import TaskHandle
 from ..runs.workflow import find_workflow, load_workflow
 from ..tools.base import ToolResult
-from ..tools.subagent import FORMS, Delegation, delegation_schema, fit_answers, format_outcome, parse_delegation
+from ..tools.delegation import FORMS, Delegation, delegation_schema, parse_delegation
+from ..tools.subagent import fit_answers, format_outcome
 from .budget import DEFAULT_CALL_BUDGET, budget_text
 from .notices import ClientLog, Progress, quiet
 from .stdio import StdinLines, stop_signals
@@ -316,7 +317,13 @@ class AgentsServer:
             )
         runner = await self._runner(ctx)
         try:
-            call = parse_delegation(arguments, runner.workspace, runner.catalog.agents, tool="run_agents")
+            call = parse_delegation(
+                arguments,
+                runner.workspace,
+                runner.catalog.agents,
+                tool="run_agents",
+                workflows=bool(runner.workflow_names()),
+            )
         except ToolError as exc:
             return _error(f"Error: {exc}")
         handles: list[TaskHandle] = []
@@ -390,7 +397,11 @@ class AgentsServer:
         tasks = self._tasks(runner)
         try:
             call = parse_delegation(
-                {**arguments, "background": True}, runner.workspace, runner.catalog.agents, tool="start_agents"
+                {**arguments, "background": True},
+                runner.workspace,
+                runner.catalog.agents,
+                tool="start_agents",
+                workflows=bool(runner.workflow_names()),
             )
         except ToolError as exc:
             return _error(f"Error: {exc}")
@@ -495,7 +506,11 @@ def run_schema(runner: Runner) -> dict[str, Any]:
     workflow form where the workspace has named workflows."""
     in_repository = repository_root(runner.workspace.root) is not None
     return delegation_schema(
-        background=False, workflows=bool(runner.workflow_names()), isolation=in_repository, forks=False
+        background=False,
+        workflows=bool(runner.workflow_names()),
+        isolation=in_repository,
+        forks=False,
+        models=runner.preparer.offered_models(None),  # the operator's grants (`--allow-model`), imported models
     )
 
 

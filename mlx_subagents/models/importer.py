@@ -30,7 +30,7 @@ from ..errors import ModelImportError
 from ..home import MAX_NAME_CHARS, long_name_problem, make_state_dir
 from ..host.loading import imported_models_dir
 from ..userfiles import read_head
-from . import ollama
+from . import gemma3, ollama
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # at most MAX_NAME_CHARS
 IMPORT_FILE = "import.json"  # provenance: where the folder came from
@@ -69,6 +69,7 @@ class ImportedModel:
     source: str
     bits: int
     seconds: float
+    notes: tuple[str, ...] = ()  # one line each: what the import left out (a Gemma 3 vision tower)
 
 
 def default_name(source: str) -> str:
@@ -113,12 +114,13 @@ def check_supported(gguf: Path) -> dict[str, Any]:
         raise ModelImportError(
             f"{gguf}: GGUF architecture '{arch}' is not supported (supported: {', '.join(sorted(CONVERTIBLE_ARCHES))})"
         )
-    if is_vlm(reader):  # gguf2mlx takes these (Gemma 3 among them) only with the model's Hugging Face files
+    notes = [note] if arch == gemma3.ARCH and (note := gemma3.vision_note(reader)) else []
+    if arch != gemma3.ARCH and is_vlm(reader):  # gguf2mlx takes these only with the model's Hugging Face files
         raise ModelImportError(
             f"{gguf}: GGUF architecture '{arch}' is imported only as a vision model, which needs the model's "
             f"Hugging Face files; run an MLX build of it from the hub instead (--model mlx-community/...)"
         )
-    if bad := next((t for t in reader.tensors if not _decodable(t.tensor_type)), None):
+    if bad := next((t for t in reader.tensors if not _decodable(t.tensor_type) and not gemma3.is_vision(t.name)), None):
         raise ModelImportError(
             f"{gguf}: tensor type {bad.tensor_type.name} (tensor '{bad.name}') cannot be converted; "
             f"re-quantize the GGUF to Q4_K_M, Q5_K_M, Q6_K or Q8_0 (llama-quantize), or import another file"
@@ -136,7 +138,8 @@ def check_supported(gguf: Path) -> dict[str, Any]:
             f"{gguf}: tokenizer pre-type '{pre}' is not supported: its text would split differently "
             f"from the model's training (supported: {', '.join(known)})"
         )
-    return {"architecture": arch, "tokenizer": tokenizer, "tokenizer_pre": pre, "tensors": len(reader.tensors)}
+    facts = {"architecture": arch, "tokenizer": tokenizer, "tokenizer_pre": pre, "tensors": len(reader.tensors)}
+    return {**facts, "notes": notes}
 
 
 def _decodable(tensor_type: Any) -> bool:
@@ -305,15 +308,18 @@ def _convert(
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its tokenizer warning is handled by fix_pre_tokenizer
             try:
-                ok = convert(
-                    str(gguf),
-                    str(stage / "model"),
-                    dtype,
-                    quantize=bits < 16,
-                    q_bits=bits,
-                    q_group_size=GROUP_SIZE,
-                    weight_audit=False,
-                )
+                if facts["architecture"] == gemma3.ARCH:  # as `gemma3_text`, its vision tower left out
+                    ok = gemma3.convert_text_model(gguf, stage / "model", dtype, bits, GROUP_SIZE)
+                else:
+                    ok = convert(
+                        str(gguf),
+                        str(stage / "model"),
+                        dtype,
+                        quantize=bits < 16,
+                        q_bits=bits,
+                        q_group_size=GROUP_SIZE,
+                        weight_audit=False,
+                    )
             except Exception as exc:  # the converter's own failures, made one line
                 raise ModelImportError(f"{gguf}: conversion failed ({type(exc).__name__}: {exc})") from None
         if not ok:
@@ -330,4 +336,4 @@ def _convert(
         }
         (folder / IMPORT_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
         folder.rename(target)
-    return ImportedModel(target.name, target, source, bits, time.perf_counter() - start)
+    return ImportedModel(target.name, target, source, bits, time.perf_counter() - start, tuple(facts["notes"]))

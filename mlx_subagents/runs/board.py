@@ -1,10 +1,13 @@
-"""`TaskBoard`: the background tasks one parent started, by short ids, and the notices of their ends.
+"""`TaskBoard`: the tasks one parent started, by short ids, and the notices of their ends: the one
+task registry, for its sub-agents and its background commands alike.
 
-One board per parent: an agent session (its `subagent` tool's children), a chat (`handle.board` of
-the chat's task), an MCP server, or the runner itself (`runner.board`, for `runner.start`). Ids are
-short and predictable so that a person, a test script and a model can all name a task: `scout#1`,
-`scout#2`, ... in start order (numbered per agent), or the label given at the start. At most
-`MAX_ALIVE` tasks are queued or running per board; the process-wide slots still bound how many run.
+One board per parent: an agent session (its `subagent` tool's children and its `bash` calls with
+`"background": true`), a chat (`handle.board` of the chat's task), an MCP server, or the runner
+itself (`runner.board`, for `runner.start`). Ids are short and predictable so that a person, a test
+script and a model can all name a task: `scout#1`, `scout#2`, `bash#1`, ... in start order (numbered
+per agent; a command's are `bash#N`), or the label given at the start. At most `MAX_ALIVE` tasks,
+sub-agents and commands together, are queued or running per board; the process-wide slots still
+bound how many agents run.
 
 When a background task ends, the board tells its parent: a short notice goes into the parent
 session's inbox (read before its next turn), an event `task_notice` goes to the runner's sink
@@ -19,24 +22,27 @@ tasks on it (the runner, binding its tools) adds them here.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol
 
 from ..agents.inbox import Delivery, Inbox
-from ..agents.spec import AgentSpec
 from ..caps import MAX_TASKS
 from ..errors import RequestError, TaskNotFoundError, TaskStateError
 from ..events import Event, EventSink, TaskNoticeData
-from ..results import ChildrenUsage, ChildUsage, LiveStatus, RunResult, RunUsage, TaskStatus
+from ..home import file_name
+from ..results import ChildrenUsage, ChildUsage, LiveStatus, RunResult, RunUsage, StopReason, TaskStatus
 from ..text import NO_ANSWER, first_line
 from ..tools import Workspace
+from ..tools.background_bash import COMMAND_AGENT, CommandLog, CommandTask
 from .prepare import Parent
 from .slots import lend
 from .tasks import TaskSpec, check_label
 
 MAX_ALIVE = MAX_TASKS
-# Finished foreground children whose conversations a board holds for `subagent_send`; beyond it the
+# Finished foreground children whose conversations a board holds for `task_send`; beyond it the
 # oldest are let go, so that held KV caches stay within what the pool is sized for.
 MAX_HELD = MAX_TASKS
 LET_GO = (
@@ -47,12 +53,11 @@ NoticeCallback = Callable[[TaskStatus], None]
 
 
 class BoardTask(Protocol):
-    """A task as its board holds it (a `BoardTask`)."""
+    """A task as its board holds it: a `TaskHandle` (a sub-agent) or a `CommandTask` (a command)."""
 
     id: str
     label: str
-    spec: AgentSpec
-    result: RunResult | None
+    result: RunResult | None  # None for a command: it has no agent run
     cancel_reason: str | None
     background: bool  # started in the background (a foreground child is held here too)
 
@@ -65,7 +70,7 @@ class BoardTask(Protocol):
 
     def snapshot(self) -> TaskStatus: ...
     def full_output(self) -> str: ...
-    def cancel(self, reason: str | None = None) -> bool: ...
+    def cancel(self, reason: str | None = None, stop_reason: StopReason = "cancelled") -> bool: ...
     def send(self, message: str) -> None: ...
     async def wait(self, timeout: float | None = None) -> RunResult | None: ...
     async def join(self) -> None: ...
@@ -102,6 +107,7 @@ class TaskBoard:
         self._n_started: Counter[str] = Counter()
         self._pending: set[str] = set()  # ids reserved by starts not finished yet
         self._changed = asyncio.Event()
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None  # commands' logs when nothing is saved
 
     # -- the API ----------------------------------------------------------------------------------------
 
@@ -118,9 +124,14 @@ class TaskBoard:
         return list(self._handles.values())
 
     def alive(self) -> list[BoardTask]:
-        """The background tasks queued or running: what the cap counts and a final answer waits for
-        (a foreground child runs while its parent waits for it anyway)."""
+        """The background tasks queued or running, commands too: what the cap counts (a foreground
+        child runs while its parent waits for it anyway)."""
         return [h for h in self._handles.values() if h.alive and h.background]
+
+    def alive_agents(self) -> list[BoardTask]:
+        """The background sub-agents queued or running: what a final answer waits for. A command is
+        not waited for: it is the agent's own, killed when the agent ends (a dev server never would)."""
+        return [h for h in self.alive() if not isinstance(h, CommandTask)]
 
     def children_usage(self, tasks: Sequence[BoardTask] | None = None) -> ChildrenUsage | None:
         """What `tasks` (default: every task on this board) used, theirs included: the parent's
@@ -136,9 +147,9 @@ class TaskBoard:
             total = total.add(entry.usage)
         return ChildrenUsage(usage=total, tasks=entries)
 
-    def cancel_all(self, reason: str | None = None) -> list[BoardTask]:
-        """Cancel every queued or running task; the ones cancelled."""
-        return [h for h in self.tasks() if h.alive and h.cancel(reason)]
+    def cancel_all(self, reason: str | None = None, stop_reason: StopReason = "cancelled") -> list[BoardTask]:
+        """Cancel every queued or running task; the ones cancelled (`timeout`: their parent's time ran out)."""
+        return [h for h in self.tasks() if h.alive and h.cancel(reason, stop_reason)]
 
     def stop(self, task_id: str, reason: str) -> BoardTask:
         """Cancel one task for a person or a client (`/cancel`, MCP `cancel_agent`); it, being cancelled.
@@ -195,9 +206,11 @@ class TaskBoard:
             ids.append(task_id)
         return ids
 
-    def release(self, ids: list[str]) -> None:
-        """Give back reserved ids that were not used (a start that failed its checks)."""
+    def release(self, ids: Sequence[str]) -> None:
+        """Give back reserved ids that were not used (a start that failed its checks); an id in use stays."""
         for task_id in reversed(ids):
+            if task_id not in self._pending:
+                continue
             self._pending.discard(task_id)
             agent, _, n = task_id.rpartition("#")
             if n.isdigit() and self._n_started[agent] == int(n):
@@ -211,7 +224,7 @@ class TaskBoard:
         if len(alive) + n_new > MAX_ALIVE:
             raise RequestError(
                 f"{len(alive)} background tasks are alive here ({', '.join(alive)}) and the limit is "
-                f"{MAX_ALIVE}; wait for one to end (subagent_output with wait) or cancel one"
+                f"{MAX_ALIVE}; wait for one to end (task_output with wait) or cancel one (task_cancel)"
             )
 
     def add(self, handle: BoardTask) -> None:
@@ -219,16 +232,48 @@ class TaskBoard:
         self._pending.discard(handle.id)
         self._handles[handle.id] = handle
 
+    # -- background commands ----------------------------------------------------------------------------
+
+    async def start_command(self, args: Sequence[str], *, command: str, cwd: Path, timeout: float) -> str:
+        """Start a background command (`bash#N`) on this board and hold it; its id. Refused, in one line,
+        when the board already has `MAX_ALIVE` live tasks."""
+        self.check_room()
+        [task_id] = self.reserve_ids([COMMAND_AGENT])
+        try:
+            log = CommandLog(self._commands_folder() / f"{file_name(task_id)}.log")
+            task = CommandTask(task_id, command, cwd=cwd, timeout=timeout, log=log, on_end=self.ended)
+            await task.start(args)
+        except BaseException:
+            self.release([task_id])
+            raise
+        self.add(task)
+        return task_id
+
+    def _commands_folder(self) -> Path:
+        """Where commands' output is kept: the parent's run folder (`commands/`), else a temporary folder
+        that goes with the board (nothing is saved)."""
+        if self.parent is not None and self.parent.run_folder is not None:
+            return self.parent.run_folder / "commands"
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="mlx-subagents-commands-")
+        return Path(self._scratch.name)
+
     # -- notices ----------------------------------------------------------------------------------------
 
     def ended(self, handle: BoardTask) -> None:
-        """A background generation of `handle` ended: notice to the parent, event, callback."""
-        result = handle.result
-        status = handle.status
-        line = (first_line(result.output) or NO_ANSWER) if result is not None and result.output else ""
-        if status != "completed":
-            line = (result.error if result is not None else None) or line or "no reason given"
-        text = f"{handle.id} {status}: {line}; read it with subagent_output"
+        """A background generation of `handle` (or a background command) ended: notice to the parent,
+        event, callback."""
+        snapshot = handle.snapshot()
+        status = snapshot.status
+        if snapshot.kind == "command":  # its last line says how it went ("5 passed in 0.3s")
+            line = snapshot.output or "(no output)"
+            line = f"{line} ({snapshot.error})" if snapshot.error else line
+        else:
+            result = handle.result
+            line = (first_line(result.output) or NO_ANSWER) if result is not None and result.output else ""
+            if status != "completed":
+                line = (result.error if result is not None else None) or line or "no reason given"
+        text = f"{handle.id} {status}: {line}; read it with task_output"
         data = TaskNoticeData(id=handle.id, status=status, first_line=line, text=text, run_id=handle.run_id)
         if self.inbox is not None and handle.cancel_reason is None:  # a cancel needs no notice to who cancelled
             self.inbox.put(Delivery("task_notice", f"[notice] {text}", key=handle.id))
@@ -236,20 +281,20 @@ class TaskBoard:
             self.inbox.report("task_notice", data)
         else:
             label = self.parent.label if self.parent else handle.label
-            agent = self.parent.spec.name if self.parent else handle.spec.name
+            agent = self.parent.spec.name if self.parent else snapshot.agent
             self.on_event(Event(kind="task_notice", label=label, agent=agent, data=data))
         if self.on_notice is not None:
-            self.on_notice(handle.snapshot())
+            self.on_notice(snapshot)
         self._changed.set()
 
     async def settle(self) -> bool:
         """For a parent's final answer: while children run and no message is pending, wait (lending the
         parent's slot) for one to end; whether a message is now pending."""
         pending = lambda: self.inbox is not None and self.inbox.pending()  # noqa: E731
-        if not self.alive() or pending():
+        if not self.alive_agents() or pending():
             return pending()  # nothing to wait for: the slot is kept (lending it means queueing again)
         async with lend():
-            while self.alive() and not pending():
+            while self.alive_agents() and not pending():
                 self._changed.clear()
                 await self._changed.wait()
         return pending()
@@ -283,7 +328,7 @@ class TaskBoard:
         handle = self.get(task_id)
         if handle.cancel_reason is not None:
             raise TaskStateError(
-                f"task '{handle.id}' is already cancelled ({handle.cancel_reason}); subagent_output shows what it had done"
+                f"task '{handle.id}' is already cancelled ({handle.cancel_reason}); task_output shows what it had done"
             )
         if not handle.cancel("cancelled by its parent"):
             raise TaskStateError(f"task '{handle.id}' has already ended ({handle.status}); nothing to cancel")

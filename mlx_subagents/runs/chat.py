@@ -7,7 +7,9 @@ a person asks of a chat: a tally of the sub-agents' work, `/usage` and `/agents`
 `interrupt()` (Ctrl-C) aborts the current turn and the sub-agents it waits for, but keeps the chat.
 
 Sub-agents the parent starts in the background (`background: true`) are on `chat.board`: they run
-on while the parent answers, after its turn ends and while the user types; `tasks()`,
+on while the parent answers, after its turn ends and while the user types; when one ends while the
+parent has nothing left to do but wait, its notice starts the parent's next turn (`child_ended`,
+`wake_message`, `wake_turn`; off with `chat.wake = False`); `tasks()`,
 `cancel_task(id)` and `send_to(id, text)` are what `/tasks`, `/cancel` and `/send` do, `workflow(name,
 input)` is `/workflow`, and `close()`
 (the chat ends) cancels the ones still running. The terminal front end is `terminal.run_chat`.
@@ -15,15 +17,18 @@ input)` is `/workflow`, and `close()`
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import cast
 
 from ..agents.inbox import Delivery
-from ..errors import RequestError
+from ..errors import RequestError, ToolError
 from ..events import Event, ReasoningData, TaskEndData
 from ..host.protocol import TextCallback
 from ..results import MultiRunResult, RunResult, RunUsage, TaskStatus
-from ..tools.subagent import Delegation, format_outcome
-from .board import TaskBoard
+from ..tools.delegation import Delegation, parse_delegation
+from ..tools.subagent import format_outcome
+from .board import BoardTask, TaskBoard
 from .runner import Runner
 from .task import TaskHandle
 
@@ -50,6 +55,11 @@ class Chat:
         self.ended_children: dict[str, RunUsage] = {}
         self.last_reasoning = ""  # the parent's last reply's reasoning (`/think` shows it)
         self._thinking = False
+        # A background child's end starts the parent's next turn when it has nothing else to do
+        # (`wake_turn`); the person turns it off with `/wake off` or `--no-wake`.
+        self.wake = True
+        self._ended = asyncio.Event()
+        handle.board.on_notice = lambda _status: self._ended.set()
 
     @classmethod
     async def start(
@@ -77,21 +87,76 @@ class Chat:
         if not message.strip():
             raise RequestError("the message is empty; type what the agent should do")
         self.runner.refresh_agents()  # an agent file added since the last turn can be started now
+        self._ended.clear()  # the notices waiting now are this turn's to read
         return await self.handle.ask(message)
 
-    async def workflow(self, name: str, input: str) -> MultiRunResult:
-        """`/workflow NAME INPUT`: the named workflow's steps run as the parent's sub-agents, checked as
-        `subagent workflow` checks them and as the parent's own calls are (its grants, the caps); the
-        parent reads the steps' answers at its next turn, as a notice, so the chat can go on from them."""
-        if not name.strip():
-            raise RequestError("say which workflow: /workflow NAME INPUT (subagent workflows lists them)")
-        call = Delegation("workflow", (), self.handle.workspace, workflow=name.strip(), input=input)
+    async def workflow(self, name: str, input: str = "") -> MultiRunResult:
+        """`/workflow NAME INPUT`, or `/workflow {"steps": [...], "input": ...}` (an inline workflow: `name`
+        and `input` are then the JSON object, split at its first space): the steps run as the parent's
+        sub-agents, checked as `subagent workflow` checks them and as the parent's own calls are (its
+        grants, the caps); the parent reads the steps' answers at its next turn, as a notice, so the chat
+        can go on from them."""
+        if name.lstrip().startswith("{"):
+            call = self._inline(f"{name} {input}".strip())
+        elif not name.strip():
+            raise RequestError(
+                'say which workflow: /workflow NAME INPUT (subagent workflows lists them), or /workflow {"steps": [...]}'
+            )
+        else:
+            call = Delegation("workflow", (), self.handle.workspace, workflow=name.strip(), input=input)
         # Saved in the chat's run folder; before the chat's first message there is none: a run of its own.
         parent = self.board.parent or self.handle.prepared.as_parent(None)
         outcome = await self.runner.delegate(call, parent, self.board)
         answer = format_outcome(call, outcome).output
-        self.handle.inbox.put(Delivery("task_notice", f"[the user ran the workflow {call.workflow}]\n{answer}"))
+        ran = f"the workflow {call.workflow}" if call.workflow else f"a workflow of {len(call.steps)} steps"
+        self.handle.inbox.put(Delivery("task_notice", f"[the user ran {ran}]\n{answer}"))
         return outcome
+
+    def _inline(self, text: str) -> Delegation:
+        """An inline workflow typed as JSON, read by the `subagent` tool's parser; one line when it is not one."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RequestError(
+                f"/workflow: the steps are not valid JSON ({exc.msg} at character {exc.pos}); "
+                'give {"steps": [{"name": ..., "agent": ..., "task": ..., "needs": [...]}], "input": ...}'
+            ) from None
+        if not isinstance(data, dict) or not data.get("steps"):
+            raise RequestError('/workflow takes NAME INPUT or {"steps": [...], "input": ...}; no steps given')
+        try:
+            call = parse_delegation(
+                data, self.handle.workspace, self.runner.catalog.agents, tool="/workflow", workflows=False
+            )
+        except ToolError as exc:
+            raise RequestError(str(exc)) from None
+        if call.mode != "workflow":
+            raise RequestError('/workflow takes NAME INPUT or {"steps": [...], "input": ...}; no steps given')
+        return call
+
+    # -- waking up -------------------------------------------------------------------------------------
+
+    async def child_ended(self) -> None:
+        """Wait until a background child ends with a notice for the parent (one the parent has not read)."""
+        # Only a background child's end (`board.on_notice`) wakes the parent: a /workflow's answers wait,
+        # as its line says, for the person's next message.
+        while True:
+            if self._ended.is_set() and self.handle.inbox.pending("task_notice"):
+                return
+            self._ended.clear()
+            await self._ended.wait()
+
+    def wake_message(self) -> str | None:
+        """The notices waiting for the parent, taken as the message of a turn it starts on its own (None:
+        waking is off, or nothing waits)."""
+        if not self.wake:
+            return None
+        notices = self.handle.inbox.take("task_notice")
+        return "\n\n".join(d.text for d in notices) if notices else None
+
+    async def wake_turn(self, message: str) -> RunResult:
+        """The parent's turn on its children's notices, started without the person's message (as `run`
+        continues a parent whose children end); saved as any turn."""
+        return await self.handle.ask(message)
 
     def interrupt(self, reason: str = INTERRUPTED) -> bool:
         """Abort the running turn and the sub-agents it waits for (background ones run on); False when
@@ -111,9 +176,9 @@ class Chat:
     def board(self) -> TaskBoard:
         return self.handle.board
 
-    def background(self) -> list[TaskHandle]:
-        """The background sub-agents of this chat, in start order (the board also holds the foreground
-        ones, for their answers and conversations)."""
+    def background(self) -> list[BoardTask]:
+        """The background sub-agents of this chat and the parent's background commands, in start order
+        (the board also holds the foreground sub-agents, for their answers and conversations)."""
         return [task for task in self.board.tasks() if task.background]
 
     def tasks(self) -> list[TaskStatus]:
@@ -169,6 +234,8 @@ class Chat:
         end, each background one's live from its session (over all its generations)."""
         usage = dict(self.ended_children)
         for task in self.background():
+            if not hasattr(task, "session"):  # a background command: no sub-agent, no tokens
+                continue
             if task.session is not None:
                 usage[task.label] = task.session.usage
             else:

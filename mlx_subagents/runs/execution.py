@@ -107,7 +107,7 @@ class Execution:
                     if (waited := time.monotonic() - asked) >= MIN_WAIT_S:
                         generation.waited = (round(waited, 3), generation.waited[1] if generation.waited else "a slot")
                     if generation.abort_reason is not None:
-                        generation.end_unrun("aborted", "cancelled", f"{generation.abort_reason} before it started")
+                        _unstarted(generation)
                     else:
                         await generation.run(self.results)
         except asyncio.CancelledError:
@@ -115,7 +115,7 @@ class Execution:
                 raise
             _uncancel()
             if generation.result is None:
-                generation.end_unrun("aborted", "cancelled", f"{generation.abort_reason} before it started")
+                _unstarted(generation)
         except Exception as exc:  # a task that could not even be set up fails alone
             if generation.result is None:
                 generation.end_unrun("failed", "error", f"{type(exc).__name__}: {exc}")
@@ -141,10 +141,17 @@ class Execution:
     def _never_ran(self, generation: Generation) -> None:
         """A generation stopped before its first step never ran `_node`: end it here, so that its task ends."""
         if generation.result is None and generation.task is not None and generation.task.done():
-            reason = generation.abort_reason or self.reason
-            generation.end_unrun("aborted", "cancelled", f"{reason} before it started")
+            if generation.abort_reason is None:
+                generation.abort_reason = self.reason
+            _unstarted(generation)
         if generation.task is not None and generation.task.done():
             generation.done.set()
+
+
+def _unstarted(generation: Generation) -> None:
+    """A generation stopped before it started ends as its stop says (a timeout: failed, as timed out)."""
+    reason = f"{generation.abort_reason} before it started"
+    generation.end_unrun(generation.stopped_status, generation.abort_stop, reason)
 
 
 def _ok(result: RunResult | None) -> bool:

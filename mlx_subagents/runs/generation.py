@@ -1,7 +1,7 @@
 """`Generation`: one generation of a task, from its prompt to its saved result.
 
 A task's first message is its first generation; each message that continues it (a chat turn, a
-`subagent_send` after it ended, `subagent resume`, a message that arrived as it ended) is another.
+`task_send` after it ended, `subagent resume`, a message that arrived as it ended) is another.
 A generation runs on its task's one `AgentSession`, so the host session and KV cache carry over:
 within its time-out, between a child's SubagentStart and SubagentStop hooks, with one retry when the
 answer misses its output schema. Its transcript gets the generation's records; its task
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -27,8 +27,9 @@ from ..agents.spec import AgentSpec
 from ..caps import cap_answer
 from ..errors import SubagentError
 from ..events import Event, EventData, EventKind, EventSink, TaskEndData, TaskSendData, TaskStartData, UsageCounts
+from ..host.protocol import Message
 from ..results import RunResult, Status, StopReason
-from ..tools.subagent import ForkPoint
+from ..tools.delegation import ForkPoint
 from .prepare import PreparedTask
 from .tasks import Render
 from .transcripts import TaskTranscript, messages_digest
@@ -51,6 +52,8 @@ class GenerationOwner(Protocol):
     def run_id(self) -> str | None: ...
 
     def start_generation(self, generation: Generation) -> tuple[AgentSession, TaskTranscript | None]: ...
+    def stop_children(self, reason: str, stop_reason: StopReason) -> None: ...
+    def has_forks(self) -> bool: ...
     def end_generation(self, generation: Generation, full: RunResult) -> None: ...
     def end_unrun(self, generation: Generation) -> None: ...
     def end_now(self, generation: Generation) -> None: ...
@@ -86,8 +89,12 @@ class Generation:
     background: bool = False
     raise_errors: bool = False
     result: RunResult | None = field(default=None, init=False)
-    # Why it was stopped (a cancel, Ctrl-C, a signal); None while nobody stopped it.
+    # Why it was stopped (a cancel, Ctrl-C, a signal, its parent's timeout); None while nobody stopped it.
     abort_reason: str | None = field(default=None, init=False)
+    # What the stop is, as its result says: `cancelled`, or `timeout` (its parent's timeout stopped it).
+    abort_stop: StopReason = field(default="cancelled", init=False)
+    # Its own timeout passed: it stops as timed out, its children first (`_time_out`).
+    timed_out: bool = field(default=False, init=False)
     # Its node in the `Execution` that runs it, cancelled to stop it.
     task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     # The task's first: its prompt is the task, given as a new task's (else a message continuing it).
@@ -106,12 +113,18 @@ class Generation:
     def step_id(self) -> str | None:
         return self.handle.prepared.task.step_id
 
-    def abort(self, reason: str) -> None:
-        """Stop it: a running generation keeps what it did, a waiting one never starts; `reason` is its error."""
+    def abort(self, reason: str, stop_reason: StopReason = "cancelled") -> None:
+        """Stop it: a running generation keeps what it did, a waiting one never starts; `reason` is its
+        error, `stop_reason` its result's (`timeout`: it ends failed, as a timed-out task does)."""
         if self.abort_reason is None:
-            self.abort_reason = reason
+            self.abort_reason, self.abort_stop = reason, stop_reason
         if self.task is not None:
             self.task.cancel()
+
+    @property
+    def stopped_status(self) -> Status:
+        """The status a stopped generation ends with: failed when a timeout stopped it, else aborted."""
+        return "failed" if self.abort_stop == "timeout" else "aborted"
 
     # -- running ----------------------------------------------------------------------------------------
 
@@ -143,12 +156,17 @@ class Generation:
         self.report(transcript, "task_start", start)
         failure: BaseException | None = None
         try:
-            result = await _within(self._drive(session, prompt), self.timeout)
-        except asyncio.TimeoutError:
-            result = _stopped(session, prompt, "failed", "timeout", f"stopped by the timeout of {self.timeout:g}s")
+            result = await self._within_timeout(self._drive(session, prompt))
         except asyncio.CancelledError:
-            result = _stopped(session, prompt, "aborted", "cancelled", self.abort_reason or INTERRUPTED)
-            if self.abort_reason is None:  # cancelled from outside the runner: save, then propagate
+            if self.timed_out and self.abort_reason is None:
+                result = _stopped(session, prompt, "failed", "timeout", f"stopped by the timeout of {self.timeout:g}s")
+            else:
+                reason = self.abort_reason or INTERRUPTED
+                result = _stopped(session, prompt, self.stopped_status, self.abort_stop, reason)
+            if (
+                self.abort_reason is None and not self.timed_out
+            ):  # cancelled from outside the runner: save, then propagate
+                await self._stop_hook(session, result)
                 handle.end_generation(self, self._save(transcript, session, result, prompt, started))
                 handle.end_now(self)
                 raise
@@ -157,6 +175,7 @@ class Generation:
             failure = exc
             message = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
             result = _stopped(session, prompt, "failed", "error", message)
+        await self._stop_hook(session, result)
         handle.end_generation(self, self._save(transcript, session, result, prompt, started))
         if failure is not None and self.raise_errors:
             await handle.finish_run(self)
@@ -167,6 +186,7 @@ class Generation:
         the session's events go to this transcript from now on, its hooks read its facts."""
         handle, prepared = self.handle, self.handle.prepared
         session.on_event = self._sink(transcript)
+        session.on_compact = self._keeper(transcript)
         session.hooks = prepared.hooks
         session.hook_facts = {
             "run_id": handle.run_id,
@@ -198,17 +218,47 @@ class Generation:
         )
 
     async def _drive(self, session: AgentSession, prompt: str) -> RunResult:
-        """A child's SubagentStart and SubagentStop hooks around `_answer`, within its time-out (neither
-        blocks; a child cancelled or timed out gets no SubagentStop)."""
+        """A child's SubagentStart hook, then `_answer`, within its time-out (the hook blocks nothing)."""
         spec = self.handle.spec
-        child = self.handle.prepared.parent is not None
-        if child:
+        if self.handle.prepared.parent is not None:
             await session.fire_hook("SubagentStart", spec.name, {"agent_type": spec.name})
-        result = await self._answer(session, prompt)
-        if child:
-            facts = {"agent_type": spec.name, "status": result.status, "output": result.output}
-            await session.fire_hook("SubagentStop", spec.name, facts)
-        return result
+        return await self._answer(session, prompt)
+
+    async def _stop_hook(self, session: AgentSession, result: RunResult) -> None:
+        """A child's SubagentStop hook, however it ended: completed, failed, cancelled or timed out (its
+        `status` and `stop_reason` say which); it blocks nothing."""
+        spec = self.handle.spec
+        if self.handle.prepared.parent is not None:
+            facts = {"agent_type": spec.name, "status": result.status, "stop_reason": result.stop_reason}
+            await session.fire_hook("SubagentStop", spec.name, {**facts, "output": result.output})
+
+    async def _within_timeout(self, work: Any) -> RunResult:
+        """`work` within the generation's timeout. When it passes, the task's children are stopped first,
+        as timed out (their parent's time ran out, no one pressed Ctrl-C), then the generation itself."""
+        if self.timeout is None:
+            return await work
+        current = asyncio.current_task()
+        assert current is not None
+        timer = asyncio.get_running_loop().call_later(self.timeout, self._time_out, current)
+        try:
+            return await work
+        finally:
+            timer.cancel()
+
+    def _time_out(self, task: asyncio.Task[Any]) -> None:
+        self.timed_out = True
+        self.handle.stop_children(f"stopped by its parent's timeout of {self.timeout:g}s", "timeout")
+        task.cancel()
+
+    def _keeper(self, transcript: TaskTranscript | None) -> Callable[[list[Message]], None]:
+        """What a compaction of a task that has forks saves first: the conversation it replaces, so that
+        its forks, which refer to its messages instead of copying them, stay readable."""
+
+        def keep(messages: list[Message]) -> None:
+            if transcript is not None and self.handle.has_forks():
+                transcript.write("messages", messages=messages, compacted=True)
+
+        return keep
 
     async def _answer(self, session: AgentSession, prompt: str) -> RunResult:
         """The session to its answer; with a schema, one retry on an invalid answer."""
@@ -306,12 +356,6 @@ class Generation:
         if transcript is not None:
             transcript.event(event)
         self.handle.observe(event)
-
-
-async def _within(coro: Any, timeout: float | None) -> RunResult:
-    if timeout is None:
-        return await coro
-    return await asyncio.wait_for(coro, timeout)
 
 
 def _stopped(session: AgentSession, prompt: str, status: Status, stop_reason: StopReason, error: str) -> RunResult:

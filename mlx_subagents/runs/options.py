@@ -57,6 +57,8 @@ class RunOptions:
         plan: every task in plan mode (read-only tools), children included.
         isolation: `worktree` or `none` for the tasks a person starts (`--isolation`), over their agents'
             `isolation:`; None: as their agent files say. Delegated children follow their own call.
+        allow_models: models a delegated call may name for a child (`--allow-model`), besides its parent's
+            `models:`, the imported models and the run's own (`runs/model_grants.py`).
     """
 
     model: str | None = None
@@ -75,6 +77,7 @@ class RunOptions:
     engine: str | None = None
     api_key: str | None = field(default=None, repr=False)
     isolation: str | None = None
+    allow_models: tuple[str, ...] = ()
 
     thinking: int | str | None = None
     grammar: bool | None = None

@@ -10,7 +10,8 @@ same order, the cheap checks of the whole request first, so that nothing loads w
     caps      task and request sizes (`caps.check_request`)
     schema    the task's or the agent's output schema is a valid JSON schema
     model     the task's own, `--model`, the agent's, the parent's, `$MLX_SUBAGENTS_MODEL`, the default;
-              a delegated child's must be on this machine (never downloaded mid-delegation)
+              a delegated child's own must be granted (`model_grants.py`) and on this machine (never
+              downloaded mid-delegation); one not resident yet must fit the memory the others leave
     host      the resident host of that model, loaded (or reached) on first use
     fit       the agent's system prompt takes at most half the model's context window
     isolation the task's `isolation`, else its agent's; `worktree` only where a worktree can be made
@@ -62,6 +63,7 @@ from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
 from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
 from ..tools.mcp_requests import ClientPolicy
 from ..tools.skill import Skill
+from .model_grants import check_fits, check_granted, granted_models, imported_names
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
 from .worktrees import check_isolation
@@ -210,7 +212,7 @@ class Preparer:
         # Receives one line per settings problem that blocks nothing (project hooks not allowed).
         self.on_warning: Callable[[str], None] = lambda _line: None
         # A task's `subagent` and background tools, as its session gets them (the runner makes them).
-        self.delegation_tools: Callable[[PreparedTask], dict[str, Tool]] = lambda _task: {}
+        self.board_tools: Callable[[PreparedTask], dict[str, Tool]] = lambda _task: {}
         self._memories: dict[tuple[Path, bool], str] = {}
         self._project_skills: bool | None = None  # the user's answer about project skills, once asked
         self.cwd = cwd or Path.cwd()
@@ -315,6 +317,8 @@ class Preparer:
             check_schema(schema, f"output schema of task '{task.label}'")
         model = self.model_for(spec, task.model, inherited=parent.model if parent else None)
         if delegated or parent is not None:
+            if task.model and not self.options.engine:  # a model the call chose: only a granted one
+                check_granted(task.model, self.granted_models(parent), parent.spec if parent else None)
             self.check_local(model, named=bool(task.model))
         skills = choose_skills(spec.skills, self.usable_skills(), parent.skills if parent else None)
         self.allow_mcp_servers(spec)
@@ -331,6 +335,8 @@ class Preparer:
         if limits.grammar and resolved.schema is not None:  # the answer is held to its schema too
             limits = replace(limits, answer_schema=resolved.schema)
         workspace, memory = self.memory(spec, workspace)
+        depth = parent.depth + 1 if parent else 0
+        check_fits(resolved.model, self.hosts)  # before it loads: weights that do not fit are one line
         return PreparedTask(
             task=task,
             spec=spec,
@@ -338,10 +344,10 @@ class Preparer:
             host=await self.host_for(resolved.model),
             workspace=workspace,
             limits=limits,
-            depth=parent.depth + 1 if parent else 0,
+            depth=depth,
             timeout=timeout,
             schema=resolved.schema,
-            denied=resolved.denied,
+            denied={**resolved.denied, **self.depth_denial(spec, depth)},
             sandbox=self.sandbox_for(spec, workspace, parent),
             plan=resolved.plan,
             hooks=self.settings_hooks(workspace.root) + spec.hooks,
@@ -351,6 +357,17 @@ class Preparer:
             mcp_tools=await self.mcp_tools(spec, workspace),
             isolation=isolation_of(spec, task, workspace, None if parent or delegated else self.options.isolation),
         )
+
+    def depth_denial(self, spec: AgentSpec, depth: int) -> dict[str, str]:
+        """At the depth limit (or with `--max-depth 0`) an agent granted `subagent` is not offered it
+        (`Runner.board_tools`); a call of it anyway gets this error."""
+        max_depth = self.options.max_depth
+        if "subagent" not in spec.tools or depth < max_depth:
+            return {}
+        return {
+            "subagent": f"Error: delegation refused: this agent already runs at depth {depth} and the limit is "
+            f"{max_depth} (max_depth); do the task yourself with your other tools"
+        }
 
     def agent(self, name: str, parent: Parent | None = None) -> AgentSpec:
         """The named agent, if `parent` may start it, after the user's consent if it is a project agent.
@@ -476,6 +493,37 @@ class Preparer:
         named = named or spec.model
         return ModelRef(named) if named else inherited or ModelRef(default_model())
 
+    def granted_models(self, parent: Parent | None) -> tuple[str, ...]:
+        """The models a call of `parent` (None: an MCP client) may name for a child (`model_grants.py`)."""
+        return granted_models(self.options, parent.spec if parent else None, parent.model if parent else None)
+
+    def offered_models(self, parent: Parent | None) -> tuple[str, ...]:
+        """The granted models a call's schema offers by name: none while only the run's own are granted
+        (naming the model a child runs on anyway is no choice, and every field costs a small model's
+        context); they are still accepted."""
+        extra = (parent.spec.models if parent else ()) or self.options.allow_models or imported_names()
+        return self.granted_models(parent) if extra and not self.options.engine else ()
+
+    def runs_on(self, parent: Parent | None, agents: Sequence[str]) -> list[tuple[str, str, str]]:
+        """What each of `agents` runs on as `parent`'s child when the call names no model, and why."""
+        options, inherited = self.options, parent.model if parent else None
+        rows = []
+        for name in agents:
+            spec = self.catalog.get(name)
+            model = self.model_for(spec, None, inherited=inherited)
+            if options.engine or options.model:
+                why = "the run's --model" + (f" on {options.engine}" if options.engine else "")
+            elif spec.engine and spec.engine_model:
+                why = "its file's engine:"
+            elif spec.model:
+                why = "its file's model:"
+            elif inherited is not None:
+                why = "yours: it runs on its parent's model"
+            else:
+                why = "the default"
+            rows.append((name, str(model), why))
+        return rows
+
     async def host_for(self, model: ModelRef) -> ModelHost:
         """The resident host for a model, loaded (or, on an engine, reached) on first use."""
         async with self._host_lock:
@@ -594,7 +642,7 @@ class Preparer:
 
     def tool_schemas(self, task: PreparedTask) -> list[ToolSchema]:
         """The schemas of the tools the task's session will offer (`session_tools`)."""
-        extra = {**task.mcp_tools, **self.delegation_tools(task)}
+        extra = {**task.mcp_tools, **self.board_tools(task)}
         tools = session_tools(task.spec, task.workspace, task.sandbox, extra, task.skills)
         return [tool.schema() for tool in tools.values()]
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..agents.compaction import CompactionSettings
+from ..agents.context import repository_root
 from ..agents.discovery import AgentCatalog, discover_agents
 from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
@@ -49,18 +50,30 @@ from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
+from ..tools.bash import BashTool
+from ..tools.delegation import READ_MORE, Delegation, ForkPoint
 from ..tools.mcp_requests import Person
-from ..tools.subagent import READ_MORE, Delegation, ForkPoint, SubagentTool
+from ..tools.subagent import SubagentTool
 from .board import TaskBoard
 from .execution import Execution
 from .generation import Generation
+from .model_grants import describe_models
 from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, keep_sandbox, withhold
 from .slots import Slots, lend
 from .task import SessionNames, TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
-from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
+from .workflow import (
+    INLINE,
+    Workflow,
+    check_agents,
+    discover_workflows,
+    find_workflow,
+    inline_workflow,
+    load_workflow,
+    plan_workflow,
+)
 from .worktrees import Worktree, hold_worktree_of, make_worktree, release_worktree, remove_worktree
 
 NO_PERSON = "nobody can answer here: this run asks no questions (subagent chat does, at its terminal)"
@@ -117,7 +130,7 @@ class Runner:
         self.preparer.on_warning = lambda line: self.on_event(
             Event("hook_warning", "", "", data=HookWarningData(message=line))
         )
-        self.preparer.delegation_tools = lambda task: self.delegation_tools(task.as_parent(None), task.workspace)
+        self.preparer.board_tools = lambda task: self.board_tools(task.as_parent(None), task.workspace)
         self._executions: set[Execution] = set()
         self._background: set[Execution] = set()
         self._board: TaskBoard | None = None
@@ -248,7 +261,7 @@ class Runner:
         """A `subagent` call with `background: true`: its tasks (or chain or workflow steps, each waiting
         for the ones it needs) started on the parent's board; nothing starts if any of them cannot."""
         if call.mode == "workflow":
-            tasks, order = plan_workflow(self._named_workflow(call.workflow), call.input)
+            tasks, order = plan_workflow(self.workflow_of(call), call.input)
             tasks = [replace(t, label="", isolation=call.isolation or t.isolation) for t in tasks]  # ids as any task's
             where = {"workspace": call.workspace, "shared_input": call.input}
             return await self._start_all(tasks, board, delegated=True, steps=order, **where)  # type: ignore[arg-type]
@@ -433,30 +446,39 @@ class Runner:
         *,
         on_handles: Callable[[list[TaskHandle]], None] | None = None,
     ) -> MultiRunResult:
-        """Run a `subagent` tool call's children, labelled `parent > label`, one level below `parent`.
+        """Run a `subagent` tool call's children, labelled `parent > id`, one level below `parent`.
 
         Children fail alone (a failed result, never an exception); a request over a cap or with an
         agent the parent may not start raises before anything starts, like any request. `parent`
         None: a call from outside the runner (`subagent mcp`), whose tasks run at the top level.
 
         Args:
-            board: the parent's task board: the children that ran are kept there under ids (`scout#1`),
-                so that the parent reads a cut answer with `subagent_output` (the cut note says how).
+            board: the parent's task board: the children that ran are kept there under ids (their label,
+                else `scout#1`), so that the parent continues one with `task_send` and reads a cut answer
+                with `task_output` (the cut note says how).
             on_handles: called with the children's handles as they start, before any has ended (the
                 MCP server answers within its call budget with the ids of those still running).
         """
-        if call.mode == "workflow":
-            return await self._delegate_workflow(call, parent, board, on_handles)
-        tasks = label_tasks(call_tasks(call))
-        if parent is not None:
-            tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-        places = [call.workspace_of(i) for i in range(len(tasks))]
-        where: dict[str, Any] = {"parent": parent, "workspace": places, "delegated": True}
-        under = Delegating(parent, board, call.fork_point, on_handles)
+        tasks, order, ids = self._child_tasks(call, parent, board)
+        under = Delegating(parent, board, call.fork_point, ids=ids, on_handles=on_handles)
+        try:
+            return await self._delegate(call, tasks, order, under)
+        finally:
+            if board is not None and ids:
+                board.release(ids)  # those that never started (a failed check, a child that could not be set up)
+
+    async def _delegate(
+        self, call: Delegation, tasks: list[TaskSpec], order: Steps, under: Delegating
+    ) -> MultiRunResult:
+        workflow = call.mode == "workflow"
+        places = call.workspace if workflow else [call.workspace_of(i) for i in range(len(tasks))]
+        where: dict[str, Any] = {"parent": under.parent, "workspace": places, "delegated": True}
+        if workflow:  # checked as `subagent workflow` checks it, then as any delegated request
+            prepared = await self._prepare(tasks, shared_input=call.input, **where)
+            return await self._execute(
+                "workflow", prepared, concurrency=self.options.concurrency, steps=order, under=under
+            )
         if call.mode != "parallel":
-            order = Steps()
-            if call.mode == "chain":
-                tasks, order = plan_chain(tasks)
             prepared = await self._prepare(tasks, **where)
             return await self._execute(call.mode, prepared, concurrency=1, steps=order, under=under)
         each = await self.preparer.prepare_each(tasks, **where)
@@ -464,6 +486,8 @@ class Runner:
         ready = [p for p in each if isinstance(p, PreparedTask)]
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
         if ready:
+            ids = [i for n, i in enumerate(under.ids) if n not in failed] if under.ids is not None else None
+            under = replace(under, ids=ids)
             outcome = await self._execute("parallel", ready, concurrency=self.options.concurrency, under=under)
         ran = iter(outcome.results)
         ran_ids = iter(outcome.task_ids or [None] * len(ready))
@@ -473,29 +497,38 @@ class Runner:
             update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results), "task_ids": ids}
         )
 
-    async def _delegate_workflow(
-        self,
-        call: Delegation,
-        parent: Parent | None,
-        board: TaskBoard | None,
-        on_handles: Callable[[list[TaskHandle]], None] | None = None,
-    ) -> MultiRunResult:
-        """A `{"workflow": NAME, "input": ...}` call: the named workflow's steps run as the caller's
-        children, checked as `subagent workflow` checks them (its file, graph and agents, then the
-        whole request as any delegation: grants, caps, local models) before any step starts."""
-        tasks, order = plan_workflow(self._named_workflow(call.workflow), call.input)
-        tasks = [replace(t, isolation=call.isolation or t.isolation) for t in tasks]
-        if parent is not None:
-            tasks = [replace(t, label=f"{parent.label} > {t.label}") for t in tasks]
-        where = {"parent": parent, "workspace": call.workspace, "shared_input": call.input, "delegated": True}
-        prepared = await self._prepare(tasks, **where)  # type: ignore[arg-type]
-        under = Delegating(parent, board, on_handles=on_handles)
-        return await self._execute("workflow", prepared, concurrency=self.options.concurrency, steps=order, under=under)
+    def _child_tasks(
+        self, call: Delegation, parent: Parent | None, board: TaskBoard | None
+    ) -> tuple[list[TaskSpec], Steps, list[str] | None]:
+        """A delegated call's tasks and their order, each labelled `parent > id` by the id it gets on its
+        parent's board (the label it was given, else `agent#N`, so that siblings from separate calls differ
+        in progress lines and transcripts); the ids are reserved now, the unused ones given back by the caller.
 
-    def _named_workflow(self, name: str) -> Workflow:
-        """A workflow a call names (by name: never a path), checked as `subagent workflow` checks it: its
-        file, graph and agents."""
-        workflow = load_workflow(find_workflow(name, self.cwd, named=True))
+        A workflow's steps (named or inline) keep their names as step ids; their ids are `agent#N`."""
+        if call.mode == "workflow":
+            tasks, order = plan_workflow(self.workflow_of(call), call.input)
+            tasks = [replace(t, isolation=call.isolation or t.isolation) for t in tasks]
+            given = [""] * len(tasks)
+        else:
+            asked = call_tasks(call)
+            given = [t.label.strip() for t in asked]
+            tasks, order = label_tasks(asked), Steps()
+            if call.mode == "chain":
+                tasks, order = plan_chain(tasks)
+        if parent is None:
+            return tasks, order, None
+        ids = board.reserve_ids(["fork" if t.fork else t.agent for t in tasks], given) if board is not None else None
+        names = ids or [t.label for t in tasks]
+        return [replace(t, label=f"{parent.label} > {i}") for t, i in zip(tasks, names)], order, ids
+
+    def workflow_of(self, call: Delegation) -> Workflow:
+        """The workflow a call runs, checked as `subagent workflow` checks one: an inline one's steps
+        (`steps`: names, graph, agents), or a named one's file, graph and agents."""
+        if call.steps:
+            workflow = inline_workflow([s.model_dump() for s in call.steps])
+            check_agents(workflow, self.catalog, where=INLINE)
+            return workflow
+        workflow = load_workflow(find_workflow(call.workflow, self.cwd, named=True))  # by name: never a path
         check_agents(workflow, self.catalog)
         return workflow
 
@@ -511,19 +544,34 @@ class Runner:
         self.on_event(Event(kind="task_end", label=task.label, agent=task.agent, data=data))
         return RunResult(agent=task.agent, task=task.task, model=failure.model, label=task.label, **data)  # type: ignore[arg-type]
 
-    def delegation_tools(
+    def board_tools(
         self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, *, forked: bool = False
     ) -> dict[str, Tool]:
-        """`subagent` and the background tools (`subagent_status`, `_output`, `_send`, `_cancel`) on
-        `board` for an agent whose file grants `subagent`, else nothing (the recursion cut). A fork's
-        (`forked`) are listed the same, so its prompt keeps its parent's prefix, but refuse to delegate.
+        """The tools on an agent's `board` (its task registry): for an agent whose file grants `subagent`
+        and that runs above the depth limit, `subagent` and the four task tools (`task_status`,
+        `task_output`, `task_send`, `task_cancel`); for one with `bash`, a `bash` that starts background
+        commands on the board, and the task tools that apply to commands. A fork's (`forked`) are
+        listed as its parent's, so its prompt keeps its parent's prefix, but refuse to delegate.
 
         While its children run in the foreground, the parent lends its process slot (and writer lease) to them.
         """
-        if "subagent" not in parent.spec.tools:
-            return {}
+        granted = parent.spec.tools
         board = board or TaskBoard(workspace, on_event=self.on_event, parent=parent)
+        tools: dict[str, Tool] = {}
+        if "bash" in granted:
+            # In the sandbox `make_tools` gives a foreground `bash`: writing in this workspace (a worktree's, say).
+            sandbox = parent.sandbox.within(workspace.root) if parent.sandbox is not None else None
+            tools["bash"] = BashTool(workspace, sandbox, tasks=board)
+        # The recursion cut: no `subagent` at the depth limit (nor with --max-depth 0), rather than a
+        # tool every call of which is refused.
+        delegates = "subagent" in granted and (forked or parent.depth < self.options.max_depth)
+        if delegates:
+            tools["subagent"] = self._subagent_tool(parent, workspace, board, forked=forked)
+        if delegates or "bash" in granted:
+            tools.update(make_background_tools(workspace, board, sub_agents=delegates))
+        return tools
 
+    def _subagent_tool(self, parent: Parent, workspace: Workspace, board: TaskBoard, *, forked: bool) -> SubagentTool:
         async def delegate(call: Delegation) -> MultiRunResult:
             async with lend():
                 return await self.delegate(call, parent, board)
@@ -533,7 +581,14 @@ class Runner:
 
         granted = parent.spec.agents
         agents = {n: a.description for n, a in self.catalog.agents.items() if granted is None or n in granted}
-        tool = SubagentTool(
+        models = self.preparer.offered_models(parent)
+
+        def list_models() -> str:
+            listed = [n for n in agents if n != parent.spec.name]
+            runs_on = self.preparer.runs_on(parent, listed)
+            return describe_models(self.preparer.granted_models(parent), self.preparer.hosts, runs_on)
+
+        return SubagentTool(
             workspace,
             delegate=delegate,
             agents=agents,
@@ -546,9 +601,12 @@ class Runner:
             concurrency=self.options.concurrency,
             workflows=self.workflow_names(),
             background_agents=[n for n, a in self.catalog.agents.items() if a.background],
+            # `isolation` is offered inside a git repository only (every field costs a small model's context)
+            isolation=repository_root(workspace.root) is not None,
             forked=forked,
+            models=models,
+            list_models=list_models if models else None,
         )
-        return {"subagent": tool, **make_background_tools(workspace, board)}
 
     def cancel(self, *, background: bool = True, reason: str | None = None) -> bool:
         """Abort every run in progress (Ctrl-C); False when nothing was running yet.
@@ -636,6 +694,7 @@ class Delegating:
     parent: Parent | None = None
     board: TaskBoard | None = None
     fork_point: ForkPoint | None = None
+    ids: Sequence[str] | None = None  # the ids reserved for its tasks on `board` (`Runner._child_tasks`)
     on_handles: Callable[[list[TaskHandle]], None] | None = None
 
     @property
@@ -647,6 +706,8 @@ class Delegating:
         """An id per task on the parent's board (a fork's `fork#N`); none at the top level."""
         if self.board is None:
             return [None] * len(prepared)
+        if self.ids is not None:
+            return list(self.ids)
         return list(self.board.reserve_ids(["fork" if p.task.fork else p.task.agent for p in prepared]))
 
 

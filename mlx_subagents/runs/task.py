@@ -31,10 +31,10 @@ from ..caps import MAX_GENERATIONS, MAX_QUEUED_MESSAGES, CapItem, check_request
 from ..errors import RequestError, TaskStateError
 from ..events import Event, EventData, EventKind, EventSink, TaskCancelData, ToolCallData
 from ..host.protocol import Message, ModelHost, TextCallback
-from ..results import LiveStatus, RunResult, RunUsage, TaskStatus
+from ..results import LiveStatus, RunResult, RunUsage, StopReason, TaskStatus
 from ..tools import Tool, Workspace
+from ..tools.delegation import ForkPoint
 from ..tools.mcp_requests import Person
-from ..tools.subagent import ForkPoint
 from .board import TaskBoard
 from .generation import Generation
 from .prepare import Parent, PreparedTask
@@ -117,7 +117,7 @@ class TaskRuntime(Protocol):
 
     def resident_hosts(self) -> list[ModelHost]: ...
 
-    def delegation_tools(
+    def board_tools(
         self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, *, forked: bool = False
     ) -> dict[str, Tool]: ...
 
@@ -296,19 +296,30 @@ class TaskHandle:
 
     # -- steering ---------------------------------------------------------------------------------------
 
-    def cancel(self, reason: str | None = None) -> bool:
+    def cancel(self, reason: str | None = None, stop_reason: StopReason = "cancelled") -> bool:
         """Abort the running or queued generation (a `bash` call's processes are killed; what was done is
         kept) and its own children; False when nothing was running (or it was already cancelled).
 
         Args:
             reason: the error its result carries (default `cancelled`).
+            stop_reason: `timeout` when its parent's timeout stops it: it ends failed, as timed out.
         """
         if not self.alive or self.cancel_reason is not None or self._generation is None:
             return False
         self.cancel_reason = reason or CANCELLED
         self.note("task_cancel", TaskCancelData(reason=self.cancel_reason))
-        self._generation.abort(self.cancel_reason)
+        if not self.interactive:  # its children first, saying why (a chat's turn stops only what it waits for)
+            self.stop_children(f"its parent task '{self.id}' was stopped: {self.cancel_reason}", stop_reason)
+        self._generation.abort(self.cancel_reason, stop_reason)
         return True
+
+    def stop_children(self, reason: str, stop_reason: StopReason = "cancelled") -> None:
+        """Stop every child still queued or running (foreground and background), each saved with `reason`."""
+        self.board.cancel_all(reason, stop_reason)
+
+    def has_forks(self) -> bool:
+        """Whether it started a fork: its saved conversation must keep the messages forks refer to."""
+        return any(getattr(t, "prepared", None) is not None and t.prepared.task.fork for t in self.board.tasks())
 
     def send(self, message: str) -> None:
         """Give the task a message without waiting: at its next turn boundary if it runs, else as a new
@@ -328,7 +339,7 @@ class TaskHandle:
             if self.inbox.count("task_send") >= MAX_QUEUED_MESSAGES:
                 raise RequestError(
                     f"task '{self.id}' already has {MAX_QUEUED_MESSAGES} messages waiting, the limit; wait until "
-                    "it has read them (subagent_output with wait) before sending more"
+                    "it has read them (task_output with wait) before sending more"
                 )
             self.inbox.put(Delivery("task_send", message))
             return
@@ -578,7 +589,7 @@ class TaskHandle:
             on_text=self.on_text,
             extra_tools={
                 **prepared.mcp_tools,
-                **self.runtime.delegation_tools(self.board.parent, self.workspace, self.board, forked=forked),
+                **self.runtime.board_tools(self.board.parent, self.workspace, self.board, forked=forked),
             },
             denied=prepared.denied,
             project_context=prepared.context,

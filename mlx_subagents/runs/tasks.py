@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ..caps import MAX_TASK_CHARS
 from ..errors import RequestError
 from ..home import long_name_problem
 from ..results import RunResult
@@ -150,7 +151,24 @@ def plan_chain(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], Steps]:
     tasks = [replace(t, step_id=t.step_id or str(i + 1)) for i, t in enumerate(tasks)]
 
     def render(i: int) -> Callable[[Sequence[RunResult]], str]:
-        return lambda results: tasks[i].task.replace(PREVIOUS, results[i - 1].output)
+        return lambda results: fill_previous(tasks[i].task, results[i - 1].output)
 
     needs = [(i - 1,) if i else () for i in range(len(tasks))]
     return tasks, Steps(needs, [render(i) if i else None for i in range(len(tasks))])
+
+
+PREVIOUS_CUT = (
+    "\n[the previous step's answer is cut here, to keep this task within {limit:,} characters: it has {total:,}]"
+)
+
+
+def fill_previous(task: str, answer: str, limit: int = MAX_TASK_CHARS) -> str:
+    """A chain step's task with `{previous}` as the previous step's answer, that answer cut (and the cut
+    said) where the whole would pass the task cap: a step's task never goes over it."""
+    whole = task.replace(PREVIOUS, answer)
+    if len(whole) <= limit:
+        return whole
+    n = task.count(PREVIOUS)
+    note = PREVIOUS_CUT.format(limit=limit, total=len(answer))
+    room = max(0, (limit - (len(task) - n * len(PREVIOUS))) // n - len(note))
+    return task.replace(PREVIOUS, answer[:room] + note)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import graphlib
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,7 @@ from ..userfiles import error_message, error_path, load_file
 from .tasks import Render, Steps, TaskSpec, label_tasks
 
 PROJECT_WORKFLOWS_DIR = ".mlx-subagents/workflows"
+INLINE = "steps"  # what an inline workflow's errors name
 STEP_ID_PATTERN = r"[A-Za-z_][A-Za-z0-9_-]*"
 INPUT_KEY = "input"
 PLACEHOLDER = re.compile(r"\{(" + STEP_ID_PATTERN + r")\}")
@@ -106,8 +108,11 @@ def parse_workflow(data: dict[str, Any], path: Path | None = None) -> Workflow:
     return workflow
 
 
-def check_graph(workflow: Workflow, where: str = "workflow") -> None:
-    """Duplicate ids, unknown or self needs, placeholders of steps not needed, cycles, too many steps."""
+def check_graph(workflow: Workflow, where: str = "workflow", key: str = "id") -> None:
+    """Duplicate ids, unknown or self needs, placeholders of steps not needed, cycles, too many steps.
+
+    Args:
+        key: what the caller calls a step's id (`name` in an inline workflow's `steps`)."""
     if len(workflow.steps) > MAX_TASKS:
         raise WorkflowError(
             f"{where}: {len(workflow.steps)} steps is more than the limit of {MAX_TASKS}; split the workflow"
@@ -115,9 +120,11 @@ def check_graph(workflow: Workflow, where: str = "workflow") -> None:
     ids: list[str] = []
     for step in workflow.steps:
         if step.id == INPUT_KEY:
-            raise WorkflowError(f"{where}: step id '{INPUT_KEY}' is reserved for the workflow input; rename the step")
+            raise WorkflowError(
+                f"{where}: step {key} '{INPUT_KEY}' is reserved for the workflow input; rename the step"
+            )
         if step.id in ids:
-            raise WorkflowError(f"{where}: duplicate step id '{step.id}'; give every step its own id")
+            raise WorkflowError(f"{where}: duplicate step {key} '{step.id}'; give every step its own {key}")
         ids.append(step.id)
     for step in workflow.steps:
         for need in step.needs:
@@ -142,6 +149,26 @@ def check_graph(workflow: Workflow, where: str = "workflow") -> None:
         raise WorkflowError(f"{where}: the needs form a cycle: {' -> '.join(cycle)}; remove one of these needs")
 
 
+def inline_workflow(steps: Sequence[Mapping[str, Any]]) -> Workflow:
+    """A workflow given inline (`{"steps": [{"name", "agent", "task", "needs"}, ...]}` on the `subagent`
+    tool, MCP's `run_agents` and `start_agents`, a chat's `/workflow`), checked as a workflow file is:
+    its names, a cycle, an unknown need, a duplicate name, more than 8 steps; one `WorkflowError` line."""
+    built = []
+    for i, step in enumerate(steps):
+        name = str(step.get("name", "")).strip()
+        if not re.fullmatch(STEP_ID_PATTERN, name):
+            raise WorkflowError(
+                f"{INLINE}: steps[{i}].name {name!r} is not a valid step name; use letters, digits, '_' and '-', "
+                "starting with a letter"
+            )
+        choices = {k: step.get(k) or None for k in ("model", "max_turns", "timeout", "isolation")}
+        needs = tuple(str(n).strip() for n in step.get("needs") or ())
+        built.append(WorkflowStep(id=name, agent=step["agent"], prompt=step["task"], needs=needs, **choices))
+    workflow = Workflow(steps=tuple(built))
+    check_graph(workflow, INLINE, key="name")
+    return workflow
+
+
 def find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str] | None:
     """One cycle as a path of needs that ends where it starts (`a -> b -> a`: a needs b needs a), or None."""
     try:
@@ -152,9 +179,9 @@ def find_cycle(graph: dict[str, tuple[str, ...]]) -> list[str] | None:
     return None
 
 
-def check_agents(workflow: Workflow, catalog: AgentCatalog) -> None:
+def check_agents(workflow: Workflow, catalog: AgentCatalog, where: str | None = None) -> None:
     """Every step's agent exists."""
-    where = str(workflow.path) if workflow.path else "workflow"
+    where = where or (str(workflow.path) if workflow.path else "workflow")
     for step in workflow.steps:
         try:
             catalog.get(step.agent)

@@ -1,9 +1,13 @@
-"""The tools a parent uses on its background sub-agents: status, output, send, cancel.
+"""The tools an agent uses on its tasks: `task_status`, `task_output`, `task_send`, `task_cancel`.
 
-They come with the `subagent` grant and work on the parent's own tasks only (the ids `subagent`
-with `"background": true` returned). Running them is the caller's `TaskControl` (the parent's task
-board, from the runner), so this module never reaches up a layer. Every problem (an unknown id, a
-message to a cancelled task, a wait over the cap) is an error result that says what is possible.
+One set for both kinds of task an agent starts: its sub-agents (`subagent`, background or not) and its
+background commands (`bash` with `"background": true`, ids `bash#1`), as Claude Code's `TaskOutput`
+reads background shells and agents alike. They come with the `subagent` grant, or with `bash` (then
+only `task_output` and `task_cancel`: a command reads no messages, its output's head is its status,
+and every tool costs a small model's context), and work on
+the agent's own tasks only. Running them is the caller's `TaskControl` (the agent's task board, from
+the runner), so this module never reaches up a layer. Every problem (an unknown id, a message to a
+cancelled task or to a command, a wait over the cap) is an error result that says what is possible.
 """
 
 from __future__ import annotations
@@ -17,15 +21,16 @@ from ..errors import SubagentError
 from ..results import TaskStatus
 from ..text import NO_ANSWER, one_line
 from .base import Tool, ToolResult, error_result
-from .subagent import READ_MORE
+from .delegation import READ_MORE
 from .workspace import Workspace
 
-# The longest a parent may block on one `subagent_output` call (it can call again).
+# The longest an agent may block on one `task_output` call (it can call again).
 MAX_OUTPUT_WAIT = 300
 NEXT_STEPS = (
-    f"call subagent_output again with wait (up to {MAX_OUTPUT_WAIT} s), steer it with subagent_send, "
-    "or stop it with subagent_cancel"
+    f"call task_output again with wait (up to {MAX_OUTPUT_WAIT} s), steer it with task_send, "
+    "or stop it with task_cancel"
 )
+COMMAND_NEXT_STEPS = f"call task_output again with wait (up to {MAX_OUTPUT_WAIT} s), or stop it with task_cancel"
 
 
 class TaskControl(Protocol):
@@ -38,7 +43,13 @@ class TaskControl(Protocol):
 
 
 def status_line(status: TaskStatus) -> str:
-    """`scout#1 running: turn 3, 120 tokens, 4.2s, last: grep auth`."""
+    """`scout#1 running: turn 3, 120 tokens, 4.2s, last: grep auth`; a command's
+    `bash#1 (bash) completed: 3.2s, $ pytest -q; last line: 5 passed`."""
+    if status.kind == "command":
+        line = f"{status.id} ({status.agent}) {status.status}: {status.elapsed_s:g}s, {one_line(status.last_tool or '', 60)}"
+        if status.error:
+            line += f"; {one_line(status.error, 120)}"
+        return line + (f"; last line: {one_line(status.output, 80)}" if status.output else "")
     facts = [f"turn {status.turn}", f"{status.tokens} tokens", f"{status.elapsed_s:g}s"]
     if status.last_tool:
         facts.append(f"last: {one_line(status.last_tool, 60)}")
@@ -52,7 +63,7 @@ def status_line(status: TaskStatus) -> str:
     return line
 
 
-# The checks on reading a task's output, shared by `subagent_output` and MCP's `agent_output`.
+# The checks on reading a task's output, shared by `task_output` and MCP's `agent_output`.
 def wait_problem(wait: float, then: str) -> str | None:
     """A wait over the cap, or None; `then` ends the message (what to do next, in the caller's words)."""
     if wait > MAX_OUTPUT_WAIT:
@@ -97,15 +108,21 @@ class CancelParams(BaseModel):
 
 
 class _BackgroundTool(Tool):
-    """A tool on the parent's background tasks; granted with `subagent`, runs on the event loop."""
+    """A tool on the agent's tasks; granted with `subagent` (or, for an agent without it, with `bash`:
+    `granted_by`), runs on the event loop."""
 
     read_only = True
     writes = False
     granted_with = "subagent"
 
-    def __init__(self, workspace: Workspace, control: TaskControl) -> None:
+    def __init__(self, workspace: Workspace, control: TaskControl, granted_by: str = "subagent") -> None:
         super().__init__(workspace)
         self.control = control
+        self.granted_by = granted_by
+
+    @property
+    def grant(self) -> str:
+        return self.granted_by
 
     async def run(self, params: Any) -> ToolResult:
         try:
@@ -120,21 +137,21 @@ class _BackgroundTool(Tool):
         return f"{self.name} {arguments.get('id') or 'all'}"
 
 
-class SubagentStatusTool(_BackgroundTool):
-    name = "subagent_status"
-    description = "How your background sub-agents are doing."
+class TaskStatusTool(_BackgroundTool):
+    name = "task_status"
+    description = "How your tasks are doing."
     Params = StatusParams
 
     async def act(self, params: StatusParams) -> ToolResult:
         statuses = self.control.statuses(params.id or None)
         if not statuses:
-            return ToolResult('No background tasks yet: start some with subagent and "background": true.')
+            return ToolResult('No tasks yet: start some with "background": true.')
         return ToolResult("\n".join(status_line(s) for s in statuses))
 
 
-class SubagentOutputTool(_BackgroundTool):
-    name = "subagent_output"
-    description = "A background sub-agent's answer (or its output so far), after waiting up to `wait` seconds."
+class TaskOutputTool(_BackgroundTool):
+    name = "task_output"
+    description = "A task's answer or output (so far), after waiting up to `wait` seconds."
     Params = OutputParams
 
     async def act(self, params: OutputParams) -> ToolResult:
@@ -147,12 +164,15 @@ class SubagentOutputTool(_BackgroundTool):
             return error_result(problem)
         read_more = READ_MORE.format(id=status.id)
         body = cap_answer(text[params.offset :], None, read_more=read_more, offset=params.offset)
+        command = status.kind == "command"
         if status.status in ("queued", "running"):
-            body = body or "(no text yet)"
+            body = body or ("(no output yet)" if command else "(no text yet)")
             head = f"{status_line(status)}\nIt has not finished; its output so far:"
-            return ToolResult(f"{head}\n{body}\n\n[{NEXT_STEPS}]")
-        body = body or NO_ANSWER
+            return ToolResult(f"{head}\n{body}\n\n[{COMMAND_NEXT_STEPS if command else NEXT_STEPS}]")
+        body = body or ("(no output)" if command else NO_ANSWER)
         head = f"{status.id} {status.status}" + (f": {status.error}" if status.error else "")
+        if command:
+            head += f" ({one_line(status.last_tool or '', 80)})"
         if params.offset:
             head += f" (from character {params.offset})"
         if status.worktree is not None:
@@ -160,9 +180,9 @@ class SubagentOutputTool(_BackgroundTool):
         return ToolResult(f"{head}\n\n{body}", is_error=status.status != "completed")
 
 
-class SubagentSendTool(_BackgroundTool):
-    name = "subagent_send"
-    description = "Tell a background sub-agent something; it reads it before its next step."
+class TaskSendTool(_BackgroundTool):
+    name = "task_send"
+    description = "Tell a sub-agent something; it reads it before its next step."
     Params = SendParams
     read_only = False
 
@@ -173,25 +193,26 @@ class SubagentSendTool(_BackgroundTool):
         return f"{self.name} {arguments.get('id', '?')}: {one_line(str(arguments.get('message', '')), 60)}"
 
 
-class SubagentCancelTool(_BackgroundTool):
-    name = "subagent_cancel"
-    description = "Stop a background sub-agent."
+class TaskCancelTool(_BackgroundTool):
+    name = "task_cancel"
+    description = "Stop a task (a command's processes are killed)."
     Params = CancelParams
     read_only = False
 
     async def act(self, params: CancelParams) -> ToolResult:
         status = self.control.cancel(params.id)
-        return ToolResult(f"{status.id} is being cancelled; subagent_output shows what it had done")
+        return ToolResult(f"{status.id} is being cancelled; task_output shows what it had done")
 
 
-BACKGROUND_TOOLS: tuple[type[_BackgroundTool], ...] = (
-    SubagentStatusTool,
-    SubagentOutputTool,
-    SubagentSendTool,
-    SubagentCancelTool,
-)
+BACKGROUND_TOOLS: tuple[type[_BackgroundTool], ...] = (TaskStatusTool, TaskOutputTool, TaskSendTool, TaskCancelTool)
+# An agent with `bash` and no sub-agents: its output (whose head is the status line) and its stop; every
+# tool costs a small model's context, and `task_status` or `task_send` would add nothing for commands.
+COMMAND_TOOLS: tuple[type[_BackgroundTool], ...] = (TaskOutputTool, TaskCancelTool)
 
 
-def make_background_tools(workspace: Workspace, control: TaskControl) -> dict[str, Tool]:
-    """The four tools, by name, on one parent's tasks."""
-    return {cls.name: cls(workspace, control) for cls in BACKGROUND_TOOLS}
+def make_background_tools(workspace: Workspace, control: TaskControl, *, sub_agents: bool = True) -> dict[str, Tool]:
+    """The tools, by name, on one agent's tasks: all four with `subagent` (`sub_agents`); for an agent
+    that has only `bash`, `COMMAND_TOOLS`, granted with `bash`."""
+    if sub_agents:
+        return {cls.name: cls(workspace, control) for cls in BACKGROUND_TOOLS}
+    return {cls.name: cls(workspace, control, "bash") for cls in COMMAND_TOOLS}

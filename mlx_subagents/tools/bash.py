@@ -3,16 +3,21 @@ sandboxed (`sandbox.py`) when the agent's `sandbox` is on.
 
 Every process it started, those that left the group too, is killed on timeout, on cancellation,
 when the command returns (leftover background jobs) and when the program stops. The model reads
-the head and the tail of the output under a byte cap.
+the head and the tail of the output under a byte cap. With `"background": true` the command runs on
+as a task of the agent's (`background_bash.py`): the call returns its id (`bash#1`) at once, and the
+same kills happen at its end, its timeout, a cancel or the agent's end.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from ..errors import SubagentError
 from ..text import one_line
 from .base import Tool, ToolResult, error_result
 from .command import OutputBuffer, run_command
@@ -21,6 +26,12 @@ from .workspace import Workspace
 
 DEFAULT_BASH_TIMEOUT = 120
 MAX_BASH_TIMEOUT = 600
+
+
+class CommandStarter(Protocol):
+    """Where background commands are started and held (the agent's task board, from the runner)."""
+
+    async def start_command(self, args: Sequence[str], *, command: str, cwd: Path, timeout: float) -> str: ...
 
 
 class BashTool(Tool):
@@ -34,9 +45,12 @@ class BashTool(Tool):
     by_default = True
     claude_names = ("Bash",)
 
-    def __init__(self, workspace: Workspace, sandbox: Sandbox | None = None) -> None:
+    def __init__(
+        self, workspace: Workspace, sandbox: Sandbox | None = None, tasks: CommandStarter | None = None
+    ) -> None:
         super().__init__(workspace)
         self.sandbox = sandbox
+        self.tasks = tasks
 
     class Params(BaseModel):
         command: str = Field(min_length=1, description="The bash command to run.")
@@ -46,12 +60,15 @@ class BashTool(Tool):
             le=MAX_BASH_TIMEOUT,
             description=f"Seconds before the command is killed (at most {MAX_BASH_TIMEOUT}).",
         )
+        background: bool = Field(default=False, description="Return at once with its id; it runs on.")
 
     async def run(self, params: Params) -> ToolResult:
-        output = OutputBuffer()
         args = ["bash", "-c", params.command]
         if self.sandbox is not None:  # fails closed (a ToolError) where no sandbox can run
             args = await asyncio.to_thread(sandboxed, args, self.sandbox)
+        if params.background:
+            return await self._start(args, params)
+        output = OutputBuffer()
         returncode = await run_command(args, cwd=self.workspace.root, timeout=params.timeout, output=output)
         text = output.text().rstrip("\n")
         if returncode is None:
@@ -60,5 +77,22 @@ class BashTool(Tool):
         text = text or "(no output)"
         return ToolResult(text if returncode == 0 else f"{text}\n[exit code {returncode}]")
 
+    async def _start(self, args: list[str], params: Params) -> ToolResult:
+        """A background command: its id at once, and how to read and stop it."""
+        if self.tasks is None:
+            return error_result('background commands are not available here; run it without "background"')
+        try:
+            task_id = await self.tasks.start_command(
+                args, command=params.command, cwd=self.workspace.root, timeout=params.timeout
+            )
+        except SubagentError as exc:  # the board's cap: one line
+            return error_result(f"bash call refused: {exc}")
+        return ToolResult(
+            f"Started in the background: {task_id} (killed after {params.timeout}s, or when your task ends). "
+            "Carry on; a notice comes when it ends. task_output reads its output (wait to block until it ends), "
+            "task_cancel stops it."
+        )
+
     def describe(self, arguments: dict[str, Any]) -> str:
-        return f"$ {one_line(str(arguments.get('command', '')))}"
+        prefix = "$ (background) " if arguments.get("background") is True else "$ "
+        return f"{prefix}{one_line(str(arguments.get('command', '')))}"

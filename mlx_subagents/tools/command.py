@@ -13,7 +13,9 @@ import asyncio
 import os
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .base import MAX_OUTPUT_BYTES
 from .processes import MARK_ENV, kill_call, new_mark, track_group
@@ -66,6 +68,15 @@ class OutputBuffer:
         return f"{head}\n{note}\n{tail}"
 
 
+class OutputSink(Protocol):
+    """Where a program's output goes as it arrives: `OutputBuffer`, or a background command's log."""
+
+    @property
+    def full(self) -> bool: ...
+
+    def add(self, chunk: bytes) -> None: ...
+
+
 class _CommandProtocol(asyncio.SubprocessProtocol):
     """Feeds output into the buffers as it arrives and signals the program's exit apart from EOF.
 
@@ -74,7 +85,7 @@ class _CommandProtocol(asyncio.SubprocessProtocol):
     `overflowed` fires once a capped output passes its cap.
     """
 
-    def __init__(self, output: OutputBuffer, errors: OutputBuffer | None, stop_when_full: bool) -> None:
+    def __init__(self, output: OutputSink, errors: OutputSink | None, stop_when_full: bool) -> None:
         loop = asyncio.get_running_loop()
         self.buffers = {1: output, 2: errors if errors is not None else output}
         self.stop_when_full = stop_when_full
@@ -95,29 +106,41 @@ class _CommandProtocol(asyncio.SubprocessProtocol):
         self.closed.set_result(None)
 
 
-async def run_command(
+@dataclass
+class Spawned:
+    """A program started in a process group of its own: its transport, its output protocol, its group
+    and the mark its processes carry (None: unmarked)."""
+
+    transport: asyncio.SubprocessTransport
+    protocol: _CommandProtocol
+    mark: str | None
+
+    @property
+    def pgid(self) -> int:
+        return self.transport.get_pid()
+
+    async def stop(self) -> None:
+        """Kill the group and every marked process (leftover background jobs too), let the output still
+        in the pipe arrive and the program be reaped."""
+        kill_call(self.pgid, self.mark)
+        try:
+            await asyncio.wait({self.protocol.closed}, timeout=DRAIN_GRACE_SECONDS)
+        finally:
+            self.transport.close()
+
+
+async def spawn_command(
     args: Sequence[str],
     *,
     cwd: Path,
-    timeout: float,
-    output: OutputBuffer,
-    errors: OutputBuffer | None = None,
+    output: OutputSink,
+    errors: OutputSink | None = None,
     stop_when_full: bool = False,
     marked: bool = True,
     stdin: bytes | None = None,
-) -> int | None:
-    """Run `args` to its end; every process it started is dead when this returns or raises.
-
-    Returns the exit code, or None when it was killed: on timeout, or (`stop_when_full`) once its
-    standard output passed `output`'s cap, which `output.full` then says.
-
-    Args:
-        errors: where standard error goes; None merges it into `output`.
-        marked: mark the processes so that those leaving the group are found and killed too
-            (a shell's jobs may; a program that starts no others needs no search for them).
-        stdin: what the program reads on its standard input (a hook's event), then end of file;
-            None: nothing (`/dev/null`).
-    """
+) -> Spawned:
+    """Start `args` in a new session (its own process group), its output going to `output`; a
+    cancellation while it starts kills what started. The caller waits for it and `stop()`s it."""
     mark = new_mark() if marked else None
     env = {**os.environ, MARK_ENV: mark} if mark is not None else None
     spawn = asyncio.ensure_future(
@@ -140,23 +163,50 @@ async def run_command(
         kill_call(transport.get_pid(), mark)
         transport.close()
         raise
-    pgid = transport.get_pid()
-    track_group(pgid)
+    track_group(transport.get_pid())
     if stdin is not None:  # written as the pipe takes it; a program that never reads it is not waited for
         pipe = transport.get_pipe_transport(0)
         pipe.write(stdin)  # type: ignore[union-attr]
         pipe.write_eof()  # type: ignore[union-attr]
+    return Spawned(transport, protocol, mark)  # type: ignore[arg-type]
+
+
+async def wait_command(spawned: Spawned, timeout: float | None) -> int | None:
+    """The exit code once the program exits, or None when `timeout` passed first (or its capped
+    output overflowed); the program is not stopped here."""
+    protocol = spawned.protocol
+    done, _ = await asyncio.wait({protocol.exited, protocol.overflowed}, timeout=timeout, return_when="FIRST_COMPLETED")
+    return spawned.transport.get_returncode() if protocol.exited in done else None
+
+
+async def run_command(
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    timeout: float,
+    output: OutputSink,
+    errors: OutputSink | None = None,
+    stop_when_full: bool = False,
+    marked: bool = True,
+    stdin: bytes | None = None,
+) -> int | None:
+    """Run `args` to its end; every process it started is dead when this returns or raises.
+
+    Returns the exit code, or None when it was killed: on timeout, or (`stop_when_full`) once its
+    standard output passed `output`'s cap, which `output.full` then says.
+
+    Args:
+        errors: where standard error goes; None merges it into `output`.
+        marked: mark the processes so that those leaving the group are found and killed too
+            (a shell's jobs may; a program that starts no others needs no search for them).
+        stdin: what the program reads on its standard input (a hook's event), then end of file;
+            None: nothing (`/dev/null`).
+    """
+    spawned = await spawn_command(
+        args, cwd=cwd, output=output, errors=errors, stop_when_full=stop_when_full, marked=marked, stdin=stdin
+    )
     try:
-        done, _ = await asyncio.wait(
-            {protocol.exited, protocol.overflowed}, timeout=timeout, return_when="FIRST_COMPLETED"
-        )
-        return transport.get_returncode() if protocol.exited in done else None
+        return await wait_command(spawned, timeout)
     finally:
-        # Also on cancellation: kill the group and every marked process (leftover background
-        # jobs too), let the output still in the pipe arrive and the program be reaped, then return
-        # or re-raise.
-        kill_call(pgid, mark)
-        try:
-            await asyncio.wait({protocol.closed}, timeout=DRAIN_GRACE_SECONDS)
-        finally:
-            transport.close()
+        # Also on cancellation: the group and every marked process die before this returns or re-raises.
+        await spawned.stop()

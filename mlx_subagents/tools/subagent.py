@@ -1,139 +1,38 @@
-"""`subagent`: the tool a parent agent delegates with (one task, parallel tasks or a chain).
+"""`subagent`: the tool a parent agent delegates with (one task, parallel tasks, a chain, a workflow).
 
-The tool validates the call and formats the children's answers; running them is the caller's
-`delegate` function (the runner's), so this module never reaches up a layer. Every problem - no
-mode, two modes, an empty task, an unknown agent, a cap, the depth limit - comes back to the model
-as an error result naming the forms and the agents, and the parent carries on.
+The tool validates the call (`delegation.py`, its forms and parser) and formats the children's
+answers; running them is the caller's `delegate` function (the runner's), so this module never
+reaches up a layer. Every problem - no mode, two modes, an empty task, an unknown agent, a cap, the
+depth limit - comes back to the model as an error result naming the forms and the agents, and the
+parent carries on.
 
 The recursion cut lives in two places: a session gets this tool only when its agent file names
-`subagent`, and a session at `max_depth` gets an error result instead of children.
+`subagent` and it runs above the depth limit, and a session at `max_depth` gets an error result
+instead of children.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from dataclasses import replace
+from typing import Any
 
 from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, MAX_WARNINGS, cap_answer
 from ..errors import SubagentError, ToolError
 from ..host.protocol import Message
 from ..results import MultiRunResult, RunResult
 from ..text import NO_ANSWER, one_line
-from ..userfiles import error_message, error_path
-from .base import Tool, ToolResult, _strip_titles, error_result, tool_failure
-from .workspace import Workspace
-
-DelegationMode = Literal["single", "parallel", "chain", "workflow"]
-READ_MORE = 'read the rest with subagent_output {{"id": "{id}", "offset": {{offset}}}}'
-
-FORMS = (
-    "use exactly one of these forms: "
-    '{"agent": "NAME", "task": "TEXT"} for one task; '
-    f'{{"tasks": [{{"agent": "NAME", "task": "TEXT"}}, ...]}} for up to {MAX_TASKS} independent tasks in parallel; '
-    '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
-    "the previous step's answer; "
-    '{"workflow": "NAME", "input": "TEXT"} for a named workflow on an input'
+from .base import Tool, ToolResult, error_result, tool_failure
+from .delegation import (
+    READ_MORE,
+    Delegation,
+    ForkPoint,
+    SubagentParams,
+    delegation_schema,
+    fork_point,
+    parse_delegation,
 )
-
-
-MAX_LABEL_CHARS = 60
-# Short descriptions: every item of `tasks` and `chain` repeats them in the schema the model reads.
-Label = Annotated[str, Field(default="", max_length=MAX_LABEL_CHARS, description="Its name in the result.")]
-
-
-Isolation = Annotated[
-    Literal["", "none", "worktree"],
-    Field(default="", description="worktree: its own git worktree and branch, to run beside other writers."),
-]
-
-
-# No docstrings on the parameter models: pydantic would put them in the schema the model reads.
-class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a single call takes the same fields)
-    model_config = ConfigDict(extra="forbid")
-
-    agent: str = Field(default="", description="The agent's name.")
-    task: str = Field(description="What it should do, with every path and detail it needs.")
-    label: Label
-    fork: bool = False  # described once, at the top (every item repeats its schema)
-    cwd: str = Field(default="", description="Its folder in the workspace.")
-    model: str = Field(default="", description="A local model for it.")
-    max_turns: Optional[int] = Field(default=None, gt=0, description="Fewer turns than its limit.")
-    timeout: Optional[float] = Field(default=None, gt=0, description="Fewer seconds than its limit.")
-    isolation: Isolation
-
-
-class SubagentParams(BaseModel):  # flat: a small model fills in optional fields more reliably than a union
-    model_config = ConfigDict(extra="forbid")
-
-    agent: str = Field(default="", description="One task: the agent to run.")
-    task: str = Field(default="", description="One task: what it should do, with every detail it needs.")
-    label: Label
-    fork: bool = Field(default=False, description="You, with this conversation so far, do it (no agent; any form).")
-    tasks: list[ChildTask] = Field(default_factory=list, description=f"Parallel: up to {MAX_TASKS} independent tasks.")
-    chain: list[ChildTask] = Field(
-        default_factory=list, description="Chain: steps run in order; {previous} in a task is the previous answer."
-    )
-    workflow: str = Field(default="", description="Workflow: a named workflow to run.")
-    input: str = Field(default="", description="Workflow: its input.")
-    cwd: str = Field(
-        default="", description="A folder inside the workspace for the sub-agents (default: the workspace)."
-    )
-    background: bool = Field(
-        default=False,
-        description="Return task ids at once; a notice comes at each end (default: as the agent's file says).",
-    )
-    isolation: Isolation
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_unset(cls, value: Any) -> Any:
-        # Models often write `"tasks": null` for a mode they do not use.
-        return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
-
-
-@dataclass(frozen=True)
-class ForkPoint:
-    """Where a call's forks start: the caller's host session (whose KV cache they start from) and its
-    messages, each call of its last reply closed with a placeholder (`fork_point`)."""
-
-    session: str
-    messages: tuple[Message, ...]
-
-
-@dataclass(frozen=True)
-class Delegation:
-    """One valid call, for the runner: the mode, its tasks in order and the children's workspace.
-
-    Args:
-        workspaces: per task, its own folder (its `cwd`, else the call's); empty: `workspace` for all.
-        workflow, input: a workflow call's workflow name and input (its steps are the runner's to plan).
-        isolation: the call's `isolation` (a task's own wins): `worktree`, `none`, or "" for the agent's.
-        fork_point: for a call with forks, where they start: the caller's host session and messages.
-    """
-
-    mode: DelegationMode
-    tasks: tuple[ChildTask, ...]
-    workspace: Workspace
-    background: bool = False
-    workspaces: tuple[Workspace, ...] = ()
-    workflow: str = ""
-    input: str = ""
-    isolation: str = ""
-    fork_point: ForkPoint | None = None
-
-    @property
-    def forks(self) -> bool:
-        """Whether any of its tasks is a fork (it then carries the caller's `fork_point`)."""
-        return any(t.fork for t in self.tasks)
-
-    def workspace_of(self, index: int) -> Workspace:
-        """The folder task `index` works in."""
-        return self.workspaces[index] if self.workspaces else self.workspace
-
+from .workspace import Workspace
 
 Delegate = Callable[[Delegation], Awaitable[MultiRunResult]]
 # Starts a `"background": true` call's tasks and returns their ids at once.
@@ -160,6 +59,8 @@ class SubagentTool(Tool):
         background_agents: agents whose files say `background: true` (see `parse_delegation`).
         forked: the calling session is itself a fork: every call gets an error result, while the
             tool stays listed so that the fork's prompt keeps its parent's prefix.
+        models: the models a call may name (its grants), offered by name in the schema; empty: none.
+        list_models: what the `models` form answers (the granted models and what each agent runs on).
     """
 
     name = "subagent"
@@ -189,9 +90,13 @@ class SubagentTool(Tool):
         background_agents: Collection[str] = (),
         isolation: bool = False,
         forked: bool = False,
+        models: Sequence[str] = (),
+        list_models: Callable[[], str] | None = None,
     ) -> None:
         super().__init__(workspace)
         self.forked = forked
+        self.models = tuple(models)
+        self.list_models = list_models
         # The calling session's messages and host session, bound by the session (`AgentSession`):
         # what a fork starts from.
         self.conversation: Callable[[], Sequence[Message]] | None = None
@@ -215,7 +120,10 @@ class SubagentTool(Tool):
     def schema(self) -> dict[str, Any]:  # type: ignore[override]
         """Per instance: the description lists this runner's agents; `background` only where it works."""
         parameters = delegation_schema(
-            background=self.start is not None, workflows=bool(self.workflows), isolation=self.isolation
+            background=self.start is not None,
+            workflows=bool(self.workflows),
+            isolation=self.isolation,
+            models=self.models,
         )
         return {
             "type": "function",
@@ -244,9 +152,14 @@ class SubagentTool(Tool):
                 tool=self.name,
                 listed=self.agents,
                 background_agents=self.background_agents,
+                workflows=bool(self.workflows),
             )
         except ToolError as exc:
             return error_result(str(exc))
+        if delegation.mode == "models":
+            if self.list_models is None:
+                return error_result(f"{self.name}: no models are granted here; leave model out")
+            return ToolResult(self.list_models())
         if delegation.forks:
             if self.conversation is None:
                 return error_result(f"{self.name}: forks are not available here; name an agent instead")
@@ -272,8 +185,8 @@ class SubagentTool(Tool):
             return error_result(f"{self.name} call refused: {exc}")
         return ToolResult(
             f"Started in the background: {', '.join(ids)}. Carry on with other work; a notice comes when each "
-            "ends. subagent_status shows how they are doing, subagent_output reads an answer (wait to block until "
-            "it ends), subagent_send steers one, subagent_cancel stops one."
+            "ends. task_status shows how they are doing, task_output reads an answer (wait to block until "
+            "it ends), task_send steers one, task_cancel stops one."
         )
 
     def describe(self, arguments: dict[str, Any]) -> str:
@@ -292,191 +205,13 @@ class SubagentTool(Tool):
             return f"{name} {arguments.get('agent') or 'fork'}: {one_line(str(arguments.get('task', '')), 80)}"
         if arguments.get("workflow"):
             return f"{name} workflow {arguments['workflow']}: {one_line(str(arguments.get('input', '')), 80)}"
+        steps = arguments.get("steps")
+        if isinstance(steps, list) and steps:
+            named = [f"{i.get('name', '?')} ({i.get('agent', '?')})" for i in steps if isinstance(i, dict)]
+            return f"{name} steps: {', '.join(named)}"
+        if arguments.get("models") is True:
+            return f"{name} models"
         return f"{name} (no task)"
-
-
-def delegation_schema(
-    *, background: bool, workflows: bool = False, isolation: bool = False, forks: bool = True
-) -> dict[str, Any]:
-    """The call's parameters as JSON schema: the forms and `cwd`; `background` where it works, the
-    workflow form where named workflows exist, `isolation` inside a git repository and `fork` where a
-    calling agent's conversation exists to continue (every field costs a small model's context).
-
-    The `subagent` tool and the MCP server's `run_agents` and `start_agents` take these forms."""
-    parameters = _inline_refs(_strip_titles(SubagentParams.model_json_schema()))
-    absent = ([] if background else ["background"]) + ([] if workflows else ["workflow", "input"])
-    for name in absent:
-        del parameters["properties"][name]
-    every = (parameters, parameters["properties"]["tasks"]["items"], parameters["properties"]["chain"]["items"])
-    for name, offered in (("isolation", isolation), ("fork", forks)):
-        if not offered:
-            for fields in every:
-                fields["properties"].pop(name, None)
-    return parameters
-
-
-def parse_delegation(
-    arguments: dict[str, Any],
-    workspace: Workspace,
-    agents: Collection[str],
-    *,
-    tool: str = "subagent",
-    listed: Collection[str] | None = None,
-    background_agents: Collection[str] = (),
-) -> Delegation:
-    """A call's `Delegation`, or `ToolError` with what the caller reads: what is wrong, the forms
-    and the agents (`invalid TOOL call: ...`), or the `cwd` that is not a folder of the workspace.
-
-    Args:
-        agents: the agents a call may name (a parallel task's unknown agent fails alone, later).
-        tool: the name the caller knows the call by, for its messages.
-        listed: the agents the messages name (default: `agents`): those the caller may start.
-        background_agents: agents whose files say `background: true`: a call without `background`
-            whose every task starts one runs in the background (the call site wins when it says).
-    """
-    names = agents if listed is None else listed
-    try:
-        params = SubagentParams.model_validate(arguments)
-        mode, items = _mode(params, agents)
-    except ValidationError as exc:
-        raise ToolError(_usage(tool, _validation_problem(exc), names)) from None
-    except ToolError as exc:
-        raise ToolError(_usage(tool, str(exc), names)) from None
-    where = "" if mode == "single" else ("tasks" if mode == "parallel" else "chain")
-    call_root = _folder(workspace, params.cwd, "cwd", workspace.root)
-    roots = [_folder(workspace, t.cwd, f"{where}[{i}].cwd", call_root) for i, t in enumerate(items)]
-    background = params.background
-    if "background" not in params.model_fields_set:
-        background = bool(items) and all(t.agent.strip() in background_agents for t in items)
-    return Delegation(
-        mode,
-        tuple(items),
-        Workspace(call_root),
-        background=background,
-        workspaces=tuple(Workspace(r) for r in roots),
-        workflow=params.workflow.strip(),
-        input=params.input,
-        isolation=params.isolation,
-    )
-
-
-def _folder(workspace: Workspace, cwd: str, field: str, default: Path) -> Path:
-    """A `cwd` of the call or of one task: a folder inside the workspace, else `default`."""
-    try:
-        return workspace.existing(cwd, "directory") if cwd.strip() else default
-    except ToolError as exc:
-        raise ToolError(f"{field}: {exc}") from None
-
-
-def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMode, list[ChildTask]]:
-    single = bool(params.agent.strip() or params.task.strip() or params.fork)
-    if params.fork and (params.tasks or params.chain or params.workflow.strip()):
-        raise ToolError("'fork' at the top goes with 'task' only; in 'tasks' or 'chain', set it in the item")
-    forms = (
-        ("single", single),
-        ("parallel", bool(params.tasks)),
-        ("chain", bool(params.chain)),
-        ("workflow", bool(params.workflow.strip())),
-    )
-    given = [mode for mode, present in forms if present]
-    if not given:
-        raise ToolError("'input' is given without 'workflow'" if params.input.strip() else "no task given")
-    if len(given) > 1:
-        fields = {"single": "agent/task", "parallel": "tasks", "chain": "chain", "workflow": "workflow"}
-        raise ToolError(f"{' and '.join(fields[m] for m in given)} given together")
-    mode: DelegationMode = given[0]  # type: ignore[assignment]
-    if params.input.strip() and mode != "workflow":
-        raise ToolError("'input' goes with 'workflow' only")
-    if mode == "workflow":
-        return mode, []
-    if mode == "single":
-        items = [ChildTask(agent=params.agent, task=params.task, label=params.label, fork=params.fork)]
-    elif mode == "parallel":
-        items = list(params.tasks)
-    else:
-        items = list(params.chain)
-    for i, item in enumerate(items):
-        where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
-        if item.fork:
-            _check_fork(item, where, chain_step=i if mode == "chain" else 0, isolation=params.isolation)
-            continue
-        if not item.agent.strip():
-            raise ToolError(f"'{where}agent' is empty")
-        # In parallel, a child that cannot start fails alone (the runner says why); its siblings run.
-        if mode != "parallel" and item.agent.strip().lower() not in agents:
-            raise ToolError(f"unknown agent '{item.agent}'")
-        if not item.task.strip():
-            raise ToolError(f"'{where}task' is empty: say what {item.agent} should do")
-    return mode, items
-
-
-FORK_PLACEHOLDER = "(forked: a copy of this conversation does this call's task)"
-
-
-def _check_fork(item: ChildTask, where: str, chain_step: int, isolation: str = "") -> None:
-    """A fork continues its caller: its prompt and model are the caller's, so that the caller's KV
-    cache serves it; naming others would start it cold, which a named agent does better. It works in
-    its caller's tree, so `isolation: worktree` (its own, or the call's) is refused, never ignored."""
-    if item.agent.strip() or item.model.strip():
-        named = "an agent" if item.agent.strip() else "a model"
-        raise ToolError(
-            f"'{where}fork' names {named}: a different prompt or model cannot reuse this conversation's cache; "
-            "leave out agent and model, or start a named agent without fork"
-        )
-    if chain_step:
-        raise ToolError(f"'{where}fork': only a chain's first step may be a fork")
-    if "worktree" in (item.isolation, isolation):
-        raise ToolError(
-            f"'{where}fork': a fork works in its caller's workspace, so isolation: worktree cannot apply; leave out "
-            "isolation, or start a named agent with it"
-        )
-    if not item.task.strip():
-        raise ToolError(f"'{where}task' is empty: say what the fork should do")
-
-
-def fork_point(messages: Sequence[Message]) -> tuple[Message, ...]:
-    """The caller's conversation at a fork: its messages so far, each call of its last reply that has
-    no result yet closed with a short placeholder, so that the fork's prompt extends them exactly."""
-    out = [dict(m) for m in messages]
-    answered = {m.get("tool_call_id") for m in out if m.get("role") == "tool"}
-    last = next((m for m in reversed(out) if m.get("role") == "assistant"), None)
-    for part in (last or {}).get("tool_calls") or []:
-        call_id = part.get("id")
-        if call_id not in answered:
-            name = (part.get("function") or {}).get("name", "")
-            out.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": FORK_PLACEHOLDER})
-    return tuple(out)  # type: ignore[arg-type]
-
-
-def _usage(tool: str, problem: str, agents: Collection[str]) -> str:
-    return f"invalid {tool} call: {problem}; {FORMS}. Available agents: {', '.join(sorted(agents)) or 'none'}"
-
-
-def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """Replace `{"$ref": "#/$defs/X"}` by X itself: one self-contained object is easier to read."""
-    defs = schema.pop("$defs", {})
-
-    def inline(node: Any) -> Any:
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        if "$ref" in node:
-            return inline(defs[node["$ref"].rsplit("/", 1)[-1]])
-        return {key: inline(value) for key, value in node.items()}
-
-    return inline(schema)
-
-
-def _validation_problem(exc: ValidationError) -> str:
-    problems = []
-    for err in exc.errors():
-        field = error_path(err["loc"]) or "arguments"
-        if err["type"] == "extra_forbidden":
-            problems.append(f"unknown field '{field}'")
-        else:
-            problems.append(f"'{field}': {error_message(err)}")
-    return "; ".join(problems)
 
 
 def describe_delegation(
@@ -508,13 +243,15 @@ def describe_delegation(
         f"{concurrency} at a time.\n"
         '- {"chain": [{"agent": NAME, "task": TEXT}, ...]}: steps in order; {previous} in a task is the '
         "previous step's answer.\n"
+        '- {"steps": [{"name": N, "agent": NAME, "task": TEXT, "needs": [M, ...]}, ...]}: a workflow; a step '
+        "starts once the steps it needs are done, and {M} in its task is step M's answer.\n"
         + (
             f'- {{"workflow": NAME, "input": TEXT}}: a named workflow of steps on an input ({", ".join(workflows)}).\n'
             if workflows
             else ""
         )
         + (
-            '"background": true (any form): carry on at once; use the ids with the subagent_* tools.\n'
+            '"background": true (any form): carry on at once; use the ids with the task_* tools.\n'
             if background
             else ""
         )
@@ -528,10 +265,10 @@ def describe_delegation(
 
 def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResult:
     """The children's answers (`_answers`), then the run they are saved as, to name to the user, and the
-    ids that `subagent_send` continues them by."""
+    ids that `task_send` continues them by."""
     # The ids of the children the parent may continue (on its board; an aborted one takes no more).
     ids = [i for i, r in zip(outcome.task_ids, outcome.results) if i and r.status != "aborted"]
-    more = f"; subagent_send continues {', '.join(ids)}" if ids else ""
+    more = f"; task_send continues {', '.join(ids)}" if ids else ""
     footer = f"\n\n[sub-agent run {outcome.run_id}{more}]" if outcome.run_id else ""
     kept = [r.worktree.describe(r.label.rsplit(" > ", 1)[-1]) for r in outcome.results if r.worktree is not None]
     footer += "".join(f"\n{line}" for line in kept)
@@ -544,16 +281,20 @@ def _answers(delegation: Delegation, outcome: MultiRunResult, reserve: int) -> T
     results = outcome.results
     if delegation.mode == "single":
         result = results[0]
+        # A labelled child's id (its label) starts the result, so the model sees the name it gave work.
+        given = delegation.tasks[0].label.strip() if delegation.tasks else ""
+        name = f"[{(outcome.task_ids or [None])[0] or given}] " if given else ""
         if result.ok:
-            return ToolResult(result.output or NO_ANSWER)
-        head = f"Error: agent '{result.agent}' {_status(result)}"
+            return ToolResult(f"{name}{result.output or NO_ANSWER}")
+        head = f"Error: {name}agent '{result.agent}' {_status(result)}"
         return ToolResult(f"{head}\n\n{result.output}" if result.output else head, is_error=True)
     if delegation.mode == "parallel":
         labels = [r.label.rsplit(" > ", 1)[-1] for r in results]
         title = f"Parallel: {outcome.succeeded}/{outcome.total} tasks completed"
     elif delegation.mode == "workflow":
         labels = [f"{r.step_id}: {r.agent}" for r in results]
-        title = f"Workflow {delegation.workflow}: {outcome.succeeded}/{outcome.total} steps completed"
+        named = f" {delegation.workflow}" if delegation.workflow else ""
+        title = f"Workflow{named}: {outcome.succeeded}/{outcome.total} steps completed"
     elif outcome.ok:
         return ToolResult(results[-1].output or NO_ANSWER)
     else:

@@ -107,4 +107,4 @@ def test_a_background_agent_starts_in_the_background_unless_the_call_says_not(tm
     assert result.output == "done"
     started, waited = tool_outputs(host, "boss")
     assert started.startswith("Started in the background: sleeper#1. Carry on with other work;")
-    assert waited.startswith("rested\n\n[sub-agent run ") and waited.endswith("; subagent_send continues sleeper#2]")
+    assert waited.startswith("rested\n\n[sub-agent run ") and waited.endswith("; task_send continues sleeper#2]")

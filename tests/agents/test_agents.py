@@ -98,6 +98,19 @@ def test_omitted_tools_mean_all_tools_but_subagent_only_when_named(tmp_path):
     assert empty.tools == ()
 
 
+def test_models_grant_the_models_its_calls_may_name(tmp_path):
+    comma = parse_agent_file(write(tmp_path, "a.md", agent_text(extra="models: qwen-a, ./local ,\n")), "user")
+    listed = parse_agent_file(write(tmp_path, "b.md", agent_text(extra="models:\n  - qwen-a\n  - qwen-a\n")), "user")
+    assert (comma.models, listed.models) == (("qwen-a", "./local"), ("qwen-a",))
+    bad = write(tmp_path, "c.md", agent_text(extra="models: 3\n"))
+    with pytest.raises(AgentFileError) as info:
+        parse_agent_file(bad, "user")
+    assert str(info.value) == (
+        f"{bad}: field 'models' must be a comma-separated string or a list of model names; "
+        "e.g. models: qwen2.5-coder-7b, mlx-community/Qwen3-4B-Instruct-2507-4bit"
+    )
+
+
 def test_full_spec_fields(tmp_path):
     path = write(
         tmp_path,
@@ -119,6 +132,7 @@ def test_full_spec_fields(tmp_path):
         "output_schema": {"type": "object"},
         "agents": None,
         "full_tools_for": (),
+        "models": (),
         "context": "project",
         "writer": None,
         "sandbox": None,

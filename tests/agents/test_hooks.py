@@ -86,7 +86,7 @@ def test_settings_hooks_fire_for_every_agent_of_a_three_level_tree(
 
     assert result.ok, result.error
     assert all((tmp_path / f"{name}.txt").read_text() == "keep" for name in ("top", "mid", "tail"))
-    labels = {"top": "top", "mid": "top > mid", "tail": "top > mid > tail"}
+    labels = {"top": "top", "mid": "top > mid#1", "tail": "top > mid#1 > tail#1"}
     for depth, (name, label) in enumerate(labels.items()):
         blocked, ran = results(events, label)[:2]
         assert blocked == f"Error: a PreToolUse hook blocked this call: no rm here ({name}, depth {depth})"
@@ -118,7 +118,7 @@ def test_settings_hooks_fire_for_every_agent_of_a_three_level_tree(
     assert [(e["parent"], e["depth"], e["tool_name"]) for e in post] == [
         (None, 0, "bash"),
         ("top", 1, "bash"),
-        ("top > mid", 2, "bash"),
+        ("top > mid#1", 2, "bash"),
     ]
     # A child's run is saved inside its parent's, under a run id of its own.
     assert {e["run_id"] for e in seen if e["agent"] == "top"} == {result.run_id}
@@ -189,7 +189,7 @@ def test_an_agent_files_hooks_fire_for_that_agent_only(scripted_runner: Any, tmp
     events: list[Event] = []
     assert go(scripted_runner(script, events), "run", TaskSpec("guarded", "go")).ok
     assert results(events, "guarded")[0] == "Error: a PreToolUse hook blocked this call: guarded says no"
-    assert results(events, "guarded > free") == ["b"]
+    assert results(events, "guarded > free#1") == ["b"]
 
 
 def test_bad_hooks_are_one_line_naming_the_file(scripted_runner: Any, tmp_path: Path) -> None:

@@ -37,8 +37,8 @@ def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli
     record = load_run("last")
     assert err.splitlines() == [
         "▸ subagent scout: find the app",
-        "  ↳ scout (scout) started",
-        "  ✓ scout completed (1 turns)",
+        "  ↳ scout#1 (scout) started",
+        "  ✓ scout#1 completed (1 turns)",
         err.splitlines()[3],  # the usage line
         f"saved as run {record.run_id}; continue with: subagent chat --resume {record.run_id}",
     ]
@@ -48,7 +48,7 @@ def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli
     assert [m["role"] for m in log.messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert log.messages[1]["content"] == "where is the app?"
     child = load_run("last", home=record.folder)
-    assert log.messages[3]["content"] == f"app.py:1\n\n[sub-agent run {child.run_id}; subagent_send continues scout#1]"
+    assert log.messages[3]["content"] == f"app.py:1\n\n[sub-agent run {child.run_id}; task_send continues scout#1]"
 
 
 def test_a_chat_continues_with_resume_and_chat_resume(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
@@ -132,10 +132,12 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
         "/usage     tokens, context and KV cache of this chat and its sub-agents",
         "/compact   summarise the conversation so far, to free context",
         "/think     show the last reply's reasoning in full (the chat shows it folded)",
-        "/workflow  /workflow NAME INPUT: run a named workflow as the parent's sub-agents; it reads their answers next",
+        '/workflow  /workflow NAME INPUT (or {"steps": [...]}): run a workflow as the parent\'s sub-agents; it reads '
+        "their answers next",
         "/tasks     the sub-agents running in the background: id, agent, status, turn, tokens, last tool, time",
         "/send      /send ID TEXT: a message to a background sub-agent (read at its next turn, or it resumes)",
         "/cancel    /cancel ID: stop a background sub-agent (its bash commands are killed)",
+        "/wake      /wake on|off: whether a background sub-agent's end starts the parent's next turn (on)",
         "/help      this list",
         "/exit      leave the chat (also Ctrl-D)",
         "> ",
@@ -143,8 +145,8 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
     assert re.fullmatch(r"> compacted: [\d,]+ -> [\d,]+ tokens", out.split("\n")[8])
     assert re.fullmatch(r"> orchestrator: 2 turns, .* 1 compactions", usage)
     assert (
-        "unknown command /bogus; commands: /agents, /usage, /compact, /think, /workflow, /tasks, /send, /cancel, /help, /exit"
-        in err
+        "unknown command /bogus; commands: /agents, /usage, /compact, /think, /workflow, /tasks, /send, /cancel, /wake, "
+        "/help, /exit" in err
     )
     log = read_transcript(record.transcript_path(record.tasks[0]))
     assert [m["content"] for m in log.messages[1:]] == [
@@ -180,7 +182,7 @@ def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: P
         term.send("\x03")
         shown = term.expect("the chat goes on (/exit leaves)\n> ")
         assert all_dead(pids), "a child's process survived Ctrl-C"
-        assert "✗ worker aborted: aborted by the user (Ctrl-C)" in shown
+        assert "✗ worker#1 aborted: aborted by the user (Ctrl-C)" in shown
         term.send("/usage\n")
         assert "sub-agents: 1 started, 1 turns" in term.expect("saved as run ")
         term.send("are you there?\n")
@@ -284,9 +286,9 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runne
         ],
         "orchestrator > scout#1": ["app.py is the only file"],
     }
-    # The orchestrator's tools (subagent and its four background tools) fill most of the tiny model's 4,096
-    # tokens (its tokenizer makes about 2.5 characters a token): a larger window keeps compaction out of this test.
-    runner, _ = forced_runner(replies, on_event=sink, context_window=8192)
+    # The orchestrator's prompt and tools (subagent and its four task tools) take about 4,400 of the tiny
+    # tokenizer's tokens: over half of 8,192, the most a prompt may take.
+    runner, _ = forced_runner(replies, on_event=sink, context_window=16384)
 
     async def main() -> tuple[Any, Any, Chat]:
         async with runner:
@@ -302,8 +304,8 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runne
     first, second, chat = asyncio.run(main())
     assert (first.output, second.output) == ("The scout found app.py.", "Nothing else.")
     assert screen.getvalue() == (
-        "Let me ask. \n▸ subagent scout: list the files\n  ↳ scout (scout) started\n"
-        "  ✓ scout completed (1 turns)\nThe scout found app.py.\nNothing else.\n"
+        "Let me ask. \n▸ subagent scout: list the files\n  ↳ scout#1 (scout) started\n"
+        "  ✓ scout#1 completed (1 turns)\nThe scout found app.py.\nNothing else.\n"
     )
     assert second.usage.turns == 3 and second.usage.cached_tokens > first.usage.cached_tokens > 0
     assert chat.children_usage()[0] == 1 and chat.children_usage()[1].turns == 1
@@ -323,8 +325,8 @@ def test_usage_counts_a_continued_sub_agent_once_however_often_it_ends_or_is_obs
             "orchestrator": {
                 "replies": [
                     call("subagent", agent="scout", task="look"),
-                    call("subagent_send", id="scout#1", message="and more"),
-                    call("subagent_output", id="scout#1", wait=5),
+                    call("task_send", id="scout#1", message="and more"),
+                    call("task_output", id="scout#1", wait=5),
                     "done",
                 ]
             },

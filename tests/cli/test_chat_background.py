@@ -39,7 +39,7 @@ def test_tasks_send_cancel_and_notices_at_the_prompt(tmp_path: Path, write_scrip
             }
         }
     )
-    term = Terminal(["chat", "-m", model, "-C", str(tmp_path)])
+    term = Terminal(["chat", "-m", model, "-C", str(tmp_path), "--no-wake"])  # notices at the prompt, not waking
     try:
         term.expect("/exit leaves\n> ")
         term.send("start them\n")
@@ -124,11 +124,11 @@ def test_ctrl_c_stops_the_turn_then_the_background_sub_agents(tmp_path: Path, wr
         term.expect("/exit leaves\n> ")
         term.send("start it\n")
         pids = wait_for_pids(tmp_path, time.monotonic() + 15)
-        term.expect("↳ scout (scout) started")
+        term.expect("↳ scout#1 (scout) started")
         term.send("\x03")
         shown = term.expect("the chat goes on (/exit leaves)\n> ")
         assert "1 background sub-agent(s) run on (Ctrl-C again stops them too)" in shown
-        assert "✗ scout aborted" in shown
+        assert "✗ scout#1 aborted" in shown
         assert all(alive(p) for p in pids), "the first Ctrl-C stopped a background sub-agent"
         term.send("/tasks\n")
         assert re.search(r"worker#1\s+worker\s+running", term.expect("\n> "))
@@ -172,3 +172,59 @@ def test_leaving_the_chat_cancels_the_background_sub_agents(tmp_path: Path, writ
     assert all_dead(pids)
     child = child_runs(load_run("last").folder)["worker#1"]
     assert (child.status, child.tasks[0].status) == ("interrupted", "aborted")
+
+
+def wake_script(write_script: Any) -> str:
+    start = call("subagent", agent="scout", task="find the app", background=True)
+    return write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [start, "Started it.", "The scout says app.py:1."]},
+                "scout": {"replies": [{"content": "app.py:1", "delay": 1.5}]},
+            }
+        }
+    )
+
+
+def user_messages() -> list[str]:
+    run = load_run("last")
+    return [m["content"] for m in read_transcript(run.transcript_path(run.tasks[0])).messages if m["role"] == "user"]
+
+
+def test_a_background_childs_end_wakes_a_waiting_chat(tmp_path: Path, write_script: Any) -> None:
+    term = Terminal(["chat", "-m", wake_script(write_script), "-C", str(tmp_path)])
+    try:
+        term.expect("/exit leaves\n> ")
+        term.send("find the app\n")
+        term.expect("Started it.\n> ")
+        # nothing typed: the scout's end starts the parent's next turn, with its notice as the message
+        shown = term.expect("The scout says app.py:1.\n> ")
+        assert "● scout#1 completed: app.py:1" in shown
+        assert "the parent goes on from the notice (/wake off waits for your message)" in shown
+        term.send("/exit\n")
+        assert term.wait() == 0
+    finally:
+        term.close()
+    assert user_messages()[1:] == ["[notice] scout#1 completed: app.py:1; read it with task_output"]
+
+
+def test_wake_off_waits_for_the_persons_message(tmp_path: Path, write_script: Any) -> None:
+    term = Terminal(["chat", "-m", wake_script(write_script), "-C", str(tmp_path)])
+    try:
+        term.expect("/exit leaves\n> ")
+        term.send("/wake off\n")
+        term.expect("the parent waits for your message when a background sub-agent ends\n> ")
+        term.send("find the app\n")
+        term.expect("Started it.\n> ")
+        term.expect("● scout#1 completed: app.py:1")
+        time.sleep(1)  # time the wake would have had
+        term.send("what did it find?\n")
+        shown = term.expect("The scout says app.py:1.\n> ")
+        assert "the parent goes on from the notice" not in shown
+        term.send("/exit\n")
+        assert term.wait() == 0
+    finally:
+        term.close()
+    assert user_messages()[1:] == [
+        "what did it find?\n\n[notice] scout#1 completed: app.py:1; read it with task_output"
+    ]

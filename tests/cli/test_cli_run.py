@@ -251,11 +251,11 @@ def test_compaction_on_a_small_window_through_the_cli(tmp_path: Path, ws: Path, 
     (ws / "big.txt").write_text(big)
     reads = [call("read", path="big.txt", offset=1 + 17 * i, limit=17) for i in range(4)]
     summary = "## Goal\nFind the parser.\n## Progress\nRead big.txt in windows of 17 lines."
-    # Window 2400 scales to 600 tokens reserved and 1200 kept; with the scout's head (~930 tokens)
-    # and a 300-token summary, only 570 tokens of history fit below the trigger (2400 - 600), so
-    # after the third read (each ~355 tokens, call + result) the first two are summarised and the
-    # third kept. Tool outputs fix these counts, not the temp path.
-    script = write_script({"replies": [*reads[:3], summary, reads[3], "Done: big.txt."], "context_window": 2400})
+    # Window 2700 scales to 675 tokens reserved and 1350 kept; with the scout's head (~1,150 tokens,
+    # its background-command tools included) and a 300-token summary, only ~580 tokens of history fit
+    # below the trigger (2700 - 675), so after the third read (each ~355 tokens, call + result) the
+    # first two are summarised and the third kept. Tool outputs fix these counts, not the temp path.
+    script = write_script({"replies": [*reads[:3], summary, reads[3], "Done: big.txt."], "context_window": 2700})
     proc = cli("run", "scout", "read big.txt", "--model", script, "--cwd", ws, "--json")
 
     assert proc.returncode == 0, proc.stderr

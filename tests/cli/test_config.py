@@ -41,8 +41,8 @@ def test_version(run_cli: Any) -> None:
 
 
 def test_shell_completion_is_typers_for_the_subagent_command(run_cli: Any) -> None:
-    code, script, _ = run_cli("--show-completion", "bash")
-    assert code == 0
+    code, script, err = run_cli("--show-completion", "bash")
+    assert code == 0, err
     assert "_subagent_completion()" in script and "complete -o default -F _subagent_completion subagent" in script
     assert "_SUBAGENT_COMPLETE=complete_bash" in script
 

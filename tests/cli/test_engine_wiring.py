@@ -80,7 +80,7 @@ def test_run_on_an_engine_runs_the_tools_here(engine: FakeEngine, tmp_path: Path
     assert data["usage"]["cached_tokens"] == 450 and data["usage"]["turns"] == 2
     assert (tmp_path / "hello.txt").read_text() == "hi\n"
     tools = [t["function"]["name"] for t in engine.chat_requests()[0].body["tools"]]
-    assert tools == ["read", "grep", "find", "ls", "bash", "edit", "write"]
+    assert tools == ["read", "grep", "find", "ls", "bash", "edit", "write", "task_output", "task_cancel"]
 
 
 def test_thinking_off_asks_the_engines_template_for_no_thinking(

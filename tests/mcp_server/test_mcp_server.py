@@ -32,7 +32,8 @@ FORMS = (
     '{"tasks": [{"agent": "NAME", "task": "TEXT"}, ...]} for up to 8 independent tasks in parallel; '
     '{"chain": [{"agent": "NAME", "task": "TEXT"}, ...]} for steps in order, where {previous} in a task is '
     "the previous step's answer; "
-    '{"workflow": "NAME", "input": "TEXT"} for a named workflow on an input'
+    '{"steps": [{"name": "N", "agent": "NAME", "task": "TEXT", "needs": ["M"]}, ...]} for steps that start '
+    "when the steps they need are done, where {M} in a task is step M's answer"
 )
 BUILTINS = ["orchestrator", "planner", "reviewer", "scout", "worker"]
 # The tiny model's server: the real `serve_stdio`, with forced decoding (the only thing a flag cannot pass).
@@ -111,10 +112,15 @@ def test_initialize_list_tools_and_list_agents(tmp_path: Path, write_script: Any
     schema = by_name["run_agents"].input_schema
     # `label` in every form and each item's own choices (issue 26, item 8).
     # `isolation` on every form and each item (issue 30), offered only inside a git repository.
-    assert set(schema["properties"]) == {"agent", "task", "label", "tasks", "chain", "cwd"}
-    item = {"agent", "task", "label", "cwd", "model", "max_turns", "timeout"}
+    # The single form takes the items' choices, `steps` is an inline workflow (issue 44, items 3 and 4);
+    # `model` only where the operator grants models (`--allow-model`, imported ones).
+    forms = {"agent", "task", "label", "tasks", "chain", "steps", "input", "cwd", "max_turns", "timeout"}
+    assert set(schema["properties"]) == forms
+    item = {"agent", "task", "label", "cwd", "max_turns", "timeout"}
     assert set(schema["properties"]["tasks"]["items"]["properties"]) == item
     assert set(schema["properties"]["chain"]["items"]["properties"]) == item
+    step = {"name", "agent", "task", "needs", "max_turns", "timeout"}
+    assert set(schema["properties"]["steps"]["items"]["properties"]) == step
     assert by_name["start_agents"].input_schema == schema  # the same forms
     assert set(by_name["agent_output"].input_schema["properties"]) == {"id", "wait", "offset"}
     assert schema["additionalProperties"] is False
@@ -564,7 +570,7 @@ def test_results_carry_the_childrens_usage_and_new_agent_files_are_seen(tmp_path
     (task,) = delegated.structured_content["tasks"]
     children = task["children"]
     assert [(c["label"], c["status"], c["usage"]["turns"]) for c in children["tasks"]] == [
-        ("orchestrator > scout", "completed", 2)
+        ("orchestrator > scout#1", "completed", 2)
     ]
     assert children["usage"] == children["tasks"][0]["usage"]
     used = children["usage"]
@@ -805,6 +811,40 @@ def test_start_agents_starts_a_named_workflow_in_the_background(tmp_path: Path, 
     started, planned = run(main)
     assert started.structured_content["ids"] == ["scout#1", "planner#1"]
     assert text(planned) == "planner#1 completed\n\n1. fix"
+
+
+def test_run_agents_and_start_agents_take_an_inline_workflow(tmp_path: Path, write_script: Any) -> None:
+    """Issue 44, item 3: `{"steps": [...]}` on both tools, checked as a workflow file is, nothing run on a fault."""
+    model = write_script(
+        {"agents": {"scout": {"replies": ["src/dates.py:10"] * 2}, "planner": {"replies": ["1. fix"] * 2}}}
+    )
+    steps = [
+        {"name": "find", "agent": "scout", "task": "Find: {input}"},
+        {"name": "plan", "agent": "planner", "task": "Plan using {find}.", "needs": ["find"]},
+    ]
+    cycle = [
+        {"name": "a", "agent": "scout", "task": "x", "needs": ["b"]},
+        {"name": "b", "agent": "scout", "task": "y", "needs": ["a"]},
+    ]
+
+    async def main() -> tuple[Any, ...]:
+        async with connect("--cwd", tmp_path, "--model", model) as client:
+            ran = await client.call_tool("run_agents", {"steps": steps, "input": "dates lose their zone"})
+            started = await client.call_tool("start_agents", {"steps": steps, "input": "dates"})
+            planned = await client.call_tool("agent_output", {"id": "planner#1", "wait": 60})
+            refused = await client.call_tool("run_agents", {"steps": cycle})
+            return ran, started, planned, refused
+
+    ran, started, planned, refused = run(main)
+    assert ran.structured_content["mode"] == "workflow" and ran.is_error is False
+    assert answers(ran) == [("find", "completed", "src/dates.py:10"), ("plan", "completed", "1. fix")]
+    assert text(ran).startswith("Workflow: 2/2 steps completed\n\n### [find: scout] completed\nsrc/dates.py:10")
+    assert started.structured_content["ids"] == ["scout#1", "planner#1"]
+    assert text(planned) == "planner#1 completed\n\n1. fix"
+    assert refused.is_error
+    assert text(refused) == (
+        "Error: run_agents call refused: steps: the needs form a cycle: a -> b -> a; remove one of these needs"
+    )
 
 
 def test_an_object_id_or_a_batch_is_answered_with_invalid_request_and_id_null() -> None:

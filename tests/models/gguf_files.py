@@ -7,6 +7,7 @@ their blocks are random bytes with small float16 scales: finite weights, as a re
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as T
@@ -120,3 +121,91 @@ MIXES = {
 }
 # The tensors' types per quantization as llama.cpp writes them (Q4_K_M: Q6_K for attn_v, ffn_down, output).
 QUANTIZATIONS = tuple(MIXES)
+
+
+# -- Gemma 3 as its GGUFs are: a SentencePiece vocabulary, Gemma's chat template, 1 + weight in every norm,
+# and (Ollama's 4B and up) the vision tower and its projector in the same file --------------------------
+
+GEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+GEMMA_PIECES = ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁h", "hi", "▁hi", "th", "▁th", "er", "ere", "▁there", "▁the"]
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+GEMMA_LAYERS = 6  # one global layer after five sliding ones: Gemma 3's pattern
+
+
+def write_gemma3(path, mix, *, vision=False, norm_shift=None, rope_factor=None, hidden=256, heads=4, kv=2):
+    """A small Gemma 3 GGUF as llama.cpp writes one: `norm_shift` (per head-dim element) is the trained
+    q/k norm weight, written as 1 + it; `vision` adds a vision tower (`v.*`) and projector (`mm.*`)."""
+    rng = np.random.default_rng(1)
+    head_dim, ff = hidden // heads, 2 * hidden
+    tokens = [*GEMMA_SPECIAL, *(f"<0x{b:02X}>" for b in range(256)), *GEMMA_PIECES]
+    w = GGUFWriter(str(path), "gemma3")
+    w.add_name("tiny gemma3")
+    w.add_context_length(4096)
+    w.add_embedding_length(hidden)
+    w.add_block_count(GEMMA_LAYERS)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_sliding_window(512)
+    if rope_factor is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope_factor)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * (len(GEMMA_SPECIAL) + 256) + [-float(i) for i in range(len(GEMMA_PIECES))])
+    w.add_token_types([3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * len(GEMMA_PIECES))
+    w.add_pad_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_bos_token_id(2)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    w.add_chat_template(GEMMA_TEMPLATE)
+    vocab = len(tokens)
+    shift = np.zeros(head_dim, dtype=np.float32) if norm_shift is None else np.asarray(norm_shift, dtype=np.float32)
+
+    def t(name, rows, cols, kind):
+        q = mix.get(kind, mix["default"])
+        data = qbytes(rng, q, rows, cols)
+        w.add_tensor(name, data) if q in (T.F32, T.F16) else w.add_tensor(name, data, raw_dtype=q)
+
+    def norm(name, values):  # llama.cpp writes Gemma 3's norm weights as 1 + weight
+        w.add_tensor(name, (1.0 + values).astype(np.float32))
+
+    t("token_embd.weight", vocab, hidden, "embd")
+    norm("output_norm.weight", np.zeros(hidden, dtype=np.float32))
+    for i in range(GEMMA_LAYERS):
+        p = f"blk.{i}."
+        for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            norm(p + f"{n}.weight", np.zeros(hidden, dtype=np.float32))
+        t(p + "attn_q.weight", heads * head_dim, hidden, "default")
+        t(p + "attn_k.weight", kv * head_dim, hidden, "default")
+        t(p + "attn_v.weight", kv * head_dim, hidden, "attn_v")
+        t(p + "attn_output.weight", hidden, heads * head_dim, "default")
+        norm(p + "attn_q_norm.weight", shift)
+        norm(p + "attn_k_norm.weight", shift)
+        t(p + "ffn_gate.weight", ff, hidden, "default")
+        t(p + "ffn_up.weight", ff, hidden, "default")
+        t(p + "ffn_down.weight", hidden, ff, "ffn_down")
+    if vision:  # Ollama's files carry the tower inline: a few of its tensors stand for all of them
+        for name, shape in (
+            ("v.patch_embd.weight", (64, 48)),
+            ("v.blk.0.attn_q.weight", (64, 64)),
+            ("v.post_layernorm.weight", (64,)),
+            ("mm.mm_input_projection.weight", (hidden, 64)),
+            ("mm.mm_soft_emb_norm.weight", (64,)),
+        ):
+            w.add_tensor(name, rng.normal(0, 0.02, shape).astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

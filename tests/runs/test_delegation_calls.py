@@ -14,7 +14,7 @@ from mlx_subagents.runs.tasks import ModelRef, TaskSpec
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Reply
 from mlx_subagents.tools import Workspace
-from tests.helpers import call, write_agent
+from tests.helpers import call, run_parent, write_agent
 
 
 def tool_results(run_id: str = "last", home: Path | None = None) -> list[str]:
@@ -38,7 +38,7 @@ def test_the_description_lists_only_the_granted_agents_and_the_first_warnings(
     runner = scripted_runner(["x"], assume_yes=True)
     parent = Parent(runner.catalog.get("lead"), "lead", 0, ModelRef("m"), None)
 
-    description = runner.delegation_tools(parent, Workspace(tmp_path))["subagent"].schema()["function"]["description"]
+    description = runner.board_tools(parent, Workspace(tmp_path))["subagent"].schema()["function"]["description"]
 
     warnings = runner.catalog.all_warnings()
     assert len(warnings) == 7
@@ -82,15 +82,15 @@ def test_each_child_that_cannot_start_fails_alone_under_a_grant(
     assert (code, out) == (0, "one of them ran\n"), err
     result = tool_results()[0]
     assert result.splitlines()[0] == "Parallel: 1/5 tasks completed"
-    assert "### [scout] completed\nfound it" in result
+    assert "### [scout#1] completed\nfound it" in result
     assert (
-        f"### [worker] failed (error): 'lead' may not start 'worker': the agents: list in {lead} names only "
+        f"### [worker#1] failed (error): 'lead' may not start 'worker': the agents: list in {lead} names only "
         "scout, remote, wordy; add the agent there to grant it"
     ) in result
-    assert "### [nobody] failed (error): unknown agent 'nobody'; 'lead' may start: scout, remote, wordy\n" in result
-    assert f"### [remote] failed (error): {tmp_path / 'missing.json'}: cannot read the scripted model file" in result
-    assert "### [wordy] failed (error): agent 'wordy' has a system prompt and 1 tool of " in result
-    assert "add it to grant it" not in result.split("### [nobody]")[1].split("###")[0]
+    assert "### [nobody#1] failed (error): unknown agent 'nobody'; 'lead' may start: scout, remote, wordy\n" in result
+    assert f"### [remote#1] failed (error): {tmp_path / 'missing.json'}: cannot read the scripted model file" in result
+    assert "### [wordy#1] failed (error): agent 'wordy' has a system prompt and 1 tool of " in result
+    assert "add it to grant it" not in result.split("### [nobody#1]")[1].split("###")[0]
 
 
 # -- what reaches the children ---------------------------------------------------------------------
@@ -152,8 +152,8 @@ def test_run_json_carries_the_childrens_usage(tmp_path: Path, write_script: Any,
     assert code == 0, err
     children = json.loads(out)["children"]
     assert [(c["label"], c["agent"], c["status"], c["usage"]["turns"]) for c in children["tasks"]] == [
-        ("orchestrator > scout", "scout", "completed", 2),
-        ("orchestrator > planner", "planner", "completed", 1),
+        ("orchestrator > scout#1", "scout", "completed", 2),
+        ("orchestrator > planner#1", "planner", "completed", 1),
     ]
     fields = ("input_tokens", "output_tokens", "cached_tokens", "turns")
     for field in fields:
@@ -235,13 +235,14 @@ def test_each_task_chooses_its_folder_label_local_model_and_fewer_turns(
     )
     write_agent(tmp_path, "lead", "read, ls, subagent")
 
-    code, out, err = run_cli("run", "lead", "go", "-m", model, "-C", str(tmp_path), "--max-turns", "5", "-y")
+    grants = ["--allow-model", other, "--allow-model", "nobody/not-here"]  # a model a call names must be granted
+    code, out, err = run_cli("run", "lead", "go", "-m", model, "-C", str(tmp_path), "--max-turns", "5", "-y", *grants)
 
     assert (code, out) == (0, "done\n"), err
     parallel, chained, too_long = tool_results()
     assert parallel.splitlines()[0] == "Parallel: 2/4 tasks completed"
     assert "### [inner] completed\nlisted" in parallel
-    assert "### [planner] completed\nplanned on the other model" in parallel
+    assert "### [planner#1] completed\nplanned on the other model" in parallel
     assert (
         "### [remote] failed (error): model 'nobody/not-here' is not in the local Hugging Face cache, and a model "
         "chosen during a delegation is never downloaded; name a local model, or download it once while online"
@@ -273,3 +274,86 @@ def test_a_tasks_own_limits_only_narrow(tmp_path: Path, scripted_runner: Any) ->
     assert asyncio.run(limits(wide, max_turns=5, timeout=60)) == (5, 60)
     assert asyncio.run(limits(narrow, max_turns=5, timeout=60)) == (2, 30)
     assert asyncio.run(limits(narrow)) == (2, 30)
+
+
+# -- the single form's own choices (issue 44, item 4) ----------------------------------------------------
+
+
+def test_the_single_form_takes_the_choices_tasks_items_take(tmp_path: Path, scripted_runner: Any) -> None:
+    from tests.runs.test_worktrees import make_repo
+
+    repo = make_repo(tmp_path / "repo")
+    calls = [
+        call("subagent", agent="reviewer", task="look twice", label="short", max_turns=1),
+        call("subagent", agent="scout", task="wait", timeout=0.2),
+        call("subagent", agent="worker", task="add a file", isolation="worktree"),
+        "done",
+    ]
+    script = {
+        "agents": {
+            "orchestrator": {"replies": calls},
+            "reviewer": {"replies": [call("ls", path="."), call("ls", path="."), "never"]},
+            "scout": {"replies": [{"content": "too late", "delay": 2}]},
+            "worker": {"replies": [call("write", path="new.txt", content="hi\n"), "wrote new.txt"]},
+        }
+    }
+    result = run_parent(scripted_runner(script, cwd=repo))
+
+    assert result.ok, result.error
+    short, slow, isolated = tool_results(result.run_id)
+    assert short.startswith("Error: [short] agent 'reviewer' failed (max_turns): reached the limit of 1 turns")
+    assert slow.startswith("Error: agent 'scout' failed (timeout): stopped by the timeout of 0.2s")
+    assert isolated.startswith("wrote new.txt\n\n[sub-agent run ")
+    assert "[worker#1: changes on branch subagent/" in isolated
+    assert not (repo / "new.txt").exists()  # its change is on its branch, not in the shared tree
+
+
+def test_isolation_is_offered_inside_a_git_repository_only(tmp_path: Path, scripted_runner: Any) -> None:
+    from tests.runs.test_worktrees import make_repo
+
+    def fields(cwd: Path) -> set[str]:
+        runner = scripted_runner(["x"], cwd=cwd)
+        parent = Parent(runner.catalog.get("orchestrator"), "o", 0, ModelRef("m"), None)
+        schema = runner.board_tools(parent, Workspace(cwd))["subagent"].schema()["function"]["parameters"]
+        return set(schema["properties"]) & {"isolation", "model", "max_turns", "timeout", "label"}
+
+    (tmp_path / "plain").mkdir()
+    assert fields(tmp_path / "plain") == {"max_turns", "timeout", "label"}
+    assert fields(make_repo(tmp_path / "repo")) == {"isolation", "max_turns", "timeout", "label"}
+
+
+# -- ids and names a model can use (issue 44, item 6) -----------------------------------------------------
+
+
+def test_a_labelled_childs_id_starts_its_result_and_its_label_continues_it(
+    tmp_path: Path, scripted_runner: Any
+) -> None:
+    calls = [
+        call("subagent", agent="scout", task="find auth", label="auth"),
+        call("task_send", id="auth", message="and its tests?"),
+        call("task_output", id="auth", wait=10),
+        "done",
+    ]
+    script = {
+        "agents": {"orchestrator": {"replies": calls}, "scout": {"replies": ["auth.py:3", "tests/test_auth.py:1"]}}
+    }
+    result = run_parent(scripted_runner(script))
+
+    first, sent, read = tool_results(result.run_id)
+    assert first.splitlines()[0] == "[auth] auth.py:3"
+    assert first.endswith("; task_send continues auth]")
+    assert sent == "auth had ended: it continues its conversation with the message, in the background"
+    assert read == "auth completed\n\ntests/test_auth.py:1"
+
+
+def test_same_agent_siblings_from_separate_calls_get_distinct_labels(tmp_path: Path, scripted_runner: Any) -> None:
+    both = {"tool_calls": [{"name": "subagent", "arguments": {"agent": "scout", "task": f"look {i}"}} for i in (1, 2)]}
+    events: list[Any] = []
+    script = {"agents": {"orchestrator": {"replies": [both, "done"]}, "scout": {"replies": ["seen"]}}}
+    result = run_parent(scripted_runner(script, events))
+
+    assert result.ok, result.error
+    starts = sorted(e.label for e in events if e.kind == "task_start" and e.label != "orchestrator")
+    assert starts == ["orchestrator > scout#1", "orchestrator > scout#2"]
+    saved = sorted(c.tasks[0].label for c in child_runs(load_run(result.run_id)))
+    assert saved == starts  # their transcripts are labelled apart too

@@ -17,7 +17,7 @@ from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
 from mlx_subagents.tools import Workspace
-from mlx_subagents.tools.subagent import FORK_PLACEHOLDER, fork_point, parse_delegation
+from mlx_subagents.tools.delegation import FORK_PLACEHOLDER, fork_point, parse_delegation
 from tests.helpers import call, go, make_runner, run_parent, scripted_host, write_agent
 from tests.host.test_mlx_host import LS_SCHEMA, TASK, run, tool_result
 
@@ -57,7 +57,7 @@ def test_a_fork_continues_its_parents_conversation_and_answers_like_a_child(tmp_
     assert len(fork_sent) == len(before_fork) + 3
     # The parent reads the fork's answer as any child's, with its id on the board.
     assert after[-1]["content"].startswith("it says alpha\n\n[sub-agent run ")
-    assert "subagent_send continues fork#1" in after[-1]["content"]
+    assert "task_send continues fork#1" in after[-1]["content"]
 
 
 def test_a_background_fork_starts_at_the_call_and_its_notice_comes_like_a_childs(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_a_background_fork_starts_at_the_call_and_its_notice_comes_like_a_childs
             "lead": [
                 call("subagent", fork=True, task="look deeper", background=True),
                 "Waiting for the fork.",
-                call("subagent_output", id="fork#1"),
+                call("task_output", id="fork#1"),
                 "lead is done",
             ],
             "lead > fork#1": [{"content": "deeper: nothing", "delay": 0.2}],
@@ -186,8 +186,8 @@ def test_forks_in_tasks_run_side_by_side_and_cannot_delegate_again(tmp_path: Pat
                 ),
                 "both done",
             ],
-            "lead > fork#1": [call("subagent", fork=True, task="deeper"), "one done"],
-            "lead > fork#2": ["two done"],
+            "lead > first": [call("subagent", fork=True, task="deeper"), "one done"],  # its label is its id
+            "lead > fork#1": ["two done"],
         },
     )
 
@@ -196,12 +196,12 @@ def test_forks_in_tasks_run_side_by_side_and_cannot_delegate_again(tmp_path: Pat
     assert result.output == "both done"
     answer = host.history["lead"][1][-1]["content"]
     assert answer.startswith(
-        "Parallel: 2/2 tasks completed\n\n### [first] completed\none done\n\n### [fork] completed\n"
+        "Parallel: 2/2 tasks completed\n\n### [first] completed\none done\n\n### [fork#1] completed\n"
     )
-    refused = host.history["lead > fork#1"][1][-1]
+    refused = host.history["lead > first"][1][-1]
     assert refused["content"] == "Error: subagent: a fork does its task itself; use your other tools and answer"
     # The fork offers the very tools its parent did: the same prefix.
-    first, fork = host.history["lead"][0], host.history["lead > fork#1"][0]
+    first, fork = host.history["lead"][0], host.history["lead > first"][0]
     assert fork[0] == first[0]
 
 
@@ -318,7 +318,7 @@ def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(
     usage = [(e.label, e.data) for e in events if e.kind == "usage"]
     parent_at_fork = [d for label, d in usage if label == "lead"][1]  # after the reply that made the call
     firsts = {label: d for label, d in reversed(usage) if label.startswith("lead > fork")}
-    assert sorted(firsts) == ["lead > fork-1", "lead > fork-2", "lead > fork-3", "lead > fork-4"]
+    assert sorted(firsts) == ["lead > fork#1", "lead > fork#2", "lead > fork#3", "lead > fork#4"]
     for first in firsts.values():
         assert first["cached_tokens"] == parent_at_fork["context_tokens"]
         # Prefilled: only the placeholder result, the task message and the reply's opening (a token is
@@ -345,7 +345,7 @@ def test_a_prompt_starts_from_the_longest_shared_prefix_it_extends() -> None:
 
 
 def test_fork_is_offered_only_where_a_calling_agent_exists() -> None:
-    from mlx_subagents.tools.subagent import delegation_schema
+    from mlx_subagents.tools.delegation import delegation_schema
 
     agent, client = delegation_schema(background=True), delegation_schema(background=False, forks=False)
     assert "fork" in agent["properties"] and "fork" in agent["properties"]["tasks"]["items"]["properties"]
@@ -364,14 +364,14 @@ def test_a_background_fork_on_the_tiny_model_starts_at_the_call_while_its_parent
         {
             "lead": [
                 tool_call_text("subagent", {"fork": True, "task": "check app.py", "background": True}),
-                tool_call_text("subagent_output", {"id": "fork#1", "wait": True}),
+                tool_call_text("task_output", {"id": "fork#1", "wait": True}),
                 "lead is done",
             ],
             "lead > fork#1": ["app.py prints hi"],
         },
         events,
         assume_yes=True,
-        context_window=8192,  # its six tools take over half the tiny model's 4,096 tokens
+        context_window=8192,  # the tiny tokenizer spends about a token a byte on the lead's prompt
     )
 
     result = run_parent(runner, "look around", agent="lead")

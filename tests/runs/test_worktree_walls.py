@@ -100,6 +100,29 @@ def test_a_sandboxed_isolated_task_writes_its_worktree_and_not_the_parents_tree(
     assert git(repo, "show", f"{result.worktree.branch}:shared.txt") == "fixed\n"
 
 
+@pytest.mark.slow
+@needs_bwrap
+def test_a_background_command_of_a_sandboxed_isolated_task_writes_its_worktree_only(tmp_path: Path) -> None:
+    """A background `bash` is made outside `make_tools` (on its agent's board): it gets the same sandbox,
+    writing the task's worktree and not the parent's tree (issue 42's note, issue 44 item 1)."""
+    repo = make_repo(tmp_path / "repo")
+    write_agent(repo, "fixer", "[bash]")  # a project agent: sandboxed
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "agent")
+    command = f"echo fixed > shared.txt; (echo parent > {repo}/shared.txt) 2>/dev/null || echo PARENT-REFUSED"
+    replies = [call("bash", command=command, background=True), call("task_output", id="bash#1", wait=30), "done"]
+    host = scripted_host({"agents": {"fixer": {"replies": replies}}})
+
+    result = go(make_runner(repo, host, assume_yes=True), "run", TaskSpec("fixer", "fix", isolation="worktree"))
+
+    outputs = [m["content"] for m in next(iter(host.history.values()))[-1] if m["role"] == "tool"]
+    status, output = outputs[1].split("\n\n")  # its status line shows the command shortened
+    assert (status.startswith("bash#1 completed ($ echo fixed > shared.txt;"), output) == (True, "PARENT-REFUSED\n")
+    assert (repo / "shared.txt").read_text() == "original\n"
+    assert result.worktree is not None and result.worktree.files == ["shared.txt"]
+    assert git(repo, "show", f"{result.worktree.branch}:shared.txt") == "fixed\n"
+
+
 def test_apply_never_writes_through_a_symlink_in_the_workspace(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     tree = make_worktree(repo, run_id="r1", label="w", agent="worker", task="add docs")

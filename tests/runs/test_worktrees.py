@@ -15,7 +15,7 @@ import pytest
 from mlx_subagents.errors import RequestError
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.worktrees import apply_worktree, find_worktree, list_worktrees, worktrees_home
-from mlx_subagents.tools.subagent import delegation_schema
+from mlx_subagents.tools.delegation import delegation_schema
 from tests.helpers import call, go, make_runner, scripted_host, spawn_cli, write_agent
 
 # Writes when it started and ended (overlapping runs prove they did not take turns), the parent's
@@ -227,10 +227,10 @@ def test_a_background_isolated_task_works_in_its_worktree_and_its_output_names_t
     git(repo, "add", "-A")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "agents")
     start = call("subagent", agent="fixer", task="fix it", background=True, isolation="worktree")
-    wait = call("subagent_output", id="fixer#1", wait=10)
+    wait = call("task_output", id="fixer#1", wait=10)
     script = {
         "agents": {
-            "lead": {"replies": [start, wait, call("subagent_send", id="fixer#1", message="look again"), wait, "done"]},
+            "lead": {"replies": [start, wait, call("task_send", id="fixer#1", message="look again"), wait, "done"]},
             "fixer": {"replies": [call("bash", command="echo fixed > shared.txt"), "fixed", "nothing more"]},
         }
     }

@@ -144,7 +144,7 @@ def test_a_sandboxed_parent_sandboxes_its_children_and_a_project_file_cannot_tur
     result = go(scripted_runner(script, events, assume_yes=True), "run", TaskSpec("boss", "go"))
     assert result.ok
     outputs = {e.label: e.data["output"] for e in events if e.kind == "tool_result" and e.data["name"] == "bash"}
-    assert set(outputs) == {"boss", "boss > worker"}
+    assert set(outputs) == {"boss", "boss > worker#1"}
     assert all(out.endswith("WRITE-REFUSED") for out in outputs.values())
     assert not outside.exists()
 

@@ -39,7 +39,7 @@ def subagent(scripted_runner: Any, ws: Workspace) -> Tool:
     """The real `subagent` tool of an orchestrator, delegating through a runner on a scripted model."""
     runner = scripted_runner(["child answer"] * 200, cwd=ws.root, save_transcripts=False)
     parent = Parent(runner.catalog.get("orchestrator"), "o", 0, ModelRef(runner.options.model), None)
-    return runner.delegation_tools(parent, ws)["subagent"]
+    return runner.board_tools(parent, ws)["subagent"]
 
 
 def test_known_crashes_are_error_results(ws: Workspace, subagent: Tool) -> None:

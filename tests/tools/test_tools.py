@@ -109,7 +109,7 @@ def test_the_name_lists_are_derived_from_the_tool_classes() -> None:
 
     assert [cls.name for cls in REGISTRY.classes] == [
         *("read", "grep", "find", "ls", "bash", "edit", "write", "subagent"),
-        *("subagent_status", "subagent_output", "subagent_send", "subagent_cancel"),
+        *("task_status", "task_output", "task_send", "task_cancel"),
     ]
     assert KNOWN_TOOLS == ("read", "grep", "find", "ls", "bash", "edit", "write", "subagent")
     assert WRITER_TOOLS == frozenset({"edit", "write", "bash"})
@@ -176,7 +176,7 @@ EXPECTED_PARAMS = {
     "grep": (["pattern", "path", "glob", "ignore_case"], ["pattern"]),
     "find": (["pattern", "path"], ["pattern"]),
     "ls": (["path"], []),
-    "bash": (["command", "timeout"], ["command"]),
+    "bash": (["command", "timeout", "background"], ["command"]),
     "edit": (["path", "old_text", "new_text"], ["path", "old_text", "new_text"]),
     "write": (["path", "content"], ["path", "content"]),
 }
