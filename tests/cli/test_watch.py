@@ -70,14 +70,14 @@ def test_watch_lists_a_running_parent_and_its_two_children_and_nothing_once_they
         rows = [(t["label"], t["parent"], t["activity"], t["doing"], t["turn"]) for t in processes[0]["tasks"]]
         assert rows == [
             ("orchestrator", None, "tool", "running subagent parallel: scout, scout", 1),
-            ("orchestrator > scout-1", "orchestrator", "decoding", "decoding", 2),
-            ("orchestrator > scout-2", "orchestrator", "decoding", "decoding", 2),
+            ("orchestrator > scout#1", "orchestrator", "decoding", "decoding", 2),
+            ("orchestrator > scout#2", "orchestrator", "decoding", "decoding", 2),
         ]
         assert all(t["input_tokens"] > 0 and t["elapsed_s"] > 0 for t in processes[0]["tasks"])
         code, text, _ = run_cli("watch", "--once")
         lines = [" ".join(line.split()) for line in text.splitlines()]
-        assert code == 0 and lines[-2].startswith("scout-1 scout decoding 2 781 49 ")
-        assert lines[-1].startswith("scout-2 scout decoding 2 781 49 ")
+        assert code == 0 and lines[-2].startswith("scout#1 scout decoding 2 781 49 ")
+        assert lines[-1].startswith("scout#2 scout decoding 2 781 49 ")
         assert process.wait(timeout=30) == 0
     finally:
         process.kill()
