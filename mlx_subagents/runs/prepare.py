@@ -22,14 +22,13 @@ the project's after the user's consent (as for project agents), then the agent f
 It also decides each task's bash sandbox (`sandbox_for`): the run's `--sandbox`, else the agent's file,
 else on for a project agent; a sandboxed parent's children are sandboxed too.
 
-The preparer also owns what resolution keeps for the runner's life: the consent given, one host
-per model (the resident models sharing one KV budget) and the project's instructions per workspace
+The preparer also owns what resolution keeps for the runner's life: the consent given, its `HostPool`
+(one host per model, the resident models sharing one KV budget; `hosts.py`) and the project's instructions per workspace
 (so every session's prompt is byte-identical).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,12 +45,12 @@ from ..agents.spec import AgentSpec, sandbox_default
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, ConfirmationRequired, InputTooLargeError, RequestError
 from ..home import state_home
-from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
 from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
 from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches
 from ..tools.skill import Skill
+from .hosts import HostPool
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
 from .worktrees import check_isolation
@@ -170,6 +169,8 @@ class Preparer:
         processor_factory: logits processors for every real host (the test kit's forced scripts).
         hosts: hosts the caller made itself, by model (an in-memory `ScriptedHost`, another runner's
             hosts): started at their first use like ours (`start` is idempotent), never stopped here.
+        pool: the resident hosts to take models from (`subagent serve`'s, shared with other runners);
+            None: a pool of its own, made from `options`, stopped at `close`.
     """
 
     def __init__(
@@ -182,17 +183,15 @@ class Preparer:
         processor_factory: ProcessorFactory | None = None,
         hosts: dict[ModelRef, ModelHost] | None = None,
         cwd: Path | None = None,
+        pool: HostPool | None = None,
     ) -> None:
         self.options = options
         self.catalog = catalog
         self.interactive = interactive
         self.confirm = confirm
         self.processor_factory = processor_factory
-        self.hosts: dict[ModelRef, ModelHost] = dict(hosts or {})
-        self._given = set(self.hosts)
-        self._unstarted = set(self.hosts)
-        self._host_lock = asyncio.Lock()
-        self._kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
+        self._own_pool = pool is None
+        self.pool = pool or HostPool(options, processor_factory, hosts)
         self._trusted: set[str] = set()
         self._contexts: dict[Path, ProjectContext] = {}
         self._hooks: Hooks | None = None
@@ -432,20 +431,16 @@ class Preparer:
         if not (override or options.model) and spec.engine and spec.engine_model:
             return ModelRef(spec.engine_model, spec.engine)
         named = override or options.model or spec.model
-        return ModelRef(named) if named else inherited or ModelRef(default_model())
+        return ModelRef(named) if named else inherited or ModelRef(options.default_model or default_model())
+
+    @property
+    def hosts(self) -> dict[ModelRef, ModelHost]:
+        """The resident hosts by model (the pool's: a shared pool's are every client's)."""
+        return self.pool.hosts
 
     async def host_for(self, model: ModelRef) -> ModelHost:
         """The resident host for a model, loaded (or, on an engine, reached) on first use."""
-        async with self._host_lock:
-            if model in self._unstarted:
-                self._unstarted.discard(model)
-                await self.hosts[model].start()
-            elif model not in self.hosts:
-                settings = self.options.host_settings(model.engine, self._kv_budget, self.processor_factory)
-                host = make_host(model.model, settings)
-                await host.start()
-                self.hosts[model] = host
-            return self.hosts[model]
+        return await self.pool.get(model)
 
     def check_local(self, model: ModelRef, *, named: bool = False) -> None:
         """Refuse a delegated task's model unless it is on this machine, before any task starts:
@@ -456,7 +451,7 @@ class Preparer:
                 f"model '{model.model}': this run's models are on the engine {self.options.engine}; a task's own "
                 "model must be a local one, so leave model out"
             )
-        if model.engine or model in self.hosts or model.model.startswith("scripted:"):
+        if model.engine or model in self.pool or model.model.startswith("scripted:"):
             return
         resolve_model_path(model.model, local_only=True)
 
@@ -550,11 +545,9 @@ class Preparer:
         )
 
     async def close(self) -> None:
-        """Stop the hosts this preparer started (the caller's own stay as they are)."""
-        hosts = [host for model, host in self.hosts.items() if model not in self._given]
-        self.hosts = {model: host for model, host in self.hosts.items() if model in self._given}
-        for host in hosts:
-            await host.stop()
+        """Stop the hosts this preparer started (the caller's own, and a shared pool's, stay as they are)."""
+        if self._own_pool:
+            await self.pool.close()
         await self.mcp.close()
 
 

@@ -52,6 +52,7 @@ from ..tools.subagent import READ_MORE, Delegation, ForkPoint, SubagentTool
 from .board import TaskBoard
 from .execution import Execution
 from .generation import Generation
+from .hosts import HostPool
 from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
 from .slots import Slots, lend
@@ -75,6 +76,8 @@ class Runner:
         processor_factory: logits processors for every real host (the test kit's forced scripts).
         hosts: hosts made by the caller, by the model name tasks give (an in-memory `ScriptedHost`,
             another runner's hosts); started at their first use, stopped by their owner, not here.
+        host_pool: the resident hosts shared with other runners (`subagent serve` gives every client's
+            runner its one pool); their settings are the pool's, and they outlive this runner.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class Runner:
         home: Path | None = None,
         processor_factory: ProcessorFactory | None = None,
         hosts: Mapping[str | ModelRef, ModelHost] | None = None,
+        host_pool: HostPool | None = None,
     ) -> None:
         self.cwd = Path(cwd).resolve()
         self.options = options or RunOptions()
@@ -109,6 +113,7 @@ class Runner:
             processor_factory=processor_factory,
             hosts={ModelRef(m) if isinstance(m, str) else m: host for m, host in (hosts or {}).items()},
             cwd=self.cwd,
+            pool=host_pool,
         )
         self.preparer.on_warning = lambda line: self.on_event(
             Event("hook_warning", "", "", data=HookWarningData(message=line))
