@@ -18,6 +18,31 @@ from .options import RunOptions
 from .tasks import ModelRef
 
 
+class SessionNames:
+    """The host session names the agent sessions on a pool's hosts use now: each its own.
+
+    A host returns the existing session for a known name, so two tasks sharing a label (the same
+    agent in two calls of one reply, two MCP calls, two clients of one server) would otherwise share
+    one KV cache and each re-prefill its conversation at every turn. A name given back is reused: its
+    host session's cache then starts the next conversation, as the shared prefix would.
+    """
+
+    def __init__(self) -> None:
+        self._taken: set[str] = set()
+
+    def claim(self, base: str) -> str:
+        """`base`, else `base (2)`, `base (3)`, ...: a name no running session has."""
+        name, n = base, 1
+        while name in self._taken:
+            n += 1
+            name = f"{base} ({n})"
+        self._taken.add(name)
+        return name
+
+    def release(self, name: str) -> None:
+        self._taken.discard(name)
+
+
 class HostPool:
     """One resident host per model, loaded (or, on an engine, reached) on first use.
 
@@ -41,6 +66,7 @@ class HostPool:
         self._unstarted = set(self.hosts)
         self._lock = asyncio.Lock()
         self.kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
+        self.session_names = SessionNames()  # one namespace per host: every runner on the pool claims here
 
     def __contains__(self, model: ModelRef) -> bool:
         return model in self.hosts

@@ -29,10 +29,10 @@ The preparer also owns what resolution keeps for the runner's life: the consent 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
@@ -54,6 +54,16 @@ from .hosts import HostPool
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
 from .worktrees import check_isolation
+
+T = TypeVar("T")
+
+
+class Unanswered(Exception):
+    """A consent question the preparer's `ask` has not answered yet: asked, then the request prepared again."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,9 @@ class Preparer:
     Args:
         catalog: the agents tasks may name.
         interactive, confirm: whether a person can be asked before a project agent runs, and how.
+        ask: asks a person through a front end that must not block its event loop (a client of
+            `subagent serve`): when given, a question is asked there, then the request is prepared
+            again from the start with the answer (nothing has run before a question).
         processor_factory: logits processors for every real host (the test kit's forced scripts).
         hosts: hosts the caller made itself, by model (an in-memory `ScriptedHost`, another runner's
             hosts): started at their first use like ours (`start` is idempotent), never stopped here.
@@ -180,6 +193,7 @@ class Preparer:
         *,
         interactive: bool = False,
         confirm: Callable[[str], bool] | None = None,
+        ask: Callable[[str], Awaitable[bool]] | None = None,
         processor_factory: ProcessorFactory | None = None,
         hosts: dict[ModelRef, ModelHost] | None = None,
         cwd: Path | None = None,
@@ -188,7 +202,9 @@ class Preparer:
         self.options = options
         self.catalog = catalog
         self.interactive = interactive
-        self.confirm = confirm
+        self.ask = ask
+        self._answers: dict[str, bool] = {}  # the questions `ask` answered, by their text
+        self.confirm = self._answered if ask is not None else confirm
         self.processor_factory = processor_factory
         self._own_pool = pool is None
         self.pool = pool or HostPool(options, processor_factory, hosts)
@@ -224,6 +240,18 @@ class Preparer:
             delegated: tasks a model (or an MCP client) chose: a model of their own must be local, and
                 their own limits only narrow the ones they would have.
         """
+        where = {"workspace": workspace, "parent": parent, "shared_input": shared_input, "delegated": delegated}
+        return await self._asking(lambda: self._prepare(tasks, **where))  # type: ignore[arg-type]
+
+    async def _prepare(
+        self,
+        tasks: Sequence[TaskSpec],
+        *,
+        workspace: Workspace | Sequence[Workspace],
+        parent: Parent | None,
+        shared_input: str,
+        delegated: bool,
+    ) -> list[PreparedTask]:
         places = _per_task(workspace, len(tasks))
         resolved = [
             self.fork_of(t, parent, w) if t.fork else self._resolve(t, parent, delegated) for t, w in zip(tasks, places)
@@ -248,6 +276,17 @@ class Preparer:
         """A request whose tasks fail alone (a parallel delegation): a task that cannot be prepared
         (an unknown agent, a model that cannot load, a prompt too long) is a `SetUpFailure` in its
         place, and so is a task the parent's grants refuse. The request's size still refuses it whole."""
+        where = {"workspace": workspace, "parent": parent, "delegated": delegated}
+        return await self._asking(lambda: self._prepare_each(tasks, **where))  # type: ignore[arg-type]
+
+    async def _prepare_each(
+        self,
+        tasks: Sequence[TaskSpec],
+        *,
+        workspace: Workspace | Sequence[Workspace],
+        parent: Parent | None,
+        delegated: bool,
+    ) -> list[PreparedTask | SetUpFailure]:
         out: list[PreparedTask | SetUpFailure] = []
         for task, place in zip(tasks, _per_task(workspace, len(tasks))):
             model = ""
@@ -260,12 +299,29 @@ class Preparer:
                 prepared = await self._load(resolved, parent, place, delegated)
                 await self.check_prompt_fits(prepared)
                 out.append(prepared)
+            except Unanswered:
+                raise
             except Exception as exc:
                 out.append(SetUpFailure(task, model, exc))
         ready = [p for p in out if isinstance(p, PreparedTask)]
         if ready:
             check_request([CapItem(p.label, p.task.task, p.spec) for p in ready])
         return out
+
+    async def _asking(self, work: Callable[[], Awaitable[T]]) -> T:
+        """`work`, done again after each question it raised is answered through `ask`."""
+        while True:
+            try:
+                return await work()
+            except Unanswered as question:
+                assert self.ask is not None
+                self._answers[question.text] = bool(await self.ask(question.text))
+
+    def _answered(self, question: str) -> bool:
+        """The `confirm` of a preparer that asks through `ask`: the answer given, else `Unanswered`."""
+        if question not in self._answers:
+            raise Unanswered(question)
+        return self._answers[question]
 
     # -- the steps ---------------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -56,7 +56,7 @@ from .hosts import HostPool
 from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, withhold
 from .slots import Slots, lend
-from .task import SessionNames, TaskHandle, close_open_tool_calls
+from .task import TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
 from .workflow import Workflow, check_agents, discover_workflows, find_workflow, load_workflow, plan_workflow
@@ -71,6 +71,8 @@ class Runner:
         options: the run's shared options (model, limits, scope, depth, host settings).
         catalog: the agents (default: those visible from `cwd` in `options.scope`).
         interactive, confirm: whether a person can be asked before a project agent runs, and how.
+        ask: asks that person without blocking the event loop (a client of `subagent serve`), instead
+            of `confirm`.
         on_event: receives every event of every task.
         save_transcripts: write every task under `$MLX_SUBAGENTS_HOME/runs/` (or `home`/runs).
         processor_factory: logits processors for every real host (the test kit's forced scripts).
@@ -88,6 +90,7 @@ class Runner:
         catalog: AgentCatalog | None = None,
         interactive: bool = False,
         confirm: Callable[[str], bool] | None = None,
+        ask: Callable[[str], Awaitable[bool]] | None = None,
         compaction: CompactionSettings | None = None,
         on_event: EventSink = ignore_event,
         save_transcripts: bool = True,
@@ -110,6 +113,7 @@ class Runner:
             self.catalog,
             interactive=interactive,
             confirm=confirm,
+            ask=ask,
             processor_factory=processor_factory,
             hosts={ModelRef(m) if isinstance(m, str) else m: host for m, host in (hosts or {}).items()},
             cwd=self.cwd,
@@ -125,7 +129,7 @@ class Runner:
         self._holds: dict[TaskHandle, BinaryIO] = {}  # reopened tasks' holds (`hold_task`), let go at `close`
         self._slots: Slots | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
-        self.session_names = SessionNames()  # the host sessions an agent session runs on now
+        self.session_names = self.preparer.pool.session_names  # the host sessions agent sessions run on now
 
     async def __aenter__(self) -> Runner:
         return self
