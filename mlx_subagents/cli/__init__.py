@@ -12,7 +12,6 @@ import io
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -25,11 +24,11 @@ from ..agents.schema_output import load_schema
 from ..agents.spec import AgentSpec, sandbox_default
 from ..errors import RequestError, SubagentError
 from ..render import EventLines
-from ..results import MultiRunResult, RunResult
-from ..runs.runner import Runner
+from ..runs.jobs import Job
 from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
 from ..runs.worktrees import apply_worktree, find_worktree, list_worktrees, prune_worktrees
 from ..tools import WRITER_TOOLS
+from .attach import run_job
 from .doctor import run_doctor
 from .flags import (
     CwdOpt,
@@ -51,9 +50,10 @@ from .flags import (
     WindowOpt,
     shared_options,
 )
-from .interrupts import EXIT_INTERRUPTED, run_async
+from .interrupts import EXIT_INTERRUPTED
 from .mcp_servers import agent_mcp_line, check_servers, entry_lines, mcp_entries
 from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi
+from .serve import serve
 from .show import worktree_json, worktree_line
 
 app = typer.Typer(
@@ -83,33 +83,18 @@ def _schema(path: Path | None) -> dict[str, Any] | None:
 
 
 def _run_one(
-    shared: Shared,
-    work: Callable[[Runner], Awaitable[RunResult]],
-    as_json: bool,
-    events: bool,
-    *,
-    verbose: bool = False,
-    cwd: Path | None = None,
+    shared: Shared, job: Job, as_json: bool, events: bool, *, verbose: bool = False, cwd: Path | None = None
 ) -> None:
-    """A one-task command: its runner (in `cwd`), a line per event, the result, the exit."""
+    """A one-task command: its job (on the server, or a runner here in `cwd`), a line per event, the result, the exit."""
     sinks = event_sinks(events)
     sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
-    runner = shared.runner(sinks, cwd=cwd)
-    finish_single(run_async(runner, lambda: work(runner), err), as_json, events)
+    finish_single(run_job(shared, job, sinks, cwd=cwd), as_json, events)
 
 
-def _run_many(
-    shared: Shared,
-    rows: list[tuple[str, str]],
-    work: Callable[[Runner], Awaitable[MultiRunResult]],
-    as_json: bool,
-    events: bool,
-    quiet: bool,
-) -> None:
-    """A multi-task command: its runner, the progress table of `rows` (label, agent), the result, the exit."""
+def _run_many(shared: Shared, rows: list[tuple[str, str]], job: Job, as_json: bool, events: bool, quiet: bool) -> None:
+    """A multi-task command: its job, the progress table of `rows` (label, agent), the result, the exit."""
     sinks = event_sinks(events)
-    runner = shared.runner(sinks)
-    finish_multi(run_multi(runner, sinks, rows, quiet, lambda: work(runner)), as_json, events)
+    finish_multi(run_multi(sinks, rows, quiet, lambda: run_job(shared, job, sinks)), as_json, events)
 
 
 # --- commands -------------------------------------------------------------------------------------------
@@ -132,7 +117,7 @@ def run(
     Example: subagent run scout "where is auth handled?"
     """
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
-    _run_one(shared, lambda r: r.run(spec), as_json, events, verbose=verbose)
+    _run_one(shared, Job(command="run", tasks=[spec]), as_json, events, verbose=verbose)
 
 
 @app.command()
@@ -164,7 +149,8 @@ def parallel(
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
     rows = [(t.label, t.agent) for t in tasks]
-    _run_many(shared, rows, lambda r: r.parallel(tasks, concurrency=shared.concurrency), as_json, events, quiet)
+    job = Job(command="parallel", tasks=tasks, concurrency=shared.concurrency)
+    _run_many(shared, rows, job, as_json, events, quiet)
 
 
 @app.command()
@@ -190,7 +176,7 @@ def chain(
     if steps and schema:
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
-    _run_many(shared, [(t.label, t.agent) for t in steps], lambda r: r.chain(steps), as_json, events, quiet)
+    _run_many(shared, [(t.label, t.agent) for t in steps], Job(command="chain", tasks=steps), as_json, events, quiet)
 
 
 @app.command()
@@ -210,9 +196,10 @@ def workflow(
     """
     from ..runs.workflow import find_workflow, load_workflow
 
-    flow = load_workflow(find_workflow(name, Path(shared.cwd).resolve()))
-    rows = [(s.id, s.agent) for s in flow.steps]
-    _run_many(shared, rows, lambda r: r.workflow(flow, input, concurrency=shared.concurrency), as_json, events, quiet)
+    path = find_workflow(name, Path(shared.cwd).resolve())
+    rows = [(s.id, s.agent) for s in load_workflow(path).steps]
+    job = Job(command="workflow", workflow=str(Path(path).resolve()), input=input, concurrency=shared.concurrency)
+    _run_many(shared, rows, job, as_json, events, quiet)
 
 
 @app.command()
@@ -302,9 +289,8 @@ def resume(
     from ..runs.transcripts import load_run
 
     record = load_run(run_id)
-    answer_schema = _schema(schema)
-    work = lambda r: r.resume(record.run_id, message, task=task, schema=answer_schema)  # noqa: E731
-    _run_one(shared, work, as_json, events, cwd=Path(record.cwd))
+    job = Job(command="resume", run_id=record.run_id, message=message, task=task, schema=_schema(schema))
+    _run_one(shared, job, as_json, events, cwd=Path(record.cwd))
 
 
 @app.command()
@@ -537,6 +523,9 @@ def mcp(
     # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
     code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
     raise typer.Exit(code)
+
+
+app.command()(serve)
 
 
 @app.command()

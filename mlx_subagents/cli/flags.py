@@ -171,6 +171,13 @@ IsolationOpt = Annotated[
         help="worktree: each task in a git worktree and branch of its own (writers run at once); none: the shared tree.",
     ),
 ]
+StandaloneOpt = Annotated[
+    bool,
+    typer.Option(
+        "--standalone",
+        help="Run in this process even when `subagent serve` runs for the state folder (default: attach to it).",
+    ),
+]
 # The flags every running command shares: name -> (its `Annotated` alias, its default).
 SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "model": (ModelOpt, None),
@@ -192,6 +199,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "api_key": (ApiKeyOpt, None),
     "sandbox": (SandboxOpt, None),
     "isolation": (IsolationOpt, None),
+    "standalone": (StandaloneOpt, False),
 }
 
 
@@ -218,6 +226,7 @@ class Shared:
     api_key: str | None
     sandbox: Batching | None
     isolation: Isolation | None
+    standalone: bool
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -240,6 +249,18 @@ class Shared:
             sandbox=None if self.sandbox is None else self.sandbox == Batching.on,
             isolation=self.isolation.value if self.isolation else None,
         )
+
+    def own_hosts(self) -> str | None:
+        """The flag that makes this command's hosts its own (a server's are made once, with the server's
+        settings), or None: `--engine`, `--kv-budget`, `--context-window`, `--prefix-cache`, `--batching off`."""
+        given = {
+            "--engine": self.engine is not None,
+            "--kv-budget": self.kv_budget is not None,
+            "--context-window": self.context_window is not None,
+            "--prefix-cache": self.prefix_cache is not None,
+            "--batching off": self.batching == Batching.off,
+        }
+        return next((flag for flag, set_ in given.items() if set_), None)
 
     def runner(self, on_event: EventSink, cwd: Path | None = None, *, plan: bool = False) -> Runner:
         """The command's runner, asking on the terminal before a project agent runs; the agent files'

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,9 +22,8 @@ from rich.rule import Rule
 from ..agents.discovery import AgentCatalog
 from ..events import Event, Fanout
 from ..results import MultiRunResult, RunResult
-from ..runs.runner import Runner
 from ..text import warning_line
-from .interrupts import EXIT_INTERRUPTED, Finished, run_async
+from .interrupts import EXIT_INTERRUPTED, Finished
 from .progress import ProgressView, usage_table
 
 # No emoji codes: `:a:` in an error or an answer is text, never a picture.
@@ -153,24 +152,25 @@ def _print_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
 
 
 def run_multi(
-    runner: Runner,
-    sinks: Fanout,
-    tasks: list[tuple[str, str]],
-    quiet: bool,
-    work: Callable[[], Awaitable[MultiRunResult]],
+    sinks: Fanout, tasks: list[tuple[str, str]], quiet: bool, go: Callable[[], Finished[Any]]
 ) -> Finished[MultiRunResult]:
+    """Run a multi-task command's work (`go`: in this process or on the server) under its progress table."""
     if quiet:
-        return run_async(runner, work, err)
+        return go()
     with ProgressView(err, tasks) as view:
         sinks.targets.append(view.handle)
-        return run_async(runner, work, err)
+        return go()
 
 
 def print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
     """Skipped agent files, then what each agent that loaded had dropped or read leniently; past
     `limit`, one line says how many more `subagent agents` shows."""
-    warnings = catalog.all_warnings()
-    for warning in warnings[:limit]:
-        err.print(f"[yellow]warning:[/] {escape(warning_line(warning))}")
-    if limit is not None and len(warnings) > limit:
-        err.print(f"[yellow]warning:[/] ({len(warnings) - limit} more; subagent agents shows them all)")
+    print_warning_lines([warning_line(w) for w in catalog.all_warnings()], limit)
+
+
+def print_warning_lines(lines: list[str], limit: int | None = None) -> None:
+    """Warning lines, the first `limit` of them, then how many more `subagent agents` shows."""
+    for line in lines[:limit]:
+        err.print(f"[yellow]warning:[/] {escape(line)}")
+    if limit is not None and len(lines) > limit:
+        err.print(f"[yellow]warning:[/] ({len(lines) - limit} more; subagent agents shows them all)")

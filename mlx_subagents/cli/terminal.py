@@ -202,7 +202,7 @@ class ChatLoop:
         self.main = asyncio.current_task()
         self.view.prompt = self.prompt
         self.err.print(
-            f"[dim]chat with {escape(self.chat.label)} in {escape(str(self.chat.runner.workspace.root))}; "
+            f"[dim]chat with {escape(self.chat.label)} in {escape(str(self.chat.workspace))}; "
             "/help for commands, Ctrl-C stops a turn, /exit leaves[/]"
         )
         for signum in STOP_SIGNALS:

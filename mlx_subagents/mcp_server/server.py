@@ -33,6 +33,7 @@ import sys
 import time
 import warnings
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlparse
@@ -42,7 +43,7 @@ import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from pydantic import BaseModel
 from rich.console import Console
 from rich.text import Text
@@ -203,11 +204,15 @@ class AgentsServer:
         make_runner: builds the runner for a workspace with an event sink (the CLI passes its own
             options through this, so the server runs exactly what `subagent run` would).
         cwd: the workspace; None to take the client's first root (else the working directory).
+        here: the working directory a client without roots works in (default: this process's; a
+            relayed client's is its own process's).
     """
 
-    def __init__(self, make_runner: MakeRunner, cwd: Path | None = None) -> None:
+    def __init__(self, make_runner: MakeRunner, cwd: Path | None = None, *, here: Path | None = None) -> None:
         self.make_runner = make_runner
         self.cwd = cwd
+        self.here = here
+        self.log_level: types.LoggingLevel = "info"  # what the client asked for with logging/setLevel
         self.runner: Runner | None = None
         self.tasks: ServerTasks | None = None
         self._lock = asyncio.Lock()
@@ -216,13 +221,7 @@ class AgentsServer:
         self._idle.set()
 
     def server(self) -> Server[Any]:
-        return Server(
-            SERVER_NAME,
-            version=__version__,
-            instructions=INSTRUCTIONS,
-            on_list_tools=self.list_tools,
-            on_call_tool=self.call_tool,
-        )
+        return make_server(self.list_tools, self.call_tool, self.set_level)
 
     async def stop(self, reason: str, wait: float = STOP_WAIT_S) -> None:
         """A stop signal: abort every task, started or in a call, with `reason`; return once the calls
@@ -244,6 +243,11 @@ class AgentsServer:
             await self.runner.close()
 
     # -- handlers ---------------------------------------------------------------------------------
+
+    async def set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        """`logging/setLevel`: the level below which the client wants no log messages."""
+        self.log_level = params.level
+        return types.EmptyResult()
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -384,13 +388,33 @@ class AgentsServer:
         """The resident runner, its agents read again: a file added since the last call is seen now."""
         async with self._lock:
             if self.runner is None:
-                root = self.cwd or await client_root(ctx.session) or working_directory()
+                root = self.cwd or await client_root(ctx.session) or working_directory(self.here)
                 self.runner = self.make_runner(root.resolve(), on_event)
                 unconfirmed = ", ".join(a.name for a in unconfirmed_agents(self.runner)) or "none"
                 log.info("workspace %s; project agents withheld: %s", self.runner.cwd, unconfirmed)
             else:
                 self.runner.refresh_agents()
             return self.runner
+
+
+def make_server(
+    list_tools: Callable[
+        [ServerRequestContext[Any], types.PaginatedRequestParams | None], Awaitable[types.ListToolsResult]
+    ],
+    call_tool: Callable[[ServerRequestContext[Any], types.CallToolRequestParams], Awaitable[types.CallToolResult]],
+    set_level: Callable[[ServerRequestContext[Any], types.SetLevelRequestParams], Awaitable[types.EmptyResult]],
+) -> Server[Any]:
+    """The MCP server over these handlers: `AgentsServer`'s own, or a front that picks one per client."""
+    with warnings.catch_warnings():  # logging is deprecated in the 2026-07-28 revision, still served before
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        return Server(
+            SERVER_NAME,
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=list_tools,
+            on_call_tool=call_tool,
+            on_set_logging_level=set_level,
+        )
 
 
 def on_event(event: Event) -> None:
@@ -425,9 +449,10 @@ async def client_root(session: ServerSession) -> Path | None:
     return None
 
 
-def working_directory() -> Path:
-    """The server's own folder as the workspace, unless it is `/` or home (Cursor starts servers in `/`)."""
-    here = Path.cwd().resolve()
+def working_directory(here: Path | None = None) -> Path:
+    """The server's own folder (or `here`) as the workspace, unless it is `/` or home (Cursor starts
+    servers in `/`)."""
+    here = (here or Path.cwd()).resolve()
     if here in (Path(here.anchor), Path.home().resolve()):
         raise SubagentError(
             f"no workspace: the server runs in {here} and the client gave no root; add --cwd PROJECT_FOLDER to the "
@@ -630,12 +655,16 @@ def agent_lines(runner: Runner) -> str:
 
 
 def log_path() -> Path:
-    return state_home() / "logs" / LOG_FILE
+    """The log this process writes (`setup_logging`'s), default `logs/mcp.log` in the state folder."""
+    return _log_file[0] or state_home() / "logs" / LOG_FILE
 
 
-def setup_logging() -> Path:
-    """Our log and the SDK's warnings to stderr and to the log file; nothing to stdout."""
-    path = log_path()
+_log_file: list[Path | None] = [None]
+
+
+def setup_logging(path: Path | None = None) -> Path:
+    """Our log and the SDK's warnings to stderr and to the log file (default `logs/mcp.log`); nothing to stdout."""
+    path = _log_file[0] = path or log_path()
     make_state_dir(path.parent)
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8"), logging.StreamHandler(sys.stderr)]
@@ -650,7 +679,18 @@ def setup_logging() -> Path:
     return path
 
 
-async def serve_stdio(make_runner: MakeRunner, cwd: Path | None = None) -> int:
+@dataclass
+class Takeover:
+    """A relayed session served here from where `subagent serve` left it (`relay.py`): the relay's input
+    lines, read on from the client's handshake replayed first (`stdin`), and an output that drops the
+    replayed handshake's answer (`stdout`)."""
+
+    lines: StdinLines
+    stdin: Any
+    stdout: Any
+
+
+async def serve_stdio(make_runner: MakeRunner, cwd: Path | None = None, *, takeover: Takeover | None = None) -> int:
     """Serve until the client closes stdin, or a stop signal; the runner and its hosts live as long.
 
     Returns the exit code: 0, or 128 + the signal (130, 143, 129) once the tasks it stopped have
@@ -659,7 +699,7 @@ async def serve_stdio(make_runner: MakeRunner, cwd: Path | None = None) -> int:
     path = setup_logging()
     agents = AgentsServer(make_runner, cwd)
     server = agents.server()
-    lines = StdinLines()
+    lines = takeover.lines if takeover else StdinLines()
     stopped: list[signal.Signals] = []
     stopping: list[asyncio.Future[None]] = []
     log.info("mlx-subagents %s MCP server on stdio (pid %d); log %s", __version__, os.getpid(), path)
@@ -679,7 +719,8 @@ async def serve_stdio(make_runner: MakeRunner, cwd: Path | None = None) -> int:
     try:
         with stop_signals(on_signal):  # still wired while the tasks save: a second signal exits at once
             try:
-                async with stdio_server(stdin=lines) as (read_stream, write_stream):  # type: ignore[arg-type]
+                stdin, stdout = (takeover.stdin, takeover.stdout) if takeover else (lines, None)
+                async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
                     lines.answers = write_stream
                     await server.run(read_stream, write_stream, server.create_initialization_options())
             finally:

@@ -105,7 +105,7 @@ def lock_held(paths: ServePaths) -> bool:
     """Whether a process holds the server lock of this state folder (a server runs or starts)."""
     try:
         fd = os.open(paths.lock, os.O_RDONLY)
-    except FileNotFoundError:
+    except OSError:  # no lock file (or no state folder): no server
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -214,4 +214,3 @@ def status_line(paths: ServePaths) -> str:
     if info is None:
         return f"server: none for {paths.home} (subagent serve starts one)"
     return f"server: {info.where()}; log {info.log}"
-

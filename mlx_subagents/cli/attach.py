@@ -1,0 +1,118 @@
+"""The running commands attach to `subagent serve` when it runs for the state folder.
+
+`run`, `parallel`, `chain`, `workflow` and `resume` build a `Job`; `run_job` runs it on the server
+(when one runs, and the command neither says `--standalone` nor brings hosts of its own: an engine,
+a KV budget, a window, a prefix cache or batching off) or here, and returns what the command prints
+either way: the server sends the job's events, which go to the same views (`--events`, the progress
+table, the task's lines), and its result, which the same `finish_*` prints and exits with. A
+project file's consent question is asked on this terminal and answered for this command only.
+Ctrl-C, SIGTERM and SIGHUP cancel the job there (a second one exits at once; the server then
+cancels it as the connection ends).
+
+The server killed during the job: one line (`error: ...`) and exit 1; what the tasks had done is in
+their transcripts, as far as they got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from ..caps import MAX_WARNINGS
+from ..errors import SubagentError
+from ..events import Event, Fanout
+from ..mcp_server.client import Connection, ServerGone, ServerUnreachable, connect, make_hello
+from ..mcp_server.state import ServerInfo, running_server
+from ..runs.jobs import Job
+from .flags import Shared
+from .interrupts import Finished, run_async, two_press_sigint
+from .output import err, print_warning_lines
+
+INTERRUPTED = "interrupted: stopping every task (Ctrl-C again to quit at once)"
+
+
+def server_for(shared: Shared) -> ServerInfo | None:
+    """The server this command attaches to; None runs it here (a dim line says why, when a server runs)."""
+    from .. import __version__
+
+    if shared.standalone:
+        return None
+    info = running_server()
+    if info is None:
+        return None
+    if (flag := shared.own_hosts()) is not None:
+        err.print(f"[dim]{flag}: running in this process (the server's hosts keep the server's settings)[/]")
+        return None
+    if info.version != __version__:
+        err.print(
+            f"[dim]the server (pid {info.pid}) runs mlx-subagents {info.version}, this is {__version__}: running in "
+            "this process (restart the server to share it)[/]"
+        )
+        return None
+    return info
+
+
+def run_job(shared: Shared, job: Job, sinks: Fanout, *, cwd: Path | None = None) -> Finished[Any]:
+    """The job's result (and the exit code a signal chose), from the server or from a runner here."""
+    info = server_for(shared)
+    if info is not None:
+        hello = make_hello(
+            "job",
+            options=shared.options(),
+            workspace=str(Path(cwd or shared.cwd).resolve()),
+            interactive=sys.stdin.isatty(),
+            job=job,
+        )
+        try:
+            return asyncio.run(attached(info, hello, job, sinks))
+        except ServerUnreachable as exc:
+            err.print(f"[dim]{escape(str(exc))}: running in this process[/]")
+        except ServerGone as exc:
+            err.print(f"[red]error:[/] {escape(str(exc))}")
+            raise typer.Exit(1) from None
+    runner = shared.runner(sinks, cwd=cwd)
+    return run_async(runner, lambda: job.run(runner), err)
+
+
+async def attached(info: ServerInfo, hello: Any, job: Job, sinks: Fanout) -> Finished[Any]:
+    """Send the job, show its events as they come, answer its questions; its result."""
+    connection = await connect(info, hello)
+    loop = asyncio.get_running_loop()
+
+    def stop(reason: str) -> None:
+        connection.send({"cancel": reason})
+
+    try:
+        with two_press_sigint(loop, err, INTERRUPTED, stop, exit_after=False) as signalled:
+            while (message := await connection.next()) is not None:
+                if "result" in message:
+                    return Finished(job.result(message["result"]), signalled.exit_code)
+                if "interrupted" in message:  # stopped before anything ran: nothing to print
+                    if signalled.exit_code is not None:
+                        raise SystemExit(signalled.exit_code)
+                    raise KeyboardInterrupt
+                on_message(connection, message, sinks)
+    finally:
+        connection.close()
+    raise ServerGone(
+        f"the server (pid {info.pid}) went away during the run; what its tasks had done is in their "
+        "transcripts (subagent runs, subagent show)"
+    )
+
+
+def on_message(connection: Connection, message: dict[str, Any], sinks: Fanout) -> None:
+    """A message of a job or a chat that is not its end: warnings, an event, a consent question, a refusal."""
+    if "warnings" in message:
+        print_warning_lines(list(message["warnings"]), MAX_WARNINGS)
+    elif "event" in message:
+        sinks(Event(**message["event"]))
+    elif "ask" in message:
+        answer = typer.confirm(str(message["ask"]), default=False, err=True)
+        connection.send({"answer": answer, "id": message.get("id")})
+    elif "error" in message:
+        raise SubagentError(str(message["error"]))
