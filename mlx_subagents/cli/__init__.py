@@ -28,7 +28,7 @@ from ..runs.jobs import Job
 from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
 from ..runs.worktrees import apply_worktree, find_worktree, list_worktrees, prune_worktrees
 from ..tools import WRITER_TOOLS
-from .attach import run_job
+from .attach import run_job, serve_mcp
 from .doctor import run_doctor
 from .flags import (
     CwdOpt,
@@ -324,12 +324,14 @@ def chat(
     Example: subagent chat   (or: subagent chat --once "where is auth handled, and is it tested?")
     """
     from ..runs.transcripts import load_run
+    from .attach_chat import chat_on_server
     from .terminal import run_chat
 
     cwd = Path(load_run(resume).cwd) if resume is not None else None
-    code = run_chat(
-        lambda sink: shared.runner(sink, cwd=cwd, plan=plan), agent=agent, once=once, resume=resume, out=out, err=err
-    )
+    code = chat_on_server(shared, agent=agent, once=once, resume=resume, cwd=cwd, plan=plan, out=out, err=err)
+    if code is None:
+        make = lambda sink: shared.runner(sink, cwd=cwd, plan=plan)  # noqa: E731
+        code = run_chat(make, agent=agent, once=once, resume=resume, out=out, err=err)
     raise typer.Exit(code)
 
 
@@ -511,18 +513,23 @@ def mcp(
             file_okay=False,
         ),
     ] = None,
+    start_server: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Start `subagent serve` in the background when none runs (also: MLX_SUBAGENTS_SERVE=1), then relay to it.",
+        ),
+    ] = False,
     *,
     shared: Shared,
 ) -> None:
     """Serve the agents over MCP on stdio (for Claude Code, Codex, Cursor, ...); the model stays loaded.
+    When `subagent serve` runs, relay to it instead: every client shares its one model.
 
     Example: claude mcp add subagents -- subagent mcp --model mlx-community/Qwen3-4B-Instruct-2507-4bit
     """
-    from ..mcp_server.server import serve_stdio
-
     # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
-    code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
-    raise typer.Exit(code)
+    raise typer.Exit(serve_mcp(shared, workspace, start=start_server))
 
 
 app.command()(serve)

@@ -16,6 +16,7 @@ their transcripts, as far as they got.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from .flags import Shared
 from .interrupts import Finished, run_async, two_press_sigint
 from .output import err, print_warning_lines
 
+SERVE_ENV = "MLX_SUBAGENTS_SERVE"  # 1: `subagent mcp` starts a server when none runs, as --serve does
 INTERRUPTED = "interrupted: stopping every task (Ctrl-C again to quit at once)"
 
 
@@ -55,6 +57,47 @@ def server_for(shared: Shared) -> ServerInfo | None:
         )
         return None
     return info
+
+
+def serve_mcp(shared: Shared, workspace: Path | None, *, start: bool = False) -> int:
+    """`subagent mcp`: relay to the server (started first with `start` or `$MLX_SUBAGENTS_SERVE`, when
+    none runs), else serve in this process; the exit code."""
+    from ..mcp_server.relay import relay
+    from ..mcp_server.server import serve_stdio
+
+    make = lambda root, on_event: shared.runner(on_event, root)  # noqa: E731
+    info = server_for(shared)
+    wanted = start or os.environ.get(SERVE_ENV, "").lower() in ("1", "true", "yes")
+    if info is None and wanted and not shared.standalone and running_server(wait=0) is None:
+        info = start_server(shared)
+    if info is not None:
+        hello = make_hello("mcp", options=shared.options(), workspace=str(workspace.resolve()) if workspace else None)
+        try:
+            return asyncio.run(relay(info, hello, make, workspace))
+        except SubagentError as exc:  # not reached, or refused: nothing was read yet
+            err.print(f"[dim]{escape(str(exc))}: serving in this process[/]")
+    return asyncio.run(serve_stdio(make, workspace))
+
+
+def start_server(shared: Shared) -> ServerInfo | None:
+    """A server started in the background for `subagent mcp --serve`, with this command's model and host
+    settings, on the unix socket only (HTTP clients want one started with `subagent serve`)."""
+    from .serve import start_detached
+
+    args = ["--no-http", "--batching", shared.batching.value]
+    for flag, value in (
+        ("--model", shared.model),
+        ("--kv-budget", shared.kv_budget),
+        ("--context-window", shared.context_window),
+        ("--prefix-cache", shared.prefix_cache),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    try:
+        return start_detached(args)
+    except SubagentError as exc:
+        err.print(f"[dim]{escape(str(exc))}: serving in this process[/]")
+        return None
 
 
 def run_job(shared: Shared, job: Job, sinks: Fanout, *, cwd: Path | None = None) -> Finished[Any]:

@@ -102,6 +102,7 @@ def start_detached(args: list[str]) -> ServerInfo:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
+            cwd=paths.home,  # never a folder that may go away under it
             start_new_session=True,
         )
     deadline = time.monotonic() + START_WAIT_S

@@ -140,14 +140,27 @@ def run_chat(
 
     Errors that stop the chat before it starts (unknown agent, bad run id) are raised.
     """
+
+    def start(sink: EventSink, on_text: Any) -> tuple[Runner, Awaitable[Chat]]:
+        runner = make_runner(sink)
+        return runner, Chat.start(runner, agent, resume=resume, on_text=on_text)
+
+    return drive_chat(start, once=once, out=out, err=err)
+
+
+def drive_chat(
+    start: Callable[[EventSink, Any], tuple[Any, Awaitable[Any]]], *, once: str | None, out: Console, err: Console
+) -> int:
+    """The chat's terminal over what `start(sink, on_text)` gives: what to close at the end (a runner,
+    or a server's connection) and the chat starting (a `Chat`, or the same calls on a server)."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     stream = ReplyStream(out.file) if once is None else None
     view = ChatView(err, stream)
     sink = Fanout([view.handle])
-    runner = make_runner(sink)
+    runner, starting = start(sink, stream)
     try:
-        chat = _interruptible(loop, Chat.start(runner, agent, resume=resume, on_text=stream), None, err)
+        chat = _interruptible(loop, starting, None, err)
         sink.targets.insert(0, chat.observe)
         view.parent, view.in_background = chat.label, chat.in_background
         if once is not None:
@@ -161,7 +174,7 @@ def run_chat(
         loop.close()
 
 
-def _once(loop: asyncio.AbstractEventLoop, chat: Chat, message: str, out: Console, err: Console) -> int:
+def _once(loop: asyncio.AbstractEventLoop, chat: Any, message: str, out: Console, err: Console) -> int:
     try:
         result = _interruptible(loop, chat.turn(message), chat, err)
     finally:
@@ -435,4 +448,4 @@ def _saved(chat: Chat, err: Console) -> None:
         err.print(f"[dim]saved as run {chat.run_id}; continue with: subagent chat --resume {chat.run_id}[/]")
 
 
-__all__ = ["ChatLoop", "ChatView", "ReplyStream", "run_chat"]
+__all__ = ["ChatLoop", "ChatView", "ReplyStream", "drive_chat", "run_chat"]

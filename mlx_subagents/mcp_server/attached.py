@@ -123,9 +123,9 @@ async def serve_job(
         send(writer, {"error": str(exc)})
         return
     runner: Runner | None = None
+    send(writer, {"ok": service.info.model_dump() if service.info else {}})
     try:
         runner = start_runner(service, client, hello, talk)
-        send(writer, {"ok": service.info.model_dump() if service.info else {}})
         client.work = work = asyncio.ensure_future(job.run(runner))
         listener = asyncio.ensure_future(listen(lines, talk, lambda reason: stop(runner, work, talk, reason)))
         try:
@@ -245,6 +245,7 @@ async def serve_chat(
         return
     client = service.add_client("chat", service.client_options(hello.options, hello.env_model), pid=hello.pid)
     client.name = f"subagent chat --agent {request.agent}"
+    send(writer, {"ok": service.info.model_dump() if service.info else {}})
     sink = Fanout([talk.on_event])
     chat: Chat | None = None
     listener = asyncio.ensure_future(listen(lines, talk, lambda reason: interrupt(chat, reason)))
@@ -256,7 +257,7 @@ async def serve_chat(
         sink.targets.insert(0, chat.observe)
         key = secrets.token_hex(16)
         service.chats[key] = chat
-        send(writer, {"ok": {"label": chat.label, "workspace": str(chat.workspace), "key": key}})
+        send(writer, {"started": {"label": chat.label, "workspace": str(chat.workspace), "key": key}})
         talk.on_op = ops = ChatOps(chat, writer)
         await listener  # until the client goes: its ops run meanwhile
         for task in list(ops.running):

@@ -6,16 +6,17 @@ by the hello's kind:
 
 - `mcp` (`subagent mcp`, relaying its client): MCP's JSON-RPC messages both ways, one per line, as
   on stdio; the client's roots requests and cancellations pass through unchanged.
-- `job` (`run`, `parallel`, `chain`, `workflow`, `resume`): the server sends `{"warnings": [...]}`,
+- `job` (`run`, `parallel`, `chain`, `workflow`, `resume`): after `ok`, the server sends `{"warnings": [...]}`,
   then `{"event": EVENT}` per event (`Event.to_json()`), `{"ask": QUESTION, "id": N}` when a
   project file needs the client's consent, and last `{"result": RESULT}` (`RunResult` or
   `MultiRunResult` as `--json` dumps them), `{"error": TEXT}` (refused before anything ran) or
   `{"interrupted": REASON}` (stopped before anything ran). The client sends `{"answer": BOOL,
   "id": N}` and `{"cancel": REASON}` (Ctrl-C, SIGTERM). Closing the connection cancels the job.
-- `chat`: a conversation with a parent agent (`ChatRequest`); `{"op": NAME, "id": N, ...}` runs a
+- `chat`: a conversation with a parent agent (`ChatRequest`), `{"started": {"label", "workspace",
+  "key"}}` once its model is loaded (or `{"error": TEXT}`); then `{"op": NAME, "id": N, ...}` runs a
   turn, a workflow, a compaction or the end, answered `{"done": N, "value": ...}` or
   `{"done": N, "error": TEXT, "type": CLASS}`; the reply streams as `{"text": PIECE}`, the events
-  and consent questions as for a job. The first answer holds a `key`; a second connection whose
+  and consent questions as for a job. With the `key` it was given, a second connection whose
   hello is `control` with that key asks the quick questions (`{"call": NAME, "args": [...]}`),
   each answered at once, so that the terminal's synchronous reads (the tasks, the usage) get exact
   answers without waiting on the event stream.
@@ -41,11 +42,10 @@ STOPPING_NOTICE = "mlx-subagents/stopping"
 
 
 class ChatRequest(BaseModel):
-    """`subagent chat`'s request: the parent agent, a saved chat to continue, plan mode."""
+    """`subagent chat`'s request: the parent agent, or a saved chat to continue (plan mode is in the options)."""
 
     agent: str
     resume: str | None = None
-    plan: bool = False
 
 
 class Hello(BaseModel):

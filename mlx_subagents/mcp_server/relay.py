@@ -170,7 +170,6 @@ async def relay(info: ServerInfo, hello: Hello, make_runner: MakeRunner, cwd: Pa
         session.lines.restore()
         return 0
     print(f"mlx-subagents: the server (pid {info.pid}) went away; serving in-process from now on", file=sys.stderr)
-    log.warning("the server %s went away mid-session; serving in-process", info.where())
     return await serve_stdio(make_runner, cwd, takeover=session.takeover())
 
 

@@ -703,6 +703,8 @@ async def serve_stdio(make_runner: MakeRunner, cwd: Path | None = None, *, takeo
     stopped: list[signal.Signals] = []
     stopping: list[asyncio.Future[None]] = []
     log.info("mlx-subagents %s MCP server on stdio (pid %d); log %s", __version__, os.getpid(), path)
+    if takeover is not None:
+        log.warning("serving a session relayed to a server that went away, from where it was")
 
     async def stop(signum: signal.Signals) -> None:
         log.info("%s received: stopping every task", signum.name)
