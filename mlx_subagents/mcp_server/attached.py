@@ -22,14 +22,13 @@ from ..events import Event, Fanout
 from ..runs.chat import Chat
 from ..runs.runner import Runner
 from ..text import warning_line
-from .clients import Client
+from .clients import DISCONNECTED, Client
 from .protocol import Hello
 from .server import log_path
 from .wire import Oversized, load, send
 
 # The running `serve.Service` (not imported: it imports this module).
 Service = Any
-DISCONNECTED = "the client disconnected"
 # What a chat's control connection may ask (each answered at once): `Chat`'s quick calls.
 CHAT_CALLS = (
     "interrupt",

@@ -25,6 +25,8 @@ from ..runs.runner import Runner
 from .server import AgentsServer
 
 ClientKind = Literal["http", "relay", "cli", "chat"]
+# Why a client's foreground tasks stopped when it went away (their transcripts and results say so).
+DISCONNECTED = "the client disconnected"
 # The tasks a client's tally keeps, newest last: every running one, and the latest that ended.
 MAX_TALLIED = 32
 

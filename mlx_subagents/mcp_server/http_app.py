@@ -22,7 +22,7 @@ import contextlib
 import hmac
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import mcp_types as types
 import uvicorn
 from mcp.server import ServerRequestContext
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.applications import Starlette
@@ -39,6 +40,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import SubagentError
+from .clients import DISCONNECTED
 from .server import AgentsServer, make_server
 
 if TYPE_CHECKING:
@@ -71,8 +73,9 @@ class Guard:
     """Refuses what is not for this server before the MCP transport sees it: another path (404),
     a foreign Host or Origin (403), no token or a wrong one (401)."""
 
-    def __init__(self, app: ASGIApp, token: str, port: int, token_file: Path) -> None:
+    def __init__(self, app: ASGIApp, token: str, port: int, token_file: Path, on_delete: Callable[[str], None]) -> None:
         self.app = app
+        self.on_delete = on_delete
         self.token = token
         self.port = port
         self.token_file = token_file
@@ -89,6 +92,8 @@ class Guard:
             headers = {"WWW-Authenticate": 'Bearer realm="mlx-subagents"'} if status == 401 else None
             await PlainTextResponse(f"{status}: {text}\n", status_code=status, headers=headers)(scope, receive, send)
             return
+        if scope.get("method") == "DELETE" and (session := Request(scope).headers.get(MCP_SESSION_ID_HEADER)):
+            self.on_delete(session)  # the client ends its session: its calls say why they stop
         await self.app(scope, receive, send)
 
     async def refusal(self, request: Request) -> tuple[int, str] | None:
@@ -127,6 +132,13 @@ class HttpFront:
 
     def __init__(self, service: Service) -> None:
         self.service = service
+        self.sessions: dict[str, Client] = {}  # the clients by their MCP session id
+
+    def ended(self, session_id: str) -> None:
+        """A session's DELETE: its calls in progress are cancelled as the client's leaving."""
+        client = self.sessions.pop(session_id, None)
+        if client is not None:
+            client.cancel(DISCONNECTED, background=False)
 
     def server(self) -> Any:
         return make_server(self.list_tools, self.call_tool, self.set_level)
@@ -153,9 +165,15 @@ class HttpFront:
         if client is None:
             client = self._new_client(ctx)
             connection.state[CLIENT_KEY] = client
-            connection.exit_stack.push_async_callback(self.service.disconnect, client)
+            if connection.session_id:
+                self.sessions[connection.session_id] = client
+            connection.exit_stack.push_async_callback(self._gone, connection.session_id, client)
         assert client.agents is not None
         return client.agents
+
+    async def _gone(self, session_id: str | None, client: Client) -> None:
+        self.sessions.pop(session_id or "", None)
+        await self.service.disconnect(client)
 
     def _new_client(self, ctx: ServerRequestContext[Any]) -> Client:
         query = ctx.request.query_params if isinstance(ctx.request, Request) else {}
@@ -197,8 +215,9 @@ class HttpServer:
 
 
 def make_app(service: Service, port: int) -> ASGIApp:
+    front = HttpFront(service)
     manager = StreamableHTTPSessionManager(
-        app=HttpFront(service).server(),
+        app=front.server(),
         security_settings=security_settings(port),
         session_idle_timeout=IDLE_TIMEOUT_S,
     )
@@ -210,7 +229,7 @@ def make_app(service: Service, port: int) -> ASGIApp:
 
     # Route (not Mount: no /mcp -> /mcp/ redirect), its endpoint an ASGI object.
     app = Starlette(routes=[Route(PATH, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lifespan)
-    return Guard(app, service.token, port, service.paths.token)
+    return Guard(app, service.token, port, service.paths.token, front.ended)
 
 
 def bind_http(port: int) -> socket.socket:

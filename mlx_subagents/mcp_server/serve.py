@@ -39,7 +39,7 @@ from ..runs.options import RunOptions
 from ..runs.runner import Runner
 from ..runs.tasks import ModelRef
 from . import attached
-from .clients import Client, ClientKind, Clients
+from .clients import DISCONNECTED, Client, ClientKind, Clients
 from .protocol import STOPPING_NOTICE, Hello
 from .server import AgentsServer, setup_logging
 from .socket_mcp import serve_mcp
@@ -53,7 +53,6 @@ HOST_FIELDS = ("batching", "kv_budget", "prefix_cache", "context_window", "engin
 # How long a stop waits for the tasks it cancelled to answer their clients and save.
 STOP_WAIT_S = 15.0
 STOPPED = "the server stopped (subagent serve --stop)"
-DISCONNECTED = "the client disconnected"
 
 log = logging.getLogger("mlx_subagents.serve")
 
@@ -180,17 +179,20 @@ class Service:
             writer.close()
 
     def _hello(self, line: str | Oversized | None, writer: asyncio.StreamWriter) -> Hello | None:
+        """The connection's hello, or None (a malformed one answered with what is wrong, and logged)."""
         if line is None:
             return None
-        problem = "it is over the size limit" if isinstance(line, Oversized) else ""
-        data = load(line) if not problem else None  # type: ignore[arg-type]
-        if data is None and not problem:
+        data = load(line) if isinstance(line, str) else None
+        if isinstance(line, Oversized):
+            problem = f"it is {line.n_bytes:,} bytes, over the limit"
+        elif data is None:
             problem = "it is not a JSON object"
-        try:
-            return Hello.model_validate(data) if not problem else None
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            problem = f"{'.'.join(map(str, err['loc'])) or 'hello'}: {err['msg']}"
+        else:
+            try:
+                return Hello.model_validate(data)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                problem = f"{'.'.join(map(str, err['loc'])) or 'hello'}: {err['msg']}"
         log.warning("a malformed hello on the socket: %s", problem)
         send(
             writer, {"error": f"malformed hello ({problem}); the first line names what the client is (see protocol.py)"}
@@ -211,7 +213,8 @@ class Service:
             client.notify = lambda message: send(writer, message)
             send(writer, {"ok": self.info.model_dump() if self.info else {}})
             try:
-                await serve_mcp(client.agents, lines, writer)  # type: ignore[arg-type]
+                ended = lambda: client.cancel(DISCONNECTED, background=False)  # noqa: E731
+                await serve_mcp(client.agents, lines, writer, ended)  # type: ignore[arg-type]
             finally:
                 await self.disconnect(client)
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import mcp_types as types
 from mcp.server.stdio import stdio_server
@@ -27,10 +27,11 @@ log = logging.getLogger("mlx_subagents.serve")
 class SocketLines(StdinLines):
     """`StdinLines`' checked lines, fed from a socket's lines instead of fd 0 (no thread, no fd)."""
 
-    def __init__(self, lines: AsyncIterator[str | Oversized]) -> None:  # not StdinLines.__init__: no fd to take
+    def __init__(self, lines: AsyncIterator[str | Oversized], on_end: Callable[[], None]) -> None:  # no fd to take
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self.answers = None
+        self._on_end = on_end
         self._feed = asyncio.ensure_future(self._pump(lines))
 
     def restore(self) -> None:
@@ -46,6 +47,7 @@ class SocketLines(StdinLines):
         except ConnectionError:
             pass
         finally:
+            self._on_end()  # before the SDK cancels the calls in progress: their tasks say why they stopped
             self._queue.put_nowait(None)
 
     async def _refuse(self, line: Oversized) -> None:
@@ -73,10 +75,15 @@ class SocketOut:
             pass
 
 
-async def serve_mcp(agents: AgentsServer, lines: AsyncIterator[str | Oversized], writer: asyncio.StreamWriter) -> None:
-    """Serve `agents`' tools over the connection until the client closes it."""
+async def serve_mcp(
+    agents: AgentsServer,
+    lines: AsyncIterator[str | Oversized],
+    writer: asyncio.StreamWriter,
+    on_end: Callable[[], None],
+) -> None:
+    """Serve `agents`' tools over the connection until the client closes it (`on_end` is told first)."""
     server = agents.server()
-    stdin = SocketLines(lines)
+    stdin = SocketLines(lines, on_end)
     async with stdio_server(stdin=stdin, stdout=SocketOut(writer)) as (read_stream, write_stream):  # type: ignore[arg-type]
         stdin.answers = write_stream
         await server.run(read_stream, write_stream, server.create_initialization_options())
