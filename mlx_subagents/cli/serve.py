@@ -57,7 +57,7 @@ def serve(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Hold the models and run every client's agents in one process: MCP over HTTP and a unix socket;
+    """Hold the models and run the agents of every client in one process: MCP over HTTP and a unix socket;
     `subagent mcp` and the commands use it when it runs.
 
     Example: subagent serve --model mlx-community/Qwen3-4B-Instruct-2507-4bit

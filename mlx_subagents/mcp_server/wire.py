@@ -14,9 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
-
-MAX_LINE_BYTES = DEFAULT_MAX_REQUEST_BODY_SIZE
+MAX_LINE_BYTES = 4 * 2**20  # the mcp SDK's DEFAULT_MAX_REQUEST_BODY_SIZE (not imported: the CLI loads no mcp)
 READ_SIZE = 1 << 16
 
 
