@@ -84,8 +84,8 @@ class Talk:
 def start_runner(service: Service, client: Client, hello: Hello, talk: Talk, sink: Any = None) -> Runner:
     """The client's runner in its workspace; the agent files' warnings go to it first."""
     folder = hello.folder()
-    if folder is None or not folder.is_dir():
-        raise SubagentError(f"the workspace {folder} is not a folder on this machine")
+    if folder is None:
+        raise SubagentError("the hello names no workspace (cwd or workspace)")
     ask = talk.ask if hello.interactive else None
     runner = service.make_runner(client, folder, sink or talk.on_event, interactive=hello.interactive, ask=ask)
     send(talk.writer, {"warnings": [warning_line(w) for w in runner.catalog.all_warnings()]})
@@ -114,13 +114,8 @@ async def serve_job(
         send(writer, {"error": "a job hello needs its job"})
         return
     job, talk = hello.job, Talk(writer)
-    try:
-        client = service.add_client(
-            "cli", service.client_options(hello.options, hello.env_model), pid=hello.pid, name=f"subagent {job.command}"
-        )
-    except SubagentError as exc:
-        send(writer, {"error": str(exc)})
-        return
+    options = service.client_options(hello.options, hello.env_model)  # a bad one: the connection's error line
+    client = service.add_client("cli", options, pid=hello.pid, name=f"subagent {job.command}")
     runner: Runner | None = None
     send(writer, {"ok": service.info.model_dump() if service.info else {}})
     try:

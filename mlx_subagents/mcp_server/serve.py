@@ -111,6 +111,8 @@ class Service:
         self, client: Client, root: Path, on_event: EventSink, *, interactive: bool = False, ask: Any = None
     ) -> Runner:
         """A runner of `client`'s own, in `root`, over the server's hosts."""
+        if not root.is_dir():
+            raise SubagentError(f"the workspace {root} is not a folder on this machine; name an existing one")
         runner = Runner(
             cwd=root,
             options=client.options,
@@ -173,6 +175,8 @@ class Service:
                 send(writer, {"error": f"the server is stopping ({self.stop_reason})"})
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except SubagentError as exc:  # the client's options or workspace: what is wrong, in one line
+            send(writer, {"error": str(exc)})
         except Exception:  # never let one connection stop the server
             log.exception("a connection failed")
         finally:
