@@ -37,7 +37,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import SubagentError
 from .clients import DISCONNECTED
@@ -94,7 +94,13 @@ class Guard:
             return
         if scope.get("method") == "DELETE" and (session := Request(scope).headers.get(MCP_SESSION_ID_HEADER)):
             self.on_delete(session)  # the client ends its session: its calls say why they stop
-        await self.app(scope, receive, send)
+
+        async def logged(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:  # malformed, too large, ...
+                log.warning("HTTP %s %s answered %d", scope.get("method"), scope.get("path"), message["status"])
+            await send(message)
+
+        await self.app(scope, receive, logged)
 
     async def refusal(self, request: Request) -> tuple[int, str] | None:
         """(status, the reason in one line) for a request to refuse; None to let it through."""

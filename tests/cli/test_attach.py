@@ -44,9 +44,14 @@ def test_attached_commands_print_and_exit_as_in_their_own_process(
     )
     serve_process("--no-http", "--model", model)
     where = ["-C", str(tmp_path), "--model", model]
+    flows = tmp_path / ".mlx-subagents" / "workflows"
+    flows.mkdir(parents=True)
+    (flows / "map.toml").write_text('[[steps]]\nid = "find"\nagent = "scout"\nprompt = "Find: {input}"\n')
     for args in (
         ["run", "scout", "map it", "--json"],
         ["parallel", "-t", "scout", "a", "-t", "reviewer", "b", "--json", "-q"],
+        ["chain", "-s", "scout", "find it", "-s", "scout", "check: {previous}", "--json", "-q"],
+        ["workflow", "map", "--input", "the parser", "--json", "-q"],
     ):
         attached, standalone = run_cli(*args, *where), run_cli(*args, *where, "--standalone")
         assert attached[0] == standalone[0] and RUN_ID.sub("RUN", attached[2]) == RUN_ID.sub("RUN", standalone[2])
@@ -54,6 +59,9 @@ def test_attached_commands_print_and_exit_as_in_their_own_process(
         a_results, s_results = a.pop("results", [a]), s.pop("results", [s])
         assert [same(r) for r in a_results] == [same(r) for r in s_results] and same(a) == same(s)
         assert all(Path(r["transcript"]).is_file() for r in a_results)  # saved in the same state folder
+    code, out, _ = run_cli("resume", "last", "and the tests?", "--json", "--model", model)  # in its run's folder
+    resumed = json.loads(out)
+    assert code == 0 and (resumed["label"], resumed["output"]) == ("find", "app.py is the only file")
     assert run_cli("parallel", "-t", "scout", "a", "-t", "reviewer", "b", *where)[0] == 1  # the reviewer has no reply
     unknown = run_cli("run", "nobody", "x", *where)
     assert unknown == (
@@ -64,7 +72,7 @@ def test_attached_commands_print_and_exit_as_in_their_own_process(
     noted = run_cli("run", "scout", "map it", *where, "--kv-budget", "1GB")
     assert noted[0] == 0 and noted[2].startswith("--kv-budget: running in this process (the server's hosts keep")
     attached = [c.split(" (pid")[0] for c in served_clients(serve_paths().log.read_text())]
-    assert attached == ["subagent run", "subagent parallel", "subagent parallel", "subagent run"]
+    assert attached == [f"subagent {c}" for c in ("run", "parallel", "chain", "workflow", "resume", "parallel", "run")]
 
 
 def test_a_signal_to_an_attached_command_cancels_its_task_on_the_server(

@@ -18,7 +18,7 @@ import pytest
 from mlx_subagents.mcp_server.client import make_hello, quick
 from mlx_subagents.mcp_server.state import lock_held, read_info, serve_paths
 from mlx_subagents.mcp_server.wire import MAX_LINE_BYTES
-from tests.helpers import call, spawn_cli
+from tests.helpers import call, spawn_cli, write_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -35,19 +35,40 @@ def post(url: str, headers: dict[str, str], body: Any = INITIALIZE, path: str | 
     where = urlparse(url)
     connection = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
     base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
-    connection.request(
-        "POST", path or where.path + (f"?{where.query}" if where.query else ""), json.dumps(body), {**base, **headers}
-    )
+    target = path or where.path + (f"?{where.query}" if where.query else "")
+    connection.request("POST", target, body if isinstance(body, str) else json.dumps(body), {**base, **headers})
     response = connection.getresponse()
     text = response.read(65536).decode()
     connection.close()
     return response.status, text
 
 
+def http_listings(url: str, token: str, workspace: Path) -> dict[str, Any]:
+    """`list_agents` over two HTTP sessions of the SDK's client: `?cwd=` with `?yes=1`, and without yes."""
+    import anyio
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    found: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+            for name, query in (("yes", f"?cwd={workspace}&yes=1"), ("no", f"?cwd={workspace}")):
+                async with streamable_http_client(url + query, http_client=http) as (read, write):
+                    async with ClientSession(read, write) as session:
+                        await session.initialize()
+                        found[name] = (await session.call_tool("list_agents", {})).structured_content
+
+    anyio.run(main)
+    return found
+
+
 def test_http_refuses_no_token_a_wrong_one_and_a_foreign_origin_or_host(
     serve_process: Any, tmp_path: Path, write_script: Any
 ) -> None:
-    _, info = serve_process("--port", "0", "--model", write_script(["unused"]), "-C", str(tmp_path))
+    write_agent(tmp_path, "helper", "read")
+    _, info = serve_process("--port", "0", "--model", write_script(["unused"]), "-C", str(tmp_path.parent))
     paths = serve_paths()
     token = paths.token.read_text().strip()
     assert stat.S_IMODE(os.stat(paths.token).st_mode) == 0o600 and stat.S_IMODE(os.stat(paths.socket).st_mode) == 0o600
@@ -74,7 +95,19 @@ def test_http_refuses_no_token_a_wrong_one_and_a_foreign_origin_or_host(
         status, text = post(url, headers)
         assert status == 200 and '"serverInfo":{"name":"mlx-subagents"' in text
         assert '"capabilities":{"logging":{},"tools":' in text  # logging/setLevel is answered
+    status, text = post(info.url, auth, body="{ not json")  # answered by the SDK, logged here
+    assert status == 400 and "Parse error" in text
+    status, _ = post(info.url, auth, body={"pad": "x" * MAX_LINE_BYTES})
+    assert status == 413
+    listings = http_listings(info.url, token, tmp_path)
+    assert listings["yes"]["workspace"] == str(tmp_path.resolve()) and "helper" in [
+        a["name"] for a in listings["yes"]["agents"]
+    ]
+    assert [w["name"] for w in listings["no"]["withheld"]] == [
+        "helper"
+    ]  # another session: the first one's yes is its own
     log = paths.log.read_text()
+    assert "HTTP POST /mcp answered 400" in log and "HTTP POST /mcp answered 413" in log
     assert "HTTP POST /mcp refused (401): unauthorized: no bearer token" in log
     assert "HTTP POST /mcp refused (403): forbidden: the Origin header 'http://evil.example'" in log
 
@@ -215,3 +248,43 @@ def test_malformed_and_oversized_messages_are_answered_and_logged(
     assert "a malformed hello on the socket: it is not a JSON object" in log
     assert f"oversized message from a relayed client ({len(oversized) - 1} bytes): answered with id null" in log
     assert "malformed message (answered with id null) from the client: Parse error" in log
+
+
+def test_mcp_serve_starts_a_server_relays_to_it_and_exits_when_it_is_stopped(tmp_path: Path, write_script: Any) -> None:
+    import anyio
+
+    from mlx_subagents.mcp_server.state import running_server
+    from tests.mcp_server.test_mcp_server import connect
+
+    model = write_script({"agents": {"scout": {"replies": ["found it"]}}})
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with connect("--serve", "--model", model, "--cwd", tmp_path) as client:
+            seen["answer"] = await client.call_tool("run_agents", {"agent": "scout", "task": "look"})
+            seen["info"] = info = running_server(wait=0)
+            seen["status"] = quick(info, make_hello("status"))["status"]
+            stop = spawn_cli("serve", "--stop")
+            seen["stopped"] = await anyio.to_thread.run_sync(lambda: stop.communicate(timeout=60))
+            with anyio.fail_after(30):
+                while await anyio.to_thread.run_sync(lambda: lock_held(serve_paths())):
+                    await anyio.sleep(0.05)
+            try:  # the relay exited with the server stopped on purpose: nothing answers any more
+                with anyio.fail_after(20):
+                    await client.call_tool("run_agents", {"agent": "scout", "task": "again"})
+            except Exception as exc:
+                seen["after"] = type(exc).__name__
+
+    try:
+        anyio.run(main)
+    finally:
+        if lock_held(serve_paths()) and (left := running_server(wait=0)) is not None:
+            quick(left, make_hello("stop"))
+    info = seen["info"]
+    assert seen["answer"].structured_content["tasks"][0]["answer"] == "found it"
+    assert info.url is None and info.version  # started for the relay: the socket only
+    [client] = seen["status"]["clients"]
+    assert (client["kind"], client["workspace"]) == ("relay", str(tmp_path.resolve()))
+    assert [m["model"] for m in seen["status"]["models"]] == [model]  # its --model, loaded at start
+    assert seen["stopped"][1] == f"stopped the server (pid {info.pid}); what ran is saved (subagent runs lists it)\n"
+    assert seen["after"] == "MCPError" and not (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "logs" / "mcp.log").exists()

@@ -53,7 +53,7 @@ def test_two_relayed_clients_and_an_attached_run_share_one_host_and_batch(
     results: dict[str, Any] = {}
 
     async def main() -> None:
-        async with connect("--cwd", ws["a"]) as a, connect("--cwd", ws["b"]) as b:
+        async with connect(roots=[ws["a"]]) as a, connect("--cwd", ws["b"]) as b:  # A's workspace: its root
             attached = spawn_cli("run", "scout", "map it", "--json", "-C", str(ws["scout"]))
 
             async def relayed(client: Any, label: str) -> None:
