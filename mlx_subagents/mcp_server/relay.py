@@ -40,6 +40,7 @@ from .state import ServerInfo
 from .stdio import StdinLines, stop_signals
 from .wire import Oversized
 
+CLIENT_GONE, SERVER_GONE = "client", "server"  # which end of the relay ended first
 # The id the replayed handshake's `initialize` carries: its answer is the relay's, never the client's.
 TAKEOVER_ID = "mlx-subagents-takeover"
 
@@ -89,8 +90,9 @@ class Relay:
         self.handshake: list[dict[str, Any]] = []  # its initialize request and initialized notification
         self.stopping = False
 
-    async def up(self) -> None:
-        """The client's lines to the server, until the client closes its end."""
+    async def up(self) -> str:
+        """The client's lines to the server until the client closes its end (`client`), or the server's
+        connection breaks (`server`)."""
         async for line in self.lines:
             message = _message(line)
             if message is not None and "method" in message:
@@ -98,11 +100,16 @@ class Relay:
                     self.handshake.append(message)
                 if "id" in message:
                     self.pending[message["id"]] = message["method"]
-            self.connection.writer.write(line.encode("utf-8") + b"\n")
-            await self.connection.writer.drain()
+            try:
+                self.connection.writer.write(line.encode("utf-8") + b"\n")
+                await self.connection.writer.drain()
+            except ConnectionError:
+                return SERVER_GONE
+        return CLIENT_GONE
 
-    async def down(self) -> None:
-        """The server's lines to the client, until the server's end."""
+    async def down(self) -> str:
+        """The server's lines to the client until the server's end (`server`), or the client's output
+        breaks (`client`)."""
         async for line in self.connection.lines:
             if isinstance(line, Oversized):
                 continue
@@ -112,8 +119,12 @@ class Relay:
                 continue
             if message is not None and "method" not in message:
                 self.pending.pop(message.get("id"), None)
-            await self.out.write(line + "\n")
-            await self.out.flush()
+            try:
+                await self.out.write(line + "\n")
+                await self.out.flush()
+            except OSError:  # a broken pipe: the client has gone
+                return CLIENT_GONE
+        return SERVER_GONE
 
     async def answer_pending(self) -> None:
         """One error per call in flight: the server went away under it."""
@@ -155,15 +166,15 @@ async def relay(info: ServerInfo, hello: Hello, make_runner: MakeRunner, cwd: Pa
     with stop_signals(on_signal):
         up, down = asyncio.ensure_future(session.up()), asyncio.ensure_future(session.down())
         done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:  # a broken pipe is an end too
-                log.info("relay: %s", task.exception())
-    if stopped or up in done:  # the client closed stdin (or a signal): it is leaving
-        down.cancel()
+    ended = {task.result() for task in done if not task.cancelled() and task.exception() is None}
+    if stopped or CLIENT_GONE in ended or not ended:  # the client is leaving (or a signal came)
+        for task in (up, down):
+            task.cancel()
         connection.close()
         session.lines.restore()
         return 128 + stopped[0] if stopped else 0
     up.cancel()
+    down.cancel()
     await session.answer_pending()
     if session.stopping:
         print(f"mlx-subagents: the server (pid {info.pid}) was stopped; this relay exits", file=sys.stderr)

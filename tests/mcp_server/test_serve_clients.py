@@ -92,6 +92,7 @@ def test_each_client_sees_only_its_tasks_and_a_disconnect_cancels_only_its_foreg
                 "a-bg": {"replies": [call("bash", command="sleep 6"), "a's background task is done"]},
                 "a-fg": {"replies": [call("bash", command="sleep 20")]},
                 "b-fg": {"replies": [{"content": "b's answer", "delay": 3.0}]},
+                "b-cancel": {"replies": [call("bash", command="sleep 20")]},
             },
         }
     )
@@ -124,6 +125,11 @@ def test_each_client_sees_only_its_tasks_and_a_disconnect_cancels_only_its_foreg
             seen["b-sees"] = text(await b.call_tool("agent_status", {}))
             seen["b-reads"] = await b.call_tool("agent_output", {"id": "a-bg"})
             seen["b-fg"] = await b.call_tool("run_agents", {"agent": "scout", "task": "fg", "label": "b-fg"})
+            with anyio.move_on_after(1.0):  # the client cancels its call: the relay passes it on
+                await b.call_tool("run_agents", {"agent": "scout", "task": "fg", "label": "b-cancel"})
+            with anyio.fail_after(20):  # saved as cancelled before B leaves (which would cancel it too)
+                while "b-cancel" not in await anyio.to_thread.run_sync(transcript_ends):
+                    await anyio.sleep(0.1)
             seen["status"] = status_of(info)
 
     async def main() -> None:
@@ -143,13 +149,14 @@ def test_each_client_sees_only_its_tasks_and_a_disconnect_cancels_only_its_foreg
     gone = [c for c in seen["status"]["clients"] if not c["connected"]]
     assert [c["workspace"] for c in gone] == [str(ws["a"].resolve())]  # A's client lingers for its background task
     deadline = time.monotonic() + 30
-    while len(ends := transcript_ends()) < 3:
+    while len(ends := transcript_ends()) < 4:
         assert time.monotonic() < deadline, f"the tasks did not all end: {ends}"
         time.sleep(0.1)
     assert ends == {
         "a-bg": ("completed", None, "a's background task is done"),
         "a-fg": ("aborted", "the client disconnected", ""),
         "b-fg": ("completed", None, "b's answer"),
+        "b-cancel": ("aborted", "aborted by the user (Ctrl-C)", ""),  # as a client's cancel reads in-process
     }
 
 
