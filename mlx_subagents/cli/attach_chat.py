@@ -103,10 +103,13 @@ class RemoteChat:
             while (message := await self.connection.next()) is not None:
                 self._dispatch(message)
         finally:
-            gone = ServerGone(f"the server (pid {self.info.pid}) went away; the chat is saved as far as it got")
+            gone = self._gone()
             for waiting in [self._started, *self._ops.values()]:
                 if not waiting.done():
                     waiting.set_exception(gone)
+
+    def _gone(self) -> ServerGone:
+        return ServerGone(f"the server (pid {self.info.pid}) went away; the chat is saved as far as it got")
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         assert self._started is not None
@@ -129,6 +132,8 @@ class RemoteChat:
 
     async def _op(self, op: str, **fields: Any) -> Any:
         assert self.connection is not None
+        if self._reader is None or self._reader.done():
+            raise self._gone()
         n = next(self._ids)
         self._ops[n] = waiting = asyncio.get_running_loop().create_future()
         self.connection.send({"op": op, "id": n, **fields})
