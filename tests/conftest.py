@@ -295,36 +295,3 @@ def serve_process() -> Any:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-
-# --- the official MCP conformance suite: npm packages, installed once into the test cache -------------
-
-CONFORMANCE = "0.1.16"
-NODE = "22.23.5"  # the suite needs node 22; Debian's is 20 ("fs does not provide an export named 'globSync'")
-
-
-@pytest.fixture(scope="session")
-def conformance_suite() -> tuple[Path, Path]:
-    """`(node, cli)`: node 22 (the npm package `node-<os>-<cpu>`) and `@modelcontextprotocol/conformance`,
-    installed with npm once into `$MLX_SUBAGENTS_TEST_CACHE/conformance-VERSION`."""
-    import json
-    import platform
-    import subprocess
-
-    folder = TEST_CACHE / f"conformance-{CONFORMANCE}"
-    node, cli = folder / "node_modules" / ".bin" / "node", folder / "node_modules" / ".bin" / "conformance"
-    if node.exists() and cli.exists():
-        return node, cli
-    npm = shutil.which("npm")
-    if npm is None:
-        _unavailable("npm is not installed (apt-get install npm)", "the MCP conformance suite")
-    cpu = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower(), "x64")
-    packages = {"@modelcontextprotocol/conformance": CONFORMANCE, f"node-{platform.system().lower()}-{cpu}": NODE}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "package.json").write_text(json.dumps({"private": True, "dependencies": packages}, indent=2))
-    cmd = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
-    proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0 or not (node.exists() and cli.exists()):
-        why = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        _unavailable(f"`npm install` in {folder} failed: {why}", "the MCP conformance suite")
-    return node, cli

@@ -27,11 +27,13 @@ from rich.markup import escape
 from ..caps import MAX_WARNINGS
 from ..errors import SubagentError
 from ..events import Event, Fanout
+from ..mcp_server.budget import DEFAULT_CALL_BUDGET
 from ..mcp_server.client import Connection, ServerGone, ServerUnreachable, connect, make_hello
 from ..mcp_server.state import ServerInfo, running_server
 from ..runs.jobs import Job
 from .flags import Shared
 from .interrupts import Finished, run_async, two_press_sigint
+from .live import paused
 from .output import err, print_warning_lines
 
 SERVE_ENV = "MLX_SUBAGENTS_SERVE"  # 1: `subagent mcp` starts a server when none runs, as --serve does
@@ -59,7 +61,9 @@ def server_for(shared: Shared) -> ServerInfo | None:
     return info
 
 
-def serve_mcp(shared: Shared, workspace: Path | None, *, start: bool = False) -> int:
+def serve_mcp(
+    shared: Shared, workspace: Path | None, *, start: bool = False, call_budget: float | None = DEFAULT_CALL_BUDGET
+) -> int:
     """`subagent mcp`: relay to the server (started first with `start` or `$MLX_SUBAGENTS_SERVE`, when
     none runs), else serve in this process; the exit code."""
     from ..mcp_server.relay import relay
@@ -71,12 +75,14 @@ def serve_mcp(shared: Shared, workspace: Path | None, *, start: bool = False) ->
     if info is None and wanted and not shared.standalone and running_server(wait=0) is None:
         info = start_server(shared)
     if info is not None:
-        hello = make_hello("mcp", options=shared.options(), workspace=str(workspace.resolve()) if workspace else None)
+        where = str(workspace.resolve()) if workspace else None
+        budget = "off" if call_budget is None else call_budget
+        hello = make_hello("mcp", options=shared.options(), workspace=where, call_budget=budget)
         try:
-            return asyncio.run(relay(info, hello, make, workspace))
+            return asyncio.run(relay(info, hello, make, workspace, call_budget))
         except SubagentError as exc:  # not reached, or refused: nothing was read yet
             err.print(f"[dim]{escape(str(exc))}: serving in this process[/]")
-    return asyncio.run(serve_stdio(make, workspace))
+    return asyncio.run(serve_stdio(make, workspace, call_budget))
 
 
 def start_server(shared: Shared) -> ServerInfo | None:
@@ -155,7 +161,8 @@ def on_message(connection: Connection, message: dict[str, Any], sinks: Fanout) -
     elif "event" in message:
         sinks(Event(**message["event"]))
     elif "ask" in message:
-        answer = typer.confirm(str(message["ask"]), default=False, err=True)
+        with paused():  # the live status off the terminal while the person answers
+            answer = typer.confirm(str(message["ask"]), default=False, err=True)
         connection.send({"answer": answer, "id": message.get("id")})
     elif "error" in message:
         raise SubagentError(str(message["error"]))

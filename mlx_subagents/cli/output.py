@@ -21,10 +21,12 @@ from rich.rule import Rule
 
 from ..agents.discovery import AgentCatalog
 from ..events import Event, Fanout
+from ..render import EventLines
 from ..results import MultiRunResult, RunResult
 from ..text import warning_line
 from .interrupts import EXIT_INTERRUPTED, Finished
-from .progress import ProgressView, usage_table
+from .live import LiveView, wants_live
+from .progress import usage_table
 
 # No emoji codes: `:a:` in an error or an answer is text, never a picture.
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -152,12 +154,28 @@ def _print_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
 
 
 def run_multi(
-    sinks: Fanout, tasks: list[tuple[str, str]], quiet: bool, go: Callable[[], Finished[Any]]
+    sinks: Fanout,
+    tasks: list[tuple[str, str]],
+    quiet: bool,
+    events: bool,
+    go: Callable[[], Finished[MultiRunResult]],
 ) -> Finished[MultiRunResult]:
-    """Run a multi-task command's work (`go`: in this process or on the server) under its progress table."""
-    if quiet:
+    """A multi-task command's work (`go`: in this process or on the server) with its progress: the live
+    table on a terminal, else a line per notable event (none with `-q`)."""
+    if not wants_live(err, out, quiet=quiet, events=events):
+        if not quiet:
+            sinks.targets.append(EventLines(err, "tasks").handle)
         return go()
-    with ProgressView(err, tasks) as view:
+    with LiveView(err, "tasks", tasks) as view:
+        sinks.targets.append(view.handle)
+        return go()
+
+
+def run_single(sinks: Fanout, quiet: bool, events: bool, go: Callable[[], Finished[RunResult]]) -> Finished[RunResult]:
+    """A one-task command's work (`go`), with its live status on a terminal (its tool calls print either way)."""
+    if not wants_live(err, out, quiet=quiet, events=events):
+        return go()
+    with LiveView(err, "task") as view:
         sinks.targets.append(view.handle)
         return go()
 

@@ -45,6 +45,10 @@ CHAT_CALLS = (
     "run_id",
 )
 
+# What an MCP server's elicitation during an attached chat is declined with (its questions are not
+# passed to the chat's terminal: `--standalone` asks them there).
+NO_PERSON = "nobody can answer here: an attached subagent chat does not pass questions on (chat --standalone does)"
+
 log = logging.getLogger("mlx_subagents.serve")
 
 
@@ -245,6 +249,7 @@ async def serve_chat(
     listener = asyncio.ensure_future(listen(lines, talk, lambda reason: interrupt(chat, reason)))
     try:
         runner = start_runner(service, client, hello, talk, sink)
+        runner.no_person = NO_PERSON
         chat = await Chat.start(
             runner, request.agent, resume=request.resume, on_text=lambda t: send(writer, {"text": t})
         )

@@ -58,6 +58,7 @@ class Hello(BaseModel):
         env_model: its `$MLX_SUBAGENTS_MODEL`, the model of tasks nothing else names one for.
         interactive: a person at its terminal can answer consent questions.
         key: a chat's key (`control`).
+        call_budget: a relayed `subagent mcp`'s `--call-budget` in seconds, or "off"; None for the default.
     """
 
     hello: HelloKind
@@ -71,6 +72,7 @@ class Hello(BaseModel):
     job: Job | None = None
     chat: ChatRequest | None = None
     key: str | None = None
+    call_budget: float | Literal["off"] | None = None
 
     def folder(self) -> Path | None:
         """The workspace it names, else its working directory; None for neither."""

@@ -150,7 +150,9 @@ class Relay:
         return Takeover(self.lines, stdin(), Stdout(drop=TAKEOVER_ID if replay else None))
 
 
-async def relay(info: ServerInfo, hello: Hello, make_runner: MakeRunner, cwd: Path | None) -> int:
+async def relay(
+    info: ServerInfo, hello: Hello, make_runner: MakeRunner, cwd: Path | None, call_budget: float | None
+) -> int:
     """Relay this process's stdio to the server; the exit code. A server that refuses or cannot be
     reached raises before anything is read (the caller serves in-process instead)."""
     connection = await connect(info, hello)
@@ -181,7 +183,7 @@ async def relay(info: ServerInfo, hello: Hello, make_runner: MakeRunner, cwd: Pa
         session.lines.restore()
         return 0
     print(f"mlx-subagents: the server (pid {info.pid}) went away; serving in-process from now on", file=sys.stderr)
-    return await serve_stdio(make_runner, cwd, takeover=session.takeover())
+    return await serve_stdio(make_runner, cwd, call_budget, takeover=session.takeover())
 
 
 def _message(line: str) -> dict[str, Any] | None:

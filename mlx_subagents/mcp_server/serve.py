@@ -39,6 +39,7 @@ from ..runs.options import RunOptions
 from ..runs.runner import Runner
 from ..runs.tasks import ModelRef
 from . import attached
+from .budget import DEFAULT_CALL_BUDGET
 from .clients import DISCONNECTED, Client, ClientKind, Clients
 from .protocol import STOPPING_NOTICE, Hello
 from .server import AgentsServer, setup_logging
@@ -126,11 +127,19 @@ class Service:
         return runner
 
     def mcp_client(
-        self, kind: ClientKind, options: RunOptions, *, cwd: Path | None, here: Path | None, pid: int | None = None
+        self,
+        kind: ClientKind,
+        options: RunOptions,
+        *,
+        cwd: Path | None,
+        here: Path | None,
+        pid: int | None = None,
+        call_budget: float | None = DEFAULT_CALL_BUDGET,
     ) -> Client:
         """A client of the MCP tools: `AgentsServer`'s handlers over a runner of its own."""
         client = self.add_client(kind, options, pid=pid, name="subagent mcp" if kind == "relay" else "HTTP")
-        client.agents = AgentsServer(lambda root, sink: self.make_runner(client, root, sink), cwd, here=here)
+        make = lambda root, sink: self.make_runner(client, root, sink)  # noqa: E731
+        client.agents = AgentsServer(make, cwd, call_budget, here=here)
         return client
 
     async def disconnect(self, client: Client) -> None:
@@ -213,7 +222,8 @@ class Service:
             options = self.client_options(hello.options, hello.env_model)
             workspace = Path(hello.workspace) if hello.workspace else None
             here = Path(hello.cwd) if hello.cwd else None
-            client = self.mcp_client("relay", options, cwd=workspace, here=here, pid=hello.pid)
+            budget = None if hello.call_budget == "off" else hello.call_budget or DEFAULT_CALL_BUDGET
+            client = self.mcp_client("relay", options, cwd=workspace, here=here, pid=hello.pid, call_budget=budget)
             client.notify = lambda message: send(writer, message)
             send(writer, {"ok": self.info.model_dump() if self.info else {}})
             try:

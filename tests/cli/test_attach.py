@@ -147,7 +147,7 @@ def test_an_attached_chat_answers_and_reports_as_a_local_one(
         term.send("help me\n")
         term.expect("the scout says: found")
         term.send("/usage\n")
-        assert "sub-agents: 1 runs, 1 turns" in term.expect("saved as run ")
+        assert "sub-agents: 1 started, 1 turns" in term.expect("saved as run ")
         term.send("/tasks\n")
         term.expect("no background sub-agents yet")
         term.send("/exit\n")
