@@ -249,6 +249,8 @@ class Shared:
     network: Network | None
     isolation: Isolation | None
     standalone: bool
+    # The flags config.toml set (none given on the command line): a server reads the same file.
+    configured: frozenset[str] = frozenset()
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -275,12 +277,13 @@ class Shared:
 
     def own_hosts(self) -> str | None:
         """The flag that makes this command's hosts its own (a server's are made once, with the server's
-        settings), or None: `--engine`, `--kv-budget`, `--context-window`, `--prefix-cache`, `--batching off`."""
+        settings), or None: `--engine`, `--kv-budget`, `--context-window`, `--prefix-cache`, `--batching off`.
+        A size config.toml sets is not one: `subagent serve` read it from the same file."""
         given = {
             "--engine": self.engine is not None,
-            "--kv-budget": self.kv_budget is not None,
+            "--kv-budget": self.kv_budget is not None and "kv_budget" not in self.configured,
             "--context-window": self.context_window is not None,
-            "--prefix-cache": self.prefix_cache is not None,
+            "--prefix-cache": self.prefix_cache is not None and "prefix_cache" not in self.configured,
             "--batching off": self.batching == Batching.off,
         }
         return next((flag for flag, set_ in given.items() if set_), None)
@@ -327,7 +330,9 @@ def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> None:
             values = {name: kwargs.pop(name, default) for name, (_alias, default) in SHARED_FLAGS.items()}
-            command(**kwargs, shared=Shared(**defaults_for(values, load_config())))
+            config = load_config()
+            configured = frozenset(k for k, v in values.items() if v is None and k in config.values and k != "model")
+            command(**kwargs, shared=Shared(**defaults_for(values, config), configured=configured))
 
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

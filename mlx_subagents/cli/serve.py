@@ -66,6 +66,11 @@ def serve(
         raise typer.Exit(show_status(as_json))
     if stop:
         raise typer.Exit(stop_server())
+    from .config import load_config
+
+    configured = load_config().values  # below the flags, as for every command (its `model`: the environment's)
+    kv_budget = kv_budget if kv_budget is not None else configured.get("kv_budget")
+    prefix_cache = prefix_cache if prefix_cache is not None else configured.get("prefix_cache")
     options = RunOptions(
         model=model,
         batching=batching == Batching.on,
