@@ -241,7 +241,7 @@ def test_the_docs_say_what_ci_runs() -> None:
     page = (DOCS / "architecture.md").read_text(encoding="utf-8")
     checks = ["ruff format --check", "ruff check", "lint-imports"]
     assert all(check in ci for check in checks)
-    packages = re.findall(r"apt-get install -y -qq ([\w .-]+)", ci)
+    packages = re.findall(r"apt-get install -y -qq ([\w .-]+)", ci) + re.findall(r'missing="\$missing ([\w.-]+)"', ci)
     assert packages, "the packages .ci/run installs"
     for name in checks + " ".join(packages).split():
         assert f"`{name}`" in page, f"docs/architecture.md does not say that .ci/run uses {name}"
