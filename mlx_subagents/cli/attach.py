@@ -31,7 +31,7 @@ from ..mcp_server.budget import DEFAULT_CALL_BUDGET
 from ..mcp_server.client import Connection, ServerGone, ServerUnreachable, connect, make_hello
 from ..mcp_server.state import ServerInfo, running_server
 from ..runs.jobs import Job
-from .flags import Shared
+from .flags import Shared, make_publisher
 from .interrupts import Finished, run_async, two_press_sigint
 from .live import paused
 from .output import err, print_warning_lines
@@ -117,6 +117,8 @@ def run_job(shared: Shared, job: Job, sinks: Fanout, *, cwd: Path | None = None)
             interactive=sys.stdin.isatty(),
             job=job,
         )
+        publisher = make_publisher(Path(hello.workspace or shared.cwd))  # its tasks, for `subagent watch`
+        sinks.targets.append(publisher.handle)
         try:
             return asyncio.run(attached(info, hello, job, sinks))
         except ServerUnreachable as exc:
@@ -124,6 +126,9 @@ def run_job(shared: Shared, job: Job, sinks: Fanout, *, cwd: Path | None = None)
         except ServerGone as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(1) from None
+        finally:
+            publisher.close()
+            sinks.targets.remove(publisher.handle)
     runner = shared.runner(sinks, cwd=cwd)
     return run_async(runner, lambda: job.run(runner), err)
 

@@ -291,7 +291,7 @@ class Shared:
     def runner(self, on_event: EventSink, cwd: Path | None = None, *, plan: bool = False) -> Runner:
         """The command's runner, asking on the terminal before a project agent runs; the agent files'
         warnings are shown first (the first few). `plan`: every task in plan mode (`chat --plan`)."""
-        publisher = Publisher(" ".join(sys.argv[1:])[:MAX_COMMAND_CHARS])  # for `subagent watch`
+        publisher = make_publisher()
         runner = Runner(
             cwd=cwd or self.cwd,
             options=dataclasses.replace(self.options(), plan=plan),
@@ -302,6 +302,11 @@ class Shared:
         publisher.runner = runner
         print_warnings(runner.catalog, limit=MAX_WARNINGS)
         return runner
+
+
+def make_publisher(cwd: Path | None = None) -> Publisher:
+    """What this process publishes for `subagent watch`, named by its command line."""
+    return Publisher(" ".join(sys.argv[1:])[:MAX_COMMAND_CHARS], cwd=cwd)
 
 
 def _confirm(question: str) -> bool:

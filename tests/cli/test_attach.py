@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from mlx_subagents.runs.published import read_snapshots
 from mlx_subagents.runs.transcripts import list_runs
 from tests.helpers import SLOW, Terminal, all_dead, call, spawn_cli, wait_for_pids, write_agent
 
@@ -87,6 +88,9 @@ def test_a_signal_to_an_attached_command_cancels_its_task_on_the_server(
             (tmp_path / name).unlink(missing_ok=True)
         process = spawn_cli("run", "scout", "wait", "-C", str(tmp_path))
         pids = wait_for_pids(tmp_path, time.monotonic() + 60)
+        # The attached command publishes its task for `subagent watch` (the server's runner does not).
+        snapshots = [(s.command, s.cwd, [(t.label, t.agent) for t in s.tasks]) for s in read_snapshots()]
+        assert snapshots == [(f"run scout wait -C {tmp_path}", str(tmp_path), [("scout", "scout")])]
         process.send_signal(signum)
         out, err = process.communicate(timeout=60)
         assert process.returncode == code and out == ""
