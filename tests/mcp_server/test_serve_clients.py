@@ -53,7 +53,11 @@ def test_two_relayed_clients_and_an_attached_run_share_one_host_and_batch(
     results: dict[str, Any] = {}
 
     async def main() -> None:
-        async with connect(roots=[ws["a"]]) as a, connect("--cwd", ws["b"]) as b:  # A's workspace: its root
+        # A's workspace: its root; B's call budget, its own flag (the server answers its calls within it).
+        async with connect(roots=[ws["a"]]) as a, connect("--cwd", ws["b"], "--call-budget", "70") as b:
+            for client, label in ((a, "a"), (b, "b")):
+                listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+                results[f"budget {label}"] = listed["run_agents"].description
             attached = spawn_cli("run", "scout", "map it", "--json", "-C", str(ws["scout"]))
 
             async def relayed(client: Any, label: str) -> None:
@@ -69,6 +73,8 @@ def test_two_relayed_clients_and_an_attached_run_share_one_host_and_batch(
             results["status"] = status_of(info)
 
     anyio.run(main)
+    assert "A call answers within 50 s" in results["budget a"]
+    assert "A call answers within 70 s" in results["budget b"]
     assert answers(results["a"]) == [("a", "completed", replies["a"])]
     assert answers(results["b"]) == [("b", "completed", replies["b"])]
     out, _ = results["scout"]
