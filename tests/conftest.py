@@ -231,3 +231,67 @@ def eval_source() -> Path:
         return fetch_source(load_task_file(DEFAULT_TASKS).package, TEST_CACHE / "eval")
     except RequestError as exc:
         _unavailable(str(exc), "the eval sdist")
+
+
+# --- `subagent serve` for the test's state folder ------------------------------------------------------
+
+# The tiny model's server: the real `serve`, with forced decoding (the only thing a flag cannot pass).
+TINY_SERVE = """
+import asyncio, json, sys
+from pathlib import Path
+from mlx_lm.utils import load_tokenizer
+from mlx_subagents.mcp_server.serve import ServeConfig, serve
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.testing import ForcedScripts
+
+model, workspace, scripts = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+forced = ForcedScripts(load_tokenizer(Path(model)), scripts)
+config = ServeConfig(RunOptions(model=model), workspace, port=None, processor_factory=forced)
+sys.exit(asyncio.run(serve(config)))
+"""
+
+
+@pytest.fixture
+def serve_process() -> Any:
+    """`serve_process(*args, tiny=None) -> (process, info)`: `subagent serve ARGS` (or, with `tiny=(model,
+    workspace, scripts)`, the tiny model's server with forced scripts) for the test's state folder, once it
+    listens; what is still running at the end is stopped (killed if it must be)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from mlx_subagents.mcp_server.state import running_server
+    from tests.helpers import REPO
+
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, tiny: tuple[Any, Any, Any] | None = None, timeout: float = 60) -> tuple[Any, Any]:
+        if tiny is not None:
+            model, workspace, scripts = tiny
+            argv = ["-c", TINY_SERVE, str(model), str(workspace), json.dumps(scripts)]
+        else:
+            argv = ["-m", "mlx_subagents.cli", "serve", *args]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+        process = subprocess.Popen(
+            [sys.executable, *argv], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        started.append(process)
+        deadline = time.monotonic() + timeout
+        while (info := running_server(wait=0)) is None or info.pid != process.pid:
+            if process.poll() is not None:
+                raise AssertionError(f"the server exited ({process.returncode}): {process.stderr.read()}")  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the server did not listen"
+            time.sleep(0.05)
+        return process, info
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

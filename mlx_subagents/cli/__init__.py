@@ -12,7 +12,6 @@ import io
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -26,11 +25,11 @@ from ..agents.spec import AgentSpec, sandbox_default
 from ..errors import RequestError, SubagentError
 from ..mcp_server.budget import DEFAULT_CALL_BUDGET, parse_call_budget
 from ..render import EventLines
-from ..results import MultiRunResult, RunResult
-from ..runs.runner import Runner
+from ..runs.jobs import Job
 from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
 from ..runs.worktrees import apply_worktree, find_worktree, list_worktrees, prune_worktrees
 from ..tools import WRITER_TOOLS
+from .attach import run_job, serve_mcp
 from .doctor import run_doctor
 from .flags import (
     CwdOpt,
@@ -57,6 +56,7 @@ from .flags import (
 from .interrupts import EXIT_INTERRUPTED
 from .mcp_servers import agent_mcp_line, check_servers, entry_lines, mcp_entries
 from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi, run_single
+from .serve import serve
 from .show import worktree_json, worktree_line
 
 app = typer.Typer(
@@ -109,7 +109,7 @@ def _schema(path: Path | None) -> dict[str, Any] | None:
 
 def _run_one(
     shared: Shared,
-    work: Callable[[Runner], Awaitable[RunResult]],
+    job: Job,
     as_json: bool,
     events: bool,
     *,
@@ -117,25 +117,17 @@ def _run_one(
     cwd: Path | None = None,
     quiet: bool = False,
 ) -> None:
-    """A one-task command: its runner (in `cwd`), a line per event, the live status, the result, the exit."""
+    """A one-task command: its job (on the server, or a runner here in `cwd`), a line per event, the
+    live status, the result, the exit."""
     sinks = event_sinks(events)
     sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
-    runner = shared.runner(sinks, cwd=cwd)
-    finish_single(run_single(runner, sinks, quiet, events, lambda: work(runner)), as_json, events)
+    finish_single(run_single(sinks, quiet, events, lambda: run_job(shared, job, sinks, cwd=cwd)), as_json, events)
 
 
-def _run_many(
-    shared: Shared,
-    rows: list[tuple[str, str]],
-    work: Callable[[Runner], Awaitable[MultiRunResult]],
-    as_json: bool,
-    events: bool,
-    quiet: bool,
-) -> None:
-    """A multi-task command: its runner, the progress table of `rows` (label, agent), the result, the exit."""
+def _run_many(shared: Shared, rows: list[tuple[str, str]], job: Job, as_json: bool, events: bool, quiet: bool) -> None:
+    """A multi-task command: its job, the progress table of `rows` (label, agent), the result, the exit."""
     sinks = event_sinks(events)
-    runner = shared.runner(sinks)
-    finish_multi(run_multi(runner, sinks, rows, quiet, events, lambda: work(runner)), as_json, events)
+    finish_multi(run_multi(sinks, rows, quiet, events, lambda: run_job(shared, job, sinks)), as_json, events)
 
 
 # --- commands -------------------------------------------------------------------------------------------
@@ -159,7 +151,7 @@ def run(
     Example: subagent run scout "where is auth handled?"
     """
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
-    _run_one(shared, lambda r: r.run(spec), as_json, events, verbose=verbose, quiet=quiet)
+    _run_one(shared, Job(command="run", tasks=[spec]), as_json, events, verbose=verbose, quiet=quiet)
 
 
 @app.command()
@@ -191,7 +183,8 @@ def parallel(
     answer_schema = _schema(schema)
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
     rows = [(t.label, t.agent) for t in tasks]
-    _run_many(shared, rows, lambda r: r.parallel(tasks, concurrency=shared.concurrency), as_json, events, quiet)
+    job = Job(command="parallel", tasks=tasks, concurrency=shared.concurrency)
+    _run_many(shared, rows, job, as_json, events, quiet)
 
 
 @app.command()
@@ -217,7 +210,7 @@ def chain(
     if steps and schema:
         steps[-1] = replace(steps[-1], schema=_schema(schema))
     steps = label_tasks(steps)
-    _run_many(shared, [(t.label, t.agent) for t in steps], lambda r: r.chain(steps), as_json, events, quiet)
+    _run_many(shared, [(t.label, t.agent) for t in steps], Job(command="chain", tasks=steps), as_json, events, quiet)
 
 
 @app.command()
@@ -237,9 +230,10 @@ def workflow(
     """
     from ..runs.workflow import find_workflow, load_workflow
 
-    flow = load_workflow(find_workflow(name, Path(shared.cwd).resolve()))
-    rows = [(s.id, s.agent) for s in flow.steps]
-    _run_many(shared, rows, lambda r: r.workflow(flow, input, concurrency=shared.concurrency), as_json, events, quiet)
+    path = find_workflow(name, Path(shared.cwd).resolve())
+    rows = [(s.id, s.agent) for s in load_workflow(path).steps]
+    job = Job(command="workflow", workflow=str(Path(path).resolve()), input=input, concurrency=shared.concurrency)
+    _run_many(shared, rows, job, as_json, events, quiet)
 
 
 @app.command()
@@ -362,9 +356,8 @@ def resume(
     from ..runs.transcripts import load_run
 
     record = load_run(run_id)
-    answer_schema = _schema(schema)
-    work = lambda r: r.resume(record.run_id, message, task=task, schema=answer_schema)  # noqa: E731
-    _run_one(shared, work, as_json, events, cwd=Path(record.cwd), quiet=quiet)
+    job = Job(command="resume", run_id=record.run_id, message=message, task=task, schema=_schema(schema))
+    _run_one(shared, job, as_json, events, cwd=Path(record.cwd), quiet=quiet)
 
 
 @app.command()
@@ -402,18 +395,14 @@ def chat(
     Example: subagent chat   (or: subagent chat --once "where is auth handled, and is it tested?")
     """
     from ..runs.transcripts import load_run
+    from .attach_chat import chat_on_server
     from .terminal import run_chat
 
     cwd = Path(load_run(resume).cwd) if resume is not None else None
-    code = run_chat(
-        lambda sink: shared.runner(sink, cwd=cwd, plan=plan),
-        agent=agent,
-        once=once,
-        resume=resume,
-        wake=wake,
-        out=out,
-        err=err,
-    )
+    code = chat_on_server(shared, agent=agent, once=once, resume=resume, cwd=cwd, plan=plan, out=out, err=err)
+    if code is None:
+        make = lambda sink: shared.runner(sink, cwd=cwd, plan=plan)  # noqa: E731
+        code = run_chat(make, agent=agent, once=once, resume=resume, wake=wake, out=out, err=err)
     raise typer.Exit(code)
 
 
@@ -646,6 +635,13 @@ def mcp(
             file_okay=False,
         ),
     ] = None,
+    start_server: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Start `subagent serve` in the background when none runs (also: MLX_SUBAGENTS_SERVE=1), then relay to it.",
+        ),
+    ] = False,
     call_budget: Annotated[
         str,
         typer.Option(
@@ -658,15 +654,16 @@ def mcp(
     shared: Shared,
 ) -> None:
     """Serve the agents over MCP on stdio (for Claude Code, Codex, Cursor, ...); the model stays loaded.
+    When `subagent serve` runs, relay to it instead: every client shares its one model.
 
     Example: claude mcp add subagents -- subagent mcp --model mlx-community/Qwen3-4B-Instruct-2507-4bit
     """
-    from ..mcp_server.server import serve_stdio
-
     budget = parse_call_budget(call_budget)
     # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
-    code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace, budget))
-    raise typer.Exit(code)
+    raise typer.Exit(serve_mcp(shared, workspace, start=start_server, call_budget=budget))
+
+
+app.command()(serve)
 
 
 @app.command()

@@ -14,6 +14,7 @@ from ..host.grammar import Grammars
 from ..host.mlx_host import total_memory
 from ..host.prefill import describe
 from ..host.prefix_store import list_prefixes, prefix_cache_dir
+from ..host.resident import free_memory, residents
 
 Print = Callable[[str], None]
 PROBE = [{"role": "user", "content": "Reply with one short sentence: are you ready?"}]
@@ -79,11 +80,28 @@ def prefix_cache_line(bound: int) -> str:
     return f"prefixes  {prefix_cache_dir()}: {held} {limit}; `subagent cache` lists them"
 
 
+def resident_lines() -> list[str]:
+    """The server of the state folder, and the models other processes hold (their weights and KV
+    budgets come off the RAM a new process sizes its budget from)."""
+    from ..mcp_server.state import running_server, serve_paths, status_line
+
+    paths = serve_paths()
+    server = running_server(paths, wait=0)
+    lines = [status_line(paths)]
+    for r in residents():
+        who = "the server" if server is not None and r.pid == server.pid else f"pid {r.pid}"
+        budget = _gib(r.kv_budget) if r.kv_budget else "unbounded"
+        lines.append(f"resident  {who}: {r.model}, weights {_gib(r.weights_bytes)}, KV budget {budget}")
+    ram = total_memory()
+    lines.append(f"free      {_gib(free_memory(ram))} of {_gib(ram)} RAM once they are taken out")
+    return lines
+
+
 async def run_doctor(
     model: str, context_window: int | None, say: Print, kv_budget: str | None = None, prefill_slice: str | None = None
 ) -> bool:
     """Print the checks; True when the model loaded and answered."""
-    for line in environment_lines():
+    for line in environment_lines() + resident_lines():
         say(line)
     say(f"model     {model}")
     host = MlxModelHost(

@@ -207,6 +207,13 @@ AllowModelOpt = Annotated[
         help="A model a delegating agent may name for a sub-agent (repeatable); besides its file's models:.",
     ),
 ]
+StandaloneOpt = Annotated[
+    bool,
+    typer.Option(
+        "--standalone",
+        help="Run in this process even when `subagent serve` runs for the state folder (default: attach to it).",
+    ),
+]
 # The flags every running command shares: name -> (its `Annotated` alias, its default).
 SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "model": (ModelOpt, None),
@@ -231,6 +238,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "network": (NetworkOpt, None),
     "isolation": (IsolationOpt, None),
     "allow_model": (AllowModelOpt, None),
+    "standalone": (StandaloneOpt, False),
 }
 
 
@@ -260,6 +268,9 @@ class Shared:
     network: Network | None
     isolation: Isolation | None
     allow_model: list[str] | None
+    standalone: bool
+    # The flags config.toml set (none given on the command line): a server reads the same file.
+    configured: frozenset[str] = frozenset()
 
     def options(self) -> RunOptions:
         return RunOptions(
@@ -286,10 +297,25 @@ class Shared:
             allow_models=tuple(self.allow_model or ()),
         )
 
+    def own_hosts(self) -> str | None:
+        """The flag that makes this command's hosts its own (a server's are made once, with the server's
+        settings), or None: `--engine`, `--kv-budget`, `--context-window`, `--prefix-cache`, `--prefill-slice`,
+        `--batching off`.
+        A size config.toml sets is not one: `subagent serve` read it from the same file."""
+        given = {
+            "--engine": self.engine is not None,
+            "--kv-budget": self.kv_budget is not None and "kv_budget" not in self.configured,
+            "--context-window": self.context_window is not None,
+            "--prefix-cache": self.prefix_cache is not None and "prefix_cache" not in self.configured,
+            "--prefill-slice": self.prefill_slice is not None and "prefill_slice" not in self.configured,
+            "--batching off": self.batching == Batching.off,
+        }
+        return next((flag for flag, set_ in given.items() if set_), None)
+
     def runner(self, on_event: EventSink, cwd: Path | None = None, *, plan: bool = False) -> Runner:
         """The command's runner, asking on the terminal before a project agent runs; the agent files'
         warnings are shown first (the first few). `plan`: every task in plan mode (`chat --plan`)."""
-        publisher = Publisher(" ".join(sys.argv[1:])[:MAX_COMMAND_CHARS])  # for `subagent watch`
+        publisher = make_publisher()
         runner = Runner(
             cwd=cwd or self.cwd,
             options=dataclasses.replace(self.options(), plan=plan),
@@ -300,6 +326,11 @@ class Shared:
         publisher.runner = runner
         print_warnings(runner.catalog, limit=MAX_WARNINGS)
         return runner
+
+
+def make_publisher(cwd: Path | None = None) -> Publisher:
+    """What this process publishes for `subagent watch`, named by its command line."""
+    return Publisher(" ".join(sys.argv[1:])[:MAX_COMMAND_CHARS], cwd=cwd)
 
 
 def _confirm(question: str) -> bool:
@@ -328,7 +359,9 @@ def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> None:
             values = {name: kwargs.pop(name, default) for name, (_alias, default) in SHARED_FLAGS.items()}
-            command(**kwargs, shared=Shared(**defaults_for(values, load_config())))
+            config = load_config()
+            configured = frozenset(k for k, v in values.items() if v is None and k in config.values and k != "model")
+            command(**kwargs, shared=Shared(**defaults_for(values, config), configured=configured))
 
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

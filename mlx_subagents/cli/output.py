@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,9 +23,8 @@ from ..agents.discovery import AgentCatalog
 from ..events import Event, Fanout
 from ..render import EventLines
 from ..results import MultiRunResult, RunResult
-from ..runs.runner import Runner
 from ..text import warning_line
-from .interrupts import EXIT_INTERRUPTED, Finished, run_async
+from .interrupts import EXIT_INTERRUPTED, Finished
 from .live import LiveView, wants_live
 from .progress import usage_table
 
@@ -155,40 +154,41 @@ def _print_multi(outcome: MultiRunResult, as_json: bool, events: bool) -> None:
 
 
 def run_multi(
-    runner: Runner,
     sinks: Fanout,
     tasks: list[tuple[str, str]],
     quiet: bool,
     events: bool,
-    work: Callable[[], Awaitable[MultiRunResult]],
+    go: Callable[[], Finished[MultiRunResult]],
 ) -> Finished[MultiRunResult]:
-    """A multi-task command's work with its progress: the live table on a terminal, else a line per
-    notable event (none with `-q`)."""
+    """A multi-task command's work (`go`: in this process or on the server) with its progress: the live
+    table on a terminal, else a line per notable event (none with `-q`)."""
     if not wants_live(err, out, quiet=quiet, events=events):
         if not quiet:
             sinks.targets.append(EventLines(err, "tasks").handle)
-        return run_async(runner, work, err)
+        return go()
     with LiveView(err, "tasks", tasks) as view:
         sinks.targets.append(view.handle)
-        return run_async(runner, work, err)
+        return go()
 
 
-def run_single(
-    runner: Runner, sinks: Fanout, quiet: bool, events: bool, work: Callable[[], Awaitable[RunResult]]
-) -> Finished[RunResult]:
-    """A one-task command's work, with its live status on a terminal (its tool calls print either way)."""
+def run_single(sinks: Fanout, quiet: bool, events: bool, go: Callable[[], Finished[RunResult]]) -> Finished[RunResult]:
+    """A one-task command's work (`go`), with its live status on a terminal (its tool calls print either way)."""
     if not wants_live(err, out, quiet=quiet, events=events):
-        return run_async(runner, work, err)
+        return go()
     with LiveView(err, "task") as view:
         sinks.targets.append(view.handle)
-        return run_async(runner, work, err)
+        return go()
 
 
 def print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
     """Skipped agent files, then what each agent that loaded had dropped or read leniently; past
     `limit`, one line says how many more `subagent agents` shows."""
-    warnings = catalog.all_warnings()
-    for warning in warnings[:limit]:
-        err.print(f"[yellow]warning:[/] {escape(warning_line(warning))}")
-    if limit is not None and len(warnings) > limit:
-        err.print(f"[yellow]warning:[/] ({len(warnings) - limit} more; subagent agents shows them all)")
+    print_warning_lines([warning_line(w) for w in catalog.all_warnings()], limit)
+
+
+def print_warning_lines(lines: list[str], limit: int | None = None) -> None:
+    """Warning lines, the first `limit` of them, then how many more `subagent agents` shows."""
+    for line in lines[:limit]:
+        err.print(f"[yellow]warning:[/] {escape(line)}")
+    if limit is not None and len(lines) > limit:
+        err.print(f"[yellow]warning:[/] ({len(lines) - limit} more; subagent agents shows them all)")

@@ -145,15 +145,39 @@ def run_chat(
 
     Errors that stop the chat before it starts (unknown agent, bad run id) are raised.
     """
+
+    def start(sink: EventSink, on_text: Any) -> tuple[Runner, Awaitable[Chat]]:
+        runner = make_runner(sink)
+        return runner, Chat.start(runner, agent, resume=resume, on_text=on_text)
+
+    return drive_chat(start, once=once, wake=wake, out=out, err=err)
+
+
+def woken_by_children(chat: Any) -> bool:
+    """Whether a background child's end can start `chat`'s next turn: a local `Chat`'s can; a chat on
+    the server (`RemoteChat`) hears of its children's ends with the person's next message instead."""
+    return hasattr(chat, "child_ended")
+
+
+def drive_chat(
+    start: Callable[[EventSink, Any], tuple[Any, Awaitable[Any]]],
+    *,
+    once: str | None,
+    out: Console,
+    err: Console,
+    wake: bool = True,
+) -> int:
+    """The chat's terminal over what `start(sink, on_text)` gives: what to close at the end (a runner,
+    or a server's connection) and the chat starting (a `Chat`, or the same calls on a server)."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     stream = ReplyStream(out.file) if once is None else None
     view = ChatView(err, stream)
     sink = Fanout([view.handle])
-    runner = make_runner(sink)
+    runner, starting = start(sink, stream)
     try:
-        chat = _interruptible(loop, Chat.start(runner, agent, resume=resume, on_text=stream), None, err)
-        chat.wake = wake
+        chat = _interruptible(loop, starting, None, err)
+        chat.wake = wake and woken_by_children(chat)
         sink.targets.insert(0, chat.observe)
         view.parent, view.in_background = chat.label, chat.in_background
         if once is not None:
@@ -167,7 +191,7 @@ def run_chat(
         loop.close()
 
 
-def _once(loop: asyncio.AbstractEventLoop, chat: Chat, message: str, out: Console, err: Console) -> int:
+def _once(loop: asyncio.AbstractEventLoop, chat: Any, message: str, out: Console, err: Console) -> int:
     try:
         result = _interruptible(loop, chat.turn(message), chat, err)
     finally:
@@ -200,7 +224,8 @@ class ChatLoop:
         self.prompt = PromptLine(PROMPT)
         # The MCP servers' questions come to the person here, on the same prompt line.
         self.person = TerminalPerson(self.prompt, view.show)
-        chat.runner.person = self.person
+        if isinstance(chat, Chat):  # an attached chat's runner is the server's: it declines, saying why
+            chat.runner.person = self.person
         self.work: asyncio.Future[Any] | None = None  # the turn (or command) running now
         self.presses = 0  # Ctrl-C presses during `work`
         self.terminated: signal.Signals | None = None
@@ -211,7 +236,7 @@ class ChatLoop:
         self.main = asyncio.current_task()
         self.view.prompt = self.prompt
         self.err.print(
-            f"[dim]chat with {escape(self.chat.label)} in {escape(str(self.chat.runner.workspace.root))}; "
+            f"[dim]chat with {escape(self.chat.label)} in {escape(str(self.chat.workspace))}; "
             "/help for commands, Ctrl-C stops a turn, /exit leaves[/]"
         )
         for signum in STOP_SIGNALS:
@@ -352,6 +377,9 @@ class ChatLoop:
         elif name in ("/tasks", "/send", "/cancel"):
             self.task_command(name, rest.strip())
         elif name == "/wake":
+            if not woken_by_children(chat):
+                err.print("an attached chat waits for your message (`subagent chat --standalone` wakes on its own)")
+                return True
             if rest.strip().lower() in ("on", "off"):
                 chat.wake = rest.strip().lower() == "on"
             elif rest.strip():
@@ -487,4 +515,4 @@ def _saved(chat: Chat, err: Console) -> None:
         err.print(f"[dim]saved as run {chat.run_id}; continue with: subagent chat --resume {chat.run_id}[/]")
 
 
-__all__ = ["ChatLoop", "ChatView", "ReplyStream", "run_chat"]
+__all__ = ["ChatLoop", "ChatView", "ReplyStream", "drive_chat", "run_chat"]

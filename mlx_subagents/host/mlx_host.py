@@ -41,6 +41,7 @@ from .protocol import (
     ToolSchema,
     Usage,
 )
+from .resident import Registration, reserve
 from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
 
 if TYPE_CHECKING:
@@ -87,17 +88,21 @@ class SharedKVBudget:
 
     Each host alone would size its budget from RAM minus its own weights, so two resident models could
     together promise the KV caches more memory than the machine has. Here the total is the request
-    (`--kv-budget`), or half of RAM minus the weights of every resident model; a model loading takes
-    its share and the others shrink to theirs (their idle caches over it are evicted; admission
-    control keeps their new turns within it).
+    (`--kv-budget`), or half of the free RAM minus the weights of every resident model; a model
+    loading takes its share and the others shrink to theirs (their idle caches over it are evicted;
+    admission control keeps their new turns within it).
     """
 
     def __init__(self, kv_budget: int | str | None = None) -> None:
         self.request = parse_bytes(kv_budget)
         self.hosts: list[MlxModelHost] = []
 
-    def share_for(self, host: MlxModelHost) -> tuple[int | None, int | None]:
-        """(`host`'s share, the total) if it joins the hosts already resident; None: unbounded."""
+    def share_for(self, host: MlxModelHost, free: int | None = None) -> tuple[int | None, int | None]:
+        """(`host`'s share, the total) if it joins the hosts already resident; None: unbounded.
+
+        Args:
+            free: the RAM other processes' models leave (`resident.free_memory`; default: all of it).
+        """
         hosts = [*self.hosts, host]
         if self.request == 0:
             return None, None
@@ -105,7 +110,7 @@ class SharedKVBudget:
         if self.request is not None:
             total = self.request
         elif ram:
-            total = default_kv_budget(ram, sum(h.weights_bytes() for h in hosts))
+            total = default_kv_budget(ram if free is None else free, sum(h.weights_bytes() for h in hosts))
         else:
             return None, None
         return total // len(hosts), total
@@ -324,6 +329,7 @@ class MlxModelHost:
         self.chat: ChatFormat
         self._pool = KVPool(None)
         self._scheduler: Scheduler
+        self._registration: Registration | None = None  # its entry among the machine's resident models
 
     @classmethod
     def from_settings(cls, model: str, settings: HostSettings) -> MlxModelHost:
@@ -367,10 +373,11 @@ class MlxModelHost:
         self._mlx.start()
         self.kv_shape, self._trimmable = await self._mlx.run(self._load)
         self.chat = await self._chat_format()
-        budget, total = self._shared.share_for(self) if self._shared else (self._budget(), None)
+        budget, total = self._reserve()
         try:
             self._config.context_window = self._window(config_context_window(config), budget, total)
         except SubagentError:
+            self._unregister()
             await self._unload()
             raise
         self._pool = KVPool(budget, spill_dir=self._spill_dir)
@@ -392,6 +399,7 @@ class MlxModelHost:
             await self._shared.join(self, budget)
 
     async def stop(self) -> None:
+        self._unregister()
         self._sessions.clear()
         await asyncio.to_thread(self._mlx.stop)
         if self.prefix_store is not None:  # after the mlx thread: it queues the last writes
@@ -472,13 +480,32 @@ class MlxModelHost:
         """The weights as stored: mlx loads safetensors as they are (walking the parameters costs more)."""
         return sum(f.stat().st_size for f in self.model_path.glob("*.safetensors")) if self.model_path else 0
 
-    def _budget(self) -> int | None:
+    def _budget(self, free: int | None = None) -> int | None:
+        """The budget of a host alone: the request, else half of the free RAM (`free`; default: all of
+        it) minus its weights; None: unbounded (asked for, or the RAM is not known)."""
         if self._budget_request == 0:
             return None
         if self._budget_request is not None:
             return self._budget_request
         ram = total_memory()
-        return default_kv_budget(ram, self.weights_bytes()) if ram else None
+        return default_kv_budget(ram if free is None else free, self.weights_bytes()) if ram else None
+
+    def _reserve(self) -> tuple[int | None, int | None]:
+        """(its budget, the shared total) decided from the memory other processes' models leave, and
+        registered for the processes that start next (`resident.py`)."""
+        decided: list[tuple[int | None, int | None]] = []
+
+        def decide(free: int) -> int | None:
+            decided.append(self._shared.share_for(self, free) if self._shared else (self._budget(free), None))
+            return decided[-1][0]
+
+        _, self._registration = reserve(self.model_id, self.weights_bytes(), total_memory(), decide)
+        return decided[-1]
+
+    def _unregister(self) -> None:
+        if self._registration is not None:
+            self._registration.remove()
+            self._registration = None
 
     async def set_kv_budget(self, budget: int | None) -> None:
         """A new budget for the pool (another resident model took its share): idle caches over it are
@@ -489,6 +516,8 @@ class MlxModelHost:
             self._scheduler.make_room()
 
         await self._mlx.run(resize)
+        if self._registration is not None:
+            self._registration.update(budget)
 
     def _window(self, trained: int | None, budget: int | None, shared_total: int | None = None) -> int:
         """The per-session window: the model's, capped, and what the budget holds for max_sessions.
@@ -558,6 +587,16 @@ class MlxModelHost:
     @property
     def kv_bytes_total(self) -> int:
         return sum(s.kv_bytes for s in self._sessions.values())
+
+    @property
+    def n_sessions(self) -> int:
+        """Sessions it holds now (each with its own KV cache)."""
+        return len(self._sessions)
+
+    @property
+    def most_decoding(self) -> int:
+        """The most turns that ever decoded in one batch at once (0 before the first turn)."""
+        return self._scheduler.most_decoding if self._model is not None else 0
 
     async def memory_stats(self) -> MemoryStats:
         import mlx.core as mx

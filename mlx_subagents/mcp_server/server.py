@@ -33,6 +33,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlparse
@@ -159,14 +160,22 @@ class AgentsServer:
         make_runner: builds the runner for a workspace with an event sink (the CLI passes its own
             options through this, so the server runs exactly what `subagent run` would).
         cwd: the workspace; None to take the client's first root (else the working directory).
+        here: the working directory a client without roots works in (default: this process's; a
+            relayed client's is its own process's).
     """
 
     def __init__(
-        self, make_runner: MakeRunner, cwd: Path | None = None, call_budget: float | None = DEFAULT_CALL_BUDGET
+        self,
+        make_runner: MakeRunner,
+        cwd: Path | None = None,
+        call_budget: float | None = DEFAULT_CALL_BUDGET,
+        *,
+        here: Path | None = None,
     ) -> None:
         self.make_runner = make_runner
         self.cwd = cwd
         self.call_budget = call_budget
+        self.here = here
         self.runner: Runner | None = None
         self.tasks: ServerTasks | None = None
         self._lock = asyncio.Lock()
@@ -178,15 +187,7 @@ class AgentsServer:
         self._detached: set[asyncio.Future[Any]] = set()  # run_agents calls answered before their tasks ended
 
     def server(self) -> Server[Any]:
-        with quiet():  # the SDK's deprecation warning for logging (see notices.py)
-            return Server(
-                SERVER_NAME,
-                version=__version__,
-                instructions=INSTRUCTIONS,
-                on_list_tools=self.list_tools,
-                on_call_tool=self.call_tool,
-                on_set_logging_level=self.set_level,
-            )
+        return make_server(self.list_tools, self.call_tool, self.set_level)
 
     async def stop(self, reason: str, wait: float = STOP_WAIT_S) -> None:
         """A stop signal: abort every task, started or in a call, with `reason`; return once the calls
@@ -423,7 +424,7 @@ class AgentsServer:
         """The resident runner, its agents read again: a file added since the last call is seen now."""
         async with self._lock:
             if self.runner is None:
-                root = self.cwd or await client_root(ctx.session) or working_directory()
+                root = self.cwd or await client_root(ctx.session) or working_directory(self.here)
                 self.runner = self.make_runner(root.resolve(), on_event)
                 self.runner.no_person = NO_PERSON
                 unconfirmed = ", ".join(a.name for a in unconfirmed_agents(self.runner)) or "none"
@@ -431,6 +432,25 @@ class AgentsServer:
             else:
                 self.runner.refresh_agents()
             return self.runner
+
+
+def make_server(
+    list_tools: Callable[
+        [ServerRequestContext[Any], types.PaginatedRequestParams | None], Awaitable[types.ListToolsResult]
+    ],
+    call_tool: Callable[[ServerRequestContext[Any], types.CallToolRequestParams], Awaitable[types.CallToolResult]],
+    set_level: Callable[[ServerRequestContext[Any], types.SetLevelRequestParams], Awaitable[types.EmptyResult]],
+) -> Server[Any]:
+    """The MCP server over these handlers: `AgentsServer`'s own, or a front that picks one per client."""
+    with quiet():  # the SDK's deprecation warning for logging (see notices.py)
+        return Server(
+            SERVER_NAME,
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=list_tools,
+            on_call_tool=call_tool,
+            on_set_logging_level=set_level,
+        )
 
 
 def on_event(event: Event) -> None:
@@ -467,9 +487,10 @@ async def client_root(session: ServerSession) -> Path | None:
     return None
 
 
-def working_directory() -> Path:
-    """The server's own folder as the workspace, unless it is `/` or home (Cursor starts servers in `/`)."""
-    here = Path.cwd().resolve()
+def working_directory(here: Path | None = None) -> Path:
+    """The server's own folder (or `here`) as the workspace, unless it is `/` or home (Cursor starts
+    servers in `/`)."""
+    here = (here or Path.cwd()).resolve()
     if here in (Path(here.anchor), Path.home().resolve()):
         raise SubagentError(
             f"no workspace: the server runs in {here} and the client gave no root; add --cwd PROJECT_FOLDER to the "
@@ -712,12 +733,16 @@ def agent_lines(runner: Runner) -> str:
 
 
 def log_path() -> Path:
-    return state_home() / "logs" / LOG_FILE
+    """The log this process writes (`setup_logging`'s), default `logs/mcp.log` in the state folder."""
+    return _log_file[0] or state_home() / "logs" / LOG_FILE
 
 
-def setup_logging() -> Path:
-    """Our log and the SDK's warnings to stderr and to the log file; nothing to stdout."""
-    path = log_path()
+_log_file: list[Path | None] = [None]
+
+
+def setup_logging(path: Path | None = None) -> Path:
+    """Our log and the SDK's warnings to stderr and to the log file (default `logs/mcp.log`); nothing to stdout."""
+    path = _log_file[0] = path or log_path()
     make_state_dir(path.parent)
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8"), logging.StreamHandler(sys.stderr)]
@@ -732,8 +757,23 @@ def setup_logging() -> Path:
     return path
 
 
+@dataclass
+class Takeover:
+    """A relayed session served here from where `subagent serve` left it (`relay.py`): the relay's input
+    lines, read on from the client's handshake replayed first (`stdin`), and an output that drops the
+    replayed handshake's answer (`stdout`)."""
+
+    lines: StdinLines
+    stdin: Any
+    stdout: Any
+
+
 async def serve_stdio(
-    make_runner: MakeRunner, cwd: Path | None = None, call_budget: float | None = DEFAULT_CALL_BUDGET
+    make_runner: MakeRunner,
+    cwd: Path | None = None,
+    call_budget: float | None = DEFAULT_CALL_BUDGET,
+    *,
+    takeover: Takeover | None = None,
 ) -> int:
     """Serve until the client closes stdin, or a stop signal; the runner and its hosts live as long.
 
@@ -743,10 +783,12 @@ async def serve_stdio(
     path = setup_logging()
     agents = AgentsServer(make_runner, cwd, call_budget)
     server = agents.server()
-    lines = StdinLines()
+    lines = takeover.lines if takeover else StdinLines()
     stopped: list[signal.Signals] = []
     stopping: list[asyncio.Future[None]] = []
     log.info("mlx-subagents %s MCP server on stdio (pid %d); log %s", __version__, os.getpid(), path)
+    if takeover is not None:
+        log.warning("serving a session relayed to a server that went away, from where it was")
 
     async def stop(signum: signal.Signals) -> None:
         log.info("%s received: stopping every task", signum.name)
@@ -763,7 +805,8 @@ async def serve_stdio(
     try:
         with stop_signals(on_signal):  # still wired while the tasks save: a second signal exits at once
             try:
-                async with stdio_server(stdin=lines) as (read_stream, write_stream):  # type: ignore[arg-type]
+                stdin, stdout = (takeover.stdin, takeover.stdout) if takeover else (lines, None)
+                async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
                     lines.answers = write_stream
                     await server.run(read_stream, write_stream, server.create_initialization_options())
             finally:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import cast
 
 from ..agents.inbox import Delivery
@@ -78,6 +79,11 @@ class Chat:
     @property
     def run_id(self) -> str | None:
         return self.handle.run_id
+
+    @property
+    def workspace(self) -> Path:
+        """The folder the chat works in."""
+        return self.runner.workspace.root
 
     async def turn(self, message: str) -> RunResult:
         """Send one message; the parent answers, delegating as it sees fit. Saved when it ends.

@@ -27,7 +27,9 @@ class RunOptions:
 
     Args:
         model: forces one model for every task (`--model`); otherwise a task's own model, the
-            agent's `model`, then `$MLX_SUBAGENTS_MODEL`, then the default.
+            agent's `model`, then `default_model`, then `$MLX_SUBAGENTS_MODEL`, then the default.
+        default_model: the model of the tasks nothing else names a model for (a client of `subagent
+            serve` runs on its own `$MLX_SUBAGENTS_MODEL`, else the server's `--model`).
         scope: agent layers besides the built-ins (`user`, `project` or `both`).
         assume_yes: allow project agents without asking.
         max_turns, max_output_tokens, timeout: defaults for tasks that set none.
@@ -62,6 +64,7 @@ class RunOptions:
     """
 
     model: str | None = None
+    default_model: str | None = None
     scope: Scope = "both"
     assume_yes: bool = False
     max_turns: int | None = None

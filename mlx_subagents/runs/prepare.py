@@ -25,18 +25,17 @@ else on for a project agent; a sandboxed parent's children are sandboxed too. Th
 `--network`, else a built-in or user agent's `network: allow` (a project file's never counts); a child
 has it only if its parent does. A continued task keeps the sandbox it ran with (`keep_sandbox`).
 
-The preparer also owns what resolution keeps for the runner's life: the consent given, one host
-per model (the resident models sharing one KV budget) and the project's instructions per workspace
+The preparer also owns what resolution keeps for the runner's life: the consent given, its `HostPool`
+(one host per model, the resident models sharing one KV budget; `hosts.py`) and the project's instructions per workspace
 (so every session's prompt is byte-identical).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
@@ -56,17 +55,27 @@ from ..agents.spec import AgentSpec, remote_model, sandbox_default
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, ConfirmationRequired, InputTooLargeError, RequestError
 from ..home import state_home
-from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, ToolSchema
 from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
 from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
 from ..tools.mcp_requests import ClientPolicy
 from ..tools.skill import Skill
+from .hosts import HostPool
 from .model_grants import check_fits, check_granted, granted_models, imported_names
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
 from .worktrees import check_isolation
+
+T = TypeVar("T")
+
+
+class Unanswered(Exception):
+    """A consent question the preparer's `ask` has not answered yet: asked, then the request prepared again."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
 
 
 @dataclass(frozen=True)
@@ -179,9 +188,14 @@ class Preparer:
     Args:
         catalog: the agents tasks may name.
         interactive, confirm: whether a person can be asked before a project agent runs, and how.
+        ask: asks a person through a front end that must not block its event loop (a client of
+            `subagent serve`): when given, a question is asked there, then the request is prepared
+            again from the start with the answer (nothing has run before a question).
         processor_factory: logits processors for every real host (the test kit's forced scripts).
         hosts: hosts the caller made itself, by model (an in-memory `ScriptedHost`, another runner's
             hosts): started at their first use like ours (`start` is idempotent), never stopped here.
+        pool: the resident hosts to take models from (`subagent serve`'s, shared with other runners);
+            None: a pool of its own, made from `options`, stopped at `close`.
     """
 
     def __init__(
@@ -191,20 +205,21 @@ class Preparer:
         *,
         interactive: bool = False,
         confirm: Callable[[str], bool] | None = None,
+        ask: Callable[[str], Awaitable[bool]] | None = None,
         processor_factory: ProcessorFactory | None = None,
         hosts: dict[ModelRef, ModelHost] | None = None,
         cwd: Path | None = None,
+        pool: HostPool | None = None,
     ) -> None:
         self.options = options
         self.catalog = catalog
         self.interactive = interactive
-        self.confirm = confirm
+        self.ask = ask
+        self._answers: dict[str, bool] = {}  # the questions `ask` answered, by their text
+        self.confirm = self._answered if ask is not None else confirm
         self.processor_factory = processor_factory
-        self.hosts: dict[ModelRef, ModelHost] = dict(hosts or {})
-        self._given = set(self.hosts)
-        self._unstarted = set(self.hosts)
-        self._host_lock = asyncio.Lock()
-        self._kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
+        self._own_pool = pool is None
+        self.pool = pool or HostPool(options, processor_factory, hosts)
         self._trusted: set[str] = set()
         self._network_refused: set[str] = set()  # project agents told once that their `network: allow` is not honoured
         self._contexts: dict[Path, ProjectContext] = {}
@@ -241,6 +256,18 @@ class Preparer:
             delegated: tasks a model (or an MCP client) chose: a model of their own must be local, and
                 their own limits only narrow the ones they would have.
         """
+        where = {"workspace": workspace, "parent": parent, "shared_input": shared_input, "delegated": delegated}
+        return await self._asking(lambda: self._prepare(tasks, **where))  # type: ignore[arg-type]
+
+    async def _prepare(
+        self,
+        tasks: Sequence[TaskSpec],
+        *,
+        workspace: Workspace | Sequence[Workspace],
+        parent: Parent | None,
+        shared_input: str,
+        delegated: bool,
+    ) -> list[PreparedTask]:
         places = _per_task(workspace, len(tasks))
         resolved = [
             self.fork_of(t, parent, w) if t.fork else self._resolve(t, parent, delegated) for t, w in zip(tasks, places)
@@ -265,6 +292,17 @@ class Preparer:
         """A request whose tasks fail alone (a parallel delegation): a task that cannot be prepared
         (an unknown agent, a model that cannot load, a prompt too long) is a `SetUpFailure` in its
         place, and so is a task the parent's grants refuse. The request's size still refuses it whole."""
+        where = {"workspace": workspace, "parent": parent, "delegated": delegated}
+        return await self._asking(lambda: self._prepare_each(tasks, **where))  # type: ignore[arg-type]
+
+    async def _prepare_each(
+        self,
+        tasks: Sequence[TaskSpec],
+        *,
+        workspace: Workspace | Sequence[Workspace],
+        parent: Parent | None,
+        delegated: bool,
+    ) -> list[PreparedTask | SetUpFailure]:
         out: list[PreparedTask | SetUpFailure] = []
         for task, place in zip(tasks, _per_task(workspace, len(tasks))):
             model = ""
@@ -277,12 +315,29 @@ class Preparer:
                 prepared = await self._load(resolved, parent, place, delegated)
                 await self.check_prompt_fits(prepared)
                 out.append(prepared)
+            except Unanswered:
+                raise
             except Exception as exc:
                 out.append(SetUpFailure(task, model, exc))
         ready = [p for p in out if isinstance(p, PreparedTask)]
         if ready:
             check_request([CapItem(p.label, p.task.task, p.spec) for p in ready])
         return out
+
+    async def _asking(self, work: Callable[[], Awaitable[T]]) -> T:
+        """`work`, done again after each question it raised is answered through `ask`."""
+        while True:
+            try:
+                return await work()
+            except Unanswered as question:
+                assert self.ask is not None
+                self._answers[question.text] = bool(await self.ask(question.text))
+
+    def _answered(self, question: str) -> bool:
+        """The `confirm` of a preparer that asks through `ask`: the answer given, else `Unanswered`."""
+        if question not in self._answers:
+            raise Unanswered(question)
+        return self._answers[question]
 
     # -- the steps ---------------------------------------------------------------------------------------
 
@@ -491,7 +546,12 @@ class Preparer:
                 "Hugging Face repo, or --engine URL for a model an OpenAI-compatible server runs"
             )
         named = named or spec.model
-        return ModelRef(named) if named else inherited or ModelRef(default_model())
+        return ModelRef(named) if named else inherited or ModelRef(options.default_model or default_model())
+
+    @property
+    def hosts(self) -> dict[ModelRef, ModelHost]:
+        """The resident hosts by model (the pool's: a shared pool's are every client's)."""
+        return self.pool.hosts
 
     def granted_models(self, parent: Parent | None) -> tuple[str, ...]:
         """The models a call of `parent` (None: an MCP client) may name for a child (`model_grants.py`)."""
@@ -526,16 +586,7 @@ class Preparer:
 
     async def host_for(self, model: ModelRef) -> ModelHost:
         """The resident host for a model, loaded (or, on an engine, reached) on first use."""
-        async with self._host_lock:
-            if model in self._unstarted:
-                self._unstarted.discard(model)
-                await self.hosts[model].start()
-            elif model not in self.hosts:
-                settings = self.options.host_settings(model.engine, self._kv_budget, self.processor_factory)
-                host = make_host(model.model, settings)
-                await host.start()
-                self.hosts[model] = host
-            return self.hosts[model]
+        return await self.pool.get(model)
 
     def check_local(self, model: ModelRef, *, named: bool = False) -> None:
         """Refuse a delegated task's model unless it is on this machine, before any task starts:
@@ -546,7 +597,7 @@ class Preparer:
                 f"model '{model.model}': this run's models are on the engine {self.options.engine}; a task's own "
                 "model must be a local one, so leave model out"
             )
-        if model.engine or model in self.hosts or model.model.startswith("scripted:"):
+        if model.engine or model in self.pool or model.model.startswith("scripted:"):
             return
         resolve_model_path(model.model, local_only=True)
 
@@ -661,11 +712,9 @@ class Preparer:
         )
 
     async def close(self) -> None:
-        """Stop the hosts this preparer started (the caller's own stay as they are)."""
-        hosts = [host for model, host in self.hosts.items() if model not in self._given]
-        self.hosts = {model: host for model, host in self.hosts.items() if model in self._given}
-        for host in hosts:
-            await host.stop()
+        """Stop the hosts this preparer started (the caller's own, and a shared pool's, stay as they are)."""
+        if self._own_pool:
+            await self.pool.close()
         await self.mcp.close()
 
 

@@ -129,10 +129,15 @@ class Publisher:
     Args:
         runner: whose hosts and writer leases the snapshot reads (set before the first event).
         command: what the process runs (`run scout ...`), for the view.
+        cwd: the workspace shown without a runner (a command attached to `subagent serve`, whose
+            tasks run there and come back as events).
     """
 
-    def __init__(self, command: str, *, home: Path | None = None, tasks: LiveTasks | None = None) -> None:
+    def __init__(
+        self, command: str, *, home: Path | None = None, tasks: LiveTasks | None = None, cwd: Path | None = None
+    ) -> None:
         self.command = command
+        self.cwd = cwd
         self.tasks = tasks or LiveTasks()
         self.runner: Runner | None = None
         self.path = live_dir(home) / f"{os.getpid()}.json"
@@ -159,7 +164,7 @@ class Publisher:
         return Snapshot(
             pid=os.getpid(),
             command=self.command,
-            cwd=str(runner.cwd) if runner is not None else os.getcwd(),
+            cwd=str(runner.cwd) if runner is not None else str(self.cwd or os.getcwd()),
             started=self.started,
             updated=now,
             tasks=[task_row(task, now) for task in self.tasks.running_trees()],

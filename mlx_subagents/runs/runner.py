@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,11 +57,12 @@ from ..tools.subagent import SubagentTool
 from .board import TaskBoard
 from .execution import Execution
 from .generation import Generation
+from .hosts import HostPool
 from .model_grants import describe_models
 from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, keep_sandbox, withhold
 from .slots import Slots, lend
-from .task import SessionNames, TaskHandle, close_open_tool_calls
+from .task import TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
 from .workflow import (
@@ -87,11 +88,15 @@ class Runner:
         options: the run's shared options (model, limits, scope, depth, host settings).
         catalog: the agents (default: those visible from `cwd` in `options.scope`).
         interactive, confirm: whether a person can be asked before a project agent runs, and how.
+        ask: asks that person without blocking the event loop (a client of `subagent serve`), instead
+            of `confirm`.
         on_event: receives every event of every task.
         save_transcripts: write every task under `$MLX_SUBAGENTS_HOME/runs/` (or `home`/runs).
         processor_factory: logits processors for every real host (the test kit's forced scripts).
         hosts: hosts made by the caller, by the model name tasks give (an in-memory `ScriptedHost`,
             another runner's hosts); started at their first use, stopped by their owner, not here.
+        host_pool: the resident hosts shared with other runners (`subagent serve` gives every client's
+            runner its one pool); their settings are the pool's, and they outlive this runner.
     """
 
     def __init__(
@@ -102,12 +107,14 @@ class Runner:
         catalog: AgentCatalog | None = None,
         interactive: bool = False,
         confirm: Callable[[str], bool] | None = None,
+        ask: Callable[[str], Awaitable[bool]] | None = None,
         compaction: CompactionSettings | None = None,
         on_event: EventSink = ignore_event,
         save_transcripts: bool = True,
         home: Path | None = None,
         processor_factory: ProcessorFactory | None = None,
         hosts: Mapping[str | ModelRef, ModelHost] | None = None,
+        host_pool: HostPool | None = None,
     ) -> None:
         self.cwd = Path(cwd).resolve()
         self.options = options or RunOptions()
@@ -123,9 +130,11 @@ class Runner:
             self.catalog,
             interactive=interactive,
             confirm=confirm,
+            ask=ask,
             processor_factory=processor_factory,
             hosts={ModelRef(m) if isinstance(m, str) else m: host for m, host in (hosts or {}).items()},
             cwd=self.cwd,
+            pool=host_pool,
         )
         self.preparer.on_warning = lambda line: self.on_event(
             Event("hook_warning", "", "", data=HookWarningData(message=line))
@@ -139,7 +148,7 @@ class Runner:
         self._holds: dict[TaskHandle, ExitStack] = {}
         self._slots: Slots | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
-        self.session_names = SessionNames()  # the host sessions an agent session runs on now
+        self.session_names = self.preparer.pool.session_names  # the host sessions agent sessions run on now
         # Who answers the questions of the MCP servers the agents call (a chat sets its terminal's person);
         # with nobody, why: what a server's declined elicitation says.
         self.person: Person | None = None

@@ -37,6 +37,7 @@ from ..tools.delegation import ForkPoint
 from ..tools.mcp_requests import Person
 from .board import TaskBoard
 from .generation import Generation
+from .hosts import SessionNames
 from .prepare import Parent, PreparedTask
 from .tasks import Render
 from .transcripts import RunRecord, TaskEntry, TaskTranscript
@@ -78,31 +79,6 @@ class TaskState(enum.IntEnum):
     @property
     def is_finished(self) -> bool:
         return self >= TaskState.KEPT
-
-
-class SessionNames:
-    """The host session names the runner's agent sessions use now: each its own.
-
-    A host returns the existing session for a known name, so two tasks sharing a label (the same
-    agent in two calls of one reply, two MCP calls) would otherwise share one KV cache and each
-    re-prefill its conversation at every turn. A name given back is reused: its host session's
-    cache then starts the next conversation, as the shared prefix would.
-    """
-
-    def __init__(self) -> None:
-        self._taken: set[str] = set()
-
-    def claim(self, base: str) -> str:
-        """`base`, else `base (2)`, `base (3)`, ...: a name no running session has."""
-        name, n = base, 1
-        while name in self._taken:
-            n += 1
-            name = f"{base} ({n})"
-        self._taken.add(name)
-        return name
-
-    def release(self, name: str) -> None:
-        self._taken.discard(name)
 
 
 class TaskRuntime(Protocol):

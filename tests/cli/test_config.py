@@ -13,6 +13,7 @@ import pytest
 
 from mlx_subagents import __version__
 from mlx_subagents.cli.config import KEYS, defaults_for, load_config
+from mlx_subagents.cli.flags import Shared, shared_options
 from mlx_subagents.home import state_home
 from mlx_subagents.runs.tasks import DEFAULT_MODEL, MODEL_ENV
 from tests.helpers import REPO
@@ -85,6 +86,23 @@ def test_config_values_fill_only_the_flags_not_given(config: Any) -> None:
         "prefill_slice = 64"
     ]
     assert list(KEYS) == ["model", "kv_budget", "sandbox", "grammar", "engine", "prefix_cache", "prefill_slice"]
+
+
+def test_sizes_config_toml_sets_keep_a_command_attached_to_the_server(config: Any) -> None:
+    """`subagent serve` reads the same file: its sizes are the server's too, so only a flag or an engine
+    makes a command's hosts its own (`own_hosts`, which `--standalone`-less commands ask before attaching)."""
+    seen: list[Shared] = []
+    command = shared_options()(lambda *, shared: seen.append(shared))
+    config('kv_budget = "4GB"\nprefix_cache = "1GB"\n')
+    command()
+    command(kv_budget="2GB")
+    config('engine = "http://gpu-box:8000/v1"\n')
+    command()
+    assert [(s.kv_budget, s.prefix_cache, s.own_hosts()) for s in seen] == [
+        ("4GB", "1GB", None),
+        ("2GB", "1GB", "--kv-budget"),
+        (None, None, "--engine"),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,290 @@
+"""`subagent serve`: the real server process, its HTTP guard, its files, status and stop."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from mlx_subagents.mcp_server.client import make_hello, quick
+from mlx_subagents.mcp_server.state import lock_held, read_info, serve_paths
+from mlx_subagents.mcp_server.wire import MAX_LINE_BYTES
+from tests.helpers import call, spawn_cli, write_agent
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}},
+}
+
+
+def post(url: str, headers: dict[str, str], body: Any = INITIALIZE, path: str | None = None) -> tuple[int, str]:
+    """One POST to the server: its status and body (for an SSE answer, its first event's data)."""
+    where = urlparse(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    target = path or where.path + (f"?{where.query}" if where.query else "")
+    connection.request("POST", target, body if isinstance(body, str) else json.dumps(body), {**base, **headers})
+    response = connection.getresponse()
+    text = response.read(65536).decode()
+    connection.close()
+    return response.status, text
+
+
+def http_listings(url: str, token: str, workspace: Path) -> dict[str, Any]:
+    """`list_agents` over two HTTP sessions of the SDK's client: `?cwd=` with `?yes=1`, and without yes."""
+    import anyio
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    found: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+            for name, query in (("yes", f"?cwd={workspace}&yes=1"), ("no", f"?cwd={workspace}")):
+                async with streamable_http_client(url + query, http_client=http) as (read, write):
+                    async with ClientSession(read, write) as session:
+                        await session.initialize()
+                        found[name] = (await session.call_tool("list_agents", {})).structured_content
+
+    anyio.run(main)
+    return found
+
+
+def test_http_refuses_no_token_a_wrong_one_and_a_foreign_origin_or_host(
+    serve_process: Any, tmp_path: Path, write_script: Any
+) -> None:
+    write_agent(tmp_path, "helper", "read")
+    _, info = serve_process("--port", "0", "--model", write_script(["unused"]), "-C", str(tmp_path.parent))
+    paths = serve_paths()
+    token = paths.token.read_text().strip()
+    assert stat.S_IMODE(os.stat(paths.token).st_mode) == 0o600 and stat.S_IMODE(os.stat(paths.socket).st_mode) == 0o600
+    port = urlparse(info.url).port
+    auth = {"Authorization": f"Bearer {token}"}
+
+    status, text = post(info.url, {})
+    assert (status, text) == (
+        401,
+        f"401: unauthorized: no bearer token; send 'Authorization: Bearer TOKEN' with the token in {paths.token}\n",
+    )
+    status, text = post(info.url, {"Authorization": "Bearer not-the-token"})
+    assert (status, text) == (401, f"401: unauthorized: wrong token; the token is in {paths.token}\n")
+    status, text = post(info.url, {**auth, "Origin": "http://evil.example"})
+    assert status == 403 and text == (
+        "403: forbidden: the Origin header 'http://evil.example' is not this server's (127.0.0.1, localhost or [::1] "
+        f"at port {port}); it answers only clients on this machine\n"
+    )
+    status, text = post(info.url, {**auth, "Host": "evil.example"})
+    assert status == 403 and text.startswith("403: forbidden: the Host header 'evil.example' is not this server's")
+    status, text = post(info.url, auth, path="/other")
+    assert (status, text) == (404, "404: not found: the MCP endpoint is /mcp\n")
+    for headers, url in ((auth, info.url), ({"Origin": f"http://localhost:{port}"}, f"{info.url}?token={token}")):
+        status, text = post(url, headers)
+        assert status == 200 and '"serverInfo":{"name":"mlx-subagents"' in text
+        assert '"capabilities":{"logging":{},"tools":' in text  # logging/setLevel is answered
+    status, text = post(info.url, auth, body="{ not json")  # answered by the SDK, logged here
+    assert status == 400 and "Parse error" in text
+    status, _ = post(info.url, auth, body={"pad": "x" * MAX_LINE_BYTES})
+    assert status == 413
+    listings = http_listings(info.url, token, tmp_path)
+    assert listings["yes"]["workspace"] == str(tmp_path.resolve()) and "helper" in [
+        a["name"] for a in listings["yes"]["agents"]
+    ]
+    assert [w["name"] for w in listings["no"]["withheld"]] == [
+        "helper"
+    ]  # another session: the first one's yes is its own
+    log = paths.log.read_text()
+    assert "HTTP POST /mcp answered 400" in log and "HTTP POST /mcp answered 413" in log
+    assert "HTTP POST /mcp refused (401): unauthorized: no bearer token" in log
+    assert "HTTP POST /mcp refused (403): forbidden: the Origin header 'http://evil.example'" in log
+
+
+def test_a_second_server_is_refused_and_stale_files_are_replaced(serve_process: Any, tmp_path: Path) -> None:
+    paths = serve_paths()
+    paths.folder.mkdir(parents=True)
+    # A server that died: its server.json, its socket, a token others may read.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = {"pid": int(dead.stdout), "version": "0.0.1", "home": str(paths.home), "socket": str(paths.socket),
+             "url": None, "log": str(paths.log), "started": 1.0}  # fmt: skip
+    paths.info.write_text(json.dumps(stale))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(paths.socket))  # left behind: nobody listens on it
+    paths.token.write_text("leaked-token-leaked-token-leaked-token\n")
+    os.chmod(paths.token, 0o644)
+
+    first, info = serve_process("--no-http", "-C", str(tmp_path))
+    assert info.pid == first.pid and info.url is None and read_info(paths) == info
+    token = paths.token.read_text().strip()
+    assert token != "leaked-token-leaked-token-leaked-token" and stat.S_IMODE(os.stat(paths.token).st_mode) == 0o600
+    assert quick(info, make_hello("status"))["status"]["clients"] == []
+
+    second = spawn_cli("serve", "--no-http")
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 2 and out == ""
+    assert err == (
+        f"error: a server already runs for {paths.home} (pid {first.pid}, {paths.socket}); use it, or stop it with: "
+        "subagent serve --stop\n"
+    )
+    stop = spawn_cli("serve", "--stop")
+    assert (
+        stop.communicate(timeout=60)[1]
+        == f"stopped the server (pid {first.pid}); what ran is saved (subagent runs lists it)\n"
+    )
+    assert first.wait(10) == 0 and not lock_held(paths)
+    assert not paths.info.exists() and not paths.socket.exists() and paths.token.read_text().strip() == token
+
+
+def test_status_lists_clients_and_tasks_and_stop_cancels_and_saves_them(
+    serve_process: Any, tmp_path: Path, write_script: Any
+) -> None:
+    from tests.mcp_server.test_mcp_server import connect, run
+
+    model = write_script(
+        {
+            "agents": {
+                "scout": {"replies": [call("bash", command="sleep 30")]},
+                "reviewer": {"replies": [call("bash", command="sleep 30")]},
+            }
+        }
+    )
+    server, info = serve_process("--no-http", "--model", model)
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        import anyio
+
+        async with connect("--cwd", tmp_path) as client:
+            started = await client.call_tool("start_agents", {"agent": "reviewer", "task": "in the background"})
+            seen["started"] = started.structured_content["ids"]
+
+            async def stop_soon() -> None:
+                await anyio.sleep(1.5)
+                seen["status"] = quick(info, make_hello("status"))["status"]
+                seen["stop"] = spawn_cli("serve", "--stop")
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(stop_soon)
+                seen["result"] = await client.call_tool("run_agents", {"agent": "scout", "task": "in the foreground"})
+
+    run(main)
+    assert seen["started"] == ["reviewer#1"]
+    status = seen["status"]
+    [client] = status["clients"]
+    assert (client["kind"], client["workspace"], client["connected"], client["running"]) == (
+        "relay",
+        str(tmp_path.resolve()),
+        True,
+        2,
+    )
+    assert sorted((t["label"], t["agent"], t["status"]) for t in status["tasks"]) == [
+        ("reviewer#1", "reviewer", "running"), ("scout", "scout", "running"),
+    ]  # fmt: skip
+    assert [m["model"] for m in status["models"]] == [model]
+    # The call in progress answered with what its task had done: aborted by the stop.
+    result = seen["result"].structured_content["tasks"][0]
+    assert (result["status"], result["error"]) == ("aborted", "the server stopped (subagent serve --stop)")
+    assert seen["stop"].wait(30) == 0 and server.wait(30) == 0
+    transcripts = sorted(Path(os.environ["MLX_SUBAGENTS_HOME"], "runs").glob("*/*.jsonl"))
+    ends = [json.loads(p.read_text().splitlines()[-1]) for p in transcripts]
+    assert sorted((e["result"]["label"], e["result"]["status"]) for e in ends if "result" in e) == [
+        ("reviewer#1", "aborted"), ("scout", "aborted"),
+    ]  # fmt: skip
+
+
+def test_malformed_and_oversized_messages_are_answered_and_logged(
+    serve_process: Any, tmp_path: Path, write_script: Any
+) -> None:
+    _, info = serve_process("--no-http", "--model", write_script(["unused"]))
+
+    def exchange(*lines: bytes, answers: int = 1) -> list[dict[str, Any]]:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(20)
+            sock.connect(info.socket)
+            for line in lines:
+                sock.sendall(line)
+            file = sock.makefile("rb")
+            return [json.loads(file.readline()) for _ in range(answers)]
+
+    assert exchange(b"not json\n") == [
+        {
+            "error": "malformed hello (it is not a JSON object); the first line names what the client is (see protocol.py)"
+        }
+    ]
+    assert exchange(b'{"hello": "dance"}\n')[0]["error"].startswith(
+        "malformed hello (hello: Input should be 'mcp', 'job'"
+    )
+    hello = (
+        json.dumps(
+            make_hello("mcp", options=None, workspace=str(tmp_path)).model_dump(mode="json", exclude_none=True)
+        ).encode()
+        + b"\n"
+    )
+    oversized = b'{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"pad": "' + b"x" * MAX_LINE_BYTES + b'"}}\n'
+    answers = exchange(hello, b"{ broken\n", oversized, json.dumps(INITIALIZE).encode() + b"\n", answers=4)
+    assert answers[0]["ok"]["pid"] == info.pid
+    assert answers[1] == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32700, "message": "Parse error: the line is not valid JSON"},
+    }
+    assert answers[2]["id"] is None and answers[2]["error"]["message"] == (
+        f"Invalid request: the message is {len(oversized) - 1:,} bytes, over the limit of {MAX_LINE_BYTES:,}"
+    )
+    assert answers[3]["id"] == 1 and answers[3]["result"]["serverInfo"]["name"] == "mlx-subagents"  # still answering
+    log = serve_paths().log.read_text()
+    assert "a malformed hello on the socket: it is not a JSON object" in log
+    assert f"oversized message from a relayed client ({len(oversized) - 1} bytes): answered with id null" in log
+    assert "malformed message (answered with id null) from the client: Parse error" in log
+
+
+def test_mcp_serve_starts_a_server_relays_to_it_and_exits_when_it_is_stopped(tmp_path: Path, write_script: Any) -> None:
+    import anyio
+
+    from mlx_subagents.mcp_server.state import running_server
+    from tests.mcp_server.test_mcp_server import connect
+
+    model = write_script({"agents": {"scout": {"replies": ["found it"]}}})
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with connect("--serve", "--model", model, "--cwd", tmp_path) as client:
+            seen["answer"] = await client.call_tool("run_agents", {"agent": "scout", "task": "look"})
+            seen["info"] = info = running_server(wait=0)
+            seen["status"] = quick(info, make_hello("status"))["status"]
+            stop = spawn_cli("serve", "--stop")
+            seen["stopped"] = await anyio.to_thread.run_sync(lambda: stop.communicate(timeout=60))
+            with anyio.fail_after(30):
+                while await anyio.to_thread.run_sync(lambda: lock_held(serve_paths())):
+                    await anyio.sleep(0.05)
+            try:  # the relay exited with the server stopped on purpose: nothing answers any more
+                with anyio.fail_after(20):
+                    await client.call_tool("run_agents", {"agent": "scout", "task": "again"})
+            except Exception as exc:
+                seen["after"] = type(exc).__name__
+
+    try:
+        anyio.run(main)
+    finally:
+        if lock_held(serve_paths()) and (left := running_server(wait=0)) is not None:
+            quick(left, make_hello("stop"))
+    info = seen["info"]
+    assert seen["answer"].structured_content["tasks"][0]["answer"] == "found it"
+    assert info.url is None and info.version  # started for the relay: the socket only
+    [client] = seen["status"]["clients"]
+    assert (client["kind"], client["workspace"]) == ("relay", str(tmp_path.resolve()))
+    assert [m["model"] for m in seen["status"]["models"]] == [model]  # its --model, loaded at start
+    assert seen["stopped"][1] == f"stopped the server (pid {info.pid}); what ran is saved (subagent runs lists it)\n"
+    assert seen["after"] == "MCPError" and not (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "logs" / "mcp.log").exists()
