@@ -199,8 +199,10 @@ def test_the_server_killed_mid_call_gives_one_line_at_each_client_and_readable_t
             attached = spawn_cli("run", "scout", "wait", "-C", str(tmp_path))
 
             async def kill_server() -> None:
-                while len(status_of(info)["tasks"]) < 2:
-                    await anyio.sleep(0.1)
+                with anyio.fail_after(60):  # both calls running; else the test says why instead of hanging
+                    while len(status_of(info)["tasks"]) < 2:
+                        assert attached.poll() is None, attached.communicate()
+                        await anyio.sleep(0.1)
                 await anyio.sleep(0.5)
                 server.send_signal(signal.SIGKILL)
 
