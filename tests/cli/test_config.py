@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from mlx_subagents.cli.config import KEYS, defaults_for, load_config
 from mlx_subagents.cli.flags import Shared, shared_options
 from mlx_subagents.home import state_home
 from mlx_subagents.runs.tasks import DEFAULT_MODEL, MODEL_ENV
-from tests.helpers import REPO
+from tests.helpers import REPO, cli_env
 
 
 @pytest.fixture
@@ -41,9 +43,13 @@ def test_version(run_cli: Any) -> None:
     )
 
 
-def test_shell_completion_is_typers_for_the_subagent_command(run_cli: Any) -> None:
-    code, script, err = run_cli("--show-completion", "bash")
-    assert code == 0, err
+@pytest.mark.process
+def test_shell_completion_is_typers_for_the_subagent_command() -> None:
+    # As a person runs it, from their shell: typer names the shell by walking up from its process.
+    command = f"{shlex.quote(sys.executable)} -m mlx_subagents.cli --show-completion && :"  # bash stays its parent
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=cli_env(), timeout=60)
+    script = done.stdout
+    assert done.returncode == 0, done.stderr
     assert "_subagent_completion()" in script and "complete -o default -F _subagent_completion subagent" in script
     assert "_SUBAGENT_COMPLETE=complete_bash" in script
 
