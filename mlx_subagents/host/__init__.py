@@ -7,12 +7,15 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .kv_bits import DEFAULT_KV_BITS, KV_BITS
 from .mlx_host import MlxModelHost, MlxSession, SharedKVBudget, parse_bytes
 from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, ProcessorFactory, Reply, ToolCall, Usage
 from .scripted import SCRIPTED_PREFIX
 
 __all__ = [
+    "DEFAULT_KV_BITS",
     "HOST_CLASSES",
+    "KV_BITS",
     "GenerateArgs",
     "HostSession",
     "HostSettings",
@@ -52,6 +55,7 @@ class HostSettings:
         kv_budget: bytes for every KV cache, or a `SharedKVBudget` several resident models split (mlx).
         prefix_cache: bytes of disk for shared prefixes kept across processes (mlx; 0: off).
         processor_factory: logits processors for every request (mlx; the test kit's forced scripts).
+        kv_bits: 16 (not quantized), 8 or 4 bits per KV value, for every session of the host (mlx).
     """
 
     engine: str | None = None
@@ -62,6 +66,7 @@ class HostSettings:
     kv_budget: int | str | SharedKVBudget | None = None
     prefix_cache: int | None = None
     processor_factory: ProcessorFactory | None = None
+    kv_bits: int = DEFAULT_KV_BITS
 
 
 class HostClass(Protocol):

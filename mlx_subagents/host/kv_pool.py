@@ -81,15 +81,21 @@ def kv_shape_of(cache: list[Any]) -> KVShape | None:
 
     A `KVCache` (or the bounded `RotatingKVCache`, counted as if unbounded) holds keys and values of
     shape (batch, heads, allocated tokens, head dim): its bytes per token are its bytes over the
-    allocated length. An `ArraysCache` (recurrent state of hybrid layers) has a fixed size. Any other
-    cache type gives None: measure it instead.
+    allocated length. Their quantized forms hold three such arrays per tensor (packed values, scales,
+    biases), counted alike. An `ArraysCache` (recurrent state of hybrid layers) has a fixed size. Any
+    other cache type gives None: measure it instead.
     """
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    from .quantized_cache import QuantizedKVCache
+    from .quantized_rotating import QuantizedRotatingKVCache
 
     fixed = per_token = 0
     for layer in cache:
         if type(layer) in (KVCache, RotatingKVCache) and layer.keys is not None:
             per_token += layer.nbytes // layer.keys.shape[2]
+        elif type(layer) in (QuantizedKVCache, QuantizedRotatingKVCache) and layer.keys is not None:
+            per_token += layer.nbytes // layer.keys[0].shape[2]
         elif type(layer) is ArraysCache:
             fixed += layer.nbytes
         else:
@@ -213,8 +219,8 @@ class KVPool:
         state.kv_bytes = 0
 
     def restore(self, state: CacheState) -> None:
-        """Bring a spilled cache back before its session's next turn."""
-        from mlx_lm.models.cache import load_prompt_cache
+        """Bring a spilled cache back before its session's next turn (quantized as it was spilled)."""
+        from .kv_bits import load_prompt_cache
 
         if state.spill_path is None:
             return

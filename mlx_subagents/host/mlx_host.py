@@ -22,6 +22,7 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from ..errors import ChatTemplateError, SubagentError
 from .chat_format import ChatFormat
+from .kv_bits import DEFAULT_KV_BITS, KV_BITS, KVSetting, check_kv_bits, kv_setting, warn_fallback
 from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .mlx_thread import Deliver, MlxThread
@@ -169,6 +170,11 @@ class MlxSession:
         return self._state.kv_bytes
 
     @property
+    def kv_bits(self) -> int:
+        """The host's KV cache setting, which every session of it has (16: not quantized)."""
+        return self._host.kv_bits
+
+    @property
     def held_tokens(self) -> int:
         """How many token ids the session's cache holds."""
         return len(self._state.token_ids)
@@ -259,6 +265,8 @@ class MlxModelHost:
         prefix_cache: bytes of disk for shared prefixes kept across processes (`PrefixStore`); None: a
             small share of the free disk; 0: none.
         prefix_cache_dir: where those files go (default `$MLX_SUBAGENTS_HOME/cache/prefixes`).
+        kv_bits: 16 (not quantized), 8 or 4: every session's KV cache quantized per group to that
+            many bits; a model whose attention cannot take it runs at 16, with one warning.
     """
 
     def __init__(
@@ -276,8 +284,14 @@ class MlxModelHost:
         spill_dir: Path | None = None,
         prefix_cache: int | None = None,
         prefix_cache_dir: Path | None = None,
+        kv_bits: int = DEFAULT_KV_BITS,
     ) -> None:
         self.model_id = strip_provider(model)
+        try:
+            self.kv_bits_requested = check_kv_bits(kv_bits)
+        except ValueError as exc:
+            raise SubagentError(f"{exc}; 16 keeps the KV cache unquantized") from None
+        self.kv_setting = KVSetting()  # what the host runs at, decided at load
         self._window_override = context_window
         self._processor_factory = processor_factory
         self._config = SchedulerConfig(reuse, batching, prefill_step_size, share_prefix)
@@ -311,6 +325,7 @@ class MlxModelHost:
             batching=settings.batching,
             kv_budget=settings.kv_budget,
             prefix_cache=settings.prefix_cache,
+            kv_bits=settings.kv_bits,
         )
 
     @property
@@ -320,6 +335,12 @@ class MlxModelHost:
     @property
     def batching(self) -> bool:
         return self._config.batching
+
+    @property
+    def kv_bits(self) -> int:
+        """The bits per KV value every session's cache holds: as asked (`kv_bits`), or 16 when the model
+        cannot take a quantized cache."""
+        return self.kv_setting.bits
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -348,6 +369,7 @@ class MlxModelHost:
             self._processor_factory,
             self._mlx.has_jobs,
             await self._open_store(),
+            self._make_cache,
         )
         if (kind := self.chat.grammar_kind) is not None:
             self._scheduler.call_format = (kind, self.chat.calls.start, self.chat.calls.end)
@@ -403,7 +425,8 @@ class MlxModelHost:
         return self._measure()
 
     def _measure(self) -> tuple[KVShape, bool]:
-        """KV bytes per token (and fixed recurrent state), and whether caches can be trimmed.
+        """The KV setting (`kv_setting`: a quantized one is tried on three tokens), KV bytes per token
+        (and fixed recurrent state) under it, and whether caches can be trimmed.
 
         One token through a fresh cache gives every layer its buffers, which is enough to read the
         shape off mlx-lm's standard cache types. The graph is never evaluated: mlx is lazy, and the
@@ -411,19 +434,44 @@ class MlxModelHost:
         costs a third of a second on a small CPU). Other cache types are measured at two lengths.
         """
         import mlx.core as mx
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+        from mlx_lm.models.cache import can_trim_prompt_cache
 
-        cache = make_prompt_cache(self._model)
+        self.kv_setting, problem = kv_setting(self._model, self.kv_bits_requested)
+        if problem is not None:
+            warn_fallback(self.model_id, self.kv_bits_requested, problem)
+        cache = self._make_cache()
         self._cache_kind = cache_kind(cache)
         self._model(mx.array([[0]]), cache=cache)  # lazy: shapes only, nothing computed
         return kv_shape_of(cache) or self._probe_shape(), can_trim_prompt_cache(cache)
 
+    def _make_cache(self) -> list[Any]:
+        """A fresh prompt cache under the host's KV setting (mlx thread)."""
+        return self.kv_setting.make_cache(self._model)
+
+    async def kv_shapes(self) -> dict[int, KVShape | str]:
+        """The KV bytes a session costs at each `--kv-bits` setting, or why this model cannot take it
+        (read off fresh caches, nothing computed: what `doctor` prints)."""
+        import mlx.core as mx
+
+        def read() -> dict[int, KVShape | str]:
+            shapes: dict[int, KVShape | str] = {}
+            for bits in KV_BITS:
+                setting, problem = kv_setting(self._model, bits, evaluate=False)
+                if problem is not None:
+                    shapes[bits] = problem
+                    continue
+                cache = setting.make_cache(self._model)
+                self._model(mx.array([[0]]), cache=cache)
+                shapes[bits] = kv_shape_of(cache) or "its cache's size cannot be read off its layers"
+            return shapes
+
+        return await self._mlx.run(read)
+
     def _probe_shape(self) -> KVShape:
         """Bytes held after 256 and 512 tokens (whole KV steps, so the buffers hold exactly that)."""
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
 
-        cache = make_prompt_cache(self._model)
+        cache = self._make_cache()
         sizes = []
         for _ in range(2):
             self._model(mx.array([[0] * KV_STEP]), cache=cache)

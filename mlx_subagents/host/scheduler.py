@@ -158,10 +158,13 @@ class Scheduler:
         processor_factory: ProcessorFactory | None = None,
         jobs_waiting: Callable[[], bool] | None = None,
         store: PrefixStore | None = None,
+        make_cache: Callable[[], list[Any]] | None = None,
     ) -> None:
         """`jobs_waiting`: whether the mlx thread has a job queued (a new turn, a reset), which ends the
-        single turn's burst; `store`: the disk tier under the shared prefixes (None: memory only)."""
+        single turn's burst; `store`: the disk tier under the shared prefixes (None: memory only);
+        `make_cache`: a fresh prompt cache under the host's `--kv-bits` (None: mlx-lm's own)."""
         self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
+        self._make_cache = make_cache
         self._processor_factory = processor_factory
         self._jobs_waiting = jobs_waiting or (lambda: False)
         self.waiting: deque[Turn] = deque()
@@ -389,6 +392,7 @@ class Scheduler:
         """The cache to continue from and how many prompt ids it already holds."""
         from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+        fresh = self._make_cache or (lambda: make_prompt_cache(self.model))
         held, cache = state.token_ids, state.prompt_cache
         if state.dropped:  # evicted without a spill: what it held is prefilled again
             self.pool.counters.reprefilled_tokens += min(common_prefix(held, ids), len(ids) - 1)
@@ -403,7 +407,7 @@ class Scheduler:
             if state.snapshot is not None and 0 < state.snapshot[0] <= n:
                 return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
         state.snapshot = None
-        return self.prefixes.start(ids) or (make_prompt_cache(self.model), 0)
+        return self.prefixes.start(ids) or (fresh(), 0)
 
     def _load_prefix(self, prefix: list[int]) -> None:
         """A new session's prefix that no session of this process prefilled: from the disk tier, when stored."""
