@@ -117,6 +117,7 @@ class UsageCounts(TypedDict):
     kv_bytes: int
     constrained_calls: int
     constrained_answers: int
+    kv_bits: int | None
 
 
 class UsageData(UsageCounts):

@@ -32,9 +32,11 @@ from ..runs.worktrees import apply_worktree, find_worktree, list_worktrees, prun
 from ..tools import WRITER_TOOLS
 from .doctor import run_doctor
 from .flags import (
+    KV_BITS_DEFAULT,
     CwdOpt,
     EventsOpt,
     JsonOpt,
+    KvBitsOpt,
     KvBudgetOpt,
     ModelOpt,
     QuietOpt,
@@ -544,6 +546,7 @@ def doctor(
     model: ModelOpt = None,
     context_window: WindowOpt = None,
     kv_budget: KvBudgetOpt = None,
+    kv_bits: KvBitsOpt = KV_BITS_DEFAULT,
     cwd: CwdOpt = Path("."),
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Also start the MCP servers of the project's files.")
@@ -559,7 +562,7 @@ def doctor(
     root = Path(cwd).resolve()
     entries, _ = mcp_entries(discover_agents(root), root)
     servers_ok = asyncio.run(check_servers(entries, root, out.print, yes))
-    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget))
+    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget, int(kv_bits.value)))
     raise typer.Exit(0 if ok and servers_ok else 1)
 
 

@@ -21,7 +21,7 @@ import typer
 
 from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY, MAX_WARNINGS
 from ..events import EventSink
-from ..host import parse_bytes
+from ..host import DEFAULT_KV_BITS, parse_bytes
 from ..host.prefix_store import parse_prefix_cache
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
 from ..runs.runner import Runner
@@ -78,6 +78,23 @@ KvBudgetOpt = Annotated[
     typer.Option(
         "--kv-budget",
         help="KV cache budget for all sessions: 4GB, 512MiB, 0.25 (of RAM) or 0 (unbounded). Default: half of RAM minus the weights.",
+    ),
+]
+
+
+class KvBits(str, Enum):
+    b16 = "16"
+    b8 = "8"
+    b4 = "4"
+
+
+KV_BITS_DEFAULT = KvBits(str(DEFAULT_KV_BITS))
+KvBitsOpt = Annotated[
+    KvBits,
+    typer.Option(
+        "--kv-bits",
+        help="Bits per KV cache value for every session: 16 (not quantized), 8 or 4 (quantized per group: the same "
+        "--kv-budget holds 2-4x the sessions). A model that cannot take it runs at 16, with a warning.",
     ),
 ]
 PrefixCacheOpt = Annotated[
@@ -183,6 +200,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "context_window": (WindowOpt, None),
     "batching": (BatchingOpt, Batching.on),
     "kv_budget": (KvBudgetOpt, None),
+    "kv_bits": (KvBitsOpt, KV_BITS_DEFAULT),
     "prefix_cache": (PrefixCacheOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
@@ -209,6 +227,7 @@ class Shared:
     context_window: int | None
     batching: Batching
     kv_budget: str | None
+    kv_bits: KvBits
     prefix_cache: str | None
     max_depth: int
     concurrency: int
@@ -230,6 +249,7 @@ class Shared:
             max_depth=self.max_depth,
             batching=self.batching == Batching.on,
             kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
+            kv_bits=int(self.kv_bits.value),
             prefix_cache=parse_prefix_cache(self.prefix_cache),
             context_window=self.context_window,
             concurrency=self.concurrency,

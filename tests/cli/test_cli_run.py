@@ -41,7 +41,7 @@ USAGE_FIELDS = {"input_tokens", "output_tokens", "cached_tokens", "context_token
 # Documented in the README beside issue 3's fields: what resume and the multi-run modes need; and
 # what a delegating task's sub-agents used (issue 26, item 11); an isolated task's branch (issue 30).
 EXTRA_FIELDS = {"label", "step_id", "run_id", "transcript", "parsed", "children", "worktree"}
-EXTRA_USAGE = {"compactions", "kv_bytes", "constrained_calls", "constrained_answers"}
+EXTRA_USAGE = {"compactions", "kv_bytes", "constrained_calls", "constrained_answers", "kv_bits"}
 
 
 def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
