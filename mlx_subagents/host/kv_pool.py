@@ -55,6 +55,7 @@ class PoolCounters:
     reprefilled_tokens: int = 0
     admission_waits: int = 0
     peak_bytes: int = 0
+    peak_sessions: int = 0  # the most sessions whose caches were in memory at once (idle or in a turn)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -183,8 +184,11 @@ class KVPool:
         if state is not None and state.spill_path is not None:
             state.spill_path.unlink(missing_ok=True)
 
-    def observe(self, total_bytes: int) -> None:
+    def observe(self, total_bytes: int, active_sessions: int = 0) -> None:
+        """Keep the peaks: `total_bytes` held now, and `active_sessions` in a turn besides the idle ones held."""
         self.counters.peak_bytes = max(self.counters.peak_bytes, total_bytes)
+        held = sum(1 for s in self._idle.values() if s.prompt_cache is not None)
+        self.counters.peak_sessions = max(self.counters.peak_sessions, held + active_sessions)
 
     def fits(self, needed: int, other_bytes: int = 0) -> bool:
         return self.budget is None or self.idle_bytes() + other_bytes + needed <= self.budget

@@ -23,7 +23,16 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 from ..errors import ChatTemplateError, SubagentError
 from .chat_format import ChatFormat
 from .kv_bits import DEFAULT_KV_BITS, KV_BITS, KVSetting, check_kv_bits, kv_setting, warn_fallback
-from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
+from .kv_pool import (
+    DEFAULT_DROP_BELOW_TOKENS,
+    KV_STEP,
+    CacheState,
+    KVPool,
+    KVShape,
+    cache_nbytes,
+    kv_shape_of,
+    tokens_that_fit,
+)
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .mlx_thread import Deliver, MlxThread
 from .prefix_store import PrefixStore, cache_kind, default_max_bytes, model_identity, prefix_cache_dir
@@ -267,6 +276,8 @@ class MlxModelHost:
         prefix_cache_dir: where those files go (default `$MLX_SUBAGENTS_HOME/cache/prefixes`).
         kv_bits: 16 (not quantized), 8 or 4: every session's KV cache quantized per group to that
             many bits; a model whose attention cannot take it runs at 16, with one warning.
+        drop_below_tokens: an evicted cache holding fewer tokens is dropped (re-prefilled on its next
+            turn) rather than spilled to disk.
     """
 
     def __init__(
@@ -285,6 +296,7 @@ class MlxModelHost:
         prefix_cache: int | None = None,
         prefix_cache_dir: Path | None = None,
         kv_bits: int = DEFAULT_KV_BITS,
+        drop_below_tokens: int = DEFAULT_DROP_BELOW_TOKENS,
     ) -> None:
         self.model_id = strip_provider(model)
         try:
@@ -299,6 +311,7 @@ class MlxModelHost:
         self._budget_request = None if self._shared else parse_bytes(kv_budget)  # type: ignore[arg-type]
         self.max_sessions = max_sessions
         self._spill_dir = spill_dir
+        self._drop_below = drop_below_tokens
         self._store_bytes = prefix_cache
         self._store_dir = prefix_cache_dir
         self.prefix_store: PrefixStore | None = None
@@ -358,7 +371,7 @@ class MlxModelHost:
         except SubagentError:
             await self._unload()
             raise
-        self._pool = KVPool(budget, spill_dir=self._spill_dir)
+        self._pool = KVPool(budget, spill_dir=self._spill_dir, drop_below_tokens=self._drop_below)
         self._scheduler = Scheduler(  # no mlx work in it: built here, run on the mlx thread
             self._model,
             self.tokenizer,

@@ -270,7 +270,7 @@ class Scheduler:
         self._unobserved_steps += 1
         if work != self._work or self._unobserved_steps >= OBSERVE_EVERY_STEPS:
             self._work, self._unobserved_steps = work, 0
-            self.pool.observe(self.resident_bytes())
+            self.pool.observe(self.resident_bytes(), len(self._active()))
 
     def resident_bytes(self) -> int:
         """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
