@@ -27,16 +27,15 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kv_pressure import BudgetRun, ScriptedReplies, Workload, conversation, pick_max_sessions, poll
+from kv_pressure import BudgetRun, Workload, pick_max_sessions, run_budget
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.kv_pool import KVShape
+from mlx_subagents.host.kv_pool import DEFAULT_DROP_BELOW_TOKENS, KVShape
 
 DEFAULT_BUDGET_FRACTION = 0.4
 TARGET_SESSIONS_RATIO = 1.8
@@ -54,15 +53,6 @@ DECODE_PROMPTS = (
 
 
 @dataclass
-class PressureRun:
-    """One setting's pressure part: the run, the bits the host ran at, and (unbounded) every setting's shape."""
-
-    run: BudgetRun
-    kv_bits: int
-    shapes: dict[int, KVShape | str]
-
-
-@dataclass
 class DecodeRun:
     """One setting's decode part: tokens/s at 1 and 4 sessions (each round's) and every session's tokens."""
 
@@ -75,51 +65,19 @@ class DecodeRun:
 
 async def pressure(
     model: Path, workload: Workload, bits: int, budget: int | None, max_sessions: int, force: bool, drop: bool
-) -> PressureRun:
-    """The workload at one setting under one budget (None: unbounded)."""
-    forcing = ScriptedReplies(workload, force)
-    async with MlxModelHost(
-        str(model),
+) -> BudgetRun:
+    """The workload at one setting under one budget (None: unbounded); `drop`: evicted caches re-prefill."""
+    return await run_budget(
+        model,
+        workload,
+        f"{bits}-bit",
+        budget,
+        max_sessions,
+        force,
+        True,
         kv_bits=bits,
-        kv_budget=budget if budget is not None else 0,
-        max_sessions=max_sessions,
-        processor_factory=forcing,
-        prefix_cache=0,  # each run starts cold: no disk tier between the runs compared
-        drop_below_tokens=2**62 if drop else 256,
-    ) as host:
-        forced = forcing.bind(host)
-        max_tokens = 64
-        samples: list[tuple[float, int, dict[str, int]]] = []
-        start = time.perf_counter()
-        poller = asyncio.create_task(poll(host, start, samples))
-        results = await asyncio.gather(
-            *(conversation(host, workload, i, max_tokens) for i in range(len(workload.openings))),
-            return_exceptions=True,
-        )
-        seconds = time.perf_counter() - start
-        poller.cancel()
-        try:
-            await poller
-        except asyncio.CancelledError:
-            pass
-        stats = await host.memory_stats()
-        replies = [r if isinstance(r, list) else [] for r in results]
-        errors = [f"s{i}: {type(r).__name__}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
-        run = BudgetRun(
-            f"{bits}-bit",
-            host.kv_budget,
-            max_sessions,
-            host.context_window,
-            seconds,
-            replies,
-            errors,
-            stats,
-            samples,
-            forced,
-            (host.kv_shape.fixed, host.kv_shape.per_token),
-            host.kv_trimmable,
-        )
-        return PressureRun(run, host.kv_bits, await host.kv_shapes() if budget is None else {})
+        drop_below_tokens=2**62 if drop else DEFAULT_DROP_BELOW_TOKENS,
+    )
 
 
 async def decode(model: Path, bits: int, n_tokens: int, into: DecodeRun) -> None:
@@ -153,7 +111,7 @@ async def measure(
     settings: list[int],
     budget: int | None,
     options: dict[str, Any],
-) -> tuple[PressureRun, list[PressureRun], dict[int, DecodeRun]]:
+) -> tuple[BudgetRun, list[BudgetRun], dict[int, DecodeRun]]:
     """The unbounded 16-bit run (the working set, every setting's shape), then each setting under one
     budget, then each setting's decode part, `decode_repeats` rounds taking the settings in turn (the
     median of each is reported: a shared machine's load moves single rounds). `options`: fraction,
@@ -161,19 +119,19 @@ async def measure(
     n = len(workload.openings)
     force, drop = options["force"], options["drop"]
     free = await pressure(model, workload, 16, None, n + 1, force, drop)
-    if not free.run.completed:
-        raise SubagentError("the unbounded 16-bit run failed: " + "; ".join(free.run.errors))
-    budget = budget if budget is not None else int(free.run.stats.pool["peak_bytes"] * options["fraction"])
-    needed = max(g[-1].usage.prompt_tokens for g in free.run.replies) + 64
+    if not free.completed:
+        raise SubagentError("the unbounded 16-bit run failed: " + "; ".join(free.errors))
+    budget = budget if budget is not None else int(free.stats.pool["peak_bytes"] * options["fraction"])
+    needed = max(g[-1].usage.prompt_tokens for g in free.replies) + 64
     runs = []
     for bits in settings:
         shape = free.shapes.get(bits)
-        shape = shape if isinstance(shape, KVShape) else KVShape(*free.run.kv_shape)  # it runs at 16: the same
-        m = pick_max_sessions(budget, shape, free.run.trimmable, needed, n + 1)
+        shape = shape if isinstance(shape, KVShape) else KVShape(*free.kv_shape)  # it runs at 16: the same
+        m = pick_max_sessions(budget, shape, free.trimmable, needed, n + 1)
         try:
             runs.append(await pressure(model, workload, bits, budget, m, force, drop))
         except SubagentError as exc:  # the host refused the budget (window too small): report it
-            runs.append(PressureRun(BudgetRun(f"{bits}-bit", budget, m, 0, 0.0, [], [str(exc)], None), bits, {}))
+            runs.append(BudgetRun(f"{bits}-bit", budget, m, 0, 0.0, [], [str(exc)], None, kv_bits=bits))
     decodes = {bits: DecodeRun({}, {}) for bits in settings}
     for _ in range(options["decode_repeats"]):
         for bits in settings:
@@ -182,8 +140,8 @@ async def measure(
 
 
 def summarize(
-    free: PressureRun,
-    runs: list[PressureRun],
+    free: BudgetRun,
+    runs: list[BudgetRun],
     decodes: dict[int, DecodeRun],
     settings: list[int],
     *,
@@ -195,8 +153,7 @@ def summarize(
 ) -> dict[str, Any]:
     base_bits = settings[0]
     rows = []
-    for bits, ran in zip(settings, runs, strict=True):
-        run = ran.run
+    for bits, run in zip(settings, runs, strict=True):
         pool = run.stats.pool if run.stats is not None else {}
         dec = decodes[bits]
         ref = decodes[base_bits].tokens[max(DECODE_SESSIONS)]
@@ -206,7 +163,7 @@ def summarize(
         rows.append(
             {
                 "kv_bits": bits,
-                "ran_at_bits": ran.kv_bits,
+                "ran_at_bits": run.kv_bits,
                 "completed": run.completed,
                 "errors": run.errors,
                 "budget_bytes": run.budget,
@@ -255,13 +212,13 @@ def summarize(
         "mode": "kv_bits",
         "arch": arch,
         "model": model,
-        "forced": free.run.forced,
+        "forced": free.forced,
         "evict": "drop" if drop else "spill",
         "sessions": len(workload.openings),
         "turns": len(workload.calls[0]),
         "result_lines": workload.result_lines,
-        "working_set_bytes": free.run.stats.pool["peak_bytes"],
-        "final_prompt_tokens": [g[-1].usage.prompt_tokens for g in free.run.replies],
+        "working_set_bytes": free.stats.pool["peak_bytes"],
+        "final_prompt_tokens": [g[-1].usage.prompt_tokens for g in free.replies],
         "decode_tokens": decode_tokens,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "settings": rows,

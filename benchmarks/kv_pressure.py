@@ -174,6 +174,8 @@ class BudgetRun:
     forced: bool = False
     kv_shape: tuple[int, int] = (0, 0)
     trimmable: bool = True
+    kv_bits: int = 16  # what the host ran at
+    shapes: dict[int, Any] = field(default_factory=dict)  # every --kv-bits setting's KVShape (or why not)
 
     @property
     def completed(self) -> bool:
@@ -203,8 +205,16 @@ async def poll(host: MlxModelHost, start: float, samples: list[tuple[float, int,
 
 
 async def run_budget(
-    model: Path, workload: Workload, label: str, budget: int | None, max_sessions: int, force: bool, share_prefix: bool
+    model: Path,
+    workload: Workload,
+    label: str,
+    budget: int | None,
+    max_sessions: int,
+    force: bool,
+    share_prefix: bool,
+    **host_options: Any,
 ) -> BudgetRun:
+    """The workload on one host under `budget` (None: unbounded); `host_options` go to the host too."""
     forcing = ScriptedReplies(workload, force)
     async with MlxModelHost(
         str(model),
@@ -213,6 +223,7 @@ async def run_budget(
         processor_factory=forcing,
         share_prefix=share_prefix,
         prefix_cache=0,  # each budget starts cold: no disk tier between the runs compared
+        **host_options,
     ) as host:
         forced = forcing.bind(host)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
@@ -246,6 +257,8 @@ async def run_budget(
             forced,
             (host.kv_shape.fixed, host.kv_shape.per_token),
             host.kv_trimmable,
+            host.kv_bits,
+            await host.kv_shapes(),
         )
 
 
