@@ -176,6 +176,7 @@ class BudgetRun:
     trimmable: bool = True
     kv_bits: int = 16  # what the host ran at
     shapes: dict[int, Any] = field(default_factory=dict)  # every --kv-bits setting's KVShape (or why not)
+    resident: list[int] = field(default_factory=list)  # sessions resident at each poll
 
     @property
     def completed(self) -> bool:
@@ -197,10 +198,13 @@ async def conversation(host: MlxModelHost, workload: Workload, i: int, max_token
     return out
 
 
-async def poll(host: MlxModelHost, start: float, samples: list[tuple[float, int, dict[str, int]]]) -> None:
+async def poll(
+    host: MlxModelHost, start: float, samples: list[tuple[float, int, dict[str, int]]], resident: list[int]
+) -> None:
     while True:
         stats = await host.memory_stats()
         samples.append((time.perf_counter() - start, stats.kv_bytes_total, dict(stats.kv_bytes_by_session)))
+        resident.append(stats.sessions_resident)
         await asyncio.sleep(POLL_SECONDS)
 
 
@@ -228,8 +232,9 @@ async def run_budget(
         forced = forcing.bind(host)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
         samples: list[tuple[float, int, dict[str, int]]] = []
+        resident: list[int] = []
         start = time.perf_counter()
-        poller = asyncio.create_task(poll(host, start, samples))
+        poller = asyncio.create_task(poll(host, start, samples, resident))
         results = await asyncio.gather(
             *(conversation(host, workload, i, max_tokens) for i in range(len(workload.openings))),
             return_exceptions=True,
@@ -259,6 +264,7 @@ async def run_budget(
             host.kv_trimmable,
             host.kv_bits,
             await host.kv_shapes(),
+            [*resident, stats.sessions_resident],
         )
 
 

@@ -93,8 +93,9 @@ KvBitsOpt = Annotated[
     KvBits,
     typer.Option(
         "--kv-bits",
-        help="Bits per KV cache value for every session: 16 (not quantized), 8 or 4 (quantized per group: the same "
-        "--kv-budget holds 2-4x the sessions). A model that cannot take it runs at 16, with a warning.",
+        help="Bits per KV cache value for every session: 16 (not quantized), 8 or 4 (quantized per group: about "
+        "1.9x or 3.6x less than 16-bit, so the same --kv-budget holds more sessions). A model that cannot take it "
+        "runs at 16, with a warning.",
     ),
 ]
 PrefixCacheOpt = Annotated[

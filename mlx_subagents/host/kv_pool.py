@@ -184,11 +184,14 @@ class KVPool:
         if state is not None and state.spill_path is not None:
             state.spill_path.unlink(missing_ok=True)
 
-    def observe(self, total_bytes: int, active_sessions: int = 0) -> None:
-        """Keep the peaks: `total_bytes` held now, and `active_sessions` in a turn besides the idle ones held."""
+    def resident(self, active_sessions: int = 0) -> int:
+        """Sessions whose caches are in memory: the idle ones not evicted, and `active_sessions` in a turn."""
+        return active_sessions + sum(1 for s in self._idle.values() if s.prompt_cache is not None)
+
+    def observe(self, total_bytes: int, resident_sessions: int = 0) -> None:
+        """Keep the peaks of the bytes and of the sessions held in memory at once."""
         self.counters.peak_bytes = max(self.counters.peak_bytes, total_bytes)
-        held = sum(1 for s in self._idle.values() if s.prompt_cache is not None)
-        self.counters.peak_sessions = max(self.counters.peak_sessions, held + active_sessions)
+        self.counters.peak_sessions = max(self.counters.peak_sessions, resident_sessions)
 
     def fits(self, needed: int, other_bytes: int = 0) -> bool:
         return self.budget is None or self.idle_bytes() + other_bytes + needed <= self.budget

@@ -75,6 +75,7 @@ class MemoryStats:
     peak_memory: int
     pool: dict[str, int] = field(default_factory=dict)
     shared_prefix_hits: int = 0
+    sessions_resident: int = 0  # sessions whose caches are in memory now (idle or in a turn)
 
 
 def total_memory() -> int:
@@ -597,6 +598,7 @@ class MlxModelHost:
                 peak_memory=mx.get_peak_memory(),
                 pool=self._pool.counters.to_dict(),
                 shared_prefix_hits=self._scheduler.prefixes.hits,
+                sessions_resident=self._scheduler.resident_sessions(),
             )
 
         return await self._mlx.run(read)

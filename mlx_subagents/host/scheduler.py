@@ -270,7 +270,7 @@ class Scheduler:
         self._unobserved_steps += 1
         if work != self._work or self._unobserved_steps >= OBSERVE_EVERY_STEPS:
             self._work, self._unobserved_steps = work, 0
-            self.pool.observe(self.resident_bytes(), len(self._active()))
+            self.pool.observe(self.resident_bytes(), self.resident_sessions())
 
     def resident_bytes(self) -> int:
         """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
@@ -279,6 +279,10 @@ class Scheduler:
         active += cache_nbytes(self.single.cache) if self.single is not None else 0
         snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
         return self.pool.idle_bytes() + self.prefixes.nbytes() + active + snapshots
+
+    def resident_sessions(self) -> int:
+        """Sessions whose KV caches are in memory right now: idle ones not evicted, turns in flight."""
+        return self.pool.resident(len(self._active()))
 
     def make_room(self) -> None:
         """Evict idle caches until what is held fits the pool's budget (it was lowered), as far as

@@ -11,6 +11,8 @@ ROW_KEYS = {
     "ran_at_bits",
     "kv_bytes_per_token",
     "sessions_resident",
+    "sessions_resident_peak",
+    "sessions_resident_end",
     "evictions",
     "spills",
     "drops",
@@ -20,6 +22,8 @@ ROW_KEYS = {
     "sessions_resident_ratio",
     "reprefilled_ratio",
     "decode_at_4_ratio",
+    "decode_cpu_tps",
+    "decode_at_4_cpu_ratio",
 }
 
 
@@ -35,7 +39,9 @@ def test_kv_bits_comparison_json() -> None:
     # the tiny model with 64-wide heads: 2 layers x (keys, values) x 2 heads x 64 fp32 values, or 8-bit in groups
     assert (sixteen["kv_bytes_per_token"], eight["kv_bytes_per_token"]) == (2048, 576)
     assert sixteen["budget_bytes"] == eight["budget_bytes"] == int(report["working_set_bytes"] * 0.4)
-    assert 1 <= sixteen["sessions_resident"] < eight["sessions_resident"] <= 4
+    assert 0 < sixteen["sessions_resident"] < eight["sessions_resident"] <= 4  # a mean over the run
+    assert 1 <= sixteen["sessions_resident_end"] < eight["sessions_resident_end"] == 4  # all four fit at 8 bits
+    assert sixteen["sessions_resident_peak"] <= eight["sessions_resident_peak"] == 4
     assert sixteen["drops"] > 0 and sixteen["reprefilled_tokens"] > eight["reprefilled_tokens"]
     assert all(r["completed"] and r["spills"] == 0 for r in report["settings"])  # --evict drop: nothing spilled
     assert sixteen["agreement"] == [1.0] * 4  # the reference against itself
@@ -43,5 +49,6 @@ def test_kv_bits_comparison_json() -> None:
         "sessions_resident_8_vs_16",
         "reprefilled_8_vs_16",
         "decode_at_4_8_vs_16",
+        "decode_at_4_cpu_8_vs_16",
         "agreement_8",
     }
