@@ -69,6 +69,61 @@ def test_four_sessions_batched_at_8_bits_decode_as_each_alone(
 
 
 @pytest.mark.slow
+def test_a_quantized_prompt_prefilled_in_slices_decodes_as_prefilled_at_once(
+    quantizable: Callable[[str], Path],
+) -> None:
+    """Keys and values are quantized token by token, so slices of any size leave the same cache."""
+
+    async def go(step: int) -> list[Any]:
+        async with MlxModelHost(str(quantizable("qwen3")), kv_bits=8, prefill_step_size=step) as host:
+            return await conversation(host, 0)
+
+    assert asyncio.run(go(48)) == asyncio.run(go(4096))
+
+
+@pytest.mark.slow
+def test_a_quantized_session_cancelled_in_the_batch_goes_on_from_its_cut_cache(
+    quantizable: Callable[[str], Path], tiny_qwen3: Any
+) -> None:
+    from mlx_subagents.testing import ForcedScripts
+
+    path = quantizable("qwen3")
+    long_text = " ".join(f"item{i}" for i in range(300))
+
+    async def cut() -> tuple[list[Any], Any]:
+        scripts = ForcedScripts(tiny_qwen3[1], {"s9": [long_text]})  # the tiny models share one tokenizer
+        async with MlxModelHost(str(path), kv_bits=8, processor_factory=scripts) as host:
+            joined = asyncio.Event()
+            doomed = asyncio.create_task(host.session("s9").generate(task(9), GenerateArgs(max_tokens=600)))
+            others = [
+                host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=20, on_text=lambda _: joined.set()))
+                for i in range(3)
+            ]
+            running = asyncio.gather(*others)
+            await joined.wait()  # the others decode, so s9 (300 tokens to go) does so in their batch
+            doomed.cancel()  # taken out of the batch mid-reply (`remove`: its quantized cache extracted)
+            replies = await running
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            assert host._scheduler.most_decoding == 4
+            again = await host.session("s9").generate(task(9), GenerateArgs(max_tokens=8))
+            return [r.token_ids for r in replies], again
+
+    async def alone() -> tuple[list[Any], Any]:
+        async with MlxModelHost(str(path), kv_bits=8, batching=False) as host:
+            replies = [await host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=20)) for i in range(3)]
+            return [r.token_ids for r in replies], await host.session("s9").generate(
+                task(9), GenerateArgs(max_tokens=8)
+            )
+
+    (batched, again), (separate, cold) = asyncio.run(cut()), asyncio.run(alone())
+
+    assert batched == separate
+    assert again.token_ids == cold.token_ids  # the cut cache, trimmed to the prompt, goes on as a fresh one
+    assert again.usage.cached_tokens == again.usage.prompt_tokens - 1 > cold.usage.cached_tokens
+
+
+@pytest.mark.slow
 def test_quantized_forks_spilled_and_restored_continue_token_identically(quantizable: Callable[[str], Path]) -> None:
     """A parent's quantized cache shared with two forks, each spilled to disk while the other runs and
     restored for its next turn: the same tokens as with no budget at all."""
