@@ -303,7 +303,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
     left.bar(labels, [r["sessions_resident"] for r in rows], color="#4477aa")
     left.axhline(report["sessions"], color="grey", ls="--", lw=1, label="sessions in the workload")
-    left.set_title("sessions resident at once")
+    left.set_title("sessions resident at once (mean over the run)")
     left.legend(loc="lower right", fontsize=7)
     right.bar(labels, [r["reprefilled_tokens"] for r in rows], color="#cc6677")
     right.set_title("re-prefilled tokens")
