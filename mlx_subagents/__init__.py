@@ -19,6 +19,7 @@ from .agents.discovery import discover_agents
 from .agents.spec import AgentSpec
 from .errors import SubagentError
 from .host.mlx_host import MlxModelHost
+from .host.protocol import GenerateArgs
 from .host.scripted import ScriptedHost
 from .results import MultiRunResult, RunResult
 from .runs.options import RunOptions
@@ -28,6 +29,7 @@ from .runs.tasks import TaskSpec
 
 __all__ = [
     "AgentSpec",
+    "GenerateArgs",
     "MlxModelHost",
     "MultiRunResult",
     "RunOptions",

@@ -81,6 +81,10 @@ class StateHomeError(SubagentError):
     """The state folder (`$MLX_SUBAGENTS_HOME`) cannot hold what must be saved (not a folder, read-only)."""
 
 
+class DamagedStateError(SubagentError):
+    """A state file (a worktree manifest, a prefix file, a run record) is damaged or not a regular file."""
+
+
 class RunNotFoundError(SubagentError):
     """No saved run (or task in it) matches the id given to `show` or `resume`."""
 
@@ -95,3 +99,15 @@ class TaskStateError(SubagentError):
 
 class McpConfigError(SubagentError):
     """An MCP server definition (`.mcp.json`, the home's `mcp.json`, `mcpServers:`) is invalid."""
+
+
+class McpRequestError(SubagentError):
+    """A request an MCP server made of this client (sampling) that it refuses: the message says why."""
+
+
+class McpAuthError(McpConfigError):
+    """An MCP server over HTTP wants a sign-in this run cannot do: no token, or the token was refused."""
+
+
+class ConfigError(SubagentError):
+    """`$MLX_SUBAGENTS_HOME/config.toml` holds a key this version does not know, or a value its flag refuses."""

@@ -18,7 +18,10 @@ EventKind = Literal[
     "waiting",
     "task_start",
     "turn_start",
+    "prefill",
+    "decode",
     "reasoning",
+    "text",
     "tool_call",
     "tool_result",
     "message",
@@ -29,6 +32,8 @@ EventKind = Literal[
     "task_notice",
     "task_cancel",
     "hook_warning",
+    "sampling",
+    "elicitation",
 ]
 
 
@@ -50,18 +55,47 @@ class _TaskStartKeys(TypedDict):
 class TaskStartData(_TaskStartKeys, total=False):
     """The task starts: its `task` (the prompt it was given), the `model` it runs on, its `tool_mode`
     (how the model is given its tools) and the `step_id` of the chain or workflow step it is (null for
-    other tasks; an `AgentSession` run outside a runner knows no steps and leaves it out)."""
+    other tasks; an `AgentSession` run outside a runner knows no steps and leaves it out); a task that
+    waited to start also says how long, `waited_s`, and for what, `waited_for` (`a slot` or `the writer
+    lease`), for the timeline of its run."""
 
     step_id: str | None
+    waited_s: float
+    waited_for: str
 
 
 class TurnStartData(TypedDict):
     """A turn (one model call) starts; the event's own `turn` counts it, so the payload is empty."""
 
 
+class PrefillData(TypedDict):
+    """The host starts prefilling the turn's prompt: the `tokens` it computes now (the session's KV cache
+    does not hold them) and the `cached` ones it reuses, so that a view can say "prefilling N tokens"
+    until the first token comes (an engine does not say, and has no such event)."""
+
+    tokens: int
+    cached: int
+
+
+class DecodeData(TypedDict):
+    """The reply decodes: the `tokens` it has generated so far (call markup and reasoning included) and
+    `tps`, their rate since its first token (0 at first); reported at the first token, then at most once a
+    second, so that a view shows it alive and how fast."""
+
+    tokens: int
+    tps: float
+
+
 class ReasoningData(TypedDict):
     """A thinking model's reasoning streams: `text` is the next piece of it, so that a view can count or
     fold it as it grows."""
+
+    text: str
+
+
+class TextData(TypedDict):
+    """The reply's visible text streams: `text` is the next piece of it, for a live view (the `message`
+    event has all of it, so transcripts do not record these)."""
 
     text: str
 
@@ -186,11 +220,42 @@ class HookWarningData(TypedDict):
     message: str
 
 
+class SamplingData(TypedDict):
+    """An MCP server the task was calling asked for a completion (`sampling/createMessage`): the
+    `server`, the `model` that answered ("" when refused), the tokens it read (`input_tokens`, of them
+    `cached_tokens`) and generated (`output_tokens`, counted in the task's usage), its `stop_reason`,
+    and `error`: null, or why it was refused (`sampling: off`, a project server without consent)."""
+
+    server: str
+    model: str
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    stop_reason: str
+    error: str | None
+
+
+class ElicitationData(TypedDict):
+    """An MCP server the task was calling asked the person for input (`elicitation/create`): the
+    `server`, its `message`, the `mode` (`form` or `url`), the `action` sent back (`accept`,
+    `decline`, `cancel`) and `reason`: null, or why it was declined without asking (nobody can answer
+    there: a run without a terminal, `subagent mcp`, a background task)."""
+
+    server: str
+    message: str
+    mode: str
+    action: str
+    reason: str | None
+
+
 EventData = (
     WaitingData
     | TaskStartData
     | TurnStartData
+    | PrefillData
+    | DecodeData
     | ReasoningData
+    | TextData
     | ToolCallData
     | ToolResultData
     | MessageData
@@ -201,6 +266,8 @@ EventData = (
     | TaskNoticeData
     | TaskCancelData
     | HookWarningData
+    | SamplingData
+    | ElicitationData
 )
 
 # Each kind's payload class, in the order of `EventKind`.
@@ -208,7 +275,10 @@ PAYLOADS: dict[EventKind, type[Any]] = {
     "waiting": WaitingData,
     "task_start": TaskStartData,
     "turn_start": TurnStartData,
+    "prefill": PrefillData,
+    "decode": DecodeData,
     "reasoning": ReasoningData,
+    "text": TextData,
     "tool_call": ToolCallData,
     "tool_result": ToolResultData,
     "message": MessageData,
@@ -219,6 +289,8 @@ PAYLOADS: dict[EventKind, type[Any]] = {
     "task_notice": TaskNoticeData,
     "task_cancel": TaskCancelData,
     "hook_warning": HookWarningData,
+    "sampling": SamplingData,
+    "elicitation": ElicitationData,
 }
 
 

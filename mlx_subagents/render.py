@@ -10,7 +10,8 @@ The same events read three ways, by where they are shown (`Layout`):
 - "chat": the parent's tool calls as `▸ ...`; its sub-agents relative to it (indented, `↳` when
   one starts, `✓`/`✗` when it ends); the notice of a background sub-agent's end as `● ...`.
 
-In each, a task that waits for its workspace's writer lease says so.
+In each, a task that waits for its workspace's writer lease says so, and what an MCP server asked of
+the client shows: a completion on the local model (sampling) or the person's input (elicitation).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from rich.table import Table
 
 from .events import (
     CompactionData,
+    ElicitationData,
     Event,
     HookWarningData,
+    SamplingData,
     TaskEndData,
     TaskNoticeData,
     TaskStartData,
@@ -66,6 +69,23 @@ def end_status(data: TaskEndData) -> str:
     return {"completed": "done", "aborted": "aborted"}.get(data["status"], "failed")
 
 
+def server_request_line(event: Event) -> str:
+    """`mcp demo sampled 12 tokens (smollm2)`, `mcp demo asked "Your name?": declined: ...` (markup)."""
+    if event.kind == "sampling":
+        sample = cast(SamplingData, event.data)
+        if sample["error"]:
+            return f"[yellow]mcp {escape(sample['server'])}: {escape(sample['error'])}[/]"
+        return (
+            f"[dim]mcp {escape(sample['server'])} sampled {sample['output_tokens']:,} tokens "
+            f"({escape(sample['model'])}, {sample['input_tokens']:,} read)[/]"
+        )
+    asked = cast(ElicitationData, event.data)
+    what = f'mcp {escape(asked["server"])} asked "{escape(clip(first_line(asked["message"]), MAX_TOOL_CHARS))}"'
+    if asked["reason"]:
+        return f"[yellow]{what}: declined: {escape(asked['reason'])}[/]"
+    return f"[dim]{what}: {asked['action']}[/]"
+
+
 class EventLines:
     """Prints one line per notable event; pass `handle` as an event sink.
 
@@ -104,6 +124,10 @@ class EventLines:
         if event.kind == "hook_warning":  # in every layout: a hook the user relies on did not run as meant
             where = f"[dim]\\[{escape(event.label)}][/] " if event.label else ""
             return f"{where}[yellow]warning: {escape(cast(HookWarningData, event.data)['message'])}[/]"
+        if event.kind in ("sampling", "elicitation"):  # in every layout: a server used the model or asked
+            own = event.label in (self.root, event.agent) and self.layout != "tasks"  # bare, as its tool calls
+            where = f"[dim]\\[{escape(event.label)}][/] " if event.label and not own else ""
+            return where + server_request_line(event)
         if self.layout == "tasks":
             return self._tasks_line(event)
         if self.layout == "task":

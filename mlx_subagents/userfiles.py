@@ -100,6 +100,23 @@ def open_regular(
     return os.fdopen(fd, "rb")
 
 
+def linked_part(root: Path, relative: Path | str) -> Path | None:
+    """The first part of `root / relative` that is a symbolic link, checked from `root` down without
+    following any (`root` itself is the caller's: resolved, or trusted); None when no part is one.
+
+    A folder a clone controls (a project's memory or skill folder, a file `apply` writes) is used only
+    when this is None: a link in it would lead a read or a write outside."""
+    path = root
+    for part in Path(relative).parts:
+        path = path / part
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return path
+        except OSError:  # missing from here down: nothing below can be a link yet
+            return None
+    return None
+
+
 def too_large(n_bytes: int, max_bytes: int, what: str) -> str:
     return f"the file is {n_bytes:,} bytes, over the limit of {max_bytes:,} for {_a(what)}; shorten it"
 
@@ -215,6 +232,13 @@ def measure(data: Any) -> tuple[float, int]:
 def load_file(path: Path, fmt: Format, what: str, error: type[SubagentError], max_bytes: int = MAX_FILE_BYTES) -> Any:
     """`read_text` then `parse_text`: a user's data file, every problem one `error` line naming it."""
     return parse_text(read_text(path, what, error, max_bytes), fmt, str(path), error)
+
+
+def json_line(text: str, key: str) -> int | None:
+    """The 1-based line of JSON `text` where the string `key` first appears (a key or a value), for a
+    warning that names the line to fix; None when it does not appear as written."""
+    at = text.find(json.dumps(key))
+    return text.count("\n", 0, at) + 1 if at >= 0 else None
 
 
 def yaml_problem(exc: yaml.YAMLError, first_line: int = 1) -> str:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 
@@ -135,8 +135,117 @@ def test_events_table_lists_every_kind_with_its_keys() -> None:
         shape = PAYLOADS[kind]
         marked = {f"`{key}`" for key in shape.__required_keys__} | {f"`{key}`?" for key in shape.__optional_keys__}
         assert set(row[1].split(", ")) == (marked or {"none"}), kind
-    assert rows[9][:2] == ["| `task_end`", "`status`, `stop_reason`, `error`, `usage`?, `duration_s`?"]
-    assert rows[2][1] == "none"
+    by_kind = {row[0]: row for row in rows}
+    assert by_kind["| `task_end`"][1] == "`status`, `stop_reason`, `error`, `usage`?, `duration_s`?"
+    assert by_kind["| `turn_start`"][1] == "none"
+
+
+# Lists in the docs that say they are complete, made from the code: the text between
+# `<!-- generated: NAME -->` and `<!-- end: NAME -->` is `GENERATED[NAME]()`, written by `python tests/test_docs.py`.
+GENERATED_SPAN = re.compile(r"<!-- generated: (?P<name>[^>]+?) -->(?P<body>.*?)<!-- end: (?P=name) -->", re.S)
+
+
+def _names(names: Any) -> str:
+    return ", ".join(f"`{name}`" for name in names)
+
+
+def _fields(cls: Any, skip: tuple[str, ...] = ()) -> str:
+    from dataclasses import fields
+
+    return _names(f.name for f in fields(cls) if f.name not in skip)
+
+
+def _command_options(command: str) -> str:
+    """A command's options as the typer app declares them (`--help` aside)."""
+    from typer.main import get_command
+
+    from mlx_subagents.cli import app
+
+    params = get_command(app).commands[command].params  # type: ignore[attr-defined]
+    return _names(p.opts[0] for p in params if p.param_type_name == "option" and p.opts[0] != "--help")
+
+
+def generated_spans() -> dict[str, tuple[Path, Any]]:
+    """Each generated list: its page and what makes its text."""
+    from mlx_subagents.agents import claude
+    from mlx_subagents.cli.config import KEYS
+    from mlx_subagents.host.protocol import GenerateArgs
+    from mlx_subagents.results import StopReason
+    from mlx_subagents.runs.options import RunOptions
+    from mlx_subagents.runs.tasks import TaskSpec
+
+    return {
+        "RunOptions fields": (DOCS / "python.md", lambda: _fields(RunOptions)),
+        "TaskSpec fields": (DOCS / "python.md", lambda: _fields(TaskSpec, ("agent", "task"))),
+        "GenerateArgs fields": (DOCS / "python.md", lambda: _fields(GenerateArgs)),
+        "mcp options": (DOCS / "mcp.md", lambda: _command_options("mcp")),
+        "claude honoured": (DOCS / "agents.md", lambda: _names(claude.CLAUDE_HONOURED)),
+        "claude unsupported": (DOCS / "agents.md", lambda: _names(claude.CLAUDE_UNSUPPORTED)),
+        "claude aliases": (DOCS / "agents.md", lambda: _names(claude.CLAUDE_MODEL_ALIASES)),
+        "stop reasons": (DOCS / "runs.md", lambda: _names(get_args(StopReason))),
+        "config keys": (DOCS / "runs.md", lambda: _names(KEYS)),
+    }
+
+
+def generated_page(page: Path) -> str:
+    """`page` with the text of each of its generated lists made anew."""
+    makers = {name: make for name, (where, make) in generated_spans().items() if where == page}
+    text = page.read_text(encoding="utf-8")
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group("name")
+        assert name in makers, f"{page.relative_to(ROOT)} has a generated list no one makes: {name}"
+        return f"<!-- generated: {name} -->{makers[name]()}<!-- end: {name} -->"
+
+    return GENERATED_SPAN.sub(fill, text)
+
+
+def test_the_lists_the_docs_call_complete_are_what_the_code_says() -> None:
+    """Every generated list is on its page and current: the `RunOptions` and `TaskSpec` fields, the mcp
+    command's options, Claude Code's fields, the stop reasons (each list had drifted once)."""
+    spans = generated_spans()
+    for name, (page, _make) in spans.items():
+        assert f"<!-- generated: {name} -->" in page.read_text(encoding="utf-8"), f"{page.name} lost its list: {name}"
+    for page in sorted({page for page, _ in spans.values()}):
+        if generated_page(page) != page.read_text(encoding="utf-8"):
+            pytest.fail(
+                f"a generated list in {page.relative_to(ROOT)} is not what the code says; regenerate with `{REGENERATE}`",
+                pytrace=False,
+            )
+
+
+def test_the_python_page_imports_what_the_package_exports() -> None:
+    import mlx_subagents
+
+    page = (DOCS / "python.md").read_text(encoding="utf-8")
+    block = page[page.index("from mlx_subagents import (") : page.index(")", page.index("from mlx_subagents import ("))]
+    listed = re.findall(r"^\s+(\w+),$", block, re.M)
+    assert listed == sorted(n for n in mlx_subagents.__all__ if n != "__version__")
+
+
+def test_every_benchmark_script_is_listed() -> None:
+    """The table of docs/benchmarks.md and the package tree of docs/architecture.md name every script of
+    `benchmarks/` (`fork.py` was missing from both)."""
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if "__main__" in p.read_text(encoding="utf-8"))
+    table = re.findall(r"^\| `(\w+\.py)` \|", (DOCS / "benchmarks.md").read_text(encoding="utf-8"), re.M)
+    assert sorted(table) == scripts
+    tree = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    line = tree[tree.index("\nbenchmarks/ ") : tree.index("\ntests/ ")]
+    assert [s for s in scripts if s not in line] == []
+
+
+def test_the_docs_say_what_ci_runs() -> None:
+    """docs/architecture.md names each check `.ci/run` makes and each package it installs; the README says
+    the test extra brings the linters."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    page = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    checks = ["ruff format --check", "ruff check", "lint-imports"]
+    assert all(check in ci for check in checks)
+    packages = re.findall(r"apt-get install -y -qq ([\w .-]+)", ci)
+    assert packages, "the packages .ci/run installs"
+    for name in checks + " ".join(packages).split():
+        assert f"`{name}`" in page, f"docs/architecture.md does not say that .ci/run uses {name}"
+    assert "import-linter" in README.read_text(encoding="utf-8")
 
 
 def test_readme_is_short() -> None:
@@ -211,6 +320,9 @@ if __name__ == "__main__":
     print(f"wrote {CLI_PAGE.relative_to(ROOT)}")
     EVENTS_PAGE.write_text(events_page(EVENTS_PAGE.read_text(encoding="utf-8")), encoding="utf-8")
     print(f"wrote the events table in {EVENTS_PAGE.relative_to(ROOT)}")
+    for page in sorted({page for page, _ in generated_spans().values()}):
+        page.write_text(generated_page(page), encoding="utf-8")
+        print(f"wrote the generated lists in {page.relative_to(ROOT)}")
 
 
 def test_the_architecture_page_names_every_module() -> None:
@@ -225,3 +337,44 @@ def test_the_architecture_page_names_every_module() -> None:
     for note in package.rglob("AGENTS.md"):
         named = re.findall(r"`(tests/[\w/]+\.py)", note.read_text(encoding="utf-8"))
         assert named and all((ROOT / path).is_file() for path in named), note
+
+
+def _code_blocks(page: Path, language: str) -> list[str]:
+    """The fenced code blocks of `page` in `language`."""
+    text = page.read_text(encoding="utf-8")
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.M | re.S)
+
+
+@pytest.mark.slow
+def test_the_python_page_uses_the_host_as_it_is_called(
+    tiny_qwen3_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The page's `MlxModelHost` example runs (on the tiny model): it once called `generate(messages,
+    tools=None, max_tokens=512)`, which raises TypeError, with `GenerateArgs` not exported."""
+    example = next(b for b in _code_blocks(DOCS / "python.md", "python") if "MlxModelHost(" in b and "generate" in b)
+    code = example.replace('"mlx-community/Qwen3-4B-Instruct-2507-4bit"', repr(str(tiny_qwen3_path)))
+    assert code != example
+    exec(compile(code, "docs/python.md", "exec"), {"__name__": "docs_example"})
+    usage = capsys.readouterr().out.splitlines()[-1]  # the reply's text, its calls, why it ended; then the usage
+    prompt, cached, prefilled, generated = (int(n) for n in usage.split())
+    assert prompt == cached + prefilled and prompt > 0 and 0 < generated <= 512
+
+
+def test_every_mcp_client_config_passes_the_home_with_absolute_paths() -> None:
+    """A client starts `subagent mcp` with the SDK's reduced environment (what the page says it is), so
+    every config example passes `MLX_SUBAGENTS_HOME` through its `env` and names `subagent` in full."""
+    from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
+
+    page = DOCS / "mcp.md"
+    text = page.read_text(encoding="utf-8")
+    assert "MLX_SUBAGENTS_HOME" not in DEFAULT_INHERITED_ENV_VARS
+    assert ", ".join(f"`{v}`" for v in sorted(DEFAULT_INHERITED_ENV_VARS)[:-1]) in text
+    configs = [b for b in _code_blocks(page, "json") if '"command"' in b]
+    configs += [b for b in _code_blocks(page, "toml") if "command =" in b]
+    configs += [b for b in _code_blocks(page, "python") if "StdioServerParameters(" in b]
+    configs += [b for b in _code_blocks(page, "bash") if "claude mcp add" in b]
+    assert len(configs) == 4  # Cursor, Codex, the SDK, Claude Code
+    for config in configs:
+        assert "MLX_SUBAGENTS_HOME" in config, config
+        commands = re.findall(r"""(?:command"?\s*[:=]\s*"|-- )([^"\s]+)""", config)
+        assert commands and all(c.startswith("/") for c in commands), config

@@ -6,7 +6,8 @@ import io
 
 from rich.console import Console
 
-from mlx_subagents.cli.progress import ProgressView, usage_table
+from mlx_subagents.cli.live import LiveView
+from mlx_subagents.cli.progress import usage_table
 from mlx_subagents.events import Event, TaskEndData
 from mlx_subagents.render import EventLines, tasks_table
 from mlx_subagents.results import RunResult, TaskStatus
@@ -49,7 +50,7 @@ def test_the_tables_colour_statuses_from_the_same_map() -> None:
         for colour, status in zip((GREEN, RED, YELLOW), ("completed", "failed", "aborted"))
     )
 
-    view = ProgressView(Console(file=io.StringIO()), [("a", "scout"), ("b", "scout")], live=False)
+    view = LiveView(Console(file=io.StringIO()), "tasks", [("a", "scout"), ("b", "scout")])
     done = TaskEndData(status="completed", stop_reason="completed", error=None)
     view.handle(Event(kind="task_end", label="a", agent="scout", data=done))
     view.handle(Event(kind="task_end", label="b", agent="scout", data=ABORTED))

@@ -6,6 +6,12 @@ The configuration is Claude Code's (`{"hooks": {"PreToolUse": [{"matcher": "Bash
 project's `.mlx-subagents/settings.json` and its `.claude/settings.json` (the two project files only after
 the same consent as project agents), plus an agent file's own `hooks:` (the inner mapping) for that agent.
 
+The user's own settings file is strict: a hook in a shape not known here is one error line, since a
+guard that silently does not run would be worse. A project's settings file is read only when a run needs
+its hooks and, for its hooks, only after the user's consent; each problem in it (bad JSON, a comment, an
+unknown event, a matcher that is not a regex) is one warning naming the file, the line and the fix, and
+the run goes on without that part (`read_settings`, `project_hooks`).
+
 A hook command gets the event as JSON on stdin and runs like a `bash` call (`tools/command.py`: its own
 process group, killed on its time-out or on cancellation, its strays swept). Exit 0 goes on, unless its
 stdout is JSON with `"decision": "block"`; exit 2 blocks, its stderr being the reason; any other failure
@@ -25,7 +31,7 @@ from ..errors import SubagentError
 from ..text import one_line
 from ..tools import REGISTRY
 from ..tools.command import OutputBuffer, run_command
-from ..userfiles import load_file
+from ..userfiles import json_line, load_file, parse_text, read_text
 
 HookEvent = Literal["PreToolUse", "PostToolUse", "SubagentStart", "SubagentStop", "Stop"]
 HOOK_EVENTS: tuple[HookEvent, ...] = ("PreToolUse", "PostToolUse", "SubagentStart", "SubagentStop", "Stop")
@@ -92,31 +98,46 @@ class HookOutcome:
     warnings: tuple[str, ...] = field(default=())
 
 
-def parse_hooks(data: Any, where: str, warnings: list[str] | None = None) -> Hooks:
+def parse_hooks(data: Any, where: str, warnings: list[str] | None = None, *, lenient: str | None = None) -> Hooks:
     """The hooks of a `hooks` mapping (event -> list of `{matcher, hooks: [...]}`); one `HookConfigError`
     line for a bad shape. Claude Code's events and hook types that do not exist here are left out, each
     with a line in `warnings`.
 
     Args:
         where: the file (and field) the mapping comes from, for errors, warnings and each hook's origin.
+        lenient: the file's text: each bad event or hook group is then left out with one warning naming
+            its line, instead of an error (a project's file, `project_hooks`).
     """
     fix = 'write it as {"PreToolUse": [{"matcher": "bash", "hooks": [{"type": "command", "command": "..."}]}]}'
+    warnings = [] if warnings is None else warnings
+
+    def refuse(problem: str, key: str, part: str = "its hooks are") -> None:
+        if lenient is None:
+            raise HookConfigError(f"{where}: {problem}")
+        line = json_line(lenient, key)
+        warnings.append(f"{where}{f' line {line}' if line else ''}: {problem}; {part} left out, the others run")
+
     if data is None:
         return Hooks()
     if not isinstance(data, Mapping):
-        raise HookConfigError(f"{where}: 'hooks' must be a mapping of events; {fix}")
+        refuse(f"'hooks' must be a mapping of events; {fix}", "hooks")
+        return Hooks()
     groups: list[HookGroup] = []
     for event, entries in data.items():
         if event in CLAUDE_ONLY_EVENTS:
-            if warnings is not None:
-                warnings.append(f"{where}: hook event '{event}' does not happen here; its hooks are ignored")
-            continue
-        if event not in HOOK_EVENTS:
-            raise HookConfigError(f"{where}: unknown hook event {event!r}; use one of {', '.join(HOOK_EVENTS)}")
-        if not isinstance(entries, list):
-            raise HookConfigError(f"{where}: hooks.{event} must be a list; {fix}")
-        for n, entry in enumerate(entries):
-            groups.append(_group(event, entry, f"{where}: hooks.{event}[{n}]", warnings))
+            warnings.append(f"{where}: hook event '{event}' does not happen here; its hooks are ignored")
+        elif event not in HOOK_EVENTS:
+            refuse(f"unknown hook event {event!r}; use one of {', '.join(HOOK_EVENTS)}", str(event))
+        elif not isinstance(entries, list):
+            refuse(f"hooks.{event} must be a list; {fix}", str(event))
+        else:
+            for n, entry in enumerate(entries):
+                try:
+                    groups.append(_group(event, entry, f"{where}: hooks.{event}[{n}]", warnings))
+                except HookConfigError as exc:
+                    matcher = entry.get("matcher") if isinstance(entry, Mapping) else None
+                    key = matcher if isinstance(matcher, str) and lenient and json_line(lenient, matcher) else event
+                    refuse(str(exc).removeprefix(f"{where}: "), key, "that hook group is")
     return Hooks(tuple(g for g in groups if g.commands))
 
 
@@ -161,6 +182,32 @@ def load_settings_hooks(path: Path, warnings: list[str]) -> Hooks:
     if not isinstance(data, Mapping):
         raise HookConfigError(f'{path}: a settings file must hold a JSON object; write {{"hooks": {{...}}}}')
     return parse_hooks(data.get("hooks"), str(path), warnings)
+
+
+def read_settings(path: Path, warnings: list[str]) -> tuple[Any, str] | None:
+    """A project settings file's `hooks` section and its text, parsed as JSON and nothing more (its hooks
+    are checked after consent, `project_hooks`); None when it has none, or cannot be read (one warning)."""
+    if not path.is_file():
+        return None
+    try:
+        text = read_text(path, "settings file", HookConfigError)
+        data = parse_text(text, "json", str(path), HookConfigError)
+    except HookConfigError as exc:
+        warnings.append(f"{exc}; its hooks are left out (write it as plain JSON, without comments)")
+        return None
+    if not isinstance(data, Mapping):
+        warnings.append(f'{path}: a settings file holds a JSON object ({{"hooks": {{...}}}}); its hooks are left out')
+        return None
+    if not data.get("hooks"):
+        return None
+    return data["hooks"], text
+
+
+def project_hooks(section: Any, path: Path, text: str, warnings: list[str]) -> Hooks:
+    """The hooks of a project settings file's `hooks` section, leniently: each event or hook group that is
+    not in Claude Code's shape is left out with one warning naming the line (`text`: the file's); the
+    others are kept."""
+    return parse_hooks(section, str(path), warnings, lenient=text)
 
 
 def find_project_settings(cwd: Path, user_level: set[Path]) -> list[Path]:

@@ -9,6 +9,11 @@ instructions, read once per run so every session's prompt is byte-identical. An 
 writes through the workspace's paths (`Tool.writes_memory`: edit, write; `MEMORY_TOOLS`) may write in
 that folder (the one exception to the workspace rule, `Workspace.memory`); one without gets its memory
 read-only and no instruction to edit it.
+
+A project or local memory folder lies in the workspace, which a cloned repository fills: no part of it
+(`.mlx-subagents`, the scope's folder, the agent's) may be a symbolic link, nor its `MEMORY.md`, since a
+link would open the folder it points to, outside the workspace, to the agent's tools. Such a folder is
+refused in one line (`memory_folder`); the user's own memory folder in the state home is checked the same way.
 """
 
 from __future__ import annotations
@@ -16,9 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from ..errors import SubagentError
+from ..errors import RequestError, SubagentError
 from ..home import state_home
-from ..userfiles import decode_text, read_head
+from ..userfiles import decode_text, linked_part, read_head
 
 MemoryScope = Literal["user", "project", "local"]
 MEMORY_FILE = "MEMORY.md"
@@ -27,11 +32,19 @@ MAX_MEMORY_BYTES = 64 * 1024
 
 
 def memory_folder(scope: MemoryScope, agent: str, workspace: Path) -> Path:
-    """The folder an agent's memory lives in, for its scope (made when a writer starts, `start_memory`)."""
+    """The folder an agent's memory lives in, for its scope (made when a writer starts, `start_memory`);
+    a `RequestError` line when a part of it, or its `MEMORY.md`, is a symbolic link."""
     if scope == "user":
-        return state_home() / "agent-memory" / agent
-    kind = "agent-memory" if scope == "project" else "agent-memory-local"
-    return workspace / ".mlx-subagents" / kind / agent
+        base, relative = state_home(), Path("agent-memory", agent)
+    else:
+        kind = "agent-memory" if scope == "project" else "agent-memory-local"
+        base, relative = workspace, Path(".mlx-subagents", kind, agent)
+    if (link := linked_part(base, relative / MEMORY_FILE)) is not None:
+        raise RequestError(
+            f"{link}: the memory of agent '{agent}' (memory: {scope}) goes through this symbolic link, which could "
+            f"lead outside {base}; make it a real folder (or file), or give the agent another memory scope"
+        )
+    return base / relative
 
 
 def memory_heading(agent: str) -> str:

@@ -15,24 +15,28 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import SubagentError
+from ..errors import McpRequestError, SubagentError
 from ..events import (
     CompactionData,
+    DecodeData,
     Event,
     EventData,
     EventKind,
     EventSink,
     HookWarningData,
     MessageData,
+    PrefillData,
     ReasoningData,
+    SamplingData,
     TaskEndData,
     TaskSendData,
     TaskStartData,
+    TextData,
     ToolCallData,
     ToolResultData,
     TurnStartData,
@@ -54,14 +58,19 @@ from ..host.protocol import (
 )
 from ..results import RunResult, RunUsage, StopReason
 from ..tools import TOOL_CLASSES, Sandbox, Tool, ToolResult, Workspace, make_tools
-from ..tools.mcp import matches
+from ..tools.mcp import McpTool, matches
+from ..tools.mcp_requests import McpCaller, Person
 from ..tools.skill import SkillTool
 from ..tools.subagent import SubagentTool
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .hooks import HookEvent, HookOutcome, Hooks, fire
 from .inbox import Inbox
+from .sampling import choose_host, sample
 from .skills import SkillChoice, skills_block
 from .spec import AgentSpec
+
+if TYPE_CHECKING:
+    import mcp_types
 
 DEFAULT_MAX_TURNS = 30
 DEFAULT_MAX_REPLY_TOKENS = 2048
@@ -73,6 +82,8 @@ MAX_EVENT_OUTPUT = 2000
 # it repeats itself and what it got); the fifth ends the task.
 REPEAT_WARN_AT = 3
 REPEAT_STOP_AT = 5
+# A decoding reply's `decode` event: at its first token, then at most this often (seconds).
+DECODE_EVERY_S = 1.0
 ANSWER_NOW = "Your reply held only reasoning and no answer. Answer the task now."
 FORK_TASK = (
     "You are a fork: a copy of the agent above, with its conversation so far, started by its subagent call. "
@@ -103,17 +114,39 @@ class _Streamed:
 
     on_text: TextCallback | None
     on_reasoning: TextCallback
+    on_piece: TextCallback
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
 
     def add_text(self, piece: str) -> None:
         self.text.append(piece)
+        self.on_piece(piece)
         if self.on_text is not None:
             self.on_text(piece)
 
     def add_reasoning(self, piece: str) -> None:
         self.reasoning.append(piece)
         self.on_reasoning(piece)
+
+
+@dataclass
+class _Decoding:
+    """Turns the host's running count of a reply's tokens into `decode` reports: at the first token,
+    then at most every `DECODE_EVERY_S`, with the rate since the first."""
+
+    report: Callable[[int, float], None]
+    first: tuple[float, int] | None = None  # (when, tokens) at the first report
+    reported: float = 0.0
+
+    def __call__(self, tokens: int) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first, self.reported = (now, tokens), now
+            self.report(tokens, 0.0)
+        elif now - self.reported >= DECODE_EVERY_S:
+            self.reported = now
+            since, at = self.first
+            self.report(tokens, round((tokens - at) / (now - since), 1))
 
 
 class LimitReached(Exception):
@@ -144,6 +177,22 @@ def system_prompt(
     if skills is not None and skills.offered:
         prompt += "\n\n" + skills_block(skills.offered, skills.preloaded, context_window)
     return prompt
+
+
+def session_tools(
+    spec: AgentSpec, workspace: Workspace, sandbox: Sandbox | None, extra_tools: dict[str, Tool], skills: SkillChoice
+) -> dict[str, Tool]:
+    """The tools a session of `spec` offers, by name: its granted tools made for the workspace, then
+    `extra_tools` (MCP tools, `subagent`), each only if its file grants it, and `skill` when it is
+    offered skills. The prompt-fit check counts their schemas before anything starts."""
+    # A granted tool with no implementation here (`subagent`, unless the caller passes one in
+    # `extra_tools`) is not offered rather than crashing the session.
+    granted = [t for t in spec.tools if t in TOOL_CLASSES and t not in extra_tools]
+    tools: dict[str, Tool] = {**make_tools(granted, workspace, sandbox), **extra_tools}
+    tools = {n: t for n, t in tools.items() if spec.grants(t.grant)}
+    if skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
+        tools["skill"] = SkillTool(workspace, skills.offered)
+    return tools
 
 
 @dataclass
@@ -181,17 +230,19 @@ class AgentSession:
     skills: SkillChoice = field(default_factory=SkillChoice)
     # A fork's parent's host session: the fork's host session starts from its KV cache ("": none).
     fork_of: str = ""
+    # Who answers the questions of the MCP servers it calls (elicitation); None where nobody can,
+    # `no_person` saying why (a background task, a run without a terminal, the MCP server).
+    person: Person | None = None
+    no_person: str = "nobody can answer here"
+    # The run's resident hosts: a server's sampling request may name one of them (see `agents/sampling.py`).
+    resident_hosts: Callable[[], Sequence[ModelHost]] = tuple
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
         self.session_name = self.session_name or self.label
-        # A granted tool with no implementation here (`subagent`, unless the caller passes one in
-        # `extra_tools`) is not offered rather than crashing the session.
-        granted = [t for t in self.spec.tools if t in TOOL_CLASSES and t not in self.extra_tools]
-        self.tools: dict[str, Tool] = {**make_tools(granted, self.workspace, self.sandbox), **self.extra_tools}
-        self.tools = {n: t for n, t in self.tools.items() if self.spec.grants(t.grant)}
-        if self.skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
-            self.tools["skill"] = SkillTool(self.workspace, self.skills.offered)
+        self.tools = session_tools(self.spec, self.workspace, self.sandbox, self.extra_tools, self.skills)
+        caller = self._mcp_caller()  # what its MCP servers' requests are answered with, during its calls
+        self.tools = {n: t.for_caller(caller) if isinstance(t, McpTool) else t for n, t in self.tools.items()}
         self.schemas = [tool.schema() for tool in self.tools.values()]
         for tool in self.tools.values():
             if isinstance(tool, SubagentTool):  # what a fork of this session starts from
@@ -206,6 +257,7 @@ class AgentSession:
         self._calls_held = False  # the last reply's calls were held by the grammar (said in their events)
         self._repeat: tuple[str, int, str] = ("", 0, "")  # (call key, times in a row, its first output)
         self._stop_hook_active = False
+        self._n_samples = 0
 
     # -- public ---------------------------------------------------------------
 
@@ -266,13 +318,7 @@ class AgentSession:
                     continue
                 if not reply.tool_calls and not reply.malformed_tool_calls:
                     if reply.finish_reason == "length":  # a truncated answer is not an answer
-                        raise LimitReached(
-                            "max_tokens",
-                            (
-                                f"the final answer was cut at the per-reply limit of {self.limits.max_reply_tokens} "
-                                "tokens; the output holds the partial text"
-                            ),
-                        )
+                        raise LimitReached("max_tokens", self._cut_answer(reply))
                     if self.inbox.pending() or await self.inbox.settle():
                         continue  # a message came in: it is the next turn's, the answer can wait
                     if await self._stop_blocked(reply.text):
@@ -298,7 +344,12 @@ class AgentSession:
             max_tokens = min(max_tokens, left)
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start", TurnStartData())
-        streamed = _Streamed(self.on_text, lambda piece: self._emit("reasoning", ReasoningData(text=piece)))
+        streamed = _Streamed(
+            self.on_text,
+            lambda piece: self._emit("reasoning", ReasoningData(text=piece)),
+            lambda piece: self._emit("text", TextData(text=piece)),
+        )
+        decoding = _Decoding(lambda n, tps: self._emit("decode", DecodeData(tokens=n, tps=tps)))
         try:
             with self._counting_cut():
                 args = GenerateArgs(
@@ -309,6 +360,8 @@ class AgentSession:
                     thinking=self.limits.thinking,
                     grammar=self.limits.grammar,
                     answer_schema=self.limits.answer_schema,
+                    on_prefill=lambda n, cached: self._emit("prefill", PrefillData(tokens=n, cached=cached)),
+                    on_tokens=decoding,
                 )
                 reply = await self._host_session.generate(self.messages, args, tools=self.schemas)
         except asyncio.CancelledError:
@@ -330,6 +383,21 @@ class AgentSession:
         if reply.finish_reason == "length" and self._over_token_budget():
             raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
         return reply
+
+    def _cut_answer(self, reply: Reply) -> str:
+        """Why a final answer was cut: the context window ran out (the host stops a reply there), or the
+        per-reply limit."""
+        u, window = reply.usage, self.host.context_window
+        if u.prompt_tokens + u.generated_tokens >= window:
+            return (
+                f"the context window of {window:,} tokens ran out during the final answer (the conversation took "
+                f"{u.prompt_tokens:,} of them); the output holds the partial text; give the task less to read or "
+                "fewer turns, or a model with a longer window (--context-window, as far as the KV budget allows)"
+            )
+        return (
+            f"the final answer was cut at the per-reply limit of {self.limits.max_reply_tokens} tokens; "
+            "the output holds the partial text"
+        )
 
     def _keep_cut(self, streamed: _Streamed) -> None:
         """A reply cut by a timeout, Ctrl-C or a signal: what streamed of it becomes its message,
@@ -531,6 +599,55 @@ class AgentSession:
             )
             self._emit("compaction", counts)
         return result.n_summarized
+
+    # -- what its MCP servers ask ------------------------------------------------------
+
+    def _mcp_caller(self) -> McpCaller:
+        spec = self.spec
+        return McpCaller(
+            label=self.label,
+            agent=spec.name,
+            path=spec.path,
+            workspace=self.workspace.root,
+            project=spec.source == "project",
+            sampling=spec.sampling,
+            sample=self.answer_sampling,
+            person=self.person,
+            no_person=self.no_person,
+            report=self._emit,
+        )
+
+    async def answer_sampling(
+        self, server: str, params: mcp_types.CreateMessageRequestParams
+    ) -> mcp_types.CreateMessageResult:
+        """A server's sampling request on this agent's model (`agents/sampling.py`), within the request's
+        `maxTokens`, the per-reply limit and what is left of its token limit; counted in its usage."""
+        budget = min(params.max_tokens, self.limits.max_reply_tokens)
+        if self.limits.max_output_tokens is not None:
+            budget = min(budget, self.limits.max_output_tokens - self.usage.output_tokens)
+        if budget <= 0:
+            raise McpRequestError(
+                f"sampling refused: agent '{self.spec.name}' has used its limit of "
+                f"{self.limits.max_output_tokens} generated tokens"
+            )
+        host = choose_host(params, self.host, self.resident_hosts())
+        self._n_samples += 1
+        result, usage = await sample(
+            host, f"{self.session_name} > sampling#{self._n_samples}", self.spec.name, params, budget
+        )
+        self._add(usage)
+        done = SamplingData(
+            server=server,
+            model=host.model_id,
+            input_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            output_tokens=usage.generated_tokens,
+            stop_reason=str(result.stop_reason or ""),
+            error=None,
+        )
+        self._emit("sampling", done)
+        self._emit("usage", UsageData(**cast(UsageCounts, self.usage.model_dump()), tps=round(usage.generation_tps, 1)))
+        return result
 
     # -- bookkeeping --------------------------------------------------------------
 

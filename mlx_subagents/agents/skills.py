@@ -8,6 +8,9 @@ Layers, a later one winning on a name clash (like agents):
 A `SKILL.md` is read as an agent file is (a regular file of a sane size, through `userfiles.read_text`;
 a bad one is skipped with one warning). Project skills come with the workspace: they are instructions
 and may name scripts, so they are offered only after the user's consent (`--yes`), as project agents are.
+No part of a project skill's path below the project folder (`.claude`, `skills`, the skill's folder, its
+`SKILL.md`) may be a symbolic link: the skill tool reads files confined to the skill's folder, and a
+linked folder would be somewhere else. Such a skill is skipped with one warning.
 
 The catalog is one line per offered skill, in name order, each description cut to a bound, so that every
 session of an agent has a byte-identical system prompt and the shared prefix survives. It has a budget
@@ -25,7 +28,7 @@ from ..errors import AgentFileError
 from ..home import state_home
 from ..text import squash
 from ..tools.skill import SKILL_FILE, Skill
-from ..userfiles import MAX_FILE_BYTES, read_text
+from ..userfiles import MAX_FILE_BYTES, linked_part, read_text
 from .frontmatter import agent_error, read_frontmatter
 
 PROJECT_SKILL_DIRS = (".agents/skills", ".claude/skills", ".mlx-subagents/skills")
@@ -37,6 +40,8 @@ CATALOG_SHARE = 0.02
 MIN_CATALOG_CHARS = 600
 CATALOG_HEAD = "Skills (call the skill tool with a name to load its instructions when a task needs one):"
 SPECIFICITY = {"project": 0, "user": 1}
+# A project skill behind a link could read files outside the project: what to do instead.
+LINK_FIX = "a project skill must be a real folder in the project (copy it in, or make it a user skill)"
 
 
 def user_skills_dir() -> Path:
@@ -44,9 +49,10 @@ def user_skills_dir() -> Path:
     return state_home() / "skills"
 
 
-def project_skill_dirs(cwd: Path) -> list[Path]:
-    """The project skill folders for `cwd`, least specific first: for each kind, the nearest at or above
-    `cwd` (a folder in the home that is a user-level one, like `~/.claude/skills`, never counts)."""
+def project_skill_dirs(cwd: Path) -> list[tuple[Path, Path]]:
+    """The project skill folders for `cwd`, least specific first, each with the project folder it lies
+    in: for each kind, the nearest at or above `cwd` (a folder in the home that is a user-level one,
+    like `~/.claude/skills`, never counts)."""
     cwd = cwd.expanduser().resolve()
     home = Path.home().resolve()
     user_level = {user_skills_dir().resolve(), *((home / rel).resolve() for rel in PROJECT_SKILL_DIRS)}
@@ -55,7 +61,7 @@ def project_skill_dirs(cwd: Path) -> list[Path]:
         for folder in (cwd, *cwd.parents):
             candidate = folder / relative
             if candidate.is_dir() and candidate.resolve() not in user_level:
-                found.append(candidate)
+                found.append((folder, candidate))
                 break
     return found
 
@@ -78,13 +84,25 @@ def parse_skill_file(path: Path, source: str) -> Skill:
     return Skill(name.strip().lower(), squash(description), body.strip(), path.parent, source, len(text.encode()))
 
 
-def load_skills(folder: Path, source: str, skills: dict[str, Skill], warnings: list[str]) -> None:
-    """Add every `<name>/SKILL.md` in `folder` to `skills` (a same-named one is replaced)."""
+def load_skills(
+    folder: Path, source: str, skills: dict[str, Skill], warnings: list[str], project: Path | None = None
+) -> None:
+    """Add every `<name>/SKILL.md` in `folder` to `skills` (a same-named one is replaced).
+
+    Args:
+        project: the project folder `folder` lies in: no part of a skill's path below it may be a link.
+    """
     if not folder.is_dir():
+        return
+    if project is not None and (link := linked_part(project, folder.relative_to(project))) is not None:
+        warnings.append(f"skipped the skills in {folder}: {link} is a symbolic link; {LINK_FIX}")
         return
     layer: dict[str, Skill] = {}
     for path in sorted(folder.glob(f"*/{SKILL_FILE}")):
         if path.parent.name.startswith("."):  # editor and backup folders
+            continue
+        if project is not None and (link := linked_part(folder, path.relative_to(folder))) is not None:
+            warnings.append(f"skipped {path}: {link} is a symbolic link; {LINK_FIX}")
             continue
         try:
             skill = parse_skill_file(path, source)
@@ -106,8 +124,8 @@ def discover_skills(cwd: Path, scope: str = "both") -> tuple[dict[str, Skill], l
     if scope in ("user", "both"):
         load_skills(user_skills_dir(), "user", skills, warnings)
     if scope in ("project", "both"):
-        for folder in project_skill_dirs(cwd):
-            load_skills(folder, "project", skills, warnings)
+        for project, folder in project_skill_dirs(cwd):
+            load_skills(folder, "project", skills, warnings, project)
     return dict(sorted(skills.items())), warnings
 
 

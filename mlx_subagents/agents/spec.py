@@ -39,6 +39,7 @@ EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
     "engine_model", "thinking", "writer", "sandbox", "network", "permission", "hooks", "skills", "memory", "background", "effort", "mcpServers", "isolation", "grammar",
+    "sampling",
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
@@ -108,6 +109,8 @@ class AgentSpec(BaseModel):
     mcp_servers: tuple[str, ...] = ()
     mcp_inline: tuple[McpServerConfig, ...] = ()
     mcp_denied: tuple[str, ...] = ()
+    # Whether the MCP servers it calls may have its model answer their sampling requests (`sampling: off`).
+    sampling: bool = True
     # `worktree`: its tasks run in a git worktree of their own unless the call site says otherwise.
     isolation: Literal["none", "worktree"] | None = None
     system_prompt: str = Field(min_length=1)
@@ -178,6 +181,7 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         mcp_servers=servers,
         mcp_inline=inline,
         mcp_denied=_mcp_denied(path, meta, claude),
+        sampling=_parse_switch(path, "sampling", meta.get("sampling"), ("on", "off")) is not False,
         agents=agents,
         full_tools_for=full_tools_for,
         context=_parse_context(path, meta.get("context")),
@@ -472,14 +476,18 @@ def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> s
         note = f"model '{model}' is a remote Claude model; using the default local model"
         warnings.append(f"{path}: {note}")
         return None
+    if (problem := remote_model(model)) is not None:
+        raise _fail(path, f"field 'model': {problem}", f"{fix} (write mlx/{model} if it is a Hugging Face repo)")
+    return model
+
+
+def remote_model(model: str) -> str | None:
+    """What is wrong with a model named `<provider>/...` of a remote provider (`openai/gpt-4o`): it
+    runs elsewhere, so it is refused, never looked up as a hub id; None for any other name."""
     provider = re.split(r"[/:]", model, maxsplit=1)[0].lower()
     if provider != model.lower() and provider in REMOTE_PROVIDERS:
-        raise _fail(
-            path,
-            f"field 'model': '{model}' is a remote '{provider}' model; only local MLX models run here",
-            f"{fix} (write mlx/{model} if it is a Hugging Face repo)",
-        )
-    return model
+        return f"'{model}' is a remote '{provider}' model; only local MLX models run here"
+    return None
 
 
 def _parse_engine(path: Path, engine: Any, model: Any) -> dict[str, str]:

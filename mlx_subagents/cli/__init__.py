@@ -24,6 +24,7 @@ from rich.markup import escape
 from ..agents.schema_output import load_schema
 from ..agents.spec import AgentSpec, sandbox_default
 from ..errors import RequestError, SubagentError
+from ..mcp_server.budget import DEFAULT_CALL_BUDGET, parse_call_budget
 from ..render import EventLines
 from ..results import MultiRunResult, RunResult
 from ..runs.runner import Runner
@@ -35,6 +36,7 @@ from .flags import (
     KV_BITS_DEFAULT,
     CwdOpt,
     EventsOpt,
+    JsonListOpt,
     JsonOpt,
     KvBitsOpt,
     KvBudgetOpt,
@@ -53,18 +55,40 @@ from .flags import (
     WindowOpt,
     shared_options,
 )
-from .interrupts import EXIT_INTERRUPTED, run_async
+from .interrupts import EXIT_INTERRUPTED
 from .mcp_servers import agent_mcp_line, check_servers, entry_lines, mcp_entries
-from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi
+from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi, run_single
 from .show import worktree_json, worktree_line
 
 app = typer.Typer(
     name="subagent",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     help="Coding sub-agents on a local MLX model, in one process.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        from .. import __version__
+
+        out.print(f"subagent {__version__} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')})", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _everywhere(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Coding sub-agents on a local MLX model, in one process."""
+    from .config import apply_model_default, load_config
+
+    apply_model_default(load_config())  # config.toml's `model`, below $MLX_SUBAGENTS_MODEL, for every command
 
 
 # --- running -----------------------------------------------------------------------------------------
@@ -92,12 +116,13 @@ def _run_one(
     *,
     verbose: bool = False,
     cwd: Path | None = None,
+    quiet: bool = False,
 ) -> None:
-    """A one-task command: its runner (in `cwd`), a line per event, the result, the exit."""
+    """A one-task command: its runner (in `cwd`), a line per event, the live status, the result, the exit."""
     sinks = event_sinks(events)
     sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
     runner = shared.runner(sinks, cwd=cwd)
-    finish_single(run_async(runner, lambda: work(runner), err), as_json, events)
+    finish_single(run_single(runner, sinks, quiet, events, lambda: work(runner)), as_json, events)
 
 
 def _run_many(
@@ -111,7 +136,7 @@ def _run_many(
     """A multi-task command: its runner, the progress table of `rows` (label, agent), the result, the exit."""
     sinks = event_sinks(events)
     runner = shared.runner(sinks)
-    finish_multi(run_multi(runner, sinks, rows, quiet, lambda: work(runner)), as_json, events)
+    finish_multi(run_multi(runner, sinks, rows, quiet, events, lambda: work(runner)), as_json, events)
 
 
 # --- commands -------------------------------------------------------------------------------------------
@@ -126,6 +151,7 @@ def run(
     as_json: JsonOpt = False,
     events: EventsOpt = False,
     verbose: VerboseOpt = False,
+    quiet: QuietOpt = False,
     *,
     shared: Shared,
 ) -> None:
@@ -134,7 +160,7 @@ def run(
     Example: subagent run scout "where is auth handled?"
     """
     spec = TaskSpec(agent=agent, task=task, schema=_schema(schema))
-    _run_one(shared, lambda r: r.run(spec), as_json, events, verbose=verbose)
+    _run_one(shared, lambda r: r.run(spec), as_json, events, verbose=verbose, quiet=quiet)
 
 
 @app.command()
@@ -238,7 +264,7 @@ def workflows(cwd: CwdOpt = Path("."), as_json: JsonOpt = False) -> None:
 @app.command()
 def runs(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many runs to list.")] = 20,
-    as_json: JsonOpt = False,
+    as_json: JsonListOpt = False,
 ) -> None:
     """List recent runs, newest first.
 
@@ -259,20 +285,52 @@ def runs(
 
 
 @app.command()
+def watch(
+    as_json: JsonOpt = False,
+    once: Annotated[bool, typer.Option("--once", help="Print what runs now once, then exit.")] = False,
+) -> None:
+    """Watch every running task of this state folder: the tree of parents and sub-agents, what each
+    does (prefilling, decoding, a tool, waiting for the writer lease), turns, tokens, tokens/s, KV bytes
+    against each pool's budget; refreshed until Ctrl-C (`--json`: one snapshot).
+
+    Example: subagent watch
+    """
+    from ..runs.published import read_snapshots
+    from .watch import run_watch
+
+    run_watch(out, err, as_json=as_json, once=once, read=read_snapshots)
+
+
+@app.command()
 def show(
     run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix, or `last`).")],
     task: TaskKeyOpt = None,
     full: Annotated[bool, typer.Option("--full", help="Show tool results and the system prompt in full.")] = False,
     as_json: JsonOpt = False,
+    timeline: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--timeline",
+            dir_okay=False,
+            help="Write the run as a picture to FILE.html (a page, nothing loaded) or FILE.svg: a lane per task, "
+            "a bar per turn (queued, prefill, decode), tool calls and waits.",
+        ),
+    ] = None,
 ) -> None:
     """Print a saved run: each task's conversation, tool calls, results and usage.
 
-    Example: subagent show last
+    Example: subagent show last   (or: subagent show last --timeline run.html)
     """
     from ..runs.transcripts import load_run
     from .show import run_json, show_run
 
     record = load_run(run_id)
+    if timeline is not None:
+        from .timeline import write_timeline
+
+        n_lanes = write_timeline(record, timeline)
+        err.print(f"wrote the timeline of run {record.run_id} ({n_lanes} tasks) to {timeline}", markup=False)
+        return
     if as_json:
         out.print_json(json.dumps(run_json(record, task), default=str))
         return
@@ -294,6 +352,7 @@ def resume(
     schema: SchemaOpt = None,
     as_json: JsonOpt = False,
     events: EventsOpt = False,
+    quiet: QuietOpt = False,
     *,
     shared: Shared,
 ) -> None:
@@ -306,7 +365,7 @@ def resume(
     record = load_run(run_id)
     answer_schema = _schema(schema)
     work = lambda r: r.resume(record.run_id, message, task=task, schema=answer_schema)  # noqa: E731
-    _run_one(shared, work, as_json, events, cwd=Path(record.cwd))
+    _run_one(shared, work, as_json, events, cwd=Path(record.cwd), quiet=quiet)
 
 
 @app.command()
@@ -353,7 +412,7 @@ def chat(
 def agents(
     cwd: CwdOpt = Path("."),
     scope: ScopeOpt = Scope.both,
-    as_json: JsonOpt = False,
+    as_json: JsonListOpt = False,
     verbose: Annotated[
         bool,
         typer.Option(
@@ -417,7 +476,7 @@ def _skills_line(spec: AgentSpec, found: dict[str, Any]) -> str:
 
 
 @app.command()
-def skills(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False) -> None:
+def skills(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonListOpt = False) -> None:
     """List the skills: user and project (project ones are offered to agents only with --yes).
 
     Example: subagent skills --json
@@ -463,7 +522,9 @@ def _sandbox_line(spec: AgentSpec) -> str:
     else:
         why = "a project agent" if spec.source == "project" else "sandbox: on"
         net = "with network (network: allow)" if spec.network else "no network"
-        line = f"sandbox: on ({why}); its bash writes only in the workspace and the temp folder, {net}"
+        if spec.network and spec.source == "project":
+            net = "no network (its network: allow takes --network allow)"
+        line = f"sandbox: on ({why}); its bash writes only in the workspace and a private /tmp, {net}"
     return line + ("; plan mode: read-only tools" if spec.permission == "plan" else "")
 
 
@@ -486,13 +547,21 @@ def _show_project_context(root: Path, opted_out: list[str]) -> None:
         out.print(f"  not for: {', '.join(opted_out)} (context: none)", markup=False)
 
 
-@app.command("mcp-servers")
-def mcp_servers(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False) -> None:
+mcp_servers_app = typer.Typer(help="The MCP servers agents can use; sign in to those that want OAuth.")
+app.add_typer(mcp_servers_app, name="mcp-servers")
+
+
+@mcp_servers_app.callback(invoke_without_command=True)
+def mcp_servers(
+    ctx: typer.Context, cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False
+) -> None:
     """List the MCP servers agents can use: where each is defined, whether it needs consent, and which
     agents get which of its tools (`subagent doctor` starts each and counts its tools).
 
     Example: subagent mcp-servers --json
     """
+    if ctx.invoked_subcommand is not None:
+        return
     from ..agents.discovery import discover_agents
 
     root = Path(cwd).resolve()
@@ -508,6 +577,47 @@ def mcp_servers(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: 
         out.print(f"no MCP servers: define them in {root / '.mcp.json'}, the home's mcp.json or an agent's mcpServers:")
     for entry in entries:
         out.print("\n".join(entry_lines(entry)), markup=False)
+
+
+@mcp_servers_app.command("login")
+def mcp_servers_login(
+    name: Annotated[str, typer.Argument(help="The server's name (see `subagent mcp-servers`).")],
+    cwd: CwdOpt = Path("."),
+    client_id: Annotated[
+        Optional[str],
+        typer.Option("--client-id", help="A client registered with the server beforehand (else it registers itself)."),
+    ] = None,
+    client_secret: Annotated[
+        Optional[str],
+        typer.Option(
+            "--client-secret", envvar="MCP_CLIENT_SECRET", help="That client's secret (or $MCP_CLIENT_SECRET)."
+        ),
+    ] = None,
+    callback_port: Annotated[
+        Optional[int],
+        typer.Option(
+            "--callback-port",
+            min=1,
+            max=65535,
+            help="The loopback port the browser comes back to (default: any free one, then the same).",
+        ),
+    ] = None,
+) -> None:
+    """Sign in to an MCP server over HTTP that wants OAuth: prints the address to open in a browser, waits
+    for it to come back, and keeps the tokens in the state folder (owner-only), refreshed by every run.
+
+    Example: subagent mcp-servers login github
+    """
+    from ..agents.discovery import discover_agents
+    from ..tools.mcp_auth import login
+    from .mcp_servers import server_to_sign_in
+
+    root = Path(cwd).resolve()
+    config = server_to_sign_in(mcp_entries(discover_agents(root), root)[0], name)
+    say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    secret = {"client_id": client_id, "client_secret": client_secret, "callback_port": callback_port}
+    done = asyncio.run(login(config.name, config.url, dict(config.headers), say, **secret))
+    out.print(done, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -527,6 +637,14 @@ def mcp(
             file_okay=False,
         ),
     ] = None,
+    call_budget: Annotated[
+        str,
+        typer.Option(
+            "--call-budget",
+            help="Seconds a run_agents call may take before it answers with what finished and the ids of what still "
+            "runs (read with agent_output); 'off' for clients that wait. Clients often give a call 60 s.",
+        ),
+    ] = f"{DEFAULT_CALL_BUDGET:g}",
     *,
     shared: Shared,
 ) -> None:
@@ -536,8 +654,9 @@ def mcp(
     """
     from ..mcp_server.server import serve_stdio
 
+    budget = parse_call_budget(call_budget)
     # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
-    code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace))
+    code = asyncio.run(serve_stdio(lambda root, on_event: shared.runner(on_event, root), workspace, budget))
     raise typer.Exit(code)
 
 
@@ -558,10 +677,15 @@ def doctor(
     Example: subagent doctor --model mlx-community/Qwen3-4B-Instruct-2507-4bit
     """
     from ..agents.discovery import discover_agents
+    from .config import load_config
 
+    config = load_config()
+    for line in config.lines():
+        out.print(line, markup=False)
     root = Path(cwd).resolve()
     entries, _ = mcp_entries(discover_agents(root), root)
     servers_ok = asyncio.run(check_servers(entries, root, out.print, yes))
+    kv_budget = kv_budget or config.values.get("kv_budget")
     ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget, int(kv_bits.value)))
     raise typer.Exit(0 if ok and servers_ok else 1)
 
@@ -581,13 +705,21 @@ def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     from ..models.catalog import list_models
     from ..models.display import models_table
 
-    found = list_models(default_model())
+    default = default_model()
+    found = list_models(default)
     if as_json:
         out.print_json(data={"models": [m.model_dump() for m in found]})
-    elif found:
+        return
+    if found:
         out.print(models_table(found))
-    else:
-        err.print("no models found; import one: subagent models import FILE.gguf (or ollama:NAME:TAG)")
+    if not any(m.default for m in found):
+        none = "" if found else "no models found; "
+        err.print(
+            f"{none}the default model, {default}, is not on this machine: get it with `hf download {default}` "
+            "(`pip install huggingface_hub` brings `hf`), pass --model, or import a GGUF file: subagent models "
+            "import FILE.gguf (or ollama:NAME:TAG). On Linux or without a big model: docs/models.md#on-linux",
+            markup=False,
+        )
 
 
 @models_app.command("import")
@@ -641,7 +773,7 @@ def worktrees(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    kept = list_worktrees()
+    kept = list_worktrees(warn=_warning)
     if as_json:
         out.print_json(data={"worktrees": [worktree_json(w) for w in kept]})
         return
@@ -657,7 +789,7 @@ def worktrees_prune(as_json: JsonOpt = False) -> None:
 
     Example: subagent worktrees prune
     """
-    removed = prune_worktrees()
+    removed = prune_worktrees(warn=_warning)
     if as_json:
         out.print_json(data={"removed": [worktree_json(w) for w in removed]})
         return
@@ -665,6 +797,11 @@ def worktrees_prune(as_json: JsonOpt = False) -> None:
         out.print(f"removed {w.name} ({w.branch})", markup=False)
     if not removed:
         err.print("nothing to prune: every kept worktree has changes not yet applied or merged")
+
+
+def _warning(line: str) -> None:
+    """One line about a state file skipped or a thing kept, on stderr."""
+    err.print(f"[yellow]warning:[/] {escape(line)}")
 
 
 cache_app = typer.Typer(help="The prompt prefixes kept on disk for warm starts.", no_args_is_help=False)
@@ -681,7 +818,7 @@ def cache(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         return
     from ..host.prefix_store import list_prefixes, prefix_cache_dir
 
-    found = list_prefixes()
+    found = list_prefixes(warn=_warning)
     if as_json:
         rows = [
             {"model": p.model, "tokens": p.n_tokens, "bytes": p.nbytes, "last_used": p.last_used, "file": str(p.path)}
@@ -704,7 +841,7 @@ def cache_clear() -> None:
     """
     from ..host.prefix_store import clear_prefixes, prefix_cache_dir
 
-    n, freed = clear_prefixes()
+    n, freed = clear_prefixes(warn=_warning)
     err.print(f"deleted {n} prefixes ({freed / 2**20:.1f} MiB) from {prefix_cache_dir()}")
 
 
@@ -721,7 +858,7 @@ def main() -> None:
             stream.reconfigure(errors="backslashreplace")
     try:
         # Without standalone mode, typer returns the code of a `typer.Exit` instead of raising it.
-        code = app(standalone_mode=False)
+        code = app(prog_name="subagent", standalone_mode=False)  # its name in help and completion scripts
     except SubagentError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(2)

@@ -20,12 +20,18 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY, MAX_WARNINGS
-from ..events import EventSink
+from ..events import EventSink, Fanout
 from ..host import DEFAULT_KV_BITS, parse_bytes
 from ..host.prefix_store import parse_prefix_cache
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
+from ..runs.published import Publisher
 from ..runs.runner import Runner
+from .config import defaults_for, load_config
+from .live import paused
 from .output import print_warnings
+
+# The command a process's published snapshot names (`subagent watch`).
+MAX_COMMAND_CHARS = 200
 
 
 class Scope(str, Enum):
@@ -46,6 +52,7 @@ CwdOpt = Annotated[
 ScopeOpt = Annotated[Scope, typer.Option("--scope", help="Agent layers besides the built-ins.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents without asking.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+JsonListOpt = Annotated[bool, typer.Option("--json", help="Print one JSON list instead of text.")]
 WindowOpt = Annotated[
     Optional[int], typer.Option("--context-window", help="Override the model's context window (tokens).", min=256)
 ]
@@ -54,6 +61,11 @@ WindowOpt = Annotated[
 class Batching(str, Enum):
     on = "on"
     off = "off"
+
+
+class Network(str, Enum):
+    allow = "allow"
+    deny = "deny"
 
 
 class Isolation(str, Enum):
@@ -69,8 +81,16 @@ SandboxOpt = Annotated[
     Optional[Batching],
     typer.Option(
         "--sandbox",
-        help="Run every agent's bash sandboxed (writes only in the workspace and the temp folder, no network) or not. "
+        help="Run every agent's bash sandboxed (writes only in the workspace and a private /tmp, no network) or not. "
         "Default: the agent's `sandbox:`, else on for project agents.",
+    ),
+]
+NetworkOpt = Annotated[
+    Optional[Network],
+    typer.Option(
+        "--network",
+        help="Give every sandboxed bash the network (allow) or not (deny). Default: a built-in or user agent's "
+        "`network:`; a project agent's `network: allow` needs this flag.",
     ),
 ]
 KvBudgetOpt = Annotated[
@@ -210,6 +230,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "engine": (EngineOpt, None),
     "api_key": (ApiKeyOpt, None),
     "sandbox": (SandboxOpt, None),
+    "network": (NetworkOpt, None),
     "isolation": (IsolationOpt, None),
 }
 
@@ -237,6 +258,7 @@ class Shared:
     engine: str | None
     api_key: str | None
     sandbox: Batching | None
+    network: Network | None
     isolation: Isolation | None
 
     def options(self) -> RunOptions:
@@ -259,21 +281,30 @@ class Shared:
             engine=self.engine,
             api_key=self.api_key,
             sandbox=None if self.sandbox is None else self.sandbox == Batching.on,
+            network=None if self.network is None else self.network == Network.allow,
             isolation=self.isolation.value if self.isolation else None,
         )
 
     def runner(self, on_event: EventSink, cwd: Path | None = None, *, plan: bool = False) -> Runner:
         """The command's runner, asking on the terminal before a project agent runs; the agent files'
         warnings are shown first (the first few). `plan`: every task in plan mode (`chat --plan`)."""
+        publisher = Publisher(" ".join(sys.argv[1:])[:MAX_COMMAND_CHARS])  # for `subagent watch`
         runner = Runner(
             cwd=cwd or self.cwd,
             options=dataclasses.replace(self.options(), plan=plan),
             interactive=sys.stdin.isatty(),
-            confirm=lambda q: typer.confirm(q, default=False, err=True),
-            on_event=on_event,
+            confirm=_confirm,
+            on_event=Fanout([on_event, publisher.handle]),
         )
+        publisher.runner = runner
         print_warnings(runner.catalog, limit=MAX_WARNINGS)
         return runner
+
+
+def _confirm(question: str) -> bool:
+    """Ask on the terminal, the live status off it meanwhile (a project agent's consent)."""
+    with paused():
+        return typer.confirm(question, default=False, err=True)
 
 
 def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -296,7 +327,7 @@ def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> None:
             values = {name: kwargs.pop(name, default) for name, (_alias, default) in SHARED_FLAGS.items()}
-            command(**kwargs, shared=Shared(**values))
+            command(**kwargs, shared=Shared(**defaults_for(values, load_config())))
 
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

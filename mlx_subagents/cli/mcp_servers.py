@@ -123,3 +123,16 @@ async def _check(entry: McpEntry, root: Path, assume_yes: bool) -> tuple[str, bo
     n_tools = len(connection.tools)
     await connection.stop()
     return f"mcp       {c.name}: answers, {n_tools} tool{'s' if n_tools != 1 else ''} ({c.transport}, {c.where})", True
+
+
+def server_to_sign_in(entries: list[McpEntry], name: str) -> McpServerConfig:
+    """The HTTP server `login NAME` signs in to, as a run would find it (the project's definition over
+    the home's, then an agent's inline one); one line when there is none or it is not over HTTP."""
+    found = [e.config for e in entries if e.config.name == name]
+    if not found:
+        known = ", ".join(sorted({e.config.name for e in entries})) or "none"
+        raise McpConfigError(f"no MCP server named '{name}' is defined here (known: {known}); see subagent mcp-servers")
+    config = next((c for c in found if c.project), None) or found[0]
+    if not config.url:
+        raise McpConfigError(f"MCP server '{name}' ({config.where}) runs over stdio; only servers over HTTP sign in")
+    return config

@@ -21,11 +21,13 @@ from rich.rule import Rule
 
 from ..agents.discovery import AgentCatalog
 from ..events import Event, Fanout
+from ..render import EventLines
 from ..results import MultiRunResult, RunResult
 from ..runs.runner import Runner
 from ..text import warning_line
 from .interrupts import EXIT_INTERRUPTED, Finished, run_async
-from .progress import ProgressView, usage_table
+from .live import LiveView, wants_live
+from .progress import usage_table
 
 # No emoji codes: `:a:` in an error or an answer is text, never a picture.
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
@@ -157,11 +159,27 @@ def run_multi(
     sinks: Fanout,
     tasks: list[tuple[str, str]],
     quiet: bool,
+    events: bool,
     work: Callable[[], Awaitable[MultiRunResult]],
 ) -> Finished[MultiRunResult]:
-    if quiet:
+    """A multi-task command's work with its progress: the live table on a terminal, else a line per
+    notable event (none with `-q`)."""
+    if not wants_live(err, out, quiet=quiet, events=events):
+        if not quiet:
+            sinks.targets.append(EventLines(err, "tasks").handle)
         return run_async(runner, work, err)
-    with ProgressView(err, tasks) as view:
+    with LiveView(err, "tasks", tasks) as view:
+        sinks.targets.append(view.handle)
+        return run_async(runner, work, err)
+
+
+def run_single(
+    runner: Runner, sinks: Fanout, quiet: bool, events: bool, work: Callable[[], Awaitable[RunResult]]
+) -> Finished[RunResult]:
+    """A one-task command's work, with its live status on a terminal (its tool calls print either way)."""
+    if not wants_live(err, out, quiet=quiet, events=events):
+        return run_async(runner, work, err)
+    with LiveView(err, "task") as view:
         sinks.targets.append(view.handle)
         return run_async(runner, work, err)
 

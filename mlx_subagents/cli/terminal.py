@@ -28,6 +28,7 @@ from ..runs.chat import DEFAULT_CHAT_AGENT, INTERRUPTED, Chat
 from ..runs.runner import Runner
 from ..text import NO_ANSWER
 from ..tools import kill_all_processes
+from .asking import TerminalPerson
 from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, stop_reason, two_press_sigint
 from .promptline import PromptLine
 
@@ -100,12 +101,13 @@ class ChatView:
     def parent(self, label: str) -> None:
         self.lines.root = label
 
-    def show(self, markup: str, *, console: Console | None = None) -> None:
-        """Print one line of markup (on stderr unless `console` is given) where the user sees it."""
+    def show(self, markup: str, *, console: Console | None = None, soft_wrap: bool = False) -> None:
+        """Print one line of markup (on stderr unless `console` is given) where the user sees it;
+        `soft_wrap`: never fold it (an address to copy)."""
         if self.stream is not None:
             self.stream.end_line()
         with self.prompt.above() if self.prompt is not None else nullcontext():
-            (console or self.lines.console).print(markup)
+            (console or self.lines.console).print(markup, soft_wrap=soft_wrap)
 
     def handle(self, event: Event) -> None:
         if event.label == self.parent and event.kind == "reasoning":
@@ -192,6 +194,9 @@ class ChatLoop:
         self.out = out
         self.err = err
         self.prompt = PromptLine(PROMPT)
+        # The MCP servers' questions come to the person here, on the same prompt line.
+        self.person = TerminalPerson(self.prompt, view.show)
+        chat.runner.person = self.person
         self.work: asyncio.Future[Any] | None = None  # the turn (or command) running now
         self.presses = 0  # Ctrl-C presses during `work`
         self.terminated: signal.Signals | None = None
@@ -368,6 +373,7 @@ class ChatLoop:
                 else " (Ctrl-C again to quit at once)"
             )
             self.err.print(f"\n[yellow]interrupted: stopping this turn and the sub-agents it waits for{more}[/]")
+            self.person.interrupt()
             self.stop_work()
         elif self.presses == 2 and alive:
             self.stop_background()

@@ -13,7 +13,7 @@ import html
 import json
 import re
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +148,7 @@ class Partial:
     max_tokens: int
     visible: VisibleText | None = None
     on_reasoning: TextCallback | None = None
+    on_tokens: Callable[[int], None] | None = None  # the chunks taken so far: about one token each
     text: str = ""
     reasoning: str = ""
     calls: dict[int | None, dict[str, str]] = field(default_factory=dict)
@@ -204,6 +205,8 @@ class Partial:
         self.n_tokens += 1
         self.n_chars += n_chars
         self.first_delta = self.first_delta or now
+        if self.on_tokens is not None:
+            self.on_tokens(self.n_tokens)
         if thought:
             self.reasoning += thought
             if self.on_reasoning is not None:

@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ from .protocol import (
     Message,
     ProcessorFactory,
     Reply,
+    TextCallback,
     ToolMode,
     ToolSchema,
     Usage,
@@ -210,14 +212,18 @@ class MlxSession:
         cancel = threading.Event()
         streaming = args.on_text is not None or args.on_reasoning is not None
         visible = chat.visible_text(args.on_text, args.on_reasoning, opened) if streaming else None
-        sink = TextSink(asyncio.get_running_loop(), visible) if visible is not None else None
+        turns: list[Turn] = []  # the turn, once the mlx thread made it: what it generated so far
+        sink = None
+        if visible is not None or args.on_tokens is not None or args.on_prefill is not None:
+            sink = TextSink(asyncio.get_running_loop(), _counted(visible, args.on_tokens, turns), args.on_prefill)
 
         if self._forking is not None:
             forking, self._forking = self._forking, None
             await forking
 
         def submit(deliver: Deliver) -> None:
-            self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
+            turns.append(Turn(self.name, self._state, request, cancel, sink, deliver))
+            self._host._scheduler.submit(turns[0])
 
         self.cut = None
         future = self._host._mlx.submit(submit)
@@ -255,6 +261,19 @@ class MlxSession:
     async def close(self) -> None:
         await self.reset()
         self._host._sessions.pop(self.name, None)
+
+
+def _counted(visible: TextCallback | None, on_tokens: Callable[[int], None] | None, turns: list[Turn]) -> TextCallback:
+    """The turn's streamed text to `visible`, and how many tokens it has generated to `on_tokens`: read
+    on the caller's loop when the text arrives (a list's length is safe to read across threads)."""
+
+    def on_piece(text: str) -> None:
+        if visible is not None:
+            visible(text)
+        if on_tokens is not None and turns:
+            on_tokens(len(turns[0].generated))
+
+    return on_piece
 
 
 class MlxModelHost:

@@ -13,6 +13,13 @@ Writes never wait on the disk in a decode step: the mlx thread hands evaluated, 
 to a writer thread, which writes a temporary file and renames it (a reader never sees half a file),
 then deletes the least recently used files past the bound. A folder that cannot be written turns
 the tier off with one warning; the run goes on.
+
+Only files this store wrote are ever deleted (by eviction or `cache clear`): a name it gives
+(`<40 hex digits>.safetensors`, or its temporary `tmp-<pid>-<thread>-<that>.safetensors`) and, for a
+finished file, its own header (`format` and `key` in the metadata). A folder that is a symbolic link,
+or lies under one in the state folder, is never used: its files might be a model's weights. A header
+is read through the guarded reader (a FIFO named like a prefix file never blocks), and a damaged one
+is one line naming the file.
 """
 
 from __future__ import annotations
@@ -22,25 +29,32 @@ import json
 import logging
 import os
 import queue
+import re
 import shutil
 import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from ..errors import RequestError
+from ..errors import DamagedStateError, RequestError
 from ..home import state_home
+from ..userfiles import linked_part, open_regular
 
 log = logging.getLogger("mlx_subagents.prefix_cache")
 
 FORMAT_VERSION = "1"
 SUFFIX = ".safetensors"
 TEMP_PREFIX = "tmp-"
+# The names this store gives its files (`path_for`, `_write`): nothing else is ever deleted.
+PREFIX_NAME = re.compile(r"[0-9a-f]{40}\.safetensors")
+TEMP_NAME = re.compile(r"tmp-\d+-\d+-[0-9a-f]{40}\.safetensors")
+MAX_HEADER_BYTES = 2**24
 # Prefixes shorter than this prefill in well under the time a file costs to find and read.
 DEFAULT_MIN_PREFIX_TOKENS = 256
 # The default bound: this share of the free disk where the folder is, at most DEFAULT_MAX_BYTES.
@@ -168,17 +182,60 @@ def _sliced(cache: list[Any]) -> list[Any]:
 
 
 def read_header(path: Path) -> dict[str, str]:
-    """A prefix file's metadata, read from its safetensors header without mlx; {} if unreadable."""
+    """A prefix file's own metadata, read from its safetensors header without mlx, through the guarded
+    reader; a `DamagedStateError` line naming the file when it is not one this store wrote (damaged,
+    not a regular file, not a prefix file)."""
+    fix = "delete it (subagent cache clear deletes only the files it wrote)"
     try:
-        with path.open("rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            if size > 2**24:
-                return {}
-            meta = json.loads(f.read(size)).get("__metadata__", {})
-    except (OSError, ValueError, struct.error):
-        return {}
+        with open_regular(path, "prefix file", DamagedStateError, None, text=False) as file:
+            (size,) = struct.unpack("<Q", file.read(8))
+            if size > MAX_HEADER_BYTES:
+                raise ValueError(f"a header of {size:,} bytes")
+            header = json.loads(file.read(size))
+    except (OSError, ValueError, struct.error, RecursionError) as exc:
+        raise DamagedStateError(f"{path}: not a readable prefix file ({type(exc).__name__}); {fix}") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
     # save_prompt_cache flattens [metadata, classes, scalars]: ours is under "0.".
-    return {k[2:]: v for k, v in meta.items() if k.startswith("0.")}
+    ours = {k[2:]: v for k, v in meta.items() if k.startswith("0.")} if isinstance(meta, dict) else {}
+    if not all(isinstance(v, str) for v in ours.values()) or not {"key", "format"} <= ours.keys():
+        raise DamagedStateError(f"{path}: not a prefix file this tool wrote (no key and format in its header); {fix}")
+    if not ours.get("n_tokens", "0").isdigit():
+        raise DamagedStateError(f"{path}: a damaged prefix file (its token count is {ours['n_tokens']!r}); {fix}")
+    return ours
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why prefix files must not be kept in (or deleted from) `folder`: it is a symbolic link, or lies
+    under one in the state folder, so its files could be anything (a model's weights); None if fine."""
+    home = state_home()
+    link = linked_part(home, folder.relative_to(home)) if folder.is_relative_to(home) else None
+    if link is None and folder.is_symlink():
+        link = folder
+    if link is None:
+        return None
+    return f"{link} is a symbolic link; make {folder} a real folder (the prefix cache never follows a link)"
+
+
+def _own_files(folder: Path, warn: Callable[[str], None] | None = None) -> list[tuple[Path, os.stat_result, bool]]:
+    """`(path, stat, temporary)` of each file in `folder` this store wrote: named as it names them and,
+    for a finished file, with its header; each other file named like one is a `warn` line."""
+    found = []
+    for path in folder.glob(f"*{SUFFIX}"):
+        temporary = TEMP_NAME.fullmatch(path.name) is not None
+        if not temporary and PREFIX_NAME.fullmatch(path.name) is None:
+            continue
+        try:
+            info = path.lstat()
+            if not temporary:
+                read_header(path)
+        except DamagedStateError as exc:
+            if warn is not None:
+                warn(f"skipped {exc}")
+            continue
+        except OSError:
+            continue  # deleted meanwhile (another process evicted it)
+        found.append((path, info, temporary))
+    return found
 
 
 @dataclass(frozen=True)
@@ -192,55 +249,57 @@ class StoredPrefix:
     last_used: float
 
 
-def list_prefixes(folder: Path | None = None) -> list[StoredPrefix]:
-    """The prefix files in `folder` (default the state folder's), most recently used first."""
+def list_prefixes(folder: Path | None = None, warn: Callable[[str], None] | None = None) -> list[StoredPrefix]:
+    """The prefix files in `folder` (default the state folder's), most recently used first; a file that
+    is not one (damaged, a FIFO) is one `warn` line, and a linked folder is one `RequestError` line."""
     folder = folder or prefix_cache_dir()
     if not folder.is_dir():
         return []
+    if problem := folder_problem(folder):
+        raise RequestError(problem)
     found = []
-    for path in folder.glob(f"*{SUFFIX}"):
-        if path.name.startswith(TEMP_PREFIX):
+    for path, info, temporary in _own_files(folder, warn):
+        if temporary:
             continue
         try:
-            stat = path.stat()
-        except OSError:
-            continue
-        meta = read_header(path)
+            meta = read_header(path)
+        except DamagedStateError:
+            continue  # changed since it was checked
         found.append(
-            StoredPrefix(path, meta.get("model", "?"), int(meta.get("n_tokens", 0) or 0), stat.st_size, stat.st_mtime)
+            StoredPrefix(path, meta.get("model", "?"), int(meta.get("n_tokens", "0")), info.st_size, info.st_mtime)
         )
     return sorted(found, key=lambda p: p.last_used, reverse=True)
 
 
-def clear_prefixes(folder: Path | None = None) -> tuple[int, int]:
-    """Delete every prefix file (and leftover temporary file); (files, bytes) freed."""
+def clear_prefixes(folder: Path | None = None, warn: Callable[[str], None] | None = None) -> tuple[int, int]:
+    """Delete every prefix file this store wrote (and leftover temporary file); (files, bytes) freed.
+    Other files are left where they are (`warn`: one line each); a linked folder is refused in one line."""
     folder = folder or prefix_cache_dir()
+    if not folder.is_dir():
+        return 0, 0
+    if problem := folder_problem(folder):
+        raise RequestError(f"the prefix cache was not cleared: {problem}")
     n = freed = 0
-    if folder.is_dir():
-        for path in folder.glob(f"*{SUFFIX}"):
-            try:
-                size = path.stat().st_size
-                path.unlink()
-            except OSError:
-                continue
-            n, freed = n + 1, freed + size
+    for path, info, _ in _own_files(folder, warn):
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        n, freed = n + 1, freed + info.st_size
     return n, freed
 
 
 def evict(folder: Path, max_bytes: int, now: float | None = None) -> int:
-    """Delete least recently used prefix files until the folder holds at most `max_bytes`; files deleted."""
+    """Delete least recently used prefix files (this store's own) until the folder holds at most
+    `max_bytes`; files deleted."""
     now = time.time() if now is None else now
     entries = []
-    for path in folder.glob(f"*{SUFFIX}"):
-        try:
-            stat = path.stat()
-        except OSError:
-            continue
-        if path.name.startswith(TEMP_PREFIX):
-            if now - stat.st_mtime > STALE_TEMP_S:
+    for path, info, temporary in _own_files(folder):
+        if temporary:
+            if now - info.st_mtime > STALE_TEMP_S:
                 path.unlink(missing_ok=True)
             continue
-        entries.append((stat.st_mtime, stat.st_size, path))
+        entries.append((info.st_mtime, info.st_size, path))
     total = sum(size for _, size, _ in entries)
     deleted = 0
     for _, size, path in sorted(entries):
@@ -285,6 +344,8 @@ class PrefixStore:
         self._pending = 0
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
+        if self.enabled and (problem := folder_problem(folder)):
+            self._disable(problem)
         if self.enabled:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
@@ -316,7 +377,7 @@ class PrefixStore:
         if not self.wants(ids):
             return None
         path = self.path_for(ids)
-        if not path.is_file():
+        if path.is_symlink() or not path.is_file():  # never a link (this store writes none) nor a FIFO
             return None
         try:
             cache, meta = load_prompt_cache(str(path), return_metadata=True)

@@ -126,6 +126,10 @@ class GenerateArgs:
         grammar: constrain each tool call, once started, to a known tool and arguments its schema
             accepts, and an answer to `answer_schema` (where the host can: see docs/agents.md).
         answer_schema: the JSON schema the final answer (a reply without a call) must satisfy.
+        on_prefill: gets `(tokens, cached)` when the host starts prefilling the prompt: the tokens it
+            computes now and those its cache already holds (a live view says "prefilling N tokens").
+        on_tokens: gets how many tokens the reply has generated so far (call markup and reasoning
+            included), as they stream, so that a view can show a decode rate.
     """
 
     max_tokens: int = 1024
@@ -135,6 +139,8 @@ class GenerateArgs:
     thinking: int = DEFAULT_THINKING_TOKENS
     grammar: bool = True
     answer_schema: dict[str, Any] | None = None
+    on_prefill: Callable[[int, int], None] | None = None
+    on_tokens: Callable[[int], None] | None = None
 
 
 @runtime_checkable

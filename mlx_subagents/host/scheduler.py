@@ -17,6 +17,7 @@ token for token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import threading
 import time
@@ -56,10 +57,12 @@ SINGLE_SLICE_S = 0.02
 
 @dataclass(frozen=True)
 class TextSink:
-    """Where a turn's streamed text goes: a callback on the caller's event loop."""
+    """Where a turn's streamed text goes: a callback on the caller's event loop; `on_prefill` gets
+    `(tokens to prefill, tokens cached)` there when its prefill begins."""
 
     loop: asyncio.AbstractEventLoop
     on_text: TextCallback
+    on_prefill: Callable[[int, int], None] | None = None
 
 
 def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]:
@@ -391,6 +394,9 @@ class Scheduler:
         turn.pos = turn.n_cached
         state.prompt_cache, state.token_ids, state.render = turn.cache, turn.ids[: turn.pos], None
         turn.stops = self._plan_stops(turn)
+        if turn.sink is not None and turn.sink.on_prefill is not None:
+            with contextlib.suppress(RuntimeError):  # that caller's loop is closed
+                turn.sink.loop.call_soon_threadsafe(turn.sink.on_prefill, len(turn.ids) - turn.pos, turn.pos)
 
     def _prepare_cache(self, state: CacheState, ids: list[int]) -> tuple[list[Any], int]:
         """The cache to continue from and how many prompt ids it already holds."""

@@ -316,12 +316,16 @@ class ScriptedSession:
         self._busy, self.cut = True, None
         cached = self._cached_tokens(messages, tools)
         streamed = 0  # tokens of the reply streamed before a cut
+        if args.on_prefill is not None:  # a script's `delay` stands for the prefill
+            args.on_prefill(max(0, prompt_tokens - cached), cached)
         try:
             if scripted.delay:
                 await asyncio.sleep(scripted.delay)
             if scripted.stall:
                 _stream(scripted.reasoning, scripted.content, args)
                 streamed = approx_tokens([{"role": "assistant", "content": scripted.reasoning + scripted.content}])
+                if args.on_tokens is not None:  # and its `stall`, the decode
+                    args.on_tokens(streamed)
                 await asyncio.sleep(scripted.stall)
         except asyncio.CancelledError:  # cut: the prompt was read, and what streamed was generated
             self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached, generated_tokens=streamed)
@@ -333,6 +337,8 @@ class ScriptedSession:
         reply = self._make_reply(scripted, messages, tools, prompt_tokens)
         if not scripted.stall:
             _stream(reply.reasoning, reply.text, args)
+            if args.on_tokens is not None:
+                args.on_tokens(reply.usage.generated_tokens)
         return reply
 
     def _make_reply(

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import io
 import logging
 import os
 import signal
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -44,24 +44,24 @@ from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
-from rich.console import Console
-from rich.text import Text
 
 from .. import __version__
 from ..agents.context import repository_root
 from ..agents.spec import AgentSpec
 from ..caps import MAX_TASKS
 from ..errors import ConfirmationRequired, SubagentError, ToolError
-from ..events import Event, EventSink, TaskEndData, ToolCallData, UsageData
+from ..events import Event, EventSink, TaskEndData, ToolCallData
 from ..home import make_state_dir, state_home
-from ..render import EventLines
 from ..results import ChildrenUsage, MultiRunResult, RunResult, RunUsage, Status, StopReason
 from ..runs.board import TaskBoard
 from ..runs.execution import stop_reason
 from ..runs.runner import Runner
+from ..runs.task import TaskHandle
 from ..runs.workflow import find_workflow, load_workflow
 from ..tools.base import ToolResult
 from ..tools.subagent import FORMS, Delegation, delegation_schema, fit_answers, format_outcome, parse_delegation
+from .budget import DEFAULT_CALL_BUDGET, budget_text
+from .notices import ClientLog, Progress, quiet
 from .stdio import StdinLines, stop_signals
 from .tasks import ServerTasks
 
@@ -79,6 +79,8 @@ LOG_FILE = "mcp.log"
 # How long a stop signal waits for the calls in progress to answer with their aborted tasks.
 STOP_WAIT_S = 15.0
 ANSWER_GRACE_S = 0.2
+# Why a server an agent calls here gets no answer to its elicitation: this server does not pass it on.
+NO_PERSON = "nobody can answer through subagent mcp (its MCP client is not asked)"
 # The JSON-RPC error code of a method refused for the server's set-up (no workspace): a server error.
 REFUSED = -32000
 MakeRunner = Callable[[Path, EventSink], Runner]
@@ -127,7 +129,8 @@ class TaskOutcome(BaseModel):
 
 
 class RunOutcome(BaseModel):
-    """`run_agents`'s structured content: every task in input order."""
+    """`run_agents`'s structured content: every task in input order (those that finished, when the call
+    budget ended first: `running` has the ids of the others, read with `agent_output`)."""
 
     mode: str
     ok: bool
@@ -136,61 +139,13 @@ class RunOutcome(BaseModel):
     run_id: str | None
     error: str | None
     tasks: list[TaskOutcome]
-
-
-# -- progress ---------------------------------------------------------------------------------------
-
-
-class Progress:
-    """Turns one request's runner events into progress notifications, sent in order by `pump`."""
-
-    def __init__(self, session: ServerSession) -> None:
-        self.session = session
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self.n_sent = 0
-        self.closed = False
-        self.lines = EventLines(Console(file=io.StringIO()), "tasks")  # only its `line()` is used
-
-    def push(self, event: Event) -> None:
-        message = progress_message(event, self.lines)
-        if message is not None and not self.closed:
-            self.queue.put_nowait(message)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.queue.put_nowait(None)
-
-    async def pump(self) -> None:
-        """Send queued messages until `close`; progress counts the notifications (it must grow)."""
-        while (message := await self.queue.get()) is not None:
-            self.n_sent += 1
-            try:
-                await self.session.report_progress(self.n_sent, None, message)
-            except Exception as exc:  # a client gone or a closed stream: the run itself goes on
-                log.warning("progress notification not sent: %s", exc)
-
-
-def progress_message(event: Event, lines: EventLines) -> str | None:
-    """One plain line for a calling agent or its user, or None for events that add nothing.
-
-    Starts, tool calls, waits and ends read as `subagent parallel` prints them (the one renderer);
-    a client's progress also counts the turns and the tokens.
-    """
-    if event.kind == "turn_start":
-        return f"[{event.label}] turn {event.turn}"
-    if event.kind == "usage":
-        usage = cast(UsageData, event.data)
-        return (
-            f"[{event.label}] {usage['output_tokens']:,} tokens generated, "
-            f"{usage['input_tokens']:,} read ({usage['cached_tokens']:,} cached)"
-        )
-    markup = lines.line(event)
-    return Text.from_markup(markup).plain if markup is not None else None
+    running: list[str] = []
 
 
 # The request an event belongs to: child tasks inherit the context of the call that started them.
 _progress: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("mcp_progress", default=None)
+# The client whose call started the event's task, and that call's request id: its log messages.
+_client: contextvars.ContextVar[tuple[ClientLog, Any] | None] = contextvars.ContextVar("mcp_client", default=None)
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -205,24 +160,32 @@ class AgentsServer:
         cwd: the workspace; None to take the client's first root (else the working directory).
     """
 
-    def __init__(self, make_runner: MakeRunner, cwd: Path | None = None) -> None:
+    def __init__(
+        self, make_runner: MakeRunner, cwd: Path | None = None, call_budget: float | None = DEFAULT_CALL_BUDGET
+    ) -> None:
         self.make_runner = make_runner
         self.cwd = cwd
+        self.call_budget = call_budget
         self.runner: Runner | None = None
         self.tasks: ServerTasks | None = None
         self._lock = asyncio.Lock()
         self._calls = 0  # tool calls being answered
         self._idle = asyncio.Event()
         self._idle.set()
+        # Each client connection's log level and messages (the SDK makes a ServerSession per request).
+        self._logs: weakref.WeakKeyDictionary[Any, ClientLog] = weakref.WeakKeyDictionary()
+        self._detached: set[asyncio.Future[Any]] = set()  # run_agents calls answered before their tasks ended
 
     def server(self) -> Server[Any]:
-        return Server(
-            SERVER_NAME,
-            version=__version__,
-            instructions=INSTRUCTIONS,
-            on_list_tools=self.list_tools,
-            on_call_tool=self.call_tool,
-        )
+        with quiet():  # the SDK's deprecation warning for logging (see notices.py)
+            return Server(
+                SERVER_NAME,
+                version=__version__,
+                instructions=INSTRUCTIONS,
+                on_list_tools=self.list_tools,
+                on_call_tool=self.call_tool,
+                on_set_logging_level=self.set_level,
+            )
 
     async def stop(self, reason: str, wait: float = STOP_WAIT_S) -> None:
         """A stop signal: abort every task, started or in a call, with `reason`; return once the calls
@@ -240,10 +203,28 @@ class AgentsServer:
         """Cancel the started tasks that still run (their processes killed, their work saved), then stop."""
         if self.tasks is not None:
             await self.tasks.close()
+        await asyncio.gather(*self._detached, return_exceptions=True)
+        for client in list(self._logs.values()):
+            await client.close()
         if self.runner is not None:
             await self.runner.close()
 
     # -- handlers ---------------------------------------------------------------------------------
+
+    def client_log(self, session: ServerSession) -> ClientLog:
+        """The log of the connection `session` belongs to, made at its first request."""
+        connection = getattr(session, "_connection", session)  # the SDK's per-request session is a proxy
+        client = self._logs.get(connection)
+        if client is None:
+            client = self._logs[connection] = ClientLog()
+        client.session = session
+        return client
+
+    async def set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
+        """`logging/setLevel`: the connection's log messages from now on are those at `level` and above."""
+        self.client_log(ctx.session).level = params.level
+        log.info("the client set its log level to %s", params.level)
+        return types.EmptyResult()
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -264,7 +245,7 @@ class AgentsServer:
                 ),
                 types.Tool(
                     name="run_agents",
-                    description=describe_run_agents(runner),
+                    description=describe_run_agents(runner, self.call_budget),
                     input_schema=run_schema(runner),
                     output_schema=RunOutcome.model_json_schema(),
                     annotations=types.ToolAnnotations(destructive_hint=True, open_world_hint=False),
@@ -280,9 +261,16 @@ class AgentsServer:
         log.info("call %s %s", params.name, _brief(params.arguments))
         self._calls += 1
         self._idle.clear()
+        client = self.client_log(ctx.session)
+        client.calls.add(ctx.request_id)
+        reset = _client.set((client, ctx.request_id))  # the tasks it starts log to this client
         try:
-            return await self._call(ctx, params, started)
+            result = await self._call(ctx, params, started)
+            await client.flush()
+            return result
         finally:
+            _client.reset(reset)
+            client.calls.discard(ctx.request_id)
             self._calls -= 1
             if not self._calls:
                 self._idle.set()
@@ -294,7 +282,7 @@ class AgentsServer:
             if params.name == "list_agents":
                 result = _list_result(agent_list(await self._runner(ctx)))
             elif params.name == "run_agents":
-                result = await self._run_agents(ctx, params.arguments or {})
+                result = await self._run_agents(ctx, params.arguments or {}, started)
             elif params.name == "start_agents":
                 result = await self._start_agents(ctx, params.arguments or {})
             elif (call := self._tasks(await self._runner(ctx)).handler(params.name)) is not None:
@@ -318,7 +306,9 @@ class AgentsServer:
 
     # -- run_agents -----------------------------------------------------------------------------------
 
-    async def _run_agents(self, ctx: ServerRequestContext[Any], arguments: dict[str, Any]) -> types.CallToolResult:
+    async def _run_agents(
+        self, ctx: ServerRequestContext[Any], arguments: dict[str, Any], started: float
+    ) -> types.CallToolResult:
         if "background" in arguments:
             return _error(
                 "run_agents waits for its tasks and takes no 'background'; to start them and carry on, call "
@@ -329,16 +319,24 @@ class AgentsServer:
             call = parse_delegation(arguments, runner.workspace, runner.catalog.agents, tool="run_agents")
         except ToolError as exc:
             return _error(f"Error: {exc}")
+        handles: list[TaskHandle] = []
+        begun = asyncio.Event()
+
+        def on_handles(made: list[TaskHandle]) -> None:
+            handles.extend(made)
+            begun.set()
+
         token = (ctx.meta or {}).get("progress_token")
         progress = Progress(ctx.session) if token is not None else None
         reset = _progress.set(progress)
         try:  # the task copies the context: every child's events find this request's `progress`
-            work = asyncio.ensure_future(_refused_or(runner, call, "run_agents", lambda: runner.delegate(call, None)))
+            delegate = lambda: runner.delegate(call, None, on_handles=on_handles)  # noqa: E731
+            work = asyncio.ensure_future(_refused_or(runner, call, "run_agents", delegate))
         finally:
             _progress.reset(reset)
         pump = asyncio.ensure_future(progress.pump()) if progress else None
         try:
-            outcome = await asyncio.shield(work)
+            outcome = await self._within_budget(work, begun, started)
         except asyncio.CancelledError:
             # Cancel the children once and wait, shielded, while they kill their processes and save.
             work.cancel()
@@ -350,9 +348,39 @@ class AgentsServer:
         if progress is not None and pump is not None:
             progress.close()
             await pump
+        if outcome is None:  # the budget ended first: the tasks go on, on the board, and the answer names them
+            self._detach(work)
+            assert self.call_budget is not None
+            return budget_result(call, handles, self._tasks(runner).board, self.call_budget)
         if isinstance(outcome, types.CallToolResult):  # refused before anything ran
             return outcome
         return run_result(call, outcome, format_outcome(call, outcome))
+
+    async def _within_budget(self, work: asyncio.Future[T], begun: asyncio.Event, started: float) -> T | None:
+        """What `work` gives, or None when the call budget ends first and its tasks have started (a call
+        answers with ids only once there are ids: loading the model the first time counts)."""
+        if self.call_budget is None:
+            return await asyncio.shield(work)
+        left = self.call_budget - (time.perf_counter() - started)
+        await asyncio.wait({work}, timeout=max(left, 0.0))  # never cancels `work`, even when cancelled itself
+        if not work.done():
+            waiter = asyncio.ensure_future(begun.wait())
+            try:
+                await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+        return work.result() if work.done() else None
+
+    def _detach(self, work: asyncio.Future[Any]) -> None:
+        """Keep a call's work running after its answer, until its tasks end (or the server stops)."""
+        self._detached.add(work)
+
+        def ended(done: asyncio.Future[Any]) -> None:
+            self._detached.discard(done)
+            if not done.cancelled() and done.exception() is not None:
+                log.error("run_agents tasks answered in the background failed: %r", done.exception())
+
+        work.add_done_callback(ended)
 
     # -- start_agents -----------------------------------------------------------------------------------
 
@@ -375,7 +403,7 @@ class AgentsServer:
         """The server's started tasks, on one board made with the runner."""
         if self.tasks is None:
             assert runner is not None
-            self.tasks = ServerTasks(TaskBoard(runner.workspace, on_event=runner.on_event))
+            self.tasks = ServerTasks(TaskBoard(runner.workspace, on_event=runner.on_event), wait_cap=self.call_budget)
         return self.tasks
 
     # -- the workspace and the runner --------------------------------------------------------------------
@@ -386,6 +414,7 @@ class AgentsServer:
             if self.runner is None:
                 root = self.cwd or await client_root(ctx.session) or working_directory()
                 self.runner = self.make_runner(root.resolve(), on_event)
+                self.runner.no_person = NO_PERSON
                 unconfirmed = ", ".join(a.name for a in unconfirmed_agents(self.runner)) or "none"
                 log.info("workspace %s; project agents withheld: %s", self.runner.cwd, unconfirmed)
             else:
@@ -398,6 +427,8 @@ def on_event(event: Event) -> None:
     progress = _progress.get()
     if progress is not None:
         progress.push(event)
+    if (client := _client.get()) is not None:
+        client[0].event(event, client[1])
     if event.kind == "tool_call":
         log.debug("%s %s %s", event.label, event.kind, cast(ToolCallData, event.data)["description"])
     elif event.kind == "task_end":
@@ -473,7 +504,7 @@ def check_confirmed(runner: Runner, call: Delegation) -> None:
     unconfirmed = {s.name for s in unconfirmed_agents(runner)}
     named = [t.agent for t in call.tasks]
     if call.workflow:  # its steps' agents, from the workflow file
-        named += [s.agent for s in load_workflow(find_workflow(call.workflow, runner.cwd)).steps]
+        named += [s.agent for s in load_workflow(find_workflow(call.workflow, runner.cwd, named=True)).steps]
     if blocked := sorted({a.strip().lower() for a in named} & unconfirmed):
         raise ConfirmationRequired(
             f"project agent(s) withheld: {', '.join(blocked)}; they come with the workspace and can run "
@@ -548,6 +579,36 @@ def run_result(call: Delegation, outcome: MultiRunResult, answer: ToolResult) ->
     )
 
 
+def budget_result(call: Delegation, handles: list[TaskHandle], board: TaskBoard, budget: float) -> types.CallToolResult:
+    """A call whose budget ended first: the finished tasks whole; the others handed over to the server's
+    board, under the ids the answer gives (agent_output reads them there)."""
+    finished = [h for h in handles if h.result is not None and not h.alive]
+    for handle in handles:
+        if handle not in finished:
+            handle.hand_over(board)
+    running = [h.snapshot() for h in handles if h not in finished]
+    done = [h.result for h in finished if h.result is not None]
+    bodies = fit_answers([r.output for r in done], [r.transcript for r in done], "", [], 0)
+    structured = RunOutcome(
+        mode=call.mode,
+        ok=False,
+        succeeded=sum(r.ok for r in done),
+        total=len(handles),
+        run_id=next((h.run_id for h in handles if h.run_id), None),
+        error=None,
+        tasks=[_task_outcome(r, b) for r, b in zip(done, bodies)],
+        running=[s.id for s in running],
+    )
+    text = budget_text(done, running, budget, len(handles))
+    lines = [_status_line(t) for t in structured.tasks]
+    if lines:
+        text += "\n\n---\n" + "\n".join(lines)
+    failed = any(not r.ok for r in done)
+    return types.CallToolResult(
+        content=[types.TextContent(text=text)], structured_content=structured.model_dump(mode="json"), is_error=failed
+    )
+
+
 def _task_outcome(result: RunResult, answer: str) -> TaskOutcome:
     """A task's outcome: its result's fields that `TaskOutcome` names, and the answer as it fits."""
     return TaskOutcome(**result.model_dump(include=set(TaskOutcome.model_fields) - {"answer"}), answer=answer)
@@ -596,7 +657,7 @@ LIST_AGENTS_DESCRIPTION = (
 )
 
 
-def describe_run_agents(runner: Runner) -> str:
+def describe_run_agents(runner: Runner, budget: float | None = None) -> str:
     """When to delegate, how to write a task, the three forms, and the agents of this workspace."""
     listing = agent_lines(runner)
     return (
@@ -611,7 +672,13 @@ def describe_run_agents(runner: Runner) -> str:
         f"at most {MAX_TASKS} per call. cwd (optional) is a folder inside the workspace.\n"
         "The result gives each answer and, per task, its status, token usage and transcript path; a task that "
         f"failed makes the call an error. To carry on while they work, start_agents takes the same forms.\n"
-        f"Agents:\n{listing}"
+        + (
+            f"A call answers within {budget:g} s: tasks still running then go on in the background, and the answer "
+            "gives their ids to read with agent_output.\n"
+            if budget is not None
+            else ""
+        )
+        + f"Agents:\n{listing}"
     )
 
 
@@ -650,14 +717,16 @@ def setup_logging() -> Path:
     return path
 
 
-async def serve_stdio(make_runner: MakeRunner, cwd: Path | None = None) -> int:
+async def serve_stdio(
+    make_runner: MakeRunner, cwd: Path | None = None, call_budget: float | None = DEFAULT_CALL_BUDGET
+) -> int:
     """Serve until the client closes stdin, or a stop signal; the runner and its hosts live as long.
 
     Returns the exit code: 0, or 128 + the signal (130, 143, 129) once the tasks it stopped have
     answered their calls and been saved.
     """
     path = setup_logging()
-    agents = AgentsServer(make_runner, cwd)
+    agents = AgentsServer(make_runner, cwd, call_budget)
     server = agents.server()
     lines = StdinLines()
     stopped: list[signal.Signals] = []

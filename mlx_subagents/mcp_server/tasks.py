@@ -1,8 +1,10 @@
 """The MCP server's background tools: start agents, look in on them, read, steer and stop them.
 
 `start_agents` takes the `run_agents` forms and returns the new tasks' ids at once; `agent_status`,
-`agent_output` (waiting up to a cap, read in pieces with `offset`), `send_to_agent` and
-`cancel_agent` work on those ids. Every task a client starts is on one `TaskBoard` per server (ids
+`agent_output` (waiting up to a cap: 300 s, and never past the server's call budget, so that its
+answer comes before the client gives up; read in pieces with `offset`), `send_to_agent` and
+`cancel_agent` work on those ids, and on the tasks of a `run_agents` call that answered before they
+ended. Every task a client starts is on one `TaskBoard` per server (ids
 `scout#1`, `scout#2`, ... in start order, or the label given); at most 8 are alive at once. A
 cancelled task's `bash` processes are killed as it unwinds; the server's end cancels what still
 runs. Each tool answers with text for the calling model and the same facts as structured content.
@@ -78,10 +80,15 @@ class TaskOutput(BaseModel):
 
 
 class ServerTasks:
-    """The tasks MCP clients started on this server: one board, and the background tools' calls on it."""
+    """The tasks MCP clients started on this server: one board, and the background tools' calls on it.
 
-    def __init__(self, board: TaskBoard) -> None:
+    Args:
+        wait_cap: the server's call budget: `agent_output` waits at most this long (None: up to 300 s).
+    """
+
+    def __init__(self, board: TaskBoard, wait_cap: float | None = None) -> None:
         self.board = board
+        self.wait_cap = wait_cap
 
     def tools(self, start_schema: dict[str, Any], agents: str) -> list[types.Tool]:
         """The five tools; `start_schema` is `run_agents`'s input schema, `agents` the agents' list."""
@@ -90,7 +97,7 @@ class ServerTasks:
         specs = [
             ("start_agents", describe_start(agents), start_schema, StartedTasks, rw),
             ("agent_status", STATUS_DESCRIPTION, StatusParams.model_json_schema(), TaskList, ro),
-            ("agent_output", OUTPUT_DESCRIPTION, OutputParams.model_json_schema(), TaskOutput, ro),
+            ("agent_output", describe_output(self.wait_cap), self.output_schema(), TaskOutput, ro),
             ("send_to_agent", SEND_DESCRIPTION, SendParams.model_json_schema(), TaskList, rw),
             ("cancel_agent", CANCEL_DESCRIPTION, CancelParams.model_json_schema(), TaskList, rw),
         ]
@@ -100,6 +107,15 @@ class ServerTasks:
             )
             for name, text, schema, out, ann in specs
         ]
+
+    def output_schema(self) -> dict[str, Any]:
+        """`agent_output`'s parameters, its `wait` saying the cap that applies here."""
+        schema = OutputParams.model_json_schema()
+        if self.wait_cap is not None and self.wait_cap < MAX_OUTPUT_WAIT:
+            schema["properties"]["wait"]["description"] = (
+                f"Seconds to wait for its end (at most {self.wait_cap:g}, this server's call budget)."
+            )
+        return schema
 
     def handler(self, name: str) -> Callable[[dict[str, Any]], Awaitable[types.CallToolResult]] | None:
         """The call for a background tool's name; None for another name."""
@@ -138,7 +154,8 @@ class ServerTasks:
     async def output(self, params: OutputParams) -> types.CallToolResult:
         if problem := wait_problem(params.wait, "if the task still runs"):
             return error(problem)
-        status, whole = await self.board.output(params.id, params.wait)
+        capped = self.wait_cap is not None and params.wait > self.wait_cap
+        status, whole = await self.board.output(params.id, min(params.wait, self.wait_cap or params.wait))
         if problem := offset_problem(status, whole, params.offset):
             return error(problem)
         ended = status.status not in ("queued", "running")
@@ -148,7 +165,8 @@ class ServerTasks:
             if status.worktree is not None:
                 head += f"\n{status.worktree.describe(status.id)}"
         else:
-            head = f"{status_line(status)}\nIt has not finished; its output so far:"
+            waited = f" (waited {self.wait_cap:g} s, this server's call budget: call again)" if capped else ""
+            head = f"{status_line(status)}\nIt has not finished{waited}; its output so far:"
         more = f'\n\n[more: agent_output {{"id": "{status.id}", "offset": {next_offset}}}]' if next_offset else ""
         content = TaskOutput(
             task=status, text=piece, offset=params.offset, total_chars=len(whole), next_offset=next_offset
@@ -205,11 +223,17 @@ STATUS_DESCRIPTION = (
     "How the tasks started with start_agents are doing: id, agent, status (queued, running, completed, failed, "
     "aborted), turn, tokens generated, last tool call, seconds; all of them, or one by id."
 )
-OUTPUT_DESCRIPTION = (
-    f"A started task's answer by id, after waiting up to `wait` seconds (at most {MAX_OUTPUT_WAIT}) for it to "
-    "finish; before it finishes, its output so far and its status. A long answer comes in pieces: read on with "
-    "`offset` (the result says where)."
-)
+
+
+def describe_output(wait_cap: float | None) -> str:
+    cap = f"{wait_cap:g}" if wait_cap is not None and wait_cap < MAX_OUTPUT_WAIT else f"{MAX_OUTPUT_WAIT}"
+    return (
+        f"A task's answer by id (started with start_agents, or a run_agents task still running when that call "
+        f"answered), after waiting up to `wait` seconds (at most {cap}) for it to finish; before it finishes, its "
+        "output so far and its status. A long answer comes in pieces: read on with `offset` (the result says where)."
+    )
+
+
 SEND_DESCRIPTION = (
     "Send a started task a message by id: a running one reads it before its next step (a correction, more "
     "detail); a finished one continues its conversation with it, in the background (its context kept)."

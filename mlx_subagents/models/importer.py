@@ -226,19 +226,24 @@ def _import_lock(target: Path) -> Iterator[None]:
             f"model '{target.name}' is being imported by another process; wait for that import to end, or pass another --name"
         )
     try:
-        _remove_stale_staging(target.parent)
+        _remove_stale_staging(target.parent, held=target.name)
         yield
     finally:
         os.close(fd)  # closing the file lets go of the lock
 
 
-def _remove_stale_staging(models: Path) -> None:
-    """Remove the staging folders of killed imports: those whose name no running import holds."""
+def _remove_stale_staging(models: Path, held: str) -> None:
+    """Remove the staging folders of killed imports: those whose name no running import holds, and
+    those of `held`, the name this import holds (so no other import of it runs: a folder of that name
+    is a killed one's; asking for its lock again would be refused, by this import's own)."""
     for folder in make_state_dir(models).iterdir():
         match = STAGING.fullmatch(folder.name)
-        if match is None or not folder.is_dir():
+        if match is None or folder.is_symlink() or not folder.is_dir():
             continue
         name = match.group("name")
+        if name == held:
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
         fd = _try_lock(models, name) if NAME_PATTERN.fullmatch(name) else None
         if fd is not None:
             shutil.rmtree(folder, ignore_errors=True)

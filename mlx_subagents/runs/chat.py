@@ -45,8 +45,9 @@ class Chat:
         self.handle = handle
         self.spec = handle.spec
         self.label = handle.label
-        self.n_children = 0
-        self.children_usage = RunUsage()
+        # Each sub-agent's usage at its last end, by label: a child continued (a message sent to it) ends
+        # again with its whole usage so far, and an event seen twice changes nothing.
+        self.ended_children: dict[str, RunUsage] = {}
         self.last_reasoning = ""  # the parent's last reply's reasoning (`/think` shows it)
         self._thinking = False
 
@@ -159,19 +160,26 @@ class Chat:
                 piece = cast(ReasoningData, event.data)["text"]
                 self.last_reasoning = (self.last_reasoning if self._thinking else "") + piece
                 self._thinking = True
-        if (
-            event.kind == "task_end"
-            and event.label.startswith(f"{self.label} > ")
-            and not self.in_background(event.label)
-        ):
-            self.n_children += 1
+        if event.kind == "task_end" and event.label.startswith(f"{self.label} > "):
             end = cast(TaskEndData, event.data)
-            if "usage" in end:
-                self.children_usage = self.children_usage.add(RunUsage(**end["usage"]))
+            self.ended_children[event.label] = RunUsage(**end["usage"]) if "usage" in end else RunUsage()
+
+    def children_usage(self) -> tuple[int, RunUsage]:
+        """How many sub-agents this chat started and their usage so far: each ended one's at its last
+        end, each background one's live from its session (over all its generations)."""
+        usage = dict(self.ended_children)
+        for task in self.background():
+            if task.session is not None:
+                usage[task.label] = task.session.usage
+            else:
+                usage.setdefault(task.label, RunUsage())
+        total = RunUsage()
+        for counts in usage.values():
+            total = total.add(counts)
+        return len(usage), total
 
     def in_background(self, label: str) -> bool:
-        """Whether `label` is one of this chat's background sub-agents (its usage is counted live, from its
-        session, in `usage_lines`; its end is told by its notice)."""
+        """Whether `label` is one of this chat's background sub-agents (its end is told by its notice)."""
         return any(task.label == label for task in self.background())
 
     # -- reports ----------------------------------------------------------------------------------------
@@ -180,15 +188,12 @@ class Chat:
         session = self.handle.session
         u = session.usage if session else RunUsage()
         window = session.host.context_window if session else 0
-        c, background = self.children_usage, self.background()
-        for task in background:  # their sessions' usage so far, over all their generations
-            if task.session is not None:
-                c = c.add(task.session.usage)
+        (n, c), background = self.children_usage(), self.background()
         lines = [
             f"{self.label}: {u.turns} turns, {u.input_tokens:,} in ({u.cached_tokens:,} cached), {u.output_tokens:,} out; "
             f"context {u.context_tokens:,} of {window:,} tokens; KV cache {u.kv_bytes / 2**20:.1f} MiB; "
             f"{u.compactions} compactions",
-            f"sub-agents: {self.n_children + len(background)} runs, {c.turns} turns, {c.input_tokens:,} in "
+            f"sub-agents: {n} started, {c.turns} turns, {c.input_tokens:,} in "
             f"({c.cached_tokens:,} cached), {c.output_tokens:,} out"
             + (f"; {len(background)} in the background, {len(self.alive())} running" if background else ""),
         ]

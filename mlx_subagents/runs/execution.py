@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ from ..results import RunResult
 from .generation import INTERRUPTED, Generation, _uncancel
 from .slots import Slots
 
+# A wait for a slot or the writer lease this long or longer is told in the task's `task_start` (`waited_s`).
+MIN_WAIT_S = 0.01
 WAITING_FOR_WRITER = "another agent that can change files is working in this workspace; writers take turns"
 
 
@@ -99,7 +102,10 @@ class Execution:
             if failed:
                 generation.end_unrun("failed", "skipped", f"not run: {_describe(failed[0])} did not complete")
             else:
+                asked = time.monotonic()
                 async with self._places, self._lease(generation):
+                    if (waited := time.monotonic() - asked) >= MIN_WAIT_S:
+                        generation.waited = (round(waited, 3), generation.waited[1] if generation.waited else "a slot")
                     if generation.abort_reason is not None:
                         generation.end_unrun("aborted", "cancelled", f"{generation.abort_reason} before it started")
                     else:
@@ -125,9 +131,12 @@ class Execution:
             return nullcontext()
         prepared = generation.handle.prepared
         writer = prepared.workspace.root if prepared.spec.is_writer(prepared.denied) else None
-        return self.slots.hold(
-            writer, on_wait=lambda: generation.report(None, "waiting", WaitingData(reason=WAITING_FOR_WRITER))
-        )
+
+        def on_wait() -> None:
+            generation.waited = (0.0, "the writer lease")
+            generation.report(None, "waiting", WaitingData(reason=WAITING_FOR_WRITER))
+
+        return self.slots.hold(writer, on_wait=on_wait, who=generation.label)
 
     def _never_ran(self, generation: Generation) -> None:
         """A generation stopped before its first step never ran `_node`: end it here, so that its task ends."""

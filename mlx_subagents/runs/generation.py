@@ -92,6 +92,8 @@ class Generation:
     task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     # The task's first: its prompt is the task, given as a new task's (else a message continuing it).
     fresh: bool = field(default=False, init=False)
+    # How long it waited for its slot and what for ("a slot", "the writer lease"); its `task_start` says so.
+    waited: tuple[float, str] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.done = asyncio.Event()
@@ -135,6 +137,9 @@ class Generation:
         self._start_transcript(transcript, session, prompt)
         host = handle.prepared.host
         start = TaskStartData(task=prompt, model=host.model_id, tool_mode=host.tool_mode, step_id=self.step_id)
+        if self.waited is not None:
+            start["waited_s"], start["waited_for"] = self.waited
+            self.waited = None  # a later generation of the task waits anew
         self.report(transcript, "task_start", start)
         failure: BaseException | None = None
         try:
@@ -184,8 +189,10 @@ class Generation:
             cwd=str(prepared.workspace.root),
             task=prompt,
             schema=self.schema,
-            # What its parent withheld, so that a continued task keeps it withheld (`Runner.reopen`).
+            # What its parent withheld and the sandbox it runs in, so that a continued task keeps both
+            # (`Runner.reopen`).
             **({"denied": prepared.denied} if prepared.denied else {}),
+            **({"sandbox": prepared.sandbox.record()} if prepared.sandbox is not None else {}),
             # A fork: whose conversation it continues, and how many of its first messages are that.
             **fork,
         )

@@ -51,6 +51,9 @@ class RunOptions:
         api_key: the engines' API key (default: `$MLX_SUBAGENTS_API_KEY`).
         sandbox: every task's bash sandboxed (True) or not (False), whatever its file says; None: as
             its file says, else on for project agents.
+        network: every sandboxed bash with the network (True) or without (False), whatever its file
+            says; None: a built-in or user agent's `network: allow` gives it, a project agent's never
+            does (a cloned repository must not choose its own rights).
         plan: every task in plan mode (read-only tools), children included.
         isolation: `worktree` or `none` for the tasks a person starts (`--isolation`), over their agents'
             `isolation:`; None: as their agent files say. Delegated children follow their own call.
@@ -76,6 +79,7 @@ class RunOptions:
     thinking: int | str | None = None
     grammar: bool | None = None
     sandbox: bool | None = None
+    network: bool | None = None
     plan: bool = False
 
     def __post_init__(self) -> None:

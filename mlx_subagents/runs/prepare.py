@@ -20,7 +20,9 @@ It also hands each task its hooks (`settings_hooks`, read once per runner): the 
 the project's after the user's consent (as for project agents), then the agent file's own.
 
 It also decides each task's bash sandbox (`sandbox_for`): the run's `--sandbox`, else the agent's file,
-else on for a project agent; a sandboxed parent's children are sandboxed too.
+else on for a project agent; a sandboxed parent's children are sandboxed too. The network: the run's
+`--network`, else a built-in or user agent's `network: allow` (a project file's never counts); a child
+has it only if its parent does. A continued task keeps the sandbox it ran with (`keep_sandbox`).
 
 The preparer also owns what resolution keeps for the runner's life: the consent given, one host
 per model (the resident models sharing one KV budget) and the project's instructions per workspace
@@ -37,20 +39,28 @@ from typing import Any
 
 from ..agents.context import ProjectContext, load_project_context
 from ..agents.discovery import AgentCatalog, require_trust
-from ..agents.hooks import SETTINGS_FILE, Hooks, find_project_settings, load_settings_hooks
+from ..agents.hooks import (
+    SETTINGS_FILE,
+    Hooks,
+    find_project_settings,
+    load_settings_hooks,
+    project_hooks,
+    read_settings,
+)
 from ..agents.memory import memory_block, memory_folder, start_memory
 from ..agents.schema_output import check_schema
-from ..agents.session import DEFAULT_MAX_TURNS, Limits, system_prompt
+from ..agents.session import DEFAULT_MAX_TURNS, Limits, session_tools, system_prompt
 from ..agents.skills import SkillChoice, choose_skills
-from ..agents.spec import AgentSpec, sandbox_default
+from ..agents.spec import AgentSpec, remote_model, sandbox_default
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, ConfirmationRequired, InputTooLargeError, RequestError
 from ..home import state_home
 from ..host import SharedKVBudget, make_host
 from ..host.loading import resolve_model_path
-from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory
+from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, ToolSchema
 from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
-from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches
+from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
+from ..tools.mcp_requests import ClientPolicy
 from ..tools.skill import Skill
 from .options import RunOptions
 from .tasks import ModelRef, TaskSpec, default_model
@@ -194,15 +204,19 @@ class Preparer:
         self._host_lock = asyncio.Lock()
         self._kv_budget = SharedKVBudget(options.kv_budget)  # one budget across the resident models
         self._trusted: set[str] = set()
+        self._network_refused: set[str] = set()  # project agents told once that their `network: allow` is not honoured
         self._contexts: dict[Path, ProjectContext] = {}
         self._hooks: Hooks | None = None
         # Receives one line per settings problem that blocks nothing (project hooks not allowed).
         self.on_warning: Callable[[str], None] = lambda _line: None
+        # A task's `subagent` and background tools, as its session gets them (the runner makes them).
+        self.delegation_tools: Callable[[PreparedTask], dict[str, Tool]] = lambda _task: {}
         self._memories: dict[tuple[Path, bool], str] = {}
         self._project_skills: bool | None = None  # the user's answer about project skills, once asked
         self.cwd = cwd or Path.cwd()
-        self.mcp = McpServers(self.cwd, log_dir=state_home() / "logs")
+        self.mcp = McpServers(self.cwd, log_dir=state_home() / "logs", policy=ClientPolicy(options.assume_yes))
         self._mcp_config: dict[str, McpServerConfig] | None = None
+        self._mcp_unreadable = False  # a configuration file (or a server in it) could not be read
         self._mcp_allowed: set[str] = set()  # project servers the user allowed to start
 
     # -- a whole request --------------------------------------------------------------------------------
@@ -359,21 +373,40 @@ class Preparer:
     def sandbox_for(self, spec: AgentSpec, workspace: Workspace, parent: Parent | None = None) -> Sandbox | None:
         """The task's bash sandbox, None for none: the run's `--sandbox`, else the agent file's `sandbox:`,
         else on for a project agent (a project file may turn it on, never off: only the user can), and
-        always on below a sandboxed parent, whose network a child keeps only if both allow it."""
+        always on below a sandboxed parent. Its network: `network_for`, and a child's only if its
+        parent has it. It writes in its tool's workspace, wherever that is (`make_tools`)."""
         on = self.options.sandbox
         if on is None:
             on = sandbox_default(spec) or (parent is not None and parent.sandbox is not None)
         if not on:
             return None
-        network = spec.network and (parent is None or parent.sandbox is None or parent.sandbox.network)
-        return Sandbox(writable=(workspace.root,), network=network)
+        network = self.network_for(spec) and (parent is None or parent.sandbox is None or parent.sandbox.network)
+        return Sandbox(network=network)
+
+    def network_for(self, spec: AgentSpec) -> bool:
+        """Whether the agent's sandboxed bash keeps the network: the run's `--network`, else its file's
+        `network: allow` when the user wrote that file (a built-in or user agent). A project file's is
+        one warning and no network: like `sandbox: off`, it takes the user's word."""
+        if self.options.network is not None:
+            return self.options.network
+        if spec.network and spec.source == "project":
+            if spec.name not in self._network_refused:
+                self._network_refused.add(spec.name)
+                self.on_warning(
+                    f"{spec.path}: 'network: allow' comes with the project, which cannot grant itself the network; "
+                    "its bash runs without it (give it with --network allow)"
+                )
+            return False
+        return spec.network
 
     def settings_hooks(self, root: Path) -> Hooks:
         """The settings files' hooks, read at the first task and kept for the runner's life: the user's
         (`$MLX_SUBAGENTS_HOME/settings.json`), then the project's (`.mlx-subagents/settings.json`,
         `.claude/settings.json` at or above the runner's folder, unless `--scope user`) once the user
         allows them: they come with the workspace and run commands, as a project agent does. Project
-        hooks not allowed are left out with one warning; the run goes on."""
+        hooks not allowed are left out with one warning; the run goes on. A project file is parsed as
+        JSON to see whether it has hooks, and its hooks are checked only once allowed: each problem in it
+        is one warning and the run goes on without that part; the user's own file is strict."""
         if self._hooks is not None:
             return self._hooks
         warnings: list[str] = []
@@ -382,13 +415,15 @@ class Preparer:
         if self.options.scope != "user":
             user_level = {user.resolve(), (Path.home() / ".claude" / SETTINGS_FILE).resolve()}
             for path in find_project_settings((self.cwd or root).resolve(), user_level):
-                project = load_settings_hooks(path, warnings)
-                if project and self._allow_project_hooks(path):
-                    hooks += project
-                elif project:
+                if (found := read_settings(path, warnings)) is None:  # no hooks, or one warning
+                    continue
+                if not self._allow_project_hooks(path):
                     warnings.append(
                         f"the hooks in {path} did not run: they come with the project; re-run with --yes to allow them"
                     )
+                    continue
+                section, text = found
+                hooks += project_hooks(section, path, text, warnings)  # checked only after consent
         self._hooks = hooks
         for line in warnings:
             self.on_warning(line)
@@ -431,7 +466,14 @@ class Preparer:
             return ModelRef(model, options.engine)
         if not (override or options.model) and spec.engine and spec.engine_model:
             return ModelRef(spec.engine_model, spec.engine)
-        named = override or options.model or spec.model
+        named = override or options.model
+        if named and (problem := remote_model(named)) is not None:
+            where = "--model" if named == options.model else f"task '{spec.name}': model"
+            raise RequestError(
+                f"{where}: {problem}; use a local folder, an MLX hub id, an imported name, mlx/{named} if it is a "
+                "Hugging Face repo, or --engine URL for a model an OpenAI-compatible server runs"
+            )
+        named = named or spec.model
         return ModelRef(named) if named else inherited or ModelRef(default_model())
 
     async def host_for(self, model: ModelRef) -> ModelHost:
@@ -487,11 +529,20 @@ class Preparer:
     def mcp_servers(self, spec: AgentSpec) -> list[McpServerConfig]:
         """The MCP servers an agent may use: those its tools name (`mcp__github__*`, by default those its
         `mcpServers:` names or defines); inline definitions first, then `.mcp.json`, then the home's
-        `mcp.json`. A name defined nowhere is one warning, its tools absent."""
+        `mcp.json`, read only now that an agent names a server. A name defined nowhere is one warning,
+        its tools absent; a file or server that cannot be read is one warning too (`load_config`)."""
+        if not spec.mcp_inline and not any(pattern_server(tool) for tool in spec.tools):
+            return []  # no configuration file is read for an agent that names no server
         if self._mcp_config is None:
-            self._mcp_config = load_config(self.cwd)
+            problems: list[str] = []
+            self._mcp_config = load_config(self.cwd, warnings=problems)
+            self._mcp_unreadable = bool(problems)
+            for line in problems:
+                self.mcp.warn(line)
         servers, missing = agent_servers(spec.tools, spec.mcp_inline, self._mcp_config)
         for name in missing:
+            if self._mcp_unreadable:  # its file's warning said so: no second line for it
+                self.mcp.failed.setdefault(name, "left out")
             if name not in self.mcp.failed:
                 self.mcp.failed[name] = "not defined"
                 self.mcp.warn(
@@ -524,16 +575,28 @@ class Preparer:
         return {name: tool for name, tool in tools.items() if spec.grants(name)}
 
     async def check_prompt_fits(self, task: PreparedTask) -> None:
-        """Refuse an agent whose system prompt takes more than half the model's context window
-        (the rest is for the work), naming the numbers and the file to shorten."""
+        """Refuse an agent whose system prompt and tools (their schemas are in every prompt) take more
+        than half the model's context window (the rest is for the work), naming the numbers and what
+        to shorten."""
         spec, host = task.spec, task.host
         prompt = system_prompt(spec, task.workspace, task.context, task.skills, host.context_window)
-        n_tokens = await host.count_tokens([{"role": "system", "content": prompt}])
+        system = [{"role": "system", "content": prompt}]
+        schemas = self.tool_schemas(task)
+        n_tokens = await host.count_tokens(system, schemas or None)
         if n_tokens > host.context_window // 2:
+            n_prompt = await host.count_tokens(system)
+            tools = f" and {len(schemas)} tool{'s' if len(schemas) > 1 else ''}" if schemas else ""
+            fix = f"shorten the body of {spec.path}" + (" or grant it fewer tools" if schemas else "")
             raise InputTooLargeError(
-                f"agent '{spec.name}' has a system prompt of {n_tokens:,} tokens, over half the context window of "
-                f"{host.context_window:,} tokens of {host.model_id}; shorten the body of {spec.path}"
+                f"agent '{spec.name}' has a system prompt{tools} of {n_tokens:,} tokens ({n_prompt:,} of them the "
+                f"prompt), over half the context window of {host.context_window:,} tokens of {host.model_id}; {fix}"
             )
+
+    def tool_schemas(self, task: PreparedTask) -> list[ToolSchema]:
+        """The schemas of the tools the task's session will offer (`session_tools`)."""
+        extra = {**task.mcp_tools, **self.delegation_tools(task)}
+        tools = session_tools(task.spec, task.workspace, task.sandbox, extra, task.skills)
+        return [tool.schema() for tool in tools.values()]
 
     def limits(self, spec: AgentSpec, task: TaskSpec | None = None, parent: Parent | None = None) -> Limits:
         """A task's limits: its own, else the run's, else the agent's, else the defaults; its thinking
@@ -627,6 +690,17 @@ def plan_tools(spec: AgentSpec, denied: dict[str, str]) -> tuple[AgentSpec, dict
     )
     lost = {tool: why.format(tool=tool) for tool in spec.tools if tool not in kept}
     return spec.model_copy(update={"tools": kept}), {**denied, **lost}
+
+
+def keep_sandbox(task: PreparedTask, saved: Any) -> PreparedTask:
+    """A saved task continued in the sandbox it ran with (its transcript's `sandbox` record): a child
+    sandboxed by its parent stays sandboxed when resumed alone, and it keeps the network only if it
+    had it then and would have it now. A continuation never widens a task's rights."""
+    ran = Sandbox.from_record(saved)
+    if ran is None:
+        return task
+    network = ran.network and (task.sandbox is None or task.sandbox.network)
+    return replace(task, sandbox=Sandbox(network=network))
 
 
 def withhold(task: PreparedTask, denied: Mapping[str, str]) -> PreparedTask:

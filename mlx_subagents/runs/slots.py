@@ -18,32 +18,53 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..agents.context import repository_root
 
 
-class Lease:
-    """A running session's slot (and writer lease); `lent()` gives them back while it waits."""
+@dataclass
+class WriterLease:
+    """One workspace's writer lease: its lock, and who holds it and who waits for it (task labels), for
+    `subagent watch`."""
 
-    def __init__(self, slots: asyncio.Semaphore, writer: asyncio.Lock | None) -> None:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    holder: str | None = None
+    waiting: list[str] = field(default_factory=list)
+
+
+class Lease:
+    """A running session's slot (and writer lease); `lent()` gives them back while it waits.
+
+    Args:
+        who: the task's label, which its writer lease names as holder or waiter.
+    """
+
+    def __init__(self, slots: asyncio.Semaphore, writer: WriterLease | None, who: str = "") -> None:
         self._slots = slots
         self._writer = writer
+        self._who = who
         self._lock = asyncio.Lock()
         self._n_lent = 0
         self.held = False
 
     async def acquire(self, on_wait: Callable[[], None] | None = None) -> None:
         # The writer lease first: a writer waiting for it keeps no slot from the others.
-        if self._writer is not None:
-            if self._writer.locked() and on_wait is not None:
+        writer = self._writer
+        if writer is not None:
+            if writer.lock.locked() and on_wait is not None:
                 on_wait()
-            await self._writer.acquire()
+            writer.waiting.append(self._who)
+            try:
+                await writer.lock.acquire()
+            finally:
+                writer.waiting.remove(self._who)
+            writer.holder = self._who
         try:
             await self._slots.acquire()
         except BaseException:
-            if self._writer is not None:
-                self._writer.release()
+            self._release_writer()
             raise
         self.held = True
 
@@ -52,8 +73,12 @@ class Lease:
             return
         self.held = False
         self._slots.release()
+        self._release_writer()
+
+    def _release_writer(self) -> None:
         if self._writer is not None:
-            self._writer.release()
+            self._writer.holder = None
+            self._writer.lock.release()
 
     @asynccontextmanager
     async def lent(self) -> AsyncIterator[None]:
@@ -86,7 +111,7 @@ class Slots:
 
     def __init__(self, concurrency: int, root: Path | None = None) -> None:
         self._slots = asyncio.Semaphore(concurrency)
-        self._writers: dict[Path, asyncio.Lock] = {}
+        self.writers: dict[Path, WriterLease] = {}  # by workspace (see `lease_key`)
         self.root = root
 
     def lease_key(self, folder: Path) -> Path:
@@ -98,17 +123,20 @@ class Slots:
         return self.root if self.root is not None and folder.is_relative_to(self.root) else folder
 
     @asynccontextmanager
-    async def hold(self, writer: Path | None = None, on_wait: Callable[[], None] | None = None) -> AsyncIterator[Lease]:
+    async def hold(
+        self, writer: Path | None = None, on_wait: Callable[[], None] | None = None, *, who: str = ""
+    ) -> AsyncIterator[Lease]:
         """Wait for a slot (and, for a writer, the writer lease of the workspace `writer` is in), hold
         it for the block.
 
         Args:
             writer: the folder a writer works in (None: a reader).
             on_wait: called once when the writer lease is held by another session, before waiting.
+            who: the task's label, as its writer lease names it.
         """
         key = self.lease_key(writer) if writer is not None else None
-        lock = self._writers.setdefault(key, asyncio.Lock()) if key is not None else None
-        lease = Lease(self._slots, lock)
+        lease_of = self.writers.setdefault(key, WriterLease()) if key is not None else None
+        lease = Lease(self._slots, lease_of, who)
         await lease.acquire(on_wait)
         token = _CURRENT.set(lease)
         try:

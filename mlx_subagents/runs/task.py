@@ -30,9 +30,10 @@ from ..agents.session import AgentSession, system_prompt
 from ..caps import MAX_GENERATIONS, MAX_QUEUED_MESSAGES, CapItem, check_request
 from ..errors import RequestError, TaskStateError
 from ..events import Event, EventData, EventKind, EventSink, TaskCancelData, ToolCallData
-from ..host.protocol import Message, TextCallback
+from ..host.protocol import Message, ModelHost, TextCallback
 from ..results import LiveStatus, RunResult, RunUsage, TaskStatus
 from ..tools import Tool, Workspace
+from ..tools.mcp_requests import Person
 from ..tools.subagent import ForkPoint
 from .board import TaskBoard
 from .generation import Generation
@@ -42,6 +43,7 @@ from .transcripts import RunRecord, TaskEntry, TaskTranscript
 from .worktrees import Worktree, finish_worktree, reopen_worktree, worktree_result
 
 INTERRUPTED_TOOL_RESULT = "Error: this tool call was interrupted before it finished."
+NO_PERSON_IN_BACKGROUND = "nobody can answer a background task's servers (it runs while its starter carries on)"
 CANCELLED = "cancelled"
 NOT_HELD = "its conversation is not held here"
 
@@ -105,11 +107,15 @@ class SessionNames:
 
 class TaskRuntime(Protocol):
     """What a handle needs of the runner that made it: where events go, how its session and run are
-    made, and how its generations are run."""
+    made, how its generations are run, and who answers its MCP servers' questions."""
 
     on_event: EventSink
     compaction: CompactionSettings
     session_names: SessionNames
+    person: Person | None
+    no_person: str
+
+    def resident_hosts(self) -> list[ModelHost]: ...
 
     def delegation_tools(
         self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, *, forked: bool = False
@@ -226,6 +232,15 @@ class TaskHandle:
     def held(self) -> bool:
         """A foreground child whose conversation is kept: it may be let go (`TaskBoard.let_go_oldest`)."""
         return self.state is TaskState.KEPT and not self.background and self.session is not None
+
+    def hand_over(self, board: TaskBoard) -> str:
+        """Hold this task on `board` from now on, under a new id there (a top-level task of an MCP call
+        that answered within its budget before the task ended): read, steered and stopped by that id,
+        and kept there when it ends. Returns the id."""
+        [self.id] = board.reserve_ids([self.spec.name])
+        self.owner = board
+        board.add(self)
+        return self.id
 
     async def let_go(self, reason: str) -> None:
         """Stop holding its conversation (its host session and KV cache are freed); a message to it is
@@ -573,6 +588,9 @@ class TaskHandle:
             session_name=self.runtime.session_names.claim(self._session_name),
             sandbox=prepared.sandbox,
             fork_of=self.fork_from.session if self.fork_from is not None else "",
+            person=None if self.background else self.runtime.person,
+            no_person=NO_PERSON_IN_BACKGROUND if self.background else self.runtime.no_person,
+            resident_hosts=self.runtime.resident_hosts,
         )
         return self.session
 

@@ -47,15 +47,19 @@ from typing import IO, Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from ..errors import RunNotFoundError, TaskStateError
+from ..errors import DamagedStateError, RunNotFoundError, SubagentError, TaskStateError
 from ..events import Event
 from ..home import file_name, make_state_dir, state_home
 from ..host.protocol import Message
 from ..results import Mode, RunResult, chain_stop
+from ..userfiles import open_regular, read_text
 
 RUN_FILE = "run.json"
+MAX_RUN_RECORD_BYTES = 16 * 2**20  # far more than the task caps allow a run's record to hold
 # Events that are records of their own type (the same fields as an `event` record).
 NOTE_KINDS = ("task_send", "task_notice", "task_cancel")
+# Events a transcript does not record: the streamed text is all in the `message` event after it.
+UNRECORDED_KINDS = ("text",)
 LATEST_ALIASES = ("last", "latest")
 RunStatus = Literal["running", "finished", "interrupted"]
 
@@ -71,8 +75,8 @@ def new_run_id() -> str:
     return f"{stamp}-{int(now * 1000) % 1000:03d}-{secrets.token_hex(2)}"
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def _now(timespec: str = "seconds") -> str:
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 def messages_digest(messages: Sequence[Message]) -> str:
@@ -204,7 +208,9 @@ class TaskTranscript:
     def write(self, record_type: str, /, **data: Any) -> None:
         if self._file is None:
             self._file = self._open()
-        self._file.write(_dumps({"type": record_type, "generation": self.generation, "time": _now(), **data}) + "\n")
+        self._file.write(
+            _dumps({"type": record_type, "generation": self.generation, "time": _now("milliseconds"), **data}) + "\n"
+        )
         self._file.flush()
 
     def _open(self) -> IO[str]:
@@ -223,7 +229,8 @@ class TaskTranscript:
         self.write("follow_up", message=message)
 
     def event(self, event: Event) -> None:
-        self.write(event.kind if event.kind in NOTE_KINDS else "event", **event.to_json())
+        if event.kind not in UNRECORDED_KINDS:
+            self.write(event.kind if event.kind in NOTE_KINDS else "event", **event.to_json())
 
     def finish(self, messages: list[Message], result: RunResult) -> None:
         """Save the conversation and the result; a fork's conversation without its parent's messages
@@ -362,7 +369,7 @@ def _parent_messages(path: Path, fork: dict[str, Any], n: int) -> list[Message]:
         if record.run_id != run_id:
             raise FileNotFoundError
         parent = read_transcript(record.transcript_path(record.task(label)))
-    except (OSError, ValidationError, ValueError, RecursionError, RunNotFoundError):
+    except (OSError, ValidationError, ValueError, RecursionError, SubagentError):
         raise RunNotFoundError(
             f"{where}, and that run's transcript is missing from {folder}; restore that run folder to read this fork"
         ) from None
@@ -377,8 +384,9 @@ def _parent_messages(path: Path, fork: dict[str, Any], n: int) -> list[Message]:
 
 def read_transcript(path: Path) -> TaskLog:
     """Parse a task's JSONL file; a line that is not a well-formed record is skipped and listed."""
-    try:
-        data = path.read_bytes()
+    try:  # through the guarded reader: a FIFO or a device in its place never blocks
+        with open_regular(path, "transcript", RunNotFoundError, None, text=False) as file:
+            data = file.read()
     except OSError as exc:
         raise RunNotFoundError(f"{path}: cannot read the transcript ({exc.strerror})") from None
     records: list[dict[str, Any]] = []
@@ -431,6 +439,8 @@ def load_run(run_id: str, home: Path | None = None) -> RunRecord:
     folder = _find_run_folder(run_id, runs_dir(home))
     try:
         record = _read_run_record(folder)
+    except SubagentError as exc:
+        raise RunNotFoundError(str(exc)) from None
     except (OSError, ValidationError, ValueError, RecursionError) as exc:
         raise RunNotFoundError(f"{folder / RUN_FILE}: unreadable run record ({type(exc).__name__})") from None
     return record
@@ -439,7 +449,8 @@ def load_run(run_id: str, home: Path | None = None) -> RunRecord:
 def _read_run_record(folder: Path) -> RunRecord:
     """`run.json` of a run folder; through `json`, which reads back the lone surrogates `_dumps`
     escapes (a task or folder name with bytes that are not UTF-8), where pydantic's parser stops."""
-    record = RunRecord.model_validate(json.loads((folder / RUN_FILE).read_text(encoding="utf-8")))
+    text = read_text(folder / RUN_FILE, "run record", DamagedStateError, MAX_RUN_RECORD_BYTES)  # the guarded reader
+    record = RunRecord.model_validate(json.loads(text))
     record.folder = folder
     return record
 
@@ -480,7 +491,7 @@ def list_runs(limit: int = 20, home: Path | None = None) -> list[RunRecord]:
             break
         try:
             record = _read_run_record(folder)
-        except (OSError, ValidationError, ValueError, RecursionError):
+        except (SubagentError, OSError, ValidationError, ValueError, RecursionError):
             continue
         records.append(record)
     return records

@@ -212,8 +212,23 @@ def discover_workflows(cwd: Path) -> dict[str, Path]:
     return found
 
 
-def find_workflow(name_or_path: str, cwd: Path) -> Path:
-    """A workflow file (as given, else relative to `cwd`), or a named workflow."""
+def find_workflow(name_or_path: str, cwd: Path, *, named: bool = False) -> Path:
+    """A workflow file (as given, else relative to `cwd`), or a named workflow.
+
+    Args:
+        named: only a named workflow (a model's or an MCP client's call): a path, which could name any
+            TOML file on the machine, is refused in one line.
+    """
+    if named:
+        found = discover_workflows(cwd)
+        if name_or_path in found:
+            return found[name_or_path].resolve()
+        available = ", ".join(sorted(found)) or "none"
+        if name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path:
+            raise WorkflowError(
+                f"workflow '{name_or_path}' is a path: a call names a workflow, never a file; available: {available}"
+            )
+        raise WorkflowError(f"unknown workflow '{name_or_path}'; available: {available}")
     given = Path(name_or_path).expanduser()
     for candidate in (given, Path(cwd) / given):
         with contextlib.suppress(OSError):  # a name the OS cannot look up (`File name too long`) is none

@@ -17,22 +17,33 @@ never runs in the shared tree.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import shutil
-import subprocess
-from dataclasses import asdict, dataclass
+import sys
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
-from ..errors import RequestError
+from ..errors import DamagedStateError, RequestError, SubagentError
 from ..home import make_state_dir, state_home
 from ..results import WorktreeResult
+from ..userfiles import linked_part, load_file
+from .git import git, git_bytes, git_ok, git_text, run_git
 
 ISOLATIONS = ("none", "worktree")
 BRANCH_PREFIX = "subagent/"
 # Who the commits on a child's branch are by (the agent's name goes in the author's name).
 AUTHOR_EMAIL = "subagent@mlx-subagents.invalid"
 IN_PROGRESS = ("MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "rebase-merge", "rebase-apply")
+MAX_MANIFEST_BYTES = 1024 * 1024
+Warn = Callable[[str], None]
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -70,28 +81,19 @@ def worktrees_home(home: Path | None = None) -> Path:
     return (home or state_home()) / "worktrees"
 
 
-def git(repo: Path | str, *args: str, input: bytes | None = None, check: bool = True) -> str:
-    """Run git in `repo`; a failure is a `RequestError` with git's own first line."""
-    done = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True)
-    if check and done.returncode != 0:
-        why = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
-        raise RequestError(f"git {args[0]} failed in {repo}: {why[0] if why else f'exit {done.returncode}'}")
-    return done.stdout.decode(errors="replace")
-
-
 def check_isolation(folder: Path) -> Path:
     """The repository root an isolated task in `folder` branches from, or a one-line `RequestError`
     naming why it cannot be isolated (never a silent run in the shared tree)."""
     fix, plain = "run it without isolation: worktree, or", "run it without isolation: worktree"
     if shutil.which("git") is None:
         raise RequestError(f"isolation: worktree needs git, which is not on PATH; install git or {plain}")
-    done = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel"], capture_output=True)
+    done = run_git(folder, "rev-parse", "--show-toplevel")
     if done.returncode != 0:
         raise RequestError(
             f"isolation: worktree needs a git repository, and {folder} is not inside one; {fix} git init"
         )
     repo = Path(done.stdout.decode().strip()).resolve()
-    if subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "-q", "HEAD"], capture_output=True).returncode:
+    if not git_ok(repo, "rev-parse", "--verify", "-q", "HEAD"):
         raise RequestError(
             f"isolation: worktree needs a commit to branch from, and {repo} has none; {fix} commit first"
         )
@@ -121,12 +123,18 @@ def make_worktree(
     folder: Path, *, run_id: str, label: str, agent: str, task: str, home: Path | None = None
 ) -> Worktree:
     """A new worktree for a child working in `folder`: its branch from HEAD, the parent's uncommitted
-    state carried as a first commit, its manifest written before it is returned."""
+    state carried as a first commit, its manifest written (and its lock held, `hold_worktree`) before
+    it is returned."""
     repo = check_isolation(folder)
     name = f"{run_id}-{_slug(label)}"
     place = make_state_dir(worktrees_home(home), home=home) / name
     branch = BRANCH_PREFIX + name
-    git(repo, "worktree", "add", "-q", "-b", branch, str(place), "HEAD")
+    hold_worktree(name, home)
+    try:
+        git(repo, "worktree", "add", "-q", "-b", branch, str(place), "HEAD")
+    except BaseException:
+        release_worktree(name)
+        raise
     worktree = Worktree(
         name=name,
         path=str(place.resolve()),
@@ -151,7 +159,7 @@ def make_worktree(
 def _carry(repo: Path, worktree: Worktree, home: Path | None) -> Worktree:
     """Carry the parent's tracked changes and untracked (not ignored) files into the worktree, and
     commit them there as the child's base."""
-    diff = subprocess.run(["git", "-C", str(repo), "diff", "HEAD", "--binary"], capture_output=True, check=True).stdout
+    diff = git_bytes(repo, "diff", "HEAD", "--binary")
     untracked = [p for p in git(repo, "ls-files", "--others", "--exclude-standard", "-z").split("\0") if p]
     if not diff and not untracked:
         return worktree
@@ -172,21 +180,23 @@ def _carry(repo: Path, worktree: Worktree, home: Path | None) -> Worktree:
 
 
 def finish_worktree(worktree: Worktree, status: str, home: Path | None = None) -> Worktree | None:
-    """Commit what the child changed on its branch and record it; None (worktree and branch removed)
-    when it changed nothing."""
-    place = Path(worktree.path)
-    first = worktree.task.strip().splitlines()[0][:72] if worktree.task.strip() else "its task"
-    _commit(
-        place, f"{worktree.agent} (mlx-subagents)", f"{worktree.agent} [{worktree.label}]: {first}\n\n{worktree.task}"
-    )
-    files = tuple(p for p in git(place, "diff", "--name-only", "-z", worktree.base, "HEAD").split("\0") if p)
-    if not files:
-        remove_worktree(worktree, home)
-        return None
-    stat = git(place, "diff", "--shortstat", worktree.base, "HEAD").strip()
-    kept = Worktree(**{**asdict(worktree), "status": status, "diffstat": stat, "files": files})
-    _save(kept, home)
-    return kept
+    """Commit what the child changed on its branch, record it and let go of its lock; None (worktree and
+    branch removed) when it changed nothing."""
+    try:
+        place = Path(worktree.path)
+        task = worktree.task.strip()
+        first = task.splitlines()[0][:72] if task else "its task"
+        _commit(place, f"{worktree.agent} (mlx-subagents)", f"{worktree.agent} [{worktree.label}]: {first}\n\n{task}")
+        files = tuple(p for p in git(place, "diff", "--name-only", "-z", worktree.base, "HEAD").split("\0") if p)
+        if not files:
+            remove_worktree(worktree, home)
+            return None
+        stat = git(place, "diff", "--shortstat", worktree.base, "HEAD").strip()
+        kept = Worktree(**{**asdict(worktree), "status": status, "diffstat": stat, "files": files})
+        _save(kept, home)
+        return kept
+    finally:
+        release_worktree(worktree.name)
 
 
 def worktree_result(kept: Worktree | None) -> WorktreeResult:
@@ -200,42 +210,125 @@ def worktree_result(kept: Worktree | None) -> WorktreeResult:
 
 def reopen_worktree(worktree: Worktree, home: Path | None = None) -> Worktree:
     """A finished worktree made ready for the task's next generation (a message to a background task):
-    marked running again, or made anew on the same branch name when it changed nothing and was removed."""
+    held and marked running again, or made anew on the same branch name when it changed nothing and
+    was removed."""
     if not Path(worktree.path).exists():
         folder = Path(worktree.repo) / worktree.folder
         return make_worktree(
             folder, run_id=worktree.run_id, label=worktree.label, agent=worktree.agent, task=worktree.task, home=home
         )
+    hold_worktree(worktree.name, home)
     running = Worktree(**{**asdict(worktree), "status": "running"})
     _save(running, home)
     return running
 
 
 def _commit(place: Path, author: str, message: str) -> None:
+    """Commit everything in `place`; the author and message cleaned of what git refuses (a NUL)."""
     git(place, "add", "-A")
     if not git(place, "status", "--porcelain").strip():
         return
-    who = ["-c", f"user.name={author}", "-c", f"user.email={AUTHOR_EMAIL}", "-c", "commit.gpgsign=false"]
-    git(place, *who, "commit", "-q", "--no-verify", "-m", message)
+    who = ["-c", f"user.name={git_text(author)}", "-c", f"user.email={AUTHOR_EMAIL}", "-c", "commit.gpgsign=false"]
+    git(place, *who, "commit", "-q", "--no-verify", "-m", git_text(message))
 
 
 def remove_worktree(worktree: Worktree, home: Path | None = None) -> None:
-    """Remove a worktree, its branch and its manifest."""
+    """Remove a worktree, its branch, its manifest and its lock."""
     git(worktree.repo, "worktree", "remove", "--force", worktree.path, check=False)
     git(worktree.repo, "branch", "-D", worktree.branch, check=False)
     _manifest(worktree.name, home).unlink(missing_ok=True)
+    release_worktree(worktree.name)
+    _lock_path(worktree.name, home).unlink(missing_ok=True)
 
 
-def list_worktrees(home: Path | None = None) -> list[Worktree]:
-    """Every kept worktree, oldest first (its manifest; one of an interrupted child says `running`)."""
+# --- who holds a worktree: a lock per worktree, held while a task runs in it ---------------------------
+
+_held: dict[str, int] = {}  # this process's held worktrees: name -> the lock file's descriptor
+
+
+def hold_worktree(name: str, home: Path | None = None) -> None:
+    """Hold the worktree `name` for this process (a task runs in it): `prune` leaves it alone. An
+    `flock`, so the OS lets go when the process ends, and a killed run never leaves it held."""
+    if name in _held:
+        return
+    fd = os.open(_lock_path(name, home), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise RequestError(
+            f"the worktree {name} is in use by another process (a task running in it); wait until it ends"
+        ) from None
+    _held[name] = fd
+
+
+def hold_worktree_of(folder: Path, home: Path | None = None) -> str | None:
+    """Hold the kept worktree `folder` lies in (a resumed isolated task works there), so that `prune`
+    leaves it alone meanwhile; its name, None when `folder` is in none."""
+    folder = folder.resolve()
+    for worktree in list_worktrees(home, warn=lambda _line: None):
+        if folder.is_relative_to(Path(worktree.path)):
+            hold_worktree(worktree.name, home)
+            return worktree.name
+    return None
+
+
+def release_worktree(name: str) -> None:
+    """Let go of this process's hold on a worktree (its task has ended)."""
+    if (fd := _held.pop(name, None)) is not None:
+        os.close(fd)
+
+
+def in_use(name: str, home: Path | None = None) -> bool:
+    """Whether a live process (this one or another) holds the worktree `name`."""
+    if name in _held:
+        return True
+    try:
+        fd = os.open(_lock_path(name, home), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False  # no lock file: nothing has held it since it was made
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing lets go of the probe's own lock
+    return False
+
+
+# --- the kept worktrees: their manifests --------------------------------------------------------------
+
+
+def list_worktrees(home: Path | None = None, warn: Warn = _warn) -> list[Worktree]:
+    """Every kept worktree, oldest first (its manifest; one of an interrupted child says `running`). A
+    manifest that cannot be read (damaged, not a regular file, not a manifest) is left out with one
+    `warn` line naming it; nothing else stops."""
     folder = worktrees_home(home)
     if not folder.is_dir():
         return []
     kept = []
     for manifest in sorted(folder.glob("*.json")):
-        data = json.loads(manifest.read_text())
-        kept.append(Worktree(**{**data, "files": tuple(data.get("files", ()))}))
+        try:
+            kept.append(read_manifest(manifest))
+        except SubagentError as exc:
+            warn(f"skipped {exc}")
     return kept
+
+
+def read_manifest(path: Path) -> Worktree:
+    """One manifest, through the guarded reader; a `DamagedStateError` line naming it and the fix."""
+    data = load_file(path, "json", "worktree manifest", DamagedStateError, MAX_MANIFEST_BYTES)
+    names = {f.name: f for f in fields(Worktree)}
+    fix = "remove it (and the worktree beside it, if any, with git worktree remove)"
+    if not isinstance(data, dict):
+        raise DamagedStateError(f"{path}: not a worktree manifest (a JSON {type(data).__name__}); {fix}")
+    missing = [n for n, f in names.items() if f.default is MISSING and f.default_factory is MISSING and n not in data]
+    wrong = [k for k, v in data.items() if k in names and k != "files" and not isinstance(v, str)]
+    files = data.get("files", [])
+    if missing or wrong or not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        problem = f"missing {', '.join(missing)}" if missing else f"not text: {', '.join(wrong) or 'files'}"
+        raise DamagedStateError(f"{path}: a damaged worktree manifest ({problem}); {fix}")
+    return Worktree(**{k: v for k, v in data.items() if k in names and k != "files"}, files=tuple(files))
 
 
 def find_worktree(ref: str, home: Path | None = None) -> Worktree:
@@ -253,34 +346,40 @@ def find_worktree(ref: str, home: Path | None = None) -> Worktree:
 
 def apply_worktree(worktree: Worktree) -> list[str]:
     """Bring a child's changes into its parent's workspace; the files changed. Refuses, naming the
-    files, when the workspace changed them since the child started, or when they do not apply."""
+    files, when the workspace changed them since the child started, when a path goes through a
+    symlink in the workspace (git's fallback would write where it points), or when they do not apply."""
     repo = Path(worktree.repo)
     _refresh(worktree)
     worktree = Worktree(**{**asdict(worktree), "files": _changed(worktree)})
+    if linked := {f: link for f in worktree.files if (link := linked_part(repo, f)) is not None}:
+        shown = ", ".join(f"{f} (through {link})" for f, link in linked.items())
+        raise RequestError(
+            f"cannot apply {worktree.branch}: {shown} is a symlink in the workspace, and a change through it would "
+            "land outside; remove or replace the link there, or merge the branch yourself"
+        )
     changed = [f for f in worktree.files if _content(repo, f) != _at(repo, worktree.base, f)]
     if changed:
         raise RequestError(
             f"cannot apply {worktree.branch}: the workspace has changed {', '.join(changed)} since the child started; "
             "commit or undo those changes there, or merge the branch yourself"
         )
-    patch = subprocess.run(
-        ["git", "-C", str(repo), "diff", "--binary", worktree.base, worktree.branch], capture_output=True, check=True
-    ).stdout
-    done = subprocess.run(
-        ["git", "-C", str(repo), "apply", "--3way", "--binary", "-"], input=patch, capture_output=True
-    )
-    if done.returncode != 0:
+    patch = git_bytes(repo, "diff", "--binary", worktree.base, worktree.branch)
+    if run_git(repo, "apply", "--3way", "--binary", "-", input=patch).returncode != 0:
         raise RequestError(f"cannot apply {worktree.branch}: it conflicts in {', '.join(worktree.files)}")
     return list(worktree.files)
 
 
-def prune_worktrees(home: Path | None = None) -> list[Worktree]:
-    """Remove the kept worktrees whose branch is merged into the repository's HEAD, applied (the
-    workspace holds its files as the branch does), or abandoned (its folder is gone); then
-    `git worktree prune` in each repository. The ones removed."""
+def prune_worktrees(home: Path | None = None, warn: Warn = _warn) -> list[Worktree]:
+    """Remove the kept worktrees no live process holds (`in_use`) whose branch is merged into the
+    repository's HEAD, applied (the workspace holds its files as the branch does), or abandoned (its
+    folder is gone); then `git worktree prune` in each repository. The ones removed; each one held is
+    one `warn` line."""
     removed, repos = [], set()
-    for worktree in list_worktrees(home):
+    for worktree in list_worktrees(home, warn):
         repos.add(worktree.repo)
+        if in_use(worktree.name, home):
+            warn(f"kept {worktree.name}: a task is still running in it (prune it once that task ends)")
+            continue
         gone = not Path(worktree.path).exists() or not Path(worktree.repo).exists()
         if gone or _merged(worktree) or _applied(worktree):
             remove_worktree(worktree, home) if Path(worktree.repo).exists() else _manifest(worktree.name, home).unlink()
@@ -292,8 +391,7 @@ def prune_worktrees(home: Path | None = None) -> list[Worktree]:
 
 
 def _merged(worktree: Worktree) -> bool:
-    done = subprocess.run(["git", "-C", worktree.repo, "merge-base", "--is-ancestor", worktree.branch, "HEAD"])
-    return done.returncode == 0
+    return git_ok(worktree.repo, "merge-base", "--is-ancestor", worktree.branch, "HEAD")
 
 
 def _applied(worktree: Worktree) -> bool:
@@ -325,7 +423,7 @@ def _content(repo: Path, path: str) -> bytes | None:
 
 
 def _at(repo: Path | str, commit: str, path: str) -> bytes | None:
-    done = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:{path}"], capture_output=True)
+    done = run_git(repo, "show", f"{commit}:{path}")
     return done.stdout if done.returncode == 0 else None
 
 
@@ -336,6 +434,10 @@ def _slug(label: str) -> str:
 
 def _manifest(name: str, home: Path | None) -> Path:
     return worktrees_home(home) / f"{name}.json"
+
+
+def _lock_path(name: str, home: Path | None) -> Path:
+    return worktrees_home(home) / f"{name}.lock"
 
 
 def _save(worktree: Worktree, home: Path | None) -> None:

@@ -89,14 +89,18 @@ MEMORY_TOOLS: frozenset[str] = REGISTRY.memory_writers
 
 def make_tools(names: Iterable[str], workspace: Workspace | Path, sandbox: Sandbox | None = None) -> dict[str, Tool]:
     """One instance of each named tool, all confined to `workspace`, `bash` in `sandbox` when one is
-    given; unknown names raise."""
+    given (writing in this workspace, wherever the task was first prepared: a worktree's, say);
+    unknown names raise."""
     if not isinstance(workspace, Workspace):
         workspace = Workspace(workspace)
     tools = {}
     for name in names:
         if name not in TOOL_CLASSES:
             raise ValueError(f"unknown tool {name!r}; available: {', '.join(TOOL_NAMES)}")
-        tools[name] = BashTool(workspace, sandbox) if name == "bash" else TOOL_CLASSES[name](workspace)
+        if name == "bash":
+            tools[name] = BashTool(workspace, sandbox.within(workspace.root) if sandbox is not None else None)
+        else:
+            tools[name] = TOOL_CLASSES[name](workspace)
     return tools
 
 

@@ -6,38 +6,59 @@ headers}` for streamable HTTP), read by `parse_servers`; `McpServers` owns the c
 runner: a server starts the first time an agent needs it, is shared by every agent of that runner,
 and stops at `close`. The official `mcp` SDK's client does the protocol. A server that fails to
 start is one warning line and its tools are absent; a call that fails, times out or meets a crashed
-server is an error result the model reads, never a crash or a hang.
+server is an error result the model reads, never a crash or a hang. A server that sends a message the
+SDK cannot read (nested past its parser's limit, not JSON-RPC) is stopped at once with one warning (the
+SDK would log a traceback and leave the start waiting its whole time-out), and one whose tool schemas
+nest deeper than `MAX_SCHEMA_DEPTH` is refused at its start, before anything walks them.
+
+A definition keeps its `${VAR}`s as written: what is listed (`subagent mcp-servers`), asked about
+(the consent question) or logged shows them unexpanded; they are expanded only when the server
+starts (`McpServerConfig.expanded`, after consent), and an error text that would carry an expanded
+value carries `${VAR}` instead (`redact`). A configuration file is read only when an agent names one
+of its servers; a file or a server in it that cannot be read is one warning naming the file, the line
+and the fix, and the run goes on without it (`load_config`).
+
+What a server asks of the client during a call (sampling, elicitation, roots) is answered for the
+calling agent (`mcp_requests.py`); a server over HTTP that wants OAuth signs in with the tokens
+`subagent mcp-servers login` saved (`mcp_auth.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
 import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import McpConfigError
+from ..errors import McpAuthError, McpConfigError
 from ..home import state_home
 from ..text import one_line
-from ..userfiles import load_file
+from ..userfiles import json_line, measure, parse_text, read_text
 from .base import Tool, ToolResult, cap_lines, clip_line, error_result
+from .mcp_requests import ClientPolicy, McpCaller, ServerRequests
 from .workspace import Workspace
 
 DEFAULT_STARTUP_TIMEOUT = 30.0  # seconds for a server to start and list its tools
 DEFAULT_CALL_TIMEOUT = 120.0  # seconds for one tool call
 MAX_RESULT_LINES = 2000
 MAX_DESCRIPTION_CHARS = 2000
+# Levels of objects and lists in one tool's input schema (a property inside a property adds two): real
+# schemas use a handful; the bound keeps every later walk (grammars, events) far from Python's limit.
+MAX_SCHEMA_DEPTH = 64
 PREFIX = "mcp__"
 SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # `mcp__<server>__<tool>` or `mcp__<server>__*`, as `tools:` and `disallowedTools:` write them.
 TOOL_PATTERN = re.compile(r"mcp__([A-Za-z0-9_-]+?)__(\*|[A-Za-z0-9_.-]+)")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+CLIENT_NAME = "mlx-subagents"
 _FIELDS = {"type", "command", "args", "env", "cwd", "url", "headers", "startup_timeout", "timeout"}
 
 
@@ -68,9 +89,53 @@ class McpServerConfig:
         return "http" if self.url else "stdio"
 
     def summary(self) -> str:
-        """`demo (python server.py)`: the server and what it starts, for the consent question and listings."""
+        """`demo (python server.py)`: the server and what it starts, for the consent question and listings
+        (its `${VAR}`s unexpanded)."""
         what = self.url if self.url else " ".join([self.command, *self.args])
         return f"{self.name} ({one_line(what, 120)})"
+
+    def texts(self) -> list[str]:
+        """Every field that may hold a `${VAR}`."""
+        pairs = [v for pair in (*self.env, *self.headers) for v in pair[1:]]
+        return [self.command, *self.args, self.cwd, self.url, *pairs]
+
+    def expanded(self, environ: Mapping[str, str] | None = None) -> McpServerConfig:
+        """This definition with its `${VAR}`s expanded, as the server starts with it (never listed or
+        saved); an unset variable without a default is one `McpConfigError` line naming it."""
+        at = f"{self.where}: MCP server '{self.name}'"
+
+        def ex(text: str) -> str:
+            return expand_vars(text, at, environ)
+
+        return replace(
+            self,
+            command=ex(self.command),
+            args=tuple(map(ex, self.args)),
+            env=tuple((k, ex(v)) for k, v in self.env),
+            cwd=ex(self.cwd),
+            url=ex(self.url),
+            headers=tuple((k, ex(v)) for k, v in self.headers),
+        )
+
+    def redact(self, text: str, environ: Mapping[str, str] | None = None) -> str:
+        """`text` with each value a `${VAR}` of this definition expands to written back as `${VAR}`, so an
+        error that quotes a URL or a header keeps its secret out of logs, events and transcripts."""
+        env = os.environ if environ is None else environ
+        names = {m.group(1) for t in self.texts() for m in _VAR.finditer(t)}
+        values = sorted(((env[n], n) for n in names if env.get(n)), key=lambda p: -len(p[0]))
+        for value, name in values:
+            text = text.replace(value, f"${{{name}}}")
+        return text
+
+
+def client_version() -> str:
+    """This package's version, as the client tells servers (without importing the package's API)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(CLIENT_NAME)
+    except PackageNotFoundError:
+        return "0"
 
 
 def expand_vars(text: str, where: str, environ: Mapping[str, str] | None = None) -> str:
@@ -97,9 +162,15 @@ def parse_servers(value: Any, where: str, *, project: bool = False) -> dict[str,
     return {str(name): parse_server(str(name), item, where, project=project) for name, item in value.items()}
 
 
-def parse_server(name: str, value: Any, where: str, *, project: bool = False) -> McpServerConfig:
-    """One server's definition, its `${VAR}`s expanded in `args`, `env`, `url` and `headers`."""
-    at = f"{where}: MCP server '{name}'"
+def parse_server(
+    name: str, value: Any, where: str, *, project: bool = False, line: int | None = None
+) -> McpServerConfig:
+    """One server's definition, its `${VAR}`s kept as written (expanded when it starts, `expanded`).
+
+    Args:
+        line: the line of the file it starts on, named in an error.
+    """
+    at = f"{where}{f' line {line}' if line else ''}: MCP server '{name}'"
     if not SERVER_NAME.fullmatch(name):
         raise McpConfigError(f"{at}: use letters, digits, '-' and '_' in server names (at most 64)")
     if not isinstance(value, dict):
@@ -112,19 +183,19 @@ def parse_server(name: str, value: Any, where: str, *, project: bool = False) ->
         url = _text(at, "url", value.get("url"))
         headers = _mapping(at, "headers", value.get("headers", {}))
         return McpServerConfig(
-            name, where, url=expand_vars(url, at), project=project, **timeouts,
-            headers=tuple((k, expand_vars(v, at)) for k, v in headers.items()),
+            name, where, url=url, project=project, **timeouts, headers=tuple(headers.items()),
         )  # fmt: skip
     if kind != "stdio":
-        raise McpConfigError(f"{at}: type {kind!r} is not supported; use 'stdio' (command) or 'http' (url)")
+        raise McpConfigError(
+            f"{at}: type {kind!r} is not supported; use 'stdio' (command) or 'http' (url, streamable HTTP)"
+        )
     args = value.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
         raise McpConfigError(f"{at}: 'args' must be a list of strings")
     env = _mapping(at, "env", value.get("env", {}))
     return McpServerConfig(
-        name, where, command=expand_vars(_text(at, "command", value.get("command")), at),
-        args=tuple(expand_vars(str(a), at) for a in args), env=tuple((k, expand_vars(v, at)) for k, v in env.items()),
-        cwd=expand_vars(str(value.get("cwd") or ""), at), project=project, **timeouts,
+        name, where, command=_text(at, "command", value.get("command")), args=tuple(str(a) for a in args),
+        env=tuple(env.items()), cwd=str(value.get("cwd") or ""), project=project, **timeouts,
     )  # fmt: skip
 
 
@@ -150,16 +221,45 @@ PROJECT_FILE = ".mcp.json"
 USER_FILE = "mcp.json"
 
 
-def load_config(cwd: Path, home: Path | None = None) -> dict[str, McpServerConfig]:
+def load_config(cwd: Path, home: Path | None = None, warnings: list[str] | None = None) -> dict[str, McpServerConfig]:
     """The configured servers: `$MLX_SUBAGENTS_HOME/mcp.json`, then the project's `.mcp.json` (its
-    servers replace the home's of the same name, as in Claude Code; they start only after consent)."""
+    servers replace the home's of the same name, as in Claude Code; they start only after consent).
+
+    A file that cannot be read, or a server in it that cannot be defined, is one line in `warnings`
+    (printed when None) naming the file, the line and the fix; the rest loads."""
+    said = warnings if warnings is not None else []
     servers: dict[str, McpServerConfig] = {}
     for path, project in (((home or state_home()) / USER_FILE, False), (cwd / PROJECT_FILE, True)):
         if path.is_file():
-            data = load_file(path, "json", "MCP configuration file", McpConfigError)
-            if not isinstance(data, dict) or "mcpServers" not in data:
-                raise McpConfigError(f'{path}: no "mcpServers" mapping; write {{"mcpServers": {{"name": {{...}}}}}}')
-            servers.update(parse_servers(data["mcpServers"], str(path), project=project))
+            servers.update(_config_file(path, project, said))
+    if warnings is None:
+        for line in said:
+            _warn(line)
+    return servers
+
+
+def _config_file(path: Path, project: bool, warnings: list[str]) -> dict[str, McpServerConfig]:
+    """One configuration file's servers, each problem one line in `warnings` (that server, or the whole
+    file when it is not JSON with an `mcpServers` mapping, left out)."""
+    try:
+        text = read_text(path, "MCP configuration file", McpConfigError)
+        data = parse_text(text, "json", str(path), McpConfigError)
+    except McpConfigError as exc:
+        warnings.append(f"{exc}; its MCP servers are left out (write it as plain JSON, without comments)")
+        return {}
+    if not isinstance(data, dict) or not isinstance(data.get("mcpServers"), dict):
+        warnings.append(
+            f'{path}: no "mcpServers" mapping; write {{"mcpServers": {{"name": {{...}}}}}}; its MCP servers are left out'
+        )
+        return {}
+    servers = {}
+    for name, item in data["mcpServers"].items():
+        try:
+            servers[str(name)] = parse_server(
+                str(name), item, str(path), project=project, line=json_line(text, str(name))
+            )
+        except McpConfigError as exc:
+            warnings.append(f"{exc}; it is left out, the others load")
     return servers
 
 
@@ -221,9 +321,13 @@ class McpTool(Tool):
     # What a server's tool changes is the server's own affair: only the built-in tools count as writers.
     writes = False
 
-    def __init__(self, workspace: Workspace, connection: McpConnection, tool: Any) -> None:
+    def __init__(
+        self, workspace: Workspace, connection: McpConnection, tool: Any, caller: McpCaller | None = None
+    ) -> None:
         super().__init__(workspace)
         self.connection = connection
+        self.tool = tool
+        self.caller = caller  # the agent session that calls it: its servers' requests are answered for it
         self.remote_name: str = tool.name
         self.name = tool_name(connection.config.name, tool.name)  # type: ignore[misc]
         self.description = one_line(tool.description or f"the {tool.name} tool of MCP server {connection.config.name}")[
@@ -235,9 +339,13 @@ class McpTool(Tool):
         """The OpenAI function-tool schema, its parameters the server's own JSON schema."""
         return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}  # fmt: skip
 
+    def for_caller(self, caller: McpCaller) -> McpTool:
+        """This tool as one agent session calls it (`AgentSession` binds each of its MCP tools)."""
+        return McpTool(self.workspace, self.connection, self.tool, caller)
+
     async def call(self, arguments: dict[str, Any]) -> ToolResult:
         """Call the server; its error, a time-out or a dead server is an error result (cancellation goes through)."""
-        return await self.connection.call(self.remote_name, arguments)
+        return await self.connection.call(self.remote_name, arguments, self.caller)
 
     def describe(self, arguments: dict[str, Any]) -> str:
         return f"{self.name} {one_line(json.dumps(arguments, ensure_ascii=False, default=str), 60)}"
@@ -256,8 +364,14 @@ class McpConnection:
     log_dir: Path | None = None
     tools: list[Any] = field(default_factory=list)
     error: str = ""  # why it is not usable (failed start, crash), for the error results
+    policy: ClientPolicy = field(default_factory=ClientPolicy)
+    roots: tuple[Path, ...] = ()  # the roots it is told at first (default: `cwd`)
 
     def __post_init__(self) -> None:
+        config = self.config
+        self.requests = ServerRequests(
+            config.name, config.where, config.project, self.policy, [*self.roots] or [self.cwd]
+        )
         self._session: Any = None
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -279,22 +393,41 @@ class McpConnection:
             raise
 
     async def _serve(self) -> None:
+        import mcp_types as types
         from mcp import ClientSession
 
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
-                session = await stack.enter_async_context(ClientSession(read, write))
+                requests = self.requests
+                session = await stack.enter_async_context(
+                    ClientSession(
+                        read,
+                        write,
+                        sampling_callback=requests.sampling,
+                        elicitation_callback=requests.elicitation,
+                        list_roots_callback=requests.list_roots,
+                        message_handler=self._incoming,
+                        client_info=types.Implementation(name=CLIENT_NAME, version=client_version()),
+                    )
+                )
                 await session.initialize()
                 listed = await session.list_tools()
+                if problem := schema_problem(listed.tools):
+                    self.error = problem
+                    raise McpConfigError(problem)
+                await requests.started(session)
                 self.tools = sorted(listed.tools, key=lambda t: t.name)  # stable order: the cached prefix survives
                 self._session = session
                 self._ready.set_result(None)
                 await self._stop.wait()
         except BaseException as exc:
-            problem = _problem(exc)
-            self.error = self.error or problem
+            problem = self.config.redact(self.error or _problem(exc))
+            self.error = problem
             if not self._ready.done():
+                if isinstance(signed_out := _innermost(exc), McpAuthError):  # said as it is: one line
+                    self._ready.set_exception(McpAuthError(str(signed_out)))
+                    return
                 self._ready.set_exception(
                     McpConfigError(
                         f"MCP server {self.config.summary()} failed to start ({problem}); check its definition in "
@@ -308,21 +441,42 @@ class McpConnection:
             self._session = None
             self.error = self.error or "the server stopped"
 
+    async def _incoming(self, message: Any) -> None:
+        """The SDK's other messages: one it could not read ends the connection now, with why (its
+        requests would otherwise wait for an answer that never comes)."""
+        if isinstance(message, Exception) and self._task is not None and not self.error:
+            errors = message.errors() if hasattr(message, "errors") else []  # pydantic's: its first says why
+            why = errors[0].get("msg", "") if errors and isinstance(errors[0], dict) else str(message)
+            self.error = f"it sent a message that cannot be read: {one_line(why, 160)}"
+            self._task.cancel()
+
     def _transport(self, stack: AsyncExitStack) -> Any:
-        config = self.config
+        config = self.config.expanded()  # its `${VAR}`s, only now that it starts
         if config.url:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
-            client = httpx2.AsyncClient(headers=dict(config.headers), timeout=config.timeout)
+            from .mcp_auth import has_authorization, run_auth
+
+            # OAuth unless the definition sends its own Authorization header: the stored tokens, refreshed;
+            # a new sign-in only with a person at hand (the caller's), else one line saying to log in.
+            auth = None if has_authorization(config.headers) else run_auth(config.name, config.url, self._person)
+            client = httpx2.AsyncClient(headers=dict(config.headers), timeout=config.timeout, auth=auth)
             return streamable_http_client(config.url, http_client=client)
         from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
+
+        _quiet_parse_tracebacks()
 
         # The SDK passes a short whitelist of variables unless `env` is given: pass ours, as a shell would.
         env = {**os.environ, **get_default_environment(), **dict(config.env)}
         cwd = self.cwd / config.cwd if config.cwd else self.cwd
         params = StdioServerParameters(command=config.command, args=list(config.args), env=env, cwd=cwd)
         return stdio_client(params, errlog=self._errlog(stack))
+
+    def _person(self) -> Any:
+        """Who can sign in now: the person of the agent calling the server, if any."""
+        caller = self.requests.caller()
+        return caller.person if caller is not None else None
 
     def _log_path(self) -> Path:
         assert self.log_dir is not None
@@ -338,24 +492,27 @@ class McpConnection:
         except OSError:
             return sys.stderr
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """One tool call within the server's call time-out; cancelling it sends MCP's cancellation."""
+    async def call(self, name: str, arguments: dict[str, Any], caller: McpCaller | None = None) -> ToolResult:
+        """One tool call within the server's call time-out, its server's requests meanwhile answered for
+        `caller`; cancelling it sends MCP's cancellation."""
         where = f"MCP server '{self.config.name}'"
         if self._session is None:
             return error_result(f"{where} is not running ({self.error}); use other tools")
         try:
-            result = await asyncio.wait_for(self._session.call_tool(name, arguments), self.config.timeout)
+            async with self.requests.calling(caller):
+                result = await asyncio.wait_for(self._session.call_tool(name, arguments), self.config.timeout)
         except TimeoutError:
             return error_result(
                 f"{tool_name(self.config.name, name)} did not answer within {self.config.timeout:g} s; "
                 "call it with a smaller request or use other tools"
             )
         except Exception as exc:  # a crashed server, garbage on its stdout, a protocol error
+            if isinstance(signed_out := _innermost(exc), McpAuthError):
+                return error_result(f"{signed_out}; use other tools meanwhile")
             if self._session is None:
                 return error_result(f"{where} stopped ({self.error}); use other tools")
-            return error_result(
-                f"{tool_name(self.config.name, name)} failed: {type(exc).__name__}: {one_line(str(exc), 200)}"
-            )
+            why = one_line(self.config.redact(str(exc)), 400)
+            return error_result(f"{tool_name(self.config.name, name)} failed: {type(exc).__name__}: {why}")
         text = result_text(result.content, result.structured_content)
         output = cap_lines((clip_line(line) for line in text.splitlines()), MAX_RESULT_LINES, "lines", "ask for less")
         if result.is_error:
@@ -373,10 +530,34 @@ class McpConnection:
                 await asyncio.gather(self._task, return_exceptions=True)
 
 
-def _problem(exc: BaseException) -> str:
-    """`ConnectError: All connection attempts failed`: the first real error inside the SDK's task groups."""
+def schema_problem(tools: Iterable[Any]) -> str | None:
+    """Why a server's tools cannot be offered: a schema nested past `MAX_SCHEMA_DEPTH`; None if none is."""
+    for tool in tools:
+        depth, _ = measure(tool.input_schema or {})
+        if depth > MAX_SCHEMA_DEPTH:
+            shown = "itself" if depth == float("inf") else f"{depth:g} levels deep"
+            return f"its tool '{tool.name}' has an input schema nested {shown}, past the {MAX_SCHEMA_DEPTH} accepted"
+    return None
+
+
+@functools.cache
+def _quiet_parse_tracebacks() -> None:
+    """The SDK logs a traceback for each line it cannot parse; the connection says it in one line instead."""
+    logging.getLogger("mcp.client.stdio").addFilter(
+        lambda record: not record.getMessage().startswith("Failed to parse JSONRPC message")
+    )
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The first real error inside the SDK's task groups."""
     while isinstance(inner := getattr(exc, "exceptions", None), tuple) and inner:  # an exception group
         exc = inner[0]
+    return exc
+
+
+def _problem(exc: BaseException) -> str:
+    """`ConnectError: All connection attempts failed`: the first real error inside the SDK's task groups."""
+    exc = _innermost(exc)
     return f"{type(exc).__name__}: {one_line(str(exc), 200)}" if str(exc) else type(exc).__name__
 
 
@@ -393,22 +574,30 @@ class McpServers:
         warn: receives the one line said about a server that failed to start.
     """
 
-    def __init__(self, cwd: Path, log_dir: Path | None = None, warn: Callable[[str], None] = _warn) -> None:
+    def __init__(
+        self,
+        cwd: Path,
+        log_dir: Path | None = None,
+        warn: Callable[[str], None] = _warn,
+        policy: ClientPolicy | None = None,
+    ) -> None:
         self.cwd = cwd
         self.log_dir = log_dir
         self.warn = warn
+        self.policy = policy or ClientPolicy()  # the run's consent to its servers' sampling
         self.connections: dict[str, McpConnection] = {}
         self.failed: dict[str, str] = {}
         self._lock = asyncio.Lock()
 
-    async def connect(self, config: McpServerConfig) -> McpConnection | None:
-        """The running connection to a server, started now if it is not yet; None (after one warning) if it cannot start."""
+    async def connect(self, config: McpServerConfig, root: Path | None = None) -> McpConnection | None:
+        """The running connection to a server, started now if it is not yet (told `root` as its root,
+        the workspace of the agent it starts for); None (after one warning) if it cannot start."""
         async with self._lock:
             if config.name in self.failed:
                 return None
             if (known := self.connections.get(config.name)) is not None:
                 return known
-            connection = McpConnection(config, self.cwd, self.log_dir)
+            connection = McpConnection(config, self.cwd, self.log_dir, policy=self.policy, roots=(root or self.cwd,))
             try:
                 await connection.start()
             except McpConfigError as exc:
@@ -422,7 +611,7 @@ class McpServers:
         """Every tool of these servers (started as needed), in a stable order: servers by name, tools by name."""
         tools: dict[str, Tool] = {}
         for config in sorted(servers, key=lambda c: c.name):
-            connection = await self.connect(config)
+            connection = await self.connect(config, workspace.root)
             for tool in connection.tools if connection else ():
                 made = McpTool(workspace, connection, tool)  # type: ignore[arg-type]
                 tools[made.name] = made

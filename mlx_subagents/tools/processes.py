@@ -4,8 +4,9 @@ Killing the call's process group is not enough: `setsid -f cmd`, `set -m; cmd &`
 calling `setsid()` moves a process to a group of its own, and once its parent exits it is no
 longer a descendant either. What every such process keeps is its environment: each call runs
 with `MLX_SUBAGENTS_CALL=<our pid>-<n>`, and a sweep (psutil, on Linux and macOS) kills every
-process that carries the mark. A process that wipes its own environment (`env -i`) escapes (the sweep;
-writes stay confined when the agent is sandboxed, `sandbox.py`).
+process that carries the mark. A process that wipes its own environment (`env -i`) escapes the sweep,
+unless the call is sandboxed: there every process lives in the sandbox's PID namespace, whose first
+process is in the call's group, and the kernel kills them all when it dies (`sandbox.py`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,54 @@
-"""The bash sandbox: a sandboxed `bash` call reads what the user can and writes only in its workspace
-and the temp folder, without network unless the agent allows it.
+"""The bash sandbox: a sandboxed `bash` call reads what the user can, writes only in its workspace and
+a private temp folder, sees no other process, opens no unix socket, and has no network unless its
+agent is allowed it. It holds for root too: every capability is dropped.
 
-Linux wraps the command in bubblewrap (`bwrap`: the whole file system bound read-only, the workspace
-and the temp folder bound writable, a network namespace of its own); macOS in `sandbox-exec` with a
-profile made here. The wrapped command keeps its process group and the call's mark in its environment
-(no PID namespace of its own), so the sweep, time-outs, output caps and cancellation of `command.py`
-reach it as they reach an unsandboxed call. Where neither tool works, a call fails closed with one
-line saying how to install it or how to turn the sandbox off; it never runs unsandboxed.
+Linux wraps the command in bubblewrap (`bwrap`):
+
+- the whole file system bound read-only, the workspace bound writable and its `.git` bound read-only
+  again (so nothing the command writes runs later in the tool's own git calls: hooks, config);
+- a private `/tmp` (a tmpfs, `TMPDIR=/tmp`), a private `/dev` and SysV IPC;
+- a PID namespace: no process outside it is visible (`/proc/<pid>/root`, `nsenter`, signals reach
+  none); the sweep, time-outs and cancellation of `command.py` still reach the command, since the
+  wrapper keeps the call's process group and mark, and the namespace's first process is in that
+  group: when it is killed the kernel kills every process in the namespace, even one that left the
+  group and wiped its environment;
+- `--cap-drop ALL` (bubblewrap sets no-new-privs, so nothing regains one through exec);
+- a seccomp filter: `socket(AF_UNIX, ...)` fails with EPERM (a docker socket, an agent's socket,
+  wherever they live; `socketpair` still works), and so does `io_uring_setup` (its requests would
+  pass the filter);
+- a network namespace of its own unless the agent is allowed the network.
+
+macOS wraps it in `sandbox-exec` with a profile made here (`seatbelt_profile`): writes only in the
+workspace and a private temp folder (`TMPDIR`, removed when the command ends), `.git` read-only, the
+system's and the user's temp folders unreadable, unix sockets only inside the workspace, signals and
+process inspection only within the sandbox; no network unless allowed.
+
+Where neither works, a call fails closed with one line saying how to install it or how to turn the
+sandbox off; it never runs unsandboxed.
 """
 
 from __future__ import annotations
 
 import functools
+import platform
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import ToolError
 
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
 OFF_HINT = "or run this agent unsandboxed with --sandbox off (or 'sandbox: off' in a user agent's file)"
 PROBE_TIMEOUT = 10.0
+GIT_DIR = ".git"
+SANDBOX_TMP = "/tmp"
+FILTER_FD = "3"
 
 
 @dataclass(frozen=True)
@@ -32,17 +56,32 @@ class Sandbox:
     """What a sandboxed `bash` may do besides reading: write in `writable`, reach the network or not.
 
     Args:
-        writable: the folders it may write (the workspace root; the temp folder is always added).
+        writable: the folders it may write: its tool's workspace (`within`; `make_tools` binds it, so the
+            folder follows a task into its worktree).
         network: whether it keeps the network (a coarse switch: all of it or none, no allow-list).
     """
 
-    writable: tuple[Path, ...]
+    writable: tuple[Path, ...] = ()
     network: bool = False
 
+    def within(self, root: Path) -> Sandbox:
+        """This sandbox for a tool working in `root`: `root` is the folder it writes."""
+        return replace(self, writable=(root,))
+
     def folders(self) -> list[Path]:
-        """The writable folders, resolved, the temp folder among them, each once."""
-        found = [*self.writable, Path(tempfile.gettempdir())]
-        return list(dict.fromkeys(Path(p).resolve() for p in found))
+        """The writable folders, resolved, each once."""
+        return list(dict.fromkeys(Path(p).resolve() for p in self.writable))
+
+    def record(self) -> dict[str, bool]:
+        """What a transcript keeps of it, so a continued task runs in the same sandbox (`from_record`)."""
+        return {"network": self.network}
+
+    @staticmethod
+    def from_record(data: Any) -> Sandbox | None:
+        """The sandbox a transcript's `sandbox` record names; None for none (or not a record)."""
+        if not isinstance(data, Mapping):
+            return None
+        return Sandbox(network=data.get("network") is True)
 
 
 def sandboxed(args: Sequence[str], sandbox: Sandbox) -> list[str]:
@@ -52,24 +91,58 @@ def sandboxed(args: Sequence[str], sandbox: Sandbox) -> list[str]:
     return _bubblewrap(args, sandbox)
 
 
+def protected(folder: Path) -> list[Path]:
+    """What stays read-only inside a writable folder: its `.git` (a repository's folder, or a worktree's
+    file), if it has one. A folder that is not a repository has none to protect (docs/agents.md)."""
+    git = folder / GIT_DIR
+    return [git] if git.exists() and not git.is_symlink() else []
+
+
+# --- Linux: bubblewrap ---------------------------------------------------------------------------------
+
+
 def _bubblewrap(args: Sequence[str], sandbox: Sandbox) -> list[str]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise ToolError(f"bash is sandboxed for this agent but 'bwrap' is not on PATH; {INSTALL_HINT}, {OFF_HINT}")
-    if problem := _bwrap_problem(bwrap):
+    rules = socket_filter(platform.machine())
+    if rules is None:
+        raise ToolError(
+            f"bash is sandboxed for this agent but this machine ({platform.machine()}) has no socket filter here "
+            f"(x86_64 and arm64 do); {OFF_HINT}"
+        )
+    if problem := _bwrap_problem(bwrap, rules):
         raise ToolError(f"bash is sandboxed for this agent but bubblewrap cannot run here ({problem}); {OFF_HINT}")
-    wrapped = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--die-with-parent"]
-    for folder in sandbox.folders():
+    return with_filter(bwrap_args(bwrap, sandbox), rules, args)
+
+
+def bwrap_args(bwrap: str, sandbox: Sandbox) -> list[str]:
+    """bubblewrap's arguments for `sandbox` (the command and the filter's fd come after them)."""
+    wrapped = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", SANDBOX_TMP]
+    for folder in sandbox.folders():  # after /tmp's tmpfs: a workspace under /tmp is bound over it
         wrapped += ["--bind", str(folder), str(folder)]
+        for inside in protected(folder):
+            wrapped += ["--ro-bind", str(inside), str(inside)]
+    wrapped += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--cap-drop", "ALL"]
+    wrapped += ["--setenv", "TMPDIR", SANDBOX_TMP, "--seccomp", FILTER_FD]
     if not sandbox.network:
         wrapped.append("--unshare-net")
-    return [*wrapped, "--", *args]
+    return wrapped
+
+
+def with_filter(wrapped: Sequence[str], rules: bytes, args: Sequence[str]) -> list[str]:
+    """`wrapped -- args` started by bash with the seccomp program on fd 3: bash writes it into a pipe
+    (`printf %b` of octal escapes) and execs bubblewrap in its own place (the same process, so the same
+    group), which reads it; no file holds it, nothing is left behind."""
+    escaped = "".join(f"\\0{byte:03o}" for byte in rules)
+    return ["bash", "-c", f'exec "$@" {FILTER_FD}< <(printf "%b" "$0")', escaped, *wrapped, "--", *args]
 
 
 @functools.cache
-def _bwrap_problem(bwrap: str) -> str:
-    """Why this `bwrap` cannot make a sandbox (no user namespaces, say), "" when it can; asked once."""
-    probe = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net", "true"]
+def _bwrap_problem(bwrap: str, rules: bytes) -> str:
+    """Why this `bwrap` cannot make the sandbox (no user or PID namespaces, say), "" when it can; asked
+    once, with the very arguments a call gets."""
+    probe = with_filter(bwrap_args(bwrap, Sandbox()), rules, ["true"])
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -79,18 +152,72 @@ def _bwrap_problem(bwrap: str) -> str:
     return (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
 
 
-def seatbelt_profile(sandbox: Sandbox) -> str:
-    """The `sandbox-exec` profile: everything allowed but writes outside the folders (and the network)."""
-    folders = [*sandbox.folders(), Path("/private/tmp"), Path("/private/var/folders")]
-    allowed = " ".join(f'(subpath "{_quoted(folder)}")' for folder in dict.fromkeys(folders))
+# Classic BPF for seccomp (linux/filter.h, linux/seccomp.h, linux/audit.h).
+_LD_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
+_ALLOW, _ERRNO, _KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
+_EPERM, _AF_UNIX, _X32_BIT = 1, 1, 0x40000000
+_IO_URING_SETUP = 425  # the same number on every architecture since Linux 5.1
+# machine: (AUDIT_ARCH_*, __NR_socket)
+_ARCHES = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198), "arm64": (0xC00000B7, 198)}
+
+
+def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("<HBBI", code, jt, jf, k)  # struct sock_filter
+
+
+def socket_filter(machine: str) -> bytes | None:
+    """The seccomp program: `socket(AF_UNIX, ...)` and `io_uring_setup` fail with EPERM; a call of
+    another ABI (32-bit, x32, whose numbers differ) kills the process; the rest is allowed. None
+    for a machine it is not written for."""
+    if machine not in _ARCHES:
+        return None
+    arch, nr_socket = _ARCHES[machine]
+    return b"".join(
+        [
+            _op(_LD_ABS, 4),  # 0: seccomp_data.arch
+            _op(_JEQ, arch, 1, 0),  # 1
+            _op(_RET, _KILL_PROCESS),  # 2: another ABI
+            _op(_LD_ABS, 0),  # 3: seccomp_data.nr
+            _op(_JGE, _X32_BIT, 0, 1),  # 4
+            _op(_RET, _KILL_PROCESS),  # 5: x32
+            _op(_JEQ, _IO_URING_SETUP, 4, 0),  # 6: -> 11
+            _op(_JEQ, nr_socket, 0, 2),  # 7: not socket -> 10
+            _op(_LD_ABS, 16),  # 8: args[0], its low 32 bits (little-endian)
+            _op(_JEQ, _AF_UNIX, 1, 0),  # 9: AF_UNIX -> 11
+            _op(_RET, _ALLOW),  # 10
+            _op(_RET, _ERRNO | _EPERM),  # 11
+        ]
+    )
+
+
+# --- macOS: sandbox-exec -----------------------------------------------------------------------------
+
+
+def seatbelt_profile(sandbox: Sandbox, temp: Path) -> str:
+    """The `sandbox-exec` profile: everything allowed but writes outside the workspace and `temp` (the
+    call's private temp folder), `.git`, the shared temp folders, unix sockets outside the workspace,
+    other processes, and (unless allowed) the network. Later rules win over earlier ones."""
+    own = [*sandbox.folders(), temp]
+    shared_temp = list(dict.fromkeys([Path("/private/tmp"), Path(tempfile.gettempdir()).resolve()]))
     lines = [
         "(version 1)",
         "(allow default)",
         "(deny file-write*)",
-        f'(allow file-write* {allowed} (literal "/dev/null") (literal "/dev/tty") (regex #"^/dev/fd/"))',
+        f'(allow file-write* {_subpaths(own)} (literal "/dev/null") (literal "/dev/tty") (regex #"^/dev/fd/"))',
+        f"(deny file-read* file-write* {_subpaths(shared_temp)})",
+        f"(allow file-read* file-write* {_subpaths([temp])})",
     ]
-    if not sandbox.network:
-        lines += ["(deny network*)", '(allow network* (remote unix-socket (path-regex #"^/")))']
+    if gits := [git for folder in sandbox.folders() for git in protected(folder)]:
+        lines.append(f"(deny file-write* {_subpaths(gits)})")
+    lines += ["(deny process-info*)", "(allow process-info* (target same-sandbox))"]
+    lines += ["(deny signal)", "(allow signal (target same-sandbox))"]
+    sockets = " ".join(f'(remote unix-socket (subpath "{_quoted(f)}"))' for f in own)
+    if sandbox.network:  # the DNS resolver is a unix socket on macOS
+        sockets += ' (remote unix-socket (path-literal "/private/var/run/mDNSResponder"))'
+    binds = " ".join(f'(local unix-socket (subpath "{_quoted(f)}"))' for f in own)
+    lines += ["(deny network-outbound (remote unix-socket))", "(deny network-bind (local unix-socket))"]
+    lines += [] if sandbox.network else ["(deny network*)"]
+    lines += [f"(allow network-outbound {sockets})", f"(allow network-bind {binds})"]
     return "\n".join(lines) + "\n"
 
 
@@ -100,7 +227,13 @@ def _seatbelt(args: Sequence[str], sandbox: Sandbox) -> list[str]:
         raise ToolError(
             f"bash is sandboxed for this agent but 'sandbox-exec' is missing (it ships with macOS); {OFF_HINT}"
         )
-    return [tool, "-p", seatbelt_profile(sandbox), *args]
+    temp = Path(tempfile.mkdtemp(prefix="mlx-subagents-sandbox-")).resolve()
+    run_then_clean = 'TMPDIR="$0"; export TMPDIR; "$@"; status=$?; rm -rf "$0"; exit $status'
+    return [tool, "-p", seatbelt_profile(sandbox, temp), "/bin/sh", "-c", run_then_clean, str(temp), *args]
+
+
+def _subpaths(paths: Sequence[Path]) -> str:
+    return " ".join(f'(subpath "{_quoted(path)}")' for path in dict.fromkeys(paths))
 
 
 def _quoted(path: Path) -> str:

@@ -398,7 +398,7 @@ def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMo
     for i, item in enumerate(items):
         where = "" if mode == "single" else f"{mode if mode == 'chain' else 'tasks'}[{i}]."
         if item.fork:
-            _check_fork(item, where, chain_step=i if mode == "chain" else 0)
+            _check_fork(item, where, chain_step=i if mode == "chain" else 0, isolation=params.isolation)
             continue
         if not item.agent.strip():
             raise ToolError(f"'{where}agent' is empty")
@@ -413,9 +413,10 @@ def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMo
 FORK_PLACEHOLDER = "(forked: a copy of this conversation does this call's task)"
 
 
-def _check_fork(item: ChildTask, where: str, chain_step: int) -> None:
+def _check_fork(item: ChildTask, where: str, chain_step: int, isolation: str = "") -> None:
     """A fork continues its caller: its prompt and model are the caller's, so that the caller's KV
-    cache serves it; naming others would start it cold, which a named agent does better."""
+    cache serves it; naming others would start it cold, which a named agent does better. It works in
+    its caller's tree, so `isolation: worktree` (its own, or the call's) is refused, never ignored."""
     if item.agent.strip() or item.model.strip():
         named = "an agent" if item.agent.strip() else "a model"
         raise ToolError(
@@ -424,8 +425,11 @@ def _check_fork(item: ChildTask, where: str, chain_step: int) -> None:
         )
     if chain_step:
         raise ToolError(f"'{where}fork': only a chain's first step may be a fork")
-    if item.isolation == "worktree":
-        raise ToolError(f"'{where}fork': a fork works in its caller's workspace; leave out isolation")
+    if "worktree" in (item.isolation, isolation):
+        raise ToolError(
+            f"'{where}fork': a fork works in its caller's workspace, so isolation: worktree cannot apply; leave out "
+            "isolation, or start a named agent with it"
+        )
     if not item.task.strip():
         raise ToolError(f"'{where}task' is empty: say what the fork should do")
 

@@ -131,6 +131,7 @@ def test_full_spec_fields(tmp_path):
         "mcp_servers": (),
         "mcp_inline": (),
         "mcp_denied": (),
+        "sampling": True,
         "isolation": None,
         "grammar": None,
         "engine": None,
@@ -140,6 +141,20 @@ def test_full_spec_fields(tmp_path):
         "path": path,
         "warnings": (),
     }
+
+
+def test_sampling_off_refuses_servers_the_model_and_a_bad_value_is_one_line(tmp_path):
+    off = parse_agent_file(write(tmp_path, "a.md", agent_text(extra="sampling: off\n")), "user")
+    on = parse_agent_file(write(tmp_path, "b.md", agent_text(extra="sampling: on\n")), "user")
+    bad_path = write(tmp_path, "c.md", agent_text(extra="sampling: sometimes\n"))
+
+    assert (off.sampling, on.sampling) == (False, True)
+    with pytest.raises(AgentFileError) as info:
+        parse_agent_file(bad_path, "user")
+    assert str(info.value) == (
+        f"{bad_path}: field 'sampling' must be on or off, got 'sometimes'; write 'sampling: on' or 'sampling: off', "
+        "or leave it out"
+    )
 
 
 @pytest.mark.parametrize(
@@ -663,3 +678,13 @@ def test_a_bad_thinking_field_is_one_line(tmp_path):
         f"{path}: field 'thinking' must be on, off or a number of tokens, got 'lots'; "
         "e.g. thinking: 2048 (tokens per reply), on or off"
     )
+
+
+@pytest.mark.parametrize("alias", ["sonnet", "opus", "haiku"])
+def test_each_claude_model_alias_warns_and_means_no_model_of_its_own(tmp_path, alias):
+    """docs/agents.md said only `haiku` warned; each of Claude's aliases does (the list there is generated
+    from `CLAUDE_MODEL_ALIASES`)."""
+    path = write(tmp_path / ".claude" / "agents", "a.md", f"---\nname: a\ndescription: A.\nmodel: {alias}\n---\nA.\n")
+    spec = parse_agent_file(path, "project")
+    assert spec.model is None
+    assert spec.warnings == (f"{path}: model '{alias}' is a remote Claude model; using the default local model",)

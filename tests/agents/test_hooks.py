@@ -212,3 +212,53 @@ def test_a_stop_hook_that_blocks_sends_the_agent_back_to_work(scripted_runner: A
     assert (result.output, result.usage.turns) == ("done", 2)
     messages = runner.preparer.hosts[next(iter(runner.preparer.hosts))].history["worker"][-1]
     assert messages[-1] == {"role": "user", "content": "A Stop hook did not accept the answer: run the tests first"}
+
+
+def test_a_broken_project_settings_file_is_one_warning_naming_its_line_and_the_run_goes_on(
+    scripted_runner: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / ".claude" / "settings.json"
+    path.parent.mkdir()
+    path.write_text('{\n  // the team\'s hooks\n  "hooks": {}\n}\n')  # a comment: not JSON
+    script = [call("bash", command="echo hi"), {"content": "done"}]
+    events: list[Event] = []
+
+    assert go(scripted_runner(script, events, assume_yes=True), "run", TaskSpec("worker", "go")).ok
+
+    assert [e.data["message"] for e in events if e.kind == "hook_warning"] == [
+        f"{path}: invalid JSON at line 2 column 3: Expecting property name enclosed in double quotes; its hooks are "
+        "left out (write it as plain JSON, without comments)"
+    ]
+    assert results(events, "worker") == ["hi"]
+
+
+def test_a_bad_event_or_matcher_in_a_project_file_leaves_out_that_part_only_and_only_after_consent(
+    scripted_runner: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / ".claude" / "settings.json"
+    good = command_hooks("Bash", "echo ran >> hook-ran.txt")
+    bad_matcher = [{"matcher": "Bash(", "hooks": [{"type": "command", "command": "echo never >> hook-ran.txt"}]}]
+    path.parent.mkdir()
+    path.write_text(json.dumps({"hooks": {"OnSave": good, "PreToolUse": [*bad_matcher, *good]}}, indent=1))
+    script = [call("bash", command="echo hi"), {"content": "done"}]
+
+    # Without consent the hooks are not even checked: the one line says they need it.
+    events: list[Event] = []
+    assert go(scripted_runner(script, events), "run", TaskSpec("worker", "go")).ok
+    assert [e.data["message"] for e in events if e.kind == "hook_warning"] == [
+        f"the hooks in {path} did not run: they come with the project; re-run with --yes to allow them"
+    ]
+
+    events.clear()
+    assert go(scripted_runner(script, events, assume_yes=True), "run", TaskSpec("worker", "go")).ok
+
+    warnings = [e.data["message"] for e in events if e.kind == "hook_warning"]
+    lines = path.read_text().splitlines()
+    event, matcher = (next(n for n, line in enumerate(lines, 1) if key in line) for key in ('"OnSave"', '"Bash("'))
+    assert warnings == [
+        f"{path} line {event}: unknown hook event 'OnSave'; use one of PreToolUse, PostToolUse, SubagentStart, "
+        "SubagentStop, Stop; its hooks are left out, the others run",
+        f"{path} line {matcher}: hooks.PreToolUse[0]: 'matcher' 'Bash(' is not a valid regex (missing ), unterminated "
+        "subpattern at position 4); fix or remove it; that hook group is left out, the others run",
+    ]
+    assert (tmp_path / "hook-ran.txt").read_text() == "ran\n"  # the good group ran, once

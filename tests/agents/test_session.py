@@ -260,6 +260,27 @@ def test_an_answer_cut_by_the_per_reply_limit_fails_with_the_partial_text(ws: Pa
     )
 
 
+def test_an_answer_cut_by_the_full_context_window_says_the_window_ran_out(ws: Path) -> None:
+    """The host stops a reply where the window ends: that is not the per-reply limit of 2,048 tokens."""
+    cut = "The config is parsed in " + "src/app.py and " * 60 + "tests"
+    host = ScriptedHost.from_replies([{"content": cut, "finish_reason": "length"}], context_window=512)
+    spec = scout(ws).model_copy(update={"tools": []})
+    session = AgentSession(spec=spec, host=host, workspace=workspace_for(ws))
+    result = run_session(session)
+
+    assert (result.status, result.stop_reason, result.output) == ("failed", "max_tokens", cut)
+    prompt = result.usage.input_tokens  # one turn: its prompt
+    assert prompt < 512 <= prompt + result.usage.output_tokens
+    assert result.error is not None and result.error.startswith(
+        f"the context window of 512 tokens ran out during the final answer (the conversation took {prompt} of them); "
+    )
+    assert result.error.endswith(
+        "the output holds the partial text; give the task less to read or fewer turns, or a model "
+        "with a longer window (--context-window, as far as the KV budget allows)"
+    )
+    assert "per-reply limit" not in result.error
+
+
 def test_running_out_of_script_fails_the_session_not_the_process(ws: Path) -> None:
     host = ScriptedHost.from_replies([call("ls", path=".")])
     session = AgentSession(spec=scout(ws), host=host, workspace=workspace_for(ws))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.agents.skills import CATALOG_HEAD, discover_skills
+from mlx_subagents.agents.skills import CATALOG_HEAD, LINK_FIX, discover_skills
 from mlx_subagents.home import state_home
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import read_transcript
@@ -139,7 +139,8 @@ def test_hostile_skill_files_are_skipped_with_one_warning_each(tmp_path: Path) -
         f"skipped {folder / name / 'SKILL.md'}" for name in ("fifo", "huge", "zero")
     ]
     assert "over the limit of 1,048,576" in warnings[1]
-    assert all("not a regular file" in w for w in (warnings[0], warnings[2]))
+    assert "not a regular file" in warnings[0]
+    assert warnings[2].endswith(f"{folder / 'zero' / 'SKILL.md'} is a symbolic link; {LINK_FIX}")
 
 
 def test_the_catalog_is_byte_stable_so_the_shared_prefix_is_reused(

@@ -126,7 +126,7 @@ def test_slash_commands(tmp_path: Path, write_script: Any, run_cli: Any, monkeyp
         "> second answer",
         out.split("\n")[8],
         usage,
-        "sub-agents: 0 runs, 0 turns, 0 in (0 cached), 0 out",
+        "sub-agents: 0 started, 0 turns, 0 in (0 cached), 0 out",
         f"saved as run {record.run_id}",
         "> > /agents    list the agents the parent can delegate to",
         "/usage     tokens, context and KV cache of this chat and its sub-agents",
@@ -182,7 +182,7 @@ def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: P
         assert all_dead(pids), "a child's process survived Ctrl-C"
         assert "✗ worker aborted: aborted by the user (Ctrl-C)" in shown
         term.send("/usage\n")
-        assert "sub-agents: 1 runs, 1 turns" in term.expect("saved as run ")
+        assert "sub-agents: 1 started, 1 turns" in term.expect("saved as run ")
         term.send("are you there?\n")
         term.expect("still here\n> ")
         term.send("/exit\n")
@@ -306,4 +306,42 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runne
         "  ✓ scout completed (1 turns)\nThe scout found app.py.\nNothing else.\n"
     )
     assert second.usage.turns == 3 and second.usage.cached_tokens > first.usage.cached_tokens > 0
-    assert chat.n_children == 1 and chat.children_usage.turns == 1
+    assert chat.children_usage()[0] == 1 and chat.children_usage()[1].turns == 1
+
+
+def test_usage_counts_a_continued_sub_agent_once_however_often_it_ends_or_is_observed(tmp_path: Path) -> None:
+    """A foreground child the parent sends a message to ends twice, the second time with all its usage;
+    and a caller that adds `chat.observe` to a sink the chat already feeds sees each event twice."""
+    import asyncio
+
+    from mlx_subagents.events import Fanout
+    from mlx_subagents.runs.chat import Chat
+    from tests.helpers import make_runner, scripted_host
+
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    call("subagent", agent="scout", task="look"),
+                    call("subagent_send", id="scout#1", message="and more"),
+                    call("subagent_output", id="scout#1", wait=5),
+                    "done",
+                ]
+            },
+            "scout": {"replies": ["Findings: a\n\nSummary: b", "Findings: c\n\nSummary: d"]},
+        }
+    }
+    sink = Fanout([])
+
+    async def main() -> tuple[list[str], Any]:
+        async with make_runner(tmp_path, scripted_host(script), sink, save_transcripts=False) as runner:
+            chat = await Chat.start(runner)
+            sink.targets += [chat.observe, chat.observe]
+            assert (await chat.turn("hi")).output == "done"
+            return chat.usage_lines(), chat.board.get("scout#1").session.usage
+
+    lines, scout = asyncio.run(main())
+    assert scout.turns == 2 and scout.output_tokens == 30
+    assert lines[1] == (
+        f"sub-agents: 1 started, 2 turns, {scout.input_tokens:,} in ({scout.cached_tokens:,} cached), 30 out"
+    )

@@ -86,7 +86,7 @@ def test_tasks_send_cancel_and_notices_at_the_prompt(tmp_path: Path, write_scrip
 
         term.send("/usage\n")
         usage = term.expect("saved as run ")
-        assert re.search(r"sub-agents: 2 runs, 3 turns, .*; 2 in the background, 0 running\n", usage)
+        assert re.search(r"sub-agents: 2 started, 3 turns, .*; 2 in the background, 0 running\n", usage)
         term.send("/exit\n")
         assert term.wait() == 0
     finally:

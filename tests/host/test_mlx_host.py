@@ -307,3 +307,39 @@ def test_a_cancelled_reply_counts_the_tokens_it_spent(tiny_qwen3_path: Path, tmp
     assert session.usage.turns == 1
     assert session.usage.input_tokens == seen["prompt"] > 0
     assert 5 <= session.usage.output_tokens <= seen["calls"]
+
+
+def test_the_host_reports_each_turns_prefill_and_its_tokens_as_they_stream(
+    tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
+    """`on_prefill` says what the turn prefills and what its cache holds, before its first token (a live
+    view says "prefilling N tokens"); `on_tokens` counts the tokens generated so far, call markup too."""
+    call = tool_call_text("ls", {"path": "."})
+    scripts = ForcedScripts(tiny_qwen3[1], {"a": [call, "The config is parsed in src/config.py."]})
+    turns: list[list[tuple[str, Any]]] = []
+
+    async def go() -> list[Any]:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
+            session, messages, replies = host.session("a"), list(TASK), []
+            for i in range(2):
+                seen: list[tuple[str, Any]] = []
+                turns.append(seen)
+                args = GenerateArgs(
+                    max_tokens=64,
+                    on_prefill=lambda n, cached, seen=seen: seen.append(("prefill", (n, cached))),
+                    on_tokens=lambda n, seen=seen: seen.append(("tokens", n)),
+                )
+                replies.append(await session.generate(messages, args, tools=[LS_SCHEMA]))
+                messages = messages + [replies[-1].to_message(), tool_result(i)]
+            return replies
+
+    replies = run(go())
+    assert replies[0].tool_calls and replies[1].usage.cached_tokens > 0  # the second turn prefills only what is new
+    for reply, seen in zip(replies, turns):
+        assert seen[0] == ("prefill", (reply.usage.prefilled_tokens, reply.usage.cached_tokens))
+        counts = [n for what, n in seen[1:]]
+        assert [what for what, _ in seen[1:]] == ["tokens"] * len(counts)
+        # the last count comes with the last text; the end-of-turn token may follow it, streaming nothing
+        assert (
+            counts == sorted(counts) and reply.usage.generated_tokens - 1 <= counts[-1] <= reply.usage.generated_tokens
+        )

@@ -12,8 +12,16 @@ from typing import Any
 
 import pytest
 
+from mlx_subagents.errors import RequestError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.prefix_store import TEMP_PREFIX, evict, list_prefixes, prefix_cache_dir
+from mlx_subagents.host.prefix_store import (
+    TEMP_PREFIX,
+    PrefixStore,
+    clear_prefixes,
+    evict,
+    list_prefixes,
+    prefix_cache_dir,
+)
 from tests.helpers import spawn_cli
 
 SYSTEM = "You are a scout. " + " ".join(f"Rule {i}: read file number {i} with care." for i in range(40))
@@ -36,6 +44,21 @@ def ask(path: Path, system: str = SYSTEM, **host: Any) -> list[Any]:
 
 def stored() -> list[Path]:
     return sorted(prefix_cache_dir().glob("*.safetensors"))
+
+
+def prefix_name(n: int) -> str:
+    """A name as the store gives its files: 40 hex digits."""
+    return f"{n:040x}.safetensors"
+
+
+def fake_prefix(path: Path, size: int, header: Any = None) -> Path:
+    """A file of `size` bytes with a safetensors header: the store's own metadata unless `header` says
+    otherwise (a model's weights, say)."""
+    meta = {"__metadata__": {"0.key": "k", "0.format": "1", "0.model": "m", "0.n_tokens": "300"}}
+    data = json.dumps(meta if header is None else header).encode()
+    body = len(data).to_bytes(8, "little") + data
+    path.write_bytes(body + b"\0" * max(0, size - len(body)))
+    return path
 
 
 @pytest.mark.slow
@@ -147,11 +170,12 @@ def test_the_folder_stays_under_its_bound_least_recently_used_first(tiny_qwen3_p
     # By last use, and a temporary file left by a process that died mid-write goes too.
     folder = tmp_path / "lru"
     folder.mkdir()
-    for i, name in enumerate(["old", "mid", "new", f"{TEMP_PREFIX}dead"]):
-        (folder / f"{name}.safetensors").write_bytes(b"x" * 100)
-        os.utime(folder / f"{name}.safetensors", (1000 + i, 1000 + i))
+    names = [prefix_name(n) for n in range(3)] + [f"{TEMP_PREFIX}7-8-{'d' * 40}.safetensors"]
+    for i, name in enumerate(names):
+        fake_prefix(folder / name, 100)
+        os.utime(folder / name, (1000 + i, 1000 + i))
     assert evict(folder, 250, now=1000 + 3600) == 1
-    assert sorted(p.stem for p in folder.iterdir()) == ["mid", "new"]
+    assert sorted(p.name for p in folder.iterdir()) == names[1:3]
 
 
 @pytest.mark.slow
@@ -212,3 +236,69 @@ def test_sliding_window_caches_come_back_as_they_were(tmp_path: Path) -> None:
         assert (type(after), after.offset) == (type(before), before.offset)
         for a, b in zip(before.update_and_fetch(step, step), after.update_and_fetch(step, step)):
             assert mx.array_equal(a, b).item()  # the next token sees the same keys and values
+
+
+def test_cache_clear_and_eviction_delete_only_what_the_store_wrote(
+    tmp_path: Path, run_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = prefix_cache_dir()
+    folder.mkdir(parents=True)
+    ours = [fake_prefix(folder / prefix_name(n), 1000) for n in (1, 2)]
+    temp = fake_prefix(folder / f"{TEMP_PREFIX}3-4-{'e' * 40}.safetensors", 10)
+    weights = fake_prefix(folder / "model-00001-of-00002.safetensors", 5000, {"__metadata__": {"format": "pt"}})
+    foreign = fake_prefix(folder / prefix_name(9), 5000, {"__metadata__": {"format": "pt"}})
+    damaged = folder / prefix_name(10)
+    damaged.write_bytes(b"\xff" * 8 + b"junk")
+    bad_count = fake_prefix(folder / prefix_name(11), 100)
+    bad_count.write_bytes(bad_count.read_bytes().replace(b'"300"', b'"3x0"'))
+    fifo = folder / prefix_name(12)
+    os.mkfifo(fifo)  # would hang a plain open
+
+    code, out, err = run_cli("cache", "--json")
+
+    assert code == 0
+    assert sorted(p["file"] for p in json.loads(out)["prefixes"]) == [str(p) for p in ours]
+    fix = "delete it (subagent cache clear deletes only the files it wrote)"
+    assert sorted(err.strip().splitlines()) == sorted(
+        [
+            f"warning: skipped {foreign}: not a prefix file this tool wrote (no key and format in its header); {fix}",
+            f"warning: skipped {damaged}: not a readable prefix file (ValueError); {fix}",
+            f"warning: skipped {bad_count}: a damaged prefix file (its token count is '3x0'); {fix}",
+            f"warning: skipped {fifo}: not a regular file (a FIFO, device or socket); a prefix file must be a "
+            "regular file",
+        ]
+    )
+    assert evict(folder, 0) == 2  # over any bound: still only its own
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        p.name for p in (temp, weights, foreign, damaged, bad_count, fifo)
+    )
+    size = temp.stat().st_size
+    assert clear_prefixes() == (1, size)  # the temporary file, by its name
+    assert weights.stat().st_size == foreign.stat().st_size == 5000
+
+
+def test_a_linked_prefix_folder_is_never_used_nor_cleared(tmp_path: Path, run_cli: Any, caplog: Any) -> None:
+    weights = tmp_path / "a-model"
+    weights.mkdir()
+    shard = fake_prefix(weights / prefix_name(1), 1000)  # even one that looks like the store's own
+    folder = prefix_cache_dir()
+    folder.parent.mkdir(parents=True)
+    folder.symlink_to(weights)
+
+    code, _, err = run_cli("cache", "clear")
+
+    assert (code, err.strip()) == (
+        2,
+        f"error: the prefix cache was not cleared: {folder} is a symbolic link; make {folder} a real folder (the "
+        "prefix cache never follows a link)",
+    )
+    with pytest.raises(RequestError):
+        list_prefixes()
+    with caplog.at_level(logging.WARNING, logger="mlx_subagents.prefix_cache"):
+        store = PrefixStore(folder, 10, "identity", "KVCache", "m")
+    assert not store.enabled
+    assert [r.getMessage() for r in caplog.records] == [
+        f"prefix cache off: {folder} is a symbolic link; make {folder} a real folder (the prefix cache never follows "
+        "a link); the run goes on without it (see `subagent cache`)"
+    ]
+    assert shard.stat().st_size == 1000

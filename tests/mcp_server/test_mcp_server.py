@@ -805,3 +805,18 @@ def test_start_agents_starts_a_named_workflow_in_the_background(tmp_path: Path, 
     started, planned = run(main)
     assert started.structured_content["ids"] == ["scout#1", "planner#1"]
     assert text(planned) == "planner#1 completed\n\n1. fix"
+
+
+def test_an_object_id_or_a_batch_is_answered_with_invalid_request_and_id_null() -> None:
+    """The SDK drops both unseen (no answer ever comes); each gets -32600 with id null, as JSON-RPC says
+    for a request whose id cannot be read."""
+    from mlx_subagents.mcp_server.stdio import malformed
+
+    lines = [
+        '{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}',
+        '{"jsonrpc": "2.0", "id": [1], "method": "tools/list"}',
+        '[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}]',
+        "[]",
+    ]
+    answers = [malformed(line) for line in lines]
+    assert [(i, e.code if e else None) for i, e in answers] == [(None, -32600)] * 4  # type: ignore[misc]

@@ -229,15 +229,15 @@ def test_a_second_import_of_one_name_is_refused_while_the_first_runs(tmp_path: P
 def test_a_killed_import_leaves_nothing_after_the_next_import(tmp_path: Path) -> None:
     import signal
 
+    running, running_staging = hold_import("other")  # started first: its own clean-up cannot be the cause
     killed, killed_staging = hold_import("m")
     killed.send_signal(signal.SIGKILL)
     assert killed.wait() == -signal.SIGKILL
     assert (models_dir() / killed_staging).is_dir()  # what a killed import leaves
-    running, running_staging = hold_import("other")
     try:
         gguf = write_gguf(tmp_path / "model.gguf", "llama")  # no weights to convert: the conversion fails
         with pytest.raises(ModelImportError, match="conversion failed"):
-            import_gguf(str(gguf), name="m")  # any import cleans up: here one of the same name, that fails
+            import_gguf(str(gguf), name="m")  # the next import of that name cleans up, even one that fails
         # The killed import's folder is gone; the running import's is kept.
         assert sorted(p.name for p in models_dir().iterdir()) == [running_staging]
     finally:

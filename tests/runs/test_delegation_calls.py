@@ -89,7 +89,7 @@ def test_each_child_that_cannot_start_fails_alone_under_a_grant(
     ) in result
     assert "### [nobody] failed (error): unknown agent 'nobody'; 'lead' may start: scout, remote, wordy\n" in result
     assert f"### [remote] failed (error): {tmp_path / 'missing.json'}: cannot read the scripted model file" in result
-    assert "### [wordy] failed (error): agent 'wordy' has a system prompt of " in result
+    assert "### [wordy] failed (error): agent 'wordy' has a system prompt and 1 tool of " in result
     assert "add it to grant it" not in result.split("### [nobody]")[1].split("###")[0]
 
 

@@ -180,3 +180,20 @@ def test_a_background_workflow_whose_step_fails_skips_the_steps_that_need_it(tmp
     _, planned = tool_messages(result)
     assert planned == "planner#1 failed: not run: step 'scout#1' did not complete\n\n(no answer)"
     assert "orchestrator > planner#1" not in host.history
+
+
+def test_a_model_names_a_workflow_never_a_file(tmp_path: Path, scripted_runner: Any) -> None:
+    write_flow(tmp_path)
+    elsewhere = write_flow(tmp_path / "elsewhere", "evil")  # a workflow file outside the workspace
+    workspace = tmp_path / "ws"
+    write_flow(workspace)
+    calls = [call("subagent", workflow=str(elsewhere)), call("subagent", workflow="../elsewhere/evil.toml"), "done"]
+    script = {"agents": {"orchestrator": {"replies": calls}, **STEPS}}
+
+    result = run_parent(scripted_runner(script, cwd=workspace))
+
+    by_path = (
+        "Error: subagent call refused: workflow '{}' is a path: a call names a workflow, never a file; available: fix"
+    )
+    assert tool_messages(result) == [by_path.format(elsewhere), by_path.format("../elsewhere/evil.toml")]
+    assert child_runs(load_run(result.run_id)) == []

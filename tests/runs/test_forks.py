@@ -371,6 +371,7 @@ def test_a_background_fork_on_the_tiny_model_starts_at_the_call_while_its_parent
         },
         events,
         assume_yes=True,
+        context_window=8192,  # its six tools take over half the tiny model's 4,096 tokens
     )
 
     result = run_parent(runner, "look around", agent="lead")

@@ -18,7 +18,7 @@ from mlx_subagents.events import Event
 from mlx_subagents.mcp_server.tasks import window
 from mlx_subagents.runs.tasks import TaskSpec, label_tasks, load_tasks_file
 from mlx_subagents.runs.transcripts import read_transcript, runs_dir
-from tests.helpers import call, go, make_runner
+from tests.helpers import call, go, make_runner, scripted_host
 
 
 def max_running(events: list[Event]) -> int:
@@ -263,11 +263,29 @@ def test_input_caps_are_checked_before_anything_starts(tmp_path: Path, write_scr
     runner = make_runner(tmp_path, model, assume_yes=True, context_window=2_048)
     with pytest.raises(
         InputTooLargeError,
-        match=rf"agent 'verbose' has a system prompt of [\d,]+ tokens, over half the context window of 2,048 tokens "
-        rf"of {re.escape(model)}; shorten the body of {re.escape(str(agents / 'verbose.md'))}",
+        match=rf"agent 'verbose' has a system prompt and 7 tools of [\d,]+ tokens \([\d,]+ of them the prompt\), "
+        rf"over half the context window of 2,048 tokens of {re.escape(model)}; shorten the body of "
+        rf"{re.escape(str(agents / 'verbose.md'))} or grant it fewer tools",
     ):
         go(runner, "run", TaskSpec("verbose", "hi"))
     assert len(list(runs_dir().iterdir())) == 1  # the refused run never started
+
+
+def test_the_prompt_fit_counts_the_tool_schemas(tmp_path: Path) -> None:
+    """A system prompt of about 560 tokens fits half of a 2,048-token window, but with the schemas of its
+    seven tools (about 870 more) it does not: refused before anything starts, not at its first turn."""
+    agents = tmp_path / ".mlx-subagents" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "medium.md").write_text("---\nname: medium\ndescription: has tools\n---\n" + "w " * 1_000)
+    host = scripted_host({"replies": ["done"], "context_window": 2_048})
+    runner = make_runner(tmp_path, host, assume_yes=True)
+    with pytest.raises(InputTooLargeError) as refused:
+        go(runner, "run", TaskSpec("medium", "hi"))
+    numbers = re.search(r"and 7 tools of ([\d,]+) tokens \(([\d,]+) of them the prompt\)", str(refused.value))
+    assert numbers is not None, str(refused.value)
+    total, prompt = (int(n.replace(",", "")) for n in numbers.groups())
+    assert prompt < 1_024 < total
+    assert host.history == {}  # no turn was asked of the model
 
 
 def test_a_long_answer_is_capped_and_kept_whole_in_the_transcript(scripted_runner: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,14 @@ def test_a_run_saves_its_record_and_every_task(tmp_path: Path, isolated_home: Pa
         "task",
         "task_start",
         "turn_start",
+        "prefill",
+        "decode",
         "usage",
         "tool_call",
         "tool_result",
         "turn_start",
+        "prefill",
+        "decode",
         "usage",
         "message",
         "task_end",
@@ -295,3 +300,30 @@ def test_names_with_bytes_that_are_not_utf8_read_back(tmp_path: Path, write_scri
     assert run_cli("show", "last")[0] == 0
     assert run_cli("resume", "last", "more", "-m", write_script(["two"], "2.json"))[:2] == (0, "two\n")
     assert read_transcript(record.transcript_path(record.tasks[0])).generations == 2
+
+
+def test_a_fifo_or_damaged_file_in_a_runs_place_is_one_line_and_never_blocks(
+    scripted_runner: Any, run_cli: Any
+) -> None:
+    ids = [go(scripted_runner(["x"]), "run", TaskSpec("scout", str(i))).run_id for i in range(2)]
+    fifo_run, damaged_run = (load_run(i) for i in ids)
+    transcript = fifo_run.transcript_path(fifo_run.tasks[0])
+    transcript.unlink()
+    os.mkfifo(transcript)  # a plain read would wait for a writer forever
+    (damaged_run.folder / "run.json").write_bytes(b"\xff\xfe not a record")
+
+    with pytest.raises(RunNotFoundError) as fifo:
+        read_transcript(transcript)
+    with pytest.raises(RunNotFoundError) as damaged:
+        load_run(damaged_run.run_id)
+    code, _, err = run_cli("show", fifo_run.run_id)
+
+    assert (
+        str(fifo.value)
+        == f"{transcript}: not a regular file (a FIFO, device or socket); a transcript must be a regular file"
+    )
+    assert str(damaged.value) == (
+        f"{damaged_run.folder / 'run.json'}: cannot read the run record: it is not UTF-8 text; save it as UTF-8"
+    )
+    assert [r.run_id for r in list_runs()] == [fifo_run.run_id]  # the damaged one skipped
+    assert (code, err) == (2, f"error: {fifo.value}\n")

@@ -74,7 +74,15 @@ def test_agent_calls_server_tools_with_its_schema_disallowed_removed_errors_as_r
             return list(prepared.mcp_tools), schema, await runner.run(TaskSpec("demo-user", "go"))
 
     names, schema, result = asyncio.run(main())
-    assert names == ["mcp__demo__crash", "mcp__demo__echo", "mcp__demo__fail", "mcp__demo__slow"]
+    assert names == [
+        "mcp__demo__ask_name",
+        "mcp__demo__crash",
+        "mcp__demo__echo",
+        "mcp__demo__fail",
+        "mcp__demo__roots",
+        "mcp__demo__slow",
+        "mcp__demo__summarise",
+    ]
     assert schema == {
         "name": "mcp__demo__echo",
         "description": "Say the text back.",
@@ -88,7 +96,7 @@ def test_agent_calls_server_tools_with_its_schema_disallowed_removed_errors_as_r
     assert result.status == "completed"
     outputs = tool_outputs(runner, "demo-user")
     assert outputs[0] == "echo: hi"
-    assert outputs[1].startswith("Error: unknown tool 'mcp__demo__add'; available tools: read, mcp__demo__crash")
+    assert outputs[1].startswith("Error: unknown tool 'mcp__demo__add'; available tools: read, mcp__demo__ask_name")
     assert outputs[2] == "Error: Error executing tool fail"
     assert outputs[3] == "Error: mcp__demo__crash failed: MCPError: Connection closed"
     assert outputs[4] == "Error: mcp__demo__echo failed: MCPError: Connection closed"  # a crashed server stays an error
@@ -288,7 +296,7 @@ def test_doctor_starts_each_server_once_and_says_its_tools_or_why_not(tmp_path: 
         f"mcp       bad: FAILED MCP server bad ({tmp_path / 'missing'}) failed to start (FileNotFoundError: [Errno 2] "
         f"No such file or directory: '{tmp_path / 'missing'}'); check its definition in {mcp_json} and its log "
         f"{home / 'logs' / 'mcp-bad.log'}",
-        f"mcp       demo: answers, 5 tools (stdio, {mcp_json})",
+        f"mcp       demo: answers, 8 tools (stdio, {mcp_json})",
         f"mcp       docs: FAILED MCP server docs (http://127.0.0.1:9/mcp) failed to start (ConnectError: All connection attempts failed); check its definition in {home / 'mcp.json'}",
     ]
 
@@ -360,7 +368,7 @@ def test_streamable_http_server_with_expanded_headers(tmp_path: Path, scripted_r
     assert outputs == ["Bearer s3cret", "echo: over http"]
 
 
-def test_var_defaults_expand_and_an_unset_var_is_one_line_naming_file_server_and_fix(
+def test_vars_stay_as_written_until_the_start_and_an_unset_one_is_one_line_naming_file_server_and_fix(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
     monkeypatch.setenv("DEMO_SET", "given")
@@ -379,7 +387,10 @@ def test_var_defaults_expand_and_an_unset_var_is_one_line_naming_file_server_and
         )  # fmt: skip
     )
     demo = load_config(tmp_path)["demo"]
-    assert (demo.command, demo.args, demo.env) == ("python", ("given", ""), (("LEVEL", "debug"),))
+    written = ("${DEMO_CMD:-python}", ("${DEMO_SET:-x}", "${DEMO_UNSET:-}"), (("LEVEL", "${DEMO_LEVEL:-debug}"),))
+    assert (demo.command, demo.args, demo.env) == written  # listed and asked about as written
+    live = demo.expanded()  # as it starts
+    assert (live.command, live.args, live.env) == ("python", ("given", ""), (("LEVEL", "debug"),))
 
     (tmp_path / ".mcp.json").write_text(
         json.dumps(
@@ -390,8 +401,9 @@ def test_var_defaults_expand_and_an_unset_var_is_one_line_naming_file_server_and
             }
         )  # fmt: skip
     )
+    web = load_config(tmp_path)["web"]  # read without it: needed only to start
     with pytest.raises(McpConfigError) as raised:
-        load_config(tmp_path)
+        web.expanded()
     assert str(raised.value) == (
         f"{tmp_path / '.mcp.json'}: MCP server 'web': ${{DEMO_UNSET}} is not set; set it or write ${{DEMO_UNSET:-default}}"
     )

