@@ -33,7 +33,6 @@ from ..runs.worktrees import apply_worktree, find_worktree, list_worktrees, prun
 from ..tools import WRITER_TOOLS
 from .doctor import run_doctor
 from .flags import (
-    KV_BITS_DEFAULT,
     CwdOpt,
     EventsOpt,
     JsonListOpt,
@@ -665,7 +664,7 @@ def doctor(
     model: ModelOpt = None,
     context_window: WindowOpt = None,
     kv_budget: KvBudgetOpt = None,
-    kv_bits: KvBitsOpt = KV_BITS_DEFAULT,
+    kv_bits: KvBitsOpt = None,
     cwd: CwdOpt = Path("."),
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Also start the MCP servers of the project's files.")
@@ -677,6 +676,7 @@ def doctor(
     Example: subagent doctor --model mlx-community/Qwen3-4B-Instruct-2507-4bit
     """
     from ..agents.discovery import discover_agents
+    from ..host import DEFAULT_KV_BITS
     from .config import load_config
 
     config = load_config()
@@ -686,7 +686,8 @@ def doctor(
     entries, _ = mcp_entries(discover_agents(root), root)
     servers_ok = asyncio.run(check_servers(entries, root, out.print, yes))
     kv_budget = kv_budget or config.values.get("kv_budget")
-    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget, int(kv_bits.value)))
+    bits = int(kv_bits or config.values.get("kv_bits") or DEFAULT_KV_BITS)
+    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget, bits))
     raise typer.Exit(0 if ok and servers_ok else 1)
 
 

@@ -108,14 +108,13 @@ class KvBits(str, Enum):
     b4 = "4"
 
 
-KV_BITS_DEFAULT = KvBits(str(DEFAULT_KV_BITS))
 KvBitsOpt = Annotated[
-    KvBits,
+    Optional[KvBits],
     typer.Option(
         "--kv-bits",
         help="Bits per KV cache value for every session: 16 (not quantized), 8 or 4 (quantized per group: about "
         "1.9x or 3.6x less than 16-bit, so the same --kv-budget holds more sessions). A model that cannot take it "
-        "runs at 16, with a warning.",
+        "runs at 16, with a warning. Default: 16.",
     ),
 ]
 PrefixCacheOpt = Annotated[
@@ -221,7 +220,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "context_window": (WindowOpt, None),
     "batching": (BatchingOpt, Batching.on),
     "kv_budget": (KvBudgetOpt, None),
-    "kv_bits": (KvBitsOpt, KV_BITS_DEFAULT),
+    "kv_bits": (KvBitsOpt, None),
     "prefix_cache": (PrefixCacheOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
@@ -249,7 +248,7 @@ class Shared:
     context_window: int | None
     batching: Batching
     kv_budget: str | None
-    kv_bits: KvBits
+    kv_bits: KvBits | str | None  # the flag's choice, config.toml's text ("8"), or None: the default
     prefix_cache: str | None
     max_depth: int
     concurrency: int
@@ -272,7 +271,7 @@ class Shared:
             max_depth=self.max_depth,
             batching=self.batching == Batching.on,
             kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
-            kv_bits=int(self.kv_bits.value),
+            kv_bits=DEFAULT_KV_BITS if self.kv_bits is None else int(self.kv_bits),
             prefix_cache=parse_prefix_cache(self.prefix_cache),
             context_window=self.context_window,
             concurrency=self.concurrency,

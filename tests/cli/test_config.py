@@ -79,7 +79,7 @@ def test_config_values_fill_only_the_flags_not_given(config: Any) -> None:
     assert loaded.lines() == [
         f"config    {path}: kv_budget = 4GB, sandbox = on, grammar = off, engine = http://gpu-box:8000/v1"
     ]
-    assert list(KEYS) == ["model", "kv_budget", "sandbox", "grammar", "engine", "prefix_cache"]
+    assert list(KEYS) == ["model", "kv_budget", "kv_bits", "sandbox", "grammar", "engine", "prefix_cache"]
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_config_values_fill_only_the_flags_not_given(config: Any) -> None:
     [
         (
             'model = "x"\nkv_bugdet = "4GB"\n',
-            "2: unknown key 'kv_bugdet'; the keys are model, kv_budget, sandbox, grammar, engine, prefix_cache",
+            "2: unknown key 'kv_bugdet'; the keys are model, kv_budget, kv_bits, sandbox, grammar, engine, prefix_cache",
         ),
         ('grammar = "maybe"\n', """1: grammar: 'maybe' is neither on nor off; write "on" or "off" (or true / false)"""),
         (

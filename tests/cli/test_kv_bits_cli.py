@@ -1,5 +1,6 @@
 """`--kv-bits` from the command line: `doctor` says what each setting costs and holds, `--json` usage
-says which setting a run used, and a setting there is not is one clear error."""
+says which setting a run used, config.toml's `kv_bits` sets it below the flag, and a setting there is
+not is one clear error."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.errors import RequestError
+from mlx_subagents.cli.config import config_path, defaults_for, load_config
+from mlx_subagents.cli.flags import SHARED_FLAGS, KvBits, Shared
+from mlx_subagents.errors import ConfigError, RequestError
 from mlx_subagents.runs.options import RunOptions
 
 
@@ -53,14 +56,34 @@ def test_doctor_says_why_a_model_cannot_take_a_quantized_cache(
 def test_the_json_usage_says_which_setting_the_run_used(
     quantizable: Callable[[str], Path], tiny_qwen3_path: Path, run_cli: Any, tmp_path: Path
 ) -> None:
-    def usage(model: Path, bits: str) -> dict[str, Any]:
+    def usage(model: Path, *bits: str) -> dict[str, Any]:
         args = ("run", "scout", "where is the config?", "--model", str(model), "--cwd", str(tmp_path), "--json")
-        code, out, err = run_cli(*args, "--kv-bits", bits, "--max-turns", "1", "--max-tokens", "8")
+        code, out, err = run_cli(*args, *bits, "--max-turns", "1", "--max-tokens", "8")
         assert code in (0, 1), err  # a random model may end its one turn without an answer
         return json.loads(out)["usage"]
 
-    assert usage(quantizable("qwen3"), "8")["kv_bits"] == 8
-    assert usage(tiny_qwen3_path, "8")["kv_bits"] == 16  # heads it cannot quantize: it ran at 16
+    assert usage(quantizable("qwen3"), "--kv-bits", "8")["kv_bits"] == 8
+    assert usage(tiny_qwen3_path, "--kv-bits", "8")["kv_bits"] == 16  # heads it cannot quantize: it ran at 16
+    config_path().parent.mkdir(parents=True, exist_ok=True)
+    config_path().write_text("kv_bits = 4\n", encoding="utf-8")
+    assert usage(quantizable("qwen3"))["kv_bits"] == 4  # config.toml's setting, with no flag
+
+
+def test_config_toml_sets_kv_bits_below_the_flag() -> None:
+    """`kv_bits = 8` in config.toml is the setting when no `--kv-bits` is given; the flag wins."""
+    defaults = {name: default for name, (_alias, default) in SHARED_FLAGS.items()}
+    config_path().parent.mkdir(parents=True, exist_ok=True)
+    assert Shared(**defaults_for(defaults, load_config())).options().kv_bits == 16  # no file: 16
+    config_path().write_text('kv_bits = 8\nkv_budget = "1GB"\n', encoding="utf-8")
+    assert Shared(**defaults_for(defaults, load_config())).options().kv_bits == 8
+    given = {**defaults, "kv_bits": KvBits.b16}
+    assert Shared(**defaults_for(given, load_config())).options().kv_bits == 16
+    config_path().write_text('kv_bits = "4"\n', encoding="utf-8")
+    assert Shared(**defaults_for(defaults, load_config())).options().kv_bits == 4
+    config_path().write_text("kv_bits = 6\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_config()
+    assert str(refused.value) == f"{config_path()}:1: kv_bits: 6 is not a setting; write 16, 8 or 4"
 
 
 def test_a_setting_there_is_not_is_one_clear_error(run_cli: Any) -> None:
