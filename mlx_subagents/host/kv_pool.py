@@ -10,6 +10,7 @@ than the disk round trip. New work that would overflow the budget waits
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -157,6 +158,7 @@ class KVPool:
         self.budget = budget
         self.drop_below_tokens = drop_below_tokens
         self._spill_dir = spill_dir
+        self._own_dir = False  # True once it made its own temporary folder (`close` removes it)
         self._idle: OrderedDict[str, CacheState] = OrderedDict()
         self.counters = PoolCounters()
 
@@ -183,6 +185,15 @@ class KVPool:
         state = self._idle.pop(name, None)
         if state is not None and state.spill_path is not None:
             state.spill_path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Delete the spill files of the sessions still idle, and the temporary folder it made: a host that
+        stops leaves nothing behind in /tmp (a given `spill_dir` stays; only its files go)."""
+        for name in list(self._idle):
+            self.forget(name)
+        if self._own_dir and self._spill_dir is not None:
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+            self._spill_dir, self._own_dir = None, False
 
     def resident(self, active_sessions: int = 0) -> int:
         """Sessions whose caches are in memory: the idle ones not evicted, and `active_sessions` in a turn."""
@@ -239,5 +250,6 @@ class KVPool:
     def _spill_root(self) -> str:
         if self._spill_dir is None:
             self._spill_dir = Path(tempfile.mkdtemp(prefix="mlx-subagents-kv-"))
+            self._own_dir = True
         self._spill_dir.mkdir(parents=True, exist_ok=True)
         return str(self._spill_dir)

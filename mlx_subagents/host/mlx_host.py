@@ -413,6 +413,7 @@ class MlxModelHost:
     async def stop(self) -> None:
         self._sessions.clear()
         await asyncio.to_thread(self._mlx.stop)
+        self._pool.close()  # after the mlx thread, which spills: no spill file outlives the host
         if self.prefix_store is not None:  # after the mlx thread: it queues the last writes
             await asyncio.to_thread(self.prefix_store.close)
 

@@ -131,7 +131,7 @@ def test_quantized_forks_spilled_and_restored_continue_token_identically(quantiz
 
     path = quantizable("qwen3")
 
-    async def go(budget_tokens: int) -> tuple[list[Any], dict[str, int], set[str]]:
+    async def go(budget_tokens: int) -> tuple[list[Any], dict[str, int], set[str], list[Path]]:
         async with MlxModelHost(str(path), kv_bits=8, kv_budget=0, max_sessions=1, share_prefix=False) as host:
             await host.set_kv_budget(budget_tokens * host.kv_shape.per_token or None)
             host._pool.drop_below_tokens = 0  # spilled, never dropped, however short
@@ -151,16 +151,20 @@ def test_quantized_forks_spilled_and_restored_continue_token_identically(quantiz
             stats = await host.memory_stats()
             states = [host._pool.idle(f"p > fork#{i}") for i in (1, 2)]
             kinds = {type(c).__name__ for s in states if s and s.prompt_cache for c in s.prompt_cache}
-            return out, stats.pool, kinds
+            spilled = [
+                s.spill_path for s in map(host._pool.idle, ("p", "p > fork#1", "p > fork#2")) if s and s.spill_path
+            ]
+        return out, stats.pool, kinds, spilled
 
-    unbounded, free, _ = asyncio.run(go(0))
-    bounded, pool, kinds = asyncio.run(go(896))  # the parent's prefix and one fork's turn, not both forks
+    unbounded, free, _, _ = asyncio.run(go(0))
+    bounded, pool, kinds, spilled = asyncio.run(go(896))  # the parent's prefix and one fork's turn, not both forks
 
     assert free["evictions"] == 0
     assert bounded == unbounded
     assert len({ids for f in bounded for ids in f}) > 1  # the turns differ: a wrong cache would show
     assert pool["restores"] == 2 and pool["spills"] >= 3 and pool["drops"] == 0
     assert kinds == {"QuantizedKVCache"}  # the last fork to run, restored as it was spilled
+    assert spilled and not any(path.exists() or path.parent.exists() for path in spilled)  # the host left no file
 
 
 @pytest.mark.slow
