@@ -36,6 +36,10 @@ Run (from the repository root):
     python benchmarks/kv_pressure.py --json                # the last line is one JSON object
     python benchmarks/kv_pressure.py --model smollm2       # an imported model (`subagent models import`)
     python benchmarks/kv_pressure.py --plot kv.png         # KV bytes per session over time
+    python benchmarks/kv_pressure.py --kv-bits 16,8,4      # each KV cache setting under one budget
+
+`--kv-bits` runs the comparison of `kv_bits_pressure.py` instead (its own docstring says what it
+measures): 8 sessions by default, a tiny model with 64-wide heads (so that its cache quantizes).
 
 `--plot` needs matplotlib (`pip install matplotlib`, the optional `plot` extra). With `--model`
 the replies are forced when the host parses the Hermes `<tool_call>` format (prompted mode, Qwen), otherwise the
@@ -73,7 +77,8 @@ from workload import (
 )
 
 from mlx_subagents.errors import SubagentError
-from mlx_subagents.host import GenerateArgs, MlxModelHost, Reply
+from mlx_subagents.host import GenerateArgs, MlxModelHost, Reply, parse_bytes
+from mlx_subagents.host.kv_bits import check_kv_bits
 from mlx_subagents.host.kv_pool import KVShape, tokens_that_fit
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, Message, ToolSchema
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor
@@ -169,6 +174,9 @@ class BudgetRun:
     forced: bool = False
     kv_shape: tuple[int, int] = (0, 0)
     trimmable: bool = True
+    kv_bits: int = 16  # what the host ran at
+    shapes: dict[int, Any] = field(default_factory=dict)  # every --kv-bits setting's KVShape (or why not)
+    resident: list[int] = field(default_factory=list)  # sessions resident at each poll
 
     @property
     def completed(self) -> bool:
@@ -190,16 +198,27 @@ async def conversation(host: MlxModelHost, workload: Workload, i: int, max_token
     return out
 
 
-async def poll(host: MlxModelHost, start: float, samples: list[tuple[float, int, dict[str, int]]]) -> None:
+async def poll(
+    host: MlxModelHost, start: float, samples: list[tuple[float, int, dict[str, int]]], resident: list[int]
+) -> None:
     while True:
         stats = await host.memory_stats()
         samples.append((time.perf_counter() - start, stats.kv_bytes_total, dict(stats.kv_bytes_by_session)))
+        resident.append(stats.sessions_resident)
         await asyncio.sleep(POLL_SECONDS)
 
 
 async def run_budget(
-    model: Path, workload: Workload, label: str, budget: int | None, max_sessions: int, force: bool, share_prefix: bool
+    model: Path,
+    workload: Workload,
+    label: str,
+    budget: int | None,
+    max_sessions: int,
+    force: bool,
+    share_prefix: bool,
+    **host_options: Any,
 ) -> BudgetRun:
+    """The workload on one host under `budget` (None: unbounded); `host_options` go to the host too."""
     forcing = ScriptedReplies(workload, force)
     async with MlxModelHost(
         str(model),
@@ -208,12 +227,14 @@ async def run_budget(
         processor_factory=forcing,
         share_prefix=share_prefix,
         prefix_cache=0,  # each budget starts cold: no disk tier between the runs compared
+        **host_options,
     ) as host:
         forced = forcing.bind(host)
         max_tokens = FORCED_MAX_TOKENS if forced else FREE_MAX_TOKENS
         samples: list[tuple[float, int, dict[str, int]]] = []
+        resident: list[int] = []
         start = time.perf_counter()
-        poller = asyncio.create_task(poll(host, start, samples))
+        poller = asyncio.create_task(poll(host, start, samples, resident))
         results = await asyncio.gather(
             *(conversation(host, workload, i, max_tokens) for i in range(len(workload.openings))),
             return_exceptions=True,
@@ -241,6 +262,9 @@ async def run_budget(
             forced,
             (host.kv_shape.fixed, host.kv_shape.per_token),
             host.kv_trimmable,
+            host.kv_bits,
+            await host.kv_shapes(),
+            [*resident, stats.sessions_resident],
         )
 
 
@@ -465,7 +489,7 @@ def plot(runs: list[BudgetRun], path: Path) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = make_parser(__doc__)
-    parser.add_argument("--sessions", type=int, default=4, help="concurrent sessions (default 4)")
+    parser.add_argument("--sessions", type=int, help="concurrent sessions (default 4; 8 with --kv-bits)")
     parser.add_argument("--turns", type=int, default=8, help="tool-call turns per session (default 8)")
     parser.add_argument(
         "--result-lines",
@@ -480,7 +504,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--free", action="store_true", help="never force replies; generate greedily")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="draw KV bytes per session over time")
+    bits = parser.add_argument_group("--kv-bits comparison (see kv_bits_pressure.py)")
+    bits.add_argument("--kv-bits", type=kv_bits_list, metavar="16,8,4", help="compare these settings, 16 first")
+    bits.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=0.4,
+        help="the one budget: this share of the unbounded 16-bit working set (default 0.4)",
+    )
+    bits.add_argument("--kv-budget", type=budget_bytes, help="the one budget, in bytes (e.g. 64MiB), instead")
+    bits.add_argument("--evict", choices=("drop", "spill"), default="drop", help="what eviction does (default drop)")
+    bits.add_argument("--decode-tokens", type=int, default=256, help="tokens per session in the decode part")
+    bits.add_argument("--decode-repeats", type=int, default=3, help="decode rounds, settings in turn (median)")
     args = parser.parse_args(argv)
+    if args.sessions is None:  # more sessions than a 16-bit budget holds, so that the settings differ
+        args.sessions = 4 if args.kv_bits is None else 8
     if args.sessions < 1 or args.turns < 1 or args.result_lines < 1:
         parser.error("--sessions, --turns and --result-lines must be at least 1")
     if args.plot is not None:  # fail before the run, not after it
@@ -491,10 +529,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def budget_bytes(text: str) -> int | None:
+    try:
+        return parse_bytes(text)
+    except SubagentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def kv_bits_list(text: str) -> list[int]:
+    """`16,8,4`: settings there are, 16 first (the reference the others are compared with)."""
+    try:
+        settings = [check_kv_bits(int(part)) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give settings among 16, 8 and 4, e.g. 16,8,4") from None
+    if settings[0] != 16 or len(set(settings)) != len(settings):
+        raise argparse.ArgumentTypeError(f"{text!r}: start with 16 (the reference) and name each setting once")
+    return settings
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     workload = build_workload(args.sessions, args.turns, args.result_lines)
     share_prefix = not args.no_share_prefix
+    if args.kv_bits is not None:
+        return compare_kv_bits(args, workload)
 
     def measure(model: Path, label: str) -> Report:
         runs = asyncio.run(run_all(model, workload, force=not args.free, share_prefix=share_prefix))
@@ -504,6 +562,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return summarize(runs, arch=model_arch(model), model=label, workload=workload, share_prefix=share_prefix)
 
     return run_report(args, measure, print_table, context_window=TINY_CONTEXT_WINDOW)
+
+
+def compare_kv_bits(args: argparse.Namespace, workload: Workload) -> int:
+    """`--kv-bits`: each setting under one budget, then decoding; see `kv_bits_pressure.py`."""
+    import kv_bits_pressure as bench
+
+    def measure(model: Path, label: str) -> Report:
+        options = {
+            "fraction": args.budget_fraction,
+            "force": not args.free,
+            "drop": args.evict == "drop",
+            "decode_tokens": args.decode_tokens,
+            "decode_repeats": args.decode_repeats,
+        }
+        free, runs, decodes = asyncio.run(bench.measure(model, workload, args.kv_bits, args.kv_budget, options))
+        report = bench.summarize(
+            free,
+            runs,
+            decodes,
+            args.kv_bits,
+            arch=model_arch(model),
+            model=label,
+            workload=workload,
+            drop=options["drop"],
+            decode_tokens=args.decode_tokens,
+        )
+        if args.plot is not None:
+            bench.plot(report, args.plot)
+            print(f"plot: {args.plot}")
+        return report
+
+    return run_report(args, measure, bench.print_table, context_window=TINY_CONTEXT_WINDOW, head_dim=64)
 
 
 if __name__ == "__main__":

@@ -60,15 +60,22 @@ def open_model(
     hidden_size: int | None = None,
     num_layers: int | None = None,
     template: str = "tools",
+    head_dim: int = 16,
 ) -> Iterator[tuple[Path, str]]:
     """(model folder, label): `--model` resolved like the CLI does, or a tiny random model in a
-    temporary folder that lives as long as the block (shaped by `hidden_size` / `num_layers`,
-    with the test kit's chat `template`)."""
+    temporary folder that lives as long as the block (shaped by `hidden_size` / `num_layers` and
+    `head_dim`, with the test kit's chat `template`)."""
     if args.model is not None:
         yield resolve_model_path(args.model), str(args.model)
         return
     with tempfile.TemporaryDirectory(prefix="benchmark-") as tmp:
-        path = make_tiny_model(Path(tmp) / "model", args.arch, context_window=context_window, template=template)  # type: ignore[arg-type]
+        path = make_tiny_model(
+            Path(tmp) / "model",
+            args.arch,
+            context_window=context_window,
+            template=template,  # type: ignore[arg-type]
+            head_dim=head_dim,
+        )
         if hidden_size is not None or num_layers is not None:
             try:
                 resize_tiny_model(path, hidden_size=hidden_size, num_layers=num_layers)
@@ -78,6 +85,7 @@ def open_model(
             f"tiny-{args.arch}"
             + (f"-h{hidden_size}" if hidden_size else "")
             + (f"-l{num_layers}" if num_layers else "")
+            + (f"-d{head_dim}" if head_dim != 16 else "")
             + (f"-{template}" if template != "tools" else "")
         )
         yield path, label

@@ -152,6 +152,7 @@ class UsageCounts(TypedDict):
     constrained_calls: int
     constrained_answers: int
     prefill_wait_s: float
+    kv_bits: int | None
 
 
 class UsageData(UsageCounts):

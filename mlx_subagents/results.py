@@ -42,6 +42,9 @@ class RunUsage(BaseModel):
     constrained_calls: int = 0  # tool calls a grammar held to a known tool and valid arguments
     constrained_answers: int = 0  # final answers a grammar held to the output schema
     prefill_wait_s: float = 0.0  # seconds its replies waited while other sessions' prompts were prefilled
+    # Bits per KV value the model's cache held (`--kv-bits`: 16 is not quantized); None: no local cache
+    # (an engine, a scripted model).
+    kv_bits: Optional[int] = None
 
     def add(self, other: RunUsage) -> RunUsage:
         fields = (
@@ -57,6 +60,8 @@ class RunUsage(BaseModel):
         data["prefill_wait_s"] = round(self.prefill_wait_s + other.prefill_wait_s, 3)
         data["context_tokens"] = max(self.context_tokens, other.context_tokens)
         data["kv_bytes"] = self.kv_bytes + other.kv_bytes
+        # One setting per host; tasks on different models may differ: the widest counts.
+        data["kv_bits"] = max((b for b in (self.kv_bits, other.kv_bits) if b is not None), default=None)
         return RunUsage(**data)
 
 

@@ -46,6 +46,24 @@ def tiny_qwen35_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def quantizable(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`quantizable(arch) -> Path`: a tiny model of `arch` with attention heads 64 wide, so that its KV cache
+    quantizes in mlx-lm's groups of 64 (the default tiny models' heads, 16 wide, do not); built once."""
+    built: dict[str, Path] = {}
+    # Seeds whose greedy replies to tests/host/test_batching.py's tasks differ between the tasks, so that a
+    # session given another's cache shows.
+    seeds = {"qwen3": 4, "gemma3_text": 2, "qwen3_5": 1}
+
+    def path(arch: str) -> Path:
+        if arch not in built:
+            folder = tmp_path_factory.mktemp(f"tiny-{arch}-h64")
+            built[arch] = make_tiny_model(folder, arch, head_dim=64, seed=seeds[arch])  # type: ignore[arg-type]
+        return built[arch]
+
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3(tiny_qwen3_path: Path) -> tuple[Any, Any]:
     """`(model, tokenizer)` from the real `mlx_lm.load`, on the main thread."""
     import mlx_lm

@@ -685,6 +685,7 @@ class AgentSession:
         self._add(u)
         self.usage.context_tokens = u.prompt_tokens + u.generated_tokens
         self.usage.kv_bytes = self._host_session.kv_bytes
+        self.usage.kv_bits = getattr(self._host_session, "kv_bits", None)  # a host with a local KV cache has it
         counts = cast(UsageCounts, self.usage.model_dump())
         self._emit("usage", UsageData(**counts, tps=round(u.generation_tps, 1)))
 

@@ -36,6 +36,7 @@ from .flags import (
     EventsOpt,
     JsonListOpt,
     JsonOpt,
+    KvBitsOpt,
     KvBudgetOpt,
     ModelOpt,
     PrefillSliceOpt,
@@ -672,6 +673,7 @@ def doctor(
     context_window: WindowOpt = None,
     kv_budget: KvBudgetOpt = None,
     prefill_slice: PrefillSliceOpt = None,
+    kv_bits: KvBitsOpt = None,
     cwd: CwdOpt = Path("."),
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Also start the MCP servers of the project's files.")
@@ -683,6 +685,7 @@ def doctor(
     Example: subagent doctor --model mlx-community/Qwen3-4B-Instruct-2507-4bit
     """
     from ..agents.discovery import discover_agents
+    from ..host import DEFAULT_KV_BITS
     from .config import load_config
 
     config = load_config()
@@ -693,7 +696,8 @@ def doctor(
     servers_ok = asyncio.run(check_servers(entries, root, out.print, yes))
     kv_budget = kv_budget or config.values.get("kv_budget")
     prefill_slice = prefill_slice or config.values.get("prefill_slice")
-    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget, prefill_slice))
+    bits = int(kv_bits or config.values.get("kv_bits") or DEFAULT_KV_BITS)
+    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget, prefill_slice, bits))
     raise typer.Exit(0 if ok and servers_ok else 1)
 
 

@@ -3,6 +3,7 @@ environment variables.
 
     model = "mlx-community/Qwen2.5-Coder-1.5B-Instruct-4bit"   # the default model, below $MLX_SUBAGENTS_MODEL
     kv_budget = "4GB"
+    kv_bits = 8               # or "8", like --kv-bits 8
     sandbox = "on"            # or true / false, like --sandbox on|off
     grammar = "on"
     engine = "http://gpu-box:8000/v1"
@@ -76,10 +77,18 @@ def _prefill_slice(value: Any) -> str:
     raise ValueError(f'{value!r} is not auto, off or a number of tokens; write "auto", "off" or e.g. 64')
 
 
+def _kv_bits(value: Any) -> str:
+    """A `--kv-bits` setting, as a number or as text (`8`, `"8"`)."""
+    if isinstance(value, bool) or str(value) not in ("16", "8", "4"):
+        raise ValueError(f"{value!r} is not a setting; write 16, 8 or 4")
+    return str(value)
+
+
 # Each key: the reader of its flag's value (the value comes out as the flag's text). A new key is a line.
 KEYS: dict[str, Callable[[Any], str]] = {
     "model": _text,
     "kv_budget": _size(parse_bytes),
+    "kv_bits": _kv_bits,
     "sandbox": _on_off,
     "grammar": _on_off,
     "engine": _text,

@@ -9,8 +9,9 @@ from importlib.metadata import version
 from typing import Any
 
 from ..errors import SubagentError
-from ..host import GenerateArgs, MlxModelHost
+from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost
 from ..host.grammar import Grammars
+from ..host.kv_pool import KVShape, admission_bytes
 from ..host.mlx_host import total_memory
 from ..host.prefill import describe
 from ..host.prefix_store import list_prefixes, prefix_cache_dir
@@ -97,15 +98,41 @@ def resident_lines() -> list[str]:
     return lines
 
 
+def kv_bits_lines(
+    shapes: dict[int, KVShape | str], budget: int | None, window: int, trimmable: bool, running: int
+) -> list[str]:
+    """Per `--kv-bits` setting: bytes per token and how many sessions of the whole window the budget
+    holds (as admission control counts one), or why the model cannot take it."""
+    lines = []
+    for bits, shape in shapes.items():
+        head = f"kv bits   {bits:>2}: "
+        if isinstance(shape, str):
+            lines.append(f"{head}unavailable: {shape}")
+            continue
+        one = admission_bytes(shape, [(window, window)], batched=False, trimmable=trimmable)
+        fit = "unbounded budget" if budget is None else f"{budget // one} sessions of {window} tokens fit the budget"
+        lines.append(f"{head}{shape.per_token} bytes/token, {fit}" + (" (this host)" if bits == running else ""))
+    return lines
+
+
 async def run_doctor(
-    model: str, context_window: int | None, say: Print, kv_budget: str | None = None, prefill_slice: str | None = None
+    model: str,
+    context_window: int | None,
+    say: Print,
+    kv_budget: str | None = None,
+    prefill_slice: str | None = None,
+    kv_bits: int = DEFAULT_KV_BITS,
 ) -> bool:
     """Print the checks; True when the model loaded and answered."""
     for line in environment_lines() + resident_lines():
         say(line)
     say(f"model     {model}")
     host = MlxModelHost(
-        model, context_window=context_window, kv_budget=kv_budget, prefill_slice=prefill_slice or "auto"
+        model,
+        context_window=context_window,
+        kv_budget=kv_budget,
+        prefill_slice=prefill_slice or "auto",
+        kv_bits=kv_bits,
     )
     tic = time.perf_counter()
     try:
@@ -118,6 +145,7 @@ async def run_doctor(
             say(grammar_line(host.tokenizer, chat.grammar_kind, chat.calls.start, chat.calls.end))
             reply = await host.session("doctor").generate(PROBE, GenerateArgs(max_tokens=32))
             stats = await host.memory_stats()
+            shapes = await host.kv_shapes()
     except SubagentError as exc:
         say(f"FAILED    {exc}")
         return False
@@ -129,9 +157,11 @@ async def run_doctor(
     budget = "unbounded" if stats.kv_budget is None else _gib(stats.kv_budget)
     shape = host.kv_shape
     say(
-        f"kv cache  {shape.per_token} bytes/token (+{shape.fixed} fixed) per session; budget {budget} "
-        f"for {host.max_sessions} sessions; held now {stats.kv_bytes_total / 2**20:.2f} MiB"
+        f"kv cache  {shape.per_token} bytes/token (+{shape.fixed} fixed) per session at {host.kv_bits} bits; budget "
+        f"{budget} for {host.max_sessions} sessions; held now {stats.kv_bytes_total / 2**20:.2f} MiB"
     )
+    for line in kv_bits_lines(shapes, stats.kv_budget, host.context_window, host.kv_trimmable, host.kv_bits):
+        say(line)
     say(f"memory    mlx active {_gib(stats.active_memory)}, peak {_gib(stats.peak_memory)}")
     say(f"prefill   {describe(host.prefill_slice, host.prefill_step)}")
     say(prefix_cache_line(host.prefix_store.max_bytes if host.prefix_store else 0))

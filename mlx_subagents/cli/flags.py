@@ -21,7 +21,7 @@ import typer
 
 from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY, MAX_WARNINGS
 from ..events import EventSink, Fanout
-from ..host import parse_bytes, parse_prefill_slice
+from ..host import DEFAULT_KV_BITS, parse_bytes, parse_prefill_slice
 from ..host.prefix_store import parse_prefix_cache
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
 from ..runs.published import Publisher
@@ -98,6 +98,23 @@ KvBudgetOpt = Annotated[
     typer.Option(
         "--kv-budget",
         help="KV cache budget for all sessions: 4GB, 512MiB, 0.25 (of RAM) or 0 (unbounded). Default: half of RAM minus the weights.",
+    ),
+]
+
+
+class KvBits(str, Enum):
+    b16 = "16"
+    b8 = "8"
+    b4 = "4"
+
+
+KvBitsOpt = Annotated[
+    Optional[KvBits],
+    typer.Option(
+        "--kv-bits",
+        help="Bits per KV cache value for every session: 16 (not quantized), 8 or 4 (quantized per group: about "
+        "1.9x or 3.6x less than 16-bit, so the same --kv-budget holds more sessions). A model that cannot take it "
+        "runs at 16, with a warning. Default: 16.",
     ),
 ]
 PrefixCacheOpt = Annotated[
@@ -226,6 +243,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "context_window": (WindowOpt, None),
     "batching": (BatchingOpt, Batching.on),
     "kv_budget": (KvBudgetOpt, None),
+    "kv_bits": (KvBitsOpt, None),
     "prefix_cache": (PrefixCacheOpt, None),
     "prefill_slice": (PrefillSliceOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
@@ -256,6 +274,7 @@ class Shared:
     context_window: int | None
     batching: Batching
     kv_budget: str | None
+    kv_bits: KvBits | str | None  # the flag's choice, config.toml's text ("8"), or None: the default
     prefix_cache: str | None
     prefill_slice: str | None
     max_depth: int
@@ -283,6 +302,7 @@ class Shared:
             max_depth=self.max_depth,
             batching=self.batching == Batching.on,
             kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
+            kv_bits=DEFAULT_KV_BITS if self.kv_bits is None else int(self.kv_bits),
             prefix_cache=parse_prefix_cache(self.prefix_cache),
             prefill_slice=parse_prefill_slice(self.prefill_slice),
             context_window=self.context_window,
@@ -299,12 +319,13 @@ class Shared:
 
     def own_hosts(self) -> str | None:
         """The flag that makes this command's hosts its own (a server's are made once, with the server's
-        settings), or None: `--engine`, `--kv-budget`, `--context-window`, `--prefix-cache`, `--prefill-slice`,
-        `--batching off`.
+        settings), or None: `--engine`, `--kv-budget`, `--kv-bits`, `--context-window`, `--prefix-cache`,
+        `--prefill-slice`, `--batching off`.
         A size config.toml sets is not one: `subagent serve` read it from the same file."""
         given = {
             "--engine": self.engine is not None,
             "--kv-budget": self.kv_budget is not None and "kv_budget" not in self.configured,
+            "--kv-bits": self.kv_bits is not None and "kv_bits" not in self.configured,
             "--context-window": self.context_window is not None,
             "--prefix-cache": self.prefix_cache is not None and "prefix_cache" not in self.configured,
             "--prefill-slice": self.prefill_slice is not None and "prefill_slice" not in self.configured,

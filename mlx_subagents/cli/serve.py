@@ -13,12 +13,22 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import SubagentError
-from ..host import parse_bytes, parse_prefill_slice
+from ..host import DEFAULT_KV_BITS, parse_bytes, parse_prefill_slice
 from ..host.prefix_store import parse_prefix_cache
 from ..mcp_server.client import make_hello, quick
 from ..mcp_server.state import ServerInfo, lock_held, running_server, serve_paths
 from ..runs.options import RunOptions
-from .flags import Batching, BatchingOpt, JsonOpt, KvBudgetOpt, ModelOpt, PrefillSliceOpt, PrefixCacheOpt, WindowOpt
+from .flags import (
+    Batching,
+    BatchingOpt,
+    JsonOpt,
+    KvBitsOpt,
+    KvBudgetOpt,
+    ModelOpt,
+    PrefillSliceOpt,
+    PrefixCacheOpt,
+    WindowOpt,
+)
 from .output import err, out
 
 # How long `--stop` waits for the server to save what ran and exit, and `--detach` for it to listen.
@@ -43,6 +53,7 @@ def serve(
     ] = 8421,
     no_http: Annotated[bool, typer.Option("--no-http", help="Serve only on the unix socket (no HTTP).")] = False,
     kv_budget: KvBudgetOpt = None,
+    kv_bits: KvBitsOpt = None,
     context_window: WindowOpt = None,
     batching: BatchingOpt = Batching.on,
     prefix_cache: PrefixCacheOpt = None,
@@ -73,12 +84,14 @@ def serve(
     kv_budget = kv_budget if kv_budget is not None else configured.get("kv_budget")
     prefix_cache = prefix_cache if prefix_cache is not None else configured.get("prefix_cache")
     prefill_slice = prefill_slice if prefill_slice is not None else configured.get("prefill_slice")
+    bits = kv_bits if kv_bits is not None else configured.get("kv_bits")
     options = RunOptions(
         model=model,
         batching=batching == Batching.on,
         kv_budget=parse_bytes(kv_budget) if kv_budget is not None else None,
         prefix_cache=parse_prefix_cache(prefix_cache),
         prefill_slice=parse_prefill_slice(prefill_slice),
+        kv_bits=DEFAULT_KV_BITS if bits is None else int(bits),
         context_window=context_window,
     )
     if detach:

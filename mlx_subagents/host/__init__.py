@@ -7,6 +7,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .kv_bits import DEFAULT_KV_BITS, KV_BITS
 from .mlx_host import MlxModelHost, MlxSession, SharedKVBudget, parse_bytes
 from .prefill import DEFAULT_PREFILL_SLICE, PrefillSlice, parse_prefill_slice
 from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, ProcessorFactory, Reply, ToolCall, Usage
@@ -14,7 +15,9 @@ from .scripted import SCRIPTED_PREFIX
 
 __all__ = [
     "DEFAULT_PREFILL_SLICE",
+    "DEFAULT_KV_BITS",
     "HOST_CLASSES",
+    "KV_BITS",
     "GenerateArgs",
     "HostSession",
     "HostSettings",
@@ -58,6 +61,7 @@ class HostSettings:
         prefill_slice: how a prompt is prefilled while others decode: `auto`, tokens per slice, or
             `off` (mlx; see `host/prefill.py`).
         processor_factory: logits processors for every request (mlx; the test kit's forced scripts).
+        kv_bits: 16 (not quantized), 8 or 4 bits per KV value, for every session of the host (mlx).
     """
 
     engine: str | None = None
@@ -69,6 +73,7 @@ class HostSettings:
     prefix_cache: int | None = None
     prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE
     processor_factory: ProcessorFactory | None = None
+    kv_bits: int = DEFAULT_KV_BITS
 
 
 class HostClass(Protocol):

@@ -10,6 +10,7 @@ than the disk round trip. New work that would overflow the budget waits
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ class PoolCounters:
     reprefilled_tokens: int = 0
     admission_waits: int = 0
     peak_bytes: int = 0
+    peak_sessions: int = 0  # the most sessions whose caches were in memory at once (idle or in a turn)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -81,15 +83,21 @@ def kv_shape_of(cache: list[Any]) -> KVShape | None:
 
     A `KVCache` (or the bounded `RotatingKVCache`, counted as if unbounded) holds keys and values of
     shape (batch, heads, allocated tokens, head dim): its bytes per token are its bytes over the
-    allocated length. An `ArraysCache` (recurrent state of hybrid layers) has a fixed size. Any other
-    cache type gives None: measure it instead.
+    allocated length. Their quantized forms hold three such arrays per tensor (packed values, scales,
+    biases), counted alike. An `ArraysCache` (recurrent state of hybrid layers) has a fixed size. Any
+    other cache type gives None: measure it instead.
     """
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    from .quantized_cache import QuantizedKVCache
+    from .quantized_rotating import QuantizedRotatingKVCache
 
     fixed = per_token = 0
     for layer in cache:
         if type(layer) in (KVCache, RotatingKVCache) and layer.keys is not None:
             per_token += layer.nbytes // layer.keys.shape[2]
+        elif type(layer) in (QuantizedKVCache, QuantizedRotatingKVCache) and layer.keys is not None:
+            per_token += layer.nbytes // layer.keys[0].shape[2]
         elif type(layer) is ArraysCache:
             fixed += layer.nbytes
         else:
@@ -150,6 +158,7 @@ class KVPool:
         self.budget = budget
         self.drop_below_tokens = drop_below_tokens
         self._spill_dir = spill_dir
+        self._own_dir = False  # True once it made its own temporary folder (`close` removes it)
         self._idle: OrderedDict[str, CacheState] = OrderedDict()
         self.counters = PoolCounters()
 
@@ -177,8 +186,23 @@ class KVPool:
         if state is not None and state.spill_path is not None:
             state.spill_path.unlink(missing_ok=True)
 
-    def observe(self, total_bytes: int) -> None:
+    def close(self) -> None:
+        """Delete the spill files of the sessions still idle, and the temporary folder it made: a host that
+        stops leaves nothing behind in /tmp (a given `spill_dir` stays; only its files go)."""
+        for name in list(self._idle):
+            self.forget(name)
+        if self._own_dir and self._spill_dir is not None:
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+            self._spill_dir, self._own_dir = None, False
+
+    def resident(self, active_sessions: int = 0) -> int:
+        """Sessions whose caches are in memory: the idle ones not evicted, and `active_sessions` in a turn."""
+        return active_sessions + sum(1 for s in self._idle.values() if s.prompt_cache is not None)
+
+    def observe(self, total_bytes: int, resident_sessions: int = 0) -> None:
+        """Keep the peaks of the bytes and of the sessions held in memory at once."""
         self.counters.peak_bytes = max(self.counters.peak_bytes, total_bytes)
+        self.counters.peak_sessions = max(self.counters.peak_sessions, resident_sessions)
 
     def fits(self, needed: int, other_bytes: int = 0) -> bool:
         return self.budget is None or self.idle_bytes() + other_bytes + needed <= self.budget
@@ -213,8 +237,8 @@ class KVPool:
         state.kv_bytes = 0
 
     def restore(self, state: CacheState) -> None:
-        """Bring a spilled cache back before its session's next turn."""
-        from mlx_lm.models.cache import load_prompt_cache
+        """Bring a spilled cache back before its session's next turn (quantized as it was spilled)."""
+        from .kv_bits import load_prompt_cache
 
         if state.spill_path is None:
             return
@@ -226,5 +250,6 @@ class KVPool:
     def _spill_root(self) -> str:
         if self._spill_dir is None:
             self._spill_dir = Path(tempfile.mkdtemp(prefix="mlx-subagents-kv-"))
+            self._own_dir = True
         self._spill_dir.mkdir(parents=True, exist_ok=True)
         return str(self._spill_dir)

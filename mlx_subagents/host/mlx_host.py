@@ -23,7 +23,17 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from ..errors import ChatTemplateError, SubagentError
 from .chat_format import ChatFormat
-from .kv_pool import KV_STEP, CacheState, KVPool, KVShape, cache_nbytes, kv_shape_of, tokens_that_fit
+from .kv_bits import DEFAULT_KV_BITS, KV_BITS, KVSetting, check_kv_bits, kv_setting, warn_fallback
+from .kv_pool import (
+    DEFAULT_DROP_BELOW_TOKENS,
+    KV_STEP,
+    CacheState,
+    KVPool,
+    KVShape,
+    cache_nbytes,
+    kv_shape_of,
+    tokens_that_fit,
+)
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .mlx_thread import Deliver, MlxThread
 from .prefill import DEFAULT_PREFILL_SLICE, PrefillSlice, parse_prefill_slice
@@ -69,6 +79,7 @@ class MemoryStats:
     peak_memory: int
     pool: dict[str, int] = field(default_factory=dict)
     shared_prefix_hits: int = 0
+    sessions_resident: int = 0  # sessions whose caches are in memory now (idle or in a turn)
 
 
 def total_memory() -> int:
@@ -175,6 +186,11 @@ class MlxSession:
     @property
     def kv_bytes(self) -> int:
         return self._state.kv_bytes
+
+    @property
+    def kv_bits(self) -> int:
+        """The host's KV cache setting, which every session of it has (16: not quantized)."""
+        return self._host.kv_bits
 
     @property
     def held_tokens(self) -> int:
@@ -287,6 +303,10 @@ class MlxModelHost:
         prefill_slice: how a prompt is prefilled while other sessions decode (`prefill.py`): `auto`
             (slices sized from what decode steps and prompt tokens cost), a number of tokens per
             slice, or `off` (it joins the batch at once and is prefilled there a chunk per decode step).
+        kv_bits: 16 (not quantized), 8 or 4: every session's KV cache quantized per group to that
+            many bits; a model whose attention cannot take it runs at 16, with one warning.
+        drop_below_tokens: an evicted cache holding fewer tokens is dropped (re-prefilled on its next
+            turn) rather than spilled to disk.
     """
 
     def __init__(
@@ -305,8 +325,15 @@ class MlxModelHost:
         prefix_cache: int | None = None,
         prefix_cache_dir: Path | None = None,
         prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE,
+        kv_bits: int = DEFAULT_KV_BITS,
+        drop_below_tokens: int = DEFAULT_DROP_BELOW_TOKENS,
     ) -> None:
         self.model_id = strip_provider(model)
+        try:
+            self.kv_bits_requested = check_kv_bits(kv_bits)
+        except ValueError as exc:
+            raise SubagentError(f"{exc}; 16 keeps the KV cache unquantized") from None
+        self.kv_setting = KVSetting()  # what the host runs at, decided at load
         self._window_override = context_window
         self._processor_factory = processor_factory
         self._config = SchedulerConfig(reuse, batching, prefill_step_size, share_prefix)
@@ -315,6 +342,7 @@ class MlxModelHost:
         self._budget_request = None if self._shared else parse_bytes(kv_budget)  # type: ignore[arg-type]
         self.max_sessions = max_sessions
         self._spill_dir = spill_dir
+        self._drop_below = drop_below_tokens
         self._store_bytes = prefix_cache
         self._store_dir = prefix_cache_dir
         self.prefix_store: PrefixStore | None = None
@@ -343,6 +371,7 @@ class MlxModelHost:
             kv_budget=settings.kv_budget,
             prefix_cache=settings.prefix_cache,
             prefill_slice=settings.prefill_slice,
+            kv_bits=settings.kv_bits,
         )
 
     @property
@@ -363,6 +392,12 @@ class MlxModelHost:
     def batching(self) -> bool:
         return self._config.batching
 
+    @property
+    def kv_bits(self) -> int:
+        """The bits per KV value every session's cache holds: as asked (`kv_bits`), or 16 when the model
+        cannot take a quantized cache."""
+        return self.kv_setting.bits
+
     # -- lifecycle -----------------------------------------------------------
 
     async def start(self) -> None:
@@ -380,7 +415,7 @@ class MlxModelHost:
             self._unregister()
             await self._unload()
             raise
-        self._pool = KVPool(budget, spill_dir=self._spill_dir)
+        self._pool = KVPool(budget, spill_dir=self._spill_dir, drop_below_tokens=self._drop_below)
         self._scheduler = Scheduler(  # no mlx work in it: built here, run on the mlx thread
             self._model,
             self.tokenizer,
@@ -391,6 +426,7 @@ class MlxModelHost:
             self._processor_factory,
             self._mlx.has_jobs,
             await self._open_store(),
+            self._make_cache,
         )
         if (kind := self.chat.grammar_kind) is not None:
             self._scheduler.call_format = (kind, self.chat.calls.start, self.chat.calls.end)
@@ -402,6 +438,7 @@ class MlxModelHost:
         self._unregister()
         self._sessions.clear()
         await asyncio.to_thread(self._mlx.stop)
+        self._pool.close()  # after the mlx thread, which spills: no spill file outlives the host
         if self.prefix_store is not None:  # after the mlx thread: it queues the last writes
             await asyncio.to_thread(self.prefix_store.close)
 
@@ -447,7 +484,8 @@ class MlxModelHost:
         return self._measure()
 
     def _measure(self) -> tuple[KVShape, bool]:
-        """KV bytes per token (and fixed recurrent state), and whether caches can be trimmed.
+        """The KV setting (`kv_setting`: a quantized one is tried on three tokens), KV bytes per token
+        (and fixed recurrent state) under it, and whether caches can be trimmed.
 
         One token through a fresh cache gives every layer its buffers, which is enough to read the
         shape off mlx-lm's standard cache types. The graph is never evaluated: mlx is lazy, and the
@@ -455,19 +493,44 @@ class MlxModelHost:
         costs a third of a second on a small CPU). Other cache types are measured at two lengths.
         """
         import mlx.core as mx
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+        from mlx_lm.models.cache import can_trim_prompt_cache
 
-        cache = make_prompt_cache(self._model)
+        self.kv_setting, problem = kv_setting(self._model, self.kv_bits_requested)
+        if problem is not None:
+            warn_fallback(self.model_id, self.kv_bits_requested, problem)
+        cache = self._make_cache()
         self._cache_kind = cache_kind(cache)
         self._model(mx.array([[0]]), cache=cache)  # lazy: shapes only, nothing computed
         return kv_shape_of(cache) or self._probe_shape(), can_trim_prompt_cache(cache)
 
+    def _make_cache(self) -> list[Any]:
+        """A fresh prompt cache under the host's KV setting (mlx thread)."""
+        return self.kv_setting.make_cache(self._model)
+
+    async def kv_shapes(self) -> dict[int, KVShape | str]:
+        """The KV bytes a session costs at each `--kv-bits` setting, or why this model cannot take it
+        (read off fresh caches, nothing computed: what `doctor` prints)."""
+        import mlx.core as mx
+
+        def read() -> dict[int, KVShape | str]:
+            shapes: dict[int, KVShape | str] = {}
+            for bits in KV_BITS:
+                setting, problem = kv_setting(self._model, bits, evaluate=False)
+                if problem is not None:
+                    shapes[bits] = problem
+                    continue
+                cache = setting.make_cache(self._model)
+                self._model(mx.array([[0]]), cache=cache)
+                shapes[bits] = kv_shape_of(cache) or "its cache's size cannot be read off its layers"
+            return shapes
+
+        return await self._mlx.run(read)
+
     def _probe_shape(self) -> KVShape:
         """Bytes held after 256 and 512 tokens (whole KV steps, so the buffers hold exactly that)."""
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
 
-        cache = make_prompt_cache(self._model)
+        cache = self._make_cache()
         sizes = []
         for _ in range(2):
             self._model(mx.array([[0] * KV_STEP]), cache=cache)
@@ -611,6 +674,7 @@ class MlxModelHost:
                 peak_memory=mx.get_peak_memory(),
                 pool=self._pool.counters.to_dict(),
                 shared_prefix_hits=self._scheduler.prefixes.hits,
+                sessions_resident=self._scheduler.resident_sessions(),
             )
 
         return await self._mlx.run(read)

@@ -2,9 +2,10 @@
 
 A shared prefix (an agent's system prompt and tools) that a process prefilled is written to
 `$MLX_SUBAGENTS_HOME/cache/prefixes/` as a safetensors file in mlx-lm's prompt-cache format, sliced to
-the tokens it holds. A later process whose prompt begins with the same token ids loads it and
-prefills only the rest. The file name is a hash of everything the cache's values depend on (the
-model's files, mlx and mlx-lm, the device, the prefill step, the cache kind and the exact ids), and
+the tokens it holds (quantized caches as they are: `--kv-bits` is part of the cache kind). A later
+process whose prompt begins with the same token ids loads it and prefills only the rest. The file
+name is a hash of everything the cache's values depend on (the model's files, mlx and mlx-lm, the
+device, the prefill step, the cache kind with its bits and group size, and the exact ids), and
 the file records that key and a checksum of its arrays, so a stale, foreign or damaged file is never
 used: it is deleted with one warning and the prefix is prefilled again.
 
@@ -66,7 +67,8 @@ WRITER_DRAIN_S = 30.0
 # Files read in full (and hashed) for the model's identity; weights are named by name, size and mtime.
 _SMALL_FILE_BYTES = 64 * 2**20
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".npz")
-_SUPPORTED = ("KVCache", "RotatingKVCache", "ArraysCache")
+_SUPPORTED = ("KVCache", "RotatingKVCache", "ArraysCache", "QuantizedKVCache", "QuantizedRotatingKVCache")
+_DENSE = ("KVCache", "QuantizedKVCache")
 _BYTE_SIZE = TypeAdapter(ByteSize)
 _BINARY = {"k": "KiB", "m": "MiB", "g": "GiB", "t": "TiB"}
 
@@ -122,13 +124,16 @@ def model_identity(model_path: Path) -> str:
 
 
 def cache_kind(cache: list[Any]) -> str | None:
-    """The layer types of a fresh cache (and a sliding window's size); None if one cannot be stored."""
+    """The layer types of a fresh cache (a sliding window's size, a quantized layer's bits and group
+    size); None if one cannot be stored."""
     kinds = []
     for layer in cache:
         name = type(layer).__name__
         if name not in _SUPPORTED:
             return None
-        kinds.append(f"{name}:{layer.max_size}:{layer.keep}" if name == "RotatingKVCache" else name)
+        window = f":{layer.max_size}:{layer.keep}" if "Rotating" in name else ""
+        bits = f":{layer.bits}b{layer.group_size}" if name.startswith("Quantized") else ""
+        kinds.append(name + window + bits)
     return ",".join(kinds)
 
 
@@ -152,15 +157,23 @@ def _sliced(cache: list[Any]) -> list[Any]:
     def contiguous(values: list[Any]) -> list[Any]:
         return [mx.contiguous(v) if isinstance(v, mx.array) else v for v in values]
 
+    def upto(tensor: Any, n: int) -> Any:  # quantized: (packed, scales, biases), each cut alike
+        return tensor[..., :n, :] if isinstance(tensor, mx.array) else tuple(p[..., :n, :] for p in tensor)
+
+    def length(tensor: Any) -> int:
+        return int((tensor if isinstance(tensor, mx.array) else tensor[0]).shape[2])
+
     out = []
     for layer in cache:
         state = list(layer.state)
         name = type(layer).__name__
         # A KVCache's buffer grows in steps past its offset; a sliding window's too until it first wraps.
-        unwrapped = name == "KVCache" or (name == "RotatingKVCache" and layer._idx == layer.offset)
-        if unwrapped and layer.keys is not None and layer.offset < layer.keys.shape[2]:
-            state[0], state[1] = layer.keys[..., : layer.offset, :], layer.values[..., : layer.offset, :]
+        unwrapped = name in _DENSE or ("Rotating" in name and layer._idx == layer.offset)
+        if unwrapped and layer.keys is not None and layer.offset < length(layer.keys):
+            state[0], state[1] = upto(layer.keys, layer.offset), upto(layer.values, layer.offset)
         state = contiguous(state)
+        if name.startswith("Quantized"):
+            state[0], state[1] = tuple(contiguous(state[0])), tuple(contiguous(state[1]))
         if name == "ArraysCache":  # its state is (the list of recurrent arrays, padding, lengths)
             state[0] = contiguous(state[0])
         out.append(type(layer).from_state(state))
@@ -359,7 +372,7 @@ class PrefixStore:
 
     def load(self, ids: list[int]) -> list[Any] | None:
         """The cache holding exactly `ids`, from its file; None when there is none or it is bad (then deleted)."""
-        from mlx_lm.models.cache import load_prompt_cache
+        from .kv_bits import load_prompt_cache
 
         if not self.wants(ids):
             return None
@@ -391,7 +404,7 @@ class PrefixStore:
         if [type(c).__name__ for c in cache] != self.layers:
             return "its layers disagree with the model's cache"
         if int(meta.get("n_tokens", -1)) != len(ids) or any(
-            getattr(c, "offset", len(ids)) != len(ids) for c in cache if type(c).__name__ == "KVCache"
+            getattr(c, "offset", len(ids)) != len(ids) for c in cache if type(c).__name__ in _DENSE
         ):
             return "its shapes disagree with the tokens it records"
         if meta.get("checksum") != _checksum(cache):

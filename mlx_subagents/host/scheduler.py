@@ -170,10 +170,13 @@ class Scheduler:
         processor_factory: ProcessorFactory | None = None,
         jobs_waiting: Callable[[], bool] | None = None,
         store: PrefixStore | None = None,
+        make_cache: Callable[[], list[Any]] | None = None,
     ) -> None:
         """`jobs_waiting`: whether the mlx thread has a job queued (a new turn, a reset), which ends the
-        single turn's burst; `store`: the disk tier under the shared prefixes (None: memory only)."""
+        single turn's burst; `store`: the disk tier under the shared prefixes (None: memory only);
+        `make_cache`: a fresh prompt cache under the host's `--kv-bits` (None: mlx-lm's own)."""
         self.model, self.tokenizer, self.config, self.pool, self.shape = model, tokenizer, config, pool, shape
+        self._make_cache = make_cache
         self._processor_factory = processor_factory
         self._jobs_waiting = jobs_waiting or (lambda: False)
         self.waiting: deque[Turn] = deque()
@@ -285,7 +288,7 @@ class Scheduler:
         self._unobserved_steps += 1
         if work != self._work or self._unobserved_steps >= OBSERVE_EVERY_STEPS:
             self._work, self._unobserved_steps = work, 0
-            self.pool.observe(self.resident_bytes())
+            self.pool.observe(self.resident_bytes(), self.resident_sessions())
 
     def resident_bytes(self) -> int:
         """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
@@ -294,6 +297,10 @@ class Scheduler:
         active += cache_nbytes(self.single.cache) if self.single is not None else 0
         snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
         return self.pool.idle_bytes() + self.prefixes.nbytes() + active + snapshots
+
+    def resident_sessions(self) -> int:
+        """Sessions whose KV caches are in memory right now: idle ones not evicted, turns in flight."""
+        return self.pool.resident(len(self._active()))
 
     def make_room(self) -> None:
         """Evict idle caches until what is held fits the pool's budget (it was lowered), as far as
@@ -419,6 +426,7 @@ class Scheduler:
         """The cache to continue from and how many prompt ids it already holds."""
         from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+        fresh = self._make_cache or (lambda: make_prompt_cache(self.model))
         held, cache = state.token_ids, state.prompt_cache
         if state.dropped:  # evicted without a spill: what it held is prefilled again
             self.pool.counters.reprefilled_tokens += min(common_prefix(held, ids), len(ids) - 1)
@@ -433,7 +441,7 @@ class Scheduler:
             if state.snapshot is not None and 0 < state.snapshot[0] <= n:
                 return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
         state.snapshot = None
-        return self.prefixes.start(ids) or (make_prompt_cache(self.model), 0)
+        return self.prefixes.start(ids) or (fresh(), 0)
 
     def _load_prefix(self, prefix: list[int]) -> None:
         """A new session's prefix that no session of this process prefilled: from the disk tier, when stored."""

@@ -112,13 +112,16 @@ def take_from_batch(batch: Any, uid: int) -> tuple[list[Any], list[int], Any] | 
 
     None, leaving it in the batch, while it still prefills there, or when a layer's batch cache is
     not one whose `extract` is tested to continue token-identically (dense, sliding-window and
-    hybrid layers are; a `CacheList` is not). Reads mlx-lm's generation batch (0.32-0.33): the
-    pipelined token is not part of its public API.
+    hybrid layers are, quantized or not; a `CacheList` is not). Reads mlx-lm's generation batch
+    (0.32-0.33): the pipelined token is not part of its public API.
     """
     from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
 
+    from .quantized_cache import BatchQuantizedKVCache
+    from .quantized_rotating import BatchQuantizedRotatingKVCache
+
     generation = batch._generation_batch
-    kinds = (BatchKVCache, BatchRotatingKVCache, ArraysCache)
+    kinds = (BatchKVCache, BatchRotatingKVCache, ArraysCache, BatchQuantizedKVCache, BatchQuantizedRotatingKVCache)
     if uid not in generation.uids or not all(type(c) in kinds for c in generation.prompt_cache):
         return None
     i = generation.uids.index(uid)

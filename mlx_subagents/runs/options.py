@@ -14,7 +14,15 @@ from ..agents.discovery import Scope
 from ..agents.spec import parse_thinking
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
 from ..errors import RequestError
-from ..host import DEFAULT_PREFILL_SLICE, HostSettings, PrefillSlice, SharedKVBudget, parse_prefill_slice
+from ..host import (
+    DEFAULT_KV_BITS,
+    DEFAULT_PREFILL_SLICE,
+    HostSettings,
+    PrefillSlice,
+    SharedKVBudget,
+    parse_prefill_slice,
+)
+from ..host.kv_bits import check_kv_bits
 from ..host.protocol import ProcessorFactory
 
 # Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
@@ -36,6 +44,8 @@ class RunOptions:
         max_depth: how many levels of sub-agents the `subagent` tool may start (0: none).
         batching: decode concurrent sessions in one batch.
         kv_budget: bytes of KV cache for all sessions (0: unbounded; None: the host's default).
+        kv_bits: bits per KV value for every session (`--kv-bits`): 16 (not quantized), 8 or 4 (quantized
+            per group: the same `kv_budget` holds more sessions; a model that cannot take it runs at 16).
         prefix_cache: bytes of disk for shared prefixes kept across processes, so a new process's first
             turn skips its agent's prompt (0: off; None: a small share of the free disk).
         context_window: override the model's context window (tokens).
@@ -73,6 +83,7 @@ class RunOptions:
     max_depth: int = DEFAULT_MAX_DEPTH
     batching: bool = True
     kv_budget: int | None = None
+    kv_bits: int = DEFAULT_KV_BITS
     prefix_cache: int | None = None
     context_window: int | None = None
     prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE
@@ -94,6 +105,10 @@ class RunOptions:
             object.__setattr__(self, "thinking", parse_thinking(self.thinking))
         except ValueError as exc:
             raise RequestError(f"thinking {exc}; use on, off or a number of tokens per reply") from None
+        try:
+            check_kv_bits(self.kv_bits)
+        except ValueError as exc:
+            raise RequestError(f"{exc}; 16 keeps the KV cache unquantized") from None
         if self.prefix_cache is not None and (isinstance(self.prefix_cache, bool) or self.prefix_cache < 0):
             raise RequestError(f"prefix_cache must be bytes >= 0 (0: off), got {self.prefix_cache!r}")
         object.__setattr__(self, "prefill_slice", parse_prefill_slice(self.prefill_slice))
@@ -124,4 +139,5 @@ class RunOptions:
             prefix_cache=self.prefix_cache,
             prefill_slice=self.prefill_slice,
             processor_factory=processor_factory,
+            kv_bits=self.kv_bits,
         )

@@ -5,7 +5,7 @@ thousand fp32 parameters, a byte-level BPE tokenizer trained on generated agent-
 Qwen tools chat template. The weights are noise; `forced.py` makes them say something useful.
 
     python -m mlx_subagents.testing.tiny_model OUT [--arch qwen3|qwen3_5|gemma3_text] [--seed N]
-        [--context-window N] [--template tools|coder|no_tools|strict|thinking|none]
+        [--context-window N] [--template tools|coder|no_tools|strict|thinking|none] [--head-dim N]
 """
 
 from __future__ import annotations
@@ -81,8 +81,13 @@ def make_tiny_model(
     seed: int = 0,
     context_window: int = 4096,
     template: Template = "tools",
+    head_dim: int = 16,
 ) -> Path:
-    """Write config, random weights and tokenizer files into `out_dir`; return it."""
+    """Write config, random weights and tokenizer files into `out_dir`; return it.
+
+    `head_dim`: the width of each attention head. The default 16 is narrower than mlx's `quantize`
+    takes (groups of 32 or 64), so a quantized KV cache falls back on it; 64 quantizes as real models do.
+    """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     if template not in TEMPLATES:
@@ -92,7 +97,7 @@ def make_tiny_model(
     tokenizer_json = _trained_tokenizer_json()
     added = {t["content"]: t["id"] for t in json.loads(tokenizer_json)["added_tokens"]}
     vocab_size = max(added.values()) + 1  # exact: a sampled id always decodes
-    config = model_config(arch, vocab_size, context_window, added[EOS_TOKEN], added[PAD_TOKEN])
+    config = model_config(arch, vocab_size, context_window, added[EOS_TOKEN], added[PAD_TOKEN], head_dim)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(template), indent=2))
@@ -100,11 +105,14 @@ def make_tiny_model(
     return out_dir
 
 
-def model_config(arch: Arch, vocab_size: int, context_window: int, eos_id: int, pad_id: int) -> dict[str, Any]:
+def model_config(
+    arch: Arch, vocab_size: int, context_window: int, eos_id: int, pad_id: int, head_dim: int = 16
+) -> dict[str, Any]:
     """The HF-style `config.json`; qwen3_5 nests its text model under `text_config` like Qwen3.5."""
     ids = {"bos_token_id": pad_id, "eos_token_id": eos_id, "pad_token_id": pad_id}
     text = {
         **_SHARED_TEXT_CONFIG,
+        "head_dim": head_dim,
         "vocab_size": vocab_size,
         "max_position_embeddings": context_window,
     }
@@ -375,9 +383,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--context-window", type=int, default=4096)
     parser.add_argument("--template", choices=TEMPLATES, default="tools")
+    parser.add_argument("--head-dim", type=int, default=16, help="attention head width (64: KV quantizes)")
     args = parser.parse_args(argv)
     path = make_tiny_model(
-        args.out, args.arch, seed=args.seed, context_window=args.context_window, template=args.template
+        args.out,
+        args.arch,
+        seed=args.seed,
+        context_window=args.context_window,
+        template=args.template,
+        head_dim=args.head_dim,
     )
     print(path)
 

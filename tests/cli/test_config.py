@@ -109,6 +109,16 @@ def test_sizes_config_toml_sets_keep_a_command_attached_to_the_server(config: An
         ("2GB", "1GB", "--kv-budget"),
         (None, None, "--engine"),
     ]
+    assert list(KEYS) == [
+        "model",
+        "kv_budget",
+        "kv_bits",
+        "sandbox",
+        "grammar",
+        "engine",
+        "prefix_cache",
+        "prefill_slice",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -116,7 +126,7 @@ def test_sizes_config_toml_sets_keep_a_command_attached_to_the_server(config: An
     [
         (
             'model = "x"\nkv_bugdet = "4GB"\n',
-            "2: unknown key 'kv_bugdet'; the keys are model, kv_budget, sandbox, grammar, engine, prefix_cache, prefill_slice",
+            "2: unknown key 'kv_bugdet'; the keys are model, kv_budget, kv_bits, sandbox, grammar, engine, prefix_cache, prefill_slice",
         ),
         ('grammar = "maybe"\n', """1: grammar: 'maybe' is neither on nor off; write "on" or "off" (or true / false)"""),
         (
