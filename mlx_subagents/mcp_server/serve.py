@@ -36,6 +36,7 @@ from ..host.protocol import ProcessorFactory
 from ..runs.execution import stop_reason
 from ..runs.hosts import HostPool
 from ..runs.options import RunOptions
+from ..runs.published import Publisher
 from ..runs.runner import Runner
 from ..runs.tasks import ModelRef
 from . import attached
@@ -92,6 +93,9 @@ class Service:
         self.stop_reason = STOPPED
         self._lingering: set[asyncio.Task[None]] = set()
         self.chats: dict[str, Any] = {}  # attached chats by the key their control connection gives
+        # `subagent watch` shows the MCP clients' tasks under the server (an attached command's
+        # tasks are published by the command itself, under its own pid).
+        self.publisher = Publisher("serve: the tasks of its MCP clients", cwd=config.cwd, pool=self.pool)
 
     # -- clients -----------------------------------------------------------------------------------
 
@@ -138,7 +142,8 @@ class Service:
     ) -> Client:
         """A client of the MCP tools: `AgentsServer`'s handlers over a runner of its own."""
         client = self.add_client(kind, options, pid=pid, name="subagent mcp" if kind == "relay" else "HTTP")
-        make = lambda root, sink: self.make_runner(client, root, sink)  # noqa: E731
+        published = lambda event: self.publisher.handle(replace(event, label=f"{client.id}/{event.label}"))  # noqa: E731
+        make = lambda root, sink: self.make_runner(client, root, Fanout([sink, published]))  # noqa: E731
         client.agents = AgentsServer(make, cwd, call_budget, here=here)
         return client
 
@@ -317,6 +322,7 @@ class Service:
             if http is not None:
                 await http.stop()
             await self.pool.close()
+            self.publisher.close()
             log.info("stopped")
         return 128 + stopped[0] if stopped else 0
 

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,10 @@ from ..host.mlx_host import MlxModelHost
 from .live import LiveTasks, TaskNow
 
 if TYPE_CHECKING:
+    from ..host.protocol import ModelHost
+    from .hosts import HostPool
     from .runner import Runner
+    from .tasks import ModelRef
 
 PUBLISH_EVERY_S = 0.25
 LIVE_DIR = "live"
@@ -102,11 +106,11 @@ def task_row(task: TaskNow, now: float) -> TaskRow:
     )
 
 
-def runner_pools(runner: Runner) -> list[PoolRow]:
-    """The KV pool of each resident model the runner has loaded (an engine's or a script's holds nothing here)."""
+def hosts_pools(hosts: Mapping[ModelRef, ModelHost]) -> list[PoolRow]:
+    """The KV pool of each resident model loaded (an engine's or a script's holds nothing here)."""
     return [
         PoolRow(model=ref.model, kv_bytes=host.kv_bytes_total, budget=host.kv_budget)
-        for ref, host in runner.preparer.hosts.items()
+        for ref, host in hosts.items()
         if isinstance(host, MlxModelHost)
     ]
 
@@ -131,13 +135,22 @@ class Publisher:
         command: what the process runs (`run scout ...`), for the view.
         cwd: the workspace shown without a runner (a command attached to `subagent serve`, whose
             tasks run there and come back as events).
+        pool: the hosts whose KV pools the snapshot shows without a runner (`subagent serve`'s, for
+            the tasks of its MCP clients, which run in many runners over it).
     """
 
     def __init__(
-        self, command: str, *, home: Path | None = None, tasks: LiveTasks | None = None, cwd: Path | None = None
+        self,
+        command: str,
+        *,
+        home: Path | None = None,
+        tasks: LiveTasks | None = None,
+        cwd: Path | None = None,
+        pool: HostPool | None = None,
     ) -> None:
         self.command = command
         self.cwd = cwd
+        self.pool = pool
         self.tasks = tasks or LiveTasks()
         self.runner: Runner | None = None
         self.path = live_dir(home) / f"{os.getpid()}.json"
@@ -168,7 +181,7 @@ class Publisher:
             started=self.started,
             updated=now,
             tasks=[task_row(task, now) for task in self.tasks.running_trees()],
-            pools=runner_pools(runner) if runner is not None else [],
+            pools=hosts_pools(runner.preparer.hosts if runner is not None else self.pool.hosts if self.pool else {}),
             leases=runner_leases(runner) if runner is not None else [],
         )
 

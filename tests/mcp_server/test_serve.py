@@ -18,6 +18,7 @@ import pytest
 from mlx_subagents.mcp_server.client import make_hello, quick
 from mlx_subagents.mcp_server.state import lock_held, read_info, serve_paths
 from mlx_subagents.mcp_server.wire import MAX_LINE_BYTES
+from mlx_subagents.runs.published import read_snapshots
 from tests.helpers import call, spawn_cli, write_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
@@ -173,6 +174,7 @@ def test_status_lists_clients_and_tasks_and_stop_cancels_and_saves_them(
             async def stop_soon() -> None:
                 await anyio.sleep(1.5)
                 seen["status"] = quick(info, make_hello("status"))["status"]
+                seen["watch"] = read_snapshots()
                 seen["stop"] = spawn_cli("serve", "--stop")
 
             async with anyio.create_task_group() as group:
@@ -193,6 +195,12 @@ def test_status_lists_clients_and_tasks_and_stop_cancels_and_saves_them(
         ("reviewer#1", "reviewer", "running"), ("scout", "scout", "running"),
     ]  # fmt: skip
     assert [m["model"] for m in status["models"]] == [model]
+    # `subagent watch` shows them under the server, each label after its client's id.
+    [served] = [snapshot for snapshot in seen["watch"] if snapshot.pid == info.pid]
+    rows = sorted((t.label.partition("/"), t.activity) for t in served.tasks)
+    assert [(who, label, activity) for (who, _, label), activity in rows] == [
+        (client["id"], "reviewer#1", "tool"), (client["id"], "scout", "tool"),
+    ]  # fmt: skip
     # The call in progress answered with what its task had done: aborted by the stop.
     result = seen["result"].structured_content["tasks"][0]
     assert (result["status"], result["error"]) == ("aborted", "the server stopped (subagent serve --stop)")
