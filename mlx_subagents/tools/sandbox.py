@@ -6,7 +6,8 @@ Linux wraps the command in bubblewrap (`bwrap`):
 
 - the whole file system bound read-only, the workspace bound writable and its `.git` bound read-only
   again (so nothing the command writes runs later in the tool's own git calls: hooks, config);
-- a private `/tmp` (a tmpfs, `TMPDIR=/tmp`), a private `/dev` and SysV IPC;
+- a private `/tmp` (a tmpfs, `TMPDIR=/tmp`; the Python environment the tool runs from, when it lives
+  under `/tmp`, bound read-only over it), a private `/dev` and SysV IPC;
 - a PID namespace: no process outside it is visible (`/proc/<pid>/root`, `nsenter`, signals reach
   none); the sweep, time-outs and cancellation of `command.py` still reach the command, since the
   wrapper keeps the call's process group and mark, and the namespace's first process is in that
@@ -119,6 +120,8 @@ def _bubblewrap(args: Sequence[str], sandbox: Sandbox) -> list[str]:
 def bwrap_args(bwrap: str, sandbox: Sandbox) -> list[str]:
     """bubblewrap's arguments for `sandbox` (the command and the filter's fd come after them)."""
     wrapped = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", SANDBOX_TMP]
+    for folder in python_under_tmp():
+        wrapped += ["--ro-bind", str(folder), str(folder)]
     for folder in sandbox.folders():  # after /tmp's tmpfs: a workspace under /tmp is bound over it
         wrapped += ["--bind", str(folder), str(folder)]
         for inside in protected(folder):
@@ -128,6 +131,15 @@ def bwrap_args(bwrap: str, sandbox: Sandbox) -> list[str]:
     if not sandbox.network:
         wrapped.append("--unshare-net")
     return wrapped
+
+
+def python_under_tmp() -> list[Path]:
+    """The Python environments this process runs from that live under `/tmp` (a CI job's virtual
+    environment, say): bound read-only over the private `/tmp`, so a sandboxed command still finds the
+    interpreter and packages the user runs, and nothing else of the host's temp folder."""
+    tmp = Path(SANDBOX_TMP).resolve()
+    found = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    return sorted(p for p in found if p != tmp and p.is_relative_to(tmp))
 
 
 def with_filter(wrapped: Sequence[str], rules: bytes, args: Sequence[str]) -> list[str]:

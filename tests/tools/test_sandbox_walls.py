@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 
 from mlx_subagents.tools import Sandbox, Workspace
 from mlx_subagents.tools.bash import BashTool
-from mlx_subagents.tools.sandbox import sandboxed, seatbelt_profile, socket_filter
+from mlx_subagents.tools.sandbox import python_under_tmp, sandboxed, seatbelt_profile, socket_filter
 
 needs_bwrap = pytest.mark.skipif(sys.platform != "linux" or shutil.which("bwrap") is None, reason="needs bubblewrap")
 NOBODY = 65534
@@ -226,6 +227,19 @@ def test_the_macos_profile_says_each_wall(tmp_path: Path) -> None:
 def test_a_workspace_under_tmp_stays_writable_over_the_private_tmp(tmp_path: Path) -> None:
     assert str(tmp_path).startswith(tempfile.gettempdir())  # pytest's folders are under /tmp
     tool = BashTool(Workspace(tmp_path), Sandbox(writable=(tmp_path,)))
-    result = asyncio.run(tool.call({"command": "echo kept > kept.txt; ls /tmp | wc -l"}))
+    result = asyncio.run(tool.call({"command": "echo kept > kept.txt; ls /tmp"}))
     assert (tmp_path / "kept.txt").read_text() == "kept\n"
-    assert int(result.output) == 1  # the one folder leading to the workspace, nothing of the host's
+    # the one folder leading to the workspace (and to this Python, if it lives under /tmp), nothing else
+    leading = {
+        p.relative_to(Path(tempfile.gettempdir()).resolve()).parts[0] for p in [tmp_path.resolve(), *python_under_tmp()]
+    }
+    assert result.output.split() == sorted(leading)
+
+
+@needs_bwrap
+def test_the_python_the_tool_runs_from_stays_usable_and_read_only(tmp_path: Path) -> None:
+    tool = BashTool(Workspace(tmp_path), Sandbox(writable=(tmp_path,)))
+    probe = f"{shlex.quote(sys.executable)} -c 'import sys; print(sys.prefix)'; touch {shlex.quote(sys.prefix)}/x 2>&1"
+    result = asyncio.run(tool.call({"command": probe}))
+    assert result.output.splitlines()[0] == sys.prefix
+    assert "Read-only file system" in result.output and not Path(sys.prefix, "x").exists()
