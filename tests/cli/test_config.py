@@ -24,7 +24,10 @@ from tests.helpers import REPO, cli_env
 @pytest.fixture
 def config(monkeypatch: pytest.MonkeyPatch) -> Any:
     """`config(text)` writes `$MLX_SUBAGENTS_HOME/config.toml`; the default model it sets is undone after."""
-    monkeypatch.delenv(MODEL_ENV, raising=False)  # and so restored after the test, whatever the file set
+    # Set, then deleted: so monkeypatch restores it after the test (unset here) whatever the file set in
+    # this process (a delenv of an unset variable alone records nothing to undo).
+    monkeypatch.setenv(MODEL_ENV, "")
+    monkeypatch.delenv(MODEL_ENV)
 
     def write(text: str) -> Path:
         path = state_home() / "config.toml"
