@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -175,6 +176,13 @@ def test_the_readmes_demo_runs_without_any_model(run_cli: Any, tmp_path: Path, m
     monkeypatch.chdir(REPO)  # the paths in the README are the checkout's
     code, out, err = run_cli(*commands[0][1:])
     assert code == 0 and out.startswith("Findings:\n- app/auth.py:4-8 — `login`"), err
+    # "A first run"'s usage line is this replay's: its turns and output, and its prompt tokens but for
+    # the few the workspace's path takes (the checkout's path differs from machine to machine)
+    figures = r"(\d+) turns, (\d+) in \((\d+) cached\), (\d+) out, context (\d+)"
+    shown = [int(n) for n in re.findall(figures, readme)[0]]
+    usage = [int(n) for n in re.findall(figures, err)[0]]
+    assert (usage[0], usage[3]) == (shown[0], shown[3])
+    assert all(abs(a - b) <= 0.01 * b for a, b in zip(usage, shown, strict=True))
     code, out, _ = run_cli(*commands[1][1:])
     assert code == 0 and out.startswith("auth.py has login;")
     page = tmp_path / "run.html"
