@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kv_pressure import BudgetRun, Workload, pick_max_sessions, run_budget
+from kv_pressure import BudgetRun, Workload, pick_max_sessions, pool_counters, run_budget
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
@@ -185,12 +185,7 @@ def summarize(
                 "sessions_resident_peak": pool.get("peak_sessions", 0),
                 "sessions_resident_end": run.resident[-1] if run.resident else 0,
                 "peak_kv_bytes": pool.get("peak_bytes", 0),
-                "evictions": pool.get("evictions", 0),
-                "spills": pool.get("spills", 0),
-                "restores": pool.get("restores", 0),
-                "drops": pool.get("drops", 0),
-                "reprefilled_tokens": pool.get("reprefilled_tokens", 0),
-                "admission_waits": pool.get("admission_waits", 0),
+                **pool_counters(pool),
                 "seconds": round(run.seconds, 3),
                 "decode_tps": {str(k): round(dec.median(dec.tps, k), 2) for k in dec.tps},
                 "decode_tps_rounds": {str(k): [round(v, 2) for v in vs] for k, vs in dec.tps.items()},

@@ -301,6 +301,14 @@ async def run_all(model: Path, workload: Workload, force: bool, share_prefix: bo
 # -- reporting -----------------------------------------------------------------------------------
 
 
+POOL_COUNTERS = ("evictions", "spills", "restores", "drops", "reprefilled_tokens", "admission_waits")
+
+
+def pool_counters(pool: dict[str, Any]) -> dict[str, int]:
+    """What the KV pool did under its budget (a run's pool stats; 0 for a counter it never kept)."""
+    return {name: pool.get(name, 0) for name in POOL_COUNTERS}
+
+
 def held_reuse(replies: list[Reply]) -> tuple[int, int]:
     """(cached, held) over turns 2..T: how much of what the session held after a turn the next one reused."""
     cached = sum(g.usage.cached_tokens for g in replies[1:])
@@ -334,12 +342,7 @@ def summarize(
                 "peak_kv_bytes": peak,
                 "peak_sampled_kv_bytes": run.peak_sampled,
                 "within_budget": run.budget is None or peak <= run.budget,
-                "evictions": pool.get("evictions", 0),
-                "spills": pool.get("spills", 0),
-                "restores": pool.get("restores", 0),
-                "drops": pool.get("drops", 0),
-                "reprefilled_tokens": pool.get("reprefilled_tokens", 0),
-                "admission_waits": pool.get("admission_waits", 0),
+                **pool_counters(pool),
                 "seconds": round(run.seconds, 4),
                 "wall_vs_unbounded": round(run.seconds / base.seconds, 3) if base.seconds and run.completed else None,
                 "prompt_tokens_turn2_on": prompt,
