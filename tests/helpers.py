@@ -8,12 +8,15 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from mlx_subagents.events import Event, EventSink, ignore_event
 from mlx_subagents.host.protocol import ModelHost
@@ -26,6 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 # A bash command that runs until killed, leaving the pids of bash and of its child in the workspace.
 SLOW = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+# The bash sandbox's walls need bubblewrap (Linux); `.ci/run` installs it, so CI never skips them.
+needs_bwrap = pytest.mark.skipif(sys.platform != "linux" or shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +26,8 @@ from mlx_subagents.runs.worktrees import (
     release_worktree,
     worktrees_home,
 )
-from tests.helpers import call, go, make_runner, scripted_host, write_agent
+from tests.helpers import call, go, make_runner, needs_bwrap, scripted_host, write_agent
 from tests.runs.test_worktrees import git, make_repo
-
-needs_bwrap = pytest.mark.skipif(sys.platform != "linux" or shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 
 def plant_programs(repo: Path, marker: Path) -> None:

@@ -22,8 +22,8 @@ import pytest
 from mlx_subagents.tools import Sandbox, Workspace
 from mlx_subagents.tools.bash import BashTool
 from mlx_subagents.tools.sandbox import python_under_tmp, sandboxed, seatbelt_profile, socket_filter
+from tests.helpers import needs_bwrap
 
-needs_bwrap = pytest.mark.skipif(sys.platform != "linux" or shutil.which("bwrap") is None, reason="needs bubblewrap")
 NOBODY = 65534
 
 
