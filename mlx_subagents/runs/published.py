@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
+from ..errors import SubagentError
 from ..events import Event
 from ..home import state_home
 from ..host.mlx_host import MlxModelHost
+from ..userfiles import read_text
 from .live import LiveTasks, TaskNow
 
 if TYPE_CHECKING:
@@ -220,9 +222,9 @@ def read_snapshots(home: Path | None = None) -> list[Snapshot]:
             with contextlib.suppress(OSError):
                 path.unlink()
             continue
-        try:
-            found.append(Snapshot.model_validate(json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, ValueError, ValidationError):
+        try:  # through the guarded reader: a FIFO or a huge file named like a snapshot never blocks watch
+            found.append(Snapshot.model_validate(json.loads(read_text(path, "live snapshot", SubagentError))))
+        except (SubagentError, ValueError, ValidationError):
             continue  # being replaced, or not ours
     return sorted(found, key=lambda s: s.started)
 

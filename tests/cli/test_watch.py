@@ -103,6 +103,14 @@ def test_a_killed_process_file_is_swept(tmp_path: Path, write_script: Any, run_c
     assert code == 0 and text.strip() == "nothing is running (no process of this state folder has a task)"
 
 
+def test_a_fifo_named_like_a_live_processs_snapshot_never_blocks_watch(run_cli: Any) -> None:
+    live = state_home() / "live"
+    live.mkdir(parents=True)
+    os.mkfifo(live / f"{os.getpid()}.json")  # this process is alive: its "file" is read, not swept
+    assert watch_json(run_cli) == []
+    assert (live / f"{os.getpid()}.json").exists()
+
+
 def test_the_writer_lease_names_its_holder_and_who_waits() -> None:
     async def main() -> list[tuple[Any, list[str]]]:
         slots, seen = Slots(4), []
