@@ -23,7 +23,9 @@ from pathlib import Path
 
 import psutil
 
+from ..errors import SubagentError
 from ..home import state_home
+from ..userfiles import read_text
 
 RESIDENT_DIR = "resident"
 _serial = itertools.count(1)
@@ -61,8 +63,8 @@ def residents(home: Path | None = None) -> list[Resident]:
     found = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            entry = Resident(**json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
+            entry = Resident(**json.loads(read_text(path, "resident model entry", SubagentError)))
+        except (SubagentError, ValueError, TypeError):  # a FIFO, a huge or damaged file: swept like a dead one
             entry = None
         started = _started(entry.pid) if entry is not None else None
         if entry is None or started is None or abs(started - entry.started) > 1.0:

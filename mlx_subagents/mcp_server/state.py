@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import SubagentError
 from ..home import make_state_dir, state_home
+from ..userfiles import read_text
 
 SERVE_DIR = "serve"
 LOG_FILE = "serve.log"
@@ -157,8 +158,8 @@ def write_info(paths: ServePaths, info: ServerInfo) -> None:
 
 def read_info(paths: ServePaths) -> ServerInfo | None:
     try:
-        return ServerInfo.model_validate_json(paths.info.read_text(encoding="utf-8"))
-    except (OSError, ValueError, ValidationError):
+        return ServerInfo.model_validate_json(read_text(paths.info, "server file", SubagentError))
+    except (SubagentError, ValueError, ValidationError):
         return None
 
 

@@ -39,9 +39,10 @@ import mcp_types as types
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthMetadata, OAuthToken
 
-from ..errors import McpAuthError
+from ..errors import McpAuthError, SubagentError
 from ..home import make_state_dir, state_home
 from ..text import one_line
+from ..userfiles import read_text
 from .mcp_requests import Person
 
 AUTH_DIR = "mcp-auth"
@@ -78,7 +79,7 @@ class TokenStore:
 
     def _read(self) -> None:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(read_text(self.path, "MCP sign-in file", SubagentError))
             if data.get("url") != self.url:
                 return
             self.tokens = OAuthToken.model_validate(data["tokens"]) if data.get("tokens") else None
@@ -87,7 +88,7 @@ class TokenStore:
             metadata = data.get("authorization_server")
             self.server_metadata = OAuthMetadata.model_validate(metadata) if metadata else None
             self.issuer = data.get("issuer")
-        except (OSError, ValueError, KeyError, TypeError):  # none yet, or damaged: a sign-in writes it again
+        except (SubagentError, ValueError, KeyError, TypeError):  # none yet, or damaged: a sign-in writes it again
             self.tokens = self.client = self.expires_at = self.server_metadata = self.issuer = None
 
     def _write(self) -> None:

@@ -53,6 +53,7 @@ def test_entries_of_ended_processes_and_reused_pids_are_swept() -> None:
     }
     for name, entry in entries.items():
         (folder / name).write_text(json.dumps(entry.__dict__) if entry else '{"pid": ')
+    os.mkfifo(folder / "fifo.json")  # read through the guarded reader: swept, never waited on
     assert residents() == [] and sorted(p.name for p in folder.iterdir()) == []
     assert free_memory(1000) == 1000
 
