@@ -18,7 +18,8 @@ Per K and way it reports:
 - `copies`: resident model copies, the most entries the machine's resident-model registry
   (`host/resident.py`) held at once during the round;
 - `summed_peak_rss`: the peak resident memory of every process of the round (the server's too),
-  summed (Linux: `VmHWM` from /proc, read until each process ends; elsewhere the highest RSS seen);
+  summed (Linux: `VmHWM` from /proc, read until each process ends; elsewhere the highest RSS seen),
+  and its parts: `server_peak_rss` (attached; None standalone) and `client_peak_rss` per client;
 - `most_decoding`: the most sessions decoding in one batch: the server's (`serve --status`) when
   attached; standalone, 1 (each process holds one session: no batch spans processes);
 - `wall_s`: from starting the first client process to the end of the last;
@@ -193,6 +194,8 @@ def round_of(k: int, model: str, work: Path, tokens: int, standalone: bool) -> d
     return {
         "copies": peaks.copies,
         "summed_peak_rss": sum(peaks.peak.values()),
+        "server_peak_rss": peaks.peak.get(server.pid) if server is not None else None,
+        "client_peak_rss": [peaks.peak.get(p.pid) for p in clients],
         "most_decoding": most,
         "wall_s": round(wall, 2),
         "generated": [generated(out) for out, _ in outputs],
