@@ -2,6 +2,7 @@
 
 One place reads the environment variable, so every module agrees on where the folder is, and one
 place creates folders in it, so a home that is a file or read-only is one line, not a traceback.
+Small files that other processes read while they change (`write_whole`) are written whole.
 """
 
 from __future__ import annotations
@@ -27,6 +28,20 @@ _UNSAFE_IN_NAMES = re.compile(r"[^A-Za-z0-9_.-]+")
 def state_home() -> Path:
     """`$MLX_SUBAGENTS_HOME`, default `~/.mlx-subagents`."""
     return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser()
+
+
+def write_whole(path: Path, text: str, *, private: bool = False) -> None:
+    """Write `path` whole: a `.part` file beside it, renamed over it, so a reader (another process)
+    never sees half of it. `private`: the user's alone (0600) from its creation, never readable by
+    others for a moment. An `OSError` is the caller's to handle."""
+    partial = path.with_suffix(".part")
+    mode = 0o600 if private else 0o666  # 0o666: the umask decides, as for any new file
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        if private:
+            os.fchmod(fd, 0o600)  # a `.part` left behind keeps its mode through O_CREAT: set it
+        out.write(text)
+    os.replace(partial, path)
 
 
 def make_state_dir(path: Path, *, home: Path | None = None, exist_ok: bool = True) -> Path:

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from ..errors import SubagentError
-from ..home import state_home
+from ..home import state_home, write_whole
 from ..userfiles import read_text
 
 RESIDENT_DIR = "resident"
@@ -130,6 +130,4 @@ def reserve(
 
 
 def _write(path: Path, entry: Resident) -> None:
-    partial = path.with_suffix(".part")
-    partial.write_text(json.dumps(asdict(entry)), encoding="utf-8")
-    partial.replace(path)
+    write_whole(path, json.dumps(asdict(entry)))

@@ -33,7 +33,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from ..errors import SubagentError
-from ..home import make_state_dir, state_home
+from ..home import make_state_dir, state_home, write_whole
 from ..userfiles import read_text
 
 SERVE_DIR = "serve"
@@ -150,10 +150,7 @@ def claim(paths: ServePaths) -> Iterator[None]:
 
 def write_info(paths: ServePaths, info: ServerInfo) -> None:
     """Write `server.json` whole (a reader never sees half of it)."""
-    partial = paths.info.with_suffix(".part")
-    partial.write_text(info.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    os.chmod(partial, 0o600)
-    partial.replace(paths.info)
+    write_whole(paths.info, info.model_dump_json(indent=2) + "\n", private=True)
 
 
 def read_info(paths: ServePaths) -> ServerInfo | None:

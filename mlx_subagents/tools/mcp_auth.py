@@ -40,7 +40,7 @@ from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthMetadata, OAuthToken
 
 from ..errors import McpAuthError, SubagentError
-from ..home import make_state_dir, state_home
+from ..home import make_state_dir, state_home, write_whole
 from ..text import one_line
 from ..userfiles import read_text
 from .mcp_requests import Person
@@ -105,11 +105,7 @@ class TokenStore:
         }
         make_state_dir(self.path.parent)
         os.chmod(self.path.parent, 0o700)
-        partial = self.path.with_suffix(".part")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=1)
-        os.replace(partial, self.path)
+        write_whole(self.path, json.dumps(data, indent=1), private=True)
 
     @property
     def redirect_uri(self) -> str | None:
