@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from mlx_subagents.agents.session import task_message, workspace_for
 from mlx_subagents.events import Event, EventSink, ignore_event
 from mlx_subagents.host.protocol import ModelHost
 from mlx_subagents.host.scripted import Script, ScriptedHost
@@ -41,6 +42,11 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
 
 
 # --- runners: an in-memory scripted host, a runner on it or on a model id, a run to its end ----------------
+
+
+def task_text(task: str, cwd: Path) -> str:
+    """The first user message of a new session on `task` in the workspace `cwd` (`task_message`)."""
+    return task_message(task, workspace_for(cwd))
 
 
 def scripted_host(script: Any) -> ScriptedHost:

@@ -58,6 +58,9 @@ def context_files(workspace: Path) -> list[Path]:
 def load_project_context(workspace: Path) -> ProjectContext:
     """The instructions for `workspace`; files that cannot be read are left out (in `skipped`)."""
     files, parts, skipped, more = [], [], [], False
+    # Each file is headed by its path from the repository's root (outside one, the workspace), not its
+    # absolute path, so that two worktrees of one repository get the same block (and share its KV).
+    top = repository_root(workspace) or workspace
     for path in context_files(workspace):
         try:
             data, whole = read_head(path, "project instructions file", SubagentError, MAX_CONTEXT_BYTES)
@@ -68,7 +71,7 @@ def load_project_context(workspace: Path) -> ProjectContext:
         more = more or not whole
         if text:
             files.append(path)
-            parts.append(f"## {path}\n{text}")
+            parts.append(f"## {path.relative_to(top).as_posix()}\n{text}")
     if not parts:
         return ProjectContext(skipped=tuple(skipped))
     body = "\n\n".join(parts)

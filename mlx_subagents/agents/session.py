@@ -160,8 +160,9 @@ class LimitReached(Exception):
 def system_prompt(
     spec: AgentSpec, workspace: Workspace, context: str = "", skills: SkillChoice | None = None, context_window: int = 0
 ) -> str:
-    """Agent body + project instructions + workspace facts + its skills; byte-identical for every session
-    of this agent and workspace (the skills catalog ends it, in a fixed order).
+    """Agent body + project instructions + the workspace's rules + its skills; byte-identical for every
+    session of this agent and workspace (the skills catalog ends it, in a fixed order), and for every
+    workspace with the same instructions and skills: no path is in it (see `task_message`).
 
     No call format: the host presents the tools in the model's own way (see `ModelHost.tool_mode`).
 
@@ -169,14 +170,22 @@ def system_prompt(
         context: the project's instructions (`project_context`), read once per workspace by the runner.
         skills, context_window: the skills it is offered and the window the catalog's budget scales to.
     """
+    # No path here: the workspace's folder is in the task message (`task_message`), so that the prompt
+    # and the tools after it are one prefix for every workspace (clients of one server share its cache).
     prompt = (
-        f"{spec.system_prompt.strip()}\n\n" + (f"{context}\n\n" if context else "") + f"Workspace: {workspace.root}\n"
-        "All paths are relative to the workspace; you cannot read or write outside it.\n"
+        f"{spec.system_prompt.strip()}\n\n" + (f"{context}\n\n" if context else "") + "All paths are relative to "
+        "the workspace (its folder is named with your task); you cannot read or write outside it.\n"
         "Call one tool at a time. Reply without a tool call when you are done."
     )
     if skills is not None and skills.offered:
         prompt += "\n\n" + skills_block(skills.offered, skills.preloaded, context_window)
     return prompt
+
+
+def task_message(task: str, workspace: Workspace) -> str:
+    """A new session's first user message: the task, then the workspace's folder. The folder is here
+    and not in the system prompt, so that sessions in different workspaces share that prompt's KV."""
+    return f"Task: {task}\n\nWorkspace: {workspace.root}"
 
 
 def session_tools(
@@ -271,7 +280,7 @@ class AgentSession:
         """Run the task to a final answer or a limit. Cancellation propagates (see `partial_result`)."""
         self.messages = [
             {"role": "system", "content": self.system_prompt()},
-            {"role": "user", "content": f"Task: {task}"},
+            {"role": "user", "content": task_message(task, self.workspace)},
         ]
         return await self._loop(task)
 

@@ -66,7 +66,10 @@ def test_a_read_only_agent_gets_its_memory_without_write_access(tmp_path: Path) 
     host = scripted_host({"agents": {"looker": {"replies": [call("read", path=str(outside)), "ok"]}}})
     run_all(make_runner(tmp_path, host, assume_yes=True), "looker")
     prompt = host.history["looker"][0][0]["content"]
-    assert f"Your memory ({folder / 'MEMORY.md'}), kept across runs:\n\nthe tests live in t/\n\nWorkspace:" in prompt
+    assert (
+        f"Your memory ({folder / 'MEMORY.md'}), kept across runs:\n\nthe tests live in t/\n\nAll paths are relative"
+        in prompt
+    )
     assert "Keep what you learn" not in prompt
     assert tool_outputs(host, "looker")[0].startswith(f"Error: path '{outside}' is outside the workspace")
 

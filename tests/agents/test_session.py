@@ -12,7 +12,7 @@ import pytest
 
 from mlx_subagents.agents.compaction import SUMMARY_HEADER, CompactionSettings
 from mlx_subagents.agents.discovery import discover_agents
-from mlx_subagents.agents.session import AgentSession, Limits, system_prompt, workspace_for
+from mlx_subagents.agents.session import AgentSession, Limits, system_prompt, task_message, workspace_for
 from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.events import Event
 from mlx_subagents.host import MlxModelHost
@@ -114,6 +114,40 @@ def test_scout_end_to_end_on_the_tiny_model(ws: Path, tiny_qwen3_path: Path, tin
     assert cached[1] > 0 and result.usage.cached_tokens == sum(cached)
     assert result.usage.kv_bytes > 0
     assert scripts.remaining("scout") == 0
+
+
+def test_sessions_in_two_workspaces_share_the_prompt_and_tools_prefix(
+    tmp_path: Path, tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
+    # Two clients of one server, or two worktrees: the second session's first turn prefills its task
+    # and little else, because no folder is named before the tools.
+    roots = [tmp_path / "one" / "repo", tmp_path / "two" / "checkout"]
+    for root in roots:
+        root.mkdir(parents=True)
+        (root / "app.py").write_text(APP_PY)
+    scripts = ForcedScripts(tiny_qwen3[1], {"a": ["in app.py"], "b": ["in app.py too"]})
+
+    async def go() -> tuple[list[RunResult], list[AgentSession], int, int]:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
+            sessions = [
+                AgentSession(spec=scout(root), host=host, workspace=workspace_for(root), session_name=name)
+                for name, root in zip("ab", roots)
+            ]
+            results = [await s.run("where is the config parsed?") for s in sessions]
+            head = await host.count_tokens(sessions[0].messages[:1], sessions[0].schemas)
+            task = await host.count_tokens(sessions[1].messages[:2], sessions[1].schemas) - head
+            return results, sessions, head, task
+
+    (first, second), sessions, n_head, n_task = asyncio.run(go())
+    assert (first.output, second.output) == ("in app.py", "in app.py too")
+    assert sessions[0].messages[0] == sessions[1].messages[0]  # one system prompt, no path in it
+    assert [s.messages[1]["content"] for s in sessions] == [
+        f"Task: where is the config parsed?\n\nWorkspace: {root.resolve()}" for root in roots
+    ]
+    assert first.usage.cached_tokens == 0
+    # All of the prompt and tools came from the first session's cache: only the task was prefilled.
+    assert second.usage.cached_tokens >= n_head - 8, (second.usage, n_head)
+    assert second.usage.input_tokens - second.usage.cached_tokens <= n_task + 8, (second.usage, n_task)
 
 
 # -- errors are observations -----------------------------------------------------------------
@@ -337,7 +371,7 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(ws: Path) -> 
     assert result.usage.compactions == 2 and result.usage.turns == 4
     head = [
         {"role": "system", "content": system_prompt(session.spec, session.workspace)},
-        {"role": "user", "content": "Task: find the config parser"},
+        {"role": "user", "content": task_message("find the config parser", session.workspace)},
     ]
     assert len(heads) == 6 and set(heads) == {json.dumps(head)}
     # Every request, the two summary requests included, starts with the same head.

@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 
 from mlx_subagents.caps import MAX_TASK_CHARS
 from mlx_subagents.runs.transcripts import load_run, read_transcript
-from tests.helpers import REPO, alive, call
+from tests.helpers import REPO, alive, call, task_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -516,7 +516,7 @@ def test_started_tasks_are_watched_read_steered_and_cancelled(tmp_path: Path, wr
     [scout_run] = [r for r in runs if r.tasks[0].label == "scout#1"]
     log = read_transcript(scout_run.transcript_path(scout_run.tasks[0]))
     assert [m["content"] for m in log.messages if m["role"] in ("user", "assistant")] == [
-        "Task: look",  # a started task's first message is its task
+        task_text("look", tmp_path),  # a started task's first message is its task
         "scout found it",
         "and more?",
         "scout again",

@@ -19,7 +19,7 @@ from mlx_subagents.errors import (
 from mlx_subagents.events import Event
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
-from tests.helpers import SLOW, alive, all_dead, call, make_runner, run_parent, scripted_host, write_agent
+from tests.helpers import SLOW, alive, all_dead, call, make_runner, run_parent, scripted_host, task_text, write_agent
 
 
 def user_texts(messages: list[dict[str, Any]]) -> list[str]:
@@ -69,7 +69,9 @@ def test_start_returns_at_once_with_predictable_ids_and_wait_gives_the_result(
     ]
     record = load_run(first.run_id)
     assert [(t.label, t.status) for t in record.tasks] == [("scout#1", "completed")]
-    assert read_transcript(record.transcript_path(record.tasks[0])).messages[1]["content"] == "Task: find the app"
+    assert read_transcript(record.transcript_path(record.tasks[0])).messages[1]["content"] == task_text(
+        "find the app", tmp_path
+    )
 
 
 def test_start_checks_everything_before_it_returns(scripted_runner: Any) -> None:
@@ -110,7 +112,7 @@ def test_a_message_reaches_a_running_task_at_its_next_turn(tmp_path: Path) -> No
     handle, result, history = asyncio.run(main())
     assert result.output == "done, and I checked tests too"
     # The first turn did not see it; the second got it after the ls result, as a user message.
-    assert user_texts(history[0]) == ["Task: list the files"]
+    assert user_texts(history[0]) == [task_text("list the files", tmp_path)]
     assert [m["role"] for m in history[1]][-3:] == ["assistant", "tool", "user"]
     assert history[1][-1]["content"] == "also look at the tests"
     log = read_transcript(Path(result.transcript))
@@ -135,7 +137,7 @@ def test_a_message_to_a_finished_task_resumes_it(tmp_path: Path) -> None:
 
     handle, first, second, history = asyncio.run(main())
     assert (first.output, second.output) == ("first answer", "second answer")
-    assert user_texts(history[1]) == ["Task: look", "and now?"]
+    assert user_texts(history[1]) == [task_text("look", tmp_path), "and now?"]
     assert handle.generations == 2
     log = read_transcript(Path(second.transcript))
     assert [r.output for r in log.results] == ["first answer", "second answer"]
@@ -249,7 +251,7 @@ def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_
 
 
 @pytest.mark.slow
-def test_a_parent_steers_and_cancels_its_children_and_errors_are_results(scripted_runner: Any) -> None:
+def test_a_parent_steers_and_cancels_its_children_and_errors_are_results(tmp_path: Path, scripted_runner: Any) -> None:
     script = {
         "agents": {
             "orchestrator": {
@@ -301,7 +303,10 @@ def test_a_parent_steers_and_cancels_its_children_and_errors_are_results(scripte
     kinds = [r["type"] for r in log.records if r["type"] in ("task_send", "task_cancel", "result")]
     assert kinds == ["task_send", "task_cancel", "result"]
     assert log.results[-1].error == "cancelled by its parent"
-    assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: map auth", "look in middleware/ too"]
+    assert [m["content"] for m in log.messages if m["role"] == "user"] == [
+        task_text("map auth", tmp_path),
+        "look in middleware/ too",
+    ]
 
 
 async def wait_for_pids(folder: Path) -> list[int]:
@@ -520,7 +525,7 @@ def test_run_events_and_show_record_sends_and_notices_in_order(tmp_path: Path, w
 
 
 @pytest.mark.slow
-def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(scripted_runner: Any) -> None:
+def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(tmp_path: Path, scripted_runner: Any) -> None:
     script = {
         "agents": {
             "orchestrator": {
@@ -552,7 +557,7 @@ def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(scripted
     assert output == "planner#1 completed\n\n1. read p.py"
     planner = next(c for c in child_runs(load_run(result.run_id)) if c.tasks[0].agent == "planner")
     log = read_transcript(planner.transcript_path(planner.tasks[0]))
-    assert log.messages[1]["content"] == "Task: plan: the parser is in p.py"
+    assert log.messages[1]["content"] == task_text("plan: the parser is in p.py", tmp_path)
 
 
 def test_a_cut_answer_of_a_foreground_child_is_read_on_with_task_output(scripted_runner: Any) -> None:
@@ -586,7 +591,9 @@ def test_a_cut_answer_of_a_foreground_child_is_read_on_with_task_output(scripted
     assert rest == f"scout#1 completed (from character {offset})\n\n{answer[offset:]}"
 
 
-def test_a_foreground_child_is_continued_with_task_send_on_its_own_session(scripted_runner: Any) -> None:
+def test_a_foreground_child_is_continued_with_task_send_on_its_own_session(
+    tmp_path: Path, scripted_runner: Any
+) -> None:
     script = {
         "agents": {
             "orchestrator": {
@@ -611,7 +618,7 @@ def test_a_foreground_child_is_continued_with_task_send_on_its_own_session(scrip
     assert output == "scout#1 completed\n\nno tests ran"
     log = read_transcript(child.transcript_path(child.tasks[0]))
     assert log.generations == 2
-    assert user_texts(log.messages) == ["Task: find the app", "and run the tests"]
+    assert user_texts(log.messages) == [task_text("find the app", tmp_path), "and run the tests"]
     # Its parent withheld bash (the orchestrator has none): the continued scout still lacks it.
     refusal = [m["content"] for m in log.messages if m["role"] == "tool"]
     assert refusal == [log.meta["denied"]["bash"]] and not (runner.cwd / "ran.txt").exists()
@@ -652,7 +659,7 @@ def test_the_oldest_foreground_conversations_are_let_go_and_a_message_to_one_is_
     )
 
 
-def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(scripted_runner: Any) -> None:
+def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(tmp_path: Path, scripted_runner: Any) -> None:
     script = {"agents": {"scout": {"replies": ["first answer", "answer to the late message"]}}}
     handles: list[Any] = []
 
@@ -672,7 +679,10 @@ def test_a_message_that_arrives_as_the_task_ends_starts_a_new_generation(scripte
     assert result.output == "answer to the late message"
     log = read_transcript(Path(result.transcript))
     assert [r.output for r in log.results] == ["first answer", "answer to the late message"]
-    assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: look", "one more thing"]
+    assert [m["content"] for m in log.messages if m["role"] == "user"] == [
+        task_text("look", tmp_path),
+        "one more thing",
+    ]
     assert [(r["generation"], r["data"]["message"]) for r in log.records if r["type"] == "task_send"] == [
         (2, "one more thing")
     ]
@@ -808,7 +818,7 @@ def test_a_child_takes_at_most_64_generations(scripted_runner: Any) -> None:
     )
 
 
-def test_at_most_64_messages_wait_for_a_running_child(scripted_runner: Any) -> None:
+def test_at_most_64_messages_wait_for_a_running_child(tmp_path: Path, scripted_runner: Any) -> None:
     from mlx_subagents.caps import MAX_QUEUED_MESSAGES
 
     script = {"agents": {"scout": {"replies": [{"content": "read them all", "delay": 0.3}]}}}
@@ -830,4 +840,6 @@ def test_at_most_64_messages_wait_for_a_running_child(scripted_runner: Any) -> N
     )
     assert (result.status, result.output) == ("completed", "read them all")
     log = read_transcript(Path(result.transcript))  # none lost: all 64 reached it at its first turn
-    assert user_texts(log.messages) == ["\n\n".join(["Task: look", *(f"note {n}" for n in range(MAX_QUEUED_MESSAGES))])]
+    assert user_texts(log.messages) == [
+        "\n\n".join([task_text("look", tmp_path), *(f"note {n}" for n in range(MAX_QUEUED_MESSAGES))])
+    ]

@@ -20,7 +20,7 @@ from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript, runs_dir
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import SubagentTool
-from tests.helpers import call, make_runner, run_parent, scripted_host, write_agent
+from tests.helpers import call, make_runner, run_parent, scripted_host, task_text, write_agent
 
 # No named workflow in these workspaces: the error lines leave that form out (issue 44, item 7).
 FORMS = (
@@ -91,7 +91,9 @@ def test_single_delegation_returns_the_childs_answer(tmp_path: Path, scripted_ru
     assert parent.run_id == result.run_id and parent.tasks[0].agent == "orchestrator"
     child = load_run("last", home=parent.folder)
     assert [(t.label, t.agent, t.status) for t in child.tasks] == [("orchestrator > scout#1", "scout", "completed")]
-    assert read_transcript(child.transcript_path(child.tasks[0])).messages[1]["content"] == "Task: where is the app?"
+    assert read_transcript(child.transcript_path(child.tasks[0])).messages[1]["content"] == task_text(
+        "where is the app?", tmp_path
+    )
 
 
 def test_parallel_delegation_has_one_section_per_task_and_marks_failures(scripted_runner: Any) -> None:
@@ -532,4 +534,7 @@ def test_concurrent_top_level_calls_naming_one_agent_get_a_host_session_each(tmp
     outcomes = asyncio.run(main())
     assert [o.results[0].output for o in outcomes] == ["seen", "seen"]
     assert sorted(host.history) == ["scout", "scout (2)"]
-    assert sorted(m[1]["content"] for m, _ in host.history.values()) == ["Task: look 1", "Task: look 2"]
+    assert sorted(m[1]["content"] for m, _ in host.history.values()) == [
+        task_text("look 1", tmp_path),
+        task_text("look 2", tmp_path),
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
-from tests.helpers import call, write_agent
+from tests.helpers import call, task_text, write_agent
 
 
 def events_of(out: str) -> list[dict[str, Any]]:
@@ -351,7 +352,10 @@ def test_a_childs_run_id_from_the_parents_result_works_with_show_and_resume(
     code, out, err = run_cli("resume", child_id[:-2], "and the tests?", "-m", follow)
     assert (code, out) == (0, "and tests/test_app.py\n"), err
     log = read_transcript(load_run(child_id).transcript_path(load_run(child_id).tasks[0]))
-    assert [m["content"] for m in log.messages if m["role"] == "user"] == ["Task: find the app", "and the tests?"]
+    assert [m["content"] for m in log.messages if m["role"] == "user"] == [
+        task_text("find the app", tmp_path),
+        "and the tests?",
+    ]
 
 
 def test_a_resumed_child_keeps_the_tools_its_parent_withheld(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
@@ -498,14 +502,25 @@ def test_agents_md_reaches_every_agent_and_keeps_prompts_identical(
     parent = load_run("last")
     block = (
         "Project instructions (from the files named below; follow them):\n\n"
-        f"## {tmp_path / 'AGENTS.md'}\nIndent with tabs.\n\n## {pkg / 'CLAUDE.md'}\nRun `make test` before you answer."
+        "## AGENTS.md\nIndent with tabs.\n\n## pkg/CLAUDE.md\nRun `make test` before you answer."
     )
     parent_prompt = system_prompts(parent)["orchestrator"]
-    assert f"\n\n{block}\n\nWorkspace: {pkg}\n" in parent_prompt
+    assert f"\n\n{block}\n\nAll paths are relative to the workspace" in parent_prompt
     children = system_prompts(load_run("last", home=parent.folder))
     assert list(children) == ["orchestrator > scout#1", "orchestrator > scout#2"]
     first, second = children.values()
-    assert first == second and f"\n\n{block}\n\nWorkspace: {pkg}\n" in first  # one shared prefix for both
+    assert first == second and f"\n\n{block}\n\nAll paths" in first  # one shared prefix for both
+    assert str(tmp_path) not in parent_prompt + first
+
+    # A second checkout of the repository elsewhere (another worktree) gets the same prompt, byte for
+    # byte: its KV is shared; only the task message names the folder.
+    other = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(tmp_path, other, ignore=shutil.ignore_patterns("elsewhere", ".mlx-subagents", "*.json"))
+    code, _, err = run_cli("run", "orchestrator", "go", "-m", model, "-C", str(other / "pkg"))
+    assert code == 0, err
+    again = read_transcript(load_run("last").transcript_path(load_run("last").tasks[0])).messages
+    assert again[0]["content"] == parent_prompt
+    assert again[1]["content"] == task_text("go", other / "pkg")
 
     code, out, _ = run_cli("agents", "-C", str(pkg), "--verbose")
     assert code == 0
@@ -523,13 +538,13 @@ def test_an_agent_can_opt_out_and_long_instructions_are_cut(tmp_path: Path, writ
 
     assert run_cli("run", "scout", "a", "-m", model, "-C", str(tmp_path))[0] == 0
     prompt = system_prompts(load_run("last"))["scout"]
-    body = f"## {tmp_path / 'AGENTS.md'}\n" + "x" * 9_000
-    block = prompt.split("follow them):\n\n", 1)[1].split("\n\nWorkspace: ", 1)[0]
+    body = "## AGENTS.md\n" + "x" * 9_000
+    block = prompt.split("follow them):\n\n", 1)[1].split("\n\nAll paths are relative", 1)[0]
     note = f"[project instructions cut at 8,000 of {len(body):,} characters; read the files above for the rest]"
     assert block == f"{body[:8_000]}\n{note}"
 
     assert run_cli("run", "plain", "a", "-m", model, "-C", str(tmp_path), "-y")[0] == 0
-    assert system_prompts(load_run("last"))["plain"].startswith(f"Plain.\n\nWorkspace: {tmp_path}\n")
+    assert system_prompts(load_run("last"))["plain"].startswith("Plain.\n\nAll paths are relative")
     code, out, _ = run_cli("agents", "-C", str(tmp_path), "-v")
     assert out.splitlines()[-1] == "  not for: plain (context: none)"
 

@@ -18,7 +18,7 @@ from mlx_subagents.runs.prepare import Parent
 from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.tools import Workspace
-from tests.helpers import call, make_runner, run_parent, scripted_host, write_agent
+from tests.helpers import call, make_runner, run_parent, scripted_host, task_text, write_agent
 
 HOOK_LOG = """\
 import json, os, sys
@@ -87,7 +87,7 @@ def test_a_forks_saved_run_stays_readable_after_its_parent_compacts(tmp_path: Pa
     write_agent(tmp_path, "lead", "read, subagent")
     big = "".join(f"line {i:03d}: settings value number {i} for the config parser\n" for i in range(200))
     (tmp_path / "big.txt").write_text(big)
-    reads = [call("read", path="big.txt", offset=1 + 17 * i, limit=17) for i in range(6)]
+    reads = [call("read", path="big.txt", offset=1 + 17 * i, limit=17) for i in range(5)]
     summary = "## Goal\nRead big.txt.\n## Progress\nRead it in windows of 17 lines."
     lead = [call("subagent", fork=True, task="note the plan"), *reads, summary, "lead is done"]
     script = {"context_window": 4000, "sessions": {"lead": {"replies": lead}, "lead > fork#1": {"replies": ["noted"]}}}
@@ -122,10 +122,10 @@ def test_a_chains_previous_is_cut_to_the_task_cap_with_a_note(tmp_path: Path) ->
 
     assert result.ok, result.error
     [sent] = host.history["orchestrator > planner#1"]
-    task = sent[1]["content"].removeprefix("Task: ")
     note = "\n[the previous step's answer is cut here, to keep this task within 20,000 characters: it has 25,000]"
-    assert len(task) == MAX_TASK_CHARS and task.endswith(note)
-    assert task == "plan from: " + "x" * (MAX_TASK_CHARS - len("plan from: ") - len(note)) + note
+    task = "plan from: " + "x" * (MAX_TASK_CHARS - len("plan from: ") - len(note)) + note
+    assert len(task) == MAX_TASK_CHARS
+    assert sent[1]["content"] == task_text(task, tmp_path)
 
 
 def test_no_subagent_tool_is_offered_at_the_depth_limit_or_with_max_depth_zero(tmp_path: Path) -> None:

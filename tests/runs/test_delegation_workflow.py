@@ -14,7 +14,7 @@ from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.delegation import delegation_schema
-from tests.helpers import Terminal, call, make_runner, run_parent, scripted_host, spawn_cli, write_agent
+from tests.helpers import Terminal, call, make_runner, run_parent, scripted_host, spawn_cli, task_text, write_agent
 
 FLOW = """
 [[steps]]
@@ -207,10 +207,10 @@ def test_an_inline_workflow_runs_its_steps_when_their_needs_are_done(tmp_path: P
         "scout#1, planner#1]"
     ]
     [find_prompt] = host.history["orchestrator > scout#1"]
-    assert find_prompt[1]["content"] == "Task: Find the code behind: dates lose their zone"
+    assert find_prompt[1]["content"] == task_text("Find the code behind: dates lose their zone", tmp_path)
     [plan_prompt] = host.history["orchestrator > planner#1"]
-    assert (
-        plan_prompt[1]["content"] == "Task: Plan a fix using src/dates.py:10.\n\nWorkflow input:\ndates lose their zone"
+    assert plan_prompt[1]["content"] == task_text(
+        "Plan a fix using src/dates.py:10.\n\nWorkflow input:\ndates lose their zone", tmp_path
     )
     assert (child.mode, [(t.label, t.step_id) for t in child.tasks]) == (
         "workflow",

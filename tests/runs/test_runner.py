@@ -18,7 +18,7 @@ from mlx_subagents.events import Event
 from mlx_subagents.mcp_server.tasks import window
 from mlx_subagents.runs.tasks import TaskSpec, label_tasks, load_tasks_file
 from mlx_subagents.runs.transcripts import read_transcript, runs_dir
-from tests.helpers import call, go, make_runner, scripted_host
+from tests.helpers import call, go, make_runner, scripted_host, task_text
 
 
 def max_running(events: list[Event]) -> int:
@@ -147,7 +147,7 @@ def test_tasks_file(tmp_path: Path) -> None:
 # -- chain ----------------------------------------------------------------------------------------
 
 
-def test_chain_passes_the_previous_answer(scripted_runner: Any) -> None:
+def test_chain_passes_the_previous_answer(tmp_path: Path, scripted_runner: Any) -> None:
     script = {
         "agents": {
             "scout": {"replies": [call("ls", path="."), "the parser is in src/parse.py"]},
@@ -170,7 +170,10 @@ def test_chain_passes_the_previous_answer(scripted_runner: Any) -> None:
     ]
     assert [r.step_id for r in outcome.results] == ["1", "2", "3"]
     messages = read_transcript(Path(outcome.results[1].transcript)).messages
-    assert messages[1] == {"role": "user", "content": "Task: plan a fix for: the parser is in src/parse.py"}
+    assert messages[1] == {
+        "role": "user",
+        "content": task_text("plan a fix for: the parser is in src/parse.py", tmp_path),
+    }
 
 
 def test_chain_stops_at_the_first_failed_step(scripted_runner: Any) -> None:

@@ -183,9 +183,11 @@ def test_cli_runs_show_and_resume(tmp_path: Path, write_script: Any, run_cli: An
     code, out, _ = run_cli("show", run_id)
     lines = out.splitlines()
     assert code == 0 and lines[0] == f"run {run_id}  single  finished  1/1 succeeded"
-    assert lines[4:9] == [
+    assert lines[4:11] == [
         "system: (" + lines[4].split("(", 1)[1],
         "user: Task: where?",
+        "",
+        f"Workspace: {tmp_path.resolve()}",
         '-> ls {"path": "."}',
         "<- ls: script.json",
         "assistant: found [it]",
