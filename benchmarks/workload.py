@@ -145,7 +145,7 @@ def scout_prompt(workspace: Workspace, tool_names: Sequence[str] | None = None) 
     as a real session renders them."""
     spec = parse_agent_file(builtin_agents_dir() / "scout.md", "builtin")
     tools = [tool.schema() for tool in make_tools(tool_names or spec.tools, workspace).values()]
-    return {"role": "system", "content": system_prompt(spec, workspace)}, tools
+    return {"role": "system", "content": system_prompt(spec)}, tools
 
 
 def tool_message(reply: Reply, name: str, result: str) -> Message:

@@ -158,11 +158,12 @@ class LimitReached(Exception):
 
 
 def system_prompt(
-    spec: AgentSpec, workspace: Workspace, context: str = "", skills: SkillChoice | None = None, context_window: int = 0
+    spec: AgentSpec, context: str = "", skills: SkillChoice | None = None, context_window: int = 0
 ) -> str:
     """Agent body + project instructions + the workspace's rules + its skills; byte-identical for every
     session of this agent and workspace (the skills catalog ends it, in a fixed order), and for every
-    workspace with the same instructions and skills: no path is in it (see `task_message`).
+    workspace with the same instructions, memory and skills: it takes no workspace, whose folder is in
+    the task message (`task_message`). An agent's memory block names its memory file (`memory_block`).
 
     No call format: the host presents the tools in the model's own way (see `ModelHost.tool_mode`).
 
@@ -170,7 +171,7 @@ def system_prompt(
         context: the project's instructions (`project_context`), read once per workspace by the runner.
         skills, context_window: the skills it is offered and the window the catalog's budget scales to.
     """
-    # No path here: the workspace's folder is in the task message (`task_message`), so that the prompt
+    # No workspace path here: its folder is in the task message (`task_message`), so that the prompt
     # and the tools after it are one prefix for every workspace (clients of one server share its cache).
     prompt = (
         f"{spec.system_prompt.strip()}\n\n" + (f"{context}\n\n" if context else "") + "All paths are relative to "
@@ -293,7 +294,7 @@ class AgentSession:
 
     def system_prompt(self) -> str:
         """This session's system prompt (see `system_prompt`)."""
-        return system_prompt(self.spec, self.workspace, self.project_context, self.skills, self.host.context_window)
+        return system_prompt(self.spec, self.project_context, self.skills, self.host.context_window)
 
     async def follow_up(self, task: str, message: str) -> RunResult:
         """Continue a finished conversation (its messages restored) with a new user message."""

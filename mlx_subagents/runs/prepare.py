@@ -678,7 +678,7 @@ class Preparer:
         than half the model's context window (the rest is for the work), naming the numbers and what
         to shorten."""
         spec, host = task.spec, task.host
-        prompt = system_prompt(spec, task.workspace, task.context, task.skills, host.context_window)
+        prompt = system_prompt(spec, task.context, task.skills, host.context_window)
         system = [{"role": "system", "content": prompt}]
         schemas = self.tool_schemas(task)
         n_tokens = await host.count_tokens(system, schemas or None)

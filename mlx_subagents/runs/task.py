@@ -549,9 +549,7 @@ class TaskHandle:
                 self.record, self.entry = made
         prepared = self.prepared
         if messages is None:
-            prompt = system_prompt(
-                self.spec, self.workspace, prepared.context, prepared.skills, self.host.context_window
-            )
+            prompt = system_prompt(self.spec, prepared.context, prepared.skills, self.host.context_window)
             messages = [{"role": "system", "content": prompt}]
         self.board.parent = prepared.as_parent(self.record.folder if self.record else None)
         forked = self.fork_from is not None

@@ -370,7 +370,7 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(ws: Path) -> 
     assert all(c["tokens_after"] < c["tokens_before"] for c in compactions)
     assert result.usage.compactions == 2 and result.usage.turns == 4
     head = [
-        {"role": "system", "content": system_prompt(session.spec, session.workspace)},
+        {"role": "system", "content": system_prompt(session.spec)},
         {"role": "user", "content": task_message("find the config parser", session.workspace)},
     ]
     assert len(heads) == 6 and set(heads) == {json.dumps(head)}
