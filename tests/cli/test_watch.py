@@ -76,8 +76,11 @@ def test_watch_lists_a_running_parent_and_its_two_children_and_nothing_once_they
         assert all(t["input_tokens"] > 0 and t["elapsed_s"] > 0 for t in processes[0]["tasks"])
         code, text, _ = run_cli("watch", "--once")
         lines = [" ".join(line.split()) for line in text.splitlines()]
-        assert code == 0 and lines[-2].startswith("scout#1 scout decoding 2 791 49 ")
-        assert lines[-1].startswith("scout#2 scout decoding 2 791 49 ")
+        # The prompt names the workspace (tmp_path), so its token count depends on the path's length.
+        prompt = processes[0]["tasks"][1]["input_tokens"]
+        assert prompt == processes[0]["tasks"][2]["input_tokens"] and prompt > 700
+        assert code == 0 and lines[-2].startswith(f"scout#1 scout decoding 2 {prompt} 49 ")
+        assert lines[-1].startswith(f"scout#2 scout decoding 2 {prompt} 49 ")
         assert process.wait(timeout=30) == 0
     finally:
         process.kill()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import TEST_CACHE, _unavailable
+from tests.conftest import TEST_CACHE, _unavailable, cache_lock
 
 SUITE = "@modelcontextprotocol/conformance"
 PACKAGES = {
@@ -141,6 +141,14 @@ def conformance_suite() -> Suite:
     ready = root / "installed.json"
     if ready.is_file() and json.loads(ready.read_text()) == packages:
         return Suite(root)
+    with cache_lock():  # the suite's workers install it once between them
+        if not (ready.is_file() and json.loads(ready.read_text()) == packages):
+            _install(root, packages)
+    return Suite(root)
+
+
+def _install(root: Path, packages: dict[str, str]) -> None:
+    """Installs the packages with npm into a staging folder, then moves it to `root` in one rename."""
     npm = shutil.which("npm")
     if npm is None:
         _unavailable("npm is not installed (Debian: apt-get install npm)", "the conformance suite")
@@ -159,7 +167,6 @@ def conformance_suite() -> Suite:
         staging.rename(root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Suite(root)
 
 
 __all__ = ["KNOWN_BAD", "Outcome", "Suite", "conformance_suite"]

@@ -55,7 +55,7 @@ def test_a_call_longer_than_the_budget_answers_with_ids_and_agent_output_gets_th
     script = {
         "agents": {
             "scout": {"replies": ["scout found it"]},
-            "reviewer": {"replies": [{"content": "looks fine", "delay": 2.0}]},
+            "reviewer": {"replies": [{"content": "looks fine", "delay": 3.0}]},
         }
     }
     tasks = [{"agent": "scout", "task": "look"}, {"agent": "reviewer", "task": "review"}]
@@ -70,13 +70,16 @@ def test_a_call_longer_than_the_budget_answers_with_ids_and_agent_output_gets_th
             started = time.perf_counter()
             seen["early"] = await client.call_tool("agent_output", {"id": "reviewer#1", "wait": 100})
             seen["waited"] = time.perf_counter() - started
-            seen["late"] = await client.call_tool("agent_output", {"id": "reviewer#1", "wait": 100})
+            for _ in range(20):  # each call waits at most the budget: call again until the reviewer's end
+                seen["late"] = await client.call_tool("agent_output", {"id": "reviewer#1", "wait": 100})
+                if seen["late"].structured_content["task"]["status"] != "running":
+                    break
             seen["status"] = await client.call_tool("agent_status", {})
         return seen
 
     seen = anyio.run(main)
     result = seen["call"]
-    assert seen["elapsed"] < 1.5  # answered at the budget, not after the reviewer's 2 s
+    assert seen["elapsed"] < 2.5  # answered at the budget, not after the reviewer's 3 s
     assert not result.is_error
     data = result.structured_content
     assert (data["ok"], data["succeeded"], data["total"], data["running"]) == (False, 1, 2, ["reviewer#1"])
