@@ -18,7 +18,10 @@ Two parts per setting, all in one process run:
   decode tokens/s at 1 and 4 sessions (by the wall clock, and by this process's CPU time, which a
   shared machine's other work moves less; the median of `--decode-repeats` rounds, the settings in
   turn), and per session the share of tokens identical to the 16-bit run's over the first 256
-  (greedy agreement).
+  (greedy agreement). Then the forced agreement: four sessions at once are fed the 16-bit run's
+  tokens (teacher forcing) and at each one the setting's own greedy choice is recorded, so one
+  flipped near-tie counts as one token, where the free reply follows it to its end; at 16 bits it
+  is 1.0 (the method's own check).
 
 Targets at 8 bits against 16: at least 1.8x the sessions resident, at most half the re-prefilled
 tokens, decode at 4 sessions at least 0.9x; greedy agreement at least 0.95 (on a real model: the tiny
@@ -41,6 +44,7 @@ from kv_pressure import BudgetRun, Workload, pick_max_sessions, pool_counters, r
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.kv_pool import DEFAULT_DROP_BELOW_TOKENS, KVShape
+from mlx_subagents.testing import LogitsProcessor, make_forced_processor
 
 DEFAULT_BUDGET_FRACTION = 0.4
 TARGET_SESSIONS_RATIO = 1.8
@@ -65,6 +69,7 @@ class DecodeRun:
     tps: dict[int, list[float]] = field(default_factory=dict)
     cpu_tps: dict[int, list[float]] = field(default_factory=dict)
     tokens: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)  # the first round's ids per session
+    forced: list[float] = field(default_factory=list)  # per session of four: the forced agreement (`Teacher`)
 
     @staticmethod
     def median(rounds: dict[int, list[float]], n: int) -> float:
@@ -109,6 +114,58 @@ async def decode(model: Path, bits: int, n_tokens: int, into: DecodeRun) -> None
             into.tokens.setdefault(n, [r.token_ids for r in replies])
 
 
+class Teacher:
+    """Processor factory for the forced agreement: session `f<i>` is made to say the reference's
+    tokens `references[i]` (teacher forcing), and its own greedy choice before each forced token is
+    recorded. So every step sees the 16-bit run's history: a choice that differs counts once, where
+    the free reply would follow it for the rest of its tokens."""
+
+    def __init__(self, references: list[tuple[int, ...]]) -> None:
+        self._references = references
+        self._tokenizer: Any = None  # the host's, once it is loaded (`bind`)
+        self.choices: dict[int, list[Any]] = {}
+
+    def bind(self, host: MlxModelHost) -> None:
+        self._tokenizer = host.tokenizer
+
+    def __call__(self, session: str, prompt_ids: list[int]) -> list[LogitsProcessor]:
+        if not session.startswith("f"):
+            return []
+        i = int(session[1:])
+        chosen = self.choices.setdefault(i, [])
+        limit = len(self._references[i])
+
+        def record(tokens: Any, logits: Any) -> Any:
+            import mlx.core as mx
+
+            if len(chosen) < limit:
+                choice = mx.argmax(logits, axis=-1)
+                mx.async_eval(choice)  # computed with the step: no logits kept alive
+                chosen.append(choice)
+            return logits
+
+        return [record, make_forced_processor(self._tokenizer, list(self._references[i]))]
+
+    def agreement(self, i: int) -> float:
+        """The share of the reference's tokens session `f<i>` chose itself, given the reference's history."""
+        ref, chosen = self._references[i], [int(c.item()) for c in self.choices.get(i, [])]
+        return sum(a == b for a, b in zip(ref, chosen)) / len(ref) if ref else 1.0
+
+
+async def forced_agreement(model: Path, bits: int, references: list[tuple[int, ...]]) -> list[float]:
+    """Per session of four at once: the share of the 16-bit run's tokens this setting chooses greedily
+    when fed that run's tokens so far (see `Teacher`)."""
+    teacher = Teacher(references)
+    async with MlxModelHost(str(model), kv_bits=bits, kv_budget=0, prefix_cache=0, processor_factory=teacher) as host:
+        teacher.bind(host)
+        args = GenerateArgs(max_tokens=max(len(r) for r in references) + 1, temperature=0.0)
+        sessions = [host.session(f"f{i}") for i in range(len(references))]
+        await asyncio.gather(
+            *(s.generate([{"role": "user", "content": DECODE_PROMPTS[i]}], args) for i, s in enumerate(sessions))
+        )
+        return [round(teacher.agreement(i), 4) for i in range(len(references))]
+
+
 def agreement(reference: tuple[int, ...], other: tuple[int, ...], n: int = AGREEMENT_TOKENS) -> float:
     """The share of the reference's first `n` tokens the other run generated too, position for position."""
     ref = reference[:n]
@@ -146,6 +203,9 @@ async def measure(
     for _ in range(options["decode_repeats"]):
         for bits in settings:
             await decode(model, bits, options["decode_tokens"], decodes[bits])
+    references = [r[: options["decode_tokens"]] for r in decodes[settings[0]].tokens[max(DECODE_SESSIONS)]]
+    for bits in settings:  # the first setting's too: forced on its own tokens it must choose them all
+        decodes[bits].forced = await forced_agreement(model, bits, references)
     return free, runs, decodes
 
 
@@ -194,6 +254,8 @@ def summarize(
                 "generated_tokens": {str(k): [len(t) for t in v] for k, v in dec.tokens.items()},
                 "agreement": agree,
                 "agreement_mean": round(sum(agree) / len(agree), 4) if agree else 0.0,
+                "forced_agreement": dec.forced,
+                "forced_agreement_mean": round(sum(dec.forced) / len(dec.forced), 4) if dec.forced else 0.0,
             }
         )
     base = rows[0]
@@ -256,7 +318,7 @@ def print_table(report: dict[str, Any]) -> None:
     print()
     header = (
         f"{'bits':>4} {'B/token':>8} {'resident':>8} {'peak':>4} {'end':>3} {'evict':>5} {'spill':>5} {'drop':>4} {'reprefill':>9} "
-        f"{'waits':>5} {'tok/s@1':>8} {'tok/s@4':>8} {'@4 vs 16':>8} {'cpu@4 vs 16':>11} {'agree':>6} "
+        f"{'waits':>5} {'tok/s@1':>8} {'tok/s@4':>8} {'@4 vs 16':>8} {'cpu@4 vs 16':>11} {'agree':>6} {'forced':>6} "
         f"{'wall s':>7} {'ok':>3}"
     )
     print(header)
@@ -268,7 +330,8 @@ def print_table(report: dict[str, Any]) -> None:
             f"{r['sessions_resident_peak']:>4} {r['sessions_resident_end']:>3} {r['evictions']:>5} "
             f"{r['spills']:>5} {r['drops']:>4} {r['reprefilled_tokens']:>9} {r['admission_waits']:>5} "
             f"{r['decode_tps'].get('1', 0):>8.1f} {r['decode_tps'].get('4', 0):>8.1f} {at4:>8} {cpu4:>11} "
-            f"{r['agreement_mean']:>6.3f} {r['seconds']:>7.1f} {'yes' if r['completed'] else 'NO':>3}"
+            f"{r['agreement_mean']:>6.3f} {r['forced_agreement_mean']:>6.3f} {r['seconds']:>7.1f} "
+            f"{'yes' if r['completed'] else 'NO':>3}"
         )
         for error in r["errors"]:
             print(f"  {r['kv_bits']}-bit: {error}")
@@ -280,7 +343,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         "(resident: sessions whose caches were in memory at once, on average through the run (the target's "
         "measure), at most and at the end; agree: per session, the share of "
-        f"the {report['decode_tokens']} first generated tokens identical to the first setting's, mean)"
+        f"the {report['decode_tokens']} first generated tokens identical to the first setting's, mean; forced: "
+        "the same tokens fed to this setting, the share it would have chosen itself, mean)"
     )
 
 

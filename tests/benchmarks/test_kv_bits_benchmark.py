@@ -19,6 +19,7 @@ ROW_KEYS = {
     "reprefilled_tokens",
     "decode_tps",
     "agreement",
+    "forced_agreement",
     "sessions_resident_ratio",
     "reprefilled_ratio",
     "decode_at_4_ratio",
@@ -45,6 +46,8 @@ def test_kv_bits_comparison_json() -> None:
     assert sixteen["drops"] > 0 and sixteen["reprefilled_tokens"] > eight["reprefilled_tokens"]
     assert all(r["completed"] and r["spills"] == 0 for r in report["settings"])  # --evict drop: nothing spilled
     assert sixteen["agreement"] == [1.0] * 4  # the reference against itself
+    assert sixteen["forced_agreement"] == [1.0] * 4  # fed its own tokens, it chooses each of them
+    assert len(eight["forced_agreement"]) == 4 and all(0 <= a <= 1 for a in eight["forced_agreement"])
     assert report["targets"].keys() == {
         "sessions_resident_8_vs_16",
         "reprefilled_8_vs_16",
