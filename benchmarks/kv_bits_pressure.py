@@ -93,6 +93,13 @@ async def pressure(
     )
 
 
+async def each_prompt(sessions: list[Any], args: GenerateArgs) -> list[Any]:
+    """Session `i` answers `DECODE_PROMPTS[i]`, all at once: the decode part's replies."""
+    return await asyncio.gather(
+        *(s.generate([{"role": "user", "content": DECODE_PROMPTS[i]}], args) for i, s in enumerate(sessions))
+    )
+
+
 async def decode(model: Path, bits: int, n_tokens: int, into: DecodeRun) -> None:
     """Free greedy replies on a host with no budget: one session, then four at once (one round)."""
     async with MlxModelHost(str(model), kv_bits=bits, kv_budget=0, prefix_cache=0) as host:
@@ -101,9 +108,7 @@ async def decode(model: Path, bits: int, n_tokens: int, into: DecodeRun) -> None
         for n in DECODE_SESSIONS:
             sessions = [host.session(f"d{n}-{i}") for i in range(n)]
             cpu = time.process_time()
-            replies = await asyncio.gather(
-                *(s.generate([{"role": "user", "content": DECODE_PROMPTS[i]}], args) for i, s in enumerate(sessions))
-            )
+            replies = await each_prompt(sessions, args)
             # Every session decodes from its first token to its last: the window from the last first
             # token to the last end holds every session decoding at once.
             first = max(r.usage.prompt_seconds for r in replies)
@@ -148,8 +153,8 @@ class Teacher:
 
     def agreement(self, i: int) -> float:
         """The share of the reference's tokens session `f<i>` chose itself, given the reference's history."""
-        ref, chosen = self._references[i], [int(c.item()) for c in self.choices.get(i, [])]
-        return sum(a == b for a, b in zip(ref, chosen)) / len(ref) if ref else 1.0
+        ref = self._references[i]
+        return agreement(ref, tuple(int(c.item()) for c in self.choices.get(i, [])), len(ref))
 
 
 async def forced_agreement(model: Path, bits: int, references: list[tuple[int, ...]]) -> list[float]:
@@ -159,10 +164,7 @@ async def forced_agreement(model: Path, bits: int, references: list[tuple[int, .
     async with MlxModelHost(str(model), kv_bits=bits, kv_budget=0, prefix_cache=0, processor_factory=teacher) as host:
         teacher.bind(host)
         args = GenerateArgs(max_tokens=max(len(r) for r in references) + 1, temperature=0.0)
-        sessions = [host.session(f"f{i}") for i in range(len(references))]
-        await asyncio.gather(
-            *(s.generate([{"role": "user", "content": DECODE_PROMPTS[i]}], args) for i, s in enumerate(sessions))
-        )
+        await each_prompt([host.session(f"f{i}") for i in range(len(references))], args)
         return [round(teacher.agreement(i), 4) for i in range(len(references))]
 
 

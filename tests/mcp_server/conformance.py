@@ -139,11 +139,14 @@ def conformance_suite() -> Suite:
     packages = {**PACKAGES, node: NODE_VERSION}  # type: ignore[dict-item]
     root = TEST_CACHE / f"mcp-conformance-{PACKAGES[SUITE]}"
     ready = root / "installed.json"
-    if ready.is_file() and json.loads(ready.read_text()) == packages:
-        return Suite(root)
-    with cache_lock():  # the suite's workers install it once between them
-        if not (ready.is_file() and json.loads(ready.read_text()) == packages):
-            _install(root, packages)
+
+    def installed() -> bool:
+        return ready.is_file() and json.loads(ready.read_text()) == packages
+
+    if not installed():
+        with cache_lock():  # the suite's workers install it once between them
+            if not installed():
+                _install(root, packages)
     return Suite(root)
 
 
