@@ -89,3 +89,12 @@ def shortest_close(matcher: Any, allowed_of: Any, allowed: Any, closers: Closers
             if len(way) < budget and nodes < MAX_NODES:
                 frontier.append((after, way, allowed_of(after)))
     return None
+
+
+def still_closes(matcher: Any, way: list[int]) -> bool:
+    """Whether `way`, found from an earlier state, still closes what is open from `matcher`'s state (the
+    model wrote on inside a string, say). Checking costs one copy of the matcher, a search up to
+    `MAX_NODES`: a way that still closes within the tokens left decides as a new search would (the
+    shortest is no longer, so there is room still)."""
+    after = matcher.deep_copy()
+    return bool(after.consume_tokens(way)) and (after.is_accepting() or after.is_stopped())

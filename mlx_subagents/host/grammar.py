@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from .call_schema import GUIDANCE, closed, function_of
-from .closing import CLOSE_WINDOW, Closers, shortest_close
+from .closing import CLOSE_WINDOW, Closers, shortest_close, still_closes
 from .formats import CallSyntax, Markers, call_syntax
 from .protocol import ToolSchema
 
@@ -346,7 +346,10 @@ class Constrainer:
         if not (self._closing and said is not None and self._tokens and self._tokens[-1] == said):
             proto, vocab = self._active, allowed.size
             assert proto is not None
-            way = shortest_close(self._matcher, lambda m: proto.allowed(m, vocab), allowed, self.closers, left)
+            if self._closing and len(self._closing) < left and still_closes(self._matcher, self._closing):
+                way: list[int] | None = self._closing  # the way found before still closes, with room: no search
+            else:
+                way = shortest_close(self._matcher, lambda m: proto.allowed(m, vocab), allowed, self.closers, left)
             self._closing = way or []
             # Each token written lengthens the way by two at most (a nested string or list opened):
             # there is no need to look again before a third of the room left is gone.

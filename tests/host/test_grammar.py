@@ -419,6 +419,44 @@ def test_a_call_still_open_near_its_limit_is_closed_valid(template: str, tmp_pat
     assert cut.tool_calls == [] and cut.finish_reason == "length"
 
 
+def test_a_way_to_close_found_before_is_checked_not_searched_again(
+    tmp_path_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside the closing window the model writes on into its string; the way to close found at the
+    window's start still closes after each of those tokens, so it is checked (one copy of the matcher)
+    instead of searched for again, and the search runs again only once the way no longer fits the
+    tokens left. The reply is token for token the one a search at every check gives."""
+    from mlx_subagents.host import grammar
+
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny-close-again"), template="tools")
+    opening = '<tool_call>\n{"name": "note", "arguments": {"text": "'
+    searches: list[int] = []
+    search = grammar.shortest_close
+
+    def counted(*args: Any) -> Any:
+        searches.append(args[-1])  # the tokens left
+        return search(*args)
+
+    monkeypatch.setattr(grammar, "shortest_close", counted)
+
+    async def go() -> Any:
+        async with MlxModelHost(str(path)) as host:
+            start = host.tokenizer.encode(opening, add_special_tokens=False)
+            host._scheduler._processor_factory = lambda name, ids: [Prefix(start)]
+            args = GenerateArgs(max_tokens=len(start) + 40)
+            return await host.session("a").generate(TASK, args, tools=[NOTE])
+
+    checked = asyncio.run(go())
+    checked_searches, searches[:] = list(searches), []
+    monkeypatch.setattr(grammar, "still_closes", lambda matcher, way: False)  # search at every check
+    searched = asyncio.run(go())
+    assert [c.name for c in checked.tool_calls] == ["note"], checked.raw_text
+    assert checked.token_ids == searched.token_ids
+    # Searched when the window opens (16 tokens left) and when the way no longer fits (3 left); a
+    # search at every check runs at each of the checks the window schedules.
+    assert (checked_searches, searches) == ([16, 3], [16, 12, 9, 7, 6, 5, 4, 3])
+
+
 def test_batched_masks_equal_each_rows_own(tiny_qwen3: Any) -> None:
     """Three rows of a batch, each held to its own tools (one call the grammar rejects half way, one
     near its limit, closing): their tokens consumed and masks computed together (`MaskBatch`) are,
