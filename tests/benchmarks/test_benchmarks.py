@@ -77,10 +77,14 @@ def test_throughput_grammar_pair_reports_the_ratio_at_1_and_4_sessions() -> None
     report = run_benchmark("benchmarks/throughput.py", "--grammar-pair", "--tokens", "16", "--repeats", "1")
     assert set(report["results"]) == {"1", "4"}
     assert {k for k in report if k.startswith("grammar_")} == {
-        "grammar_decode_ratio_1", "grammar_decode_ratio_4", "grammar_cpu_ratio_1", "grammar_cpu_ratio_4",
-    }  # fmt: skip
-    assert [report["results"][n][g]["generated_tokens"] for n in ("1", "4") for g in ("off", "on")] == [16, 16, 64, 64]
+        f"grammar_{kind}_{n}" for kind in ("decode_ratio", "cpu_ratio", "paired", "null", "null_range") for n in (1, 4)
+    }
+    arms = ("off", "on", "again")
+    assert [report["results"][n][a]["generated_tokens"] for n in ("1", "4") for a in arms] == [16] * 3 + [64] * 3
     assert report["identical_outputs"] is True
+    for n in (1, 4):  # one round: the null's range is its one ratio, the median too
+        low, high = report[f"grammar_null_range_{n}"]
+        assert low == high == report[f"grammar_null_{n}"] > 0 and report[f"grammar_paired_{n}"] > 0
 
 
 def test_interference_benchmark_reports_both_modes_side_by_side() -> None:
