@@ -93,8 +93,8 @@ def shortest_close(matcher: Any, allowed_of: Any, allowed: Any, closers: Closers
 
 def still_closes(matcher: Any, way: list[int]) -> bool:
     """Whether `way`, found from an earlier state, still closes what is open from `matcher`'s state (the
-    model wrote on inside a string, say). Checking costs one copy of the matcher, a search up to
-    `MAX_NODES`: a way that still closes within the tokens left decides as a new search would (the
-    shortest is no longer, so there is room still)."""
+    model wrote on inside a string, say). The check copies the matcher once, where a search copies it
+    up to `MAX_NODES` times; a way that still closes and is shorter than the tokens left decides as a
+    new search would (the shortest is no longer, so there is room still: write on)."""
     after = matcher.deep_copy()
     return bool(after.consume_tokens(way)) and (after.is_accepting() or after.is_stopped())

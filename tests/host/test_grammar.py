@@ -394,6 +394,17 @@ NOTE = {
 }
 
 
+async def open_note(path: Path, room: int, grammar: bool = True) -> tuple[Any, int]:
+    """A reply forced to open `note`'s string argument, then `room` tokens of the random model, which
+    never closes it by itself: (the reply, the forced opening's length)."""
+    async with MlxModelHost(str(path)) as host:
+        opening = '<tool_call>\n{"name": "note", "arguments": {"text": "'
+        start = host.tokenizer.encode(opening, add_special_tokens=False)
+        host._scheduler._processor_factory = lambda name, ids: [Prefix(start)]
+        args = GenerateArgs(max_tokens=len(start) + room, grammar=grammar)
+        return await host.session("a").generate(TASK, args, tools=[NOTE]), len(start)
+
+
 @pytest.mark.parametrize("template", ["tools", "no_tools"])
 def test_a_call_still_open_near_its_limit_is_closed_valid(template: str, tmp_path_factory: Any) -> None:
     """The call is forced to open a string and the random model writes noise into it, which it never
@@ -401,21 +412,12 @@ def test_a_call_still_open_near_its_limit_is_closed_valid(template: str, tmp_pat
     and the reply ends as a valid call within its limit (native Hermes with a special end marker, and
     prompted, where the end marker is text). With the grammar off the same start is cut."""
     path = make_tiny_model(tmp_path_factory.mktemp(f"tiny-close-{template}"), template=template)
-    opening = '<tool_call>\n{"name": "note", "arguments": {"text": "'
-
-    async def go(grammar: bool, max_tokens: int) -> Any:
-        async with MlxModelHost(str(path)) as host:
-            start = host.tokenizer.encode(opening, add_special_tokens=False)
-            host._scheduler._processor_factory = lambda name, ids: [Prefix(start)]
-            args = GenerateArgs(max_tokens=len(start) + max_tokens, grammar=grammar)
-            return await host.session("a").generate(TASK, args, tools=[NOTE]), len(start)
-
     for room in (12, 20, 40):  # the way to close takes 11 tokens here: `", "tags": [""]}}` and the end
-        reply, n_start = asyncio.run(go(True, room))
+        reply, n_start = asyncio.run(open_note(path, room))
         assert [c.name for c in reply.tool_calls] == ["note"], reply.raw_text
         jsonschema.validate(reply.tool_calls[0].arguments, NOTE["function"]["parameters"])
         assert reply.usage.generated_tokens <= n_start + room and reply.constrained == "calls"
-    cut, _ = asyncio.run(go(False, 14))
+    cut, _ = asyncio.run(open_note(path, 14, grammar=False))
     assert cut.tool_calls == [] and cut.finish_reason == "length"
 
 
@@ -429,7 +431,6 @@ def test_a_way_to_close_found_before_is_checked_not_searched_again(
     from mlx_subagents.host import grammar
 
     path = make_tiny_model(tmp_path_factory.mktemp("tiny-close-again"), template="tools")
-    opening = '<tool_call>\n{"name": "note", "arguments": {"text": "'
     searches: list[int] = []
     search = grammar.shortest_close
 
@@ -438,18 +439,10 @@ def test_a_way_to_close_found_before_is_checked_not_searched_again(
         return search(*args)
 
     monkeypatch.setattr(grammar, "shortest_close", counted)
-
-    async def go() -> Any:
-        async with MlxModelHost(str(path)) as host:
-            start = host.tokenizer.encode(opening, add_special_tokens=False)
-            host._scheduler._processor_factory = lambda name, ids: [Prefix(start)]
-            args = GenerateArgs(max_tokens=len(start) + 40)
-            return await host.session("a").generate(TASK, args, tools=[NOTE])
-
-    checked = asyncio.run(go())
+    checked, _ = asyncio.run(open_note(path, 40))
     checked_searches, searches[:] = list(searches), []
     monkeypatch.setattr(grammar, "still_closes", lambda matcher, way: False)  # search at every check
-    searched = asyncio.run(go())
+    searched, _ = asyncio.run(open_note(path, 40))
     assert [c.name for c in checked.tool_calls] == ["note"], checked.raw_text
     assert checked.token_ids == searched.token_ids
     # Searched when the window opens (16 tokens left) and when the way no longer fits (3 left); a
