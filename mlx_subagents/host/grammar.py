@@ -243,7 +243,6 @@ class Constrainer:
         self.ends_reply = ends_reply  # a call runs to the reply's end (Mistral): then only its end follows
         self.start_ids, self.think, self.eos = tuple(start_ids), think, tuple(eos)
         self.known: Sequence[int] = []  # the tokens the host has read (set by the scheduler)
-        self.guarded = False  # other processors come first (set by the scheduler): see `_masked`
         # The token in flight as a batch reads it for all its rows at once (set by the scheduler).
         self.in_flight: Callable[[], int | None] | None = None
         # In the batch: the masks of every constrained row, computed together (`masks.MaskBatch`).
@@ -319,7 +318,7 @@ class Constrainer:
             import mlx.core as mx
 
             allowed = mx.array(self.allowed(logits.shape[-1]))
-        return _masked(logits, allowed, self.guarded)
+        return _masked(logits, allowed)
 
     def allowed(self, vocab: int, row: np.ndarray | None = None) -> np.ndarray:
         """What may come next, as a bool row of `vocab`: the matcher's (`row`, when computed with other
@@ -371,10 +370,7 @@ class Constrainer:
             return logits
         import mlx.core as mx
 
-        vocab = logits.shape[-1]
-        if self.guarded:
-            return mx.where(tokens[-1] == marker[-1], _masked(logits, proto.first(vocab), True), logits)
-        return mx.where((tokens[-1] == marker[-1]) & proto.blocked(vocab), -mx.inf, logits)
+        return mx.where((tokens[-1] == marker[-1]) & proto.blocked(logits.shape[-1]), -mx.inf, logits)
 
     def _recent(self, k: int) -> list[int]:
         return self._tokens[len(self._tokens) - k :] if k else []
@@ -438,14 +434,13 @@ class Constrainer:
             self._engage(self._calls, "calls")
 
 
-def _masked(logits: mx.array, allowed: mx.array, guarded: bool) -> mx.array:
-    """`logits` outside `allowed` at minus infinity. `guarded`: where an earlier processor left only
-    tokens the grammar rejects (forcing a script), theirs win: the reply goes on as forced and the
-    grammar lets go at that token. On the device: no sync."""
+def _masked(logits: mx.array, allowed: mx.array) -> mx.array:
+    """`logits` outside `allowed` at minus infinity: one op on the device, no sync. The grammar is a
+    turn's first processor: one after it that forces a token (the test kit's scripts) gives it a
+    finite logit, so the forced token wins and the grammar lets go at it (a rejected token)."""
     import mlx.core as mx
 
-    masked = mx.where(allowed, logits, mx.array(-mx.inf, dtype=logits.dtype))
-    return mx.where(mx.any(masked > -mx.inf), masked, logits) if guarded else masked
+    return mx.where(allowed, logits, mx.array(-mx.inf, dtype=logits.dtype))
 
 
 def _ends_with(ids: list[int], marker: tuple[int, ...]) -> bool:

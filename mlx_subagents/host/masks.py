@@ -5,8 +5,8 @@ it (its mask depends on it) and then its next mask. Row by row that is a read of
 llguidance to consume it and one to compute the mask, and a host-to-device copy, per row and step.
 Here the first constrained row of a step does it for all of them: one read of every row's token (the
 batch's own array), one `consume_token_par` and one `fill_next_token_bitmask_par` on an llguidance
-`LLExecutor` for all rows, one unpacking of the bitmasks, one array moved to the device; each row
-then takes its own row of it. llguidance's work runs on a worker thread while the mlx thread
+`LLExecutor` for all rows, one unpacking of the bitmasks; each row's mask is then copied to an array
+of its own (a copy, where a slice of one array would be an op more in the step's graph). llguidance's work runs on a worker thread while the mlx thread
 dispatches the step's forward pass: on the CPU backend, dispatching a graph of many small ops takes
 about as long as computing it, so the masks are ready when the forward is. The worker touches only
 llguidance and the rows' Python state, never mlx (the mlx thread owns every mlx call), and the mlx
@@ -82,9 +82,8 @@ class MaskBatch:
         mx.async_eval(logits)  # the forward runs while llguidance works
         masked, rows = pending.result()
         self._fed.update(id(row) for row, _ in jobs)
-        if masked:
-            device = mx.array(rows)
-            self._masks.update((id(row), device[i]) for i, row in enumerate(masked))
+        # A row's own array: a copy made now, not a slice op more in the step's graph.
+        self._masks.update((id(row), mx.array(rows[i])) for i, row in enumerate(masked))
 
     def _masks_of(self, jobs: list[tuple[Constrainer, int]], vocab: int) -> tuple[list[Constrainer], Any]:
         """On the worker: each row's token consumed, the running rows' masks (one call each for all)."""

@@ -290,7 +290,8 @@ class MlxModelHost:
         context_window: the window per session (default: the model's, capped at
             `DEFAULT_CONTEXT_WINDOW` and at what the KV budget holds for `max_sessions` sessions).
         processor_factory: called per request with (session name, prompt ids);
-            returns logits processors (tests use it to force a script).
+            returns logits processors, run after the grammar's mask (tests use it to force a script;
+            a processor that forces a token gives it a finite logit, as `testing.forced` does).
         reuse: keep and reuse each session's KV cache across turns.
         batching: decode all active sessions in one batch (False: one turn at a time).
         kv_budget: bytes (or "4GB", or a fraction of RAM) for all KV caches; None derives

@@ -693,9 +693,8 @@ class Scheduler:
         turn.sampler = make_sampler(temp=turn.request.temperature)
         if (turn.request.grammar_tools or turn.request.answer_schema is not None) and (grammar := self._grammar(turn)):
             grammar.known = turn.generated  # the tokens this loop has read: no sync to learn them
-            grammar.guarded = bool(turn.processors)
             grammar.limit = turn.max_tokens  # a call still open near it is closed
-            turn.grammar, turn.processors = grammar, [*turn.processors, grammar]
+            turn.grammar, turn.processors = grammar, [grammar, *turn.processors]
         if turn.request.thinking is not None and (
             budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)
         ):
@@ -715,8 +714,9 @@ class Scheduler:
                 self._end_single(turn, "cancelled")
 
     def _grammar(self, turn: Turn) -> Constrainer | None:
-        """The turn's grammar for its calls and answer (after its other processors, before the thought
-        budget, so a thought is closed even mid-call and a call is constrained whatever forced its start)."""
+        """The turn's grammar for its calls and answer: first of its processors (a processor after it that
+        forces a token wins, and the grammar lets go there: no check on the device of what the others
+        left), before the thought budget, so a thought is closed even mid-call."""
         if self._grammars is None:
             assert self.call_format is not None, "a request with a grammar needs the host's call format"
             self._grammars = Grammars(self.tokenizer, *self.call_format)

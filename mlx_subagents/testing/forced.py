@@ -68,11 +68,18 @@ class ForcedProcessor:
                 pos = script_position(device.ids, device.index, pos, new[i : i + 1])
             self._pos = pos
         self._seen = n
-        keep = device.vocab == device.script[pos]
-        return mx.where(keep, logits, mx.array(-mx.inf, dtype=logits.dtype))
+        return only(logits, device.vocab == device.script[pos])
 
     def __repr__(self) -> str:
         return f"ForcedProcessor({len(self.token_ids)} tokens, eos={self.eos_token_id})"
+
+
+def only(logits: mx.array, keep: mx.array) -> mx.array:
+    """`logits` at minus infinity but where `keep`, which holds at least the lowest finite logit: the
+    forced token wins even over a mask before it (the grammar's, first of a turn's processors, which
+    then lets go at it). Its value still comes from `logits`, so the forward pass stays in the graph."""
+    lowest = mx.array(mx.finfo(logits.dtype).min, dtype=logits.dtype)
+    return mx.where(keep, mx.maximum(logits, lowest), mx.array(-mx.inf, dtype=logits.dtype))
 
 
 @dataclass(frozen=True)
@@ -128,8 +135,7 @@ class ForcedPrefix:
         at = len(tokens) - self._first
         if at >= len(self.ids):
             return logits
-        keep = mx.arange(logits.shape[-1]) == self.ids[at]
-        return mx.where(keep, logits, mx.array(-mx.inf, dtype=logits.dtype))
+        return only(logits, mx.arange(logits.shape[-1]) == self.ids[at])
 
 
 class ForcedScripts:

@@ -26,6 +26,7 @@ from mlx_lm.tool_parsers import json_tools
 import mlx_subagents
 from mlx_subagents.testing import (
     TEMPLATES,
+    ForcedPrefix,
     ForcedProcessor,
     ForcedScripts,
     Script,
@@ -355,6 +356,24 @@ def test_forced_processor_masks_all_but_one_token() -> None:
     assert picks == [2, 1, 3, 3, 3]
     with pytest.raises(RuntimeError, match="fresh one per request"):
         processor(list(range(3)), logits)
+
+
+def test_a_forced_token_wins_over_a_mask_before_it() -> None:
+    """The grammar masks first; a script it rejects is still said (and the grammar lets go there)."""
+    prefix = ForcedPrefix([2])
+    masked = mx.array([[0.5, 1.0, -mx.inf, 3.0]])  # the grammar ruled token 2 out
+    for processor in (make_forced_processor(Tok4(), "2"), prefix):
+        row = processor(list(range(4)), masked)[0].tolist()
+        assert row.index(max(row)) == 2 and row[2] == float(mx.finfo(mx.float32).min)
+        assert row.count(float("-inf")) == 3
+    assert prefix(list(range(5)), masked)[0].tolist() == masked[0].tolist()  # said: the model decides
+
+
+class Tok4:
+    eos_token_id = 3
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [int(c) for c in text]
 
 
 def forced_picks(processor: ForcedProcessor, contexts: list[mx.array], vocab: int) -> list[int]:
