@@ -5,7 +5,8 @@ Two parts per setting, all in one process run:
 - **Pressure.** The workload of `kv_pressure.py` (N sessions of the scout agent, T forced tool-call turns,
   tool results of a few hundred tokens; the forced replies make every setting's conversation the same
   tokens) under one KV budget: by default `--budget-fraction` of what the 16-bit run holds with no
-  budget at all. Reported: the sessions resident at once (their caches in memory, idle or in a turn),
+  budget at all (every setting holds a shared prefix once), and at least what one 16-bit session's
+  whole conversation needs. Reported: the sessions resident at once (their caches in memory, idle or in a turn),
   evictions, spills, restores, drops, re-prefilled tokens (the tokens a dropped cache held, prefilled
   again), admission waits, KV bytes per token, wall time. With
   `--evict drop` (the default here) an evicted cache is dropped and its session re-prefills, the cost the
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kv_pressure import BudgetRun, Workload, pick_max_sessions, pool_counters, run_budget
+from kv_pressure import BudgetRun, Workload, least_budget, pick_max_sessions, pool_counters, run_budget
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
@@ -190,8 +191,10 @@ async def measure(
     free = await pressure(model, workload, 16, None, n + 1, force, drop)
     if not free.completed:
         raise SubagentError("the unbounded 16-bit run failed: " + "; ".join(free.errors))
-    budget = budget if budget is not None else int(free.stats.pool["peak_bytes"] * options["fraction"])
-    needed = max(g[-1].usage.prompt_tokens for g in free.replies) + 64
+    needed = least_needed(free)
+    if budget is None:  # a share of the 16-bit working set, at least one 16-bit conversation's need
+        least = least_budget(KVShape(*free.kv_shape), free.trimmable, needed)
+        budget = max(int(free.stats.pool["peak_bytes"] * options["fraction"]), least)
     runs = []
     for bits in settings:
         shape = free.shapes.get(bits)
@@ -209,6 +212,11 @@ async def measure(
     for bits in settings:  # the first setting's too: forced on its own tokens it must choose them all
         decodes[bits].forced = await forced_agreement(model, bits, references)
     return free, runs, decodes
+
+
+def least_needed(free: BudgetRun) -> int:
+    """The tokens every session's window must hold: the longest conversation and its reply."""
+    return max(g[-1].usage.prompt_tokens for g in free.replies) + 64
 
 
 def summarize(
@@ -296,6 +304,7 @@ def summarize(
         "turns": len(workload.calls[0]),
         "result_lines": workload.result_lines,
         "working_set_bytes": free.stats.pool["peak_bytes"],
+        "least_budget_bytes": least_budget(KVShape(*free.kv_shape), free.trimmable, least_needed(free)),
         "final_prompt_tokens": [g[-1].usage.prompt_tokens for g in free.replies],
         "decode_tokens": decode_tokens,
         "load_average": [round(x, 2) for x in os.getloadavg()],

@@ -9,8 +9,9 @@ bash), as sessions of one agent do.
 
 The same workload runs under three KV budgets, side by side in one process run:
 
-- unbounded (`kv_budget=0`): its measured peak KV bytes is the working set;
-- 50% and 25% of that working set (passed to the host as bytes).
+- unbounded (`kv_budget=0`): its measured peak KV bytes is the working set (the shared prefix held once);
+- 50% and 25% of that working set (passed to the host as bytes), each at least what one session's
+  whole conversation needs (`least_budget`: below it not even one conversation fits).
 
 A bounded host must still give every session a window that holds its whole conversation: the
 per-session window is the host's `tokens_that_fit(shape, budget // max_sessions)`, so for each budget the
@@ -79,7 +80,7 @@ from workload import (
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost, Reply, parse_bytes
 from mlx_subagents.host.kv_bits import check_kv_bits
-from mlx_subagents.host.kv_pool import KVShape, tokens_that_fit
+from mlx_subagents.host.kv_pool import KV_STEP, KVShape, TurnSize, admission_bytes, tokens_that_fit
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, Message, ToolSchema
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor
 from mlx_subagents.tools import Workspace
@@ -268,6 +269,20 @@ async def run_budget(
         )
 
 
+def needed_tokens(unbounded: BudgetRun) -> int:
+    """The longest conversation of the run and its reply: what every session's window must hold."""
+    max_tokens = FORCED_MAX_TOKENS if unbounded.forced else FREE_MAX_TOKENS
+    return max(g[-1].usage.prompt_tokens for g in unbounded.replies) + max_tokens
+
+
+def least_budget(shape: KVShape, trimmable: bool, needed_tokens: int) -> int:
+    """The smallest budget whose one session's window holds `needed_tokens` (whole KV steps): below it not
+    even one conversation fits. A fraction of a working set whose prefix is held once for every session
+    can fall below it: each budget is at least this."""
+    window = -(-needed_tokens // KV_STEP) * KV_STEP
+    return admission_bytes(shape, [TurnSize(window, window)], batched=False, trimmable=trimmable)
+
+
 def pick_max_sessions(budget: int, shape: KVShape, trimmable: bool, needed_tokens: int, most: int) -> int:
     """The most sessions (<= `most`) whose per-session window still holds `needed_tokens`; at least 1."""
     for m in range(most, 0, -1):
@@ -284,12 +299,12 @@ async def run_all(model: Path, workload: Workload, force: bool, share_prefix: bo
         raise SubagentError("the unbounded run failed: " + "; ".join(unbounded.errors))
     working_set = unbounded.stats.pool["peak_bytes"]
     shape = KVShape(*unbounded.kv_shape)
-    max_tokens = FORCED_MAX_TOKENS if unbounded.forced else FREE_MAX_TOKENS
-    needed = max(g[-1].usage.prompt_tokens for g in unbounded.replies) + max_tokens
+    needed = needed_tokens(unbounded)
     runs = [unbounded]
+    least = least_budget(shape, unbounded.trimmable, needed)
     for fraction in BUDGET_FRACTIONS[1:]:
         assert fraction is not None
-        budget = int(working_set * fraction)
+        budget = max(int(working_set * fraction), least)
         m = pick_max_sessions(budget, shape, unbounded.trimmable, needed, default_sessions)
         try:
             runs.append(await run_budget(model, workload, f"{fraction:.0%}", budget, m, force, share_prefix))
@@ -375,6 +390,7 @@ def summarize(
         "kv_fixed_bytes": fixed,
         "kv_per_token_bytes": per_token,
         "working_set_bytes": unbounded["peak_kv_bytes"],
+        "least_budget_bytes": least_budget(KVShape(fixed, per_token), base.trimmable, needed_tokens(base)),
         "final_prompt_tokens": final_prompts,
         "identical_outputs": all(r["identical_outputs"] for r in rows),
         "all_within_budget": all_within,

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import SubagentError
 from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost
 from ..host.grammar import Grammars
-from ..host.kv_pool import KVShape, admission_bytes
+from ..host.kv_pool import KVShape, TurnSize, admission_bytes
 from ..host.mlx_host import total_memory
 from ..host.prefill import describe
 from ..host.prefix_store import list_prefixes, prefix_cache_dir
@@ -109,7 +109,7 @@ def kv_bits_lines(
         if isinstance(shape, str):
             lines.append(f"{head}unavailable: {shape}")
             continue
-        one = admission_bytes(shape, [(window, window)], batched=False, trimmable=trimmable)
+        one = admission_bytes(shape, [TurnSize(window, window)], batched=False, trimmable=trimmable)
         fit = "unbounded budget" if budget is None else f"{budget // one} sessions of {window} tokens fit the budget"
         lines.append(f"{head}{shape.per_token} bytes/token, {fit}" + (" (this host)" if bits == running else ""))
     return lines

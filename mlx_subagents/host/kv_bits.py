@@ -42,11 +42,14 @@ class KVSetting:
         return self.bits < 16
 
     def make_cache(self, model: Any) -> list[Any]:
-        """A fresh prompt cache for `model` under this setting (mlx-lm's `make_prompt_cache` at 16)."""
+        """A fresh prompt cache for `model` under this setting: at 16, mlx-lm's `make_prompt_cache` with
+        its dense layers able to start from a shared prefix (`prefixed_cache.py`)."""
         from mlx_lm.models.cache import make_prompt_cache
 
+        from .prefixed_cache import shared_layers
+
         cache = make_prompt_cache(model)
-        return [self.layer(c) for c in cache] if self.quantized else cache
+        return [self.layer(c) for c in cache] if self.quantized else shared_layers(cache)
 
     def layer(self, layer: Any) -> Any:
         """One layer's empty cache under this setting; TypeError for a kind that has no quantized form."""
@@ -112,9 +115,9 @@ def cache_class(name: str) -> type:
     """A cache class by the name a cache file records: ours, else mlx-lm's."""
     from mlx_lm.models import cache as mlx_cache
 
-    from . import quantized_cache, quantized_rotating
+    from . import prefixed_cache, quantized_cache, quantized_rotating
 
-    for module in (quantized_cache, quantized_rotating):
+    for module in (prefixed_cache, quantized_cache, quantized_rotating):
         if isinstance(found := getattr(module, name, None), type):
             return found
     return getattr(mlx_cache, name)  # type: ignore[no-any-return]

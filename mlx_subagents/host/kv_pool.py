@@ -89,12 +89,13 @@ def kv_shape_of(cache: list[Any]) -> KVShape | None:
     """
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
+    from .prefixed_cache import PrefixedKVCache
     from .quantized_cache import QuantizedKVCache
     from .quantized_rotating import QuantizedRotatingKVCache
 
     fixed = per_token = 0
     for layer in cache:
-        if type(layer) in (KVCache, RotatingKVCache) and layer.keys is not None:
+        if type(layer) in (KVCache, PrefixedKVCache, RotatingKVCache) and layer.keys is not None:
             per_token += layer.nbytes // layer.keys.shape[2]
         elif type(layer) in (QuantizedKVCache, QuantizedRotatingKVCache) and layer.keys is not None:
             per_token += layer.nbytes // layer.keys[0].shape[2]
@@ -105,9 +106,21 @@ def kv_shape_of(cache: list[Any]) -> KVShape | None:
     return KVShape(fixed=fixed, per_token=per_token)
 
 
+@dataclass(frozen=True)
+class TurnSize:
+    """A turn as admission control counts it: its final and prompt lengths in tokens, and the shared
+    prefix it starts from (`shared` tokens of `prefix`, held once for all its sessions and counted
+    there: the turn holds only what follows)."""
+
+    final: int
+    prompt: int
+    shared: int = 0
+    prefix: object = None
+
+
 def admission_bytes(
     shape: KVShape,
-    turns: Sequence[tuple[int, int]],
+    turns: Sequence[TurnSize],
     *,
     batched: bool,
     trimmable: bool,
@@ -116,8 +129,9 @@ def admission_bytes(
     """Worst-case KV bytes of turns running together, as admission control counts them.
 
     Args:
-        turns: `(final length, prompt length)` per turn, in tokens.
-        batched: a batch pads every member to its longest.
+        turns: each turn's lengths and the shared prefix it starts from.
+        batched: a batch pads every member to its longest: the tails, when every member starts from one
+            shared prefix, else the whole sequences (the batch then holds each row whole).
         trimmable: False for hybrid caches, whose sessions also hold a snapshot of their prompt.
         new_prefixes: lengths of shared prefixes these turns will add.
     """
@@ -125,11 +139,13 @@ def admission_bytes(
         return 0
     # A cache grows by whole KV steps past what it holds: allow one step of slack.
     if batched:
-        total = len(turns) * shape.bytes_for(max(final for final, _ in turns) + KV_STEP)
+        one_prefix = len({t.prefix for t in turns}) == 1
+        longest = max(t.final - (t.shared if one_prefix else 0) for t in turns)
+        total = len(turns) * shape.bytes_for(longest + KV_STEP)
     else:
-        total = sum(shape.bytes_for(final + KV_STEP) for final, _ in turns)
+        total = sum(shape.bytes_for(t.final - t.shared + KV_STEP) for t in turns)
     if not trimmable:
-        total += sum(shape.bytes_for(prompt) for _, prompt in turns)
+        total += sum(shape.bytes_for(t.prompt - t.shared) for t in turns)
     return total + sum(shape.bytes_for(n) for n in new_prefixes)
 
 
@@ -140,7 +156,7 @@ def tokens_that_fit(shape: KVShape, per_session_bytes: int, trimmable: bool = Tr
 
     def fits(steps: int) -> bool:
         n = steps * KV_STEP
-        return admission_bytes(shape, [(n, n)], batched=False, trimmable=trimmable) <= per_session_bytes
+        return admission_bytes(shape, [TurnSize(n, n)], batched=False, trimmable=trimmable) <= per_session_bytes
 
     low, high = 0, max(0, (per_session_bytes - shape.fixed) // (shape.per_token * KV_STEP))  # high: an upper bound
     while low < high:  # bisect for the largest number of steps that fits

@@ -67,8 +67,15 @@ WRITER_DRAIN_S = 30.0
 # Files read in full (and hashed) for the model's identity; weights are named by name, size and mtime.
 _SMALL_FILE_BYTES = 64 * 2**20
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".npz")
-_SUPPORTED = ("KVCache", "RotatingKVCache", "ArraysCache", "QuantizedKVCache", "QuantizedRotatingKVCache")
-_DENSE = ("KVCache", "QuantizedKVCache")
+_SUPPORTED = (
+    "KVCache",
+    "PrefixedKVCache",
+    "RotatingKVCache",
+    "ArraysCache",
+    "QuantizedKVCache",
+    "QuantizedRotatingKVCache",
+)
+_DENSE = ("KVCache", "PrefixedKVCache", "QuantizedKVCache")
 _BYTE_SIZE = TypeAdapter(ByteSize)
 _BINARY = {"k": "KiB", "m": "MiB", "g": "GiB", "t": "TiB"}
 
@@ -172,8 +179,8 @@ def _sliced(cache: list[Any]) -> list[Any]:
         if unwrapped and layer.keys is not None and layer.offset < length(layer.keys):
             state[0], state[1] = upto(layer.keys, layer.offset), upto(layer.values, layer.offset)
         state = contiguous(state)
-        if name.startswith("Quantized"):
-            state[0], state[1] = tuple(contiguous(state[0])), tuple(contiguous(state[1]))
+        if name.startswith("Quantized"):  # its tensors (and a shared prefix's after them) are triples
+            state = [tuple(contiguous(list(v))) if isinstance(v, (tuple, list)) else v for v in state]
         if name == "ArraysCache":  # its state is (the list of recurrent arrays, padding, lengths)
             state[0] = contiguous(state[0])
         out.append(type(layer).from_state(state))

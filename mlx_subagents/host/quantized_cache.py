@@ -19,6 +19,8 @@ from typing import Any
 
 from mlx_lm.models import cache as mlx_cache
 
+from .prefixed_cache import OverPrefix, OverPrefixBatch
+
 # A quantized tensor: (packed uint32, scales, biases), as `mx.quantize` returns it.
 Parts = tuple[Any, ...]
 
@@ -101,7 +103,7 @@ def join_rows(a: Any, b: Any) -> None:
     a._idx = max_idx
 
 
-class QuantizedKVCache(mlx_cache.QuantizedKVCache):
+class _QuantizedKVCache(mlx_cache.QuantizedKVCache):
     """mlx-lm's single-sequence quantized cache (same state, same file format), able to join a batch
     (`merge`) as its `KVCache` is."""
 
@@ -117,7 +119,7 @@ class QuantizedKVCache(mlx_cache.QuantizedKVCache):
         return BatchQuantizedKVCache.merge(caches)
 
 
-class BatchQuantizedKVCache(mlx_cache.BatchKVCache):
+class _BatchQuantizedKVCache(mlx_cache.BatchKVCache):
     """mlx-lm's `BatchKVCache` holding quantized keys and values (left-padded rows, as there)."""
 
     def __init__(self, left_padding: list[int], group_size: int = 64, bits: int = 8) -> None:
@@ -229,3 +231,25 @@ class BatchQuantizedKVCache(mlx_cache.BatchKVCache):
     @property
     def nbytes(self) -> int:
         return parts_nbytes(self.keys, self.values)
+
+
+class QuantizedKVCache(OverPrefix, _QuantizedKVCache):
+    """The host's quantized cache of one sequence, optionally over a shared prefix (`prefixed_cache.py`)."""
+
+    _base_state_length = 5
+
+    def __init__(self, group_size: int = 64, bits: int = 8) -> None:
+        _QuantizedKVCache.__init__(self, group_size=group_size, bits=bits)
+
+
+class BatchQuantizedKVCache(OverPrefixBatch, _BatchQuantizedKVCache):
+    """The host's quantized batch cache, its rows optionally over one shared prefix (`prefixed_cache.py`)."""
+
+    single = QuantizedKVCache
+
+    def _empty_single(self) -> Any:
+        return QuantizedKVCache(group_size=self.group_size, bits=self.bits)
+
+    @classmethod
+    def merge(cls, caches: list[Any]) -> BatchQuantizedKVCache:
+        return cls._merged(caches, lambda rows: super(BatchQuantizedKVCache, cls).merge(rows))  # type: ignore[no-any-return]

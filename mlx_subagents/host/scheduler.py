@@ -29,11 +29,11 @@ from typing import Any
 
 from ..errors import PromptTooLongError
 from .grammar import Constrainer, Grammars
-from .kv_pool import CacheState, KVPool, KVShape, admission_bytes, cache_nbytes
+from .kv_pool import CacheState, KVPool, KVShape, TurnSize, admission_bytes, cache_nbytes
 from .masks import MaskBatch
 from .mlx_thread import Deliver
 from .prefill import DEFAULT_PREFILL_SLICE, PrefillGroup, PrefillSlice, SlicePolicy, pick
-from .prefix_cache import SharedPrefixes
+from .prefix_cache import SharedPrefixes, shared_prefix_of
 from .prefix_store import PrefixStore
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, Message, ProcessorFactory, Reply, TextCallback, ToolSchema, Usage
@@ -140,6 +140,7 @@ class Turn:
     token_s: float = 0.0  # its last solo slice's seconds per token
     prefill_wait_s: float = 0.0  # time it spent while other turns' prompts were prefilled
     told: bool = False  # its sink was told its prefill began (`_tell_prefill`)
+    shared: tuple[int, Any] | None = None  # the shared prefix its cache starts from: (tokens, prefix); None: not opened
 
     @property
     def final_length(self) -> int:
@@ -313,15 +314,28 @@ class Scheduler:
         return [*self.prefilling, *self.decoding.values(), *([self.single] if self.single else [])]
 
     def _estimate(self, turns: list[Turn]) -> int:
-        """Worst-case bytes of these turns together, shared prefixes they will add included."""
+        """Worst-case bytes of these turns together, shared prefixes they will add included (a shared prefix
+        they start from is counted once, with the entries)."""
         new_prefixes = {tuple(t.prefix) for t in turns if t.prefix and t.prefix not in self.prefixes}
+        sizes = []
+        for t in turns:
+            shared, prefix = t.shared if t.shared is not None else self._starts_from(t)
+            sizes.append(TurnSize(t.final_length, len(t.ids), shared, prefix))
         return admission_bytes(
             self.shape,
-            [(t.final_length, len(t.ids)) for t in turns],
+            sizes,
             batched=self.config.batching,
             trimmable=self._trimmable,
             new_prefixes=[len(p) for p in new_prefixes],
         )
+
+    def _starts_from(self, turn: Turn) -> tuple[int, Any]:
+        """The shared prefix a turn not opened yet will start from: its session's cache's, or the entry of
+        the longest shared prefix its prompt starts with; (0, None) when none."""
+        state = turn.state
+        if state.prompt_cache is not None or state.spill_path is not None:
+            return shared_prefix_of(state.prompt_cache)
+        return self.prefixes.covering(turn.ids) if self.config.reuse else (0, None)
 
     def _admit(self) -> None:
         while self.waiting:
@@ -361,9 +375,9 @@ class Scheduler:
         return False
 
     def _drop_prefixes(self, needed: int) -> bool:
-        """Last resort under pressure: forget shared prefixes (copies, safe to drop), oldest first."""
-        while len(self.prefixes):
-            needed -= self.prefixes.drop_oldest()
+        """Last resort under pressure: forget shared prefixes no session starts from (safe to drop), oldest first."""
+        while freed := self.prefixes.drop_oldest():
+            needed -= freed
             if self.pool.make_room(needed):
                 return True
         return False
@@ -373,8 +387,9 @@ class Scheduler:
     def fork(self, state: CacheState, parent_name: str) -> None:
         """Start a new session where session `parent_name` is: the ids it holds and how they render (so
         that the fork's prompt is spliced onto them token for token, as the parent's next one would be),
-        and a shared prefix of its cache at exactly those ids, which the fork's first turn copies from
-        (`_prepare_cache`) and prefills only the rest. The parent's cache is copied, never touched; a
+        and a shared prefix of its cache at exactly those ids, which the fork's first turn starts from
+        (`_prepare_cache`) and prefills only the rest. The parent then starts from that entry as well (the
+        same tokens, held once for it and its forks); a
         parent whose cache is spilled or dropped gives only its ids (the fork prefills them all), and a
         parent in a turn of its own (a background fork's) gives nothing: its cache and ids may disagree
         while it decodes, so the fork starts cold."""
@@ -388,7 +403,9 @@ class Scheduler:
             and parent.token_ids
             and parent.token_ids not in self.prefixes
         ):
-            self.prefixes.add(parent.token_ids, parent.prompt_cache)
+            # The parent goes on from the entry too: its conversation is then held once, for it and its forks.
+            parent.prompt_cache = self.prefixes.add(parent.token_ids, parent.prompt_cache)
+            parent.measure()
 
     def _start(self, turn: Turn) -> None:
         """Claim the session's cache (restoring a spilled one) and queue the prefill."""
@@ -406,6 +423,7 @@ class Scheduler:
         state = turn.state
         self._load_prefix(turn.prefix)
         turn.cache, turn.n_cached = self._prepare_cache(state, turn.ids)
+        turn.shared = shared_prefix_of(turn.cache)
         turn.pos = turn.n_cached
         state.prompt_cache, state.token_ids, state.render = turn.cache, turn.ids[: turn.pos], None
         turn.stops = self._plan_stops(turn)
@@ -426,7 +444,9 @@ class Scheduler:
         """The cache to continue from and how many prompt ids it already holds."""
         from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-        fresh = self._make_cache or (lambda: make_prompt_cache(self.model))
+        from .prefixed_cache import shared_layers
+
+        fresh = self._make_cache or (lambda: shared_layers(make_prompt_cache(self.model)))
         held, cache = state.token_ids, state.prompt_cache
         if state.dropped:  # evicted without a spill: what it held is prefilled again
             self.pool.counters.reprefilled_tokens += min(common_prefix(held, ids), len(ids) - 1)
@@ -562,8 +582,9 @@ class Scheduler:
         if turn.pos < stop:
             return
         turn.stops.pop(0)
-        if action == "prefix":
-            self.prefixes.add(turn.ids[:stop], turn.cache)
+        if action == "prefix":  # the turn goes on from the entry: the prefix is held once, for it and the next
+            turn.cache = turn.state.prompt_cache = self.prefixes.add(turn.ids[:stop], turn.cache)
+            turn.shared = shared_prefix_of(turn.cache)
             if self.store is not None:
                 self.store.save(turn.ids[:stop], turn.cache)  # a copy; the writer thread does the disk
         elif action == "snapshot":

@@ -117,11 +117,19 @@ def take_from_batch(batch: Any, uid: int) -> tuple[list[Any], list[int], Any] | 
     """
     from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
 
+    from .prefixed_cache import BatchPrefixedKVCache
     from .quantized_cache import BatchQuantizedKVCache
     from .quantized_rotating import BatchQuantizedRotatingKVCache
 
     generation = batch._generation_batch
-    kinds = (BatchKVCache, BatchRotatingKVCache, ArraysCache, BatchQuantizedKVCache, BatchQuantizedRotatingKVCache)
+    kinds = (
+        BatchKVCache,
+        BatchPrefixedKVCache,
+        BatchRotatingKVCache,
+        ArraysCache,
+        BatchQuantizedKVCache,
+        BatchQuantizedRotatingKVCache,
+    )
     if uid not in generation.uids or not all(type(c) in kinds for c in generation.prompt_cache):
         return None
     i = generation.uids.index(uid)

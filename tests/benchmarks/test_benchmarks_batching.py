@@ -181,8 +181,11 @@ def test_kv_pressure_benchmark_json() -> None:
     assert unbounded["evictions"] == 0 and unbounded["spills"] == 0
     assert unbounded["peak_kv_bytes"] == report["working_set_bytes"] > 0
     assert unbounded["held_reuse_rate"] == 1.0  # every later turn reuses all the session held
-    assert half["budget_bytes"] == report["working_set_bytes"] // 2
-    assert quarter["budget_bytes"] == report["working_set_bytes"] // 4
+    # A share of the working set (the scout's prompt held once for the four), at least one whole conversation.
+    least = report["least_budget_bytes"]
+    assert 0 < least < report["working_set_bytes"]
+    assert half["budget_bytes"] == max(report["working_set_bytes"] // 2, least)
+    assert quarter["budget_bytes"] == max(report["working_set_bytes"] // 4, least)
     assert half["completed"] is True and half["evictions"] > 0
     assert quarter["completed"] is True and quarter["spills"] > 0 and quarter["restores"] > 0
     assert report["all_within_budget"] is True

@@ -197,14 +197,22 @@ def test_the_kv_bytes_counted_are_the_bytes_the_quantized_arrays_hold(
     def arrays_bytes(cache: list[Any]) -> int:
         return sum(v.nbytes for c in cache for _, v in tree_flatten(c.state) if isinstance(v, mx.array))
 
+    def own_bytes(cache: list[Any]) -> int:  # its own arrays: not the shared prefix it starts from
+        return sum(v.nbytes for c in cache for _, v in tree_flatten((c.keys, c.values)) if isinstance(v, mx.array))
+
     async def go() -> tuple[Any, list[tuple[int, int, int]], list[tuple[int, int]]]:
         async with MlxModelHost(str(quantizable("qwen3")), kv_bits=bits) as host:
             await asyncio.gather(*(conversation(host, i) for i in range(2)))
-            sessions = []
+            sessions, states = [], []
             for i in range(2):
                 state = host._pool.idle(f"s{i}")
                 assert state is not None
-                sessions.append((host.session(f"s{i}").kv_bytes, cache_nbytes(state.prompt_cache), arrays_bytes(state.prompt_cache)))  # fmt: skip
+                states.append(state.prompt_cache)
+                sessions.append((host.session(f"s{i}").kv_bytes, cache_nbytes(state.prompt_cache), own_bytes(state.prompt_cache)))  # fmt: skip
+            # Every array the two sessions hold, each once: their own and the one prefix they start from.
+            unique = {id(v): v.nbytes for s in states for c in s for _, v in tree_flatten(c.state) if isinstance(v, mx.array)}  # fmt: skip
+            assert sum(unique.values()) == sum(n for n, _, _ in sessions) + host._scheduler.prefixes.nbytes()
+            assert all(c.shared is not None for s in states for c in s)  # both start from the agent's prefix
 
             def held(n: int) -> tuple[int, int]:
                 cache = host.kv_setting.make_cache(host._model)

@@ -6,21 +6,32 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from mlx_subagents.host.kv_pool import KV_STEP, KVShape, admission_bytes, tokens_that_fit
+from mlx_subagents.host.kv_pool import KV_STEP, KVShape, TurnSize, admission_bytes, tokens_that_fit
 from mlx_subagents.host.prefix_cache import SharedPrefixes
+
+T = TurnSize
 
 
 def test_admission_counts_whole_steps_batch_padding_snapshots_and_new_prefixes() -> None:
     shape = KVShape(fixed=100, per_token=10)
     step = 10 * KV_STEP
     # 300 + 256 slack -> 3 steps; 600 + 256 -> 4 steps.
-    assert admission_bytes(shape, [(300, 200)], batched=True, trimmable=True) == 100 + 3 * step
-    assert admission_bytes(shape, [(300, 200), (600, 500)], batched=False, trimmable=True) == 200 + 7 * step
-    assert admission_bytes(shape, [(300, 200), (600, 500)], batched=True, trimmable=True) == 2 * (100 + 4 * step)
+    assert admission_bytes(shape, [T(300, 200)], batched=True, trimmable=True) == 100 + 3 * step
+    assert admission_bytes(shape, [T(300, 200), T(600, 500)], batched=False, trimmable=True) == 200 + 7 * step
+    assert admission_bytes(shape, [T(300, 200), T(600, 500)], batched=True, trimmable=True) == 2 * (100 + 4 * step)
     # A hybrid session also holds a snapshot of its prompt (200 -> 1 step, 500 -> 2 steps).
-    assert admission_bytes(shape, [(300, 200), (600, 500)], batched=False, trimmable=False) == 400 + 10 * step
-    assert admission_bytes(shape, [(300, 200)], batched=True, trimmable=True, new_prefixes=[40]) == 200 + 4 * step
+    assert admission_bytes(shape, [T(300, 200), T(600, 500)], batched=False, trimmable=False) == 400 + 10 * step
+    assert admission_bytes(shape, [T(300, 200)], batched=True, trimmable=True, new_prefixes=[40]) == 200 + 4 * step
     assert admission_bytes(shape, [], batched=True, trimmable=True, new_prefixes=[40]) == 0
+    # Turns that start from a shared prefix (counted once, with the entries) hold only what follows it:
+    # 300 - 200 + 256 -> 2 steps, 600 - 200 + 256 -> 3 steps; batched over one prefix, both padded to 3.
+    shared = T(300, 250, 200, "p"), T(600, 550, 200, "p")
+    assert admission_bytes(shape, shared, batched=False, trimmable=True) == 200 + 5 * step
+    assert admission_bytes(shape, shared, batched=True, trimmable=True) == 2 * (100 + 3 * step)
+    # ... a snapshot too (250 - 200 -> 1 step, 550 - 200 -> 2 steps). Rows of two prefixes batch whole.
+    assert admission_bytes(shape, shared, batched=False, trimmable=False) == 400 + 8 * step
+    mixed = T(300, 250, 200, "p"), T(600, 550, 200, "q")
+    assert admission_bytes(shape, mixed, batched=True, trimmable=True) == 2 * (100 + 4 * step)
 
 
 @pytest.mark.parametrize("trimmable", [True, False])
@@ -32,7 +43,7 @@ def test_tokens_that_fit_is_the_longest_window_the_estimate_admits(
     window = tokens_that_fit(shape, budget, trimmable)
 
     def needs(n: int) -> int:
-        return admission_bytes(shape, [(n, n)], batched=False, trimmable=trimmable)
+        return admission_bytes(shape, [T(n, n)], batched=False, trimmable=trimmable)
 
     assert window % KV_STEP == 0
     assert window == 0 or needs(window) <= budget

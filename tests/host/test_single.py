@@ -94,7 +94,7 @@ def assert_holds_exactly(turn: Turn, generated: tuple[int, ...]) -> None:
     from mlx_lm.models.cache import KVCache
 
     assert turn.state.token_ids == turn.ids + list(generated)
-    offsets = [c.offset for c in turn.state.prompt_cache if type(c) is KVCache]  # a hybrid's attention layers
+    offsets = [c.offset for c in turn.state.prompt_cache if isinstance(c, KVCache)]  # a hybrid's attention layers
     assert offsets and set(offsets) == {len(turn.ids) + len(generated)}
 
 

@@ -1,0 +1,226 @@
+"""KV caches over a shared prefix: the same logits as one cache holding it all, single and batched,
+and the prefix held once in memory however many sessions start from it."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from mlx_subagents.host import GenerateArgs, MlxModelHost
+from mlx_subagents.host.kv_pool import KVPool
+from mlx_subagents.host.prefix_cache import SharedPrefixes
+from mlx_subagents.host.prefixed_cache import BatchPrefixedKVCache, PrefixedKVCache, SharedPrefix
+
+PREFIX = [(i * 7) % 500 + 3 for i in range(300)]
+TAILS = [[(i * 13 + j) % 400 + 5 for i in range(10 + 7 * j)] for j in range(3)]
+FOLLOW = [(i * 31) % 600 + 7 for i in range(12)]  # fed one at a time after each tail (decode steps)
+
+
+def plain(model: Any) -> list[KVCache]:
+    cache = [KVCache() for _ in model.layers]
+    model(mx.array([PREFIX]), cache=cache)
+    return cache
+
+
+def shared_prefix(model: Any) -> SharedPrefix:
+    cache = [PrefixedKVCache() for _ in model.layers]
+    model(mx.array([PREFIX]), cache=cache)
+    return SharedPrefix([c.frozen() for c in cache], len(PREFIX))
+
+
+def over(shared: SharedPrefix, model: Any) -> list[PrefixedKVCache]:
+    return [PrefixedKVCache(shared, layer) for layer in range(len(model.layers))]
+
+
+def single_logits(model: Any, cache: list[Any], tail: list[int]) -> mx.array:
+    steps = [model(mx.array([tail]), cache=cache)[:, -1]]
+    steps += [model(mx.array([[token]]), cache=cache)[:, -1] for token in FOLLOW]
+    return mx.concatenate(steps)
+
+
+def batch_logits(model: Any, caches: list[list[Any]], kind: type) -> list[mx.array]:
+    """Each row's tail fed on its own cache, then the rows merged as mlx-lm merges them (left-padded to the
+    longest) and the decode steps fed to all at once."""
+    firsts = [model(mx.array([tail]), cache=cache)[:, -1] for cache, tail in zip(caches, TAILS, strict=True)]
+    merged = [kind.merge([c[layer] for c in caches]) for layer in range(len(model.layers))]
+    steps = [model(mx.array([[token]] * len(caches)), cache=merged)[:, -1] for token in FOLLOW]
+    return [mx.concatenate([first, *(step[i : i + 1] for step in steps)]) for i, first in enumerate(firsts)]
+
+
+def same(a: list[mx.array], b: list[mx.array]) -> bool:
+    return all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
+
+
+def test_a_cache_over_a_shared_prefix_gives_the_logits_of_one_holding_it_all(tiny_qwen3: Any) -> None:
+    model, _ = tiny_qwen3
+    shared = shared_prefix(model)
+    alone = [single_logits(model, plain(model), t) for t in TAILS]
+    assert same([single_logits(model, over(shared, model), t) for t in TAILS], alone)
+    # Every row of a batch over the shared prefix: its padding between the prefix and its tail is masked.
+    assert same(batch_logits(model, [over(shared, model) for _ in TAILS], BatchPrefixedKVCache), alone)
+    assert shared.layers[0][0].shape[2] == len(PREFIX) and shared.length == len(PREFIX)
+
+
+def test_rows_of_another_prefix_make_the_batch_hold_them_whole(tiny_qwen3: Any) -> None:
+    """A batch of rows over different prefixes (or none) holds each row whole, as mlx-lm's batch does; a
+    row of another prefix that joins a shared batch makes it do so too. The tokens stay the same."""
+    model, tokenizer = tiny_qwen3
+    shared, other = shared_prefix(model), shared_prefix(model)  # equal values, different prefixes
+    mixed = [over(shared, model), over(other, model), [PrefixedKVCache().__class__() for _ in model.layers]]
+    model(mx.array([PREFIX]), cache=mixed[2])
+    merged = BatchPrefixedKVCache.merge([c[0] for c in mixed])
+    assert merged.shared is None and merged.keys.shape[2] == len(PREFIX)
+
+    def decode(joining: list[list[Any]]) -> list[list[int]]:
+        batch = BatchGenerator(model, stop_tokens=[[tokenizer.eos_token_id]], prefill_step_size=64)
+        uids = batch.insert(TAILS[:1], max_tokens=[12], caches=[over(shared, model)], all_tokens=[PREFIX])
+        out: dict[int, list[int]] = {uids[0]: []}
+        for _ in range(4):  # the first row decodes alone a few steps, over its shared prefix
+            for r in batch.next()[1]:
+                out[r.uid].append(r.token)
+        assert batch._generation_batch.prompt_cache[0].shared is shared
+        for uid in batch.insert(TAILS[1:], max_tokens=[12, 12], caches=joining, all_tokens=[PREFIX] * 2):
+            out[uid] = []
+        while any(len(t) < 12 for t in out.values()):
+            for r in batch.next()[1]:
+                out[r.uid].append(r.token)
+        return list(out.values())
+
+    def reference() -> list[list[int]]:
+        out = []
+        for tail in TAILS:
+            cache, tokens = plain(model), []
+            logits = model(mx.array([tail]), cache=cache)[:, -1]
+            for _ in range(12):
+                tokens.append(int(mx.argmax(logits, axis=-1).item()))
+                logits = model(mx.array([tokens[-1:]]), cache=cache)[:, -1]
+            out.append(tokens)
+        return out
+
+    expected = reference()
+    assert decode([over(shared, model), over(shared, model)]) == expected  # the same prefix: it stays shared
+    assert decode([over(other, model), over(shared, model)]) == expected  # another prefix joins: held whole
+
+
+def test_trimming_into_the_prefix_leaves_it_untouched(tiny_qwen3: Any) -> None:
+    model, _ = tiny_qwen3
+    shared = shared_prefix(model)
+    before = [mx.array(k) for k, _ in shared.layers]  # copies of the shared keys
+    cache = over(shared, model)
+    model(mx.array([TAILS[0]]), cache=cache)
+    for layer in cache:  # back 50 tokens into the prefix: the cache then holds what is left of it itself
+        assert layer.trim(len(TAILS[0]) + 50) == len(TAILS[0]) + 50
+        assert layer.shared is None and layer.offset == len(PREFIX) - 50
+    reference = plain(model)
+    for layer in reference:
+        layer.trim(50)
+    assert same([single_logits(model, cache, TAILS[1])], [single_logits(model, reference, TAILS[1])])
+    assert all(mx.array_equal(k, b).item() for (k, _), b in zip(shared.layers, before, strict=True))
+
+
+def test_entries_are_held_once_and_kept_while_a_session_starts_from_them(tiny_qwen3: Any) -> None:
+    model, _ = tiny_qwen3
+    prefixes = SharedPrefixes(max_entries=1)
+    first = [PrefixedKVCache() for _ in model.layers]
+    model(mx.array([PREFIX]), cache=first)
+    own = sum(c.nbytes for c in first)  # the first session's buffer: the prefix in whole 256-token steps
+    taken = prefixes.add(PREFIX, first)  # the first session goes on from the entry, its own buffer let go
+    exact = 2 * len(model.layers) * first[0].keys[..., : len(PREFIX), :].nbytes
+    assert prefixes.nbytes() == exact < own and sum(c.nbytes for c in taken) == 0
+    sessions = [prefixes.start([*PREFIX, 1])[0] for _ in range(3)]  # type: ignore[index]
+    assert all(layer.shared is taken[0].shared for s in sessions for layer in s)
+    assert prefixes.nbytes() == exact  # four sessions, one prefix
+    other = [PrefixedKVCache() for _ in model.layers]
+    model(mx.array([[5, 6]]), cache=other)
+    fresh = prefixes.add([5, 6], other)  # past max_entries, but both are in use: both kept
+    assert PREFIX in prefixes and [5, 6] in prefixes
+    del fresh
+    two = 2 * len(model.layers) * other[0].keys[..., :2, :].nbytes
+    assert prefixes.drop_oldest() == two and [5, 6] not in prefixes  # the older one is in use: skipped
+    assert prefixes.drop_oldest() == 0 and len(prefixes) == 1
+    del taken, sessions
+    assert prefixes.drop_oldest() == exact and len(prefixes) == 0
+
+
+def test_a_spilled_prefixed_cache_comes_back_whole(tiny_qwen3: Any, tmp_path: Path) -> None:
+    from mlx_subagents.host.kv_pool import CacheState
+
+    model, _ = tiny_qwen3
+    shared = shared_prefix(model)
+    cache = over(shared, model)
+    model(mx.array([TAILS[0]]), cache=cache)
+    held = PREFIX + TAILS[0]
+    pool = KVPool(budget=None, spill_dir=tmp_path, drop_below_tokens=1)
+    state = CacheState(prompt_cache=cache, token_ids=held)
+    pool.evict(state)
+    assert state.prompt_cache is None and state.spill_path is not None
+    pool.restore(state)
+    restored = state.prompt_cache
+    assert restored is not None and all(type(c) is PrefixedKVCache and c.shared is None for c in restored)
+    expected = over(shared, model)
+    model(mx.array([TAILS[0]]), cache=expected)
+    assert same([single_logits(model, restored, TAILS[1])], [single_logits(model, expected, TAILS[1])])
+
+
+def test_copies_keep_the_shared_prefix(tiny_qwen3: Any) -> None:
+    model, _ = tiny_qwen3
+    shared = shared_prefix(model)
+    cache = over(shared, model)
+    model(mx.array([TAILS[0]]), cache=cache)
+    twin = copy.deepcopy(cache)
+    assert all(a.shared is b.shared is shared for a, b in zip(cache, twin, strict=True))
+    model(mx.array([TAILS[1]]), cache=twin)  # the copy goes on; the original is unchanged
+    assert cache[0].offset == len(PREFIX) + len(TAILS[0]) and twin[0].offset == cache[0].offset + len(TAILS[1])
+    assert len(shared.users) == 2 * len(model.layers)
+
+
+SYSTEM = {"role": "system", "content": "You are a scout. " + " ".join(f"Rule {n}: report paths." for n in range(40))}
+
+
+def test_sessions_of_one_agent_hold_its_prefix_once(tiny_qwen3_path: Path) -> None:
+    """Four sessions of one agent (one system prompt, their own tasks) on one host: every dense layer of
+    their caches starts from one shared prefix, so the host holds it once, and the KV bytes it counts
+    are that prefix and four tails; the same sessions without sharing hold four whole caches. The
+    tokens are the same either way."""
+
+    def task(i: int) -> list[dict[str, Any]]:
+        return [SYSTEM, {"role": "user", "content": f"Task {i}: where is module {i * 7} configured?"}]
+
+    async def go(share: bool) -> tuple[list[tuple[int, ...]], int, int, list[Any]]:
+        async with MlxModelHost(str(tiny_qwen3_path), share_prefix=share) as host:
+            replies = await asyncio.gather(
+                *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=16)) for i in range(4))
+            )
+            scheduler = host._scheduler
+            caches = [scheduler.pool.idle(f"s{i}").prompt_cache for i in range(4)]  # type: ignore[union-attr]
+            held = await host._mlx.run(scheduler.resident_bytes)
+            return [r.token_ids for r in replies], held, scheduler.prefixes.nbytes(), caches
+
+    shared_ids, shared_bytes, prefix_bytes, caches = asyncio.run(go(True))
+    private_ids, private_bytes, _, private = asyncio.run(go(False))
+    assert shared_ids == private_ids
+    prefixes = {id(layer.shared) for cache in caches for layer in cache}
+    assert len(prefixes) == 1 and None not in {layer.shared for cache in caches for layer in cache}
+    tails = sum(layer.nbytes for cache in caches for layer in cache)
+    assert shared_bytes == prefix_bytes + tails
+    assert private_bytes == sum(layer.nbytes for cache in private for layer in cache)
+    assert all(sum(layer.nbytes for layer in cache) < prefix_bytes for cache in caches)  # a tail, not a copy
+    assert shared_bytes < private_bytes / 2
+
+
+@pytest.mark.parametrize("kind", [BatchKVCache, BatchPrefixedKVCache])
+def test_rows_without_a_prefix_batch_as_mlx_lm_batches_them(tiny_qwen3: Any, kind: type) -> None:
+    """Without a shared prefix a prefixed batch is mlx-lm's batch: the same logits either class."""
+    model, _ = tiny_qwen3
+    rows = [[PrefixedKVCache() for _ in model.layers] for _ in TAILS]
+    for cache in rows:
+        model(mx.array([PREFIX]), cache=cache)
+    reference = [plain(model) for _ in TAILS]
+    assert same(batch_logits(model, rows, BatchPrefixedKVCache), batch_logits(model, reference, kind))
