@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from rich.console import Console
 
-from ..runs.execution import stop_reason
+from ..results import stop_reason
 from ..runs.runner import Runner
 from ..tools import kill_all_processes
 
