@@ -13,19 +13,55 @@ The layers, each importing only the ones below it: the front ends (`cli`, `mcp_s
 `host`, `tools`, `models` > the vocabulary in this folder (errors, events, results, caps, ...).
 """
 
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .agents.discovery import discover_agents
-from .agents.spec import AgentSpec
-from .errors import SubagentError
-from .host.mlx_host import MlxModelHost
-from .host.protocol import GenerateArgs
-from .host.scripted import ScriptedHost
-from .results import MultiRunResult, RunResult
-from .runs.options import RunOptions
-from .runs.runner import Runner
-from .runs.task import TaskHandle
-from .runs.tasks import TaskSpec
+# Each name of the API and the module it comes from, imported when first used: a command that only
+# talks to `subagent serve` (an attached `subagent run`) loads none of the runner, the hosts or mlx.
+_EXPORTS = {
+    "AgentSpec": ".agents.spec",
+    "GenerateArgs": ".host.protocol",
+    "MlxModelHost": ".host.mlx_host",
+    "MultiRunResult": ".results",
+    "RunOptions": ".runs.options",
+    "RunResult": ".results",
+    "Runner": ".runs.runner",
+    "ScriptedHost": ".host.scripted",
+    "SubagentError": ".errors",
+    "TaskHandle": ".runs.task",
+    "TaskSpec": ".runs.tasks",
+    "discover_agents": ".agents.discovery",
+}
+
+if TYPE_CHECKING:
+    from .agents.discovery import discover_agents
+    from .agents.spec import AgentSpec
+    from .errors import SubagentError
+    from .host.mlx_host import MlxModelHost
+    from .host.protocol import GenerateArgs
+    from .host.scripted import ScriptedHost
+    from .results import MultiRunResult, RunResult
+    from .runs.options import RunOptions
+    from .runs.runner import Runner
+    from .runs.task import TaskHandle
+    from .runs.tasks import TaskSpec
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "AgentSpec",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from typing import Any, Literal, Optional
 
@@ -27,6 +28,8 @@ StopReason = Literal[
 Mode = Literal["single", "parallel", "chain", "workflow"]
 # A task's status as its snapshot reports it: `queued` until it holds a slot, `running`, then its result's.
 LiveStatus = Literal["queued", "running", "completed", "failed", "aborted"]
+# The error of a task a person stopped (Ctrl-C).
+INTERRUPTED = "aborted by the user (Ctrl-C)"
 
 
 class RunUsage(BaseModel):
@@ -195,6 +198,11 @@ class TaskStatus(BaseModel):
     run_id: str | None = None
     worktree: WorktreeResult | None = None  # an isolated task's, once it ended
     exit_code: int | None = None  # a command's, once it exited
+
+
+def stop_reason(signum: int) -> str:
+    """The error of a task stopped by a signal: Ctrl-C's, or "stopped by SIGTERM" (SIGHUP, ...)."""
+    return INTERRUPTED if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
 
 
 def chain_stop(results: Sequence[RunResult]) -> str | None:

@@ -25,14 +25,16 @@ import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
-import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from .errors import SubagentError
 from .text import squash
+
+if TYPE_CHECKING:
+    import yaml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -171,15 +173,13 @@ def parse_text(text: str, fmt: Format, where: str, error: type[SubagentError]) -
         if fmt == "json":
             data = json.loads(text)
         elif fmt == "yaml":
-            data = yaml.safe_load(text)
+            data = _load_yaml(text, where, error)
         else:
             data = tomllib.loads(text)
     except RecursionError:
         raise error(f"{where}: {TOO_DEEP}") from None
     except json.JSONDecodeError as exc:
         raise error(f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except yaml.YAMLError as exc:
-        raise error(f"{where}: invalid YAML{yaml_problem(exc)}") from None
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{where}: invalid TOML: {exc}") from None
     except ValueError as exc:  # YAML: a date that does not exist (2024-13-45)
@@ -187,6 +187,15 @@ def parse_text(text: str, fmt: Format, where: str, error: type[SubagentError]) -
     if problem := data_problem(data):
         raise error(f"{where}: {problem}")
     return data
+
+
+def _load_yaml(text: str, where: str, error: type[SubagentError]) -> Any:
+    import yaml  # here: most commands read no YAML (an attached `subagent run` reads none)
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise error(f"{where}: invalid YAML{yaml_problem(exc)}") from None
 
 
 def data_problem(data: Any) -> str | None:

@@ -3,6 +3,9 @@
 Results go to stdout, progress and errors to stderr. Exit codes: 0 every task completed, 1 a task
 failed, 2 bad usage or input (nothing ran), 130 interrupted (Ctrl-C). The flags are declared in
 `flags.py`, what a command prints in `output.py`.
+
+What only some commands use is imported in them: a command attached to `subagent serve` (`run`,
+`parallel`, ...) loads no runner, host, tools or agent files (tests/cli/test_light_client.py).
 """
 
 from __future__ import annotations
@@ -14,23 +17,18 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import click
 import typer
 from rich.markup import escape
 
-from ..agents.schema_output import load_schema
-from ..agents.spec import AgentSpec, sandbox_default
 from ..errors import RequestError, SubagentError
 from ..mcp_server.budget import DEFAULT_CALL_BUDGET, parse_call_budget
 from ..render import EventLines
 from ..runs.jobs import Job
 from ..runs.tasks import TaskSpec, default_model, label_tasks, load_tasks_file
-from ..runs.worktrees import apply_worktree, find_worktree, list_worktrees, prune_worktrees
-from ..tools import WRITER_TOOLS
 from .attach import run_job, serve_mcp
-from .doctor import run_doctor
 from .flags import (
     CwdOpt,
     EventsOpt,
@@ -55,10 +53,11 @@ from .flags import (
     shared_options,
 )
 from .interrupts import EXIT_INTERRUPTED
-from .mcp_servers import agent_mcp_line, check_servers, entry_lines, mcp_entries
 from .output import err, event_sinks, finish_multi, finish_single, out, print_warnings, run_multi, run_single
 from .serve import serve
-from .show import worktree_json, worktree_line
+
+if TYPE_CHECKING:
+    from ..agents.spec import AgentSpec
 
 app = typer.Typer(
     name="subagent",
@@ -105,6 +104,8 @@ def _pair(agents: list[str] | None, texts: list[str] | None, flag: str) -> list[
 
 
 def _schema(path: Path | None) -> dict[str, Any] | None:
+    from ..agents.schema_output import load_schema
+
     return load_schema(path) if path else None
 
 
@@ -426,6 +427,8 @@ def agents(
     Example: subagent agents --json
     """
     from ..agents.discovery import discover_agents
+    from ..agents.spec import sandbox_default
+    from .mcp_servers import agent_mcp_line, mcp_entries
 
     root = Path(cwd).resolve()
     catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
@@ -506,6 +509,8 @@ def skills(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonL
 
 def _writer_line(spec: AgentSpec) -> str:
     """How the agent shares its workspace: the writer rule, and why it applies."""
+    from ..tools import WRITER_TOOLS
+
     if spec.is_writer():
         why = "writer: true" if spec.writer else f"it has {', '.join(t for t in spec.tools if t in WRITER_TOOLS)}"
         return f"writer: takes turns with other writers in its workspace ({why})"
@@ -515,6 +520,8 @@ def _writer_line(spec: AgentSpec) -> str:
 
 def _sandbox_line(spec: AgentSpec) -> str:
     """Whether its bash runs sandboxed by default, and why (`--sandbox on|off` decides for a whole run)."""
+    from ..agents.spec import sandbox_default
+
     if not sandbox_default(spec):
         why = "sandbox: off" if spec.sandbox is False else f"a {spec.source} agent"
         line = f"sandbox: off ({why}); its bash has all your rights"
@@ -562,6 +569,7 @@ def mcp_servers(
     if ctx.invoked_subcommand is not None:
         return
     from ..agents.discovery import discover_agents
+    from .mcp_servers import entry_lines, mcp_entries
 
     root = Path(cwd).resolve()
     catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
@@ -609,7 +617,7 @@ def mcp_servers_login(
     """
     from ..agents.discovery import discover_agents
     from ..tools.mcp_auth import login
-    from .mcp_servers import server_to_sign_in
+    from .mcp_servers import mcp_entries, server_to_sign_in
 
     root = Path(cwd).resolve()
     config = server_to_sign_in(mcp_entries(discover_agents(root), root)[0], name)
@@ -687,6 +695,8 @@ def doctor(
     from ..agents.discovery import discover_agents
     from ..host import DEFAULT_KV_BITS
     from .config import load_config
+    from .doctor import run_doctor
+    from .mcp_servers import check_servers, mcp_entries
 
     config = load_config()
     for line in config.lines():
@@ -767,6 +777,8 @@ def apply(
 
     Example: subagent apply subagent/20260131-142501-042-3fa9-worker
     """
+    from ..runs.worktrees import apply_worktree, find_worktree
+
     worktree = find_worktree(ref)
     files = apply_worktree(worktree)
     err.print(f"applied {worktree.branch} to {worktree.repo}", markup=False)
@@ -786,6 +798,9 @@ def worktrees(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    from ..runs.worktrees import list_worktrees
+    from .show import worktree_json, worktree_line
+
     kept = list_worktrees(warn=_warning)
     if as_json:
         out.print_json(data={"worktrees": [worktree_json(w) for w in kept]})
@@ -802,6 +817,9 @@ def worktrees_prune(as_json: JsonOpt = False) -> None:
 
     Example: subagent worktrees prune
     """
+    from ..runs.worktrees import prune_worktrees
+    from .show import worktree_json
+
     removed = prune_worktrees(warn=_warning)
     if as_json:
         out.print_json(data={"removed": [worktree_json(w) for w in removed]})

@@ -142,7 +142,7 @@ async def attached(info: ServerInfo, hello: Any, job: Job, sinks: Fanout) -> Fin
         connection.send({"cancel": reason})
 
     try:
-        with two_press_sigint(loop, err, INTERRUPTED, stop, exit_after=False) as signalled:
+        with two_press_sigint(loop, err, INTERRUPTED, stop, exit_after=False, tools_here=False) as signalled:
             while (message := await connection.next()) is not None:
                 if "result" in message:
                     return Finished(job.result(message["result"]), signalled.exit_code)

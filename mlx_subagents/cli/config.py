@@ -28,8 +28,6 @@ from typing import Any
 
 from ..errors import ConfigError, SubagentError
 from ..home import state_home
-from ..host import parse_bytes, parse_prefill_slice
-from ..host.prefix_store import parse_prefix_cache
 from ..runs.tasks import MODEL_ENV
 from ..userfiles import parse_text, read_text
 
@@ -51,6 +49,34 @@ def _on_off(value: Any) -> str:
     raise ValueError(f'{value!r} is neither on nor off; write "on" or "off" (or true / false)')
 
 
+def read_kv_budget(text: str | None) -> int | None:
+    """`--kv-budget` in bytes (the host's `parse_bytes`), None when not set. The host is imported for a
+    value only: a command that sets no host size (one attached to `subagent serve`) never loads it."""
+    if text is None:
+        return None
+    from ..host import parse_bytes
+
+    return parse_bytes(text)
+
+
+def read_prefix_cache(text: str | None) -> int | None:
+    """`--prefix-cache` in bytes, 0 for off (the host's `parse_prefix_cache`), None when not set."""
+    if text is None:
+        return None
+    from ..host.prefix_store import parse_prefix_cache
+
+    return parse_prefix_cache(text)
+
+
+def read_prefill_slice(value: str | int | None) -> int | str | None:
+    """`--prefill-slice`: `auto`, `off` or tokens per slice (the host's `parse_prefill_slice`), None when not set."""
+    if value is None:
+        return None
+    from ..host import parse_prefill_slice
+
+    return parse_prefill_slice(value)
+
+
 def _size(reader: Callable[[Any], Any]) -> Callable[[Any], str]:
     """A size as its flag reads it (`4GB`, `512MiB`, a number of bytes), checked by that reader."""
 
@@ -70,7 +96,7 @@ def _prefill_slice(value: Any) -> str:
     """`auto`, `off` or a number of tokens, as `--prefill-slice` takes them (a TOML number too)."""
     if not isinstance(value, bool) and isinstance(value, (str, int)):
         try:
-            parse_prefill_slice(value)
+            read_prefill_slice(value)
             return str(value)
         except SubagentError:
             pass
@@ -87,12 +113,12 @@ def _kv_bits(value: Any) -> str:
 # Each key: the reader of its flag's value (the value comes out as the flag's text). A new key is a line.
 KEYS: dict[str, Callable[[Any], str]] = {
     "model": _text,
-    "kv_budget": _size(parse_bytes),
+    "kv_budget": _size(read_kv_budget),
     "kv_bits": _kv_bits,
     "sandbox": _on_off,
     "grammar": _on_off,
     "engine": _text,
-    "prefix_cache": _size(parse_prefix_cache),
+    "prefix_cache": _size(read_prefix_cache),
     "prefill_slice": _prefill_slice,
 }
 

@@ -15,20 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY, MAX_WARNINGS
 from ..events import EventSink, Fanout
-from ..host import DEFAULT_KV_BITS, parse_bytes, parse_prefill_slice
-from ..host.prefix_store import parse_prefix_cache
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
 from ..runs.published import Publisher
-from ..runs.runner import Runner
-from .config import defaults_for, load_config
+from .config import defaults_for, load_config, read_kv_budget, read_prefill_slice, read_prefix_cache
 from .live import paused
 from .output import print_warnings
+
+if TYPE_CHECKING:
+    from ..runs.runner import Runner
 
 # The command a process's published snapshot names (`subagent watch`).
 MAX_COMMAND_CHARS = 200
@@ -301,10 +301,10 @@ class Shared:
             timeout=self.timeout,
             max_depth=self.max_depth,
             batching=self.batching == Batching.on,
-            kv_budget=parse_bytes(self.kv_budget) if self.kv_budget is not None else None,
-            kv_bits=DEFAULT_KV_BITS if self.kv_bits is None else int(self.kv_bits),
-            prefix_cache=parse_prefix_cache(self.prefix_cache),
-            prefill_slice=parse_prefill_slice(self.prefill_slice),
+            kv_budget=read_kv_budget(self.kv_budget),
+            kv_bits=None if self.kv_bits is None else int(self.kv_bits),
+            prefix_cache=read_prefix_cache(self.prefix_cache),
+            prefill_slice=read_prefill_slice(self.prefill_slice),
             context_window=self.context_window,
             concurrency=self.concurrency,
             thinking=self.thinking,
@@ -336,6 +336,8 @@ class Shared:
     def runner(self, on_event: EventSink, cwd: Path | None = None, *, plan: bool = False) -> Runner:
         """The command's runner, asking on the terminal before a project agent runs; the agent files'
         warnings are shown first (the first few). `plan`: every task in plan mode (`chat --plan`)."""
+        from ..runs.runner import Runner  # here: an attached command runs none
+
         publisher = make_publisher()
         runner = Runner(
             cwd=cwd or self.cwd,

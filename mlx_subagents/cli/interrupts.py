@@ -1,11 +1,12 @@
 """Ctrl-C, SIGTERM and SIGHUP for the terminal commands: stop the work, kill, save, exit.
 
-The first signal kills every process the tools started, prints the message and calls `stop` with
-the reason the aborted tasks carry ("aborted by the user (Ctrl-C)", "stopped by SIGTERM"), so the
-tasks end as aborted and their transcripts keep their messages and result; a second one exits at
-once. After Ctrl-C the command goes on as it chooses (a chat takes the next message). SIGTERM
-(`timeout`, a process manager) and SIGHUP (a closed terminal) ask the program to end: once the
-stopped work has been saved, the command exits with 128 + the signal's number (143, 129).
+The first signal kills every process the tools started (an attached command has none: its tools
+run in the server), prints the message and calls `stop` with the reason the aborted tasks carry
+("aborted by the user (Ctrl-C)", "stopped by SIGTERM"), so the tasks end as aborted and their
+transcripts keep their messages and result; a second one exits at once. After Ctrl-C the command
+goes on as it chooses (a chat takes the next message). SIGTERM (`timeout`, a process manager) and
+SIGHUP (a closed terminal) ask the program to end: once the stopped work has been saved, the
+command exits with 128 + the signal's number (143, 129).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import signal
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from rich.console import Console
 
-from ..runs.execution import stop_reason
-from ..runs.runner import Runner
-from ..tools import kill_all_processes
+from ..results import stop_reason
+
+if TYPE_CHECKING:
+    from ..runs.runner import Runner
 
 EXIT_INTERRUPTED = 130
 T = TypeVar("T")
@@ -49,12 +51,14 @@ def two_press_sigint(
     stop: Callable[[str], None],
     *,
     exit_after: bool = True,
+    tools_here: bool = True,
 ) -> Iterator[Signalled]:
     """While the block runs, Ctrl-C, SIGTERM or SIGHUP kills every tool process, prints `message`
     (or which signal came) and calls `stop(reason)`; a second signal exits at once with 128 + its
     number. After SIGTERM or SIGHUP the block raises `SystemExit(128 + signal)` once the work has
     ended, unless `exit_after` is False: the caller prints what was done and exits with the code
-    the yielded `Signalled` holds."""
+    the yielded `Signalled` holds. `tools_here` False: the tools run in another process (the
+    server of an attached command), so there are none to kill and the tools are never imported."""
     presses = 0
     signalled = Signalled()
 
@@ -63,7 +67,10 @@ def two_press_sigint(
         presses += 1
         if signum != signal.SIGINT:
             signalled.signum = signum
-        kill_all_processes()
+        if tools_here:
+            from ..tools import kill_all_processes
+
+            kill_all_processes()
         if presses > 1:
             os._exit(128 + signum)
         note = message if signum == signal.SIGINT else f"{signum.name} received: stopping every task"

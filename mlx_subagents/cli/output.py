@@ -12,14 +12,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
-from ..agents.discovery import AgentCatalog
 from ..events import Event, Fanout
 from ..render import EventLines
 from ..results import MultiRunResult, RunResult
@@ -27,6 +26,9 @@ from ..text import warning_line
 from .interrupts import EXIT_INTERRUPTED, Finished
 from .live import LiveView, wants_live
 from .progress import usage_table
+
+if TYPE_CHECKING:
+    from ..agents.discovery import AgentCatalog
 
 # No emoji codes: `:a:` in an error or an answer is text, never a picture.
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)

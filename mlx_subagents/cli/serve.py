@@ -13,8 +13,6 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import SubagentError
-from ..host import DEFAULT_KV_BITS, parse_bytes, parse_prefill_slice
-from ..host.prefix_store import parse_prefix_cache
 from ..mcp_server.client import make_hello, quick
 from ..mcp_server.state import ServerInfo, lock_held, running_server, serve_paths
 from ..runs.options import RunOptions
@@ -78,7 +76,7 @@ def serve(
         raise typer.Exit(show_status(as_json))
     if stop:
         raise typer.Exit(stop_server())
-    from .config import load_config
+    from .config import load_config, read_kv_budget, read_prefill_slice, read_prefix_cache
 
     configured = load_config().values  # below the flags, as for every command (its `model`: the environment's)
     kv_budget = kv_budget if kv_budget is not None else configured.get("kv_budget")
@@ -88,10 +86,10 @@ def serve(
     options = RunOptions(
         model=model,
         batching=batching == Batching.on,
-        kv_budget=parse_bytes(kv_budget) if kv_budget is not None else None,
-        prefix_cache=parse_prefix_cache(prefix_cache),
-        prefill_slice=parse_prefill_slice(prefill_slice),
-        kv_bits=DEFAULT_KV_BITS if bits is None else int(bits),
+        kv_budget=read_kv_budget(kv_budget),
+        prefix_cache=read_prefix_cache(prefix_cache),
+        prefill_slice=read_prefill_slice(prefill_slice),
+        kv_bits=None if bits is None else int(bits),
         context_window=context_window,
     )
     if detach:

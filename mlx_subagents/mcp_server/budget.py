@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 from ..errors import RequestError
 from ..results import RunResult, TaskStatus
-from ..tools.subagent import fit_answers
 
 DEFAULT_CALL_BUDGET = 50.0
 OFF = "off"
@@ -44,6 +43,8 @@ def parse_call_budget(value: str) -> float | None:
 def budget_text(done: Sequence[RunResult], running: Sequence[TaskStatus], budget: float, total: int) -> str:
     """What a call answers when its budget ends first: the finished tasks' answers (whole, within the
     answer cap), then the ids still running and how to read them."""
+    from ..tools.subagent import fit_answers  # here: the CLI reads this module's default, and loads no tools
+
     head = (
         f"{len(done)} of {total} task(s) finished within this call's budget of {budget:g} s; "
         f"{len(running)} still run in the background."

@@ -33,7 +33,7 @@ from .. import __version__
 from ..errors import SubagentError
 from ..events import EventSink, Fanout
 from ..host.protocol import ProcessorFactory
-from ..runs.execution import stop_reason
+from ..results import stop_reason
 from ..runs.hosts import HostPool
 from ..runs.options import RunOptions
 from ..runs.published import Publisher

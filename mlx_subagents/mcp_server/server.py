@@ -53,9 +53,8 @@ from ..caps import MAX_TASKS
 from ..errors import ConfirmationRequired, SubagentError, ToolError
 from ..events import Event, EventSink, TaskEndData, ToolCallData
 from ..home import make_state_dir, state_home
-from ..results import ChildrenUsage, MultiRunResult, RunResult, RunUsage, Status, StopReason
+from ..results import ChildrenUsage, MultiRunResult, RunResult, RunUsage, Status, StopReason, stop_reason
 from ..runs.board import TaskBoard
-from ..runs.execution import stop_reason
 from ..runs.runner import Runner
 from ..runs.task import TaskHandle
 from ..runs.workflow import find_workflow, load_workflow

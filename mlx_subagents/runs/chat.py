@@ -26,7 +26,7 @@ from ..agents.inbox import Delivery
 from ..errors import RequestError, ToolError
 from ..events import Event, ReasoningData, TaskEndData
 from ..host.protocol import TextCallback
-from ..results import MultiRunResult, RunResult, RunUsage, TaskStatus
+from ..results import INTERRUPTED, MultiRunResult, RunResult, RunUsage, TaskStatus
 from ..tools.delegation import Delegation, parse_delegation
 from ..tools.subagent import format_outcome
 from .board import BoardTask, TaskBoard
@@ -34,7 +34,6 @@ from .runner import Runner
 from .task import TaskHandle
 
 DEFAULT_CHAT_AGENT = "orchestrator"
-INTERRUPTED = "aborted by the user (Ctrl-C)"
 CANCELLED_BY_USER = "cancelled by the user"
 CHAT_ENDED = "the chat ended"
 

@@ -12,24 +12,18 @@ the finishing order. What a generation does once it runs is the generation's (`r
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 
 from ..events import WaitingData
-from ..results import RunResult
-from .generation import INTERRUPTED, Generation, _uncancel
+from ..results import INTERRUPTED, RunResult
+from .generation import Generation, _uncancel
 from .slots import Slots
 
 # A wait for a slot or the writer lease this long or longer is told in the task's `task_start` (`waited_s`).
 MIN_WAIT_S = 0.01
 WAITING_FOR_WRITER = "another agent that can change files is working in this workspace; writers take turns"
-
-
-def stop_reason(signum: int) -> str:
-    """The error of a task stopped by a signal: Ctrl-C's, or "stopped by SIGTERM" (SIGHUP, ...)."""
-    return INTERRUPTED if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
 
 
 @dataclass(eq=False)

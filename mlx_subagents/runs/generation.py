@@ -28,13 +28,11 @@ from ..caps import cap_answer
 from ..errors import SubagentError
 from ..events import Event, EventData, EventKind, EventSink, TaskEndData, TaskSendData, TaskStartData, UsageCounts
 from ..host.protocol import Message
-from ..results import RunResult, Status, StopReason
+from ..results import INTERRUPTED, RunResult, Status, StopReason
 from ..tools.delegation import ForkPoint
 from .prepare import PreparedTask
 from .tasks import Render
 from .transcripts import TaskTranscript, messages_digest
-
-INTERRUPTED = "aborted by the user (Ctrl-C)"
 
 
 class GenerationOwner(Protocol):

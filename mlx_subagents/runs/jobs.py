@@ -9,15 +9,16 @@ same request in both places, so both give the same results, transcripts and exit
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from ..caps import DEFAULT_CONCURRENCY
 from ..results import MultiRunResult, RunResult
-from .runner import Runner
 from .tasks import TaskSpec
-from .workflow import load_workflow
+
+if TYPE_CHECKING:  # a job sent to the server is built and read without a runner
+    from .runner import Runner
 
 Command = Literal["run", "parallel", "chain", "workflow", "resume"]
 
@@ -59,6 +60,8 @@ class Job(BaseModel):
         if self.command == "chain":
             return await runner.chain(self.tasks)
         if self.command == "workflow":
+            from .workflow import load_workflow
+
             flow = load_workflow(Path(self.workflow or ""))
             return await runner.workflow(flow, self.input, concurrency=self.concurrency)
         return await runner.resume(self.run_id or "last", self.message, task=self.task, schema=self.schema_)

@@ -4,26 +4,24 @@ One frozen object instead of loose runner fields and an untyped host dict: the C
 its flags, a Python caller from keywords, and the runner alone turns it into host settings. Each
 limit has one name: `max_output_tokens` counts generated tokens over a whole task (the CLI flag is
 `--max-tokens`); `max_reply_tokens` is one reply; `max_tokens` is only ever one `generate` call.
+
+The readers of its values are the host's and the agents' (`parse_prefill_slice`, `check_kv_bits`,
+`parse_thinking`), imported for a value that is set: a command attached to `subagent serve` builds
+its options without loading a host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..agents.discovery import Scope
-from ..agents.spec import parse_thinking
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
 from ..errors import RequestError
-from ..host import (
-    DEFAULT_KV_BITS,
-    DEFAULT_PREFILL_SLICE,
-    HostSettings,
-    PrefillSlice,
-    SharedKVBudget,
-    parse_prefill_slice,
-)
-from ..host.kv_bits import check_kv_bits
-from ..host.protocol import ProcessorFactory
+
+if TYPE_CHECKING:
+    from ..agents.discovery import Scope
+    from ..host import HostSettings, PrefillSlice, SharedKVBudget
+    from ..host.protocol import ProcessorFactory
 
 # Levels of sub-agents below the agent a person started; a session at this depth cannot delegate.
 DEFAULT_MAX_DEPTH = 2
@@ -45,13 +43,15 @@ class RunOptions:
         batching: decode concurrent sessions in one batch.
         kv_budget: bytes of KV cache for all sessions (0: unbounded; None: the host's default).
         kv_bits: bits per KV value for every session (`--kv-bits`): 16 (not quantized), 8 or 4 (quantized
-            per group: the same `kv_budget` holds more sessions; a model that cannot take it runs at 16).
+            per group: the same `kv_budget` holds more sessions; a model that cannot take it runs at 16);
+            None: the host's default, 16.
         prefix_cache: bytes of disk for shared prefixes kept across processes, so a new process's first
             turn skips its agent's prompt (0: off; None: a small share of the free disk).
         context_window: override the model's context window (tokens).
         prefill_slice: how a prompt is prefilled while other sessions decode (`--prefill-slice`): `auto`
             (slices sized from what decode steps and prompt tokens cost, the time shared equally), a
-            number of tokens per slice, or `off` (it joins the batch at once, a chunk per decode step).
+            number of tokens per slice, or `off` (it joins the batch at once, a chunk per decode step);
+            None: the host's default, `auto`.
         concurrency: agent loops running at once in the whole process, sub-agents included; a
             parent waiting on its children does not count.
         thinking: a thinking model's budget per reply (`--thinking on|off|TOKENS`, as tokens, 0 for
@@ -83,10 +83,10 @@ class RunOptions:
     max_depth: int = DEFAULT_MAX_DEPTH
     batching: bool = True
     kv_budget: int | None = None
-    kv_bits: int = DEFAULT_KV_BITS
+    kv_bits: int | None = None
     prefix_cache: int | None = None
     context_window: int | None = None
-    prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE
+    prefill_slice: PrefillSlice | None = None
     concurrency: int = DEFAULT_CONCURRENCY
     engine: str | None = None
     api_key: str | None = field(default=None, repr=False)
@@ -101,17 +101,26 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         check_concurrency(self.concurrency, engine=bool(self.engine))
-        try:
-            object.__setattr__(self, "thinking", parse_thinking(self.thinking))
-        except ValueError as exc:
-            raise RequestError(f"thinking {exc}; use on, off or a number of tokens per reply") from None
-        try:
-            check_kv_bits(self.kv_bits)
-        except ValueError as exc:
-            raise RequestError(f"{exc}; 16 keeps the KV cache unquantized") from None
+        if self.thinking is not None:
+            from ..agents.spec import parse_thinking
+
+            try:
+                object.__setattr__(self, "thinking", parse_thinking(self.thinking))
+            except ValueError as exc:
+                raise RequestError(f"thinking {exc}; use on, off or a number of tokens per reply") from None
+        if self.kv_bits is not None:
+            from ..host.kv_bits import check_kv_bits
+
+            try:
+                check_kv_bits(self.kv_bits)
+            except ValueError as exc:
+                raise RequestError(f"{exc}; 16 keeps the KV cache unquantized") from None
         if self.prefix_cache is not None and (isinstance(self.prefix_cache, bool) or self.prefix_cache < 0):
             raise RequestError(f"prefix_cache must be bytes >= 0 (0: off), got {self.prefix_cache!r}")
-        object.__setattr__(self, "prefill_slice", parse_prefill_slice(self.prefill_slice))
+        if self.prefill_slice is not None:
+            from ..host import parse_prefill_slice
+
+            object.__setattr__(self, "prefill_slice", parse_prefill_slice(self.prefill_slice))
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
             raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
 
@@ -128,6 +137,8 @@ class RunOptions:
             kv_budget: the budget the run's resident models share (None: this run's `kv_budget`).
             processor_factory: logits processors for every request (the test kit's forced scripts).
         """
+        from ..host import DEFAULT_KV_BITS, DEFAULT_PREFILL_SLICE, HostSettings
+
         return HostSettings(
             engine=engine,
             api_key=self.api_key,
@@ -137,7 +148,7 @@ class RunOptions:
             batching=self.batching,
             kv_budget=self.kv_budget if kv_budget is None else kv_budget,
             prefix_cache=self.prefix_cache,
-            prefill_slice=self.prefill_slice,
+            prefill_slice=DEFAULT_PREFILL_SLICE if self.prefill_slice is None else self.prefill_slice,
             processor_factory=processor_factory,
-            kv_bits=self.kv_bits,
+            kv_bits=DEFAULT_KV_BITS if self.kv_bits is None else self.kv_bits,
         )

@@ -27,7 +27,6 @@ from pydantic import BaseModel, ValidationError
 from ..errors import SubagentError
 from ..events import Event
 from ..home import state_home
-from ..host.mlx_host import MlxModelHost
 from ..userfiles import read_text
 from .live import LiveTasks, TaskNow
 
@@ -110,6 +109,8 @@ def task_row(task: TaskNow, now: float) -> TaskRow:
 
 def hosts_pools(hosts: Mapping[ModelRef, ModelHost]) -> list[PoolRow]:
     """The KV pool of each resident model loaded (an engine's or a script's holds nothing here)."""
+    from ..host.mlx_host import MlxModelHost  # here: a process without hosts (an attached command) loads none
+
     return [
         PoolRow(model=ref.model, kv_bytes=host.kv_bytes_total, budget=host.kv_budget)
         for ref, host in hosts.items()
@@ -176,6 +177,7 @@ class Publisher:
     def snapshot(self) -> Snapshot:
         now = time.time()
         runner = self.runner
+        hosts = runner.preparer.hosts if runner is not None else self.pool.hosts if self.pool else {}
         return Snapshot(
             pid=os.getpid(),
             command=self.command,
@@ -183,7 +185,7 @@ class Publisher:
             started=self.started,
             updated=now,
             tasks=[task_row(task, now) for task in self.tasks.running_trees()],
-            pools=hosts_pools(runner.preparer.hosts if runner is not None else self.pool.hosts if self.pool else {}),
+            pools=hosts_pools(hosts) if hosts else [],
             leases=runner_leases(runner) if runner is not None else [],
         )
 

@@ -43,16 +43,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Literal
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from ..errors import DamagedStateError, RunNotFoundError, SubagentError, TaskStateError
 from ..events import Event
 from ..home import file_name, make_state_dir, state_home
-from ..host.protocol import Message
 from ..results import Mode, RunResult, chain_stop
 from ..userfiles import open_regular, read_text
+
+if TYPE_CHECKING:
+    from ..host.protocol import Message
 
 RUN_FILE = "run.json"
 MAX_RUN_RECORD_BYTES = 16 * 2**20  # far more than the task caps allow a run's record to hold

@@ -30,17 +30,19 @@ import graphlib
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..agents.discovery import AgentCatalog
 from ..agents.schema_output import load_schema
 from ..caps import MAX_TASKS
 from ..errors import AgentNotFoundError, WorkflowError
 from ..home import state_home
 from ..userfiles import error_message, error_path, load_file
 from .tasks import Render, Steps, TaskSpec, label_tasks
+
+if TYPE_CHECKING:
+    from ..agents.discovery import AgentCatalog
 
 PROJECT_WORKFLOWS_DIR = ".mlx-subagents/workflows"
 INLINE = "steps"  # what an inline workflow's errors name

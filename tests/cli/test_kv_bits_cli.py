@@ -73,7 +73,8 @@ def test_config_toml_sets_kv_bits_below_the_flag() -> None:
     """`kv_bits = 8` in config.toml is the setting when no `--kv-bits` is given; the flag wins."""
     defaults = {name: default for name, (_alias, default) in SHARED_FLAGS.items()}
     config_path().parent.mkdir(parents=True, exist_ok=True)
-    assert Shared(**defaults_for(defaults, load_config())).options().kv_bits == 16  # no file: 16
+    unset = Shared(**defaults_for(defaults, load_config())).options()
+    assert (unset.kv_bits, unset.host_settings().kv_bits) == (None, 16)  # no file: the host's default, 16
     config_path().write_text('kv_bits = 8\nkv_budget = "1GB"\n', encoding="utf-8")
     assert Shared(**defaults_for(defaults, load_config())).options().kv_bits == 8
     given = {**defaults, "kv_bits": KvBits.b16}
