@@ -35,6 +35,14 @@ from mlx_lm.models import cache as mlx_cache
 
 Tensor = Any  # an mx.array, or a tuple of them (a quantized tensor's parts)
 
+# A tail over a shared prefix grows its buffer in steps of this many tokens (mlx-lm's caches: 256). A
+# tail is often short (a task, a reply, a tool result) and growing it copies only the tail, not the
+# prefix: smaller steps cost little and hold less (a SmolLM2 session's 54-token tail: 2.9 MB, not 11.8).
+TAIL_STEP = 64
+# A prefix shorter than this is copied into each session instead: it saves little memory, while the
+# join costs a few ops per layer and step whatever the prefix's length (a cost a small model notices).
+MIN_SHARED_TOKENS = 256
+
 
 def _each(fn: Callable[..., Any], *tensors: Tensor) -> Tensor:
     """`fn` on each part of the tensors alike (zipped), as one tensor again."""
@@ -73,10 +81,12 @@ class _Sharing:
     offset: Any
 
     def share(self, shared: SharedPrefix, layer: int) -> None:
-        """Start from layer `layer` of `shared` (the cache holds nothing yet but what follows it)."""
+        """Start from layer `layer` of `shared` (the cache holds nothing yet but what follows it); its own
+        buffer then grows in steps of `TAIL_STEP`."""
         self.shared, self.layer = shared, layer
         shared.users.add(self)
         self.offset = self.offset + shared.length
+        self.step = TAIL_STEP
 
     def _unlink(self) -> None:
         if self.shared is not None:
@@ -205,10 +215,11 @@ class OverPrefix(_Sharing):
         return _nbytes(self.keys) + _nbytes(self.values)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        """A copy of its own tail (mlx arrays are values: a buffer is copied at its first write) over the
-        same shared prefix."""
+        """A copy of its own tail over the same shared prefix: new arrays over the same buffers (`_views`),
+        each copied at its first write."""
         clone = type(self).__new__(type(self))
         clone.__dict__.update(self.__dict__)
+        clone.keys, clone.values = _views(self.keys), _views(self.values)
         if self.shared is not None:
             self.shared.users.add(clone)
         return clone
@@ -229,9 +240,12 @@ class PrefixedKVCache(OverPrefix, mlx_cache.KVCache):
 
 def freeze(cache: list[Any], length: int) -> list[Any]:
     """An entry of what `cache` holds (exactly `length` tokens): its attention layers over one new
-    `SharedPrefix`, the others (sliding windows, recurrent state) copies."""
+    `SharedPrefix`, the others (sliding windows, recurrent state) copies; all copies below
+    `MIN_SHARED_TOKENS` (mlx arrays are values: a copy's buffer is copied at its first write)."""
     import copy
 
+    if length < MIN_SHARED_TOKENS:
+        return copy.deepcopy(cache)
     over = [isinstance(c, OverPrefix) for c in cache]
     shared = SharedPrefix([c.frozen() if o else None for c, o in zip(cache, over, strict=True)], length)
     return [c.started_over(shared, i) if o else copy.deepcopy(c) for i, (c, o) in enumerate(zip(cache, over))]
@@ -241,6 +255,13 @@ def shared_layers(cache: list[Any]) -> list[Any]:
     """The layers of a fresh cache, each dense `KVCache` as a `PrefixedKVCache` (so that it can start from
     a shared prefix, and batch with those that do); other layers as they are."""
     return [PrefixedKVCache() if type(c) is mlx_cache.KVCache and c.empty() else c for c in cache]
+
+
+def _views(tensor: Tensor | None) -> Tensor | None:
+    """New arrays over the same buffers as `tensor`'s (None: None). The cache writes into its arrays in
+    place (`keys[..., i:j, :] = ...`), which a second holder of the same array objects would see; a view
+    is copied at its first write instead, and costs nothing until then."""
+    return None if tensor is None else _each(lambda x: x[:], tensor)
 
 
 def _tokens(tensor: Tensor) -> int:
@@ -368,6 +389,7 @@ class OverPrefixBatch(_Sharing):
         clone = type(self).__new__(type(self))
         clone.__dict__.update(self.__dict__)
         clone.left_padding, clone.offset = copy.deepcopy(self.left_padding), copy.deepcopy(self.offset)
+        clone.keys, clone.values = _views(self.keys), _views(self.values)
         if self.shared is not None:
             self.shared.users.add(clone)
         return clone

@@ -137,14 +137,18 @@ def test_entries_are_held_once_and_kept_while_a_session_starts_from_them(tiny_qw
     sessions = [prefixes.start([*PREFIX, 1])[0] for _ in range(3)]  # type: ignore[index]
     assert all(layer.shared is taken[0].shared for s in sessions for layer in s)
     assert prefixes.nbytes() == exact  # four sessions, one prefix
+    second = PREFIX[::-1]
     other = [PrefixedKVCache() for _ in model.layers]
-    model(mx.array([[5, 6]]), cache=other)
-    fresh = prefixes.add([5, 6], other)  # past max_entries, but both are in use: both kept
-    assert PREFIX in prefixes and [5, 6] in prefixes
+    model(mx.array([second]), cache=other)
+    fresh = prefixes.add(second, other)  # past max_entries, but both are in use: both kept
+    assert PREFIX in prefixes and second in prefixes and fresh[0].shared is not None
     del fresh
-    two = 2 * len(model.layers) * other[0].keys[..., :2, :].nbytes
-    assert prefixes.drop_oldest() == two and [5, 6] not in prefixes  # the older one is in use: skipped
+    assert prefixes.drop_oldest() == exact and second not in prefixes  # the older one is in use: skipped
     assert prefixes.drop_oldest() == 0 and len(prefixes) == 1
+    short = [PrefixedKVCache() for _ in model.layers]
+    model(mx.array([[5, 6]]), cache=short)
+    assert prefixes.add([5, 6], short)[0].shared is None  # under MIN_SHARED_TOKENS: copies, not held once
+    assert [5, 6] not in prefixes and len(prefixes) == 1  # past max_entries and in use by none: dropped
     del taken, sessions
     assert prefixes.drop_oldest() == exact and len(prefixes) == 0
 
@@ -179,6 +183,30 @@ def test_copies_keep_the_shared_prefix(tiny_qwen3: Any) -> None:
     model(mx.array([TAILS[1]]), cache=twin)  # the copy goes on; the original is unchanged
     assert cache[0].offset == len(PREFIX) + len(TAILS[0]) and twin[0].offset == cache[0].offset + len(TAILS[1])
     assert len(shared.users) == 2 * len(model.layers)
+
+
+@pytest.mark.parametrize("prefixed", [True, False], ids=["over-a-prefix", "whole"])
+def test_a_copy_going_on_leaves_the_original_untouched(tiny_qwen3: Any, prefixed: bool) -> None:
+    """Both write into their buffers in place, after the same position: the copy's writes must not land in
+    the original's arrays (a snapshot restored, an entry started twice)."""
+    model, _ = tiny_qwen3
+
+    def start() -> list[PrefixedKVCache]:
+        if prefixed:
+            cache = over(shared_prefix(model), model)
+        else:
+            cache = [PrefixedKVCache() for _ in model.layers]
+            model(mx.array([PREFIX]), cache=cache)
+        model(mx.array([TAILS[0]]), cache=cache)
+        return cache
+
+    reference, cache = start(), start()
+    twin = copy.deepcopy(cache)
+    expected = single_logits(model, reference, TAILS[1])
+    model(mx.array([TAILS[1]]), cache=cache)
+    model(mx.array([TAILS[2]]), cache=twin)  # where the original just wrote TAILS[1]
+    steps = [model(mx.array([[token]]), cache=cache)[:, -1] for token in FOLLOW]
+    assert same([mx.concatenate(steps)], [expected[1:]])
 
 
 SYSTEM = {"role": "system", "content": "You are a scout. " + " ".join(f"Rule {n}: report paths." for n in range(40))}
