@@ -111,7 +111,8 @@ def kv_bits_lines(
             continue
         one = admission_bytes(shape, [TurnSize(window, window)], batched=False, trimmable=trimmable)
         fit = "unbounded budget" if budget is None else f"{budget // one} sessions of {window} tokens fit the budget"
-        lines.append(f"{head}{shape.per_token} bytes/token, {fit}" + (" (this host)" if bits == running else ""))
+        kind = f" (unquantized {shape.dtype}, the model's)" if shape.dtype else ""
+        lines.append(f"{head}{shape.per_token} bytes/token{kind}, {fit}" + (" (this host)" if bits == running else ""))
     return lines
 
 

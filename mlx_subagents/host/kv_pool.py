@@ -72,6 +72,9 @@ class KVShape:
 
     fixed: int
     per_token: int
+    dtype: str = field(
+        default="", compare=False
+    )  # an unquantized cache's element type (`float16`, `bfloat16`; `float32` on CPU models)
 
     def bytes_for(self, n_tokens: int) -> int:
         steps = -(-max(n_tokens, 1) // KV_STEP)
@@ -94,16 +97,18 @@ def kv_shape_of(cache: list[Any]) -> KVShape | None:
     from .quantized_rotating import QuantizedRotatingKVCache
 
     fixed = per_token = 0
+    dtype = ""
     for layer in cache:
         if type(layer) in (KVCache, PrefixedKVCache, RotatingKVCache) and layer.keys is not None:
             per_token += layer.nbytes // layer.keys.shape[2]
+            dtype = str(layer.keys.dtype).removeprefix("mlx.core.")
         elif type(layer) in (QuantizedKVCache, QuantizedRotatingKVCache) and layer.keys is not None:
             per_token += layer.nbytes // layer.keys[0].shape[2]
         elif type(layer) is ArraysCache:
             fixed += layer.nbytes
         else:
             return None
-    return KVShape(fixed=fixed, per_token=per_token)
+    return KVShape(fixed=fixed, per_token=per_token, dtype=dtype)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def test_doctor_prints_bytes_per_token_and_the_sessions_that_fit_at_each_setting
     assert kv[0].startswith("kv cache  576 bytes/token (+0 fixed) per session at 8 bits; budget 0.1 GiB for 5 sessions")
     # One session of the whole window (4,096 tokens and a 256-token step of slack) at 2,048 / 576 / 320 bytes a token
     assert kv[1:] == [
-        "kv bits   16: 2048 bytes/token, 7 sessions of 4096 tokens fit the budget",
+        "kv bits   16: 2048 bytes/token (unquantized float32, the model's), 7 sessions of 4096 tokens fit the budget",
         "kv bits    8: 576 bytes/token, 26 sessions of 4096 tokens fit the budget (this host)",
         "kv bits    4: 320 bytes/token, 48 sessions of 4096 tokens fit the budget",
     ]
@@ -42,7 +42,7 @@ def test_doctor_says_why_a_model_cannot_take_a_quantized_cache(
 
     assert code == 0, out + err
     assert [line for line in out.splitlines() if line.startswith("kv bits")] == [
-        "kv bits   16: 512 bytes/token, unbounded budget (this host)",
+        "kv bits   16: 512 bytes/token (unquantized float32, the model's), unbounded budget (this host)",
         "kv bits    8: unavailable: its attention heads are 16 wide and mlx quantizes in groups of 32 or 64",
         "kv bits    4: unavailable: its attention heads are 16 wide and mlx quantizes in groups of 32 or 64",
     ]
