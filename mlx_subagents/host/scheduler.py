@@ -315,11 +315,16 @@ class Scheduler:
 
     def _estimate(self, turns: list[Turn]) -> int:
         """Worst-case bytes of these turns together, shared prefixes they will add included (a shared prefix
-        they start from is counted once, with the entries)."""
+        they start from, or will go on from once they add it, is counted once, with the entries)."""
+        from .prefixed_cache import MIN_SHARED_TOKENS
+
         new_prefixes = {tuple(t.prefix) for t in turns if t.prefix and t.prefix not in self.prefixes}
         sizes = []
         for t in turns:
             shared, prefix = t.shared if t.shared is not None else self._starts_from(t)
+            key = tuple(t.prefix)
+            if t.shared is None and key in new_prefixes and len(key) >= MIN_SHARED_TOKENS and len(key) > shared:
+                shared, prefix = len(key), key  # it goes on from the entry it adds, which is counted there
             sizes.append(TurnSize(t.final_length, len(t.ids), shared, prefix))
         return admission_bytes(
             self.shape,
