@@ -176,8 +176,10 @@ def status_lines(status: dict[str, Any]) -> list[str]:
             f"client  {c['id']} {c['kind']}{pid} {c['name']} in {c['workspace'] or '?'}: {c['running']} running{gone}"
         )
     for t in status["tasks"]:
+        waited = t.get("prefill_wait_s", 0.0)
         lines.append(
             f"task    {t['client']} {t['label']} ({t['agent']}) {t['status']}, turn {t['turn']}, {t['output_tokens']:,} tokens"
+            + (f", {waited:.1f}s behind other prompts' prefill" if waited >= 0.05 else "")
         )
     return lines
 

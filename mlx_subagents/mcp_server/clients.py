@@ -39,6 +39,7 @@ class TaskLine(BaseModel):
     status: str
     turn: int = 0
     output_tokens: int = 0
+    prefill_wait_s: float = 0.0  # its replies' time behind other sessions' prefills (`Usage.prefill_wait_seconds`)
     started: float = 0.0
 
 
@@ -61,7 +62,8 @@ class TaskTally:
         if event.kind == "turn_start":
             line.turn = event.turn
         elif event.kind == "usage":
-            line.output_tokens = cast(UsageData, event.data)["output_tokens"]
+            usage = cast(UsageData, event.data)
+            line.output_tokens, line.prefill_wait_s = usage["output_tokens"], usage["prefill_wait_s"]
         elif event.kind == "task_end":
             line.status = cast(TaskEndData, event.data)["status"]
 

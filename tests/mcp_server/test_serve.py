@@ -296,3 +296,26 @@ def test_mcp_serve_starts_a_server_relays_to_it_and_exits_when_it_is_stopped(tmp
     assert [m["model"] for m in seen["status"]["models"]] == [model]  # its --model, loaded at start
     assert seen["stopped"][1] == f"stopped the server (pid {info.pid}); what ran is saved (subagent runs lists it)\n"
     assert seen["after"] == "MCPError" and not (Path(os.environ["MLX_SUBAGENTS_HOME"]) / "logs" / "mcp.log").exists()
+
+
+def test_status_shows_how_long_each_task_waited_behind_other_prompts_prefill() -> None:
+    """`serve --status` (and its `--json`) carries each task's time behind other sessions' prefills, as its
+    usage events report it: the cost of sharing the model, per task."""
+    from mlx_subagents.cli.serve import status_lines
+    from mlx_subagents.events import Event, TaskStartData, UsageData
+    from mlx_subagents.mcp_server.clients import TaskTally
+    from mlx_subagents.results import RunUsage
+
+    tally = TaskTally()
+    for label, waited in (("scout", 2.345), ("reviewer", 0.0)):
+        tally.handle(Event("task_start", label, label, data=TaskStartData(task="t", model="m", tool_mode="native")))
+        usage = RunUsage(output_tokens=1234, turns=1, prefill_wait_s=waited).model_dump()
+        tally.handle(Event("usage", label, label, turn=1, data=UsageData(**usage, tps=9.5)))
+    tasks = [{"client": "c1", **t.model_dump()} for t in tally.tasks.values()]
+    assert [t["prefill_wait_s"] for t in tasks] == [2.345, 0.0]
+    server = {"pid": 7, "url": None, "socket": "/s", "uptime_s": 5, "log": "/l"}
+    status = {"server": server, "kv": {"used": 0, "budget": None}, "models": [], "clients": [], "tasks": tasks}
+    assert [line for line in status_lines(status) if line.startswith("task")] == [
+        "task    c1 scout (scout) running, turn 0, 1,234 tokens, 2.3s behind other prompts' prefill",
+        "task    c1 reviewer (reviewer) running, turn 0, 1,234 tokens",
+    ]
