@@ -166,7 +166,7 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         budget = _mib(m["kv_budget"]) if m["kv_budget"] else "unbounded"
         lines.append(
             f"model   {m['model']}: weights {_mib(m['weights_bytes'])}, KV {_mib(m['kv_bytes'])} of {budget}, "
-            f"{m['sessions']} sessions, at most {m['most_decoding']} decoding in one batch, "
+            f"{_count(m['sessions'], 'session')}, at most {m['most_decoding']} decoding in one batch, "
             f"window {m['context_window']:,} tokens"
         )
     for c in status["clients"]:
@@ -200,6 +200,10 @@ def stop_server() -> int:
         time.sleep(0.05)
     err.print(f"stopped the server (pid {info.pid}); what ran is saved (subagent runs lists it)", markup=False)
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _mib(n: int) -> str:

@@ -659,7 +659,7 @@ class MlxModelHost:
 
     @property
     def most_decoding(self) -> int:
-        """The most turns that ever decoded in one batch at once (0 before the first turn)."""
+        """The most turns that ever decoded at once, in one batch (1: one on its own; 0 before the first turn)."""
         return self._scheduler.most_decoding if self._model is not None else 0
 
     async def memory_stats(self) -> MemoryStats:

@@ -732,6 +732,7 @@ class Scheduler:
             self._insert(turn, turn.ids[turn.pos :], turn.ids[: turn.pos], turn.max_tokens)
             return
         turn.stream = SingleStream(self.model, turn.cache, turn.ids, turn.sampler, turn.processors)  # type: ignore[arg-type]
+        self.most_decoding = max(self.most_decoding, 1)
         if self.config.batching and self._batchable(turn.cache):
             self.single = turn  # a burst of tokens per step, until it ends or a second turn arrives
         else:  # serialized (or a cache that cannot join a batch): to the end now

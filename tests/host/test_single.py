@@ -103,11 +103,13 @@ def test_single_turn_decodes_a_burst_per_step_token_identical_to_serialized_and_
 ) -> None:
     results: dict[str, Reply] = {}
     single = make_turn("a", 0, 20, results)
-    held = run(scheduler(tiny_qwen3, factory=forced(tiny_qwen3, "a")), [single])
+    sch = scheduler(tiny_qwen3, factory=forced(tiny_qwen3, "a"))
+    held = run(sch, [single])
     # Prefill: the shared system prompt, then the rest; then 8 + 8 + 4 tokens in three steps.
     assert SINGLE_BURST_TOKENS == 8
     assert held == [[0], [0], [8], [16], [20]]
     assert results["a"].finish_reason == "length"
+    assert sch.most_decoding == 1  # one decoded, on its own (`serve --status`: "at most 1 decoding")
 
     serial: dict[str, Reply] = {}
     serialized = scheduler(tiny_qwen3, batching=False, factory=forced(tiny_qwen3, "a"))
@@ -194,6 +196,7 @@ def test_a_second_turn_ends_the_bursts_and_both_match_serialized(tiny_qwen3: tup
             sch.submit(b)
 
     held = run(sch, [a], arrive, watch=[a, b])
+    assert sch.most_decoding == 2
     # Step 4: b is admitted, a decodes one token and hands the next over; then one token per step for
     # each in the batch (mlx-lm's: b's prompt first, its first token a step after a's next one); b
     # ends (a at 23), and a, single again, decodes its last 7 tokens in the same step, one burst.
