@@ -225,13 +225,20 @@ class KVPool:
         self.counters.peak_bytes = max(self.counters.peak_bytes, total_bytes)
         self.counters.peak_sessions = max(self.counters.peak_sessions, resident_sessions)
 
-    def fits(self, needed: int, other_bytes: int = 0) -> bool:
-        return self.budget is None or self.idle_bytes() + other_bytes + needed <= self.budget
+    def fits(self, needed: int, other_bytes: int = 0, keep: str | None = None) -> bool:
+        if self.budget is None:
+            return True
+        own = self._idle[keep].kv_bytes if keep in self._idle else 0
+        return self.idle_bytes() - own + other_bytes + needed <= self.budget
 
-    def make_room(self, needed: int, other_bytes: int = 0) -> bool:
-        """Evict idle caches (LRU first) until `needed` more bytes fit; False if they cannot."""
-        while not self.fits(needed, other_bytes):
-            victim = next((n for n, s in self._idle.items() if s.kv_bytes > 0), None)
+    def make_room(self, needed: int, other_bytes: int = 0, keep: str | None = None) -> bool:
+        """Evict idle caches (LRU first) until `needed` more bytes fit; False if they cannot.
+
+        `keep`: the session about to start, whose turn `needed` counts: its idle cache is part of that,
+        and is never the one evicted (spilled, then restored at once, and whole: a cache over a shared
+        prefix comes back holding it, more than it was counted for)."""
+        while not self.fits(needed, other_bytes, keep):
+            victim = next((n for n, s in self._idle.items() if s.kv_bytes > 0 and n != keep), None)
             if victim is None:
                 return False
             self.evict(self._idle[victim])

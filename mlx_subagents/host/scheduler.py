@@ -82,6 +82,14 @@ def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]
     return run
 
 
+def _first(turn: Turn) -> bool:
+    """Whether `turn` is its session's first, not opened yet: it will prefill from nothing, so it stops at
+    its agent's prefix, adds it and goes on from that entry. (A session that holds a cache, a spill or
+    the ids of one goes on from its own, whole, and may never stop there.)"""
+    state = turn.state
+    return turn.shared is None and state.prompt_cache is None and state.spill_path is None and not state.token_ids
+
+
 def _deliver_texts(items: list[tuple[TextCallback, str]]) -> None:
     for on_text, text in items:
         on_text(text)
@@ -323,7 +331,7 @@ class Scheduler:
         for t in turns:
             shared, prefix = t.shared if t.shared is not None else self._starts_from(t)
             key = tuple(t.prefix)
-            if t.shared is None and key in new_prefixes and len(key) >= MIN_SHARED_TOKENS and len(key) > shared:
+            if key in new_prefixes and len(key) >= MIN_SHARED_TOKENS and len(key) > shared and _first(t):
                 shared, prefix = len(key), key  # it goes on from the entry it adds, which is counted there
             sizes.append(TurnSize(t.final_length, len(t.ids), shared, prefix))
         return admission_bytes(
@@ -355,14 +363,14 @@ class Scheduler:
         """Start, refuse or adjust the first waiting turn; False when it has to wait."""
         active = self._active()
         needed = self._estimate([*active, turn]) + self.prefixes.nbytes()
-        if self.pool.budget is None or self.pool.make_room(needed):
+        if self.pool.budget is None or self.pool.make_room(needed, keep=turn.name):
             self.waiting.popleft()
             self._start(turn)
             return True
         if turn.prefix and turn.prefix not in self.prefixes:
             turn.prefix = []  # no room to keep a shared copy: prefill this one privately
             return True
-        if not active and self._drop_prefixes(needed):
+        if not active and self._drop_prefixes(needed, turn.name):
             return True
         if not active:
             self.waiting.popleft()
@@ -379,11 +387,11 @@ class Scheduler:
             self.pool.counters.admission_waits += 1
         return False
 
-    def _drop_prefixes(self, needed: int) -> bool:
+    def _drop_prefixes(self, needed: int, keep: str) -> bool:
         """Last resort under pressure: forget shared prefixes no session starts from (safe to drop), oldest first."""
         while freed := self.prefixes.drop_oldest():
             needed -= freed
-            if self.pool.make_room(needed):
+            if self.pool.make_room(needed, keep=keep):
                 return True
         return False
 

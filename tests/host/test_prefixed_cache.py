@@ -276,6 +276,43 @@ def test_a_first_turn_under_a_tight_budget_keeps_its_prefix_for_the_next_session
     assert tight[1].usage.cached_tokens == prefix
 
 
+def test_making_room_for_a_turn_never_evicts_its_own_session(tiny_qwen3_path: Path) -> None:
+    """Admission makes room by evicting idle caches, least recently used first; the session whose turn it
+    admits is never one of them. Its idle cache is part of what its turn was counted for, and evicting it
+    spilled it to disk only to read it back at once, whole: a cache over a shared prefix came back
+    holding the prefix too, past the budget. Here s0 (used before s1) takes a second turn under a budget
+    that holds its turn, s1's idle cache and the prefix: nothing is evicted, s0 goes on over the prefix,
+    and the tokens are an unbounded host's."""
+
+    def ask(i: int) -> dict[str, Any]:
+        return {"role": "user", "content": f"Task {i}: where is module {i * 7} configured?"}
+
+    async def go(n_second: int | None) -> tuple[list[Any], dict[str, int], int | None, bool]:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            s0, s1 = host.session("s0"), host.session("s1")
+            first = await s0.generate([SYSTEM, ask(0)], GenerateArgs(max_tokens=8))
+            other = await s1.generate([SYSTEM, ask(1)], GenerateArgs(max_tokens=8))
+            second = [SYSTEM, ask(0), {"role": "assistant", "content": first.text}, ask(2)]
+            scheduler = host._scheduler
+            if n_second is not None:  # s0's turn (its prompt as an unbounded host had it), s1's idle cache, the prefix
+                stats = await host.memory_stats()
+                turn = TurnSize(n_second + 8, n_second, other.usage.cached_tokens, "p")
+                needed = admission_bytes(host.kv_shape, [turn], batched=True, trimmable=True)
+                await host.set_kv_budget(needed + stats.kv_bytes_by_session["s1"] + scheduler.prefixes.nbytes())
+            again = await s0.generate(second, GenerateArgs(max_tokens=8))
+            stats = await host.memory_stats()
+            held = scheduler.pool.idle("s0").prompt_cache  # type: ignore[union-attr]
+            over = all(layer.shared is not None for layer in held)
+            return [first, other, again], stats.pool, stats.kv_budget, over
+
+    free, _, _, _ = asyncio.run(go(None))
+    tight, pool, budget, over = asyncio.run(go(free[2].usage.prompt_tokens))
+    assert [r.token_ids for r in tight] == [r.token_ids for r in free]
+    assert (pool["evictions"], pool["spills"], pool["restores"]) == (0, 0, 0)
+    assert budget is not None and pool["peak_bytes"] <= budget
+    assert over and tight[2].usage.cached_tokens == free[2].usage.cached_tokens
+
+
 @pytest.mark.parametrize("kind", [BatchKVCache, BatchPrefixedKVCache])
 def test_rows_without_a_prefix_batch_as_mlx_lm_batches_them(tiny_qwen3: Any, kind: type) -> None:
     """Without a shared prefix a prefixed batch is mlx-lm's batch: the same logits either class."""
