@@ -149,8 +149,8 @@ def admission_bytes(
         total = len(turns) * shape.bytes_for(longest + KV_STEP)
     else:
         total = sum(shape.bytes_for(t.final - t.shared + KV_STEP) for t in turns)
-    if not trimmable:
-        total += sum(shape.bytes_for(t.prompt - t.shared) for t in turns)
+    if not trimmable:  # a snapshot copies the cache as allocated: up to a step past the tokens it holds
+        total += sum(shape.bytes_for(t.prompt - t.shared + KV_STEP) for t in turns)
     return total + sum(shape.bytes_for(n) for n in new_prefixes)
 
 

@@ -19,8 +19,9 @@ def test_admission_counts_whole_steps_batch_padding_snapshots_and_new_prefixes()
     assert admission_bytes(shape, [T(300, 200)], batched=True, trimmable=True) == 100 + 3 * step
     assert admission_bytes(shape, [T(300, 200), T(600, 500)], batched=False, trimmable=True) == 200 + 7 * step
     assert admission_bytes(shape, [T(300, 200), T(600, 500)], batched=True, trimmable=True) == 2 * (100 + 4 * step)
-    # A hybrid session also holds a snapshot of its prompt (200 -> 1 step, 500 -> 2 steps).
-    assert admission_bytes(shape, [T(300, 200), T(600, 500)], batched=False, trimmable=False) == 400 + 10 * step
+    # A hybrid session also holds a snapshot of its prompt, a copy of its cache as allocated, up to a step
+    # past the prompt (200 + 256 -> 2 steps, 500 + 256 -> 3 steps).
+    assert admission_bytes(shape, [T(300, 200), T(600, 500)], batched=False, trimmable=False) == 400 + 12 * step
     assert admission_bytes(shape, [T(300, 200)], batched=True, trimmable=True, new_prefixes=[40]) == 200 + 4 * step
     assert admission_bytes(shape, [], batched=True, trimmable=True, new_prefixes=[40]) == 0
     # Turns that start from a shared prefix (counted once, with the entries) hold only what follows it:
@@ -28,8 +29,9 @@ def test_admission_counts_whole_steps_batch_padding_snapshots_and_new_prefixes()
     shared = T(300, 250, 200, "p"), T(600, 550, 200, "p")
     assert admission_bytes(shape, shared, batched=False, trimmable=True) == 200 + 5 * step
     assert admission_bytes(shape, shared, batched=True, trimmable=True) == 2 * (100 + 3 * step)
-    # ... a snapshot too (250 - 200 -> 1 step, 550 - 200 -> 2 steps). Rows of two prefixes batch whole.
-    assert admission_bytes(shape, shared, batched=False, trimmable=False) == 400 + 8 * step
+    # ... a snapshot too (250 - 200 + 256 -> 2 steps, 550 - 200 + 256 -> 3 steps). Rows of two prefixes
+    # batch whole.
+    assert admission_bytes(shape, shared, batched=False, trimmable=False) == 400 + 10 * step
     mixed = T(300, 250, 200, "p"), T(600, 550, 200, "q")
     assert admission_bytes(shape, mixed, batched=True, trimmable=True) == 2 * (100 + 4 * step)
 

@@ -2,8 +2,9 @@
 that forces spills: the tokens of an unbounded host, and a peak within the budget, at 16 and 8 bits.
 
 What each piece does alone has its own tests; this one mixes them, as an orchestrator's children do,
-because their interplay is where admission once went wrong (a session evicted to make room for its own
-turn came back whole, over the budget)."""
+because their interplay is where admission went wrong twice: a session evicted to make room for its own
+turn came back whole, and a hybrid session's snapshot (a copy of its cache as allocated) held up to a
+step more than it was counted for; both over the budget."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ AGENTS = {
     agent: {"role": "system", "content": f"You are {agent}. " + " ".join(f"Rule {n}: report {agent} paths." for n in range(45))}
     for agent in ("scout", "worker")
 }  # fmt: skip
-# Budgets that hold one turn and some idle sessions, not all of them: spills happen (asserted).
-BUDGETS = {16: 5 * 2**20, 8: int(1.4 * 2**20)}
+# The budget: this share of what the unbounded run held at its peak: one turn and some idle sessions fit,
+# not all of them (spills and restores happen, asserted).
+SHARE = 0.7
 
 
 def plan(seed: int) -> list[tuple[str, int, str, int, int]]:
@@ -72,12 +74,16 @@ async def play(path: Path, bits: int, budget: int | None, steps: list[tuple[str,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize(("arch", "seed"), [("qwen3", 6), ("qwen3_5", 7), ("gemma3_text", 9)])
 def test_forks_and_gathered_turns_under_pressure_give_unbounded_tokens_within_the_budget(
-    quantizable: Callable[[str], Path], bits: int
+    quantizable: Callable[[str], Path], arch: str, seed: int, bits: int
 ) -> None:
-    path, steps = quantizable("qwen3"), plan(6)
-    free, _ = asyncio.run(play(path, bits, None, steps))
-    tight, pool = asyncio.run(play(path, bits, BUDGETS[bits], steps))
+    """Dense, hybrid (its sessions hold snapshots) and sliding-window layers; the seeds are plans that once
+    broke the budget (qwen3, qwen3_5) or press it hardest (gemma3_text)."""
+    path, steps = quantizable(arch), plan(seed)
+    free, unbounded = asyncio.run(play(path, bits, None, steps))
+    budget = int(unbounded["peak_bytes"] * SHARE)
+    tight, pool = asyncio.run(play(path, bits, budget, steps))
     assert tight == free
     assert pool["spills"] > 0 and pool["restores"] > 0  # the budget pressed
-    assert pool["peak_bytes"] <= BUDGETS[bits]
+    assert pool["peak_bytes"] <= budget
