@@ -72,9 +72,8 @@ class KVShape:
 
     fixed: int
     per_token: int
-    dtype: str = field(
-        default="", compare=False
-    )  # an unquantized cache's element type (`float16`, `bfloat16`; `float32` on CPU models)
+    # An unquantized cache's element type (`float16`, `bfloat16`; `float32` on CPU models); not compared.
+    dtype: str = field(default="", compare=False)
 
     def bytes_for(self, n_tokens: int) -> int:
         steps = -(-max(n_tokens, 1) // KV_STEP)
