@@ -82,14 +82,6 @@ def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]
     return run
 
 
-def _first(turn: Turn) -> bool:
-    """Whether `turn` is its session's first, not opened yet: it will prefill from nothing, so it stops at
-    its agent's prefix, adds it and goes on from that entry. (A session that holds a cache, a spill or
-    the ids of one goes on from its own, whole, and may never stop there.)"""
-    state = turn.state
-    return turn.shared is None and state.prompt_cache is None and state.spill_path is None and not state.token_ids
-
-
 def _deliver_texts(items: list[tuple[TextCallback, str]]) -> None:
     for on_text, text in items:
         on_text(text)
@@ -323,16 +315,11 @@ class Scheduler:
 
     def _estimate(self, turns: list[Turn]) -> int:
         """Worst-case bytes of these turns together, shared prefixes they will add included (a shared prefix
-        they start from, or will go on from once they add it, is counted once, with the entries)."""
-        from .prefixed_cache import MIN_SHARED_TOKENS
-
+        they start from is counted once, with the entries)."""
         new_prefixes = {tuple(t.prefix) for t in turns if t.prefix and t.prefix not in self.prefixes}
         sizes = []
         for t in turns:
             shared, prefix = t.shared if t.shared is not None else self._starts_from(t)
-            key = tuple(t.prefix)
-            if key in new_prefixes and len(key) >= MIN_SHARED_TOKENS and len(key) > shared and _first(t):
-                shared, prefix = len(key), key  # it goes on from the entry it adds, which is counted there
             sizes.append(TurnSize(t.final_length, len(t.ids), shared, prefix))
         return admission_bytes(
             self.shape,

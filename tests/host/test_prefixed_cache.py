@@ -14,9 +14,9 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.kv_pool import KVPool, KVShape, TurnSize, admission_bytes
+from mlx_subagents.host.kv_pool import KVPool, TurnSize, admission_bytes
 from mlx_subagents.host.prefix_cache import SharedPrefixes
-from mlx_subagents.host.prefixed_cache import MIN_SHARED_TOKENS, BatchPrefixedKVCache, PrefixedKVCache, SharedPrefix
+from mlx_subagents.host.prefixed_cache import BatchPrefixedKVCache, PrefixedKVCache, SharedPrefix
 
 PREFIX = [(i * 7) % 500 + 3 for i in range(300)]
 TAILS = [[(i * 13 + j) % 400 + 5 for i in range(10 + 7 * j)] for j in range(3)]
@@ -241,39 +241,6 @@ def test_sessions_of_one_agent_hold_its_prefix_once(tiny_qwen3_path: Path) -> No
     assert private_bytes == sum(layer.nbytes for cache in private for layer in cache)
     assert all(sum(layer.nbytes for layer in cache) < prefix_bytes for cache in caches)  # a tail, not a copy
     assert shared_bytes < private_bytes / 2
-
-
-def test_a_first_turn_under_a_tight_budget_keeps_its_prefix_for_the_next_session(tiny_qwen3_path: Path) -> None:
-    """A first turn that adds its agent's shared prefix goes on from it, so admission counts the prefix
-    once (with the entries), not there and again in the turn. Under a budget that holds the prefix and
-    one session's tail but not the prefix twice, the first session keeps the prefix shared and the next
-    session of the agent starts from it (counting it twice, the first turn gave up sharing: the next
-    one prefilled the prefix again). The tokens are the ones an unbounded host gives."""
-
-    def task(i: int) -> list[dict[str, Any]]:
-        return [SYSTEM, {"role": "user", "content": f"Task {i}: where is module {i * 7} configured?"}]
-
-    async def go(budget: int | None) -> tuple[list[Any], KVShape]:
-        async with MlxModelHost(str(tiny_qwen3_path)) as host:
-            await host.set_kv_budget(budget)  # after the start: it sizes no window for five such sessions
-            replies = [await host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(2)]
-            return replies, host.kv_shape
-
-    free, shape = asyncio.run(go(None))
-    prefix = free[1].usage.cached_tokens  # the second session started from the agent's prefix
-    first = free[0].usage.prompt_tokens
-    assert prefix >= MIN_SHARED_TOKENS and free[0].usage.cached_tokens == 0
-    counted_once = admission_bytes(
-        shape, [TurnSize(first + 8, first, prefix, "p")], batched=True, trimmable=True, new_prefixes=[prefix]
-    )
-    counted_twice = admission_bytes(
-        shape, [TurnSize(first + 8, first)], batched=True, trimmable=True, new_prefixes=[prefix]
-    )
-    assert counted_once < counted_twice
-
-    tight, _ = asyncio.run(go((counted_once + counted_twice) // 2))
-    assert [r.token_ids for r in tight] == [r.token_ids for r in free]
-    assert tight[1].usage.cached_tokens == prefix
 
 
 def test_making_room_for_a_turn_never_evicts_its_own_session(tiny_qwen3_path: Path) -> None:
