@@ -246,8 +246,8 @@ def test_sessions_of_one_agent_hold_its_prefix_once(tiny_qwen3_path: Path) -> No
 def test_making_room_for_a_turn_never_evicts_its_own_session(tiny_qwen3_path: Path) -> None:
     """Admission makes room by evicting idle caches, least recently used first; the session whose turn it
     admits is never one of them. Its idle cache is part of what its turn was counted for, and evicting it
-    spilled it to disk only to read it back at once, whole: a cache over a shared prefix came back
-    holding the prefix too, past the budget. Here s0 (used before s1) takes a second turn under a budget
+    spilled it to disk only to read it back at once, whole: a cache over a shared prefix came back with
+    its own copy of the prefix, more than its turn was counted for. Here s0 (used before s1) takes a second turn under a budget
     that holds its turn, s1's idle cache and the prefix: nothing is evicted, s0 goes on over the prefix,
     and the tokens are an unbounded host's."""
 

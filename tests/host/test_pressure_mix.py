@@ -3,8 +3,8 @@ that forces spills: the tokens of an unbounded host, and a peak within the budge
 
 What each piece does alone has its own tests; this one mixes them, as an orchestrator's children do,
 because their interplay is where admission went wrong twice: a session evicted to make room for its own
-turn came back whole, and a hybrid session's snapshot (a copy of its cache as allocated) held up to a
-step more than it was counted for; both over the budget."""
+turn came back whole, more than it was counted for, and a hybrid session's snapshot (a copy of its
+cache as allocated) held up to a step more than it was counted for, over the budget."""
 
 from __future__ import annotations
 
