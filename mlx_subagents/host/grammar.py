@@ -20,7 +20,9 @@ being computed, as both decode paths pipeline) is only compared on the device: i
 the trigger, the next token is masked with the grammar's first mask, precomputed. Once the
 matcher runs, each step needs the token just sampled (the mask depends on it): one sync per
 constrained token, the only place, taken once the step's forward pass is queued, so that
-llguidance computes the mask while the model runs. llguidance's mlx bitmask kernel is Metal-only, so the mask is
+llguidance computes the mask while the model runs. In a batch the same is done for all the constrained
+rows of a step at once (`masks.MaskBatch`); the processor itself then serves the single path and a
+row's first step. llguidance's mlx bitmask kernel is Metal-only, so the mask is
 applied with ordinary mlx ops. The llguidance tokenizer (about a second to build on a real
 vocabulary) and each compiled grammar are cached per host; a request gets a copy of the matcher.
 """
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from .call_schema import GUIDANCE, closed, function_of
@@ -163,25 +165,32 @@ class Prototype:
 
     def __init__(self, matcher: Any, vocab_size: int, eos: Sequence[int]) -> None:
         self.matcher, self.vocab_size, self.eos = matcher, vocab_size, tuple(eos)
-        self._first: dict[int, tuple[mx.array, mx.array]] = {}
+        self._first: dict[int, np.ndarray] = {}
+        self._blocked: dict[int, mx.array] = {}
         self._bitmask: Any = None
 
     def copy(self) -> Any:
         return self.matcher.deep_copy()
 
+    def first_row(self, vocab: int) -> np.ndarray:
+        """The mask of the grammar's first token, as a bool row of `vocab` on the host (made once)."""
+        if vocab not in self._first:
+            self._first[vocab] = self.allowed(self.matcher, vocab)
+        return self._first[vocab]
+
     def first(self, vocab: int) -> mx.array:
         """The mask of the grammar's first token."""
-        if vocab not in self._first:
-            import mlx.core as mx
+        import mlx.core as mx
 
-            first = mx.array(self.allowed(self.matcher, vocab))
-            self._first[vocab] = (first, ~first)
-        return self._first[vocab][0]
+        return mx.array(self.first_row(vocab))
 
     def blocked(self, vocab: int) -> mx.array:
-        """What the first mask rules out (one op fewer per free step than applying the mask)."""
-        self.first(vocab)
-        return self._first[vocab][1]
+        """What the first mask rules out, on the device (one op fewer per free step than applying the mask)."""
+        if vocab not in self._blocked:
+            import mlx.core as mx
+
+            self._blocked[vocab] = mx.array(~self.first_row(vocab))
+        return self._blocked[vocab]
 
     def allowed(self, matcher: Any, vocab: int) -> np.ndarray:
         """The tokens `matcher` allows next, as a bool row of `vocab` (the logits' width), on the host
@@ -243,10 +252,6 @@ class Constrainer:
         self.ends_reply = ends_reply  # a call runs to the reply's end (Mistral): then only its end follows
         self.start_ids, self.think, self.eos = tuple(start_ids), think, tuple(eos)
         self.known: Sequence[int] = []  # the tokens the host has read (set by the scheduler)
-        # The token in flight as a batch reads it for all its rows at once (set by the scheduler).
-        self.in_flight: Callable[[], int | None] | None = None
-        # In the batch: the masks of every constrained row, computed together (`masks.MaskBatch`).
-        self.batch: Any = None
         self.limit: int | None = None  # the reply's token limit: a call open near it is closed (`closing.py`)
         self.closers = closers
         self._closing: list[int] = []  # the way to close what is open, while it is being said
@@ -294,31 +299,30 @@ class Constrainer:
                 return self._maybe_trigger(tokens, logits)
             if count - 1 < len(self.known):
                 self._feed(self.known[count - 1])
-            elif self.batch is not None and self.batch.compute(self, logits):
-                pass  # the batch read every row's token and computed their masks at once
             else:
                 import mlx.core as mx
 
                 # Start this step's forward, then read the token: the mask is computed while the
-                # forward runs. A read that adds no op (the batch's own array of every row's
-                # token; the single path's step array, `Tail.in_place`) waits only for the step
-                # before. A read that slices adds an op, queued behind the forward: it goes first.
-                if self.in_flight is not None or getattr(tokens, "in_place", False):
+                # forward runs. A read that adds no op (the single path's step array,
+                # `Tail.in_place`) waits only for the step before. A read that slices adds an op,
+                # queued behind the forward: it goes first.
+                if getattr(tokens, "in_place", False):
                     mx.async_eval(logits)
-                    read = self.in_flight() if self.in_flight is not None else None
-                    token = read if read is not None else int(tokens[-1].item())
+                    token = int(tokens[-1].item())
                 else:
                     token = int(tokens[-1].item())
                     mx.async_eval(logits)
                 self._feed(token)
         if self._matcher is None or self.broken:
             return logits
-        allowed = self.batch.take(self) if self.batch is not None else None  # computed with the others
-        if allowed is None:
-            import mlx.core as mx
+        import mlx.core as mx
 
-            allowed = mx.array(self.allowed(logits.shape[-1]))
-        return _masked(logits, allowed)
+        return _masked(logits, mx.array(self.allowed(logits.shape[-1])))
+
+    def to_step(self) -> None:
+        """At a step of the batch (`masks.MaskBatch`): the tokens the host has read fed, all but the
+        one in flight."""
+        self.catch_up(len(self.known) + 1)
 
     def allowed(self, vocab: int, row: np.ndarray | None = None) -> np.ndarray:
         """What may come next, as a bool row of `vocab`: the matcher's (`row`, when computed with other
@@ -362,15 +366,25 @@ class Constrainer:
     def _maybe_trigger(self, tokens: mx.array, logits: mx.array) -> mx.array:
         """Free decoding: the token in flight is compared on the device; where it completes the
         trigger, the next token gets the grammar's first mask."""
+        if (armed := self.armed()) is None:
+            return logits
+        import mlx.core as mx
+
+        marker, proto = armed
+        return mx.where((tokens[-1] == marker) & proto.blocked(logits.shape[-1]), -mx.inf, logits)
+
+    def armed(self) -> tuple[int, Prototype] | None:
+        """While the reply is free: the token that completes the trigger if it is the one in flight,
+        and the grammar it starts (None: the token in flight cannot complete it)."""
+        if self._matcher is not None or self.broken:
+            return None
         if self.thinking:
             marker, proto = (self.think[1], self._answer) if self._pending_answer else ((), None)  # type: ignore[index]
         else:
             marker, proto = self.start_ids, self._calls
         if proto is None or not marker or tuple(self._recent(len(marker) - 1)) != marker[:-1]:
-            return logits
-        import mlx.core as mx
-
-        return mx.where((tokens[-1] == marker[-1]) & proto.blocked(logits.shape[-1]), -mx.inf, logits)
+            return None
+        return marker[-1], proto
 
     def _recent(self, k: int) -> list[int]:
         return self._tokens[len(self._tokens) - k :] if k else []

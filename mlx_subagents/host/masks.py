@@ -1,16 +1,25 @@
-"""The grammar at batch speed: the masks of every constrained row of the batch, computed together.
+"""The grammar at batch speed: every constrained row of a decode step masked together, in one op.
 
-Each constrained row's processor (`Constrainer`) needs, at each step, the token the batch is feeding
-it (its mask depends on it) and then its next mask. Row by row that is a read of the token, a call of
-llguidance to consume it and one to compute the mask, and a host-to-device copy, per row and step.
-Here the first constrained row of a step does it for all of them: one read of every row's token (the
-batch's own array), one `consume_token_par` and one `fill_next_token_bitmask_par` on an llguidance
-`LLExecutor` for all rows, one unpacking of the bitmasks; each row's mask is then copied to an array
-of its own (a copy, where a slice of one array would be an op more in the step's graph). llguidance's work runs on a worker thread while the mlx thread
-dispatches the step's forward pass: on the CPU backend, dispatching a graph of many small ops takes
-about as long as computing it, so the masks are ready when the forward is. The worker touches only
-llguidance and the rows' Python state, never mlx (the mlx thread owns every mlx call), and the mlx
-thread waits for it before it goes on.
+mlx-lm's batch applies logits processors row by row: each row with a processor gets its own slice
+of the step's logits, its own context array and its processors' ops, and the rows are concatenated
+again; on a host-bound model those few ops per row cost more than the mask itself. So a turn's
+grammar is a processor of its row only for the row's first step (the new rows' own step, before
+they join the batch); from its first step in the batch on, `MaskedModel` takes it out of the row's
+processors, and each decode step's logits leave the model already masked:
+
+- rows whose matcher runs need the token in flight (their mask depends on it). Every row's is read
+  at once from the batch's own array of them (no op added: the read waits for the step before, not
+  for this step's forward); llguidance consumes them and computes the masks with one
+  `consume_token_par` and one `fill_next_token_bitmask_par` on an `LLExecutor`, on a worker thread
+  while the mlx thread dispatches the forward (on the CPU backend dispatching a graph of many small
+  ops takes about as long as computing it). The worker touches only llguidance and the rows' Python
+  state, never mlx; the mlx thread waits for it before it goes on.
+- free rows whose token in flight may complete their call's start marker: with nothing read, the
+  token is compared on the device and the grammar's first mask applies where it matched.
+
+The masks of all rows become one `[B, 1, V]` array, applied with one `where`. The grammar still
+comes first: the row's other processors (a thought budget, the test kit's forcing scripts) run after
+it in mlx-lm's loop, and one that forces a token wins (the grammar lets go at a token it rejects).
 """
 
 from __future__ import annotations
@@ -21,72 +30,93 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import mlx.core as mx
+    import numpy as np
 
     from .grammar import Constrainer
 
+# A constrained row of a decode step: its index in the batch, its grammar, what to do if it fails.
+Row = tuple[int, "Constrainer", Callable[[Exception], None]]
 
-class MaskBatch:
-    """The batch's constrained rows' masks, one step at a time (one per scheduler).
+
+class MaskedModel:
+    """The model as mlx-lm's batch calls it: the logits of the batch's decode steps come out masked
+    by its rows' grammars (`MaskBatch`). Everything else is the model's own.
 
     Args:
-        rows: the constrained rows of the batch's decode step, in order: (its uid, its processor).
-        read: every row's token in flight this step, by uid (one read of the batch's array).
-        step: what identifies this step (the batch's array of tokens in flight).
+        model: the model.
+        masked: `(inputs, cache, logits)` of each call, to the logits to return.
     """
 
-    def __init__(
-        self,
-        rows: Callable[[], list[tuple[int, Constrainer]]],
-        read: Callable[[], dict[int, int]],
-        step: Callable[[], Any],
-    ) -> None:
-        self._rows, self._read, self._step = rows, read, step
-        self._key: Any = None
-        self._masks: dict[int, mx.array] = {}
-        self._fed: set[int] = set()
+    def __init__(self, model: Any, masked: Callable[[Any, Any, Any], Any]) -> None:
+        self._model, self._masked = model, masked
+
+    def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
+        return self._masked(inputs, cache, self._model(inputs, cache=cache, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+class MaskBatch:
+    """The constrained rows' masks of a batch, one decode step at a time (one per scheduler).
+
+    Args:
+        rows: the constrained rows of the generation batch being stepped, in order (`Row`).
+    """
+
+    def __init__(self, rows: Callable[[Any], list[Row]]) -> None:
+        self._rows = rows
         self._executor: Any = None
         self._bitmask: Any = None
         self._worker: ThreadPoolExecutor | None = None
 
-    def compute(self, row: Constrainer, logits: mx.array) -> bool:
-        """At a step's first constrained row that needs its token in flight: every row's token fed and
-        every running row's mask computed (the forward dispatched meanwhile). Whether `row`'s token was
-        among them (else it reads its own, as on the single path)."""
-        key = self._step()
-        if key is not self._key:
-            self._key = key
-            self._masks.clear()
-            self._fed.clear()
-            self._run(logits)
-        return id(row) in self._fed
-
-    def take(self, row: Constrainer) -> mx.array | None:
-        """`row`'s mask of this step, computed with the others' (None: it computes its own)."""
-        return self._masks.pop(id(row), None)
-
-    def _run(self, logits: mx.array) -> None:
+    def apply(self, generation: Any, inputs: mx.array, logits: mx.array) -> mx.array:
+        """`logits` of `generation`'s step (`[B, 1, V]`, fed `inputs`), each constrained row masked."""
+        running: list[Row] = []
+        armed: list[tuple[int, int, np.ndarray]] = []  # (row, the marker's last token, the first mask)
+        vocab = logits.shape[-1]
+        for row in self._rows(generation):
+            i, grammar, fail = row
+            try:
+                grammar.to_step()
+                if grammar.running:
+                    running.append(row)
+                elif (trigger := grammar.armed()) is not None:
+                    armed.append((i, trigger[0], trigger[1].first_row(vocab)))
+            except Exception as exc:
+                fail(exc)
+        if not running and not armed:
+            return logits
         import mlx.core as mx
+        import numpy as np
 
-        tokens = self._read()
-        jobs = []
-        for uid, row in self._rows():
-            row.catch_up(len(row.known) + 1)  # the tokens the host has read, before the one in flight
-            if row.running and uid in tokens and len(row.fed) == len(row.known):
-                jobs.append((row, tokens[uid]))
-        if not jobs:
-            return
+        minus_inf = mx.array(-mx.inf, dtype=logits.dtype)
+        if not running:  # free rows only: nothing read, the token in flight compared on the device
+            markers = np.full((logits.shape[0], 1), np.iinfo(np.uint32).max, dtype=np.uint32)
+            blocked = np.zeros((logits.shape[0], 1, vocab), dtype=bool)
+            for i, marker, first in armed:
+                markers[i], blocked[i, 0] = marker, ~first
+            hit = (inputs == mx.array(markers))[..., None]  # [B, 1, 1]: the marker's last token in flight
+            return mx.where(hit & mx.array(blocked), minus_inf, logits)
+        allow = np.ones((logits.shape[0], 1, vocab), dtype=bool)
+        flight = generation._current_tokens.tolist()  # mlx-lm 0.32-0.33: the tokens this step feeds
+        for i, marker, first in armed:
+            if flight[i] == marker:
+                allow[i, 0] = first
+        pending = self._worker_pool().submit(self._masks_of, running, flight, vocab)
+        mx.async_eval(logits)  # the forward runs while llguidance works
+        for i, row in pending.result():
+            allow[i, 0] = row
+        return mx.where(mx.array(allow), logits, minus_inf)
+
+    def _worker_pool(self) -> ThreadPoolExecutor:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="grammar")
-        vocab = logits.shape[-1]
-        pending = self._worker.submit(self._masks_of, jobs, vocab)
-        mx.async_eval(logits)  # the forward runs while llguidance works
-        masked, rows = pending.result()
-        self._fed.update(id(row) for row, _ in jobs)
-        # A row's own array: a copy made now, not a slice op more in the step's graph.
-        self._masks.update((id(row), mx.array(rows[i])) for i, row in enumerate(masked))
+        return self._worker
 
-    def _masks_of(self, jobs: list[tuple[Constrainer, int]], vocab: int) -> tuple[list[Constrainer], Any]:
-        """On the worker: each row's token consumed, the running rows' masks (one call each for all)."""
+    def _masks_of(self, rows: list[Row], flight: list[int], vocab: int) -> list[tuple[int, np.ndarray]]:
+        """On the worker: each running row's token in flight consumed, then the masks of the rows
+        still running (one llguidance call each for all), by row index."""
         import llguidance
         import llguidance.numpy as llnp
 
@@ -94,21 +124,36 @@ class MaskBatch:
 
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
-        pairs = [(row, token) for row, token in jobs if row.consumes(token)]
-        if pairs:
-            answers = llnp.consume_token_par(self._executor, [(row.matcher, token) for row, token in pairs])
-            for (row, _), ok in zip(pairs, answers, strict=True):
-                row.consumed(ok)
-        masked = [row for row, _ in jobs if row.running]
+        # A row fed past what the host read has had its token in flight already (not at a batch step).
+        fed = [(i, g, f) for i, g, f in rows if len(g.fed) == len(g.known) and g.consumes(flight[i])]
+        if fed:
+            try:
+                answers = llnp.consume_token_par(self._executor, [(g.matcher, flight[i]) for i, g, _ in fed])
+            except Exception as exc:
+                for _, _, fail in fed:
+                    fail(exc)
+                return []
+            for (_, grammar, _), ok in zip(fed, answers, strict=True):
+                grammar.consumed(ok)
+        masked = [(i, g, f) for i, g, f in rows if g.running]
         if not masked:
-            return [], None
-        words = (masked[0].vocab_size + 31) // 32
-        if self._bitmask is None or self._bitmask.shape[0] < len(masked) or self._bitmask.shape[1] != words:
-            self._bitmask = llnp.allocate_token_bitmask(max(8, len(masked)), masked[0].vocab_size)
-        llnp.fill_next_token_bitmask_par(
-            self._executor, [(row.matcher, i) for i, row in enumerate(masked)], self._bitmask
-        )
-        rows = unpack(self._bitmask[: len(masked)], vocab)
-        for i, row in enumerate(masked):
-            row.allowed(vocab, rows[i])
-        return masked, rows
+            return []
+        size = masked[0][1].vocab_size
+        if self._bitmask is None or self._bitmask.shape[0] < len(masked) or self._bitmask.shape[1] != (size + 31) // 32:
+            self._bitmask = llnp.allocate_token_bitmask(max(8, len(masked)), size)
+        try:
+            llnp.fill_next_token_bitmask_par(
+                self._executor, [(g.matcher, k) for k, (_, g, _) in enumerate(masked)], self._bitmask
+            )
+        except Exception as exc:
+            for _, _, fail in masked:
+                fail(exc)
+            return []
+        bits = unpack(self._bitmask[: len(masked)], vocab)
+        out = []
+        for k, (i, grammar, fail) in enumerate(masked):
+            try:
+                out.append((i, grammar.allowed(vocab, bits[k])))
+            except Exception as exc:
+                fail(exc)
+        return out

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import PromptTooLongError
 from .grammar import Constrainer, Grammars
 from .kv_pool import CacheState, KVPool, KVShape, TurnSize, admission_bytes, cache_nbytes
-from .masks import MaskBatch
+from .masks import MaskBatch, MaskedModel
 from .mlx_thread import Deliver
 from .prefill import DEFAULT_PREFILL_SLICE, PrefillGroup, PrefillSlice, SlicePolicy, pick
 from .prefix_cache import SharedPrefixes, shared_prefix_of
@@ -76,7 +76,7 @@ def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]
             try:
                 return processor(tokens, logits)
             except Exception as exc:
-                turn.error = exc
+                turn.failed(exc)
         return logits
 
     return run
@@ -131,6 +131,7 @@ class Turn:
     sampler: Any = None
     processors: list[Any] = field(default_factory=list)
     grammar: Constrainer | None = None  # among the processors: what it held the reply to
+    grammar_row: Any = None  # the grammar as its batch row's processor (for the row's first step)
     stream: SingleStream | None = None  # decoding on the single path, outside the batch
     streamed: bool = False  # its first text is out (or in the outbox)
     fed: int = 0  # how many of `generated` the detokenizer has had
@@ -145,6 +146,11 @@ class Turn:
     @property
     def final_length(self) -> int:
         return len(self.ids) + self.max_tokens
+
+    def failed(self, exc: Exception) -> None:
+        """Keep the first exception of this turn's own processors in the batch: it fails only this turn."""
+        if self.error is None:
+            self.error = exc
 
 
 @dataclass
@@ -199,11 +205,10 @@ class Scheduler:
         self._trimmable = trimmable  # False for hybrid caches (see `_prepare_cache`)
         self._grammars: Grammars | None = None  # made at the first request with a grammar
         self.call_format: tuple[Any, str, str] | None = None  # (grammar kind, start, end), set by the host
-        self._read_step: Any = None  # the batch's tokens in flight last read for the grammars (`_in_flight`)
-        self._read: dict[int, int] = {}
+        self._samplers: dict[float, Any] = {}  # one per temperature: rows sharing one sample as one batch
         self.policy = SlicePolicy.of(config.prefill_slice, config.prefill_step_size)  # None: slicing off
         self.groups: list[PrefillGroup] = []  # turns prefilled together (see `_prefill_sliced`)
-        self._masks = MaskBatch(self._constrained_rows, self._tokens_in_flight, self._step_key)
+        self._masks = MaskBatch(self._constrained_rows)
 
     # -- entry points (mlx thread) --------------------------------------------
 
@@ -708,10 +713,8 @@ class Scheduler:
     def _begin_decode(self, turn: Turn, join: bool) -> None:
         """Decode in the batch (`join`), or as the single turn: a burst of tokens per step, or to the end
         when serialized."""
-        from mlx_lm.sample_utils import make_sampler
-
         turn.processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
-        turn.sampler = make_sampler(temp=turn.request.temperature)
+        turn.sampler = self._sampler(turn.request.temperature)
         if (turn.request.grammar_tools or turn.request.answer_schema is not None) and (grammar := self._grammar(turn)):
             grammar.known = turn.generated  # the tokens this loop has read: no sync to learn them
             grammar.limit = turn.max_tokens  # a call still open near it is closed
@@ -747,47 +750,51 @@ class Scheduler:
         thinks = bool(request.thinking)  # None: not a thinking model; 0: thinking off
         return self._grammars.processor(request.grammar_tools, request.answer_schema, opened, thinks)
 
+    def _sampler(self, temperature: float) -> Any:
+        """The sampler of `temperature`, one object for every turn that has it: mlx-lm samples a batch
+        whose rows share one sampler with one call, and row by row otherwise."""
+        if temperature not in self._samplers:
+            from mlx_lm.sample_utils import make_sampler
+
+            self._samplers[temperature] = make_sampler(temp=temperature)
+        return self._samplers[temperature]
+
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
-        if turn.grammar is not None:
-            turn.grammar.in_flight = lambda: self._in_flight(turn)
-            turn.grammar.batch = self._masks
+        processors = [_attributed(turn, p) for p in turn.processors]
+        # The grammar is the row's processor for its first step only (`masks.py`).
+        turn.grammar_row = processors[0] if turn.grammar is not None else None
         turn.uid = self._ensure_batch().insert(
             [prompt],
             max_tokens=[max_tokens],
             caches=[turn.cache],
             all_tokens=[held],
             samplers=[turn.sampler],
-            logits_processors=[[_attributed(turn, p) for p in turn.processors]],
+            logits_processors=[processors],
         )[0]
         turn.state.prompt_cache = turn.cache = None  # the batch owns it now
         self.decoding[turn.uid] = turn
         self.most_decoding = max(self.most_decoding, len(self.decoding))
 
-    def _in_flight(self, turn: Turn) -> int | None:
-        """The token the batch feeds `turn` this step (None: not known here). Every row's is read at
-        once, at the step's first call, from the array the step before computed: no new op, so the
-        read waits for that step only, not for this step's forward, which a processor queued first.
-        Reads mlx-lm's generation batch (0.32-0.33), as `take_from_batch` does."""
-        return self._tokens_in_flight().get(turn.uid)  # type: ignore[arg-type]
+    def _masked(self, inputs: Any, cache: Any, logits: Any) -> Any:
+        """The logits of a call of the batch's model: a decode step of the batch (its own caches) has
+        its constrained rows masked together (`MaskBatch`)."""
+        generation = self._batch._generation_batch  # type: ignore[union-attr]  # mlx-lm 0.32-0.33
+        return self._masks.apply(generation, inputs, logits) if cache is generation.prompt_cache else logits
 
-    def _tokens_in_flight(self) -> dict[int, int]:
-        """Every row's token the batch feeds this step, by uid, read once per step (see `_in_flight`)."""
-        generation = self._batch._generation_batch  # type: ignore[union-attr]
-        current = generation._current_tokens
-        if self._read_step is not current:
-            self._read_step, self._read = current, dict(zip(generation.uids, current.tolist(), strict=True))
-        return self._read
-
-    def _step_key(self) -> Any:
-        """What identifies the batch's decode step under way: its array of the tokens in flight."""
-        return self._batch._generation_batch._current_tokens  # type: ignore[union-attr]
-
-    def _constrained_rows(self) -> list[tuple[int, Constrainer]]:
-        """The batch's rows held by a grammar in the step under way, in the batch's order."""
-        generation = self._batch._generation_batch  # type: ignore[union-attr]
-        turns = (self.decoding.get(uid) for uid in generation.uids)
-        return [(t.uid, t.grammar) for t in turns if t is not None and t.grammar is not None]  # type: ignore[misc]
+    def _constrained_rows(self, generation: Any) -> list[tuple[int, Constrainer, Callable[[Exception], None]]]:
+        """The rows of `generation` held by a grammar, in its order; each one's grammar leaves its
+        processors in mlx-lm's loop at its first step here."""
+        rows = []
+        for i, uid in enumerate(generation.uids):
+            turn = self.decoding.get(uid)
+            if turn is None or turn.grammar is None or turn.error is not None:
+                continue
+            processors = generation.logits_processors[i]
+            if processors and processors[0] is turn.grammar_row:
+                generation.logits_processors[i] = processors[1:]
+            rows.append((i, turn.grammar, turn.failed))
+        return rows
 
     def _single_burst(self, turn: Turn) -> None:
         """Tokens of the single turn until it ends, SINGLE_BURST_TOKENS or SINGLE_SLICE_S, or until something
@@ -859,9 +866,6 @@ class Scheduler:
             cache, held, pending = taken
             turn.cache = turn.state.prompt_cache = cache
             turn.stream = SingleStream(self.model, cache, held, turn.sampler, turn.processors, pending)
-            if turn.grammar is not None:
-                turn.grammar.in_flight = None  # the single path shows it its token in flight itself
-                turn.grammar.batch = None
             self.single = turn
         except Exception as exc:
             self._fail(turn, exc)
@@ -1005,7 +1009,7 @@ class Scheduler:
             from mlx_lm.generate import BatchGenerator
 
             self._batch = BatchGenerator(
-                self.model,
+                MaskedModel(self.model, self._masked),
                 stop_tokens=[[t] for t in self.tokenizer.eos_token_ids],
                 prefill_step_size=self.config.prefill_step_size,
                 completion_batch_size=8,

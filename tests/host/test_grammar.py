@@ -315,9 +315,23 @@ def test_an_answer_held_to_its_schema_parses_where_noise_does_not(tiny_qwen3_pat
     assert (free.constrained, held.constrained, held.finish_reason) == (None, "answer", "stop")
 
 
-def test_batched_rows_each_keep_their_own_tools(tiny_qwen3_path: Path, tiny_qwen3: Any) -> None:
+def test_batched_rows_each_keep_their_own_tools(
+    tiny_qwen3_path: Path, tiny_qwen3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two rows of one batch, each held to its own tools: each grammar is its row's processor for the
+    row's first step only; in the batch's steps after it the rows are masked together (`MaskBatch`)."""
+    from mlx_subagents.host.grammar import Constrainer
+
     start = tiny_qwen3[1].encode("<tool_call>", add_special_tokens=False)
     own = {"a": [READ], "b": [FIND]}
+    row_calls: dict[int, int] = {}
+    own_call = Constrainer.__call__
+
+    def counted(self: Constrainer, tokens: Any, logits: Any) -> Any:
+        row_calls[id(self)] = row_calls.get(id(self), 0) + 1
+        return own_call(self, tokens, logits)
+
+    monkeypatch.setattr(Constrainer, "__call__", counted)
 
     async def go() -> Any:
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=lambda name, ids: [Prefix(start)]) as host:
@@ -332,6 +346,8 @@ def test_batched_rows_each_keep_their_own_tools(tiny_qwen3_path: Path, tiny_qwen
     for tools, reply in zip(own.values(), replies, strict=True):
         assert [c.name for c in reply.tool_calls] == [tools[0]["function"]["name"]], reply.raw_text
         jsonschema.validate(reply.tool_calls[0].arguments, tools[0]["function"]["parameters"])
+    assert sorted(row_calls.values()) == [1, 1]  # then masked with the batch's other rows, 10+ tokens each
+    assert min(len(r.token_ids) for r in replies) > 10
 
 
 @pytest.mark.slow
@@ -452,8 +468,11 @@ def test_a_way_to_close_found_before_is_checked_not_searched_again(
 
 def test_batched_masks_equal_each_rows_own(tiny_qwen3: Any) -> None:
     """Three rows of a batch, each held to its own tools (one call the grammar rejects half way, one
-    near its limit, closing): their tokens consumed and masks computed together (`MaskBatch`) are,
-    step by step, what each row computes on its own."""
+    near its limit, closing), their free text of different lengths: masked together in one op
+    (`MaskBatch`), each row's logits are, step by step, what it masks on its own, on the device while
+    every row is free (its call's marker compared there) and on the host once a matcher runs."""
+    from types import SimpleNamespace
+
     import numpy as np
 
     from mlx_subagents.host.grammar import Grammars
@@ -463,33 +482,43 @@ def test_batched_masks_equal_each_rows_own(tiny_qwen3: Any) -> None:
     vocab = len(tokenizer.vocab)
     grammars = Grammars(tokenizer, "json", "<tool_call>", "</tool_call>")
     calls = [("read", {"path": "README.md"}), ("find", {"kind": "dir", "deep": None}), ("read", {"path": "x"})]
-    scripts = [tokenizer.encode("Here." + tool_call_text(*c), add_special_tokens=False) for c in calls]
+    texts = ["Here.", "Here it is, the list.", "Now."]
+    scripts = [tokenizer.encode(t + tool_call_text(*c), add_special_tokens=False) for t, c in zip(texts, calls)]
     tools = [[READ], [READ, FIND], [READ]]
     rows = [grammars.processor(t, None, False) for t in tools]
     alone = [grammars.processor(t, None, False) for t in tools]
     for row in (rows[1], alone[1]):
         row.limit = len(scripts[1]) + 4  # inside the closing window from the start
-    step: list[object] = [object()]
-    flight: dict[int, int] = {}
-    batch = MaskBatch(lambda: list(enumerate(rows)), lambda: dict(flight), lambda: step[0])
-    compared = 0
+    failures: list[Exception] = []
+    batch = MaskBatch(lambda generation: [(i, r, failures.append) for i, r in enumerate(rows) if i in generation.live])
+    compared, on_device = 0, 0
+    triggered: list[bool] = []  # per trigger: whether the step was masked on the device
     for k in range(max(map(len, scripts))):
-        step[0], flight = object(), {i: s[k] for i, s in enumerate(scripts) if k < len(s)}
+        live = [i for i, s in enumerate(scripts) if k < len(s)]
+        flight = [s[k] if k < len(s) else 0 for s in scripts]
+        generation = SimpleNamespace(live=live, _current_tokens=mx.array(flight, dtype=mx.uint32))
         for row, script in zip(rows, scripts, strict=True):
             row.known = script[:k]
-        batch.compute(rows[0], mx.zeros((1, vocab)))
-        for i, (row, ref, script) in enumerate(zip(rows, alone, scripts, strict=True)):
-            if k >= len(script):
-                continue
+        device = not any(rows[i].running for i in live)
+        on_device += device
+        out = batch.apply(generation, generation._current_tokens[:, None], mx.zeros((3, 1, vocab)))
+        got = np.array(out[:, 0, :] > -np.inf)
+        for i in live:
+            ref, script = alone[i], scripts[i]
             ref.known = script[:k]
             ref.catch_up(k + 1)
+            armed = ref.armed()
             if ref.running:
                 ref._feed(script[k])
-            got = batch.take(row)
-            assert (got is not None) == ref.running, (i, k)
-            if got is not None:
-                assert np.array_equal(np.array(got), ref.allowed(vocab)), (i, k)
-                compared += 1
-            assert (row.broken, row.engaged, row.fed) == (ref.broken, ref.engaged, ref.fed)
-    assert compared > 40
+            if ref.running:
+                expected = ref.allowed(vocab)
+            elif armed is not None and armed[0] == script[k]:
+                expected = armed[1].first_row(vocab)
+                triggered.append(device)
+            else:
+                expected = np.ones(vocab, dtype=bool)
+            assert np.array_equal(got[i], expected), (i, k)
+            compared += not expected.all()
+            assert (rows[i].broken, rows[i].engaged, rows[i].fed) == (ref.broken, ref.engaged, ref.fed)
+    assert compared > 40 and sorted(triggered) == [False, True, True] and on_device >= 3 and not failures
     assert [r.broken for r in rows] == [False, False, True]  # `x` is not in read's enum
