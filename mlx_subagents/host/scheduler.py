@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import PromptTooLongError
 from .grammar import Constrainer, Grammars
 from .kv_pool import CacheState, KVPool, KVShape, TurnSize, admission_bytes, cache_nbytes
-from .masks import MaskBatch, MaskedModel
+from .masks import MaskBatch, MaskedModel, Row
 from .mlx_thread import Deliver
 from .prefill import DEFAULT_PREFILL_SLICE, PrefillGroup, PrefillSlice, SlicePolicy, pick
 from .prefix_cache import SharedPrefixes, shared_prefix_of
@@ -782,10 +782,10 @@ class Scheduler:
         generation = self._batch._generation_batch  # type: ignore[union-attr]  # mlx-lm 0.32-0.33
         return self._masks.apply(generation, inputs, logits) if cache is generation.prompt_cache else logits
 
-    def _constrained_rows(self, generation: Any) -> list[tuple[int, Constrainer, Callable[[Exception], None]]]:
+    def _constrained_rows(self, generation: Any) -> list[Row]:
         """The rows of `generation` held by a grammar, in its order; each one's grammar leaves its
         processors in mlx-lm's loop at its first step here."""
-        rows = []
+        rows: list[Row] = []
         for i, uid in enumerate(generation.uids):
             turn = self.decoding.get(uid)
             if turn is None or turn.grammar is None or turn.error is not None:
