@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import mlx.core as mx
     import numpy as np
 
-    from .grammar import Constrainer
+    from .grammar import Constrainer, Prototype
 
 # A constrained row of a decode step: its index in the batch, its grammar, what to do if it fails.
 Row = tuple[int, "Constrainer", Callable[[Exception], None]]
@@ -73,7 +73,7 @@ class MaskBatch:
     def apply(self, generation: Any, inputs: mx.array, logits: mx.array) -> mx.array:
         """`logits` of `generation`'s step (`[B, 1, V]`, fed `inputs`), each constrained row masked."""
         running: list[Row] = []
-        armed: list[tuple[int, int, np.ndarray]] = []  # (row, the marker's last token, the first mask)
+        armed: list[tuple[int, int, Prototype]] = []  # (row, the marker's last token, the grammar it starts)
         vocab = logits.shape[-1]
         for row in self._rows(generation):
             i, grammar, fail = row
@@ -82,7 +82,7 @@ class MaskBatch:
                 if grammar.running:
                     running.append(row)
                 elif (trigger := grammar.armed()) is not None:
-                    armed.append((i, trigger[0], trigger[1].first_row(vocab)))
+                    armed.append((i, *trigger))
             except Exception as exc:
                 fail(exc)
         if not running and not armed:
@@ -92,17 +92,12 @@ class MaskBatch:
 
         minus_inf = mx.array(-mx.inf, dtype=logits.dtype)
         if not running:  # free rows only: nothing read, the token in flight compared on the device
-            markers = np.full((logits.shape[0], 1), np.iinfo(np.uint32).max, dtype=np.uint32)
-            blocked = np.zeros((logits.shape[0], 1, vocab), dtype=bool)
-            for i, marker, first in armed:
-                markers[i], blocked[i, 0] = marker, ~first
-            hit = (inputs == mx.array(markers))[..., None]  # [B, 1, 1]: the marker's last token in flight
-            return mx.where(hit & mx.array(blocked), minus_inf, logits)
+            return mx.where(_first_blocked(armed, inputs, vocab), minus_inf, logits)
         allow = np.ones((logits.shape[0], 1, vocab), dtype=bool)
         flight = generation._current_tokens.tolist()  # mlx-lm 0.32-0.33: the tokens this step feeds
-        for i, marker, first in armed:
+        for i, marker, proto in armed:
             if flight[i] == marker:
-                allow[i, 0] = first
+                allow[i, 0] = proto.first_row(vocab)
         pending = self._worker_pool().submit(self._masks_of, running, flight, vocab)
         mx.async_eval(logits)  # the forward runs while llguidance works
         for i, row in pending.result():
@@ -157,3 +152,25 @@ class MaskBatch:
             except Exception as exc:
                 fail(exc)
         return out
+
+
+def _first_blocked(armed: list[tuple[int, int, Prototype]], inputs: mx.array, vocab: int) -> mx.array:
+    """Where the grammars' first masks rule a token out (`[B, 1, V]`, broadcast), for the rows whose
+    token in flight (`inputs`, `[B, 1]`) completes their call's start marker. Built on the device from
+    each grammar's own row, made once (`Prototype.blocked`): rows of one grammar, the usual batch,
+    share it, and a free step copies nothing of the vocabulary's size to the device."""
+    import mlx.core as mx
+    import numpy as np
+
+    markers = np.full((inputs.shape[0], 1), np.iinfo(np.uint32).max, dtype=np.uint32)
+    for i, marker, _ in armed:
+        markers[i] = marker
+    hit = (inputs == mx.array(markers))[..., None]  # [B, 1, 1]: the marker's last token in flight
+    protos = {id(proto): proto for _, _, proto in armed}
+    if len(protos) == 1:
+        return hit & next(iter(protos.values())).blocked(vocab)
+    rows: list[Any] = [None] * inputs.shape[0]
+    for i, _, proto in armed:
+        rows[i] = proto.blocked(vocab)
+    none = mx.zeros((vocab,), dtype=mx.bool_)
+    return hit & mx.stack([none if r is None else r for r in rows])[:, None, :]

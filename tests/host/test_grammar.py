@@ -466,6 +466,37 @@ def test_a_way_to_close_found_before_is_checked_not_searched_again(
     assert (checked_searches, searches) == ([16, 3], [16, 12, 9, 7, 6, 5, 4, 3])
 
 
+def test_free_rows_get_their_own_grammars_first_mask_on_the_device(tiny_qwen3: Any) -> None:
+    """A free step of a batch: each row whose token in flight is its call's start marker gets its own
+    grammar's first mask, the others are left as they are; rows of one grammar (the usual batch: one
+    agent's tools) and rows of grammars whose first masks differ (here two call formats) alike."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mlx_subagents.host.grammar import Grammars
+    from mlx_subagents.host.masks import MaskBatch
+
+    tokenizer = tiny_qwen3[1]
+    vocab = len(tokenizer.vocab)
+    json_calls, xml_calls = (Grammars(tokenizer, kind, "<tool_call>", "</tool_call>") for kind in ("json", "xml"))
+    first = {g: g.calls([READ]).first_row(vocab) for g in (json_calls, xml_calls)}
+    assert not np.array_equal(first[json_calls], first[xml_calls]) and not first[json_calls].all()
+    (marker,) = tokenizer.encode("<tool_call>", add_special_tokens=False)
+    flight = [marker, marker, tokenizer.encode("Here", add_special_tokens=False)[0], marker]
+    for grammars in ([json_calls] * 4, [json_calls, xml_calls, json_calls, None]):
+        rows = [(i, g.processor([READ], None, False), None) for i, g in enumerate(grammars) if g is not None]
+        generation = SimpleNamespace(_current_tokens=mx.array(flight, dtype=mx.uint32))
+        out = MaskBatch(lambda _, rows=rows: rows).apply(
+            generation, generation._current_tokens[:, None], mx.zeros((4, 1, vocab))
+        )
+        got = np.array(out[:, 0, :] > -np.inf)
+        for i, (g, token) in enumerate(zip(grammars, flight, strict=True)):
+            expected = first[g] if g is not None and token == marker else np.ones(vocab, dtype=bool)
+            assert np.array_equal(got[i], expected), (i, g)
+        assert not any(r.running for _, r, _ in rows)  # nothing read: free until the host reads the token
+
+
 def test_batched_masks_equal_each_rows_own(tiny_qwen3: Any) -> None:
     """Three rows of a batch, each held to its own tools (one call the grammar rejects half way, one
     near its limit, closing), their free text of different lengths: masked together in one op
