@@ -52,7 +52,8 @@ from .protocol import (
     Usage,
 )
 from .resident import Registration, reserve
-from .scheduler import Request, Scheduler, SchedulerConfig, TextSink, Turn
+from .scheduler import Scheduler, SchedulerConfig
+from .turn import Request, TextSink, Turn
 
 if TYPE_CHECKING:
     from . import HostSettings

@@ -1,7 +1,7 @@
 """The mlx thread's scheduler: admission, sliced prefill, batched or serialized decode.
 
-Every turn moves through the same stages: waiting (admission control against
-the KV budget) -> prefilling (in slices, reusing the session's cache, a shared
+Every turn (`turn.py`) moves through the same stages: waiting (admission control against
+the KV budget, `admission.py`) -> prefilling (in slices, reusing the session's cache, a shared
 system-prompt prefix, or a hybrid model's snapshot) -> decoding -> finished
 (its cache parked in the pool for the next turn). In batched mode every
 decoding session advances one token per step in one mlx-lm `BatchGenerator`
@@ -20,25 +20,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PromptTooLongError
+from .admission import Admission
 from .grammar import Constrainer, Grammars
-from .kv_pool import CacheState, KVPool, KVShape, TurnSize, admission_bytes, cache_nbytes
+from .kv_pool import CacheState, KVPool, KVShape, cache_nbytes
 from .masks import MaskBatch, MaskedModel, Row
-from .mlx_thread import Deliver
 from .prefill import DEFAULT_PREFILL_SLICE, PrefillGroup, PrefillSlice, SlicePolicy, pick
 from .prefix_cache import SharedPrefixes, shared_prefix_of
 from .prefix_store import PrefixStore
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
-from .protocol import FinishReason, Message, ProcessorFactory, Reply, TextCallback, ToolSchema, Usage
+from .protocol import FinishReason, ProcessorFactory, Reply, TextCallback, Usage
 from .single import SingleStream, take_from_batch
 from .thinking import prompt_opens_thought, thought_budget
+from .turn import TextSink, Turn
 
 # Streamed text reaches the callers' loops at most this often (plus a turn's first text and its end at
 # once): a wake-up per token costs a syscall and a thread switch per step, more than a token of a
@@ -58,16 +58,6 @@ SINGLE_BURST_TOKENS = 8
 SINGLE_SLICE_S = 0.02
 
 
-@dataclass(frozen=True)
-class TextSink:
-    """Where a turn's streamed text goes: a callback on the caller's event loop; `on_prefill` gets
-    `(tokens to prefill, tokens cached)` there when its prefill begins."""
-
-    loop: asyncio.AbstractEventLoop
-    on_text: TextCallback
-    on_prefill: Callable[[int, int], None] | None = None
-
-
 def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]:
     """`processor`, but an exception is kept on the turn (failing only that turn) instead of escaping the batch step."""
 
@@ -85,72 +75,6 @@ def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]
 def _deliver_texts(items: list[tuple[TextCallback, str]]) -> None:
     for on_text, text in items:
         on_text(text)
-
-
-@dataclass(frozen=True)
-class Request:
-    messages: list[Message]
-    tools: list[ToolSchema] | None
-    max_tokens: int
-    temperature: float
-    thinking: int | None = None  # a thinking model's budget (0: off); None: no thought to watch
-    grammar_tools: list[ToolSchema] | None = None  # the tools each started call is constrained to
-    answer_schema: dict[str, Any] | None = None  # the schema the answer is constrained to
-
-    @property
-    def template_kwargs(self) -> dict[str, Any]:
-        """What the template is rendered with: thinking off passes its switch."""
-        return {"enable_thinking": False} if self.thinking == 0 else {}
-
-
-@dataclass(eq=False)  # compared by identity: a turn holds caches, not values
-class Turn:
-    """A request for one reply on its way through the scheduler."""
-
-    name: str
-    state: CacheState
-    request: Request
-    cancel: threading.Event
-    sink: TextSink | None
-    deliver: Deliver
-    ids: list[int] = field(default_factory=list)
-    text: str = ""
-    max_tokens: int = 0
-    cache: list[Any] | None = None
-    n_cached: int = 0
-    pos: int = 0
-    stops: list[tuple[int, str]] = field(default_factory=list)  # (position, "prefix" | "snapshot")
-    generated: list[int] = field(default_factory=list)
-    detokenizer: Any = None
-    uid: int | None = None
-    prefix: list[int] = field(default_factory=list)  # system prompt + tools, shareable
-    started: float = 0.0
-    prompt_s: float = 0.0
-    waited: bool = False
-    error: Exception | None = None  # raised by this turn's own logits processor inside the batch
-    sampler: Any = None
-    processors: list[Any] = field(default_factory=list)
-    grammar: Constrainer | None = None  # among the processors: what it held the reply to
-    grammar_row: Any = None  # the grammar as its batch row's processor (for the row's first step)
-    stream: SingleStream | None = None  # decoding on the single path, outside the batch
-    streamed: bool = False  # its first text is out (or in the outbox)
-    fed: int = 0  # how many of `generated` the detokenizer has had
-    queued: bool = False  # in the scheduler's outbox: tokens not streamed yet
-    group: PrefillGroup | None = None  # prefilled with others as one padded batch (its cache is the group's)
-    fresh: bool = True  # no slice of its last prompt segment yet (it may still join a group)
-    token_s: float = 0.0  # its last solo slice's seconds per token
-    prefill_wait_s: float = 0.0  # time it spent while other turns' prompts were prefilled
-    told: bool = False  # its sink was told its prefill began (`_tell_prefill`)
-    shared: tuple[int, Any] | None = None  # the shared prefix its cache starts from: (tokens, prefix); None: not opened
-
-    @property
-    def final_length(self) -> int:
-        return len(self.ids) + self.max_tokens
-
-    def failed(self, exc: Exception) -> None:
-        """Keep the first exception of this turn's own processors in the batch: it fails only this turn."""
-        if self.error is None:
-            self.error = exc
 
 
 @dataclass
@@ -194,6 +118,9 @@ class Scheduler:
         self.most_decoding = 0
         self.single: Turn | None = None  # the single turn: decoding on its own while nothing else decodes
         self.prefixes = SharedPrefixes()
+        self.admission = Admission(
+            pool, self.prefixes, shape, batching=config.batching, reuse=config.reuse, trimmable=trimmable
+        )
         self.store = store
         self._batch: Any = None
         self._outbox: list[Turn] = []  # turns with tokens to stream (see `_flush`)
@@ -311,81 +238,29 @@ class Scheduler:
     def make_room(self) -> None:
         """Evict idle caches until what is held fits the pool's budget (it was lowered), as far as
         idle caches go: work in flight ends as admitted."""
-        self.pool.make_room(self._estimate(self._active()) + self.prefixes.nbytes())
+        self.pool.make_room(self.admission.estimate(self._active()) + self.prefixes.nbytes())
 
     # -- admission ------------------------------------------------------------
 
     def _active(self) -> list[Turn]:
         return [*self.prefilling, *self.decoding.values(), *([self.single] if self.single else [])]
 
-    def _estimate(self, turns: list[Turn]) -> int:
-        """Worst-case bytes of these turns together, shared prefixes they will add included (a shared prefix
-        they start from is counted once, with the entries)."""
-        new_prefixes = {tuple(t.prefix) for t in turns if t.prefix and t.prefix not in self.prefixes}
-        sizes = []
-        for t in turns:
-            shared, prefix = t.shared if t.shared is not None else self._starts_from(t)
-            sizes.append(TurnSize(t.final_length, len(t.ids), shared, prefix))
-        return admission_bytes(
-            self.shape,
-            sizes,
-            batched=self.config.batching,
-            trimmable=self._trimmable,
-            new_prefixes=[len(p) for p in new_prefixes],
-        )
-
-    def _starts_from(self, turn: Turn) -> tuple[int, Any]:
-        """The shared prefix a turn not opened yet will start from: its session's cache's, or the entry of
-        the longest shared prefix its prompt starts with; (0, None) when none."""
-        state = turn.state
-        if state.prompt_cache is not None or state.spill_path is not None:
-            return shared_prefix_of(state.prompt_cache)
-        return self.prefixes.covering(turn.ids) if self.config.reuse else (0, None)
-
     def _admit(self) -> None:
+        """Start the waiting turns, first come first served, while they fit (`admission.py`)."""
         while self.waiting:
             turn = self.waiting[0]
             try:
-                if not self._admit_one(turn):
+                verdict = self.admission.judge(turn, self._active())
+                if verdict == "wait":
                     return
+                if verdict == "start":
+                    self.waiting.popleft()
+                    self._start(turn)
+            except PromptTooLongError as exc:  # it cannot fit even alone: refused, its session as it was
+                self.waiting.popleft()
+                turn.deliver(False, exc)
             except Exception as exc:  # e.g. its spilled cache cannot be read back
                 self._fail(turn, exc)
-
-    def _admit_one(self, turn: Turn) -> bool:
-        """Start, refuse or adjust the first waiting turn; False when it has to wait."""
-        active = self._active()
-        needed = self._estimate([*active, turn]) + self.prefixes.nbytes()
-        if self.pool.budget is None or self.pool.make_room(needed, keep=turn.name):
-            self.waiting.popleft()
-            self._start(turn)
-            return True
-        if turn.prefix and turn.prefix not in self.prefixes:
-            turn.prefix = []  # no room to keep a shared copy: prefill this one privately
-            return True
-        if not active and self._drop_prefixes(needed, turn.name):
-            return True
-        if not active:
-            self.waiting.popleft()
-            turn.deliver(
-                False,
-                PromptTooLongError(
-                    f"this turn needs about {needed / 2**20:.1f} MiB of KV cache ({turn.final_length} tokens) but the "
-                    f"KV budget is {self.pool.budget / 2**20:.1f} MiB; raise --kv-budget or lower max_tokens"
-                ),
-            )
-            return True
-        if not turn.waited:
-            turn.waited = True
-            self.pool.counters.admission_waits += 1
-        return False
-
-    def _drop_prefixes(self, needed: int, keep: str) -> bool:
-        """Last resort under pressure: forget shared prefixes no session starts from (safe to drop), oldest first."""
-        while freed := self.prefixes.drop_oldest():
-            needed -= freed
-            if self.pool.make_room(needed, keep=keep):
-                return True
-        return False
 
     # -- prefill ----------------------------------------------------------------
 

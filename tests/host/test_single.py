@@ -20,8 +20,9 @@ from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
 from mlx_subagents.host.mlx_thread import MlxThread
 from mlx_subagents.host.prefill import SlicePolicy
 from mlx_subagents.host.protocol import Reply
-from mlx_subagents.host.scheduler import SINGLE_BURST_TOKENS, Request, Scheduler, SchedulerConfig, Turn
+from mlx_subagents.host.scheduler import SINGLE_BURST_TOKENS, Scheduler, SchedulerConfig
 from mlx_subagents.host.single import SingleStream, take_from_batch
+from mlx_subagents.host.turn import Request, Turn
 from mlx_subagents.testing import ForcedScripts
 from tests.host.test_batching import task
 
