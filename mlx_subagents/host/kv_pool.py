@@ -243,6 +243,14 @@ class KVPool:
             self.evict(self._idle[victim])
         return True
 
+    def release(self) -> bool:
+        """Last resort of admission: evict every idle cache still in memory, those of no bytes of their own
+        included (a cache holding nothing but a shared prefix keeps that prefix in use); False when none was."""
+        held = [state for state in self._idle.values() if state.prompt_cache is not None]
+        for state in held:
+            self.evict(state)
+        return bool(held)
+
     # -- eviction and restore ---------------------------------------------------
 
     def evict(self, state: CacheState) -> None:

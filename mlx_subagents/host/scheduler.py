@@ -119,7 +119,13 @@ class Scheduler:
         self.single: Turn | None = None  # the single turn: decoding on its own while nothing else decodes
         self.prefixes = SharedPrefixes()
         self.admission = Admission(
-            pool, self.prefixes, shape, batching=config.batching, reuse=config.reuse, trimmable=trimmable
+            pool,
+            self.prefixes,
+            shape,
+            batching=config.batching,
+            reuse=config.reuse,
+            trimmable=trimmable,
+            shares=self._shares_prefixes,
         )
         self.store = store
         self._batch: Any = None
@@ -322,11 +328,8 @@ class Scheduler:
 
     def _prepare_cache(self, state: CacheState, ids: list[int]) -> tuple[list[Any], int]:
         """The cache to continue from and how many prompt ids it already holds."""
-        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+        from mlx_lm.models.cache import trim_prompt_cache
 
-        from .prefixed_cache import shared_layers
-
-        fresh = self._make_cache or (lambda: shared_layers(make_prompt_cache(self.model)))
         held, cache = state.token_ids, state.prompt_cache
         if state.dropped:  # evicted without a spill: what it held is prefilled again
             self.pool.counters.reprefilled_tokens += min(common_prefix(held, ids), len(ids) - 1)
@@ -341,7 +344,24 @@ class Scheduler:
             if state.snapshot is not None and 0 < state.snapshot[0] <= n:
                 return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
         state.snapshot = None
-        return self.prefixes.start(ids) or (fresh(), 0)
+        return self.prefixes.start(ids) or (self._fresh_cache(), 0)
+
+    def _fresh_cache(self) -> list[Any]:
+        """An empty prompt cache: the host's, under its `--kv-bits`, else mlx-lm's with dense layers that
+        can start from a shared prefix."""
+        if self._make_cache is not None:
+            return self._make_cache()
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from .prefixed_cache import shared_layers
+
+        return shared_layers(make_prompt_cache(self.model))
+
+    def _shares_prefixes(self) -> bool:
+        """Whether this model's caches hold a shared prefix once (some layer starts from it), not a copy."""
+        from .prefixed_cache import OverPrefix
+
+        return any(isinstance(c, OverPrefix) for c in self._fresh_cache())
 
     def _load_prefix(self, prefix: list[int]) -> None:
         """A new session's prefix that no session of this process prefilled: from the disk tier, when stored."""

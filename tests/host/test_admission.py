@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import mlx.core as mx
 import pytest
 
 from mlx_subagents.errors import PromptTooLongError
@@ -27,7 +28,9 @@ def turn(name: str, n_prompt: int = 300, max_tokens: int = 100, prefix: int = 0)
 
 
 def admission(budget: int | None) -> Admission:
-    return Admission(KVPool(budget), SharedPrefixes(), SHAPE, batching=True, reuse=True, trimmable=True)
+    return Admission(
+        KVPool(budget), SharedPrefixes(), SHAPE, batching=True, reuse=True, trimmable=True, shares=lambda: True
+    )
 
 
 def park(a: Admission, name: str, n_tokens: int = 10) -> None:
@@ -82,3 +85,50 @@ def test_a_turn_that_cannot_fit_even_alone_is_refused_in_one_line() -> None:
         "this turn needs about 3.0 MiB of KV cache (400 tokens) but the KV budget is 2.0 MiB; "
         "raise --kv-budget or lower max_tokens"
     )
+
+
+@pytest.mark.parametrize(
+    ("shares", "prefix", "counted_once"), [(True, 300, True), (False, 300, False), (True, 200, False)]
+)
+def test_a_first_turn_counts_the_prefix_it_adds_once_where_it_goes_on_from_it(
+    shares: bool, prefix: int, counted_once: bool
+) -> None:
+    """A session's first turn (800 tokens) that adds its agent's prefix goes on from the entry: the prefix
+    is counted there only (2 MiB for 300 tokens, and 3 for the rest of the turn), so a budget of 5 MiB
+    keeps it shared. Where the model's caches hold no prefix once, or the prefix is too short to share
+    (200 tokens: it is copied into the session), the turn holds it as well: counted twice (7 and 6 MiB),
+    the prefix is given up and the turn runs whole (5 MiB)."""
+    a = Admission(
+        KVPool(5 * MIB), SharedPrefixes(), SHAPE, batching=True, reuse=True, trimmable=True, shares=lambda: shares
+    )
+    first = turn("a", n_prompt=700, max_tokens=100, prefix=prefix)
+    verdicts = [a.judge(first, [])]
+    if verdicts[0] == "retry":
+        verdicts.append(a.judge(first, []))
+    assert verdicts == (["start"] if counted_once else ["retry", "start"])
+    assert first.prefix == (list(range(prefix)) if counted_once else [])
+
+
+def test_before_refusing_a_turn_the_caches_keeping_a_prefix_in_use_give_way_and_it_runs_whole() -> None:
+    """Nothing in flight, and the turn's own idle session holds its conversation over a shared prefix:
+    the prefix and the turn's own part, each in whole KV steps, need a step more than the same tokens
+    whole, which the budget holds. Its cache is evicted (so the prefix is no longer in use), the prefix
+    dropped, and the turn starts whole instead of being refused."""
+    from mlx_subagents.host.prefixed_cache import PrefixedKVCache
+
+    shape = KVShape(fixed=0, per_token=32)  # one layer, one head of 4 floats: keys and values
+    a = Admission(
+        KVPool(25_000), SharedPrefixes(), shape, batching=True, reuse=True, trimmable=True, shares=lambda: True
+    )
+    layer = PrefixedKVCache()
+    layer.update_and_fetch(mx.ones((1, 1, 300, 4)), mx.ones((1, 1, 300, 4)))
+    own = CacheState(prompt_cache=a.prefixes.add(list(range(300)), [layer]), token_ids=list(range(300)))
+    del layer
+    a.pool.park("own", own)
+    assert a.prefixes.nbytes() == 300 * 32 and a.prefixes.drop_oldest() == 0  # the entry, in use
+    t = turn("own", n_prompt=400, max_tokens=100)
+    t.state = own
+    # Over the prefix: 9,600 bytes of it and 2 steps (16,384) for the rest; whole: 3 steps (24,576).
+    verdicts = [a.judge(t, []) for _ in range(3)]
+    assert verdicts[-1] == "start" and set(verdicts[:-1]) == {"retry"}
+    assert len(a.prefixes) == 0 and a.pool.counters.evictions == 1

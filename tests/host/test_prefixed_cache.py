@@ -14,9 +14,9 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.kv_pool import KVPool, TurnSize, admission_bytes
+from mlx_subagents.host.kv_pool import KVPool, KVShape, TurnSize, admission_bytes
 from mlx_subagents.host.prefix_cache import SharedPrefixes
-from mlx_subagents.host.prefixed_cache import BatchPrefixedKVCache, PrefixedKVCache, SharedPrefix
+from mlx_subagents.host.prefixed_cache import MIN_SHARED_TOKENS, BatchPrefixedKVCache, PrefixedKVCache, SharedPrefix
 
 PREFIX = [(i * 7) % 500 + 3 for i in range(300)]
 TAILS = [[(i * 13 + j) % 400 + 5 for i in range(10 + 7 * j)] for j in range(3)]
@@ -278,6 +278,78 @@ def test_making_room_for_a_turn_never_evicts_its_own_session(tiny_qwen3_path: Pa
     assert (pool["evictions"], pool["spills"], pool["restores"]) == (0, 0, 0)
     assert budget is not None and pool["peak_bytes"] <= budget
     assert over and tight[2].usage.cached_tokens == free[2].usage.cached_tokens
+
+
+def test_a_first_turn_under_a_tight_budget_keeps_its_prefix_for_the_next_session(tiny_qwen3_path: Path) -> None:
+    """A first turn that adds its agent's shared prefix goes on from it, so admission counts the prefix
+    once (with the entries), not there and again in the turn. Under a budget that holds the prefix and
+    one session's tail but not the prefix twice, the first session keeps the prefix shared and the next
+    session of the agent starts from it (counting it twice, the first turn gave up sharing: the next
+    one prefilled the prefix again). The tokens are the ones an unbounded host gives."""
+
+    def task(i: int) -> list[dict[str, Any]]:
+        return [SYSTEM, {"role": "user", "content": f"Task {i}: where is module {i * 7} configured?"}]
+
+    async def go(budget: int | None) -> tuple[list[Any], KVShape]:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            await host.set_kv_budget(budget)  # after the start: it sizes no window for five such sessions
+            replies = [await host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(2)]
+            return replies, host.kv_shape
+
+    free, shape = asyncio.run(go(None))
+    prefix = free[1].usage.cached_tokens  # the second session started from the agent's prefix
+    first = free[0].usage.prompt_tokens
+    assert prefix >= MIN_SHARED_TOKENS and free[0].usage.cached_tokens == 0
+    counted_once = admission_bytes(
+        shape, [TurnSize(first + 8, first, prefix, "p")], batched=True, trimmable=True, new_prefixes=[prefix]
+    )
+    counted_twice = admission_bytes(
+        shape, [TurnSize(first + 8, first)], batched=True, trimmable=True, new_prefixes=[prefix]
+    )
+    assert counted_once < counted_twice
+
+    tight, _ = asyncio.run(go((counted_once + counted_twice) // 2))
+    assert [r.token_ids for r in tight] == [r.token_ids for r in free]
+    assert tight[1].usage.cached_tokens == prefix
+
+
+def test_a_turn_over_a_shared_prefix_that_fits_only_whole_runs_whole(tiny_qwen3_path: Path) -> None:
+    """A session's second turn, its conversation over its agent's shared prefix: the prefix and the
+    turn's own part, each rounded to whole KV steps, need a step more than the same tokens whole, and
+    the budget holds them whole. With nothing else in flight the turn is not refused
+    (`kv_pressure.py` at 50% refused such turns): its session's cache gives way (spilled, so the prefix
+    is no longer in use), the prefix is dropped, and the turn runs whole, with the tokens of an
+    unbounded host."""
+    from mlx_subagents.host.kv_pool import KV_STEP
+
+    async def go(budget: int | None, filler: int) -> tuple[list[Any], KVShape, int]:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            await host.set_kv_budget(None)
+            session, talk = host.session("s"), [SYSTEM, {"role": "user", "content": "Task 1: find the module."}]
+            first = await session.generate(list(talk), GenerateArgs(max_tokens=8))
+            await host.set_kv_budget(budget)  # for the second turn
+            talk += [{"role": "assistant", "content": first.text}]
+            talk += [{"role": "user", "content": "Now this: " + " ".join(f"w{i}" for i in range(filler))}]
+            second = await session.generate(talk, GenerateArgs(max_tokens=8))
+            prefixes = host._scheduler.prefixes
+            return [first, second], host.kv_shape, max(map(len, prefixes._caches), default=0)
+
+    def needs(shape: KVShape, prompt: int, prefix: int) -> tuple[int, int]:
+        """What the second turn needs over the prefix (held exactly, in the entry) and whole."""
+        over = prefix * shape.per_token + admission_bytes(
+            shape, [TurnSize(prompt + 8, prompt, prefix, "p")], batched=True, trimmable=True
+        )
+        return over, admission_bytes(shape, [TurnSize(prompt + 8, prompt)], batched=True, trimmable=True)
+
+    for filler in range(0, KV_STEP, 8):  # a length where the two roundings cost a step
+        free, shape, prefix = asyncio.run(go(None, filler))
+        over, whole = needs(shape, free[1].usage.prompt_tokens, prefix)
+        if over > whole:
+            break
+    assert prefix >= MIN_SHARED_TOKENS and free[1].usage.cached_tokens > prefix and over > whole
+    tight, _, held = asyncio.run(go(whole, filler))
+    assert [r.token_ids for r in tight] == [r.token_ids for r in free]
+    assert held == 0  # the prefix gave way
 
 
 @pytest.mark.parametrize("kind", [BatchKVCache, BatchPrefixedKVCache])
