@@ -112,6 +112,9 @@ class MlxThread:
                 job.fn(job.deliver)
             except BaseException as exc:
                 job.deliver(False, exc)
+            # Let go of it: this frame outlives the job (the thread steps on), and what a job's closure
+            # holds (a session's turn, its cache) must be freed when its owner lets go of it.
+            job = None
 
     def _drain(self) -> None:
         """Before the thread ends, finish the mlx work it queued and destroy the streams it made.

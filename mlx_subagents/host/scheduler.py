@@ -854,6 +854,7 @@ class Scheduler:
         """Park the cache with the ids it holds (`held` when cut short inside the batch)."""
         state, req = turn.state, turn.request
         state.prompt_cache, state.token_ids = cache, held if held is not None else turn.ids + turn.generated
+        turn.cache = turn.shared = None  # the session's now: evicting it frees it, however long the turn lives
         # A cut reply's caller keeps only the text that reached it (not the tokens still in the outbox):
         # no splicing onto it, the next prompt reuses the ids it shares with what was kept.
         cut = finish == "cancelled"

@@ -352,6 +352,38 @@ def test_a_turn_over_a_shared_prefix_that_fits_only_whole_runs_whole(tiny_qwen3_
     assert held == 0  # the prefix gave way
 
 
+def test_an_evicted_cache_is_freed_however_long_its_turn_lives(tiny_qwen3_path: Path) -> None:
+    """A session's idle cache, once evicted, is gone from memory at once: neither the finished turn that
+    filled it nor the mlx thread's last job (which made that turn) still holds it. Both did: until the
+    next job came, its bytes stayed in memory uncounted, and its layers kept its agent's shared prefix in
+    use, so admission could not drop that prefix and refused a turn that fits (`kv_pressure.py --kv-bits`
+    refused three of four sessions in some runs)."""
+    import gc
+    import weakref
+
+    from mlx_subagents.host.turn import Turn
+
+    async def go() -> tuple[list[weakref.ref[Any]], int, int, list[Turn]]:
+        async with MlxModelHost(str(tiny_qwen3_path), kv_budget=0, drop_below_tokens=10**6) as host:
+            task = [SYSTEM, {"role": "user", "content": "Task 1: find the module."}]
+            await host.session("s").generate(task, GenerateArgs(max_tokens=8))  # the mlx thread's last job
+            pool, prefixes = host._scheduler.pool, host._scheduler.prefixes
+            while host._mlx._busy():  # the turn's step ends after the reply is delivered
+                await asyncio.sleep(0.01)
+            state = pool.idle("s")
+            assert state is not None and state.prompt_cache is not None and len(prefixes) == 1
+            layers = [weakref.ref(c) for c in state.prompt_cache]
+            assert pool.release()  # dropped (no spill below a million tokens): what admission's last resort does
+            gc.collect()
+            live = [t for t in gc.get_objects() if isinstance(t, Turn)]
+            return layers, prefixes.drop_oldest(), state.kv_bytes, live
+
+    layers, freed, kv_bytes, live = asyncio.run(go())
+    assert len(layers) == 2 and [ref() for ref in layers] == [None, None]  # the tiny model's two layers
+    assert freed > 0 and kv_bytes == 0  # nothing starts from the prefix now: dropping it frees its bytes
+    assert live == []
+
+
 @pytest.mark.parametrize("kind", [BatchKVCache, BatchPrefixedKVCache])
 def test_rows_without_a_prefix_batch_as_mlx_lm_batches_them(tiny_qwen3: Any, kind: type) -> None:
     """Without a shared prefix a prefixed batch is mlx-lm's batch: the same logits either class."""
