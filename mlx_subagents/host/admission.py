@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from ..errors import PromptTooLongError
-from .kv_pool import KVPool, KVShape, TurnSize, admission_bytes
-from .prefix_cache import SharedPrefixes, shared_prefix_of
+from .kv_pool import KVPool, KVShape, TurnSize, admission_bytes, shared_prefix_of
+from .prefix_cache import SharedPrefixes
 from .turn import Turn
 
 # "start": it fits, start it now; "retry": something gave way, judge it again; "wait": not now.
@@ -133,7 +133,9 @@ class Admission:
         """The shared prefix a turn not opened yet will start from: its session's cache's, or the entry of
         the longest shared prefix its prompt starts with; (0, None) when none."""
         state = turn.state
-        if state.prompt_cache is not None or state.spill_path is not None:
+        if state.spill_path is not None:
+            return self.prefixes.kept_for(state)  # it comes back over it (`SharedPrefixes.restore_over`)
+        if state.prompt_cache is not None:
             return shared_prefix_of(state.prompt_cache)
         return self.prefixes.covering(turn.ids) if self._reuse else (0, None)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,6 +34,9 @@ class CacheState:
     # Non-trimmable (hybrid) caches: a copy taken where the reply opens.
     snapshot: tuple[int, list[Any]] | None = None
     spill_path: Path | None = None
+    # The shared prefix a spilled cache started from (weakly: it may be dropped meanwhile), so that it
+    # comes back over that prefix, holding only its tail, while the prefix is still held.
+    spilled_over: weakref.ref[Any] | None = None
     dropped: bool = False
     kv_bytes: int = 0
     n_tool_calls: int = 0  # numbers this session's tool-call ids (call_0, call_1, ...)
@@ -64,6 +68,17 @@ class PoolCounters:
 
 def cache_nbytes(cache: list[Any] | None) -> int:
     return sum(c.nbytes for c in cache) if cache else 0
+
+
+def shared_of(cache: list[Any]) -> Any:
+    """The `SharedPrefix` (`prefixed_cache.py`) a cache's layers start from; None: it holds all it holds itself."""
+    return next((c.shared for c in cache if getattr(c, "shared", None) is not None), None)
+
+
+def shared_prefix_of(cache: list[Any] | None) -> tuple[int, Any]:
+    """The shared prefix a cache starts from: its length in tokens and its `SharedPrefix` ((0, None): none)."""
+    shared = shared_of(cache) if cache else None
+    return (0, None) if shared is None else (shared.length, shared)
 
 
 @dataclass(frozen=True)
@@ -262,8 +277,10 @@ class KVPool:
         if state.prompt_cache is not None and len(state.token_ids) >= self.drop_below_tokens:
             fd, name = tempfile.mkstemp(suffix=".safetensors", dir=self._spill_root())
             os.close(fd)
-            save_prompt_cache(name, state.prompt_cache)
+            save_prompt_cache(name, state.prompt_cache)  # whole: the prefix may be gone when it comes back
             state.spill_path = Path(name)
+            _, shared = shared_prefix_of(state.prompt_cache)
+            state.spilled_over = None if shared is None else weakref.ref(shared)
             self.counters.spills += 1
         else:
             state.dropped = True

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .kv_pool import cache_nbytes
-
-if TYPE_CHECKING:  # imported where they run: importing the host stays quick (no mlx-lm)
-    from .prefixed_cache import SharedPrefix
+from .kv_pool import CacheState, cache_nbytes, shared_of, shared_prefix_of
 
 DEFAULT_MAX_SHARED_PREFIXES = 8
 
@@ -68,6 +65,28 @@ class SharedPrefixes:
         self.hits += 1
         return copy.deepcopy(self._caches[key]), len(key)
 
+    def kept_for(self, state: CacheState) -> tuple[int, Any]:
+        """The shared prefix a spilled cache comes back over: the one it started from, while it is still
+        held ((0, None): it comes back whole)."""
+        shared = state.spilled_over() if state.spilled_over is not None else None
+        if shared is None:
+            return 0, None
+        entry = self._caches.get(tuple(state.token_ids[: shared.length]))
+        return (shared.length, shared) if entry is not None and shared_of(entry) is shared else (0, None)
+
+    def restore_over(self, state: CacheState) -> None:
+        """A spilled cache just read back (holding all its tokens) goes on over the shared prefix it
+        started from, if that is still held: the session holds only its tail again."""
+        length, shared = self.kept_for(state)
+        state.spilled_over = None
+        if shared is None or state.prompt_cache is None:
+            return
+        from .prefixed_cache import over_prefix
+
+        key = tuple(state.token_ids[:length])
+        self._caches.move_to_end(key)
+        state.prompt_cache = over_prefix(self._caches[key], state.prompt_cache)
+
     def covering(self, ids: list[int]) -> tuple[int, Any]:
         """The shared prefix `start(ids)` would start from: its length and its `SharedPrefix` ((0, None): none)."""
         key = self._longest(ids)
@@ -87,23 +106,13 @@ class SharedPrefixes:
         return 0
 
 
-def _shared_of(cache: list[Any]) -> SharedPrefix | None:
-    return next((c.shared for c in cache if getattr(c, "shared", None) is not None), None)
-
-
-def shared_prefix_of(cache: list[Any] | None) -> tuple[int, Any]:
-    """The shared prefix a cache starts from: its length in tokens and its `SharedPrefix` ((0, None): none)."""
-    shared = _shared_of(cache) if cache else None
-    return (0, None) if shared is None else (shared.length, shared)
-
-
 def _entry_nbytes(cache: list[Any]) -> int:
-    shared = _shared_of(cache)
+    shared = shared_of(cache)
     return cache_nbytes(cache) + (shared.nbytes if shared is not None else 0)
 
 
 def _in_use(cache: list[Any]) -> bool:
     """Whether a session (or a batch) starts from the entry: more users than the entry's own layers."""
-    shared = _shared_of(cache)
+    shared = shared_of(cache)
     own = sum(1 for c in cache if getattr(c, "shared", None) is shared)
     return shared is not None and len(shared.users) > own

@@ -122,6 +122,28 @@ class OverPrefix(_Sharing):
         clone.share(shared, layer)
         return clone
 
+    def going_on_as(self, whole: Any) -> Any:
+        """A new cache of this kind over this one's shared prefix (it holds nothing after it), holding what
+        `whole` holds after the prefix: `whole` holds the same prefix itself, and more (a spill read back).
+        The tail is copied into a buffer of whole steps, as if it had been written here, so `whole`'s
+        buffers go with it."""
+        import copy
+
+        import mlx.core as mx
+
+        n, clone = self.n_prefix, copy.deepcopy(self)
+        held = whole.offset - n
+        room = -(-held // clone.step) * clone.step - held
+
+        def tail(x: Any) -> Any:
+            part = x[..., n : whole.offset, :]
+            return mx.concatenate([part, mx.zeros((*part.shape[:2], room, part.shape[3]), part.dtype)], axis=2)
+
+        if held > 0:
+            clone.keys, clone.values = (_each(tail, t) for t in (whole.keys, whole.values))
+        clone.offset = whole.offset
+        return clone
+
     def update_and_fetch(self, keys: Any, values: Any) -> tuple[Tensor, Tensor]:
         """The base class's: the new tokens written after the tail, then the whole sequence, the shared
         prefix joined in front."""
@@ -249,6 +271,16 @@ def freeze(cache: list[Any], length: int) -> list[Any]:
     over = [isinstance(c, OverPrefix) for c in cache]
     shared = SharedPrefix([c.frozen() if o else None for c, o in zip(cache, over, strict=True)], length)
     return [c.started_over(shared, i) if o else copy.deepcopy(c) for i, (c, o) in enumerate(zip(cache, over))]
+
+
+def over_prefix(entry: list[Any], whole: list[Any]) -> list[Any]:
+    """`whole` (a cache holding an entry's prefix itself, and more: a spill read back) over the entry's
+    shared prefix again: the layers that start from it hold only what follows it, the others are
+    `whole`'s own."""
+    return [
+        e.going_on_as(w) if getattr(e, "shared", None) is not None and type(w) is type(e) and w.shared is None else w
+        for e, w in zip(entry, whole, strict=True)
+    ]
 
 
 def shared_layers(cache: list[Any]) -> list[Any]:

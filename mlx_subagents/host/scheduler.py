@@ -29,10 +29,10 @@ from typing import Any
 from ..errors import PromptTooLongError
 from .admission import Admission
 from .grammar import Constrainer, Grammars
-from .kv_pool import CacheState, KVPool, KVShape, cache_nbytes
+from .kv_pool import CacheState, KVPool, KVShape, cache_nbytes, shared_prefix_of
 from .masks import MaskBatch, MaskedModel, Row
 from .prefill import DEFAULT_PREFILL_SLICE, PrefillGroup, PrefillSlice, SlicePolicy, pick
-from .prefix_cache import SharedPrefixes, shared_prefix_of
+from .prefix_cache import SharedPrefixes
 from .prefix_store import PrefixStore
 from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
 from .protocol import FinishReason, ProcessorFactory, Reply, TextCallback, Usage
@@ -297,6 +297,7 @@ class Scheduler:
         """Claim the session's cache (restoring a spilled one) and queue the prefill."""
         self.pool.claim(turn.name)
         self.pool.restore(turn.state)
+        self.prefixes.restore_over(turn.state)
         turn.started = time.perf_counter()
         self.prefilling.append(turn)
 

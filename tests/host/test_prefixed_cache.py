@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.kv_pool import KVPool, KVShape, TurnSize, admission_bytes
+from mlx_subagents.host.kv_pool import KVPool, KVShape, TurnSize, admission_bytes, shared_prefix_of
 from mlx_subagents.host.prefix_cache import SharedPrefixes
 from mlx_subagents.host.prefixed_cache import MIN_SHARED_TOKENS, BatchPrefixedKVCache, PrefixedKVCache, SharedPrefix
+from mlx_subagents.host.turn import Request, Turn
 
 PREFIX = [(i * 7) % 500 + 3 for i in range(300)]
 TAILS = [[(i * 13 + j) % 400 + 5 for i in range(10 + 7 * j)] for j in range(3)]
@@ -382,6 +384,71 @@ def test_an_evicted_cache_is_freed_however_long_its_turn_lives(tiny_qwen3_path: 
     assert len(layers) == 2 and [ref() for ref in layers] == [None, None]  # the tiny model's two layers
     assert freed > 0 and kv_bytes == 0  # nothing starts from the prefix now: dropping it frees its bytes
     assert live == []
+
+
+@pytest.mark.parametrize("prefix_kept", [True, False])
+@pytest.mark.parametrize("kind", ["dense", "8-bit", "hybrid"])
+def test_a_spilled_session_comes_back_over_its_agents_prefix_while_it_is_held(
+    request: pytest.FixtureRequest, kind: str, prefix_kept: bool
+) -> None:
+    """A session's cache over its agent's shared prefix, spilled to disk, comes back over that prefix,
+    holding only its tail again (it came back whole: the prefix's bytes a second time in memory, for
+    every restored session), and admission counts it so. If the prefix was dropped while it was on
+    disk, it comes back whole. Either way its next reply is the one of a host that never evicted it.
+    Quantized caches come back over it quantized; a hybrid model's attention layers come back over it
+    and its recurrent state as it was."""
+    if kind == "8-bit":
+        path, options = request.getfixturevalue("quantizable")("qwen3"), {"kv_bits": 8}
+    else:
+        path, options = request.getfixturevalue("tiny_qwen35_path" if kind == "hybrid" else "tiny_qwen3_path"), {}
+
+    async def go(evict: bool) -> tuple[list[Any], tuple[int, int], bool, int, int]:
+        async with MlxModelHost(str(path), kv_budget=0, drop_below_tokens=1, **options) as host:
+            scheduler = host._scheduler
+            pool, prefixes = scheduler.pool, scheduler.prefixes
+            talk = [SYSTEM, {"role": "user", "content": "Task 1: find the module."}]
+            first = await host.session("a").generate(list(talk), GenerateArgs(max_tokens=8))
+            await host.session("b").generate(
+                [SYSTEM, {"role": "user", "content": "Task 2."}], GenerateArgs(max_tokens=8)
+            )
+            (entry,) = prefixes._caches.values()
+            _, shared = shared_prefix_of(entry)
+
+            def spill() -> tuple[int, int]:
+                state = pool.idle("a")
+                assert state is not None and shared_prefix_of(state.prompt_cache)[1] is shared
+                pool.evict(state)
+                if not prefix_kept:  # b lets go of it too, then it goes
+                    pool.evict(pool.idle("b"))
+                    assert prefixes.drop_oldest() > 0
+                turn = Turn("a", state, Request([], None, 8, 0.0), threading.Event(), None, lambda ok, v: None)
+                turn.ids, turn.max_tokens = state.token_ids + [0] * 10, 8  # a turn going on from its spill
+                whole = TurnSize(turn.final_length, len(turn.ids))
+                return scheduler.admission.estimate([turn]), admission_bytes(
+                    host.kv_shape, [whole], batched=True, trimmable=host.kv_trimmable
+                )
+
+            counted = await host._mlx.run(spill) if evict else (0, 0)
+            talk += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And then?"}]
+            second = await host.session("a").generate(talk, GenerateArgs(max_tokens=8))
+            state = pool.idle("a")
+            assert state is not None
+            return (
+                [first, second],
+                counted,
+                shared_prefix_of(state.prompt_cache)[1] is shared,
+                pool.counters.restores,
+                state.kv_bytes,
+            )
+
+    free, _, _, _, free_bytes = asyncio.run(go(evict=False))
+    replies, counted, over, restores, held = asyncio.run(go(evict=True))
+    assert [r.token_ids for r in replies] == [r.token_ids for r in free]
+    assert restores == 1 and over is prefix_kept
+    # Over the prefix, it holds its tail in the buffers it had (as if it never left); whole, the prefix too.
+    assert held == free_bytes if prefix_kept else held > free_bytes
+    over_prefix, whole = counted
+    assert (over_prefix < whole) is prefix_kept and over_prefix <= whole
 
 
 @pytest.mark.parametrize("kind", [BatchKVCache, BatchPrefixedKVCache])
