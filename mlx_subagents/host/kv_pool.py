@@ -279,7 +279,7 @@ class KVPool:
             os.close(fd)
             save_prompt_cache(name, state.prompt_cache)  # whole: the prefix may be gone when it comes back
             state.spill_path = Path(name)
-            _, shared = shared_prefix_of(state.prompt_cache)
+            shared = shared_of(state.prompt_cache)
             state.spilled_over = None if shared is None else weakref.ref(shared)
             self.counters.spills += 1
         else:
