@@ -74,7 +74,7 @@ class Admission:
         Raises:
             PromptTooLongError: it cannot fit even with nothing else in flight.
         """
-        needed = self.estimate([*active, turn]) + self.prefixes.nbytes()
+        needed = self.needed([*active, turn])
         if self.pool.budget is None or self.pool.make_room(needed, keep=turn.name):
             return "start"
         if turn.prefix and turn.prefix not in self.prefixes:
@@ -93,6 +93,10 @@ class Admission:
             turn.waited = True
             self.pool.counters.admission_waits += 1
         return "wait"
+
+    def needed(self, turns: list[Turn]) -> int:
+        """What the pool must hold with these turns in flight: their worst case and the shared prefixes."""
+        return self.estimate(turns) + self.prefixes.nbytes()
 
     def estimate(self, turns: list[Turn]) -> int:
         """Worst-case bytes of these turns together, shared prefixes they will add included (a shared prefix

@@ -244,7 +244,7 @@ class Scheduler:
     def make_room(self) -> None:
         """Evict idle caches until what is held fits the pool's budget (it was lowered), as far as
         idle caches go: work in flight ends as admitted."""
-        self.pool.make_room(self.admission.estimate(self._active()) + self.prefixes.nbytes())
+        self.pool.make_room(self.admission.needed(self._active()))
 
     # -- admission ------------------------------------------------------------
 
