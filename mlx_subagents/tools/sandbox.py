@@ -13,10 +13,15 @@ Linux wraps the command in bubblewrap (`bwrap`):
   wrapper keeps the call's process group and mark, and the namespace's first process is in that
   group: when it is killed the kernel kills every process in the namespace, even one that left the
   group and wiped its environment;
+- the kernel's interfaces read-only: its own `/proc` remounted read-only whole (`/proc/sys`,
+  `/proc/sysrq-trigger`: root's sysctl writes are checked against its uid, not its capabilities),
+  `/sys` with `/`, a private `/dev`, a UTS and a cgroup namespace (`bwrap_args`);
+- Landlock (`landlock.py`, run inside before the command): nothing outside the writable folders opens
+  for writing, FIFOs, sockets and device nodes included, which a read-only mount does not stop;
 - `--cap-drop ALL` (bubblewrap sets no-new-privs, so nothing regains one through exec);
 - a seccomp filter: `socket(AF_UNIX, ...)` fails with EPERM (a docker socket, an agent's socket,
-  wherever they live; `socketpair` still works), and so does `io_uring_setup` (its requests would
-  pass the filter);
+  wherever they live; `socketpair` still works), and so do `io_uring_setup` (its requests would
+  pass the filter) and the keyrings;
 - a network namespace of its own unless the agent is allowed the network.
 
 macOS wraps it in `sandbox-exec` with a profile made here (`seatbelt_profile`): writes only in the
@@ -43,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ToolError
+from . import landlock
 
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
 OFF_HINT = "or run this agent unsandboxed with --sandbox off (or 'sandbox: off' in a user agent's file)"
@@ -106,31 +112,58 @@ def _bubblewrap(args: Sequence[str], sandbox: Sandbox) -> list[str]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise ToolError(f"bash is sandboxed for this agent but 'bwrap' is not on PATH; {INSTALL_HINT}, {OFF_HINT}")
-    rules = socket_filter(platform.machine())
+    rules = seccomp_filter(platform.machine())
     if rules is None:
         raise ToolError(
-            f"bash is sandboxed for this agent but this machine ({platform.machine()}) has no socket filter here "
+            f"bash is sandboxed for this agent but this machine ({platform.machine()}) has no seccomp filter here "
             f"(x86_64 and arm64 do); {OFF_HINT}"
         )
     if problem := _bwrap_problem(bwrap, rules):
         raise ToolError(f"bash is sandboxed for this agent but bubblewrap cannot run here ({problem}); {OFF_HINT}")
-    return with_filter(bwrap_args(bwrap, sandbox), rules, args)
+    return with_filter(bwrap_args(bwrap, sandbox), rules, landlocked(args, sandbox))
 
 
 def bwrap_args(bwrap: str, sandbox: Sandbox) -> list[str]:
-    """bubblewrap's arguments for `sandbox` (the command and the filter's fd come after them)."""
-    wrapped = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", SANDBOX_TMP]
+    """bubblewrap's arguments for `sandbox` (the command and the filter's fd come after them).
+
+    The kernel's interfaces are the sandbox's to read, never to write: the whole `/proc` (its own, for
+    its PID namespace) is mounted read-only, so `/proc/sys` (`kernel.core_pattern` runs a program as
+    the kernel's root at the next crash), `/proc/sysrq-trigger`, `/proc/pressure` and every process
+    file refuse a write, which for root is checked against its uid and not its capabilities; `/sys` is
+    read-only with the rest of `/` (bubblewrap binds submounts read-only too, and without devices);
+    `/dev` is bubblewrap's own (null, zero, random, a private pty and `/dev/shm`); the host name is
+    the sandbox's own (`--unshare-uts`), and so is its cgroup view."""
+    wrapped = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--remount-ro", "/proc"]
+    wrapped += ["--tmpfs", SANDBOX_TMP]
     for folder in python_under_tmp():
         wrapped += ["--ro-bind", str(folder), str(folder)]
     for folder in sandbox.folders():  # after /tmp's tmpfs: a workspace under /tmp is bound over it
         wrapped += ["--bind", str(folder), str(folder)]
         for inside in protected(folder):
             wrapped += ["--ro-bind", str(inside), str(inside)]
-    wrapped += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--cap-drop", "ALL"]
-    wrapped += ["--setenv", "TMPDIR", SANDBOX_TMP, "--seccomp", FILTER_FD]
+    wrapped += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    wrapped += ["--die-with-parent", "--cap-drop", "ALL", "--setenv", "TMPDIR", SANDBOX_TMP, "--seccomp", FILTER_FD]
     if not sandbox.network:
         wrapped.append("--unshare-net")
     return wrapped
+
+
+def landlocked(args: Sequence[str], sandbox: Sandbox) -> list[str]:
+    """`args` started by `landlock.py` (run from its text by this Python, the standard library only),
+    which lets them write only in the sandbox's folders, its `/tmp` and its `/dev`: a FIFO, a socket
+    or a device outside opens for reading at most."""
+    writable = [*(str(f) for f in sandbox.folders()), SANDBOX_TMP, "/dev"]
+    return [helper_python(), "-I", "-S", "-c", _landlock_code(), *writable, landlock.SEPARATOR, *args]
+
+
+def helper_python() -> str:
+    """The interpreter that runs `landlock.py` in the sandbox: this one (the user's own)."""
+    return sys.executable
+
+
+@functools.cache
+def _landlock_code() -> str:
+    return Path(landlock.__file__).read_text(encoding="utf-8")
 
 
 def python_under_tmp() -> list[Path]:
@@ -169,35 +202,53 @@ _LD_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _ERRNO, _KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
 _EPERM, _AF_UNIX, _X32_BIT = 1, 1, 0x40000000
 _IO_URING_SETUP = 425  # the same number on every architecture since Linux 5.1
-# machine: (AUDIT_ARCH_*, __NR_socket)
-_ARCHES = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198), "arm64": (0xC00000B7, 198)}
+
+
+@dataclass(frozen=True)
+class _Arch:
+    """One machine's numbers: its AUDIT_ARCH_* and the system calls the filter names."""
+
+    audit: int
+    socket: int
+    keys: tuple[int, int, int]  # add_key, request_key, keyctl
+
+
+_ARCHES = {
+    "x86_64": _Arch(0xC000003E, 41, (248, 249, 250)),
+    "aarch64": _Arch(0xC00000B7, 198, (217, 218, 219)),
+    "arm64": _Arch(0xC00000B7, 198, (217, 218, 219)),
+}
 
 
 def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("<HBBI", code, jt, jf, k)  # struct sock_filter
 
 
-def socket_filter(machine: str) -> bytes | None:
-    """The seccomp program: `socket(AF_UNIX, ...)` and `io_uring_setup` fail with EPERM; a call of
-    another ABI (32-bit, x32, whose numbers differ) kills the process; the rest is allowed. None
-    for a machine it is not written for."""
+def seccomp_filter(machine: str) -> bytes | None:
+    """The seccomp program: `socket(AF_UNIX, ...)`, `io_uring_setup` (its requests would pass the
+    filter) and the kernel's keyrings (`add_key`, `request_key`, `keyctl`: shared by every process of
+    a user, root's too, and `request_key` starts a helper outside the sandbox) fail with EPERM; a call
+    of another ABI (32-bit, x32, whose numbers differ) kills the process; the rest is allowed. None for
+    a machine it is not written for."""
     if machine not in _ARCHES:
         return None
-    arch, nr_socket = _ARCHES[machine]
+    arch = _ARCHES[machine]
+    denied = (_IO_URING_SETUP, *arch.keys)
+    n = len(denied)
     return b"".join(
         [
             _op(_LD_ABS, 4),  # 0: seccomp_data.arch
-            _op(_JEQ, arch, 1, 0),  # 1
+            _op(_JEQ, arch.audit, 1, 0),  # 1
             _op(_RET, _KILL_PROCESS),  # 2: another ABI
             _op(_LD_ABS, 0),  # 3: seccomp_data.nr
             _op(_JGE, _X32_BIT, 0, 1),  # 4
             _op(_RET, _KILL_PROCESS),  # 5: x32
-            _op(_JEQ, _IO_URING_SETUP, 4, 0),  # 6: -> 11
-            _op(_JEQ, nr_socket, 0, 2),  # 7: not socket -> 10
-            _op(_LD_ABS, 16),  # 8: args[0], its low 32 bits (little-endian)
-            _op(_JEQ, _AF_UNIX, 1, 0),  # 9: AF_UNIX -> 11
-            _op(_RET, _ALLOW),  # 10
-            _op(_RET, _ERRNO | _EPERM),  # 11
+            *(_op(_JEQ, nr, 3 + n - i, 0) for i, nr in enumerate(denied)),  # 6..: -> EPERM
+            _op(_JEQ, arch.socket, 0, 2),  # 6+n: not socket -> allow
+            _op(_LD_ABS, 16),  # 7+n: args[0], its low 32 bits (little-endian)
+            _op(_JEQ, _AF_UNIX, 1, 0),  # 8+n: AF_UNIX -> EPERM
+            _op(_RET, _ALLOW),  # 9+n
+            _op(_RET, _ERRNO | _EPERM),  # 10+n
         ]
     )
 

@@ -1,5 +1,7 @@
 """The sandbox's walls on real bubblewrap, as root and as an ordinary user: no capability, no other
-process, a private /tmp, no unix socket, `.git` read-only; and the sweep still reaches the command."""
+process, a private /tmp, no unix socket, `.git` read-only, the kernel's interfaces read-only (root's
+sysctl writes are checked against its uid, not its capabilities), nothing outside the workspace opened
+for writing (FIFOs and device nodes included), no keyring; and the sweep still reaches the command."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -21,7 +24,7 @@ import pytest
 
 from mlx_subagents.tools import Sandbox, Workspace
 from mlx_subagents.tools.bash import BashTool
-from mlx_subagents.tools.sandbox import python_under_tmp, sandboxed, seatbelt_profile, socket_filter
+from mlx_subagents.tools.sandbox import python_under_tmp, sandboxed, seatbelt_profile, seccomp_filter
 from tests.helpers import needs_bwrap
 
 NOBODY = 65534
@@ -41,6 +44,25 @@ def as_user(user: str) -> list[str]:
             pytest.fail("setpriv (util-linux) is needed to run the sandbox as an ordinary user")
         pytest.skip("no setpriv to run the sandbox as an ordinary user")
     return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+
+
+def python_for(user: str) -> str:
+    """A Python `user` may run: this one for root; for the ordinary user the system's (this one may live
+    in root's home, which the user cannot enter)."""
+    if user == "root" or os.geteuid() != 0:
+        return sys.executable
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("no /usr/bin/python3 (Debian: python3) for the ordinary user to run")
+    return "/usr/bin/python3"
+
+
+@pytest.fixture(autouse=True)
+def helper_python_for_nobody(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """As the ordinary user, the sandbox's Landlock step runs on a Python that user can run (in use, the
+    user who runs the sandbox is the one who runs this Python; here root builds it for another user)."""
+    user = getattr(request.node, "callspec", None) and request.node.callspec.params.get("user")
+    if user == "nobody" or (user is None and os.geteuid() != 0):
+        monkeypatch.setattr("mlx_subagents.tools.sandbox.helper_python", lambda: python_for("nobody"))
 
 
 @pytest.fixture
@@ -188,10 +210,10 @@ def test_git_metadata_is_read_only_in_the_sandbox(user: str, workspace: Path) ->
     assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
 
 
-def test_the_socket_filter_is_written_for_the_machines_it_knows() -> None:
-    # Twelve BPF instructions of 8 bytes; a machine it does not know gets none (the call fails closed).
-    assert len(socket_filter("x86_64") or b"") == len(socket_filter("aarch64") or b"") == 12 * 8
-    assert socket_filter("riscv64") is None
+def test_the_seccomp_filter_is_written_for_the_machines_it_knows() -> None:
+    # Fifteen BPF instructions of 8 bytes; a machine it does not know gets none (the call fails closed).
+    assert len(seccomp_filter("x86_64") or b"") == len(seccomp_filter("aarch64") or b"") == 15 * 8
+    assert seccomp_filter("riscv64") is None
 
 
 def test_the_macos_profile_says_each_wall(tmp_path: Path) -> None:
@@ -243,3 +265,134 @@ def test_the_python_the_tool_runs_from_stays_usable_and_read_only(tmp_path: Path
     result = asyncio.run(tool.call({"command": probe}))
     assert result.output.splitlines()[0] == sys.prefix
     assert "Read-only file system" in result.output and not Path(sys.prefix, "x").exists()
+
+
+# --- the kernel's interfaces, and writes outside the workspace whatever the file is -------------------------
+
+# Each opened for writing (never written): a write that got through would change the machine.
+KERNEL_KNOBS = [
+    "/proc/sys/kernel/core_pattern",  # a pipe here runs a program as the kernel's root at the next crash
+    "/proc/sys/kernel/hostname",
+    "/proc/sys/vm/drop_caches",
+    "/proc/sys/fs/protected_fifos",
+    "/proc/sysrq-trigger",
+    "/proc/pressure/cpu",
+    "/proc/self/oom_score_adj",
+    "/proc/self/attr/current",
+    "/sys/kernel/mm/transparent_hugepage/enabled",
+    "/sys/power/state",
+    "/sys/fs/cgroup/cgroup.procs",
+]
+OPEN_FOR_WRITING = """
+import errno, os, sys
+for path in sys.argv[1:]:
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY))
+        print(path, "OPENED")
+    except OSError as exc:
+        print(path, errno.errorcode[exc.errno])
+"""
+
+
+def open_for_writing(user: str, workspace: Path, paths: list[str]) -> dict[str, str]:
+    """Each path's fate when the sandbox opens it for writing as `user`: `OPENED` or the errno's name."""
+    command = shlex.join([python_for(user), "-I", "-c", OPEN_FOR_WRITING, *paths])
+    return dict(line.rsplit(" ", 1) for line in run_in_sandbox(user, workspace, command).splitlines())
+
+
+@needs_bwrap
+@pytest.mark.process  # python inside the sandbox
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_the_kernels_interfaces_refuse_a_write_from_the_sandbox(user: str, workspace: Path) -> None:
+    if user == "root":  # outside the sandbox, root opens them: the knobs are real
+        os.close(os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY))
+    fates = open_for_writing(user, workspace, KERNEL_KNOBS)
+    assert sorted(fates) == sorted(KERNEL_KNOBS)
+    for path in KERNEL_KNOBS:  # one this kernel lacks (sysrq-trigger, say) is absent inside too
+        refused = ("ENOENT",) if not os.path.exists(path) else ("EROFS", "EACCES", "EPERM")
+        assert fates[path] in refused, (path, fates[path])
+    assert [p for p, fate in fates.items() if fate == "OPENED"] == []
+
+
+@needs_bwrap
+def test_the_sandbox_has_its_own_host_name_and_no_way_to_change_the_machines(workspace: Path) -> None:
+    user = "root" if os.geteuid() == 0 else "nobody"
+    probe = "readlink /proc/self/ns/uts; hostname sandboxed 2>/dev/null || echo REFUSED; uname -n"
+    lines = run_in_sandbox(user, workspace, probe).splitlines()
+    assert lines[0] != os.readlink("/proc/self/ns/uts")  # a UTS namespace of its own
+    assert lines[1:] == ["REFUSED", socket.gethostname()]
+    assert socket.gethostname() != "sandboxed"
+
+
+@needs_bwrap
+@pytest.mark.process
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_the_kernels_keyrings_are_out_of_reach(user: str, workspace: Path) -> None:
+    # keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING): the user's keyring is shared with every process
+    # of that uid, root's included; request_key would start /sbin/request-key outside every namespace.
+    probe = (
+        "import ctypes, platform; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "nr = {'x86_64': 250, 'aarch64': 219}[platform.machine()]\n"
+        "print(libc.syscall(nr, 0, -4, 0), ctypes.get_errno())"
+    )
+    assert run_in_sandbox(user, workspace, shlex.join([python_for(user), "-I", "-c", probe])) == "-1 1\n"  # EPERM
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_no_kernel_interface_anywhere_opens_for_writing_as_root(workspace: Path) -> None:
+    """Every file under `/proc` (but the processes'), `/sys` and `/dev`, opened for writing as root in the
+    sandbox: only bubblewrap's own harmless devices open."""
+    walk = """
+import os, stat
+for top in ("/proc", "/sys", "/dev"):
+    for folder, dirs, files in os.walk(top):
+        if folder == "/proc":
+            dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                if stat.S_ISLNK(os.lstat(path).st_mode):
+                    continue
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY))
+                print(path)
+            except OSError:
+                pass
+"""
+    opened = run_in_sandbox("root", workspace, shlex.join([sys.executable, "-I", "-c", walk])).split()
+    assert sorted(opened) == ["/dev/full", "/dev/null", "/dev/pts/ptmx", "/dev/random", "/dev/urandom", "/dev/zero"]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_nothing_outside_the_workspace_opens_for_writing_fifos_and_devices_included(user: str, workspace: Path) -> None:
+    """A read-only mount stops regular files only: a FIFO a process of the user reads, and a device node,
+    outside the workspace, refuse the sandbox too; its own FIFOs in the workspace and in its /tmp work."""
+    outside = Path(tempfile.mkdtemp(prefix="mlx-subagents-outside-", dir="/var/tmp"))
+    try:
+        fifo, device = outside / "ctl.fifo", outside / "null"
+        os.mkfifo(fifo, 0o666)
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+        if user == "nobody":
+            os.chown(outside, NOBODY, NOBODY)
+            os.chown(fifo, NOBODY, NOBODY)  # the user's own FIFO: its mode lets the user write it
+        outside.chmod(0o755)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the process of the user that reads it
+        try:
+            probe = "; ".join(
+                [
+                    f"(echo pwned > {fifo}) 2>/dev/null && echo FIFO-WRITTEN || echo FIFO-REFUSED",
+                    f"(echo pwned > {device}) 2>/dev/null && echo DEVICE-WRITTEN || echo DEVICE-REFUSED",
+                    f"mkfifo {outside}/new 2>/dev/null && echo MADE-OUTSIDE || echo MAKE-REFUSED",
+                    "mkfifo own.fifo /tmp/own.fifo && (cat own.fifo & echo inside > own.fifo; wait)",
+                    "(cat /tmp/own.fifo & echo in-tmp > /tmp/own.fifo; wait)",
+                ]
+            )
+            lines = run_in_sandbox(user, workspace, probe).splitlines()
+            assert os.read(reader, 100) == b""  # nothing arrived (a write that got through would wait here)
+        finally:
+            os.close(reader)
+        assert lines == ["FIFO-REFUSED", "DEVICE-REFUSED", "MAKE-REFUSED", "inside", "in-tmp"]
+        assert sorted(p.name for p in outside.iterdir()) == ["ctl.fifo", "null"]
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
