@@ -2,7 +2,8 @@
 
 `bash` and `grep` (rg) run here. Each run gets a new session, so its whole process tree can be
 killed at once, and (for `bash`) a mark in its environment, so the processes that left the group
-are found too (`processes.py`). The group dies on timeout, on cancellation of the awaiting task,
+are found too (`processes.py`); and it starts under the tether (`tether.py`), so that it dies with
+this process also when nothing here runs to kill it (SIGKILL, a crash). The group dies on timeout, on cancellation of the awaiting task,
 when the program returns (leftover background jobs), when output that must not go past its cap
 does, and by `kill_all_processes` when the program stops on Ctrl-C, SIGTERM or SIGHUP.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .base import MAX_OUTPUT_BYTES
-from .processes import MARK_ENV, kill_call, new_mark, track_group
+from .processes import MARK_ENV, kill_call, new_mark, tethered, track_group
 
 # Once the group is killed, output still buffered in the pipe arrives at once; this only bounds
 # the wait for a process that escaped the group (setsid) and still holds the pipe open.
@@ -143,16 +144,18 @@ async def spawn_command(
     cancellation while it starts kills what started. The caller waits for it and `stop()`s it."""
     mark = new_mark() if marked else None
     env = {**os.environ, MARK_ENV: mark} if mark is not None else None
+    command, lifeline = tethered(args)
     spawn = asyncio.ensure_future(
         asyncio.get_running_loop().subprocess_exec(
             lambda: _CommandProtocol(output, errors, stop_when_full),
-            *args,
+            *command,
             cwd=cwd,
             stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if errors is None else subprocess.PIPE,
             start_new_session=True,
             env=env,
+            pass_fds=(lifeline,),
         )
     )
     try:

@@ -11,17 +11,43 @@ process is in the call's group, and the kernel kills them all when it dies (`san
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import psutil
+
+from . import tether
 
 MARK_ENV = "MLX_SUBAGENTS_CALL"
 MAX_SWEEPS = 20  # rounds of find-and-kill, for processes forking while they are being killed
 
 _counter = itertools.count(1)
 _live_groups: set[int] = set()
+
+
+def tethered(args: Sequence[str]) -> tuple[list[str], int]:
+    """`args` started under the tether (`tether.py`), and the descriptor the child must be given: the
+    command dies with this process, however it dies."""
+    fd = lifeline()
+    return [sys.executable, "-I", "-S", "-c", _tether_code(), str(fd), tether.SEPARATOR, *args], fd
+
+
+@functools.cache
+def lifeline() -> int:
+    """The read end of this process's lifeline: a pipe whose write end only this process holds, never
+    closed, so that it reads end-of-file once this process is gone (either end closes on exec)."""
+    read, _write = os.pipe()
+    return read
+
+
+@functools.cache
+def _tether_code() -> str:
+    return Path(tether.__file__).read_text(encoding="utf-8")
 
 
 def new_mark() -> str:

@@ -100,6 +100,24 @@ def test_a_signal_to_an_attached_command_cancels_its_task_on_the_server(
         assert (record.status, record.tasks[0].status) == ("interrupted", "aborted")
 
 
+def test_kill_9_of_the_server_during_an_attached_run_leaves_no_command_running(
+    serve_process: Any, tmp_path: Path, write_script: Any
+) -> None:
+    """The server runs the task's bash: SIGKILL to the server (no handler runs) still kills it (the tether)."""
+    server, _ = serve_process(
+        "--no-http", "--model", write_script({"agents": {"scout": {"replies": [call("bash", command=SLOW)]}}})
+    )
+    process = spawn_cli("run", "scout", "wait", "-C", str(tmp_path))
+    try:
+        pids = wait_for_pids(tmp_path, time.monotonic() + 60)
+        server.kill()
+        server.wait(timeout=30)
+        assert all_dead(pids, within=5), "the task's bash outlived the server that ran it"
+    finally:
+        process.kill()
+        process.communicate(timeout=30)
+
+
 def test_consent_is_asked_at_the_clients_terminal_and_never_widens(
     serve_process: Any, tmp_path: Path, write_script: Any, run_cli: Any
 ) -> None:

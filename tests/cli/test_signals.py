@@ -14,7 +14,7 @@ import pytest
 
 from mlx_subagents.runs.transcripts import load_run, read_transcript
 from tests.helpers import SLOW as SLOW_CHILD
-from tests.helpers import Terminal, all_dead, call, cli_env, spawn_cli, wait_for_pids
+from tests.helpers import Terminal, alive, all_dead, call, cli_env, spawn_cli, wait_for_pids
 
 pytestmark = pytest.mark.process
 
@@ -221,3 +221,28 @@ def test_a_chat_turn_stopped_by_sigterm_says_so_down_to_its_children(tmp_path: P
     [child] = [load_run(p.name, home=record.folder) for p in (record.folder / "runs").iterdir()]
     [result] = read_transcript(child.transcript_path(child.tasks[0])).results
     assert (result.status, result.stop_reason, result.error) == ("aborted", "cancelled", "stopped by SIGTERM")
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_cli_leaves_no_command_running(tmp_path: Path, isolated_home: Path) -> None:
+    """SIGKILL runs no handler: the commands die with the process all the same (the tether reads the end
+    of its lifeline), the foreground one, its background job, the one that left the group, and a
+    background `bash`."""
+    script = tmp_path / "script.json"
+    background = call("bash", command="echo $$ > bg.pid; exec sleep 30", background=True)
+    script.write_text(json.dumps({"agents": {"scout": {"replies": [background, call("bash", command=SLOW), "no"]}}}))
+    proc = spawn_cli("run", "scout", "look", "-m", f"scripted:{script}", "-C", str(tmp_path))
+    try:
+        wait_for(tmp_path / "ready", time.monotonic() + 60)
+        wait_for(tmp_path / "bg.pid", time.monotonic() + 10)
+        pids = [int((tmp_path / name).read_text()) for name in (*PID_FILES, "bg.pid")]
+        assert all(alive(pid) for pid in pids)
+        proc.kill()
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    assert proc.returncode == -signal.SIGKILL
+    assert all_dead(pids, within=5), "a command outlived the process that started it"
