@@ -137,7 +137,7 @@ def generated(out: str) -> int:
 
 
 def start_server(home: Path, peaks: Peaks) -> tuple[subprocess.Popen[str], Any]:
-    from mlx_subagents.mcp_server.state import running_server, serve_paths
+    from mlx_subagents.serve.state import running_server, serve_paths
 
     server = subprocess.Popen(
         [sys.executable, "-m", "mlx_subagents.cli", "serve", "--no-http", "--prefix-cache", "off"],
@@ -158,7 +158,7 @@ def start_server(home: Path, peaks: Peaks) -> tuple[subprocess.Popen[str], Any]:
 
 def round_of(k: int, model: str, work: Path, tokens: int, standalone: bool) -> dict[str, Any]:
     """K clients at once, attached to a new server or standalone: what they held and how long they took."""
-    from mlx_subagents.mcp_server.client import make_hello, quick
+    from mlx_subagents.serve.client import make_hello, quick
 
     home = work / f"{'standalone' if standalone else 'attached'}-{k}"
     peaks = Peaks()

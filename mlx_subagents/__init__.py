@@ -8,7 +8,7 @@ The Python API, as the CLI uses it:
         result = await runner.run(TaskSpec("scout", "where is auth handled?"))
         print(result.output)
 
-The layers, each importing only the ones below it: the front ends (`cli`, `mcp_server`) > `runs`
+The layers, each importing only the ones below it: the front ends (`cli` > `serve` > `mcp_server`) > `runs`
 (many agents: plan, run, hold, record) > `agents` (one agent: its file, its prompt, its loop) >
 `host`, `tools`, `models` > the vocabulary in this folder (errors, events, results, caps, ...).
 """

@@ -281,7 +281,7 @@ TINY_SERVE = """
 import asyncio, json, sys
 from pathlib import Path
 from mlx_lm.utils import load_tokenizer
-from mlx_subagents.mcp_server.serve import ServeConfig, serve
+from mlx_subagents.serve.service import ServeConfig, serve
 from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.testing import ForcedScripts
 
@@ -302,7 +302,7 @@ def serve_process() -> Any:
     import sys
     import time
 
-    from mlx_subagents.mcp_server.state import running_server
+    from mlx_subagents.serve.state import running_server
     from tests.helpers import REPO
 
     started: list[subprocess.Popen[str]] = []

@@ -28,9 +28,9 @@ from ..caps import MAX_WARNINGS
 from ..errors import SubagentError
 from ..events import Event, Fanout
 from ..mcp_server.budget import DEFAULT_CALL_BUDGET
-from ..mcp_server.client import Connection, ServerGone, ServerUnreachable, connect, make_hello
-from ..mcp_server.state import ServerInfo, running_server
 from ..runs.jobs import Job
+from ..serve.client import Connection, ServerGone, ServerUnreachable, connect, make_hello
+from ..serve.state import ServerInfo, running_server
 from .flags import Shared, make_publisher
 from .interrupts import Finished, run_async, two_press_sigint
 from .live import paused
@@ -66,8 +66,8 @@ def serve_mcp(
 ) -> int:
     """`subagent mcp`: relay to the server (started first with `start` or `$MLX_SUBAGENTS_SERVE`, when
     none runs), else serve in this process; the exit code."""
-    from ..mcp_server.relay import relay
     from ..mcp_server.server import serve_stdio
+    from ..serve.relay import relay
 
     make = lambda root, on_event: shared.runner(on_event, root)  # noqa: E731
     info = server_for(shared)

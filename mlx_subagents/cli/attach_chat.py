@@ -21,10 +21,10 @@ from .. import errors
 from ..errors import SubagentError
 from ..events import Event, EventSink
 from ..host.protocol import TextCallback
-from ..mcp_server.client import Connection, ServerGone, connect, read_answer
-from ..mcp_server.state import ServerInfo
-from ..mcp_server.wire import dump
 from ..results import MultiRunResult, RunResult, TaskStatus
+from ..serve.client import Connection, ServerGone, connect, read_answer
+from ..serve.state import ServerInfo
+from ..serve.wire import dump
 from .attach import on_message, server_for
 from .flags import Shared
 from .terminal import drive_chat
@@ -42,8 +42,8 @@ def chat_on_server(
     err: Any,
 ) -> int | None:
     """`subagent chat` on the running server: its exit code; None when it runs here instead."""
-    from ..mcp_server.client import make_hello
-    from ..mcp_server.protocol import ChatRequest
+    from ..serve.client import make_hello
+    from ..serve.protocol import ChatRequest
 
     info = server_for(shared)
     if info is None:

@@ -84,7 +84,7 @@ def prefix_cache_line(bound: int) -> str:
 def resident_lines() -> list[str]:
     """The server of the state folder, and the models other processes hold (their weights and KV
     budgets come off the RAM a new process sizes its budget from)."""
-    from ..mcp_server.state import running_server, serve_paths, status_line
+    from ..serve.state import running_server, serve_paths, status_line
 
     paths = serve_paths()
     server = running_server(paths, wait=0)

@@ -13,9 +13,9 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import SubagentError
-from ..mcp_server.client import make_hello, quick
-from ..mcp_server.state import ServerInfo, lock_held, running_server, serve_paths
 from ..runs.options import RunOptions
+from ..serve.client import make_hello, quick
+from ..serve.state import ServerInfo, lock_held, running_server, serve_paths
 from .flags import (
     Batching,
     BatchingOpt,
@@ -96,8 +96,8 @@ def serve(
         info = start_detached(serve_args(sys.argv[2:]))
         out.print(f"serving: {info.where()}; log {info.log}", markup=False)
         return
-    from ..mcp_server.serve import ServeConfig
-    from ..mcp_server.serve import serve as run_server
+    from ..serve.service import ServeConfig
+    from ..serve.service import serve as run_server
 
     config = ServeConfig(options, Path(cwd).resolve(), None if no_http else port)
     raise typer.Exit(asyncio.run(run_server(config)))

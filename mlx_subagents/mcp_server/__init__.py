@@ -1,1 +1,1 @@
-"""The MCP front end: the agents as tools of an MCP server on stdio (`subagent mcp`)."""
+"""The MCP front end: the agents as tools of one MCP server (`subagent mcp` on stdio; `serve` hosts it too)."""

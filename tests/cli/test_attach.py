@@ -32,7 +32,7 @@ def served_clients(log: str) -> list[str]:
 def test_attached_commands_print_and_exit_as_in_their_own_process(
     serve_process: Any, tmp_path: Path, write_script: Any, run_cli: Any
 ) -> None:
-    from mlx_subagents.mcp_server.state import serve_paths
+    from mlx_subagents.serve.state import serve_paths
 
     (tmp_path / "app.py").write_text("print('hi')\n")
     model = write_script(

@@ -64,7 +64,7 @@ def heavy(modules: list[str]) -> list[str]:
 def test_an_attached_command_loads_nothing_that_runs_agents(
     serve_process: Any, tmp_path: Path, write_script: Any
 ) -> None:
-    from mlx_subagents.mcp_server.state import serve_paths
+    from mlx_subagents.serve.state import serve_paths
 
     model = write_script({"agents": {"scout": {"replies": ["app.py is the only file"]}}})
     serve_process("--no-http", "--model", model)

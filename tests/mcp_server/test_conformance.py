@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.mcp_server.state import serve_paths
+from mlx_subagents.serve.state import serve_paths
 from tests.helpers import REPO
 from tests.mcp_server.conformance import KNOWN_BAD, Suite, conformance_suite
 

@@ -15,10 +15,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from mlx_subagents.mcp_server.client import make_hello, quick
-from mlx_subagents.mcp_server.state import lock_held, read_info, serve_paths
-from mlx_subagents.mcp_server.wire import MAX_LINE_BYTES
 from mlx_subagents.runs.published import read_snapshots
+from mlx_subagents.serve.client import make_hello, quick
+from mlx_subagents.serve.state import lock_held, read_info, serve_paths
+from mlx_subagents.serve.wire import MAX_LINE_BYTES
 from tests.helpers import call, spawn_cli, write_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
@@ -261,7 +261,7 @@ def test_malformed_and_oversized_messages_are_answered_and_logged(
 def test_mcp_serve_starts_a_server_relays_to_it_and_exits_when_it_is_stopped(tmp_path: Path, write_script: Any) -> None:
     import anyio
 
-    from mlx_subagents.mcp_server.state import running_server
+    from mlx_subagents.serve.state import running_server
     from tests.mcp_server.test_mcp_server import connect
 
     model = write_script({"agents": {"scout": {"replies": ["found it"]}}})
@@ -303,8 +303,8 @@ def test_status_shows_how_long_each_task_waited_behind_other_prompts_prefill() -
     usage events report it: the cost of sharing the model, per task."""
     from mlx_subagents.cli.serve import status_lines
     from mlx_subagents.events import Event, TaskStartData, UsageData
-    from mlx_subagents.mcp_server.clients import TaskTally
     from mlx_subagents.results import RunUsage
+    from mlx_subagents.serve.clients import TaskTally
 
     tally = TaskTally()
     for label, waited in (("scout", 2.345), ("reviewer", 0.0)):

@@ -40,13 +40,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import SubagentError
+from ..mcp_server.server import AgentsServer, make_server
 from .clients import DISCONNECTED
-from .server import AgentsServer, make_server
 
 if TYPE_CHECKING:
     from .clients import Client
 
-# The running `serve.Service` (not imported: it imports this module).
+# The running `service.Service` (not imported: it imports this module).
 Service = Any
 
 PATH = "/mcp"

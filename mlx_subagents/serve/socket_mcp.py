@@ -17,8 +17,8 @@ import mcp_types as types
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
-from .server import AgentsServer
-from .stdio import StdinLines
+from ..mcp_server.server import AgentsServer
+from ..mcp_server.stdio import StdinLines
 from .wire import MAX_LINE_BYTES, Oversized
 
 log = logging.getLogger("mlx_subagents.serve")

@@ -33,11 +33,11 @@ from typing import Any
 import mcp_types as types
 from mcp.shared.message import SessionMessage
 
+from ..mcp_server.server import REFUSED, MakeRunner, Takeover, serve_stdio
+from ..mcp_server.stdio import StdinLines, stop_signals
 from .client import Connection, connect
 from .protocol import STOPPING_NOTICE, Hello
-from .server import REFUSED, MakeRunner, Takeover, serve_stdio
 from .state import ServerInfo
-from .stdio import StdinLines, stop_signals
 from .wire import Oversized
 
 CLIENT_GONE, SERVER_GONE = "client", "server"  # which end of the relay ended first

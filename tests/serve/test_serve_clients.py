@@ -13,9 +13,9 @@ import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from mlx_subagents.mcp_server.client import make_hello, quick
-from mlx_subagents.mcp_server.state import serve_paths
 from mlx_subagents.runs.transcripts import list_runs, load_run, read_transcript
+from mlx_subagents.serve.client import make_hello, quick
+from mlx_subagents.serve.state import serve_paths
 from tests.helpers import call, spawn_cli
 from tests.mcp_server.test_mcp_server import answers, connect, text
 

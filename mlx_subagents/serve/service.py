@@ -33,6 +33,9 @@ from .. import __version__
 from ..errors import SubagentError
 from ..events import EventSink, Fanout
 from ..host.protocol import ProcessorFactory
+from ..mcp_server.budget import DEFAULT_CALL_BUDGET
+from ..mcp_server.server import AgentsServer, setup_logging
+from ..mcp_server.stdio import stop_signals
 from ..results import stop_reason
 from ..runs.hosts import HostPool
 from ..runs.options import RunOptions
@@ -40,13 +43,10 @@ from ..runs.published import Publisher
 from ..runs.runner import Runner
 from ..runs.tasks import ModelRef
 from . import attached
-from .budget import DEFAULT_CALL_BUDGET
 from .clients import DISCONNECTED, Client, ClientKind, Clients
 from .protocol import STOPPING_NOTICE, Hello
-from .server import AgentsServer, setup_logging
 from .socket_mcp import serve_mcp
 from .state import ServePaths, ServerInfo, claim, ensure_token, serve_paths, write_info
-from .stdio import stop_signals
 from .wire import Oversized, load, read_lines, send
 
 DEFAULT_PORT = 8421

@@ -20,9 +20,9 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel
 
 from ..events import Event, TaskEndData, UsageData
+from ..mcp_server.server import AgentsServer
 from ..runs.options import RunOptions
 from ..runs.runner import Runner
-from .server import AgentsServer
 
 ClientKind = Literal["http", "relay", "cli", "chat"]
 # Why a client's foreground tasks stopped when it went away (their transcripts and results say so).

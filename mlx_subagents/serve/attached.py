@@ -19,15 +19,15 @@ from pydantic import BaseModel
 
 from ..errors import SubagentError
 from ..events import Event, Fanout
+from ..mcp_server.server import log_path
 from ..runs.chat import Chat
 from ..runs.runner import Runner
 from ..text import warning_line
 from .clients import DISCONNECTED, Client
 from .protocol import Hello
-from .server import log_path
 from .wire import Oversized, load, send
 
-# The running `serve.Service` (not imported: it imports this module).
+# The running `service.Service` (not imported: it imports this module).
 Service = Any
 # What a chat's control connection may ask (each answered at once): `Chat`'s quick calls.
 CHAT_CALLS = (
