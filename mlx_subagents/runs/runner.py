@@ -55,6 +55,7 @@ from ..tools.delegation import READ_MORE, Delegation, ForkPoint
 from ..tools.mcp_requests import Person
 from ..tools.subagent import SubagentTool
 from .board import TaskBoard
+from .call_plan import CallPlan, plan_call, plan_tasks
 from .execution import Execution
 from .generation import Generation
 from .hosts import HostPool
@@ -66,12 +67,10 @@ from .task import TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
 from .workflow import (
-    INLINE,
     Workflow,
     check_agents,
     discover_workflows,
     find_workflow,
-    inline_workflow,
     load_workflow,
     plan_workflow,
 )
@@ -264,52 +263,32 @@ class Runner:
         Args:
             board: the parent's board (default: `runner.board`, top-level tasks).
         """
-        return (await self._start_all([task], board or self.board))[0]
+        board = board or self.board
+        return (await self._start_all(plan_tasks([task], board), board))[0]
 
     async def start_background(self, call: Delegation, board: TaskBoard) -> list[TaskHandle]:
         """A `subagent` call with `background: true`: its tasks (or chain or workflow steps, each waiting
         for the ones it needs) started on the parent's board; nothing starts if any of them cannot."""
-        if call.mode == "workflow":
-            tasks, order = plan_workflow(self.workflow_of(call), call.input)
-            tasks = [replace(t, label="", isolation=call.isolation or t.isolation) for t in tasks]  # ids as any task's
-            where = {"workspace": call.workspace, "shared_input": call.input}
-            return await self._start_all(tasks, board, delegated=True, steps=order, **where)  # type: ignore[arg-type]
-        tasks = call_tasks(call)
-        order = plan_chain(tasks)[1] if call.mode == "chain" else Steps()  # plan_chain refuses a {previous} in step 1
-        places = [call.workspace_of(i) for i in range(len(tasks))]
-        where = {"workspace": places, "delegated": True, "fork_point": call.fork_point}
-        return await self._start_all(tasks, board, steps=order, **where)  # type: ignore[arg-type]
+        plan = plan_call(call, self.catalog, self.cwd, parent=board.parent, board=board, background=True)
+        return await self._start_all(plan, board, delegated=True)
 
-    async def _start_all(
-        self,
-        tasks: list[TaskSpec],
-        board: TaskBoard,
-        *,
-        workspace: Workspace | Sequence[Workspace] | None = None,
-        shared_input: str = "",
-        delegated: bool = False,
-        steps: Steps = Steps(),
-        fork_point: ForkPoint | None = None,
-    ) -> list[TaskHandle]:
-        """Prepare `tasks` as a whole, then start them in the background on `board`, each a run of its
-        own, a chain's or a workflow's `steps` in their order; a fork starts at `fork_point`."""
-        tasks = [replace(t, agent=t.agent.strip().lower(), label=t.label.strip()) for t in tasks]
-        parent = board.parent
-        ids = board.plan_ids(tasks)
+    async def _start_all(self, plan: CallPlan, board: TaskBoard, *, delegated: bool = False) -> list[TaskHandle]:
+        """Prepare a plan's tasks as a whole, then start them in the background on `board`, each a run of
+        its own, a chain's or a workflow's steps in their order; a fork starts at the plan's fork point."""
+        ids = plan.ids or []
         try:
-            labelled = [replace(t, label=f"{parent.label} > {i}" if parent else i) for t, i in zip(tasks, ids)]
-            where = {"parent": parent, "workspace": workspace or board.workspace, "delegated": delegated}
-            prepared = await self._prepare(labelled, shared_input=shared_input, **where)  # type: ignore[arg-type]
+            where = {"workspace": plan.workspaces, "shared_input": plan.shared_input, "delegated": delegated}
+            prepared = await self._prepare(plan.tasks, parent=board.parent, **where)  # type: ignore[arg-type]
             prepared, trees = isolate(prepared, new_run_id())  # made before it starts; finished as it ends
         except BaseException:
             board.release(ids)
             raise
         handles = [
-            self.handle(p, board=board, task_id=i, worktree=tree, fork_point=fork_point, background=True)
+            self.handle(p, board=board, task_id=i, worktree=tree, fork_point=plan.fork_point, background=True)
             for p, i, tree in zip(prepared, ids, trees)
         ]
         self._started += handles
-        self.launch([h.generation(t.task, *steps.of(i)) for i, (h, t) in enumerate(zip(handles, tasks))])
+        self.launch([h.generation(t.task, *plan.steps.of(i)) for i, (h, t) in enumerate(zip(handles, plan.tasks))])
         return handles
 
     # -- multi-turn tasks -------------------------------------------------------------------------------
@@ -468,29 +447,21 @@ class Runner:
             on_handles: called with the children's handles as they start, before any has ended (the
                 MCP server answers within its call budget with the ids of those still running).
         """
-        tasks, order, ids = self._child_tasks(call, parent, board)
-        under = Delegating(parent, board, call.fork_point, ids=ids, on_handles=on_handles)
+        plan = plan_call(call, self.catalog, self.cwd, parent=parent, board=board)
+        under = Delegating(parent, board, plan.fork_point, ids=plan.ids, on_handles=on_handles)
         try:
-            return await self._delegate(call, tasks, order, under)
+            return await self._delegate(plan, under)
         finally:
-            if board is not None and ids:
-                board.release(ids)  # those that never started (a failed check, a child that could not be set up)
+            if board is not None and plan.ids:
+                board.release(plan.ids)  # those that never started (a failed check, a child that could not be set up)
 
-    async def _delegate(
-        self, call: Delegation, tasks: list[TaskSpec], order: Steps, under: Delegating
-    ) -> MultiRunResult:
-        workflow = call.mode == "workflow"
-        places = call.workspace if workflow else [call.workspace_of(i) for i in range(len(tasks))]
-        where: dict[str, Any] = {"parent": under.parent, "workspace": places, "delegated": True}
-        if workflow:  # checked as `subagent workflow` checks it, then as any delegated request
-            prepared = await self._prepare(tasks, shared_input=call.input, **where)
-            return await self._execute(
-                "workflow", prepared, concurrency=self.options.concurrency, steps=order, under=under
-            )
-        if call.mode != "parallel":
-            prepared = await self._prepare(tasks, **where)
-            return await self._execute(call.mode, prepared, concurrency=1, steps=order, under=under)
-        each = await self.preparer.prepare_each(tasks, **where)
+    async def _delegate(self, plan: CallPlan, under: Delegating) -> MultiRunResult:
+        where: dict[str, Any] = {"parent": under.parent, "workspace": plan.workspaces, "delegated": True}
+        if plan.mode != "parallel":  # a workflow is checked as `subagent workflow` checks it, then as any request
+            prepared = await self._prepare(plan.tasks, shared_input=plan.shared_input, **where)
+            concurrency = self.options.concurrency if plan.mode == "workflow" else 1
+            return await self._execute(plan.mode, prepared, concurrency=concurrency, steps=plan.steps, under=under)
+        each = await self.preparer.prepare_each(plan.tasks, **where)
         failed = {i: self._set_up_failed(p) for i, p in enumerate(each) if isinstance(p, SetUpFailure)}
         ready = [p for p in each if isinstance(p, PreparedTask)]
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
@@ -500,46 +471,11 @@ class Runner:
             outcome = await self._execute("parallel", ready, concurrency=self.options.concurrency, under=under)
         ran = iter(outcome.results)
         ran_ids = iter(outcome.task_ids or [None] * len(ready))
-        results = [failed[i] if i in failed else next(ran) for i in range(len(tasks))]
-        ids = [None if i in failed else next(ran_ids) for i in range(len(tasks))]
+        results = [failed[i] if i in failed else next(ran) for i in range(len(plan.tasks))]
+        ids = [None if i in failed else next(ran_ids) for i in range(len(plan.tasks))]
         return outcome.model_copy(
             update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results), "task_ids": ids}
         )
-
-    def _child_tasks(
-        self, call: Delegation, parent: Parent | None, board: TaskBoard | None
-    ) -> tuple[list[TaskSpec], Steps, list[str] | None]:
-        """A delegated call's tasks and their order, each labelled `parent > id` by the id it gets on its
-        parent's board (the label it was given, else `agent#N`, so that siblings from separate calls differ
-        in progress lines and transcripts); the ids are reserved now, the unused ones given back by the caller.
-
-        A workflow's steps (named or inline) keep their names as step ids; their ids are `agent#N`."""
-        if call.mode == "workflow":
-            tasks, order = plan_workflow(self.workflow_of(call), call.input)
-            tasks = [replace(t, isolation=call.isolation or t.isolation) for t in tasks]
-            given = [""] * len(tasks)
-        else:
-            asked = call_tasks(call)
-            given = [t.label.strip() for t in asked]
-            tasks, order = label_tasks(asked), Steps()
-            if call.mode == "chain":
-                tasks, order = plan_chain(tasks)
-        if parent is None:
-            return tasks, order, None
-        ids = board.reserve_ids(["fork" if t.fork else t.agent for t in tasks], given) if board is not None else None
-        names = ids or [t.label for t in tasks]
-        return [replace(t, label=f"{parent.label} > {i}") for t, i in zip(tasks, names)], order, ids
-
-    def workflow_of(self, call: Delegation) -> Workflow:
-        """The workflow a call runs, checked as `subagent workflow` checks one: an inline one's steps
-        (`steps`: names, graph, agents), or a named one's file, graph and agents."""
-        if call.steps:
-            workflow = inline_workflow([s.model_dump() for s in call.steps])
-            check_agents(workflow, self.catalog, where=INLINE)
-            return workflow
-        workflow = load_workflow(find_workflow(call.workflow, self.cwd, named=True))  # by name: never a path
-        check_agents(workflow, self.catalog)
-        return workflow
 
     def workflow_names(self) -> list[str]:
         """The named workflows visible from the workspace, for the `subagent` tool's description."""
@@ -684,7 +620,7 @@ class Runner:
         """A foreground run's handles: each isolated task moved into a worktree of its own, each child
         under an id on its parent's board."""
         prepared, trees = isolate(prepared, record.run_id if record else new_run_id())
-        ids = under.reserve(prepared)
+        ids = list(under.ids) if under.ids is not None else [None] * len(prepared)
         entries = record.tasks if record else [None] * len(prepared)
         return [
             self.handle(
@@ -703,21 +639,13 @@ class Delegating:
     parent: Parent | None = None
     board: TaskBoard | None = None
     fork_point: ForkPoint | None = None
-    ids: Sequence[str] | None = None  # the ids reserved for its tasks on `board` (`Runner._child_tasks`)
+    ids: Sequence[str] | None = None  # the ids its tasks hold on `board` (`CallPlan.ids`)
     on_handles: Callable[[list[TaskHandle]], None] | None = None
 
     @property
     def folder(self) -> Path | None:
         """Where the run is saved: in its parent's run folder (None: the runner's home)."""
         return self.parent.run_folder if self.parent else None
-
-    def reserve(self, prepared: Sequence[PreparedTask]) -> list[str | None]:
-        """An id per task on the parent's board (a fork's `fork#N`); none at the top level."""
-        if self.board is None:
-            return [None] * len(prepared)
-        if self.ids is not None:
-            return list(self.ids)
-        return list(self.board.reserve_ids(["fork" if p.task.fork else p.task.agent for p in prepared]))
 
 
 def isolate(prepared: list[PreparedTask], run_id: str) -> tuple[list[PreparedTask], list[Worktree | None]]:
@@ -751,23 +679,6 @@ def refuse_isolated(prepared: Sequence[PreparedTask], what: str) -> None:
             f"isolation: worktree is not available for {what} ({', '.join(isolated)}); run it with subagent run, "
             "or give it isolation: none to work in the shared tree"
         )
-
-
-def call_tasks(call: Delegation) -> list[TaskSpec]:
-    """A `subagent` (or MCP) call's tasks with the choices each may make: label, model, turns, time."""
-    return [
-        TaskSpec(
-            agent=t.agent,
-            task=t.task,
-            label=t.label,
-            model=t.model.strip() or None,
-            max_turns=t.max_turns,
-            timeout=t.timeout,
-            isolation=None if t.fork else t.isolation or call.isolation or None,
-            fork=t.fork,
-        )
-        for t in call.tasks
-    ]
 
 
 def read_more_note(task_id: str) -> str:
