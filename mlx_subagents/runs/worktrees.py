@@ -103,9 +103,8 @@ def check_isolation(folder: Path) -> Path:
                 f"isolation: worktree cannot carry {repo}: a {marker.split('_')[0].split('-')[0].lower()} is in "
                 f"progress; finish or abort it, or {plain}"
             )
-    changed = [
-        line.split()[-1] for line in git(repo, "status", "--porcelain=v2").splitlines() if _dirty_submodule(line)
-    ]
+    status = git(repo, "status", "--porcelain=v2", "--ignore-submodules=dirty")  # their commits, never entered
+    changed = [line.split()[-1] for line in status.splitlines() if _dirty_submodule(line)]
     if changed:
         raise RequestError(
             f"isolation: worktree cannot carry {repo}: submodule(s) with changes ({', '.join(changed)}); commit them "
@@ -179,14 +178,26 @@ def _carry(repo: Path, worktree: Worktree, home: Path | None) -> Worktree:
     return carried
 
 
-def finish_worktree(worktree: Worktree, status: str, home: Path | None = None) -> Worktree | None:
+def finish_worktree(worktree: Worktree, status: str, home: Path | None = None, warn: Warn = _warn) -> Worktree | None:
     """Commit what the child changed on its branch, record it and let go of its lock; None (worktree and
-    branch removed) when it changed nothing."""
+    branch removed) when it changed nothing. Nested repositories are left out, in one `warn` line; a
+    commit git refuses is one `warn` line too, and the manifest still records how the task ended."""
     try:
         place = Path(worktree.path)
         task = worktree.task.strip()
         first = task.splitlines()[0][:72] if task else "its task"
-        _commit(place, f"{worktree.agent} (mlx-subagents)", f"{worktree.agent} [{worktree.label}]: {first}\n\n{task}")
+        message = f"{worktree.agent} [{worktree.label}]: {first}\n\n{task}"
+        try:
+            if nested := _commit(place, f"{worktree.agent} (mlx-subagents)", message):
+                warn(
+                    f"worktree {worktree.name}: left out {', '.join(nested)}: a git repository of its own, which the "
+                    f"tool's git does not enter; its files stay in {place}"
+                )
+        except RequestError as exc:
+            warn(f"worktree {worktree.name}: its changes were not committed ({exc}); they stay in {place}")
+            kept = Worktree(**{**asdict(worktree), "status": status})
+            _save(kept, home)
+            return kept
         files = tuple(p for p in git(place, "diff", "--name-only", "-z", worktree.base, "HEAD").split("\0") if p)
         if not files:
             remove_worktree(worktree, home)
@@ -223,13 +234,25 @@ def reopen_worktree(worktree: Worktree, home: Path | None = None) -> Worktree:
     return running
 
 
-def _commit(place: Path, author: str, message: str) -> None:
-    """Commit everything in `place`; the author and message cleaned of what git refuses (a NUL)."""
-    git(place, "add", "-A")
-    if not git(place, "status", "--porcelain").strip():
-        return
-    who = ["-c", f"user.name={git_text(author)}", "-c", f"user.email={AUTHOR_EMAIL}", "-c", "commit.gpgsign=false"]
-    git(place, *who, "commit", "-q", "--no-verify", "-m", git_text(message))
+def _commit(place: Path, author: str, message: str) -> list[str]:
+    """Commit everything in `place` but its nested repositories (`nested_repositories`), which are never
+    entered; the author and message cleaned of what git refuses (a NUL). The nested ones left out."""
+    nested = nested_repositories(place)
+    git(place, "add", "-A", "--", ".", *(f":(exclude,literal){path}" for path in nested))
+    if git_ok(place, "diff", "--cached", "--quiet"):
+        return nested
+    who = {"user.name": git_text(author), "user.email": AUTHOR_EMAIL}
+    git(place, "commit", "-q", "--no-verify", "-m", git_text(message), config=who)
+    return nested
+
+
+def nested_repositories(place: Path) -> list[str]:
+    """The folders in `place` that are git repositories of their own (a `.git` inside, made by an agent
+    or not): untracked ones, which git lists ending in `/` and would add as a gitlink after reading them
+    (an empty one fails the commit), and tracked gitlinks. Found without entering them."""
+    untracked = git(place, "ls-files", "--others", "--exclude-standard", "-z").split("\0")
+    gitlinks = [e.split("\t", 1)[1] for e in git(place, "ls-files", "-s", "-z").split("\0") if e.startswith("160000 ")]
+    return sorted({p.rstrip("/") for p in untracked if p.endswith("/")} | set(gitlinks))
 
 
 def remove_worktree(worktree: Worktree, home: Path | None = None) -> None:

@@ -47,6 +47,111 @@ def plant_programs(repo: Path, marker: Path) -> None:
     git(repo, "config", "core.fsmonitor", str(monitor))
 
 
+def plant_drivers(repo: Path, marker: Path, git_dir: Path | None = None) -> None:
+    """Every program a repository's config and attributes make git run on the trees the tool commits,
+    diffs and applies: a filter (clean, smudge, a long-running process), a diff driver (textconv and
+    command), a merge driver and `diff.external`, selected by a `.gitattributes` in the tree and by
+    `info/attributes`; and hooks and `core.fsmonitor` (`plant_programs`)."""
+    run = f'sh -c "echo $0 >> {marker}; cat"'
+    settings = {
+        "filter.evil.clean": run.replace("$0", "clean"),
+        "filter.evil.smudge": run.replace("$0", "smudge"),
+        "filter.evil.process": run.replace("$0", "process"),
+        "diff.evil.textconv": run.replace("$0", "textconv"),
+        "diff.evil.command": run.replace("$0", "diff-command"),
+        "merge.evil.driver": run.replace("$0", "merge"),
+        "diff.external": run.replace("$0", "external"),
+    }
+    for key, value in settings.items():
+        git(repo, "config", key, value)
+    (repo / ".gitattributes").write_text("* filter=evil diff=evil merge=evil\n")
+    info = (git_dir or repo / ".git") / "info"
+    info.mkdir(exist_ok=True)
+    (info / "attributes").write_text("* filter=evil diff=evil merge=evil\n")
+    plant_programs(repo, marker)
+
+
+def test_a_repository_an_agent_made_in_a_subfolder_runs_nothing_in_the_tools_git(tmp_path: Path) -> None:
+    """A workspace inside a repository has no `.git` of its own to protect: a sandboxed agent may make one
+    there, with drivers, attributes, hooks and a monitor. The user's next isolated run in that folder
+    branches from it, carries, commits and applies with none of them running."""
+    outer = make_repo(tmp_path / "outer")
+    folder = outer / "sub"
+    folder.mkdir()
+    (folder / "code.txt").write_text("one\n")
+    marker = tmp_path / "ran.txt"
+    git(folder, "init", "-q", "-b", "main")  # what the agent did, in its sandbox
+    plant_drivers(folder, marker)
+    git(folder, "add", "-A")
+    git(folder, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "planted")
+    assert "process" in marker.read_text()  # the planted programs are real: plain git runs them
+    marker.unlink()
+    (folder / "draft.txt").write_text("draft\n")  # uncommitted: carried into the worktree
+
+    tree = make_worktree(folder, run_id="r1", label="w", agent="worker", task="edit")
+    (Path(tree.path) / "code.txt").write_text("three\n")
+    kept = finish_worktree(tree, "completed")
+    assert kept is not None
+    assert apply_worktree(kept) == ["code.txt"]
+    prune_worktrees()
+
+    assert not marker.exists(), marker.read_text()
+    assert (folder / "code.txt").read_text() == "three\n"
+
+
+def test_a_nested_repository_in_a_worktree_is_left_out_and_never_entered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An isolated writer plants a repository inside its worktree (drivers, hooks, a monitor, and a
+    `.gitmodules` naming it) and an empty `git init`: the end-of-task commit enters neither, leaves
+    both out in one line, and commits the rest."""
+    repo = make_repo(tmp_path / "repo")
+    marker = tmp_path / "ran.txt"
+    tree = make_worktree(repo, run_id="r1", label="w", agent="worker", task="edit")
+    place = Path(tree.path)
+    nested, empty = place / "nested", place / "empty"
+    nested.mkdir()
+    git(nested, "init", "-q", "-b", "main")
+    (nested / "inner.txt").write_text("inner\n")
+    plant_drivers(nested, marker)
+    git(nested, "add", "-A")
+    git(nested, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "nested")
+    marker.unlink()
+    empty.mkdir()
+    git(empty, "init", "-q")  # no commit: `git add -A` of it fails the whole commit
+    (place / ".gitmodules").write_text('[submodule "nested"]\n\tpath = nested\n\turl = ./nested\n')
+    (place / "shared.txt").write_text("changed\n")
+
+    kept = finish_worktree(tree, "completed")
+
+    assert kept is not None and kept.status == "completed"
+    assert kept.files == (".gitmodules", "shared.txt")
+    assert git(repo, "ls-tree", "-r", "--name-only", kept.branch).split() == [".gitmodules", "notes.txt", "shared.txt"]
+    assert capsys.readouterr().err == (
+        f"warning: worktree {tree.name}: left out empty, nested: a git repository of its own, which the tool's git "
+        f"does not enter; its files stay in {place}\n"
+    )
+    assert not marker.exists(), marker.read_text()
+
+
+@needs_bwrap
+def test_an_isolated_agent_that_runs_git_init_ends_completed_with_its_json(tmp_path: Path) -> None:
+    """The empty nested `git init` made the isolated commit fail: exit 2, no JSON, the manifest left
+    `running`. Now the task ends as it ended, its other changes committed."""
+    repo = make_repo(tmp_path / "repo")
+    write_agent(repo, "fixer", "[bash]")  # a project agent: sandboxed
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "agent")
+    command = "mkdir scratch && git init -q scratch && echo fixed > shared.txt && echo done"
+    host = scripted_host({"agents": {"fixer": {"replies": [call("bash", command=command), "fixed it"]}}})
+
+    result = go(make_runner(repo, host, assume_yes=True), "run", TaskSpec("fixer", "fix", isolation="worktree"))
+
+    assert (result.status, result.output) == ("completed", "fixed it")
+    assert result.worktree is not None and result.worktree.files == ["shared.txt"]
+    assert [w.status for w in list_worktrees()] == ["completed"]
+
+
 def test_the_tools_git_runs_no_hook_no_fsmonitor_and_ignores_git_variables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
