@@ -111,18 +111,27 @@ class _ToolCallKeys(TypedDict):
 class ToolCallData(_ToolCallKeys, total=False):
     """The model calls a tool: its `name`, its `arguments` and a short `description` for the progress
     line (`read src/app.py`); `constrained` is there, and true, when the grammar held the call to a
-    known tool and valid arguments."""
+    known tool and valid arguments; `id` is the call's id in its reply (`call_0`), which its
+    `tool_result` repeats, so that a view can pair them when calls run at once."""
 
     constrained: bool
+    id: str
 
 
-class ToolResultData(TypedDict):
-    """A tool call returns: the tool's `name` (`?` for a call that could not be parsed), whether it
-    `is_error`, and its `output` cut to 2,000 characters, so that a view can show why a call failed."""
+class _ToolResultKeys(TypedDict):
+    """Every `tool_result` event has these keys."""
 
     name: str
     is_error: bool
     output: str
+
+
+class ToolResultData(_ToolResultKeys, total=False):
+    """A tool call returns: the tool's `name` (`?` for a call that could not be parsed), whether it
+    `is_error`, and its `output` cut to 2,000 characters, so that a view can show why a call failed;
+    `id` is its call's (absent for a call that could not be parsed)."""
+
+    id: str
 
 
 class _MessageKeys(TypedDict):

@@ -58,6 +58,7 @@ from ..host.protocol import (
 )
 from ..results import RunResult, RunUsage, StopReason
 from ..tools import TOOL_CLASSES, Sandbox, Tool, ToolResult, Workspace, make_tools
+from ..tools.editor import CallRef, Editor, current_call
 from ..tools.mcp import McpTool, matches
 from ..tools.mcp_requests import McpCaller, Person
 from ..tools.skill import SkillTool
@@ -252,6 +253,9 @@ class AgentSession:
     no_person: str = "nobody can answer here"
     # The run's resident hosts: a server's sampling request may name one of them (see `agents/sampling.py`).
     resident_hosts: Callable[[], Sequence[ModelHost]] = tuple
+    # The person's editor, where the front end has one (`subagent acp`): its files, its terminal and its
+    # approval of each change (`tools/editor.py`); None: the tools work on the disk, unasked.
+    editor: Editor | None = None
 
     def __post_init__(self) -> None:
         self.label = self.label or self.spec.name
@@ -259,6 +263,7 @@ class AgentSession:
         self.tools = session_tools(self.spec, self.workspace, self.sandbox, self.extra_tools, self.skills)
         caller = self._mcp_caller()  # what its MCP servers' requests are answered with, during its calls
         self.tools = {n: t.for_caller(caller) if isinstance(t, McpTool) else t for n, t in self.tools.items()}
+        self.tools = {n: t.with_editor(self.editor) for n, t in self.tools.items()}
         self.schemas = [tool.schema() for tool in self.tools.values()]
         for tool in self.tools.values():
             if isinstance(tool, SubagentTool):  # what a fork of this session starts from
@@ -507,16 +512,17 @@ class AgentSession:
             f"What the call returned the first time:\n{output}",
             is_error=True,
         )
-        self._emit(
-            "tool_call", ToolCallData(name=call.name, arguments=call.arguments, description=f"{call.name} (repeated)")
+        repeat = ToolCallData(
+            name=call.name, arguments=call.arguments, description=f"{call.name} (repeated)", id=call.id
         )
+        self._emit("tool_call", repeat)
         self._report_result(call, result)
         return result
 
     async def _run_tool(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)
         label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
-        payload = ToolCallData(name=call.name, arguments=call.arguments, description=label)
+        payload = ToolCallData(name=call.name, arguments=call.arguments, description=label, id=call.id)
         if self._calls_held:
             payload["constrained"] = True
         self._emit("tool_call", payload)
@@ -528,15 +534,15 @@ class AgentSession:
             available = ", ".join(self.tools) or "none"
             result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)
         else:
+            # The call the tool runs for, for an editor's question about it (`tools/editor.py`).
+            current_call.set(CallRef(self.label, self.usage.turns, call.id))
             result = await self._hooked_call(tool, call)
         self._report_result(call, result)
         return result
 
     def _report_result(self, call: ToolCall, result: ToolResult) -> None:
-        self._emit(
-            "tool_result",
-            ToolResultData(name=call.name, is_error=result.is_error, output=result.output[:MAX_EVENT_OUTPUT]),
-        )
+        output = result.output[:MAX_EVENT_OUTPUT]
+        self._emit("tool_result", ToolResultData(name=call.name, is_error=result.is_error, output=output, id=call.id))
 
     async def _hooked_call(self, tool: Tool, call: ToolCall) -> ToolResult:
         """The call between its PreToolUse hooks (which may block it: their reason is its error result)

@@ -85,6 +85,16 @@ def serve_mcp(
     return asyncio.run(serve_stdio(make, workspace, call_budget))
 
 
+def serve_acp(shared: Shared) -> int:
+    """`subagent acp`: the ACP agent on stdio, its sessions' runners over this process's hosts; the exit code."""
+    from .. import __version__
+    from ..acp.stdio import runner_factory, serve_stdio
+
+    options = shared.options()
+    asyncio.run(serve_stdio(runner_factory(options), options, __version__))
+    return 0
+
+
 def start_server(shared: Shared) -> ServerInfo | None:
     """A server started in the background for `subagent mcp --serve`, with this command's model and host
     settings, on the unix socket only (HTTP clients want one started with `subagent serve`)."""

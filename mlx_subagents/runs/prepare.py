@@ -58,7 +58,7 @@ from ..home import state_home
 from ..host.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, ToolSchema
 from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
-from ..tools.mcp import McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
+from ..tools.mcp import PREFIX, McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
 from ..tools.mcp_requests import ClientPolicy
 from ..tools.skill import Skill
 from .hosts import HostPool
@@ -235,6 +235,9 @@ class Preparer:
         self._mcp_config: dict[str, McpServerConfig] | None = None
         self._mcp_unreadable = False  # a configuration file (or a server in it) could not be read
         self._mcp_allowed: set[str] = set()  # project servers the user allowed to start
+        # MCP servers a client brings (an editor's `session/new`): the top-level agents get them, after
+        # the consent a project's `.mcp.json` needs (they are marked `project`).
+        self.client_servers: list[McpServerConfig] = []
 
     # -- a whole request --------------------------------------------------------------------------------
 
@@ -360,6 +363,8 @@ class Preparer:
 
     def _resolve(self, task: TaskSpec, parent: Parent | None, delegated: bool = False) -> _Resolved:
         spec = self.agent(task.agent, parent)
+        if parent is None and self.client_servers:  # before plan mode, which takes their tools away too
+            spec = with_servers(spec, self.client_servers)
         denied: dict[str, str] = {}
         plan = self.options.plan or spec.permission == "plan" or (parent is not None and parent.plan)
         if plan:  # first, so that a tool plan mode takes away is refused for that reason
@@ -656,8 +661,10 @@ class Preparer:
         servers = [c for c in self.mcp_servers(spec) if c.project and c.name not in self._mcp_allowed]
         if not servers or self.options.assume_yes:
             return
+        where = servers[0].where
+        source = where if where == CLIENT_SERVERS else f"the project file {where}"
         origin = (
-            f"the project file {servers[0].where} starts MCP server(s) {', '.join(c.summary() for c in servers)} "
+            f"{source} starts MCP server(s) {', '.join(c.summary() for c in servers)} "
             f"for agent '{spec.name}'; they can run commands in this workspace."
         )
         if not self.interactive or self.confirm is None:
@@ -773,6 +780,18 @@ def _kept_mcp(tools: tuple[str, ...], parent: AgentSpec) -> list[str]:
             narrowed = [tool] if tool in parent.tools or parent.grants(tool) else []
         kept.extend(t for t in narrowed if t not in kept)
     return kept
+
+
+# Where a client's MCP servers are said to come from (`McpServerConfig.where`), in the consent question.
+CLIENT_SERVERS = "the editor's session"
+
+
+def with_servers(spec: AgentSpec, servers: Sequence[McpServerConfig]) -> AgentSpec:
+    """The agent with a client's MCP servers (an editor's, `subagent acp`): defined inline (over a
+    configured server of the same name) and granted whole (`mcp__<name>__*`)."""
+    grants = tuple(f"{PREFIX}{c.name}__*" for c in servers if f"{PREFIX}{c.name}__*" not in spec.tools)
+    inline = tuple(c for c in spec.mcp_inline if c.name not in {s.name for s in servers})
+    return spec.model_copy(update={"tools": spec.tools + grants, "mcp_inline": (*servers, *inline)})
 
 
 def plan_tools(spec: AgentSpec, denied: dict[str, str]) -> tuple[AgentSpec, dict[str, str]]:

@@ -52,6 +52,7 @@ from ..tools import Tool, Workspace
 from ..tools.background import make_background_tools
 from ..tools.bash import BashTool
 from ..tools.delegation import READ_MORE, Delegation, ForkPoint
+from ..tools.editor import Editor
 from ..tools.mcp_requests import Person
 from ..tools.subagent import SubagentTool
 from .board import TaskBoard
@@ -152,6 +153,9 @@ class Runner:
         # with nobody, why: what a server's declined elicitation says.
         self.person: Person | None = None
         self.no_person = NO_PERSON
+        # The person's editor (`subagent acp`): its files, its terminal, its approval of every change of
+        # every task of this runner, sub-agents included (`tools/editor.py`); None: the tools work unasked.
+        self.editor: Editor | None = None
 
     async def __aenter__(self) -> Runner:
         return self

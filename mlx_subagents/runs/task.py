@@ -34,6 +34,7 @@ from ..host.protocol import Message, ModelHost, TextCallback
 from ..results import LiveStatus, RunResult, RunUsage, StopReason, TaskStatus
 from ..tools import Tool, Workspace
 from ..tools.delegation import ForkPoint
+from ..tools.editor import Editor
 from ..tools.mcp_requests import Person
 from .board import TaskBoard
 from .generation import Generation
@@ -90,6 +91,7 @@ class TaskRuntime(Protocol):
     session_names: SessionNames
     person: Person | None
     no_person: str
+    editor: Editor | None
 
     def resident_hosts(self) -> list[ModelHost]: ...
 
@@ -576,6 +578,7 @@ class TaskHandle:
             person=None if self.background else self.runtime.person,
             no_person=NO_PERSON_IN_BACKGROUND if self.background else self.runtime.no_person,
             resident_hosts=self.runtime.resident_hosts,
+            editor=self.runtime.editor,
         )
         return self.session
 

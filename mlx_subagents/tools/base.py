@@ -7,6 +7,7 @@ line says what to fix. Only cancellation goes through.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from ..errors import ToolError
 from ..text import one_line
 from ..userfiles import error_message, error_path, os_reason
+from .editor import Editor
 from .threads import DEFAULT_TOOL_TIMEOUT, checkpoint, run_in_thread
 from .workspace import Workspace
 
@@ -134,9 +136,22 @@ class Tool:
     granted_with: ClassVar[str | None] = None
     # Claude Code's names of it: a Claude agent file's `tools` and a hook's matcher may use them.
     claude_names: ClassVar[tuple[str, ...]] = ()
+    # Goes through the person's editor where a front end has one (`editor.py`): its files, its terminal,
+    # its approval of a change.
+    uses_editor: ClassVar[bool] = False
+    editor: Editor | None = None
 
     def __init__(self, workspace: Workspace) -> None:
         self.workspace = workspace
+
+    def with_editor(self, editor: Editor | None) -> Tool:
+        """This tool for a session with `editor` (a copy, so a tool shared by sessions keeps its own); the
+        tool itself when it does not use one."""
+        if not self.uses_editor or editor is None:
+            return self
+        bound = copy.copy(self)
+        bound.editor = editor
+        return bound
 
     @property
     def grant(self) -> str:

@@ -19,8 +19,9 @@ from pydantic import BaseModel, Field
 
 from ..errors import SubagentError
 from ..text import one_line
-from .base import Tool, ToolResult, error_result
+from .base import MAX_OUTPUT_BYTES, Tool, ToolResult, error_result
 from .command import OutputBuffer, run_command
+from .editor import REJECTED, Approval
 from .sandbox import Sandbox, sandboxed
 from .workspace import Workspace
 
@@ -44,6 +45,7 @@ class BashTool(Tool):
     writes = True
     by_default = True
     claude_names = ("Bash",)
+    uses_editor = True
 
     def __init__(
         self, workspace: Workspace, sandbox: Sandbox | None = None, tasks: CommandStarter | None = None
@@ -63,19 +65,23 @@ class BashTool(Tool):
         background: bool = Field(default=False, description="Return at once with its id; it runs on.")
 
     async def run(self, params: Params) -> ToolResult:
+        """The command, in its sandbox when it has one; with an editor, after the person's approval, and
+        in its terminal where it offers one (a background command stays here, on the agent's board)."""
+        if self.editor is not None and not await self.editor.approve(
+            Approval(self.name, self.describe(params.model_dump()), command=params.command)
+        ):
+            return error_result(REJECTED)
         args = ["bash", "-c", params.command]
         if self.sandbox is not None:  # fails closed (a ToolError) where no sandbox can run
             args = await asyncio.to_thread(sandboxed, args, self.sandbox)
         if params.background:
             return await self._start(args, params)
+        if self.editor is not None and self.editor.runs_commands:
+            ran = await self.editor.run_command(args, self.workspace.root, params.timeout, MAX_OUTPUT_BYTES)
+            return command_result(ran.output, ran.exit_code, params.timeout)
         output = OutputBuffer()
         returncode = await run_command(args, cwd=self.workspace.root, timeout=params.timeout, output=output)
-        text = output.text().rstrip("\n")
-        if returncode is None:
-            killed = f"command timed out after {params.timeout}s; its process group was killed"
-            return error_result("\n".join(filter(None, [killed, text])))
-        text = text or "(no output)"
-        return ToolResult(text if returncode == 0 else f"{text}\n[exit code {returncode}]")
+        return command_result(output.text(), returncode, params.timeout)
 
     async def _start(self, args: list[str], params: Params) -> ToolResult:
         """A background command: its id at once, and how to read and stop it."""
@@ -96,3 +102,13 @@ class BashTool(Tool):
     def describe(self, arguments: dict[str, Any]) -> str:
         prefix = "$ (background) " if arguments.get("background") is True else "$ "
         return f"{prefix}{one_line(str(arguments.get('command', '')))}"
+
+
+def command_result(output: str, returncode: int | None, timeout: int) -> ToolResult:
+    """What the model reads of a command: its output, its exit code when not 0, or that it timed out."""
+    text = output.rstrip("\n")
+    if returncode is None:
+        killed = f"command timed out after {timeout}s; its process group was killed"
+        return error_result("\n".join(filter(None, [killed, text])))
+    text = text or "(no output)"
+    return ToolResult(text if returncode == 0 else f"{text}\n[exit code {returncode}]")

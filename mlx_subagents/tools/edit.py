@@ -10,6 +10,7 @@ the replacement are carried over.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import time
@@ -19,7 +20,8 @@ from typing import BinaryIO
 from pydantic import BaseModel, Field
 
 from ..errors import FileChangedError, ToolError
-from .base import Tool
+from .base import Tool, ToolResult, error_result
+from .editor import REJECTED, Approval, FileChange
 from .workspace import open_regular
 
 CHANGED = "the file changed since it was read; read it again"
@@ -40,6 +42,7 @@ class EditTool(Tool):
     writes_memory = True
     by_default = True
     claude_names = ("Edit", "MultiEdit")
+    uses_editor = True
 
     class Params(BaseModel):
         path: str = Field(description="File to edit, relative to the workspace root.")
@@ -57,6 +60,35 @@ class EditTool(Tool):
 
     def _edit_once(self, path: Path, params: Params) -> str:
         """Read, replace and check once; raises `FileChangedError` if the file changed meanwhile."""
+        base, text = self._load(path, params)
+        new, lines = self._replaced(text, params)
+        replace_checked(path, params.path, base, new.encode("utf-8"))
+        return f"Edited {self.workspace.relative(path)}: replaced text at {lines}"
+
+    async def run(self, params: Params) -> ToolResult:
+        """With an editor: the text it has (an unsaved buffer too), the person's approval of the diff,
+        then the new text through it (or on the disk, checked as without one)."""
+        editor = self.editor
+        if editor is None:
+            return await super().run(params)
+        path = self.workspace.existing(params.path, "file")
+        if editor.reads_files:
+            text = await editor.read_text(path)
+            base = text.encode("utf-8", "surrogatepass")
+        else:
+            base, text = await asyncio.to_thread(self._load, path, params)
+        new, lines = self._replaced(text, params)
+        shown = self.workspace.relative(path)
+        if not await editor.approve(Approval(self.name, f"edit {shown}", change=FileChange(path, text, new))):
+            return error_result(REJECTED)
+        if editor.writes_files:
+            await editor.write_text(path, new)
+        else:
+            await asyncio.to_thread(replace_checked, path, params.path, base, new.encode("utf-8"))
+        return ToolResult(f"Edited {shown}: replaced text at {lines}")
+
+    def _load(self, path: Path, params: Params) -> tuple[bytes, str]:
+        """The file's bytes and their text; a file too big for an edit or not UTF-8 is one error line."""
         with open_regular(path, params.path) as file:
             base = file.read(MAX_EDIT_BYTES + 1)
         if len(base) > MAX_EDIT_BYTES:
@@ -64,16 +96,17 @@ class EditTool(Tool):
                 f"{params.path!r} is over {MAX_EDIT_BYTES // 2**20} MB; edit changes smaller files (use bash for this one)"
             )
         try:
-            text = base.decode("utf-8")  # bytes as they are: \r\n stays, only the replaced span changes
+            return base, base.decode("utf-8")  # bytes as they are: \r\n stays, only the replaced span changes
         except UnicodeDecodeError:
             raise ToolError(f"{params.path!r} is not UTF-8 text; edit only changes text files") from None
+
+    def _replaced(self, text: str, params: Params) -> tuple[str, str]:
+        """The text with its one `old_text` replaced, and the lines the new text takes (`lines 3-5`)."""
         start = self._find_once(text, params)
         new = text[:start] + params.new_text + text[start + len(params.old_text) :]
-        replace_checked(path, params.path, base, new.encode("utf-8"))
         first = text.count("\n", 0, start) + 1
         last = first + params.new_text.count("\n")
-        lines = f"line {first}" if last == first else f"lines {first}-{last}"
-        return f"Edited {self.workspace.relative(path)}: replaced text at {lines}"
+        return new, (f"line {first}" if last == first else f"lines {first}-{last}")
 
     @staticmethod
     def _find_once(text: str, params: Params) -> int:

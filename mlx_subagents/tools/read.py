@@ -6,6 +6,7 @@ however long a line or the file is (a 200 MB minified file made of one line).
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Iterator
 from itertools import islice
@@ -14,7 +15,7 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, Field
 
 from ..errors import ToolError
-from .base import MAX_LINE_CHARS, Tool, take_capped
+from .base import MAX_LINE_CHARS, Tool, ToolResult, take_capped
 from .threads import checkpoint
 from .workspace import BINARY_SNIFF_BYTES, open_regular
 
@@ -72,24 +73,39 @@ class ReadTool(Tool):
     writes = False
     by_default = True
     claude_names = ("Read",)
+    uses_editor = True
 
     class Params(BaseModel):
         path: str = Field(description="File path, relative to the workspace root.")
         offset: int = Field(default=1, ge=1, description="1-based line number to start from.")
         limit: int = Field(default=DEFAULT_READ_LIMIT, ge=1, description="Maximum number of lines to return.")
 
+    async def run(self, params: Params) -> ToolResult:
+        """The file as the editor has it (an unsaved buffer too) where it reads files; else from the disk."""
+        if self.editor is None or not self.editor.reads_files:
+            return await super().run(params)
+        path = self.workspace.resolve(params.path)  # confined here, whatever the editor could reach
+        try:
+            text = await self.editor.read_text(path)
+        except FileNotFoundError:
+            return await super().run(params)  # the disk's answer: the same error line as ever
+        data = text.encode("utf-8", "surrogatepass")
+        return ToolResult(self.numbered(io.BytesIO(data), params, len(data)))
+
     def execute(self, params: Params) -> str:
         path = self.workspace.existing(params.path, "file")
         with open_regular(path, params.path) as file:
-            if b"\0" in file.read(BINARY_SNIFF_BYTES):  # the test git and rg use
-                raise ToolError(
-                    f"{params.path!r} is a binary file ({path.stat().st_size} bytes); read only shows text files"
-                )
-            file.seek(0)
-            lines = clipped_lines(file)
-            n_skipped = sum(1 for _ in islice(lines, min(params.offset - 1, sys.maxsize)))
-            numbered = (_number(n, line) for n, line in enumerate(lines, params.offset))
-            capped = take_capped(numbered, params.limit)
+            return self.numbered(file, params, path.stat().st_size)
+
+    def numbered(self, file: BinaryIO, params: Params, size: int) -> str:
+        """The window of `file` that `params` asks for, as numbered lines under the caps."""
+        if b"\0" in file.read(BINARY_SNIFF_BYTES):  # the test git and rg use
+            raise ToolError(f"{params.path!r} is a binary file ({size} bytes); read only shows text files")
+        file.seek(0)
+        lines = clipped_lines(file)
+        n_skipped = sum(1 for _ in islice(lines, min(params.offset - 1, sys.maxsize)))
+        numbered = (_number(n, line) for n, line in enumerate(lines, params.offset))
+        capped = take_capped(numbered, params.limit)
         kept, n_rest = capped.kept, capped.n_total
         n_lines = n_skipped + n_rest
         if n_rest == 0:

@@ -206,7 +206,7 @@ def test_cli_project_mcp_json_needs_consent_and_the_agent_gets_its_tools(tmp_pat
     assert data["status"] == "completed"
     records = [json.loads(line) for line in Path(data["transcript"]).read_text().splitlines()]
     results = [r["data"] for r in records if r.get("kind") == "tool_result"]
-    assert results == [{"name": "mcp__demo__echo", "is_error": False, "output": "echo: from cli"}]
+    assert results == [{"name": "mcp__demo__echo", "is_error": False, "output": "echo: from cli", "id": "call_1"}]
     assert not alive(pids_in(pids)[0])  # the CLI's exit stopped the server
 
 

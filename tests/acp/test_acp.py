@@ -1,0 +1,243 @@
+"""`subagent acp`: the real agent process over stdio, driven by the ACP SDK's own client side, on
+scripted models (and the tiny real model where the KV cache is what is counted)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import acp
+import pytest
+
+from mlx_subagents import __version__
+from mlx_subagents.runs.transcripts import load_run, read_transcript
+from mlx_subagents.tools.editor import REJECTED
+from tests.acp.helpers import EditorClient, agent_env, editor, run, worker_turn
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]
+
+
+def test_initialize_says_the_version_capabilities_and_agent(write_script: Any) -> None:
+    model = write_script(["unused"])
+
+    async def main() -> Any:
+        async with acp.spawn_agent_process(
+            EditorClient(), sys.executable, "-m", "mlx_subagents.cli", "acp", "--model", model, env=agent_env()
+        ) as (conn, _):
+            return await conn.initialize(protocol_version=1)
+
+    answer = run(main)
+    assert answer.protocol_version == 1
+    assert answer.agent_info.name == "mlx-subagents" and answer.agent_info.version == __version__
+    caps = answer.agent_capabilities
+    assert caps.load_session is True and caps.prompt_capabilities.embedded_context is True
+    assert caps.session_capabilities.list is not None and caps.session_capabilities.resume is not None
+    assert caps.session_capabilities.close is not None and caps.mcp_capabilities.http is True
+
+
+def test_a_prompt_streams_text_thinking_and_tool_calls_in_order(tmp_path: Path, write_script: Any) -> None:
+    (tmp_path / "app.py").write_text("print('hi')\n")
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {
+                    "replies": [
+                        {"reasoning": "look first", "tool_calls": [{"name": "read", "arguments": {"path": "app.py"}}]},
+                        "app.py prints hi",
+                    ]
+                }
+            }
+        }
+    )
+    client = EditorClient()
+
+    async def main() -> Any:
+        async with editor(client, "--model", model) as conn:
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            options = {o.id: o.current_value for o in session.config_options}
+            answer = await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("what does app.py do?")])
+            return options, session.modes, answer
+
+    options, modes, answer = run(main)
+    assert options == {"agent": "orchestrator", "model": "default", "mode": "default"}
+    assert modes.current_mode_id == "default" and [m.id for m in modes.available_modes] == ["default", "plan"]
+    assert answer.stop_reason == "end_turn" and answer.usage.input_tokens > 0
+    kinds = [k for k in client.kinds() if k != "usage_update"]
+    assert kinds == ["agent_thought_chunk", "tool_call", "tool_call_update", "agent_message_chunk"]
+    start, end = client.tool_updates()
+    assert (start.title, start.kind, start.status) == ("read app.py", "read", "in_progress")
+    assert start.locations[0].path == str(tmp_path / "app.py") and start.raw_input == {"path": "app.py"}
+    assert end.tool_call_id == start.tool_call_id and end.status == "completed"
+    assert "print('hi')" in end.content[-1].content.text
+    assert client.text() == "app.py prints hi" and client.text("agent_thought_chunk") == "look first"
+    usage = [u for u in client.updates if u.session_update == "usage_update"]
+    assert usage and usage[-1].size == 32768 and 0 < usage[-1].used <= usage[-1].size
+
+
+WRITE = {
+    "agents": {
+        "worker": {
+            "replies": [{"tool_calls": [{"name": "write", "arguments": {"path": "a.txt", "content": "new\n"}}]}, "done"]
+        }
+    }
+}
+
+
+def test_a_write_rejected_in_the_editor_leaves_the_file_untouched(tmp_path: Path, write_script: Any) -> None:
+    (tmp_path / "a.txt").write_text("old\n")
+    client = EditorClient(answer="reject_once")
+
+    async def main() -> None:
+        async with editor(client, "--model", write_script(WRITE)) as conn:
+            await worker_turn(conn, tmp_path, "rewrite a.txt")
+
+    run(main)
+    assert (tmp_path / "a.txt").read_text() == "old\n"
+    ((asked, options),) = client.questions
+    assert options == ["allow_once", "allow_always", "reject_once"]
+    diff = asked.content[0]
+    assert (diff.type, diff.path, diff.old_text, diff.new_text) == ("diff", str(tmp_path / "a.txt"), "old\n", "new\n")
+    end = client.tool_updates()[-1]
+    assert end.status == "failed" and end.content[-1].content.text == f"Error: {REJECTED}"
+
+
+def test_allowed_always_is_asked_once_and_writes(tmp_path: Path, write_script: Any) -> None:
+    two = {"agents": {"worker": {"replies": [
+        {"tool_calls": [{"name": "write", "arguments": {"path": "a.txt", "content": "one\n"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "cat a.txt > b.txt"}}]},
+        {"tool_calls": [{"name": "write", "arguments": {"path": "a.txt", "content": "two\n"}}]},
+        "done",
+    ]}}}  # fmt: skip
+    client = EditorClient(answer="allow_always")
+
+    async def main() -> None:
+        async with editor(client, "--model", write_script(two)) as conn:
+            await worker_turn(conn, tmp_path, "write twice")
+
+    run(main)
+    assert (tmp_path / "a.txt").read_text() == "two\n" and (tmp_path / "b.txt").read_text() == "one\n"
+    assert [q.title for q, _ in client.questions] == ["write a.txt", "$ cat a.txt > b.txt"]  # each tool once
+
+
+def test_the_editors_files_and_terminal_see_the_unsaved_buffer(tmp_path: Path, write_script: Any) -> None:
+    (tmp_path / "a.txt").write_text("saved text\n")
+    path = str(tmp_path / "a.txt")
+    script = {"agents": {"worker": {"replies": [
+        {"tool_calls": [{"name": "read", "arguments": {"path": "a.txt"}}]},
+        {"tool_calls": [{"name": "edit", "arguments": {"path": "a.txt", "old_text": "unsaved", "new_text": "edited"}}]},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "echo from-the-terminal"}}]},
+        "done",
+    ]}}}  # fmt: skip
+    client = EditorClient(fs=True, terminal=True, buffers={path: "unsaved text\n"})
+
+    async def main() -> None:
+        async with editor(client, "--model", write_script(script)) as conn:
+            await worker_turn(conn, tmp_path, "edit the buffer")
+
+    run(main)
+    read, edit, bash = [u for u in client.tool_updates() if u.session_update == "tool_call_update" and u.status]
+    assert "unsaved text" in read.content[-1].content.text  # the buffer, not the disk
+    assert client.buffers[path] == "edited text\n" and (tmp_path / "a.txt").read_text() == "saved text\n"
+    assert edit.content[0].old_text == "unsaved text\n" and edit.content[0].new_text == "edited text\n"
+    assert [c[0] for c in client.calls] == ["read", "read", "write", "terminal", "release"]
+    assert client.calls[3][1][-1] == "echo from-the-terminal"
+    assert bash.content[0].type == "terminal" and "from-the-terminal" in bash.content[-1].content.text
+
+
+def test_cancel_ends_the_turn_and_saves_it(tmp_path: Path, write_script: Any) -> None:
+    model = write_script({"agents": {"orchestrator": {"replies": [{"content": "I will look", "stall": 60}]}}})
+    client = EditorClient()
+
+    async def main() -> tuple[Any, Any, str]:
+        async with editor(client, "--model", model) as conn:
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            turn = asyncio.ensure_future(
+                conn.prompt(session_id=session.session_id, prompt=[acp.text_block("look around")])
+            )
+            await client.wait_for("agent_message_chunk")
+            try:  # a second prompt while the turn runs: one clear error, the turn goes on
+                await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("and?")])
+            except acp.RequestError as exc:
+                busy = str(exc)
+            await conn.cancel(session_id=session.session_id)
+            answer = await asyncio.wait_for(turn, 20)
+            listed = await conn.list_sessions(cwd=str(tmp_path))
+            return answer, listed, busy
+
+    answer, listed, busy = run(main)
+    assert answer.stop_reason == "cancelled"
+    assert "is running a turn; wait for its end or send session/cancel" in busy
+    (saved,) = listed.sessions
+    assert saved.title == "look around" and saved.cwd == str(tmp_path)
+    record = load_run(saved.session_id)
+    log = read_transcript(record.transcript_path(record.tasks[0]))
+    assert record.status == "interrupted" and log.results[-1].status == "aborted"
+    assert "cancelled in the editor (session/cancel)" in log.results[-1].error
+
+
+def test_resume_continues_a_saved_run_and_load_shows_it_again(tmp_path: Path, write_script: Any) -> None:
+    # A scripted host replays its script from the start in each process.
+    model = write_script({"agents": {"orchestrator": {"replies": ["first answer"]}}}, "one.json")
+    again = write_script({"agents": {"orchestrator": {"replies": ["second answer"]}}}, "two.json")
+    first, second, third = EditorClient(), EditorClient(), EditorClient()
+
+    async def main() -> tuple[str, Any]:
+        async with editor(first, "--model", model) as conn:
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("one")])
+        async with editor(second, "--model", again) as conn:  # another process, as an editor restarted
+            (saved,) = (await conn.list_sessions(cwd=str(tmp_path))).sessions
+            await conn.resume_session(cwd=str(tmp_path), session_id=saved.session_id, mcp_servers=[])
+            answer = await conn.prompt(session_id=saved.session_id, prompt=[acp.text_block("two")])
+        async with editor(third, "--model", model) as conn:
+            await conn.load_session(cwd=str(tmp_path), session_id=saved.session_id, mcp_servers=[])
+        return saved.session_id, answer
+
+    run_id, answer = run(main)
+    assert answer.stop_reason == "end_turn" and second.text() == "second answer"
+    assert second.kinds()[0] != "user_message_chunk"  # resume shows nothing again; load does
+    shown = [(u.session_update, u.content.text) for u in third.updates]
+    assert shown == [
+        ("user_message_chunk", "one"), ("agent_message_chunk", "first answer"),
+        ("user_message_chunk", "two"), ("agent_message_chunk", "second answer"),
+    ]  # fmt: skip
+    record = load_run(run_id)
+    assert len(read_transcript(record.transcript_path(record.tasks[0])).results) == 2
+
+
+BAD_LINES = [
+    b"this is not json\n",
+    b"[1, 2]\n",
+    b'{"jsonrpc": "2.0", "id": 7, "method": "no/such_method", "params": {}}\n',
+    b'{"jsonrpc": "2.0", "id": 8, "method": "session/prompt", "params": {"sessionId": "nope", "prompt": []}}\n',
+    b'{"jsonrpc": "2.0", "id": 9, "method": "session/new", "params": {"cwd": "relative/folder", "mcpServers": []}}\n',
+    b'{"jsonrpc": "2.0", "id": 10, "method": "session/load", "params": {"cwd": "/", "sessionId": "no-such-run", "mcpServers": []}}\n',
+    b'{"jsonrpc": "2.0", "id": 11, "method": "session/new", "params": {"cwd": 5}}\n',
+    b'{"jsonrpc": "2.0", "id": 12, "method": "initialize", "params": {"protocolVersion": 1}}\n',
+]
+
+
+def test_bad_input_is_answered_and_never_kills_the_agent(write_script: Any) -> None:
+    model = write_script(["unused"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlx_subagents.cli", "acp", "--model", model],
+        input=b"".join(BAD_LINES),
+        capture_output=True,
+        env=agent_env(),
+        timeout=60,
+    )
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    errors = [(a.get("id"), a["error"]["code"], a["error"]["message"]) for a in answers if "error" in a]
+    assert errors[0][:2] == (None, -32700) and "not JSON" in errors[0][2]
+    assert errors[1] == (None, -32600, "Invalid request: a message must be a JSON object")
+    assert errors[2][:2] == (7, -32601)
+    assert errors[3][:2] == (8, -32602) and "unknown session 'nope'" in errors[3][2]
+    assert errors[4][:2] == (9, -32602) and "is not an absolute path of a folder" in errors[4][2]
+    assert errors[5][:2] == (10, -32602) and "no saved run 'no-such-run'" in errors[5][2]
+    assert errors[6][:2] == (11, -32602)
+    assert answers[-1]["id"] == 12 and answers[-1]["result"]["protocolVersion"] == 1  # alive to the end
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr
