@@ -2,10 +2,13 @@
 
 Four ways to shorten, each for its own place: `first_line` (an answer's or an output's first line,
 for a notice or an event), `one_line` (a call's text in a line, marked when more follows), `clip`
-(a table cell) and `squash` (a parser's message, whitespace made single spaces).
+(a table cell) and `squash` (a parser's message, whitespace made single spaces); and `terminal_text`,
+the one sanitizer of text the program did not make on its way to a terminal.
 """
 
 from __future__ import annotations
+
+import re
 
 MORE = " ..."
 NO_ANSWER = "(no answer)"
@@ -14,6 +17,16 @@ MAX_WARNING_CHARS = 300
 # How many names a list in one line shows (`name_list`), and how long each may be.
 MAX_LISTED_NAMES = 10
 MAX_LISTED_NAME_CHARS = 40
+# What a terminal obeys rather than shows: C0 controls but tab and newline (ESC starts OSC 52, which
+# writes the clipboard, `ESC[2J`, a window title), DEL, the C1 controls (0x9b is a CSI of its own), and
+# the bidirectional overrides and isolates that reorder what is shown ("Trojan Source").
+_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_text(text: str) -> str:
+    """`text` as a terminal shows it and does not obey it: every control character (`_TERMINAL_CONTROLS`)
+    written as its escape (`\\x1b`, `\\u202e`); tab and newline kept."""
+    return _TERMINAL_CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def first_line(text: str, max_chars: int = 120, *, cut: str = MORE) -> str:

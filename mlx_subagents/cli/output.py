@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -18,11 +18,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
+from rich.segment import Segment
 
 from ..events import Event, Fanout
 from ..render import EventLines
 from ..results import MultiRunResult, RunResult
-from ..text import warning_line
+from ..text import terminal_text, warning_line
 from .interrupts import EXIT_INTERRUPTED, Finished
 from .live import LiveView, wants_live
 from .progress import usage_table
@@ -30,9 +31,22 @@ from .progress import usage_table
 if TYPE_CHECKING:
     from ..agents.discovery import AgentCatalog
 
+
+class TerminalConsole(Console):
+    """A console that sends a terminal no control character it did not make: every text it prints (a
+    model's answer, a command's output, an MCP server's message, a table cell, the live status lines,
+    `watch`) goes through `terminal_text` on its way out; rich's own styles and cursor moves (control
+    segments) pass. To a pipe or a file, text goes as it is."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        if self.is_terminal:
+            buffer = [s if s.control else Segment(terminal_text(s.text), s.style) for s in buffer]
+        return super()._render_buffer(buffer)
+
+
 # No emoji codes: `:a:` in an error or an answer is text, never a picture.
-err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
-out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = TerminalConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+out = TerminalConsole(highlight=False, soft_wrap=True, emoji=False)
 JSON_FIELDS = {
     "agent",
     "children",

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from ..text import terminal_text
+
 CLEAR_LINE = "\r\x1b[K"
 
 
@@ -32,6 +34,7 @@ class PromptLine:
     """Reads lines after `prompt`; `interactive` (a terminal on stdin and stdout) enables the redraw."""
 
     def __init__(self, prompt: str, *, file: TextIO | None = None) -> None:
+        self._prompt = ""
         self.prompt = prompt
         self.file = file or sys.stdout
         self.interactive = _is_terminal(sys.stdin) and _is_terminal(self.file)
@@ -48,6 +51,15 @@ class PromptLine:
             except ImportError:
                 pass
             self._saved_mode = termios.tcgetattr(sys.stdin.fileno())
+
+    @property
+    def prompt(self) -> str:
+        """What the line starts with: a question may quote an MCP server's text, shown, never obeyed."""
+        return self._prompt
+
+    @prompt.setter
+    def prompt(self, text: str) -> None:
+        self._prompt = terminal_text(text)
 
     @property
     def shown(self) -> bool:

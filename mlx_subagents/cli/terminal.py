@@ -26,7 +26,7 @@ from ..render import EventLines, tasks_table
 from ..results import RunResult
 from ..runs.chat import DEFAULT_CHAT_AGENT, INTERRUPTED, Chat
 from ..runs.runner import Runner
-from ..text import NO_ANSWER
+from ..text import NO_ANSWER, terminal_text
 from ..tools import kill_all_processes
 from .asking import TerminalPerson
 from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, stop_reason, two_press_sigint
@@ -77,7 +77,7 @@ class ReplyStream:
             text = text.lstrip()
             self.started = bool(text)
         if text:
-            self.file.write(text)
+            self.file.write(terminal_text(text) if self.file.isatty() else text)
             self.file.flush()
             self.wrote = True
             self.dirty = not text.endswith("\n")

@@ -161,3 +161,36 @@ def test_with_json_stdout_is_the_same_whether_stderr_is_a_terminal_or_not(tmp_pa
 
     assert b"\x1b" not in on_terminal and on_terminal.count(b"\n") == on_pipe.count(b"\n")
     assert steady(on_terminal) == steady(on_pipe) and steady(on_pipe)["output"] == ANSWER
+
+
+# What a terminal obeys: OSC 52 writes the clipboard, ESC[2J clears the screen, OSC 0 sets the title,
+# 0x9b is a CSI of its own, U+202E reverses what follows.
+HOSTILE = "\x1b]52;c;cHduZWQ=\x07\x1b[2J\x1b]0;owned\x07\x9b2J\u202e"
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_text_the_program_did_not_make_reaches_the_terminal_escaped(tmp_path: Path, write_script: Any) -> None:
+    """A model's text in the live line, a bash command in its event line: shown, never obeyed; a pipe
+    gets the answer as it is."""
+    script = write_script(
+        {
+            "agents": {
+                "scout": {
+                    "replies": [
+                        {"content": f"checking{HOSTILE}", **call("bash", command=f"true '{HOSTILE}'"), "delay": 0.8},
+                        {"content": f"done{HOSTILE}", "delay": 0.8, "stall": 0.6},
+                    ]
+                }
+            }
+        }
+    )
+    code, stdout, terminal = _run(["run", "scout", "go", "--model", script, "-C", str(tmp_path)], stderr_tty=True)
+    assert code == 0 and stdout.decode().startswith("done\x1b]52;c;cHduZWQ=")  # a pipe: the answer as it is
+    for sequence in ("\x1b]", "\x1b[2J", "\x9b", "\u202e"):
+        assert sequence not in terminal
+    shown = ANSI.sub("", terminal)
+    assert (
+        "running $ true '\\x1b]52;c;cHduZWQ=\\x1b[2J\\x1b]0;owned\\x9b2J\\u202e'" in shown
+    )  # the live line (rich drops BEL itself)
+    assert "checking\\x1b]52;c;cHduZWQ=" in shown  # the model's line, live
