@@ -241,3 +241,140 @@ def test_bad_input_is_answered_and_never_kills_the_agent(write_script: Any) -> N
     assert errors[6][:2] == (11, -32602)
     assert answers[-1]["id"] == 12 and answers[-1]["result"]["protocolVersion"] == 1  # alive to the end
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr
+
+
+DELEGATING = {
+    "agents": {
+        "orchestrator": {
+            "replies": [
+                {"tool_calls": [{"name": "subagent", "arguments": {"agent": "scout", "task": "find the entry point"}}]},
+                "main.py is the entry point",
+            ]
+        },
+        "scout": {"replies": [{"tool_calls": [{"name": "ls", "arguments": {"path": "."}}]}, "main.py"]},
+    }
+}
+
+
+def test_sub_agents_work_shows_under_the_call_that_started_them_and_as_the_plan(
+    tmp_path: Path, write_script: Any
+) -> None:
+    (tmp_path / "main.py").write_text("print(1)\n")
+    client = EditorClient()
+
+    async def main() -> Any:
+        async with editor(client, "--model", write_script(DELEGATING)) as conn:
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            return await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("where does it start?")])
+
+    assert run(main).stop_reason == "end_turn"
+    starts = [u for u in client.updates if u.session_update == "tool_call"]
+    assert [s.title for s in starts] == ["subagent scout: find the entry point", "scout#1: ls ."]
+    delegating, child = starts
+    assert child.field_meta["mlx_subagents"]["parentToolCallId"] == delegating.tool_call_id
+    plans = [[(e.content, e.status) for e in u.entries] for u in client.updates if u.session_update == "plan"]
+    assert plans == [
+        [("scout: find the entry point", "pending")],
+        [("scout: find the entry point", "in_progress")],
+        [("scout: find the entry point", "completed")],
+    ]
+    work = [
+        u
+        for u in client.updates
+        if u.session_update == "tool_call_update" and u.tool_call_id == delegating.tool_call_id
+    ]
+    lines = work[-1].content[0].content.text.splitlines()
+    assert lines == ["scout#1 started: find the entry point", "scout#1: ls .", "scout#1 completed"]
+    assert work[-1].status == "completed" and client.text() == "main.py is the entry point"
+
+
+def test_a_client_that_goes_away_cancels_its_turn_and_saves_it(tmp_path: Path, write_script: Any) -> None:
+    model = write_script({"agents": {"orchestrator": {"replies": [{"content": "I will look", "stall": 60}]}}})
+    client = EditorClient()
+
+    async def main() -> None:
+        async with editor(client, "--model", model) as conn:
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            turn = asyncio.ensure_future(conn.prompt(session_id=session.session_id, prompt=[acp.text_block("look")]))
+            await client.wait_for("agent_message_chunk")
+        turn.cancel()  # the editor closed its end; the agent saw stdin close
+
+    run(main)
+    from mlx_subagents.runs.transcripts import list_runs
+
+    (record,) = list_runs()
+    log = read_transcript(record.transcript_path(record.tasks[0]))
+    assert record.status == "interrupted" and log.results[-1].status == "aborted"
+    assert log.results[-1].error.startswith("the editor went away") and "I will look" in log.results[-1].output
+
+
+def test_the_clients_mcp_servers_are_offered_after_consent_in_the_editor(tmp_path: Path, write_script: Any) -> None:
+    from acp.schema import McpServerStdio
+
+    from tests.tools.test_mcp_tools import SERVER
+
+    script = {"agents": {"scout": {"replies": [
+        {"tool_calls": [{"name": "mcp__demo__echo", "arguments": {"text": "from the editor"}}]}, "done",
+    ]}}}  # fmt: skip
+    server = McpServerStdio(name="demo", command=sys.executable, args=[str(SERVER)], env=[])
+    declined, allowed = EditorClient(answer="reject_once"), EditorClient(answer="allow_once")
+
+    async def turn(client: EditorClient) -> Any:
+        async with editor(client, "--model", write_script(script)) as conn:
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[server])
+            await conn.set_config_option(config_id="agent", session_id=session.session_id, value="scout")
+            try:
+                return await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("echo")])
+            except acp.RequestError as exc:
+                return str(exc)
+
+    refused, answer = run(lambda: turn(declined)), run(lambda: turn(allowed))
+    assert "the editor's session starts MCP server(s) demo" in declined.questions[0][0].title
+    assert declined.questions[0][1] == ["allow_once", "reject_once"]
+    assert "were not allowed to start (declined)" in refused
+    assert answer.stop_reason == "end_turn"
+    (end,) = [u for u in allowed.tool_updates() if u.session_update == "tool_call_update"]
+    assert end.status == "completed" and end.content[-1].content.text == "echo: from the editor"
+
+
+# The tiny real model's agent: `serve_stdio` with forced decoding (the only thing a flag cannot pass).
+TINY_AGENT = """
+import asyncio, json, sys
+from pathlib import Path
+from mlx_lm.utils import load_tokenizer
+from mlx_subagents.acp.stdio import runner_factory, serve_stdio
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.testing import ForcedScripts
+
+model, scripts = sys.argv[1], json.loads(sys.argv[2])
+options = RunOptions(model=model)
+asyncio.run(serve_stdio(runner_factory(options, ForcedScripts(load_tokenizer(Path(model)), scripts)), options, "0"))
+"""
+
+
+@pytest.mark.model
+def test_load_continues_a_saved_run_on_its_kv_cache(tmp_path: Path, tiny_qwen3_path: Path) -> None:
+    first, later = EditorClient(), EditorClient()
+
+    def command(*replies: str) -> list[str]:
+        return ["-c", TINY_AGENT, str(tiny_qwen3_path), json.dumps({"scout": list(replies)})]
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with editor(first, command=command("app.py is the only file", "still app.py")) as conn:
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            await conn.set_config_option(config_id="agent", session_id=session.session_id, value="scout")
+            await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("list")])
+            again = await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("again")])
+        async with editor(later, command=command("third", "fourth")) as conn:
+            (saved,) = (await conn.list_sessions(cwd=str(tmp_path))).sessions
+            await conn.load_session(cwd=str(tmp_path), session_id=saved.session_id, mcp_servers=[])
+            more = await conn.prompt(session_id=saved.session_id, prompt=[acp.text_block("more")])
+            most = await conn.prompt(session_id=saved.session_id, prompt=[acp.text_block("and more")])
+        return again, more, most
+
+    again, more, most = run(main)
+    assert again.usage.cached_read_tokens > 0  # the second turn went on from the first's cache
+    shown = [u.content.text for u in later.updates if u.session_update == "agent_message_chunk"]
+    assert shown[:2] == ["app.py is the only file", "still app.py"] and "".join(shown[2:]) == "thirdfourth"
+    # Loaded in a new process, the conversation is prefilled once; the next turn reuses all of it.
+    assert most.usage.cached_read_tokens >= more.usage.input_tokens > more.usage.cached_read_tokens
