@@ -9,7 +9,10 @@ start is one warning line and its tools are absent; a call that fails, times out
 server is an error result the model reads, never a crash or a hang. A server that sends a message the
 SDK cannot read (nested past its parser's limit, not JSON-RPC) is stopped at once with one warning (the
 SDK would log a traceback and leave the start waiting its whole time-out), and one whose tool schemas
-nest deeper than `MAX_SCHEMA_DEPTH` is refused at its start, before anything walks them.
+nest deeper than `MAX_SCHEMA_DEPTH` is refused at its start, before anything walks them. Past that
+depth a result's structured content is one error line, and so is an elicitation's schema (declined,
+`mcp_requests.py`); past the SDK's parser the server is stopped with one line; either way the calling
+task goes on and the run ends with its real status.
 
 A definition keeps its `${VAR}`s as written: what is listed (`subagent mcp-servers`), asked about
 (the consent question) or logged shows them unexpanded; they are expanded only when the server
@@ -41,9 +44,9 @@ from typing import Any, TextIO
 from ..errors import McpAuthError, McpConfigError
 from ..home import state_home
 from ..text import one_line
-from ..userfiles import json_line, measure, parse_text, read_text
+from ..userfiles import json_line, parse_text, read_text
 from .base import Tool, ToolResult, cap_lines, clip_line, error_result
-from .mcp_requests import ClientPolicy, McpCaller, ServerRequests
+from .mcp_requests import ClientPolicy, McpCaller, ServerRequests, too_deep
 from .workspace import Workspace
 
 DEFAULT_STARTUP_TIMEOUT = 30.0  # seconds for a server to start and list its tools
@@ -52,7 +55,6 @@ MAX_RESULT_LINES = 2000
 MAX_DESCRIPTION_CHARS = 2000
 # Levels of objects and lists in one tool's input schema (a property inside a property adds two): real
 # schemas use a handful; the bound keeps every later walk (grammars, events) far from Python's limit.
-MAX_SCHEMA_DEPTH = 64
 PREFIX = "mcp__"
 SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # `mcp__<server>__<tool>` or `mcp__<server>__*`, as `tools:` and `disallowedTools:` write them.
@@ -509,10 +511,12 @@ class McpConnection:
         except Exception as exc:  # a crashed server, garbage on its stdout, a protocol error
             if isinstance(signed_out := _innermost(exc), McpAuthError):
                 return error_result(f"{signed_out}; use other tools meanwhile")
-            if self._session is None:
-                return error_result(f"{where} stopped ({self.error}); use other tools")
+            if self._session is None or self.error:  # the connection ended, and says why
+                return error_result(f"{where} stopped ({self.error or 'the server stopped'}); use other tools")
             why = one_line(self.config.redact(str(exc)), 400)
             return error_result(f"{tool_name(self.config.name, name)} failed: {type(exc).__name__}: {why}")
+        if deep := too_deep(result.structured_content, "its structured content is"):
+            return error_result(f"{tool_name(self.config.name, name)} answered, but {deep}; use other tools")
         text = result_text(result.content, result.structured_content)
         output = cap_lines((clip_line(line) for line in text.splitlines()), MAX_RESULT_LINES, "lines", "ask for less")
         if result.is_error:
@@ -523,9 +527,10 @@ class McpConnection:
         """Close the session and stop the server (its process group, so what it started goes too)."""
         self._stop.set()
         if self._task is not None and not self._task.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5)
-            except (TimeoutError, Exception):
+            # `wait`, not `wait_for`: a connection that ended cancelled (a message it could not read)
+            # must not raise its CancelledError here, which would end the whole run as interrupted.
+            await asyncio.wait({self._task}, timeout=5)
+            if not self._task.done():
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
 
@@ -533,10 +538,8 @@ class McpConnection:
 def schema_problem(tools: Iterable[Any]) -> str | None:
     """Why a server's tools cannot be offered: a schema nested past `MAX_SCHEMA_DEPTH`; None if none is."""
     for tool in tools:
-        depth, _ = measure(tool.input_schema or {})
-        if depth > MAX_SCHEMA_DEPTH:
-            shown = "itself" if depth == float("inf") else f"{depth:g} levels deep"
-            return f"its tool '{tool.name}' has an input schema nested {shown}, past the {MAX_SCHEMA_DEPTH} accepted"
+        if problem := too_deep(tool.input_schema or {}, f"its tool '{tool.name}' has an input schema"):
+            return problem
     return None
 
 

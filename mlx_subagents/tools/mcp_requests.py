@@ -32,6 +32,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import McpRequestError
 from ..events import ElicitationData, EventData, EventKind, SamplingData
 from ..text import one_line
+from ..userfiles import measure
+
+# How deep what a server sends may nest (a tool's input schema, a result's structured content, an
+# elicitation's schema): far past any real one, and far inside what a walk of it can take.
+MAX_SCHEMA_DEPTH = 64
+
+
+def too_deep(data: Any, what: str) -> str | None:
+    """`what nests N levels deep, past the 64 accepted` (or `nests itself`) for data nested past
+    `MAX_SCHEMA_DEPTH`; None for data that does not. A loop measures it, so any depth is safe."""
+    depth, _ = measure(data)
+    if depth <= MAX_SCHEMA_DEPTH:
+        return None
+    shown = "itself" if depth == float("inf") else f"{depth:g} levels deep"
+    return f"{what} nested {shown}, past the {MAX_SCHEMA_DEPTH} accepted"
+
 
 if TYPE_CHECKING:  # the SDK's types load with the first server (a CLI start does not pay for them)
     import mcp_types as types
@@ -218,8 +234,9 @@ class ServerRequests:
 
         caller = self.caller()
         person = caller.person if caller is not None else None
-        if person is None:
-            reason = caller.no_person if caller is not None else NOBODY_CALLING
+        deep = too_deep(params.model_dump(by_alias=True).get("requestedSchema"), "its requested schema is")
+        if person is None or deep is not None:
+            reason = deep or (caller.no_person if caller is not None else NOBODY_CALLING)
             if caller is not None:
                 caller.report("elicitation", _asked(self.server, params, "decline", reason))
             return types.ElicitResult(action="decline", _meta={"reason": reason})

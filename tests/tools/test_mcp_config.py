@@ -140,3 +140,53 @@ def test_a_deeply_nested_tool_schema_refuses_the_server_at_once_in_one_warning(
         f"); check its definition in {config.where} and its log {tmp_path / 'logs' / 'mcp-deep.log'}; its tools are not offered"
     )
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("depth", "mode", "said"),
+    [
+        (100, "structured", "Error: mcp__deep__deep answered, but its structured content is nested 100 levels deep, past "
+         "the 64 accepted; use other tools"),
+        (5000, "structured", "Error: MCP server 'deep' stopped (it sent a message that cannot be read: Invalid JSON: "
+         "recursion limit exceeded at line 1 column "),
+        (400, "elicit", "Error: MCP server 'deep' stopped (it sent a message that cannot be read: Invalid JSON: "
+         "recursion limit exceeded at line 1 column "),
+    ],
+)  # fmt: skip
+def test_a_deep_result_or_question_is_one_line_and_the_caller_goes_on(
+    tmp_path: Path, depth: int, mode: str, said: str
+) -> None:
+    """Past the 64 levels accepted, a result is refused in one line; past the SDK's parser, the server is
+    stopped with one line; either way the calling task goes on (it was cancelled: exit 130, no JSON)."""
+    config = McpServerConfig("deep", str(tmp_path / ".mcp.json"), command=sys.executable, args=(DEEP, str(depth), mode))
+
+    async def call() -> tuple[str, bool]:
+        servers = McpServers(tmp_path, log_dir=tmp_path / "logs", warn=lambda _line: None)
+        try:
+            tools = await servers.tools_for([config], Workspace(tmp_path))
+            result = await tools["mcp__deep__deep"].call({})
+        finally:
+            await servers.close()
+        await asyncio.sleep(0)
+        return result.output, asyncio.current_task().cancelling() > 0  # type: ignore[union-attr]
+
+    output, cancelled = asyncio.run(call())
+    assert output.startswith(said) and output.endswith("; use other tools") and "\n" not in output
+    assert not cancelled
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_a_run_whose_mcp_server_sends_deep_messages_ends_with_its_real_status(
+    tmp_path: Path, write_script: Any, run_cli: Any
+) -> None:
+    servers = {"structured": [DEEP, "5000", "structured"], "elicit": [DEEP, "40", "elicit"]}
+    for name, args in servers.items():
+        front = f"mcpServers:\n  deep:\n    command: {sys.executable}\n    args: {json.dumps(args)}\n"
+        write_agent(tmp_path, name, "[mcp__deep__deep]", front=front)
+    model = write_script({"replies": [call("mcp__deep__deep"), "done"]})
+    for name in servers:
+        code, out, err = run_cli("run", name, "go", "--json", "--yes", "-m", model, "-C", str(tmp_path))
+        assert (code, json.loads(out)["status"], json.loads(out)["output"]) == (0, "completed", "done"), err
+    assert 'mcp deep asked "tell me": declined: its requested schema is nested 81 levels deep, past the 64' in err
