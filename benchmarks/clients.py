@@ -16,7 +16,7 @@ another's prefix file: what is compared is one process against K.
 Per K and way it reports:
 
 - `copies`: resident model copies, the most entries the machine's resident-model registry
-  (`host/resident.py`) held at once during the round;
+  (`host/mlx/resident.py`) held at once during the round;
 - `summed_peak_rss`: the peak resident memory of every process of the round (the server's too),
   summed (Linux: `VmHWM` from /proc, read until each process ends; elsewhere the highest RSS seen),
   and its parts: `server_peak_rss` (attached; None standalone) and `client_peak_rss` per client;
@@ -85,7 +85,7 @@ class Peaks:
         self._thread.join()
 
     def _watch(self) -> None:
-        from mlx_subagents.host.resident import resident_dir
+        from mlx_subagents.host.mlx.resident import resident_dir
 
         while not self._stop.is_set():
             for pid in list(self._pids):
@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             model = str(make_tiny_model(work / "tiny", context_window=8192))
         elif not Path(model).expanduser().is_dir():
-            from mlx_subagents.host.loading import resolve_model_path
+            from mlx_subagents.host.mlx.loading import resolve_model_path
 
             model = str(resolve_model_path(model))  # an imported name: its folder, the same in every home
         report = measure(model, work, counts, args.tokens)

@@ -44,7 +44,7 @@ from kv_pressure import BudgetRun, Workload, least_budget, pick_max_sessions, po
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.kv_pool import DEFAULT_DROP_BELOW_TOKENS, KVShape
+from mlx_subagents.host.kv.kv_pool import DEFAULT_DROP_BELOW_TOKENS, KVShape
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor
 
 DEFAULT_BUDGET_FRACTION = 0.4

@@ -79,9 +79,9 @@ from workload import (
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost, Reply, parse_bytes
-from mlx_subagents.host.kv_bits import check_kv_bits
-from mlx_subagents.host.kv_pool import KV_STEP, KVShape, TurnSize, admission_bytes, tokens_that_fit
+from mlx_subagents.host.kv.kv_pool import KV_STEP, KVShape, TurnSize, admission_bytes, tokens_that_fit
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, Message, ToolSchema
+from mlx_subagents.host.settings import check_kv_bits
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor
 from mlx_subagents.tools import Workspace
 

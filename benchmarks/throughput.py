@@ -127,7 +127,7 @@ from workload import Report, make_parser, model_arch, run_report, scout_prompt
 
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.prompt import encode, render
+from mlx_subagents.host.calls.prompt import encode, render
 from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor, tool_call_text
 from mlx_subagents.tools import Workspace
@@ -959,7 +959,7 @@ async def measure_engine(url: str, model_id: str | None, n_tokens: int, repeats:
     """The same sessions and prompts through an OpenAI-compatible engine (`EngineHost`), after the
     in-process runs. The engine generates greedily (nothing forces its replies), so give `--model`
     the folder the engine serves to compare like with like."""
-    from mlx_subagents.host.engine_host import EngineHost
+    from mlx_subagents.host.engine.engine_host import EngineHost
 
     if model_id is None:  # the engine's first listed model
         async with EngineHost(url, "") as probe:

@@ -124,7 +124,7 @@ def run_cli(name: str, task: str, model: str, home: Path, cwd: Path, *extra: str
 
 
 def measure(model: str, model_dir: Path, work: Path) -> dict[str, object]:
-    from mlx_subagents.host.prefix_store import list_prefixes
+    from mlx_subagents.host.kv.prefix_store import list_prefixes
 
     home, cwd = work / "home", work / "ws"
     (home / "agents").mkdir(parents=True)
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
         work = Path(tmp)
         if args.model:
-            from mlx_subagents.host.loading import resolve_model_path
+            from mlx_subagents.host.mlx.loading import resolve_model_path
 
             model, model_dir = args.model, resolve_model_path(args.model)
         else:

@@ -22,7 +22,7 @@ from mlx_subagents.agents.session import system_prompt
 from mlx_subagents.agents.spec import parse_agent_file
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import MlxModelHost, Reply
-from mlx_subagents.host.loading import read_config, resolve_model_path
+from mlx_subagents.host.mlx.loading import read_config, resolve_model_path
 from mlx_subagents.host.protocol import Message, ToolSchema
 from mlx_subagents.testing import make_tiny_model, tool_call_text
 from mlx_subagents.testing.tiny_model import resize_tiny_model

@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "AgentSpec": ".agents.spec",
     "GenerateArgs": ".host.protocol",
-    "MlxModelHost": ".host.mlx_host",
+    "MlxModelHost": ".host.mlx.mlx_host",
     "MultiRunResult": ".results",
     "RunOptions": ".runs.options",
     "RunResult": ".results",
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .agents.discovery import discover_agents
     from .agents.spec import AgentSpec
     from .errors import SubagentError
-    from .host.mlx_host import MlxModelHost
+    from .host.mlx.mlx_host import MlxModelHost
     from .host.protocol import GenerateArgs
     from .host.scripted import ScriptedHost
     from .results import MultiRunResult, RunResult

@@ -101,7 +101,7 @@ class Limits:
     max_reply_tokens: int = DEFAULT_MAX_REPLY_TOKENS
     # Tokens a reply may think before the host closes the thought (0: off), on top of `max_reply_tokens`.
     thinking: int = DEFAULT_THINKING_TOKENS
-    # Whether a started tool call is constrained to a known tool and valid arguments (`host/grammar.py`).
+    # Whether a started tool call is constrained to a known tool and valid arguments (`host/calls/grammar.py`).
     grammar: bool = True
     # The JSON schema the final answer is held to by the grammar (with `grammar`; validated either way).
     answer_schema: dict[str, Any] | None = None

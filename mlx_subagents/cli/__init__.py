@@ -866,7 +866,7 @@ def cache(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from ..host.prefix_store import list_prefixes, prefix_cache_dir
+    from ..host.kv.prefix_store import list_prefixes, prefix_cache_dir
 
     found = list_prefixes(warn=_warning)
     if as_json:
@@ -889,7 +889,7 @@ def cache_clear() -> None:
 
     Example: subagent cache clear
     """
-    from ..host.prefix_store import clear_prefixes, prefix_cache_dir
+    from ..host.kv.prefix_store import clear_prefixes, prefix_cache_dir
 
     n, freed = clear_prefixes(warn=_warning)
     err.print(f"deleted {n} prefixes ({freed / 2**20:.1f} MiB) from {prefix_cache_dir()}")

@@ -10,12 +10,12 @@ from typing import Any
 
 from ..errors import SubagentError
 from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost
-from ..host.grammar import Grammars
-from ..host.kv_pool import KVShape, TurnSize, admission_bytes
-from ..host.mlx_host import total_memory
-from ..host.prefill import describe
-from ..host.prefix_store import list_prefixes, prefix_cache_dir
-from ..host.resident import free_memory, residents
+from ..host.calls.grammar import Grammars
+from ..host.kv.kv_pool import KVShape, TurnSize, admission_bytes
+from ..host.kv.prefix_store import list_prefixes, prefix_cache_dir
+from ..host.mlx.mlx_host import total_memory
+from ..host.mlx.prefill import describe
+from ..host.mlx.resident import free_memory, residents
 
 Print = Callable[[str], None]
 PROBE = [{"role": "user", "content": "Reply with one short sentence: are you ready?"}]

@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
-from mlx_subagents.host.estimate import approx_tokens
-from mlx_subagents.host.formats.hermes import END as TOOL_CALL_END
-from mlx_subagents.host.formats.hermes import START as TOOL_CALL_START
-from mlx_subagents.host.formats.hermes import hermes
+from mlx_subagents.host.calls.formats.hermes import END as TOOL_CALL_END
+from mlx_subagents.host.calls.formats.hermes import START as TOOL_CALL_START
+from mlx_subagents.host.calls.formats.hermes import hermes
+from mlx_subagents.host.engine.estimate import approx_tokens
 from mlx_subagents.host.protocol import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
@@ -54,7 +54,7 @@ from mlx_subagents.host.protocol import (
 from mlx_subagents.userfiles import TOO_DEEP, data_problem, first_error, load_file
 
 if TYPE_CHECKING:
-    from mlx_subagents.host import HostSettings
+    from mlx_subagents.host.settings import HostSettings
 
 SCRIPTED_PREFIX = "scripted:"
 

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from ..host.kv_pool import KV_STEP
-from ..host.loading import config_context_window, imported_models_dir, read_config
-from ..host.mlx_host import DEFAULT_MAX_SESSIONS, default_kv_budget, total_memory
+from ..host.kv.kv_pool import KV_STEP
+from ..host.mlx.loading import config_context_window, imported_models_dir, read_config
+from ..host.mlx.mlx_host import DEFAULT_MAX_SESSIONS, default_kv_budget, total_memory
 from ..host.protocol import DEFAULT_CONTEXT_WINDOW
 
 QUANT_PARTS = (".scales", ".biases")  # mlx's quantization parameters, not model parameters
@@ -108,7 +108,7 @@ def tool_mode(path: Path) -> str | None:
     from mlx_lm.utils import load_tokenizer
 
     from ..errors import ChatTemplateError
-    from ..host.chat_format import ChatFormat
+    from ..host.calls.chat_format import ChatFormat
 
     try:
         return ChatFormat.load(load_tokenizer(path), str(path)).tool_mode

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import ModelImportError
 from ..home import MAX_NAME_CHARS, long_name_problem, make_state_dir
-from ..host.loading import imported_models_dir
+from ..host.mlx.loading import imported_models_dir
 from ..userfiles import read_head
 from . import gemma3, ollama
 

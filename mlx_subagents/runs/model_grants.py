@@ -24,8 +24,8 @@ from pathlib import Path
 
 from ..agents.spec import AgentSpec
 from ..errors import RequestError, SubagentError
-from ..host import mlx_host
-from ..host.loading import imported_models_dir, resolve_model_path, strip_provider
+from ..host.mlx import mlx_host
+from ..host.mlx.loading import imported_models_dir, resolve_model_path, strip_provider
 from ..host.protocol import ModelHost
 from ..models.catalog import describe
 from .options import RunOptions

@@ -109,7 +109,7 @@ class RunOptions:
             except ValueError as exc:
                 raise RequestError(f"thinking {exc}; use on, off or a number of tokens per reply") from None
         if self.kv_bits is not None:
-            from ..host.kv_bits import check_kv_bits
+            from ..host.settings import check_kv_bits
 
             try:
                 check_kv_bits(self.kv_bits)

@@ -55,7 +55,7 @@ from ..agents.spec import AgentSpec, remote_model, sandbox_default
 from ..caps import CapItem, check_request
 from ..errors import AgentNotFoundError, ConfirmationRequired, InputTooLargeError, RequestError
 from ..home import state_home
-from ..host.loading import resolve_model_path
+from ..host.mlx.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, ToolSchema
 from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
 from ..tools.mcp import PREFIX, McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server

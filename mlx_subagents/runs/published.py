@@ -109,7 +109,7 @@ def task_row(task: TaskNow, now: float) -> TaskRow:
 
 def hosts_pools(hosts: Mapping[ModelRef, ModelHost]) -> list[PoolRow]:
     """The KV pool of each resident model loaded (an engine's or a script's holds nothing here)."""
-    from ..host.mlx_host import MlxModelHost  # here: a process without hosts (an attached command) loads none
+    from ..host.mlx.mlx_host import MlxModelHost  # here: a process without hosts (an attached command) loads none
 
     return [
         PoolRow(model=ref.model, kv_bytes=host.kv_bytes_total, budget=host.kv_budget)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from mlx_subagents.host.formats.hermes import hermes_call
+from mlx_subagents.host.calls.formats.hermes import hermes_call
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 Script = str | Sequence[int]

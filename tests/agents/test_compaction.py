@@ -21,7 +21,7 @@ from mlx_subagents.agents.compaction import (
     should_compact,
     split_for_compaction,
 )
-from mlx_subagents.host.estimate import approx_tokens
+from mlx_subagents.host.engine.estimate import approx_tokens
 from mlx_subagents.host.protocol import GenerateArgs
 from mlx_subagents.host.scripted import ScriptedHost
 

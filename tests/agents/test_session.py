@@ -16,7 +16,7 @@ from mlx_subagents.agents.session import AgentSession, Limits, system_prompt, ta
 from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.events import Event
 from mlx_subagents.host import MlxModelHost
-from mlx_subagents.host.estimate import approx_tokens
+from mlx_subagents.host.engine.estimate import approx_tokens
 from mlx_subagents.host.protocol import Message
 from mlx_subagents.host.scripted import ScriptedHost
 from mlx_subagents.results import RunResult

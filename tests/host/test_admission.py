@@ -8,10 +8,10 @@ import mlx.core as mx
 import pytest
 
 from mlx_subagents.errors import PromptTooLongError
-from mlx_subagents.host.admission import Admission
-from mlx_subagents.host.kv_pool import KV_STEP, CacheState, KVPool, KVShape
-from mlx_subagents.host.prefix_cache import SharedPrefixes
-from mlx_subagents.host.turn import Request, Turn
+from mlx_subagents.host.kv.kv_pool import KV_STEP, CacheState, KVPool, KVShape
+from mlx_subagents.host.kv.prefix_cache import SharedPrefixes
+from mlx_subagents.host.mlx.admission import Admission
+from mlx_subagents.host.mlx.turn import Request, Turn
 from tests.host.test_kv_pool import cache_holding
 
 SHAPE = KVShape(fixed=0, per_token=4096)  # a KV step (256 tokens) is 1 MiB
@@ -114,7 +114,7 @@ def test_before_refusing_a_turn_the_caches_keeping_a_prefix_in_use_give_way_and_
     the prefix and the turn's own part, each in whole KV steps, need a step more than the same tokens
     whole, which the budget holds. Its cache is evicted (so the prefix is no longer in use), the prefix
     dropped, and the turn starts whole instead of being refused."""
-    from mlx_subagents.host.prefixed_cache import PrefixedKVCache
+    from mlx_subagents.host.kv.prefixed_cache import PrefixedKVCache
 
     shape = KVShape(fixed=0, per_token=32)  # one layer, one head of 4 floats: keys and values
     a = Admission(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mlx_subagents.errors import EngineError
-from mlx_subagents.host.engine_host import DEFAULT_REPLY_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHost
+from mlx_subagents.host.engine.engine_host import DEFAULT_REPLY_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHost
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Fault, Reply
 from tests.helpers import spawn_cli

@@ -17,8 +17,8 @@ import pytest
 from mlx_subagents.agents.discovery import discover_agents
 from mlx_subagents.agents.session import AgentSession, workspace_for
 from mlx_subagents.errors import EngineError, PromptTooLongError, SubagentError
-from mlx_subagents.host.engine_host import EngineHost, engine_url
-from mlx_subagents.host.estimate import approx_tokens
+from mlx_subagents.host.engine.engine_host import EngineHost, engine_url
+from mlx_subagents.host.engine.estimate import approx_tokens
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Fault, Reply
 from tests.helpers import REPO

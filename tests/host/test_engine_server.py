@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.host.engine_host import EngineHost
+from mlx_subagents.host.engine.engine_host import EngineHost
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]  # the module's fixture starts `mlx_lm.server`

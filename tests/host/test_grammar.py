@@ -117,7 +117,7 @@ def test_an_inexpressible_schema_warns_once_and_the_run_goes_on(
     scripts = ForcedScripts(tiny_qwen3[1], {"a": [tool_call_text("read", {"path": "src/app.py"})]})
     reply = reply_with(tiny_qwen3_path, scripts, grammar=True, tools=[READ, odd])
     assert [c.name for c in reply.tool_calls] == ["read"]
-    warnings = [r.getMessage() for r in caplog.records if r.name == "mlx_subagents.host.grammar"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "mlx_subagents.host.calls.grammar"]
     assert warnings == ["calls to odd are decoded without a grammar: its schema cannot be expressed"]
 
 
@@ -196,7 +196,7 @@ def drive(processor: Any, ids: Sequence[int], vocab: int, seed: int = 0, steps: 
 
 
 def test_free_text_reads_no_token_in_flight_and_a_call_reads_each_of_its_own(tiny_qwen3: Any) -> None:
-    from mlx_subagents.host.grammar import Grammars
+    from mlx_subagents.host.calls.grammar import Grammars
 
     tokenizer = tiny_qwen3[1]
     grammars = Grammars(tokenizer, "json", "<tool_call>", "</tool_call>")
@@ -228,7 +228,7 @@ def test_noise_becomes_a_valid_call_in_each_format(
 ) -> None:
     import importlib
 
-    from mlx_subagents.host.grammar import Grammars
+    from mlx_subagents.host.calls.grammar import Grammars
 
     tokenizer = tiny_qwen3[1]
     parser = importlib.import_module(f"mlx_lm.tool_parsers.{parse}").parse_tool_call
@@ -259,13 +259,13 @@ def accepts(prototype: Any, tokenizer: Any, text: str) -> bool:
 
 
 def test_each_call_format_is_found_by_its_module_and_round_trips_a_call(tiny_qwen3: Any) -> None:
-    """A new call format is one module in `host/formats/`: found there by name, its markers mlx-lm's, a
+    """A new call format is one module in `host/calls/formats/`: found there by name, its markers mlx-lm's, a
     call written in it accepted by its own grammar and read back by mlx-lm's parser of it."""
     import importlib
 
-    from mlx_subagents.host.formats import call_syntax, call_syntaxes, kind_of
-    from mlx_subagents.host.grammar import Grammars
-    from mlx_subagents.host.toolcalls import EXAMPLE_CALL
+    from mlx_subagents.host.calls.formats import call_syntax, call_syntaxes, kind_of
+    from mlx_subagents.host.calls.grammar import Grammars
+    from mlx_subagents.host.calls.toolcalls import EXAMPLE_CALL
 
     tokenizer = tiny_qwen3[1]
     assert list(call_syntaxes()) == ["json", "mistral", "xml"]
@@ -320,7 +320,7 @@ def test_batched_rows_each_keep_their_own_tools(
 ) -> None:
     """Two rows of one batch, each held to its own tools: each grammar is its row's processor for the
     row's first step only; in the batch's steps after it the rows are masked together (`MaskBatch`)."""
-    from mlx_subagents.host.grammar import Constrainer
+    from mlx_subagents.host.calls.grammar import Constrainer
 
     start = tiny_qwen3[1].encode("<tool_call>", add_special_tokens=False)
     own = {"a": [READ], "b": [FIND]}
@@ -444,7 +444,7 @@ def test_a_way_to_close_found_before_is_checked_not_searched_again(
     window's start still closes after each of those tokens, so it is checked (one copy of the matcher)
     instead of searched for again, and the search runs again only once the way no longer fits the
     tokens left. The reply is token for token the one a search at every check gives."""
-    from mlx_subagents.host import grammar
+    from mlx_subagents.host.calls import grammar
 
     path = make_tiny_model(tmp_path_factory.mktemp("tiny-close-again"), template="tools")
     searches: list[int] = []
@@ -474,8 +474,8 @@ def test_free_rows_get_their_own_grammars_first_mask_on_the_device(tiny_qwen3: A
 
     import numpy as np
 
-    from mlx_subagents.host.grammar import Grammars
-    from mlx_subagents.host.masks import MaskBatch
+    from mlx_subagents.host.calls.grammar import Grammars
+    from mlx_subagents.host.mlx.masks import MaskBatch
 
     tokenizer = tiny_qwen3[1]
     vocab = len(tokenizer.vocab)
@@ -506,8 +506,8 @@ def test_batched_masks_equal_each_rows_own(tiny_qwen3: Any) -> None:
 
     import numpy as np
 
-    from mlx_subagents.host.grammar import Grammars
-    from mlx_subagents.host.masks import MaskBatch
+    from mlx_subagents.host.calls.grammar import Grammars
+    from mlx_subagents.host.mlx.masks import MaskBatch
 
     tokenizer = tiny_qwen3[1]
     vocab = len(tokenizer.vocab)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.kv_bits import KVSetting, kv_setting
+from mlx_subagents.host.kv.kv_bits import KVSetting, kv_setting
 from tests.host.test_batching import result, task
 from tests.host.test_prefix_store import ask, stored
 
@@ -192,7 +192,7 @@ def test_the_kv_bytes_counted_are_the_bytes_the_quantized_arrays_hold(
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from mlx_subagents.host.kv_pool import cache_nbytes
+    from mlx_subagents.host.kv.kv_pool import cache_nbytes
 
     def arrays_bytes(cache: list[Any]) -> int:
         return sum(v.nbytes for c in cache for _, v in tree_flatten(c.state) if isinstance(v, mx.array))

@@ -6,8 +6,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from mlx_subagents.host.kv_pool import KV_STEP, KVShape, TurnSize, admission_bytes, tokens_that_fit
-from mlx_subagents.host.prefix_cache import SharedPrefixes
+from mlx_subagents.host.kv.kv_pool import KV_STEP, KVShape, TurnSize, admission_bytes, tokens_that_fit
+from mlx_subagents.host.kv.prefix_cache import SharedPrefixes
 
 T = TurnSize
 
@@ -94,7 +94,7 @@ def test_the_kv_shape_read_off_the_cache_types_is_what_caches_really_hold(
     from mlx_lm.models.cache import make_prompt_cache
 
     from mlx_subagents.host import MlxModelHost
-    from mlx_subagents.host.kv_pool import cache_nbytes
+    from mlx_subagents.host.kv.kv_pool import cache_nbytes
 
     path = request.getfixturevalue(arch_fixture)
 

@@ -10,7 +10,7 @@ import pytest
 
 from mlx_subagents.errors import ModelNotFoundError, RequestError
 from mlx_subagents.host import MlxModelHost, make_host
-from mlx_subagents.host.loading import config_context_window, resolve_model_path
+from mlx_subagents.host.mlx.loading import config_context_window, resolve_model_path
 from mlx_subagents.host.scripted import ScriptedHost
 
 
@@ -81,7 +81,7 @@ def test_make_host_picks_the_backend(tmp_path: Path) -> None:
 
 def test_hosts_are_chosen_by_kind_and_each_is_built_from_the_settings(tmp_path: Path) -> None:
     from mlx_subagents.host import HOST_CLASSES, HostSettings, SharedKVBudget, host_class, host_kind
-    from mlx_subagents.host.engine_host import EngineHost
+    from mlx_subagents.host.engine.engine_host import EngineHost
 
     assert {kind: host_class(kind) for kind in HOST_CLASSES} == {
         "mlx": MlxModelHost,

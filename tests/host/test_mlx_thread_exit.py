@@ -20,7 +20,7 @@ import mlx_subagents
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
-MLX_THREAD_FILE = Path(mlx_subagents.__file__).parent / "host" / "mlx_thread.py"
+MLX_THREAD_FILE = Path(mlx_subagents.__file__).parent / "host" / "mlx" / "mlx_thread.py"
 EXIT_RIGHT_AFTER_STOP = """
 import asyncio
 import importlib.util

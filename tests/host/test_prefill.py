@@ -1,4 +1,4 @@
-"""Prefill in slices between decode steps (host/prefill.py), on tiny real models with forced decoding.
+"""Prefill in slices between decode steps (host/mlx/prefill.py), on tiny real models with forced decoding.
 
 The step-driven tests drive the scheduler on the test's thread, as test_single.py does, and count what
 each step did; the others go through the host and compare every session's tokens with slicing off.
@@ -15,10 +15,10 @@ import pytest
 
 from mlx_subagents.errors import RequestError
 from mlx_subagents.host import GenerateArgs, MlxModelHost, parse_prefill_slice
-from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
-from mlx_subagents.host.prefill import SlicePolicy, describe
-from mlx_subagents.host.scheduler import Scheduler, SchedulerConfig
-from mlx_subagents.host.turn import Request, Turn
+from mlx_subagents.host.kv.kv_pool import CacheState, KVPool, KVShape
+from mlx_subagents.host.mlx.prefill import SlicePolicy, describe
+from mlx_subagents.host.mlx.scheduler import Scheduler, SchedulerConfig
+from mlx_subagents.host.mlx.turn import Request, Turn
 from mlx_subagents.testing import ForcedScripts, make_tiny_model
 from tests.host.test_batching import SYSTEM, result, task
 
@@ -233,7 +233,7 @@ def test_a_turns_prefill_is_told_at_its_first_slice_once(tiny_qwen3: tuple[Any, 
     """b (long) and c (short) arrive in one step while a decodes: c is prefilled first, so c's prefill
     is told first; b's only in the step of its own first slice (until then it waits), each exactly once
     with the tokens it computes and those it reuses."""
-    from mlx_subagents.host.turn import TextSink
+    from mlx_subagents.host.mlx.turn import TextSink
 
     loop, told, results = asyncio.new_event_loop(), [], {}
     try:

@@ -14,7 +14,7 @@ import pytest
 
 from mlx_subagents.errors import RequestError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.prefix_store import (
+from mlx_subagents.host.kv.prefix_store import (
     TEMP_PREFIX,
     PrefixStore,
     clear_prefixes,
@@ -218,7 +218,7 @@ def test_sliding_window_caches_come_back_as_they_were(tmp_path: Path) -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-    from mlx_subagents.host.prefix_store import PrefixStore, cache_kind
+    from mlx_subagents.host.kv.prefix_store import PrefixStore, cache_kind
 
     def filled(n: int) -> list[Any]:
         cache = [KVCache(), RotatingKVCache(max_size=32), RotatingKVCache(max_size=512)]  # one wraps, one does not

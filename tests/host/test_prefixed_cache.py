@@ -15,10 +15,10 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.kv_pool import KVPool, KVShape, TurnSize, admission_bytes, shared_prefix_of
-from mlx_subagents.host.prefix_cache import SharedPrefixes
-from mlx_subagents.host.prefixed_cache import MIN_SHARED_TOKENS, BatchPrefixedKVCache, PrefixedKVCache, SharedPrefix
-from mlx_subagents.host.turn import Request, Turn
+from mlx_subagents.host.kv.kv_pool import KVPool, KVShape, TurnSize, admission_bytes, shared_prefix_of
+from mlx_subagents.host.kv.prefix_cache import SharedPrefixes
+from mlx_subagents.host.kv.prefixed_cache import MIN_SHARED_TOKENS, BatchPrefixedKVCache, PrefixedKVCache, SharedPrefix
+from mlx_subagents.host.mlx.turn import Request, Turn
 
 PREFIX = [(i * 7) % 500 + 3 for i in range(300)]
 TAILS = [[(i * 13 + j) % 400 + 5 for i in range(10 + 7 * j)] for j in range(3)]
@@ -156,7 +156,7 @@ def test_entries_are_held_once_and_kept_while_a_session_starts_from_them(tiny_qw
 
 
 def test_a_spilled_prefixed_cache_comes_back_whole(tiny_qwen3: Any, tmp_path: Path) -> None:
-    from mlx_subagents.host.kv_pool import CacheState
+    from mlx_subagents.host.kv.kv_pool import CacheState
 
     model, _ = tiny_qwen3
     shared = shared_prefix(model)
@@ -322,7 +322,7 @@ def test_a_turn_over_a_shared_prefix_that_fits_only_whole_runs_whole(tiny_qwen3_
     (`kv_pressure.py` at 50% refused such turns): its session's cache gives way (spilled, so the prefix
     is no longer in use), the prefix is dropped, and the turn runs whole, with the tokens of an
     unbounded host."""
-    from mlx_subagents.host.kv_pool import KV_STEP
+    from mlx_subagents.host.kv.kv_pool import KV_STEP
 
     async def go(budget: int | None, filler: int) -> tuple[list[Any], KVShape, int]:
         async with MlxModelHost(str(tiny_qwen3_path)) as host:
@@ -363,7 +363,7 @@ def test_an_evicted_cache_is_freed_however_long_its_turn_lives(tiny_qwen3_path: 
     import gc
     import weakref
 
-    from mlx_subagents.host.turn import Turn
+    from mlx_subagents.host.mlx.turn import Turn
 
     async def go() -> tuple[list[weakref.ref[Any]], int, int, list[Turn]]:
         async with MlxModelHost(str(tiny_qwen3_path), kv_budget=0, drop_below_tokens=10**6) as host:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.host.kv_bits import KVSetting, kv_setting
+from mlx_subagents.host.kv.kv_bits import KVSetting, kv_setting
 
 
 @dataclass
@@ -53,7 +53,7 @@ def _decode_batched(model: Any, setting: KVSetting, prompts: list[list[int]], le
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
 
-    from mlx_subagents.host.single import take_from_batch
+    from mlx_subagents.host.mlx.single import take_from_batch
 
     def insert(which: range) -> list[int]:
         caches = []
@@ -136,7 +136,7 @@ def test_caches_of_different_settings_never_share_a_batch() -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    from mlx_subagents.host.quantized_cache import BatchQuantizedKVCache, QuantizedKVCache
+    from mlx_subagents.host.kv.quantized_cache import BatchQuantizedKVCache, QuantizedKVCache
 
     def filled(cache: Any) -> Any:
         cache.update_and_fetch(mx.ones((1, 2, 3, 64)), mx.ones((1, 2, 3, 64)))
@@ -211,8 +211,8 @@ def test_each_batch_operation_moves_what_mlx_lm_moves(window: int | None, bits: 
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-    from mlx_subagents.host.quantized_cache import BatchQuantizedKVCache, QuantizedKVCache
-    from mlx_subagents.host.quantized_rotating import BatchQuantizedRotatingKVCache, QuantizedRotatingKVCache
+    from mlx_subagents.host.kv.quantized_cache import BatchQuantizedKVCache, QuantizedKVCache
+    from mlx_subagents.host.kv.quantized_rotating import BatchQuantizedRotatingKVCache, QuantizedRotatingKVCache
 
     mx.random.seed(3)
 

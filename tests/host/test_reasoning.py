@@ -17,7 +17,7 @@ import pytest
 
 from mlx_subagents.agents.session import ANSWER_NOW, AgentSession, Limits, workspace_for
 from mlx_subagents.agents.spec import AgentSpec
-from mlx_subagents.host.mlx_host import MlxModelHost
+from mlx_subagents.host.mlx.mlx_host import MlxModelHost
 from mlx_subagents.host.protocol import GenerateArgs
 from mlx_subagents.host.scripted import ScriptedHost
 from mlx_subagents.runs.transcripts import read_transcript

@@ -9,16 +9,9 @@ from pathlib import Path
 import pytest
 
 from mlx_subagents.errors import PromptTooLongError, ScriptError
-from mlx_subagents.host.estimate import approx_tokens
-from mlx_subagents.host.formats.hermes import hermes
-from mlx_subagents.host.protocol import (
-    GenerateArgs,
-    HostSession,
-    MalformedToolCall,
-    ModelHost,
-    Reply,
-    ToolCall,
-)
+from mlx_subagents.host.calls.formats.hermes import hermes
+from mlx_subagents.host.engine.estimate import approx_tokens
+from mlx_subagents.host.protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, Reply, ToolCall
 from mlx_subagents.host.scripted import ScriptedHost
 
 TASK = [{"role": "system", "content": "You are a scout."}, {"role": "user", "content": "Look."}]

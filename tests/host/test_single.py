@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host import scheduler as scheduler_module
-from mlx_subagents.host.kv_pool import CacheState, KVPool, KVShape
-from mlx_subagents.host.mlx_thread import MlxThread
-from mlx_subagents.host.prefill import SlicePolicy
+from mlx_subagents.host.kv.kv_pool import CacheState, KVPool, KVShape
+from mlx_subagents.host.mlx import scheduler as scheduler_module
+from mlx_subagents.host.mlx.mlx_thread import MlxThread
+from mlx_subagents.host.mlx.prefill import SlicePolicy
+from mlx_subagents.host.mlx.scheduler import SINGLE_BURST_TOKENS, Scheduler, SchedulerConfig
+from mlx_subagents.host.mlx.single import SingleStream, take_from_batch
+from mlx_subagents.host.mlx.turn import Request, Turn
 from mlx_subagents.host.protocol import Reply
-from mlx_subagents.host.scheduler import SINGLE_BURST_TOKENS, Scheduler, SchedulerConfig
-from mlx_subagents.host.single import SingleStream, take_from_batch
-from mlx_subagents.host.turn import Request, Turn
 from mlx_subagents.testing import ForcedScripts
 from tests.host.test_batching import task
 

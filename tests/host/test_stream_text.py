@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.host import scheduler as scheduler_module
+from mlx_subagents.host.mlx import scheduler as scheduler_module
+from mlx_subagents.host.mlx.turn import TextSink, Turn
 from mlx_subagents.host.protocol import Reply
-from mlx_subagents.host.turn import TextSink, Turn
 from mlx_subagents.testing import ForcedScripts
 from tests.host.test_single import SCRIPT, forced, make_turn, run, scheduler
 

@@ -1,4 +1,4 @@
-"""The thought budget (`host/thinking.py`): which tokens it forces and when, without ever reading a token on the host.
+"""The thought budget (`host/calls/thinking.py`): which tokens it forces and when, without ever reading a token on the host.
 
 Its state lives on the device, so a decode step only builds a graph: the tests drive it the way both decode
 paths do, one step ahead (each step's context holds the previous step's still-pending token), and check that
@@ -19,10 +19,10 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from mlx_subagents.host.mlx_host import MlxModelHost
+from mlx_subagents.host.calls.thinking import ThoughtBudget
+from mlx_subagents.host.mlx.mlx_host import MlxModelHost
+from mlx_subagents.host.mlx.single import SingleStream
 from mlx_subagents.host.protocol import GenerateArgs
-from mlx_subagents.host.single import SingleStream
-from mlx_subagents.host.thinking import ThoughtBudget
 from mlx_subagents.testing import ForcedScripts
 from tests.helpers import unevaluated
 

@@ -19,10 +19,10 @@ from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.cli.doctor import run_doctor
 from mlx_subagents.errors import ChatTemplateError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.chat_format import prompted_tools, read_chat_format
-from mlx_subagents.host.prompt import encode, render
+from mlx_subagents.host.calls.chat_format import prompted_tools, read_chat_format
+from mlx_subagents.host.calls.prompt import encode, render
+from mlx_subagents.host.calls.templates import TemplateTraits, normalise
 from mlx_subagents.host.protocol import ToolCall
-from mlx_subagents.host.templates import TemplateTraits, normalise
 from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
 from tests.host.test_mlx_host import LS_SCHEMA, TASK
 

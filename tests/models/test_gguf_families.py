@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from mlx.utils import tree_flatten
 
 from mlx_subagents.errors import ModelImportError
-from mlx_subagents.host.loading import imported_models_dir
+from mlx_subagents.host.mlx.loading import imported_models_dir
 from mlx_subagents.models.importer import import_gguf
 from tests.models.gguf_files import MIXES, QUANTIZATIONS, write, write_gemma3
 

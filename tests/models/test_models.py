@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mlx_subagents.errors import ModelImportError, ModelNotFoundError
-from mlx_subagents.host.loading import resolve_model_path
+from mlx_subagents.host.mlx.loading import resolve_model_path
 from mlx_subagents.models import ollama
 from mlx_subagents.models.catalog import fits_memory, list_models
 from mlx_subagents.models.importer import default_name, import_gguf
@@ -182,7 +182,7 @@ def test_import_progress_shows_each_step_and_the_tensor_count() -> None:
 HOLD_IMPORT = """
 import sys
 from pathlib import Path
-from mlx_subagents.host.loading import imported_models_dir
+from mlx_subagents.host.mlx.loading import imported_models_dir
 from mlx_subagents.models.importer import _import_lock, _staging
 
 target = imported_models_dir() / sys.argv[1]

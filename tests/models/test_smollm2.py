@@ -18,9 +18,9 @@ from mlx_subagents.agents.compaction import CompactionSettings, compact, fallbac
 from mlx_subagents.agents.session import AgentSession, workspace_for
 from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.chat_format import prompted_tools
-from mlx_subagents.host.loading import resolve_model_path
-from mlx_subagents.host.prompt import render
+from mlx_subagents.host.calls.chat_format import prompted_tools
+from mlx_subagents.host.calls.prompt import render
+from mlx_subagents.host.mlx.loading import resolve_model_path
 from mlx_subagents.models.catalog import list_models
 from mlx_subagents.testing import ForcedScripts, tool_call_text
 from mlx_subagents.tools import make_tools

@@ -332,7 +332,7 @@ def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(
 
 
 def test_a_prompt_starts_from_the_longest_shared_prefix_it_extends() -> None:
-    from mlx_subagents.host.prefix_cache import SharedPrefixes
+    from mlx_subagents.host.kv.prefix_cache import SharedPrefixes
     from tests.host.test_kv_pool import cache_holding
 
     prefixes = SharedPrefixes()

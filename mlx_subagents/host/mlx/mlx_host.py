@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from ..errors import ChatTemplateError, SubagentError
-from .chat_format import ChatFormat
-from .kv_bits import DEFAULT_KV_BITS, KV_BITS, KVSetting, check_kv_bits, kv_setting, warn_fallback
-from .kv_pool import (
+from ...errors import ChatTemplateError, SubagentError
+from ..calls.chat_format import ChatFormat
+from ..calls.prompt import encode, render
+from ..kv.kv_bits import KVSetting, kv_setting, warn_fallback
+from ..kv.kv_pool import (
     DEFAULT_DROP_BELOW_TOKENS,
     KV_STEP,
     CacheState,
@@ -34,12 +35,8 @@ from .kv_pool import (
     kv_shape_of,
     tokens_that_fit,
 )
-from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
-from .mlx_thread import Deliver, MlxThread
-from .prefill import DEFAULT_PREFILL_SLICE, PrefillSlice, parse_prefill_slice
-from .prefix_store import PrefixStore, cache_kind, default_max_bytes, model_identity, prefix_cache_dir
-from .prompt import encode, render
-from .protocol import (
+from ..kv.prefix_store import PrefixStore, cache_kind, default_max_bytes, model_identity, prefix_cache_dir
+from ..protocol import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
@@ -51,12 +48,15 @@ from .protocol import (
     ToolSchema,
     Usage,
 )
+from ..settings import DEFAULT_KV_BITS, DEFAULT_PREFILL_SLICE, KV_BITS, PrefillSlice, check_kv_bits, parse_prefill_slice
+from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
+from .mlx_thread import Deliver, MlxThread
 from .resident import Registration, reserve
 from .scheduler import Scheduler, SchedulerConfig
 from .turn import Request, TextSink, Turn
 
 if TYPE_CHECKING:
-    from . import HostSettings
+    from ..settings import HostSettings
 
 DEFAULT_PREFILL_STEP = 512
 # How long a cancelled reply waits for the mlx thread to end its turn and say what it spent (one step).

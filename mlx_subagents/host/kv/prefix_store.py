@@ -42,9 +42,9 @@ from typing import Any
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from ..errors import DamagedStateError, RequestError
-from ..home import state_home
-from ..userfiles import linked_part, open_regular
+from ...errors import DamagedStateError, RequestError
+from ...home import state_home
+from ...userfiles import linked_part, open_regular
 
 log = logging.getLogger("mlx_subagents.prefix_cache")
 

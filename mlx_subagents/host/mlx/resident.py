@@ -23,9 +23,9 @@ from pathlib import Path
 
 import psutil
 
-from ..errors import SubagentError
-from ..home import state_home, write_whole
-from ..userfiles import read_text
+from ...errors import SubagentError
+from ...home import state_home, write_whole
+from ...userfiles import read_text
 
 RESIDENT_DIR = "resident"
 _serial = itertools.count(1)

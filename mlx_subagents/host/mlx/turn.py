@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .grammar import Constrainer
-from .kv_pool import CacheState
+from ..calls.grammar import Constrainer
+from ..kv.kv_pool import CacheState
+from ..protocol import Message, TextCallback, ToolSchema
 from .mlx_thread import Deliver
 from .prefill import PrefillGroup
-from .protocol import Message, TextCallback, ToolSchema
 from .single import SingleStream
 
 

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .protocol import TextCallback
-from .toolcalls import VisibleText
+from ..calls.toolcalls import VisibleText
+from ..protocol import TextCallback
 
 # One event line: a chunk is a few hundred bytes; a line this long is not an engine's.
 MAX_LINE_BYTES = 1 << 20

@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelLoadError, ModelNotFoundError
-from ..home import state_home
+from ...errors import ModelLoadError, ModelNotFoundError
+from ...home import state_home
 
 # Files mlx-lm needs from a hub snapshot (the same set its own loader fetches).
 ALLOW_PATTERNS = [

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
+from ...protocol import ToolSchema
 from ..call_schema import call_schema
-from ..protocol import ToolSchema
 from ..toolcalls import CallFormat
 from . import CallSyntax, Markers
 

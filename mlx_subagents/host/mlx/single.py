@@ -117,9 +117,9 @@ def take_from_batch(batch: Any, uid: int) -> tuple[list[Any], list[int], Any] | 
     """
     from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
 
-    from .prefixed_cache import BatchPrefixedKVCache
-    from .quantized_cache import BatchQuantizedKVCache
-    from .quantized_rotating import BatchQuantizedRotatingKVCache
+    from ..kv.prefixed_cache import BatchPrefixedKVCache
+    from ..kv.quantized_cache import BatchQuantizedKVCache
+    from ..kv.quantized_rotating import BatchQuantizedRotatingKVCache
 
     generation = batch._generation_batch
     kinds = (

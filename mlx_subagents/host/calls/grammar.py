@@ -34,10 +34,10 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..protocol import ToolSchema
 from .call_schema import GUIDANCE, closed, function_of
 from .closing import CLOSE_WINDOW, Closers, shortest_close, still_closes
 from .formats import CallSyntax, Markers, call_syntax
-from .protocol import ToolSchema
 
 if TYPE_CHECKING:  # imported where they run: importing the host stays quick
     import mlx.core as mx

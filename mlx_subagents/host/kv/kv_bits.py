@@ -15,19 +15,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ..settings import DEFAULT_KV_BITS, check_kv_bits
+
 log = logging.getLogger(__name__)
 
-KV_BITS = (16, 8, 4)
-DEFAULT_KV_BITS = 16
 # mlx-lm's default group first; a head width 64 does not divide takes 32 (mlx also has 128: coarser).
 GROUP_SIZES = (64, 32)
-
-
-def check_kv_bits(bits: object) -> int:
-    """`bits` when it is a setting there is (16, 8 or 4); ValueError naming the choices otherwise."""
-    if isinstance(bits, bool) or bits not in KV_BITS:
-        raise ValueError(f"kv_bits must be 16, 8 or 4, got {bits!r}")
-    return int(bits)  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ChatTemplateError
-from .protocol import Message, ToolSchema
+from ...errors import ChatTemplateError
+from ..protocol import Message, ToolSchema
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ...protocol import ToolSchema
 from ..call_schema import GUIDANCE, call_schema, closed, function_of, inlined
-from ..protocol import ToolSchema
 from . import CallSyntax, Markers
 
 ARGS = "[ARGS]"  # the separator between a tool's name and its arguments in a header

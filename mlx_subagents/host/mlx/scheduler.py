@@ -26,18 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PromptTooLongError
+from ...errors import PromptTooLongError
+from ..calls.grammar import Constrainer, Grammars
+from ..calls.prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
+from ..calls.thinking import prompt_opens_thought, thought_budget
+from ..kv.kv_pool import CacheState, KVPool, KVShape, cache_nbytes, shared_prefix_of
+from ..kv.prefix_cache import SharedPrefixes
+from ..kv.prefix_store import PrefixStore
+from ..protocol import FinishReason, ProcessorFactory, Reply, TextCallback, Usage
+from ..settings import DEFAULT_PREFILL_SLICE, PrefillSlice
 from .admission import Admission
-from .grammar import Constrainer, Grammars
-from .kv_pool import CacheState, KVPool, KVShape, cache_nbytes, shared_prefix_of
 from .masks import MaskBatch, MaskedModel, Row
-from .prefill import DEFAULT_PREFILL_SLICE, PrefillGroup, PrefillSlice, SlicePolicy, pick
-from .prefix_cache import SharedPrefixes
-from .prefix_store import PrefixStore
-from .prompt import build_prompt, common_prefix, encode, generation_prompt_length, make_render_state, render
-from .protocol import FinishReason, ProcessorFactory, Reply, TextCallback, Usage
+from .prefill import PrefillGroup, SlicePolicy, pick
 from .single import SingleStream, take_from_batch
-from .thinking import prompt_opens_thought, thought_budget
 from .turn import TextSink, Turn
 
 # Streamed text reaches the callers' loops at most this often (plus a turn's first text and its end at
@@ -354,13 +355,13 @@ class Scheduler:
             return self._make_cache()
         from mlx_lm.models.cache import make_prompt_cache
 
-        from .prefixed_cache import shared_layers
+        from ..kv.prefixed_cache import shared_layers
 
         return shared_layers(make_prompt_cache(self.model))
 
     def _shares_prefixes(self) -> bool:
         """Whether this model's caches hold a shared prefix once (some layer starts from it), not a copy."""
-        from .prefixed_cache import OverPrefix
+        from ..kv.prefixed_cache import OverPrefix
 
         return any(isinstance(c, OverPrefix) for c in self._fresh_cache())
 

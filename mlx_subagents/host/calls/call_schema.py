@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol import ToolSchema
+from ..protocol import ToolSchema
 
 # Separators as `json.dumps` writes them (and so the templates): flexible whitespace would let a
 # small model pad a call with blanks until its token limit.

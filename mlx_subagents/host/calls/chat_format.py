@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ChatTemplateError
+from ...errors import ChatTemplateError
+from ..protocol import MalformedToolCall, Message, TextCallback, ToolCall, ToolMode, ToolSchema
 from .formats import kind_of
 from .formats.hermes import hermes, hermes_call
-from .protocol import MalformedToolCall, Message, TextCallback, ToolCall, ToolMode, ToolSchema
 from .templates import TemplateTraits, example_call, normalise, opens_thought, probe_template
 from .toolcalls import CallFormat, ThinkMarkers, VisibleText, split_reasoning
 

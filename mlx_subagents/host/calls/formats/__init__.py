@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from ..protocol import ToolSchema
+from ...protocol import ToolSchema
 from ..toolcalls import EXAMPLE_CALL, CallFormat, Parser
 
 

@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ...protocol import ToolSchema
 from ..call_schema import GUIDANCE, function_of, inlined
-from ..protocol import ToolSchema
 from . import CallSyntax, Markers
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .protocol import Message, ToolSchema
+from ..protocol import Message, ToolSchema
 
 # What BPE tokenizers give on English and code, roughly.
 CHARS_PER_TOKEN = 4

@@ -22,7 +22,21 @@ from urllib.parse import urlsplit
 
 import openai
 
-from ..errors import EngineError, PromptTooLongError, SubagentError
+from ...errors import EngineError, PromptTooLongError, SubagentError
+from ..calls.formats.hermes import hermes
+from ..protocol import (
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_THINKING_TOKENS,
+    FinishReason,
+    GenerateArgs,
+    MalformedToolCall,
+    Message,
+    Reply,
+    ToolCall,
+    ToolMode,
+    ToolSchema,
+    Usage,
+)
 from .engine_stream import (
     EngineFailed,
     Partial,
@@ -36,23 +50,9 @@ from .engine_stream import (
     transport_errors,
 )
 from .estimate import approx_tokens
-from .formats.hermes import hermes
-from .protocol import (
-    DEFAULT_CONTEXT_WINDOW,
-    DEFAULT_THINKING_TOKENS,
-    FinishReason,
-    GenerateArgs,
-    MalformedToolCall,
-    Message,
-    Reply,
-    ToolCall,
-    ToolMode,
-    ToolSchema,
-    Usage,
-)
 
 if TYPE_CHECKING:
-    from . import HostSettings
+    from ..settings import HostSettings
 
 API_KEY_ENV = "MLX_SUBAGENTS_API_KEY"
 # Seconds without a byte from the engine (a long prefill on a busy engine sends nothing).

@@ -12,8 +12,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol import Message, ToolSchema
 from .prompt import render
-from .protocol import Message, ToolSchema
 from .toolcalls import EXAMPLE_CALL
 
 # Probe text no template writes by itself.

@@ -33,18 +33,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import RequestError
+from ..settings import AUTO, OFF, PrefillSlice
 
-AUTO, OFF = "auto", "off"
-DEFAULT_PREFILL_SLICE = AUTO
 # auto: a slice lasts about this many decode steps (see the module docstring).
 SLICE_DECODE_STEPS = 8
 # auto: never fewer tokens per row than this (a first slice, before any cost is known, feeds this many).
 MIN_SLICE_TOKENS = 16
 # Weight of the newest reading in the running averages of a decode step's and a prompt token's cost.
 EMA = 0.25
-
-PrefillSlice = int | str  # a number of tokens, "auto" or "off"
 
 
 class Turn(Protocol):
@@ -58,25 +54,6 @@ class Turn(Protocol):
     state: Any
     group: PrefillGroup | None
     fresh: bool
-
-
-def parse_prefill_slice(value: str | int | None) -> PrefillSlice:
-    """`auto`, `off` or a number of tokens per slice (at least 1); None is the default, `auto`."""
-    if value is None:
-        return DEFAULT_PREFILL_SLICE
-    if isinstance(value, int) and not isinstance(value, bool):
-        tokens = value
-    else:
-        text = str(value).strip().lower()
-        if text in (AUTO, OFF):
-            return text
-        try:
-            tokens = int(text)
-        except ValueError:
-            tokens = 0
-    if tokens < 1:
-        raise RequestError(f"--prefill-slice {value!r} is not auto, off or a number of tokens; use e.g. auto or 64")
-    return tokens
 
 
 def describe(value: PrefillSlice, step_size: int) -> str:

@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from ..errors import PromptTooLongError
-from .kv_pool import KVPool, KVShape, TurnSize, admission_bytes, shared_prefix_of
-from .prefix_cache import SharedPrefixes
+from ...errors import PromptTooLongError
+from ..kv.kv_pool import KVPool, KVShape, TurnSize, admission_bytes, shared_prefix_of
+from ..kv.prefix_cache import SharedPrefixes
 from .turn import Turn
 
 # "start": it fits, start it now; "retry": something gave way, judge it again; "wait": not now.
@@ -125,7 +125,7 @@ class Admission:
 
     def _goes_on_from(self, prefix: tuple[int, ...]) -> bool:
         """Whether a turn that adds `prefix` as a shared prefix goes on from it, holding only what follows."""
-        from .prefixed_cache import MIN_SHARED_TOKENS  # mlx-lm is imported where the host runs
+        from ..kv.prefixed_cache import MIN_SHARED_TOKENS  # mlx-lm is imported where the host runs
 
         if len(prefix) < MIN_SHARED_TOKENS:
             return False

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .protocol import MalformedToolCall, TextCallback, ToolCall, ToolSchema
+from ..protocol import MalformedToolCall, TextCallback, ToolCall, ToolSchema
 
 Parser = Callable[[str, Any], Any]
 # The call an error's fix shows, in the model's own format.
