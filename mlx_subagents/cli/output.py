@@ -205,6 +205,11 @@ def print_warnings(catalog: AgentCatalog, limit: int | None = None) -> None:
 def print_warning_lines(lines: list[str], limit: int | None = None) -> None:
     """Warning lines, the first `limit` of them, then how many more `subagent agents` shows."""
     for line in lines[:limit]:
-        err.print(f"[yellow]warning:[/] {escape(line)}")
+        warn(line)
     if limit is not None and len(lines) > limit:
         err.print(f"[yellow]warning:[/] ({len(lines) - limit} more; subagent agents shows them all)")
+
+
+def warn(line: str) -> None:
+    """Prints one warning line on stderr: a state file skipped, a thing kept, a server not found."""
+    err.print(f"[yellow]warning:[/] {escape(line)}")
