@@ -68,7 +68,8 @@ def plan_call(
     """
     if call.mode == "workflow":
         tasks, steps = plan_workflow(call_workflow(call, catalog, cwd), call.input)
-        tasks = [replace(t, isolation=call.isolation or t.isolation) for t in tasks]
+        inline = [step_choices(t) for t in call.tasks] if call.steps else [{}] * len(tasks)
+        tasks = [replace(t, isolation=call.isolation or t.isolation, **c) for t, c in zip(tasks, inline)]
         given = [""] * len(tasks)  # a step's name is its step id; its task id is `agent#N`
         places = [call.workspace] * len(tasks)
     else:
@@ -124,11 +125,25 @@ def call_tasks(call: Delegation) -> list[TaskSpec]:
 
 
 def task_choices(call: Delegation, task: ChildTask) -> dict[str, Any]:
-    """What a call's task chooses for itself: model, turns, time, isolation (its own, else the call's), fork."""
+    """What a call's task chooses for itself: model, turns, time, isolation (its own, else the call's),
+    fork, and its `step_choices`."""
     return {
         "model": task.model.strip() or None,
         "max_turns": task.max_turns,
         "timeout": task.timeout,
         "isolation": None if task.fork else task.isolation or call.isolation or None,
         "fork": task.fork,
+        **step_choices(task),
+    }
+
+
+def step_choices(task: ChildTask) -> dict[str, Any]:
+    """What any task or step of a call (an inline workflow's too) chooses beyond its workflow step's
+    fields: its answer's schema, its tools, an addition to its system prompt, its thinking, one reply."""
+    return {
+        "schema": task.output_schema,
+        "allowed_tools": tuple(t.strip() for t in task.allowed_tools) if task.allowed_tools is not None else None,
+        "system_prompt": task.system_prompt.strip(),
+        "thinking": task.thinking,
+        "single_shot": task.single_shot,
     }

@@ -294,7 +294,8 @@ class Preparer:
     ) -> list[PreparedTask | SetUpFailure]:
         """A request whose tasks fail alone (a parallel delegation): a task that cannot be prepared
         (an unknown agent, a model that cannot load, a prompt too long) is a `SetUpFailure` in its
-        place, and so is a task the parent's grants refuse. The request's size still refuses it whole."""
+        place, and so is a task the parent's grants refuse. The request's size, and an output schema of
+        its own that is not a valid JSON schema (a call's mistake, not a child's), still refuse it whole."""
         where = {"workspace": workspace, "parent": parent, "delegated": delegated}
         return await self._asking(lambda: self._prepare_each(tasks, **where))  # type: ignore[arg-type]
 
@@ -306,6 +307,9 @@ class Preparer:
         parent: Parent | None,
         delegated: bool,
     ) -> list[PreparedTask | SetUpFailure]:
+        for task in tasks:
+            if task.schema is not None:
+                check_schema(task.schema, f"output schema of task '{task.label}'")
         out: list[PreparedTask | SetUpFailure] = []
         for task, place in zip(tasks, _per_task(workspace, len(tasks))):
             model = ""
@@ -351,11 +355,16 @@ class Preparer:
         if parent is None or parent.task is None:
             raise RequestError("a fork continues the session that asks for it; name an agent instead")
         base = parent.task
+        schema = base.schema
+        if task.schema is not None:  # its call's schema for its answer (its prompt's prefix stays its parent's)
+            check_schema(task.schema, f"output schema of task '{task.label}'")
+            schema = task.schema
         return replace(
             base,
             task=replace(task, agent=base.spec.name, model=None),
             workspace=base.workspace if workspace.root == base.workspace.root else workspace,
-            limits=replace(base.limits, turns_before=0),
+            limits=replace(base.limits, turns_before=0, answer_schema=schema if base.limits.grammar else None),
+            schema=schema,
             depth=parent.depth + 1,
             parent=parent.label,
             isolation="none",
@@ -372,6 +381,9 @@ class Preparer:
         if parent is not None:
             spec, lost = granted_tools(parent.spec, spec)
             denied = {**lost, **denied}
+        spec = narrowed(spec, task, denied)
+        if task.thinking is not None and (delegated or parent is not None):
+            self.check_thinking(spec, task, parent)
         schema = task.schema if task.schema is not None else spec.output_schema
         if schema is not None:
             check_schema(schema, f"output schema of task '{task.label}'")
@@ -381,6 +393,8 @@ class Preparer:
                 check_granted(task.model, self.granted_models(parent), parent.spec if parent else None)
             self.check_local(model, named=bool(task.model))
         skills = choose_skills(spec.skills, self.usable_skills(), parent.skills if parent else None)
+        if task.single_shot:  # one reply: nothing to load a skill with
+            skills = SkillChoice()
         self.allow_mcp_servers(spec)
         return _Resolved(task, spec, denied, schema, model, skills, plan)
 
@@ -392,6 +406,8 @@ class Preparer:
         if delegated:  # a caller's own limits narrow what the task would have, never widen it
             limits = replace(limits, max_turns=min(limits.max_turns, self.limits(spec, None, parent).max_turns))
             timeout = min((t for t in (task.timeout, self.options.timeout) if t), default=None)
+        if task.single_shot:
+            limits = replace(limits, max_turns=1)
         if limits.grammar and resolved.schema is not None:  # the answer is held to its schema too
             limits = replace(limits, answer_schema=resolved.schema)
         workspace, memory = self.memory(spec, workspace)
@@ -417,6 +433,15 @@ class Preparer:
             mcp_tools=await self.mcp_tools(spec, workspace),
             isolation=isolation_of(spec, task, workspace, None if parent or delegated else self.options.isolation),
         )
+
+    def check_thinking(self, spec: AgentSpec, task: TaskSpec, parent: Parent | None) -> None:
+        """Refuse a delegated task's thinking budget over the one it would have: a call only narrows it."""
+        budget = self.limits(spec, replace(task, thinking=None), parent).thinking
+        if task.thinking is not None and task.thinking > budget:
+            raise RequestError(
+                f"task '{task.label}': thinking {task.thinking} is more than the {budget} tokens per reply "
+                f"'{spec.name}' may think here; ask for at most {budget} (0: off), or leave thinking out"
+            )
 
     def depth_denial(self, spec: AgentSpec, depth: int) -> dict[str, str]:
         """At the depth limit (or with `--max-depth 0`) an agent granted `subagent` is not offered it
@@ -710,7 +735,7 @@ class Preparer:
         the children that set none), else the default."""
         options = self.options
         inherited = parent.thinking if parent is not None else None
-        thinking = (options.thinking, spec.thinking, inherited)
+        thinking = (task.thinking if task else None, options.thinking, spec.thinking, inherited)
         return Limits(
             max_turns=(task and task.max_turns) or options.max_turns or spec.max_turns or DEFAULT_MAX_TURNS,
             max_output_tokens=(task and task.max_output_tokens) or options.max_output_tokens,
@@ -792,6 +817,32 @@ def with_servers(spec: AgentSpec, servers: Sequence[McpServerConfig]) -> AgentSp
     grants = tuple(f"{PREFIX}{c.name}__*" for c in servers if f"{PREFIX}{c.name}__*" not in spec.tools)
     inline = tuple(c for c in spec.mcp_inline if c.name not in {s.name for s in servers})
     return spec.model_copy(update={"tools": spec.tools + grants, "mcp_inline": (*servers, *inline)})
+
+
+def narrowed(spec: AgentSpec, task: TaskSpec, denied: Mapping[str, str]) -> AgentSpec:
+    """The agent as its task narrows it: its tools to the task's `allowed_tools` (none for a single-shot
+    task), its system prompt with the task's addition at its end. A call narrows, never widens: naming a
+    tool the agent lacks here (or one its parent withholds) is refused in one line."""
+    update: dict[str, Any] = {}
+    if task.single_shot:
+        update = {"tools": (), "mcp_inline": ()}
+    elif task.allowed_tools is not None:
+        asked = task.allowed_tools
+        if missing := [t for t in asked if t not in spec.tools and not spec.grants(t)]:
+            withheld = [t for t in missing if t in denied]
+            why = f" (withheld from it here: {', '.join(withheld)})" if withheld else ""
+            raise RequestError(
+                f"task '{task.label}': allowed_tools names {', '.join(repr(t) for t in missing)}, which "
+                f"'{spec.name}' does not have here{why}; its tools are {', '.join(spec.tools) or 'none'}: name only "
+                "those, or leave allowed_tools out"
+            )
+        kept = [t for t in spec.tools if t in asked] + [t for t in asked if t not in spec.tools]
+        update = {"tools": tuple(dict.fromkeys(kept))}
+        if not any(t.startswith("mcp__") for t in kept):
+            update["mcp_inline"] = ()
+    if task.system_prompt.strip():
+        update["system_prompt"] = f"{spec.system_prompt.rstrip()}\n\n{task.system_prompt.strip()}"
+    return spec.model_copy(update=update) if update else spec
 
 
 def plan_tools(spec: AgentSpec, denied: dict[str, str]) -> tuple[AgentSpec, dict[str, str]]:

@@ -73,6 +73,10 @@ class TaskSpec:
         isolation: `worktree` runs it in a git worktree of its own (`runs/worktrees.py`), `none` in the
             shared tree; None: as its agent file says.
         fork: it continues its parent's conversation as its parent's agent (`agent` is the parent's).
+        allowed_tools: only these of its agent's tools (None: all of them); naming one it lacks is refused.
+        system_prompt: text added to the end of its agent's system prompt.
+        thinking: its thinking budget per reply, in tokens (0: off); a delegated task's only narrows.
+        single_shot: one reply, no tools (its agent's tools and skills are not offered; one turn).
     """
 
     __pydantic_config__ = ConfigDict(extra="forbid")
@@ -90,6 +94,10 @@ class TaskSpec:
     step_id: Optional[str] = None
     isolation: Optional[Literal["none", "worktree"]] = None  # the call site's: wins over the agent file's
     fork: bool = False
+    allowed_tools: Optional[tuple[str, ...]] = None
+    system_prompt: str = ""
+    thinking: Annotated[Optional[int], Field(ge=0)] = None
+    single_shot: bool = False
 
 
 _TASK = TypeAdapter(TaskSpec)

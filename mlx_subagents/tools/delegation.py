@@ -13,18 +13,20 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..caps import MAX_TASKS
+from ..caps import MAX_TASK_CHARS, MAX_TASKS
 from ..errors import ToolError
 from ..host.protocol import Message
-from ..userfiles import error_message, error_path
+from ..userfiles import error_message, error_path, read_text
 from .base import _strip_titles
 from .workspace import Workspace
 
 DelegationMode = Literal["single", "parallel", "chain", "workflow", "models"]
+# A task file's text is a task: capped at the task cap later; no more than this is read.
+MAX_TASK_FILE_BYTES = 4 * MAX_TASK_CHARS
 READ_MORE = 'read the rest with task_output {{"id": "{id}", "offset": {{offset}}}}'
 
 
@@ -57,13 +59,22 @@ Isolation = Annotated[
 
 
 # No docstrings on the parameter models: pydantic would put them in the schema the model reads.
-class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a single call takes the same fields)
+class Choices(BaseModel):  # what any task or step may choose for itself (`CHOICES`), described at the top
+    task_file: str = ""
+    output_schema: Optional[dict[str, Any]] = None
+    allowed_tools: Optional[list[str]] = None
+    system_prompt: str = ""
+    thinking: Optional[int] = Field(default=None, ge=0)
+    single_shot: bool = False
+
+
+class ChildTask(Choices):  # one task of a parallel call or a chain step (a single call takes the same fields)
     model_config = ConfigDict(extra="forbid")
 
     agent: str = Field(default="", description="The agent's name.")
-    task: str = Field(description="What it should do, with every path and detail it needs.")
+    task: str = Field(default="", description="What it should do, with every path and detail it needs.")
     label: Label
-    fork: bool = False  # described once, at the top (every item repeats its schema)
+    fork: bool = False  # described once, at the top (every item repeats its schema), as are the rest
     cwd: str = Field(default="", description="Its folder in the workspace.")
     model: str = Field(default="", description="A local model for it.")
     max_turns: Optional[int] = Field(default=None, gt=0, description="Fewer turns than its limit.")
@@ -71,17 +82,24 @@ class ChildTask(BaseModel):  # one task of a parallel call or a chain step (a si
     isolation: Isolation
 
 
-class StepTask(BaseModel):  # one step of an inline workflow (`steps`); the top's `steps` says what they are
+class StepTask(Choices):  # one step of an inline workflow (`steps`); the top's `steps` says what they are
     model_config = ConfigDict(extra="forbid")
 
     name: str
     agent: str
-    task: str
+    task: str = ""
     needs: list[str] = Field(default_factory=list, description="Names of the steps it waits for.")
     model: str = ""
     max_turns: Optional[int] = Field(default=None, gt=0)
     timeout: Optional[float] = Field(default=None, gt=0)
     isolation: Literal["", "none", "worktree"] = ""
+
+
+# What a task may choose for itself beyond its agent, model and limits: offered in every form (the
+# top's descriptions say what each is), refused for a fork where it would change the caller's prefix.
+CHOICES = ("task_file", "output_schema", "allowed_tools", "system_prompt", "thinking", "single_shot")
+
+FORK_KEEPS = ("allowed_tools", "system_prompt", "thinking", "single_shot")
 
 
 class SubagentParams(BaseModel):  # flat: a small model fills in optional fields more reliably than a union
@@ -94,6 +112,12 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
     model: str = Field(default="", description="A local model for it.")
     max_turns: Optional[int] = Field(default=None, gt=0, description="Fewer turns than its limit.")
     timeout: Optional[float] = Field(default=None, gt=0, description="Fewer seconds than its limit.")
+    task_file: str = Field(default="", description="A file whose text is the task.")
+    output_schema: Optional[dict[str, Any]] = Field(default=None, description="A JSON schema its answer must match.")
+    allowed_tools: Optional[list[str]] = Field(default=None, description="Only these of its tools ([]: none).")
+    system_prompt: str = Field(default="", description="Added to its system prompt.")
+    thinking: Optional[int] = Field(default=None, ge=0, description="Fewer thinking tokens (0: off).")
+    single_shot: bool = Field(default=False, description="One reply, no tools.")
     tasks: list[ChildTask] = Field(default_factory=list, description=f"Parallel: up to {MAX_TASKS} independent tasks.")
     chain: list[ChildTask] = Field(
         default_factory=list, description="Chain: steps run in order; {previous} in a task is the previous answer."
@@ -169,21 +193,28 @@ def delegation_schema(
     isolation: bool = False,
     forks: bool = True,
     models: Sequence[str] = (),
+    thinking: bool = True,
 ) -> dict[str, Any]:
     """The call's parameters as JSON schema: the forms and `cwd`; `background` where it works, the
     named-workflow form where named workflows exist, `isolation` inside a git repository, `fork` where
-    a calling agent's conversation exists to continue, and `model` (and the `models` form) where models
-    are granted, as an enum of their names (every field costs a small model's context).
+    a calling agent's conversation exists to continue, `model` (and the `models` form) where models
+    are granted, as an enum of their names, and `thinking` where a child's model thinks (every field
+    costs a small model's context).
 
     The `subagent` tool and the MCP server's `run_agents` and `start_agents` take these forms."""
-    parameters = _inline_refs(_strip_titles(SubagentParams.model_json_schema()))
+    parameters = _plain(_inline_refs(_strip_titles(SubagentParams.model_json_schema())))
     absent = ([] if background else ["background"]) + ([] if workflows else ["workflow"])
     absent += [] if models else ["models"]
     for name in absent:
         del parameters["properties"][name]
     properties = parameters["properties"]
     every = (parameters, properties["tasks"]["items"], properties["chain"]["items"], properties["steps"]["items"])
-    for name, offered in (("isolation", isolation), ("fork", forks), ("model", bool(models))):
+    for fields in every[1:]:  # an item's own fields first, then its choices (pydantic puts a base's first)
+        fields["properties"] = {
+            **{k: v for k, v in fields["properties"].items() if k not in CHOICES},
+            **{k: v for k, v in fields["properties"].items() if k in CHOICES},
+        }
+    for name, offered in (("isolation", isolation), ("fork", forks), ("model", bool(models)), ("thinking", thinking)):
         if not offered:
             for fields in every:
                 fields["properties"].pop(name, None)
@@ -215,7 +246,7 @@ def parse_delegation(
     """
     names = agents if listed is None else listed
     try:
-        params = SubagentParams.model_validate(arguments)
+        params = _read_task_files(SubagentParams.model_validate(arguments), workspace)
         mode, items = _mode(params, agents)
     except ValidationError as exc:
         raise ToolError(_usage(tool, _validation_problem(exc), names, workflows)) from None
@@ -272,8 +303,8 @@ def _mode(params: SubagentParams, agents: Collection[str]) -> tuple[DelegationMo
     if form in ("workflow", "models"):
         return form, []  # type: ignore[return-value]
     if form == "single":
-        one = {k: getattr(params, k) for k in ("agent", "task", "label", "fork", "model", "max_turns", "timeout")}
-        items = [ChildTask(**one, isolation=params.isolation)]
+        fields = ("agent", "task", "label", "fork", "model", "max_turns", "timeout", *CHOICES)
+        items = [ChildTask(**{k: getattr(params, k) for k in fields}, isolation=params.isolation)]
     elif form == "steps":
         items = [_step_task(step, i, agents) for i, step in enumerate(params.steps)]
         return "workflow", items
@@ -302,8 +333,37 @@ def _step_task(step: StepTask, index: int, agents: Collection[str]) -> ChildTask
             raise ToolError(f"'{where}{field}' is empty")
     if step.agent.strip().lower() not in agents:
         raise ToolError(f"unknown agent '{step.agent}'")
-    choices = {k: getattr(step, k) for k in ("agent", "task", "model", "max_turns", "timeout", "isolation")}
-    return ChildTask(**choices, label=step.name.strip()[:MAX_LABEL_CHARS])
+    fields = ("agent", "task", "model", "max_turns", "timeout", "isolation", *CHOICES)
+    return ChildTask(**{k: getattr(step, k) for k in fields}, label=step.name.strip()[:MAX_LABEL_CHARS])
+
+
+Item = TypeVar("Item", SubagentParams, ChildTask, StepTask)  # what has a task and may have a task file
+
+
+def _read_task_files(params: SubagentParams, workspace: Workspace) -> SubagentParams:
+    """The call with each `task_file` read into its task: a file inside the workspace, whose text is
+    the task (capped as any task is, later); one with both `task` and `task_file` is refused."""
+    top = _task_from_file(params, workspace, "")
+    lists = {
+        name: [_task_from_file(item, workspace, f"{name}[{i}].") for i, item in enumerate(getattr(params, name))]
+        for name in ("tasks", "chain", "steps")
+    }
+    return top.model_copy(update=lists)
+
+
+def _task_from_file(item: Item, workspace: Workspace, where: str) -> Item:
+    if not item.task_file.strip():
+        return item
+    if item.task.strip():
+        raise ToolError(f"'{where}task' and '{where}task_file' given together; give one of them")
+    try:
+        path = workspace.existing(item.task_file, "file")
+        text = read_text(path, "task file", ToolError, max_bytes=MAX_TASK_FILE_BYTES)
+    except ToolError as exc:
+        raise ToolError(f"{where}task_file: {exc}") from None
+    if not text.strip():
+        raise ToolError(f"{where}task_file: {item.task_file} is empty; write the task in it, or give task")
+    return item.model_copy(update={"task": text, "task_file": ""})
 
 
 FORK_PLACEHOLDER = "(forked: a copy of this conversation does this call's task)"
@@ -313,6 +373,11 @@ def _check_fork(item: ChildTask, where: str, chain_step: int, isolation: str = "
     """A fork continues its caller: its prompt and model are the caller's, so that the caller's KV
     cache serves it; naming others would start it cold, which a named agent does better. It works in
     its caller's tree, so `isolation: worktree` (its own, or the call's) is refused, never ignored."""
+    if kept := [k for k in FORK_KEEPS if _given(getattr(item, k))]:
+        raise ToolError(
+            f"'{where}fork' with {', '.join(kept)}: a fork keeps its caller's prompt, tools and thinking, so that it "
+            "reuses this conversation's cache; leave them out, or start a named agent with them"
+        )
     if item.agent.strip() or item.model.strip():
         named = "an agent" if item.agent.strip() else "a model"
         raise ToolError(
@@ -328,6 +393,11 @@ def _check_fork(item: ChildTask, where: str, chain_step: int, isolation: str = "
         )
     if not item.task.strip():
         raise ToolError(f"'{where}task' is empty: say what the fork should do")
+
+
+def _given(value: Any) -> bool:
+    """Whether a choice was made (`thinking: 0` was: it is not left out)."""
+    return value is not None and value is not False and value != ""
 
 
 def fork_point(messages: Sequence[Message]) -> tuple[Message, ...]:
@@ -363,6 +433,25 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
         return {key: inline(value) for key, value in node.items()}
 
     return inline(schema)
+
+
+def _plain(schema: Any) -> Any:
+    """The schema without what only costs a small model's context: an optional field's `anyOf` with
+    null is its type (leaving it out is how it says none), and defaults that mean "not given" go."""
+    if isinstance(schema, list):
+        return [_plain(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    node = dict(schema)
+    options = node.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        del node["anyOf"]
+        node = {**next(o for o in options if o != {"type": "null"}), **node}
+    if "default" in node and node["default"] in (None, "", False, []):
+        del node["default"]
+    if node.get("additionalProperties") is True:  # the default
+        del node["additionalProperties"]
+    return {key: _plain(value) for key, value in node.items()}
 
 
 def _validation_problem(exc: ValidationError) -> str:

@@ -114,12 +114,14 @@ def test_initialize_list_tools_and_list_agents(tmp_path: Path, write_script: Any
     # `isolation` on every form and each item (issue 30), offered only inside a git repository.
     # The single form takes the items' choices, `steps` is an inline workflow (issue 44, items 3 and 4);
     # `model` only where the operator grants models (`--allow-model`, imported ones).
-    forms = {"agent", "task", "label", "tasks", "chain", "steps", "input", "cwd", "max_turns", "timeout"}
+    # Each task and step's own contract: its answer's schema, its tools, prompt, thinking, task file (issue 66).
+    choices = {"task_file", "output_schema", "allowed_tools", "system_prompt", "thinking", "single_shot"}
+    forms = {"agent", "task", "label", "tasks", "chain", "steps", "input", "cwd", "max_turns", "timeout", *choices}
     assert set(schema["properties"]) == forms
-    item = {"agent", "task", "label", "cwd", "max_turns", "timeout"}
+    item = {"agent", "task", "label", "cwd", "max_turns", "timeout", *choices}
     assert set(schema["properties"]["tasks"]["items"]["properties"]) == item
     assert set(schema["properties"]["chain"]["items"]["properties"]) == item
-    step = {"name", "agent", "task", "needs", "max_turns", "timeout"}
+    step = {"name", "agent", "task", "needs", "max_turns", "timeout", *choices}
     assert set(schema["properties"]["steps"]["items"]["properties"]) == step
     assert by_name["start_agents"].input_schema == schema  # the same forms
     assert set(by_name["agent_output"].input_schema["properties"]) == {"id", "wait", "offset"}

@@ -213,7 +213,7 @@ def test_a_failed_single_child_is_an_error_result_with_its_partial_answer(script
         ({"chain": [{"agent": "", "task": "a"}]}, "'chain[0].agent' is empty"),
         ({"agent": "scout", "query": "a"}, "unknown field 'query'"),
         ({"tasks": "scout"}, "'tasks': Input should be a valid list"),
-        ({"tasks": [{"agent": "scout"}]}, "'tasks[0].task': Field required"),
+        ({"tasks": [{"agent": "scout"}]}, "'tasks[0].task' is empty: say what scout should do"),
     ],
 )
 def test_malformed_calls_are_error_results_and_the_parent_goes_on(
