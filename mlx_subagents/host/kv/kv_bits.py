@@ -45,20 +45,14 @@ class KVSetting:
         return [self.layer(c) for c in cache] if self.quantized else shared_layers(cache)
 
     def layer(self, layer: Any) -> Any:
-        """One layer's empty cache under this setting; TypeError for a kind that has no quantized form."""
-        from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+        """One layer's empty cache under this setting (`kinds.py`: a recurrent state stays as the model
+        makes it); TypeError for a kind that has no quantized form."""
+        from .kinds import kind_of
 
-        from .quantized_cache import QuantizedKVCache
-        from .quantized_rotating import QuantizedRotatingKVCache
-
-        kind = type(layer)
-        if kind is KVCache:
-            return QuantizedKVCache(group_size=self.group_size, bits=self.bits)
-        if kind is RotatingKVCache:
-            return QuantizedRotatingKVCache(layer.max_size, layer.keep, group_size=self.group_size, bits=self.bits)
-        if kind is ArraysCache:  # a hybrid model's recurrent state: fixed size, kept as the model makes it
-            return layer
-        raise TypeError(f"its cache has {kind.__name__} layers, which have no quantized form")
+        kind = kind_of(layer)
+        if kind is None:
+            raise TypeError(f"its cache has {type(layer).__name__} layers, which have no quantized form")
+        return kind.quantize(layer, self.bits, self.group_size)
 
 
 def kv_setting(model: Any, bits: int, *, evaluate: bool = True) -> tuple[KVSetting, str | None]:

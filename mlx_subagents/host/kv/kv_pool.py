@@ -96,32 +96,24 @@ class KVShape:
 
 
 def kv_shape_of(cache: list[Any]) -> KVShape | None:
-    """The shape of a cache holding at least one token, read off mlx-lm's standard cache types.
-
-    A `KVCache` (or the bounded `RotatingKVCache`, counted as if unbounded) holds keys and values of
-    shape (batch, heads, allocated tokens, head dim): its bytes per token are its bytes over the
-    allocated length. Their quantized forms hold three such arrays per tensor (packed values, scales,
-    biases), counted alike. An `ArraysCache` (recurrent state of hybrid layers) has a fixed size. Any
-    other cache type gives None: measure it instead.
-    """
-    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
-
-    from .prefixed_cache import PrefixedKVCache
-    from .quantized_cache import QuantizedKVCache
-    from .quantized_rotating import QuantizedRotatingKVCache
+    """The shape of a cache holding at least one token, read off its layers' kinds (`kinds.py`): a layer
+    that grows by tokens costs its bytes over the tokens its buffers hold room for (a sliding window
+    counted as if unbounded), a recurrent state its fixed size. A layer of a kind the host does not know,
+    or one holding nothing yet, gives None: measure it instead."""
+    from .kinds import kind_of
 
     fixed = per_token = 0
     dtype = ""
     for layer in cache:
-        if type(layer) in (KVCache, PrefixedKVCache, RotatingKVCache) and layer.keys is not None:
-            per_token += layer.nbytes // layer.keys.shape[2]
-            dtype = str(layer.keys.dtype).removeprefix("mlx.core.")
-        elif type(layer) in (QuantizedKVCache, QuantizedRotatingKVCache) and layer.keys is not None:
-            per_token += layer.nbytes // layer.keys[0].shape[2]
-        elif type(layer) is ArraysCache:
-            fixed += layer.nbytes
-        else:
+        kind = kind_of(layer)
+        if kind is None or (kind.size == "tokens" and layer.keys is None):
             return None
+        if kind.size == "fixed":
+            fixed += layer.nbytes
+            continue
+        per_token += kind.per_token(layer)
+        if not kind.packed:
+            dtype = str(layer.keys.dtype).removeprefix("mlx.core.")
     return KVShape(fixed=fixed, per_token=per_token, dtype=dtype)
 
 

@@ -67,15 +67,6 @@ WRITER_DRAIN_S = 30.0
 # Files read in full (and hashed) for the model's identity; weights are named by name, size and mtime.
 _SMALL_FILE_BYTES = 64 * 2**20
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".npz")
-_SUPPORTED = (
-    "KVCache",
-    "PrefixedKVCache",
-    "RotatingKVCache",
-    "ArraysCache",
-    "QuantizedKVCache",
-    "QuantizedRotatingKVCache",
-)
-_DENSE = ("KVCache", "PrefixedKVCache", "QuantizedKVCache")
 _BYTE_SIZE = TypeAdapter(ByteSize)
 _BINARY = {"k": "KiB", "m": "MiB", "g": "GiB", "t": "TiB"}
 
@@ -131,17 +122,14 @@ def model_identity(model_path: Path) -> str:
 
 
 def cache_kind(cache: list[Any]) -> str | None:
-    """The layer types of a fresh cache (a sliding window's size, a quantized layer's bits and group
-    size); None if one cannot be stored."""
-    kinds = []
-    for layer in cache:
-        name = type(layer).__name__
-        if name not in _SUPPORTED:
-            return None
-        window = f":{layer.max_size}:{layer.keep}" if "Rotating" in name else ""
-        bits = f":{layer.bits}b{layer.group_size}" if name.startswith("Quantized") else ""
-        kinds.append(name + window + bits)
-    return ",".join(kinds)
+    """The layer kinds of a fresh cache as stored (`CacheKind.stored_as`: a sliding window's size, a
+    quantized layer's bits and group size); None if one cannot be stored (a kind the host does not know)."""
+    from .kinds import kind_of
+
+    kinds = [kind_of(layer) for layer in cache]
+    if any(kind is None for kind in kinds):
+        return None
+    return ",".join(kind.stored_as(layer) for kind, layer in zip(kinds, cache, strict=True))  # type: ignore[union-attr]
 
 
 def _checksum(cache: list[Any]) -> str:
@@ -170,18 +158,20 @@ def _sliced(cache: list[Any]) -> list[Any]:
     def length(tensor: Any) -> int:
         return int((tensor if isinstance(tensor, mx.array) else tensor[0]).shape[2])
 
+    from .kinds import kind_of
+
     out = []
     for layer in cache:
         state = list(layer.state)
-        name = type(layer).__name__
-        # A KVCache's buffer grows in steps past its offset; a sliding window's too until it first wraps.
-        unwrapped = name in _DENSE or ("Rotating" in name and layer._idx == layer.offset)
-        if unwrapped and layer.keys is not None and layer.offset < length(layer.keys):
+        kind = kind_of(layer)
+        assert kind is not None  # a stored cache's kinds are known (`cache_kind`)
+        # A dense buffer grows in steps past its offset; a sliding window's too until it first wraps.
+        if kind.grows(layer) and layer.keys is not None and layer.offset < length(layer.keys):
             state[0], state[1] = upto(layer.keys, layer.offset), upto(layer.values, layer.offset)
         state = contiguous(state)
-        if name.startswith("Quantized"):  # its tensors (and a shared prefix's after them) are triples
+        if kind.packed:  # its tensors (and a shared prefix's after them) are triples
             state = [tuple(contiguous(list(v))) if isinstance(v, (tuple, list)) else v for v in state]
-        if name == "ArraysCache":  # its state is (the list of recurrent arrays, padding, lengths)
+        if kind.size == "fixed":  # its state is (the list of recurrent arrays, padding, lengths)
             state[0] = contiguous(state[0])
         out.append(type(layer).from_state(state))
     mx.eval([c.state for c in out])
@@ -406,12 +396,14 @@ class PrefixStore:
         return cache
 
     def _check(self, cache: list[Any], meta: dict[str, str], ids: list[int]) -> str | None:
+        from .kinds import kind_of
+
         if meta.get("key") != self.key(ids):
             return "it was written for another model, version or prompt"
         if [type(c).__name__ for c in cache] != self.layers:
             return "its layers disagree with the model's cache"
         if int(meta.get("n_tokens", -1)) != len(ids) or any(
-            getattr(c, "offset", len(ids)) != len(ids) for c in cache if type(c).__name__ in _DENSE
+            c.offset != len(ids) for c in cache if (kind := kind_of(c)) is not None and kind.dense
         ):
             return "its shapes disagree with the tokens it records"
         if meta.get("checksum") != _checksum(cache):

@@ -111,26 +111,14 @@ def take_from_batch(batch: Any, uid: int) -> tuple[list[Any], list[int], Any] | 
     computed after them but not yet returned (the batch, like `SingleStream`, is a step ahead).
 
     None, leaving it in the batch, while it still prefills there, or when a layer's batch cache is
-    not one whose `extract` is tested to continue token-identically (dense, sliding-window and
-    hybrid layers are, quantized or not; a `CacheList` is not). Reads mlx-lm's generation batch
+    not one whose `extract` is tested to continue token-identically (`kinds.extractable`: dense,
+    sliding-window and hybrid layers are, quantized or not; a `CacheList` is not). Reads mlx-lm's generation batch
     (0.32-0.33): the pipelined token is not part of its public API.
     """
-    from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
-
-    from ..kv.prefixed_cache import BatchPrefixedKVCache
-    from ..kv.quantized_cache import BatchQuantizedKVCache
-    from ..kv.quantized_rotating import BatchQuantizedRotatingKVCache
+    from ..kv.kinds import extractable
 
     generation = batch._generation_batch
-    kinds = (
-        BatchKVCache,
-        BatchPrefixedKVCache,
-        BatchRotatingKVCache,
-        ArraysCache,
-        BatchQuantizedKVCache,
-        BatchQuantizedRotatingKVCache,
-    )
-    if uid not in generation.uids or not all(type(c) in kinds for c in generation.prompt_cache):
+    if uid not in generation.uids or not all(extractable(c) for c in generation.prompt_cache):
         return None
     i = generation.uids.index(uid)
     pending = generation._next_tokens[i : i + 1]
