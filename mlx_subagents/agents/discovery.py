@@ -8,17 +8,16 @@ Layers, a later one winning on a name clash:
 
 Project files come with the workspace (a cloned repository), so they are read defensively (only
 regular files of a sane size, through `userfiles.read_text`) and run only after the user's consent
-(`require_trust`).
+(`runs/consent.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
+from ..errors import AgentFileError, AgentNotFoundError
 from ..home import state_home
 from ..tools.skill import Skill
 from ..userfiles import MAX_FILE_BYTES
@@ -152,30 +151,3 @@ def discover_agents(cwd: Path, scope: Scope = "both") -> AgentCatalog:
     catalog.skills, skipped = discover_skills(cwd, scope)
     catalog.warnings.extend(skipped)
     return catalog
-
-
-def require_trust(
-    spec: AgentSpec,
-    *,
-    assume_yes: bool,
-    interactive: bool,
-    confirm: Callable[[str], bool] | None = None,
-) -> None:
-    """Raise `ConfirmationRequired` unless a project agent is allowed to run.
-
-    Project files come with the workspace, not from the user, and can run commands in it.
-    Builtin and user agents always pass.
-
-    Args:
-        assume_yes: the user passed --yes.
-        interactive: a person can answer `confirm` (stdin is a terminal).
-        confirm: asks a yes/no question, e.g. `typer.confirm`.
-    """
-    if spec.source != "project" or assume_yes:
-        return
-    origin = f"agent '{spec.name}' comes from the project file {spec.path}; it can run commands in this workspace."
-    if not interactive or confirm is None:
-        raise ConfirmationRequired(f"{origin} Re-run with --yes to allow it.")
-    if not confirm(f"{origin} Allow it?"):
-        declined = f"agent '{spec.name}' was not allowed to run (declined)."
-        raise ConfirmationRequired(f"{declined} Re-run with --yes to allow it.")

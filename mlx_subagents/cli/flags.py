@@ -50,7 +50,25 @@ CwdOpt = Annotated[
     Path, typer.Option("--cwd", "-C", help="Workspace folder the agent works in.", exists=True, file_okay=False)
 ]
 ScopeOpt = Annotated[Scope, typer.Option("--scope", help="Agent layers besides the built-ins.")]
-YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents without asking.")]
+YesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--yes",
+        "-y",
+        help="Allow what comes with the project without asking: its agents (their bash sandboxed) and skills, and "
+        "the commands that run unsandboxed, as you: the hooks of .mlx-subagents/settings.json and "
+        ".claude/settings.json, and the MCP servers of .mcp.json and its agents' mcpServers: (each named in a "
+        "warning). --yes-agents allows the agents and skills only.",
+    ),
+]
+YesAgentsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--yes-agents",
+        help="Allow the project's agents (their bash sandboxed) and skills without asking, but not its hooks or MCP "
+        "servers, which run unsandboxed (asked at a terminal, else left out or refused).",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 JsonListOpt = Annotated[bool, typer.Option("--json", help="Print one JSON list instead of text.")]
 WindowOpt = Annotated[
@@ -237,6 +255,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "cwd": (CwdOpt, Path(".")),
     "scope": (ScopeOpt, Scope.both),
     "yes": (YesOpt, False),
+    "yes_agents": (YesAgentsOpt, False),
     "max_turns": (MaxTurnsOpt, None),
     "max_tokens": (MaxTokensOpt, None),
     "timeout": (TimeoutOpt, None),
@@ -268,6 +287,7 @@ class Shared:
     cwd: Path
     scope: Scope
     yes: bool
+    yes_agents: bool
     max_turns: int | None
     max_tokens: int | None
     timeout: float | None
@@ -296,6 +316,7 @@ class Shared:
             model=self.model,
             scope=self.scope.value,
             assume_yes=self.yes,
+            yes_agents=self.yes_agents,
             max_turns=self.max_turns,
             max_output_tokens=self.max_tokens,
             timeout=self.timeout,

@@ -37,7 +37,9 @@ class RunOptions:
         default_model: the model of the tasks nothing else names a model for (a client of `subagent
             serve` runs on its own `$MLX_SUBAGENTS_MODEL`, else the server's `--model`).
         scope: agent layers besides the built-ins (`user`, `project` or `both`).
-        assume_yes: allow project agents without asking.
+        assume_yes: allow what comes with the project without asking (`--yes`): its agents and skills, and
+            its hooks and MCP servers, which run unsandboxed (`consent.py`).
+        yes_agents: allow the project's agents and skills without asking, not its hooks or MCP servers.
         max_turns, max_output_tokens, timeout: defaults for tasks that set none.
         max_depth: how many levels of sub-agents the `subagent` tool may start (0: none).
         batching: decode concurrent sessions in one batch.
@@ -77,6 +79,7 @@ class RunOptions:
     default_model: str | None = None
     scope: Scope = "both"
     assume_yes: bool = False
+    yes_agents: bool = False
     max_turns: int | None = None
     max_output_tokens: int | None = None
     timeout: float | None = None

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..agents.context import ProjectContext, load_project_context
-from ..agents.discovery import AgentCatalog, require_trust
+from ..agents.discovery import AgentCatalog
 from ..agents.hooks import (
     SETTINGS_FILE,
     Hooks,
@@ -61,6 +61,7 @@ from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
 from ..tools.mcp import PREFIX, McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
 from ..tools.mcp_requests import ClientPolicy
 from ..tools.skill import Skill
+from .consent import Consent
 from .hosts import HostPool
 from .model_grants import check_fits, check_granted, granted_models, imported_names
 from .options import RunOptions
@@ -220,8 +221,8 @@ class Preparer:
         self.processor_factory = processor_factory
         self._own_pool = pool is None
         self.pool = pool or HostPool(options, processor_factory, hosts)
-        self._trusted: set[str] = set()
         self._network_refused: set[str] = set()  # project agents told once that their `network: allow` is not honoured
+        self._engine_refused: set[str] = set()  # project agents told once that their `engine:` is not honoured
         self._contexts: dict[Path, ProjectContext] = {}
         self._hooks: Hooks | None = None
         # Receives one line per settings problem that blocks nothing (project hooks not allowed).
@@ -232,6 +233,13 @@ class Preparer:
         self._project_skills: bool | None = None  # the user's answer about project skills, once asked
         self.cwd = cwd or Path.cwd()
         self.mcp = McpServers(self.cwd, log_dir=state_home() / "logs", policy=ClientPolicy(options.assume_yes))
+        self.consent = Consent(
+            everything=options.assume_yes,
+            agents=options.assume_yes or options.yes_agents,
+            interactive=interactive,
+            confirm=self.confirm,
+            on_warning=lambda line: self.on_warning(line),
+        )
         self._mcp_config: dict[str, McpServerConfig] | None = None
         self._mcp_unreadable = False  # a configuration file (or a server in it) could not be read
         self._mcp_allowed: set[str] = set()  # project servers the user allowed to start
@@ -467,9 +475,8 @@ class Preparer:
             raise AgentNotFoundError(f"unknown agent '{name}'; '{parent.spec.name}' may start: {may}") from None
         if parent is not None:
             check_grant(parent, [spec.name])  # before the consent: never ask about an agent that cannot run
-        if spec.name not in self._trusted:  # ask once per agent, not once per task
-            require_trust(spec, assume_yes=self.options.assume_yes, interactive=self.interactive, confirm=self.confirm)
-            self._trusted.add(spec.name)
+        if spec.source == "project":  # asked once per agent, not once per task
+            self.consent.agent(spec.name, spec.path)
         return spec
 
     def sandbox_for(self, spec: AgentSpec, workspace: Workspace, parent: Parent | None = None) -> Sandbox | None:
@@ -519,7 +526,7 @@ class Preparer:
             for path in find_project_settings((self.cwd or root).resolve(), user_level):
                 if (found := read_settings(path, warnings)) is None:  # no hooks, or one warning
                     continue
-                if not self._allow_project_hooks(path):
+                if not self.consent.hooks(path):
                     warnings.append(
                         f"the hooks in {path} did not run: they come with the project; re-run with --yes to allow them"
                     )
@@ -531,29 +538,14 @@ class Preparer:
             self.on_warning(line)
         return hooks
 
-    def _allow_project_hooks(self, path: Path) -> bool:
-        if self.options.assume_yes:
-            return True
-        if not self.interactive or self.confirm is None:
-            return False
-        return self.confirm(
-            f"the project file {path} has hooks: commands run around the agents' tool calls. Allow them?"
-        )
-
     def usable_skills(self) -> dict[str, Skill]:
         """The skills agents may be offered: every user skill, and the project's once the user allowed them
         (`--yes`, or asked once): they come with the workspace, are instructions and may name scripts."""
         skills = self.catalog.skills
         project = [s.name for s in skills.values() if s.source == "project"]
         if project and self._project_skills is None:
-            if self.options.assume_yes:
-                self._project_skills = True
-            elif self.interactive and self.confirm is not None:
-                where = ", ".join(sorted({str(s.folder.parent) for s in skills.values() if s.source == "project"}))
-                ask = f"project skills {', '.join(project)} come from {where}; they are instructions for the agents."
-                self._project_skills = bool(self.confirm(f"{ask} Offer them?"))
-            else:
-                self._project_skills = False
+            where = ", ".join(sorted({str(s.folder.parent) for s in skills.values() if s.source == "project"}))
+            self._project_skills = self.consent.skills(", ".join(project), where)
         return {n: s for n, s in skills.items() if s.source != "project" or self._project_skills}
 
     def model_for(self, spec: AgentSpec, override: str | None = None, inherited: ModelRef | None = None) -> ModelRef:
@@ -566,8 +558,8 @@ class Preparer:
             if not model:
                 raise RequestError("--engine needs --model, the engine's model id (or engine_model: in the agent file)")
             return ModelRef(model, options.engine)
-        if not (override or options.model) and spec.engine and spec.engine_model:
-            return ModelRef(spec.engine_model, spec.engine)
+        if not (override or options.model) and (own := self.agent_engine(spec)) is not None:
+            return own
         named = override or options.model
         if named and (problem := remote_model(named)) is not None:
             where = "--model" if named == options.model else f"task '{spec.name}': model"
@@ -577,6 +569,22 @@ class Preparer:
             )
         named = named or spec.model
         return ModelRef(named) if named else inherited or ModelRef(options.default_model or default_model())
+
+    def agent_engine(self, spec: AgentSpec, *, warn: bool = True) -> ModelRef | None:
+        """The engine and model the agent's own file names (`engine:`, `engine_model:`), when the user
+        wrote that file (a built-in or user agent). A project file's is one warning and none: every
+        turn, with the user's API key as its bearer token, would go where the repository said."""
+        if not (spec.engine and spec.engine_model):
+            return None
+        if spec.source != "project":
+            return ModelRef(spec.engine_model, spec.engine)
+        if warn and spec.name not in self._engine_refused:
+            self._engine_refused.add(spec.name)
+            self.on_warning(
+                f"{spec.path}: 'engine: {spec.engine}' comes with the project, which cannot choose where the prompts "
+                "(and your API key) go; it runs on the run's model (name an engine yourself with --engine URL)"
+            )
+        return None
 
     @property
     def hosts(self) -> dict[ModelRef, ModelHost]:
@@ -603,7 +611,7 @@ class Preparer:
             model = self.model_for(spec, None, inherited=inherited)
             if options.engine or options.model:
                 why = "the run's --model" + (f" on {options.engine}" if options.engine else "")
-            elif spec.engine and spec.engine_model:
+            elif self.agent_engine(spec, warn=False) is not None:
                 why = "its file's engine:"
             elif spec.model:
                 why = "its file's model:"
@@ -684,18 +692,17 @@ class Preparer:
         """Ask once before a project `.mcp.json` starts processes, as for a project agent: `--yes`, or the
         prompt, naming the servers it starts; without either, nothing starts and the task is refused."""
         servers = [c for c in self.mcp_servers(spec) if c.project and c.name not in self._mcp_allowed]
-        if not servers or self.options.assume_yes:
+        if not servers:
             return
         where = servers[0].where
         source = where if where == CLIENT_SERVERS else f"the project file {where}"
-        origin = (
-            f"{source} starts MCP server(s) {', '.join(c.summary() for c in servers)} "
-            f"for agent '{spec.name}'; they can run commands in this workspace."
-        )
-        if not self.interactive or self.confirm is None:
-            raise ConfirmationRequired(f"{origin} Re-run with --yes to allow it.")
-        if not self.confirm(f"{origin} Allow it?"):
-            raise ConfirmationRequired(f"the MCP servers of {servers[0].where} were not allowed to start (declined).")
+        names = ", ".join(c.summary() for c in servers)
+        origin = f"{source} starts MCP server(s) {names} for agent '{spec.name}'"
+        answer = self.consent.mcp_servers(f"mcp {where} {names}", origin)
+        if answer is None:
+            raise ConfirmationRequired(f"{origin}; they run unsandboxed, as you. Re-run with --yes to allow it.")
+        if not answer:
+            raise ConfirmationRequired(f"the MCP servers of {where} were not allowed to start (declined).")
         self._mcp_allowed.update(c.name for c in servers)
 
     async def mcp_tools(self, spec: AgentSpec, workspace: Workspace) -> dict[str, Tool]:

@@ -82,11 +82,32 @@ class Workflow(BaseModel):
         return next(s for s in self.steps if s.id == step_id)
 
     def schema_path(self, step: WorkflowStep) -> Path | None:
-        """The step's schema file, relative to the workflow file."""
+        """The step's schema file, relative to the workflow file; one `WorkflowError` line when it lies
+        (through a link too) outside the folder the workflow belongs to (`home_of`): the schema goes into
+        the model's prompt, and a cloned repository's workflow must not put a file from elsewhere there."""
         if step.schema_file is None:
             return None
         base = self.path.parent if self.path else Path.cwd()
-        return (base / step.schema_file).expanduser()
+        path = (base / step.schema_file).expanduser()
+        home = home_of(self.path) if self.path else Path.cwd().resolve()
+        if home is not None and not path.resolve().is_relative_to(home):
+            raise WorkflowError(
+                f"{self.path or 'workflow'}: step '{step.id}': schema '{step.schema_file}' lies outside {home}; a "
+                "workflow's schema stays inside its project (copy the file there)"
+            )
+        return path
+
+
+def home_of(path: Path) -> Path | None:
+    """The folder a workflow file's schemas must stay in: the project that holds its
+    `.mlx-subagents/workflows/` folder, else the file's own folder; None for the user's own workflows
+    (`$MLX_SUBAGENTS_HOME/workflows`), which may name any file of theirs."""
+    folder = path.resolve().parent
+    if folder == (state_home() / "workflows").resolve():
+        return None
+    if folder.parts[-2:] == tuple(Path(PROJECT_WORKFLOWS_DIR).parts[-2:]):
+        return folder.parent.parent
+    return folder
 
 
 # --- loading and checking ---------------------------------------------------------------------------

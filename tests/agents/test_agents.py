@@ -12,18 +12,16 @@ from mlx_subagents.agents.discovery import (
     AgentCatalog,
     builtin_agents_dir,
     discover_agents,
-    require_trust,
     user_agents_dir,
 )
 from mlx_subagents.agents.spec import parse_agent_file
-from mlx_subagents.errors import AgentFileError, AgentNotFoundError, ConfirmationRequired
+from mlx_subagents.errors import AgentFileError, AgentNotFoundError
 from mlx_subagents.tools import TOOL_NAMES
 from tests.helpers import REPO
 
 BODY = "You are a test agent.\n"
 QWEN = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 MODEL_FIX = f"use a local path, an MLX hub id like {QWEN}, or inherit"
-TRUST_ORIGIN = "comes from the project file {}; it can run commands in this workspace."
 
 
 def agent_text(name: str = "helper", extra: str = "", body: str = BODY) -> str:
@@ -556,54 +554,6 @@ def test_empty_catalog_says_none_available():
         AgentCatalog().get("x")
 
     assert str(info.value) == "unknown agent 'x'; available: (none)"
-
-
-@pytest.fixture
-def project_spec(project):
-    path = write(project / ".mlx-subagents" / "agents", "x.md", agent_text(name="x"))
-    return parse_agent_file(path, "project")
-
-
-def test_builtin_and_user_agents_need_no_trust(user_dir, project):
-    write(user_dir, "u.md", agent_text(name="mine"))
-    catalog = discover_agents(project)
-
-    def never(question: str) -> bool:
-        raise AssertionError("must not ask")
-
-    require_trust(catalog.get("scout"), assume_yes=False, interactive=False, confirm=never)
-    require_trust(catalog.get("mine"), assume_yes=False, interactive=True, confirm=never)
-
-
-def test_project_agent_passes_with_yes(project_spec):
-    require_trust(project_spec, assume_yes=True, interactive=False, confirm=None)
-
-
-def test_project_agent_without_yes_non_interactive_is_refused(project_spec):
-    with pytest.raises(ConfirmationRequired) as info:
-        require_trust(project_spec, assume_yes=False, interactive=False, confirm=lambda q: True)
-
-    origin = TRUST_ORIGIN.format(project_spec.path)
-    assert str(info.value) == f"agent 'x' {origin} Re-run with --yes to allow it."
-
-
-def test_project_agent_interactive_asks_once(project_spec):
-    questions: list[str] = []
-
-    def accept(question: str) -> bool:
-        questions.append(question)
-        return True
-
-    require_trust(project_spec, assume_yes=False, interactive=True, confirm=accept)
-
-    assert questions == [f"agent 'x' {TRUST_ORIGIN.format(project_spec.path)} Allow it?"]
-
-
-def test_project_agent_declined_is_refused(project_spec):
-    with pytest.raises(ConfirmationRequired) as info:
-        require_trust(project_spec, assume_yes=False, interactive=True, confirm=lambda q: False)
-
-    assert str(info.value) == ("agent 'x' was not allowed to run (declined). Re-run with --yes to allow it.")
 
 
 def test_special_and_huge_files_are_skipped_unread(user_dir, project):

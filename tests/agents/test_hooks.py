@@ -255,6 +255,10 @@ def test_a_bad_event_or_matcher_in_a_project_file_leaves_out_that_part_only_and_
     warnings = [e.data["message"] for e in events if e.kind == "hook_warning"]
     lines = path.read_text().splitlines()
     event, matcher = (next(n for n, line in enumerate(lines, 1) if key in line) for key in ('"OnSave"', '"Bash("'))
+    assert warnings.pop(0) == (  # --yes names what it lets run unsandboxed, and from which file
+        f"--yes: the project file {path} has hooks: commands that run unsandboxed, as you, around the agents' tool "
+        "calls"
+    )
     assert warnings == [
         f"{path} line {event}: unknown hook event 'OnSave'; use one of PreToolUse, PostToolUse, SubagentStart, "
         "SubagentStop, Stop; its hooks are left out, the others run",

@@ -129,13 +129,14 @@ def test_consent_is_asked_at_the_clients_terminal_and_never_widens(
     assert refused == (
         2,
         "",
-        f"error: agent 'helper' comes from the project file {path}; it can run commands in this workspace. Re-run "
-        "with --yes to allow it.\n",
+        f"error: agent 'helper' comes from the project file {path}; its bash runs sandboxed in this workspace. "
+        "Re-run with --yes-agents (or --yes) to allow it.\n",
     )
     term = Terminal(["run", "helper", "x", "-C", str(tmp_path)])
     try:
         term.expect(
-            f"agent 'helper' comes from the project file {path}; it can run commands in this workspace. Allow it? [y/N]: "
+            f"agent 'helper' comes from the project file {path}; its bash runs sandboxed in this workspace. Allow it? "
+            "[y/N]: "
         )
         term.send("y\n")
         term.expect("helped")

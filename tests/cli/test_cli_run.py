@@ -325,7 +325,7 @@ def test_agent_discovery_errors_and_project_agent_consent(tmp_path: Path, ws: Pa
     assert refused.stdout == "" and "Traceback" not in refused.stderr
     assert refused.stderr.splitlines()[-1] == (
         f"error: agent 'helper' comes from the project file {(agents_dir / 'helper.md').resolve()}; "
-        "it can run commands in this workspace. Re-run with --yes to allow it."
+        "its bash runs sandboxed in this workspace. Re-run with --yes-agents (or --yes) to allow it."
     )
 
     allowed = cli("run", "helper", "list", "--model", script, "--cwd", ws, "--yes", "--verbose")

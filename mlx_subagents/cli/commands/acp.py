@@ -17,7 +17,13 @@ app = typer.Typer()
     isolation=None,  # a chat's task works in the shared tree
     cwd=None,  # each session's workspace is the folder the editor gives it (session/new's cwd)
     yes=Annotated[
-        bool, typer.Option("--yes", "-y", help="Allow project agents and servers without asking the editor.")
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help="Allow the project's agents (bash sandboxed) and skills, and its hooks and MCP servers, which run "
+            "unsandboxed, as you, without asking the editor (--yes-agents: the agents and skills only).",
+        ),
     ],
 )
 def acp_command(*, shared: Shared) -> None:

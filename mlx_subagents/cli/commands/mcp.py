@@ -18,7 +18,15 @@ app = typer.Typer()
 @shared_options(
     isolation=None,  # each call says its own "isolation"
     cwd=None,  # its own --cwd below: no default, so that the client's root can be the workspace
-    yes=Annotated[bool, typer.Option("--yes", "-y", help="Allow project agents (a client cannot be asked).")],
+    yes=Annotated[
+        bool,
+        typer.Option(
+            "--yes",
+            "-y",
+            help="Allow what comes with the project (a client cannot be asked): its agents (bash sandboxed) and skills, "
+            "and its hooks and MCP servers, which run unsandboxed, as you (--yes-agents: the agents and skills only).",
+        ),
+    ],
 )
 def mcp(
     workspace: Annotated[
