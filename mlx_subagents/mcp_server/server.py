@@ -316,16 +316,9 @@ class AgentsServer:
                 "start_agents with the same arguments"
             )
         runner = await self._runner(ctx)
-        try:
-            call = parse_delegation(
-                arguments,
-                runner.workspace,
-                runner.catalog.agents,
-                tool="run_agents",
-                workflows=bool(runner.workflow_names()),
-            )
-        except ToolError as exc:
-            return _error(f"Error: {exc}")
+        call = _parsed(runner, arguments, "run_agents")
+        if isinstance(call, types.CallToolResult):
+            return call
         handles: list[TaskHandle] = []
         begun = asyncio.Event()
 
@@ -395,16 +388,9 @@ class AgentsServer:
         """`run_agents`'s forms, read by the same parser, started on the board: the ids at once."""
         runner = await self._runner(ctx)
         tasks = self._tasks(runner)
-        try:
-            call = parse_delegation(
-                {**arguments, "background": True},
-                runner.workspace,
-                runner.catalog.agents,
-                tool="start_agents",
-                workflows=bool(runner.workflow_names()),
-            )
-        except ToolError as exc:
-            return _error(f"Error: {exc}")
+        call = _parsed(runner, {**arguments, "background": True}, "start_agents")
+        if isinstance(call, types.CallToolResult):
+            return call
         started = await _refused_or(runner, call, "start_agents", lambda: runner.start_background(call, tasks.board))
         if isinstance(started, types.CallToolResult):
             return started
@@ -506,6 +492,17 @@ def unconfirmed_agents(runner: Runner) -> list[AgentSpec]:
     if runner.options.assume_yes:
         return []
     return sorted((s for s in runner.catalog.agents.values() if s.source == "project"), key=lambda s: s.name)
+
+
+def _parsed(runner: Runner, arguments: dict[str, Any], tool: str) -> Delegation | types.CallToolResult:
+    """Reads a call's arguments with the delegation parser (as the `subagent` tool does), or says in
+    the error result what was wrong with them."""
+    try:
+        return parse_delegation(
+            arguments, runner.workspace, runner.catalog.agents, tool=tool, workflows=bool(runner.workflow_names())
+        )
+    except ToolError as exc:
+        return _error(f"Error: {exc}")
 
 
 async def _refused_or(

@@ -8,18 +8,17 @@ import typer
 
 from ..flags import JsonOpt
 from ..output import err, out, warn
+from . import listing
 
 app = typer.Typer(name="cache", help="The prompt prefixes kept on disk for warm starts.", no_args_is_help=False)
 
 
-@app.callback(invoke_without_command=True)
-def cache(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+@listing(app)
+def cache(as_json: JsonOpt = False) -> None:
     """List the stored prefixes (model, tokens, size, last used), most recently used first.
 
     Example: subagent cache --json
     """
-    if ctx.invoked_subcommand is not None:
-        return
     from ...host.kv.prefix_store import list_prefixes, prefix_cache_dir
 
     found = list_prefixes(warn=warn)

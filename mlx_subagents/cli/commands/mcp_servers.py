@@ -10,21 +10,18 @@ import typer
 
 from ..flags import CwdOpt, JsonOpt, Scope, ScopeOpt
 from ..output import err, out, print_warnings, warn
+from . import listing
 
 app = typer.Typer(name="mcp-servers", help="The MCP servers agents can use; sign in to those that want OAuth.")
 
 
-@app.callback(invoke_without_command=True)
-def mcp_servers(
-    ctx: typer.Context, cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False
-) -> None:
+@listing(app)
+def mcp_servers(cwd: CwdOpt = Path("."), scope: ScopeOpt = Scope.both, as_json: JsonOpt = False) -> None:
     """List the MCP servers agents can use: where each is defined, whether it needs consent, and which
     agents get which of its tools (`subagent doctor` starts each and counts its tools).
 
     Example: subagent mcp-servers --json
     """
-    if ctx.invoked_subcommand is not None:
-        return
     from ...agents.discovery import discover_agents
     from ..mcp_servers import entry_lines, mcp_entries
 

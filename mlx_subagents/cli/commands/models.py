@@ -9,18 +9,17 @@ import typer
 from ...runs.tasks import default_model
 from ..flags import JsonOpt
 from ..output import err, out
+from . import listing
 
 app = typer.Typer(name="models", help="The models this machine can run; import GGUF files.", no_args_is_help=False)
 
 
-@app.callback(invoke_without_command=True)
-def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+@listing(app)
+def models(as_json: JsonOpt = False) -> None:
     """List runnable models (imported and in the Hugging Face cache); * marks the default.
 
     Example: subagent models --json
     """
-    if ctx.invoked_subcommand is not None:
-        return
     from ...models.catalog import list_models
     from ...models.display import models_table
 

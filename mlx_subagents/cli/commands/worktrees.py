@@ -8,6 +8,7 @@ import typer
 
 from ..flags import JsonOpt
 from ..output import err, out, warn
+from . import listing
 
 app = typer.Typer()
 
@@ -35,14 +36,12 @@ worktrees_app = typer.Typer(help="The worktrees isolated tasks left; prune the m
 app.add_typer(worktrees_app, name="worktrees")
 
 
-@worktrees_app.callback(invoke_without_command=True)
-def worktrees(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+@listing(worktrees_app)
+def worktrees(as_json: JsonOpt = False) -> None:
     """List the kept worktrees of isolated tasks (isolation: worktree), oldest first.
 
     Example: subagent worktrees --json
     """
-    if ctx.invoked_subcommand is not None:
-        return
     from ...runs.worktrees import list_worktrees
     from ..show import worktree_json, worktree_line
 
