@@ -1,7 +1,8 @@
 """The command line's options: one `Annotated` alias per flag, and the flags every running command shares.
 
 `shared_options()` gives a command the shared flags (model, workspace, limits, host settings) as
-one `Shared` argument, so that each flag is declared once; `Shared.options()` is the `RunOptions`
+one `Shared` argument, and `display_options()` the running commands' --json, --events and --quiet
+as one `Display`, so that each flag is declared once; `Shared.options()` is the `RunOptions`
 the core sees, and `Shared.runner()` the command's runner.
 """
 
@@ -279,6 +280,24 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
 }
 
 
+# How a running command shows its work: name -> (its `Annotated` alias, its default).
+DISPLAY_FLAGS: dict[str, tuple[Any, Any]] = {
+    "as_json": (JsonOpt, False),
+    "events": (EventsOpt, False),
+    "quiet": (QuietOpt, False),
+}
+
+
+@dataclass(frozen=True)
+class Display:
+    """How a running command shows its work: its result as one JSON object (`--json`), each event as a
+    JSON line as it happens (`--events`), no progress display (`--quiet`)."""
+
+    as_json: bool = False
+    events: bool = False
+    quiet: bool = False
+
+
 @dataclass(frozen=True)
 class Shared:
     """The shared flags of one command, as typed; `options()` is what the core sees."""
@@ -390,22 +409,40 @@ def shared_options(**overrides: Any) -> Callable[[Callable[..., None]], Callable
         overrides: a flag's own `Annotated` alias for this command (other help), or None to leave
             the flag out (its default is used).
     """
+    return _bundle(SHARED_FLAGS, "shared", _shared, overrides)
+
+
+def display_options() -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a running command --json, --events and --quiet; it receives them as one keyword argument,
+    `display: Display` (under `shared_options`, which then lists them before the shared flags)."""
+    return _bundle(DISPLAY_FLAGS, "display", lambda values: Display(**values), {})
+
+
+def _shared(values: dict[str, Any]) -> Shared:
+    """The shared flags as given, config.toml's values below them."""
+    config = load_config()
+    configured = frozenset(k for k, v in values.items() if v is None and k in config.values and k != "model")
+    return Shared(**defaults_for(values, config), configured=configured)
+
+
+def _bundle(
+    flags: dict[str, tuple[Any, Any]], keyword: str, make: Callable[[dict[str, Any]], Any], overrides: dict[str, Any]
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Adds `flags` to a command's own options and hands them to it as one keyword argument, `make(values)`."""
 
     def wrap(command: Callable[..., None]) -> Callable[..., None]:
-        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "shared"]
-        flags = {name: overrides.get(name, alias) for name, (alias, _default) in SHARED_FLAGS.items()}
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != keyword]
+        aliases = {name: overrides.get(name, alias) for name, (alias, _default) in flags.items()}
         added = [
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=SHARED_FLAGS[name][1], annotation=alias)
-            for name, alias in flags.items()
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=flags[name][1], annotation=alias)
+            for name, alias in aliases.items()
             if alias is not None
         ]
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> None:
-            values = {name: kwargs.pop(name, default) for name, (_alias, default) in SHARED_FLAGS.items()}
-            config = load_config()
-            configured = frozenset(k for k, v in values.items() if v is None and k in config.values and k != "model")
-            command(**kwargs, shared=Shared(**defaults_for(values, config), configured=configured))
+            values = {name: kwargs.pop(name, default) for name, (_alias, default) in flags.items()}
+            command(**kwargs, **{keyword: make(values)})
 
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

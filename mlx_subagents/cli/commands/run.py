@@ -18,9 +18,8 @@ from ...runs.tasks import TaskSpec, label_tasks, load_tasks_file
 from ..attach import run_job
 from ..flags import (
     CwdOpt,
-    EventsOpt,
+    Display,
     JsonOpt,
-    QuietOpt,
     SchemaOpt,
     Shared,
     StepAgents,
@@ -28,6 +27,7 @@ from ..flags import (
     TaskAgents,
     TaskTexts,
     VerboseOpt,
+    display_options,
     shared_options,
 )
 from ..output import err, event_sinks, finish_multi, finish_single, out, run_multi, run_single
@@ -52,52 +52,45 @@ def read_schema(path: Path | None) -> dict[str, Any] | None:
     return load_schema(path) if path else None
 
 
-def run_one(
-    shared: Shared,
-    job: Job,
-    as_json: bool,
-    events: bool,
-    *,
-    verbose: bool = False,
-    cwd: Path | None = None,
-    quiet: bool = False,
-) -> None:
+def run_one(shared: Shared, job: Job, display: Display, *, verbose: bool = False, cwd: Path | None = None) -> None:
     """A one-task command: its job (on the server, or a runner here in `cwd`), a line per event, the
     live status, the result, the exit."""
-    sinks = event_sinks(events)
+    sinks = event_sinks(display.events)
     sinks.targets.append(EventLines(err, "task", verbose=verbose).handle)
-    finish_single(run_single(sinks, quiet, events, lambda: run_job(shared, job, sinks, cwd=cwd)), as_json, events)
+    go = lambda: run_job(shared, job, sinks, cwd=cwd)  # noqa: E731
+    finish_single(run_single(sinks, display.quiet, display.events, go), display.as_json, display.events)
 
 
-def _run_many(shared: Shared, rows: list[tuple[str, str]], job: Job, as_json: bool, events: bool, quiet: bool) -> None:
+def _run_many(shared: Shared, rows: list[tuple[str, str]], job: Job, display: Display) -> None:
     """A multi-task command: its job, the progress table of `rows` (label, agent), the result, the exit."""
-    sinks = event_sinks(events)
-    finish_multi(run_multi(sinks, rows, quiet, events, lambda: run_job(shared, job, sinks)), as_json, events)
+    sinks = event_sinks(display.events)
+    finished = run_multi(sinks, rows, display.quiet, display.events, lambda: run_job(shared, job, sinks))
+    finish_multi(finished, display.as_json, display.events)
 
 
 @app.command()
 @shared_options()
+@display_options()
 def run(
     agent: Annotated[str, typer.Argument(help="Agent name (see `subagent agents`).")],
     task: Annotated[str, typer.Argument(help="What the agent should do.")],
     schema: SchemaOpt = None,
-    as_json: JsonOpt = False,
-    events: EventsOpt = False,
     verbose: VerboseOpt = False,
-    quiet: QuietOpt = False,
     *,
     shared: Shared,
+    display: Display,
 ) -> None:
     """Run one agent on a task in a workspace.
 
     Example: subagent run scout "where is auth handled?"
     """
     spec = TaskSpec(agent=agent, task=task, schema=read_schema(schema))
-    run_one(shared, Job(command="run", tasks=[spec]), as_json, events, verbose=verbose, quiet=quiet)
+    run_one(shared, Job(command="run", tasks=[spec]), display, verbose=verbose)
 
 
 @app.command()
 @shared_options()
+@display_options()
 def parallel(
     texts: TaskTexts = None,
     agent: TaskAgents = None,
@@ -111,11 +104,9 @@ def parallel(
         ),
     ] = None,
     schema: SchemaOpt = None,
-    as_json: JsonOpt = False,
-    events: EventsOpt = False,
-    quiet: QuietOpt = False,
     *,
     shared: Shared,
+    display: Display,
 ) -> None:
     """Run several independent tasks at once; results in input order.
 
@@ -126,11 +117,12 @@ def parallel(
     tasks = label_tasks([replace(t, schema=answer_schema or t.schema) for t in tasks])
     rows = [(t.label, t.agent) for t in tasks]
     job = Job(command="parallel", tasks=tasks, concurrency=shared.concurrency)
-    _run_many(shared, rows, job, as_json, events, quiet)
+    _run_many(shared, rows, job, display)
 
 
 @app.command()
 @shared_options()
+@display_options()
 def chain(
     texts: StepTexts = None,
     agent: StepAgents = None,
@@ -138,11 +130,9 @@ def chain(
         Optional[Path],
         typer.Option("--schema", dir_okay=False, help="JSON schema file the last step's answer must satisfy."),
     ] = None,
-    as_json: JsonOpt = False,
-    events: EventsOpt = False,
-    quiet: QuietOpt = False,
     *,
     shared: Shared,
+    display: Display,
 ) -> None:
     """Run steps one after another, each getting the previous answer as {previous}.
 
@@ -152,19 +142,18 @@ def chain(
     if steps and schema:
         steps[-1] = replace(steps[-1], schema=read_schema(schema))
     steps = label_tasks(steps)
-    _run_many(shared, [(t.label, t.agent) for t in steps], Job(command="chain", tasks=steps), as_json, events, quiet)
+    _run_many(shared, [(t.label, t.agent) for t in steps], Job(command="chain", tasks=steps), display)
 
 
 @app.command()
 @shared_options()
+@display_options()
 def workflow(
     name: Annotated[str, typer.Argument(help="A workflow name (.mlx-subagents/workflows/NAME.toml) or a TOML file.")],
     input: Annotated[str, typer.Option("--input", "-i", help="The workflow input every step receives ({input}).")] = "",
-    as_json: JsonOpt = False,
-    events: EventsOpt = False,
-    quiet: QuietOpt = False,
     *,
     shared: Shared,
+    display: Display,
 ) -> None:
     """Run a workflow: steps start as soon as the steps they need are done.
 
@@ -175,7 +164,7 @@ def workflow(
     path = find_workflow(name, Path(shared.cwd).resolve())
     rows = [(s.id, s.agent) for s in load_workflow(path).steps]
     job = Job(command="workflow", workflow=str(Path(path).resolve()), input=input, concurrency=shared.concurrency)
-    _run_many(shared, rows, job, as_json, events, quiet)
+    _run_many(shared, rows, job, display)
 
 
 @app.command()

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from ...runs.jobs import Job
-from ..flags import EventsOpt, JsonListOpt, JsonOpt, QuietOpt, SchemaOpt, Shared, TaskKeyOpt, shared_options
+from ..flags import Display, JsonListOpt, JsonOpt, SchemaOpt, Shared, TaskKeyOpt, display_options, shared_options
 from ..output import err, out
 from .run import read_schema, run_one
 
@@ -101,16 +101,15 @@ def show(
         Optional[str], typer.Option("--model", "-m", help="Model to continue with (default: the one the task used).")
     ],
 )
+@display_options()
 def resume(
     run_id: Annotated[str, typer.Argument(help="A run id (or a unique prefix, or `last`).")],
     message: Annotated[str, typer.Argument(help="The follow-up message.")],
     task: TaskKeyOpt = None,
     schema: SchemaOpt = None,
-    as_json: JsonOpt = False,
-    events: EventsOpt = False,
-    quiet: QuietOpt = False,
     *,
     shared: Shared,
+    display: Display,
 ) -> None:
     """Continue a saved task's conversation with a new message (its transcript is extended).
 
@@ -120,4 +119,4 @@ def resume(
 
     record = load_run(run_id)
     job = Job(command="resume", run_id=record.run_id, message=message, task=task, schema=read_schema(schema))
-    run_one(shared, job, as_json, events, cwd=Path(record.cwd), quiet=quiet)
+    run_one(shared, job, display, cwd=Path(record.cwd))
