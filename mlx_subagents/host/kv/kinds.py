@@ -40,6 +40,8 @@ class CacheKind:
         quantize: its empty form under `--kv-bits` 8 or 4 (a recurrent state stays as it is).
         window: a sliding window: its size and what it keeps are part of its stored kind.
         packed: its keys and values are quantized triples (packed values, scales, biases).
+        rewinds: the positions a drafted forward wrote can be taken back off it (`rewind.py`); a
+            recurrent state cannot: it holds no positions, only their sum.
     """
 
     cls: type
@@ -48,6 +50,7 @@ class CacheKind:
     quantize: Quantize
     window: bool = False
     packed: bool = False
+    rewinds: bool = True
 
     @property
     def name(self) -> str:
@@ -96,7 +99,7 @@ def cache_kinds() -> dict[type, CacheKind]:
         CacheKind(KVCache, BatchKVCache, "tokens", _dense),
         CacheKind(PrefixedKVCache, BatchPrefixedKVCache, "tokens", _dense),
         CacheKind(RotatingKVCache, BatchRotatingKVCache, "tokens", _window, window=True),
-        CacheKind(ArraysCache, ArraysCache, "fixed", _kept),
+        CacheKind(ArraysCache, ArraysCache, "fixed", _kept, rewinds=False),
         CacheKind(QuantizedKVCache, BatchQuantizedKVCache, "tokens", _dense, packed=True),
         CacheKind(QuantizedRotatingKVCache, BatchQuantizedRotatingKVCache, "tokens", _window, window=True, packed=True),
     ]

@@ -1,0 +1,76 @@
+"""One sequence decoding with drafts: each forward verifies a session's draft and keeps one or more tokens.
+
+The drafted counterpart of `single.SingleStream`: the same model, cache and sampling, but each call
+feeds the token before the draft and the draft itself (`drafts.py`), keeps the verdict's tokens
+(`verify.py`) and rewinds the cache past the rejected ones (`kv/rewind.py`), so the tokens are the
+ones decoding one at a time gives, a forward yielding as many as the draft got right plus one. A
+forward with no draft is a plain decode step. It is not pipelined: the next draft depends on the
+verdict, which is read back before the next forward is built.
+
+Rows with logits processors (a grammar, a thought budget, a forcing script) do not draft here:
+their processors read every token in order and keep state that a rejected draft would have to undo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..kv.rewind import mark, refusal, rewind
+from .drafts import Drafter
+from .verify import verdict
+
+
+@dataclass
+class DraftCounts:
+    """A sequence's drafting so far: forwards run, tokens drafted, drafted tokens accepted, tokens kept."""
+
+    forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+
+    @property
+    def per_forward(self) -> float:
+        """Tokens kept per verifying forward (1.0 without drafts)."""
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+
+class DraftedStream:
+    """Decodes from a cache holding `context[:-1]`, feeding `context[-1]` first.
+
+    Raises:
+        ValueError: a layer of `cache` cannot be rewound (`kv.rewind.refusal` says which).
+    """
+
+    def __init__(self, model: Any, cache: list[Any], context: list[int], temperature: float, drafter: Drafter) -> None:
+        problem = refusal(cache)
+        if problem is not None:
+            raise ValueError(problem)
+        self.model, self.cache, self.temperature, self.drafter = model, cache, temperature, drafter
+        self.tokens = list(context)
+        self.counts = DraftCounts()
+
+    def next(self, limit: int | None = None) -> list[int]:
+        """The tokens of one forward, in order (at most `limit`); the last is not yet in the cache, as
+        `SingleStream.next`'s token is not."""
+        import mlx.core as mx
+        from mlx_lm.generate import generation_stream
+
+        draft = self.drafter.propose(self.tokens)[: None if limit is None else max(0, limit - 1)]
+        before = mark(self.cache)
+        with mx.stream(generation_stream):
+            logits = self.model(mx.array([self.tokens[-1:] + draft], dtype=mx.uint32), cache=self.cache)[0]
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        kept = verdict(logprobs, draft, self.temperature)
+        rewind(self.cache, len(draft) + 1 - len(kept), before)
+        self.drafter.observe(len(draft), len(kept) - 1)
+        self.tokens += kept
+        counts = self.counts
+        counts.forwards, counts.drafted, counts.accepted = (
+            counts.forwards + 1,
+            counts.drafted + len(draft),
+            counts.accepted + len(kept) - 1,
+        )
+        counts.tokens += len(kept)
+        return kept

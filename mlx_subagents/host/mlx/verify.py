@@ -1,0 +1,53 @@
+"""Verification: which drafted tokens a session keeps, given the model's logits at each drafted position,
+so that its output is exactly what decoding one token at a time gives.
+
+A verifying forward feeds the token before the draft and the draft's k tokens; its k + 1 rows of
+logits are the model's next-token distributions after each prefix of the draft. The verdict keeps a
+prefix of the draft and adds one token of the model's own:
+
+- greedy (temperature 0): the longest prefix the model's argmax agrees with, then the argmax at the
+  first disagreement (or after the whole draft). Each kept token is the one a step would have chosen.
+- sampled: speculative sampling (Leviathan et al., 2023; Chen et al., 2023) with a draft from lookup,
+  whose distribution puts all its mass on the drafted token d: keep d with the model's probability
+  p(d); at the first refusal sample from the residual, p with d removed and renormalized; after a
+  whole draft, sample the next token from p. Each token is then distributed exactly as p, so the
+  output distribution is unchanged (tests/host/test_speculative.py checks it with a chi-square).
+
+The candidates are drawn on the device for every row at once (a uniform per drafted token, one
+residual sample per row, the last row's sample plain), and one read brings the verdict back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def verdict(logprobs: Any, draft: Sequence[int], temperature: float) -> list[int]:
+    """The tokens to keep: an accepted prefix of `draft`, then one of the model's.
+
+    Args:
+        logprobs: shape (len(draft) + 1, vocabulary): the model's log-probabilities after the token
+            before the draft and after each drafted token, any logits processors applied.
+        draft: the drafted tokens.
+        temperature: 0 for greedy; otherwise sampling at this temperature, as `make_sampler(temp=)`.
+    """
+    import mlx.core as mx
+
+    k = len(draft)
+    drafted = mx.array(list(draft), dtype=mx.uint32)
+    if temperature == 0:
+        picks = mx.argmax(logprobs, axis=-1)
+        agree = picks[:k] == drafted
+    elif k == 0:
+        picks, agree = mx.random.categorical(logprobs * (1 / temperature), axis=-1), mx.array([], dtype=mx.bool_)
+    else:
+        scaled = logprobs * (1 / temperature)
+        probs = mx.softmax(scaled[:k], axis=-1)
+        agree = mx.random.uniform(shape=(k,)) < mx.take_along_axis(probs, drafted[:, None], axis=-1)[:, 0]
+        residual = mx.put_along_axis(scaled[:k], drafted[:, None], mx.array(-mx.inf, scaled.dtype), axis=-1)
+        picks = mx.random.categorical(mx.concatenate([residual, scaled[k:]]), axis=-1)
+    # The first refusal, or k when there is none: argmin finds the first 0 of agree followed by a 0.
+    kept = mx.argmin(mx.concatenate([agree, mx.array([False])]).astype(mx.int32))
+    n, token = mx.stack([kept.astype(mx.int32), picks[kept].astype(mx.int32)]).tolist()
+    return [*draft[:n], token]
