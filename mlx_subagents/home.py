@@ -1,7 +1,8 @@
 """The state folder, `$MLX_SUBAGENTS_HOME` (default `~/.mlx-subagents`): saved runs, user agents, workflows.
 
 One place reads the environment variable, so every module agrees on where the folder is, and one
-place creates folders in it, so a home that is a file or read-only is one line, not a traceback.
+place creates folders in it, so a home that is a file or read-only is one line, not a traceback, and
+the home is the user's alone (0700) whatever the umask (`keep_private`).
 Small files that other processes read while they change (`write_whole`) are written whole.
 """
 
@@ -50,14 +51,27 @@ def make_state_dir(path: Path, *, home: Path | None = None, exist_ok: bool = Tru
     Args:
         home: the state folder `path` lies in, named in the error (default `state_home()`).
     """
+    where = home or state_home()
     try:
+        if path.absolute().is_relative_to(where.absolute()):
+            keep_private(where)
         path.mkdir(parents=True, exist_ok=exist_ok)
     except OSError as exc:
-        where = home or state_home()
         raise StateHomeError(
             f"cannot save in the state folder {where}: {os_reason(exc)}; set {HOME_ENV} to a writable folder"
         ) from None
     return path
+
+
+def keep_private(home: Path) -> None:
+    """Make the state folder the user's alone (0700) before anything is put in it: made so if missing,
+    closed if the umask or an older version left it open. What the agents saw (transcripts, logs,
+    worktrees, the server's files) is reached only through it, so no other user reads any of it,
+    whatever the files' own modes. A folder another user owns is left as it is."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.stat(home)
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(home, st.st_mode & 0o700)  # others lose every right; the owner keeps theirs
 
 
 def file_name(name: str, default: str = "task") -> str:

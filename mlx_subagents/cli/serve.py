@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ..errors import SubagentError
+from ..home import make_state_dir
 from ..serve.client import make_hello, quick
 from ..serve.state import ServerInfo, lock_held, running_server, serve_paths
 from .output import err, out
@@ -30,7 +31,7 @@ def start_detached(args: list[str]) -> ServerInfo:
     paths = serve_paths()
     if (info := running_server(paths, wait=0)) is not None:
         return info
-    paths.log.parent.mkdir(parents=True, exist_ok=True)
+    make_state_dir(paths.log.parent, home=paths.home)
     with open(paths.log, "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "mlx_subagents.cli", "serve", *args],

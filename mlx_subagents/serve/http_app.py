@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import SubagentError
 from ..mcp_server.server import AgentsServer, make_server
@@ -53,6 +54,11 @@ PATH = "/mcp"
 # A session nobody has sent a request for this long is ended (its client is taken for gone).
 IDLE_TIMEOUT_S = 8 * 3600.0
 GRACEFUL_S = 3
+# At most this many HTTP connections at once, whoever opens them: the rest of the process's descriptors
+# stay for the socket's clients (the owner's own front ends) and the agents' tools, so that another
+# user holding idle connections never starves them (`raise_descriptor_limit` raises the rest).
+MAX_HTTP_CONNECTIONS = 256
+MAX_DESCRIPTORS = 65536
 CLIENT_KEY = "mlx_subagents.client"
 YES = {"1", "true", "yes"}
 
@@ -196,6 +202,35 @@ class HttpFront:
         return client
 
 
+class CappedH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol that closes a connection past `MAX_HTTP_CONNECTIONS` at once; said
+    once in the log each time the limit is reached (a line per refusal would let a flood fill the log)."""
+
+    refusing = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) <= MAX_HTTP_CONNECTIONS:
+            CappedH11.refusing = False
+            return
+        if not CappedH11.refusing:
+            CappedH11.refusing = True
+            log.warning("HTTP connections past %d are closed as they come, until some end", MAX_HTTP_CONNECTIONS)
+        transport.abort()
+
+
+def raise_descriptor_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit (at most `MAX_DESCRIPTORS`): 1,024
+    is the usual soft default, which HTTP connections and the agents' commands share with the socket."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MAX_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MAX_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 class QuietServer(uvicorn.Server):
     """uvicorn without its own signal handlers: the server's stop wiring is the one."""
 
@@ -256,10 +291,16 @@ def bind_http(port: int) -> socket.socket:
 
 async def start_http(service: Service, port: int) -> tuple[HttpServer, str]:
     """Serve HTTP on 127.0.0.1:`port` (0: a free one); the running server and its URL."""
+    raise_descriptor_limit()
     sock = bind_http(port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        make_app(service, port), log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=GRACEFUL_S
+        make_app(service, port),
+        http=CappedH11,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_S,
     )
     server = QuietServer(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))

@@ -46,7 +46,7 @@ from . import attached
 from .clients import DISCONNECTED, Client, ClientKind, Clients
 from .protocol import STOPPING_NOTICE, Hello
 from .socket_mcp import serve_mcp
-from .state import ServePaths, ServerInfo, claim, ensure_token, serve_paths, write_info
+from .state import ServePaths, ServerInfo, claim, new_token, serve_paths, write_info
 from .wire import Oversized, load, read_lines, send
 
 DEFAULT_PORT = 8421
@@ -370,7 +370,7 @@ async def serve(config: ServeConfig, home: Path | None = None) -> int:
     paths = serve_paths(home)
     with claim(paths):
         setup_logging(paths.log)
-        service = Service(config, paths, ensure_token(paths))
+        service = Service(config, paths, new_token(paths))
         return await service.run()
 
 

@@ -8,9 +8,11 @@ One server per state folder (`$MLX_SUBAGENTS_HOME/serve/`):
 - `server.json`: what it is (pid, socket, URL, log), written once it listens, removed when it ends;
 - `serve.sock`: the unix socket (0600) the project's own front ends speak to (a path too long for a
   unix socket is moved to the temp folder, named by a hash of the state folder);
-- `token`: the bearer token HTTP clients send (0600), kept across restarts so that a client's
-  configuration keeps working; a token file that is not the user's own, is readable by others or
-  does not hold a token is replaced.
+- `token`: the bearer token HTTP clients send (0600), new at each start, so that a token that leaked
+  while no server ran (to another user listening on the port) is good only for a server that is gone;
+- the socket, when its path is too long, in `$TMPDIR/mlx-subagents-<uid>/`, a folder the user's
+  alone (`private_folder`); a client sends nothing to a socket whose owner it cannot check
+  (`owned_listener`). The state folder itself is the user's alone (`home.keep_private`).
 
 Files a dead server left (a socket nobody listens on, a `server.json` whose lock nobody holds) are
 stale: the next server replaces them, and clients take them for no server.
@@ -33,7 +35,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from ..errors import SubagentError
-from ..home import make_state_dir, state_home, write_whole
+from ..home import HOME_ENV, make_state_dir, state_home, write_whole
 from ..userfiles import read_text
 
 SERVE_DIR = "serve"
@@ -41,7 +43,6 @@ LOG_FILE = "serve.log"
 # Unix socket paths are at most 104 (macOS) or 108 (Linux) bytes, the final NUL included.
 MAX_SOCKET_PATH = 100
 TOKEN_BYTES = 32
-MIN_TOKEN_CHARS = 32
 # How long a client waits for a server that holds the lock to say where it listens (it is starting).
 STARTING_WAIT_S = 10.0
 
@@ -70,7 +71,7 @@ def serve_paths(home: Path | None = None) -> ServePaths:
     socket = folder / "serve.sock"
     if len(os.fsencode(socket)) > MAX_SOCKET_PATH:
         digest = hashlib.sha256(os.fsencode(home)).hexdigest()[:16]
-        socket = Path(tempfile.gettempdir()) / f"mlx-subagents-{os.getuid()}-{digest}.sock"
+        socket = Path(tempfile.gettempdir()) / f"mlx-subagents-{os.getuid()}" / f"{digest}.sock"
     return ServePaths(
         home=home,
         folder=folder,
@@ -123,8 +124,9 @@ def claim(paths: ServePaths) -> Iterator[None]:
 
     Stale files of a server that died are removed here, before the new one writes its own.
     """
-    make_state_dir(paths.folder)
+    make_state_dir(paths.folder, home=paths.home)
     os.chmod(paths.folder, 0o700)
+    private_folder(paths.socket.parent)
     fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -143,6 +145,35 @@ def claim(paths: ServePaths) -> Iterator[None]:
         for mine in (paths.info, paths.socket):
             mine.unlink(missing_ok=True)
         os.close(fd)
+
+
+def private_folder(folder: Path) -> None:
+    """Make sure `folder` (the socket's) is this user's alone: made 0700 if missing; one line if another
+    user made it first (a shared temp folder), or others may write it, since whoever can write there
+    could put a socket of theirs in the server's place."""
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as exc:
+        raise SubagentError(f"{folder}: cannot make the server's socket folder ({exc.strerror}); {_SHORTER}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise SubagentError(f"{folder}: not a folder of yours (another user made it first); {_SHORTER}")
+    if st.st_mode & 0o022:
+        raise SubagentError(f"{folder}: others may write in it, so a socket there could be theirs; chmod 700 it")
+
+
+def owned_listener(socket: Path) -> bool:
+    """Whether `socket` and its folder are this user's and no one else may write the folder: a client
+    sends nothing (its options, its consent) to a socket whose owner it cannot check."""
+    try:
+        st, parent = os.lstat(socket), os.lstat(socket.parent)
+    except OSError:
+        return False
+    mine = st.st_uid == parent.st_uid == os.getuid()
+    return mine and stat.S_ISSOCK(st.st_mode) and not parent.st_mode & 0o022
+
+
+_SHORTER = f"remove it, or set {HOME_ENV} to a shorter path (the socket then lives in the state folder)"
 
 
 # -- server.json ------------------------------------------------------------------------------------------
@@ -167,7 +198,7 @@ def running_server(paths: ServePaths | None = None, *, wait: float = STARTING_WA
     deadline = time.monotonic() + wait
     while lock_held(paths):
         info = read_info(paths)
-        if info is not None and Path(info.socket).exists():
+        if info is not None and owned_listener(Path(info.socket)):
             return info
         if time.monotonic() > deadline:
             return None
@@ -178,31 +209,15 @@ def running_server(paths: ServePaths | None = None, *, wait: float = STARTING_WA
 # -- the token ---------------------------------------------------------------------------------------------
 
 
-def ensure_token(paths: ServePaths) -> str:
-    """The bearer token in `token` (0600, the user's own); a new one when the file is missing or unsafe."""
-    token = read_token(paths)
-    if token is not None:
-        return token
+def new_token(paths: ServePaths) -> str:
+    """A new bearer token for this server, written to `token` (0600, the user's own): one that leaked
+    while no server ran (another user listening on the port got it from a client) is good for nothing
+    once the server starts again. Clients read the file at each connection (serve.md)."""
     token = secrets.token_urlsafe(TOKEN_BYTES)
     paths.token.unlink(missing_ok=True)
     fd = os.open(paths.token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(token + "\n")
-    return token
-
-
-def read_token(paths: ServePaths) -> str | None:
-    """The token, or None when the file is missing, not a plain file of this user's, open to others,
-    or does not hold a token."""
-    try:
-        st = os.lstat(paths.token)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    token = paths.token.read_text(encoding="utf-8", errors="replace").strip()
-    if len(token) < MIN_TOKEN_CHARS or not token.replace("-", "").replace("_", "").isalnum():
-        return None
     return token
 
 
