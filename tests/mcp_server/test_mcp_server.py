@@ -688,6 +688,8 @@ def test_malformed_requests_with_an_id_are_answered_and_logged(tmp_path: Path, w
         '{"jsonrpc":"2.0","method":7}',
         '{"jsonrpc":"2.0","id":6,"method":"no/such"}',
         '{"jsonrpc":"2.0","id":7,"method":"tools/list","params":{"cursor":3}}',
+        '{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}',
+        '[{"jsonrpc":"2.0","id":9,"method":"ping"}]',
         '{"jsonrpc":"2.0","id":8,"method":"ping"}',
     ]
     proc = subprocess.Popen(
@@ -701,7 +703,7 @@ def test_malformed_requests_with_an_id_are_answered_and_logged(tmp_path: Path, w
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write("\n".join(lines) + "\n")
     proc.stdin.flush()
-    replies = [json.loads(proc.stdout.readline()) for _ in range(11)]  # stdin open until all are answered
+    replies = [json.loads(proc.stdout.readline()) for _ in range(13)]  # stdin open until all are answered
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     answers = {str(m["id"]): m.get("error", m.get("result")) for m in replies}
@@ -727,6 +729,11 @@ def test_malformed_requests_with_an_id_are_answered_and_logged(tmp_path: Path, w
             "message": "Invalid request: a message is one JSON object, got an array (batches are not supported)",
         },
         {"code": -32600, "message": "Invalid request: 'id' must be a string or an integer"},
+        {"code": -32600, "message": "Invalid request: 'id' must be a string or an integer"},
+        {
+            "code": -32600,
+            "message": "Invalid request: a message is one JSON object, got an array (batches are not supported)",
+        },
     ]
     warnings = [line.split(" mlx_subagents.mcp: ")[1] for line in err.splitlines() if " WARNING " in line]
     assert warnings == [
@@ -743,6 +750,10 @@ def test_malformed_requests_with_an_id_are_answered_and_logged(tmp_path: Path, w
         "malformed notification from the client, not answered: " + lines[9],
         "malformed request 7 from the client: Invalid params: tools/list: params.cursor: Input should be a valid "
         "string: " + lines[11],
+        "malformed message (answered with id null) from the client: Invalid request: 'id' must be a string or an "
+        "integer: " + lines[12],
+        "malformed message (answered with id null) from the client: Invalid request: a message is one JSON object, "
+        "got an array (batches are not supported): " + lines[13],
     ]
     assert "Traceback" not in err
 

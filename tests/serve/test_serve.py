@@ -241,7 +241,12 @@ def test_malformed_and_oversized_messages_are_answered_and_logged(
         + b"\n"
     )
     oversized = b'{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"pad": "' + b"x" * MAX_LINE_BYTES + b'"}}\n'
-    answers = exchange(hello, b"{ broken\n", oversized, json.dumps(INITIALIZE).encode() + b"\n", answers=4)
+    object_id, batch = (
+        b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}\n',
+        b'[{"jsonrpc": "2.0", "id": 2, "method": "ping"}]\n',
+    )
+    sent = (hello, b"{ broken\n", oversized, object_id, batch, json.dumps(INITIALIZE).encode() + b"\n")
+    answers = exchange(*sent, answers=6)
     assert answers[0]["ok"]["pid"] == info.pid
     assert answers[1] == {
         "jsonrpc": "2.0",
@@ -251,7 +256,11 @@ def test_malformed_and_oversized_messages_are_answered_and_logged(
     assert answers[2]["id"] is None and answers[2]["error"]["message"] == (
         f"Invalid request: the message is {len(oversized) - 1:,} bytes, over the limit of {MAX_LINE_BYTES:,}"
     )
-    assert answers[3]["id"] == 1 and answers[3]["result"]["serverInfo"]["name"] == "mlx-subagents"  # still answering
+    assert [(a["id"], a["error"]["code"], a["error"]["message"]) for a in answers[3:5]] == [
+        (None, -32600, "Invalid request: 'id' must be a string or an integer"),
+        (None, -32600, "Invalid request: a message is one JSON object, got an array (batches are not supported)"),
+    ]
+    assert answers[5]["id"] == 1 and answers[5]["result"]["serverInfo"]["name"] == "mlx-subagents"  # still answering
     log = serve_paths().log.read_text()
     assert "a malformed hello on the socket: it is not a JSON object" in log
     assert f"oversized message from a relayed client ({len(oversized) - 1} bytes): answered with id null" in log
