@@ -47,8 +47,9 @@ from acp.schema import (
 
 from ..errors import RequestError, SubagentError
 from ..runs.options import RunOptions
+from ..runs.prepare import client_servers
 from ..runs.transcripts import RunRecord, list_runs, load_run
-from ..tools.mcp import McpServerConfig, parse_server
+from ..serve.state import ServerInfo
 from .conversation import prompt_text, replay
 from .session import CLIENT_GONE, Choices, EditorSession, MakeRunner
 
@@ -81,12 +82,16 @@ class EditorAgent:
         make_runner: makes each session's runner (the process's hosts shared between them).
         options: the command's options (the agents' scope, the models offered).
         version: the package's version, for `agentInfo`.
+        server: the running `subagent serve` the sessions' chats run on (None: here).
     """
 
-    def __init__(self, make_runner: MakeRunner, options: RunOptions, version: str) -> None:
+    def __init__(
+        self, make_runner: MakeRunner, options: RunOptions, version: str, server: ServerInfo | None = None
+    ) -> None:
         self.make_runner = make_runner
         self.options = options
         self.version = version
+        self.server = server
         self.conn: Any = None
         self.capabilities = ClientCapabilities()
         self.sessions: dict[str, EditorSession] = {}
@@ -229,9 +234,17 @@ class EditorAgent:
             raise RequestError(
                 f"cwd '{cwd}' is not an absolute path of a folder on this machine; give the project's folder"
             )
-        servers = [client_server(s) for s in mcp_servers or []]
+        servers = dict(client_server(s) for s in mcp_servers or [])
+        client_servers(servers)  # each problem is one line now, not at the first prompt
         session = EditorSession(
-            session_id, root.resolve(), self.conn, self.capabilities, self.make_runner, mcp_servers=servers
+            session_id,
+            root.resolve(),
+            self.conn,
+            self.capabilities,
+            self.make_runner,
+            self.options,
+            self.server,
+            mcp_servers=servers,
         )
         self.sessions[session_id] = session
         return session
@@ -262,7 +275,7 @@ class EditorAgent:
         from ..agents.discovery import discover_agents
         from ..runs.model_grants import imported_names
 
-        catalog = session.chat.runner.catalog if session.chat else discover_agents(session.cwd, self.options.scope)
+        catalog = discover_agents(session.cwd, scope=self.options.scope)
         agents = [
             SessionConfigSelectOption(value=n, name=n, description=catalog.get(n).description) for n in catalog.names()
         ]
@@ -288,10 +301,8 @@ def select(id: str, name: str, current: str, options: list[Any], category: Any) 
     )
 
 
-def client_server(server: Any) -> McpServerConfig:
-    """A client's MCP server as a definition of ours (stdio or http), marked as the project's (consent)."""
-    from ..runs.prepare import CLIENT_SERVERS
-
+def client_server(server: Any) -> tuple[str, dict[str, Any]]:
+    """A client's MCP server as a definition of ours (stdio or http, as `.mcp.json` writes it)."""
     if getattr(server, "command", None) is not None:
         value: dict[str, Any] = {
             "command": server.command,
@@ -305,7 +316,7 @@ def client_server(server: Any) -> McpServerConfig:
             f"MCP server '{server.name}': only stdio and http servers are supported here (mcpCapabilities); "
             "give it as one of those"
         )
-    return parse_server(server.name, value, CLIENT_SERVERS, project=True)
+    return server.name, value
 
 
 def continuable(record: RunRecord) -> str | None:

@@ -30,6 +30,7 @@ from ..events import EventSink
 from ..runs.hosts import HostPool
 from ..runs.options import RunOptions
 from ..runs.runner import Runner
+from ..serve.state import ServerInfo
 from .agent import EditorAgent
 from .session import CLIENT_GONE, MakeRunner
 
@@ -123,11 +124,14 @@ def runner_factory(options: RunOptions, processor_factory: Any = None) -> MakeRu
     return make
 
 
-async def serve_stdio(make_runner: MakeRunner, options: RunOptions, version: str) -> None:
-    """Run the agent on stdin and stdout until the client goes or a signal stops it."""
+async def serve_stdio(
+    make_runner: MakeRunner, options: RunOptions, version: str, server: ServerInfo | None = None
+) -> None:
+    """Run the agent on stdin and stdout until the client goes or a signal stops it; with `server`, each
+    session's chat runs on that `subagent serve`."""
     reader, writer = await acp.stdio_streams(limit=MAX_LINE_BYTES)
     lines = CheckedLines(reader, writer)
-    agent = EditorAgent(make_runner, options, version)
+    agent = EditorAgent(make_runner, options, version, server)
     conn = AgentSideConnection(agent, lines, listening=False, use_unstable_protocol=True)
     listening = asyncio.ensure_future(conn.listen())
     stopped: list[str] = []

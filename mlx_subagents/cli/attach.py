@@ -86,12 +86,13 @@ def serve_mcp(
 
 
 def serve_acp(shared: Shared) -> int:
-    """`subagent acp`: the ACP agent on stdio, its sessions' runners over this process's hosts; the exit code."""
+    """`subagent acp`: the ACP agent on stdio; its sessions' chats on the running server (one model for the
+    machine), else on runners over this process's hosts; the exit code."""
     from .. import __version__
     from ..acp.stdio import runner_factory, serve_stdio
 
     options = shared.options()
-    asyncio.run(serve_stdio(runner_factory(options), options, __version__))
+    asyncio.run(serve_stdio(runner_factory(options), options, __version__, server_for(shared)))
     return 0
 
 

@@ -58,7 +58,16 @@ from ..home import state_home
 from ..host.mlx.loading import resolve_model_path
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, ToolSchema
 from ..tools import MEMORY_TOOLS, READ_ONLY_TOOLS, Sandbox, Tool, Workspace
-from ..tools.mcp import PREFIX, McpServerConfig, McpServers, agent_servers, load_config, matches, pattern_server
+from ..tools.mcp import (
+    PREFIX,
+    McpServerConfig,
+    McpServers,
+    agent_servers,
+    load_config,
+    matches,
+    parse_server,
+    pattern_server,
+)
 from ..tools.mcp_requests import ClientPolicy
 from ..tools.skill import Skill
 from .consent import Consent
@@ -816,6 +825,12 @@ def _kept_mcp(tools: tuple[str, ...], parent: AgentSpec) -> list[str]:
 
 # Where a client's MCP servers are said to come from (`McpServerConfig.where`), in the consent question.
 CLIENT_SERVERS = "the editor's session"
+
+
+def client_servers(definitions: Mapping[str, Any]) -> list[McpServerConfig]:
+    """A client's MCP servers (`{name: definition}`, as `.mcp.json` writes them), marked the project's:
+    they start after the same consent; each problem is one line naming the server."""
+    return [parse_server(name, value, CLIENT_SERVERS, project=True) for name, value in definitions.items()]
 
 
 def with_servers(spec: AgentSpec, servers: Sequence[McpServerConfig]) -> AgentSpec:

@@ -21,10 +21,12 @@ from ..errors import SubagentError
 from ..events import Event, Fanout
 from ..mcp_server.server import log_path
 from ..runs.chat import Chat
+from ..runs.prepare import client_servers
 from ..runs.runner import Runner
 from ..text import warning_line
 from .clients import DISCONNECTED, Client
 from .protocol import Hello
+from .remote_editor import RemoteEditor
 from .wire import Oversized, load, send
 
 # The running `service.Service` (not imported: it imports this module).
@@ -60,6 +62,7 @@ class Talk:
         self._asked: dict[int, asyncio.Future[bool]] = {}
         self.stopped: str | None = None  # why its work was cancelled before anything ran
         self.on_op: Callable[[dict[str, Any]], None] | None = None  # a chat's ops, once it has started
+        self.editor: RemoteEditor | None = None  # an editor's chat (`subagent acp`): its requests' answers
 
     def on_event(self, event: Event) -> None:
         send(self.writer, {"event": event.to_json()})
@@ -177,9 +180,13 @@ async def listen(lines: AsyncIterator[str | Oversized], talk: Talk, stop: Callab
                 stop(str(message["cancel"] or "aborted by the user (Ctrl-C)"))
             elif talk.on_op is not None and "op" in message:
                 talk.on_op(message)
+            elif talk.editor is not None and "edited" in message:
+                talk.editor.answered(message)
     except ConnectionError:
         pass
     talk.gone()
+    if talk.editor is not None:
+        talk.editor.gone()
     stop(DISCONNECTED)
 
 
@@ -242,7 +249,7 @@ async def serve_chat(
         send(writer, {"error": "a chat hello needs its chat"})
         return
     client = service.add_client("chat", service.client_options(hello.options, hello.env_model), pid=hello.pid)
-    client.name = f"subagent chat --agent {request.agent}"
+    client.name = f"subagent {'acp' if request.editor else 'chat'} --agent {request.agent}"
     send(writer, {"ok": service.info.model_dump() if service.info else {}})
     sink = Fanout([talk.on_event])
     chat: Chat | None = None
@@ -250,13 +257,17 @@ async def serve_chat(
     try:
         runner = start_runner(service, client, hello, talk, sink)
         runner.no_person = NO_PERSON
+        if request.editor is not None:  # an editor's chat: its tools go through the client's editor
+            runner.editor = talk.editor = RemoteEditor(writer, request.editor)
+            runner.preparer.client_servers = client_servers(request.mcp_servers)
         chat = await Chat.start(
             runner, request.agent, resume=request.resume, on_text=lambda t: send(writer, {"text": t})
         )
         sink.targets.insert(0, chat.observe)
         key = secrets.token_hex(16)
         service.chats[key] = chat
-        send(writer, {"started": {"label": chat.label, "workspace": str(chat.workspace), "key": key}})
+        window = chat.handle.host.context_window
+        send(writer, {"started": {"label": chat.label, "workspace": str(chat.workspace), "key": key, "window": window}})
         talk.on_op = ops = ChatOps(chat, writer)
         await listener  # until the client goes: its ops run meanwhile
         for task in list(ops.running):

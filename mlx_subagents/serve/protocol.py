@@ -16,7 +16,10 @@ by the hello's kind:
   "key"}}` once its model is loaded (or `{"error": TEXT}`); then `{"op": NAME, "id": N, ...}` runs a
   turn, a workflow, a compaction or the end, answered `{"done": N, "value": ...}` or
   `{"done": N, "error": TEXT, "type": CLASS}`; the reply streams as `{"text": PIECE}`, the events
-  and consent questions as for a job. With the `key` it was given, a second connection whose
+  and consent questions as for a job. A chat whose request names an `editor` has its tools' requests
+  to that editor sent as `{"editor": OP, "id": N, "call": [LABEL, TURN, ID], ...}` (`approve`, `read`,
+  `write`, `run`: `serve/remote_editor.py`), answered `{"edited": N, "value": ...}` or `{"edited": N,
+  "error": TEXT, "missing": BOOL}`. With the `key` it was given, a second connection whose
   hello is `control` with that key asks the quick questions (`{"call": NAME, "args": [...]}`),
   each answered at once, so that the terminal's synchronous reads (the tasks, the usage) get exact
   answers without waiting on the event stream.
@@ -41,11 +44,23 @@ HelloKind = Literal["mcp", "job", "chat", "control", "status", "stop"]
 STOPPING_NOTICE = "mlx-subagents/stopping"
 
 
+class EditorOffer(BaseModel):
+    """What a client's editor does for the chat's tools (`subagent acp` attached; `tools/editor.py`)."""
+
+    reads_files: bool = False
+    writes_files: bool = False
+    runs_commands: bool = False
+
+
 class ChatRequest(BaseModel):
-    """`subagent chat`'s request: the parent agent, or a saved chat to continue (plan mode is in the options)."""
+    """`subagent chat`'s request: the parent agent, or a saved chat to continue (plan mode is in the
+    options); an editor's (`subagent acp`): what its editor offers the tools, and its MCP servers
+    (`{name: definition}`, as in `.mcp.json`), offered after consent."""
 
     agent: str
     resume: str | None = None
+    editor: EditorOffer | None = None
+    mcp_servers: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class Hello(BaseModel):

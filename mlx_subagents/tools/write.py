@@ -62,11 +62,16 @@ class WriteTool(Tool):
 
 
 async def text_before(editor: Editor, path: Path) -> str | None:
-    """A file's text before a write, for its diff: the editor's (an unsaved buffer), else the disk's; None
-    for a new file, one that is not text, or one too big to show."""
-    try:
-        if editor.reads_files:
+    """A file's text before a write, for its diff: the editor's (an unsaved buffer), else the disk's (also
+    where the editor refuses to read it); None for a new file, one that is not text, or one too big to show."""
+    if editor.reads_files:
+        try:
             return await editor.read_text(path)
+        except FileNotFoundError:
+            return None
+        except ToolError:  # the editor would not read it (a client that refuses reads): the disk's text
+            pass
+    try:
         if not path.is_file() or path.stat().st_size > MAX_DIFF_BYTES:
             return None
         return await asyncio.to_thread(path.read_text, encoding="utf-8")

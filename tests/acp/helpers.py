@@ -35,6 +35,8 @@ from acp.schema import (
 
 from tests.helpers import REPO
 
+SHUTDOWN = {"shutdown_timeout": 20.0}
+
 
 def agent_env() -> dict[str, str]:
     names = ("HOME", "MLX_SUBAGENTS_HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PATH")
@@ -135,8 +137,11 @@ class EditorClient:
 async def editor(client: EditorClient, *args: str, command: list[str] | None = None) -> AsyncIterator[Any]:
     """`subagent acp ARGS` (or `command`) started and initialized; the connection."""
     argv = command or ["-m", "mlx_subagents.cli", "acp", *args]
-    async with acp.spawn_agent_process(client, sys.executable, *argv, env=agent_env()) as (conn, _process):
-        await conn.initialize(protocol_version=1, client_capabilities=client.capabilities())
+    # The agent saves and closes what runs when its stdin closes: under load that takes more than the
+    # SDK's 2 s before it terminates the process (and may race its exit: ProcessLookupError).
+    spawn = acp.spawn_agent_process(client, sys.executable, *argv, env=agent_env(), transport_kwargs=SHUTDOWN)
+    async with spawn as (conn, _process):
+        conn.initialized = await conn.initialize(protocol_version=1, client_capabilities=client.capabilities())
         yield conn
 
 

@@ -25,10 +25,8 @@ def test_initialize_says_the_version_capabilities_and_agent(write_script: Any) -
     model = write_script(["unused"])
 
     async def main() -> Any:
-        async with acp.spawn_agent_process(
-            EditorClient(), sys.executable, "-m", "mlx_subagents.cli", "acp", "--model", model, env=agent_env()
-        ) as (conn, _):
-            return await conn.initialize(protocol_version=1)
+        async with editor(EditorClient(), "--model", model) as conn:
+            return conn.initialized
 
     answer = run(main)
     assert answer.protocol_version == 1
@@ -123,15 +121,18 @@ def test_allowed_always_is_asked_once_and_writes(tmp_path: Path, write_script: A
     assert [q.title for q, _ in client.questions] == ["write a.txt", "$ cat a.txt > b.txt"]  # each tool once
 
 
+EDITING = {"agents": {"worker": {"replies": [
+    {"tool_calls": [{"name": "read", "arguments": {"path": "a.txt"}}]},
+    {"tool_calls": [{"name": "edit", "arguments": {"path": "a.txt", "old_text": "unsaved", "new_text": "edited"}}]},
+    {"tool_calls": [{"name": "bash", "arguments": {"command": "echo from-the-terminal"}}]},
+    "done",
+]}}}  # fmt: skip
+
+
 def test_the_editors_files_and_terminal_see_the_unsaved_buffer(tmp_path: Path, write_script: Any) -> None:
     (tmp_path / "a.txt").write_text("saved text\n")
     path = str(tmp_path / "a.txt")
-    script = {"agents": {"worker": {"replies": [
-        {"tool_calls": [{"name": "read", "arguments": {"path": "a.txt"}}]},
-        {"tool_calls": [{"name": "edit", "arguments": {"path": "a.txt", "old_text": "unsaved", "new_text": "edited"}}]},
-        {"tool_calls": [{"name": "bash", "arguments": {"command": "echo from-the-terminal"}}]},
-        "done",
-    ]}}}  # fmt: skip
+    script = EDITING
     client = EditorClient(fs=True, terminal=True, buffers={path: "unsaved text\n"})
 
     async def main() -> None:
@@ -146,6 +147,30 @@ def test_the_editors_files_and_terminal_see_the_unsaved_buffer(tmp_path: Path, w
     assert [c[0] for c in client.calls] == ["read", "read", "write", "terminal", "release"]
     assert client.calls[3][1][-1] == "echo from-the-terminal"
     assert bash.content[0].type == "terminal" and "from-the-terminal" in bash.content[-1].content.text
+
+
+def test_with_subagent_serve_running_the_session_runs_there_through_the_editor(
+    serve_process: Any, tmp_path: Path, write_script: Any
+) -> None:
+    from mlx_subagents.serve.state import serve_paths
+    from tests.cli.test_attach import served_clients
+
+    (tmp_path / "a.txt").write_text("saved text\n")
+    path = str(tmp_path / "a.txt")
+    serve_process("--no-http", "--model", write_script(EDITING))  # only the server knows this model
+    client = EditorClient(fs=True, terminal=True, buffers={path: "unsaved text\n"})
+
+    async def main() -> None:
+        async with editor(client) as conn:
+            await worker_turn(conn, tmp_path, "edit the buffer")
+
+    run(main)
+    assert client.buffers[path] == "edited text\n" and (tmp_path / "a.txt").read_text() == "saved text\n"
+    assert [c[0] for c in client.calls] == ["read", "read", "write", "terminal", "release"]
+    assert [q.title for q, _ in client.questions] == ["edit a.txt", "$ echo from-the-terminal"]
+    ends = [u for u in client.tool_updates() if u.session_update == "tool_call_update" and u.status]
+    assert [e.status for e in ends] == ["completed"] * 3 and "from-the-terminal" in ends[-1].content[-1].content.text
+    assert [c.split(" (pid")[0] for c in served_clients(serve_paths().log.read_text())] == ["chat"]
 
 
 def test_cancel_ends_the_turn_and_saves_it(tmp_path: Path, write_script: Any) -> None:

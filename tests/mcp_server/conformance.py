@@ -133,11 +133,18 @@ class Suite:
 def conformance_suite() -> Suite:
     """The suite, node 22 and the servers, installed into the test cache at the first call; skips (or,
     under CI, fails) when npm or the registry is not there."""
+    return Suite(npm_packages(f"mcp-conformance-{PACKAGES[SUITE]}", PACKAGES, "conformance", "the conformance suite"))
+
+
+def npm_packages(folder: str, packages: dict[str, str], binary: str, what: str) -> Path:
+    """`packages` and node 22 installed with npm into `folder` of the test cache at the first call (its
+    `binary` in `node_modules/.bin`, run with `node_modules/.bin/node`); skips (or, under CI, fails)
+    naming `what` when npm or the registry is not there."""
     node = NODE_PACKAGES.get((platform.system(), platform.machine()))
     if node is None:
-        _unavailable(f"no node 22 package for {platform.system()} {platform.machine()}", "the conformance suite")
-    packages = {**PACKAGES, node: NODE_VERSION}  # type: ignore[dict-item]
-    root = TEST_CACHE / f"mcp-conformance-{PACKAGES[SUITE]}"
+        _unavailable(f"no node 22 package for {platform.system()} {platform.machine()}", what)
+    packages = {**packages, node: NODE_VERSION}  # type: ignore[dict-item]
+    root = TEST_CACHE / folder
     ready = root / "installed.json"
 
     def installed() -> bool:
@@ -146,25 +153,25 @@ def conformance_suite() -> Suite:
     if not installed():
         with cache_lock():  # the suite's workers install it once between them
             if not installed():
-                _install(root, packages)
-    return Suite(root)
+                _install(root, packages, binary, what)
+    return root
 
 
-def _install(root: Path, packages: dict[str, str]) -> None:
+def _install(root: Path, packages: dict[str, str], binary: str, what: str) -> None:
     """Installs the packages with npm into a staging folder, then moves it to `root` in one rename."""
     npm = shutil.which("npm")
     if npm is None:
-        _unavailable("npm is not installed (Debian: apt-get install npm)", "the conformance suite")
+        _unavailable("npm is not installed (Debian: apt-get install npm)", what)
     TEST_CACHE.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="mcp-conformance-", dir=TEST_CACHE))
+    staging = Path(tempfile.mkdtemp(prefix=f"{root.name}-", dir=TEST_CACHE))
     try:
-        manifest = {"private": True, "description": "MCP conformance suite for the tests", "dependencies": packages}
+        manifest = {"private": True, "description": f"{what} for the tests", "dependencies": packages}
         (staging / "package.json").write_text(json.dumps(manifest, indent=2))
         cmd = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
         proc = subprocess.run(cmd, cwd=staging, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-        if proc.returncode != 0 or not (staging / "node_modules" / ".bin" / "conformance").exists():
+        if proc.returncode != 0 or not (staging / "node_modules" / ".bin" / binary).exists():
             last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            _unavailable(f"`npm install {SUITE}@{PACKAGES[SUITE]}` failed: {last}", "the conformance suite")
+            _unavailable(f"`npm install` of {', '.join(packages)} failed: {last}", what)
         (staging / "installed.json").write_text(json.dumps(packages))
         shutil.rmtree(root, ignore_errors=True)
         staging.rename(root)
@@ -172,4 +179,4 @@ def _install(root: Path, packages: dict[str, str]) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-__all__ = ["KNOWN_BAD", "Outcome", "Suite", "conformance_suite"]
+__all__ = ["KNOWN_BAD", "Outcome", "Suite", "conformance_suite", "npm_packages"]
