@@ -165,8 +165,8 @@ def test_engine_needs_a_model(engine: FakeEngine, tmp_path: Path, run_cli: Any) 
 def test_an_agent_file_sends_its_agent_to_its_engine_and_model_overrides_it(
     engine: FakeEngine, tmp_path: Path, run_cli: Any, write_script: Any
 ) -> None:
-    agents = tmp_path / ".mlx-subagents" / "agents"
-    agents.mkdir(parents=True)
+    agents = user_agents_dir()  # the user's own agent: a project's engine: is not honoured (tests/runs/test_consent)
+    agents.mkdir(parents=True, exist_ok=True)
     agent_file(agents, f"engine: {engine.url}\nengine_model: {FAKE_MODEL}\n")
     engine.queue(Reply("from the engine"))
     code, out, err = run_cli("run", "big", "x", "-C", str(tmp_path), "--yes", "--json")

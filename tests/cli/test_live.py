@@ -178,7 +178,11 @@ def test_text_the_program_did_not_make_reaches_the_terminal_escaped(tmp_path: Pa
             "agents": {
                 "scout": {
                     "replies": [
-                        {"content": f"checking{HOSTILE}", **call("bash", command=f"true '{HOSTILE}'"), "delay": 0.8},
+                        {
+                            "content": f"checking{HOSTILE}",
+                            **call("bash", command=f"true '{HOSTILE}'; sleep 1.5"),
+                            "delay": 0.8,
+                        },
                         {"content": f"done{HOSTILE}", "delay": 0.8, "stall": 0.6},
                     ]
                 }
@@ -192,5 +196,5 @@ def test_text_the_program_did_not_make_reaches_the_terminal_escaped(tmp_path: Pa
     shown = ANSI.sub("", terminal)
     assert (
         "running $ true '\\x1b]52;c;cHduZWQ=\\x1b[2J\\x1b]0;owned\\x9b2J\\u202e'" in shown
-    )  # the live line (rich drops BEL itself)
+    )  # the live line while the command runs (rich drops BEL itself)
     assert "checking\\x1b]52;c;cHduZWQ=" in shown  # the model's line, live

@@ -584,12 +584,17 @@ def test_results_carry_the_childrens_usage_and_new_agent_files_are_seen(tmp_path
 
 # -- stop signals: the same handling as `subagent run` ----------------------------------------------------
 
-# Writes the server's pid (bash's parent) as well as its own and its child's.
-BASH_SLEEP_SERVER = "echo $PPID > server.pid; " + BASH_SLEEP
-# Runs `subagent mcp ARGS` and writes its exit code to a file: the SDK client does not give it.
+# Writes the server's pid as well as its own and its child's: the server is the parent of bash's parent,
+# the tether each command starts under.
+BASH_SLEEP_SERVER = "cut -d' ' -f4 /proc/$PPID/stat > server.pid; " + BASH_SLEEP
+# Runs `subagent mcp ARGS` and writes its exit code to a file: the SDK client does not give it. The SDK
+# sends SIGTERM 2 s after closing stdin (SIGKILL 2 s later): ignored here, a loaded machine's slower
+# exit still gets its code written.
 EXIT_CODE = """
-import subprocess, sys
-code = subprocess.call([sys.executable, "-m", "mlx_subagents.cli", "mcp", *sys.argv[2:]])
+import signal, subprocess, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+default = lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's own stays as it was
+code = subprocess.call([sys.executable, "-m", "mlx_subagents.cli", "mcp", *sys.argv[2:]], preexec_fn=default)
 open(sys.argv[1], "w").write(str(code))
 """
 

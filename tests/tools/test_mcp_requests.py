@@ -116,8 +116,8 @@ def test_sampling_is_refused_in_one_line_for_sampling_off_and_a_project_server_w
     write_agent(tmp_path, "proj-user", tools="mcp__proj__*")
     events.clear()
     runner = scripted_runner([call("mcp__proj__summarise", text="x"), "done"], events.append, assume_yes=False)
-    runner.preparer.interactive, runner.preparer.confirm = True, lambda _question: True
-    runner.preparer._trusted.add("proj-user")  # the project agent itself was allowed too
+    # A person at a terminal says yes to each question: the project agent and its server.
+    runner.preparer.consent.interactive, runner.preparer.consent.confirm = True, lambda _question: True
     go(runner, "run", TaskSpec("proj-user", "try"))
     refusal = (
         f"sampling refused: MCP server 'proj' comes with the project ({tmp_path / '.mcp.json'}) and may use the "
