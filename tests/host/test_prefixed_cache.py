@@ -370,8 +370,10 @@ def test_an_evicted_cache_is_freed_however_long_its_turn_lives(tiny_qwen3_path: 
             task = [SYSTEM, {"role": "user", "content": "Task 1: find the module."}]
             await host.session("s").generate(task, GenerateArgs(max_tokens=8))  # the mlx thread's last job
             pool, prefixes = host._scheduler.pool, host._scheduler.prefixes
-            while host._mlx._busy():  # the turn's step ends after the reply is delivered
-                await asyncio.sleep(0.01)
+            # The reply is delivered inside the step that ends the turn, and the scheduler has no work
+            # before that step returns: ask the mlx thread itself, between its steps, until it is idle.
+            while await host._mlx.run(host._mlx._busy):
+                pass
             state = pool.idle("s")
             assert state is not None and state.prompt_cache is not None and len(prefixes) == 1
             layers = [weakref.ref(c) for c in state.prompt_cache]
