@@ -29,7 +29,7 @@ from ..host.mlx.loading import imported_models_dir, resolve_model_path, strip_pr
 from ..host.protocol import ModelHost
 from ..models.catalog import describe
 from .options import RunOptions
-from .tasks import ModelRef, default_model
+from .tasks import SCRIPTED, ModelRef, default_model
 
 GIB = 2**30
 
@@ -84,7 +84,7 @@ def weights_bytes(host: ModelHost) -> int:
 def check_fits(model: ModelRef, resident: Mapping[ModelRef, ModelHost]) -> None:
     """Refuse, before it loads, a local model whose weights do not fit the memory the resident models
     leave; a model that is not on this machine is left to the load (which downloads or refuses it)."""
-    if model.engine or model in resident or model.model.startswith("scripted:"):
+    if model.engine or model in resident or model.model.startswith(SCRIPTED):
         return
     ram = mlx_host.total_memory()
     try:
@@ -132,7 +132,7 @@ def _model_line(name: str, resident: Mapping[ModelRef, ModelHost], ram: int) -> 
     if host is not None:
         size = f", {_gib(weights_bytes(host))}" if weights_bytes(host) else ""
         return f"resident; context {host.context_window:,} tokens, {host.tool_mode} tools{size}"
-    if name.startswith("scripted:"):
+    if name.startswith(SCRIPTED):
         return "scripted replies (no weights)"
     try:
         folder = resolve_model_path(name, local_only=True)

@@ -74,7 +74,7 @@ from .consent import Consent
 from .hosts import HostPool
 from .model_grants import check_fits, check_granted, granted_models, imported_names
 from .options import RunOptions
-from .tasks import ModelRef, TaskSpec, default_model
+from .tasks import SCRIPTED, ModelRef, TaskSpec, default_model
 from .worktrees import check_isolation
 
 T = TypeVar("T")
@@ -644,7 +644,7 @@ class Preparer:
                 f"model '{model.model}': this run's models are on the engine {self.options.engine}; a task's own "
                 "model must be a local one, so leave model out"
             )
-        if model.engine or model in self.pool or model.model.startswith("scripted:"):
+        if model.engine or model in self.pool or model.model.startswith(SCRIPTED):
             return
         resolve_model_path(model.model, local_only=True)
 

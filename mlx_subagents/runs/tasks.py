@@ -24,6 +24,7 @@ from ..userfiles import first_error, load_file
 
 DEFAULT_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 MODEL_ENV = "MLX_SUBAGENTS_MODEL"
+SCRIPTED = "scripted:"  # a replay's model id: `scripted:FILE` (host/scripted.py's SCRIPTED_PREFIX)
 PREVIOUS = "{previous}"
 # Builds a task's text from the results before it (a chain's `{previous}`, a workflow's needs).
 Render = Callable[[Sequence[RunResult]], str]
@@ -45,6 +46,23 @@ class Steps:
 
 def default_model() -> str:
     return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+
+
+def absolute_model(model: str, here: Path) -> str:
+    """`model` with the path it names made absolute against `here`, so that it names the same model in
+    another process (`subagent serve` reads paths in its own folder): `scripted:FILE`, a path (`./folder`,
+    `~/models/x`, `/abs`), and a name that is a folder here (which `resolve_model_path` takes first); a hub
+    id, an imported model's name and an engine's model id stay as they are. `mlx/` stays in front."""
+    prefix = next((p for p in (SCRIPTED, "mlx/") if model.startswith(p)), "")
+    name = model[len(prefix) :]
+    if not name:
+        return model
+    path = Path(os.path.expanduser(name))
+    try:
+        is_path = prefix == SCRIPTED or name.startswith((".", "~", os.sep)) or (here / path).exists()
+    except OSError:  # a name the OS cannot look up (too long): not a folder here
+        is_path = False
+    return prefix + os.path.abspath(here / path) if is_path else model
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@
     agent = "planner"
     prompt = "Plan a fix."
     needs = ["find"]                      # optional: ids of steps whose answers this one gets
-    model = "mlx-community/..."           # optional; also max_turns, max_tokens, timeout, schema
+    model = "mlx-community/..."           # optional (a path: relative to this file); also max_turns, max_tokens, timeout, schema
 
 Every step receives the workflow input and the answers of the steps it needs: `{input}` and
 `{<step id>}` in its prompt are replaced by them, and whatever the prompt does not place itself is
@@ -39,7 +39,7 @@ from ..caps import MAX_TASKS
 from ..errors import AgentNotFoundError, WorkflowError
 from ..home import state_home
 from ..userfiles import error_message, error_path, load_file
-from .tasks import Render, Steps, TaskSpec, label_tasks
+from .tasks import Render, Steps, TaskSpec, absolute_model, label_tasks
 
 if TYPE_CHECKING:
     from ..agents.discovery import AgentCatalog
@@ -80,6 +80,13 @@ class Workflow(BaseModel):
 
     def step(self, step_id: str) -> WorkflowStep:
         return next(s for s in self.steps if s.id == step_id)
+
+    def model_of(self, step: WorkflowStep) -> str | None:
+        """The step's model; a path in it (`./models/x`, `scripted:FILE`) is relative to the workflow file,
+        as its schema is, so that the workflow means the same wherever it is run from (`subagent serve`)."""
+        if step.model is None or self.path is None:
+            return step.model
+        return absolute_model(step.model, self.path.parent)
 
     def schema_path(self, step: WorkflowStep) -> Path | None:
         """The step's schema file, relative to the workflow file; one `WorkflowError` line when it lies
@@ -319,7 +326,7 @@ def plan_workflow(workflow: Workflow, workflow_input: str) -> tuple[list[TaskSpe
             agent=s.agent,
             task=s.prompt,
             label=s.id,
-            model=s.model,
+            model=workflow.model_of(s),
             max_turns=s.max_turns,
             max_output_tokens=s.max_tokens,
             timeout=s.timeout,

@@ -10,14 +10,15 @@ import asyncio
 import dataclasses
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..errors import SubagentError
+from ..runs.jobs import Job
 from ..runs.options import RunOptions
-from ..runs.tasks import MODEL_ENV
+from ..runs.tasks import MODEL_ENV, absolute_model
 from .protocol import Hello
 from .state import ServerInfo
 from .wire import MAX_LINE_BYTES, Oversized, dump, load, read_lines
@@ -34,17 +35,28 @@ class ServerUnreachable(ServerGone):
     """The server of the state folder cannot be reached (it died a moment ago; its socket is stale)."""
 
 
-def make_hello(kind: str, *, options: RunOptions | None = None, **fields: Any) -> Hello:
-    """A hello from this process: its pid, working directory, `$MLX_SUBAGENTS_MODEL` and options."""
+def make_hello(kind: str, *, options: RunOptions | None = None, job: Job | None = None, **fields: Any) -> Hello:
+    """A hello from this process: its pid, working directory, `$MLX_SUBAGENTS_MODEL`, options and job,
+    every model path in them made absolute here (the server's folder is its own: a relative path there
+    would name another file, or none)."""
+    here = Path.cwd()
     given = dataclasses.asdict(options) if options is not None else {}
     given.pop("api_key", None)  # never sent: an engine run does not attach
+    if given.get("model"):
+        given["model"] = absolute_model(given["model"], here)
+    given["allow_models"] = [absolute_model(name, here) for name in given.get("allow_models", ())]
+    if job is not None:
+        tasks = [replace(t, model=absolute_model(t.model, here) if t.model else None) for t in job.tasks]
+        job = job.model_copy(update={"tasks": tasks})
+    env_model = os.environ.get(MODEL_ENV)
     return Hello(
         hello=kind,  # type: ignore[arg-type]
         version=__version__,
         pid=os.getpid(),
-        cwd=str(Path.cwd().resolve()),
+        cwd=str(here.resolve()),
         options=given,
-        env_model=os.environ.get(MODEL_ENV) or None,
+        env_model=absolute_model(env_model, here) if env_model else None,
+        job=job,
         **fields,
     )
 

@@ -177,3 +177,94 @@ def test_an_attached_chat_answers_and_reports_as_a_local_one(
         assert term.wait(60) == 0
     finally:
         term.close()
+
+
+def test_the_paths_a_command_was_given_mean_the_same_on_the_server(
+    serve_process: Any, tmp_path: Path, tiny_qwen3_path: Path, run_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`subagent serve` works in its own folder: a command attached to it makes every path it was given
+    absolute before it sends the job (`-C`/`--cwd`, `--model ./folder`, `scripted:FILE`, `$MLX_SUBAGENTS_MODEL`,
+    a tasks file's models, `--schema`), in every command and the chat, and a workflow's model path is the workflow file's, as its schema is.
+    The README's own demo failed attached ("cannot read the scripted model file")."""
+    from mlx_subagents.serve.state import serve_paths
+
+    def replay(path: Path, answer: str) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"agents": {"scout": {"replies": [answer]}}}))
+        return path
+
+    here = tmp_path / "here"
+    (here / "ws").mkdir(parents=True)
+    replay(here / "replay.json", '{"where": "here"}')
+    replay(here / "other.json", "from the tasks file")
+    replay(here / "ws" / ".mlx-subagents" / "workflows" / "replay.json", "beside the workflow")
+    (here / "ws" / ".mlx-subagents" / "workflows" / "map.toml").write_text(
+        '[[steps]]\nid = "find"\nagent = "scout"\nprompt = "Find: {input}"\nmodel = "scripted:replay.json"\n'
+    )
+    (here / "tasks.yaml").write_text("- {agent: scout, task: one, model: 'scripted:other.json'}\n")
+    (here / "answer.json").write_text('{"type": "object", "required": ["where"]}')
+    (here / "tiny").symlink_to(tiny_qwen3_path)
+    serve_process("--no-http", "--model", str(replay(tmp_path / "server.json", "the server's model")))
+    monkeypatch.chdir(here)  # the server's folder is the test's: none of these names a file there
+
+    def answers(*args: str, code: int = 0) -> list[tuple[str, str]]:
+        exited, out, err = run_cli(*args, "--json", "-q")
+        assert exited == code, err
+        data = json.loads(out)
+        return [(r["output"], r["model"]) for r in data.get("results", [data])]
+
+    replayed = f"scripted:{here / 'replay.json'}"
+    assert answers("run", "scout", "x", "-C", "ws", "--model", "scripted:replay.json") == [
+        ('{"where": "here"}', replayed)
+    ]
+    assert answers("run", "scout", "x", "--cwd", "ws", "-m", "scripted:./replay.json", "--schema", "answer.json") == [
+        ('{"where": "here"}', replayed)
+    ]
+    assert answers(
+        "chain", "-s", "scout", "x", "-C", "ws", "-m", "scripted:replay.json", "--schema", "answer.json"
+    ) == [('{"where": "here"}', replayed)]
+    chat = run_cli("chat", "--agent", "scout", "--once", "x", "-C", "ws", "-m", "scripted:replay.json")
+    assert chat[:2] == (0, '{"where": "here"}\n'), chat[2]
+    assert answers("parallel", "-f", "tasks.yaml", "-C", "ws") == [
+        ("from the tasks file", f"scripted:{here / 'other.json'}")
+    ]
+    flow = here / "ws" / ".mlx-subagents" / "workflows" / "replay.json"
+    assert answers("workflow", "map", "-C", "ws") == [("beside the workflow", f"scripted:{flow}")]
+    monkeypatch.setenv("MLX_SUBAGENTS_MODEL", "scripted:replay.json")
+    assert answers("run", "scout", "x", "-C", "ws") == [('{"where": "here"}', replayed)]
+    monkeypatch.delenv("MLX_SUBAGENTS_MODEL")
+    [(_, model)] = answers("run", "scout", "x", "-C", "ws", "--model", "./tiny", "--max-tokens", "1", code=1)
+    assert model == str(here / "tiny")  # the folder here, loaded there (a random model: stopped at 1 token)
+    missing = run_cli("run", "scout", "x", "-C", "ws", "--model", "./missing")
+    assert missing[0] == 2 and f"model folder {here / 'missing'} does not exist" in missing[2]
+    attached = [c.split(" (pid")[0] for c in served_clients(serve_paths().log.read_text())]
+    assert (
+        attached
+        == ["subagent run"] * 2
+        + ["subagent chain", "chat", "subagent parallel", "subagent workflow"]
+        + ["subagent run"] * 3
+    )
+
+
+def test_a_relayed_mcp_reads_its_model_and_workspace_where_it_was_started(
+    serve_process: Any, tmp_path: Path, write_script: Any
+) -> None:
+    """docs/mcp.md's `subagent mcp --model scripted:replay.yaml`, with a server running: refused there
+    (the server read the file in its own folder), it runs from the folder `subagent mcp` was started in."""
+    from mlx_subagents.serve.client import make_hello, quick
+    from tests.mcp_server.test_mcp_server import connect, run
+
+    _, info = serve_process("--no-http", "--model", write_script({"agents": {"scout": {"replies": ["server"]}}}))
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "replay.yaml").write_text("agents:\n  scout:\n    replies: [relayed]\n")
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with connect("--model", "scripted:replay.yaml", "--cwd", "ws", cwd=tmp_path) as client:
+            seen["result"] = await client.call_tool("run_agents", {"agent": "scout", "task": "look"})
+            seen["status"] = quick(info, make_hello("status"))["status"]
+
+    run(main)
+    assert seen["result"].structured_content["tasks"][0]["answer"] == "relayed"
+    [client] = seen["status"]["clients"]
+    assert (client["kind"], client["workspace"]) == ("relay", str(tmp_path / "ws"))
