@@ -166,6 +166,19 @@ def test_models_on_an_empty_machine_says_the_default_and_how_to_get_it(run_cli: 
     )
 
 
+# Where the README's "A first run" says its figures were made (the task names the workspace's path).
+README_CHECKOUT = "/home/you/mlx-subagents"
+
+
+def task_tokens(workspace: Path) -> int:
+    """The scripted host's count of the demo's task message in `workspace`."""
+    from mlx_subagents.agents.session import task_message, workspace_for
+    from mlx_subagents.host.engine.estimate import approx_tokens
+
+    message = task_message("where is auth handled?", workspace_for(workspace))
+    return approx_tokens([{"role": "user", "content": message}])
+
+
 @pytest.mark.slow
 def test_the_readmes_demo_runs_without_any_model(run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's "On Linux or without a big model" commands, as written there, from the checkout."""
@@ -176,13 +189,15 @@ def test_the_readmes_demo_runs_without_any_model(run_cli: Any, tmp_path: Path, m
     monkeypatch.chdir(REPO)  # the paths in the README are the checkout's
     code, out, err = run_cli(*commands[0][1:])
     assert code == 0 and out.startswith("Findings:\n- app/auth.py:4-8 — `login`"), err
-    # "A first run"'s usage line is this replay's: its turns and output, and its prompt tokens but for
-    # the few the workspace's path takes (the checkout's path differs from machine to machine)
+    # "A first run"'s usage line is this replay's in a checkout at README_CHECKOUT. Here the task message,
+    # which names the workspace, takes `d` tokens more (or fewer): in each of the three prompts, in the
+    # two cached ones, and once in the context. Exact, however long this checkout's path is.
+    assert f"in a checkout at `{README_CHECKOUT}`" in readme
+    d = task_tokens(REPO / "examples" / "demo") - task_tokens(Path(README_CHECKOUT) / "examples" / "demo")
     figures = r"(\d+) turns, (\d+) in \((\d+) cached\), (\d+) out, context (\d+)"
-    shown = [int(n) for n in re.findall(figures, readme)[0]]
+    turns, n_in, cached, n_out, context = (int(n) for n in re.findall(figures, readme)[0])
     usage = [int(n) for n in re.findall(figures, err)[0]]
-    assert (usage[0], usage[3]) == (shown[0], shown[3])
-    assert all(abs(a - b) <= 0.01 * b for a, b in zip(usage, shown, strict=True))
+    assert usage == [turns, n_in + 3 * d, cached + 2 * d, n_out, context + d]
     code, out, _ = run_cli(*commands[1][1:])
     assert code == 0 and out.startswith("auth.py has login;")
     page = tmp_path / "run.html"
