@@ -360,6 +360,19 @@ def test_the_python_page_uses_the_host_as_it_is_called(
     assert prompt == cached + prefilled and prompt > 0 and 0 < generated <= 512
 
 
+def test_the_example_agent_file_loads_as_written(tmp_path: Path) -> None:
+    """docs/agents.md's example, copied into a project, is an agent with no warning (it set both `thinking:`
+    and `effort:`, an error: the file was skipped)."""
+    from mlx_subagents.agents.discovery import discover_agents
+
+    [example] = _code_blocks(DOCS / "agents.md", "markdown")
+    folder = tmp_path / ".mlx-subagents" / "agents"
+    folder.mkdir(parents=True)
+    (folder / "example.md").write_text(example.replace("name: scout", "name: example"), encoding="utf-8")
+    catalog = discover_agents(tmp_path)
+    assert catalog.all_warnings() == [] and catalog.agents["example"].thinking == 2048
+
+
 def test_every_mcp_client_config_passes_the_home_with_absolute_paths() -> None:
     """A client starts `subagent mcp` with the SDK's reduced environment (what the page says it is), so
     every config example passes `MLX_SUBAGENTS_HOME` through its `env` and names `subagent` in full."""
