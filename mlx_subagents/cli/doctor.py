@@ -9,13 +9,14 @@ from importlib.metadata import version
 from typing import Any
 
 from ..errors import SubagentError
-from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost
+from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost, host_kind
 from ..host.calls.grammar import Grammars
 from ..host.kv.kv_pool import KVShape, TurnSize, admission_bytes
 from ..host.kv.prefix_store import list_prefixes, prefix_cache_dir
 from ..host.mlx.mlx_host import total_memory
 from ..host.mlx.prefill import describe
 from ..host.mlx.resident import free_memory, residents
+from ..host.scripted import ScriptedHost
 
 Print = Callable[[str], None]
 PROBE = [{"role": "user", "content": "Reply with one short sentence: are you ready?"}]
@@ -116,6 +117,23 @@ def kv_bits_lines(
     return lines
 
 
+def check_script(model: str, context_window: int | None, say: Print) -> bool:
+    """A `scripted:FILE` model: the file read and checked as a run reads it, and what it replays; there are
+    no weights to load and no speed to time."""
+    try:
+        host = ScriptedHost.from_model_id(model, context_window=context_window)
+    except SubagentError as exc:
+        say(f"FAILED    {exc}")
+        return False
+    script = host.script
+    counts = [f"{len(script.replies)} for any session"] if script.replies else []
+    counts += [f"{len(s.replies)} for {name}" for name, s in (*script.agents.items(), *script.sessions.items())]
+    say(f"loaded    {host.path}: scripted replies, {', '.join(counts)}; context window {host.context_window} tokens")
+    say("reply     replayed, not generated: no weights, no device, nothing to time")
+    say("ok")
+    return True
+
+
 async def run_doctor(
     model: str,
     context_window: int | None,
@@ -124,10 +142,12 @@ async def run_doctor(
     prefill_slice: str | None = None,
     kv_bits: int = DEFAULT_KV_BITS,
 ) -> bool:
-    """Print the checks; True when the model loaded and answered."""
+    """Print the checks; True when the model loaded and answered (a script: was read as a run reads it)."""
     for line in environment_lines() + resident_lines():
         say(line)
     say(f"model     {model}")
+    if host_kind(model) == "scripted":
+        return check_script(model, context_window, say)
     host = MlxModelHost(
         model,
         context_window=context_window,

@@ -439,6 +439,26 @@ def test_doctor_says_why_the_grammar_path_does_not_work(tiny_qwen3: Any) -> None
 
 
 @pytest.mark.slow
+def test_doctor_reads_a_scripted_model_as_a_run_does(tmp_path: Path) -> None:
+    """Its help offers `scripted:FILE`; it failed ("neither a folder nor an imported model")."""
+    script = tmp_path / "replay.yaml"
+    script.write_text("replies: [hi]\nagents:\n  scout:\n    replies: [a, b]\n")
+    proc = cli("doctor", "--model", f"scripted:{script}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-4:] == [
+        f"model     scripted:{script}",
+        f"loaded    {script}: scripted replies, 1 for any session, 2 for scout; context window 32768 tokens",
+        "reply     replayed, not generated: no weights, no device, nothing to time",
+        "ok",
+    ]
+    script.write_text("replies: []\n")
+    proc = cli("doctor", "--model", f"scripted:{script}")
+    assert proc.returncode == 1 and proc.stdout.splitlines()[-1] == (
+        f"FAILED    {script}: the script has no replies: add 'replies' or 'agents.<name>.replies'"
+    )
+
+
+@pytest.mark.slow
 def test_doctor_with_a_missing_model_fails(tmp_path: Path) -> None:
     proc = cli("doctor", "--model", "/nonexistent")
 
