@@ -63,14 +63,17 @@ def start_memory(folder: Path, agent: str) -> None:
         pass
 
 
-def memory_block(folder: Path, writable: bool) -> str:
+def memory_block(folder: Path, writable: bool, workspace: Path) -> str:
     """The memory's part of the system prompt: where it is, the head of `MEMORY.md`, and (when
-    `writable`) how to keep it; a note says when the file was cut."""
-    path = folder / MEMORY_FILE
+    `writable`) how to keep it; a note says when the file was cut. A project or local memory is named by
+    its path in `workspace` (the tools read it so): no system prompt names the workspace, so an agent's
+    prompt is one shared prefix in every workspace; a user memory's folder is the same in all of them."""
+    file = folder / MEMORY_FILE
+    path = file.relative_to(workspace) if file.is_relative_to(workspace) else file
     text = ""
-    if path.exists():
+    if file.exists():
         try:
-            data, whole = read_head(path, "memory file", SubagentError, MAX_MEMORY_BYTES)
+            data, whole = read_head(file, "memory file", SubagentError, MAX_MEMORY_BYTES)
             text = decode_text(data, path, "memory file", SubagentError, cut=not whole)
         except SubagentError as exc:
             text, whole = f"[left out: {exc}]", True

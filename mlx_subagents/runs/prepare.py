@@ -660,7 +660,7 @@ class Preparer:
         if key not in self._memories:
             if writable:
                 start_memory(folder, spec.name)
-            self._memories[key] = memory_block(folder, writable)
+            self._memories[key] = memory_block(folder, writable, workspace.root)
         return (replace(workspace, memory=folder) if writable else workspace), self._memories[key]
 
     def project_context(self, spec: AgentSpec, workspace: Workspace) -> str:

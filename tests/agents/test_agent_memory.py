@@ -33,7 +33,7 @@ def test_memory_head_goes_into_the_prompt_cut_at_200_lines(tmp_path: Path) -> No
     host = scripted_host({"agents": {"keeper": {"replies": ["ok"]}}})
     run_all(make_runner(tmp_path, host, assume_yes=True), "keeper")
     prompt = host.history["keeper"][0][0]["content"]
-    path = folder / "MEMORY.md"
+    path = ".mlx-subagents/agent-memory-local/keeper/MEMORY.md"  # in the workspace: no prompt names its folder
     notes = "\n".join(f"note {n}" for n in range(1, 201))
     cut = f"[memory cut at 200 lines; read {path} for the rest]"
     assert f"Your memory ({path}), kept across runs:\n\n{notes}\n{cut}\n\nKeep what you learn" in prompt
@@ -67,11 +67,30 @@ def test_a_read_only_agent_gets_its_memory_without_write_access(tmp_path: Path) 
     run_all(make_runner(tmp_path, host, assume_yes=True), "looker")
     prompt = host.history["looker"][0][0]["content"]
     assert (
-        f"Your memory ({folder / 'MEMORY.md'}), kept across runs:\n\nthe tests live in t/\n\nAll paths are relative"
-        in prompt
+        "Your memory (.mlx-subagents/agent-memory/looker/MEMORY.md), kept across runs:\n\nthe tests live in t/\n\n"
+        "All paths are relative" in prompt
     )
     assert "Keep what you learn" not in prompt
     assert tool_outputs(host, "looker")[0].startswith(f"Error: path '{outside}' is outside the workspace")
+
+
+def test_a_project_memory_leaves_the_workspace_out_of_the_system_prompt(tmp_path: Path) -> None:
+    """Two workspaces, one agent with `memory: project` whose notes are the same: one system prompt, so
+    one shared prefix (its memory was named by its absolute path, docs/agents.md says none is); the
+    relative path it names is the one its tools edit."""
+    prompts = []
+    for name in ("one", "two"):
+        root = tmp_path / name
+        write_agent(root, "keeper", "read, edit", front="memory: project\n")
+        path = ".mlx-subagents/agent-memory/keeper/MEMORY.md"
+        script = {
+            "agents": {"keeper": {"replies": [call("edit", path=path, old_text="\n", new_text=f"\n- {name}\n"), "ok"]}}
+        }
+        host = scripted_host(script)
+        run_all(make_runner(root, host, assume_yes=True), "keeper")
+        prompts.append(host.history["keeper"][0][0]["content"])
+        assert (root / path).read_text() == f"# Memory of keeper\n- {name}\n"
+    assert prompts[0] == prompts[1] and str(tmp_path) not in prompts[0]
 
 
 def test_two_parallel_writers_of_one_agent_both_keep_their_line(tmp_path: Path) -> None:
