@@ -32,7 +32,6 @@ batching, KV pool and the process-wide slots with everything else. `close()` can
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -63,7 +62,7 @@ from .hosts import HostPool
 from .model_grants import describe_models
 from .options import RunOptions
 from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, keep_sandbox, withhold
-from .slots import Slots, lend
+from .slots import Slots, lend, without_lease
 from .task import TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
@@ -419,12 +418,12 @@ class Runner:
         return await self._finish(self._execution(plan, 1))
 
     def launch(self, plan: list[Generation]) -> None:
-        """Run generations in the background, each as soon as its needs and a slot let it, in a fresh
-        context: they never inherit the slot lease of whoever started them."""
+        """Run generations in the background, each as soon as its needs and a slot let it, in a context
+        without the slot lease of whoever started them (`without_lease`)."""
         for generation in plan:
             generation.background = True  # its end is a notice on its board
         execution = self._execution(plan, len(plan), background=True)
-        contextvars.Context().run(execution.start)  # queued now: its handles wait, join and cancel from here
+        without_lease().run(execution.start)  # queued now: its handles wait, join and cancel from here
         done = asyncio.ensure_future(self._finish(execution))
         done.add_done_callback(lambda task: task.cancelled() or task.exception())
 

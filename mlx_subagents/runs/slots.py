@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from contextvars import ContextVar
+from contextvars import Context, ContextVar, copy_context
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +100,14 @@ class Lease:
 
 
 _CURRENT: ContextVar[Lease | None] = ContextVar("mlx_subagents_lease", default=None)
+
+
+def without_lease() -> Context:
+    """This context without the slot lease held in it: what a background start runs in, so that it never
+    lends or waits on its starter's slot, and keeps the rest (a front end's: whose client it logs to)."""
+    context = copy_context()
+    context.run(_CURRENT.set, None)
+    return context
 
 
 class Slots:

@@ -192,3 +192,33 @@ def test_log_messages_follow_the_level_the_client_sets(tmp_path: Path) -> None:
     ]
     assert debug[1][2] == "[worker] turn 1" and debug[2][2].startswith("[worker] 0 tokens generated, ")
     assert debug[3][2] == "[worker] failed: stopped by the timeout of 0.2s"
+
+
+def test_a_started_tasks_log_messages_reach_the_client_that_started_it(tmp_path: Path) -> None:
+    """`start_agents` answers at once; its task's messages come after, on the connection (none came: the
+    task's events went only to the runner's sink, outside the call that started it)."""
+    script = {"agents": {"scout": {"replies": [call("ls", path="."), {"content": "done looking", "delay": 0.3}]}}}
+    got: list[tuple[str, str | None, Any]] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        got.append((params.level, params.logger, params.data))
+
+    async def main() -> None:
+        async with connect(tmp_path, script, budget=None, on_log=on_log) as (client, _):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                await client.set_logging_level("info")
+            started = await client.call_tool("start_agents", {"agent": "scout", "task": "look"})
+            assert started.structured_content["ids"] == ["scout#1"]
+            answer = await client.call_tool("agent_output", {"id": "scout#1", "wait": 30})
+            assert "done looking" in text(answer)
+            with anyio.fail_after(10):
+                while len(got) < 3:
+                    await anyio.sleep(0.02)
+
+    anyio.run(main)
+    assert got == [
+        ("info", "scout#1", "[scout#1] started (scout)"),
+        ("info", "scout#1", "[scout#1] ls ."),
+        ("info", "scout#1", "[scout#1] done"),
+    ]
