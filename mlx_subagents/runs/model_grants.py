@@ -32,6 +32,7 @@ from .options import RunOptions
 from .tasks import SCRIPTED, ModelRef, default_model
 
 GIB = 2**30
+NO_MODELS = "No model may be named here: this run's models are its engine's; leave model out."
 
 
 def imported_names() -> list[str]:
@@ -119,7 +120,7 @@ def describe_models(
         runs_on: (agent, model, why) for each agent the caller may start.
     """
     ram = mlx_host.total_memory()
-    lines = ['Models you may name (the "model" field):']
+    lines = ['Models you may name (the "model" field):'] if granted else [NO_MODELS]  # none: an engine run
     for name in granted:
         lines.append(f"- {name}: {_model_line(name, resident, ram)}")
     lines.append("What each agent runs on when you name no model:")

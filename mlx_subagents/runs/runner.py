@@ -553,7 +553,7 @@ class Runner:
             isolation=repository_root(workspace.root) is not None,
             forked=forked,
             models=models,
-            list_models=list_models if models else None,
+            list_models=list_models,  # the run's own models are granted even where the schema names none
         )
 
     def cancel(self, *, background: bool = True, reason: str | None = None) -> bool:

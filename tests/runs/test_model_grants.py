@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from mlx_subagents.mcp_server.server import run_schema
+from mlx_subagents.runs.model_grants import describe_models
 from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.runs.prepare import Parent
 from mlx_subagents.runs.runner import Runner
@@ -127,4 +128,32 @@ def test_the_models_form_lists_each_granted_model_and_what_each_agent_runs_on(
         "What each agent runs on when you name no model:\n"
         f"- scout: {host.model_id} (yours: it runs on its parent's model)\n"
         f"- pinned: {tiny_qwen3_path} (its file's model:)"
+    ]
+
+
+def test_the_models_form_lists_the_runs_own_model_when_nothing_else_is_granted(tmp_path: Path) -> None:
+    """Nothing but the run's own model is granted, so the schema offers no enum; the `models` form still
+    lists it, as the refusal of another model does (it said "no models are granted here")."""
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [call("subagent", models=True), call("subagent", agent="scout", task="x", model="a/b"), "ok"]
+            }
+        }
+    }
+    host = scripted_host(script)
+    result = run_parent(make_runner(tmp_path, host))
+    listed, refused = tool_messages(result.run_id)
+    assert listed.splitlines()[:2] == [
+        'Models you may name (the "model" field):',
+        f"- {host.model_id}: resident; context {host.context_window:,} tokens, {host.tool_mode} tools",
+    ]
+    assert refused.startswith(
+        f"Error: subagent call refused: model 'a/b' is not granted to 'orchestrator': it may name {host.model_id};"
+    )
+    # On an engine nothing is granted (a task's own model cannot be checked there): the form says so.
+    assert describe_models((), {}, [("scout", "qwen", "the run's --model on http://e/v1")]).splitlines() == [
+        "No model may be named here: this run's models are its engine's; leave model out.",
+        "What each agent runs on when you name no model:",
+        "- scout: qwen (the run's --model on http://e/v1)",
     ]
