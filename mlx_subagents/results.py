@@ -16,6 +16,7 @@ StopReason = Literal[
     "completed",
     "max_turns",
     "max_tokens",
+    "context_window",
     "timeout",
     "cancelled",
     "error",

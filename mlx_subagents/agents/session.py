@@ -339,7 +339,7 @@ class AgentSession:
                     continue
                 if not reply.tool_calls and not reply.malformed_tool_calls:
                     if reply.finish_reason == "length":  # a truncated answer is not an answer
-                        raise LimitReached("max_tokens", self._cut_answer(reply))
+                        raise self._cut_answer(reply)
                     if self.inbox.pending() or await self.inbox.settle():
                         continue  # a message came in: it is the next turn's, the answer can wait
                     if await self._stop_blocked(reply.text):
@@ -405,19 +405,21 @@ class AgentSession:
             raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
         return reply
 
-    def _cut_answer(self, reply: Reply) -> str:
+    def _cut_answer(self, reply: Reply) -> LimitReached:
         """Why a final answer was cut: the context window ran out (the host stops a reply there), or the
         per-reply limit."""
         u, window = reply.usage, self.host.context_window
         if u.prompt_tokens + u.generated_tokens >= window:
-            return (
+            return LimitReached(
+                "context_window",
                 f"the context window of {window:,} tokens ran out during the final answer (the conversation took "
                 f"{u.prompt_tokens:,} of them); the output holds the partial text; give the task less to read or "
-                "fewer turns, or a model with a longer window (--context-window, as far as the KV budget allows)"
+                "fewer turns, or a model with a longer window (--context-window, as far as the KV budget allows)",
             )
-        return (
+        return LimitReached(
+            "max_tokens",
             f"the final answer was cut at the per-reply limit of {self.limits.max_reply_tokens} tokens; "
-            "the output holds the partial text"
+            "the output holds the partial text",
         )
 
     def _keep_cut(self, streamed: _Streamed) -> None:

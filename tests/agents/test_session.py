@@ -302,7 +302,7 @@ def test_an_answer_cut_by_the_full_context_window_says_the_window_ran_out(ws: Pa
     session = AgentSession(spec=spec, host=host, workspace=workspace_for(ws))
     result = run_session(session)
 
-    assert (result.status, result.stop_reason, result.output) == ("failed", "max_tokens", cut)
+    assert (result.status, result.stop_reason, result.output) == ("failed", "context_window", cut)  # was max_tokens
     prompt = result.usage.input_tokens  # one turn: its prompt
     assert prompt < 512 <= prompt + result.usage.output_tokens
     assert result.error is not None and result.error.startswith(
