@@ -248,7 +248,7 @@ class Runner:
         try:
             return await handle.ask(message, schema=schema, timeout=self.options.timeout, raise_errors=True)
         finally:
-            self._holds.pop(handle).close()
+            self.release(handle)
 
     # -- background tasks -------------------------------------------------------------------------------
 
@@ -347,6 +347,12 @@ class Runner:
         )
         self._holds[handle] = holds
         return handle
+
+    def release(self, handle: TaskHandle) -> None:
+        """Let go of what the runner holds for `handle`: a reopened task's hold on its saved run and on
+        the worktree it works in (`reopen`); else they are let go when the runner closes."""
+        if (holds := self._holds.pop(handle, None)) is not None:
+            holds.close()
 
     # -- handles and how their generations run ---------------------------------------------------------
 

@@ -105,6 +105,8 @@ class TaskRuntime(Protocol):
 
     def launch(self, plan: list[Generation]) -> None: ...
 
+    def release(self, handle: TaskHandle) -> None: ...
+
 
 class TaskHandle:
     """One task, held for its life; the runner makes it (`Runner.start`, `open_task`, `reopen`, the modes).
@@ -221,11 +223,13 @@ class TaskHandle:
         return self.id
 
     async def let_go(self, reason: str) -> None:
-        """Stop holding its conversation (its host session and KV cache are freed); a message to it is
-        then refused with `reason`."""
+        """Stop holding its conversation (its host session and KV cache are freed; a reopened task's hold
+        on its saved run too, so another process may continue it); a message to it is then refused with
+        `reason`."""
         session = self._release(TaskState.LET_GO, reason)
         if session is not None:
             await session.close()
+        self.runtime.release(self)
 
     def snapshot(self) -> TaskStatus:
         """Where the task is now: status, turn, tokens, last tool call, time, the answer or the partial output."""

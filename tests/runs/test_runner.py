@@ -464,3 +464,27 @@ def test_a_turn_cut_by_the_timeout_keeps_the_tokens_it_read(scripted_runner: Any
 
     assert (cut.stop_reason, cut.usage.turns, cut.usage.output_tokens) == ("timeout", 1, 0)
     assert cut.usage.input_tokens == done.usage.input_tokens > 0  # the same prompt, read before the cut
+
+
+def test_a_reopened_task_is_held_until_it_is_let_go(tmp_path: Path) -> None:
+    """`reopen` holds the saved task (no other process continues it meanwhile) until `let_go`, not only
+    until its runner closes; `let_go` was undocumented and left the hold in place."""
+    from mlx_subagents.errors import TaskStateError
+
+    script = {"agents": {"scout": {"replies": ["first", "second"]}}}
+
+    async def main() -> tuple[str, str]:
+        first = make_runner(tmp_path, scripted_host(script))
+        other = make_runner(tmp_path, scripted_host(script))
+        async with first, other:
+            done = await first.run(TaskSpec("scout", "look"))
+            task = await first.reopen(done.run_id or "")
+            answer = (await task.ask("and then?")).output
+            with pytest.raises(TaskStateError, match="is being continued elsewhere"):
+                await other.reopen(done.run_id or "")
+            await task.let_go("done with it")
+            again = await other.reopen(done.run_id or "")
+            return answer, (await again.ask("and at last?")).output
+
+    # Each continuation is a new host session of its runner's own host: it replays from the first reply.
+    assert asyncio.run(main()) == ("first", "first")
