@@ -75,11 +75,17 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     where = " and ".join(p for p in (server.get("url"), server.get("socket")) if p)
     lines = [f"server  pid {server['pid']}, {where}; up {_duration(server['uptime_s'])}; log {server['log']}"]
     kv = status["kv"]
-    lines.append(f"kv      {_mib(kv['used'])} of {_mib(kv['budget']) if kv['budget'] else 'unbounded'} in use")
-    for m in status["models"] or [{"model": "(none loaded yet)"}]:
-        if "weights_bytes" not in m:
-            lines.append(f"model   {m['model']}")
-            continue
+    if kv["budget"] is None:  # the default budget, sized when a model loads
+        lines.append(f"kv      {_mib(kv['used'])} in use; the budget is half the memory the weights leave, once loaded")
+    else:
+        lines.append(f"kv      {_mib(kv['used'])} of {_mib(kv['budget']) if kv['budget'] else 'unbounded'} in use")
+    if loading := status.get("loading"):
+        lines.append(f"model   {loading['model']}: loading for {_duration(loading['since_s'])} (a client waits for it)")
+    if failed := status.get("load_error"):
+        lines.append(f"model   {failed['model']} did not load: {failed['error']}")
+    if not status["models"] and not loading and not failed:
+        lines.append("model   none loaded: each client's model loads at its first task")
+    for m in status["models"]:
         budget = _mib(m["kv_budget"]) if m["kv_budget"] else "unbounded"
         lines.append(
             f"model   {m['model']}: weights {_mib(m['weights_bytes'])}, KV {_mib(m['kv_bytes'])} of {budget}, "

@@ -737,11 +737,14 @@ _log_file: list[Path | None] = [None]
 
 
 def setup_logging(path: Path | None = None) -> Path:
-    """Our log and the SDK's warnings to stderr and to the log file (default `logs/mcp.log`); nothing to stdout."""
+    """Our log and the SDK's warnings to stderr and to the log file (default `logs/mcp.log`); nothing to stdout.
+    A detached server's stderr is that file already (`start_detached`): each line is written once."""
     path = _log_file[0] = path or log_path()
     make_state_dir(path.parent)
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8"), logging.StreamHandler(sys.stderr)]
+    handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8")]
+    if not _same_file(sys.stderr, path):
+        handlers.append(logging.StreamHandler(sys.stderr))
     for handler in handlers:
         handler.setFormatter(formatter)
     for name, level in (("mlx_subagents", logging.INFO), ("mcp", logging.WARNING)):
@@ -751,6 +754,15 @@ def setup_logging(path: Path | None = None) -> Path:
         for handler in handlers:
             logger.addHandler(handler)
     return path
+
+
+def _same_file(stream: Any, path: Path) -> bool:
+    """Whether `stream` writes to the file at `path`."""
+    try:
+        mine, its = os.fstat(stream.fileno()), path.stat()
+    except (OSError, ValueError, AttributeError):  # no file behind the stream (a test's capture)
+        return False
+    return (mine.st_dev, mine.st_ino) == (its.st_dev, its.st_ino)
 
 
 @dataclass

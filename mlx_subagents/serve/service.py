@@ -87,6 +87,9 @@ class Service:
         self.pool = HostPool(replace(config.options, model=None), config.processor_factory)
         self.clients = Clients()
         self.started = time.time()
+        # `--model` as it loads at start (`_preload`): since when, and why it did not load.
+        self.loading: tuple[str, float] | None = None
+        self.load_error: dict[str, str] | None = None
         self.url: str | None = None
         self.info: ServerInfo | None = None
         self.stopping = asyncio.Event()
@@ -244,15 +247,18 @@ class Service:
     async def status(self) -> dict[str, Any]:
         """What `subagent serve --status --json` prints."""
         models = [await model_summary(ref, host) for ref, host in list(self.pool.hosts.items())]
-        budget = self.pool.kv_budget
+        loading = self.loading and {"model": self.loading[0], "since_s": round(time.time() - self.loading[1], 1)}
         return {
             "server": {
                 **(self.info.model_dump() if self.info else {}),
                 "uptime_s": round(time.time() - self.started, 1),
             },
             "models": models,
+            "loading": loading or None,
+            "load_error": self.load_error,
             "kv": {
-                "budget": sum(m["kv_budget"] or 0 for m in models) or budget.request,
+                # 0: unbounded; None: the default, sized when a model loads (half the RAM its weights leave)
+                "budget": sum(m["kv_budget"] or 0 for m in models) or self.pool.kv_budget.request,
                 "used": sum(m["kv_bytes"] for m in models),
             },
             "clients": [c.summary() for c in self.clients],
@@ -331,11 +337,15 @@ class Service:
         model = self.config.options.model
         if model is None:
             return
+        self.loading = (model, time.time())
         try:
             host = await self.pool.get(ModelRef(model))
             log.info("loaded %s (context window %d tokens)", host.model_id, host.context_window)
         except SubagentError as exc:
             log.warning("the model %s did not load: %s", model, exc)
+            self.load_error = {"model": model, "error": str(exc)}
+        finally:
+            self.loading = None
 
 
 async def model_summary(ref: ModelRef, host: Any) -> dict[str, Any]:

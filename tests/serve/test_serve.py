@@ -328,3 +328,47 @@ def test_status_shows_how_long_each_task_waited_behind_other_prompts_prefill() -
         "task    c1 scout (scout) running, turn 0, 1,234 tokens, 2.3s behind other prompts' prefill",
         "task    c1 reviewer (reviewer) running, turn 0, 1,234 tokens",
     ]
+
+
+def test_status_says_the_model_is_loading_and_the_default_budget_is_not_unbounded() -> None:
+    """Just after start the server listens while `--model` loads: `--status` said "(none loaded yet)" and an
+    "unbounded" budget, which is the default budget not sized yet; a model that failed to load is named."""
+    from mlx_subagents.cli.serve import status_lines
+
+    server = {"pid": 7, "url": None, "socket": "/s", "uptime_s": 5, "log": "/l"}
+    base = {"server": server, "models": [], "clients": [], "tasks": [], "load_error": None}
+    loading = {**base, "kv": {"used": 0, "budget": None}, "loading": {"model": "mlx-community/Q", "since_s": 12.3}}
+    assert status_lines(loading)[1:] == [
+        "kv      0.0 MiB in use; the budget is half the memory the weights leave, once loaded",
+        "model   mlx-community/Q: loading for 12s (a client waits for it)",
+    ]
+    failed = {**base, "kv": {"used": 0, "budget": 0}, "load_error": {"model": "/m", "error": "no config.json"}}
+    assert status_lines(failed)[1:] == [
+        "kv      0.0 MiB of unbounded in use",
+        "model   /m did not load: no config.json",
+    ]
+    assert status_lines({**base, "kv": {"used": 0, "budget": 2**30}})[1:] == [
+        "kv      0.0 MiB of 1.0 GiB in use",
+        "model   none loaded: each client's model loads at its first task",
+    ]
+
+
+def test_a_detached_server_writes_each_log_line_once_and_its_status_names_its_model(
+    tmp_path: Path, write_script: Any
+) -> None:
+    """`serve --detach` sends its output to the log the server writes too: every line was there twice."""
+    model = write_script({"replies": ["hi"]})
+    started = spawn_cli("serve", "--detach", "--no-http", "--model", model)
+    try:
+        assert started.wait(60) == 0, started.stderr.read() if started.stderr else ""
+        status = spawn_cli("serve", "--status")
+        out, _ = status.communicate(timeout=60)
+        assert [line for line in out.splitlines() if line.startswith("model")] == [
+            f"model   {model}: weights 0.0 MiB, KV 0.0 MiB of unbounded, 0 sessions, at most 0 decoding in one "
+            "batch, window 32,768 tokens"
+        ]
+    finally:
+        assert spawn_cli("serve", "--stop").wait(60) == 0
+    lines = [line.split(" ", 2)[2] for line in serve_paths().log.read_text().splitlines()]
+    assert lines[0].startswith("INFO mlx_subagents.serve: mlx-subagents ") and lines[-1].endswith(": stopped")
+    assert len(lines) == len(set(lines)) == 4  # serving, loaded, stopping, stopped
