@@ -166,10 +166,51 @@ TEST_CACHE = Path(os.environ.get("MLX_SUBAGENTS_TEST_CACHE") or Path.home() / ".
 
 
 def _unavailable(reason: str, what: str = "SmolLM2") -> None:
-    """Locally a missing registry skips the tests on real downloads; under CI they must run, so it fails."""
+    """Locally a missing registry or Debian package skips the tests that need it, saying what is missing;
+    under CI (`.ci/run` installs every package) they must run, so it fails."""
     if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
         pytest.fail(f"{what} is required under CI: {reason}")
     pytest.skip(f"{what} unavailable: {reason}")
+
+
+# --- Debian packages a few tests need: `@pytest.mark.needs("bubblewrap")` ------------------------------
+
+
+def _sandbox_problem() -> str:
+    """Why a sandboxed `bash` cannot run here, in the tool's own line (it names bubblewrap and how to
+    install it); "" when it can. macOS's sandbox-exec is always there."""
+    from mlx_subagents.errors import ToolError
+    from mlx_subagents.tools import Sandbox
+    from mlx_subagents.tools.sandbox import sandboxed
+
+    try:
+        sandboxed(["true"], Sandbox())
+    except ToolError as exc:
+        return str(exc)
+    return ""
+
+
+def _chromium_problem() -> str:
+    return "" if chromium() else "chromium is not on PATH; install it (Debian/Ubuntu: apt-get install chromium)"
+
+
+def chromium() -> str | None:
+    """The headless browser the timeline's page is drawn in, if there is one."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+# Each package a test may need (`.ci/run` installs them): why it cannot be used here, "" when it can.
+PACKAGES = {"bubblewrap": _sandbox_problem, "chromium": _chromium_problem}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `needs(PACKAGE)` is skipped, naming the package and how to install it, where the
+    package is missing (a fresh machine: the README's commands install no Debian package), and fails
+    under CI (`_unavailable`)."""
+    for mark in item.iter_markers("needs"):
+        (package,) = mark.args
+        if problem := PACKAGES[package]():
+            _unavailable(problem, package)
 
 
 def smollm2_gguf() -> Path:

@@ -8,7 +8,6 @@ import os
 import pty
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,8 +31,15 @@ SLOW = "echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-# The bash sandbox's walls need bubblewrap (Linux); `.ci/run` installs it, so CI never skips them.
-needs_bwrap = pytest.mark.skipif(sys.platform != "linux" or shutil.which("bwrap") is None, reason="needs bubblewrap")
+# A test that runs a sandboxed `bash` (a project agent's, say) needs bubblewrap on Linux: skipped naming it
+# where it is missing, failed under CI, which installs it (`needs` in tests/conftest.py).
+needs_sandbox = pytest.mark.needs("bubblewrap")
+
+
+def needs_bwrap(test: Any) -> Any:
+    """The sandbox's walls as bubblewrap builds them: a Linux test that needs bubblewrap."""
+    linux = pytest.mark.skipif(sys.platform != "linux", reason="bubblewrap's walls (macOS has sandbox-exec)")
+    return linux(needs_sandbox(test))
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import struct
 import subprocess
 import zlib
@@ -15,6 +13,7 @@ import pytest
 
 from mlx_subagents.cli.timeline import COLOURS, LANE_HEIGHT, TOP
 from mlx_subagents.runs.transcripts import load_run
+from tests.conftest import chromium
 from tests.helpers import call
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -87,15 +86,13 @@ def test_a_parent_and_three_children_are_four_lanes_of_one_bar_per_turn(
 
 @pytest.mark.slow
 @pytest.mark.process
+@pytest.mark.needs("chromium")
 def test_the_timeline_page_in_a_real_browser_shows_four_lanes_of_two_bars(
     team_run: str, tmp_path: Path, run_cli: Any
 ) -> None:
     """Headless Chromium draws the page: each lane is a band with two decode bars (one per turn)."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is not installed (.ci/run installs it)")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
+    browser = chromium()
+    assert browser is not None  # `needs` skipped the test otherwise
     page = tmp_path / "run.html"
     assert run_cli("show", team_run, "--timeline", str(page))[0] == 0
     shot = tmp_path / "run.png"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
-from tests.helpers import call, task_text, write_agent
+from tests.helpers import call, needs_sandbox, task_text, write_agent
 
 
 def events_of(out: str) -> list[dict[str, Any]]:
@@ -185,6 +185,7 @@ def looking_agents(tmp_path: Path, write_script: Any, front: str) -> str:
     return write_script({"agents": {"looker": {"replies": [call("bash", command=command), "looked"]}}})
 
 
+@needs_sandbox
 @pytest.mark.slow
 def test_two_bash_agents_take_turns(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     model = looking_agents(tmp_path, write_script, "")
@@ -201,6 +202,7 @@ def test_two_bash_agents_take_turns(tmp_path: Path, write_script: Any, run_cli: 
     )
 
 
+@needs_sandbox
 @pytest.mark.slow
 def test_bash_agents_that_say_writer_false_run_alongside(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     model = looking_agents(tmp_path, write_script, "writer: false\n")
@@ -435,6 +437,7 @@ def test_an_agents_list_limits_who_may_be_started(tmp_path: Path, write_script: 
     assert not (parent.folder / "runs").exists()
 
 
+@needs_sandbox
 def test_a_full_tools_grant_lets_the_child_keep_its_tools(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     write_agent(tmp_path, "lead", "read, subagent", "agents: [scout, worker!]\n")
 

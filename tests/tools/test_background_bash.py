@@ -27,6 +27,7 @@ from tests.helpers import (
     call,
     go,
     make_runner,
+    needs_sandbox,
     run_parent,
     scripted_host,
     spawn_cli,
@@ -149,6 +150,7 @@ def test_output_past_the_cap_keeps_its_head_on_disk_and_its_tail(tmp_path: Path)
     assert log.last_line() == "line 0299"
 
 
+@needs_sandbox
 def test_a_sandboxed_command_writes_only_in_the_workspace(tmp_path: Path) -> None:
     outside = Path("/var/tmp") / f"mlx-subagents-bg-{uuid.uuid4().hex}"
     try:
@@ -198,6 +200,7 @@ def test_ctrl_c_and_sigterm_kill_a_background_command(tmp_path: Path, write_scri
     assert all_dead(pids)
 
 
+@needs_sandbox
 def test_one_board_holds_sub_agents_and_commands_and_one_set_of_tools_reads_both(tmp_path: Path) -> None:
     write_agent(tmp_path, "lead", "read, bash, subagent")
     script = {

@@ -15,7 +15,7 @@ from mlx_subagents.events import Event
 from mlx_subagents.home import state_home
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import load_run, read_transcript
-from tests.helpers import call, go, make_runner, run_parent, scripted_host, write_agent
+from tests.helpers import call, go, make_runner, needs_sandbox, run_parent, scripted_host, write_agent
 
 
 @pytest.fixture
@@ -61,6 +61,7 @@ def probe(outside: Path, port: int) -> str:
     )
 
 
+@needs_sandbox
 def test_a_project_agent_bash_writes_only_in_its_workspace_and_has_no_network(
     scripted_runner: Any, tmp_path: Path, listener: socket.socket, outside: Path
 ) -> None:
@@ -77,6 +78,7 @@ def test_a_project_agent_bash_writes_only_in_its_workspace_and_has_no_network(
     assert not outside.exists() and not reached(listener)
 
 
+@needs_sandbox
 def test_a_project_agents_network_takes_the_users_word(
     scripted_runner: Any, tmp_path: Path, listener: socket.socket, outside: Path
 ) -> None:
@@ -109,6 +111,7 @@ def test_a_project_agents_network_takes_the_users_word(
     assert not outside.exists() and reached(listener)
 
 
+@needs_sandbox
 def test_a_resumed_child_keeps_the_sandbox_its_parent_gave_it(tmp_path: Path, outside: Path) -> None:
     # The worker is a built-in agent: unsandboxed on its own, sandboxed below a project agent.
     write_agent(tmp_path, "boss", "bash, subagent")
@@ -128,6 +131,7 @@ def test_a_resumed_child_keeps_the_sandbox_its_parent_gave_it(tmp_path: Path, ou
     assert not outside.exists()
 
 
+@needs_sandbox
 def test_a_sandboxed_parent_sandboxes_its_children_and_a_project_file_cannot_turn_it_off(
     scripted_runner: Any, tmp_path: Path, outside: Path
 ) -> None:
