@@ -37,10 +37,17 @@ EventKind = Literal[
 ]
 
 
-class WaitingData(TypedDict):
-    """The task waits for its workspace's writer lease before it starts (one agent that can change files
-    works in a workspace at a time); `reason` says so, for its progress line."""
+# What a task waits for before it starts: a `waiting` event's `waiting_for`, `task_start`'s `waited_for`.
+SLOT = "a slot"
+WRITER_LEASE = "the writer lease"
 
+
+class WaitingData(TypedDict):
+    """The task waits before it starts: `waiting_for` `a slot` (every slot of `--concurrency` is taken) or
+    `the writer lease` (one agent that can change files works in a workspace at a time); `reason` says so,
+    for its progress line (a slot's wait is shown by the live views and `subagent watch`, not as a line)."""
+
+    waiting_for: str
     reason: str
 
 

@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .events import (
+    SLOT,
     CompactionData,
     ElicitationData,
     Event,
@@ -128,6 +129,8 @@ class EventLines:
             own = event.label in (self.root, event.agent) and self.layout != "tasks"  # bare, as its tool calls
             where = f"[dim]\\[{escape(event.label)}][/] " if event.label and not own else ""
             return where + server_request_line(event)
+        if event.kind == "waiting" and cast(WaitingData, event.data).get("waiting_for") == SLOT:
+            return None  # a queue, not news: the live views and `subagent watch` show it
         if self.layout == "tasks":
             return self._tasks_line(event)
         if self.layout == "task":

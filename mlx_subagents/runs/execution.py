@@ -16,7 +16,7 @@ import time
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 
-from ..events import WaitingData
+from ..events import SLOT, WRITER_LEASE, WaitingData
 from ..results import INTERRUPTED, RunResult
 from .generation import Generation, _uncancel
 from .slots import Slots
@@ -24,6 +24,7 @@ from .slots import Slots
 # A wait for a slot or the writer lease this long or longer is told in the task's `task_start` (`waited_s`).
 MIN_WAIT_S = 0.01
 WAITING_FOR_WRITER = "another agent that can change files is working in this workspace; writers take turns"
+WAITING_FOR_SLOT = "every slot is taken (--concurrency); it starts when one frees"
 
 
 @dataclass(eq=False)
@@ -97,9 +98,11 @@ class Execution:
                 generation.end_unrun("failed", "skipped", f"not run: {_describe(failed[0])} did not complete")
             else:
                 asked = time.monotonic()
+                if self._places.locked():  # this request's own concurrency: as a slot to the person
+                    _waiting(generation, SLOT)
                 async with self._places, self._lease(generation):
                     if (waited := time.monotonic() - asked) >= MIN_WAIT_S:
-                        generation.waited = (round(waited, 3), generation.waited[1] if generation.waited else "a slot")
+                        generation.waited = (round(waited, 3), generation.waited[1] if generation.waited else SLOT)
                     if generation.abort_reason is not None:
                         _unstarted(generation)
                     else:
@@ -126,11 +129,7 @@ class Execution:
         prepared = generation.handle.prepared
         writer = prepared.workspace.root if prepared.spec.is_writer(prepared.denied) else None
 
-        def on_wait() -> None:
-            generation.waited = (0.0, "the writer lease")
-            generation.report(None, "waiting", WaitingData(reason=WAITING_FOR_WRITER))
-
-        return self.slots.hold(writer, on_wait=on_wait, who=generation.label)
+        return self.slots.hold(writer, on_wait=lambda what: _waiting(generation, what), who=generation.label)
 
     def _never_ran(self, generation: Generation) -> None:
         """A generation stopped before its first step never ran `_node`: end it here, so that its task ends."""
@@ -140,6 +139,16 @@ class Execution:
             _unstarted(generation)
         if generation.task is not None and generation.task.done():
             generation.done.set()
+
+
+def _waiting(generation: Generation, what: str) -> None:
+    """The generation waits for `what` (a slot, the writer lease) before it starts: its `waiting` event,
+    once for each (a request's own slot and the process-wide one read as one)."""
+    if generation.waited is not None and generation.waited[1] == what:
+        return
+    generation.waited = (0.0, what)
+    reason = WAITING_FOR_WRITER if what == WRITER_LEASE else WAITING_FOR_SLOT
+    generation.report(None, "waiting", WaitingData(waiting_for=what, reason=reason))
 
 
 def _unstarted(generation: Generation) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
-from ..events import DecodeData, Event, PrefillData, TaskEndData, TextData, ToolCallData, UsageData
+from ..events import DecodeData, Event, PrefillData, TaskEndData, TextData, ToolCallData, UsageData, WaitingData
 from ..render import CHILD, end_status
 
 Activity = Literal[
@@ -43,6 +43,7 @@ class TaskNow:
     label: str
     agent: str
     activity: Activity = "queued"
+    waiting_for: str = ""  # while `waiting`: a slot, the writer lease
     turn: int = 0
     prefill_tokens: int = 0
     cached: int = 0
@@ -85,7 +86,7 @@ class TaskNow:
     def describe(self) -> str:
         """The activity in a view's words."""
         if self.activity == "waiting":
-            return "waiting for the writer lease"
+            return f"waiting for {self.waiting_for or 'the writer lease'}"
         if self.activity == "model":
             return "waiting for the model"
         if self.activity == "prefilling":
@@ -154,7 +155,7 @@ class LiveTasks:
 def _update(task: TaskNow, event: Event, now: float) -> None:
     kind = event.kind
     if kind == "waiting":
-        task.activity = "waiting"
+        task.activity, task.waiting_for = "waiting", cast(WaitingData, event.data).get("waiting_for", "")
     elif kind == "task_start":
         task.activity, task.started, task.ended = "starting", now, None
     elif kind == "turn_start":

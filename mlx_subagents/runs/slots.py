@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..agents.context import repository_root
+from ..events import SLOT, WRITER_LEASE
 
 
 @dataclass
@@ -49,18 +50,22 @@ class Lease:
         self._n_lent = 0
         self.held = False
 
-    async def acquire(self, on_wait: Callable[[], None] | None = None) -> None:
+    async def acquire(self, on_wait: Callable[[str], None] | None = None) -> None:
+        """Take the writer lease (for a writer), then a slot; `on_wait` is told what it waits for, before it
+        waits: `the writer lease`, `a slot`."""
         # The writer lease first: a writer waiting for it keeps no slot from the others.
         writer = self._writer
         if writer is not None:
             if writer.lock.locked() and on_wait is not None:
-                on_wait()
+                on_wait(WRITER_LEASE)
             writer.waiting.append(self._who)
             try:
                 await writer.lock.acquire()
             finally:
                 writer.waiting.remove(self._who)
             writer.holder = self._who
+        if self._slots.locked() and on_wait is not None:
+            on_wait(SLOT)
         try:
             await self._slots.acquire()
         except BaseException:
@@ -132,14 +137,15 @@ class Slots:
 
     @asynccontextmanager
     async def hold(
-        self, writer: Path | None = None, on_wait: Callable[[], None] | None = None, *, who: str = ""
+        self, writer: Path | None = None, on_wait: Callable[[str], None] | None = None, *, who: str = ""
     ) -> AsyncIterator[Lease]:
         """Wait for a slot (and, for a writer, the writer lease of the workspace `writer` is in), hold
         it for the block.
 
         Args:
             writer: the folder a writer works in (None: a reader).
-            on_wait: called once when the writer lease is held by another session, before waiting.
+            on_wait: called with what it waits for (`WRITER_LEASE`, then `SLOT`) when another session holds
+                it, before waiting.
             who: the task's label, as its writer lease names it.
         """
         key = self.lease_key(writer) if writer is not None else None

@@ -51,7 +51,8 @@ def test_each_activity_reads_from_the_events_in_the_views_words() -> None:
     tasks = LiveTasks([("scout", "scout")])
     seen = [tasks.tasks["scout"].describe()]
     steps = [
-        event("waiting", "scout", WaitingData(reason="writers take turns"), 0),
+        event("waiting", "scout", WaitingData(waiting_for="the writer lease", reason="writers take turns"), 0),
+        event("waiting", "scout", WaitingData(waiting_for="a slot", reason="every slot is taken"), 0),
         event("task_start", "scout", TaskStartData(task="t", model="m", tool_mode="native"), 0),
         event("turn_start", "scout", TurnStartData()),
         event("prefill", "scout", PrefillData(tokens=901, cached=0)),
@@ -68,6 +69,7 @@ def test_each_activity_reads_from_the_events_in_the_views_words() -> None:
     assert seen == [
         "queued",
         "waiting for the writer lease",
+        "waiting for a slot",  # it was shown only as queued, or not at all (a sub-agent)
         "starting",
         "waiting for the model",
         "prefilling 901 tokens",

@@ -152,6 +152,26 @@ def test_two_writers_never_overlap_and_a_reader_runs_alongside(tmp_path: Path, w
     )
 
 
+def test_a_task_waiting_for_a_slot_says_so_in_its_events_and_the_live_views(
+    tmp_path: Path, write_script: Any, run_cli: Any
+) -> None:
+    """With one slot the second task waits: a `waiting` event says for a slot, which the live status and
+    `subagent watch` show (`TaskNow.describe`); the progress lines leave the queue out."""
+    model = write_script({"agents": {"scout": {"replies": [{"content": "done", "delay": 0.2}]}}})
+
+    code, out, err = run_cli("parallel", "-t", "scout", "a", "-t", "scout", "b", "-j", "1", "-m", model, "--events")
+
+    assert code == 0, err
+    [waiting] = [e for e in events_of(out) if e["kind"] == "waiting"]
+    assert (waiting["label"], waiting["data"]) == (
+        "scout-2",
+        {"waiting_for": "a slot", "reason": "every slot is taken (--concurrency); it starts when one frees"},
+    )
+    [start] = [e for e in events_of(out) if e["kind"] == "task_start" and e["label"] == "scout-2"]
+    assert start["data"]["waited_for"] == "a slot" and start["data"]["waited_s"] > 0
+    assert "waiting" not in err
+
+
 def test_the_progress_lines_say_a_writer_waits(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     model = write_script({"agents": {"worker": {"replies": [{"content": "done", "delay": 0.1}]}}})
 

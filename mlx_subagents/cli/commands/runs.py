@@ -46,7 +46,7 @@ def watch(
     once: Annotated[bool, typer.Option("--once", help="Print what runs now once, then exit.")] = False,
 ) -> None:
     """Watch every running task of this state folder: the tree of parents and sub-agents, what each
-    does (prefilling, decoding, a tool, waiting for the writer lease), turns, tokens, tokens/s, KV bytes
+    does (prefilling, decoding, a tool, waiting for a slot or the writer lease), turns, tokens, tokens/s, KV bytes
     against each pool's budget; refreshed until Ctrl-C (`--json`: one snapshot).
 
     Example: subagent watch
