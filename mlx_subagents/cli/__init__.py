@@ -22,6 +22,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import SubagentError
+from .help_text import one_line_summaries, plain_flags
 from .interrupts import EXIT_INTERRUPTED
 from .output import err, out
 
@@ -75,6 +76,7 @@ def _everywhere(
 
 for group in COMMAND_GROUPS:
     app.add_typer(import_module(f".commands.{group}", __name__).app)
+one_line_summaries(app)  # docs/cli.md is made from `app`: it has them too
 
 # typer >= 0.22 vendors click: its exceptions are not click's. Catch both families.
 _EXIT = tuple({typer.Exit, click.exceptions.Exit})
@@ -89,7 +91,8 @@ def main() -> None:
             stream.reconfigure(errors="backslashreplace")
     try:
         # Without standalone mode, typer returns the code of a `typer.Exit` instead of raising it.
-        code = app(prog_name="subagent", standalone_mode=False)  # its name in help and completion scripts
+        command = plain_flags(typer.main.get_command(app))
+        code = command.main(prog_name="subagent", standalone_mode=False)  # its name in help and completion scripts
     except SubagentError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(2)

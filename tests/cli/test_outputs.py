@@ -61,3 +61,27 @@ def test_a_remote_model_on_the_command_line_is_refused_as_in_an_agent_file(tmp_p
         "folder, an MLX hub id, an imported name, mlx/openai/gpt-4o if it is a Hugging Face repo, or --engine URL "
         "for a model an OpenAI-compatible server runs\n"
     )
+
+
+def test_the_help_gives_each_command_its_summary_on_one_line_and_no_type_after_a_flag(
+    run_cli: Any, monkeypatch: Any
+) -> None:
+    """The command list broke a summary where its docstring's line ended ("what each" / "does ..."), and
+    every flag showed `<bool>` though it takes no value."""
+    import inspect
+
+    monkeypatch.setenv("COLUMNS", "400")
+    code, out, _ = run_cli("--help")
+    assert code == 0 and "<bool>" not in out
+    summaries = {}
+    for line in out.splitlines():
+        if line.startswith("│ ") and "  " in line[2:].strip():
+            name, _, text = line[2:].strip(" │").partition(" ")
+            summaries[name] = text.strip()
+    for name in ("watch", "doctor", "mcp", "models"):
+        assert name in summaries
+    from mlx_subagents.cli.commands.runs import watch
+
+    assert summaries["watch"] == " ".join(inspect.cleandoc(watch.__doc__ or "").split("\n\n")[0].split())
+    code, out, _ = run_cli("run", "--help")
+    assert code == 0 and "<bool>" not in out and "--json  " in out
