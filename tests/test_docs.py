@@ -391,3 +391,17 @@ def test_every_mcp_client_config_passes_the_home_with_absolute_paths() -> None:
         assert "MLX_SUBAGENTS_HOME" in config, config
         commands = re.findall(r"""(?:command"?\s*[:=]\s*"|-- )([^"\s]+)""", config)
         assert commands and all(c.startswith("/") for c in commands), config
+
+
+def test_every_claude_mcp_add_names_subagent_by_its_absolute_path() -> None:
+    """A client starts `subagent mcp` outside the virtual environment, where a bare `subagent` is not on
+    PATH: the README, the docs and the command's own help (docs/cli.md) name it in full."""
+    pages = [README, *sorted(DOCS.glob("*.md"))]
+    commands = [
+        (page.name, m.group(1))
+        for page in pages
+        for m in re.finditer(r"claude mcp add[^\n]*?(?:\\\n[^\n]*?)*-- (\S+)", page.read_text(encoding="utf-8"))
+    ]
+    assert {name for name, _ in commands} >= {"README.md", "cli.md", "mcp.md"}
+    for name, command in commands:
+        assert command.startswith(('"$(command', "&quot;$(command", "/")), f"{name}: {command}"

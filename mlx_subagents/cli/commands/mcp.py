@@ -60,7 +60,7 @@ def mcp(
     """Serve the agents over MCP on stdio (for Claude Code, Codex, Cursor, ...); the model stays loaded.
     When `subagent serve` runs, relay to it instead: every client shares its one model.
 
-    Example: claude mcp add subagents -- subagent mcp --model mlx-community/Qwen3-4B-Instruct-2507-4bit
+    Example: claude mcp add subagents -- "$(command -v subagent)" mcp (a client needs the absolute path)
     """
     budget = parse_call_budget(call_budget)
     # stdin is the protocol channel, not a terminal: project agents need --yes, as in any script.
