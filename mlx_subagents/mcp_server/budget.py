@@ -8,9 +8,9 @@ go on in the background on the server's board, and the answer gives their ids an
 with `agent_output`, whose `wait` the same budget caps. `--call-budget off` is for clients that wait
 (Claude Code with a raised `MCP_TOOL_TIMEOUT`).
 
-MCP Tasks (SEP-1686, the 2025-11-25 revision) would be the protocol's own way: the `mcp` SDK in use
-(2.3) has the types, but its server neither advertises the capability nor lets a `tools/call` handler
-answer with a task, so the budget and `agent_output` stand in for it.
+A 2026-07-28 client that declares the Tasks extension gets the protocol's own way instead: the call
+answers at once with a task handle, polled to its result without any budget (`call_tasks.py`). The
+budget and `agent_output` are for every other client.
 """
 
 from __future__ import annotations

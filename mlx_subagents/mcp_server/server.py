@@ -12,6 +12,9 @@ the agents' shared prefixes. The tools:
   started in the background on the server's one task board, then watched, read, steered and
   stopped by id (`tasks.py`).
 
+Both revisions on one endpoint: the SDK serves a 2025 handshake or 2026-07-28 requests as they come;
+a 2026-07-28 client that declares the Tasks extension gets `run_agents` as an MCP task (`call_tasks.py`).
+
 A call with a progress token gets one progress notification per runner event that says something
 (turns, tool calls, tokens), in order. A cancelled call cancels its children (their `bash` groups
 are killed as they unwind) and, as the protocol requires, is not answered. Every bad call is a
@@ -41,6 +44,7 @@ from urllib.parse import unquote, urlparse
 import anyio
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
+from mcp.server.caching import CacheHint
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
@@ -58,13 +62,15 @@ from ..runs.board import TaskBoard
 from ..runs.runner import Runner
 from ..runs.task import TaskHandle
 from ..runs.workflow import find_workflow, load_workflow
+from ..tools.background import status_line
 from ..tools.base import ToolResult
 from ..tools.delegation import FORMS, Delegation, delegation_schema, parse_delegation
 from ..tools.subagent import fit_answers, format_outcome
 from .budget import DEFAULT_CALL_BUDGET, budget_text
+from .call_tasks import CallTasks, declares
 from .notices import ClientLog, Progress, quiet
 from .stdio import StdinLines, stop_signals
-from .tasks import ServerTasks
+from .tasks import CANCELLED_BY_CLIENT, ServerTasks
 
 SERVER_NAME = "mlx-subagents"
 TOOL_NAMES = (
@@ -84,6 +90,8 @@ ANSWER_GRACE_S = 0.2
 NO_PERSON = "nobody can answer through subagent mcp (its MCP client is not asked)"
 # The JSON-RPC error code of a method refused for the server's set-up (no workspace): a server error.
 REFUSED = -32000
+# How long a 2026-07-28 client may keep `tools/list` (the agents' files are read again at each call).
+LIST_TTL_MS = 30_000
 MakeRunner = Callable[[Path, EventSink], Runner]
 T = TypeVar("T")
 
@@ -149,6 +157,34 @@ _progress: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("mcp
 _client: contextvars.ContextVar[tuple[ClientLog, Any] | None] = contextvars.ContextVar("mcp_client", default=None)
 
 
+@dataclass
+class Delegated:
+    """A `run_agents` call's work, started: its result (or the refusal a client reads), and its tasks'
+    handles as they start (`begun` once they have)."""
+
+    work: asyncio.Future[MultiRunResult | types.CallToolResult]
+    handles: list[TaskHandle]
+    begun: asyncio.Event
+
+    @classmethod
+    def start(cls, runner: Runner, call: Delegation, var: contextvars.ContextVar[Any], value: Any) -> Delegated:
+        """Start the call's tasks at the top level, with `var` set to `value` in their context."""
+        handles: list[TaskHandle] = []
+        begun = asyncio.Event()
+
+        def on_handles(made: list[TaskHandle]) -> None:
+            handles.extend(made)
+            begun.set()
+
+        reset = var.set(value)
+        try:
+            delegate = lambda: runner.delegate(call, None, on_handles=on_handles)  # noqa: E731
+            work = asyncio.ensure_future(_refused_or(runner, call, "run_agents", delegate))
+        finally:
+            var.reset(reset)
+        return cls(work, handles, begun)
+
+
 # -- the server ---------------------------------------------------------------------------------------
 
 
@@ -170,6 +206,7 @@ class AgentsServer:
         call_budget: float | None = DEFAULT_CALL_BUDGET,
         *,
         here: Path | None = None,
+        calls: CallTasks | None = None,
     ) -> None:
         self.make_runner = make_runner
         self.cwd = cwd
@@ -177,6 +214,7 @@ class AgentsServer:
         self.here = here
         self.runner: Runner | None = None
         self.tasks: ServerTasks | None = None
+        self.calls = calls or CallTasks()  # the calls answered with an MCP task (a server's own, or shared)
         self._lock = asyncio.Lock()
         self._calls = 0  # tool calls being answered
         self._idle = asyncio.Event()
@@ -186,7 +224,7 @@ class AgentsServer:
         self._detached: set[asyncio.Future[Any]] = set()  # run_agents calls answered before their tasks ended
 
     def server(self) -> Server[Any]:
-        return make_server(self.list_tools, self.call_tool, self.set_level)
+        return make_server(self.list_tools, self.call_tool, self.set_level, self.calls)
 
     async def stop(self, reason: str, wait: float = STOP_WAIT_S) -> None:
         """A stop signal: abort every task, started or in a call, with `reason`; return once the calls
@@ -257,7 +295,7 @@ class AgentsServer:
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         started = time.perf_counter()
         log.info("call %s %s", params.name, _brief(params.arguments))
         self._calls += 1
@@ -278,7 +316,7 @@ class AgentsServer:
 
     async def _call(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams, started: float
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         try:
             if params.name == "list_agents":
                 result = _list_result(agent_list(await self._runner(ctx)))
@@ -300,16 +338,14 @@ class AgentsServer:
         except Exception as exc:  # never let one call stop the server
             log.exception("call %s failed", params.name)
             result = _error(f"internal error: {type(exc).__name__}: {exc}; the server log is {log_path()}")
-        log.info(
-            "call %s %s in %.1fs", params.name, "error" if result.is_error else "ok", time.perf_counter() - started
-        )
+        log.info("call %s %s in %.1fs", params.name, _verdict(result), time.perf_counter() - started)
         return result
 
     # -- run_agents -----------------------------------------------------------------------------------
 
     async def _run_agents(
         self, ctx: ServerRequestContext[Any], arguments: dict[str, Any], started: float
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         if "background" in arguments:
             return _error(
                 "run_agents waits for its tasks and takes no 'background'; to start them and carry on, call "
@@ -319,24 +355,16 @@ class AgentsServer:
         call = _parsed(runner, arguments, "run_agents")
         if isinstance(call, types.CallToolResult):
             return call
-        handles: list[TaskHandle] = []
-        begun = asyncio.Event()
-
-        def on_handles(made: list[TaskHandle]) -> None:
-            handles.extend(made)
-            begun.set()
-
+        if declares(ctx):  # a 2026-07-28 client with Tasks: a handle at once, no call budget in the way
+            return await self._run_as_task(runner, call)
         token = (ctx.meta or {}).get("progress_token")
         progress = Progress(ctx.session) if token is not None else None
-        reset = _progress.set(progress)
-        try:  # the task copies the context: every child's events find this request's `progress`
-            delegate = lambda: runner.delegate(call, None, on_handles=on_handles)  # noqa: E731
-            work = asyncio.ensure_future(_refused_or(runner, call, "run_agents", delegate))
-        finally:
-            _progress.reset(reset)
+        # The work copies the context: every child's events find this request's `progress`.
+        delegated = Delegated.start(runner, call, _progress, progress)
+        work, handles = delegated.work, delegated.handles
         pump = asyncio.ensure_future(progress.pump()) if progress else None
         try:
-            outcome = await self._within_budget(work, begun, started)
+            outcome = await self._within_budget(work, delegated.begun, started)
         except asyncio.CancelledError:
             # Cancel the children once and wait, shielded, while they kill their processes and save.
             work.cancel()
@@ -355,6 +383,40 @@ class AgentsServer:
         if isinstance(outcome, types.CallToolResult):  # refused before anything ran
             return outcome
         return run_result(call, outcome, format_outcome(call, outcome))
+
+    async def _run_as_task(self, runner: Runner, call: Delegation) -> types.CallToolResult | dict[str, Any]:
+        """`run_agents` answered with an MCP task once its tasks have started: they run on the board (a
+        disconnect leaves them running, `agent_status` and `agent_output` see them), the task's status
+        is theirs and its result the call's. A call refused before anything ran answers as always."""
+        delegated = Delegated.start(runner, call, _client, None)  # the call answers now: its tasks log to no request
+        work, handles = delegated.work, delegated.handles
+        waiter = asyncio.ensure_future(delegated.begun.wait())
+        try:
+            await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if work.done() and isinstance(outcome := work.result(), types.CallToolResult):
+            return outcome
+        board = self._tasks(runner).board
+        for handle in handles:
+            if handle.alive:
+                handle.hand_over(board)
+        self._detach(work)
+
+        async def result() -> types.CallToolResult:
+            outcome = await asyncio.shield(work)
+            assert isinstance(outcome, MultiRunResult)
+            return run_result(call, outcome, format_outcome(call, outcome))
+
+        def describe() -> str:
+            return "\n".join(status_line(h.snapshot()) for h in handles) or "starting"
+
+        def cancel() -> None:
+            for handle in handles:
+                if handle.alive:
+                    handle.cancel(CANCELLED_BY_CLIENT)
+
+        return self.calls.start(result(), describe, cancel)
 
     async def _within_budget(self, work: asyncio.Future[T], begun: asyncio.Event, started: float) -> T | None:
         """What `work` gives, or None when the call budget ends first and its tasks have started (a call
@@ -423,19 +485,25 @@ def make_server(
     list_tools: Callable[
         [ServerRequestContext[Any], types.PaginatedRequestParams | None], Awaitable[types.ListToolsResult]
     ],
-    call_tool: Callable[[ServerRequestContext[Any], types.CallToolRequestParams], Awaitable[types.CallToolResult]],
+    call_tool: Callable[[ServerRequestContext[Any], types.CallToolRequestParams], Awaitable[Any]],
     set_level: Callable[[ServerRequestContext[Any], types.SetLevelRequestParams], Awaitable[types.EmptyResult]],
+    calls: CallTasks,
 ) -> Server[Any]:
-    """The MCP server over these handlers: `AgentsServer`'s own, or a front that picks one per client."""
+    """The MCP server over these handlers (`AgentsServer`'s own, or a front that picks one per client),
+    for both revisions on one endpoint: the SDK serves a 2025 handshake or a 2026-07-28 request as it
+    comes; `calls` adds the Tasks extension; `tools/list` carries a cache hint for 2026-07-28 clients."""
     with quiet():  # the SDK's deprecation warning for logging (see notices.py)
-        return Server(
+        server: Server[Any] = Server(
             SERVER_NAME,
             version=__version__,
             instructions=INSTRUCTIONS,
+            cache_hints={"tools/list": CacheHint(ttl_ms=LIST_TTL_MS, scope="private")},
             on_list_tools=list_tools,
             on_call_tool=call_tool,
             on_set_logging_level=set_level,
         )
+    calls.install(server)
+    return server
 
 
 def on_event(event: Event) -> None:
@@ -456,7 +524,7 @@ def on_event(event: Event) -> None:
 async def client_root(session: ServerSession) -> Path | None:
     """The client's first `file://` root, when it declares roots and answers."""
     caps = session.client_capabilities
-    if caps is None or caps.roots is None:
+    if caps is None or caps.roots is None or not session.can_send_request:  # 2026-07-28: no request to the client
         return None
     try:
         with warnings.catch_warnings():  # roots are deprecated in the 2026-07-28 revision, still served before
@@ -662,6 +730,13 @@ def _status_line(task: TaskOutcome) -> str:
 
 def _error(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
+
+
+def _verdict(result: types.CallToolResult | dict[str, Any]) -> str:
+    """How a call answered, for the log: ok, error, or the MCP task it became."""
+    if isinstance(result, dict):
+        return f"as task {result['taskId'][:8]}..."
+    return "error" if result.is_error else "ok"
 
 
 def _brief(arguments: dict[str, Any] | None) -> str:

@@ -13,6 +13,10 @@ session, found through the session's connection. Its workspace is its first root
 `?cwd=FOLDER`, else the server's `--cwd`; `?yes=1` allows the workspace's project agents for that
 session only. A session ends when its client deletes it or after `IDLE_TIMEOUT_S` without a
 request; its calls in progress are then cancelled and saved, its background tasks run on.
+
+A 2026-07-28 request (the SDK routes it by its `MCP-Protocol-Version` header) has no session: the
+requests for one workspace (`?cwd=`, `?yes=`) share one client, and the calls answered with an MCP
+task are the service's, so any later connection reads a task by its id.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -145,6 +150,8 @@ class HttpFront:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.sessions: dict[str, Client] = {}  # the clients by their MCP session id
+        # 2026-07-28 requests carry no session: one client per workspace asked for (`?cwd=`, `?yes=`).
+        self.stateless: dict[tuple[str, bool], Client] = {}
 
     def ended(self, session_id: str) -> None:
         """A session's DELETE: its calls in progress are cancelled as the client's leaving."""
@@ -153,7 +160,7 @@ class HttpFront:
             client.cancel(DISCONNECTED, background=False)
 
     def server(self) -> Any:
-        return make_server(self.list_tools, self.call_tool, self.set_level)
+        return make_server(self.list_tools, self.call_tool, self.set_level, self.service.calls)
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -162,14 +169,17 @@ class HttpFront:
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         return await self.agents(ctx).call_tool(ctx, params)
 
     async def set_level(self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams) -> types.EmptyResult:
         return await self.agents(ctx).set_level(ctx, params)
 
     def agents(self, ctx: ServerRequestContext[Any]) -> AgentsServer:
-        """The session's tools; the first call makes its client, and the session's end is its disconnect."""
+        """The session's tools; the first call makes its client, and the session's end is its disconnect.
+        A 2026-07-28 request has no session: its tools are those of its workspace's stateless client."""
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return self._stateless(ctx)
         # The SDK keeps per-session state on the session's connection (`state`, and `exit_stack`, which
         # it unwinds when the session ends); a handler reaches it only through the session object.
         connection = ctx.session._connection  # mcp 2.3 has no public accessor
@@ -180,6 +190,15 @@ class HttpFront:
             if connection.session_id:
                 self.sessions[connection.session_id] = client
             connection.exit_stack.push_async_callback(self._gone, connection.session_id, client)
+        assert client.agents is not None
+        return client.agents
+
+    def _stateless(self, ctx: ServerRequestContext[Any]) -> AgentsServer:
+        query = ctx.request.query_params if isinstance(ctx.request, Request) else {}
+        key = (str(query.get("cwd", "")), str(query.get("yes", "")).lower() in YES)
+        client = self.stateless.get(key)
+        if client is None:
+            client = self.stateless[key] = self._new_client(ctx)
         assert client.agents is not None
         return client.agents
 

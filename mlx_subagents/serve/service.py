@@ -34,6 +34,7 @@ from ..errors import SubagentError
 from ..events import EventSink, Fanout
 from ..host.protocol import ProcessorFactory
 from ..mcp_server.budget import DEFAULT_CALL_BUDGET
+from ..mcp_server.call_tasks import CallTasks
 from ..mcp_server.server import AgentsServer, setup_logging
 from ..mcp_server.stdio import stop_signals
 from ..results import stop_reason
@@ -96,6 +97,8 @@ class Service:
         self.stop_reason = STOPPED
         self._lingering: set[asyncio.Task[None]] = set()
         self.chats: dict[str, Any] = {}  # attached chats by the key their control connection gives
+        # The MCP calls answered with a task, for every client: a client that reconnects reads its tasks.
+        self.calls = CallTasks()
         # `subagent watch` shows the MCP clients' tasks under the server (an attached command's
         # tasks are published by the command itself, under its own pid).
         self.publisher = Publisher("serve: the tasks of its MCP clients", cwd=config.cwd, pool=self.pool)
@@ -147,7 +150,7 @@ class Service:
         client = self.add_client(kind, options, pid=pid, name="subagent mcp" if kind == "relay" else "HTTP")
         published = lambda event: self.publisher.handle(replace(event, label=f"{client.id}/{event.label}"))  # noqa: E731
         make = lambda root, sink: self.make_runner(client, root, Fanout([sink, published]))  # noqa: E731
-        client.agents = AgentsServer(make, cwd, call_budget, here=here)
+        client.agents = AgentsServer(make, cwd, call_budget, here=here, calls=self.calls)
         return client
 
     async def disconnect(self, client: Client) -> None:

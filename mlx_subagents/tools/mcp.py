@@ -21,9 +21,11 @@ value carries `${VAR}` instead (`redact`). A configuration file is read only whe
 of its servers; a file or a server in it that cannot be read is one warning naming the file, the line
 and the fix, and the run goes on without it (`load_config`).
 
-What a server asks of the client during a call (sampling, elicitation, roots) is answered for the
-calling agent (`mcp_requests.py`); a server over HTTP that wants OAuth signs in with the tokens
-`subagent mcp-servers login` saved (`mcp_auth.py`).
+Either revision: a server that answers `server/discover` is spoken to in 2026-07-28 (each request
+stateless), any other with the 2025 handshake. What a server asks of the client during a call
+(sampling, elicitation, roots) is answered for the calling agent (`mcp_requests.py`); a call answered
+with an MCP task is polled to its result within the call's time-out (`mcp_tasks.py`); a server over
+HTTP that wants OAuth signs in with the tokens `subagent mcp-servers login` saved (`mcp_auth.py`).
 """
 
 from __future__ import annotations
@@ -374,7 +376,7 @@ class McpConnection:
         self.requests = ServerRequests(
             config.name, config.where, config.project, self.policy, [*self.roots] or [self.cwd]
         )
-        self._session: Any = None
+        self._client: Any = None
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
@@ -396,31 +398,35 @@ class McpConnection:
 
     async def _serve(self) -> None:
         import mcp_types as types
-        from mcp import ClientSession
+        from mcp import Client
+
+        from .mcp_tasks import Tasks
 
         try:
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport(stack))
                 requests = self.requests
-                session = await stack.enter_async_context(
-                    ClientSession(
-                        read,
-                        write,
+                # Either revision: `server/discover` first (2026-07-28: each request stateless, what the
+                # server asks comes back as input-required results), else the 2025 handshake.
+                client = await stack.enter_async_context(
+                    Client(
+                        self._transport(stack),
+                        mode="auto",
                         sampling_callback=requests.sampling,
                         elicitation_callback=requests.elicitation,
                         list_roots_callback=requests.list_roots,
                         message_handler=self._incoming,
                         client_info=types.Implementation(name=CLIENT_NAME, version=client_version()),
+                        extensions=[Tasks()],
+                        cache=None,
                     )
                 )
-                await session.initialize()
-                listed = await session.list_tools()
+                listed = await client.list_tools()
                 if problem := schema_problem(listed.tools):
                     self.error = problem
                     raise McpConfigError(problem)
-                await requests.started(session)
+                await requests.started(client.session)
                 self.tools = sorted(listed.tools, key=lambda t: t.name)  # stable order: the cached prefix survives
-                self._session = session
+                self._client = client
                 self._ready.set_result(None)
                 await self._stop.wait()
         except BaseException as exc:
@@ -440,7 +446,7 @@ class McpConnection:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            self._session = None
+            self._client = None
             self.error = self.error or "the server stopped"
 
     async def _incoming(self, message: Any) -> None:
@@ -498,11 +504,11 @@ class McpConnection:
         """One tool call within the server's call time-out, its server's requests meanwhile answered for
         `caller`; cancelling it sends MCP's cancellation."""
         where = f"MCP server '{self.config.name}'"
-        if self._session is None:
+        if self._client is None:
             return error_result(f"{where} is not running ({self.error}); use other tools")
         try:
             async with self.requests.calling(caller):
-                result = await asyncio.wait_for(self._session.call_tool(name, arguments), self.config.timeout)
+                result = await asyncio.wait_for(self._client.call_tool(name, arguments), self.config.timeout)
         except TimeoutError:
             return error_result(
                 f"{tool_name(self.config.name, name)} did not answer within {self.config.timeout:g} s; "
@@ -511,7 +517,7 @@ class McpConnection:
         except Exception as exc:  # a crashed server, garbage on its stdout, a protocol error
             if isinstance(signed_out := _innermost(exc), McpAuthError):
                 return error_result(f"{signed_out}; use other tools meanwhile")
-            if self._session is None or self.error:  # the connection ended, and says why
+            if self._client is None or self.error:  # the connection ended, and says why
                 return error_result(f"{where} stopped ({self.error or 'the server stopped'}); use other tools")
             why = one_line(self.config.redact(str(exc)), 400)
             return error_result(f"{tool_name(self.config.name, name)} failed: {type(exc).__name__}: {why}")

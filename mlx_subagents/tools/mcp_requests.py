@@ -1,8 +1,10 @@
 """What MCP servers ask of this client while an agent calls them: sampling, elicitation and roots.
 
-A server's request names no tool call (on stdio nothing ties it to one), so it is answered for the
-agent whose call to that server is in progress (`McpCaller`; the first of them when several agents
-call the same server at once):
+A 2025 server's request names no tool call (on stdio nothing ties it to one), so it is answered for
+the agent whose call to that server is in progress (`McpCaller`; the first of them when several agents
+call the same server at once). A 2026-07-28 server asks through its call's own result (input required,
+the client retries the call with the answers): that call's agent answers, with the same consent, bounds
+and headless answers:
 
 - `sampling/createMessage`: a completion on the local model, made by the calling agent's session
   (`McpCaller.sample`: its model, bounded by `maxTokens` and its limits, counted in its usage).
@@ -14,15 +16,17 @@ call the same server at once):
   answer (a run without a terminal, `subagent mcp`, a background task), so the server's call ends
   instead of waiting for an answer that never comes.
 - `roots/list`: the workspaces of the agents calling the server (at first, the workspace of the agent
-  it started for). When an agent in another workspace calls it, the roots change, the server is told
+  it started for). When an agent in another workspace calls it, the roots change, a 2025 server is told
   (`notifications/roots/list_changed`) and, if it listed roots before, the call waits a moment for it
-  to list them again, so that a filesystem server confines itself to that workspace.
+  to list them again, so that a filesystem server confines itself to that workspace (a 2026-07-28
+  server has no such notification: it asks within the call, and is answered the same roots).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -61,6 +65,8 @@ ROOTS_SETTLE_S = 0.05
 # The JSON-RPC error code a refused request gets: the spec's "the user rejected" code.
 REFUSED = -1
 NOBODY_CALLING = "no agent is calling this server now; it is answered only during an agent's tool call"
+# The call in progress in this task: a 2026-07-28 server's requests come back to it, in its own task.
+_calling: contextvars.ContextVar[McpCaller | None] = contextvars.ContextVar("mcp_calling", default=None)
 
 Sample = Callable[[str, "types.CreateMessageRequestParams"], Awaitable["types.CreateMessageResult"]]
 Report = Callable[[EventKind, EventData], None]
@@ -140,13 +146,19 @@ class ServerRequests:
             yield
             return
         self.callers.append(caller)
+        reset = _calling.set(caller)
         try:
             await self._share_roots(caller.workspace)
             yield
         finally:
+            _calling.reset(reset)
             self.callers.remove(caller)
 
     def caller(self) -> McpCaller | None:
+        """Whom a request is answered for: the call it came back with (a 2026-07-28 input-required
+        result is answered in its call's own task), else the first call in progress."""
+        if (own := _calling.get()) is not None and own in self.callers:
+            return own
         return self.callers[0] if self.callers else None
 
     # -- roots -----------------------------------------------------------------------------------------
@@ -159,7 +171,10 @@ class ServerRequests:
         return types.ListRootsResult(roots=[types.Root(uri=p.as_uri(), name=p.name or str(p)) for p in self.roots])
 
     async def started(self, session: Any) -> None:
-        """The server is initialized: give it a moment to ask for its roots before the first call."""
+        """The server is initialized: give it a moment to ask for its roots before the first call. A
+        2026-07-28 server asks within a call, if at all: nothing to wait for, and no roots notification."""
+        if session.initialize_result is None:
+            return
         self.session = session
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._listed.wait(), FIRST_ROOTS_WAIT_S)
