@@ -39,7 +39,7 @@ from workload import CallPlanner, Report, can_force, make_parser, run_report, sc
 
 from mlx_subagents.agents.session import FORK_TASK
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.protocol import Message, Reply, ToolSchema
+from mlx_subagents.host.protocol import HostEvent, Message, Reply, TextDelta, ToolSchema
 from mlx_subagents.testing import ForcedScripts, tool_call_text
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.subagent import fork_point
@@ -89,11 +89,14 @@ async def children(
     first: dict[int, float] = {}
 
     async def one(i: int) -> Reply:
-        def seen(_text: str) -> None:
-            first.setdefault(i, time.perf_counter())
+        def seen(event: HostEvent) -> None:
+            if isinstance(event, TextDelta):
+                first.setdefault(i, time.perf_counter())
 
         session = host.session(names[i], fork_of=fork_of) if fork_of else host.session(names[i])
-        reply = await session.generate(conversations[i], GenerateArgs(max_tokens=MAX_TOKENS, on_text=seen), tools=tools)
+        reply = await session.generate(
+            conversations[i], GenerateArgs(max_tokens=MAX_TOKENS, on_event=seen), tools=tools
+        )
         first.setdefault(i, time.perf_counter())
         return reply
 

@@ -22,7 +22,7 @@ Figures per configuration and session count:
   phase (from the first streamed token of any session to the end of the last reply);
 - end-to-end tokens/s: the same tokens / the wall time of the whole concurrent run;
 - time to first token (TTFT) per session: from the start of the concurrent run to the session's
-  first `on_text` callback (raw: its first token out of `next_generated`); p50 and p95 are taken
+  first streamed text (`TextDelta`; raw: its first token out of `next_generated`); p50 and p95 are taken
   over every session of every repeat.
 
 Each configuration runs `--repeats` times (default 3), interleaved with the others (in rotating
@@ -128,7 +128,7 @@ from workload import Report, make_parser, model_arch, run_report, scout_prompt
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.calls.prompt import encode, render
-from mlx_subagents.host.protocol import Message, ToolSchema
+from mlx_subagents.host.protocol import HostEvent, Message, TextDelta, ToolSchema
 from mlx_subagents.testing import LogitsProcessor, make_forced_processor, tool_call_text
 from mlx_subagents.tools import Workspace
 
@@ -294,12 +294,14 @@ def make_run(
 
 
 def stamper(stamps: list[float], sizes: list[int], first_cpu: list[float]) -> Any:
-    """An `on_text` that stamps each piece (and its length), and the process CPU time at the first
-    piece of any session."""
+    """An `on_event` that stamps each piece of text (and its length), and the process CPU time at the
+    first piece of any session."""
 
-    def stamp(text: str) -> None:
+    def stamp(event: HostEvent) -> None:
+        if not isinstance(event, TextDelta):
+            return
         stamps.append(time.perf_counter())
-        sizes.append(len(text))
+        sizes.append(len(event.text))
         if not first_cpu:
             first_cpu.append(time.process_time())
 
@@ -326,7 +328,7 @@ async def host_run(
         *(
             s.generate(
                 prompts[i],
-                GenerateArgs(max_tokens=n_tokens, on_text=stamper(stamps[i], sizes[i], first_cpu), grammar=grammar),
+                GenerateArgs(max_tokens=n_tokens, on_event=stamper(stamps[i], sizes[i], first_cpu), grammar=grammar),
                 tools=tools,
             )
             for i, s in enumerate(sessions)

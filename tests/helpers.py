@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 
 from mlx_subagents.agents.session import task_message, workspace_for
 from mlx_subagents.events import Event, EventSink, ignore_event
-from mlx_subagents.host.protocol import ModelHost
+from mlx_subagents.host.protocol import HostEvent, ModelHost, OnHostEvent, ReasoningDelta, TextDelta
 from mlx_subagents.host.scripted import Script, ScriptedHost
 from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.runs.runner import Runner
@@ -40,6 +41,19 @@ def needs_bwrap(test: Any) -> Any:
     """The sandbox's walls as bubblewrap builds them: a Linux test that needs bubblewrap."""
     linux = pytest.mark.skipif(sys.platform != "linux", reason="bubblewrap's walls (macOS has sandbox-exec)")
     return linux(needs_sandbox(test))
+
+
+def texts(receive: Callable[[str], Any], reasoning: Callable[[str], Any] | None = None) -> OnHostEvent:
+    """A `GenerateArgs.on_event` that passes on the reply's visible text as it streams (each `TextDelta`),
+    and its reasoning to `reasoning` (each `ReasoningDelta`)."""
+
+    def on_event(event: HostEvent) -> None:
+        if isinstance(event, TextDelta):
+            receive(event.text)
+        elif isinstance(event, ReasoningDelta) and reasoning is not None:
+            reasoning(event.text)
+
+    return on_event
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

@@ -47,12 +47,17 @@ from ..events import (
 from ..host.protocol import (
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
+    HostEvent,
     HostSession,
     MalformedToolCall,
     Message,
     ModelHost,
+    PrefillBegun,
+    ReasoningDelta,
     Reply,
     TextCallback,
+    TextDelta,
+    TokensSoFar,
     ToolCall,
     Usage,
 )
@@ -111,23 +116,30 @@ class Limits:
 
 @dataclass
 class _Streamed:
-    """What a reply has streamed so far (passed on to its callbacks): kept if a cut ends it early."""
+    """What a reply has streamed so far, read off the host's events (`HostEvent`): its text and
+    reasoning (kept if a cut ends it early) as `text` and `reasoning` events and to `on_text`, its
+    prefill as a `prefill` event, its tokens so far as `decode` reports (`_Decoding`)."""
 
+    emit: Callable[[EventKind, EventData], None]
     on_text: TextCallback | None
-    on_reasoning: TextCallback
-    on_piece: TextCallback
+    decoding: _Decoding
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
 
-    def add_text(self, piece: str) -> None:
-        self.text.append(piece)
-        self.on_piece(piece)
-        if self.on_text is not None:
-            self.on_text(piece)
-
-    def add_reasoning(self, piece: str) -> None:
-        self.reasoning.append(piece)
-        self.on_reasoning(piece)
+    def __call__(self, event: HostEvent) -> None:
+        match event:
+            case TextDelta(text=piece):
+                self.text.append(piece)
+                self.emit("text", TextData(text=piece))
+                if self.on_text is not None:
+                    self.on_text(piece)
+            case ReasoningDelta(text=piece):
+                self.reasoning.append(piece)
+                self.emit("reasoning", ReasoningData(text=piece))
+            case PrefillBegun(tokens=tokens, cached=cached):
+                self.emit("prefill", PrefillData(tokens=tokens, cached=cached))
+            case TokensSoFar(n=n):
+                self.decoding(n)
 
 
 @dataclass
@@ -365,24 +377,17 @@ class AgentSession:
             max_tokens = min(max_tokens, left)
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start", TurnStartData())
-        streamed = _Streamed(
-            self.on_text,
-            lambda piece: self._emit("reasoning", ReasoningData(text=piece)),
-            lambda piece: self._emit("text", TextData(text=piece)),
-        )
         decoding = _Decoding(lambda n, tps: self._emit("decode", DecodeData(tokens=n, tps=tps)))
+        streamed = _Streamed(self._emit, self.on_text, decoding)
         try:
             with self._counting_cut():
                 args = GenerateArgs(
                     max_tokens=max_tokens,
                     temperature=self.spec.temperature or 0.0,
-                    on_text=streamed.add_text,
-                    on_reasoning=streamed.add_reasoning,
+                    on_event=streamed,
                     thinking=self.limits.thinking,
                     grammar=self.limits.grammar,
                     answer_schema=self.limits.answer_schema,
-                    on_prefill=lambda n, cached: self._emit("prefill", PrefillData(tokens=n, cached=cached)),
-                    on_tokens=decoding,
                 )
                 reply = await self._host_session.generate(self.messages, args, tools=self.schemas)
         except asyncio.CancelledError:

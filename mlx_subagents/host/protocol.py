@@ -117,33 +117,68 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class TextDelta:
+    """A piece of the reply's visible text as it is generated (no call markup, no reasoning)."""
+
+    text: str
+    kind: Literal["text"] = "text"
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """A piece of what a thinking model writes inside its thought, as it is generated."""
+
+    text: str
+    kind: Literal["reasoning"] = "reasoning"
+
+
+@dataclass(frozen=True)
+class PrefillBegun:
+    """The host begins prefilling the prompt: the `tokens` it computes now and those its cache already
+    holds (`cached`); a live view says "prefilling N tokens"."""
+
+    tokens: int
+    cached: int
+    kind: Literal["prefill"] = "prefill"
+
+
+@dataclass(frozen=True)
+class TokensSoFar:
+    """How many tokens the reply has generated so far (call markup and reasoning included), as they
+    stream, so that a view can show a decode rate."""
+
+    n: int
+    kind: Literal["tokens"] = "tokens"
+
+
+# What a host reports of a reply while it is made, in order: its prefill, then its text, reasoning and
+# token counts as they stream. A new event is one class here, one place a host emits it and one reader
+# (`agents/session.py`); `kind` tells them apart.
+HostEvent = TextDelta | ReasoningDelta | PrefillBegun | TokensSoFar
+OnHostEvent = Callable[[HostEvent], None]
+
+
+@dataclass(frozen=True)
 class GenerateArgs:
-    """How one reply is generated: its limits, its sampling, and where its text streams to.
+    """How one reply is generated: its limits, its sampling, and where its host events go.
 
     Args:
         max_tokens: bounds the reply after a thinking model's thought (see `thinking`).
         temperature: the sampling temperature; 0 decodes greedily.
-        on_text: gets the reply's visible text as it is generated (no call markup, no reasoning).
-        on_reasoning: gets the reasoning as it is generated.
+        on_event: gets the reply's host events (`HostEvent`) on the caller's loop as they happen: its
+            prefill, its visible text and reasoning as they are generated, the tokens so far.
         thinking: tokens a thinking model may think (0: off) before the host closes its thought.
         grammar: constrain each tool call, once started, to a known tool and arguments its schema
             accepts, and an answer to `answer_schema` (where the host can: see docs/agents.md).
         answer_schema: the JSON schema the final answer (a reply without a call) must satisfy.
-        on_prefill: gets `(tokens, cached)` when the host starts prefilling the prompt: the tokens it
-            computes now and those its cache already holds (a live view says "prefilling N tokens").
-        on_tokens: gets how many tokens the reply has generated so far (call markup and reasoning
-            included), as they stream, so that a view can show a decode rate.
     """
 
     max_tokens: int = 1024
     temperature: float = 0.0
-    on_text: TextCallback | None = None
-    on_reasoning: TextCallback | None = None
+    on_event: OnHostEvent | None = None
     thinking: int = DEFAULT_THINKING_TOKENS
     grammar: bool = True
     answer_schema: dict[str, Any] | None = None
-    on_prefill: Callable[[int, int], None] | None = None
-    on_tokens: Callable[[int], None] | None = None
 
 
 @runtime_checkable

@@ -43,9 +43,15 @@ from mlx_subagents.host.protocol import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
+    HostEvent,
     MalformedToolCall,
     Message,
+    OnHostEvent,
+    PrefillBegun,
+    ReasoningDelta,
     Reply,
+    TextDelta,
+    TokensSoFar,
     ToolCall,
     ToolMode,
     ToolSchema,
@@ -316,16 +322,15 @@ class ScriptedSession:
         self._busy, self.cut = True, None
         cached = self._cached_tokens(messages, tools)
         streamed = 0  # tokens of the reply streamed before a cut
-        if args.on_prefill is not None:  # a script's `delay` stands for the prefill
-            args.on_prefill(max(0, prompt_tokens - cached), cached)
+        emit = args.on_event or _ignore
+        emit(PrefillBegun(max(0, prompt_tokens - cached), cached))  # a script's `delay` stands for the prefill
         try:
             if scripted.delay:
                 await asyncio.sleep(scripted.delay)
             if scripted.stall:
-                _stream(scripted.reasoning, scripted.content, args)
+                _stream(scripted.reasoning, scripted.content, emit)
                 streamed = approx_tokens([{"role": "assistant", "content": scripted.reasoning + scripted.content}])
-                if args.on_tokens is not None:  # and its `stall`, the decode
-                    args.on_tokens(streamed)
+                emit(TokensSoFar(streamed))  # and its `stall`, the decode
                 await asyncio.sleep(scripted.stall)
         except asyncio.CancelledError:  # cut: the prompt was read, and what streamed was generated
             self.cut = Usage(prompt_tokens=prompt_tokens, cached_tokens=cached, generated_tokens=streamed)
@@ -336,9 +341,8 @@ class ScriptedSession:
         self._cursor += 1
         reply = self._make_reply(scripted, messages, tools, prompt_tokens)
         if not scripted.stall:
-            _stream(reply.reasoning, reply.text, args)
-            if args.on_tokens is not None:
-                args.on_tokens(reply.usage.generated_tokens)
+            _stream(reply.reasoning, reply.text, emit)
+            emit(TokensSoFar(reply.usage.generated_tokens))
         return reply
 
     def _make_reply(
@@ -384,11 +388,15 @@ class ScriptedSession:
         return approx_tokens(messages[:n_common], tools) if n_common else 0
 
 
-def _stream(reasoning: str, text: str, args: GenerateArgs) -> None:
-    if args.on_reasoning is not None and reasoning:
-        args.on_reasoning(reasoning)
-    if args.on_text is not None and text:
-        args.on_text(text)
+def _stream(reasoning: str, text: str, emit: OnHostEvent) -> None:
+    if reasoning:
+        emit(ReasoningDelta(reasoning))
+    if text:
+        emit(TextDelta(text))
+
+
+def _ignore(event: HostEvent) -> None:
+    """The host events of a call that asked for none."""
 
 
 def _markup(call: ToolCall) -> str:

@@ -464,3 +464,30 @@ def test_paths_outside_the_workspace_are_refused_and_nothing_leaks(tmp_path: Pat
     everything = json.dumps(session.messages) + json.dumps([e.to_json() for e in events])
     assert SECRET not in everything
     assert SECRET not in result.model_dump_json()
+
+
+def test_every_host_event_has_one_reader_that_makes_it_the_agents_event() -> None:
+    """A new host event is one class in `HostEvent` (host/protocol.py), one place a host emits it, and one
+    reader: the agent session's `_Streamed`, which turns each kind into the agent's own event. A kind it
+    does not read is lost, and fails here."""
+    from dataclasses import fields
+    from typing import get_args
+
+    from mlx_subagents.agents.session import _Decoding, _Streamed
+    from mlx_subagents.host.protocol import HostEvent
+
+    emitted: list[tuple[str, Any]] = []
+    streamed = _Streamed(
+        lambda kind, data: emitted.append((kind, data)), None, _Decoding(lambda n, tps: emitted.append(("decode", n)))
+    )
+    kinds = []
+    for event_class in get_args(HostEvent):
+        values = ["piece" if f.type == "str" else 3 for f in fields(event_class) if f.name != "kind"]
+        event = event_class(*values)
+        kinds.append(event.kind)
+        before = len(emitted)
+        streamed(event)
+        assert len(emitted) == before + 1, event
+    assert kinds == ["text", "reasoning", "prefill", "tokens"]
+    assert [kind for kind, _ in emitted] == ["text", "reasoning", "prefill", "decode"]
+    assert (streamed.text, streamed.reasoning, emitted[2][1]["tokens"], emitted[3][1]) == (["piece"], ["piece"], 3, 3)

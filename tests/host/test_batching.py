@@ -10,6 +10,7 @@ import pytest
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.testing import ForcedScripts
+from tests.helpers import texts
 
 SYSTEM = {"role": "system", "content": "You are a scout. Report exact paths and line ranges for what you find."}
 
@@ -83,12 +84,14 @@ def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -
                 order.append("a")
                 started.set()
 
-            a = asyncio.create_task(host.session("s0").generate(task(0), GenerateArgs(max_tokens=400, on_text=on_a)))
+            a = asyncio.create_task(
+                host.session("s0").generate(task(0), GenerateArgs(max_tokens=400, on_event=texts(on_a)))
+            )
             await started.wait()
             # On its own, s0 decodes on mlx-lm's single-sequence path; s1 moves it into the batch.
             assert host._scheduler._batch is None and host._scheduler.single is not None or not batching
             b = await host.session("s1").generate(
-                task(1), GenerateArgs(max_tokens=12, on_text=lambda t: order.append("b"))
+                task(1), GenerateArgs(max_tokens=12, on_event=texts(lambda t: order.append("b")))
             )
             assert (host._scheduler._batch is not None) == batching
             return await a, b
@@ -236,7 +239,9 @@ def test_cancelling_one_batched_session_leaves_the_others(tiny_qwen3_path: Path,
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
             first = asyncio.Event()
             doomed = asyncio.create_task(
-                host.session("s9").generate(task(9), GenerateArgs(max_tokens=600, on_text=lambda _: first.set()))
+                host.session("s9").generate(
+                    task(9), GenerateArgs(max_tokens=600, on_event=texts(lambda _: first.set()))
+                )
             )
             others = [
                 asyncio.create_task(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=20)))

@@ -17,7 +17,7 @@ from mlx_subagents.errors import EngineError
 from mlx_subagents.host.engine.engine_host import DEFAULT_REPLY_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHost
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Fault, Reply
-from tests.helpers import spawn_cli
+from tests.helpers import spawn_cli, texts
 
 LOGIN = (
     "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>Sign in &middot; Corp Proxy</title></head>\n"
@@ -289,7 +289,7 @@ def test_an_engine_that_ignores_max_tokens_is_cut_on_the_python_api(engine: Fake
     async def go() -> Any:
         async with EngineHost(engine.url, FAKE_MODEL) as host:
             session = host.session("s")
-            cut = await session.generate(USER, GenerateArgs(max_tokens=12, on_text=seen.append))
+            cut = await session.generate(USER, GenerateArgs(max_tokens=12, on_event=texts(seen.append)))
             return cut, await session.generate(USER, GenerateArgs(max_tokens=12))
 
     cut, after = run(go())

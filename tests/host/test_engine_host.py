@@ -21,7 +21,7 @@ from mlx_subagents.host.engine.engine_host import EngineHost, engine_url
 from mlx_subagents.host.engine.estimate import approx_tokens
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Fault, Reply
-from tests.helpers import REPO
+from tests.helpers import REPO, texts
 
 USER = [{"role": "user", "content": "Task: list the files"}]
 LS = {"name": "ls", "arguments": {"path": "."}}
@@ -64,7 +64,7 @@ def failure(host: EngineHost, *, start_only: bool = False) -> str:
 def test_a_reply_streams_its_text_and_reports_the_engines_usage(engine: FakeEngine) -> None:
     engine.queue(Reply("The files are a.py and b.py.", prompt_tokens=120, cached_tokens=96, completion_tokens=9))
     pieces: list[str] = []
-    reply = run(generate(EngineHost(engine.url, FAKE_MODEL), on_text=pieces.append, max_tokens=50))
+    reply = run(generate(EngineHost(engine.url, FAKE_MODEL), on_event=texts(pieces.append), max_tokens=50))
     assert pieces == ["The ", "file", "s ar", "e a.", "py a", "nd b", ".py."]
     assert reply.text == "The files are a.py and b.py."
     assert reply.finish_reason == "stop" and reply.tool_calls == []
@@ -84,7 +84,7 @@ def test_reasoning_content_deltas_stay_apart_from_the_text(engine: FakeEngine) -
     engine.queue(Reply("It is a.py.", reasoning="Look at the list.", tool_calls=()))
     text: list[str] = []
     thought: list[str] = []
-    reply = run(generate(EngineHost(engine.url, FAKE_MODEL), on_text=text.append, on_reasoning=thought.append))
+    reply = run(generate(EngineHost(engine.url, FAKE_MODEL), on_event=texts(text.append, thought.append)))
     assert (reply.text, reply.reasoning) == ("It is a.py.", "Look at the list.")
     assert "".join(text) == "It is a.py." and "".join(thought) == "Look at the list."
     assert reply.to_message()["reasoning_content"] == "Look at the list."
@@ -132,7 +132,9 @@ def test_calls_written_as_text_are_parsed_and_never_shown(engine: FakeEngine) ->
     async def two_turns() -> tuple[Any, Any]:
         async with EngineHost(engine.url, FAKE_MODEL) as host:
             session = host.session("s")
-            return await session.generate(USER, GenerateArgs(on_text=pieces.append)), await session.generate(USER)
+            return await session.generate(USER, GenerateArgs(on_event=texts(pieces.append))), await session.generate(
+                USER
+            )
 
     good, bad = run(two_turns())
     assert "".join(pieces) == "Looking. Done"

@@ -22,6 +22,7 @@ import pytest
 
 from mlx_subagents.host.engine.engine_host import EngineHost
 from mlx_subagents.host.protocol import DEFAULT_CONTEXT_WINDOW, GenerateArgs
+from tests.helpers import texts
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]  # the module's fixture starts `mlx_lm.server`
 
@@ -93,7 +94,7 @@ def test_a_streamed_reply_completes_with_the_engines_usage(server: Server) -> No
             assert host.context_window == DEFAULT_CONTEXT_WINDOW  # mlx_lm.server lists no window
             assert await host.served_models() == [server.model]
             messages = [SYSTEM, {"role": "user", "content": "where is auth handled?"}]
-            return await host.session("s").generate(messages, GenerateArgs(max_tokens=8, on_text=pieces.append))
+            return await host.session("s").generate(messages, GenerateArgs(max_tokens=8, on_event=texts(pieces.append)))
 
     reply = run(go())
     assert reply.finish_reason in ("length", "stop")
@@ -125,7 +126,9 @@ def test_cancelling_a_reply_stops_the_servers_stream(server: Server) -> None:
         async with EngineHost(server.url, server.model) as host:
             messages = [SYSTEM, {"role": "user", "content": "write a very long essay"}]
             task = asyncio.create_task(
-                host.session("s").generate(messages, GenerateArgs(max_tokens=3000, on_text=lambda _: started.set()))
+                host.session("s").generate(
+                    messages, GenerateArgs(max_tokens=3000, on_event=texts(lambda _: started.set()))
+                )
             )
             await asyncio.wait_for(started.wait(), 60)
             task.cancel()

@@ -13,6 +13,7 @@ import pytest
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.kv.kv_bits import KVSetting, kv_setting
+from tests.helpers import texts
 from tests.host.test_batching import result, task
 from tests.host.test_prefix_store import ask, stored
 
@@ -96,7 +97,9 @@ def test_a_quantized_session_cancelled_in_the_batch_goes_on_from_its_cut_cache(
             joined = asyncio.Event()
             doomed = asyncio.create_task(host.session("s9").generate(task(9), GenerateArgs(max_tokens=600)))
             others = [
-                host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=20, on_text=lambda _: joined.set()))
+                host.session(f"s{i}").generate(
+                    task(i), GenerateArgs(max_tokens=20, on_event=texts(lambda _: joined.set()))
+                )
                 for i in range(3)
             ]
             running = asyncio.gather(*others)

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.protocol import ToolCall
+from mlx_subagents.host.protocol import HostEvent, PrefillBegun, TokensSoFar, ToolCall
 from mlx_subagents.testing import ForcedScripts, tool_call_text
+from tests.helpers import texts
 
 LS_SCHEMA = {
     "type": "function",
@@ -161,7 +162,7 @@ def test_cancel_mid_generation_then_next_turn_is_correct(
                 chunks.append(text)
                 first_chunk.set()
 
-            task = asyncio.create_task(session.generate(TASK, GenerateArgs(max_tokens=2000, on_text=on_text)))
+            task = asyncio.create_task(session.generate(TASK, GenerateArgs(max_tokens=2000, on_event=texts(on_text))))
             await first_chunk.wait()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -312,8 +313,9 @@ def test_a_cancelled_reply_counts_the_tokens_it_spent(tiny_qwen3_path: Path, tmp
 def test_the_host_reports_each_turns_prefill_and_its_tokens_as_they_stream(
     tiny_qwen3_path: Path, tiny_qwen3: Any
 ) -> None:
-    """`on_prefill` says what the turn prefills and what its cache holds, before its first token (a live
-    view says "prefilling N tokens"); `on_tokens` counts the tokens generated so far, call markup too."""
+    """The host's events: `PrefillBegun` says what the turn prefills and what its cache holds, before its
+    first token (a live view says "prefilling N tokens"); `TokensSoFar` counts the tokens generated so far,
+    call markup too."""
     call = tool_call_text("ls", {"path": "."})
     scripts = ForcedScripts(tiny_qwen3[1], {"a": [call, "The config is parsed in src/config.py."]})
     turns: list[list[tuple[str, Any]]] = []
@@ -324,11 +326,14 @@ def test_the_host_reports_each_turns_prefill_and_its_tokens_as_they_stream(
             for i in range(2):
                 seen: list[tuple[str, Any]] = []
                 turns.append(seen)
-                args = GenerateArgs(
-                    max_tokens=64,
-                    on_prefill=lambda n, cached, seen=seen: seen.append(("prefill", (n, cached))),
-                    on_tokens=lambda n, seen=seen: seen.append(("tokens", n)),
-                )
+
+                def on_event(event: HostEvent, seen: list[tuple[str, Any]] = seen) -> None:
+                    if isinstance(event, PrefillBegun):
+                        seen.append(("prefill", (event.tokens, event.cached)))
+                    elif isinstance(event, TokensSoFar):
+                        seen.append(("tokens", event.n))
+
+                args = GenerateArgs(max_tokens=64, on_event=on_event)
                 replies.append(await session.generate(messages, args, tools=[LS_SCHEMA]))
                 messages = messages + [replies[-1].to_message(), tool_result(i)]
             return replies

@@ -20,6 +20,7 @@ from mlx_subagents.host.mlx.prefill import SlicePolicy, describe
 from mlx_subagents.host.mlx.scheduler import Scheduler, SchedulerConfig
 from mlx_subagents.host.mlx.turn import Request, Turn
 from mlx_subagents.testing import ForcedScripts, make_tiny_model
+from tests.helpers import texts
 from tests.host.test_batching import SYSTEM, result, task
 
 SCRIPT = " ".join(f"word{n}" for n in range(800))  # longer than any reply here
@@ -175,7 +176,7 @@ async def interleaved(path: Path, tokenizer: Any, prefill_slice: int | str) -> d
     async with MlxModelHost(str(path), processor_factory=scripts, prefill_slice=prefill_slice) as host:
         started = asyncio.Event()
         d = asyncio.create_task(
-            host.session("d").generate(task(0), GenerateArgs(max_tokens=1600, on_text=lambda _: started.set()))
+            host.session("d").generate(task(0), GenerateArgs(max_tokens=1600, on_event=texts(lambda _: started.set())))
         )
         await started.wait()
         first = long_task(1, 30)

@@ -13,6 +13,7 @@ from mlx_subagents.host.calls.formats.hermes import hermes
 from mlx_subagents.host.engine.estimate import approx_tokens
 from mlx_subagents.host.protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, Reply, ToolCall
 from mlx_subagents.host.scripted import ScriptedHost
+from tests.helpers import texts
 
 TASK = [{"role": "system", "content": "You are a scout."}, {"role": "user", "content": "Look."}]
 
@@ -199,8 +200,8 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_on_text_receives_the_content(tmp_path: Path) -> None:
     session = ScriptedHost(write_json(tmp_path / "s.json", ["hello", {"raw": "x"}])).session("t")
     seen: list[str] = []
-    gen(session, on_text=seen.append)
-    gen(session, on_text=seen.append)
+    gen(session, on_event=texts(seen.append))
+    gen(session, on_event=texts(seen.append))
     assert seen == ["hello"]
 
 

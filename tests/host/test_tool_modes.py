@@ -24,6 +24,7 @@ from mlx_subagents.host.calls.prompt import encode, render
 from mlx_subagents.host.calls.templates import TemplateTraits, normalise
 from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.testing import ForcedScripts, make_tiny_model, tool_call_text
+from tests.helpers import texts
 from tests.host.test_mlx_host import LS_SCHEMA, TASK
 
 SYSTEM = TASK[0]["content"]
@@ -94,7 +95,9 @@ def test_prompted_call_is_parsed_streamed_without_markup_and_turn_two_reuses_the
     async def go() -> tuple[Any, Any, str, int, int]:
         async with MlxModelHost(str(path), processor_factory=scripts) as host:
             session = host.session("a")
-            first = await session.generate(TASK, GenerateArgs(max_tokens=64, on_text=seen.append), tools=[LS_SCHEMA])
+            first = await session.generate(
+                TASK, GenerateArgs(max_tokens=64, on_event=texts(seen.append)), tools=[LS_SCHEMA]
+            )
             messages = [*TASK, first.to_message(), LS_RESULT]
             second = await session.generate(messages, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
             other = [TASK[0], {"role": "user", "content": "Task: list the tests."}]
@@ -166,7 +169,7 @@ def test_native_mode_streams_only_visible_text(tiny_qwen3_path: Path, tiny_qwen3
         async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts) as host:
             assert host.tool_mode == "native"
             return await host.session("a").generate(
-                TASK, GenerateArgs(max_tokens=64, on_text=seen.append), tools=[LS_SCHEMA]
+                TASK, GenerateArgs(max_tokens=64, on_event=texts(seen.append)), tools=[LS_SCHEMA]
             )
 
     reply = run(go())
@@ -185,7 +188,9 @@ def test_native_xml_calls_use_the_models_own_parser_and_fix(template_paths: dict
     async def go() -> list[Any]:
         async with MlxModelHost(str(template_paths["coder"]), processor_factory=scripts) as host:
             session = host.session("a")
-            first = await session.generate(TASK, GenerateArgs(max_tokens=64, on_text=seen.append), tools=[LS_SCHEMA])
+            first = await session.generate(
+                TASK, GenerateArgs(max_tokens=64, on_event=texts(seen.append)), tools=[LS_SCHEMA]
+            )
             messages = [*TASK, first.to_message(), LS_RESULT]
             second = await session.generate(messages, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
             third = await session.generate(messages, GenerateArgs(max_tokens=64), tools=[LS_SCHEMA])
@@ -248,7 +253,9 @@ def test_native_mistral_calls_with_the_ids_its_template_demands(tmp_path: Path, 
     async def go() -> tuple[Any, Any, Any]:
         async with MlxModelHost(str(path), processor_factory=scripts) as host:
             session = host.session("a")
-            first = await session.generate(TASK, GenerateArgs(max_tokens=64, on_text=seen.append), tools=[LS_SCHEMA])
+            first = await session.generate(
+                TASK, GenerateArgs(max_tokens=64, on_event=texts(seen.append)), tools=[LS_SCHEMA]
+            )
             second = await session.generate(
                 [*TASK, first.to_message(), LS_RESULT], GenerateArgs(max_tokens=64), tools=[LS_SCHEMA]
             )

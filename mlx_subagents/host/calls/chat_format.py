@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ChatTemplateError
-from ..protocol import MalformedToolCall, Message, TextCallback, ToolCall, ToolMode, ToolSchema
+from ..protocol import MalformedToolCall, Message, OnHostEvent, ToolCall, ToolMode, ToolSchema
 from .formats import kind_of
 from .formats.hermes import hermes, hermes_call
 from .templates import TemplateTraits, example_call, normalise, opens_thought, probe_template
@@ -108,10 +108,9 @@ class ChatFormat:
         reasoning, rest = split_reasoning(text, self.think, opened)
         return (reasoning, *self.calls.split(rest, tools, first_index))
 
-    def visible_text(
-        self, on_text: TextCallback | None, on_reasoning: TextCallback | None = None, opened: bool = False
-    ) -> VisibleText:
-        return self.calls.visible_text(on_text, self.think, opened, on_reasoning)
+    def visible_text(self, emit: OnHostEvent | None, opened: bool = False) -> VisibleText:
+        """Streamed text to `emit` as host events: visible text and reasoning, without call markup."""
+        return self.calls.visible_text(emit, self.think, opened)
 
 
 def read_chat_format(path: Path) -> ChatFormat:

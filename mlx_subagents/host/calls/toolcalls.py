@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocol import MalformedToolCall, TextCallback, ToolCall, ToolSchema
+from ..protocol import MalformedToolCall, OnHostEvent, ReasoningDelta, TextDelta, ToolCall, ToolSchema
 
 Parser = Callable[[str, Any], Any]
 # The call an error's fix shows, in the model's own format.
@@ -124,15 +124,11 @@ class CallFormat:
         return "".join(visible).strip(), calls, malformed
 
     def visible_text(
-        self,
-        on_text: TextCallback | None,
-        think: ThinkMarkers | None = None,
-        opened: bool = False,
-        on_reasoning: TextCallback | None = None,
+        self, emit: OnHostEvent | None, think: ThinkMarkers | None = None, opened: bool = False
     ) -> VisibleText:
-        """A callback for streamed text that passes on to `on_text` only what is neither call markup nor
-        reasoning, and the reasoning to `on_reasoning`."""
-        return VisibleText(on_text, self.start, self.end, think, opened, on_reasoning)
+        """A callback for streamed text that emits what is neither call markup nor reasoning as text
+        (`TextDelta`), and the reasoning as reasoning (`ReasoningDelta`)."""
+        return VisibleText(emit, self.start, self.end, think, opened)
 
     def _parse(self, raw: str, tools: list[ToolSchema] | None, index: int) -> list[ToolCall]:
         parsed = self.parser(raw, tools)
@@ -159,8 +155,8 @@ def _to_call(parsed: Any, index: int) -> ToolCall:
 
 
 class VisibleText:
-    """Streams a reply without its tool-call markup, routing reasoning apart, holding back what may be
-    the start of a marker.
+    """Streams a reply without its tool-call markup as host events, reasoning apart, holding back what
+    may be the start of a marker.
 
     mlx-lm's `TextStateMachine` (what its server uses to route text, reasoning and
     calls) matches the markers on decoded text, so a marker split across tokens is
@@ -169,17 +165,11 @@ class VisibleText:
     """
 
     def __init__(
-        self,
-        on_text: TextCallback | None,
-        start: str,
-        end: str,
-        think: ThinkMarkers | None = None,
-        opened: bool = False,
-        on_reasoning: TextCallback | None = None,
+        self, emit: OnHostEvent | None, start: str, end: str, think: ThinkMarkers | None = None, opened: bool = False
     ) -> None:
         from mlx_lm.generate import TextStateMachine
 
-        self._sinks = {"normal": on_text, "reasoning": on_reasoning}
+        self._emit_event = emit
         machine = TextStateMachine(_transitions(think, start, end))
         self._state = machine.make_state("reasoning" if opened and think is not None else "normal")
 
@@ -197,6 +187,9 @@ class VisibleText:
         self._emit(state, rest)
 
     def _emit(self, state: str | None, text: str) -> None:
-        sink = self._sinks.get(state or "")
-        if text and sink is not None:
-            sink(text)
+        if not text or self._emit_event is None:
+            return
+        if state == "normal":
+            self._emit_event(TextDelta(text))
+        elif state == "reasoning":
+            self._emit_event(ReasoningDelta(text))

@@ -448,8 +448,8 @@ class EngineSession:
         if args.thinking == 0:
             # vLLM, SGLang, llama.cpp's server and mlx_lm.server pass these to the chat template.
             request["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
-        visible = hermes().visible_text(args.on_text) if args.on_text is not None else None
-        partial = Partial(args.max_tokens, visible, on_reasoning=args.on_reasoning, on_tokens=args.on_tokens)
+        visible = hermes().visible_text(args.on_event) if args.on_event is not None else None
+        partial = Partial(args.max_tokens, visible, on_event=args.on_event)
         self.cut = None
         started = time.perf_counter()
         try:

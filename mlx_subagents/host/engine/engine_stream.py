@@ -13,12 +13,12 @@ import html
 import json
 import re
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..calls.toolcalls import VisibleText
-from ..protocol import TextCallback
+from ..protocol import OnHostEvent, ReasoningDelta, TokensSoFar
 
 # One event line: a chunk is a few hundred bytes; a line this long is not an engine's.
 MAX_LINE_BYTES = 1 << 20
@@ -140,15 +140,15 @@ def _chunk_error(data: str) -> WrongReply:
 
 @dataclass
 class Partial:
-    """One streamed reply being assembled from its chunks; `visible` streams its text without call markup.
+    """One streamed reply being assembled from its chunks; `visible` streams its text without call markup,
+    `on_event` gets its reasoning and the chunks taken so far (about one token each).
 
     `add` returns False once the reply is over `max_tokens` (the chunk that would pass it is not taken).
     """
 
     max_tokens: int
     visible: VisibleText | None = None
-    on_reasoning: TextCallback | None = None
-    on_tokens: Callable[[int], None] | None = None  # the chunks taken so far: about one token each
+    on_event: OnHostEvent | None = None
     text: str = ""
     reasoning: str = ""
     calls: dict[int | None, dict[str, str]] = field(default_factory=dict)
@@ -205,12 +205,12 @@ class Partial:
         self.n_tokens += 1
         self.n_chars += n_chars
         self.first_delta = self.first_delta or now
-        if self.on_tokens is not None:
-            self.on_tokens(self.n_tokens)
+        if self.on_event is not None:
+            self.on_event(TokensSoFar(self.n_tokens))
         if thought:
             self.reasoning += thought
-            if self.on_reasoning is not None:
-                self.on_reasoning(thought)
+            if self.on_event is not None:
+                self.on_event(ReasoningDelta(thought))
         if content:
             self.text += content
             if self.visible is not None:

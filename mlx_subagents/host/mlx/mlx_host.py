@@ -14,7 +14,6 @@ import contextlib
 import math
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,9 +40,12 @@ from ..protocol import (
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
     Message,
+    OnHostEvent,
+    PrefillBegun,
     ProcessorFactory,
     Reply,
     TextCallback,
+    TokensSoFar,
     ToolMode,
     ToolSchema,
     Usage,
@@ -217,12 +219,16 @@ class MlxSession:
             args.answer_schema if grammar else None,
         )
         cancel = threading.Event()
-        streaming = args.on_text is not None or args.on_reasoning is not None
-        visible = chat.visible_text(args.on_text, args.on_reasoning, opened) if streaming else None
+        on_event, visible = args.on_event, None
         turns: list[Turn] = []  # the turn, once the mlx thread made it: what it generated so far
         sink = None
-        if visible is not None or args.on_tokens is not None or args.on_prefill is not None:
-            sink = TextSink(asyncio.get_running_loop(), _counted(visible, args.on_tokens, turns), args.on_prefill)
+        if on_event is not None:
+            visible = chat.visible_text(on_event, opened)
+
+            def began(n: int, cached: int) -> None:
+                on_event(PrefillBegun(n, cached))
+
+            sink = TextSink(asyncio.get_running_loop(), _counted(visible, on_event, turns), began)
 
         if self._forking is not None:
             forking, self._forking = self._forking, None
@@ -270,15 +276,14 @@ class MlxSession:
         self._host._sessions.pop(self.name, None)
 
 
-def _counted(visible: TextCallback | None, on_tokens: Callable[[int], None] | None, turns: list[Turn]) -> TextCallback:
-    """The turn's streamed text to `visible`, and how many tokens it has generated to `on_tokens`: read
-    on the caller's loop when the text arrives (a list's length is safe to read across threads)."""
+def _counted(visible: TextCallback, on_event: OnHostEvent, turns: list[Turn]) -> TextCallback:
+    """The turn's streamed text to `visible`, then how many tokens it has generated so far: read on the
+    caller's loop when the text arrives (a list's length is safe to read across threads)."""
 
     def on_piece(text: str) -> None:
-        if visible is not None:
-            visible(text)
-        if on_tokens is not None and turns:
-            on_tokens(len(turns[0].generated))
+        visible(text)
+        if turns:
+            on_event(TokensSoFar(len(turns[0].generated)))
 
     return on_piece
 
