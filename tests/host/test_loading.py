@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mlx_subagents.errors import ModelNotFoundError, RequestError
 from mlx_subagents.host import MlxModelHost, make_host
-from mlx_subagents.host.mlx.loading import config_context_window, resolve_model_path
+from mlx_subagents.host.mlx.loading import config_context_window, cpu_download_note, resolve_model_path
 from mlx_subagents.host.scripted import ScriptedHost
 
 
@@ -160,3 +165,67 @@ def test_a_runs_options_become_its_host_settings() -> None:
         kv_budget=budget,
         prefix_cache=0,
     )
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`hub(answer)`: the Hugging Face hub reached at a local address, online; `answer` is what it says to a
+    model's info (a JSON object), None for a hub that refuses every connection."""
+    import huggingface_hub.constants as hf
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", False)
+    servers: list[HTTPServer] = []
+
+    def start(answer: dict[str, Any] | None) -> None:
+        if answer is None:
+            with socket.socket() as free:  # a port nothing listens on: refused at once
+                free.bind(("127.0.0.1", 0))
+                monkeypatch.setattr(hf, "ENDPOINT", f"http://127.0.0.1:{free.getsockname()[1]}")
+            return
+
+        class ModelInfo(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps(answer).encode()
+                self.send_response(200 if self.path.startswith("/api/models/") else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = HTTPServer(("127.0.0.1", 0), ModelInfo)
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        monkeypatch.setattr(hf, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def test_a_download_on_a_cpu_says_first_what_it_costs_and_the_ways_that_take_seconds(
+    hub: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On Linux the first command headed for a 2.3 GB 4B model on the CPU without a word: one SmolLM2-135M
+    turn took 3.6 minutes there. The line comes before the download, whether or not the hub answers."""
+    import mlx.core as mx
+
+    on_cpu = mx.default_device() == mx.cpu
+    repo = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
+    hub(None)
+    with pytest.raises(ModelNotFoundError, match=f"^model '{repo}' is not in the local cache and could not be"):
+        resolve_model_path(repo)
+    ways = (
+        ". Without a model, the README's demo (--model scripted:examples/demo/replay.yaml) shows every command; "
+        "for a real model in seconds, an engine: docs/engines.md (llama.cpp's server, --engine URL)"
+    )
+    unsized = "; mlx runs on this machine's CPU, where an agent's first turn takes minutes, or hours for a 4B model"
+    assert caplog.messages == ([f"downloading {repo}{unsized}{ways}"] if on_cpu else [])
+    siblings = [("model.safetensors", 2_262_000_000), ("config.json", 1_000), ("README.md", 9_000_000)]
+    hub({"id": repo, "siblings": [{"rfilename": name, "size": size} for name, size in siblings]})
+    sized = " (2.3 GB); mlx runs on this machine's CPU, where an agent's first turn of it takes about 91 minutes"
+    expected = f"downloading {repo}{sized}{ways}"
+    assert cpu_download_note(repo) == (expected if on_cpu else None)

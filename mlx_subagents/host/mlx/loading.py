@@ -6,13 +6,17 @@ offline, unknown hub id) becomes one `ModelNotFoundError` line saying what to do
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from ...errors import ModelLoadError, ModelNotFoundError
 from ...home import state_home
+
+log = logging.getLogger(__name__)
 
 # Files mlx-lm needs from a hub snapshot (the same set its own loader fetches).
 ALLOW_PATTERNS = [
@@ -50,6 +54,48 @@ def _check_folder(path: Path) -> Path:
     return path
 
 
+# What an agent's first turn costs on mlx's CPU build, measured on a fresh Linux machine (issue 61):
+# SmolLM2-135M in 4 bits (about 90 MB of weights) prefilled a scout's 1,407-token first prompt at 6.5
+# tokens/s. A 4-bit model's prefill there grows with its weights, so a download's size tells its cost.
+CPU_FIRST_TURN_S_PER_MB = 1407 / 6.5 / 90
+
+
+def cpu_download_note(repo_id: str) -> str | None:
+    """The line said before a model is downloaded to a machine where mlx runs on the CPU (Linux without
+    a GPU): its size and what one agent turn of it costs there, and the two ways that take seconds (the
+    no-model demo, an engine); None where mlx has a GPU. The size is asked of the hub (None if it does
+    not answer: the download then says what went wrong)."""
+    import mlx.core as mx
+
+    if mx.default_device() != mx.cpu:
+        return None
+    size = _download_size(repo_id)
+    cost = (
+        f" ({size / 1e9:.1f} GB); mlx runs on this machine's CPU, where an agent's first turn of it takes about "
+        f"{size / 1e6 * CPU_FIRST_TURN_S_PER_MB / 60:,.0f} minutes"
+        if size
+        else "; mlx runs on this machine's CPU, where an agent's first turn takes minutes, or hours for a 4B model"
+    )
+    return (
+        f"downloading {repo_id}{cost}. Without a model, the README's demo (--model "
+        "scripted:examples/demo/replay.yaml) shows every command; for a real model in seconds, an engine: "
+        "docs/engines.md (llama.cpp's server, --engine URL)"
+    )
+
+
+def _download_size(repo_id: str) -> int | None:
+    """The bytes `_download` would fetch for `repo_id` (the files of `ALLOW_PATTERNS`), or None."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi().model_info(repo_id, files_metadata=True, timeout=10)
+    except Exception:  # offline, refused, unknown: the download itself says so in its one line
+        return None
+    files = info.siblings or []
+    wanted = [f.size or 0 for f in files if any(fnmatch.fnmatch(f.rfilename, p) for p in ALLOW_PATTERNS)]
+    return sum(wanted) or None
+
+
 def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
 
@@ -73,6 +119,8 @@ def _download(repo_id: str, local_only: bool = False) -> Path:
         raise ModelNotFoundError(
             f"model '{repo_id}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {how}"
         )
+    if note := cpu_download_note(repo_id):
+        log.warning(note)
     try:
         return Path(snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS))
     except RepositoryNotFoundError:
