@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..agents.schema_output import load_schema
-from ..caps import MAX_TASKS
+from ..caps import MAX_TASK_CHARS, MAX_TASKS
 from ..errors import AgentNotFoundError, WorkflowError
 from ..home import state_home
 from ..userfiles import error_message, error_path, load_file
@@ -303,9 +303,15 @@ def find_workflow(name_or_path: str, cwd: Path, *, named: bool = False) -> Path:
 # --- prompts ---------------------------------------------------------------------------------------------
 
 
-def render_prompt(step: WorkflowStep, workflow_input: str, outputs: dict[str, str]) -> str:
-    """The step's task: placeholders filled; the input and needed answers it does not place, appended."""
-    values = {INPUT_KEY: workflow_input, **{need: outputs[need] for need in step.needs}}
+def render_prompt(step: WorkflowStep, workflow_input: str, outputs: dict[str, str], limit: int = MAX_TASK_CHARS) -> str:
+    """The step's task: placeholders filled; the input and needed answers it does not place, appended.
+    Needed answers are cut (each cut said) where the whole would pass the task cap, as a chain's
+    `{previous}` is: a 30,000-character answer made a 30,025-character task."""
+    return _assemble(step, workflow_input, fit_answers(step, workflow_input, outputs, limit))
+
+
+def _assemble(step: WorkflowStep, workflow_input: str, answers: dict[str, str]) -> str:
+    values = {INPUT_KEY: workflow_input, **answers}
     placed = set(PLACEHOLDER.findall(step.prompt))
     text = PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), step.prompt)
     sections = [text]
@@ -313,8 +319,32 @@ def render_prompt(step: WorkflowStep, workflow_input: str, outputs: dict[str, st
         sections.append(f"Workflow input:\n{workflow_input}")
     for need in step.needs:
         if need not in placed:
-            sections.append(f"Answer of step '{need}':\n{outputs[need]}")
+            sections.append(f"Answer of step '{need}':\n{answers[need]}")
     return "\n\n".join(sections)
+
+
+ANSWER_CUT = "\n[step '{need}''s answer is cut here, to keep this task within {limit:,} characters: it has {total:,}]"
+
+
+def fit_answers(step: WorkflowStep, workflow_input: str, outputs: dict[str, str], limit: int) -> dict[str, str]:
+    """The answers `step` needs, each whole where the task fits the cap, else the longest cut to an equal
+    share of the room the rest of the task leaves (a shorter answer keeps its length; what it does not
+    use goes to the others)."""
+    answers = {need: outputs[need] for need in step.needs}
+    empty = _assemble(step, workflow_input, {n: "" for n in step.needs})
+    uses = {n: max(1, len(re.findall(r"\{" + re.escape(n) + r"\}", step.prompt))) for n in step.needs}
+    if len(empty) + sum(len(a) * uses[n] for n, a in answers.items()) <= limit:
+        return answers
+    room, fitted = limit - len(empty), dict(answers)
+    pending = sorted(answers, key=lambda n: len(answers[n]))
+    while pending:
+        need = pending.pop(0)
+        share = max(0, room // (uses[need] + sum(uses[n] for n in pending)))
+        if len(answers[need]) > share:
+            note = ANSWER_CUT.format(need=need, limit=limit, total=len(answers[need]))
+            fitted[need] = answers[need][: max(0, share - len(note))] + note
+        room -= len(fitted[need]) * uses[need]
+    return fitted
 
 
 def plan_workflow(workflow: Workflow, workflow_input: str) -> tuple[list[TaskSpec], Steps]:

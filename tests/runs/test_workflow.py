@@ -207,3 +207,20 @@ def test_graph_helpers() -> None:
     flow = parse_workflow({"steps": [{"id": "a", "agent": "scout", "prompt": "p", "schema": "s.json"}]})
     assert flow.steps[0].schema_file == "s.json"
     assert load_workflow(write(Path(__import__("tempfile").mkdtemp()), FLOW)).name == "fix"
+
+
+def test_a_steps_needed_answers_are_cut_to_the_task_cap_each_cut_said() -> None:
+    """A step's `{name}` was not capped as a chain's `{previous}` is: a 30,000-character answer made a
+    30,025-character task. The short answer keeps its length; the long ones share what is left."""
+    from mlx_subagents.caps import MAX_TASK_CHARS
+
+    step = WorkflowStep(id="c", agent="planner", prompt="From {a} and {b}", needs=("a", "b", "s"))
+    answers = {"a": "a" * 30_000, "b": "b" * 12_000, "s": "short"}
+    task = render_prompt(step, "", answers)
+    assert len(task) <= MAX_TASK_CHARS
+    cut = "\n[step '{}''s answer is cut here, to keep this task within 20,000 characters: it has {:,}]"
+    room = MAX_TASK_CHARS - len("From  and \n\nAnswer of step 's':\nshort")  # what the task leaves them
+    b = "b" * (room // 2 - len(cut.format("b", 12_000))) + cut.format("b", 12_000)
+    a = "a" * (room - len(b) - len(cut.format("a", 30_000))) + cut.format("a", 30_000)
+    assert task == f"From {a} and {b}\n\nAnswer of step 's':\nshort"
+    assert render_prompt(step, "", {**answers, "a": "A", "b": "B"}) == "From A and B\n\nAnswer of step 's':\nshort"
