@@ -80,14 +80,14 @@ class Foreseen:
     to a wrong token at a place that moves each time (none every few drafts), so every verdict happens:
     a whole draft kept, refused at its first token, at its last, in between."""
 
-    def __init__(self, expected: list[int]) -> None:
-        self.expected, self.n = expected, 0
+    def __init__(self, expected: list[int], right: bool = False) -> None:
+        self.expected, self.n, self.right = expected, 0, right  # right: every draft is 5 right tokens
 
     def propose(self, tokens: list[int]) -> list[int]:
         self.n += 1
-        done, length = len(tokens) - len(PROMPT), self.n % 6 + 1
+        done, length = len(tokens) - len(PROMPT), 5 if self.right else self.n % 6 + 1
         draft = self.expected[done : done + length]
-        wrong = self.n % (length + 1)
+        wrong = length if self.right else self.n % (length + 1)
         if wrong < len(draft):
             draft[wrong] += 1
         return draft
@@ -131,6 +131,28 @@ def test_greedy_drafts_give_the_tokens_and_the_kv_bytes_of_one_token_at_a_time(
         assert got == expected
         counts = stream.counts
         assert counts.accepted > 0 and counts.drafted > counts.accepted and counts.forwards < n
+
+
+def test_a_sequence_that_ends_inside_a_forward_holds_what_one_token_at_a_time_holds(
+    quantizable: Callable[[str], Path],
+) -> None:
+    """A reply that ends at the first, a middle or the last token a forward kept (an end-of-turn token,
+    a stop): the cache holds every token up to it and no more, in the bytes of a cache that never drafted.
+    Given the token a batch computed (`pending`), the stream returns it first and goes on from there."""
+    import mlx_lm
+
+    model, _ = mlx_lm.load(str(quantizable("qwen3")))
+    expected, sizes = reference(model, fresh(model, 16, None), PROMPT, 8)
+    for used in (1, 3, 6):
+        stream = DraftedStream(model, fresh(model, 16, None), PROMPT, 0.0, Foreseen(expected, right=True))
+        assert stream.next() == expected[:6]
+        stream.end(used)
+        assert stream.tokens == PROMPT + expected[:used] and stream.cache[0].offset == len(PROMPT) + used
+        assert cache_nbytes(stream.cache) == sizes[used]
+    cache = fresh(model, 16, None)
+    model(mx.array([PROMPT[-1:]]), cache=cache)
+    stream = DraftedStream(model, cache, PROMPT, 0.0, Foreseen(expected, right=True), pending=expected[0])
+    assert stream.next() == expected[:1] and stream.next() == expected[1:7]
 
 
 def test_a_recurrent_layer_refuses_drafts_in_one_line(tiny_qwen35: tuple[Any, Any]) -> None:

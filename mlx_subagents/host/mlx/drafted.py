@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..kv.rewind import mark, refusal, rewind
+from ..kv.rewind import Mark, mark, refusal, rewind
 from .drafts import Drafter
 from .verify import verdict
 
@@ -37,26 +37,43 @@ class DraftCounts:
 
 
 class DraftedStream:
-    """Decodes from a cache holding `context[:-1]`, feeding `context[-1]` first.
+    """Decodes from a cache holding `context[:-1]`, feeding `context[-1]` first; or, given `pending` (the
+    token already computed after `context`, as a batch has it), from a cache holding all of it.
+
+    After each `next()` the cache holds every token but the last one returned (`tokens[:-1]`), and
+    `end` settles it where the sequence stops.
 
     Raises:
         ValueError: a layer of `cache` cannot be rewound (`kv.rewind.refusal` says which).
     """
 
-    def __init__(self, model: Any, cache: list[Any], context: list[int], temperature: float, drafter: Drafter) -> None:
+    def __init__(
+        self,
+        model: Any,
+        cache: list[Any],
+        context: list[int],
+        temperature: float,
+        drafter: Drafter,
+        pending: int | None = None,
+    ) -> None:
         problem = refusal(cache)
         if problem is not None:
             raise ValueError(problem)
         self.model, self.cache, self.temperature, self.drafter = model, cache, temperature, drafter
         self.tokens = list(context)
         self.counts = DraftCounts()
+        self._pending = pending
+        self._last: tuple[int, Mark] | None = None  # the last forward's tokens kept, and its mark
 
     def next(self, limit: int | None = None) -> list[int]:
-        """The tokens of one forward, in order (at most `limit`); the last is not yet in the cache, as
-        `SingleStream.next`'s token is not."""
+        """The tokens of one forward, in order (at most `limit`); the last is not yet in the cache."""
         import mlx.core as mx
         from mlx_lm.generate import generation_stream
 
+        if self._pending is not None:
+            kept, self._pending, self._last = [self._pending], None, None
+            self.tokens += kept
+            return kept
         draft = self.drafter.propose(self.tokens)[: None if limit is None else max(0, limit - 1)]
         before = mark(self.cache)
         with mx.stream(generation_stream):
@@ -66,11 +83,24 @@ class DraftedStream:
         rewind(self.cache, len(draft) + 1 - len(kept), before)
         self.drafter.observe(len(draft), len(kept) - 1)
         self.tokens += kept
+        self._last = (len(kept), before)
         counts = self.counts
-        counts.forwards, counts.drafted, counts.accepted = (
-            counts.forwards + 1,
-            counts.drafted + len(draft),
-            counts.accepted + len(kept) - 1,
-        )
-        counts.tokens += len(kept)
+        counts.forwards, counts.drafted = counts.forwards + 1, counts.drafted + len(draft)
+        counts.accepted, counts.tokens = counts.accepted + len(kept) - 1, counts.tokens + len(kept)
         return kept
+
+    def end(self, used: int) -> None:
+        """The sequence stops after the first `used` tokens the last `next()` returned (an end-of-turn
+        token, a stop, the limit): the cache then holds every token up to that one and nothing after,
+        as a sequence decoded one token at a time would (its bytes too)."""
+        import mlx.core as mx
+
+        got = self._last[0] if self._last is not None else 1
+        assert 1 <= used <= got
+        if used == got:  # the last token is not in the cache yet: feed it
+            mx.eval(self.model(mx.array([self.tokens[-1:]], dtype=mx.uint32), cache=self.cache))
+        else:
+            assert self._last is not None
+            rewind(self.cache, got - 1 - used, self._last[1])
+            del self.tokens[len(self.tokens) - got + used :]
+        self._last = None
