@@ -62,6 +62,7 @@ from ..runs.board import TaskBoard
 from ..runs.runner import Runner
 from ..runs.task import TaskHandle
 from ..runs.workflow import find_workflow, load_workflow
+from ..text import terminal_text
 from ..tools.background import status_line
 from ..tools.base import ToolResult
 from ..tools.delegation import FORMS, Delegation, delegation_schema, parse_delegation
@@ -809,6 +810,16 @@ def log_path() -> Path:
 
 
 _log_file: list[Path | None] = [None]
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class TerminalFormatter(logging.Formatter):
+    """Log lines for a terminal: what a line quotes from outside (a URL's path, a client's malformed
+    line, a server's message: any local process can send `subagent serve` a request) is shown through
+    `terminal_text` and never obeyed; the log file keeps it as it came."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return terminal_text(super().format(record))
 
 
 def setup_logging(path: Path | None = None) -> Path:
@@ -816,12 +827,12 @@ def setup_logging(path: Path | None = None) -> Path:
     A detached server's stderr is that file already (`start_detached`): each line is written once."""
     path = _log_file[0] = path or log_path()
     make_state_dir(path.parent)
-    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = [logging.FileHandler(path, encoding="utf-8")]
     if not _same_file(sys.stderr, path):
         handlers.append(logging.StreamHandler(sys.stderr))
     for handler in handlers:
-        handler.setFormatter(formatter)
+        on_terminal = isinstance(handler, logging.StreamHandler) and handler.stream.isatty()
+        handler.setFormatter((TerminalFormatter if on_terminal else logging.Formatter)(LOG_FORMAT))
     for name, level in (("mlx_subagents", logging.INFO), ("mcp", logging.WARNING)):
         logger = logging.getLogger(name)
         logger.setLevel(level)

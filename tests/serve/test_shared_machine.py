@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import selectors
 import shutil
 import socket
@@ -22,8 +23,8 @@ import pytest
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.home import make_state_dir
 from mlx_subagents.serve.http_app import MAX_HTTP_CONNECTIONS
-from mlx_subagents.serve.state import claim, new_token, owned_listener, serve_paths
-from tests.helpers import spawn_cli
+from mlx_subagents.serve.state import claim, new_token, owned_listener, running_server, serve_paths
+from tests.helpers import Terminal, spawn_cli
 
 NOBODY = 65534
 # Giving a file to another user (chown) takes root: as an ordinary user these cases cannot be staged.
@@ -165,3 +166,28 @@ def closed_by_peer(conns: list[socket.socket], at_least: int, timeout: float = 6
             closed += 1  # readable while idle: its end (EOF or a reset)
     selector.close()
     return closed
+
+
+@pytest.mark.slow
+@pytest.mark.process
+def test_what_another_user_sends_reaches_the_owners_terminal_escaped(tmp_path: Path) -> None:
+    """Any local process may send `subagent serve` a request; the server's log line quotes its path, and
+    on the terminal it runs in that path is shown, never obeyed (a window title, a cleared screen)."""
+    terminal = Terminal(["serve", "--port", "0", "--model", "scripted:none.json", "-C", str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while (info := running_server(wait=0)) is None or info.url is None:
+            assert time.monotonic() < deadline, "the server did not listen"
+            time.sleep(0.05)
+        port = int(info.url.rsplit(":", 1)[1].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(b"GET /%1b]0;owned%07%1b[2J HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert conn.recv(4096).startswith(b"HTTP/1.1 404")
+        shown = b""
+        while b"refused (404)" not in shown:
+            assert select.select([terminal.fd], [], [], max(0.0, deadline - time.monotonic()))[0], shown
+            shown += os.read(terminal.fd, 4096)
+    finally:
+        terminal.close()
+    assert b"HTTP GET /\\x1b]0;owned\\x07\\x1b[2J refused (404)" in shown and b"\x1b]0;owned" not in shown
+    assert "HTTP GET /\x1b]0;owned\x07\x1b[2J refused (404)" in serve_paths().log.read_text()  # the file: as it came
