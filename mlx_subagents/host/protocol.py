@@ -165,20 +165,28 @@ class GenerateArgs:
     Args:
         max_tokens: bounds the reply after a thinking model's thought (see `thinking`).
         temperature: the sampling temperature; 0 decodes greedily.
+        top_p: sample from the smallest set of tokens whose probabilities add up to this (1: all).
+        seed: seeds the sampler as the reply starts: the same reply to the same prompt while it
+            decodes alone (in a batch, best effort: the other rows draw from the same generator).
         on_event: gets the reply's host events (`HostEvent`) on the caller's loop as they happen: its
             prefill, its visible text and reasoning as they are generated, the tokens so far.
         thinking: tokens a thinking model may think (0: off) before the host closes its thought.
         grammar: constrain each tool call, once started, to a known tool and arguments its schema
             accepts, and an answer to `answer_schema` (where the host can: see docs/agents.md).
         answer_schema: the JSON schema the final answer (a reply without a call) must satisfy.
+        tool_choice: `auto` (the model decides), `required` (the reply is calls to the tools), or a
+            tool's name (the reply is a call to it); held by the grammar.
     """
 
     max_tokens: int = 1024
     temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
     on_event: OnHostEvent | None = None
     thinking: int = DEFAULT_THINKING_TOKENS
     grammar: bool = True
     answer_schema: dict[str, Any] | None = None
+    tool_choice: str = "auto"
 
 
 @runtime_checkable

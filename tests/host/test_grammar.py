@@ -13,6 +13,7 @@ import jsonschema
 import mlx.core as mx
 import pytest
 
+from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.protocol import ToolCall
 from mlx_subagents.testing import ForcedPrefix as Prefix
@@ -313,6 +314,57 @@ def test_an_answer_held_to_its_schema_parses_where_noise_does_not(tiny_qwen3_pat
         jsonschema.validate(json.loads(free.text), ANSWER)
     jsonschema.validate(json.loads(held.text), ANSWER)
     assert (free.constrained, held.constrained, held.finish_reason) == (None, "answer", "stop")
+
+
+def test_a_required_or_named_tool_choice_makes_the_reply_a_valid_call(tiny_qwen3_path: Path) -> None:
+    """`tool_choice`: the free reply of the random model calls nothing; `required` holds it to calls to its
+    tools, a tool's name to calls to that tool, each with arguments its schema accepts, and none cut at
+    the limit (the random model calls on until it ends the reply)."""
+
+    async def go() -> list[Any]:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            replies = []
+            for i, (choice, limit) in enumerate((("auto", 48), ("required", 48), ("find", 48), ("required", 100))):
+                args = GenerateArgs(max_tokens=limit, tool_choice=choice)
+                replies.append(await host.session(f"s{i}").generate(TASK, args, tools=TOOLS))
+            with pytest.raises(SubagentError, match="tool_choice names 'write', which is not one of the tools"):
+                await host.session("bad").generate(TASK, GenerateArgs(tool_choice="write"), tools=TOOLS)
+            return replies
+
+    free, required, named, longer = asyncio.run(go())
+    assert free.tool_calls == [] and free.constrained is None
+    for reply, names in ((required, {"read", "find"}), (named, {"find"}), (longer, {"read", "find"})):
+        assert reply.tool_calls and reply.constrained == "calls" and reply.malformed_tool_calls == []
+        assert reply.finish_reason == "stop"
+        for call in reply.tool_calls:
+            assert call.name in names
+            schema = next(t for t in TOOLS if t["function"]["name"] == call.name)["function"]["parameters"]
+            jsonschema.validate(call.arguments, schema)
+    assert {c.name for c in named.tool_calls} == {"find"}
+
+
+def test_top_p_and_a_seed_sample_as_mlx_lm_does(tiny_qwen3_path: Path) -> None:
+    """A seeded reply at temperature 1 is the same twice and differs from another seed's; top_p near 0
+    keeps only the likeliest token: the greedy reply."""
+
+    async def go() -> list[tuple[int, ...]]:
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            out = []
+            for i, args in enumerate(
+                (
+                    GenerateArgs(max_tokens=24, temperature=1.0, seed=7),
+                    GenerateArgs(max_tokens=24, temperature=1.0, seed=7),
+                    GenerateArgs(max_tokens=24, temperature=1.0, seed=8),
+                    GenerateArgs(max_tokens=24, temperature=1.0, top_p=1e-9),
+                    GenerateArgs(max_tokens=24),
+                )
+            ):
+                out.append((await host.session(f"s{i}").generate(TASK, args)).token_ids)
+            return out
+
+    seven, again, eight, nucleus, greedy = asyncio.run(go())
+    assert seven == again and seven != eight
+    assert nucleus == greedy
 
 
 def test_batched_rows_each_keep_their_own_tools(

@@ -69,7 +69,15 @@ def shortest_close(matcher: Any, allowed_of: Any, allowed: Any, closers: Closers
     mask, score = closers.mask()
     if matcher.is_accepting():
         return []
-    frontier: deque[tuple[Any, list[int], Any]] = deque([(matcher, [], allowed)])
+    start: list[int] = []
+    if forced := matcher.compute_ff_tokens():  # what the grammar already dictates (an enum's rest) comes first
+        matcher = matcher.deep_copy()
+        if not matcher.consume_tokens(forced):
+            return None
+        start, allowed = list(forced), allowed_of(matcher)
+        if matcher.is_accepting() or matcher.is_stopped():
+            return start if len(start) <= budget else None
+    frontier: deque[tuple[Any, list[int], Any]] = deque([(matcher, start, allowed)])
     nodes = 0
     while frontier:
         state, path, can = frontier.popleft()

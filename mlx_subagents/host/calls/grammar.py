@@ -56,16 +56,18 @@ def call_lark(
 def answer_lark(
     syntax: CallSyntax,
     markers: Markers,
-    schema: dict[str, Any],
+    schema: dict[str, Any] | None,
     tools: list[ToolSchema] | None,
     loose: frozenset[str] = frozenset(),
 ) -> str:
-    """The grammar of a whole reply that must be the answer: the JSON answer or, with tools, calls."""
-    answer = f"answer: %json {json.dumps({**closed(schema), 'x-guidance': GUIDANCE})}\n"
+    """The grammar of a whole reply that must be the answer: the JSON answer or, with tools, calls; with
+    no schema, calls only (a reply that must call a tool)."""
+    answer = "" if schema is None else f"answer: %json {json.dumps({**closed(schema), 'x-guidance': GUIDANCE})}\n"
     if not tools:
         return "start: answer\n" + answer
     calls = f"{markers.start} body" + ("" if not markers.end else f' ("\\n"? {markers.start} body)*')
-    return f"start: answer | calls\ncalls: {calls}\n" + answer + syntax.body_rules(markers, tools, loose)
+    start = "calls" if schema is None else "answer | calls"
+    return f"start: {start}\ncalls: {calls}\n" + answer + syntax.body_rules(markers, tools, loose)
 
 
 class Grammars:
@@ -101,14 +103,25 @@ class Grammars:
         return f"<[{ids[0]}]>" if len(ids) == 1 and ids[0] in special else json.dumps(text)
 
     def processor(
-        self, tools: list[ToolSchema] | None, answer_schema: dict[str, Any] | None, opened: bool, thinks: bool = True
+        self,
+        tools: list[ToolSchema] | None,
+        answer_schema: dict[str, Any] | None,
+        opened: bool,
+        thinks: bool = True,
+        *,
+        require_call: bool = False,
     ) -> Constrainer | None:
         """The processor for one request; None with nothing to constrain (or nothing expressible).
 
         `opened`: the prompt ended inside a thought; `thinks`: the reply may think (a model that
-        does not, though its vocabulary has the markers, gets no thought watched)."""
+        does not, though its vocabulary has the markers, gets no thought watched); `require_call`: the
+        reply is calls to `tools`, held from its start (after a thought) as an answer would be."""
         tools = tools or None
-        answer = self._prototype("answer", tools, answer_schema) if answer_schema is not None else None
+        answer = None
+        if require_call and tools:
+            answer = self._prototype("required", tools, None)
+        elif answer_schema is not None:
+            answer = self._prototype("answer", tools, answer_schema)
         calls = self._prototype("calls", tools, None) if tools and self.start_ids else None
         if answer is None and calls is None:
             return None
@@ -134,8 +147,8 @@ class Grammars:
             hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
             self._ll = llguidance.hf.from_tokenizer(hf)
         loose = frozenset(function_of(t)["name"] for t in tools or () if not self._expressible(t))
-        if mode == "answer":
-            matcher = self._compile(answer_lark(self.syntax, self.markers, schema or {}, tools, loose))
+        if mode in ("answer", "required"):
+            matcher = self._compile(answer_lark(self.syntax, self.markers, schema, tools, loose))
             if matcher.is_error():
                 log.warning("the answer is decoded without a grammar: its schema cannot be expressed")
         else:
@@ -257,6 +270,8 @@ class Constrainer:
         self._closing: list[int] = []  # the way to close what is open, while it is being said
         self._closing_said: int | None = None  # the last token of it this processor allowed alone
         self._check_at = CLOSE_WINDOW  # the tokens left at which to look for the way again
+        self._span = 0  # the tokens the last call held by the answer's grammar took (`_close`)
+        self._opened_at = 0  # where the call being written began
         self.thinking = opened and think is not None
         self._tokens: list[int] = []  # the tokens fed so far
         self._base: int | None = None  # the context's length at the first call (the prompt)
@@ -275,7 +290,7 @@ class Constrainer:
         self._matcher, self._active, self.engaged = proto.copy(), proto, self.engaged or what
         self._mode = what
         if what == "answer":
-            self._pending_answer = False
+            self._pending_answer, self._opened_at = False, len(self._tokens)
 
     @property
     def running(self) -> bool:
@@ -339,11 +354,16 @@ class Constrainer:
         return allowed
 
     def _close(self, allowed: np.ndarray) -> int | None:
-        """The token that closes what is open, once the tokens left leave no room for more (`closing.py`).
-        A way found is followed while each token of it is the one that came (a forcing processor
-        before the grammar may say another: then it is looked for again)."""
+        """The token that closes what is open, once the tokens left leave no room for more (`closing.py`),
+        and the reply's end once nothing is open and fewer tokens are left than the last call took (a
+        grammar that allows more calls after one would start a call it cannot close). A way found is followed while each token of it is the one that came (a
+        forcing processor before the grammar may say another: then it is looked for again)."""
         left = self.limit - len(self._tokens)  # type: ignore[operator]
-        if self.closers is None or left > self._check_at:
+        if self.closers is None or left > max(self._check_at, self._span):
+            return None
+        if self._matcher.is_accepting():  # all is closed: end rather than open a call as long as the last
+            return next((t for t in self.eos if t < allowed.size and allowed[t]), None)
+        if left > self._check_at:
             return None
         said = self._closing_said
         if not (self._closing and said is not None and self._tokens and self._tokens[-1] == said):
@@ -414,8 +434,18 @@ class Constrainer:
         """The running matcher consumed the last token (`ok`), or rejected it: the grammar lets go."""
         if not ok:
             self.broken, self._matcher, self.engaged = True, None, None
-        elif self._matcher.is_stopped() and not self.ends_reply and self._mode == "calls":  # type: ignore[union-attr]
+        elif self._mode == "answer":
+            self._measure(self._matcher.is_accepting())  # type: ignore[union-attr]
+        elif self._matcher.is_stopped() and not self.ends_reply:  # type: ignore[union-attr]
             self._matcher = None  # the call is closed: free again (after an answer, only its end)
+
+    def _measure(self, accepting: bool) -> None:
+        """How many tokens the last call (or answer) the answer's grammar holds took, from where it
+        began to where the grammar accepted it."""
+        if accepting and self._opened_at >= 0:
+            self._span, self._opened_at = len(self._tokens) - self._opened_at, -1
+        elif not accepting and self._opened_at < 0:
+            self._opened_at = len(self._tokens) - 1
 
     @property
     def matcher(self) -> Any:

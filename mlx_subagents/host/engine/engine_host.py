@@ -441,8 +441,15 @@ class EngineSession:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if args.top_p < 1:
+            request["top_p"] = args.top_p
+        if args.seed is not None:
+            request["seed"] = args.seed
         if tools:
             request["tools"] = tools  # `tool_choice: auto` constrains no call: calls stay the engine's parser's
+            if args.tool_choice != "auto":
+                named = {"type": "function", "function": {"name": args.tool_choice}}
+                request["tool_choice"] = "required" if args.tool_choice == "required" else named
         elif args.grammar and args.answer_schema is not None:
             request["response_format"] = answer_format(args.answer_schema)
         if args.thinking == 0:

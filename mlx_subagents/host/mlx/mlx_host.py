@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from ...errors import ChatTemplateError, SubagentError
+from ..calls.call_schema import function_of
 from ..calls.chat_format import ChatFormat
 from ..calls.prompt import encode, render
 from ..kv.kv_bits import KVSetting, kv_setting, warn_fallback
@@ -217,7 +218,11 @@ class MlxSession:
             budget,
             tools if grammar else None,
             args.answer_schema if grammar else None,
+            top_p=args.top_p,
+            seed=args.seed,
         )
+        if args.tool_choice != "auto" and tools:
+            request = replace(request, grammar_tools=chosen_tools(tools, args.tool_choice, grammar), require_call=True)
         cancel = threading.Event()
         on_event, visible = args.on_event, None
         turns: list[Turn] = []  # the turn, once the mlx thread made it: what it generated so far
@@ -274,6 +279,21 @@ class MlxSession:
     async def close(self) -> None:
         await self.reset()
         self._host._sessions.pop(self.name, None)
+
+
+def chosen_tools(tools: list[ToolSchema], choice: str, grammar: bool) -> list[ToolSchema]:
+    """The tools a reply must call (`tool_choice`: `required`, or a tool's name), held by the grammar."""
+    if not grammar:
+        raise SubagentError(
+            f"tool_choice {choice!r} needs the grammar, which this model's call format or --grammar off leaves out; "
+            "use tool_choice auto"
+        )
+    if choice == "required":
+        return tools
+    named = [t for t in tools if function_of(t)["name"] == choice]
+    if not named:
+        raise SubagentError(f"tool_choice names {choice!r}, which is not one of the tools; name one of them")
+    return named
 
 
 def _counted(visible: TextCallback, on_event: OnHostEvent, turns: list[Turn]) -> TextCallback:

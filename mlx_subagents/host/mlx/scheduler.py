@@ -139,7 +139,8 @@ class Scheduler:
         self._trimmable = trimmable  # False for hybrid caches (see `_prepare_cache`)
         self._grammars: Grammars | None = None  # made at the first request with a grammar
         self.call_format: tuple[Any, str, str] | None = None  # (grammar kind, start, end), set by the host
-        self._samplers: dict[float, Any] = {}  # one per temperature: rows sharing one sample as one batch
+        # One sampler per (temperature, top_p): mlx-lm samples the rows sharing one as one batch.
+        self._samplers: dict[tuple[float, float], Any] = {}
         self.policy = SlicePolicy.of(config.prefill_slice, config.prefill_step_size)  # None: slicing off
         self.groups: list[PrefillGroup] = []  # turns prefilled together (see `_prefill_sliced`)
         self._masks = MaskBatch(self._constrained_rows)
@@ -611,8 +612,13 @@ class Scheduler:
         """Decode in the batch (`join`), or as the single turn: a burst of tokens per step, or to the end
         when serialized."""
         turn.processors = self._processor_factory(turn.name, turn.ids) if self._processor_factory else []
-        turn.sampler = self._sampler(turn.request.temperature)
-        if (turn.request.grammar_tools or turn.request.answer_schema is not None) and (grammar := self._grammar(turn)):
+        turn.sampler = self._sampler(turn.request.temperature, turn.request.top_p)
+        if turn.request.seed is not None:
+            import mlx.core as mx
+
+            mx.random.seed(turn.request.seed)  # its draws follow from here (alone in the batch: exactly)
+        request = turn.request
+        if (request.grammar_tools or request.answer_schema is not None) and (grammar := self._grammar(turn)):
             grammar.known = turn.generated  # the tokens this loop has read: no sync to learn them
             grammar.limit = turn.max_tokens  # a call still open near it is closed
             turn.grammar, turn.processors = grammar, [grammar, *turn.processors]
@@ -645,16 +651,19 @@ class Scheduler:
         request = turn.request
         opened = prompt_opens_thought(self.tokenizer, turn.ids)
         thinks = bool(request.thinking)  # None: not a thinking model; 0: thinking off
-        return self._grammars.processor(request.grammar_tools, request.answer_schema, opened, thinks)
+        return self._grammars.processor(
+            request.grammar_tools, request.answer_schema, opened, thinks, require_call=request.require_call
+        )
 
-    def _sampler(self, temperature: float) -> Any:
-        """The sampler of `temperature`, one object for every turn that has it: mlx-lm samples a batch
-        whose rows share one sampler with one call, and row by row otherwise."""
-        if temperature not in self._samplers:
+    def _sampler(self, temperature: float, top_p: float = 1.0) -> Any:
+        """The sampler of `temperature` and `top_p`, one object for every turn that has them: mlx-lm samples
+        a batch whose rows share one sampler with one call, and row by row otherwise."""
+        key = (temperature, top_p if temperature > 0 else 1.0)  # greedy: top_p changes nothing
+        if key not in self._samplers:
             from mlx_lm.sample_utils import make_sampler
 
-            self._samplers[temperature] = make_sampler(temp=temperature)
-        return self._samplers[temperature]
+            self._samplers[key] = make_sampler(temp=key[0], top_p=key[1] if key[1] < 1 else 0.0)
+        return self._samplers[key]
 
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""

@@ -36,6 +36,9 @@ class Request:
     thinking: int | None = None  # a thinking model's budget (0: off); None: no thought to watch
     grammar_tools: list[ToolSchema] | None = None  # the tools each started call is constrained to
     answer_schema: dict[str, Any] | None = None  # the schema the answer is constrained to
+    require_call: bool = False  # the reply must be calls to `grammar_tools`
+    top_p: float = 1.0
+    seed: int | None = None
 
     @property
     def template_kwargs(self) -> dict[str, Any]:
