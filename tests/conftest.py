@@ -327,17 +327,19 @@ from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.testing import ForcedScripts
 
 model, workspace, scripts = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+port = int(sys.argv[4]) if len(sys.argv) > 4 else None
 forced = ForcedScripts(load_tokenizer(Path(model)), scripts)
-config = ServeConfig(RunOptions(model=model), workspace, port=None, processor_factory=forced)
+config = ServeConfig(RunOptions(model=model), workspace, port=port, processor_factory=forced)
 sys.exit(asyncio.run(serve(config)))
 """
 
 
 @pytest.fixture
 def serve_process() -> Any:
-    """`serve_process(*args, tiny=None) -> (process, info)`: `subagent serve ARGS` (or, with `tiny=(model,
-    workspace, scripts)`, the tiny model's server with forced scripts) for the test's state folder, once it
-    listens; what is still running at the end is stopped (killed if it must be)."""
+    """`serve_process(*args, tiny=None, http=False) -> (process, info)`: `subagent serve ARGS` (or, with
+    `tiny=(model, workspace, scripts)`, the tiny model's server with forced scripts, on the socket only, or
+    with `http` on a free port too) for the test's state folder, once it listens; what is still running at
+    the end is stopped (killed if it must be)."""
     import json
     import subprocess
     import sys
@@ -348,10 +350,12 @@ def serve_process() -> Any:
 
     started: list[subprocess.Popen[str]] = []
 
-    def start(*args: str, tiny: tuple[Any, Any, Any] | None = None, timeout: float = 60) -> tuple[Any, Any]:
+    def start(
+        *args: str, tiny: tuple[Any, Any, Any] | None = None, http: bool = False, timeout: float = 60
+    ) -> tuple[Any, Any]:
         if tiny is not None:
             model, workspace, scripts = tiny
-            argv = ["-c", TINY_SERVE, str(model), str(workspace), json.dumps(scripts)]
+            argv = ["-c", TINY_SERVE, str(model), str(workspace), json.dumps(scripts), *(["0"] if http else [])]
         else:
             argv = ["-m", "mlx_subagents.cli", "serve", *args]
         env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}

@@ -70,7 +70,8 @@ def show_status(as_json: bool) -> int:
 
 
 def status_lines(status: dict[str, Any]) -> list[str]:
-    """`--status` in words: the server, its models and KV use, its clients, their tasks."""
+    """`--status` in words: the server, its models and KV use, its clients, their tasks, and the chat
+    endpoints' conversations (`session` lines)."""
     server = status["server"]
     where = " and ".join(p for p in (server.get("url"), server.get("socket")) if p)
     lines = [f"server  pid {server['pid']}, {where}; up {_duration(server['uptime_s'])}; log {server['log']}"]
@@ -95,14 +96,19 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     for c in status["clients"]:
         pid = f" pid {c['pid']}" if c["pid"] else ""
         gone = "" if c["connected"] else " (gone; its background tasks run on)"
-        lines.append(
-            f"client  {c['id']} {c['kind']}{pid} {c['name']} in {c['workspace'] or '?'}: {c['running']} running{gone}"
-        )
+        where = "" if c["kind"] in ("openai", "anthropic") else f" in {c['workspace'] or '?'}"
+        lines.append(f"client  {c['id']} {c['kind']}{pid} {c['name']}{where}: {c['running']} running{gone}")
     for t in status["tasks"]:
         waited = t.get("prefill_wait_s", 0.0)
         lines.append(
             f"task    {t['client']} {t['label']} ({t['agent']}) {t['status']}, turn {t['turn']}, {t['output_tokens']:,} tokens"
             + (f", {waited:.1f}s behind other prompts' prefill" if waited >= 0.05 else "")
+        )
+    for s in status.get("sessions", []):
+        state = "running" if s["status"] == "running" else f"idle {_duration(s['idle_s'])}"
+        lines.append(
+            f"session {s['client']} {s['session']} ({s['model']}) {state}, {_count(s['turns'], 'turn')}, last prompt "
+            f"{s['prompt_tokens']:,} tokens ({s['cached_tokens']:,} cached), {s['generated_tokens']:,} generated"
         )
     return lines
 

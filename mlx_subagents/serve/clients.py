@@ -24,7 +24,8 @@ from ..mcp_server.server import AgentsServer
 from ..runs.options import RunOptions
 from ..runs.runner import Runner
 
-ClientKind = Literal["http", "relay", "cli", "chat"]
+# `openai` and `anthropic`: a tool calling the chat endpoints (`endpoints.py`), one per User-Agent.
+ClientKind = Literal["http", "relay", "cli", "chat", "openai", "anthropic"]
 # Why a client's foreground tasks stopped when it went away (their transcripts and results say so).
 DISCONNECTED = "the client disconnected"
 # The tasks a client's tally keeps, newest last: every running one, and the latest that ended.
@@ -101,6 +102,7 @@ class Client:
     tally: TaskTally = field(default_factory=TaskTally)
     work: asyncio.Task[Any] | None = None  # an attached command's request, while it runs
     notify: Any = None  # a relayed client's line to the relay itself (the server's stop notice)
+    serving: int = 0  # a chat endpoint client's requests being answered now
 
     def background_alive(self) -> bool:
         """Whether tasks it started in the background still run (an MCP client's `start_agents`)."""
@@ -125,7 +127,7 @@ class Client:
             "workspace": str(self.workspace) if self.workspace else None,
             "since": round(self.since, 3),
             "connected": self.connected,
-            "running": len(self.tally.running()),
+            "running": len(self.tally.running()) + self.serving,
         }
 
 

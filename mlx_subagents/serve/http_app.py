@@ -1,12 +1,13 @@
-"""The server's MCP over streamable HTTP: `http://127.0.0.1:PORT/mcp`, for clients set up with a URL.
+"""The server's HTTP side: MCP over streamable HTTP at `http://127.0.0.1:PORT/mcp`, for clients set up
+with a URL, and the OpenAI- and Anthropic-compatible chat endpoints under `/v1/` (`endpoints.py`).
 
-The SDK's session manager serves the protocol; every request passes `Guard` first:
+The SDK's session manager serves MCP; every request passes `Guard` first:
 
 - its `Host` and `Origin` must be this server's (127.0.0.1, localhost or [::1] at its port), checked
   with the SDK's `TransportSecuritySettings`, so that a web page a browser was tricked into sending
   here (DNS rebinding) is refused: 403, saying which header;
 - it must carry the bearer token (`Authorization: Bearer TOKEN`, or `?token=TOKEN` for a client that
-  cannot set headers): 401 otherwise, naming the token file.
+  cannot set headers; under /v1/ also `x-api-key: TOKEN`): 401 otherwise, naming the token file.
 
 Each MCP session is a client of its own (`clients.py`): the tools are `AgentsServer`'s, one per
 session, found through the session's connection. Its workspace is its first root, else the URL's
@@ -47,7 +48,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import SubagentError
 from ..mcp_server.server import AgentsServer, make_server
+from .api_errors import ApiError
+from .asgi_io import send_json
 from .clients import DISCONNECTED
+from .endpoints import ApiFront, api_of
 
 if TYPE_CHECKING:
     from .clients import Client
@@ -56,6 +60,7 @@ if TYPE_CHECKING:
 Service = Any
 
 PATH = "/mcp"
+API_PREFIX = "/v1/"  # the OpenAI- and Anthropic-compatible endpoints (`endpoints.py`)
 # A session nobody has sent a request for this long is ended (its client is taken for gone).
 IDLE_TIMEOUT_S = 8 * 3600.0
 GRACEFUL_S = 3
@@ -81,11 +86,16 @@ def security_settings(port: int) -> TransportSecuritySettings:
 
 
 class Guard:
-    """Refuses what is not for this server before the MCP transport sees it: another path (404),
-    a foreign Host or Origin (403), no token or a wrong one (401)."""
+    """Refuses what is not for this server before the MCP transport or the chat endpoints see it:
+    another path (404), a foreign Host or Origin (403), no token or a wrong one (401). Under /v1/ the
+    refusal is a JSON error in the API's shape (`api_errors.py`), and the token may also come as
+    `x-api-key` (what Anthropic clients send); those paths go to `api`, the rest to `app`."""
 
-    def __init__(self, app: ASGIApp, token: str, port: int, token_file: Path, on_delete: Callable[[str], None]) -> None:
+    def __init__(
+        self, app: ASGIApp, api: ASGIApp, token: str, port: int, token_file: Path, on_delete: Callable[[str], None]
+    ) -> None:
         self.app = app
+        self.api = api
         self.on_delete = on_delete
         self.token = token
         self.port = port
@@ -96,12 +106,21 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = await self.refusal(Request(scope))
+        chat = scope["path"].startswith(API_PREFIX)
+        refusal = await self.refusal(Request(scope), chat)
         if refusal is not None:
             status, text = refusal
             log.warning("HTTP %s %s refused (%d): %s", scope.get("method"), scope.get("path"), status, text)
             headers = {"WWW-Authenticate": 'Bearer realm="mlx-subagents"'} if status == 401 else None
-            await PlainTextResponse(f"{status}: {text}\n", status_code=status, headers=headers)(scope, receive, send)
+            if chat:
+                await send_json(send, status, ApiError(status, text).body(api_of(scope["path"])), headers)
+            else:
+                await PlainTextResponse(f"{status}: {text}\n", status_code=status, headers=headers)(
+                    scope, receive, send
+                )
+            return
+        if chat:
+            await self.api(scope, receive, send)
             return
         if scope.get("method") == "DELETE" and (session := Request(scope).headers.get(MCP_SESSION_ID_HEADER)):
             self.on_delete(session)  # the client ends its session: its calls say why they stop
@@ -113,10 +132,10 @@ class Guard:
 
         await self.app(scope, receive, logged)
 
-    async def refusal(self, request: Request) -> tuple[int, str] | None:
+    async def refusal(self, request: Request, chat: bool = False) -> tuple[int, str] | None:
         """(status, the reason in one line) for a request to refuse; None to let it through."""
-        if request.url.path != PATH:
-            return 404, f"not found: the MCP endpoint is {PATH}"
+        if request.url.path != PATH and not chat:
+            return 404, f"not found: the MCP endpoint is {PATH}, the chat endpoints are under {API_PREFIX}"
         checked = await self.security.validate_request(request, is_post=False)
         if checked is not None:
             which = "Host" if checked.status_code == 421 else "Origin"
@@ -125,7 +144,7 @@ class Guard:
                 f"forbidden: the {which} header {value!r} is not this server's (127.0.0.1, localhost or [::1] at port "
                 f"{self.port}); it answers only clients on this machine"
             )
-        given = bearer(request)
+        given = bearer(request) or (request.headers.get("x-api-key") if chat else None)
         if given is None:
             return (
                 401,
@@ -289,7 +308,8 @@ def make_app(service: Service, port: int) -> ASGIApp:
 
     # Route (not Mount: no /mcp -> /mcp/ redirect), its endpoint an ASGI object.
     app = Starlette(routes=[Route(PATH, endpoint=StreamableHTTPASGIApp(manager))], lifespan=lifespan)
-    return Guard(app, service.token, port, service.paths.token, front.ended)
+    service.api = ApiFront(service)
+    return Guard(app, service.api, service.token, port, service.paths.token, front.ended)
 
 
 def bind_http(port: int) -> socket.socket:

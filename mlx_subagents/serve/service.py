@@ -99,6 +99,7 @@ class Service:
         self.chats: dict[str, Any] = {}  # attached chats by the key their control connection gives
         # The MCP calls answered with a task, for every client: a client that reconnects reads its tasks.
         self.calls = CallTasks()
+        self.api: Any = None  # the chat endpoints (`endpoints.ApiFront`), made with the HTTP app
         # `subagent watch` shows the MCP clients' tasks under the server (an attached command's
         # tasks are published by the command itself, under its own pid).
         self.publisher = Publisher("serve: the tasks of its MCP clients", cwd=config.cwd, pool=self.pool)
@@ -266,6 +267,7 @@ class Service:
             },
             "clients": [c.summary() for c in self.clients],
             "tasks": self.clients.tasks(),
+            "sessions": self.api.summaries() if self.api is not None else [],
         }
 
     def request_stop(self, reason: str) -> None:

@@ -91,7 +91,7 @@ def test_http_refuses_no_token_a_wrong_one_and_a_foreign_origin_or_host(
     status, text = post(info.url, {**auth, "Host": "evil.example"})
     assert status == 403 and text.startswith("403: forbidden: the Host header 'evil.example' is not this server's")
     status, text = post(info.url, auth, path="/other")
-    assert (status, text) == (404, "404: not found: the MCP endpoint is /mcp\n")
+    assert (status, text) == (404, "404: not found: the MCP endpoint is /mcp, the chat endpoints are under /v1/\n")
     for headers, url in ((auth, info.url), ({"Origin": f"http://localhost:{port}"}, f"{info.url}?token={token}")):
         status, text = post(url, headers)
         assert status == 200 and '"serverInfo":{"name":"mlx-subagents"' in text

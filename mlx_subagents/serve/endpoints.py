@@ -1,0 +1,227 @@
+"""The OpenAI- and Anthropic-compatible endpoints of `subagent serve`, on its HTTP port.
+
+`POST /v1/chat/completions` (OpenAI), `POST /v1/messages` and `POST /v1/messages/count_tokens`
+(Anthropic), `GET /v1/models` (either's shape, by the `anthropic-version` header). Each chat request
+is a turn of a host session of the server's resident models (`chat_turn.py`), in the batch with the
+agents' sessions, under the one KV budget; a request that goes on from an earlier one goes on in its
+session, so its KV is reused (`conversations.py`). The guard in front (`http_app.py`) has checked the
+token and the Host and Origin; here every bad request gets one error in its API's shape, and a client
+that goes away has its turn cancelled at once.
+
+The clients are told apart by their API and `User-Agent` (Claude Code, an SDK, an editor): each is a
+client of the server, listed with its conversations by `subagent serve --status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from starlette.types import Receive, Scope, Send
+
+from ..host.protocol import ModelHost
+from ..models.catalog import list_models
+from ..runs.tasks import ModelRef
+from .anthropic_api import count_tokens_request, parse_messages
+from .api_errors import Api, ApiError
+from .asgi_io import Disconnect, EventStream, read_json, send_json
+from .chat_turn import ChatTurn, Event, Finished, TurnRun, start_turn
+from .conversations import Conversations
+from .openai_api import parse_chat
+
+if TYPE_CHECKING:
+    from .clients import Client
+
+# The running `service.Service` (not imported: it imports this module).
+Service = Any
+ROUTES = {
+    ("POST", "/v1/chat/completions"): "openai",
+    ("POST", "/v1/messages"): "anthropic",
+    ("POST", "/v1/messages/count_tokens"): "anthropic",
+    ("GET", "/v1/models"): "openai",
+}
+PATHS = ", ".join(f"{method} {path}" for method, path in ROUTES)
+
+log = logging.getLogger("mlx_subagents.serve")
+
+SseEvent = tuple[str | None, Any]  # (its name, or None, and its data)
+
+
+class Shape(Protocol):
+    """How one API writes a turn: whole, or as server-sent events."""
+
+    turn: ChatTurn
+
+    def whole(self, finished: Finished) -> dict[str, Any]: ...
+
+    def on(self, event: Event) -> list[SseEvent]: ...
+
+    def end(self) -> list[SseEvent]: ...
+
+    def error(self, error: ApiError) -> list[SseEvent]: ...
+
+
+Parse = Callable[[dict[str, Any]], Shape]
+
+
+def api_of(path: str) -> Api:
+    """Which API's shape a path's answers (and errors) take."""
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+class ApiFront:
+    """The endpoints: the ASGI app for every path under /v1/, over the server's host pool."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.conversations = Conversations(service.pool.session_names)
+        self.clients: dict[tuple[str, str], Client] = {}
+        self._parsers: dict[str, Parse] = {"/v1/chat/completions": parse_chat, "/v1/messages": parse_messages}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"].rstrip("/"), scope["method"]
+        api = api_of(path)
+        try:
+            if (method, path) not in ROUTES:
+                methods = [m for m, p in ROUTES if p == path]
+                if methods:
+                    raise ApiError(405, f"{method} {path} is not served; use {' or '.join(methods)}")
+                raise ApiError(404, f"not found: {method} {path}; this server serves {PATHS}")
+            if path == "/v1/models":
+                await send_json(send, 200, await self.models(anthropic="anthropic-version" in _headers(scope)))
+            elif path == "/v1/messages/count_tokens":
+                await send_json(send, 200, await self.count_tokens(await read_json(receive)))
+            else:
+                await self.answer(api, self._parsers[path], scope, receive, send)
+        except ApiError as exc:
+            log.warning("HTTP %s %s answered %d: %s", method, path, exc.status, exc.message)
+            await send_json(send, exc.status, exc.body(api))
+
+    # -- models ------------------------------------------------------------------------------------
+
+    async def models(self, *, anthropic: bool) -> dict[str, Any]:
+        """The resident models, then the local ones (`subagent models`), by the names requests use."""
+        names = await self.model_names()
+        if anthropic:
+            data = [{"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"} for n in names]
+            return {
+                "data": data,
+                "has_more": False,
+                "first_id": names[0] if names else None,
+                "last_id": names[-1] if names else None,
+            }
+        started = int(self.service.started)
+        return {
+            "object": "list",
+            "data": [{"id": n, "object": "model", "created": started, "owned_by": "mlx-subagents"} for n in names],
+        }
+
+    async def model_names(self) -> list[str]:
+        resident = [str(ref) for ref in self.service.pool.hosts]
+        default = self.service.config.options.model
+        local = [m.name for m in await asyncio.to_thread(list_models)]
+        return list(dict.fromkeys([*resident, *([default] if default else []), *local]))
+
+    async def host_for(self, model: str) -> ModelHost:
+        """The resident host of `model` (a local model is loaded now, within the one KV budget)."""
+        pool = self.service.pool
+        for ref, host in list(pool.hosts.items()):
+            if model in (str(ref), host.model_id):
+                return await pool.get(ref)
+        if model and model in await self.model_names():
+            return await pool.get(ModelRef(model))
+        served = ", ".join(await self.model_names()) or "none"
+        raise ApiError(
+            404,
+            f"model {model!r} is not served here (GET /v1/models lists them: {served}); name one of them",
+            "model",
+            "model_not_found",
+        )
+
+    # -- turns ---------------------------------------------------------------------------------------
+
+    def client(self, api: Api, scope: Scope) -> Client:
+        """The client a request comes from: one per API and `User-Agent`."""
+        agent = _headers(scope).get("user-agent", "")
+        key = (api, agent)
+        if key not in self.clients:
+            self.clients[key] = self.service.add_client(api, self.service.client_options({}), name=agent or api)
+        return self.clients[key]
+
+    async def answer(self, api: Api, parse: Parse, scope: Scope, receive: Receive, send: Send) -> None:
+        """One chat request: parsed, run as a turn, answered whole or streamed; cancelled if its client goes."""
+        shape = parse(await read_json(receive))
+        host = await self.host_for(shape.turn.model)
+        client = self.client(api, scope)
+        run = await start_turn(host, shape.turn, self.conversations, api, client.id)
+        client.serving += 1
+        gone = Disconnect(receive)
+        try:
+            first = await _next(run, gone)
+            if first is None:
+                return
+            if shape.turn.stream:
+                await self._stream(shape, run, first, gone, send)
+                return
+            while not isinstance(first, Finished):
+                first = await _next(run, gone)
+                if first is None:
+                    return
+            await send_json(send, 200, shape.whole(first))
+        finally:
+            client.serving -= 1
+            run.cancel()
+            gone.stop()
+
+    async def _stream(self, shape: Shape, run: TurnRun, event: Event | None, gone: Disconnect, send: Send) -> None:
+        out = EventStream(send)
+        await out.open()
+        try:
+            while event is not None:
+                for name, data in shape.on(event):
+                    await out.event(data, name)
+                if isinstance(event, Finished):
+                    break
+                event = await _next(run, gone)
+            if event is None:
+                return  # gone: nobody to write to
+            events = shape.end()
+        except ApiError as exc:  # after the answer began: in the stream, as the API sends errors there
+            events = shape.error(exc)
+        for name, data in events:
+            await out.event(data, name)
+        await out.close()
+
+    async def count_tokens(self, body: dict[str, Any]) -> dict[str, int]:
+        """`POST /v1/messages/count_tokens`: the prompt's tokens as this model renders it."""
+        turn = count_tokens_request(body)
+        host = await self.host_for(turn.model)
+        return {"input_tokens": await host.count_tokens(turn.messages, turn.tools, thinking=turn.thinking)}
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """The endpoints' conversations, for `--status`."""
+        return self.conversations.summaries()
+
+
+async def _next(run: TurnRun, gone: Disconnect) -> Event | None:
+    """The turn's next event, or None once its client has gone (the turn is then cancelled)."""
+    event = asyncio.ensure_future(run.next())
+    left = asyncio.ensure_future(gone.gone.wait())
+    try:
+        await asyncio.wait([event, left], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+    if event.done():
+        return event.result()
+    event.cancel()
+    run.cancel()
+    return None
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+__all__ = ["ApiFront", "PATHS", "Shape", "api_of"]
