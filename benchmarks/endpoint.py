@@ -1,0 +1,328 @@
+"""Endpoint: K clients holding multi-turn conversations against `subagent serve`'s OpenAI endpoint and,
+side by side in the same run, `mlx_lm.server` on the same model.
+
+Each client holds one conversation: a system prompt of 1,600 words (the same for every client: about
+3,500 tokens on the tiny model's byte-level tokenizer) and three tools, then `--turns` user messages of
+80-240 words each, every reply (`--tokens` at most, temperature 0) sent
+back with the next message, as a chat client does. For K = 1 and 4 (`--clients`) the clients run at
+once, each server fresh (`subagent serve --port 0` with its own state folder; `python -m
+mlx_lm.server`), through the official `openai` SDK, streamed with `include_usage`. Per server and K:
+
+- `ttft_first_s`, `ttft_later_s`: the median time to the first token of turn 1 and of later turns
+  (the first chunk carrying text, reasoning or a call, or the last one);
+- `cached_later`: the share of later turns' prompt tokens the server says it had cached
+  (`usage.prompt_tokens_details.cached_tokens`, which both report);
+- `tok_s`: every client's generated tokens over the wall time of the whole round;
+- `peak_rss`: the server process's peak resident memory (Linux `VmHWM`), and for subagent serve the
+  model copies its resident-model registry held (`copies`).
+
+Then the restart case, one client: two turns, the server stopped and started again on the same state
+folder (its disk tier), the third turn: `ttft_restart_s` and `cached_restart` of that turn.
+
+Targets (issue 64), on the tiny model and SmolLM2: later turns' cached share >= 0.9 on subagent serve;
+its later turns' TTFT <= 0.3x mlx_lm.server's; its throughput at 4 clients >= 1.5x; one model copy.
+mlx_lm.server keeps a prompt cache of its own (`LRUPromptCache`, by content), so its later turns are
+cached too; what differs is how turns of several clients share the model. `--json` prints one object
+as the last line. Missing a target still exits 0 (a measurement).
+
+Run (from the repository root; `nice -n 10` on a shared machine):
+
+    python benchmarks/endpoint.py                       # tiny random qwen3, built in a temporary folder
+    python benchmarks/endpoint.py --model smollm2 --turns 3 --tokens 16 --json
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.clients import peak_rss  # noqa: E402
+from benchmarks.workload import make_parser, run_report  # noqa: E402
+
+WORDS = (
+    "the a service request handler config module test file function returns value error cache user token "
+    "session database query index route server client parse read write update delete list item name path "
+    "line code review change commit branch build deploy log metric time memory budget batch model prompt"
+).split()
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name.replace('_', ' ')} in the project.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    }
+    for name in ("read_file", "list_folder", "search_code")
+]
+START_S = 300.0
+
+
+def text(rng: random.Random, n_words: int) -> str:
+    """Sentences of the word list: as many tokens as words, about, on a byte-level BPE."""
+    words = [rng.choice(WORDS) for _ in range(n_words)]
+    return " ".join(" ".join(words[i : i + 12]).capitalize() + "." for i in range(0, len(words), 12))
+
+
+def conversation(seed: int, turns: int) -> tuple[str, list[str]]:
+    """A system prompt of 1,600 words and `turns` user messages of 80-240 words."""
+    rng = random.Random(seed)
+    system = "You are a code assistant for one project. " + text(random.Random(0), 1600)  # shared by every client
+    return system, [f"Question {i + 1}: " + text(rng, rng.randint(80, 240)) for i in range(turns)]
+
+
+class Server:
+    """One server process on a free port: subagent serve (its state folder `home`) or mlx_lm.server."""
+
+    def __init__(self, kind: str, model: str, home: Path) -> None:
+        self.kind, self.model, self.home = kind, model, home
+        env = {**os.environ, "PYTHONPATH": str(REPO), "MLX_SUBAGENTS_HOME": str(home)}
+        if kind == "subagent":
+            self.name = model
+            cmd = [sys.executable, "-m", "mlx_subagents.cli", "serve", "--port", "0", "--model", model]
+        else:
+            self.name = model
+            self.port = free_port()
+            cmd = [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(self.port)]
+        home.mkdir(parents=True, exist_ok=True)
+        self.log = home / f"{kind}.log"  # a file, not a pipe: a full pipe nobody reads stops the server
+        with self.log.open("a") as log:
+            self.process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        self.base, self.key = self._wait()
+        self.peak = 0
+        self._watching = True
+        self._watch = threading.Thread(target=self._watch_rss, daemon=True)
+        self._watch.start()
+
+    def _wait(self) -> tuple[str, str]:
+        import openai
+
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"{self.kind} exited: {self.log.read_text()[-2000:]}")
+            try:
+                base, key = self._address()
+                if self.kind != "subagent":  # its /v1/models fails without a hub cache: /health says it is up
+                    with urllib.request.urlopen(base.removesuffix("/v1") + "/health", timeout=5):
+                        return base, key
+                client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=5)
+                if any(m.id == self.name for m in client.models.list()):
+                    return base, key
+            except Exception:
+                pass
+            time.sleep(0.2)
+        raise SystemExit(f"{self.kind} did not start within {START_S:.0f} s")
+
+    def _address(self) -> tuple[str, str]:
+        if self.kind != "subagent":
+            return f"http://127.0.0.1:{self.port}/v1", "none"
+        from mlx_subagents.serve.state import read_info, serve_paths
+
+        paths = serve_paths(self.home)
+        info = read_info(paths)
+        if info is None or info.url is None:
+            raise RuntimeError("not yet")
+        return info.url.removesuffix("/mcp") + "/v1", paths.token.read_text().strip()
+
+    def _watch_rss(self) -> None:
+        while self._watching:
+            self.peak = max(self.peak, peak_rss(self.process.pid) or 0)
+            time.sleep(0.05)
+
+    def copies(self) -> int | None:
+        """Model copies of the machine's resident-model registry under this state folder (subagent serve)."""
+        if self.kind != "subagent":
+            return None
+        return len(list((self.home / "resident").glob("*.json")))
+
+    def stop(self) -> None:
+        self.peak = max(self.peak, peak_rss(self.process.pid) or 0)
+        copies = self.copies()
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._watching = False
+        self.stopped_copies = copies
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def turn(client: Any, model: str, messages: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    """One streamed turn: time to the first token, usage, and the reply as the next request sends it."""
+    tic = time.perf_counter()
+    first = None
+    content, calls, usage = "", [], None
+    stream = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, max_tokens=tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            said = delta.content or getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+            if first is None and (said or delta.tool_calls or choice.finish_reason):
+                first = time.perf_counter() - tic
+            content += delta.content or ""
+            calls += delta.tool_calls or []
+    assert usage is not None, "no usage in the stream"
+    reply: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        reply["tool_calls"] = [{"id": c.id or f"call_{i}", "type": "function", "function": {"name": c.function.name,
+                               "arguments": c.function.arguments or "{}"}} for i, c in enumerate(calls)]  # fmt: skip
+    cached = (usage.prompt_tokens_details.cached_tokens or 0) if usage.prompt_tokens_details else 0
+    return {"ttft": first or 0.0, "prompt": usage.prompt_tokens, "cached": cached,
+            "generated": usage.completion_tokens, "reply": reply}  # fmt: skip
+
+
+def follow(messages: list[dict[str, Any]], reply: dict[str, Any], user: str) -> None:
+    """The reply and, after any calls' results, the next user message."""
+    messages.append(reply)
+    for call in reply.get("tool_calls", []):
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": "done"})
+    messages.append({"role": "user", "content": user})
+
+
+def chat(server: Server, seed: int, turns: int, tokens: int, out: list[dict[str, Any]]) -> None:
+    """One client's whole conversation."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.base, api_key=server.key, max_retries=0, timeout=3600)
+    system, users = conversation(seed, turns)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": users[0]}]
+    for i in range(turns):
+        done = turn(client, server.name, messages, tokens)
+        out.append({"client": seed, "turn": i, **{k: v for k, v in done.items() if k != "reply"}})
+        if i + 1 < turns:
+            follow(messages, done["reply"], users[i + 1])
+
+
+def round_of(kind: str, model: str, work: Path, k: int, turns: int, tokens: int) -> dict[str, Any]:
+    server = Server(kind, model, work / f"{kind}-{k}")
+    rows: list[dict[str, Any]] = []
+    tic = time.perf_counter()
+    threads = [threading.Thread(target=chat, args=(server, i, turns, tokens, rows)) for i in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - tic
+    server.stop()
+    later = [r for r in rows if r["turn"] > 0]
+    return {
+        "ttft_first_s": round(statistics.median(r["ttft"] for r in rows if r["turn"] == 0), 3),
+        "ttft_later_s": round(statistics.median(r["ttft"] for r in later), 3) if later else None,
+        "cached_later": round(sum(r["cached"] for r in later) / max(1, sum(r["prompt"] for r in later)), 3),
+        "tok_s": round(sum(r["generated"] for r in rows) / wall, 2),
+        "wall_s": round(wall, 2),
+        "peak_rss": server.peak,
+        "copies": server.stopped_copies,
+        "prompt_tokens": [r["prompt"] for r in rows],
+    }
+
+
+def restart_case(kind: str, model: str, work: Path, turns: int, tokens: int) -> dict[str, Any]:
+    """Two turns, a restart on the same state folder, the third turn."""
+    import openai
+
+    home = work / f"{kind}-restart"
+    system, users = conversation(99, 3)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": users[0]}]
+    server = Server(kind, model, home)
+    client = openai.OpenAI(base_url=server.base, api_key=server.key, max_retries=0, timeout=3600)
+    for i in range(2):
+        follow(messages, turn(client, server.name, messages, tokens)["reply"], users[i + 1])
+    server.stop()
+    server = Server(kind, model, home)
+    client = openai.OpenAI(base_url=server.base, api_key=server.key, max_retries=0, timeout=3600)
+    after = turn(client, server.name, messages, tokens)
+    server.stop()
+    return {"ttft_restart_s": round(after["ttft"], 3), "cached_restart": round(after["cached"] / after["prompt"], 3)}
+
+
+def measure(model: str, work: Path, counts: Sequence[int], turns: int, tokens: int) -> dict[str, Any]:
+    report: dict[str, Any] = {"model": model, "turns": turns, "tokens": tokens, "rows": []}
+    for k in counts:
+        row: dict[str, Any] = {"k": k}
+        for kind in ("subagent", "mlx_lm"):
+            row[kind] = round_of(kind, model, work, k, turns, tokens)
+        ours, theirs = row["subagent"], row["mlx_lm"]
+        row["ttft_later_ratio"] = (
+            round(ours["ttft_later_s"] / theirs["ttft_later_s"], 3) if theirs["ttft_later_s"] else None
+        )
+        row["tok_s_ratio"] = round(ours["tok_s"] / theirs["tok_s"], 3) if theirs["tok_s"] else None
+        report["rows"].append(row)
+    report["restart"] = {kind: restart_case(kind, model, work, turns, tokens) for kind in ("subagent", "mlx_lm")}
+    at_most = max(report["rows"], key=lambda r: r["k"])
+    report["targets"] = {
+        "cached_later_at_least_0.9": all(r["subagent"]["cached_later"] >= 0.9 for r in report["rows"]),
+        "ttft_later_at_most_0.3x": all((r["ttft_later_ratio"] or 9) <= 0.3 for r in report["rows"]),
+        "tok_s_at_4_at_least_1.5x": (at_most["tok_s_ratio"] or 0) >= 1.5,
+        "one_copy": all(r["subagent"]["copies"] == 1 for r in report["rows"]),
+    }
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [
+        f"model {report['label']}, {report['turns']} turns of at most {report['tokens']} tokens per client",
+        f"{'K':>2}  {'server':<9} {'TTFT 1st':>9} {'TTFT later':>10} {'cached later':>12} {'tok/s':>7} "
+        f"{'peak RSS':>9} copies",
+    ]
+    for row in report["rows"]:
+        for kind in ("subagent", "mlx_lm"):
+            r = row[kind]
+            lines.append(
+                f"{row['k']:>2}  {kind:<9} {r['ttft_first_s']:>8.2f}s {r['ttft_later_s']:>9.2f}s {r['cached_later']:>12.3f} "
+                f"{r['tok_s']:>7.1f} {r['peak_rss'] / 2**20:>5.0f} MiB {r['copies'] if r['copies'] is not None else '-'}"
+            )
+        lines.append(f"    subagent/mlx_lm: TTFT later {row['ttft_later_ratio']}x, tok/s {row['tok_s_ratio']}x")
+    for kind, r in report["restart"].items():
+        lines.append(f"restart {kind:<9} third turn: TTFT {r['ttft_restart_s']:.2f}s, cached {r['cached_restart']:.3f}")
+    lines.append(
+        "targets: " + ", ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in report["targets"].items())
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = make_parser(__doc__ or "")
+    parser.add_argument("--clients", default="1,4", help="the numbers of clients, comma-separated")
+    parser.add_argument("--turns", type=int, default=4, help="turns per conversation")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens a reply may have")
+    args = parser.parse_args(argv)
+    counts = [int(k) for k in args.clients.split(",")]
+
+    def run(model: Path, label: str) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="endpoint-") as tmp:
+            return {"label": label, **measure(str(model), Path(tmp), counts, args.turns, args.tokens)}
+
+    return run_report(args, run, lambda report: print(table(report)), context_window=8192)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
