@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 from ..errors import SubagentError
 from ..text import one_line
@@ -62,7 +62,12 @@ class BashTool(Tool):
             le=MAX_BASH_TIMEOUT,
             description=f"Seconds before the command is killed (at most {MAX_BASH_TIMEOUT}).",
         )
-        background: bool = Field(default=False, description="Return at once with its id; it runs on.")
+        # Claude Code's Bash spells it `run_in_background`: a model trained there is understood, not ignored.
+        background: bool = Field(
+            default=False,
+            validation_alias=AliasChoices("background", "run_in_background"),
+            description="Return at once with its id; it runs on.",
+        )
 
     async def run(self, params: Params) -> ToolResult:
         """The command, in its sandbox when it has one; with an editor, after the person's approval, and
@@ -100,7 +105,8 @@ class BashTool(Tool):
         )
 
     def describe(self, arguments: dict[str, Any]) -> str:
-        prefix = "$ (background) " if arguments.get("background") is True else "$ "
+        background = arguments.get("background", arguments.get("run_in_background")) is True
+        prefix = "$ (background) " if background else "$ "
         return f"{prefix}{one_line(str(arguments.get('command', '')))}"
 
 

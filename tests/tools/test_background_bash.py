@@ -75,6 +75,17 @@ def test_a_background_command_returns_its_id_at_once_and_task_output_reads_it(tm
     assert log.read_text() == "building\n5 passed\n"
 
 
+def test_claude_codes_run_in_background_starts_it_in_the_background(tmp_path: Path) -> None:
+    """Where the grammar is off a model may spell it as Claude Code's Bash does; it was ignored, and the
+    command ran in the foreground."""
+    replies = [call("bash", command="echo on", run_in_background=True), call("task_output", id="bash#1", wait=10), "ok"]
+    result, events, _ = scout_run(tmp_path, replies, grammar=False)
+
+    assert result.ok, result.error
+    assert results(events) == [STARTED.format(id="bash#1", timeout=120), "bash#1 completed ($ echo on)\n\non\n"]
+    assert [e.data["description"] for e in events if e.kind == "tool_call"][0] == "$ (background) echo on"
+
+
 def test_its_end_is_a_notice_at_the_next_turn_once(tmp_path: Path) -> None:
     replies = [bg("echo all green"), call("bash", command="sleep 0.5"), call("ls", path="."), "done"]
     result, events, host = scout_run(tmp_path, replies)
