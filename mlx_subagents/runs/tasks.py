@@ -19,6 +19,7 @@ from pydantic import AliasChoices, ConfigDict, Field, TypeAdapter, ValidationErr
 from ..caps import MAX_TASK_CHARS
 from ..errors import RequestError
 from ..home import long_name_problem
+from ..render import CHILD
 from ..results import RunResult
 from ..userfiles import first_error, load_file
 
@@ -141,9 +142,16 @@ def load_tasks_file(path: Path) -> list[TaskSpec]:
 
 
 def check_label(label: str) -> None:
-    """Refuse a given label over `MAX_NAME_CHARS` (a label names the task's transcript file)."""
+    """Refuse a given label over `MAX_NAME_CHARS` (a label names the task's transcript file), or one
+    holding `CHILD`, which joins a parent's label to its child's: `a > api` read as a child `api` of `a`
+    (two result sections both titled `[api]`)."""
     if problem := long_name_problem(label.strip(), "task label"):
         raise RequestError(problem)
+    if CHILD in label:
+        raise RequestError(
+            f"task label '{label}' holds '{CHILD}', which joins a parent's label to its child's; "
+            "choose a label without it"
+        )
 
 
 def label_tasks(tasks: Sequence[TaskSpec]) -> list[TaskSpec]:

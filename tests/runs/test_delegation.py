@@ -254,6 +254,7 @@ def test_caps_and_cwd_problems_are_error_results(tmp_path: Path, scripted_runner
                     ),
                     delegate(agent="scout", task="look", cwd="../elsewhere"),
                     delegate(agent="scout", task="look", cwd="sub"),
+                    delegate(tasks=[{"agent": "scout", "task": "a", "label": "x > api"}]),
                     "done",
                 ]
             },
@@ -262,7 +263,11 @@ def test_caps_and_cwd_problems_are_error_results(tmp_path: Path, scripted_runner
     }
     result = run_parent(scripted_runner(script))
 
-    refused, too_long, clash, escape, inside = tool_results(result)
+    refused, too_long, clash, escape, inside, nested = tool_results(result)
+    assert nested == (
+        "Error: subagent call refused: task label 'x > api' holds ' > ', which joins a parent's label to its "
+        "child's; choose a label without it"
+    )
     assert (
         refused
         == "Error: subagent call refused: 9 tasks is more than the limit of 8 per run; split the work into several runs"
