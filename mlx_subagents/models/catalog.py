@@ -9,16 +9,18 @@ sessions at the host's default context window.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from ..errors import ModelLoadError
 from ..host.kv.kv_pool import KV_STEP
 from ..host.mlx.loading import config_context_window, imported_models_dir, read_config
 from ..host.mlx.mlx_host import DEFAULT_MAX_SESSIONS, default_kv_budget, total_memory
 from ..host.protocol import DEFAULT_CONTEXT_WINDOW
+from ..text import first_line
 
 QUANT_PARTS = (".scales", ".biases")  # mlx's quantization parameters, not model parameters
 
@@ -126,13 +128,21 @@ def runnable(model_type: str) -> bool:
 
 
 def describe(name: str, source: Literal["imported", "hf-cache"], path: Path, ram: int) -> ModelInfo | None:
-    """A model folder's row, or None when it is not a complete model mlx-lm can run."""
+    """A model folder's row, or None when it is not a complete model mlx-lm can run; a damaged one (weights
+    or a config its readers cannot parse) raises one `ModelLoadError` line naming it."""
     if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
         return None
     try:
-        config = read_config(path)
-    except (OSError, ValueError):
-        return None
+        return _describe(name, source, path, ram)
+    except Exception as exc:  # each reader fails its own way (safetensors' header, a config of another shape)
+        problem = first_line(str(exc)) or type(exc).__name__
+        raise ModelLoadError(
+            f"{path}: not a model mlx-lm can read ({problem}); import it again or remove the folder"
+        ) from None
+
+
+def _describe(name: str, source: Literal["imported", "hf-cache"], path: Path, ram: int) -> ModelInfo | None:
+    config = read_config(path)
     model_type = str(config.get("model_type") or "")
     if not model_type or not runnable(model_type):
         return None
@@ -170,17 +180,26 @@ def _hub_snapshots() -> Iterator[tuple[str, Path]]:
             yield repo.repo_id, Path(newest.snapshot_path)
 
 
-def list_models(default: str | None = None) -> list[ModelInfo]:
-    """Imported models first, then the hub cache's; `default` (a name or id) is marked."""
+def list_models(default: str | None = None, warn: Callable[[str], None] | None = None) -> list[ModelInfo]:
+    """Imported models first, then the hub cache's; `default` (a name or id) is marked. A damaged folder
+    is left out, its one line given to `warn`: one such folder failed the whole catalog."""
     ram = total_memory()
     found: list[ModelInfo] = []
     home = imported_models_dir()
+    folders: list[tuple[str, Literal["imported", "hf-cache"], Path]] = []
     if home.is_dir():
-        for folder in sorted(p for p in home.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if info := describe(folder.name, "imported", folder, ram):
-                found.append(info)
-    for repo_id, snapshot in _hub_snapshots():
-        if info := describe(repo_id, "hf-cache", snapshot, ram):
+        folders += [
+            (p.name, "imported", p) for p in sorted(home.iterdir()) if p.is_dir() and not p.name.startswith(".")
+        ]
+    folders += [(repo_id, "hf-cache", snapshot) for repo_id, snapshot in _hub_snapshots()]
+    for name, source, folder in folders:
+        try:
+            info = describe(name, source, folder, ram)
+        except ModelLoadError as exc:
+            if warn is not None:
+                warn(str(exc))
+            continue
+        if info is not None:
             found.append(info)
     if default is not None:
         name = default.removeprefix("mlx/")

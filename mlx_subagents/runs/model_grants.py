@@ -56,6 +56,18 @@ def granted_models(options: RunOptions, spec: AgentSpec | None, model: ModelRef 
     return tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
 
 
+def on_this_machine(name: str, resident: Mapping[ModelRef, ModelHost]) -> bool:
+    """Whether `name` can run without a download: resident, a replay, or a local folder, imported model
+    or hub id already in the cache (a call may not download one)."""
+    if ModelRef(name) in resident or name.startswith(SCRIPTED):
+        return True
+    try:
+        resolve_model_path(name, local_only=True)
+    except SubagentError:
+        return False
+    return True
+
+
 def _same(name: str, granted: str) -> bool:
     """Whether a call's `name` is the granted one: the same name, or the same local folder."""
     if strip_provider(name) == strip_provider(granted):
@@ -139,7 +151,10 @@ def _model_line(name: str, resident: Mapping[ModelRef, ModelHost], ram: int) -> 
         folder = resolve_model_path(name, local_only=True)
     except SubagentError as exc:
         return f"not on this machine ({str(exc).split(';')[0]})"
-    info = describe(name, "imported", folder, ram)
+    try:
+        info = describe(name, "imported", folder, ram)
+    except SubagentError as exc:  # a damaged folder: this line says so, the others stand
+        return str(exc)
     if info is None:
         return f"not a model mlx-lm can run ({folder})"
     window = f"context {info.context_window:,} tokens" if info.context_window else "context unknown"

@@ -72,7 +72,7 @@ from ..tools.mcp_requests import ClientPolicy
 from ..tools.skill import Skill
 from .consent import Consent
 from .hosts import HostPool
-from .model_grants import check_fits, check_granted, granted_models, imported_names
+from .model_grants import check_fits, check_granted, granted_models, imported_names, on_this_machine
 from .options import RunOptions
 from .tasks import SCRIPTED, ModelRef, TaskSpec, default_model
 from .worktrees import check_isolation
@@ -605,11 +605,14 @@ class Preparer:
         return granted_models(self.options, parent.spec if parent else None, parent.model if parent else None)
 
     def offered_models(self, parent: Parent | None) -> tuple[str, ...]:
-        """The granted models a call's schema offers by name: none while only the run's own are granted
-        (naming the model a child runs on anyway is no choice, and every field costs a small model's
-        context); they are still accepted."""
+        """The granted models a call's schema offers by name, those on this machine only (one that is not
+        would be refused: a call never downloads): none while only the run's own are granted (naming the
+        model a child runs on anyway is no choice, and every field costs a small model's context); they
+        are still accepted."""
         extra = (parent.spec.models if parent else ()) or self.options.allow_models or imported_names()
-        return self.granted_models(parent) if extra and not self.options.engine else ()
+        if not extra or self.options.engine:
+            return ()
+        return tuple(name for name in self.granted_models(parent) if on_this_machine(name, self.hosts))
 
     def runs_on(self, parent: Parent | None, agents: Sequence[str]) -> list[tuple[str, str, str]]:
         """What each of `agents` runs on as `parent`'s child when the call names no model, and why."""

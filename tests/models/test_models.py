@@ -16,6 +16,7 @@ from mlx_subagents.host.mlx.loading import resolve_model_path
 from mlx_subagents.models import ollama
 from mlx_subagents.models.catalog import fits_memory, list_models
 from mlx_subagents.models.importer import default_name, import_gguf
+from mlx_subagents.runs.model_grants import describe_models
 
 
 def models_dir() -> Path:
@@ -243,3 +244,30 @@ def test_a_killed_import_leaves_nothing_after_the_next_import(tmp_path: Path) ->
     finally:
         running.stdin.close()  # type: ignore[union-attr]
         assert running.wait() == 0
+
+
+def test_a_damaged_model_folder_is_one_warning_and_the_catalog_stands(tiny_qwen3_path: Path, run_cli: Any) -> None:
+    """One damaged folder (weights cut short, a config of another shape) made `subagent models` and the
+    `models` form end in a traceback: every model was lost with it."""
+    shutil.copytree(tiny_qwen3_path, models_dir() / "tiny")
+    (models_dir() / "cut").mkdir()
+    (models_dir() / "cut" / "config.json").write_text('{"model_type": "qwen3"}')
+    (models_dir() / "cut" / "model.safetensors").write_bytes(b"xx")
+    (models_dir() / "listed").mkdir()
+    (models_dir() / "listed" / "config.json").write_text("[]")
+    (models_dir() / "listed" / "model.safetensors").write_bytes(b"")
+
+    code, out, err = run_cli("models", "--json")
+    assert code == 0 and [row["name"] for row in json.loads(out)["models"]] == ["tiny"]
+    fix = "import it again or remove the folder"
+    assert err.startswith(
+        f"warning: {models_dir() / 'cut'}: not a model mlx-lm can read (Error while deserializing header: header "
+        f"too small); {fix}\nwarning: {models_dir() / 'listed'}: not a model mlx-lm can read ('list' object has "
+        f"no attribute 'get'); {fix}\n"
+    )
+    lines = describe_models(["tiny", "cut"], {}, []).splitlines()
+    assert lines[1].startswith("- tiny: not loaded; context 4,096 tokens")
+    assert (
+        lines[2]
+        == f"- cut: {models_dir() / 'cut'}: not a model mlx-lm can read (Error while deserializing header: header too small); {fix}"
+    )

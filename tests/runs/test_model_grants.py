@@ -56,11 +56,12 @@ def test_a_call_may_name_only_granted_models_and_the_schema_offers_them_by_name(
     ) in parallel
 
 
-def test_the_schema_offers_the_grants_as_an_enum_and_nothing_when_only_the_runs_model_is_granted(
-    tmp_path: Path,
+def test_the_schema_offers_the_grants_on_this_machine_as_an_enum_and_nothing_when_only_the_runs_model_is_granted(
+    tmp_path: Path, tiny_qwen3_path: Path
 ) -> None:
+    """The enum offered models not on the machine (qwen-b, ops-model): a call naming one was refused."""
     host = scripted_host(["x"])
-    lead = write_agent(tmp_path, "lead", "read, subagent", "models: qwen-a, qwen-b\n")
+    lead = write_agent(tmp_path, "lead", "read, subagent", f"models: {tiny_qwen3_path}, qwen-b\n")
     plain = write_agent(tmp_path, "plain", "read, subagent")
     runner = make_runner(tmp_path, host, assume_yes=True, allow_models=("ops-model",))
     bare = make_runner(tmp_path, host, assume_yes=True)
@@ -69,7 +70,7 @@ def test_the_schema_offers_the_grants_as_an_enum_and_nothing_when_only_the_runs_
         parent = Parent(r.catalog.get(name), name, 0, ModelRef(host.model_id), None)
         return r.board_tools(parent, Workspace(tmp_path))["subagent"].schema()["function"]["parameters"]
 
-    offered = ["", "qwen-a", "qwen-b", "ops-model", host.model_id]
+    offered = ["", str(tiny_qwen3_path), host.model_id]
     params = schema(runner, "lead")
     assert params["properties"]["model"]["enum"] == offered
     assert params["properties"]["tasks"]["items"]["properties"]["model"]["enum"] == offered
@@ -79,7 +80,7 @@ def test_the_schema_offers_the_grants_as_an_enum_and_nothing_when_only_the_runs_
     assert not {"model", "models"} & set(schema(bare, "plain")["properties"])
     assert "model" not in schema(bare, "plain")["properties"]["tasks"]["items"]["properties"]
     # An MCP client may name what the operator granted, offered the same way.
-    assert run_schema(runner)["properties"]["model"]["enum"] == ["", "ops-model", host.model_id]
+    assert run_schema(runner)["properties"]["model"]["enum"] == ["", host.model_id]
     assert lead.is_file() and plain.is_file()
 
 

@@ -8,7 +8,7 @@ import typer
 
 from ...runs.tasks import default_model
 from ..flags import JsonOpt
-from ..output import err, out
+from ..output import err, out, warn
 from . import listing
 
 app = typer.Typer(name="models", help="The models this machine can run; import GGUF files.", no_args_is_help=False)
@@ -24,7 +24,7 @@ def models(as_json: JsonOpt = False) -> None:
     from ...models.display import models_table
 
     default = default_model()
-    found = list_models(default)
+    found = list_models(default, warn=warn)
     if as_json:
         out.print_json(data={"models": [m.model_dump() for m in found]})
         return
