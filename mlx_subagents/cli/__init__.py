@@ -39,6 +39,7 @@ COMMAND_GROUPS = (
     "doctor",
     "worktrees",  # apply, worktrees (prune)
     "mcp_servers",  # mcp-servers (login)
+    "plugin",  # plugin path
     "models",  # models (import)
     "cache",  # cache (clear)
 )
