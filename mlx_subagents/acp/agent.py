@@ -51,7 +51,7 @@ from ..runs.prepare import client_servers
 from ..runs.transcripts import RunRecord, list_runs, load_run
 from ..serve.state import ServerInfo
 from .conversation import prompt_text, replay
-from .session import CLIENT_GONE, Choices, EditorSession, MakeRunner
+from .session import CANCELLED_REQUEST, CLIENT_GONE, Choices, EditorSession, MakeRunner
 
 T = TypeVar("T")
 PAGE = 50  # sessions per `session/list` page
@@ -114,6 +114,7 @@ class EditorAgent:
         return InitializeResponse(
             protocol_version=min(protocol_version, acp.PROTOCOL_VERSION),
             agent_capabilities=capabilities,
+            auth_methods=[],  # a local model: nothing to sign in to
             agent_info=Implementation(name="mlx-subagents", title="mlx-subagents", version=self.version),
         )
 
@@ -210,6 +211,15 @@ class EditorAgent:
         session = self.sessions.get(session_id)
         if session is not None:  # a notification: nothing to answer, even for an unknown session
             session.cancel()
+
+    def cancel_request(self, request: dict[str, Any]) -> None:
+        """`$/cancel_request` of a request still running: a prompt's turn interrupted as by session/cancel
+        (the prompt answers with the stop reason `cancelled`); the other requests end soon and answer."""
+        params = request.get("params")
+        if request.get("method") == "session/prompt" and isinstance(params, dict):
+            session = self.sessions.get(str(params.get("sessionId")))
+            if session is not None:
+                session.cancel(CANCELLED_REQUEST)
 
     async def close_all(self, reason: str = CLIENT_GONE) -> None:
         """The client went away: every turn interrupted and saved, every session closed."""

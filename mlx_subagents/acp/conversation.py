@@ -36,17 +36,24 @@ def prompt_text(blocks: list[Any]) -> str:
 
 def replay(messages: list[Message]) -> Iterator[Any]:
     """The updates that show a saved conversation again: the person's messages, the agent's replies and
-    reasoning, and each tool call with its result (the system prompt is not shown)."""
+    reasoning, each a message with its id, and each tool call with its result (the system prompt is not
+    shown)."""
     for n, message in enumerate(messages):
         role, content = message.get("role"), str(message.get("content") or "")
         if role == "user" and content:
-            yield acp.update_user_message_text(content)
+            yield with_id(acp.update_user_message_text(content), f"saved-{n}")
         elif role == "assistant":
             if message.get("reasoning_content"):
-                yield acp.update_agent_thought_text(str(message["reasoning_content"]))
+                yield with_id(acp.update_agent_thought_text(str(message["reasoning_content"])), f"saved-{n}-thought")
             if content:
-                yield acp.update_agent_message_text(content)
+                yield with_id(acp.update_agent_message_text(content), f"saved-{n}")
             yield from _calls(message, _results(messages, n + 1), n)
+
+
+def with_id(chunk: Any, message_id: str) -> Any:
+    """A saved message's chunk with its id (its place in the conversation: one chunk, one message)."""
+    chunk.message_id = message_id
+    return chunk
 
 
 def _results(messages: list[Message], start: int) -> dict[Any, str]:

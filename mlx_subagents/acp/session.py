@@ -39,6 +39,7 @@ from .updates import Updates
 log = logging.getLogger("mlx_subagents.acp")
 
 CANCELLED = "cancelled in the editor (session/cancel)"
+CANCELLED_REQUEST = "cancelled in the editor ($/cancel_request of its prompt)"
 CLIENT_GONE = "the editor went away"
 
 
@@ -189,7 +190,7 @@ class EditorSession:
             assert self.updates is not None
             await self.updates.flush()
         if result.status == "failed" and result.error:
-            self.updates.put(acp.update_agent_message_text(f"\n\n[{result.stop_reason}] {result.error}"))
+            self.updates.say(f"\n\n[{result.stop_reason}] {result.error}")
             await self.updates.flush()
         u = result.usage
         usage = Usage(

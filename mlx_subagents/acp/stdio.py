@@ -4,7 +4,11 @@ The SDK (`agent-client-protocol`) does the protocol: its router, its types, its 
 client. One thing is written here by hand: reading the lines. The SDK's reader logs a line that is
 not JSON with a traceback and answers nothing, so a client that sent it waits forever; here such a
 line, or one that is not a JSON-RPC request, is answered with the JSON-RPC error (`-32700` parse
-error, `-32600` invalid request, `id` null when it has none) and the agent reads on.
+error, `-32600` invalid request, `id` null when it has none) and the agent reads on. And the SDK
+(0.12.1) does not know ACP's `$/cancel_request` (stable since 2026-06): the lines keep the client's
+requests until they are answered, and a `$/cancel_request` of one goes to the agent
+(`EditorAgent.cancel_request`: a prompt's turn is interrupted, answered with the stop reason
+`cancelled`).
 
 The agent ends when the client closes stdin, or on SIGTERM or SIGHUP: every turn still running is
 interrupted and saved, every session closed, the hosts stopped.
@@ -18,6 +22,7 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,19 +42,25 @@ from .session import CLIENT_GONE, MakeRunner
 # The longest line read (a prompt with files attached); a longer one is answered as too large.
 MAX_LINE_BYTES = 50 * 1024 * 1024
 STOPPED = "the agent was stopped ({signal})"
+CANCEL_REQUEST = "$/cancel_request"
 
 log = logging.getLogger("mlx_subagents.acp")
 
 
 class CheckedLines:
-    """The client's lines as JSON-RPC messages (the SDK's `Transport`); what is not one is answered here."""
+    """The client's lines as JSON-RPC messages (the SDK's `Transport`); what is not one is answered here,
+    and a `$/cancel_request` of a request not yet answered goes to `on_cancel` with that request."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.supervisor = TaskSupervisor(source="mlx_subagents.acp")
         self.sender = MessageSender(writer, self.supervisor)
+        self.pending: dict[Any, dict[str, Any]] = {}  # the client's requests not yet answered, by id
+        self.on_cancel: Callable[[dict[str, Any]], None] | None = None
 
     async def send(self, message: dict[str, Any]) -> None:
+        if "method" not in message and isinstance(message.get("id"), (int, str)):  # an answer: its request is done
+            self.pending.pop(message["id"], None)
         await self.sender.send(message)
 
     async def close(self) -> None:
@@ -71,8 +82,22 @@ class CheckedLines:
             if not line.strip():
                 continue
             message = await self._checked(line)
-            if message is not None:
-                return message
+            if message is None:
+                continue
+            if message.get("method") == CANCEL_REQUEST and "id" not in message:
+                self._cancel(message.get("params"))
+                continue
+            if "method" in message and isinstance(message.get("id"), (int, str)):
+                self.pending[message["id"]] = message
+            return message
+
+    def _cancel(self, params: Any) -> None:
+        """`$/cancel_request`: the request it names, if it still runs, to `on_cancel` (else nothing: a
+        notification is not answered, and a request already answered has nothing left to stop)."""
+        named = params.get("requestId") if isinstance(params, dict) else None
+        request = self.pending.get(named) if isinstance(named, (int, str)) else None
+        if request is not None and self.on_cancel is not None:
+            self.on_cancel(request)
 
     async def _checked(self, line: bytes) -> dict[str, Any] | None:
         """The message a line holds, or None once its error is sent."""
@@ -83,6 +108,10 @@ class CheckedLines:
             return None
         if not isinstance(message, dict):
             await self._error(None, -32600, "Invalid request: a message must be a JSON object")
+            return None
+        named = message.get("id")
+        if isinstance(named, bool) or not isinstance(named, (int, float, str, type(None))):
+            await self._error(None, -32600, "Invalid request: 'id' must be a string or a number")
             return None
         if "method" in message and not isinstance(message["method"], str):
             await self._error(message.get("id"), -32600, "Invalid request: 'method' must be a string")
@@ -132,6 +161,7 @@ async def serve_stdio(
     reader, writer = await acp.stdio_streams(limit=MAX_LINE_BYTES)
     lines = CheckedLines(reader, writer)
     agent = EditorAgent(make_runner, options, version, server)
+    lines.on_cancel = agent.cancel_request
     conn = AgentSideConnection(agent, lines, listening=False, use_unstable_protocol=True)
     listening = asyncio.ensure_future(conn.listen())
     stopped: list[str] = []

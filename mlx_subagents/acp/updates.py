@@ -1,6 +1,7 @@
 """What the editor shows of a session's turn: its events as ACP `session/update` notifications, in order.
 
-The agent's reply streams as message chunks and its reasoning as thought chunks; each tool call is a
+The agent's reply streams as message chunks and its reasoning as thought chunks, each reply's chunks
+under one message id (a new reply, after its tool calls, is a new message); each tool call is a
 tool call of the editor's (its kind, its title, the files it touches with their line, `in_progress`,
 then `completed` or `failed` with its output, an edit's diff); a `subagent` call's tasks are the plan,
 each entry's status following its sub-agent; a sub-agent's own tool calls are tool calls too, titled
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -138,6 +140,7 @@ class Updates:
         self.window = window
         self.calls: dict[tuple[str, int, str], OpenCall] = {}
         self.plan: list[Entry] = []
+        self.messages: dict[str, str] = {}  # the message id of the reply being generated, by kind of chunk
         self._ids = itertools.count(1)
         self._queue: asyncio.Queue[Update] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None
@@ -176,10 +179,11 @@ class Updates:
         """Turn one event of the runner into what the editor shows (nothing for the rest)."""
         own = event.label == self.label
         if own and event.kind == "text":
-            self.put(acp.update_agent_message_text(cast(TextData, event.data)["text"]))
+            self.put(self._chunk(acp.update_agent_message_text(cast(TextData, event.data)["text"])))
         elif own and event.kind == "reasoning":
-            self.put(acp.update_agent_thought_text(cast(ReasoningData, event.data)["text"]))
-        elif own and event.kind == "usage":
+            self.put(self._chunk(acp.update_agent_thought_text(cast(ReasoningData, event.data)["text"])))
+        elif own and event.kind == "usage":  # a reply's end: its next chunks are the next message's
+            self.messages.clear()
             used = cast(UsageData, event.data)["context_tokens"]
             self.put(UsageUpdate(session_update="usage_update", used=used, size=max(self.window, used)))
         elif event.kind == "tool_call":
@@ -189,11 +193,24 @@ class Updates:
         elif event.kind in ("task_start", "task_end") and not own:
             self._sub_agent(event)
         elif own and event.kind == "hook_warning":
-            self.put(acp.update_agent_thought_text(f"\n[hook] {cast(HookWarningData, event.data)['message']}\n"))
+            self.put(
+                self._chunk(acp.update_agent_thought_text(f"\n[hook] {cast(HookWarningData, event.data)['message']}\n"))
+            )
         elif own and event.kind == "compaction":
             data = cast(CompactionData, event.data)
             line = f"\n[context compacted: {data['tokens_before']:,} -> {data['tokens_after']:,} tokens]\n"
-            self.put(acp.update_agent_thought_text(line))
+            self.put(self._chunk(acp.update_agent_thought_text(line)))
+
+    def _chunk(self, chunk: Any) -> Any:
+        """A chunk of the reply being generated, with the message id its kind has in that reply."""
+        chunk.message_id = self.messages.setdefault(chunk.session_update, str(uuid.uuid4()))
+        return chunk
+
+    def say(self, text: str) -> None:
+        """A message of its own from the agent (a failed turn's error line), after the turn's replies."""
+        self.messages.clear()
+        self.put(self._chunk(acp.update_agent_message_text(text)))
+        self.messages.clear()
 
     def _call(self, event: Event, data: ToolCallData) -> None:
         acp_id = f"{next(self._ids)}:{event.label}:{data.get('id', '')}"

@@ -125,8 +125,11 @@ class EditorClient:
         return "".join(u.content.text for u in self.updates if u.session_update == kind)
 
     async def wait_for(self, kind: str, timeout: float = 30) -> None:
+        await self.wait_until(lambda: kind in self.kinds(), timeout)
+
+    async def wait_until(self, check: Any, timeout: float = 30) -> None:
         async def seen() -> None:
-            while kind not in self.kinds():
+            while not check():
                 self.seen.clear()
                 await self.seen.wait()
 

@@ -29,7 +29,7 @@ def test_initialize_says_the_version_capabilities_and_agent(write_script: Any) -
             return conn.initialized
 
     answer = run(main)
-    assert answer.protocol_version == 1
+    assert answer.protocol_version == 1 and answer.auth_methods == []  # nothing to sign in to
     assert answer.agent_info.name == "mlx-subagents" and answer.agent_info.version == __version__
     caps = answer.agent_capabilities
     assert caps.load_session is True and caps.prompt_capabilities.embedded_context is True
@@ -44,7 +44,11 @@ def test_a_prompt_streams_text_thinking_and_tool_calls_in_order(tmp_path: Path, 
             "agents": {
                 "orchestrator": {
                     "replies": [
-                        {"reasoning": "look first", "tool_calls": [{"name": "read", "arguments": {"path": "app.py"}}]},
+                        {
+                            "reasoning": "look first",
+                            "content": "Reading it.",
+                            "tool_calls": [{"name": "read", "arguments": {"path": "app.py"}}],
+                        },
                         "app.py prints hi",
                     ]
                 }
@@ -65,13 +69,21 @@ def test_a_prompt_streams_text_thinking_and_tool_calls_in_order(tmp_path: Path, 
     assert modes.current_mode_id == "default" and [m.id for m in modes.available_modes] == ["default", "plan"]
     assert answer.stop_reason == "end_turn" and answer.usage.input_tokens > 0
     kinds = [k for k in client.kinds() if k != "usage_update"]
-    assert kinds == ["agent_thought_chunk", "tool_call", "tool_call_update", "agent_message_chunk"]
+    assert kinds == [
+        "agent_thought_chunk",
+        "agent_message_chunk",
+        "tool_call",
+        "tool_call_update",
+        "agent_message_chunk",
+    ]
     start, end = client.tool_updates()
     assert (start.title, start.kind, start.status) == ("read app.py", "read", "in_progress")
     assert start.locations[0].path == str(tmp_path / "app.py") and start.raw_input == {"path": "app.py"}
     assert end.tool_call_id == start.tool_call_id and end.status == "completed"
     assert "print('hi')" in end.content[-1].content.text
-    assert client.text() == "app.py prints hi" and client.text("agent_thought_chunk") == "look first"
+    assert client.text() == "Reading it.app.py prints hi" and client.text("agent_thought_chunk") == "look first"
+    thought, before, after = (u.message_id for u in client.updates if u.session_update.startswith("agent_"))
+    assert len({thought, before, after}) == 3 and None not in (thought, before)  # a reply after a call: a new message
     usage = [u for u in client.updates if u.session_update == "usage_update"]
     assert usage and usage[-1].size == 32768 and 0 < usage[-1].used <= usage[-1].size
 
@@ -174,10 +186,12 @@ def test_with_subagent_serve_running_the_session_runs_there_through_the_editor(
 
 
 def test_cancel_ends_the_turn_and_saves_it(tmp_path: Path, write_script: Any) -> None:
+    """session/cancel ends a turn; so does `$/cancel_request` of its prompt (ACP's request cancellation)."""
+    # A reply cut short is the scripted host's next reply again: the second turn stalls as well.
     model = write_script({"agents": {"orchestrator": {"replies": [{"content": "I will look", "stall": 60}]}}})
     client = EditorClient()
 
-    async def main() -> tuple[Any, Any, str]:
+    async def main() -> tuple[Any, Any, Any, str]:
         async with editor(client, "--model", model) as conn:
             session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
             turn = asyncio.ensure_future(
@@ -190,18 +204,24 @@ def test_cancel_ends_the_turn_and_saves_it(tmp_path: Path, write_script: Any) ->
                 busy = str(exc)
             await conn.cancel(session_id=session.session_id)
             answer = await asyncio.wait_for(turn, 20)
+            again = asyncio.ensure_future(conn.prompt(session_id=session.session_id, prompt=[acp.text_block("again")]))
+            await client.wait_until(lambda: client.kinds().count("agent_message_chunk") == 2)
+            (prompt_id,) = conn._conn._pending  # the JSON-RPC id of the prompt running
+            await conn._conn.send_notification("$/cancel_request", {"requestId": prompt_id})
+            second = await asyncio.wait_for(again, 20)
             listed = await conn.list_sessions(cwd=str(tmp_path))
-            return answer, listed, busy
+            return answer, second, listed, busy
 
-    answer, listed, busy = run(main)
-    assert answer.stop_reason == "cancelled"
+    answer, second, listed, busy = run(main)
+    assert answer.stop_reason == "cancelled" and second.stop_reason == "cancelled"
     assert "is running a turn; wait for its end or send session/cancel" in busy
     (saved,) = listed.sessions
     assert saved.title == "look around" and saved.cwd == str(tmp_path)
     record = load_run(saved.session_id)
     log = read_transcript(record.transcript_path(record.tasks[0]))
-    assert record.status == "interrupted" and log.results[-1].status == "aborted"
-    assert "cancelled in the editor (session/cancel)" in log.results[-1].error
+    assert record.status == "interrupted" and [r.status for r in log.results] == ["aborted", "aborted"]
+    assert "cancelled in the editor (session/cancel)" in log.results[0].error
+    assert "cancelled in the editor ($/cancel_request of its prompt)" in log.results[1].error
 
 
 def test_resume_continues_a_saved_run_and_load_shows_it_again(tmp_path: Path, write_script: Any) -> None:
@@ -242,6 +262,10 @@ BAD_LINES = [
     b'{"jsonrpc": "2.0", "id": 9, "method": "session/new", "params": {"cwd": "relative/folder", "mcpServers": []}}\n',
     b'{"jsonrpc": "2.0", "id": 10, "method": "session/load", "params": {"cwd": "/", "sessionId": "no-such-run", "mcpServers": []}}\n',
     b'{"jsonrpc": "2.0", "id": 11, "method": "session/new", "params": {"cwd": 5}}\n',
+    b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "initialize", "params": {"protocolVersion": 1}}\n',
+    b'{"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": {"x": 1}}}\n',
+    b'{"jsonrpc": "2.0", "method": "$/cancel_request", "params": 5}\n',
+    b'{"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 99}}\n',
     b'{"jsonrpc": "2.0", "id": 12, "method": "initialize", "params": {"protocolVersion": 1}}\n',
 ]
 
@@ -257,13 +281,18 @@ def test_bad_input_is_answered_and_never_kills_the_agent(write_script: Any) -> N
     )
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     errors = [(a.get("id"), a["error"]["code"], a["error"]["message"]) for a in answers if "error" in a]
-    assert errors[0][:2] == (None, -32700) and "not JSON" in errors[0][2]
-    assert errors[1] == (None, -32600, "Invalid request: a message must be a JSON object")
-    assert errors[2][:2] == (7, -32601)
-    assert errors[3][:2] == (8, -32602) and "unknown session 'nope'" in errors[3][2]
-    assert errors[4][:2] == (9, -32602) and "is not an absolute path of a folder" in errors[4][2]
-    assert errors[5][:2] == (10, -32602) and "no saved run 'no-such-run'" in errors[5][2]
-    assert errors[6][:2] == (11, -32602)
+    unnamed = [(code, text) for n, code, text in errors if n is None]  # answered by the reader, in order
+    named = {n: (code, text) for n, code, text in errors if n is not None}  # by the SDK, as each ends
+    assert unnamed[0][0] == -32700 and "not JSON" in unnamed[0][1]
+    assert unnamed[1:] == [
+        (-32600, "Invalid request: a message must be a JSON object"),
+        (-32600, "Invalid request: 'id' must be a string or a number"),
+    ]
+    assert named[7][0] == -32601 and named[11][0] == -32602
+    assert named[8][0] == -32602 and "unknown session 'nope'" in named[8][1]
+    assert named[9][0] == -32602 and "is not an absolute path of a folder" in named[9][1]
+    assert named[10][0] == -32602 and "no saved run 'no-such-run'" in named[10][1]
+    assert len(errors) == 8  # a $/cancel_request of nothing running is a notification: no answer
     assert answers[-1]["id"] == 12 and answers[-1]["result"]["protocolVersion"] == 1  # alive to the end
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr
 
