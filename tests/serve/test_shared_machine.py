@@ -16,7 +16,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -126,28 +125,45 @@ def test_the_http_token_is_new_at_each_start_and_the_owners_alone(tmp_path: Path
 
 @pytest.mark.slow
 @pytest.mark.process
-def test_idle_http_connections_never_starve_the_owners_socket_clients(serve_process: Any) -> None:
-    """1,100 idle TCP connections from one client (past the usual 1,024 descriptors a server starts
-    with): the server closes those past its cap as they come, and `--status` over the socket answers.
-    Without the cap the server ran out of descriptors and `--status` hung."""
+def test_what_other_users_send_neither_reaches_the_terminal_raw_nor_starves_the_socket(tmp_path: Path) -> None:
+    """A server in the foreground, as its owner runs it. Any local process may send it a request: the log
+    line that quotes its path shows it on the terminal, never obeyed (a window title, a cleared screen),
+    the log file keeps it as it came. Then 1,100 idle TCP connections (past the 1,024 descriptors a
+    server starts with): it closes those past its cap as they come, and `--status` over the socket
+    answers (without the cap the server ran out of descriptors and `--status` hung)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1200:
         pytest.skip(f"this process may open only {hard} files")
-    server, info = serve_process("--port", "0", "--model", "scripted:none.json")
-    port = int(info.url.rsplit(":", 1)[1].split("/")[0])
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))  # the server keeps 1,024
+    terminal = Terminal(["serve", "--port", "0", "--model", "scripted:none.json", "-C", str(tmp_path)])
     held: list[socket.socket] = []
     try:
+        deadline = time.monotonic() + 60
+        while (info := running_server(wait=0)) is None or info.url is None:
+            assert time.monotonic() < deadline, "the server did not listen"
+            time.sleep(0.05)
+        port = int(info.url.rsplit(":", 1)[1].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(b"GET /%1b]0;owned%07%1b[2J HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert conn.recv(4096).startswith(b"HTTP/1.1 404")
+        shown = b""
+        while b"refused (404)" not in shown:
+            assert select.select([terminal.fd], [], [], max(0.0, deadline - time.monotonic()))[0], shown
+            shown += os.read(terminal.fd, 4096)
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))  # the server keeps 1,024
         for _ in range(1100):
             held.append(socket.create_connection(("127.0.0.1", port)))
         status = spawn_cli("serve", "--status")
         out, err = status.communicate(timeout=60)
         closed = closed_by_peer(held, at_least=len(held) - MAX_HTTP_CONNECTIONS)
-        n_open = len(os.listdir(f"/proc/{server.pid}/fd"))
+        n_open = len(os.listdir(f"/proc/{info.pid}/fd"))
     finally:
         for conn in held:
             conn.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        terminal.close()
+    assert b"HTTP GET /\\x1b]0;owned\\x07\\x1b[2J refused (404)" in shown and b"\x1b]0;owned" not in shown
+    assert "HTTP GET /\x1b]0;owned\x07\x1b[2J refused (404)" in serve_paths().log.read_text()  # as it came
     assert status.returncode == 0 and out.startswith("server  pid"), err
     assert closed >= len(held) - MAX_HTTP_CONNECTIONS
     assert n_open < MAX_HTTP_CONNECTIONS + 100  # the connections it keeps, and its own few
@@ -166,28 +182,3 @@ def closed_by_peer(conns: list[socket.socket], at_least: int, timeout: float = 6
             closed += 1  # readable while idle: its end (EOF or a reset)
     selector.close()
     return closed
-
-
-@pytest.mark.slow
-@pytest.mark.process
-def test_what_another_user_sends_reaches_the_owners_terminal_escaped(tmp_path: Path) -> None:
-    """Any local process may send `subagent serve` a request; the server's log line quotes its path, and
-    on the terminal it runs in that path is shown, never obeyed (a window title, a cleared screen)."""
-    terminal = Terminal(["serve", "--port", "0", "--model", "scripted:none.json", "-C", str(tmp_path)])
-    try:
-        deadline = time.monotonic() + 60
-        while (info := running_server(wait=0)) is None or info.url is None:
-            assert time.monotonic() < deadline, "the server did not listen"
-            time.sleep(0.05)
-        port = int(info.url.rsplit(":", 1)[1].split("/")[0])
-        with socket.create_connection(("127.0.0.1", port)) as conn:
-            conn.sendall(b"GET /%1b]0;owned%07%1b[2J HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            assert conn.recv(4096).startswith(b"HTTP/1.1 404")
-        shown = b""
-        while b"refused (404)" not in shown:
-            assert select.select([terminal.fd], [], [], max(0.0, deadline - time.monotonic()))[0], shown
-            shown += os.read(terminal.fd, 4096)
-    finally:
-        terminal.close()
-    assert b"HTTP GET /\\x1b]0;owned\\x07\\x1b[2J refused (404)" in shown and b"\x1b]0;owned" not in shown
-    assert "HTTP GET /\x1b]0;owned\x07\x1b[2J refused (404)" in serve_paths().log.read_text()  # the file: as it came
