@@ -7,8 +7,9 @@ a cancel, released after). Every change a tool makes is first asked through
 `session/request_permission` (allow once, allow always for this session, reject), its diff or command
 shown; "always" is remembered per tool for the session. The same request asks the consent questions
 of the preparer (a project agent, the project's hooks and MCP servers, the client's own MCP servers)
-and of the MCP servers the agents call (`confirm`); an MCP server's form is declined with the reason,
-since ACP's elicitation is not stable yet.
+and of the MCP servers the agents call (`confirm`). An MCP server's form goes to the editor as an ACP
+form (`elicitation/create`, stable since 2026-07, on the call that asked) where the client offers
+forms; else, and for a URL to open, it is declined with the reason.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import acp
 from acp.schema import (
+    AcceptElicitationResponse,
     AllowedOutcome,
     ClientCapabilities,
+    ElicitationFormSessionMode,
+    ElicitationSchema,
     PermissionOption,
     ToolCallUpdate,
 )
+from pydantic import ValidationError
 
 from ..errors import ToolError
 from ..text import one_line
@@ -43,7 +48,8 @@ OPTIONS = [
     PermissionOption(option_id=REJECT, name="Reject", kind="reject_once"),
 ]
 CONSENT_OPTIONS = [OPTIONS[0], OPTIONS[2]]
-NO_FORMS = "the editor answers yes or no only (ACP's forms are not stable yet); the form was declined"
+NO_FORMS = "the editor offers no forms (elicitation.form at initialize); the form was declined"
+NO_URLS = "the editor is not asked to open addresses here; the request was declined"
 # JSON-RPC's "resource not found": what a client answers `fs/read_text_file` of a file it does not have.
 NOT_FOUND = -32002
 
@@ -119,11 +125,36 @@ class ClientEditor:
         """`Person.confirm`: an MCP server's yes or no (its sampling, a sign-in)."""
         return await self.ask(question)
 
+    @property
+    def fills_forms(self) -> bool:
+        return bool(self.capabilities.elicitation and self.capabilities.elicitation.form is not None)
+
     async def elicit(self, server: str, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
-        """`Person.elicit`: declined, with the reason, since the editor shows no forms here."""
+        """`Person.elicit`: an MCP server's form filled in the editor, on the call that asked; declined
+        with the reason where the editor offers no forms, for a URL, or when the form could not be shown."""
         import mcp_types
 
-        return mcp_types.ElicitResult(action="decline", _meta={"reason": NO_FORMS})
+        def declined(reason: str) -> mcp_types.ElicitResult:
+            return mcp_types.ElicitResult(action="decline", _meta={"reason": reason})
+
+        if not isinstance(params, mcp_types.ElicitRequestFormParams):
+            return declined(NO_URLS)
+        if not self.fills_forms:
+            return declined(NO_FORMS)
+        call = self.updates.call_of(current_call.get())
+        await self.updates.flush()
+        try:
+            mode = ElicitationFormSessionMode(
+                session_id=self.session_id,
+                tool_call_id=call.acp_id if call is not None else None,
+                requested_schema=ElicitationSchema.model_validate(params.requested_schema),
+            )
+            answer = await self.conn.create_elicitation(message=f"{server}: {params.message}", mode=mode)
+        except (acp.RequestError, ConnectionError, ValidationError) as exc:
+            return declined(f"the editor could not show the form: {one_line(str(exc), 200)}")
+        if isinstance(answer, AcceptElicitationResponse):
+            return mcp_types.ElicitResult(action="accept", content=answer.content or {})
+        return mcp_types.ElicitResult(action=answer.action)
 
     async def _ask(self, tool_call: ToolCallUpdate, options: list[PermissionOption]) -> str | None:
         """The option the person chose; None when the client cancelled the question or went away."""

@@ -19,10 +19,13 @@ from typing import Any
 
 import acp
 from acp.schema import (
+    AcceptElicitationResponse,
     AllowedOutcome,
     ClientCapabilities,
     CreateTerminalResponse,
     DeniedOutcome,
+    ElicitationCapabilities,
+    ElicitationFormCapabilities,
     FileSystemCapabilities,
     KillTerminalResponse,
     ReadTextFileResponse,
@@ -51,6 +54,7 @@ class EditorClient:
     buffers: dict[str, str] = field(default_factory=dict)  # open buffers by absolute path (unsaved text)
     fs: bool = False
     terminal: bool = False
+    form: dict[str, Any] | None = None  # what the person fills in the forms (None: the client offers none)
     updates: list[Any] = field(default_factory=list)
     questions: list[Any] = field(default_factory=list)
     calls: list[tuple[str, Any]] = field(default_factory=list)  # fs and terminal requests, in order
@@ -60,7 +64,12 @@ class EditorClient:
 
     def capabilities(self) -> ClientCapabilities:
         fs = FileSystemCapabilities(read_text_file=self.fs, write_text_file=self.fs)
-        return ClientCapabilities(fs=fs, terminal=self.terminal)
+        forms = ElicitationCapabilities(form=ElicitationFormCapabilities()) if self.form is not None else None
+        return ClientCapabilities(fs=fs, terminal=self.terminal, elicitation=forms)
+
+    async def create_elicitation(self, message: str, mode: Any, **_: Any) -> Any:
+        self.calls.append(("form", (message, mode)))
+        return AcceptElicitationResponse(action="accept", content=self.form)
 
     def on_connect(self, conn: Any) -> None:
         pass
@@ -142,7 +151,10 @@ async def editor(client: EditorClient, *args: str, command: list[str] | None = N
     argv = command or ["-m", "mlx_subagents.cli", "acp", *args]
     # The agent saves and closes what runs when its stdin closes: under load that takes more than the
     # SDK's 2 s before it terminates the process (and may race its exit: ProcessLookupError).
-    spawn = acp.spawn_agent_process(client, sys.executable, *argv, env=agent_env(), transport_kwargs=SHUTDOWN)
+    # The SDK (0.12.1) still calls elicitation/create unstable; ACP made it stable in 2026-07.
+    spawn = acp.spawn_agent_process(
+        client, sys.executable, *argv, env=agent_env(), transport_kwargs=SHUTDOWN, use_unstable_protocol=True
+    )
     async with spawn as (conn, _process):
         conn.initialized = await conn.initialize(protocol_version=1, client_capabilities=client.capabilities())
         yield conn

@@ -368,10 +368,12 @@ def test_the_clients_mcp_servers_are_offered_after_consent_in_the_editor(tmp_pat
     from tests.tools.test_mcp_tools import SERVER
 
     script = {"agents": {"scout": {"replies": [
-        {"tool_calls": [{"name": "mcp__demo__echo", "arguments": {"text": "from the editor"}}]}, "done",
+        {"tool_calls": [{"name": "mcp__demo__echo", "arguments": {"text": "from the editor"}}]},
+        {"tool_calls": [{"name": "mcp__demo__ask_name", "arguments": {}}]}, "done",
     ]}}}  # fmt: skip
     server = McpServerStdio(name="demo", command=sys.executable, args=[str(SERVER)], env=[])
-    declined, allowed = EditorClient(answer="reject_once"), EditorClient(answer="allow_once")
+    form = {"name": "Grace", "age": 37, "colour": "green"}
+    declined, allowed = EditorClient(answer="reject_once"), EditorClient(answer="allow_once", form=form)
 
     async def turn(client: EditorClient) -> Any:
         async with editor(client, "--model", write_script(script)) as conn:
@@ -387,8 +389,13 @@ def test_the_clients_mcp_servers_are_offered_after_consent_in_the_editor(tmp_pat
     assert declined.questions[0][1] == ["allow_once", "reject_once"]
     assert "were not allowed to start (declined)" in refused
     assert answer.stop_reason == "end_turn"
-    (end,) = [u for u in allowed.tool_updates() if u.session_update == "tool_call_update"]
-    assert end.status == "completed" and end.content[-1].content.text == "echo: from the editor"
+    echoed, asked = [u for u in allowed.tool_updates() if u.session_update == "tool_call_update"]
+    assert echoed.status == "completed" and echoed.content[-1].content.text == "echo: from the editor"
+    # The server's form is the editor's, on the call that asked; what the person filled goes back.
+    ((message, mode),) = [request for kind, request in allowed.calls if kind == "form"]
+    assert message == "demo: What is your name?" and mode.tool_call_id == asked.tool_call_id
+    assert list(mode.requested_schema.properties) == ["name", "age", "colour"]
+    assert json.loads(asked.content[-1].content.text) == {"action": "accept", "content": form, "meta": None}
 
 
 # The tiny real model's agent: `serve_stdio` with forced decoding (the only thing a flag cannot pass).
