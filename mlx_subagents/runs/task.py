@@ -325,6 +325,8 @@ class TaskHandle:
                 )
             self.inbox.put(Delivery("task_send", message))
             return
+        if self.result is not None and self.result.stop_reason == "skipped":
+            raise TaskStateError(f"task '{self.id}' never ran ({self.result.error}); start a new task")
         if self.state in (TaskState.ENDED, TaskState.LET_GO):
             raise TaskStateError(
                 f"task '{self.id}' ran in the foreground and {self._released or NOT_HELD}; its answer can be read, "

@@ -263,11 +263,19 @@ def describe_delegation(
 # -- the result the parent reads ---------------------------------------------------------------------
 
 
+SPENT = ("skipped", "max_turns", "timeout")
+
+
 def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResult:
     """The children's answers (`_answers`), then the run they are saved as, to name to the user, and the
     ids that `task_send` continues them by."""
-    # The ids of the children the parent may continue (on its board; an aborted one takes no more).
-    ids = [i for i, r in zip(outcome.task_ids, outcome.results) if i and r.status != "aborted"]
+    # The ids of the children the parent may continue (on its board): not an aborted one, nor one that
+    # never ran or spent the turns or time its limits give it across generations (task_send refuses them).
+    ids = [
+        i
+        for i, r in zip(outcome.task_ids, outcome.results)
+        if i and r.status != "aborted" and r.stop_reason not in SPENT
+    ]
     more = f"; task_send continues {', '.join(ids)}" if ids else ""
     footer = f"\n\n[sub-agent run {outcome.run_id}{more}]" if outcome.run_id else ""
     kept = [r.worktree.describe(r.label.rsplit(" > ", 1)[-1]) for r in outcome.results if r.worktree is not None]

@@ -174,6 +174,38 @@ def test_chain_delegation_passes_previous_and_returns_the_last_answer(scripted_r
     )
 
 
+def test_the_footer_offers_only_the_children_task_send_can_continue(scripted_runner: Any) -> None:
+    """A skipped chain step and a child out of turns were offered to task_send, which refused them, and
+    the skipped step's refusal said it "ran in the foreground"."""
+    chain = [
+        {"agent": "scout", "task": "again"},
+        {"agent": "worker", "task": "fix {previous}"},
+        {"agent": "reviewer", "task": "review {previous}"},
+    ]
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    delegate(chain=chain),
+                    call("task_send", id="reviewer#1", message="go on"),
+                    delegate(agent="planner", task="plan", max_turns=1),
+                    "ok",
+                ]
+            },
+            "scout": {"replies": ["parser in parse.py"]},
+            "worker": {"replies": [call("ls", path=".")]},  # runs out of replies: the step fails
+            "planner": {"replies": [call("ls", path=".")]},  # a tool call at its only turn: out of turns
+        }
+    }
+    result = run_parent(scripted_runner(script))
+
+    contents = [m["content"] for m in read_transcript(Path(result.transcript)).messages if m["role"] == "tool"]
+    chained, sent, planned = contents
+    assert chained.endswith("; task_send continues scout#1, worker#1]")
+    assert sent == "Error: task 'reviewer#1' never ran (not run: step '2' did not complete); start a new task"
+    assert RUN_FOOTER.search(planned) and "task_send" not in planned
+
+
 def test_a_failed_single_child_is_an_error_result_with_its_partial_answer(scripted_runner: Any) -> None:
     script = {
         "agents": {
