@@ -31,6 +31,7 @@ import acp
 from acp.agent.connection import AgentSideConnection
 from acp.task import MessageSender, TaskSupervisor
 
+from ..errors import SubagentError
 from ..events import EventSink
 from ..runs.hosts import HostPool
 from ..runs.options import RunOptions
@@ -43,6 +44,10 @@ from .session import CLIENT_GONE, MakeRunner
 MAX_LINE_BYTES = 50 * 1024 * 1024
 STOPPED = "the agent was stopped ({signal})"
 CANCEL_REQUEST = "$/cancel_request"
+NOT_PIPES = (
+    "subagent acp: stdin and stdout must be pipes (a file was given); start it from the editor's agent "
+    "settings, or pipe its input and output (cat requests.jsonl | subagent acp | cat)"
+)
 
 log = logging.getLogger("mlx_subagents.acp")
 
@@ -158,7 +163,10 @@ async def serve_stdio(
 ) -> None:
     """Run the agent on stdin and stdout until the client goes or a signal stops it; with `server`, each
     session's chat runs on that `subagent serve`."""
-    reader, writer = await acp.stdio_streams(limit=MAX_LINE_BYTES)
+    try:
+        reader, writer = await acp.stdio_streams(limit=MAX_LINE_BYTES)
+    except ValueError:  # asyncio reads and writes pipes, sockets and terminals only
+        raise SubagentError(NOT_PIPES) from None
     lines = CheckedLines(reader, writer)
     agent = EditorAgent(make_runner, options, version, server)
     lines.on_cancel = agent.cancel_request

@@ -270,10 +270,10 @@ BAD_LINES = [
 ]
 
 
-def test_bad_input_is_answered_and_never_kills_the_agent(write_script: Any) -> None:
-    model = write_script(["unused"])
+def test_bad_input_is_answered_and_never_kills_the_agent(tmp_path: Path, write_script: Any) -> None:
+    command = [sys.executable, "-m", "mlx_subagents.cli", "acp", "--model", write_script(["unused"])]
     proc = subprocess.run(
-        [sys.executable, "-m", "mlx_subagents.cli", "acp", "--model", model],
+        command,
         input=b"".join(BAD_LINES),
         capture_output=True,
         env=agent_env(),
@@ -295,6 +295,12 @@ def test_bad_input_is_answered_and_never_kills_the_agent(write_script: Any) -> N
     assert len(errors) == 8  # a $/cancel_request of nothing running is a notification: no answer
     assert answers[-1]["id"] == 12 and answers[-1]["result"]["protocolVersion"] == 1  # alive to the end
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr
+    with (tmp_path / "requests.jsonl").open("wb+") as file:  # a file, not a pipe: one line
+        file.write(BAD_LINES[-1])
+        file.seek(0)
+        wrong = subprocess.run(command, stdin=file, capture_output=True, env=agent_env(), timeout=60)
+    assert wrong.returncode != 0 and wrong.stdout == b"" and b"Traceback" not in wrong.stderr
+    assert b"stdin and stdout must be pipes (a file was given)" in wrong.stderr
 
 
 DELEGATING = {
