@@ -106,6 +106,24 @@ def test_streamed_tool_call_deltas_are_assembled_and_the_schemas_are_sent(engine
     assert engine.chat_requests()[0].body["tools"] == [schema]
 
 
+def test_tool_choice_top_p_and_a_seed_are_sent_as_openai_names_them(engine: FakeEngine) -> None:
+    tool = {"type": "function", "function": {"name": "ls", "description": "list", "parameters": {}}}
+
+    async def go() -> None:
+        async with EngineHost(engine.url, FAKE_MODEL) as host:
+            for args in ({}, {"tool_choice": "required", "top_p": 0.5, "seed": 7}, {"tool_choice": "ls"}):
+                engine.queue(Reply("", tool_calls=(LS,)))
+                await host.session("s").generate(USER, GenerateArgs(**args), tools=[tool])
+
+    run(go())
+    sent = [{k: r.body.get(k) for k in ("tool_choice", "top_p", "seed")} for r in engine.chat_requests()]
+    assert sent == [
+        {"tool_choice": None, "top_p": None, "seed": None},
+        {"tool_choice": "required", "top_p": 0.5, "seed": 7},
+        {"tool_choice": {"type": "function", "function": {"name": "ls"}}, "top_p": None, "seed": None},
+    ]
+
+
 def test_an_answer_schema_goes_as_response_format_only_with_the_grammar_on_and_no_tools(engine: FakeEngine) -> None:
     schema = {"type": "object", "properties": {"files": {"type": "array"}}, "required": ["files"]}
     tool = {"type": "function", "function": {"name": "ls", "description": "list", "parameters": {}}}
