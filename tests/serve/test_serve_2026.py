@@ -1,9 +1,12 @@
 """`subagent serve` over HTTP to 2026-07-28 clients (issue 65): stateless requests on the same endpoint
 as the 2025 sessions, and an MCP task that outlives the client that started it: another connection
-reads it to its end by id (the extension's routing header required)."""
+reads it to its end by id (the extension's routing header required); and a client from npm, the TypeScript
+SDK with the Tasks extension's requester, runs an agent as a task."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mlx_subagents.serve.state import serve_paths
 from mlx_subagents.tools import mcp_tasks
 from tests.helpers import call
+from tests.mcp_server.conformance import npm_packages
 from tests.mcp_server.test_mcp_2026 import Announced, until
 from tests.mcp_server.test_mcp_server import answers, text
 
@@ -80,3 +84,27 @@ ENVELOPE = {
     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
     "io.modelcontextprotocol/clientCapabilities": {"extensions": {mcp_tasks.EXTENSION: {}}},
 }
+
+
+TS_CLIENT = {"@modelcontextprotocol/client": "2.4.0", "@modelcontextprotocol/ext-tasks": "0.2.2"}
+
+
+def test_the_typescript_sdks_tasks_requester_runs_an_agent_as_a_task(
+    serve_process: Any, tmp_path: Path, write_script: Any
+) -> None:
+    """A 2026-07-28 client from npm: the TypeScript SDK with `@modelcontextprotocol/ext-tasks` gets a task
+    handle for run_agents, polls it and settles the agent's answer (tests/serve/tasks_client.mjs)."""
+    root = npm_packages("mcp-ts-tasks-client", TS_CLIENT, "node", "the MCP TypeScript SDK")
+    model = write_script({"agents": {"scout": {"replies": [{"content": "found it", "delay": 1.0}]}}})
+    _, info = serve_process("--port", "0", "--model", model, "-C", str(tmp_path))
+    script = Path(__file__).with_name("tasks_client.mjs")
+    token = serve_paths().token.read_text().strip()
+    task = json.dumps({"agent": "scout", "task": "look"})
+    command = [str(root / "node_modules" / ".bin" / "node"), str(script), str(root / "node_modules"), info.url, token]
+    done = subprocess.run([*command, "run_agents", task], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["era"] == "modern"
+    assert seen["sent"][0] == "tools/call" and set(seen["sent"][1:]) == {"tasks/get"}  # a handle, then polled
+    assert seen["result"]["content"][0]["text"].startswith("found it\n")
+    assert seen["result"]["structuredContent"]["tasks"][0]["status"] == "completed"
