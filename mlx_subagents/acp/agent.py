@@ -51,7 +51,7 @@ from ..runs.prepare import client_servers
 from ..runs.transcripts import RunRecord, list_runs, load_run
 from ..serve.state import ServerInfo
 from .conversation import prompt_text, replay
-from .session import CANCELLED_REQUEST, CLIENT_GONE, Choices, EditorSession, MakeRunner
+from .session import CANCELLED_REQUEST, CLIENT_GONE, Choices, EditorSession, MakeRunner, title_of
 
 T = TypeVar("T")
 PAGE = 50  # sessions per `session/list` page
@@ -346,7 +346,7 @@ def saved_title(record: RunRecord) -> str:
         task = str(first.get("task") or "").strip()
     except (OSError, ValueError, AttributeError, SubagentError):
         task = ""
-    return task.splitlines()[0][:200] if task else record.tasks[0].label
+    return title_of(task) or record.tasks[0].label
 
 
 def session_info(record: RunRecord) -> SessionInfo:

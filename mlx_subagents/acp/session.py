@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import acp
-from acp.schema import ClientCapabilities, PromptResponse, Usage
+from acp.schema import ClientCapabilities, PromptResponse, SessionInfoUpdate, Usage
 
 from ..errors import RequestError, SubagentError
 from ..events import Event, EventSink
@@ -182,7 +182,10 @@ class EditorSession:
                 f"session {self.id} is running a turn; wait for its end or send session/cancel before the next prompt"
             )
         chat = await self.open()
-        self.title = self.title or text
+        if not self.title:  # the editor's thread takes the first message as its title, as session/list does
+            self.title = title_of(text)
+            assert self.updates is not None
+            self.updates.put(SessionInfoUpdate(session_update="session_info_update", title=self.title))
         self.turn = asyncio.ensure_future(chat.turn(text))
         try:
             result = await asyncio.shield(self.turn)
@@ -265,6 +268,12 @@ async def editor_request(editor: ClientEditor, op: str, message: dict[str, Any])
         ran = await editor.run_command(args, cwd, float(message["timeout"]), int(message["max_bytes"]))
         return {"output": ran.output, "exit_code": ran.exit_code, "truncated": ran.truncated}
     raise RequestError(f"unknown editor request {op!r}")
+
+
+def title_of(text: str) -> str:
+    """A session's title: the first line of its first message, cut at 200 characters."""
+    lines = text.strip().splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def stop_reason(result: RunResult) -> acp.schema.StopReason:

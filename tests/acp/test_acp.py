@@ -68,7 +68,10 @@ def test_a_prompt_streams_text_thinking_and_tool_calls_in_order(tmp_path: Path, 
     assert options == {"agent": "orchestrator", "model": "default", "mode": "default"}
     assert modes.current_mode_id == "default" and [m.id for m in modes.available_modes] == ["default", "plan"]
     assert answer.stop_reason == "end_turn" and answer.usage.input_tokens > 0
-    kinds = [k for k in client.kinds() if k != "usage_update"]
+    assert (
+        client.updates[0].session_update == "session_info_update" and client.updates[0].title == "what does app.py do?"
+    )
+    kinds = [k for k in client.kinds()[1:] if k != "usage_update"]
     assert kinds == [
         "agent_thought_chunk",
         "agent_message_chunk",

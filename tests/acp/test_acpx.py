@@ -50,7 +50,13 @@ def test_acpx_runs_a_prompt_reading_through_its_own_files(tmp_path: Path, write_
     init = next(m for m in messages if m.get("id") == 0 and "result" in m)
     assert init["result"]["agentInfo"]["name"] == "mlx-subagents"
     kinds = [u["sessionUpdate"] for u in updates(messages) if u["sessionUpdate"] != "usage_update"]
-    assert kinds == ["agent_thought_chunk", "tool_call", "tool_call_update", "agent_message_chunk"]
+    assert kinds == [
+        "session_info_update",
+        "agent_thought_chunk",
+        "tool_call",
+        "tool_call_update",
+        "agent_message_chunk",
+    ]
     assert any(m.get("method") == "fs/read_text_file" for m in messages)  # acpx offered its files: they were used
     answer = next(m for m in messages if "result" in m and "stopReason" in (m["result"] or {}))
     assert answer["result"]["stopReason"] == "end_turn"
