@@ -27,6 +27,9 @@ MAX_ANSWER_BYTES = 50 * 1024
 # A conversation with a child is bounded: messages waiting for it, and generations of it.
 MAX_QUEUED_MESSAGES = 64
 MAX_GENERATIONS = 64
+# A child's messages to its parent (`parent_send`): each this long at most, and this many unread at once.
+MAX_CHILD_MESSAGE_CHARS = 2_000
+MAX_CHILD_MESSAGES = 8
 
 
 class CappedAgent(Protocol):

@@ -30,6 +30,7 @@ EventKind = Literal[
     "task_end",
     "task_send",
     "task_notice",
+    "child_message",
     "task_cancel",
     "hook_warning",
     "sampling",
@@ -213,15 +214,25 @@ class TaskSendData(TypedDict):
 
 
 class TaskNoticeData(TypedDict):
-    """A background child of the task ended: the child's `id` and `status`, the `first_line` of its
-    answer (or its error), the notice's `text` as its parent reads it, and the child's `run_id` (null
-    when its run is not saved), so that a view can say so and link to it."""
+    """A background call of the task ended (its last child did): the children's `id`s (`scout#1,
+    scout#2`), `completed` when each did (else `failed`), the `first_line` of the answers as the call
+    returns them (one child's answer, or `Parallel: 2/2 tasks completed`), the notice's `text` as its
+    parent reads it (every answer), and a lone child's `run_id` (null for several, or when its run is
+    not saved), so that a view can say so and link to it. A background command's end is one too."""
 
     id: str
     status: str
     first_line: str
     text: str
     run_id: str | None
+
+
+class ChildMessageData(TypedDict):
+    """A child of the task sent it a message while it works (`parent_send`): the child's `id` and its
+    `message`, which the task reads at its next turn and may answer with `task_send`."""
+
+    id: str
+    message: str
 
 
 class TaskCancelData(TypedDict):
@@ -281,6 +292,7 @@ EventData = (
     | TaskEndData
     | TaskSendData
     | TaskNoticeData
+    | ChildMessageData
     | TaskCancelData
     | HookWarningData
     | SamplingData
@@ -304,6 +316,7 @@ PAYLOADS: dict[EventKind, type[Any]] = {
     "task_end": TaskEndData,
     "task_send": TaskSendData,
     "task_notice": TaskNoticeData,
+    "child_message": ChildMessageData,
     "task_cancel": TaskCancelData,
     "hook_warning": HookWarningData,
     "sampling": SamplingData,

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from .events import (
     SLOT,
+    ChildMessageData,
     CompactionData,
     ElicitationData,
     Event,
@@ -177,7 +178,10 @@ class EventLines:
             return f"{prefix}[cyan]{mark}{escape(cast(ToolCallData, event.data)['description'])}[/]"
         if event.kind == "tool_result" and (result := cast(ToolResultData, event.data))["is_error"]:
             return f"{prefix}{' ' * len(mark)}[red]{escape(first_line(result['output'], MAX_ERROR_CHARS, cut=''))}[/]"
-        if event.kind == "task_notice":  # a background sub-agent ended
+        if event.kind == "child_message":  # a sub-agent said something while it works (`parent_send`)
+            said = cast(ChildMessageData, event.data)
+            return f"{prefix}[magenta]✉ {escape(said['id'])}:[/] {escape(first_line(said['message'], MAX_ERROR_CHARS))}"
+        if event.kind == "task_notice":  # a background call ended
             notice = cast(TaskNoticeData, event.data)
             style = status_style(notice["status"])
             return f"{prefix}[{style}]● {escape(notice['id'])} {notice['status']}:[/] {escape(notice['first_line'])}"

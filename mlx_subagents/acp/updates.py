@@ -7,7 +7,8 @@ then `completed` or `failed` with its output, an edit's diff); a `subagent` call
 each entry's status following its sub-agent; a sub-agent's own tool calls are tool calls too, titled
 with its id (`scout#1: read app.py`), their `_meta` naming the call that started it, and a line of
 each goes into that call's content, so the sub-agents' work shows under it; each reply's usage is a
-`usage_update` (the context used and its size).
+`usage_update` (the context used and its size); a background call's notice and a sub-agent's message
+to the agent (`parent_send`) are thought chunks, as the agent reads them.
 
 Events arrive synchronously from the runner; `Updates` queues what they become and one task sends it,
 so the notifications keep the events' order, and a request about a call (a permission) waits for
@@ -40,11 +41,13 @@ from acp.schema import (
 )
 
 from ..events import (
+    ChildMessageData,
     CompactionData,
     Event,
     HookWarningData,
     ReasoningData,
     TaskEndData,
+    TaskNoticeData,
     TaskStartData,
     TextData,
     ToolCallData,
@@ -196,6 +199,13 @@ class Updates:
             self.put(
                 self._chunk(acp.update_agent_thought_text(f"\n[hook] {cast(HookWarningData, event.data)['message']}\n"))
             )
+        elif own and event.kind == "task_notice":  # a background call ended: its answers, as the agent reads them
+            self.put(
+                self._chunk(acp.update_agent_thought_text(f"\n[notice] {cast(TaskNoticeData, event.data)['text']}\n"))
+            )
+        elif own and event.kind == "child_message":  # a sub-agent said something while it works
+            said = cast(ChildMessageData, event.data)
+            self.put(self._chunk(acp.update_agent_thought_text(f"\n[message from {said['id']}] {said['message']}\n")))
         elif own and event.kind == "compaction":
             data = cast(CompactionData, event.data)
             line = f"\n[context compacted: {data['tokens_before']:,} -> {data['tokens_after']:,} tokens]\n"

@@ -15,7 +15,7 @@ from typing import Literal
 
 from ..events import EventData, EventKind
 
-DeliveryKind = Literal["task_send", "task_notice"]
+DeliveryKind = Literal["task_send", "task_notice", "child_message"]
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,10 @@ class Delivery:
     """One message for the agent.
 
     Args:
-        kind: `task_send` (someone steers the task) or `task_notice` (a background child ended).
-        key: a notice's task id: the notice is dropped if its answer was read before delivery.
+        kind: `task_send` (someone steers the task), `task_notice` (a background call ended) or
+            `child_message` (a child said something, `parent_send`).
+        key: the task it is about: a notice is dropped if its answer was read before delivery; a
+            child's messages are counted by it.
     """
 
     kind: DeliveryKind
@@ -36,6 +38,10 @@ async def _nothing_to_wait_for() -> bool:
     return False
 
 
+async def _nothing_to_drain() -> None:
+    return None
+
+
 @dataclass
 class Inbox:
     """Pending deliveries, in arrival order.
@@ -44,11 +50,14 @@ class Inbox:
         settle: called when the agent gives a final answer with nothing pending; waits for something
             worth another turn (a background child ending) and says whether it came. The default
             waits for nothing: the answer ends the generation.
+        drain: called when the agent gives a final answer with no turn left: waits until its
+            background children have ended (the default waits for nothing).
         report: reports an event as the session's own (its kind and payload), into its transcript and
             to the caller; set by the session that reads this inbox.
     """
 
     settle: Callable[[], Awaitable[bool]] = _nothing_to_wait_for
+    drain: Callable[[], Awaitable[None]] = _nothing_to_drain
     report: Callable[[EventKind, EventData], None] | None = None
     _items: list[Delivery] = field(default_factory=list)
 
@@ -57,7 +66,7 @@ class Inbox:
 
     def discard(self, key: str) -> None:
         """Drop the notices about task `key` (its answer was read another way)."""
-        self._items = [d for d in self._items if d.key != key]
+        self._items = [d for d in self._items if not (d.kind == "task_notice" and d.key == key)]
 
     def take(self, kind: DeliveryKind | None = None) -> list[Delivery]:
         """Everything pending (or only one kind), in order; the inbox keeps the rest."""
@@ -65,9 +74,9 @@ class Inbox:
         self._items = [d for d in self._items if d not in taken]
         return taken
 
-    def count(self, kind: DeliveryKind | None = None) -> int:
-        """How many deliveries (of one kind) wait: messages to a child are bounded."""
-        return sum(kind is None or d.kind == kind for d in self._items)
+    def count(self, kind: DeliveryKind | None = None, key: str | None = None) -> int:
+        """How many deliveries (of one kind, about one task) wait: messages to and from a child are bounded."""
+        return sum((kind is None or d.kind == kind) and (key is None or d.key == key) for d in self._items)
 
     def pending(self, kind: DeliveryKind | None = None) -> bool:
         return any(kind is None or d.kind == kind for d in self._items)

@@ -216,7 +216,7 @@ def session_tools(
     mine = [t for t in spec.tools if t in made or (t in TOOL_CLASSES and t in extra_tools)]
     listed = {t: extra_tools.get(t) or made[t] for t in mine}
     tools: dict[str, Tool] = {**listed, **extra_tools}
-    tools = {n: t for n, t in tools.items() if spec.grants(t.grant)}
+    tools = {n: t for n, t in tools.items() if t.by_delegation or spec.grants(t.grant)}
     if skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
         tools["skill"] = SkillTool(workspace, skills.offered)
     return tools
@@ -336,8 +336,10 @@ class AgentSession:
         self._started = time.perf_counter()
         self._emit("task_start", TaskStartData(task=task, model=self.host.model_id, tool_mode=self.host.tool_mode))
         nudged = False
+        answered: str | None = None  # a final answer given while children ran, before their notice's turn
+        turns = self.limits.max_turns - self.limits.turns_before
         try:
-            for _ in range(self.limits.max_turns - self.limits.turns_before):
+            for turn in range(turns):
                 self._deliver()
                 await self._maybe_compact()
                 reply = await self._step()
@@ -352,8 +354,12 @@ class AgentSession:
                 if not reply.tool_calls and not reply.malformed_tool_calls:
                     if reply.finish_reason == "length":  # a truncated answer is not an answer
                         raise self._cut_answer(reply)
-                    if self.inbox.pending() or await self.inbox.settle():
+                    last = turn == turns - 1
+                    if not last and (self.inbox.pending() or await self.inbox.settle()):
+                        answered = reply.text
                         continue  # a message came in: it is the next turn's, the answer can wait
+                    if last:  # no turn left to read a notice in: the children end before the answer does
+                        await self.inbox.drain()
                     if await self._stop_blocked(reply.text):
                         continue
                     return self._finish(task, self._result(task, "completed", reply.text, "completed"))
@@ -364,6 +370,8 @@ class AgentSession:
                 "max_turns", f"reached the limit of {self.limits.max_turns} turns{earlier} without a final answer"
             )
         except LimitReached as limit:
+            if answered is not None:  # it had answered: a child that ended after that never fails it
+                return self._finish(task, self._result(task, "completed", answered, "completed"))
             return self._finish(task, self._result(task, "failed", self.last_text(), limit.stop_reason, str(limit)))
         except SubagentError as exc:  # the host refused a turn (prompt too long, script ran out)
             return self._finish(task, self._result(task, "failed", self.last_text(), "error", str(exc)))

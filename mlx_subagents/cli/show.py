@@ -13,6 +13,7 @@ from rich.rule import Rule
 from ..host.protocol import Message
 from ..runs.transcripts import NOTE_KINDS, RunRecord, TaskEntry, child_runs, read_transcript
 from ..runs.worktrees import Worktree, list_worktrees
+from ..text import first_line
 
 PREVIEW_LINES = 12
 CUT_NOTE = "(the reply was cut short here: a timeout, Ctrl-C or a signal stopped it)"
@@ -121,13 +122,15 @@ def _worktrees(record: RunRecord, task: str | None) -> list[Worktree]:
 
 
 def note_line(record: dict[str, Any]) -> str:
-    """One line for a `task_send`, `task_notice` or `task_cancel` record."""
+    """One line for a `task_send`, `task_notice`, `child_message` or `task_cancel` record."""
     data = record.get("data") or {}
     where = f"generation {record.get('generation', 1)}, turn {record.get('turn', 0)}"
     if record["type"] == "task_send":
         return f"message sent ({where}): {data.get('message', '')}"
-    if record["type"] == "task_notice":
-        return f"notice ({where}): {data.get('text', '')}"
+    if record["type"] == "task_notice":  # its first line: the whole notice is the user message it became
+        return f"notice ({where}): {first_line(str(data.get('text', '')), 200)}"
+    if record["type"] == "child_message":
+        return f"message from {data.get('id', '?')} ({where}): {data.get('message', '')}"
     return f"cancelled ({where}): {data.get('reason', '')}"
 
 

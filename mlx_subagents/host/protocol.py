@@ -224,6 +224,11 @@ class ModelHost(Protocol):
     @property
     def tool_mode(self) -> ToolMode: ...
 
+    @property
+    def thinks(self) -> bool:
+        """Whether its model thinks before it answers: where a thinking budget applies."""
+        ...
+
     def session(self, name: str, *, agent: str | None = None, fork_of: str = "") -> HostSession:
         """The session `name` (a new one, or the existing one with its cache). `fork_of`: a new session
         that starts where that session is (a fork); a host may reuse that session's cache for it."""

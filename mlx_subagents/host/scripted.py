@@ -205,6 +205,7 @@ class ScriptedHost:
     """
 
     tool_mode: ToolMode = "native"  # replies arrive as structured calls
+    thinks = False  # a scripted reply's reasoning is replayed, never bounded by a budget
 
     def __init__(self, source: Path | str | Script, *, context_window: int | None = None) -> None:
         if isinstance(source, Script):

@@ -113,7 +113,16 @@ def event_level(event: Event) -> types.LoggingLevel | None:
     if event.kind == "task_end":
         status = cast(TaskEndData, event.data)["status"]
         return "info" if status == "completed" else "warning"
-    if event.kind in ("task_start", "tool_call", "waiting", "task_notice", "task_send", "task_cancel", "compaction"):
+    if event.kind in (
+        "task_start",
+        "tool_call",
+        "waiting",
+        "task_notice",
+        "child_message",
+        "task_send",
+        "task_cancel",
+        "compaction",
+    ):
         return "info"
     if event.kind in ("turn_start", "usage", "tool_result"):
         return "debug"

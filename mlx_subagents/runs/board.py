@@ -9,10 +9,13 @@ per agent; a command's are `bash#N`), or the label given at the start. At most `
 sub-agents and commands together, are queued or running per board; the process-wide slots still
 bound how many agents run.
 
-When a background task ends, the board tells its parent: a short notice goes into the parent
-session's inbox (read before its next turn), an event `task_notice` goes to the runner's sink
-(through the parent session, so it is in the parent's transcript too), and the `on_notice` callback
-gets the task's status.
+When a background call has ended, the board tells its parent: one notice with the call's answers
+(as the call would have returned them had it waited, capped alike) goes into the parent session's
+inbox (read before its next turn), an event `task_notice` goes to the runner's sink (through the parent
+session, so it is in the parent's transcript too). A call of several tasks is one notice when its last
+task ends (`watch`), unless it asked for one per end (`notify: each`); a continued task's generation is
+a notice of its own, and so is a background command's end. The `on_notice` callback gets each task's
+status as it ends.
 
 The board also answers the model-facing tools (`tools/background.py`): it is their `TaskControl`.
 It holds tasks as `BoardTask`s (what a `TaskHandle` is to it), and knows no runner: who starts
@@ -25,18 +28,20 @@ import asyncio
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from ..agents.inbox import Delivery, Inbox
-from ..caps import MAX_TASKS
+from ..caps import MAX_CHILD_MESSAGES, MAX_TASKS
 from ..errors import RequestError, TaskNotFoundError, TaskStateError
-from ..events import Event, EventSink, TaskNoticeData
+from ..events import ChildMessageData, Event, EventData, EventKind, EventSink, TaskNoticeData
 from ..home import file_name
 from ..results import ChildrenUsage, ChildUsage, LiveStatus, RunResult, RunUsage, StopReason, TaskStatus
-from ..text import NO_ANSWER, first_line
 from ..tools import Workspace
 from ..tools.background_bash import COMMAND_AGENT, CommandLog, CommandTask
+from ..tools.delegation import Delegation
+from ..tools.subagent import format_notice
 from .prepare import Parent
 from .slots import lend
 from .tasks import TaskSpec, check_label
@@ -50,6 +55,18 @@ LET_GO = (
     "foreground children)"
 )
 NoticeCallback = Callable[[TaskStatus], None]
+# A task's notice when no call is watched for it (one task, `notify: each`, a continued task).
+SINGLE = Delegation("single", (), Workspace(Path(".")))
+# What a notice says of an answer the parent already read with task_output.
+READ = "(already read with task_output)"
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A background call whose notice waits until its last task has ended."""
+
+    call: Delegation
+    ids: tuple[str, ...]
 
 
 class BoardTask(Protocol):
@@ -108,6 +125,8 @@ class TaskBoard:
         self._pending: set[str] = set()  # ids reserved by starts not finished yet
         self._changed = asyncio.Event()
         self._scratch: tempfile.TemporaryDirectory[str] | None = None  # commands' logs when nothing is saved
+        self._calls: list[Watched] = []  # background calls whose notice waits for their last task
+        self._read: dict[str, RunResult] = {}  # the results the parent read with task_output, by task id
 
     # -- the API ----------------------------------------------------------------------------------------
 
@@ -260,32 +279,101 @@ class TaskBoard:
 
     # -- notices ----------------------------------------------------------------------------------------
 
+    def watch(self, call: Delegation, ids: Sequence[str]) -> None:
+        """Hold back the notices of a background call's tasks until the last has ended, then give one
+        for them all (a call of one task, or one that asked for `notify: each`, gives one per end)."""
+        if len(ids) > 1 and call.notify != "each":
+            self._calls.append(Watched(call, tuple(ids)))
+
     def ended(self, handle: BoardTask) -> None:
-        """A background generation of `handle` (or a background command) ended: notice to the parent,
-        event, callback."""
+        """A background generation of `handle` (or a background command) ended: the notice it completes
+        (its own, or its call's once the call's last task has ended), event, callback."""
         snapshot = handle.snapshot()
-        status = snapshot.status
-        if snapshot.kind == "command":  # its last line says how it went ("5 passed in 0.3s")
-            line = snapshot.output or "(no output)"
-            line = f"{line} ({snapshot.error})" if snapshot.error else line
+        if snapshot.kind == "command":
+            self._command_notice(handle, snapshot)
         else:
-            result = handle.result
-            line = (first_line(result.output) or NO_ANSWER) if result is not None and result.output else ""
-            if status != "completed":
-                line = (result.error if result is not None else None) or line or "no reason given"
-        text = f"{handle.id} {status}: {line}; read it with task_output"
-        data = TaskNoticeData(id=handle.id, status=status, first_line=line, text=text, run_id=handle.run_id)
-        if self.inbox is not None and handle.cancel_reason is None:  # a cancel needs no notice to who cancelled
-            self.inbox.put(Delivery("task_notice", f"[notice] {text}", key=handle.id))
-        if self.inbox is not None and self.inbox.report is not None:
-            self.inbox.report("task_notice", data)
-        else:
-            label = self.parent.label if self.parent else handle.label
-            agent = self.parent.spec.name if self.parent else snapshot.agent
-            self.on_event(Event(kind="task_notice", label=label, agent=agent, data=data))
+            watched = next((w for w in self._calls if handle.id in w.ids), None)
+            if watched is None:
+                self._notice(SINGLE, [handle], handle.cancel_reason is None)
+            elif not any(self._handles[i].alive for i in watched.ids):
+                self._calls.remove(watched)
+                tasks = [self._handles[i] for i in watched.ids]
+                self._notice(watched.call, tasks, any(t.cancel_reason is None for t in tasks))
         if self.on_notice is not None:
             self.on_notice(snapshot)
         self._changed.set()
+
+    def _notice(self, call: Delegation, tasks: Sequence[BoardTask], deliver: bool) -> None:
+        """The notice of `tasks` (a call's, or one task's): their answers as the call would have returned
+        them; an answer the parent already read with task_output is not repeated, and nothing is said
+        when it read them all (nor to whoever cancelled them: `deliver` false)."""
+        results = [t.result for t in tasks if t.result is not None]
+        read = [self._read.get(t.id) is t.result for t in tasks]
+        if len(results) < len(tasks) or all(read):
+            return
+        results = [r.model_copy(update={"output": READ}) if was else r for r, was in zip(results, read)]
+        text, line = format_notice(call, [t.id for t in tasks], results)
+        statuses = {r.status for r in results}
+        status = statuses.pop() if len(statuses) == 1 else "failed"
+        run_id = tasks[0].run_id if len(tasks) == 1 else None
+        data = TaskNoticeData(
+            id=", ".join(t.id for t in tasks), status=status, first_line=line, text=text, run_id=run_id
+        )
+        self._tell(data, deliver, tasks[0])
+
+    def _command_notice(self, handle: BoardTask, snapshot: TaskStatus) -> None:
+        """A background command's notice: its last line says how it went ("5 passed in 0.3s")."""
+        line = snapshot.output or "(no output)"
+        line = f"{line} ({snapshot.error})" if snapshot.error else line
+        text = f"{handle.id} {snapshot.status}: {line}; read it with task_output"
+        data = TaskNoticeData(id=handle.id, status=snapshot.status, first_line=line, text=text, run_id=None)
+        self._tell(data, handle.cancel_reason is None, handle)
+
+    def _tell(self, data: TaskNoticeData, deliver: bool, task: BoardTask) -> None:
+        """A notice into the parent's inbox (keyed by its task ids: reading one task's output drops its
+        own), and its event."""
+        if self.inbox is not None and deliver:  # a cancel needs no notice to who cancelled
+            self.inbox.put(Delivery("task_notice", f"[notice] {data['text']}", key=data["id"]))
+        self._report("task_notice", data, task)
+
+    def _report(self, kind: EventKind, data: EventData, task: BoardTask) -> None:
+        """An event as the parent's (into its transcript), or a top-level task's own (`task`'s) when no
+        parent session reads this board."""
+        if self.inbox is not None and self.inbox.report is not None:
+            self.inbox.report(kind, data)
+        else:
+            label = self.parent.label if self.parent else task.label
+            agent = self.parent.spec.name if self.parent else task.snapshot().agent
+            self.on_event(Event(kind=kind, label=label, agent=agent, data=data))
+
+    # -- a child's messages -------------------------------------------------------------------------------
+
+    def message(self, task_id: str, text: str) -> str:
+        """A child's message to its parent (`parent_send`): in the parent's inbox for its next turn (a parent
+        waiting on its final answer takes a turn for it), its event as the parent's. At most
+        `MAX_CHILD_MESSAGES` of one child's wait unread; beyond that, `RequestError`."""
+        task = self.get(task_id)
+        if self.inbox is None:
+            raise TaskStateError("nobody reads your messages here; put what you found in your final answer")
+        if self.inbox.count("child_message", task_id) >= MAX_CHILD_MESSAGES:
+            raise RequestError(
+                f"{MAX_CHILD_MESSAGES} of your messages wait unread by your parent, the limit; carry on with "
+                "your task and put the rest in your final answer"
+            )
+        self.inbox.put(Delivery("child_message", f"[message from {task_id}] {text}", key=task_id))
+        self._report("child_message", ChildMessageData(id=task_id, message=text), task)
+        self._changed.set()
+        return "Sent: your parent reads it at its next turn; an answer from it reaches you before your next step."
+
+    async def drain(self) -> None:
+        """For a parent's final answer with no turn left to read a notice in: wait (lending the parent's
+        slot) until its background children have all ended, so that none is cut short by its end."""
+        if not self.alive_agents():
+            return
+        async with lend():
+            while self.alive_agents():
+                self._changed.clear()
+                await self._changed.wait()
 
     async def settle(self) -> bool:
         """For a parent's final answer: while children run and no message is pending, wait (lending the
@@ -311,8 +399,10 @@ class TaskBoard:
         if wait > 0 and handle.alive:
             async with lend():
                 await handle.wait(wait)
-        if not handle.alive and self.inbox is not None:
-            self.inbox.discard(handle.id)  # read now: its notice would say nothing new
+        if not handle.alive and handle.result is not None:
+            self._read[handle.id] = handle.result  # read now: a notice would say nothing new
+            if self.inbox is not None:
+                self.inbox.discard(handle.id)
         return handle.snapshot(), handle.full_output()
 
     def send(self, task_id: str, message: str) -> str:

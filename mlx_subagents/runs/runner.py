@@ -53,6 +53,7 @@ from ..tools.bash import BashTool
 from ..tools.delegation import READ_MORE, Delegation, ForkPoint
 from ..tools.editor import Editor
 from ..tools.mcp_requests import Person
+from ..tools.parent_send import ParentSendTool, Send
 from ..tools.subagent import SubagentTool
 from .board import TaskBoard
 from .call_plan import CallPlan, plan_call, plan_tasks
@@ -273,11 +274,13 @@ class Runner:
         """A `subagent` call with `background: true`: its tasks (or chain or workflow steps, each waiting
         for the ones it needs) started on the parent's board; nothing starts if any of them cannot."""
         plan = plan_call(call, self.catalog, self.cwd, parent=board.parent, board=board, background=True)
-        return await self._start_all(plan, board, delegated=True)
+        return await self._start_all(plan, board, call=call)
 
-    async def _start_all(self, plan: CallPlan, board: TaskBoard, *, delegated: bool = False) -> list[TaskHandle]:
+    async def _start_all(self, plan: CallPlan, board: TaskBoard, *, call: Delegation | None = None) -> list[TaskHandle]:
         """Prepare a plan's tasks as a whole, then start them in the background on `board`, each a run of
-        its own, a chain's or a workflow's steps in their order; a fork starts at the plan's fork point."""
+        its own, a chain's or a workflow's steps in their order; a fork starts at the plan's fork point.
+        A delegated `call`'s notice waits for its last task (`TaskBoard.watch`)."""
+        delegated = call is not None
         ids = plan.ids or []
         try:
             where = {"workspace": plan.workspaces, "shared_input": plan.shared_input, "delegated": delegated}
@@ -291,6 +294,8 @@ class Runner:
             for p, i, tree in zip(prepared, ids, trees)
         ]
         self._started += handles
+        if call is not None:
+            board.watch(call, ids)
         self.launch([h.generation(t.task, *plan.steps.of(i)) for i, (h, t) in enumerate(zip(handles, plan.tasks))])
         return handles
 
@@ -499,13 +504,21 @@ class Runner:
         return RunResult(agent=task.agent, task=task.task, model=failure.model, label=task.label, **data)  # type: ignore[arg-type]
 
     def board_tools(
-        self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, *, forked: bool = False
+        self,
+        parent: Parent,
+        workspace: Workspace,
+        board: TaskBoard | None = None,
+        *,
+        forked: bool = False,
+        speak_up: Send | None = None,
     ) -> dict[str, Tool]:
         """The tools on an agent's `board` (its task registry): for an agent whose file grants `subagent`
         and that runs above the depth limit, `subagent` and the four task tools (`task_status`,
         `task_output`, `task_send`, `task_cancel`); for one with `bash`, a `bash` that starts background
         commands on the board, and the task tools that apply to commands. A fork's (`forked`) are
         listed as its parent's, so its prompt keeps its parent's prefix, but refuse to delegate.
+        A child with tools also gets `parent_send`, its messages going through `speak_up` (a fork has it
+        where its caller does, the caller being a child too).
 
         While its children run in the foreground, the parent lends its process slot (and writer lease) to them.
         """
@@ -523,6 +536,8 @@ class Runner:
             tools["subagent"] = self._subagent_tool(parent, workspace, board, forked=forked)
         if delegates or "bash" in granted:
             tools.update(make_background_tools(workspace, board, sub_agents=delegates))
+        if granted and parent.depth >= (2 if forked else 1):
+            tools["parent_send"] = ParentSendTool(workspace, speak_up)
         return tools
 
     def _subagent_tool(self, parent: Parent, workspace: Workspace, board: TaskBoard, *, forked: bool) -> SubagentTool:
@@ -560,6 +575,8 @@ class Runner:
             forked=forked,
             models=models,
             list_models=list_models,  # the run's own models are granted even where the schema names none
+            # `thinking` is offered where the caller's model thinks (its children run on it unless named)
+            thinking=parent.task is not None and parent.task.host.thinks,
         )
 
     def cancel(self, *, background: bool = True, reason: str | None = None) -> bool:

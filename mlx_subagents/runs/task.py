@@ -36,6 +36,7 @@ from ..tools import Tool, Workspace
 from ..tools.delegation import ForkPoint
 from ..tools.editor import Editor
 from ..tools.mcp_requests import Person
+from ..tools.parent_send import Send
 from .board import TaskBoard
 from .generation import Generation
 from .hosts import SessionNames
@@ -96,7 +97,13 @@ class TaskRuntime(Protocol):
     def resident_hosts(self) -> list[ModelHost]: ...
 
     def board_tools(
-        self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, *, forked: bool = False
+        self,
+        parent: Parent,
+        workspace: Workspace,
+        board: TaskBoard | None = None,
+        *,
+        forked: bool = False,
+        speak_up: Send | None = None,
     ) -> dict[str, Tool]: ...
 
     def new_run(self, handle: TaskHandle) -> tuple[RunRecord, TaskEntry] | None: ...
@@ -169,7 +176,7 @@ class TaskHandle:
         self.inbox = Inbox()
         self.board = TaskBoard(self.workspace, on_event=runtime.on_event, inbox=self.inbox)
         if not interactive:
-            self.inbox.settle = self.board.settle
+            self.inbox.settle, self.inbox.drain = self.board.settle, self.board.drain
         self.state = TaskState.NEW
         self.result: RunResult | None = None
         self.uncapped: RunResult | None = None  # the last result with its whole answer
@@ -571,7 +578,9 @@ class TaskHandle:
             on_text=self.on_text,
             extra_tools={
                 **prepared.mcp_tools,
-                **self.runtime.board_tools(self.board.parent, self.workspace, self.board, forked=forked),
+                **self.runtime.board_tools(
+                    self.board.parent, self.workspace, self.board, forked=forked, speak_up=self._to_parent
+                ),
             },
             denied=prepared.denied,
             project_context=prepared.context,
@@ -587,6 +596,12 @@ class TaskHandle:
             editor=self.runtime.editor,
         )
         return self.session
+
+    def _to_parent(self, text: str) -> str:
+        """Its message to its parent (`parent_send`), on the board that holds it."""
+        if self.owner is None:
+            raise TaskStateError("nobody reads your messages here; put what you found in your final answer")
+        return self.owner.message(self.id, text)
 
     def _transcript(self, *, create: bool = False) -> TaskTranscript | None:
         """Its transcript for the current generation; `create`: name its file if it has none yet."""

@@ -6,7 +6,8 @@ a task file is one record with a `type`:
     task       who and what: agent, model, cwd, task text, label, the tools its parent withheld (first line)
     event      a session event as it happened (tool calls, tool results, messages, usage)
     task_send  a message sent to the task, as it reached it (its next turn, or a new generation)
-    task_notice  a background child of the task ended (id, status, first line of its answer)
+    task_notice  a background call of the task ended (its children's ids, status, the answers as it read them)
+    child_message  a child of the task sent it a message while it worked (`parent_send`: id, message)
     task_cancel  the task was cancelled by whoever held it (reason)
     follow_up  a `resume` message that started a new generation of the task
     messages   the whole conversation at the end of a generation (what `resume` rebuilds from); a
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
 RUN_FILE = "run.json"
 MAX_RUN_RECORD_BYTES = 16 * 2**20  # far more than the task caps allow a run's record to hold
 # Events that are records of their own type (the same fields as an `event` record).
-NOTE_KINDS = ("task_send", "task_notice", "task_cancel")
+NOTE_KINDS = ("task_send", "task_notice", "child_message", "task_cancel")
 # Events a transcript does not record: the streamed text is all in the `message` event after it.
 UNRECORDED_KINDS = ("text",)
 LATEST_ALIASES = ("last", "latest")

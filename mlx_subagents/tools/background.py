@@ -99,6 +99,7 @@ class SendParams(BaseModel):
 
     id: str = Field(description="A task id.")
     message: str = Field(description="What to tell it.")
+    wait: float = Field(default=0, ge=0, description=f"Seconds to wait for its answer (at most {MAX_OUTPUT_WAIT}).")
 
 
 class CancelParams(BaseModel):
@@ -162,32 +163,44 @@ class TaskOutputTool(_BackgroundTool):
         status, text = await self.control.output(params.id, params.wait)
         if problem := offset_problem(status, text, params.offset):
             return error_result(problem)
-        read_more = READ_MORE.format(id=status.id)
-        body = cap_answer(text[params.offset :], None, read_more=read_more, offset=params.offset)
-        command = status.kind == "command"
-        if status.status in ("queued", "running"):
-            body = body or ("(no output yet)" if command else "(no text yet)")
-            head = f"{status_line(status)}\nIt has not finished; its output so far:"
-            return ToolResult(f"{head}\n{body}\n\n[{COMMAND_NEXT_STEPS if command else NEXT_STEPS}]")
-        body = body or ("(no output)" if command else NO_ANSWER)
-        head = f"{status.id} {status.status}" + (f": {status.error}" if status.error else "")
-        if command:
-            head += f" ({one_line(status.last_tool or '', 80)})"
-        if params.offset:
-            head += f" (from character {params.offset})"
-        if status.worktree is not None:
-            head += f"\n{status.worktree.describe(status.id)}"
-        return ToolResult(f"{head}\n\n{body}", is_error=status.status != "completed")
+        return output_result(status, text, params.offset)
+
+
+def output_result(status: TaskStatus, text: str, offset: int = 0) -> ToolResult:
+    """What `task_output` (and `task_send` with `wait`) answers: the task's answer from `offset`, capped,
+    or its output so far and what to do next while it runs."""
+    read_more = READ_MORE.format(id=status.id)
+    body = cap_answer(text[offset:], None, read_more=read_more, offset=offset)
+    command = status.kind == "command"
+    if status.status in ("queued", "running"):
+        body = body or ("(no output yet)" if command else "(no text yet)")
+        head = f"{status_line(status)}\nIt has not finished; its output so far:"
+        return ToolResult(f"{head}\n{body}\n\n[{COMMAND_NEXT_STEPS if command else NEXT_STEPS}]")
+    body = body or ("(no output)" if command else NO_ANSWER)
+    head = f"{status.id} {status.status}" + (f": {status.error}" if status.error else "")
+    if command:
+        head += f" ({one_line(status.last_tool or '', 80)})"
+    if offset:
+        head += f" (from character {offset})"
+    if status.worktree is not None:
+        head += f"\n{status.worktree.describe(status.id)}"
+    return ToolResult(f"{head}\n\n{body}", is_error=status.status != "completed")
 
 
 class TaskSendTool(_BackgroundTool):
     name = "task_send"
-    description = "Tell a sub-agent something; it reads it before its next step."
+    description = "Tell a sub-agent something (it reads it before its next step); with wait, get its answer."
     Params = SendParams
     read_only = False
 
     async def act(self, params: SendParams) -> ToolResult:
-        return ToolResult(self.control.send(params.id, params.message))
+        if problem := wait_problem(params.wait, "with task_output, once it has read the message"):
+            return error_result(problem)
+        said = self.control.send(params.id, params.message)
+        if not params.wait:
+            return ToolResult(said)
+        status, text = await self.control.output(params.id, params.wait)
+        return output_result(status, text)
 
     def describe(self, arguments: dict[str, Any]) -> str:
         return f"{self.name} {arguments.get('id', '?')}: {one_line(str(arguments.get('message', '')), 60)}"

@@ -134,6 +134,9 @@ class Tool:
     by_default: ClassVar[bool] = False
     # The grant it comes with when that is not its own name (the background tools come with `subagent`).
     granted_with: ClassVar[str | None] = None
+    # Comes with being a sub-agent, whatever its file's `tools` say: the runner offers it to a child
+    # (`parent_send`), as the session offers `skill` with skills.
+    by_delegation: ClassVar[bool] = False
     # Claude Code's names of it: a Claude agent file's `tools` and a hook's matcher may use them.
     claude_names: ClassVar[tuple[str, ...]] = ()
     # Goes through the person's editor where a front end has one (`editor.py`): its files, its terminal,

@@ -133,8 +133,9 @@ class SubagentParams(BaseModel):  # flat: a small model fills in optional fields
     )
     background: bool = Field(
         default=False,
-        description="Return task ids at once; a notice comes at each end (default: as the agent's file says).",
+        description="Return task ids at once; their answers come as a notice (default: as the agent's file says).",
     )
+    notify: Literal["", "all", "each"] = Field(default="", description="Background: one notice (all) or one per end.")
     isolation: Isolation
 
     @model_validator(mode="before")
@@ -163,6 +164,7 @@ class Delegation:
         steps: an inline workflow's steps (`tasks` holds each step's task too, for who reads agents).
         isolation: the call's `isolation` (a task's own wins): `worktree`, `none`, or "" for the agent's.
         fork_point: for a call with forks, where they start: the caller's host session and messages.
+        notify: a background call's notices: `each` task's end is one, else one when all have ended.
     """
 
     mode: DelegationMode
@@ -175,6 +177,7 @@ class Delegation:
     isolation: str = ""
     fork_point: ForkPoint | None = None
     steps: tuple[StepTask, ...] = ()
+    notify: str = ""
 
     @property
     def forks(self) -> bool:
@@ -203,7 +206,7 @@ def delegation_schema(
 
     The `subagent` tool and the MCP server's `run_agents` and `start_agents` take these forms."""
     parameters = _plain(_inline_refs(_strip_titles(SubagentParams.model_json_schema())))
-    absent = ([] if background else ["background"]) + ([] if workflows else ["workflow"])
+    absent = ([] if background else ["background", "notify"]) + ([] if workflows else ["workflow"])
     absent += [] if models else ["models"]
     for name in absent:
         del parameters["properties"][name]
@@ -258,6 +261,8 @@ def parse_delegation(
     background = params.background
     if "background" not in params.model_fields_set:
         background = bool(items) and all(t.agent.strip() in background_agents for t in items)
+    if params.notify and not background:
+        raise ToolError(_usage(tool, "'notify' goes with \"background\": true", names, workflows))
     return Delegation(
         mode,
         tuple(items),
@@ -268,6 +273,7 @@ def parse_delegation(
         input=params.input,
         isolation=params.isolation,
         steps=tuple(params.steps),
+        notify=params.notify,
     )
 
 

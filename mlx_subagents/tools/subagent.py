@@ -21,7 +21,7 @@ from ..caps import MAX_ANSWER_BYTES, MAX_CONCURRENCY, MAX_TASKS, MAX_WARNINGS, c
 from ..errors import SubagentError, ToolError
 from ..host.protocol import Message
 from ..results import MultiRunResult, RunResult
-from ..text import NO_ANSWER, one_line
+from ..text import NO_ANSWER, first_line, one_line
 from .base import Tool, ToolResult, error_result, tool_failure
 from .delegation import (
     READ_MORE,
@@ -60,6 +60,7 @@ class SubagentTool(Tool):
         forked: the calling session is itself a fork: every call gets an error result, while the
             tool stays listed so that the fork's prompt keeps its parent's prefix.
         models: the models a call may name (its grants), offered by name in the schema; empty: none.
+        thinking: whether `thinking` is offered (the caller's model thinks).
         list_models: what the `models` form answers (the granted models and what each agent runs on).
     """
 
@@ -92,9 +93,11 @@ class SubagentTool(Tool):
         forked: bool = False,
         models: Sequence[str] = (),
         list_models: Callable[[], str] | None = None,
+        thinking: bool = True,
     ) -> None:
         super().__init__(workspace)
         self.forked = forked
+        self.thinking = thinking
         self.models = tuple(models)
         self.list_models = list_models
         # The calling session's messages and host session, bound by the session (`AgentSession`):
@@ -124,6 +127,7 @@ class SubagentTool(Tool):
             workflows=bool(self.workflows),
             isolation=self.isolation,
             models=self.models,
+            thinking=self.thinking,
         )
         return {
             "type": "function",
@@ -184,8 +188,8 @@ class SubagentTool(Tool):
         except SubagentError as exc:  # a cap, a label clash, an agent not granted
             return error_result(f"{self.name} call refused: {exc}")
         return ToolResult(
-            f"Started in the background: {', '.join(ids)}. Carry on with other work; a notice comes when each "
-            "ends. task_status shows how they are doing, task_output reads an answer (wait to block until "
+            f"Started in the background: {', '.join(ids)}. Carry on with other work; {_when(delegation, ids)}. "
+            "task_status shows how they are doing, task_output reads an answer (wait to block until "
             "it ends), task_send steers one, task_cancel stops one."
         )
 
@@ -212,6 +216,15 @@ class SubagentTool(Tool):
         if arguments.get("models") is True:
             return f"{name} models"
         return f"{name} (no task)"
+
+
+def _when(call: Delegation, ids: Sequence[str]) -> str:
+    """When a background call's notice comes, in the words its start answers with."""
+    if len(ids) == 1:
+        return "a notice with its answer comes when it ends"
+    if call.notify == "each":
+        return "a notice with its answer comes as each ends"
+    return "one notice with all their answers comes when the last ends"
 
 
 def describe_delegation(
@@ -250,11 +263,7 @@ def describe_delegation(
             if workflows
             else ""
         )
-        + (
-            '"background": true (any form): carry on at once; use the ids with the task_* tools.\n'
-            if background
-            else ""
-        )
+        + ('"background": true (any form): carry on at once; their answers come in one notice.\n' if background else "")
         + f"Agents:\n{listing}"
         + ("\nAgent-file warnings:\n" + "\n".join(notes) if notes else "")
     )
@@ -268,7 +277,8 @@ SPENT = ("skipped", "max_turns", "timeout")
 
 def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResult:
     """The children's answers (`_answers`), then the run they are saved as, to name to the user, and the
-    ids that `task_send` continues them by."""
+    ids that `task_send` continues them by (a background call's children are each a run of their own:
+    only the ids)."""
     # The ids of the children the parent may continue (on its board): not an aborted one, nor one that
     # never ran or spent the turns or time its limits give it across generations (task_send refuses them).
     ids = [
@@ -276,12 +286,28 @@ def format_outcome(delegation: Delegation, outcome: MultiRunResult) -> ToolResul
         for i, r in zip(outcome.task_ids, outcome.results)
         if i and r.status != "aborted" and r.stop_reason not in SPENT
     ]
-    more = f"; task_send continues {', '.join(ids)}" if ids else ""
-    footer = f"\n\n[sub-agent run {outcome.run_id}{more}]" if outcome.run_id else ""
+    more = f"task_send continues {', '.join(ids)}" if ids else ""
+    footer = f"\n\n[sub-agent run {outcome.run_id}{'; ' + more if more else ''}]" if outcome.run_id else ""
+    footer = footer or (f"\n\n[{more}]" if more else "")
     kept = [r.worktree.describe(r.label.rsplit(" > ", 1)[-1]) for r in outcome.results if r.worktree is not None]
     footer += "".join(f"\n{line}" for line in kept)
     result = _answers(delegation, outcome, len(footer))
     return ToolResult(result.output + footer, is_error=result.is_error)
+
+
+def format_notice(call: Delegation, ids: Sequence[str], results: Sequence[RunResult]) -> tuple[str, str]:
+    """A background call's notice once all its tasks have ended, and its first line for a view: which
+    tasks ended, then what the call would have returned had it waited (the answers, capped alike, and the
+    ids `task_send` continues). `call`'s mode says how (a single task's, a parallel call's, ...)."""
+    outcome = MultiRunResult.of(call.mode, list(results), None, False, list(ids))  # type: ignore[arg-type]
+    body = format_outcome(call, outcome).output
+    if len(ids) == 1:  # for a view: its answer's first line, or why it did not complete
+        result = results[0]
+        head, line = f"{ids[0]} {result.status}", first_line(result.output) if result.ok else result.error
+    else:
+        head = f"{', '.join(ids)} ended ({sum(r.ok for r in results)}/{len(ids)} completed)"
+        line = first_line(body)
+    return f"{head}:\n{body}", line or first_line(body) or NO_ANSWER
 
 
 def _answers(delegation: Delegation, outcome: MultiRunResult, reserve: int) -> ToolResult:

@@ -28,6 +28,7 @@ def test_tasks_send_cancel_and_notices_at_the_prompt(tmp_path: Path, write_scrip
         "subagent",
         tasks=[{"agent": "worker", "task": "run the slow check"}, {"agent": "scout", "task": "find the app"}],
         background=True,
+        notify="each",  # a notice as each ends, not one when both have
     )
     model = write_script(
         {
@@ -205,7 +206,7 @@ def test_a_background_childs_end_wakes_a_waiting_chat(tmp_path: Path, write_scri
         assert term.wait() == 0
     finally:
         term.close()
-    assert user_messages()[1:] == ["[notice] scout#1 completed: app.py:1; read it with task_output"]
+    assert user_messages()[1:] == ["[notice] scout#1 completed:\napp.py:1\n\n[task_send continues scout#1]"]
 
 
 def test_wake_off_waits_for_the_persons_message(tmp_path: Path, write_script: Any) -> None:
@@ -226,5 +227,5 @@ def test_wake_off_waits_for_the_persons_message(tmp_path: Path, write_script: An
     finally:
         term.close()
     assert user_messages()[1:] == [
-        "what did it find?\n\n[notice] scout#1 completed: app.py:1; read it with task_output"
+        "what did it find?\n\n[notice] scout#1 completed:\napp.py:1\n\n[task_send continues scout#1]"
     ]

@@ -195,7 +195,7 @@ def tool_messages(result: Any) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_them(
+def test_a_parent_works_while_two_children_run_then_gets_one_notice_with_both_answers(
     tmp_path: Path, scripted_runner: Any
 ) -> None:
     (tmp_path / "notes.txt").write_text("remember the tests\n")
@@ -206,9 +206,6 @@ def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_
                     bg(tasks=[{"agent": "scout", "task": "map auth"}, {"agent": "planner", "task": "plan it"}]),
                     call("read", path="notes.txt"),
                     "Waiting for the scout and the planner.",
-                    "Still waiting for the planner.",
-                    call("task_output", id="scout#1"),
-                    call("task_output", id="planner#1"),
                     "Auth is in auth.py; the plan has two steps.",
                 ]
             },
@@ -221,33 +218,91 @@ def test_a_parent_works_while_two_children_run_then_gets_both_notices_and_reads_
     result = run_parent(runner)
 
     assert (result.status, result.output) == ("completed", "Auth is in auth.py; the plan has two steps.")
-    started, read, output_1, output_2 = tool_messages(result)
-    assert started.startswith("Started in the background: scout#1, planner#1. Carry on with other work;")
+    assert result.usage.turns == 4  # the call, the read, the answer while they ran, the answer on their notice
+    started, read = tool_messages(result)
+    assert started.startswith(
+        "Started in the background: scout#1, planner#1. Carry on with other work; one notice with all their "
+        "answers comes when the last ends."
+    )
     assert read == "     1\tremember the tests"  # read while the children ran
-    assert output_1 == "scout#1 completed\n\nauth is in auth.py\nmore detail"
-    assert output_2 == "planner#1 completed\n\n1. test 2. fix"
     messages = read_transcript(Path(result.transcript)).messages
-    notices = [m["content"] for m in messages if m["role"] == "user"][1:]
-    assert notices == [
-        "[notice] scout#1 completed: auth is in auth.py; read it with task_output",
-        "[notice] planner#1 completed: 1. test 2. fix; read it with task_output",
-    ]
-    # Each notice came right after an answer the parent gave while a child still ran.
-    at = [i for i, m in enumerate(messages) if m["content"] in notices]
-    assert [messages[i - 1]["content"] for i in at] == [
-        "Waiting for the scout and the planner.",
-        "Still waiting for the planner.",
-    ]
-    notice_events = [e for e in events if e.kind == "task_notice"]
-    assert [(e.label, e.data["id"], e.data["status"], e.data["first_line"]) for e in notice_events] == [
-        ("orchestrator", "scout#1", "completed", "auth is in auth.py"),
-        ("orchestrator", "planner#1", "completed", "1. test 2. fix"),
-    ]
+    notice = (
+        "[notice] scout#1, planner#1 ended (2/2 completed):\nParallel: 2/2 tasks completed\n\n"
+        "### [scout#1] completed\nauth is in auth.py\nmore detail\n\n### [planner#1] completed\n1. test 2. fix"
+        "\n\n[task_send continues scout#1, planner#1]"
+    )
+    assert [m["content"] for m in messages if m["role"] == "user"][1:] == [notice]
+    # It came right after the answer the parent gave while they ran, once the last had ended.
+    at = next(i for i, m in enumerate(messages) if m["content"] == notice)
+    assert messages[at - 1]["content"] == "Waiting for the scout and the planner."
+    [event] = [e for e in events if e.kind == "task_notice"]
+    assert (event.label, event.data["id"], event.data["status"], event.data["first_line"]) == (
+        "orchestrator",
+        "scout#1, planner#1",
+        "completed",
+        "Parallel: 2/2 tasks completed",
+    )
+    assert event.data["text"] == notice.removeprefix("[notice] ")
     log = read_transcript(Path(result.transcript))
-    assert [r["data"]["id"] for r in log.records if r["type"] == "task_notice"] == ["scout#1", "planner#1"]
+    assert [r["data"]["id"] for r in log.records if r["type"] == "task_notice"] == ["scout#1, planner#1"]
     # The children are saved inside the parent's run, one run each, under their ids.
     children = sorted(t.label for c in child_runs(load_run(result.run_id)) for t in c.tasks)
     assert children == ["orchestrator > planner#1", "orchestrator > scout#1"]
+
+
+def test_notify_each_gives_a_notice_per_end_and_an_answer_read_is_not_repeated(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    bg(tasks=[{"agent": "scout", "task": "a"}, {"agent": "planner", "task": "b"}], notify="each"),
+                    "Waiting for both.",
+                    "Waiting for the planner.",
+                    bg(tasks=[{"agent": "scout", "task": "c", "label": "fast"}, {"agent": "planner", "task": "d"}]),
+                    call("task_output", id="fast", wait=30),
+                    "Waiting again.",
+                    "Done.",
+                ]
+            },
+            "scout": {"replies": [{"content": "scouted", "delay": 0.2}]},
+            "planner": {"replies": [{"content": "planned", "delay": 1.2}]},
+        }
+    }
+    result = run_parent(scripted_runner(script))
+
+    assert (result.status, result.output) == ("completed", "Done.")
+    notices = [m["content"] for m in read_transcript(Path(result.transcript)).messages if m["role"] == "user"][1:]
+    assert notices == [
+        "[notice] scout#1 completed:\nscouted\n\n[task_send continues scout#1]",
+        "[notice] planner#1 completed:\nplanned\n\n[task_send continues planner#1]",
+        "[notice] fast, planner#2 ended (2/2 completed):\nParallel: 2/2 tasks completed\n\n"
+        "### [fast] completed\n(already read with task_output)\n\n### [planner#2] completed\nplanned\n\n"
+        "[task_send continues fast, planner#2]",
+    ]
+
+
+def test_a_parent_that_answered_never_fails_because_a_child_ended_after_it(scripted_runner: Any) -> None:
+    """With no turn left after its answer, the parent waits for its children and ends with that answer;
+    with a turn left, it reads their notice, and a limit after that still ends it with its answer."""
+    last_turn = {
+        "agents": {
+            "orchestrator": {"replies": [bg(agent="scout", task="look"), "Started the scout; it will report."]},
+            "scout": {"replies": [{"content": "found it", "delay": 0.5}]},
+        }
+    }
+    result = run_parent(scripted_runner(last_turn, max_turns=2))
+    assert (result.status, result.output, result.usage.turns) == ("completed", "Started the scout; it will report.", 2)
+    [child] = result.children.tasks
+    assert (child.label, child.status) == ("orchestrator > scout#1", "completed")  # not cut short by its end
+
+    limit_after = {
+        "agents": {
+            "orchestrator": {"replies": [bg(agent="scout", task="look"), "It is looking.", call("ls", path=".")]},
+            "scout": {"replies": [{"content": "found it", "delay": 0.3}]},
+        }
+    }
+    result = run_parent(scripted_runner(limit_after, max_turns=3))
+    assert (result.status, result.stop_reason, result.output) == ("completed", "completed", "It is looking.")
 
 
 @pytest.mark.slow
@@ -414,7 +469,7 @@ def test_the_depth_limit_holds_for_background_children(tmp_path: Path, scripted_
     assert [m["content"] for m in child_log.messages if m["role"] == "tool"] == [
         "Error: delegation refused: this agent already runs at depth 1 and the limit is 1 (max_depth); do the task "
         "yourself with your other tools",
-        "Error: unknown tool 'task_output'; available tools: read",  # at the limit, no task tools either
+        "Error: unknown tool 'task_output'; available tools: read, parent_send",  # at the limit, no task tools
     ]
 
 
@@ -475,6 +530,33 @@ def test_a_forced_parent_starts_a_background_child_and_reads_its_answer_on_the_t
     assert read_transcript(child.transcript_path(child.tasks[0])).results[-1].usage.cached_tokens > 0
 
 
+def test_three_background_scouts_cost_the_parent_one_turn_more_on_the_tiny_model(forced_orchestrator: Any) -> None:
+    """Their answers come in one notice once the last has ended: the parent's turns are the call, the
+    answer it gives while they run and the answer on their notice (a notice per end, each read with
+    task_output, took six turns more)."""
+    from mlx_subagents.testing import tool_call_text
+
+    scouts = [{"agent": "scout", "task": f"look at part {n}"} for n in (1, 2, 3)]
+    replies = {
+        "orchestrator": [
+            tool_call_text("subagent", {"tasks": scouts, "background": True}),
+            "The scouts are looking.",
+            "Parts 1, 2 and 3 are mapped.",
+        ],
+        **{f"orchestrator > scout#{n}": [f"part {n} is in p{n}.py"] for n in (1, 2, 3)},
+    }
+    result, scripts = forced_orchestrator(replies, context_window=16384)
+
+    assert (result.status, result.output, result.usage.turns) == ("completed", "Parts 1, 2 and 3 are mapped.", 3)
+    assert [scripts.remaining(name) for name in replies] == [0, 0, 0, 0]
+    messages = read_transcript(Path(result.transcript)).messages
+    [notice] = [m["content"] for m in messages if m["role"] == "user"][1:]
+    assert notice.startswith("[notice] scout#1, scout#2, scout#3 ended (3/3 completed):\nParallel: 3/3 tasks")
+    for n in (1, 2, 3):
+        assert f"### [scout#{n}] completed\npart {n} is in p{n}.py" in notice
+    assert [m["role"] for m in messages[-3:]] == ["assistant", "user", "assistant"]  # answer, notice, answer
+
+
 # -- records: --events and `subagent show` ----------------------------------------------------------
 
 
@@ -511,12 +593,12 @@ def test_run_events_and_show_record_sends_and_notices_in_order(tmp_path: Path, w
     ]
     assert notes == [
         ("task_send", "orchestrator > scout#1", "also the tests"),
-        ("task_notice", "orchestrator", "scout#1 completed: auth.py, tested; read it with task_output"),
+        ("task_notice", "orchestrator", "scout#1 completed:\nauth.py, tested\n\n[task_send continues scout#1]"),
     ]
     parent = load_run("last")
     code, shown, _ = run_cli("show", parent.run_id)
     assert code == 0
-    assert "notice (generation 1, turn 3): scout#1 completed: auth.py, tested; read it with task_output" in shown
+    assert "notice (generation 1, turn 3): scout#1 completed:\n" in shown
     assert shown.index("user: [notice] scout#1 completed") < shown.index("assistant: Done: auth.py, tested.")
     child = child_runs(parent)[0]
     code, shown, _ = run_cli("show", child.run_id)
@@ -538,8 +620,6 @@ def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(tmp_path
                     ),
                     call("task_status"),
                     "Waiting.",
-                    "Waiting for the plan.",
-                    call("task_output", id="planner#1"),
                     "The plan is ready.",
                 ]
             },
@@ -551,10 +631,14 @@ def test_a_background_chain_runs_its_steps_in_order_under_their_own_ids(tmp_path
     result = run_parent(runner)
 
     assert result.output == "The plan is ready."
-    started, status, output = tool_messages(result)
+    started, status = tool_messages(result)
     assert started.startswith("Started in the background: scout#1, planner#1. ")
     assert status.splitlines()[1].startswith("planner#1 (planner) queued: turn 0, 0 tokens")  # waits for step 1
-    assert output == "planner#1 completed\n\n1. read p.py"
+    notice = [m["content"] for m in read_transcript(Path(result.transcript)).messages if m["role"] == "user"][-1]
+    # As the chain would have answered in the foreground: its last step's answer.
+    assert notice == (
+        "[notice] scout#1, planner#1 ended (2/2 completed):\n1. read p.py\n\n[task_send continues scout#1, planner#1]"
+    )
     planner = next(c for c in child_runs(load_run(result.run_id)) if c.tasks[0].agent == "planner")
     log = read_transcript(planner.transcript_path(planner.tasks[0]))
     assert log.messages[1]["content"] == task_text("plan: the parser is in p.py", tmp_path)
@@ -626,6 +710,38 @@ def test_a_foreground_child_is_continued_with_task_send_on_its_own_session(
     [host] = runner.preparer.hosts.values()
     first, *later = host.history["orchestrator > scout#1"]
     assert len(later) == 2 and later[0][: len(first) + 1] == [*first, {"role": "assistant", "content": "app.py:1"}]
+
+
+def test_task_send_with_wait_returns_the_continued_childs_answer_in_the_same_call(scripted_runner: Any) -> None:
+    script = {
+        "agents": {
+            "orchestrator": {
+                "replies": [
+                    call("subagent", agent="scout", task="find the app"),
+                    call("task_send", id="scout#1", message="and where is it tested?", wait=30),
+                    bg(agent="planner", task="plan it"),
+                    call("task_send", id="planner#1", message="keep it short", wait=30),
+                    call("task_send", id="planner#1", message="again", wait=301),
+                    "app.py, tested in test_app.py; plan: one step.",
+                ]
+            },
+            "scout": {"replies": ["app.py:1", "test_app.py:3"]},
+            "planner": {"replies": [{"content": "Planning.", **call("ls", path="."), "delay": 0.3}, "1. one step"]},
+        }
+    }
+    events: list[Event] = []
+    result = run_parent(scripted_runner(script, events))
+
+    assert (result.status, result.usage.turns) == ("completed", 6)
+    _, continued, _, steered, over = tool_messages(result)
+    assert continued == "scout#1 completed\n\ntest_app.py:3"  # an ended child, continued and waited for
+    assert steered == "planner#1 completed\n\n1. one step"  # a running one: the message at its next turn
+    assert over == (
+        "Error: wait is at most 300 seconds, got 301; wait 300 and call again with task_output, once it has read "
+        "the message"
+    )
+    # Read in the call: no notice repeats either answer to the parent.
+    assert not [m for m in user_texts(read_transcript(Path(result.transcript)).messages) if "[notice]" in m]
 
 
 def test_the_oldest_foreground_conversations_are_let_go_and_a_message_to_one_is_refused(

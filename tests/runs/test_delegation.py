@@ -385,7 +385,7 @@ def test_a_child_without_the_grant_cannot_delegate(scripted_runner: Any) -> None
     child = load_run("last", home=load_run("last").folder)
     # Under the orchestrator, scout also lost `bash` (not granted with `scout!`): see test_delegation_rules.
     assert answers(child.transcript_path(child.tasks[0])) == [
-        "Error: unknown tool 'subagent'; available tools: read, grep, find, ls"
+        "Error: unknown tool 'subagent'; available tools: read, grep, find, ls, parent_send"
     ]
     assert not (child.folder / "runs").exists()
 

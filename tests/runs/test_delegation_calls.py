@@ -89,7 +89,7 @@ def test_each_child_that_cannot_start_fails_alone_under_a_grant(
     ) in result
     assert "### [nobody#1] failed (error): unknown agent 'nobody'; 'lead' may start: scout, remote, wordy\n" in result
     assert f"### [remote#1] failed (error): {tmp_path / 'missing.json'}: cannot read the scripted model file" in result
-    assert "### [wordy#1] failed (error): agent 'wordy' has a system prompt and 1 tool of " in result
+    assert "### [wordy#1] failed (error): agent 'wordy' has a system prompt and 2 tools of " in result
     assert "add it to grant it" not in result.split("### [nobody#1]")[1].split("###")[0]
 
 

@@ -17,6 +17,7 @@ from mlx_subagents.runs.prepare import Parent
 from mlx_subagents.runs.tasks import ModelRef, TaskSpec
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.tools import Workspace
+from mlx_subagents.tools.delegation import delegation_schema
 from tests.helpers import call, run_parent
 from tests.host.test_grammar import ANSWER
 
@@ -139,7 +140,7 @@ def test_allowed_tools_narrow_a_child_and_naming_one_it_lacks_is_refused(tmp_pat
     assert narrowed.startswith("alpha\n\n[sub-agent run ")
     [child] = child_logs(result).values()
     ls, read = [m["content"] for m in child.messages if m["role"] == "tool"]
-    assert ls == "Error: unknown tool 'ls'; available tools: read"
+    assert ls == "Error: unknown tool 'ls'; available tools: read, parent_send"  # its channel to its parent stays
     assert read == "     1\talpha"
 
 
@@ -246,21 +247,22 @@ def test_the_schema_offers_each_choice_in_every_form_plainly(scripted_runner: An
     properties = parameters["properties"]
     forms = [properties, *(properties[f]["items"]["properties"] for f in ("tasks", "chain", "steps"))]
     for fields in forms:
-        assert {k: {n: v for n, v in fields[k].items() if n != "description"} for k in CHOICES} == {
+        assert {k: {n: v for n, v in fields[k].items() if n != "description"} for k in CHOICES if k in fields} == {
             "task_file": {"type": "string"},
             "output_schema": {"type": "object"},
             "allowed_tools": {"items": {"type": "string"}, "type": "array"},
             "system_prompt": {"type": "string"},
-            "thinking": {"minimum": 0, "type": "integer"},
             "single_shot": {"type": "boolean"},
-        }
+        }  # `thinking` only where the caller's model thinks (this one has no model)
     assert properties["max_turns"] == {
         "exclusiveMinimum": 0,
         "type": "integer",
         "description": "Fewer turns than its limit.",
     }
-    json.dumps(parameters)
     jsonschema.Draft202012Validator.check_schema(parameters)
+    thinks = delegation_schema(background=False, thinking=True)["properties"]
+    for fields in [thinks, *(thinks[f]["items"]["properties"] for f in ("tasks", "chain", "steps"))]:
+        assert {n: v for n, v in fields["thinking"].items() if n != "description"} == {"minimum": 0, "type": "integer"}
 
 
 CHOICES = ("task_file", "output_schema", "allowed_tools", "system_prompt", "thinking", "single_shot")

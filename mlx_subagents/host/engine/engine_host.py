@@ -107,6 +107,7 @@ class EngineHost:
     # The engine renders the tools with its template and parses the calls; an engine without a
     # parser for its model returns them as text, read as the prompted mode's Hermes format.
     tool_mode: ToolMode = "native"
+    thinks = True  # its model may: `thinking` 0 asks its template for none, any other budget is the engine's
 
     def __init__(
         self,

@@ -649,6 +649,11 @@ class MlxModelHost:
         return self.chat.tool_mode
 
     @property
+    def thinks(self) -> bool:
+        """A thinking model (`ChatFormat.thinks`): its replies' thoughts are bounded by a budget."""
+        return self.chat.thinks
+
+    @property
     def kv_trimmable(self) -> bool:
         """False for hybrid models, whose sessions also hold a cache snapshot."""
         return self._trimmable
