@@ -89,11 +89,11 @@ def test_session_joins_a_running_batch(tiny_qwen3_path: Path, tiny_qwen3: Any) -
             )
             await started.wait()
             # On its own, s0 decodes on mlx-lm's single-sequence path; s1 moves it into the batch.
-            assert host._scheduler._batch is None and host._scheduler.single is not None or not batching
+            assert host._scheduler.decode.batch is None and host._scheduler.decode.single is not None or not batching
             b = await host.session("s1").generate(
                 task(1), GenerateArgs(max_tokens=12, on_event=texts(lambda t: order.append("b")))
             )
-            assert (host._scheduler._batch is not None) == batching
+            assert (host._scheduler.decode.batch is not None) == batching
             return await a, b
 
     a_batched, b_batched = asyncio.run(go(True))
@@ -122,9 +122,9 @@ def test_sessions_started_together_decode_in_one_batch_from_their_first_token(
             )
             for i in range(4):
                 await host.session(f"s{i}").reset()
-            prefills = Forwards(host._scheduler.model)  # what the prefill feeds (the batch keeps the model)
-            host._scheduler.model = prefills
-            with host._scheduler._batch.stats() as stats:
+            prefills = Forwards(host._scheduler.prefill.model)  # what the prefill feeds (the batch keeps the model)
+            host._scheduler.prefill.model = prefills
+            with host._scheduler.decode.batch.stats() as stats:
                 replies = await asyncio.gather(
                     *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(4))
                 )
@@ -152,10 +152,10 @@ def test_hybrid_sessions_started_together_decode_in_one_batch_from_their_first_t
         scripts = ForcedScripts(tiny_qwen35[1], texts)
         async with MlxModelHost(str(tiny_qwen35_path), processor_factory=scripts, batching=batching) as host:
             scheduler = host._scheduler
-            await host._mlx.run(scheduler._ensure_batch)  # there from the start, to count its steps
+            await host._mlx.run(scheduler.decode.ensure_batch)  # there from the start, to count its steps
             rounds, stats = [], []
             for _ in range(2):  # the first computes the shared prefix; the second starts from it
-                with scheduler._batch.stats() as window:
+                with scheduler.decode.batch.stats() as window:
                     replies = await asyncio.gather(
                         *(host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=8)) for i in range(4))
                     )
@@ -276,7 +276,7 @@ def test_unbatchable_caches_fall_back_to_serialized_turns(tiny_qwen3_path: Path)
                 model.make_cache = lambda: [ConcatenateKVCache() for _ in model.layers]
             out = list(await asyncio.gather(*(conversation(host, i) for i in range(3))))
             if unbatchable:
-                assert host._scheduler._batch is None  # nothing ever went through the batch
+                assert host._scheduler.decode.batch is None  # nothing ever went through the batch
             return out
 
     assert asyncio.run(go(True)) == asyncio.run(go(False))
@@ -336,7 +336,7 @@ def test_a_failed_batch_step_fails_its_turns_and_leaves_every_cache_consistent(t
     async def go() -> tuple[list[Any], list[Any], list[tuple[int, ...]]]:
         async with MlxModelHost(str(tiny_qwen3_path), share_prefix=False) as host:
             idle = await host.session("s3").generate(task(3), GenerateArgs(max_tokens=8))  # parked before the failure
-            batch = await host._mlx.run(host._scheduler._ensure_batch)
+            batch = await host._mlx.run(host._scheduler.decode.ensure_batch)
             real_next, calls = batch.next, []
 
             def failing_next() -> Any:
@@ -347,7 +347,7 @@ def test_a_failed_batch_step_fails_its_turns_and_leaves_every_cache_consistent(t
 
             batch.next = failing_next
             failed = await first_replies(host, [0, 1], max_tokens=40)
-            assert host._scheduler._batch is None and not host._scheduler.decoding
+            assert host._scheduler.decode.batch is None and not host._scheduler.decode.decoding
             # Failed sessions start over from an empty cache; the idle one kept its cache.
             after = await first_replies(host, [0, 1], max_tokens=40)
             follow_up = task(3) + [idle.to_message(), result(3, 0)]

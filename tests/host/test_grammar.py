@@ -391,7 +391,7 @@ def test_batched_rows_each_keep_their_own_tools(
             replies = await asyncio.gather(
                 *(s.generate(TASK, GenerateArgs(max_tokens=64), tools=own[n]) for n, s in sessions.items())
             )
-            return replies, host._scheduler.most_decoding
+            return replies, host._scheduler.decode.most_decoding
 
     replies, together = asyncio.run(go())
     assert together == 2  # one batch
@@ -468,7 +468,7 @@ async def open_note(path: Path, room: int, grammar: bool = True) -> tuple[Any, i
     async with MlxModelHost(str(path)) as host:
         opening = '<tool_call>\n{"name": "note", "arguments": {"text": "'
         start = host.tokenizer.encode(opening, add_special_tokens=False)
-        host._scheduler._processor_factory = lambda name, ids: [Prefix(start)]
+        host._scheduler.decode.processor_factory = lambda name, ids: [Prefix(start)]
         args = GenerateArgs(max_tokens=len(start) + room, grammar=grammar)
         return await host.session("a").generate(TASK, args, tools=[NOTE]), len(start)
 

@@ -52,7 +52,7 @@ def test_four_sessions_batched_at_8_bits_decode_as_each_alone(
         async with MlxModelHost(str(path), kv_bits=8) as host:
             out = list(await asyncio.gather(*(conversation(host, i) for i in range(4))))
             assert host.kv_bits == 8
-            return out, host._scheduler.most_decoding, {k for i in range(4) for k in layer_kinds(host, f"s{i}")}
+            return out, host._scheduler.decode.most_decoding, {k for i in range(4) for k in layer_kinds(host, f"s{i}")}
 
     async def alone() -> list[Any]:
         out = []
@@ -108,7 +108,7 @@ def test_a_quantized_session_cancelled_in_the_batch_goes_on_from_its_cut_cache(
             replies = await running
             with pytest.raises(asyncio.CancelledError):
                 await doomed
-            assert host._scheduler.most_decoding == 4
+            assert host._scheduler.decode.most_decoding == 4
             again = await host.session("s9").generate(task(9), GenerateArgs(max_tokens=8))
             return [r.token_ids for r in replies], again
 

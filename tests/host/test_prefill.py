@@ -103,7 +103,7 @@ def test_a_short_prompt_arriving_during_a_long_prefill_decodes_before_it(tiny_qw
     sch.submit(c)
     while "c" not in results:
         sch.step()
-    assert len(results["c"].token_ids) == 6 and not b.generated and b in sch.prefilling
+    assert len(results["c"].token_ids) == 6 and not b.generated and b in sch.prefill.turns
     while sch.has_work():
         sch.step()
     assert len(results["b"].token_ids) == 4 and results["b"].usage.prefill_wait_seconds > 0
@@ -129,12 +129,16 @@ def test_a_cancelled_turn_mid_prefill_leaves_no_slice_state_and_parks_what_it_ho
     sch.submit(b)
     for _ in range(3):
         sch.step()
-    assert (len(sch.groups) == 1 and set(sch.groups[0].turns) == {b, c}) if together else not sch.groups
+    assert (
+        (len(sch.prefill.groups) == 1 and set(sch.prefill.groups[0].turns) == {b, c})
+        if together
+        else not sch.prefill.groups
+    )
     assert 0 < b.pos < len(b.ids) - 1
     b.cancel.set()
     sch.step()
-    assert results["b"].finish_reason == "cancelled" and b not in sch.prefilling and b.group is None
-    assert not sch.groups and (c.group is None)
+    assert results["b"].finish_reason == "cancelled" and b not in sch.prefill.turns and b.group is None
+    assert not sch.prefill.groups and (c.group is None)
     held = sch.pool.idle("b")
     assert held is b.state and held.token_ids == b.ids[: b.pos]
     assert {layer.offset for layer in held.prompt_cache} == {b.pos}

@@ -110,7 +110,7 @@ def test_single_turn_decodes_a_burst_per_step_token_identical_to_serialized_and_
     assert SINGLE_BURST_TOKENS == 8
     assert held == [[0], [0], [8], [16], [20]]
     assert results["a"].finish_reason == "length"
-    assert sch.most_decoding == 1  # one decoded, on its own (`serve --status`: "at most 1 decoding")
+    assert sch.decode.most_decoding == 1  # one decoded, on its own (`serve --status`: "at most 1 decoding")
 
     serial: dict[str, Reply] = {}
     serialized = scheduler(tiny_qwen3, batching=False, factory=forced(tiny_qwen3, "a"))
@@ -197,7 +197,7 @@ def test_a_second_turn_ends_the_bursts_and_both_match_serialized(tiny_qwen3: tup
             sch.submit(b)
 
     held = run(sch, [a], arrive, watch=[a, b])
-    assert sch.most_decoding == 2
+    assert sch.decode.most_decoding == 2
     # Step 4: b is admitted, a decodes one token and hands the next over; then one token per step for
     # each in the batch (mlx-lm's: b's prompt first, its first token a step after a's next one); b
     # ends (a at 23), and a, single again, decodes its last 7 tokens in the same step, one burst.
@@ -316,7 +316,7 @@ def test_the_mlx_thread_runs_jobs_after_a_step_raised() -> None:
 
 def where(sch: Scheduler, turn: Turn) -> str:
     """Which path decodes `turn` now: "single" (single-sequence), "batch", or "-" (neither)."""
-    return "single" if sch.single is turn else "batch" if turn in sch.decoding.values() else "-"
+    return "single" if sch.decode.single is turn else "batch" if turn in sch.decode.decoding.values() else "-"
 
 
 def follow_up(turn: Turn, reply: Reply, results: dict[str, Any]) -> Turn:
@@ -380,7 +380,7 @@ def test_the_last_turn_in_the_batch_goes_on_single_token_identical(tiny_qwen3: t
     # b's last token: a moves out of the batch and decodes a burst in the same step.
     assert held[12:] == [[18, 10], [26, 10], [34, 10], [40, 10]]
     assert paths[12:] == ["single", "single", "single", "-"]
-    assert sch.decoding == {} and sch.single is None
+    assert sch.decode.decoding == {} and sch.decode.single is None
     assert results["a"].finish_reason == "length" and results["b"].finish_reason == "length"
     assert results["a"].token_ids == stream_generate_ids(tiny_qwen3, "a", a.ids, 40)
     assert_holds_exactly(a, results["a"].token_ids)

@@ -1,7 +1,7 @@
 """Streamed text: the same text a per-token detokenizer gives, in one piece per turn per wake-up.
 
 The scheduler queues a turn's tokens and detokenizes them when it hands text to the caller's loop
-(`Scheduler._flush`), so a caller gets one callback per wake-up however many tokens came in between;
+(`Outbox.flush`), so a caller gets one callback per wake-up however many tokens came in between;
 a turn's first text still goes out at the end of the step that made it. Driven step by step on the
 test's thread, as in test_single.py.
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from mlx_subagents.host.mlx import outbox as outbox_module
 from mlx_subagents.host.mlx import scheduler as scheduler_module
 from mlx_subagents.host.mlx.turn import TextSink, Turn
 from mlx_subagents.host.protocol import Reply
@@ -64,7 +65,7 @@ def test_a_single_turn_streams_its_first_text_at_once_then_the_rest_in_one_piece
     tiny_qwen3: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With no interval elapsing, the only wake-ups are the first text's and the turn's end."""
-    monkeypatch.setattr(scheduler_module, "DEFAULT_STREAM_INTERVAL_S", 60.0)
+    monkeypatch.setattr(outbox_module, "DEFAULT_STREAM_INTERVAL_S", 60.0)
     results, pieces = drive(tiny_qwen3, forced(tiny_qwen3, "a"), [("a", 0, 30)])
     text = per_token_text(tiny_qwen3[1], results["a"].token_ids)
     assert len(results["a"].token_ids) == 30
@@ -78,7 +79,7 @@ def test_batched_turns_stream_the_per_token_text_one_piece_per_wake_up(
 ) -> None:
     """Two turns decoding in step from their first token: their first texts go out at once, and then
     the only wake-up before a's end is b's end (a turn's result comes after all streamed text)."""
-    monkeypatch.setattr(scheduler_module, "DEFAULT_STREAM_INTERVAL_S", 60.0)
+    monkeypatch.setattr(outbox_module, "DEFAULT_STREAM_INTERVAL_S", 60.0)
     results, pieces = drive(tiny_qwen3, forced(tiny_qwen3, "a", "b"), [("a", 0, 24), ("b", 1, 16)])
     a, b = results["a"].token_ids, results["b"].token_ids
     assert (len(a), len(b)) == (24, 16)
@@ -95,7 +96,7 @@ def test_every_step_a_wake_up_streams_the_same_text(
     tiny_qwen3: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An interval of zero: a piece per turn per step that made text, joined the per-token text."""
-    monkeypatch.setattr(scheduler_module, "DEFAULT_STREAM_INTERVAL_S", 0.0)
+    monkeypatch.setattr(outbox_module, "DEFAULT_STREAM_INTERVAL_S", 0.0)
     results, pieces = drive(tiny_qwen3, forced(tiny_qwen3, "a", "b"), [("a", 0, 24), ("b", 1, 16)])
     for name in ("a", "b"):
         assert "".join(pieces[name]) == per_token_text(tiny_qwen3[1], results[name].token_ids)

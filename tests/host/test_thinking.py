@@ -268,7 +268,7 @@ def test_a_host_run_gives_the_recorded_token_ids(batching: bool, tiny_thinking_p
                     for name, b in budgets.items()
                 )
             )
-            batched = host._scheduler._batch is not None  # made when a turn joins the batch
+            batched = host._scheduler.decode.batch is not None  # made when a turn joins the batch
         return {name: list(r.token_ids) for name, r in zip(budgets, replies, strict=True)}, batched
 
     ids, batched = asyncio.run(go())

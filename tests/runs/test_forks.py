@@ -328,7 +328,7 @@ def test_four_forks_on_the_tiny_model_start_from_their_parents_cache(
     assert [scripts.remaining(f"lead > fork#{i + 1}") for i in range(4)] == [0, 0, 0, 0]
     # Arriving together, the four decoded together: one batch held all of them at once.
     (host,) = made
-    assert host._scheduler.most_decoding == 4
+    assert host._scheduler.decode.most_decoding == 4
 
 
 def test_a_prompt_starts_from_the_longest_shared_prefix_it_extends() -> None:

@@ -454,9 +454,10 @@ class MlxModelHost:
             self._mlx.has_jobs,
             await self._open_store(),
             self._make_cache,
+            (kind, self.chat.calls.start, self.chat.calls.end)
+            if (kind := self.chat.grammar_kind) is not None
+            else None,
         )
-        if (kind := self.chat.grammar_kind) is not None:
-            self._scheduler.call_format = (kind, self.chat.calls.start, self.chat.calls.end)
         self._mlx.stepper = self._scheduler
         if self._shared:
             await self._shared.join(self, budget)
@@ -691,7 +692,7 @@ class MlxModelHost:
     @property
     def most_decoding(self) -> int:
         """The most turns that ever decoded at once, in one batch (1: one on its own; 0 before the first turn)."""
-        return self._scheduler.most_decoding if self._model is not None else 0
+        return self._scheduler.decode.most_decoding if self._model is not None else 0
 
     async def memory_stats(self) -> MemoryStats:
         import mlx.core as mx

@@ -1,0 +1,342 @@
+"""The decode stage: the turns generating their replies, in one mlx-lm `BatchGenerator` batch or, for
+a turn with nothing else in flight, on mlx-lm's single-sequence path (the single turn).
+
+A turn enters from the prefill stage (`begin`) with its cache holding all but its last prompt token.
+In the batch every turn advances one token per `step`; the single turn decodes several tokens per
+scheduler step (`run_single`), moves into the batch when a second turn arrives (`handover`) and back
+out when it is the last one left (`leave_batch`). Each token goes to the outbox; a turn that ends
+goes back to the scheduler (`ended`) with the cache that holds its reply, and a turn's own failure
+(`failed`) fails only that turn. The grammar's masks of the batch's constrained rows are applied
+together in the batch's model call (`masks.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..calls.grammar import Constrainer, Grammars
+from ..calls.thinking import prompt_opens_thought, thought_budget
+from ..protocol import FinishReason, ProcessorFactory
+from .config import SchedulerConfig
+from .masks import MaskBatch, MaskedModel, Row
+from .outbox import Outbox
+from .single import SingleStream, take_from_batch
+from .turn import Turn
+
+# A turn leaves the stage: (turn, why, the cache holding its reply, the ids it holds when cut inside the batch).
+Ended = Callable[[Turn, FinishReason, "list[Any] | None", "list[int] | None"], None]
+Failed = Callable[[Turn, Exception], None]
+
+
+def batchable(cache: list[Any] | None) -> bool:
+    """Whether a cache can join mlx-lm's batch: every layer merges into its batch class."""
+    return bool(cache) and all(hasattr(c, "merge") for c in cache)  # type: ignore[union-attr]
+
+
+def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]:
+    """`processor`, but an exception is kept on the turn (failing only that turn) instead of escaping the batch step."""
+
+    def run(tokens: Any, logits: Any) -> Any:
+        if turn.error is None:
+            try:
+                return processor(tokens, logits)
+            except Exception as exc:
+                turn.failed(exc)
+        return logits
+
+    return run
+
+
+class DecodeStage:
+    """The decoding turns: the batch's by uid (`decoding`) and the single turn (`single`)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: SchedulerConfig,
+        outbox: Outbox,
+        ended: Ended,
+        failed: Failed,
+        processor_factory: ProcessorFactory | None = None,
+        call_format: tuple[Any, str, str] | None = None,
+        sliced: bool = True,
+    ) -> None:
+        """`call_format`: (grammar kind, start, end) of the model's calls, which a grammar needs;
+        `sliced`: prompts are prefilled in slices (else the batch prefills, and its steps count it)."""
+        self.model, self.tokenizer, self.config, self.outbox = model, tokenizer, config, outbox
+        self._ended, self._failed = ended, failed
+        self.processor_factory = processor_factory
+        self.call_format = call_format
+        self._sliced = sliced
+        self.decoding: dict[int, Turn] = {}
+        self.single: Turn | None = None  # decoding on its own while nothing else decodes
+        # The most turns that ever decoded in the batch at once: what shows that turns arriving
+        # together (a call's forks, parallel children) decode together.
+        self.most_decoding = 0
+        self.batch: Any = None
+        self._eos = frozenset(tokenizer.eos_token_ids)  # a set, not the tokenizer's property per token
+        self._grammars: Grammars | None = None  # made at the first request with a grammar
+        # One sampler per (temperature, top_p): mlx-lm samples the rows sharing one as one batch.
+        self._samplers: dict[tuple[float, float], Any] = {}
+        self._masks = MaskBatch(self._constrained_rows)
+
+    def turns(self) -> list[Turn]:
+        return [*self.decoding.values(), *([self.single] if self.single else [])]
+
+    def busy(self) -> bool:
+        """Whether any turn decodes (a turn that arrives then joins the batch)."""
+        return bool(self.decoding or self.single)
+
+    def joins(self, turn: Turn) -> bool:
+        """Decode in the batch: others decode already. On mlx-lm's single-sequence path otherwise."""
+        return self.config.batching and batchable(turn.cache) and self.busy()
+
+    def begin(self, turn: Turn, join: bool) -> None:
+        """Decode in the batch (`join`), or as the single turn: a burst of tokens per step, or to the end
+        when serialized."""
+        turn.processors = self.processor_factory(turn.name, turn.ids) if self.processor_factory else []
+        turn.sampler = self._sampler(turn.request.temperature, turn.request.top_p)
+        if turn.request.seed is not None:
+            import mlx.core as mx
+
+            mx.random.seed(turn.request.seed)  # its draws follow from here (alone in the batch: exactly)
+        request = turn.request
+        if (request.grammar_tools or request.answer_schema is not None) and (grammar := self._grammar(turn)):
+            grammar.known = turn.generated  # the tokens this loop has read: no sync to learn them
+            grammar.limit = turn.max_tokens  # a call still open near it is closed
+            turn.grammar, turn.processors = grammar, [grammar, *turn.processors]
+        if turn.request.thinking is not None and (
+            budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)
+        ):
+            turn.processors = [*turn.processors, budget]  # last: closing the thought wins over other processors
+        turn.detokenizer = self.tokenizer.detokenizer if turn.sink else None
+        if join:
+            if self.single is not None:
+                self.handover(self.single)
+            self._insert(turn, turn.ids[turn.pos :], turn.ids[: turn.pos], turn.max_tokens)
+            return
+        turn.stream = SingleStream(self.model, turn.cache, turn.ids, turn.sampler, turn.processors)  # type: ignore[arg-type]
+        self.most_decoding = max(self.most_decoding, 1)
+        if self.config.batching and batchable(turn.cache):
+            self.single = turn  # a burst of tokens per step, until it ends or a second turn arrives
+        else:  # serialized (or a cache that cannot join a batch): to the end now
+            self.run_single(turn, turn.max_tokens, turn.cancel.is_set)
+            if turn.stream is not None:  # stopped by its cancel
+                self.end_single(turn, "cancelled")
+
+    def _grammar(self, turn: Turn) -> Constrainer | None:
+        """The turn's grammar for its calls and answer: first of its processors (a processor after it that
+        forces a token wins, and the grammar lets go there: no check on the device of what the others
+        left), before the thought budget, so a thought is closed even mid-call."""
+        if self._grammars is None:
+            assert self.call_format is not None, "a request with a grammar needs the host's call format"
+            self._grammars = Grammars(self.tokenizer, *self.call_format)
+        request = turn.request
+        opened = prompt_opens_thought(self.tokenizer, turn.ids)
+        thinks = bool(request.thinking)  # None: not a thinking model; 0: thinking off
+        return self._grammars.processor(
+            request.grammar_tools, request.answer_schema, opened, thinks, require_call=request.require_call
+        )
+
+    def _sampler(self, temperature: float, top_p: float = 1.0) -> Any:
+        """The sampler of `temperature` and `top_p`, one object for every turn that has them: mlx-lm samples
+        a batch whose rows share one sampler with one call, and row by row otherwise."""
+        key = (temperature, top_p if temperature > 0 else 1.0)  # greedy: top_p changes nothing
+        if key not in self._samplers:
+            from mlx_lm.sample_utils import make_sampler
+
+            self._samplers[key] = make_sampler(temp=key[0], top_p=key[1] if key[1] < 1 else 0.0)
+        return self._samplers[key]
+
+    # -- the batch ----------------------------------------------------------------
+
+    def ensure_batch(self) -> Any:
+        if self.batch is None:
+            from mlx_lm.generate import BatchGenerator
+
+            self.batch = BatchGenerator(
+                MaskedModel(self.model, self._masked),
+                stop_tokens=[[t] for t in self.tokenizer.eos_token_ids],
+                prefill_step_size=self.config.prefill_step_size,
+                completion_batch_size=8,
+                prefill_batch_size=8,
+            )
+        return self.batch
+
+    def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
+        """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
+        processors = [_attributed(turn, p) for p in turn.processors]
+        # The grammar is the row's processor for its first step only (`masks.py`).
+        turn.grammar_row = processors[0] if turn.grammar is not None else None
+        turn.uid = self.ensure_batch().insert(
+            [prompt],
+            max_tokens=[max_tokens],
+            caches=[turn.cache],
+            all_tokens=[held],
+            samplers=[turn.sampler],
+            logits_processors=[processors],
+        )[0]
+        turn.state.prompt_cache = turn.cache = None  # the batch owns it now
+        self.decoding[turn.uid] = turn
+        self.most_decoding = max(self.most_decoding, len(self.decoding))
+
+    def _masked(self, inputs: Any, cache: Any, logits: Any) -> Any:
+        """The logits of a call of the batch's model: a decode step of the batch (its own caches) has
+        its constrained rows masked together (`MaskBatch`)."""
+        generation = self.batch._generation_batch  # type: ignore[union-attr]  # mlx-lm 0.32-0.33
+        return self._masks.apply(generation, inputs, logits) if cache is generation.prompt_cache else logits
+
+    def _constrained_rows(self, generation: Any) -> list[Row]:
+        """The rows of `generation` held by a grammar, in its order; each one's grammar leaves its
+        processors in mlx-lm's loop at its first step here."""
+        rows: list[Row] = []
+        for i, uid in enumerate(generation.uids):
+            turn = self.decoding.get(uid)
+            if turn is None or turn.grammar is None or turn.error is not None:
+                continue
+            processors = generation.logits_processors[i]
+            if processors and processors[0] is turn.grammar_row:
+                generation.logits_processors[i] = processors[1:]
+            rows.append((i, turn.grammar, turn.failed))
+        return rows
+
+    def step(self) -> None:
+        """One step of the batch: a token for each turn in it. A failure of the step itself fails the
+        batch's turns (`fail_batch` is the scheduler's to call: it returns them)."""
+        try:
+            if not self._sliced:  # the step also prefilled a chunk of a prompt in the batch
+                with self.batch.stats() as stats:
+                    _, responses = self.batch.next()
+                self._prefilled_in_batch(stats.prompt_time)
+            else:
+                _, responses = self.batch.next()
+        except Exception as exc:
+            self._fail_batch(exc)
+            return
+        for response in responses:
+            turn = self.decoding.get(response.uid)
+            if turn is None:
+                continue
+            try:
+                if turn.error is not None:
+                    raise turn.error
+                done = self._on_token(turn, response.token)
+                if response.finish_reason is not None:
+                    del self.decoding[response.uid]
+                    self._ended(turn, done or "length", response.prompt_cache, None)
+            except Exception as exc:
+                self._failed(turn, exc)
+
+    def _prefilled_in_batch(self, seconds: float) -> None:
+        """With slicing off, the batch step prefilled for `seconds`: the turns decoding already waited."""
+        if seconds > 0:
+            for turn in self.decoding.values():
+                if turn.generated:
+                    turn.prefill_wait_s += seconds
+
+    def _fail_batch(self, exc: Exception) -> None:
+        """The shared decode step failed: the batch and every cache in it are gone, so its turns fail.
+
+        Turns still prefilling or waiting hold their own caches and go on; the failed turns'
+        sessions start over with an empty cache.
+        """
+        turns = list(self.decoding.values())
+        self.decoding.clear()
+        self.batch = None
+        for turn in turns:
+            turn.state.reset()
+            turn.deliver(False, exc)
+
+    # -- the single turn ------------------------------------------------------------
+
+    def run_single(self, turn: Turn, n_tokens: int, stop: Callable[[], bool]) -> None:
+        """Up to `n_tokens` tokens of a turn on the single path: fewer when it ends, or when `stop()`,
+        asked between tokens, says so. The text so far goes out between tokens."""
+        for n in range(1, n_tokens + 1):
+            if self._single_step(turn) is not None or n == n_tokens or stop():
+                return
+            self.outbox.flush()
+
+    def _single_step(self, turn: Turn) -> FinishReason | None:
+        """One token of a turn on the single path; its cache ends holding every token it produced."""
+        done = self._on_token(turn, turn.stream.next())  # type: ignore[union-attr]
+        if done is None and len(turn.generated) >= turn.max_tokens:
+            done = "length"
+        if done is not None:
+            self.end_single(turn, done)
+        return done
+
+    def end_single(self, turn: Turn, finish: FinishReason) -> None:
+        turn.stream = None
+        if self.single is turn:
+            self.single = None
+        self._ended(turn, finish, turn.cache, None)
+
+    def handover(self, turn: Turn) -> None:
+        """A second turn is about to decode: the single one continues in the batch from its next token."""
+        stream = turn.stream
+        assert stream is not None
+        self.single, turn.stream = None, None
+        token = stream.handover()
+        done = self._on_token(turn, token)
+        if done is None and len(turn.generated) >= turn.max_tokens:
+            done = "length"
+        if done is not None:  # it ends on that very token: put it in the cache, as the batch would have
+            stream.feed(token)
+            self._ended(turn, done, turn.cache, None)
+            return
+        self._insert(turn, [token], turn.ids + turn.generated[:-1], turn.max_tokens - len(turn.generated))
+
+    def leave_batch(self, turn: Turn) -> None:
+        """The last turn in the batch, with no other to come, goes on as the single turn: mlx-lm's
+        single-sequence path is faster than a batch of one (agents end at different times, so a
+        straggler is common). It continues from the token the batch computed next; a new turn brings
+        it back (`handover`)."""
+        try:
+            taken = take_from_batch(self.batch, turn.uid)  # type: ignore[arg-type]
+            if taken is None:  # still prefilling in the batch, or a cache kind that stays there
+                return
+            del self.decoding[turn.uid]  # type: ignore[arg-type]
+            turn.uid = None
+            cache, held, pending = taken
+            turn.cache = turn.state.prompt_cache = cache
+            turn.stream = SingleStream(self.model, cache, held, turn.sampler, turn.processors, pending)
+            self.single = turn
+        except Exception as exc:
+            self._failed(turn, exc)
+
+    # -- tokens and leaving -----------------------------------------------------------
+
+    def _on_token(self, turn: Turn, token: int) -> FinishReason | None:
+        """Record a token and queue it for streaming (the outbox); "stop" at an end-of-turn token."""
+        if not turn.generated:
+            turn.prompt_s = time.perf_counter() - turn.started
+        turn.generated.append(token)
+        if token in self._eos:
+            return "stop"
+        self.outbox.token(turn)
+        return None
+
+    def cancel(self, turn: Turn) -> None:
+        """End a cancelled decoding turn, keeping what its cache holds."""
+        if turn is self.single:
+            self.end_single(turn, "cancelled")
+            return
+        del self.decoding[turn.uid]  # type: ignore[arg-type]
+        cache, held = self.batch.remove([turn.uid], return_prompt_caches=True)[turn.uid]
+        self._ended(turn, "cancelled", cache, list(held))
+
+    def remove(self, turn: Turn) -> None:
+        """A failed turn leaves the stage (its cache is gone with it)."""
+        if turn.uid is not None and self.decoding.pop(turn.uid, None) is not None:
+            self.batch.remove([turn.uid])
+        if self.single is turn:
+            self.single = None
+
+    def clear(self) -> None:
+        """Forget every turn and the batch (after an unexpected error, nothing in them can be trusted)."""
+        self.decoding.clear()
+        self.batch, self.single = None, None

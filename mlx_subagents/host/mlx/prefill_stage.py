@@ -1,0 +1,338 @@
+"""The prefill stage: admitted turns' prompts fed into their caches, then handed to the decode stage.
+
+A turn is opened when its prefill begins (`open`: the cache it continues from, its session's, a
+shared prefix or a hybrid model's snapshot, and its stops: a new shared prefix to save, a snapshot,
+its end), so that a shared prefix computed by the turn before is already there. Unsliced
+(`--prefill-slice off`) it feeds a chunk per step, or hands every ready turn to mlx-lm's batch at once;
+sliced, it feeds one slice when the decoders have had their share (`prefill.py`: the policy, whose
+prompt, groups of turns prefilled as one padded batch). A turn at its end goes to the decode stage.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..calls.prompt import common_prefix, generation_prompt_length
+from ..kv.kv_pool import CacheState, KVPool, shared_prefix_of
+from ..kv.prefix_cache import SharedPrefixes
+from ..kv.prefix_store import PrefixStore
+from .config import SchedulerConfig
+from .decode_stage import DecodeStage, batchable
+from .outbox import Outbox
+from .prefill import PrefillGroup, SlicePolicy, pick
+from .turn import Turn
+
+
+class PrefillStage:
+    """The prefilling turns in their order (`turns`), the groups among them and the slice policy."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: SchedulerConfig,
+        pool: KVPool,
+        prefixes: SharedPrefixes,
+        decode: DecodeStage,
+        outbox: Outbox,
+        failed: Callable[[Turn, Exception], None],
+        trimmable: bool,
+        store: PrefixStore | None = None,
+        make_cache: Callable[[], list[Any]] | None = None,
+    ) -> None:
+        """`trimmable`: False for hybrid caches (see `_prepare_cache`); `store`: the disk tier under the
+        shared prefixes (None: memory only); `make_cache`: a fresh prompt cache under the host's
+        `--kv-bits` (None: mlx-lm's own)."""
+        self.model, self.tokenizer, self.config, self.pool, self.prefixes = model, tokenizer, config, pool, prefixes
+        self.decode, self.outbox, self._failed = decode, outbox, failed
+        self._trimmable, self.store, self._make_cache = trimmable, store, make_cache
+        self.turns: deque[Turn] = deque()
+        self.groups: list[PrefillGroup] = []  # turns prefilled together (see `_sliced`)
+        self.policy = SlicePolicy.of(config.prefill_slice, config.prefill_step_size)  # None: slicing off
+
+    def _active(self) -> list[Turn]:
+        return [*self.turns, *self.decode.turns()]
+
+    def step(self) -> None:
+        """One prefill slice when one is due (sliced), else a chunk or the ready turns into the batch."""
+        if self.policy is not None:
+            self._sliced()
+            return
+        tic, decoders = time.perf_counter(), self.decode.turns()
+        self._unsliced()
+        for turn in decoders:  # they waited for that chunk
+            turn.prefill_wait_s += time.perf_counter() - tic
+
+    def decoded(self, seconds: float, steps: int = 1) -> None:
+        """Decode work took `seconds`: it counts towards the decoders' share (`SlicePolicy`)."""
+        if self.policy is not None:
+            self.policy.decoded(seconds, steps)
+
+    # -- opening a turn -------------------------------------------------------------
+
+    def _open(self, turn: Turn) -> None:
+        """Pick the cache to continue from and plan the stops, when the prefill begins.
+
+        Deferred until then so that a shared prefix computed by the turn before
+        (prefills run one after another) is already there.
+        """
+        state = turn.state
+        self._load_prefix(turn.prefix)
+        turn.cache, turn.n_cached = self._prepare_cache(state, turn.ids)
+        turn.shared = shared_prefix_of(turn.cache)
+        turn.pos = turn.n_cached
+        state.prompt_cache, state.token_ids, state.render = turn.cache, turn.ids[: turn.pos], None
+        turn.stops = self._plan_stops(turn)
+        if self.policy is None:  # slicing off: its prefill begins now (sliced: at its first slice)
+            self.outbox.prefill_begun(turn)
+
+    def _prepare_cache(self, state: CacheState, ids: list[int]) -> tuple[list[Any], int]:
+        """The cache to continue from and how many prompt ids it already holds."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        held, cache = state.token_ids, state.prompt_cache
+        if state.dropped:  # evicted without a spill: what it held is prefilled again
+            self.pool.counters.reprefilled_tokens += min(common_prefix(held, ids), len(ids) - 1)
+            state.dropped = False
+        if self.config.reuse and cache is not None and held:
+            n = min(common_prefix(held, ids), len(ids) - 1)
+            if n == len(held):
+                return cache, n
+            if self._trimmable:
+                trim_prompt_cache(cache, len(held) - n)
+                return cache, n
+            if state.snapshot is not None and 0 < state.snapshot[0] <= n:
+                return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
+        state.snapshot = None
+        return self.prefixes.start(ids) or (self.fresh_cache(), 0)
+
+    def fresh_cache(self) -> list[Any]:
+        """An empty prompt cache: the host's, under its `--kv-bits`, else mlx-lm's with dense layers that
+        can start from a shared prefix."""
+        if self._make_cache is not None:
+            return self._make_cache()
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from ..kv.prefixed_cache import shared_layers
+
+        return shared_layers(make_prompt_cache(self.model))
+
+    def _load_prefix(self, prefix: list[int]) -> None:
+        """A new session's prefix that no session of this process prefilled: from the disk tier, when stored."""
+        if prefix and self.store is not None and prefix not in self.prefixes:
+            cache = self.store.load(prefix)
+            if cache is not None:
+                self.prefixes.add(prefix, cache)
+
+    def _plan_stops(self, turn: Turn) -> list[tuple[int, str]]:
+        stops: list[tuple[int, str]] = []
+        prefix = turn.prefix
+        if prefix and turn.pos <= len(prefix) and prefix not in self.prefixes:
+            stops.append((len(prefix), "prefix"))
+        if self.config.reuse and not self._trimmable:
+            req = turn.request
+            snap = len(turn.ids) - generation_prompt_length(
+                self.tokenizer, req.messages, req.tools, req.template_kwargs
+            )
+            if 0 < snap and turn.pos <= snap:
+                stops.append((snap, "snapshot"))
+        stops.append((len(turn.ids) - 1, "end"))
+        return sorted(stops)
+
+    # -- unsliced ---------------------------------------------------------------------
+
+    def _unsliced(self) -> None:
+        """`--prefill-slice off`: start decoding every turn ready to, together (mlx-lm's batch prefills
+        what is left of their prompts, a chunk per decode step); else feed one turn one chunk.
+
+        Turns that arrive together (the usual fan-out of sub-agents) then enter mlx-lm's batch in
+        the same step: it prefills their remaining prompts as one padded batch and they decode in
+        step from the first token, instead of one decoding on the single path while the next ones prefill.
+        While nothing decodes yet, the ready turns wait for the turn behind them to reach its end
+        (a hybrid model's turn first saves a snapshot); once others decode, ready turns join at once.
+        """
+        ready = self._ready()
+        behind = self._behind(ready)
+        batched = self.config.batching and (len(ready) > 1 or self.decode.busy())
+        if ready and batched and behind is None:
+            for turn in ready:
+                self.turns.remove(turn)
+                try:
+                    self.decode.begin(turn, join=True)
+                except Exception as exc:
+                    self._failed(turn, exc)
+        elif self.turns:
+            turn = behind or self.turns[0]
+            try:
+                self._chunk(turn)
+            except Exception as exc:
+                self._failed(turn, exc)
+
+    def _behind(self, ready: list[Turn]) -> Turn | None:
+        """The turn after the ready ones that they wait for: it still has a stop to save before its
+        end and can join their batch, and nothing decodes yet (else the ready ones join at once)."""
+        if not self.config.batching or self.decode.busy() or len(self.turns) <= len(ready):
+            return None
+        turn = self.turns[len(ready)]  # where `_ready` stopped: opened, its next stop not "end"
+        return turn if turn.stops[0][1] != "end" and batchable(turn.cache) else None
+
+    def _ready(self) -> list[Turn]:
+        """The turns at the head of the prefill queue with nothing left to save before they decode.
+
+        A turn is opened (its cache chosen) only once every turn before it is ready, so that a
+        shared prefix computed by one of those is already there.
+        """
+        ready: list[Turn] = []
+        for turn in list(self.turns):
+            try:
+                if turn.cache is None:
+                    self._open(turn)
+            except Exception as exc:
+                self._failed(turn, exc)
+                continue
+            if turn.stops[0][1] != "end" or not batchable(turn.cache):
+                break
+            ready.append(turn)
+        return ready
+
+    def _chunk(self, turn: Turn, n_tokens: int | None = None) -> None:
+        """Feed one chunk (up to the next stop, at most `n_tokens`, the prefill step by default); at a
+        stop, save what it asks for."""
+        import mlx.core as mx
+
+        if turn.cache is None:
+            self._open(turn)
+        self.outbox.prefill_begun(turn)
+        stop, action = turn.stops[0]
+        end = min(turn.pos + (n_tokens or self.config.prefill_step_size), stop)
+        if end > turn.pos:
+            tic = time.perf_counter()
+            self.model(mx.array(turn.ids[turn.pos : end])[None], cache=turn.cache)
+            mx.eval([c.state for c in turn.cache])
+            turn.token_s = (time.perf_counter() - tic) / (end - turn.pos)
+            turn.fresh = turn.fresh and action != "end"
+            turn.pos = end
+            turn.state.token_ids = turn.ids[:end]
+        if turn.pos < stop:
+            return
+        turn.stops.pop(0)
+        if action == "prefix":  # the turn goes on from the entry: the prefix is held once, for it and the next
+            turn.cache = turn.state.prompt_cache = self.prefixes.add(turn.ids[:stop], turn.cache)
+            turn.shared = shared_prefix_of(turn.cache)
+            if self.store is not None:
+                self.store.save(turn.ids[:stop], turn.cache)  # a copy; the writer thread does the disk
+        elif action == "snapshot":
+            turn.state.snapshot = (stop, copy.deepcopy(turn.cache))
+        elif action == "end":
+            self.turns.remove(turn)
+            self.decode.begin(turn, self.decode.joins(turn))
+
+    # -- sliced (see prefill.py) ------------------------------------------------------
+
+    def _sliced(self) -> None:
+        """One slice of prefill, when the decoders have had their share: the shortest remaining prompt's
+        (`prefill.pick`), on its own cache or its group's. Every other turn in flight waited for it."""
+        opened = self._open_turns()
+        decoding = self.decode.busy()
+        policy = self.policy
+        assert policy is not None
+        work = pick(opened, self.groups, decoding, self.config.prefill_step_size, batchable, self.config.batching)
+        urgent = work is not None and policy.urgent(work)
+        if work is None or not (urgent or policy.due(decoding)):
+            return
+        group = self._group(work.together) if work.together else work.group
+        tic = time.perf_counter()
+        if group is not None:
+            fed = list(group.turns)
+            n_tokens = policy.step_size if urgent else policy.size(decoding, len(fed), group.token_s)
+            self._feed_group(group, n_tokens)
+        elif work.turn is not None:
+            fed = [work.turn]
+            n_tokens = policy.step_size if urgent else policy.size(decoding, 1, work.turn.token_s)
+            try:
+                self._chunk(work.turn, n_tokens)
+            except Exception as exc:
+                self._failed(work.turn, exc)
+        elapsed = time.perf_counter() - tic
+        policy.sliced(elapsed, decoding)
+        for turn in self._active():
+            if turn not in fed:
+                turn.prefill_wait_s += elapsed
+
+    def _open_turns(self) -> list[Turn]:
+        """The prefilling turns with their cache chosen (`_open`), opening them in order: a turn waits
+        while one before it still has a shared prefix to save, which it may start from."""
+        opened: list[Turn] = []
+        for turn in list(self.turns):
+            if turn.cache is None and turn.group is None:
+                if any(action == "prefix" for t in opened for _, action in t.stops):
+                    break
+                try:
+                    self._open(turn)
+                except Exception as exc:
+                    self._failed(turn, exc)
+                    continue
+            opened.append(turn)
+        return opened
+
+    def _group(self, turns: tuple[Turn, ...]) -> PrefillGroup | None:
+        """Turns ready together, as one group (their caches merged into one padded batch)."""
+        try:
+            group = PrefillGroup(self.model, turns, self.config.prefill_step_size)
+        except Exception as exc:
+            for turn in turns:
+                self._failed(turn, exc)
+            return None
+        self.groups.append(group)
+        return group
+
+    def _feed_group(self, group: PrefillGroup, n_tokens: int) -> None:
+        """One slice of a group; the turns at their end leave it and decode, together (a group of one
+        left goes on on its own cache). A failed slice fails the group's turns: their caches were in it."""
+        for turn in group.turns:
+            self.outbox.prefill_begun(turn)
+        try:
+            done = group.feed(n_tokens)
+            for turn in done:
+                self._ungroup(group, turn)
+            if len(group.turns) == 1:
+                self._ungroup(group, group.turns[0])
+        except Exception as exc:
+            self.groups.remove(group)
+            for turn in list(group.turns):
+                turn.group = None
+                self._failed(turn, exc)
+            return
+        join = self.config.batching and (len(done) > 1 or self.decode.busy())
+        for turn in done:
+            self.turns.remove(turn)
+            try:
+                self.decode.begin(turn, join)
+            except Exception as exc:
+                self._failed(turn, exc)
+
+    def _ungroup(self, group: PrefillGroup, turn: Turn) -> None:
+        """`turn` leaves its group with its own cache (the group ends with its last turn)."""
+        turn.cache = turn.state.prompt_cache = group.take(turn)
+        turn.state.token_ids = turn.ids[: turn.pos]
+        turn.fresh = False
+        if not group.turns:
+            self.groups.remove(group)
+
+    def remove(self, turn: Turn) -> None:
+        """A cancelled or failed turn leaves the stage and its group, if in one, with its cache (a turn
+        left alone in the group goes on on its own cache)."""
+        group = turn.group
+        if group is not None:
+            self._ungroup(group, turn)
+            if len(group.turns) == 1:
+                self._ungroup(group, group.turns[0])
+        self.turns.remove(turn)
+
+    def clear(self) -> None:
+        self.turns.clear()
+        self.groups.clear()
