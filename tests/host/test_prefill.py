@@ -238,7 +238,7 @@ def test_a_turns_prefill_is_told_at_its_first_slice_once(tiny_qwen3: tuple[Any, 
     """b (long) and c (short) arrive in one step while a decodes: c is prefilled first, so c's prefill
     is told first; b's only in the step of its own first slice (until then it waits), each exactly once
     with the tokens it computes and those it reuses."""
-    from mlx_subagents.host.mlx.turn import TextSink
+    from mlx_subagents.host.mlx.turn import OutputSink, TurnOutput
 
     loop, told, results = asyncio.new_event_loop(), [], {}
     try:
@@ -248,7 +248,12 @@ def test_a_turns_prefill_is_told_at_its_first_slice_once(tiny_qwen3: tuple[Any, 
             for n, m, k in (("a", task(0), 300), ("b", long_task(1, 30), 2), ("c", task(2), 2))
         )
         for turn in (b, c):
-            turn.sink = TextSink(loop, lambda _: None, lambda n, cached, name=turn.name: told.append((name, n, cached)))
+
+            def receive(output: TurnOutput, name: str = turn.name) -> None:
+                if output.prefill is not None:
+                    told.append((name, *output.prefill))
+
+            turn.sink = OutputSink(loop, receive)
         sch.submit(a)
         while not a.generated:
             sch.step()

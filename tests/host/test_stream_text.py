@@ -15,7 +15,7 @@ import pytest
 
 from mlx_subagents.host.mlx import outbox as outbox_module
 from mlx_subagents.host.mlx import scheduler as scheduler_module
-from mlx_subagents.host.mlx.turn import TextSink, Turn
+from mlx_subagents.host.mlx.turn import OutputSink, Turn, TurnOutput
 from mlx_subagents.host.protocol import Reply
 from mlx_subagents.testing import ForcedScripts
 from tests.host.test_single import SCRIPT, forced, make_turn, run, scheduler
@@ -41,7 +41,11 @@ def per_token_text(tokenizer: Any, generated: tuple[int, ...]) -> str:
 
 
 def streaming(turn: Turn, loop: asyncio.AbstractEventLoop, pieces: list[str]) -> Turn:
-    turn.sink = TextSink(loop, pieces.append)
+    def receive(output: TurnOutput) -> None:
+        if output.prefill is None:  # its text; a prefill begun says none
+            pieces.append(output.text)
+
+    turn.sink = OutputSink(loop, receive)
     return turn
 
 

@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,7 +57,7 @@ from .loading import config_context_window, load_model, read_config, resolve_mod
 from .mlx_thread import Deliver, MlxThread
 from .resident import Registration, reserve
 from .scheduler import Scheduler, SchedulerConfig
-from .turn import Request, TextSink, Turn
+from .turn import OutputSink, Request, Turn, TurnOutput
 
 if TYPE_CHECKING:
     from ..settings import HostSettings
@@ -224,24 +225,17 @@ class MlxSession:
         if args.tool_choice != "auto" and tools:
             request = replace(request, grammar_tools=chosen_tools(tools, args.tool_choice, grammar), require_call=True)
         cancel = threading.Event()
-        on_event, visible = args.on_event, None
-        turns: list[Turn] = []  # the turn, once the mlx thread made it: what it generated so far
-        sink = None
-        if on_event is not None:
+        visible, sink = None, None
+        if (on_event := args.on_event) is not None:
             visible = chat.visible_text(on_event, opened)
-
-            def began(n: int, cached: int) -> None:
-                on_event(PrefillBegun(n, cached))
-
-            sink = TextSink(asyncio.get_running_loop(), _counted(visible, on_event, turns), began)
+            sink = OutputSink(asyncio.get_running_loop(), _receiver(visible, on_event))
 
         if self._forking is not None:
             forking, self._forking = self._forking, None
             await forking
 
         def submit(deliver: Deliver) -> None:
-            turns.append(Turn(self.name, self._state, request, cancel, sink, deliver))
-            self._host._scheduler.submit(turns[0])
+            self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
 
         self.cut = None
         future = self._host._mlx.submit(submit)
@@ -296,16 +290,18 @@ def chosen_tools(tools: list[ToolSchema], choice: str, grammar: bool) -> list[To
     return named
 
 
-def _counted(visible: TextCallback, on_event: OnHostEvent, turns: list[Turn]) -> TextCallback:
-    """The turn's streamed text to `visible`, then how many tokens it has generated so far: read on the
-    caller's loop when the text arrives (a list's length is safe to read across threads)."""
+def _receiver(visible: TextCallback, on_event: OnHostEvent) -> Callable[[TurnOutput], None]:
+    """A turn's outputs as host events, on the caller's loop: its prefill begun, then each piece of new
+    text (to `visible`, which splits off call markup and reasoning) and the tokens generated so far."""
 
-    def on_piece(text: str) -> None:
-        visible(text)
-        if turns:
-            on_event(TokensSoFar(len(turns[0].generated)))
+    def receive(output: TurnOutput) -> None:
+        if output.prefill is not None:
+            on_event(PrefillBegun(*output.prefill))
+        if output.text:
+            visible(output.text)
+            on_event(TokensSoFar(output.tokens))
 
-    return on_piece
+    return receive
 
 
 class MlxModelHost:

@@ -14,8 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..protocol import TextCallback
-from .turn import TextSink, Turn
+from .turn import Turn, TurnOutput
 
 # Streamed text reaches the callers' loops at most this often (plus a turn's first text and its end at
 # once): a wake-up per token costs a syscall and a thread switch per step, more than a token of a
@@ -34,9 +33,9 @@ def post(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: A
         loop.call_soon_threadsafe(callback, *args)
 
 
-def _deliver_texts(items: list[tuple[TextCallback, str]]) -> None:
-    for on_text, text in items:
-        on_text(text)
+def _deliver(items: list[tuple[Callable[[TurnOutput], None], TurnOutput]]) -> None:
+    for receive, output in items:
+        receive(output)
 
 
 class Outbox:
@@ -67,27 +66,29 @@ class Outbox:
         if turn.told:
             return
         turn.told = True
-        if turn.sink is not None and turn.sink.on_prefill is not None:
-            post(turn.sink.loop, turn.sink.on_prefill, len(turn.ids) - turn.pos, turn.pos)
+        if turn.sink is not None:
+            post(turn.sink.loop, turn.sink.receive, TurnOutput(prefill=(len(turn.ids) - turn.pos, turn.pos)))
 
     def flush(self, force: bool = False) -> None:
-        """Hand the streamed text so far to each caller's loop in one wake-up (see DEFAULT_STREAM_INTERVAL_S)."""
+        """Hand the streamed text so far, with each turn's tokens so far, to each caller's loop in one
+        wake-up (see DEFAULT_STREAM_INTERVAL_S)."""
         if not self._turns:
             return
         now = time.perf_counter()
         if not (force or self._first_text or now - self._flushed_at >= DEFAULT_STREAM_INTERVAL_S):
             return
         self._flushed_at, self._first_text = now, False
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TextCallback, str]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Callable[[TurnOutput], None], TurnOutput]]] = {}
         for turn in self._turns:
             turn.queued = False
             self.detokenize(turn)
             if text := turn.detokenizer.last_segment:
-                sink: TextSink = turn.sink  # type: ignore[assignment]
-                by_loop.setdefault(sink.loop, []).append((sink.on_text, text))
+                sink = turn.sink
+                assert sink is not None  # only a turn with a sink is queued
+                by_loop.setdefault(sink.loop, []).append((sink.receive, TurnOutput(text, len(turn.generated))))
         self._turns.clear()
         for loop, items in by_loop.items():
-            post(loop, _deliver_texts, items)
+            post(loop, _deliver, items)
 
     def detokenize(self, turn: Turn) -> None:
         """Feed the turn's detokenizer the tokens it has not had (an end-of-turn token is not text)."""

@@ -1,5 +1,5 @@
 """A turn: one request for one reply, and everything the scheduler keeps of it on its way through
-the host (waiting, prefilling, decoding, finished; `scheduler.py`), with where its text goes."""
+the host (waiting, prefilling, decoding, finished; `scheduler.py`), with where its outputs go."""
 
 from __future__ import annotations
 
@@ -11,20 +11,29 @@ from typing import Any
 
 from ..calls.grammar import Constrainer
 from ..kv.kv_pool import CacheState
-from ..protocol import Message, TextCallback, ToolSchema
+from ..protocol import Message, ToolSchema
 from .mlx_thread import Deliver
 from .prefill import PrefillGroup
 from .single import SingleStream
 
 
 @dataclass(frozen=True)
-class TextSink:
-    """Where a turn's streamed text goes: a callback on the caller's event loop; `on_prefill` gets
-    `(tokens to prefill, tokens cached)` there when its prefill begins."""
+class TurnOutput:
+    """What a turn's caller learns before its reply, as the outbox hands it over (`outbox.py`): its
+    prefill begun (`prefill`: the tokens it computes, those its cache holds), or its new text (detokenized
+    on the mlx thread, call markup and reasoning still in it) with the tokens generated so far."""
+
+    text: str = ""
+    tokens: int = 0
+    prefill: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class OutputSink:
+    """Where a turn's outputs go: `receive`, run on the caller's event loop."""
 
     loop: asyncio.AbstractEventLoop
-    on_text: TextCallback
-    on_prefill: Callable[[int, int], None] | None = None
+    receive: Callable[[TurnOutput], None]
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,7 @@ class Turn:
     state: CacheState
     request: Request
     cancel: threading.Event
-    sink: TextSink | None
+    sink: OutputSink | None
     deliver: Deliver
     ids: list[int] = field(default_factory=list)
     text: str = ""
