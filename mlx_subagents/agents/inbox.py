@@ -68,9 +68,9 @@ class Inbox:
         """Drop the notices about task `key` (its answer was read another way)."""
         self._items = [d for d in self._items if not (d.kind == "task_notice" and d.key == key)]
 
-    def take(self, kind: DeliveryKind | None = None) -> list[Delivery]:
-        """Everything pending (or only one kind), in order; the inbox keeps the rest."""
-        taken = [d for d in self._items if kind is None or d.kind == kind]
+    def take(self, kind: DeliveryKind | tuple[DeliveryKind, ...] | None = None) -> list[Delivery]:
+        """Everything pending (or only some kinds), in order; the inbox keeps the rest."""
+        taken = [d for d in self._items if _of(d, kind)]
         self._items = [d for d in self._items if d not in taken]
         return taken
 
@@ -78,5 +78,10 @@ class Inbox:
         """How many deliveries (of one kind, about one task) wait: messages to and from a child are bounded."""
         return sum((kind is None or d.kind == kind) and (key is None or d.key == key) for d in self._items)
 
-    def pending(self, kind: DeliveryKind | None = None) -> bool:
-        return any(kind is None or d.kind == kind for d in self._items)
+    def pending(self, kind: DeliveryKind | tuple[DeliveryKind, ...] | None = None) -> bool:
+        return any(_of(d, kind) for d in self._items)
+
+
+def _of(delivery: Delivery, kind: DeliveryKind | tuple[DeliveryKind, ...] | None) -> bool:
+    """Whether `delivery` is of `kind` (one, several, or any: None)."""
+    return kind is None or delivery.kind == kind or (isinstance(kind, tuple) and delivery.kind in kind)

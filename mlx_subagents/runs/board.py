@@ -103,7 +103,7 @@ class TaskBoard:
         on_event: where a notice's event goes when no parent session reports it.
         parent: the agent session whose children these are (None: top-level tasks); set when known.
         inbox: the parent session's inbox, for notices (None: no session reads them).
-        on_notice: called with a task's status when it ends in the background.
+        on_notice: called with a task's status when it ends in the background or sends its parent a message.
     """
 
     def __init__(
@@ -362,6 +362,8 @@ class TaskBoard:
             )
         self.inbox.put(Delivery("child_message", f"[message from {task_id}] {text}", key=task_id))
         self._report("child_message", ChildMessageData(id=task_id, message=text), task)
+        if self.on_notice is not None:  # a chat's parent waiting for the person wakes to it
+            self.on_notice(task.snapshot())
         self._changed.set()
         return "Sent: your parent reads it at its next turn; an answer from it reaches you before your next step."
 

@@ -8,7 +8,8 @@ a person asks of a chat: a tally of the sub-agents' work, `/usage` and `/agents`
 
 Sub-agents the parent starts in the background (`background: true`) are on `chat.board`: they run
 on while the parent answers, after its turn ends and while the user types; when one ends while the
-parent has nothing left to do but wait, its notice starts the parent's next turn (`child_ended`,
+parent has nothing left to do but wait, its notice (or a child's message, `parent_send`) starts the
+parent's next turn (`child_ended`,
 `wake_message`, `wake_turn`; off with `chat.wake = False`); `tasks()`,
 `cancel_task(id)` and `send_to(id, text)` are what `/tasks`, `/cancel` and `/send` do, `workflow(name,
 input)` is `/workflow`, and `close()`
@@ -22,7 +23,7 @@ import json
 from pathlib import Path
 from typing import cast
 
-from ..agents.inbox import Delivery
+from ..agents.inbox import Delivery, DeliveryKind
 from ..errors import RequestError, ToolError
 from ..events import Event, ReasoningData, TaskEndData
 from ..host.protocol import TextCallback
@@ -36,6 +37,8 @@ from .task import TaskHandle
 DEFAULT_CHAT_AGENT = "orchestrator"
 CANCELLED_BY_USER = "cancelled by the user"
 CHAT_ENDED = "the chat ended"
+# What starts the parent's turn on its own: a background call's notice, a child's message.
+WAKES: tuple[DeliveryKind, ...] = ("task_notice", "child_message")
 
 
 class Chat:
@@ -141,11 +144,12 @@ class Chat:
     # -- waking up -------------------------------------------------------------------------------------
 
     async def child_ended(self) -> None:
-        """Wait until a background child ends with a notice for the parent (one the parent has not read)."""
-        # Only a background child's end (`board.on_notice`) wakes the parent: a /workflow's answers wait,
-        # as its line says, for the person's next message.
+        """Wait until a background child ends with a notice for the parent (one the parent has not read),
+        or a child sends it a message (`parent_send`)."""
+        # Only these (`board.on_notice`) wake the parent: a /workflow's answers wait, as its line says, for
+        # the person's next message.
         while True:
-            if self._ended.is_set() and self.handle.inbox.pending("task_notice"):
+            if self._ended.is_set() and self.handle.inbox.pending(WAKES):
                 return
             self._ended.clear()
             await self._ended.wait()
@@ -155,7 +159,7 @@ class Chat:
         waking is off, or nothing waits)."""
         if not self.wake:
             return None
-        notices = self.handle.inbox.take("task_notice")
+        notices = self.handle.inbox.take(WAKES)
         return "\n\n".join(d.text for d in notices) if notices else None
 
     async def wake_turn(self, message: str) -> RunResult:

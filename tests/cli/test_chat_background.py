@@ -229,3 +229,29 @@ def test_wake_off_waits_for_the_persons_message(tmp_path: Path, write_script: An
     assert user_messages()[1:] == [
         "what did it find?\n\n[notice] scout#1 completed:\napp.py:1\n\n[task_send continues scout#1]"
     ]
+
+
+def test_a_childs_message_wakes_a_waiting_chat(tmp_path: Path, write_script: Any) -> None:
+    start = call("subagent", agent="scout", task="find the app", background=True)
+    said = call("parent_send", message="app.py so far")
+    model = write_script(
+        {
+            "agents": {
+                "orchestrator": {"replies": [start, "Started it.", "Noted: app.py so far."]},
+                "scout": {"replies": [{**said, "delay": 0.5}, {"content": "app.py:1", "delay": 30}]},
+            }
+        }
+    )
+    term = Terminal(["chat", "-m", model, "-C", str(tmp_path)])
+    try:
+        term.expect("/exit leaves\n> ")
+        term.send("find the app\n")
+        term.expect("Started it.\n> ")
+        # nothing typed: the scout's message starts the parent's next turn, while the scout works on
+        shown = term.expect("Noted: app.py so far.\n> ")
+        assert "✉ scout#1: app.py so far" in shown
+        term.send("/exit\n")  # leaving cancels the scout
+        assert term.wait() == 0
+    finally:
+        term.close()
+    assert user_messages()[1:] == ["[message from scout#1] app.py so far"]
