@@ -14,6 +14,7 @@ KV cache is prefilled again, once).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -259,6 +260,12 @@ async def editor_request(editor: ClientEditor, op: str, message: dict[str, Any])
         change = message.get("change")
         made = FileChange(Path(change["path"]), change["old_text"], change["new_text"]) if change else None
         return await editor.approve(Approval(message["tool"], message["title"], made, message.get("command")))
+    if op == "elicit":
+        params = elicit_params().validate_python(message["params"])
+        answer = await editor.elicit(str(message["server"]), params)
+        return answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+    if op == "confirm":
+        return await editor.confirm(str(message["question"]))
     if op == "read":
         return await editor.read_text(Path(message["path"]))
     if op == "write":
@@ -268,6 +275,15 @@ async def editor_request(editor: ClientEditor, op: str, message: dict[str, Any])
         ran = await editor.run_command(args, cwd, float(message["timeout"]), int(message["max_bytes"]))
         return {"output": ran.output, "exit_code": ran.exit_code, "truncated": ran.truncated}
     raise RequestError(f"unknown editor request {op!r}")
+
+
+@functools.cache
+def elicit_params() -> Any:
+    """The reader of an MCP server's form (or URL) as the server's chat sent it (made once, when asked)."""
+    import mcp_types
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(mcp_types.ElicitRequestParams)
 
 
 def title_of(text: str) -> str:

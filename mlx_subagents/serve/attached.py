@@ -258,7 +258,7 @@ async def serve_chat(
         runner = start_runner(service, client, hello, talk, sink)
         runner.no_person = NO_PERSON
         if request.editor is not None:  # an editor's chat: its tools go through the client's editor
-            runner.editor = talk.editor = RemoteEditor(writer, request.editor)
+            runner.editor = runner.person = talk.editor = RemoteEditor(writer, request.editor)
             runner.preparer.client_servers = client_servers(request.mcp_servers)
         chat = await Chat.start(
             runner, request.agent, resume=request.resume, on_text=lambda t: send(writer, {"text": t})

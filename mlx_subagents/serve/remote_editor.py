@@ -1,7 +1,8 @@
 """An attached editor's chat (`subagent acp` on the server): the tools' `Editor` over its connection.
 
 The chat runs here; its tools' requests of the editor (`tools/editor.py`: approve a change, read or
-write a file, run a command in its terminal) go to the client as lines, each naming the call it is
+write a file, run a command in its terminal) and the MCP servers' questions for the person
+(`tools/mcp_requests.py`'s `Person`: a form, a yes or no) go to the client as lines, each naming the call it is
 for (label, turn, id: the same as in the events the client shows), and wait for the client's answer,
 which its editor gave. A client gone answers every request still open with an error, so a call ends
 instead of waiting.
@@ -13,12 +14,15 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ToolError
 from ..tools.editor import Approval, CommandOutput, current_call
 from .protocol import EditorOffer
 from .wire import send
+
+if TYPE_CHECKING:
+    import mcp_types
 
 GONE = "the editor went away; the request was not answered"
 
@@ -60,6 +64,24 @@ class RemoteEditor:
     async def run_command(self, args: Sequence[str], cwd: Path, timeout: float, max_bytes: int) -> CommandOutput:
         ran = await self._request("run", args=list(args), cwd=str(cwd), timeout=timeout, max_bytes=max_bytes)
         return CommandOutput(str(ran["output"]), ran["exit_code"], bool(ran.get("truncated")))
+
+    async def elicit(self, server: str, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        """An MCP server's form, filled in the client's editor (declined there when it shows no forms)."""
+        import mcp_types
+
+        dumped = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        try:
+            answer = await self._request("elicit", server=server, params=dumped)
+        except ToolError as exc:
+            return mcp_types.ElicitResult(action="decline", _meta={"reason": str(exc)})
+        return mcp_types.ElicitResult.model_validate(answer)
+
+    async def confirm(self, question: str) -> bool:
+        """An MCP server's yes or no (its sampling, a sign-in), asked in the client's editor."""
+        try:
+            return bool(await self._request("confirm", question=question))
+        except ToolError:
+            return False
 
     async def _request(self, op: str, **fields: Any) -> Any:
         if self.writer.is_closing():

@@ -167,24 +167,39 @@ def test_the_editors_files_and_terminal_see_the_unsaved_buffer(tmp_path: Path, w
 def test_with_subagent_serve_running_the_session_runs_there_through_the_editor(
     serve_process: Any, tmp_path: Path, write_script: Any
 ) -> None:
+    from acp.schema import McpServerStdio
+
     from mlx_subagents.serve.state import serve_paths
     from tests.cli.test_attach import served_clients
+    from tests.tools.test_mcp_tools import SERVER
 
     (tmp_path / "a.txt").write_text("saved text\n")
     path = str(tmp_path / "a.txt")
-    serve_process("--no-http", "--model", write_script(EDITING))  # only the server knows this model
-    client = EditorClient(fs=True, terminal=True, buffers={path: "unsaved text\n"})
+    replies = EDITING["agents"]["worker"]["replies"]
+    asking = {"tool_calls": [{"name": "mcp__demo__ask_name", "arguments": {}}]}  # its form, in the editor
+    script = {"agents": {"worker": {"replies": [*replies[:-1], asking, "done"]}}}
+    serve_process("--no-http", "--model", write_script(script))  # only the server knows this model
+    form = {"name": "Grace", "age": 37, "colour": "green"}
+    client = EditorClient(fs=True, terminal=True, buffers={path: "unsaved text\n"}, form=form)
+    demo = McpServerStdio(name="demo", command=sys.executable, args=[str(SERVER)], env=[])
 
     async def main() -> None:
         async with editor(client) as conn:
-            await worker_turn(conn, tmp_path, "edit the buffer")
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[demo])
+            await conn.set_config_option(config_id="agent", session_id=session.session_id, value="worker")
+            await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("edit the buffer")])
 
     run(main)
     assert client.buffers[path] == "edited text\n" and (tmp_path / "a.txt").read_text() == "saved text\n"
-    assert [c[0] for c in client.calls] == ["read", "read", "write", "terminal", "release"]
-    assert [q.title for q, _ in client.questions] == ["edit a.txt", "$ echo from-the-terminal"]
+    assert [c[0] for c in client.calls] == ["read", "read", "write", "terminal", "release", "form"]
+    consent, *asked = [q.title for q, _ in client.questions]
+    assert "the editor's session starts MCP server(s) demo" in consent
+    assert asked == ["edit a.txt", "$ echo from-the-terminal"]
     ends = [u for u in client.tool_updates() if u.session_update == "tool_call_update" and u.status]
-    assert [e.status for e in ends] == ["completed"] * 3 and "from-the-terminal" in ends[-1].content[-1].content.text
+    assert [e.status for e in ends] == ["completed"] * 4 and "from-the-terminal" in ends[2].content[-1].content.text
+    (message, mode) = client.calls[-1][1]  # the server's form, on the call that asked, filled in the editor
+    assert message == "demo: What is your name?" and mode.tool_call_id == ends[3].tool_call_id
+    assert json.loads(ends[3].content[-1].content.text) == {"action": "accept", "content": form, "meta": None}
     assert [c.split(" (pid")[0] for c in served_clients(serve_paths().log.read_text())] == ["chat"]
 
 
