@@ -20,7 +20,6 @@ from ..calls.prompt import common_prefix, generation_prompt_length
 from ..kv.kv_pool import CacheState, KVPool, shared_prefix_of
 from ..kv.prefix_cache import SharedPrefixes
 from ..kv.prefix_store import PrefixStore
-from .config import SchedulerConfig
 from .decode_stage import DecodeStage, batchable
 from .outbox import Outbox
 from .prefill import PrefillGroup, SlicePolicy, pick
@@ -32,27 +31,25 @@ class PrefillStage:
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
-        config: SchedulerConfig,
-        pool: KVPool,
-        prefixes: SharedPrefixes,
         decode: DecodeStage,
         outbox: Outbox,
         failed: Callable[[Turn, Exception], None],
+        pool: KVPool,
+        prefixes: SharedPrefixes,
         trimmable: bool,
         store: PrefixStore | None = None,
         make_cache: Callable[[], list[Any]] | None = None,
     ) -> None:
-        """`trimmable`: False for hybrid caches (see `_prepare_cache`); `store`: the disk tier under the
+        """`decode`: where a turn goes at its end (the model, tokenizer and config are its);
+        `trimmable`: False for hybrid caches (see `_prepare_cache`); `store`: the disk tier under the
         shared prefixes (None: memory only); `make_cache`: a fresh prompt cache under the host's
         `--kv-bits` (None: mlx-lm's own)."""
-        self.model, self.tokenizer, self.config, self.pool, self.prefixes = model, tokenizer, config, pool, prefixes
-        self.decode, self.outbox, self._failed = decode, outbox, failed
+        self.model, self.tokenizer, self.config = decode.model, decode.tokenizer, decode.config
+        self.decode, self.outbox, self._failed, self.pool, self.prefixes = decode, outbox, failed, pool, prefixes
         self._trimmable, self.store, self._make_cache = trimmable, store, make_cache
         self.turns: deque[Turn] = deque()
         self.groups: list[PrefillGroup] = []  # turns prefilled together (see `_sliced`)
-        self.policy = SlicePolicy.of(config.prefill_slice, config.prefill_step_size)  # None: slicing off
+        self.policy = SlicePolicy.of(self.config.prefill_slice, self.config.prefill_step_size)  # None: slicing off
 
     def _active(self) -> list[Turn]:
         return [*self.turns, *self.decode.turns()]

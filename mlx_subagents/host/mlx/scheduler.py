@@ -81,17 +81,7 @@ class Scheduler:
             model, tokenizer, config, self.outbox, self._finish, self._fail, processor_factory, call_format, sliced
         )
         self.prefill = PrefillStage(
-            model,
-            tokenizer,
-            config,
-            pool,
-            self.prefixes,
-            self.decode,
-            self.outbox,
-            self._fail,
-            trimmable,
-            store,
-            make_cache,
+            self.decode, self.outbox, self._fail, pool, self.prefixes, trimmable, store, make_cache
         )
         self.admission = Admission(
             pool,
