@@ -25,6 +25,7 @@ def chat_on_server(
     plan: bool,
     out: Any,
     err: Any,
+    wake: bool = True,
 ) -> int | None:
     """`subagent chat` on the running server: its exit code; None when it runs here instead."""
     from ..serve.client import make_hello
@@ -45,7 +46,7 @@ def chat_on_server(
         remote = RemoteChat(info, hello, on_text, lambda connection, message: on_message(connection, message, sink))
         return Disconnect(remote), remote.start()
 
-    return drive_chat(start, once=once, out=out, err=err)
+    return drive_chat(start, once=once, wake=wake, out=out, err=err)
 
 
 class Disconnect:

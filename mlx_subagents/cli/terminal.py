@@ -153,12 +153,6 @@ def run_chat(
     return drive_chat(start, once=once, wake=wake, out=out, err=err)
 
 
-def woken_by_children(chat: Any) -> bool:
-    """Whether a background child's end can start `chat`'s next turn: a local `Chat`'s can; a chat on
-    the server (`RemoteChat`) hears of its children's ends with the person's next message instead."""
-    return hasattr(chat, "child_ended")
-
-
 def drive_chat(
     start: Callable[[EventSink, Any], tuple[Any, Awaitable[Any]]],
     *,
@@ -177,7 +171,7 @@ def drive_chat(
     runner, starting = start(sink, stream)
     try:
         chat = _interruptible(loop, starting, None, err)
-        chat.wake = wake and woken_by_children(chat)
+        chat.wake = wake
         sink.targets.insert(0, chat.observe)
         view.parent, view.in_background = chat.label, chat.in_background
         if once is not None:
@@ -377,9 +371,6 @@ class ChatLoop:
         elif name in ("/tasks", "/send", "/cancel"):
             self.task_command(name, rest.strip())
         elif name == "/wake":
-            if not woken_by_children(chat):
-                err.print("an attached chat waits for your message (`subagent chat --standalone` wakes on its own)")
-                return True
             if rest.strip().lower() in ("on", "off"):
                 chat.wake = rest.strip().lower() == "on"
             elif rest.strip():

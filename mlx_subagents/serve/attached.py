@@ -33,6 +33,7 @@ from .wire import Oversized, load, send
 Service = Any
 # What a chat's control connection may ask (each answered at once): `Chat`'s quick calls.
 CHAT_CALLS = (
+    "wake_message",
     "interrupt",
     "alive",
     "tasks",
@@ -207,11 +208,20 @@ class ChatOps:
         self.chat = chat
         self.writer = writer
         self.running: set[asyncio.Task[None]] = set()
+        # `child_ended` waits: answered when a background child's notice waits for the parent (the client's
+        # terminal then wakes it), cancelled when the client goes, never waited for.
+        self.waiting: set[asyncio.Task[None]] = set()
 
     def __call__(self, message: dict[str, Any]) -> None:
         op, n = message.get("op"), message.get("id")
+        if op == "child_ended":
+            waits = asyncio.ensure_future(self.run(n, self.chat.child_ended))
+            self.waiting.add(waits)
+            waits.add_done_callback(self.waiting.discard)
+            return
         calls: dict[str, Callable[[], Awaitable[Any]]] = {
             "turn": lambda: self.chat.turn(str(message.get("message", ""))),
+            "wake_turn": lambda: self.chat.wake_turn(str(message.get("message", ""))),
             "workflow": lambda: self.chat.workflow(str(message.get("name", "")), str(message.get("input", ""))),
             "compact": self.chat.compact,
             "close": self.chat.close,
@@ -270,6 +280,8 @@ async def serve_chat(
         send(writer, {"started": {"label": chat.label, "workspace": str(chat.workspace), "key": key, "window": window}})
         talk.on_op = ops = ChatOps(chat, writer)
         await listener  # until the client goes: its ops run meanwhile
+        for waits in list(ops.waiting):
+            waits.cancel()
         for task in list(ops.running):
             await task
         await chat.close()  # its background sub-agents end with it, as when a chat's process ends

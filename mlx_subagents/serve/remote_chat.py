@@ -49,6 +49,8 @@ class RemoteChat:
         self._ops: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
+        self.wake = True  # a background child's end starts the parent's next turn (`/wake`), as in `Chat`
+        self._child_ended: asyncio.Future[Any] | None = None
 
     # -- the connection -------------------------------------------------------------------------
 
@@ -150,6 +152,20 @@ class RemoteChat:
     async def compact(self) -> tuple[int, int] | None:
         done = await self._op("compact")
         return (done[0], done[1]) if done else None
+
+    async def child_ended(self) -> None:
+        """Wait until a background child's notice waits for the parent on the server. One wait there at a
+        time: the terminal stops waiting whenever the person types, and waits again after."""
+        if self._child_ended is None or self._child_ended.done():
+            self._child_ended = asyncio.ensure_future(self._op("child_ended"))
+        await asyncio.shield(self._child_ended)
+
+    def wake_message(self) -> str | None:
+        """The notices waiting for the parent, taken on the server (None: waking is off, or none waits)."""
+        return self._call("wake_message") if self.wake else None
+
+    async def wake_turn(self, message: str) -> RunResult:
+        return RunResult.model_validate(await self._op("wake_turn", message=message))
 
     def observe(self, event: Event) -> None:
         """The server's chat counts its sub-agents' work itself."""

@@ -192,8 +192,15 @@ def user_messages() -> list[str]:
     return [m["content"] for m in read_transcript(run.transcript_path(run.tasks[0])).messages if m["role"] == "user"]
 
 
-def test_a_background_childs_end_wakes_a_waiting_chat(tmp_path: Path, write_script: Any) -> None:
-    term = Terminal(["chat", "-m", wake_script(write_script), "-C", str(tmp_path)])
+@pytest.mark.parametrize("attached", [False, True], ids=["standalone", "attached"])
+def test_a_background_childs_end_wakes_a_waiting_chat(
+    tmp_path: Path, write_script: Any, serve_process: Any, attached: bool
+) -> None:
+    """A chat attached to `subagent serve` never woke on a background end (a standalone chat does)."""
+    model = wake_script(write_script)
+    if attached:
+        serve_process("--no-http", "--model", model)
+    term = Terminal(["chat", "-m", model, "-C", str(tmp_path)])
     try:
         term.expect("/exit leaves\n> ")
         term.send("find the app\n")

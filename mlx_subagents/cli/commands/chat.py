@@ -52,7 +52,9 @@ def chat(
     from ..terminal import run_chat
 
     cwd = Path(load_run(resume).cwd) if resume is not None else None
-    code = chat_on_server(shared, agent=agent, once=once, resume=resume, cwd=cwd, plan=plan, out=out, err=err)
+    code = chat_on_server(
+        shared, agent=agent, once=once, resume=resume, cwd=cwd, plan=plan, out=out, err=err, wake=wake
+    )
     if code is None:
         make = lambda sink: shared.runner(sink, cwd=cwd, plan=plan)  # noqa: E731
         code = run_chat(make, agent=agent, once=once, resume=resume, wake=wake, out=out, err=err)
