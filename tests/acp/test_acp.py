@@ -21,23 +21,8 @@ from tests.acp.helpers import EditorClient, agent_env, editor, run, worker_turn
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
-def test_initialize_says_the_version_capabilities_and_agent(write_script: Any) -> None:
-    model = write_script(["unused"])
-
-    async def main() -> Any:
-        async with editor(EditorClient(), "--model", model) as conn:
-            return conn.initialized
-
-    answer = run(main)
-    assert answer.protocol_version == 1 and answer.auth_methods == []  # nothing to sign in to
-    assert answer.agent_info.name == "mlx-subagents" and answer.agent_info.version == __version__
-    caps = answer.agent_capabilities
-    assert caps.load_session is True and caps.prompt_capabilities.embedded_context is True
-    assert caps.session_capabilities.list is not None and caps.session_capabilities.resume is not None
-    assert caps.session_capabilities.close is not None and caps.mcp_capabilities.http is True
-
-
 def test_a_prompt_streams_text_thinking_and_tool_calls_in_order(tmp_path: Path, write_script: Any) -> None:
+    """initialize says the version, capabilities and agent; a prompt's updates stream in order."""
     (tmp_path / "app.py").write_text("print('hi')\n")
     model = write_script(
         {
@@ -62,9 +47,15 @@ def test_a_prompt_streams_text_thinking_and_tool_calls_in_order(tmp_path: Path, 
             session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
             options = {o.id: o.current_value for o in session.config_options}
             answer = await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("what does app.py do?")])
-            return options, session.modes, answer
+            return conn.initialized, options, session.modes, answer
 
-    options, modes, answer = run(main)
+    initialized, options, modes, answer = run(main)
+    assert initialized.protocol_version == 1 and initialized.auth_methods == []  # nothing to sign in to
+    assert initialized.agent_info.name == "mlx-subagents" and initialized.agent_info.version == __version__
+    caps = initialized.agent_capabilities
+    assert caps.load_session is True and caps.prompt_capabilities.embedded_context is True
+    assert caps.session_capabilities.list is not None and caps.session_capabilities.resume is not None
+    assert caps.session_capabilities.close is not None and caps.mcp_capabilities.http is True
     assert options == {"agent": "orchestrator", "model": "default", "mode": "default"}
     assert modes.current_mode_id == "default" and [m.id for m in modes.available_modes] == ["default", "plan"]
     assert answer.stop_reason == "end_turn" and answer.usage.input_tokens > 0
