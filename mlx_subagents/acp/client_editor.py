@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,7 +69,6 @@ class ClientEditor:
         self.capabilities = capabilities
         self.updates = updates
         self.always: set[str] = set()  # the tools the person allowed always, for this session
-        self._consents = itertools.count(1)
 
     @property
     def reads_files(self) -> bool:
@@ -99,7 +97,7 @@ class ClientEditor:
         elif approval.command is not None:
             content.append(text_content(f"$ {approval.command}"))
         asked = ToolCallUpdate(
-            tool_call_id=call.acp_id if call is not None else f"approval-{next(self._consents)}",
+            tool_call_id=call.acp_id if call is not None else f"approval-{next(self.updates.ids)}",
             title=approval.title,
             kind=tool_kind(approval.tool),
             status="pending",
@@ -113,7 +111,7 @@ class ClientEditor:
     async def ask(self, question: str) -> bool:
         """A consent question of the preparer (a project agent, hooks, MCP servers), as a yes or no."""
         asked = ToolCallUpdate(
-            tool_call_id=f"consent-{next(self._consents)}",
+            tool_call_id=f"consent-{next(self.updates.ids)}",
             title=one_line(question, 200),
             kind="other",
             status="pending",

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,6 +86,7 @@ class EditorSession:
     editor: ClientEditor | None = None
     turn: asyncio.Task[RunResult] | None = None
     title: str = ""
+    call_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))  # its tool calls', for good
     _requests: set[asyncio.Task[None]] = field(default_factory=set)  # the server's requests being answered
 
     @property
@@ -99,7 +102,7 @@ class EditorSession:
         """Its chat, made now if it is not yet: a new one with its agent, or the saved run `resume`."""
         if self.chat is not None:
             return self.chat
-        self.updates = Updates(self._send, "", self.cwd, 0)
+        self.updates = Updates(self._send, "", self.cwd, 0, self.call_ids)
         self.editor = ClientEditor(self.conn, self.id, self.capabilities, self.updates)
         if self.server is not None:
             self.chat, window = await self._on_server(resume)

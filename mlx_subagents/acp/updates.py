@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import logging
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -134,9 +135,10 @@ class Updates:
         label: the label of the session's agent (its events are the agent's own; below it, sub-agents').
         root: the workspace, for the absolute paths of locations.
         window: the model's context window, for `usage_update`.
+        ids: the numbers of the session's tool calls (kept when its chat is made again: a new mode).
     """
 
-    def __init__(self, send: Any, label: str, root: Path, window: int) -> None:
+    def __init__(self, send: Any, label: str, root: Path, window: int, ids: Iterator[int] | None = None) -> None:
         self.send = send
         self.label = label
         self.root = root
@@ -144,7 +146,7 @@ class Updates:
         self.calls: dict[tuple[str, int, str], OpenCall] = {}
         self.plan: list[Entry] = []
         self.messages: dict[str, str] = {}  # the message id of the reply being generated, by kind of chunk
-        self._ids = itertools.count(1)
+        self.ids = ids or itertools.count(1)  # the session's: a call's id is never given twice in it
         self._queue: asyncio.Queue[Update] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None
 
@@ -223,7 +225,7 @@ class Updates:
         self.messages.clear()
 
     def _call(self, event: Event, data: ToolCallData) -> None:
-        acp_id = f"{next(self._ids)}:{event.label}:{data.get('id', '')}"
+        acp_id = f"{next(self.ids)}:{event.label}:{data.get('id', '')}"
         parent = self._starter(event.label)
         call = OpenCall(acp_id, data["name"], parent.acp_id if parent else None)
         self.calls[(event.label, event.turn, data.get("id", ""))] = call
@@ -249,7 +251,7 @@ class Updates:
     def _result(self, event: Event, data: ToolResultData) -> None:
         call = self.calls.pop((event.label, event.turn, data.get("id", "")), None)
         if call is None:  # a call that could not be parsed: shown failed, on its own
-            call = OpenCall(f"{next(self._ids)}:{event.label}:?", data["name"], None)
+            call = OpenCall(f"{next(self.ids)}:{event.label}:?", data["name"], None)
             self.put(acp.start_tool_call(call.acp_id, "a malformed tool call", kind="other", status="failed"))
         content: list[Any] = [c for c in (call.diff,) if c is not None]
         if call.terminal is not None:

@@ -92,21 +92,47 @@ WRITE = {
 
 
 def test_a_write_rejected_in_the_editor_leaves_the_file_untouched(tmp_path: Path, write_script: Any) -> None:
+    """A rejected write changes nothing; then plan mode takes the write tool away (no question asked), a bad
+    option value is one error, and a closed session is gone."""
     (tmp_path / "a.txt").write_text("old\n")
     client = EditorClient(answer="reject_once")
+    replies = WRITE["agents"]["worker"]["replies"]
+    script = {"agents": {"worker": {"replies": [*replies, *replies]}}}
 
-    async def main() -> None:
-        async with editor(client, "--model", write_script(WRITE)) as conn:
+    async def main() -> tuple[Any, list[str]]:
+        errors = []
+        async with editor(client, "--model", write_script(script)) as conn:
             await worker_turn(conn, tmp_path, "rewrite a.txt")
+            (saved,) = (await conn.list_sessions(cwd=str(tmp_path))).sessions
+            await conn.set_session_mode(session_id=saved.session_id, mode_id="plan")  # the saved run, reopened
+            planned = await conn.prompt(session_id=saved.session_id, prompt=[acp.text_block("try again")])
+            for bad in (
+                conn.set_config_option(config_id="mode", session_id=saved.session_id, value="fast"),
+                conn.close_session(session_id=saved.session_id),
+                conn.prompt(session_id=saved.session_id, prompt=[acp.text_block("still there?")]),
+            ):
+                try:
+                    await bad
+                except acp.RequestError as exc:
+                    errors.append(str(exc))
+        return planned, errors
 
-    run(main)
-    assert (tmp_path / "a.txt").read_text() == "old\n"
+    planned, errors = run(main)
+    assert planned.stop_reason == "end_turn" and (tmp_path / "a.txt").read_text() == "old\n"
+    assert errors[0] == "'fast' is not a value of mode; choose one of default, plan"
+    assert len(errors) == 2 and errors[1].startswith("unknown session")  # closed
+    first, then = [u for u in client.updates if u.session_update == "tool_call"]  # a new mode: a new chat
+    assert first.tool_call_id != then.tool_call_id  # whose calls' ids are still the session's own
     ((asked, options),) = client.questions
     assert options == ["allow_once", "allow_always", "reject_once"]
     diff = asked.content[0]
     assert (diff.type, diff.path, diff.old_text, diff.new_text) == ("diff", str(tmp_path / "a.txt"), "old\n", "new\n")
-    end = client.tool_updates()[-1]
+    end, refused = [u for u in client.tool_updates() if u.session_update == "tool_call_update" and u.status]
     assert end.status == "failed" and end.content[-1].content.text == f"Error: {REJECTED}"
+    assert (
+        refused.status == "failed"
+        and "write is not available to 'worker' in plan mode" in refused.content[-1].content.text
+    )
 
 
 def test_allowed_always_is_asked_once_and_writes(tmp_path: Path, write_script: Any) -> None:
