@@ -6,8 +6,10 @@ token ids, `HostSession`). So a request that goes on from an earlier one (the sa
 request's messages, then the reply and what is new) is sent to that request's session: its second
 turn prefills only the reply and the new message. Matched by content, as mlx_lm.server's prompt cache
 and llama.cpp's slots do, here at the level of messages; the host does the rest, token by token. A
-request that goes on from none starts a session of its own, which the host starts from a shared
-prefix (the system prompt and tools) where one is held.
+request that asks an earlier one again or edits its last messages goes on in the session of the
+conversation it has the most messages in common with (at least the tools and two): the host keeps
+the common part of its cache. A request that has no such conversation starts a session of its own,
+which the host starts from a shared prefix (the system prompt and tools) where one is held.
 
 A session serves one turn at a time: a request that would go on from a busy one starts its own. Idle
 conversations are spilled and evicted by the KV pool as the agents' sessions are; past
@@ -27,6 +29,9 @@ from ..runs.hosts import SessionNames
 
 # Conversations kept at once (each a host session); the least recently used idle one goes first.
 MAX_CONVERSATIONS = 32
+# The least a request must have in common with an idle conversation it does not extend to go on in its
+# session: the tools and two messages (a system prompt alone is the host's shared prefix already).
+MIN_COMMON = 3
 
 
 @dataclass
@@ -62,6 +67,11 @@ class Conversation:
         }
 
 
+def common_length(a: list[str], b: list[str]) -> int:
+    """How many leading entries two keys share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def content_key(messages: list[Message], tools: list[ToolSchema] | None) -> list[str]:
     """What a request's conversation is compared by: its tools, then its messages, as canonical JSON."""
     dump = lambda value: json.dumps(value, sort_keys=True, ensure_ascii=False)  # noqa: E731
@@ -87,16 +97,21 @@ class Conversations:
         tools: list[ToolSchema] | None,
     ) -> tuple[Conversation, list[Conversation]]:
         """The conversation this request goes on in, now busy: the idle one on `model` whose last
-        request its messages extend (the longest), else a new one. Also the idle conversations to
-        close to stay within `max_conversations` (the caller closes their sessions)."""
+        request its messages extend (the longest); else the idle one that has the most of its messages
+        in common, at least the tools and two messages (the same conversation with its last messages
+        edited or asked again: its session keeps the common part and prefills the rest, as llama.cpp's
+        slots do); else a new one. Also the idle conversations to close to stay within
+        `max_conversations` (the caller closes their sessions)."""
         key = content_key(messages, tools)
         best: Conversation | None = None
+        best_rank = (False, MIN_COMMON - 1)
         for conv in self.all.values():
-            n = len(conv.key)
-            if conv.busy or conv.model != model or n >= len(key) or key[:n] != conv.key:
+            if conv.busy or conv.model != model:
                 continue
-            if best is None or n > len(best.key):
-                best = conv
+            n = common_length(conv.key, key)
+            rank = (n == len(conv.key) < len(key), n)  # extensions first, then the most in common
+            if rank > best_rank:
+                best, best_rank = conv, rank
         if best is None:
             name = self.names.claim(f"{api}#{next(self._numbers[api])}")
             best = Conversation(name, api, model, client, host.session(name), [])

@@ -91,6 +91,11 @@ def test_the_sdks_talk_to_the_served_model_and_later_turns_reuse_its_cache(
     assert (third.choices[0].message.content, third.choices[0].finish_reason) == ("Sunny in Paris.", "stop")
     held = second.prompt_tokens + second.completion_tokens  # the whole second turn, reply and end included
     assert third.usage is not None and third.usage.prompt_tokens_details.cached_tokens == held
+    # The same request again (a client's "regenerate"): it extends no conversation, goes on in the one it has
+    # every message in common with, and prefills only the prompt's last token.
+    again = oa.chat.completions.create(model=model, messages=messages, tools=[WEATHER], max_tokens=1)
+    assert again.usage is not None and again.usage.prompt_tokens == third.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens == third.usage.prompt_tokens - 1
 
     # A JSON-schema answer: no script, the random model is held to the schema by the grammar.
     answer = oa.chat.completions.create(
@@ -150,12 +155,12 @@ def test_the_sdks_talk_to_the_served_model_and_later_turns_reuse_its_cache(
         ("openai", f"OpenAI/Python {openai.__version__}", 0),
     ]
     sessions = {s["session"]: s for s in now["sessions"]}
-    assert (sessions["openai#1"]["turns"], sessions["openai#1"]["cached_tokens"]) == (3, held)
+    assert (sessions["openai#1"]["turns"], sessions["openai#1"]["cached_tokens"]) == (4, third.usage.prompt_tokens - 1)
     assert sessions["anthropic#1"]["status"] == "idle" and sessions["anthropic#1"]["turns"] == 2
     shown = spawn_cli("serve", "--status").communicate(timeout=60)[0]
     assert (
         f"session c1 openai#1 ({model}) idle" in shown
-        and f"3 turns, last prompt {third.usage.prompt_tokens:,}" in shown
+        and f"4 turns, last prompt {third.usage.prompt_tokens:,}" in shown
     )
 
 
