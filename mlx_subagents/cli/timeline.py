@@ -166,7 +166,11 @@ def _turn_title(lane: Lane, t: TurnBar) -> str:
         took = f" in {until - t.prefill:.2f} s" if until is not None else ""
         parts.append(f"prefill {t.prefill_tokens:,} tokens ({t.cached:,} cached){took}")
     if t.decode is not None and t.end is not None:
-        parts.append(f"decode {t.generated:,} tokens in {t.end - t.decode:.2f} s ({t.tps:.1f} tok/s)")
+        took = t.end - t.decode
+        # The host's own rate, else the bar's (a scripted host says none: it showed "0.0 tok/s").
+        tps = t.tps or (t.generated / took if t.generated and took > 0 else 0.0)
+        rate = f" ({tps:.1f} tok/s)" if tps else ""
+        parts.append(f"decode {t.generated:,} tokens in {took:.2f} s{rate}")
     if t.prompt_tokens:
         parts.append(f"prompt {t.prompt_tokens:,} tokens")
     return "; ".join(parts)

@@ -69,6 +69,7 @@ def test_a_parent_and_three_children_are_four_lanes_of_one_bar_per_turn(
             assert parts == ["queued", "prefill", "decode"]
             title = turn.find(f"{SVG}title").text or ""
             assert " tokens (" in title and "decode " in title and "tok/s" in title
+            assert " (0.0 tok/s)" not in title  # the scripted host says no rate: the bar's own
         tools = [t.get("data-name") for t in lane.findall(f"{SVG}g[@class='tool']")]
         assert tools == (["subagent"] if lane.get("data-label") == "orchestrator" else ["ls"])
     waits = {lane.get("data-label"): lane.findall(f"{SVG}rect[@class='wait']") for lane in lanes}
