@@ -169,6 +169,8 @@ class UsageCounts(TypedDict):
     constrained_calls: int
     constrained_answers: int
     prefill_wait_s: float
+    drafted_tokens: int
+    accepted_tokens: int
     kv_bits: int | None
 
 

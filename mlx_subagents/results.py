@@ -46,6 +46,9 @@ class RunUsage(BaseModel):
     constrained_calls: int = 0  # tool calls a grammar held to a known tool and valid arguments
     constrained_answers: int = 0  # final answers a grammar held to the output schema
     prefill_wait_s: float = 0.0  # seconds its replies waited while other sessions' prompts were prefilled
+    # Tokens drafted to be checked in one forward (`--draft`), and of those the ones the model kept.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
     # Bits per KV value the model's cache held (`--kv-bits`: 16 is not quantized); None: no local cache
     # (an engine, a scripted model).
     kv_bits: Optional[int] = None
@@ -59,6 +62,8 @@ class RunUsage(BaseModel):
             "compactions",
             "constrained_calls",
             "constrained_answers",
+            "drafted_tokens",
+            "accepted_tokens",
         )
         data: dict[str, Any] = {f: getattr(self, f) + getattr(other, f) for f in fields}
         data["prefill_wait_s"] = round(self.prefill_wait_s + other.prefill_wait_s, 3)

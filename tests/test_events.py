@@ -77,6 +77,6 @@ def test_an_events_json_keeps_its_shape() -> None:
     assert json.dumps(Event(kind="usage", label="s", agent="scout", turn=1, data=usage).to_json()["data"]) == (
         '{"input_tokens": 10, "output_tokens": 0, "cached_tokens": 0, "context_tokens": 0, "turns": 1, '
         '"compactions": 0, "kv_bytes": 0, "constrained_calls": 0, "constrained_answers": 0, "prefill_wait_s": 0.0, '
-        '"kv_bits": null, '
+        '"drafted_tokens": 0, "accepted_tokens": 0, "kv_bits": null, '
         '"tps": 12.5}'
     )

@@ -711,6 +711,8 @@ class AgentSession:
         self.usage.output_tokens += u.generated_tokens
         self.usage.cached_tokens += u.cached_tokens
         self.usage.prefill_wait_s = round(self.usage.prefill_wait_s + u.prefill_wait_seconds, 3)
+        self.usage.drafted_tokens += u.drafted_tokens
+        self.usage.accepted_tokens += u.accepted_tokens
 
     def _count(self, u: Usage) -> None:
         self._add(u)

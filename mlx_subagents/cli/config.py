@@ -9,6 +9,7 @@ environment variables.
     engine = "http://gpu-box:8000/v1"
     prefix_cache = "2GB"
     prefill_slice = "auto"    # or "off", or a number of tokens, like --prefill-slice
+    draft = "auto"            # or "off", or "lookup", like --draft
 
 Each key is the flag of the same name (`kv_budget` is `--kv-budget`), its value read by that flag's
 own reader; a flag given on the command line wins. `model` is the default model: an agent's own
@@ -77,6 +78,25 @@ def read_prefill_slice(value: str | int | None) -> int | str | None:
     return parse_prefill_slice(value)
 
 
+def read_draft(value: str | None) -> str | None:
+    """`--draft`: `auto`, `off` or `lookup` (the host's `parse_draft`), None when not set."""
+    if value is None:
+        return None
+    from ..host import parse_draft
+
+    return parse_draft(value)
+
+
+def _draft(value: Any) -> str:
+    """`auto`, `off` or `lookup`, as `--draft` takes them."""
+    if isinstance(value, str):
+        try:
+            return str(read_draft(value))
+        except SubagentError:
+            pass
+    raise ValueError(f'{value!r} is not auto, off or lookup; write "auto", "off" or "lookup"')
+
+
 def _size(reader: Callable[[Any], Any]) -> Callable[[Any], str]:
     """A size as its flag reads it (`4GB`, `512MiB`, a number of bytes), checked by that reader."""
 
@@ -120,6 +140,7 @@ KEYS: dict[str, Callable[[Any], str]] = {
     "engine": _text,
     "prefix_cache": _size(read_prefix_cache),
     "prefill_slice": _prefill_slice,
+    "draft": _draft,
 }
 
 

@@ -24,7 +24,7 @@ from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY, MAX_WARNINGS
 from ..events import EventSink, Fanout
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
 from ..runs.published import Publisher
-from .config import defaults_for, load_config, read_kv_budget, read_prefill_slice, read_prefix_cache
+from .config import defaults_for, load_config, read_draft, read_kv_budget, read_prefill_slice, read_prefix_cache
 from .live import paused
 from .output import print_warnings
 
@@ -151,6 +151,14 @@ PrefillSliceOpt = Annotated[
         "the time shared equally), a number of tokens per slice, or off (a chunk per decode step). Default: auto.",
     ),
 ]
+DraftOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--draft",
+        help="How a session decoding on its own drafts tokens to check in one forward: lookup (copied from "
+        "its prompt and reply), off, or auto (lookup on a GPU, off on a CPU). The tokens are the same. Default: auto.",
+    ),
+]
 MaxTurnsOpt = Annotated[
     Optional[int], typer.Option("--max-turns", min=1, help="Stop a task after this many model turns.")
 ]
@@ -266,6 +274,7 @@ SHARED_FLAGS: dict[str, tuple[Any, Any]] = {
     "kv_bits": (KvBitsOpt, None),
     "prefix_cache": (PrefixCacheOpt, None),
     "prefill_slice": (PrefillSliceOpt, None),
+    "draft": (DraftOpt, None),
     "max_depth": (MaxDepthOpt, DEFAULT_MAX_DEPTH),
     "concurrency": (ConcurrencyOpt, MAX_CONCURRENCY),
     "thinking": (ThinkingOpt, None),
@@ -316,6 +325,7 @@ class Shared:
     kv_bits: KvBits | str | None  # the flag's choice, config.toml's text ("8"), or None: the default
     prefix_cache: str | None
     prefill_slice: str | None
+    draft: str | None
     max_depth: int
     concurrency: int
     thinking: str | None
@@ -345,6 +355,7 @@ class Shared:
             kv_bits=None if self.kv_bits is None else int(self.kv_bits),
             prefix_cache=read_prefix_cache(self.prefix_cache),
             prefill_slice=read_prefill_slice(self.prefill_slice),
+            draft=read_draft(self.draft),
             context_window=self.context_window,
             concurrency=self.concurrency,
             thinking=self.thinking,
@@ -360,7 +371,7 @@ class Shared:
     def own_hosts(self) -> str | None:
         """The flag that makes this command's hosts its own (a server's are made once, with the server's
         settings), or None: `--engine`, `--kv-budget`, `--kv-bits`, `--context-window`, `--prefix-cache`,
-        `--prefill-slice`, `--batching off`.
+        `--prefill-slice`, `--draft`, `--batching off`.
         A size config.toml sets is not one: `subagent serve` read it from the same file."""
         given = {
             "--engine": self.engine is not None,
@@ -369,6 +380,7 @@ class Shared:
             "--context-window": self.context_window is not None,
             "--prefix-cache": self.prefix_cache is not None and "prefix_cache" not in self.configured,
             "--prefill-slice": self.prefill_slice is not None and "prefill_slice" not in self.configured,
+            "--draft": self.draft is not None and "draft" not in self.configured,
             "--batching off": self.batching == Batching.off,
         }
         return next((flag for flag, set_ in given.items() if set_), None)

@@ -11,16 +11,19 @@ from .mlx.mlx_host import MlxModelHost, MlxSession, SharedKVBudget, parse_bytes
 from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, ProcessorFactory, Reply, ToolCall, Usage
 from .scripted import SCRIPTED_PREFIX
 from .settings import (
+    DEFAULT_DRAFT,
     DEFAULT_KV_BITS,
     DEFAULT_PREFILL_SLICE,
     KV_BITS,
     HostClass,
     HostSettings,
     PrefillSlice,
+    parse_draft,
     parse_prefill_slice,
 )
 
 __all__ = [
+    "DEFAULT_DRAFT",
     "DEFAULT_PREFILL_SLICE",
     "DEFAULT_KV_BITS",
     "HOST_CLASSES",
@@ -43,6 +46,7 @@ __all__ = [
     "host_kind",
     "make_host",
     "parse_bytes",
+    "parse_draft",
     "parse_prefill_slice",
 ]
 

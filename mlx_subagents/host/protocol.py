@@ -70,6 +70,10 @@ class Usage:
     # Time the turn spent while other sessions' prompts were prefilled (a stall of its decoding, or a
     # wait of its own prefill): what sharing the model with them cost it.
     prefill_wait_seconds: float = 0.0
+    # Tokens drafted to be verified in one forward with others (`host/mlx/drafts.py`), and of those the
+    # ones the model kept: each kept one is a forward saved.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def prefilled_tokens(self) -> int:

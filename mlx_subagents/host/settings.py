@@ -17,6 +17,10 @@ AUTO, OFF = "auto", "off"
 DEFAULT_PREFILL_SLICE = AUTO
 PrefillSlice = int | str  # a number of tokens, "auto" or "off"
 
+LOOKUP = "lookup"
+DRAFTS = (AUTO, OFF, LOOKUP)
+DEFAULT_DRAFT = AUTO
+
 
 def check_kv_bits(bits: object) -> int:
     """`bits` when it is a setting there is (16, 8 or 4); ValueError naming the choices otherwise."""
@@ -44,6 +48,17 @@ def parse_prefill_slice(value: str | int | None) -> PrefillSlice:
     return tokens
 
 
+def parse_draft(value: str | None) -> str:
+    """`auto`, `off` or `lookup` (how a session drafts the tokens it verifies in one forward,
+    `host/mlx/drafts.py`); None is the default, `auto`."""
+    if value is None:
+        return DEFAULT_DRAFT
+    text = str(value).strip().lower()
+    if text not in DRAFTS:
+        raise RequestError(f"--draft {value!r} is not auto, off or lookup; use e.g. auto")
+    return text
+
+
 class BudgetShare(Protocol):
     """One KV budget several resident models split (the mlx room's `SharedKVBudget`): what was asked for
     (`--kv-budget` in bytes; None: a default from the free memory; 0: unbounded)."""
@@ -68,6 +83,8 @@ class HostSettings:
             `off` (mlx; see `host/mlx/prefill.py`).
         processor_factory: logits processors for every request (mlx; the test kit's forced scripts).
         kv_bits: 16 (not quantized), 8 or 4 bits per KV value, for every session of the host (mlx).
+        draft: how a session drafts tokens to verify in one forward: `auto`, `lookup` or `off` (mlx;
+            see `host/mlx/drafts.py`).
     """
 
     engine: str | None = None
@@ -80,6 +97,7 @@ class HostSettings:
     prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE
     processor_factory: ProcessorFactory | None = None
     kv_bits: int = DEFAULT_KV_BITS
+    draft: str = DEFAULT_DRAFT
 
 
 class HostClass(Protocol):

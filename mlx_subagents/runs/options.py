@@ -54,6 +54,9 @@ class RunOptions:
             (slices sized from what decode steps and prompt tokens cost, the time shared equally), a
             number of tokens per slice, or `off` (it joins the batch at once, a chunk per decode step);
             None: the host's default, `auto`.
+        draft: how a session decoding on its own drafts tokens to verify in one forward (`--draft`):
+            `lookup` (from its own prompt and reply), `off`, or `auto` (lookup on a GPU, off on a CPU);
+            None: the host's default, `auto`. The tokens are the same either way.
         concurrency: agent loops running at once in the whole process, sub-agents included; a
             parent waiting on its children does not count.
         thinking: a thinking model's budget per reply (`--thinking on|off|TOKENS`, as tokens, 0 for
@@ -90,6 +93,7 @@ class RunOptions:
     prefix_cache: int | None = None
     context_window: int | None = None
     prefill_slice: PrefillSlice | None = None
+    draft: str | None = None
     concurrency: int = DEFAULT_CONCURRENCY
     engine: str | None = None
     api_key: str | None = field(default=None, repr=False)
@@ -124,6 +128,10 @@ class RunOptions:
             from ..host import parse_prefill_slice
 
             object.__setattr__(self, "prefill_slice", parse_prefill_slice(self.prefill_slice))
+        if self.draft is not None:
+            from ..host import parse_draft
+
+            object.__setattr__(self, "draft", parse_draft(self.draft))
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 0:
             raise RequestError(f"max_depth must be a whole number >= 0, got {self.max_depth!r}")
 
@@ -140,7 +148,7 @@ class RunOptions:
             kv_budget: the budget the run's resident models share (None: this run's `kv_budget`).
             processor_factory: logits processors for every request (the test kit's forced scripts).
         """
-        from ..host import DEFAULT_KV_BITS, DEFAULT_PREFILL_SLICE, HostSettings
+        from ..host import DEFAULT_DRAFT, DEFAULT_KV_BITS, DEFAULT_PREFILL_SLICE, HostSettings
 
         return HostSettings(
             engine=engine,
@@ -154,4 +162,5 @@ class RunOptions:
             prefill_slice=DEFAULT_PREFILL_SLICE if self.prefill_slice is None else self.prefill_slice,
             processor_factory=processor_factory,
             kv_bits=DEFAULT_KV_BITS if self.kv_bits is None else self.kv_bits,
+            draft=DEFAULT_DRAFT if self.draft is None else self.draft,
         )

@@ -40,9 +40,10 @@ USAGE_FIELDS = {"input_tokens", "output_tokens", "cached_tokens", "context_token
 
 # Documented in the README beside issue 3's fields: what resume and the multi-run modes need; and
 # what a delegating task's sub-agents used (issue 26, item 11); an isolated task's branch (issue 30); the time
-# waited behind other sessions' prefills (issue 40).
+# waited behind other sessions' prefills (issue 40); the tokens drafted and kept (issue 67).
 EXTRA_FIELDS = {"label", "step_id", "run_id", "transcript", "parsed", "children", "worktree"}
 EXTRA_USAGE = {"compactions", "kv_bytes", "constrained_calls", "constrained_answers", "prefill_wait_s", "kv_bits"}
+EXTRA_USAGE |= {"drafted_tokens", "accepted_tokens"}
 
 
 def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

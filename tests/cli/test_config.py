@@ -121,6 +121,7 @@ def test_sizes_config_toml_sets_keep_a_command_attached_to_the_server(config: An
         "engine",
         "prefix_cache",
         "prefill_slice",
+        "draft",
     ]
 
 
@@ -129,7 +130,7 @@ def test_sizes_config_toml_sets_keep_a_command_attached_to_the_server(config: An
     [
         (
             'model = "x"\nkv_bugdet = "4GB"\n',
-            "2: unknown key 'kv_bugdet'; the keys are model, kv_budget, kv_bits, sandbox, grammar, engine, prefix_cache, prefill_slice",
+            "2: unknown key 'kv_bugdet'; the keys are model, kv_budget, kv_bits, sandbox, grammar, engine, prefix_cache, prefill_slice, draft",
         ),
         ('grammar = "maybe"\n', """1: grammar: 'maybe' is neither on nor off; write "on" or "off" (or true / false)"""),
         (
@@ -141,6 +142,7 @@ def test_sizes_config_toml_sets_keep_a_command_attached_to_the_server(config: An
             "prefill_slice = 0\n",
             """1: prefill_slice: 0 is not auto, off or a number of tokens; write "auto", "off" or e.g. 64""",
         ),
+        ('draft = "always"\n', '1: draft: \'always\' is not auto, off or lookup; write "auto", "off" or "lookup"'),
     ],
 )
 def test_a_bad_config_line_is_one_error_naming_the_file_and_line(

@@ -116,6 +116,7 @@ def test_hosts_are_chosen_by_kind_and_each_is_built_from_the_settings(tmp_path: 
         prefix_cache=0,
         prefill_slice=64,
         processor_factory=factory,
+        draft="off",
     )
     mlx = MlxModelHost.from_settings("mlx-community/x", settings)
     assert (mlx.model_id, mlx.batching, mlx._window_override, mlx._shared, mlx._store_bytes, mlx.prefill_slice) == (
@@ -126,7 +127,7 @@ def test_hosts_are_chosen_by_kind_and_each_is_built_from_the_settings(tmp_path: 
         0,
         64,
     )
-    assert mlx._processor_factory is factory
+    assert mlx._processor_factory is factory and mlx.draft == "off"
     engine = EngineHost.from_settings("qwen3", settings)
     assert (engine.url, engine.model_id, engine.start_timeout, engine.context_window) == (
         "http://gpu:8000/v1",
@@ -156,6 +157,9 @@ def test_a_runs_options_become_its_host_settings() -> None:
     assert RunOptions().host_settings().prefill_slice == "auto"
     with pytest.raises(RequestError, match=r"^--prefill-slice 'soon' is not auto, off or a number of tokens; "):
         RunOptions(prefill_slice="soon")
+    assert RunOptions(draft="Lookup").host_settings().draft == "lookup" and RunOptions().host_settings().draft == "auto"
+    with pytest.raises(RequestError, match=r"^--draft 'always' is not auto, off or lookup; use e.g. auto$"):
+        RunOptions(draft="always")
     budget = SharedKVBudget(2**30)
     assert options.host_settings("http://gpu:8000/v1", budget) == HostSettings(
         engine="http://gpu:8000/v1",

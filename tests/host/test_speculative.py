@@ -30,9 +30,10 @@ def test_lookup_drafts_what_followed_the_latest_match_and_pauses_when_refused() 
     tokens = [5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 7, 1, 2]
     assert drafter.propose(tokens) == [3, 7, 7, 1]  # after the latest "1 2"
     assert LookupDrafter().propose([1, 2, 3, 4]) == []  # nothing repeats
+    assert LookupDrafter().propose([9, 5, 6, 5, 6]) == [5, 6, 5, 6]  # a repeating run goes on
     drafter.observe(4, 4)  # a whole draft kept: the next is longer
     tokens += [3, 7, 7, 1, 2]
-    assert drafter.draft == 6 and drafter.propose(tokens) == [3, 7, 7, 1, 2]  # "7 7 1 2": all that follows
+    assert drafter.draft == 6 and drafter.propose(tokens) == [3, 7, 7, 1, 2, 3]  # after "7 7 1 2", copying on
     for _ in range(4):
         drafter.observe(6, 0)
     assert drafter.draft == 1 and drafter.min_ngram == 4 and drafter.paused == 16
@@ -186,3 +187,41 @@ def test_sampled_verdicts_keep_the_models_distribution() -> None:
 def chi_square(counts: list[int], probs: list[float]) -> float:
     total = sum(counts)
     return sum((c - total * p) ** 2 / (total * p) for c, p in zip(counts, probs, strict=True))
+
+
+async def replies(path: Path, n: int, draft: str) -> tuple[list[list[tuple[int, ...]]], list[tuple[int, int]]]:
+    """Each of `n` sessions' two turns (the second over the first's cache), started together, session i's
+    replies 48 tokens long at most, less 16 for each session after it (so they end one after the other);
+    and each reply's (drafted, accepted) tokens."""
+    import asyncio
+
+    from mlx_subagents.host import GenerateArgs, MlxModelHost
+    from tests.host.test_batching import result, task
+
+    counts: list[tuple[int, int]] = []
+
+    async def conversation(host: MlxModelHost, i: int) -> list[tuple[int, ...]]:
+        session, messages, out = host.session(f"s{i}"), task(i), []
+        for turn in range(2):
+            reply = await session.generate(messages, GenerateArgs(max_tokens=48 - 16 * (n - 1 - i)))
+            counts.append((reply.usage.drafted_tokens, reply.usage.accepted_tokens))
+            out.append(reply.token_ids)
+            messages = messages + [reply.to_message(), result(i, turn)]
+        return out
+
+    async with MlxModelHost(str(path), draft=draft) as host:
+        return list(await asyncio.gather(*(conversation(host, i) for i in range(n)))), counts
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_host_drafts_for_the_single_turn_with_the_same_tokens(quantizable: Callable[[str], Path], n: int) -> None:
+    """A session decoding on its own drafts (its usage counts the drafted and kept tokens) and gives the
+    tokens it gives with drafts off, over two turns (the second reusing the first's cache); three
+    sessions do too, as each moves from the batch to the single path when the others end and back."""
+    import asyncio
+
+    path = quantizable("qwen3")
+    off, none = asyncio.run(replies(path, n, "off"))
+    on, counts = asyncio.run(replies(path, n, "lookup"))
+    assert on == off and none == [(0, 0)] * 2 * n
+    assert sum(d for d, _ in counts) >= sum(a for _, a in counts) > 0

@@ -14,6 +14,7 @@ from ...runs.options import RunOptions
 from ..flags import (
     Batching,
     BatchingOpt,
+    DraftOpt,
     JsonOpt,
     KvBitsOpt,
     KvBudgetOpt,
@@ -51,6 +52,7 @@ def serve(
     batching: BatchingOpt = Batching.on,
     prefix_cache: PrefixCacheOpt = None,
     prefill_slice: PrefillSliceOpt = None,
+    draft: DraftOpt = None,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Start in the background and return once it listens.")
     ] = False,
@@ -71,12 +73,13 @@ def serve(
         raise typer.Exit(show_status(as_json))
     if stop:
         raise typer.Exit(stop_server())
-    from ..config import load_config, read_kv_budget, read_prefill_slice, read_prefix_cache
+    from ..config import load_config, read_draft, read_kv_budget, read_prefill_slice, read_prefix_cache
 
     configured = load_config().values  # below the flags, as for every command (its `model`: the environment's)
     kv_budget = kv_budget if kv_budget is not None else configured.get("kv_budget")
     prefix_cache = prefix_cache if prefix_cache is not None else configured.get("prefix_cache")
     prefill_slice = prefill_slice if prefill_slice is not None else configured.get("prefill_slice")
+    draft = draft if draft is not None else configured.get("draft")
     bits = kv_bits if kv_bits is not None else configured.get("kv_bits")
     options = RunOptions(
         model=model,
@@ -84,6 +87,7 @@ def serve(
         kv_budget=read_kv_budget(kv_budget),
         prefix_cache=read_prefix_cache(prefix_cache),
         prefill_slice=read_prefill_slice(prefill_slice),
+        draft=read_draft(draft),
         kv_bits=None if bits is None else int(bits),
         context_window=context_window,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..settings import DEFAULT_PREFILL_SLICE, PrefillSlice
+from ..settings import DEFAULT_DRAFT, DEFAULT_PREFILL_SLICE, PrefillSlice
 
 
 @dataclass
@@ -15,3 +15,4 @@ class SchedulerConfig:
     share_prefix: bool = True
     context_window: int = 4096
     prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE  # tokens per slice, "auto" or "off" (see prefill.py)
+    draft: str = DEFAULT_DRAFT  # "auto", "lookup" or "off" (see drafts.py)

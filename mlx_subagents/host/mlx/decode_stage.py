@@ -18,8 +18,11 @@ from typing import Any
 
 from ..calls.grammar import Constrainer, Grammars
 from ..calls.thinking import prompt_opens_thought, thought_budget
+from ..kv.rewind import refusal
 from ..protocol import FinishReason, ProcessorFactory
 from .config import SchedulerConfig
+from .drafted import DraftedStream
+from .drafts import LookupDrafter
 from .masks import MaskBatch, MaskedModel, Row
 from .outbox import Outbox
 from .single import SingleStream, take_from_batch
@@ -118,7 +121,7 @@ class DecodeStage:
                 self.handover(self.single)
             self._insert(turn, turn.ids[turn.pos :], turn.ids[: turn.pos], turn.max_tokens)
             return
-        turn.stream = SingleStream(self.model, turn.cache, turn.ids, turn.sampler, turn.processors)  # type: ignore[arg-type]
+        turn.stream = self._stream(turn, turn.cache, turn.ids)  # type: ignore[arg-type]
         self.most_decoding = max(self.most_decoding, 1)
         if self.config.batching and batchable(turn.cache):
             self.single = turn  # a burst of tokens per step, until it ends or a second turn arrives
@@ -126,6 +129,30 @@ class DecodeStage:
             self.run_single(turn, turn.max_tokens, turn.cancel.is_set)
             if turn.stream is not None:  # stopped by its cancel
                 self.end_single(turn, "cancelled")
+
+    def _stream(self, turn: Turn, cache: list[Any], context: list[int], pending: Any = None) -> Any:
+        """The single turn's stream: with drafts (`drafted.py`) where they are on and can run, which is
+        where no logits processor reads the turn's tokens one by one (a grammar, a thought budget, a
+        forcing script), its sampling is the plain temperature `verify.verdict` keeps exact (no top_p
+        cut) and every layer of its cache rewinds (`kv.rewind.refusal`: not a hybrid model's recurrent
+        layers); mlx-lm's single path otherwise."""
+        request = turn.request
+        plain = request.temperature == 0 or request.top_p >= 1
+        if self.drafts and not turn.processors and plain and refusal(cache) is None:
+            token = None if pending is None else int(pending.item())
+            drafter = LookupDrafter()
+            return DraftedStream(self.model, cache, context, request.temperature, drafter, token, turn.drafts)
+        return SingleStream(self.model, cache, context, turn.sampler, turn.processors, pending)
+
+    @property
+    def drafts(self) -> bool:
+        """Whether single turns draft: `lookup`, or `auto` on a GPU, where a forward of a few tokens costs
+        about what one token's does (memory-bound). On a CPU it costs more with each token, and drafts
+        measured no faster there (`benchmarks/speculative.py`), so `auto` leaves them off."""
+        import mlx.core as mx
+
+        draft = self.config.draft
+        return draft == "lookup" or (draft == "auto" and mx.default_device().type == mx.DeviceType.gpu)
 
     def _grammar(self, turn: Turn) -> Constrainer | None:
         """The turn's grammar for its calls and answer: first of its processors (a processor after it that
@@ -261,15 +288,25 @@ class DecodeStage:
             self.outbox.flush()
 
     def _single_step(self, turn: Turn) -> FinishReason | None:
-        """One token of a turn on the single path; its cache ends holding every token it produced."""
-        done = self._on_token(turn, turn.stream.next())  # type: ignore[union-attr]
-        if done is None and len(turn.generated) >= turn.max_tokens:
-            done = "length"
-        if done is not None:
-            self.end_single(turn, done)
-        return done
+        """One forward of a turn on the single path: one token, or with drafts each token it kept, in
+        order; its cache ends holding every token it produced."""
+        stream = turn.stream
+        kept = (
+            stream.next(turn.max_tokens - len(turn.generated)) if isinstance(stream, DraftedStream) else [stream.next()]
+        )  # type: ignore[union-attr]
+        for used, token in enumerate(kept, 1):
+            done = self._on_token(turn, token)
+            if done is None and len(turn.generated) >= turn.max_tokens:
+                done = "length"
+            if done is not None:
+                self.end_single(turn, done, used)
+                return done
+        return None
 
-    def end_single(self, turn: Turn, finish: FinishReason) -> None:
+    def end_single(self, turn: Turn, finish: FinishReason, used: int | None = None) -> None:
+        """The single turn ends: with drafts, after the `used`-th token of its last forward (None: all)."""
+        if isinstance(turn.stream, DraftedStream):
+            turn.stream.end(used)
         turn.stream = None
         if self.single is turn:
             self.single = None
@@ -281,6 +318,11 @@ class DecodeStage:
         assert stream is not None
         self.single, turn.stream = None, None
         token = stream.handover()
+        if token is None:  # drafted: its last token is not in the cache yet, the batch feeds it
+            assert isinstance(stream, DraftedStream)
+            held, last = stream.tokens[:-1], stream.tokens[-1]
+            self._insert(turn, [last], held, turn.max_tokens - len(turn.generated))
+            return
         done = self._on_token(turn, token)
         if done is None and len(turn.generated) >= turn.max_tokens:
             done = "length"
@@ -303,7 +345,7 @@ class DecodeStage:
             turn.uid = None
             cache, held, pending = taken
             turn.cache = turn.state.prompt_cache = cache
-            turn.stream = SingleStream(self.model, cache, held, turn.sampler, turn.processors, pending)
+            turn.stream = self._stream(turn, cache, held, pending)
             self.single = turn
         except Exception as exc:
             self._failed(turn, exc)

@@ -55,13 +55,14 @@ class DraftedStream:
         temperature: float,
         drafter: Drafter,
         pending: int | None = None,
+        counts: DraftCounts | None = None,
     ) -> None:
         problem = refusal(cache)
         if problem is not None:
             raise ValueError(problem)
         self.model, self.cache, self.temperature, self.drafter = model, cache, temperature, drafter
         self.tokens = list(context)
-        self.counts = DraftCounts()
+        self.counts = counts if counts is not None else DraftCounts()  # a turn's, across its streams
         self._pending = pending
         self._last: tuple[int, Mark] | None = None  # the last forward's tokens kept, and its mark
 
@@ -89,13 +90,29 @@ class DraftedStream:
         counts.accepted, counts.tokens = counts.accepted + len(kept) - 1, counts.tokens + len(kept)
         return kept
 
-    def end(self, used: int) -> None:
-        """The sequence stops after the first `used` tokens the last `next()` returned (an end-of-turn
-        token, a stop, the limit): the cache then holds every token up to that one and nothing after,
-        as a sequence decoded one token at a time would (its bytes too)."""
+    def handover(self) -> int | None:
+        """Stop here: the token computed but not yet returned, when there is one (`pending`, not in the
+        cache). Otherwise None: the cache holds `tokens[:-1]` and the last token is still to feed."""
+        pending, self._pending = self._pending, None
+        return pending
+
+    def feed(self, token: int) -> None:
+        """Put a last token into the cache (when the sequence ends on the token `handover` gave)."""
         import mlx.core as mx
 
+        mx.eval(self.model(mx.array([[token]], dtype=mx.uint32), cache=self.cache))
+        self.tokens.append(token)
+
+    def end(self, used: int | None = None) -> None:
+        """The sequence stops after the first `used` tokens the last `next()` returned (an end-of-turn
+        token, the limit; None: all of them, a cancel): the cache then holds every token up to that one
+        and nothing after, as a sequence decoded one token at a time would (its bytes too)."""
+        import mlx.core as mx
+
+        if self._pending is not None:
+            return  # the cache holds the context, and the pending token was never returned
         got = self._last[0] if self._last is not None else 1
+        used = got if used is None else used
         assert 1 <= used <= got
         if used == got:  # the last token is not in the cache yet: feed it
             mx.eval(self.model(mx.array([self.tokens[-1:]], dtype=mx.uint32), cache=self.cache))

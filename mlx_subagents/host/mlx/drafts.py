@@ -63,7 +63,12 @@ class LookupDrafter:
         for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
             after = self._index.get(tuple(tokens[end - n : end]))
             if after is not None:
-                return list(tokens[after : after + self.draft])
+                # What followed the match; past the end, the draft goes on copying itself: a match that
+                # overlaps the last tokens is a repeating run, and the run goes on.
+                draft: list[int] = []
+                for j in range(after, after + self.draft):
+                    draft.append(tokens[j] if j < end else draft[j - end])
+                return draft
         return []
 
     def observe(self, drafted: int, accepted: int) -> None:

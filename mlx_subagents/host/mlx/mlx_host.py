@@ -52,7 +52,16 @@ from ..protocol import (
     ToolSchema,
     Usage,
 )
-from ..settings import DEFAULT_KV_BITS, DEFAULT_PREFILL_SLICE, KV_BITS, PrefillSlice, check_kv_bits, parse_prefill_slice
+from ..settings import (
+    DEFAULT_DRAFT,
+    DEFAULT_KV_BITS,
+    DEFAULT_PREFILL_SLICE,
+    KV_BITS,
+    PrefillSlice,
+    check_kv_bits,
+    parse_draft,
+    parse_prefill_slice,
+)
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .mlx_thread import Deliver, MlxThread
 from .resident import Registration, reserve
@@ -328,6 +337,9 @@ class MlxModelHost:
             slice, or `off` (it joins the batch at once and is prefilled there a chunk per decode step).
         kv_bits: 16 (not quantized), 8 or 4: every session's KV cache quantized per group to that
             many bits; a model whose attention cannot take it runs at 16, with one warning.
+        draft: `lookup`: a session decoding on its own drafts tokens by prompt lookup and verifies them
+            in one forward (`drafts.py`; the same tokens); `off`: one token per forward; `auto`: lookup
+            on a GPU, off on a CPU (where a forward's cost grows with its tokens).
         drop_below_tokens: an evicted cache holding fewer tokens is dropped (re-prefilled on its next
             turn) rather than spilled to disk.
     """
@@ -350,6 +362,7 @@ class MlxModelHost:
         prefill_slice: PrefillSlice = DEFAULT_PREFILL_SLICE,
         kv_bits: int = DEFAULT_KV_BITS,
         drop_below_tokens: int = DEFAULT_DROP_BELOW_TOKENS,
+        draft: str = DEFAULT_DRAFT,
     ) -> None:
         self.model_id = strip_provider(model)
         try:
@@ -361,6 +374,7 @@ class MlxModelHost:
         self._processor_factory = processor_factory
         self._config = SchedulerConfig(reuse, batching, prefill_step_size, share_prefix)
         self._config.prefill_slice = parse_prefill_slice(prefill_slice)
+        self._config.draft = parse_draft(draft)
         self._shared = kv_budget if isinstance(kv_budget, SharedKVBudget) else None
         self._budget_request = None if self._shared else parse_bytes(kv_budget)  # type: ignore[arg-type]
         self.max_sessions = max_sessions
@@ -394,8 +408,14 @@ class MlxModelHost:
             kv_budget=settings.kv_budget,
             prefix_cache=settings.prefix_cache,
             prefill_slice=settings.prefill_slice,
+            draft=settings.draft,
             kv_bits=settings.kv_bits,
         )
+
+    @property
+    def draft(self) -> str:
+        """How a session drafts tokens to verify in one forward: `auto`, `lookup` or `off`."""
+        return self._config.draft
 
     @property
     def prefill_slice(self) -> PrefillSlice:

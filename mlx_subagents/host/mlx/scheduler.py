@@ -326,6 +326,8 @@ class Scheduler:
             prompt_seconds=turn.prompt_s,
             generation_seconds=max(0.0, total - turn.prompt_s),
             prefill_wait_seconds=turn.prefill_wait_s,
+            drafted_tokens=turn.drafts.drafted,
+            accepted_tokens=turn.drafts.accepted,
         )
         grammar = turn.grammar.engaged if turn.grammar is not None else None
         return Reply(raw, [], [], finish, usage, raw, tuple(turn.generated), constrained=grammar)

@@ -12,6 +12,7 @@ from typing import Any
 from ..calls.grammar import Constrainer
 from ..kv.kv_pool import CacheState
 from ..protocol import Message, ToolSchema
+from .drafted import DraftCounts, DraftedStream
 from .mlx_thread import Deliver
 from .prefill import PrefillGroup
 from .single import SingleStream
@@ -84,7 +85,8 @@ class Turn:
     processors: list[Any] = field(default_factory=list)
     grammar: Constrainer | None = None  # among the processors: what it held the reply to
     grammar_row: Any = None  # the grammar as its batch row's processor (for the row's first step)
-    stream: SingleStream | None = None  # decoding on the single path, outside the batch
+    stream: SingleStream | DraftedStream | None = None  # decoding on the single path, outside the batch
+    drafts: DraftCounts = field(default_factory=DraftCounts)  # its tokens drafted and kept (`drafted.py`)
     streamed: bool = False  # its first text is out (or in the outbox)
     fed: int = 0  # how many of `generated` the detokenizer has had
     queued: bool = False  # in the scheduler's outbox: tokens not streamed yet
