@@ -405,3 +405,41 @@ def test_every_claude_mcp_add_names_subagent_by_its_absolute_path() -> None:
     assert {name for name, _ in commands} >= {"README.md", "cli.md", "mcp.md"}
     for name, command in commands:
         assert command.startswith(('"$(command', "&quot;$(command", "/")), f"{name}: {command}"
+
+
+def shell_commands(text: str) -> list[str]:
+    """The `subagent ...` commands of a page's shell blocks (lines joined at `\\`, comments off, one per
+    part of `&&`, `;` or `|`), but those built by the shell (`$(...)`) or with placeholders (`<...>`, `...`)."""
+    found = []
+    for block in re.findall(r"```(?:bash|sh|shell)\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].split(" # ")[0].strip()
+            for part in (p.strip() for p in re.split(r"&&|;|\|", line)):
+                if part.startswith("subagent ") and not any(s in part for s in ("$(", "<", "...")):
+                    found.append(part)
+    return found
+
+
+def test_every_command_in_the_docs_is_one_the_cli_takes() -> None:
+    """Each `subagent` command the README and docs show parses as written: its command, options and
+    arguments exist (a folder in an example, `~/src/app`, need not)."""
+    import shlex
+
+    import typer
+
+    from mlx_subagents.cli import app
+
+    command = typer.main.get_command(app)
+    pages = [ROOT / "README.md", *(p for p in sorted(DOCS.glob("*.md")) if p != CLI_PAGE)]
+    commands = [(page, line) for page in pages for line in shell_commands(page.read_text(encoding="utf-8"))]
+    wrong = []
+    for page, line in commands:
+        try:
+            context = command.make_context("subagent", shlex.split(line)[1:])
+            while context._protected_args:  # a command group: its subcommand parses in turn
+                name, *rest = [*context._protected_args, *context.args]
+                context = context.command.get_command(context, name).make_context(name, rest, parent=context)
+        except Exception as exc:  # click's errors (typer vendors its own copy of click)
+            if not (type(exc).__name__ == "BadParameter" and "does not exist" in str(exc)):
+                wrong.append(f"{page.relative_to(ROOT)}: {line}: {type(exc).__name__}: {exc}")
+    assert len(commands) >= 50 and wrong == []
