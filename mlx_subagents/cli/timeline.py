@@ -93,6 +93,7 @@ def _lane(label: str, agent: str, records: list[dict[str, Any]], origin: float) 
     lane = Lane(label, agent, label.count(" > "))
     turn: TurnBar | None = None
     seen = (0, 0)  # the usage so far: input and output tokens, for each turn's own
+    delegating: float | None = None  # when its `subagent` call started: it waits for its children meanwhile
     for record in records:
         if "time" not in record:
             continue
@@ -118,6 +119,10 @@ def _lane(label: str, agent: str, records: list[dict[str, Any]], origin: float) 
             seen = (data["input_tokens"], data["output_tokens"])
         elif kind == "tool_call":
             lane.tools.append((at, str(data.get("name")), str(data.get("description") or "")))
+            delegating = at if data.get("name") == "subagent" else delegating
+        elif kind == "tool_result" and data.get("name") == "subagent" and delegating is not None:
+            lane.waits.append((delegating, at, "waited for its sub-agents"))
+            delegating = None
     return lane
 
 

@@ -73,8 +73,12 @@ def test_a_parent_and_three_children_are_four_lanes_of_one_bar_per_turn(
         tools = [t.get("data-name") for t in lane.findall(f"{SVG}g[@class='tool']")]
         assert tools == (["subagent"] if lane.get("data-label") == "orchestrator" else ["ls"])
     waits = {lane.get("data-label"): lane.findall(f"{SVG}rect[@class='wait']") for lane in lanes}
-    assert [label for label, found in waits.items() if found] == ["orchestrator > scout#3"]  # no slot for it at first
+    # the parent waits for its children (its call's band), the third scout for a slot at first
+    assert [label for label, found in waits.items() if found] == ["orchestrator", "orchestrator > scout#3"]
     assert (waits["orchestrator > scout#3"][0].find(f"{SVG}title").text or "").endswith(" s")
+    [delegated] = waits["orchestrator"]
+    assert (delegated.find(f"{SVG}title").text or "").startswith("orchestrator waited for its sub-agents for ")
+    assert float(delegated.get("width") or 0) > float(waits["orchestrator > scout#3"][0].get("width") or 0)
 
     code, _, _ = run_cli("show", team_run, "--timeline", str(tmp_path / "run.html"))
     page = (tmp_path / "run.html").read_text(encoding="utf-8")
