@@ -8,6 +8,7 @@ Small files that other processes read while they change (`write_whole`) are writ
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -68,6 +69,8 @@ def keep_private(home: Path) -> None:
     closed if the umask or an older version left it open. What the agents saw (transcripts, logs,
     worktrees, the server's files) is reached only through it, so no other user reads any of it,
     whatever the files' own modes. A folder another user owns is left as it is."""
+    if home.exists() and not home.is_dir():  # mkdir would say "File exists" of a file in the way
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(home))
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = os.stat(home)
     if st.st_uid == os.getuid() and st.st_mode & 0o077:
