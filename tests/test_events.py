@@ -44,7 +44,9 @@ def test_an_event_refuses_keys_its_kind_does_not_have() -> None:
     )
     with pytest.raises(TypeError) as extra:
         Event(kind="waiting", label="w", agent="worker", data={"reason": "r", "why": "w"})
-    assert str(extra.value) == "a waiting event has the keys ['reason', 'why']; WaitingData has ['reason']"
+    assert (
+        str(extra.value) == "a waiting event has the keys ['reason', 'why']; WaitingData has ['reason', 'waiting_for']"
+    )
     with pytest.raises(TypeError) as other_kind:
         Event(kind="turn_start", label="s", agent="scout", data=ToolCallData(name="ls", arguments={}, description="ls"))
     assert str(other_kind.value) == (
