@@ -103,3 +103,11 @@ def test_interference_benchmark_reports_both_modes_side_by_side() -> None:
     assert report["prompt_tokens"][0] > 600 and report["prompt_tokens"][1] < report["prompt_tokens"][0] // 4
     assert report["identical_outputs"] is True and report["targets"]["identical_outputs"]["met"] is True
     assert set(report["targets"]) == {"decode_retention", "long_ttft_ratio", "short_ttft_ratio", "identical_outputs"}
+
+
+def test_speculative_benchmark_reports_each_workload_both_ways_with_the_same_tokens() -> None:
+    report = run_benchmark("benchmarks/speculative.py", "--tokens", "12", "--repeats", "1")
+    assert report["sessions"] == 1 and set(report["workloads"]) == {"edit", "rewrite", "summary", "random"}
+    for row in report["workloads"].values():
+        assert row["identical"] and row["reply_tokens"] > 0 and row["tokens_per_forward"] >= 1.0
+        assert row["accepted"] <= row["drafted"] and row["decode_tps_off"] > 0 and row["decode_tps_on"] > 0
