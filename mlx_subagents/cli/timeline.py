@@ -24,6 +24,7 @@ CHART_WIDTH = 900
 LANE_HEIGHT = 34
 BAR_HEIGHT = 14
 TOP = 58  # the legend and the time axis
+BOTTOM = 10  # under the last lane: the picture is as tall as its lanes, nothing more
 COLOURS = {"queued": "#c8cdd3", "prefill": "#f0a35e", "decode": "#4c8bf5", "tool": "#3aa757", "wait": "#9aa0a6"}
 
 
@@ -185,7 +186,7 @@ def render_svg(record: RunRecord, lanes: list[Lane]) -> str:
     """The run's timeline as one SVG document (shapes carry `class`, `data-*` and a `<title>`)."""
     end = max((lane.end or 0.0 for lane in lanes), default=0.0) or 1.0
     x = lambda t: LABEL_WIDTH + CHART_WIDTH * t / end  # noqa: E731
-    height = TOP + LANE_HEIGHT * len(lanes) + 10
+    height = TOP + LANE_HEIGHT * len(lanes) + BOTTOM
     width = LABEL_WIDTH + CHART_WIDTH + 20
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -200,7 +201,9 @@ def render_svg(record: RunRecord, lanes: list[Lane]) -> str:
     step = _axis_step(end)
     tick = 0.0
     while tick <= end + 1e-9:
-        out.append(f'<line x1="{x(tick):.1f}" y1="{TOP - 14}" x2="{x(tick):.1f}" y2="{height - 10}" stroke="#eeeeee"/>')
+        out.append(
+            f'<line x1="{x(tick):.1f}" y1="{TOP - 14}" x2="{x(tick):.1f}" y2="{height - BOTTOM}" stroke="#eeeeee"/>'
+        )
         out.append(f'<text x="{x(tick):.1f}" y="{TOP - 18}" text-anchor="middle" fill="#555555">{tick:g} s</text>')
         tick += step
     for row, lane in enumerate(lanes):

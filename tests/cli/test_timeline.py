@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from mlx_subagents.cli.timeline import COLOURS, LANE_HEIGHT, TOP
+from mlx_subagents.cli.timeline import BOTTOM, COLOURS, LANE_HEIGHT, TOP
 from mlx_subagents.runs.transcripts import load_run
 from tests.conftest import chromium
 from tests.helpers import call
@@ -61,6 +61,7 @@ def test_a_parent_and_three_children_are_four_lanes_of_one_bar_per_turn(
     svg = ElementTree.parse(tmp_path / "run.svg").getroot()
     lanes = svg.findall(f"{SVG}g[@class='lane']")
     assert [lane.get("data-label") for lane in lanes] == LABELS
+    assert_as_tall_as_its_lanes(svg, len(LABELS))
     for lane in lanes:
         turns = lane.findall(f"{SVG}g[@class='turn']")
         assert [t.get("data-turn") for t in turns] == ["1", "2"]
@@ -87,6 +88,32 @@ def test_a_parent_and_three_children_are_four_lanes_of_one_bar_per_turn(
 
     code, _, err = run_cli("show", team_run, "--timeline", str(tmp_path / "run.png"))
     assert (code, err) == (2, f"error: --timeline {tmp_path / 'run.png'}: the file must end in .html or .svg\n")
+
+
+def assert_as_tall_as_its_lanes(svg: ElementTree.Element, lanes: int) -> None:
+    """The picture's height (and its viewBox's) is its legend and axis, its lanes and a margin, nothing
+    more: each lane's label lies in its own band, the last one's ending BOTTOM above the picture's end."""
+    height = TOP + LANE_HEIGHT * lanes + BOTTOM
+    assert svg.get("height") == str(height) and svg.get("viewBox") == f"0 0 {svg.get('width')} {height}"
+    labels = [float(g.find(f"{SVG}text").get("y") or 0) for g in svg.findall(f"{SVG}g[@class='lane']")]
+    assert len(labels) == lanes
+    for row, y in enumerate(labels):
+        assert TOP + row * LANE_HEIGHT < y < TOP + (row + 1) * LANE_HEIGHT <= height - BOTTOM
+
+
+def test_a_run_of_one_task_is_a_picture_of_one_lane_and_no_more(
+    tmp_path: Path, write_script: Any, run_cli: Any
+) -> None:
+    """The page is as tall as its lanes: one task, one lane, and the page holds only the heading and
+    the picture (no height of its own to fill a window)."""
+    model = write_script({"agents": {"scout": {"replies": [{"content": "Findings: x\n\nSummary: y"}]}}})
+    assert run_cli("run", "scout", "map", "--model", model, "-C", str(tmp_path))[0] == 0
+    run_id = load_run("last").run_id
+    assert run_cli("show", run_id, "--timeline", str(tmp_path / "run.html"))[0] == 0
+    page = (tmp_path / "run.html").read_text(encoding="utf-8")
+    assert "height" not in page.partition("<svg ")[0]  # no style sizes the page
+    svg = ElementTree.fromstring(page[page.index("<svg ") : page.index("</svg>") + len("</svg>")])
+    assert_as_tall_as_its_lanes(svg, 1)
 
 
 @pytest.mark.slow
