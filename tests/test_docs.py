@@ -443,3 +443,34 @@ def test_every_command_in_the_docs_is_one_the_cli_takes() -> None:
             if not (type(exc).__name__ == "BadParameter" and "does not exist" in str(exc)):
                 wrong.append(f"{page.relative_to(ROOT)}: {line}: {type(exc).__name__}: {exc}")
     assert len(commands) >= 50 and wrong == []
+
+
+# The words of the commands the docs show that need no model, no network and no terminal: each such
+# command runs as written, in a fresh state folder and an empty folder, and exits 0.
+NEEDS_NO_MODEL = {"agents", "workflows", "models", "runs", "cache", "clear", "--json", "--version", "--help"}
+
+
+def test_every_command_in_the_docs_that_needs_no_model_runs(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`subagent agents`, `models`, `runs`, `cache`... as a newcomer types them from the README and the
+    docs, before any model is on the machine: each exits 0 with no traceback (`models import` fetches and
+    `doctor` downloads the default model: not these)."""
+    import shlex
+
+    pages = [ROOT / "README.md", *(p for p in sorted(DOCS.glob("*.md")) if p != CLI_PAGE)]
+    commands = {
+        line
+        for page in pages
+        for line in shell_commands(page.read_text(encoding="utf-8"))
+        if set(shlex.split(line)[1:]) <= NEEDS_NO_MODEL
+    }
+    heads = {shlex.split(line)[1] for line in commands}
+    assert heads >= {"agents", "workflows", "models", "runs", "cache"}, heads
+    monkeypatch.chdir(tmp_path)
+    failed = []
+    for line in sorted(commands):
+        code, out, err = run_cli(*shlex.split(line)[1:])
+        if code != 0 or "Traceback" in out + err:
+            failed.append(f"{line}: exit {code}: {err.strip()[-300:]}")
+    assert failed == []
