@@ -22,10 +22,14 @@ from tests.helpers import make_runner, run_parent, scripted_host  # noqa: E402
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Puts the files that run the real model first: they are the longest (minutes, where most files
-    take seconds), and a worker that takes one last would run alone while the others wait."""
-    heavy = {item.path for item in items if item.get_closest_marker("model")}
-    items.sort(key=lambda item: item.path not in heavy)  # stable: each file keeps its order
+    """Puts the longest files first: those that run the real model (minutes, where most files take
+    seconds), then the others by how many of their tests are slow or start a process. A worker that
+    takes a long file last runs alone while the others wait (`--dist loadfile` hands out whole files)."""
+    weight: dict[Path, int] = {}
+    for item in items:
+        marks = {mark.name for mark in item.iter_markers()}
+        weight[item.path] = weight.get(item.path, 0) + 1000 * ("model" in marks) + len(marks & {"slow", "process"})
+    items.sort(key=lambda item: -weight[item.path])  # stable: each file keeps its order
 
 
 @pytest.fixture(autouse=True)
