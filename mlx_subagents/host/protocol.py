@@ -170,6 +170,7 @@ class GenerateArgs:
         max_tokens: bounds the reply after a thinking model's thought (see `thinking`).
         temperature: the sampling temperature; 0 decodes greedily.
         top_p: sample from the smallest set of tokens whose probabilities add up to this (1: all).
+        top_k: sample from the `top_k` most likely tokens only (0: all).
         seed: seeds the sampler as the reply starts: the same reply to the same prompt while it
             decodes alone (in a batch, best effort: the other rows draw from the same generator).
         on_event: gets the reply's host events (`HostEvent`) on the caller's loop as they happen: its
@@ -185,6 +186,7 @@ class GenerateArgs:
     max_tokens: int = 1024
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
     seed: int | None = None
     on_event: OnHostEvent | None = None
     thinking: int = DEFAULT_THINKING_TOKENS

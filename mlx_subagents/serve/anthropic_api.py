@@ -118,6 +118,7 @@ def _turn(request: MessagesRequest) -> ChatTurn:
         max_tokens=request.max_tokens,
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p or 1.0,
+        top_k=request.top_k or 0,
         stop=tuple(request.stop_sequences or ()),
         thinking=budget,
         tool_choice=forced,

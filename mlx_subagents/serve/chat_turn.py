@@ -65,6 +65,7 @@ class ChatTurn:
     max_tokens: int | None = None
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     thinking: int = DEFAULT_THINKING_TOKENS
@@ -192,6 +193,7 @@ class TurnRun:
             max_tokens=turn.max_tokens or 1 << 30,  # the host fits it to what the window leaves
             temperature=turn.temperature,
             top_p=turn.top_p,
+            top_k=turn.top_k,
             seed=turn.seed,
             on_event=on_event,
             thinking=turn.thinking,

@@ -106,6 +106,7 @@ class ChatRequest(Lenient):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)  # not OpenAI's; llama.cpp's and vLLM's (`extra_body`)
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int | None = Field(default=None, ge=1, le=1)
@@ -131,6 +132,7 @@ def parse_chat(body: dict[str, Any]) -> ChatShape:
         max_tokens=request.max_completion_tokens or request.max_tokens,
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p or 1.0,
+        top_k=request.top_k or 0,
         seed=request.seed,
         stop=tuple(stop),
         thinking=thinking,

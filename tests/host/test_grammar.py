@@ -343,9 +343,9 @@ def test_a_required_or_named_tool_choice_makes_the_reply_a_valid_call(tiny_qwen3
     assert {c.name for c in named.tool_calls} == {"find"}
 
 
-def test_top_p_and_a_seed_sample_as_mlx_lm_does(tiny_qwen3_path: Path) -> None:
+def test_top_p_top_k_and_a_seed_sample_as_mlx_lm_does(tiny_qwen3_path: Path) -> None:
     """A seeded reply at temperature 1 is the same twice and differs from another seed's; top_p near 0
-    keeps only the likeliest token: the greedy reply."""
+    and top_k 1 keep only the likeliest token: the greedy reply."""
 
     async def go() -> list[tuple[int, ...]]:
         async with MlxModelHost(str(tiny_qwen3_path)) as host:
@@ -356,15 +356,16 @@ def test_top_p_and_a_seed_sample_as_mlx_lm_does(tiny_qwen3_path: Path) -> None:
                     GenerateArgs(max_tokens=24, temperature=1.0, seed=7),
                     GenerateArgs(max_tokens=24, temperature=1.0, seed=8),
                     GenerateArgs(max_tokens=24, temperature=1.0, top_p=1e-9),
+                    GenerateArgs(max_tokens=24, temperature=1.0, top_k=1, seed=7),
                     GenerateArgs(max_tokens=24),
                 )
             ):
                 out.append((await host.session(f"s{i}").generate(TASK, args)).token_ids)
             return out
 
-    seven, again, eight, nucleus, greedy = asyncio.run(go())
+    seven, again, eight, nucleus, top_one, greedy = asyncio.run(go())
     assert seven == again and seven != eight
-    assert nucleus == greedy
+    assert nucleus == greedy and top_one == greedy
 
 
 def test_batched_rows_each_keep_their_own_tools(

@@ -444,6 +444,8 @@ class EngineSession:
         }
         if args.top_p < 1:
             request["top_p"] = args.top_p
+        if args.top_k > 0:
+            request["top_k"] = args.top_k  # not OpenAI's, but llama.cpp's, vLLM's and mlx_lm.server's
         if args.seed is not None:
             request["seed"] = args.seed
         if tools:

@@ -101,7 +101,7 @@ class DecodeStage:
         """Decode in the batch (`join`), or as the single turn: a burst of tokens per step, or to the end
         when serialized."""
         turn.processors = self.processor_factory(turn.name, turn.ids) if self.processor_factory else []
-        turn.sampler = self._sampler(turn.request.temperature, turn.request.top_p)
+        turn.sampler = self._sampler(turn.request.temperature, turn.request.top_p, turn.request.top_k)
         if turn.request.seed is not None:
             import mlx.core as mx
 
@@ -134,10 +134,10 @@ class DecodeStage:
         """The single turn's stream: with drafts (`drafted.py`) where they are on and can run, which is
         where no logits processor reads the turn's tokens one by one (a grammar, a thought budget, a
         forcing script), its sampling is the plain temperature `verify.verdict` keeps exact (no top_p
-        cut) and every layer of its cache rewinds (`kv.rewind.refusal`: not a hybrid model's recurrent
+        or top_k cut) and every layer of its cache rewinds (`kv.rewind.refusal`: not a hybrid model's recurrent
         layers); mlx-lm's single path otherwise."""
         request = turn.request
-        plain = request.temperature == 0 or request.top_p >= 1
+        plain = request.temperature == 0 or (request.top_p >= 1 and request.top_k <= 0)
         if self.drafts and not turn.processors and plain and refusal(cache) is None:
             token = None if pending is None else int(pending.item())
             drafter = LookupDrafter()
@@ -168,14 +168,15 @@ class DecodeStage:
             request.grammar_tools, request.answer_schema, opened, thinks, require_call=request.require_call
         )
 
-    def _sampler(self, temperature: float, top_p: float = 1.0) -> Any:
-        """The sampler of `temperature` and `top_p`, one object for every turn that has them: mlx-lm samples
-        a batch whose rows share one sampler with one call, and row by row otherwise."""
-        key = (temperature, top_p if temperature > 0 else 1.0)  # greedy: top_p changes nothing
+    def _sampler(self, temperature: float, top_p: float = 1.0, top_k: int = 0) -> Any:
+        """The sampler of `temperature`, `top_p` and `top_k`, one object for every turn that has them: mlx-lm
+        samples a batch whose rows share one sampler with one call, and row by row otherwise."""
+        sampled = temperature > 0  # greedy: top_p and top_k change nothing
+        key = (temperature, top_p if sampled else 1.0, max(0, top_k) if sampled else 0)
         if key not in self._samplers:
             from mlx_lm.sample_utils import make_sampler
 
-            self._samplers[key] = make_sampler(temp=key[0], top_p=key[1] if key[1] < 1 else 0.0)
+            self._samplers[key] = make_sampler(temp=key[0], top_p=key[1] if key[1] < 1 else 0.0, top_k=key[2])
         return self._samplers[key]
 
     # -- the batch ----------------------------------------------------------------

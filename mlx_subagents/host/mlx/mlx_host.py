@@ -229,6 +229,7 @@ class MlxSession:
             tools if grammar else None,
             args.answer_schema if grammar else None,
             top_p=args.top_p,
+            top_k=args.top_k,
             seed=args.seed,
         )
         if args.tool_choice != "auto" and tools:

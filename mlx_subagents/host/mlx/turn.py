@@ -48,6 +48,7 @@ class Request:
     answer_schema: dict[str, Any] | None = None  # the schema the answer is constrained to
     require_call: bool = False  # the reply must be calls to `grammar_tools`
     top_p: float = 1.0
+    top_k: int = 0  # 0: every token
     seed: int | None = None
 
     @property
