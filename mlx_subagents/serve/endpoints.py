@@ -9,13 +9,16 @@ token and the Host and Origin; here every bad request gets one error in its API'
 that goes away has its turn cancelled at once.
 
 The clients are told apart by their API and `User-Agent` (Claude Code, an SDK, an editor): each is a
-client of the server, listed with its conversations by `subagent serve --status`.
+client of the server, listed with its conversations by `subagent serve --status`. A `User-Agent` is
+whatever a caller sends, so the table is bounded (`MAX_API_CLIENTS`): past it, the client idle the
+longest is forgotten (its conversations stay; a later request of it is a client again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,6 +46,8 @@ ROUTES = {
     ("GET", "/v1/models"): "openai",
 }
 PATHS = ", ".join(f"{method} {path}" for method, path in ROUTES)
+# Endpoint clients (API and User-Agent) kept at once; past it the least recently used idle one goes.
+MAX_API_CLIENTS = 64
 
 log = logging.getLogger("mlx_subagents.serve")
 
@@ -77,7 +82,7 @@ class ApiFront:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.conversations = Conversations(service.pool.session_names)
-        self.clients: dict[tuple[str, str], Client] = {}
+        self.clients: OrderedDict[tuple[str, str], Client] = OrderedDict()  # least recently used first
         self._parsers: dict[str, Parse] = {"/v1/chat/completions": parse_chat, "/v1/messages": parse_messages}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -143,11 +148,16 @@ class ApiFront:
     # -- turns ---------------------------------------------------------------------------------------
 
     def client(self, api: Api, scope: Scope) -> Client:
-        """The client a request comes from: one per API and `User-Agent`."""
+        """The client a request comes from: one per API and `User-Agent`; a new one past `MAX_API_CLIENTS`
+        forgets the one idle the longest (none answered now)."""
         agent = _headers(scope).get("user-agent", "")
         key = (api, agent)
         if key not in self.clients:
+            idle = [k for k, c in self.clients.items() if not c.serving]
+            for old in idle[: max(0, len(self.clients) + 1 - MAX_API_CLIENTS)]:
+                self.service.clients.remove(self.clients.pop(old))
             self.clients[key] = self.service.add_client(api, self.service.client_options({}), name=agent or api)
+        self.clients.move_to_end(key)
         return self.clients[key]
 
     async def answer(self, api: Api, parse: Parse, scope: Scope, receive: Receive, send: Send) -> None:

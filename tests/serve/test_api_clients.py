@@ -1,0 +1,36 @@
+"""The endpoints' client table (one client per API and User-Agent) stays bounded, in process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mlx_subagents.runs.options import RunOptions
+from mlx_subagents.serve import endpoints
+from mlx_subagents.serve.endpoints import ApiFront
+from mlx_subagents.serve.service import ServeConfig, Service
+from mlx_subagents.serve.state import serve_paths
+
+
+def scope(agent: str) -> dict[str, object]:
+    return {"headers": [(b"user-agent", agent.encode())]}
+
+
+def test_the_client_table_forgets_the_client_idle_the_longest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new User-Agent past the bound forgets the least recently used idle client, never one being
+    answered: the table and the server's client list stay at the bound however many agents a caller invents."""
+    monkeypatch.setattr(endpoints, "MAX_API_CLIENTS", 3)
+    service = Service(ServeConfig(RunOptions(), cwd=tmp_path, port=None), serve_paths(tmp_path), "token")
+    front = ApiFront(service)
+    first, second, third = (front.client("openai", scope(f"tool/{i}")) for i in range(3))
+    first.serving = 1  # answering a request now: kept, though the least recently used
+    assert front.client("openai", scope("tool/2")) is third  # the same client again: now the most recent
+    front.client("openai", scope("tool/3"))
+    assert [c.name for c in front.clients.values()] == ["tool/0", "tool/2", "tool/3"]
+    first.serving = 0
+    for i in range(4, 40):
+        front.client("anthropic", scope(f"tool/{i}"))
+    assert [c.name for c in front.clients.values()] == ["tool/37", "tool/38", "tool/39"]
+    assert sorted(c.name for c in service.clients) == ["tool/37", "tool/38", "tool/39"]
+    assert second.id not in service.clients.all
