@@ -58,16 +58,7 @@ def reference(model: Any, cache: list[Any], prompt: list[int], n: int) -> tuple[
 
 def fresh(model: Any, bits: int, shared: SharedPrefix | None) -> list[Any]:
     """A cache of the model's kind under `bits` holding `PROMPT[:-1]` (over `shared`, holding its start)."""
-    if shared is not None:
-        cache: list[Any] = [PrefixedKVCache(shared, layer) for layer in range(len(model.layers))]
-        model(mx.array([PROMPT[shared.length : -1]]), cache=cache)
-    else:
-        setting, problem = kv_setting(model, bits)
-        assert problem is None
-        cache = setting.make_cache(model)
-        model(mx.array([PROMPT[:-1]]), cache=cache)
-    mx.eval([c.state for c in cache])
-    return cache
+    return row_cache(model, bits, shared, PROMPT)
 
 
 def prefix_of(model: Any) -> SharedPrefix:
@@ -225,3 +216,179 @@ def test_the_host_drafts_for_the_single_turn_with_the_same_tokens(quantizable: C
     on, counts = asyncio.run(replies(path, n, "lookup"))
     assert on == off and none == [(0, 0)] * 2 * n
     assert sum(d for d, _ in counts) >= sum(a for _, a in counts) > 0
+
+
+class RowForeseen:
+    """A batch row's drafter that knows its reply (`expected`, after `prompt`): drafts of 1 to 6 tokens,
+    wrong at a moving place (`Foreseen`'s pattern), or none where `quiet` (a row that does not draft)."""
+
+    def __init__(self, expected: list[int], quiet: bool = False) -> None:
+        self.expected, self.quiet, self.n = expected, quiet, 0
+
+    def propose(self, done: int) -> list[int]:
+        self.n += 1
+        if self.quiet:
+            return []
+        length = self.n % 6 + 1
+        draft = self.expected[done + 1 : done + 1 + length]  # after the pending token
+        wrong = self.n % (length + 1)
+        if wrong < len(draft):
+            draft[wrong] += 1
+        return draft
+
+
+def batch_of(model: Any, caches: list[list[Any]], prompts: list[list[int]], limits: list[int]) -> Any:
+    """mlx-lm's batch generator decoding greedily from `caches` (each holding its prompt but the last token)."""
+    from mlx_lm.generate import BatchGenerator
+
+    batch = BatchGenerator(model, stop_tokens=[], completion_batch_size=8, prefill_batch_size=8)
+    batch.insert([p[-1:] for p in prompts], max_tokens=limits, caches=caches, all_tokens=[p[:-1] for p in prompts])
+    return batch
+
+
+def rows_prompts() -> list[list[int]]:
+    """Four prompts of different lengths (rows left-padded apart), all starting with PROMPT's first 150."""
+    return [PROMPT[: 150 + 31 * i] + LINE * (i + 1) for i in range(4)]
+
+
+def row_cache(model: Any, bits: int, shared: SharedPrefix | None, prompt: list[int]) -> list[Any]:
+    """A cache of the model's kind under `bits` holding `prompt[:-1]` (over `shared`, holding its start)."""
+    if shared is not None:
+        cache: list[Any] = [PrefixedKVCache(shared, layer) for layer in range(len(model.layers))]
+        model(mx.array([prompt[shared.length : -1]]), cache=cache)
+    else:
+        setting, problem = kv_setting(model, bits)
+        assert problem is None
+        cache = setting.make_cache(model)
+        model(mx.array([prompt[:-1]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def run_batch(model: Any, bits: int, shared: SharedPrefix | None, drafters: list[RowForeseen] | None) -> Any:
+    """Each row's greedy tokens and its cache when it ended, its rows' limits 40, 70, 25 and 90: with
+    mlx-lm's plain steps (`drafters` None), or with drafted steps wherever a row drafted."""
+    from mlx_subagents.host.mlx.drafted_batch import drafted_step
+
+    prompts = rows_prompts()
+    limits = [40, 70, 25, 90]
+    batch = batch_of(model, [row_cache(model, bits, shared, p) for p in prompts], prompts, limits)
+    tokens: dict[int, list[int]] = {uid: [] for uid in range(4)}
+    caches: dict[int, list[Any]] = {}
+    drafted = 0
+    while len(caches) < 4:
+        g = batch._generation_batch
+        drafts = [drafters[uid].propose(len(tokens[uid])) for uid in g.uids] if drafters and g.uids else []
+        if any(drafts) and not batch._unprocessed_sequences:
+            drafted += 1
+            rows = drafted_step(g, drafts, [0.0 if d else None for d in drafts])
+            out = [(r.uid, r.tokens, r.finish_reason, r.prompt_cache) for r in rows]
+        else:
+            out = [(r.uid, [r.token], r.finish_reason, r.prompt_cache) for r in batch.next()[1]]
+        for uid, got, finish, cache in out:
+            tokens[uid] += got
+            if finish is not None:
+                caches[uid] = cache
+    return tokens, caches, drafted
+
+
+@pytest.mark.parametrize(
+    ("bits", "prefixed"), [(16, False), (8, False), (16, True)], ids=["dense", "quantized", "over-a-shared-prefix"]
+)
+def test_rows_of_the_batch_draft_with_the_tokens_and_kv_bytes_of_rows_that_never_drafted(
+    quantizable: Callable[[str], Path], bits: int, prefixed: bool
+) -> None:
+    """Four rows of ragged lengths in one batch, three drafting (every verdict: whole, refused at its first,
+    last or a middle token) and one not, ending at different tokens (a row ends inside a forward): each
+    row's tokens are its greedy tokens without drafts, and its cache when it ends holds the same keys and
+    values in the same bytes as the cache of a batch that never drafted."""
+    import mlx_lm
+
+    model, _ = mlx_lm.load(str(quantizable("qwen3")))
+    shared = prefix_of(model) if prefixed else None
+    expected, plain, _ = run_batch(model, bits, shared, None)
+    drafters = [RowForeseen(expected[i], quiet=i == 1) for i in range(4)]
+    got, caches, drafted = run_batch(model, bits, shared, drafters)
+    assert got == expected and drafted > 10
+    for uid in range(4):
+        assert len(got[uid]) == [40, 70, 25, 90][uid]
+        assert cache_nbytes(caches[uid]) == cache_nbytes(plain[uid])
+        for a, b in zip(caches[uid], plain[uid], strict=True):
+            assert a.offset == b.offset
+            for x, y in zip(held(a), held(b), strict=True):
+                assert x.shape == y.shape and mx.allclose(x, y, atol=2e-2).item()
+
+
+def held(layer: Any) -> tuple[Any, Any]:
+    """A layer's keys and values over its tokens, as floats (a quantized layer's dequantized)."""
+    keys, values = layer.state[:2]
+    if isinstance(keys, (tuple, list)):
+        return tuple(mx.dequantize(*t, group_size=layer.group_size, bits=layer.bits) for t in (keys, values))
+    return keys, values
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("gemma3_text", "sliding window"), ("qwen3_5", "ArraysCache")])
+def test_a_batch_whose_rows_cannot_rewind_alone_says_so_in_one_line(
+    quantizable: Callable[[str], Path], arch: str, kind: str
+) -> None:
+    import mlx_lm
+
+    from mlx_subagents.host.kv.rewind import rows_refusal
+
+    model, _ = mlx_lm.load(str(quantizable(arch)))
+    cache = model.make_cache()
+    model(mx.array([[1, 2, 3]]), cache=cache)
+    problem = rows_refusal([type(c).merge([c]) for c in cache])
+    assert problem is not None and problem.startswith("drafts off in the batch: ") and kind in problem
+    assert "\n" not in problem
+
+
+async def mixed(path: Path, draft: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """Four sessions decoding together over a KV budget that spills and restores them (three turns each),
+    s3 held to a forced script (a logits processor: it never drafts), then a fork of s0 beside s0
+    itself: each reply by session and turn, and the pool's counters."""
+    import asyncio
+
+    import mlx_lm
+
+    from mlx_subagents.host import GenerateArgs, MlxModelHost
+    from mlx_subagents.testing import ForcedScripts
+    from tests.host.test_batching import result, task
+
+    _, tokenizer = mlx_lm.load(str(path))
+    scripts = ForcedScripts(tokenizer, {"s3": ["the same words " * 8, "the same words again " * 6]})
+    replies: dict[str, Any] = {}
+
+    async def conversation(host: MlxModelHost, i: int) -> list[dict[str, Any]]:
+        session, messages = host.session(f"s{i}"), task(i)
+        for turn in range(3):
+            replies[f"s{i}/{turn}"] = reply = await session.generate(messages, GenerateArgs(max_tokens=24 + 8 * i))
+            messages = messages + [reply.to_message(), result(i, turn)]
+        return messages
+
+    settings = {"kv_budget": 1024 * 1024, "max_sessions": 1, "share_prefix": False, "processor_factory": scripts}
+    async with MlxModelHost(str(path), draft=draft, **settings) as host:
+        messages = await asyncio.gather(*(conversation(host, i) for i in range(4)))
+        fork = host.session("f0", fork_of="s0")
+        replies["f0"], replies["s0/3"] = await asyncio.gather(
+            fork.generate(messages[0], GenerateArgs(max_tokens=48)),
+            host.session("s0").generate(messages[0] + [task(5)[1]], GenerateArgs(max_tokens=48)),
+        )
+        stats = await host.memory_stats()
+    return replies, stats.pool
+
+
+@pytest.mark.slow
+def test_rows_of_the_batch_draft_with_the_tokens_of_drafts_off(tiny_qwen3_path: Path) -> None:
+    """Greedy replies with drafts on are the replies with drafts off, four sessions batched (one that
+    cannot draft), spilled and restored under a small KV budget, then a fork decoding beside its parent;
+    the rows that drafted kept some of their drafts, and s3 (a logits processor reads its tokens) none."""
+    import asyncio
+
+    off, _ = asyncio.run(mixed(tiny_qwen3_path, "off"))
+    on, pool = asyncio.run(mixed(tiny_qwen3_path, "lookup"))
+    assert {k: r.token_ids for k, r in on.items()} == {k: r.token_ids for k, r in off.items()}
+    assert {r.usage.drafted_tokens for r in off.values()} == {0}
+    assert pool["spills"] > 0 and pool["restores"] > 0
+    kept = {k: r.usage.accepted_tokens for k, r in on.items()}
+    assert kept["s3/0"] == kept["s3/1"] == 0 and kept["s0/0"] > 0 and kept["f0"] > 0

@@ -13,8 +13,16 @@ prefix of them. What is taken back, per cache kind (`kinds.py`'s table):
 - recurrent layers (a hybrid model's `ArraysCache`): no rewind. Their state is a running sum with no
   positions to take back, so such a session does not draft (`refusal`).
 
-Each buffer is then brought to the size that single steps would have left (`Mark` holds the sizes
-before the forward). A forward of several tokens grows a buffer from its offset, not from its end,
+Rows of a batch (`rewind_rows`) each take back their own number of positions. mlx-lm's batch caches
+hold their rows right-aligned at one index, each after its own left padding, so a row's rejected
+positions come off as mlx-lm takes a shorter prompt's right padding off after a ragged prefill: the
+positions every row rejected are trimmed, then each row is rolled right by the rest of its own, which
+become left padding (masked), and the padding all rows share is cut off the front. Only the dense
+kinds do this (`rows_refusal`): a sliding window's rows share one ring, and a recurrent state holds
+no positions.
+
+Each buffer of a single sequence is then brought to the size that single steps would have left (`Mark`
+holds the sizes before the forward). A forward of several tokens grows a buffer from its offset, not from its end,
 and by as many steps as the draft needs, so without this a session that drafted would hold other
 bytes than one that did not, and the KV pool's figures, which count whole steps, would drift.
 Resizing copies the buffer, which happens only when a draft crossed the end of a step.
@@ -26,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .kinds import CacheKind, kind_of
+from .kinds import CacheKind, cache_kinds, kind_of
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,44 @@ def refusal(cache: Sequence[Any]) -> str | None:
         if not kind.rewinds:
             return "drafts off: a recurrent layer's state cannot be rewound past a rejected draft"
     return None
+
+
+def rows_refusal(cache: Sequence[Any]) -> str | None:
+    """Why the rows of a batch on `cache` (its batch layers) cannot draft (one line), or None when every
+    layer takes back each row's own positions."""
+    kinds = {kind.batch: kind for kind in cache_kinds().values()}
+    for layer in cache:
+        kind = kinds.get(type(layer))
+        if kind is None or not kind.rewinds:
+            return f"drafts off in the batch: a {type(layer).__name__} layer's rows cannot be rewound one by one"
+        if kind.window:
+            return "drafts off in the batch: a sliding window's rows share one ring, no row can be rewound alone"
+    return None
+
+
+def rewind_rows(cache: Sequence[Any], rejected: Sequence[int]) -> None:
+    """Take the last `rejected[i]` positions written back off row i of every batch layer of `cache`,
+    as though the row had been fed only the positions it kept (`rows_refusal` must be None)."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    least = min(rejected)
+    extra = [r - least for r in rejected]
+    for layer in cache:
+        if least:  # mlx-lm's own trim: a prefixed batch's `trim` would copy the prefix into every row
+            BatchKVCache.trim(layer, least)
+        if any(extra):
+            layer.prepare(right_padding=extra)
+            layer.finalize()
+    shared = min(cache[0].left_padding.tolist()) if any(extra) and cache else 0
+    if shared > 0:  # every row padded in front: cut it, as mlx-lm's `filter` does
+        for layer in cache:
+            packed = isinstance(layer.keys, (tuple, list))
+            layer.keys, layer.values = (
+                tuple(x[..., shared:, :] for x in t) if packed else t[..., shared:, :]
+                for t in (layer.keys, layer.values)
+            )
+            layer._idx -= shared
+            layer.left_padding -= shared
 
 
 def mark(cache: Sequence[Any]) -> Mark:

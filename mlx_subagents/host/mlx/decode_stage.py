@@ -12,21 +12,24 @@ together in the batch's model call (`masks.py`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ..calls.grammar import Constrainer, Grammars
 from ..calls.thinking import prompt_opens_thought, thought_budget
-from ..kv.rewind import refusal
+from ..kv.rewind import refusal, rows_refusal
 from ..protocol import FinishReason, ProcessorFactory
 from .config import SchedulerConfig
 from .drafted import DraftedStream
-from .drafts import LookupDrafter
+from .drafted_batch import RowTokens, drafted_step
 from .masks import MaskBatch, MaskedModel, Row
 from .outbox import Outbox
 from .single import SingleStream, take_from_batch
 from .turn import Turn
+
+log = logging.getLogger(__name__)
 
 # A turn leaves the stage: (turn, why, the cache holding its reply, the ids it holds when cut inside the batch).
 Ended = Callable[[Turn, FinishReason, "list[Any] | None", "list[int] | None"], None]
@@ -36,6 +39,13 @@ Failed = Callable[[Turn, Exception], None]
 def batchable(cache: list[Any] | None) -> bool:
     """Whether a cache can join mlx-lm's batch: every layer merges into its batch class."""
     return bool(cache) and all(hasattr(c, "merge") for c in cache)  # type: ignore[union-attr]
+
+
+def _plain(turn: Turn) -> bool:
+    """Whether the turn samples as `verify.verdict` keeps exact: greedy, or a temperature with no top_p or
+    top_k cut."""
+    request = turn.request
+    return request.temperature == 0 or (request.top_p >= 1 and request.top_k <= 0)
 
 
 def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]:
@@ -85,6 +95,7 @@ class DecodeStage:
         # One sampler per (temperature, top_p): mlx-lm samples the rows sharing one as one batch.
         self._samplers: dict[tuple[float, float], Any] = {}
         self._masks = MaskBatch(self._constrained_rows)
+        self._refused = False  # the batch's rows_refusal was logged
 
     def turns(self) -> list[Turn]:
         return [*self.decoding.values(), *([self.single] if self.single else [])]
@@ -137,11 +148,9 @@ class DecodeStage:
         or top_k cut) and every layer of its cache rewinds (`kv.rewind.refusal`: not a hybrid model's recurrent
         layers); mlx-lm's single path otherwise."""
         request = turn.request
-        plain = request.temperature == 0 or (request.top_p >= 1 and request.top_k <= 0)
-        if self.drafts and not turn.processors and plain and refusal(cache) is None:
+        if self.drafts and not turn.processors and _plain(turn) and refusal(cache) is None:
             token = None if pending is None else int(pending.item())
-            drafter = LookupDrafter()
-            return DraftedStream(self.model, cache, context, request.temperature, drafter, token, turn.drafts)
+            return DraftedStream(self.model, cache, context, request.temperature, turn.drafter, token, turn.drafts)
         return SingleStream(self.model, cache, context, turn.sampler, turn.processors, pending)
 
     @property
@@ -232,9 +241,13 @@ class DecodeStage:
         return rows
 
     def step(self) -> None:
-        """One step of the batch: a token for each turn in it. A failure of the step itself fails the
-        batch's turns (`fail_batch` is the scheduler's to call: it returns them)."""
+        """One step of the batch: a token for each turn in it, or where rows drafted, one forward that
+        verifies their drafts (`drafted_batch.py`) and gives each row its kept tokens. A failure of the
+        step itself fails the batch's turns."""
         try:
+            if (drafted := self._drafted_step()) is not None:
+                self._on_rows(drafted)
+                return
             if not self._sliced:  # the step also prefilled a chunk of a prompt in the batch
                 with self.batch.stats() as stats:
                     _, responses = self.batch.next()
@@ -244,17 +257,70 @@ class DecodeStage:
         except Exception as exc:
             self._fail_batch(exc)
             return
-        for response in responses:
-            turn = self.decoding.get(response.uid)
+        self._on_rows([RowTokens(r.uid, [r.token], 0, r.finish_reason, r.prompt_cache) for r in responses])
+
+    def _drafted_step(self) -> list[RowTokens] | None:
+        """The rows' verifying forward, when drafts are on and a row drafted; None for mlx-lm's plain step.
+        A row drafts where the single turn would (`_stream`): no logits processor and no grammar reads
+        its tokens, and it samples plainly; the batch drafts while no prompt waits in it (those steps
+        prefill too) and every layer rewinds row by row (`kv.rewind.rows_refusal`)."""
+        batch = self.batch
+        if not self.drafts or batch._unprocessed_sequences or len(batch._prompt_batch):
+            return None
+        generation = batch._generation_batch
+        if not generation.uids or self._rows_refusal(generation.prompt_cache):
+            return None
+        rows = []
+        for i, uid in enumerate(generation.uids):
+            turn = self.decoding.get(uid)
+            free = generation.logits_processors[i] or (turn is not None and turn.grammar is not None)
+            drafter = turn.drafter if turn is not None and not free and turn.error is None and _plain(turn) else None
+            if drafter is not None and drafter.paused:
+                drafter.propose(())  # a paused drafter counts the step without reading the tokens
+                drafter = None
+            rows.append((turn, drafter, generation.max_tokens[i] - generation._num_tokens[i] - 1))
+        if all(drafter is None for _, drafter, _ in rows):
+            return None
+        pending = generation._next_tokens.tolist()
+        drafts = [
+            d.propose([*t.ids, *t.generated, y])[: max(0, left)] if d is not None and t is not None else []
+            for (t, d, left), y in zip(rows, pending, strict=True)
+        ]
+        if not any(drafts):
+            return None
+        temperatures = [t.request.temperature if d else None for (t, _, _), d in zip(rows, drafts, strict=True)]
+        out = drafted_step(generation, drafts, temperatures)
+        for (turn, drafter, _), draft, row in zip(rows, drafts, out, strict=True):
+            if draft and turn is not None and drafter is not None:
+                drafter.observe(len(draft), row.accepted)
+                counts = turn.drafts
+                counts.forwards, counts.drafted = counts.forwards + 1, counts.drafted + len(draft)
+                counts.accepted, counts.tokens = counts.accepted + row.accepted, counts.tokens + row.accepted + 1
+        return out
+
+    def _rows_refusal(self, cache: list[Any]) -> str | None:
+        """`rows_refusal` of the batch's cache, said once in the log."""
+        problem = rows_refusal(cache)
+        if problem is not None and not self._refused:
+            self._refused = True
+            log.info(problem)
+        return problem
+
+    def _on_rows(self, rows: list[RowTokens]) -> None:
+        """Each row's tokens of a step, in order, to its turn; the rows that ended leave."""
+        for row in rows:
+            turn = self.decoding.get(row.uid)
             if turn is None:
                 continue
             try:
                 if turn.error is not None:
                     raise turn.error
-                done = self._on_token(turn, response.token)
-                if response.finish_reason is not None:
-                    del self.decoding[response.uid]
-                    self._ended(turn, done or "length", response.prompt_cache, None)
+                done = None
+                for token in row.tokens:
+                    done = self._on_token(turn, token)
+                if row.finish_reason is not None:
+                    del self.decoding[row.uid]
+                    self._ended(turn, done or "length", row.prompt_cache, None)
             except Exception as exc:
                 self._failed(turn, exc)
 

@@ -13,6 +13,7 @@ from ..calls.grammar import Constrainer
 from ..kv.kv_pool import CacheState
 from ..protocol import Message, ToolSchema
 from .drafted import DraftCounts, DraftedStream
+from .drafts import LookupDrafter
 from .mlx_thread import Deliver
 from .prefill import PrefillGroup
 from .single import SingleStream
@@ -88,6 +89,7 @@ class Turn:
     grammar_row: Any = None  # the grammar as its batch row's processor (for the row's first step)
     stream: SingleStream | DraftedStream | None = None  # decoding on the single path, outside the batch
     drafts: DraftCounts = field(default_factory=DraftCounts)  # its tokens drafted and kept (`drafted.py`)
+    drafter: LookupDrafter = field(default_factory=LookupDrafter)  # its drafts, in the batch or alone
     streamed: bool = False  # its first text is out (or in the outbox)
     fed: int = 0  # how many of `generated` the detokenizer has had
     queued: bool = False  # in the scheduler's outbox: tokens not streamed yet
