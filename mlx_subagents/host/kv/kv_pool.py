@@ -1,4 +1,11 @@
-"""The bounded KV pool: every session's cache bytes, accounted against one budget.
+"""The bounded KV pool: the one owner of the KV bytes held, accounted against one budget.
+
+Every cache registers with the pool when it is made (a session's, idle or in a turn, a shared prefix's
+entry, a snapshot, a restored spill; a batch or a prefill group as the holder of its rows) and leaves
+it when it is freed: the pool keeps weak references, so a cache nothing holds any more is gone from its
+count at once, and one still held anywhere stays counted (`held_bytes`, the one read of the bytes held:
+the pool's peak and `memory_stats`). A cache handed to a batch leaves (`leave`): the batch counts it.
+Admission asks the pool to reserve a turn's worst case (`reserve`) and gets a yes or a no.
 
 Under pressure, idle sessions' caches are evicted least-recently-used first:
 spilled to disk as safetensors and restored on their next turn, or dropped
@@ -14,7 +21,7 @@ import shutil
 import tempfile
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,6 +195,39 @@ class KVPool:
         self._own_dir = False  # True once it made its own temporary folder (`close` removes it)
         self._idle: OrderedDict[str, CacheState] = OrderedDict()
         self.counters = PoolCounters()
+        # What is held, weakly: cache layers, the shared prefixes they start from, holders of rows (a batch).
+        self._layers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._shared: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._holders: weakref.WeakKeyDictionary[Any, Callable[[Any], int]] = weakref.WeakKeyDictionary()
+
+    # -- what is held -----------------------------------------------------------
+
+    def register(self, cache: Iterable[Any] | None) -> Any:
+        """Count a cache's layers (and the shared prefix they start from, once) as held until they are
+        freed; the cache, for chaining. Registering a layer twice counts it once."""
+        for layer in cache or ():
+            self._layers.add(layer)
+            shared = getattr(layer, "shared", None)
+            if shared is not None:
+                self._shared.add(shared)
+        return cache
+
+    def hold(self, holder: Any, nbytes: Callable[[Any], int]) -> None:
+        """Count `nbytes(holder)` as held while `holder` lives: a batch or a prefill group, whose rows'
+        caches it merged (the rows it was given leave: `leave`)."""
+        self._holders[holder] = nbytes
+
+    def leave(self, cache: Iterable[Any] | None) -> None:
+        """A cache handed to a holder (a batch) that counts it from now on."""
+        for layer in cache or ():
+            self._layers.discard(layer)
+
+    def held_bytes(self) -> int:
+        """The KV bytes held right now, in one read: every live cache registered (idle, in a turn, shared
+        prefixes' entries, snapshots), each shared prefix once, and the holders' rows."""
+        layers = sum(layer.nbytes for layer in list(self._layers))
+        shared = sum(prefix.nbytes for prefix in list(self._shared))
+        return layers + shared + sum(nbytes(holder) for holder, nbytes in list(self._holders.items()))
 
     # -- accounting -------------------------------------------------------------
 
@@ -196,6 +236,8 @@ class KVPool:
 
     def park(self, name: str, state: CacheState) -> None:
         """A session's turn ended: its cache is idle (and most recently used)."""
+        self.register(state.prompt_cache)
+        self.register(state.snapshot[1] if state.snapshot else None)
         state.measure()
         self._idle[name] = state
         self._idle.move_to_end(name)
@@ -237,8 +279,10 @@ class KVPool:
         own = self._idle[keep].kv_bytes if keep in self._idle else 0
         return self.idle_bytes() - own + other_bytes + needed <= self.budget
 
-    def make_room(self, needed: int, other_bytes: int = 0, keep: str | None = None) -> bool:
-        """Evict idle caches (LRU first) until `needed` more bytes fit; False if they cannot.
+    def reserve(self, needed: int, other_bytes: int = 0, keep: str | None = None) -> bool:
+        """Yes or no: whether `needed` more bytes (the worst case of the work in flight and of a turn to
+        start) fit beside the idle caches, evicting idle caches (LRU first) until they do; False if they
+        cannot (as vLLM's `allocate_slots` returns None).
 
         `keep`: the session about to start, whose turn `needed` counts: its idle cache is part of that,
         and is never the one evicted (spilled, then restored at once, and whole: a cache over a shared
@@ -286,7 +330,7 @@ class KVPool:
 
         if state.spill_path is None:
             return
-        state.prompt_cache = load_prompt_cache(str(state.spill_path))
+        state.prompt_cache = self.register(load_prompt_cache(str(state.spill_path)))
         state.spill_path.unlink(missing_ok=True)
         state.spill_path = None
         self.counters.restores += 1

@@ -18,7 +18,7 @@ import copy
 from collections import OrderedDict
 from typing import Any
 
-from .kv_pool import CacheState, cache_nbytes, shared_of, shared_prefix_of
+from .kv_pool import CacheState, KVPool, cache_nbytes, shared_of, shared_prefix_of
 
 DEFAULT_MAX_SHARED_PREFIXES = 8
 
@@ -26,8 +26,10 @@ DEFAULT_MAX_SHARED_PREFIXES = 8
 class SharedPrefixes:
     """LRU map of prefix token ids -> the KV cache after prefilling exactly them."""
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_SHARED_PREFIXES) -> None:
+    def __init__(self, max_entries: int = DEFAULT_MAX_SHARED_PREFIXES, pool: KVPool | None = None) -> None:
+        """`pool`: where every cache made here registers (the entries, and the copies handed out)."""
         self.max_entries = max_entries
+        self._register = pool.register if pool is not None else (lambda cache: cache)
         self._caches: OrderedDict[tuple[int, ...], list[Any]] = OrderedDict()
         self.hits = 0
 
@@ -48,9 +50,9 @@ class SharedPrefixes:
         if key not in self._caches:
             from .prefixed_cache import freeze
 
-            self._caches[key] = freeze(cache, len(ids))
+            self._caches[key] = self._register(freeze(cache, len(ids)))
         self._caches.move_to_end(key)
-        taken = copy.deepcopy(self._caches[key])
+        taken = self._register(copy.deepcopy(self._caches[key]))
         while len(self._caches) > self.max_entries and self.drop_oldest():  # the new one is in use (`taken`)
             pass
         return taken
@@ -63,7 +65,7 @@ class SharedPrefixes:
             return None
         self._caches.move_to_end(key)
         self.hits += 1
-        return copy.deepcopy(self._caches[key]), len(key)
+        return self._register(copy.deepcopy(self._caches[key])), len(key)
 
     def kept_for(self, state: CacheState) -> tuple[int, Any]:
         """The shared prefix a spilled cache comes back over: the one it started from, while it is still
@@ -85,7 +87,7 @@ class SharedPrefixes:
 
         key = tuple(state.token_ids[:length])
         self._caches.move_to_end(key)
-        state.prompt_cache = over_prefix(self._caches[key], state.prompt_cache)
+        state.prompt_cache = self._register(over_prefix(self._caches[key], state.prompt_cache))
 
     def covering(self, ids: list[int]) -> tuple[int, Any]:
         """The shared prefix `start(ids)` would start from: its length and its `SharedPrefix` ((0, None): none)."""

@@ -7,7 +7,7 @@ adds its agent's prefix goes on from the entry it adds (`prefixed_cache.freeze`)
 counted once, there, where the model's caches share prefixes at all and the prefix is long enough to
 be shared (`MIN_SHARED_TOKENS`; a shorter one is copied into the session). When it does not fit:
 
-1. idle sessions' caches are evicted, least recently used first (`KVPool.make_room`), never the
+1. idle sessions' caches are evicted, least recently used first (`KVPool.reserve`), never the
    turn's own session;
 2. a new shared prefix the turn would add is given up: it prefills privately;
 3. with nothing in flight, shared prefixes no session starts from are dropped, oldest first;
@@ -75,7 +75,7 @@ class Admission:
             PromptTooLongError: it cannot fit even with nothing else in flight.
         """
         needed = self.needed([*active, turn])
-        if self.pool.budget is None or self.pool.make_room(needed, keep=turn.name):
+        if self.pool.reserve(needed, keep=turn.name):
             return "start"
         if turn.prefix and turn.prefix not in self.prefixes:
             turn.prefix = []  # no room to keep a shared copy: prefill this one privately
@@ -147,6 +147,6 @@ class Admission:
         """Last resort under pressure: forget shared prefixes no session starts from (safe to drop), oldest first."""
         while freed := self.prefixes.drop_oldest():
             needed -= freed
-            if self.pool.make_room(needed, keep=keep):
+            if self.pool.reserve(needed, keep=keep):
                 return True
         return False

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..calls.grammar import Constrainer, Grammars
 from ..calls.thinking import prompt_opens_thought, thought_budget
+from ..kv.kv_pool import KVPool
 from ..kv.rewind import refusal, rows_refusal
 from ..protocol import FinishReason, ProcessorFactory
 from .config import SchedulerConfig
@@ -39,6 +40,11 @@ Failed = Callable[[Turn, Exception], None]
 def batchable(cache: list[Any] | None) -> bool:
     """Whether a cache can join mlx-lm's batch: every layer merges into its batch class."""
     return bool(cache) and all(hasattr(c, "merge") for c in cache)  # type: ignore[union-attr]
+
+
+def _batch_nbytes(batch: Any) -> int:
+    """The bytes of the rows in an mlx-lm `BatchGenerator`: waiting, prefilling and decoding."""
+    return int(batch.prompt_cache_nbytes)
 
 
 def _plain(turn: Turn) -> bool:
@@ -76,14 +82,17 @@ class DecodeStage:
         processor_factory: ProcessorFactory | None = None,
         call_format: tuple[Any, str, str] | None = None,
         sliced: bool = True,
+        pool: KVPool | None = None,
     ) -> None:
         """`call_format`: (grammar kind, start, end) of the model's calls, which a grammar needs;
-        `sliced`: prompts are prefilled in slices (else the batch prefills, and its steps count it)."""
+        `sliced`: prompts are prefilled in slices (else the batch prefills, and its steps count it);
+        `pool`: where the batch and the caches taken out of it register."""
         self.model, self.tokenizer, self.config, self.outbox = model, tokenizer, config, outbox
         self._ended, self._failed = ended, failed
         self.processor_factory = processor_factory
         self.call_format = call_format
         self._sliced = sliced
+        self.pool = pool if pool is not None else KVPool(None)
         self.decoding: dict[int, Turn] = {}
         self.single: Turn | None = None  # decoding on its own while nothing else decodes
         # The most turns that ever decoded in the batch at once: what shows that turns arriving
@@ -201,6 +210,7 @@ class DecodeStage:
                 completion_batch_size=8,
                 prefill_batch_size=8,
             )
+            self.pool.hold(self.batch, _batch_nbytes)
         return self.batch
 
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
@@ -208,7 +218,9 @@ class DecodeStage:
         processors = [_attributed(turn, p) for p in turn.processors]
         # The grammar is the row's processor for its first step only (`masks.py`).
         turn.grammar_row = processors[0] if turn.grammar is not None else None
-        turn.uid = self.ensure_batch().insert(
+        batch = self.ensure_batch()
+        self.pool.leave(turn.cache)  # the batch counts it from now on
+        turn.uid = batch.insert(
             [prompt],
             max_tokens=[max_tokens],
             caches=[turn.cache],
@@ -411,7 +423,7 @@ class DecodeStage:
             del self.decoding[turn.uid]  # type: ignore[arg-type]
             turn.uid = None
             cache, held, pending = taken
-            turn.cache = turn.state.prompt_cache = cache
+            turn.cache = turn.state.prompt_cache = self.pool.register(cache)
             turn.stream = self._stream(turn, cache, held, pending)
             self.single = turn
         except Exception as exc:

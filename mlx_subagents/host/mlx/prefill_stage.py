@@ -80,6 +80,7 @@ class PrefillStage:
         state = turn.state
         self._load_prefix(turn.prefix)
         turn.cache, turn.n_cached = self._prepare_cache(state, turn.ids)
+        self.pool.register(turn.cache)  # its session's, a copy of a prefix or of a snapshot, or a fresh one
         turn.shared = shared_prefix_of(turn.cache)
         turn.pos = turn.n_cached
         state.prompt_cache, state.token_ids, state.render = turn.cache, turn.ids[: turn.pos], None
@@ -223,7 +224,7 @@ class PrefillStage:
             if self.store is not None:
                 self.store.save(turn.ids[:stop], turn.cache)  # a copy; the writer thread does the disk
         elif action == "snapshot":
-            turn.state.snapshot = (stop, copy.deepcopy(turn.cache))
+            turn.state.snapshot = (stop, self.pool.register(copy.deepcopy(turn.cache)))
         elif action == "end":
             self.turns.remove(turn)
             self.decode.begin(turn, self.decode.joins(turn))
@@ -285,6 +286,7 @@ class PrefillStage:
                 self._failed(turn, exc)
             return None
         self.groups.append(group)
+        self.pool.hold(group, _group_nbytes)  # it merged its turns' caches (a copy): theirs are freed
         return group
 
     def _feed_group(self, group: PrefillGroup, n_tokens: int) -> None:
@@ -314,7 +316,7 @@ class PrefillStage:
 
     def _ungroup(self, group: PrefillGroup, turn: Turn) -> None:
         """`turn` leaves its group with its own cache (the group ends with its last turn)."""
-        turn.cache = turn.state.prompt_cache = group.take(turn)
+        turn.cache = turn.state.prompt_cache = self.pool.register(group.take(turn))
         turn.state.token_ids = turn.ids[: turn.pos]
         turn.fresh = False
         if not group.turns:
@@ -333,3 +335,7 @@ class PrefillStage:
     def clear(self) -> None:
         self.turns.clear()
         self.groups.clear()
+
+
+def _group_nbytes(group: PrefillGroup) -> int:
+    return group.nbytes

@@ -26,7 +26,7 @@ from typing import Any
 
 from ...errors import PromptTooLongError
 from ..calls.prompt import build_prompt, encode, make_render_state, render
-from ..kv.kv_pool import CacheState, KVPool, KVShape, cache_nbytes
+from ..kv.kv_pool import CacheState, KVPool, KVShape
 from ..kv.prefix_cache import SharedPrefixes
 from ..kv.prefix_store import PrefixStore
 from ..protocol import FinishReason, ProcessorFactory, Reply, Usage
@@ -74,11 +74,20 @@ class Scheduler:
         self.tokenizer, self.config, self.pool = tokenizer, config, pool
         self._jobs_waiting = jobs_waiting or (lambda: False)
         self.waiting: deque[Turn] = deque()
-        self.prefixes = SharedPrefixes()
+        self.prefixes = SharedPrefixes(pool=pool)
         self.outbox = Outbox(frozenset(tokenizer.eos_token_ids))
         sliced = config.prefill_slice != OFF
         self.decode = DecodeStage(
-            model, tokenizer, config, self.outbox, self._finish, self._fail, processor_factory, call_format, sliced
+            model,
+            tokenizer,
+            config,
+            self.outbox,
+            self._finish,
+            self._fail,
+            processor_factory,
+            call_format,
+            sliced,
+            pool,
         )
         self.prefill = PrefillStage(
             self.decode, self.outbox, self._fail, pool, self.prefixes, trimmable, store, make_cache
@@ -183,13 +192,8 @@ class Scheduler:
             self.pool.observe(self.resident_bytes(), self.resident_sessions())
 
     def resident_bytes(self) -> int:
-        """KV bytes held right now: idle sessions, shared prefixes, work in flight."""
-        decode, prefill = self.decode, self.prefill
-        batch = decode.batch.prompt_cache_nbytes if decode.batch is not None and decode.decoding else 0
-        active = batch + sum(cache_nbytes(t.cache) for t in prefill.turns) + sum(g.nbytes for g in prefill.groups)
-        active += cache_nbytes(decode.single.cache) if decode.single is not None else 0
-        snapshots = sum(cache_nbytes(t.state.snapshot[1]) for t in self._active() if t.state.snapshot)
-        return self.pool.idle_bytes() + self.prefixes.nbytes() + active + snapshots
+        """KV bytes held right now: the pool's one read (every cache registers with it)."""
+        return self.pool.held_bytes()
 
     def resident_sessions(self) -> int:
         """Sessions whose KV caches are in memory right now: idle ones not evicted, turns in flight."""
@@ -198,7 +202,7 @@ class Scheduler:
     def make_room(self) -> None:
         """Evict idle caches until what is held fits the pool's budget (it was lowered), as far as
         idle caches go: work in flight ends as admitted."""
-        self.pool.make_room(self.admission.needed(self._active()))
+        self.pool.reserve(self.admission.needed(self._active()))
 
     # -- admission ------------------------------------------------------------
 

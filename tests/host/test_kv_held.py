@@ -1,0 +1,148 @@
+"""The KV pool as the one owner of the bytes held: its one read (`KVPool.held_bytes`) against the caches the
+garbage collector finds alive, after each step of a mixed plan; `reserve`'s yes and no; a first turn's new
+shared prefix held once."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from mlx_subagents.host import GenerateArgs, MlxModelHost
+from mlx_subagents.host.kv.kv_pool import CacheState, KVPool
+from tests.host.test_kv_pool import cache_holding
+
+SYSTEM = {"role": "system", "content": "You are a scout. " + " ".join(f"Rule {n}: report paths." for n in range(40))}
+
+
+def live_kv_bytes() -> int:
+    """The bytes of every cache layer alive in this process, found by the garbage collector (not by the
+    pool): each layer's arrays (`nbytes`, mlx-lm's own sum over them) and each shared prefix once."""
+    from mlx_lm.models.cache import _BaseCache
+
+    gc.collect()
+    layers = [o for o in gc.get_objects() if isinstance(o, _BaseCache)]
+    shared = {id(s): s for s in (getattr(layer, "shared", None) for layer in layers) if s is not None}
+    return sum(layer.nbytes for layer in layers) + sum(s.nbytes for s in shared.values())
+
+
+def talk(task: int) -> list[dict[str, Any]]:
+    return [SYSTEM, {"role": "user", "content": f"Task {task}: find module {task * 7}."}]
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_the_pools_one_read_is_the_bytes_of_every_live_cache_after_each_step(
+    quantizable: Callable[[str], Path], bits: int
+) -> None:
+    """Make, a shared prefix, a fork, three turns in one batch (read between their steps too), a spill under
+    a lowered budget, the restore, an eviction and a session freed: after each, the pool's one read equals
+    the bytes of the caches alive (whatever else this process held before the host, taken out)."""
+    readings: list[tuple[str, int, int]] = []
+
+    async def go() -> None:
+        before = live_kv_bytes()
+        async with MlxModelHost(
+            str(quantizable("qwen3")), kv_budget=0, kv_bits=bits, prefix_cache=0, drop_below_tokens=1
+        ) as host:
+            pool = host._scheduler.pool
+
+            async def check(step: str) -> None:
+                held, live = await host._mlx.run(lambda: (pool.held_bytes(), live_kv_bytes() - before))
+                readings.append((step, held, live))
+
+            a, b = host.session("a"), host.session("b")
+            first = await a.generate(talk(1), GenerateArgs(max_tokens=8))
+            await check("make")
+            assert len(host._scheduler.prefixes) == 1
+            second = await b.generate(talk(2), GenerateArgs(max_tokens=8))
+            await check("prefix")
+            fork = host.session("a-fork", fork_of="a")
+            forked = [*talk(1), {"role": "assistant", "content": first.text}, {"role": "user", "content": "And?"}]
+            await fork.generate(forked, GenerateArgs(max_tokens=8))
+            await check("fork")
+            gathered = asyncio.gather(
+                *(host.session(f"g{i}").generate(talk(10 + i), GenerateArgs(max_tokens=24)) for i in range(3))
+            )
+            while not gathered.done():  # between the batch's steps (a job runs between two)
+                await check("batch")
+            await gathered
+            await check("batch")
+            idle = await host._mlx.run(pool.held_bytes)
+            await host.set_kv_budget(idle // 2)  # the idle caches over half of it are spilled
+            assert pool.counters.spills > 0
+            await check("spill")
+            await host.set_kv_budget(None)
+            again = [*talk(2), {"role": "assistant", "content": second.text}, {"role": "user", "content": "Again."}]
+            await b.generate(again, GenerateArgs(max_tokens=8))  # b was spilled (a holds only the fork's prefix)
+            assert pool.counters.restores > 0
+            await check("restore")
+            assert await host._mlx.run(pool.release)
+            await check("evict")
+            for name in ("a", "g0", "a-fork"):
+                await host.session(name).close()
+            await check("free")
+
+    asyncio.run(go())
+    steps = [step for step, _, _ in readings]
+    assert {"make", "prefix", "fork", "batch", "spill", "restore", "evict", "free"} <= set(steps)
+    assert steps.count("batch") > 2  # read while the batch held rows, not only after
+    assert [(step, held) for step, held, _ in readings] == [(step, live) for step, _, live in readings]
+    assert all(held > 0 for _, held, _ in readings)
+
+
+def test_reserve_says_no_when_the_worst_case_cannot_fit_and_yes_after_an_eviction() -> None:
+    """A budget of 3 KV steps of the test cache: two idle sessions hold 2; a turn's worst case of 2 fits only
+    once the least recently used idle cache is evicted (yes), one of 4 never does (no)."""
+    one = cache_holding(10, 1.0)[0].nbytes  # a cache of 10 tokens holds one KV step as allocated
+    pool = KVPool(3 * one)
+    for name in ("old", "new"):
+        pool.park(name, CacheState(prompt_cache=cache_holding(10, 1.0), token_ids=list(range(10))))
+    assert pool.held_bytes() == pool.idle_bytes() == 2 * one
+    assert pool.reserve(one) and pool.counters.evictions == 0  # it fits beside both
+    assert pool.reserve(2 * one)
+    assert pool.counters.evictions == 1 and pool.idle("old").prompt_cache is None
+    assert pool.idle("new").prompt_cache is not None
+    assert pool.held_bytes() == pool.idle_bytes() == one  # the evicted cache left the pool's count when freed
+    assert not pool.reserve(4 * one)  # over the budget even alone
+
+
+def test_a_first_turns_new_shared_prefix_is_held_once(tiny_qwen3_path: Path) -> None:
+    """A session's first turn adds its agent's prefix and goes on from it: the bytes held are the prefix
+    once and the session's own tail, to the byte (the arrays the garbage collector finds agree), not the
+    prefix a second time in the session's cache."""
+
+    async def go() -> tuple[int, int, int, int]:
+        async with MlxModelHost(str(tiny_qwen3_path), kv_budget=0, prefix_cache=0) as host:
+            await host.session("a").generate(talk(1), GenerateArgs(max_tokens=8))
+            scheduler = host._scheduler
+
+            def read() -> tuple[int, int, int, int]:
+                cache = scheduler.pool.idle("a").prompt_cache  # type: ignore[union-attr]
+                shared = {layer.shared for layer in cache}
+                assert len(shared) == 1 and None not in shared
+                (prefix,) = shared
+                return scheduler.pool.held_bytes(), prefix.nbytes, sum(c.nbytes for c in cache), live_kv_bytes()
+
+            return await host._mlx.run(read)
+
+    before = live_kv_bytes()
+    held, prefix, tail, live = asyncio.run(go())
+    assert held == prefix + tail == live - before
+    assert 0 < tail < prefix
+
+
+def test_registering_a_cache_twice_counts_it_once_and_a_freed_one_not_at_all() -> None:
+    pool = KVPool(None)
+    cache = cache_holding(300, 1.0)
+    pool.register(cache)
+    pool.register(cache)
+    assert pool.held_bytes() == sum(c.nbytes for c in cache) > 0
+    del cache
+    gc.collect()
+    assert pool.held_bytes() == 0
+    mx.clear_cache()
