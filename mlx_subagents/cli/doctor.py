@@ -9,7 +9,7 @@ from importlib.metadata import version
 from typing import Any
 
 from ..errors import SubagentError
-from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost, host_kind
+from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost, drafts_said, host_kind, parse_draft
 from ..host.calls.grammar import Grammars
 from ..host.kv.kv_pool import KVShape, TurnSize, admission_bytes
 from ..host.kv.prefix_store import list_prefixes, prefix_cache_dir
@@ -141,6 +141,7 @@ async def run_doctor(
     kv_budget: str | None = None,
     prefill_slice: str | None = None,
     kv_bits: int = DEFAULT_KV_BITS,
+    draft: str | None = None,
 ) -> bool:
     """Print the checks; True when the model loaded and answered (a script: was read as a run reads it)."""
     for line in environment_lines() + resident_lines():
@@ -154,6 +155,7 @@ async def run_doctor(
         kv_budget=kv_budget,
         prefill_slice=prefill_slice or "auto",
         kv_bits=kv_bits,
+        draft=parse_draft(draft),
     )
     tic = time.perf_counter()
     try:
@@ -175,6 +177,8 @@ async def run_doctor(
     say(
         f"speed     prompt {u.prompt_tokens} tokens in {u.prompt_seconds:.2f}s; {u.generated_tokens} tokens at {u.generation_tps:.1f} tok/s"
     )
+    said = drafts_said(host.draft, host.drafting, u.drafted_tokens, u.accepted_tokens)
+    say(f"drafts    {said}{' in the reply' if host.drafting else ''}")
     budget = "unbounded" if stats.kv_budget is None else _gib(stats.kv_budget)
     shape = host.kv_shape
     say(

@@ -155,8 +155,8 @@ DraftOpt = Annotated[
     Optional[str],
     typer.Option(
         "--draft",
-        help="How a session decoding on its own drafts tokens to check in one forward: lookup (copied from "
-        "its prompt and reply), off, or auto (lookup on a GPU, off on a CPU). The tokens are the same. Default: auto.",
+        help="How each decoding session, alone or batched, drafts tokens to check in one forward: lookup (copied "
+        "from its prompt and reply), off, or auto (lookup on a GPU, off on a CPU). The tokens are the same. Default: auto.",
     ),
 ]
 MaxTurnsOpt = Annotated[

@@ -72,6 +72,8 @@ def show_status(as_json: bool) -> int:
 def status_lines(status: dict[str, Any]) -> list[str]:
     """`--status` in words: the server, its models and KV use, its clients, their tasks, and the chat
     endpoints' conversations (`session` lines)."""
+    from ..host import drafts_said
+
     server = status["server"]
     where = " and ".join(p for p in (server.get("url"), server.get("socket")) if p)
     lines = [f"server  pid {server['pid']}, {where}; up {_duration(server['uptime_s'])}; log {server['log']}"]
@@ -88,10 +90,11 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         lines.append("model   none loaded: each client's model loads at its first task")
     for m in status["models"]:
         budget = _mib(m["kv_budget"]) if m["kv_budget"] else "unbounded"
+        drafts = m.get("drafts")
         lines.append(
             f"model   {m['model']}: weights {_mib(m['weights_bytes'])}, KV {_mib(m['kv_bytes'])} of {budget}, "
             f"{_count(m['sessions'], 'session')}, at most {m['most_decoding']} decoding in one batch, "
-            f"window {m['context_window']:,} tokens"
+            f"window {m['context_window']:,} tokens" + (f"; drafts {drafts_said(**drafts)}" if drafts else "")
         )
     for c in status["clients"]:
         pid = f" pid {c['pid']}" if c["pid"] else ""

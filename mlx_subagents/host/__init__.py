@@ -18,6 +18,7 @@ from .settings import (
     HostClass,
     HostSettings,
     PrefillSlice,
+    drafts_said,
     parse_draft,
     parse_prefill_slice,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "host_kind",
     "make_host",
     "parse_bytes",
+    "drafts_said",
     "parse_draft",
     "parse_prefill_slice",
 ]

@@ -59,6 +59,16 @@ def parse_draft(value: str | None) -> str:
     return text
 
 
+def drafts_said(mode: str, on: bool, drafted: int, accepted: int) -> str:
+    """What drafting did, in words (`doctor`, `serve --status`): its acceptance rate, the share of drafted
+    tokens the model kept, each kept one a token for which no forward of its own ran."""
+    if not on:
+        return f"off (--draft {mode}{': lookup on a GPU only' if mode == 'auto' else ''})"
+    if not drafted:
+        return f"{mode}, nothing drafted yet"
+    return f"{mode}, {accepted:,} of {drafted:,} drafted tokens accepted ({accepted / drafted:.0%})"
+
+
 class BudgetShare(Protocol):
     """One KV budget several resident models split (the mlx room's `SharedKVBudget`): what was asked for
     (`--kv-budget` in bytes; None: a default from the free memory; 0: unbounded)."""

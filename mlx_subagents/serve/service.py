@@ -363,8 +363,18 @@ async def model_summary(ref: ModelRef, host: Any) -> dict[str, Any]:
         "kv_bytes": getattr(host, "kv_bytes_total", 0),
         "sessions": getattr(host, "n_sessions", 0),
         "most_decoding": getattr(host, "most_decoding", 0),
+        "drafts": _drafts(host),
         "context_window": host.context_window,
     }
+
+
+def _drafts(host: Any) -> dict[str, Any] | None:
+    """A model's drafting for `--status`: its `--draft`, whether it drafts, its replies' drafted and
+    accepted tokens summed; None for a host that does not draft (an engine, a script)."""
+    counts = getattr(host, "drafts", None)
+    if counts is None:
+        return None
+    return {"mode": host.draft, "on": host.drafting, "drafted": counts.drafted, "accepted": counts.accepted}
 
 
 async def listen_unix(handler: Any, path: Path) -> asyncio.base_events.Server:

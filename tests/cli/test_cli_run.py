@@ -418,6 +418,7 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     )
     assert first["reply"].startswith("reply     ")
     assert first["speed"].startswith("speed     prompt ") and first["speed"].endswith(" tok/s")
+    assert first["drafts"] == "drafts    off (--draft auto: lookup on a GPU only)"  # a CPU
     folder = Path(os.environ["MLX_SUBAGENTS_HOME"]) / "cache" / "prefixes"
     assert first["prefixes"].startswith(f"prefixes  {folder}: 0 prefixes, 0.0 MiB of at most ")
     assert first["prefixes"].endswith(" GiB; `subagent cache` lists them")

@@ -346,12 +346,14 @@ def test_a_batch_whose_rows_cannot_rewind_alone_says_so_in_one_line(
 async def mixed(path: Path, draft: str) -> tuple[dict[str, Any], dict[str, int]]:
     """Four sessions decoding together over a KV budget that spills and restores them (three turns each),
     s3 held to a forced script (a logits processor: it never drafts), then a fork of s0 beside s0
-    itself: each reply by session and turn, and the pool's counters."""
+    itself: each reply by session and turn, and the pool's counters. The model's `serve --status` entry
+    sums every reply's drafted and accepted tokens."""
     import asyncio
 
     import mlx_lm
 
     from mlx_subagents.host import GenerateArgs, MlxModelHost
+    from mlx_subagents.serve.service import model_summary
     from mlx_subagents.testing import ForcedScripts
     from tests.host.test_batching import result, task
 
@@ -375,6 +377,11 @@ async def mixed(path: Path, draft: str) -> tuple[dict[str, Any], dict[str, int]]
             host.session("s0").generate(messages[0] + [task(5)[1]], GenerateArgs(max_tokens=48)),
         )
         stats = await host.memory_stats()
+        summary = await model_summary(path, host)  # type: ignore[arg-type]
+    drafted, accepted = (
+        sum(getattr(r.usage, k) for r in replies.values()) for k in ("drafted_tokens", "accepted_tokens")
+    )
+    assert summary["drafts"] == {"mode": draft, "on": draft == "lookup", "drafted": drafted, "accepted": accepted}
     return replies, stats.pool
 
 

@@ -353,6 +353,29 @@ def test_status_says_the_model_is_loading_and_the_default_budget_is_not_unbounde
     ]
 
 
+def test_status_gives_each_models_draft_acceptance_rate() -> None:
+    """A model's line ends with its drafting: off and why, or the share of drafted tokens its replies kept."""
+    from mlx_subagents.cli.serve import status_lines
+
+    server = {"pid": 7, "url": None, "socket": "/s", "uptime_s": 5, "log": "/l"}
+    base = {"server": server, "clients": [], "tasks": [], "load_error": None, "kv": {"used": 0, "budget": 0}}
+    model = {"model": "/m", "weights_bytes": 2**20, "kv_budget": 0, "kv_bytes": 0, "sessions": 2}
+    model |= {"most_decoding": 2, "context_window": 4096}
+    start = "model   /m: weights 1.0 MiB, KV 0.0 MiB of unbounded, 2 sessions, at most 2 decoding in one batch, "
+    drafts = [
+        (
+            {"mode": "lookup", "on": True, "drafted": 1200, "accepted": 900},
+            "lookup, 900 of 1,200 drafted tokens accepted (75%)",
+        ),
+        ({"mode": "auto", "on": False, "drafted": 0, "accepted": 0}, "off (--draft auto: lookup on a GPU only)"),
+        ({"mode": "lookup", "on": True, "drafted": 0, "accepted": 0}, "lookup, nothing drafted yet"),
+    ]
+    for given, said in drafts:
+        lines = status_lines({**base, "models": [{**model, "drafts": given}]})
+        assert lines[2] == start + f"window 4,096 tokens; drafts {said}"
+    assert status_lines({**base, "models": [{**model, "drafts": None}]})[2] == start + "window 4,096 tokens"
+
+
 def test_a_detached_server_writes_each_log_line_once_and_its_status_names_its_model(
     tmp_path: Path, write_script: Any
 ) -> None:

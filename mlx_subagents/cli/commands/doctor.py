@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ...runs.tasks import default_model
-from ..flags import CwdOpt, KvBitsOpt, KvBudgetOpt, ModelOpt, PrefillSliceOpt, WindowOpt
+from ..flags import CwdOpt, DraftOpt, KvBitsOpt, KvBudgetOpt, ModelOpt, PrefillSliceOpt, WindowOpt
 from ..output import out
 
 app = typer.Typer()
@@ -22,6 +22,7 @@ def doctor(
     kv_budget: KvBudgetOpt = None,
     prefill_slice: PrefillSliceOpt = None,
     kv_bits: KvBitsOpt = None,
+    draft: DraftOpt = None,
     cwd: CwdOpt = Path("."),
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Also start the MCP servers of the project's files.")
@@ -34,7 +35,7 @@ def doctor(
     """
     from ...agents.discovery import discover_agents
     from ...host import DEFAULT_KV_BITS
-    from ..config import load_config
+    from ..config import load_config, read_draft
     from ..doctor import run_doctor
     from ..mcp_servers import check_servers, mcp_entries
 
@@ -47,5 +48,8 @@ def doctor(
     kv_budget = kv_budget or config.values.get("kv_budget")
     prefill_slice = prefill_slice or config.values.get("prefill_slice")
     bits = int(kv_bits or config.values.get("kv_bits") or DEFAULT_KV_BITS)
-    ok = asyncio.run(run_doctor(model or default_model(), context_window, out.print, kv_budget, prefill_slice, bits))
+    draft = read_draft(draft) or config.values.get("draft")
+    ok = asyncio.run(
+        run_doctor(model or default_model(), context_window, out.print, kv_budget, prefill_slice, bits, draft)
+    )
     raise typer.Exit(0 if ok and servers_ok else 1)

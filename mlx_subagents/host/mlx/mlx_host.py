@@ -62,6 +62,7 @@ from ..settings import (
     parse_draft,
     parse_prefill_slice,
 )
+from .drafted import DraftCounts
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .mlx_thread import Deliver, MlxThread
 from .resident import Registration, reserve
@@ -258,6 +259,11 @@ class MlxSession:
             raise
         if visible is not None:
             visible.flush()
+        drafts = self._host.drafts
+        drafts.drafted, drafts.accepted = (
+            drafts.drafted + reply.usage.drafted_tokens,
+            drafts.accepted + reply.usage.accepted_tokens,
+        )
         reasoning, text, calls, malformed = chat.split(reply.raw_text, tools, self._state.n_tool_calls, opened)
         self._state.n_tool_calls += len(calls)
         # An answer's grammar also allows calls: what it held the reply to is what the reply was.
@@ -338,9 +344,9 @@ class MlxModelHost:
             slice, or `off` (it joins the batch at once and is prefilled there a chunk per decode step).
         kv_bits: 16 (not quantized), 8 or 4: every session's KV cache quantized per group to that
             many bits; a model whose attention cannot take it runs at 16, with one warning.
-        draft: `lookup`: a session decoding on its own drafts tokens by prompt lookup and verifies them
-            in one forward (`drafts.py`; the same tokens); `off`: one token per forward; `auto`: lookup
-            on a GPU, off on a CPU (where a forward's cost grows with its tokens).
+        draft: `lookup`: each decoding session, alone or in the batch, drafts tokens by prompt lookup
+            and verifies them in one forward (`drafts.py`; the same tokens); `off`: one token per
+            forward; `auto`: lookup on a GPU, off on a CPU (where a forward's cost grows with its tokens).
         drop_below_tokens: an evicted cache holding fewer tokens is dropped (re-prefilled on its next
             turn) rather than spilled to disk.
     """
@@ -376,6 +382,7 @@ class MlxModelHost:
         self._config = SchedulerConfig(reuse, batching, prefill_step_size, share_prefix)
         self._config.prefill_slice = parse_prefill_slice(prefill_slice)
         self._config.draft = parse_draft(draft)
+        self.drafts = DraftCounts()  # every reply's drafted and accepted tokens, summed (doctor, serve --status)
         self._shared = kv_budget if isinstance(kv_budget, SharedKVBudget) else None
         self._budget_request = None if self._shared else parse_bytes(kv_budget)  # type: ignore[arg-type]
         self.max_sessions = max_sessions
@@ -417,6 +424,11 @@ class MlxModelHost:
     def draft(self) -> str:
         """How a session drafts tokens to verify in one forward: `auto`, `lookup` or `off`."""
         return self._config.draft
+
+    @property
+    def drafting(self) -> bool:
+        """Whether sessions draft here: `lookup`, or `auto` on a GPU (known once the model is loaded)."""
+        return self._model is not None and self._scheduler.decode.drafts
 
     @property
     def prefill_slice(self) -> PrefillSlice:
