@@ -46,8 +46,8 @@ from acp.schema import (
 )
 
 from ..errors import RequestError, SubagentError
+from ..runs.agent_mcp import client_servers
 from ..runs.options import RunOptions
-from ..runs.prepare import client_servers
 from ..runs.transcripts import RunRecord, list_runs, load_run
 from ..serve.state import ServerInfo
 from .conversation import prompt_text, replay

@@ -29,9 +29,9 @@ from ..errors import RequestError, SubagentError
 from ..events import Event, EventSink
 from ..host.protocol import Message
 from ..results import RunResult
+from ..runs.agent_mcp import client_servers
 from ..runs.chat import DEFAULT_CHAT_AGENT, Chat
 from ..runs.options import RunOptions
-from ..runs.prepare import client_servers
 from ..runs.runner import Runner
 from ..runs.transcripts import load_run, read_transcript
 from ..serve.state import ServerInfo

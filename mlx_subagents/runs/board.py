@@ -42,7 +42,7 @@ from ..tools import Workspace
 from ..tools.background_bash import COMMAND_AGENT, CommandLog, CommandTask
 from ..tools.delegation import Delegation
 from ..tools.subagent import format_notice
-from .prepare import Parent
+from .prepared import Parent
 from .slots import lend
 from .tasks import TaskSpec, check_label
 

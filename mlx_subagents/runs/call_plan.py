@@ -26,7 +26,7 @@ from .workflow import INLINE, Workflow, check_agents, find_workflow, inline_work
 if TYPE_CHECKING:
     from ..agents.discovery import AgentCatalog
     from .board import TaskBoard
-    from .prepare import Parent
+    from .prepared import Parent
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ The word is one of:
 - a question at a terminal that names what would run and from which file.
 
 A repository never chooses where prompts go or what it may reach: its agents' `engine:`, `network:
-allow` and `sandbox: off` are not honoured (`prepare.py`), whatever the consent.
+allow` and `sandbox: off` are not honoured (`prepare.py`, `model_choice.py`), whatever the consent.
 """
 
 from __future__ import annotations

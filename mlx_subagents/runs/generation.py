@@ -30,7 +30,7 @@ from ..events import Event, EventData, EventKind, EventSink, TaskEndData, TaskSe
 from ..host.protocol import Message
 from ..results import INTERRUPTED, RunResult, Status, StopReason
 from ..tools.delegation import ForkPoint
-from .prepare import PreparedTask
+from .prepared import PreparedTask
 from .tasks import Render
 from .transcripts import TaskTranscript, messages_digest
 

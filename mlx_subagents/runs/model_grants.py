@@ -48,7 +48,7 @@ def imported_names() -> list[str]:
 def granted_models(options: RunOptions, spec: AgentSpec | None, model: ModelRef | None) -> tuple[str, ...]:
     """The models a call of `spec` (None: an MCP client) may name for a child, in the order the schema
     offers them: its file's, the operator's, the run's configured ones, the imported ones. None on an
-    engine run, where a task's own model cannot be checked (`Preparer.check_local` refuses it)."""
+    engine run, where a task's own model cannot be checked (`ModelChoice.check_local` refuses it)."""
     if options.engine:
         return ()
     configured = [options.model or default_model(), *([model.model] if model is not None and not model.engine else [])]

@@ -43,7 +43,7 @@ from ..agents.context import repository_root
 from ..agents.discovery import AgentCatalog, discover_agents
 from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
-from ..errors import RequestError, RunNotFoundError, SubagentError
+from ..errors import RunNotFoundError, SubagentError
 from ..events import Event, EventSink, HookWarningData, TaskEndData, ignore_event
 from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
@@ -60,9 +60,11 @@ from .call_plan import CallPlan, plan_call, plan_tasks
 from .execution import Execution
 from .generation import Generation
 from .hosts import HostPool
+from .isolation import isolate, refuse_isolated
 from .model_grants import describe_models
 from .options import RunOptions
-from .prepare import Parent, PreparedTask, Preparer, SetUpFailure, keep_sandbox, withhold
+from .prepare import Preparer
+from .prepared import Parent, PreparedTask, SetUpFailure, keep_sandbox, withhold
 from .slots import Slots, lend, without_lease
 from .task import TaskHandle, close_open_tool_calls
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
@@ -75,7 +77,7 @@ from .workflow import (
     load_workflow,
     plan_workflow,
 )
-from .worktrees import Worktree, hold_worktree_of, make_worktree, release_worktree, remove_worktree
+from .worktrees import hold_worktree_of, release_worktree
 
 NO_PERSON = "nobody can answer here: this run asks no questions (subagent chat does, at its terminal)"
 
@@ -672,39 +674,6 @@ class Delegating:
     def folder(self) -> Path | None:
         """Where the run is saved: in its parent's run folder (None: the runner's home)."""
         return self.parent.run_folder if self.parent else None
-
-
-def isolate(prepared: list[PreparedTask], run_id: str) -> tuple[list[PreparedTask], list[Worktree | None]]:
-    """Each isolated task moved into a new worktree of its own (its `cwd` at the same place inside it),
-    before its board, tools or lease are made from its workspace; all made or none."""
-    moved: list[PreparedTask] = []
-    trees: list[Worktree | None] = []
-    try:
-        for p in prepared:
-            tree = None
-            if p.isolation == "worktree":
-                tree = make_worktree(
-                    p.workspace.root, run_id=run_id, label=p.label, agent=p.spec.name, task=p.task.task
-                )
-                p = replace(p, workspace=Workspace(tree.workspace))
-            moved.append(p)
-            trees.append(tree)
-    except BaseException:
-        for made in trees:
-            if made is not None:
-                remove_worktree(made)
-        raise
-    return moved, trees
-
-
-def refuse_isolated(prepared: Sequence[PreparedTask], what: str) -> None:
-    """Refuse isolation where it is not built (a chat's multi-turn task), in one line: never a silent run
-    in the shared tree."""
-    if isolated := [p.label for p in prepared if p.isolation == "worktree"]:
-        raise RequestError(
-            f"isolation: worktree is not available for {what} ({', '.join(isolated)}); run it with subagent run, "
-            "or give it isolation: none to work in the shared tree"
-        )
 
 
 def read_more_note(task_id: str) -> str:

@@ -40,7 +40,7 @@ from ..tools.parent_send import Send
 from .board import TaskBoard
 from .generation import Generation
 from .hosts import SessionNames
-from .prepare import Parent, PreparedTask
+from .prepared import Parent, PreparedTask
 from .tasks import Render
 from .transcripts import RunRecord, TaskEntry, TaskTranscript
 from .worktrees import Worktree, finish_worktree, reopen_worktree, worktree_result

@@ -20,8 +20,8 @@ from pydantic import BaseModel
 from ..errors import SubagentError
 from ..events import Event, Fanout
 from ..mcp_server.server import log_path
+from ..runs.agent_mcp import client_servers
 from ..runs.chat import Chat
-from ..runs.prepare import client_servers
 from ..runs.runner import Runner
 from ..text import warning_line
 from .clients import DISCONNECTED, Client

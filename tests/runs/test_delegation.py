@@ -15,7 +15,7 @@ from mlx_subagents.caps import MAX_ANSWER_BYTES
 from mlx_subagents.errors import RequestError
 from mlx_subagents.events import Event
 from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.prepare import Parent
+from mlx_subagents.runs.prepared import Parent
 from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript, runs_dir
 from mlx_subagents.tools import Workspace

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mlx_subagents.runs.chat import Chat
-from mlx_subagents.runs.prepare import Parent
+from mlx_subagents.runs.prepared import Parent
 from mlx_subagents.runs.tasks import ModelRef, TaskSpec
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.testing.fake_engine import FAKE_MODEL, FakeEngine, Reply

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from mlx_subagents.errors import RequestError
-from mlx_subagents.runs.prepare import Parent
+from mlx_subagents.runs.prepared import Parent
 from mlx_subagents.runs.tasks import ModelRef, TaskSpec
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.tools import Workspace

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mlx_subagents.caps import MAX_TASK_CHARS
-from mlx_subagents.runs.prepare import Parent
+from mlx_subagents.runs.prepared import Parent
 from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.runs.transcripts import child_runs, load_run, read_transcript
 from mlx_subagents.tools import Workspace

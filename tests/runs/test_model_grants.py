@@ -15,7 +15,7 @@ import pytest
 from mlx_subagents.mcp_server.server import run_schema
 from mlx_subagents.runs.model_grants import describe_models
 from mlx_subagents.runs.options import RunOptions
-from mlx_subagents.runs.prepare import Parent
+from mlx_subagents.runs.prepared import Parent
 from mlx_subagents.runs.runner import Runner
 from mlx_subagents.runs.tasks import MODEL_ENV, ModelRef
 from mlx_subagents.runs.transcripts import load_run, read_transcript

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlx_subagents.runs.prepare import Parent
+from mlx_subagents.runs.prepared import Parent
 from mlx_subagents.runs.tasks import ModelRef
 from mlx_subagents.tools import TOOL_NAMES, Tool, ToolResult, Workspace, make_tools
 
