@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import mlx_subagents
-from tests.helpers import REPO
+from tests.helpers import REPO, cli_env
 
 
 def test_importing_the_package_imports_none_of_its_modules() -> None:
@@ -31,3 +33,21 @@ def test_a_name_the_package_has_not_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError) as info:
         mlx_subagents.Runnr  # type: ignore[attr-defined]  # noqa: B018
     assert str(info.value) == "module 'mlx_subagents' has no attribute 'Runnr'"
+
+
+@pytest.mark.process
+def test_a_scripted_run_never_imports_mlx_lm(tmp_path: Path, write_script: Any) -> None:
+    """mlx-lm (and transformers under it) take seconds of a CPU to import: a process whose model is a
+    script (or an engine's) has no use for them, and each CLI process the tests start paid them."""
+    cmd = [sys.executable, "-X", "importtime", "-m", "mlx_subagents.cli", "run", "scout", "look"]
+    done = subprocess.run(
+        [*cmd, "--model", write_script(["found it"]), "--cwd", str(tmp_path)],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "found it" in done.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "mlx_subagents.runs.runner" in imported and "mlx_lm" not in imported and "transformers" not in imported

@@ -11,9 +11,9 @@ from typing import Any
 from ..errors import SubagentError
 from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost, drafts_said, host_kind, parse_draft
 from ..host.calls.grammar import Grammars
+from ..host.kv.budget import total_memory
 from ..host.kv.kv_pool import KVShape, TurnSize, admission_bytes
 from ..host.kv.prefix_store import list_prefixes, prefix_cache_dir
-from ..host.mlx.mlx_host import total_memory
 from ..host.mlx.prefill import describe
 from ..host.mlx.resident import free_memory, residents
 from ..host.scripted import ScriptedHost

@@ -6,8 +6,9 @@ and the `ScriptedHost` replay backend, chosen by kind (`HOST_CLASSES`) and each 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
-from .mlx.mlx_host import MlxModelHost, MlxSession, SharedKVBudget, parse_bytes
+from .kv.budget import SharedKVBudget, parse_bytes
 from .protocol import GenerateArgs, HostSession, MalformedToolCall, ModelHost, ProcessorFactory, Reply, ToolCall, Usage
 from .scripted import SCRIPTED_PREFIX
 from .settings import (
@@ -51,6 +52,20 @@ __all__ = [
     "parse_draft",
     "parse_prefill_slice",
 ]
+
+if TYPE_CHECKING:
+    from .mlx.mlx_host import MlxModelHost, MlxSession
+
+# The mlx room's names, imported at first use: mlx-lm (and transformers under it) take seconds of a CPU
+# to import, which a process that runs a scripted or engine model, or only parses a size, never needs.
+_MLX_NAMES = {"MlxModelHost", "MlxSession"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MLX_NAMES:
+        return getattr(importlib.import_module(".mlx.mlx_host", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Each kind of host and where its class is, imported when first used (`openai` is slow to import).
 HOST_CLASSES: dict[str, str] = {

@@ -16,9 +16,9 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from ..errors import ModelLoadError
+from ..host.kv.budget import DEFAULT_MAX_SESSIONS, default_kv_budget, total_memory
 from ..host.kv.kv_pool import KV_STEP
 from ..host.mlx.loading import config_context_window, imported_models_dir, read_config
-from ..host.mlx.mlx_host import DEFAULT_MAX_SESSIONS, default_kv_budget, total_memory
 from ..host.protocol import DEFAULT_CONTEXT_WINDOW
 from ..text import first_line
 

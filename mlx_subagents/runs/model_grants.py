@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..agents.spec import AgentSpec
 from ..errors import RequestError, SubagentError
-from ..host.mlx import mlx_host
+from ..host.kv import budget
 from ..host.mlx.loading import imported_models_dir, resolve_model_path, strip_provider
 from ..host.protocol import ModelHost
 from ..models.catalog import describe
@@ -99,7 +99,7 @@ def check_fits(model: ModelRef, resident: Mapping[ModelRef, ModelHost]) -> None:
     leave; a model that is not on this machine is left to the load (which downloads or refuses it)."""
     if model.engine or model in resident or model.model.startswith(SCRIPTED):
         return
-    ram = mlx_host.total_memory()
+    ram = budget.total_memory()
     try:
         folder = resolve_model_path(model.model, local_only=True)
     except SubagentError:
@@ -131,7 +131,7 @@ def describe_models(
     Args:
         runs_on: (agent, model, why) for each agent the caller may start.
     """
-    ram = mlx_host.total_memory()
+    ram = budget.total_memory()
     lines = ['Models you may name (the "model" field):'] if granted else [NO_MODELS]  # none: an engine run
     for name in granted:
         lines.append(f"- {name}: {_model_line(name, resident, ram)}")

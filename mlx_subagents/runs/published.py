@@ -108,13 +108,16 @@ def task_row(task: TaskNow, now: float) -> TaskRow:
 
 
 def hosts_pools(hosts: Mapping[ModelRef, ModelHost]) -> list[PoolRow]:
-    """The KV pool of each resident model loaded (an engine's or a script's holds nothing here)."""
-    from ..host.mlx.mlx_host import MlxModelHost  # here: a process without hosts (an attached command) loads none
-
+    """The KV pool of each resident model loaded (an engine's or a script's holds nothing here). A process
+    that never imported the mlx host (an attached command, a scripted or engine model) has none of its
+    hosts, and is not made to import mlx-lm (seconds of a CPU) to find that out."""
+    mlx_host = sys.modules.get("mlx_subagents.host.mlx.mlx_host")
+    if mlx_host is None:
+        return []
     return [
         PoolRow(model=ref.model, kv_bytes=host.kv_bytes_total, budget=host.kv_budget)
         for ref, host in hosts.items()
-        if isinstance(host, MlxModelHost)
+        if isinstance(host, mlx_host.MlxModelHost)
     ]
 
 

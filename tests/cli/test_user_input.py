@@ -16,7 +16,7 @@ from mlx_subagents.agents.discovery import discover_agents
 from mlx_subagents.agents.schema_output import AnswerMismatch, parse_answer
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import parse_bytes
-from mlx_subagents.host.mlx.mlx_host import total_memory
+from mlx_subagents.host.kv.budget import total_memory
 from mlx_subagents.runs.transcripts import runs_dir
 from mlx_subagents.userfiles import MAX_NESTING, MAX_VALUES, measure
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlx_subagents.cli.doctor import resident_lines
-from mlx_subagents.host.mlx.mlx_host import default_kv_budget, total_memory
+from mlx_subagents.host.kv.budget import default_kv_budget, total_memory
 from mlx_subagents.host.mlx.resident import Resident, free_memory, resident_dir, residents
 from tests.helpers import REPO
 

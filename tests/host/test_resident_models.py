@@ -12,7 +12,7 @@ import pytest
 
 from mlx_subagents import Runner
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.mlx.mlx_host import DEFAULT_BUDGET_FRACTION
+from mlx_subagents.host.kv.budget import DEFAULT_BUDGET_FRACTION
 from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.runs.tasks import ModelRef
 from tests.helpers import call, make_runner, run_parent, scripted_host
@@ -80,7 +80,7 @@ def test_the_default_budget_counts_every_resident_models_weights(
 ) -> None:
     first, second = two_models
     ram = 16 * 2**30
-    monkeypatch.setattr("mlx_subagents.host.mlx.mlx_host.total_memory", lambda: ram)
+    monkeypatch.setattr("mlx_subagents.host.kv.budget.total_memory", lambda: ram)
     runner = make_runner(tmp_path, str(first), save_transcripts=False)
 
     async def go() -> None:

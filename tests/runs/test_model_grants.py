@@ -91,7 +91,7 @@ def test_weights_that_do_not_fit_the_memory_left_are_refused_before_anything_loa
     big = tmp_path / "big-model"
     shutil.copytree(tiny_qwen3_path, big)
     weights = sum(f.stat().st_size for f in big.glob("*.safetensors"))
-    monkeypatch.setattr("mlx_subagents.host.mlx.mlx_host.total_memory", lambda: weights - 1024)
+    monkeypatch.setattr("mlx_subagents.host.kv.budget.total_memory", lambda: weights - 1024)
     loads: list[str] = []
     monkeypatch.setattr("mlx_subagents.host.mlx.mlx_host.MlxModelHost.start", lambda self: loads.append("loaded"))
     script = {
