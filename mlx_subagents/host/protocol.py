@@ -181,6 +181,9 @@ class GenerateArgs:
         answer_schema: the JSON schema the final answer (a reply without a call) must satisfy.
         tool_choice: `auto` (the model decides), `required` (the reply is calls to the tools), or a
             tool's name (the reply is a call to it); held by the grammar.
+        store_prompt: keep the conversation's KV, up to the end of these messages, in the host's disk
+            tier too, so that a new process (a restarted server) goes on from it: for a client that
+            sends the whole conversation again (the chat endpoints'), not an agent's own session.
     """
 
     max_tokens: int = 1024
@@ -193,6 +196,7 @@ class GenerateArgs:
     grammar: bool = True
     answer_schema: dict[str, Any] | None = None
     tool_choice: str = "auto"
+    store_prompt: bool = False
 
 
 @runtime_checkable

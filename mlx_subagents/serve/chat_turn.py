@@ -199,6 +199,7 @@ class TurnRun:
             thinking=turn.thinking,
             answer_schema=turn.answer_schema,
             tool_choice=turn.tool_choice,
+            store_prompt=True,  # a client may come back to it after a restart
         )
 
     def _put(self, event: Event) -> None:

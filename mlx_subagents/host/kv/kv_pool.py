@@ -246,6 +246,10 @@ class KVPool:
         """The session's state while no turn of it runs (its cache and ids agree), else None."""
         return self._idle.get(name)
 
+    def in_memory(self) -> list[CacheState]:
+        """The idle sessions' states whose caches are in memory (not spilled, not dropped)."""
+        return [state for state in self._idle.values() if state.prompt_cache and state.token_ids]
+
     def claim(self, name: str) -> None:
         """A session's turn starts: its cache is in use, not evictable."""
         self._idle.pop(name, None)

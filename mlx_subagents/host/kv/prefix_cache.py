@@ -57,6 +57,25 @@ class SharedPrefixes:
             pass
         return taken
 
+    def add_from(self, ids: list[int], state: CacheState) -> bool:
+        """Make `ids`, the start of what an idle session's cache holds, an entry, and that session go on
+        from it: the tokens are then held once, for it and each new session that starts with them (a
+        client's conversation another one repeats). False where they would be copied, not shared (a layer
+        that cannot start from a shared prefix, or fewer than `MIN_SHARED_TOKENS`)."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        from .prefixed_cache import MIN_SHARED_TOKENS, OverPrefix, over_prefix
+
+        cache = state.prompt_cache
+        if not cache or len(ids) < MIN_SHARED_TOKENS or not all(isinstance(c, OverPrefix) for c in cache):
+            return False
+        head = copy.deepcopy(cache)  # views: nothing copied until the entry is frozen from them
+        trim_prompt_cache(head, head[0].offset - len(ids))
+        self.add(ids, head)
+        state.prompt_cache = self._register(over_prefix(self._caches[tuple(ids)], cache))
+        state.measure()
+        return True
+
     def start(self, ids: list[int]) -> tuple[list[Any], int] | None:
         """A cache starting from the entry of the longest strict prefix of `ids`, and its length; None if
         none. Longest: a fork's entry (its parent's whole conversation) wins over its agent's prefix."""

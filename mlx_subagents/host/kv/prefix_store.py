@@ -3,7 +3,11 @@
 A shared prefix (an agent's system prompt and tools) that a process prefilled is written to
 `$MLX_SUBAGENTS_HOME/cache/prefixes/` as a safetensors file in mlx-lm's prompt-cache format, sliced to
 the tokens it holds (quantized caches as they are: `--kv-bits` is part of the cache kind). A later
-process whose prompt begins with the same token ids loads it and prefills only the rest. The file
+process whose prompt begins with the same token ids loads it and prefills only the rest. Besides an
+agent's prefix, a conversation that asks for it (the chat endpoints') is stored up to the end of its
+last message (`PrefillStage.store_prompt`), so a restarted server's first request goes on from it:
+every file ends at a message boundary, and a prompt finds the longest file it starts with through the
+lengths the folder holds (`longest`: one hash per stored length, no scan of the files). The file
 name is a hash of everything the cache's values depend on (the model's files, mlx and mlx-lm, the
 device, the prefill step, the cache kind with its bits and group size, and the exact ids), and
 the file records that key and a checksum of its arrays, so a stale, foreign or damaged file is never
@@ -341,6 +345,7 @@ class PrefixStore:
         self._pending = 0
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
+        self._lengths: tuple[int, frozenset[int]] = (-1, frozenset())  # (the folder's mtime, its files' lengths)
         if self.enabled and (problem := folder_problem(folder)):
             self._disable(problem)
         if self.enabled:
@@ -394,6 +399,32 @@ class PrefixStore:
             pass
         self.loads += 1
         return cache
+
+    def longest(self, ids: list[int], above: int = 0, lengths: tuple[int, ...] = ()) -> tuple[int, list[Any]] | None:
+        """The longest stored prefix of `ids` (all but the last token at most) longer than `above` tokens,
+        of the lengths stored and `lengths`: its length and its cache, loaded; None when none is stored."""
+        if not self.enabled:
+            return None
+        candidates = self.stored_lengths() | set(lengths)
+        for n in sorted((n for n in candidates if above < n < len(ids)), reverse=True):
+            cache = self.load(ids[:n])
+            if cache is not None:
+                return n, cache
+        return None
+
+    def stored_lengths(self) -> frozenset[int]:
+        """The token counts of the prefix files in the folder (any model's: a key tells them apart), read
+        again only when the folder changed (a file written, renamed or deleted changes its mtime)."""
+        try:
+            stamp = self.folder.stat().st_mtime_ns
+        except OSError:
+            return frozenset()
+        if stamp != self._lengths[0]:
+            try:
+                self._lengths = (stamp, frozenset(p.n_tokens for p in list_prefixes(self.folder)))
+            except (OSError, RequestError):
+                return frozenset()
+        return self._lengths[1]
 
     def _check(self, cache: list[Any], meta: dict[str, str], ids: list[int]) -> str | None:
         from .kinds import kind_of

@@ -124,19 +124,20 @@ class OverPrefix(_Sharing):
 
     def going_on_as(self, whole: Any) -> Any:
         """A new cache of this kind over this one's shared prefix (it holds nothing after it), holding what
-        `whole` holds after the prefix: `whole` holds the same prefix itself, and more (a spill read back).
-        The tail is copied into a buffer of whole steps, as if it had been written here, so `whole`'s
-        buffers go with it."""
+        `whole` holds after the prefix: `whole` holds the same tokens, and more, itself (a spill read back)
+        or over a shorter shared prefix (an idle session whose conversation another starts with). The
+        tail is copied into a buffer of whole steps, as if it had been written here, so `whole`'s buffers
+        go with it."""
         import copy
 
         import mlx.core as mx
 
-        n, clone = self.n_prefix, copy.deepcopy(self)
+        n, m, clone = self.n_prefix, whole.n_prefix, copy.deepcopy(self)
         held = whole.offset - n
         room = -(-held // clone.step) * clone.step - held
 
         def tail(x: Any) -> Any:
-            part = x[..., n : whole.offset, :]
+            part = x[..., n - m : whole.offset - m, :]
             return mx.concatenate([part, mx.zeros((*part.shape[:2], room, part.shape[3]), part.dtype)], axis=2)
 
         if held > 0:
@@ -274,13 +275,15 @@ def freeze(cache: list[Any], length: int) -> list[Any]:
 
 
 def over_prefix(entry: list[Any], whole: list[Any]) -> list[Any]:
-    """`whole` (a cache holding an entry's prefix itself, and more: a spill read back) over the entry's
-    shared prefix again: the layers that start from it hold only what follows it, the others are
-    `whole`'s own."""
-    return [
-        e.going_on_as(w) if getattr(e, "shared", None) is not None and type(w) is type(e) and w.shared is None else w
-        for e, w in zip(entry, whole, strict=True)
-    ]
+    """`whole` (a cache holding an entry's prefix and more, itself or over a shorter shared prefix: a spill
+    read back, an idle session another starts like) over the entry's shared prefix: the layers that start
+    from it hold only what follows it, the others are `whole`'s own."""
+
+    def goes_over(e: Any, w: Any) -> bool:
+        shared = getattr(e, "shared", None)
+        return shared is not None and type(w) is type(e) and w.shared is not shared and w.n_prefix <= e.n_prefix
+
+    return [e.going_on_as(w) if goes_over(e, w) else w for e, w in zip(entry, whole, strict=True)]
 
 
 def shared_layers(cache: list[Any]) -> list[Any]:

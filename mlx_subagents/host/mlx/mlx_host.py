@@ -145,6 +145,7 @@ class MlxSession:
             top_p=args.top_p,
             top_k=args.top_k,
             seed=args.seed,
+            store_prompt=args.store_prompt,
         )
         if args.tool_choice != "auto" and tools:
             request = replace(request, grammar_tools=chosen_tools(tools, args.tool_choice, grammar), require_call=True)

@@ -2,7 +2,10 @@
 
 A turn is opened when its prefill begins (`open`: the cache it continues from, its session's, a
 shared prefix or a hybrid model's snapshot, and its stops: a new shared prefix to save, a snapshot,
-its end), so that a shared prefix computed by the turn before is already there. Unsliced
+its end), so that a shared prefix computed by the turn before is already there. A session's first
+turn starts from the longest start of its prompt held anywhere, by content (`_start_by_content`): a
+shared prefix, another idle session's conversation (made a shared prefix, held once for both), or a
+file of the disk tier. Unsliced
 (`--prefill-slice off`) it feeds a chunk per step, or hands every ready turn to mlx-lm's batch at once;
 sliced, it feeds one slice when the decoders have had their share (`prefill.py`: the policy, whose
 prompt, groups of turns prefilled as one padded batch). A turn at its end goes to the decode stage.
@@ -16,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..calls.prompt import common_prefix, generation_prompt_length
+from ..calls.prompt import common_prefix, encode, generation_prompt_length, render
 from ..kv.kv_pool import CacheState, KVPool, shared_prefix_of
 from ..kv.prefix_cache import SharedPrefixes
 from ..kv.prefix_store import PrefixStore
@@ -78,8 +81,7 @@ class PrefillStage:
         (prefills run one after another) is already there.
         """
         state = turn.state
-        self._load_prefix(turn.prefix)
-        turn.cache, turn.n_cached = self._prepare_cache(state, turn.ids)
+        turn.cache, turn.n_cached = self._prepare_cache(state, turn.ids, turn.prefix)
         self.pool.register(turn.cache)  # its session's, a copy of a prefix or of a snapshot, or a fresh one
         turn.shared = shared_prefix_of(turn.cache)
         turn.pos = turn.n_cached
@@ -88,8 +90,9 @@ class PrefillStage:
         if self.policy is None:  # slicing off: its prefill begins now (sliced: at its first slice)
             self.outbox.prefill_begun(turn)
 
-    def _prepare_cache(self, state: CacheState, ids: list[int]) -> tuple[list[Any], int]:
-        """The cache to continue from and how many prompt ids it already holds."""
+    def _prepare_cache(self, state: CacheState, ids: list[int], prefix: list[int]) -> tuple[list[Any], int]:
+        """The cache to continue from and how many prompt ids it already holds (`prefix`: the system prompt
+        and tools a session's first turn starts with, see `_start_by_content`)."""
         from mlx_lm.models.cache import trim_prompt_cache
 
         held, cache = state.token_ids, state.prompt_cache
@@ -106,6 +109,30 @@ class PrefillStage:
             if state.snapshot is not None and 0 < state.snapshot[0] <= n:
                 return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
         state.snapshot = None
+        return self._start_by_content(ids, prefix)
+
+    def _start_by_content(self, ids: list[int], prefix: list[int]) -> tuple[list[Any], int]:
+        """A new cache starting from the longest start of `ids` held anywhere (a new conversation, or a
+        restarted process's first): a shared prefix; an idle session's cache holding more of it (at least
+        `MIN_SHARED_TOKENS` more: it becomes a shared prefix that session goes on from, held once, never
+        copied per session); a stored prefix longer still (`PrefixStore.longest`: the lengths stored, and
+        the agent's `prefix`, whose file is checked even where the folder's lengths miss it). Else empty."""
+        from ..kv.prefixed_cache import MIN_SHARED_TOKENS
+
+        covered, _ = self.prefixes.covering(ids)
+        # A hybrid model's recurrent state cannot be cut back to a shorter start: no other session's.
+        if self.config.reuse and self.config.share_prefix and self._trimmable:
+            held = [
+                (min(common_prefix(s.token_ids, ids), len(ids) - 1, s.prompt_cache[0].offset), s)  # type: ignore[index]
+                for s in self.pool.in_memory()
+            ]
+            n, state = max(held, key=lambda h: h[0], default=(0, None))
+            if state is not None and n - covered >= MIN_SHARED_TOKENS and self.prefixes.add_from(ids[:n], state):
+                covered = n
+        store = self.store  # None: nothing is shared, or no disk tier
+        found = store.longest(ids, covered, (len(prefix),)) if store is not None else None
+        if found is not None:
+            self.prefixes.add(ids[: found[0]], found[1])
         return self.prefixes.start(ids) or (self.fresh_cache(), 0)
 
     def fresh_cache(self) -> list[Any]:
@@ -119,12 +146,24 @@ class PrefillStage:
 
         return shared_layers(make_prompt_cache(self.model))
 
-    def _load_prefix(self, prefix: list[int]) -> None:
-        """A new session's prefix that no session of this process prefilled: from the disk tier, when stored."""
-        if prefix and self.store is not None and prefix not in self.prefixes:
-            cache = self.store.load(prefix)
-            if cache is not None:
-                self.prefixes.add(prefix, cache)
+    def store_prompt(self, turn: Turn) -> None:
+        """Keep a finished turn's conversation, up to the end of its prompt's last message, in the disk tier
+        (`Request.store_prompt`), as far as a new process would tokenize it the same (a reply's tokens as
+        generated may differ from its text's): a restarted host's first request goes on from there."""
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        state, req = turn.state, turn.request
+        if self.store is None or not self._trimmable or not state.prompt_cache:
+            return
+        text = render(
+            self.tokenizer, req.messages, req.tools, generation_prompt=False, template_kwargs=req.template_kwargs
+        )
+        n = min(common_prefix(turn.ids, encode(self.tokenizer, text)), state.prompt_cache[0].offset)
+        if n <= len(turn.prefix) or not self.store.wants(turn.ids[:n]):
+            return
+        head = copy.deepcopy(state.prompt_cache)  # views: the store copies what it writes
+        trim_prompt_cache(head, head[0].offset - n)
+        self.store.save(turn.ids[:n], head)
 
     def _plan_stops(self, turn: Turn) -> list[tuple[int, str]]:
         stops: list[tuple[int, str]] = []

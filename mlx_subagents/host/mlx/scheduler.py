@@ -311,6 +311,8 @@ class Scheduler:
         if not self.config.reuse:  # keep the ids (same prompts as with reuse), drop the cache
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)
+        if req.store_prompt and not cut:
+            self.prefill.store_prompt(turn)
         self.outbox.flush(force=True)  # the streamed text reaches the caller before its result does
         turn.deliver(True, self._reply(turn, finish))
         if not self.decode.decoding and not self.prefill.turns:

@@ -51,6 +51,7 @@ class Request:
     top_p: float = 1.0
     top_k: int = 0  # 0: every token
     seed: int | None = None
+    store_prompt: bool = False  # its conversation is kept in the disk tier (`PrefillStage.store_prompt`)
 
     @property
     def template_kwargs(self) -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""Prefix reuse by content (issue 64): a new session starts from the longest start of its prompt held
+anywhere: another idle session's conversation (made a shared prefix, held once) or, in a new process,
+a conversation the last one stored on disk. Counted in prefilled tokens and bytes; greedy tokens are
+those of a host that reuses nothing across sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from mlx_subagents.host import GenerateArgs, MlxModelHost
+from mlx_subagents.host.calls.prompt import common_prefix, encode, render
+from mlx_subagents.testing import ForcedScripts
+
+SYSTEM = {"role": "system", "content": "You are a scout. " + " ".join(f"Rule {n}: report paths." for n in range(40))}
+CONTEXT = " ".join(f"Note {n}: module {n} reads its settings from config/{n}.toml." for n in range(30))
+
+
+def prompt_ids(host: MlxModelHost, messages: list[Any], generation_prompt: bool = True) -> list[int]:
+    text = render(host.tokenizer, messages, None, generation_prompt=generation_prompt)
+    return encode(host.tokenizer, text)
+
+
+def test_a_new_conversation_starts_from_another_sessions_by_content_held_once(tiny_qwen3_path: Path) -> None:
+    """Session b's prompt starts as idle session a's did (system prompt and a long first message): b
+    prefills only what differs, a goes on from the same shared prefix, so those tokens are held once
+    (the entry's bytes, each session a tail); the tokens are those of sessions that share nothing."""
+
+    def ask(question: str) -> list[Any]:
+        return [SYSTEM, {"role": "user", "content": f"{CONTEXT} {question}"}]
+
+    async def go(share: bool) -> tuple[list[tuple[int, ...]], list[Any], dict[str, Any]]:
+        async with MlxModelHost(str(tiny_qwen3_path), share_prefix=share, prefix_cache=0) as host:
+            replies = [
+                await host.session("a").generate(ask("Where is module 3?"), GenerateArgs(max_tokens=12)),
+                await host.session("b").generate(ask("And module 9?"), GenerateArgs(max_tokens=12)),
+            ]
+            # a goes on: its next turn still reuses all it held
+            follow = [*ask("Where is module 3?"), {"role": "assistant", "content": replies[0].text}]
+            follow.append({"role": "user", "content": "Thanks."})
+            replies.append(await host.session("a").generate(follow, GenerateArgs(max_tokens=12)))
+            scheduler = host._scheduler
+            seen = {
+                "common": common_prefix(
+                    prompt_ids(host, ask("Where is module 3?")), prompt_ids(host, ask("And module 9?"))
+                ),
+                "caches": [scheduler.pool.idle(n).prompt_cache for n in "ab"],  # type: ignore[union-attr]
+                "resident": await host._mlx.run(scheduler.resident_bytes),
+                "prefixes": scheduler.prefixes,
+                "per_token": host.kv_shape.per_token,
+            }
+            return [r.token_ids for r in replies], [r.usage for r in replies], seen
+
+    shared_ids, usage, seen = asyncio.run(go(True))
+    private_ids, private_usage, _ = asyncio.run(go(False))
+    assert shared_ids == private_ids
+    common = seen["common"]
+    assert common > 256 + 128  # the system prompt and most of the first message
+    assert private_usage[1].cached_tokens == 0 and usage[1].cached_tokens == common  # prefills only what differs
+    assert usage[2].cached_tokens == private_usage[2].cached_tokens > common  # a's own cache, as without sharing
+    # Held once: both sessions' attention layers start from one entry of exactly the common tokens.
+    caches, prefixes = seen["caches"], seen["prefixes"]
+    [shared] = {layer.shared for cache in caches for layer in cache}
+    assert shared is not None and shared.length == common and shared.nbytes == common * seen["per_token"]
+    tails = sum(layer.nbytes for cache in caches for layer in cache)
+    assert seen["resident"] == prefixes.nbytes() + tails
+    assert all(sum(layer.nbytes for layer in cache) < shared.nbytes for cache in caches)  # tails, not copies
+
+
+def test_a_new_process_goes_on_from_a_conversation_stored_at_its_last_message(
+    tiny_qwen3_path: Path, tiny_qwen3: Any, tmp_path: Path
+) -> None:
+    """A conversation that asks for it (the chat endpoints') is stored on disk up to its prompt's last
+    message at each turn; a new host on the same folder serves the third turn of it from there: the
+    whole second prompt but its reply's opening is cached, and the tokens are a cold host's."""
+    replies = ["Module 3 is in config/3.toml.", "Module 9 reads config/9.toml too."]
+    turns = [
+        [SYSTEM, {"role": "user", "content": f"{CONTEXT} Where is module 3?"}],
+        [{"role": "user", "content": "And module 9?"}],
+        [{"role": "user", "content": "Which one is older?"}],
+    ]
+    store = {"prefix_cache_dir": tmp_path / "prefixes", "prefix_cache": 2**30}
+    args = GenerateArgs(max_tokens=24, store_prompt=True)
+
+    async def first_process() -> list[Any]:
+        scripts = ForcedScripts(tiny_qwen3[1], {"c": replies})
+        messages: list[Any] = []
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=scripts, **store) as host:
+            for turn, reply in zip(turns, replies, strict=False):
+                messages += turn
+                assert (await host.session("c").generate(messages, args)).text == reply
+                messages.append({"role": "assistant", "content": reply})
+            return [*messages, *turns[2]]
+
+    third = asyncio.run(first_process())
+
+    async def later_process(**host: Any) -> tuple[Any, int]:
+        async with MlxModelHost(str(tiny_qwen3_path), **host) as h:
+            reply = await h.session("new").generate(third, GenerateArgs(max_tokens=12))
+            return reply, len(prompt_ids(h, third[:-2], generation_prompt=False))
+
+    warm, second_prompt = asyncio.run(later_process(**store))
+    cold, _ = asyncio.run(later_process(prefix_cache=0))
+    assert warm.token_ids == cold.token_ids and cold.usage.cached_tokens == 0
+    assert warm.usage.cached_tokens == second_prompt  # the system prompt, both questions and the first reply
+    assert warm.usage.cached_tokens > 0.8 * warm.usage.prompt_tokens
