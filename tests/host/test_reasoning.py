@@ -110,7 +110,7 @@ def test_a_thought_past_its_budget_is_closed_and_the_task_completes(
 @pytest.mark.slow
 def test_thinking_off_renders_the_templates_switch(tiny_thinking_path: Path) -> None:
     _, tokenizer = mlx_lm.load(str(tiny_thinking_path))
-    scripts = Recording(tokenizer, {"a": ["Hi.", "Hello."]})
+    scripts = Recording(tokenizer, {"a": ["Hi."], "b": ["Hello."]})  # b forced too: a random model's free reply is long
     user = [{"role": "user", "content": "hello"}]
 
     async def go() -> Any:
