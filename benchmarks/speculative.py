@@ -1,5 +1,6 @@
 """Speculative decoding: one session's reply decoded one token per forward (drafts off: the single path,
-`SingleStream`) and with prompt-lookup drafts verified in one forward (`DraftedStream`), side by side.
+`SingleStream`) and with prompt-lookup drafts verified in one forward (`DraftedStream`), side by side;
+then four sessions decoding together in the host's batch, `--draft off` against `--draft lookup`.
 
 Workloads an agent makes, each a prompt rendered with the model's chat template and a greedy reply of
 `--tokens` tokens (or until the end of the reply):
@@ -18,8 +19,11 @@ over a one-token forward: on a memory-bound device (a Mac's GPU) it is about 1, 
 up by about tokens_per_forward; on a CPU the cost grows with the tokens. Each mode runs `--repeats`
 times, interleaved (off, on, on, off, ...); the medians are reported.
 
-Not measured yet: several sessions in one batch (the scheduler does not draft yet: its batch decodes
-one token per row per forward), so the 4-session rows of issue 67 are missing.
+Four sessions (`sessions`): the mixed workload, one session of each workload above, through a real
+`MlxModelHost` (its decode stage's batch, `drafted_batch.py` where rows draft), each prompt prefilled
+first by a one-token reply so that the timed replies are decode: per session, the same tokens both
+ways (asserted), tokens per forward of its row (its tokens over its tokens less the drafts it kept)
+and its drafted and kept tokens; over all four, decode tokens per second both ways and their ratio.
 
 Run (from the repository root):
 
@@ -38,6 +42,7 @@ from typing import Any
 
 from workload import Report, code_line, make_parser, run_report
 
+from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.mlx.drafted import DraftedStream
 from mlx_subagents.host.mlx.drafts import LookupDrafter
 from mlx_subagents.host.mlx.single import SingleStream
@@ -157,7 +162,64 @@ def measure(model_path: Path, label: str, tokens: int, repeats: int) -> Report:
             "wall_s_on": round(statistics.median(r["prefill_s"] + r["decode_s"] for r in on), 3),
             "forward_cost": round(forward_cost(model, prompt, max(1, round(per_forward))), 2),
         }
-    return {"model": label, "tokens": tokens, "repeats": repeats, "sessions": 1, "workloads": rows}
+    report = {"model": label, "tokens": tokens, "repeats": repeats, "sessions": 1, "workloads": rows}
+    return report | {"batched": batched(model_path, tokens, repeats)}
+
+
+async def together(model_path: Path, tokens: int, draft: str) -> dict[str, Any]:
+    """One session per workload decoding together on one host with `draft`: each one's reply (its prompt
+    prefilled first by a one-token reply) and the seconds the four took."""
+    import asyncio
+
+    async with MlxModelHost(str(model_path), draft=draft, context_window=4096) as host:
+        messages = {name: [{"role": "user", "content": text}] for name, text in workloads().items()}
+        await asyncio.gather(*(host.session(n).generate(m, GenerateArgs(max_tokens=1)) for n, m in messages.items()))
+        start = time.perf_counter()
+        replies = await asyncio.gather(
+            *(host.session(n).generate(m, GenerateArgs(max_tokens=tokens)) for n, m in messages.items())
+        )
+        return {"replies": dict(zip(messages, replies, strict=True)), "seconds": time.perf_counter() - start}
+
+
+def batched(model_path: Path, tokens: int, repeats: int) -> dict[str, Any]:
+    """The four sessions with drafts off and on, interleaved `repeats` times: per session its tokens per
+    forward, drafted and kept tokens; over all, decode tokens per second both ways."""
+    import asyncio
+
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "lookup": []}
+    for i in range(repeats):
+        for draft in ("off", "lookup") if i % 2 == 0 else ("lookup", "off"):
+            runs[draft].append(asyncio.run(together(model_path, tokens, draft)))
+    print("  4 sessions: done", file=sys.stderr, flush=True)
+    first = runs["lookup"][0]["replies"]
+    identical = all(
+        r.token_ids == first[name].token_ids
+        for run in runs["off"] + runs["lookup"]
+        for name, r in run["replies"].items()
+    )
+
+    def rate(draft: str) -> float:
+        return statistics.median(
+            sum(len(r.token_ids) for r in run["replies"].values()) / run["seconds"] for run in runs[draft]
+        )
+
+    sessions = {
+        name: {
+            "reply_tokens": len(r.token_ids),
+            "tokens_per_forward": round(len(r.token_ids) / max(1, len(r.token_ids) - r.usage.accepted_tokens), 2),
+            "drafted": r.usage.drafted_tokens,
+            "accepted": r.usage.accepted_tokens,
+        }
+        for name, r in first.items()
+    }
+    off, on = rate("off"), rate("lookup")
+    return {
+        "sessions": sessions,
+        "identical": identical,
+        "decode_tps_off": round(off, 1),
+        "decode_tps_on": round(on, 1),
+        "speedup": round(on / off, 2),
+    }
 
 
 def print_table(report: Report) -> None:
@@ -169,6 +231,18 @@ def print_table(report: Report) -> None:
             f"{name:<9} {('yes' if r['identical'] else 'NO'):>5} {r['tokens_per_forward']:>8} {r['drafted']:>8} "
             f"{r['accepted']:>6} {r['decode_tps_off']:>8} {r['decode_tps_on']:>8} {r['speedup']:>7} {r['forward_cost']:>9}"
         )
+    b = report["batched"]
+    print("\n4 sessions together in the host's batch (the mixed workload: one session of each), --draft off vs lookup")
+    print(
+        f"{'session':<9} {'same':>5} {'tok/fwd':>8} {'drafted':>8} {'kept':>6} {'off t/s':>8} {'on t/s':>8} {'on/off':>7}"
+    )
+    for name, r in b["sessions"].items():
+        print(
+            f"{name:<9} {('yes' if b['identical'] else 'NO'):>5} {r['tokens_per_forward']:>8} {r['drafted']:>8} {r['accepted']:>6}"
+        )
+    print(
+        f"{'all 4':<9} {('yes' if b['identical'] else 'NO'):>5} {'':>8} {'':>8} {'':>6} {b['decode_tps_off']:>8} {b['decode_tps_on']:>8} {b['speedup']:>7}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

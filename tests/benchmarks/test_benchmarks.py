@@ -111,3 +111,7 @@ def test_speculative_benchmark_reports_each_workload_both_ways_with_the_same_tok
     for row in report["workloads"].values():
         assert row["identical"] and row["reply_tokens"] > 0 and row["tokens_per_forward"] >= 1.0
         assert row["accepted"] <= row["drafted"] and row["decode_tps_off"] > 0 and row["decode_tps_on"] > 0
+    batched = report["batched"]  # four sessions in the host's batch, drafts off and on
+    assert batched["identical"] and set(batched["sessions"]) == set(report["workloads"])
+    assert batched["decode_tps_off"] > 0 and batched["decode_tps_on"] > 0
+    assert all(s["accepted"] <= s["drafted"] and s["tokens_per_forward"] >= 1.0 for s in batched["sessions"].values())

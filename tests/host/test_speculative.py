@@ -399,3 +399,31 @@ def test_rows_of_the_batch_draft_with_the_tokens_of_drafts_off(tiny_qwen3_path: 
     assert pool["spills"] > 0 and pool["restores"] > 0
     kept = {k: r.usage.accepted_tokens for k, r in on.items()}
     assert kept["s3/0"] == kept["s3/1"] == 0 and kept["s0/0"] > 0 and kept["f0"] > 0
+
+
+def test_a_constrained_row_beside_drafting_rows_stays_a_valid_call(tiny_qwen3_path: Path) -> None:
+    """A row held to its tools by the grammar decodes in the batch beside two rows that draft: the drafted
+    forwards carry its masked logits (`masks.py` over several positions), its reply is the same valid call
+    as with drafts off, and the other rows' replies are theirs too."""
+    import asyncio
+
+    import jsonschema
+
+    from mlx_subagents.host import GenerateArgs, MlxModelHost
+    from tests.host.test_batching import task
+    from tests.host.test_grammar import TASK, TOOLS
+
+    async def go(draft: str) -> list[Any]:
+        async with MlxModelHost(str(tiny_qwen3_path), draft=draft) as host:
+            free = [host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=64)) for i in range(2)]
+            held = host.session("held").generate(TASK, GenerateArgs(max_tokens=64, tool_choice="required"), tools=TOOLS)
+            return list(await asyncio.gather(*free, held))
+
+    off, on = asyncio.run(go("off")), asyncio.run(go("lookup"))
+    assert [r.token_ids for r in on] == [r.token_ids for r in off]
+    assert sum(r.usage.accepted_tokens for r in on[:2]) > 0 and on[2].usage.drafted_tokens == 0
+    held = on[2]
+    assert held.tool_calls and held.constrained == "calls" and held.malformed_tool_calls == []
+    for call in held.tool_calls:
+        schema = next(t for t in TOOLS if t["function"]["name"] == call.name)["function"]["parameters"]
+        jsonschema.validate(call.arguments, schema)

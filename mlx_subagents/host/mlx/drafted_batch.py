@@ -5,7 +5,8 @@ The batched counterpart of `drafted.DraftedStream`. mlx-lm's `GenerationBatch` i
 row's next token is computed but not yet fed (`_next_tokens`). A drafted step feeds every row that
 token and its draft, padded on the right to the longest draft (causal attention keeps the padding out
 of every real position's logits), so row i's input is `[y, d1 .. dk, pad ..]`. A row that drafted
-keeps the verdict's tokens (`verify.verdict`: its agreeing prefix, then the model's own token); a row
+keeps the verdict's tokens (its agreeing prefix, then the model's own token: greedy rows read together
+in one argmax, sampled ones by `verify.verdict`); a row
 that did not samples its token after `y` as mlx-lm's step does (its logits processors, then its
 sampler). Every row then holds `y` and its accepted drafts, its last kept token is its next token still
 to feed, and the positions it rejected (its refused draft and its padding) come off its own row of the
@@ -59,12 +60,20 @@ def drafted_step(generation: Any, drafts: Sequence[list[int]], temperatures: Seq
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     kept: list[list[int] | None] = [None] * len(ys)
     plain = _sampled(g, pending, logits, temperatures)
-    nexts: list[Any] = [None] * len(ys)
+    greedy = [i for i, t in enumerate(temperatures) if t == 0]
+    picks = mx.argmax(logprobs, axis=-1) if greedy else None
+    mx.eval([t for t, _ in plain.values()], picks)
+    picked = picks.tolist() if picks is not None else []  # one read for every greedy row
     for i, temperature in enumerate(temperatures):
-        if temperature is not None:
+        if temperature == 0:
+            n = next((j for j, d in enumerate(drafts[i]) if picked[i][j] != d), len(drafts[i]))
+            kept[i] = [*drafts[i][:n], picked[i][n]]
+        elif temperature is not None:
             kept[i] = verdict(logprobs[i, : len(drafts[i]) + 1], drafts[i], temperature)
-            nexts[i] = logprobs[i, len(kept[i]) - 1]  # type: ignore[arg-type]
-    mx.eval([t for t, _ in plain.values()])
+    nexts: list[Any] = [None] * len(ys)
+    for i, k in enumerate(kept):
+        if k is not None:
+            nexts[i] = logprobs[i, len(k) - 1]
     for i, (token, row) in plain.items():
         kept[i], nexts[i] = [int(token.item())], row
     return _settle(g, ys, width, kept, nexts)  # type: ignore[arg-type]
