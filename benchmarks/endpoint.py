@@ -29,6 +29,7 @@ Run (from the repository root; `nice -n 10` on a shared machine):
 
     python benchmarks/endpoint.py                       # tiny random qwen3, built in a temporary folder
     python benchmarks/endpoint.py --model smollm2 --turns 3 --tokens 16 --json
+    python benchmarks/endpoint.py --model smollm2 --clients 1 --system-words 400 --turns 3 --tokens 16  # a slow CPU
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ def text(rng: random.Random, n_words: int) -> str:
     return " ".join(" ".join(words[i : i + 12]).capitalize() + "." for i in range(0, len(words), 12))
 
 
-def conversation(seed: int, turns: int) -> tuple[str, list[str]]:
-    """A system prompt of 1,600 words and `turns` user messages of 80-240 words."""
+def conversation(seed: int, turns: int, system_words: int = 1600) -> tuple[str, list[str]]:
+    """A system prompt of `system_words` words and `turns` user messages of 80-240 words."""
     rng = random.Random(seed)
-    system = "You are a code assistant for one project. " + text(random.Random(0), 1600)  # shared by every client
+    system = "You are a code assistant for one project. " + text(random.Random(0), system_words)  # every client's
     return system, [f"Question {i + 1}: " + text(rng, rng.randint(80, 240)) for i in range(turns)]
 
 
@@ -207,12 +208,12 @@ def follow(messages: list[dict[str, Any]], reply: dict[str, Any], user: str) -> 
     messages.append({"role": "user", "content": user})
 
 
-def chat(server: Server, seed: int, turns: int, tokens: int, out: list[dict[str, Any]]) -> None:
+def chat(server: Server, seed: int, turns: int, tokens: int, words: int, out: list[dict[str, Any]]) -> None:
     """One client's whole conversation."""
     import openai
 
     client = openai.OpenAI(base_url=server.base, api_key=server.key, max_retries=0, timeout=3600)
-    system, users = conversation(seed, turns)
+    system, users = conversation(seed, turns, words)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": users[0]}]
     for i in range(turns):
         done = turn(client, server.name, messages, tokens)
@@ -221,11 +222,11 @@ def chat(server: Server, seed: int, turns: int, tokens: int, out: list[dict[str,
             follow(messages, done["reply"], users[i + 1])
 
 
-def round_of(kind: str, model: str, work: Path, k: int, turns: int, tokens: int) -> dict[str, Any]:
+def round_of(kind: str, model: str, work: Path, k: int, turns: int, tokens: int, words: int) -> dict[str, Any]:
     server = Server(kind, model, work / f"{kind}-{k}")
     rows: list[dict[str, Any]] = []
     tic = time.perf_counter()
-    threads = [threading.Thread(target=chat, args=(server, i, turns, tokens, rows)) for i in range(k)]
+    threads = [threading.Thread(target=chat, args=(server, i, turns, tokens, words, rows)) for i in range(k)]
     for t in threads:
         t.start()
     for t in threads:
@@ -245,12 +246,12 @@ def round_of(kind: str, model: str, work: Path, k: int, turns: int, tokens: int)
     }
 
 
-def restart_case(kind: str, model: str, work: Path, turns: int, tokens: int) -> dict[str, Any]:
+def restart_case(kind: str, model: str, work: Path, tokens: int, words: int) -> dict[str, Any]:
     """Two turns, a restart on the same state folder, the third turn."""
     import openai
 
     home = work / f"{kind}-restart"
-    system, users = conversation(99, 3)
+    system, users = conversation(99, 3, words)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": users[0]}]
     server = Server(kind, model, home)
     client = openai.OpenAI(base_url=server.base, api_key=server.key, max_retries=0, timeout=3600)
@@ -264,19 +265,19 @@ def restart_case(kind: str, model: str, work: Path, turns: int, tokens: int) -> 
     return {"ttft_restart_s": round(after["ttft"], 3), "cached_restart": round(after["cached"] / after["prompt"], 3)}
 
 
-def measure(model: str, work: Path, counts: Sequence[int], turns: int, tokens: int) -> dict[str, Any]:
-    report: dict[str, Any] = {"model": model, "turns": turns, "tokens": tokens, "rows": []}
+def measure(model: str, work: Path, counts: Sequence[int], turns: int, tokens: int, words: int) -> dict[str, Any]:
+    report: dict[str, Any] = {"model": model, "turns": turns, "tokens": tokens, "system_words": words, "rows": []}
     for k in counts:
         row: dict[str, Any] = {"k": k}
         for kind in ("subagent", "mlx_lm"):
-            row[kind] = round_of(kind, model, work, k, turns, tokens)
+            row[kind] = round_of(kind, model, work, k, turns, tokens, words)
         ours, theirs = row["subagent"], row["mlx_lm"]
         row["ttft_later_ratio"] = (
             round(ours["ttft_later_s"] / theirs["ttft_later_s"], 3) if theirs["ttft_later_s"] else None
         )
         row["tok_s_ratio"] = round(ours["tok_s"] / theirs["tok_s"], 3) if theirs["tok_s"] else None
         report["rows"].append(row)
-    report["restart"] = {kind: restart_case(kind, model, work, turns, tokens) for kind in ("subagent", "mlx_lm")}
+    report["restart"] = {kind: restart_case(kind, model, work, tokens, words) for kind in ("subagent", "mlx_lm")}
     at_most = max(report["rows"], key=lambda r: r["k"])
     report["targets"] = {
         "cached_later_at_least_0.9": all(r["subagent"]["cached_later"] >= 0.9 for r in report["rows"]),
@@ -289,7 +290,8 @@ def measure(model: str, work: Path, counts: Sequence[int], turns: int, tokens: i
 
 def table(report: dict[str, Any]) -> str:
     lines = [
-        f"model {report['label']}, {report['turns']} turns of at most {report['tokens']} tokens per client",
+        f"model {report['label']}, a system prompt of {report['system_words']} words, {report['turns']} turns of at most "
+        f"{report['tokens']} tokens per client",
         f"{'K':>2}  {'server':<9} {'TTFT 1st':>9} {'TTFT later':>10} {'cached later':>12} {'tok/s':>7} "
         f"{'peak RSS':>9} copies",
     ]
@@ -314,12 +316,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,4", help="the numbers of clients, comma-separated")
     parser.add_argument("--turns", type=int, default=4, help="turns per conversation")
     parser.add_argument("--tokens", type=int, default=32, help="tokens a reply may have")
+    parser.add_argument("--system-words", type=int, default=1600, help="words of the system prompt every client sends")
     args = parser.parse_args(argv)
     counts = [int(k) for k in args.clients.split(",")]
 
     def run(model: Path, label: str) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="endpoint-") as tmp:
-            return {"label": label, **measure(str(model), Path(tmp), counts, args.turns, args.tokens)}
+            return {
+                "label": label,
+                **measure(str(model), Path(tmp), counts, args.turns, args.tokens, args.system_words),
+            }
 
     return run_report(args, run, lambda report: print(table(report)), context_window=8192)
 
