@@ -164,3 +164,13 @@ def test_codex_installs_the_plugin_and_its_server_asks_for_a_project_it_is_not_t
         "no workspace: the server runs in / and the client gave no root; add --cwd PROJECT_FOLDER to the "
         "server's command in the MCP client configuration"
     )
+    # The way round that docs/mcp.md gives: a server of the same name in config.toml takes the plugin's
+    # server's place, started in the folder codex runs in (no cwd of its own); the plugin stays installed.
+    with (Path(env["HOME"]) / ".codex" / "config.toml").open("a") as config:
+        config.write(f'\n[mcp_servers.{SERVER}]\ncommand = "/opt/subagents/bin/subagent"\nargs = ["mcp"]\n')
+    [server] = json.loads(run([*codex, "mcp", "list", "--json"], tmp_path, env))
+    assert (server["name"], server["transport"]["command"], server["transport"].get("cwd")) == (
+        SERVER,
+        "/opt/subagents/bin/subagent",
+        None,
+    )
