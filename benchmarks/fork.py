@@ -37,7 +37,7 @@ from typing import Any
 
 from workload import CallPlanner, Report, can_force, make_parser, run_report, scout_prompt
 
-from mlx_subagents.agents.session import FORK_TASK
+from mlx_subagents.agents.prompt import FORK_TASK
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.protocol import HostEvent, Message, Reply, TextDelta, ToolSchema
 from mlx_subagents.testing import ForcedScripts, tool_call_text

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlx_subagents.agents.discovery import builtin_agents_dir
-from mlx_subagents.agents.session import system_prompt
+from mlx_subagents.agents.prompt import system_prompt
 from mlx_subagents.agents.spec import parse_agent_file
 from mlx_subagents.errors import SubagentError
 from mlx_subagents.host import MlxModelHost, Reply

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.agents.session import task_message, workspace_for
+from mlx_subagents.agents.prompt import task_message
+from mlx_subagents.agents.session import workspace_for
 from mlx_subagents.events import Event, EventSink, ignore_event
 from mlx_subagents.host.protocol import HostEvent, ModelHost, OnHostEvent, ReasoningDelta, TextDelta
 from mlx_subagents.host.scripted import Script, ScriptedHost

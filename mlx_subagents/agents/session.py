@@ -2,7 +2,8 @@
 
 Messages are the only memory. Tool failures, unknown tools, bad arguments and
 malformed calls become error results the model sees; the loop ends with a
-reply that calls no tool, or a limit. The system prompt and tool list never
+reply that calls no tool, or a limit (`limits.py`); a reply's calls run in `tool_calls.py`. The system
+prompt (`prompt.py`) and tool list (`session_tools.py`) never
 change during a run, so the host's cached prefix survives every turn and
 every compaction. At each turn boundary (after the tool results, before the next model call) the
 session takes what its inbox holds (messages sent to it, its background children's notices) as a user
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,19 +37,15 @@ from ..events import (
     TaskSendData,
     TaskStartData,
     TextData,
-    ToolCallData,
-    ToolResultData,
     TurnStartData,
     UsageCounts,
     UsageData,
     ignore_event,
 )
 from ..host.protocol import (
-    DEFAULT_THINKING_TOKENS,
     GenerateArgs,
     HostEvent,
     HostSession,
-    MalformedToolCall,
     Message,
     ModelHost,
     PrefillBegun,
@@ -58,60 +54,31 @@ from ..host.protocol import (
     TextCallback,
     TextDelta,
     TokensSoFar,
-    ToolCall,
     Usage,
 )
 from ..results import RunResult, RunUsage, StopReason
-from ..tools import TOOL_CLASSES, Sandbox, Tool, ToolResult, Workspace, make_tools
-from ..tools.editor import CallRef, Editor, current_call
-from ..tools.mcp import McpTool, matches
+from ..tools import Sandbox, Tool, Workspace
+from ..tools.editor import CallRef, Editor
+from ..tools.mcp import McpTool
 from ..tools.mcp_requests import McpCaller, Person
-from ..tools.skill import SkillTool
 from ..tools.subagent import SubagentTool
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .hooks import HookEvent, HookOutcome, Hooks, fire
 from .inbox import Inbox
+from .limits import LimitReached, Limits
+from .prompt import FORK_TASK, system_prompt, task_message
 from .sampling import choose_host, sample
-from .skills import SkillChoice, skills_block
+from .session_tools import session_tools
+from .skills import SkillChoice
 from .spec import AgentSpec
+from .tool_calls import ToolCalls
 
 if TYPE_CHECKING:
     import mcp_types
 
-DEFAULT_MAX_TURNS = 30
-DEFAULT_MAX_REPLY_TOKENS = 2048
-# Consecutive replies whose tool calls could not be parsed before the run fails.
-MAX_FORMAT_ERRORS = 3
-# A tool result's output in its event (the model reads all of it; a view shows a line).
-MAX_EVENT_OUTPUT = 2000
-# The same call with the same arguments, in a row: from the third it is not run (the model is told
-# it repeats itself and what it got); the fifth ends the task.
-REPEAT_WARN_AT = 3
-REPEAT_STOP_AT = 5
 # A decoding reply's `decode` event: at its first token, then at most this often (seconds).
 DECODE_EVERY_S = 1.0
 ANSWER_NOW = "Your reply held only reasoning and no answer. Answer the task now."
-FORK_TASK = (
-    "You are a fork: a copy of the agent above, with its conversation so far, started by its subagent call. "
-    "Do this task yourself with your tools (you cannot delegate), then give your answer.\nTask: {task}"
-)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What ends a run besides a final answer."""
-
-    max_turns: int = DEFAULT_MAX_TURNS
-    max_output_tokens: int | None = None
-    max_reply_tokens: int = DEFAULT_MAX_REPLY_TOKENS
-    # Tokens a reply may think before the host closes the thought (0: off), on top of `max_reply_tokens`.
-    thinking: int = DEFAULT_THINKING_TOKENS
-    # Whether a started tool call is constrained to a known tool and valid arguments (`host/calls/grammar.py`).
-    grammar: bool = True
-    # The JSON schema the final answer is held to by the grammar (with `grammar`; validated either way).
-    answer_schema: dict[str, Any] | None = None
-    # Turns earlier generations already took of `max_turns` (a continued child's budget is cumulative).
-    turns_before: int = 0
 
 
 @dataclass
@@ -160,66 +127,6 @@ class _Decoding:
             self.reported = now
             since, at = self.first
             self.report(tokens, round((tokens - at) / (now - since), 1))
-
-
-class LimitReached(Exception):
-    """A limit ended the loop; carries which one."""
-
-    def __init__(self, stop_reason: StopReason, message: str) -> None:
-        super().__init__(message)
-        self.stop_reason = stop_reason
-
-
-def system_prompt(
-    spec: AgentSpec, context: str = "", skills: SkillChoice | None = None, context_window: int = 0
-) -> str:
-    """Agent body + project instructions + the workspace's rules + its skills; byte-identical for every
-    session of this agent and workspace (the skills catalog ends it, in a fixed order), and for every
-    workspace with the same instructions, memory and skills: it takes no workspace, whose folder is in
-    the task message (`task_message`). An agent's memory block names its memory file (`memory_block`).
-
-    No call format: the host presents the tools in the model's own way (see `ModelHost.tool_mode`).
-
-    Args:
-        context: the project's instructions (`project_context`), read once per workspace by the runner.
-        skills, context_window: the skills it is offered and the window the catalog's budget scales to.
-    """
-    # No workspace path here: its folder is in the task message (`task_message`), so that the prompt
-    # and the tools after it are one prefix for every workspace (clients of one server share its cache).
-    prompt = (
-        f"{spec.system_prompt.strip()}\n\n" + (f"{context}\n\n" if context else "") + "All paths are relative to "
-        "the workspace (its folder is named with your task); you cannot read or write outside it.\n"
-        "Call one tool at a time. Reply without a tool call when you are done."
-    )
-    if skills is not None and skills.offered:
-        prompt += "\n\n" + skills_block(skills.offered, skills.preloaded, context_window)
-    return prompt
-
-
-def task_message(task: str, workspace: Workspace) -> str:
-    """A new session's first user message: the task, then the workspace's folder. The folder is here
-    and not in the system prompt, so that sessions in different workspaces share that prompt's KV."""
-    return f"Task: {task}\n\nWorkspace: {workspace.root}"
-
-
-def session_tools(
-    spec: AgentSpec, workspace: Workspace, sandbox: Sandbox | None, extra_tools: dict[str, Tool], skills: SkillChoice
-) -> dict[str, Tool]:
-    """The tools a session of `spec` offers, by name: its granted tools made for the workspace, then
-    `extra_tools` (MCP tools, `subagent`), each only if its file grants it, and `skill` when it is
-    offered skills. The prompt-fit check counts their schemas before anything starts."""
-    # A granted tool with no implementation here (`subagent`, unless the caller passes one in
-    # `extra_tools`) is not offered rather than crashing the session.
-    granted = [t for t in spec.tools if t in TOOL_CLASSES and t not in extra_tools]
-    made = make_tools(granted, workspace, sandbox)
-    # In the file's order, a tool the caller made (`bash` on the task board) in its place.
-    mine = [t for t in spec.tools if t in made or (t in TOOL_CLASSES and t in extra_tools)]
-    listed = {t: extra_tools.get(t) or made[t] for t in mine}
-    tools: dict[str, Tool] = {**listed, **extra_tools}
-    tools = {n: t for n, t in tools.items() if t.by_delegation or spec.grants(t.grant)}
-    if skills.offered:  # offered skills come with the tool that loads them, whatever `tools:` says
-        tools["skill"] = SkillTool(workspace, skills.offered)
-    return tools
 
 
 @dataclass
@@ -284,11 +191,9 @@ class AgentSession:
         where = {"fork_of": self.fork_of} if self.fork_of else {}  # hosts that know no forks never see one
         self._host_session: HostSession = self.host.session(self.session_name, agent=self.spec.name, **where)
         self.inbox.report = self._emit
-        self._format_errors = 0
+        self._calls = ToolCalls(self.tools, self.denied, self._emit, self.fire_hook, self._call_ref)
         self._started = 0.0
         self._reasoning = ""  # of the last reply
-        self._calls_held = False  # the last reply's calls were held by the grammar (said in their events)
-        self._repeat: tuple[str, int, str] = ("", 0, "")  # (call key, times in a row, its first output)
         self._stop_hook_active = False
         self._n_samples = 0
 
@@ -363,7 +268,7 @@ class AgentSession:
                     if await self._stop_blocked(reply.text):
                         continue
                     return self._finish(task, self._result(task, "completed", reply.text, "completed"))
-                await self._act(reply)
+                await self._calls.act(reply, self.messages)
             before = self.limits.turns_before
             earlier = f" ({before} of them in earlier generations)" if before else ""
             raise LimitReached(
@@ -401,7 +306,7 @@ class AgentSession:
         except asyncio.CancelledError:
             self._keep_cut(streamed)
             raise
-        self._calls_held = reply.constrained == "calls"
+        self._calls.held = reply.constrained == "calls"
         if reply.constrained == "calls":
             self.usage.constrained_calls += len(reply.tool_calls)
         elif reply.constrained == "answer":
@@ -475,103 +380,9 @@ class AgentSession:
     def _out_of_tokens(self) -> LimitReached:
         return LimitReached("max_tokens", f"reached the limit of {self.limits.max_output_tokens} generated tokens")
 
-    async def _act(self, reply: Reply) -> None:
-        """Run each tool call (in order) and feed its result back; malformed calls get an error."""
-        for bad in reply.malformed_tool_calls:
-            self.messages.append(self._malformed_result(bad))
-        if reply.malformed_tool_calls and not reply.tool_calls:
-            self._format_errors += 1
-            if self._format_errors >= MAX_FORMAT_ERRORS:
-                raise LimitReached("format_errors", f"{MAX_FORMAT_ERRORS} malformed tool calls in a row")
-            return
-        self._format_errors = 0
-        calls = reply.tool_calls
-        results: list[ToolResult] = []
-        while len(results) < len(calls):
-            # A run of calls to a tool that may run alongside itself (`subagent`) runs at once.
-            start = end = len(results)
-            while end < len(calls) and getattr(self.tools.get(calls[end].name), "concurrent", False):
-                end += 1
-            if end > start:
-                results += await asyncio.gather(*(self._call_tool(call) for call in calls[start:end]))
-            else:
-                results.append(await self._call_tool(calls[start]))
-        for call, result in zip(calls, results):
-            self.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.output})
-
-    async def _call_tool(self, call: ToolCall) -> ToolResult:
-        repeated = self._repeated(call)
-        if repeated is not None:
-            return repeated
-        result = await self._run_tool(call)
-        key, times, _ = self._repeat
-        if times == 1:
-            self._repeat = (key, times, result.output)
-        return result
-
-    def _repeated(self, call: ToolCall) -> ToolResult | None:
-        """Count the call against the one before; from the third identical one in a row, an error instead."""
-        key = json.dumps([call.name, call.arguments], sort_keys=True, default=str)
-        last, times, output = self._repeat
-        times = times + 1 if key == last else 1
-        self._repeat = (key, times, output if key == last else "")
-        if times >= REPEAT_STOP_AT:
-            raise LimitReached(
-                "repetition", f"the model called {call.name} with the same arguments {times} times in a row"
-            )
-        if times < REPEAT_WARN_AT:
-            return None
-        result = ToolResult(
-            f"Error: you are repeating yourself: this is call number {times} in a row of {call.name} with these same "
-            f"arguments, and it was not run again. Do something else, or give your final answer. "
-            f"What the call returned the first time:\n{output}",
-            is_error=True,
-        )
-        repeat = ToolCallData(
-            name=call.name, arguments=call.arguments, description=f"{call.name} (repeated)", id=call.id
-        )
-        self._emit("tool_call", repeat)
-        self._report_result(call, result)
-        return result
-
-    async def _run_tool(self, call: ToolCall) -> ToolResult:
-        tool = self.tools.get(call.name)
-        label = tool.describe(call.arguments) if tool else f"{call.name} (unknown tool)"
-        payload = ToolCallData(name=call.name, arguments=call.arguments, description=label, id=call.id)
-        if self._calls_held:
-            payload["constrained"] = True
-        self._emit("tool_call", payload)
-        # A withheld `mcp__demo__*` covers each of that server's tools.
-        denial = self.denied.get(call.name) or next((v for k, v in self.denied.items() if matches(call.name, k)), None)
-        if tool is None and denial is not None:
-            result = ToolResult(denial, is_error=True)
-        elif tool is None:
-            available = ", ".join(self.tools) or "none"
-            result = ToolResult(f"Error: unknown tool '{call.name}'; available tools: {available}", is_error=True)
-        else:
-            # The call the tool runs for, for an editor's question about it (`tools/editor.py`).
-            current_call.set(CallRef(self.label, self.usage.turns, call.id))
-            result = await self._hooked_call(tool, call)
-        self._report_result(call, result)
-        return result
-
-    def _report_result(self, call: ToolCall, result: ToolResult) -> None:
-        output = result.output[:MAX_EVENT_OUTPUT]
-        self._emit("tool_result", ToolResultData(name=call.name, is_error=result.is_error, output=output, id=call.id))
-
-    async def _hooked_call(self, tool: Tool, call: ToolCall) -> ToolResult:
-        """The call between its PreToolUse hooks (which may block it: their reason is its error result)
-        and its PostToolUse hooks (which see its result; a block there adds their reason to it)."""
-        facts = {"tool_name": call.name, "tool_input": call.arguments}
-        pre = await self.fire_hook("PreToolUse", call.name, facts)
-        if pre.blocked:
-            return ToolResult(f"Error: a PreToolUse hook blocked this call: {pre.reason}", is_error=True)
-        result = await tool.call(call.arguments)
-        response = {"output": result.output, "is_error": result.is_error}
-        post = await self.fire_hook("PostToolUse", call.name, {**facts, "tool_response": response})
-        if post.blocked:
-            return ToolResult(f"{result.output}\n\n[a PostToolUse hook says: {post.reason}]", is_error=result.is_error)
-        return result
+    def _call_ref(self, call_id: str) -> CallRef:
+        """The call a tool runs for now: this session's, at its current turn."""
+        return CallRef(self.label, self.usage.turns, call_id)
 
     async def _stop_blocked(self, answer: str) -> bool:
         """Whether a Stop hook refused the final answer: its reason then goes to the model as a user
@@ -599,10 +410,6 @@ class AgentSession:
         for warning in outcome.warnings:
             self._emit("hook_warning", HookWarningData(message=warning))
         return outcome
-
-    def _malformed_result(self, bad: MalformedToolCall) -> Message:
-        self._emit("tool_result", ToolResultData(name="?", is_error=True, output=bad.error))
-        return {"role": "tool", "content": bad.error}  # the host's words, with the fix in the model's own format
 
     async def _maybe_compact(self) -> None:
         tokens = await self.host.count_tokens(self.messages, self.schemas, thinking=self.limits.thinking)

@@ -41,8 +41,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..agents.discovery import AgentCatalog
+from ..agents.limits import DEFAULT_MAX_TURNS, Limits
+from ..agents.prompt import system_prompt
 from ..agents.schema_output import check_schema
-from ..agents.session import DEFAULT_MAX_TURNS, Limits, session_tools, system_prompt
+from ..agents.session_tools import session_tools
 from ..agents.skills import SkillChoice, choose_skills
 from ..agents.spec import AgentSpec, sandbox_default
 from ..caps import CapItem, check_request

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..agents.hooks import Hooks
-from ..agents.session import Limits
+from ..agents.limits import Limits
 from ..agents.skills import SkillChoice
 from ..agents.spec import AgentSpec
 from ..host.protocol import ModelHost

@@ -26,7 +26,8 @@ from typing import Any, Protocol, cast
 
 from ..agents.compaction import CompactionSettings
 from ..agents.inbox import Delivery, Inbox
-from ..agents.session import AgentSession, system_prompt
+from ..agents.prompt import system_prompt
+from ..agents.session import AgentSession
 from ..caps import MAX_GENERATIONS, MAX_QUEUED_MESSAGES, CapItem, check_request
 from ..errors import RequestError, TaskStateError
 from ..events import Event, EventData, EventKind, EventSink, TaskCancelData, ToolCallData

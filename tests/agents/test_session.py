@@ -12,7 +12,9 @@ import pytest
 
 from mlx_subagents.agents.compaction import SUMMARY_HEADER, CompactionSettings
 from mlx_subagents.agents.discovery import discover_agents
-from mlx_subagents.agents.session import AgentSession, Limits, system_prompt, task_message, workspace_for
+from mlx_subagents.agents.limits import Limits
+from mlx_subagents.agents.prompt import system_prompt, task_message
+from mlx_subagents.agents.session import AgentSession, workspace_for
 from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.events import Event
 from mlx_subagents.host import MlxModelHost

@@ -174,7 +174,8 @@ README_CHECKOUT = "/home/you/mlx-subagents"
 
 def task_tokens(workspace: Path) -> int:
     """The scripted host's count of the demo's task message in `workspace`."""
-    from mlx_subagents.agents.session import task_message, workspace_for
+    from mlx_subagents.agents.prompt import task_message
+    from mlx_subagents.agents.session import workspace_for
     from mlx_subagents.host.engine.estimate import approx_tokens
 
     message = task_message("where is auth handled?", workspace_for(workspace))

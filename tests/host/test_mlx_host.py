@@ -268,7 +268,8 @@ def test_a_cancelled_reply_counts_the_tokens_it_spent(tiny_qwen3_path: Path, tmp
 
     import mlx_lm
 
-    from mlx_subagents.agents.session import AgentSession, Limits, workspace_for
+    from mlx_subagents.agents.limits import Limits
+    from mlx_subagents.agents.session import AgentSession, workspace_for
     from mlx_subagents.agents.spec import AgentSpec
     from mlx_subagents.testing import make_forced_processor
 

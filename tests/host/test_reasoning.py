@@ -15,7 +15,8 @@ from typing import Any
 import mlx_lm
 import pytest
 
-from mlx_subagents.agents.session import ANSWER_NOW, AgentSession, Limits, workspace_for
+from mlx_subagents.agents.limits import Limits
+from mlx_subagents.agents.session import ANSWER_NOW, AgentSession, workspace_for
 from mlx_subagents.agents.spec import AgentSpec
 from mlx_subagents.host.mlx.mlx_host import MlxModelHost
 from mlx_subagents.host.protocol import GenerateArgs

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.agents.session import FORK_TASK
+from mlx_subagents.agents.prompt import FORK_TASK
 from mlx_subagents.errors import ToolError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.protocol import ToolCall
