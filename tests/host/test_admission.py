@@ -22,7 +22,7 @@ assert SHAPE.bytes_for(KV_STEP) == MIB
 def turn(name: str, n_prompt: int = 300, max_tokens: int = 100, prefix: int = 0) -> Turn:
     """A waiting turn of `n_prompt + max_tokens` tokens (3 MiB with a step of slack), whose first `prefix`
     tokens are its agent's shareable prefix."""
-    t = Turn(name, CacheState(), Request([], None, max_tokens, 0.0), threading.Event(), None, lambda ok, v: None)
+    t = Turn(name, CacheState(), Request([], None, max_tokens, 0.0), threading.Event())
     t.ids, t.max_tokens, t.prefix = list(range(n_prompt)), max_tokens, list(range(prefix))
     return t
 

@@ -18,7 +18,7 @@ from mlx_subagents.host import GenerateArgs, MlxModelHost, parse_prefill_slice
 from mlx_subagents.host.kv.kv_pool import CacheState, KVPool, KVShape
 from mlx_subagents.host.mlx.prefill import SlicePolicy, describe
 from mlx_subagents.host.mlx.scheduler import Scheduler, SchedulerConfig
-from mlx_subagents.host.mlx.turn import Request, Turn
+from mlx_subagents.host.mlx.turn import OutputSink, Request, Turn, TurnOutput
 from mlx_subagents.testing import ForcedScripts, make_tiny_model
 from tests.helpers import texts
 from tests.host.test_batching import SYSTEM, result, task
@@ -39,10 +39,17 @@ def scheduler(tiny: tuple[Any, Any], prefill_slice: int | str, factory: Any = No
 
 
 def make_turn(name: str, messages: list[dict[str, Any]], max_tokens: int, results: dict[str, Any]) -> Turn:
-    def deliver(ok: bool, value: Any) -> None:
-        results[name] = value
+    def deliver(output: TurnOutput) -> None:
+        if output.ended:
+            results[name] = output.reply if output.error is None else output.error
 
-    return Turn(name, CacheState(), Request(messages, None, max_tokens, 0.0), threading.Event(), None, deliver)
+    return Turn(
+        name,
+        CacheState(),
+        Request(messages, None, max_tokens, 0.0),
+        threading.Event(),
+        OutputSink(None, deliver, streams=False),
+    )
 
 
 def test_the_prefill_slice_setting_is_auto_off_or_tokens() -> None:
@@ -238,8 +245,6 @@ def test_a_turns_prefill_is_told_at_its_first_slice_once(tiny_qwen3: tuple[Any, 
     """b (long) and c (short) arrive in one step while a decodes: c is prefilled first, so c's prefill
     is told first; b's only in the step of its own first slice (until then it waits), each exactly once
     with the tokens it computes and those it reuses."""
-    from mlx_subagents.host.mlx.turn import OutputSink, TurnOutput
-
     loop, told, results = asyncio.new_event_loop(), [], {}
     try:
         sch = scheduler(tiny_qwen3, 32, ForcedScripts(tiny_qwen3[1], {"a": [SCRIPT]}))
@@ -249,11 +254,12 @@ def test_a_turns_prefill_is_told_at_its_first_slice_once(tiny_qwen3: tuple[Any, 
         )
         for turn in (b, c):
 
-            def receive(output: TurnOutput, name: str = turn.name) -> None:
+            def receive(output: TurnOutput, name: str = turn.name, then: Any = turn.sink.receive) -> None:
                 if output.prefill is not None:
                     told.append((name, *output.prefill))
+                then(output)
 
-            turn.sink = OutputSink(loop, receive)
+            turn.sink = OutputSink(None, receive)
         sch.submit(a)
         while not a.generated:
             sch.step()

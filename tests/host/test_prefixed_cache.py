@@ -430,7 +430,7 @@ def test_a_spilled_session_comes_back_over_its_agents_prefix_while_it_is_held(
                 if not prefix_kept:  # b lets go of it too, then it goes
                     pool.evict(pool.idle("b"))
                     assert prefixes.drop_oldest() > 0
-                turn = Turn("a", state, Request([], None, 8, 0.0), threading.Event(), None, lambda ok, v: None)
+                turn = Turn("a", state, Request([], None, 8, 0.0), threading.Event())
                 turn.ids, turn.max_tokens = state.token_ids + [0] * 10, 8  # a turn going on from its spill
                 whole = TurnSize(turn.final_length, len(turn.ids))
                 return scheduler.admission.estimate([turn]), admission_bytes(

@@ -21,7 +21,7 @@ from mlx_subagents.host.mlx.mlx_thread import MlxThread
 from mlx_subagents.host.mlx.prefill import SlicePolicy
 from mlx_subagents.host.mlx.scheduler import SINGLE_BURST_TOKENS, Scheduler, SchedulerConfig
 from mlx_subagents.host.mlx.single import SingleStream, take_from_batch
-from mlx_subagents.host.mlx.turn import Request, Turn
+from mlx_subagents.host.mlx.turn import OutputSink, Request, Turn, TurnOutput
 from mlx_subagents.host.protocol import Reply
 from mlx_subagents.testing import ForcedScripts
 from tests.host.test_batching import task
@@ -52,11 +52,12 @@ def scheduler(
 
 
 def make_turn(name: str, i: int, max_tokens: int, results: dict[str, Any]) -> Turn:
-    def deliver(ok: bool, value: Any) -> None:
-        results[name] = value
+    def deliver(output: TurnOutput) -> None:
+        if output.ended:
+            results[name] = output.reply if output.error is None else output.error
 
     request = Request(task(i), None, max_tokens, 0.0)
-    return Turn(name, CacheState(), request, threading.Event(), None, deliver)
+    return Turn(name, CacheState(), request, threading.Event(), OutputSink(None, deliver, streams=False))
 
 
 def run(
@@ -323,10 +324,17 @@ def follow_up(turn: Turn, reply: Reply, results: dict[str, Any]) -> Turn:
     """The session's next turn: its reply and a new user message, on the same cache state."""
     messages = [*turn.request.messages, reply.to_message(), {"role": "user", "content": "Go on."}]
 
-    def deliver(ok: bool, value: Any) -> None:
-        results[turn.name + "2"] = value
+    def deliver(output: TurnOutput) -> None:
+        if output.ended:
+            results[turn.name + "2"] = output.reply if output.error is None else output.error
 
-    return Turn(turn.name, turn.state, Request(messages, None, 12, 0.0), threading.Event(), None, deliver)
+    return Turn(
+        turn.name,
+        turn.state,
+        Request(messages, None, 12, 0.0),
+        threading.Event(),
+        OutputSink(None, deliver, streams=False),
+    )
 
 
 def straggler_run(

@@ -41,9 +41,15 @@ def per_token_text(tokenizer: Any, generated: tuple[int, ...]) -> str:
 
 
 def streaming(turn: Turn, loop: asyncio.AbstractEventLoop, pieces: list[str]) -> Turn:
+    then = turn.sink.receive if turn.sink is not None else None
+
     def receive(output: TurnOutput) -> None:
-        if output.prefill is None:  # its text; a prefill begun says none
+        if output.prefill is None and (
+            output.text or not output.ended
+        ):  # its text; a prefill begun or an end says none
             pieces.append(output.text)
+        if then is not None:
+            then(output)
 
     turn.sink = OutputSink(loop, receive)
     return turn

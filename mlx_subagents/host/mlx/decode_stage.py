@@ -135,7 +135,7 @@ class DecodeStage:
             budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)
         ):
             turn.processors = [*turn.processors, budget]  # last: closing the thought wins over other processors
-        turn.detokenizer = self.tokenizer.detokenizer if turn.sink else None
+        turn.detokenizer = self.tokenizer.detokenizer if turn.sink is not None and turn.sink.streams else None
         if join:
             if self.single is not None:
                 self.handover(self.single)
@@ -354,7 +354,7 @@ class DecodeStage:
         self.batch = None
         for turn in turns:
             turn.state.reset()
-            turn.deliver(False, exc)
+            self.outbox.end(turn, error=exc)
 
     # -- the single turn ------------------------------------------------------------
 

@@ -149,21 +149,22 @@ class MlxSession:
         )
         if args.tool_choice != "auto" and tools:
             request = replace(request, grammar_tools=chosen_tools(tools, args.tool_choice, grammar), require_call=True)
-        cancel = threading.Event()
-        visible, sink = None, None
-        if (on_event := args.on_event) is not None:
-            visible = chat.visible_text(on_event, opened)
-            sink = OutputSink(asyncio.get_running_loop(), _receiver(visible, on_event))
+        cancel, loop = threading.Event(), asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        on_event = args.on_event
+        visible = chat.visible_text(on_event, opened) if on_event is not None else None
+        sink = OutputSink(loop, _receiver(future, visible, on_event), streams=on_event is not None)
 
         if self._forking is not None:
             forking, self._forking = self._forking, None
             await forking
 
-        def submit(deliver: Deliver) -> None:
-            self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink, deliver))
+        def submit(deliver: Deliver) -> None:  # its reply comes through `sink`, into `future`
+            self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink))
+            deliver(True, None)
 
         self.cut = None
-        future = self._host._mlx.submit(submit)
+        self._host._mlx.submit(submit)
         try:
             reply = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -220,16 +221,21 @@ def chosen_tools(tools: list[ToolSchema], choice: str, grammar: bool) -> list[To
     return named
 
 
-def _receiver(visible: TextCallback, on_event: OnHostEvent) -> Callable[[TurnOutput], None]:
-    """A turn's outputs as host events, on the caller's loop: its prefill begun, then each piece of new
-    text (to `visible`, which splits off call markup and reasoning) and the tokens generated so far."""
+def _receiver(
+    future: asyncio.Future[Reply], visible: TextCallback | None, on_event: OnHostEvent | None
+) -> Callable[[TurnOutput], None]:
+    """A turn's outputs on the caller's loop: as host events (when it has `on_event`) its prefill begun,
+    then each piece of new text (to `visible`, which splits off call markup and reasoning) and the
+    tokens generated so far; at its end, its reply or error into `future`."""
 
     def receive(output: TurnOutput) -> None:
-        if output.prefill is not None:
+        if on_event is not None and output.prefill is not None:
             on_event(PrefillBegun(*output.prefill))
-        if output.text:
+        if on_event is not None and visible is not None and output.text:
             visible(output.text)
             on_event(TokensSoFar(output.tokens))
+        if output.ended and not future.done():
+            future.set_result(output.reply) if output.error is None else future.set_exception(output.error)
 
     return receive
 

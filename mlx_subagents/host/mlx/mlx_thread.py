@@ -12,6 +12,7 @@ keeps going either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sys
 import threading
@@ -23,10 +24,19 @@ T = TypeVar("T")
 Deliver = Callable[[bool, Any], None]
 
 
+def post(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
+    """Run `callback(*args)` on a caller's `loop`: the one way anything leaves the mlx thread for a
+    caller (a job's result, a turn's outputs; a closed loop's caller is gone: nothing to tell)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args)
+
+
 class Stepper(Protocol):
     def has_work(self) -> bool: ...
 
-    def step(self) -> None: ...
+    def step(self) -> Any:
+        """One unit of work; it hands its callers what it produced itself and returns it."""
+        ...
 
     def fail_all(self, exc: BaseException) -> None:
         """A step raised: end every piece of work in flight with `exc`, so no caller waits forever."""
@@ -84,10 +94,7 @@ class MlxThread:
                 future.set_result(value) if ok else future.set_exception(value)
 
         def deliver(ok: bool, value: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(settle, ok, value)
-            except RuntimeError:  # the caller's loop is closed: nobody is waiting
-                pass
+            post(loop, settle, ok, value)
 
         self._jobs.put(_Job(fn, deliver))
         return future

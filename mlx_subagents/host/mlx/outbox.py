@@ -1,5 +1,6 @@
 """The outbox: what a turn's caller learns while the turn runs (its prefill begun, its streamed text),
-handed from the mlx thread to the caller's event loop in one place (`post`).
+handed from the mlx thread to the caller's event loop in one place (`send`), and at its end its
+reply, after the text.
 
 The stages write into it (the decode stage a turn's new tokens, the prefill stage a prefill that
 begins); it detokenizes a turn's tokens when they go out, all since the last wake-up at once, so
@@ -9,11 +10,11 @@ each caller gets one piece of text per wake-up, not one per token.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
 
+from ..protocol import Reply
+from .mlx_thread import post
 from .turn import Turn, TurnOutput
 
 # Streamed text reaches the callers' loops at most this often (plus a turn's first text and its end at
@@ -26,31 +27,45 @@ from .turn import Turn, TurnOutput
 DEFAULT_STREAM_INTERVAL_S = 0.02
 
 
-def post(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
-    """Run `callback(*args)` on a caller's `loop`: the one way anything leaves the mlx thread for a
-    caller before its reply (a closed loop's caller is gone: nothing to tell)."""
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(callback, *args)
+Outputs = dict[Turn, TurnOutput]
 
 
-def _deliver(items: list[tuple[Callable[[TurnOutput], None], TurnOutput]]) -> None:
+def send(outputs: Outputs) -> None:
+    """Hand each turn's outputs to its caller's loop, one wake-up per loop: the one place a turn's
+    outputs (its prefill begun, its text, its reply or error) leave the mlx thread."""
+    by_loop: dict[asyncio.AbstractEventLoop | None, list[tuple[Callable[[TurnOutput], None], TurnOutput]]] = {}
+    for turn, output in outputs.items():
+        if turn.sink is not None:
+            by_loop.setdefault(turn.sink.loop, []).append((turn.sink.receive, output))
+    for loop, items in by_loop.items():
+        if loop is None:  # a caller stepping the scheduler on this thread
+            _receive(items)
+        else:
+            post(loop, _receive, items)
+
+
+def _receive(items: list[tuple[Callable[[TurnOutput], None], TurnOutput]]) -> None:
     for receive, output in items:
         receive(output)
 
 
 class Outbox:
-    """Turns with tokens their callers have not had yet, flushed at most every DEFAULT_STREAM_INTERVAL_S."""
+    """Turns with outputs their callers have not had yet: text flushed at most every
+    DEFAULT_STREAM_INTERVAL_S, a prefill begun and an end at once; what it sent since `sent` was last
+    read is what `sent` returns."""
 
     def __init__(self, eos: frozenset[int]) -> None:
         self._eos = eos  # an end-of-turn token is not text
         self._turns: list[Turn] = []
+        self._ends: Outputs = {}  # replies and errors not sent yet
+        self._sent: Outputs = {}
         self._flushed_at = 0.0
         self._first_text = False  # it holds a turn's first text: send it now
 
     def token(self, turn: Turn) -> None:
         """Queue the turn's newest token for streaming. Until a turn's first text appears its tokens are
         detokenized at once, so that text goes out at the end of this step."""
-        if turn.sink is None:
+        if turn.sink is None or not turn.sink.streams:
             return
         if not turn.queued:
             turn.queued = True
@@ -66,29 +81,40 @@ class Outbox:
         if turn.told:
             return
         turn.told = True
-        if turn.sink is not None:
-            post(turn.sink.loop, turn.sink.receive, TurnOutput(prefill=(len(turn.ids) - turn.pos, turn.pos)))
+        if turn.sink is not None and turn.sink.streams:
+            self._send({turn: TurnOutput(prefill=(len(turn.ids) - turn.pos, turn.pos))})
+
+    def end(self, turn: Turn, reply: Reply | None = None, error: BaseException | None = None) -> None:
+        """The turn's reply (or the error it failed with) goes to its caller now, after the text streamed so far."""
+        self._ends[turn] = TurnOutput(reply=reply, error=error)
+        self.flush(force=True)
 
     def flush(self, force: bool = False) -> None:
-        """Hand the streamed text so far, with each turn's tokens so far, to each caller's loop in one
-        wake-up (see DEFAULT_STREAM_INTERVAL_S)."""
-        if not self._turns:
-            return
+        """Hand the streamed text so far, with each turn's tokens so far, and the ends to each caller's
+        loop in one wake-up (see DEFAULT_STREAM_INTERVAL_S)."""
+        outputs, self._ends = self._ends, {}
         now = time.perf_counter()
-        if not (force or self._first_text or now - self._flushed_at >= DEFAULT_STREAM_INTERVAL_S):
-            return
-        self._flushed_at, self._first_text = now, False
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Callable[[TurnOutput], None], TurnOutput]]] = {}
-        for turn in self._turns:
-            turn.queued = False
-            self.detokenize(turn)
-            if text := turn.detokenizer.last_segment:
-                sink = turn.sink
-                assert sink is not None  # only a turn with a sink is queued
-                by_loop.setdefault(sink.loop, []).append((sink.receive, TurnOutput(text, len(turn.generated))))
-        self._turns.clear()
-        for loop, items in by_loop.items():
-            post(loop, _deliver, items)
+        if self._turns and (force or self._first_text or now - self._flushed_at >= DEFAULT_STREAM_INTERVAL_S):
+            self._flushed_at, self._first_text = now, False
+            for turn in self._turns:
+                turn.queued = False
+                self.detokenize(turn)
+                if text := turn.detokenizer.last_segment:
+                    streamed = TurnOutput(text, len(turn.generated))
+                    outputs[turn] = streamed.then(outputs[turn]) if turn in outputs else streamed
+            self._turns.clear()
+        if outputs:
+            self._send(outputs)
+
+    def _send(self, outputs: Outputs) -> None:
+        for turn, output in outputs.items():
+            self._sent[turn] = self._sent[turn].then(output) if turn in self._sent else output
+        send(outputs)
+
+    def sent(self) -> Outputs:
+        """What went to the callers since the last call, one output per turn (and it forgets them)."""
+        sent, self._sent = self._sent, {}
+        return sent
 
     def detokenize(self, turn: Turn) -> None:
         """Feed the turn's detokenizer the tokens it has not had (an end-of-turn token is not text)."""

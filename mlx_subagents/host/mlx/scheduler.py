@@ -34,7 +34,7 @@ from ..settings import OFF
 from .admission import Admission
 from .config import SchedulerConfig
 from .decode_stage import DecodeStage
-from .outbox import Outbox
+from .outbox import Outbox, Outputs
 from .prefill_stage import PrefillStage
 from .turn import Turn
 
@@ -106,8 +106,9 @@ class Scheduler:
 
     # -- entry points (mlx thread) --------------------------------------------
 
-    def submit(self, turn: Turn) -> None:
-        """Tokenize and queue a turn; serialized mode runs it to completion here."""
+    def submit(self, turn: Turn) -> Outputs:
+        """Tokenize and queue a turn; serialized mode runs it to completion here. Returns what its
+        caller was handed meanwhile (as `step` does)."""
         try:
             req = turn.request
             turn.ids, turn.text = build_prompt(
@@ -117,28 +118,35 @@ class Scheduler:
             if turn.state.prompt_cache is None and turn.state.spill_path is None:  # nothing of its own to reuse
                 turn.prefix = self._prefix_ids(turn) or []
         except Exception as exc:
-            turn.deliver(False, exc)
-            return
+            self.outbox.end(turn, error=exc)
+            return self.outbox.sent()
         self.waiting.append(turn)
         if not self.config.batching:  # to the end now, inside this job: the thread's steps do not see it
             try:
                 while self.has_work():
-                    self.step()
+                    self._advance()
             except Exception as exc:
-                self.fail_all(exc)
+                return self.fail_all(exc)
+        return self.outbox.sent()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefill.turns or self.decode.busy())
 
-    def step(self) -> None:
+    def step(self) -> Outputs:
         """One unit of progress: admissions, one decode step for the batch (or a burst of the single
         turn's tokens, see SINGLE_BURST_TOKENS), one prefill slice when one is due (`prefill.py`).
+        Returns each turn's outputs of this step (its prefill begun, its new text and tokens so far,
+        its reply or error at its end), which the outbox has handed to its caller (`outbox.send`).
 
         A turn's own failure (its prompt, processors, cache restore, reply parsing) fails only
         that turn; a failure of the shared batch step fails the turns in the batch. Anything else
         is a bug outside any one turn, after which nothing can be trusted: it escapes, and the
         mlx thread (or the serialized `submit`) fails every turn (`fail_all`).
         """
+        self._advance()
+        return self.outbox.sent()
+
+    def _advance(self) -> None:
         decode = self.decode
         self._drop_cancelled()
         self._admit()
@@ -222,7 +230,7 @@ class Scheduler:
                     self._start(turn)
             except PromptTooLongError as exc:  # it cannot fit even alone: refused, its session as it was
                 self.waiting.popleft()
-                turn.deliver(False, exc)
+                self.outbox.end(turn, error=exc)
             except Exception as exc:  # e.g. its spilled cache cannot be read back
                 self._fail(turn, exc)
 
@@ -291,11 +299,11 @@ class Scheduler:
         """End a cancelled turn where it is, keeping what its cache holds."""
         if turn in self.waiting:
             self.waiting.remove(turn)
-            turn.deliver(True, self._reply(turn, "cancelled"))
+            self.outbox.end(turn, self._reply(turn, "cancelled"))
         elif turn in self.prefill.turns:
             self.prefill.remove(turn)
             self.pool.park(turn.name, turn.state)
-            turn.deliver(True, self._reply(turn, "cancelled"))
+            self.outbox.end(turn, self._reply(turn, "cancelled"))
         else:
             self.decode.cancel(turn)
 
@@ -313,8 +321,7 @@ class Scheduler:
         self.pool.park(turn.name, state)
         if req.store_prompt and not cut:
             self.prefill.store_prompt(turn)
-        self.outbox.flush(force=True)  # the streamed text reaches the caller before its result does
-        turn.deliver(True, self._reply(turn, finish))
+        self.outbox.end(turn, self._reply(turn, finish))  # after the text streamed so far
         if not self.decode.decoding and not self.prefill.turns:
             import mlx.core as mx
 
@@ -358,14 +365,16 @@ class Scheduler:
         self.decode.remove(turn)
         self.pool.claim(turn.name)  # not idle: it may have been parked before the failure
         turn.state.reset()
-        turn.deliver(False, exc)
+        self.outbox.end(turn, error=exc)
 
-    def fail_all(self, exc: BaseException) -> None:
-        """Fail every turn, waiting or in flight: after an unexpected error no cache can be trusted."""
+    def fail_all(self, exc: BaseException) -> Outputs:
+        """Fail every turn, waiting or in flight: after an unexpected error no cache can be trusted.
+        Returns what their callers were handed (as `step` does)."""
         turns = [*self.waiting, *self._active()]
         self.waiting.clear()
         self.prefill.clear()
         self.decode.clear()
         for turn in turns:
             turn.state.reset()  # a clean slate: the next turn prefills
-            turn.deliver(False, exc)
+            self.outbox.end(turn, error=exc)
+        return self.outbox.sent()

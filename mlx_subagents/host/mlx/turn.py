@@ -11,31 +11,50 @@ from typing import Any
 
 from ..calls.grammar import Constrainer
 from ..kv.kv_pool import CacheState
-from ..protocol import Message, ToolSchema
+from ..protocol import Message, Reply, ToolSchema
 from .drafted import DraftCounts, DraftedStream
 from .drafts import LookupDrafter
-from .mlx_thread import Deliver
 from .prefill import PrefillGroup
 from .single import SingleStream
 
 
 @dataclass(frozen=True)
 class TurnOutput:
-    """What a turn's caller learns before its reply, as the outbox hands it over (`outbox.py`): its
-    prefill begun (`prefill`: the tokens it computes, those its cache holds), or its new text (detokenized
-    on the mlx thread, call markup and reasoning still in it) with the tokens generated so far."""
+    """What a turn's caller learns from a step (`Scheduler.step` returns them; the outbox hands them
+    over): its prefill begun (`prefill`: the tokens it computes, those its cache holds), its new text
+    (detokenized on the mlx thread, call markup and reasoning still in it) with the tokens generated so
+    far, and at its end its reply (`reply`) or what it failed with (`error`)."""
 
     text: str = ""
     tokens: int = 0
     prefill: tuple[int, int] | None = None
+    reply: Reply | None = None
+    error: BaseException | None = None
+
+    def then(self, later: TurnOutput) -> TurnOutput:
+        """This output and a `later` one of the same turn, as one (the text of both, in order)."""
+        return TurnOutput(
+            self.text + later.text,
+            later.tokens or self.tokens,
+            self.prefill or later.prefill,
+            later.reply or self.reply,
+            later.error or self.error,
+        )
+
+    @property
+    def ended(self) -> bool:
+        return self.reply is not None or self.error is not None
 
 
 @dataclass(frozen=True)
 class OutputSink:
-    """Where a turn's outputs go: `receive`, run on the caller's event loop."""
+    """Where a turn's outputs go: `receive`, run on the caller's event loop (None: on the mlx thread, for
+    a caller that steps the scheduler itself). `streams`: the caller reads its text as it comes and its
+    prefill begun (else it learns only the end)."""
 
-    loop: asyncio.AbstractEventLoop
+    loop: asyncio.AbstractEventLoop | None
     receive: Callable[[TurnOutput], None]
+    streams: bool = True
 
 
 @dataclass(frozen=True)
@@ -67,8 +86,7 @@ class Turn:
     state: CacheState
     request: Request
     cancel: threading.Event
-    sink: OutputSink | None
-    deliver: Deliver
+    sink: OutputSink | None = None  # None: its outputs only in what `Scheduler.step` returns
     ids: list[int] = field(default_factory=list)
     text: str = ""
     max_tokens: int = 0
