@@ -106,7 +106,7 @@ def test_a_short_prompt_arriving_during_a_long_prefill_decodes_before_it(tiny_qw
     sch.submit(b)
     for _ in range(6):
         sch.step()
-    assert 0 < b.pos < len(b.ids) // 4  # b is being prefilled
+    assert 0 < b.prefill.pos < len(b.ids) // 4  # b is being prefilled
     sch.submit(c)
     while "c" not in results:
         sch.step()
@@ -141,17 +141,18 @@ def test_a_cancelled_turn_mid_prefill_leaves_no_slice_state_and_parks_what_it_ho
         if together
         else not sch.prefill.groups
     )
-    assert 0 < b.pos < len(b.ids) - 1
+    assert 0 < b.prefill.pos < len(b.ids) - 1
     b.cancel.set()
     sch.step()
-    assert results["b"].finish_reason == "cancelled" and b not in sch.prefill.turns and b.group is None
-    assert not sch.prefill.groups and (c.group is None)
+    assert results["b"].finish_reason == "cancelled" and b not in sch.prefill.turns and b.prefill.group is None
+    assert not sch.prefill.groups and (c.prefill is None or c.prefill.group is None)
     held = sch.pool.idle("b")
-    assert held is b.state and held.token_ids == b.ids[: b.pos]
-    assert {layer.offset for layer in held.prompt_cache} == {b.pos}
+    assert held is b.state and held.token_ids == b.ids[: b.prefill.pos]
+    assert {layer.offset for layer in held.prompt_cache} == {b.prefill.pos}
     in_flight = sch.resident_bytes() - sch.pool.idle_bytes() - sch.prefixes.nbytes()
     other = c if together else a  # the only work left in flight: on its own cache
-    assert other.uid is None and in_flight == sum(layer.nbytes for layer in other.cache) > 0
+    uid, cache = (other.decode.uid, other.decode.cache) if other.decode else (None, other.prefill.cache)
+    assert uid is None and in_flight == sum(layer.nbytes for layer in cache) > 0
     while sch.has_work():
         sch.step()
     # The next turn of b reuses exactly what it had prefilled.
@@ -160,7 +161,7 @@ def test_a_cancelled_turn_mid_prefill_leaves_no_slice_state_and_parks_what_it_ho
     sch.submit(again)
     while sch.has_work():
         sch.step()
-    assert results["b"].usage.cached_tokens == b.pos
+    assert results["b"].usage.cached_tokens == b.prefill.pos
     if together:
         alone: dict[str, Any] = {}
         ref = scheduler(tiny_qwen3, 64)
@@ -266,15 +267,18 @@ def test_a_turns_prefill_is_told_at_its_first_slice_once(tiny_qwen3: tuple[Any, 
         sch.submit(b)
         sch.submit(c)
         seen: list[tuple[str, int]] = []  # (who was told, how far b's cache held it then)
-        while not b.told or "c" not in results:
-            held = b.pos
+        while not b.out.told or "c" not in results:
+            held = b.prefill.pos if b.prefill is not None else 0
             sch.step()
             loop.run_until_complete(asyncio.sleep(0))
             seen += [(name, held) for name, *_ in told[len(seen) :]]
-            assert b.pos > b.n_cached or not b.told
-        assert [name for name, _ in seen] == ["c", "b"] and seen[1][1] == b.n_cached
-        assert told == [("c", len(c.ids) - c.n_cached, c.n_cached), ("b", len(b.ids) - b.n_cached, b.n_cached)]
-        assert c.n_cached > 0 and b.n_cached == c.n_cached  # the shared system prompt
+            assert not b.out.told or b.prefill.pos > b.prefill.n_cached
+        assert [name for name, _ in seen] == ["c", "b"] and seen[1][1] == b.prefill.n_cached
+        assert told == [
+            ("c", len(c.ids) - c.prefill.n_cached, c.prefill.n_cached),
+            ("b", len(b.ids) - b.prefill.n_cached, b.prefill.n_cached),
+        ]
+        assert c.prefill.n_cached > 0 and b.prefill.n_cached == c.prefill.n_cached  # the shared system prompt
         while sch.has_work():
             sch.step()
         assert len(told) == 2 and len(results["b"].token_ids) == 2

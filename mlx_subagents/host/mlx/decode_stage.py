@@ -28,7 +28,7 @@ from .drafted_batch import RowTokens, drafted_step
 from .masks import MaskBatch, MaskedModel, Row
 from .outbox import Outbox
 from .single import SingleStream, take_from_batch
-from .turn import Turn
+from .turn import DecodeState, Turn
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,11 @@ def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]
     """`processor`, but an exception is kept on the turn (failing only that turn) instead of escaping the batch step."""
 
     def run(tokens: Any, logits: Any) -> Any:
-        if turn.error is None:
+        if turn.decode.error is None:
             try:
                 return processor(tokens, logits)
             except Exception as exc:
-                turn.failed(exc)
+                turn.decode.failed(exc)
         return logits
 
     return run
@@ -113,41 +113,47 @@ class DecodeStage:
         """Whether any turn decodes (a turn that arrives then joins the batch)."""
         return bool(self.decoding or self.single)
 
-    def joins(self, turn: Turn) -> bool:
-        """Decode in the batch: others decode already. On mlx-lm's single-sequence path otherwise."""
-        return self.config.batching and batchable(turn.cache) and self.busy()
+    def joins(self, cache: list[Any] | None) -> bool:
+        """Decode a turn with `cache` in the batch: others decode already. On mlx-lm's single-sequence
+        path otherwise."""
+        return self.config.batching and batchable(cache) and self.busy()
 
-    def begin(self, turn: Turn, join: bool) -> None:
+    def begin(self, turn: Turn, cache: list[Any] | None, shared: tuple[int, Any] | None, join: bool) -> None:
         """Decode in the batch (`join`), or as the single turn: a burst of tokens per step, or to the end
-        when serialized."""
-        turn.processors = self.processor_factory(turn.name, turn.ids) if self.processor_factory else []
-        turn.sampler = self._sampler(turn.request.temperature, turn.request.top_p, turn.request.top_k)
+        when serialized. `cache` holds all but the last prompt token; `shared`: the shared prefix it
+        starts from. The turn's decode state starts here."""
+        turn.decode = DecodeState(cache, shared)
+        turn.decode.processors = self.processor_factory(turn.name, turn.ids) if self.processor_factory else []
+        turn.decode.sampler = self._sampler(turn.request.temperature, turn.request.top_p, turn.request.top_k)
         if turn.request.seed is not None:
             import mlx.core as mx
 
             mx.random.seed(turn.request.seed)  # its draws follow from here (alone in the batch: exactly)
         request = turn.request
         if (request.grammar_tools or request.answer_schema is not None) and (grammar := self._grammar(turn)):
-            grammar.known = turn.generated  # the tokens this loop has read: no sync to learn them
+            grammar.known = turn.decode.generated  # the tokens this loop has read: no sync to learn them
             grammar.limit = turn.max_tokens  # a call still open near it is closed
-            turn.grammar, turn.processors = grammar, [grammar, *turn.processors]
+            turn.decode.grammar, turn.decode.processors = grammar, [grammar, *turn.decode.processors]
         if turn.request.thinking is not None and (
             budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)
         ):
-            turn.processors = [*turn.processors, budget]  # last: closing the thought wins over other processors
-        turn.detokenizer = self.tokenizer.detokenizer if turn.sink is not None and turn.sink.streams else None
+            turn.decode.processors = [
+                *turn.decode.processors,
+                budget,
+            ]  # last: closing the thought wins over other processors
         if join:
             if self.single is not None:
                 self.handover(self.single)
-            self._insert(turn, turn.ids[turn.pos :], turn.ids[: turn.pos], turn.max_tokens)
+            pos = turn.prefill.pos  # type: ignore[union-attr]  # a turn decodes after its prefill
+            self._insert(turn, turn.ids[pos:], turn.ids[:pos], turn.max_tokens)
             return
-        turn.stream = self._stream(turn, turn.cache, turn.ids)  # type: ignore[arg-type]
+        turn.decode.stream = self._stream(turn, turn.decode.cache, turn.ids)  # type: ignore[arg-type]
         self.most_decoding = max(self.most_decoding, 1)
-        if self.config.batching and batchable(turn.cache):
+        if self.config.batching and batchable(turn.decode.cache):
             self.single = turn  # a burst of tokens per step, until it ends or a second turn arrives
         else:  # serialized (or a cache that cannot join a batch): to the end now
             self.run_single(turn, turn.max_tokens, turn.cancel.is_set)
-            if turn.stream is not None:  # stopped by its cancel
+            if turn.decode.stream is not None:  # stopped by its cancel
                 self.end_single(turn, "cancelled")
 
     def _stream(self, turn: Turn, cache: list[Any], context: list[int], pending: Any = None) -> Any:
@@ -157,10 +163,12 @@ class DecodeStage:
         or top_k cut) and every layer of its cache rewinds (`kv.rewind.refusal`: not a hybrid model's recurrent
         layers); mlx-lm's single path otherwise."""
         request = turn.request
-        if self.drafts and not turn.processors and _plain(turn) and refusal(cache) is None:
+        if self.drafts and not turn.decode.processors and _plain(turn) and refusal(cache) is None:
             token = None if pending is None else int(pending.item())
-            return DraftedStream(self.model, cache, context, request.temperature, turn.drafter, token, turn.drafts)
-        return SingleStream(self.model, cache, context, turn.sampler, turn.processors, pending)
+            return DraftedStream(
+                self.model, cache, context, request.temperature, turn.decode.drafter, token, turn.decode.drafts
+            )
+        return SingleStream(self.model, cache, context, turn.decode.sampler, turn.decode.processors, pending)
 
     @property
     def drafts(self) -> bool:
@@ -215,21 +223,21 @@ class DecodeStage:
 
     def _insert(self, turn: Turn, prompt: list[int], held: list[int], max_tokens: int) -> None:
         """Into the batch: `held` is what the cache holds, `prompt` what is still to feed."""
-        processors = [_attributed(turn, p) for p in turn.processors]
+        processors = [_attributed(turn, p) for p in turn.decode.processors]
         # The grammar is the row's processor for its first step only (`masks.py`).
-        turn.grammar_row = processors[0] if turn.grammar is not None else None
+        turn.decode.grammar_row = processors[0] if turn.decode.grammar is not None else None
         batch = self.ensure_batch()
-        self.pool.leave(turn.cache)  # the batch counts it from now on
-        turn.uid = batch.insert(
+        self.pool.leave(turn.decode.cache)  # the batch counts it from now on
+        turn.decode.uid = batch.insert(
             [prompt],
             max_tokens=[max_tokens],
-            caches=[turn.cache],
+            caches=[turn.decode.cache],
             all_tokens=[held],
-            samplers=[turn.sampler],
+            samplers=[turn.decode.sampler],
             logits_processors=[processors],
         )[0]
-        turn.state.prompt_cache = turn.cache = None  # the batch owns it now
-        self.decoding[turn.uid] = turn
+        turn.state.prompt_cache = turn.decode.cache = None  # the batch owns it now
+        self.decoding[turn.decode.uid] = turn
         self.most_decoding = max(self.most_decoding, len(self.decoding))
 
     def _masked(self, inputs: Any, cache: Any, logits: Any) -> Any:
@@ -244,12 +252,12 @@ class DecodeStage:
         rows: list[Row] = []
         for i, uid in enumerate(generation.uids):
             turn = self.decoding.get(uid)
-            if turn is None or turn.grammar is None or turn.error is not None:
+            if turn is None or turn.decode.grammar is None or turn.decode.error is not None:
                 continue
             processors = generation.logits_processors[i]
-            if processors and processors[0] is turn.grammar_row:
+            if processors and processors[0] is turn.decode.grammar_row:
                 generation.logits_processors[i] = processors[1:]
-            rows.append((i, turn.grammar, turn.failed))
+            rows.append((i, turn.decode.grammar, turn.decode.failed))
         return rows
 
     def step(self) -> None:
@@ -285,8 +293,12 @@ class DecodeStage:
         rows = []
         for i, uid in enumerate(generation.uids):
             turn = self.decoding.get(uid)
-            free = generation.logits_processors[i] or (turn is not None and turn.grammar is not None)
-            drafter = turn.drafter if turn is not None and not free and turn.error is None and _plain(turn) else None
+            free = generation.logits_processors[i] or (turn is not None and turn.decode.grammar is not None)
+            drafter = (
+                turn.decode.drafter
+                if turn is not None and not free and turn.decode.error is None and _plain(turn)
+                else None
+            )
             if drafter is not None and drafter.paused:
                 drafter.propose(())  # a paused drafter counts the step without reading the tokens
                 drafter = None
@@ -305,7 +317,7 @@ class DecodeStage:
         for (turn, drafter, _), draft, row in zip(rows, drafts, out, strict=True):
             if draft and turn is not None and drafter is not None:
                 drafter.observe(len(draft), row.accepted)
-                counts = turn.drafts
+                counts = turn.decode.drafts
                 counts.forwards, counts.drafted = counts.forwards + 1, counts.drafted + len(draft)
                 counts.accepted, counts.tokens = counts.accepted + row.accepted, counts.tokens + row.accepted + 1
         return out
@@ -325,14 +337,14 @@ class DecodeStage:
             if turn is None:
                 continue
             try:
-                if turn.error is not None:
-                    raise turn.error
+                if turn.decode.error is not None:
+                    raise turn.decode.error
                 done = None
                 for token in row.tokens:
                     done = self._on_token(turn, token)
                 if row.finish_reason is not None:
                     del self.decoding[row.uid]
-                    self._ended(turn, done or "length", row.prompt_cache, None)
+                    self._end(turn, done or "length", row.prompt_cache, None)
             except Exception as exc:
                 self._failed(turn, exc)
 
@@ -340,8 +352,8 @@ class DecodeStage:
         """With slicing off, the batch step prefilled for `seconds`: the turns decoding already waited."""
         if seconds > 0:
             for turn in self.decoding.values():
-                if turn.generated:
-                    turn.prefill_wait_s += seconds
+                if turn.decode.generated:
+                    turn.decode.wait_s += seconds
 
     def _fail_batch(self, exc: Exception) -> None:
         """The shared decode step failed: the batch and every cache in it are gone, so its turns fail.
@@ -369,13 +381,15 @@ class DecodeStage:
     def _single_step(self, turn: Turn) -> FinishReason | None:
         """One forward of a turn on the single path: one token, or with drafts each token it kept, in
         order; its cache ends holding every token it produced."""
-        stream = turn.stream
+        stream = turn.decode.stream
         kept = (
-            stream.next(turn.max_tokens - len(turn.generated)) if isinstance(stream, DraftedStream) else [stream.next()]
+            stream.next(turn.max_tokens - len(turn.decode.generated))
+            if isinstance(stream, DraftedStream)
+            else [stream.next()]
         )  # type: ignore[union-attr]
         for used, token in enumerate(kept, 1):
             done = self._on_token(turn, token)
-            if done is None and len(turn.generated) >= turn.max_tokens:
+            if done is None and len(turn.decode.generated) >= turn.max_tokens:
                 done = "length"
             if done is not None:
                 self.end_single(turn, done, used)
@@ -384,32 +398,32 @@ class DecodeStage:
 
     def end_single(self, turn: Turn, finish: FinishReason, used: int | None = None) -> None:
         """The single turn ends: with drafts, after the `used`-th token of its last forward (None: all)."""
-        if isinstance(turn.stream, DraftedStream):
-            turn.stream.end(used)
-        turn.stream = None
+        if isinstance(turn.decode.stream, DraftedStream):
+            turn.decode.stream.end(used)
+        turn.decode.stream = None
         if self.single is turn:
             self.single = None
-        self._ended(turn, finish, turn.cache, None)
+        self._end(turn, finish, turn.decode.cache, None)
 
     def handover(self, turn: Turn) -> None:
         """A second turn is about to decode: the single one continues in the batch from its next token."""
-        stream = turn.stream
+        stream = turn.decode.stream
         assert stream is not None
-        self.single, turn.stream = None, None
+        self.single, turn.decode.stream = None, None
         token = stream.handover()
         if token is None:  # drafted: its last token is not in the cache yet, the batch feeds it
             assert isinstance(stream, DraftedStream)
             held, last = stream.tokens[:-1], stream.tokens[-1]
-            self._insert(turn, [last], held, turn.max_tokens - len(turn.generated))
+            self._insert(turn, [last], held, turn.max_tokens - len(turn.decode.generated))
             return
         done = self._on_token(turn, token)
-        if done is None and len(turn.generated) >= turn.max_tokens:
+        if done is None and len(turn.decode.generated) >= turn.max_tokens:
             done = "length"
         if done is not None:  # it ends on that very token: put it in the cache, as the batch would have
             stream.feed(token)
-            self._ended(turn, done, turn.cache, None)
+            self._end(turn, done, turn.decode.cache, None)
             return
-        self._insert(turn, [token], turn.ids + turn.generated[:-1], turn.max_tokens - len(turn.generated))
+        self._insert(turn, [token], turn.ids + turn.decode.generated[:-1], turn.max_tokens - len(turn.decode.generated))
 
     def leave_batch(self, turn: Turn) -> None:
         """The last turn in the batch, with no other to come, goes on as the single turn: mlx-lm's
@@ -417,14 +431,14 @@ class DecodeStage:
         straggler is common). It continues from the token the batch computed next; a new turn brings
         it back (`handover`)."""
         try:
-            taken = take_from_batch(self.batch, turn.uid)  # type: ignore[arg-type]
+            taken = take_from_batch(self.batch, turn.decode.uid)  # type: ignore[arg-type]
             if taken is None:  # still prefilling in the batch, or a cache kind that stays there
                 return
-            del self.decoding[turn.uid]  # type: ignore[arg-type]
-            turn.uid = None
+            del self.decoding[turn.decode.uid]  # type: ignore[arg-type]
+            turn.decode.uid = None
             cache, held, pending = taken
-            turn.cache = turn.state.prompt_cache = self.pool.register(cache)
-            turn.stream = self._stream(turn, cache, held, pending)
+            turn.decode.cache = turn.state.prompt_cache = self.pool.register(cache)
+            turn.decode.stream = self._stream(turn, cache, held, pending)
             self.single = turn
         except Exception as exc:
             self._failed(turn, exc)
@@ -433,9 +447,9 @@ class DecodeStage:
 
     def _on_token(self, turn: Turn, token: int) -> FinishReason | None:
         """Record a token and queue it for streaming (the outbox); "stop" at an end-of-turn token."""
-        if not turn.generated:
-            turn.prompt_s = time.perf_counter() - turn.started
-        turn.generated.append(token)
+        if not turn.decode.generated:
+            turn.decode.prompt_s = time.perf_counter() - turn.prefill.started  # type: ignore[union-attr]
+        turn.decode.generated.append(token)
         if token in self._eos:
             return "stop"
         self.outbox.token(turn)
@@ -446,14 +460,29 @@ class DecodeStage:
         if turn is self.single:
             self.end_single(turn, "cancelled")
             return
-        del self.decoding[turn.uid]  # type: ignore[arg-type]
-        cache, held = self.batch.remove([turn.uid], return_prompt_caches=True)[turn.uid]
-        self._ended(turn, "cancelled", cache, list(held))
+        del self.decoding[turn.decode.uid]  # type: ignore[arg-type]
+        cache, held = self.batch.remove([turn.decode.uid], return_prompt_caches=True)[turn.decode.uid]
+        self._end(turn, "cancelled", cache, list(held))
+
+    def _end(self, turn: Turn, finish: FinishReason, cache: list[Any] | None, held: list[int] | None) -> None:
+        """The turn leaves the stage, to the scheduler (`ended`) with the cache that holds its reply: its
+        decode state keeps no cache from now on (the session's now: evicting it frees it)."""
+        decode = turn.decode
+        assert decode is not None
+        decode.cache = decode.shared = None
+        self._ended(turn, finish, cache, held)
+
+    def waited(self, seconds: float, turns: list[Turn]) -> None:
+        """`turns` (decoding) waited `seconds` while prompts were prefilled."""
+        for turn in turns:
+            turn.decode.wait_s += seconds  # type: ignore[union-attr]
 
     def remove(self, turn: Turn) -> None:
         """A failed turn leaves the stage (its cache is gone with it)."""
-        if turn.uid is not None and self.decoding.pop(turn.uid, None) is not None:
-            self.batch.remove([turn.uid])
+        if turn.decode is None:  # it failed on its way in
+            return
+        if turn.decode.uid is not None and self.decoding.pop(turn.decode.uid, None) is not None:
+            self.batch.remove([turn.decode.uid])
         if self.single is turn:
             self.single = None
 

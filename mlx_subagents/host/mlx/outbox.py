@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..protocol import Reply
 from .mlx_thread import post
@@ -54,8 +55,9 @@ class Outbox:
     DEFAULT_STREAM_INTERVAL_S, a prefill begun and an end at once; what it sent since `sent` was last
     read is what `sent` returns."""
 
-    def __init__(self, eos: frozenset[int]) -> None:
-        self._eos = eos  # an end-of-turn token is not text
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._eos = frozenset(tokenizer.eos_token_ids)  # an end-of-turn token is not text
         self._turns: list[Turn] = []
         self._ends: Outputs = {}  # replies and errors not sent yet
         self._sent: Outputs = {}
@@ -67,22 +69,24 @@ class Outbox:
         detokenized at once, so that text goes out at the end of this step."""
         if turn.sink is None or not turn.sink.streams:
             return
-        if not turn.queued:
-            turn.queued = True
+        if turn.out.detokenizer is None:
+            turn.out.detokenizer = self._tokenizer.detokenizer
+        if not turn.out.queued:
+            turn.out.queued = True
             self._turns.append(turn)
-        if not turn.streamed:
+        if not turn.out.streamed:
             self.detokenize(turn)
-            if turn.detokenizer.text:
-                turn.streamed = self._first_text = True
+            if turn.out.detokenizer.text:
+                turn.out.streamed = self._first_text = True
 
     def prefill_begun(self, turn: Turn) -> None:
         """Tell the turn's caller, once, that its prefill begins: the tokens to compute and those cached.
         Sliced, that is its first slice, not its opening: until then it waits behind other prompts."""
-        if turn.told:
+        if turn.out.told:
             return
-        turn.told = True
+        turn.out.told = True
         if turn.sink is not None and turn.sink.streams:
-            self._send({turn: TurnOutput(prefill=(len(turn.ids) - turn.pos, turn.pos))})
+            self._send({turn: TurnOutput(prefill=(len(turn.ids) - turn.prefill.pos, turn.prefill.pos))})
 
     def end(self, turn: Turn, reply: Reply | None = None, error: BaseException | None = None) -> None:
         """The turn's reply (or the error it failed with) goes to its caller now, after the text streamed so far."""
@@ -97,9 +101,9 @@ class Outbox:
         if self._turns and (force or self._first_text or now - self._flushed_at >= DEFAULT_STREAM_INTERVAL_S):
             self._flushed_at, self._first_text = now, False
             for turn in self._turns:
-                turn.queued = False
+                turn.out.queued = False
                 self.detokenize(turn)
-                if text := turn.detokenizer.last_segment:
+                if text := turn.out.detokenizer.last_segment:
                     streamed = TurnOutput(text, len(turn.generated))
                     outputs[turn] = streamed.then(outputs[turn]) if turn in outputs else streamed
             self._turns.clear()
@@ -118,8 +122,8 @@ class Outbox:
 
     def detokenize(self, turn: Turn) -> None:
         """Feed the turn's detokenizer the tokens it has not had (an end-of-turn token is not text)."""
-        detokenizer, eos = turn.detokenizer, self._eos
-        for token in turn.generated[turn.fed :]:
+        detokenizer, eos = turn.out.detokenizer, self._eos
+        for token in turn.generated[turn.out.fed :]:
             if token not in eos:
                 detokenizer.add_token(token)
-        turn.fed = len(turn.generated)
+        turn.out.fed = len(turn.generated)

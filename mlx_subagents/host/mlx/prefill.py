@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..settings import AUTO, OFF, PrefillSlice
@@ -43,17 +43,30 @@ MIN_SLICE_TOKENS = 16
 EMA = 0.25
 
 
+@dataclass(eq=False)
+class PrefillState:
+    """A turn's part that the prefill stage writes (`prefill_stage.py`, and its groups here), from the
+    turn's admission on; after its handover to the decode stage, a record for its reply."""
+
+    started: float  # when it was admitted: its prompt's time counts from here
+    cache: list[Any] | None = None  # its own cache (None: not opened yet, in a group, or handed over)
+    n_cached: int = 0  # prompt tokens its cache held when opened
+    pos: int = 0  # prompt tokens its cache holds
+    stops: list[tuple[int, str]] = field(default_factory=list)  # (position, "prefix" | "snapshot" | "end")
+    group: PrefillGroup | None = None  # prefilled with others as one padded batch (its cache is the group's)
+    fresh: bool = True  # no slice of its last prompt segment yet (it may still join a group)
+    token_s: float = 0.0  # its last solo slice's seconds per token
+    wait_s: float = 0.0  # time it spent while other turns' prompts were prefilled
+    shared: tuple[int, Any] | None = None  # the shared prefix its cache starts from: (tokens, prefix); None: not opened
+
+
 class Turn(Protocol):
-    """What the prefill reads and moves of the scheduler's `Turn`: its prompt, how far its cache holds
-    it, its stops (position, what to do there: "prefix", "snapshot", "end"), its cache and group."""
+    """What the prefill reads of the scheduler's `Turn`: its prompt, its session's cache state and its
+    prefill state (how far its cache holds the prompt, its stops, its cache and group)."""
 
     ids: list[int]
-    pos: int
-    stops: list[tuple[int, str]]
-    cache: list[Any] | None
     state: Any
-    group: PrefillGroup | None
-    fresh: bool
+    prefill: PrefillState
 
 
 def describe(value: PrefillSlice, step_size: int) -> str:
@@ -143,8 +156,8 @@ class PrefillGroup:
         self._batch = PromptProcessingBatch(
             model,
             uids=list(range(len(self.turns))),
-            caches=[t.cache for t in self.turns],
-            tokens=[list(t.ids[: t.pos]) for t in self.turns],
+            caches=[t.prefill.cache for t in self.turns],
+            tokens=[list(t.ids[: t.prefill.pos]) for t in self.turns],
             prefill_step_size=step_size,
             # Per-row lists it keeps in step with its rows; it never samples here (the batch decodes).
             samplers=[None] * len(self.turns),
@@ -152,13 +165,13 @@ class PrefillGroup:
             max_tokens=[1] * len(self.turns),
         )
         for turn in self.turns:  # the group's merged cache holds them now (a copy): let the old ones go
-            turn.cache = turn.state.prompt_cache = None
-            turn.group = self
+            turn.prefill.cache = turn.state.prompt_cache = None
+            turn.prefill.group = self
 
     @property
     def remaining(self) -> int:
         """Tokens until the group's first turn is ready to decode."""
-        return min(t.stops[0][0] - t.pos for t in self.turns)
+        return min(t.prefill.stops[0][0] - t.prefill.pos for t in self.turns)
 
     @property
     def nbytes(self) -> int:
@@ -166,15 +179,15 @@ class PrefillGroup:
 
     def feed(self, n_tokens: int) -> list[Turn]:
         """Feed each turn up to `n_tokens` more of its prompt (none past its stop); the turns now at it."""
-        rows = [t.ids[t.pos : min(t.pos + n_tokens, t.stops[0][0])] for t in self.turns]
+        rows = [t.ids[t.prefill.pos : min(t.prefill.pos + n_tokens, t.prefill.stops[0][0])] for t in self.turns]
         tic = time.perf_counter()
         self._batch.prompt(rows)  # evaluates
         fed = sum(len(r) for r in rows)
         if fed:
             self.token_s = (time.perf_counter() - tic) / fed
         for turn, row in zip(self.turns, rows, strict=True):
-            turn.pos += len(row)
-        return [t for t in self.turns if t.pos >= t.stops[0][0]]
+            turn.prefill.pos += len(row)
+        return [t for t in self.turns if t.prefill.pos >= t.prefill.stops[0][0]]
 
     def take(self, turn: Turn) -> list[Any]:
         """Take `turn` out of the group with its own cache (the left padding cut off)."""
@@ -182,7 +195,7 @@ class PrefillGroup:
         cache = self._batch.extract_cache(i)
         del self.turns[i]
         self._batch.filter([j for j in range(len(self.turns) + 1) if j != i])
-        turn.group = None
+        turn.prefill.group = None
         return cache
 
 
@@ -204,12 +217,12 @@ class Work:
     @property
     def begun(self) -> bool:
         """Whether a slice fed it before (a new arrival has not been)."""
-        return (self.group.token_s if self.group is not None else self.turn.token_s if self.turn else 0.0) > 0
+        return (self.group.token_s if self.group is not None else self.turn.prefill.token_s if self.turn else 0.0) > 0
 
 
 def _left(turn: Turn) -> int:
     """Tokens until `turn` decodes: its prompt but the last token, less what its cache holds."""
-    return len(turn.ids) - 1 - turn.pos
+    return len(turn.ids) - 1 - turn.prefill.pos
 
 
 def pick(
@@ -230,11 +243,15 @@ def pick(
         batchable: whether a cache can join a batch (a turn whose cache cannot stays on its own).
         batching: whether turns may be grouped at all (not when serialized).
     """
-    solo = [t for t in opened if t.group is None]
-    ready = [t for t in solo if t.stops[0][1] == "end" and batchable(t.cache)]
+    solo = [t for t in opened if t.prefill.group is None]
+    ready = [t for t in solo if t.prefill.stops[0][1] == "end" and batchable(t.prefill.cache)]
     if batching and not decoding:
-        fresh = [t for t in ready if t.fresh and _left(t) > 0]
-        soon = [t for t in solo if t not in ready and batchable(t.cache) and t.stops[0][0] - t.pos <= step_size]
+        fresh = [t for t in ready if t.prefill.fresh and _left(t) > 0]
+        soon = [
+            t
+            for t in solo
+            if t not in ready and batchable(t.prefill.cache) and t.prefill.stops[0][0] - t.prefill.pos <= step_size
+        ]
         if fresh and soon:
             return Work(turn=min(soon, key=_left))
         if len(fresh) > 1:

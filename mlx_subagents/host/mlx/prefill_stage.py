@@ -25,7 +25,7 @@ from ..kv.prefix_cache import SharedPrefixes
 from ..kv.prefix_store import PrefixStore
 from .decode_stage import DecodeStage, batchable
 from .outbox import Outbox
-from .prefill import PrefillGroup, SlicePolicy, pick
+from .prefill import PrefillGroup, PrefillState, SlicePolicy, pick
 from .turn import Turn
 
 
@@ -54,9 +54,6 @@ class PrefillStage:
         self.groups: list[PrefillGroup] = []  # turns prefilled together (see `_sliced`)
         self.policy = SlicePolicy.of(self.config.prefill_slice, self.config.prefill_step_size)  # None: slicing off
 
-    def _active(self) -> list[Turn]:
-        return [*self.turns, *self.decode.turns()]
-
     def step(self) -> None:
         """One prefill slice when one is due (sliced), else a chunk or the ready turns into the batch."""
         if self.policy is not None:
@@ -64,8 +61,7 @@ class PrefillStage:
             return
         tic, decoders = time.perf_counter(), self.decode.turns()
         self._unsliced()
-        for turn in decoders:  # they waited for that chunk
-            turn.prefill_wait_s += time.perf_counter() - tic
+        self.decode.waited(time.perf_counter() - tic, decoders)  # they waited for that chunk
 
     def decoded(self, seconds: float, steps: int = 1) -> None:
         """Decode work took `seconds`: it counts towards the decoders' share (`SlicePolicy`)."""
@@ -81,12 +77,12 @@ class PrefillStage:
         (prefills run one after another) is already there.
         """
         state = turn.state
-        turn.cache, turn.n_cached = self._prepare_cache(state, turn.ids, turn.prefix)
-        self.pool.register(turn.cache)  # its session's, a copy of a prefix or of a snapshot, or a fresh one
-        turn.shared = shared_prefix_of(turn.cache)
-        turn.pos = turn.n_cached
-        state.prompt_cache, state.token_ids, state.render = turn.cache, turn.ids[: turn.pos], None
-        turn.stops = self._plan_stops(turn)
+        turn.prefill.cache, turn.prefill.n_cached = self._prepare_cache(state, turn.ids, turn.prefix)
+        self.pool.register(turn.prefill.cache)  # its session's, a copy of a prefix or of a snapshot, or a fresh one
+        turn.prefill.shared = shared_prefix_of(turn.prefill.cache)
+        turn.prefill.pos = turn.prefill.n_cached
+        state.prompt_cache, state.token_ids, state.render = turn.prefill.cache, turn.ids[: turn.prefill.pos], None
+        turn.prefill.stops = self._plan_stops(turn)
         if self.policy is None:  # slicing off: its prefill begins now (sliced: at its first slice)
             self.outbox.prefill_begun(turn)
 
@@ -168,14 +164,14 @@ class PrefillStage:
     def _plan_stops(self, turn: Turn) -> list[tuple[int, str]]:
         stops: list[tuple[int, str]] = []
         prefix = turn.prefix
-        if prefix and turn.pos <= len(prefix) and prefix not in self.prefixes:
+        if prefix and turn.prefill.pos <= len(prefix) and prefix not in self.prefixes:
             stops.append((len(prefix), "prefix"))
         if self.config.reuse and not self._trimmable:
             req = turn.request
             snap = len(turn.ids) - generation_prompt_length(
                 self.tokenizer, req.messages, req.tools, req.template_kwargs
             )
-            if 0 < snap and turn.pos <= snap:
+            if 0 < snap and turn.prefill.pos <= snap:
                 stops.append((snap, "snapshot"))
         stops.append((len(turn.ids) - 1, "end"))
         return sorted(stops)
@@ -199,7 +195,7 @@ class PrefillStage:
             for turn in ready:
                 self.turns.remove(turn)
                 try:
-                    self.decode.begin(turn, join=True)
+                    self._hand_over(turn, join=True)
                 except Exception as exc:
                     self._failed(turn, exc)
         elif self.turns:
@@ -215,7 +211,7 @@ class PrefillStage:
         if not self.config.batching or self.decode.busy() or len(self.turns) <= len(ready):
             return None
         turn = self.turns[len(ready)]  # where `_ready` stopped: opened, its next stop not "end"
-        return turn if turn.stops[0][1] != "end" and batchable(turn.cache) else None
+        return turn if turn.prefill.stops[0][1] != "end" and batchable(turn.prefill.cache) else None
 
     def _ready(self) -> list[Turn]:
         """The turns at the head of the prefill queue with nothing left to save before they decode.
@@ -226,12 +222,12 @@ class PrefillStage:
         ready: list[Turn] = []
         for turn in list(self.turns):
             try:
-                if turn.cache is None:
+                if turn.prefill.cache is None:
                     self._open(turn)
             except Exception as exc:
                 self._failed(turn, exc)
                 continue
-            if turn.stops[0][1] != "end" or not batchable(turn.cache):
+            if turn.prefill.stops[0][1] != "end" or not batchable(turn.prefill.cache):
                 break
             ready.append(turn)
         return ready
@@ -241,32 +237,32 @@ class PrefillStage:
         stop, save what it asks for."""
         import mlx.core as mx
 
-        if turn.cache is None:
+        if turn.prefill.cache is None:
             self._open(turn)
         self.outbox.prefill_begun(turn)
-        stop, action = turn.stops[0]
-        end = min(turn.pos + (n_tokens or self.config.prefill_step_size), stop)
-        if end > turn.pos:
+        stop, action = turn.prefill.stops[0]
+        end = min(turn.prefill.pos + (n_tokens or self.config.prefill_step_size), stop)
+        if end > turn.prefill.pos:
             tic = time.perf_counter()
-            self.model(mx.array(turn.ids[turn.pos : end])[None], cache=turn.cache)
-            mx.eval([c.state for c in turn.cache])
-            turn.token_s = (time.perf_counter() - tic) / (end - turn.pos)
-            turn.fresh = turn.fresh and action != "end"
-            turn.pos = end
+            self.model(mx.array(turn.ids[turn.prefill.pos : end])[None], cache=turn.prefill.cache)
+            mx.eval([c.state for c in turn.prefill.cache])
+            turn.prefill.token_s = (time.perf_counter() - tic) / (end - turn.prefill.pos)
+            turn.prefill.fresh = turn.prefill.fresh and action != "end"
+            turn.prefill.pos = end
             turn.state.token_ids = turn.ids[:end]
-        if turn.pos < stop:
+        if turn.prefill.pos < stop:
             return
-        turn.stops.pop(0)
+        turn.prefill.stops.pop(0)
         if action == "prefix":  # the turn goes on from the entry: the prefix is held once, for it and the next
-            turn.cache = turn.state.prompt_cache = self.prefixes.add(turn.ids[:stop], turn.cache)
-            turn.shared = shared_prefix_of(turn.cache)
+            turn.prefill.cache = turn.state.prompt_cache = self.prefixes.add(turn.ids[:stop], turn.prefill.cache)
+            turn.prefill.shared = shared_prefix_of(turn.prefill.cache)
             if self.store is not None:
-                self.store.save(turn.ids[:stop], turn.cache)  # a copy; the writer thread does the disk
+                self.store.save(turn.ids[:stop], turn.prefill.cache)  # a copy; the writer thread does the disk
         elif action == "snapshot":
-            turn.state.snapshot = (stop, self.pool.register(copy.deepcopy(turn.cache)))
+            turn.state.snapshot = (stop, self.pool.register(copy.deepcopy(turn.prefill.cache)))
         elif action == "end":
             self.turns.remove(turn)
-            self.decode.begin(turn, self.decode.joins(turn))
+            self._hand_over(turn, self.decode.joins(turn.prefill.cache))
 
     # -- sliced (see prefill.py) ------------------------------------------------------
 
@@ -289,24 +285,25 @@ class PrefillStage:
             self._feed_group(group, n_tokens)
         elif work.turn is not None:
             fed = [work.turn]
-            n_tokens = policy.step_size if urgent else policy.size(decoding, 1, work.turn.token_s)
+            n_tokens = policy.step_size if urgent else policy.size(decoding, 1, work.turn.prefill.token_s)
             try:
                 self._chunk(work.turn, n_tokens)
             except Exception as exc:
                 self._failed(work.turn, exc)
         elapsed = time.perf_counter() - tic
         policy.sliced(elapsed, decoding)
-        for turn in self._active():
+        for turn in self.turns:
             if turn not in fed:
-                turn.prefill_wait_s += elapsed
+                turn.prefill.wait_s += elapsed
+        self.decode.waited(elapsed, [t for t in self.decode.turns() if t not in fed])
 
     def _open_turns(self) -> list[Turn]:
         """The prefilling turns with their cache chosen (`_open`), opening them in order: a turn waits
         while one before it still has a shared prefix to save, which it may start from."""
         opened: list[Turn] = []
         for turn in list(self.turns):
-            if turn.cache is None and turn.group is None:
-                if any(action == "prefix" for t in opened for _, action in t.stops):
+            if turn.prefill.cache is None and turn.prefill.group is None:
+                if any(action == "prefix" for t in opened for _, action in t.prefill.stops):
                     break
                 try:
                     self._open(turn)
@@ -342,29 +339,41 @@ class PrefillStage:
         except Exception as exc:
             self.groups.remove(group)
             for turn in list(group.turns):
-                turn.group = None
+                turn.prefill.group = None
                 self._failed(turn, exc)
             return
         join = self.config.batching and (len(done) > 1 or self.decode.busy())
         for turn in done:
             self.turns.remove(turn)
             try:
-                self.decode.begin(turn, join)
+                self._hand_over(turn, join)
             except Exception as exc:
                 self._failed(turn, exc)
 
     def _ungroup(self, group: PrefillGroup, turn: Turn) -> None:
         """`turn` leaves its group with its own cache (the group ends with its last turn)."""
-        turn.cache = turn.state.prompt_cache = self.pool.register(group.take(turn))
-        turn.state.token_ids = turn.ids[: turn.pos]
-        turn.fresh = False
+        turn.prefill.cache = turn.state.prompt_cache = self.pool.register(group.take(turn))
+        turn.state.token_ids = turn.ids[: turn.prefill.pos]
+        turn.prefill.fresh = False
         if not group.turns:
             self.groups.remove(group)
+
+    def admit(self, turn: Turn) -> None:
+        """Queue an admitted turn's prefill: its prefill state starts here (its prompt time too)."""
+        turn.prefill = PrefillState(time.perf_counter())
+        self.turns.append(turn)
+
+    def _hand_over(self, turn: Turn, join: bool) -> None:
+        """The turn at its end goes to the decode stage with its cache and shared prefix (its prefill
+        state keeps neither: a record from now on)."""
+        prefill = turn.prefill
+        cache, shared, prefill.cache, prefill.shared = prefill.cache, prefill.shared, None, None
+        self.decode.begin(turn, cache, shared, join)
 
     def remove(self, turn: Turn) -> None:
         """A cancelled or failed turn leaves the stage and its group, if in one, with its cache (a turn
         left alone in the group goes on on its own cache)."""
-        group = turn.group
+        group = turn.prefill.group
         if group is not None:
             self._ungroup(group, turn)
             if len(group.turns) == 1:

@@ -3,8 +3,10 @@
 Every turn (`turn.py`) moves through the same stages: waiting (admission control against
 the KV budget, `admission.py`) -> prefilling (`prefill_stage.py`: in slices, reusing the session's
 cache, a shared system-prompt prefix, or a hybrid model's snapshot) -> decoding (`decode_stage.py`)
--> finished (its cache parked in the pool for the next turn, its reply delivered). What a caller
-learns on the way (its prefill begun, its streamed text) leaves through the outbox (`outbox.py`).
+-> finished (its cache parked in the pool for the next turn, its reply sent); the stage a turn is in
+is its status (`stage_of`), and each stage writes only its own state of the turn (`turn.py`). What a
+caller learns on the way (its prefill begun, its streamed text, then its reply) leaves through the
+outbox (`outbox.py`), and `step()` returns it.
 In batched mode every decoding session advances one token per step in one mlx-lm
 `BatchGenerator` batch, and a prompt is prefilled on its own cache in slices between decode
 steps, the time shared equally with the decoders (`prefill.py`), so a long
@@ -75,7 +77,7 @@ class Scheduler:
         self._jobs_waiting = jobs_waiting or (lambda: False)
         self.waiting: deque[Turn] = deque()
         self.prefixes = SharedPrefixes(pool=pool)
-        self.outbox = Outbox(frozenset(tokenizer.eos_token_ids))
+        self.outbox = Outbox(tokenizer)
         sliced = config.prefill_slice != OFF
         self.decode = DecodeStage(
             model,
@@ -128,6 +130,14 @@ class Scheduler:
             except Exception as exc:
                 return self.fail_all(exc)
         return self.outbox.sent()
+
+    def stage_of(self, turn: Turn) -> str:
+        """A turn's status: the stage it is in ("waiting", "prefilling", "decoding"), or "ended"."""
+        if turn in self.waiting:
+            return "waiting"
+        if turn in self.prefill.turns:
+            return "prefilling"
+        return "decoding" if turn in self.decode.turns() else "ended"
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefill.turns or self.decode.busy())
@@ -192,7 +202,7 @@ class Scheduler:
     def _observe(self) -> None:
         """Keep the pool's peak: read the KV bytes when the work in flight changed, else every few steps."""
         prefilling = self.prefill.turns
-        head = prefilling[0].pos if prefilling else -1
+        head = prefilling[0].prefill.pos if prefilling else -1  # type: ignore[union-attr]
         work = (len(self.waiting), len(prefilling), head, len(self.decode.decoding), self.decode.single is None)
         self._unobserved_steps += 1
         if work != self._work or self._unobserved_steps >= OBSERVE_EVERY_STEPS:
@@ -264,8 +274,7 @@ class Scheduler:
         self.pool.claim(turn.name)
         self.pool.restore(turn.state)
         self.prefixes.restore_over(turn.state)
-        turn.started = time.perf_counter()
-        self.prefill.turns.append(turn)
+        self.prefill.admit(turn)
 
     def _shares_prefixes(self) -> bool:
         """Whether this model's caches hold a shared prefix once (some layer starts from it), not a copy."""
@@ -311,7 +320,6 @@ class Scheduler:
         """Park the cache with the ids it holds (`held` when cut short inside the batch)."""
         state, req = turn.state, turn.request
         state.prompt_cache, state.token_ids = cache, held if held is not None else turn.ids + turn.generated
-        turn.cache = turn.shared = None  # the session's now: evicting it frees it, however long the turn lives
         # A cut reply's caller keeps only the text that reached it (not the tokens still in the outbox):
         # no splicing onto it, the next prompt reuses the ids it shares with what was kept.
         cut = finish == "cancelled"
@@ -331,18 +339,20 @@ class Scheduler:
         body = turn.generated[:-1] if finish == "stop" else turn.generated
         # The raw reply: the host splits it into text and tool calls in the model's own format.
         raw = self.tokenizer.decode(body) if body else ""
-        total = time.perf_counter() - turn.started if turn.started else 0.0
+        prefill, decode = turn.prefill, turn.decode  # None: it ended before that stage
+        total = time.perf_counter() - prefill.started if prefill is not None else 0.0
+        prompt_s = decode.prompt_s if decode is not None else 0.0
         usage = Usage(
             prompt_tokens=len(turn.ids),
-            cached_tokens=turn.n_cached,
+            cached_tokens=prefill.n_cached if prefill is not None else 0,
             generated_tokens=len(turn.generated),
-            prompt_seconds=turn.prompt_s,
-            generation_seconds=max(0.0, total - turn.prompt_s),
-            prefill_wait_seconds=turn.prefill_wait_s,
-            drafted_tokens=turn.drafts.drafted,
-            accepted_tokens=turn.drafts.accepted,
+            prompt_seconds=prompt_s,
+            generation_seconds=max(0.0, total - prompt_s),
+            prefill_wait_seconds=(prefill.wait_s if prefill else 0.0) + (decode.wait_s if decode else 0.0),
+            drafted_tokens=decode.drafts.drafted if decode is not None else 0,
+            accepted_tokens=decode.drafts.accepted if decode is not None else 0,
         )
-        grammar = turn.grammar.engaged if turn.grammar is not None else None
+        grammar = decode.grammar.engaged if decode is not None and decode.grammar is not None else None
         return Reply(raw, [], [], finish, usage, raw, tuple(turn.generated), constrained=grammar)
 
     # -- helpers ----------------------------------------------------------------

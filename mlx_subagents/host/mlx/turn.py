@@ -1,5 +1,6 @@
-"""A turn: one request for one reply, and everything the scheduler keeps of it on its way through
-the host (waiting, prefilling, decoding, finished; `scheduler.py`), with where its outputs go."""
+"""A turn: one request for one reply on its way through the scheduler's stages (`scheduler.py`): what
+its caller asked, which never changes, one state per stage that only that stage writes, and what a
+step hands its caller (`TurnOutput`, through its `OutputSink`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ..kv.kv_pool import CacheState
 from ..protocol import Message, Reply, ToolSchema
 from .drafted import DraftCounts, DraftedStream
 from .drafts import LookupDrafter
-from .prefill import PrefillGroup
+from .prefill import PrefillState
 from .single import SingleStream
 
 
@@ -78,29 +79,17 @@ class Request:
         return {"enable_thinking": False} if self.thinking == 0 else {}
 
 
-@dataclass(eq=False)  # compared by identity: a turn holds caches, not values
-class Turn:
-    """A request for one reply on its way through the scheduler."""
+@dataclass(eq=False)
+class DecodeState:
+    """A turn's part that the decode stage writes (`decode_stage.py`, and its single path's streams),
+    from its handover by the prefill stage on; after its end, a record for its reply."""
 
-    name: str
-    state: CacheState
-    request: Request
-    cancel: threading.Event
-    sink: OutputSink | None = None  # None: its outputs only in what `Scheduler.step` returns
-    ids: list[int] = field(default_factory=list)
-    text: str = ""
-    max_tokens: int = 0
-    cache: list[Any] | None = None
-    n_cached: int = 0
-    pos: int = 0
-    stops: list[tuple[int, str]] = field(default_factory=list)  # (position, "prefix" | "snapshot")
+    cache: list[Any] | None  # its cache on the single path (None in the batch, which holds it)
+    shared: tuple[int, Any] | None = None  # the shared prefix its cache starts from (admission counts it)
     generated: list[int] = field(default_factory=list)
-    detokenizer: Any = None
-    uid: int | None = None
-    prefix: list[int] = field(default_factory=list)  # system prompt + tools, shareable
-    started: float = 0.0
-    prompt_s: float = 0.0
-    waited: bool = False
+    uid: int | None = None  # its row in the batch
+    prompt_s: float = 0.0  # from its admission to its first token
+    wait_s: float = 0.0  # time it spent while other turns' prompts were prefilled
     error: Exception | None = None  # raised by this turn's own logits processor inside the batch
     sampler: Any = None
     processors: list[Any] = field(default_factory=list)
@@ -109,21 +98,59 @@ class Turn:
     stream: SingleStream | DraftedStream | None = None  # decoding on the single path, outside the batch
     drafts: DraftCounts = field(default_factory=DraftCounts)  # its tokens drafted and kept (`drafted.py`)
     drafter: LookupDrafter = field(default_factory=LookupDrafter)  # its drafts, in the batch or alone
-    streamed: bool = False  # its first text is out (or in the outbox)
-    fed: int = 0  # how many of `generated` the detokenizer has had
-    queued: bool = False  # in the scheduler's outbox: tokens not streamed yet
-    group: PrefillGroup | None = None  # prefilled with others as one padded batch (its cache is the group's)
-    fresh: bool = True  # no slice of its last prompt segment yet (it may still join a group)
-    token_s: float = 0.0  # its last solo slice's seconds per token
-    prefill_wait_s: float = 0.0  # time it spent while other turns' prompts were prefilled
-    told: bool = False  # its sink was told its prefill began (`_tell_prefill`)
-    shared: tuple[int, Any] | None = None  # the shared prefix its cache starts from: (tokens, prefix); None: not opened
-
-    @property
-    def final_length(self) -> int:
-        return len(self.ids) + self.max_tokens
 
     def failed(self, exc: Exception) -> None:
         """Keep the first exception of this turn's own processors in the batch: it fails only this turn."""
         if self.error is None:
             self.error = exc
+
+
+@dataclass(eq=False)
+class OutboxState:
+    """A turn's part that the outbox writes (`outbox.py`): how much of its text went out."""
+
+    detokenizer: Any = None  # made at its first token, when its caller reads text
+    streamed: bool = False  # its first text is out (or in the outbox)
+    fed: int = 0  # how many of its generated tokens the detokenizer has had
+    queued: bool = False  # in the outbox: tokens not streamed yet
+    told: bool = False  # its caller was told its prefill began
+
+
+@dataclass(eq=False)  # compared by identity: a turn holds caches, not values
+class Turn:
+    """A request for one reply on its way through the scheduler's stages. What the caller asked
+    (`request`, `cancel`, `sink`) and its prompt (`ids`, `text`, `max_tokens`, set once when it is
+    submitted) never change; each stage writes only its own part: the waiting stage (the scheduler
+    and admission) `prefix` and `waited`, the prefill stage `prefill`, the decode stage `decode`, the
+    outbox `out`. A waiting turn has neither a prefill nor a decode state; a prefilling one a prefill
+    state only; a decoding one its decode state, the prefill state then a record."""
+
+    name: str
+    state: CacheState  # the session's cache, which the turn continues and leaves its own in
+    request: Request
+    cancel: threading.Event
+    sink: OutputSink | None = None  # None: its outputs only in what `Scheduler.step` returns
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    max_tokens: int = 0
+    prefix: list[int] = field(default_factory=list)  # system prompt + tools, shareable
+    waited: bool = False
+    prefill: PrefillState | None = None
+    decode: DecodeState | None = None
+    out: OutboxState = field(default_factory=OutboxState)
+
+    @property
+    def final_length(self) -> int:
+        return len(self.ids) + self.max_tokens
+
+    @property
+    def generated(self) -> list[int]:
+        """Its tokens so far (none before it decodes)."""
+        return self.decode.generated if self.decode is not None else []
+
+    @property
+    def shared(self) -> tuple[int, Any] | None:
+        """The shared prefix its cache starts from, as its stage holds it (None: not opened)."""
+        if self.decode is not None:
+            return self.decode.shared
+        return self.prefill.shared if self.prefill is not None else None
