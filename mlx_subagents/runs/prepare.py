@@ -357,7 +357,7 @@ class Preparer:
 
     def depth_denial(self, spec: AgentSpec, depth: int) -> dict[str, str]:
         """At the depth limit (or with `--max-depth 0`) an agent granted `subagent` is not offered it
-        (`Runner.board_tools`); a call of it anyway gets this error."""
+        (`task_tools.board_tools`); a call of it anyway gets this error."""
         max_depth = self.options.max_depth
         if "subagent" not in spec.tools or depth < max_depth:
             return {}

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from ..agents.compaction import CompactionSettings
-from ..agents.context import repository_root
 from ..agents.discovery import AgentCatalog, discover_agents
 from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
@@ -48,25 +47,21 @@ from ..events import Event, EventSink, HookWarningData, TaskEndData, ignore_even
 from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
-from ..tools.background import make_background_tools
-from ..tools.bash import BashTool
 from ..tools.delegation import READ_MORE, Delegation, ForkPoint
 from ..tools.editor import Editor
 from ..tools.mcp_requests import Person
-from ..tools.parent_send import ParentSendTool, Send
-from ..tools.subagent import SubagentTool
 from .board import TaskBoard
 from .call_plan import CallPlan, plan_call, plan_tasks
-from .execution import Execution
 from .generation import Generation
 from .hosts import HostPool
 from .isolation import isolate, refuse_isolated
-from .model_grants import describe_models
 from .options import RunOptions
 from .prepare import Preparer
 from .prepared import Parent, PreparedTask, SetUpFailure, keep_sandbox, withhold
-from .slots import Slots, lend, without_lease
+from .running import Running
+from .slots import Slots
 from .task import TaskHandle, close_open_tool_calls
+from .task_tools import board_tools
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
 from .workflow import (
@@ -142,14 +137,11 @@ class Runner:
             Event("hook_warning", "", "", data=HookWarningData(message=line))
         )
         self.preparer.board_tools = lambda task: self.board_tools(task.as_parent(None), task.workspace)
-        self._executions: set[Execution] = set()
-        self._background: set[Execution] = set()
+        self.running = Running(self.options, self.cwd)
         self._board: TaskBoard | None = None
         self._started: list[TaskHandle] = []  # every background task, for `close`
         # Reopened tasks' holds (`hold_task`, and the worktree they work in), let go at `close`.
         self._holds: dict[TaskHandle, ExitStack] = {}
-        self._slots: Slots | None = None
-        self._slots_loop: asyncio.AbstractEventLoop | None = None
         self.session_names = self.preparer.pool.session_names  # the host sessions agent sessions run on now
         # Who answers the questions of the MCP servers the agents call (a chat sets its terminal's person);
         # with nobody, why: what a server's declined elicitation says.
@@ -190,15 +182,19 @@ class Runner:
     @property
     def current_slots(self) -> Slots | None:
         """The slots and writer leases as they are now (None before the first task), for a view."""
-        return self._slots
+        return self.running.current_slots
 
-    @property
-    def slots(self) -> Slots:
-        """The process-wide slots and writer leases, made in the event loop that uses them."""
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots_loop is not loop:
-            self._slots, self._slots_loop = Slots(self.options.concurrency, self.cwd), loop
-        return self._slots
+    async def execute(self, plan: list[Generation]) -> list[RunResult]:
+        """Run generations in the foreground, as one of the runner's runs; their results."""
+        return await self.running.execute(plan)
+
+    def launch(self, plan: list[Generation]) -> None:
+        """Run generations in the background, each as soon as its needs and a slot let it (`Running.launch`)."""
+        self.running.launch(plan)
+
+    def cancel(self, *, background: bool = True, reason: str | None = None) -> bool:
+        """Abort every run in progress (Ctrl-C); False when nothing was running yet (`Running.cancel`)."""
+        return self.running.cancel(background=background, reason=reason)
 
     # -- the four modes --------------------------------------------------------------------------------
 
@@ -413,33 +409,6 @@ class Runner:
         ]
         return RunRecord.new(mode, cwd, entries, folder)
 
-    def _execution(self, plan: list[Generation], concurrency: int, *, background: bool = False) -> Execution:
-        """A run of `plan` that the runner's `cancel()` reaches until it ends (`_finish`)."""
-        execution = Execution(plan, concurrency=concurrency, slots=self.slots)
-        (self._background if background else self._executions).add(execution)
-        return execution
-
-    async def _finish(self, execution: Execution) -> list[RunResult]:
-        try:
-            return await execution.run()
-        finally:
-            self._executions.discard(execution)
-            self._background.discard(execution)
-
-    async def execute(self, plan: list[Generation]) -> list[RunResult]:
-        """Run generations in the foreground, as one of the runner's runs; their results."""
-        return await self._finish(self._execution(plan, 1))
-
-    def launch(self, plan: list[Generation]) -> None:
-        """Run generations in the background, each as soon as its needs and a slot let it, in a context
-        without the slot lease of whoever started them (`without_lease`)."""
-        for generation in plan:
-            generation.background = True  # its end is a notice on its board
-        execution = self._execution(plan, len(plan), background=True)
-        without_lease().run(execution.start)  # queued now: its handles wait, join and cancel from here
-        done = asyncio.ensure_future(self._finish(execution))
-        done.add_done_callback(lambda task: task.cancelled() or task.exception())
-
     # -- delegation ---------------------------------------------------------------------------------
 
     async def delegate(
@@ -506,93 +475,11 @@ class Runner:
         return RunResult(agent=task.agent, task=task.task, model=failure.model, label=task.label, **data)  # type: ignore[arg-type]
 
     def board_tools(
-        self,
-        parent: Parent,
-        workspace: Workspace,
-        board: TaskBoard | None = None,
-        *,
-        forked: bool = False,
-        speak_up: Send | None = None,
+        self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, **how: Any
     ) -> dict[str, Tool]:
-        """The tools on an agent's `board` (its task registry): for an agent whose file grants `subagent`
-        and that runs above the depth limit, `subagent` and the four task tools (`task_status`,
-        `task_output`, `task_send`, `task_cancel`); for one with `bash`, a `bash` that starts background
-        commands on the board, and the task tools that apply to commands. A fork's (`forked`) are
-        listed as its parent's, so its prompt keeps its parent's prefix, but refuse to delegate.
-        A child with tools also gets `parent_send`, its messages going through `speak_up` (a fork has it
-        where its caller does, the caller being a child too).
-
-        While its children run in the foreground, the parent lends its process slot (and writer lease) to them.
-        """
-        granted = parent.spec.tools
-        board = board or TaskBoard(workspace, on_event=self.on_event, parent=parent)
-        tools: dict[str, Tool] = {}
-        if "bash" in granted:
-            # In the sandbox `make_tools` gives a foreground `bash`: writing in this workspace (a worktree's, say).
-            sandbox = parent.sandbox.within(workspace.root) if parent.sandbox is not None else None
-            tools["bash"] = BashTool(workspace, sandbox, tasks=board)
-        # The recursion cut: no `subagent` at the depth limit (nor with --max-depth 0), rather than a
-        # tool every call of which is refused.
-        delegates = "subagent" in granted and (forked or parent.depth < self.options.max_depth)
-        if delegates:
-            tools["subagent"] = self._subagent_tool(parent, workspace, board, forked=forked)
-        if delegates or "bash" in granted:
-            tools.update(make_background_tools(workspace, board, sub_agents=delegates))
-        if granted and parent.depth >= (2 if forked else 1):
-            tools["parent_send"] = ParentSendTool(workspace, speak_up)
-        return tools
-
-    def _subagent_tool(self, parent: Parent, workspace: Workspace, board: TaskBoard, *, forked: bool) -> SubagentTool:
-        async def delegate(call: Delegation) -> MultiRunResult:
-            async with lend():
-                return await self.delegate(call, parent, board)
-
-        async def start(call: Delegation) -> list[str]:
-            return [h.id for h in await self.start_background(call, board)]
-
-        granted = parent.spec.agents
-        agents = {n: a.description for n, a in self.catalog.agents.items() if granted is None or n in granted}
-        models = self.preparer.offered_models(parent)
-
-        def list_models() -> str:
-            listed = [n for n in agents if n != parent.spec.name]
-            runs_on = self.preparer.runs_on(parent, listed)
-            return describe_models(self.preparer.granted_models(parent), self.preparer.hosts, runs_on)
-
-        return SubagentTool(
-            workspace,
-            delegate=delegate,
-            agents=agents,
-            caller=parent.spec.name,
-            depth=parent.depth,
-            max_depth=self.options.max_depth,
-            start=start,
-            known=lambda: self.refresh_agents().agents,
-            warnings=self.catalog.all_warnings(),
-            concurrency=self.options.concurrency,
-            workflows=self.workflow_names(),
-            background_agents=[n for n, a in self.catalog.agents.items() if a.background],
-            # `isolation` is offered inside a git repository only (every field costs a small model's context)
-            isolation=repository_root(workspace.root) is not None,
-            forked=forked,
-            models=models,
-            list_models=list_models,  # the run's own models are granted even where the schema names none
-            # `thinking` is offered where the caller's model thinks (its children run on it unless named)
-            thinking=parent.task is not None and parent.task.host.thinks,
-        )
-
-    def cancel(self, *, background: bool = True, reason: str | None = None) -> bool:
-        """Abort every run in progress (Ctrl-C); False when nothing was running yet.
-
-        Args:
-            background: also the background tasks (`start`, `background: true`); a chat's first Ctrl-C
-                stops only the turn.
-            reason: the error the aborted results carry (default: Ctrl-C's; "stopped by SIGTERM").
-        """
-        executions = self._executions | (self._background if background else set())
-        for execution in list(executions):
-            execution.cancel(reason)
-        return bool(executions)
+        """The tools on an agent's `board`, its children run through this runner (`task_tools.board_tools`;
+        `how`: `forked`, `speak_up`)."""
+        return board_tools(self, parent, workspace, board, **how)
 
     # -- internals --------------------------------------------------------------------------------------
 
@@ -631,9 +518,9 @@ class Runner:
         if under.on_handles is not None:
             under.on_handles(handles)
         plan = [h.generation(h.prepared.task.task, *steps.of(i), raise_errors=raise_errors) for i, h in enumerate(handles)]  # fmt: skip
-        execution, stopped = self._execution(plan, concurrency), False
+        execution, stopped = self.running.make(plan, concurrency), False
         try:
-            await self._finish(execution)
+            await self.running.finish(execution)
         except asyncio.CancelledError:
             stopped = True  # from outside the runner: an MCP client's cancel, the parent's turn stopped
             raise
