@@ -113,14 +113,18 @@ class PrefillStage:
         `MIN_SHARED_TOKENS` more: it becomes a shared prefix that session goes on from, held once, never
         copied per session); a stored prefix longer still (`PrefixStore.longest`: the lengths stored, and
         the agent's `prefix`, whose file is checked even where the folder's lengths miss it). Else empty."""
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
         from ..kv.prefixed_cache import MIN_SHARED_TOKENS
 
         covered, _ = self.prefixes.covering(ids)
-        # A hybrid model's recurrent state cannot be cut back to a shorter start: no other session's.
+        # A hybrid model's recurrent state cannot be cut back to a shorter start: no other session's (each
+        # cache is asked too: a host told its caches trim may still hold a recurrent layer).
         if self.config.reuse and self.config.share_prefix and self._trimmable:
             held = [
                 (min(common_prefix(s.token_ids, ids), len(ids) - 1, s.prompt_cache[0].offset), s)  # type: ignore[index]
                 for s in self.pool.in_memory()
+                if s.prompt_cache and can_trim_prompt_cache(s.prompt_cache)
             ]
             n, state = max(held, key=lambda h: h[0], default=(0, None))
             if state is not None and n - covered >= MIN_SHARED_TOKENS and self.prefixes.add_from(ids[:n], state):
@@ -146,10 +150,12 @@ class PrefillStage:
         """Keep a finished turn's conversation, up to the end of its prompt's last message, in the disk tier
         (`Request.store_prompt`), as far as a new process would tokenize it the same (a reply's tokens as
         generated may differ from its text's): a restarted host's first request goes on from there."""
-        from mlx_lm.models.cache import trim_prompt_cache
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         state, req = turn.state, turn.request
         if self.store is None or not self._trimmable or not state.prompt_cache:
+            return
+        if not can_trim_prompt_cache(state.prompt_cache):  # a recurrent layer: no shorter start to store
             return
         text = render(
             self.tokenizer, req.messages, req.tools, generation_prompt=False, template_kwargs=req.template_kwargs
