@@ -220,12 +220,17 @@ class Callback:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def result(self, timeout: float = SIGN_IN_WAIT_S) -> AuthorizationCodeResult:
+        """The code the browser brings back; a second authorization in the same sign-in (the server moved to
+        another authorization server, more scope) waits for the browser's next return, not this one."""
         try:
             return await asyncio.wait_for(asyncio.shield(self._result), timeout)
         except asyncio.TimeoutError:
             raise McpAuthError(
                 f"MCP server '{self.name}': the browser did not come back to {self.redirect_uri} within {timeout:g} s"
             ) from None
+        finally:
+            if self._result.done():
+                self._result = asyncio.get_running_loop().create_future()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -332,9 +337,6 @@ async def login(
 ) -> str:
     """Sign in to a server now: print the address to open, wait for the browser to come back, save
     the tokens. Returns what to tell the person; a failure raises `McpAuthError` (one line)."""
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
     store = TokenStore(name, url)
     back = await _listen(name, callback_port or store.port, fixed=callback_port is not None)
     try:
@@ -360,7 +362,7 @@ async def login(
             redirect_handler=show,
             callback_handler=lambda: back.result(timeout),
         )
-        await _connect(url, headers, auth, streamable_http_client, ClientSession)
+        await _connect(url, headers, auth)
     finally:
         await back.close()
     if store.tokens is None:
@@ -382,13 +384,16 @@ async def _listen(name: str, port: int, *, fixed: bool) -> Callback:
     return back
 
 
-async def _connect(url: str, headers: dict[str, str], auth: httpx2.Auth, transport: Any, session_class: Any) -> None:
-    """Initialize and list the tools with `auth`, as a run does, so that every sign-in they need happens."""
+async def _connect(url: str, headers: dict[str, str], auth: httpx2.Auth) -> None:
+    """Connect and list the tools with `auth`, as a run does (either revision: `server/discover` first,
+    else the 2025 handshake), so that every sign-in they need happens."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
     try:
         async with httpx2.AsyncClient(auth=auth, headers=headers, timeout=httpx2.Timeout(30, read=300)) as http:
-            async with transport(url, http_client=http) as (read, write), session_class(read, write) as session:
-                await session.initialize()
-                await session.list_tools()
+            async with Client(streamable_http_client(url, http_client=http), mode="auto", cache=None) as client:
+                await client.list_tools()
     except McpAuthError:
         raise
     except BaseException as exc:

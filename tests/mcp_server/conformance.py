@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -119,15 +120,38 @@ class Suite:
         args += ["--timeout", str(int(client_timeout_s * 1000))]
         return self._run(args, scenario, timeout, env)
 
+    def batch(
+        self, command: list[str], selection: str, *, timeout: float = 600, env: dict[str, str] | None = None
+    ) -> dict[str, Outcome]:
+        """Run a set of client scenarios in one run of the suite, all at once, against `command`: each
+        scenario's outcome by name. `selection` is `REVISION` (`--requirements`: what the revision
+        requires, frozen at its release, each at its wire version; the extensions' and later ones run but
+        not scored) or `SUITE@REVISION` (`--suite SUITE --spec-version REVISION`: `draft@2026-07-28` is
+        the scenarios new in 2026-07-28). The suite keeps no exit code per scenario in a batch: a
+        scenario's checks are its outcome."""
+        suite, _, revision = selection.rpartition("@")
+        chosen = ["--suite", suite, "--spec-version", revision] if suite else ["--requirements", revision]
+        args = ["client", "--command", " ".join(command), *chosen, "--timeout", str(int(timeout * 1000))]
+        with tempfile.TemporaryDirectory(prefix="conformance-") as out:
+            proc = self._suite([*args, "-o", out], timeout + 60, env)
+            outcomes = {}
+            for path in sorted(Path(out).rglob("checks.json")):
+                scenario = re.sub(r"-\d{4}-\d\d-\d\dT[\d-]+Z$", "", path.parent.relative_to(out).as_posix())
+                outcomes[scenario] = Outcome(scenario, 0, json.loads(path.read_text()), proc.stdout + proc.stderr)
+        return outcomes
+
+    def _suite(self, args: list[str], timeout: float, env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*self.bin("conformance"), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **self.env, **(env or {})},
+        )
+
     def _run(self, args: list[str], scenario: str, timeout: float, env: dict[str, str] | None = None) -> Outcome:
         with tempfile.TemporaryDirectory(prefix="conformance-") as out:
-            proc = subprocess.run(
-                [*self.bin("conformance"), *args, "-o", out],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env={**os.environ, **self.env, **(env or {})},
-            )
+            proc = self._suite([*args, "-o", out], timeout, env)
             checks = [c for path in sorted(Path(out).rglob("checks.json")) for c in json.loads(path.read_text())]
         return Outcome(scenario, proc.returncode, checks, proc.stdout + proc.stderr)
 

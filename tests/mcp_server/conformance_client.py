@@ -8,7 +8,9 @@ one, `subagent chat` on a pseudo-terminal, where the person presses Enter at eac
 server's form (keeping its defaults) and sends it; for the OAuth ones, `subagent mcp-servers login
 conf` first, this script standing in for the browser (it opens the address login prints, and the
 mock authorization server sends it back to login's loopback address at once), then `subagent run`
-(a chat instead, for the scope step-up, where the person opens the address the chat shows).
+(a chat instead, for the scope step-up, where the person opens the address the chat shows), or the
+sign-in alone where it meets every check (`AUTH_WITH_A_RUN`). A scenario that does not apply
+(`NOT_APPLICABLE`) is refused at once, saying why. The run is in this process (one Python start less).
 
 `DRIVER_MODE` changes that for the tests: `login-only` (the sign-in, no run), `no-login` and `refused`
 (a run with no tokens, or with a token the server refuses; its stderr is passed on, and it exits 3).
@@ -27,20 +29,56 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = "---\nname: conf-user\ndescription: calls the conformance server\ntools: mcp__conf__*\n---\nUse the tools.\n"
-# The tool each scenario's mock server offers, and its arguments (the auth scenarios' is `test-tool`).
-TOOL_FOR = {
-    "tools_call": ("add_numbers", {"a": 5, "b": 3}),
-    "sse-retry": ("test_reconnection", {}),
-    "elicitation-sep1034-client-defaults": ("test_client_elicitation_defaults", {}),
+# The tools each scenario's mock server offers to call, and their arguments (the auth scenarios' is
+# `test-tool`; a scenario that gives its calls in its context, `toolCalls`, is not listed).
+TOOLS_FOR: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "tools_call": [("add_numbers", {"a": 5, "b": 3})],
+    "sse-retry": [("test_reconnection", {})],
+    "elicitation-sep1034-client-defaults": [("test_client_elicitation_defaults", {})],
+    # 2026-07-28: input-required results retried (the elicitation declined: nobody answers in a run), a
+    # call between them, a result without its type; the routing headers; a tool kept beside bad ones.
+    "sep-2322-client-request-state": [
+        ("test_mrtr_echo_state", {}), ("test_mrtr_unrelated", {}), ("test_mrtr_no_state", {}),
+        ("test_mrtr_no_result_type", {}),
+    ],
+    "http-standard-headers": [("test_headers", {}), ("my-hyphenated-tool", {})],
+    "http-invalid-tool-headers": [("valid_tool", {"region": "us-west1"})],
+}  # fmt: skip
+# The scenarios that check the connection alone: the run lists the tools and answers.
+CONNECTION_ONLY = {"initialize", "request-metadata", "json-schema-ref-no-deref"}
+# The OAuth scenarios whose sign-in is followed by a run that calls the tool with the saved tokens (the
+# others' checks are all met by the sign-in itself, which is `subagent` too, and a run costs more).
+AUTH_WITH_A_RUN = {
+    "auth/metadata-default",
+    "auth/token-endpoint-auth-post",
+    "auth/pre-registration",
+    "auth/scope-step-up",
+}
+# The scenarios that do not apply, and why: the driver says so and exits 1 at once (the suite fails them).
+NOT_APPLICABLE = {
+    "auth/basic-cimd": "a client ID metadata document needs the client's metadata at a public HTTPS address",
+    "auth/client-credentials-jwt": "client credentials are machine-to-machine; subagent signs a person in",
+    "auth/client-credentials-basic": "client credentials are machine-to-machine; subagent signs a person in",
+    "auth/enterprise-managed-authorization": "cross-app access needs an enterprise identity provider's token",
+    "auth/wif-jwt-bearer": "workload identity federation is machine-to-machine; subagent signs a person in",
+    "auth/dpop": "the MCP SDK's OAuth client has no DPoP (sender-constrained tokens)",
+    "auth/dpop-nonce": "the MCP SDK's OAuth client has no DPoP (sender-constrained tokens)",
+    "json-schema-2020-12-preservation": "it needs a model that copies a tool's schema into another call verbatim",
+    "sep-2640-client-no-prefetch": "skills over MCP (an extension) are not read from servers",
+    "sep-2640-client-verify-digest": "skills over MCP (an extension) are not read from servers",
+    "sep-2640-client-verify-size": "skills over MCP (an extension) are not read from servers",
+    "sep-2640-client-verify-frontmatter": "skills over MCP (an extension) are not read from servers",
 }
 
 
 def replies(scenario: str) -> list[Any]:
-    """The scripted model's replies: call the scenario's tool once, then answer."""
-    if scenario == "initialize":
+    """The scripted model's replies: call the scenario's tools one by one, then answer."""
+    if scenario in CONNECTION_ONLY:
         return ["connected"]
-    name, arguments = TOOL_FOR.get(scenario, ("test-tool", {}))
-    return [{"tool_calls": [{"name": f"mcp__conf__{name}", "arguments": arguments}]}, "done"]
+    context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+    given = [(c["name"], c.get("arguments") or {}) for c in context.get("toolCalls", [])]
+    calls = given or TOOLS_FOR.get(scenario, [("test-tool", {})])
+    return [{"tool_calls": [{"name": f"mcp__conf__{name}", "arguments": args}]} for name, args in calls] + ["done"]
 
 
 def set_up(folder: Path, url: str, scenario: str) -> tuple[dict[str, str], Path, str]:
@@ -48,7 +86,10 @@ def set_up(folder: Path, url: str, scenario: str) -> tuple[dict[str, str], Path,
     home, workspace = folder / "home", folder / "workspace"
     (home / "agents").mkdir(parents=True)
     workspace.mkdir()
-    (home / "mcp.json").write_text(json.dumps({"mcpServers": {"conf": {"type": "http", "url": url}}}))
+    # Patient time-outs: the suite starts every scenario of a batch at once, and on two cores a run's
+    # own start (its imports) may take longer than the default 30 s for the server's start and tool list.
+    server = {"type": "http", "url": url, "startup_timeout": 300, "timeout": 300}
+    (home / "mcp.json").write_text(json.dumps({"mcpServers": {"conf": server}}))
     (home / "agents" / "conf-user.md").write_text(AGENT)
     script = folder / "script.json"
     script.write_text(json.dumps({"replies": replies(scenario)}))
@@ -113,13 +154,11 @@ def sign_in(env: dict[str, str], workspace: Path) -> int:
     login = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert login.stderr is not None
     said = []
-    for line in login.stderr:
+    for line in login.stderr:  # every address it prints (a server that moves asks for a second sign-in)
         said.append(line)
         if line.startswith("http"):
             with urllib.request.urlopen(line.strip(), timeout=30) as page:  # redirected to login's callback
                 page.read()
-            break
-    said.append(login.stderr.read())
     code = login.wait(60)
     sys.stderr.write("".join(said))
     return code
@@ -142,18 +181,36 @@ def run_saying_the_sign_in(env: dict[str, str], workspace: Path, model: str, ref
 
 
 def main(url: str, scenario: str) -> int:
+    if scenario in NOT_APPLICABLE:
+        sys.stderr.write(f"{scenario} does not apply to subagent: {NOT_APPLICABLE[scenario]}\n")
+        return 1
     with tempfile.TemporaryDirectory(prefix="conformance-client-") as tmp:
         env, workspace, model = set_up(Path(tmp), url, scenario)
         if (mode := os.environ.get("DRIVER_MODE")) in ("no-login", "refused"):
             return run_saying_the_sign_in(env, workspace, model, refused=mode == "refused")
         if scenario.startswith("elicitation-"):
             return chat_with_defaults(env, workspace, model)
-        if scenario.startswith("auth/") and ((code := sign_in(env, workspace)) != 0 or mode == "login-only"):
+        login_only = mode == "login-only" or scenario not in AUTH_WITH_A_RUN
+        if scenario.startswith("auth/") and ((code := sign_in(env, workspace)) != 0 or login_only):
             return code
         if scenario == "auth/scope-step-up":
             return chat_signing_in_again(env, workspace, model)
-        cmd = subagent("run", "conf-user", "use the server", "--model", model, "--cwd", str(workspace))
-        return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
+        return in_process(env, "run", "conf-user", "use the server", "--model", model, "--cwd", str(workspace))
+
+
+def in_process(env: dict[str, str], *args: str) -> int:
+    """`subagent ARGS` in this process, its stdin empty: one Python start fewer than a child's."""
+    os.environ.update(env)
+    sys.path.insert(0, str(REPO))
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    from mlx_subagents import cli
+
+    sys.argv = ["subagent", *args]
+    try:
+        cli.main()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return 0
 
 
 if __name__ == "__main__":
