@@ -11,6 +11,7 @@ from typing import Any
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.calls.prompt import common_prefix, encode, render
+from mlx_subagents.host.kv.prefix_store import list_prefixes
 from mlx_subagents.testing import ForcedScripts
 
 SYSTEM = {"role": "system", "content": "You are a scout. " + " ".join(f"Rule {n}: report paths." for n in range(40))}
@@ -72,7 +73,8 @@ def test_a_new_process_goes_on_from_a_conversation_stored_at_its_last_message(
     tiny_qwen3_path: Path, tiny_qwen3: Any, tmp_path: Path
 ) -> None:
     """A conversation that asks for it (the chat endpoints') is stored on disk up to its prompt's last
-    message at each turn; a new host on the same folder serves the third turn of it from there: the
+    message at each turn, its new file replacing its last (the folder holds the system prompt's file and
+    one of the conversation's); a new host on the same folder serves the third turn of it from there: the
     whole second prompt but its reply's opening is cached, and the tokens are a cold host's."""
     replies = ["Module 3 is in config/3.toml.", "Module 9 reads config/9.toml too."]
     turns = [
@@ -95,13 +97,18 @@ def test_a_new_process_goes_on_from_a_conversation_stored_at_its_last_message(
 
     third = asyncio.run(first_process())
 
-    async def later_process(**host: Any) -> tuple[Any, int]:
-        async with MlxModelHost(str(tiny_qwen3_path), **host) as h:
-            reply = await h.session("new").generate(third, GenerateArgs(max_tokens=12))
-            return reply, len(prompt_ids(h, third[:-2], generation_prompt=False))
+    stored = sorted(p.n_tokens for p in list_prefixes(store["prefix_cache_dir"]))
 
-    warm, second_prompt = asyncio.run(later_process(**store))
+    async def later_process(**host: Any) -> tuple[Any, list[int]]:
+        async with MlxModelHost(str(tiny_qwen3_path), **host) as h:
+            reply = await h.session("new").generate(third, GenerateArgs(max_tokens=12, store_prompt=True))
+            return reply, [len(prompt_ids(h, m, generation_prompt=False)) for m in (third[:1], third[:-2], third)]
+
+    warm, (system, second_prompt, third_prompt) = asyncio.run(later_process(**store))
     cold, _ = asyncio.run(later_process(prefix_cache=0))
+    assert stored == [system, second_prompt]  # the first turn's file was replaced by the second's
+    # The new process went on from the second's file: its third turn's file replaced it.
+    assert sorted(p.n_tokens for p in list_prefixes(store["prefix_cache_dir"])) == [system, third_prompt]
     assert warm.token_ids == cold.token_ids and cold.usage.cached_tokens == 0
     assert warm.usage.cached_tokens == second_prompt  # the system prompt, both questions and the first reply
     assert warm.usage.cached_tokens > 0.8 * warm.usage.prompt_tokens

@@ -66,6 +66,18 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def split_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The added tokens a tokenizer always splits text at: where text has one at `i`, its tokens are those
+    of `text[:i]` then those of `text[i:]` (none takes the whitespace before it, matches only between
+    words, or is matched in normalized text). A chat template's turn markers are such tokens."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return tuple(
+        t.content
+        for t in added.values()
+        if t.content and not any(getattr(t, flag, True) for flag in ("lstrip", "single_word", "normalized"))
+    )
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):

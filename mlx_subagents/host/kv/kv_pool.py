@@ -24,7 +24,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .prefix_store import StoredPrompt
 
 # Below this many held tokens a cache is dropped rather than spilled.
 DEFAULT_DROP_BELOW_TOKENS = 256
@@ -47,6 +50,7 @@ class CacheState:
     dropped: bool = False
     kv_bytes: int = 0
     n_tool_calls: int = 0  # numbers this session's tool-call ids (call_0, call_1, ...)
+    stored: StoredPrompt | None = None  # its conversation as last stored on disk (`PrefillStage.store_prompt`)
 
     def reset(self) -> None:
         if self.spill_path is not None:

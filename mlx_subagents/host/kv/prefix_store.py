@@ -7,7 +7,9 @@ process whose prompt begins with the same token ids loads it and prefills only t
 agent's prefix, a conversation that asks for it (the chat endpoints') is stored up to the end of its
 last message (`PrefillStage.store_prompt`), so a restarted server's first request goes on from it:
 every file ends at a message boundary, and a prompt finds the longest file it starts with through the
-lengths the folder holds (`longest`: one hash per stored length, no scan of the files). The file
+lengths the folder holds (`longest`: one hash per stored length, no scan of the files). A conversation's
+new file replaces the one it wrote at its turn before (`save(..., replaces=)`, deleted once the new one
+is in place): the folder holds one file per conversation, not one per turn. The file
 name is a hash of everything the cache's values depend on (the model's files, mlx and mlx-lm, the
 device, the prefill step, the cache kind with its bits and group size, and the exact ids), and
 the file records that key and a checksum of its arrays, so a stale, foreign or damaged file is never
@@ -240,6 +242,19 @@ def _own_files(folder: Path, warn: Callable[[str], None] | None = None) -> list[
 
 
 @dataclass(frozen=True)
+class StoredPrompt:
+    """What a session last stored of its conversation (`PrefillStage.store_prompt`): its file, its tokens,
+    the text they are the tokens of, and whether they are all of that text's tokens as a new process
+    tokenizes it (`whole`): the next turn then tokenizes only the text after it, and its file replaces
+    this one."""
+
+    path: Path
+    n_tokens: int
+    text: str
+    whole: bool
+
+
+@dataclass(frozen=True)
 class StoredPrefix:
     """One prefix file as `subagent cache` lists it."""
 
@@ -341,7 +356,9 @@ class PrefixStore:
         self.min_tokens = min_tokens
         self.enabled = max_bytes > 0
         self.loads = self.writes = self.rejected = 0
-        self._queue: queue.SimpleQueue[tuple[Path, list[Any], dict[str, str]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Path, list[Any] | None, dict[str, str], Path | None] | None] = (
+            queue.SimpleQueue()
+        )
         self._pending = 0
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
@@ -441,29 +458,34 @@ class PrefixStore:
             return "its checksum disagrees (the file is damaged)"
         return None
 
-    def save(self, ids: list[int], cache: list[Any]) -> None:
-        """Queue a copy of `cache` (holding exactly `ids`) for the writer; the mlx thread only copies."""
+    def save(self, ids: list[int], cache: list[Any], replaces: Path | None = None) -> None:
+        """Queue a copy of `cache` (holding exactly `ids`) for the writer; the mlx thread only copies.
+        `replaces`: a file of this store the new one supersedes (a conversation's at its turn before),
+        deleted once the new file is in place (or at once, when the new one is stored already)."""
         if not self.wants(ids):
             return
         path = self.path_for(ids)
-        if path.exists():
+        sliced = None if path.exists() else _sliced(cache)
+        if sliced is None and replaces is None:
             return
-        sliced = _sliced(cache)
         meta = {"key": self.key(ids), "model": self.model, "n_tokens": str(len(ids)), "format": FORMAT_VERSION}
         with self._idle:
             self._pending += 1
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="prefix-writer", daemon=True)
             self._writer.start()
-        self._queue.put((path, sliced, meta))
+        self._queue.put((path, sliced, meta, replaces))
 
     # -- writer thread ------------------------------------------------------------
 
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:
             try:
-                if self.enabled:
-                    self._write(*item)
+                path, cache, meta, replaces = item
+                if self.enabled and cache is not None:
+                    self._write(path, cache, meta)
+                if replaces is not None and replaces != path and path.exists() and self._owns(replaces):
+                    replaces.unlink(missing_ok=True)
             except Exception as exc:
                 self._disable(f"cannot write the prefix cache in {self.folder}: {exc}")
             finally:
@@ -486,6 +508,10 @@ class PrefixStore:
             raise
         self.writes += 1
         evict(self.folder, self.max_bytes)
+
+    def _owns(self, path: Path) -> bool:
+        """Whether `path` is a finished file of this store's folder, by its name (never anything else)."""
+        return path.parent == self.folder and PREFIX_NAME.fullmatch(path.name) is not None
 
     def flush(self, timeout: float = WRITER_DRAIN_S) -> None:
         """Wait (at most `timeout`) for queued writes: a process that ends right after its run keeps them."""

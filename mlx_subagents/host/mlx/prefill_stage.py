@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..calls.prompt import common_prefix, encode, generation_prompt_length, render
+from ..calls.prompt import common_prefix, encode, generation_prompt_length, render, split_tokens
 from ..kv.kv_pool import CacheState, KVPool, shared_prefix_of
 from ..kv.prefix_cache import SharedPrefixes
-from ..kv.prefix_store import PrefixStore
+from ..kv.prefix_store import PrefixStore, StoredPrompt
 from .decode_stage import DecodeStage, batchable
 from .outbox import Outbox
 from .prefill import PrefillGroup, PrefillState, SlicePolicy, pick
@@ -53,6 +53,7 @@ class PrefillStage:
         self.turns: deque[Turn] = deque()
         self.groups: list[PrefillGroup] = []  # turns prefilled together (see `_sliced`)
         self.policy = SlicePolicy.of(self.config.prefill_slice, self.config.prefill_step_size)  # None: slicing off
+        self._splits: tuple[str, ...] | None = None  # the tokens the tokenizer always splits at
 
     def step(self) -> None:
         """One prefill slice when one is due (sliced), else a chunk or the ready turns into the batch."""
@@ -105,14 +106,16 @@ class PrefillStage:
             if state.snapshot is not None and 0 < state.snapshot[0] <= n:
                 return copy.deepcopy(state.snapshot[1]), state.snapshot[0]
         state.snapshot = None
-        return self._start_by_content(ids, prefix)
+        return self._start_by_content(ids, prefix, state)
 
-    def _start_by_content(self, ids: list[int], prefix: list[int]) -> tuple[list[Any], int]:
+    def _start_by_content(self, ids: list[int], prefix: list[int], own: CacheState) -> tuple[list[Any], int]:
         """A new cache starting from the longest start of `ids` held anywhere (a new conversation, or a
         restarted process's first): a shared prefix; an idle session's cache holding more of it (at least
         `MIN_SHARED_TOKENS` more: it becomes a shared prefix that session goes on from, held once, never
         copied per session); a stored prefix longer still (`PrefixStore.longest`: the lengths stored, and
-        the agent's `prefix`, whose file is checked even where the folder's lengths miss it). Else empty."""
+        the agent's `prefix`, whose file is checked even where the folder's lengths miss it). Else empty.
+        A stored conversation found (longer than `prefix`) is the one this session goes on: its next stored
+        file replaces it (`store_prompt`)."""
         from mlx_lm.models.cache import can_trim_prompt_cache
 
         from ..kv.prefixed_cache import MIN_SHARED_TOKENS
@@ -130,9 +133,11 @@ class PrefillStage:
             if state is not None and n - covered >= MIN_SHARED_TOKENS and self.prefixes.add_from(ids[:n], state):
                 covered = n
         store = self.store  # None: nothing is shared, or no disk tier
-        found = store.longest(ids, covered, (len(prefix),)) if store is not None else None
-        if found is not None:
-            self.prefixes.add(ids[: found[0]], found[1])
+        if store is not None and (found := store.longest(ids, covered, (len(prefix),))) is not None:
+            n, cache = found
+            self.prefixes.add(ids[:n], cache)
+            if n > len(prefix):  # a conversation's: the session's next file replaces it
+                own.stored = StoredPrompt(store.path_for(ids[:n]), n, "", False)
         return self.prefixes.start(ids) or (self.fresh_cache(), 0)
 
     def fresh_cache(self) -> list[Any]:
@@ -149,23 +154,56 @@ class PrefillStage:
     def store_prompt(self, turn: Turn) -> None:
         """Keep a finished turn's conversation, up to the end of its prompt's last message, in the disk tier
         (`Request.store_prompt`), as far as a new process would tokenize it the same (a reply's tokens as
-        generated may differ from its text's): a restarted host's first request goes on from there."""
+        generated may differ from its text's): a restarted host's first request goes on from there. Its
+        file replaces the one the session stored at its turn before, which it goes on from."""
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-        state, req = turn.state, turn.request
-        if self.store is None or not self._trimmable or not state.prompt_cache:
+        state, req, store = turn.state, turn.request, self.store
+        if store is None or not self._trimmable or not state.prompt_cache:
             return
         if not can_trim_prompt_cache(state.prompt_cache):  # a recurrent layer: no shorter start to store
             return
+        last = state.stored  # what it goes on from, if it does: its file is replaced
+        prior = (
+            last
+            if last and last.n_tokens < len(turn.ids) and store.path_for(turn.ids[: last.n_tokens]) == last.path
+            else None
+        )
         text = render(
             self.tokenizer, req.messages, req.tools, generation_prompt=False, template_kwargs=req.template_kwargs
         )
-        n = min(common_prefix(turn.ids, encode(self.tokenizer, text)), state.prompt_cache[0].offset)
-        if n <= len(turn.prefix) or not self.store.wants(turn.ids[:n]):
+        n, whole = self._stored_length(turn.ids, text, prior)
+        if n > (held := state.prompt_cache[0].offset):
+            n, whole = held, False
+        if n <= len(turn.prefix) or not store.wants(turn.ids[:n]) or (prior is not None and n <= prior.n_tokens):
             return
         head = copy.deepcopy(state.prompt_cache)  # views: the store copies what it writes
         trim_prompt_cache(head, head[0].offset - n)
-        self.store.save(turn.ids[:n], head)
+        store.save(turn.ids[:n], head, replaces=prior.path if prior is not None else None)
+        state.stored = StoredPrompt(store.path_for(turn.ids[:n]), n, text, whole)
+
+    def _stored_length(self, ids: list[int], text: str, last: StoredPrompt | None) -> tuple[int, bool]:
+        """How many of `ids` a new process tokenizes the same from `text` (a conversation up to its last
+        message), and whether that is all of text's tokens. Where the text goes on from `last` (the
+        session's stored conversation, which `ids` go on from) at a token the tokenizer always splits at
+        (`split_tokens`), only the text after it is tokenized, and a stored conversation that stopped
+        short (a reply tokenized otherwise than its text) stops there again without tokenizing anything:
+        a long conversation is not tokenized again at every turn on the mlx thread."""
+        if self._splits is None:
+            self._splits = split_tokens(self.tokenizer)
+        before = start = 0
+        if (
+            last is not None
+            and last.text
+            and text.startswith(last.text)
+            and text.startswith(self._splits, len(last.text))
+        ):
+            if not last.whole:
+                return last.n_tokens, False
+            before, start = last.n_tokens, len(last.text)
+        fresh = encode(self.tokenizer, text[start:])
+        n = before + common_prefix(ids[before:], fresh)
+        return n, n == before + len(fresh)
 
     def _plan_stops(self, turn: Turn) -> list[tuple[int, str]]:
         stops: list[tuple[int, str]] = []
