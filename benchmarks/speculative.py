@@ -46,6 +46,7 @@ from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.mlx.drafted import DraftedStream
 from mlx_subagents.host.mlx.drafts import LookupDrafter
 from mlx_subagents.host.mlx.single import SingleStream
+from mlx_subagents.host.mlx.verify import Sampling
 
 
 def function_text(rng: random.Random, lines: int) -> str:
@@ -83,7 +84,7 @@ def decode(model: Any, tokenizer: Any, prompt: list[int], n: int, drafts: bool) 
     eos = set(tokenizer.eos_token_ids)
     tokens: list[int] = []
     if drafts:
-        stream = DraftedStream(model, cache, prompt, 0.0, LookupDrafter())
+        stream = DraftedStream(model, cache, prompt, Sampling(0.0), LookupDrafter())
         while len(tokens) < n and not eos & set(tokens):
             tokens += stream.next(limit=n - len(tokens))
         counts = stream.counts

@@ -17,7 +17,7 @@ from mlx_subagents.host.kv.prefixed_cache import PrefixedKVCache, SharedPrefix
 from mlx_subagents.host.kv.rewind import refusal
 from mlx_subagents.host.mlx.drafted import DraftedStream
 from mlx_subagents.host.mlx.drafts import LookupDrafter
-from mlx_subagents.host.mlx.verify import verdict
+from mlx_subagents.host.mlx.verify import Sampling, verdict
 
 # A prompt that repeats itself, as an agent's context does (a file read, then quoted): long enough that
 # the decode crosses a dense buffer's step (256 tokens) and the tiny sliding window (64).
@@ -114,7 +114,7 @@ def test_greedy_drafts_give_the_tokens_and_the_kv_bytes_of_one_token_at_a_time(
     expected, sizes = reference(model, fresh(model, bits, shared), PROMPT, n)
     drafters = [Foreseen(expected)] + ([LookupDrafter()] if (arch, bits, prefixed) == ("qwen3", 16, False) else [])
     for drafter in drafters:
-        stream = DraftedStream(model, fresh(model, bits, shared), PROMPT, 0.0, drafter)
+        stream = DraftedStream(model, fresh(model, bits, shared), PROMPT, Sampling(0.0), drafter)
         got: list[int] = []
         while len(got) < n:
             got += stream.next(limit=n - len(got))
@@ -136,14 +136,14 @@ def test_a_sequence_that_ends_inside_a_forward_holds_what_one_token_at_a_time_ho
     model, _ = mlx_lm.load(str(quantizable("qwen3")))
     expected, sizes = reference(model, fresh(model, 16, None), PROMPT, 8)
     for used in (1, 3, 6):
-        stream = DraftedStream(model, fresh(model, 16, None), PROMPT, 0.0, Foreseen(expected, right=True))
+        stream = DraftedStream(model, fresh(model, 16, None), PROMPT, Sampling(0.0), Foreseen(expected, right=True))
         assert stream.next() == expected[:6]
         stream.end(used)
         assert stream.tokens == PROMPT + expected[:used] and stream.cache[0].offset == len(PROMPT) + used
         assert cache_nbytes(stream.cache) == sizes[used]
     cache = fresh(model, 16, None)
     model(mx.array([PROMPT[-1:]]), cache=cache)
-    stream = DraftedStream(model, cache, PROMPT, 0.0, Foreseen(expected, right=True), pending=expected[0])
+    stream = DraftedStream(model, cache, PROMPT, Sampling(0.0), Foreseen(expected, right=True), pending=expected[0])
     assert stream.next() == expected[:1] and stream.next() == expected[1:7]
 
 
@@ -152,32 +152,50 @@ def test_a_recurrent_layer_refuses_drafts_in_one_line(tiny_qwen35: tuple[Any, An
     cache = model.make_cache()
     assert refusal(cache) == "drafts off: a recurrent layer's state cannot be rewound past a rejected draft"
     with pytest.raises(ValueError, match="recurrent layer"):
-        DraftedStream(model, cache, [1, 2, 3], 0.0, LookupDrafter())
+        DraftedStream(model, cache, [1, 2, 3], Sampling(0.0), LookupDrafter())
 
 
-def test_sampled_verdicts_keep_the_models_distribution() -> None:
-    """Over a vocabulary of 6, each kept token is distributed as the model's probabilities at the
-    temperature, whatever the draft (a chi-square test on 2,500 verdicts): the first kept token, and the
-    second, given that the first was the drafted one."""
+@pytest.mark.parametrize(
+    ("sampling", "draft"),
+    [(Sampling(0.8), [1, 3]), (Sampling(0.8, top_p=0.7), [1, 3]), (Sampling(1.2, top_k=3), [1, 4])],
+    ids=["temperature", "top_p", "top_k-cuts-the-draft"],
+)
+def test_sampled_verdicts_keep_the_samplers_distribution(sampling: Sampling, draft: list[int]) -> None:
+    """Over a vocabulary of 6, each kept token is distributed as the session's sampler draws it (mlx-lm's
+    `make_sampler`: its top_p or top_k cut, then the temperature), whatever the draft, a drafted token
+    the cut leaves out too (a chi-square test on 2,500 verdicts): the first kept token, and the second,
+    given that the first was the drafted one."""
+    from mlx_lm.sample_utils import make_sampler
+
     logits = mx.array(
         [[2.0, 1.0, 0.5, 0.0, -0.5, -1.0], [0.0, 1.5, -1.0, 1.0, 0.2, 0.4], [1.0, 0.0, 0.0, 1.0, 2.0, -2.0]]
     )
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     mx.random.seed(7)
-    probs = mx.softmax(logprobs * (1 / 0.8), axis=-1).tolist()
+    top_p = sampling.top_p if sampling.top_p < 1 else 0.0  # make_sampler's "no cut"
+    sampler = make_sampler(temp=sampling.temperature, top_p=top_p, top_k=sampling.top_k)
+    probs = [frequencies(sampler(mx.repeat(row[None], 50000, axis=0)).tolist()) for row in logprobs]
     firsts, seconds = [0] * 6, [0] * 6
     for _ in range(2500):
-        kept = verdict(logprobs, [1, 3], 0.8)
+        kept = verdict(logprobs, draft, sampling)
         firsts[kept[0]] += 1
-        if kept[0] == 1:
+        if kept[0] == draft[0]:
             seconds[kept[1]] += 1
-    assert chi_square(firsts, probs[0]) < 20.5  # 5 degrees of freedom, p = 0.001
+    assert sum(seconds) > 100
+    assert chi_square(firsts, probs[0]) < 20.5  # 5 degrees of freedom at most, p = 0.001
     assert chi_square(seconds, probs[1]) < 20.5
 
 
+def frequencies(tokens: list[int], vocabulary: int = 6) -> list[float]:
+    """Each token's share of `tokens` (the sampler's own draws: what a verdict must match)."""
+    return [tokens.count(t) / len(tokens) for t in range(vocabulary)]
+
+
 def chi_square(counts: list[int], probs: list[float]) -> float:
+    """Pearson's statistic of `counts` against `probs`; a token of probability 0 must never come."""
     total = sum(counts)
-    return sum((c - total * p) ** 2 / (total * p) for c, p in zip(counts, probs, strict=True))
+    assert all(c == 0 for c, p in zip(counts, probs, strict=True) if p == 0)
+    return sum((c - total * p) ** 2 / (total * p) for c, p in zip(counts, probs, strict=True) if p > 0)
 
 
 async def replies(path: Path, n: int, draft: str) -> tuple[list[list[tuple[int, ...]]], list[tuple[int, int]]]:
@@ -281,7 +299,7 @@ def run_batch(model: Any, bits: int, shared: SharedPrefix | None, drafters: list
         drafts = [drafters[uid].propose(len(tokens[uid])) for uid in g.uids] if drafters and g.uids else []
         if any(drafts) and not batch._unprocessed_sequences:
             drafted += 1
-            rows = drafted_step(g, drafts, [0.0 if d else None for d in drafts])
+            rows = drafted_step(g, drafts, [Sampling(0.0) if d else None for d in drafts])
             out = [(r.uid, r.tokens, r.finish_reason, r.prompt_cache) for r in rows]
         else:
             out = [(r.uid, [r.token], r.finish_reason, r.prompt_cache) for r in batch.next()[1]]

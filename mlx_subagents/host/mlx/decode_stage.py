@@ -29,6 +29,7 @@ from .masks import MaskBatch, MaskedModel, Row
 from .outbox import Outbox
 from .single import SingleStream, take_from_batch
 from .turn import DecodeState, Turn
+from .verify import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +48,10 @@ def _batch_nbytes(batch: Any) -> int:
     return int(batch.prompt_cache_nbytes)
 
 
-def _plain(turn: Turn) -> bool:
-    """Whether the turn samples as `verify.verdict` keeps exact: greedy, or a temperature with no top_p or
-    top_k cut."""
+def _sampling(turn: Turn) -> Sampling:
+    """How the turn samples, as its verdicts on drafts read it (its sampler's temperature and cuts)."""
     request = turn.request
-    return request.temperature == 0 or (request.top_p >= 1 and request.top_k <= 0)
+    return Sampling(request.temperature, request.top_p, request.top_k)
 
 
 def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]:
@@ -159,14 +159,12 @@ class DecodeStage:
     def _stream(self, turn: Turn, cache: list[Any], context: list[int], pending: Any = None) -> Any:
         """The single turn's stream: with drafts (`drafted.py`) where they are on and can run, which is
         where no logits processor reads the turn's tokens one by one (a grammar, a thought budget, a
-        forcing script), its sampling is the plain temperature `verify.verdict` keeps exact (no top_p
-        or top_k cut) and every layer of its cache rewinds (`kv.rewind.refusal`: not a hybrid model's recurrent
-        layers); mlx-lm's single path otherwise."""
-        request = turn.request
-        if self.drafts and not turn.decode.processors and _plain(turn) and refusal(cache) is None:
+        forcing script) and every layer of its cache rewinds (`kv.rewind.refusal`: not a hybrid model's
+        recurrent layers); mlx-lm's single path otherwise."""
+        if self.drafts and not turn.decode.processors and refusal(cache) is None:
             token = None if pending is None else int(pending.item())
             return DraftedStream(
-                self.model, cache, context, request.temperature, turn.decode.drafter, token, turn.decode.drafts
+                self.model, cache, context, _sampling(turn), turn.decode.drafter, token, turn.decode.drafts
             )
         return SingleStream(self.model, cache, context, turn.decode.sampler, turn.decode.processors, pending)
 
@@ -282,8 +280,8 @@ class DecodeStage:
     def _drafted_step(self) -> list[RowTokens] | None:
         """The rows' verifying forward, when drafts are on and a row drafted; None for mlx-lm's plain step.
         A row drafts where the single turn would (`_stream`): no logits processor and no grammar reads
-        its tokens, and it samples plainly; the batch drafts while no prompt waits in it (those steps
-        prefill too) and every layer rewinds row by row (`kv.rewind.rows_refusal`)."""
+        its tokens; the batch drafts while no prompt waits in it (those steps prefill too) and every layer
+        rewinds row by row (`kv.rewind.rows_refusal`)."""
         batch = self.batch
         if not self.drafts or batch._unprocessed_sequences or len(batch._prompt_batch):
             return None
@@ -294,11 +292,7 @@ class DecodeStage:
         for i, uid in enumerate(generation.uids):
             turn = self.decoding.get(uid)
             free = generation.logits_processors[i] or (turn is not None and turn.decode.grammar is not None)
-            drafter = (
-                turn.decode.drafter
-                if turn is not None and not free and turn.decode.error is None and _plain(turn)
-                else None
-            )
+            drafter = turn.decode.drafter if turn is not None and not free and turn.decode.error is None else None
             if drafter is not None and drafter.paused:
                 drafter.propose(())  # a paused drafter counts the step without reading the tokens
                 drafter = None
@@ -312,8 +306,8 @@ class DecodeStage:
         ]
         if not any(drafts):
             return None
-        temperatures = [t.request.temperature if d else None for (t, _, _), d in zip(rows, drafts, strict=True)]
-        out = drafted_step(generation, drafts, temperatures)
+        samplings = [_sampling(t) if d else None for (t, _, _), d in zip(rows, drafts, strict=True)]
+        out = drafted_step(generation, drafts, samplings)
         for (turn, drafter, _), draft, row in zip(rows, drafts, out, strict=True):
             if draft and turn is not None and drafter is not None:
                 drafter.observe(len(draft), row.accepted)

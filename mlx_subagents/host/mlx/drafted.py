@@ -18,7 +18,7 @@ from typing import Any
 
 from ..kv.rewind import Mark, mark, refusal, rewind
 from .drafts import Drafter
-from .verify import verdict
+from .verify import Sampling, verdict
 
 
 @dataclass
@@ -52,7 +52,7 @@ class DraftedStream:
         model: Any,
         cache: list[Any],
         context: list[int],
-        temperature: float,
+        sampling: Sampling,
         drafter: Drafter,
         pending: int | None = None,
         counts: DraftCounts | None = None,
@@ -60,7 +60,7 @@ class DraftedStream:
         problem = refusal(cache)
         if problem is not None:
             raise ValueError(problem)
-        self.model, self.cache, self.temperature, self.drafter = model, cache, temperature, drafter
+        self.model, self.cache, self.sampling, self.drafter = model, cache, sampling, drafter
         self.tokens = list(context)
         self.counts = counts if counts is not None else DraftCounts()  # a turn's, across its streams
         self._pending = pending
@@ -80,7 +80,7 @@ class DraftedStream:
         with mx.stream(generation_stream):
             logits = self.model(mx.array([self.tokens[-1:] + draft], dtype=mx.uint32), cache=self.cache)[0]
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        kept = verdict(logprobs, draft, self.temperature)
+        kept = verdict(logprobs, draft, self.sampling)
         rewind(self.cache, len(draft) + 1 - len(kept), before)
         self.drafter.observe(len(draft), len(kept) - 1)
         self.tokens += kept

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..kv.rewind import rewind_rows
-from .verify import verdict
+from .verify import Sampling, verdict
 
 
 @dataclass
@@ -39,14 +39,14 @@ class RowTokens:
     prompt_cache: list[Any] | None = None
 
 
-def drafted_step(generation: Any, drafts: Sequence[list[int]], temperatures: Sequence[float | None]) -> list[RowTokens]:
+def drafted_step(generation: Any, drafts: Sequence[list[int]], samplings: Sequence[Sampling | None]) -> list[RowTokens]:
     """One forward of `generation` (mlx-lm's `GenerationBatch`) verifying each row's draft.
 
     Args:
         generation: the batch's generation batch, its rows' next tokens computed.
         drafts: each row's draft ([] for none).
-        temperatures: a drafting row's temperature (its verdict's); None for a row that samples its
-            one token with its own sampler and processors.
+        samplings: a drafting row's sampling (its verdict's: temperature, top_p, top_k); None for a row
+            that samples its one token with its own sampler and processors.
     """
     import mlx.core as mx
 
@@ -59,17 +59,19 @@ def drafted_step(generation: Any, drafts: Sequence[list[int]], temperatures: Seq
     logits = g.model(inputs, cache=g.prompt_cache)  # the batch's masks apply (`masks.py`)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     kept: list[list[int] | None] = [None] * len(ys)
-    plain = _sampled(g, pending, logits, temperatures)
-    greedy = [i for i, t in enumerate(temperatures) if t == 0]
+    plain = _sampled(g, pending, logits, samplings)
+    greedy = [i for i, s in enumerate(samplings) if s is not None and s.temperature == 0]
     picks = mx.argmax(logprobs, axis=-1) if greedy else None
     mx.eval([t for t, _ in plain.values()], picks)
     picked = picks.tolist() if picks is not None else []  # one read for every greedy row
-    for i, temperature in enumerate(temperatures):
-        if temperature == 0:
+    for i, sampling in enumerate(samplings):
+        if sampling is None:
+            continue
+        if sampling.temperature == 0:
             n = next((j for j, d in enumerate(drafts[i]) if picked[i][j] != d), len(drafts[i]))
             kept[i] = [*drafts[i][:n], picked[i][n]]
-        elif temperature is not None:
-            kept[i] = verdict(logprobs[i, : len(drafts[i]) + 1], drafts[i], temperature)
+        else:
+            kept[i] = verdict(logprobs[i, : len(drafts[i]) + 1], drafts[i], sampling)
     nexts: list[Any] = [None] * len(ys)
     for i, k in enumerate(kept):
         if k is not None:
@@ -79,14 +81,14 @@ def drafted_step(generation: Any, drafts: Sequence[list[int]], temperatures: Seq
     return _settle(g, ys, width, kept, nexts)  # type: ignore[arg-type]
 
 
-def _sampled(g: Any, pending: Any, logits: Any, temperatures: Sequence[float | None]) -> dict[int, tuple[Any, Any]]:
+def _sampled(g: Any, pending: Any, logits: Any, samplings: Sequence[Sampling | None]) -> dict[int, tuple[Any, Any]]:
     """The rows that did not draft: each one's token after its `y` and its log-probabilities, as mlx-lm's
     step makes them (its processors over its token context, then its sampler)."""
     import mlx.core as mx
 
     out = {}
-    for i, temperature in enumerate(temperatures):
-        if temperature is not None:
+    for i, sampling in enumerate(samplings):
+        if sampling is not None:
             continue
         row = logits[i : i + 1, 0]
         processors = g.logits_processors[i] or ()

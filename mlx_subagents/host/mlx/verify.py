@@ -13,6 +13,11 @@ prefix of the draft and adds one token of the model's own:
   whole draft, sample the next token from p. Each token is then distributed exactly as p, so the
   output distribution is unchanged (tests/host/test_speculative.py checks it with a chi-square).
 
+With a `top_p` or `top_k` cut, p is the distribution the session's sampler draws from: mlx-lm's own
+cuts (`apply_top_p`, then `apply_top_k`, as `make_sampler` chains them) over the log-probabilities at
+every verified position, then the temperature. A drafted token the cut leaves out has p(d) = 0: it is
+refused, and the residual is the cut distribution itself.
+
 The candidates are drawn on the device for every row at once (a uniform per drafted token, one
 residual sample per row, the last row's sample plain), and one read brings the verdict back.
 """
@@ -20,29 +25,51 @@ residual sample per row, the last row's sample plain), and one read brings the v
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 
-def verdict(logprobs: Any, draft: Sequence[int], temperature: float) -> list[int]:
+@dataclass(frozen=True)
+class Sampling:
+    """How a session samples, as `make_sampler(temp=, top_p=, top_k=)`: 0 for greedy; `top_p` 1 and
+    `top_k` 0 for no cut."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def cut(self, logprobs: Any) -> Any:
+        """`logprobs` (one row per position) with the sampler's cuts: what it leaves out at minus infinity."""
+        from mlx_lm.sample_utils import apply_top_k, apply_top_p
+
+        if 0 < self.top_p < 1:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return logprobs
+
+
+def verdict(logprobs: Any, draft: Sequence[int], sampling: Sampling) -> list[int]:
     """The tokens to keep: an accepted prefix of `draft`, then one of the model's.
 
     Args:
         logprobs: shape (len(draft) + 1, vocabulary): the model's log-probabilities after the token
             before the draft and after each drafted token, any logits processors applied.
         draft: the drafted tokens.
-        temperature: 0 for greedy; otherwise sampling at this temperature, as `make_sampler(temp=)`.
+        sampling: greedy, or the temperature and cuts of the session's sampler.
     """
     import mlx.core as mx
 
     k = len(draft)
     drafted = mx.array(list(draft), dtype=mx.uint32)
-    if temperature == 0:
+    if sampling.temperature == 0:
         picks = mx.argmax(logprobs, axis=-1)
         agree = picks[:k] == drafted
     elif k == 0:
-        picks, agree = mx.random.categorical(logprobs * (1 / temperature), axis=-1), mx.array([], dtype=mx.bool_)
+        scaled = sampling.cut(logprobs) * (1 / sampling.temperature)
+        picks, agree = mx.random.categorical(scaled, axis=-1), mx.array([], dtype=mx.bool_)
     else:
-        scaled = logprobs * (1 / temperature)
+        scaled = sampling.cut(logprobs) * (1 / sampling.temperature)
         probs = mx.softmax(scaled[:k], axis=-1)
         agree = mx.random.uniform(shape=(k,)) < mx.take_along_axis(probs, drafted[:, None], axis=-1)[:, 0]
         residual = mx.put_along_axis(scaled[:k], drafted[:, None], mx.array(-mx.inf, scaled.dtype), axis=-1)
