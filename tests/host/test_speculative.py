@@ -206,6 +206,7 @@ async def replies(path: Path, n: int, draft: str) -> tuple[list[list[tuple[int, 
 
     from mlx_subagents.host import GenerateArgs, MlxModelHost
     from tests.host.test_batching import result, task
+    from tests.host.test_draft_costs import fix_costs
 
     counts: list[tuple[int, int]] = []
 
@@ -219,6 +220,7 @@ async def replies(path: Path, n: int, draft: str) -> tuple[list[list[tuple[int, 
         return out
 
     async with MlxModelHost(str(path), draft=draft) as host:
+        fix_costs(host)  # drafts pay in the batch, whatever this machine's steps take
         return list(await asyncio.gather(*(conversation(host, i) for i in range(n)))), counts
 
 
@@ -374,6 +376,7 @@ async def mixed(path: Path, draft: str) -> tuple[dict[str, Any], dict[str, int]]
     from mlx_subagents.serve.service import model_summary
     from mlx_subagents.testing import ForcedScripts
     from tests.host.test_batching import result, task
+    from tests.host.test_draft_costs import fix_costs
 
     _, tokenizer = mlx_lm.load(str(path))
     scripts = ForcedScripts(tokenizer, {"s3": ["the same words " * 8, "the same words again " * 6]})
@@ -388,6 +391,7 @@ async def mixed(path: Path, draft: str) -> tuple[dict[str, Any], dict[str, int]]
 
     settings = {"kv_budget": 1024 * 1024, "max_sessions": 1, "share_prefix": False, "processor_factory": scripts}
     async with MlxModelHost(str(path), draft=draft, **settings) as host:
+        fix_costs(host)  # drafts pay in the batch, whatever this machine's steps take
         messages = await asyncio.gather(*(conversation(host, i) for i in range(4)))
         fork = host.session("f0", fork_of="s0")
         replies["f0"], replies["s0/3"] = await asyncio.gather(
@@ -429,10 +433,12 @@ def test_a_constrained_row_beside_drafting_rows_stays_a_valid_call(tiny_qwen3_pa
 
     from mlx_subagents.host import GenerateArgs, MlxModelHost
     from tests.host.test_batching import task
+    from tests.host.test_draft_costs import fix_costs
     from tests.host.test_grammar import TASK, TOOLS
 
     async def go(draft: str) -> list[Any]:
         async with MlxModelHost(str(tiny_qwen3_path), draft=draft) as host:
+            fix_costs(host)
             free = [host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=64)) for i in range(2)]
             held = host.session("held").generate(TASK, GenerateArgs(max_tokens=64, tool_choice="required"), tools=TOOLS)
             return list(await asyncio.gather(*free, held))

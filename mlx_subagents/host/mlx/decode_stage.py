@@ -23,6 +23,7 @@ from ..kv.kv_pool import KVPool
 from ..kv.rewind import refusal, rows_refusal
 from ..protocol import FinishReason, ProcessorFactory
 from .config import SchedulerConfig
+from .draft_costs import DraftWidths
 from .drafted import DraftedStream
 from .drafted_batch import RowTokens, drafted_step
 from .masks import MaskBatch, MaskedModel, Row
@@ -105,6 +106,7 @@ class DecodeStage:
         self._samplers: dict[tuple[float, float], Any] = {}
         self._masks = MaskBatch(self._constrained_rows)
         self._refused = False  # the batch's rows_refusal was logged
+        self.widths = DraftWidths()  # whether drafts pay in the batch, from its steps' measured costs
 
     def turns(self) -> list[Turn]:
         return [*self.decoding.values(), *([self.single] if self.single else [])]
@@ -266,26 +268,27 @@ class DecodeStage:
             if (drafted := self._drafted_step()) is not None:
                 self._on_rows(drafted)
                 return
+            start, prompts = time.perf_counter(), self._prompts_waiting()
             if not self._sliced:  # the step also prefilled a chunk of a prompt in the batch
                 with self.batch.stats() as stats:
                     _, responses = self.batch.next()
                 self._prefilled_in_batch(stats.prompt_time)
             else:
                 _, responses = self.batch.next()
+            self.widths.plain(None if prompts else time.perf_counter() - start)
         except Exception as exc:
             self._fail_batch(exc)
             return
         self._on_rows([RowTokens(r.uid, [r.token], 0, r.finish_reason, r.prompt_cache) for r in responses])
 
     def _drafted_step(self) -> list[RowTokens] | None:
-        """The rows' verifying forward, when drafts are on and a row drafted; None for mlx-lm's plain step.
-        A row drafts where the single turn would (`_stream`): no logits processor and no grammar reads
-        its tokens; the batch drafts while no prompt waits in it (those steps prefill too) and every layer
-        rewinds row by row (`kv.rewind.rows_refusal`)."""
-        batch = self.batch
-        if not self.drafts or batch._unprocessed_sequences or len(batch._prompt_batch):
+        """The rows' verifying forward, when drafts are on, a row drafted and drafts pay (`draft_costs.py`);
+        None for mlx-lm's plain step. A row drafts where the single turn would (`_stream`): no logits
+        processor and no grammar reads its tokens; the batch drafts while no prompt waits in it (those
+        steps prefill too) and every layer rewinds row by row (`kv.rewind.rows_refusal`)."""
+        if not self.drafts or self._prompts_waiting():
             return None
-        generation = batch._generation_batch
+        generation = self.batch._generation_batch
         if not generation.uids or self._rows_refusal(generation.prompt_cache):
             return None
         rows = []
@@ -297,17 +300,22 @@ class DecodeStage:
                 drafter.propose(())  # a paused drafter counts the step without reading the tokens
                 drafter = None
             rows.append((turn, drafter, generation.max_tokens[i] - generation._num_tokens[i] - 1))
-        if all(drafter is None for _, drafter, _ in rows):
+        outlooks = [d.outlook() if d is not None else [0.0] for _, d, _ in rows]
+        most = [min(len(o) - 1, max(0, left)) for o, (_, _, left) in zip(outlooks, rows, strict=True)]
+        if not self.widths.promising(most, outlooks):
             return None
-        pending = generation._next_tokens.tolist()
+        pending = self.widths.read(generation._next_tokens)
         drafts = [
-            d.propose([*t.ids, *t.generated, y])[: max(0, left)] if d is not None and t is not None else []
-            for (t, d, left), y in zip(rows, pending, strict=True)
+            d.propose([*t.ids, *t.generated, y])[:n] if d is not None and t is not None else []
+            for (t, d, _), y, n in zip(rows, pending, most, strict=True)
         ]
-        if not any(drafts):
+        width = self.widths.choose([len(d) for d in drafts], outlooks)
+        if width == 1:
             return None
+        drafts = [d[: width - 1] for d in drafts]
         samplings = [_sampling(t) if d else None for (t, _, _), d in zip(rows, drafts, strict=True)]
-        out = drafted_step(generation, drafts, samplings)
+        with self.widths.drafting(width):
+            out = drafted_step(self.batch._generation_batch, drafts, samplings)
         for (turn, drafter, _), draft, row in zip(rows, drafts, out, strict=True):
             if draft and turn is not None and drafter is not None:
                 drafter.observe(len(draft), row.accepted)
@@ -315,6 +323,10 @@ class DecodeStage:
                 counts.forwards, counts.drafted = counts.forwards + 1, counts.drafted + len(draft)
                 counts.accepted, counts.tokens = counts.accepted + row.accepted, counts.tokens + row.accepted + 1
         return out
+
+    def _prompts_waiting(self) -> bool:
+        """Whether a prompt waits in the batch (its next step prefills a chunk of it)."""
+        return bool(self.batch._unprocessed_sequences or len(self.batch._prompt_batch))
 
     def _rows_refusal(self, cache: list[Any]) -> str | None:
         """`rows_refusal` of the batch's cache, said once in the log."""

@@ -31,6 +31,11 @@ class Drafter(Protocol):
         """How many of the last proposal's `drafted` tokens the model accepted."""
         ...
 
+    def outlook(self) -> list[float]:
+        """The accepted tokens its next draft is expected to give, by its length: `[0, e1, .. ek]` up to the
+        longest it would propose now (`[0.0]`: it would propose none)."""
+        ...
+
 
 @dataclass
 class LookupDrafter:
@@ -51,6 +56,8 @@ class LookupDrafter:
     drafts: int = 0  # drafts proposed since drafting last resumed
     paused: int = 0  # proposals left to skip
     pause: int = 16  # the next pause's length
+    kept: float = 1.0  # drafted tokens accepted, and drafts refused (at a token), decayed: a token's odds
+    refused: float = 1.0
     _index: dict[tuple[int, ...], int] = field(default_factory=dict, repr=False)
     _indexed: int = 0  # n-grams ending before this position are in `_index`
 
@@ -75,6 +82,7 @@ class LookupDrafter:
         if drafted == 0:
             return
         self.drafts += 1
+        self.kept, self.refused = 0.8 * self.kept + accepted, 0.8 * self.refused + (accepted < drafted)
         self.rate = 0.7 * self.rate + 0.3 * accepted / drafted
         whole = accepted == drafted
         self.draft = min(self.max_draft, self.draft + 2) if whole else max(1, accepted + 1)
@@ -87,6 +95,16 @@ class LookupDrafter:
             self.drafts, self.rate = 0, 0.5
         elif whole:
             self.pause = 16
+
+    def outlook(self) -> list[float]:
+        """Each drafted token accepted as the one before it was, with the odds of its record (`kept` against
+        `refused`): a draft of k tokens is expected to keep p + p^2 + .. + p^k."""
+        if self.paused:
+            return [0.0]
+        p, out = self.kept / (self.kept + self.refused), [0.0]
+        for k in range(1, self.draft + 1):
+            out.append(out[-1] + p**k)
+        return out
 
     def _index_up_to(self, tokens: Sequence[int], end: int) -> None:
         """Every n-gram (up to `max_ngram`) ending before `end`, each to the position after its latest
