@@ -593,7 +593,7 @@ def test_batched_masks_equal_each_rows_own(tiny_qwen3: Any) -> None:
             ref.catch_up(k + 1)
             armed = ref.armed()
             if ref.running:
-                ref._feed(script[k])
+                ref.take(script[k])
             if ref.running:
                 expected = ref.allowed(vocab)
             elif armed is not None and armed[0] == script[k]:

@@ -302,7 +302,7 @@ class Constrainer:
         context `tokens`: a sync, rare)."""
         while len(self._tokens) < count - 1:
             i = len(self._tokens)
-            self._feed(self.known[i] if i < len(self.known) else int(tokens[self._base + i].item()))
+            self.take(self.known[i] if i < len(self.known) else int(tokens[self._base + i].item()))
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         n = len(tokens)
@@ -313,7 +313,7 @@ class Constrainer:
             if self._matcher is None and not self.broken:
                 return self._maybe_trigger(tokens, logits)
             if count - 1 < len(self.known):
-                self._feed(self.known[count - 1])
+                self.take(self.known[count - 1])
             else:
                 import mlx.core as mx
 
@@ -327,7 +327,7 @@ class Constrainer:
                 else:
                     token = int(tokens[-1].item())
                     mx.async_eval(logits)
-                self._feed(token)
+                self.take(token)
         if self._matcher is None or self.broken:
             return logits
         import mlx.core as mx
@@ -409,9 +409,26 @@ class Constrainer:
     def _recent(self, k: int) -> list[int]:
         return self._tokens[len(self._tokens) - k :] if k else []
 
-    def _feed(self, token: int) -> None:
-        if self.consumes(token):
-            self.consumed(self._matcher.consume_token(token))  # type: ignore[union-attr]
+    def take(self, token: int) -> Any:
+        """Feed the next token; the matcher that consumed it (None: none did), which a rollback undoes."""
+        if not self.consumes(token):
+            return None
+        matcher = self._matcher
+        self.consumed(matcher.consume_token(token))  # type: ignore[union-attr]
+        return matcher
+
+    def snapshot(self) -> dict[str, Any]:
+        """Its state now, to `restore` when a draft walked through it is refused (`drafted_grammar.py`);
+        what its matchers consumed since is theirs to roll back."""
+        return {k: v.copy() if isinstance(v, list) and k != "known" else v for k, v in vars(self).items()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+
+    @property
+    def prototype(self) -> Prototype | None:
+        """The grammar that holds the reply now, or held it last."""
+        return self._active
 
     def consumes(self, token: int) -> bool:
         """Take the next token; True when the running matcher is to consume it (then pass its answer to

@@ -26,6 +26,7 @@ from .config import SchedulerConfig
 from .draft_costs import DraftWidths
 from .drafted import DraftedStream
 from .drafted_batch import RowTokens, drafted_step
+from .drafted_grammar import walk
 from .masks import MaskBatch, MaskedModel, Row
 from .outbox import Outbox
 from .single import SingleStream, take_from_batch
@@ -47,12 +48,6 @@ def batchable(cache: list[Any] | None) -> bool:
 def _batch_nbytes(batch: Any) -> int:
     """The bytes of the rows in an mlx-lm `BatchGenerator`: waiting, prefilling and decoding."""
     return int(batch.prompt_cache_nbytes)
-
-
-def _sampling(turn: Turn) -> Sampling:
-    """How the turn samples, as its verdicts on drafts read it (its sampler's temperature and cuts)."""
-    request = turn.request
-    return Sampling(request.temperature, request.top_p, request.top_k)
 
 
 def _attributed(turn: Turn, processor: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,6 +102,8 @@ class DecodeStage:
         self._masks = MaskBatch(self._constrained_rows)
         self._refused = False  # the batch's rows_refusal was logged
         self.widths = DraftWidths()  # whether drafts pay in the batch, from its steps' measured costs
+        self._vocab = 0  # the width of the batch's logits (a grammar-held row's draft is masked that wide)
+        self._walked: set[Constrainer] = set()  # the grammars that masked their rows' drafts at the last drafted step
 
     def turns(self) -> list[Turn]:
         return [*self.decoding.values(), *([self.single] if self.single else [])]
@@ -166,7 +163,7 @@ class DecodeStage:
         if self.drafts and not turn.decode.processors and refusal(cache) is None:
             token = None if pending is None else int(pending.item())
             return DraftedStream(
-                self.model, cache, context, _sampling(turn), turn.decode.drafter, token, turn.decode.drafts
+                self.model, cache, context, Sampling.of(turn.request), turn.decode.drafter, token, turn.decode.drafts
             )
         return SingleStream(self.model, cache, context, turn.decode.sampler, turn.decode.processors, pending)
 
@@ -244,6 +241,7 @@ class DecodeStage:
         """The logits of a call of the batch's model: a decode step of the batch (its own caches) has
         its constrained rows masked together (`MaskBatch`)."""
         generation = self.batch._generation_batch  # type: ignore[union-attr]  # mlx-lm 0.32-0.33
+        self._vocab = logits.shape[-1]
         return self._masks.apply(generation, inputs, logits) if cache is generation.prompt_cache else logits
 
     def _constrained_rows(self, generation: Any) -> list[Row]:
@@ -252,12 +250,13 @@ class DecodeStage:
         rows: list[Row] = []
         for i, uid in enumerate(generation.uids):
             turn = self.decoding.get(uid)
-            if turn is None or turn.decode.grammar is None or turn.decode.error is not None:
+            grammar = turn.decode.grammar if turn is not None and turn.decode.error is None else None
+            if grammar is None or grammar in self._walked:
                 continue
             processors = generation.logits_processors[i]
             if processors and processors[0] is turn.decode.grammar_row:
                 generation.logits_processors[i] = processors[1:]
-            rows.append((i, turn.decode.grammar, turn.decode.failed))
+            rows.append((i, grammar, turn.decode.failed))  # type: ignore[union-attr]
         return rows
 
     def step(self) -> None:
@@ -283,9 +282,9 @@ class DecodeStage:
 
     def _drafted_step(self) -> list[RowTokens] | None:
         """The rows' verifying forward, when drafts are on, a row drafted and drafts pay (`draft_costs.py`);
-        None for mlx-lm's plain step. A row drafts where the single turn would (`_stream`): no logits
-        processor and no grammar reads its tokens; the batch drafts while no prompt waits in it (those
-        steps prefill too) and every layer rewinds row by row (`kv.rewind.rows_refusal`)."""
+        None for mlx-lm's plain step. A row drafts where no logits processor reads its tokens (a grammar-held
+        row's draft is walked through its grammar: `drafted_grammar.py`); the batch drafts while no prompt
+        waits in it (those steps prefill too) and every layer rewinds row by row (`kv.rewind.rows_refusal`)."""
         if not self.drafts or self._prompts_waiting():
             return None
         generation = self.batch._generation_batch
@@ -294,8 +293,8 @@ class DecodeStage:
         rows = []
         for i, uid in enumerate(generation.uids):
             turn = self.decoding.get(uid)
-            free = generation.logits_processors[i] or (turn is not None and turn.decode.grammar is not None)
-            drafter = turn.decode.drafter if turn is not None and not free and turn.decode.error is None else None
+            read = generation.logits_processors[i]  # a processor reads its tokens one by one (not the grammar's)
+            drafter = turn.decode.drafter if turn is not None and not read and turn.decode.error is None else None
             if drafter is not None and drafter.paused:
                 drafter.propose(())  # a paused drafter counts the step without reading the tokens
                 drafter = None
@@ -313,9 +312,13 @@ class DecodeStage:
         if width == 1:
             return None
         drafts = [d[: width - 1] for d in drafts]
-        samplings = [_sampling(t) if d else None for (t, _, _), d in zip(rows, drafts, strict=True)]
+        held = walk([t for t, _, _ in rows], pending, drafts, self._vocab)  # cut where each grammar refuses
+        samplings = [
+            Sampling.of(t.request) if d or i in held else None for i, ((t, _, _), d) in enumerate(zip(rows, drafts))
+        ]
+        self._walked = {h.grammar for h in held.values()}  # masked by `drafted_step`, not `MaskBatch`
         with self.widths.drafting(width):
-            out = drafted_step(self.batch._generation_batch, drafts, samplings)
+            out = drafted_step(self.batch._generation_batch, drafts, samplings, held)
         for (turn, drafter, _), draft, row in zip(rows, drafts, out, strict=True):
             if draft and turn is not None and drafter is not None:
                 drafter.observe(len(draft), row.accepted)

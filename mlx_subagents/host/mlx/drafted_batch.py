@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..kv.rewind import rewind_rows
+from .drafted_grammar import HeldDraft, masked
 from .verify import Sampling, verdict
 
 
@@ -39,7 +40,12 @@ class RowTokens:
     prompt_cache: list[Any] | None = None
 
 
-def drafted_step(generation: Any, drafts: Sequence[list[int]], samplings: Sequence[Sampling | None]) -> list[RowTokens]:
+def drafted_step(
+    generation: Any,
+    drafts: Sequence[list[int]],
+    samplings: Sequence[Sampling | None],
+    held: dict[int, HeldDraft] | None = None,
+) -> list[RowTokens]:
     """One forward of `generation` (mlx-lm's `GenerationBatch`) verifying each row's draft.
 
     Args:
@@ -47,6 +53,10 @@ def drafted_step(generation: Any, drafts: Sequence[list[int]], samplings: Sequen
         drafts: each row's draft ([] for none).
         samplings: a drafting row's sampling (its verdict's: temperature, top_p, top_k); None for a row
             that samples its one token with its own sampler and processors.
+        held: the grammar-held rows' drafts walked through their grammars (`drafted_grammar.py`), by row
+            index: each position of theirs is masked as a step would have masked it (the batch's masks
+            leave these rows out), and each verifies with a sampling, even a draft the grammar cut to none;
+            after the verdict each grammar comes back to the tokens its row kept.
     """
     import mlx.core as mx
 
@@ -57,6 +67,8 @@ def drafted_step(generation: Any, drafts: Sequence[list[int]], samplings: Sequen
     inputs = mx.array([[y, *d, *[y] * (width - 1 - len(d))] for y, d in zip(ys, drafts, strict=True)], dtype=mx.uint32)
     g._current_tokens, g._current_logprobs = pending, g._next_logprobs
     logits = g.model(inputs, cache=g.prompt_cache)  # the batch's masks apply (`masks.py`)
+    if held:
+        logits = masked(logits, held)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     kept: list[list[int] | None] = [None] * len(ys)
     plain = _sampled(g, pending, logits, samplings)
@@ -78,7 +90,10 @@ def drafted_step(generation: Any, drafts: Sequence[list[int]], samplings: Sequen
             nexts[i] = logprobs[i, len(k) - 1]
     for i, (token, row) in plain.items():
         kept[i], nexts[i] = [int(token.item())], row
-    return _settle(g, ys, width, kept, nexts)  # type: ignore[arg-type]
+    rows = _settle(g, ys, width, kept, nexts)  # type: ignore[arg-type]
+    for i, walked in (held or {}).items():
+        walked.settle(len(rows[i].tokens))  # each grammar back to the tokens its row kept
+    return rows
 
 
 def _sampled(g: Any, pending: Any, logits: Any, samplings: Sequence[Sampling | None]) -> dict[int, tuple[Any, Any]]:

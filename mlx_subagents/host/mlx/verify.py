@@ -38,6 +38,11 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
 
+    @classmethod
+    def of(cls, request: Any) -> Sampling:
+        """How a turn's `request` samples (its temperature, top_p and top_k)."""
+        return cls(request.temperature, request.top_p, request.top_k)
+
     def cut(self, logprobs: Any) -> Any:
         """`logprobs` (one row per position) with the sampler's cuts: what it leaves out at minus infinity."""
         from mlx_lm.sample_utils import apply_top_k, apply_top_p

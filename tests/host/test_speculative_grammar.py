@@ -1,0 +1,73 @@
+"""Drafts of grammar-held rows (issue 67, `host/mlx/drafted_grammar.py`): a draft walked through the row's
+grammar is cut at the first token the grammar refuses, each verified position gets the mask a step would
+have given it, and after the verdict the grammar (its llguidance matcher included) is where a grammar
+that never drafted would be: the same next mask, the same tokens taken, the rest of the call accepted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mlx_subagents.host.calls.grammar import Constrainer, Grammars
+from mlx_subagents.host.mlx.drafted_grammar import HeldDraft
+from mlx_subagents.testing import tool_call_text
+from tests.host.test_grammar import FIND, READ
+
+
+def fed(grammars: Grammars, script: list[int], n: int) -> Constrainer:
+    """A grammar for the find and read tools that took the first `n` tokens of `script` one at a time, as a
+    row that never drafted (the tokens the host has read)."""
+    grammar = grammars.processor([READ, FIND], None, False)
+    assert grammar is not None
+    grammar.known = script[:n]
+    grammar.to_step()
+    return grammar
+
+
+def next_mask(grammar: Constrainer, vocab: int) -> np.ndarray | None:
+    return grammar.allowed(vocab) if grammar.running else None
+
+
+# The script's tokens (the tiny tokenizer's): 0-3 "Here it is.", 4 "<tool_call>", 5-26 the call's JSON
+# ('"}}\n' at 26), 27 "</tool_call>", 28-29 " Done.".
+@pytest.mark.parametrize(
+    ("start", "length", "kept", "cut"),
+    [(0, 2, 1, False), (0, 12, 8, True), (4, 6, 0, True), (8, 8, 5, True), (22, 7, 2, False), (26, 3, 1, False)],
+    ids=["free-kept-free", "free-kept-in-the-call", "at-the-marker", "inside-the-call", "past-the-end", "at-the-end"],
+)
+def test_a_draft_walked_through_the_grammar_comes_back_to_a_grammar_that_never_drafted(
+    tiny_qwen3: Any, start: int, length: int, kept: int, cut: bool
+) -> None:
+    """A draft of the call's own tokens from several places (free text into the call, its start marker,
+    inside it, across its end), a wrong token after it: each position's mask allows the next token and
+    is the mask the row would get one token at a time; inside the call the wrong token stops the draft.
+    After the verdict keeps some of it (`settle`), the grammar's next mask and state are those of a
+    grammar that took only the kept tokens (its matcher rolled back, a stopped one too), and it goes on
+    to accept the rest of the call as that one does."""
+    tokenizer = tiny_qwen3[1]
+    vocab = len(tokenizer.vocab)
+    grammars = Grammars(tokenizer, "json", "<tool_call>", "</tool_call>")
+    text = "Here it is." + tool_call_text("read", {"path": "README.md"}) + " Done."
+    script = tokenizer.encode(text, add_special_tokens=False)
+    assert len(script) == 30 and tokenizer.decode(script[4:5]) == "<tool_call>"
+    wrong = tokenizer.encode("}", add_special_tokens=False)[0]
+    draft = script[start + 1 : start + 1 + length]
+    grammar = fed(grammars, script, start)
+    walked = HeldDraft(grammar, script[start], [*draft, wrong, *draft], vocab)
+    assert (walked.draft == draft) == cut and walked.draft[: len(draft)] == draft
+    for j, mask in enumerate(walked.masks[: len(draft) + 1]):
+        alone = next_mask(fed(grammars, script, start + 1 + j), vocab)
+        assert (mask is None) == (alone is None) and (mask is None or np.array_equal(mask, alone))
+        assert j >= len(draft) or mask is None or mask[draft[j]]
+    walked.settle(1 + kept)
+    never = fed(grammars, script, start + 1 + kept)
+    assert grammar.fed == never.fed == script[: start + 1 + kept]
+    assert grammar.running == never.running and grammar.engaged == never.engaged
+    for token in script[start + 1 + kept :]:  # the rest of the reply: the same mask before each token
+        mask, alone = next_mask(grammar, vocab), next_mask(never, vocab)
+        assert (mask is None) == (alone is None) and (mask is None or np.array_equal(mask, alone))
+        assert mask is None or mask[token]
+        grammar.take(token), never.take(token)
+    assert grammar.engaged == "calls" and not grammar.broken and not grammar.running
