@@ -8,6 +8,8 @@
   `debug`: turns, tokens, tool results), the logger being the task's label. The SDK sends whatever
   it is handed on the 2025 protocol versions (filtering is the application's job there), so the
   level is applied here, per connection.
+- `on_event`: the runner's sink; an event goes to the call its task belongs to (`call_progress`,
+  `call_client`: child tasks inherit the context of the call that started them).
 
 The SDK marks logging deprecated as of the 2026-07-28 revision (SEP-2577) and warns when it is set
 up or used; every client speaks a 2025 version today, where logging is part of the protocol, so the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import io
 import logging
 import warnings
@@ -31,7 +34,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from rich.console import Console
 from rich.text import Text
 
-from ..events import Event, TaskEndData, UsageData
+from ..events import Event, TaskEndData, ToolCallData, UsageData
 from ..render import EventLines
 
 LEVELS: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
@@ -192,4 +195,36 @@ class ClientLog:
             await asyncio.gather(self._pump, return_exceptions=True)
 
 
-__all__ = ["DEFAULT_LEVEL", "LEVELS", "ClientLog", "Progress", "event_level", "progress_message", "quiet"]
+# The request an event belongs to: child tasks inherit the context of the call that started them.
+call_progress: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("mcp_progress", default=None)
+# The client whose call started the event's task, and that call's request id: its log messages.
+call_client: contextvars.ContextVar[tuple[ClientLog, Any] | None] = contextvars.ContextVar("mcp_client", default=None)
+
+
+def on_event(event: Event) -> None:
+    """The runner's sink: an event goes to the progress of the call it belongs to, if any."""
+    progress = call_progress.get()
+    if progress is not None:
+        progress.push(event)
+    if (client := call_client.get()) is not None:
+        client[0].event(event, client[1])
+    if event.kind == "tool_call":
+        log.debug("%s %s %s", event.label, event.kind, cast(ToolCallData, event.data)["description"])
+    elif event.kind == "task_end":
+        log.debug("%s %s %s", event.label, event.kind, cast(TaskEndData, event.data)["status"])
+    elif event.kind == "task_start":
+        log.debug("%s %s ", event.label, event.kind)
+
+
+__all__ = [
+    "DEFAULT_LEVEL",
+    "LEVELS",
+    "ClientLog",
+    "Progress",
+    "call_client",
+    "call_progress",
+    "event_level",
+    "on_event",
+    "progress_message",
+    "quiet",
+]

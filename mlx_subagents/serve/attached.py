@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from ..errors import SubagentError
 from ..events import Event, Fanout
-from ..mcp_server.server import log_path
+from ..mcp_server.server_log import log_path
 from ..runs.agent_mcp import client_servers
 from ..runs.chat import Chat
 from ..runs.runner import Runner

@@ -35,7 +35,8 @@ from ..events import EventSink, Fanout
 from ..host.protocol import ProcessorFactory
 from ..mcp_server.budget import DEFAULT_CALL_BUDGET
 from ..mcp_server.call_tasks import CallTasks
-from ..mcp_server.server import AgentsServer, setup_logging
+from ..mcp_server.server import AgentsServer
+from ..mcp_server.server_log import setup_logging
 from ..mcp_server.stdio import stop_signals
 from ..results import stop_reason
 from ..runs.hosts import HostPool

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mlx_subagents.mcp_server.server import run_schema
+from mlx_subagents.mcp_server.run_agents import run_schema
 from mlx_subagents.runs.model_grants import describe_models
 from mlx_subagents.runs.options import RunOptions
 from mlx_subagents.runs.prepared import Parent
