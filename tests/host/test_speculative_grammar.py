@@ -5,6 +5,7 @@ that never drafted would be: the same next mask, the same tokens taken, the rest
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -71,3 +72,37 @@ def test_a_draft_walked_through_the_grammar_comes_back_to_a_grammar_that_never_d
         assert mask is None or mask[token]
         grammar.take(token), never.take(token)
     assert grammar.engaged == "calls" and not grammar.broken and not grammar.running
+
+
+@pytest.mark.parametrize("beside", [0, 1], ids=["alone", "then-a-short-session-beside-it"])
+def test_a_grammar_held_session_drafts_on_the_single_path_with_the_tokens_of_drafts_off(
+    tiny_qwen3_path: Path, beside: int
+) -> None:
+    """A session whose reply must be a call decodes alone (the single path, `DraftedStream` walking each
+    draft through its grammar), or first beside a shorter session (into the batch, then back alone when
+    that one ends): it drafts and keeps some of its drafts, and its reply is the valid call it is with
+    drafts off, token for token."""
+    import asyncio
+
+    import jsonschema
+
+    from mlx_subagents.host import GenerateArgs, MlxModelHost
+    from tests.host.test_batching import task
+    from tests.host.test_draft_costs import fix_costs
+    from tests.host.test_grammar import TASK, TOOLS
+
+    async def go(draft: str) -> list[Any]:
+        async with MlxModelHost(str(tiny_qwen3_path), draft=draft) as host:
+            fix_costs(host)
+            held = host.session("held").generate(TASK, GenerateArgs(max_tokens=64, tool_choice="required"), tools=TOOLS)
+            free = [host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=12)) for i in range(beside)]
+            return list(await asyncio.gather(held, *free))
+
+    off, on = asyncio.run(go("off")), asyncio.run(go("lookup"))
+    assert [r.token_ids for r in on] == [r.token_ids for r in off]
+    reply = on[0]
+    assert reply.usage.accepted_tokens > 0 and off[0].usage.drafted_tokens == 0
+    assert reply.tool_calls and reply.constrained == "calls" and reply.malformed_tool_calls == []
+    for call in reply.tool_calls:
+        schema = next(t for t in TOOLS if t["function"]["name"] == call.name)["function"]["parameters"]
+        jsonschema.validate(call.arguments, schema)

@@ -157,13 +157,15 @@ class DecodeStage:
 
     def _stream(self, turn: Turn, cache: list[Any], context: list[int], pending: Any = None) -> Any:
         """The single turn's stream: with drafts (`drafted.py`) where they are on and can run, which is
-        where no logits processor reads the turn's tokens one by one (a grammar, a thought budget, a
-        forcing script) and every layer of its cache rewinds (`kv.rewind.refusal`: not a hybrid model's
+        where no logits processor but its grammar reads the turn's tokens one by one (not a thought budget,
+        a forcing script) and every layer of its cache rewinds (`kv.rewind.refusal`: not a hybrid model's
         recurrent layers); mlx-lm's single path otherwise."""
-        if self.drafts and not turn.decode.processors and refusal(cache) is None:
+        decode = turn.decode
+        if self.drafts and decode.processors in ([], [decode.grammar]) and refusal(cache) is None:
             token = None if pending is None else int(pending.item())
+            sampling = Sampling.of(turn.request)
             return DraftedStream(
-                self.model, cache, context, Sampling.of(turn.request), turn.decode.drafter, token, turn.decode.drafts
+                self.model, cache, context, sampling, decode.drafter, token, decode.drafts, decode.grammar
             )
         return SingleStream(self.model, cache, context, turn.decode.sampler, turn.decode.processors, pending)
 

@@ -7,18 +7,27 @@ ones decoding one at a time gives, a forward yielding as many as the draft got r
 forward with no draft is a plain decode step. It is not pipelined: the next draft depends on the
 verdict, which is read back before the next forward is built.
 
-Rows with logits processors (a grammar, a thought budget, a forcing script) do not draft here:
-their processors read every token in order and keep state that a rejected draft would have to undo.
+A sequence held by a grammar (a call to its tools, an answer to its schema) drafts too: its grammar
+masks its first forward as a processor would, and each forward after it walks its draft through the
+grammar while the forward runs (`drafted_grammar.py`: each verified position masked, the draft cut at
+the first token the grammar refuses, the grammar brought back to the kept tokens). Sequences with
+other logits processors (a thought budget, a forcing script) do not draft: those read every token in
+order and keep state that a rejected draft would have to undo.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..kv.rewind import Mark, mark, refusal, rewind
+from .drafted_grammar import HeldDraft, masked
 from .drafts import Drafter
+from .single import Tail
 from .verify import Sampling, verdict
+
+if TYPE_CHECKING:
+    from ..calls.grammar import Constrainer
 
 
 @dataclass
@@ -56,6 +65,7 @@ class DraftedStream:
         drafter: Drafter,
         pending: int | None = None,
         counts: DraftCounts | None = None,
+        grammar: Constrainer | None = None,
     ) -> None:
         problem = refusal(cache)
         if problem is not None:
@@ -65,6 +75,8 @@ class DraftedStream:
         self.counts = counts if counts is not None else DraftCounts()  # a turn's, across its streams
         self._pending = pending
         self._last: tuple[int, Mark] | None = None  # the last forward's tokens kept, and its mark
+        self.grammar = grammar  # its `known` the tokens returned so far
+        self._first = pending is None  # the next forward feeds the context's last token, not a reply's
 
     def next(self, limit: int | None = None) -> list[int]:
         """The tokens of one forward, in order (at most `limit`); the last is not yet in the cache."""
@@ -76,12 +88,19 @@ class DraftedStream:
             self.tokens += kept
             return kept
         draft = self.drafter.propose(self.tokens)[: None if limit is None else max(0, limit - 1)]
-        before = mark(self.cache)
+        if self.grammar is not None and self._first:
+            draft = []  # the grammar reads the reply's first token as a processor does (`_held`)
+        before, fed = mark(self.cache), len(draft) + 1
         with mx.stream(generation_stream):
             logits = self.model(mx.array([self.tokens[-1:] + draft], dtype=mx.uint32), cache=self.cache)[0]
+        logits, draft, walked = self._held(logits, draft)
+        with mx.stream(generation_stream):
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        kept = verdict(logprobs, draft, self.sampling)
-        rewind(self.cache, len(draft) + 1 - len(kept), before)
+        kept = verdict(logprobs[: len(draft) + 1], draft, self.sampling)
+        rewind(self.cache, fed - len(kept), before)
+        if walked is not None:
+            walked.settle(len(kept))
+        self._first = False
         self.drafter.observe(len(draft), len(kept) - 1)
         self.tokens += kept
         self._last = (len(kept), before)
@@ -89,6 +108,22 @@ class DraftedStream:
         counts.forwards, counts.drafted = counts.forwards + 1, counts.drafted + len(draft)
         counts.accepted, counts.tokens = counts.accepted + len(kept) - 1, counts.tokens + len(kept)
         return kept
+
+    def _held(self, logits: Any, draft: list[int]) -> tuple[Any, list[int], HeldDraft | None]:
+        """`logits` (`[positions, V]`) as the grammar masks them, the draft cut where it refuses, and the
+        walk to settle after the verdict. The first forward's token is the context's own: the grammar
+        masks it as a processor (its context's length and last token, as `SingleStream` shows it)."""
+        import mlx.core as mx
+
+        grammar = self.grammar
+        if grammar is None:
+            return logits, draft, None
+        if self._first:
+            return grammar(Tail(len(self.tokens), mx.array(self.tokens[-1:], dtype=mx.uint32)), logits), [], None
+        mx.async_eval(logits)  # the forward runs while llguidance walks the draft
+        grammar.catch_up(len(grammar.known))  # every token returned but the last, which this forward fed
+        walked = HeldDraft(grammar, self.tokens[-1], draft, logits.shape[-1])
+        return masked(logits[None], {0: walked})[0], walked.draft, walked
 
     def handover(self) -> int | None:
         """Stop here: the token computed but not yet returned, when there is one (`pending`, not in the

@@ -24,11 +24,10 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..calls.grammar import Constrainer
-    from .turn import Turn
 
 
 class HeldDraft:
-    """A row's draft walked through its grammar (`grammar`, caught up to the tokens the host has read).
+    """A row's draft walked through its grammar (`grammar`, caught up to the tokens before `flight`).
 
     Args:
         grammar: the row's grammar.
@@ -42,7 +41,6 @@ class HeldDraft:
         self.masks: list[np.ndarray | None] = []  # after each position's token: what may come next (None: all)
         self._states: list[dict[str, Any]] = []  # the grammar's state after each position
         self._takers: list[Any] = []  # each position's matcher that consumed its token (None: none did)
-        grammar.to_step()
         for j, token in enumerate([flight, *draft]):
             if j and (mask := self.masks[-1]) is not None and not mask[token]:
                 break  # the grammar refuses it: the draft stops before it
@@ -86,16 +84,15 @@ def masked(logits: Any, held: dict[int, HeldDraft]) -> Any:
     return mx.where(mx.array(allow), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
 
-def walk(
-    turns: Sequence[Turn | None], pending: Sequence[int], drafts: list[list[int]], vocab: int
-) -> dict[int, HeldDraft]:
-    """Each grammar-held row's draft walked through its grammar (`turns`: each row's turn), by row index;
-    `drafts` cut where the grammars refuse. A row whose grammar fails drafts nothing (its turn fails)."""
+def walk(turns: Sequence[Any], pending: Sequence[int], drafts: list[list[int]], vocab: int) -> dict[int, HeldDraft]:
+    """Each grammar-held row's draft walked through its grammar (`turns`: each row's `Turn`, or None), by
+    row index; `drafts` cut where the grammars refuse. A row whose grammar fails drafts nothing (its turn fails)."""
     held: dict[int, HeldDraft] = {}
     for i, turn in enumerate(turns):
         if turn is None or turn.decode.grammar is None or not drafts[i]:
             continue
         try:
+            turn.decode.grammar.to_step()  # the tokens the host has read: all but the one in flight
             held[i] = HeldDraft(turn.decode.grammar, pending[i], drafts[i], vocab)
         except Exception as exc:
             turn.decode.failed(exc)
