@@ -12,40 +12,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ChatTemplateError, SubagentError
-from ..calls.call_schema import function_of
 from ..calls.chat_format import ChatFormat
 from ..calls.prompt import encode, render
 from ..kv import budget
 from ..kv.budget import DEFAULT_MAX_SESSIONS, SharedKVBudget, default_kv_budget, parse_bytes
-from ..kv.kv_bits import KVSetting, kv_setting, warn_fallback
-from ..kv.kv_pool import (
-    DEFAULT_DROP_BELOW_TOKENS,
-    KV_STEP,
-    CacheState,
-    KVPool,
-    KVShape,
-    cache_nbytes,
-    kv_shape_of,
-    tokens_that_fit,
-)
-from ..kv.prefix_store import PrefixStore, cache_kind, default_max_bytes, model_identity, prefix_cache_dir
+from ..kv.kv_bits import KVSetting
+from ..kv.kv_pool import DEFAULT_DROP_BELOW_TOKENS, CacheState, KVPool, KVShape
+from ..kv.prefix_store import PrefixStore, default_max_bytes, model_identity, prefix_cache_dir
 from ..protocol import (
-    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
     Message,
-    OnHostEvent,
-    PrefillBegun,
     ProcessorFactory,
     Reply,
-    TextCallback,
-    TokensSoFar,
     ToolMode,
     ToolSchema,
     Usage,
@@ -54,18 +38,19 @@ from ..settings import (
     DEFAULT_DRAFT,
     DEFAULT_KV_BITS,
     DEFAULT_PREFILL_SLICE,
-    KV_BITS,
     PrefillSlice,
     check_kv_bits,
     parse_draft,
     parse_prefill_slice,
 )
 from .drafted import DraftCounts
+from .kv_size import kv_shapes, measure, session_window
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .mlx_thread import Deliver, MlxThread
+from .request import make_request, receiver
 from .resident import Registration, reserve
 from .scheduler import Scheduler, SchedulerConfig
-from .turn import OutputSink, Request, Turn, TurnOutput
+from .turn import OutputSink, Turn
 
 if TYPE_CHECKING:
     from ..settings import HostSettings
@@ -129,31 +114,12 @@ class MlxSession:
         self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
     ) -> Reply:
         chat = self._host.chat
-        budget = max(0, args.thinking) if chat.thinks else None
-        max_tokens = args.max_tokens
-        if budget is not None:  # the thought, and its forced end marker, come on top of the reply limit
-            max_tokens += budget + len(self._host.tokenizer.think_end_tokens)
-        opened = chat.opened(budget) if budget is not None else False
-        grammar = args.grammar and chat.grammar_kind is not None
-        request = Request(
-            *chat.present(messages, tools),
-            max_tokens,
-            args.temperature,
-            budget,
-            tools if grammar else None,
-            args.answer_schema if grammar else None,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-            store_prompt=args.store_prompt,
-        )
-        if args.tool_choice != "auto" and tools:
-            request = replace(request, grammar_tools=chosen_tools(tools, args.tool_choice, grammar), require_call=True)
+        request, opened = make_request(chat, self._host.tokenizer, messages, args, tools)
         cancel, loop = threading.Event(), asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         on_event = args.on_event
         visible = chat.visible_text(on_event, opened) if on_event is not None else None
-        sink = OutputSink(loop, _receiver(future, visible, on_event), streams=on_event is not None)
+        sink = OutputSink(loop, receiver(future, visible, on_event), streams=on_event is not None)
 
         if self._forking is not None:
             forking, self._forking = self._forking, None
@@ -204,40 +170,6 @@ class MlxSession:
     async def close(self) -> None:
         await self.reset()
         self._host._sessions.pop(self.name, None)
-
-
-def chosen_tools(tools: list[ToolSchema], choice: str, grammar: bool) -> list[ToolSchema]:
-    """The tools a reply must call (`tool_choice`: `required`, or a tool's name), held by the grammar."""
-    if not grammar:
-        raise SubagentError(
-            f"tool_choice {choice!r} needs the grammar, which this model's call format or --grammar off leaves out; "
-            "use tool_choice auto"
-        )
-    if choice == "required":
-        return tools
-    named = [t for t in tools if function_of(t)["name"] == choice]
-    if not named:
-        raise SubagentError(f"tool_choice names {choice!r}, which is not one of the tools; name one of them")
-    return named
-
-
-def _receiver(
-    future: asyncio.Future[Reply], visible: TextCallback | None, on_event: OnHostEvent | None
-) -> Callable[[TurnOutput], None]:
-    """A turn's outputs on the caller's loop: as host events (when it has `on_event`) its prefill begun,
-    then each piece of new text (to `visible`, which splits off call markup and reasoning) and the
-    tokens generated so far; at its end, its reply or error into `future`."""
-
-    def receive(output: TurnOutput) -> None:
-        if on_event is not None and output.prefill is not None:
-            on_event(PrefillBegun(*output.prefill))
-        if on_event is not None and visible is not None and output.text:
-            visible(output.text)
-            on_event(TokensSoFar(output.tokens))
-        if output.ended and not future.done():
-            future.set_result(output.reply) if output.error is None else future.set_exception(output.error)
-
-    return receive
 
 
 class MlxModelHost:
@@ -456,29 +388,11 @@ class MlxModelHost:
         await asyncio.to_thread(self._mlx.stop)
 
     def _load(self) -> tuple[KVShape, bool]:
-        """Load the model and tokenizer, and `_measure` them: one trip to the mlx thread."""
+        """Load the model and tokenizer, and `measure` their KV cache: one trip to the mlx thread."""
         self._model, self.tokenizer = load_model(self.model_path)  # type: ignore[arg-type]
-        return self._measure()
-
-    def _measure(self) -> tuple[KVShape, bool]:
-        """The KV setting (`kv_setting`: a quantized one is tried on three tokens), KV bytes per token
-        (and fixed recurrent state) under it, and whether caches can be trimmed.
-
-        One token through a fresh cache gives every layer its buffers, which is enough to read the
-        shape off mlx-lm's standard cache types. The graph is never evaluated: mlx is lazy, and the
-        buffers' shapes and dtypes are known before any compute (a forward pass of a 4-bit model
-        costs a third of a second on a small CPU). Other cache types are measured at two lengths.
-        """
-        import mlx.core as mx
-        from mlx_lm.models.cache import can_trim_prompt_cache
-
-        self.kv_setting, problem = kv_setting(self._model, self.kv_bits_requested)
-        if problem is not None:
-            warn_fallback(self.model_id, self.kv_bits_requested, problem)
-        cache = self._make_cache()
-        self._cache_kind = cache_kind(cache)
-        self._model(mx.array([[0]]), cache=cache)  # lazy: shapes only, nothing computed
-        return kv_shape_of(cache) or self._probe_shape(), can_trim_prompt_cache(cache)
+        measured = measure(self._model, self.kv_bits_requested, self.model_id)
+        self.kv_setting, self._cache_kind = measured.setting, measured.kind
+        return measured.shape, measured.trimmable
 
     def _make_cache(self) -> list[Any]:
         """A fresh prompt cache under the host's KV setting (mlx thread)."""
@@ -487,34 +401,7 @@ class MlxModelHost:
     async def kv_shapes(self) -> dict[int, KVShape | str]:
         """The KV bytes a session costs at each `--kv-bits` setting, or why this model cannot take it
         (read off fresh caches, nothing computed: what `doctor` prints)."""
-        import mlx.core as mx
-
-        def read() -> dict[int, KVShape | str]:
-            shapes: dict[int, KVShape | str] = {}
-            for bits in KV_BITS:
-                setting, problem = kv_setting(self._model, bits, evaluate=False)
-                if problem is not None:
-                    shapes[bits] = problem
-                    continue
-                cache = setting.make_cache(self._model)
-                self._model(mx.array([[0]]), cache=cache)
-                shapes[bits] = kv_shape_of(cache) or "its cache's size cannot be read off its layers"
-            return shapes
-
-        return await self._mlx.run(read)
-
-    def _probe_shape(self) -> KVShape:
-        """Bytes held after 256 and 512 tokens (whole KV steps, so the buffers hold exactly that)."""
-        import mlx.core as mx
-
-        cache = self._make_cache()
-        sizes = []
-        for _ in range(2):
-            self._model(mx.array([[0] * KV_STEP]), cache=cache)
-            mx.eval([c.state for c in cache])
-            sizes.append(cache_nbytes(cache))
-        per_token = (sizes[1] - sizes[0]) // KV_STEP
-        return KVShape(fixed=max(0, sizes[0] - per_token * KV_STEP), per_token=per_token)
+        return await self._mlx.run(lambda: kv_shapes(self._model))
 
     def weights_bytes(self) -> int:
         """The weights as stored: mlx loads safetensors as they are (walking the parameters costs more)."""
@@ -560,32 +447,17 @@ class MlxModelHost:
             self._registration.update(budget)
 
     def _window(self, trained: int | None, budget: int | None, shared_total: int | None = None) -> int:
-        """The per-session window: the model's, capped, and what the budget holds for max_sessions.
-
-        Args:
-            shared_total: the budget this one is a share of (a `SharedKVBudget`), named in the errors.
-        """
-        window = min(trained or DEFAULT_CONTEXT_WINDOW, DEFAULT_CONTEXT_WINDOW)
-        fits = None
-        if budget is not None and self.kv_shape.per_token:
-            fits = tokens_that_fit(self.kv_shape, budget // self.max_sessions, self._trimmable)
-        shared = ""
-        if shared_total is not None and budget != shared_total:
-            shared = f" (its share of {shared_total / 2**20:.0f} MiB across the resident models)"
-        if self._window_override is not None:
-            if fits is not None and self._window_override > fits:
-                raise SubagentError(
-                    f"a context window of {self._window_override} tokens for {self.max_sessions} sessions needs "
-                    f"{self.max_sessions * self.kv_shape.bytes_for(self._window_override) / 2**30:.2f} GiB of KV cache but "
-                    f"the budget is {budget / 2**30:.2f} GiB{shared}; lower --context-window or raise --kv-budget"  # type: ignore[operator]
-                )
-            return self._window_override
-        if fits is not None and fits < 256:
-            raise SubagentError(
-                f"the KV budget of {budget / 2**20:.0f} MiB{shared} holds only {max(fits, 0)} tokens per session for "  # type: ignore[operator]
-                f"{self.max_sessions} sessions of {self.model_id}; raise --kv-budget"
-            )
-        return min(window, fits) if fits is not None else window
+        """The per-session window (`session_window`): the model's, capped, and what the budget holds."""
+        return session_window(
+            self.kv_shape,
+            trained,
+            budget,
+            max_sessions=self.max_sessions,
+            trimmable=self._trimmable,
+            override=self._window_override,
+            model_id=self.model_id,
+            shared_total=shared_total,
+        )
 
     # -- public accounting ---------------------------------------------------
 
