@@ -60,7 +60,8 @@ from .prepare import Preparer
 from .prepared import Parent, PreparedTask, SetUpFailure, keep_sandbox, withhold
 from .running import Running
 from .slots import Slots
-from .task import TaskHandle, close_open_tool_calls
+from .task import TaskHandle
+from .task_session import close_open_tool_calls
 from .task_tools import board_tools
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript

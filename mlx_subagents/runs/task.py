@@ -17,95 +17,39 @@ gives it a slot. Two ways to drive a held task:
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from ..agents.compaction import CompactionSettings
 from ..agents.inbox import Delivery, Inbox
-from ..agents.prompt import system_prompt
 from ..agents.session import AgentSession
 from ..caps import MAX_GENERATIONS, MAX_QUEUED_MESSAGES, CapItem, check_request
 from ..errors import RequestError, TaskStateError
 from ..events import Event, EventData, EventKind, EventSink, TaskCancelData, ToolCallData
-from ..host.protocol import Message, ModelHost, TextCallback
+from ..host.protocol import Message, TextCallback
 from ..results import LiveStatus, RunResult, RunUsage, StopReason, TaskStatus
-from ..tools import Tool, Workspace
 from ..tools.delegation import ForkPoint
-from ..tools.editor import Editor
-from ..tools.mcp_requests import Person
-from ..tools.parent_send import Send
 from .board import TaskBoard
 from .generation import Generation
-from .hosts import SessionNames
-from .prepared import Parent, PreparedTask
+from .prepared import PreparedTask
+from .task_session import SessionRuntime, close_open_tool_calls, make_session
+from .task_state import TaskState
 from .tasks import Render
 from .transcripts import RunRecord, TaskEntry, TaskTranscript
 from .worktrees import Worktree, finish_worktree, reopen_worktree, worktree_result
 
-INTERRUPTED_TOOL_RESULT = "Error: this tool call was interrupted before it finished."
 NO_PERSON_IN_BACKGROUND = "nobody can answer a background task's servers (it runs while its starter carries on)"
 CANCELLED = "cancelled"
 NOT_HELD = "its conversation is not held here"
 
 
-class TaskState(enum.IntEnum):
-    """Where a task is in its life; the ended states come last, as in vLLM's `RequestStatus`.
-
-        NEW ──ask, send, a plan──▶ QUEUED ──a slot──▶ RUNNING ──it ends──▶ KEPT ──a message──▶ QUEUED
-                                     │                  │                   └──let go──▶ LET_GO
-                                     └─cancel──▶ (ends) └──not held──▶ ENDED
-
-    NEW: prepared; no generation asked for yet (a chat before its first message, a reopened task).
-    QUEUED: a generation waits for the steps it needs, a slot or the writer lease.
-    RUNNING: a generation runs and holds a slot.
-    KEPT: ended; its conversation is held, so a message continues it on its own KV cache.
-    ENDED: ended; its conversation is not held here (a top-level run, an aborted foreground child).
-    LET_GO: ended; its conversation was let go (to make room, or its parent ended).
-    """
-
-    NEW = enum.auto()
-    QUEUED = enum.auto()
-    RUNNING = enum.auto()
-    KEPT = enum.auto()
-    ENDED = enum.auto()
-    LET_GO = enum.auto()
-
-    @property
-    def alive(self) -> bool:
-        """Queued or running: it counts against its board's cap."""
-        return self in (TaskState.QUEUED, TaskState.RUNNING)
-
-    @property
-    def is_finished(self) -> bool:
-        return self >= TaskState.KEPT
-
-
-class TaskRuntime(Protocol):
-    """What a handle needs of the runner that made it: where events go, how its session and run are
-    made, how its generations are run, and who answers its MCP servers' questions."""
+class TaskRuntime(SessionRuntime, Protocol):
+    """What a handle needs of the runner that made it: where events go, how its session (`SessionRuntime`)
+    and run are made, how its generations are run, and who answers its MCP servers' questions."""
 
     on_event: EventSink
-    compaction: CompactionSettings
-    session_names: SessionNames
-    person: Person | None
-    no_person: str
-    editor: Editor | None
-
-    def resident_hosts(self) -> list[ModelHost]: ...
-
-    def board_tools(
-        self,
-        parent: Parent,
-        workspace: Workspace,
-        board: TaskBoard | None = None,
-        *,
-        forked: bool = False,
-        speak_up: Send | None = None,
-    ) -> dict[str, Tool]: ...
 
     def new_run(self, handle: TaskHandle) -> tuple[RunRecord, TaskEntry] | None: ...
 
@@ -563,38 +507,20 @@ class TaskHandle:
             made = self.runtime.new_run(self)
             if made is not None:
                 self.record, self.entry = made
-        prepared = self.prepared
-        if messages is None:
-            prompt = system_prompt(self.spec, prepared.context, prepared.skills, self.host.context_window)
-            messages = [{"role": "system", "content": prompt}]
-        self.board.parent = prepared.as_parent(self.record.folder if self.record else None)
-        forked = self.fork_from is not None
-        self.session = AgentSession(
-            spec=self.spec,
-            host=self.host,
-            workspace=self.workspace,
-            label=self.label,
-            limits=prepared.limits,
-            compaction=self.runtime.compaction,
+        parent = self.board.parent = self.prepared.as_parent(self.record.folder if self.record else None)
+        self.session = make_session(
+            self.runtime,
+            self.prepared,
+            parent,
+            self.board,
+            self.inbox,
+            messages,
+            session_name=self._session_name,
+            fork_from=self.fork_from,
             on_text=self.on_text,
-            extra_tools={
-                **prepared.mcp_tools,
-                **self.runtime.board_tools(
-                    self.board.parent, self.workspace, self.board, forked=forked, speak_up=self._to_parent
-                ),
-            },
-            denied=prepared.denied,
-            project_context=prepared.context,
-            skills=prepared.skills,
-            messages=list(messages),
-            inbox=self.inbox,
-            session_name=self.runtime.session_names.claim(self._session_name),
-            sandbox=prepared.sandbox,
-            fork_of=self.fork_from.session if self.fork_from is not None else "",
+            to_parent=self._to_parent,
             person=None if self.background else self.runtime.person,
             no_person=NO_PERSON_IN_BACKGROUND if self.background else self.runtime.no_person,
-            resident_hosts=self.runtime.resident_hosts,
-            editor=self.runtime.editor,
         )
         return self.session
 
@@ -611,22 +537,3 @@ class TaskHandle:
         if self.entry.file is None and not create:
             return None
         return self.record.transcript(self.entry, generation=max(self.generations, 1))
-
-
-def close_open_tool_calls(messages: list[Message]) -> list[Message]:
-    """Add an error result for each tool call at the end that never got one (an aborted task).
-
-    Chat templates expect every tool call to be answered before the next user message.
-    """
-    messages = list(messages)
-    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
-    if last is None or not messages[last].get("tool_calls"):
-        return messages
-    answered = {m.get("tool_call_id") for m in messages[last + 1 :] if m.get("role") == "tool"}
-    for call in messages[last]["tool_calls"]:
-        if call.get("id") not in answered:
-            name = call.get("function", {}).get("name", "")
-            messages.append(
-                {"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": INTERRUPTED_TOOL_RESULT}
-            )
-    return messages

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from mlx_subagents.errors import RunNotFoundError
-from mlx_subagents.runs.runner import Runner, close_open_tool_calls
+from mlx_subagents.runs.runner import Runner
+from mlx_subagents.runs.task_session import close_open_tool_calls
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import list_runs, load_run, read_transcript, runs_dir
 from tests.helpers import call, go, make_runner, scripted_host
