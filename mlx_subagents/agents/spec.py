@@ -21,7 +21,7 @@ from ..home import long_name_problem
 from ..host.protocol import DEFAULT_THINKING_TOKENS
 from ..text import name_list
 from ..tools import KNOWN_TOOLS, TOOL_NAMES, WRITER_TOOLS
-from ..tools.mcp import TOOL_PATTERN, McpServerConfig, matches, parse_server
+from ..tools.mcp_config import TOOL_PATTERN, McpServerConfig, matches, parse_server
 from ..userfiles import read_text
 from .claude import CLAUDE_FIELDS, claude_tool, is_claude_file, is_claude_model, task_grants, unsupported_note
 from .frontmatter import agent_error as _fail

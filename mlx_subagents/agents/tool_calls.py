@@ -15,7 +15,7 @@ from ..events import EventData, EventKind, ToolCallData, ToolResultData
 from ..host.protocol import MalformedToolCall, Message, Reply, ToolCall
 from ..tools import Tool, ToolResult
 from ..tools.editor import CallRef, current_call
-from ..tools.mcp import matches
+from ..tools.mcp_config import matches
 from .hooks import HookEvent, HookOutcome
 from .limits import LimitReached
 

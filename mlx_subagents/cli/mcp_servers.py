@@ -14,7 +14,8 @@ from ..agents.discovery import AgentCatalog
 from ..agents.spec import AgentSpec
 from ..errors import McpConfigError
 from ..home import state_home
-from ..tools.mcp import McpConnection, McpServerConfig, agent_servers, load_config, pattern_server
+from ..tools.mcp import McpConnection
+from ..tools.mcp_config import McpServerConfig, agent_servers, load_config, pattern_server
 
 Print = Callable[[str], None]
 

@@ -12,7 +12,8 @@ from typing import Any
 from ..agents.spec import AgentSpec
 from ..errors import ConfirmationRequired
 from ..tools import Tool, Workspace
-from ..tools.mcp import PREFIX, McpServerConfig, McpServers, agent_servers, load_config, parse_server, pattern_server
+from ..tools.mcp import McpServers
+from ..tools.mcp_config import PREFIX, McpServerConfig, agent_servers, load_config, parse_server, pattern_server
 from .consent import Consent
 
 # Where a client's MCP servers are said to come from (`McpServerConfig.where`), in the consent question.

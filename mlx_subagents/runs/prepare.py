@@ -52,7 +52,8 @@ from ..errors import AgentNotFoundError, InputTooLargeError, RequestError
 from ..home import state_home
 from ..host.protocol import DEFAULT_THINKING_TOKENS, ModelHost, ProcessorFactory, ToolSchema
 from ..tools import Sandbox, Tool, Workspace
-from ..tools.mcp import McpServerConfig, McpServers
+from ..tools.mcp import McpServers
+from ..tools.mcp_config import McpServerConfig
 from ..tools.mcp_requests import ClientPolicy
 from .agent_mcp import AgentMcp, with_servers
 from .consent import Consent

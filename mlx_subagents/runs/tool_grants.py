@@ -11,7 +11,7 @@ from typing import Any
 from ..agents.spec import AgentSpec
 from ..errors import RequestError
 from ..tools import READ_ONLY_TOOLS
-from ..tools.mcp import matches
+from ..tools.mcp_config import matches
 from .prepared import Parent
 from .tasks import TaskSpec
 

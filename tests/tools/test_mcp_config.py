@@ -16,7 +16,8 @@ import pytest
 
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.tools import Workspace
-from mlx_subagents.tools.mcp import McpServerConfig, McpServers, load_config
+from mlx_subagents.tools.mcp import McpServers
+from mlx_subagents.tools.mcp_config import McpServerConfig, load_config
 from tests.helpers import REPO, call, go, write_agent
 from tests.tools.test_mcp_tools import SERVER, pids_in
 

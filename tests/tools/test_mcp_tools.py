@@ -19,7 +19,7 @@ from mlx_subagents.agents.discovery import discover_agents
 from mlx_subagents.cli.mcp_servers import check_servers, mcp_entries
 from mlx_subagents.errors import McpConfigError
 from mlx_subagents.runs.tasks import TaskSpec
-from mlx_subagents.tools.mcp import load_config
+from mlx_subagents.tools.mcp_config import load_config
 from tests.helpers import REPO, alive, call, go, write_agent
 
 pytestmark = pytest.mark.process  # the demo server or `subagent`: all but the expansion test
