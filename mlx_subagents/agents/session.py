@@ -30,13 +30,10 @@ from ..events import (
     EventSink,
     HookWarningData,
     MessageData,
-    PrefillData,
-    ReasoningData,
     SamplingData,
     TaskEndData,
     TaskSendData,
     TaskStartData,
-    TextData,
     TurnStartData,
     UsageCounts,
     UsageData,
@@ -44,16 +41,11 @@ from ..events import (
 )
 from ..host.protocol import (
     GenerateArgs,
-    HostEvent,
     HostSession,
     Message,
     ModelHost,
-    PrefillBegun,
-    ReasoningDelta,
     Reply,
     TextCallback,
-    TextDelta,
-    TokensSoFar,
     Usage,
 )
 from ..results import RunResult, RunUsage, StopReason
@@ -71,62 +63,13 @@ from .sampling import choose_host, sample
 from .session_tools import session_tools
 from .skills import SkillChoice
 from .spec import AgentSpec
+from .streamed import Decoding, Streamed
 from .tool_calls import ToolCalls
 
 if TYPE_CHECKING:
     import mcp_types
 
-# A decoding reply's `decode` event: at its first token, then at most this often (seconds).
-DECODE_EVERY_S = 1.0
 ANSWER_NOW = "Your reply held only reasoning and no answer. Answer the task now."
-
-
-@dataclass
-class _Streamed:
-    """What a reply has streamed so far, read off the host's events (`HostEvent`): its text and
-    reasoning (kept if a cut ends it early) as `text` and `reasoning` events and to `on_text`, its
-    prefill as a `prefill` event, its tokens so far as `decode` reports (`_Decoding`)."""
-
-    emit: Callable[[EventKind, EventData], None]
-    on_text: TextCallback | None
-    decoding: _Decoding
-    text: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-
-    def __call__(self, event: HostEvent) -> None:
-        match event:
-            case TextDelta(text=piece):
-                self.text.append(piece)
-                self.emit("text", TextData(text=piece))
-                if self.on_text is not None:
-                    self.on_text(piece)
-            case ReasoningDelta(text=piece):
-                self.reasoning.append(piece)
-                self.emit("reasoning", ReasoningData(text=piece))
-            case PrefillBegun(tokens=tokens, cached=cached):
-                self.emit("prefill", PrefillData(tokens=tokens, cached=cached))
-            case TokensSoFar(n=n):
-                self.decoding(n)
-
-
-@dataclass
-class _Decoding:
-    """Turns the host's running count of a reply's tokens into `decode` reports: at the first token,
-    then at most every `DECODE_EVERY_S`, with the rate since the first."""
-
-    report: Callable[[int, float], None]
-    first: tuple[float, int] | None = None  # (when, tokens) at the first report
-    reported: float = 0.0
-
-    def __call__(self, tokens: int) -> None:
-        now = time.perf_counter()
-        if self.first is None:
-            self.first, self.reported = (now, tokens), now
-            self.report(tokens, 0.0)
-        elif now - self.reported >= DECODE_EVERY_S:
-            self.reported = now
-            since, at = self.first
-            self.report(tokens, round((tokens - at) / (now - since), 1))
 
 
 @dataclass
@@ -290,8 +233,8 @@ class AgentSession:
             max_tokens = min(max_tokens, left)
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start", TurnStartData())
-        decoding = _Decoding(lambda n, tps: self._emit("decode", DecodeData(tokens=n, tps=tps)))
-        streamed = _Streamed(self._emit, self.on_text, decoding)
+        decoding = Decoding(lambda n, tps: self._emit("decode", DecodeData(tokens=n, tps=tps)))
+        streamed = Streamed(self._emit, self.on_text, decoding)
         try:
             with self._counting_cut():
                 args = GenerateArgs(
@@ -340,7 +283,7 @@ class AgentSession:
             "the output holds the partial text",
         )
 
-    def _keep_cut(self, streamed: _Streamed) -> None:
+    def _keep_cut(self, streamed: Streamed) -> None:
         """A reply cut by a timeout, Ctrl-C or a signal: what streamed of it becomes its message,
         marked `cut` (`show` says so), so that the transcript and the result keep what it said."""
         text, reasoning = "".join(streamed.text).strip(), "".join(streamed.reasoning).strip()

@@ -470,17 +470,17 @@ def test_paths_outside_the_workspace_are_refused_and_nothing_leaks(tmp_path: Pat
 
 def test_every_host_event_has_one_reader_that_makes_it_the_agents_event() -> None:
     """A new host event is one class in `HostEvent` (host/protocol.py), one place a host emits it, and one
-    reader: the agent session's `_Streamed`, which turns each kind into the agent's own event. A kind it
+    reader: the agent session's `Streamed` (agents/streamed.py), which turns each kind into the agent's own event. A kind it
     does not read is lost, and fails here."""
     from dataclasses import fields
     from typing import get_args
 
-    from mlx_subagents.agents.session import _Decoding, _Streamed
+    from mlx_subagents.agents.streamed import Decoding, Streamed
     from mlx_subagents.host.protocol import HostEvent
 
     emitted: list[tuple[str, Any]] = []
-    streamed = _Streamed(
-        lambda kind, data: emitted.append((kind, data)), None, _Decoding(lambda n, tps: emitted.append(("decode", n)))
+    streamed = Streamed(
+        lambda kind, data: emitted.append((kind, data)), None, Decoding(lambda n, tps: emitted.append(("decode", n)))
     )
     kinds = []
     for event_class in get_args(HostEvent):
