@@ -14,15 +14,13 @@ import asyncio
 import json
 import math
 import os
-import socket
 import time
-from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import openai
 
-from ...errors import EngineError, PromptTooLongError, SubagentError
+from ...errors import EngineError, SubagentError
 from ..calls.formats.hermes import hermes
 from ..protocol import (
     DEFAULT_CONTEXT_WINDOW,
@@ -37,12 +35,12 @@ from ..protocol import (
     ToolSchema,
     Usage,
 )
+from .engine_errors import API_KEY_ENV, NOT_AN_ENGINE, EngineErrors
 from .engine_stream import (
     EngineFailed,
     Partial,
     WrongReply,
     event_data,
-    excerpt,
     looks_like_html,
     not_a_stream,
     page_summary,
@@ -54,7 +52,6 @@ from .estimate import approx_tokens
 if TYPE_CHECKING:
     from ..settings import HostSettings
 
-API_KEY_ENV = "MLX_SUBAGENTS_API_KEY"
 # Seconds without a byte from the engine (a long prefill on a busy engine sends nothing).
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -67,9 +64,6 @@ DEFAULT_START_TIMEOUT = 30.0
 DEFAULT_REPLY_TIMEOUT = 1800.0
 # The most a model listing may hold (a big router lists a few hundred models in about 1 MB).
 MAX_LISTING_BYTES = 8 << 20
-# What to do when the URL answers, but not as an engine does.
-NOT_AN_ENGINE = "check that --engine is the engine's API root (usually ending in /v1), not a proxy's login page"
-GARBLED = "the engine (or a proxy in between) does not speak the chat-completions protocol; check its logs"
 # 429, 503, other 5xx, refused connections and timeouts are retried with the client's
 # exponential backoff (0.5 s doubling, honouring Retry-After), this many times.
 DEFAULT_MAX_RETRIES = 3
@@ -135,6 +129,7 @@ class EngineHost:
             timeout=openai.Timeout(timeout, connect=DEFAULT_CONNECT_TIMEOUT),
             max_retries=max_retries,
         )
+        self.errors = EngineErrors(self.url, model, timeout, max_retries)
         self._sessions: dict[str, EngineSession] = {}
         # Engine prompt tokens per approximate token, learned from each reply's usage.
         self._token_ratio = 1.0
@@ -213,7 +208,7 @@ class EngineHost:
                 ) from None
         except (openai.AuthenticationError, openai.PermissionDeniedError, openai.APIConnectionError) as exc:
             if probe:
-                raise self.error(exc) from None
+                raise self.errors.failed(exc) from None
         except WrongReply as exc:
             if probe:
                 raise EngineError(f"engine {self.url}: {exc}; {NOT_AN_ENGINE}") from None
@@ -243,121 +238,6 @@ class EngineHost:
         estimate = approx_tokens(wire, tools)
         if prompt_tokens and estimate:
             self._token_ratio = min(4.0, max(0.25, prompt_tokens / estimate))
-
-    def error(self, exc: Exception, *, streamed: int | None = None) -> SubagentError:
-        """One line naming the engine and what to do, for a failed request.
-
-        Args:
-            streamed: characters received when the stream broke (None: before it started).
-        """
-        where = f"engine {self.url}"
-        retried = f"after {self.max_retries} {'retry' if self.max_retries == 1 else 'retries'}"
-        if isinstance(exc, openai.APITimeoutError):
-            if streamed is None:
-                waited = f"no reply within {self.timeout:g} s {retried}"
-            else:
-                waited = f"the engine sent nothing for {self.timeout:g} s mid-reply"
-            return EngineError(f"{where}: {waited}; check that it is not overloaded or stuck (its logs), then retry")
-        if isinstance(exc, openai.APIConnectionError):
-            if streamed is not None:
-                return self.cut(streamed)
-            return EngineError(f"{where}: {_connection_problem(exc, self.url)}")
-        if not isinstance(exc, openai.APIStatusError):  # e.g. an error event in the stream
-            when = "mid-reply" if streamed is not None else "before replying"
-            message = " ".join(str(getattr(exc, "message", exc)).split())
-            return EngineError(f"{where}: the engine failed {when} ({message}); check its logs, then retry")
-        status, message = exc.status_code, _status_message(exc)
-        if status == 401:
-            return EngineError(
-                f"{where}: the API key was refused (401: {message}); pass the engine's key with --api-key or "
-                f"${API_KEY_ENV}"
-            )
-        if status == 403:
-            return EngineError(
-                f"{where}: access to model '{self.model_id}' was denied (403: {message}); use a key that may "
-                f"use it (--api-key or ${API_KEY_ENV})"
-            )
-        if status == 429:
-            return EngineError(f"{where}: still rate limited (429) {retried}; lower --concurrency or retry later")
-        if status == 400 and "context" in message.lower():
-            return PromptTooLongError(
-                f"{where}: the prompt does not fit model '{self.model_id}' ({message}); lower --context-window "
-                "so that compaction starts earlier"
-            )
-        if status >= 500:
-            return EngineError(
-                f"{where}: unavailable ({status}: {message}) {retried}; wait until the engine is up, or lower "
-                "--concurrency"
-            )
-        return EngineError(f"{where}: the request was refused ({status}: {message})")
-
-    def cut(self, streamed: int, ignored: Sequence[str] = (), *, n_chunks: int = 1) -> SubagentError:
-        """The stream ended before the reply did; `ignored`: a line in it that was no event (what came instead)."""
-        where = f"engine {self.url}: " + (
-            "the event stream ended before the reply began"
-            if n_chunks == 0
-            else f"the stream was cut mid-reply after {streamed} characters"
-        )
-        if ignored:
-            return EngineError(f"{where}; instead of events it held lines like {excerpt(ignored[0])}; {NOT_AN_ENGINE}")
-        return EngineError(f"{where}; the engine may have crashed or restarted (check its logs), then retry")
-
-    def wrong(self, what: str, *, streamed: int | None = None) -> SubagentError:
-        """An answer that is not what the protocol says; `what` says what came back."""
-        if streamed is None:
-            return EngineError(f"engine {self.url}: {what}; {NOT_AN_ENGINE}")
-        return EngineError(f"engine {self.url}: {what}, after {streamed} characters of the reply; {GARBLED}")
-
-    async def not_found(self, exc: openai.NotFoundError) -> SubagentError:
-        """A 404: the model is not served (list what is), or the URL has no chat endpoint."""
-        served = await self.served_models()
-        if served:
-            return EngineError(
-                f"engine {self.url}: model '{self.model_id}' not found; it serves {', '.join(served)}; pass one "
-                "with --model"
-            )
-        return EngineError(
-            f"engine {self.url}: model '{self.model_id}' not found ({_status_message(exc)}) and the engine "
-            "lists no models; check --model, and that the URL is the API root (usually ending in /v1)"
-        )
-
-
-def _connection_problem(exc: Exception, url: str) -> str:
-    host = urlsplit(url).hostname
-    for cause in _causes(exc):
-        if isinstance(cause, socket.gaierror):
-            return f"cannot resolve the host name '{host}'; check the host in --engine"
-        if isinstance(cause, ConnectionRefusedError):
-            return "connection refused; start the engine, or check the host and port in --engine"
-    return f"cannot connect ({_last_words(exc)}); check that the engine runs and --engine points at it"
-
-
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
-def _last_words(exc: BaseException) -> str:
-    *_, deepest = _causes(exc)
-    return " ".join(str(deepest).split()) or type(deepest).__name__
-
-
-def _status_message(exc: openai.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        detail = body.get("message") or body.get("error") or body.get("detail")
-        if isinstance(detail, dict):
-            detail = detail.get("message")
-        if detail:
-            return " ".join(str(detail).split())[:500]
-    text = body if isinstance(body, str) else ""
-    if looks_like_html(exc.response.headers.get("content-type", ""), text):  # a proxy's error page
-        return f"an HTML page: {page_summary(text)}"
-    return " ".join(str(exc.message).split())[:500]
 
 
 # --- messages on the wire ----------------------------------------------------------------------
@@ -488,9 +368,9 @@ class EngineSession:
         try:
             stream = await host._client.chat.completions.create(**request)
         except openai.NotFoundError as exc:
-            raise await host.not_found(exc) from None
+            raise host.errors.not_found(exc, await host.served_models()) from None
         except openai.APIError as exc:
-            raise host.error(exc) from None
+            raise host.errors.failed(exc) from None
         response = stream.response
         timeout, broken = transport_errors(response)
         ignored: list[str] = []
@@ -498,26 +378,28 @@ class EngineSession:
             content_type = response.headers.get("content-type", "")
             if not content_type.lower().startswith("text/event-stream"):
                 body = await read_some(response.aiter_bytes())
-                raise host.wrong(not_a_stream(response.status_code, content_type, body), streamed=None)
+                raise host.errors.wrong(not_a_stream(response.status_code, content_type, body), streamed=None)
             async for data in event_data(response.aiter_bytes(), ignored):
                 if not partial.add(data, time.perf_counter()):
                     partial.finish_reason = "length"  # cut here: the engine went past max_tokens
                     return
         except WrongReply as exc:
-            raise host.wrong(str(exc), streamed=len(partial.text)) from None
+            raise host.errors.wrong(str(exc), streamed=len(partial.text)) from None
         except EngineFailed as exc:
-            raise host.error(exc, streamed=len(partial.text)) from None
+            raise host.errors.failed(exc, streamed=len(partial.text)) from None
         except timeout:
-            raise host.error(openai.APITimeoutError(request=response.request), streamed=len(partial.text)) from None
+            raise host.errors.failed(
+                openai.APITimeoutError(request=response.request), streamed=len(partial.text)
+            ) from None
         except broken:
-            raise host.cut(len(partial.text), ignored) from None
+            raise host.errors.cut(len(partial.text), ignored) from None
         except asyncio.CancelledError:  # the engine's usage comes at the end of the stream: estimated
             self.cut = self._usage(partial, wire, tools, 0.0, time.perf_counter() - started)
             raise
         finally:
             await asyncio.shield(stream.close())
         if partial.finish_reason is None:  # the body ended cleanly but the reply did not
-            raise host.cut(len(partial.text), ignored, n_chunks=partial.n_chunks)
+            raise host.errors.cut(len(partial.text), ignored, n_chunks=partial.n_chunks)
 
     def _reply(self, partial: Partial, wire: list[Message], tools: list[ToolSchema] | None, started: float) -> Reply:
         calls, malformed = self._structured_calls(partial)
