@@ -1,8 +1,9 @@
 """`AgentSpec`: one agent, read from a markdown file with YAML frontmatter.
 
 An agent file is a `---` fenced YAML header (name, description, tools, model, ...) followed by
-the system prompt. Every field has one reader here that turns a bad value into one line naming
-the file, the field and the fix. Claude Code files (`.claude/agents`) are read in their dialect
+the system prompt. Every field has one reader that turns a bad value into one line naming the file,
+the field and the fix: here, or in `tool_fields.py` (the fields that name tools, MCP servers and
+agents) and `model_fields.py` (the model, the engine, temperature and thinking). Claude Code files (`.claude/agents`) are read in their dialect
 (`claude.py`); where the files are found is `discovery.py`.
 """
 
@@ -12,29 +13,31 @@ import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import AgentFileError, McpConfigError
+from ..errors import AgentFileError
 from ..home import long_name_problem
-from ..host.protocol import DEFAULT_THINKING_TOKENS
 from ..text import name_list
-from ..tools import KNOWN_TOOLS, TOOL_NAMES, WRITER_TOOLS
-from ..tools.mcp_config import TOOL_PATTERN, McpServerConfig, matches, parse_server
+from ..tools import WRITER_TOOLS
+from ..tools.mcp_config import McpServerConfig, matches
 from ..userfiles import read_text
-from .claude import CLAUDE_FIELDS, claude_tool, is_claude_file, is_claude_model, task_grants, unsupported_note
+from .claude import CLAUDE_FIELDS, is_claude_file, unsupported_note
 from .frontmatter import agent_error as _fail
 from .frontmatter import read_frontmatter
 from .hooks import HookConfigError, Hooks, parse_hooks
+from .model_fields import (
+    MAX_TEMPERATURE,
+    parse_engine,
+    parse_model,
+    parse_models,
+    parse_temperature,
+    parse_thinking_field,
+)
+from .tool_fields import NAME_PATTERN, mcp_denied, parse_agents, parse_mcp_servers, parse_tools
 
 Source = Literal["builtin", "user", "project"]
 
-# Dots are allowed (`dotnet-framework-4.8-expert`); path separators, spaces and leading dots are not;
-# at most MAX_NAME_CHARS (64) characters.
-NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,63}"
-MAX_TEMPERATURE = 2.0
-EXAMPLE_MODEL = "mlx-community/Qwen3-4B-Instruct-2507-4bit"
 
 FIELDS = (
     "name", "description", "tools", "agents", "context", "model", "max_turns", "temperature", "output_schema", "engine",
@@ -43,20 +46,7 @@ FIELDS = (
 )  # fmt: skip
 # Fields only for display (in Claude Code's agent list), accepted silently in every agent file.
 DISPLAY_FIELDS = ("color",)
-# `effort:` as a thinking budget per reply, in tokens: medium is the default budget.
-EFFORT_THINKING = {"low": 1024, "medium": DEFAULT_THINKING_TOKENS, "high": 4 * DEFAULT_THINKING_TOKENS}
 LENIENT_FIELDS = frozenset(FIELDS + CLAUDE_FIELDS + DISPLAY_FIELDS)
-
-# A model named `<provider>/...` or `<provider>:...` with one of these runs remotely: refused,
-# never swapped for a local model. `mlx/<id>` bypasses the check (e.g. `mlx/google/gemma-3-1b-it`).
-REMOTE_PROVIDERS = frozenset(
-    {
-        "openai", "anthropic", "claude", "google", "gemini", "vertex", "vertex_ai", "ollama",
-        "bedrock", "azure", "azure_ai", "groq", "mistral", "openrouter", "together",
-        "together_ai", "fireworks", "fireworks_ai", "deepseek", "xai", "cohere", "perplexity",
-        "cerebras", "sambanova", "replicate", "deepinfra", "lmstudio", "github-copilot",
-    }
-)  # fmt: skip
 
 
 class AgentSpec(BaseModel):
@@ -174,19 +164,19 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         warnings.append(f"{path}: unknown field(s) {name_list(unknown)} ignored")
     if claude and (note := unsupported_note(path, meta)):
         warnings.append(note)
-    agents, full_tools_for = _parse_agents(path, meta)
-    servers, inline = _parse_mcp_servers(path, meta.get("mcpServers"))
+    agents, full_tools_for = parse_agents(path, meta)
+    servers, inline = parse_mcp_servers(path, meta.get("mcpServers"))
     return AgentSpec(
         name=name,
         description=description,
-        tools=_parse_tools(path, meta, claude, warnings, servers),
+        tools=parse_tools(path, meta, claude, warnings, servers),
         mcp_servers=servers,
         mcp_inline=inline,
-        mcp_denied=_mcp_denied(path, meta, claude),
+        mcp_denied=mcp_denied(path, meta, claude),
         sampling=_parse_switch(path, "sampling", meta.get("sampling"), ("on", "off")) is not False,
         agents=agents,
         full_tools_for=full_tools_for,
-        models=_parse_models(path, meta.get("models")),
+        models=parse_models(path, meta.get("models")),
         context=_parse_context(path, meta.get("context")),
         writer=_parse_writer(path, meta.get("writer")),
         sandbox=_parse_switch(path, "sandbox", meta.get("sandbox"), ("on", "off")),
@@ -198,12 +188,12 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         background=_parse_background(path, meta.get("background")),
         isolation=_parse_isolation(path, meta.get("isolation")),
         grammar=_parse_grammar(path, meta.get("grammar")),
-        model=_parse_model(path, meta.get("model"), claude, warnings),
+        model=parse_model(path, meta.get("model"), claude, warnings),
         max_turns=_parse_max_turns(path, turns_key, meta.get(turns_key)),
-        temperature=_parse_temperature(path, meta.get("temperature")),
-        thinking=_parse_thinking(path, meta.get("thinking"), meta.get("effort")),
+        temperature=parse_temperature(path, meta.get("temperature")),
+        thinking=parse_thinking_field(path, meta.get("thinking"), meta.get("effort")),
         output_schema=_parse_output_schema(path, meta.get("output_schema")),
-        **_parse_engine(path, meta.get("engine"), meta.get("engine_model")),
+        **parse_engine(path, meta.get("engine"), meta.get("engine_model")),
         system_prompt=system_prompt,
         source=source,
         path=path,
@@ -220,164 +210,6 @@ def _required_text(path: Path, meta: dict[str, Any], key: str, example: str) -> 
         raise _fail(path, f"field '{key}' is missing or empty", fix)
     problem = f"field '{key}' must be text, not a {type(value).__name__}"
     raise _fail(path, problem, f"write '{key}: {example}'")
-
-
-def _parse_tools(
-    path: Path, meta: dict[str, Any], claude: bool, warnings: list[str], servers: tuple[str, ...] = ()
-) -> tuple[str, ...]:
-    value = meta.get("tools")
-    # No `tools:`: every built-in tool, and the tools of the servers its `mcpServers:` names (not every server).
-    every = TOOL_NAMES + tuple(f"mcp__{server}__*" for server in servers)
-    tools, dropped = (every, []) if value is None else _tool_list(path, "tools", value, claude)
-    if dropped:
-        warnings.append(f"{path}: tool(s) not available here, dropped: {name_list(dropped)}")
-    if claude and meta.get("disallowedTools") is not None:
-        # A Claude denylist must not be lost: dropping it would grant more than the author meant.
-        denied, _ = _tool_list(path, "disallowedTools", meta["disallowedTools"], claude, deny=True)
-        tools = tuple(tool for tool in tools if tool not in denied)
-    return tools
-
-
-def _tool_list(
-    path: Path, key: str, value: Any, claude: bool, *, deny: bool = False
-) -> tuple[tuple[str, ...], list[str]]:
-    """`(our tool names, the names dropped)`: an unknown name is an error, except in a Claude Code file.
-
-    Args:
-        deny: the list takes tools away; a restricted `Bash(git:*)` there denies the whole tool.
-    """
-    if isinstance(value, str):
-        items = split_list(value)
-    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
-        items = value
-    else:
-        problem = f"field '{key}' must be a comma-separated string or a list of tool names"
-        raise _fail(path, problem, f"e.g. {key}: read, grep, find")
-    tools: list[str] = []
-    dropped: list[str] = []
-    for item in filter(None, (item.strip() for item in items)):
-        # `Bash(git:*)` restricts a tool in Claude Code; we cannot, so drop it (never widen) or deny it all.
-        name = item.split("(", 1)[0].strip() if deny else item
-        tool = _our_tool(name, claude)
-        if tool is None and not claude:
-            fix = f"use tools from: {', '.join(KNOWN_TOOLS)}, or mcp__<server>__<tool>"
-            raise _fail(path, f"field '{key}': unknown tool '{item}'", fix)
-        if tool is None:
-            dropped.append(item)
-        elif tool not in tools:
-            tools.append(tool)
-    return tuple(tools), dropped
-
-
-def _mcp_denied(path: Path, meta: dict[str, Any], claude: bool) -> tuple[str, ...]:
-    """The MCP tools a Claude file's `disallowedTools` names (`mcp__github__*` or exact names)."""
-    if not claude or meta.get("disallowedTools") is None:
-        return ()
-    denied, _ = _tool_list(path, "disallowedTools", meta["disallowedTools"], claude, deny=True)
-    return tuple(tool for tool in denied if tool.startswith("mcp__"))
-
-
-def _parse_mcp_servers(path: Path, value: Any) -> tuple[tuple[str, ...], tuple[McpServerConfig, ...]]:
-    """`mcpServers:` as Claude Code writes it: a list of server names (from `.mcp.json` or the home's
-    `mcp.json`) and inline definitions (`{name: {command, args, env}}`), or one mapping of definitions."""
-    if value is None:
-        return (), ()
-    items = [{name: item} for name, item in value.items()] if isinstance(value, dict) else value
-    if not isinstance(items, list):
-        raise _fail(
-            path, "field 'mcpServers' must be a list of server names or definitions", "e.g. mcpServers: [github]"
-        )
-    names: list[str] = []
-    inline: list[McpServerConfig] = []
-    for item in items:
-        if isinstance(item, str) and item.strip():
-            names.append(item.strip())
-            continue
-        if not isinstance(item, dict) or len(item) != 1:
-            fix = "write a server name, or one definition such as {demo: {command: python, args: [server.py]}}"
-            raise _fail(path, "field 'mcpServers': an item is neither a name nor a definition", fix)
-        [(name, definition)] = item.items()
-        try:
-            inline.append(parse_server(str(name), definition, str(path)))
-        except McpConfigError as exc:
-            raise AgentFileError(str(exc)) from None
-        names.append(str(name))
-    return tuple(dict.fromkeys(names)), tuple(inline)
-
-
-def _our_tool(name: str, claude: bool) -> str | None:
-    """This project's name for a tool (Claude Code's `Read` is `read`; `mcp__<server>__<tool>` and
-    `mcp__<server>__*` as written), None if it has no such tool."""
-    if TOOL_PATTERN.fullmatch(name):
-        return name
-    if (mapped := claude_tool(name, claude)) is not None:
-        return mapped
-    return name.lower() if name.lower() in KNOWN_TOOLS else None
-
-
-def split_list(value: str) -> list[str]:
-    """`read, Task(scout, worker)` -> `['read', ' Task(scout, worker)']`: commas inside brackets stay.
-
-    One pass over the text (a lookahead per comma made a long list from a cloned repository quadratic)."""
-    items, start, depth = [], 0, 0
-    for match in re.finditer(r"[(),]", value):
-        char = match.group()
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth = max(depth - 1, 0)
-        elif depth == 0:
-            items.append(value[start : match.start()])
-            start = match.end()
-    items.append(value[start:])
-    return items
-
-
-def _parse_agents(path: Path, meta: dict[str, Any]) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
-    """The `agents:` grant (plus Claude's `Task(a, b)` in `tools`): who it may start, and which of
-    those keep their full tools (`worker!`). None: any agent, tools capped at its own."""
-    value, tools = meta.get("agents"), meta.get("tools")
-    items: list[str] | None = None
-    if value is not None:
-        if isinstance(value, str):
-            items = value.split(",")
-        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
-            items = list(value)
-        else:
-            raise _fail(
-                path,
-                "field 'agents' must be a comma-separated string or a list of agent names",
-                "e.g. agents: scout, worker!",
-            )
-    tool_items = split_list(tools) if isinstance(tools, str) else tools if isinstance(tools, list) else []
-    if (granted := task_grants(tool_items)) is not None:
-        items = (items or []) + granted
-    if items is None:
-        return None, ()
-    names: list[str] = []
-    full: list[str] = []
-    for item in filter(None, (i.strip().lower() for i in items)):
-        name = item.removesuffix("!").strip()
-        if not re.fullmatch(NAME_PATTERN, name):
-            raise _fail(path, f"field 'agents': {item!r} is not an agent name", "e.g. agents: scout, worker!")
-        names.append(name)
-        if item.endswith("!"):
-            full.append(name)
-    return tuple(dict.fromkeys(names)), tuple(dict.fromkeys(full))
-
-
-def _parse_models(path: Path, value: Any) -> tuple[str, ...]:
-    """`models:`: the models this agent's `subagent` calls may name (a comma-separated string or a list)."""
-    if value is None:
-        return ()
-    items = [i for i in split_list(value) if i.strip()] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(item, str) and item.strip() for item in items):
-        raise _fail(
-            path,
-            "field 'models' must be a comma-separated string or a list of model names",
-            "e.g. models: qwen2.5-coder-7b, mlx-community/Qwen3-4B-Instruct-2507-4bit",
-        )
-    return tuple(dict.fromkeys(item.strip() for item in items))
 
 
 def _parse_context(path: Path, value: Any) -> Literal["project", "none"]:
@@ -474,52 +306,6 @@ def _parse_hooks(path: Path, value: Any, warnings: list[str]) -> Hooks:
         raise AgentFileError(str(exc)) from None
 
 
-def _parse_model(path: Path, value: Any, claude: bool, warnings: list[str]) -> str | None:
-    fix = f"use a local path, an MLX hub id like {EXAMPLE_MODEL}, or inherit"
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(path, "field 'model' must be non-empty text", fix)
-    model = value.strip()
-    if model.lower() == "inherit":
-        return None
-    if model.startswith("mlx/"):
-        if not model[4:].strip():
-            raise _fail(path, "field 'model': 'mlx/' names no model", fix)
-        return model[4:].strip()
-    if is_claude_model(model):
-        if not claude:
-            raise _fail(path, f"field 'model': '{model}' is a Claude model, not a local one", fix)
-        note = f"model '{model}' is a remote Claude model; using the default local model"
-        warnings.append(f"{path}: {note}")
-        return None
-    if (problem := remote_model(model)) is not None:
-        raise _fail(path, f"field 'model': {problem}", f"{fix} (write mlx/{model} if it is a Hugging Face repo)")
-    return model
-
-
-def remote_model(model: str) -> str | None:
-    """What is wrong with a model named `<provider>/...` of a remote provider (`openai/gpt-4o`): it
-    runs elsewhere, so it is refused, never looked up as a hub id; None for any other name."""
-    provider = re.split(r"[/:]", model, maxsplit=1)[0].lower()
-    if provider != model.lower() and provider in REMOTE_PROVIDERS:
-        return f"'{model}' is a remote '{provider}' model; only local MLX models run here"
-    return None
-
-
-def _parse_engine(path: Path, engine: Any, model: Any) -> dict[str, str]:
-    """`engine:` (an http(s) base URL) and `engine_model:` (the engine's model id) come together."""
-    if engine is None and model is None:
-        return {}
-    example = "engine: http://gpu-box:8000/v1 and engine_model: <the engine's model id>"
-    if not isinstance(engine, str) or not isinstance(model, str) or not engine.strip() or not model.strip():
-        raise _fail(path, "fields 'engine' and 'engine_model' must both be given, as text", f"write {example}")
-    url = urlsplit(engine.strip())
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise _fail(path, f"field 'engine': {engine.strip()!r} is not an http(s) URL", f"write {example}")
-    return {"engine": engine.strip(), "engine_model": model.strip()}
-
-
 def _parse_max_turns(path: Path, key: str, value: Any) -> int | None:
     if value is None:
         return None
@@ -527,50 +313,6 @@ def _parse_max_turns(path: Path, key: str, value: Any) -> int | None:
         problem = f"field '{key}' must be a positive whole number, got {value!r}"
         raise _fail(path, problem, f"e.g. {key}: 20")
     return value
-
-
-def _parse_temperature(path: Path, value: Any) -> float | None:
-    if value is None:
-        return None
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not is_number or not 0 <= value <= MAX_TEMPERATURE:
-        problem = f"field 'temperature' must be a number from 0 to 2, got {value!r}"
-        raise _fail(path, problem, "e.g. temperature: 0.2")
-    return float(value)
-
-
-def parse_thinking(value: Any) -> int | None:
-    """`on`, `off` or a number of tokens (YAML reads a bare on/off as a boolean) -> tokens, 0 for off.
-
-    Raises:
-        ValueError: anything else, in a phrase naming what was given.
-    """
-    if value is None:
-        return None
-    text = str(value).strip().lower() if isinstance(value, (str, bool)) else None
-    if text in ("on", "true"):
-        return DEFAULT_THINKING_TOKENS
-    if text in ("off", "false"):
-        return 0
-    if text is not None and text.isdigit():
-        return int(text)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    raise ValueError(f"must be on, off or a number of tokens, got {value!r}")
-
-
-def _parse_thinking(path: Path, value: Any, effort: Any = None) -> int | None:
-    """`thinking:` in tokens, or `effort:` (Claude Code's, Codex's) mapped by `EFFORT_THINKING`."""
-    if effort is not None:
-        if value is not None:
-            raise _fail(path, "fields 'effort' and 'thinking' both set the thinking budget", "keep one of them")
-        if effort not in EFFORT_THINKING:
-            raise _fail(path, f"field 'effort' must be low, medium or high, got {effort!r}", "e.g. effort: low")
-        return EFFORT_THINKING[effort]
-    try:
-        return parse_thinking(value)
-    except ValueError as exc:
-        raise _fail(path, f"field 'thinking' {exc}", "e.g. thinking: 2048 (tokens per reply), on or off") from None
 
 
 def _parse_output_schema(path: Path, value: Any) -> dict[str, Any] | None:

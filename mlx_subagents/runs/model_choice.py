@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..agents.spec import AgentSpec, remote_model
+from ..agents.model_fields import remote_model
+from ..agents.spec import AgentSpec
 from ..errors import RequestError
 from ..host.mlx.loading import resolve_model_path
 from ..host.protocol import ModelHost

@@ -109,7 +109,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         check_concurrency(self.concurrency, engine=bool(self.engine))
         if self.thinking is not None:
-            from ..agents.spec import parse_thinking
+            from ..agents.model_fields import parse_thinking
 
             try:
                 object.__setattr__(self, "thinking", parse_thinking(self.thinking))
