@@ -6,7 +6,7 @@ row's next token is computed but not yet fed (`_next_tokens`). A drafted step fe
 token and its draft, padded on the right to the longest draft (causal attention keeps the padding out
 of every real position's logits), so row i's input is `[y, d1 .. dk, pad ..]`. A row that drafted
 keeps the verdict's tokens (its agreeing prefix, then the model's own token: greedy rows read together
-in one argmax, sampled ones by `verify.verdict`); a row
+in one argmax, sampled ones by `verify.judged`, all evaluated at once); a row
 that did not samples its token after `y` as mlx-lm's step does (its logits processors, then its
 sampler). Every row then holds `y` and its accepted drafts, its last kept token is its next token still
 to feed, and the positions it rejected (its refused draft and its padding) come off its own row of the
@@ -25,7 +25,7 @@ from typing import Any
 
 from ..kv.rewind import rewind_rows
 from .drafted_grammar import HeldDraft, masked
-from .verify import Sampling, verdict
+from .verify import Sampling, judged
 
 
 @dataclass
@@ -74,8 +74,13 @@ def drafted_step(
     plain = _sampled(g, pending, logits, samplings)
     greedy = [i for i, s in enumerate(samplings) if s is not None and s.temperature == 0]
     picks = mx.argmax(logprobs, axis=-1) if greedy else None
-    mx.eval([t for t, _ in plain.values()], picks)
-    picked = picks.tolist() if picks is not None else []  # one read for every greedy row
+    sampled = {
+        i: judged(logprobs[i, : len(drafts[i]) + 1], drafts[i], s)
+        for i, s in enumerate(samplings)
+        if s is not None and s.temperature != 0
+    }
+    mx.eval([t for t, _ in plain.values()], picks, list(sampled.values()))  # one evaluation for every row
+    picked = picks.tolist() if picks is not None else []
     for i, sampling in enumerate(samplings):
         if sampling is None:
             continue
@@ -83,7 +88,8 @@ def drafted_step(
             n = next((j for j, d in enumerate(drafts[i]) if picked[i][j] != d), len(drafts[i]))
             kept[i] = [*drafts[i][:n], picked[i][n]]
         else:
-            kept[i] = verdict(logprobs[i, : len(drafts[i]) + 1], drafts[i], sampling)
+            n, token = sampled[i].tolist()
+            kept[i] = [*drafts[i][:n], token]
     nexts: list[Any] = [None] * len(ys)
     for i, k in enumerate(kept):
         if k is not None:

@@ -63,6 +63,13 @@ def verdict(logprobs: Any, draft: Sequence[int], sampling: Sampling) -> list[int
         draft: the drafted tokens.
         sampling: greedy, or the temperature and cuts of the session's sampler.
     """
+    n, token = judged(logprobs, draft, sampling).tolist()
+    return [*draft[:n], token]
+
+
+def judged(logprobs: Any, draft: Sequence[int], sampling: Sampling) -> Any:
+    """`verdict` on the device, not read back: `[how many drafted tokens it keeps, the model's token after
+    them]` (int32), so that a batch reads every row's in one evaluation."""
     import mlx.core as mx
 
     k = len(draft)
@@ -81,5 +88,4 @@ def verdict(logprobs: Any, draft: Sequence[int], sampling: Sampling) -> list[int
         picks = mx.random.categorical(mx.concatenate([residual, scaled[k:]]), axis=-1)
     # The first refusal, or k when there is none: argmin finds the first 0 of agree followed by a 0.
     kept = mx.argmin(mx.concatenate([agree, mx.array([False])]).astype(mx.int32))
-    n, token = mx.stack([kept.astype(mx.int32), picks[kept].astype(mx.int32)]).tolist()
-    return [*draft[:n], token]
+    return mx.stack([kept.astype(mx.int32), picks[kept].astype(mx.int32)])
