@@ -11,9 +11,9 @@ from rich.control import strip_control_codes
 from rich.table import Table
 from rich.text import Text
 
+from mlx_subagents.cli.chat_view import ReplyStream
 from mlx_subagents.cli.output import TerminalConsole
 from mlx_subagents.cli.promptline import PromptLine
-from mlx_subagents.cli.terminal import ReplyStream
 from mlx_subagents.text import terminal_text
 
 HOSTILE = "a\x1b]52;c;cHduZWQ=\x07b\x1b[2Jc\x9b2Jd\u202ee\x00f\rg"

@@ -13,22 +13,22 @@ import asyncio
 import os
 import signal
 from collections.abc import Awaitable, Callable
-from contextlib import nullcontext
-from typing import Any, TextIO, TypeVar, cast
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
 from rich.rule import Rule
 
 from ..errors import SubagentError
-from ..events import Event, EventSink, Fanout, ReasoningData
-from ..render import EventLines, tasks_table
+from ..events import EventSink, Fanout
+from ..render import tasks_table
 from ..results import RunResult
 from ..runs.chat import DEFAULT_CHAT_AGENT, INTERRUPTED, Chat
 from ..runs.runner import Runner
-from ..text import NO_ANSWER, terminal_text
+from ..text import NO_ANSWER
 from ..tools import kill_all_processes
 from .asking import TerminalPerson
+from .chat_view import ChatView, ReplyStream
 from .interrupts import EXIT_INTERRUPTED, STOP_SIGNALS, stop_reason, two_press_sigint
 from .promptline import PromptLine
 
@@ -47,84 +47,6 @@ COMMANDS = {
     "/help": "this list",
     "/exit": "leave the chat (also Ctrl-D)",
 }
-
-
-class ReplyStream:
-    """Writes the parent's reply as it is generated (the host streams only visible text: tool calls
-    show up as events), without the whitespace a reply may start with."""
-
-    def __init__(self, file: TextIO) -> None:
-        self.file = file
-        self.reset()
-        self.dirty = False
-
-    def reset(self) -> None:
-        """A new reply starts."""
-        self.started = False
-        self.wrote = False
-
-    def __call__(self, text: str) -> None:
-        self._write(text)
-
-    def end_line(self) -> None:
-        if self.dirty:
-            self.file.write("\n")
-            self.file.flush()
-            self.dirty = False
-
-    def _write(self, text: str) -> None:
-        if not self.started:
-            text = text.lstrip()
-            self.started = bool(text)
-        if text:
-            self.file.write(terminal_text(text) if self.file.isatty() else text)
-            self.file.flush()
-            self.wrote = True
-            self.dirty = not text.endswith("\n")
-
-
-class ChatView:
-    """The chat's events on stderr (`EventLines`, chat layout), each line clear of the streamed reply,
-    and above the prompt while the user types."""
-
-    def __init__(self, err: Console, stream: ReplyStream | None) -> None:
-        self.stream = stream
-        self.lines = EventLines(err, "chat")
-        self.prompt: PromptLine | None = None
-        self.in_background: Callable[[str], bool] = lambda _label: False  # its end is told by its notice
-        self.thought = 0  # characters of reasoning streamed in the reply so far
-
-    @property
-    def parent(self) -> str:
-        return self.lines.root
-
-    @parent.setter
-    def parent(self, label: str) -> None:
-        self.lines.root = label
-
-    def show(self, markup: str, *, console: Console | None = None, soft_wrap: bool = False) -> None:
-        """Print one line of markup (on stderr unless `console` is given) where the user sees it;
-        `soft_wrap`: never fold it (an address to copy)."""
-        if self.stream is not None:
-            self.stream.end_line()
-        with self.prompt.above() if self.prompt is not None else nullcontext():
-            (console or self.lines.console).print(markup, soft_wrap=soft_wrap)
-
-    def handle(self, event: Event) -> None:
-        if event.label == self.parent and event.kind == "reasoning":
-            self.thought += len(cast(ReasoningData, event.data)["text"])
-        if self.stream is not None and event.label == self.parent and event.kind == "turn_start":
-            self.stream.end_line()
-            self.stream.reset()
-        if event.label == self.parent and event.kind in ("turn_start", "usage") and self.thought:
-            # the reasoning folded to one dim line; `/think` unfolds it
-            self.show(f"[dim](thought: {self.thought:,} characters; /think shows it)[/]")
-            self.thought = 0
-        if event.kind == "task_end" and self.in_background(event.label):
-            return
-        markup = self.lines.line(event)
-        if markup is not None:
-            self.show(markup)
 
 
 def run_chat(
@@ -506,4 +428,4 @@ def _saved(chat: Chat, err: Console) -> None:
         err.print(f"[dim]saved as run {chat.run_id}; continue with: subagent chat --resume {chat.run_id}[/]")
 
 
-__all__ = ["ChatLoop", "ChatView", "ReplyStream", "drive_chat", "run_chat"]
+__all__ = ["ChatLoop", "drive_chat", "run_chat"]

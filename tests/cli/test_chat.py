@@ -247,7 +247,7 @@ def test_sigint_during_once_stops_the_children_and_exits_130(tmp_path: Path, wri
 def test_the_streamed_reply_is_written_as_it_comes() -> None:
     # Tool-call markup never reaches the stream: the host sends only visible text (the tiny-model
     # chat below shows it end to end).
-    from mlx_subagents.cli.terminal import ReplyStream
+    from mlx_subagents.cli.chat_view import ReplyStream
 
     file = io.StringIO()
     stream = ReplyStream(file)
@@ -269,7 +269,7 @@ def test_a_chat_on_the_tiny_real_model_streams_and_reuses_its_cache(forced_runne
 
     from rich.console import Console
 
-    from mlx_subagents.cli.terminal import ChatView, ReplyStream
+    from mlx_subagents.cli.chat_view import ChatView, ReplyStream
     from mlx_subagents.events import Fanout
     from mlx_subagents.runs.chat import Chat
     from mlx_subagents.testing import tool_call_text
