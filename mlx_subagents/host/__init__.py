@@ -54,7 +54,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .mlx.mlx_host import MlxModelHost, MlxSession
+    from .mlx.mlx_host import MlxModelHost
+    from .mlx.mlx_session import MlxSession
 
 # The mlx room's names, imported at first use: mlx-lm (and transformers under it) take seconds of a CPU
 # to import, which a process that runs a scripted or engine model, or only parses a size, never needs.

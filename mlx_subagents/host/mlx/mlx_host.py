@@ -2,17 +2,15 @@
 
 All mlx work happens on the host's mlx thread (see `mlx_thread.py`); the
 `Scheduler` there runs every session's turns, batched or one at a time, and
-the `KVPool` keeps their caches within a byte budget. Each session keeps its
-own prompt cache and the exact token ids it holds, so a new turn prefills
+the `KVPool` keeps their caches within a byte budget. Each session (`mlx_session.py`)
+keeps its own prompt cache and the exact token ids it holds, so a new turn prefills
 only what is new.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,17 +20,14 @@ from ..calls.prompt import encode, render
 from ..kv import budget
 from ..kv.budget import DEFAULT_MAX_SESSIONS, SharedKVBudget, default_kv_budget, parse_bytes
 from ..kv.kv_bits import KVSetting
-from ..kv.kv_pool import DEFAULT_DROP_BELOW_TOKENS, CacheState, KVPool, KVShape
+from ..kv.kv_pool import DEFAULT_DROP_BELOW_TOKENS, KVPool, KVShape
 from ..kv.prefix_store import PrefixStore, default_max_bytes, model_identity, prefix_cache_dir
 from ..protocol import (
     DEFAULT_THINKING_TOKENS,
-    GenerateArgs,
     Message,
     ProcessorFactory,
-    Reply,
     ToolMode,
     ToolSchema,
-    Usage,
 )
 from ..settings import (
     DEFAULT_DRAFT,
@@ -46,18 +41,15 @@ from ..settings import (
 from .drafted import DraftCounts
 from .kv_size import kv_shapes, measure, session_window
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
-from .mlx_thread import Deliver, MlxThread
-from .request import make_request, receiver
+from .mlx_session import MlxSession
+from .mlx_thread import MlxThread
 from .resident import Registration, reserve
 from .scheduler import Scheduler, SchedulerConfig
-from .turn import OutputSink, Turn
 
 if TYPE_CHECKING:
     from ..settings import HostSettings
 
 DEFAULT_PREFILL_STEP = 512
-# How long a cancelled reply waits for the mlx thread to end its turn and say what it spent (one step).
-CUT_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -70,106 +62,6 @@ class MemoryStats:
     pool: dict[str, int] = field(default_factory=dict)
     shared_prefix_hits: int = 0
     sessions_resident: int = 0  # sessions whose caches are in memory now (idle or in a turn)
-
-
-class MlxSession:
-    """A conversation on the host with its own KV cache (see `HostSession`).
-
-    Cancelling `generate` stops the reply at its next token; a thinking model's thought (up to
-    `GenerateArgs.thinking` tokens) comes on top of `max_tokens`, which bounds the answer.
-    """
-
-    def __init__(self, host: MlxModelHost, name: str, agent: str | None, fork_of: str = "") -> None:
-        self._host = host
-        self.name = name
-        self.agent = agent
-        self._state = CacheState()
-        # A fork takes its parent's state now, on the mlx thread, ahead of any later turn of the
-        # parent's (jobs run in order): its first turn awaits this.
-        self._forking: asyncio.Future[Any] | None = None
-        if fork_of:
-
-            def start_fork(deliver: Deliver) -> None:
-                host._scheduler.fork(self._state, fork_of)
-                deliver(True, None)
-
-            self._forking = host._mlx.submit(start_fork)
-        self.cut: Usage | None = None
-
-    @property
-    def kv_bytes(self) -> int:
-        return self._state.kv_bytes
-
-    @property
-    def kv_bits(self) -> int:
-        """The host's KV cache setting, which every session of it has (16: not quantized)."""
-        return self._host.kv_bits
-
-    @property
-    def held_tokens(self) -> int:
-        """How many token ids the session's cache holds."""
-        return len(self._state.token_ids)
-
-    async def generate(
-        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
-    ) -> Reply:
-        chat = self._host.chat
-        request, opened = make_request(chat, self._host.tokenizer, messages, args, tools)
-        cancel, loop = threading.Event(), asyncio.get_running_loop()
-        future: asyncio.Future[Reply] = loop.create_future()
-        on_event = args.on_event
-        visible = chat.visible_text(on_event, opened) if on_event is not None else None
-        sink = OutputSink(loop, receiver(future, visible, on_event), streams=on_event is not None)
-
-        if self._forking is not None:
-            forking, self._forking = self._forking, None
-            await forking
-
-        def submit(deliver: Deliver) -> None:  # its reply comes through `sink`, into `future`
-            self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink))
-            deliver(True, None)
-
-        self.cut = None
-        self._host._mlx.submit(submit)
-        try:
-            reply = await asyncio.shield(future)
-        except asyncio.CancelledError:
-            cancel.set()  # the scheduler ends the turn at its next step and hands back what it spent
-            with contextlib.suppress(Exception):
-                self.cut = (await asyncio.wait_for(future, CUT_WAIT_S)).usage
-            raise
-        if visible is not None:
-            visible.flush()
-        drafts = self._host.drafts
-        drafts.drafted, drafts.accepted = (
-            drafts.drafted + reply.usage.drafted_tokens,
-            drafts.accepted + reply.usage.accepted_tokens,
-        )
-        reasoning, text, calls, malformed = chat.split(reply.raw_text, tools, self._state.n_tool_calls, opened)
-        self._state.n_tool_calls += len(calls)
-        # An answer's grammar also allows calls: what it held the reply to is what the reply was.
-        constrained = reply.constrained and ("calls" if calls else reply.constrained)
-        return replace(
-            reply,
-            text=text,
-            tool_calls=calls,
-            malformed_tool_calls=malformed,
-            reasoning=reasoning,
-            constrained=constrained or None,
-        )
-
-    async def reset(self) -> None:
-        """Forget the cache (the next turn prefills from scratch)."""
-
-        def drop() -> None:
-            self._host._pool.forget(self.name)
-            self._state.reset()
-
-        await self._host._mlx.run(drop)
-
-    async def close(self) -> None:
-        await self.reset()
-        self._host._sessions.pop(self.name, None)
 
 
 class MlxModelHost:

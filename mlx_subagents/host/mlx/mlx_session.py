@@ -1,0 +1,141 @@
+"""`MlxSession`: one conversation on the resident model, with its own KV cache and the exact token ids
+it holds. Its turns run on its host's mlx thread, in the scheduler (`request.py` makes each one's
+request and receives its outputs); a fork takes its parent's state there before its first turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from dataclasses import replace
+from typing import Any, Protocol
+
+from ..calls.chat_format import ChatFormat
+from ..kv.kv_pool import CacheState, KVPool
+from ..protocol import GenerateArgs, Message, Reply, ToolSchema, Usage
+from .drafted import DraftCounts
+from .mlx_thread import Deliver, MlxThread
+from .request import make_request, receiver
+from .scheduler import Scheduler
+from .turn import OutputSink, Turn
+
+# How long a cancelled reply waits for the mlx thread to end its turn and say what it spent (one step).
+CUT_WAIT_S = 5.0
+
+
+class SessionHost(Protocol):
+    """What a session reads of its host (`MlxModelHost`): the chat format and tokenizer its turns are
+    made with, the MlxThread and scheduler that run them, the KV pool and the host's sessions it
+    leaves, and the drafts it counts."""
+
+    chat: ChatFormat
+    tokenizer: Any
+    drafts: DraftCounts
+    _mlx: MlxThread
+    _scheduler: Scheduler
+    _pool: KVPool
+    _sessions: dict[str, Any]
+
+    @property
+    def kv_bits(self) -> int: ...
+
+
+class MlxSession:
+    """A conversation on the host with its own KV cache (see `HostSession`).
+
+    Cancelling `generate` stops the reply at its next token; a thinking model's thought (up to
+    `GenerateArgs.thinking` tokens) comes on top of `max_tokens`, which bounds the answer.
+    """
+
+    def __init__(self, host: SessionHost, name: str, agent: str | None, fork_of: str = "") -> None:
+        self._host = host
+        self.name = name
+        self.agent = agent
+        self._state = CacheState()
+        # A fork takes its parent's state now, on the mlx thread, ahead of any later turn of the
+        # parent's (jobs run in order): its first turn awaits this.
+        self._forking: asyncio.Future[Any] | None = None
+        if fork_of:
+
+            def start_fork(deliver: Deliver) -> None:
+                host._scheduler.fork(self._state, fork_of)
+                deliver(True, None)
+
+            self._forking = host._mlx.submit(start_fork)
+        self.cut: Usage | None = None
+
+    @property
+    def kv_bytes(self) -> int:
+        return self._state.kv_bytes
+
+    @property
+    def kv_bits(self) -> int:
+        """The host's KV cache setting, which every session of it has (16: not quantized)."""
+        return self._host.kv_bits
+
+    @property
+    def held_tokens(self) -> int:
+        """How many token ids the session's cache holds."""
+        return len(self._state.token_ids)
+
+    async def generate(
+        self, messages: list[Message], args: GenerateArgs = GenerateArgs(), *, tools: list[ToolSchema] | None = None
+    ) -> Reply:
+        chat = self._host.chat
+        request, opened = make_request(chat, self._host.tokenizer, messages, args, tools)
+        cancel, loop = threading.Event(), asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        on_event = args.on_event
+        visible = chat.visible_text(on_event, opened) if on_event is not None else None
+        sink = OutputSink(loop, receiver(future, visible, on_event), streams=on_event is not None)
+
+        if self._forking is not None:
+            forking, self._forking = self._forking, None
+            await forking
+
+        def submit(deliver: Deliver) -> None:  # its reply comes through `sink`, into `future`
+            self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink))
+            deliver(True, None)
+
+        self.cut = None
+        self._host._mlx.submit(submit)
+        try:
+            reply = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancel.set()  # the scheduler ends the turn at its next step and hands back what it spent
+            with contextlib.suppress(Exception):
+                self.cut = (await asyncio.wait_for(future, CUT_WAIT_S)).usage
+            raise
+        if visible is not None:
+            visible.flush()
+        drafts = self._host.drafts
+        drafts.drafted, drafts.accepted = (
+            drafts.drafted + reply.usage.drafted_tokens,
+            drafts.accepted + reply.usage.accepted_tokens,
+        )
+        reasoning, text, calls, malformed = chat.split(reply.raw_text, tools, self._state.n_tool_calls, opened)
+        self._state.n_tool_calls += len(calls)
+        # An answer's grammar also allows calls: what it held the reply to is what the reply was.
+        constrained = reply.constrained and ("calls" if calls else reply.constrained)
+        return replace(
+            reply,
+            text=text,
+            tool_calls=calls,
+            malformed_tool_calls=malformed,
+            reasoning=reasoning,
+            constrained=constrained or None,
+        )
+
+    async def reset(self) -> None:
+        """Forget the cache (the next turn prefills from scratch)."""
+
+        def drop() -> None:
+            self._host._pool.forget(self.name)
+            self._state.reset()
+
+        await self._host._mlx.run(drop)
+
+    async def close(self) -> None:
+        await self.reset()
+        self._host._sessions.pop(self.name, None)
