@@ -106,3 +106,38 @@ def test_a_grammar_held_session_drafts_on_the_single_path_with_the_tokens_of_dra
     for call in reply.tool_calls:
         schema = next(t for t in TOOLS if t["function"]["name"] == call.name)["function"]["parameters"]
         jsonschema.validate(call.arguments, schema)
+
+
+def test_a_grammar_held_row_is_masked_at_the_plain_steps_between_its_drafted_ones(
+    tiny_qwen3_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every row's drafter proposes only every other time it is asked, so the batch's steps alternate
+    between drafted steps (the held row's draft masked by its walk) and plain ones (masked by the batch's
+    `MaskBatch` again): the held row's reply is the valid call of drafts off, token for token."""
+    import asyncio
+
+    from mlx_subagents.host import GenerateArgs, MlxModelHost
+    from mlx_subagents.host.mlx.drafts import LookupDrafter
+    from tests.host.test_batching import task
+    from tests.host.test_draft_costs import fix_costs
+    from tests.host.test_grammar import TASK, TOOLS
+
+    lookup, asked = LookupDrafter.propose, {}
+
+    def every_other(self: LookupDrafter, tokens: Any) -> list[int]:
+        asked[id(self)] = asked.get(id(self), 0) + 1
+        return lookup(self, tokens) if asked[id(self)] % 2 else []
+
+    monkeypatch.setattr(LookupDrafter, "propose", every_other)
+
+    async def go(draft: str) -> list[Any]:
+        async with MlxModelHost(str(tiny_qwen3_path), draft=draft) as host:
+            fix_costs(host)
+            free = host.session("free").generate(task(0), GenerateArgs(max_tokens=64))
+            held = host.session("held").generate(TASK, GenerateArgs(max_tokens=64, tool_choice="required"), tools=TOOLS)
+            return list(await asyncio.gather(free, held))
+
+    off, on = asyncio.run(go("off")), asyncio.run(go("lookup"))
+    assert [r.token_ids for r in on] == [r.token_ids for r in off]
+    assert on[1].usage.accepted_tokens > 0
+    assert on[1].tool_calls and on[1].constrained == "calls" and on[1].malformed_tool_calls == []

@@ -103,7 +103,7 @@ class DecodeStage:
         self._refused = False  # the batch's rows_refusal was logged
         self.widths = DraftWidths()  # whether drafts pay in the batch, from its steps' measured costs
         self._vocab = 0  # the width of the batch's logits (a grammar-held row's draft is masked that wide)
-        self._walked: set[Constrainer] = set()  # the grammars that masked their rows' drafts at the last drafted step
+        self._walked: set[Constrainer] = set()  # the grammars masking their rows' drafts in this drafted step
 
     def turns(self) -> list[Turn]:
         return [*self.decoding.values(), *([self.single] if self.single else [])]
@@ -321,6 +321,7 @@ class DecodeStage:
         self._walked = {h.grammar for h in held.values()}  # masked by `drafted_step`, not `MaskBatch`
         with self.widths.drafting(width):
             out = drafted_step(self.batch._generation_batch, drafts, samplings, held)
+        self._walked = set()  # `MaskBatch` masks them again from the next step (a failed step fails them all)
         for (turn, drafter, _), draft, row in zip(rows, drafts, out, strict=True):
             if draft and turn is not None and drafter is not None:
                 drafter.observe(len(draft), row.accepted)
