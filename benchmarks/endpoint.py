@@ -17,7 +17,18 @@ mlx_lm.server`), through the official `openai` SDK, streamed with `include_usage
   model copies its resident-model registry held (`copies`).
 
 Then the restart case, one client: two turns, the server stopped and started again on the same state
-folder (its disk tier), the third turn: `ttft_restart_s` and `cached_restart` of that turn.
+folder (its disk tier), the third turn: `ttft_restart_s` and `cached_restart` of that turn, and for
+subagent serve the files its prefix folder holds after (`prefix_files`: the system prompt's and one of
+the conversation's, each turn's file replacing the last).
+
+Where a later turn's time goes, at one client: both servers cache the conversation, so both prefill
+the same new tokens (the user message, and what of the reply the cache lacks) before its first token.
+Right after each later turn (the server idle, the round's clock stopped) this process prefills that
+turn's new tokens over its cached ones itself (mlx-lm's own model and `KVCache`, the last position's
+logits evaluated; the median of three), so both are timed under the same load: `prefill_later_s` is
+its median, `overhead_later_s` the median of TTFT minus it (request parsing, the template, tokenizing,
+admission, the first token's way out), and `ttft_later_floor` what the ratio would be with no overhead
+at all on subagent serve: its prefill over mlx_lm.server's TTFT.
 
 Targets (issue 64), on the tiny model and SmolLM2: later turns' cached share >= 0.9 on subagent serve;
 its later turns' TTFT <= 0.3x mlx_lm.server's; its throughput at 4 clients >= 1.5x; one model copy.
@@ -208,8 +219,11 @@ def follow(messages: list[dict[str, Any]], reply: dict[str, Any], user: str) -> 
     messages.append({"role": "user", "content": user})
 
 
-def chat(server: Server, seed: int, turns: int, tokens: int, words: int, out: list[dict[str, Any]]) -> None:
-    """One client's whole conversation."""
+def chat(
+    server: Server, seed: int, turns: int, tokens: int, words: int, out: list[dict[str, Any]], prefill: Prefill | None
+) -> None:
+    """One client's whole conversation; with `prefill`, each later turn's prefill timed here right after it
+    (`paused`: the round's clock stops meanwhile)."""
     import openai
 
     client = openai.OpenAI(base_url=server.base, api_key=server.key, max_retries=0, timeout=3600)
@@ -217,23 +231,73 @@ def chat(server: Server, seed: int, turns: int, tokens: int, words: int, out: li
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": users[0]}]
     for i in range(turns):
         done = turn(client, server.name, messages, tokens)
-        out.append({"client": seed, "turn": i, **{k: v for k, v in done.items() if k != "reply"}})
+        row = {"client": seed, "turn": i, **{k: v for k, v in done.items() if k != "reply"}}
+        if prefill is not None and i > 0:
+            tic = time.perf_counter()
+            row["prefill"] = prefill.seconds(done["cached"], done["prompt"] - done["cached"])
+            row["paused"] = time.perf_counter() - tic
+        out.append(row)
         if i + 1 < turns:
             follow(messages, done["reply"], users[i + 1])
 
 
-def round_of(kind: str, model: str, work: Path, k: int, turns: int, tokens: int, words: int) -> dict[str, Any]:
+class Prefill:
+    """The model in this process, to time a later turn's prefill as any server must do it: `seconds(cached,
+    new)`, the median of three. The tokens' values do not change the work, so one cache is filled once,
+    then cut back or filled further (untimed) to each start."""
+
+    def __init__(self, model: str) -> None:
+        from mlx_lm import load
+        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+        self.model = load(model)[0]
+        self.cache = make_prompt_cache(self.model)
+        self._forward(64)  # the first forward also allocates: not timed
+        trim_prompt_cache(self.cache, 64)
+
+    def _forward(self, n: int, logits: bool = False) -> None:
+        """`n` tokens into the cache (varied ids: a random model fed one id over and over may compute on
+        denormals); `logits`: the last one's logits too, as a first token needs."""
+        import mlx.core as mx
+
+        start = self.cache[0].offset
+        out = self.model(mx.array([[(start + i) * 7919 % 1000 + 10 for i in range(n)]]), cache=self.cache)
+        mx.eval(out[:, -1] if logits else [c.state for c in self.cache])
+
+    def seconds(self, cached: int, new: int) -> float:
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        held = self.cache[0].offset
+        if held > cached:
+            trim_prompt_cache(self.cache, held - cached)
+        for start in range(held, cached, 512):
+            self._forward(min(512, cached - start))
+        times = []
+        for _ in range(3):
+            tic = time.perf_counter()
+            if new > 1:  # as a server does: all but the last token into the cache, then the last one's logits
+                self._forward(new - 1)
+            self._forward(1, logits=True)
+            times.append(time.perf_counter() - tic)
+            trim_prompt_cache(self.cache, new)
+        return statistics.median(times)
+
+
+def round_of(
+    kind: str, model: str, work: Path, k: int, turns: int, tokens: int, words: int, prefill: Prefill | None = None
+) -> dict[str, Any]:
     server = Server(kind, model, work / f"{kind}-{k}")
     rows: list[dict[str, Any]] = []
     tic = time.perf_counter()
-    threads = [threading.Thread(target=chat, args=(server, i, turns, tokens, words, rows)) for i in range(k)]
+    threads = [threading.Thread(target=chat, args=(server, i, turns, tokens, words, rows, prefill)) for i in range(k)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - tic
+    wall = time.perf_counter() - tic - sum(r.get("paused", 0.0) for r in rows)
     server.stop()
     later = [r for r in rows if r["turn"] > 0]
+    timed = [r for r in later if "prefill" in r]
     return {
         "ttft_first_s": round(statistics.median(r["ttft"] for r in rows if r["turn"] == 0), 3),
         "ttft_later_s": round(statistics.median(r["ttft"] for r in later), 3) if later else None,
@@ -243,6 +307,15 @@ def round_of(kind: str, model: str, work: Path, k: int, turns: int, tokens: int,
         "peak_rss": server.peak,
         "copies": server.stopped_copies,
         "prompt_tokens": [r["prompt"] for r in rows],
+        **(
+            {
+                "new_later": statistics.median(r["prompt"] - r["cached"] for r in timed),
+                "prefill_later_s": round(statistics.median(r["prefill"] for r in timed), 3),
+                "overhead_later_s": round(statistics.median(r["ttft"] - r["prefill"] for r in timed), 3),
+            }
+            if timed
+            else {}
+        ),
     }
 
 
@@ -262,19 +335,27 @@ def restart_case(kind: str, model: str, work: Path, tokens: int, words: int) -> 
     client = openai.OpenAI(base_url=server.base, api_key=server.key, max_retries=0, timeout=3600)
     after = turn(client, server.name, messages, tokens)
     server.stop()
-    return {"ttft_restart_s": round(after["ttft"], 3), "cached_restart": round(after["cached"] / after["prompt"], 3)}
+    files = len(list((home / "cache" / "prefixes").glob("*.safetensors"))) if kind == "subagent" else None
+    return {
+        "ttft_restart_s": round(after["ttft"], 3),
+        "cached_restart": round(after["cached"] / after["prompt"], 3),
+        "prefix_files": files,
+    }
 
 
 def measure(model: str, work: Path, counts: Sequence[int], turns: int, tokens: int, words: int) -> dict[str, Any]:
     report: dict[str, Any] = {"model": model, "turns": turns, "tokens": tokens, "system_words": words, "rows": []}
+    prefill = Prefill(model) if 1 in counts else None  # one client: a later turn's TTFT is its own work
     for k in counts:
         row: dict[str, Any] = {"k": k}
         for kind in ("subagent", "mlx_lm"):
-            row[kind] = round_of(kind, model, work, k, turns, tokens, words)
+            row[kind] = round_of(kind, model, work, k, turns, tokens, words, prefill if k == 1 else None)
         ours, theirs = row["subagent"], row["mlx_lm"]
         row["ttft_later_ratio"] = (
             round(ours["ttft_later_s"] / theirs["ttft_later_s"], 3) if theirs["ttft_later_s"] else None
         )
+        if "prefill_later_s" in ours and theirs["ttft_later_s"]:
+            row["ttft_later_floor"] = round(ours["prefill_later_s"] / theirs["ttft_later_s"], 3)
         row["tok_s_ratio"] = round(ours["tok_s"] / theirs["tok_s"], 3) if theirs["tok_s"] else None
         report["rows"].append(row)
     report["restart"] = {kind: restart_case(kind, model, work, tokens, words) for kind in ("subagent", "mlx_lm")}
@@ -303,8 +384,21 @@ def table(report: dict[str, Any]) -> str:
                 f"{r['tok_s']:>7.1f} {r['peak_rss'] / 2**20:>5.0f} MiB {r['copies'] if r['copies'] is not None else '-'}"
             )
         lines.append(f"    subagent/mlx_lm: TTFT later {row['ttft_later_ratio']}x, tok/s {row['tok_s_ratio']}x")
+        ours, theirs = row["subagent"], row["mlx_lm"]
+        if "prefill_later_s" in ours and "prefill_later_s" in theirs:
+            each = ", ".join(
+                f"{kind} {row[kind]['prefill_later_s'] * 1e3:.0f} ms + {row[kind]['overhead_later_s'] * 1e3:.0f} ms"
+                for kind in ("subagent", "mlx_lm")
+            )
+            lines.append(
+                f"    later turns: {ours['new_later']:.0f} new tokens (median); prefill (timed here after each turn) "
+                f"+ the rest of TTFT: {each}; with no rest at all on subagent: {row['ttft_later_floor']}x"
+            )
     for kind, r in report["restart"].items():
-        lines.append(f"restart {kind:<9} third turn: TTFT {r['ttft_restart_s']:.2f}s, cached {r['cached_restart']:.3f}")
+        files = f", {r['prefix_files']} prefix files after" if r.get("prefix_files") is not None else ""
+        lines.append(
+            f"restart {kind:<9} third turn: TTFT {r['ttft_restart_s']:.2f}s, cached {r['cached_restart']:.3f}{files}"
+        )
     lines.append(
         "targets: " + ", ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in report["targets"].items())
     )
