@@ -76,6 +76,8 @@ def masked(logits: Any, held: dict[int, HeldDraft]) -> Any:
     import mlx.core as mx
     import numpy as np
 
+    if all(mask is None for walked in held.values() for mask in walked.masks):
+        return logits  # free text everywhere: nothing to mask, no array of the logits' size to build
     allow = np.ones(logits.shape, dtype=bool)
     for i, walked in held.items():
         for j, mask in enumerate(walked.masks):
