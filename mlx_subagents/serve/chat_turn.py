@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ from .conversations import Conversation, Conversations
 
 log = logging.getLogger("mlx_subagents.serve")
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+VALID_SCHEMAS = 1024  # distinct tool and answer schemas remembered as checked (`checked_schema`)
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,27 @@ def visible_content(reply: Reply) -> str:
     return "\n".join([reply.text, *(bad.raw for bad in reply.malformed_tool_calls)]).strip()
 
 
+def checked_schema(schema: Any, where: str) -> None:
+    """`check_schema`, once per distinct schema: a client sends its tools again with every request (Claude
+    Code a score of them), and checking one takes jsonschema milliseconds per turn. A schema that passed
+    is remembered (`VALID_SCHEMAS` of them); one that did not is checked again, for its error."""
+    try:
+        text = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        text = None
+    if text is None or not _valid_schema(text):
+        check_schema(schema, where)
+
+
+@functools.lru_cache(maxsize=VALID_SCHEMAS)
+def _valid_schema(text: str) -> bool:
+    try:
+        check_schema(json.loads(text), "schema")
+    except SubagentError:
+        return False
+    return True
+
+
 def function_tool(name: str, description: str | None, parameters: Any, where: str) -> ToolSchema:
     """A tool as the host takes it (OpenAI's function shape), its name and parameter schema checked:
     a schema that is not one is refused here, not decoded without a grammar."""
@@ -238,7 +262,7 @@ def function_tool(name: str, description: str | None, parameters: Any, where: st
         raise ApiError(400, f"{where}.name: {name!r} is not a tool name; use 1-64 letters, digits, _ or -", where)
     schema = {"type": "object", "properties": {}} if parameters is None else parameters
     try:
-        check_schema(schema, f"{where}: the parameters")
+        checked_schema(schema, f"{where}: the parameters")
     except SubagentError as exc:
         raise ApiError(400, f"{exc}; send a JSON schema of an object", where) from None
     if schema.get("type", "object") != "object":
@@ -262,7 +286,7 @@ def chosen_tool(choice: str, tools: list[ToolSchema] | None, where: str) -> str:
 def answer_schema(schema: Any, where: str) -> dict[str, Any]:
     """A JSON schema the answer is held to, checked."""
     try:
-        check_schema(schema, where)
+        checked_schema(schema, where)
     except SubagentError as exc:
         raise ApiError(400, f"{exc}; send a valid JSON schema", where) from None
     return schema
