@@ -201,21 +201,37 @@ def test_hybrid_divergent_history_reuses_snapshot(tiny_qwen35_path: Path, tiny_q
     assert retry.token_ids == first.token_ids == reference.token_ids
 
 
-def test_dense_divergent_history_trims_cache(tiny_qwen3_path: Path) -> None:
-    edited = [TASK[0], {"role": "user", "content": "Task: where is the logger configured?"}]
+def then_edited(path: Path, edited: list[Any]) -> tuple[Any, Any, Any]:
+    """A session's replies to TASK and then to `edited`, and a cacheless host's reply to `edited`."""
 
     async def go() -> tuple[Any, Any, Any]:
-        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+        async with MlxModelHost(str(path)) as host:
             session = host.session("a")
             first = await session.generate(TASK, GenerateArgs(max_tokens=10))
             second = await session.generate(edited, GenerateArgs(max_tokens=10))
-            async with MlxModelHost(str(tiny_qwen3_path), reuse=False) as fresh:
+            async with MlxModelHost(str(path), reuse=False) as fresh:
                 reference = await fresh.session("a").generate(edited, GenerateArgs(max_tokens=10))
             return first, second, reference
 
-    first, second, reference = run(go())
+    return run(go())
+
+
+def test_dense_divergent_history_trims_cache(tiny_qwen3_path: Path) -> None:
+    edited = [TASK[0], {"role": "user", "content": "Task: where is the logger configured?"}]
+    first, second, reference = then_edited(tiny_qwen3_path, edited)
     assert 0 < second.usage.cached_tokens < first.usage.prompt_tokens
     assert second.token_ids == reference.token_ids
+
+
+def test_an_edited_reply_is_prefilled_not_taken_from_the_cache(tiny_qwen3_path: Path) -> None:
+    """A chat client sends the conversation back with the model's reply edited: the next turn reads the
+    edited reply (as a fresh host does), not the one the cache holds; the prompt before it stays cached."""
+    edited = [*TASK, {"role": "assistant", "content": "It is parsed in cfg.py."}, {"role": "user", "content": "Why?"}]
+    first, second, reference = then_edited(tiny_qwen3_path, edited)
+    assert first.text != "It is parsed in cfg.py."
+    assert second.usage.prompt_tokens == reference.usage.prompt_tokens
+    assert second.token_ids == reference.token_ids
+    assert second.usage.cached_tokens == first.usage.prompt_tokens  # up to where the reply begins
 
 
 def test_accounting_window_tokens_and_kv_bytes(tiny_qwen3_path: Path) -> None:

@@ -131,6 +131,23 @@ def build_prompt(
     return encode(tokenizer, text), text
 
 
+def edits_reply(messages: list[Message], n_before: int, given: Message) -> bool:
+    """Whether `messages` go on from a conversation of `n_before` messages with an assistant message
+    other than `given`, the reply the session gave there (a chat client's "edit"). The cache holds the
+    reply as generated, so such a prompt must be rendered whole: splicing would keep the old reply's
+    tokens where the caller sent new ones. Whitespace and reasoning are not compared (a client may
+    strip them; the tokens generated are then what the model did write)."""
+    if len(messages) <= n_before or messages[n_before].get("role") != "assistant":
+        return False
+    return _said(messages[n_before]) != _said(given)
+
+
+def _said(message: Message) -> tuple[str, list[Any]]:
+    """What an assistant message says: its text without whitespace, its calls' names and arguments."""
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+    return "".join(str(message.get("content") or "").split()), calls
+
+
 def make_render_state(
     messages: list[Message], tools: list[ToolSchema] | None, text: str, ended_with_eos: bool
 ) -> RenderState:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from ..calls.chat_format import ChatFormat
+from ..calls.prompt import edits_reply
 from ..kv.kv_pool import CacheState, KVPool
 from ..protocol import GenerateArgs, Message, Reply, ToolSchema, Usage
 from .drafted import DraftCounts
@@ -64,6 +65,7 @@ class MlxSession:
 
             self._forking = host._mlx.submit(start_fork)
         self.cut: Usage | None = None
+        self._given: tuple[int, Message] | None = None  # its last turn's messages counted, and the reply given
 
     @property
     def kv_bytes(self) -> int:
@@ -84,6 +86,9 @@ class MlxSession:
     ) -> Reply:
         chat = self._host.chat
         request, opened = make_request(chat, self._host.tokenizer, messages, args, tools)
+        if self._given is not None and edits_reply(messages, *self._given):
+            request = replace(request, reply_edited=True)
+        self._given = None
         cancel, loop = threading.Event(), asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         on_event = args.on_event
@@ -118,7 +123,7 @@ class MlxSession:
         self._state.n_tool_calls += len(calls)
         # An answer's grammar also allows calls: what it held the reply to is what the reply was.
         constrained = reply.constrained and ("calls" if calls else reply.constrained)
-        return replace(
+        given = replace(
             reply,
             text=text,
             tool_calls=calls,
@@ -126,9 +131,12 @@ class MlxSession:
             reasoning=reasoning,
             constrained=constrained or None,
         )
+        self._given = (len(messages), given.to_message())
+        return given
 
     async def reset(self) -> None:
         """Forget the cache (the next turn prefills from scratch)."""
+        self._given = None
 
         def drop() -> None:
             self._host._pool.forget(self.name)
