@@ -358,14 +358,21 @@ def test_top_p_top_k_and_a_seed_sample_as_mlx_lm_does(tiny_qwen3_path: Path) -> 
                     GenerateArgs(max_tokens=24, temperature=1.0, top_p=1e-9),
                     GenerateArgs(max_tokens=24, temperature=1.0, top_k=1, seed=7),
                     GenerateArgs(max_tokens=24),
+                    # Any integer seeds (mlx's generator takes 64 bits): one past them is the same seed again.
+                    GenerateArgs(max_tokens=24, temperature=1.0, seed=7 + 2**64),
+                    GenerateArgs(max_tokens=24, temperature=1.0, seed=-1),
+                    GenerateArgs(max_tokens=24, temperature=1.0, seed=2**64 - 1),
+                    # A top_k over the vocabulary keeps every token.
+                    GenerateArgs(max_tokens=24, temperature=1.0, top_k=10**9, seed=7),
                 )
             ):
                 out.append((await host.session(f"s{i}").generate(TASK, args)).token_ids)
             return out
 
-    seven, again, eight, nucleus, top_one, greedy = asyncio.run(go())
+    seven, again, eight, nucleus, top_one, greedy, wrapped, minus_one, last, every = asyncio.run(go())
     assert seven == again and seven != eight
     assert nucleus == greedy and top_one == greedy
+    assert wrapped == seven and minus_one == last and every == seven
 
 
 def test_batched_rows_each_keep_their_own_tools(

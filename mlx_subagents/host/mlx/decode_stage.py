@@ -127,7 +127,8 @@ class DecodeStage:
         if turn.request.seed is not None:
             import mlx.core as mx
 
-            mx.random.seed(turn.request.seed)  # its draws follow from here (alone in the batch: exactly)
+            # Its draws follow from here (alone in the batch: exactly); any integer is a seed, mlx takes 64 bits.
+            mx.random.seed(turn.request.seed % 2**64)
         request = turn.request
         if (request.grammar_tools or request.answer_schema is not None) and (grammar := self._grammar(turn)):
             grammar.known = turn.decode.generated  # the tokens this loop has read: no sync to learn them

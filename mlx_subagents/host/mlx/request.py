@@ -35,7 +35,8 @@ def make_request(
         tools if grammar else None,
         args.answer_schema if grammar else None,
         top_p=args.top_p,
-        top_k=args.top_k,
+        # As many as the vocabulary or more keeps every token (mlx-lm's cut refuses it).
+        top_k=args.top_k if args.top_k < tokenizer.vocab_size else 0,
         seed=args.seed,
         store_prompt=args.store_prompt,
     )
