@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 from starlette.types import Message, Receive, Send
@@ -19,6 +20,8 @@ from .api_errors import ApiError
 
 # The largest body a chat request may have: a long conversation of a coding agent is a few MB of JSON.
 MAX_BODY_BYTES = 32 * 2**20
+# A surrogate's escape: JSON writes characters past U+FFFF as two; one alone is no text (a tokenizer fails on it).
+SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 async def read_json(receive: Receive, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
@@ -42,6 +45,15 @@ async def read_json(receive: Receive, limit: int = MAX_BODY_BYTES) -> dict[str, 
         raise ApiError(400, "the request body is nested too deeply; send one flat JSON object") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body is a JSON {type(data).__name__}, not an object; send one JSON object")
+    if SURROGATE.search(body):  # paired ones decode to one character each; an unpaired one stays
+        try:
+            json.dumps(data, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise ApiError(
+                400,
+                f"the request body has an unpaired surrogate ({exc.object[exc.start]!r}) in a string; "
+                "send text as UTF-8 or each surrogate with its pair",
+            ) from None
     return data
 
 

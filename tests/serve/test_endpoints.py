@@ -259,6 +259,15 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
         "messages[0].content[0]: image_url parts are not read by this server; send text",
     )
 
+    lone = json.dumps({"model": model, "messages": [{"role": "user", "content": "\ud800 hi"}]})  # "\\ud800"
+    assert post("/v1/chat/completions", lone) == (
+        400,
+        openai_error("the request body has an unpaired surrogate ('\\ud800') in a string; send text as UTF-8 or "
+                     "each surrogate with its pair"),
+    )  # fmt: skip
+    pair = json.dumps({"model": model, "messages": [{"role": "user", "content": "\U0001f600"}]})  # "\\ud83d\\ude00"
+    assert post("/v1/messages/count_tokens", pair)[0] == 200
+
     # The SDKs raise their own errors with these messages.
     with pytest.raises(openai.NotFoundError, match="model 'gpt-9' is not served here"):
         oa.chat.completions.create(model="gpt-9", messages=user)
