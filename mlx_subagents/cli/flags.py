@@ -24,6 +24,7 @@ from ..caps import MAX_CONCURRENCY, MAX_ENGINE_CONCURRENCY, MAX_WARNINGS
 from ..events import EventSink, Fanout
 from ..runs.options import DEFAULT_MAX_DEPTH, RunOptions
 from ..runs.published import Publisher
+from ..runs.tasks import absolute_model
 from .config import defaults_for, load_config, read_draft, read_kv_budget, read_prefill_slice, read_prefix_cache
 from .live import paused
 from .output import print_warnings
@@ -341,8 +342,10 @@ class Shared:
     configured: frozenset[str] = frozenset()
 
     def options(self) -> RunOptions:
+        # A path names the same model later, from another folder: the run's record keeps it (resume).
+        model = absolute_model(self.model, Path.cwd()) if self.model and not self.engine else self.model
         return RunOptions(
-            model=self.model,
+            model=model,
             scope=self.scope.value,
             assume_yes=self.yes,
             yes_agents=self.yes_agents,

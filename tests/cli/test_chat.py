@@ -51,6 +51,19 @@ def test_once_runs_one_turn_and_exits(tmp_path: Path, write_script: Any, run_cli
     assert log.messages[3]["content"] == f"app.py:1\n\n[sub-agent run {child.run_id}; task_send continues scout#1]"
 
 
+def test_a_run_on_a_relative_model_path_resumes_from_another_folder(
+    tmp_path: Path, write_script: Any, run_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's demo names its replay relative to the checkout; `resume` from elsewhere finds it."""
+    write_script(["one"])
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("run", "scout", "first", "-m", "scripted:script.json")[:2] == (0, "one\n")
+    monkeypatch.chdir(tmp_path.parent)
+    assert run_cli("resume", "last", "second")[:2] == (0, "one\n")  # a new process: its script from the start
+    record = load_run("last")
+    assert read_transcript(record.transcript_path(record.tasks[0])).meta["model"] == f"scripted:{tmp_path}/script.json"
+
+
 def test_a_chat_continues_with_resume_and_chat_resume(tmp_path: Path, write_script: Any, run_cli: Any) -> None:
     # Each command is a new process: a new scripted session, replaying its script from the start.
     assert run_cli("chat", "--once", "first", "-m", write_script(["one"], "1.json"), "-C", str(tmp_path))[:2] == (
