@@ -74,14 +74,17 @@ def test_a_draft_walked_through_the_grammar_comes_back_to_a_grammar_that_never_d
     assert grammar.engaged == "calls" and not grammar.broken and not grammar.running
 
 
-@pytest.mark.parametrize("beside", [0, 1], ids=["alone", "then-a-short-session-beside-it"])
+@pytest.mark.parametrize(
+    ("beside", "limit"), [(0, 64), (1, 64), (0, 33)], ids=["alone", "then-beside-a-short-session", "near-its-limit"]
+)
 def test_a_grammar_held_session_drafts_on_the_single_path_with_the_tokens_of_drafts_off(
-    tiny_qwen3_path: Path, beside: int
+    tiny_qwen3_path: Path, beside: int, limit: int
 ) -> None:
     """A session whose reply must be a call decodes alone (the single path, `DraftedStream` walking each
     draft through its grammar), or first beside a shorter session (into the batch, then back alone when
-    that one ends): it drafts and keeps some of its drafts, and its reply is the valid call it is with
-    drafts off, token for token."""
+    that one ends), or with a limit that leaves room for one call only (the grammar ends the reply after
+    it: `Constrainer._close`, its state walked and settled too): it drafts and keeps some of its drafts,
+    and its reply is the valid call it is with drafts off, token for token."""
     import asyncio
 
     import jsonschema
@@ -94,7 +97,8 @@ def test_a_grammar_held_session_drafts_on_the_single_path_with_the_tokens_of_dra
     async def go(draft: str) -> list[Any]:
         async with MlxModelHost(str(tiny_qwen3_path), draft=draft) as host:
             fix_costs(host)
-            held = host.session("held").generate(TASK, GenerateArgs(max_tokens=64, tool_choice="required"), tools=TOOLS)
+            args = GenerateArgs(max_tokens=limit, tool_choice="required")
+            held = host.session("held").generate(TASK, args, tools=TOOLS)
             free = [host.session(f"s{i}").generate(task(i), GenerateArgs(max_tokens=12)) for i in range(beside)]
             return list(await asyncio.gather(held, *free))
 
