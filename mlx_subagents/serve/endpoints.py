@@ -45,7 +45,9 @@ ROUTES = {
     ("POST", "/v1/messages/count_tokens"): "anthropic",
     ("GET", "/v1/models"): "openai",
 }
-PATHS = ", ".join(f"{method} {path}" for method, path in ROUTES)
+# `GET /v1/models/NAME`: one model, as the list has it (the SDKs' `models.retrieve`).
+MODEL_PATH = "/v1/models/"
+PATHS = ", ".join(f"{method} {path}" for method, path in ROUTES) + f", GET {MODEL_PATH}NAME"
 # Endpoint clients (API and User-Agent) kept at once; past it the least recently used idle one goes.
 MAX_API_CLIENTS = 64
 
@@ -87,15 +89,18 @@ class ApiFront:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"].rstrip("/"), scope["method"]
-        api = api_of(path)
+        anthropic = "anthropic-version" in _headers(scope)
+        api: Api = "anthropic" if anthropic and path.startswith("/v1/models") else api_of(path)
         try:
-            if (method, path) not in ROUTES:
+            if method == "GET" and path.startswith(MODEL_PATH):
+                await send_json(send, 200, await self.model(path.removeprefix(MODEL_PATH), anthropic=anthropic))
+            elif (method, path) not in ROUTES:
                 methods = [m for m, p in ROUTES if p == path]
                 if methods:
                     raise ApiError(405, f"{method} {path} is not served; use {' or '.join(methods)}")
                 raise ApiError(404, f"not found: {method} {path}; this server serves {PATHS}")
-            if path == "/v1/models":
-                await send_json(send, 200, await self.models(anthropic="anthropic-version" in _headers(scope)))
+            elif path == "/v1/models":
+                await send_json(send, 200, await self.models(anthropic=anthropic))
             elif path == "/v1/messages/count_tokens":
                 await send_json(send, 200, await self.count_tokens(await read_json(receive)))
             else:
@@ -109,19 +114,27 @@ class ApiFront:
     async def models(self, *, anthropic: bool) -> dict[str, Any]:
         """The resident models, then the local ones (`subagent models`), by the names requests use."""
         names = await self.model_names()
+        data = [self._entry(n, anthropic=anthropic) for n in names]
         if anthropic:
-            data = [{"type": "model", "id": n, "display_name": n, "created_at": "1970-01-01T00:00:00Z"} for n in names]
             return {
                 "data": data,
                 "has_more": False,
                 "first_id": names[0] if names else None,
                 "last_id": names[-1] if names else None,
             }
-        started = int(self.service.started)
-        return {
-            "object": "list",
-            "data": [{"id": n, "object": "model", "created": started, "owned_by": "mlx-subagents"} for n in names],
-        }
+        return {"object": "list", "data": data}
+
+    async def model(self, name: str, *, anthropic: bool) -> dict[str, Any]:
+        """One model of the list, by its name."""
+        names = await self.model_names()
+        if name not in names:
+            raise _not_served(name, names)
+        return self._entry(name, anthropic=anthropic)
+
+    def _entry(self, name: str, *, anthropic: bool) -> dict[str, Any]:
+        if anthropic:
+            return {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+        return {"id": name, "object": "model", "created": int(self.service.started), "owned_by": "mlx-subagents"}
 
     async def model_names(self) -> list[str]:
         resident = [str(ref) for ref in self.service.pool.hosts]
@@ -135,15 +148,10 @@ class ApiFront:
         for ref, host in list(pool.hosts.items()):
             if model in (str(ref), host.model_id):
                 return await pool.get(ref)
-        if model and model in await self.model_names():
+        names = await self.model_names()
+        if model and model in names:
             return await pool.get(ModelRef(model))
-        served = ", ".join(await self.model_names()) or "none"
-        raise ApiError(
-            404,
-            f"model {model!r} is not served here (GET /v1/models lists them: {served}); name one of them",
-            "model",
-            "model_not_found",
-        )
+        raise _not_served(model, names)
 
     # -- turns ---------------------------------------------------------------------------------------
 
@@ -228,6 +236,16 @@ async def _next(run: TurnRun, gone: Disconnect) -> Event | None:
     event.cancel()
     run.cancel()
     return None
+
+
+def _not_served(model: str, names: list[str]) -> ApiError:
+    served = ", ".join(names) or "none"
+    return ApiError(
+        404,
+        f"model {model!r} is not served here (GET /v1/models lists them: {served}); name one of them",
+        "model",
+        "model_not_found",
+    )
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -271,6 +271,12 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
     # The SDKs raise their own errors with these messages.
     with pytest.raises(openai.NotFoundError, match="model 'gpt-9' is not served here"):
         oa.chat.completions.create(model="gpt-9", messages=user)
+    # One model by its name (a path: its slashes come escaped), in each API's shape.
+    assert (oa.models.retrieve(model).id, an.models.retrieve(model).id) == (model, model)
+    with pytest.raises(openai.NotFoundError, match="model 'gpt-9' is not served here"):
+        oa.models.retrieve("gpt-9")
+    with pytest.raises(anthropic.NotFoundError, match="model 'claude-9' is not served here"):
+        an.models.retrieve("claude-9")
     with pytest.raises(anthropic.BadRequestError, match="max_tokens: Field required"):
         an.post("/v1/messages", body={"model": model, "messages": user}, cast_to=object)
     with pytest.raises(anthropic.AuthenticationError, match="unauthorized: wrong token"):
