@@ -423,6 +423,7 @@ class Constrainer:
         return {k: v.copy() if isinstance(v, list) and k != "known" else v for k, v in vars(self).items()}
 
     def restore(self, state: dict[str, Any]) -> None:
+        """Comes back to a `snapshot` (taken once, restored once: its lists become the grammar's own)."""
         vars(self).update(state)
 
     @property
