@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from typing import Any
-
 import pytest
 
-from tests.helpers import REPO
+from tests.benchmarks.test_benchmarks_batching import run_benchmark
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+pytestmark = pytest.mark.slow
 
 REPORT_KEYS = {
     "arch", "model", "turns", "forced",
@@ -29,17 +23,7 @@ PER_TURN_KEYS = {
 
 
 def test_prefix_reuse_benchmark_json() -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/prefix_reuse.py", "--json", "--turns", "3"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = run_benchmark("prefix_reuse.py", "--turns", "3")
 
     assert REPORT_KEYS <= report.keys()
     assert PER_TURN_KEYS <= report["per_turn"].keys()
@@ -56,16 +40,8 @@ def test_prefix_reuse_benchmark_json() -> None:
     assert turns["cached_tokens_with_reuse"][0] == 0  # the warm-up lends the timed session nothing
 
 
-def run_benchmark(*args: str) -> dict[str, Any]:
-    """One benchmark script run on the tiny model: its `--json` line."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, *args, "--json"], cwd=REPO, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def test_tool_calls_benchmark_turns_a_random_models_started_calls_into_valid_ones() -> None:
-    report = run_benchmark("benchmarks/tool_calls.py", "--max-tokens", "24")
+    report = run_benchmark("tool_calls.py", "--max-tokens", "24")
     assert report["requests"] == 24 and report["forced"] is True
     assert report["started_call_rate_off"] == report["started_call_rate_on"] == 1.0
     assert report["valid_call_rate_off"] == 0.0  # noise after the marker: no call parses
@@ -74,7 +50,7 @@ def test_tool_calls_benchmark_turns_a_random_models_started_calls_into_valid_one
 
 
 def test_throughput_grammar_pair_reports_the_ratio_at_1_and_4_sessions() -> None:
-    report = run_benchmark("benchmarks/throughput.py", "--grammar-pair", "--tokens", "16", "--repeats", "1")
+    report = run_benchmark("throughput.py", "--grammar-pair", "--tokens", "16", "--repeats", "1")
     assert set(report["results"]) == {"1", "4"}
     assert {k for k in report if k.startswith("grammar_")} == {
         f"grammar_{kind}_{n}" for kind in ("decode_ratio", "cpu_ratio", "paired", "null", "null_range") for n in (1, 4)
@@ -89,7 +65,7 @@ def test_throughput_grammar_pair_reports_the_ratio_at_1_and_4_sessions() -> None
 
 def test_interference_benchmark_reports_both_modes_side_by_side() -> None:
     report = run_benchmark(
-        "benchmarks/interference.py", "--contexts", "600", "40", "--before", "40", "--warm", "8", "--reply", "3",
+        "interference.py", "--contexts", "600", "40", "--before", "40", "--warm", "8", "--reply", "3",
         "--repeats", "1", "--max-decode", "1500",
     )  # fmt: skip
     assert report["benchmark"] == "interference" and report["slice"] == "auto" and report["decoders"] == 3
@@ -106,7 +82,7 @@ def test_interference_benchmark_reports_both_modes_side_by_side() -> None:
 
 
 def test_speculative_benchmark_reports_each_workload_both_ways_with_the_same_tokens() -> None:
-    report = run_benchmark("benchmarks/speculative.py", "--tokens", "12", "--repeats", "1")
+    report = run_benchmark("speculative.py", "--tokens", "12", "--repeats", "1")
     assert report["sessions"] == 1 and set(report["workloads"]) == {"edit", "rewrite", "summary", "random"}
     for row in report["workloads"].values():
         assert row["identical"] and row["reply_tokens"] > 0 and row["tokens_per_forward"] >= 1.0

@@ -29,7 +29,6 @@ ROW_KEYS = {
 
 
 @pytest.mark.slow
-@pytest.mark.process
 def test_kv_bits_comparison_json() -> None:
     args = ("--sessions", "4", "--turns", "2", "--result-lines", "4", "--decode-tokens", "8", "--decode-repeats", "1")
     report = run_benchmark("kv_pressure.py", "--kv-bits", "16,8", *args)
