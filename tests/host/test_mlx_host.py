@@ -269,6 +269,10 @@ def test_prompt_over_the_window_is_a_clear_error(tiny_qwen3_path: Path) -> None:
             big = [{"role": "user", "content": "word " * 600}]
             with pytest.raises(PromptTooLongError, match=r"^the prompt is \d+ tokens but the context window is 300;"):
                 await host.session("a").generate(big)
+            # Over 2 x the longest token's 16 characters x 300: refused before it is tokenized.
+            huge = [{"role": "user", "content": "x" * 9_600}]
+            with pytest.raises(PromptTooLongError, match=r"^the prompt is 9,650 characters, .* \(9,600 at most\)"):
+                await host.session("a").generate(huge)
             ok = await host.session("a").generate(TASK, GenerateArgs(max_tokens=4))  # the mlx thread survived
             assert ok.usage.generated_tokens == 4 or ok.finish_reason == "stop"
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ChatTemplateError
+from ...errors import ChatTemplateError, PromptTooLongError
 from ..protocol import Message, ToolSchema
 
 
@@ -114,6 +114,13 @@ def _spliced(
     return held + encode(tokenizer, tail + text[len(with_reply) :])
 
 
+def longest_token(tokenizer: Any) -> int:
+    """The most characters one token of the vocabulary is written with (a byte-level BPE writes each
+    byte as one character, SentencePiece a space as one): a text has at least its length over this
+    many tokens."""
+    return max(map(len, tokenizer.get_vocab()), default=1)
+
+
 def build_prompt(
     tokenizer: Any,
     messages: list[Message],
@@ -121,9 +128,17 @@ def build_prompt(
     state: RenderState | None,
     held: list[int],
     template_kwargs: Mapping[str, Any] | None = None,
+    max_chars: int | None = None,
 ) -> tuple[list[int], str]:
-    """Prompt ids for this turn and the rendered text (kept for the next turn)."""
+    """Prompt ids for this turn and the rendered text (kept for the next turn). A text over `max_chars`
+    is refused before it is tokenized: tokenizing megabytes takes the mlx thread seconds to minutes,
+    which every other session would wait for, only to learn the prompt does not fit."""
     text = render(tokenizer, messages, tools, generation_prompt=True, template_kwargs=template_kwargs)
+    if max_chars is not None and len(text) > max_chars:
+        raise PromptTooLongError(
+            f"the prompt is {len(text):,} characters, more than the context window holds whatever their tokens "
+            f"({max_chars:,} at most); shorten the task or the conversation (compaction), or raise --context-window"
+        )
     if state is not None and held:
         ids = _spliced(tokenizer, messages, tools, text, state, held, template_kwargs)
         if ids is not None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import PromptTooLongError
-from ..calls.prompt import build_prompt, encode, make_render_state, render
+from ..calls.prompt import build_prompt, encode, longest_token, make_render_state, render
 from ..kv.kv_pool import CacheState, KVPool, KVShape
 from ..kv.prefix_cache import SharedPrefixes
 from ..kv.prefix_store import PrefixStore
@@ -74,6 +74,8 @@ class Scheduler:
         `make_cache`: a fresh prompt cache under the host's `--kv-bits` (None: mlx-lm's own);
         `call_format`: (grammar kind, start, end) of the model's calls (None: no call grammar)."""
         self.tokenizer, self.config, self.pool = tokenizer, config, pool
+        # Characters per token a prompt can have at most, twice over (a normalizer may change a few).
+        self._chars_per_token = 2 * longest_token(tokenizer)
         self._jobs_waiting = jobs_waiting or (lambda: False)
         self.waiting: deque[Turn] = deque()
         self.prefixes = SharedPrefixes(pool=pool)
@@ -115,7 +117,13 @@ class Scheduler:
             req = turn.request
             render = None if req.reply_edited else turn.state.render
             turn.ids, turn.text = build_prompt(
-                self.tokenizer, req.messages, req.tools, render, turn.state.token_ids, req.template_kwargs
+                self.tokenizer,
+                req.messages,
+                req.tools,
+                render,
+                turn.state.token_ids,
+                req.template_kwargs,
+                max_chars=self._chars_per_token * self.config.context_window,
             )
             turn.max_tokens = self._fit(len(turn.ids), turn.request.max_tokens)
             if turn.state.prompt_cache is None and turn.state.spill_path is None:  # nothing of its own to reuse
