@@ -336,9 +336,9 @@ class Scheduler:
         if not self.config.reuse:  # keep the ids (same prompts as with reuse), drop the cache
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)
-        if req.store_prompt and not cut:
-            self.prefill.store_prompt(turn)
         self.outbox.end(turn, self._reply(turn, finish))  # after the text streamed so far
+        if req.store_prompt and not cut:  # after the reply: its caller does not wait for the copy
+            self.prefill.store_prompt(turn)
         if not self.decode.decoding and not self.prefill.turns:
             import mlx.core as mx
 
