@@ -48,7 +48,8 @@ def test_a_width_not_measured_is_guessed_from_the_widest_measured_below_it() -> 
     assert measured.ratio(2) == 2.0 and measured.ratio(5) == 4.0
     assert measured.ratio(3) == 2.0 * (3 / 2) ** 0.5 and measured.ratio(9) == 4.0 * (9 / 5) ** 0.5
     assert StepCosts().ratio(2) == 2**0.5  # nothing measured: from a plain step's 1 at width 1
-    measured.drafted_step(2, 0.01 * 3.0)  # a moving average of what each width measured
+    measured.drafted_step(2, 0.01 * 30.0)  # the first at a width compiles its shapes: not counted
+    measured.drafted_step(2, 0.01 * 3.0)  # then a moving average of what each width measured
     assert measured.ratios[2] == 0.7 * 2.0 + 0.3 * 3.0
 
 
@@ -63,6 +64,7 @@ def test_a_steps_seconds_count_once_its_tokens_are_read_back() -> None:
     widths.plain(0.003)
     widths.plain(0.009)  # a plain step after a plain one waited for it itself
     assert widths.costs.plains == 2 and abs(widths.costs.plain - (0.8 * 0.010 + 0.2 * 0.003)) < 1e-12
+    widths.drafted(5, 0.2)  # its first: it compiles
     widths.drafted(5, 0.02)
     assert widths.costs.ratios == {5: 0.02 / widths.costs.plain}
 

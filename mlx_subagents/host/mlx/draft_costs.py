@@ -37,6 +37,7 @@ class StepCosts:
     plain: float | None = None  # seconds of a plain step, a moving average
     plains: int = 0  # plain steps measured
     ratios: dict[int, float] = field(default_factory=dict)  # a drafted step's cost over a plain one's, by width
+    warmed: set[int] = field(default_factory=set)  # the widths run once: the first run compiles its shapes
 
     def plain_step(self, seconds: float) -> None:
         """A plain step took `seconds`."""
@@ -45,8 +46,10 @@ class StepCosts:
 
     def drafted_step(self, width: int, seconds: float) -> None:
         """A drafted step up to `width` (one of `WIDTHS`) positions wide took `seconds` (ignored until a
-        plain step was measured)."""
-        if self.plain is None or self.plain <= 0:
+        plain step was measured, and the first at each width: it compiles the width's shapes, tens of
+        plain steps on a CPU)."""
+        if self.plain is None or self.plain <= 0 or width not in self.warmed:
+            self.warmed.add(width)
             return
         ratio, before = seconds / self.plain, self.ratios.get(width)
         self.ratios[width] = ratio if before is None else 0.7 * before + 0.3 * ratio
