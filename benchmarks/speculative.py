@@ -129,12 +129,12 @@ def forward_cost(model: Any, prompt: list[int], width: int, repeats: int = 5) ->
     return timed(width) / timed(1)
 
 
-def measure(model_path: Path, label: str, tokens: int, repeats: int) -> Report:
+def measure(model_path: Path, label: str, tokens: int, repeats: int, parts: str = "both") -> Report:
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(str(model_path))
     rows: dict[str, Any] = {}
-    for name, message in workloads().items():
+    for name, message in workloads().items() if parts != "batched" else ():
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True)
         runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
         for i in range(repeats):
@@ -164,7 +164,7 @@ def measure(model_path: Path, label: str, tokens: int, repeats: int) -> Report:
             "forward_cost": round(forward_cost(model, prompt, max(1, round(per_forward))), 2),
         }
     report = {"model": label, "tokens": tokens, "repeats": repeats, "sessions": 1, "workloads": rows}
-    return report | {"batched": batched(model_path, tokens, repeats)}
+    return report | {"batched": batched(model_path, tokens, repeats) if parts != "single" else None}
 
 
 async def together(model_path: Path, tokens: int, draft: str) -> dict[str, Any]:
@@ -227,12 +227,14 @@ def print_table(report: Report) -> None:
     print(f"speculative: {report['model']}, 1 session, up to {report['tokens']} tokens, median of {report['repeats']}")
     head = f"{'workload':<9} {'same':>5} {'tok/fwd':>8} {'drafted':>8} {'kept':>6} {'off t/s':>8} {'on t/s':>8} {'on/off':>7} {'fwd cost':>9}"
     print(head)
-    for name, r in report["workloads"].items():
+    for name, r in report["workloads"].items():  # none with --parts batched
         print(
             f"{name:<9} {('yes' if r['identical'] else 'NO'):>5} {r['tokens_per_forward']:>8} {r['drafted']:>8} "
             f"{r['accepted']:>6} {r['decode_tps_off']:>8} {r['decode_tps_on']:>8} {r['speedup']:>7} {r['forward_cost']:>9}"
         )
     b = report["batched"]
+    if b is None:
+        return
     print("\n4 sessions together in the host's batch (the mixed workload: one session of each), --draft off vs lookup")
     print(
         f"{'session':<9} {'same':>5} {'tok/fwd':>8} {'drafted':>8} {'kept':>6} {'off t/s':>8} {'on t/s':>8} {'on/off':>7}"
@@ -250,9 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__ or "")
     parser.add_argument("--tokens", type=int, default=160, help="reply tokens at most, per workload")
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode, interleaved")
+    parser.add_argument(
+        "--parts", choices=("both", "single", "batched"), default="both", help="one session, four in a batch, or both"
+    )
     args = parser.parse_args(argv)
     return run_report(
-        args, lambda path, label: measure(path, label, args.tokens, args.repeats), print_table, context_window=4096
+        args,
+        lambda path, label: measure(path, label, args.tokens, args.repeats, args.parts),
+        print_table,
+        context_window=4096,
     )
 
 
