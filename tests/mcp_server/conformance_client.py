@@ -14,15 +14,21 @@ sign-in alone where it meets every check (`AUTH_WITH_A_RUN`). A scenario that do
 
 `DRIVER_MODE` changes that for the tests: `login-only` (the sign-in, no run), `no-login` and `refused`
 (a run with no tokens, or with a token the server refuses; its stderr is passed on, and it exits 3).
+With `DRIVER_BATCH` set to a folder (the suite ran a batch: all its scenarios at once), the driver
+takes one of `AT_ONCE` slots there before it starts `subagent` (a lock file; the others wait, idle), so
+that two cores are not shared by dozens of runs whose connections time out, and writes its exit code
+there, in `SCENARIO.code` (its `/` as `__`), which a batch of the suite does not keep.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -54,6 +60,8 @@ AUTH_WITH_A_RUN = {
     "auth/pre-registration",
     "auth/scope-step-up",
 }
+# How many scenarios of a batch run `subagent` at once.
+AT_ONCE = 6
 # The scenarios that do not apply, and why: the driver says so and exits 1 at once (the suite fails them).
 NOT_APPLICABLE = {
     "auth/basic-cimd": "a client ID metadata document needs the client's metadata at a public HTTPS address",
@@ -184,6 +192,8 @@ def main(url: str, scenario: str) -> int:
     if scenario in NOT_APPLICABLE:
         sys.stderr.write(f"{scenario} does not apply to subagent: {NOT_APPLICABLE[scenario]}\n")
         return 1
+    if batch := os.environ.get("DRIVER_BATCH"):
+        take_a_slot(Path(batch))
     with tempfile.TemporaryDirectory(prefix="conformance-client-") as tmp:
         env, workspace, model = set_up(Path(tmp), url, scenario)
         if (mode := os.environ.get("DRIVER_MODE")) in ("no-login", "refused"):
@@ -213,5 +223,27 @@ def in_process(env: dict[str, str], *args: str) -> int:
     return 0
 
 
+def take_a_slot(batch: Path) -> None:
+    """Wait for one of the batch's `AT_ONCE` slots, held until this process exits (its lock's file
+    descriptor is not inherited by `subagent`'s own children)."""
+    while True:
+        for slot in range(AT_ONCE):
+            fd = os.open(batch / f"slot-{slot}.lock", os.O_CREAT | os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                os.close(fd)
+        time.sleep(0.2)
+
+
+def exit_with(scenario: str, code: int) -> None:
+    """Exit with `code`, written first to `$DRIVER_BATCH/SCENARIO.code` in a batch."""
+    if batch := os.environ.get("DRIVER_BATCH"):
+        (Path(batch) / f"{scenario.replace('/', '__')}.code").write_text(str(code))
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[-1], os.environ.get("MCP_CONFORMANCE_SCENARIO", "initialize")))
+    scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "initialize")
+    exit_with(scenario, main(sys.argv[-1], scenario))
