@@ -168,14 +168,18 @@ def wait_for_pids(folder: Path, deadline: float) -> list[int]:
     return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
 
 
-def unevaluated(array: Any) -> bool:
-    """Whether the mlx `array` is still a pending graph: the DOT export of an evaluated array is one
-    node, with no operation (mlx exports every unevaluated input of an array, and nothing else)."""
+def unevaluated(*arrays: Any) -> bool:
+    """Whether every mlx array given is still a pending graph: in a DOT export an unevaluated array is
+    the output of an operation (`... -> "name"`), an evaluated one a node with none (mlx exports every
+    unevaluated input of the arrays, and nothing else). One export for several arrays of one graph: each
+    export walks the whole pending graph, which grows with every step a decode test takes."""
     import mlx.core as mx
 
+    names = {f"x{i}": array for i, array in enumerate(arrays)}
     dot = io.StringIO()
-    mx.export_to_dot(dot, array)
-    return "shape=rectangle" in dot.getvalue()
+    mx.export_to_dot(dot, *arrays, **names)
+    text = dot.getvalue()
+    return all(f'-> "{name}"' in text for name in names)
 
 
 def cli_env() -> dict[str, str]:

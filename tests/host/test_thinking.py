@@ -72,12 +72,13 @@ def decode(processor: ThoughtBudget, prompt: list[int], wishes: list[int]) -> tu
         advanced = processor.state is not None  # the state will take the newest token one step at a time
         out = processor(context, logits)
         # Evaluating anything made from the context would have evaluated the context too.
-        assert unevaluated(context) and unevaluated(out)
+        pending = [context, out]
         state = processor.state  # made once something could be forced, from the tokens so far
         if state is not None:
-            assert unevaluated(state.at)
+            pending.append(state.at)
             if advanced:
-                assert unevaluated(state.over)
+                pending.append(state.over)
+        assert unevaluated(*pending)
         outputs.append(out)
         context = mx.concatenate([context, mx.argmax(out, axis=-1).astype(mx.uint32)])
     mx.eval(context, outputs)
@@ -167,7 +168,7 @@ def test_several_new_tokens_in_one_call_are_taken_in_order() -> None:
     for new in ([1, 7, 1], [], [1], [8, 3]):  # opens, thinks two tokens, is closed (8 then 10 forced)
         context = mx.concatenate([context, mx.array(new, dtype=mx.uint32)]) if new else context
         outs.append(processor(context, logits))
-        assert unevaluated(context) and unevaluated(outs[-1])
+        assert unevaluated(context, outs[-1])
         tokens += new
         expected.append(old.pick(tokens))
     mx.eval(outs)
