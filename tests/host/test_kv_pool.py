@@ -95,6 +95,7 @@ def test_the_kv_shape_read_off_the_cache_types_is_what_caches_really_hold(
 
     from mlx_subagents.host import MlxModelHost
     from mlx_subagents.host.kv.kv_pool import cache_nbytes
+    from mlx_subagents.host.mlx.kv_size import probe_shape
 
     path = request.getfixturevalue(arch_fixture)
 
@@ -107,7 +108,7 @@ def test_the_kv_shape_read_off_the_cache_types_is_what_caches_really_hold(
                 mx.eval([c.state for c in cache])
                 return cache_nbytes(cache), host.kv_shape.bytes_for(n)
 
-            probed = await host._mlx.run(host._probe_shape)
+            probed = await host._mlx.run(lambda: probe_shape(host._model, host.kv_setting))
             return host.kv_shape, probed, [await host._mlx.run(lambda n=n: held(n)) for n in (1, 256, 300, 700)]
 
     shape, probed, sizes = asyncio.run(go())
