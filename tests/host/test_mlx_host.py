@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
+from mlx_subagents.host.calls import prompt
 from mlx_subagents.host.protocol import HostEvent, PrefillBegun, TokensSoFar, ToolCall
 from mlx_subagents.testing import ForcedScripts, tool_call_text
 from tests.helpers import texts
@@ -234,7 +236,14 @@ def test_an_edited_reply_is_prefilled_not_taken_from_the_cache(tiny_qwen3_path: 
     assert second.usage.cached_tokens == first.usage.prompt_tokens  # up to where the reply begins
 
 
-def test_accounting_window_tokens_and_kv_bytes(tiny_qwen3_path: Path) -> None:
+def test_accounting_window_tokens_and_kv_bytes(tiny_qwen3_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlx_subagents.host.mlx import mlx_host
+
+    tokenized_in: list[threading.Thread] = []  # count_tokens tokenizes off the caller's loop (a server's clients)
+    monkeypatch.setattr(
+        mlx_host, "encode", lambda *a: tokenized_in.append(threading.current_thread()) or prompt.encode(*a)
+    )
+
     async def go() -> tuple[Any, ...]:
         async with (
             MlxModelHost(str(tiny_qwen3_path)) as host,
@@ -242,6 +251,7 @@ def test_accounting_window_tokens_and_kv_bytes(tiny_qwen3_path: Path) -> None:
         ):
             session = host.session("a")
             counted = await host.count_tokens(TASK)
+            assert len(tokenized_in) == 1 and tokenized_in[0] is not threading.current_thread()
             reply = await session.generate(TASK, GenerateArgs(max_tokens=5))
             stats = await host.memory_stats()
             return (

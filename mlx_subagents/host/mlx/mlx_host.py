@@ -387,11 +387,17 @@ class MlxModelHost:
         self, messages: list[Message], tools: list[ToolSchema] | None = None, *, thinking: int = DEFAULT_THINKING_TOKENS
     ) -> int:
         """Tokens of the prompt these messages render to (generation prompt included), rendered as a turn
-        with this `thinking` budget renders them (off: the template's `enable_thinking=False`)."""
+        with this `thinking` budget renders them (off: the template's `enable_thinking=False`). Counted
+        in a worker thread: a conversation of megabytes takes seconds to tokenize, which the caller's
+        event loop (a server's every client) would otherwise wait for."""
         messages, tools = self.chat.present(messages, tools)
         switch = {"enable_thinking": False} if self.chat.thinks and thinking <= 0 else None
-        text = render(self.tokenizer, messages, tools, generation_prompt=True, template_kwargs=switch)
-        return len(encode(self.tokenizer, text))
+
+        def count() -> int:
+            text = render(self.tokenizer, messages, tools, generation_prompt=True, template_kwargs=switch)
+            return len(encode(self.tokenizer, text))
+
+        return await asyncio.to_thread(count)
 
     @property
     def kv_bytes_total(self) -> int:
