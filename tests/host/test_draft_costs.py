@@ -5,6 +5,7 @@ pay drafts nothing, with the tokens of drafts off."""
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,17 @@ def test_the_width_is_the_one_whose_expected_tokens_per_cost_are_the_most() -> N
     assert best_width([3, 0, 0, 0], [sure, [0.0], [0.0], [0.0]], costs(CPU)) == (1, 2)
 
 
-def test_a_width_not_measured_is_guessed_from_the_widest_measured_below_it() -> None:
+def test_a_width_not_measured_is_extrapolated_from_the_narrower_ones() -> None:
     measured = costs({2: 2.0, 5: 4.0})
     assert measured.ratio(2) == 2.0 and measured.ratio(5) == 4.0
-    assert measured.ratio(3) == 2.0 * (3 / 2) ** 0.5 and measured.ratio(9) == 4.0 * (9 / 5) ** 0.5
-    assert StepCosts().ratio(2) == 2**0.5  # nothing measured: from a plain step's 1 at width 1
+    assert measured.ratio(3) == 2.0 * 3 / 2  # from 1 at width 1 to 2 at width 2: the cost grows as the width
+    power = math.log(4.0 / 2.0) / math.log(5 / 2)  # from width 2 to 5 it grew as width^0.76
+    assert measured.ratio(9) == 4.0 * (9 / 5) ** power
+    assert StepCosts().ratio(2) == 2**0.5  # nothing measured: from a plain step's 1, by the width's root
+    assert costs(GPU | {9: 1.2}).ratio(33) == 2.1  # measured
+    assert round(costs({2: 1.02, 5: 1.1}).ratio(33), 2) == 2.83  # flat costs: at least the root
+    # This machine's tiny-model rows: 9 positions cost 12.7 plain steps, so 33 are not tried (96.8, measured 86).
+    assert round(costs({3: 2.28, 9: 12.7}).ratio(33), 1) == 96.8
     measured.drafted_step(2, 0.01 * 30.0)  # the first at a width compiles its shapes: not counted
     measured.drafted_step(2, 0.01 * 3.0)  # then a moving average of what each width measured
     assert measured.ratios[2] == 0.7 * 2.0 + 0.3 * 3.0

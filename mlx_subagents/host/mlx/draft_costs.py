@@ -11,12 +11,13 @@ slower than drafts off (on this project's CPU a 4-row forward 9 positions wide m
 step's seconds, and a drafted step's over it, by width) and from each row's expected accepted tokens
 (its drafter's record, `Drafter.outlook`): it drafts where the tokens it expects per second beat a
 plain step's, at the width that gives the most, and otherwise steps plainly. A width not measured yet
-is guessed hopefully (drafting it measures it); while drafts do not pay, one step in a growing number
+is extrapolated from the narrower ones, hopefully (drafting it measures it); while drafts do not pay, one step in a growing number
 drafts anyway, so a cost that falls (the machine less loaded) is seen again.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -56,13 +57,16 @@ class StepCosts:
 
     def ratio(self, width: int) -> float:
         """The cost of a drafted step `width` positions wide over a plain step's: as measured, or, for a
-        width not measured yet, the widest measured below it (a plain step's 1 at width 1) times the root
-        of the widths' ratio: between a memory-bound device's cost (about flat) and a CPU's (growing with
-        the positions, or faster), hopeful enough that a width that pays is tried, and then measured."""
+        width not measured yet, extrapolated from the two widest measured below it (a plain step's 1 at
+        width 1 counting as one) by the power of the width their costs grew with, at least its root:
+        hopeful enough that a width that pays is tried (and then measured), not so that a CPU, where the
+        cost grows faster than the width, tries a width its narrower ones already say is too dear."""
         if width in self.ratios:
             return self.ratios[width]
-        below = max((w for w in self.ratios if w < width), default=1)
-        return self.ratios.get(below, 1.0) * (width / below) ** 0.5
+        below = sorted(w for w in self.ratios if w < width)
+        (w1, r1), (w2, r2) = ([(1, 1.0)] + [(w, self.ratios[w]) for w in below])[-2:] if below else ((1, 1.0), (1, 1.0))
+        power = max(0.5, math.log(r2 / r1) / math.log(w2 / w1)) if w2 > w1 and r2 > r1 > 0 else 0.5
+        return r2 * (width / w2) ** power
 
 
 @dataclass
