@@ -224,9 +224,16 @@ def validated(kind: type[M], body: dict[str, Any], reference: str) -> M:
     try:
         return kind.model_validate(body)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(map(str, err["loc"])) or "body"
-        raise ApiError(400, f"{where}: {err['msg']}; see the {reference} reference", where) from None
+        errors = exc.errors()
+        loc, message = errors[0]["loc"], errors[0]["msg"]
+        # A union's members each fail, named after the field (`stop`, then `str` and `list[str]`): say them all.
+        members = [e["loc"][len(loc) - 1] for e in errors if e["loc"][: len(loc) - 1] == loc[:-1]]
+        if len(loc) > 1 and len(set(members)) > 1 and all(isinstance(m, str) for m in members):
+            given = repr(errors[0]["input"])
+            given = given if len(given) <= 60 else f"{given[:57]}..."
+            loc, message = loc[:-1], f"{given} is none of the accepted forms ({', '.join(members)})"
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".") or "body"
+        raise ApiError(400, f"{where}: {message}; see the {reference} reference", where) from None
 
 
 def visible_content(reply: Reply) -> str:

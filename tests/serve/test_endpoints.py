@@ -223,6 +223,17 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
         400,
         openai_error("messages: Field required; see the Chat Completions reference", "messages"),
     )
+    assert post("/v1/chat/completions", {"model": model, "messages": user, "stop": 5}) == (
+        400,
+        openai_error(
+            "stop: 5 is none of the accepted forms (str, list[str]); see the Chat Completions reference", "stop"
+        ),
+    )
+    assert post("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": ["hi"]}]}) == (
+        400,
+        openai_error("messages[0].content: ['hi'] is none of the accepted forms (str, list[dict[str,any]]); see the "
+                     "Chat Completions reference", "messages[0].content"),
+    )  # fmt: skip
     assert post("/v1/chat/completions", {"model": "gpt-9", "messages": user}) == (
         404,
         openai_error(
