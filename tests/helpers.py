@@ -9,6 +9,7 @@ import pty
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -245,3 +246,18 @@ def spawn_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def wait_listening(process: subprocess.Popen[Any], port: int, what: str, timeout: float = 60) -> None:
+    """Waits until `process` listens on `port` of the loopback, failing the test in one line if it exits or
+    does not listen within `timeout` seconds (a server's start takes many seconds on a loaded 2-core CI)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if process.poll() is not None:
+            pytest.fail(f"{what} exited with {process.returncode} before listening on port {port}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not listen on port {port} within {timeout:g} s")
+        time.sleep(0.1)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from mlx_subagents.serve.state import serve_paths
-from tests.helpers import REPO
+from tests.helpers import REPO, wait_listening
 from tests.mcp_server.conformance import Outcome, Suite, conformance_suite
 from tests.mcp_server.conformance_client import NOT_APPLICABLE
 
@@ -110,10 +109,7 @@ def test_the_tasks_extension_passes_the_suites_tasks_scenarios(suite: Suite) -> 
         [sys.executable, str(REPO / "tests" / "mcp_server" / "tasks_server.py"), "http", str(port)]
     )
     try:
-        deadline = time.monotonic() + 60
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-            assert server.poll() is None and time.monotonic() < deadline, "the tasks server did not listen"
-            time.sleep(0.2)
+        wait_listening(server, port, "the tasks server")
         outcomes = suite.server_batch(f"http://127.0.0.1:{port}/mcp", "2026-07-28")
     finally:
         server.kill()

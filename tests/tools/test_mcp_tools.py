@@ -20,7 +20,7 @@ from mlx_subagents.cli.mcp_servers import check_servers, mcp_entries
 from mlx_subagents.errors import McpConfigError
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.tools.mcp_config import load_config
-from tests.helpers import REPO, alive, call, go, write_agent
+from tests.helpers import REPO, alive, call, go, wait_listening, write_agent
 
 pytestmark = pytest.mark.process  # the demo server or `subagent`: all but the expansion test
 
@@ -341,11 +341,7 @@ def test_streamable_http_server_with_expanded_headers(tmp_path: Path, scripted_r
         [sys.executable, SERVER, "http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        for _ in range(200):  # until it listens
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
+        wait_listening(server, port, "the demo MCP server")
         monkeypatch.setenv("DEMO_TOKEN", "s3cret")
         web = {
             "type": "http",
