@@ -124,3 +124,24 @@ def test_a_task_is_cancelled_with_the_agents_turn_and_at_the_call_time_out(
             break
         time.sleep(0.05)
     assert log.read_text().splitlines() == ["started turn", "cancelled turn"]
+
+
+@pytest.mark.parametrize("era", ["2026-07-28", "2025-11-25"])
+def test_a_sampling_request_is_answered_by_the_agents_model_in_either_revision(
+    tmp_path: Path, scripted_runner: Any, era: str
+) -> None:
+    """2026-07-28: the server answers `summarise` with its sampling request (input required), the agent's
+    model answers it on its own host session, the call is made again with the answer; 2025-11-25: the
+    server asks during the call. The same answer, the same sampling event."""
+    write_agent(tmp_path, "demo-user", front=demo(*(["--legacy"] if era == "2025-11-25" else [])))
+    script = {
+        "agents": {"demo-user": {"replies": [call("mcp__demo__summarise", text="a long text"), "done"]}},
+        "sessions": {"demo-user > sampling#1": {"replies": ["A short summary."]}},
+    }
+    events: list[Event] = []
+    runner = scripted_runner(script, events.append, assume_yes=True)
+    result = go(runner, "run", TaskSpec("demo-user", "summarise it"))
+    assert result.status == "completed"
+    assert tool_outputs(runner, "demo-user") == ["scripted:memory said: A short summary. (endTurn)"]
+    [sampled] = of_kind(events, "sampling")
+    assert (sampled["server"], sampled.get("error")) == ("demo", None)
