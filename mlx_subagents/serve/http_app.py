@@ -3,11 +3,12 @@ with a URL, and the OpenAI- and Anthropic-compatible chat endpoints under `/v1/`
 
 The SDK's session manager serves MCP; every request passes `Guard` first:
 
-- its `Host` and `Origin` must be this server's (127.0.0.1, localhost or [::1] at its port), checked
-  with the SDK's `TransportSecuritySettings`, so that a web page a browser was tricked into sending
-  here (DNS rebinding) is refused: 403, saying which header;
-- it must carry the bearer token (`Authorization: Bearer TOKEN`, or `?token=TOKEN` for a client that
-  cannot set headers; under /v1/ also `x-api-key: TOKEN`): 401 otherwise, naming the token file.
+- its `Host` and `Origin` must be this server's (127.0.0.1, localhost or [::1] at its port, in any
+  case), checked with the SDK's `TransportSecuritySettings`, so that a web page a browser was tricked
+  into sending here (DNS rebinding) is refused: 403, saying which header;
+- it must carry the bearer token (`Authorization: Bearer TOKEN`; on /mcp also `?token=TOKEN` for a
+  client that cannot set headers; under /v1/ also `x-api-key: TOKEN`, never in the URL): 401
+  otherwise, naming the token file.
 
 Each MCP session is a client of its own (`clients.py`): the tools are `AgentsServer`'s, one per
 session, found through the session's connection. Its workspace is its first root, else the URL's
@@ -107,6 +108,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         chat = scope["path"].startswith(API_PREFIX)
+        scope = _names_lowered(scope)
         refusal = await self.refusal(Request(scope), chat)
         if refusal is not None:
             status, text = refusal
@@ -144,7 +146,8 @@ class Guard:
                 f"forbidden: the {which} header {value!r} is not this server's (127.0.0.1, localhost or [::1] at port "
                 f"{self.port}); it answers only clients on this machine"
             )
-        given = bearer(request) or (request.headers.get("x-api-key") if chat else None)
+        given = request.headers.get("x-api-key") if chat else None
+        given = bearer(request, query=not chat) or given
         if given is None:
             return (
                 401,
@@ -155,12 +158,21 @@ class Guard:
         return None
 
 
-def bearer(request: Request) -> str | None:
-    """The token a request carries: its `Authorization: Bearer` header, else its `?token=`."""
+def bearer(request: Request, query: bool = True) -> str | None:
+    """The token a request carries: its `Authorization: Bearer` header, else (with `query`) its `?token=`,
+    which only the MCP endpoint takes: its clients may not set headers, the chat endpoints' all do."""
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return request.query_params.get("token") or None
+    return (request.query_params.get("token") or None) if query else None
+
+
+def _names_lowered(scope: Scope) -> Scope:
+    """`scope` with its Host and Origin in lower case, as the checks (the SDK's compare exactly) and the
+    MCP transport after them see it: a host name and a scheme are case-insensitive (RFC 9110), so
+    `Host: LOCALHOST:8421` is this server as much as `localhost:8421` is."""
+    headers = [(k, v.lower() if k in (b"host", b"origin") else v) for k, v in scope.get("headers", [])]
+    return {**scope, "headers": headers}
 
 
 class HttpFront:

@@ -96,6 +96,13 @@ def test_http_refuses_no_token_a_wrong_one_and_a_foreign_origin_or_host(
         status, text = post(url, headers)
         assert status == 200 and '"serverInfo":{"name":"mlx-subagents"' in text
         assert '"capabilities":{"logging":{},"tools":' in text  # logging/setLevel is answered
+    # A host name is case-insensitive (RFC 9110): the SDK's own check compared it exactly and refused this.
+    status, text = post(info.url, {**auth, "Host": f"LocalHost:{port}", "Origin": f"HTTP://LOCALHOST:{port}"})
+    assert status == 200 and '"serverInfo":{"name":"mlx-subagents"' in text
+    # The chat endpoints take the token only in a header: their clients all send one, and a URL is kept in
+    # histories, logs and configuration files that a header is not.
+    status, text = post(f"{info.url.removesuffix('/mcp')}/v1/chat/completions?token={token}", {}, body={})
+    assert status == 401 and "unauthorized: no bearer token" in text
     status, text = post(info.url, auth, body="{ not json")  # answered by the SDK, logged here
     assert status == 400 and "Parse error" in text
     status, _ = post(info.url, auth, body={"pad": "x" * MAX_LINE_BYTES})
