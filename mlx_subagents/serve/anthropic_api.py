@@ -29,6 +29,8 @@ from .chat_turn import (
     TextDelta,
     chosen_tool,
     function_tool,
+    named_once,
+    stop_sequences,
     validated,
     visible_content,
 )
@@ -105,7 +107,7 @@ def count_tokens_request(body: dict[str, Any]) -> ChatTurn:
 def _turn(request: MessagesRequest) -> ChatTurn:
     thinking = request.thinking
     budget = 0 if thinking is None or thinking.type == "disabled" else thinking.budget_tokens or 4096
-    tools = [_tool(t, i) for i, t in enumerate(request.tools or [])]
+    tools = named_once([_tool(t, i) for i, t in enumerate(request.tools or [])], "tools[{}].name")
     choice = request.tool_choice
     none = choice is not None and choice.type == "none"
     forced = "auto"
@@ -119,7 +121,7 @@ def _turn(request: MessagesRequest) -> ChatTurn:
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p or 1.0,
         top_k=request.top_k or 0,
-        stop=tuple(request.stop_sequences or ()),
+        stop=stop_sequences(request.stop_sequences or [], "stop_sequences"),
         thinking=budget,
         tool_choice=forced,
         stream=request.stream,

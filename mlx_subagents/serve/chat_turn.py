@@ -45,6 +45,11 @@ from .conversations import Conversation, Conversations
 log = logging.getLogger("mlx_subagents.serve")
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 VALID_SCHEMAS = 1024  # distinct tool and answer schemas remembered as checked (`checked_schema`)
+# Stop sequences a request may give, and their length: each is looked for in the text held back after
+# every token the reply streams, on the event loop that answers every client (a million of them held a
+# GET /v1/models 5.4 s). OpenAI takes 4; a local server's clients may send a few more.
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -276,6 +281,31 @@ def function_tool(name: str, description: str | None, parameters: Any, where: st
         raise ApiError(400, f"{where}: the parameters must be a schema of an object, not of {schema['type']!r}", where)
     function = {"name": name, "description": description or "", "parameters": schema}
     return {"type": "function", "function": function}
+
+
+def named_once(tools: list[ToolSchema], name_at: str) -> list[ToolSchema]:
+    """`tools`, each name given once (both APIs refuse two of one name: a call could not say which it
+    means); `name_at` is where a tool's name is in the request, by its index (`tools[{}].name`)."""
+    first: dict[str, int] = {}
+    for i, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if name in first:
+            where = name_at.format(i)
+            message = f"{where}: {name!r} is the name of tools[{first[name]}] too; give each tool a name of its own"
+            raise ApiError(400, message, where)
+        first[name] = i
+    return tools
+
+
+def stop_sequences(stops: list[str], where: str) -> tuple[str, ...]:
+    """A request's stop sequences, at most `MAX_STOPS` of at most `MAX_STOP_CHARS` characters each."""
+    if len(stops) > MAX_STOPS:
+        raise ApiError(400, f"{where}: {len(stops):,} stop sequences; send at most {MAX_STOPS}", where)
+    for i, stop in enumerate(stops):
+        if len(stop) > MAX_STOP_CHARS:
+            message = f"{where}[{i}]: a stop sequence of {len(stop):,} characters; send at most {MAX_STOP_CHARS:,}"
+            raise ApiError(400, message, where)
+    return tuple(stops)
 
 
 def chosen_tool(choice: str, tools: list[ToolSchema] | None, where: str) -> str:

@@ -29,6 +29,8 @@ from .chat_turn import (
     answer_schema,
     chosen_tool,
     function_tool,
+    named_once,
+    stop_sequences,
     validated,
     visible_content,
 )
@@ -124,7 +126,7 @@ def parse_chat(body: dict[str, Any]) -> ChatShape:
     thinking = EFFORT[request.reasoning_effort] if request.reasoning_effort else DEFAULT_THINKING_TOKENS
     if (request.chat_template_kwargs or {}).get("enable_thinking") is False:
         thinking = 0
-    stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
+    stop = stop_sequences([request.stop] if isinstance(request.stop, str) else request.stop or [], "stop")
     turn = ChatTurn(
         model=request.model,
         messages=chat_messages(request.messages),
@@ -134,7 +136,7 @@ def parse_chat(body: dict[str, Any]) -> ChatShape:
         top_p=request.top_p or 1.0,
         top_k=request.top_k or 0,
         seed=request.seed,
-        stop=tuple(stop),
+        stop=stop,
         thinking=thinking,
         answer_schema=_answer_schema(request.response_format),
         tool_choice=choice if choice != "none" else "auto",
@@ -145,10 +147,11 @@ def parse_chat(body: dict[str, Any]) -> ChatShape:
 
 
 def _tools(request: ChatRequest) -> tuple[list[dict[str, Any]] | None, str]:
-    tools = [
+    made = [
         function_tool(t.function.name, t.function.description, t.function.parameters, f"tools[{i}].function")
         for i, t in enumerate(request.tools or [])
     ]
+    tools = named_once(made, "tools[{}].function.name")
     choice = request.tool_choice
     if isinstance(choice, NamedTool):
         return tools or None, chosen_tool(str(choice.function.get("name")), tools, "tool_choice")

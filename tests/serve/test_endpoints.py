@@ -262,6 +262,27 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
         400,
         "tool_choice names 'g', which is not one of the tools (get_weather)",
     )
+    # Two tools of one name: which one a call means is unknowable (both APIs refuse it).
+    status, error = post("/v1/chat/completions", {"model": model, "messages": user, "tools": [WEATHER, WEATHER]})
+    assert (status, error["error"]["message"]) == (
+        400,
+        "tools[1].function.name: 'get_weather' is the name of tools[0] too; give each tool a name of its own",
+    )
+    # Every stop sequence is looked for after each token the reply streams, on the loop that answers all clients.
+    status, error = post(
+        "/v1/chat/completions", {"model": model, "messages": user, "stop": [str(i) for i in range(17)]}
+    )
+    assert (status, error["error"]) == (
+        400,
+        openai_error("stop: 17 stop sequences; send at most 16", "stop")["error"],
+    )
+    status, error = post(
+        "/v1/messages", {"model": model, "max_tokens": 8, "messages": user, "stop_sequences": ["x" * 1025]}
+    )
+    assert (status, error["error"]["message"]) == (
+        400,
+        "stop_sequences[0]: a stop sequence of 1,025 characters; send at most 1,024",
+    )
     status, error = post(
         "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}
     )
@@ -293,6 +314,13 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
     with pytest.raises(anthropic.AuthenticationError, match="unauthorized: wrong token"):
         anthropic.Anthropic(base_url=base, api_key="wrong").messages.create(model=model, max_tokens=8, messages=user)
     assert an.messages.create(model=model, max_tokens=8, messages=user).content[0].text == "fine"  # x-api-key
+
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    status, error = post("/v1/messages", {"model": model, "max_tokens": 8, "messages": user, "tools": [tool, tool]})
+    assert (status, error["error"]["message"]) == (
+        400,
+        "tools[1].name: 'f' is the name of tools[0] too; give each tool a name of its own",
+    )
 
     anthropic_image = {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": ""}}]}
     assert post("/v1/messages", {"model": model, "max_tokens": 8, "messages": [anthropic_image]}) == (
