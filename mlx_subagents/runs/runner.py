@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,29 +42,30 @@ from ..agents.compaction import CompactionSettings
 from ..agents.discovery import AgentCatalog, discover_agents
 from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
-from ..errors import RunNotFoundError, SubagentError
-from ..events import Event, EventSink, HookWarningData, TaskEndData, ignore_event
+from ..events import Event, EventSink, HookWarningData, ignore_event
 from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
 from ..results import Mode, MultiRunResult, RunResult
 from ..tools import Tool, Workspace
-from ..tools.delegation import READ_MORE, Delegation, ForkPoint
+from ..tools.delegation import Delegation, ForkPoint
 from ..tools.editor import Editor
 from ..tools.mcp_requests import Person
 from .board import TaskBoard
 from .call_plan import CallPlan, plan_call, plan_tasks
+from .delegated import Delegating, read_more_note, set_up_failed, with_failures
 from .generation import Generation
 from .hosts import HostPool
 from .isolation import isolate, refuse_isolated
 from .options import RunOptions
 from .prepare import Preparer
 from .prepared import Parent, PreparedTask, SetUpFailure, keep_sandbox, withhold
+from .reopen import open_saved
 from .running import Running
 from .slots import Slots
 from .task import TaskHandle
 from .task_session import close_open_tool_calls
 from .task_tools import board_tools
 from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
-from .transcripts import RunRecord, TaskEntry, hold_task, load_run, new_run_id, read_transcript
+from .transcripts import RunRecord, TaskEntry, new_run_id
 from .workflow import (
     Workflow,
     check_agents,
@@ -73,7 +74,6 @@ from .workflow import (
     load_workflow,
     plan_workflow,
 )
-from .worktrees import hold_worktree_of, release_worktree
 
 NO_PERSON = "nobody can answer here: this run asks no questions (subagent chat does, at its terminal)"
 
@@ -319,37 +319,23 @@ class Runner:
             run_id: a run id, a unique prefix of one, or `last`.
             task: the task's label, step id or 1-based position, when the run has several.
         """
-        record = load_run(run_id, self.home)
-        entry = record.task(task)
-        path = record.transcript_path(entry)
-        holds = ExitStack()  # let go when the handle is done (`close`)
-        holds.enter_context(hold_task(path, entry.label, record.run_id))
+        saved = open_saved(run_id, task, catalog=self.catalog, model=self.options.model, home=self.home)
         try:
-            log = read_transcript(path)
-            if log.messages is None:
-                raise RunNotFoundError(
-                    f"task '{entry.label}' of run {record.run_id} has no saved conversation to continue"
-                )
-            spec = self.catalog.get(log.meta["agent"])
-            saved = log.meta["model"]  # on an engine, its model id: the agent's own engine or --engine takes it there
-            model = self.options.model or (None if saved == spec.engine_model else saved)
-            again = TaskSpec(agent=spec.name, task="", label=entry.label, model=model, step_id=entry.step_id)
-            if (tree := hold_worktree_of(Path(log.meta["cwd"]))) is not None:  # an isolated task's
-                holds.callback(release_worktree, tree)
-            prepared = await self._prepare([again], workspace=Workspace(Path(log.meta["cwd"])))
+            prepared = await self._prepare([saved.task], workspace=saved.workspace)
         except BaseException:
-            holds.close()
+            saved.holds.close()
             raise
+        meta = saved.log.meta
         handle = self.handle(
-            keep_sandbox(withhold(prepared[0], log.meta.get("denied") or {}), log.meta.get("sandbox")),
+            keep_sandbox(withhold(prepared[0], meta.get("denied") or {}), meta.get("sandbox")),
             interactive=True,
-            record=record,
-            entry=entry,
-            messages=close_open_tool_calls(log.messages),
-            generations=log.generations,
+            record=saved.record,
+            entry=saved.entry,
+            messages=close_open_tool_calls(saved.log.messages or []),
+            generations=saved.log.generations,
             on_text=on_text,
         )
-        self._holds[handle] = holds
+        self._holds[handle] = saved.holds  # let go when the handle is done (`release`, `close`)
         return handle
 
     def release(self, handle: TaskHandle) -> None:
@@ -448,32 +434,18 @@ class Runner:
             concurrency = self.options.concurrency if plan.mode == "workflow" else 1
             return await self._execute(plan.mode, prepared, concurrency=concurrency, steps=plan.steps, under=under)
         each = await self.preparer.prepare_each(plan.tasks, **where)
-        failed = {i: self._set_up_failed(p) for i, p in enumerate(each) if isinstance(p, SetUpFailure)}
+        failed = {i: set_up_failed(p, self.on_event) for i, p in enumerate(each) if isinstance(p, SetUpFailure)}
         ready = [p for p in each if isinstance(p, PreparedTask)]
         outcome = MultiRunResult(mode="parallel", succeeded=0, total=0, results=[])
         if ready:
             ids = [i for n, i in enumerate(under.ids) if n not in failed] if under.ids is not None else None
             under = replace(under, ids=ids)
             outcome = await self._execute("parallel", ready, concurrency=self.options.concurrency, under=under)
-        ran = iter(outcome.results)
-        ran_ids = iter(outcome.task_ids or [None] * len(ready))
-        results = [failed[i] if i in failed else next(ran) for i in range(len(plan.tasks))]
-        ids = [None if i in failed else next(ran_ids) for i in range(len(plan.tasks))]
-        return outcome.model_copy(
-            update={"results": results, "succeeded": sum(r.ok for r in results), "total": len(results), "task_ids": ids}
-        )
+        return with_failures(outcome, failed, len(plan.tasks))
 
     def workflow_names(self) -> list[str]:
         """The named workflows visible from the workspace, for the `subagent` tool's description."""
         return sorted(discover_workflows(self.cwd))
-
-    def _set_up_failed(self, failure: SetUpFailure) -> RunResult:
-        """A parallel child that could not be prepared: its failed result, reported like any end."""
-        exc, task = failure.error, failure.task
-        error = str(exc) if isinstance(exc, SubagentError) else f"{type(exc).__name__}: {exc}"
-        data = TaskEndData(status="failed", stop_reason="error", error=error)
-        self.on_event(Event(kind="task_end", label=task.label, agent=task.agent, data=data))
-        return RunResult(agent=task.agent, task=task.task, model=failure.model, label=task.label, **data)  # type: ignore[arg-type]
 
     def board_tools(
         self, parent: Parent, workspace: Workspace, board: TaskBoard | None = None, **how: Any
@@ -544,26 +516,3 @@ class Runner:
             )
             for p, i, w, e in zip(prepared, ids, trees, entries)
         ]
-
-
-@dataclass(frozen=True)
-class Delegating:
-    """Where a delegated request runs: its parent (whose run folder holds the run), the parent's
-    board (where the children are held under ids, `scout#1`), where the parent's forks start, and who
-    is handed the children's handles as they start (`on_handles`)."""
-
-    parent: Parent | None = None
-    board: TaskBoard | None = None
-    fork_point: ForkPoint | None = None
-    ids: Sequence[str] | None = None  # the ids its tasks hold on `board` (`CallPlan.ids`)
-    on_handles: Callable[[list[TaskHandle]], None] | None = None
-
-    @property
-    def folder(self) -> Path | None:
-        """Where the run is saved: in its parent's run folder (None: the runner's home)."""
-        return self.parent.run_folder if self.parent else None
-
-
-def read_more_note(task_id: str) -> str:
-    """How a parent agent reads the rest of a child's cut answer: with its tool, never from a path."""
-    return READ_MORE.format(id=task_id)
