@@ -25,8 +25,7 @@ from typing import Any, Protocol, cast
 
 from ..agents.inbox import Delivery, Inbox
 from ..agents.session import AgentSession
-from ..caps import MAX_GENERATIONS, MAX_QUEUED_MESSAGES, CapItem, check_request
-from ..errors import RequestError, TaskStateError
+from ..errors import TaskStateError
 from ..events import Event, EventData, EventKind, EventSink, TaskCancelData, ToolCallData
 from ..host.protocol import Message, TextCallback
 from ..results import LiveStatus, RunResult, RunUsage, StopReason, TaskStatus
@@ -34,6 +33,15 @@ from ..tools.delegation import ForkPoint
 from .board import TaskBoard
 from .generation import Generation
 from .prepared import PreparedTask
+from .task_checks import (
+    CANCELLED,
+    NOT_HELD,
+    check_continuable,
+    check_inbox_room,
+    check_message,
+    check_not_cancelled,
+    time_left,
+)
 from .task_session import SessionRuntime, close_open_tool_calls, make_session
 from .task_state import TaskState
 from .tasks import Render
@@ -41,8 +49,6 @@ from .transcripts import RunRecord, TaskEntry, TaskTranscript
 from .worktrees import Worktree, finish_worktree, reopen_worktree, worktree_result
 
 NO_PERSON_IN_BACKGROUND = "nobody can answer a background task's servers (it runs while its starter carries on)"
-CANCELLED = "cancelled"
-NOT_HELD = "its conversation is not held here"
 
 
 class TaskRuntime(SessionRuntime, Protocol):
@@ -128,13 +134,13 @@ class TaskHandle:
         self.cancel_reason: str | None = None
         self.session: AgentSession | None = None
         self._session_name = session_name or self.label
-        self._released: str | None = None  # why its conversation is not held (ENDED, LET_GO)
+        self.released: str | None = None  # why its conversation is not held (ENDED, LET_GO)
         self._generation: Generation | None = None  # the one queued or running
         self._turn = 0
         self._last_tool: str | None = None
         self._started: float | None = None
         self._ended: float | None = None
-        self._spent_s = 0.0  # the time its generations took, against its timeout
+        self.spent_s = 0.0  # the time its generations took, against its timeout
         self._n_children = 0  # children on its board before the current run (its result counts the rest)
         if messages is not None:
             self._open(messages)
@@ -261,30 +267,13 @@ class TaskHandle:
 
         Raises `TaskStateError` for a cancelled task, `RequestError` for an empty or oversized message.
         """
-        self._check_message(message)
-        aborted = not self.alive and self.result is not None and self.result.status == "aborted"
-        if self.cancel_reason is not None or aborted:
-            why = self.cancel_reason or (self.result.error if self.result else None) or CANCELLED
-            raise TaskStateError(
-                f"task '{self.id}' was cancelled ({why}) and takes no more messages; "
-                "its output so far can still be read, or start a new task"
-            )
+        check_message(self, message)
+        check_not_cancelled(self)
         if self.alive:
-            if self.inbox.count("task_send") >= MAX_QUEUED_MESSAGES:
-                raise RequestError(
-                    f"task '{self.id}' already has {MAX_QUEUED_MESSAGES} messages waiting, the limit; wait until "
-                    "it has read them (task_output with wait) before sending more"
-                )
+            check_inbox_room(self)
             self.inbox.put(Delivery("task_send", message))
             return
-        if self.result is not None and self.result.stop_reason == "skipped":
-            raise TaskStateError(f"task '{self.id}' never ran ({self.result.error}); start a new task")
-        if self.state in (TaskState.ENDED, TaskState.LET_GO):
-            raise TaskStateError(
-                f"task '{self.id}' ran in the foreground and {self._released or NOT_HELD}; its answer can be read, "
-                f"`subagent resume {self.run_id}` continues it, or start a new task"
-            )
-        self._check_budget()
+        check_continuable(self)
         if self.owner is not None:
             self.owner.check_room()
         generation = self.generation(message, sends=(message,))
@@ -304,7 +293,7 @@ class TaskHandle:
             timeout: wall-clock seconds for this generation.
             raise_errors: re-raise an unexpected error (after saving) instead of a failed result.
         """
-        self._check_message(message)
+        check_message(self, message)
         if self.alive:
             raise TaskStateError(f"task '{self.id}' is still running; send() steers it, wait() waits for it")
         generation = self.generation(message, schema=schema, timeout=timeout, raise_errors=raise_errors)
@@ -326,7 +315,7 @@ class TaskHandle:
         """A generation of this task for an `Execution` to run: a held task's schema is its own and its
         time what its timeout leaves; a chat turn's are what it is asked with."""
         if not self.interactive:
-            schema, timeout = self.prepared.schema, self._time_left()
+            schema, timeout = self.prepared.schema, time_left(self)
         return Generation(self, prompt, needs, render, sends, schema, timeout, raise_errors=raise_errors)
 
     async def compact(self) -> tuple[int, int] | None:
@@ -371,7 +360,7 @@ class TaskHandle:
         if self.session is not None:
             self.session.messages = close_open_tool_calls(self.session.messages)
         self.uncapped = full
-        self._spent_s += full.duration_s
+        self.spent_s += full.duration_s
         generation.result = self.result = generation.capped(full)
         if self.record is not None and self.entry is not None:
             self.record.task_ended(self.entry, full.status)
@@ -427,7 +416,7 @@ class TaskHandle:
     def _release(self, state: TaskState, why: str) -> AgentSession | None:
         """No longer hold its conversation: its host session name is given back; the session, to close."""
         session, self.session = self.session, None
-        self.state, self._released = state, why
+        self.state, self.released = state, why
         if session is not None:
             self.runtime.session_names.release(session.session_name)
         return session
@@ -446,35 +435,6 @@ class TaskHandle:
         if self.uncapped is not None:
             self.uncapped = self.uncapped.model_copy(update={"worktree": info})
         return result.model_copy(update={"worktree": info}) if result is not None else None
-
-    # -- budget and checks ------------------------------------------------------------------------------
-
-    def _check_budget(self) -> None:
-        """Refuse to continue a held task (a child) past its bounds: its generations, and the turns and
-        time its limits give it across all of them (a continuation gets no fresh limits)."""
-        if self.interactive:
-            return  # a chat or `resume`: a person drives it, turn by turn
-        why = None
-        if self.generations >= MAX_GENERATIONS:
-            why = f"has had {self.generations} generations, the limit of {MAX_GENERATIONS}"
-        elif self.session is not None and self.session.usage.turns >= self.prepared.limits.max_turns:
-            why = f"has used its {self.prepared.limits.max_turns} turns (max_turns) across its generations"
-        elif (left := self._time_left()) is not None and left <= 0:
-            why = f"has used its timeout of {self.prepared.timeout:g}s across its generations"
-        if why is not None:
-            raise TaskStateError(f"task '{self.id}' {why} and takes no more messages; start a new task")
-
-    def _time_left(self) -> float | None:
-        """Seconds left of a held task's timeout across its generations (None: no timeout)."""
-        timeout = self.prepared.timeout
-        if timeout is None or self.interactive:
-            return timeout
-        return timeout - self._spent_s
-
-    def _check_message(self, message: str) -> None:
-        if not message.strip():
-            raise RequestError(f"the message to task '{self.id}' is empty; say what it should do")
-        check_request([CapItem(self.label, message, self.spec)])
 
     # -- events, records and the session ---------------------------------------------------------------
 
