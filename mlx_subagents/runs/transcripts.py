@@ -46,13 +46,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, Literal
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import DamagedStateError, RunNotFoundError, SubagentError, TaskStateError
 from ..events import Event
 from ..home import file_name, make_state_dir, state_home
 from ..results import Mode, RunResult, chain_stop
 from ..userfiles import open_regular, read_text
+from .transcript_records import record_problem
 
 if TYPE_CHECKING:
     from ..host.protocol import Message
@@ -289,38 +290,6 @@ def hold_task(path: Path, label: str, run_id: str) -> BinaryIO:
 # --- reading ---------------------------------------------------------------------------------------
 
 
-class _ToolCallRecord(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    function: dict[str, Any]
-
-
-class _MessageRecord(BaseModel):
-    """The shape `resume` and `show` rely on; other keys are kept as they are."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = None
-    tool_calls: list[_ToolCallRecord] | None = None
-
-
-class _TaskRecord(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    agent: str
-    model: str
-    cwd: str
-
-
-# What `show` and `resume` read from a record: (the field, or None for the whole record; its shape).
-_RECORD_SHAPES: dict[str, tuple[str | None, TypeAdapter[Any]]] = {
-    "task": (None, TypeAdapter(_TaskRecord)),
-    "messages": ("messages", TypeAdapter(list[_MessageRecord])),
-    "result": ("result", TypeAdapter(RunResult)),
-}
-
-
 @dataclass
 class TaskLog:
     """One task transcript, read back: its first `task` record and the latest conversation.
@@ -398,7 +367,7 @@ def read_transcript(path: Path) -> TaskLog:
     for n, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             continue
-        problem = _record_problem(line)
+        problem = record_problem(line)
         if isinstance(problem, str):
             skipped.append(f"line {n}: {problem}")
         else:
@@ -407,34 +376,6 @@ def read_transcript(path: Path) -> TaskLog:
     if meta is None:
         raise RunNotFoundError(f"{path}: not a task transcript (no readable 'task' record)")
     return TaskLog(path, meta, records, skipped)
-
-
-def _record_problem(line: bytes) -> dict[str, Any] | str:
-    """The record on this line, or what is wrong with it."""
-    try:
-        record = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return "not valid JSON (cut short?)"
-    if not isinstance(record, dict):
-        return f"a JSON {type(record).__name__}, not a record object"
-    kind, generation = record.get("type"), record.get("generation", 1)
-    if not isinstance(kind, str):
-        return "no 'type' field"
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
-        return f"{kind} record: 'generation' is not a positive whole number"
-    if kind not in _RECORD_SHAPES:
-        return record
-    key, shape = _RECORD_SHAPES[kind]
-    try:
-        shape.validate_python(record if key is None else record.get(key))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in (key, *err["loc"]) if p is not None) or "record"
-        return f"{kind} record: '{where}': {err['msg']}"
-    n = record.get("from_parent", 1)
-    if kind == "messages" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        return "messages record: 'from_parent' is not a positive whole number"
-    return record
 
 
 def load_run(run_id: str, home: Path | None = None) -> RunRecord:
