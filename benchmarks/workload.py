@@ -48,6 +48,12 @@ def make_parser(doc: str) -> argparse.ArgumentParser:
         help="a model instead of a tiny random one: a local mlx-lm folder, an imported name "
         "(`subagent models import`) or a cached hub id",
     )
+    parser.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="with --model: run a float32 copy of the quantized model, made in a temporary folder (on a CPU "
+        "mlx's quantized matmul has no fast kernel)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     return parser
 
@@ -66,8 +72,15 @@ def open_model(
     temporary folder that lives as long as the block (shaped by `hidden_size` / `num_layers` and
     `head_dim`, with the test kit's chat `template`)."""
     if args.model is not None:
-        yield resolve_model_path(args.model), str(args.model)
+        path = resolve_model_path(args.model)
+        if not getattr(args, "dequantize", False):
+            yield path, str(args.model)
+            return
+        with tempfile.TemporaryDirectory(prefix="benchmark-") as tmp:
+            yield float32_copy(path, Path(tmp) / path.name), f"{args.model} dequantized to float32"
         return
+    if getattr(args, "dequantize", False):
+        raise SubagentError("--dequantize: the tiny model is float32 already; give --model a quantized model")
     with tempfile.TemporaryDirectory(prefix="benchmark-") as tmp:
         path = make_tiny_model(
             Path(tmp) / "model",
@@ -89,6 +102,36 @@ def open_model(
             + (f"-{template}" if template != "tools" else "")
         )
         yield path, label
+
+
+def float32_copy(source: Path, target: Path) -> Path:
+    """Write a float32 copy of the quantized model at `source` to `target` and return it: every
+    quantized layer dequantized (`mlx_lm.utils.dequantize_model`), every other file (tokenizer, chat
+    template, import record) copied as is, so that servers loading the copy see the same vocabulary and
+    template. On a CPU mlx's quantized matmul is a plain loop; float32 goes through the BLAS."""
+    import shutil
+
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model, load_model, save_model
+
+    if "quantization" not in read_config(source):
+        raise SubagentError(f"{source}: not quantized; leave out --dequantize")
+    model, config = load_model(source)
+    model = dequantize_model(model)
+    model.set_dtype(mx.float32)
+    target.mkdir(parents=True)
+    for file in source.iterdir():
+        if (
+            file.is_file()
+            and file.name != "config.json"
+            and not (file.name.startswith("model") and ".safetensors" in file.name)
+        ):
+            shutil.copy2(file, target / file.name)
+    save_model(target, model)
+    for key in ("quantization", "quantization_config"):
+        config.pop(key, None)
+    (target / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"}, indent=4))
+    return target
 
 
 def run_report(
