@@ -57,7 +57,7 @@ from ..tools.subagent import SubagentTool
 from .compaction import CompactionSettings, compact, fit_keep_recent, head_length, scale_compaction, should_compact
 from .hooks import HookEvent, HookOutcome, Hooks, fire
 from .inbox import Inbox
-from .limits import LimitReached, Limits
+from .limits import LimitReached, Limits, cut_answer, out_of_tokens, over_token_budget
 from .prompt import FORK_TASK, system_prompt, task_message
 from .sampling import choose_host, sample
 from .session_tools import session_tools
@@ -201,7 +201,7 @@ class AgentSession:
                     continue
                 if not reply.tool_calls and not reply.malformed_tool_calls:
                     if reply.finish_reason == "length":  # a truncated answer is not an answer
-                        raise self._cut_answer(reply)
+                        raise cut_answer(reply, self.host.context_window, self.limits)
                     last = turn == turns - 1
                     if not last and (self.inbox.pending() or await self.inbox.settle()):
                         answered = reply.text
@@ -229,7 +229,7 @@ class AgentSession:
         if self.limits.max_output_tokens is not None:
             left = self.limits.max_output_tokens - self.usage.output_tokens
             if left <= 0:
-                raise self._out_of_tokens()
+                raise out_of_tokens(self.limits)
             max_tokens = min(max_tokens, left)
         self.usage.turns += 1  # only a turn that reaches the model counts
         self._emit("turn_start", TurnStartData())
@@ -262,26 +262,9 @@ class AgentSession:
             if reply.constrained == "answer":
                 payload["constrained"] = True
             self._emit("message", payload)
-        if reply.finish_reason == "length" and self._over_token_budget():
-            raise self._out_of_tokens()  # a reply cut by the budget is not a final answer
+        if reply.finish_reason == "length" and over_token_budget(self.limits, self.usage.output_tokens):
+            raise out_of_tokens(self.limits)  # a reply cut by the budget is not a final answer
         return reply
-
-    def _cut_answer(self, reply: Reply) -> LimitReached:
-        """Why a final answer was cut: the context window ran out (the host stops a reply there), or the
-        per-reply limit."""
-        u, window = reply.usage, self.host.context_window
-        if u.prompt_tokens + u.generated_tokens >= window:
-            return LimitReached(
-                "context_window",
-                f"the context window of {window:,} tokens ran out during the final answer (the conversation took "
-                f"{u.prompt_tokens:,} of them); the output holds the partial text; give the task less to read or "
-                "fewer turns, or a model with a longer window (--context-window, as far as the KV budget allows)",
-            )
-        return LimitReached(
-            "max_tokens",
-            f"the final answer was cut at the per-reply limit of {self.limits.max_reply_tokens} tokens; "
-            "the output holds the partial text",
-        )
 
     def _keep_cut(self, streamed: Streamed) -> None:
         """A reply cut by a timeout, Ctrl-C or a signal: what streamed of it becomes its message,
@@ -315,13 +298,6 @@ class AgentSession:
         """A finished reply that thought but answered nothing and called nothing."""
         empty = not reply.text.strip() and not reply.tool_calls and not reply.malformed_tool_calls
         return empty and bool(reply.reasoning.strip()) and reply.finish_reason == "stop"
-
-    def _over_token_budget(self) -> bool:
-        cap = self.limits.max_output_tokens
-        return cap is not None and self.usage.output_tokens >= cap
-
-    def _out_of_tokens(self) -> LimitReached:
-        return LimitReached("max_tokens", f"reached the limit of {self.limits.max_output_tokens} generated tokens")
 
     def _call_ref(self, call_id: str) -> CallRef:
         """The call a tool runs for now: this session's, at its current turn."""
