@@ -380,7 +380,7 @@ def test_batched_rows_each_keep_their_own_tools(
 ) -> None:
     """Two rows of one batch, each held to its own tools: each grammar is its row's processor for the
     row's first step only; in the batch's steps after it the rows are masked together (`MaskBatch`)."""
-    from mlx_subagents.host.calls.grammar import Constrainer
+    from mlx_subagents.host.calls.constrainer import Constrainer
 
     start = tiny_qwen3[1].encode("<tool_call>", add_special_tokens=False)
     own = {"a": [READ], "b": [FIND]}
@@ -504,20 +504,20 @@ def test_a_way_to_close_found_before_is_checked_not_searched_again(
     window's start still closes after each of those tokens, so it is checked (one copy of the matcher)
     instead of searched for again, and the search runs again only once the way no longer fits the
     tokens left. The reply is token for token the one a search at every check gives."""
-    from mlx_subagents.host.calls import grammar
+    from mlx_subagents.host.calls import constrainer
 
     path = make_tiny_model(tmp_path_factory.mktemp("tiny-close-again"), template="tools")
     searches: list[int] = []
-    search = grammar.shortest_close
+    search = constrainer.shortest_close
 
     def counted(*args: Any) -> Any:
         searches.append(args[-1])  # the tokens left
         return search(*args)
 
-    monkeypatch.setattr(grammar, "shortest_close", counted)
+    monkeypatch.setattr(constrainer, "shortest_close", counted)
     checked, _ = asyncio.run(open_note(path, 40))
     checked_searches, searches[:] = list(searches), []
-    monkeypatch.setattr(grammar, "still_closes", lambda matcher, way: False)  # search at every check
+    monkeypatch.setattr(constrainer, "still_closes", lambda matcher, way: False)  # search at every check
     searched, _ = asyncio.run(open_note(path, 40))
     assert [c.name for c in checked.tool_calls] == ["note"], checked.raw_text
     assert checked.token_ids == searched.token_ids

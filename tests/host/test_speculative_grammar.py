@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlx_subagents.host.calls.grammar import Constrainer, Grammars
+from mlx_subagents.host.calls.constrainer import Constrainer
+from mlx_subagents.host.calls.grammar import Grammars
 from mlx_subagents.host.mlx.drafted_grammar import HeldDraft
 from mlx_subagents.testing import tool_call_text
 from tests.host.test_grammar import FIND, READ

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..calls.grammar import Constrainer, Grammars
+from ..calls.constrainer import Constrainer
+from ..calls.grammar import Grammars
 from ..calls.thinking import prompt_opens_thought, thought_budget
 from ..kv.kv_pool import KVPool
 from ..kv.rewind import refusal, rows_refusal

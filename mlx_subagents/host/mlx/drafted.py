@@ -27,7 +27,7 @@ from .single import Tail
 from .verify import Sampling, verdict
 
 if TYPE_CHECKING:
-    from ..calls.grammar import Constrainer
+    from ..calls.constrainer import Constrainer
 
 
 @dataclass

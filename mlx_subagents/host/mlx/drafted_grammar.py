@@ -1,7 +1,7 @@
 """A grammar-held row's draft: walked through its grammar before the verifying forward, cut at the first
 token the grammar refuses, and the grammar taken back to what the verdict kept.
 
-A row held by a grammar (`calls.grammar.Constrainer`: a call to a known tool, an answer to its schema)
+A row held by a grammar (`calls.constrainer.Constrainer`: a call to a known tool, an answer to its schema)
 is masked at each step by what its grammar allows after the tokens so far. Verifying a draft in one
 forward needs that mask at every verified position: after the token in flight, and after each drafted
 token. So before the forward the grammar takes the token in flight and then each drafted token while
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..calls.grammar import Constrainer
+    from ..calls.constrainer import Constrainer
 
 
 class HeldDraft:

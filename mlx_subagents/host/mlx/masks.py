@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import mlx.core as mx
     import numpy as np
 
-    from ..calls.grammar import Constrainer, Prototype
+    from ..calls.constrainer import Constrainer, Prototype
 
 # A constrained row of a decode step: its index in the batch, its grammar, what to do if it fails.
 Row = tuple[int, "Constrainer", Callable[[Exception], None]]
@@ -115,7 +115,7 @@ class MaskBatch:
         import llguidance
         import llguidance.numpy as llnp
 
-        from ..calls.grammar import unpack
+        from ..calls.constrainer import unpack
 
         if self._executor is None:
             self._executor = llguidance.LLExecutor()

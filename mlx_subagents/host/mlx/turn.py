@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..calls.grammar import Constrainer
+from ..calls.constrainer import Constrainer
 from ..kv.kv_pool import CacheState
 from ..protocol import Message, Reply, ToolSchema
 from .drafted import DraftCounts, DraftedStream
