@@ -18,12 +18,15 @@ family, then quantizes with mlx-lm as every import does:
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
+
+from .gguf_reader import reused
 
 ARCH = "gemma3"
 MODEL_TYPE = "gemma3_text"
@@ -56,19 +59,15 @@ def vision_note(reader: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def text_only() -> Iterator[None]:
-    """gguf2mlx converting a Gemma 3 GGUF as a language model: its reader hides the vision tensors, and
-    the architecture is not taken for a vision model (it is one only with its tower, which is gone)."""
-    from gguf import GGUFReader
-    from gguf2mlx import gguf2mlx as core
+def text_only(reader: Any, gguf: Path) -> Iterator[None]:
+    """gguf2mlx converting a Gemma 3 GGUF as a language model: it reads `gguf` through `reader` (already
+    parsed) with the vision tensors hidden, and the architecture is not taken for a vision model (it is
+    one only with its tower, which is gone)."""
     from gguf2mlx import vlm
 
-    class TextReader(GGUFReader):  # type: ignore[misc]
-        def __init__(self, path: Any, *args: Any, **kwargs: Any) -> None:
-            super().__init__(path, *args, **kwargs)
-            self.tensors = [t for t in self.tensors if not is_vision(t.name)]
-
-    with mock.patch.object(core, "GGUFReader", TextReader), mock.patch.object(vlm, "is_vlm", lambda _reader: False):
+    text = copy.copy(reader)  # the caller's reader keeps its vision tensors
+    text.tensors = [t for t in reader.tensors if not is_vision(t.name)]
+    with reused(text, gguf), mock.patch.object(vlm, "is_vlm", lambda _reader: False):
         yield
 
 
@@ -103,16 +102,16 @@ def _shift_qk_norms(folder: Path) -> None:
         mx.save_safetensors(str(shard), weights, metadata=metadata or {"format": "mlx"})
 
 
-def convert_text_model(gguf: Path, out: Path, dtype: str, bits: int, group_size: int) -> bool:
-    """Convert a Gemma 3 GGUF into `out` as `gemma3_text` (gguf2mlx's prints go where the caller sends
-    them); `bits` < 16 quantizes with mlx-lm in groups of `group_size`, as gguf2mlx does for the others."""
-    from gguf import GGUFReader
+def convert_text_model(read: tuple[Path, Any], out: Path, dtype: str, bits: int, group_size: int) -> bool:
+    """Convert a Gemma 3 GGUF (`read`: the file and its reader) into `out` as `gemma3_text` (gguf2mlx's
+    prints go where the caller sends them); `bits` < 16 quantizes with mlx-lm in groups of `group_size`,
+    as gguf2mlx does for the others."""
     from gguf2mlx import convert
     from mlx_lm import convert as mlx_convert
 
-    reader = GGUFReader(str(gguf))
+    gguf, reader = read
     floats = out.parent / f"{out.name}.float"
-    with text_only():
+    with text_only(reader, gguf):
         if not convert(str(gguf), str(floats), dtype, quantize=False, weight_audit=False):
             return False
     fix_text_model(floats, reader)

@@ -31,6 +31,7 @@ from ..home import MAX_NAME_CHARS, long_name_problem, make_state_dir
 from ..host.mlx.loading import imported_models_dir
 from ..userfiles import read_head
 from . import gemma3, ollama
+from .gguf_reader import read_gguf, reused
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # at most MAX_NAME_CHARS
 IMPORT_FILE = "import.json"  # provenance: where the folder came from
@@ -95,20 +96,18 @@ def resolve_source(source: str) -> Path:
     return path
 
 
-def check_supported(gguf: Path) -> dict[str, Any]:
+def check_supported(gguf: Path, reader: Any) -> dict[str, Any]:
     """Refuse, in one line and before writing anything, what the conversion cannot do right.
+
+    Args:
+        reader: `gguf`'s reader of the file (`read_gguf`).
 
     Returns a few metadata facts for the provenance record.
     """
-    from gguf import GGUFReader
     from gguf2mlx import detect_architecture
     from gguf2mlx.gguf2mlx import CONVERTIBLE_ARCHES, get_metadata_str
     from gguf2mlx.vlm import is_vlm
 
-    try:
-        reader = GGUFReader(str(gguf))
-    except Exception as exc:  # gguf raises bare ValueError/struct errors on bad files
-        raise ModelImportError(f"{gguf}: cannot read it as GGUF ({exc})") from None
     arch = detect_architecture(reader)
     if arch not in CONVERTIBLE_ARCHES:
         raise ModelImportError(
@@ -138,7 +137,13 @@ def check_supported(gguf: Path) -> dict[str, Any]:
             f"{gguf}: tokenizer pre-type '{pre}' is not supported: its text would split differently "
             f"from the model's training (supported: {', '.join(known)})"
         )
-    facts = {"architecture": arch, "tokenizer": tokenizer, "tokenizer_pre": pre, "tensors": len(reader.tensors)}
+    facts = {
+        "architecture": arch,
+        "tokenizer": tokenizer,
+        "tokenizer_pre": pre,
+        "tensors": len(reader.tensors),
+        "parameters": sum(int(t.n_elements) for t in reader.tensors),  # the source's, before any re-quantization
+    }
     return {**facts, "notes": notes}
 
 
@@ -284,10 +289,31 @@ def import_gguf(
     target = imported_models_dir() / name
     _check_free(target)
     gguf = resolve_source(source)
-    facts = check_supported(gguf)
+    reader = read_gguf(gguf)  # parsed once: the checks and the conversion share it
+    facts = check_supported(gguf, reader)
     with _import_lock(target):
         _check_free(target)  # another process may have imported it while this one read the file
-        return _convert(source, gguf, target, bits, facts, progress)
+        return _convert(source, (gguf, reader), target, bits, facts, progress)
+
+
+def _run_converter(read: tuple[Path, Any], arch: str, folder: Path, dtype: str, bits: int) -> bool:
+    """gguf2mlx's conversion into `folder` (Gemma 3 as `gemma3_text`, its vision tower left out), on the
+    reader already parsed; False when it refused (its reason is in its output)."""
+    from gguf2mlx import convert
+
+    if arch == gemma3.ARCH:
+        return gemma3.convert_text_model(read, folder, dtype, bits, GROUP_SIZE)
+    gguf, reader = read
+    with reused(reader, gguf):
+        return convert(
+            str(gguf),
+            str(folder),
+            dtype,
+            quantize=bits < 16,
+            q_bits=bits,
+            q_group_size=GROUP_SIZE,
+            weight_audit=False,
+        )
 
 
 def _check_free(target: Path) -> None:
@@ -296,11 +322,11 @@ def _check_free(target: Path) -> None:
 
 
 def _convert(
-    source: str, gguf: Path, target: Path, bits: int, facts: dict[str, Any], progress: Progress | None
+    source: str, read: tuple[Path, Any], target: Path, bits: int, facts: dict[str, Any], progress: Progress | None
 ) -> ImportedModel:
-    """Convert into a staging folder beside `target` and rename it into place (the name's lock held)."""
-    from gguf2mlx import convert
-
+    """Convert `read` (the GGUF file and its reader) into a staging folder beside `target` and rename it
+    into place (the name's lock held)."""
+    gguf = read[0]
     dtype = float_dtype()
     start = time.perf_counter()
     with _staging(target) as stage:
@@ -308,18 +334,7 @@ def _convert(
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its tokenizer warning is handled by fix_pre_tokenizer
             try:
-                if facts["architecture"] == gemma3.ARCH:  # as `gemma3_text`, its vision tower left out
-                    ok = gemma3.convert_text_model(gguf, stage / "model", dtype, bits, GROUP_SIZE)
-                else:
-                    ok = convert(
-                        str(gguf),
-                        str(stage / "model"),
-                        dtype,
-                        quantize=bits < 16,
-                        q_bits=bits,
-                        q_group_size=GROUP_SIZE,
-                        weight_audit=False,
-                    )
+                ok = _run_converter(read, facts["architecture"], stage / "model", dtype, bits)
             except Exception as exc:  # the converter's own failures, made one line
                 raise ModelImportError(f"{gguf}: conversion failed ({type(exc).__name__}: {exc})") from None
         if not ok:

@@ -22,14 +22,23 @@ FAMILIES = ("llama", "qwen2", "qwen3", "phi3")
 
 @pytest.mark.parametrize("quantization", QUANTIZATIONS)
 @pytest.mark.parametrize("arch", FAMILIES)
-def test_each_family_imports_in_each_quantization_and_answers(tmp_path: Path, arch: str, quantization: str) -> None:
+def test_each_family_imports_in_each_quantization_and_answers(
+    tmp_path: Path, arch: str, quantization: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
 
     import mlx.core as mx
+    from gguf import GGUFReader
     from mlx_lm import generate, load
 
     gguf = write(tmp_path / f"{arch}.{quantization}.gguf", arch, MIXES[quantization])
+    parses: list[str] = []
+    parse = GGUFReader.__init__
+    monkeypatch.setattr(
+        GGUFReader, "__init__", lambda self, path, *a, **k: parses.append(path) or parse(self, path, *a, **k)
+    )
     imported = import_gguf(str(gguf), name=f"{arch}-{quantization}")
+    assert parses == [str(gguf)]  # parsed once: the checks and gguf2mlx's two readers share it (5 s for SmolLM2's)
     config = json.loads((imported.path / "config.json").read_text())
     assert config["quantization"] == {"group_size": 32, "bits": 4, "mode": "affine"}
     model, tokenizer = load(str(imported.path))
