@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
+import hashlib
 import json
 import logging
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -249,22 +250,23 @@ def visible_content(reply: Reply) -> str:
 def checked_schema(schema: Any, where: str) -> None:
     """`check_schema`, once per distinct schema: a client sends its tools again with every request (Claude
     Code a score of them), and checking one takes jsonschema milliseconds per turn. A schema that passed
-    is remembered (`VALID_SCHEMAS` of them); one that did not is checked again, for its error."""
+    is remembered by its digest (`VALID_SCHEMAS` of them: a schema's text may be megabytes); one that did
+    not is checked again, for its error naming `where`."""
     try:
-        text = json.dumps(schema, sort_keys=True)
+        digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).digest()
     except (TypeError, ValueError, RecursionError):
-        text = None
-    if text is None or not _valid_schema(text):
-        check_schema(schema, where)
+        digest = None
+    if digest is not None and digest in _VALID:
+        _VALID.move_to_end(digest)
+        return
+    check_schema(schema, where)
+    if digest is not None:
+        _VALID[digest] = None
+        if len(_VALID) > VALID_SCHEMAS:
+            _VALID.popitem(last=False)
 
 
-@functools.lru_cache(maxsize=VALID_SCHEMAS)
-def _valid_schema(text: str) -> bool:
-    try:
-        check_schema(json.loads(text), "schema")
-    except SubagentError:
-        return False
-    return True
+_VALID: OrderedDict[bytes, None] = OrderedDict()  # the digests of schemas that passed, least recent first
 
 
 def function_tool(name: str, description: str | None, parameters: Any, where: str) -> ToolSchema:
