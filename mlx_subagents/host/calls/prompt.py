@@ -94,10 +94,15 @@ def _spliced(
     state: RenderState,
     held: list[int],
     template_kwargs: Mapping[str, Any] | None,
+    given: Message | None = None,
 ) -> list[int] | None:
-    """Held ids + the tokens after the previous reply, or None when not an extension."""
+    """Held ids + the tokens after the previous reply, or None when not an extension. The cache holds
+    the reply as generated: one the caller sent back edited (a chat client's "edit": it says other than
+    `given`, the reply as the session gave it) is no extension, its prompt is rendered whole."""
     k = state.n_messages
     if len(messages) <= k or messages[k].get("role") != "assistant":
+        return None
+    if given is not None and _said(messages[k]) != _said(given):
         return None
     if _dump(tools) != state.tools_json or _dump(messages[:k]) != state.messages_json:
         return None
@@ -129,6 +134,7 @@ def build_prompt(
     held: list[int],
     template_kwargs: Mapping[str, Any] | None = None,
     max_chars: int | None = None,
+    given: Message | None = None,
 ) -> tuple[list[int], str]:
     """Prompt ids for this turn and the rendered text (kept for the next turn). A text over `max_chars`
     is refused before it is tokenized: tokenizing megabytes takes the mlx thread seconds to minutes,
@@ -140,25 +146,16 @@ def build_prompt(
             f"({max_chars:,} at most); shorten the task or the conversation (compaction), or raise --context-window"
         )
     if state is not None and held:
-        ids = _spliced(tokenizer, messages, tools, text, state, held, template_kwargs)
+        ids = _spliced(tokenizer, messages, tools, text, state, held, template_kwargs, given)
         if ids is not None:
             return ids, text
     return encode(tokenizer, text), text
 
 
-def edits_reply(messages: list[Message], n_before: int, given: Message) -> bool:
-    """Whether `messages` go on from a conversation of `n_before` messages with an assistant message
-    other than `given`, the reply the session gave there (a chat client's "edit"). The cache holds the
-    reply as generated, so such a prompt must be rendered whole: splicing would keep the old reply's
-    tokens where the caller sent new ones. Whitespace and reasoning are not compared (a client may
-    strip them; the tokens generated are then what the model did write)."""
-    if len(messages) <= n_before or messages[n_before].get("role") != "assistant":
-        return False
-    return _said(messages[n_before]) != _said(given)
-
-
 def _said(message: Message) -> tuple[str, list[Any]]:
-    """What an assistant message says: its text without whitespace, its calls' names and arguments."""
+    """What an assistant message says: its text without whitespace, its calls' names and arguments.
+    Whitespace and reasoning are not compared: a client may strip them, and the tokens generated are
+    then what the model did write."""
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
     return "".join(str(message.get("content") or "").split()), calls
 

@@ -12,7 +12,6 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from ..calls.chat_format import ChatFormat
-from ..calls.prompt import edits_reply
 from ..kv.kv_pool import CacheState, KVPool
 from ..protocol import GenerateArgs, Message, Reply, ToolSchema, Usage
 from .drafted import DraftCounts
@@ -65,7 +64,8 @@ class MlxSession:
 
             self._forking = host._mlx.submit(start_fork)
         self.cut: Usage | None = None
-        self._given: tuple[int, Message] | None = None  # its last turn's messages counted, and the reply given
+        # Its last reply as the template is given it (`ChatFormat.present`), for the next prompt's splice.
+        self._given: Message | None = None
 
     @property
     def kv_bytes(self) -> int:
@@ -86,9 +86,7 @@ class MlxSession:
     ) -> Reply:
         chat = self._host.chat
         request, opened = make_request(chat, self._host.tokenizer, messages, args, tools)
-        if self._given is not None and edits_reply(messages, *self._given):
-            request = replace(request, reply_edited=True)
-        self._given = None
+        request = replace(request, given=self._given)
         cancel, loop = threading.Event(), asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         on_event = args.on_event
@@ -131,7 +129,7 @@ class MlxSession:
             reasoning=reasoning,
             constrained=constrained or None,
         )
-        self._given = (len(messages), given.to_message())
+        self._given = chat.present([given.to_message()], None)[0][0]
         return given
 
     async def reset(self) -> None:

@@ -115,15 +115,15 @@ class Scheduler:
         caller was handed meanwhile (as `step` does)."""
         try:
             req = turn.request
-            render = None if req.reply_edited else turn.state.render
             turn.ids, turn.text = build_prompt(
                 self.tokenizer,
                 req.messages,
                 req.tools,
-                render,
+                turn.state.render,
                 turn.state.token_ids,
                 req.template_kwargs,
                 max_chars=self._chars_per_token * self.config.context_window,
+                given=req.given,
             )
             turn.max_tokens = self._fit(len(turn.ids), turn.request.max_tokens)
             if turn.state.prompt_cache is None and turn.state.spill_path is None:  # nothing of its own to reuse

@@ -72,7 +72,7 @@ class Request:
     top_k: int = 0  # 0: every token
     seed: int | None = None
     store_prompt: bool = False  # its conversation is kept in the disk tier (`PrefillStage.store_prompt`)
-    reply_edited: bool = False  # it goes on from another reply than the session gave: rendered whole, no splice
+    given: Message | None = None  # the session's last reply as presented: one sent back edited is not spliced
 
     @property
     def template_kwargs(self) -> dict[str, Any]:
