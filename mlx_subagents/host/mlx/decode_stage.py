@@ -7,7 +7,8 @@ scheduler step (`run_single`), moves into the batch when a second turn arrives (
 out when it is the last one left (`leave_batch`). Each token goes to the outbox; a turn that ends
 goes back to the scheduler (`ended`) with the cache that holds its reply, and a turn's own failure
 (`failed`) fails only that turn. The grammar's masks of the batch's constrained rows are applied
-together in the batch's model call (`masks.py`).
+together in the batch's model call (`masks.py`); what a turn decodes with (its processors, its sampler)
+is made as it enters (`processors.py`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..calls.constrainer import Constrainer
-from ..calls.grammar import Grammars
-from ..calls.thinking import prompt_opens_thought, thought_budget
 from ..kv.kv_pool import KVPool
 from ..kv.rewind import refusal, rows_refusal
 from ..protocol import FinishReason, ProcessorFactory
@@ -30,6 +29,7 @@ from .drafted_batch import RowTokens, drafted_step
 from .drafted_grammar import walk
 from .masks import MaskBatch, MaskedModel, Row
 from .outbox import Outbox
+from .processors import Processors
 from .single import SingleStream, take_from_batch
 from .turn import DecodeState, Turn
 from .verify import Sampling
@@ -87,7 +87,7 @@ class DecodeStage:
         self.model, self.tokenizer, self.config, self.outbox = model, tokenizer, config, outbox
         self._ended, self._failed = ended, failed
         self.processor_factory = processor_factory
-        self.call_format = call_format
+        self.processors = Processors(tokenizer, call_format)
         self._sliced = sliced
         self.pool = pool if pool is not None else KVPool(None)
         self.decoding: dict[int, Turn] = {}
@@ -97,9 +97,6 @@ class DecodeStage:
         self.most_decoding = 0
         self.batch: Any = None
         self._eos = frozenset(tokenizer.eos_token_ids)  # a set, not the tokenizer's property per token
-        self._grammars: Grammars | None = None  # made at the first request with a grammar
-        # One sampler per (temperature, top_p): mlx-lm samples the rows sharing one as one batch.
-        self._samplers: dict[tuple[float, float], Any] = {}
         self._masks = MaskBatch(self._constrained_rows)
         self._refused = False  # the batch's rows_refusal was logged
         self.widths = DraftWidths()  # whether drafts pay in the batch, from its steps' measured costs
@@ -123,25 +120,8 @@ class DecodeStage:
         when serialized. `cache` holds all but the last prompt token; `shared`: the shared prefix it
         starts from. The turn's decode state starts here."""
         turn.decode = DecodeState(cache, shared)
-        turn.decode.processors = self.processor_factory(turn.name, turn.ids) if self.processor_factory else []
-        turn.decode.sampler = self._sampler(turn.request.temperature, turn.request.top_p, turn.request.top_k)
-        if turn.request.seed is not None:
-            import mlx.core as mx
-
-            # Its draws follow from here (alone in the batch: exactly); any integer is a seed, mlx takes 64 bits.
-            mx.random.seed(turn.request.seed % 2**64)
-        request = turn.request
-        if (request.grammar_tools or request.answer_schema is not None) and (grammar := self._grammar(turn)):
-            grammar.known = turn.decode.generated  # the tokens this loop has read: no sync to learn them
-            grammar.limit = turn.max_tokens  # a call still open near it is closed
-            turn.decode.grammar, turn.decode.processors = grammar, [grammar, *turn.decode.processors]
-        if turn.request.thinking is not None and (
-            budget := thought_budget(self.tokenizer, turn.request.thinking, turn.ids)
-        ):
-            turn.decode.processors = [
-                *turn.decode.processors,
-                budget,
-            ]  # last: closing the thought wins over other processors
+        decode = turn.decode
+        decode.processors, decode.sampler, decode.grammar = self.processors.make(turn, self.processor_factory)
         if join:
             if self.single is not None:
                 self.handover(self.single)
@@ -180,31 +160,6 @@ class DecodeStage:
 
         draft = self.config.draft
         return draft == "lookup" or (draft == "auto" and mx.default_device().type == mx.DeviceType.gpu)
-
-    def _grammar(self, turn: Turn) -> Constrainer | None:
-        """The turn's grammar for its calls and answer: first of its processors (a processor after it that
-        forces a token wins, and the grammar lets go there: no check on the device of what the others
-        left), before the thought budget, so a thought is closed even mid-call."""
-        if self._grammars is None:
-            assert self.call_format is not None, "a request with a grammar needs the host's call format"
-            self._grammars = Grammars(self.tokenizer, *self.call_format)
-        request = turn.request
-        opened = prompt_opens_thought(self.tokenizer, turn.ids)
-        thinks = bool(request.thinking)  # None: not a thinking model; 0: thinking off
-        return self._grammars.processor(
-            request.grammar_tools, request.answer_schema, opened, thinks, require_call=request.require_call
-        )
-
-    def _sampler(self, temperature: float, top_p: float = 1.0, top_k: int = 0) -> Any:
-        """The sampler of `temperature`, `top_p` and `top_k`, one object for every turn that has them: mlx-lm
-        samples a batch whose rows share one sampler with one call, and row by row otherwise."""
-        sampled = temperature > 0  # greedy: top_p and top_k change nothing
-        key = (temperature, top_p if sampled else 1.0, max(0, top_k) if sampled else 0)
-        if key not in self._samplers:
-            from mlx_lm.sample_utils import make_sampler
-
-            self._samplers[key] = make_sampler(temp=key[0], top_p=key[1] if key[1] < 1 else 0.0, top_k=key[2])
-        return self._samplers[key]
 
     # -- the batch ----------------------------------------------------------------
 
