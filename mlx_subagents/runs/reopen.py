@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..agents.discovery import AgentCatalog
 from ..errors import RunNotFoundError
+from ..host.protocol import Message
 from ..tools import Workspace
 from .tasks import TaskSpec
 from .transcripts import RunRecord, TaskEntry, TaskLog, hold_task, load_run, read_transcript
@@ -25,6 +26,7 @@ class SavedTask:
     record: RunRecord
     entry: TaskEntry
     log: TaskLog
+    messages: list[Message]  # its latest conversation (a fork's with its parent's read through)
     task: TaskSpec  # what it is prepared from again
     workspace: Workspace
     holds: ExitStack
@@ -47,7 +49,8 @@ def open_saved(
     holds.enter_context(hold_task(path, entry.label, record.run_id))
     try:
         log = read_transcript(path)
-        if log.messages is None:
+        messages = log.messages
+        if messages is None:
             raise RunNotFoundError(f"task '{entry.label}' of run {record.run_id} has no saved conversation to continue")
         spec = catalog.get(log.meta["agent"])
         saved = log.meta["model"]  # on an engine, its model id: the agent's own engine or --engine takes it there
@@ -58,4 +61,4 @@ def open_saved(
     except BaseException:
         holds.close()
         raise
-    return SavedTask(record, entry, log, again, Workspace(Path(log.meta["cwd"])), holds)
+    return SavedTask(record, entry, log, messages, again, Workspace(Path(log.meta["cwd"])), holds)

@@ -331,7 +331,7 @@ class Runner:
             interactive=True,
             record=saved.record,
             entry=saved.entry,
-            messages=close_open_tool_calls(saved.log.messages or []),
+            messages=close_open_tool_calls(saved.messages),
             generations=saved.log.generations,
             on_text=on_text,
         )
