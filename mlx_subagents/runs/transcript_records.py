@@ -66,7 +66,9 @@ def record_problem(line: bytes) -> dict[str, Any] | str:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in (key, *err["loc"]) if p is not None) or "record"
-        return f"{kind} record: '{where}': {err['msg']}"
+        # pydantic names the class it wanted; a user knows the record's fields, not our classes.
+        msg = "Input should be a JSON object" if err["type"] == "model_type" else err["msg"]
+        return f"{kind} record: '{where}': {msg}"
     n = record.get("from_parent", 1)
     if kind == "messages" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         return "messages record: 'from_parent' is not a positive whole number"

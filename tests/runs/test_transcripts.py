@@ -262,7 +262,7 @@ def test_a_damaged_transcript_loses_only_the_damaged_records(tmp_path: Path, wri
     assert log.skipped == [
         f"line {n}: a JSON list, not a record object",
         f"line {n + 1}: messages record: 'messages': Input should be a valid list",
-        f"line {n + 2}: messages record: 'messages.0': Input should be a valid dictionary or instance of _MessageRecord",
+        f"line {n + 2}: messages record: 'messages.0': Input should be a JSON object",
         log.skipped[3],
         f"line {n + 4}: event record: 'generation' is not a positive whole number",
         f"line {n + 5}: not valid JSON (cut short?)",
