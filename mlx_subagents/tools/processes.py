@@ -4,9 +4,11 @@ Killing the call's process group is not enough: `setsid -f cmd`, `set -m; cmd &`
 calling `setsid()` moves a process to a group of its own, and once its parent exits it is no
 longer a descendant either. What every such process keeps is its environment: each call runs
 with `MLX_SUBAGENTS_CALL=<our pid>-<n>`, and a sweep (psutil, on Linux and macOS) kills every
-process that carries the mark. A process that wipes its own environment (`env -i`) escapes the sweep,
-unless the call is sandboxed: there every process lives in the sandbox's PID namespace, whose first
-process is in the call's group, and the kernel kills them all when it dies (`sandbox.py`).
+process that carries the mark. A process that wipes its own environment (`env -i`) escapes the sweep;
+on Linux the call's tether, a child subreaper, kills it (every descendant) when the call ends and when
+asked before the group kill (`ask_tethers`); elsewhere (macOS) only a sandboxed call catches it: there
+every process lives in the sandbox's PID namespace, whose first process is in the call's group, and the
+kernel kills them all when it dies (`sandbox.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import itertools
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from . import tether
 
 MARK_ENV = "MLX_SUBAGENTS_CALL"
 MAX_SWEEPS = 20  # rounds of find-and-kill, for processes forking while they are being killed
+TETHER_WAIT_S = 2.0  # the longest a kill waits for the calls' tethers to kill their descendants
 
 _counter = itertools.count(1)
 _live_groups: set[int] = set()
@@ -61,6 +65,7 @@ def track_group(pgid: int) -> None:
 
 def kill_call(pgid: int, mark: str | None) -> None:
     """Kill the call's process group and every process that carries its mark (if it has one)."""
+    ask_tethers([pgid])
     _kill_group(pgid)
     _live_groups.discard(pgid)
     if mark is not None:
@@ -69,6 +74,7 @@ def kill_call(pgid: int, mark: str | None) -> None:
 
 def kill_all_processes() -> None:
     """Kill every process any call of this program started; safe to call from any thread."""
+    ask_tethers(list(_live_groups))
     for pgid in list(_live_groups):
         _kill_group(pgid)
     sweep(f"{os.getpid()}-", prefix=True)
@@ -101,6 +107,36 @@ def marked_processes(mark: str, *, prefix: bool = False) -> list[psutil.Process]
         if value == mark or (prefix and value.startswith(mark)):
             found.append(proc)
     return found
+
+
+def ask_tethers(pids: Sequence[int]) -> None:
+    """On Linux, ask each call's tether (its group's leader, our child) to kill every process that
+    descends from it, and wait until they have (at most `TETHER_WAIT_S`): the group kill alone would
+    kill the tether first, and an orphan that left the group and wiped its mark would live on."""
+    if sys.platform != "linux":
+        return
+    asked = [pid for pid in pids if _running_child(pid) and _signal(pid, tether.SWEEP_SIGNAL)]
+    deadline = time.monotonic() + TETHER_WAIT_S
+    while asked and time.monotonic() < deadline:
+        asked = [pid for pid in asked if _running_child(pid)]
+        time.sleep(0.005)
+
+
+def _running_child(pid: int) -> bool:
+    """Whether `pid` is a child of ours that has not ended (an ended one, reaped or not, cannot be asked,
+    and a reaped one's pid may be another process's)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
+def _signal(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        return False
+    return True
 
 
 def _kill_group(pgid: int) -> None:

@@ -9,7 +9,10 @@ it dies, the kernel closes the write end and the supervisor reads end-of-file: i
 group, and on Linux, where it is a child subreaper (orphans are given to it, not to init), every
 process that descends from it, also one that left the group with `setsid` and wiped its environment.
 The supervisor exits with its command's status, and its process group is the command's, so the
-tool's own kills, the sweep and the time-outs work as before.
+tool's own kills, the sweep and the time-outs work as before. On Linux it also kills what its command
+left (every descendant) when the command ends, and when the tool asks it to (`SWEEP_SIGNAL`, before a
+timeout's or a cancel's group kill, which would kill the supervisor first): a process that left the
+group and wiped its mark (`env -i setsid -f`) dies with the call, not only with the tool's process.
 
 Run as a script (`python -I -S -c <this file's text> FD -- COMMAND...`) with the standard library only,
 so it needs no path a sandbox can see and imports nothing from the environment.
@@ -28,6 +31,7 @@ import time
 _PR_SET_CHILD_SUBREAPER = 36
 _ROUNDS = 200  # of find-and-kill, for processes forking while they are being killed
 SEPARATOR = "--"
+SWEEP_SIGNAL = signal.SIGUSR1  # the tool asks: kill everything, then this process
 
 
 def main(argv: list[str]) -> None:
@@ -39,6 +43,8 @@ def main(argv: list[str]) -> None:
     os.set_blocking(woken_w, False)
     signal.set_wakeup_fd(woken_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    asked: list[int] = []
+    signal.signal(SWEEP_SIGNAL, lambda *_: asked.append(1))
     child = os.fork()
     if child == 0:
         signal.set_wakeup_fd(-1)
@@ -53,11 +59,13 @@ def main(argv: list[str]) -> None:
     _let_go_of_output()
     while True:
         ready, _, _ = select.select([lifeline, woken_r], [], [])
-        if lifeline in ready and not os.read(lifeline, 1):
+        if asked or (lifeline in ready and not os.read(lifeline, 1)):
             _kill_everything(subreaper)
         if woken_r in ready:
             os.read(woken_r, 512)
         if (status := _reap(child)) is not None:
+            if subreaper:
+                _kill_descendants()  # what the command left behind dies with it
             _exit_as(status)
 
 
@@ -97,21 +105,28 @@ def _exit_as(status: int) -> None:
 
 
 def _kill_everything(subreaper: bool) -> None:
-    """The tool's process died: kill the group, and (a subreaper) every descendant, then this process."""
+    """The tool's process died, or asks: kill the group, and (a subreaper) every descendant, then this
+    process."""
     if subreaper:
-        me, group = os.getpid(), os.getpgid(0)
-        for _ in range(_ROUNDS):
-            victims = [pid for pid, ppid, pgrp in _processes() if pid != me and (ppid == me or pgrp == group)]
-            if not victims:
-                break
-            for pid in victims:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            _reap(-1)
-            time.sleep(0.01)
+        _kill_descendants()
     os.killpg(0, signal.SIGKILL)
+
+
+def _kill_descendants() -> None:
+    """Kill every process of the group and every child (orphans are given to a subreaper, so each
+    descendant is one once its parent is killed), round after round until none is left."""
+    me, group = os.getpid(), os.getpgid(0)
+    for _ in range(_ROUNDS):
+        victims = [pid for pid, ppid, pgrp in _processes() if pid != me and (ppid == me or pgrp == group)]
+        if not victims:
+            break
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _reap(-1)
+        time.sleep(0.01)
 
 
 def _processes() -> list[tuple[int, int, int]]:

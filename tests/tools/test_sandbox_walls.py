@@ -148,8 +148,9 @@ def test_no_unix_socket_is_reachable_from_the_sandbox_with_or_without_network(wo
 @needs_bwrap
 @pytest.mark.slow
 def test_a_command_that_leaves_its_group_and_wipes_its_mark_still_dies_with_the_call(tmp_path: Path) -> None:
-    # Unsandboxed, `env -i setsid -f` escapes both the group kill and the sweep (docs/agents.md); in the
-    # sandbox's PID namespace it dies with the namespace's first process, which is in the call's group.
+    # `env -i setsid -f` escapes both the group kill and the sweep (docs/agents.md; unsandboxed on Linux the
+    # tether still kills it); in the sandbox's PID namespace it dies with the namespace's first process,
+    # which is in the call's group.
     tool = BashTool(Workspace(tmp_path), Sandbox(writable=(tmp_path,)))
     tag = uuid.uuid4().int % 1000 + 1000
     command = f"setsid sleep {tag}.1 & env -i setsid -f sleep {tag}.2; echo started > started; sleep {tag}.3"
