@@ -20,6 +20,7 @@ from pydantic import Field
 from ..host.protocol import Message, Reply, Usage
 from .api_errors import ApiError
 from .chat_turn import (
+    PREFILL,
     ChatTurn,
     Event,
     Finished,
@@ -27,6 +28,7 @@ from .chat_turn import (
     PrefillBegun,
     ReasoningDelta,
     TextDelta,
+    answer_schema,
     chosen_tool,
     function_tool,
     named_once,
@@ -73,6 +75,15 @@ class Thinking(Lenient):
     budget_tokens: int | None = Field(default=None, ge=0)
 
 
+class OutputFormat(Lenient):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Lenient):
+    format: OutputFormat | None = None
+
+
 class MessagesRequest(Lenient):
     model: str
     max_tokens: int = Field(ge=1)
@@ -86,6 +97,9 @@ class MessagesRequest(Lenient):
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured outputs beta's name for output_config.format
+    mcp_servers: list[dict[str, Any]] | None = None
 
 
 class CountRequest(MessagesRequest):
@@ -95,6 +109,10 @@ class CountRequest(MessagesRequest):
 def parse_messages(body: dict[str, Any]) -> MessageShape:
     """The request as a turn and the shape of its answer; what is wrong is one `ApiError` naming the field."""
     request = validated(MessagesRequest, body, "Messages API")
+    if request.mcp_servers is not None:
+        raise ApiError(400, "mcp_servers: this server connects to no MCP server; leave it out and send their tools")
+    if request.messages[-1].role == "assistant":
+        raise ApiError(400, f"messages[{len(request.messages) - 1}]: {PREFILL}")
     choice = request.tool_choice
     return MessageShape(_turn(request), single_call=choice is not None and choice.disable_parallel_tool_use)
 
@@ -123,9 +141,19 @@ def _turn(request: MessagesRequest) -> ChatTurn:
         top_k=request.top_k or 0,
         stop=stop_sequences(request.stop_sequences or [], "stop_sequences"),
         thinking=budget,
+        answer_schema=_answer_schema(request),
         tool_choice=forced,
         stream=request.stream,
     )
+
+
+def _answer_schema(request: MessagesRequest) -> dict[str, Any] | None:
+    """The JSON schema of a structured output (`output_config.format`), held by the grammar."""
+    if request.output_config is not None and request.output_config.format is not None:
+        return answer_schema(request.output_config.format.schema_, "output_config.format.schema")
+    if request.output_format is not None:
+        return answer_schema(request.output_format.schema_, "output_format.schema")
+    return None
 
 
 def _tool(tool: Tool, i: int) -> dict[str, Any]:

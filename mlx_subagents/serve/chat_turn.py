@@ -51,6 +51,12 @@ VALID_SCHEMAS = 1024  # distinct tool and answer schemas remembered as checked (
 # GET /v1/models 5.4 s). OpenAI takes 4; a local server's clients may send a few more.
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1024
+# A request whose last message is the assistant's (a prefill): the chat template renders it as a closed
+# message and the reply as a new one, not as the continuation the client asked for, so it is refused.
+PREFILL = (
+    "the conversation ends with an assistant message, which this server does not continue (a prefill); "
+    "end it with a user message or a tool result"
+)
 
 
 @dataclass(frozen=True)
@@ -350,6 +356,7 @@ async def _cut_short(generating: asyncio.Future[Reply], conv: Conversation) -> U
 
 
 __all__ = [
+    "PREFILL",
     "ChatTurn",
     "Event",
     "Finished",

@@ -19,6 +19,7 @@ from pydantic import Field
 from ..host.protocol import DEFAULT_THINKING_TOKENS, Message, Reply, ToolCall, Usage
 from .api_errors import ApiError
 from .chat_turn import (
+    PREFILL,
     ChatTurn,
     Event,
     Finished,
@@ -111,8 +112,17 @@ class ChatRequest(Lenient):
     top_k: int | None = Field(default=None, ge=0)  # not OpenAI's; llama.cpp's and vLLM's (`extra_body`)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int | None = Field(default=None, ge=1, le=1)
+    n: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -120,8 +130,7 @@ class ChatRequest(Lenient):
 def parse_chat(body: dict[str, Any]) -> ChatShape:
     """The request as a turn and the shape of its answer; what is wrong is one `ApiError` naming the field."""
     request = validated(ChatRequest, body, "Chat Completions")
-    if request.logprobs:
-        raise ApiError(400, "logprobs are not returned by this server; leave logprobs out", "logprobs")
+    _refuse_unserved(request)
     tools, choice = _tools(request)
     thinking = EFFORT[request.reasoning_effort] if request.reasoning_effort else DEFAULT_THINKING_TOKENS
     if (request.chat_template_kwargs or {}).get("enable_thinking") is False:
@@ -144,6 +153,43 @@ def parse_chat(body: dict[str, Any]) -> ChatShape:
     )
     single = request.parallel_tool_calls is False
     return ChatShape(turn, request.stream_options is not None and request.stream_options.include_usage, single)
+
+
+def _refuse_unserved(request: ChatRequest) -> None:
+    """Refuse, in one line naming the field, what asks for an answer this server does not make: a
+    client that sent it would otherwise get another answer than it asked for, and not know it. What
+    only tunes how an answer is served (`store`, `user`, `service_tier`, `prediction`) is left out."""
+    checks = [
+        ("n", (request.n or 1) > 1, f"{request.n} answers to one request are not made here; send 1 or leave n out"),
+        ("logprobs", bool(request.logprobs), "logprobs are not returned by this server; leave logprobs out"),
+        ("top_logprobs", bool(request.top_logprobs), "logprobs are not returned by this server; leave it out"),
+        ("presence_penalty", bool(request.presence_penalty), "not applied by this server; send 0 or leave it out"),
+        ("frequency_penalty", bool(request.frequency_penalty), "not applied by this server; send 0 or leave it out"),
+        ("logit_bias", bool(request.logit_bias), "not applied by this server; leave it out"),
+        (
+            "modalities",
+            any(m != "text" for m in request.modalities or ()),
+            "only text answers are made by this server; send ['text'] or leave modalities out",
+        ),
+        ("audio", request.audio is not None, "audio answers are not made by this server; leave audio out"),
+        (
+            "web_search_options",
+            request.web_search_options is not None,
+            "web search is a server tool, which this server does not run; leave it out",
+        ),
+        ("functions", request.functions is not None, "the legacy functions are not read here; send them as tools"),
+        (
+            "function_call",
+            request.function_call is not None,
+            "the legacy function_call is not read here; send it as tool_choice",
+        ),
+    ]
+    for field, asked, why in checks:
+        if asked:
+            raise ApiError(400, f"{field}: {why}", field)
+    if request.messages[-1].role == "assistant":
+        where = f"messages[{len(request.messages) - 1}]"
+        raise ApiError(400, f"{where}: {PREFILL}", where)
 
 
 def _tools(request: ChatRequest) -> tuple[list[dict[str, Any]] | None, str]:

@@ -149,6 +149,18 @@ def test_the_sdks_talk_to_the_served_model_and_later_turns_reuse_its_cache(
         done.usage.input_tokens + done.usage.cache_read_input_tokens
     )
 
+    # Anthropic's structured output (`output_config.format`) is held to its schema as OpenAI's JSON-schema answer
+    # is: the same conversation, decoded greedily, is the same answer.
+    structured = an.messages.create(
+        model=model,
+        messages=[{"role": "user", "content": "the forecast as JSON"}],
+        max_tokens=40,
+        output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
+    )
+    assert [(b.type, getattr(b, "text", None)) for b in structured.content] == [
+        ("text", answer.choices[0].message.content)
+    ]
+
     now = status(info)
     assert sorted((c["kind"], c["name"], c["running"]) for c in now["clients"]) == [
         ("anthropic", f"Anthropic/Python {anthropic.__version__}", 0),
@@ -303,6 +315,10 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
     # The SDKs raise their own errors with these messages.
     with pytest.raises(openai.NotFoundError, match="model 'gpt-9' is not served here"):
         oa.chat.completions.create(model="gpt-9", messages=user)
+    with pytest.raises(openai.BadRequestError, match="400 - frequency_penalty: not applied by this server; send 0 or"):
+        oa.chat.completions.create(model=model, messages=user, frequency_penalty=0.5)
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[1\]: the conversation ends with an assistant"):
+        an.messages.create(model=model, max_tokens=8, messages=[*user, {"role": "assistant", "content": "Sure,"}])
     # One model by its name (a path: its slashes come escaped), in each API's shape.
     assert (oa.models.retrieve(model).id, an.models.retrieve(model).id) == (model, model)
     with pytest.raises(openai.NotFoundError, match="model 'gpt-9' is not served here"):

@@ -1,0 +1,87 @@
+"""What a chat request asks that this server does not do is refused in one line naming the field, in
+process (the SDKs' view of the same errors is in test_endpoints.py's bad requests): a client that sent
+it would otherwise get another answer than it asked for (a penalty not applied, a prefill answered as a
+new message), and not know it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mlx_subagents.serve.anthropic_api import count_tokens_request, parse_messages
+from mlx_subagents.serve.api_errors import ApiError
+from mlx_subagents.serve.openai_api import parse_chat
+
+USER = [{"role": "user", "content": "hi"}]
+PREFILL = (
+    "the conversation ends with an assistant message, which this server does not continue (a prefill); "
+    "end it with a user message or a tool result"
+)
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"n": 2}, "n: 2 answers to one request are not made here; send 1 or leave n out"),
+        ({"logprobs": True}, "logprobs: logprobs are not returned by this server; leave logprobs out"),
+        ({"top_logprobs": 3}, "top_logprobs: logprobs are not returned by this server; leave it out"),
+        ({"presence_penalty": 0.5}, "presence_penalty: not applied by this server; send 0 or leave it out"),
+        ({"frequency_penalty": -1}, "frequency_penalty: not applied by this server; send 0 or leave it out"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias: not applied by this server; leave it out"),
+        (
+            {"modalities": ["text", "audio"]},
+            "modalities: only text answers are made by this server; send ['text'] or leave modalities out",
+        ),
+        ({"audio": {"voice": "alloy"}}, "audio: audio answers are not made by this server; leave audio out"),
+        (
+            {"web_search_options": {}},
+            "web_search_options: web search is a server tool, which this server does not run; leave it out",
+        ),
+        (
+            {"functions": [{"name": "f", "parameters": {"type": "object"}}]},
+            "functions: the legacy functions are not read here; send them as tools",
+        ),
+        ({"function_call": "auto"}, "function_call: the legacy function_call is not read here; send it as tool_choice"),
+    ],
+)
+def test_a_chat_request_asking_what_is_not_served_is_refused_naming_the_field(
+    extra: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ApiError) as refused:
+        parse_chat({"model": "m", "messages": USER, **extra})
+    assert (refused.value.status, refused.value.message, refused.value.param) == (400, message, next(iter(extra)))
+
+
+def test_a_chat_request_with_the_neutral_values_of_what_is_not_served_is_answered() -> None:
+    """What clients send by default (no penalty, one answer, text) changes nothing and is taken."""
+    neutral = {"n": 1, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}
+    shape = parse_chat({"model": "m", "messages": USER, "modalities": ["text"], "store": False, **neutral})
+    assert shape.turn.messages == USER
+
+
+def test_a_conversation_ending_with_the_assistants_message_is_refused_in_either_api() -> None:
+    prefilled = [*USER, {"role": "assistant", "content": "Sure,"}]
+    with pytest.raises(ApiError) as refused:
+        parse_chat({"model": "m", "messages": prefilled})
+    assert (refused.value.message, refused.value.param) == (f"messages[1]: {PREFILL}", "messages[1]")
+    with pytest.raises(ApiError, match=r"^messages\[1\]: the conversation ends with an assistant message"):
+        parse_messages({"model": "m", "max_tokens": 8, "messages": prefilled})
+    # Counting its tokens is not answering it.
+    assert count_tokens_request({"model": "m", "messages": prefilled}).messages[-1]["content"] == "Sure,"
+
+
+def test_an_anthropic_structured_output_is_the_answers_schema_and_mcp_servers_are_refused() -> None:
+    body = {"model": "m", "max_tokens": 8, "messages": USER}
+    fmt = {"type": "json_schema", "schema": SCHEMA}
+    assert parse_messages({**body, "output_config": {"format": fmt, "effort": "high"}}).turn.answer_schema == SCHEMA
+    assert parse_messages({**body, "output_format": fmt}).turn.answer_schema == SCHEMA  # the beta's name
+    assert parse_messages({**body, "output_config": {"effort": "low"}}).turn.answer_schema is None
+    with pytest.raises(ApiError, match=r"^output_config\.format\.schema: .*; send a valid JSON schema$"):
+        parse_messages({**body, "output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}})
+    with pytest.raises(ApiError) as refused:
+        parse_messages({**body, "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]})
+    assert (
+        refused.value.message == "mcp_servers: this server connects to no MCP server; leave it out and send their tools"
+    )
