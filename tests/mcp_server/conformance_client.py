@@ -10,10 +10,12 @@ conf` first, this script standing in for the browser (it opens the address login
 mock authorization server sends it back to login's loopback address at once), then `subagent run`
 (a chat instead, for the scope step-up, where the person opens the address the chat shows), or the
 sign-in alone where it meets every check (`AUTH_WITH_A_RUN`). A scenario that does not apply
-(`NOT_APPLICABLE`) is refused at once, saying why. The run is in this process (one Python start less).
+(`NOT_APPLICABLE`) is refused at once, saying why. The sign-in and the run are `subagent`'s own
+`main` in this process (a chat is a process of its own, on its terminal): the tests run this driver in
+a fork of a process that has imported them already (`PRELOAD`, tests/preloaded.py).
 
 `DRIVER_MODE` changes that for the tests: `login-only` (the sign-in, no run), `no-login` and `refused`
-(a run with no tokens, or with a token the server refuses; its stderr is passed on, and it exits 3).
+(a run with no tokens, or with a token the server refuses; it says why on stderr, and the driver exits 3).
 With `DRIVER_BATCH` set to a folder (the suite ran a batch: all its scenarios at once), the driver
 takes one of `AT_ONCE` slots there before it starts `subagent` (a lock file; the others wait, idle), so
 that two cores are not shared by dozens of runs whose connections time out, and writes its exit code
@@ -25,9 +27,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -60,6 +62,14 @@ AUTH_WITH_A_RUN = {
     "auth/pre-registration",
     "auth/scope-step-up",
 }
+# What a run and a sign-in import, for a preloaded process the driver may be forked from
+# (tests/preloaded.py): about 2 s of CPU a scenario otherwise.
+PRELOAD = [
+    "mlx_subagents.cli", "mlx_subagents.runs.runner", "mlx_subagents.runs.execution", "mlx_subagents.runs.prepare",
+    "mlx_subagents.host.scripted", "mlx_subagents.tools.mcp", "mlx_subagents.tools.mcp_auth",
+    "mlx_subagents.tools.mcp_tasks", "mcp.client.streamable_http", "anyio._backends._asyncio", "httpcore2", "h11",
+    "truststore",
+]  # fmt: skip
 # How many scenarios of a batch run `subagent` at once.
 AT_ONCE = 6
 # The scenarios that do not apply, and why: the driver says so and exits 1 at once (the suite fails them).
@@ -103,10 +113,6 @@ def set_up(folder: Path, url: str, scenario: str) -> tuple[dict[str, str], Path,
     script.write_text(json.dumps({"replies": replies(scenario)}))
     env = {**os.environ, "MLX_SUBAGENTS_HOME": str(home), "HOME": str(folder), "PYTHONPATH": str(REPO)}
     return env, workspace, f"scripted:{script}"
-
-
-def subagent(*args: str) -> list[str]:
-    return [sys.executable, "-m", "mlx_subagents.cli", *args]
 
 
 def chat_with_defaults(env: dict[str, str], workspace: Path, model: str) -> int:
@@ -154,27 +160,46 @@ def chat_signing_in_again(env: dict[str, str], workspace: Path, model: str) -> i
 
 
 def sign_in(env: dict[str, str], workspace: Path) -> int:
-    """`subagent mcp-servers login conf`, with this script as the browser: open the address it prints."""
+    """`subagent mcp-servers login conf` in this process, with this script as the browser: open each
+    address it prints to stderr (a server that moves asks for a second sign-in), which goes on to ours."""
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
     registered = ["--client-id", context["client_id"]] if context.get("client_id") else []
-    env = {**env, "MCP_CLIENT_SECRET": context.get("client_secret") or ""}
-    cmd = subagent("mcp-servers", "login", "conf", "-C", str(workspace), *registered)
-    login = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    assert login.stderr is not None
-    said = []
-    for line in login.stderr:  # every address it prints (a server that moves asks for a second sign-in)
-        said.append(line)
-        if line.startswith("http"):
-            with urllib.request.urlopen(line.strip(), timeout=30) as page:  # redirected to login's callback
-                page.read()
-    code = login.wait(60)
-    sys.stderr.write("".join(said))
-    return code
+    secret = {"MCP_CLIENT_SECRET": context.get("client_secret") or ""}
+    ours = os.dup(2)
+    said, into = os.pipe()
+    failed: list[BaseException] = []
+
+    def browse() -> None:
+        with open(said, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                os.write(ours, line.encode())
+                if line.startswith("http") and not failed:
+                    try:
+                        with urllib.request.urlopen(line.strip(), timeout=30) as page:  # to login's callback
+                            page.read()
+                    except OSError as exc:
+                        failed.append(exc)
+
+    browser = threading.Thread(target=browse)
+    browser.start()
+    sys.stderr.flush()
+    os.dup2(into, 2)
+    os.close(into)
+    try:
+        return in_process({**env, **secret}, "mcp-servers", "login", "conf", "-C", str(workspace), *registered)
+    finally:
+        sys.stderr.flush()
+        os.dup2(ours, 2)  # the pipe's last writer closed: the browser reads to its end
+        browser.join()
+        os.close(ours)
+        os.environ.pop("MCP_CLIENT_SECRET")
+        if failed:
+            raise failed[0]
 
 
 def run_saying_the_sign_in(env: dict[str, str], workspace: Path, model: str, refused: bool) -> int:
     """`subagent run` without a sign-in (or, `refused`, with a token the server refuses and no refresh
-    token): its stderr goes to ours, and it exits 3 so that the suite shows it."""
+    token), then exit 3 so that the suite shows what it said."""
     if refused:
         if (code := sign_in(env, workspace)) != 0:
             return code
@@ -182,9 +207,7 @@ def run_saying_the_sign_in(env: dict[str, str], workspace: Path, model: str, ref
         data = json.loads(saved.read_text())
         data["tokens"] = {"access_token": "revoked", "token_type": "Bearer"}
         saved.write_text(json.dumps(data))
-    cmd = subagent("run", "conf-user", "use the server", "--model", model, "--cwd", str(workspace))
-    proc = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    sys.stderr.write(proc.stderr)
+    in_process(env, "run", "conf-user", "use the server", "--model", model, "--cwd", str(workspace))
     return 3
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,8 @@ import pytest
 from mlx_subagents.serve.state import serve_paths
 from tests.helpers import REPO, wait_listening
 from tests.mcp_server.conformance import Outcome, Suite, conformance_suite
-from tests.mcp_server.conformance_client import NOT_APPLICABLE
+from tests.mcp_server.conformance_client import NOT_APPLICABLE, PRELOAD
+from tests.preloaded import preloaded
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -31,6 +33,14 @@ DRIVER = Path(__file__).with_name("conformance_client.py")
 @pytest.fixture(scope="module")
 def suite() -> Suite:
     return conformance_suite()
+
+
+@pytest.fixture(scope="module")
+def driver(suite: Suite) -> Iterator[list[str]]:
+    """The command the suite runs for a client scenario: `subagent`, set up and driven by the driver,
+    each scenario in a fork of one process that imported what `subagent` needs (about 2 s of CPU each)."""
+    with preloaded(PRELOAD, env={"PYTHONPATH": str(REPO)}) as python:
+        yield [*python, str(DRIVER)]
 
 
 # As a server, at each revision, what the revision requires (`--requirements`) in one run of the suite.
@@ -135,11 +145,6 @@ TASKS_SCENARIOS = [
 ]
 
 
-def driver(*args: str) -> list[str]:
-    """The command the suite runs for a client scenario: `subagent`, set up and driven by the driver."""
-    return [sys.executable, str(DRIVER), *args]
-
-
 # As a client, at each revision, what it requires (`--requirements`) in one run of the suite, all at
 # once: `subagent run` calls the mock server's tools; an elicitation answered in `subagent chat` with
 # the form's defaults; the OAuth ones signed in by `subagent mcp-servers login` (the driver plays the
@@ -176,11 +181,11 @@ CLIENT_MAY_FAIL = {
 }  # fmt: skip
 
 
-def client_batch(suite: Suite, selection: str, folder: Path) -> dict[str, Outcome]:
+def client_batch(suite: Suite, driver: list[str], selection: str, folder: Path) -> dict[str, Outcome]:
     """The suite's batch against the driver (a few scenarios at a time: the driver's `AT_ONCE`), each
     outcome with the driver's exit code (-1: none, it was stopped), which a batch does not keep."""
     folder.mkdir()
-    outcomes = suite.batch(driver(), selection, env={"PYTHONPATH": str(REPO), "DRIVER_BATCH": str(folder)})
+    outcomes = suite.batch(driver, selection, env={"PYTHONPATH": str(REPO), "DRIVER_BATCH": str(folder)})
     exits = {path.stem.replace("__", "/"): int(path.read_text()) for path in folder.glob("*.code")}
     return {name: replace(o, code=exits.get(name, -1)) for name, o in outcomes.items()}
 
@@ -202,15 +207,17 @@ def failures(outcomes: dict[str, Outcome], applies: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("revision", ["2025-11-25", "2026-07-28"])
-def test_subagent_passes_the_suites_client_scenarios(suite: Suite, revision: str, tmp_path: Path) -> None:
+def test_subagent_passes_the_suites_client_scenarios(
+    suite: Suite, driver: list[str], revision: str, tmp_path: Path
+) -> None:
     selections = [revision, *(["backcompat@2025-03-26"] if revision == "2025-11-25" else [])]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = pool.map(lambda s: (s, client_batch(suite, s, tmp_path / s.replace("@", "-"))), selections)
+        runs = pool.map(lambda s: (s, client_batch(suite, driver, s, tmp_path / s.replace("@", "-"))), selections)
         bad = [report for selection, outcomes in runs for report in failures(outcomes, CLIENT_SCENARIOS[selection])]
     assert bad == [], "\n\n".join(bad)
 
 
-def test_a_run_says_in_one_line_that_a_server_needs_a_sign_in(suite: Suite) -> None:
+def test_a_run_says_in_one_line_that_a_server_needs_a_sign_in(suite: Suite, driver: list[str]) -> None:
     """Without a sign-in, or with a token the server refuses and nothing to refresh it with."""
     lines = {
         "no-login": "warning: MCP server 'conf' needs a sign-in: run `subagent mcp-servers login conf`",
@@ -219,7 +226,7 @@ def test_a_run_says_in_one_line_that_a_server_needs_a_sign_in(suite: Suite) -> N
     }
 
     def run(mode: str) -> Outcome:
-        return suite.client(driver(), "auth/metadata-default", env={"PYTHONPATH": str(REPO), "DRIVER_MODE": mode})
+        return suite.client(driver, "auth/metadata-default", env={"PYTHONPATH": str(REPO), "DRIVER_MODE": mode})
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         for line, outcome in zip(lines.values(), pool.map(run, lines)):
