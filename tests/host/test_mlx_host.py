@@ -289,6 +289,103 @@ def test_prompt_over_the_window_is_a_clear_error(tiny_qwen3_path: Path) -> None:
     run(go())
 
 
+def test_a_long_prompt_is_tokenized_off_the_mlx_thread_while_others_decode(
+    tiny_qwen3_path: Path, tiny_qwen3: Any
+) -> None:
+    """A huge prompt under the character bound (tokenized, then refused: over the window in tokens) is
+    rendered and tokenized outside the mlx thread, so another session decodes meanwhile: its tokenizing
+    cannot end before the other session has decoded 8 more tokens (on the mlx thread it would wait for
+    them forever: the wait's 60 s bound fails the test), and no prompt is tokenized on the mlx thread."""
+    from mlx_subagents.errors import PromptTooLongError
+    from mlx_subagents.testing import make_forced_processor
+
+    _, tokenizer = tiny_qwen3
+    stepped = threading.Condition()
+    steps = [0]  # the decoding session's steps, counted on the mlx thread
+    began, during, threads = asyncio.Event(), [-1], []
+
+    def counted(session_name: str, prompt_ids: Any) -> list[Any]:
+        if session_name != "decoding":
+            return []
+        forced = make_forced_processor(tokenizer, "word " * 300)
+
+        def processor(tokens: Any, logits: Any) -> Any:
+            with stepped:
+                steps[0] += 1
+                stepped.notify_all()
+            return forced(tokens, logits)
+
+        return [processor]
+
+    async def go() -> tuple[Any, Any, threading.Thread]:
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=counted) as host:
+            hf = host.tokenizer._tokenizer
+            encode = hf.encode
+
+            def watched(text: str, *args: Any, **kwargs: Any) -> Any:
+                threads.append(threading.current_thread())
+                if len(text) > 50_000:  # the huge prompt: done only once the other session decoded 8 more
+                    with stepped:
+                        start = steps[0]
+                        stepped.wait_for(lambda: steps[0] >= start + 8, 60)
+                        during[0] = steps[0] - start
+                return encode(text, *args, **kwargs)
+
+            hf.encode = watched
+
+            def seen(event: HostEvent) -> None:
+                if isinstance(event, TokensSoFar):
+                    began.set()
+
+            decoding = asyncio.create_task(
+                host.session("decoding").generate(TASK, GenerateArgs(max_tokens=300, on_event=seen))
+            )
+            await began.wait()
+            huge = [{"role": "user", "content": "word " * 20_000}]  # 100,000 characters: under 131,072
+            with pytest.raises(PromptTooLongError, match=r"^the prompt is \d+ tokens but the context window is 4096;"):
+                await host.session("huge").generate(huge)
+            return await decoding, host._mlx._thread
+
+    reply, mlx_thread = run(go())
+    assert during[0] >= 8  # the other session decoded while the huge prompt was tokenized
+    assert reply.usage.generated_tokens == 300 and reply.text.startswith("word word")  # undisturbed
+    assert threads and mlx_thread not in threads
+
+
+def test_a_prompt_made_before_its_session_changed_is_made_again_on_the_mlx_thread(
+    tiny_qwen3_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's prompt made from what its session held before its last turn (a race with that turn's end)
+    is not taken as it is: the scheduler makes it again from what the session holds, so the turn is spliced
+    onto the ids its cache holds as without the race (the same ids, cached tokens and reply)."""
+    from mlx_subagents.host.mlx import prompt_worker
+    from mlx_subagents.host.mlx.turn_prompt import Basis
+
+    async def go(stale: bool) -> tuple[list[Any], list[Any], list[threading.Thread], threading.Thread]:
+        reads: list[Basis] = []
+        threads: list[threading.Thread] = []
+
+        def read(state: Any) -> Basis:  # the third turn's prompt is made from the first turn's end
+            reads.append(Basis.of(state))
+            return reads[1] if stale and len(reads) == 3 else reads[-1]
+
+        monkeypatch.setattr(prompt_worker, "Basis", type("Stale", (), {"of": staticmethod(read)}))
+        async with MlxModelHost(str(tiny_qwen3_path)) as host:
+            make = host._scheduler.prompts.make
+            host._scheduler.prompts.make = lambda *a: threads.append(threading.current_thread()) or make(*a)  # type: ignore[method-assign]
+            session, messages, replies = host.session("a"), list(TASK), []
+            for n in range(3):
+                replies.append(await session.generate(messages, GenerateArgs(max_tokens=6)))
+                messages = [*messages, replies[-1].to_message(), {"role": "user", "content": f"And then {n}?"}]
+            return [r.token_ids for r in replies], [r.usage for r in replies], threads, host._mlx._thread
+
+    raced, raced_usage, threads, mlx_thread = run(go(True))
+    calm, calm_usage, calm_threads, _ = run(go(False))
+    assert raced == calm and raced_usage[2].cached_tokens == calm_usage[2].cached_tokens > 0
+    assert raced_usage[2].prompt_tokens == calm_usage[2].prompt_tokens
+    assert mlx_thread not in calm_threads and threads.count(mlx_thread) == 1  # made again there, once
+
+
 # -- a reply cut by a timeout or Ctrl-C still counts what it spent -------------------------------------
 
 

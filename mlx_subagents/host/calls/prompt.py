@@ -135,10 +135,10 @@ def build_prompt(
     template_kwargs: Mapping[str, Any] | None = None,
     max_chars: int | None = None,
     given: Message | None = None,
-) -> tuple[list[int], str]:
-    """Prompt ids for this turn and the rendered text (kept for the next turn). A text over `max_chars`
-    is refused before it is tokenized: tokenizing megabytes takes the mlx thread seconds to minutes,
-    which every other session would wait for, only to learn the prompt does not fit."""
+) -> tuple[list[int], str, bool]:
+    """Prompt ids for this turn, the rendered text (kept for the next turn) and whether the ids were
+    spliced onto `held`. A text over `max_chars` is refused before it is tokenized: tokenizing megabytes
+    takes seconds to minutes, only to learn the prompt does not fit."""
     text = render(tokenizer, messages, tools, generation_prompt=True, template_kwargs=template_kwargs)
     if max_chars is not None and len(text) > max_chars:
         raise PromptTooLongError(
@@ -148,8 +148,8 @@ def build_prompt(
     if state is not None and held:
         ids = _spliced(tokenizer, messages, tools, text, state, held, template_kwargs, given)
         if ids is not None:
-            return ids, text
-    return encode(tokenizer, text), text
+            return ids, text, True
+    return encode(tokenizer, text), text, False
 
 
 def _said(message: Message) -> tuple[str, list[Any]]:

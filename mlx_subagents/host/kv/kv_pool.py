@@ -36,7 +36,8 @@ KV_STEP = 256  # mlx-lm's KVCache grows its buffers in steps of this many tokens
 
 @dataclass
 class CacheState:
-    """A session's cache and the ids it holds; touched only on the mlx thread."""
+    """A session's cache and the ids it holds; written only on the mlx thread (a turn's prompt is made
+    from a read of it elsewhere, checked there at submit: `TurnPrompt.fits`)."""
 
     prompt_cache: list[Any] | None = None
     token_ids: list[int] = field(default_factory=list)

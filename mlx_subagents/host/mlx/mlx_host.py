@@ -43,6 +43,7 @@ from .kv_size import kv_shapes, measure, session_window
 from .loading import config_context_window, load_model, read_config, resolve_model_path, strip_provider
 from .mlx_session import MlxSession
 from .mlx_thread import MlxThread
+from .prompt_worker import PromptWorker
 from .resident import Registration, reserve
 from .scheduler import Scheduler, SchedulerConfig
 
@@ -137,6 +138,7 @@ class MlxModelHost:
         self.prefix_store: PrefixStore | None = None
         self._cache_kind: str | None = None
         self._mlx = MlxThread()
+        self._prompts: PromptWorker | None = None  # made at start, with the scheduler
         self._sessions: dict[str, MlxSession] = {}
         self._model: Any = None
         self.tokenizer: Any = None
@@ -232,12 +234,15 @@ class MlxModelHost:
             else None,
         )
         self._mlx.stepper = self._scheduler
+        self._prompts = PromptWorker(self._mlx, self._scheduler)
         if self._shared:
             await self._shared.join(self, budget)
 
     async def stop(self) -> None:
         self._unregister()
         self._sessions.clear()
+        if self._prompts is not None:
+            self._prompts.close()
         await asyncio.to_thread(self._mlx.stop)
         self._pool.close()  # after the mlx thread, which spills: no spill file outlives the host
         if self.prefix_store is not None:  # after the mlx thread: it queues the last writes

@@ -16,6 +16,7 @@ from ..kv.kv_pool import CacheState, KVPool
 from ..protocol import GenerateArgs, Message, Reply, ToolSchema, Usage
 from .drafted import DraftCounts
 from .mlx_thread import Deliver, MlxThread
+from .prompt_worker import PromptWorker
 from .request import make_request, receiver
 from .scheduler import Scheduler
 from .turn import OutputSink, Turn
@@ -26,14 +27,15 @@ CUT_WAIT_S = 5.0
 
 class SessionHost(Protocol):
     """What a session reads of its host (`MlxModelHost`): the chat format and tokenizer its turns are
-    made with, the MlxThread and scheduler that run them, the KV pool and the host's sessions it
-    leaves, and the drafts it counts."""
+    made with, the worker that makes their prompts, the MlxThread and scheduler that run them, the KV
+    pool and the host's sessions it leaves, and the drafts it counts."""
 
     chat: ChatFormat
     tokenizer: Any
     drafts: DraftCounts
     _mlx: MlxThread
     _scheduler: Scheduler
+    _prompts: PromptWorker
     _pool: KVPool
     _sessions: dict[str, Any]
 
@@ -93,16 +95,16 @@ class MlxSession:
         visible = chat.visible_text(on_event, opened) if on_event is not None else None
         sink = OutputSink(loop, receiver(future, visible, on_event), streams=on_event is not None)
 
+        self.cut = None
         if self._forking is not None:
             forking, self._forking = self._forking, None
             await forking
-
-        def submit(deliver: Deliver) -> None:  # its reply comes through `sink`, into `future`
-            self._host._scheduler.submit(Turn(self.name, self._state, request, cancel, sink))
-            deliver(True, None)
-
-        self.cut = None
-        self._host._mlx.submit(submit)
+        turn = Turn(self.name, self._state, request, cancel, sink)
+        try:  # its prompt made off the mlx thread (`prompt_worker.py`), then queued there
+            await self._host._prompts.submit(turn)
+        except asyncio.CancelledError:
+            cancel.set()  # queued all the same, it ends where it waits, having spent nothing
+            raise
         try:
             reply = await asyncio.shield(future)
         except asyncio.CancelledError:

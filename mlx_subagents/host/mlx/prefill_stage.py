@@ -17,9 +17,10 @@ import copy
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from ..calls.prompt import common_prefix, encode, generation_prompt_length, render, split_tokens
+from ..calls.prompt import common_prefix
 from ..kv.kv_pool import CacheState, KVPool, shared_prefix_of
 from ..kv.prefix_cache import SharedPrefixes
 from ..kv.prefix_store import PrefixStore, StoredPrompt
@@ -27,6 +28,7 @@ from .decode_stage import DecodeStage, batchable
 from .outbox import Outbox
 from .prefill import PrefillGroup, PrefillState, SlicePolicy, pick
 from .turn import Turn
+from .turn_prompt import PromptMaker
 
 
 class PrefillStage:
@@ -42,18 +44,20 @@ class PrefillStage:
         trimmable: bool,
         store: PrefixStore | None = None,
         make_cache: Callable[[], list[Any]] | None = None,
+        prompts: PromptMaker | None = None,
     ) -> None:
         """`decode`: where a turn goes at its end (the model, tokenizer and config are its);
         `trimmable`: False for hybrid caches (see `_prepare_cache`); `store`: the disk tier under the
         shared prefixes (None: memory only); `make_cache`: a fresh prompt cache under the host's
-        `--kv-bits` (None: mlx-lm's own)."""
+        `--kv-bits` (None: mlx-lm's own); `prompts`: what made the turns' prompts (a turn's stored length
+        is measured again with it when the one made with its prompt no longer holds)."""
         self.model, self.tokenizer, self.config = decode.model, decode.tokenizer, decode.config
         self.decode, self.outbox, self._failed, self.pool, self.prefixes = decode, outbox, failed, pool, prefixes
         self._trimmable, self.store, self._make_cache = trimmable, store, make_cache
+        self.prompts = prompts or PromptMaker(self.tokenizer, self.config, trimmable, store)
         self.turns: deque[Turn] = deque()
         self.groups: list[PrefillGroup] = []  # turns prefilled together (see `_sliced`)
         self.policy = SlicePolicy.of(self.config.prefill_slice, self.config.prefill_step_size)  # None: slicing off
-        self._splits: tuple[str, ...] | None = None  # the tokens the tokenizer always splits at
 
     def step(self) -> None:
         """One prefill slice when one is due (sliced), else a chunk or the ready turns into the batch."""
@@ -155,24 +159,24 @@ class PrefillStage:
         """Keep a finished turn's conversation, up to the end of its prompt's last message, in the disk tier
         (`Request.store_prompt`), as far as a new process would tokenize it the same (a reply's tokens as
         generated may differ from its text's): a restarted host's first request goes on from there. Its
-        file replaces the one the session stored at its turn before, which it goes on from."""
+        file replaces the one the session stored at its turn before, which it goes on from. Its length was
+        measured with the turn's prompt, off this thread (`PromptMaker.stored_length`); measured against
+        another stored conversation than the session's now (a race with its last turn's store), it is
+        measured again here."""
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-        state, req, store = turn.state, turn.request, self.store
-        if store is None or not self._trimmable or not state.prompt_cache:
+        state, store, prompts = turn.state, self.store, self.prompts
+        if store is None or not prompts.stores(turn.request) or not state.prompt_cache:
             return
         if not can_trim_prompt_cache(state.prompt_cache):  # a recurrent layer: no shorter start to store
             return
-        last = state.stored  # what it goes on from, if it does: its file is replaced
-        prior = (
-            last
-            if last and last.n_tokens < len(turn.ids) and store.path_for(turn.ids[: last.n_tokens]) == last.path
-            else None
-        )
-        text = render(
-            self.tokenizer, req.messages, req.tools, generation_prompt=False, template_kwargs=req.template_kwargs
-        )
-        n, whole = self._stored_length(turn.ids, text, prior)
+        assert turn.prompt is not None  # made at submit
+        measured = turn.prompt.stored
+        if measured is None or not measured.holds_for(state.stored):
+            measured = prompts.stored_length(turn.request, turn.ids, state.stored)
+        elif measured.last is not state.stored:  # measured from the whole text: what it goes on from now
+            measured = replace(measured, prior=prompts.prior(turn.ids, state.stored))
+        n, whole, prior = measured.n, measured.whole, measured.prior
         if n > (held := state.prompt_cache[0].offset):
             n, whole = held, False
         if n <= len(turn.prefix) or not store.wants(turn.ids[:n]) or (prior is not None and n <= prior.n_tokens):
@@ -180,41 +184,15 @@ class PrefillStage:
         head = copy.deepcopy(state.prompt_cache)  # views: the store copies what it writes
         trim_prompt_cache(head, head[0].offset - n)
         store.save(turn.ids[:n], head, replaces=prior.path if prior is not None else None)
-        state.stored = StoredPrompt(store.path_for(turn.ids[:n]), n, text, whole)
-
-    def _stored_length(self, ids: list[int], text: str, last: StoredPrompt | None) -> tuple[int, bool]:
-        """How many of `ids` a new process tokenizes the same from `text` (a conversation up to its last
-        message), and whether that is all of text's tokens. Where the text goes on from `last` (the
-        session's stored conversation, which `ids` go on from) at a token the tokenizer always splits at
-        (`split_tokens`), only the text after it is tokenized, and a stored conversation that stopped
-        short (a reply tokenized otherwise than its text) stops there again without tokenizing anything:
-        a long conversation is not tokenized again at every turn on the mlx thread."""
-        if self._splits is None:
-            self._splits = split_tokens(self.tokenizer)
-        before = start = 0
-        if (
-            last is not None
-            and last.text
-            and text.startswith(last.text)
-            and text.startswith(self._splits, len(last.text))
-        ):
-            if not last.whole:
-                return last.n_tokens, False
-            before, start = last.n_tokens, len(last.text)
-        fresh = encode(self.tokenizer, text[start:])
-        n = before + common_prefix(ids[before:], fresh)
-        return n, n == before + len(fresh)
+        state.stored = StoredPrompt(store.path_for(turn.ids[:n]), n, measured.text, whole)
 
     def _plan_stops(self, turn: Turn) -> list[tuple[int, str]]:
         stops: list[tuple[int, str]] = []
         prefix = turn.prefix
         if prefix and turn.prefill.pos <= len(prefix) and prefix not in self.prefixes:
             stops.append((len(prefix), "prefix"))
-        if self.config.reuse and not self._trimmable:
-            req = turn.request
-            snap = len(turn.ids) - generation_prompt_length(
-                self.tokenizer, req.messages, req.tools, req.template_kwargs
-            )
+        snap = turn.prompt.reply_at if turn.prompt is not None else None  # made with the prompt
+        if self.config.reuse and not self._trimmable and snap is not None:
             if 0 < snap and turn.prefill.pos <= snap:
                 stops.append((snap, "snapshot"))
         stops.append((len(turn.ids) - 1, "end"))

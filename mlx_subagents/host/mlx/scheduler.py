@@ -24,10 +24,10 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ...errors import PromptTooLongError
-from ..calls.prompt import build_prompt, encode, longest_token, make_render_state, render
 from ..kv.kv_pool import CacheState, KVPool, KVShape
 from ..kv.prefix_cache import SharedPrefixes
 from ..kv.prefix_store import PrefixStore
@@ -39,6 +39,7 @@ from .decode_stage import DecodeStage
 from .outbox import Outbox, Outputs
 from .prefill_stage import PrefillStage
 from .turn import Turn
+from .turn_prompt import Basis, PromptMaker
 
 __all__ = ["Scheduler", "SchedulerConfig"]
 
@@ -74,8 +75,6 @@ class Scheduler:
         `make_cache`: a fresh prompt cache under the host's `--kv-bits` (None: mlx-lm's own);
         `call_format`: (grammar kind, start, end) of the model's calls (None: no call grammar)."""
         self.tokenizer, self.config, self.pool = tokenizer, config, pool
-        # Characters per token a prompt can have at most, twice over (a normalizer may change a few).
-        self._chars_per_token = 2 * longest_token(tokenizer)
         self._jobs_waiting = jobs_waiting or (lambda: False)
         self.waiting: deque[Turn] = deque()
         self.prefixes = SharedPrefixes(pool=pool)
@@ -93,8 +92,9 @@ class Scheduler:
             sliced,
             pool,
         )
+        self.prompts = PromptMaker(tokenizer, config, trimmable, store)  # used on any thread
         self.prefill = PrefillStage(
-            self.decode, self.outbox, self._fail, pool, self.prefixes, trimmable, store, make_cache
+            self.decode, self.outbox, self._fail, pool, self.prefixes, trimmable, store, make_cache, self.prompts
         )
         self.admission = Admission(
             pool,
@@ -111,23 +111,18 @@ class Scheduler:
     # -- entry points (mlx thread) --------------------------------------------
 
     def submit(self, turn: Turn) -> Outputs:
-        """Tokenize and queue a turn; serialized mode runs it to completion here. Returns what its
+        """Queue a turn, with its prompt as made before (`turn_prompt.py`) if its session still holds what
+        that was made from, else made here; serialized mode runs it to completion here. Returns what its
         caller was handed meanwhile (as `step` does)."""
         try:
-            req = turn.request
-            turn.ids, turn.text = build_prompt(
-                self.tokenizer,
-                req.messages,
-                req.tools,
-                turn.state.render,
-                turn.state.token_ids,
-                req.template_kwargs,
-                max_chars=self._chars_per_token * self.config.context_window,
-                given=req.given,
-            )
+            req, state, prompt = turn.request, turn.state, turn.prompt
+            if prompt is None or not prompt.fits(state):
+                prompt = turn.prompt = self.prompts.make(req, Basis.of(state))
+            turn.ids, turn.text = prompt.ids, prompt.text
             turn.max_tokens = self._fit(len(turn.ids), turn.request.max_tokens)
-            if turn.state.prompt_cache is None and turn.state.spill_path is None:  # nothing of its own to reuse
-                turn.prefix = self._prefix_ids(turn) or []
+            if state.prompt_cache is None and state.spill_path is None:  # nothing of its own to reuse
+                prefix = prompt.prefix if prompt.prefix is not None else self.prompts.prefix_ids(req, turn.ids)
+                turn.prefix = prefix or []
         except Exception as exc:
             self.outbox.end(turn, error=exc)
             return self.outbox.sent()
@@ -291,19 +286,6 @@ class Scheduler:
 
         return any(isinstance(c, OverPrefix) for c in self.prefill.fresh_cache())
 
-    def _prefix_ids(self, turn: Turn) -> list[int] | None:
-        """The tokens of the system prompt and tools, when the prompt starts with them."""
-        messages = turn.request.messages
-        if not (self.config.reuse and self.config.share_prefix and messages and messages[0].get("role") == "system"):
-            return None
-        req = turn.request
-        text = render(
-            self.tokenizer, messages[:1], req.tools, generation_prompt=False, template_kwargs=req.template_kwargs
-        )
-        prefix = encode(self.tokenizer, text)
-        ok = 0 < len(prefix) < len(turn.ids) - 1 and turn.ids[: len(prefix)] == prefix
-        return prefix if ok else None
-
     # -- leaving ------------------------------------------------------------------
 
     def _drop_cancelled(self) -> None:
@@ -332,7 +314,8 @@ class Scheduler:
         # A cut reply's caller keeps only the text that reached it (not the tokens still in the outbox):
         # no splicing onto it, the next prompt reuses the ids it shares with what was kept.
         cut = finish == "cancelled"
-        state.render = None if cut else make_render_state(req.messages, req.tools, turn.text, finish == "stop")
+        assert turn.prompt is not None  # made at submit
+        state.render = None if cut else replace(turn.prompt.render, ended_with_eos=finish == "stop")
         if not self.config.reuse:  # keep the ids (same prompts as with reuse), drop the cache
             state.prompt_cache, state.snapshot = None, None
         self.pool.park(turn.name, state)

@@ -17,6 +17,7 @@ from .drafted import DraftCounts, DraftedStream
 from .drafts import LookupDrafter
 from .prefill import PrefillState
 from .single import SingleStream
+from .turn_prompt import TurnPrompt
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,8 @@ class OutboxState:
 @dataclass(eq=False)  # compared by identity: a turn holds caches, not values
 class Turn:
     """A request for one reply on its way through the scheduler's stages. What the caller asked
-    (`request`, `cancel`, `sink`) and its prompt (`ids`, `text`, `max_tokens`, set once when it is
-    submitted) never change; each stage writes only its own part: the waiting stage (the scheduler
+    (`request`, `cancel`, `sink`) and its prompt (`prompt`, as its caller made it off the mlx thread or
+    the scheduler at submit; `ids`, `text`, `max_tokens`, set once when it is submitted) never change; each stage writes only its own part: the waiting stage (the scheduler
     and admission) `prefix` and `waited`, the prefill stage `prefill`, the decode stage `decode`, the
     outbox `out`. A waiting turn has neither a prefill nor a decode state; a prefilling one a prefill
     state only; a decoding one its decode state, the prefill state then a record."""
@@ -131,6 +132,7 @@ class Turn:
     request: Request
     cancel: threading.Event
     sink: OutputSink | None = None  # None: its outputs only in what `Scheduler.step` returns
+    prompt: TurnPrompt | None = None  # made before submit (off the mlx thread), or at submit
     ids: list[int] = field(default_factory=list)
     text: str = ""
     max_tokens: int = 0
