@@ -243,7 +243,7 @@ def validated(kind: type[M], body: dict[str, Any], reference: str) -> M:
         if len(loc) > 1 and len(set(members)) > 1 and all(isinstance(m, str) for m in members):
             given = repr(errors[0]["input"])
             given = given if len(given) <= 60 else f"{given[:57]}..."
-            loc, message = loc[:-1], f"{given} is none of the accepted forms ({', '.join(members)})"
+            loc, message = loc[:-1], f"{given} is none of the accepted forms ({', '.join(dict.fromkeys(members))})"
         where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".") or "body"
         raise ApiError(400, f"{where}: {message}; see the {reference} reference", where) from None
 

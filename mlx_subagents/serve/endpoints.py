@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 from ..host.protocol import ModelHost
 from ..models.catalog import list_models
 from ..runs.tasks import ModelRef
+from ..text import squash
 from .anthropic_api import count_tokens_request, parse_messages
 from .api_errors import Api, ApiError
 from .asgi_io import Disconnect, EventStream, read_json, send_json
@@ -89,6 +90,7 @@ class ApiFront:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"].rstrip("/"), scope["method"]
+        shown = squash(path)  # a path's line breaks (%0a) break no message's one line, forge no log line
         anthropic = "anthropic-version" in _headers(scope)
         api: Api = "anthropic" if anthropic and path.startswith("/v1/models") else api_of(path)
         try:
@@ -97,8 +99,8 @@ class ApiFront:
             elif (method, path) not in ROUTES:
                 methods = [m for m, p in ROUTES if p == path]
                 if methods:
-                    raise ApiError(405, f"{method} {path} is not served; use {' or '.join(methods)}")
-                raise ApiError(404, f"not found: {method} {path}; this server serves {PATHS}")
+                    raise ApiError(405, f"{method} {shown} is not served; use {' or '.join(methods)}")
+                raise ApiError(404, f"not found: {method} {shown}; this server serves {PATHS}")
             elif path == "/v1/models":
                 await send_json(send, 200, await self.models(anthropic=anthropic))
             elif path == "/v1/messages/count_tokens":
@@ -106,7 +108,7 @@ class ApiFront:
             else:
                 await self.answer(api, self._parsers[path], scope, receive, send)
         except ApiError as exc:
-            log.warning("HTTP %s %s answered %d: %s", method, path, exc.status, exc.message)
+            log.warning("HTTP %s %s answered %d: %s", method, shown, exc.status, squash(exc.message))
             await send_json(send, exc.status, exc.body(api))
 
     # -- models ------------------------------------------------------------------------------------

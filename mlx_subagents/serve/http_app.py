@@ -49,6 +49,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import SubagentError
 from ..mcp_server.server import AgentsServer, make_server
+from ..text import squash
 from .api_errors import ApiError
 from .asgi_io import send_json
 from .clients import DISCONNECTED
@@ -112,7 +113,7 @@ class Guard:
         refusal = await self.refusal(Request(scope), chat)
         if refusal is not None:
             status, text = refusal
-            log.warning("HTTP %s %s refused (%d): %s", scope.get("method"), scope.get("path"), status, text)
+            log.warning("HTTP %s %s refused (%d): %s", scope.get("method"), squash(scope["path"]), status, text)
             headers = {"WWW-Authenticate": 'Bearer realm="mlx-subagents"'} if status == 401 else None
             if chat:
                 await send_json(send, status, ApiError(status, text).body(api_of(scope["path"])), headers)
@@ -129,7 +130,7 @@ class Guard:
 
         async def logged(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] >= 400:  # malformed, too large, ...
-                log.warning("HTTP %s %s answered %d", scope.get("method"), scope.get("path"), message["status"])
+                log.warning("HTTP %s %s answered %d", scope.get("method"), squash(scope["path"]), message["status"])
             await send(message)
 
         await self.app(scope, receive, logged)

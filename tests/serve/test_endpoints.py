@@ -331,6 +331,17 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
         anthropic.Anthropic(base_url=base, api_key="wrong").messages.create(model=model, max_tokens=8, messages=user)
     assert an.messages.create(model=model, max_tokens=8, messages=user).content[0].text == "fine"  # x-api-key
 
+    nested: Any = {"type": "text", "text": 5}
+    for _ in range(3):
+        nested = {"type": "tool_result", "tool_use_id": "c", "content": [nested]}
+    status, error = post(
+        "/v1/messages", {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": [nested]}]}
+    )
+    assert (status, error["error"]["message"]) == (
+        400,
+        "messages[0].content: [{'type': 'tool_result', 'tool_use_id': 'c', 'content': [... is none of the accepted "
+        "forms (str, list[Block]); see the Messages API reference",
+    )  # each form once, however deep the blocks nest (a form a level: 3,500 characters at 300 levels)
     tool = {"name": "f", "input_schema": {"type": "object"}}
     status, error = post("/v1/messages", {"model": model, "max_tokens": 8, "messages": user, "tools": [tool, tool]})
     assert (status, error["error"]["message"]) == (
@@ -365,3 +376,14 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
     )
     status, error = post("/v1/embeddings", {})
     assert status == 404 and error["error"]["message"].startswith("not found: POST /v1/embeddings; this server serves")
+    # A path's line breaks (percent-encoded) neither break an error's one line nor forge a line in the log, with
+    # the token or without it (any local process can send one).
+    status, error = post("/v1/x%0d%0a2026-01-01%2000:00:00,000%20INFO%20forged", {})
+    assert status == 404 and error["error"]["message"].startswith(
+        "not found: POST /v1/x 2026-01-01 00:00:00,000 INFO forged;"
+    )
+    status, _ = post("/v1/y%0aINFO%20forged", {}, {"Authorization": ""})
+    assert status == 401
+    assert [
+        line for line in serve_paths().log.read_text().splitlines() if "forged" in line and "HTTP POST" not in line
+    ] == []
