@@ -27,6 +27,9 @@ ANTHROPIC_TYPES = {
     500: "api_error",
     503: "overloaded_error",
 }
+# How the Messages API begins the message of a prompt over the context window: Claude Code knows the
+# error by it (its own "Prompt is too long", to compact or trim), where it shows any other as an API error.
+PROMPT_TOO_LONG = "prompt is too long: "
 # The OpenAI error type of each status (what its API answers).
 OPENAI_TYPES = {
     400: "invalid_request_error",
@@ -57,9 +60,12 @@ class ApiError(Exception):
     def body(self, api: Api) -> dict[str, Any]:
         """The JSON body of the error, as `api`'s SDKs read it."""
         if api == "anthropic":
+            message = self.message
+            if self.code == "context_length_exceeded":
+                message = f"{PROMPT_TOO_LONG}{message}"
             return {
                 "type": "error",
-                "error": {"type": ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message},
+                "error": {"type": ANTHROPIC_TYPES.get(self.status, "api_error"), "message": message},
             }
         kind = OPENAI_TYPES.get(self.status, "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}

@@ -259,6 +259,11 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
     )
     assert (status, error["error"]["code"], error["error"]["param"]) == (400, "context_length_exceeded", "messages")
     assert "does not fit the context window of 400 tokens" in error["error"]["message"]
+    # Anthropic's own words for it begin the line, by which Claude Code knows it (not an unknown API error).
+    long = {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "x " * 900}]}
+    status, error = post("/v1/messages", long)
+    assert (status, error["error"]["type"]) == (400, "invalid_request_error")
+    assert error["error"]["message"].startswith("prompt is too long: scripted model: prompt of ~")
     bad_tool = {
         "type": "function",
         "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}},
