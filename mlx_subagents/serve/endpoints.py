@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
+from ..host.kv.budget import total_memory
 from ..host.protocol import ModelHost
 from ..models.catalog import list_models
 from ..runs.tasks import ModelRef
@@ -152,8 +153,30 @@ class ApiFront:
                 return await pool.get(ref)
         names = await self.model_names()
         if model and model in names:
+            await self._check_fits(model)
             return await pool.get(ModelRef(model))
         raise _not_served(model, names)
+
+    async def _check_fits(self, model: str) -> None:
+        """Refuse a local model whose weights do not fit in RAM beside the models the server holds: a model
+        loaded stays resident, so a client naming every local model in turn would have it hold them all."""
+        ram = total_memory()
+        info = next((m for m in await asyncio.to_thread(list_models) if model in (m.name, m.path)), None)
+        if not ram or info is None:
+            return
+        held = sum(
+            weights()
+            for h in self.service.pool.hosts.values()
+            if callable(weights := getattr(h, "weights_bytes", None))
+        )
+        if info.size_bytes + held > ram:
+            raise ApiError(
+                503,
+                f"model {model!r} ({info.size_bytes / 2**30:.1f} GiB of weights) does not fit beside the models this "
+                f"server holds ({held / 2**30:.1f} GiB) in this machine's {ram / 2**30:.1f} GiB of RAM; name a model it "
+                f"holds, or restart it with --model {model}",
+                "model",
+            )
 
     # -- turns ---------------------------------------------------------------------------------------
 
