@@ -39,8 +39,17 @@ as the last line. Missing a target still exits 0 (a measurement).
 Run (from the repository root; `nice -n 10` on a shared machine):
 
     python benchmarks/endpoint.py                       # tiny random qwen3, built in a temporary folder
-    python benchmarks/endpoint.py --model smollm2 --turns 3 --tokens 16 --json
-    python benchmarks/endpoint.py --model smollm2 --clients 1 --system-words 400 --turns 3 --tokens 16  # a slow CPU
+    python benchmarks/endpoint.py --model smollm2 --turns 3 --tokens 16 --json     # a Mac
+
+On a Linux CPU a 4-bit model prefills a few tokens a second (mlx's quantized matmul there is a plain
+loop, and its wheel's BLAS the reference one): serve a float32 copy (`--dequantize`, both servers load
+it) through OpenBLAS (Debian's libopenblas0-pthread), and split the run in two if it is long:
+
+    export LD_PRELOAD=/lib/x86_64-linux-gnu/libopenblas.so.0
+    python benchmarks/endpoint.py --model smollm2 --dequantize --clients 1 --turns 3 --tokens 16 --json
+    python benchmarks/endpoint.py --model smollm2 --dequantize --clients 4 --turns 2 --tokens 16 --no-restart --json
+
+The table's second line names the BLAS libraries the servers mapped and `LD_PRELOAD`.
 """
 
 from __future__ import annotations
