@@ -59,7 +59,7 @@ def run_benchmark(script: str, *args: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_throughput_benchmark_json() -> None:
-    report = run_benchmark("throughput.py", "--tokens", "16", "--repeats", "1", "--tokens-at-1", "24", "--pairs", "3")
+    report = run_benchmark("throughput.py", "--tokens", "8", "--repeats", "1", "--tokens-at-1", "12", "--pairs", "3")
 
     assert THROUGHPUT_KEYS <= report.keys()
     assert report["benchmark"] == "throughput" and report["arch"] == "qwen3" and report["forced"] is True
@@ -69,7 +69,7 @@ def test_throughput_benchmark_json() -> None:
         assert set(mode) == {"1", "2", "4"}
         for n, row in mode.items():
             assert THROUGHPUT_ROW_KEYS <= row.keys()
-            assert row["generated_tokens"] == 16 * int(n)
+            assert row["generated_tokens"] == 8 * int(n)
             assert row["decode_tok_s"] > 0 and row["ttft_p50_s"] <= row["ttft_p95_s"]
     assert all(100 <= n <= 300 for n in report["prompt_tokens"])
     assert isinstance(report["ratio_batched_vs_serialized_at_4"], float)
@@ -77,7 +77,7 @@ def test_throughput_benchmark_json() -> None:
     assert report["identical_outputs"] is True
     assert report["exact_token_counts"] is True
     stream = report["stream_generate_at_1"]
-    assert THROUGHPUT_ROW_KEYS <= stream.keys() and stream["generated_tokens"] == 16
+    assert THROUGHPUT_ROW_KEYS <= stream.keys() and stream["generated_tokens"] == 8
     assert report["host_ready_s"] > 0 and report["load_s"] > 0
     assert report["startup_overhead_s"] == round(max(0.0, report["host_ready_s"] - report["load_s"]), 4)
     assert report["ttft_shared_prefix_cached_tokens"] > 0
@@ -88,7 +88,7 @@ def test_throughput_benchmark_json() -> None:
     assert report["targets_met"] == all(t["met"] for t in report["targets"].values())
     # At four sessions, the host against the raw batch next to the raw batch against itself (the null).
     at_4 = report["at_4_pairs"]
-    assert (at_4["tokens"], at_4["pairs"], at_4["identical"]) == (16, 3, True)
+    assert (at_4["tokens"], at_4["pairs"], at_4["identical"]) == (8, 3, True)
     assert (
         set(at_4["ratios"])
         == set(at_4["median"])
@@ -109,7 +109,7 @@ def test_throughput_benchmark_json() -> None:
     # At one session the ratios are the medians of interleaved pairs of longer runs, each round with
     # a null pair (the batched host twice) between the two real ones.
     pairs = report["at_1_pairs"]
-    assert (pairs["tokens"], pairs["pairs"]) == (24, 3)
+    assert (pairs["tokens"], pairs["pairs"]) == (12, 3)
     forward = "stream_generate, batched, batched_again, serialized"
     backward = "serialized, batched_again, batched, stream_generate"
     assert pairs["order"] == [forward, backward, forward]
