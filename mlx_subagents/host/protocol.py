@@ -184,6 +184,9 @@ class GenerateArgs:
         store_prompt: keep the conversation's KV, up to the end of these messages, in the host's disk
             tier too, so that a new process (a restarted server) goes on from it: for a client that
             sends the whole conversation again (the chat endpoints'), not an agent's own session.
+        thought_in_max_tokens: `max_tokens` bounds the thought and the answer together, as the chat
+            APIs' `max_tokens` bounds every generated token: the thought's budget is cut to leave room
+            for its end marker and one token of answer (else the thought comes on top of it).
     """
 
     max_tokens: int = 1024
@@ -197,6 +200,7 @@ class GenerateArgs:
     answer_schema: dict[str, Any] | None = None
     tool_choice: str = "auto"
     store_prompt: bool = False
+    thought_in_max_tokens: bool = False
 
 
 @runtime_checkable

@@ -215,6 +215,7 @@ class TurnRun:
             answer_schema=turn.answer_schema,
             tool_choice=turn.tool_choice,
             store_prompt=True,  # a client may come back to it after a restart
+            thought_in_max_tokens=True,  # both APIs count the thought in max_tokens
         )
 
     def _put(self, event: Event) -> None:

@@ -1,16 +1,22 @@
 """What a chat request asks that this server does not do is refused in one line naming the field, in
 process (the SDKs' view of the same errors is in test_endpoints.py's bad requests): a client that sent
 it would otherwise get another answer than it asked for (a penalty not applied, a prefill answered as a
-new message), and not know it."""
+new message), and not know it. And what a request bounds is bounded: max_tokens, a thought included."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mlx_subagents.host.mlx.mlx_host import MlxModelHost
+from mlx_subagents.runs.hosts import SessionNames
 from mlx_subagents.serve.anthropic_api import count_tokens_request, parse_messages
 from mlx_subagents.serve.api_errors import ApiError
+from mlx_subagents.serve.chat_turn import Finished, start_turn
+from mlx_subagents.serve.conversations import Conversations
 from mlx_subagents.serve.openai_api import parse_chat
 
 USER = [{"role": "user", "content": "hi"}]
@@ -18,6 +24,7 @@ PREFILL = (
     "the conversation ends with an assistant message, which this server does not continue (a prefill); "
     "end it with a user message or a tool result"
 )
+THINK_END = 1544  # the tiny thinking model's `</think>`
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 
@@ -85,3 +92,32 @@ def test_an_anthropic_structured_output_is_the_answers_schema_and_mcp_servers_ar
     assert (
         refused.value.message == "mcp_servers: this server connects to no MCP server; leave it out and send their tools"
     )
+
+
+@pytest.mark.parametrize(
+    ("api", "body"),
+    [
+        ("openai", {"max_tokens": 20, "reasoning_effort": "low"}),
+        ("anthropic", {"max_tokens": 20, "thinking": {"type": "enabled", "budget_tokens": 1024}}),
+    ],
+)
+def test_a_thinking_models_thought_counts_in_the_requests_max_tokens(
+    api: str, body: dict[str, Any], tiny_thinking_path: Path
+) -> None:
+    """Both APIs bound every generated token by max_tokens, the thought's included (OpenAI's
+    max_completion_tokens counts reasoning tokens; Anthropic's budget_tokens is under max_tokens): a
+    client that asked for 20 got the budget's 1,024 thought tokens and 20 more. The tiny thinking model
+    thinks greedily until its budget, which is cut to leave the end marker and one token of answer."""
+    parse = parse_chat if api == "openai" else parse_messages
+    turn = parse({"model": str(tiny_thinking_path), "messages": USER, **body}).turn
+
+    async def go() -> Finished:
+        async with MlxModelHost(str(tiny_thinking_path)) as host:
+            run = await start_turn(host, turn, Conversations(SessionNames()), api, "c1")
+            while not isinstance(event := await run.next(), Finished):
+                pass
+            return event
+
+    reply = asyncio.run(go()).reply
+    assert reply.usage.generated_tokens == len(reply.token_ids) == 20
+    assert reply.token_ids[18] == THINK_END and reply.token_ids.count(THINK_END) == 1 and reply.reasoning

@@ -20,11 +20,16 @@ def make_request(
     chat: ChatFormat, tokenizer: Any, messages: list[Message], args: GenerateArgs, tools: list[ToolSchema] | None
 ) -> tuple[Request, bool]:
     """The turn's request, and whether its prompt opens a thought (a thinking model's generation
-    prompt can): a thought, and its forced end marker, come on top of `max_tokens`."""
+    prompt can): a thought, and its forced end marker, come on top of `max_tokens`, or within it
+    (`thought_in_max_tokens`, its budget cut to leave the marker and one token of answer)."""
     budget = max(0, args.thinking) if chat.thinks else None
     max_tokens = args.max_tokens
-    if budget is not None:  # the thought, and its forced end marker, come on top of the reply limit
-        max_tokens += budget + len(tokenizer.think_end_tokens)
+    if budget is not None:
+        marker = len(tokenizer.think_end_tokens)
+        if args.thought_in_max_tokens:
+            budget = min(budget, max(0, max_tokens - marker - 1))
+        else:  # the thought, and its forced end marker, come on top of the reply limit
+            max_tokens += budget + marker
     opened = chat.opened(budget) if budget is not None else False
     grammar = args.grammar and chat.grammar_kind is not None
     request = Request(
