@@ -9,6 +9,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.calls.prompt import common_prefix, encode, render
 from mlx_subagents.host.kv.prefix_store import list_prefixes
@@ -112,3 +114,62 @@ def test_a_new_process_goes_on_from_a_conversation_stored_at_its_last_message(
     assert warm.token_ids == cold.token_ids and cold.usage.cached_tokens == 0
     assert warm.usage.cached_tokens == second_prompt  # the system prompt, both questions and the first reply
     assert warm.usage.cached_tokens > 0.8 * warm.usage.prompt_tokens
+
+
+def test_a_stored_conversation_is_the_prompts_kv_even_when_its_session_writes_on_at_once(
+    tiny_qwen3_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mlx thread hands the writer views of the session's own buffers (no copy); while the writer still
+    holds them, the session's next turn goes back into the conversation (another question: its cache is
+    cut back into the stored tokens and written over there) and decodes. The file written then holds the
+    prompt's KV as it was at the store, byte for byte (what a copy made at the store holds), and the
+    session's reply is a host's that stores nothing."""
+    import threading
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlx_subagents.host.kv import prefix_store
+    from mlx_subagents.host.kv.kv_bits import load_prompt_cache
+
+    held, copied = prefix_store._held, prefix_store._copied
+    written = threading.Event()  # the writer waits for the session's next turn to end
+    at_store: list[list[bytes]] = []
+
+    def arrays(cache: list[Any]) -> list[bytes]:
+        return [bytes(memoryview(v)) for _, v in tree_flatten([c.state for c in cache]) if isinstance(v, mx.array)]
+
+    def holding(cache: list[Any]) -> Any:  # mlx thread: the views, and what a copy made now holds
+        views = held(cache)
+        at_store.append(arrays(copied(views)))
+        return views
+
+    def waiting(views: Any) -> list[Any]:  # writer thread
+        written.wait(60)
+        return copied(views)
+
+    monkeypatch.setattr(prefix_store, "_held", holding)
+    monkeypatch.setattr(prefix_store, "_copied", waiting)
+    folder = tmp_path / "prefixes"
+    ask = [SYSTEM, {"role": "user", "content": f"{CONTEXT} Where is module 3?"}]
+    other = [SYSTEM, {"role": "user", "content": f"{CONTEXT} Which module reads config/7.toml?"}]
+
+    async def go(**store: Any) -> tuple[Any, Any]:
+        async with MlxModelHost(str(tiny_qwen3_path), **store) as host:
+            session = host.session("c")
+            first = await session.generate(ask, GenerateArgs(max_tokens=8, store_prompt=True))
+            second = await session.generate(other, GenerateArgs(max_tokens=16))
+            written.set()
+            if host.prefix_store is not None:
+                await asyncio.to_thread(host.prefix_store.flush)
+            return first, second
+
+    first, second = asyncio.run(go(prefix_cache_dir=folder, prefix_cache=2**30))
+    _, alone = asyncio.run(go(prefix_cache=0))
+    system, stored = sorted(list_prefixes(folder), key=lambda p: p.n_tokens)  # the system prompt's, the conversation's
+    assert (
+        len(at_store) == 2
+        and system.n_tokens < second.usage.cached_tokens < stored.n_tokens < first.usage.prompt_tokens
+    )
+    assert arrays(load_prompt_cache(str(stored.path))) == at_store[-1]
+    assert second.token_ids == alone.token_ids

@@ -15,9 +15,11 @@ device, the prefill step, the cache kind with its bits and group size, and the e
 the file records that key and a checksum of its arrays, so a stale, foreign or damaged file is never
 used: it is deleted with one warning and the prefix is prefilled again.
 
-Writes never wait on the disk in a decode step: the mlx thread hands evaluated, contiguous arrays
-to a writer thread, which writes a temporary file and renames it (a reader never sees half a file),
-then deletes the least recently used files past the bound. A folder that cannot be written turns
+Writes never wait on the disk, nor on a copy, in a decode step: the mlx thread hands the writer
+thread evaluated views of the cache's buffers, cut to its tokens (`_held`: nothing copied; mlx copies a
+buffer a view still holds before the session writes into it), and the writer makes them contiguous
+(the one copy), writes a temporary file and renames it (a reader never sees half a file), then deletes
+the least recently used files past the bound. A folder that cannot be written turns
 the tier off with one warning; the run goes on.
 
 Only files this store wrote are ever deleted (by eviction or `cache clear`): a name it gives
@@ -44,13 +46,16 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from ...errors import DamagedStateError, RequestError
 from ...home import state_home
 from ...userfiles import linked_part, open_regular
+
+if TYPE_CHECKING:
+    from .kinds import CacheKind
 
 log = logging.getLogger("mlx_subagents.prefix_cache")
 
@@ -151,35 +156,65 @@ def _checksum(cache: list[Any]) -> str:
     return f"{crc:08x}"
 
 
-def _sliced(cache: list[Any]) -> list[Any]:
-    """A copy holding exactly what the cache holds: buffers cut to their offset, contiguous and evaluated."""
+# What a cache holds, as the mlx thread hands it to the writer: each layer's kind and its state, as views.
+Held = list[tuple["CacheKind", list[Any]]]
+
+
+def _upto(tensor: Any, n: int) -> Any:
+    """`tensor` cut to its first `n` tokens (quantized: packed values, scales and biases each cut alike)."""
     import mlx.core as mx
 
-    def contiguous(values: list[Any]) -> list[Any]:
-        return [mx.contiguous(v) if isinstance(v, mx.array) else v for v in values]
+    return tensor[..., :n, :] if isinstance(tensor, mx.array) else tuple(p[..., :n, :] for p in tensor)
 
-    def upto(tensor: Any, n: int) -> Any:  # quantized: (packed, scales, biases), each cut alike
-        return tensor[..., :n, :] if isinstance(tensor, mx.array) else tuple(p[..., :n, :] for p in tensor)
+
+def _contiguous(values: list[Any]) -> list[Any]:
+    import mlx.core as mx
+
+    return [mx.contiguous(v) if isinstance(v, mx.array) else v for v in values]
+
+
+def _held(cache: list[Any]) -> Held:
+    """What the cache holds, for the writer thread (mlx thread): each layer's kind and state, its buffers
+    cut to their offset, as views of the cache's own buffers, evaluated here (a slice shares its buffer:
+    nothing is copied). The session writes its buffers in place after this (mlx-lm's slice assignment),
+    but mlx writes in place only into a buffer no other array holds: while a view holds it, the write
+    copies it first (the session's, on this thread), so a view keeps what it saw."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_map
+
+    from .kinds import kind_of
 
     def length(tensor: Any) -> int:
         return int((tensor if isinstance(tensor, mx.array) else tensor[0]).shape[2])
 
-    from .kinds import kind_of
-
-    out = []
+    held = []
     for layer in cache:
-        state = list(layer.state)
+        # Its own lists: a recurrent layer's state is the list the layer itself goes on writing.
+        state = list(tree_map(lambda v: v, list(layer.state)))
         kind = kind_of(layer)
         assert kind is not None  # a stored cache's kinds are known (`cache_kind`)
         # A dense buffer grows in steps past its offset; a sliding window's too until it first wraps.
         if kind.grows(layer) and layer.keys is not None and layer.offset < length(layer.keys):
-            state[0], state[1] = upto(layer.keys, layer.offset), upto(layer.values, layer.offset)
-        state = contiguous(state)
+            state[0], state[1] = _upto(layer.keys, layer.offset), _upto(layer.values, layer.offset)
+        held.append((kind, state))
+    mx.eval([v for _, v in tree_flatten([state for _, state in held]) if isinstance(v, mx.array)])
+    return held
+
+
+def _copied(held: Held) -> list[Any]:
+    """The layers `_held` gave, holding exactly what they held, contiguous and evaluated (writer thread:
+    the one copy a stored prefix costs, made here from arrays the mlx thread evaluated, never from one
+    it left pending, which another thread cannot evaluate)."""
+    import mlx.core as mx
+
+    out = []
+    for kind, views in held:
+        state = _contiguous(views)
         if kind.packed:  # its tensors (and a shared prefix's after them) are triples
-            state = [tuple(contiguous(list(v))) if isinstance(v, (tuple, list)) else v for v in state]
+            state = [tuple(_contiguous(list(v))) if isinstance(v, (tuple, list)) else v for v in state]
         if kind.size == "fixed":  # its state is (the list of recurrent arrays, padding, lengths)
-            state[0] = contiguous(state[0])
-        out.append(type(layer).from_state(state))
+            state[0] = _contiguous(state[0])
+        out.append(kind.cls.from_state(state))
     mx.eval([c.state for c in out])
     return out
 
@@ -329,7 +364,7 @@ def evict(folder: Path, max_bytes: int, now: float | None = None) -> int:
 class PrefixStore:
     """The disk tier of one host: finds, loads and (through its writer thread) saves prefix files.
 
-    `load` and `save` run on the mlx thread; the writer thread only writes evaluated arrays.
+    `load` and `save` run on the mlx thread; the writer thread copies and writes arrays it evaluated.
 
     Args:
         identity: what every key of this host shares besides the cache kind (model files, versions,
@@ -356,7 +391,7 @@ class PrefixStore:
         self.min_tokens = min_tokens
         self.enabled = max_bytes > 0
         self.loads = self.writes = self.rejected = 0
-        self._queue: queue.SimpleQueue[tuple[Path, list[Any] | None, dict[str, str], Path | None] | None] = (
+        self._queue: queue.SimpleQueue[tuple[Path, Held | None, dict[str, str], Path | None] | None] = (
             queue.SimpleQueue()
         )
         self._pending = 0
@@ -459,14 +494,14 @@ class PrefixStore:
         return None
 
     def save(self, ids: list[int], cache: list[Any], replaces: Path | None = None) -> None:
-        """Queue a copy of `cache` (holding exactly `ids`) for the writer; the mlx thread only copies.
-        `replaces`: a file of this store the new one supersedes (a conversation's at its turn before),
+        """Queue what `cache` holds (exactly `ids`) for the writer, as views of its buffers: the mlx thread
+        copies nothing, the writer makes the one copy it writes (`_held`, `_copied`). `replaces`: a file of this store the new one supersedes (a conversation's at its turn before),
         deleted once the new file is in place (or at once, when the new one is stored already)."""
         if not self.wants(ids):
             return
         path = self.path_for(ids)
-        sliced = None if path.exists() else _sliced(cache)
-        if sliced is None and replaces is None:
+        held = None if path.exists() else _held(cache)
+        if held is None and replaces is None:
             return
         meta = {"key": self.key(ids), "model": self.model, "n_tokens": str(len(ids)), "format": FORMAT_VERSION}
         with self._idle:
@@ -474,16 +509,16 @@ class PrefixStore:
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="prefix-writer", daemon=True)
             self._writer.start()
-        self._queue.put((path, sliced, meta, replaces))
+        self._queue.put((path, held, meta, replaces))
 
     # -- writer thread ------------------------------------------------------------
 
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:
             try:
-                path, cache, meta, replaces = item
-                if self.enabled and cache is not None:
-                    self._write(path, cache, meta)
+                path, held, meta, replaces = item
+                if self.enabled and held is not None:
+                    self._write(path, _copied(held), meta)
                 if replaces is not None and replaces != path and path.exists() and self._owns(replaces):
                     replaces.unlink(missing_ok=True)
             except Exception as exc:

@@ -181,7 +181,7 @@ class PrefillStage:
             n, whole = held, False
         if n <= len(turn.prefix) or not store.wants(turn.ids[:n]) or (prior is not None and n <= prior.n_tokens):
             return
-        head = copy.deepcopy(state.prompt_cache)  # views: the store copies what it writes
+        head = copy.deepcopy(state.prompt_cache)  # views: the store's writer copies what it writes
         trim_prompt_cache(head, head[0].offset - n)
         store.save(turn.ids[:n], head, replaces=prior.path if prior is not None else None)
         state.stored = StoredPrompt(store.path_for(turn.ids[:n]), n, measured.text, whole)
