@@ -50,13 +50,13 @@ def test_tool_calls_benchmark_turns_a_random_models_started_calls_into_valid_one
 
 
 def test_throughput_grammar_pair_reports_the_ratio_at_1_and_4_sessions() -> None:
-    report = run_benchmark("throughput.py", "--grammar-pair", "--tokens", "16", "--repeats", "1")
+    report = run_benchmark("throughput.py", "--grammar-pair", "--tokens", "8", "--repeats", "1")
     assert set(report["results"]) == {"1", "4"}
     assert {k for k in report if k.startswith("grammar_")} == {
         f"grammar_{kind}_{n}" for kind in ("decode_ratio", "cpu_ratio", "paired", "null", "null_range") for n in (1, 4)
     }
     arms = ("off", "on", "again")
-    assert [report["results"][n][a]["generated_tokens"] for n in ("1", "4") for a in arms] == [16] * 3 + [64] * 3
+    assert [report["results"][n][a]["generated_tokens"] for n in ("1", "4") for a in arms] == [8] * 3 + [32] * 3
     assert report["identical_outputs"] is True
     for n in (1, 4):  # one round: the null's range is its one ratio, the median too
         low, high = report[f"grammar_null_range_{n}"]
