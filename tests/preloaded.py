@@ -5,13 +5,18 @@ multiprocessing's `forkserver`, for a program a tool runs by command line).
     with preloaded(["mlx_subagents.cli", "mcp"]) as python:  # `python` stands for `[sys.executable]`
         subprocess.run([*python, "driver.py", "URL"])  # driver.py runs in a fork of the preloaded process
 
-The command is a small client (`python -S preloaded.py SOCKET SCRIPT ARGS...`, standard library only)
+The command is a small client (`python -S preloaded.py SOCKET SCRIPT ARGS...`, or `-m MODULE ARGS...`,
+standard library only)
 that hands its stdin, stdout and stderr, environment, folder and arguments to the preloaded process
 over a Unix socket; that process forks, and the child runs SCRIPT as `__main__` on those streams, as
-`python SCRIPT ARGS...` would, then sends back its exit code, which the client exits with. If the
-client ends first (killed), the child gets SIGTERM. The preloaded process starts no thread (forking
-one with threads is unsafe); it waits for its children as they end, and for all of them when it is
-stopped (SIGTERM), so that their CPU time counts as the test's.
+`python SCRIPT ARGS...` would, then sends back its exit code (a line), which the client exits with.
+If the client ends first (killed), the child gets SIGTERM. The preloaded process starts no thread
+(forking one with threads is unsafe); it waits for its children as they end, and for all of them when
+it is stopped (SIGTERM), so that their CPU time counts as the test's.
+
+What a module works out at its import is the preloaded process's, from its environment and streams
+(rich's consoles: their width, whether to colour): use it for programs whose streams are pipes or
+files, as its own are, never a terminal (the conformance driver's chats run `subagent` anew).
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ NO_CODE = 70  # the child ended without sending its exit code (killed): EX_SOFTW
 @contextlib.contextmanager
 def preloaded(modules: list[str], env: dict[str, str] | None = None) -> Iterator[list[str]]:
     """The preloaded process, with `modules` imported, for the block: yields the command prefix that
-    stands for `python` (`[*prefix, SCRIPT, ARGS...]`)."""
+    stands for `python` (`[*prefix, SCRIPT, ARGS...]`). `env`: its environment (by default ours), best
+    the one its children will have, for what modules read at their import."""
     folder = tempfile.mkdtemp(prefix="preloaded-")  # short: a socket's path has at most 107 bytes
     path = os.path.join(folder, "socket")
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", path, *modules],
         stdout=subprocess.PIPE,
-        env={**os.environ, **(env or {})},
+        env=os.environ if env is None else env,
     )
     try:
         assert server.stdout is not None
@@ -68,6 +74,8 @@ def preloaded(modules: list[str], env: dict[str, str] | None = None) -> Iterator
 
 def serve(path: str, modules: list[str]) -> None:
     """Import `modules`, then fork a child for each client that connects to `path`, forever."""
+    if sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # tests/, where `acp` is tests/acp, not the ACP SDK
     for name in modules:
         __import__(name)
     assert threading.active_count() == 1, f"importing {modules} started threads: {threading.enumerate()}"
@@ -130,13 +138,16 @@ def _child(conn: socket.socket, fds: list[int], request: dict[str, object]) -> N
     os.environ.update(request["env"])  # type: ignore[arg-type]
     _new_stdio()
     os.chdir(request["cwd"])  # type: ignore[arg-type]
-    script, *args = request["argv"]  # type: ignore[misc]
-    sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    argv: list[str] = request["argv"]  # type: ignore[assignment]
     threading.Thread(target=_end_with_the_client, args=(conn,), daemon=True).start()
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        if argv[0] == "-m":  # `python -m MODULE ARGS`: the folder first on the path, argv[0] the module's file
+            sys.argv, sys.path[0] = argv[1:], os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv, sys.path[0] = argv, os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         if not isinstance(exc.code, int | None):
@@ -148,7 +159,7 @@ def _child(conn: socket.socket, fds: list[int], request: dict[str, object]) -> N
     sys.stdout.flush()
     sys.stderr.flush()
     with contextlib.suppress(OSError):
-        conn.sendall(str(code).encode())
+        conn.sendall(f"{code}\n".encode())  # a line: a fork of the child may hold the socket open
     os._exit(code)
 
 
@@ -180,16 +191,17 @@ def _end_with_the_client(conn: socket.socket) -> None:
 
 
 def client(path: str, argv: list[str]) -> int:
-    """Run `argv` (a script and its arguments) in a fork of the preloaded process at `path`."""
+    """Run `argv` (a script and its arguments, or `-m MODULE` and its) in a fork of the preloaded
+    process at `path`."""
     request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(path)
         socket.send_fds(conn, [HEADER.pack(len(request))], [0, 1, 2])
         conn.sendall(request)
         code = b""
-        while chunk := conn.recv(64):
+        while not code.endswith(b"\n") and (chunk := conn.recv(64)):
             code += chunk
-    if not code:
+    if not code.endswith(b"\n"):
         print(f"preloaded: {argv[0]} ended without an exit code (killed)", file=sys.stderr)
         return NO_CODE
     return int(code)

@@ -39,6 +39,17 @@ from acp.schema import (
 from tests.helpers import REPO
 
 SHUTDOWN = {"shutdown_timeout": 20.0}
+# What `subagent acp` imports, for the preloaded process `editor` forks the agent from (about 2 s of CPU an
+# agent otherwise): `preloaded_agent` in conftest.py holds one for each test file here.
+PRELOAD = [
+    "mlx_subagents.cli", "mlx_subagents.cli.commands.acp", "mlx_subagents.cli.attach", "mlx_subagents.acp.stdio",
+    "mlx_subagents.acp.agent", "mlx_subagents.acp.session", "mlx_subagents.runs.runner",
+    "mlx_subagents.runs.execution", "mlx_subagents.runs.prepare", "mlx_subagents.host.scripted",
+    "mlx_subagents.tools.mcp", "acp",
+]  # fmt: skip
+# What stands for `python` when `editor` starts `subagent acp` (a preloaded process's command while
+# `preloaded_agent` holds one).
+AGENT_PYTHON = [sys.executable]
 
 
 def agent_env() -> dict[str, str]:
@@ -147,13 +158,15 @@ class EditorClient:
 
 @asynccontextmanager
 async def editor(client: EditorClient, *args: str, command: list[str] | None = None) -> AsyncIterator[Any]:
-    """`subagent acp ARGS` (or `command`) started and initialized; the connection."""
-    argv = command or ["-m", "mlx_subagents.cli", "acp", *args]
+    """`subagent acp ARGS` (in a fork of the preloaded process, if any), or `python COMMAND`, started and
+    initialized; the connection."""
+    python, *first = [sys.executable] if command else AGENT_PYTHON
+    argv = [*first, *(command or ["-m", "mlx_subagents.cli", "acp", *args])]
     # The agent saves and closes what runs when its stdin closes: under load that takes more than the
     # SDK's 2 s before it terminates the process (and may race its exit: ProcessLookupError).
     # The SDK (0.12.1) still calls elicitation/create unstable; ACP made it stable in 2026-07.
     spawn = acp.spawn_agent_process(
-        client, sys.executable, *argv, env=agent_env(), transport_kwargs=SHUTDOWN, use_unstable_protocol=True
+        client, python, *argv, env=agent_env(), transport_kwargs=SHUTDOWN, use_unstable_protocol=True
     )
     async with spawn as (conn, _process):
         conn.initialized = await conn.initialize(protocol_version=1, client_capabilities=client.capabilities())

@@ -1,5 +1,6 @@
-"""`subagent acp`: the real agent process over stdio, driven by the ACP SDK's own client side, on
-scripted models (and the tiny real model where the KV cache is what is counted)."""
+"""`subagent acp`: the real agent process over stdio (a fork of a process that imported it already:
+conftest.py), driven by the ACP SDK's own client side, on scripted models (and the tiny real model,
+started anew, where the KV cache is what is counted)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from mlx_subagents.runs.transcripts import load_run, read_transcript
 from mlx_subagents.tools.editor import REJECTED
 from tests.acp.helpers import EditorClient, agent_env, editor, run, worker_turn
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_agent")]
 
 
 def test_a_prompt_streams_text_thinking_and_tool_calls_in_order(tmp_path: Path, write_script: Any) -> None:

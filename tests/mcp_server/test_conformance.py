@@ -8,6 +8,7 @@ server's URL."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def suite() -> Suite:
 def driver(suite: Suite) -> Iterator[list[str]]:
     """The command the suite runs for a client scenario: `subagent`, set up and driven by the driver,
     each scenario in a fork of one process that imported what `subagent` needs (about 2 s of CPU each)."""
-    with preloaded(PRELOAD, env={"PYTHONPATH": str(REPO)}) as python:
+    with preloaded(PRELOAD, env={**os.environ, "PYTHONPATH": str(REPO)}) as python:
         yield [*python, str(DRIVER)]
 
 
