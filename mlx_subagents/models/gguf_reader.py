@@ -13,7 +13,6 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from ..errors import ModelImportError
 
@@ -41,5 +40,10 @@ def reused(reader: Any, gguf: Path) -> Iterator[None]:
             return reader
         return opened(path, *args, **kwargs)
 
-    with mock.patch.object(core, "GGUFReader", open_reader):
+    # gguf2mlx's public convert() takes a path only; the name its module opens files by is swapped for
+    # the conversion and put back, whatever happens (the import runs once, in the command's thread).
+    core.GGUFReader = open_reader
+    try:
         yield
+    finally:
+        core.GGUFReader = opened
