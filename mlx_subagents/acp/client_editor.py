@@ -32,6 +32,7 @@ from acp.schema import (
 )
 from pydantic import ValidationError
 
+from ..deadlines import within
 from ..errors import ToolError
 from ..text import one_line
 from ..tools.editor import Approval, CommandOutput, current_call
@@ -211,7 +212,7 @@ class ClientEditor:
         where = {"session_id": self.session_id, "terminal_id": terminal}
         try:
             try:
-                exited = await asyncio.wait_for(self.conn.wait_for_terminal_exit(**where), timeout)
+                exited = await within(self.conn.wait_for_terminal_exit(**where), timeout)
                 code = exited.exit_code if exited.exit_code is not None else (-1 if exited.signal else 0)
             except asyncio.TimeoutError:
                 await self.conn.kill_terminal(**where)

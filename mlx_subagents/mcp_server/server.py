@@ -48,6 +48,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from .. import __version__
+from ..deadlines import within
 from ..errors import SubagentError
 from ..events import EventSink
 from ..results import stop_reason
@@ -140,7 +141,7 @@ class AgentsServer:
         if self.runner is not None:
             self.runner.cancel(reason=reason)
         try:
-            await asyncio.wait_for(self._idle.wait(), wait)
+            await within(self._idle.wait(), wait)
         except asyncio.TimeoutError:
             log.warning("%d call(s) still running after %gs; stopping anyway", self._calls, wait)
 

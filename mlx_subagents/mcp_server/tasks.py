@@ -20,6 +20,7 @@ import mcp_types as types
 from pydantic import BaseModel, Field, ValidationError
 
 from ..caps import MAX_ANSWER_BYTES, utf8_head
+from ..deadlines import within
 from ..results import TaskStatus
 from ..runs.board import TaskBoard
 from ..tools import background
@@ -181,7 +182,7 @@ class ServerTasks:
     async def cancel(self, params: CancelParams) -> types.CallToolResult:
         handle = self.board.stop(params.id, CANCELLED_BY_CLIENT)
         try:  # its bash processes are killed as it unwinds: answer once that is done
-            await asyncio.wait_for(asyncio.shield(handle.join()), CANCEL_WAIT)
+            await within(asyncio.shield(handle.join()), CANCEL_WAIT)
         except asyncio.TimeoutError:
             pass
         status = handle.snapshot()

@@ -25,6 +25,7 @@ from typing import Any, Protocol, cast
 
 from ..agents.inbox import Delivery, Inbox
 from ..agents.session import AgentSession
+from ..deadlines import within
 from ..errors import TaskStateError
 from ..events import Event, EventData, EventKind, EventSink, TaskCancelData, ToolCallData
 from ..host.protocol import Message, TextCallback
@@ -223,7 +224,7 @@ class TaskHandle:
         if not self.alive or generation is None:
             return self.result
         try:
-            await asyncio.wait_for(generation.done.wait(), timeout)
+            await within(generation.done.wait(), timeout)
         except asyncio.TimeoutError:
             return None
         return self.result

@@ -47,6 +47,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..deadlines import within
 from ..errors import SubagentError
 from ..mcp_server.server import AgentsServer, make_server
 from ..text import squash
@@ -300,7 +301,7 @@ class HttpServer:
     async def stop(self) -> None:
         self.server.should_exit = True
         try:
-            await asyncio.wait_for(asyncio.shield(self.task), GRACEFUL_S + 2)
+            await within(asyncio.shield(self.task), GRACEFUL_S + 2)
         except asyncio.TimeoutError:
             self.server.force_exit = True
             self.task.cancel()

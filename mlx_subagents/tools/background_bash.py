@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from ..deadlines import within
 from ..errors import TaskStateError
 from ..results import RunResult, StopReason, TaskStatus
 from ..text import one_line
@@ -209,7 +210,7 @@ class CommandTask:
     async def wait(self, timeout: float | None = None) -> RunResult | None:
         """Wait up to `timeout` seconds for it to end (a command has no `RunResult`)."""
         try:
-            await asyncio.wait_for(self._done.wait(), timeout)
+            await within(self._done.wait(), timeout)
         except asyncio.TimeoutError:
             pass
         return None

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..deadlines import within
 from ..errors import McpAuthError, McpConfigError
 from ..text import one_line
 from .base import Tool, ToolResult, cap_lines, clip_line, error_result
@@ -147,7 +148,7 @@ class McpConnection:
         """Start the server and list its tools within its start-up time-out; raise `McpConfigError` (one line) if not."""
         self._task = asyncio.create_task(self._serve(), name=f"mcp {self.config.name}")
         try:
-            await asyncio.wait_for(asyncio.shield(self._ready), self.config.startup_timeout)
+            await within(asyncio.shield(self._ready), self.config.startup_timeout)
         except TimeoutError:
             await self.stop()
             raise McpConfigError(
@@ -270,7 +271,7 @@ class McpConnection:
             return error_result(f"{where} is not running ({self.error}); use other tools")
         try:
             async with self.requests.calling(caller):
-                result = await asyncio.wait_for(self._client.call_tool(name, arguments), self.config.timeout)
+                result = await within(self._client.call_tool(name, arguments), self.config.timeout)
         except TimeoutError:
             return error_result(
                 f"{tool_name(self.config.name, name)} did not answer within {self.config.timeout:g} s; "

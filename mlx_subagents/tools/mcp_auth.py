@@ -39,6 +39,7 @@ import mcp_types as types
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthMetadata, OAuthToken
 
+from ..deadlines import within
 from ..errors import McpAuthError, SubagentError
 from ..home import make_state_dir, state_home, write_whole
 from ..text import one_line
@@ -223,7 +224,7 @@ class Callback:
         """The code the browser brings back; a second authorization in the same sign-in (the server moved to
         another authorization server, more scope) waits for the browser's next return, not this one."""
         try:
-            return await asyncio.wait_for(asyncio.shield(self._result), timeout)
+            return await within(asyncio.shield(self._result), timeout)
         except asyncio.TimeoutError:
             raise McpAuthError(
                 f"MCP server '{self.name}': the browser did not come back to {self.redirect_uri} within {timeout:g} s"
@@ -239,8 +240,8 @@ class Callback:
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = (await asyncio.wait_for(reader.readline(), 10)).decode("latin-1").split()
-            while (await asyncio.wait_for(reader.readline(), 10)).strip():
+            line = (await within(reader.readline(), 10)).decode("latin-1").split()
+            while (await within(reader.readline(), 10)).strip():
                 pass  # the headers: nothing in them is needed
             url = urlparse(line[1] if len(line) > 1 else "/")
             query = {k: v[0] for k, v in parse_qs(url.query).items()}

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..deadlines import within
 from ..errors import McpRequestError
 from ..events import ElicitationData, EventData, EventKind, SamplingData
 from ..text import one_line
@@ -177,7 +178,7 @@ class ServerRequests:
             return
         self.session = session
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._listed.wait(), FIRST_ROOTS_WAIT_S)
+            await within(self._listed.wait(), FIRST_ROOTS_WAIT_S)
 
     async def _share_roots(self, workspace: Path) -> None:
         """Make the roots the calling agents' workspaces when `workspace` is not among them, tell the
@@ -197,7 +198,7 @@ class ServerRequests:
             return
         if self._ever_listed:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._listed.wait(), ROOTS_WAIT_S)
+                await within(self._listed.wait(), ROOTS_WAIT_S)
 
     # -- sampling ----------------------------------------------------------------------------------------
 

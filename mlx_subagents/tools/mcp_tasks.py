@@ -21,6 +21,8 @@ import mcp_types as types
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from pydantic import ConfigDict, Field
 
+from ..deadlines import within
+
 EXTENSION = "io.modelcontextprotocol/tasks"
 TERMINAL = ("completed", "failed", "cancelled")
 MIN_POLL_S = 0.2
@@ -92,11 +94,11 @@ async def settle(session: Any, handle: TaskHandle, timeout: float | None = None)
     seconds (None: as long as the caller waits), `TaskFailed` for a failed or cancelled task.
     Cancelled or out of time, it asks the server to cancel the task first."""
     try:
-        return await asyncio.wait_for(_poll(session, handle), timeout)
+        return await within(_poll(session, handle), timeout)
     except (asyncio.TimeoutError, asyncio.CancelledError):
         with contextlib.suppress(Exception):  # the server gone: nothing to stop
             cancel = CancelTask(params=TaskIdParams(taskId=handle.task_id))
-            await asyncio.shield(asyncio.wait_for(session.send_request(cancel, types.EmptyResult), CANCEL_WAIT_S))
+            await asyncio.shield(within(session.send_request(cancel, types.EmptyResult), CANCEL_WAIT_S))
         raise
 
 

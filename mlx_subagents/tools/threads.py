@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, TypeVar
 
+from ..deadlines import within
 from ..errors import ToolError
 
 T = TypeVar("T")
@@ -56,7 +57,7 @@ async def run_in_thread(fn: Callable[..., T], *args: Any, timeout: float, what: 
 
     threading.Thread(target=target, name=f"tool {what}", daemon=True).start()
     try:
-        return await asyncio.wait_for(future, timeout)
+        return await within(future, timeout)
     except asyncio.TimeoutError:
         raise ToolError(f"{what} took longer than {timeout:g}s and was stopped; narrow the request") from None
     finally:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import openai
 
+from ...deadlines import within
 from ...errors import EngineError, SubagentError
 from ..calls.formats.hermes import hermes
 from ..protocol import (
@@ -199,7 +200,7 @@ class EngineHost:
         """The models the engine lists, within `start_timeout`; on the probe, an engine that cannot be
         reached, refuses the key, does not answer or answers with a page is fatal."""
         try:
-            return await asyncio.wait_for(self._read_listing(), self.start_timeout)
+            return await within(self._read_listing(), self.start_timeout)
         except asyncio.TimeoutError:
             if probe:
                 raise EngineError(
@@ -343,7 +344,7 @@ class EngineSession:
         self.cut = None
         started = time.perf_counter()
         try:
-            await asyncio.wait_for(self._stream(request, partial, started, wire, tools), host.reply_timeout)
+            await within(self._stream(request, partial, started, wire, tools), host.reply_timeout)
         except asyncio.TimeoutError:
             self.cut = None  # not a cancellation: the reply failed
             raise EngineError(

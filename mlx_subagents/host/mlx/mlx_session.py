@@ -11,6 +11,7 @@ import threading
 from dataclasses import replace
 from typing import Any, Protocol
 
+from ...deadlines import within
 from ..calls.chat_format import ChatFormat
 from ..kv.kv_pool import CacheState, KVPool
 from ..protocol import GenerateArgs, Message, Reply, ToolSchema, Usage
@@ -110,7 +111,7 @@ class MlxSession:
         except asyncio.CancelledError:
             cancel.set()  # the scheduler ends the turn at its next step and hands back what it spent
             with contextlib.suppress(Exception):
-                self.cut = (await asyncio.wait_for(future, CUT_WAIT_S)).usage
+                self.cut = (await within(future, CUT_WAIT_S)).usage
             raise
         if visible is not None:
             visible.flush()
