@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from ..errors import ModelImportError
 
@@ -40,10 +41,5 @@ def reused(reader: Any, gguf: Path) -> Iterator[None]:
             return reader
         return opened(path, *args, **kwargs)
 
-    # gguf2mlx's public convert() takes a path only; the name its module opens files by is swapped for
-    # the conversion and put back, whatever happens (the import runs once, in the command's thread).
-    core.GGUFReader = open_reader
-    try:
+    with mock.patch.object(core, "GGUFReader", open_reader):
         yield
-    finally:
-        core.GGUFReader = opened
