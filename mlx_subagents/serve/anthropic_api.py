@@ -20,7 +20,6 @@ from pydantic import Field
 from ..host.protocol import Message, Reply, Usage
 from .api_errors import ApiError
 from .chat_turn import (
-    PREFILL,
     ChatTurn,
     Event,
     Finished,
@@ -32,6 +31,7 @@ from .chat_turn import (
     chosen_tool,
     function_tool,
     named_once,
+    refuse_prefill,
     stop_sequences,
     validated,
     visible_content,
@@ -111,8 +111,7 @@ def parse_messages(body: dict[str, Any]) -> MessageShape:
     request = validated(MessagesRequest, body, "Messages API")
     if request.mcp_servers is not None:
         raise ApiError(400, "mcp_servers: this server connects to no MCP server; leave it out and send their tools")
-    if request.messages[-1].role == "assistant":
-        raise ApiError(400, f"messages[{len(request.messages) - 1}]: {PREFILL}")
+    refuse_prefill(request.messages)
     choice = request.tool_choice
     return MessageShape(_turn(request), single_call=choice is not None and choice.disable_parallel_tool_use)
 

@@ -306,6 +306,13 @@ def named_once(tools: list[ToolSchema], name_at: str) -> list[ToolSchema]:
     return tools
 
 
+def refuse_prefill(messages: list[Any]) -> None:
+    """Refuse a conversation whose last message is the assistant's (`PREFILL`), in either API."""
+    if messages and messages[-1].role == "assistant":
+        where = f"messages[{len(messages) - 1}]"
+        raise ApiError(400, f"{where}: {PREFILL}", where)
+
+
 def stop_sequences(stops: list[str], where: str) -> tuple[str, ...]:
     """A request's stop sequences, at most `MAX_STOPS` of at most `MAX_STOP_CHARS` characters each."""
     if len(stops) > MAX_STOPS:
@@ -357,7 +364,6 @@ async def _cut_short(generating: asyncio.Future[Reply], conv: Conversation) -> U
 
 
 __all__ = [
-    "PREFILL",
     "ChatTurn",
     "Event",
     "Finished",

@@ -19,7 +19,6 @@ from pydantic import Field
 from ..host.protocol import DEFAULT_THINKING_TOKENS, Message, Reply, ToolCall, Usage
 from .api_errors import ApiError
 from .chat_turn import (
-    PREFILL,
     ChatTurn,
     Event,
     Finished,
@@ -31,6 +30,7 @@ from .chat_turn import (
     chosen_tool,
     function_tool,
     named_once,
+    refuse_prefill,
     stop_sequences,
     validated,
     visible_content,
@@ -187,9 +187,7 @@ def _refuse_unserved(request: ChatRequest) -> None:
     for field, asked, why in checks:
         if asked:
             raise ApiError(400, f"{field}: {why}", field)
-    if request.messages[-1].role == "assistant":
-        where = f"messages[{len(request.messages) - 1}]"
-        raise ApiError(400, f"{where}: {PREFILL}", where)
+    refuse_prefill(request.messages)
 
 
 def _tools(request: ChatRequest) -> tuple[list[dict[str, Any]] | None, str]:
