@@ -191,10 +191,10 @@ class PrefillStage:
         prefix = turn.prefix
         if prefix and turn.prefill.pos <= len(prefix) and prefix not in self.prefixes:
             stops.append((len(prefix), "prefix"))
-        snap = turn.prompt.reply_at if turn.prompt is not None else None  # made with the prompt
-        if self.config.reuse and not self._trimmable and snap is not None:
-            if 0 < snap and turn.prefill.pos <= snap:
-                stops.append((snap, "snapshot"))
+        # Where a hybrid model's snapshot goes, made with the prompt (None: reuse off, or a trimmable cache).
+        snap = turn.prompt.reply_at if turn.prompt is not None else None
+        if snap is not None and 0 < snap and turn.prefill.pos <= snap:
+            stops.append((snap, "snapshot"))
         stops.append((len(turn.ids) - 1, "end"))
         return sorted(stops)
 
