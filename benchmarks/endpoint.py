@@ -242,18 +242,27 @@ def follow(messages: list[dict[str, Any]], reply: dict[str, Any], user: str) -> 
 
 
 def chat(
-    server: Server, seed: int, turns: int, tokens: int, words: int, out: list[dict[str, Any]], prefill: Prefill | None
+    server: Server,
+    seed: int,
+    turns: int,
+    tokens: int,
+    words: int,
+    out: list[dict[str, Any]],
+    prefill: Prefill | None,
+    start: float,
 ) -> None:
     """One client's whole conversation; with `prefill`, each later turn's prefill timed here right after it
-    (`paused`: the round's clock stops meanwhile)."""
+    (`paused`: the round's clock stops meanwhile). Each row says when its request was sent (`sent`, seconds
+    after the round's `start`, a `perf_counter`), for the rounds' breakdown."""
     import openai
 
     client = openai.OpenAI(base_url=server.base, api_key=server.key, max_retries=0, timeout=3600)
     system, users = conversation(seed, turns, words)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": users[0]}]
     for i in range(turns):
+        sent = time.perf_counter() - start
         done = turn(client, server.name, messages, tokens)
-        row = {"client": seed, "turn": i, **{k: v for k, v in done.items() if k != "reply"}}
+        row = {"client": seed, "turn": i, "sent": sent, **{k: v for k, v in done.items() if k != "reply"}}
         if prefill is not None and i > 0:
             tic = time.perf_counter()
             row["prefill"] = prefill.seconds(done["cached"], done["prompt"] - done["cached"])
@@ -311,7 +320,9 @@ def round_of(
     server = Server(kind, model, work / f"{kind}-{k}")
     rows: list[dict[str, Any]] = []
     tic = time.perf_counter()
-    threads = [threading.Thread(target=chat, args=(server, i, turns, tokens, words, rows, prefill)) for i in range(k)]
+    threads = [
+        threading.Thread(target=chat, args=(server, i, turns, tokens, words, rows, prefill, tic)) for i in range(k)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -330,6 +341,7 @@ def round_of(
         "copies": server.stopped_copies,
         "blas": server.blas,
         "prompt_tokens": [r["prompt"] for r in rows],
+        "by_turn": by_turn(rows, turns),
         **(
             {
                 "new_later": statistics.median(r["prompt"] - r["cached"] for r in timed),
@@ -340,6 +352,24 @@ def round_of(
             else {}
         ),
     }
+
+
+def by_turn(rows: list[dict[str, Any]], turns: int) -> list[dict[str, Any]]:
+    """Each turn of the conversations (turn 1: every client's first, ...): its TTFTs (lowest, median,
+    highest), the prompt tokens its requests sent and how many of them the server prefilled (not cached),
+    and the spread of their arrivals (seconds from the first request sent of that turn to the last)."""
+    out = []
+    for i in range(turns):
+        mine = [r for r in rows if r["turn"] == i]
+        ttfts = sorted(r["ttft"] for r in mine)
+        out.append({
+            "turn": i + 1,
+            "ttft_s": [round(ttfts[0], 3), round(statistics.median(ttfts), 3), round(ttfts[-1], 3)],
+            "prompt": sum(r["prompt"] for r in mine),
+            "prefilled": sum(r["prompt"] - r["cached"] for r in mine),
+            "arrivals_s": round(max(r["sent"] for r in mine) - min(r["sent"] for r in mine), 3),
+        })  # fmt: skip
+    return out
 
 
 def restart_case(kind: str, model: str, work: Path, tokens: int, words: int) -> dict[str, Any]:
@@ -413,6 +443,13 @@ def table(report: dict[str, Any]) -> str:
                 f"{r['tok_s']:>7.1f} {r['peak_rss'] / 2**20:>5.0f} MiB {r['copies'] if r['copies'] is not None else '-'}"
             )
         lines.append(f"    subagent/mlx_lm: TTFT later {row['ttft_later_ratio']}x, tok/s {row['tok_s_ratio']}x")
+        for kind in ("subagent", "mlx_lm"):
+            turns = "; ".join(
+                f"{t['turn']}: TTFT {t['ttft_s'][0]:.2f}/{t['ttft_s'][1]:.2f}/{t['ttft_s'][2]:.2f}s, prefilled "
+                f"{t['prefilled']} of {t['prompt']}, sent within {t['arrivals_s']:.2f}s"
+                for t in row[kind]["by_turn"]
+            )
+            lines.append(f"    {kind} by turn (TTFT lowest/median/highest): {turns}")
         ours, theirs = row["subagent"], row["mlx_lm"]
         if "prefill_later_s" in ours and "prefill_later_s" in theirs:
             each = ", ".join(
