@@ -124,7 +124,7 @@ def run_cli(name: str, task: str, model: str, home: Path, cwd: Path, *extra: str
 
 
 def measure(model: str, model_dir: Path, work: Path) -> dict[str, object]:
-    from mlx_subagents.host.kv.prefix_store import list_prefixes
+    from mlx_subagents.host.kv.prefix_files import list_prefixes
 
     home, cwd = work / "home", work / "ws"
     (home / "agents").mkdir(parents=True)

@@ -64,7 +64,7 @@ def read_prefix_cache(text: str | None) -> int | None:
     """`--prefix-cache` in bytes, 0 for off (the host's `parse_prefix_cache`), None when not set."""
     if text is None:
         return None
-    from ..host.kv.prefix_store import parse_prefix_cache
+    from ..host.kv.prefix_files import parse_prefix_cache
 
     return parse_prefix_cache(text)
 

@@ -13,7 +13,7 @@ from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost, drafts_said, hos
 from ..host.calls.grammar import Grammars
 from ..host.kv.budget import total_memory
 from ..host.kv.kv_pool import KVShape, TurnSize, admission_bytes
-from ..host.kv.prefix_store import list_prefixes, prefix_cache_dir
+from ..host.kv.prefix_files import list_prefixes, prefix_cache_dir
 from ..host.mlx.prefill import describe
 from ..host.mlx.resident import free_memory, residents
 from ..host.scripted import ScriptedHost

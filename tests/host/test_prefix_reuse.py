@@ -13,7 +13,7 @@ import pytest
 
 from mlx_subagents.host import GenerateArgs, MlxModelHost
 from mlx_subagents.host.calls.prompt import common_prefix, encode, render
-from mlx_subagents.host.kv.prefix_store import list_prefixes
+from mlx_subagents.host.kv.prefix_files import list_prefixes
 from mlx_subagents.testing import ForcedScripts
 
 SYSTEM = {"role": "system", "content": "You are a scout. " + " ".join(f"Rule {n}: report paths." for n in range(40))}
@@ -132,7 +132,7 @@ def test_a_stored_conversation_is_the_prompts_kv_even_when_its_session_writes_on
     from mlx_subagents.host.kv import prefix_store
     from mlx_subagents.host.kv.kv_bits import load_prompt_cache
 
-    held, copied = prefix_store._held, prefix_store._copied
+    held, copied = prefix_store.held, prefix_store.copied
     written = threading.Event()  # the writer waits for the session's next turn to end
     at_store: list[list[bytes]] = []
 
@@ -148,8 +148,8 @@ def test_a_stored_conversation_is_the_prompts_kv_even_when_its_session_writes_on
         written.wait(60)
         return copied(views)
 
-    monkeypatch.setattr(prefix_store, "_held", holding)
-    monkeypatch.setattr(prefix_store, "_copied", waiting)
+    monkeypatch.setattr(prefix_store, "held", holding)
+    monkeypatch.setattr(prefix_store, "copied", waiting)
     folder = tmp_path / "prefixes"
     ask = [SYSTEM, {"role": "user", "content": f"{CONTEXT} Where is module 3?"}]
     other = [SYSTEM, {"role": "user", "content": f"{CONTEXT} Which module reads config/7.toml?"}]

@@ -14,14 +14,8 @@ import pytest
 
 from mlx_subagents.errors import RequestError
 from mlx_subagents.host import GenerateArgs, MlxModelHost
-from mlx_subagents.host.kv.prefix_store import (
-    TEMP_PREFIX,
-    PrefixStore,
-    clear_prefixes,
-    evict,
-    list_prefixes,
-    prefix_cache_dir,
-)
+from mlx_subagents.host.kv.prefix_files import TEMP_PREFIX, clear_prefixes, evict, list_prefixes, prefix_cache_dir
+from mlx_subagents.host.kv.prefix_store import PrefixStore
 from tests.helpers import spawn_cli, task_text
 
 SYSTEM = "You are a scout. " + " ".join(f"Rule {i}: read file number {i} with care." for i in range(40))

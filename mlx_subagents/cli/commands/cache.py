@@ -19,7 +19,7 @@ def cache(as_json: JsonOpt = False) -> None:
 
     Example: subagent cache --json
     """
-    from ...host.kv.prefix_store import list_prefixes, prefix_cache_dir
+    from ...host.kv.prefix_files import list_prefixes, prefix_cache_dir
 
     found = list_prefixes(warn=warn)
     if as_json:
@@ -42,7 +42,7 @@ def cache_clear() -> None:
 
     Example: subagent cache clear
     """
-    from ...host.kv.prefix_store import clear_prefixes, prefix_cache_dir
+    from ...host.kv.prefix_files import clear_prefixes, prefix_cache_dir
 
     n, freed = clear_prefixes(warn=warn)
     err.print(f"deleted {n} prefixes ({freed / 2**20:.1f} MiB) from {prefix_cache_dir()}")

@@ -21,7 +21,8 @@ from ..kv import budget
 from ..kv.budget import DEFAULT_MAX_SESSIONS, SharedKVBudget, default_kv_budget, parse_bytes
 from ..kv.kv_bits import KVSetting
 from ..kv.kv_pool import DEFAULT_DROP_BELOW_TOKENS, KVPool, KVShape
-from ..kv.prefix_store import PrefixStore, default_max_bytes, model_identity, prefix_cache_dir
+from ..kv.prefix_files import default_max_bytes, prefix_cache_dir
+from ..kv.prefix_store import PrefixStore, model_identity
 from ..protocol import (
     DEFAULT_THINKING_TOKENS,
     Message,
