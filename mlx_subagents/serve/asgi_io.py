@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from starlette.types import Message, Receive, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from .api_errors import ApiError
 
@@ -24,9 +24,14 @@ MAX_BODY_BYTES = 32 * 2**20
 SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-async def read_json(receive: Receive, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+async def read_json(scope: Scope, receive: Receive, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
     """The request's body as a JSON object; what is over `limit`, not JSON or not an object is refused
-    (413 or 400) with a line saying so."""
+    (413 or 400) with a line saying so. A body that says it is over the limit (its Content-Length) is
+    refused before any of it is read (a client that asked `Expect: 100-continue` sends none); one that
+    does not say (chunked) is refused as soon as what came is over it, never held whole."""
+    declared = next((v for k, v in scope.get("headers", []) if k.lower() == b"content-length"), b"")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
     body = bytearray()
     while True:
         message = await receive()
@@ -34,7 +39,7 @@ async def read_json(receive: Receive, limit: int = MAX_BODY_BYTES) -> dict[str, 
             raise asyncio.CancelledError  # nobody is left to answer
         body += message.get("body", b"")
         if len(body) > limit:
-            raise ApiError(413, f"the request body is over {limit // 2**20} MiB; send a shorter conversation")
+            raise too_large(limit)
         if not message.get("more_body", False):
             break
     try:
@@ -55,6 +60,10 @@ async def read_json(receive: Receive, limit: int = MAX_BODY_BYTES) -> dict[str, 
                 "send text as UTF-8 or each surrogate with its pair",
             ) from None
     return data
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is over {limit // 2**20} MiB; send a shorter conversation")
 
 
 async def send_json(send: Send, status: int, data: Any, headers: dict[str, str] | None = None) -> None:

@@ -105,7 +105,7 @@ class ApiFront:
             elif path == "/v1/models":
                 await send_json(send, 200, await self.models(anthropic=anthropic))
             elif path == "/v1/messages/count_tokens":
-                await send_json(send, 200, await self.count_tokens(await read_json(receive)))
+                await send_json(send, 200, await self.count_tokens(await read_json(scope, receive)))
             else:
                 await self.answer(api, self._parsers[path], scope, receive, send)
         except ApiError as exc:
@@ -195,7 +195,7 @@ class ApiFront:
 
     async def answer(self, api: Api, parse: Parse, scope: Scope, receive: Receive, send: Send) -> None:
         """One chat request: parsed, run as a turn, answered whole or streamed; cancelled if its client goes."""
-        shape = parse(await read_json(receive))
+        shape = parse(await read_json(scope, receive))
         host = await self.host_for(shape.turn.model)
         client = self.client(api, scope)
         run = await start_turn(host, shape.turn, self.conversations, api, client.id)

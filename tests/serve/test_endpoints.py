@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -370,11 +372,33 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
     assert error["error"]["message"].startswith(
         "forbidden: the Origin header 'http://evil.example' is not this server's"
     )
-    status, error = post("/v1/messages", {"pad": "x" * (33 * 2**20)})
-    assert (status, error["error"]) == (
+    # A body over the limit is refused before it is read when its Content-Length says so (none of it sent here),
+    # and as it streams in when chunked (refused at 32 MiB of a 64 MiB body, not held whole).
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.putrequest("POST", "/v1/messages")
+    for name, value in {"Authorization": f"Bearer {token}", "Content-Length": str(33 * 2**20)}.items():
+        connection.putheader(name, value)
+    connection.endheaders()
+    response = connection.getresponse()
+    assert (response.status, json.loads(response.read())["error"]) == (
         413,
         {"type": "request_too_large", "message": "the request body is over 32 MiB; send a shorter conversation"},
     )
+    connection.close()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        mib = 0
+        while not select.select([sock], [], [], 0)[0] and mib < 64:
+            sock.sendall(b"100000\r\n" + b" " * 2**20 + b"\r\n")
+            mib += 1
+        chunked = http.client.HTTPResponse(sock)
+        chunked.begin()
+        assert (chunked.status, json.loads(chunked.read())["error"]["code"]) == (413, None)
+    assert 32 <= mib < 48, f"{mib} MiB were sent before the answer"
     assert post("/v1/chat/completions", "", method="GET") == (
         405,
         openai_error("GET /v1/chat/completions is not served; use POST"),
