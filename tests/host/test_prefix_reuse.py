@@ -173,3 +173,42 @@ def test_a_stored_conversation_is_the_prompts_kv_even_when_its_session_writes_on
     )
     assert arrays(load_prompt_cache(str(stored.path))) == at_store[-1]
     assert second.token_ids == alone.token_ids
+
+
+@pytest.mark.parametrize("prefill_slice", ["auto", "off"])
+def test_new_conversations_sent_together_prefill_the_start_they_share_once(
+    tiny_qwen3_path: Path, prefill_slice: str
+) -> None:
+    """Four new conversations sent at once whose prompts share a start of about 1,000 tokens that no
+    system prompt marks (one long user message, a different question at its end): the first turn in
+    prefills it and leaves it a shared prefix at the end of what they share; the other three wait for
+    that one prefill and start from it. The shared tokens are prefilled once, not four times, and held
+    once; every reply's tokens are those of a host that shares nothing. Sliced or not (`--prefill-slice
+    off` hands the ready turns to mlx-lm's batch together)."""
+    preamble = " ".join(f"Note {n}: module {n} reads config/{n}.toml." for n in range(56))
+
+    def ask(i: int) -> list[Any]:
+        return [{"role": "user", "content": f"{preamble} Question {i}: where is module {i * 7}?"}]
+
+    async def go(share: bool) -> tuple[list[Any], int, Any]:
+        host = MlxModelHost(str(tiny_qwen3_path), share_prefix=share, prefix_cache=0, prefill_slice=prefill_slice)
+        async with host:
+            replies = await asyncio.gather(
+                *(host.session(f"s{i}").generate(ask(i), GenerateArgs(max_tokens=6)) for i in range(4))
+            )
+            ids = [prompt_ids(host, ask(i)) for i in range(4)]
+            common = min(common_prefix(ids[0], other) for other in ids[1:])
+            caches = [host._scheduler.pool.idle(f"s{i}").prompt_cache for i in range(4)]  # type: ignore[union-attr]
+            return list(replies), common, {layer.shared for cache in caches for layer in cache}
+
+    shared, common, entries = asyncio.run(go(True))
+    private, _, _ = asyncio.run(go(False))
+    assert common >= 1000  # the preamble, and the question's first words
+    assert sorted(r.usage.cached_tokens for r in shared) == [0, common, common, common]
+    assert [r.usage.cached_tokens for r in private] == [0, 0, 0, 0]
+    prompts = sum(r.usage.prompt_tokens for r in shared)
+    assert sum(r.usage.prefilled_tokens for r in shared) == prompts - 3 * common  # the shared start once
+    assert sum(r.usage.prefilled_tokens for r in private) == prompts
+    [entry] = entries  # all four sessions' layers start from one entry of exactly those tokens
+    assert entry is not None and entry.length == common
+    assert [r.token_ids for r in shared] == [r.token_ids for r in private]

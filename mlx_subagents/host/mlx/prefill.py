@@ -52,7 +52,7 @@ class PrefillState:
     cache: list[Any] | None = None  # its own cache (None: not opened yet, in a group, or handed over)
     n_cached: int = 0  # prompt tokens its cache held when opened
     pos: int = 0  # prompt tokens its cache holds
-    stops: list[tuple[int, str]] = field(default_factory=list)  # (position, "prefix" | "snapshot" | "end")
+    stops: list[tuple[int, str]] = field(default_factory=list)  # (position, "prefix" | "shared" | "snapshot" | "end")
     group: PrefillGroup | None = None  # prefilled with others as one padded batch (its cache is the group's)
     fresh: bool = True  # no slice of its last prompt segment yet (it may still join a group)
     token_s: float = 0.0  # its last solo slice's seconds per token

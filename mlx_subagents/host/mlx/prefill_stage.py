@@ -5,7 +5,8 @@ shared prefix or a hybrid model's snapshot, and its stops: a new shared prefix t
 its end), so that a shared prefix computed by the turn before is already there. A session's first
 turn starts from the longest start of its prompt held anywhere, by content (`_start_by_content`): a
 shared prefix, another idle session's conversation (made a shared prefix, held once for both), or a
-file of the disk tier. Unsliced
+file of the disk tier; one whose start another turn in its prefill shares (new conversations sent
+together) waits for that one prefill of it, made a shared prefix (`_waits_for_shared`). Unsliced
 (`--prefill-slice off`) it feeds a chunk per step, or hands every ready turn to mlx-lm's batch at once;
 sliced, it feeds one slice when the decoders have had their share (`prefill.py`: the policy, whose
 prompt, groups of turns prefilled as one padded batch). A turn at its end goes to the decode stage.
@@ -29,6 +30,10 @@ from .outbox import Outbox
 from .prefill import PrefillGroup, PrefillState, SlicePolicy, pick
 from .turn import Turn
 from .turn_prompt import PromptMaker
+
+# The stops at which a turn leaves a shared prefix: its agent's system prompt and tools ("prefix", also
+# stored on disk), or the start a new conversation sent beside it shares with it ("shared", memory only).
+SHARING = ("prefix", "shared")
 
 
 class PrefillStage:
@@ -243,6 +248,9 @@ class PrefillStage:
         """
         ready: list[Turn] = []
         for turn in list(self.turns):
+            if turn.prefill.cache is None and self._waits_for_shared(turn, ready):
+                # The turn it waits for has a stop before its end now: the ones before it are the ready ones.
+                return ready[: next(i for i, t in enumerate(ready) if t.prefill.stops[0][1] != "end")]
             try:
                 if turn.prefill.cache is None:
                     self._open(turn)
@@ -275,10 +283,10 @@ class PrefillStage:
         if turn.prefill.pos < stop:
             return
         turn.prefill.stops.pop(0)
-        if action == "prefix":  # the turn goes on from the entry: the prefix is held once, for it and the next
+        if action in SHARING:  # the turn goes on from the entry: the prefix is held once, for it and the next
             turn.prefill.cache = turn.state.prompt_cache = self.prefixes.add(turn.ids[:stop], turn.prefill.cache)
             turn.prefill.shared = shared_prefix_of(turn.prefill.cache)
-            if self.store is not None:
+            if action == "prefix" and self.store is not None:
                 self.store.save(turn.ids[:stop], turn.prefill.cache)  # a copy; the writer thread does the disk
         elif action == "snapshot":
             turn.state.snapshot = (stop, self.pool.register(copy.deepcopy(turn.prefill.cache)))
@@ -325,7 +333,9 @@ class PrefillStage:
         opened: list[Turn] = []
         for turn in list(self.turns):
             if turn.prefill.cache is None and turn.prefill.group is None:
-                if any(action == "prefix" for t in opened for _, action in t.prefill.stops):
+                if any(action in SHARING for t in opened for _, action in t.prefill.stops):
+                    break
+                if self._waits_for_shared(turn, opened):
                     break
                 try:
                     self._open(turn)
@@ -334,6 +344,33 @@ class PrefillStage:
                     continue
             opened.append(turn)
         return opened
+
+    def _waits_for_shared(self, turn: Turn, opened: list[Turn]) -> bool:
+        """Whether `turn`, a new conversation not opened yet, waits for the one prefill of the start it
+        shares with an opened turn (two clients' requests with the same long start, sent together): that
+        turn stops at the end of the shared part (a "shared" stop, `_chunk`) and leaves it as a shared
+        prefix, which `turn` then starts from (`_start_by_content`), so those tokens are prefilled and
+        held once. Only while the other's prefill has not passed that point (after it, `turn` prefills
+        its own), on caches that hold a shared prefix once, and for at least `MIN_SHARED_TOKENS` more
+        than the shared prefixes already cover."""
+        from ..kv.prefixed_cache import MIN_SHARED_TOKENS, OverPrefix
+
+        config, state = self.config, turn.state
+        if not (config.reuse and config.share_prefix and self._trimmable):
+            return False
+        if state.prompt_cache is not None or state.spill_path is not None:  # it goes on from its own
+            return False
+        covered, _ = self.prefixes.covering(turn.ids)
+        for other in opened:
+            cache = other.prefill.cache
+            n = min(common_prefix(other.ids, turn.ids), len(turn.ids) - 1)
+            if n - covered < MIN_SHARED_TOKENS or not other.prefill.pos < n < len(other.ids) - 1:
+                continue
+            if cache is None or not all(isinstance(c, OverPrefix) for c in cache):
+                continue
+            other.prefill.stops = sorted([*other.prefill.stops, (n, "shared")])
+            return True
+        return False
 
     def _group(self, turns: tuple[Turn, ...]) -> PrefillGroup | None:
         """Turns ready together, as one group (their caches merged into one padded batch)."""
