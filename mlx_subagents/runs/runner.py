@@ -31,7 +31,6 @@ batching, KV pool and the process-wide slots with everything else. `close()` can
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -44,7 +43,7 @@ from ..agents.schema_output import check_schema
 from ..caps import DEFAULT_CONCURRENCY, check_concurrency
 from ..events import Event, EventSink, HookWarningData, ignore_event
 from ..host.protocol import ModelHost, ProcessorFactory, TextCallback
-from ..results import Mode, MultiRunResult, RunResult
+from ..results import MultiRunResult, RunResult
 from ..tools import Tool, Workspace
 from ..tools.delegation import Delegation, ForkPoint
 from ..tools.editor import Editor
@@ -52,6 +51,7 @@ from ..tools.mcp_requests import Person
 from .board import TaskBoard
 from .call_plan import CallPlan, plan_call, plan_tasks
 from .delegated import Delegating, read_more_note, set_up_failed, with_failures
+from .foreground import new_record, run_foreground
 from .generation import Generation
 from .hosts import HostPool
 from .isolation import isolate, refuse_isolated
@@ -64,7 +64,7 @@ from .slots import Slots
 from .task import TaskHandle
 from .task_session import close_open_tool_calls
 from .task_tools import board_tools
-from .tasks import ModelRef, Steps, TaskSpec, label_tasks, plan_chain
+from .tasks import ModelRef, TaskSpec, label_tasks, plan_chain
 from .transcripts import RunRecord, TaskEntry, new_run_id
 from .workflow import (
     Workflow,
@@ -202,13 +202,13 @@ class Runner:
     async def run(self, task: TaskSpec) -> RunResult:
         """Run one task and return its result; an unexpected error in it is raised, not returned."""
         prepared = await self._prepare(label_tasks([task]))
-        outcome = await self._execute("single", prepared, concurrency=1, raise_errors=True)
+        outcome = await run_foreground(self, "single", prepared, concurrency=1, raise_errors=True)
         return outcome.results[0]
 
     async def parallel(self, tasks: Sequence[TaskSpec], *, concurrency: int = DEFAULT_CONCURRENCY) -> MultiRunResult:
         """Run up to 8 independent tasks, `concurrency` (1-4) at a time; results in input order."""
         check_concurrency(concurrency, engine=bool(self.options.engine))
-        return await self._execute("parallel", await self._prepare(label_tasks(tasks)), concurrency=concurrency)
+        return await run_foreground(self, "parallel", await self._prepare(label_tasks(tasks)), concurrency=concurrency)
 
     async def chain(self, steps: Sequence[TaskSpec]) -> MultiRunResult:
         """Run steps in order, `{previous}` in a step's task being the previous step's answer.
@@ -216,7 +216,7 @@ class Runner:
         The chain stops at the first step that does not complete; `error` says where and why.
         """
         tasks, order = plan_chain(label_tasks(steps))
-        return await self._execute("chain", await self._prepare(tasks), concurrency=1, steps=order)
+        return await run_foreground(self, "chain", await self._prepare(tasks), concurrency=1, steps=order)
 
     async def workflow(
         self, workflow: Workflow | str | Path, input: str = "", *, concurrency: int = DEFAULT_CONCURRENCY
@@ -231,7 +231,7 @@ class Runner:
         check_agents(workflow, self.catalog)
         tasks, order = plan_workflow(workflow, input)
         prepared = await self._prepare(tasks, shared_input=input)
-        return await self._execute("workflow", prepared, concurrency=concurrency, steps=order)
+        return await run_foreground(self, "workflow", prepared, concurrency=concurrency, steps=order)
 
     async def resume(
         self, run_id: str, message: str, *, task: str | None = None, schema: dict[str, Any] | None = None
@@ -384,17 +384,10 @@ class Runner:
     def new_run(self, handle: TaskHandle) -> tuple[RunRecord, TaskEntry] | None:
         """A run of its own for a task started alone (in the background, a chat), made at its first
         generation; None when nothing is saved."""
-        record = self._record("single", handle.workspace.root, [handle.prepared], handle.run_folder or self.home)
-        return (record, record.tasks[0]) if record is not None else None
-
-    def _record(self, mode: Mode, cwd: Path, prepared: Sequence[PreparedTask], folder: Path | None) -> RunRecord | None:
-        """A new run's record in `folder`, one entry per task; None when nothing is saved."""
         if not self.save_transcripts:
             return None
-        entries = [
-            TaskEntry(index=i, label=p.label, agent=p.spec.name, step_id=p.task.step_id) for i, p in enumerate(prepared)
-        ]
-        return RunRecord.new(mode, cwd, entries, folder)
+        record = new_record("single", handle.workspace.root, [handle.prepared], handle.run_folder or self.home)
+        return record, record.tasks[0]
 
     # -- delegation ---------------------------------------------------------------------------------
 
@@ -432,7 +425,9 @@ class Runner:
         if plan.mode != "parallel":  # a workflow is checked as `subagent workflow` checks it, then as any request
             prepared = await self._prepare(plan.tasks, shared_input=plan.shared_input, **where)
             concurrency = self.options.concurrency if plan.mode == "workflow" else 1
-            return await self._execute(plan.mode, prepared, concurrency=concurrency, steps=plan.steps, under=under)
+            return await run_foreground(
+                self, plan.mode, prepared, concurrency=concurrency, steps=plan.steps, under=under
+            )
         each = await self.preparer.prepare_each(plan.tasks, **where)
         failed = {i: set_up_failed(p, self.on_event) for i, p in enumerate(each) if isinstance(p, SetUpFailure)}
         ready = [p for p in each if isinstance(p, PreparedTask)]
@@ -440,7 +435,7 @@ class Runner:
         if ready:
             ids = [i for n, i in enumerate(under.ids) if n not in failed] if under.ids is not None else None
             under = replace(under, ids=ids)
-            outcome = await self._execute("parallel", ready, concurrency=self.options.concurrency, under=under)
+            outcome = await run_foreground(self, "parallel", ready, concurrency=self.options.concurrency, under=under)
         return with_failures(outcome, failed, len(plan.tasks))
 
     def workflow_names(self) -> list[str]:
@@ -468,51 +463,3 @@ class Runner:
         return await self.preparer.prepare(
             tasks, parent=parent, workspace=workspace or self.workspace, shared_input=shared_input, delegated=delegated
         )
-
-    async def _execute(
-        self,
-        mode: Mode,
-        prepared: list[PreparedTask],
-        *,
-        concurrency: int,
-        steps: Steps = Steps(),
-        raise_errors: bool = False,
-        under: Delegating | None = None,
-    ) -> MultiRunResult:
-        """Run prepared tasks in the foreground as one run: record it, isolate its writers, make the
-        handles, run them (`steps` in their order), finish the record.
-
-        Args:
-            under: a delegated request's parent, board and fork point (default: top level, in the home).
-        """
-        under = under or Delegating()
-        record = self._record(mode, prepared[0].workspace.root, prepared, under.folder or self.home)
-        handles = self._handles(prepared, record, under)
-        if under.on_handles is not None:
-            under.on_handles(handles)
-        plan = [h.generation(h.prepared.task.task, *steps.of(i), raise_errors=raise_errors) for i, h in enumerate(handles)]  # fmt: skip
-        execution, stopped = self.running.make(plan, concurrency), False
-        try:
-            await self.running.finish(execution)
-        except asyncio.CancelledError:
-            stopped = True  # from outside the runner: an MCP client's cancel, the parent's turn stopped
-            raise
-        finally:
-            results = [r for r in execution.results if r is not None]
-            if record is not None:
-                record.finish(results, interrupted=execution.cancelled or stopped)
-        ids = [h.id if under.board is not None else None for h in handles]
-        return MultiRunResult.of(mode, results, record.run_id if record else None, execution.cancelled, ids)
-
-    def _handles(self, prepared: list[PreparedTask], record: RunRecord | None, under: Delegating) -> list[TaskHandle]:
-        """A foreground run's handles: each isolated task moved into a worktree of its own, each child
-        under an id on its parent's board."""
-        prepared, trees = isolate(prepared, record.run_id if record else new_run_id())
-        ids = list(under.ids) if under.ids is not None else [None] * len(prepared)
-        entries = record.tasks if record else [None] * len(prepared)
-        return [
-            self.handle(
-                p, board=under.board, task_id=i, fork_point=under.fork_point, worktree=w, record=record, entry=e
-            )
-            for p, i, w, e in zip(prepared, ids, trees, entries)
-        ]
