@@ -22,7 +22,6 @@ from ..errors import TaskStateError
 from ..results import RunResult, StopReason, TaskStatus
 from ..text import one_line
 from .command import Spawned, spawn_command, wait_command
-from .processes import kill_call
 
 MAX_KEPT_BYTES = 1024 * 1024
 TAIL_BYTES = 16 * 1024
@@ -197,7 +196,7 @@ class CommandTask:
         if not self.alive or self.cancel_reason is not None or self._spawned is None:
             return False
         self.cancel_reason = reason or "cancelled"
-        kill_call(self._spawned.pgid, self._spawned.mark)  # now, whether or not its watch has run yet
+        self._spawned.kill()  # now (off the event loop), whether or not its watch has run yet; it awaits the kill
         self._stop.set()
         return True
 

@@ -5,7 +5,9 @@ killed at once, and (for `bash`) a mark in its environment, so the processes tha
 are found too (`processes.py`); and it starts under the tether (`tether.py`), so that it dies with
 this process also when nothing here runs to kill it (SIGKILL, a crash). The group dies on timeout, on cancellation of the awaiting task,
 when the program returns (leftover background jobs), when output that must not go past its cap
-does, and by `kill_all_processes` when the program stops on Ctrl-C, SIGTERM or SIGHUP.
+does, and by `kill_all_processes` when the program stops on Ctrl-C, SIGTERM or SIGHUP. A call's kill
+runs in a thread of its own (`Spawned.kill`), awaited by the call: the event loop it shares with every
+other session's tools, the servers and the model host runs on meanwhile.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import asyncio
 import os
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from .base import MAX_OUTPUT_BYTES
 from .processes import MARK_ENV, kill_call, new_mark, tethered, track_group
+from .threads import start_thread
 
 # Once the group is killed, output still buffered in the pipe arrives at once; this only bounds
 # the wait for a process that escaped the group (setsid) and still holds the pipe open.
@@ -115,19 +118,45 @@ class Spawned:
     transport: asyncio.SubprocessTransport
     protocol: _CommandProtocol
     mark: str | None
+    _killed: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
 
     @property
     def pgid(self) -> int:
         return self.transport.get_pid()
 
+    def kill(self) -> asyncio.Future[None]:
+        """Start killing the group and every marked process, once, in a thread of its own: the kill
+        waits up to `TETHER_WAIT_S` for the tether and sweeps every process's environment, and the event
+        loop runs every other session's tools, the servers and the host meanwhile. Done once all are dead."""
+        if self._killed is None:
+            self._killed = start_thread(kill_call, self.pgid, self.mark, what="kill")
+        return self._killed
+
     async def stop(self) -> None:
         """Kill the group and every marked process (leftover background jobs too), let the output still
-        in the pipe arrive and the program be reaped."""
-        kill_call(self.pgid, self.mark)
+        in the pipe arrive and the program be reaped. A cancellation meanwhile waits for the kill to end,
+        then goes on: nothing the program started runs once this returns or raises."""
         try:
+            await _to_the_end(self.kill())
             await asyncio.wait({self.protocol.closed}, timeout=DRAIN_GRACE_SECONDS)
         finally:
             self.transport.close()
+
+
+async def _to_the_end(future: asyncio.Future[None]) -> None:
+    """Await `future` until it is done, also when the awaiting task is cancelled meanwhile; then raise
+    that cancellation."""
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(future)
+            break
+        except asyncio.CancelledError:
+            if future.cancelled():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def spawn_command(
@@ -162,9 +191,8 @@ async def spawn_command(
         transport, protocol = await asyncio.shield(spawn)
     except asyncio.CancelledError:
         # Cancelled while the program was starting: it may already run; wait for it, kill its group.
-        transport, _ = await spawn
-        kill_call(transport.get_pid(), mark)
-        transport.close()
+        transport, protocol = await spawn
+        await Spawned(transport, protocol, mark).stop()  # type: ignore[arg-type]
         raise
     track_group(transport.get_pid())
     if stdin is not None:  # written as the pipe takes it; a program that never reads it is not waited for

@@ -64,7 +64,9 @@ def track_group(pgid: int) -> None:
 
 
 def kill_call(pgid: int, mark: str | None) -> None:
-    """Kill the call's process group and every process that carries its mark (if it has one)."""
+    """Kill the call's process group and every process that carries its mark (if it has one). It blocks
+    (the tether's answer, up to `TETHER_WAIT_S`, and the sweep): a call is killed in a thread of its own
+    (`command.Spawned.kill`), never on the event loop, which every other session's tools share."""
     ask_tethers([pgid])
     _kill_group(pgid)
     _live_groups.discard(pgid)
@@ -73,7 +75,8 @@ def kill_call(pgid: int, mark: str | None) -> None:
 
 
 def kill_all_processes() -> None:
-    """Kill every process any call of this program started; safe to call from any thread."""
+    """Kill every process any call of this program started; safe to call from any thread. It blocks as
+    `kill_call` does: it is called as the program stops (Ctrl-C, SIGTERM, SIGHUP), before it exits."""
     ask_tethers(list(_live_groups))
     for pgid in list(_live_groups):
         _kill_group(pgid)

@@ -35,11 +35,11 @@ def checkpoint() -> None:
         raise ToolStopped("the tool call was stopped")
 
 
-async def run_in_thread(fn: Callable[..., T], *args: Any, timeout: float, what: str) -> T:
-    """`fn(*args)` in a new daemon thread; `ToolError` naming `what` after `timeout` seconds."""
+def start_thread(fn: Callable[..., T], *args: Any, what: str, stop: threading.Event | None = None) -> asyncio.Future[T]:
+    """`fn(*args)` started now in a new daemon thread; the running loop's future gets its result or
+    exception (nobody waits once the loop is closed). `stop` is what `checkpoint()` reads there."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
-    stop = threading.Event()
 
     def settle(ok: bool, value: Any) -> None:
         if future.done():  # the caller gave up already
@@ -56,6 +56,13 @@ async def run_in_thread(fn: Callable[..., T], *args: Any, timeout: float, what: 
             loop.call_soon_threadsafe(settle, ok, value)
 
     threading.Thread(target=target, name=f"tool {what}", daemon=True).start()
+    return future
+
+
+async def run_in_thread(fn: Callable[..., T], *args: Any, timeout: float, what: str) -> T:
+    """`fn(*args)` in a new daemon thread; `ToolError` naming `what` after `timeout` seconds."""
+    stop = threading.Event()
+    future = start_thread(fn, *args, what=what, stop=stop)
     try:
         return await within(future, timeout)
     except asyncio.TimeoutError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -30,7 +31,9 @@ from mlx_subagents.tools import (
     Workspace,
     kill_all_processes,
     make_tools,
+    processes,
 )
+from mlx_subagents.tools.background_bash import CommandLog, CommandTask
 from mlx_subagents.tools.base import MAX_OUTPUT_BYTES
 from mlx_subagents.tools.edit import replace_checked
 from mlx_subagents.tools.grep import MAX_GREP_READ_BYTES, GrepTool
@@ -679,6 +682,96 @@ def test_processes_that_leave_the_group_die_with_the_call(
         "kill_all_processes": ok("spawned\n[exit code -9]"),
     }
     assert result == expected[end]
+    _assert_all_dead(pids)
+
+
+def _state(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and its pending signals (a mask: signal n is bit n - 1); None once it is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+    return status["State"][0], int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+
+
+def _pending(mask: int, signum: int) -> bool:
+    return bool(mask >> (signum - 1) & 1)
+
+
+def _kill_waits_for(tether: int) -> bool:
+    """Whether the kill is waiting for this stopped tether: asked (SIGUSR1 pending), not yet killed (no SIGKILL)."""
+    state = _state(tether)
+    return (
+        state is not None
+        and state[0] == "T"
+        and _pending(state[1], signal.SIGUSR1)
+        and not _pending(state[1], signal.SIGKILL)
+    )
+
+
+def _killed(pid: int) -> bool:
+    """Gone, a zombie, or SIGKILL on its way (delivered as soon as it is scheduled)."""
+    state = _state(pid)
+    return state is None or state[0] in "ZX" or _pending(state[1], signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="a kill waits for the call's tether on Linux only")
+@pytest.mark.parametrize("end", ["times out", "is cancelled", "background cancel"])
+def test_the_event_loop_runs_on_while_a_call_is_killed(
+    tools: dict[str, Tool], tmp_path: Path, end: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The command stops its tether: asked to kill everything, it cannot answer, and the kill waits for it
+    # (TETHER_WAIT_S, shortened here) before it kills the group. Another coroutine on the same loop (another
+    # session's tool loop, a server, the host) ticks meanwhile: the kill used to stall the loop throughout.
+    monkeypatch.setattr(processes, "TETHER_WAIT_S", 0.5)
+    pid_file = tmp_path / "pids"
+    command = (
+        f"sleep 30 & echo $! > {pid_file}; echo $$ >> {pid_file}; kill -STOP $PPID; echo $PPID >> {pid_file}; "
+        "echo started; sleep 30"
+    )
+    log = CommandLog(tmp_path / "bash_1.log")
+    background = CommandTask("bash#1", command, cwd=tmp_path, timeout=60, log=log, on_end=lambda _: None)
+
+    async def kill_while_ticking() -> tuple[int, list[int]]:
+        if end == "background cancel":
+            await background.start(["bash", "-c", command])
+        else:
+            call = {"command": command, "timeout": 1 if end == "times out" else 60}
+            task = asyncio.create_task(tools["bash"].call(call))
+        pids = await asyncio.to_thread(_pids, pid_file)
+        tether = pids[-1]
+        while psutil.Process(tether).status() != psutil.STATUS_STOPPED:
+            await asyncio.sleep(0.01)
+        ticks = 0  # the other coroutine's, while the kill waits for the tether
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += _kill_waits_for(tether)
+                await asyncio.sleep(0.005)
+
+        ticker = asyncio.create_task(tick())
+        if end == "background cancel":
+            assert background.cancel("stopped by the test")
+            await background.join()
+            assert (background.status, log.text()) == ("aborted", "started\n")
+        elif end == "is cancelled":
+            task.cancel()
+            while not _kill_waits_for(tether):
+                await asyncio.sleep(0.005)
+            task.cancel()  # again, as its kill waits: the call still returns only once the kill is done
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            assert await task == err("command timed out after 1s; its process group was killed\nstarted")
+        assert [pid for pid in pids if not _killed(pid)] == []  # before the call returned
+        ticker.cancel()
+        return ticks, pids
+
+    ticks, pids = asyncio.run(kill_while_ticking())
+    assert ticks > 0
     _assert_all_dead(pids)
 
 
