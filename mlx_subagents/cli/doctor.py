@@ -6,7 +6,7 @@ import platform
 import time
 from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SubagentError
 from ..host import DEFAULT_KV_BITS, GenerateArgs, MlxModelHost, drafts_said, host_kind, parse_draft
@@ -17,6 +17,10 @@ from ..host.kv.prefix_files import list_prefixes, prefix_cache_dir
 from ..host.mlx.prefill import describe
 from ..host.mlx.resident import free_memory, residents
 from ..host.scripted import ScriptedHost
+
+if TYPE_CHECKING:
+    from ..host.mlx.mlx_host import MemoryStats
+    from ..host.protocol import Reply
 
 Print = Callable[[str], None]
 PROBE = [{"role": "user", "content": "Reply with one short sentence: are you ready?"}]
@@ -172,6 +176,16 @@ async def run_doctor(
     except SubagentError as exc:
         say(f"FAILED    {exc}")
         return False
+    say_measured(host, reply, stats, shapes, say)
+    say("ok")
+    return True
+
+
+def say_measured(
+    host: MlxModelHost, reply: Reply, stats: MemoryStats, shapes: dict[int, KVShape | str], say: Print
+) -> None:
+    """The probe's reply and what answering it measured: speed, drafts, the KV cache a session costs
+    against its budget (at each `--kv-bits`), memory, the prefill slice and the prefix cache."""
     u = reply.usage
     say(f"reply     {reply.text.strip()[:120]!r}")
     say(
@@ -190,5 +204,3 @@ async def run_doctor(
     say(f"memory    mlx active {_gib(stats.active_memory)}, peak {_gib(stats.peak_memory)}")
     say(f"prefill   {describe(host.prefill_slice, host.prefill_step)}")
     say(prefix_cache_line(host.prefix_store.max_bytes if host.prefix_store else 0))
-    say("ok")
-    return True

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.rule import Rule
 
 from ..host.protocol import Message
-from ..runs.transcripts import NOTE_KINDS, RunRecord, TaskEntry, child_runs, read_transcript
+from ..runs.transcripts import NOTE_KINDS, RunRecord, TaskEntry, TaskLog, child_runs, read_transcript
 from ..runs.worktrees import Worktree, list_worktrees
 from ..text import first_line
 
@@ -61,37 +61,7 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
         if entry.file is None:
             console.print("[dim](never started)[/]")
             continue
-        log = read_transcript(record.transcript_path(entry))
-        console.print(
-            f"[dim]model {escape(str(log.meta.get('model')))} · {log.generations} generation(s) · {log.path}[/]"
-        )
-        if fork := log.meta.get("fork_of"):
-            run = f" (run {fork['run']})" if fork.get("run") else ""
-            line = f"fork of {fork.get('parent')}{run}: its first {fork.get('messages')} messages are its parent's"
-            console.print(f"[dim]{escape(line)}[/]")
-        if log.skipped:
-            damaged = f"skipped {len(log.skipped)} damaged line(s) of the transcript: {'; '.join(log.skipped)}"
-            console.print(f"[yellow]{escape(damaged)}[/]")
-        if log.messages is None:
-            console.print("[yellow]no saved conversation (the process ended before the task did); tool calls:[/]")
-            for r in log.records:
-                if r.get("type") == "event" and r.get("kind") == "tool_call":
-                    console.print(f"  [cyan]{escape(str(r['data'].get('description', '')))}[/]")
-            continue
-        for message in log.messages:
-            _print_message(console, message, full)
-        for note in log.records:
-            if note.get("type") in NOTE_KINDS:
-                console.print(f"[yellow]{escape(note_line(note))}[/]")
-        for i, result in enumerate(log.results, 1):
-            u = result.usage
-            line = (
-                f"generation {i}: {result.status} ({result.stop_reason}) in {result.duration_s:.1f}s, "
-                f"{u.turns} turns, {u.input_tokens} in ({u.cached_tokens} cached), {u.output_tokens} out"
-            )
-            console.print(f"[dim]{escape(line)}[/]")
-            if result.error:
-                console.print(f"  [red]{escape(result.error)}[/]")
+        _show_task(console, read_transcript(record.transcript_path(entry)), full)
     for worktree in _worktrees(record, task):
         console.print(Rule(f"worktree of {escape(worktree.label)}", align="left", style="dim"))
         console.print(escape(worktree_line(worktree)))
@@ -102,6 +72,39 @@ def show_run(console: Console, record: RunRecord, task: str | None = None, *, fu
             score = f"{child.succeeded}/{child.total}" if child.succeeded is not None else f"?/{child.total}"
             labels = ", ".join(t.label for t in child.tasks)
             console.print(f"{child.run_id}  {child.mode:<8} {child.status:<11} {score:>5}  {escape(labels)}")
+
+
+def _show_task(console: Console, log: TaskLog, full: bool) -> None:
+    """One task of a run: its model and generations, a fork's start, its conversation (or, when none was
+    saved, its tool calls), its notes and each generation's result."""
+    console.print(f"[dim]model {escape(str(log.meta.get('model')))} · {log.generations} generation(s) · {log.path}[/]")
+    if fork := log.meta.get("fork_of"):
+        run = f" (run {fork['run']})" if fork.get("run") else ""
+        line = f"fork of {fork.get('parent')}{run}: its first {fork.get('messages')} messages are its parent's"
+        console.print(f"[dim]{escape(line)}[/]")
+    if log.skipped:
+        damaged = f"skipped {len(log.skipped)} damaged line(s) of the transcript: {'; '.join(log.skipped)}"
+        console.print(f"[yellow]{escape(damaged)}[/]")
+    if log.messages is None:
+        console.print("[yellow]no saved conversation (the process ended before the task did); tool calls:[/]")
+        for r in log.records:
+            if r.get("type") == "event" and r.get("kind") == "tool_call":
+                console.print(f"  [cyan]{escape(str(r['data'].get('description', '')))}[/]")
+        return
+    for message in log.messages:
+        _print_message(console, message, full)
+    for note in log.records:
+        if note.get("type") in NOTE_KINDS:
+            console.print(f"[yellow]{escape(note_line(note))}[/]")
+    for i, result in enumerate(log.results, 1):
+        u = result.usage
+        line = (
+            f"generation {i}: {result.status} ({result.stop_reason}) in {result.duration_s:.1f}s, "
+            f"{u.turns} turns, {u.input_tokens} in ({u.cached_tokens} cached), {u.output_tokens} out"
+        )
+        console.print(f"[dim]{escape(line)}[/]")
+        if result.error:
+            console.print(f"  [red]{escape(result.error)}[/]")
 
 
 def worktree_line(worktree: Worktree) -> str:

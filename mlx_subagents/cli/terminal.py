@@ -260,49 +260,15 @@ class ChatLoop:
             for text in chat.agent_lines():
                 out.print(text, markup=False)
         elif name == "/compact":
-            try:
-                done = await self.run_work(chat.compact())
-            except asyncio.CancelledError:
-                err.print("[yellow]compaction interrupted; nothing changed[/]")
-                return True
-            out.print(f"compacted: {done[0]:,} -> {done[1]:,} tokens" if done else "nothing to compact yet")
+            await self.compact_command()
         elif name == "/workflow":
-            flow, _, text = rest.strip().partition(" ")
-            try:
-                outcome = await self.run_work(chat.workflow(flow, text.strip()))
-            except asyncio.CancelledError:
-                err.print("[yellow]workflow interrupted; what its steps had done is saved[/]")
-                return True
-            except SubagentError as exc:
-                err.print(f"[red]{escape(str(exc))}[/]")
-                return True
-            for result in outcome.results:
-                out.print(
-                    Rule(
-                        f"step {escape(str(result.step_id))} ({result.agent}) · {result.status}",
-                        align="left",
-                        style="dim",
-                    )
-                )
-                out.print(result.output or NO_ANSWER, markup=False)
-            out.print(
-                f"{outcome.succeeded}/{outcome.total} steps completed; the parent reads their answers next", style="dim"
-            )
+            await self.workflow_command(rest.strip())
         elif name == "/think":
             out.print(chat.last_reasoning or "(no reasoning in the last reply)", markup=False, style="dim")
         elif name in ("/tasks", "/send", "/cancel"):
             self.task_command(name, rest.strip())
         elif name == "/wake":
-            if rest.strip().lower() in ("on", "off"):
-                chat.wake = rest.strip().lower() == "on"
-            elif rest.strip():
-                err.print(f"[red]usage: /wake on|off[/] (got {escape(rest.strip())})")
-                return True
-            out.print(
-                "a background sub-agent's end starts the parent's next turn"
-                if chat.wake
-                else "the parent waits for your message when a background sub-agent ends"
-            )
+            self.wake_command(rest.strip())
         elif name == "/help":
             for command, text in COMMANDS.items():
                 out.print(f"{command:<10} {text}")
@@ -312,6 +278,47 @@ class ChatLoop:
                 "(start a message with a space to send a leading '/')"
             )
         return True
+
+    async def compact_command(self) -> None:
+        """`/compact`: the conversation summarised as the chat's current work (Ctrl-C leaves it as it was)."""
+        try:
+            done = await self.run_work(self.chat.compact())
+        except asyncio.CancelledError:
+            self.err.print("[yellow]compaction interrupted; nothing changed[/]")
+            return
+        self.out.print(f"compacted: {done[0]:,} -> {done[1]:,} tokens" if done else "nothing to compact yet")
+
+    async def workflow_command(self, rest: str) -> None:
+        """`/workflow NAME INPUT`: a workflow run as the parent's sub-agents, each step's answer shown."""
+        flow, _, text = rest.partition(" ")
+        try:
+            outcome = await self.run_work(self.chat.workflow(flow, text.strip()))
+        except asyncio.CancelledError:
+            self.err.print("[yellow]workflow interrupted; what its steps had done is saved[/]")
+            return
+        except SubagentError as exc:
+            self.err.print(f"[red]{escape(str(exc))}[/]")
+            return
+        for result in outcome.results:
+            rule = f"step {escape(str(result.step_id))} ({result.agent}) · {result.status}"
+            self.out.print(Rule(rule, align="left", style="dim"))
+            self.out.print(result.output or NO_ANSWER, markup=False)
+        self.out.print(
+            f"{outcome.succeeded}/{outcome.total} steps completed; the parent reads their answers next", style="dim"
+        )
+
+    def wake_command(self, rest: str) -> None:
+        """`/wake on|off`: whether a background sub-agent's end starts the parent's next turn; alone, says which."""
+        if rest.lower() in ("on", "off"):
+            self.chat.wake = rest.lower() == "on"
+        elif rest:
+            self.err.print(f"[red]usage: /wake on|off[/] (got {escape(rest)})")
+            return
+        self.out.print(
+            "a background sub-agent's end starts the parent's next turn"
+            if self.chat.wake
+            else "the parent waits for your message when a background sub-agent ends"
+        )
 
     def task_command(self, name: str, rest: str) -> None:
         """`/tasks`, `/send ID TEXT`, `/cancel ID`; a mistake (an unknown id, a cancelled task) is one red line."""
