@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from ..events import Event, TaskEndData, UsageData
+from ..events import DecodeData, Event, TaskEndData, UsageData
 from ..mcp_server.server import AgentsServer
 from ..runs.options import RunOptions
 from ..runs.runner import Runner
@@ -39,13 +39,15 @@ class TaskLine(BaseModel):
     agent: str
     status: str
     turn: int = 0
-    output_tokens: int = 0
+    output_tokens: int = 0  # over the whole task, the reply decoding now included
+    replied_tokens: int = Field(0, exclude=True)  # its ended replies' (`usage`); a decode adds its own count
     prefill_wait_s: float = 0.0  # its replies' time behind other sessions' prefills (`Usage.prefill_wait_seconds`)
     started: float = 0.0
 
 
 class TaskTally:
-    """A client's tasks by label, from its runners' events: started, turns, tokens, ended."""
+    """A client's tasks by label, from its runners' events: started, turns, tokens (as they decode, as the
+    live lines count them: a task's first reply is not "0 tokens" until it ends), ended."""
 
     def __init__(self) -> None:
         self.tasks: OrderedDict[str, TaskLine] = OrderedDict()
@@ -62,9 +64,12 @@ class TaskTally:
             self._trim()
         if event.kind == "turn_start":
             line.turn = event.turn
+        elif event.kind == "decode":
+            line.output_tokens = line.replied_tokens + cast(DecodeData, event.data)["tokens"]
         elif event.kind == "usage":
             usage = cast(UsageData, event.data)
-            line.output_tokens, line.prefill_wait_s = usage["output_tokens"], usage["prefill_wait_s"]
+            line.replied_tokens = line.output_tokens = usage["output_tokens"]
+            line.prefill_wait_s = usage["prefill_wait_s"]
         elif event.kind == "task_end":
             line.status = cast(TaskEndData, event.data)["status"]
 

@@ -337,6 +337,45 @@ def test_status_shows_how_long_each_task_waited_behind_other_prompts_prefill() -
     ]
 
 
+def test_status_counts_a_running_turns_tokens_as_it_decodes() -> None:
+    """A task's tokens in `serve --status` grow while its reply decodes, as the live lines count them: an
+    agent's first reply showed "0 tokens" until it ended, however long it ran."""
+    from mlx_subagents.cli.serve import status_lines
+    from mlx_subagents.events import DecodeData, Event, TaskStartData, UsageData
+    from mlx_subagents.results import RunUsage
+    from mlx_subagents.serve.clients import TaskTally
+
+    tally = TaskTally()
+    server = {"pid": 7, "url": None, "socket": "/s", "uptime_s": 5, "log": "/l"}
+
+    def line(*events: Event) -> str:
+        for event in events:
+            tally.handle(event)
+        tasks = [{"client": "c1", **t.model_dump()} for t in tally.tasks.values()]
+        status = {"server": server, "kv": {"used": 0, "budget": None}, "models": [], "clients": [], "tasks": tasks}
+        return next(line for line in status_lines(status) if line.startswith("task"))
+
+    def usage(tokens: int) -> Event:
+        data = UsageData(**RunUsage(output_tokens=tokens, turns=1).model_dump(), tps=9.5)
+        return Event("usage", "scout", "scout", turn=1, data=data)
+
+    start = Event("task_start", "scout", "scout", data=TaskStartData(task="t", model="m", tool_mode="native"))
+    assert (
+        line(start, Event("turn_start", "scout", "scout", turn=1))
+        == "task    c1 scout (scout) running, turn 1, 0 tokens"
+    )
+    assert line(Event("decode", "scout", "scout", turn=1, data=DecodeData(tokens=57, tps=6.0))).endswith(
+        "turn 1, 57 tokens"
+    )
+    assert line(usage(60)).endswith("turn 1, 60 tokens")
+    second = (
+        Event("turn_start", "scout", "scout", turn=2),
+        Event("decode", "scout", "scout", turn=2, data=DecodeData(tokens=1000, tps=6.0)),
+    )
+    assert line(*second).endswith("turn 2, 1,060 tokens")
+    assert "replied_tokens" not in tally.tasks["scout"].model_dump()  # --json carries the one count
+
+
 def test_status_says_the_model_is_loading_and_the_default_budget_is_not_unbounded() -> None:
     """Just after start the server listens while `--model` loads: `--status` said "(none loaded yet)" and an
     "unbounded" budget, which is the default budget not sized yet; a model that failed to load is named."""
