@@ -38,10 +38,10 @@ MIN_COMMON = 3
 class Conversation:
     """One conversation of a client on a host session, and what its turns cost."""
 
-    name: str  # the host session's
-    api: str
+    name: str  # the host session's: `conversation#N`, whichever API its requests come by
+    api: str  # its last request's
     model: str
-    client: str  # the client's id
+    client: str  # its last request's client's id
     session: HostSession
     key: list[str]  # the tools, then each message of its last answered request, as canonical JSON
     asked: list[str] = field(default_factory=list)  # the same of the request it answers now
@@ -85,7 +85,7 @@ class Conversations:
         self.names = names
         self.max_conversations = max_conversations
         self.all: dict[str, Conversation] = {}
-        self._numbers = {"openai": itertools.count(1), "anthropic": itertools.count(1)}
+        self._numbers = itertools.count(1)
 
     def take(
         self,
@@ -113,10 +113,11 @@ class Conversations:
             if rank > best_rank:
                 best, best_rank = conv, rank
         if best is None:
-            name = self.names.claim(f"{api}#{next(self._numbers[api])}")
+            # Not named for its API: a request of the other API may go on in it (the same messages).
+            name = self.names.claim(f"conversation#{next(self._numbers)}")
             best = Conversation(name, api, model, client, host.session(name), [])
             self.all[name] = best
-        best.busy, best.asked, best.client = True, key, client
+        best.busy, best.asked, best.client, best.api = True, key, client, api
         return best, self._over()
 
     def release(self, conv: Conversation, usage: Usage | None) -> None:

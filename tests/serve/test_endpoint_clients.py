@@ -38,7 +38,7 @@ def run(command: list[str], env: dict[str, str], cwd: Path) -> str:
 def test_llm_streams_calls_a_tool_and_continues_on_the_served_model(
     serve_process: Any, tmp_path: Path, tiny_qwen3_path: Path
 ) -> None:
-    scripts = {"openai#1": [tool_call_text("llm_version", {}), "It is the llm you run.", "Still here."]}
+    scripts = {"conversation#1": [tool_call_text("llm_version", {}), "It is the llm you run.", "Still here."]}
     _, info = serve_process(tiny=(tiny_qwen3_path, tmp_path, scripts), http=True)
     home = tmp_path / "llm"
     home.mkdir()
@@ -77,7 +77,7 @@ def test_claude_code_reads_a_file_the_served_model_asked_for_and_continues(
     notes = workspace / "notes.txt"
     notes.write_text("the meeting moved to Tuesday\n")
     scripts = {
-        "anthropic#1": [tool_call_text("Read", {"file_path": str(notes)}), "It moved to Tuesday.", "Nothing else."]
+        "conversation#1": [tool_call_text("Read", {"file_path": str(notes)}), "It moved to Tuesday.", "Nothing else."]
     }
     _, info = serve_process(tiny=(tiny_qwen3_path, tmp_path, scripts), http=True)
     model = str(tiny_qwen3_path)

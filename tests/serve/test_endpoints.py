@@ -60,9 +60,15 @@ def status(info: Any) -> dict[str, Any]:
 def test_the_sdks_talk_to_the_served_model_and_later_turns_reuse_its_cache(
     serve_process: Any, tmp_path: Path, tiny_qwen3_path: Path
 ) -> None:
+    # The conversations are numbered in the order they start, whichever API: the OpenAI one first, then the
+    # JSON-schema and tool_choice requests (their own), then the Anthropic one.
     scripts = {
-        "openai#1": ["It is 4.", tool_call_text("get_weather", {"city": "Paris"}), "Sunny in Paris. STOP and more"],
-        "anthropic#1": ["Let me look.\n" + tool_call_text("get_weather", {"city": "Oslo"}), "Snow in Oslo."],
+        "conversation#1": [
+            "It is 4.",
+            tool_call_text("get_weather", {"city": "Paris"}),
+            "Sunny in Paris. STOP and more",
+        ],
+        "conversation#4": ["Let me look.\n" + tool_call_text("get_weather", {"city": "Oslo"}), "Snow in Oslo."],
     }
     _, info = serve_process(tiny=(tiny_qwen3_path, tmp_path, scripts), http=True)
     oa, an, _ = clients(info)
@@ -169,11 +175,12 @@ def test_the_sdks_talk_to_the_served_model_and_later_turns_reuse_its_cache(
         ("openai", f"OpenAI/Python {openai.__version__}", 0),
     ]
     sessions = {s["session"]: s for s in now["sessions"]}
-    assert (sessions["openai#1"]["turns"], sessions["openai#1"]["cached_tokens"]) == (4, third.usage.prompt_tokens - 1)
-    assert sessions["anthropic#1"]["status"] == "idle" and sessions["anthropic#1"]["turns"] == 2
+    openai_turns, anthropic_turns = sessions["conversation#1"], sessions["conversation#4"]
+    assert (openai_turns["turns"], openai_turns["cached_tokens"]) == (4, third.usage.prompt_tokens - 1)
+    assert (anthropic_turns["status"], anthropic_turns["turns"], anthropic_turns["api"]) == ("idle", 2, "anthropic")
     shown = spawn_cli("serve", "--status").communicate(timeout=60)[0]
     assert (
-        f"session c1 openai#1 ({model}) idle" in shown
+        f"session c1 conversation#1 ({model}) idle" in shown
         and f"4 turns, last prompt {third.usage.prompt_tokens:,}" in shown
     )
 
