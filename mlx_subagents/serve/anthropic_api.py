@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ..host.protocol import Message, Reply, Usage
+from ..tools.base import failed_result
 from .api_errors import ApiError
 from .chat_turn import (
     ChatTurn,
@@ -214,6 +215,8 @@ def _user(blocks: list[Block], where: str, names: dict[str, str]) -> list[Messag
             content = (
                 b.content if isinstance(b.content, str) else _texts(b.content or [], f"{where}.content[{j}].content")
             )
+            if b.is_error:  # the model reads a failed call as it reads its agents' own: `Error: ...`
+                content = failed_result(content).output
             result: Message = {"role": "tool", "tool_call_id": b.tool_use_id or "", "content": content}
             if b.tool_use_id in names:
                 result["name"] = names[b.tool_use_id or ""]

@@ -39,6 +39,12 @@ def error_result(message: str) -> ToolResult:
     return ToolResult(f"Error: {message}", is_error=True)
 
 
+def failed_result(output: str) -> ToolResult:
+    """The result of a call whose tool said it failed (an MCP server's `isError`, a chat client's
+    `is_error`), as every error result reads, so that the model tells each failure alike."""
+    return error_result(output or "the tool failed")
+
+
 def clip_line(line: str, max_chars: int = MAX_LINE_CHARS) -> str:
     """Cut one line so a minified file cannot fill the context on its own."""
     if len(line) <= max_chars:

@@ -44,7 +44,7 @@ from typing import Any, TextIO
 from ..deadlines import within
 from ..errors import McpAuthError, McpConfigError
 from ..text import one_line
-from .base import Tool, ToolResult, cap_lines, clip_line, error_result
+from .base import Tool, ToolResult, cap_lines, clip_line, error_result, failed_result
 from .mcp_config import McpServerConfig, print_warning, tool_name
 from .mcp_requests import ClientPolicy, McpCaller, ServerRequests, too_deep
 from .workspace import Workspace
@@ -289,7 +289,7 @@ class McpConnection:
         text = result_text(result.content, result.structured_content)
         output = cap_lines((clip_line(line) for line in text.splitlines()), MAX_RESULT_LINES, "lines", "ask for less")
         if result.is_error:
-            return ToolResult(f"Error: {output or 'the tool failed'}", is_error=True)
+            return failed_result(output)
         return ToolResult(output)
 
     async def stop(self) -> None:

@@ -1,17 +1,21 @@
-"""Which session a chat request goes on in, in process on a scripted host: a conversation goes on across
-the two APIs under a name that fits both."""
+"""Which session a chat request goes on in, and what its model is sent, in process on a scripted host:
+a conversation goes on across the two APIs under a name that fits both, and a client's failed tool
+result reaches the model as the agents' own failed results do."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+from mlx_subagents.host.protocol import Message
 from mlx_subagents.host.scripted import ScriptedHost
 from mlx_subagents.runs.hosts import SessionNames
 from mlx_subagents.serve.anthropic_api import parse_messages
 from mlx_subagents.serve.chat_turn import Finished, start_turn
 from mlx_subagents.serve.conversations import Conversations
 from mlx_subagents.serve.openai_api import parse_chat
+
+WEATHER = {"name": "get_weather", "description": "w", "input_schema": {"type": "object"}}
 
 
 def answer(host: ScriptedHost, conversations: Conversations, api: str, client: str, body: dict[str, Any]) -> str:
@@ -48,3 +52,26 @@ def test_a_conversation_goes_on_over_the_other_api_and_status_names_it_for_neith
         "turns": 2,
     }
     assert list(host.history) == ["conversation#1"]  # one host session: the first turn's KV went on
+
+
+def test_a_failed_tool_result_reaches_the_model_as_an_error() -> None:
+    """An Anthropic `tool_result` with `is_error` was sent to the model as if the call had answered; now it
+    reads `Error: ...`, as an agent's failed call does (an MCP tool's error the same)."""
+    host = ScriptedHost.from_replies(["Sorry."])
+    call = {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "X"}}
+    messages = [
+        {"role": "user", "content": "weather in X?"},
+        {"role": "assistant", "content": [call]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "city not found", "is_error": True},
+                {"type": "tool_result", "tool_use_id": "t1", "content": [], "is_error": True},
+                {"type": "tool_result", "tool_use_id": "t1", "content": "12 C", "is_error": False},
+            ],
+        },
+    ]
+    answer(host, Conversations(SessionNames()), "anthropic", "c1", {"messages": messages, "tools": [WEATHER]})
+    [[*_, sent]] = host.history.values()
+    results: list[Message] = [m for m in sent if m["role"] == "tool"]
+    assert [m["content"] for m in results] == ["Error: city not found", "Error: the tool failed", "12 C"]
