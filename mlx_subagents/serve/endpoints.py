@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..host.kv.budget import total_memory
 from ..host.protocol import ModelHost
-from ..models.catalog import list_models
+from ..models.catalog import ModelInfo, list_models
 from ..runs.tasks import ModelRef
 from ..text import squash
 from .anthropic_api import count_tokens_request, parse_messages
@@ -140,10 +140,13 @@ class ApiFront:
         return {"id": name, "object": "model", "created": int(self.service.started), "owned_by": "mlx-subagents"}
 
     async def model_names(self) -> list[str]:
+        return self._names(await asyncio.to_thread(list_models))
+
+    def _names(self, local: list[ModelInfo]) -> list[str]:
+        """The resident models, the server's `--model`, then the local ones (`local`: the catalog)."""
         resident = [str(ref) for ref in self.service.pool.hosts]
         default = self.service.config.options.model
-        local = [m.name for m in await asyncio.to_thread(list_models)]
-        return list(dict.fromkeys([*resident, *([default] if default else []), *local]))
+        return list(dict.fromkeys([*resident, *([default] if default else []), *(m.name for m in local)]))
 
     async def host_for(self, model: str) -> ModelHost:
         """The resident host of `model` (a local model is loaded now, within the one KV budget)."""
@@ -151,17 +154,18 @@ class ApiFront:
         for ref, host in list(pool.hosts.items()):
             if model in (str(ref), host.model_id):
                 return await pool.get(ref)
-        names = await self.model_names()
+        local = await asyncio.to_thread(list_models)  # once: its folders are read again at each listing
+        names = self._names(local)
         if model and model in names:
-            await self._check_fits(model)
+            self._check_fits(model, local)
             return await pool.get(ModelRef(model))
         raise _not_served(model, names)
 
-    async def _check_fits(self, model: str) -> None:
+    def _check_fits(self, model: str, local: list[ModelInfo]) -> None:
         """Refuse a local model whose weights do not fit in RAM beside the models the server holds: a model
         loaded stays resident, so a client naming every local model in turn would have it hold them all."""
         ram = total_memory()
-        info = next((m for m in await asyncio.to_thread(list_models) if model in (m.name, m.path)), None)
+        info = next((m for m in local if model in (m.name, m.path)), None)
         if not ram or info is None:
             return
         held = sum(

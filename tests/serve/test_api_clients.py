@@ -53,8 +53,12 @@ def test_a_local_model_that_does_not_fit_beside_the_resident_ones_is_refused_not
     service = Service(ServeConfig(RunOptions(), cwd=tmp_path, port=None), serve_paths(tmp_path), "token")
     front = ApiFront(service)
     monkeypatch.setattr(endpoints, "total_memory", lambda: size - 1)
+    listed: list[int] = []  # the catalog's listings: each reads every local model's folder
+    catalog = endpoints.list_models
+    monkeypatch.setattr(endpoints, "list_models", lambda: listed.append(1) or catalog())
     with pytest.raises(ApiError) as refused:
         asyncio.run(front.host_for("tiny"))
+    assert len(listed) == 1  # once per request: it was listed for the name, then again for the size
     assert (refused.value.status, refused.value.param) == (503, "model")
     assert refused.value.message == (
         f"model 'tiny' ({size / 2**30:.1f} GiB of weights) does not fit beside the models this server holds "
@@ -62,3 +66,9 @@ def test_a_local_model_that_does_not_fit_beside_the_resident_ones_is_refused_not
         "with --model tiny"
     )
     assert service.pool.hosts == {}
+    with pytest.raises(ApiError) as unknown:
+        asyncio.run(front.host_for("nope"))
+    assert (unknown.value.status, len(listed)) == (404, 2)
+    assert unknown.value.message == (
+        "model 'nope' is not served here (GET /v1/models lists them: tiny); name one of them"
+    )
