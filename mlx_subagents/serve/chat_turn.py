@@ -37,6 +37,7 @@ from ..host.protocol import (
     ReasoningDelta,
     Reply,
     TextDelta,
+    TokensSoFar,
     ToolSchema,
     Usage,
 )
@@ -203,6 +204,8 @@ class TurnRun:
                     self._put(event)
                 case PrefillBegun():
                     self._put(event)
+                case TokensSoFar(n=n):  # for --status while it runs
+                    self.conversation.decoding = n
 
         return GenerateArgs(
             max_tokens=turn.max_tokens or 1 << 30,  # the host fits it to what the window leaves

@@ -48,7 +48,8 @@ class Conversation:
     busy: bool = True
     turns: int = 0
     usage: Usage = field(default_factory=Usage)  # its last turn's
-    generated_tokens: int = 0  # over all its turns
+    generated_tokens: int = 0  # over all its ended turns
+    decoding: int = 0  # generated so far by the turn running now (`TokensSoFar`)
     last_used: float = field(default_factory=time.time)
 
     def summary(self) -> dict[str, Any]:
@@ -62,7 +63,7 @@ class Conversation:
             "turns": self.turns,
             "prompt_tokens": self.usage.prompt_tokens,
             "cached_tokens": self.usage.cached_tokens,
-            "generated_tokens": self.generated_tokens,
+            "generated_tokens": self.generated_tokens + (self.decoding if self.busy else 0),
             "idle_s": 0.0 if self.busy else round(time.time() - self.last_used, 1),
         }
 
@@ -123,7 +124,7 @@ class Conversations:
     def release(self, conv: Conversation, usage: Usage | None) -> None:
         """`conv`'s turn ended: answered or cut (`usage`: what it spent; the next request goes on from this
         one), or failed (None: the next goes on from the one before, whose cache the session still holds)."""
-        conv.busy, conv.last_used = False, time.time()
+        conv.busy, conv.last_used, conv.decoding = False, time.time(), 0
         if usage is not None:
             conv.key = conv.asked
             conv.turns += 1

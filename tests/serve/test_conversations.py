@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from mlx_subagents.host.protocol import Message
+from mlx_subagents.host.engine.estimate import approx_tokens
+from mlx_subagents.host.protocol import Message, TextDelta
 from mlx_subagents.host.scripted import ScriptedHost
 from mlx_subagents.runs.hosts import SessionNames
 from mlx_subagents.serve.anthropic_api import parse_messages
@@ -75,3 +76,25 @@ def test_a_failed_tool_result_reaches_the_model_as_an_error() -> None:
     [[*_, sent]] = host.history.values()
     results: list[Message] = [m for m in sent if m["role"] == "tool"]
     assert [m["content"] for m in results] == ["Error: city not found", "Error: the tool failed", "12 C"]
+
+
+def test_a_running_turn_counts_its_tokens_as_they_stream() -> None:
+    """`--status` showed a conversation's first turn as "0 generated" however long it had run; it counts the
+    reply's tokens as they stream, then the turn's as it ends."""
+    host = ScriptedHost.from_replies([{"content": "a long answer that goes on", "stall": 30}, "Done."])
+    conversations = Conversations(SessionNames())
+    turn = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).turn
+
+    async def go() -> list[tuple[str, int]]:
+        run = await start_turn(host, turn, conversations, "openai", "c1")
+        while not isinstance(await run.next(), TextDelta):  # it streams, then stalls
+            pass
+        await asyncio.sleep(0)
+        [running] = conversations.summaries()
+        run.cancel()  # as when its client goes away: the turn ends, cut where it was
+        while (cut := conversations.summaries()[0])["status"] == "running":
+            await asyncio.sleep(0)
+        return [(s["status"], s["generated_tokens"]) for s in (running, cut)]
+
+    streamed = approx_tokens([{"role": "assistant", "content": "a long answer that goes on"}])
+    assert asyncio.run(go()) == [("running", streamed), ("idle", streamed)]
