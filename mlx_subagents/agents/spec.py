@@ -142,28 +142,15 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
     Args:
         claude: read it as a Claude Code file; default: when it sits in a `.claude/agents` folder.
     """
-    if claude is None:
-        claude = is_claude_file(path)
+    claude = is_claude_file(path) if claude is None else claude
     meta, body, note = read_frontmatter(path, read_text(path, "agent file", AgentFileError), LENIENT_FIELDS)
-    warnings = [note] if note else []
-    name = _required_text(path, meta, "name", "my-agent").lower()
-    if problem := long_name_problem(name, "field 'name': agent name"):
-        raise AgentFileError(f"{path}: {problem}")
-    if not re.fullmatch(NAME_PATTERN, name):
-        raise _fail(
-            path,
-            f"field 'name': {name!r} is not a valid agent name",
-            "use lowercase letters, digits, '-', '_' and '.', starting with a letter or digit",
-        )
+    name = _agent_name(path, meta)
     description = _required_text(path, meta, "description", "what this agent does")
     turns_key = "maxTurns" if claude and "maxTurns" in meta else "max_turns"
     system_prompt = body.strip()
     if not system_prompt:
         raise _fail(path, "the body is empty", "write the system prompt below the closing '---'")
-    if not claude and (unknown := sorted(str(k) for k in meta if k not in FIELDS + DISPLAY_FIELDS)):
-        warnings.append(f"{path}: unknown field(s) {name_list(unknown)} ignored")
-    if claude and (note := unsupported_note(path, meta)):
-        warnings.append(note)
+    warnings = _field_warnings(path, meta, claude, note)
     agents, full_tools_for = parse_agents(path, meta)
     servers, inline = parse_mcp_servers(path, meta.get("mcpServers"))
     return AgentSpec(
@@ -199,6 +186,31 @@ def parse_agent_file(path: Path, source: Source, *, claude: bool | None = None) 
         path=path,
         warnings=tuple(warnings),
     )
+
+
+def _agent_name(path: Path, meta: dict[str, Any]) -> str:
+    """The `name` field, lowercased: required, not too long, and a valid agent name."""
+    name = _required_text(path, meta, "name", "my-agent").lower()
+    if problem := long_name_problem(name, "field 'name': agent name"):
+        raise AgentFileError(f"{path}: {problem}")
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise _fail(
+            path,
+            f"field 'name': {name!r} is not a valid agent name",
+            "use lowercase letters, digits, '-', '_' and '.', starting with a letter or digit",
+        )
+    return name
+
+
+def _field_warnings(path: Path, meta: dict[str, Any], claude: bool, note: str | None) -> list[str]:
+    """The file's first warnings: the frontmatter's `note`, then the fields it ignores (unknown ones in
+    our own format, those Claude Code has and we do not in Claude's); the field readers add theirs."""
+    warnings = [note] if note else []
+    if not claude and (unknown := sorted(str(k) for k in meta if k not in FIELDS + DISPLAY_FIELDS)):
+        warnings.append(f"{path}: unknown field(s) {name_list(unknown)} ignored")
+    if claude and (unsupported := unsupported_note(path, meta)):
+        warnings.append(unsupported)
+    return warnings
 
 
 def _required_text(path: Path, meta: dict[str, Any], key: str, example: str) -> str:

@@ -136,6 +136,12 @@ def model_config(
             "query_pre_attn_scalar": text["head_dim"],
             **ids,
         }
+    return _qwen3_5_config(text, ids)
+
+
+def _qwen3_5_config(text: dict[str, Any], ids: dict[str, int]) -> dict[str, Any]:
+    """Qwen3.5's config: a hybrid (linear attention layers, every second one full attention) whose text
+    model is nested under `text_config`, as a vision-language checkpoint's is."""
     layer_types = ["linear_attention", "full_attention"] * 2
     text_config = {
         "model_type": "qwen3_5_text",
