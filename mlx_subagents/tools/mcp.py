@@ -159,35 +159,37 @@ class McpConnection:
             await self.stop()
             raise
 
-    async def _serve(self) -> None:
+    def _new_client(self, stack: AsyncExitStack) -> Any:
+        """The SDK's client of this server, on its transport, its callbacks answering what the server
+        asks. Either revision: `server/discover` first (2026-07-28: each request stateless, what the
+        server asks comes back as input-required results), else the 2025 handshake."""
         import mcp_types as types
         from mcp import Client
 
         from .mcp_tasks import Tasks
 
+        requests = self.requests
+        return Client(
+            self._transport(stack),
+            mode="auto",
+            sampling_callback=requests.sampling,
+            elicitation_callback=requests.elicitation,
+            list_roots_callback=requests.list_roots,
+            message_handler=self._incoming,
+            client_info=types.Implementation(name=CLIENT_NAME, version=client_version()),
+            extensions=[Tasks()],
+            cache=None,
+        )
+
+    async def _serve(self) -> None:
         try:
             async with AsyncExitStack() as stack:
-                requests = self.requests
-                # Either revision: `server/discover` first (2026-07-28: each request stateless, what the
-                # server asks comes back as input-required results), else the 2025 handshake.
-                client = await stack.enter_async_context(
-                    Client(
-                        self._transport(stack),
-                        mode="auto",
-                        sampling_callback=requests.sampling,
-                        elicitation_callback=requests.elicitation,
-                        list_roots_callback=requests.list_roots,
-                        message_handler=self._incoming,
-                        client_info=types.Implementation(name=CLIENT_NAME, version=client_version()),
-                        extensions=[Tasks()],
-                        cache=None,
-                    )
-                )
+                client = await stack.enter_async_context(self._new_client(stack))
                 listed = await client.list_tools()
                 if problem := schema_problem(listed.tools):
                     self.error = problem
                     raise McpConfigError(problem)
-                await requests.started(client.session)
+                await self.requests.started(client.session)
                 self.tools = sorted(listed.tools, key=lambda t: t.name)  # stable order: the cached prefix survives
                 self._client = client
                 self._ready.set_result(None)
