@@ -70,26 +70,8 @@ def drafted_step(
     if held:
         logits = masked(logits, held)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    kept: list[list[int] | None] = [None] * len(ys)
     plain = _sampled(g, pending, logits, samplings)
-    greedy = [i for i, s in enumerate(samplings) if s is not None and s.temperature == 0]
-    picks = mx.argmax(logprobs, axis=-1) if greedy else None
-    sampled = {
-        i: judged(logprobs[i, : len(drafts[i]) + 1], drafts[i], s)
-        for i, s in enumerate(samplings)
-        if s is not None and s.temperature != 0
-    }
-    mx.eval([t for t, _ in plain.values()], picks, list(sampled.values()))  # one evaluation for every row
-    picked = picks.tolist() if picks is not None else []
-    for i, sampling in enumerate(samplings):
-        if sampling is None:
-            continue
-        if sampling.temperature == 0:
-            n = next((j for j, d in enumerate(drafts[i]) if picked[i][j] != d), len(drafts[i]))
-            kept[i] = [*drafts[i][:n], picked[i][n]]
-        else:
-            n, token = sampled[i].tolist()
-            kept[i] = [*drafts[i][:n], token]
+    kept = _verdicts(logprobs, drafts, samplings, plain)
     nexts: list[Any] = [None] * len(ys)
     for i, k in enumerate(kept):
         if k is not None:
@@ -100,6 +82,36 @@ def drafted_step(
     for i, walked in (held or {}).items():
         walked.settle(len(rows[i].tokens))  # each grammar back to the tokens its row kept
     return rows
+
+
+def _verdicts(
+    logprobs: Any, drafts: Sequence[list[int]], samplings: Sequence[Sampling | None], plain: dict[int, tuple[Any, Any]]
+) -> list[list[int] | None]:
+    """Each drafting row's kept tokens (None for a row that did not draft): its draft's agreeing prefix,
+    then the model's own token. Greedy rows are read together in one argmax, sampled ones by
+    `verify.judged`, all evaluated at once with the `plain` rows' tokens."""
+    import mlx.core as mx
+
+    greedy = [i for i, s in enumerate(samplings) if s is not None and s.temperature == 0]
+    picks = mx.argmax(logprobs, axis=-1) if greedy else None
+    sampled = {
+        i: judged(logprobs[i, : len(drafts[i]) + 1], drafts[i], s)
+        for i, s in enumerate(samplings)
+        if s is not None and s.temperature != 0
+    }
+    mx.eval([t for t, _ in plain.values()], picks, list(sampled.values()))  # one evaluation for every row
+    picked = picks.tolist() if picks is not None else []
+    kept: list[list[int] | None] = [None] * len(samplings)
+    for i, sampling in enumerate(samplings):
+        if sampling is None:
+            continue
+        if sampling.temperature == 0:
+            n = next((j for j, d in enumerate(drafts[i]) if picked[i][j] != d), len(drafts[i]))
+            kept[i] = [*drafts[i][:n], picked[i][n]]
+        else:
+            n, token = sampled[i].tolist()
+            kept[i] = [*drafts[i][:n], token]
+    return kept
 
 
 def _sampled(g: Any, pending: Any, logits: Any, samplings: Sequence[Sampling | None]) -> dict[int, tuple[Any, Any]]:
