@@ -424,7 +424,7 @@ def test_doctor_on_the_tiny_model(tiny_qwen3_path: Path) -> None:
     assert first["prefixes"].endswith(" GiB; `subagent cache` lists them")
     assert first["prefill"] == (
         "prefill   auto: slices of about 8 decode steps' time (at least 16 tokens) while others decode, "
-        "the time shared equally; 512 tokens with nothing decoding; shortest prompt first"
+        "the time shared equally; 512 tokens with nothing decoding; oldest prompt first"
     )
     assert lines[-1] == "ok"
     assert "Traceback" not in proc.stderr

@@ -36,14 +36,20 @@ async def conversation(host: MlxModelHost, i: int, turns: int = 2, max_tokens: i
 
 
 class Forwards:
-    """A model that records the shape of the tokens of every forward pass it runs."""
+    """A model that records the shape of the tokens of every forward pass it runs, and with `watch` what
+    `watch()` said as each began (the rest of the model is the model's)."""
 
-    def __init__(self, model: Any) -> None:
-        self.model, self.shapes = model, []
+    def __init__(self, model: Any, watch: Any = None) -> None:
+        self.model, self.shapes, self.watch, self.seen = model, [], watch, []
 
     def __call__(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
         self.shapes.append(tuple(tokens.shape))
+        if self.watch is not None:
+            self.seen.append(self.watch())
         return self.model(tokens, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
 
 
 async def everyone(path: Path, n: int = 4, **options: Any) -> list[list[tuple[int, ...]]]:

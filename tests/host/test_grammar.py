@@ -379,7 +379,9 @@ def test_batched_rows_each_keep_their_own_tools(
     tiny_qwen3_path: Path, tiny_qwen3: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two rows of one batch, each held to its own tools: each grammar is its row's processor for the
-    row's first step only; in the batch's steps after it the rows are masked together (`MaskBatch`)."""
+    row's first step only; in the batch's steps after it the rows are masked together (`MaskBatch`).
+    Unsliced, both enter the batch in one step (sliced, their prompts, longer than a group's rows, are
+    prefilled one after the other, the first decoding meanwhile on its own)."""
     from mlx_subagents.host.calls.constrainer import Constrainer
 
     start = tiny_qwen3[1].encode("<tool_call>", add_special_tokens=False)
@@ -394,7 +396,10 @@ def test_batched_rows_each_keep_their_own_tools(
     monkeypatch.setattr(Constrainer, "__call__", counted)
 
     async def go() -> Any:
-        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=lambda name, ids: [Prefix(start)]) as host:
+        def factory(name: str, ids: Any) -> list[Any]:
+            return [Prefix(start)]
+
+        async with MlxModelHost(str(tiny_qwen3_path), processor_factory=factory, prefill_slice="off") as host:
             sessions = {name: host.session(name) for name in own}
             replies = await asyncio.gather(
                 *(s.generate(TASK, GenerateArgs(max_tokens=64), tools=own[n]) for n, s in sessions.items())

@@ -100,15 +100,16 @@ def test_the_pools_one_read_is_the_bytes_of_every_live_cache_after_each_step(
 
 @pytest.mark.slow
 def test_the_pools_one_read_counts_a_prefill_group_at_every_step(tiny_qwen3: tuple[Any, Any]) -> None:
-    """Two long prompts arriving with nothing decoding are prefilled as one group, slice by slice, then
-    decode in the batch: after every step of the scheduler the one read equals the bytes alive."""
-    from tests.host.test_prefill import long_task, make_turn, scheduler
+    """Two short prompts arriving with nothing decoding are prefilled as one group, 8 tokens a slice,
+    then decode in the batch: after every step of the scheduler the one read equals the bytes alive."""
+    from tests.host.test_batching import task
+    from tests.host.test_prefill import make_turn, scheduler
 
     results: dict[str, Any] = {}
-    sch = scheduler(tiny_qwen3, 64)
+    sch = scheduler(tiny_qwen3, 64, step_size=8)
     before = live_kv_bytes(collect=True)
     for name, i in (("b", 1), ("c", 2)):
-        sch.submit(make_turn(name, long_task(i, 45), 4, results))
+        sch.submit(make_turn(name, task(i), 4, results))
     grouped, readings = 0, []
     while sch.has_work():
         sch.step()

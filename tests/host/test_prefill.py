@@ -21,7 +21,7 @@ from mlx_subagents.host.mlx.scheduler import Scheduler, SchedulerConfig
 from mlx_subagents.host.mlx.turn import OutputSink, Request, Turn, TurnOutput
 from mlx_subagents.testing import ForcedScripts, make_tiny_model
 from tests.helpers import texts
-from tests.host.test_batching import SYSTEM, result, task
+from tests.host.test_batching import SYSTEM, Forwards, result, task
 
 SCRIPT = " ".join(f"word{n}" for n in range(800))  # longer than any reply here
 
@@ -32,9 +32,9 @@ def long_task(i: int, lines: int) -> list[dict[str, Any]]:
     return [SYSTEM, {"role": "user", "content": f"Task {i}: what does this file do?\n{body}"}]
 
 
-def scheduler(tiny: tuple[Any, Any], prefill_slice: int | str, factory: Any = None) -> Scheduler:
+def scheduler(tiny: tuple[Any, Any], prefill_slice: int | str, factory: Any = None, step_size: int = 512) -> Scheduler:
     model, tokenizer = tiny
-    config = SchedulerConfig(prefill_slice=prefill_slice)
+    config = SchedulerConfig(prefill_slice=prefill_slice, prefill_step_size=step_size)
     return Scheduler(model, tokenizer, config, KVPool(None), KVShape(0, 0), True, factory)
 
 
@@ -117,25 +117,70 @@ def test_a_short_prompt_arriving_during_a_long_prefill_decodes_before_it(tiny_qw
 
 
 @pytest.mark.slow
+def test_turns_arriving_together_get_first_tokens_oldest_first_each_after_only_the_prefills_before_it(
+    tiny_qwen3: tuple[Any, Any],
+) -> None:
+    """Four long prompts (over a prefill step each) submitted together with nothing decoding: the oldest
+    is prefilled alone and has its first token after its own prefill, the second after two prefills,
+    and so on (never one padded group that gives every first token after all four); every turn already
+    decoding gains a token between any two slices of the later ones (the decoders' share)."""
+    results: dict[str, Any] = {}
+    names = ["a", "b", "c", "d"]
+    sch = scheduler(tiny_qwen3, 64, ForcedScripts(tiny_qwen3[1], {n: [SCRIPT] for n in names}))
+    turns = [make_turn(n, long_task(i, 30), 300, results) for i, n in enumerate(names)]
+
+    def watch() -> tuple[tuple[bool, ...], int]:  # at each prefill forward: who has a token, tokens decoded
+        return tuple(bool(t.generated) for t in turns), sum(len(t.generated) for t in turns)
+
+    forwards = sch.prefill.model = Forwards(sch.prefill.model, watch)
+    for turn in turns:
+        sch.submit(turn)
+    firsts: dict[str, int] = {}  # who had a first token, and in which step
+    for step in range(400):
+        sch.step()
+        firsts |= {t.name: step for t in turns if t.generated and t.name not in firsts}
+        if len(firsts) == 4:
+            break
+    assert list(firsts) == names and all(len(t.generated) < 300 for t in turns), results  # errors, if any
+    assert sorted(set(firsts.values())) == list(firsts.values())  # each in a step of its own
+    prefilled = [len(t.ids) - 1 - t.prefill.n_cached for t in turns]
+    assert len(set(len(t.ids) for t in turns)) == 1 and prefilled[0] > prefilled[1] > 512  # b, c, d: its prefix
+    assert all(rows == 1 for rows, _ in forwards.shapes) and sum(n for _, n in forwards.shapes) == sum(prefilled)
+    fed = [(n, has, done) for (_, n), (has, done) in zip(forwards.shapes, forwards.seen, strict=True)]
+    before_first = [sum(n for n, has, _ in fed if not has[i]) for i in range(4)]
+    assert before_first == [sum(prefilled[: i + 1]) for i in range(4)]
+    after_a = [done for _, has, done in fed if has[0]]  # the slices while a (then b, c) decoded
+    assert len(after_a) > 3 * (prefilled[1] // 64) and all(y > x for x, y in zip(after_a, after_a[1:]))
+    for turn in turns:
+        turn.cancel.set()
+    while sch.has_work():
+        sch.step()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("together", [False, True])
 def test_a_cancelled_turn_mid_prefill_leaves_no_slice_state_and_parks_what_it_holds(
     tiny_qwen3: tuple[Any, Any], together: bool
 ) -> None:
     """b is cancelled after some slices of its prompt (alone while a decodes, or in a group with c, both
-    arriving with nothing decoding): it leaves the prefill and its group, no bytes of it stay in flight,
-    its cache holds exactly what was prefilled and is parked for its next turn; c goes on on its own cache
-    to the same tokens as without b."""
+    short and arriving with nothing decoding, prefilled 8 tokens a slice): it leaves the prefill and its
+    group, no bytes of it stay in flight, its cache holds exactly what was prefilled and is parked for its
+    next turn; c goes on on its own cache to the same tokens as without b."""
     results: dict[str, Any] = {}
     factory = ForcedScripts(tiny_qwen3[1], {"a": [SCRIPT]})
-    sch = scheduler(tiny_qwen3, 64, factory)
-    b, c = make_turn("b", long_task(1, 45), 4, results), make_turn("c", long_task(2, 45), 4, results)
+    step_size = 8 if together else 512
+    sch = scheduler(tiny_qwen3, 64, factory, step_size)
+    asked = task(1) if together else long_task(1, 45)
+    b, c = make_turn("b", asked, 4, results), make_turn("c", task(2), 4, results)
     a = make_turn("a", task(0), 200, results)
     sch.submit(c if together else a)
     if not together:
         sch.step()
     sch.submit(b)
-    for _ in range(3):
+    for _ in range(40):  # until a slice of b's own prompt went in
         sch.step()
+        if b.prefill is not None and b.prefill.pos > b.prefill.n_cached:
+            break
     assert (
         (len(sch.prefill.groups) == 1 and set(sch.prefill.groups[0].turns) == {b, c})
         if together
@@ -156,7 +201,7 @@ def test_a_cancelled_turn_mid_prefill_leaves_no_slice_state_and_parks_what_it_ho
     while sch.has_work():
         sch.step()
     # The next turn of b reuses exactly what it had prefilled.
-    again = make_turn("b", long_task(1, 45), 4, results)
+    again = make_turn("b", asked, 4, results)
     again.state = b.state
     sch.submit(again)
     while sch.has_work():
@@ -164,8 +209,8 @@ def test_a_cancelled_turn_mid_prefill_leaves_no_slice_state_and_parks_what_it_ho
     assert results["b"].usage.cached_tokens == b.prefill.pos
     if together:
         alone: dict[str, Any] = {}
-        ref = scheduler(tiny_qwen3, 64)
-        ref.submit(make_turn("c", long_task(2, 45), 4, alone))
+        ref = scheduler(tiny_qwen3, 64, step_size=step_size)
+        ref.submit(make_turn("c", task(2), 4, alone))
         while ref.has_work():
             ref.step()
         assert results["c"].token_ids == alone["c"].token_ids

@@ -65,8 +65,9 @@ def test_a_second_resident_model_takes_half_of_the_one_kv_budget(tmp_path: Path,
         assert b.context_window == 512  # what 2 MiB holds for 5 sessions
         assert a.context_window == 1280  # a's sessions keep their window; admission keeps them in budget
         stats = await a.memory_stats()
-        assert stats.pool["evictions"] == 1  # the least recently used of six equal caches was spilled
-        assert stats.kv_bytes_total == held * 5 // 6 <= 2 * MIB
+        # The least recently used of six equal caches were spilled, as few as bring a within its share.
+        kept = 6 - stats.pool["evictions"]
+        assert stats.kv_bytes_total == held * kept // 6 <= 2 * MIB < held * (kept + 1) // 6
         # a's next turn is admitted within its share and the pair stays within the one budget
         await fill(a, 2, 150)
         assert (await a.memory_stats()).kv_bytes_total + (await b.memory_stats()).kv_bytes_total <= 4 * MIB

@@ -297,8 +297,8 @@ class PrefillStage:
     # -- sliced (see prefill.py) ------------------------------------------------------
 
     def _sliced(self) -> None:
-        """One slice of prefill, when the decoders have had their share: the shortest remaining prompt's
-        (`prefill.pick`), on its own cache or its group's. Every other turn in flight waited for it."""
+        """One slice of prefill, when the decoders have had their share: the oldest prompt's, or a short
+        one's (`prefill.pick`), on its own cache or its group's. Every other turn in flight waited for it."""
         opened = self._open_turns()
         decoding = self.decode.busy()
         policy = self.policy

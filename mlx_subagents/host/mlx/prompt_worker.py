@@ -3,7 +3,8 @@ thread, then the turns handed to the mlx thread's scheduler in the groups they w
 
 Turns asked in the same pass of the caller's loop (a fan-out of sub-agents, `asyncio.gather`) are made
 together and submitted in one job of the mlx thread, so the scheduler receives them at once, as it did
-when it tokenized them itself, and they prefill as one padded batch (`prefill_stage.py`). One thread
+when it tokenized them itself, and they prefill oldest first (short ones as one padded batch,
+`prefill.py`). One thread
 makes every prompt, in the order asked: a session's turns reach the scheduler in their order.
 """
 
