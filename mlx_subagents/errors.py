@@ -73,6 +73,16 @@ class RequestError(SubagentError):
     """A run request is invalid: too many tasks, a duplicate label, a bad placeholder or tasks file."""
 
 
+class GrammarError(SubagentError):
+    """The grammar cannot hold a reply to a client's schemas: `part` says which (`answer`, `tool` named
+    `tool`, or `tools` together), refused before the turn is admitted; or the grammar failed while it held
+    a reply (`reply`), which then ends with this error rather than go on unconstrained."""
+
+    def __init__(self, message: str, part: str, tool: str | None = None) -> None:
+        super().__init__(message)
+        self.part, self.tool = part, tool
+
+
 class SchemaFileError(SubagentError):
     """An output schema (`--schema FILE.json` or `output_schema`) is not a valid JSON schema."""
 

@@ -187,6 +187,9 @@ class GenerateArgs:
         thought_in_max_tokens: `max_tokens` bounds the thought and the answer together, as the chat
             APIs' `max_tokens` bounds every generated token: the thought's budget is cut to leave room
             for its end marker and one token of answer (else the thought comes on top of it).
+        client_schemas: the tools' and the answer's schemas are a client's (the endpoints'): their grammar
+            is built under tighter limits before the turn is admitted, and one it cannot hold within them
+            is refused (`GrammarError`), never loosened or decoded without it.
     """
 
     max_tokens: int = 1024
@@ -201,6 +204,7 @@ class GenerateArgs:
     tool_choice: str = "auto"
     store_prompt: bool = False
     thought_in_max_tokens: bool = False
+    client_schemas: bool = False
 
 
 @runtime_checkable

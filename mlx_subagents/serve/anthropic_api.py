@@ -33,6 +33,7 @@ from .chat_turn import (
     function_tool,
     named_once,
     refuse_prefill,
+    schema_fields,
     stop_sequences,
     validated,
     visible_content,
@@ -144,6 +145,7 @@ def _turn(request: MessagesRequest) -> ChatTurn:
         answer_schema=_answer_schema(request),
         tool_choice=forced,
         stream=request.stream,
+        schema_fields=schema_fields(tools, "tools[{}].input_schema", _answer_field(request)),
     )
 
 
@@ -154,6 +156,12 @@ def _answer_schema(request: MessagesRequest) -> dict[str, Any] | None:
     if request.output_format is not None:
         return answer_schema(request.output_format.schema_, "output_format.schema")
     return None
+
+
+def _answer_field(request: MessagesRequest) -> str:
+    """Where the request has its structured output's schema (the beta's name, or output_config's)."""
+    given = request.output_config is not None and request.output_config.format is not None
+    return "output_format.schema" if request.output_format is not None and not given else "output_config.format.schema"
 
 
 def _tool(tool: Tool, i: int) -> dict[str, Any]:

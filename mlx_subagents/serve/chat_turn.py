@@ -20,13 +20,13 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..agents.schema_output import check_schema
-from ..errors import SubagentError
+from ..errors import GrammarError, SubagentError
 from ..host.protocol import (
     DEFAULT_THINKING_TOKENS,
     GenerateArgs,
@@ -73,6 +73,8 @@ class ChatTurn:
         thinking: tokens a thinking model may think (0: off).
         answer_schema: the JSON schema an answer without a call must satisfy (held by the grammar).
         tool_choice: `auto`, `required` (the reply calls tools) or a tool's name (the reply calls it).
+        schema_fields: where the request has each schema the grammar holds (`schema_fields`), which a
+            refusal of the grammar's names.
     """
 
     model: str
@@ -88,6 +90,7 @@ class ChatTurn:
     answer_schema: dict[str, Any] | None = None
     tool_choice: str = "auto"
     stream: bool = False
+    schema_fields: dict[tuple[str, str | None], str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ class TurnRun:
             usage = await _cut_short(generating, conv)
             raise
         except Exception as exc:
-            error = api_error(exc)
+            error = schema_refusal(turn, exc) if isinstance(exc, GrammarError) else api_error(exc)
             if error.status >= 500:
                 log.exception("a chat request failed on session %s", conv.name)
             self._queue.put_nowait(error)
@@ -219,6 +222,7 @@ class TurnRun:
             tool_choice=turn.tool_choice,
             store_prompt=True,  # a client may come back to it after a restart
             thought_in_max_tokens=True,  # both APIs count the thought in max_tokens
+            client_schemas=True,  # checked under tighter limits before it is admitted
         )
 
     def _put(self, event: Event) -> None:
@@ -337,6 +341,21 @@ def chosen_tool(choice: str, tools: list[ToolSchema] | None, where: str) -> str:
     if choice != "required" and choice not in names:
         raise ApiError(400, f"{where} names {choice!r}, which is not one of the tools ({', '.join(names)})", where)
     return choice
+
+
+def schema_fields(tools: list[ToolSchema] | None, tool_at: str, answer_at: str) -> dict[tuple[str, str | None], str]:
+    """Where a request has each schema the grammar holds: a tool's parameters (`tool_at`, by its index), the
+    tools together, the answer's (`answer_at`), by `GrammarError.part` and tool."""
+    fields: dict[tuple[str, str | None], str] = {("answer", None): answer_at, ("tools", None): "tools"}
+    for i, tool in enumerate(tools or ()):
+        fields["tool", tool["function"]["name"]] = tool_at.format(i)
+    return fields
+
+
+def schema_refusal(turn: ChatTurn, exc: GrammarError) -> ApiError:
+    """The grammar's refusal of a request's schema (or its failure mid-reply), naming the field it is in."""
+    where = turn.schema_fields.get((exc.part, exc.tool if exc.part == "tool" else None))
+    return ApiError(400, f"{where}: {exc}" if where else str(exc), where)
 
 
 def answer_schema(schema: Any, where: str) -> dict[str, Any]:

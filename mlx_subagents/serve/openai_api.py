@@ -31,6 +31,7 @@ from .chat_turn import (
     function_tool,
     named_once,
     refuse_prefill,
+    schema_fields,
     stop_sequences,
     validated,
     visible_content,
@@ -150,6 +151,7 @@ def parse_chat(body: dict[str, Any]) -> ChatShape:
         answer_schema=_answer_schema(request.response_format),
         tool_choice=choice if choice != "none" else "auto",
         stream=request.stream,
+        schema_fields=schema_fields(tools, "tools[{}].function.parameters", "response_format.json_schema.schema"),
     )
     single = request.parallel_tool_calls is False
     return ChatShape(turn, request.stream_options is not None and request.stream_options.include_usage, single)

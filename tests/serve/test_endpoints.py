@@ -184,6 +184,36 @@ def test_the_sdks_talk_to_the_served_model_and_later_turns_reuse_its_cache(
         and f"4 turns, last prompt {third.usage.prompt_tokens:,}" in shown
     )
 
+    # A schema the grammar cannot hold within a request's limits (the lexer gives up on this pattern: a mask step
+    # took 1.6 s at llguidance's defaults) is refused before its turn, in one line naming its field.
+    hostile = {"type": "object", "properties": {"v": {"type": "string", "pattern": "^a{1000000}$"}}, "required": ["v"]}
+    gave_up = "(lexer error: too many expressions constructed); send a simpler schema (smaller counted repetitions in "
+    gave_up += "patterns, fewer alternatives or values, less nesting)"
+    with pytest.raises(openai.BadRequestError) as refused:
+        oa.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "the forecast as JSON"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": hostile}},
+        )
+    where = "response_format.json_schema.schema"
+    assert refused.value.body == {
+        "message": f"{where}: the answer cannot be held to this schema by the grammar {gave_up}",
+        "type": "invalid_request_error",
+        "param": where,
+        "code": None,
+    }
+    with pytest.raises(anthropic.BadRequestError) as rejected:
+        an.messages.create(
+            model=model, max_tokens=8, messages=turns[:1], tools=[*tools, {"name": "f", "input_schema": hostile}]
+        )
+    assert rejected.value.body == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": f"tools[1].input_schema: calls to 'f' cannot be held to its parameters by the grammar {gave_up}",
+        },
+    }
+
 
 def test_a_client_that_goes_away_frees_its_turn_at_once(
     serve_process: Any, tmp_path: Path, tiny_qwen3_path: Path

@@ -11,18 +11,36 @@ llguidance computes the mask while the model runs. In a batch the same is done f
 rows of a step at once (`masks.MaskBatch`); the processor itself then serves the single path and a
 row's first step. llguidance's mlx bitmask kernel is Metal-only, so the mask is
 applied with ordinary mlx ops. Near the reply's token limit, what is open is closed (`closing.py`).
+
+A grammar that fails on a token it allowed (llguidance gave up within its limits, mid-reply) does not let
+the reply go on unconstrained as if it were held: the failure (`Constrainer.failure`) ends the turn, with
+its error, at its next token (the decode stage's `_on_token`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from ...errors import GrammarError
 from .closing import CLOSE_WINDOW, Closers, shortest_close, still_closes
 
 if TYPE_CHECKING:  # imported where they run: importing the host stays quick
     import mlx.core as mx
     import numpy as np
+
+
+# How far `Prototype.walked` follows a grammar's structure: tokens, and the most a step may allow.
+WALK_TOKENS = 256
+WALK_WIDTH = 16
+SIMPLER = "send a simpler schema (smaller counted repetitions in patterns, fewer alternatives or values, less nesting)"
+
+
+def guidance_error(error: str) -> str:
+    """llguidance's error as one short line: its first, without the position in our grammar's text."""
+    line = re.sub(r"^at \d+\(\d+\): ", "", error.strip().split("\n", 1)[0])
+    return line if len(line) <= 200 else f"{line[:197]}..."
 
 
 class Prototype:
@@ -33,9 +51,35 @@ class Prototype:
         self._first: dict[int, np.ndarray] = {}
         self._blocked: dict[int, mx.array] = {}
         self._bitmask: Any = None
+        self._walked: str | None = None
 
     def copy(self) -> Any:
         return self.matcher.deep_copy()
+
+    def walked(self, tokenizer: Any) -> str:
+        """Why the grammar fails along its structure ("" where it does not), walked once on a copy with a
+        buffer of its own (any thread): while a step allows few tokens (braces, keys, markers: not free
+        text), the longest is taken (`tokenizer`: llguidance's). A lexeme is built at the first mask that
+        reaches it, so what a schema's first values blow up on fails here, not mid-reply."""
+        if self._walked is None:
+            import llguidance.numpy as llnp
+            import numpy as np
+
+            matcher, bitmask = self.copy(), llnp.allocate_token_bitmask(1, self.vocab_size)
+            for _ in range(WALK_TOKENS):
+                llnp.fill_next_token_bitmask(matcher, bitmask)
+                allowed = [int(t) for t in np.flatnonzero(unpack(bitmask, self.vocab_size)[0]) if t not in self.eos]
+                if matcher.is_error() or not 0 < len(allowed) <= WALK_WIDTH:
+                    break
+                if not matcher.consume_token(max(allowed, key=lambda t: len(tokenizer.decode_bytes([t])))):
+                    break
+            self._walked = guidance_error(matcher.get_error()) if matcher.is_error() else ""
+        return self._walked
+
+    def gave_up(self, reason: str) -> None:
+        """A copy failed mid-reply: the copies share the lexer that gave up, so `walked` says it from now on
+        (the next request with these schemas is refused before its turn)."""
+        self._walked = reason
 
     def first_row(self, vocab: int) -> np.ndarray:
         """The mask of the grammar's first token, as a bool row of `vocab` on the host (made once)."""
@@ -132,6 +176,10 @@ class Constrainer:
         self._mode: Literal["calls", "answer"] = "calls"
         self.engaged: Literal["calls", "answer"] | None = None
         self.broken = False
+        self.failure: GrammarError | None = None  # the grammar failed on what it allowed: the turn ends with it
+        # What each grammar holds the reply to, as `GrammarError.part` and tool (set by `Grammars.processor`).
+        self.parts: dict[str, tuple[str, str | None]] = {"calls": ("tools", None), "answer": ("answer", None)}
+        self._mask: np.ndarray | None = None  # the last mask this processor made (None: not its own)
         self._pending_answer = answer is not None  # the answer's grammar starts when the reply does
         # A thinking model's reply whose prompt did not open the thought may open it first.
         self._free_start = self._pending_answer and not self.thinking and think is not None and len(think[0]) == 1
@@ -140,7 +188,7 @@ class Constrainer:
 
     def _engage(self, proto: Prototype, what: Literal["calls", "answer"]) -> None:
         self._matcher, self._active, self.engaged = proto.copy(), proto, self.engaged or what
-        self._mode = what
+        self._mode, self._mask = what, None
         if what == "answer":
             self._pending_answer, self._opened_at = False, len(self._tokens)
 
@@ -196,6 +244,10 @@ class Constrainer:
         rows' already), the thought's opening at a reply that may open one, only the closing of what is
         open when the reply's limit is near."""
         allowed = self._active.allowed(self._matcher, vocab) if row is None else row  # type: ignore[union-attr]
+        if self._matcher.is_error():  # llguidance gave up making the mask
+            self._fail()
+            allowed[:] = True
+            return allowed
         if row is not None:
             self._active.accept_end(self._matcher, allowed)  # type: ignore[union-attr]
         if self._free_start and not self._tokens:  # the reply may open its thought first
@@ -203,6 +255,7 @@ class Constrainer:
         if self.limit is not None and (close := self._close(allowed)) is not None:
             allowed[:] = False
             allowed[close] = True
+        self._mask = allowed
         return allowed
 
     def _close(self, allowed: np.ndarray) -> int | None:
@@ -301,13 +354,30 @@ class Constrainer:
         return False
 
     def consumed(self, ok: bool) -> None:
-        """The running matcher consumed the last token (`ok`), or rejected it: the grammar lets go."""
+        """The running matcher consumed the last token (`ok`), or rejected it: the grammar lets go. A token
+        its own mask allowed is the grammar's failure (`_fail`); one it did not, another processor's forcing."""
         if not ok:
+            token, mask = self._tokens[-1], self._mask
+            if mask is not None and token < mask.size and mask[token]:
+                self._fail()
             self.broken, self._matcher, self.engaged = True, None, None
         elif self._mode == "answer":
             self._measure(self._matcher.is_accepting())  # type: ignore[union-attr]
         elif self._matcher.is_stopped() and not self.ends_reply:  # type: ignore[union-attr]
             self._matcher = None  # the call is closed: free again (after an answer, only its end)
+
+    def _fail(self) -> None:
+        """The grammar failed on what it allowed (llguidance gave up within its limits): `failure` says so,
+        and the decode stage ends the turn with it."""
+        if self.failure is None:
+            part, tool = self.parts[self._mode]
+            what = {"answer": "the answer's schema", "tool": f"the parameters of {tool!r}"}.get(
+                part, "the tools' parameters"
+            )
+            reason = guidance_error(self._matcher.get_error())  # type: ignore[union-attr]
+            message = f"the grammar holding the reply to {what} failed at its token {len(self._tokens)} ({reason})"
+            self.failure = GrammarError(f"{message}; {SIMPLER}", part, tool)
+            self._active.gave_up(reason)  # type: ignore[union-attr]
 
     def _measure(self, accepting: bool) -> None:
         """How many tokens the last call (or answer) the answer's grammar holds took, from where it

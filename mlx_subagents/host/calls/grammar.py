@@ -16,21 +16,46 @@ keeps the two halves apart: `Grammars` compiles each grammar once per host (the 
 
 The llguidance tokenizer (about a second to build on a real vocabulary) and each compiled grammar
 are cached per host; a request gets a copy of the matcher (`constrainer.py`).
+
+A client's schemas (the endpoints' requests: `Request.client_schemas`) are held to tighter limits of
+llguidance's (`REQUEST_LIMITS`) than the agents' own, and checked before the turn is admitted, off the mlx
+thread (`check`): one the grammar cannot hold within them is refused (`GrammarError`), never loosened.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections import OrderedDict
 from typing import Any
 
+from ...errors import GrammarError
 from ..protocol import ToolSchema
 from .call_schema import GUIDANCE, closed, function_of
 from .closing import Closers
-from .constrainer import Constrainer, Prototype
+from .constrainer import SIMPLER, Constrainer, Prototype, guidance_error
 from .formats import CallSyntax, Markers, call_syntax
 
 log = logging.getLogger(__name__)
+# llguidance's limits for a grammar of a client's schemas, tighter than its defaults (which the agents' own
+# grammars keep): a lexeme is built lazily, at the mask step that first reaches it, so a pattern such as
+# `^a{1000000}$` cost one mask step 1.6 s of the tiny model's vocabulary, and `^((a{100}){100}){100}$`
+# 4.8-7.6 s, at the defaults, before llguidance gave up. `initial_lexer_fuel` bounds the expressions a
+# lexeme builds (those steps: 0.1-0.3 s at 50,000; a 42-tool grammar, 17 tools shaped as Claude Code's,
+# an enum of 1,000 values compile within it, one of 5,000 does not); the rest bound a mask step's lexer and
+# parser work, the lexer's states (1-2 kB each), the grammar's size and one alternation's width.
+REQUEST_LIMITS = {
+    "initial_lexer_fuel": 50_000,
+    "step_lexer_fuel": 50_000,
+    "step_max_items": 20_000,
+    "max_lexer_states": 50_000,
+    "max_grammar_size": 100_000,
+    "max_items_in_row": 500,
+    "verbose_errors": False,
+}
+# Compiled grammars a host keeps: a client may send new schemas with every request.
+MAX_COMPILED = 256
 
 
 def call_lark(
@@ -68,8 +93,9 @@ class Grammars:
     def __init__(self, tokenizer: Any, kind: str, start: str, end: str) -> None:
         self._tokenizer = tokenizer
         self._ll: Any = None
-        self._compiled: dict[str, Prototype | None] = {}
+        self._compiled: OrderedDict[str, Prototype | str] = OrderedDict()  # a grammar, or why it failed
         self._tools: dict[str, bool] = {}  # per tool: whether its call can be expressed (`_expressible`)
+        self._lock = threading.Lock()  # the caches (`check` runs off the mlx thread); never held while compiling
         self.syntax = call_syntax(kind)
         self.start_ids = tuple(tokenizer.encode(start, add_special_tokens=False))
         self.markers = Markers(self._term(start), self._term(end) if end else "", self._term)
@@ -97,51 +123,103 @@ class Grammars:
         thinks: bool = True,
         *,
         require_call: bool = False,
+        client: bool = False,
     ) -> Constrainer | None:
         """The processor for one request; None with nothing to constrain (or nothing expressible).
 
         `opened`: the prompt ended inside a thought; `thinks`: the reply may think (a model that
         does not, though its vocabulary has the markers, gets no thought watched); `require_call`: the
-        reply is calls to `tools`, held from its start (after a thought) as an answer would be."""
+        reply is calls to `tools`, held from its start (after a thought) as an answer would be;
+        `client`: the schemas are a client's (`REQUEST_LIMITS`, passed `check`)."""
         tools = tools or None
         answer = None
         if require_call and tools:
-            answer = self._prototype("required", tools, None)
+            answer = self._prototype("required", tools, None, client)
         elif answer_schema is not None:
-            answer = self._prototype("answer", tools, answer_schema)
-        calls = self._prototype("calls", tools, None) if tools and self.start_ids else None
+            answer = self._prototype("answer", tools, answer_schema, client)
+        calls = self._prototype("calls", tools, None, client) if tools and self.start_ids else None
         if answer is None and calls is None:
             return None
         ends = not self.markers.end
         think = self.think if thinks or opened else None
-        return Constrainer(answer, calls, self.start_ids, think, self.eos, opened, ends, self.closers)
+        held = Constrainer(answer, calls, self.start_ids, think, self.eos, opened, ends, self.closers)
+        names = [function_of(t)["name"] for t in tools or ()]
+        held.parts["calls"] = ("tool", names[0]) if len(names) == 1 else ("tools", None)
+        held.parts["answer"] = held.parts["calls"] if answer_schema is None or require_call else ("answer", None)
+        return held
 
     def calls(self, tools: list[ToolSchema]) -> Prototype | None:
         """The compiled grammar of a call to one of `tools` (what `subagent doctor` probes)."""
         return self._prototype("calls", tools, None)
 
-    def _prototype(self, mode: str, tools: list[ToolSchema] | None, schema: dict[str, Any] | None) -> Prototype | None:
-        """The compiled matcher of one grammar, compiled once. A tool whose schema llguidance cannot
-        express gets one warning and any object as its arguments (its name stays constrained); an
-        answer schema it cannot express, one warning and a free answer."""
-        import llguidance
+    def check(self, tools: list[ToolSchema] | None, answer_schema: dict[str, Any] | None, require_call: bool) -> None:
+        """Build a client's grammars under `REQUEST_LIMITS` before its turn is admitted (off the mlx thread):
+        each tool's alone and the answer's alone, so that a refusal names its part, then those `processor`
+        uses; each one walked along its structure (`Prototype.walked`: a lexeme is built where a mask first
+        reaches it, so the schema's first values are built here, not mid-reply).
+        What fails is a `GrammarError`; the grammars that pass are cached for `processor`."""
+        tools = tools or None
+        for tool in tools or ():
+            name = function_of(tool)["name"]
+            self._held("tool", ("calls", [tool], None), f"calls to {name!r} cannot be held to its parameters", name)
+        if answer_schema is not None:
+            self._held("answer", ("answer", None, answer_schema), "the answer cannot be held to this schema")
+        if require_call and tools:
+            self._held("tools", ("required", tools, None), "a reply of calls to these tools cannot be held")
+        elif answer_schema is not None and tools:
+            self._held("answer", ("answer", tools, answer_schema), "an answer or calls to these tools cannot be held")
+        if tools and self.start_ids:
+            self._held("tools", ("calls", tools, None), "calls to these tools together cannot be held")
+
+    def _held(self, part: str, grammar: tuple[str, Any, Any], what: str, tool: str | None = None) -> None:
+        built = self._built(*grammar, client=True)
+        reason = built if isinstance(built, str) else built.walked(self._ll)
+        if reason:
+            raise GrammarError(f"{what} by the grammar ({reason}); {SIMPLER}", part, tool)
+
+    def _prototype(
+        self, mode: str, tools: list[ToolSchema] | None, schema: dict[str, Any] | None, client: bool = False
+    ) -> Prototype | None:
+        """The compiled matcher of one grammar (None: it failed). A tool of the agents' own whose schema
+        llguidance cannot express gets one warning and any object as its arguments (its name stays
+        constrained); an answer schema it cannot express, one warning and a free answer."""
+        built = self._built(mode, tools, schema, client=client)
+        return None if isinstance(built, str) else built
+
+    def _built(
+        self, mode: str, tools: list[ToolSchema] | None, schema: dict[str, Any] | None, *, client: bool
+    ) -> Prototype | str:
+        """One grammar compiled once (the `MAX_COMPILED` used last kept), or why llguidance refused it."""
+        key = json.dumps([mode, tools, schema, client], sort_keys=True)
+        with self._lock:
+            if key in self._compiled:
+                self._compiled.move_to_end(key)
+                return self._compiled[key]
+        ll = self._guidance()
+        loose = frozenset(function_of(t)["name"] for t in tools or () if not client and not self._expressible(t))
+        if mode in ("answer", "required"):
+            matcher = self._compile(answer_lark(self.syntax, self.markers, schema, tools, loose), client)
+        else:
+            matcher = self._compile(call_lark(self.syntax, self.markers, tools or [], loose), client)
+        built = (
+            guidance_error(matcher.get_error()) if matcher.is_error() else Prototype(matcher, ll.vocab_size, self.eos)
+        )
+        if isinstance(built, str) and mode in ("answer", "required") and not client:
+            log.warning("the answer is decoded without a grammar: its schema cannot be expressed")
+        with self._lock:
+            self._compiled[key] = built
+            if len(self._compiled) > MAX_COMPILED:
+                self._compiled.popitem(last=False)
+        return built
+
+    def _guidance(self) -> Any:
+        """llguidance's view of the tokenizer, made at the first grammar."""
         import llguidance.hf
 
-        key = json.dumps([mode, tools, schema], sort_keys=True)
-        if key in self._compiled:
-            return self._compiled[key]
         if self._ll is None:
             hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
             self._ll = llguidance.hf.from_tokenizer(hf)
-        loose = frozenset(function_of(t)["name"] for t in tools or () if not self._expressible(t))
-        if mode in ("answer", "required"):
-            matcher = self._compile(answer_lark(self.syntax, self.markers, schema, tools, loose))
-            if matcher.is_error():
-                log.warning("the answer is decoded without a grammar: its schema cannot be expressed")
-        else:
-            matcher = self._compile(call_lark(self.syntax, self.markers, tools or [], loose))
-        self._compiled[key] = None if matcher.is_error() else Prototype(matcher, self._ll.vocab_size, self.eos)
-        return self._compiled[key]
+        return self._ll
 
     def _expressible(self, tool: ToolSchema) -> bool:
         """Whether llguidance can express `tool`'s call, tried once per tool (its one warning if not),
@@ -154,7 +232,8 @@ class Grammars:
                 log.warning("calls to %s are decoded without a grammar: its schema cannot be expressed", name)
         return self._tools[key]
 
-    def _compile(self, lark: str) -> Any:
+    def _compile(self, lark: str, client: bool = False) -> Any:
         import llguidance
 
-        return llguidance.LLMatcher(self._ll, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+        limits = llguidance.LLParserLimits(**REQUEST_LIMITS) if client else None
+        return llguidance.LLMatcher(self._ll, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0, limits=limits)

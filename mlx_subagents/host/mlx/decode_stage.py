@@ -415,7 +415,10 @@ class DecodeStage:
     # -- tokens and leaving -----------------------------------------------------------
 
     def _on_token(self, turn: Turn, token: int) -> FinishReason | None:
-        """Record a token and queue it for streaming (the outbox); "stop" at an end-of-turn token."""
+        """Record a token and queue it for streaming (the outbox); "stop" at an end-of-turn token. A grammar
+        that failed on what it allowed ends its turn here, with its error (`Constrainer.failure`)."""
+        if (grammar := turn.decode.grammar) is not None and grammar.failure is not None:
+            raise grammar.failure
         if not turn.decode.generated:
             turn.decode.prompt_s = time.perf_counter() - turn.prefill.started  # type: ignore[union-attr]
         turn.decode.generated.append(token)

@@ -101,6 +101,8 @@ class MlxSession:
             forking, self._forking = self._forking, None
             await forking
         turn = Turn(self.name, self._state, request, cancel, sink)
+        if request.client_schemas:  # refused before it is admitted, off the mlx thread, if its grammar fails
+            await asyncio.to_thread(self._host._scheduler.decode.processors.check, request)
         try:  # its prompt made off the mlx thread (`prompt_worker.py`), then queued there
             await self._host._prompts.submit(turn)
         except asyncio.CancelledError:

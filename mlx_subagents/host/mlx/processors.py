@@ -6,13 +6,14 @@ its draws seeded where its request names a seed.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ..calls.constrainer import Constrainer
 from ..calls.grammar import Grammars
 from ..calls.thinking import prompt_opens_thought, thought_budget
 from ..protocol import ProcessorFactory
-from .turn import Turn
+from .turn import Request, Turn
 
 
 class Processors:
@@ -26,6 +27,7 @@ class Processors:
         self.tokenizer = tokenizer
         self.call_format = call_format
         self._grammars: Grammars | None = None  # made at the first request with a grammar
+        self._lock = threading.Lock()  # making it: a client's grammar is checked off the mlx thread
         # One sampler per (temperature, top_p, top_k): mlx-lm samples the rows sharing one as one batch.
         self._samplers: dict[tuple[float, float, int], Any] = {}
 
@@ -54,15 +56,31 @@ class Processors:
         """The turn's grammar for its calls and answer: first of its processors (a processor after it that
         forces a token wins, and the grammar lets go there: no check on the device of what the others
         left), before the thought budget, so a thought is closed even mid-call."""
-        if self._grammars is None:
-            assert self.call_format is not None, "a request with a grammar needs the host's call format"
-            self._grammars = Grammars(self.tokenizer, *self.call_format)
         request = turn.request
         opened = prompt_opens_thought(self.tokenizer, turn.ids)
         thinks = bool(request.thinking)  # None: not a thinking model; 0: thinking off
-        return self._grammars.processor(
-            request.grammar_tools, request.answer_schema, opened, thinks, require_call=request.require_call
+        return self.grammars().processor(
+            request.grammar_tools,
+            request.answer_schema,
+            opened,
+            thinks,
+            require_call=request.require_call,
+            client=request.client_schemas,
         )
+
+    def check(self, request: Request) -> None:
+        """Build and check a client's grammar before its turn is admitted, off the mlx thread (`Grammars.check`):
+        what it cannot hold is refused there (`GrammarError`), and what it can is compiled for the turn."""
+        if request.grammar_tools or request.answer_schema is not None:
+            self.grammars().check(request.grammar_tools, request.answer_schema, request.require_call)
+
+    def grammars(self) -> Grammars:
+        """The host's grammars, made at the first request with one (from the mlx thread or a client's check)."""
+        with self._lock:
+            if self._grammars is None:
+                assert self.call_format is not None, "a request with a grammar needs the host's call format"
+                self._grammars = Grammars(self.tokenizer, *self.call_format)
+            return self._grammars
 
     def sampler(self, temperature: float, top_p: float = 1.0, top_k: int = 0) -> Any:
         """The sampler of `temperature`, `top_p` and `top_k`, one object for every turn that has them: mlx-lm

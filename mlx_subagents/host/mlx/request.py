@@ -44,6 +44,7 @@ def make_request(
         top_k=args.top_k if args.top_k < tokenizer.vocab_size else 0,
         seed=args.seed,
         store_prompt=args.store_prompt,
+        client_schemas=args.client_schemas,
     )
     if args.tool_choice != "auto" and tools:
         request = replace(request, grammar_tools=chosen_tools(tools, args.tool_choice, grammar), require_call=True)

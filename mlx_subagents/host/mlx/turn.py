@@ -73,6 +73,7 @@ class Request:
     top_k: int = 0  # 0: every token
     seed: int | None = None
     store_prompt: bool = False  # its conversation is kept in the disk tier (`PrefillStage.store_prompt`)
+    client_schemas: bool = False  # its schemas are a client's: checked before admission (`Processors.check`)
     given: Message | None = None  # the session's last reply as presented: one sent back edited is not spliced
 
     @property
