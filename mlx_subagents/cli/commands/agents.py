@@ -36,26 +36,13 @@ def agents(
     Example: subagent agents --json
     """
     from ...agents.discovery import discover_agents
-    from ...agents.spec import sandbox_default
     from ..mcp_servers import agent_mcp_line, mcp_entries
 
     root = Path(cwd).resolve()
     catalog = discover_agents(root, scope=scope.value)  # type: ignore[arg-type]
     print_warnings(catalog)
     entries = mcp_entries(catalog, root)[0] if verbose else []
-    rows = [
-        {
-            "name": s.name,
-            "description": s.description,
-            "tools": list(s.tools),
-            "source": s.source,
-            "file": str(s.path),
-            "writer": s.is_writer(),
-            "sandbox": sandbox_default(s),
-            "permission": s.permission,
-        }
-        for s in sorted(catalog.agents.values(), key=lambda s: s.name)
-    ]
+    rows = [_agent_row(s) for s in sorted(catalog.agents.values(), key=lambda s: s.name)]
     if as_json:
         out.print_json(json.dumps(rows))
         return
@@ -71,6 +58,22 @@ def agents(
                 out.print(f"  {line}", markup=False)
     if verbose:
         _show_project_context(root, [name for name in catalog.names() if catalog.agents[name].context == "none"])
+
+
+def _agent_row(spec: AgentSpec) -> dict[str, Any]:
+    """One agent as `subagent agents --json` lists it (and the plain listing reads it)."""
+    from ...agents.spec import sandbox_default
+
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "tools": list(spec.tools),
+        "source": spec.source,
+        "file": str(spec.path),
+        "writer": spec.is_writer(),
+        "sandbox": sandbox_default(spec),
+        "permission": spec.permission,
+    }
 
 
 def _skills_line(spec: AgentSpec, found: dict[str, Any]) -> str:
