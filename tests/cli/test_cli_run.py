@@ -18,7 +18,7 @@ import pytest
 from mlx_subagents.cli.doctor import grammar_line
 from tests.helpers import REPO, alive, call
 
-pytestmark = pytest.mark.process  # all but test_doctor_says_why_the_grammar_path_does_not_work
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("preloaded_cli")]  # process: all but one doctor test
 
 APP_PY = "import json\n\ndef load_config(path):\n    return json.load(open(path))\n"
 SECRET = "hunter2-do-not-leak"
@@ -46,14 +46,29 @@ EXTRA_USAGE = {"compactions", "kv_bytes", "constrained_calls", "constrained_answ
 EXTRA_USAGE |= {"drafted_tokens", "accepted_tokens"}
 
 
-def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`subagent ARGS...` in a fresh interpreter, output to pipes as in CI: stdin is not a terminal
-    and no `$COLUMNS`, so a long message must still come out as one line."""
+# What `subagent run` imports before it runs: while `preloaded_cli` (conftest.py) holds it, `cli` runs each
+# command in a fork of a process that imported them (tests/preloaded.py), not 1 s of CPU a command anew.
+CLI_PRELOAD = [
+    "mlx_subagents.cli", "mlx_subagents.cli.commands.run", "mlx_subagents.runs.runner", "mlx_subagents.runs.execution",
+    "mlx_subagents.runs.prepare", "mlx_subagents.host.scripted",
+]  # fmt: skip
+CLI_PYTHON = [sys.executable]
+
+
+def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of `cli`'s commands: ours, this checkout on the path, no `$COLUMNS` nor default model."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     for name in ("MLX_SUBAGENTS_MODEL", "COLUMNS"):
         full_env.pop(name, None)
+    return full_env
+
+
+def cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`subagent ARGS...` in a process of its own, output to pipes as in CI: stdin is not a terminal
+    and no `$COLUMNS`, so a long message must still come out as one line."""
+    full_env = cli_env(env)
     return subprocess.run(
-        [sys.executable, "-m", "mlx_subagents.cli", *map(str, args)],
+        [*CLI_PYTHON, "-m", "mlx_subagents.cli", *map(str, args)],
         cwd=REPO,
         env=full_env,
         stdin=subprocess.DEVNULL,

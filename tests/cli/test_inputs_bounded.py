@@ -19,7 +19,8 @@ from mlx_subagents.runs.transcripts import runs_dir
 from mlx_subagents.text import MAX_WARNING_CHARS
 from tests.cli.test_cli_run import cli
 
-pytestmark = pytest.mark.process  # all but test_file_name_is_bounded_and_keeps_long_names_apart
+# process: all but test_file_name_is_bounded_and_keeps_long_names_apart
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("preloaded_cli")]
 
 LIMIT = "1,048,576"
 NOT_REGULAR = "not a regular file (a FIFO, device or socket)"
