@@ -100,3 +100,18 @@ def test_a_grammar_that_fails_mid_reply_ends_only_its_turn_with_its_error(
     assert str(single) == message
     assert (beside.text, beside.usage.generated_tokens) == (alone.text, 24)
     assert str(again) == f"the answer cannot be held to this schema by the grammar ({expressions}); {SIMPLER}"
+
+
+def test_the_compiled_grammars_kept_are_bounded(tiny_qwen3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client may send a new schema with every request: the host keeps the grammars it used last, up to
+    `MAX_COMPILED`, and compiles an older one again when it comes back."""
+    from mlx_subagents.host.calls import grammar
+
+    monkeypatch.setattr(grammar, "MAX_COMPILED", 3)
+    grammars = grammar.Grammars(tiny_qwen3[1], "json", "<tool_call>", "</tool_call>")
+    schemas = [obj(**{f"k{i}": {"type": "integer"}}) for i in range(5)]
+    for schema in schemas:
+        grammars.check(None, schema, False)
+    assert len(grammars._compiled) == 3
+    assert grammars.processor(None, schemas[0], False, client=True) is not None  # compiled again
+    assert len(grammars._compiled) == 3

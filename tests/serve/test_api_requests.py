@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from mlx_subagents.errors import GrammarError
 from mlx_subagents.host.mlx.mlx_host import MlxModelHost
 from mlx_subagents.runs.hosts import SessionNames
 from mlx_subagents.serve.anthropic_api import count_tokens_request, parse_messages
 from mlx_subagents.serve.api_errors import ApiError
-from mlx_subagents.serve.chat_turn import Finished, start_turn
+from mlx_subagents.serve.chat_turn import Finished, schema_refusal, start_turn
 from mlx_subagents.serve.conversations import Conversations
 from mlx_subagents.serve.openai_api import parse_chat
 
@@ -121,3 +122,42 @@ def test_a_thinking_models_thought_counts_in_the_requests_max_tokens(
     reply = asyncio.run(go()).reply
     assert reply.usage.generated_tokens == len(reply.token_ids) == 20
     assert reply.token_ids[18] == THINK_END and reply.token_ids.count(THINK_END) == 1 and reply.reasoning
+
+
+def tool(name: str, api: str) -> dict[str, Any]:
+    schema = {"type": "object", "properties": {"v": {"type": "string"}}}
+    if api == "openai":
+        return {"type": "function", "function": {"name": name, "parameters": schema}}
+    return {"name": name, "input_schema": schema}
+
+
+@pytest.mark.parametrize(
+    ("api", "extra", "part", "field"),
+    [
+        ("openai", {"tools": [tool("f", "openai"), tool("g", "openai")]}, "tool", "tools[1].function.parameters"),
+        ("openai", {"tools": [tool("f", "openai"), tool("g", "openai")]}, "tools", "tools"),
+        (
+            "openai",
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}},
+            "answer",
+            "response_format.json_schema.schema",
+        ),
+        ("anthropic", {"tools": [tool("f", "anthropic"), tool("g", "anthropic")]}, "tool", "tools[1].input_schema"),
+        (
+            "anthropic",
+            {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+            "answer",
+            "output_config.format.schema",
+        ),
+        ("anthropic", {"output_format": {"type": "json_schema", "schema": SCHEMA}}, "answer", "output_format.schema"),
+    ],
+)
+def test_the_grammars_refusal_of_a_schema_names_the_field_it_came_in(
+    api: str, extra: dict[str, Any], part: str, field: str
+) -> None:
+    """The host says which schema its grammar cannot hold (the answer's, a tool's by name, the tools
+    together); the client is told where its request has it, in its API's words."""
+    parse = parse_chat if api == "openai" else parse_messages
+    turn = parse({"model": "m", "max_tokens": 8, "messages": USER, **extra}).turn
+    refused = schema_refusal(turn, GrammarError("why", part, "g" if part == "tool" else None))
+    assert (refused.status, refused.message, refused.param) == (400, f"{field}: why", field)
