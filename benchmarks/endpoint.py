@@ -47,7 +47,7 @@ it) through OpenBLAS (Debian's libopenblas0-pthread), and split the run in two i
 
     export LD_PRELOAD=/lib/x86_64-linux-gnu/libopenblas.so.0
     python benchmarks/endpoint.py --model smollm2 --dequantize --clients 1 --turns 3 --tokens 16 --json
-    python benchmarks/endpoint.py --model smollm2 --dequantize --clients 4 --turns 2 --tokens 16 --no-restart --json
+    python benchmarks/endpoint.py --model smollm2 --dequantize --clients 4 --turns 3 --tokens 16 --no-restart --json
 
 The table's second line names the BLAS libraries the servers mapped and `LD_PRELOAD`.
 """
