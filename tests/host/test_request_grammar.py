@@ -115,3 +115,27 @@ def test_the_compiled_grammars_kept_are_bounded(tiny_qwen3: Any, monkeypatch: py
     assert len(grammars._compiled) == 3
     assert grammars.processor(None, schemas[0], False, client=True) is not None  # compiled again
     assert len(grammars._compiled) == 3
+
+
+def test_a_clients_tool_with_a_keyword_llguidance_does_not_implement_is_loosened_as_an_agents(
+    tiny_qwen3: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`uniqueItems` (common in MCP tools' schemas) is no keyword of llguidance's: a client's tool with it
+    has any object as its arguments, with the agents' one warning, and the request goes on (OpenAI's
+    non-strict tools take any schema); an answer's schema with it is refused, as a strict one is."""
+    from mlx_subagents.host.calls.grammar import Grammars
+
+    tags = obj(tags={"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+    tool = {"type": "function", "function": {"name": "tag", "parameters": tags}}
+    grammars = Grammars(tiny_qwen3[1], "json", "<tool_call>", "</tool_call>")
+    grammars.check([tool], None, True)
+    held = grammars.processor([tool], None, False, require_call=True, client=True)
+    assert held is not None and held.parts == {"calls": ("tool", "tag"), "answer": ("tool", "tag")}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "mlx_subagents.host.calls.grammar"]
+    assert warnings == ["calls to tag are decoded without a grammar: its schema cannot be expressed"]
+    with pytest.raises(GrammarError) as refused:
+        grammars.check(None, tags, False)
+    assert str(refused.value) == (
+        "the answer cannot be held to this schema by the grammar (failed to compile JSON schema: Unimplemented keys: "
+        '["uniqueItems"]); send it without those keys'
+    )

@@ -94,7 +94,7 @@ class Grammars:
         self._tokenizer = tokenizer
         self._ll: Any = None
         self._compiled: OrderedDict[str, Prototype | str] = OrderedDict()  # a grammar, or why it failed
-        self._tools: dict[str, bool] = {}  # per tool: whether its call can be expressed (`_expressible`)
+        self._tools: OrderedDict[str, bool] = OrderedDict()  # per tool: whether its call can be expressed
         self._lock = threading.Lock()  # the caches (`check` runs off the mlx thread); never held while compiling
         self.syntax = call_syntax(kind)
         self.start_ids = tuple(tokenizer.encode(start, add_special_tokens=False))
@@ -155,13 +155,15 @@ class Grammars:
     def check(self, tools: list[ToolSchema] | None, answer_schema: dict[str, Any] | None, require_call: bool) -> None:
         """Build a client's grammars under `REQUEST_LIMITS` before its turn is admitted (off the mlx thread):
         each tool's alone and the answer's alone, so that a refusal names its part, then those `processor`
-        uses; each one walked along its structure (`Prototype.walked`: a lexeme is built where a mask first
+        uses (a tool llguidance cannot express at all, such as one with a keyword it does not implement,
+        is loosened as an agent's is, OpenAI's non-strict tools' way; an answer's schema is refused); each one walked along its structure (`Prototype.walked`: a lexeme is built where a mask first
         reaches it, so the schema's first values are built here, not mid-reply).
         What fails is a `GrammarError`; the grammars that pass are cached for `processor`."""
         tools = tools or None
         for tool in tools or ():
             name = function_of(tool)["name"]
-            self._held("tool", ("calls", [tool], None), f"calls to {name!r} cannot be held to its parameters", name)
+            if self._expressible(tool):  # else its arguments are any object, as an agent's tool's (one warning)
+                self._held("tool", ("calls", [tool], None), f"calls to {name!r} cannot be held to its parameters", name)
         if answer_schema is not None:
             self._held("answer", ("answer", None, answer_schema), "the answer cannot be held to this schema")
         if require_call and tools:
@@ -173,9 +175,10 @@ class Grammars:
 
     def _held(self, part: str, grammar: tuple[str, Any, Any], what: str, tool: str | None = None) -> None:
         built = self._built(*grammar, client=True)
-        reason = built if isinstance(built, str) else built.walked(self._ll)
+        reason = built if isinstance(built, str) else built.walked(self._guidance())
         if reason:
-            raise GrammarError(f"{what} by the grammar ({reason}); {SIMPLER}", part, tool)
+            fix = "send it without those keys" if "Unimplemented keys" in reason else SIMPLER
+            raise GrammarError(f"{what} by the grammar ({reason}); {fix}", part, tool)
 
     def _prototype(
         self, mode: str, tools: list[ToolSchema] | None, schema: dict[str, Any] | None, client: bool = False
@@ -196,7 +199,7 @@ class Grammars:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
         ll = self._guidance()
-        loose = frozenset(function_of(t)["name"] for t in tools or () if not client and not self._expressible(t))
+        loose = frozenset(function_of(t)["name"] for t in tools or () if not self._expressible(t))
         if mode in ("answer", "required"):
             matcher = self._compile(answer_lark(self.syntax, self.markers, schema, tools, loose), client)
         else:
@@ -225,15 +228,24 @@ class Grammars:
         """Whether llguidance can express `tool`'s call, tried once per tool (its one warning if not),
         whichever grammars the tool is then part of."""
         key = json.dumps(tool, sort_keys=True)
-        if key not in self._tools:
-            self._tools[key] = not self._compile(call_lark(self.syntax, self.markers, [tool])).is_error()
-            if not self._tools[key]:
-                name = function_of(tool)["name"]
-                log.warning("calls to %s are decoded without a grammar: its schema cannot be expressed", name)
-        return self._tools[key]
+        with self._lock:
+            if key in self._tools:
+                self._tools.move_to_end(key)
+                return self._tools[key]
+        expressible = not self._compile(call_lark(self.syntax, self.markers, [tool])).is_error()
+        if not expressible:
+            name = function_of(tool)["name"]
+            log.warning("calls to %s are decoded without a grammar: its schema cannot be expressed", name)
+        with self._lock:
+            self._tools[key] = expressible
+            if len(self._tools) > MAX_COMPILED:
+                self._tools.popitem(last=False)
+        return expressible
 
     def _compile(self, lark: str, client: bool = False) -> Any:
         import llguidance
 
         limits = llguidance.LLParserLimits(**REQUEST_LIMITS) if client else None
-        return llguidance.LLMatcher(self._ll, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0, limits=limits)
+        return llguidance.LLMatcher(
+            self._guidance(), llguidance.LLMatcher.grammar_from_lark(lark), log_level=0, limits=limits
+        )
