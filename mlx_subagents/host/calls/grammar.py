@@ -155,10 +155,11 @@ class Grammars:
     def check(self, tools: list[ToolSchema] | None, answer_schema: dict[str, Any] | None, require_call: bool) -> None:
         """Build a client's grammars under `REQUEST_LIMITS` before its turn is admitted (off the mlx thread):
         each tool's alone and the answer's alone, so that a refusal names its part, then those `processor`
-        uses (a tool llguidance cannot express at all, such as one with a keyword it does not implement,
-        is loosened as an agent's is, OpenAI's non-strict tools' way; an answer's schema is refused); each one walked along its structure (`Prototype.walked`: a lexeme is built where a mask first
-        reaches it, so the schema's first values are built here, not mid-reply).
-        What fails is a `GrammarError`; the grammars that pass are cached for `processor`."""
+        uses, each walked along its structure (`Prototype.walked`: a lexeme is built where a mask first
+        reaches it, so the schema's first values are built here, not mid-reply). What fails is a
+        `GrammarError`; the grammars that pass are cached for `processor`. A tool llguidance cannot express
+        at all (a keyword it does not implement) is loosened as an agent's is, OpenAI's non-strict tools'
+        way; an answer's schema is refused, as a strict one is."""
         tools = tools or None
         for tool in tools or ():
             name = function_of(tool)["name"]
