@@ -163,8 +163,7 @@ class Grammars:
         tools = tools or None
         for tool in tools or ():
             name = function_of(tool)["name"]
-            if self._expressible(tool):  # else its arguments are any object, as an agent's tool's (one warning)
-                self._held("tool", ("calls", [tool], None), f"calls to {name!r} cannot be held to its parameters", name)
+            self._held("tool", ("calls", [tool], None), f"calls to {name!r} cannot be held to its parameters", name)
         if answer_schema is not None:
             self._held("answer", ("answer", None, answer_schema), "the answer cannot be held to this schema")
         if require_call and tools:
@@ -200,11 +199,13 @@ class Grammars:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
         ll = self._guidance()
-        loose = frozenset(function_of(t)["name"] for t in tools or () if not self._expressible(t))
-        if mode in ("answer", "required"):
-            matcher = self._compile(answer_lark(self.syntax, self.markers, schema, tools, loose), client)
-        else:
-            matcher = self._compile(call_lark(self.syntax, self.markers, tools or [], loose), client)
+        # A client's grammar is tried whole first: which tools cannot be expressed at all is asked (a compile
+        # of each) only when it fails (an agent's tools are asked at once, each once).
+        matcher = None if not client else self._compile_mode(mode, tools, schema, frozenset(), client)
+        if matcher is None or matcher.is_error():
+            loose = frozenset(function_of(t)["name"] for t in tools or () if not self._expressible(t))
+            if matcher is None or loose:
+                matcher = self._compile_mode(mode, tools, schema, loose, client)
         built = (
             guidance_error(matcher.get_error()) if matcher.is_error() else Prototype(matcher, ll.vocab_size, self.eos)
         )
@@ -215,6 +216,18 @@ class Grammars:
             if len(self._compiled) > MAX_COMPILED:
                 self._compiled.popitem(last=False)
         return built
+
+    def _compile_mode(
+        self,
+        mode: str,
+        tools: list[ToolSchema] | None,
+        schema: dict[str, Any] | None,
+        loose: frozenset[str],
+        client: bool,
+    ) -> Any:
+        if mode in ("answer", "required"):
+            return self._compile(answer_lark(self.syntax, self.markers, schema, tools, loose), client)
+        return self._compile(call_lark(self.syntax, self.markers, tools or [], loose), client)
 
     def _guidance(self) -> Any:
         """llguidance's view of the tokenizer, made at the first grammar."""
