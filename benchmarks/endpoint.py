@@ -14,7 +14,11 @@ mlx_lm.server`), through the official `openai` SDK, streamed with `include_usage
   (`usage.prompt_tokens_details.cached_tokens`, which both report);
 - `tok_s`: every client's generated tokens over the wall time of the whole round;
 - `peak_rss`: the server process's peak resident memory (Linux `VmHWM`), and for subagent serve the
-  model copies its resident-model registry held (`copies`).
+  model copies its resident-model registry held (`copies`);
+- `by_turn`, the round turn by turn (the table's "by turn" lines): each turn's TTFTs (lowest, median,
+  highest), its prompt tokens and how many of them the server prefilled, and how far apart its clients
+  sent it: whether a shared system prompt was prefilled once or once per client, and whether a round's
+  turns got their first tokens one after another or all after every prefill.
 
 Then the restart case, one client: two turns, the server stopped and started again on the same state
 folder (its disk tier), the third turn: `ttft_restart_s` and `cached_restart` of that turn, and for
