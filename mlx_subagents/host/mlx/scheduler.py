@@ -180,6 +180,7 @@ class Scheduler:
                 self._fail(single, exc)
             self.prefill.decoded(time.perf_counter() - tic, len(single.generated) - before)
         if self.prefill.turns:
+            self.outbox.flush()  # a first token decoded in this step goes out before a slice holds it
             self.prefill.step()
         self._observe()
         self.outbox.flush(force=not self.has_work())
