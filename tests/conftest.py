@@ -16,6 +16,7 @@ import pytest
 _SESSION_HF_HOME = tempfile.mkdtemp(prefix="mlx-subagents-hf-")
 atexit.register(shutil.rmtree, _SESSION_HF_HOME, ignore_errors=True)
 os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=_SESSION_HF_HOME)
+_SESSION_ENV = dict(os.environ)  # before any test moves HOME: the preloaded processes' (`preloaded_python`)
 
 from mlx_subagents.testing import make_tiny_model  # noqa: E402
 from tests.helpers import make_runner, run_parent, scripted_host  # noqa: E402
@@ -338,50 +339,107 @@ sys.exit(asyncio.run(serve(config)))
 """
 
 
+# What the servers the tests start import (`subagent serve`, the tiny model's server, the MCP demo and tasks
+# servers): each (about 40 in the suite) is a fork of one process per worker that imported them once
+# (tests/preloaded.py), not 2-5 s of CPU anew.
+PRELOAD = [
+    "mlx.core", "mlx.nn", "mlx_lm.utils", "mlx_lm.generate", "transformers", "mlx_subagents.cli",
+    "mlx_subagents.cli.commands.serve", "mlx_subagents.cli.serve", "mlx_subagents.serve.service",
+    "mlx_subagents.cli.commands.mcp", "mlx_subagents.mcp_server.stdio",
+    "mlx_subagents.runs.runner", "mlx_subagents.host.scripted", "mlx_subagents.host.mlx.mlx_host",
+    "mlx_subagents.testing", "mlx_subagents.tools.mcp", "mlx_subagents.mcp_server.call_tasks", "mcp.server",
+    "mcp.server.mcpserver", "mcp.server.runner", "mcp.server.stdio", "uvicorn", "anyio",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def preloaded_python() -> Any:
+    """The command that stands for `python` for a server a test starts: a preloaded process's, one per
+    worker. Each fork gets its test's environment; what a module read of it at its import is the session's
+    (as for the tests' own process), whichever test started the process first."""
+    from tests.helpers import REPO
+    from tests.preloaded import preloaded
+
+    with preloaded(PRELOAD, env={**_SESSION_ENV, "PYTHONPATH": str(REPO), "COLUMNS": "200"}) as python:
+        yield python
+
+
 @pytest.fixture
-def serve_process() -> Any:
-    """`serve_process(*args, tiny=None, http=False) -> (process, info)`: `subagent serve ARGS` (or, with
-    `tiny=(model, workspace, scripts)`, the tiny model's server with forced scripts, on the socket only, or
-    with `http` on a free port too) for the test's state folder, once it listens; what is still running at
-    the end is stopped (killed if it must be)."""
+def preloaded_mcp(preloaded_python: list[str]) -> Any:
+    """For a test (`usefixtures`): the `subagent mcp` it starts (tests/mcp_server/test_mcp_server.py's
+    `connect`) is a fork of `preloaded_python`, on the client's pipes as before."""
+    import sys
+
+    from tests.mcp_server import test_mcp_server
+
+    test_mcp_server.MCP_PYTHON = preloaded_python
+    try:
+        yield
+    finally:
+        test_mcp_server.MCP_PYTHON = [sys.executable]
+
+
+@pytest.fixture
+def serve_process(request: pytest.FixtureRequest) -> Any:
+    """`serve_process(*args, tiny=None, http=False, own=False) -> (process, info)`: `subagent serve ARGS`
+    (or, with `tiny=(model, workspace, scripts)`, the tiny model's server with forced scripts, on the socket
+    only, or with `http` on a free port too) for the test's state folder, once it listens; what is still
+    running at the end is stopped (killed if it must be). The server is a fork of `preloaded_python`, whose
+    `process` relays its streams and exit code and stops it when stopped; `own=True` for a test of the
+    server process itself (its pid, a SIGKILL): then `process` is the server."""
     import json
     import subprocess
     import sys
     import time
 
     from mlx_subagents.serve.state import running_server
-    from tests.helpers import REPO
+    from tests.helpers import REPO, all_dead
 
-    started: list[subprocess.Popen[str]] = []
+    started: list[tuple[subprocess.Popen[str], int]] = []
 
     def start(
-        *args: str, tiny: tuple[Any, Any, Any] | None = None, http: bool = False, timeout: float = 60
+        *args: str, tiny: tuple[Any, Any, Any] | None = None, http: bool = False, timeout: float = 60, own: bool = False
     ) -> tuple[Any, Any]:
         if tiny is not None:
             model, workspace, scripts = tiny
             argv = ["-c", TINY_SERVE, str(model), str(workspace), json.dumps(scripts), *(["0"] if http else [])]
         else:
             argv = ["-m", "mlx_subagents.cli", "serve", *args]
+        python = [sys.executable] if own else request.getfixturevalue("preloaded_python")
         env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
         process = subprocess.Popen(
-            [sys.executable, *argv], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            [*python, *argv], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        started.append(process)
         deadline = time.monotonic() + timeout
-        while (info := running_server(wait=0)) is None or info.pid != process.pid:
+        while (info := running_server(wait=0)) is None or not (info.pid == process.pid or _forked_here(info.pid)):
             if process.poll() is not None:
                 raise AssertionError(f"the server exited ({process.returncode}): {process.stderr.read()}")  # type: ignore[union-attr]
             assert time.monotonic() < deadline, "the server did not listen"
             time.sleep(0.05)
+        started.append((process, info.pid))
         return process, info
 
     yield start
-    for process in started:
+    for process, pid in started:
         if process.poll() is None:
-            process.terminate()
+            process.terminate()  # a fork's client: its server gets SIGTERM when it is gone
             try:
                 process.wait(20)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        assert all_dead([pid], within=20), f"the server (pid {pid}) outlived its test"
+
+
+def _forked_here(pid: int) -> bool:
+    """Whether `pid` is a child of a preloaded process this test process started (a fork of `preloaded_python`)."""
+    try:
+        parent = _parent(pid)
+        return parent != os.getpid() and _parent(parent) == os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -5,8 +5,8 @@ multiprocessing's `forkserver`, for a program a tool runs by command line).
     with preloaded(["mlx_subagents.cli", "mcp"]) as python:  # `python` stands for `[sys.executable]`
         subprocess.run([*python, "driver.py", "URL"])  # driver.py runs in a fork of the preloaded process
 
-The command is a small client (`python -S preloaded.py SOCKET SCRIPT ARGS...`, or `-m MODULE ARGS...`,
-standard library only)
+The command is a small client (`python -S preloaded.py SOCKET SCRIPT ARGS...`, or `-m MODULE ARGS...`, or
+`-c CODE ARGS...`, standard library only)
 that hands its stdin, stdout and stderr, environment, folder and arguments to the preloaded process
 over a Unix socket; that process forks, and the child runs SCRIPT as `__main__` on those streams, as
 `python SCRIPT ARGS...` would, then sends back its exit code (a line), which the client exits with.
@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import types
 from collections.abc import Iterator
 
 HEADER = struct.Struct("!Q")  # the length of the JSON that follows the streams
@@ -145,6 +146,10 @@ def _child(conn: socket.socket, fds: list[int], request: dict[str, object]) -> N
         if argv[0] == "-m":  # `python -m MODULE ARGS`: the folder first on the path, argv[0] the module's file
             sys.argv, sys.path[0] = argv[1:], os.getcwd()
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":  # `python -c CODE ARGS`: argv[0] is "-c", the folder ("") first on the path
+            sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
+            main = sys.modules["__main__"] = types.ModuleType("__main__")
+            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
         else:
             sys.argv, sys.path[0] = argv, os.path.dirname(os.path.abspath(argv[0]))
             runpy.run_path(argv[0], run_name="__main__")
@@ -191,7 +196,7 @@ def _end_with_the_client(conn: socket.socket) -> None:
 
 
 def client(path: str, argv: list[str]) -> int:
-    """Run `argv` (a script and its arguments, or `-m MODULE` and its) in a fork of the preloaded
+    """Run `argv` (a script and its arguments, or `-m MODULE` or `-c CODE` and theirs) in a fork of the preloaded
     process at `path`."""
     request = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:

@@ -46,6 +46,15 @@ def test_a_script_runs_as_python_would_run_it_and_its_exit_code_comes_back(tmp_p
     assert json.loads(runs[0].stdout)["pid"] != json.loads(runs[1].stdout)["pid"]
 
 
+def test_code_runs_as_python_c_would_run_it(tmp_path: Path) -> None:
+    with preloaded(["colorsys"]) as python:
+        run = subprocess.run([*python, "-c", SCRIPT, "4"], input="in", capture_output=True, text=True, cwd=tmp_path)
+    seen = json.loads(run.stdout)
+    assert (run.returncode, run.stderr) == (4, "to stderr\n")
+    assert (seen["argv"], seen["cwd"], seen["stdin"]) == (["-c", "4"], str(tmp_path), "in")
+    assert (seen["name"], seen["preloaded"]) == ("__main__", True)
+
+
 def test_a_child_ends_when_its_client_is_killed(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text("import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")

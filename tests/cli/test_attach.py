@@ -105,7 +105,7 @@ def test_kill_9_of_the_server_during_an_attached_run_leaves_no_command_running(
 ) -> None:
     """The server runs the task's bash: SIGKILL to the server (no handler runs) still kills it (the tether)."""
     server, _ = serve_process(
-        "--no-http", "--model", write_script({"agents": {"scout": {"replies": [call("bash", command=SLOW)]}}})
+        "--no-http", "--model", write_script({"agents": {"scout": {"replies": [call("bash", command=SLOW)]}}}), own=True
     )
     process = spawn_cli("run", "scout", "wait", "-C", str(tmp_path))
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,9 +22,10 @@ from mcp.shared.exceptions import MCPError
 
 from mlx_subagents.tools import mcp_tasks
 from tests.helpers import alive, call
+from tests.mcp_server import test_mcp_server
 from tests.mcp_server.test_mcp_server import answers, server_env, text
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_mcp")]
 
 
 class Announced(ClientExtension):
@@ -40,8 +40,9 @@ class Announced(ClientExtension):
 @asynccontextmanager
 async def client(*args: str | Path, mode: str = "auto", tasks: bool = True) -> AsyncIterator[Client]:
     """The SDK's `Client` on `subagent mcp ARGS` over stdio: `auto` discovers the revision (2026-07-28 here)."""
-    argv = ["-m", "mlx_subagents.cli", "mcp", *map(str, args)]
-    params = StdioServerParameters(command=sys.executable, args=argv, env=server_env())
+    python, *first = test_mcp_server.MCP_PYTHON
+    argv = [*first, "-m", "mlx_subagents.cli", "mcp", *map(str, args)]
+    params = StdioServerParameters(command=python, args=argv, env=server_env())
     async with Client(params, mode=mode, extensions=[Announced()] if tasks else None) as connected:
         yield connected
 

@@ -25,7 +25,7 @@ from mlx_subagents.caps import MAX_TASK_CHARS
 from mlx_subagents.runs.transcripts import load_run, read_transcript
 from tests.helpers import REPO, alive, call, task_text
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_mcp")]
 
 FORMS = (
     'use exactly one of these forms: {"agent": "NAME", "task": "TEXT"} for one task; '
@@ -53,6 +53,11 @@ asyncio.run(serve_stdio(make, workspace))
 """
 
 
+# What stands for `python` when a test starts `subagent mcp`: while `preloaded_mcp` (tests/conftest.py) holds
+# it, the worker's preloaded process (`preloaded_python`), whose fork is the server (2-3 s of CPU otherwise).
+MCP_PYTHON = [sys.executable]
+
+
 def server_env() -> dict[str, str]:
     """What the server needs from the test's environment (the SDK passes only a safe few by default)."""
     names = ("HOME", "MLX_SUBAGENTS_HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -64,8 +69,9 @@ async def connect(
     *args: str | Path, command: list[str] | None = None, roots: list[Path] | None = None, cwd: Path | None = None
 ) -> AsyncIterator[ClientSession]:
     """An initialized client session on `subagent mcp ARGS` (or on `command`), started in `cwd`."""
+    python, *first = [sys.executable] if command else MCP_PYTHON
     argv = command or ["-m", "mlx_subagents.cli", "mcp", *map(str, args)]
-    params = StdioServerParameters(command=sys.executable, args=argv, env=server_env(), cwd=cwd)
+    params = StdioServerParameters(command=python, args=[*first, *argv], env=server_env(), cwd=cwd)
 
     async def list_roots(_ctx: Any) -> types.ListRootsResult:
         return types.ListRootsResult(roots=[types.Root(uri=p.as_uri()) for p in roots or []])

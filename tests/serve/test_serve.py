@@ -21,7 +21,7 @@ from mlx_subagents.serve.state import lock_held, read_info, serve_paths
 from mlx_subagents.serve.wire import MAX_LINE_BYTES
 from tests.helpers import call, spawn_cli, write_agent
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_mcp")]
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -133,7 +133,7 @@ def test_a_second_server_is_refused_and_stale_files_are_replaced(serve_process: 
     paths.token.write_text("leaked-token-leaked-token-leaked-token\n")
     os.chmod(paths.token, 0o644)
 
-    first, info = serve_process("--no-http", "-C", str(tmp_path))
+    first, info = serve_process("--no-http", "-C", str(tmp_path), own=True)
     assert info.pid == first.pid and info.url is None and read_info(paths) == info
     token = paths.token.read_text().strip()
     assert token != "leaked-token-leaked-token-leaked-token" and stat.S_IMODE(os.stat(paths.token).st_mode) == 0o600
@@ -168,7 +168,7 @@ def test_status_lists_clients_and_tasks_and_stop_cancels_and_saves_them(
             }
         }
     )
-    server, info = serve_process("--no-http", "--model", model)
+    server, info = serve_process("--no-http", "--model", model, own=True)
     seen: dict[str, Any] = {}
 
     async def main() -> None:

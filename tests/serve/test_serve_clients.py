@@ -19,7 +19,7 @@ from mlx_subagents.serve.state import serve_paths
 from tests.helpers import all_dead, call, spawn_cli
 from tests.mcp_server.test_mcp_server import answers, connect, text
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_mcp")]
 
 
 def status_of(info: Any) -> dict[str, Any]:
@@ -193,7 +193,7 @@ def test_the_server_killed_mid_call_gives_one_line_at_each_client_and_readable_t
             },
         }
     )
-    server, info = serve_process("--no-http", "--model", model, "-C", str(tmp_path))
+    server, info = serve_process("--no-http", "--model", model, "-C", str(tmp_path), own=True)
     seen: dict[str, Any] = {}
 
     async def main() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ from mlx_subagents.events import Event
 from mlx_subagents.runs.tasks import TaskSpec
 from tests.helpers import REPO, call, go, write_agent
 from tests.tools.test_mcp_requests import of_kind
-from tests.tools.test_mcp_tools import SERVER, tool_outputs
+from tests.tools.test_mcp_tools import demo_command, tool_outputs
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_demo")]
 
 TASKS_SERVER = str(REPO / "tests" / "mcp_server" / "tasks_server.py")
 
@@ -43,14 +42,13 @@ class Answers:
 
 
 def demo(*args: str) -> str:
-    definition = {"command": sys.executable, "args": [SERVER, *args]}
+    definition = demo_command(*args)
     return f"mcpServers:\n  - demo: {json.dumps(definition)}\n"
 
 
 def tasks_server(log: Path, timeout: float | None = None) -> str:
     definition: dict[str, Any] = {
-        "command": sys.executable,
-        "args": [TASKS_SERVER],
+        **demo_command(script=TASKS_SERVER),
         "env": {"TASKS_LOG": str(log), "PYTHONPATH": str(REPO)},
     }
     if timeout is not None:

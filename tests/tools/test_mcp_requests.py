@@ -21,9 +21,9 @@ from mlx_subagents.runs.transcripts import load_run, read_transcript
 from mlx_subagents.testing import tool_call_text
 from mlx_subagents.tools.subagent import parse_delegation
 from tests.helpers import REPO, call, go, write_agent
-from tests.tools.test_mcp_tools import SERVER, inline_demo, tool_outputs
+from tests.tools.test_mcp_tools import demo_command, inline_demo, tool_outputs
 
-pytestmark = [pytest.mark.slow, pytest.mark.process]
+pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_demo")]
 
 
 def of_kind(events: list[Event], kind: str) -> list[dict[str, Any]]:
@@ -110,7 +110,7 @@ def test_sampling_is_refused_in_one_line_for_sampling_off_and_a_project_server_w
     assert [s["error"] for s in of_kind(events, "sampling")] == [refusal]
 
     # A project server (.mcp.json) allowed to start (a person said yes), but nobody allowed its sampling.
-    server = {"command": sys.executable, "args": [SERVER]}
+    server = demo_command()
     (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {"proj": server}}))
     (tmp_path / "user-agents").mkdir()
     write_agent(tmp_path, "proj-user", tools="mcp__proj__*")

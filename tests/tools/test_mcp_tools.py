@@ -22,14 +22,24 @@ from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.tools.mcp_config import load_config
 from tests.helpers import REPO, alive, call, go, wait_listening, write_agent
 
-pytestmark = pytest.mark.process  # the demo server or `subagent`: all but the expansion test
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("preloaded_demo")]  # the demo server or `subagent`
 
 SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
+# What stands for `python` in the demo servers' definitions: while `preloaded_demo` (conftest.py) holds it, the
+# worker's preloaded process (`preloaded_python`), whose fork is the server (2 s of CPU a start otherwise).
+DEMO_PYTHON = [sys.executable]
 
 
-def inline_demo(pids: Path) -> str:
+def demo_command(*args: str, script: str = SERVER, own: bool = False) -> dict[str, Any]:
+    """The `command` and `args` of a stdio definition that starts `script ARGS` (the demo server); `own`: a
+    process of its own, not a fork, for a test of when the server process ends."""
+    python = [sys.executable] if own else DEMO_PYTHON
+    return {"command": python[0], "args": [*python[1:], script, *args]}
+
+
+def inline_demo(pids: Path, own: bool = False) -> str:
     """Front-matter lines defining the demo server inline, its starts counted in `pids`."""
-    definition = {"command": sys.executable, "args": [SERVER], "env": {"DEMO_PIDS": str(pids)}}
+    definition = {**demo_command(own=own), "env": {"DEMO_PIDS": str(pids)}}
     return f"mcpServers:\n  - demo: {json.dumps(definition)}\n"
 
 
@@ -55,7 +65,7 @@ def test_agent_calls_server_tools_with_its_schema_disallowed_removed_errors_as_r
     folder.mkdir(parents=True)
     (folder / "demo-user.md").write_text(
         "---\nname: demo-user\ndescription: uses demo\ntools: Read, mcp__demo__*\ndisallowedTools: mcp__demo__add\n"
-        f"{inline_demo(pids)}---\nUse the tools.\n"
+        f"{inline_demo(pids, own=True)}---\nUse the tools.\n"
     )
     script = [
         call("mcp__demo__echo", text="hi"),
@@ -109,7 +119,7 @@ def test_one_server_for_parallel_agents_stopped_at_close_and_never_for_a_child_w
     tmp_path: Path, scripted_runner: Any
 ) -> None:
     pids = tmp_path / "pids"
-    write_agent(tmp_path, "demo-user", front=inline_demo(pids))
+    write_agent(tmp_path, "demo-user", front=inline_demo(pids, own=True))
     write_agent(tmp_path, "relay", tools="read, subagent", front="agents: [demo-user]\n")
     script = {
         "agents": {
@@ -146,7 +156,7 @@ def test_one_server_for_parallel_agents_stopped_at_close_and_never_for_a_child_w
 @pytest.mark.slow
 def test_cancelled_slow_call_sends_the_cancellation_and_leaves_no_process(tmp_path: Path, scripted_runner: Any) -> None:
     pids = tmp_path / "pids"
-    write_agent(tmp_path, "demo-user", front=inline_demo(pids))
+    write_agent(tmp_path, "demo-user", front=inline_demo(pids, own=True))
     runner = scripted_runner([call("mcp__demo__slow", seconds=30), {"content": "never"}], assume_yes=True)
 
     async def main() -> Any:
@@ -338,7 +348,7 @@ def test_streamable_http_server_with_expanded_headers(tmp_path: Path, scripted_r
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, SERVER, "http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*DEMO_PYTHON, SERVER, "http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         wait_listening(server, port, "the demo MCP server")
