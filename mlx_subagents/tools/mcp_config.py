@@ -63,7 +63,9 @@ class McpServerConfig:
         """`demo (python server.py)`: the server and what it starts, for the consent question and listings
         (its `${VAR}`s unexpanded)."""
         what = self.url if self.url else " ".join([self.command, *self.args])
-        return f"{self.name} ({one_line(what, 120)})"
+        # Whole for any usual path: the consent question asks to run it unsandboxed (a venv's python in a
+        # deep folder and the script's path were 145 characters, and the question showed neither end).
+        return f"{self.name} ({one_line(what, 400)})"
 
     def texts(self) -> list[str]:
         """Every field that may hold a `${VAR}`."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ def test_settings_hooks_fire_for_every_agent_of_a_three_level_tree(
     guard, log = tmp_path / "guard.py", tmp_path / "hooks.jsonl"
     guard.write_text(GUARD)
     monkeypatch.setenv("HOOK_LOG", str(log))
-    run_guard = f"{sys.executable} {guard}"
+    run_guard = f"{shlex.quote(sys.executable)} {guard}"
     settings(
         user_home() / "settings.json",
         {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -184,7 +185,7 @@ def test_the_progress_lines_say_a_writer_waits(tmp_path: Path, write_script: Any
     )
 
 
-STAMP = f"{sys.executable} -c 'import time; print(time.time())'"
+STAMP = f"{shlex.quote(sys.executable)} -c 'import time; print(time.time())'"
 
 
 def bash_spans(run: Any) -> dict[str, tuple[float, float]]:

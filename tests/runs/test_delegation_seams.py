@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ def test_children_stopped_by_their_parents_timeout_are_saved_as_timed_out_and_su
     (tmp_path / "log.py").write_text(HOOK_LOG)
     home = Path(os.environ["MLX_SUBAGENTS_HOME"])
     home.mkdir(parents=True, exist_ok=True)
-    hook = [{"hooks": [{"type": "command", "command": f"{sys.executable} {tmp_path / 'log.py'}"}]}]
+    hook = [{"hooks": [{"type": "command", "command": f"{shlex.quote(sys.executable)} {tmp_path / 'log.py'}"}]}]
     (home / "settings.json").write_text(json.dumps({"hooks": {"SubagentStop": hook}}))
     monkeypatch.setenv("HOOK_LOG", str(log))
     # The parent waits 0.5 s before it delegates, so that its 2 s run out before its children's own do.

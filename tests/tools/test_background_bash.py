@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -186,7 +187,9 @@ def test_hooks_see_and_may_block_a_background_command(tmp_path: Path, monkeypatc
     home = Path(os.environ["MLX_SUBAGENTS_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     hooks = {
-        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": f"{sys.executable} {guard}"}]}]
+        "PreToolUse": [
+            {"matcher": "Bash", "hooks": [{"type": "command", "command": f"{shlex.quote(sys.executable)} {guard}"}]}
+        ]
     }
     (home / "settings.json").write_text(json.dumps({"hooks": hooks}))
     result, events, _ = scout_run(tmp_path, [bg("echo deploy > ran.txt"), "stopped"])

@@ -131,7 +131,7 @@ def test_no_unix_socket_is_reachable_from_the_sandbox_with_or_without_network(wo
         server.listen(1)
         sockets.append((server, path))
     connect = (
-        f"{sys.executable} -c \"import socket,sys\ntry:\n socket.socket(socket.AF_UNIX).connect(sys.argv[1]); print('REACHED')"
+        f"{shlex.quote(sys.executable)} -c \"import socket,sys\ntry:\n socket.socket(socket.AF_UNIX).connect(sys.argv[1]); print('REACHED')"
         f"\nexcept OSError as e: print(e)\na, b = socket.socketpair(); print('PAIR')\" "
     )
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -654,7 +655,7 @@ def test_processes_that_leave_the_group_die_with_the_call(
     tools: dict[str, Tool], tmp_path: Path, escape: str, end: str
 ) -> None:
     pid_file = tmp_path / "pid"
-    spawn = ESCAPES[escape].replace("PID_FILE", str(pid_file)).replace("PYTHON", sys.executable)
+    spawn = ESCAPES[escape].replace("PID_FILE", str(pid_file)).replace("PYTHON", shlex.quote(sys.executable))
     command = f"{spawn}\nwhile [ ! -s {pid_file} ]; do sleep 0.05; done; echo spawned"
     if end != "returns":
         command += f"; echo 1 > {tmp_path / 'ready'}; sleep 30"
