@@ -16,6 +16,7 @@ import pytest
 from mlx_subagents.errors import RequestError
 from mlx_subagents.host import GenerateArgs, MlxModelHost, parse_prefill_slice
 from mlx_subagents.host.kv.kv_pool import CacheState, KVPool, KVShape
+from mlx_subagents.host.mlx.decode_stage import COMPLETION_BATCH_SIZE
 from mlx_subagents.host.mlx.prefill import SlicePolicy, describe
 from mlx_subagents.host.mlx.scheduler import Scheduler, SchedulerConfig
 from mlx_subagents.host.mlx.turn import OutputSink, Request, Turn, TurnOutput
@@ -332,3 +333,33 @@ def test_a_turns_prefill_is_told_at_its_first_slice_once(tiny_qwen3: tuple[Any, 
         assert len(told) == 2 and len(results["b"].token_ids) == 2
     finally:
         loop.close()
+
+
+@pytest.mark.slow
+def test_a_turn_waiting_for_a_row_of_a_full_batch_does_not_hold_up_the_prefill(tiny_qwen3: tuple[Any, Any]) -> None:
+    """Eight turns decode (mlx-lm's batch starts no more rows: `COMPLETION_BATCH_SIZE`); a ninth handed over
+    waits for one of them to end. The prefill goes on meanwhile: a long prompt arriving then is prefilled
+    and handed over too (it waited for the ninth's first token, which cannot come before a row ends)."""
+    results: dict[str, Any] = {}
+    names = [f"d{i}" for i in range(COMPLETION_BATCH_SIZE)]
+    sch = scheduler(tiny_qwen3, 64, ForcedScripts(tiny_qwen3[1], {n: [SCRIPT] for n in names}))
+    decoders = [make_turn(n, task(i), 2000, results) for i, n in enumerate(names)]
+    for turn in decoders:
+        sch.submit(turn)
+    while not all(t.generated for t in decoders):
+        sch.step()
+    ninth, long = make_turn("ninth", task(9), 4, results), make_turn("long", long_task(10, 30), 4, results)
+    sch.submit(ninth)
+    while ninth not in sch.decode.turns():
+        sch.step()
+    sch.submit(long)
+    for _ in range(200):
+        sch.step()
+        if long in sch.decode.turns():
+            break
+    assert long in sch.decode.turns() and long.prefill.pos == len(long.ids) - 1
+    assert not ninth.generated and not results  # the ninth still waits for a row: none of the eight ended
+    for turn in [*decoders, ninth, long]:
+        turn.cancel.set()
+    while sch.has_work():
+        sch.step()

@@ -37,6 +37,9 @@ from .verify import Sampling
 log = logging.getLogger(__name__)
 
 # A turn leaves the stage: (turn, why, the cache holding its reply, the ids it holds when cut inside the batch).
+# Rows mlx-lm's batch decodes at once: a turn handed over past them waits for a row to end.
+COMPLETION_BATCH_SIZE = 8
+
 Ended = Callable[[Turn, FinishReason, "list[Any] | None", "list[int] | None"], None]
 Failed = Callable[[Turn, Exception], None]
 
@@ -106,6 +109,13 @@ class DecodeStage:
     def turns(self) -> list[Turn]:
         return [*self.decoding.values(), *([self.single] if self.single else [])]
 
+    def starting(self) -> bool:
+        """Whether a turn handed over has its first token still to come and a row of the batch to get it in
+        (one past `COMPLETION_BATCH_SIZE` rows waits for a row to end: nothing to wait for meanwhile)."""
+        turns = self.turns()
+        waiting = sum(1 for t in turns if not t.generated)
+        return waiting > 0 and len(turns) - waiting < COMPLETION_BATCH_SIZE
+
     def busy(self) -> bool:
         """Whether any turn decodes (a turn that arrives then joins the batch)."""
         return bool(self.decoding or self.single)
@@ -171,7 +181,7 @@ class DecodeStage:
                 MaskedModel(self.model, self._masked),
                 stop_tokens=[[t] for t in self.tokenizer.eos_token_ids],
                 prefill_step_size=self.config.prefill_step_size,
-                completion_batch_size=8,
+                completion_batch_size=COMPLETION_BATCH_SIZE,
                 prefill_batch_size=8,
             )
             self.pool.hold(self.batch, _batch_nbytes)

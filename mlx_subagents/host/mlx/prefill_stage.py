@@ -299,7 +299,7 @@ class PrefillStage:
     def _sliced(self) -> None:
         """One slice of prefill, when the decoders have had their share: the oldest prompt's, or a short
         one's (`prefill.pick`), on its own cache or its group's. Every other turn in flight waited for it."""
-        if any(not t.generated for t in self.decode.turns()):
+        if self.decode.starting():
             return  # a turn handed over has its first token out before another slice (mlx-lm's batch: 2 steps)
         opened = self._open_turns()
         decoding = self.decode.busy()
