@@ -16,7 +16,7 @@ from mlx_subagents.errors import RequestError
 from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.worktrees import apply_worktree, find_worktree, list_worktrees, worktrees_home
 from mlx_subagents.tools.delegation import delegation_schema
-from tests.helpers import call, go, make_runner, scripted_host, spawn_cli, write_agent
+from tests.helpers import call, go, make_runner, needs_sandbox, scripted_host, spawn_cli, write_agent
 
 # Writes when it started and ended (overlapping runs prove they did not take turns), the parent's
 # uncommitted state as it sees it, and its own folder's name into the shared file.
@@ -133,6 +133,7 @@ def test_isolation_that_cannot_be_had_is_one_line_and_nothing_runs(tmp_path: Pat
     assert host.history == {} and list_worktrees() == []
 
 
+@needs_sandbox  # a project agent's bash: sandboxed
 def test_the_call_site_wins_over_the_agent_file_and_the_parent_reads_the_branch(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     write_agent(repo, "fixer", "[bash]", front="isolation: worktree\n")
@@ -220,6 +221,7 @@ def test_the_cli_lists_shows_applies_and_prunes_what_isolated_tasks_left(
     assert git(repo, "worktree", "list").count("\n") == 2
 
 
+@needs_sandbox  # a project agent's bash: sandboxed
 def test_a_background_isolated_task_works_in_its_worktree_and_its_output_names_the_branch(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     write_agent(repo, "fixer", "[bash]")
