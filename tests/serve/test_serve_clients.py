@@ -16,7 +16,7 @@ from mcp.shared.exceptions import MCPError
 from mlx_subagents.runs.transcripts import list_runs, load_run, read_transcript
 from mlx_subagents.serve.client import make_hello, quick
 from mlx_subagents.serve.state import serve_paths
-from tests.helpers import all_dead, call, spawn_cli
+from tests.helpers import all_dead, call, needs_sandbox, spawn_cli
 from tests.mcp_server.test_mcp_server import answers, connect, text
 
 pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_mcp")]
@@ -90,6 +90,7 @@ def test_two_relayed_clients_and_an_attached_run_share_one_host_and_batch(
     assert workspaces == sorted(str(ws[label].resolve()) for label in ("a", "b"))  # the attached run has ended
 
 
+@needs_sandbox  # its tasks' bash runs sandboxed (with bwrap masked: a-bg ended at once, its client never lingered)
 def test_each_client_sees_only_its_tasks_and_a_disconnect_cancels_only_its_foreground(
     serve_process: Any, tmp_path: Path, write_script: Any
 ) -> None:
