@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import ConfirmationRequired
+from ..text import terminal_text
 
 Kind = Literal["agents", "commands"]
 AGENT_FLAGS = "--yes-agents (or --yes)"
@@ -59,8 +60,8 @@ class Consent:
             answer = True
         elif not self.interactive or self.confirm is None:
             return None
-        else:
-            answer = bool(self.confirm(question))
+        else:  # the question names what a repository wrote: shown, never obeyed (an ESC could erase it)
+            answer = bool(self.confirm(terminal_text(question)))
         self._answers[key] = answer
         return answer
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import McpConfigError
 from ..home import state_home
-from ..text import one_line
+from ..text import clip, squash
 from ..userfiles import json_line, parse_text, read_text
 
 DEFAULT_STARTUP_TIMEOUT = 30.0  # seconds for a server to start and list its tools
@@ -59,13 +59,16 @@ class McpServerConfig:
     def transport(self) -> str:
         return "http" if self.url else "stdio"
 
-    def summary(self) -> str:
-        """`demo (python server.py)`: the server and what it starts, for the consent question and listings
-        (its `${VAR}`s unexpanded)."""
-        what = self.url if self.url else " ".join([self.command, *self.args])
-        # Whole for any usual path: the consent question asks to run it unsandboxed (a venv's python in a
-        # deep folder and the script's path were 145 characters, and the question showed neither end).
-        return f"{self.name} ({one_line(what, 400)})"
+    def summary(self, max_chars: int | None = 400) -> str:
+        """`demo (python server.py)`: the server and what it starts, in one line, for listings and errors
+        (its `${VAR}`s unexpanded); whole with `max_chars=None`, as the consent question shows it.
+
+        Every line of every argument is shown (newlines as spaces): a cloned repository's `.mcp.json` could
+        otherwise put what really runs after a newline or past the cut, where a question about running it
+        unsandboxed would not show it."""
+        what = squash(self.url if self.url else " ".join([self.command, *self.args]))
+        # 400 is whole for any usual path (a venv's python in a deep folder and its script: 145 characters).
+        return f"{self.name} ({what if max_chars is None else clip(what, max_chars)})"
 
     def texts(self) -> list[str]:
         """Every field that may hold a `${VAR}`."""
