@@ -143,6 +143,8 @@ def alive(pid: int) -> bool:
         return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+    except ProcessLookupError:  # it ended between kill(pid, 0) and the read
+        return False
     except FileNotFoundError:
         return not Path("/proc/self").exists()  # no procfs: trust kill(pid, 0)
     return stat.rsplit(")", 1)[1].split()[0] != "Z"

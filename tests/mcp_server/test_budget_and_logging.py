@@ -79,7 +79,7 @@ def test_a_call_longer_than_the_budget_answers_with_ids_and_agent_output_gets_th
 
     seen = anyio.run(main)
     result = seen["call"]
-    assert seen["elapsed"] < 1.5  # answered at the budget, not after the reviewer's 3 s
+    assert seen["elapsed"] < 2.5  # answered at the budget, not after the reviewer's 3 s (slack for a loaded machine)
     assert not result.is_error
     data = result.structured_content
     assert (data["ok"], data["succeeded"], data["total"], data["running"]) == (False, 1, 2, ["reviewer#1"])
@@ -100,7 +100,7 @@ def test_a_call_longer_than_the_budget_answers_with_ids_and_agent_output_gets_th
     wait = seen["tools"]["agent_output"].input_schema["properties"]["wait"]
     assert wait["description"] == "Seconds to wait for its end (at most 0.8, this server's call budget)."
     early = seen["early"]
-    assert 0.7 < seen["waited"] < 1.5  # the wait is capped at the budget
+    assert 0.7 < seen["waited"] < 2.5  # the wait is capped at the budget, not the 100 s asked (slack for load)
     assert early.structured_content["task"]["status"] == "running"
     assert "It has not finished (waited 0.8 s, this server's call budget: call again); its output so far:" in text(
         early
