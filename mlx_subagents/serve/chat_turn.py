@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import re
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -41,6 +40,7 @@ from ..host.protocol import (
     ToolSchema,
     Usage,
 )
+from ..recent import Recent
 from .api_errors import ApiError, api_error
 from .conversations import Conversation, Conversations
 
@@ -270,17 +270,14 @@ def checked_schema(schema: Any, where: str) -> None:
         digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).digest()
     except (TypeError, ValueError, RecursionError):
         digest = None
-    if digest is not None and digest in _VALID:
-        _VALID.move_to_end(digest)
+    if digest is not None and _VALID.get(digest):
         return
     check_schema(schema, where)
     if digest is not None:
-        _VALID[digest] = None
-        if len(_VALID) > VALID_SCHEMAS:
-            _VALID.popitem(last=False)
+        _VALID.put(digest, True)
 
 
-_VALID: OrderedDict[bytes, None] = OrderedDict()  # the digests of schemas that passed, least recent first
+_VALID: Recent[bytes, bool] = Recent(VALID_SCHEMAS)  # the digests of schemas that passed
 
 
 def function_tool(name: str, description: str | None, parameters: Any, where: str) -> ToolSchema:

@@ -27,10 +27,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections import OrderedDict
 from typing import Any
 
 from ...errors import GrammarError
+from ...recent import Recent
 from ..protocol import ToolSchema
 from .call_schema import GUIDANCE, closed, function_of
 from .closing import Closers
@@ -93,8 +93,8 @@ class Grammars:
     def __init__(self, tokenizer: Any, kind: str, start: str, end: str) -> None:
         self._tokenizer = tokenizer
         self._ll: Any = None
-        self._compiled: OrderedDict[str, Prototype | str] = OrderedDict()  # a grammar, or why it failed
-        self._tools: OrderedDict[str, bool] = OrderedDict()  # per tool: whether its call can be expressed
+        self._compiled: Recent[str, Prototype | str] = Recent(MAX_COMPILED)  # a grammar, or why it failed
+        self._tools: Recent[str, bool] = Recent(MAX_COMPILED)  # per tool: whether its call can be expressed
         self._lock = threading.Lock()  # the caches (`check` runs off the mlx thread); never held while compiling
         self.syntax = call_syntax(kind)
         self.start_ids = tuple(tokenizer.encode(start, add_special_tokens=False))
@@ -195,9 +195,9 @@ class Grammars:
         """One grammar compiled once (the `MAX_COMPILED` used last kept), or why llguidance refused it."""
         key = json.dumps([mode, tools, schema, client], sort_keys=True)
         with self._lock:
-            if key in self._compiled:
-                self._compiled.move_to_end(key)
-                return self._compiled[key]
+            known = self._compiled.get(key)
+        if known is not None:
+            return known
         ll = self._guidance()
         # A client's grammar is tried whole first: which tools cannot be expressed at all is asked (a compile
         # of each) only when it fails (an agent's tools are asked at once, each once).
@@ -212,9 +212,7 @@ class Grammars:
         if isinstance(built, str) and mode in ("answer", "required") and not client:
             log.warning("the answer is decoded without a grammar: its schema cannot be expressed")
         with self._lock:
-            self._compiled[key] = built
-            if len(self._compiled) > MAX_COMPILED:
-                self._compiled.popitem(last=False)
+            self._compiled.put(key, built)
         return built
 
     def _compile_mode(
@@ -243,17 +241,15 @@ class Grammars:
         whichever grammars the tool is then part of."""
         key = json.dumps(tool, sort_keys=True)
         with self._lock:
-            if key in self._tools:
-                self._tools.move_to_end(key)
-                return self._tools[key]
+            known = self._tools.get(key)
+        if known is not None:
+            return known
         expressible = not self._compile(call_lark(self.syntax, self.markers, [tool])).is_error()
         if not expressible:
             name = function_of(tool)["name"]
             log.warning("calls to %s are decoded without a grammar: its schema cannot be expressed", name)
         with self._lock:
-            self._tools[key] = expressible
-            if len(self._tools) > MAX_COMPILED:
-                self._tools.popitem(last=False)
+            self._tools.put(key, expressible)
         return expressible
 
     def _compile(self, lark: str, client: bool = False) -> Any:
