@@ -37,7 +37,9 @@ at all on subagent serve: its prefill over mlx_lm.server's TTFT.
 Targets (issue 64), on the tiny model and SmolLM2: later turns' cached share >= 0.9 on subagent serve;
 its later turns' TTFT <= 0.3x mlx_lm.server's; its throughput at 4 clients >= 1.5x; one model copy.
 mlx_lm.server keeps a prompt cache of its own (`LRUPromptCache`, by content), so its later turns are
-cached too; what differs is how turns of several clients share the model. `--json` prints one object
+cached too; what differs is how turns of several clients share the model. So a second line checks the
+TTFT targets restated against such a server (docs/benchmarks.md says why): <= 1.0x at one client,
+<= 0.7x at four, <= 0.3x for the restarted server's turn (`restated_targets` in `--json`). `--json` prints one object
 as the last line. Missing a target still exits 0 (a measurement).
 
 Run (from the repository root; `nice -n 10` on a shared machine):
@@ -427,7 +429,23 @@ def measure(
         "tok_s_at_4_at_least_1.5x": (at_most["tok_s_ratio"] or 0) >= 1.5 if at_most["k"] >= 4 else None,
         "one_copy": all(r["subagent"]["copies"] == 1 for r in report["rows"]),
     }
+    report["restated_targets"] = restated_targets(report)
     return report
+
+
+def restated_targets(report: dict[str, Any]) -> dict[str, bool | None]:
+    """The later turns' TTFT targets against a server that caches by content too (docs/benchmarks.md):
+    parity at one client, 0.7x at four whose turns arrive together, 0.3x for a restarted server's turn;
+    printed beside the issue's 0.3x, which stays as filed. None: that case was not run."""
+    ratio = {r["k"]: r["ttft_later_ratio"] for r in report["rows"]}
+    restart = report["restart"]
+    return {
+        "ttft_later_at_1_at_most_1.0x": (ratio[1] or 9) <= 1.0 if 1 in ratio else None,
+        "ttft_later_at_4_at_most_0.7x": (ratio[4] or 9) <= 0.7 if 4 in ratio else None,
+        "ttft_restart_at_most_0.3x": (
+            restart["subagent"]["ttft_restart_s"] <= 0.3 * restart["mlx_lm"]["ttft_restart_s"] if restart else None
+        ),
+    }
 
 
 def table(report: dict[str, Any]) -> str:
@@ -469,12 +487,13 @@ def table(report: dict[str, Any]) -> str:
         lines.append(
             f"restart {kind:<9} third turn: TTFT {r['ttft_restart_s']:.2f}s, cached {r['cached_restart']:.3f}{files}"
         )
-    lines.append(
-        "targets: "
-        + ", ".join(
-            f"{name} {'not run' if ok is None else 'met' if ok else 'MISSED'}" for name, ok in report["targets"].items()
+    for title, key in (("targets", "targets"), ("restated (docs/benchmarks.md)", "restated_targets")):
+        lines.append(
+            f"{title}: "
+            + ", ".join(
+                f"{name} {'not run' if ok is None else 'met' if ok else 'MISSED'}" for name, ok in report[key].items()
+            )
         )
-    )
     return "\n".join(lines)
 
 
