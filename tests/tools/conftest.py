@@ -1,4 +1,5 @@
-"""The preloaded process the demo MCP servers of the tests here are forked from (tests/preloaded.py)."""
+"""The preloaded process the demo MCP servers and `subagent` commands of the tests here are forked from
+(tests/preloaded.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from tests.tools import test_mcp_tools
 
 @pytest.fixture
 def preloaded_demo(preloaded_python: list[str]) -> Iterator[None]:
-    """For a test (`usefixtures`): the demo servers its definitions start are forks of the worker's
-    preloaded process (their stdin and stdout the client's pipes, as before)."""
-    test_mcp_tools.DEMO_PYTHON = preloaded_python
+    """For a test (`usefixtures`): the demo servers its definitions start and its `subagent` commands are forks
+    of the worker's preloaded process (their streams the client's pipes, as before)."""
+    test_mcp_tools.PYTHON = preloaded_python
     try:
         yield
     finally:
-        test_mcp_tools.DEMO_PYTHON = [sys.executable]
+        test_mcp_tools.PYTHON = [sys.executable]

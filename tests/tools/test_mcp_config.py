@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,8 +17,8 @@ from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.tools import Workspace
 from mlx_subagents.tools.mcp import McpServers
 from mlx_subagents.tools.mcp_config import McpServerConfig, load_config
-from tests.helpers import REPO, call, go, write_agent
-from tests.tools.test_mcp_tools import SERVER, pids_in
+from tests.helpers import call, go, write_agent
+from tests.tools.test_mcp_tools import SERVER, demo_command, pids_in, subagent
 
 SECRET = "s3cret-token-4f9a"
 
@@ -67,27 +66,23 @@ def test_each_server_that_cannot_be_defined_is_one_warning_naming_its_line(tmp_p
 
 @pytest.mark.process
 @pytest.mark.slow
+@pytest.mark.usefixtures("preloaded_demo")  # the `subagent` commands and the demo server: forks (tests/preloaded.py)
 def test_a_secret_stays_unexpanded_until_the_server_starts_and_is_never_written(tmp_path: Path) -> None:
     home, project, pids = tmp_path / "home", tmp_path / "project", tmp_path / "pids"
     (home / "agents").mkdir(parents=True)
     project.mkdir()
     (home / "agents" / "user.md").write_text("---\nname: user\ndescription: u\ntools: read, mcp__demo__echo\n---\nx\n")
-    server = {"command": sys.executable, "args": [SERVER, "--token", "${DEMO_TOKEN}"], "env": {"DEMO_PIDS": "${PIDS}"}}
+    server = {**demo_command("--token", "${DEMO_TOKEN}"), "env": {"DEMO_PIDS": "${PIDS}"}}
     (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"demo": server}}))
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"replies": [call("mcp__demo__echo", text="hi"), {"content": "done"}]}))
-    env = {"PYTHONPATH": str(REPO), "MLX_SUBAGENTS_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "300"}
-    env |= {"DEMO_TOKEN": SECRET, "PIDS": str(pids)}
+    env = {"DEMO_TOKEN": SECRET, "PIDS": str(pids)}
 
-    def subagent(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "mlx_subagents.cli", *args]
-        return subprocess.run(command, cwd=project, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    listed = subagent(project, home, "mcp-servers", "--json", env=env)
+    refused = subagent(project, home, "run", "user", "go", "-m", f"scripted:{script}", env=env)
+    ran = subagent(project, home, "run", "user", "go", "-m", f"scripted:{script}", "--yes", "--json", env=env)
 
-    listed = subagent("mcp-servers", "--json")
-    refused = subagent("run", "user", "go", "-m", f"scripted:{script}")
-    ran = subagent("run", "user", "go", "-m", f"scripted:{script}", "--yes", "--json")
-
-    assert json.loads(listed.stdout)["servers"][0]["starts"] == f"{sys.executable} {SERVER} --token ${{DEMO_TOKEN}}"
+    assert json.loads(listed.stdout)["servers"][0]["starts"] == " ".join([server["command"], *server["args"]])
     assert refused.returncode == 2 and f"{SERVER} --token ${{DEMO_TOKEN}})" in refused.stderr
     assert ran.returncode == 0, ran.stderr
     assert len(pids_in(pids)) == 1  # expanded as it started: $PIDS reached the server

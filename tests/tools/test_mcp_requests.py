@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,8 @@ from mlx_subagents.runs.tasks import TaskSpec
 from mlx_subagents.runs.transcripts import load_run, read_transcript
 from mlx_subagents.testing import tool_call_text
 from mlx_subagents.tools.subagent import parse_delegation
-from tests.helpers import REPO, call, go, write_agent
-from tests.tools.test_mcp_tools import demo_command, inline_demo, tool_outputs
+from tests.helpers import call, go, write_agent
+from tests.tools.test_mcp_tools import demo_command, inline_demo, subagent, tool_outputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_demo")]
 
@@ -143,25 +142,12 @@ def test_subagent_run_says_the_declined_elicitation_in_one_line(tmp_path: Path) 
     write_agent(tmp_path, "demo-user", front=inline_demo(tmp_path / "pids"))
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"replies": [call("mcp__demo__ask_name"), "done"]}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlx_subagents.cli", "run", "demo-user", "ask", "-m", f"scripted:{script}", "--yes"],
-        cwd=tmp_path,
-        env={**_env(), "COLUMNS": "300"},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    home = Path(os.environ["MLX_SUBAGENTS_HOME"])  # the test's (isolated_home)
+    proc = subagent(tmp_path, home, "run", "demo-user", "ask", "-m", f"scripted:{script}", "--yes")
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "asked" in line]
     assert lines == [f'mcp demo asked "What is your name?": declined: {NO_PERSON}']
     assert proc.stdout.strip() == "done"
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def test_each_server_is_told_the_calling_agents_workspace_as_its_root(tmp_path: Path, scripted_runner: Any) -> None:

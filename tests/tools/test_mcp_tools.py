@@ -25,15 +25,18 @@ from tests.helpers import REPO, alive, call, go, wait_listening, write_agent
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("preloaded_demo")]  # the demo server or `subagent`
 
 SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
-# What stands for `python` in the demo servers' definitions: while `preloaded_demo` (conftest.py) holds it, the
-# worker's preloaded process (`preloaded_python`), whose fork is the server (2 s of CPU a start otherwise).
-DEMO_PYTHON = [sys.executable]
+# What stands for `python` in the demo servers' definitions and the `subagent` commands: while `preloaded_demo`
+# (conftest.py) holds it, the worker's preloaded process (`preloaded_python`), whose fork is the server or the
+# command (1-2 s of CPU a start otherwise).
+PYTHON = [sys.executable]
+# The terminal width of the `subagent` commands: the preloaded process's (rich's consoles read it at their import).
+COLUMNS = "200"
 
 
 def demo_command(*args: str, script: str = SERVER, own: bool = False) -> dict[str, Any]:
     """The `command` and `args` of a stdio definition that starts `script ARGS` (the demo server); `own`: a
     process of its own, not a fork, for a test of when the server process ends."""
-    python = [sys.executable] if own else DEMO_PYTHON
+    python = [sys.executable] if own else PYTHON
     return {"command": python[0], "args": [*python[1:], script, *args]}
 
 
@@ -191,16 +194,8 @@ def test_cli_project_mcp_json_needs_consent_and_the_agent_gets_its_tools(tmp_pat
     (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"demo": server}}))
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"replies": [call("mcp__demo__echo", text="from cli"), {"content": "done"}]}))
-    env = {
-        "PYTHONPATH": str(REPO),
-        "MLX_SUBAGENTS_HOME": str(home),
-        "DEMO_PIDS_FILE": str(pids),
-        "PATH": "/usr/bin:/bin",
-    }
-    args = [sys.executable, "-m", "mlx_subagents.cli", "run", "demo-user", "echo it", "--model", f"scripted:{script}"]
-    run = lambda *more: subprocess.run(  # noqa: E731
-        [*args, *more], cwd=project, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
-    )
+    args = ["run", "demo-user", "echo it", "--model", f"scripted:{script}"]
+    run = lambda *more: subagent(project, home, *args, *more, env={"DEMO_PIDS_FILE": str(pids)})  # noqa: E731
 
     refused = run()
     assert refused.returncode != 0
@@ -220,10 +215,12 @@ def test_cli_project_mcp_json_needs_consent_and_the_agent_gets_its_tools(tmp_pat
     assert not alive(pids_in(pids)[0])  # the CLI's exit stopped the server
 
 
-def subagent(cwd: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`subagent ARGS...` in `cwd` with its own home, as a user runs it (stdin not a terminal)."""
-    env = {"PYTHONPATH": str(REPO), "MLX_SUBAGENTS_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "300"}
-    command = [sys.executable, "-m", "mlx_subagents.cli", *args]
+def subagent(cwd: Path, home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`subagent ARGS...` in `cwd` with its own home and `env`, as a user runs it (stdin not a terminal)."""
+    env = {"PYTHONPATH": str(REPO), "MLX_SUBAGENTS_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": COLUMNS} | (
+        env or {}
+    )
+    command = [*PYTHON, "-m", "mlx_subagents.cli", *args]
     return subprocess.run(
         command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
     )
@@ -238,13 +235,12 @@ def listing_project(tmp_path: Path) -> tuple[Path, Path]:
         json.dumps({"mcpServers": {"docs": {"type": "http", "url": "http://127.0.0.1:9/mcp"}}})
     )
     (home / "agents" / "inl.md").write_text(
-        f"---\nname: inl\ndescription: inline\nmcpServers:\n  - own: {json.dumps({'command': sys.executable, 'args': [SERVER]})}\n"
-        "  - demo\n---\nx\n"
+        f"---\nname: inl\ndescription: inline\nmcpServers:\n  - own: {json.dumps(demo_command())}\n  - demo\n---\nx\n"
     )
     write_agent(
         project, "demo-user", tools="read, mcp__demo__*, mcp__gh__search", front="disallowedTools: mcp__demo__add\n"
     )
-    servers = {"demo": {"command": sys.executable, "args": [SERVER]}, "bad": {"command": str(tmp_path / "missing")}}
+    servers = {"demo": demo_command(), "bad": {"command": str(tmp_path / "missing")}}
     (project / ".mcp.json").write_text(json.dumps({"mcpServers": servers}))
     return home, project
 
@@ -253,6 +249,7 @@ def listing_project(tmp_path: Path) -> tuple[Path, Path]:
 def test_cli_mcp_servers_lists_each_server_its_origin_consent_and_agents(tmp_path: Path) -> None:
     home, project = listing_project(tmp_path)
     mcp_json, inl = project / ".mcp.json", home / "agents" / "inl.md"
+    demo = " ".join([*PYTHON, SERVER])  # the demo server's command as written
 
     listed = subagent(project, home, "mcp-servers")
     assert listed.returncode == 0, listed.stderr
@@ -260,13 +257,13 @@ def test_cli_mcp_servers_lists_each_server_its_origin_consent_and_agents(tmp_pat
         f"bad          stdio {tmp_path / 'missing'}",
         f"  project: {mcp_json}; starts after consent (--yes or the prompt)",
         "  agents: none (name it in an agent mcpServers: or tools:)",
-        f"demo         stdio {sys.executable} {SERVER}",
+        f"demo         stdio {demo}",
         f"  project: {mcp_json}; starts after consent (--yes or the prompt)",
         "  agents: demo-user (mcp__demo__*), inl (mcp__demo__*)",
         "docs         http  http://127.0.0.1:9/mcp",
         f"  user: {home / 'mcp.json'}",
         "  agents: none (name it in an agent mcpServers: or tools:)",
-        f"own          stdio {sys.executable} {SERVER}",
+        f"own          stdio {demo}",
         f"  agent: {inl}",
         "  agents: inl (mcp__own__*)",
     ]
@@ -317,9 +314,10 @@ def test_an_agent_delegates_to_another_instance_through_its_subagent_mcp(tmp_pat
     (inner_home / "agents").mkdir(parents=True)
     (inner_home / "agents" / "helper.md").write_text("---\nname: helper\ndescription: helps\ntools: read\n---\nHelp.\n")
     inner_script.write_text(json.dumps({"replies": [{"content": "inner says hi"}]}))
+    inner_args = ["mcp", "--model", f"scripted:{inner_script}", "--cwd", str(tmp_path)]  # `subagent mcp`, forked
     inner = {
-        "command": sys.executable,
-        "args": ["-m", "mlx_subagents.cli", "mcp", "--model", f"scripted:{inner_script}", "--cwd", str(tmp_path)],
+        "command": PYTHON[0],
+        "args": [*PYTHON[1:], "-m", "mlx_subagents.cli", *inner_args],
         "env": {"MLX_SUBAGENTS_HOME": str(inner_home), "PYTHONPATH": str(REPO)},
     }
     write_agent(tmp_path, "orchestrator", tools="mcp__self__*", front=f"mcpServers:\n  - self: {json.dumps(inner)}\n")
@@ -348,7 +346,7 @@ def test_streamable_http_server_with_expanded_headers(tmp_path: Path, scripted_r
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen(
-        [*DEMO_PYTHON, SERVER, "http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*PYTHON, SERVER, "http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         wait_listening(server, port, "the demo MCP server")
