@@ -33,6 +33,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: -weight[item.path])  # stable: each file keeps its order
 
 
+# The seconds of each file's tests (setup, call and teardown) and how many ran: `--durations` lists them.
+_FILE_SECONDS: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each phase of a test (on the controller under xdist: the workers' reports) to its file's sum."""
+    seconds = _FILE_SECONDS.setdefault(report.nodeid.split("::")[0], [0.0, 0])
+    seconds[0] += report.duration
+    seconds[1] += report.when == "call"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """With `--durations=N`, the N files whose tests took longest in all (0: every file), after the N slowest
+    tests: the suite's seconds lie in a long tail of files as much as in its slowest tests. A session-scoped
+    fixture counts in the file of the first test that used it; a file's seconds include its waits."""
+    count = config.getoption("durations", None)
+    if count is None or not _FILE_SECONDS:
+        return
+    ranked = sorted(_FILE_SECONDS.items(), key=lambda item: -item[1][0])
+    total = sum(seconds for seconds, _ in _FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest {count or 'all'} files (setup, call and teardown, summed)")
+    for file, (seconds, tests) in ranked[: count or None]:
+        terminalreporter.write_line(f"{seconds:8.2f}s {seconds / total:6.1%} {int(tests):4d} tests  {file}")
+    terminalreporter.write_line(f"{total:8.2f}s in all, {len(ranked)} files")
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Keep every test away from the real ~/.mlx-subagents, user agents and the HF cache."""
