@@ -19,6 +19,7 @@ from typing import Literal
 
 from ..errors import AgentFileError, AgentNotFoundError
 from ..home import state_home
+from ..shipped import builtin_agents_dir
 from ..tools.skill import Skill
 from ..userfiles import MAX_FILE_BYTES
 from .skills import discover_skills
@@ -76,13 +77,6 @@ class AgentCatalog:
                 continue
             layer[spec.name] = spec
         self.agents.update(layer)
-
-
-def builtin_agents_dir() -> Path:
-    """`builtin_agents/`: inside the package in a wheel, next to it in an editable install."""
-    package_dir = Path(__file__).resolve().parents[1]
-    bundled = package_dir / "builtin_agents"
-    return bundled if bundled.is_dir() else package_dir.parent / "builtin_agents"
 
 
 def user_agents_dir() -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import shutil
 import socket
 import threading
@@ -17,6 +18,7 @@ from mlx_subagents.errors import ModelNotFoundError, RequestError
 from mlx_subagents.host import MlxModelHost, make_host
 from mlx_subagents.host.mlx.loading import config_context_window, cpu_download_note, resolve_model_path
 from mlx_subagents.host.scripted import ScriptedHost
+from mlx_subagents.shipped import demo_dir
 
 
 def test_missing_local_folder(tmp_path: Path) -> None:
@@ -222,9 +224,11 @@ def test_a_download_on_a_cpu_says_first_what_it_costs_and_the_ways_that_take_sec
     hub(None)
     with pytest.raises(ModelNotFoundError, match=f"^model '{repo}' is not in the local cache and could not be"):
         resolve_model_path(repo)
+    demo = shlex.quote(str(demo_dir()))  # the checkout's examples/demo here, the package's demo/ in a wheel
+    replay = shlex.quote(f"scripted:{demo_dir() / 'replay.yaml'}")
     ways = (
-        ". Without a model, the README's demo (--model scripted:examples/demo/replay.yaml) shows every command; "
-        "for a real model in seconds, an engine: docs/engines.md (llama.cpp's server, --engine URL)"
+        f". Without a model, a replay shows every command: subagent run scout 'where is auth handled?' -C {demo} "
+        f"--model {replay}; for a real model in seconds, an engine: docs/engines.md (llama.cpp's server, --engine URL)"
     )
     unsized = "; mlx runs on this machine's CPU, where an agent's first turn takes minutes, or hours for a 4B model"
     assert caplog.messages == ([f"downloading {repo}{unsized}{ways}"] if on_cpu else [])

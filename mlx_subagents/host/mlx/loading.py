@@ -10,11 +10,13 @@ import fnmatch
 import json
 import logging
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 from ...errors import ModelLoadError, ModelNotFoundError
 from ...home import state_home
+from ...shipped import demo_dir
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +78,20 @@ def cpu_download_note(repo_id: str) -> str | None:
         if size
         else "; mlx runs on this machine's CPU, where an agent's first turn takes minutes, or hours for a 4B model"
     )
+    return f"downloading {repo_id}{cost}. {demo_note()}"
+
+
+def demo_note() -> str:
+    """The two ways that take seconds, said before a long download: the no-model demo as a command to
+    paste (its folder as this install has it: the package's in a wheel, examples/demo in a checkout),
+    and an engine."""
+    demo = demo_dir()
+    command = shlex.join(
+        ["subagent", "run", "scout", "where is auth handled?", "-C", str(demo)]
+        + ["--model", f"scripted:{demo / 'replay.yaml'}"]
+    )
     return (
-        f"downloading {repo_id}{cost}. Without a model, the README's demo (--model "
-        "scripted:examples/demo/replay.yaml) shows every command; for a real model in seconds, an engine: "
+        f"Without a model, a replay shows every command: {command}; for a real model in seconds, an engine: "
         "docs/engines.md (llama.cpp's server, --engine URL)"
     )
 
