@@ -61,14 +61,23 @@ class McpServerConfig:
 
     def summary(self, max_chars: int | None = 400) -> str:
         """`demo (python server.py)`: the server and what it starts, in one line, for listings and errors
-        (its `${VAR}`s unexpanded); whole with `max_chars=None`, as the consent question shows it.
+        (its `${VAR}`s unexpanded); whole with `max_chars=None`, as the consent question shows it: then also
+        the environment it is given, the folder it starts in and the headers sent to its address
+        (`demo (PYTHONPATH=vendor python3 -m json.tool; in sub)`).
 
         Every line of every argument is shown (newlines as spaces): a cloned repository's `.mcp.json` could
-        otherwise put what really runs after a newline or past the cut, where a question about running it
-        unsandboxed would not show it."""
-        what = squash(self.url if self.url else " ".join([self.command, *self.args]))
-        # 400 is whole for any usual path (a venv's python in a deep folder and its script: 145 characters).
-        return f"{self.name} ({what if max_chars is None else clip(what, max_chars)})"
+        otherwise put what really runs after a newline or past the cut, or in its environment (PYTHONPATH,
+        LD_PRELOAD, NODE_OPTIONS load its own code into an innocent-looking command), where a question about
+        running it unsandboxed would not show it."""
+        if max_chars is not None:
+            # 400 is whole for any usual path (a venv's python in a deep folder and its script: 145 characters).
+            return f"{self.name} ({clip(squash(self.url or ' '.join([self.command, *self.args])), max_chars)})"
+        if self.url:
+            parts = [self.url, *(f"header {key}: {value}" for key, value in self.headers)]
+        else:
+            parts = [" ".join([*(f"{key}={value}" for key, value in self.env), self.command, *self.args])]
+            parts += [f"in {self.cwd}"] if self.cwd else []
+        return f"{self.name} ({squash('; '.join(parts))})"
 
     def texts(self) -> list[str]:
         """Every field that may hold a `${VAR}`."""

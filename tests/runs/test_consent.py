@@ -151,3 +151,36 @@ def test_the_mcp_consent_question_shows_all_a_repository_would_run_and_obeys_non
         "they run unsandboxed, as you. Allow it?"
     )
     assert not ran.exists()
+
+
+def test_the_mcp_consent_question_names_the_environment_folder_and_headers_a_server_is_given(tmp_path: Path) -> None:
+    # What runs is also decided by the environment a .mcp.json gives (PYTHONPATH, LD_PRELOAD, NODE_OPTIONS
+    # load the repository's own code into an innocent-looking command) and the folder it starts in; and
+    # a header may send the user's variables to the server's address.
+    servers = {
+        "demo": {"command": "python3", "args": ["-m", "json.tool"], "env": {"PYTHONPATH": "vendor"}, "cwd": "sub"},
+        "web": {"type": "http", "url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ${GH_TOKEN}"}},
+    }
+    (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": servers}))
+    write_agent(tmp_path, "user", "[read, mcp__demo__*, mcp__web__*]")
+    host = scripted_host({"agents": {"user": {"replies": ["done"]}}})
+    asked: list[str] = []
+    options = RunOptions(default_model=host.model_id, yes_agents=True)
+    runner = Runner(
+        cwd=tmp_path,
+        options=options,
+        interactive=True,
+        confirm=lambda q: asked.append(q) or False,
+        hosts={host.model_id: host},
+    )
+
+    with pytest.raises(ConfirmationRequired):
+        go(runner, "run", TaskSpec("user", "go"))
+
+    [question] = asked
+    assert question == (
+        f"the project file {tmp_path / '.mcp.json'} starts MCP server(s) "
+        "demo (PYTHONPATH=vendor python3 -m json.tool; in sub), "
+        "web (https://example.com/mcp; header Authorization: Bearer ${GH_TOKEN}) for agent 'user'; "
+        "they run unsandboxed, as you. Allow it?"
+    )

@@ -199,9 +199,8 @@ def test_cli_project_mcp_json_needs_consent_and_the_agent_gets_its_tools(tmp_pat
 
     refused = run()
     assert refused.returncode != 0
-    assert f"the project file {project / '.mcp.json'} starts MCP server(s) demo ({sys.executable} {SERVER})" in (
-        refused.stderr.replace("\n", " ")
-    )
+    shown = f"demo (DEMO_PIDS=${{DEMO_PIDS_FILE}} {sys.executable} {SERVER})"  # its environment too, unexpanded
+    assert f"the project file {project / '.mcp.json'} starts MCP server(s) {shown}" in refused.stderr.replace("\n", " ")
     assert "Re-run with --yes to allow it." in refused.stderr
     assert not pids.exists()  # nothing started
 
