@@ -238,10 +238,12 @@ class Terminal:
         os.close(self.fd)
 
 
-def spawn_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """`subagent ARGS` as a real process (this checkout on its path), stdout and stderr piped."""
+def spawn_cli(*args: str, env: dict[str, str] | None = None, python: list[str] | None = None) -> subprocess.Popen[str]:
+    """`subagent ARGS` as a real process (this checkout on its path), stdout and stderr piped. `python`: what
+    stands for `python`, a preloaded process's (`preloaded_python`, whose fork runs the command without 1 s of
+    CPU of imports), for a command the test does not signal itself (its client would get the signal)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "mlx_subagents.cli", *args],
+        [*(python or [sys.executable]), "-m", "mlx_subagents.cli", *args],
         env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

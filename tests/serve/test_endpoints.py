@@ -58,7 +58,7 @@ def status(info: Any) -> dict[str, Any]:
 
 
 def test_the_sdks_talk_to_the_served_model_and_later_turns_reuse_its_cache(
-    serve_process: Any, tmp_path: Path, tiny_qwen3_path: Path
+    serve_process: Any, tmp_path: Path, tiny_qwen3_path: Path, preloaded_python: list[str]
 ) -> None:
     # The conversations are numbered in the order they start, whichever API: the OpenAI one first, then the
     # JSON-schema and tool_choice requests (their own), then the Anthropic one.
@@ -178,7 +178,7 @@ def test_the_sdks_talk_to_the_served_model_and_later_turns_reuse_its_cache(
     openai_turns, anthropic_turns = sessions["conversation#1"], sessions["conversation#4"]
     assert (openai_turns["turns"], openai_turns["cached_tokens"]) == (4, third.usage.prompt_tokens - 1)
     assert (anthropic_turns["status"], anthropic_turns["turns"], anthropic_turns["api"]) == ("idle", 2, "anthropic")
-    shown = spawn_cli("serve", "--status").communicate(timeout=60)[0]
+    shown = spawn_cli("serve", "--status", python=preloaded_python).communicate(timeout=60)[0]
     assert (
         f"session c1 conversation#1 ({model}) idle" in shown
         and f"4 turns, last prompt {third.usage.prompt_tokens:,}" in shown

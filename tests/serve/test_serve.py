@@ -120,7 +120,9 @@ def test_http_refuses_no_token_a_wrong_one_and_a_foreign_origin_or_host(
     assert "HTTP POST /mcp refused (403): forbidden: the Origin header 'http://evil.example'" in log
 
 
-def test_a_second_server_is_refused_and_stale_files_are_replaced(serve_process: Any, tmp_path: Path) -> None:
+def test_a_second_server_is_refused_and_stale_files_are_replaced(
+    serve_process: Any, tmp_path: Path, preloaded_python: list[str]
+) -> None:
     paths = serve_paths()
     paths.folder.mkdir(parents=True)
     # A server that died: its server.json, its socket, a token others may read.
@@ -139,14 +141,14 @@ def test_a_second_server_is_refused_and_stale_files_are_replaced(serve_process: 
     assert token != "leaked-token-leaked-token-leaked-token" and stat.S_IMODE(os.stat(paths.token).st_mode) == 0o600
     assert quick(info, make_hello("status"))["status"]["clients"] == []
 
-    second = spawn_cli("serve", "--no-http")
+    second = spawn_cli("serve", "--no-http", python=preloaded_python)
     out, err = second.communicate(timeout=60)
     assert second.returncode == 2 and out == ""
     assert err == (
         f"error: a server already runs for {paths.home} (pid {first.pid}, {paths.socket}); use it, or stop it with: "
         "subagent serve --stop\n"
     )
-    stop = spawn_cli("serve", "--stop")
+    stop = spawn_cli("serve", "--stop", python=preloaded_python)
     assert (
         stop.communicate(timeout=60)[1]
         == f"stopped the server (pid {first.pid}); what ran is saved (subagent runs lists it)\n"
@@ -156,7 +158,7 @@ def test_a_second_server_is_refused_and_stale_files_are_replaced(serve_process: 
 
 
 def test_status_lists_clients_and_tasks_and_stop_cancels_and_saves_them(
-    serve_process: Any, tmp_path: Path, write_script: Any
+    serve_process: Any, tmp_path: Path, write_script: Any, preloaded_python: list[str]
 ) -> None:
     from tests.mcp_server.test_mcp_server import connect, run
 
@@ -182,7 +184,7 @@ def test_status_lists_clients_and_tasks_and_stop_cancels_and_saves_them(
                 await anyio.sleep(1.5)
                 seen["status"] = quick(info, make_hello("status"))["status"]
                 seen["watch"] = read_snapshots()
-                seen["stop"] = spawn_cli("serve", "--stop")
+                seen["stop"] = spawn_cli("serve", "--stop", python=preloaded_python)
 
             async with anyio.create_task_group() as group:
                 group.start_soon(stop_soon)
@@ -274,7 +276,9 @@ def test_malformed_and_oversized_messages_are_answered_and_logged(
     assert "malformed message (answered with id null) from the client: Parse error" in log
 
 
-def test_mcp_serve_starts_a_server_relays_to_it_and_exits_when_it_is_stopped(tmp_path: Path, write_script: Any) -> None:
+def test_mcp_serve_starts_a_server_relays_to_it_and_exits_when_it_is_stopped(
+    tmp_path: Path, write_script: Any, preloaded_python: list[str]
+) -> None:
     import anyio
 
     from mlx_subagents.serve.state import running_server
@@ -288,7 +292,7 @@ def test_mcp_serve_starts_a_server_relays_to_it_and_exits_when_it_is_stopped(tmp
             seen["answer"] = await client.call_tool("run_agents", {"agent": "scout", "task": "look"})
             seen["info"] = info = running_server(wait=0)
             seen["status"] = quick(info, make_hello("status"))["status"]
-            stop = spawn_cli("serve", "--stop")
+            stop = spawn_cli("serve", "--stop", python=preloaded_python)
             seen["stopped"] = await anyio.to_thread.run_sync(lambda: stop.communicate(timeout=60))
             with anyio.fail_after(30):
                 while await anyio.to_thread.run_sync(lambda: lock_held(serve_paths())):
@@ -423,21 +427,21 @@ def test_status_gives_each_models_draft_acceptance_rate() -> None:
 
 
 def test_a_detached_server_writes_each_log_line_once_and_its_status_names_its_model(
-    tmp_path: Path, write_script: Any
+    tmp_path: Path, write_script: Any, preloaded_python: list[str]
 ) -> None:
     """`serve --detach` sends its output to the log the server writes too: every line was there twice."""
     model = write_script({"replies": ["hi"]})
-    started = spawn_cli("serve", "--detach", "--no-http", "--model", model)
+    started = spawn_cli("serve", "--detach", "--no-http", "--model", model, python=preloaded_python)
     try:
         assert started.wait(60) == 0, started.stderr.read() if started.stderr else ""
-        status = spawn_cli("serve", "--status")
+        status = spawn_cli("serve", "--status", python=preloaded_python)
         out, _ = status.communicate(timeout=60)
         assert [line for line in out.splitlines() if line.startswith("model")] == [
             f"model   {model}: weights 0.0 MiB, KV 0.0 MiB of unbounded, 0 sessions, at most 0 decoding in one "
             "batch, window 32,768 tokens"
         ]
     finally:
-        assert spawn_cli("serve", "--stop").wait(60) == 0
+        assert spawn_cli("serve", "--stop", python=preloaded_python).wait(60) == 0
     lines = [line.split(" ", 2)[2] for line in serve_paths().log.read_text().splitlines()]
     assert lines[0].startswith("INFO mlx_subagents.serve: mlx-subagents ") and lines[-1].endswith(": stopped")
     assert len(lines) == len(set(lines)) == 4  # serving, loaded, stopping, stopped

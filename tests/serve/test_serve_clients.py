@@ -34,7 +34,7 @@ def folders(root: Path, *names: str) -> dict[str, Path]:
 
 
 def test_two_relayed_clients_and_an_attached_run_share_one_host_and_batch(
-    serve_process: Any, tmp_path: Path, tiny_qwen3_path: Path
+    serve_process: Any, tmp_path: Path, tiny_qwen3_path: Path, preloaded_python: list[str]
 ) -> None:
     from mlx_subagents.testing import tool_call_text
 
@@ -60,7 +60,7 @@ def test_two_relayed_clients_and_an_attached_run_share_one_host_and_batch(
             for client, label in ((a, "a"), (b, "b")):
                 listed = {tool.name: tool for tool in (await client.list_tools()).tools}
                 results[f"budget {label}"] = listed["run_agents"].description
-            attached = spawn_cli("run", "scout", "map it", "--json", "-C", str(ws["scout"]))
+            attached = spawn_cli("run", "scout", "map it", "--json", "-C", str(ws["scout"]), python=preloaded_python)
 
             async def relayed(client: Any, label: str) -> None:
                 results[label] = await client.call_tool(
@@ -182,7 +182,7 @@ def transcript_ends() -> dict[str, tuple[str, str | None, str]]:
 
 
 def test_the_server_killed_mid_call_gives_one_line_at_each_client_and_readable_transcripts(
-    serve_process: Any, tmp_path: Path, write_script: Any, run_cli: Any
+    serve_process: Any, tmp_path: Path, write_script: Any, run_cli: Any, preloaded_python: list[str]
 ) -> None:
     model = write_script(
         {
@@ -199,7 +199,7 @@ def test_the_server_killed_mid_call_gives_one_line_at_each_client_and_readable_t
 
     async def main() -> None:
         async with connect("--cwd", tmp_path, "--model", model) as client:
-            attached = spawn_cli("run", "scout", "wait", "-C", str(tmp_path))
+            attached = spawn_cli("run", "scout", "wait", "-C", str(tmp_path), python=preloaded_python)
 
             async def kill_server() -> None:
                 with anyio.fail_after(60):  # both calls running; else the test says why instead of hanging
