@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,24 @@ from tests.host.test_kv_pool import cache_holding
 SYSTEM = {"role": "system", "content": "You are a scout. " + " ".join(f"Rule {n}: report paths." for n in range(40))}
 
 
+@pytest.fixture
+def frozen_heap() -> Iterator[None]:
+    """For a test that walks the heap (`live_kv_bytes`): what this process held before the test (a test worker
+    holds millions of objects: every module the suite imported, its fixtures) leaves the garbage collector's
+    view for the test (`gc.freeze`, undone after), so that each walk goes over what the test made, not all."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def live_kv_bytes(collect: bool = False) -> int:
-    """The bytes of every cache layer in this process's memory, found by the garbage collector (not by the
-    pool): each layer's arrays (`nbytes`, mlx-lm's own sum over them) and each shared prefix once. Garbage
-    not collected yet is in both counts (the pool's references are weak), so only a baseline collects."""
+    """The bytes of every cache layer in this process's memory (with `frozen_heap`, made since the test
+    began), found by the garbage collector (not by the pool): each layer's arrays (`nbytes`, mlx-lm's own sum
+    over them) and each shared prefix once. Garbage not collected yet is in both counts (the pool's references
+    are weak), so only a baseline collects."""
     from mlx_lm.models.cache import _BaseCache
 
     if collect:
@@ -38,6 +52,7 @@ def talk(task: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("frozen_heap")
 @pytest.mark.parametrize("bits", [16, 8])
 def test_the_pools_one_read_is_the_bytes_of_every_live_cache_after_each_step(
     quantizable: Callable[[str], Path], bits: int
@@ -99,6 +114,7 @@ def test_the_pools_one_read_is_the_bytes_of_every_live_cache_after_each_step(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("frozen_heap")
 def test_the_pools_one_read_counts_a_prefill_group_at_every_step(tiny_qwen3: tuple[Any, Any]) -> None:
     """Two short prompts arriving with nothing decoding are prefilled as one group, 8 tokens a slice,
     then decode in the batch: after every step of the scheduler the one read equals the bytes alive."""
@@ -136,6 +152,7 @@ def test_reserve_says_no_when_the_worst_case_cannot_fit_and_yes_after_an_evictio
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("frozen_heap")
 def test_a_first_turns_new_shared_prefix_is_held_once(tiny_qwen3_path: Path) -> None:
     """A session's first turn adds its agent's prefix and goes on from it: the bytes held are the prefix
     once and the session's own tail, to the byte (the arrays the garbage collector finds agree), not the
