@@ -380,7 +380,7 @@ def test_an_endless_keep_alive_stream_ends_at_the_task_timeout(
     ],
 )
 def test_the_process_ends_on_every_wrong_answer(
-    tmp_path: Path, setup: str, flags: list[str], code: int, expect: str
+    tmp_path: Path, setup: str, flags: list[str], code: int, expect: str, preloaded_python: list[str]
 ) -> None:
     stall = Fault("stall") if setup == "listing" else None
     with FakeEngine(listing_fault=stall) as engine:
@@ -393,7 +393,7 @@ def test_the_process_ends_on_every_wrong_answer(
             }[setup]
         )
         args = ["run", "scout", "x", "-C", str(tmp_path), "--engine", engine.url, "--model", FAKE_MODEL, *flags]
-        process = spawn_cli(*args, "--json")
+        process = spawn_cli(*args, "--json", python=preloaded_python)
         try:
             out, err = process.communicate(timeout=120)  # a bound, not a measure
         finally:

@@ -58,18 +58,21 @@ def fake_prefix(path: Path, size: int, header: Any = None) -> Path:
 @pytest.mark.slow
 @pytest.mark.process
 def test_processes_in_a_row_start_warm_and_two_at_once_leave_one_good_file(
-    tiny_qwen3_path: Path, tmp_path: Path
+    tiny_qwen3_path: Path, tmp_path: Path, preloaded_python: list[str]
 ) -> None:
+    """Three `subagent run`, each a process of its own (a fork of the worker's preloaded process, which
+    imported mlx and the runner but never ran a model nor read the prefix store)."""
     home = tmp_path / "home"
     env = {"MLX_SUBAGENTS_HOME": str(home)}
     args = ("run", "scout", "where is the config parsed?", "--model", str(tiny_qwen3_path), "--cwd", str(tmp_path))
     args += ("--json", "--max-turns", "1", "--max-tokens", "12")
-    together = [spawn_cli(*args, env=env), spawn_cli(*args, env=env)]  # both cold, both write the same prefix
+    run = lambda: spawn_cli(*args, env=env, python=preloaded_python)  # noqa: E731
+    together = [run(), run()]  # both cold, both write the same prefix
     cold = [json.loads(p.communicate(timeout=120)[0]) for p in together]
     folder = home / "cache" / "prefixes"
     assert [p.name.startswith(TEMP_PREFIX) for p in folder.iterdir()] == [False]  # one file, no leftovers
 
-    out, errors = spawn_cli(*args, env=env).communicate(timeout=120)
+    out, errors = run().communicate(timeout=120)
     warm = json.loads(out)
 
     prompt, cached = warm["usage"]["input_tokens"], warm["usage"]["cached_tokens"]
