@@ -150,8 +150,9 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def all_dead(pids: list[int], within: float = 3.0) -> bool:
-    """Whether every pid is gone, waiting up to `within` seconds for the kills to land."""
+def all_dead(pids: list[int], within: float = 10.0) -> bool:
+    """Whether every pid is gone, waiting up to `within` seconds for the kills to land: a bound for a
+    loaded machine, well under the 30 s and more that the tests' sleepers run when nothing kills them."""
     deadline = time.monotonic() + within
     while any(alive(p) for p in pids):
         if time.monotonic() > deadline:
@@ -202,7 +203,9 @@ class Terminal:
     def send(self, data: str) -> None:
         os.write(self.fd, data.encode())
 
-    def expect(self, text: str, timeout: float = 10) -> str:
+    def expect(self, text: str, timeout: float = 60) -> str:
+        """What the terminal showed up to and with `text`, waiting for it up to `timeout` seconds: a bound for
+        a failing test, not a measure (a chat's start alone took over 10 s on a loaded 2-core CI)."""
         deadline = time.monotonic() + timeout
         while text not in self.seen:
             ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
@@ -216,7 +219,7 @@ class Terminal:
         before, _, self.seen = self.seen.partition(text)
         return before + text
 
-    def wait(self, timeout: float = 10) -> int:
+    def wait(self, timeout: float = 60) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             pid, status = os.waitpid(self.pid, os.WNOHANG)

@@ -398,7 +398,7 @@ def test_compaction_on_a_small_window_keeps_the_head_and_completes(ws: Path) -> 
 def test_a_summary_cut_by_a_timeout_still_counts_the_prompt_it_read(ws: Path) -> None:
     (ws / "big.txt").write_text("".join(f"line {i:03d}: a value for the config parser\n" for i in range(200)))
     reads = [call("read", path="big.txt", offset=1 + 20 * i, limit=20) for i in range(2)]
-    host = ScriptedHost.from_replies([*reads, {"content": "never delivered", "delay": 5}], context_window=2000)
+    host = ScriptedHost.from_replies([*reads, {"content": "never delivered", "delay": 300}], context_window=2000)
     events: list[Event] = []
     session = AgentSession(
         spec=scout(ws),
@@ -408,8 +408,15 @@ def test_a_summary_cut_by_a_timeout_still_counts_the_prompt_it_read(ws: Path) ->
         compaction=CompactionSettings(keep_recent_tokens=400),
     )
 
-    with pytest.raises(TimeoutError):
-        asyncio.run(asyncio.wait_for(session.run("find the config parser"), 1.0))
+    async def cut_during_the_summary() -> None:  # the timeout strikes as a cancel, as `wait_for`'s does
+        work = asyncio.create_task(session.run("find the config parser"))
+        while len(host.history.get("scout", [])) < 3:  # the summary request is sent: its reply is under way
+            await asyncio.sleep(0.01)
+        work.cancel()
+        await work
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(asyncio.wait_for(cut_during_the_summary(), 60))
     result = session.partial_result("find the config parser", "timeout", "stopped by the timeout of 1s")
 
     prompts = host.history["scout"]

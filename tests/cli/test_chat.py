@@ -189,7 +189,7 @@ def test_ctrl_c_stops_the_turn_and_its_children_and_the_chat_goes_on(tmp_path: P
     try:
         term.expect("/exit leaves\n> ")
         term.send("run the slow check\n")
-        pids = wait_for_pids(tmp_path, time.monotonic() + 15)
+        pids = wait_for_pids(tmp_path, time.monotonic() + 60)
         assert all(alive(p) for p in pids)
         term.expect("$ echo $$ > bash.pid")  # the child's tool call, shown under the parent's
         term.send("\x03")
@@ -243,9 +243,9 @@ def test_sigint_during_once_stops_the_children_and_exits_130(tmp_path: Path, wri
         text=True,
     )
     try:
-        pids = wait_for_pids(tmp_path, time.monotonic() + 15)
+        pids = wait_for_pids(tmp_path, time.monotonic() + 60)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=10)
+        out, err = proc.communicate(timeout=60)  # a bound, not a measure: ignored, the SIGINT leaves exit 0
     finally:
         proc.kill()
         proc.wait()

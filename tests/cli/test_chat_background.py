@@ -48,7 +48,7 @@ def test_tasks_send_cancel_and_notices_at_the_prompt(tmp_path: Path, write_scrip
         term.send("/ta")  # half a command typed when the scout's notice comes
         # the notice prints above the prompt, which comes back with what was typed, and typing goes on
         term.expect("● scout#1 completed: app.py:1\n> /ta")
-        pids = wait_for_pids(tmp_path, time.monotonic() + 15)
+        pids = wait_for_pids(tmp_path, time.monotonic() + 60)
         term.send("sks\n")
         table = term.expect("\n> ").splitlines()
         assert re.split(r"\s+", table[1].strip()) == [
@@ -124,7 +124,7 @@ def test_ctrl_c_stops_the_turn_then_the_background_sub_agents(tmp_path: Path, wr
     try:
         term.expect("/exit leaves\n> ")
         term.send("start it\n")
-        pids = wait_for_pids(tmp_path, time.monotonic() + 15)
+        pids = wait_for_pids(tmp_path, time.monotonic() + 60)
         term.expect("↳ scout#1 (scout) started")
         term.send("\x03")
         shown = term.expect("the chat goes on (/exit leaves)\n> ")
@@ -164,7 +164,7 @@ def test_leaving_the_chat_cancels_the_background_sub_agents(tmp_path: Path, writ
         term.expect("/exit leaves\n> ")
         term.send("start it\n")
         term.expect("ok\n> ")
-        pids = wait_for_pids(tmp_path, time.monotonic() + 15)
+        pids = wait_for_pids(tmp_path, time.monotonic() + 60)
         term.send("/exit\n")
         term.expect("stopping 1 background sub-agent(s): worker#1\n")
         assert term.wait() == 0

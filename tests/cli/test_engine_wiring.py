@@ -96,10 +96,10 @@ def test_thinking_off_asks_the_engines_template_for_no_thinking(
 
 @pytest.mark.slow
 def test_an_engine_that_is_not_running_stops_the_command(tmp_path: Path, run_cli: Any) -> None:
-    with socket.socket() as s:
+    with socket.socket() as s:  # bound, never listening: refused, and no other process can take the port
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    code, out, err = run_cli("run", "scout", "x", "--engine", url, "--model", "m", "-C", str(tmp_path))
+        code, out, err = run_cli("run", "scout", "x", "--engine", url, "--model", "m", "-C", str(tmp_path))
     assert (code, out) == (2, "")
     assert err == f"error: engine {url}: connection refused; start the engine, or check the host and port in --engine\n"
 

@@ -379,13 +379,19 @@ def test_a_stalled_stream_times_out(engine: FakeEngine) -> None:
 
 @pytest.mark.slow
 def test_a_reply_cancelled_mid_stream_keeps_an_estimate_of_what_it_spent(engine: FakeEngine) -> None:
-    engine.queue(Fault("stall", content="Looking at the files now", seconds=5))
+    engine.queue(Fault("stall", content="Looking at the files now", seconds=300))
+    shown: list[str] = []
 
     async def go() -> Any:
         async with EngineHost(engine.url, FAKE_MODEL) as host:
             session = host.session("s")
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(session.generate(USER), 1.0)
+            reply = asyncio.create_task(session.generate(USER, GenerateArgs(on_event=texts(shown.append))))
+            while "".join(shown) != "Looking at the files now":  # streamed; the engine now stalls 300 s
+                assert not reply.done(), reply
+                await asyncio.sleep(0.01)
+            reply.cancel()  # what a timeout or Ctrl-C does
+            with pytest.raises(asyncio.CancelledError):
+                await reply
             return session.cut
 
     cut = run(go())

@@ -182,12 +182,13 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setattr(hf, "HF_HUB_OFFLINE", False)
     servers: list[HTTPServer] = []
+    refusing: list[socket.socket] = []
 
     def start(answer: dict[str, Any] | None) -> None:
-        if answer is None:
-            with socket.socket() as free:  # a port nothing listens on: refused at once
-                free.bind(("127.0.0.1", 0))
-                monkeypatch.setattr(hf, "ENDPOINT", f"http://127.0.0.1:{free.getsockname()[1]}")
+        if answer is None:  # a port bound and never listening: refused at once, and no other process takes it
+            refusing.append(socket.socket())
+            refusing[-1].bind(("127.0.0.1", 0))
+            monkeypatch.setattr(hf, "ENDPOINT", f"http://127.0.0.1:{refusing[-1].getsockname()[1]}")
             return
 
         class ModelInfo(BaseHTTPRequestHandler):
@@ -210,6 +211,8 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Any:
     yield start
     for server in servers:
         server.shutdown()
+    for held in refusing:
+        held.close()
 
 
 def test_a_download_on_a_cpu_says_first_what_it_costs_and_the_ways_that_take_seconds(

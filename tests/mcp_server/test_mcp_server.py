@@ -279,7 +279,7 @@ def test_cancelling_a_call_kills_its_bash_and_the_server_carries_on(tmp_path: Pa
     model = write_script(
         {
             "agents": {
-                "worker": {"replies": [call("bash", command="sleep 60 & echo $! > sleep.pid; wait"), "never"]},
+                "worker": {"replies": [call("bash", command="sleep 300 & echo $! > sleep.pid; wait"), "never"]},
                 "scout": {"replies": ["still here"]},
             }
         }
@@ -295,7 +295,7 @@ def test_cancelling_a_call_kills_its_bash_and_the_server_carries_on(tmp_path: Pa
                 pid = int(pid_file.read_text())
                 assert alive(pid)
                 group.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the call
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + 60  # a wait for the kill, well under the sleep's 300 s
             while alive(pid) and time.monotonic() < deadline:
                 await anyio.sleep(0.05)
             return pid, await client.call_tool("run_agents", {"agent": "scout", "task": "are you there?"})
@@ -416,7 +416,8 @@ def test_the_tiny_real_model_stays_resident_between_calls(tmp_path: Path, tiny_q
 
 # -- background tasks: start_agents and the tools on their ids ------------------------------------------
 
-BASH_SLEEP = "echo $$ > bash.pid; sleep 60 & echo $! > sleep.pid; wait"
+# 300 s: a process alive after the waits below (60 s at most, for a loaded machine) was never killed.
+BASH_SLEEP = "echo $$ > bash.pid; sleep 300 & echo $! > sleep.pid; wait"
 
 
 async def pids_of(folder: Path) -> list[int]:
@@ -544,7 +545,7 @@ def test_the_server_stopping_cancels_the_tasks_still_running(tmp_path: Path, wri
             return await pids_of(tmp_path)
 
     pids = run(main)  # the client closes the server's stdin: it stops
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60  # a wait for the kills, well under the sleep's 300 s
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(alive(p) for p in pids)

@@ -154,7 +154,7 @@ def test_cancel_aborts_a_task_and_a_message_to_it_is_refused(scripted_runner: An
             while handle.status != "running":
                 await asyncio.sleep(0.01)
             assert handle.cancel() is True
-            result = await asyncio.wait_for(handle.wait(), 5)
+            result = await asyncio.wait_for(handle.wait(), 20)  # a bound, well under the reply's 30 s
             with pytest.raises(TaskStateError, match="task 'scout#1' was cancelled \\(cancelled\\) and takes no more"):
                 handle.send("more")
             return handle, result
@@ -177,7 +177,7 @@ def test_closing_the_runner_cancels_what_still_runs(scripted_runner: Any) -> Non
                 await asyncio.sleep(0.01)
             return running, await runner.start(TaskSpec("scout", "look again"))
 
-    running, queued = asyncio.run(asyncio.wait_for(main(), 10))
+    running, queued = asyncio.run(asyncio.wait_for(main(), 20))  # a bound, well under the reply's 30 s
     assert (running.status, running.result.error) == ("aborted", "the runner closed")
     assert (queued.status, queued.result.error) == ("aborted", "the runner closed before it started")
     assert load_run(running.run_id).status == "interrupted"

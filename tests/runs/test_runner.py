@@ -211,7 +211,7 @@ def test_previous_in_the_first_step_is_refused(scripted_runner: Any) -> None:
 
 
 def test_max_turns_max_tokens_and_timeout_each_name_their_limit(scripted_runner: Any) -> None:
-    script = {"replies": [call("ls", path="."), call("ls", path="."), {"content": "late", "delay": 5}]}
+    script = {"replies": [call("ls", path="."), call("ls", path="."), {"content": "late", "delay": 60}]}
     tasks = [
         TaskSpec("scout", "turns", label="turns", max_turns=2),
         TaskSpec("scout", "tokens", label="tokens", max_output_tokens=5),
@@ -220,7 +220,7 @@ def test_max_turns_max_tokens_and_timeout_each_name_their_limit(scripted_runner:
     started = time.perf_counter()
     outcome = go(scripted_runner(script), "parallel", tasks)
 
-    assert time.perf_counter() - started < 3
+    assert time.perf_counter() - started < 30  # cut at the 0.3 s timeout, not after the 60 s reply (load slack)
     turns, tokens, timeout = outcome.results
     assert (turns.status, turns.stop_reason, turns.error) == (
         "failed",
@@ -325,20 +325,25 @@ def test_answers_and_pieces_are_cut_between_characters_by_one_rule() -> None:
 
 
 def test_cancel_aborts_running_and_queued_tasks_and_keeps_what_was_done(scripted_runner: Any) -> None:
-    script = {"replies": [call("ls", path="."), {"content": "never", "delay": 30}]}
-    runner = scripted_runner(script)
+    script = {"replies": [call("ls", path="."), {"content": "never", "delay": 300}]}
+    events: list[Event] = []
+    runner = scripted_runner(script, events)
+
+    async def second_turns() -> None:  # both running tasks wait in their 300 s reply: the ls turn is done
+        while sum(e.kind == "turn_start" and e.turn == 2 for e in events) < 2:
+            await asyncio.sleep(0.01)
 
     async def main() -> Any:
         async with runner:
             work = asyncio.create_task(runner.parallel([TaskSpec("scout", str(i)) for i in range(3)], concurrency=2))
-            await asyncio.sleep(0.3)
+            await asyncio.wait_for(second_turns(), 60)
             assert runner.cancel()
             return await work
 
     started = time.perf_counter()
     outcome = asyncio.run(main())
 
-    assert time.perf_counter() - started < 2
+    assert time.perf_counter() - started < 60  # stopped at the cancel, not after the 300 s replies (load slack)
     assert outcome.interrupted and outcome.succeeded == 0
     assert [(r.status, r.stop_reason) for r in outcome.results] == [("aborted", "cancelled")] * 3
     assert [r.error for r in outcome.results] == [
@@ -442,17 +447,21 @@ def test_cancel_stops_a_tiny_real_model_generation_at_the_next_token(
     async def main() -> Any:
         async with runner:
             work = asyncio.create_task(runner.run(TaskSpec("scout", "talk")))
-            while not any(e.kind == "turn_start" for e in events):
+            while not any(e.kind == "text" for e in events):  # mid-reply: the first words are out
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)  # mid-reply: 2000 forced words take seconds on the tiny model
-            cancelled_at = time.perf_counter()
             runner.cancel()
-            result = await work
-            return result, time.perf_counter() - cancelled_at
+            return await work
 
-    result, elapsed = asyncio.run(main())
-    assert (result.status, result.stop_reason, result.error) == ("aborted", "cancelled", "aborted by the user (Ctrl-C)")
-    assert elapsed < 2.0  # "within about a second": the next token comes in milliseconds; slack for a loaded CI
+    result = asyncio.run(main())
+    assert (result.status, result.stop_reason, result.error) == (
+        "aborted",
+        "cancelled",
+        "aborted by the user (Ctrl-C); the output holds the reply it cut short",
+    )
+    # Counted in tokens, not seconds (a loaded machine slows the decode and the cancel alike): a few tokens
+    # came before the cancel and at most the next one after it, against the 2,000 words of the whole reply.
+    assert 0 < result.usage.output_tokens < 100
+    assert ("word " * 2000).startswith(result.output)
 
 
 def test_a_turn_cut_by_the_timeout_keeps_the_tokens_it_read(scripted_runner: Any) -> None:

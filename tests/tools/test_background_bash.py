@@ -102,7 +102,9 @@ def test_its_end_is_a_notice_at_the_next_turn_once(tmp_path: Path) -> None:
 
 def test_the_agents_end_kills_and_sweeps_what_its_commands_started(tmp_path: Path) -> None:
     escaped = "setsid sleep 30 & echo $! > escaped.pid; " + SLOW  # one leaves the group, as a daemon would
-    result, events, _ = scout_run(tmp_path, [bg(escaped), call("bash", command="sleep 0.5"), "answered at once"])
+    # The next turn waits for the pid files (not a fixed time, which a loaded machine may need more than).
+    started = "until [ -s escaped.pid ] && [ -s sleep.pid ]; do sleep 0.05; done"
+    result, events, _ = scout_run(tmp_path, [bg(escaped), call("bash", command=started), "answered at once"])
 
     assert result.ok, result.error
     pids = wait_for_pids(tmp_path, time.monotonic() + 5) + [int((tmp_path / "escaped.pid").read_text())]

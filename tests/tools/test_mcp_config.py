@@ -116,7 +116,10 @@ DEEP = str(Path(__file__).parent / "deep_mcp_server.py")
 def test_a_deeply_nested_tool_schema_refuses_the_server_at_once_in_one_warning(
     tmp_path: Path, depth: int, why: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    config = McpServerConfig("deep", str(tmp_path / ".mcp.json"), command=sys.executable, args=(DEEP, str(depth)))
+    # A time-out of 300 s, so that "at once" (a few seconds on a loaded machine) is far from its end.
+    config = McpServerConfig(
+        "deep", str(tmp_path / ".mcp.json"), command=sys.executable, args=(DEEP, str(depth)), startup_timeout=300
+    )
     said: list[str] = []
 
     async def start() -> tuple[dict[str, Any], float]:

@@ -180,7 +180,7 @@ def test_a_command_that_leaves_its_group_and_wipes_its_mark_still_dies_with_the_
 
     found = asyncio.run(cancel_midway())
     assert sorted(found) == [f"{tag}.1", f"{tag}.2", f"{tag}.3"]
-    _, alive = psutil.wait_procs(list(found.values()), timeout=3)
+    _, alive = psutil.wait_procs(list(found.values()), timeout=15)  # a wait for the kills; they sleep 1,000 s+
     assert alive == []
     timed_out = asyncio.run(tool.call({"command": "echo started; sleep 30", "timeout": 1}))
     assert timed_out.output == "Error: command timed out after 1s; its process group was killed\nstarted"
