@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +182,7 @@ def test_the_editors_files_and_terminal_see_the_unsaved_buffer(tmp_path: Path, w
 
 
 def test_with_subagent_serve_running_the_session_runs_there_through_the_editor(
-    serve_process: Any, tmp_path: Path, write_script: Any
+    serve_process: Any, tmp_path: Path, write_script: Any, preloaded_python: list[str]
 ) -> None:
     from acp.schema import McpServerStdio
 
@@ -199,7 +198,7 @@ def test_with_subagent_serve_running_the_session_runs_there_through_the_editor(
     serve_process("--no-http", "--model", write_script(script))  # only the server knows this model
     form = {"name": "Grace", "age": 37, "colour": "green"}
     client = EditorClient(fs=True, terminal=True, buffers={path: "unsaved text\n"}, form=form)
-    demo = McpServerStdio(name="demo", command=sys.executable, args=[str(SERVER)], env=[])
+    demo = McpServerStdio(name="demo", command=preloaded_python[0], args=[*preloaded_python[1:], SERVER], env=[])
 
     async def main() -> None:
         async with editor(client) as conn:
@@ -306,8 +305,10 @@ BAD_LINES = [
 ]
 
 
-def test_bad_input_is_answered_and_never_kills_the_agent(tmp_path: Path, write_script: Any) -> None:
-    command = [sys.executable, "-m", "mlx_subagents.cli", "acp", "--model", write_script(["unused"])]
+def test_bad_input_is_answered_and_never_kills_the_agent(
+    tmp_path: Path, write_script: Any, preloaded_agent: list[str]
+) -> None:
+    command = [*preloaded_agent, "-m", "mlx_subagents.cli", "acp", "--model", write_script(["unused"])]
     proc = subprocess.run(
         command,
         input=b"".join(BAD_LINES),
@@ -404,7 +405,9 @@ def test_a_client_that_goes_away_cancels_its_turn_and_saves_it(tmp_path: Path, w
     assert log.results[-1].error.startswith("the editor went away") and "I will look" in log.results[-1].output
 
 
-def test_the_clients_mcp_servers_are_offered_after_consent_in_the_editor(tmp_path: Path, write_script: Any) -> None:
+def test_the_clients_mcp_servers_are_offered_after_consent_in_the_editor(
+    tmp_path: Path, write_script: Any, preloaded_python: list[str]
+) -> None:
     from acp.schema import McpServerStdio
 
     from tests.tools.test_mcp_tools import SERVER
@@ -413,7 +416,7 @@ def test_the_clients_mcp_servers_are_offered_after_consent_in_the_editor(tmp_pat
         {"tool_calls": [{"name": "mcp__demo__echo", "arguments": {"text": "from the editor"}}]},
         {"tool_calls": [{"name": "mcp__demo__ask_name", "arguments": {}}]}, "done",
     ]}}}  # fmt: skip
-    server = McpServerStdio(name="demo", command=sys.executable, args=[str(SERVER)], env=[])
+    server = McpServerStdio(name="demo", command=preloaded_python[0], args=[*preloaded_python[1:], SERVER], env=[])
     form = {"name": "Grace", "age": 37, "colour": "green"}
     declined, allowed = EditorClient(answer="reject_once"), EditorClient(answer="allow_once", form=form)
 

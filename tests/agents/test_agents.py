@@ -2,7 +2,6 @@
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -582,17 +581,17 @@ def test_special_and_huge_files_are_skipped_unread(user_dir, project):
 
 @pytest.mark.slow
 @pytest.mark.process
-def test_a_fifo_agent_file_does_not_hang_a_command(project, tmp_path):
+def test_a_fifo_agent_file_does_not_hang_a_command(project, tmp_path, preloaded_python):
     folder = project / ".mlx-subagents" / "agents"
     folder.mkdir(parents=True)
     os.mkfifo(folder / "pipe.md")
     (folder / "zero.md").symlink_to("/dev/zero")
     script = tmp_path / "script.json"
     script.write_text('["found it"]')
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}  # the preloaded process's width
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "mlx_subagents.cli", *args]
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:  # a fork of the worker's preloaded process
+        command = [*preloaded_python, "-m", "mlx_subagents.cli", *args]
         return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=60)
 
     done = cli("run", "scout", "where?", "-m", f"scripted:{script}")

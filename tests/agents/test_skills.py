@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -187,13 +186,16 @@ def test_skills_command_lists_them_and_agents_verbose_shows_each_agents(tmp_path
 
 
 @pytest.mark.process
-def test_a_cli_run_shows_the_catalog_in_the_transcript_and_the_skill_tool_result(tmp_path: Path) -> None:
+def test_a_cli_run_shows_the_catalog_in_the_transcript_and_the_skill_tool_result(
+    tmp_path: Path, preloaded_python: list[str]
+) -> None:
     user_skills()
     script = tmp_path / "script.json"
     script.write_text(json.dumps([skill("review"), "reviewed"]))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}  # the preloaded process's width
     args = ["run", "scout", "look", "--model", f"scripted:{script}", "--cwd", str(tmp_path), "--json"]
-    proc = subprocess.run([sys.executable, "-m", "mlx_subagents.cli", *args], capture_output=True, text=True, env=env)
+    command = [*preloaded_python, "-m", "mlx_subagents.cli", *args]  # a fork of the worker's preloaded process
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     messages = read_transcript(Path(json.loads(proc.stdout)["transcript"])).messages
     assert messages[0]["content"].endswith(
