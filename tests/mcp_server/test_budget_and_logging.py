@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import AsyncIterator
@@ -125,9 +124,12 @@ def test_a_call_within_the_budget_or_with_none_answers_whole(tmp_path: Path) -> 
 
 
 @pytest.mark.process
-def test_subagent_mcp_refuses_a_call_budget_it_cannot_read_in_one_line(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "mlx_subagents.cli", "mcp", "--call-budget", "soon", "--cwd", str(tmp_path)]
-    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+def test_subagent_mcp_refuses_a_call_budget_it_cannot_read_in_one_line(
+    tmp_path: Path, preloaded_python: list[str]
+) -> None:
+    cmd = [*preloaded_python, "-m", "mlx_subagents.cli", "mcp", "--call-budget", "soon", "--cwd", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}  # the preloaded process's, whose fork it is
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (
         "error: --call-budget 'soon': give the seconds a call may take (e.g. 50) or 'off' for clients that wait\n"

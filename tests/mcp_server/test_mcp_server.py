@@ -706,7 +706,7 @@ def test_malformed_requests_with_an_id_are_answered_and_logged(tmp_path: Path, w
         '{"jsonrpc":"2.0","id":8,"method":"ping"}',
     ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlx_subagents.cli", "mcp", "--cwd", str(tmp_path), "--model", model],
+        [*MCP_PYTHON, "-m", "mlx_subagents.cli", "mcp", "--cwd", str(tmp_path), "--model", model],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
