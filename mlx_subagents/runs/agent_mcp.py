@@ -79,7 +79,8 @@ class AgentMcp:
             return
         where = servers[0].where
         source = where if where == CLIENT_SERVERS else f"the project file {where}"
-        names = ", ".join(c.summary(max_chars=None) for c in servers)  # whole: it asks to run them
+        # Whole: it asks to run them; an editor's variables (expanded, maybe secrets) by their names only.
+        names = ", ".join(c.summary(max_chars=None, values=c.where != CLIENT_SERVERS) for c in servers)
         origin = f"{source} starts MCP server(s) {names} for agent '{spec.name}'"
         answer = self.consent.mcp_servers(f"mcp {where} {names}", origin)
         if answer is None:

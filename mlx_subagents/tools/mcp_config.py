@@ -59,11 +59,12 @@ class McpServerConfig:
     def transport(self) -> str:
         return "http" if self.url else "stdio"
 
-    def summary(self, max_chars: int | None = 400) -> str:
+    def summary(self, max_chars: int | None = 400, *, values: bool = True) -> str:
         """`demo (python server.py)`: the server and what it starts, in one line, for listings and errors
         (its `${VAR}`s unexpanded); whole with `max_chars=None`, as the consent question shows it: then also
         the environment it is given, the folder it starts in and the headers sent to its address
-        (`demo (PYTHONPATH=vendor python3 -m json.tool; in sub)`).
+        (`demo (PYTHONPATH=vendor python3 -m json.tool; in sub)`); without `values`, their names only
+        (`TOKEN=***`: an editor sends its servers' variables expanded, and the question may be logged).
 
         Every line of every argument is shown (newlines as spaces): a cloned repository's `.mcp.json` could
         otherwise put what really runs after a newline or past the cut, or in its environment (PYTHONPATH,
@@ -72,10 +73,11 @@ class McpServerConfig:
         if max_chars is not None:
             # 400 is whole for any usual path (a venv's python in a deep folder and its script: 145 characters).
             return f"{self.name} ({clip(squash(self.url or ' '.join([self.command, *self.args])), max_chars)})"
+        shown = (lambda value: value) if values else (lambda _value: "***")
         if self.url:
-            parts = [self.url, *(f"header {key}: {value}" for key, value in self.headers)]
+            parts = [self.url, *(f"header {key}: {shown(value)}" for key, value in self.headers)]
         else:
-            parts = [" ".join([*(f"{key}={value}" for key, value in self.env), self.command, *self.args])]
+            parts = [" ".join([*(f"{key}={shown(value)}" for key, value in self.env), self.command, *self.args])]
             parts += [f"in {self.cwd}"] if self.cwd else []
         return f"{self.name} ({squash('; '.join(parts))})"
 

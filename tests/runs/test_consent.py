@@ -184,3 +184,32 @@ def test_the_mcp_consent_question_names_the_environment_folder_and_headers_a_ser
         "web (https://example.com/mcp; header Authorization: Bearer ${GH_TOKEN}) for agent 'user'; "
         "they run unsandboxed, as you. Allow it?"
     )
+
+
+def test_an_editors_mcp_servers_are_asked_about_with_their_variables_named_not_shown(tmp_path: Path) -> None:
+    # An editor sends its servers' environment and headers expanded: the question (which --yes logs as a
+    # warning) names each variable, never its value.
+    from mlx_subagents.runs.agent_mcp import client_servers
+
+    host = scripted_host({"agents": {"orchestrator": {"replies": ["done"]}}})
+    asked: list[str] = []
+    runner = Runner(
+        cwd=tmp_path,
+        options=RunOptions(default_model=host.model_id),
+        interactive=True,
+        confirm=lambda q: asked.append(q) or False,
+        hosts={host.model_id: host},
+    )
+    runner.preparer.client_servers = client_servers(
+        {
+            "gh": {"command": "npx", "args": ["gh-server"], "env": {"GITHUB_TOKEN": "ghp_secret"}},
+            "web": {"type": "http", "url": "https://example.com/mcp", "headers": {"Authorization": "Bearer sk-1"}},
+        }
+    )
+
+    with pytest.raises(ConfirmationRequired):
+        go(runner, "run", TaskSpec("orchestrator", "go"))
+
+    [question] = asked
+    assert "gh (GITHUB_TOKEN=*** npx gh-server), web (https://example.com/mcp; header Authorization: ***)" in question
+    assert "ghp_secret" not in question and "sk-1" not in question
