@@ -32,7 +32,11 @@ turn's new tokens over its cached ones itself (mlx-lm's own model and `KVCache`,
 logits evaluated; the median of three), so both are timed under the same load: `prefill_later_s` is
 its median, `overhead_later_s` the median of TTFT minus it (request parsing, the template, tokenizing,
 admission, the first token's way out), and `ttft_later_floor` what the ratio would be with no overhead
-at all on subagent serve: its prefill over mlx_lm.server's TTFT.
+at all on subagent serve: its prefill over mlx_lm.server's TTFT. That rest is split again
+(`rest_parts`): `unseen_later`, the tokens a reply decoded before its first streamed text (its completion
+tokens less its text's: a leading newline a server strips, each a decode step the client waits for),
+`step_later_s`, a decode step as the client sees it (the median gap between text chunks), and
+`other_later_s`, the rest less those steps.
 
 Targets (issue 64), on the tiny model and SmolLM2: later turns' cached share >= 0.9 on subagent serve;
 its later turns' TTFT <= 0.3x mlx_lm.server's; its throughput at 4 clients >= 1.5x; one model copy.
@@ -214,7 +218,7 @@ def turn(client: Any, model: str, messages: list[dict[str, Any]], tokens: int) -
     """One streamed turn: time to the first token, usage, and the reply as the next request sends it."""
     tic = time.perf_counter()
     first = None
-    content, calls, usage = "", [], None
+    content, calls, usage, finish, shown = "", [], None, None, []
     stream = client.chat.completions.create(
         model=model, messages=messages, tools=TOOLS, max_tokens=tokens, temperature=0, stream=True,
         stream_options={"include_usage": True},
@@ -227,6 +231,9 @@ def turn(client: Any, model: str, messages: list[dict[str, Any]], tokens: int) -
             said = delta.content or getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
             if first is None and (said or delta.tool_calls or choice.finish_reason):
                 first = time.perf_counter() - tic
+            if delta.content:
+                shown.append(time.perf_counter() - tic)
+            finish = choice.finish_reason or finish
             content += delta.content or ""
             calls += delta.tool_calls or []
     assert usage is not None, "no usage in the stream"
@@ -235,8 +242,10 @@ def turn(client: Any, model: str, messages: list[dict[str, Any]], tokens: int) -
         reply["tool_calls"] = [{"id": c.id or f"call_{i}", "type": "function", "function": {"name": c.function.name,
                                "arguments": c.function.arguments or "{}"}} for i, c in enumerate(calls)]  # fmt: skip
     cached = (usage.prompt_tokens_details.cached_tokens or 0) if usage.prompt_tokens_details else 0
+    gaps = [b - a for a, b in zip(shown, shown[1:])]
     return {"ttft": first or 0.0, "prompt": usage.prompt_tokens, "cached": cached,
-            "generated": usage.completion_tokens, "reply": reply}  # fmt: skip
+            "generated": usage.completion_tokens, "reply": reply, "finish": finish,
+            "step": statistics.median(gaps) if gaps else None}  # fmt: skip
 
 
 def follow(messages: list[dict[str, Any]], reply: dict[str, Any], user: str) -> None:
@@ -272,6 +281,7 @@ def chat(
         if prefill is not None and i > 0:
             tic = time.perf_counter()
             row["prefill"] = prefill.seconds(done["cached"], done["prompt"] - done["cached"])
+            row["unseen"] = prefill.unseen(done)
             row["paused"] = time.perf_counter() - tic
         out.append(row)
         if i + 1 < turns:
@@ -287,7 +297,7 @@ class Prefill:
         from mlx_lm import load
         from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-        self.model = load(model)[0]
+        self.model, self.tokenizer = load(model)[:2]
         self.cache = make_prompt_cache(self.model)
         self._forward(64)  # the first forward also allocates: not timed
         trim_prompt_cache(self.cache, 64)
@@ -300,6 +310,15 @@ class Prefill:
         start = self.cache[0].offset
         out = self.model(mx.array([[(start + i) * 7919 % 1000 + 10 for i in range(n)]]), cache=self.cache)
         mx.eval(out[:, -1] if logits else [c.state for c in self.cache])
+
+    def unseen(self, done: dict[str, Any]) -> int | None:
+        """The tokens of a reply cut at its length that its streamed text does not show (whitespace a server
+        strips, such as SmolLM2's "\\n" before its answer when tools are described in its prompt): each is a
+        decode step before the first text. None where it cannot be told (a call, or an end token counted)."""
+        reply = done["reply"]
+        if done["finish"] != "length" or reply.get("tool_calls") or not reply["content"]:
+            return None
+        return max(0, done["generated"] - len(self.tokenizer.encode(reply["content"], add_special_tokens=False)))
 
     def seconds(self, cached: int, new: int) -> float:
         from mlx_lm.models.cache import trim_prompt_cache
@@ -353,10 +372,27 @@ def round_of(
                 "new_later": statistics.median(r["prompt"] - r["cached"] for r in timed),
                 "prefill_later_s": round(statistics.median(r["prefill"] for r in timed), 3),
                 "overhead_later_s": round(statistics.median(r["ttft"] - r["prefill"] for r in timed), 3),
+                **rest_parts(timed),
             }
             if timed
             else {}
         ),
+    }
+
+
+def rest_parts(timed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rest of later turns' TTFT (TTFT less the prefill timed here) in parts: `unseen_later`, the tokens
+    decoded before the first streamed text (`Prefill.unseen`, median); `step_later_s`, a decode step (the
+    median gap between streamed text chunks, one token each at one client); `other_later_s`, the rest less
+    those steps (parsing, the template, admission, the way out, and what a step costs the first token more
+    than the prefill's last forward)."""
+    known = [r for r in timed if r.get("unseen") is not None and r.get("step") is not None]
+    if not known:
+        return {}
+    return {
+        "unseen_later": statistics.median(r["unseen"] for r in known),
+        "step_later_s": round(statistics.median(r["step"] for r in known), 3),
+        "other_later_s": round(statistics.median(r["ttft"] - r["prefill"] - r["unseen"] * r["step"] for r in known), 3),
     }
 
 
@@ -482,6 +518,13 @@ def table(report: dict[str, Any]) -> str:
                 f"    later turns: {ours['new_later']:.0f} new tokens (median); prefill (timed here after each turn) "
                 f"+ the rest of TTFT: {each}; with no rest at all on subagent: {row['ttft_later_floor']}x"
             )
+            if "unseen_later" in ours and "unseen_later" in theirs:
+                parts = ", ".join(
+                    f"{kind} {row[kind]['unseen_later']:.0f} x {row[kind]['step_later_s'] * 1e3:.0f} ms + "
+                    f"{row[kind]['other_later_s'] * 1e3:.0f} ms"
+                    for kind in ("subagent", "mlx_lm")
+                )
+                lines.append(f"    the rest: tokens before the first text x a decode step + the other: {parts}")
     for kind, r in report["restart"].items():
         files = f", {r['prefix_files']} prefix files after" if r.get("prefix_files") is not None else ""
         lines.append(
