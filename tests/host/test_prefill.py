@@ -16,7 +16,7 @@ import pytest
 from mlx_subagents.errors import RequestError
 from mlx_subagents.host import GenerateArgs, MlxModelHost, parse_prefill_slice
 from mlx_subagents.host.kv.kv_pool import CacheState, KVPool, KVShape
-from mlx_subagents.host.mlx.decode_stage import COMPLETION_BATCH_SIZE
+from mlx_subagents.host.mlx.decode_stage import COMPLETION_BATCH_SIZE, FIRST_WORDS_TOKENS
 from mlx_subagents.host.mlx.prefill import SlicePolicy, describe
 from mlx_subagents.host.mlx.scheduler import Scheduler, SchedulerConfig
 from mlx_subagents.host.mlx.turn import OutputSink, Request, Turn, TurnOutput
@@ -159,6 +159,73 @@ def test_turns_arriving_together_get_first_tokens_oldest_first_each_after_only_t
         turn.cancel.set()
     while sch.has_work():
         sch.step()
+
+
+@pytest.mark.slow
+def test_later_turns_arriving_together_while_one_decodes_are_prefilled_back_to_back_each_after_the_words_before(
+    tiny_qwen3: tuple[Any, Any],
+) -> None:
+    """Four conversations' second turns (each under a prefill step of new tokens: a chat client's next
+    message) arrive together while a fifth session decodes. Each new part is prefilled whole in one
+    slice, the oldest first, without waiting for a decoders' share, and the next slice runs once the turn
+    handed over has its first words out to its caller: b's reply opens with two newlines (its words come
+    with its third token), c's with twelve (the prefill waits for `FIRST_WORDS_TOKENS` of them, no more),
+    d's with a word. Before, the next slice ran at a first token of whitespace and b's words reached its
+    caller a prefill later, with c's first token."""
+    tokenizer = tiny_qwen3[1]
+    newline, words = tokenizer.encode("\n"), tokenizer.encode(" Found it in config.py at line 12, as asked.")
+    assert len(newline) == 1
+    opens = {"b": 2, "c": 12, "d": 0, "e": 1}  # newlines before the first word
+    results: dict[str, Any] = {}
+    scripts = {n: ["Noted.", newline * k + words] for n, k in opens.items()}
+    sch = scheduler(tiny_qwen3, "auto", ForcedScripts(tokenizer, {"a": [SCRIPT], **scripts}))
+    asked = {n: long_task(i, 8) for i, n in enumerate(opens, 1)}
+    first_turns = [make_turn(n, asked[n], 2, results) for n in opens]
+    for turn in first_turns:
+        sch.submit(turn)
+    while sch.has_work():
+        sch.step()
+    a = make_turn("a", task(0), 3000, results)
+    sch.submit(a)
+    while not a.generated:
+        sch.step()
+    heard = {n: "" for n in opens}  # the text each caller of a later turn was handed so far
+    turns = []
+    for i, (name, before) in enumerate(zip(opens, first_turns, strict=True), 1):
+        later = make_turn(name, [*asked[name], {"role": "assistant", "content": "Noted."}, result(i, 1)], 40, results)
+        later.state = before.state  # the same session: its cache holds the first turn
+
+        def hear(output: TurnOutput, name: str = name, then: Any = later.sink.receive) -> None:
+            heard[name] += output.text
+            then(output)
+
+        later.sink = OutputSink(None, hear)  # it streams, on this thread
+        turns.append(later)
+    forwards = sch.prefill.model = Forwards(
+        sch.prefill.model, lambda: (len(a.generated), {t.name: (len(t.generated), heard[t.name]) for t in turns})
+    )
+    for turn in turns:
+        sch.submit(turn)
+    while not all(t.generated for t in turns):
+        sch.step()
+    new = [len(t.ids) - 1 - t.prefill.n_cached for t in turns]
+    assert all(0 < n <= 512 for n in new) and all(t.prefill.n_cached > 200 for t in turns)  # the first turn cached
+    assert forwards.shapes == [(1, n) for n in new]  # one slice each, the oldest first
+    at_slices = [seen for _, seen in forwards.seen]
+    # At each slice, the turns before it: how many tokens each had, and whether its caller had its words.
+    assert [at[t.name][0] for at, t in zip(at_slices[1:], turns, strict=False)] == [3, FIRST_WORDS_TOKENS, 1]
+    assert heard_at(at_slices[1], "b") == "Found" and heard_at(at_slices[3], "d") == "Found"
+    assert at_slices[2]["c"][1].strip() == ""  # c's caller had only newlines (or nothing) when d's slice ran
+    gained = [g for g, _ in forwards.seen]
+    assert all(y > x for x, y in zip(gained, gained[1:]))  # a decodes on between slices
+    while sch.has_work():
+        sch.step()
+    assert [results[n].text.strip() for n in opens] == [tokenizer.decode(words).strip()] * 4
+
+
+def heard_at(seen: dict[str, tuple[int, str]], name: str) -> str:
+    """The first word a caller was handed, as `seen` at a slice recorded it."""
+    return seen[name][1].split()[0]
 
 
 @pytest.mark.slow

@@ -39,9 +39,20 @@ log = logging.getLogger(__name__)
 # A turn leaves the stage: (turn, why, the cache holding its reply, the ids it holds when cut inside the batch).
 # Rows mlx-lm's batch decodes at once: a turn handed over past them waits for a row to end.
 COMPLETION_BATCH_SIZE = 8
+# A turn handed over has its first words out before the next prefill slice, or this many tokens (a reply
+# that opens with a call, or whitespace on and on, holds the prefill up no longer: `starting`).
+FIRST_WORDS_TOKENS = 8
 
 Ended = Callable[[Turn, FinishReason, "list[Any] | None", "list[int] | None"], None]
 Failed = Callable[[Turn, Exception], None]
+
+
+def _started(turn: Turn) -> bool:
+    """Whether `turn` has its first words out (`Outbox.token`): its first token where its caller reads no
+    text as it comes, and at most `FIRST_WORDS_TOKENS` tokens."""
+    generated = turn.generated
+    streams = turn.sink is not None and turn.sink.streams
+    return bool(generated) and (turn.out.streamed or not streams or len(generated) >= FIRST_WORDS_TOKENS)
 
 
 def batchable(cache: list[Any] | None) -> bool:
@@ -110,11 +121,15 @@ class DecodeStage:
         return [*self.decoding.values(), *([self.single] if self.single else [])]
 
     def starting(self) -> bool:
-        """Whether a turn handed over has its first token still to come and a row of the batch to get it in
-        (one past `COMPLETION_BATCH_SIZE` rows waits for a row to end: nothing to wait for meanwhile)."""
+        """Whether a turn handed over has its first words still to come (`_started`) and a row of the batch
+        to get them in (a turn with a token has its row; one past `COMPLETION_BATCH_SIZE` rows waits for a
+        row to end: nothing to wait for meanwhile). Words, not a token: a reply often opens with a newline
+        or two, which its caller strips, and between two slices that run at once (a short prompt's, see
+        `prefill.py`) the batch decodes one token, so a first token of whitespace would reach its caller
+        as words only a prefill or two later."""
         turns = self.turns()
-        waiting = sum(1 for t in turns if not t.generated)
-        return waiting > 0 and len(turns) - waiting < COMPLETION_BATCH_SIZE
+        rows = sum(1 for t in turns if t.generated)
+        return any(t.generated or rows < COMPLETION_BATCH_SIZE for t in turns if not _started(t))
 
     def busy(self) -> bool:
         """Whether any turn decodes (a turn that arrives then joins the batch)."""

@@ -62,11 +62,13 @@ class Outbox:
         self._ends: Outputs = {}  # replies and errors not sent yet
         self._sent: Outputs = {}
         self._flushed_at = 0.0
-        self._first_text = False  # it holds a turn's first text: send it now
+        self._first_text = False  # it holds a turn's first words: send them now
 
     def token(self, turn: Turn) -> None:
-        """Queue the turn's newest token for streaming. Until a turn's first text appears its tokens are
-        detokenized at once, so that text goes out at the end of this step."""
+        """Queue the turn's newest token for streaming. Until a turn's first words appear its tokens are
+        detokenized at once, so that they go out at the end of this step. Words, not any text: a reply's
+        leading whitespace (a newline or two is a common first token) is nothing its caller shows (the
+        endpoints strip it), and the prefill waits for a turn's first words (`DecodeStage.starting`)."""
         if turn.sink is None or not turn.sink.streams:
             return
         if turn.out.detokenizer is None:
@@ -76,7 +78,7 @@ class Outbox:
             self._turns.append(turn)
         if not turn.out.streamed:
             self.detokenize(turn)
-            if turn.out.detokenizer.text:
+            if turn.out.detokenizer.text.strip():
                 turn.out.streamed = self._first_text = True
 
     def prefill_begun(self, turn: Turn) -> None:

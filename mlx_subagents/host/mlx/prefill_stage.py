@@ -300,7 +300,7 @@ class PrefillStage:
         """One slice of prefill, when the decoders have had their share: the oldest prompt's, or a short
         one's (`prefill.pick`), on its own cache or its group's. Every other turn in flight waited for it."""
         if self.decode.starting():
-            return  # a turn handed over has its first token out before another slice (mlx-lm's batch: 2 steps)
+            return  # a turn handed over has its first words out before another slice (`DecodeStage.starting`)
         opened = self._open_turns()
         decoding = self.decode.busy()
         policy = self.policy

@@ -113,7 +113,7 @@ class OutboxState:
     """A turn's part that the outbox writes (`outbox.py`): how much of its text went out."""
 
     detokenizer: Any = None  # made at its first token, when its caller reads text
-    streamed: bool = False  # its first text is out (or in the outbox)
+    streamed: bool = False  # its first words are out (or in the outbox): text past any leading whitespace
     fed: int = 0  # how many of its generated tokens the detokenizer has had
     queued: bool = False  # in the outbox: tokens not streamed yet
     told: bool = False  # its caller was told its prefill began
