@@ -20,6 +20,12 @@ mlx_lm.server`), through the official `openai` SDK, streamed with `include_usage
   sent it: whether a shared system prompt was prefilled once or once per client, and whether a round's
   turns got their first tokens one after another or all after every prefill.
 
+A server that answers its clients one after another also has their next turns sent one after another,
+each while the others' prefills run; `--together` sends each later turn only once every client has its
+reply to the turn before (a barrier), so both servers' later turns arrive together, as a round of
+parallel sub-agents' or a benchmark's requests do: the case where oldest first gives first tokens after
+one, two, three and four prefills and a padded batch gives all four after four.
+
 Then the restart case, one client: two turns, the server stopped and started again on the same state
 folder (its disk tier), the third turn: `ttft_restart_s` and `cached_restart` of that turn, and for
 subagent serve the files its prefix folder holds after (`prefix_files`: the system prompt's and one of
@@ -265,16 +271,20 @@ def chat(
     out: list[dict[str, Any]],
     prefill: Prefill | None,
     start: float,
+    together: threading.Barrier | None = None,
 ) -> None:
     """One client's whole conversation; with `prefill`, each later turn's prefill timed here right after it
-    (`paused`: the round's clock stops meanwhile). Each row says when its request was sent (`sent`, seconds
-    after the round's `start`, a `perf_counter`), for the rounds' breakdown."""
+    (`paused`: the round's clock stops meanwhile); with `together`, each later turn sent once every client
+    has its reply to the turn before. Each row says when its request was sent (`sent`, seconds after the
+    round's `start`, a `perf_counter`), for the rounds' breakdown."""
     import openai
 
     client = openai.OpenAI(base_url=server.base, api_key=server.key, max_retries=0, timeout=3600)
     system, users = conversation(seed, turns, words)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": users[0]}]
     for i in range(turns):
+        if together is not None and i > 0:
+            together.wait()
         sent = time.perf_counter() - start
         done = turn(client, server.name, messages, tokens)
         row = {"client": seed, "turn": i, "sent": sent, **{k: v for k, v in done.items() if k != "reply"}}
@@ -340,13 +350,23 @@ class Prefill:
 
 
 def round_of(
-    kind: str, model: str, work: Path, k: int, turns: int, tokens: int, words: int, prefill: Prefill | None = None
+    kind: str,
+    model: str,
+    work: Path,
+    k: int,
+    turns: int,
+    tokens: int,
+    words: int,
+    prefill: Prefill | None = None,
+    together: bool = False,
 ) -> dict[str, Any]:
     server = Server(kind, model, work / f"{kind}-{k}")
     rows: list[dict[str, Any]] = []
+    barrier = threading.Barrier(k) if together and k > 1 else None
     tic = time.perf_counter()
     threads = [
-        threading.Thread(target=chat, args=(server, i, turns, tokens, words, rows, prefill, tic)) for i in range(k)
+        threading.Thread(target=chat, args=(server, i, turns, tokens, words, rows, prefill, tic, barrier))
+        for i in range(k)
     ]
     for t in threads:
         t.start()
@@ -439,15 +459,23 @@ def restart_case(kind: str, model: str, work: Path, tokens: int, words: int) -> 
 
 
 def measure(
-    model: str, work: Path, counts: Sequence[int], turns: int, tokens: int, words: int, restart: bool = True
+    model: str,
+    work: Path,
+    counts: Sequence[int],
+    turns: int,
+    tokens: int,
+    words: int,
+    restart: bool = True,
+    together: bool = False,
 ) -> dict[str, Any]:
     report: dict[str, Any] = {"model": model, "turns": turns, "tokens": tokens, "system_words": words, "rows": []}
+    report["together"] = together
     report["ld_preload"] = os.environ.get("LD_PRELOAD")
     prefill = Prefill(model) if 1 in counts else None  # one client: a later turn's TTFT is its own work
     for k in counts:
         row: dict[str, Any] = {"k": k}
         for kind in ("subagent", "mlx_lm"):
-            row[kind] = round_of(kind, model, work, k, turns, tokens, words, prefill if k == 1 else None)
+            row[kind] = round_of(kind, model, work, k, turns, tokens, words, prefill if k == 1 else None, together)
         ours, theirs = row["subagent"], row["mlx_lm"]
         row["ttft_later_ratio"] = (
             round(ours["ttft_later_s"] / theirs["ttft_later_s"], 3) if theirs["ttft_later_s"] else None
@@ -488,7 +516,8 @@ def table(report: dict[str, Any]) -> str:
     blas = sorted({name for row in report["rows"] for kind in ("subagent", "mlx_lm") for name in row[kind]["blas"]})
     lines = [
         f"model {report['label']}, a system prompt of {report['system_words']} words, {report['turns']} turns of at most "
-        f"{report['tokens']} tokens per client",
+        f"{report['tokens']} tokens per client"
+        + (", each later turn sent once every client had its reply (--together)" if report.get("together") else ""),
         f"BLAS mapped by the servers: {', '.join(blas) or '?'}; LD_PRELOAD={report['ld_preload'] or '(none)'}",
         f"{'K':>2}  {'server':<9} {'TTFT 1st':>9} {'TTFT later':>10} {'cached later':>12} {'tok/s':>7} "
         f"{'peak RSS':>9} copies",
@@ -552,6 +581,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=True,
         help="the restart case after the rounds (--no-restart: the rounds only, to split a slow run in two)",
     )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="send each later turn once every client has its reply to the turn before (turns that arrive together)",
+    )
     args = parser.parse_args(argv)
     counts = [int(k) for k in args.clients.split(",")]
 
@@ -559,7 +593,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="endpoint-") as tmp:
             return {
                 "label": label,
-                **measure(str(model), Path(tmp), counts, args.turns, args.tokens, args.system_words, args.restart),
+                **measure(
+                    str(model),
+                    Path(tmp),
+                    counts,
+                    args.turns,
+                    args.tokens,
+                    args.system_words,
+                    args.restart,
+                    args.together,
+                ),
             }
 
     return run_report(args, run, lambda report: print(table(report)), context_window=8192)
