@@ -110,7 +110,10 @@ class ApiFront:
                 await self.answer(api, self._parsers[path], scope, receive, send)
         except ApiError as exc:
             log.warning("HTTP %s %s answered %d: %s", method, shown, exc.status, squash(exc.message))
-            await send_json(send, exc.status, exc.body(api))
+            # A body refused unread (413) is still owed on the connection: kept alive, what the client sends
+            # next (its next request, when it sent no body) would be read as that body. It closes instead.
+            close = {"Connection": "close"} if exc.status == 413 else None
+            await send_json(send, exc.status, exc.body(api), close)
 
     # -- models ------------------------------------------------------------------------------------
 

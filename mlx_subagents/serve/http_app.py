@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import h11
 import mcp_types as types
 import uvicorn
 from mcp.server import ServerRequestContext
@@ -55,6 +56,7 @@ from .api_errors import ApiError
 from .asgi_io import send_json
 from .clients import DISCONNECTED
 from .endpoints import ApiFront, api_of
+from .lingering import LingeringTransport
 
 if TYPE_CHECKING:
     from .clients import Client
@@ -256,12 +258,14 @@ class HttpFront:
 
 class CappedH11(H11Protocol):
     """uvicorn's HTTP/1.1 protocol that closes a connection past `MAX_HTTP_CONNECTIONS` at once; said
-    once in the log each time the limit is reached (a line per refusal would let a flood fill the log)."""
+    once in the log each time the limit is reached (a line per refusal would let a flood fill the log).
+    A connection closed while its request's body is unread (a 413) lingers (`lingering.py`)."""
 
     refusing = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        self.lingering = LingeringTransport(transport, lambda: self.conn.their_state is h11.SEND_BODY)
+        super().connection_made(self.lingering)  # type: ignore[arg-type]
         if len(self.connections) <= MAX_HTTP_CONNECTIONS:
             CappedH11.refusing = False
             return
@@ -269,6 +273,10 @@ class CappedH11(H11Protocol):
             CappedH11.refusing = True
             log.warning("HTTP connections past %d are closed as they come, until some end", MAX_HTTP_CONNECTIONS)
         transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.lingering.lingering:  # what comes after is the unread body, or more: never a request
+            super().data_received(data)
 
 
 def raise_descriptor_limit() -> None:

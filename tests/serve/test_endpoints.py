@@ -410,18 +410,29 @@ def test_every_bad_request_gets_one_error_in_its_apis_shape(
         "forbidden: the Origin header 'http://evil.example' is not this server's"
     )
     # A body over the limit is refused before it is read when its Content-Length says so (none of it sent here),
-    # and as it streams in when chunked (refused at 32 MiB of a 64 MiB body, not held whole).
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.putrequest("POST", "/v1/messages")
-    for name, value in {"Authorization": f"Bearer {token}", "Content-Length": str(33 * 2**20)}.items():
-        connection.putheader(name, value)
-    connection.endheaders()
-    response = connection.getresponse()
-    assert (response.status, json.loads(response.read())["error"]) == (
-        413,
-        {"type": "request_too_large", "message": "the request body is over 32 MiB; send a shorter conversation"},
-    )
-    connection.close()
+    # and as it streams in when chunked (refused at 32 MiB of a 64 MiB body, not held whole). The refused body
+    # is never read, so the connection closes after the answer: kept alive, the client's next request on it was
+    # read as the 33 MiB it still owed, and never answered.
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        head = f"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+        sock.sendall(f"{head}Content-Length: {33 * 2**20}\r\n\r\n".encode())
+        refused = http.client.HTTPResponse(sock)
+        refused.begin()
+        assert (refused.status, refused.getheader("connection"), json.loads(refused.read())["error"]) == (
+            413,
+            "close",
+            {"type": "request_too_large", "message": "the request body is over 32 MiB; send a shorter conversation"},
+        )
+        models = f"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n"
+        try:
+            sock.sendall(models.encode())
+            after = sock.recv(65536)
+        except ConnectionError:  # the server's end is closed: a reset, or a broken pipe
+            after = b""
+        assert after == b""  # closed: no answer to the second request, which was not read as a body either
+    # A client that sends the whole 33 MiB all the same reads the 413, not a reset: the close lingers while it sends.
+    status, error = post("/v1/chat/completions", b" " * (33 * 2**20))
+    assert (status, error["error"]["code"]) == (413, None)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         head = (
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
