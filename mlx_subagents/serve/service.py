@@ -44,6 +44,7 @@ from ..runs.options import RunOptions
 from ..runs.published import Publisher
 from ..runs.runner import Runner
 from ..runs.tasks import ModelRef
+from ..tools.sandbox import sandbox_problem
 from . import attached
 from .clients import DISCONNECTED, Client, ClientKind, Clients
 from .protocol import STOPPING_NOTICE, Hello
@@ -317,6 +318,8 @@ class Service:
         )
         write_info(self.paths, self.info)
         log.info("mlx-subagents %s serving %s; log %s", __version__, self.info.where(), self.paths.log)
+        if notice := await asyncio.to_thread(sandbox_notice):
+            log.warning("%s", notice)
         preload = asyncio.ensure_future(self._preload())
         stopped: list[signal.Signals] = []
 
@@ -389,6 +392,16 @@ async def listen_unix(handler: Any, path: Path) -> asyncio.base_events.Server:
         os.umask(old)
     os.chmod(path, 0o600)
     return server
+
+
+def sandbox_notice() -> str:
+    """The line a server says at its start where no sandboxed bash can run on this machine, "" where one
+    can: its clients' project agents (and any run with --sandbox on) would otherwise learn it only from
+    a refused tool call, which their person may never read."""
+    problem = sandbox_problem()
+    return (
+        f"project agents' bash (and any run with --sandbox on) is refused on this machine: {problem}" if problem else ""
+    )
 
 
 async def serve(config: ServeConfig, home: Path | None = None) -> int:

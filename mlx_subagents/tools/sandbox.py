@@ -52,6 +52,7 @@ from . import landlock
 
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
 OFF_HINT = "or run this agent unsandboxed with --sandbox off (or 'sandbox: off' in a user agent's file)"
+LEAD = "bash is sandboxed for this agent but "  # each refusal's first words; the reason and its fix follow
 PROBE_TIMEOUT = 10.0
 GIT_DIR = ".git"
 SANDBOX_TMP = "/tmp"
@@ -98,6 +99,17 @@ def sandboxed(args: Sequence[str], sandbox: Sandbox) -> list[str]:
     return _bubblewrap(args, sandbox)
 
 
+def sandbox_problem() -> str:
+    """Why no sandboxed `bash` can run on this machine and how to fix it, "" where one can: said when a
+    server starts (`subagent serve`), so that a person reads it there and not only in a project agent's
+    refused tool call. Asked as a call would be (bubblewrap's probe runs once per process)."""
+    try:
+        sandboxed(["true"], Sandbox())
+    except ToolError as exc:
+        return str(exc).removeprefix(LEAD)
+    return ""
+
+
 def protected(folder: Path) -> list[Path]:
     """What stays read-only inside a writable folder: its `.git` (a repository's folder, or a worktree's
     file), if it has one. A folder that is not a repository has none to protect (docs/agents.md)."""
@@ -111,15 +123,14 @@ def protected(folder: Path) -> list[Path]:
 def _bubblewrap(args: Sequence[str], sandbox: Sandbox) -> list[str]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        raise ToolError(f"bash is sandboxed for this agent but 'bwrap' is not on PATH; {INSTALL_HINT}, {OFF_HINT}")
+        raise ToolError(f"{LEAD}'bwrap' is not on PATH; {INSTALL_HINT}, {OFF_HINT}")
     rules = seccomp_filter(platform.machine())
     if rules is None:
         raise ToolError(
-            f"bash is sandboxed for this agent but this machine ({platform.machine()}) has no seccomp filter here "
-            f"(x86_64 and arm64 do); {OFF_HINT}"
+            f"{LEAD}this machine ({platform.machine()}) has no seccomp filter here (x86_64 and arm64 do); {OFF_HINT}"
         )
     if problem := _bwrap_problem(bwrap, rules):
-        raise ToolError(f"bash is sandboxed for this agent but bubblewrap cannot run here ({problem}); {OFF_HINT}")
+        raise ToolError(f"{LEAD}bubblewrap cannot run here ({problem}); {OFF_HINT}")
     return with_filter(bwrap_args(bwrap, sandbox), rules, landlocked(args, sandbox))
 
 
@@ -287,9 +298,7 @@ def seatbelt_profile(sandbox: Sandbox, temp: Path) -> str:
 def _seatbelt(args: Sequence[str], sandbox: Sandbox) -> list[str]:
     tool = shutil.which("sandbox-exec") or ("/usr/bin/sandbox-exec" if Path("/usr/bin/sandbox-exec").exists() else None)
     if tool is None:
-        raise ToolError(
-            f"bash is sandboxed for this agent but 'sandbox-exec' is missing (it ships with macOS); {OFF_HINT}"
-        )
+        raise ToolError(f"{LEAD}'sandbox-exec' is missing (it ships with macOS); {OFF_HINT}")
     temp = Path(tempfile.mkdtemp(prefix="mlx-subagents-sandbox-")).resolve()
     run_then_clean = 'TMPDIR="$0"; export TMPDIR; "$@"; status=$?; rm -rf "$0"; exit $status'
     return [tool, "-p", seatbelt_profile(sandbox, temp), "/bin/sh", "-c", run_then_clean, str(temp), *args]

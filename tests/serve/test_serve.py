@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -445,3 +446,29 @@ def test_a_detached_server_writes_each_log_line_once_and_its_status_names_its_mo
     lines = [line.split(" ", 2)[2] for line in serve_paths().log.read_text().splitlines()]
     assert lines[0].startswith("INFO mlx_subagents.serve: mlx-subagents ") and lines[-1].endswith(": stopped")
     assert len(lines) == len(set(lines)) == 4  # serving, loaded, stopping, stopped
+
+
+def test_a_server_says_at_start_when_no_sandboxed_bash_can_run_here(
+    serve_process: Any, tmp_path: Path, write_script: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without bubblewrap, a client's project agent had its bash refused in a tool call only its model read;
+    the server says so, and the fix, in one line at its start (on stderr and in its log)."""
+    bare = tmp_path / "bin"  # a PATH without bwrap (as a fresh machine has none)
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+    process, info = serve_process("--no-http", "--model", write_script(["unused"]))
+    log, deadline = Path(info.log), time.monotonic() + 30
+    while "bwrap" not in log.read_text():  # said right after it listens
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    process.terminate()
+    _, stderr = process.communicate(timeout=30)
+    notice = (
+        "project agents' bash (and any run with --sandbox on) is refused on this machine: 'bwrap' is not on PATH; "
+        "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap), or run "
+        "this agent unsandboxed with --sandbox off (or 'sandbox: off' in a user agent's file)"
+    )
+    assert [line.split(" WARNING mlx_subagents.serve: ")[-1] for line in stderr.splitlines() if "bwrap" in line] == [
+        notice
+    ]
+    assert notice in log.read_text()

@@ -23,7 +23,7 @@ from ..flags import (
     PrefixCacheOpt,
     WindowOpt,
 )
-from ..output import out
+from ..output import err, out
 from ..serve import serve_args, show_status, start_detached, stop_server
 
 app = typer.Typer()
@@ -94,6 +94,10 @@ def serve(
     if detach:
         info = start_detached(serve_args(sys.argv[2:]))
         out.print(f"serving: {info.where()}; log {info.log}", markup=False)
+        from ...serve.service import sandbox_notice
+
+        if notice := sandbox_notice():  # the server's log has it too; a detached server's is not on screen
+            err.print(f"warning: {notice}", markup=False)
         return
     from ...serve.service import ServeConfig
     from ...serve.service import serve as run_server
