@@ -16,8 +16,11 @@ from mcp.shared.exceptions import MCPError
 from mlx_subagents.runs.transcripts import list_runs, load_run, read_transcript
 from mlx_subagents.serve.client import make_hello, quick
 from mlx_subagents.serve.state import serve_paths
-from tests.helpers import all_dead, call, needs_sandbox, spawn_cli
+from tests.helpers import all_dead, call, spawn_cli
 from tests.mcp_server.test_mcp_server import answers, connect, text
+
+# A bash command that waits (at most a minute) for the test to create `go` in its workspace.
+UNTIL_GO = "for i in $(seq 600); do [ -e go ] && exit 0; sleep 0.1; done"
 
 pytestmark = [pytest.mark.slow, pytest.mark.process, pytest.mark.usefixtures("preloaded_mcp")]
 
@@ -90,7 +93,6 @@ def test_two_relayed_clients_and_an_attached_run_share_one_host_and_batch(
     assert workspaces == sorted(str(ws[label].resolve()) for label in ("a", "b"))  # the attached run has ended
 
 
-@needs_sandbox  # its tasks' bash runs sandboxed (with bwrap masked: a-bg ended at once, its client never lingered)
 def test_each_client_sees_only_its_tasks_and_a_disconnect_cancels_only_its_foreground(
     serve_process: Any, tmp_path: Path, write_script: Any
 ) -> None:
@@ -98,7 +100,9 @@ def test_each_client_sees_only_its_tasks_and_a_disconnect_cancels_only_its_foreg
         {
             "replies": ["unused"],
             "sessions": {
-                "a-bg": {"replies": [call("bash", command="sleep 6"), "a's background task is done"]},
+                # A's background task runs until the test has seen A's client linger for it (a 'sleep 6' ended
+                # first on a loaded machine: its client was gone before the status was read).
+                "a-bg": {"replies": [call("bash", command=UNTIL_GO), "a's background task is done"]},
                 "a-fg": {"replies": [call("bash", command="sleep 20")]},
                 "b-fg": {"replies": [{"content": "b's answer", "delay": 3.0}]},
                 "b-cancel": {"replies": [call("bash", command="sleep 20")]},
@@ -157,6 +161,7 @@ def test_each_client_sees_only_its_tasks_and_a_disconnect_cancels_only_its_foreg
     assert answers(seen["b-fg"]) == [("b-fg", "completed", "b's answer")]  # untouched by A's disconnect
     gone = [c for c in seen["status"]["clients"] if not c["connected"]]
     assert [c["workspace"] for c in gone] == [str(ws["a"].resolve())]  # A's client lingers for its background task
+    (ws["a"] / "go").touch()
     deadline = time.monotonic() + 30
     while len(ends := transcript_ends()) < 4:
         assert time.monotonic() < deadline, f"the tasks did not all end: {ends}"
