@@ -3,8 +3,10 @@ pinned sdist, and whole runs through the real runner with scripted replies."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import agent_eval
 from eval.replies import task_replies, write_replies
 from eval.scoring import Finding, overlaps, parse_findings, score_scout
-from eval.source import changed_files, fresh_copy
+from eval.source import changed_files, fresh_copy, unpack
 from eval.tasks import (
     DEFAULT_TASKS,
     Expect,
@@ -270,3 +272,27 @@ def test_bad_options_are_one_error_line(source: Path, tmp_path: Path, capsys: py
     assert capsys.readouterr().err == (
         f"error: {tmp_path / 'empty'}: no scripted replies for s-sieve; add <task id>.yaml for each\n"
     )
+
+
+def test_a_source_archive_unpacks_inside_its_folder_without_tarfiles_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debian 12's Python 3.11.2 has no `filter=` in extractall (3.11.4 added it): every eval test failed
+    there on the keyword. Without it, only regular files and folders inside the folder are unpacked."""
+    archive = tmp_path / "src.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name, data in (("pkg-1.0/mod.py", b"def f(): ...\n"), ("../escaped.py", b"x = 1\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("pkg-1.0/passwd")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)  # as on 3.11.2
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with tarfile.open(archive) as tar:
+        unpack(tar, folder)
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == ["pkg-1.0", "pkg-1.0/mod.py"]
+    assert (folder / "pkg-1.0" / "mod.py").read_bytes() == b"def f(): ...\n"
+    assert not (tmp_path / "escaped.py").exists()
