@@ -59,7 +59,8 @@ class Usage:
     """Token accounting for one reply.
 
     `prompt_tokens = cached_tokens + prefilled_tokens`: cached tokens were reused
-    from the session's KV cache, prefilled tokens were computed this turn.
+    from the session's KV cache, prefilled tokens were computed this turn. A reply cancelled
+    before its prompt was all read counts the prompt tokens it went through.
     """
 
     prompt_tokens: int = 0

@@ -261,6 +261,8 @@ def test_a_cancelled_turn_mid_prefill_leaves_no_slice_state_and_parks_what_it_ho
     b.cancel.set()
     sch.step()
     assert results["b"].finish_reason == "cancelled" and b not in sch.prefill.turns and b.prefill.group is None
+    spent = results["b"].usage  # what it prefilled, not the rest of its prompt
+    assert (spent.prompt_tokens, spent.prefilled_tokens) == (b.prefill.pos, b.prefill.pos - b.prefill.n_cached)
     assert not sch.prefill.groups and (c.prefill is None or c.prefill.group is None)
     held = sch.pool.idle("b")
     assert held is b.state and held.token_ids == b.ids[: b.prefill.pos]

@@ -335,8 +335,11 @@ class Scheduler:
         prefill, decode = turn.prefill, turn.decode  # None: it ended before that stage
         total = time.perf_counter() - prefill.started if prefill is not None else 0.0
         prompt_s = decode.prompt_s if decode is not None else 0.0
+        # A turn cancelled before it decoded went through only what its cache holds: what it prefilled is
+        # counted, not the rest of its prompt (none of it while it waited).
+        went = len(turn.ids) if decode is not None else prefill.pos if prefill is not None else 0
         usage = Usage(
-            prompt_tokens=len(turn.ids),
+            prompt_tokens=went,
             cached_tokens=prefill.n_cached if prefill is not None else 0,
             generated_tokens=len(turn.generated),
             prompt_seconds=prompt_s,
