@@ -165,10 +165,6 @@ def wait_for_pids(folder: Path, deadline: float) -> list[int]:
     while not ((folder / "sleep.pid").is_file() and (folder / "sleep.pid").read_text().strip()):
         assert time.monotonic() < deadline, "the bash command never started"
         time.sleep(0.05)
-    # bash can write its files before the tool has registered its process group (the event loop is
-    # still inside `subprocess_exec`); a Ctrl-C in that window leaves `sleep` running. That race is
-    # the bash tool's, not the chat's: give the registration time to happen.
-    time.sleep(0.3)
     return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
 
 

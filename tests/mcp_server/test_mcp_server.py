@@ -424,7 +424,6 @@ async def pids_of(folder: Path) -> list[int]:
     with anyio.fail_after(30):
         while not ((folder / "sleep.pid").is_file() and (folder / "sleep.pid").read_text().strip()):
             await anyio.sleep(0.05)
-    await anyio.sleep(0.3)  # the bash tool registers its group just after bash writes its files
     return [int((folder / name).read_text()) for name in ("bash.pid", "sleep.pid")]
 
 

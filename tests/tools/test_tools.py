@@ -690,7 +690,7 @@ def _state(pid: int) -> tuple[str, int] | None:
     """A process's state letter and its pending signals (a mask: signal n is bit n - 1); None once it is gone."""
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or ended between the open and the read
         return None
     status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
     return status["State"][0], int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
