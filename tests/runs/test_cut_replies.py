@@ -72,7 +72,9 @@ async def _until_streamed(runner: Any) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.process
-def test_a_reply_cut_by_sigterm_is_in_the_json_and_in_show(tmp_path: Path, isolated_home: Path) -> None:
+def test_a_reply_cut_by_sigterm_is_in_the_json_and_in_show(
+    tmp_path: Path, isolated_home: Path, preloaded_python: list[str]
+) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"replies": [{"reasoning": THOUGHT, "content": SAID, "stall": 60}]}))
     proc = spawn_cli("run", "scout", "where is auth?", "--json", "-m", f"scripted:{script}", "-C", str(tmp_path))
@@ -95,7 +97,7 @@ def test_a_reply_cut_by_sigterm_is_in_the_json_and_in_show(tmp_path: Path, isola
     assert data["error"] == "stopped by SIGTERM; the output holds the reply it cut short"
     record = load_run("last")
     assert read_transcript(record.transcript_path(record.tasks[0])).messages[-1] == CUT  # type: ignore[index]
-    shown = spawn_cli("show", "last").communicate(timeout=60)[0].splitlines()
+    shown = spawn_cli("show", "last", python=preloaded_python).communicate(timeout=60)[0].splitlines()
     at = shown.index(f"assistant: {SAID}")
     assert shown[at - 1 : at + 2] == [f"thinking: {THOUGHT}", f"assistant: {SAID}", CUT_NOTE]
 

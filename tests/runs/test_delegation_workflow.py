@@ -39,9 +39,9 @@ def write_flow(root: Path, name: str = "fix", text: str = FLOW) -> Path:
     return path
 
 
-def cli_error(*args: str | Path) -> str:
-    """What `subagent ARGS` says on stderr, without its `error: `, after exiting with 2."""
-    process = spawn_cli(*map(str, args))
+def cli_error(python: list[str], *args: str | Path) -> str:
+    """What `subagent ARGS` (run by `python`) says on stderr, without its `error: `, after exiting with 2."""
+    process = spawn_cli(*map(str, args), python=python)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 2, err
     return err.strip().removeprefix("error: ")
@@ -102,7 +102,9 @@ def test_the_tool_offers_the_workflow_form_only_where_workflows_exist(tmp_path: 
 
 @pytest.mark.slow
 @pytest.mark.process
-def test_a_workflow_call_is_checked_as_the_cli_checks_it(tmp_path: Path, scripted_runner: Any) -> None:
+def test_a_workflow_call_is_checked_as_the_cli_checks_it(
+    tmp_path: Path, scripted_runner: Any, preloaded_python: list[str]
+) -> None:
     write_flow(tmp_path)
     # The parent may start only the scout: the workflow's planner step is refused before any step starts.
     write_agent(tmp_path, "lead", "read, subagent", front="agents: scout\n")
@@ -120,8 +122,13 @@ def test_a_workflow_call_is_checked_as_the_cli_checks_it(tmp_path: Path, scripte
     result = run_parent(scripted_runner(script, assume_yes=True), agent="lead")
 
     unknown, broken, ungranted, no_flow, two_forms = tool_messages(result)
-    assert unknown == f"Error: subagent call refused: {cli_error('workflow', 'nope', '--input', 'x', '-C', tmp_path)}"
-    assert broken == f"Error: subagent call refused: {cli_error('workflow', 'broken', '-C', tmp_path)}"
+    assert (
+        unknown
+        == f"Error: subagent call refused: {cli_error(preloaded_python, 'workflow', 'nope', '--input', 'x', '-C', tmp_path)}"
+    )
+    assert (
+        broken == f"Error: subagent call refused: {cli_error(preloaded_python, 'workflow', 'broken', '-C', tmp_path)}"
+    )
     assert ungranted.startswith("Error: subagent call refused: 'lead' may not start 'planner'")
     assert no_flow.startswith("Error: invalid subagent call: 'input' is given without 'workflow';")
     assert two_forms.startswith("Error: invalid subagent call: agent/task and workflow given together;")
