@@ -16,6 +16,12 @@ import pytest
 _SESSION_HF_HOME = tempfile.mkdtemp(prefix="mlx-subagents-hf-")
 atexit.register(shutil.rmtree, _SESSION_HF_HOME, ignore_errors=True)
 os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=_SESSION_HF_HOME)
+# The terminals the tests draw on (a pty, a console told it is one) are capable ones, whatever the terminal the
+# suite was started from: under TERM=dumb (Emacs' shell) or NO_COLOR, rich draws no styles and no live lines,
+# and four tests of them failed; FORCE_COLOR would colour the pipes they check are plain.
+os.environ["TERM"] = "xterm-256color"
+for _name in ("NO_COLOR", "FORCE_COLOR"):
+    os.environ.pop(_name, None)
 _SESSION_ENV = dict(os.environ)  # before any test moves HOME: the preloaded processes' (`preloaded_python`)
 
 from mlx_subagents.testing import make_tiny_model  # noqa: E402
