@@ -8,6 +8,7 @@ line says what to fix. Only cancellation goes through.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from .workspace import Workspace
 
 MAX_OUTPUT_BYTES = 50 * 1024
 MAX_LINE_CHARS = 2000
+# A failed call's text that says so itself, in its first word ("Error: ...", "error executing ...").
+ALREADY_AN_ERROR = re.compile(r"error\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,11 @@ def error_result(message: str) -> ToolResult:
 
 def failed_result(output: str) -> ToolResult:
     """The result of a call whose tool said it failed (an MCP server's `isError`, a chat client's
-    `is_error`), as every error result reads, so that the model tells each failure alike."""
+    `is_error`), as every error result reads, so that the model tells each failure alike. A text that
+    already opens with "Error" (Claude Code's "Error: File does not exist.", the MCP SDK's "Error
+    executing tool ...") is kept as it is: prefixed, the model and the run's lines read "Error: Error: ..."."""
+    if ALREADY_AN_ERROR.match(output):
+        return ToolResult(output, is_error=True)
     return error_result(output or "the tool failed")
 
 

@@ -57,7 +57,8 @@ def test_a_conversation_goes_on_over_the_other_api_and_status_names_it_for_neith
 
 def test_a_failed_tool_result_reaches_the_model_as_an_error() -> None:
     """An Anthropic `tool_result` with `is_error` was sent to the model as if the call had answered; now it
-    reads `Error: ...`, as an agent's failed call does (an MCP tool's error the same)."""
+    reads `Error: ...`, as an agent's failed call does (an MCP tool's error the same), prefixed only when it
+    does not open with "Error" itself."""
     host = ScriptedHost.from_replies(["Sorry."])
     call = {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "X"}}
     messages = [
@@ -69,13 +70,24 @@ def test_a_failed_tool_result_reaches_the_model_as_an_error() -> None:
                 {"type": "tool_result", "tool_use_id": "t1", "content": "city not found", "is_error": True},
                 {"type": "tool_result", "tool_use_id": "t1", "content": [], "is_error": True},
                 {"type": "tool_result", "tool_use_id": "t1", "content": "12 C", "is_error": False},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": "Error: File does not exist.",
+                    "is_error": True,
+                },
             ],
         },
     ]
     answer(host, Conversations(SessionNames()), "anthropic", "c1", {"messages": messages, "tools": [WEATHER]})
     [[*_, sent]] = host.history.values()
     results: list[Message] = [m for m in sent if m["role"] == "tool"]
-    assert [m["content"] for m in results] == ["Error: city not found", "Error: the tool failed", "12 C"]
+    assert [m["content"] for m in results] == [
+        "Error: city not found",
+        "Error: the tool failed",
+        "12 C",
+        "Error: File does not exist.",  # as Claude Code's failed calls read: not "Error: Error: ..."
+    ]
 
 
 def test_a_running_turn_counts_its_tokens_as_they_stream() -> None:

@@ -110,7 +110,7 @@ def test_agent_calls_server_tools_with_its_schema_disallowed_removed_errors_as_r
     outputs = tool_outputs(runner, "demo-user")
     assert outputs[0] == "echo: hi"
     assert outputs[1].startswith("Error: unknown tool 'mcp__demo__add'; available tools: read, mcp__demo__ask_name")
-    assert outputs[2] == "Error: Error executing tool fail"
+    assert outputs[2] == "Error executing tool fail"  # the SDK's words, not "Error: Error executing ..."
     assert outputs[3] == "Error: mcp__demo__crash failed: MCPError: Connection closed"
     assert outputs[4] == "Error: mcp__demo__echo failed: MCPError: Connection closed"  # a crashed server stays an error
     assert len(pids_in(pids)) == 1  # one start for the prepare and the run: one server per runner
