@@ -100,6 +100,10 @@ def main() -> None:
     except _EXIT as exc:
         sys.exit(exc.exit_code)
     except _USAGE as exc:
+        if isinstance(reason := getattr(exc, "message", None), str):
+            # typer's pydantic coercion words a refused choice as pydantic does a ValueError:
+            # "Invalid value for '--sandbox': Value error, 'maybe' is not one of 'on', 'off'."
+            exc.message = reason.removeprefix("Value error, ")
         show = getattr(exc, "show", None)
         show() if show else err.print(f"Error: {escape(str(exc))}")
         sys.exit(getattr(exc, "exit_code", 2))
