@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 FAKE_MODEL = "fake-model"
+# The longest a reply waits for `Reply.together` requests: a client that never sends them all fails its count.
+GATE_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,10 @@ class Reply:
     completion_tokens: int | None = None
     chunk: int = 4
     pause: float = 0.0  # seconds between chunks
+    # Streams nothing until this many chat requests have been in flight at once (at most `GATE_WAIT_S`; a
+    # latch: once reached, every reply goes on): a test of concurrency counts requests held together, not
+    # replies that happened to overlap in time on a machine fast enough.
+    together: int = 0
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, reply: Reply, body: dict[str, Any], *, raw: str = "") -> None:
         model = body["model"]
+        deadline = time.monotonic() + GATE_WAIT_S
+        while self.engine.peak_in_flight < reply.together and time.monotonic() < deadline:
+            if self.engine._closing.wait(0.01):
+                break
         for piece in _pieces(reply.reasoning, reply.chunk):
             self._event(_chunk(model, {"reasoning_content": piece}))
         for piece in _pieces(reply.content, reply.chunk):

@@ -102,7 +102,9 @@ def test_throughput_benchmark_json() -> None:
         )
     assert at_4["null_range"]["null"] == [min(at_4["ratios"]["null"]), max(at_4["ratios"]["null"])]
     for x, y, r in zip(at_4["decode_tok_s"]["raw_again"], at_4["decode_tok_s"]["raw"], at_4["ratios"]["null"]):
-        assert abs(x / y - r) < 0.005
+        # The rates are printed to 0.1 tok/s and the ratio to 0.001: the ratio of the printed rates may be off
+        # by what their rounding allows (a stalled run at 50 tok/s against 455: 0.008).
+        assert abs(x / y - r) <= 0.0005 + (x / y) * (0.05 / x + 0.05 / y) + 1e-9
     paired = report["targets"]["host_vs_raw_batch_at_4_paired"]
     assert paired["value"] == at_4["median"]["host_vs_raw"]
     assert paired["met"] == (paired["value"] >= at_4["null_range"]["null"][0])

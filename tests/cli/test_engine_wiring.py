@@ -179,7 +179,7 @@ def test_an_agent_file_sends_its_agent_to_its_engine_and_model_overrides_it(
 def test_more_than_four_at_once_only_on_an_engine(engine: FakeEngine, tmp_path: Path, run_cli: Any) -> None:
     tasks = [arg for i in range(6) for arg in ("-t", "scout", f"task {i}")]
     for i in range(6):
-        engine.queue(Reply(f"done {i}", chunk=2, pause=0.05), when=f"task {i}")
+        engine.queue(Reply(f"done {i}", together=6), when=f"task {i}")
     code, out, err = run_cli(*on_engine(engine, "parallel", *tasks, "-C", str(tmp_path), "--concurrency", "6"))
     assert code == 0, err
     assert [r["output"] for r in json.loads(out)["results"]] == [f"done {i}" for i in range(6)]

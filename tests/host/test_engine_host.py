@@ -209,7 +209,7 @@ def test_an_agent_runs_real_tools_on_engine_tool_calls_and_messages_stay_byte_st
 
 def test_concurrent_sessions_send_their_requests_at_once(engine: FakeEngine) -> None:
     for i in range(4):
-        engine.queue(Reply(f"answer {i}", chunk=2, pause=0.05), when=f"task {i}")
+        engine.queue(Reply(f"answer {i}", together=4), when=f"task {i}")
 
     async def go() -> list[Any]:
         async with EngineHost(engine.url, FAKE_MODEL) as host:

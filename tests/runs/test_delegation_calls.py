@@ -125,7 +125,7 @@ def test_a_delegated_tasks_call_runs_concurrency_at_a_time_on_an_engine(tmp_path
     tasks = [{"agent": "scout", "task": f"part {i}"} for i in range(6)]
     with FakeEngine() as engine:
         for i in range(6):
-            engine.queue(Reply(f"done {i}", chunk=2, pause=0.05), when=f"Task: part {i}")
+            engine.queue(Reply(f"done {i}", together=6), when=f"Task: part {i}")
         engine.queue(Reply(tool_calls=({"name": "subagent", "arguments": {"tasks": tasks}},)), Reply("all six"))
         args = ["run", "orchestrator", "map it", "--engine", engine.url, "-m", FAKE_MODEL, "-C", str(tmp_path)]
         code, out, err = run_cli(*args, "--concurrency", "8", "--json")
