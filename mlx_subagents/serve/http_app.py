@@ -134,6 +134,8 @@ class Guard:
         async def logged(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] >= 400:  # malformed, too large, ...
                 log.warning("HTTP %s %s answered %d", scope.get("method"), squash(scope["path"]), message["status"])
+                if message["status"] == 413:  # the SDK refused the body unread: the connection still owes it
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
 
         await self.app(scope, receive, logged)

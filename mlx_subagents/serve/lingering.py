@@ -1,6 +1,7 @@
 """A connection answered before its request's body was read closes without losing the answer.
 
-The chat endpoints refuse a body over their limit (413) before reading it. Kept alive, the connection
+The chat endpoints (32 MiB) and the MCP SDK's transport (4 MiB) refuse a body over their limit (413)
+before reading it. Kept alive, the connection
 would still owe that body: a client that sent none (it waited for `100 Continue`, or lied in its
 Content-Length) would have its next request read as body and never answered. So the answer says
 `Connection: close`, and uvicorn closes the transport after it. Closed at once, though, a client

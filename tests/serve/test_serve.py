@@ -108,6 +108,21 @@ def test_http_refuses_no_token_a_wrong_one_and_a_foreign_origin_or_host(
     assert status == 400 and "Parse error" in text
     status, _ = post(info.url, auth, body={"pad": "x" * MAX_LINE_BYTES})
     assert status == 413
+    # The SDK refuses a body over its limit unread when its Content-Length says so; the connection then closes
+    # (as the chat endpoints' does): kept alive, the client's next request on it was read as the body it owed.
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        head = f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+        sock.sendall(f"{head}Content-Type: application/json\r\nContent-Length: {MAX_LINE_BYTES + 1}\r\n\r\n".encode())
+        refused = http.client.HTTPResponse(sock)
+        refused.begin()
+        assert (refused.status, refused.getheader("connection")) == (413, "close")
+        refused.read()
+        try:
+            sock.sendall(f"{head}Content-Length: 2\r\n\r\n{{}}".encode())
+            after = sock.recv(65536)
+        except ConnectionError:  # the server's end is closed: a reset, or a broken pipe
+            after = b""
+        assert after == b""  # no answer to a second request, which was not read as the first one's body either
     listings = http_listings(info.url, token, tmp_path)
     assert listings["yes"]["workspace"] == str(tmp_path.resolve()) and "helper" in [
         a["name"] for a in listings["yes"]["agents"]
