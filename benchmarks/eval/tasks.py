@@ -142,8 +142,10 @@ _COUNT = re.compile(r"(\d+) (passed|failed|error)")
 
 
 def run_test(tree: Path, test: str, timeout: float = DEFAULT_TEST_TIMEOUT) -> TestRun:
-    """`python -m pytest` on one node id from the copy's root (so the copy's package is imported)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", "-rN", test]
+    """`python -m pytest` on one node id from the copy's root (so the copy's package is imported), writing no
+    bytecode: a `.pyc` records its source's size and mtime in whole seconds, so an edit of the same length
+    within the second of the run before (a planted bug `pred` -> `bool`, or a worker's fix) ran the old code."""
+    cmd = [sys.executable, "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header", "-rN", test]
     try:
         proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -18,6 +18,7 @@ import pytest
 
 from mlx_subagents.runs.published import read_snapshots
 from mlx_subagents.serve.client import make_hello, quick
+from mlx_subagents.serve.service import sandbox_notice
 from mlx_subagents.serve.state import lock_held, read_info, serve_paths
 from mlx_subagents.serve.wire import MAX_LINE_BYTES
 from tests.helpers import call, spawn_cli, write_agent
@@ -460,7 +461,8 @@ def test_a_detached_server_writes_each_log_line_once_and_its_status_names_its_mo
         assert spawn_cli("serve", "--stop", python=preloaded_python).wait(60) == 0
     lines = [line.split(" ", 2)[2] for line in serve_paths().log.read_text().splitlines()]
     assert lines[0].startswith("INFO mlx_subagents.serve: mlx-subagents ") and lines[-1].endswith(": stopped")
-    assert len(lines) == len(set(lines)) == 4  # serving, loaded, stopping, stopped
+    # serving, loaded, stopping, stopped; and where no sandboxed bash can run here (no bubblewrap), the line saying so
+    assert len(lines) == len(set(lines)) == 4 + bool(sandbox_notice())
 
 
 def test_a_server_says_at_start_when_no_sandboxed_bash_can_run_here(
