@@ -43,6 +43,12 @@ KV_ROW_KEYS = {
 }  # fmt: skip
 
 
+def ratio_of_rounded(x: float, y: float, r: float, step: float) -> bool:
+    """Whether `r`, a ratio printed to 0.001, is `x / y` for `x` and `y` printed to `step`: within what the three
+    roundings allow, which grows with the ratio (a stalled run at 32.9 tok/s against 687.5: 0.025 by rounding alone)."""
+    return abs(x / y - r) <= 0.0005 + (x / y) * (step / 2 / x + step / 2 / y) + 1e-9
+
+
 def run_benchmark(script: str, *args: str) -> dict[str, Any]:
     """`benchmarks/SCRIPT --json ARGS` through the script's own `main`, in this process: its `--json` line.
     (A process of its own paid seconds of CPU to import mlx-lm and train the tiny tokenizer, which this
@@ -102,9 +108,7 @@ def test_throughput_benchmark_json() -> None:
         )
     assert at_4["null_range"]["null"] == [min(at_4["ratios"]["null"]), max(at_4["ratios"]["null"])]
     for x, y, r in zip(at_4["decode_tok_s"]["raw_again"], at_4["decode_tok_s"]["raw"], at_4["ratios"]["null"]):
-        # The rates are printed to 0.1 tok/s and the ratio to 0.001: the ratio of the printed rates may be off
-        # by what their rounding allows (a stalled run at 50 tok/s against 455: 0.008).
-        assert abs(x / y - r) <= 0.0005 + (x / y) * (0.05 / x + 0.05 / y) + 1e-9
+        assert ratio_of_rounded(x, y, r, 0.1)
     paired = report["targets"]["host_vs_raw_batch_at_4_paired"]
     assert paired["value"] == at_4["median"]["host_vs_raw"]
     assert paired["met"] == (paired["value"] >= at_4["null_range"]["null"][0])
@@ -151,12 +155,12 @@ def test_throughput_benchmark_json() -> None:
         ("null", "batched_again", "batched"),
     ):
         for x, y, r in zip(rates[a], rates[b], pairs["ratios"][key]):
-            assert abs(x / y - r) < 0.005
-        assert abs(max(rates[a]) / max(rates[b]) - pairs["best"][key]) < 0.005
+            assert ratio_of_rounded(x, y, r, 0.1)
+        assert ratio_of_rounded(max(rates[a]), max(rates[b]), pairs["best"][key], 0.1)
     cpu = pairs["cpu_ms_per_token"]
     for x, y, r in zip(cpu["batched"], cpu["batched_again"], pairs["ratios"]["null_cpu"]):
-        assert abs(x / y - r) < 0.005
-    assert abs(min(cpu["batched"]) / min(cpu["batched_again"]) - pairs["best"]["null_cpu"]) < 0.005
+        assert ratio_of_rounded(x, y, r, 0.001)
+    assert ratio_of_rounded(min(cpu["batched"]), min(cpu["batched_again"]), pairs["best"]["null_cpu"], 0.001)
     assert report["ratio_host_vs_stream_generate_at_1"] == pairs["median"]["host_vs_stream_generate"]
     assert (
         report["ratio_host_vs_stream_generate_at_1_decode_cpu"] == pairs["median"]["host_vs_stream_generate_decode_cpu"]
