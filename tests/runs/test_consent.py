@@ -128,23 +128,9 @@ def test_the_mcp_consent_question_shows_all_a_repository_would_run_and_obeys_non
     (tmp_path / ".mcp.json").write_text(
         json.dumps({"mcpServers": {"demo": {"command": "python3", "args": ["-c", code]}}})
     )
-    write_agent(tmp_path, "user", "[read, mcp__demo__*]")
-    host = scripted_host({"agents": {"user": {"replies": ["done"]}}})
-    asked: list[str] = []
-    options = RunOptions(default_model=host.model_id, yes_agents=True)
-    runner = Runner(
-        cwd=tmp_path,
-        options=options,
-        interactive=True,
-        confirm=lambda q: asked.append(q) or False,
-        hosts={host.model_id: host},
-    )
+    declined, question = declined_mcp_question(tmp_path, "[read, mcp__demo__*]")
 
-    with pytest.raises(ConfirmationRequired) as declined:
-        go(runner, "run", TaskSpec("user", "go"))
-
-    assert str(declined.value) == f"the MCP servers of {tmp_path / '.mcp.json'} were not allowed to start (declined)."
-    [question] = asked
+    assert str(declined) == f"the MCP servers of {tmp_path / '.mcp.json'} were not allowed to start (declined)."
     shown = "python3 -c print('hi') \\x1b[1A\\x1b[2K" + payload  # whitespace runs one space, ESC written out
     assert question == (
         f"the project file {tmp_path / '.mcp.json'} starts MCP server(s) demo ({shown}) for agent 'user'; "
@@ -162,22 +148,7 @@ def test_the_mcp_consent_question_names_the_environment_folder_and_headers_a_ser
         "web": {"type": "http", "url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ${GH_TOKEN}"}},
     }
     (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": servers}))
-    write_agent(tmp_path, "user", "[read, mcp__demo__*, mcp__web__*]")
-    host = scripted_host({"agents": {"user": {"replies": ["done"]}}})
-    asked: list[str] = []
-    options = RunOptions(default_model=host.model_id, yes_agents=True)
-    runner = Runner(
-        cwd=tmp_path,
-        options=options,
-        interactive=True,
-        confirm=lambda q: asked.append(q) or False,
-        hosts={host.model_id: host},
-    )
-
-    with pytest.raises(ConfirmationRequired):
-        go(runner, "run", TaskSpec("user", "go"))
-
-    [question] = asked
+    _, question = declined_mcp_question(tmp_path, "[read, mcp__demo__*, mcp__web__*]")
     assert question == (
         f"the project file {tmp_path / '.mcp.json'} starts MCP server(s) "
         "demo (PYTHONPATH=vendor python3 -m json.tool; in sub), "
@@ -213,3 +184,23 @@ def test_an_editors_mcp_servers_are_asked_about_with_their_variables_named_not_s
     [question] = asked
     assert "gh (GITHUB_TOKEN=*** npx gh-server), web (https://example.com/mcp; header Authorization: ***)" in question
     assert "ghp_secret" not in question and "sk-1" not in question
+
+
+def declined_mcp_question(workspace: Path, tools: str) -> tuple[ConfirmationRequired, str]:
+    """A user agent with `tools` run interactively in `workspace`, its project MCP servers declined: the refusal
+    and the one question the person was asked."""
+    write_agent(workspace, "user", tools)
+    host = scripted_host({"agents": {"user": {"replies": ["done"]}}})
+    asked: list[str] = []
+    options = RunOptions(default_model=host.model_id, yes_agents=True)
+    runner = Runner(
+        cwd=workspace,
+        options=options,
+        interactive=True,
+        confirm=lambda q: asked.append(q) or False,
+        hosts={host.model_id: host},
+    )
+    with pytest.raises(ConfirmationRequired) as declined:
+        go(runner, "run", TaskSpec("user", "go"))
+    [question] = asked
+    return declined.value, question
